@@ -1,0 +1,37 @@
+"""The one exception family lmshard raises for problems a user can fix.
+
+The CLI turns any `LmshardError` into a single line on stderr and exit code 1
+(2 for a corrupt dataset in `inspect`); anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class LmshardError(Exception):
+    """A problem with the user's input, configuration or environment; the message says the fix."""
+
+
+class InputError(LmshardError):
+    """A source file or record cannot be read as asked (bad UTF-8, bad JSON, missing field)."""
+
+
+class ConfigError(LmshardError):
+    """An invalid option or combination of options."""
+
+
+class TokenizerError(LmshardError):
+    """A vocabulary that is missing, unknown, or fails its checksum."""
+
+
+class FormatError(LmshardError):
+    """A dataset directory that is not a complete, valid lmshard dataset."""
+
+
+class MissingDependency(LmshardError):
+    """An optional package is needed for this input or feature."""
+
+
+def missing_dependency(package: str, extra: str, why: str) -> MissingDependency:
+    # A factory rather than a custom __init__: exceptions cross process boundaries by pickling,
+    # which re-calls __init__ with the message alone.
+    return MissingDependency(f"{why} needs the '{package}' package: pip install 'lmshard[{extra}]'")
