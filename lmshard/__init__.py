@@ -1,0 +1,30 @@
+"""lmshard: raw text to sharded uint32 token data for LLM pretraining, and a loader for it.
+
+    from lmshard import TokenDataset
+    train = TokenDataset("data/mycorpus", split="train")
+
+`TokenDataset` (and torch with it) is imported on first use, so `import lmshard` stays light
+for the command line and for data-preparation nodes without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import LmshardError
+from .format import load_metadata
+
+__version__ = "0.1.0"
+__all__ = ["LmshardError", "TokenDataset", "__version__", "load_metadata", "verify_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TokenDataset":
+        from .runtime import TokenDataset
+
+        return TokenDataset
+    if name == "verify_dataset":
+        from .verify import verify_dataset
+
+        return verify_dataset
+    raise AttributeError(f"module 'lmshard' has no attribute {name!r}")

@@ -40,6 +40,9 @@ SPLITS = ("train", "val")
 EOT_POSITIONS = ("after", "before")
 _READ_BLOCK = 8 << 20  # bytes per read when checksumming
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once: mkstemp creates files 0600, outputs should follow the umask
+
 REGENERATE_HINT = "re-run `lmshard prepare` with --overwrite to regenerate it"
 
 
@@ -122,6 +125,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -267,11 +267,11 @@ def _json_lines_from_text(src: Source, head: str, stream: Any, text_field: str, 
 
 
 def _chain_lines(head: str, stream: Any) -> Iterator[str]:
-    first, _, rest = head.partition("\n")
-    yield first
-    carry = rest
+    lines = head.split("\n")
+    carry = lines.pop()  # a partial line: the stream's next line completes it
+    yield from lines
     for line in stream:
-        yield carry + line
+        yield (carry + line).rstrip("\n")
         carry = ""
     if carry:
         yield carry

@@ -1,0 +1,364 @@
+"""`lmshard prepare`: sources → clean → dedup → tokenize → shards + metadata.
+
+One process plans work items and writes; N worker processes parse, clean, hash and tokenize
+items; results come back in item order (`Pool.imap`), so dedup survivors, the train/val split
+and every output byte are the same for any number of workers.
+
+Memory model: at most `2 × workers + 2` items in flight (each ≈4 MiB of text and its tokens),
+the dedup set (≈16 bytes per unique document), the current shards' offsets, and per-source
+counters (one small dict per input file). Nothing grows with the number of tokens.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from . import __version__
+from .clean import CleanConfig
+from .dedup import KeySet, uniform_from_keys
+from .errors import ConfigError
+from .format import (
+    EOT_POSITIONS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IN_PROGRESS_FILE,
+    METADATA_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    ShardInfo,
+    atomic_write_json,
+)
+from .sources import ON_ERROR, TEXT_MODES, Source, WorkItem, discover, plan
+from .tokenizer import TiktokenTokenizer
+from .worker import ItemResult, WorkerConfig, init_worker, process_item, run_item
+from .writer import ShardWriter, with_separators
+
+DEDUP_MODES = ("document", "none")
+
+
+@dataclass(kw_only=True)
+class PrepareConfig:
+    """Every option of a prepare run; the CLI flags mirror these names in kebab-case."""
+
+    inputs: list[str]
+    out: str
+    tokenizer: str = "gpt2"
+    format: str | None = None  # force one input format instead of detecting it by suffix
+    text_field: str = "text"
+    text_mode: str = "file"  # .txt/.md: one document per file, per line, or per paragraph
+    normalize: str = "nfc"
+    byte_exact: bool = False
+    min_chars: int = 1
+    max_chars: int = 10_000_000
+    overlong: str = "drop"
+    dedup: str = "document"
+    val_fraction: float = 0.01
+    seed: int = 1337
+    tokens_per_shard: int = 100_000_000
+    eot_position: str = "after"
+    max_docs: int | None = None
+    on_error: str = "fail"
+    workers: int = 0  # 0: one per core
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("--text-mode", self.text_mode, TEXT_MODES)
+        _choice("--dedup", self.dedup, DEDUP_MODES)
+        _choice("--eot-position", self.eot_position, EOT_POSITIONS)
+        _choice("--on-error", self.on_error, ON_ERROR)
+        if not self.inputs:
+            raise ConfigError("no inputs: name files, directories or globs (or - for stdin)")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError("--val-fraction must be in [0, 1)")
+        if self.tokens_per_shard < 1:
+            raise ConfigError("--tokens-per-shard must be at least 1")
+        if self.max_docs is not None and self.max_docs < 1:
+            raise ConfigError("--max-docs must be at least 1")
+        if self.workers < 0:
+            raise ConfigError("--workers must be 0 (all cores) or more")
+        self.clean_config()  # validates the cleaning fields
+
+    def clean_config(self) -> CleanConfig:
+        return CleanConfig(
+            normalize=self.normalize,
+            byte_exact=self.byte_exact,
+            min_chars=self.min_chars,
+            max_chars=self.max_chars,
+            overlong=self.overlong,
+        )
+
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as stored in metadata: what determines the output bytes (not the
+        number of workers or --overwrite, which do not)."""
+        d = asdict(self)
+        for transient in ("workers", "overwrite"):
+            d.pop(transient)
+        return d
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+
+def _choice(flag: str, value: str, allowed: Iterable[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{flag} must be one of {', '.join(allowed)} (got {value!r})")
+
+
+@dataclass
+class Progress:
+    """Running totals passed to the progress callback after each work item."""
+
+    bytes_done: int = 0
+    bytes_total: int = 0
+    docs: int = 0
+    tokens: int = 0
+    chars: int = 0
+
+
+@dataclass
+class Totals:
+    """Counts that end up in the metadata."""
+
+    records: int = 0
+    docs_kept: int = 0
+    tokens: int = 0
+    chars: int = 0
+    duplicates: int = 0
+    drops: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    per_source: dict[int, Counter[str]] = field(default_factory=dict)
+    dedup_bytes: int = 0
+
+
+def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Run a prepare job and return the metadata it wrote."""
+    started = time.time()
+    out = Path(config.out)
+    sources = discover(config.inputs, config.format)
+    tokenizer = TiktokenTokenizer(config.tokenizer)  # fail fast on a missing vocabulary
+    _claim_output(out, config)
+    writers = {s: ShardWriter(out, s, config.tokens_per_shard) for s in SPLITS}
+    try:
+        totals = _run(config, sources, tokenizer, writers, on_progress)
+        shards = [info for w in writers.values() for info in w.close()]
+        meta = _metadata(config, sources, tokenizer, shards, totals, started)
+        atomic_write_json(out / TOKENIZER_FILE, tokenizer.identity())
+        atomic_write_json(out / METADATA_FILE, meta)
+        (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+        return meta
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        _remove_outputs(out)
+        raise
+
+
+def _claim_output(out: Path, config: PrepareConfig) -> None:
+    """Refuse to clobber a dataset or a foreign directory; mark the run as in progress."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
+    entries = set(os.listdir(out)) if out.is_dir() else set()
+    ours = entries & {METADATA_FILE, IN_PROGRESS_FILE}
+    if ours and not config.overwrite:
+        what = "holds a dataset" if METADATA_FILE in ours else "holds an unfinished prepare run"
+        raise ConfigError(f"{out}: {what}; pass --overwrite to replace it, or choose another --out")
+    if entries - {METADATA_FILE, IN_PROGRESS_FILE, TOKENIZER_FILE, *SPLITS} and not config.overwrite:
+        raise ConfigError(f"{out}: not empty and not an lmshard dataset; choose an empty or new --out")
+    if config.overwrite:
+        _remove_outputs(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / IN_PROGRESS_FILE, {"config": config.recorded(), "pid": os.getpid()})
+
+
+def _remove_outputs(out: Path) -> None:
+    """Remove only what prepare writes, never other files the user keeps in the directory."""
+    for name in (METADATA_FILE, TOKENIZER_FILE):
+        (out / name).unlink(missing_ok=True)
+    for split in SPLITS:
+        shutil.rmtree(out / split, ignore_errors=True)
+    (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+
+
+def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer) -> Iterator[ItemResult]:
+    """Item results in plan order, from worker processes (or inline for --workers 1)."""
+    wcfg = WorkerConfig(
+        sources=tuple(sources),
+        clean=config.clean_config(),
+        tokenizer=config.tokenizer,
+        text_field=config.text_field,
+        text_mode=config.text_mode,
+        on_error=config.on_error,
+    )
+    items = plan(sources, config.text_mode, config.text_field, config.on_error)
+    n = config.n_workers()
+    if n == 1:
+        for item in items:
+            yield run_item(item, wcfg, tokenizer)
+        return
+    # Pool.imap pulls tasks from its iterator as fast as it can; a semaphore released as
+    # results are consumed keeps at most `window` items (and their text) in memory.
+    window = threading.BoundedSemaphore(2 * n + 2)
+
+    def throttled() -> Iterator[WorkItem]:
+        for item in items:
+            window.acquire()
+            yield item
+
+    with mp.get_context("spawn").Pool(n, initializer=init_worker, initargs=(wcfg,)) as pool:
+        for result in pool.imap(process_item, throttled()):
+            window.release()
+            yield result
+
+
+def _run(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer, writers: dict[str, ShardWriter], on_progress: Callable[[Progress], None] | None) -> Totals:
+    totals = Totals()
+    progress = Progress(bytes_total=sum(s.size for s in sources))
+    seen = KeySet()
+    for result in _results(config, sources, tokenizer):
+        keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
+        dupes = ~keep
+        keep = _limit(keep, config.max_docs, totals.docs_kept)
+        _account(totals, result, keep, dupes)
+        is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
+        for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
+            if mask.any():
+                tokens, lengths = with_separators(result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position)
+                writers[split].add(tokens, lengths)
+        progress.bytes_done += result.nbytes
+        progress.docs, progress.tokens, progress.chars = totals.docs_kept, totals.tokens, totals.chars
+        if on_progress:
+            on_progress(progress)
+        if config.max_docs is not None and totals.docs_kept >= config.max_docs:
+            break
+    totals.examples = dict(sorted(totals.examples.items()))
+    totals.dedup_bytes = seen.nbytes
+    return totals
+
+
+def _limit(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> np.ndarray:
+    """Keep only as many documents as --max-docs still allows (the first ones in order)."""
+    if max_docs is None:
+        return keep
+    room = max_docs - kept_so_far
+    positions = np.flatnonzero(keep)
+    if len(positions) <= room:
+        return keep
+    limited = np.zeros_like(keep)
+    limited[positions[:room]] = True
+    return limited
+
+
+def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray) -> None:
+    kept_lengths = result.lengths[keep]
+    totals.docs_kept += int(keep.sum())
+    totals.tokens += int(kept_lengths.sum()) + len(kept_lengths)  # + one EOT per document
+    totals.chars += result.chars
+    totals.duplicates += int(dupes.sum())
+    for src, counts in result.counts.items():
+        totals.per_source.setdefault(src, Counter()).update(counts)
+        totals.records += counts.get("records", 0)
+        totals.drops.update({k: v for k, v in counts.items() if k != "records"})
+    for name, mask in (("kept", keep), ("duplicate", dupes)):
+        ids, n = np.unique(result.doc_sources[mask], return_counts=True)
+        for src, count in zip(ids.tolist(), n.tolist()):
+            totals.per_source.setdefault(src, Counter())[name] += count
+    for reason, example in result.examples.items():
+        totals.examples.setdefault(reason, example)
+
+
+def _split_meta(shards: list[ShardInfo], split: str) -> dict[str, Any]:
+    mine = [s for s in shards if s.split == split]
+    return {
+        "n_tokens": sum(s.n_tokens for s in mine),
+        "n_docs": sum(s.n_docs for s in mine),
+        "shards": [s.to_json() for s in mine],
+    }
+
+
+def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer, shards: list[ShardInfo], totals: Totals, started: float) -> dict[str, Any]:
+    elapsed = time.time() - started
+    n_tokens = sum(s.n_tokens for s in shards)
+    ident = tokenizer.identity()
+    drops = dict(sorted(totals.drops.items()))
+    drops["duplicate"] = totals.duplicates
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "lmshard_version": __version__,
+        "dtype": "uint32",
+        "byte_order": "little",
+        "eot_position": config.eot_position,
+        "tokenizer": {k: ident[k] for k in ("name", "backend", "n_vocab", "eot_id", "ranks_sha256")},
+        "n_tokens": n_tokens,
+        "n_docs": sum(s.n_docs for s in shards),
+        "splits": {split: _split_meta(shards, split) for split in SPLITS},
+        "records_read": totals.records,
+        "drops": drops,
+        "drop_examples": totals.examples,
+        "dedup": {"mode": config.dedup, "key": "xxh3_64 of the cleaned UTF-8 text",
+                  "duplicates_removed": totals.duplicates},  # fmt: skip
+        "sources": [_source_meta(s, totals.per_source.get(i, Counter())) for i, s in enumerate(sources)],
+        "config": config.recorded(),
+        "run": {
+            "workers": config.n_workers(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "elapsed_s": round(elapsed, 3),
+            "tokens_per_s": round(n_tokens / elapsed, 1) if elapsed > 0 else None,
+            "input_chars": totals.chars,
+            "dedup_table_bytes": totals.dedup_bytes,
+            "python": platform.python_version(),
+            "host": platform.node(),
+        },
+    }
+
+
+def _source_meta(src: Source, counts: Counter[str]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": src.path, "format": src.fmt, "bytes": src.size}
+    entry["records"] = counts.get("records", 0)
+    entry["kept"] = counts.get("kept", 0)
+    dropped = {k: v for k, v in sorted(counts.items()) if k not in ("records", "kept") and v}
+    if dropped:
+        entry["dropped"] = dropped
+    return entry
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a YAML or TOML file of PrepareConfig fields (kebab- or snake-case keys)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # both parsers raise their own error types
+        raise ConfigError(f"{path}: invalid config file ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of option names to values")
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = set(data) - PrepareConfig.field_names()
+    if unknown:
+        raise ConfigError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}")
+    return data

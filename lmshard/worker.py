@@ -1,0 +1,166 @@
+"""The per-item work that runs in worker processes: parse → clean → filter → key → tokenize.
+
+A worker returns one `ItemResult` per work item: all surviving documents' tokens as one flat
+uint32 array with their lengths and dedup keys, plus counts by source and drop reason. It keeps
+no state between items except the tokenizer, so items can run in any process, in any order,
+and the writer alone decides what to keep (dedup, split) in item order.
+
+Memory model: one item's text (≈4 MiB, or one row group) and its tokens (≈4 bytes per token),
+then released; nothing accumulates across items.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import xxhash
+
+from .clean import CleanConfig, clean_text, fix_surrogates, length_filter
+from .records import (
+    Record,
+    parse_arrow,
+    parse_jsonl,
+    parse_parquet,
+    parse_text_lines,
+    problem,
+    read_whole_file,
+)
+from .sources import Source, WorkItem
+from .tokenizer import TiktokenTokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Everything a worker needs; pickled once per worker at start."""
+
+    sources: tuple[Source, ...]
+    clean: CleanConfig
+    tokenizer: str
+    text_field: str = "text"
+    text_mode: str = "file"
+    on_error: str = "fail"
+
+
+@dataclass
+class ItemResult:
+    """What one work item produced. Documents are in input order."""
+
+    seq: tuple[int, int]
+    tokens: np.ndarray  # uint32, all documents back to back, no separators
+    lengths: np.ndarray  # int64 tokens per document
+    keys: np.ndarray  # uint64 xxh3-64 of each cleaned document's UTF-8 bytes
+    doc_sources: np.ndarray  # int32 source index per document
+    counts: dict[int, Counter[str]] = field(default_factory=dict)  # source → {records, drops…}
+    examples: dict[str, str] = field(default_factory=dict)  # drop reason → one example message
+    chars: int = 0
+    nbytes: int = 0
+
+
+_state: dict[str, object] = {}
+
+
+def init_worker(config: WorkerConfig) -> None:
+    """Process-pool initializer: build the tokenizer once per process."""
+    _state["config"] = config
+    _state["tokenizer"] = TiktokenTokenizer(config.tokenizer)
+
+
+def process_item(item: WorkItem) -> ItemResult:
+    config = _state["config"]
+    tokenizer = _state["tokenizer"]
+    assert isinstance(config, WorkerConfig) and isinstance(tokenizer, TiktokenTokenizer)
+    return run_item(item, config, tokenizer)
+
+
+def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer) -> ItemResult:
+    counts: dict[int, Counter[str]] = {}
+    details: dict[str, str] = {}
+    texts: list[str] = []
+    keys: list[int] = []
+    sources: list[int] = []
+    if item.skipped:
+        counts.setdefault(item.source, Counter()).update(item.skipped)
+        counts[item.source]["records"] += sum(item.skipped.values())
+    for src_index, record in _records(item, config, details):
+        number, text, reason = record
+        c = counts.setdefault(src_index, Counter())
+        c["records"] += 1
+        if reason is None and text is not None:
+            text, reason = _prepare_text(text, config.clean)
+        if reason is not None:
+            if config.on_error == "fail" and reason in _INPUT_PROBLEMS:
+                src = config.sources[src_index]
+                raise problem(src, number, reason, details.get(reason, reason))
+            c[reason] += 1
+            if reason in details:
+                _example(item, config, src_index, number, reason, details)
+            continue
+        assert text is not None
+        data = text.encode("utf-8")
+        keys.append(xxhash.xxh3_64_intdigest(data))
+        texts.append(text)
+        sources.append(src_index)
+    tokens, lengths = tokenizer.encode_batch(texts)
+    return ItemResult(
+        seq=(item.source, item.seq),
+        tokens=tokens,
+        lengths=lengths,
+        keys=np.array(keys, dtype=np.uint64),
+        doc_sources=np.array(sources, dtype=np.int32),
+        counts=counts,
+        examples=dict(_examples_of(details, item, config)),
+        chars=sum(map(len, texts)),
+        nbytes=item.nbytes,
+    )
+
+
+# Record-level problems that --on-error governs (length filters and empties are policy, not errors).
+_INPUT_PROBLEMS = {"decode_error", "json_error", "not_an_object", "missing_field", "binary_file"}
+
+
+def _example(item: WorkItem, config: WorkerConfig, src: int, number: int, reason: str, details: dict[str, str]) -> None:
+    key = f"example:{reason}"
+    if key not in details:
+        details[key] = f"{config.sources[src].path}:{number}: {details[reason]}"
+
+
+def _examples_of(details: dict[str, str], item: WorkItem, config: WorkerConfig) -> Iterator[tuple[str, str]]:
+    for key, message in details.items():
+        if key.startswith("example:"):
+            yield key.removeprefix("example:"), message
+
+
+def _prepare_text(text: str, clean: CleanConfig) -> tuple[str | None, str | None]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = fix_surrogates(text)  # lone surrogates from JSON escapes cannot be UTF-8
+    return length_filter(clean_text(text, clean), clean)
+
+
+def _records(item: WorkItem, config: WorkerConfig, details: dict[str, str]) -> Iterator[tuple[int, Record]]:
+    src = config.sources[item.source]
+    if item.kind == "files":
+        limit = 4 * config.clean.max_chars
+        for s in item.payload:
+            number, text, reason = read_whole_file(config.sources[s], limit, details)
+            if reason == "too_long_bytes":
+                reason = None if config.clean.overlong == "truncate" else "too_long"
+                text = text if reason is None else None
+            yield s, (number, text, reason)
+        return
+    if item.kind == "texts":
+        records: Iterator[Record] = ((n, t, None) for n, t in item.payload)
+    elif item.kind == "parquet":
+        records = parse_parquet(src, item.locator, config.text_field, details)
+    elif item.kind == "arrow":
+        records = parse_arrow(src, item.locator, config.text_field, details)
+    elif src.fmt == "text":
+        records = parse_text_lines(src, item.payload, item.first_line, config.text_mode == "paragraph", details)
+    else:
+        records = parse_jsonl(src, item.payload, item.first_line, config.text_field, details)
+    for record in records:
+        yield item.source, record
