@@ -102,10 +102,10 @@ class PrepareConfig:
         return self.workers or os.cpu_count() or 1
 
     def recorded(self) -> dict[str, Any]:
-        """The config as stored in metadata: what determines the output bytes (not the
-        number of workers or --overwrite, which do not)."""
+        """The config as stored in metadata: what determines the output bytes (not where it
+        was written, the number of workers or --overwrite; those go to the "run" record)."""
         d = asdict(self)
-        for transient in ("workers", "overwrite"):
+        for transient in ("out", "workers", "overwrite"):
             d.pop(transient)
         return d
 
@@ -316,6 +316,7 @@ def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenT
         "config": config.recorded(),
         "run": {
             "workers": config.n_workers(),
+            "out": config.out,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(n_tokens / elapsed, 1) if elapsed > 0 else None,

@@ -190,10 +190,11 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, on_error:
         parse = iter_csv if src.fmt == "csv" else iter_json_array
         yield from _batch_records(i, src, parse(src, text_field, on_error))
     else:
-        yield from _plan_lines(i, src, paragraph=src.fmt == "text" and text_mode == "paragraph")
+        paragraph = src.fmt == "text" and text_mode == "paragraph"
+        yield from _plan_lines(i, src, paragraph, on_error)
 
 
-def _plan_lines(i: int, src: Source, paragraph: bool) -> Iterator[WorkItem]:
+def _plan_lines(i: int, src: Source, paragraph: bool, on_error: str) -> Iterator[WorkItem]:
     """Newline-aligned blocks (blank-line-aligned for paragraphs) of a line-based file."""
     stream, raw = open_binary(src)
     try:
@@ -201,7 +202,10 @@ def _plan_lines(i: int, src: Source, paragraph: bool) -> Iterator[WorkItem]:
         while True:
             block = stream.read(BLOCK_BYTES)
             if seq == 0 and not carry and (err := binary_error(src, block[:65536])):
-                raise err
+                if on_error == "fail":
+                    raise err
+                yield WorkItem(i, 0, "texts", payload=[], skipped={"binary_file": 1}, nbytes=src.size)
+                return
             data = carry + block
             if not block:
                 if data:

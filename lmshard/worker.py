@@ -84,6 +84,9 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
     if item.skipped:
         counts.setdefault(item.source, Counter()).update(item.skipped)
         counts[item.source]["records"] += sum(item.skipped.values())
+        for reason in item.skipped:
+            path = config.sources[item.source].path
+            details.setdefault(f"example:{reason}", f"{path}: {reason.replace('_', ' ')}")
     for src_index, record in _records(item, config, details):
         number, text, reason = record
         c = counts.setdefault(src_index, Counter())

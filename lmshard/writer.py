@@ -114,3 +114,4 @@ class ShardWriter:
                 index_xxh3_64=xxhash.xxh3_64_hexdigest(index),
             )
         )
+        self._n_tokens = 0

@@ -1,0 +1,37 @@
+# One dev loop: the same targets locally and in .ci/run.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.lmshard-setup
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: setup test lint bench demo clean
+
+setup: $(STAMP)
+
+# Re-runs only when the dependencies change. torch is pinned to the build on local disk: any
+# other spec would pull a multi-GB CUDA wheel.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q "torch==2.13.0"
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[test,zstd,hf,torch]"
+	$(BIN)/lmshard tokenizer fetch gpt2
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(BIN)/ruff check lmshard tests scripts
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python scripts/bench_prepare.py
+	$(BIN)/python scripts/bench_loader.py
+
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+clean:
+	rm -rf $(VENV) data/demo .pytest_cache

@@ -1,0 +1,48 @@
+"""Shared fixtures. The independent truth for token ids is tiktoken's own `r50k_base` encoding
+(GPT-2's vocabulary), loaded through tiktoken's own code path from the provisioned file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmshard.format import INDEX_DTYPE, TOKEN_DTYPE
+from lmshard.tokenizer import VOCABULARIES, cache_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+GPT2_EOT = 50256
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """tiktoken.get_encoding('r50k_base'), reading the vocabulary lmshard provisioned."""
+    import tiktoken
+
+    directory = cache_dir()
+    if not any(directory.glob("*")):
+        pytest.fail(f"no vocabulary in {directory}: run `make setup` (lmshard tokenizer fetch gpt2)")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
+    assert VOCABULARIES["r50k_base"].sha256  # the file tiktoken verifies itself on load
+    return tiktoken.get_encoding("r50k_base")
+
+
+def read_docs(root: Path, split: str) -> list[np.ndarray]:
+    """Every document of a split, read with numpy straight from the .bin/.idx files in shard
+    order (shard files sorted by name), EOT separators included."""
+    docs: list[np.ndarray] = []
+    for bin_path in sorted((root / split).glob("shard_*.bin")):
+        tokens = np.fromfile(bin_path, dtype=TOKEN_DTYPE)
+        offsets = np.fromfile(bin_path.with_suffix(".idx"), dtype=INDEX_DTYPE)
+        docs.extend(tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
+    return docs
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path

@@ -1,0 +1,111 @@
+"""Bad input: a one-line error naming file and record under --on-error fail (the default),
+a counted skip under --on-error skip; the real CLI exits 1 with no traceback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import write
+from lmshard.cli import app
+from lmshard.errors import InputError
+from lmshard.prepare import PrepareConfig, prepare
+
+GOOD = '{"text": "good one"}\n'
+BAD_INPUTS = {
+    "utf8.jsonl": (GOOD.encode() + b'{"text": "caf\xe9"}\n', "utf8.jsonl:2", "decode_error"),
+    "json.jsonl": (GOOD + '{"text": "unterminated\n', "json.jsonl:2", "json_error"),
+    "field.jsonl": (GOOD + '{"body": "wrong field"}\n', "field.jsonl:2", "missing_field"),
+    "notobj.jsonl": (GOOD + "[1, 2]\n", "notobj.jsonl:2", "not_an_object"),
+    "utf8.txt": (b"caf\xe9 au lait", "utf8.txt:1", "decode_error"),
+    "binary.txt": (b"\x7fELF\x00\x01\x02" * 20, "binary.txt", "binary_file"),
+    "binary.jsonl": (b"\x00\x01\x02\x03" * 20, "binary.jsonl", "binary_file"),
+}
+
+
+def run(tmp_path, name, **kw):
+    return prepare(PrepareConfig(inputs=[str(tmp_path / name)], out=str(tmp_path / "out"), workers=1, **kw))
+
+
+@pytest.mark.parametrize("name", [n for n, v in BAD_INPUTS.items() if v[1]])
+def test_fail_names_file_and_record(tmp_path, name):
+    data, where, _ = BAD_INPUTS[name]
+    write(tmp_path / name, data)
+    with pytest.raises(InputError) as e:
+        run(tmp_path, name)
+    message = str(e.value)
+    assert where in message and "\n" not in message
+    assert "--on-error skip" in message
+
+
+@pytest.mark.parametrize("name", [n for n, v in BAD_INPUTS.items() if v[2]])
+def test_skip_counts_the_record(tmp_path, name):
+    data, _, reason = BAD_INPUTS[name]
+    write(tmp_path / name, data)
+    meta = run(tmp_path, name, on_error="skip")
+    assert meta["drops"][reason] == 1
+    assert reason in meta["drop_examples"]
+    assert meta["n_docs"] == (0 if name.startswith("binary") or name.endswith(".txt") else 1)
+
+
+def test_empty_file_is_counted_not_fatal(tmp_path):
+    write(tmp_path / "empty.jsonl", b"")
+    write(tmp_path / "empty.txt", b"")
+    meta = prepare(PrepareConfig(inputs=[str(tmp_path / "empty.jsonl"), str(tmp_path / "empty.txt")],
+                                 out=str(tmp_path / "out"), workers=1))  # fmt: skip
+    assert meta["n_docs"] == 0
+    assert [s["records"] for s in meta["sources"]] == [0, 1]
+    assert meta["drops"]["empty"] == 1
+
+
+def test_gigantic_line_is_refused(tmp_path, monkeypatch):
+    import lmshard.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 256)
+    write(tmp_path / "big.jsonl", GOOD + json.dumps({"text": "x" * 5000}) + "\n")
+    with pytest.raises(InputError, match="big.jsonl:2: a record longer than"):
+        run(tmp_path, "big.jsonl")
+
+
+def test_missing_parquet_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "x.parquet")
+    with pytest.raises(InputError, match="no column 'text' .*--text-field"):
+        run(tmp_path, "x.parquet")
+
+
+def test_lone_surrogates_replaced(tmp_path):
+    write(tmp_path / "s.jsonl", '{"text": "a\\ud800b"}\n')
+    meta = run(tmp_path, "s.jsonl")
+    assert meta["n_docs"] == 1
+
+
+def test_unknown_suffix(tmp_path):
+    write(tmp_path / "x.docx", b"zz")
+    with pytest.raises(InputError, match="unknown file type"):
+        run(tmp_path, "x.docx")
+
+
+runner = CliRunner()
+
+
+def test_cli_bad_input_exit_1_one_line_no_traceback(tmp_path):
+    write(tmp_path / "bad.jsonl.gz", gzip.compress(b'{"text": "ok"}\n{nope\n'))
+    result = runner.invoke(app, ["prepare", str(tmp_path / "bad.jsonl.gz"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    text = result.output.strip()
+    assert "bad.jsonl.gz:2: invalid JSON" in text and "Traceback" not in text
+    assert "--on-error skip" in text
+
+
+def test_cli_missing_input_and_out(tmp_path):
+    result = runner.invoke(app, ["prepare", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and "no input files found" in result.output
+    result = runner.invoke(app, ["prepare", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 1 and "missing --out" in result.output
