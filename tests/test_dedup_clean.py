@@ -1,0 +1,73 @@
+"""The dedup key set against a Python set, and the cleaning rules one by one."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmshard.clean import CleanConfig, clean_text, length_filter
+from lmshard.dedup import KeySet, uniform_from_keys
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 60), max_size=40), max_size=12))
+def test_keyset_first_occurrence_matches_python_set(batches):
+    ks, seen = KeySet(capacity=4), set()  # tiny capacity: forces growth and probe collisions
+    for batch in batches:
+        keys = np.array(batch, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15 % 2**61)
+        expected = []
+        for k in keys.tolist():
+            k = k or 1  # 0 is stored as 1
+            expected.append(k not in seen)
+            seen.add(k)
+        assert ks.add_new(keys).tolist() == expected
+    assert len(ks) == len(seen)
+
+
+def test_keyset_memory_per_key():
+    ks = KeySet()
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ks.add_new(rng.integers(1, 2**63, size=100_000, dtype=np.uint64))
+    assert len(ks) == 1_000_000
+    assert ks.nbytes / len(ks) <= 21.4  # 8-byte slots, at least 37.5% full
+
+
+def test_uniform_from_keys_is_seeded_and_uniform():
+    keys = np.arange(1, 200_001, dtype=np.uint64)
+    u = uniform_from_keys(keys, 7)
+    assert ((u >= 0) & (u < 1)).all()
+    assert abs((u < 0.1).mean() - 0.1) < 0.005
+    assert not np.array_equal(u, uniform_from_keys(keys, 8))
+    assert np.array_equal(u, uniform_from_keys(keys, 7))
+
+
+def test_clean_rules():
+    cfg = CleanConfig()
+    assert clean_text("a\r\nb\rc", cfg) == "a\nb\nc"
+    assert clean_text("\ufeffx\x00y\x1b[0m\x7f\x85z\tw\n", cfg) == "xy[0mz\tw\n"
+    assert clean_text("e\u0301", cfg) == "é"
+    assert clean_text("10³", CleanConfig(normalize="nfkc")) == "103"
+    assert clean_text("10³", cfg) == "10³"
+    assert clean_text("e\u0301", CleanConfig(normalize="none")) == "e\u0301"
+    raw = "\r\n\x00e\u0301"
+    assert clean_text(raw, CleanConfig(byte_exact=True)) == raw
+
+
+@given(st.text())
+def test_clean_output_is_nfc_without_controls(text):
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    out = clean_text(text, CleanConfig())
+    assert unicodedata.is_normalized("NFC", out) and "\r" not in out
+    assert not any(ord(c) < 32 and c not in "\t\n" for c in out)
+
+
+def test_length_filter():
+    cfg = CleanConfig(min_chars=3, max_chars=5)
+    assert length_filter("", cfg) == (None, "empty")
+    assert length_filter("ab", cfg) == (None, "too_short")
+    assert length_filter("abcdef", cfg) == (None, "too_long")
+    assert length_filter("abcdef", CleanConfig(min_chars=3, max_chars=5, overlong="truncate")) == ("abcde", None)
