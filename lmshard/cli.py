@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -43,7 +44,7 @@ def user_errors(exit_code: int = 1) -> Callable[[F], F]:
             except LmshardError as e:
                 if _state["verbose"]:
                     err.print_exception()
-                err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+                err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
                 raise typer.Exit(exit_code) from None
             except KeyboardInterrupt:
                 err.print("[bold red]interrupted[/]: nothing was left that looks complete")
@@ -170,7 +171,100 @@ def _summary(meta: dict[str, Any], where: str) -> None:
     table.add_row("time", f"{run['elapsed_s']:.1f} s, {run['tokens_per_s'] or 0:,.0f} tokens/s, {run['workers']} workers")
     out.print(table)
     for reason, example in meta.get("drop_examples", {}).items():
-        out.print(f"  first {reason}: {example}", highlight=False)
+        out.print(f"  first {reason}: {escape(example)}", highlight=False)
+
+
+@app.command()
+def inspect(
+    dataset: Path = typer.Argument(..., help="A dataset directory written by `lmshard prepare`."),
+    quick: bool = typer.Option(False, "--quick", help="Structure only: sizes and document indexes, no token data."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    sample: int = typer.Option(0, "--sample", help="Decode N random documents (seeded)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for --sample."),
+    doc: Optional[str] = typer.Option(None, "--doc", help="Decode one document: SHARD:I, e.g. train/shard_000000:5."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the document-length histogram as an image (needs lmshard[plot])."),
+    top: int = typer.Option(10, "--top", help="How many of the most frequent tokens to show."),
+) -> None:
+    """Verify a dataset against its metadata and show what is in it. Exit 0 when it verifies,
+    1 for a usage error, 2 when the dataset is corrupt."""
+    from . import audit
+
+    try:
+        code = _inspect(dataset, quick, as_json, sample, seed, doc, plot, top, audit)
+    except LmshardError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        code = 1
+    raise typer.Exit(code)
+
+
+def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
+             plot: Path | None, top: int, audit: Any) -> int:  # fmt: skip
+    audit.require_dataset(dataset)
+    report = _verify_with_progress(dataset, quick, quiet=as_json, audit=audit)
+    decoder = audit.decoder_for(report.meta)
+    top_tokens = audit.top_tokens(report, top, decoder)
+    samples = audit.sample_documents(report.meta, sample, seed, decoder) if report.meta else []
+    if doc and report.meta:
+        samples.insert(0, audit.one_document(report.meta, doc, decoder))
+    if plot is not None:
+        audit.plot_lengths(report, plot)
+    if as_json:
+        payload = audit.report_json(report, top_tokens)
+        payload["samples"] = [{"where": w, "n_tokens": n, "text": t} for w, n, t in samples]
+        out.print_json(data=payload)
+    else:
+        _render_report(report, top_tokens, samples, audit)
+    return 0 if report.ok else 2
+
+
+def _verify_with_progress(dataset: Path, quick: bool, quiet: bool, audit: Any) -> Any:
+    with Progress(TextColumn("[bold]verify"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
+                  TimeRemainingColumn(), console=err, transient=True, disable=quiet) as bar:  # fmt: skip
+        task = bar.add_task("verify", total=None)
+
+        def tick(shard: Any) -> None:
+            bar.update(task, advance=1)
+
+        report = audit.verify(dataset, quick=quick, on_start=lambda n: bar.update(task, total=n), on_shard=tick)
+    return report
+
+
+def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tuple[str, int, str]], audit: Any) -> None:
+    meta = report.meta
+    if meta is not None:
+        table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        tok = meta.raw["tokenizer"]
+        table.add_row("tokenizer", f"{tok['name']}  n_vocab {tok['n_vocab']:,}  EOT {tok['eot_id']} ({meta.eot_position} each doc)")
+        table.add_row("dtype", "uint32, little-endian")
+        for split in meta.raw["splits"]:
+            table.add_row(split, f"{meta.n_docs(split):,} docs  {meta.n_tokens(split):,} tokens  {len(meta.split_shards(split))} shards")
+        stats = report.length_stats()
+        if stats:
+            table.add_row("doc length", "  ".join(f"{k} {v:,.6g}" for k, v in stats.items()) + " tokens")
+        drops = meta.raw.get("drops", {})
+        table.add_row("prepare drops", ", ".join(f"{k} {v:,}" for k, v in drops.items() if v) or "none")
+        table.add_row("records read", f"{meta.raw.get('records_read', 0):,}")
+        out.print(table)
+        hist = audit.length_histogram(report)
+        if hist:
+            out.print("[bold]document lengths[/] (tokens, log2 buckets)")
+            width = max(c for _, c in hist)
+            for label, count in hist:
+                out.print(f"  {label:>15} {'█' * max(1, round(40 * count / width)) if count else '':<40} {count:,}", highlight=False)
+        if top_tokens:
+            out.print("[bold]most frequent tokens[/]: " + "  ".join(f"{t!r}×{c:,}" for _, c, t in top_tokens), highlight=False)
+    for where, n, text in samples:
+        out.rule(f"{where} ({n} tokens)")
+        out.print(text, highlight=False, markup=False)
+    if report.ok:
+        what = "structure" if report.quick else "checksums, token ids, structure"
+        out.print(f"[green]OK[/]: {report.shards_checked} shards verified ({what})")
+    else:
+        for problem in report.problems:
+            err.print(f"[bold red]problem:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]CORRUPT[/]: {len(report.problems)} problem(s)")
 
 
 @tokenizer_app.command("fetch")

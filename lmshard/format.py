@@ -233,3 +233,24 @@ def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
         shards=shards,
         raw=raw,
     )
+
+
+def read_document(meta: DatasetMeta, shard: ShardInfo, i: int) -> np.ndarray:
+    """Tokens of document `i` of `shard` (separator included), read with two small preads."""
+    if not 0 <= i < shard.n_docs:
+        raise FormatError(f"{shard.path}: no document {i} (it holds {shard.n_docs})")
+    with open(meta.abspath(shard.index_path), "rb") as f:
+        f.seek(i * INDEX_DTYPE.itemsize)
+        start, end = np.frombuffer(f.read(2 * INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)
+    with open(meta.abspath(shard.path), "rb") as f:
+        f.seek(int(start) * TOKEN_DTYPE.itemsize)
+        return np.frombuffer(f.read(int(end - start) * TOKEN_DTYPE.itemsize), dtype=TOKEN_DTYPE)
+
+
+def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
+    """A shard by its relative path, with or without the .bin suffix (`train/shard_000003`)."""
+    wanted = name if name.endswith(".bin") else f"{name}.bin"
+    for shard in meta.shards:
+        if shard.path == wanted:
+            return shard
+    raise FormatError(f"no shard {name!r} in {meta.root}; shards look like {meta.shards[0].path if meta.shards else 'train/shard_000000.bin'}")

@@ -1,0 +1,124 @@
+"""What `lmshard inspect` computes beyond verification: decoded top tokens, sampled documents,
+the document-length histogram and its optional plot. Rendering stays in cli.py.
+
+Memory model: as `verify` (one token block at a time), plus the N sampled documents.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import ConfigError, FormatError, LmshardError, missing_dependency
+from .format import IN_PROGRESS_FILE, METADATA_FILE, DatasetMeta, find_shard, read_document
+from .verify import Report, report_json, verify_dataset
+
+__all__ = ["report_json"]
+
+Decoder = Callable[[list[int]], str]
+
+
+def require_dataset(path: Path) -> None:
+    """A usage error (exit 1) unless `path` is at least meant to be a dataset."""
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such directory")
+    if not (path / METADATA_FILE).exists() and not (path / IN_PROGRESS_FILE).exists():
+        raise ConfigError(f"{path}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
+
+
+def verify(path: Path, quick: bool, on_start: Callable[[int], None], on_shard: Callable[[Any], None]) -> Report:
+    try:
+        from .format import load_metadata
+
+        on_start(len(load_metadata(path).shards))
+    except FormatError:
+        pass  # verify_dataset reports it as a problem
+    return verify_dataset(path, quick=quick, on_shard=on_shard)
+
+
+def decoder_for(meta: DatasetMeta | None) -> Decoder | None:
+    """tiktoken decoding for the dataset's vocabulary, or None when it is not installed (ids
+    are shown instead) or differs from the one the dataset was made with."""
+    if meta is None:
+        return None
+    try:
+        from .tokenizer import TiktokenTokenizer
+
+        tok = TiktokenTokenizer(meta.tokenizer.name)
+    except LmshardError:
+        return None
+    if tok.ranks_sha256 != meta.tokenizer.ranks_sha256:
+        return None
+    return lambda ids: tok.decode(ids)
+
+
+def top_tokens(report: Report, n: int, decode: Decoder | None) -> list[tuple[int, int, str]]:
+    counts = report.token_counts
+    if counts is None or n <= 0 or not counts.any():
+        return []
+    ids = np.argsort(counts)[::-1][:n]
+    return [(int(i), int(counts[i]), decode([int(i)]) if decode else f"<{i}>") for i in ids if counts[i]]
+
+
+def _text(tokens: np.ndarray, decode: Decoder | None) -> str:
+    return decode(tokens.tolist()) if decode else " ".join(map(str, tokens.tolist()))
+
+
+def sample_documents(meta: DatasetMeta, n: int, seed: int, decode: Decoder | None) -> list[tuple[str, int, str]]:
+    """N documents drawn uniformly from all shards (seeded), decoded."""
+    total = meta.n_docs()
+    if n <= 0 or total == 0:
+        return []
+    picks = np.sort(np.random.default_rng(seed).choice(total, size=min(n, total), replace=False))
+    starts = np.cumsum([0] + [s.n_docs for s in meta.shards])
+    out = []
+    for g in picks.tolist():
+        k = int(np.searchsorted(starts, g, side="right")) - 1
+        shard = meta.shards[k]
+        tokens = read_document(meta, shard, g - int(starts[k]))
+        out.append((f"{shard.path[:-4]}:{g - int(starts[k])}", len(tokens), _text(tokens, decode)))
+    return out
+
+
+def one_document(meta: DatasetMeta, spec: str, decode: Decoder | None) -> tuple[str, int, str]:
+    name, sep, index = spec.rpartition(":")
+    if not sep or not index.isdigit():
+        raise ConfigError(f"--doc {spec!r}: expected SHARD:I, e.g. train/shard_000000:5")
+    shard = find_shard(meta, name)
+    tokens = read_document(meta, shard, int(index))
+    return f"{name}:{index}", len(tokens), _text(tokens, decode)
+
+
+def length_histogram(report: Report) -> list[tuple[str, int]]:
+    """Document lengths in powers-of-two buckets: [(label, count)], empty buckets inside kept."""
+    lengths = report.doc_lengths()
+    if not len(lengths):
+        return []
+    buckets = np.floor(np.log2(np.maximum(lengths, 1))).astype(int)
+    counts = np.bincount(buckets)
+    lo = int(buckets.min())
+    return [(f"{1 << b:,}-{(1 << (b + 1)) - 1:,}", int(counts[b])) for b in range(lo, len(counts))]
+
+
+def plot_lengths(report: Report, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise missing_dependency("matplotlib", "plot", "--plot") from None
+    lengths = report.doc_lengths()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if len(lengths):
+        bins = np.logspace(0, np.log10(max(2, int(lengths.max()))), 50)
+        ax.hist(lengths, bins=bins)
+        ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("documents")
+    ax.set_title(f"{report.root}: {len(lengths):,} documents")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,200 @@
+"""Check a prepared dataset against its metadata, and gather its statistics in the same pass.
+
+Used by `lmshard inspect`, by the runtime loader (structural checks at open) and by tests.
+Checks, per shard: the token file's size is n_tokens × 4 and the index's is (n_docs + 1) × 8;
+the index starts at 0, increases strictly and ends at n_tokens; and, unless `quick`, the xxh3-64
+checksums of both files match, every token id is below n_vocab, and an EOT token sits at every
+document boundary on the side the metadata records. Totals must equal the sum of the shards.
+
+Memory model: one block of BLOCK_TOKENS tokens (64 MiB) at a time, one shard's index, a token
+histogram of n_vocab int64 counters, and document lengths (uint32, sampled down to at most
+MAX_LENGTHS values for statistics). `quick` reads no token data at all: sizes and indexes only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import xxhash
+
+from .errors import FormatError
+from .format import INDEX_DTYPE, TOKEN_DTYPE, TOKENIZER_FILE, DatasetMeta, ShardInfo, load_metadata
+
+BLOCK_TOKENS = 16 << 20
+MAX_LENGTHS = 16_000_000
+FIX_SHARD = "re-run `lmshard prepare` with --overwrite to rebuild the dataset"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a dataset: where, what, and how to fix it."""
+
+    where: str
+    what: str
+    fix: str = FIX_SHARD
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}; {self.fix}"
+
+
+@dataclass
+class Report:
+    """The result of `verify_dataset`: problems (empty when the dataset is sound) and stats."""
+
+    root: Path
+    meta: DatasetMeta | None = None
+    problems: list[Problem] = field(default_factory=list)
+    quick: bool = False
+    token_counts: np.ndarray | None = None  # occurrences of each token id (full check only)
+    lengths: dict[str, list[np.ndarray]] = field(default_factory=dict)  # split → doc lengths
+    shards_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def doc_lengths(self, split: str | None = None) -> np.ndarray:
+        parts = [a for s, arrs in self.lengths.items() if split in (None, s) for a in arrs]
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+
+    def length_stats(self, split: str | None = None) -> dict[str, float]:
+        lengths = self.doc_lengths(split)
+        if not len(lengths):
+            return {}
+        return {
+            "min": int(lengths.min()),
+            "mean": round(float(lengths.mean()), 2),
+            "median": float(np.median(lengths)),
+            "p99": float(np.percentile(lengths, 99)),
+            "max": int(lengths.max()),
+        }
+
+
+def verify_dataset(root: str | Path, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None) -> Report:
+    """Verify every shard of the dataset at `root`; see the module docstring for the checks."""
+    report = Report(root=Path(root), quick=quick)
+    try:
+        meta = load_metadata(root)
+    except FormatError as e:
+        report.problems.append(Problem(str(root), str(e), "see the message"))
+        return report
+    report.meta = meta
+    _check_tokenizer_state(meta, report)
+    _check_totals(meta, report)
+    if not quick:
+        report.token_counts = np.zeros(meta.tokenizer.n_vocab, dtype=np.int64)
+    sample_every = max(1, -(-meta.n_docs() // MAX_LENGTHS))
+    for shard in meta.shards:
+        offsets = check_shard_structure(meta, shard, report.problems)
+        if offsets is not None:
+            lengths = np.diff(offsets)[::sample_every].astype(np.uint32)
+            report.lengths.setdefault(shard.split, []).append(lengths)
+            if not quick:
+                _check_shard_content(meta, shard, offsets, report)
+        report.shards_checked += 1
+        if on_shard:
+            on_shard(shard)
+    return report
+
+
+def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
+    path = meta.root / TOKENIZER_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        report.problems.append(Problem(TOKENIZER_FILE, f"unreadable ({e})"))
+        return
+    for key in ("name", "n_vocab", "eot_id", "ranks_sha256"):
+        if state.get(key) != getattr(meta.tokenizer, key):
+            report.problems.append(Problem(TOKENIZER_FILE, f"'{key}' disagrees with the metadata"))
+
+
+def _check_totals(meta: DatasetMeta, report: Report) -> None:
+    raw = meta.raw
+    for split, entry in raw["splits"].items():
+        for key in ("n_tokens", "n_docs"):
+            shard_sum = sum(getattr(s, key) for s in meta.shards if s.split == split)
+            if entry.get(key) != shard_sum:
+                report.problems.append(Problem(f"split {split}", f"{key} {entry.get(key)} != sum of its shards {shard_sum}"))
+    for key in ("n_tokens", "n_docs"):
+        total = sum(getattr(s, key) for s in meta.shards)
+        if raw.get(key) != total:
+            report.problems.append(Problem("dataset_metadata.json", f"{key} {raw.get(key)} != sum of shards {total}"))
+
+
+def check_shard_structure(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> np.ndarray | None:
+    """Sizes and document index of one shard, without reading tokens. Returns the offsets, or
+    None after recording a problem."""
+    bin_path, idx_path = meta.abspath(shard.path), meta.abspath(shard.index_path)
+    for path, expected, unit in ((bin_path, shard.n_tokens * TOKEN_DTYPE.itemsize, "tokens"),
+                                 (idx_path, (shard.n_docs + 1) * INDEX_DTYPE.itemsize, "offsets")):  # fmt: skip
+        if not path.is_file():
+            problems.append(Problem(shard.path, f"{path.name} is missing"))
+            return None
+        size = path.stat().st_size
+        if size != expected:
+            problems.append(Problem(shard.path, f"{path.name} has {size} bytes, metadata says {expected} ({unit})"))
+            return None
+    offsets = np.fromfile(idx_path, dtype=INDEX_DTYPE)
+    if offsets[0] != 0 or offsets[-1] != shard.n_tokens:
+        problems.append(Problem(shard.path, f"document index spans {offsets[0]}..{offsets[-1]}, not 0..{shard.n_tokens}"))
+        return None
+    if len(offsets) > 1 and not (np.diff(offsets.astype(np.int64)) > 0).all():
+        problems.append(Problem(shard.path, "document index is not strictly increasing"))
+        return None
+    return offsets
+
+
+def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarray, report: Report) -> None:
+    problems = report.problems
+    idx_hash = xxhash.xxh3_64_hexdigest(offsets.astype(INDEX_DTYPE).tobytes())
+    if idx_hash != shard.index_xxh3_64:
+        problems.append(Problem(shard.path, f"index checksum {idx_hash} != {shard.index_xxh3_64} in metadata"))
+    eot, n_vocab = meta.tokenizer.eot_id, meta.tokenizer.n_vocab
+    boundaries = offsets[1:] - 1 if meta.eot_position == "after" else offsets[:-1]
+    tokens = np.memmap(meta.abspath(shard.path), dtype=TOKEN_DTYPE, mode="r") if shard.n_tokens else np.zeros(0, TOKEN_DTYPE)
+    h = xxhash.xxh3_64()
+    bad_eot = bad_ids = 0
+    for start in range(0, shard.n_tokens, BLOCK_TOKENS):
+        block = np.asarray(tokens[start : start + BLOCK_TOKENS])
+        h.update(memoryview(np.ascontiguousarray(block)).cast("B"))
+        if int(block.max()) >= n_vocab:
+            bad_ids += int((block >= n_vocab).sum())
+        else:
+            report.token_counts += np.bincount(block, minlength=n_vocab)  # type: ignore[operator]
+        lo, hi = np.searchsorted(boundaries, [start, start + len(block)])
+        bad_eot += int((block[boundaries[lo:hi] - start] != eot).sum())
+    del tokens
+    if h.hexdigest() != shard.xxh3_64:
+        problems.append(Problem(shard.path, f"checksum {h.hexdigest()} != {shard.xxh3_64} in metadata (corrupt data)"))
+    if bad_ids:
+        problems.append(Problem(shard.path, f"{bad_ids} token ids >= n_vocab {n_vocab}"))
+    if bad_eot:
+        problems.append(Problem(shard.path, f"{bad_eot} document boundaries without the EOT token {eot}"))
+
+
+def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
+    """The machine-readable form of a report (`lmshard inspect --json`)."""
+    meta = report.meta
+    out: dict[str, Any] = {"dataset": str(report.root), "ok": report.ok, "quick": report.quick,
+                           "problems": [str(p) for p in report.problems]}  # fmt: skip
+    if meta is None:
+        return out
+    out["tokenizer"] = meta.raw["tokenizer"]
+    out["dtype"], out["byte_order"], out["eot_position"] = "uint32", "little", meta.eot_position
+    out["n_tokens"], out["n_docs"] = meta.n_tokens(), meta.n_docs()
+    out["splits"] = {
+        split: {"n_tokens": meta.n_tokens(split), "n_docs": meta.n_docs(split),
+                "n_shards": len(meta.split_shards(split)), "doc_length_tokens": report.length_stats(split)}
+        for split in meta.raw["splits"]
+    }  # fmt: skip
+    out["doc_length_tokens"] = report.length_stats()
+    out["drops"] = meta.raw.get("drops", {})
+    out["records_read"] = meta.raw.get("records_read")
+    if top is not None:
+        out["top_tokens"] = [{"id": i, "count": c, "text": t} for i, c, t in top]
+    return out
