@@ -1,0 +1,229 @@
+"""Batches on the device: read rows into a host buffer, copy, convert to int64.
+
+On CUDA, a ring of pinned host buffers is allocated once; each batch is read straight into one
+(pread, no intermediate copy), copied with `non_blocking=True` on a side stream, and the next
+batch is prepared while the caller trains on the current one. On the CPU the same code runs
+with ordinary buffers and no stream, so this path is exercised by the test suite.
+
+Memory model: `ring` host buffers of batch_size × (seq_len + max shift) int32, and the batches
+the caller holds. Nothing accumulates while iterating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from .sampling import RandomOffsets, WindowOffsets
+from .store import TokenStore
+
+
+@dataclass
+class Batch:
+    """One batch. Unpacks as `x, y = batch`; the rest are attributes.
+
+    x, y: int64 [batch, seq_len] (or [batch, seq_len // shift, shift] when grouped); y[i] is
+    the token `shift` positions after x[i]. offsets: each row's start in the split's token
+    stream. cu_seqlens / max_seqlen: document boundaries of x flattened over the batch (int32,
+    flash-attention varlen style), when requested."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    step: int
+    shift: int
+    offsets: np.ndarray
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int | None = None
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.x, self.y))
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """rank/world_size from the arguments, else torchrun's environment, else (0, 1)."""
+    import os
+
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    r = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    if world < 1 or not 0 <= r < world:
+        raise ConfigError(f"rank {r} is not in [0, world_size={world})")
+    return r, world
+
+
+class _Ring:
+    """Host buffers reused round-robin; pinned and paired with a copy stream on CUDA."""
+
+    def __init__(self, device: torch.device, numel: int, size: int = 2) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.buffers = [torch.empty(numel, dtype=torch.int32, pin_memory=self.cuda) for _ in range(size)]
+        self.events: list[Any] = [None] * size
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.next = 0
+
+    def host(self, rows: int, cols: int) -> torch.Tensor:
+        slot = self.next
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # its previous copy must finish before we overwrite
+        return self.buffers[slot][: rows * cols].view(rows, cols)
+
+    def send(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        slot = self.next
+        self.next = (slot + 1) % len(self.buffers)
+        if not self.cuda:
+            return host, None
+        assert self.stream is not None
+        with torch.cuda.stream(self.stream):
+            moved = host.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self.events[slot] = event
+        return moved, event
+
+    def receive(self, moved: torch.Tensor, event: Any) -> torch.Tensor:
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+            moved.record_stream(torch.cuda.current_stream(self.device))
+        return moved
+
+
+class BatchStream(torch.utils.data.IterableDataset):
+    """An endless, resumable stream of batches for one rank.
+
+    Use it directly (`next(stream)`: batches on `device`, next one prefetched), or hand it to a
+    `DataLoader(stream, batch_size=None, num_workers=W)`: worker w produces steps w, w+W, ... on
+    the CPU and the loader interleaves them back into step order, so the sequence is the same
+    for any W. `state_dict()` is a few integers; `load_state_dict()` continues the same stream,
+    also at another world size if the global batch size is unchanged.
+    """
+
+    def __init__(self, store: TokenStore, offsets: RandomOffsets | WindowOffsets, *, batch_size: int, seq_len: int,
+                 rank: int | None = None, world_size: int | None = None, device: str | torch.device = "cpu",
+                 seed: int, kind: str, cu_seqlens: bool = False, grouped: bool = False, prefetch: bool = True) -> None:  # fmt: skip
+        super().__init__()
+        if batch_size < 1 or seq_len < 1:
+            raise ConfigError("batch_size and seq_len must be at least 1")
+        self.store, self.offsets = store, offsets
+        self.batch_size, self.seq_len, self.seed, self.kind = batch_size, seq_len, seed, kind
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.device = torch.device(device)
+        self.cu_seqlens, self.grouped, self.prefetch = cu_seqlens, grouped, prefetch
+        self.step = 0  # the next step to hand out
+        self._ring: _Ring | None = None
+        self._pending: tuple[int, Any] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in one pass over all windows (window streams); None for random batches."""
+        return getattr(self.offsets, "steps_per_epoch", None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
+        if self.steps_per_epoch is None:
+            raise ConfigError("random batches have no epochs; resume them with load_state_dict")
+        self.step = epoch * self.steps_per_epoch
+        self._pending = None
+
+    @property
+    def global_batch_size(self) -> int:
+        """Rows per optimizer step across all ranks (batch_size × world_size)."""
+        return self.batch_size * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    def __repr__(self) -> str:
+        return (f"BatchStream({self.kind}, batch_size={self.batch_size}, seq_len={self.seq_len}, rank={self.rank}/"
+                f"{self.world_size}, global_batch_size={self.global_batch_size}, step={self.step})")  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "seed": self.seed, "step": self.step, "seq_len": self.seq_len,
+                "global_batch_size": self.global_batch_size, "world_size": self.world_size}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("kind", "seed", "seq_len", "global_batch_size"):
+            mine = self.state_dict()[key]
+            if state.get(key) != mine:
+                raise ConfigError(f"cannot resume: saved {key}={state.get(key)!r}, this stream has {mine!r}")
+        self.step = int(state["step"])
+        self._pending = None
+
+    # -- producing batches -------------------------------------------------------------------
+
+    def _rows(self, step: int) -> tuple[np.ndarray, int]:
+        offsets, shift = self.offsets.rows(step, self.global_batch_size)
+        mine = offsets[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        return mine, shift
+
+    def _fill(self, host: np.ndarray, offsets: np.ndarray) -> None:
+        for r, offset in enumerate(offsets.tolist()):
+            self.store.read_into(offset, host[r])
+
+    def _finish(self, buf: torch.Tensor, step: int, offsets: np.ndarray, shift: int) -> Batch:
+        x = buf[:, : self.seq_len].to(torch.int64)
+        y = buf[:, shift : shift + self.seq_len].to(torch.int64)
+        if self.grouped:
+            x = x.view(len(offsets), self.seq_len // shift, shift)
+            y = y.view(len(offsets), self.seq_len // shift, shift)
+        batch = Batch(x, y, step, shift, offsets)
+        if self.cu_seqlens:
+            batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device)
+        return batch
+
+    def _boundaries(self, offsets: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
+        T = self.seq_len
+        cuts = [np.array([0], dtype=np.int64)]
+        for r, o in enumerate(offsets.tolist()):
+            inside = self.store.doc_starts_in(o, o + T) - o
+            cuts.append(r * T + np.concatenate([inside, [T]]))
+        cu = np.concatenate(cuts)
+        return torch.from_numpy(cu.astype(np.int32)).to(device), int(np.diff(cu).max())
+
+    def cpu_batch(self, step: int) -> Batch:
+        """Batch `step` for this rank, on the CPU: a pure function of (seed, step, rank)."""
+        offsets, shift = self._rows(step)
+        host = np.empty((len(offsets), self.seq_len + shift), dtype=np.uint32)
+        self._fill(host, offsets)
+        return self._finish(torch.from_numpy(host.view(np.int32)), step, offsets, shift)
+
+    def _submit(self, step: int) -> tuple[int, Any]:
+        offsets, shift = self._rows(step)
+        if self._ring is None:
+            numel = self.batch_size * (self.seq_len + self._max_shift())
+            self._ring = _Ring(self.device, numel)
+        host = self._ring.host(len(offsets), self.seq_len + shift)
+        self._fill(host.numpy().view(np.uint32), offsets)
+        moved, event = self._ring.send(host)
+        return step, (moved, event, offsets, shift)
+
+    def _max_shift(self) -> int:
+        spec = getattr(self.offsets, "shift", 1)
+        return spec if isinstance(spec, int) else spec.max
+
+    def __next__(self) -> Batch:
+        if self._pending is None or self._pending[0] != self.step:
+            self._pending = self._submit(self.step)
+        step, (moved, event, offsets, shift) = self._pending
+        assert self._ring is not None
+        buf = self._ring.receive(moved, event)
+        batch = self._finish(buf, step, offsets, shift)
+        self.step += 1
+        self._pending = self._submit(self.step) if self.prefetch else None
+        return batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self
+        return self._worker_steps(info.id, info.num_workers)
+
+    def _worker_steps(self, worker: int, workers: int) -> Iterator[Batch]:
+        step = self.step + worker
+        while True:
+            yield self.cpu_batch(step)
+            step += workers

@@ -1,0 +1,161 @@
+"""`TokenDataset`: one split of a prepared dataset, and the ways to draw batches from it.
+
+    from lmshard import TokenDataset
+    train = TokenDataset("data/mycorpus", split="train")
+    batches = train.random_batches(batch_size=16, seq_len=1024, seed=1337, device="cuda")
+    x, y = next(batches)                      # int64 [16, 1024] on the GPU
+
+Memory model: see `store.py` (no token data kept between reads) and `batches.py` (a ring of
+host buffers). `from_text` and `synthetic` hold their tokens in memory: they are for small data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..format import DatasetMeta
+from .batches import BatchStream, resolve_rank
+from .sampling import RandomOffsets, ShiftSpec, WindowOffsets, count_windows
+from .store import TokenStore, open_store
+
+
+class TokenDataset:
+    """A split of a prepared dataset. Opening validates the metadata and every shard's file
+    sizes (an error names the shard); shard files are opened lazily, at most `max_open_shards`
+    at a time."""
+
+    def __init__(self, path: str | os.PathLike[str], split: str = "train", *, max_open_shards: int = 64) -> None:
+        self.meta: DatasetMeta | None
+        self.meta, self.store = open_store(path, split, max_open_shards)
+        self.path, self.split = Path(path), split
+        self.eot_id = self.meta.tokenizer.eot_id
+        self.vocab_size = self.meta.tokenizer.n_vocab
+
+    @classmethod
+    def _from_store(cls, store: TokenStore, eot_id: int, vocab_size: int, name: str) -> TokenDataset:
+        self = cls.__new__(cls)
+        self.meta, self.store, self.path, self.split = None, store, Path(name), "memory"
+        self.eot_id, self.vocab_size = eot_id, vocab_size
+        return self
+
+    @classmethod
+    def from_text(cls, path: str | os.PathLike[str], tokenizer: str = "gpt2") -> TokenDataset:
+        """Tokenize one small UTF-8 text file in memory (one document; quick experiments)."""
+        from ..tokenizer import TiktokenTokenizer
+
+        tok = TiktokenTokenizer(tokenizer)
+        text = Path(path).read_text(encoding="utf-8")
+        tokens, lengths = tok.encode_batch([text])
+        tokens = np.append(tokens, np.uint32(tok.eot_id))
+        store = TokenStore.from_arrays(tokens, np.array([0, len(tokens)]))
+        return cls._from_store(store, tok.eot_id, tok.n_vocab, str(path))
+
+    @classmethod
+    def synthetic(cls, n_tokens: int = 1_000_000, vocab_size: int = 50257, doc_len: int = 512, seed: int = 0) -> TokenDataset:
+        """Random tokens in documents of `doc_len` (EOT = vocab_size - 1 closes each): for smoke tests."""
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(0, vocab_size - 1, size=n_tokens, dtype=np.uint32)
+        ends = np.arange(doc_len, n_tokens + 1, doc_len)
+        tokens[ends - 1] = vocab_size - 1
+        index = np.unique(np.concatenate([[0], ends, [n_tokens]]))
+        return cls._from_store(TokenStore.from_arrays(tokens, index), vocab_size - 1, vocab_size, "<synthetic>")
+
+    def __repr__(self) -> str:
+        return f"TokenDataset({str(self.path)!r}, split={self.split!r}, tokens={self.n_tokens:,}, docs={self.n_docs:,})"
+
+    @property
+    def n_tokens(self) -> int:
+        return self.store.n_tokens
+
+    @property
+    def n_docs(self) -> int:
+        return self.store.n_docs
+
+    def tokens(self, start: int, length: int) -> np.ndarray:
+        """`length` tokens of the split's concatenated stream from `start` (uint32)."""
+        if start < 0 or length < 0 or start + length > self.n_tokens:
+            raise ConfigError(f"tokens [{start}, {start + length}) are outside [0, {self.n_tokens})")
+        out = np.empty(length, dtype=np.uint32)
+        self.store.read_into(start, out)
+        return out
+
+    def random_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, shift: int | str = 1,
+                       rank: int | None = None, world_size: int | None = None, device: str | torch.device = "cpu",
+                       doc_aligned: bool = False, cu_seqlens: bool = False, grouped: bool = False,
+                       prefetch: bool = True) -> BatchStream:  # fmt: skip
+        """An endless stream of batches at random offsets (see `BatchStream`).
+
+        shift: labels `shift` tokens ahead (1: next token), or "random": a proper divisor of
+        seq_len drawn per batch, shared by its rows, returned as `batch.shift`; `grouped`
+        reshapes x and y to [batch, seq_len // shift, shift]. doc_aligned: every row starts at a
+        document start. cu_seqlens: add document boundaries for varlen attention."""
+        spec = ShiftSpec.parse(shift, seq_len)
+        starts = self._doc_start_sampler() if doc_aligned else None
+        offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
+        return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank,
+                           world_size=world_size, device=device, seed=seed, kind="random",
+                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch)  # fmt: skip
+
+    def window_batches(self, batch_size: int, seq_len: int, *, stride: int | None = None, shift: int = 1,
+                       seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                       device: str | torch.device = "cpu", cu_seqlens: bool = False, prefetch: bool = True) -> BatchStream:  # fmt: skip
+        """Sliding windows (start i·stride of the concatenated split) in batches, epoch after
+        epoch; `stream.set_epoch(e)` jumps to epoch e, whose order is reshuffled from (seed, e).
+        Every rank gets the same number of steps per epoch (a last partial global batch is dropped)."""
+        stride = stride or seq_len
+        rank_, world = resolve_rank(rank, world_size)
+        offsets = WindowOffsets(self.n_tokens, seq_len, stride, shift, batch_size * world, seed, shuffle)
+        return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
+                           world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
+                           cu_seqlens=cu_seqlens, prefetch=prefetch)  # fmt: skip
+
+    def windows(self, seq_len: int, stride: int | None = None, shift: int = 1) -> WindowDataset:
+        """Map-style dataset of sliding windows: item i starts at i·stride of the split."""
+        return WindowDataset(self, seq_len, stride or seq_len, shift)
+
+    def _doc_start_sampler(self) -> Any:
+        store = self.store
+        doc_cum = np.concatenate([[0], np.cumsum(store.doc_counts)])
+
+        def draw(rng: np.random.Generator, count: int, limit: int) -> np.ndarray:
+            out = np.empty(count, dtype=np.int64)
+            for r in range(count):
+                for _ in range(1000):  # documents too close to the end are redrawn
+                    g = int(rng.integers(0, store.n_docs))
+                    k = int(np.searchsorted(doc_cum, g, side="right")) - 1
+                    start = store.doc_start(k, g - int(doc_cum[k]))
+                    if start <= limit:
+                        break
+                else:
+                    raise ConfigError("no document start leaves room for seq_len tokens; lower seq_len")
+                out[r] = start
+            return out
+
+        return draw
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """Window i = tokens [i·stride, i·stride + seq_len) of the split as x, and the same shifted by
+    `shift` as y; int64 tensors. Works with DataLoader and DistributedSampler."""
+
+    def __init__(self, data: TokenDataset, seq_len: int, stride: int, shift: int = 1) -> None:
+        if stride < 1 or seq_len < 1 or shift < 1:
+            raise ConfigError("seq_len, stride and shift must be at least 1")
+        self.data, self.seq_len, self.stride, self.shift = data, seq_len, stride, shift
+        self.n = count_windows(data.n_tokens, seq_len, stride, shift)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        row = self.data.tokens(i * self.stride, self.seq_len + self.shift).view(np.int32)
+        t = torch.from_numpy(row)
+        return t[: self.seq_len].long(), t[self.shift :].long()

@@ -1,0 +1,125 @@
+"""Where each row of each batch starts: pure functions of a few integers.
+
+A *global batch* at step s has G = batch_size × world_size rows; rank r takes rows
+[r·B, (r+1)·B). Row offsets depend only on (seed, step) — and the epoch for windows — never on
+the rank count or the number of DataLoader workers, so a run resumes exactly from
+(seed, step), even on another world size with the same global batch. Nothing here holds a
+permutation: window order comes from a keyed Feistel bijection, O(1) memory per epoch.
+
+Memory model: one global batch of offsets (8 bytes per row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def proper_divisors(n: int) -> list[int]:
+    return [d for d in range(1, n) if n % d == 0]
+
+
+def step_rng(seed: int, step: int, salt: int = 0) -> np.random.Generator:
+    """An independent generator for every (seed, step): no state to carry between steps."""
+    return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, step, salt])
+
+
+@dataclass(frozen=True)
+class ShiftSpec:
+    """A fixed label shift, or 'random': a proper divisor of seq_len drawn per batch."""
+
+    fixed: int | None
+    choices: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, shift: int | str, seq_len: int) -> ShiftSpec:
+        if shift == "random":
+            divisors = proper_divisors(seq_len)
+            if not divisors:
+                raise ConfigError(f"shift='random' needs seq_len > 1 (got {seq_len})")
+            return cls(None, tuple(divisors))
+        if not isinstance(shift, int) or shift < 1:
+            raise ConfigError(f"shift must be a positive int or 'random' (got {shift!r})")
+        return cls(shift, (shift,))
+
+    @property
+    def max(self) -> int:
+        return max(self.choices)
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return self.fixed if self.fixed is not None else int(rng.choice(self.choices))
+
+
+class RandomOffsets:
+    """Uniform row starts over the concatenated split: every start that leaves room for
+    seq_len + shift tokens is equally likely, so each shard is drawn in proportion to its size.
+    With `doc_aligned`, rows start at a document start instead, every document equally likely."""
+
+    def __init__(self, n_tokens: int, seq_len: int, shift: ShiftSpec, seed: int, doc_starts=None) -> None:  # type: ignore[no-untyped-def]
+        if n_tokens < seq_len + shift.max:
+            raise ConfigError(f"the split holds {n_tokens} tokens, fewer than seq_len + shift = {seq_len + shift.max}")
+        self.n_tokens, self.seq_len, self.shift, self.seed = n_tokens, seq_len, shift, seed
+        self.doc_starts = doc_starts  # callable(rng, count, limit) -> offsets, or None
+
+    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        rng = step_rng(self.seed, step)
+        shift = self.shift.draw(rng)
+        limit = self.n_tokens - (self.seq_len + shift)  # last valid start
+        if self.doc_starts is not None:
+            return self.doc_starts(rng, count, limit), shift
+        return rng.integers(0, limit + 1, size=count, dtype=np.int64), shift
+
+
+class WindowOffsets:
+    """Windows starting at i·stride of the concatenated split, shuffled per epoch (or in order)."""
+
+    def __init__(self, n_tokens: int, seq_len: int, stride: int, shift: int, global_batch: int, seed: int, shuffle: bool) -> None:
+        if stride < 1:
+            raise ConfigError("stride must be at least 1")
+        self.n_windows = count_windows(n_tokens, seq_len, stride, shift)
+        self.steps_per_epoch = self.n_windows // global_batch
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"{self.n_windows} windows cannot fill one global batch of {global_batch}")
+        self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, shuffle
+
+    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        epoch, within = divmod(step, self.steps_per_epoch)
+        ids = np.arange(within * count, (within + 1) * count, dtype=np.int64)
+        if self.shuffle:
+            ids = feistel_permute(ids, self.n_windows, key=int(step_rng(self.seed, epoch, 2).integers(2**32)))
+        return ids * self.stride, self.shift
+
+
+def count_windows(n_tokens: int, seq_len: int, stride: int, shift: int) -> int:
+    span = seq_len + shift
+    return 0 if n_tokens < span else (n_tokens - span) // stride + 1
+
+
+def _round(x: np.ndarray, key: int, mask: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = (x ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C15)
+        z ^= z >> np.uint64(29)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        return (z ^ (z >> np.uint64(32))) & np.uint64(mask)
+
+
+def feistel_permute(ids: np.ndarray, n: int, key: int, rounds: int = 4) -> np.ndarray:
+    """A keyed bijection of [0, n): a balanced Feistel network on the next even power of two,
+    with cycle walking to stay below n."""
+    half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    keys = [int(k) for k in step_rng(key, rounds, 1).integers(0, 2**63, size=rounds)]
+    x = ids.astype(np.uint64)
+    pending = np.ones(len(x), dtype=bool)
+    while pending.any():
+        v = x[pending]
+        left, right = v >> np.uint64(half), v & np.uint64(mask)
+        for k in keys:
+            left, right = right, left ^ _round(right, k, mask)
+        v = (left << np.uint64(half)) | right
+        x[pending] = v
+        pending[pending] = v >= np.uint64(n)
+    return x.astype(np.int64)

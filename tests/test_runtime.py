@@ -1,0 +1,227 @@
+"""The runtime loader, checked against the token stream read independently with numpy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from lmshard import TokenDataset
+from lmshard.errors import ConfigError, FormatError
+from lmshard.prepare import PrepareConfig, prepare
+from test_prepare import jsonl, make_texts
+
+EOT = 50256
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rt")
+    texts = make_texts(1500, seed=11) + ["long " * 3000]  # one document bigger than a shard
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp / "a.jsonl", texts))], out=str(tmp / "ds"), workers=1,
+                          tokens_per_shard=2500, val_fraction=0.05))  # fmt: skip
+    return tmp / "ds"
+
+
+def stream_of(root, split="train") -> np.ndarray:
+    """The split's concatenated token stream, read with numpy from the files listed in metadata."""
+    meta = json.loads((root / "dataset_metadata.json").read_text())
+    return np.concatenate([np.fromfile(root / s["path"], dtype="<u4") for s in meta["splits"][split]["shards"]])
+
+
+def test_open_and_counts(ds):
+    train = TokenDataset(ds, "train")
+    assert train.n_tokens == len(stream_of(ds)) and train.n_docs > 1000
+    assert np.array_equal(train.tokens(2400, 300), stream_of(ds)[2400:2700])  # crosses a shard
+
+
+def test_rows_equal_stream_and_labels_are_shifted(ds):
+    ref = stream_of(ds)
+    for shift in (1, 3):
+        batches = TokenDataset(ds).random_batches(batch_size=8, seq_len=64, seed=5, shift=shift)
+        for _ in range(20):
+            b = next(batches)
+            assert b.x.dtype == torch.int64 and b.x.shape == (8, 64)
+            for r, o in enumerate(b.offsets.tolist()):
+                assert b.x[r].tolist() == ref[o : o + 64].tolist()
+                assert b.y[r].tolist() == ref[o + shift : o + shift + 64].tolist()
+
+
+def test_random_shift_is_a_proper_divisor_and_grouped(ds):
+    ref = stream_of(ds)
+    batches = TokenDataset(ds).random_batches(batch_size=4, seq_len=24, seed=2, shift="random", grouped=True)
+    shifts = set()
+    for _ in range(60):
+        b = next(batches)
+        m = b.shift
+        shifts.add(m)
+        assert 24 % m == 0 and m < 24
+        assert b.x.shape == (4, 24 // m, m)
+        o = int(b.offsets[0])
+        assert b.y[0].reshape(-1).tolist() == ref[o + m : o + m + 24].tolist()
+    assert len(shifts) > 3
+
+
+def test_same_seed_same_batches_and_prefetch_does_not_change_them(ds):
+    a = TokenDataset(ds).random_batches(4, 32, seed=9)
+    b = TokenDataset(ds).random_batches(4, 32, seed=9, prefetch=False)
+    c = TokenDataset(ds).random_batches(4, 32, seed=10)
+    for _ in range(10):
+        xa, xb, xc = next(a).x, next(b).x, next(c).x
+        assert torch.equal(xa, xb) and not torch.equal(xa, xc)
+
+
+def test_ranks_take_disjoint_rows_of_the_global_batch(ds):
+    world = [TokenDataset(ds).random_batches(4, 32, seed=1, rank=r, world_size=3) for r in range(3)]
+    single = TokenDataset(ds).random_batches(12, 32, seed=1, rank=0, world_size=1)
+    assert world[0].global_batch_size == 12
+    for _ in range(5):
+        parts = [next(w) for w in world]
+        whole = next(single)
+        assert np.array_equal(np.concatenate([p.offsets for p in parts]), whole.offsets)
+        assert len({o for p in parts for o in p.offsets.tolist()}) == 12
+
+
+def test_world_size_4_state_resumes_at_world_size_2(ds):
+    four = [TokenDataset(ds).random_batches(2, 16, seed=4, rank=r, world_size=4) for r in range(4)]
+    for _ in range(3):
+        for s in four:
+            next(s)
+    state = four[0].state_dict()
+    expected = np.concatenate([next(s).offsets for s in four])
+    two = [TokenDataset(ds).random_batches(4, 16, seed=4, rank=r, world_size=2) for r in range(2)]
+    for s in two:
+        s.load_state_dict(state)
+    assert np.array_equal(np.concatenate([next(s).offsets for s in two]), expected)
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        TokenDataset(ds).random_batches(3, 16, seed=4, world_size=2).load_state_dict(state)
+
+
+def test_resume_in_a_new_process(ds, tmp_path):
+    stream = TokenDataset(ds).random_batches(4, 32, seed=77, shift="random")
+    for _ in range(7):
+        next(stream)
+    (tmp_path / "state.json").write_text(json.dumps(stream.state_dict()))
+    expected = [next(stream).x.tolist() for _ in range(3)]
+    code = textwrap.dedent(f"""
+        import json
+        from lmshard import TokenDataset
+        s = TokenDataset({str(ds)!r}).random_batches(4, 32, seed=77, shift="random")
+        s.load_state_dict(json.load(open({str(tmp_path / 'state.json')!r})))
+        print(json.dumps([next(s).x.tolist() for _ in range(3)]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == expected
+
+
+def test_offsets_uniform_over_unequal_shards(ds):
+    """Chi-square over 20 equal-width bins of the split: flat if every position is equally likely."""
+    train = TokenDataset(ds)
+    stream = train.random_batches(256, 8, seed=3)
+    offsets = np.concatenate([next(stream).offsets for _ in range(200)])
+    bins = np.histogram(offsets, bins=20, range=(0, train.n_tokens - 9 + 1))[0]
+    expected = len(offsets) / 20
+    chi2 = ((bins - expected) ** 2 / expected).sum()
+    assert chi2 < 43.8  # p = 0.001 for 19 degrees of freedom
+    assert np.ptp(TokenDataset(ds).store.sizes) > 1000  # the shards really are unequal
+
+
+def test_windows_map_style_equal_stream_slices(ds):
+    ref = stream_of(ds)
+    w = TokenDataset(ds).windows(seq_len=50, stride=30)
+    assert len(w) == (len(ref) - 51) // 30 + 1
+    for i in (0, 1, 77, len(w) - 1):
+        x, y = w[i]
+        assert x.tolist() == ref[i * 30 : i * 30 + 50].tolist()
+        assert y.tolist() == ref[i * 30 + 1 : i * 30 + 51].tolist()
+    sampler = torch.utils.data.DistributedSampler(w, num_replicas=2, rank=1, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(w, batch_size=8, sampler=sampler)
+    x, y = next(iter(loader))
+    assert x.shape == (8, 50)
+
+
+def test_window_batches_cover_each_window_once_per_epoch(ds):
+    stream = TokenDataset(ds).window_batches(batch_size=8, seq_len=40, stride=40, seed=1)
+    n_windows = (stream.store.n_tokens - 41) // 40 + 1
+    seen = np.concatenate([next(stream).offsets for _ in range(stream.steps_per_epoch)])
+    assert len(set(seen.tolist())) == len(seen) == stream.steps_per_epoch * 8 > n_windows - 8
+    assert set((seen // 40).tolist()) <= set(range(n_windows))
+    epoch1 = next(stream).offsets
+    stream.set_epoch(0)
+    assert np.array_equal(next(stream).offsets, seen[:8]) and not np.array_equal(epoch1, seen[:8])
+
+
+def test_dataloader_workers_keep_the_global_order(ds):
+    for factory in (lambda: TokenDataset(ds).random_batches(4, 32, seed=8),
+                    lambda: TokenDataset(ds).window_batches(4, 32, seed=8)):  # fmt: skip
+        direct = factory()
+        expected = [next(direct).offsets.tolist() for _ in range(6)]
+        loader = torch.utils.data.DataLoader(factory(), batch_size=None, num_workers=2)
+        got = [b.offsets.tolist() for b, _ in zip(loader, range(6))]
+        assert got == expected
+
+
+def test_doc_aligned_rows_start_at_documents(ds):
+    ref = stream_of(ds)
+    stream = TokenDataset(ds).random_batches(16, 32, seed=6, doc_aligned=True)
+    for _ in range(10):
+        for o in next(stream).offsets.tolist():
+            assert o == 0 or ref[o - 1] == EOT  # EOT is written after each document
+
+
+def test_cu_seqlens_match_eot_positions(ds):
+    ref = stream_of(ds)
+    stream = TokenDataset(ds).random_batches(8, 64, seed=12, cu_seqlens=True)
+    for _ in range(10):
+        b = next(stream)
+        expected = [0]
+        for r, o in enumerate(b.offsets.tolist()):
+            starts = [t for t in range(1, 64) if ref[o + t - 1] == EOT]
+            expected += [r * 64 + t for t in starts] + [(r + 1) * 64]
+        assert b.cu_seqlens.tolist() == expected
+        assert b.max_seqlen == max(np.diff(expected))
+
+
+def test_open_files_are_bounded(ds):
+    train = TokenDataset(ds, max_open_shards=3)
+    stream = train.random_batches(32, 16, seed=1)
+    for _ in range(20):
+        next(stream)
+        assert train.store.open_files <= 3
+    assert len(train.store.shards) > 10
+
+
+def test_bad_dataset_errors_name_the_shard(ds, tmp_path):
+    import shutil
+
+    copy = tmp_path / "c"
+    shutil.copytree(ds, copy)
+    shard = sorted((copy / "train").glob("*.bin"))[2]
+    shard.write_bytes(shard.read_bytes()[:-4])
+    with pytest.raises(FormatError, match=shard.name):
+        TokenDataset(copy)
+    with pytest.raises(FormatError, match="no split 'test'"):
+        TokenDataset(ds, "test")
+
+
+def test_from_text_and_synthetic(tmp_path, reference):
+    (tmp_path / "t.txt").write_text("tiny corpus, tiny corpus. " * 40)
+    data = TokenDataset.from_text(tmp_path / "t.txt")
+    assert data.tokens(0, data.n_tokens).tolist() == reference.encode_ordinary("tiny corpus, tiny corpus. " * 40) + [EOT]
+    x, y = next(data.random_batches(2, 16))
+    assert x.shape == (2, 16)
+    syn = TokenDataset.synthetic(10_000, vocab_size=100, doc_len=50)
+    b = next(syn.random_batches(4, 20, cu_seqlens=True, doc_aligned=True))
+    assert int(b.x.max()) < 100 and b.x.shape == (4, 20)
+
+
+def test_runtime_imports_no_cli_or_tokenizer_modules():
+    code = ("import sys; from lmshard import TokenDataset; TokenDataset.synthetic(1000);"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer','rich','tiktoken','datasets','click'}))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
