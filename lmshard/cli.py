@@ -31,6 +31,7 @@ out = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 _state = {"verbose": False}
+_SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
 
 
 def user_errors(exit_code: int = 1) -> Callable[[F], F]:
@@ -80,6 +81,7 @@ def prepare(
     out_dir: Optional[str] = typer.Option(None, "--out", "-o", help="Output dataset directory."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file of these options; flags win."),
     demo: bool = typer.Option(False, "--demo", help="Use the embedded demo corpus (Python's own sources and docs)."),
+    exclude: Optional[list[str]] = _opt("Leave out input paths matching this glob (repeatable).", "--exclude"),
     tokenizer: Optional[str] = _opt("gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, or a .tiktoken file."),
     format: Optional[str] = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
     text_field: Optional[str] = _opt("JSON/CSV/parquet field holding the text [text]."),
@@ -104,7 +106,7 @@ def prepare(
     from .prepare import PrepareConfig, load_config_file, prepare as run_prepare
 
     values: dict[str, Any] = load_config_file(str(config)) if config else {}
-    flags = dict(inputs=inputs or None, out=out_dir, tokenizer=tokenizer, format=format,
+    flags = dict(inputs=inputs or None, out=out_dir, exclude=exclude or None, tokenizer=tokenizer, format=format,
                  text_field=text_field, text_mode=text_mode, normalize=normalize,
                  byte_exact=no_normalize, min_chars=min_chars, max_chars=max_chars,
                  overlong=overlong, dedup="none" if no_dedup else dedup,
@@ -113,10 +115,10 @@ def prepare(
                  workers=workers, overwrite=overwrite)  # fmt: skip
     values.update({k: v for k, v in flags.items() if v is not None})
     if demo:
-        from .demo import demo_inputs
+        from .demo import DEMO_DEFAULTS
 
-        values.setdefault("inputs", demo_inputs())
-        values.setdefault("out", "data/demo")
+        for key, value in DEMO_DEFAULTS().items():
+            values.setdefault(key, value)
     if "out" not in values:
         raise _usage("missing --out DIR (where to write the dataset)")
     if not values.get("inputs"):
@@ -257,7 +259,8 @@ def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples:
             out.print("[bold]most frequent tokens[/]: " + "  ".join(f"{t!r}×{c:,}" for _, c, t in top_tokens), highlight=False)
     for where, n, text in samples:
         out.rule(f"{where} ({n} tokens)")
-        out.print(text, highlight=False, markup=False)
+        shown = text if len(text) <= _SAMPLE_CHARS else text[:_SAMPLE_CHARS] + f"\n… ({len(text) - _SAMPLE_CHARS:,} more characters; --json has the whole text)"
+        out.print(shown, highlight=False, markup=False)
     if report.ok:
         what = "structure" if report.quick else "checksums, token ids, structure"
         out.print(f"[green]OK[/]: {report.shards_checked} shards verified ({what})")

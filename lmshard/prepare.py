@@ -53,6 +53,7 @@ class PrepareConfig:
 
     inputs: list[str]
     out: str
+    exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
     tokenizer: str = "gpt2"
     format: str | None = None  # force one input format instead of detecting it by suffix
     text_field: str = "text"
@@ -149,7 +150,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     """Run a prepare job and return the metadata it wrote."""
     started = time.time()
     out = Path(config.out)
-    sources = discover(config.inputs, config.format)
+    sources = discover(config.inputs, config.format, config.exclude)
     tokenizer = TiktokenTokenizer(config.tokenizer)  # fail fast on a missing vocabulary
     _claim_output(out, config)
     writers = {s: ShardWriter(out, s, config.tokens_per_shard) for s in SPLITS}

@@ -14,6 +14,7 @@ in this process; parquet/arrow items carry only a locator, and the worker reads 
 from __future__ import annotations
 
 import bz2
+import fnmatch
 import glob
 import gzip
 import io
@@ -89,8 +90,9 @@ def detect(path: str, fmt_override: str | None = None) -> Source:
     return Source(str(p), fmt, compression, p.stat().st_size)
 
 
-def discover(inputs: list[str], fmt_override: str | None = None) -> list[Source]:
-    """Expand files, directories (recursively, sorted by path) and globs into sources."""
+def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None) -> list[Source]:
+    """Expand files, directories (recursively, sorted by path) and globs into sources, leaving
+    out paths that match any `exclude` glob (fnmatch against the whole path)."""
     sources: list[Source] = []
     for spec in inputs:
         if spec == "-":
@@ -104,8 +106,9 @@ def discover(inputs: list[str], fmt_override: str | None = None) -> list[Source]
             paths = [spec]
         else:
             paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+        paths = [p for p in paths if not any(fnmatch.fnmatch(p, pat) for pat in exclude or ())]
         if not paths:
-            raise InputError(f"{spec}: no input files found (check the path or glob)")
+            raise InputError(f"{spec}: no input files found (check the path, glob or --exclude)")
         sources.extend(detect(p, fmt_override) for p in paths)
     return sources
 
