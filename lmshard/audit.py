@@ -6,8 +6,9 @@ Memory model: as `verify` (one token block at a time), plus the N sampled docume
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

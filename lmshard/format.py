@@ -180,9 +180,7 @@ def _read_json(root: Path) -> dict[str, Any]:
     if not path.is_file():
         if (root / IN_PROGRESS_FILE).exists():
             raise FormatError(f"{root}: a prepare run did not finish here; {REGENERATE_HINT}")
-        raise FormatError(
-            f"{root}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)"
-        )
+        raise FormatError(f"{root}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -222,9 +220,7 @@ def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
     if not isinstance(splits, dict):
         raise _fail(root, "'splits' is missing")
     shards = tuple(
-        _parse_shard(root, split, entry)
-        for split in SPLITS
-        for entry in (splits.get(split) or {}).get("shards", [])
+        _parse_shard(root, split, entry) for split in SPLITS for entry in (splits.get(split) or {}).get("shards", [])
     )
     return DatasetMeta(
         root=root,
@@ -253,4 +249,4 @@ def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
     for shard in meta.shards:
         if shard.path == wanted:
             return shard
-    raise FormatError(f"no shard {name!r} in {meta.root}; shards look like {meta.shards[0].path if meta.shards else 'train/shard_000000.bin'}")
+    raise FormatError(f"no shard {name!r} in {meta.root}; shards are named like train/shard_000000")

@@ -18,9 +18,10 @@ import shutil
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -226,7 +227,13 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTo
             yield result
 
 
-def _run(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer, writers: dict[str, ShardWriter], on_progress: Callable[[Progress], None] | None) -> Totals:
+def _run(
+    config: PrepareConfig,
+    sources: list[Source],
+    tokenizer: TiktokenTokenizer,
+    writers: dict[str, ShardWriter],
+    on_progress: Callable[[Progress], None] | None,
+) -> Totals:
     totals = Totals()
     progress = Progress(bytes_total=sum(s.size for s in sources))
     seen = KeySet()
@@ -238,7 +245,9 @@ def _run(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokeni
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
         for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
             if mask.any():
-                tokens, lengths = with_separators(result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position)
+                tokens, lengths = with_separators(
+                    result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position
+                )
                 writers[split].add(tokens, lengths)
         progress.bytes_done += result.nbytes
         progress.docs, progress.tokens, progress.chars = totals.docs_kept, totals.tokens, totals.chars
@@ -276,7 +285,7 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
         totals.drops.update({k: v for k, v in counts.items() if k != "records"})
     for name, mask in (("kept", keep), ("duplicate", dupes)):
         ids, n = np.unique(result.doc_sources[mask], return_counts=True)
-        for src, count in zip(ids.tolist(), n.tolist()):
+        for src, count in zip(ids.tolist(), n.tolist(), strict=True):
             totals.per_source.setdefault(src, Counter())[name] += count
     for reason, example in result.examples.items():
         totals.examples.setdefault(reason, example)
@@ -291,7 +300,14 @@ def _split_meta(shards: list[ShardInfo], split: str) -> dict[str, Any]:
     }
 
 
-def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer, shards: list[ShardInfo], totals: Totals, started: float) -> dict[str, Any]:
+def _metadata(
+    config: PrepareConfig,
+    sources: list[Source],
+    tokenizer: TiktokenTokenizer,
+    shards: list[ShardInfo],
+    totals: Totals,
+    started: float,
+) -> dict[str, Any]:
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
     ident = tokenizer.identity()
@@ -311,8 +327,11 @@ def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenT
         "records_read": totals.records,
         "drops": drops,
         "drop_examples": totals.examples,
-        "dedup": {"mode": config.dedup, "key": "xxh3_64 of the cleaned UTF-8 text",
-                  "duplicates_removed": totals.duplicates},  # fmt: skip
+        "dedup": {
+            "mode": config.dedup,
+            "key": "xxh3_64 of the cleaned UTF-8 text",
+            "duplicates_removed": totals.duplicates,
+        },  # fmt: skip
         "sources": [_source_meta(s, totals.per_source.get(i, Counter())) for i, s in enumerate(sources)],
         "config": config.recorded(),
         "run": {

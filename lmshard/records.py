@@ -14,7 +14,8 @@ import csv
 import json
 import re
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import InputError
 from .sources import MAX_RECORD_BYTES, Source, arrow_batches, open_arrow, text_stream
@@ -34,9 +35,7 @@ _PARAGRAPH = re.compile(r"\n[ \t\r]*\n")
 def problem(src: Source, number: int, reason: str, detail: str) -> InputError:
     """The one-line error for a bad record under --on-error fail."""
     fix = FIXES.get(reason, "fix the record")
-    return InputError(
-        f"{src.path}:{number}: {detail}; {fix}, or pass --on-error skip to count and skip it"
-    )
+    return InputError(f"{src.path}:{number}: {detail}; {fix}, or pass --on-error skip to count and skip it")
 
 
 def _decode_lines(src: Source, payload: bytes, first: int) -> Iterator[tuple[int, str | None]]:
@@ -85,7 +84,9 @@ def _field(obj: Any, number: int, text_field: str, details: dict[str, str]) -> R
     return number, text, None
 
 
-def parse_text_lines(src: Source, payload: bytes, first: int, paragraph: bool, details: dict[str, str]) -> Iterator[Record]:
+def parse_text_lines(
+    src: Source, payload: bytes, first: int, paragraph: bool, details: dict[str, str]
+) -> Iterator[Record]:
     if paragraph:
         yield from _paragraphs(src, payload, first, details)
         return

@@ -21,9 +21,10 @@ import io
 import lzma
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, cast
 
 from .errors import InputError, missing_dependency
 
@@ -99,9 +100,7 @@ def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[s
             sources.append(detect("-", fmt_override))
             continue
         if os.path.isdir(spec):
-            paths = sorted(
-                str(p) for p in Path(spec).rglob("*") if p.is_file() and _wanted(p, fmt_override)
-            )
+            paths = sorted(str(p) for p in Path(spec).rglob("*") if p.is_file() and _wanted(p, fmt_override))
         elif os.path.exists(spec):
             paths = [spec]
         else:
@@ -127,7 +126,7 @@ def open_binary(source: Source) -> tuple[IO[bytes], IO[bytes]]:
     """Return (decompressed stream, raw file) for `source`; `raw.tell()` measures progress."""
     raw: IO[bytes] = sys.stdin.buffer if source.path == "-" else open(source.path, "rb")  # noqa: SIM115
     if source.compression == "gzip":
-        return gzip.GzipFile(fileobj=raw), raw
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw)), raw
     if source.compression == "bz2":
         return bz2.BZ2File(raw), raw
     if source.compression == "xz":

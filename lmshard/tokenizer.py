@@ -22,10 +22,11 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -116,8 +117,7 @@ def resolve(spec: str) -> tuple[str, Vocabulary, Path]:
     key = ALIASES.get(spec, spec)
     if key not in VOCABULARIES:
         raise TokenizerError(
-            f"unknown tokenizer {spec!r}; use one of {', '.join(TOKENIZER_NAMES)} "
-            "or a path to a .tiktoken file"
+            f"unknown tokenizer {spec!r}; use one of {', '.join(TOKENIZER_NAMES)} or a path to a .tiktoken file"
         )
     vocab = VOCABULARIES[key]
     file = _cache_file(vocab)

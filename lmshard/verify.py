@@ -14,9 +14,10 @@ MAX_LENGTHS values for statistics). `quick` reads no token data at all: sizes an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -74,7 +75,9 @@ class Report:
         }
 
 
-def verify_dataset(root: str | Path, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None) -> Report:
+def verify_dataset(
+    root: str | Path, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None
+) -> Report:
     """Verify every shard of the dataset at `root`; see the module docstring for the checks."""
     report = Report(root=Path(root), quick=quick)
     try:
@@ -119,7 +122,9 @@ def _check_totals(meta: DatasetMeta, report: Report) -> None:
         for key in ("n_tokens", "n_docs"):
             shard_sum = sum(getattr(s, key) for s in meta.shards if s.split == split)
             if entry.get(key) != shard_sum:
-                report.problems.append(Problem(f"split {split}", f"{key} {entry.get(key)} != sum of its shards {shard_sum}"))
+                report.problems.append(
+                    Problem(f"split {split}", f"{key} {entry.get(key)} != sum of its shards {shard_sum}")
+                )
     for key in ("n_tokens", "n_docs"):
         total = sum(getattr(s, key) for s in meta.shards)
         if raw.get(key) != total:
@@ -141,7 +146,9 @@ def check_shard_structure(meta: DatasetMeta, shard: ShardInfo, problems: list[Pr
             return None
     offsets = np.fromfile(idx_path, dtype=INDEX_DTYPE)
     if offsets[0] != 0 or offsets[-1] != shard.n_tokens:
-        problems.append(Problem(shard.path, f"document index spans {offsets[0]}..{offsets[-1]}, not 0..{shard.n_tokens}"))
+        problems.append(
+            Problem(shard.path, f"document index spans {offsets[0]}..{offsets[-1]}, not 0..{shard.n_tokens}")
+        )
         return None
     if len(offsets) > 1 and not (np.diff(offsets.astype(np.int64)) > 0).all():
         problems.append(Problem(shard.path, "document index is not strictly increasing"))
@@ -156,12 +163,14 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
         problems.append(Problem(shard.path, f"index checksum {idx_hash} != {shard.index_xxh3_64} in metadata"))
     eot, n_vocab = meta.tokenizer.eot_id, meta.tokenizer.n_vocab
     boundaries = offsets[1:] - 1 if meta.eot_position == "after" else offsets[:-1]
-    tokens = np.memmap(meta.abspath(shard.path), dtype=TOKEN_DTYPE, mode="r") if shard.n_tokens else np.zeros(0, TOKEN_DTYPE)
+    tokens = (
+        np.memmap(meta.abspath(shard.path), dtype=TOKEN_DTYPE, mode="r") if shard.n_tokens else np.zeros(0, TOKEN_DTYPE)
+    )
     h = xxhash.xxh3_64()
     bad_eot = bad_ids = 0
     for start in range(0, shard.n_tokens, BLOCK_TOKENS):
         block = np.asarray(tokens[start : start + BLOCK_TOKENS])
-        h.update(memoryview(np.ascontiguousarray(block)).cast("B"))
+        h.update(np.ascontiguousarray(block).data.cast("B"))
         if int(block.max()) >= n_vocab:
             bad_ids += int((block >= n_vocab).sum())
         else:

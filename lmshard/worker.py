@@ -12,8 +12,8 @@ then released; nothing accumulates across items.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 import xxhash
@@ -84,9 +84,9 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
     if item.skipped:
         counts.setdefault(item.source, Counter()).update(item.skipped)
         counts[item.source]["records"] += sum(item.skipped.values())
-        for reason in item.skipped:
-            path = config.sources[item.source].path
-            details.setdefault(f"example:{reason}", f"{path}: {reason.replace('_', ' ')}")
+        path = config.sources[item.source].path
+        for why in item.skipped:
+            details.setdefault(f"example:{why}", f"{path}: {why.replace('_', ' ')}")
     for src_index, record in _records(item, config, details):
         number, text, reason = record
         c = counts.setdefault(src_index, Counter())

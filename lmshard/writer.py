@@ -22,7 +22,9 @@ import xxhash
 from .format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, atomic_write_bytes, shard_paths
 
 
-def with_separators(tokens: np.ndarray, lengths: np.ndarray, keep: np.ndarray, eot: int, position: str) -> tuple[np.ndarray, np.ndarray]:
+def with_separators(
+    tokens: np.ndarray, lengths: np.ndarray, keep: np.ndarray, eot: int, position: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Select the documents where `keep` is True from a flat token array and add one EOT token
     to each, after or before it. Returns (tokens, lengths) of the selected documents."""
     if keep.all():
@@ -79,8 +81,9 @@ class ShardWriter:
             self._open()
         assert self._file is not None
         data = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
-        self._file.write(memoryview(data).cast("B"))
-        self._hash.update(memoryview(data).cast("B"))
+        raw = data.data.cast("B")  # the array's own bytes: no copy
+        self._file.write(raw)
+        self._hash.update(raw)
         self._offsets.append((ends + self._n_tokens).astype(INDEX_DTYPE))
         self._n_tokens += len(data)
 

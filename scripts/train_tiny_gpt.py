@@ -84,7 +84,9 @@ def main() -> None:
     batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=args.device)
     val = None
     if "val" in (train.meta.raw["splits"] if train.meta else {}) and train.meta.n_tokens("val") > args.seq_len + 1:
-        val = TokenDataset(args.data, split="val").random_batches(args.batch_size, args.seq_len, seed=0, device=args.device)
+        val = TokenDataset(args.data, split="val").random_batches(
+            args.batch_size, args.seq_len, seed=0, device=args.device
+        )
     model = TinyGPT(train.vocab_size, args.seq_len).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     if args.resume:

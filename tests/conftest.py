@@ -36,7 +36,7 @@ def read_docs(root: Path, split: str) -> list[np.ndarray]:
     for bin_path in sorted((root / split).glob("shard_*.bin")):
         tokens = np.fromfile(bin_path, dtype=TOKEN_DTYPE)
         offsets = np.fromfile(bin_path.with_suffix(".idx"), dtype=INDEX_DTYPE)
-        docs.extend(tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
+        docs.extend(tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True))
     return docs
 
 

@@ -7,9 +7,9 @@ import gzip
 import json
 
 import pytest
+from conftest import write
 from typer.testing import CliRunner
 
-from conftest import write
 from lmshard.cli import app
 from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare

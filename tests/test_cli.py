@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import read_docs, write
 from typer.testing import CliRunner
 
-from conftest import read_docs, write
 from lmshard import __version__
 from lmshard.cli import app
 
@@ -26,7 +26,10 @@ def test_version_and_help():
 
 def test_config_file_supplies_fields_and_flags_win(tmp_path):
     write(tmp_path / "a.jsonl", "".join(json.dumps({"body": f"doc {i}"}) + "\n" for i in range(30)))
-    write(tmp_path / "prepare.yaml", f"inputs: [{tmp_path / 'a.jsonl'}]\ntext-field: body\nval-fraction: 0.5\nmax_docs: 10\n")
+    write(
+        tmp_path / "prepare.yaml",
+        f"inputs: [{tmp_path / 'a.jsonl'}]\ntext-field: body\nval-fraction: 0.5\nmax_docs: 10\n",
+    )
     result = runner.invoke(app, ["prepare", "--config", str(tmp_path / "prepare.yaml"),
                                  "--out", str(tmp_path / "o"), "--max-docs", "12", "--workers", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -39,7 +42,9 @@ def test_config_file_supplies_fields_and_flags_win(tmp_path):
 
 def test_bad_option_value_is_one_line(tmp_path):
     write(tmp_path / "a.txt", "x")
-    result = runner.invoke(app, ["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--on-error", "maybe"])
+    result = runner.invoke(
+        app, ["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--on-error", "maybe"]
+    )
     assert result.exit_code == 1 and "--on-error must be one of fail, skip" in result.output
 
 
@@ -52,7 +57,9 @@ def test_console_script_end_to_end_with_stdin(tmp_path, reference):
                           input=lines, capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     docs = read_docs(tmp_path / "o", "train")
-    assert [d.tolist() for d in docs] == [reference.encode_ordinary(f"stdin document {i} ünïcode") + [50256] for i in range(50)]
+    assert [d.tolist() for d in docs] == [
+        reference.encode_ordinary(f"stdin document {i} ünïcode") + [50256] for i in range(50)
+    ]
     again = subprocess.run([str(exe), "prepare", "-", "--out", str(tmp_path / "o")], input=lines,
                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert again.returncode == 1 and "Traceback" not in again.stderr

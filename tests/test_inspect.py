@@ -7,13 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import read_docs
+from test_prepare import jsonl, make_texts
 from typer.testing import CliRunner
 
-from conftest import read_docs
 from lmshard.cli import app
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.verify import verify_dataset
-from test_prepare import jsonl, make_texts
 
 runner = CliRunner()
 

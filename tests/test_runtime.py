@@ -10,11 +10,11 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from test_prepare import jsonl, make_texts
 
 from lmshard import TokenDataset
 from lmshard.errors import ConfigError, FormatError
 from lmshard.prepare import PrepareConfig, prepare
-from test_prepare import jsonl, make_texts
 
 EOT = 50256
 
@@ -112,7 +112,7 @@ def test_resume_in_a_new_process(ds, tmp_path):
         import json
         from lmshard import TokenDataset
         s = TokenDataset({str(ds)!r}).random_batches(4, 32, seed=77, shift="random")
-        s.load_state_dict(json.load(open({str(tmp_path / 'state.json')!r})))
+        s.load_state_dict(json.load(open({str(tmp_path / "state.json")!r})))
         print(json.dumps([next(s).x.tolist() for _ in range(3)]))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -162,7 +162,7 @@ def test_dataloader_workers_keep_the_global_order(ds):
         direct = factory()
         expected = [next(direct).offsets.tolist() for _ in range(6)]
         loader = torch.utils.data.DataLoader(factory(), batch_size=None, num_workers=2)
-        got = [b.offsets.tolist() for b, _ in zip(loader, range(6))]
+        got = [b.offsets.tolist() for b, _ in zip(loader, range(6), strict=False)]
         assert got == expected
 
 
@@ -212,7 +212,9 @@ def test_bad_dataset_errors_name_the_shard(ds, tmp_path):
 def test_from_text_and_synthetic(tmp_path, reference):
     (tmp_path / "t.txt").write_text("tiny corpus, tiny corpus. " * 40)
     data = TokenDataset.from_text(tmp_path / "t.txt")
-    assert data.tokens(0, data.n_tokens).tolist() == reference.encode_ordinary("tiny corpus, tiny corpus. " * 40) + [EOT]
+    assert data.tokens(0, data.n_tokens).tolist() == reference.encode_ordinary("tiny corpus, tiny corpus. " * 40) + [
+        EOT
+    ]
     x, y = next(data.random_batches(2, 16))
     assert x.shape == (2, 16)
     syn = TokenDataset.synthetic(10_000, vocab_size=100, doc_len=50)
@@ -221,7 +223,10 @@ def test_from_text_and_synthetic(tmp_path, reference):
 
 
 def test_runtime_imports_no_cli_or_tokenizer_modules():
-    code = ("import sys; from lmshard import TokenDataset; TokenDataset.synthetic(1000);"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer','rich','tiktoken','datasets','click'}))")  # fmt: skip
+    heavy = "{'typer', 'rich', 'tiktoken', 'datasets', 'click'}"
+    code = (
+        "import sys; from lmshard import TokenDataset; TokenDataset.synthetic(1000);"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

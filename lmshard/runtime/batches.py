@@ -11,8 +11,9 @@ the caller holds. Nothing accumulates while iterating.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,9 +102,22 @@ class BatchStream(torch.utils.data.IterableDataset):
     also at another world size if the global batch size is unchanged.
     """
 
-    def __init__(self, store: TokenStore, offsets: RandomOffsets | WindowOffsets, *, batch_size: int, seq_len: int,
-                 rank: int | None = None, world_size: int | None = None, device: str | torch.device = "cpu",
-                 seed: int, kind: str, cu_seqlens: bool = False, grouped: bool = False, prefetch: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: TokenStore,
+        offsets: RandomOffsets | WindowOffsets,
+        *,
+        batch_size: int,
+        seq_len: int,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device = "cpu",
+        seed: int,
+        kind: str,
+        cu_seqlens: bool = False,
+        grouped: bool = False,
+        prefetch: bool = True,
+    ) -> None:
         super().__init__()
         if batch_size < 1 or seq_len < 1:
             raise ConfigError("batch_size and seq_len must be at least 1")

@@ -57,7 +57,9 @@ class TokenDataset:
         return cls._from_store(store, tok.eot_id, tok.n_vocab, str(path))
 
     @classmethod
-    def synthetic(cls, n_tokens: int = 1_000_000, vocab_size: int = 50257, doc_len: int = 512, seed: int = 0) -> TokenDataset:
+    def synthetic(
+        cls, n_tokens: int = 1_000_000, vocab_size: int = 50257, doc_len: int = 512, seed: int = 0
+    ) -> TokenDataset:
         """Random tokens in documents of `doc_len` (EOT = vocab_size - 1 closes each): for smoke tests."""
         rng = np.random.default_rng(seed)
         tokens = rng.integers(0, vocab_size - 1, size=n_tokens, dtype=np.uint32)
@@ -85,10 +87,21 @@ class TokenDataset:
         self.store.read_into(start, out)
         return out
 
-    def random_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, shift: int | str = 1,
-                       rank: int | None = None, world_size: int | None = None, device: str | torch.device = "cpu",
-                       doc_aligned: bool = False, cu_seqlens: bool = False, grouped: bool = False,
-                       prefetch: bool = True) -> BatchStream:  # fmt: skip
+    def random_batches(
+        self,
+        batch_size: int,
+        seq_len: int,
+        *,
+        seed: int = 0,
+        shift: int | str = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device = "cpu",
+        doc_aligned: bool = False,
+        cu_seqlens: bool = False,
+        grouped: bool = False,
+        prefetch: bool = True,
+    ) -> BatchStream:
         """An endless stream of batches at random offsets (see `BatchStream`).
 
         shift: labels `shift` tokens ahead (1: next token), or "random": a proper divisor of
@@ -102,9 +115,21 @@ class TokenDataset:
                            world_size=world_size, device=device, seed=seed, kind="random",
                            cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch)  # fmt: skip
 
-    def window_batches(self, batch_size: int, seq_len: int, *, stride: int | None = None, shift: int = 1,
-                       seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
-                       device: str | torch.device = "cpu", cu_seqlens: bool = False, prefetch: bool = True) -> BatchStream:  # fmt: skip
+    def window_batches(
+        self,
+        batch_size: int,
+        seq_len: int,
+        *,
+        stride: int | None = None,
+        shift: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device = "cpu",
+        cu_seqlens: bool = False,
+        prefetch: bool = True,
+    ) -> BatchStream:
         """Sliding windows (start i·stride of the concatenated split) in batches, epoch after
         epoch; `stream.set_epoch(e)` jumps to epoch e, whose order is reshuffled from (seed, e).
         Every rank gets the same number of steps per epoch (a last partial global batch is dropped)."""

@@ -76,7 +76,9 @@ class RandomOffsets:
 class WindowOffsets:
     """Windows starting at i·stride of the concatenated split, shuffled per epoch (or in order)."""
 
-    def __init__(self, n_tokens: int, seq_len: int, stride: int, shift: int, global_batch: int, seed: int, shuffle: bool) -> None:
+    def __init__(
+        self, n_tokens: int, seq_len: int, stride: int, shift: int, global_batch: int, seed: int, shuffle: bool
+    ) -> None:
         if stride < 1:
             raise ConfigError("stride must be at least 1")
         self.n_windows = count_windows(n_tokens, seq_len, stride, shift)

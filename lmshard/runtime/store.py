@@ -12,6 +12,7 @@ kept between reads. The in-memory store (small text files, synthetic data) holds
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -32,7 +33,13 @@ class _Open:
 class TokenStore:
     """The tokens of one split, addressed by global offset across its shards in order."""
 
-    def __init__(self, shards: list[ShardInfo], root: Path, max_open: int = 64, arrays: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+    def __init__(
+        self,
+        shards: list[ShardInfo],
+        root: Path,
+        max_open: int = 64,
+        arrays: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
         self.root = root
         self.shards = shards
         self.sizes = np.array([s.n_tokens for s in shards], dtype=np.int64)
@@ -64,10 +71,8 @@ class TokenStore:
             os.close(self._open.popitem()[1].fd)
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # at interpreter shutdown os may already be gone
             self.close()
-        except Exception:  # interpreter shutdown: os may already be gone
-            pass
 
     @property
     def open_files(self) -> int:
@@ -101,7 +106,7 @@ class TokenStore:
             if self._arrays is not None:
                 out[done : done + take] = self._arrays[k][0][local : local + take]
             else:
-                got = os.preadv(self._get(k).fd, [out[done : done + take]], local * TOKEN_DTYPE.itemsize)
+                got = os.preadv(self._get(k).fd, [out[done : done + take].data], local * TOKEN_DTYPE.itemsize)
                 if got != take * TOKEN_DTYPE.itemsize:
                     raise FormatError(f"{self.shards[k].path}: short read at token {local}; run `lmshard inspect`")
             done += take
