@@ -15,10 +15,11 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 from . import __version__
 from .clean import CleanConfig
 from .dedup import KeySet, uniform_from_keys
-from .errors import ConfigError
+from .errors import ConfigError, LmshardError
 from .format import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -40,7 +41,7 @@ from .format import (
     ShardInfo,
     atomic_write_json,
 )
-from .sources import ON_ERROR, TEXT_MODES, Source, WorkItem, discover, plan
+from .sources import ON_ERROR, TEXT_MODES, Source, discover, plan
 from .tokenizer import TiktokenTokenizer
 from .worker import ItemResult, WorkerConfig, init_worker, process_item, run_item
 from .writer import ShardWriter, with_separators
@@ -212,19 +213,27 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTo
         for item in items:
             yield run_item(item, wcfg, tokenizer)
         return
-    # Pool.imap pulls tasks from its iterator as fast as it can; a semaphore released as
-    # results are consumed keeps at most `window` items (and their text) in memory.
-    window = threading.BoundedSemaphore(2 * n + 2)
-
-    def throttled() -> Iterator[WorkItem]:
-        for item in items:
-            window.acquire()
-            yield item
-
-    with mp.get_context("spawn").Pool(n, initializer=init_worker, initargs=(wcfg,)) as pool:
-        for result in pool.imap(process_item, throttled()):
-            window.release()
-            yield result
+    # At most `window` items (and their text) are in flight; results come back in plan order.
+    # ProcessPoolExecutor rather than Pool: a worker killed by the OOM killer raises
+    # BrokenProcessPool here instead of hanging the run forever.
+    window: deque[Future[ItemResult]] = deque()
+    ctx = mp.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=init_worker, initargs=(wcfg,)) as pool:
+            for item in items:
+                window.append(pool.submit(process_item, item))
+                if len(window) >= 2 * n + 2:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+    except BrokenProcessPool:
+        raise LmshardError(
+            "a worker process died (killed, or out of memory); nothing was kept. "
+            "Lower --workers or --max-chars and re-run"
+        ) from None
+    finally:
+        for future in window:
+            future.cancel()
 
 
 def _run(

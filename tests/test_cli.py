@@ -64,3 +64,40 @@ def test_console_script_end_to_end_with_stdin(tmp_path, reference):
                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert "holds a dataset; pass --overwrite" in again.stderr
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_killed_worker_is_a_clear_error_not_a_hang(tmp_path):
+    """SIGKILL one worker mid-run (as the OOM killer would): one-line error, exit 1, no dataset."""
+    import signal
+    import time
+
+    lines = "".join(json.dumps({"text": f"document {i} " + "word " * 400}) + "\n" for i in range(40_000))
+    write(tmp_path / "big.jsonl", lines)
+    exe = Path(sys.executable).with_name("lmshard")
+    proc = subprocess.Popen([str(exe), "prepare", str(tmp_path / "big.jsonl"), "--out", str(tmp_path / "o"),
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 60
+    workers: list[int] = []
+    while time.time() < deadline and len(workers) < 2 and proc.poll() is None:
+        workers = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+        time.sleep(0.05)
+    assert proc.poll() is None, "prepare finished before a worker could be killed; make the input bigger"
+    time.sleep(0.5)
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "a worker process died" in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "dataset_metadata.json").exists()

@@ -1,0 +1,109 @@
+"""Helpers shared by the benchmarks: the shared corpus, process-tree RSS sampling, a machine line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+CORPUS = Path(os.environ.get("LMSHARD_BENCH_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus" / "linux-docs.jsonl.gz"))
+
+
+def require_corpus() -> Path:
+    if not CORPUS.is_file():
+        raise SystemExit(f"benchmark corpus not found at {CORPUS}; set LMSHARD_BENCH_CORPUS to ../shared/corpus/linux-docs.jsonl.gz")
+    return CORPUS
+
+
+def load_texts(copies: int = 1) -> list[str]:
+    """The corpus texts, repeated `copies` times; copies after the first get a salt line so that
+    deduplication does not remove them (as the corpus README describes)."""
+    with gzip.open(require_corpus(), "rt", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    out = list(texts)
+    for k in range(1, copies):
+        out.extend(f"copy {k}\n{t}" for t in texts)
+    return out
+
+
+def write_repeated(path: Path, copies: int) -> Path:
+    """The corpus as a .jsonl.gz file repeated `copies` times (salted, per-copy ids)."""
+    if copies == 1:
+        return require_corpus()
+    with gzip.open(require_corpus(), "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as f:
+        for k in range(copies):
+            for r in records:
+                text = r["text"] if k == 0 else f"copy {k}\n{r['text']}"
+                f.write(json.dumps({"id": f"{r['id']}#{k}", "text": text}) + "\n")
+    return path
+
+
+def _tree_rss(pid: int) -> tuple[int, int]:
+    """(RSS of pid, RSS of pid and all its descendants) in bytes, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack.extend(children.get(p, []))
+    return rss.get(pid, 0), total
+
+
+def run_measuring_rss(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
+    """Run a command; return (seconds, peak RSS of the main process, peak RSS of its tree)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peaks = [0, 0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            main, tree = _tree_rss(proc.pid)
+            peaks[0], peaks[1] = max(peaks[0], main), max(peaks[1], tree)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    _, err = proc.communicate()
+    t.join()
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
+    return time.perf_counter() - start, peaks[0], peaks[1]
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}, {platform.system()}"
+
+
+def update_performance_md(section: str, body: str) -> None:
+    """Replace (or add) `## section` in docs/performance.md."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+    text = path.read_text() if path.exists() else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
+    head = f"## {section}\n"
+    parts = text.split("\n## ")
+    kept = [p for p in parts[1:] if not p.startswith(section + "\n")]
+    path.write_text("\n## ".join([parts[0].rstrip() + "\n", *[k.rstrip() + "\n" for k in kept]]).rstrip() + "\n\n" + head + body.rstrip() + "\n")
