@@ -45,7 +45,9 @@ def ceiling(processes: int, copies: int) -> float:
     """Raw tokenizer tokens/s with `processes` processes."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_ceiling_worker, args=(r, processes, copies, barrier, results)) for r in range(processes)]
+    procs = [
+        ctx.Process(target=_ceiling_worker, args=(r, processes, copies, barrier, results)) for r in range(processes)
+    ]
     for p in procs:
         p.start()
     parts = [results.get() for _ in procs]

@@ -11,12 +11,18 @@ import threading
 import time
 from pathlib import Path
 
-CORPUS = Path(os.environ.get("LMSHARD_BENCH_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus" / "linux-docs.jsonl.gz"))
+CORPUS = Path(
+    os.environ.get(
+        "LMSHARD_BENCH_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus" / "linux-docs.jsonl.gz"
+    )
+)
 
 
 def require_corpus() -> Path:
     if not CORPUS.is_file():
-        raise SystemExit(f"benchmark corpus not found at {CORPUS}; set LMSHARD_BENCH_CORPUS to ../shared/corpus/linux-docs.jsonl.gz")
+        raise SystemExit(
+            f"benchmark corpus not found at {CORPUS}; set LMSHARD_BENCH_CORPUS to ../shared/corpus/linux-docs.jsonl.gz"
+        )
     return CORPUS
 
 
@@ -102,8 +108,18 @@ def machine() -> str:
 def update_performance_md(section: str, body: str) -> None:
     """Replace (or add) `## section` in docs/performance.md."""
     path = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
-    text = path.read_text() if path.exists() else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
+    text = (
+        path.read_text()
+        if path.exists()
+        else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
+    )
     head = f"## {section}\n"
     parts = text.split("\n## ")
     kept = [p for p in parts[1:] if not p.startswith(section + "\n")]
-    path.write_text("\n## ".join([parts[0].rstrip() + "\n", *[k.rstrip() + "\n" for k in kept]]).rstrip() + "\n\n" + head + body.rstrip() + "\n")
+    path.write_text(
+        "\n## ".join([parts[0].rstrip() + "\n", *[k.rstrip() + "\n" for k in kept]]).rstrip()
+        + "\n\n"
+        + head
+        + body.rstrip()
+        + "\n"
+    )

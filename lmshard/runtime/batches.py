@@ -175,8 +175,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         return mine, shift
 
     def _fill(self, host: np.ndarray, offsets: np.ndarray) -> None:
-        for r, offset in enumerate(offsets.tolist()):
-            self.store.read_into(offset, host[r])
+        self.store.read_rows(offsets, host)
 
     def _finish(self, buf: torch.Tensor, step: int, offsets: np.ndarray, shift: int) -> Batch:
         x = buf[:, : self.seq_len].to(torch.int64)

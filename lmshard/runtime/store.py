@@ -1,18 +1,23 @@
 """Token storage for the runtime: one split of a dataset as a single concatenated token stream.
 
-Reads use `os.preadv` straight into the caller's buffer (often a pinned one) instead of
-memory-mapping: a memmap's touched pages show up in the process's RSS and grow with every
-batch (the "memmap leak" of nanoGPT#287), while pread leaves caching to the kernel's page
-cache and copies each token once. At most `max_open` shard files are open at a time (LRU).
+Shards are memory-mapped lazily, at most `max_open` at a time (least recently used are
+unmapped), and a batch is gathered from a map with one vectorised `np.take` straight into the
+caller's buffer (often a pinned one). Touched pages of a shared file mapping count in the
+process's RSS, which is why RSS seems to grow without bound under nanoGPT's persistent memmap
+(nanoGPT#287) and why nanoGPT re-creates its memmap every batch. Here, after every
+`release_bytes` of tokens read, each open map is told `MADV_DONTNEED`: its pages leave the
+process's RSS but stay in the kernel's page cache, so re-reading them costs a minor fault, not
+disk I/O. RSS stays flat however much is read (see docs/performance.md for the measurement).
 
-Memory model: per shard one cumulative offset (8 bytes) in memory; per *open* shard a file
-descriptor and a memory-mapped view of its `.idx` (pages loaded on demand); no token data is
+Memory model: per shard one cumulative offset (8 bytes); per *open* shard a file mapping and a
+memory-mapped view of its `.idx` (pages loaded on demand, released as above); no token data is
 kept between reads. The in-memory store (small text files, synthetic data) holds its tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,8 +31,14 @@ from ..format import INDEX_DTYPE, TOKEN_DTYPE, DatasetMeta, ShardInfo, load_meta
 
 @dataclass
 class _Open:
-    fd: int
+    map: mmap.mmap
+    tokens: np.ndarray  # uint32 view of `map`
     index: np.ndarray  # document start offsets within the shard, plus its end
+
+    def close(self) -> None:
+        self.tokens = self.index = np.zeros(0, TOKEN_DTYPE)
+        with contextlib.suppress(BufferError):  # a caller still holds a view: let GC unmap it
+            self.map.close()
 
 
 class TokenStore:
@@ -50,6 +61,8 @@ class TokenStore:
         self.max_open = max(1, max_open)
         self._arrays = arrays  # in-memory shards: (tokens, index) pairs
         self._open: OrderedDict[int, _Open] = OrderedDict()
+        self.release_bytes = 256 << 20  # bytes read between MADV_DONTNEED passes
+        self._read_since_release = 0
 
     @classmethod
     def from_dataset(cls, meta: DatasetMeta, split: str, max_open: int = 64) -> TokenStore:
@@ -68,7 +81,7 @@ class TokenStore:
 
     def close(self) -> None:
         while self._open:
-            os.close(self._open.popitem()[1].fd)
+            self._open.popitem()[1].close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter shutdown os may already be gone
@@ -84,13 +97,25 @@ class TokenStore:
             self._open.move_to_end(k)
             return entry
         shard = self.shards[k]
-        fd = os.open(self.root / shard.path, os.O_RDONLY)
+        with open(self.root / shard.path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the fd
         index = np.memmap(self.root / shard.index_path, dtype=INDEX_DTYPE, mode="r")
-        entry = _Open(fd, index)
+        entry = _Open(mapped, np.frombuffer(mapped, dtype=TOKEN_DTYPE), index)
         self._open[k] = entry
         if len(self._open) > self.max_open:
-            os.close(self._open.popitem(last=False)[1].fd)
+            self._open.popitem(last=False)[1].close()
         return entry
+
+    def _tokens(self, k: int) -> np.ndarray:
+        return self._arrays[k][0] if self._arrays is not None else self._get(k).tokens
+
+    def _account(self, nbytes: int) -> None:
+        """Release mapped pages from RSS every `release_bytes` read (they stay in page cache)."""
+        self._read_since_release += nbytes
+        if self._read_since_release >= self.release_bytes:
+            self._read_since_release = 0
+            for entry in self._open.values():
+                entry.map.madvise(mmap.MADV_DONTNEED)
 
     def shard_of(self, offset: int) -> int:
         return int(np.searchsorted(self.starts, offset, side="right")) - 1
@@ -103,14 +128,29 @@ class TokenStore:
         while done < n:
             local = offset + done - int(self.starts[k])
             take = min(n - done, int(self.sizes[k]) - local)
-            if self._arrays is not None:
-                out[done : done + take] = self._arrays[k][0][local : local + take]
-            else:
-                got = os.preadv(self._get(k).fd, [out[done : done + take].data], local * TOKEN_DTYPE.itemsize)
-                if got != take * TOKEN_DTYPE.itemsize:
-                    raise FormatError(f"{self.shards[k].path}: short read at token {local}; run `lmshard inspect`")
+            out[done : done + take] = self._tokens(k)[local : local + take]
             done += take
             k += 1
+        self._account(n * TOKEN_DTYPE.itemsize)
+
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+        """Fill each row of `out` ([rows, length] uint32, contiguous) from the matching offset:
+        one gather when all rows lie in one shard, else a slice copy per row."""
+        rows, length = out.shape
+        shards = np.searchsorted(self.starts, offsets, side="right") - 1
+        local = offsets - self.starts[shards]
+        inside = local + length <= self.sizes[shards]
+        span = np.arange(length, dtype=np.int64)
+        first = int(shards[0])
+        if inside.all() and (shards == first).all():  # the common case: one gather, no copies
+            np.take(self._tokens(first), local[:, None] + span, out=out)
+        else:  # rows spread over shards: one slice copy each
+            for r, (k, lo, ok) in enumerate(zip(shards.tolist(), local.tolist(), inside.tolist(), strict=True)):
+                if ok:
+                    out[r] = self._tokens(k)[lo : lo + length]
+                else:
+                    self.read_into(int(offsets[r]), out[r])
+        self._account(rows * length * TOKEN_DTYPE.itemsize)
 
     def index(self, k: int) -> np.ndarray:
         return self._arrays[k][1] if self._arrays is not None else self._get(k).index
