@@ -107,6 +107,18 @@ def prepare(
     on_error: str | None = _opt("fail (default): stop at the first bad record; skip: count and skip it."),
     workers: int | None = _opt("Worker processes [all cores]."),
     overwrite: bool | None = typer.Option(None, "--overwrite", help="Replace an existing dataset in --out."),
+    hf: str | None = _opt("Hugging Face dataset: hub id, save_to_disk dir, or dir of parquet/jsonl files.", "--hf"),
+    preset: str | None = _opt(
+        "A named dataset (`lmshard datasets`): fills --hf, --hf-config, --text-field.", "--preset"
+    ),
+    hf_config: str | None = _opt("Configuration (subset) of the --hf dataset.", "--hf-config"),
+    split: str | None = _opt("Split of the --hf dataset to read [train].", "--split"),
+    streaming: bool | None = typer.Option(
+        None, "--streaming/--no-streaming", help="Stream --hf (default for hub ids and data files).", show_default=False
+    ),
+    revision: str | None = _opt("Hub revision (branch, tag or commit) of --hf.", "--revision"),
+    hf_task: int | None = _opt("This task's part of the --hf stream (0-based), of --hf-tasks.", "--hf-task"),
+    hf_tasks: int | None = _opt("Split the --hf stream into this many disjoint parts [1].", "--hf-tasks"),
 ) -> None:
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
     from .prepare import PrepareConfig, load_config_file
@@ -119,8 +131,13 @@ def prepare(
                  overlong=overlong, dedup="none" if no_dedup else dedup,
                  val_fraction=val_fraction, seed=seed, tokens_per_shard=tokens_per_shard,
                  eot_position=eot_position, max_docs=max_docs, on_error=on_error,
-                 workers=workers, overwrite=overwrite)  # fmt: skip
+                 workers=workers, overwrite=overwrite, hf=hf, hf_config=hf_config, hf_split=split,
+                 streaming=streaming, revision=revision, hf_task=hf_task, hf_tasks=hf_tasks)  # fmt: skip
     values.update({k: v for k, v in flags.items() if v is not None})
+    if preset or values.get("preset"):
+        from .hf import apply_preset
+
+        values = apply_preset(preset or values.pop("preset"), values)
     if demo:
         from .demo import DEMO_DEFAULTS
 
@@ -128,8 +145,8 @@ def prepare(
             values.setdefault(key, value)
     if "out" not in values:
         raise _usage("missing --out DIR (where to write the dataset)")
-    if not values.get("inputs"):
-        raise _usage("name at least one input (file, directory, glob or -), or pass --demo")
+    if not values.get("inputs") and not values.get("hf"):
+        raise _usage("name at least one input (file, directory, glob or -), or pass --hf, --preset or --demo")
     cfg = PrepareConfig(**values)
     meta = _with_progress(lambda cb: run_prepare(cfg, cb))
     _summary(meta, cfg.out)
@@ -297,6 +314,21 @@ def _render_report(
         for problem in report.problems:
             err.print(f"[bold red]problem:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
         err.print(f"[bold red]CORRUPT[/]: {len(report.problems)} problem(s)")
+
+
+@app.command()
+def datasets() -> None:
+    """List the dataset presets usable with `prepare --preset NAME`."""
+    from .hf import PRESETS
+
+    table = Table(title="lmshard prepare --preset NAME --out DIR", title_justify="left")
+    table.add_column("preset", no_wrap=True, style="bold")
+    table.add_column(escape("hub id [config] (field, tokenizer)"), no_wrap=True)
+    table.add_column("description")
+    for p in PRESETS.values():
+        where = f"{p.hub_id}" + (f" [{p.config}]" if p.config else "") + f" ({p.text_field}, {p.tokenizer})"
+        table.add_row(p.name, escape(where), p.description)
+    out.print(table)
 
 
 @tokenizer_app.command("fetch")

@@ -53,8 +53,8 @@ DEDUP_MODES = ("document", "none")
 class PrepareConfig:
     """Every option of a prepare run; the CLI flags mirror these names in kebab-case."""
 
-    inputs: list[str]
     out: str
+    inputs: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
     tokenizer: str = "gpt2"
     format: str | None = None  # force one input format instead of detecting it by suffix
@@ -74,14 +74,22 @@ class PrepareConfig:
     on_error: str = "fail"
     workers: int = 0  # 0: one per core
     overwrite: bool = False
+    hf: str | None = None  # a Hugging Face hub id, save_to_disk directory or local data directory
+    hf_config: str | None = None
+    hf_split: str = "train"
+    streaming: bool | None = None  # None: stream hub ids and local data files
+    revision: str | None = None
+    hf_task: int = 0  # this task's part of the stream, of hf_tasks parts
+    hf_tasks: int = 1
 
     def __post_init__(self) -> None:
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
         _choice("--on-error", self.on_error, ON_ERROR)
-        if not self.inputs:
-            raise ConfigError("no inputs: name files, directories or globs (or - for stdin)")
+        if not self.inputs and not self.hf:
+            raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
+        self.hf_spec()  # validates the task split
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
         if self.tokens_per_shard < 1:
@@ -99,6 +107,22 @@ class PrepareConfig:
             min_chars=self.min_chars,
             max_chars=self.max_chars,
             overlong=self.overlong,
+        )
+
+    def hf_spec(self) -> Any:
+        if not self.hf:
+            return None
+        from .hf import HFSpec
+
+        return HFSpec(
+            dataset=self.hf,
+            config=self.hf_config,
+            split=self.hf_split,
+            text_field=self.text_field,
+            streaming=self.streaming,
+            revision=self.revision,
+            task=self.hf_task,
+            tasks=self.hf_tasks,
         )
 
     def n_workers(self) -> int:
@@ -152,7 +176,9 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     """Run a prepare job and return the metadata it wrote."""
     started = time.time()
     out = Path(config.out)
-    sources = discover(config.inputs, config.format, config.exclude)
+    sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
+    if config.hf:
+        sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     tokenizer = TiktokenTokenizer(config.tokenizer)  # fail fast on a missing vocabulary
     _claim_output(out, config)
     writers = {s: ShardWriter(out, s, config.tokens_per_shard) for s in SPLITS}
@@ -207,7 +233,7 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTo
         text_mode=config.text_mode,
         on_error=config.on_error,
     )
-    items = plan(sources, config.text_mode, config.text_field, config.on_error)
+    items = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
     n = config.n_workers()
     if n == 1:
         for item in items:
@@ -341,7 +367,9 @@ def _metadata(
             "key": "xxh3_64 of the cleaned UTF-8 text",
             "duplicates_removed": totals.duplicates,
         },  # fmt: skip
-        "sources": [_source_meta(s, totals.per_source.get(i, Counter())) for i, s in enumerate(sources)],
+        "sources": [
+            _source_meta(s, totals.per_source.get(i, Counter()), config.hf_spec()) for i, s in enumerate(sources)
+        ],
         "config": config.recorded(),
         "run": {
             "workers": config.n_workers(),
@@ -357,8 +385,10 @@ def _metadata(
     }
 
 
-def _source_meta(src: Source, counts: Counter[str]) -> dict[str, Any]:
+def _source_meta(src: Source, counts: Counter[str], hf: Any = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": src.path, "format": src.fmt, "bytes": src.size}
+    if src.fmt == "hf":
+        entry["hf"] = hf.describe()  # how the stream was split: resume and scale-out reuse it
     entry["records"] = counts.get("records", 0)
     entry["kept"] = counts.get("kept", 0)
     dropped = {k: v for k, v in sorted(counts.items()) if k not in ("records", "kept") and v}

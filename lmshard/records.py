@@ -207,7 +207,7 @@ def iter_csv(src: Source, text_field: str, on_error: str) -> Iterator[Record]:
             record: Record = (number, text, None) if isinstance(text, str) else (number, None, "missing_field")
             if record[1] is not None and _undecodable(record[1]):
                 record = (number, None, "decode_error")
-            yield _checked(src, record, on_error, details)
+            yield checked(src, record, on_error, details)
     except csv.Error as e:
         raise InputError(f"{src.path}: malformed CSV ({e}); fix the file") from None
     finally:
@@ -247,7 +247,7 @@ def iter_json_array(src: Source, text_field: str, on_error: str) -> Iterator[Rec
             record = _field(obj, number, text_field, details)
             if record[1] is not None and _undecodable(record[1]):
                 record = (number, None, "decode_error")
-            yield _checked(src, record, on_error, details)
+            yield checked(src, record, on_error, details)
     finally:
         raw.close()
 
@@ -264,7 +264,7 @@ def _json_lines_from_text(src: Source, head: str, stream: Any, text_field: str, 
         except json.JSONDecodeError as e:
             details.setdefault("json_error", f"invalid JSON ({e.msg} at column {e.colno})")
             record = (number, None, "json_error")
-        yield _checked(src, record, on_error, details)
+        yield checked(src, record, on_error, details)
 
 
 def _chain_lines(head: str, stream: Any) -> Iterator[str]:
@@ -278,7 +278,7 @@ def _chain_lines(head: str, stream: Any) -> Iterator[str]:
         yield carry
 
 
-def _checked(src: Source, record: Record, on_error: str, details: dict[str, str]) -> Record:
+def checked(src: Source, record: Record, on_error: str, details: dict[str, str]) -> Record:
     number, _, reason = record
     if reason is not None and on_error == "fail":
         raise problem(src, number, reason, details.get(reason, reason.replace("_", " ")))

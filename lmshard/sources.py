@@ -160,8 +160,8 @@ def binary_error(source: Source, block: bytes, offset: int = 0) -> InputError | 
     )
 
 
-def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str) -> Iterator[WorkItem]:
-    """All work items of all sources, in input order."""
+def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str, hf: Any = None) -> Iterator[WorkItem]:
+    """All work items of all sources, in input order. `hf` is the `HFSpec` of an "hf" source."""
     files: list[int] = []
     files_bytes = 0
     for i, src in enumerate(sources):
@@ -176,13 +176,19 @@ def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str) 
             files, files_bytes = [], 0
         if whole_file:
             continue
-        yield from _plan_source(i, src, text_mode, text_field, on_error)
+        yield from _plan_source(i, src, text_mode, text_field, on_error, hf)
     if files:
         yield WorkItem(files[0], 0, "files", payload=files, nbytes=files_bytes)
 
 
-def _plan_source(i: int, src: Source, text_mode: str, text_field: str, on_error: str) -> Iterator[WorkItem]:
-    if src.fmt == "parquet":
+def _plan_source(i: int, src: Source, text_mode: str, text_field: str, on_error: str, hf: Any) -> Iterator[WorkItem]:
+    if src.fmt == "hf":
+        from .hf import hf_records
+        from .records import checked
+
+        details: dict[str, str] = {}
+        yield from _batch_records(i, src, (checked(src, r, on_error, details) for r in hf_records(hf)))
+    elif src.fmt == "parquet":
         yield from _plan_parquet(i, src)
     elif src.fmt == "arrow":
         yield from _plan_arrow(i, src)

@@ -1,0 +1,169 @@
+"""Hugging Face datasets as prepare inputs: hub ids (streamed), `save_to_disk` directories, and
+local directories of parquet/jsonl files the `datasets` library can stream; named presets.
+
+Records are read in the planning process and batched into work items like CSV rows, so the
+same cleaning, dedup, tokenization and shard writing apply. A stream can be split across N
+tasks (`--hf-tasks N --hf-task I`) with `datasets.distributed.split_dataset_by_node`, which
+falls back to example-level splitting when the stream has fewer shards than tasks (a
+one-file dataset), where `IterableDataset.shard()` fails (datatrove#308). `trust_remote_code`
+is never passed.
+
+Memory model: streaming reads one record batch at a time; `save_to_disk` datasets are
+memory-mapped arrow. Nothing holds the dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from .errors import ConfigError, InputError, missing_dependency
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hub_id: str
+    config: str | None
+    text_field: str
+    tokenizer: str
+    description: str
+
+
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset("fineweb", "HuggingFaceFW/fineweb", "sample-10BT", "text", "gpt2",
+               "FineWeb 10B-token sample of filtered CommonCrawl web text (~28 GB parquet)"),
+        Preset("fineweb-edu", "HuggingFaceFW/fineweb-edu", "sample-10BT", "text", "gpt2",
+               "FineWeb-Edu 10B-token sample: educational web pages (~27 GB parquet)"),
+        Preset("pile", "monology/pile-uncopyrighted", None, "text", "gpt2",
+               "The Pile without its copyrighted subsets (~300 B tokens, ~800 GB)"),
+        Preset("tiny_shakespeare", "karpathy/tiny_shakespeare", None, "text", "gpt2",
+               "Tiny Shakespeare: 1 MB of plays as one document per split (char-RNN classic)"),
+        Preset("shakespeare", "karpathy/tiny_shakespeare", None, "text", "gpt2",
+               "Alias of tiny_shakespeare, as nanoGPT names it"),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFSpec:
+    """Which Hugging Face dataset to read, and which slice of its stream this task takes."""
+
+    dataset: str
+    config: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    streaming: bool | None = None  # None: stream hub ids and local files; map saved datasets
+    revision: str | None = None
+    task: int = 0
+    tasks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1 or not 0 <= self.task < self.tasks:
+            raise ConfigError(f"--hf-task must be in [0, --hf-tasks={self.tasks})")
+
+    def kind(self) -> str:
+        path = Path(self.dataset)
+        if path.is_dir():
+            saved = any((path / name).exists() for name in ("dataset_dict.json", "state.json"))
+            return "saved" if saved else "local"
+        return "hub"
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind()}
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise missing_dependency("datasets", "hf", "--hf") from None
+    return datasets
+
+
+def _hub_reachable(timeout: float = 5.0) -> str | None:
+    """None if the hub answers a TCP connect, else why not (so an offline run fails fast
+    instead of waiting on the library's retries)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return None
+    except OSError as e:
+        return f"{host} unreachable ({e.strerror or e})"
+
+
+def _offline_error(spec: HFSpec, why: str) -> InputError:
+    return InputError(
+        f"--hf {spec.dataset}: cannot reach the Hugging Face hub ({why}); on a connected machine save it "
+        "with `datasets` (save_to_disk) or download its parquet files, then pass that directory to --hf"
+    )
+
+
+def open_stream(spec: HFSpec) -> Any:
+    """The dataset split as an iterable of dicts, already restricted to this task's part."""
+    ds_lib = _datasets()
+    kind = spec.kind()
+    if kind == "hub":
+        try:
+            data = _load(ds_lib, spec, spec.streaming is not False)
+        except Exception as e:  # offline, unknown id, gated: the library raises many types
+            why = _hub_reachable(timeout=2.0)
+            raise (
+                _offline_error(spec, why) if why else InputError(f"--hf {spec.dataset}: {str(e).splitlines()[0]}")
+            ) from None
+    elif kind == "saved":
+        data = ds_lib.load_from_disk(spec.dataset)
+        if isinstance(data, ds_lib.DatasetDict):
+            if spec.split not in data:
+                raise InputError(f"--hf {spec.dataset}: no split {spec.split!r} (splits: {', '.join(data)})")
+            data = data[spec.split]
+        if spec.streaming:
+            data = data.to_iterable_dataset()
+    else:
+        try:
+            data = _load(ds_lib, spec, spec.streaming is not False)
+        except Exception as e:
+            raise InputError(
+                f"--hf {spec.dataset}: not a dataset directory `datasets` can read ({str(e).splitlines()[0]})"
+            ) from None
+    if spec.text_field not in (data.column_names or [spec.text_field]):
+        fields = ", ".join(data.column_names)
+        raise InputError(f"--hf {spec.dataset}: no field '{spec.text_field}' (fields: {fields}); pass --text-field")
+    if spec.tasks > 1:
+        from datasets.distributed import split_dataset_by_node
+
+        data = split_dataset_by_node(data, rank=spec.task, world_size=spec.tasks)
+    return data
+
+
+def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
+    if spec.kind() == "hub" and (why := _hub_reachable()) is not None:
+        raise _offline_error(spec, why)
+    return ds_lib.load_dataset(spec.dataset, spec.config, split=spec.split, streaming=streaming, revision=spec.revision)
+
+
+def hf_records(spec: HFSpec) -> Iterator[tuple[int, str | None, str | None]]:
+    """(record number, text, drop reason) for every example of this task's part of the stream."""
+    field = spec.text_field
+    for number, example in enumerate(open_stream(spec), start=1):
+        text = example.get(field)
+        yield (number, text, None) if isinstance(text, str) else (number, None, "missing_field")
+
+
+def apply_preset(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Fill --hf, --hf-config, --text-field and --tokenizer from a preset (explicit values win)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; `lmshard datasets` lists: {', '.join(PRESETS)}")
+    p = PRESETS[name]
+    merged = {"hf": p.hub_id, "hf_config": p.config, "text_field": p.text_field, "tokenizer": p.tokenizer}
+    merged.update({k: v for k, v in values.items() if v is not None})
+    return merged

@@ -1,0 +1,104 @@
+"""Hugging Face inputs, with local data only, through the same code path as hub streaming."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import read_docs
+from test_prepare import jsonl, make_texts
+from typer.testing import CliRunner
+
+from lmshard.cli import app
+from lmshard.errors import InputError
+from lmshard.hf import PRESETS, HFSpec, hf_records
+from lmshard.prepare import PrepareConfig, prepare
+
+datasets = pytest.importorskip("datasets")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return make_texts(120, seed=21)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory, rows):
+    tmp = tmp_path_factory.mktemp("hf")
+    ds = datasets.Dataset.from_dict({"text": rows, "n": list(range(len(rows)))})
+    ds.save_to_disk(str(tmp / "saved"))
+    (tmp / "pq").mkdir()
+    ds.to_parquet(str(tmp / "pq" / "train-00000-of-00001.parquet"))
+    jsonl(tmp / "rows.jsonl", rows)
+    return tmp
+
+
+def tokens_of(root):
+    return [[d.tolist() for d in read_docs(root, s)] for s in ("train", "val")]
+
+
+def test_saved_dataset_and_parquet_dir_equal_jsonl(local, tmp_path):
+    prepare(PrepareConfig(inputs=[str(local / "rows.jsonl")], out=str(tmp_path / "j"), workers=1, val_fraction=0.1))
+    expected = tokens_of(tmp_path / "j")
+    for name in ("saved", "pq"):
+        meta = prepare(PrepareConfig(hf=str(local / name), out=str(tmp_path / name), workers=1, val_fraction=0.1))
+        assert tokens_of(tmp_path / name) == expected, name
+        assert meta["sources"][0]["hf"]["kind"] == ("saved" if name == "saved" else "local")
+        assert meta["records_read"] == 120
+
+
+def test_one_file_stream_split_into_three_tasks_covers_every_row_once(local, rows):
+    seen = []
+    for task in range(3):
+        spec = HFSpec(dataset=str(local / "pq"), streaming=True, task=task, tasks=3)
+        part = [text for _, text, _ in hf_records(spec)]
+        assert part, f"task {task} got nothing"
+        seen.extend(part)
+    assert sorted(seen) == sorted(rows) and len(seen) == len(rows)
+
+
+def test_saved_dataset_split_into_tasks(local, rows):
+    parts = [[t for _, t, _ in hf_records(HFSpec(dataset=str(local / "saved"), task=i, tasks=3))] for i in range(3)]
+    assert sorted(sum(parts, [])) == sorted(rows)
+
+
+def test_task_split_recorded_in_metadata(local, tmp_path):
+    meta = prepare(PrepareConfig(hf=str(local / "pq"), out=str(tmp_path / "t"), workers=1, hf_task=1, hf_tasks=3))
+    assert meta["sources"][0]["hf"]["task"] == 1 and meta["sources"][0]["hf"]["tasks"] == 3
+    assert meta["config"]["hf_tasks"] == 3
+    assert 0 < meta["records_read"] < 120
+
+
+def test_missing_field_is_named(local, tmp_path):
+    with pytest.raises(InputError, match="no field 'body'"):
+        prepare(PrepareConfig(hf=str(local / "saved"), text_field="body", out=str(tmp_path / "x"), workers=1))
+
+
+def test_hub_id_offline_fails_fast_and_clearly(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    result = runner.invoke(app, ["prepare", "--preset", "fineweb-edu", "--out", str(tmp_path / "o"), "--max-docs", "5"])
+    assert result.exit_code == 1
+    assert "cannot reach the Hugging Face hub" in result.output and "--hf" in result.output
+    assert "Traceback" not in result.output
+    assert time.perf_counter() - start < 30
+    assert not (tmp_path / "o" / "dataset_metadata.json").exists()
+
+
+def test_presets_table():
+    assert set(PRESETS) == {"fineweb", "fineweb-edu", "pile", "tiny_shakespeare", "shakespeare"}
+    for p in PRESETS.values():
+        assert "/" in p.hub_id and p.text_field and p.tokenizer == "gpt2" and p.description
+    result = runner.invoke(app, ["datasets"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for name, p in PRESETS.items():
+        assert name in result.output and p.hub_id in result.output
+
+
+def test_cli_hf_local(local, tmp_path):
+    result = runner.invoke(app, ["prepare", "--hf", str(local / "pq"), "--out", str(tmp_path / "c"), "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "c" / "dataset_metadata.json").read_text())
+    assert meta["n_docs"] == 120
