@@ -99,6 +99,9 @@ def prepare(
     overlong: str | None = _opt("drop (default) or truncate documents over --max-chars."),
     dedup: str | None = _opt("document (default): exact dedup on xxh3-64 of the cleaned text; none."),
     no_dedup: bool | None = typer.Option(None, "--no-dedup", help="Same as --dedup none."),
+    dedup_lines: bool | None = typer.Option(
+        None, "--dedup-lines", help="Also drop non-blank lines seen earlier (boilerplate); reads the input twice."
+    ),
     val_fraction: float | None = _opt("Fraction of documents in the val split [0.01]."),
     seed: int | None = _opt("Seed of the train/val split [1337]."),
     tokens_per_shard: int | None = _opt("Target tokens per shard [100000000]."),
@@ -128,7 +131,7 @@ def prepare(
     flags = dict(inputs=inputs or None, out=out_dir, exclude=exclude or None, tokenizer=tokenizer, format=format,
                  text_field=text_field, text_mode=text_mode, normalize=normalize,
                  byte_exact=no_normalize, min_chars=min_chars, max_chars=max_chars,
-                 overlong=overlong, dedup="none" if no_dedup else dedup,
+                 overlong=overlong, dedup="none" if no_dedup else dedup, dedup_lines=dedup_lines,
                  val_fraction=val_fraction, seed=seed, tokens_per_shard=tokens_per_shard,
                  eot_position=eot_position, max_docs=max_docs, on_error=on_error,
                  workers=workers, overwrite=overwrite, hf=hf, hf_config=hf_config, hf_split=split,

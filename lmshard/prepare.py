@@ -15,14 +15,15 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
 
 import numpy as np
 
@@ -41,12 +42,13 @@ from .format import (
     ShardInfo,
     atomic_write_json,
 )
-from .sources import ON_ERROR, TEXT_MODES, Source, discover, plan
+from .sources import ON_ERROR, TEXT_MODES, Source, WorkItem, discover, plan
 from .tokenizer import TiktokenTokenizer
-from .worker import ItemResult, WorkerConfig, init_worker, process_item, run_item
+from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
 from .writer import ShardWriter, with_separators
 
 DEDUP_MODES = ("document", "none")
+T = TypeVar("T")
 
 
 @dataclass(kw_only=True)
@@ -66,6 +68,7 @@ class PrepareConfig:
     max_chars: int = 10_000_000
     overlong: str = "drop"
     dedup: str = "document"
+    dedup_lines: bool = False  # also drop non-blank lines seen earlier in the input (two passes)
     val_fraction: float = 0.01
     seed: int = 1337
     tokens_per_shard: int = 100_000_000
@@ -90,6 +93,8 @@ class PrepareConfig:
         if not self.inputs and not self.hf:
             raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
         self.hf_spec()  # validates the task split
+        if self.dedup_lines and "-" in self.inputs:
+            raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
         if self.tokens_per_shard < 1:
@@ -170,6 +175,7 @@ class Totals:
     examples: dict[str, str] = field(default_factory=dict)
     per_source: dict[int, Counter[str]] = field(default_factory=dict)
     dedup_bytes: int = 0
+    lines_removed: int = 0
 
 
 def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
@@ -224,7 +230,8 @@ def _remove_outputs(out: Path) -> None:
 
 
 def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer) -> Iterator[ItemResult]:
-    """Item results in plan order, from worker processes (or inline for --workers 1)."""
+    """Item results in plan order, from worker processes (or inline for --workers 1). With
+    --dedup-lines, a first pass over the same items finds repeated lines (see `_line_masks`)."""
     wcfg = WorkerConfig(
         sources=tuple(sources),
         clean=config.clean_config(),
@@ -233,33 +240,71 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTo
         text_mode=config.text_mode,
         on_error=config.on_error,
     )
-    items = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
+
+    def items() -> Iterator[WorkItem]:
+        return plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
+
     n = config.n_workers()
-    if n == 1:
-        for item in items:
-            yield run_item(item, wcfg, tokenizer)
-        return
-    # At most `window` items (and their text) are in flight; results come back in plan order.
+    ctx = mp.get_context("spawn")
     # ProcessPoolExecutor rather than Pool: a worker killed by the OOM killer raises
     # BrokenProcessPool here instead of hanging the run forever.
-    window: deque[Future[ItemResult]] = deque()
-    ctx = mp.get_context("spawn")
+    pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=init_worker, initargs=(wcfg,)) if n > 1 else None
     try:
-        with ProcessPoolExecutor(n, mp_context=ctx, initializer=init_worker, initargs=(wcfg,)) as pool:
-            for item in items:
-                window.append(pool.submit(process_item, item))
-                if len(window) >= 2 * n + 2:
-                    yield window.popleft().result()
-            while window:
-                yield window.popleft().result()
+        stream = items()
+        if config.dedup_lines:
+            with tempfile.TemporaryFile() as masks:
+                index = _line_masks(_ordered(pool, process_lines, lambda it: hash_lines(it, wcfg), items(), n), masks)
+                yield from _ordered(
+                    pool, process_item, lambda it: run_item(it, wcfg, tokenizer), _with_masks(stream, masks, index), n
+                )
+        else:
+            yield from _ordered(pool, process_item, lambda it: run_item(it, wcfg, tokenizer), stream, n)
     except BrokenProcessPool:
         raise LmshardError(
             "a worker process died (killed, or out of memory); nothing was kept. "
             "Lower --workers or --max-chars and re-run"
         ) from None
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ordered(pool: ProcessPoolExecutor | None, remote: Callable[[WorkItem], T], local: Callable[[WorkItem], T],
+             items: Iterator[WorkItem], n: int) -> Iterator[T]:  # fmt: skip
+    """fn(item) for every item, in order; at most 2n + 2 items (and their text) in flight."""
+    if pool is None:
+        yield from map(local, items)
+        return
+    window: deque[Future[T]] = deque()
+    try:
+        for item in items:
+            window.append(pool.submit(remote, item))
+            if len(window) >= 2 * n + 2:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:
         for future in window:
             future.cancel()
+
+
+def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes]) -> list[tuple[int, int]]:
+    """Pass 1 of line dedup: in input order, mark each non-blank line kept if its text was not
+    seen before; store the marks as packed bits in `out`. Returns (byte offset, lines) per item.
+    Memory: the set of unique lines (≈16 bytes each) and 16 bytes per work item."""
+    seen, index = KeySet(), []
+    for h in hashes:
+        bits = np.packbits(seen.add_new(h)).tobytes()
+        index.append((out.tell(), len(h)))
+        out.write(bits)
+    return index
+
+
+def _with_masks(items: Iterator[WorkItem], masks: IO[bytes], index: list[tuple[int, int]]) -> Iterator[WorkItem]:
+    """Pass 2: the same items again (the plan is deterministic), each with its keep-bits."""
+    for item, (offset, count) in zip(items, index, strict=True):
+        masks.seek(offset)
+        yield replace(item, line_keep=(masks.read((count + 7) // 8), count))
 
 
 def _run(
@@ -317,7 +362,8 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
     for src, counts in result.counts.items():
         totals.per_source.setdefault(src, Counter()).update(counts)
         totals.records += counts.get("records", 0)
-        totals.drops.update({k: v for k, v in counts.items() if k != "records"})
+        totals.drops.update({k: v for k, v in counts.items() if k not in ("records", "lines_removed")})
+        totals.lines_removed += counts.get("lines_removed", 0)
     for name, mask in (("kept", keep), ("duplicate", dupes)):
         ids, n = np.unique(result.doc_sources[mask], return_counts=True)
         for src, count in zip(ids.tolist(), n.tolist(), strict=True):
@@ -366,6 +412,8 @@ def _metadata(
             "mode": config.dedup,
             "key": "xxh3_64 of the cleaned UTF-8 text",
             "duplicates_removed": totals.duplicates,
+            "lines": config.dedup_lines,
+            "lines_removed": totals.lines_removed,
         },  # fmt: skip
         "sources": [
             _source_meta(s, totals.per_source.get(i, Counter()), config.hf_spec()) for i, s in enumerate(sources)
@@ -391,7 +439,9 @@ def _source_meta(src: Source, counts: Counter[str], hf: Any = None) -> dict[str,
         entry["hf"] = hf.describe()  # how the stream was split: resume and scale-out reuse it
     entry["records"] = counts.get("records", 0)
     entry["kept"] = counts.get("kept", 0)
-    dropped = {k: v for k, v in sorted(counts.items()) if k not in ("records", "kept") and v}
+    dropped = {k: v for k, v in sorted(counts.items()) if k not in ("records", "kept", "lines_removed") and v}
+    if counts.get("lines_removed"):
+        entry["lines_removed"] = counts["lines_removed"]
     if dropped:
         entry["dropped"] = dropped
     return entry

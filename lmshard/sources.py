@@ -71,6 +71,7 @@ class WorkItem:
     locator: int = 0
     nbytes: int = 0  # input bytes this item accounts for, for progress
     skipped: dict[str, int] = field(default_factory=dict)  # records dropped while planning
+    line_keep: tuple[bytes, int] | None = None  # line dedup: packed keep-bits of its lines, count
 
 
 def detect(path: str, fmt_override: str | None = None) -> Source:

@@ -87,12 +87,17 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
         path = config.sources[item.source].path
         for why in item.skipped:
             details.setdefault(f"example:{why}", f"{path}: {why.replace('_', ' ')}")
+    lines = _LineFilter(item.line_keep) if item.line_keep is not None else None
     for src_index, record in _records(item, config, details):
         number, text, reason = record
         c = counts.setdefault(src_index, Counter())
         c["records"] += 1
         if reason is None and text is not None:
-            text, reason = _prepare_text(text, config.clean)
+            text = _clean(text, config.clean)
+            if lines is not None:
+                text, removed = lines.apply(text)
+                c["lines_removed"] += removed
+            text, reason = length_filter(text, config.clean)
         if reason is not None:
             if config.on_error == "fail" and reason in _INPUT_PROBLEMS:
                 src = config.sources[src_index]
@@ -136,12 +141,60 @@ def _examples_of(details: dict[str, str], item: WorkItem, config: WorkerConfig) 
             yield key.removeprefix("example:"), message
 
 
-def _prepare_text(text: str, clean: CleanConfig) -> tuple[str | None, str | None]:
+def _clean(text: str, clean: CleanConfig) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = fix_surrogates(text)  # lone surrogates from JSON escapes cannot be UTF-8
-    return length_filter(clean_text(text, clean), clean)
+    return clean_text(text, clean)
+
+
+def _content_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(position, line) of the lines that count for line dedup: all but blank ones."""
+    for k, line in enumerate(text.split("\n")):
+        if line.strip():
+            yield k, line
+
+
+class _LineFilter:
+    """Drops the lines that pass 1 found earlier in the input, consuming its keep-mask in order."""
+
+    def __init__(self, packed: tuple[bytes, int]) -> None:
+        bits, n = packed
+        self.keep = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=n).astype(bool).tolist()
+        self.pos = 0
+
+    def apply(self, text: str) -> tuple[str, int]:
+        parts = text.split("\n")
+        drop = set()
+        for k, _ in _content_lines(text):
+            if not self.keep[self.pos]:
+                drop.add(k)
+            self.pos += 1
+        if not drop:
+            return text, 0
+        return "\n".join(p for k, p in enumerate(parts) if k not in drop), len(drop)
+
+
+def hash_lines(item: WorkItem, config: WorkerConfig) -> np.ndarray:
+    """Pass 1 of line dedup: xxh3-64 of every non-blank cleaned line of the item, in order."""
+    hashes: list[int] = []
+    details: dict[str, str] = {}
+    for src_index, (number, text, reason) in _records(item, config, details):
+        if reason is not None or text is None:
+            if config.on_error == "fail" and reason in _INPUT_PROBLEMS:
+                raise problem(config.sources[src_index], number, reason, details.get(reason, reason))
+            continue
+        hashes.extend(
+            xxhash.xxh3_64_intdigest(line.encode("utf-8")) for _, line in _content_lines(_clean(text, config.clean))
+        )
+    return np.array(hashes, dtype=np.uint64)
+
+
+def process_lines(item: WorkItem) -> np.ndarray:
+    config = _state["config"]
+    assert isinstance(config, WorkerConfig)
+    return hash_lines(item, config)
 
 
 def _records(item: WorkItem, config: WorkerConfig, details: dict[str, str]) -> Iterator[tuple[int, Record]]:
