@@ -11,6 +11,7 @@ Memory model: one global batch of offsets (8 bytes per row).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,12 +109,17 @@ def _round(x: np.ndarray, key: int, mask: int) -> np.ndarray:
         return (z ^ (z >> np.uint64(32))) & np.uint64(mask)
 
 
+@functools.lru_cache(maxsize=64)
+def _round_keys(key: int, rounds: int) -> tuple[int, ...]:
+    return tuple(int(k) for k in step_rng(key, rounds, 1).integers(0, 2**63, size=rounds))
+
+
 def feistel_permute(ids: np.ndarray, n: int, key: int, rounds: int = 4) -> np.ndarray:
     """A keyed bijection of [0, n): a balanced Feistel network on the next even power of two,
     with cycle walking to stay below n."""
     half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
     mask = (1 << half) - 1
-    keys = [int(k) for k in step_rng(key, rounds, 1).integers(0, 2**63, size=rounds)]
+    keys = _round_keys(key, rounds)
     x = ids.astype(np.uint64)
     pending = np.ones(len(x), dtype=bool)
     while pending.any():
