@@ -130,13 +130,13 @@ def main() -> None:
         "| batches | nanoGPT get_batch (/s) | lmshard, x/y int64 on CPU (/s) | ratio | host work of the CUDA path, ratio |",
         "|---|---|---|---|---|",
         *[f"| {n} | {b:,.0f} | {o:,.0f} | **{r:.1f}×** | {h:.1f}× |" for n, b, o, r, h in rows], "",
-        "The last column times what the CPU does per batch when `device=\"cuda\"`: offsets and one gather into an "
+        "The last column times what the CPU does per batch when `device=\"cuda\"`: offsets and a row copy into an "
         "int32 host buffer (the GPU then widens to int64). On the CPU both loaders must write x and y as int64 "
-        "(16 bytes per position), which bounds the CPU ratio for long rows; see the notes below.", "",
+        "(16 bytes per position), which bounds the CPU ratio for long rows; see the notes.", "",
         f"Time to first batch (open + validate + first batch) on a dataset of {n_shards} shards: {first * 1000:.0f} ms.", "",
         f"RSS after reading 2 GB of tokens in B=32, T=1024 batches (VmRSS from /proc/self/status before and after, "
-        f"in the same process): lmshard {ours_rss[0]:.0f} → {ours_rss[1]:.0f} MB (pread into reused buffers: "
-        f"the page cache holds the data, not the process); a persistent np.memmap {mm_rss[0]:.0f} → "
+        f"in the same process): lmshard {ours_rss[0]:.0f} → {ours_rss[1]:.0f} MB (memory maps released with "
+        f"MADV_DONTNEED every 256 MiB read: the page cache holds the data, not the process); a persistent np.memmap {mm_rss[0]:.0f} → "
         f"{mm_rss[1]:.0f} MB (its touched file pages count as the process's RSS).",
     ])  # fmt: skip
     if not args.no_write:
