@@ -4,7 +4,7 @@ One process plans work items and writes; N worker processes parse, clean, hash a
 items; results come back in item order (`Pool.imap`), so dedup survivors, the train/val split
 and every output byte are the same for any number of workers.
 
-Memory model: at most `2 × workers + 2` items in flight (each ≈4 MiB of text and its tokens),
+Memory model: at most `2 × workers + 2` items in flight (each ≈1 MiB of text and its tokens),
 the dedup set (≈16 bytes per unique document), the current shards' offsets, and per-source
 counters (one small dict per input file). Nothing grows with the number of tokens.
 """

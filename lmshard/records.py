@@ -5,7 +5,7 @@ reason ("decode_error", "json_error", "missing_field", ...) for a record that co
 read. Under `--on-error fail` the caller turns the first reason into an `InputError` naming
 the file and record; under `--on-error skip` it is counted.
 
-Memory model: one work item's records (≤ ~4 MiB of text, or one row group / record batch).
+Memory model: one work item's records (≤ ~1 MiB of text, or one row group / record batch).
 """
 
 from __future__ import annotations

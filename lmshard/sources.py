@@ -2,7 +2,7 @@
 and each source becomes an ordered stream of work items for the tokenizing workers.
 
 A work item is the unit of parallel work: a newline-aligned block of a line-based file (about
-4 MiB), a group of small whole-text files, one parquet row group, one arrow record batch, or a
+1 MiB), a group of small whole-text files, one parquet row group, one arrow record batch, or a
 batch of records parsed here for formats that cannot be split by bytes (CSV, JSON arrays). The
 order of sources and of items within a source never depends on the number of workers, so the
 output does not either.
@@ -28,7 +28,7 @@ from typing import IO, Any, cast
 
 from .errors import InputError, missing_dependency
 
-BLOCK_BYTES = 4 << 20  # bytes of input per work item for line-based formats
+BLOCK_BYTES = 1 << 20  # bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster)
 MAX_RECORD_BYTES = 256 << 20  # one line / record larger than this is refused, not buffered
 FILES_PER_ITEM = 256  # small whole-text files are grouped to amortise inter-process overhead
 RECORDS_PER_ITEM = 2048  # records per item for formats parsed in the planning process

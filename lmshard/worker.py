@@ -5,7 +5,7 @@ uint32 array with their lengths and dedup keys, plus counts by source and drop r
 no state between items except the tokenizer, so items can run in any process, in any order,
 and the writer alone decides what to keep (dedup, split) in item order.
 
-Memory model: one item's text (≈4 MiB, or one row group) and its tokens (≈4 bytes per token),
+Memory model: one item's text (≈1 MiB, or one row group) and its tokens (≈4 bytes per token),
 then released; nothing accumulates across items.
 """
 
