@@ -28,6 +28,29 @@ def step_rng(seed: int, step: int, salt: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, step, salt])
 
 
+_GOLDEN = 0x9E3779B97F4A7C15
+_M64 = (1 << 64) - 1
+
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def counter_ints(seed: int, step: int, count: int, high: int) -> np.ndarray:
+    """`count` integers in [0, high), a pure function of (seed, step): splitmix64 over a counter.
+    Cheaper than building a generator per step; the modulo bias is below high / 2**64."""
+    z = (seed * _GOLDEN + step) & _M64  # the per-step base, in Python ints (a scalar is cheaper here)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    base = z ^ (z >> 31)
+    with np.errstate(over="ignore"):
+        z = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(base)
+    return (_splitmix(z) % np.uint64(high)).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class ShiftSpec:
     """A fixed label shift, or 'random': a proper divisor of seq_len drawn per batch."""
@@ -66,6 +89,10 @@ class RandomOffsets:
         self.doc_starts = doc_starts  # callable(rng, count, limit) -> offsets, or None
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        if self.doc_starts is None and self.shift.fixed is not None:  # the hot path: no generator
+            return counter_ints(
+                self.seed, step, count, self.n_tokens - (self.seq_len + self.shift.fixed) + 1
+            ), self.shift.fixed
         rng = step_rng(self.seed, step)
         shift = self.shift.draw(rng)
         limit = self.n_tokens - (self.seq_len + shift)  # last valid start
