@@ -47,8 +47,8 @@ def counter_ints(seed: int, step: int, count: int, high: int) -> np.ndarray:
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     base = z ^ (z >> 31)
     with np.errstate(over="ignore"):
-        z = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(base)
-    return (_splitmix(z) % np.uint64(high)).astype(np.int64)
+        counter = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(base)
+    return (_splitmix(counter) % np.uint64(high)).astype(np.int64)
 
 
 @dataclass(frozen=True)
