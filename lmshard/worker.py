@@ -104,7 +104,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
                 raise problem(src, number, reason, details.get(reason, reason))
             c[reason] += 1
             if reason in details:
-                _example(item, config, src_index, number, reason, details)
+                _example(config, src_index, number, reason, details)
             continue
         assert text is not None
         data = text.encode("utf-8")
@@ -119,7 +119,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
         keys=np.array(keys, dtype=np.uint64),
         doc_sources=np.array(sources, dtype=np.int32),
         counts=counts,
-        examples=dict(_examples_of(details, item, config)),
+        examples=dict(_examples_of(details)),
         chars=sum(map(len, texts)),
         nbytes=item.nbytes,
     )
@@ -129,13 +129,13 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
 _INPUT_PROBLEMS = {"decode_error", "json_error", "not_an_object", "missing_field", "binary_file"}
 
 
-def _example(item: WorkItem, config: WorkerConfig, src: int, number: int, reason: str, details: dict[str, str]) -> None:
+def _example(config: WorkerConfig, src: int, number: int, reason: str, details: dict[str, str]) -> None:
     key = f"example:{reason}"
     if key not in details:
         details[key] = f"{config.sources[src].path}:{number}: {details[reason]}"
 
 
-def _examples_of(details: dict[str, str], item: WorkItem, config: WorkerConfig) -> Iterator[tuple[str, str]]:
+def _examples_of(details: dict[str, str]) -> Iterator[tuple[str, str]]:
     for key, message in details.items():
         if key.startswith("example:"):
             yield key.removeprefix("example:"), message
