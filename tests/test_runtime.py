@@ -230,3 +230,17 @@ def test_runtime_imports_no_cli_or_tokenizer_modules():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_single_shard_fast_path_rows_equal_stream(tmp_path):
+    src = jsonl(tmp_path / "a.jsonl", make_texts(300, seed=4))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, val_fraction=0.0))
+    ref = stream_of(tmp_path / "one")
+    data = TokenDataset(tmp_path / "one")
+    assert len(data.store.shards) == 1
+    stream = data.random_batches(16, 48, seed=2, shift=2)
+    for _ in range(10):
+        b = next(stream)
+        for r, o in enumerate(b.offsets.tolist()):
+            assert b.x[r].tolist() == ref[o : o + 48].tolist()
+            assert b.y[r].tolist() == ref[o + 2 : o + 50].tolist()
