@@ -106,20 +106,13 @@ def machine() -> str:
 
 
 def update_performance_md(section: str, body: str) -> None:
-    """Replace (or add) `## section` in docs/performance.md."""
+    """Replace (or add) `## section` in docs/performance.md, keeping a hand-written `## notes…`
+    section last."""
     path = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
-    text = (
-        path.read_text()
-        if path.exists()
-        else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
-    )
-    head = f"## {section}\n"
-    parts = text.split("\n## ")
-    kept = [p for p in parts[1:] if not p.startswith(section + "\n")]
-    path.write_text(
-        "\n## ".join([parts[0].rstrip() + "\n", *[k.rstrip() + "\n" for k in kept]]).rstrip()
-        + "\n\n"
-        + head
-        + body.rstrip()
-        + "\n"
-    )
+    text = path.read_text() if path.exists() else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
+    head, *sections = text.split("\n## ")
+    sections = [s.rstrip() + "\n" for s in sections if not s.startswith(section + "\n")]
+    notes = [s for s in sections if s.startswith("notes")]
+    others = [s for s in sections if not s.startswith("notes")]
+    ordered = [*others, f"{section}\n{body.rstrip()}\n", *notes]
+    path.write_text("\n## ".join([head.rstrip() + "\n", *ordered]))
