@@ -114,13 +114,26 @@ class WindowOffsets:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"{self.n_windows} windows cannot fill one global batch of {global_batch}")
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, shuffle
+        self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, ids)
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         epoch, within = divmod(step, self.steps_per_epoch)
-        ids = np.arange(within * count, (within + 1) * count, dtype=np.int64)
-        if self.shuffle:
-            ids = feistel_permute(ids, self.n_windows, key=int(step_rng(self.seed, epoch, 2).integers(2**32)))
-        return ids * self.stride, self.shift
+        if not self.shuffle:
+            return np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride, self.shift
+        # Permute a block of _BLOCK_STEPS steps at once: the Feistel rounds are numpy calls whose
+        # fixed cost dominates on one batch. Which ids a step gets does not depend on the block.
+        c = self._cache
+        if c is None or c[0] != epoch or c[2] != count or not c[1] <= within < c[1] + _BLOCK_STEPS:
+            first = within - within % _BLOCK_STEPS
+            last = min(first + _BLOCK_STEPS, self.steps_per_epoch)
+            ids = np.arange(first * count, last * count, dtype=np.int64)
+            key = int(step_rng(self.seed, epoch, 2).integers(2**32))
+            self._cache = c = (epoch, first, count, feistel_permute(ids, self.n_windows, key=key))
+        start = (within - c[1]) * count
+        return c[3][start : start + count] * self.stride, self.shift
+
+
+_BLOCK_STEPS = 64
 
 
 def count_windows(n_tokens: int, seq_len: int, stride: int, shift: int) -> int:
