@@ -89,16 +89,19 @@ class RandomOffsets:
         self.doc_starts = doc_starts  # callable(rng, count, limit) -> offsets, or None
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        if self.doc_starts is None and self.shift.fixed is not None:  # the hot path: no generator
-            return counter_ints(
-                self.seed, step, count, self.n_tokens - (self.seq_len + self.shift.fixed) + 1
-            ), self.shift.fixed
+        if self.doc_starts is None:  # the hot path: counter-based, no generator per step
+            shift = self.shift.fixed
+            if shift is None:
+                pick = counter_ints(self.seed ^ _SHIFT_SALT, step, 1, len(self.shift.choices))
+                shift = self.shift.choices[int(pick[0])]
+            return counter_ints(self.seed, step, count, self.n_tokens - (self.seq_len + shift) + 1), shift
         rng = step_rng(self.seed, step)
         shift = self.shift.draw(rng)
         limit = self.n_tokens - (self.seq_len + shift)  # last valid start
-        if self.doc_starts is not None:
-            return self.doc_starts(rng, count, limit), shift
-        return rng.integers(0, limit + 1, size=count, dtype=np.int64), shift
+        return self.doc_starts(rng, count, limit), shift
+
+
+_SHIFT_SALT = 0x5EED5EED5EED
 
 
 class WindowOffsets:
