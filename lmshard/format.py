@@ -11,8 +11,8 @@ field by field, is documented in docs/format.md:
       train/shard_000000.idx     # document offsets, little-endian uint64, n_docs + 1 entries
       val/...
 
-Memory model: metadata is a few hundred bytes per shard and per source file; nothing here
-holds token data except `file_xxh3`, which streams a file in 8 MiB blocks.
+Memory model: metadata is a few hundred bytes per shard and per source file; `read_document`
+reads one document. Nothing here holds a shard.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from .errors import FormatError
 
@@ -38,7 +37,6 @@ TOKENIZER_FILE = "tokenizer_state.json"
 IN_PROGRESS_FILE = "_PREPARE_IN_PROGRESS"
 SPLITS = ("train", "val")
 EOT_POSITIONS = ("after", "before")
-_READ_BLOCK = 8 << 20  # bytes per read when checksumming
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)  # read once: mkstemp creates files 0600, outputs should follow the umask
@@ -106,15 +104,6 @@ class DatasetMeta:
 
     def abspath(self, relative: str) -> Path:
         return self.root / relative
-
-
-def file_xxh3(path: str | os.PathLike[str]) -> str:
-    """Hex xxh3-64 of a file's bytes, read in bounded blocks."""
-    h = xxhash.xxh3_64()
-    with open(path, "rb", buffering=0) as f:
-        while block := f.read(_READ_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -30,6 +30,7 @@ FIXES = {
     "binary_file": "remove the file from the inputs",
 }
 _PARAGRAPH = re.compile(r"\n[ \t\r]*\n")
+_ESCAPED = re.compile("[\udc80-\udcff]")
 
 
 def problem(src: Source, number: int, reason: str, detail: str) -> InputError:
@@ -183,7 +184,7 @@ def parse_arrow(src: Source, batch: int, text_field: str, details: dict[str, str
 
 def _undecodable(text: str) -> bool:
     """Text read with errors='surrogateescape' carries bytes that were not UTF-8 as U+DC80-DCFF."""
-    return any("\udc80" <= ch <= "\udcff" for ch in text) if not text.isascii() else False
+    return not text.isascii() and _ESCAPED.search(text) is not None
 
 
 def iter_csv(src: Source, text_field: str, on_error: str) -> Iterator[Record]:

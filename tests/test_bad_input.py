@@ -109,3 +109,11 @@ def test_cli_missing_input_and_out(tmp_path):
     assert result.exit_code == 1 and "no input files found" in result.output
     result = runner.invoke(app, ["prepare", str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 1 and "missing --out" in result.output
+
+
+def test_csv_invalid_utf8_row(tmp_path):
+    write(tmp_path / "a.csv", b"id,text\n1,fine\n2,caf\xe9\n3,also fine\n")
+    with pytest.raises(InputError, match="a.csv:3"):
+        run(tmp_path, "a.csv")
+    meta = run(tmp_path, "a.csv", on_error="skip")
+    assert meta["drops"]["decode_error"] == 1 and meta["n_docs"] == 2
