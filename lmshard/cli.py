@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import __version__
+from . import __version__, audit
 from .errors import LmshardError
 
 app = typer.Typer(
@@ -220,10 +220,8 @@ def inspect(
 ) -> None:
     """Verify a dataset against its metadata and show what is in it. Exit 0 when it verifies,
     1 for a usage error, 2 when the dataset is corrupt."""
-    from . import audit
-
     try:
-        code = _inspect(dataset, quick, as_json, sample, seed, doc, plot, top, audit)
+        code = _inspect(dataset, quick, as_json, sample, seed, doc, plot, top)
     except LmshardError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         code = 1
@@ -231,9 +229,9 @@ def inspect(
 
 
 def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
-             plot: Path | None, top: int, audit: Any) -> int:  # fmt: skip
+             plot: Path | None, top: int) -> int:  # fmt: skip
     audit.require_dataset(dataset)
-    report = _verify_with_progress(dataset, quick, quiet=as_json, audit=audit)
+    report = _verify_with_progress(dataset, quick, quiet=as_json)
     decoder = audit.decoder_for(report.meta)
     top_tokens = audit.top_tokens(report, top, decoder)
     samples = audit.sample_documents(report.meta, sample, seed, decoder) if report.meta else []
@@ -246,11 +244,11 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
         payload["samples"] = [{"where": w, "n_tokens": n, "text": t} for w, n, t in samples]
         out.print_json(data=payload)
     else:
-        _render_report(report, top_tokens, samples, audit)
+        _render_report(report, top_tokens, samples)
     return 0 if report.ok else 2
 
 
-def _verify_with_progress(dataset: Path, quick: bool, quiet: bool, audit: Any) -> Any:
+def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
     with Progress(TextColumn("[bold]verify"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                   TimeRemainingColumn(), console=err, transient=True, disable=quiet) as bar:  # fmt: skip
         task = bar.add_task("verify", total=None)
@@ -262,9 +260,7 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool, audit: Any) -
     return report
 
 
-def _render_report(
-    report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tuple[str, int, str]], audit: Any
-) -> None:
+def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tuple[str, int, str]]) -> None:
     meta = report.meta
     if meta is not None:
         table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
