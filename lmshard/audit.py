@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, FormatError, LmshardError, missing_dependency
+from .errors import ConfigError, LmshardError, missing_dependency
 from .format import IN_PROGRESS_FILE, METADATA_FILE, DatasetMeta, find_shard, read_document
-from .verify import Report, report_json, verify_dataset
-
-__all__ = ["report_json"]
+from .verify import Report
 
 Decoder = Callable[[list[int]], str]
 
@@ -27,16 +24,6 @@ def require_dataset(path: Path) -> None:
         raise ConfigError(f"{path}: no such directory")
     if not (path / METADATA_FILE).exists() and not (path / IN_PROGRESS_FILE).exists():
         raise ConfigError(f"{path}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
-
-
-def verify(path: Path, quick: bool, on_start: Callable[[int], None], on_shard: Callable[[Any], None]) -> Report:
-    try:
-        from .format import load_metadata
-
-        on_start(len(load_metadata(path).shards))
-    except FormatError:
-        pass  # verify_dataset reports it as a problem
-    return verify_dataset(path, quick=quick, on_shard=on_shard)
 
 
 def decoder_for(meta: DatasetMeta | None) -> Decoder | None:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from . import __version__, audit
 from .errors import LmshardError
+from .verify import report_json, verify_dataset
 
 app = typer.Typer(
     help="Turn raw text into sharded uint32 token data for LLM pretraining, and audit it.",
@@ -240,7 +241,7 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
     if plot is not None:
         audit.plot_lengths(report, plot)
     if as_json:
-        payload = audit.report_json(report, top_tokens)
+        payload = report_json(report, top_tokens)
         payload["samples"] = [{"where": w, "n_tokens": n, "text": t} for w, n, t in samples]
         out.print_json(data=payload)
     else:
@@ -256,7 +257,7 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
         def tick(shard: Any) -> None:
             bar.update(task, advance=1)
 
-        report = audit.verify(dataset, quick=quick, on_start=lambda n: bar.update(task, total=n), on_shard=tick)
+        report = verify_dataset(dataset, quick=quick, on_start=lambda n: bar.update(task, total=n), on_shard=tick)
     return report
 
 

@@ -76,9 +76,13 @@ class Report:
 
 
 def verify_dataset(
-    root: str | Path, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None
+    root: str | Path,
+    quick: bool = False,
+    on_shard: Callable[[ShardInfo], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> Report:
-    """Verify every shard of the dataset at `root`; see the module docstring for the checks."""
+    """Verify every shard of the dataset at `root`; see the module docstring for the checks.
+    `on_start(n_shards)` and `on_shard(shard)` report progress."""
     report = Report(root=Path(root), quick=quick)
     try:
         meta = load_metadata(root)
@@ -86,6 +90,8 @@ def verify_dataset(
         report.problems.append(Problem(str(root), str(e), "see the message"))
         return report
     report.meta = meta
+    if on_start:
+        on_start(len(meta.shards))
     _check_tokenizer_state(meta, report)
     _check_totals(meta, report)
     if not quick:
