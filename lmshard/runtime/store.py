@@ -63,7 +63,7 @@ class TokenStore:
         self._open: OrderedDict[int, _Open] = OrderedDict()
         self.release_bytes = 256 << 20  # bytes read between MADV_DONTNEED passes
         self._read_since_release = 0
-        self._windows: np.ndarray | None = None  # cached row view of a single-shard split
+        self._windows: dict[int, np.ndarray] = {}  # row length -> row view of a single-shard split
 
     @classmethod
     def from_dataset(cls, meta: DatasetMeta, split: str, max_open: int = 64) -> TokenStore:
@@ -81,7 +81,7 @@ class TokenStore:
         return cls([info], Path("."), arrays=[(tokens, index)])
 
     def close(self) -> None:
-        self._windows = None
+        self._windows = {}
         while self._open:
             self._open.popitem()[1].close()
 
@@ -143,9 +143,10 @@ class TokenStore:
         if len(self.shards) == 1 and int(offsets.max()) + length <= self.n_tokens:  # no lookups at all
             # Rows of a sliding-window view (no copy) gathered by one fancy index: one C loop
             # instead of a Python loop of slice copies (24 vs 38 us for 32 rows of 1,025).
-            if self._windows is None or self._windows.shape[1] != length:
-                self._windows = np.lib.stride_tricks.sliding_window_view(self._tokens(0), length)
-            out[...] = self._windows[offsets]
+            view = self._windows.get(length)
+            if view is None:  # one per row length: a few at most (random shifts)
+                view = self._windows[length] = np.lib.stride_tricks.sliding_window_view(self._tokens(0), length)
+            out[...] = view[offsets]
             self._account(rows * length * TOKEN_DTYPE.itemsize)
             return
         shards = np.searchsorted(self.starts, offsets, side="right") - 1
