@@ -11,6 +11,7 @@ counters (one small dict per input file). Nothing grows with the number of token
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
 import platform
@@ -196,11 +197,21 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
         atomic_write_json(out / METADATA_FILE, meta)
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
         return meta
-    except BaseException:
+    except BaseException as e:
         for w in writers.values():
             w.abort()
         _remove_outputs(out)
+        if isinstance(e, OSError) and not isinstance(e, LmshardError):
+            raise _os_error(e, out) from None
         raise
+
+
+def _os_error(e: OSError, out: Path) -> LmshardError:
+    """An operating-system failure as a one-line message naming the file and the fix."""
+    where = e.filename or out
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LmshardError(f"{where}: no space left on the device; free space (or choose another --out) and re-run")
+    return LmshardError(f"{where}: {e.strerror or e}; nothing partial was kept")
 
 
 def _claim_output(out: Path, config: PrepareConfig) -> None:

@@ -117,3 +117,19 @@ def test_csv_invalid_utf8_row(tmp_path):
         run(tmp_path, "a.csv")
     meta = run(tmp_path, "a.csv", on_error="skip")
     assert meta["drops"]["decode_error"] == 1 and meta["n_docs"] == 2
+
+
+def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    from lmshard.errors import LmshardError
+    from lmshard.writer import ShardWriter
+
+    def full(self, tokens, ends):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "train" / "shard_000000.bin.tmp"))
+
+    monkeypatch.setattr(ShardWriter, "_write", full)
+    write(tmp_path / "a.jsonl", GOOD * 3)
+    with pytest.raises(LmshardError, match="no space left on the device; free space"):
+        run(tmp_path, "a.jsonl")
+    assert not list((tmp_path / "out").rglob("*.bin*")) and not (tmp_path / "out" / "dataset_metadata.json").exists()
