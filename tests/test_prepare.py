@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GPT2_EOT, read_docs, write
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lmshard.errors import ConfigError
 from lmshard.format import load_metadata
@@ -312,3 +314,19 @@ def test_line_dedup_removes_repeated_lines_in_input_order(tmp_path, reference):
 def test_line_dedup_refuses_stdin():
     with pytest.raises(ConfigError, match="stdin"):
         PrepareConfig(inputs=["-"], out="x", dedup_lines=True)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=12))
+def test_round_trip_text_to_shards_to_decoded_text(tmp_path_factory, reference, texts):
+    """Any text → prepare → raw .bin/.idx read with numpy → decoded: the cleaned text, once each."""
+    from lmshard.clean import CleanConfig, clean_text, fix_surrogates
+
+    tmp = tmp_path_factory.mktemp("rt")
+    jsonl(tmp / "a.jsonl", texts)
+    run(tmp, [tmp / "a.jsonl"], val_fraction=0.0)
+    cleaned = [clean_text(fix_surrogates(t), CleanConfig()) for t in texts]
+    expected = list(dict.fromkeys(c for c in cleaned if c))  # empties dropped, first copy kept
+    docs = read_docs(tmp / "out", "train")
+    assert all(int(d[-1]) == GPT2_EOT for d in docs)
+    assert [reference.decode(d[:-1].tolist()) for d in docs] == expected
