@@ -138,10 +138,12 @@ def prepare(
                  workers=workers, overwrite=overwrite, hf=hf, hf_config=hf_config, hf_split=split,
                  streaming=streaming, revision=revision, hf_task=hf_task, hf_tasks=hf_tasks)  # fmt: skip
     values.update({k: v for k, v in flags.items() if v is not None})
-    if preset or values.get("preset"):
+    preset_in_file = values.pop("preset", None)  # a flag wins over the config file
+    preset = preset or preset_in_file
+    if preset:
         from .hf import apply_preset
 
-        values = apply_preset(preset or values.pop("preset"), values)
+        values = apply_preset(preset, values)
     if demo:
         from .demo import DEMO_DEFAULTS
 

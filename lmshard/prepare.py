@@ -405,6 +405,7 @@ def _metadata(
     ident = tokenizer.identity()
     drops = dict(sorted(totals.drops.items()))
     drops["duplicate"] = totals.duplicates
+    hf = config.hf_spec()
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -427,7 +428,7 @@ def _metadata(
             "lines_removed": totals.lines_removed,
         },  # fmt: skip
         "sources": [
-            _source_meta(s, totals.per_source.get(i, Counter()), config.hf_spec()) for i, s in enumerate(sources)
+            _source_meta(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources)
         ],
         "config": config.recorded(),
         "run": {
@@ -479,7 +480,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must be a mapping of option names to values")
     data = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = set(data) - PrepareConfig.field_names()
+    unknown = set(data) - PrepareConfig.field_names() - {"preset"}  # the CLI expands a preset
     if unknown:
         raise ConfigError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}")
     return data
