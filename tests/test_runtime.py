@@ -244,3 +244,83 @@ def test_single_shard_fast_path_rows_equal_stream(tmp_path):
         for r, o in enumerate(b.offsets.tolist()):
             assert b.x[r].tolist() == ref[o : o + 48].tolist()
             assert b.y[r].tolist() == ref[o + 2 : o + 50].tolist()
+
+
+def test_staged_path_equals_direct_path_on_cpu(ds):
+    """The CUDA path (ring of host buffers, copy, widening on the device) run on the CPU must
+    hand out the same batches as the direct CPU path, and both must match the stream."""
+    ref = stream_of(ds)
+    for kw in ({"shift": 1}, {"shift": "random", "grouped": True}, {"shift": 2, "cu_seqlens": True}):
+        direct = TokenDataset(ds).random_batches(6, 40, seed=4, **kw)
+        staged = TokenDataset(ds).random_batches(6, 40, seed=4, **kw)
+        staged.staged = True
+        for _ in range(12):
+            a, b = next(direct), next(staged)
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and a.shift == b.shift
+            for r, o in enumerate(b.offsets.tolist()):
+                assert b.y[r].reshape(-1).tolist() == ref[o + b.shift : o + b.shift + 40].tolist()
+            if a.cu_seqlens is not None:
+                assert torch.equal(a.cu_seqlens, b.cu_seqlens)
+        assert staged._ring is not None and direct._ring is None
+
+
+def test_x_and_y_are_contiguous_int64(ds):
+    """x and y share one allocation but each must be a contiguous tensor (`y.view(-1)` in a loss)."""
+    for stream in (TokenDataset(ds).random_batches(4, 32, seed=1), TokenDataset(ds).window_batches(4, 32)):
+        x, y = next(stream)
+        assert x.is_contiguous() and y.is_contiguous() and y.dtype == torch.int64
+        assert torch.equal(y.view(-1).reshape(4, 32)[:, :-1], x[:, 1:])
+
+
+def test_offsets_drawn_in_blocks_equal_the_per_step_formula(ds):
+    """Offsets are drawn for many steps at once; each step's rows must still be the pure
+    per-step function, whatever step the stream starts at and whatever the row count."""
+    from lmshard.runtime.sampling import _SHIFT_SALT, RandomOffsets, ShiftSpec, counter_ints
+
+    n, T = 100_000, 24
+    for count, spec in ((3, ShiftSpec.parse(1, T)), (5000, ShiftSpec.parse("random", T))):
+        offsets = RandomOffsets(n, T, spec, seed=77)
+        for step in (130, 5, 63, 64, 65, 0, 1000):  # out of order: blocks are recomputed
+            rows, shift = offsets.rows(step, count)
+            if spec.fixed is None:
+                expected_shift = spec.choices[int(counter_ints(77 ^ _SHIFT_SALT, step, 1, len(spec.choices))[0])]
+            else:
+                expected_shift = spec.fixed
+            assert shift == expected_shift
+            assert rows.tolist() == counter_ints(77, step, count, n - (T + shift) + 1).tolist()
+
+
+def _mapped_rss_kb(path) -> int:
+    """Resident kB of this process's mappings of `path`, from /proc/self/smaps."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                inside = line.rstrip().endswith(str(path))
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_mapped_pages_are_released_only_past_the_budget(tmp_path):
+    texts = make_texts(16000, seed=8)
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "a.jsonl", texts))], out=str(tmp_path / "d"), workers=1,
+                          val_fraction=0.0))  # fmt: skip
+    shard = next((tmp_path / "d" / "train").glob("*.bin"))
+    size_kb = shard.stat().st_size // 1024
+    assert size_kb > 2048
+    for budget in (512 << 10, 8 << 20):
+        data = TokenDataset(tmp_path / "d")
+        data.store.release_bytes = budget
+        stream = data.random_batches(4, 16384, seed=3)  # 256 KiB read per batch
+        seen = []
+        for _ in range(100):  # reads ~25 MB, several times the shard
+            next(stream)
+            seen.append(_mapped_rss_kb(shard))
+        if budget < size_kb * 1024:  # every second batch crosses 512 KiB read and releases the map
+            assert seen.count(0) >= 45 and max(seen) < size_kb
+        else:  # 25 MB read crosses 8 MiB thrice, but the map is smaller: never released, all resident
+            assert seen == sorted(seen) and seen[-1] > 0.9 * size_kb
+        data.store.close()

@@ -1,12 +1,16 @@
-"""Batches on the device: read rows into a host buffer, copy, convert to int64.
+"""Batches on the device: gather rows, widen to int64 in one copy, hand out x and y.
 
-On CUDA, a ring of pinned host buffers is allocated once; each batch is read straight into one
-(pread, no intermediate copy), copied with `non_blocking=True` on a side stream, and the next
-batch is prepared while the caller trains on the current one. On the CPU the same code runs
-with ordinary buffers and no stream, so this path is exercised by the test suite.
+On the CPU a batch is gathered straight from the memory-mapped shard into a new uint32 array
+(one fancy index on a single-shard split) and widened to int64 by one copy into a [2, B, T]
+tensor whose halves are x and y (both contiguous): three passes over the batch's memory in all.
+On CUDA (or whenever `staged` is set, which is how the test suite runs this path on the CPU),
+a ring of pinned host buffers is allocated once; each batch is read into one, copied with
+`non_blocking=True` on a side stream, and widened on the device; the next batch's host copy is
+started before the current batch is returned (`prefetch`).
 
-Memory model: `ring` host buffers of batch_size × (seq_len + max shift) int32, and the batches
-the caller holds. Nothing accumulates while iterating.
+Memory model: on CUDA, `ring` host buffers of batch_size × (seq_len + max shift) int32; on the
+CPU one uint32 gather per batch, freed when the batch is built. Nothing accumulates while
+iterating besides the batches the caller holds.
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ class BatchStream(torch.utils.data.IterableDataset):
     `DataLoader(stream, batch_size=None, num_workers=W)`: worker w produces steps w, w+W, ... on
     the CPU and the loader interleaves them back into step order, so the sequence is the same
     for any W. `state_dict()` is a few integers; `load_state_dict()` continues the same stream,
-    also at another world size if the global batch size is unchanged.
+    also at another world size if the global batch size is unchanged. `staged` (default: on
+    for non-CPU devices) routes batches through the ring of pinned host buffers.
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         self.device = torch.device(device)
         self.cu_seqlens, self.grouped, self.prefetch = cu_seqlens, grouped, prefetch
         self.step = 0  # the next step to hand out
+        self.staged = self.device.type != "cpu"
         self._ring: _Ring | None = None
         self._pending: tuple[int, Any] | None = None
 
@@ -174,15 +180,16 @@ class BatchStream(torch.utils.data.IterableDataset):
         mine = offsets[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
         return mine, shift
 
-    def _fill(self, host: np.ndarray, offsets: np.ndarray) -> None:
-        self.store.read_rows(offsets, host)
-
     def _finish(self, buf: torch.Tensor, step: int, offsets: np.ndarray, shift: int) -> Batch:
-        x = buf[:, : self.seq_len].to(torch.int64)
-        y = buf[:, shift : shift + self.seq_len].to(torch.int64)
+        """x, y from buf ([rows, seq_len + shift] int32, host or device): one widening copy of
+        an overlapping [2, rows, seq_len] view into a new int64 tensor whose halves are x, y."""
+        rows, T = len(offsets), self.seq_len
+        pair = torch.empty((2, rows, T), dtype=torch.int64, device=buf.device)
+        pair.copy_(buf.as_strided((2, rows, T), (shift, buf.stride(0), 1)))
+        x, y = pair[0], pair[1]
         if self.grouped:
-            x = x.view(len(offsets), self.seq_len // shift, shift)
-            y = y.view(len(offsets), self.seq_len // shift, shift)
+            x = x.view(rows, T // shift, shift)
+            y = y.view(rows, T // shift, shift)
         batch = Batch(x, y, step, shift, offsets)
         if self.cu_seqlens:
             batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device)
@@ -200,9 +207,8 @@ class BatchStream(torch.utils.data.IterableDataset):
     def cpu_batch(self, step: int) -> Batch:
         """Batch `step` for this rank, on the CPU: a pure function of (seed, step, rank)."""
         offsets, shift = self._rows(step)
-        host = np.empty((len(offsets), self.seq_len + shift), dtype=np.uint32)
-        self._fill(host, offsets)
-        return self._finish(torch.from_numpy(host.view(np.int32)), step, offsets, shift)
+        rows = self.store.gather(offsets, self.seq_len + shift)
+        return self._finish(torch.from_numpy(rows.view(np.int32)), step, offsets, shift)
 
     def _submit(self, step: int) -> tuple[int, Any]:
         offsets, shift = self._rows(step)
@@ -210,7 +216,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             numel = self.batch_size * (self.seq_len + self._max_shift())
             self._ring = _Ring(self.device, numel)
         host = self._ring.host(len(offsets), self.seq_len + shift)
-        self._fill(host.numpy().view(np.uint32), offsets)
+        self.store.read_rows(offsets, host.numpy().view(np.uint32))
         moved, event = self._ring.send(host)
         return step, (moved, event, offsets, shift)
 
@@ -219,6 +225,9 @@ class BatchStream(torch.utils.data.IterableDataset):
         return spec if isinstance(spec, int) else spec.max
 
     def __next__(self) -> Batch:
+        if not self.staged:
+            self.step += 1
+            return self.cpu_batch(self.step - 1)
         if self._pending is None or self._pending[0] != self.step:
             self._pending = self._submit(self.step)
         step, (moved, event, offsets, shift) = self._pending

@@ -39,16 +39,21 @@ def _splitmix(z: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def counter_ints(seed: int, step: int, count: int, high: int) -> np.ndarray:
-    """`count` integers in [0, high), a pure function of (seed, step): splitmix64 over a counter.
-    Cheaper than building a generator per step; the modulo bias is below high / 2**64."""
-    z = (seed * _GOLDEN + step) & _M64  # the per-step base, in Python ints (a scalar is cheaper here)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    base = z ^ (z >> 31)
+def counter_block(seed: int, first_step: int, steps: int, count: int, high: np.ndarray | int) -> np.ndarray:
+    """[steps, count] integers: row j is `count` integers in [0, high[j]) for step first_step + j,
+    a pure function of (seed, step): splitmix64 over a counter. Drawing many steps in one call
+    spreads numpy's fixed per-call cost (~10 us) over them. The modulo bias is below high / 2**64."""
     with np.errstate(over="ignore"):
-        counter = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(base)
-    return (_splitmix(counter) % np.uint64(high)).astype(np.int64)
+        z = np.uint64(seed * _GOLDEN & _M64) + np.arange(first_step, first_step + steps, dtype=np.uint64)
+        base = _splitmix(z)  # one independent stream per step
+        counter = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN) + base[:, None]
+    high = np.asarray(high, dtype=np.uint64).reshape(-1, 1)
+    return (_splitmix(counter) % high).astype(np.int64)
+
+
+def counter_ints(seed: int, step: int, count: int, high: int) -> np.ndarray:
+    """`count` integers in [0, high) for one step: row 0 of `counter_block`."""
+    return counter_block(seed, step, 1, count, high)[0]
 
 
 @dataclass(frozen=True)
@@ -87,18 +92,31 @@ class RandomOffsets:
             raise ConfigError(f"the split holds {n_tokens} tokens, fewer than seq_len + shift = {seq_len + shift.max}")
         self.n_tokens, self.seq_len, self.shift, self.seed = n_tokens, seq_len, shift, seed
         self.doc_starts = doc_starts  # callable(rng, count, limit) -> offsets, or None
+        self._cache: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (first step, rows, shifts, offsets)
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        if self.doc_starts is None:  # the hot path: counter-based, no generator per step
-            shift = self.shift.fixed
-            if shift is None:
-                pick = counter_ints(self.seed ^ _SHIFT_SALT, step, 1, len(self.shift.choices))
-                shift = self.shift.choices[int(pick[0])]
-            return counter_ints(self.seed, step, count, self.n_tokens - (self.seq_len + shift) + 1), shift
+        if self.doc_starts is None:  # the hot path: counter-based, drawn for a block of steps at once
+            c = self._cache
+            if c is None or c[1] != count or not c[0] <= step < c[0] + len(c[2]):
+                c = self._cache = self._block(step, count)
+            return c[3][step - c[0]], int(c[2][step - c[0]])
         rng = step_rng(self.seed, step)
         shift = self.shift.draw(rng)
         limit = self.n_tokens - (self.seq_len + shift)  # last valid start
         return self.doc_starts(rng, count, limit), shift
+
+    def _block(self, step: int, count: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """Offsets of the steps [first, first + n) around `step`, aligned so that every step
+        belongs to one block whatever step a stream starts (or resumes) at."""
+        n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
+        first = step - step % n
+        if self.shift.fixed is not None:
+            shifts = np.full(n, self.shift.fixed, dtype=np.int64)
+        else:
+            picks = counter_block(self.seed ^ _SHIFT_SALT, first, n, 1, len(self.shift.choices))[:, 0]
+            shifts = np.asarray(self.shift.choices, dtype=np.int64)[picks]
+        offsets = counter_block(self.seed, first, n, count, self.n_tokens - (self.seq_len + shifts) + 1)
+        return first, count, shifts, offsets
 
 
 _SHIFT_SALT = 0x5EED5EED5EED
@@ -117,26 +135,28 @@ class WindowOffsets:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"{self.n_windows} windows cannot fill one global batch of {global_batch}")
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, shuffle
-        self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, ids)
+        self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, starts)
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         epoch, within = divmod(step, self.steps_per_epoch)
         if not self.shuffle:
             return np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride, self.shift
-        # Permute a block of _BLOCK_STEPS steps at once: the Feistel rounds are numpy calls whose
-        # fixed cost dominates on one batch. Which ids a step gets does not depend on the block.
+        # Permute a block of steps at once: the Feistel rounds are numpy calls whose fixed cost
+        # dominates on one batch. Which ids a step gets does not depend on the block.
         c = self._cache
-        if c is None or c[0] != epoch or c[2] != count or not c[1] <= within < c[1] + _BLOCK_STEPS:
-            first = within - within % _BLOCK_STEPS
-            last = min(first + _BLOCK_STEPS, self.steps_per_epoch)
+        if c is None or c[0] != epoch or c[2] != count or not c[1] <= within < c[1] + len(c[3]):
+            n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
+            first = within - within % n
+            last = min(first + n, self.steps_per_epoch)
             ids = np.arange(first * count, last * count, dtype=np.int64)
             key = int(step_rng(self.seed, epoch, 2).integers(2**32))
-            self._cache = c = (epoch, first, count, feistel_permute(ids, self.n_windows, key=key))
-        start = (within - c[1]) * count
-        return c[3][start : start + count] * self.stride, self.shift
+            starts = feistel_permute(ids, self.n_windows, key=key) * self.stride
+            self._cache = c = (epoch, first, count, starts.reshape(last - first, count))
+        return c[3][within - c[1]], self.shift
 
 
-_BLOCK_STEPS = 64
+_BLOCK_STEPS = 64  # steps drawn at once (random offsets and window permutations)
+_BLOCK_ROWS = 1 << 16  # ... but at most this many rows (512 KB of offsets) per block
 
 
 def count_windows(n_tokens: int, seq_len: int, stride: int, shift: int) -> int:

@@ -1,13 +1,17 @@
 """Token storage for the runtime: one split of a dataset as a single concatenated token stream.
 
 Shards are memory-mapped lazily, at most `max_open` at a time (least recently used are
-unmapped), and each row of a batch is copied from a map straight into the caller's buffer
-(often a pinned one). Touched pages of a shared file mapping count in the
+unmapped), and the rows of a batch are gathered from a map into a new array, or into the
+caller's (pinned) buffer. Touched pages of a shared file mapping count in the
 process's RSS, which is why RSS seems to grow without bound under nanoGPT's persistent memmap
 (nanoGPT#287) and why nanoGPT re-creates its memmap every batch. Here, after every
 `release_bytes` of tokens read, each open map is told `MADV_DONTNEED`: its pages leave the
 process's RSS but stay in the kernel's page cache, so re-reading them costs a minor fault, not
-disk I/O. RSS stays flat however much is read (see docs/performance.md for the measurement).
+disk I/O. Between releases the maps' share of RSS grows with what is read (a page fault maps
+64 KB around it, or a whole large folio of the page cache), so it stays bounded however much is
+read (docs/performance.md has the measurement). Open maps that together are no larger than
+`release_bytes` (default 256 MiB) are never released: they cannot grow past their own size, and
+re-faulting released pages would cost every batch time.
 
 Memory model: per shard one cumulative offset (8 bytes); per *open* shard a file mapping and a
 memory-mapped view of its `.idx` (pages loaded on demand, released as above); no token data is
@@ -112,12 +116,16 @@ class TokenStore:
         return self._arrays[k][0] if self._arrays is not None else self._get(k).tokens
 
     def _account(self, nbytes: int) -> None:
-        """Release mapped pages from RSS every `release_bytes` read (they stay in page cache)."""
+        """Release mapped pages from RSS every `release_bytes` read (they stay in page cache),
+        unless the open maps are no larger than that: they cannot add more to RSS than their
+        size, and re-mapping released pages costs a page fault per 64 KB touched afterwards
+        (~10 us per batch of 128 KB on a small split that fits the budget)."""
         self._read_since_release += nbytes
         if self._read_since_release >= self.release_bytes:
             self._read_since_release = 0
-            for entry in self._open.values():
-                entry.map.madvise(mmap.MADV_DONTNEED)
+            if sum(len(e.map) for e in self._open.values()) > self.release_bytes:
+                for entry in self._open.values():
+                    entry.map.madvise(mmap.MADV_DONTNEED)
 
     def shard_of(self, offset: int) -> int:
         return int(np.searchsorted(self.starts, offset, side="right")) - 1
@@ -135,19 +143,26 @@ class TokenStore:
             k += 1
         self._account(n * TOKEN_DTYPE.itemsize)
 
+    def gather(self, offsets: np.ndarray, length: int) -> np.ndarray:
+        """A new [rows, length] uint32 array: row r holds the tokens at [offsets[r], + length)."""
+        view = self._row_view(offsets, length)
+        if view is None:
+            out = np.empty((len(offsets), length), dtype=TOKEN_DTYPE)
+            self.read_rows(offsets, out)
+            return out
+        out = view[offsets]  # one C loop over the rows, straight into a new array
+        self._account(out.nbytes)
+        return out
+
     def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
-        """Fill each row of `out` ([rows, length] uint32) from the matching offset: a slice
-        copy per row (a memcpy; several times faster than a fancy-indexed gather), `read_into`
-        for the rare row that crosses a shard boundary."""
+        """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from the matching
+        offset: a slice copy per row (a memcpy; several times faster than a fancy-indexed gather
+        from the flat array), `read_into` for the rare row that crosses a shard boundary."""
         rows, length = out.shape
-        if len(self.shards) == 1 and int(offsets.max()) + length <= self.n_tokens:  # no lookups at all
-            # Rows of a sliding-window view (no copy) gathered by one fancy index: one C loop
-            # instead of a Python loop of slice copies (24 vs 38 us for 32 rows of 1,025).
-            view = self._windows.get(length)
-            if view is None:  # one per row length: a few at most (random shifts)
-                view = self._windows[length] = np.lib.stride_tricks.sliding_window_view(self._tokens(0), length)
+        view = self._row_view(offsets, length)
+        if view is not None:
             out[...] = view[offsets]
-            self._account(rows * length * TOKEN_DTYPE.itemsize)
+            self._account(out.nbytes)
             return
         shards = np.searchsorted(self.starts, offsets, side="right") - 1
         local = (offsets - self.starts[shards]).tolist()
@@ -159,6 +174,17 @@ class TokenStore:
             else:
                 self.read_into(int(offsets[r]), out[r])
         self._account(rows * length * TOKEN_DTYPE.itemsize)
+
+    def _row_view(self, offsets: np.ndarray, length: int) -> np.ndarray | None:
+        """For a single-shard split, a [starts, length] sliding-window view of its tokens (no
+        copy), so that rows are gathered by one fancy index: one C loop instead of a Python loop
+        of slice copies (24 vs 38 us for 32 rows of 1,025). None when rows need shard lookups."""
+        if len(self.shards) != 1 or int(offsets.max()) + length > self.n_tokens:
+            return None
+        view = self._windows.get(length)
+        if view is None:  # one per row length: a few at most (random shifts)
+            view = self._windows[length] = np.lib.stride_tricks.sliding_window_view(self._tokens(0), length)
+        return view
 
     def index(self, k: int) -> np.ndarray:
         return self._arrays[k][1] if self._arrays is not None else self._get(k).index
