@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -304,23 +305,57 @@ def _mapped_rss_kb(path) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
-def test_mapped_pages_are_released_only_past_the_budget(tmp_path):
+def test_splits_past_the_rss_limit_are_read_not_mapped(tmp_path):
+    """Under the limit the shard is mapped and its touched pages stay in RSS; past it, rows are
+    read with preadv: nothing of the shard becomes resident in the process, and rows are the same."""
     texts = make_texts(16000, seed=8)
     prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "a.jsonl", texts))], out=str(tmp_path / "d"), workers=1,
                           val_fraction=0.0))  # fmt: skip
     shard = next((tmp_path / "d" / "train").glob("*.bin"))
-    size_kb = shard.stat().st_size // 1024
-    assert size_kb > 2048
-    for budget in (512 << 10, 8 << 20):
-        data = TokenDataset(tmp_path / "d")
-        data.store.release_bytes = budget
-        stream = data.random_batches(4, 16384, seed=3)  # 256 KiB read per batch
+    size = shard.stat().st_size
+    ref = np.fromfile(shard, dtype="<u4")
+    assert size > 2 << 20
+    for limit in (size, None, size - 1, 0):
+        data = TokenDataset(tmp_path / "d", rss_limit=limit)
+        stream = data.random_batches(4, 4096, seed=3)  # 64 KiB read per batch
         seen = []
-        for _ in range(100):  # reads ~25 MB, several times the shard
-            next(stream)
+        for _ in range(200):  # reads ~13 MB, twice the shard
+            b = next(stream)
             seen.append(_mapped_rss_kb(shard))
-        if budget < size_kb * 1024:  # every second batch crosses 512 KiB read and releases the map
-            assert seen.count(0) >= 45 and max(seen) < size_kb
-        else:  # 25 MB read crosses 8 MiB thrice, but the map is smaller: never released, all resident
-            assert seen == sorted(seen) and seen[-1] > 0.9 * size_kb
+        o = int(b.offsets[-1])
+        assert b.x[-1].tolist() == ref[o : o + 4096].tolist() and b.y[-1].tolist() == ref[o + 1 : o + 4097].tolist()
+        if limit is None or limit >= size:  # mapped: what was touched stays resident
+            assert data.store.mapped and seen == sorted(seen) and seen[-1] > 0.9 * size / 1024
+        else:
+            assert not data.store.mapped and max(seen) == 0
         data.store.close()
+
+
+@pytest.mark.parametrize("rss_limit", [None, 0])
+def test_rows_cross_shards_in_both_read_modes(ds, rss_limit):
+    ref = stream_of(ds)
+    data = TokenDataset(ds, rss_limit=rss_limit)
+    assert data.store.mapped == (rss_limit is None)
+    assert np.array_equal(data.tokens(2400, 300), ref[2400:2700])  # crosses a shard
+    stream = data.random_batches(8, 700, seed=5, shift=2)  # rows of 702 often cross 2,500-token shards
+    staged = TokenDataset(ds, rss_limit=rss_limit).random_batches(8, 700, seed=5, shift=2)
+    staged.staged = True
+    for _ in range(20):
+        b, c = next(stream), next(staged)
+        assert torch.equal(b.x, c.x) and torch.equal(b.y, c.y)
+        for r, o in enumerate(b.offsets.tolist()):
+            assert b.x[r].tolist() == ref[o : o + 700].tolist()
+            assert b.y[r].tolist() == ref[o + 2 : o + 702].tolist()
+
+
+def test_a_shard_truncated_while_open_is_a_clear_error(tmp_path):
+    src = jsonl(tmp_path / "a.jsonl", make_texts(300, seed=4))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, val_fraction=0.0))
+    data = TokenDataset(tmp_path / "one", rss_limit=0)
+    shard = next((tmp_path / "one" / "train").glob("*.bin"))
+    stream = data.random_batches(4, 64, seed=1)
+    next(stream)
+    os.truncate(shard, 400)
+    with pytest.raises(FormatError, match=f"{shard.name}.*changed after it was opened"):
+        for _ in range(50):
+            next(stream)

@@ -22,17 +22,26 @@ from ..errors import ConfigError
 from ..format import DatasetMeta
 from .batches import BatchStream, resolve_rank
 from .sampling import RandomOffsets, ShiftSpec, WindowOffsets, count_windows
-from .store import TokenStore, open_store
+from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
 
 
 class TokenDataset:
     """A split of a prepared dataset. Opening validates the metadata and every shard's file
     sizes (an error names the shard); shard files are opened lazily, at most `max_open_shards`
-    at a time."""
+    at a time. Splits of at most `rss_limit` bytes (default 1 GiB; None: any size) are
+    memory-mapped, so the process's RSS may grow by up to their size; larger splits are read
+    with `preadv`, which keeps RSS flat (see store.py)."""
 
-    def __init__(self, path: str | os.PathLike[str], split: str = "train", *, max_open_shards: int = 64) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        split: str = "train",
+        *,
+        max_open_shards: int = 64,
+        rss_limit: int | None = DEFAULT_RSS_LIMIT,
+    ) -> None:
         self.meta: DatasetMeta | None
-        self.meta, self.store = open_store(path, split, max_open_shards)
+        self.meta, self.store = open_store(path, split, max_open_shards, rss_limit)
         self.path, self.split = Path(path), split
         self.eot_id = self.meta.tokenizer.eot_id
         self.vocab_size = self.meta.tokenizer.n_vocab

@@ -1,21 +1,26 @@
 """Token storage for the runtime: one split of a dataset as a single concatenated token stream.
 
-Shards are memory-mapped lazily, at most `max_open` at a time (least recently used are
-unmapped), and the rows of a batch are gathered from a map into a new array, or into the
-caller's (pinned) buffer. Touched pages of a shared file mapping count in the
-process's RSS, which is why RSS seems to grow without bound under nanoGPT's persistent memmap
-(nanoGPT#287) and why nanoGPT re-creates its memmap every batch. Here, after every
-`release_bytes` of tokens read, each open map is told `MADV_DONTNEED`: its pages leave the
-process's RSS but stay in the kernel's page cache, so re-reading them costs a minor fault, not
-disk I/O. Between releases the maps' share of RSS grows with what is read (a page fault maps
-64 KB around it, or a whole large folio of the page cache), so it stays bounded however much is
-read (docs/performance.md has the measurement). Open maps that together are no larger than
-`release_bytes` (default 256 MiB) are never released: they cannot grow past their own size, and
-re-faulting released pages would cost every batch time.
+Two ways to read, chosen when the split is opened:
 
-Memory model: per shard one cumulative offset (8 bytes); per *open* shard a file mapping and a
-memory-mapped view of its `.idx` (pages loaded on demand, released as above); no token data is
-kept between reads. The in-memory store (small text files, synthetic data) holds its tokens.
+- *mapped* (the split's `.bin` files together hold at most `rss_limit` bytes, default 1 GiB, or
+  `rss_limit=None`): shards are memory-mapped and a batch's rows are gathered from the maps,
+  one fancy index over a sliding-window view when the split is one shard. Touched pages of a
+  file mapping count in the process's RSS (they are page cache: shared and reclaimable), so RSS
+  can grow to the split's size, and no further.
+- *read* (larger splits): each row is read with `preadv` straight into the destination (a new
+  array, or a pinned host buffer). Nothing is mapped, so RSS stays flat however much is read;
+  the data still comes from the kernel's page cache. This is the fix for the RSS growth of a
+  persistent np.memmap (nanoGPT#287, which re-creates its memmap every batch instead), without
+  the page fault per row that re-mapping costs (~7 us per row on the benchmark machine, against
+  ~1.7 us for a `preadv`). Releasing maps with MADV_DONTNEED was tried first: the re-faults
+  made batches 6× slower (docs/performance.md).
+
+Shard files are opened lazily, at most `max_open` at a time (least recently used are closed).
+
+Memory model: per shard one cumulative offset (8 bytes); per *open* shard a file descriptor or a
+map, and a memory-mapped view of its `.idx` (opened on first use, pages loaded on demand); no
+token data is kept between reads. The in-memory store (small text files, synthetic data) holds
+its tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import contextlib
 import mmap
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,17 +36,35 @@ import numpy as np
 from ..errors import FormatError
 from ..format import INDEX_DTYPE, TOKEN_DTYPE, DatasetMeta, ShardInfo, load_metadata
 
+DEFAULT_RSS_LIMIT = 1 << 30
 
-@dataclass
+
 class _Open:
-    map: mmap.mmap
-    tokens: np.ndarray  # uint32 view of `map`
-    index: np.ndarray  # document start offsets within the shard, plus its end
+    """An open shard: a descriptor (read mode) or a map (mapped mode), and its index on demand."""
+
+    def __init__(self, path: Path, index_path: Path, mapped: bool) -> None:
+        self.index_path = index_path
+        self.fd = os.open(path, os.O_RDONLY)
+        self.map: mmap.mmap | None = None
+        self.tokens: np.ndarray | None = None  # uint32 view of `map`
+        self._index: np.ndarray | None = None
+        if mapped:
+            self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+            self.tokens = np.frombuffer(self.map, dtype=TOKEN_DTYPE)
+
+    @property
+    def index(self) -> np.ndarray:
+        """Document start offsets within the shard, plus its end."""
+        if self._index is None:
+            self._index = np.memmap(self.index_path, dtype=INDEX_DTYPE, mode="r")
+        return self._index
 
     def close(self) -> None:
-        self.tokens = self.index = np.zeros(0, TOKEN_DTYPE)
-        with contextlib.suppress(BufferError):  # a caller still holds a view: let GC unmap it
-            self.map.close()
+        self.tokens = self._index = None
+        if self.map is not None:
+            with contextlib.suppress(BufferError):  # a caller still holds a view: let GC unmap it
+                self.map.close()
+        os.close(self.fd)
 
 
 class TokenStore:
@@ -54,6 +76,7 @@ class TokenStore:
         root: Path,
         max_open: int = 64,
         arrays: list[tuple[np.ndarray, np.ndarray]] | None = None,
+        rss_limit: int | None = DEFAULT_RSS_LIMIT,
     ) -> None:
         self.root = root
         self.shards = shards
@@ -65,16 +88,19 @@ class TokenStore:
         self.max_open = max(1, max_open)
         self._arrays = arrays  # in-memory shards: (tokens, index) pairs
         self._open: OrderedDict[int, _Open] = OrderedDict()
-        self.release_bytes = 256 << 20  # bytes read between MADV_DONTNEED passes
-        self._read_since_release = 0
+        self.rss_limit = rss_limit
+        total = self.n_tokens * TOKEN_DTYPE.itemsize
+        self.mapped = arrays is not None or rss_limit is None or total <= rss_limit
         self._windows: dict[int, np.ndarray] = {}  # row length -> row view of a single-shard split
 
     @classmethod
-    def from_dataset(cls, meta: DatasetMeta, split: str, max_open: int = 64) -> TokenStore:
+    def from_dataset(
+        cls, meta: DatasetMeta, split: str, max_open: int = 64, rss_limit: int | None = DEFAULT_RSS_LIMIT
+    ) -> TokenStore:
         shards = [s for s in meta.split_shards(split) if s.n_tokens]
         for shard in shards:
             _check_sizes(meta, shard)
-        return cls(shards, meta.root, max_open)
+        return cls(shards, meta.root, max_open, rss_limit=rss_limit)
 
     @classmethod
     def from_arrays(cls, tokens: np.ndarray, index: np.ndarray) -> TokenStore:
@@ -103,29 +129,26 @@ class TokenStore:
             self._open.move_to_end(k)
             return entry
         shard = self.shards[k]
-        with open(self.root / shard.path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the fd
-        index = np.memmap(self.root / shard.index_path, dtype=INDEX_DTYPE, mode="r")
-        entry = _Open(mapped, np.frombuffer(mapped, dtype=TOKEN_DTYPE), index)
-        self._open[k] = entry
+        entry = self._open[k] = _Open(self.root / shard.path, self.root / shard.index_path, self.mapped)
         if len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()
         return entry
 
     def _tokens(self, k: int) -> np.ndarray:
-        return self._arrays[k][0] if self._arrays is not None else self._get(k).tokens
+        """Shard k's tokens as an array (mapped mode and in-memory stores only)."""
+        if self._arrays is not None:
+            return self._arrays[k][0]
+        tokens = self._get(k).tokens
+        assert tokens is not None
+        return tokens
 
-    def _account(self, nbytes: int) -> None:
-        """Release mapped pages from RSS every `release_bytes` read (they stay in page cache),
-        unless the open maps are no larger than that: they cannot add more to RSS than their
-        size, and re-mapping released pages costs a page fault per 64 KB touched afterwards
-        (~10 us per batch of 128 KB on a small split that fits the budget)."""
-        self._read_since_release += nbytes
-        if self._read_since_release >= self.release_bytes:
-            self._read_since_release = 0
-            if sum(len(e.map) for e in self._open.values()) > self.release_bytes:
-                for entry in self._open.values():
-                    entry.map.madvise(mmap.MADV_DONTNEED)
+    def _pread(self, k: int, local: int, out: np.ndarray) -> None:
+        """Read mode: fill `out` from shard k at token `local` with one preadv."""
+        want = out.nbytes
+        got = os.preadv(self._get(k).fd, [out.data], local * TOKEN_DTYPE.itemsize)
+        if got != want:
+            raise FormatError(f"{self.root / self.shards[k].path}: read {got} of {want} bytes at token {local}; "
+                              "the shard changed after it was opened: run `lmshard inspect`")  # fmt: skip
 
     def shard_of(self, offset: int) -> int:
         return int(np.searchsorted(self.starts, offset, side="right")) - 1
@@ -138,10 +161,12 @@ class TokenStore:
         while done < n:
             local = offset + done - int(self.starts[k])
             take = min(n - done, int(self.sizes[k]) - local)
-            out[done : done + take] = self._tokens(k)[local : local + take]
+            if self.mapped:
+                out[done : done + take] = self._tokens(k)[local : local + take]
+            else:
+                self._pread(k, local, out[done : done + take])
             done += take
             k += 1
-        self._account(n * TOKEN_DTYPE.itemsize)
 
     def gather(self, offsets: np.ndarray, length: int) -> np.ndarray:
         """A new [rows, length] uint32 array: row r holds the tokens at [offsets[r], + length)."""
@@ -150,9 +175,7 @@ class TokenStore:
             out = np.empty((len(offsets), length), dtype=TOKEN_DTYPE)
             self.read_rows(offsets, out)
             return out
-        out = view[offsets]  # one C loop over the rows, straight into a new array
-        self._account(out.nbytes)
-        return out
+        return view[offsets]  # one C loop over the rows, straight into a new array
 
     def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
         """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from the matching
@@ -162,24 +185,31 @@ class TokenStore:
         view = self._row_view(offsets, length)
         if view is not None:
             out[...] = view[offsets]
-            self._account(out.nbytes)
             return
         shards = np.searchsorted(self.starts, offsets, side="right") - 1
         local = (offsets - self.starts[shards]).tolist()
         inside = (offsets - self.starts[shards] + length <= self.sizes[shards]).tolist()
+        if not self.mapped:  # one preadv per row, straight into `out`
+            fds = {k: self._get(k).fd for k in set(shards.tolist())}
+            nbytes, size = length * TOKEN_DTYPE.itemsize, TOKEN_DTYPE.itemsize
+            for r, k in enumerate(shards.tolist()):
+                if not inside[r]:
+                    self.read_into(int(offsets[r]), out[r])
+                elif os.preadv(fds[k], [out[r]], local[r] * size) != nbytes:
+                    self._pread(k, local[r], out[r])  # a short read: retry once, raising if it is short again
+            return
         arrays = {k: self._tokens(k) for k in set(shards.tolist())}
         for r, k in enumerate(shards.tolist()):
             if inside[r]:
                 out[r] = arrays[k][local[r] : local[r] + length]
             else:
                 self.read_into(int(offsets[r]), out[r])
-        self._account(rows * length * TOKEN_DTYPE.itemsize)
 
     def _row_view(self, offsets: np.ndarray, length: int) -> np.ndarray | None:
         """For a single-shard split, a [starts, length] sliding-window view of its tokens (no
         copy), so that rows are gathered by one fancy index: one C loop instead of a Python loop
         of slice copies (24 vs 38 us for 32 rows of 1,025). None when rows need shard lookups."""
-        if len(self.shards) != 1 or int(offsets.max()) + length > self.n_tokens:
+        if not self.mapped or len(self.shards) != 1 or int(offsets.max()) + length > self.n_tokens:
             return None
         view = self._windows.get(length)
         if view is None:  # one per row length: a few at most (random shifts)
@@ -218,11 +248,13 @@ def _check_sizes(meta: DatasetMeta, shard: ShardInfo) -> None:
             raise FormatError(f"{path}: {what}; run `lmshard inspect {meta.root}` and re-run prepare")
 
 
-def open_store(path: str | os.PathLike[str], split: str, max_open: int = 64) -> tuple[DatasetMeta, TokenStore]:
+def open_store(
+    path: str | os.PathLike[str], split: str, max_open: int = 64, rss_limit: int | None = DEFAULT_RSS_LIMIT
+) -> tuple[DatasetMeta, TokenStore]:
     meta = load_metadata(path)
     if split not in meta.raw["splits"]:
         raise FormatError(f"{path}: no split {split!r} (splits: {', '.join(meta.raw['splits'])})")
-    store = TokenStore.from_dataset(meta, split, max_open)
+    store = TokenStore.from_dataset(meta, split, max_open, rss_limit)
     if store.n_tokens == 0:
         raise FormatError(f"{path}: split {split!r} holds no tokens; prepare more data or use another split")
     return meta, store
