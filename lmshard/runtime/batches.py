@@ -134,6 +134,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
         self._ring: _Ring | None = None
+        self._scratch: np.ndarray | None = None
         self._pending: tuple[int, Any] | None = None
 
     @property
@@ -207,7 +208,9 @@ class BatchStream(torch.utils.data.IterableDataset):
     def cpu_batch(self, step: int) -> Batch:
         """Batch `step` for this rank, on the CPU: a pure function of (seed, step, rank)."""
         offsets, shift = self._rows(step)
-        rows = self.store.gather(offsets, self.seq_len + shift)
+        if self._scratch is None:  # rows read (not gathered from a map) land here; never handed out
+            self._scratch = np.empty(self.batch_size * (self.seq_len + self._max_shift()), dtype=np.uint32)
+        rows = self.store.gather(offsets, self.seq_len + shift, self._scratch)
         return self._finish(torch.from_numpy(rows.view(np.int32)), step, offsets, shift)
 
     def _submit(self, step: int) -> tuple[int, Any]:

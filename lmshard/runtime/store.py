@@ -168,14 +168,21 @@ class TokenStore:
             done += take
             k += 1
 
-    def gather(self, offsets: np.ndarray, length: int) -> np.ndarray:
-        """A new [rows, length] uint32 array: row r holds the tokens at [offsets[r], + length)."""
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        """[rows, length] uint32: row r holds the tokens at [offsets[r], + length). A new array
+        when the rows can be gathered from a map in one go; otherwise read into `scratch` (a flat
+        uint32 buffer the caller reuses: memory written once stays mapped, where a new array of
+        this size would take a page fault per 4 KB written) or a new array."""
         view = self._row_view(offsets, length)
-        if view is None:
+        if view is not None:
+            return view[offsets]  # one C loop over the rows, straight into a new array
+        n = len(offsets) * length
+        if scratch is not None and len(scratch) >= n:
+            out = scratch[:n].reshape(len(offsets), length)
+        else:
             out = np.empty((len(offsets), length), dtype=TOKEN_DTYPE)
-            self.read_rows(offsets, out)
-            return out
-        return view[offsets]  # one C loop over the rows, straight into a new array
+        self.read_rows(offsets, out)
+        return out
 
     def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
         """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from the matching
