@@ -116,7 +116,8 @@ class TokenDataset:
         shift: labels `shift` tokens ahead (1: next token), or "random": a proper divisor of
         seq_len drawn per batch, shared by its rows, returned as `batch.shift`; `grouped`
         reshapes x and y to [batch, seq_len // shift, shift]. doc_aligned: every row starts at a
-        document start. cu_seqlens: add document boundaries for varlen attention."""
+        document start. cu_seqlens: add document boundaries for varlen attention. prefetch: on
+        CUDA, start the next batch's host-to-device copy before returning the current one."""
         spec = ShiftSpec.parse(shift, seq_len)
         starts = self._doc_start_sampler() if doc_aligned else None
         offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
