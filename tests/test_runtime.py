@@ -360,3 +360,18 @@ def test_a_shard_truncated_while_open_is_a_clear_error(tmp_path):
     with pytest.raises(FormatError, match=f"{shard.name}.*changed after it was opened"):
         for _ in range(50):
             next(stream)
+
+
+@pytest.mark.parametrize("rss_limit", [None, 0])
+def test_a_pickled_stream_continues_with_its_own_files(ds, rss_limit):
+    """DataLoader workers started by spawn receive the stream pickled: open maps and descriptors
+    must not travel, and the copy must continue the same batches."""
+    import pickle
+
+    stream = TokenDataset(ds, rss_limit=rss_limit).random_batches(4, 32, seed=6)
+    next(stream)
+    copy = pickle.loads(pickle.dumps(stream))
+    assert copy.store.open_files == 0
+    for _ in range(5):
+        a, b = next(stream), next(copy)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)

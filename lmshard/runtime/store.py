@@ -119,6 +119,13 @@ class TokenStore:
         with contextlib.suppress(Exception):  # at interpreter shutdown os may already be gone
             self.close()
 
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without its open files and maps (DataLoader workers started by spawn or
+        forkserver): the copy opens its own on first read."""
+        state = self.__dict__.copy()
+        state["_open"], state["_windows"] = OrderedDict(), {}
+        return state
+
     @property
     def open_files(self) -> int:
         return len(self._open)
