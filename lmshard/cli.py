@@ -343,7 +343,7 @@ def tokenizer_fetch(
     from .tokenizer import fetch
 
     path = fetch(name, str(from_file) if from_file else None, log=lambda m: err.print(m, highlight=False))
-    out.print(f"{name}: installed at {path}", highlight=False)
+    out.print(f"{name}: {path} (sha256 verified)", highlight=False, soft_wrap=True)
 
 
 @tokenizer_app.command("info")

@@ -267,8 +267,7 @@ def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type
     vocab = VOCABULARIES[key]
     target = _cache_file(vocab)
     if target.is_file() and _sha256(target.read_bytes()) == vocab.sha256:
-        log(f"{name}: already installed at {target}")
-        return target
+        return target  # already installed
     if source_file:
         return install(name, Path(source_file).read_bytes(), source_file)
     failures = []
