@@ -1,15 +1,17 @@
 """Batches on the device: gather rows, widen to int64 in one copy, hand out x and y.
 
-On the CPU a batch is gathered straight from the memory-mapped shard into a new uint32 array
-(one fancy index on a single-shard split) and widened to int64 by one copy into a [2, B, T]
-tensor whose halves are x and y (both contiguous): three passes over the batch's memory in all.
+On the CPU a batch's rows are gathered from the memory-mapped shard into a new uint32 array
+(one fancy index on a single-shard split; see store.py for splits that are read) and widened
+to int64 by one copy into a [2, B, T] tensor whose halves are x and y (both contiguous): three
+passes over the batch's memory in all.
 On CUDA (or whenever `staged` is set, which is how the test suite runs this path on the CPU),
 a ring of pinned host buffers is allocated once; each batch is read into one, copied with
 `non_blocking=True` on a side stream, and widened on the device; the next batch's host copy is
 started before the current batch is returned (`prefetch`).
 
 Memory model: on CUDA, `ring` host buffers of batch_size × (seq_len + max shift) int32; on the
-CPU one uint32 gather per batch, freed when the batch is built. Nothing accumulates while
+CPU one uint32 gather per batch, freed when the batch is built (or, where rows are read rather
+than gathered from a map, one scratch buffer of that size, reused). Nothing accumulates while
 iterating besides the batches the caller holds.
 """
 

@@ -7,8 +7,8 @@ Two ways to read, chosen when the split is opened:
   one fancy index over a sliding-window view when the split is one shard. Touched pages of a
   file mapping count in the process's RSS (they are page cache: shared and reclaimable), so RSS
   can grow to the split's size, and no further.
-- *read* (larger splits): each row is read with `preadv` straight into the destination (a new
-  array, or a pinned host buffer). Nothing is mapped, so RSS stays flat however much is read;
+- *read* (larger splits): each row is read with `preadv` straight into the destination (the
+  stream's reused scratch buffer, or a pinned host buffer). Nothing is mapped, so RSS stays flat however much is read;
   the data still comes from the kernel's page cache. This is the fix for the RSS growth of a
   persistent np.memmap (nanoGPT#287, which re-creates its memmap every batch instead), without
   the page fault per row that re-mapping costs (~7 us per row on the benchmark machine, against
