@@ -193,27 +193,29 @@ class TokenStore:
 
     def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
         """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from the matching
-        offset: a slice copy per row (a memcpy; several times faster than a fancy-indexed gather
-        from the flat array), `read_into` for the rare row that crosses a shard boundary."""
+        offset: one gather for a mapped single-shard split; otherwise per row a slice copy from
+        its map (mapped) or a `preadv` (read mode), and `read_into` for a row that crosses a
+        shard boundary."""
         rows, length = out.shape
         view = self._row_view(offsets, length)
         if view is not None:
             out[...] = view[offsets]
             return
-        shards = np.searchsorted(self.starts, offsets, side="right") - 1
-        local = (offsets - self.starts[shards]).tolist()
-        inside = (offsets - self.starts[shards] + length <= self.sizes[shards]).tolist()
+        found = np.searchsorted(self.starts, offsets, side="right") - 1
+        local = (offsets - self.starts[found]).tolist()
+        inside = (offsets - self.starts[found] + length <= self.sizes[found]).tolist()
+        shards = found.tolist()
         if not self.mapped:  # one preadv per row, straight into `out`
-            fds = {k: self._get(k).fd for k in set(shards.tolist())}
+            fds = {k: self._get(k).fd for k in set(shards)}
             nbytes, size = length * TOKEN_DTYPE.itemsize, TOKEN_DTYPE.itemsize
-            for r, k in enumerate(shards.tolist()):
+            for r, k in enumerate(shards):
                 if not inside[r]:
                     self.read_into(int(offsets[r]), out[r])
                 elif os.preadv(fds[k], [out[r]], local[r] * size) != nbytes:
                     self._pread(k, local[r], out[r])  # a short read: retry once, raising if it is short again
             return
-        arrays = {k: self._tokens(k) for k in set(shards.tolist())}
-        for r, k in enumerate(shards.tolist()):
+        arrays = {k: self._tokens(k) for k in set(shards)}
+        for r, k in enumerate(shards):
             if inside[r]:
                 out[r] = arrays[k][local[r] : local[r] + length]
             else:
