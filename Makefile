@@ -10,12 +10,12 @@ export HF_DATASETS_OFFLINE := 1
 
 setup: $(STAMP)
 
-# Re-runs only when the dependencies change. torch is pinned to the build on local disk: any
+# Re-runs only when the dependencies (or these install lines) change. torch is pinned to the build on local disk: any
 # other spec would pull a multi-GB CUDA wheel.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q "torch==2.13.0"
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[test,zstd,hf,torch]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[test,zstd,hf,torch,plot]"
 	$(BIN)/lmshard tokenizer fetch gpt2
 	touch $(STAMP)
 
