@@ -102,7 +102,7 @@ def plot_lengths(report: Report, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     if len(lengths):
         bins = np.logspace(0, np.log10(max(2, int(lengths.max()))), 50)
-        ax.hist(lengths, bins=bins)
+        ax.hist(lengths, bins=bins.tolist())
         ax.set_xscale("log")
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel("documents")
