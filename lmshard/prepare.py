@@ -11,17 +11,15 @@ counters (one small dict per input file). Nothing grows with the number of token
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import multiprocessing as mp
 import os
 import platform
 import shutil
 import tempfile
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -43,6 +41,7 @@ from .format import (
     ShardInfo,
     atomic_write_json,
 )
+from .pool import OrderedPool
 from .sources import ON_ERROR, TEXT_MODES, Source, WorkItem, discover, plan
 from .tokenizer import TiktokenTokenizer
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
@@ -256,47 +255,28 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTo
         return plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
 
     n = config.n_workers()
-    ctx = mp.get_context("spawn")
-    # ProcessPoolExecutor rather than Pool: a worker killed by the OOM killer raises
-    # BrokenProcessPool here instead of hanging the run forever.
-    pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=init_worker, initargs=(wcfg,)) if n > 1 else None
-    try:
+    with contextlib.ExitStack() as stack:
+        # OrderedPool, not multiprocessing's pools: a worker killed at any moment (OOM killer,
+        # segfault) is a one-line error within seconds instead of a hang; see pool.py.
+        pool: OrderedPool[WorkItem, Any] | None = None
+        if n > 1:
+            pool = stack.enter_context(OrderedPool(n, init_worker, wcfg))
         stream = items()
         if config.dedup_lines:
-            with tempfile.TemporaryFile() as masks:
-                index = _line_masks(_ordered(pool, process_lines, lambda it: hash_lines(it, wcfg), items(), n), masks)
-                yield from _ordered(
-                    pool, process_item, lambda it: run_item(it, wcfg, tokenizer), _with_masks(stream, masks, index), n
-                )
-        else:
-            yield from _ordered(pool, process_item, lambda it: run_item(it, wcfg, tokenizer), stream, n)
-    except BrokenProcessPool:
-        raise LmshardError(
-            "a worker process died (killed, or out of memory); nothing was kept. "
-            "Lower --workers or --max-chars and re-run"
-        ) from None
-    finally:
+            masks = stack.enter_context(tempfile.TemporaryFile())
+            index = _line_masks(_ordered(pool, process_lines, lambda it: hash_lines(it, wcfg), items(), n), masks)
+            stream = _with_masks(stream, masks, index)
+        yield from _ordered(pool, process_item, lambda it: run_item(it, wcfg, tokenizer), stream, n)
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.close()
 
 
-def _ordered(pool: ProcessPoolExecutor | None, remote: Callable[[WorkItem], T], local: Callable[[WorkItem], T],
+def _ordered(pool: OrderedPool[WorkItem, T] | None, remote: Callable[[WorkItem], T], local: Callable[[WorkItem], T],
              items: Iterator[WorkItem], n: int) -> Iterator[T]:  # fmt: skip
     """fn(item) for every item, in order; at most 2n + 2 items (and their text) in flight."""
     if pool is None:
-        yield from map(local, items)
-        return
-    window: deque[Future[T]] = deque()
-    try:
-        for item in items:
-            window.append(pool.submit(remote, item))
-            if len(window) >= 2 * n + 2:
-                yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
-    finally:
-        for future in window:
-            future.cancel()
+        return map(local, items)
+    return pool.imap(remote, items, window=2 * n + 2)
 
 
 def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes]) -> list[tuple[int, int]]:

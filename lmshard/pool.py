@@ -1,0 +1,226 @@
+"""An ordered process pool that cannot hang when a process dies, on either side.
+
+Why not `multiprocessing.Pool` or `ProcessPoolExecutor`: their workers share one task queue and
+one result queue guarded by locks. A worker SIGKILLed (the OOM killer, a segfault in a native
+library) while it holds the queue's lock, or halfway through writing a result, leaves the
+survivors and the parent's manager thread waiting forever; and when the parent itself is
+killed, idle workers sleep on the queue indefinitely. Both were observed with lmshard's earlier
+`ProcessPoolExecutor` (a hang in ~2 of 60 runs with a worker killed early).
+
+Here every worker has two private pipes and nothing is shared, so no lock can be orphaned:
+
+- parent → worker: tasks `(seq, fn, item)`; a thread in the worker drains this pipe into a local
+  queue, so a send never waits on work in progress, and it sees end-of-file the moment the
+  parent dies (the parent holds the only write end) and ends the worker at once;
+- worker → parent: results `(seq, ok, value)`; the parent waits on every result pipe and every
+  worker's process sentinel together (`multiprocessing.connection.wait`), so a worker that dies
+  at any moment, including mid-message, is an end-of-file or a ready sentinel: `WorkerDied`,
+  never a blocked read.
+
+Results are handed out in submission order whatever the number of workers, so callers stay
+byte-deterministic; each task goes to the least-loaded worker, so a slow item does not stall
+the others.
+
+Memory model: at most `window` items in flight between the caller and the workers (sent,
+being processed, or finished but waiting for an earlier one), each with its result; at most
+`PER_WORKER` tasks queued inside any one worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Generic, TypeVar
+
+from .errors import LmshardError
+
+T = TypeVar("T")
+R = TypeVar("R")
+PER_WORKER = 2  # tasks queued in one worker: one running, one ready to start without a round trip
+JOIN_SECONDS = 5.0  # how long an orderly shutdown waits for a worker before killing it
+
+
+class WorkerDied(LmshardError):
+    """A worker process ended without being asked to (killed, out of memory, crashed)."""
+
+
+class WorkerBug(Exception):
+    """An unexpected exception inside a worker; carries the worker's own traceback text."""
+
+
+class OrderedPool(Generic[T, R]):
+    """`n` spawned worker processes that run `fn(item)` and return results in item order.
+
+    `initializer(arg)` runs once in each worker before its first task (e.g. to load a
+    tokenizer). Use as a context manager: leaving it stops every worker, killing any that is
+    still busy (on an error, or when the caller stops reading results early).
+    """
+
+    def __init__(self, n: int, initializer: Callable[[Any], None], arg: Any) -> None:
+        ctx = mp.get_context("spawn")
+        self._procs: list[BaseProcess] = []
+        self._tasks: list[Connection] = []
+        self._results: list[Connection] = []
+        try:
+            for _ in range(n):
+                task_r, task_w = ctx.Pipe(duplex=False)
+                result_r, result_w = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg), daemon=True)
+                proc.start()
+                # Drop our copies of the worker's ends: the worker's death must read as end-of-file here.
+                task_r.close()
+                result_w.close()
+                self._procs.append(proc)
+                self._tasks.append(task_w)
+                self._results.append(result_r)
+        except BaseException:
+            self.kill()
+            raise
+
+    def __enter__(self) -> OrderedPool[T, R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[R]:
+        """`fn(item)` for every item, in order; at most `window` items in flight. A worker
+        that dies raises `WorkerDied`; an `LmshardError` in a worker is re-raised here as is."""
+        n = len(self._procs)
+        load = [0] * n
+        finished: dict[int, R] = {}
+        source = iter(items)
+        sent = handed_out = 0
+        exhausted = False
+        while True:
+            while not exhausted and sent - handed_out < window and min(load) < PER_WORKER:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    exhausted = True
+                    break
+                k = load.index(min(load))
+                self._send(k, (sent, fn, item))
+                load[k] += 1
+                sent += 1
+            if handed_out in finished:
+                yield finished.pop(handed_out)
+                handed_out += 1
+            elif exhausted and handed_out == sent:
+                return
+            else:
+                for k, seq, value in self._receive():
+                    load[k] -= 1
+                    finished[seq] = value
+
+    def close(self) -> None:
+        """Orderly shutdown of idle workers: end-of-file on their task pipes, then join."""
+        for conn in self._tasks:
+            conn.close()
+        for proc in self._procs:
+            proc.join(JOIN_SECONDS)
+        self.kill()
+
+    def kill(self) -> None:
+        """Stop every worker now (SIGKILL to the processes this pool started, by their pid)."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs:
+            proc.join()
+        for conn in (*self._tasks, *self._results):
+            conn.close()
+
+    def _send(self, k: int, task: tuple[int, Callable[[T], R], T]) -> None:
+        try:
+            self._tasks[k].send(task)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._died(k) from None
+
+    def _receive(self) -> Iterator[tuple[int, int, R]]:
+        """Block until a worker answers or dies; yield (worker, seq, result) of each answer."""
+        by_conn = {id(c): k for k, c in enumerate(self._results)}
+        by_sentinel = {p.sentinel: k for k, p in enumerate(self._procs)}
+        ready = wait([*self._results, *by_sentinel])
+        for conn in ready:
+            if not isinstance(conn, Connection):
+                continue
+            k = by_conn[id(conn)]
+            try:
+                seq, ok, value = conn.recv()
+            except (EOFError, OSError):
+                raise self._died(k) from None
+            if not ok:
+                raise value
+            yield k, seq, value
+        for r in ready:
+            if isinstance(r, int):
+                raise self._died(by_sentinel[r])
+
+    def _died(self, k: int) -> WorkerDied:
+        proc = self._procs[k]
+        proc.join(1.0)  # the pipe can report the death a moment before the exit code exists
+        return WorkerDied(f"worker process {k} (pid {proc.pid}) {_how(proc.exitcode)}; nothing was kept. "
+                          "If it ran out of memory, lower --workers or --max-chars, then re-run")  # fmt: skip
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        hint = " (as the out-of-memory killer does)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {exitcode}"
+
+
+def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[Any], None], arg: Any) -> None:
+    """A worker's whole life: start the task reader, initialise, then answer tasks in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    threading.Thread(target=_read_tasks, args=(tasks, inbox), daemon=True).start()
+    try:
+        initializer(arg)
+    except BaseException as e:
+        _answer(results, -1, False, _portable(e))
+        os._exit(1)
+    while True:
+        seq, fn, item = inbox.get()
+        try:
+            _answer(results, seq, True, fn(item))
+        except BaseException as e:
+            _answer(results, seq, False, _portable(e))
+
+
+def _read_tasks(tasks: Connection, inbox: queue.SimpleQueue[Any]) -> None:
+    """Move tasks from the pipe into the worker's queue. End-of-file means the parent closed
+    the pool or died: either way nobody will read another result, so end the process now."""
+    try:
+        while True:
+            inbox.put(tasks.recv())
+    except (EOFError, OSError):
+        os._exit(0)
+
+
+def _answer(results: Connection, seq: int, ok: bool, value: Any) -> None:
+    try:
+        results.send((seq, ok, value))
+    except (BrokenPipeError, ConnectionResetError):
+        os._exit(0)  # the parent is gone
+    except Exception as e:  # the result itself cannot be pickled: report that instead
+        results.send((seq, False, _portable(e)))
+
+
+def _portable(e: BaseException) -> BaseException:
+    """An exception that survives pickling: lmshard's own errors as they are (their message
+    says the fix); anything else as a `WorkerBug` carrying the worker's traceback."""
+    if isinstance(e, LmshardError):
+        return e
+    return WorkerBug("in a worker process:\n" + "".join(traceback.format_exception(e)))

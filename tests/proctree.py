@@ -1,0 +1,103 @@
+"""Process-tree helpers for the worker-death tests and scripts/stress_workers.py (Linux /proc).
+
+A prepare run is started in a session of its own, so its process group holds the run and every
+worker it spawned; a test that times out kills that group, never anything it did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LMSHARD = str(Path(sys.executable).with_name("lmshard"))
+
+
+def start_prepare(args: list[str]) -> subprocess.Popen[str]:
+    """`lmshard prepare ARGS` in a new session (its own process group), output captured."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([LMSHARD, "prepare", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)  # fmt: skip
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()  # [state, ppid, pgrp, ...]; the name may hold spaces
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping: not gone, and not a zombie waiting for its parent to reap it."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return found
+
+
+def workers_of(pid: int) -> list[int]:
+    """The live multiprocessing (spawn) children of `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is None or int(fields[1]) != pid or fields[0] in ("Z", "X"):
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def wait_for_workers(proc: subprocess.Popen[str], n: int, timeout: float = 60.0) -> list[int]:
+    """Poll (every 2 ms) until `proc` has `n` live workers; [] if it ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = workers_of(proc.pid)
+        if len(found) >= n:
+            return sorted(found)
+        time.sleep(0.002)
+    return []
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int | None, str]:
+    """(exit code, stderr) of a run; None if it did not end in `timeout` seconds, after which
+    its whole process group has been killed, so a hang never outlives the test."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        _, err = proc.communicate()
+        return None, err
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Poll until none of `pids` is alive; return those still alive after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if alive(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)

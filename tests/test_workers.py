@@ -1,0 +1,176 @@
+"""Worker processes: results in order, errors carried across, and no hang when a process dies.
+
+The pool is tested directly (tasks defined here run in spawned workers) and through the real
+`lmshard prepare` in a subprocess, whose workers are SIGKILLed at many moments of their life:
+during start-up, while loading the tokenizer, mid-run, with --dedup-lines. Every subprocess runs
+in its own process group and is killed with all its workers if it overruns its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import write
+from proctree import alive, finish, start_prepare, wait_for_workers, wait_gone, workers_of
+
+from lmshard.errors import InputError
+from lmshard.pool import OrderedPool, WorkerBug, WorkerDied
+
+RUN_TIMEOUT = 90.0  # seconds a killed prepare may take to exit before the test calls it a hang
+
+
+# Tasks and initializers run in spawned workers, so they live at module level.
+def _init(arg: str) -> None:
+    if arg == "fail":
+        raise InputError("initializer refused: vocabulary missing")
+
+
+def _uneven(i: int) -> tuple[int, int]:
+    """Early items are slow, so later ones finish first and must wait to be handed out."""
+    time.sleep(0.002 * ((7 * i) % 5))
+    return i, os.getpid()
+
+
+def _raise(i: int) -> int:
+    if i == 5:
+        raise InputError("bad.jsonl:6: not valid JSON")
+    if i == 7:
+        raise ValueError("a bug in the worker")
+    return i
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def _unpicklable(i: int) -> object:
+    return lambda: i
+
+
+@pytest.fixture
+def deadline() -> Iterator[None]:
+    """Fail (with the pool torn down by its context manager) instead of hanging the suite."""
+
+    def expire(*_: object) -> None:
+        raise TimeoutError("the pool hung")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 60)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_results_in_submission_order_from_every_worker(deadline):
+    with OrderedPool(3, _init, "ok") as pool:
+        out = list(pool.imap(_uneven, range(200), window=5))
+        pids = {p.pid for p in pool._procs}
+        pool.close()
+    assert [i for i, _ in out] == list(range(200))
+    assert {pid for _, pid in out} == pids  # the work was spread over all three workers
+
+
+def test_lmshard_error_crosses_as_itself_and_a_bug_keeps_its_traceback(deadline):
+    with OrderedPool(2, _init, "ok") as pool, pytest.raises(InputError, match="bad.jsonl:6: not valid JSON"):
+        list(pool.imap(_raise, range(10), window=2))
+    with OrderedPool(2, _init, "ok") as pool, pytest.raises(WorkerBug) as bug:
+        list(pool.imap(_raise, range(6, 10), window=2))
+    assert "ValueError: a bug in the worker" in str(bug.value) and "_raise" in str(bug.value)
+
+
+def test_initializer_error_and_unpicklable_result_are_reported(deadline):
+    with OrderedPool(2, _init, "fail") as pool, pytest.raises(InputError, match="initializer refused"):
+        list(pool.imap(_uneven, range(4), window=2))
+    with OrderedPool(2, _init, "ok") as pool, pytest.raises(WorkerBug, match="pickle"):
+        list(pool.imap(_unpicklable, range(4), window=2))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_worker_killed_mid_task_is_worker_died(deadline, sig):
+    with OrderedPool(2, _init, "ok") as pool:
+        results = pool.imap(_sleep, [0.01] * 4 + [0.5] * 20, window=6)
+        assert next(results) == 0.01
+        os.kill(pool._procs[1].pid, sig)  # type: ignore[arg-type]
+        with pytest.raises(WorkerDied, match=f"pid {pool._procs[1].pid}.*killed by {sig.name}"):
+            list(results)
+
+
+def test_leaving_early_stops_every_worker(deadline):
+    with OrderedPool(2, _init, "ok") as pool:
+        pids = [p.pid for p in pool._procs]
+        for _ in pool.imap(_sleep, [0.3] * 50, window=6):
+            break
+    assert wait_gone(pids, 5.0) == []  # type: ignore[arg-type]
+
+
+# --- the real CLI ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """~24 MB of JSON lines: 24 work items, several seconds of tokenizing on two workers."""
+    path = tmp_path_factory.mktemp("corpus") / "big.jsonl"
+    words = " ".join(f"w{k}" for k in range(600))
+    write(path, "".join(json.dumps({"text": f"document {i}: {words}"}) + "\n" for i in range(6_000)))
+    return path
+
+
+def _assert_clean_failure(code: int | None, err: str, out: Path) -> None:
+    assert code is not None, f"prepare hung after its worker was killed; stderr:\n{err}"
+    assert code == 1, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "worker process" in lines[0] and "nothing was kept" in lines[0], err
+    assert "Traceback" not in err
+    assert not (out / "dataset_metadata.json").exists() and not (out / "train").exists()
+
+
+# Moments after the workers appear: 0 is during interpreter start-up and imports, 0.05-0.3 while
+# the tokenizer loads or the first items arrive, later ones mid-run.
+@pytest.mark.slow
+@pytest.mark.parametrize(("delay", "sig", "extra"), [
+    (0.0, signal.SIGKILL, []),
+    (0.05, signal.SIGKILL, []),
+    (0.3, signal.SIGKILL, []),
+    (1.0, signal.SIGKILL, []),
+    (2.0, signal.SIGSEGV, []),
+    (0.5, signal.SIGKILL, ["--dedup-lines"]),
+])  # fmt: skip
+def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, delay, sig, extra):
+    out = tmp_path / "o"
+    proc = start_prepare([str(corpus), "--out", str(out), "--workers", "2", *extra])
+    try:
+        workers = wait_for_workers(proc, 2)
+        assert workers, "prepare ended before its workers started"
+        time.sleep(delay)
+        assert proc.poll() is None, "prepare finished before the kill; make the corpus bigger"
+        os.kill(workers[int(delay * 10) % 2], sig)
+        code, err = finish(proc, RUN_TIMEOUT)
+    finally:
+        finish(proc, 1)
+    _assert_clean_failure(code, err, out)
+    assert f"killed by {sig.name}" in err
+    assert wait_gone(workers, 10.0) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.2, 1.0])
+def test_killed_prepare_leaves_no_worker_behind(tmp_path, corpus, delay):
+    """SIGKILL the main process (as a scheduler or the OOM killer would): its workers exit too."""
+    proc = start_prepare([str(corpus), "--out", str(tmp_path / "o"), "--workers", "2"])
+    try:
+        workers = wait_for_workers(proc, 2)
+        assert workers, "prepare ended before its workers started"
+        time.sleep(delay)
+        proc.kill()
+        proc.wait(10)
+        assert wait_gone(workers, 10.0) == [], "workers outlived their prepare"
+    finally:
+        finish(proc, 1)
+    assert all(not alive(w) for w in workers) and workers_of(proc.pid) == []
