@@ -12,21 +12,39 @@ import pytest
 from lmshard.format import INDEX_DTYPE, TOKEN_DTYPE
 from lmshard.tokenizer import VOCABULARIES, cache_dir
 
+# Set before any test module imports `datasets` (huggingface_hub reads it once, at import), so it
+# cannot be a fixture; `make test` exports it too. setdefault leaves a caller's choice alone.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 GPT2_EOT = 50256
 
 
 @pytest.fixture(scope="session")
 def reference():
-    """tiktoken.get_encoding('r50k_base'), reading the vocabulary lmshard provisioned."""
+    """tiktoken.get_encoding('r50k_base'), reading the vocabulary lmshard provisioned. Points
+    TIKTOKEN_CACHE_DIR at it for the session and restores the variable afterwards."""
     import tiktoken
 
     directory = cache_dir()
     if not any(directory.glob("*")):
         pytest.fail(f"no vocabulary in {directory}: run `make setup` (lmshard tokenizer fetch gpt2)")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
     assert VOCABULARIES["r50k_base"].sha256  # the file tiktoken verifies itself on load
-    return tiktoken.get_encoding("r50k_base")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIKTOKEN_CACHE_DIR", str(directory))
+        yield tiktoken.get_encoding("r50k_base")
+
+
+@pytest.fixture
+def small_items(monkeypatch):
+    """Work items of about 2 KiB of input (not 1 MiB), 3 whole text files (not 256) or 16 parsed
+    records (not 2,048), so that small test inputs span many items. The planner runs in the main
+    process, so the patch holds for spawned workers too. Returns a list that counts the items
+    prepare reported progress for: pass `on_progress=small_items.append`."""
+    import lmshard.sources as sources
+
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 2048)
+    monkeypatch.setattr(sources, "FILES_PER_ITEM", 3)
+    monkeypatch.setattr(sources, "RECORDS_PER_ITEM", 16)
+    return []
 
 
 def read_docs(root: Path, split: str) -> list[np.ndarray]:

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from conftest import GPT2_EOT, read_docs, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmshard.errors import ConfigError
+from lmshard.dedup import uniform_from_keys
+from lmshard.errors import ConfigError, InputError
 from lmshard.format import load_metadata
 from lmshard.prepare import PrepareConfig, prepare
 
@@ -49,10 +51,10 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def run(tmp_path: Path, inputs: list[Path | str], **kw) -> dict:
+def run(tmp_path: Path, inputs: list[Path | str], on_progress=None, **kw) -> dict:
     kw.setdefault("workers", 1)
     kw.setdefault("out", str(tmp_path / "out"))
-    return prepare(PrepareConfig(inputs=[str(p) for p in inputs], **kw))
+    return prepare(PrepareConfig(inputs=[str(p) for p in inputs], **kw), on_progress)
 
 
 def jsonl(path: Path, texts: list[str], opener=open) -> Path:
@@ -103,8 +105,6 @@ def test_metadata_matches_files(tmp_path, reference):
             assert len(tokens) == shard["n_tokens"] and len(offsets) == shard["n_docs"] + 1
             assert offsets[0] == 0 and offsets[-1] == len(tokens)
             assert (tokens[offsets[1:] - 1] == GPT2_EOT).all()  # EOT closes every document
-            import xxhash
-
             assert xxhash.xxh3_64_hexdigest(tokens.tobytes()) == shard["xxh3_64"]
             total += len(tokens)
     assert total == meta["n_tokens"]
@@ -135,17 +135,84 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_one_and_two_workers_byte_identical(tmp_path):
-    texts = make_texts(2000, seed=5)
-    src = jsonl(tmp_path / "a.jsonl", texts + texts[:100])
-    run(tmp_path, [src], out=str(tmp_path / "w1"), workers=1, tokens_per_shard=5000, val_fraction=0.1)
-    run(tmp_path, [src], out=str(tmp_path / "w2"), workers=2, tokens_per_shard=5000, val_fraction=0.1)
-    one, two = _tree(tmp_path / "w1"), _tree(tmp_path / "w2")
-    meta1 = json.loads(one.pop("dataset_metadata.json"))
-    meta2 = json.loads(two.pop("dataset_metadata.json"))
-    assert meta1.pop("run")["workers"] == 1 and meta2.pop("run")["workers"] == 2
-    assert one == two and meta1 == meta2
-    assert len(one) > 4
+def many_item_inputs(root: Path) -> list[str]:
+    """A directory whose files span many work items under `small_items`: six JSON-lines files
+    (two gzipped) of ~5 items each, a CSV of 4 items, seven text files in 3 items; documents
+    repeat across files and items. Returns every document's text in input order."""
+    texts = make_texts(260, seed=5)
+    order: list[str] = []
+    for k in range(6):
+        part = texts[30 * k : 30 * k + 30] + (texts[30 * k - 25 : 30 * k - 20] if k else [])  # 5 repeat earlier items
+        name = f"a{k}.jsonl" + (".gz" if k % 3 == 2 else "")
+        jsonl(root / name, part, opener=gzip.open if name.endswith(".gz") else open)
+        order.extend(part)
+    import csv
+
+    rows = texts[180:230] + texts[0:3]
+    with open(root / "b.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["text"], *([t] for t in rows)])
+    order.extend(rows)
+    for k, t in enumerate(texts[230:236] + texts[231:232]):
+        write(root / f"c{k}.txt", t)
+        order.append(t)
+    return order
+
+
+def test_worker_counts_1_2_3_byte_identical_over_many_work_items(tmp_path, reference, small_items):
+    """Output bytes must not depend on --workers: results drained out of order only show with
+    several items in flight, so the input spans ~40 items of ~2 KiB in 14 files."""
+    texts = many_item_inputs(tmp_path / "in")
+    trees, metas = [], []
+    for n in (1, 2, 3):
+        items: list = []
+        run(tmp_path, [tmp_path / "in"], out=str(tmp_path / f"w{n}"), workers=n, tokens_per_shard=800,
+            val_fraction=0.2, on_progress=items.append)  # fmt: skip
+        assert len(items) >= 35, "the input must span many work items"
+        trees.append(_tree(tmp_path / f"w{n}"))
+        meta = json.loads(trees[-1].pop("dataset_metadata.json"))
+        assert meta.pop("run")["workers"] == n
+        metas.append(meta)
+    assert trees[0] == trees[1] == trees[2] and metas[0] == metas[1] == metas[2]
+    assert len(metas[0]["splits"]["train"]["shards"]) > 10 and metas[0]["drops"]["duplicate"] == 5 * 5 + 3 + 1
+    assert_tokens_match(tmp_path / "w3", texts, reference)
+
+
+def test_duplicates_across_files_and_work_items_removed(tmp_path, reference, small_items):
+    """The first copy wins wherever the later copies are: another work item of the same file,
+    another file, another kind of item (whole text files, parsed CSV records)."""
+    texts = make_texts(240, seed=7)
+    a = jsonl(tmp_path / "in" / "a.jsonl", texts[:120] + texts[:10])  # ~20 items: the copies are items later
+    b = jsonl(tmp_path / "in" / "b.jsonl", texts[120:] + texts[50:60] + texts[200:205])
+    for k, t in enumerate([texts[0], "own text", texts[130], "own text", texts[239]]):
+        write(tmp_path / "t" / f"{k}.txt", t)  # 3 files per item: the second "own text" is in another item
+    items: list = []
+    meta = run(tmp_path, [tmp_path / "in", tmp_path / "t"], val_fraction=0.3, on_progress=items.append)
+    assert len(items) > 30
+    assert_tokens_match(tmp_path / "out", texts + ["own text"], reference)
+    assert meta["drops"]["duplicate"] == 10 + 15 + 4 and meta["n_docs"] == 241
+    assert [(s["path"], s["kept"], s.get("dropped", {}).get("duplicate", 0)) for s in meta["sources"]] == [
+        (str(a), 120, 10), (str(b), 120, 15), *((str(tmp_path / "t" / f"{k}.txt"), int(k == 1), int(k != 1))
+                                                for k in range(5)),
+    ]  # fmt: skip
+
+
+def test_val_split_depends_on_content_and_seed_only(tmp_path, reference, small_items):
+    """Every copy of a document lands in the split its content and the seed pick, wherever it
+    sits (file, work item, position): recomputed here from xxh3-64 of the text."""
+    texts = make_texts(150, seed=9)
+    jsonl(tmp_path / "in" / "a.jsonl", texts)
+    jsonl(tmp_path / "in" / "b.jsonl", texts[::-1])  # the same documents in other items and positions
+    by_tokens = {tuple(reference.encode_ordinary(t) + [GPT2_EOT]): t for t in texts}
+    for seed in (4, 5):
+        out = tmp_path / f"s{seed}"
+        run(tmp_path, [tmp_path / "in"], out=str(out), dedup="none", val_fraction=0.3, seed=seed)
+        keys = np.array([xxhash.xxh3_64_intdigest(t.encode()) for t in texts], dtype=np.uint64)
+        expected_val = {t for t, u in zip(texts, uniform_from_keys(keys, seed), strict=True) if u < 0.3}
+        assert 20 < len(expected_val) < 70
+        for split in ("train", "val"):
+            got = [by_tokens[tuple(d.tolist())] for d in read_docs(out, split)]
+            wanted = [t for t in texts + texts[::-1] if (t in expected_val) == (split == "val")]
+            assert got == wanted, split
 
 
 def test_eot_before(tmp_path, reference):
@@ -154,9 +221,18 @@ def test_eot_before(tmp_path, reference):
     assert_tokens_match(tmp_path / "out", texts, reference, eot_position="before")
 
 
-def test_max_docs_stops_early(tmp_path):
-    meta = run(tmp_path, [jsonl(tmp_path / "a.jsonl", make_texts(100))], max_docs=17)
-    assert meta["n_docs"] == 17
+@pytest.mark.parametrize("max_docs", [3, 37])
+def test_max_docs_keeps_the_first_documents_by_content(tmp_path, reference, small_items, max_docs):
+    """The first N kept documents in input order (duplicates do not count), and reading stops
+    soon after: 3 ends inside the first work item, 37 several items in."""
+    texts = make_texts(200, seed=12)
+    src = jsonl(tmp_path / "a.jsonl", texts[:2] + texts[:2] + texts[2:])
+    meta = run(tmp_path, [src], max_docs=max_docs, val_fraction=0.0)
+    docs = [d.tolist() for d in read_docs(tmp_path / "out", "train")]
+    assert docs == [reference.encode_ordinary(t) + [GPT2_EOT] for t in texts[:max_docs]]
+    assert meta["n_docs"] == max_docs and meta["records_read"] < 100
+    run(tmp_path, [src], out=str(tmp_path / "v"), max_docs=max_docs, val_fraction=0.3)
+    assert_tokens_match(tmp_path / "v", texts[:max_docs], reference)
 
 
 def test_val_split_is_seeded(tmp_path):
@@ -180,7 +256,8 @@ def test_compressed_inputs(tmp_path, reference, suffix, opener):
 
 
 def test_zstd_input(tmp_path, reference):
-    zstandard = pytest.importorskip("zstandard")
+    import zstandard  # the zstd extra is part of the test setup: missing, this fails rather than skips
+
     texts = make_texts(40)
     raw = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
     write(tmp_path / "a.jsonl.zst", zstandard.ZstdCompressor().compress(raw))
@@ -267,7 +344,7 @@ def test_refuses_existing_dataset_unless_overwrite(tmp_path):
 
 def test_failed_run_leaves_no_dataset(tmp_path):
     write(tmp_path / "bad.jsonl", '{"text": "fine"}\n{"oops"\n')
-    with pytest.raises(Exception, match="bad.jsonl:2"):
+    with pytest.raises(InputError, match="bad.jsonl:2"):
         run(tmp_path, [tmp_path / "bad.jsonl"])
     assert not (tmp_path / "out" / "dataset_metadata.json").exists()
     assert not list((tmp_path / "out").rglob("*.bin"))
