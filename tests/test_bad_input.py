@@ -7,7 +7,7 @@ import gzip
 import json
 
 import pytest
-from conftest import write
+from conftest import read_docs, write
 from typer.testing import CliRunner
 
 from lmshard.cli import app
@@ -80,10 +80,13 @@ def test_missing_parquet_column(tmp_path):
         run(tmp_path, "x.parquet")
 
 
-def test_lone_surrogates_replaced(tmp_path):
-    write(tmp_path / "s.jsonl", '{"text": "a\\ud800b"}\n')
-    meta = run(tmp_path, "s.jsonl")
-    assert meta["n_docs"] == 1
+def test_lone_surrogates_replaced(tmp_path, reference):
+    """JSON escapes can spell lone surrogates, which UTF-8 cannot hold: each becomes U+FFFD."""
+    write(tmp_path / "s.jsonl", '{"text": "a\\ud800b"}\n{"text": "\\udfffc\\ud83d"}\n')
+    meta = run(tmp_path, "s.jsonl", val_fraction=0.0)
+    assert meta["n_docs"] == 2
+    docs = read_docs(tmp_path / "out", "train")
+    assert [reference.decode(d[:-1].tolist()) for d in docs] == ["a\ufffdb", "\ufffdc\ufffd"]
 
 
 def test_unknown_suffix(tmp_path):

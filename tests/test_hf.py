@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import datasets  # the hf extra is part of the test setup: missing, this fails rather than skips
 import pytest
 from conftest import read_docs
 from test_prepare import jsonl, make_texts
@@ -15,7 +16,6 @@ from lmshard.errors import InputError
 from lmshard.hf import PRESETS, HFSpec, hf_records
 from lmshard.prepare import PrepareConfig, prepare
 
-datasets = pytest.importorskip("datasets")
 runner = CliRunner()
 
 

@@ -120,6 +120,28 @@ def test_resume_in_a_new_process(ds, tmp_path):
     assert json.loads(out) == expected
 
 
+def test_resume_refuses_another_seed_kind_or_seq_len(ds):
+    data = TokenDataset(ds)
+    saved = data.random_batches(4, 32, seed=5)
+    for _ in range(3):
+        next(saved)
+    state = saved.state_dict()
+    others = {
+        "seed": data.random_batches(4, 32, seed=6),
+        "kind": data.window_batches(4, 32, seed=5),
+        "seq_len": data.random_batches(4, 16, seed=5),
+    }
+    for key, other in others.items():
+        with pytest.raises(ConfigError, match=f"cannot resume: saved {key}="):
+            other.load_state_dict(state)
+    windows = data.window_batches(4, 32, stride=32, seed=5).state_dict()
+    with pytest.raises(ConfigError, match="saved kind='windows/32'"):
+        data.window_batches(4, 32, stride=16, seed=5).load_state_dict(windows)
+    same = data.random_batches(4, 32, seed=5)
+    same.load_state_dict(state)
+    assert same.step == 3 and torch.equal(next(same).x, next(saved).x)
+
+
 def test_offsets_uniform_over_unequal_shards(ds):
     """Chi-square over 20 equal-width bins of the split: flat if every position is equally likely."""
     train = TokenDataset(ds)
@@ -157,6 +179,53 @@ def test_window_batches_cover_each_window_once_per_epoch(ds):
     assert np.array_equal(next(stream).offsets, seen[:8]) and not np.array_equal(epoch1, seen[:8])
 
 
+@pytest.mark.parametrize("shift", [2, 3])
+def test_windows_and_window_batches_with_shift(ds, shift):
+    """y is x moved `shift` tokens on, and the last window still has room for its labels."""
+    ref = stream_of(ds)
+    w = TokenDataset(ds).windows(seq_len=50, stride=30, shift=shift)
+    assert len(w) == (len(ref) - 50 - shift) // 30 + 1
+    for i in (0, 1, 77, len(w) - 1):
+        x, y = w[i]
+        assert x.tolist() == ref[i * 30 : i * 30 + 50].tolist()
+        assert y.tolist() == ref[i * 30 + shift : i * 30 + 50 + shift].tolist()
+    for shuffle in (True, False):
+        stream = TokenDataset(ds).window_batches(4, 40, stride=25, shift=shift, seed=3, shuffle=shuffle)
+        assert stream.steps_per_epoch == ((len(ref) - 40 - shift) // 25 + 1) // 4
+        for step in range(6):
+            b = next(stream)
+            assert b.shift == shift and b.y.shape == (4, 40)
+            if not shuffle:
+                assert b.offsets.tolist() == [25 * (4 * step + r) for r in range(4)]
+            for r, o in enumerate(b.offsets.tolist()):
+                assert o % 25 == 0
+                assert b.x[r].tolist() == ref[o : o + 40].tolist()
+                assert b.y[r].tolist() == ref[o + shift : o + 40 + shift].tolist()
+
+
+def test_window_indexes_outside_the_dataset_raise_index_error(ds):
+    """IndexError ends plain iteration (`list(windows)`), and a negative index is not wrapped."""
+    w = TokenDataset(ds).windows(seq_len=50, stride=30)
+    for i in (len(w), -1):
+        with pytest.raises(IndexError):
+            w[i]
+    small = TokenDataset.synthetic(100, vocab_size=10, doc_len=7).windows(seq_len=20, stride=20, shift=2)
+    assert [x.tolist()[0] for x, _ in small] == [x.tolist()[0] for x, _ in (small[i] for i in range(4))]
+    assert len(small) == 4  # starts 0, 20, 40, 60: 60 + 22 <= 100, 80 + 22 > 100
+
+
+def test_set_epoch_jumps_to_the_first_step_of_that_epoch(ds):
+    stream = TokenDataset(ds).window_batches(8, 40, seed=1)
+    for _ in range(stream.steps_per_epoch):
+        next(stream)
+    epoch1 = [next(stream).offsets.tolist() for _ in range(3)]
+    other = TokenDataset(ds).window_batches(8, 40, seed=1)
+    other.set_epoch(1)
+    assert [next(other).offsets.tolist() for _ in range(3)] == epoch1
+    with pytest.raises(ConfigError, match="no epochs"):
+        TokenDataset(ds).random_batches(8, 40).set_epoch(1)
+
+
 def test_dataloader_workers_keep_the_global_order(ds):
     for factory in (lambda: TokenDataset(ds).random_batches(4, 32, seed=8),
                     lambda: TokenDataset(ds).window_batches(4, 32, seed=8)):  # fmt: skip
@@ -175,17 +244,34 @@ def test_doc_aligned_rows_start_at_documents(ds):
             assert o == 0 or ref[o - 1] == EOT  # EOT is written after each document
 
 
-def test_cu_seqlens_match_eot_positions(ds):
-    ref = stream_of(ds)
+def doc_starts_of(root, split="train") -> np.ndarray:
+    """Global offsets of every document start of a split, from the .idx files read with numpy."""
+    meta = json.loads((root / "dataset_metadata.json").read_text())
+    starts, base = [], 0
+    for s in meta["splits"][split]["shards"]:
+        starts.append(np.fromfile(root / s["index_path"], dtype="<u8")[:-1].astype(np.int64) + base)
+        base += s["n_tokens"]
+    return np.concatenate(starts)
+
+
+def test_cu_seqlens_match_the_document_index(ds):
+    starts = set(doc_starts_of(ds).tolist())
     stream = TokenDataset(ds).random_batches(8, 64, seed=12, cu_seqlens=True)
     for _ in range(10):
         b = next(stream)
         expected = [0]
         for r, o in enumerate(b.offsets.tolist()):
-            starts = [t for t in range(1, 64) if ref[o + t - 1] == EOT]
-            expected += [r * 64 + t for t in starts] + [(r + 1) * 64]
-        assert b.cu_seqlens.tolist() == expected
-        assert b.max_seqlen == max(np.diff(expected))
+            expected += [r * 64 + t for t in range(1, 64) if o + t in starts] + [(r + 1) * 64]
+        assert b.cu_seqlens.dtype == torch.int32 and b.cu_seqlens.tolist() == expected
+        assert b.max_seqlen == max(np.diff(expected)) and len(expected) > 8 + 1
+
+
+def test_cu_seqlens_by_hand():
+    """Documents of 7 tokens; rows [0, 20) and [20, 40): starts 7, 14 and 21, 28, 35."""
+    data = TokenDataset.synthetic(100, vocab_size=10, doc_len=7)
+    b = next(data.window_batches(2, 20, shuffle=False, cu_seqlens=True))
+    assert b.offsets.tolist() == [0, 20]
+    assert b.cu_seqlens.tolist() == [0, 7, 14, 20, 21, 28, 35, 40] and b.max_seqlen == 7
 
 
 def test_open_files_are_bounded(ds):
@@ -202,10 +288,12 @@ def test_bad_dataset_errors_name_the_shard(ds, tmp_path):
 
     copy = tmp_path / "c"
     shutil.copytree(ds, copy)
-    shard = sorted((copy / "train").glob("*.bin"))[2]
-    shard.write_bytes(shard.read_bytes()[:-4])
-    with pytest.raises(FormatError, match=shard.name):
-        TokenDataset(copy)
+    for shard, cut in ((sorted((copy / "train").glob("*.bin"))[2], 4), (sorted((copy / "train").glob("*.idx"))[4], 8)):
+        whole = shard.read_bytes()
+        shard.write_bytes(whole[:-cut])  # one token, one offset short
+        with pytest.raises(FormatError, match=shard.name):
+            TokenDataset(copy)
+        shard.write_bytes(whole)
     with pytest.raises(FormatError, match="no split 'test'"):
         TokenDataset(ds, "test")
 
@@ -375,3 +463,22 @@ def test_a_pickled_stream_continues_with_its_own_files(ds, rss_limit):
     for _ in range(5):
         a, b = next(stream), next(copy)
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+
+def test_every_valid_offset_is_drawn_and_none_past_the_end():
+    """A split of 30 tokens, rows of 24 + shift 3: exactly the starts 0..3 fit, all must appear."""
+    data = TokenDataset.synthetic(30, vocab_size=10, doc_len=6)
+    stream = data.random_batches(16, 24, shift=3, seed=1)
+    seen = np.concatenate([next(stream).offsets for _ in range(20)])
+    assert set(seen.tolist()) == {0, 1, 2, 3}
+    aligned = data.random_batches(16, 12, doc_aligned=True, seed=1)
+    seen = np.concatenate([next(aligned).offsets for _ in range(20)])
+    assert set(seen.tolist()) == {0, 6, 12}  # 18 + 12 + 1 > 30
+    with pytest.raises(ConfigError, match="fewer than seq_len"):
+        data.random_batches(2, 28, shift=3)
+
+
+@pytest.mark.parametrize("rank,world", [(2, 2), (-1, 2), (0, 0)])
+def test_rank_outside_the_world_is_refused(ds, rank, world):
+    with pytest.raises(ConfigError, match="not in"):
+        TokenDataset(ds).random_batches(4, 32, rank=rank, world_size=world)
