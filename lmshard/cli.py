@@ -81,7 +81,7 @@ def _opt(help: str, *names: str) -> Any:
 @user_errors()
 def prepare(
     inputs: list[str] | None = typer.Argument(None, help="Files, directories or globs; - for stdin."),
-    out_dir: str | None = typer.Option(None, "--out", "-o", help="Output dataset directory."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Output dataset directory."),
     config: Path | None = typer.Option(None, "--config", help="YAML/TOML file of these options; flags win."),
     demo: bool = typer.Option(False, "--demo", help="Use the embedded demo corpus (Python's own sources and docs)."),
     exclude: list[str] | None = _opt("Leave out input paths matching this glob (repeatable).", "--exclude"),
@@ -125,43 +125,13 @@ def prepare(
     hf_tasks: int | None = _opt("Split the --hf stream into this many disjoint parts [1].", "--hf-tasks"),
 ) -> None:
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
-    from .prepare import PrepareConfig, load_config_file
+    flags = dict(locals())  # every option by its name, None where not given
+    from .config import resolve_config
     from .prepare import prepare as run_prepare
 
-    values: dict[str, Any] = load_config_file(str(config)) if config else {}
-    flags = dict(inputs=inputs or None, out=out_dir, exclude=exclude or None, tokenizer=tokenizer, format=format,
-                 text_field=text_field, text_mode=text_mode, normalize=normalize,
-                 byte_exact=no_normalize, min_chars=min_chars, max_chars=max_chars,
-                 overlong=overlong, dedup="none" if no_dedup else dedup, dedup_lines=dedup_lines,
-                 val_fraction=val_fraction, seed=seed, tokens_per_shard=tokens_per_shard,
-                 eot_position=eot_position, max_docs=max_docs, on_error=on_error,
-                 workers=workers, overwrite=overwrite, hf=hf, hf_config=hf_config, hf_split=split,
-                 streaming=streaming, revision=revision, hf_task=hf_task, hf_tasks=hf_tasks)  # fmt: skip
-    values.update({k: v for k, v in flags.items() if v is not None})
-    preset_in_file = values.pop("preset", None)  # a flag wins over the config file
-    preset = preset or preset_in_file
-    if preset:
-        from .hf import apply_preset
-
-        values = apply_preset(preset, values)
-    if demo:
-        from .demo import DEMO_DEFAULTS
-
-        for key, value in DEMO_DEFAULTS().items():
-            values.setdefault(key, value)
-    if "out" not in values:
-        raise _usage("missing --out DIR (where to write the dataset)")
-    if not values.get("inputs") and not values.get("hf"):
-        raise _usage("name at least one input (file, directory, glob or -), or pass --hf, --preset or --demo")
-    cfg = PrepareConfig(**values)
+    cfg = resolve_config(file=flags.pop("config"), flags=flags)
     meta = _with_progress(lambda cb: run_prepare(cfg, cb))
     _summary(meta, cfg.out)
-
-
-def _usage(message: str) -> LmshardError:
-    from .errors import ConfigError
-
-    return ConfigError(message)
 
 
 def _with_progress(job: Callable[[Callable[[Any], None]], dict[str, Any]]) -> dict[str, Any]:

@@ -19,19 +19,18 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import numpy as np
 
 from . import __version__
-from .clean import CleanConfig
+from .config import PrepareConfig
 from .dedup import KeySet, uniform_from_keys
 from .errors import ConfigError, LmshardError
 from .format import (
-    EOT_POSITIONS,
     FORMAT_NAME,
     FORMAT_VERSION,
     IN_PROGRESS_FILE,
@@ -42,113 +41,12 @@ from .format import (
     atomic_write_json,
 )
 from .pool import OrderedPool
-from .sources import ON_ERROR, TEXT_MODES, Source, WorkItem, discover, plan
+from .sources import Source, WorkItem, discover, plan
 from .tokenizer import TiktokenTokenizer
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
 from .writer import ShardWriter, with_separators
 
-DEDUP_MODES = ("document", "none")
 T = TypeVar("T")
-
-
-@dataclass(kw_only=True)
-class PrepareConfig:
-    """Every option of a prepare run; the CLI flags mirror these names in kebab-case."""
-
-    out: str
-    inputs: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
-    tokenizer: str = "gpt2"
-    format: str | None = None  # force one input format instead of detecting it by suffix
-    text_field: str = "text"
-    text_mode: str = "file"  # .txt/.md: one document per file, per line, or per paragraph
-    normalize: str = "nfc"
-    byte_exact: bool = False
-    min_chars: int = 1
-    max_chars: int = 10_000_000
-    overlong: str = "drop"
-    dedup: str = "document"
-    dedup_lines: bool = False  # also drop non-blank lines seen earlier in the input (two passes)
-    val_fraction: float = 0.01
-    seed: int = 1337
-    tokens_per_shard: int = 100_000_000
-    eot_position: str = "after"
-    max_docs: int | None = None
-    on_error: str = "fail"
-    workers: int = 0  # 0: one per core
-    overwrite: bool = False
-    hf: str | None = None  # a Hugging Face hub id, save_to_disk directory or local data directory
-    hf_config: str | None = None
-    hf_split: str = "train"
-    streaming: bool | None = None  # None: stream hub ids and local data files
-    revision: str | None = None
-    hf_task: int = 0  # this task's part of the stream, of hf_tasks parts
-    hf_tasks: int = 1
-
-    def __post_init__(self) -> None:
-        _choice("--text-mode", self.text_mode, TEXT_MODES)
-        _choice("--dedup", self.dedup, DEDUP_MODES)
-        _choice("--eot-position", self.eot_position, EOT_POSITIONS)
-        _choice("--on-error", self.on_error, ON_ERROR)
-        if not self.inputs and not self.hf:
-            raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
-        self.hf_spec()  # validates the task split
-        if self.dedup_lines and "-" in self.inputs:
-            raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ConfigError("--val-fraction must be in [0, 1)")
-        if self.tokens_per_shard < 1:
-            raise ConfigError("--tokens-per-shard must be at least 1")
-        if self.max_docs is not None and self.max_docs < 1:
-            raise ConfigError("--max-docs must be at least 1")
-        if self.workers < 0:
-            raise ConfigError("--workers must be 0 (all cores) or more")
-        self.clean_config()  # validates the cleaning fields
-
-    def clean_config(self) -> CleanConfig:
-        return CleanConfig(
-            normalize=self.normalize,
-            byte_exact=self.byte_exact,
-            min_chars=self.min_chars,
-            max_chars=self.max_chars,
-            overlong=self.overlong,
-        )
-
-    def hf_spec(self) -> Any:
-        if not self.hf:
-            return None
-        from .hf import HFSpec
-
-        return HFSpec(
-            dataset=self.hf,
-            config=self.hf_config,
-            split=self.hf_split,
-            text_field=self.text_field,
-            streaming=self.streaming,
-            revision=self.revision,
-            task=self.hf_task,
-            tasks=self.hf_tasks,
-        )
-
-    def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
-
-    def recorded(self) -> dict[str, Any]:
-        """The config as stored in metadata: what determines the output bytes (not where it
-        was written, the number of workers or --overwrite; those go to the "run" record)."""
-        d = asdict(self)
-        for transient in ("out", "workers", "overwrite"):
-            d.pop(transient)
-        return d
-
-    @classmethod
-    def field_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
-
-
-def _choice(flag: str, value: str, allowed: Iterable[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{flag} must be one of {', '.join(allowed)} (got {value!r})")
 
 
 @dataclass
@@ -437,30 +335,3 @@ def _source_meta(src: Source, counts: Counter[str], hf: Any = None) -> dict[str,
     if dropped:
         entry["dropped"] = dropped
     return entry
-
-
-def load_config_file(path: str) -> dict[str, Any]:
-    """Read a YAML or TOML file of PrepareConfig fields (kebab- or snake-case keys)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
-    try:
-        if p.suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-    except Exception as e:  # both parsers raise their own error types
-        raise ConfigError(f"{path}: invalid config file ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of option names to values")
-    data = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = set(data) - PrepareConfig.field_names() - {"preset"}  # the CLI expands a preset
-    if unknown:
-        raise ConfigError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}")
-    return data

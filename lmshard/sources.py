@@ -44,8 +44,6 @@ FORMAT_BY_SUFFIX = {
     ".arrow": "arrow",
 }
 COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
-TEXT_MODES = ("file", "line", "paragraph")
-ON_ERROR = ("fail", "skip")
 
 
 @dataclass(frozen=True)

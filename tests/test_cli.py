@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import typer
+import yaml
 from conftest import read_docs, write
 from typer.testing import CliRunner
 
 from lmshard import __version__
 from lmshard.cli import app
+from lmshard.config import PrepareConfig, canonical, resolve_config
+from lmshard.errors import ConfigError
 
 runner = CliRunner()
 
@@ -35,9 +41,88 @@ def test_config_file_supplies_fields_and_flags_win(tmp_path):
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
     assert meta["n_docs"] == 12 and meta["config"]["val_fraction"] == 0.5
-    write(tmp_path / "p.toml", 'inputs = ["x"]\nbogus = 1\n')
+    write(tmp_path / "p.toml", 'inputs = ["x"]\ntext_feild = 1\n')
     result = runner.invoke(app, ["prepare", "--config", str(tmp_path / "p.toml"), "--out", "z"])
-    assert result.exit_code == 1 and "unknown option(s) bogus" in result.output
+    assert result.exit_code == 1 and "'text_feild' is not a prepare option (did you mean text-field?)" in result.output
+
+
+def _long_options() -> set[str]:
+    """Every long option of `lmshard prepare`, as typer registered them."""
+    command = typer.main.get_command(app).commands["prepare"]  # type: ignore[attr-defined]
+    return {o[2:] for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+
+
+def test_every_cli_option_is_a_config_key_in_both_spellings():
+    options = _long_options() - {"config", "help"}
+    assert {"out", "split", "no-normalize", "no-streaming", "preset", "hf-tasks"} <= options
+    with pytest.raises(ConfigError, match="not a prepare option"):
+        canonical({"text_feild": "x"}, "f:")
+    for option in options:
+        for key in (option, option.replace("-", "_")):
+            try:
+                canonical({key: None}, "f:")
+            except ConfigError as e:  # a type error is fine here; an unknown key is not
+                assert "not a prepare option" not in str(e), key
+
+
+def test_config_with_cli_names_prepares_the_same_dataset_as_flags(tmp_path):
+    """Dash and underscore spellings and the CLI's own aliases (split, no-normalize, no-dedup)."""
+    texts = [f"line {i % 40}\r\nbody {i}" for i in range(120)]
+    write(tmp_path / "a.jsonl", "".join(json.dumps({"body": t}) + "\n" for t in texts))
+    flags = ["--text-field", "body", "--no-normalize", "--no-dedup", "--tokens-per-shard", "300",
+             "--val-fraction", "0.2", "--seed", "9", "--eot-position", "before", "--workers", "1"]  # fmt: skip
+    by_flags = runner.invoke(app, ["prepare", str(tmp_path / "a.jsonl"), "--out", str(tmp_path / "f"), *flags])
+    assert by_flags.exit_code == 0, by_flags.output
+    write(tmp_path / "c.yaml", f"inputs: {tmp_path / 'a.jsonl'}\ntext_field: body\nno-normalize: true\n"
+                               "no_dedup: true\ntokens_per_shard: 3e2\nval-fraction: 0.2\nseed: 9\n"
+                               "eot-position: before\nworkers: 1\nsplit: validation\n")  # fmt: skip
+    by_file = runner.invoke(app, ["prepare", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "c")])
+    assert by_file.exit_code == 0, by_file.output
+    meta_f, meta_c = (json.loads((tmp_path / d / "dataset_metadata.json").read_text()) for d in "fc")
+    assert meta_c["config"] == {**meta_f["config"], "hf_split": "validation"}
+    assert meta_c["config"]["byte_exact"] is True and meta_c["config"]["dedup"] == "none"
+    assert meta_c["splits"] == meta_f["splits"] and len(meta_c["splits"]["train"]["shards"]) > 1
+    for split in ("train", "val"):
+        docs_c, docs_f = read_docs(tmp_path / "c", split), read_docs(tmp_path / "f", split)
+        assert [d.tolist() for d in docs_c] == [d.tolist() for d in docs_f]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("workers: two", "'workers' must be a whole number (got 'two')"),
+    ("val-fraction: [0.1]", "'val-fraction' must be a number (got [0.1])"),
+    ("dedup-lines: 'yes'", "'dedup-lines' must be true or false (got 'yes')"),
+    ("inputs: 5", "'inputs' must be a list of strings (or one string) (got 5)"),
+    ("tokens_per_shard: 2.5", "'tokens_per_shard' must be a whole number (got 2.5)"),
+    ("text-field: 3", "'text-field' must be a string (got 3)"),
+])  # fmt: skip
+def test_wrongly_typed_config_value_is_one_line(tmp_path, line, message):
+    write(tmp_path / "a.jsonl", '{"text": "x"}\n')
+    write(tmp_path / "c.yaml", f"inputs: [{tmp_path / 'a.jsonl'}]\nout: {tmp_path / 'o'}\n{line}\n")
+    result = runner.invoke(app, ["prepare", "--config", str(tmp_path / "c.yaml")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert f"{tmp_path / 'c.yaml'}: key {message}" in " ".join(result.output.split())
+    assert not (tmp_path / "o").exists()
+
+
+def test_string_where_a_list_is_expected_is_one_item(tmp_path):
+    write(tmp_path / "docs" / "a.txt", "first document")
+    write(tmp_path / "docs" / "b.txt", "second document")
+    write(tmp_path / "c.yaml", f"inputs: {tmp_path / 'docs'}\nexclude: '*b.txt'\n")
+    cfg = resolve_config(file=tmp_path / "c.yaml", flags={"out": str(tmp_path / "o")})
+    assert cfg.inputs == [str(tmp_path / "docs")] and cfg.exclude == ["*b.txt"]
+
+
+def test_docs_example_config_names_every_option_with_its_default(tmp_path):
+    """The example in docs/cli.md loads, covers every option, and states the real defaults."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    write(tmp_path / "example.yaml", example)
+    raw = yaml.safe_load(example)
+    assert set(raw) | {"no-dedup", "no-streaming"} == _long_options() - {"config", "help"} | {"inputs"}
+    cfg = resolve_config(file=tmp_path / "example.yaml")
+    defaults = PrepareConfig(inputs=["x"], out="y")
+    differ = {k for k, v in dataclasses.asdict(cfg).items() if getattr(defaults, k) != v}
+    assert differ == {"inputs", "exclude", "out"}
 
 
 def test_bad_option_value_is_one_line(tmp_path):

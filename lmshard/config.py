@@ -1,0 +1,252 @@
+"""The options of a prepare run, and the one place they are resolved.
+
+`resolve_config` merges, in order of precedence: command-line flags, a YAML/TOML config file,
+a preset (`--preset fineweb-edu`), and the demo defaults (`--demo`), then checks every value's
+type and returns a validated `PrepareConfig`. The CLI only collects flags; library users call
+the same function (or build a `PrepareConfig` directly).
+
+Config-file keys are the CLI's long option names, in dash or underscore spelling (`text-field`,
+`text_field`, `no-normalize`, `split`), plus the field names of `PrepareConfig`. A string where
+a list is expected is one item; a whole number may be written `1e8` or `100_000_000`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .clean import CleanConfig
+from .errors import ConfigError
+from .format import EOT_POSITIONS
+
+TEXT_MODES = ("file", "line", "paragraph")  # .txt/.md: a document per file, line or paragraph
+ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it
+DEDUP_MODES = ("document", "none")
+
+
+@dataclass(kw_only=True)
+class PrepareConfig:
+    """Every option of a prepare run; the CLI flags mirror these names in kebab-case."""
+
+    out: str
+    inputs: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
+    tokenizer: str = "gpt2"
+    format: str | None = None  # force one input format instead of detecting it by suffix
+    text_field: str = "text"
+    text_mode: str = "file"  # .txt/.md: one document per file, per line, or per paragraph
+    normalize: str = "nfc"
+    byte_exact: bool = False
+    min_chars: int = 1
+    max_chars: int = 10_000_000
+    overlong: str = "drop"
+    dedup: str = "document"
+    dedup_lines: bool = False  # also drop non-blank lines seen earlier in the input (two passes)
+    val_fraction: float = 0.01
+    seed: int = 1337
+    tokens_per_shard: int = 100_000_000
+    eot_position: str = "after"
+    max_docs: int | None = None
+    on_error: str = "fail"
+    workers: int = 0  # 0: one per core
+    overwrite: bool = False
+    hf: str | None = None  # a Hugging Face hub id, save_to_disk directory or local data directory
+    hf_config: str | None = None
+    hf_split: str = "train"
+    streaming: bool | None = None  # None: stream hub ids and local data files
+    revision: str | None = None
+    hf_task: int = 0  # this task's part of the stream, of hf_tasks parts
+    hf_tasks: int = 1
+
+    def __post_init__(self) -> None:
+        _choice("--text-mode", self.text_mode, TEXT_MODES)
+        _choice("--dedup", self.dedup, DEDUP_MODES)
+        _choice("--eot-position", self.eot_position, EOT_POSITIONS)
+        _choice("--on-error", self.on_error, ON_ERROR)
+        if not self.inputs and not self.hf:
+            raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
+        self.hf_spec()  # validates the task split
+        if self.dedup_lines and "-" in self.inputs:
+            raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError("--val-fraction must be in [0, 1)")
+        if self.tokens_per_shard < 1:
+            raise ConfigError("--tokens-per-shard must be at least 1")
+        if self.max_docs is not None and self.max_docs < 1:
+            raise ConfigError("--max-docs must be at least 1")
+        if self.workers < 0:
+            raise ConfigError("--workers must be 0 (all cores) or more")
+        self.clean_config()  # validates the cleaning fields
+
+    def clean_config(self) -> CleanConfig:
+        return CleanConfig(
+            normalize=self.normalize,
+            byte_exact=self.byte_exact,
+            min_chars=self.min_chars,
+            max_chars=self.max_chars,
+            overlong=self.overlong,
+        )
+
+    def hf_spec(self) -> Any:
+        if not self.hf:
+            return None
+        from .hf import HFSpec
+
+        return HFSpec(dataset=self.hf, config=self.hf_config, split=self.hf_split,
+                      text_field=self.text_field, streaming=self.streaming, revision=self.revision,
+                      task=self.hf_task, tasks=self.hf_tasks)  # fmt: skip
+
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as stored in metadata: what determines the output bytes (not where it
+        was written, the number of workers or --overwrite; those go to the "run" record)."""
+        d = asdict(self)
+        for transient in ("out", "workers", "overwrite"):
+            d.pop(transient)
+        return d
+
+
+def _choice(flag: str, value: str, allowed: Iterable[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{flag} must be one of {', '.join(allowed)} (got {value!r})")
+
+
+# CLI options whose name is not a PrepareConfig field: option → (field, value transform).
+ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "split": ("hf_split", lambda v: v),
+    "no_normalize": ("byte_exact", lambda v: v),
+    "no_dedup": ("dedup", lambda v: "none" if v else "document"),
+    "no_streaming": ("streaming", lambda v: not v),
+}
+# Options that steer resolution itself rather than naming a field.
+META_OPTIONS: dict[str, Any] = {"preset": str | None, "demo": bool}
+
+
+def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] | None = None,
+                   preset: str | None = None, demo: bool = False) -> PrepareConfig:  # fmt: skip
+    """The validated `PrepareConfig` for flags (None = not given) over a config file over a
+    preset over the demo defaults. Raises `ConfigError` with one line naming the bad key."""
+    values = load_config_file(file) if file else {}
+    given = canonical({k: v for k, v in (flags or {}).items() if v is not None and v != []}, "option")
+    preset = preset or given.pop("preset", None) or values.pop("preset", None)
+    demo = bool(demo or given.pop("demo", False) or values.pop("demo", False))
+    values.update(given)
+    if preset:
+        from .hf import apply_preset
+
+        values = apply_preset(preset, values)
+    if demo:
+        from .demo import DEMO_DEFAULTS
+
+        for key, value in DEMO_DEFAULTS().items():
+            values.setdefault(key, value)
+    if not values.get("out"):
+        raise ConfigError("missing --out DIR (where to write the dataset)")
+    if not values.get("inputs") and not values.get("hf"):
+        raise ConfigError("name at least one input (file, directory, glob or -), or pass --hf, --preset or --demo")
+    return PrepareConfig(**values)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The options of a YAML (or `.toml`) file, keys canonical and values type-checked."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # both parsers raise their own error types
+        raise ConfigError(f"{path}: invalid config file ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of option names to values")
+    return canonical(data, f"{path}: key")
+
+
+def canonical(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Map option names (dash or underscore, CLI aliases) to field names and check each value's
+    type against the field. `where` prefixes error messages ("prepare.yaml: key")."""
+    hints = _field_types()
+    known = sorted({*hints, *META_OPTIONS, *ALIASES})
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""
+            raise ConfigError(f"{where} {key!r} is not a prepare option{hint}")
+        if name in META_OPTIONS:
+            out[name] = _checked(key, value, META_OPTIONS[name], where)
+        elif name in ALIASES:
+            target, transform = ALIASES[name]
+            alias_type = bool if name.startswith("no_") else hints[target]
+            out[target] = transform(_checked(key, value, alias_type, where))
+        else:
+            out[name] = _checked(key, value, hints[name], where)
+    return out
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(PrepareConfig)
+
+
+def _checked(key: str, value: Any, expected: Any, where: str) -> Any:
+    """`value` as the type a field expects, or a one-line ConfigError."""
+    args = typing.get_args(expected)
+    if type(None) in args:
+        if value is None:
+            return None
+        expected = next(a for a in args if a is not type(None))
+    if typing.get_origin(expected) is list:
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list) and all(isinstance(v, str) for v in items):
+            return list(items)
+        return _bad(key, value, "a list of strings (or one string)", where)
+    if expected is bool:
+        return value if isinstance(value, bool) else _bad(key, value, "true or false", where)
+    if expected is int:
+        number = _number(value)
+        if number is not None and float(number).is_integer():
+            return int(number)
+        return _bad(key, value, "a whole number", where)
+    if expected is float:
+        number = _number(value)
+        return float(number) if number is not None else _bad(key, value, "a number", where)
+    if expected is str:
+        return value if isinstance(value, str) else _bad(key, value, "a string", where)
+    raise AssertionError(f"no check for the type of {key}: {expected}")
+
+
+def _number(value: Any) -> int | float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value, 10)
+        except ValueError:
+            return None
+    return None
+
+
+def _bad(key: str, value: Any, expected: str, where: str) -> Any:
+    raise ConfigError(f"{where} {key!r} must be {expected} (got {value!r})")
+
+
+def field_names() -> set[str]:
+    return {f.name for f in fields(PrepareConfig)}
