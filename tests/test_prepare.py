@@ -342,6 +342,36 @@ def test_refuses_existing_dataset_unless_overwrite(tmp_path):
         run(tmp_path, [src], out=str(tmp_path / "other"))
 
 
+def test_overwrite_leaves_no_shard_of_the_old_dataset(tmp_path):
+    big = jsonl(tmp_path / "big.jsonl", make_texts(200))
+    run(tmp_path, [big], tokens_per_shard=400, val_fraction=0.2)
+    assert len(list((tmp_path / "out" / "train").glob("*.bin"))) > 5
+    write(tmp_path / "out" / "notes.txt", "the user's own file")
+    meta = run(tmp_path, [jsonl(tmp_path / "small.jsonl", make_texts(3))], tokens_per_shard=400, val_fraction=0.0,
+               overwrite=True)  # fmt: skip
+    listed = {s[k] for split in meta["splits"].values() for s in split["shards"] for k in ("path", "index_path")}
+    on_disk = {str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    assert on_disk == listed | {"dataset_metadata.json", "tokenizer_state.json", "notes.txt"}
+    assert listed == {"train/shard_000000.bin", "train/shard_000000.idx"}
+
+
+def test_shards_hold_whole_documents_and_fill_greedily(tmp_path):
+    """A shard closes only before a document that would take it past tokens_per_shard; a longer
+    document gets a shard of its own."""
+    texts = make_texts(150, seed=2)
+    texts[40] = "long " * 700  # ~700 tokens: more than a shard
+    run(tmp_path, [jsonl(tmp_path / "a.jsonl", texts)], tokens_per_shard=300, val_fraction=0.0)
+    shards = []
+    for bin_path in sorted((tmp_path / "out" / "train").glob("*.bin")):
+        offsets = np.fromfile(bin_path.with_suffix(".idx"), dtype="<u8")
+        shards.append(np.diff(offsets).tolist())
+    assert sum(len(s) for s in shards) == 150 and len(shards) > 10
+    assert any(len(s) == 1 and s[0] > 300 for s in shards)
+    for shard, following in zip(shards, shards[1:], strict=False):
+        assert sum(shard) <= 300 or len(shard) == 1
+        assert sum(shard) + following[0] > 300, "this shard had room for the next document"
+
+
 def test_failed_run_leaves_no_dataset(tmp_path):
     write(tmp_path / "bad.jsonl", '{"text": "fine"}\n{"oops"\n')
     with pytest.raises(InputError, match="bad.jsonl:2"):

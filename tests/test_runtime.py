@@ -224,6 +224,24 @@ def test_set_epoch_jumps_to_the_first_step_of_that_epoch(ds):
     assert [next(other).offsets.tolist() for _ in range(3)] == epoch1
     with pytest.raises(ConfigError, match="no epochs"):
         TokenDataset(ds).random_batches(8, 40).set_epoch(1)
+    in_order = TokenDataset(ds).window_batches(8, 40, stride=20, shuffle=False)
+    first = next(in_order).offsets.tolist()
+    assert first == list(range(0, 160, 20))
+    in_order.set_epoch(1)
+    assert next(in_order).offsets.tolist() == first and in_order.step == in_order.steps_per_epoch + 1
+
+
+def test_doc_starts_inside_a_range_match_the_index(ds):
+    """What cu_seqlens is built from, at the awkward places: ranges that begin exactly on a
+    shard start or a document start, and ranges that span several shards."""
+    starts = doc_starts_of(ds)
+    store = TokenDataset(ds).store
+    rng = np.random.default_rng(0)
+    los = [*store.starts[:-1].tolist(), *starts[::97].tolist(), *rng.integers(0, store.n_tokens - 6000, 30).tolist()]
+    for lo in los:
+        for hi in (h for h in (lo + 1, lo + 300, lo + 6000) if h <= store.n_tokens):
+            expected = starts[(starts > lo) & (starts < hi)]
+            assert store.doc_starts_in(lo, hi).tolist() == expected.tolist(), (lo, hi)
 
 
 def test_dataloader_workers_keep_the_global_order(ds):
@@ -471,9 +489,9 @@ def test_every_valid_offset_is_drawn_and_none_past_the_end():
     stream = data.random_batches(16, 24, shift=3, seed=1)
     seen = np.concatenate([next(stream).offsets for _ in range(20)])
     assert set(seen.tolist()) == {0, 1, 2, 3}
-    aligned = data.random_batches(16, 12, doc_aligned=True, seed=1)
+    aligned = data.random_batches(16, 11, doc_aligned=True, seed=1)
     seen = np.concatenate([next(aligned).offsets for _ in range(20)])
-    assert set(seen.tolist()) == {0, 6, 12}  # 18 + 12 + 1 > 30
+    assert set(seen.tolist()) == {0, 6, 12, 18}  # 18 + 11 + 1 = 30 fits, 24 does not
     with pytest.raises(ConfigError, match="fewer than seq_len"):
         data.random_batches(2, 28, shift=3)
 
