@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 _MAX_LOAD = 0.75
+_M64 = (1 << 64) - 1
 
 
 class KeySet:
@@ -92,6 +93,7 @@ def _mix(keys: np.ndarray) -> np.ndarray:
 
 def uniform_from_keys(keys: np.ndarray, seed: int) -> np.ndarray:
     """Map document keys to floats in [0, 1), reproducibly for a given seed (used for the
-    train/val split: identical documents always land in the same split)."""
-    mixed = _mix(keys.astype(np.uint64) ^ _mix(np.array([seed], dtype=np.uint64))[0])
+    train/val split: identical documents always land in the same split). Any Python int is a
+    seed: it is taken modulo 2**64, as the runtime's seeds are (a negative one overflowed uint64)."""
+    mixed = _mix(keys.astype(np.uint64) ^ _mix(np.array([seed & _M64], dtype=np.uint64))[0])
     return (mixed >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

@@ -43,6 +43,9 @@ def test_uniform_from_keys_is_seeded_and_uniform():
     assert abs((u < 0.1).mean() - 0.1) < 0.005
     assert not np.array_equal(u, uniform_from_keys(keys, 8))
     assert np.array_equal(u, uniform_from_keys(keys, 7))
+    # any int seed, taken modulo 2**64 (a negative --seed was an OverflowError with a traceback)
+    assert np.array_equal(uniform_from_keys(keys, -1), uniform_from_keys(keys, 2**64 - 1))
+    assert np.array_equal(uniform_from_keys(keys, 2**64 + 7), u)
 
 
 def test_clean_rules():

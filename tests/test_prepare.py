@@ -246,6 +246,9 @@ def test_val_split_is_seeded(tmp_path):
         return [tuple(d.tolist()) for d in read_docs(tmp_path / name, "val")]
 
     assert val("a") != val("b") and val("a") == val("c")
+    run(tmp_path, [src], out=str(tmp_path / "d"), val_fraction=0.25, seed=-1)  # a negative seed is modulo 2**64
+    run(tmp_path, [src], out=str(tmp_path / "e"), val_fraction=0.25, seed=2**64 - 1)
+    assert val("d") == val("e") and val("d") != val("a")
 
 
 @pytest.mark.parametrize("suffix,opener", [(".gz", gzip.open), (".bz2", bz2.open), (".xz", lzma.open)])
