@@ -208,6 +208,9 @@ def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
     splits = raw.get("splits")
     if not isinstance(splits, dict):
         raise _fail(root, "'splits' is missing")
+    for split, entry in splits.items():  # verify sums every split it finds, not only train and val
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards", []), list):
+            raise _fail(root, f"split '{split}' is not an object with a list of shards")
     shards = tuple(
         _parse_shard(root, split, entry) for split in SPLITS for entry in (splits.get(split) or {}).get("shards", [])
     )

@@ -361,6 +361,8 @@ def test_tokenizer_state_must_agree_with_the_metadata(dataset, key, value):
         (lambda m: m["splits"]["train"]["shards"][0].pop("xxh3_64"), "lacks a valid"),
         (lambda m: m["splits"]["train"]["shards"][0].update(index_path="/etc/passwd"), "escapes the dataset"),
         (lambda m: m["tokenizer"].pop("eot_id"), "tokenizer entry lacks"),
+        (lambda m: m["splits"].update(val="x"), "split 'val' is not an object"),  # was an AttributeError
+        (lambda m: m["splits"]["train"].update(shards=5), "split 'train' is not an object with a list"),
     ],
 )
 def test_metadata_schema_is_refused_with_the_fix(dataset, change, words):
