@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .errors import ConfigError, InputError, missing_dependency
+from .records import Record, bad
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,15 @@ def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
     return ds_lib.load_dataset(spec.dataset, spec.config, split=spec.split, streaming=streaming, revision=spec.revision)
 
 
-def hf_records(spec: HFSpec) -> Iterator[tuple[int, str | None, str | None]]:
-    """(record number, text, drop reason) for every example of this task's part of the stream."""
+def hf_records(spec: HFSpec) -> Iterator[Record]:
+    """Every example of this task's part of the stream, numbered from 1."""
     field = spec.text_field
     for number, example in enumerate(open_stream(spec), start=1):
         text = example.get(field)
-        yield (number, text, None) if isinstance(text, str) else (number, None, "missing_field")
+        if isinstance(text, str):
+            yield Record(number, text)
+        else:
+            yield bad(number, "missing_field", f"field '{field}' is {type(text).__name__}")
 
 
 def apply_preset(name: str, values: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""Record parsers: turn the bytes of one work item into (line or record number, text) pairs.
+"""Record parsers: turn the bytes of one work item (or one planned source) into `Record`s.
 
-Every parser yields `(number, text, reason)`: `reason` is None for a document, or a drop
-reason ("decode_error", "json_error", "missing_field", ...) for a record that could not be
-read. Under `--on-error fail` the caller turns the first reason into an `InputError` naming
-the file and record; under `--on-error skip` it is counted.
+A `Record` is a document's text with its line or record number, or, for a record that cannot be
+read, the problem ("decode_error", "json_error", "missing_field", ...) and its detail. Whether a
+problem stops the run (`--on-error fail`) or is counted and skipped (`--on-error skip`) is
+decided in one place, `settle`, which planning and the workers both call.
 
 Memory model: one work item's records (≤ ~1 MiB of text, or one row group / record batch).
 """
@@ -15,14 +15,28 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InputError
-from .sources import MAX_RECORD_BYTES, Source, arrow_batches, open_arrow, text_stream
+from .files import MAX_RECORD_BYTES, Source, arrow_batches, nul_offset, open_arrow, read_prefix, text_stream
 
-Record = tuple[int, "str | None", "str | None"]
 
-FIXES = {
+class Record(NamedTuple):
+    """One record of an input: a document's text, or why it could not be read."""
+
+    number: int  # 1-based line number (text, jsonl, csv) or record number (json array, parquet, arrow, hf)
+    text: str | None  # None when the record was not read as a document
+    problem: str | None = None  # a key of PROBLEMS (an input problem), or a drop reason such as "too_long"
+    detail: str = ""  # what exactly was wrong, for the message: "invalid JSON (Expecting ',' at column 57)"
+
+
+def bad(number: int, problem: str, detail: str) -> Record:
+    return Record(number, None, problem, detail)
+
+
+# Input problems that --on-error governs, and the fix each message suggests (length filters and
+# empty documents are policy, not errors: they are counted and never stop a run).
+PROBLEMS = {
     "decode_error": "re-encode the file as UTF-8",
     "json_error": "fix the line",
     "not_an_object": "make each line a JSON object",
@@ -33,13 +47,25 @@ _PARAGRAPH = re.compile(r"\n[ \t\r]*\n")
 _ESCAPED = re.compile("[\udc80-\udcff]")
 
 
-def problem(src: Source, number: int, reason: str, detail: str) -> InputError:
-    """The one-line error for a bad record under --on-error fail."""
-    fix = FIXES.get(reason, "fix the record")
-    return InputError(f"{src.path}:{number}: {detail}; {fix}, or pass --on-error skip to count and skip it")
+def settle(src: Source, record: Record, on_error: str) -> Record:
+    """The --on-error policy, decided here and nowhere else: under "fail" a record with an
+    input problem stops the run with one line naming file, record and fix; otherwise the
+    record passes on, to be kept or counted under its problem."""
+    if record.problem in PROBLEMS and on_error == "fail":
+        detail = record.detail or record.problem.replace("_", " ")
+        fix = PROBLEMS[record.problem]
+        raise InputError(f"{src.path}:{record.number}: {detail}; {fix}, or pass --on-error skip to count and skip it")
+    return record
 
 
-def _decode_lines(src: Source, payload: bytes, first: int) -> Iterator[tuple[int, str | None]]:
+def example(src: Source, record: Record) -> str:
+    """How a skipped record is shown in the metadata's drop examples."""
+    return f"{src.path}:{record.number}: {record.detail or str(record.problem).replace('_', ' ')}"
+
+
+
+
+def _decode_lines(payload: bytes, first: int) -> Iterator[tuple[int, str | None]]:
     """Lines of `payload` as text; a line that is not valid UTF-8 comes back as None."""
     try:
         text = payload.decode("utf-8")
@@ -54,93 +80,88 @@ def _decode_lines(src: Source, payload: bytes, first: int) -> Iterator[tuple[int
         yield first + k, line
 
 
-def parse_jsonl(src: Source, payload: bytes, first: int, text_field: str, details: dict[str, str]) -> Iterator[Record]:
+def parse_jsonl(payload: bytes, first: int, text_field: str) -> Iterator[Record]:
     loads = json.loads
-    for number, line in _decode_lines(src, payload, first):
+    for number, line in _decode_lines(payload, first):
         if line is None:
-            details.setdefault("decode_error", f"line {number} is not valid UTF-8")
-            yield number, None, "decode_error"
+            yield bad(number, "decode_error", f"line {number} is not valid UTF-8")
             continue
         if not line.strip():
             continue
         try:
             obj = loads(line)
         except json.JSONDecodeError as e:
-            details.setdefault("json_error", f"invalid JSON ({e.msg} at column {e.colno})")
-            yield number, None, "json_error"
+            yield bad(number, "json_error", f"invalid JSON ({e.msg} at column {e.colno})")
             continue
-        yield _field(obj, number, text_field, details)
+        yield _field(obj, number, text_field)
 
 
-def _field(obj: Any, number: int, text_field: str, details: dict[str, str]) -> Record:
+def _field(obj: Any, number: int, text_field: str) -> Record:
     if not isinstance(obj, dict):
-        details.setdefault("not_an_object", f"a JSON {type(obj).__name__}, not an object")
-        return number, None, "not_an_object"
+        return bad(number, "not_an_object", f"a JSON {type(obj).__name__}, not an object")
     text = obj.get(text_field)
     if not isinstance(text, str):
         what = "no" if text is None else f"a non-string ({type(text).__name__})"
         keys = ", ".join(list(obj)[:8])
-        details.setdefault("missing_field", f"{what} field '{text_field}' (fields: {keys})")
-        return number, None, "missing_field"
-    return number, text, None
+        return bad(number, "missing_field", f"{what} field '{text_field}' (fields: {keys})")
+    return Record(number, text)
 
 
-def parse_text_lines(
-    src: Source, payload: bytes, first: int, paragraph: bool, details: dict[str, str]
-) -> Iterator[Record]:
+def parse_text_lines(payload: bytes, first: int, paragraph: bool) -> Iterator[Record]:
     if paragraph:
-        yield from _paragraphs(src, payload, first, details)
+        yield from _paragraphs(payload, first)
         return
-    for number, line in _decode_lines(src, payload, first):
+    for number, line in _decode_lines(payload, first):
         if line is None:
-            details.setdefault("decode_error", f"line {number} is not valid UTF-8")
-            yield number, None, "decode_error"
+            yield bad(number, "decode_error", f"line {number} is not valid UTF-8")
         elif line.strip():
-            yield number, line.rstrip("\r"), None
+            yield Record(number, line.rstrip("\r"))
 
 
-def _paragraphs(src: Source, payload: bytes, first: int, details: dict[str, str]) -> Iterator[Record]:
+def _paragraphs(payload: bytes, first: int) -> Iterator[Record]:
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as e:
         number = first + payload[: e.start].count(b"\n")
-        details.setdefault("decode_error", f"invalid UTF-8 at line {number}")
-        yield number, None, "decode_error"
+        yield bad(number, "decode_error", f"invalid UTF-8 at line {number}")
         return
     pos, number = 0, first
     for m in _PARAGRAPH.finditer(text):
         para = text[pos : m.start()].strip("\r\n")
         if para.strip():
-            yield number, para, None
+            yield Record(number, para)
         number += text.count("\n", pos, m.end())
         pos = m.end()
     tail = text[pos:].strip("\r\n")
     if tail.strip():
-        yield number, tail, None
+        yield Record(number, tail)
 
 
-def read_whole_file(src: Source, byte_limit: int, details: dict[str, str]) -> Record:
+def binary_record(block: bytes, offset: int = 0) -> Record | None:
+    """The "binary_file" problem record for a block whose sniffed prefix holds a NUL byte."""
+    pos = nul_offset(block, offset)
+    return None if pos is None else bad(1, "binary_file", f"binary data (NUL byte at offset {pos})")
+
+
+def read_whole_file(src: Source, byte_limit: int, truncate: bool) -> Record:
     """One file as one document. Reads at most `byte_limit` + 1 bytes: beyond that the file
-    cannot fit `--max-chars` (a character is at most 4 bytes), and reason "too_long" is given."""
-    from .sources import binary_error, read_prefix
-
+    cannot fit `--max-chars` (a character is at most 4 bytes), so it is cut there when
+    `truncate`, and otherwise dropped with reason "too_long" (nothing more is read)."""
     data = read_prefix(src, byte_limit)
-    if (err := binary_error(src, data[:65536])) is not None:
-        details.setdefault("binary_file", str(err).split(": ", 1)[1].split(";")[0])
-        return 1, None, "binary_file"
-    truncated = len(data) > byte_limit
+    if (binary := binary_record(data)) is not None:
+        return binary
+    over = len(data) > byte_limit
     data = data[:byte_limit]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        if not (truncated and e.start >= len(data) - 3):  # a character cut by the byte limit
+        if not (over and e.start >= len(data) - 3):  # a character cut by the byte limit
             number = 1 + data[: e.start].count(b"\n")
-            details.setdefault("decode_error", f"invalid UTF-8 at line {number}")
-            return number, None, "decode_error"
+            return bad(number, "decode_error", f"invalid UTF-8 at line {number}")
         text = data[: e.start].decode("utf-8")
-    if not data:
-        return 1, "", None
-    return 1, text, ("too_long_bytes" if truncated else None)
+    if over and not truncate:
+        return Record(1, None, "too_long")
+    return Record(1, text)
 
 
 def _column(table: Any, src: Source, text_field: str) -> list[Any]:
@@ -153,16 +174,15 @@ def _column(table: Any, src: Source, text_field: str) -> list[Any]:
     return table.column(text_field).to_pylist()
 
 
-def _values(values: list[Any], first: int, text_field: str, details: dict[str, str]) -> Iterator[Record]:
+def _values(values: list[Any], first: int, text_field: str) -> Iterator[Record]:
     for k, value in enumerate(values):
         if isinstance(value, str):
-            yield first + k, value, None
+            yield Record(first + k, value)
         else:
-            details.setdefault("missing_field", f"field '{text_field}' is {type(value).__name__}")
-            yield first + k, None, "missing_field"
+            yield bad(first + k, "missing_field", f"field '{text_field}' is {type(value).__name__}")
 
 
-def parse_parquet(src: Source, row_group: int, text_field: str, details: dict[str, str]) -> Iterator[Record]:
+def parse_parquet(src: Source, row_group: int, text_field: str) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(src.path)
@@ -170,14 +190,14 @@ def parse_parquet(src: Source, row_group: int, text_field: str, details: dict[st
     if text_field not in pf.schema_arrow.names:
         _column(pf.schema_arrow.empty_table(), src, text_field)
     table = pf.read_row_group(row_group, columns=[text_field])
-    yield from _values(_column(table, src, text_field), first, text_field, details)
+    yield from _values(_column(table, src, text_field), first, text_field)
 
 
-def parse_arrow(src: Source, batch: int, text_field: str, details: dict[str, str]) -> Iterator[Record]:
+def parse_arrow(src: Source, batch: int, text_field: str) -> Iterator[Record]:
     first = 0
     for b, rb in enumerate(arrow_batches(open_arrow(src.path))):
         if b == batch:
-            yield from _values(_column(rb, src, text_field), first, text_field, details)
+            yield from _values(_column(rb, src, text_field), first, text_field)
             return
         first += rb.num_rows
 
@@ -192,7 +212,6 @@ def iter_csv(src: Source, text_field: str, on_error: str) -> Iterator[Record]:
     stream, raw = text_stream(src)
     stream.reconfigure(errors="surrogateescape")
     csv.field_size_limit(min(MAX_RECORD_BYTES, sys.maxsize))
-    details: dict[str, str] = {}
     try:
         reader = csv.DictReader(stream)
         if reader.fieldnames is None:
@@ -205,10 +224,13 @@ def iter_csv(src: Source, text_field: str, on_error: str) -> Iterator[Record]:
         for row in reader:
             number = reader.line_num
             text = row.get(text_field)
-            record: Record = (number, text, None) if isinstance(text, str) else (number, None, "missing_field")
-            if record[1] is not None and _undecodable(record[1]):
-                record = (number, None, "decode_error")
-            yield checked(src, record, on_error, details)
+            if not isinstance(text, str):
+                record = bad(number, "missing_field", f"no field '{text_field}' in this row")
+            elif _undecodable(text):
+                record = bad(number, "decode_error", f"line {number} is not valid UTF-8")
+            else:
+                record = Record(number, text)
+            yield settle(src, record, on_error)
     except csv.Error as e:
         raise InputError(f"{src.path}: malformed CSV ({e}); fix the file") from None
     finally:
@@ -221,7 +243,6 @@ def iter_json_array(src: Source, text_field: str, on_error: str) -> Iterator[Rec
     stream, raw = text_stream(src)
     stream.reconfigure(errors="surrogateescape")
     decoder = json.JSONDecoder()
-    details: dict[str, str] = {}
     try:
         buf = stream.read(1 << 20).lstrip()
         if not buf:
@@ -245,27 +266,25 @@ def iter_json_array(src: Source, text_field: str, on_error: str) -> Iterator[Rec
                 continue
             number += 1
             buf = buf[end:]
-            record = _field(obj, number, text_field, details)
-            if record[1] is not None and _undecodable(record[1]):
-                record = (number, None, "decode_error")
-            yield checked(src, record, on_error, details)
+            record = _field(obj, number, text_field)
+            if record.text is not None and _undecodable(record.text):
+                record = bad(number, "decode_error", f"record {number} is not valid UTF-8")
+            yield settle(src, record, on_error)
     finally:
         raw.close()
 
 
 def _json_lines_from_text(src: Source, head: str, stream: Any, text_field: str, on_error: str) -> Iterator[Record]:
-    details: dict[str, str] = {}
     number = 0
     for line in _chain_lines(head, stream):
         number += 1
         if not line.strip():
             continue
         try:
-            record = _field(json.loads(line), number, text_field, details)
+            record = _field(json.loads(line), number, text_field)
         except json.JSONDecodeError as e:
-            details.setdefault("json_error", f"invalid JSON ({e.msg} at column {e.colno})")
-            record = (number, None, "json_error")
-        yield checked(src, record, on_error, details)
+            record = bad(number, "json_error", f"invalid JSON ({e.msg} at column {e.colno})")
+        yield settle(src, record, on_error)
 
 
 def _chain_lines(head: str, stream: Any) -> Iterator[str]:
@@ -277,10 +296,3 @@ def _chain_lines(head: str, stream: Any) -> Iterator[str]:
         carry = ""
     if carry:
         yield carry
-
-
-def checked(src: Source, record: Record, on_error: str, details: dict[str, str]) -> Record:
-    number, _, reason = record
-    if reason is not None and on_error == "fail":
-        raise problem(src, number, reason, details.get(reason, reason.replace("_", " ")))
-    return record

@@ -19,16 +19,19 @@ import numpy as np
 import xxhash
 
 from .clean import CleanConfig, clean_text, fix_surrogates, length_filter
+from .files import Source
 from .records import (
+    PROBLEMS,
     Record,
+    example,
     parse_arrow,
     parse_jsonl,
     parse_parquet,
     parse_text_lines,
-    problem,
     read_whole_file,
+    settle,
 )
-from .sources import Source, WorkItem
+from .sources import WorkItem
 from .tokenizer import TiktokenTokenizer
 
 
@@ -77,38 +80,31 @@ def process_item(item: WorkItem) -> ItemResult:
 
 def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer) -> ItemResult:
     counts: dict[int, Counter[str]] = {}
-    details: dict[str, str] = {}
+    examples: dict[str, str] = dict(item.examples)
     texts: list[str] = []
     keys: list[int] = []
     sources: list[int] = []
     if item.skipped:
         counts.setdefault(item.source, Counter()).update(item.skipped)
         counts[item.source]["records"] += sum(item.skipped.values())
-        path = config.sources[item.source].path
-        for why in item.skipped:
-            details.setdefault(f"example:{why}", f"{path}: {why.replace('_', ' ')}")
     lines = _LineFilter(item.line_keep) if item.line_keep is not None else None
-    for src_index, record in _records(item, config, details):
-        number, text, reason = record
+    for src_index, record in _records(item, config):
         c = counts.setdefault(src_index, Counter())
         c["records"] += 1
-        if reason is None and text is not None:
+        text, reason = record.text, record.problem
+        if text is not None:
             text = _clean(text, config.clean)
             if lines is not None:
                 text, removed = lines.apply(text)
                 c["lines_removed"] += removed
             text, reason = length_filter(text, config.clean)
         if reason is not None:
-            if config.on_error == "fail" and reason in _INPUT_PROBLEMS:
-                src = config.sources[src_index]
-                raise problem(src, number, reason, details.get(reason, reason))
             c[reason] += 1
-            if reason in details:
-                _example(config, src_index, number, reason, details)
+            if reason in PROBLEMS:
+                examples.setdefault(reason, example(config.sources[src_index], record))
             continue
         assert text is not None
-        data = text.encode("utf-8")
-        keys.append(xxhash.xxh3_64_intdigest(data))
+        keys.append(xxhash.xxh3_64_intdigest(text.encode("utf-8")))
         texts.append(text)
         sources.append(src_index)
     tokens, lengths = tokenizer.encode_batch(texts)
@@ -119,26 +115,10 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer)
         keys=np.array(keys, dtype=np.uint64),
         doc_sources=np.array(sources, dtype=np.int32),
         counts=counts,
-        examples=dict(_examples_of(details)),
+        examples=examples,
         chars=sum(map(len, texts)),
         nbytes=item.nbytes,
     )
-
-
-# Record-level problems that --on-error governs (length filters and empties are policy, not errors).
-_INPUT_PROBLEMS = {"decode_error", "json_error", "not_an_object", "missing_field", "binary_file"}
-
-
-def _example(config: WorkerConfig, src: int, number: int, reason: str, details: dict[str, str]) -> None:
-    key = f"example:{reason}"
-    if key not in details:
-        details[key] = f"{config.sources[src].path}:{number}: {details[reason]}"
-
-
-def _examples_of(details: dict[str, str]) -> Iterator[tuple[str, str]]:
-    for key, message in details.items():
-        if key.startswith("example:"):
-            yield key.removeprefix("example:"), message
 
 
 def _clean(text: str, clean: CleanConfig) -> str:
@@ -179,15 +159,10 @@ class _LineFilter:
 def hash_lines(item: WorkItem, config: WorkerConfig) -> np.ndarray:
     """Pass 1 of line dedup: xxh3-64 of every non-blank cleaned line of the item, in order."""
     hashes: list[int] = []
-    details: dict[str, str] = {}
-    for src_index, (number, text, reason) in _records(item, config, details):
-        if reason is not None or text is None:
-            if config.on_error == "fail" and reason in _INPUT_PROBLEMS:
-                raise problem(config.sources[src_index], number, reason, details.get(reason, reason))
-            continue
-        hashes.extend(
-            xxhash.xxh3_64_intdigest(line.encode("utf-8")) for _, line in _content_lines(_clean(text, config.clean))
-        )
+    for _, record in _records(item, config):
+        if record.text is not None:
+            text = _clean(record.text, config.clean)
+            hashes.extend(xxhash.xxh3_64_intdigest(line.encode("utf-8")) for _, line in _content_lines(text))
     return np.array(hashes, dtype=np.uint64)
 
 
@@ -197,26 +172,28 @@ def process_lines(item: WorkItem) -> np.ndarray:
     return hash_lines(item, config)
 
 
-def _records(item: WorkItem, config: WorkerConfig, details: dict[str, str]) -> Iterator[tuple[int, Record]]:
+def _records(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]]:
+    """(source index, settled record) for every record of the item, in input order."""
+    for s, record in _parsed(item, config):
+        yield s, settle(config.sources[s], record, config.on_error)
+
+
+def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]]:
     src = config.sources[item.source]
     if item.kind == "files":
         limit = 4 * config.clean.max_chars
         for s in item.payload:
-            number, text, reason = read_whole_file(config.sources[s], limit, details)
-            if reason == "too_long_bytes":
-                reason = None if config.clean.overlong == "truncate" else "too_long"
-                text = text if reason is None else None
-            yield s, (number, text, reason)
+            yield s, read_whole_file(config.sources[s], limit, truncate=config.clean.overlong == "truncate")
         return
     if item.kind == "texts":
-        records: Iterator[Record] = ((n, t, None) for n, t in item.payload)
+        records: Iterator[Record] = (Record(n, t) for n, t in item.payload)
     elif item.kind == "parquet":
-        records = parse_parquet(src, item.locator, config.text_field, details)
+        records = parse_parquet(src, item.locator, config.text_field)
     elif item.kind == "arrow":
-        records = parse_arrow(src, item.locator, config.text_field, details)
+        records = parse_arrow(src, item.locator, config.text_field)
     elif src.fmt == "text":
-        records = parse_text_lines(src, item.payload, item.first_line, config.text_mode == "paragraph", details)
+        records = parse_text_lines(item.payload, item.first_line, config.text_mode == "paragraph")
     else:
-        records = parse_jsonl(src, item.payload, item.first_line, config.text_field, details)
+        records = parse_jsonl(item.payload, item.first_line, config.text_field)
     for record in records:
         yield item.source, record

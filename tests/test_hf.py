@@ -53,14 +53,14 @@ def test_one_file_stream_split_into_three_tasks_covers_every_row_once(local, row
     seen = []
     for task in range(3):
         spec = HFSpec(dataset=str(local / "pq"), streaming=True, task=task, tasks=3)
-        part = [text for _, text, _ in hf_records(spec)]
+        part = [record.text for record in hf_records(spec)]
         assert part, f"task {task} got nothing"
         seen.extend(part)
     assert sorted(seen) == sorted(rows) and len(seen) == len(rows)
 
 
 def test_saved_dataset_split_into_tasks(local, rows):
-    parts = [[t for _, t, _ in hf_records(HFSpec(dataset=str(local / "saved"), task=i, tasks=3))] for i in range(3)]
+    parts = [[r.text for r in hf_records(HFSpec(dataset=str(local / "saved"), task=i, tasks=3))] for i in range(3)]
     assert sorted(sum(parts, [])) == sorted(rows)
 
 
