@@ -117,6 +117,9 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
     except (OSError, ValueError) as e:
         report.problems.append(Problem(TOKENIZER_FILE, f"unreadable ({e})"))
         return
+    if not isinstance(state, dict):
+        report.problems.append(Problem(TOKENIZER_FILE, "not a JSON object"))
+        return
     for key in ("name", "n_vocab", "eot_id", "ranks_sha256"):
         if state.get(key) != getattr(meta.tokenizer, key):
             report.problems.append(Problem(TOKENIZER_FILE, f"'{key}' disagrees with the metadata"))

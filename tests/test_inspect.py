@@ -349,6 +349,17 @@ def test_tokenizer_state_must_agree_with_the_metadata(dataset, key, value):
     assert problems == [f"tokenizer_state.json: '{key}' disagrees with the metadata; {verify.FIX_SHARD}"]
 
 
+@pytest.mark.parametrize("content", ["[]", "{not json", None])
+def test_unreadable_tokenizer_state_is_a_problem_not_a_crash(dataset, content):
+    path = dataset / "tokenizer_state.json"
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+    problems = [str(p) for p in verify_dataset(dataset, quick=True).problems]
+    assert len(problems) == 1 and problems[0].startswith("tokenizer_state.json: "), problems
+
+
 @pytest.mark.parametrize(
     "change,words",
     [
