@@ -11,7 +11,9 @@ Mode "main": SIGKILL the prepare process itself; every one of its workers must b
 
 Each run is in its own process group; one that overruns is killed whole and counted as a hang.
 Input: the shared benchmark corpus (see benchlib.CORPUS). Prints a summary and exits 1 on any
-failure. Not part of `make test`: it takes minutes (about 2-3 s a run on 2 cores).
+failure. Not part of `make test`: it takes minutes (about 2-3 s a run on 2 cores). Runs use
+`python -m lmshard`, so `PYTHONPATH=CHECKOUT` pins the code under test (a `git worktree`) while
+the working tree is being edited.
 """
 
 from __future__ import annotations

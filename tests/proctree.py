@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-LMSHARD = str(Path(sys.executable).with_name("lmshard"))
+LMSHARD = [sys.executable, "-m", "lmshard"]  # honours PYTHONPATH, so a stress run can pin a checkout
 
 
 def start_prepare(args: list[str]) -> subprocess.Popen[str]:
     """`lmshard prepare ARGS` in a new session (its own process group), output captured."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([LMSHARD, "prepare", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([*LMSHARD, "prepare", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # fmt: skip
 
 
