@@ -142,6 +142,40 @@ def test_resume_refuses_another_seed_kind_or_seq_len(ds):
     assert same.step == 3 and torch.equal(next(same).x, next(saved).x)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=pytest.fail.Exception,
+    reason="real bug, lmshard/runtime/batches.py load_state_dict: the state holds "
+    "kind, seed, seq_len and global_batch_size only, so a stream with another shift, doc alignment or "
+    "window order accepts it and continues a different sequence",
+)
+@pytest.mark.parametrize("differs", ["shift", "doc_aligned", "shuffle"])
+def test_resume_refuses_a_stream_that_draws_other_rows(differs):
+    data = TokenDataset.synthetic(20_000, vocab_size=100, doc_len=50)
+    if differs == "shuffle":
+        saved, other = data.window_batches(4, 32, seed=5), data.window_batches(4, 32, seed=5, shuffle=False)
+    else:
+        saved = data.random_batches(4, 32, seed=5)
+        other = data.random_batches(4, 32, seed=5, **({"shift": 2} if differs == "shift" else {"doc_aligned": True}))
+    next(saved)
+    assert not np.array_equal(next(saved).offsets, other.cpu_batch(1).offsets)  # the two really differ
+    with pytest.raises(ConfigError, match="cannot resume"):
+        other.load_state_dict(saved.state_dict())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=pytest.fail.Exception,
+    reason="real bug, lmshard/runtime/dataset.py random_batches: grouped=True with a "
+    "shift that does not divide seq_len is accepted, then next() fails with a torch RuntimeError "
+    "(view of [4, 21, 3] on 256 values) instead of a ConfigError when the stream is made",
+)
+def test_grouped_needs_a_shift_that_divides_seq_len():
+    data = TokenDataset.synthetic(10_000, vocab_size=100)
+    with pytest.raises(ConfigError, match="shift"):
+        data.random_batches(4, 64, shift=3, grouped=True)
+
+
 def test_offsets_uniform_over_unequal_shards(ds):
     """Chi-square over 20 equal-width bins of the split: flat if every position is equally likely."""
     train = TokenDataset(ds)
