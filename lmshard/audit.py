@@ -32,12 +32,12 @@ def decoder_for(meta: DatasetMeta | None) -> Decoder | None:
     if meta is None:
         return None
     try:
-        from .tokenizer import TiktokenTokenizer
+        from .tokenizer import load_tokenizer
 
-        tok = TiktokenTokenizer(meta.tokenizer.name)
+        tok = load_tokenizer(meta.tokenizer.name)
     except LmshardError:
         return None
-    if tok.ranks_sha256 != meta.tokenizer.ranks_sha256:
+    if tok.vocab_sha256 != meta.tokenizer.ranks_sha256:
         return None
     return lambda ids: tok.decode(ids)
 

@@ -322,9 +322,9 @@ def tokenizer_info(name: str = typer.Argument("gpt2")) -> None:
     """Load a tokenizer and print its identity."""
     import json
 
-    from .tokenizer import TiktokenTokenizer
+    from .tokenizer import load_tokenizer
 
-    ident = TiktokenTokenizer(name).identity()
+    ident = load_tokenizer(name).identity()
     ident.pop("special_tokens")
     out.print_json(json.dumps(ident))
 

@@ -42,7 +42,7 @@ from .format import (
 )
 from .pool import OrderedPool
 from .sources import Source, WorkItem, discover, plan
-from .tokenizer import TiktokenTokenizer
+from .tokenizer import Tokenizer, load_tokenizer
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
 from .writer import ShardWriter, with_separators
 
@@ -83,7 +83,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
-    tokenizer = TiktokenTokenizer(config.tokenizer)  # fail fast on a missing vocabulary
+    tokenizer = load_tokenizer(config.tokenizer)  # fail fast on a missing vocabulary
     _claim_output(out, config)
     writers = {s: ShardWriter(out, s, config.tokens_per_shard) for s in SPLITS}
     try:
@@ -137,7 +137,7 @@ def _remove_outputs(out: Path) -> None:
     (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
 
 
-def _results(config: PrepareConfig, sources: list[Source], tokenizer: TiktokenTokenizer) -> Iterator[ItemResult]:
+def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer) -> Iterator[ItemResult]:
     """Item results in plan order, from worker processes (or inline for --workers 1). With
     --dedup-lines, a first pass over the same items finds repeated lines (see `_line_masks`)."""
     wcfg = WorkerConfig(
@@ -199,7 +199,7 @@ def _with_masks(items: Iterator[WorkItem], masks: IO[bytes], index: list[tuple[i
 def _run(
     config: PrepareConfig,
     sources: list[Source],
-    tokenizer: TiktokenTokenizer,
+    tokenizer: Tokenizer,
     writers: dict[str, ShardWriter],
     on_progress: Callable[[Progress], None] | None,
 ) -> Totals:
@@ -273,7 +273,7 @@ def _split_meta(shards: list[ShardInfo], split: str) -> dict[str, Any]:
 def _metadata(
     config: PrepareConfig,
     sources: list[Source],
-    tokenizer: TiktokenTokenizer,
+    tokenizer: Tokenizer,
     shards: list[ShardInfo],
     totals: Totals,
     started: float,

@@ -1,8 +1,11 @@
 """Tokenizers behind one interface, and offline provisioning of their vocabularies.
 
-The interface every backend implements (tiktoken today; see ROADMAP "tokenizer backends"):
+`Tokenizer` is the interface prepare, inspect and the demo use, and every backend implements
+(tiktoken today; Hugging Face `tokenizer.json` and an accelerated exact backend are next):
 `encode_batch(texts)` turns a batch of documents into one flat uint32 array plus per-document
-lengths, and `identity()` names exactly which vocabulary produced them.
+lengths; `name`, `n_vocab` and `eot_id` say what the ids mean; `identity()` names exactly which
+vocabulary produced them (written to tokenizer_state.json). `load_tokenizer(spec)` picks the
+backend for a `--tokenizer` value.
 
 Vocabularies live in a tiktoken-format cache directory (file name = sha1 of the download URL,
 as tiktoken itself names them): `$TIKTOKEN_CACHE_DIR` when the user set it, else
@@ -22,11 +25,12 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -79,18 +83,36 @@ _PACKAGE_FALLBACK = {"r50k_base": ("openai-whisper==20250625", "whisper/assets/g
 _DOWNLOAD_TIMEOUT_S = 15
 
 
-class Tokenizer(Protocol):
-    """What the pipeline needs of a tokenizer backend."""
+class Tokenizer(ABC):
+    """What the pipeline needs of a tokenizer backend.
 
-    name: str
-    n_vocab: int
-    eot_id: int
+    Memory model of a backend: its vocabulary, plus one batch's tokens during `encode_batch`.
+    """
 
-    def identity(self) -> dict[str, Any]: ...
+    name: str  # the --tokenizer value as recorded ("gpt2", "cl100k_base", ...)
+    backend: str  # which implementation encodes ("tiktoken")
+    n_vocab: int  # ids are in [0, n_vocab)
+    eot_id: int  # the document separator written before or after each document
+    vocab_sha256: str  # sha256 of the vocabulary file: two tokenizers with equal hashes agree
 
-    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
+    @abstractmethod
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(uint32 tokens of all texts back to back, int64 tokens per text); text that looks
+        like a special token is encoded as ordinary text."""
 
+    @abstractmethod
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def identity(self) -> dict[str, Any]:
+        """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, a sha256 of the
+        vocabulary file, and backend details; written as tokenizer_state.json."""
+
+
+def load_tokenizer(spec: str = "gpt2") -> Tokenizer:
+    """The backend for a `--tokenizer` value (a known name or a vocabulary file). Raises
+    `TokenizerError`, naming the command that installs it, when the vocabulary is missing."""
+    return TiktokenTokenizer(spec)
 
 
 def cache_dir() -> Path:
@@ -156,7 +178,7 @@ def _tiktoken_cache(directory: Path) -> Iterator[None]:
             os.environ["TIKTOKEN_CACHE_DIR"] = old
 
 
-class TiktokenTokenizer:
+class TiktokenTokenizer(Tokenizer):
     """The reference backend: tiktoken's Rust BPE, ordinary text only (no special tokens parsed).
 
     >>> tok = TiktokenTokenizer("gpt2")            # doctest: +SKIP
@@ -177,9 +199,10 @@ class TiktokenTokenizer:
         definition["name"] = name
         self._enc = tiktoken.Encoding(**definition)
         self.name = name
+        self.backend = "tiktoken"
         self.spec = spec
         self.base = vocab.base
-        self.ranks_sha256 = vocab.sha256
+        self.vocab_sha256 = vocab.sha256
         self.n_vocab = self._enc.n_vocab
         self.eot_id = self._enc.eot_token
         self._tiktoken_version = getattr(tiktoken, "__version__", "unknown")
@@ -187,12 +210,12 @@ class TiktokenTokenizer:
     def identity(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "backend": "tiktoken",
+            "backend": self.backend,
             "base_encoding": self.base,
             "n_vocab": self.n_vocab,
             "eot_id": self.eot_id,
             "eot_token": "<|endoftext|>",
-            "ranks_sha256": self.ranks_sha256,
+            "ranks_sha256": self.vocab_sha256,
             "pat_str": self._enc._pat_str,
             "special_tokens": dict(self._enc._special_tokens),
             "tiktoken_version": self._tiktoken_version,

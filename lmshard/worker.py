@@ -32,7 +32,7 @@ from .records import (
     settle,
 )
 from .sources import WorkItem
-from .tokenizer import TiktokenTokenizer
+from .tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,17 +68,17 @@ _state: dict[str, object] = {}
 def init_worker(config: WorkerConfig) -> None:
     """Process-pool initializer: build the tokenizer once per process."""
     _state["config"] = config
-    _state["tokenizer"] = TiktokenTokenizer(config.tokenizer)
+    _state["tokenizer"] = load_tokenizer(config.tokenizer)
 
 
 def process_item(item: WorkItem) -> ItemResult:
     config = _state["config"]
     tokenizer = _state["tokenizer"]
-    assert isinstance(config, WorkerConfig) and isinstance(tokenizer, TiktokenTokenizer)
+    assert isinstance(config, WorkerConfig) and isinstance(tokenizer, Tokenizer)
     return run_item(item, config, tokenizer)
 
 
-def run_item(item: WorkItem, config: WorkerConfig, tokenizer: TiktokenTokenizer) -> ItemResult:
+def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> ItemResult:
     counts: dict[int, Counter[str]] = {}
     examples: dict[str, str] = dict(item.examples)
     texts: list[str] = []

@@ -50,7 +50,7 @@ def test_identity(gpt2):
 
 def test_local_file_is_recognised_by_hash(installed_file, reference):
     tok = tk.TiktokenTokenizer(str(installed_file))
-    assert tok.name == "r50k_base" and tok.ranks_sha256 == GPT2_SHA
+    assert tok.name == "r50k_base" and tok.vocab_sha256 == GPT2_SHA
     assert tok.encode_batch(["x y"])[0].tolist() == reference.encode_ordinary("x y")
 
 
