@@ -31,6 +31,7 @@ app.add_typer(tokenizer_app, name="tokenizer")
 out = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 _state = {"verbose": False}
 _SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
 
@@ -134,7 +135,7 @@ def prepare(
     _summary(meta, cfg.out)
 
 
-def _with_progress(job: Callable[[Callable[[Any], None]], dict[str, Any]]) -> dict[str, Any]:
+def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
     columns = (
         TextColumn("[bold]prepare"),
         BarColumn(),
@@ -158,23 +159,21 @@ def _with_progress(job: Callable[[Callable[[Any], None]], dict[str, Any]]) -> di
     return meta
 
 
-def _summary(meta: dict[str, Any], where: str) -> None:
+def _summary(meta: Any, where: str) -> None:
     table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
-    tok = meta["tokenizer"]
-    table.add_row("tokenizer", f"{tok['name']} (n_vocab {tok['n_vocab']:,}, EOT {tok['eot_id']})")
-    table.add_row("records read", f"{meta['records_read']:,}")
-    for split, s in meta["splits"].items():
-        table.add_row(split, f"{s['n_docs']:,} docs  {s['n_tokens']:,} tokens  {len(s['shards'])} shards")
-    drops = ", ".join(f"{k} {v:,}" for k, v in meta["drops"].items() if v) or "none"
+    tok = meta.tokenizer
+    table.add_row("tokenizer", f"{tok.name} (n_vocab {tok.n_vocab:,}, EOT {tok.eot_id})")
+    table.add_row("records read", f"{meta.records_read:,}")
+    for split, s in meta.splits.items():
+        table.add_row(split, f"{s.n_docs:,} docs  {s.n_tokens:,} tokens  {len(s.shards)} shards")
+    drops = ", ".join(f"{k} {v:,}" for k, v in meta.drops.items() if v) or "none"
     table.add_row("dropped", drops)
-    run = meta["run"]
-    table.add_row(
-        "time", f"{run['elapsed_s']:.1f} s, {run['tokens_per_s'] or 0:,.0f} tokens/s, {run['workers']} workers"
-    )
+    run = meta.run
+    table.add_row("time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {run.workers} workers")
     out.print(table)
-    for reason, example in meta.get("drop_examples", {}).items():
+    for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False)
 
 
@@ -239,13 +238,11 @@ def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples:
         table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
         table.add_column(style="bold")
         table.add_column()
-        tok = meta.raw["tokenizer"]
-        table.add_row(
-            "tokenizer",
-            f"{tok['name']}  n_vocab {tok['n_vocab']:,}  EOT {tok['eot_id']} ({meta.eot_position} each doc)",
-        )
+        tok = meta.tokenizer
+        side = f"({meta.eot_position} each doc)"
+        table.add_row("tokenizer", f"{tok.name}  n_vocab {tok.n_vocab:,}  EOT {tok.eot_id} {side}")
         table.add_row("dtype", "uint32, little-endian")
-        for split in meta.raw["splits"]:
+        for split in meta.splits:
             table.add_row(
                 split,
                 f"{meta.n_docs(split):,} docs  {meta.n_tokens(split):,} tokens  {len(meta.split_shards(split))} shards",
@@ -253,9 +250,8 @@ def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples:
         stats = report.length_stats()
         if stats:
             table.add_row("doc length", "  ".join(f"{k} {v:,.6g}" for k, v in stats.items()) + " tokens")
-        drops = meta.raw.get("drops", {})
-        table.add_row("prepare drops", ", ".join(f"{k} {v:,}" for k, v in drops.items() if v) or "none")
-        table.add_row("records read", f"{meta.raw.get('records_read', 0):,}")
+        table.add_row("prepare drops", ", ".join(f"{k} {v:,}" for k, v in meta.drops.items() if v) or "none")
+        table.add_row("records read", f"{meta.records_read:,}")
         out.print(table)
         hist = audit.length_histogram(report)
         if hist:

@@ -31,13 +31,17 @@ from .config import PrepareConfig
 from .dedup import KeySet, uniform_from_keys
 from .errors import ConfigError, LmshardError
 from .format import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
     IN_PROGRESS_FILE,
     METADATA_FILE,
     SPLITS,
     TOKENIZER_FILE,
+    DatasetMeta,
+    DedupInfo,
+    RunInfo,
     ShardInfo,
+    SourceInfo,
+    SplitInfo,
+    TokenizerInfo,
     atomic_write_json,
 )
 from .pool import OrderedPool
@@ -76,7 +80,7 @@ class Totals:
     lines_removed: int = 0
 
 
-def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> DatasetMeta:
     """Run a prepare job and return the metadata it wrote."""
     started = time.time()
     out = Path(config.out)
@@ -91,7 +95,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
         shards = [info for w in writers.values() for info in w.close()]
         meta = _metadata(config, sources, tokenizer, shards, totals, started)
         atomic_write_json(out / TOKENIZER_FILE, tokenizer.identity())
-        atomic_write_json(out / METADATA_FILE, meta)
+        atomic_write_json(out / METADATA_FILE, meta.to_json())
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
         return meta
     except BaseException as e:
@@ -261,15 +265,6 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
         totals.examples.setdefault(reason, example)
 
 
-def _split_meta(shards: list[ShardInfo], split: str) -> dict[str, Any]:
-    mine = [s for s in shards if s.split == split]
-    return {
-        "n_tokens": sum(s.n_tokens for s in mine),
-        "n_docs": sum(s.n_docs for s in mine),
-        "shards": [s.to_json() for s in mine],
-    }
-
-
 def _metadata(
     config: PrepareConfig,
     sources: list[Source],
@@ -277,61 +272,52 @@ def _metadata(
     shards: list[ShardInfo],
     totals: Totals,
     started: float,
-) -> dict[str, Any]:
+) -> DatasetMeta:
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
-    ident = tokenizer.identity()
     drops = dict(sorted(totals.drops.items()))
     drops["duplicate"] = totals.duplicates
     hf = config.hf_spec()
-    return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "lmshard_version": __version__,
-        "dtype": "uint32",
-        "byte_order": "little",
-        "eot_position": config.eot_position,
-        "tokenizer": {k: ident[k] for k in ("name", "backend", "n_vocab", "eot_id", "ranks_sha256")},
-        "n_tokens": n_tokens,
-        "n_docs": sum(s.n_docs for s in shards),
-        "splits": {split: _split_meta(shards, split) for split in SPLITS},
-        "records_read": totals.records,
-        "drops": drops,
-        "drop_examples": totals.examples,
-        "dedup": {
-            "mode": config.dedup,
-            "key": "xxh3_64 of the cleaned UTF-8 text",
-            "duplicates_removed": totals.duplicates,
-            "lines": config.dedup_lines,
-            "lines_removed": totals.lines_removed,
-        },  # fmt: skip
-        "sources": [
-            _source_meta(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources)
-        ],
-        "config": config.recorded(),
-        "run": {
-            "workers": config.n_workers(),
-            "out": config.out,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "elapsed_s": round(elapsed, 3),
-            "tokens_per_s": round(n_tokens / elapsed, 1) if elapsed > 0 else None,
-            "input_chars": totals.chars,
-            "dedup_table_bytes": totals.dedup_bytes,
-            "python": platform.python_version(),
-            "host": platform.node(),
-        },
-    }
+    return DatasetMeta(
+        root=Path(config.out),
+        lmshard_version=__version__,
+        eot_position=config.eot_position,
+        tokenizer=TokenizerInfo(name=tokenizer.name, backend=tokenizer.backend, n_vocab=tokenizer.n_vocab,
+                                eot_id=tokenizer.eot_id, ranks_sha256=tokenizer.vocab_sha256),  # fmt: skip
+        total_tokens=n_tokens,
+        total_docs=sum(s.n_docs for s in shards),
+        splits={split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS},
+        records_read=totals.records,
+        drops=drops,
+        drop_examples=totals.examples,
+        dedup=DedupInfo(mode=config.dedup, key="xxh3_64 of the cleaned UTF-8 text",
+                        duplicates_removed=totals.duplicates, lines=config.dedup_lines,
+                        lines_removed=totals.lines_removed),  # fmt: skip
+        sources=tuple(_source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources)),
+        config=config.recorded(),
+        run=RunInfo(
+            workers=config.n_workers(),
+            out=config.out,
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            elapsed_s=round(elapsed, 3),
+            tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
+            input_chars=totals.chars,
+            dedup_table_bytes=totals.dedup_bytes,
+            python=platform.python_version(),
+            host=platform.node(),
+        ),
+    )
 
 
-def _source_meta(src: Source, counts: Counter[str], hf: Any = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"path": src.path, "format": src.fmt, "bytes": src.size}
-    if src.fmt == "hf":
-        entry["hf"] = hf.describe()  # how the stream was split: resume and scale-out reuse it
-    entry["records"] = counts.get("records", 0)
-    entry["kept"] = counts.get("kept", 0)
-    dropped = {k: v for k, v in sorted(counts.items()) if k not in ("records", "kept", "lines_removed") and v}
-    if counts.get("lines_removed"):
-        entry["lines_removed"] = counts["lines_removed"]
-    if dropped:
-        entry["dropped"] = dropped
-    return entry
+def _source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo:
+    not_drops = ("records", "kept", "lines_removed")
+    return SourceInfo(
+        path=src.path,
+        format=src.fmt,
+        bytes=src.size,
+        hf=hf.describe() if src.fmt == "hf" else None,  # how the stream was split: resume and scale-out reuse it
+        records=counts.get("records", 0),
+        kept=counts.get("kept", 0),
+        lines_removed=counts.get("lines_removed", 0),
+        dropped={k: v for k, v in sorted(counts.items()) if k not in not_drops and v},
+    )

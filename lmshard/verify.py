@@ -126,26 +126,22 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
 
 
 def _check_totals(meta: DatasetMeta, report: Report) -> None:
-    raw = meta.raw
-    for split, entry in raw["splits"].items():
-        for key in ("n_tokens", "n_docs"):
-            shard_sum = sum(getattr(s, key) for s in meta.shards if s.split == split)
-            if entry.get(key) != shard_sum:
-                report.problems.append(
-                    Problem(f"split {split}", f"{key} {entry.get(key)} != sum of its shards {shard_sum}")
-                )
-    for key in ("n_tokens", "n_docs"):
-        total = sum(getattr(s, key) for s in meta.shards)
-        if raw.get(key) != total:
-            report.problems.append(Problem("dataset_metadata.json", f"{key} {raw.get(key)} != sum of shards {total}"))
+    for name, split in meta.splits.items():
+        for key, recorded in (("n_tokens", split.n_tokens), ("n_docs", split.n_docs)):
+            shard_sum = sum(getattr(s, key) for s in split.shards)
+            if recorded != shard_sum:
+                report.problems.append(Problem(f"split {name}", f"{key} {recorded} != sum of its shards {shard_sum}"))
+    for key, recorded in (("n_tokens", meta.total_tokens), ("n_docs", meta.total_docs)):
+        total = sum(getattr(s, key) for split in meta.splits.values() for s in split.shards)
+        if recorded != total:
+            report.problems.append(Problem("dataset_metadata.json", f"{key} {recorded} != sum of shards {total}"))
 
 
 def check_shard_structure(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> np.ndarray | None:
     """Sizes and document index of one shard, without reading tokens. Returns the offsets, or
     None after recording a problem."""
     bin_path, idx_path = meta.abspath(shard.path), meta.abspath(shard.index_path)
-    for path, expected, unit in ((bin_path, shard.n_tokens * TOKEN_DTYPE.itemsize, "tokens"),
-                                 (idx_path, (shard.n_docs + 1) * INDEX_DTYPE.itemsize, "offsets")):  # fmt: skip
+    for path, expected, unit in ((bin_path, shard.bin_bytes, "tokens"), (idx_path, shard.idx_bytes, "offsets")):
         if not path.is_file():
             problems.append(Problem(shard.path, f"{path.name} is missing"))
             return None
@@ -202,17 +198,17 @@ def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -
                            "problems": [str(p) for p in report.problems]}  # fmt: skip
     if meta is None:
         return out
-    out["tokenizer"] = meta.raw["tokenizer"]
+    out["tokenizer"] = meta.tokenizer.to_json()
     out["dtype"], out["byte_order"], out["eot_position"] = "uint32", "little", meta.eot_position
     out["n_tokens"], out["n_docs"] = meta.n_tokens(), meta.n_docs()
     out["splits"] = {
         split: {"n_tokens": meta.n_tokens(split), "n_docs": meta.n_docs(split),
                 "n_shards": len(meta.split_shards(split)), "doc_length_tokens": report.length_stats(split)}
-        for split in meta.raw["splits"]
+        for split in meta.splits
     }  # fmt: skip
     out["doc_length_tokens"] = report.length_stats()
-    out["drops"] = meta.raw.get("drops", {})
-    out["records_read"] = meta.raw.get("records_read")
+    out["drops"] = meta.drops
+    out["records_read"] = meta.records_read
     if top is not None:
         out["top_tokens"] = [{"id": i, "count": c, "text": t} for i, c, t in top]
     return out

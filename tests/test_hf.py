@@ -44,6 +44,7 @@ def test_saved_dataset_and_parquet_dir_equal_jsonl(local, tmp_path):
     expected = tokens_of(tmp_path / "j")
     for name in ("saved", "pq"):
         meta = prepare(PrepareConfig(hf=str(local / name), out=str(tmp_path / name), workers=1, val_fraction=0.1))
+        meta = json.loads((tmp_path / name / "dataset_metadata.json").read_text())
         assert tokens_of(tmp_path / name) == expected, name
         assert meta["sources"][0]["hf"]["kind"] == ("saved" if name == "saved" else "local")
         assert meta["records_read"] == 120
@@ -65,7 +66,8 @@ def test_saved_dataset_split_into_tasks(local, rows):
 
 
 def test_task_split_recorded_in_metadata(local, tmp_path):
-    meta = prepare(PrepareConfig(hf=str(local / "pq"), out=str(tmp_path / "t"), workers=1, hf_task=1, hf_tasks=3))
+    prepare(PrepareConfig(hf=str(local / "pq"), out=str(tmp_path / "t"), workers=1, hf_task=1, hf_tasks=3))
+    meta = json.loads((tmp_path / "t" / "dataset_metadata.json").read_text())
     assert meta["sources"][0]["hf"]["task"] == 1 and meta["sources"][0]["hf"]["tasks"] == 3
     assert meta["config"]["hf_tasks"] == 3
     assert 0 < meta["records_read"] < 120

@@ -368,12 +368,15 @@ def test_unreadable_tokenizer_state_is_a_problem_not_a_crash(dataset, content):
         (lambda m: m.update(byte_order="big"), "'big'"),
         (lambda m: m.update(eot_position="middle"), "eot_position 'middle'"),
         (lambda m: m.update(format="other"), "not lmshard metadata"),
-        (lambda m: m["splits"]["train"]["shards"][0].update(n_docs=-1), "negative count"),
-        (lambda m: m["splits"]["train"]["shards"][0].pop("xxh3_64"), "lacks a valid"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(n_docs=-1), "'n_docs' is negative"),
+        (lambda m: m["splits"]["train"]["shards"][0].pop("xxh3_64"), "'xxh3_64' is missing"),
         (lambda m: m["splits"]["train"]["shards"][0].update(index_path="/etc/passwd"), "escapes the dataset"),
-        (lambda m: m["tokenizer"].pop("eot_id"), "tokenizer entry lacks"),
+        (lambda m: m["tokenizer"].pop("eot_id"), "tokenizer entry: 'eot_id' is missing"),
         (lambda m: m["splits"].update(val="x"), "split 'val' is not an object"),  # was an AttributeError
         (lambda m: m["splits"]["train"].update(shards=5), "split 'train' is not an object with a list"),
+        (lambda m: m["tokenizer"].update(n_vocab="50257"), "'n_vocab' is str, not int"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(n_tokens=True), "'n_tokens' is bool, not int"),
+        (lambda m: m.update(sources="x"), "'sources' is str, not list"),
     ],
 )
 def test_metadata_schema_is_refused_with_the_fix(dataset, change, words):

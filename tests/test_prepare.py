@@ -54,7 +54,7 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
 def run(tmp_path: Path, inputs: list[Path | str], on_progress=None, **kw) -> dict:
     kw.setdefault("workers", 1)
     kw.setdefault("out", str(tmp_path / "out"))
-    return prepare(PrepareConfig(inputs=[str(p) for p in inputs], **kw), on_progress)
+    return prepare(PrepareConfig(inputs=[str(p) for p in inputs], **kw), on_progress).to_json()
 
 
 def jsonl(path: Path, texts: list[str], opener=open) -> Path:

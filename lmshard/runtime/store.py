@@ -323,8 +323,7 @@ class TokenStore:
 
 
 def _check_sizes(meta: DatasetMeta, shard: ShardInfo) -> None:
-    for rel, expected in ((shard.path, shard.n_tokens * TOKEN_DTYPE.itemsize),
-                          (shard.index_path, (shard.n_docs + 1) * INDEX_DTYPE.itemsize)):  # fmt: skip
+    for rel, expected in ((shard.path, shard.bin_bytes), (shard.index_path, shard.idx_bytes)):
         path = meta.abspath(rel)
         size = path.stat().st_size if path.is_file() else -1
         if size != expected:
@@ -336,8 +335,8 @@ def open_store(
     path: str | os.PathLike[str], split: str, max_open: int = 64, rss_limit: int | None = DEFAULT_RSS_LIMIT
 ) -> tuple[DatasetMeta, TokenStore]:
     meta = load_metadata(path)
-    if split not in meta.raw["splits"]:
-        raise FormatError(f"{path}: no split {split!r} (splits: {', '.join(meta.raw['splits'])})")
+    if split not in meta.splits:
+        raise FormatError(f"{path}: no split {split!r} (splits: {', '.join(meta.splits)})")
     store = TokenStore.from_dataset(meta, split, max_open, rss_limit)
     if store.n_tokens == 0:
         raise FormatError(f"{path}: split {split!r} holds no tokens; prepare more data or use another split")

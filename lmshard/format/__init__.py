@@ -1,0 +1,45 @@
+"""The on-disk contract of an lmshard dataset: the centre every other part imports.
+
+Writer, `inspect` and the runtime loader all import this package; it imports none of them, and
+neither torch nor tiktoken, so a training node can read a dataset with numpy alone.
+`layout` holds the file names, dtypes and crash-safe writes; `schema` the metadata as typed
+values (built by prepare, parsed and validated for every reader).
+
+Memory model: metadata is a few hundred bytes per shard and per source file; `read_document`
+reads one document. Nothing here holds a shard.
+"""
+
+from .layout import (
+    EOT_POSITIONS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IN_PROGRESS_FILE,
+    INDEX_DTYPE,
+    METADATA_FILE,
+    REGENERATE_HINT,
+    SPLITS,
+    TOKEN_DTYPE,
+    TOKENIZER_FILE,
+    atomic_write_bytes,
+    atomic_write_json,
+    shard_paths,
+)
+from .schema import (
+    DatasetMeta,
+    DedupInfo,
+    RunInfo,
+    ShardInfo,
+    SourceInfo,
+    SplitInfo,
+    TokenizerInfo,
+    find_shard,
+    load_metadata,
+    read_document,
+)
+
+__all__ = [
+    "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "METADATA_FILE",
+    "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "atomic_write_bytes", "atomic_write_json",
+    "shard_paths", "DatasetMeta", "DedupInfo", "RunInfo", "ShardInfo", "SourceInfo", "SplitInfo", "TokenizerInfo",
+    "find_shard", "load_metadata", "read_document",
+]  # fmt: skip

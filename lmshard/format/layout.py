@@ -1,0 +1,67 @@
+"""The files of an lmshard dataset (format version 1): names, dtypes, and crash-safe writes.
+
+The layout, field by field, is documented in docs/format.md:
+
+    DATASET/
+      dataset_metadata.json      # written last, atomically: its presence means "complete"
+      tokenizer_state.json       # everything needed to rebuild the tokenizer
+      train/shard_000000.bin     # tokens, little-endian uint32, no header
+      train/shard_000000.idx     # document offsets, little-endian uint64, n_docs + 1 entries
+      val/...
+
+Memory model: nothing here holds more than the bytes it is asked to write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_NAME = "lmshard"
+FORMAT_VERSION = 1
+TOKEN_DTYPE = np.dtype("<u4")  # uint32 holds any vocabulary up to 4.29e9 ids; no uint16 overflow
+INDEX_DTYPE = np.dtype("<u8")  # document start offsets in tokens, plus the shard's end
+METADATA_FILE = "dataset_metadata.json"
+TOKENIZER_FILE = "tokenizer_state.json"
+IN_PROGRESS_FILE = "_PREPARE_IN_PROGRESS"
+SPLITS = ("train", "val")
+EOT_POSITIONS = ("after", "before")
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once: mkstemp creates files 0600, outputs should follow the umask
+
+REGENERATE_HINT = "re-run `lmshard prepare` with --overwrite to regenerate it"
+
+
+def shard_paths(split: str, index: int) -> tuple[str, str]:
+    """Relative paths of shard `index` of `split`: its token file and its document index."""
+    stem = f"{split}/shard_{index:06d}"
+    return f"{stem}.bin", f"{stem}.idx"
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it into place.
+
+    A reader sees either the old file or the whole new one, never a torn write.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())

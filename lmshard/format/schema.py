@@ -1,0 +1,365 @@
+"""`dataset_metadata.json` as typed values: built by prepare, parsed and validated for every reader.
+
+No code outside this package reads metadata by key: prepare builds a `DatasetMeta` and writes
+`to_json()`; inspect, the runtime and the CLI call `load_metadata(root)` and use attributes. The
+JSON's key order is fixed here, so the bytes a run writes do not depend on who builds the value.
+
+Parsing is strict where a reader's correctness depends on a field (format, version, dtype, byte
+order, tokenizer, separator side, splits and shards) and lenient, with defaults, for what is
+only reported (drops, sources, the run record), so metadata written by an older lmshard still
+opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+from .layout import (
+    EOT_POSITIONS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IN_PROGRESS_FILE,
+    INDEX_DTYPE,
+    METADATA_FILE,
+    REGENERATE_HINT,
+    SPLITS,
+    TOKEN_DTYPE,
+)
+
+DTYPE, BYTE_ORDER = "uint32", "little"  # TOKEN_DTYPE as the metadata names it
+
+
+class _Invalid(Exception):
+    """A field that fails validation; `load_metadata` turns it into one FormatError line."""
+
+
+def _get(raw: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
+    """raw[key], which must be a `kind`; `default` when absent or null (required without one)."""
+    value = raw.get(key)
+    if value is None:
+        if default is ...:
+            raise _Invalid(f"'{key}' is missing")
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _Invalid(f"'{key}' is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _count(raw: dict[str, Any], key: str, default: Any = ...) -> int:
+    value = _get(raw, key, int, default)
+    if isinstance(value, int) and value < 0:
+        raise _Invalid(f"'{key}' is negative ({value})")
+    return int(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerInfo:
+    """The tokenizer's identity: enough to refuse a dataset made with another vocabulary."""
+
+    name: str
+    backend: str = "tiktoken"
+    n_vocab: int
+    eot_id: int
+    ranks_sha256: str  # sha256 of the vocabulary file
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "n_vocab": self.n_vocab, "eot_id": self.eot_id,
+                "ranks_sha256": self.ranks_sha256}  # fmt: skip
+
+    @classmethod
+    def parse(cls, raw: Any) -> TokenizerInfo:
+        if not isinstance(raw, dict):
+            raise _Invalid("'tokenizer' is not an object")
+        try:
+            return cls(name=_get(raw, "name", str), backend=_get(raw, "backend", str, "tiktoken"),
+                       n_vocab=_count(raw, "n_vocab"), eot_id=_count(raw, "eot_id"),
+                       ranks_sha256=_get(raw, "ranks_sha256", str))  # fmt: skip
+        except _Invalid as e:
+            raise _Invalid(f"tokenizer entry: {e}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """One shard as the metadata describes it. Paths are relative to the dataset root."""
+
+    split: str
+    path: str  # the token file: n_tokens little-endian uint32, no header
+    index_path: str  # the document index: n_docs + 1 little-endian uint64 offsets, 0 .. n_tokens
+    n_tokens: int
+    n_docs: int
+    xxh3_64: str  # of the token file's bytes
+    index_xxh3_64: str  # of the index file's bytes
+
+    @property
+    def bin_bytes(self) -> int:
+        """The size the token file must have."""
+        return self.n_tokens * TOKEN_DTYPE.itemsize
+
+    @property
+    def idx_bytes(self) -> int:
+        """The size the index file must have."""
+        return (self.n_docs + 1) * INDEX_DTYPE.itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "index_path": self.index_path, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
+                "xxh3_64": self.xxh3_64, "index_xxh3_64": self.index_xxh3_64}  # fmt: skip
+
+    @classmethod
+    def parse(cls, split: str, raw: Any) -> ShardInfo:
+        if not isinstance(raw, dict):
+            raise _Invalid(f"a shard entry of split '{split}' is not an object")
+        try:
+            return cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
+                       n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
+                       xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str))  # fmt: skip
+        except _Invalid as e:
+            raise _Invalid(f"shard entry {raw.get('path')!r}: {e}") from None
+
+
+def _inside(raw: dict[str, Any], key: str) -> str:
+    """A relative path that stays inside the dataset directory."""
+    rel = _get(raw, key, str)
+    p = Path(rel)
+    if not rel or p.is_absolute() or ".." in p.parts:
+        raise _Invalid(f"path {rel!r} escapes the dataset directory")
+    return str(rel)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitInfo:
+    """A split: its recorded totals and its shards in order."""
+
+    n_tokens: int
+    n_docs: int
+    shards: tuple[ShardInfo, ...] = ()
+
+    @classmethod
+    def of(cls, shards: tuple[ShardInfo, ...]) -> SplitInfo:
+        return cls(n_tokens=sum(s.n_tokens for s in shards), n_docs=sum(s.n_docs for s in shards), shards=shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n_tokens": self.n_tokens, "n_docs": self.n_docs, "shards": [s.to_json() for s in self.shards]}
+
+    @classmethod
+    def parse(cls, name: str, raw: Any) -> SplitInfo:
+        if not isinstance(raw, dict) or not isinstance(raw.get("shards", []), list):
+            raise _Invalid(f"split '{name}' is not an object with a list of shards")
+        shards = tuple(ShardInfo.parse(name, s) for s in raw.get("shards", []))
+        return cls(n_tokens=_count(raw, "n_tokens", 0), n_docs=_count(raw, "n_docs", 0), shards=shards)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceInfo:
+    """One input file (or Hugging Face stream) and what became of its records."""
+
+    path: str
+    format: str
+    bytes: int  # on disk, compressed; 0 for stdin and streams
+    hf: dict[str, Any] | None = None  # how a Hugging Face stream was opened and split
+    records: int = 0
+    kept: int = 0
+    lines_removed: int = 0  # by --dedup-lines
+    dropped: dict[str, int] = field(default_factory=dict)  # reason → records
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "format": self.format, "bytes": self.bytes}
+        if self.hf is not None:
+            out["hf"] = self.hf
+        out["records"], out["kept"] = self.records, self.kept
+        if self.lines_removed:
+            out["lines_removed"] = self.lines_removed
+        if self.dropped:
+            out["dropped"] = self.dropped
+        return out
+
+    @classmethod
+    def parse(cls, raw: Any) -> SourceInfo:
+        if not isinstance(raw, dict):
+            raise _Invalid("a source entry is not an object")
+        return cls(path=_get(raw, "path", str, ""), format=_get(raw, "format", str, ""),
+                   bytes=_count(raw, "bytes", 0), hf=_get(raw, "hf", dict, None), records=_count(raw, "records", 0),
+                   kept=_count(raw, "kept", 0), lines_removed=_count(raw, "lines_removed", 0),
+                   dropped=_get(raw, "dropped", dict, {}))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupInfo:
+    mode: str  # "document" or "none"
+    key: str  # what was hashed
+    duplicates_removed: int
+    lines: bool  # --dedup-lines
+    lines_removed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "key": self.key, "duplicates_removed": self.duplicates_removed,
+                "lines": self.lines, "lines_removed": self.lines_removed}  # fmt: skip
+
+    @classmethod
+    def parse(cls, raw: Any) -> DedupInfo | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise _Invalid("'dedup' is not an object")
+        return cls(mode=_get(raw, "mode", str, "document"), key=_get(raw, "key", str, ""),
+                   duplicates_removed=_count(raw, "duplicates_removed", 0), lines=_get(raw, "lines", bool, False),
+                   lines_removed=_count(raw, "lines_removed", 0))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """Where, when and how fast a run went: not part of what determines the output bytes."""
+
+    workers: int = 0
+    out: str = ""
+    started_at: str = ""  # UTC, ISO 8601
+    elapsed_s: float = 0.0
+    tokens_per_s: float | None = None
+    input_chars: int = 0
+    dedup_table_bytes: int = 0
+    python: str = ""
+    host: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def parse(cls, raw: Any) -> RunInfo:
+        if not isinstance(raw, dict):
+            return cls()  # reporting only: an odd run record never makes a dataset unreadable
+        kinds = {"workers": int, "out": str, "started_at": str, "elapsed_s": (int, float),
+                 "tokens_per_s": (int, float), "input_chars": int, "dedup_table_bytes": int, "python": str,
+                 "host": str}  # fmt: skip
+        return cls(**{k: v for k, v in raw.items() if k in kinds and isinstance(v, kinds[k])})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetMeta:
+    """A dataset's metadata. `shards` lists the train then the val shards, in order."""
+
+    root: Path
+    tokenizer: TokenizerInfo
+    eot_position: str
+    splits: dict[str, SplitInfo]
+    total_tokens: int  # as recorded; verify compares it with the shards
+    total_docs: int
+    lmshard_version: str = ""
+    records_read: int = 0
+    drops: dict[str, int] = field(default_factory=dict)  # reason → documents dropped
+    drop_examples: dict[str, str] = field(default_factory=dict)  # reason → "file:line: what"
+    dedup: DedupInfo | None = None
+    sources: tuple[SourceInfo, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict)  # the options that determine the bytes
+    run: RunInfo = field(default_factory=RunInfo)
+
+    @property
+    def shards(self) -> tuple[ShardInfo, ...]:
+        return tuple(s for split in SPLITS if split in self.splits for s in self.splits[split].shards)
+
+    def split_shards(self, split: str) -> tuple[ShardInfo, ...]:
+        return self.splits[split].shards if split in self.splits else ()
+
+    def n_tokens(self, split: str | None = None) -> int:
+        return sum(s.n_tokens for s in self.shards if split in (None, s.split))
+
+    def n_docs(self, split: str | None = None) -> int:
+        return sum(s.n_docs for s in self.shards if split in (None, s.split))
+
+    def abspath(self, relative: str) -> Path:
+        return self.root / relative
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "lmshard_version": self.lmshard_version,
+            "dtype": DTYPE, "byte_order": BYTE_ORDER, "eot_position": self.eot_position,
+            "tokenizer": self.tokenizer.to_json(), "n_tokens": self.total_tokens, "n_docs": self.total_docs,
+            "splits": {name: split.to_json() for name, split in self.splits.items()},
+            "records_read": self.records_read, "drops": self.drops, "drop_examples": self.drop_examples,
+        }  # fmt: skip
+        if self.dedup is not None:
+            out["dedup"] = self.dedup.to_json()
+        out["sources"] = [s.to_json() for s in self.sources]
+        out["config"], out["run"] = self.config, self.run.to_json()
+        return out
+
+    @classmethod
+    def parse(cls, root: Path, raw: dict[str, Any]) -> DatasetMeta:
+        """Validate a metadata mapping (see the module docstring for what is strict)."""
+        if _get(raw, "format_version", int) != FORMAT_VERSION:
+            raise _Invalid(f"format version {raw.get('format_version')!r}, this lmshard reads {FORMAT_VERSION}")
+        if raw.get("dtype") != DTYPE or raw.get("byte_order") != BYTE_ORDER:
+            raise _Invalid(f"dtype {raw.get('dtype')!r}/{raw.get('byte_order')!r} is not {DTYPE}/{BYTE_ORDER}")
+        if raw.get("eot_position") not in EOT_POSITIONS:
+            raise _Invalid(f"eot_position {raw.get('eot_position')!r} is not one of {EOT_POSITIONS}")
+        splits = raw.get("splits")
+        if not isinstance(splits, dict):
+            raise _Invalid("'splits' is missing")
+        sources = _get(raw, "sources", list, [])
+        return cls(
+            root=root, tokenizer=TokenizerInfo.parse(raw.get("tokenizer")), eot_position=raw["eot_position"],
+            splits={str(name): SplitInfo.parse(str(name), entry) for name, entry in splits.items()},
+            total_tokens=_count(raw, "n_tokens", 0), total_docs=_count(raw, "n_docs", 0),
+            lmshard_version=_get(raw, "lmshard_version", str, ""), records_read=_count(raw, "records_read", 0),
+            drops=_get(raw, "drops", dict, {}), drop_examples=_get(raw, "drop_examples", dict, {}),
+            dedup=DedupInfo.parse(raw.get("dedup")), sources=tuple(SourceInfo.parse(s) for s in sources),
+            config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")),
+        )  # fmt: skip
+
+
+def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
+    """Read and validate a dataset's metadata; raise `FormatError` naming the fix if invalid.
+
+    Checks the schema only; `lmshard.verify` compares it with the files on disk.
+    """
+    root = Path(root)
+    raw = _read_json(root)
+    try:
+        return DatasetMeta.parse(root, raw)
+    except _Invalid as e:
+        raise _fail(root, str(e)) from None
+
+
+def _fail(root: Path, what: str) -> FormatError:
+    return FormatError(f"{root / METADATA_FILE}: {what}; {REGENERATE_HINT}")
+
+
+def _read_json(root: Path) -> dict[str, Any]:
+    path = root / METADATA_FILE
+    if not path.is_file():
+        if (root / IN_PROGRESS_FILE).exists():
+            raise FormatError(f"{root}: a prepare run did not finish here; {REGENERATE_HINT}")
+        raise FormatError(f"{root}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(root, f"unreadable ({e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raise _fail(root, "not lmshard metadata")
+    return raw
+
+
+def read_document(meta: DatasetMeta, shard: ShardInfo, i: int) -> np.ndarray:
+    """Tokens of document `i` of `shard` (separator included), read with two small preads."""
+    if not 0 <= i < shard.n_docs:
+        raise FormatError(f"{shard.path}: no document {i} (it holds {shard.n_docs})")
+    with open(meta.abspath(shard.index_path), "rb") as f:
+        f.seek(i * INDEX_DTYPE.itemsize)
+        start, end = np.frombuffer(f.read(2 * INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)
+    with open(meta.abspath(shard.path), "rb") as f:
+        f.seek(int(start) * TOKEN_DTYPE.itemsize)
+        return np.frombuffer(f.read(int(end - start) * TOKEN_DTYPE.itemsize), dtype=TOKEN_DTYPE)
+
+
+def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
+    """A shard by its relative path, with or without the .bin suffix (`train/shard_000003`)."""
+    wanted = name if name.endswith(".bin") else f"{name}.bin"
+    for shard in meta.shards:
+        if shard.path == wanted:
+            return shard
+    raise FormatError(f"no shard {name!r} in {meta.root}; shards are named like train/shard_000000")
