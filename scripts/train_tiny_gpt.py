@@ -83,7 +83,7 @@ def main() -> None:
     train = TokenDataset(args.data, split="train")
     batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=args.device)
     val = None
-    if "val" in (train.meta.raw["splits"] if train.meta else {}) and train.meta.n_tokens("val") > args.seq_len + 1:
+    if train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
         val = TokenDataset(args.data, split="val").random_batches(
             args.batch_size, args.seq_len, seed=0, device=args.device
         )
