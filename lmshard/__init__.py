@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return TokenDataset
     if name == "verify_dataset":
-        from .verify import verify_dataset
+        from .inspect import verify_dataset
 
         return verify_dataset
     raise AttributeError(f"module 'lmshard' has no attribute {name!r}")

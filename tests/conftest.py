@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lmshard.format import INDEX_DTYPE, TOKEN_DTYPE
-from lmshard.tokenizer import VOCABULARIES, cache_dir
+from lmshard.tokenizers import VOCABULARIES, cache_dir
 
 # Set before any test module imports `datasets` (huggingface_hub reads it once, at import), so it
 # cannot be a fixture; `make test` exports it too. setdefault leaves a caller's choice alone.
@@ -39,7 +39,7 @@ def small_items(monkeypatch):
     records (not 2,048), so that small test inputs span many items. The planner runs in the main
     process, so the patch holds for spawned workers too. Returns a list that counts the items
     prepare reported progress for: pass `on_progress=small_items.append`."""
-    import lmshard.sources as sources
+    import lmshard.prepare.sources as sources
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", 2048)
     monkeypatch.setattr(sources, "FILES_PER_ITEM", 3)

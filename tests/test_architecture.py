@@ -107,6 +107,21 @@ def test_metadata_is_read_by_key_only_in_the_format_layer():
         assert ".raw[" not in text and "meta[" not in text and "METADATA_FILE).read" not in text, name
 
 
+def test_runtime_imports_only_format_numpy_and_torch_on_every_path():
+    """Statically, function-level imports included: the loader never reaches the prepare side."""
+    modules = _modules()
+    allowed_lmshard = {"lmshard.format", "lmshard.format.layout", "lmshard.format.schema", "lmshard.errors"}
+    for name, path in modules.items():
+        if not name.startswith("lmshard.runtime"):
+            continue
+        inner = {t for t in _imports(name, path, modules) if not t.startswith("lmshard.runtime")}
+        assert inner <= allowed_lmshard, (name, inner - allowed_lmshard)
+        tree = ast.parse(path.read_text())
+        top = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        top |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not top & {"tiktoken", "typer", "rich", "datasets", "xxhash", "yaml", "pyarrow"}, (name, top)
+
+
 _RUNTIME_PROBE = """
 import sys
 import numpy as np
@@ -128,8 +143,8 @@ print(sorted({m.split(".")[0] for m in sys.modules} & heavy))
 
 
 def test_runtime_constructs_every_loader_without_prepare_side_libraries(tmp_path):
-    from lmshard.config import PrepareConfig
     from lmshard.prepare import prepare
+    from lmshard.prepare.config import PrepareConfig
 
     (tmp_path / "a.txt").write_text("one small document for the loader to read\n" * 40)
     prepare(PrepareConfig(inputs=[str(tmp_path / "a.txt")], out=str(tmp_path / "ds"), workers=1, val_fraction=0))

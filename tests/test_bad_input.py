@@ -62,7 +62,7 @@ def test_empty_file_is_counted_not_fatal(tmp_path):
 
 
 def test_gigantic_line_is_refused(tmp_path, monkeypatch):
-    import lmshard.sources as sources
+    import lmshard.prepare.sources as sources
 
     monkeypatch.setattr(sources, "MAX_RECORD_BYTES", 1000)
     monkeypatch.setattr(sources, "BLOCK_BYTES", 256)
@@ -126,7 +126,7 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     import errno
 
     from lmshard.errors import LmshardError
-    from lmshard.writer import ShardWriter
+    from lmshard.prepare.writer import ShardWriter
 
     def full(self, tokens, ends):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "train" / "shard_000000.bin.tmp"))

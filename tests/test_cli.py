@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from lmshard import __version__
 from lmshard.cli import app
-from lmshard.config import PrepareConfig, canonical, resolve_config
 from lmshard.errors import ConfigError
+from lmshard.prepare.config import PrepareConfig, canonical, resolve_config
 
 runner = CliRunner()
 

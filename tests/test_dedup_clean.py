@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmshard.clean import CleanConfig, clean_text, length_filter
-from lmshard.dedup import KeySet, uniform_from_keys
+from lmshard.prepare.clean import CleanConfig, clean_text, length_filter
+from lmshard.prepare.dedup import KeySet, uniform_from_keys
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,10 +12,10 @@ from conftest import GPT2_EOT, read_docs
 from test_prepare import jsonl, make_texts
 from typer.testing import CliRunner
 
-from lmshard import verify
 from lmshard.cli import app
+from lmshard.inspect import verify
+from lmshard.inspect.verify import verify_dataset
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.verify import verify_dataset
 
 runner = CliRunner()
 

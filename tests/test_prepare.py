@@ -16,10 +16,10 @@ from conftest import GPT2_EOT, read_docs, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmshard.dedup import uniform_from_keys
 from lmshard.errors import ConfigError, InputError
 from lmshard.format import load_metadata
 from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.dedup import uniform_from_keys
 
 WORDS = [
     "the",
@@ -430,7 +430,7 @@ def test_line_dedup_refuses_stdin():
 @given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=12))
 def test_round_trip_text_to_shards_to_decoded_text(tmp_path_factory, reference, texts):
     """Any text → prepare → raw .bin/.idx read with numpy → decoded: the cleaned text, once each."""
-    from lmshard.clean import CleanConfig, clean_text, fix_surrogates
+    from lmshard.prepare.clean import CleanConfig, clean_text, fix_surrogates
 
     tmp = tmp_path_factory.mktemp("rt")
     jsonl(tmp / "a.jsonl", texts)

@@ -351,13 +351,21 @@ def test_bad_dataset_errors_name_the_shard(ds, tmp_path):
 
 
 def test_from_text_and_synthetic(tmp_path, reference):
+    from lmshard.tokenizers import load_tokenizer
+
     (tmp_path / "t.txt").write_text("tiny corpus, tiny corpus. " * 40)
-    data = TokenDataset.from_text(tmp_path / "t.txt")
+    with pytest.raises(ConfigError, match="needs a tokenizer object"):
+        TokenDataset.from_text(tmp_path / "t.txt", "gpt2")
+    data = TokenDataset.from_text(tmp_path / "t.txt", load_tokenizer("gpt2"))
     assert data.tokens(0, data.n_tokens).tolist() == reference.encode_ordinary("tiny corpus, tiny corpus. " * 40) + [
         EOT
     ]
     x, y = next(data.random_batches(2, 16))
     assert x.shape == (2, 16)
+    mem = TokenDataset.from_tokens(np.arange(12, dtype=np.uint32), [5, 7], eot_id=11, vocab_size=12)
+    assert mem.n_docs == 2 and mem.store.doc_counts.tolist() == [2] and mem.tokens(3, 4).tolist() == [3, 4, 5, 6]
+    with pytest.raises(ConfigError, match="sum to the 12 tokens"):
+        TokenDataset.from_tokens(np.arange(12), [5, 6], eot_id=11, vocab_size=12)
     syn = TokenDataset.synthetic(10_000, vocab_size=100, doc_len=50)
     b = next(syn.random_batches(4, 20, cu_seqlens=True, doc_aligned=True))
     assert int(b.x.max()) < 100 and b.x.shape == (4, 20)

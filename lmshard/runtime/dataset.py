@@ -54,16 +54,28 @@ class TokenDataset:
         return self
 
     @classmethod
-    def from_text(cls, path: str | os.PathLike[str], tokenizer: str = "gpt2") -> TokenDataset:
-        """Tokenize one small UTF-8 text file in memory (one document; quick experiments)."""
-        from ..tokenizer import TiktokenTokenizer
+    def from_tokens(cls, tokens: np.ndarray, doc_lengths: np.ndarray | None = None, *, eot_id: int,
+                    vocab_size: int, name: str = "<memory>") -> TokenDataset:  # fmt: skip
+        """A dataset held in memory, from token ids of any tokenizer: `doc_lengths` gives the
+        tokens of each document (separators included) in order; None makes it one document."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.uint32)
+        lengths = np.array([len(tokens)] if doc_lengths is None else doc_lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(tokens) or (lengths <= 0).any():
+            raise ConfigError(f"doc_lengths must be positive and sum to the {len(tokens)} tokens")
+        index = np.concatenate([[0], np.cumsum(lengths)])
+        return cls._from_store(TokenStore.from_arrays(tokens, index), eot_id, vocab_size, name)
 
-        tok = TiktokenTokenizer(tokenizer)
-        text = Path(path).read_text(encoding="utf-8")
-        tokens, lengths = tok.encode_batch([text])
-        tokens = np.append(tokens, np.uint32(tok.eot_id))
-        store = TokenStore.from_arrays(tokens, np.array([0, len(tokens)]))
-        return cls._from_store(store, tok.eot_id, tok.n_vocab, str(path))
+    @classmethod
+    def from_text(cls, path: str | os.PathLike[str], tokenizer: Any) -> TokenDataset:
+        """Tokenize one small UTF-8 text file in memory (one document, EOT after it), with any
+        tokenizer that has `encode_batch`, `eot_id` and `n_vocab`, such as
+        `lmshard.tokenizers.load_tokenizer("gpt2")`. The runtime imports no tokenizer itself."""
+        if isinstance(tokenizer, str):
+            raise ConfigError(f"from_text needs a tokenizer object: TokenDataset.from_text(path, "
+                              f"lmshard.tokenizers.load_tokenizer({tokenizer!r}))")  # fmt: skip
+        tokens, _ = tokenizer.encode_batch([Path(path).read_text(encoding="utf-8")])
+        tokens = np.append(tokens, np.uint32(tokenizer.eot_id))
+        return cls.from_tokens(tokens, eot_id=tokenizer.eot_id, vocab_size=tokenizer.n_vocab, name=str(path))
 
     @classmethod
     def synthetic(

@@ -19,7 +19,7 @@ from typing import BinaryIO
 import numpy as np
 import xxhash
 
-from .format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, atomic_write_bytes, shard_paths
+from ..format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, atomic_write_bytes, shard_paths
 
 
 def with_separators(

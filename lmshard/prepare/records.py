@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from .errors import InputError
+from ..errors import InputError
 from .files import MAX_RECORD_BYTES, Source, arrow_batches, nul_offset, open_arrow, read_prefix, text_stream
 
 

@@ -39,7 +39,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
 
-from .errors import LmshardError
+from ..errors import LmshardError
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-from .errors import InputError, missing_dependency
+from ..errors import InputError, missing_dependency
 
 MAX_RECORD_BYTES = 256 << 20  # one line / record larger than this is refused, not buffered
 SNIFF_BYTES = 65536  # a NUL byte in this many leading bytes marks a file as binary

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from ..tokenizers import Tokenizer, load_tokenizer
 from .clean import CleanConfig, clean_text, fix_surrogates, length_filter
 from .files import Source
 from .records import (
@@ -32,7 +33,6 @@ from .records import (
     settle,
 )
 from .sources import WorkItem
-from .tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import InputError
+from ..errors import InputError
 from .files import (
     MAX_RECORD_BYTES,
     Source,

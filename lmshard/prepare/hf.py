@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from .errors import ConfigError, InputError, missing_dependency
+from ..errors import ConfigError, InputError, missing_dependency
 from .records import Record, bad
 
 

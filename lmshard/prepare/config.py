@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+from ..format import EOT_POSITIONS
 from .clean import CleanConfig
-from .errors import ConfigError
-from .format import EOT_POSITIONS
 
 TEXT_MODES = ("file", "line", "paragraph")  # .txt/.md: a document per file, line or paragraph
 ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it

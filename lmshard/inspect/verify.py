@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .errors import FormatError
-from .format import INDEX_DTYPE, TOKEN_DTYPE, TOKENIZER_FILE, DatasetMeta, ShardInfo, load_metadata
+from ..errors import FormatError
+from ..format import INDEX_DTYPE, TOKEN_DTYPE, TOKENIZER_FILE, DatasetMeta, ShardInfo, load_metadata
 
 BLOCK_TOKENS = 16 << 20
 MAX_LENGTHS = 16_000_000

@@ -26,11 +26,9 @@ from typing import IO, Any, TypeVar
 
 import numpy as np
 
-from . import __version__
-from .config import PrepareConfig
-from .dedup import KeySet, uniform_from_keys
-from .errors import ConfigError, LmshardError
-from .format import (
+from .. import __version__
+from ..errors import ConfigError, LmshardError
+from ..format import (
     IN_PROGRESS_FILE,
     METADATA_FILE,
     SPLITS,
@@ -44,9 +42,11 @@ from .format import (
     TokenizerInfo,
     atomic_write_json,
 )
+from ..tokenizers import Tokenizer, load_tokenizer
+from .config import PrepareConfig
+from .dedup import KeySet, uniform_from_keys
 from .pool import OrderedPool
 from .sources import Source, WorkItem, discover, plan
-from .tokenizer import Tokenizer, load_tokenizer
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
 from .writer import ShardWriter, with_separators
 

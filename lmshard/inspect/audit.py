@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, LmshardError, missing_dependency
-from .format import IN_PROGRESS_FILE, METADATA_FILE, DatasetMeta, find_shard, read_document
+from ..errors import ConfigError, LmshardError, missing_dependency
+from ..format import IN_PROGRESS_FILE, METADATA_FILE, DatasetMeta, find_shard, read_document
 from .verify import Report
 
 Decoder = Callable[[list[int]], str]
@@ -32,7 +32,7 @@ def decoder_for(meta: DatasetMeta | None) -> Decoder | None:
     if meta is None:
         return None
     try:
-        from .tokenizer import load_tokenizer
+        from ..tokenizers import load_tokenizer
 
         tok = load_tokenizer(meta.tokenizer.name)
     except LmshardError:

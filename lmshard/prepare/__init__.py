@@ -1,0 +1,20 @@
+"""`lmshard prepare`: raw text → cleaned, deduplicated, tokenized shards with their metadata.
+
+The rooms, in the order a document passes through them:
+
+- `config`: `PrepareConfig` and `resolve_config` (flags > config file > preset > demo defaults);
+- `files`: the I/O leaf (what an input file is, opening and decompressing it);
+- `sources`: inputs → an ordered stream of work items; `records`: bytes → `Record`s, and the
+  one `--on-error` decision (`settle`); `hf`: Hugging Face datasets and presets;
+- `worker`: per item, parse → clean (`clean`) → key → tokenize, in worker processes (`pool`);
+- `pipeline`: the run itself: dedup (`dedup`) and split in input order, shards (`writer`),
+  metadata last.
+
+    from lmshard.prepare import PrepareConfig, prepare
+    meta = prepare(PrepareConfig(inputs=["corpus/"], out="data/corpus"))
+"""
+
+from .config import PrepareConfig, resolve_config
+from .pipeline import Progress, prepare
+
+__all__ = ["PrepareConfig", "Progress", "prepare", "resolve_config"]
