@@ -61,6 +61,22 @@ def test_empty_file_is_counted_not_fatal(tmp_path):
     assert meta["drops"]["empty"] == 1
 
 
+@pytest.mark.parametrize("block", [7, 100, 1 << 20])
+def test_line_numbers_are_right_in_any_work_item(tmp_path, monkeypatch, block):
+    """Line 57 is named as line 57 whichever work item it falls in, failing and skipping."""
+    import lmshard.prepare.sources as sources
+
+    monkeypatch.setattr(sources, "BLOCK_BYTES", block)
+    lines = [json.dumps({"text": f"document number {i}"}) for i in range(100)]
+    lines[56] = '{"text": broken'
+    write(tmp_path / "bad.jsonl", "\n".join(lines) + "\n")
+    with pytest.raises(InputError, match="bad.jsonl:57: invalid JSON"):
+        run(tmp_path, "bad.jsonl")
+    meta = run(tmp_path, "bad.jsonl", on_error="skip")
+    assert meta["drop_examples"]["json_error"].startswith(f"{tmp_path / 'bad.jsonl'}:57: invalid JSON")
+    assert meta["n_docs"] == 99 and meta["records_read"] == 100
+
+
 def test_gigantic_line_is_refused(tmp_path, monkeypatch):
     import lmshard.prepare.sources as sources
 

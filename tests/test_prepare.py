@@ -177,6 +177,32 @@ def test_worker_counts_1_2_3_byte_identical_over_many_work_items(tmp_path, refer
     assert_tokens_match(tmp_path / "w3", texts, reference)
 
 
+@pytest.mark.parametrize("mode", ["paragraph", "line", "file"])
+def test_work_item_size_does_not_change_the_output(tmp_path, monkeypatch, mode):
+    """Blocks cut at 7 or 333 bytes (mid-record, mid-CRLF, mid-paragraph separator) give the same
+    shards as one 1 MiB block: the planner carries partial records into the next item."""
+    import lmshard.prepare.sources as sources
+
+    rng = random.Random(1)
+    paras = ["\n".join(make_texts(rng.randint(1, 3), seed=k)) for k in range(120)]
+    seps = ["\n\n", "\n\n\n", "\r\n\r\n", "\n \n", "\n\r\n"]
+    write(tmp_path / "p.txt", "".join(p + rng.choice(seps) for p in paras))
+    src = tmp_path / "p.txt"
+    if mode == "file":  # whole .txt files are not cut: use CRLF JSON lines instead
+        src = write(tmp_path / "p.jsonl", "".join(json.dumps({"text": p}) + "\r\n" for p in paras))
+    kw = {"text_mode": mode if mode != "file" else "file", "val_fraction": 0.0, "tokens_per_shard": 2000}
+    run(tmp_path, [src], out=str(tmp_path / "big"), **kw)
+    expected = _tree(tmp_path / "big")
+    expected.pop("dataset_metadata.json")
+    for block in (7, 333):
+        monkeypatch.setattr(sources, "BLOCK_BYTES", block)
+        items: list = []
+        run(tmp_path, [src], out=str(tmp_path / f"b{block}"), on_progress=items.append, **kw)
+        got = _tree(tmp_path / f"b{block}")
+        got.pop("dataset_metadata.json")
+        assert got == expected and len(items) > 10, block
+
+
 def test_duplicates_across_files_and_work_items_removed(tmp_path, reference, small_items):
     """The first copy wins wherever the later copies are: another work item of the same file,
     another file, another kind of item (whole text files, parsed CSV records)."""
