@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from benchlib import require_corpus  # noqa: E402
@@ -37,13 +38,20 @@ def moment(rng: random.Random) -> float:
     return rng.uniform(0, 0.3) if rng.random() < 0.5 else rng.uniform(0.3, 3.0)
 
 
-def kill_worker(corpus: Path, out: Path, rng: random.Random, timeout: float) -> tuple[str, float]:
+def start(corpus: Path, out: Path, rng: random.Random, timeout: float) -> tuple[Any, list[int], float]:
+    """A 2-worker prepare, its workers, and a random moment to wait; no workers if it ended first."""
     proc = start_prepare([str(corpus), "--out", str(out), "--workers", "2", "--overwrite"])
     workers = wait_for_workers(proc, 2)
     if not workers:
         finish(proc, timeout)
+    return proc, workers, moment(rng)
+
+
+def kill_worker(corpus: Path, out: Path, rng: random.Random, timeout: float) -> tuple[str, float]:
+    proc, workers, delay = start(corpus, out, rng, timeout)
+    if not workers:
         return "no-workers", 0.0
-    delay, sig = moment(rng), rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGSEGV])
+    sig = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGSEGV])
     time.sleep(delay)
     if proc.poll() is not None:
         return "finished-first", delay
@@ -62,12 +70,10 @@ def kill_worker(corpus: Path, out: Path, rng: random.Random, timeout: float) -> 
 
 
 def kill_main(corpus: Path, out: Path, rng: random.Random, timeout: float) -> tuple[str, float]:
-    proc = start_prepare([str(corpus), "--out", str(out), "--workers", "2", "--overwrite"])
-    workers = wait_for_workers(proc, 2)
+    proc, workers, delay = start(corpus, out, rng, timeout)
     if not workers:
-        finish(proc, timeout)
         return "no-workers", 0.0
-    time.sleep(moment(rng))
+    time.sleep(delay)
     if proc.poll() is not None:
         return "finished-first", 0.0
     proc.kill()
