@@ -384,9 +384,15 @@ def test_overwrite_leaves_no_shard_of_the_old_dataset(tmp_path):
     assert listed == {"train/shard_000000.bin", "train/shard_000000.idx"}
 
 
-def test_shards_hold_whole_documents_and_fill_greedily(tmp_path):
+def test_shards_hold_whole_documents_and_fill_greedily(tmp_path, reference):
     """A shard closes only before a document that would take it past tokens_per_shard; a longer
     document gets a shard of its own."""
+    exact = make_texts(6, seed=3)
+    first_two = sum(len(reference.encode_ordinary(t)) + 1 for t in exact[:2])  # + EOT each
+    run(tmp_path, [jsonl(tmp_path / "e.jsonl", exact)], out=str(tmp_path / "e"), tokens_per_shard=first_two,
+        val_fraction=0.0)  # fmt: skip
+    offsets = np.fromfile(tmp_path / "e" / "train" / "shard_000000.idx", dtype="<u8")
+    assert offsets.tolist()[-1] == first_two and len(offsets) == 3, "two documents fill the shard exactly"
     texts = make_texts(150, seed=2)
     texts[40] = "long " * 700  # ~700 tokens: more than a shard
     run(tmp_path, [jsonl(tmp_path / "a.jsonl", texts)], tokens_per_shard=300, val_fraction=0.0)
