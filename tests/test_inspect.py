@@ -273,14 +273,15 @@ def test_small_blocks_verify_the_same_and_count_every_token(dataset, monkeypatch
     everything = np.concatenate([d for s in ("train", "val") for d in read_docs(dataset, s)])
     assert np.array_equal(report.token_counts, np.bincount(everything, minlength=50257))
     entry, tokens, offsets = shard_arrays(dataset)
-    boundaries = offsets[1:] - 1
-    edge = int(boundaries[np.searchsorted(boundaries, 97 * 3)])  # a boundary in a later block
+    edge = int(offsets[4] - 1)  # an EOT; blocks of `edge` tokens start the second block on it
     tokens[edge] = 13
     tokens[int(offsets[1])] ^= 1  # and an in-range change in the first block
     save(dataset, entry, tokens)
-    problems = [str(p) for p in verify_dataset(dataset).problems]
-    assert len(problems) == 2, problems
-    assert "checksum" in problems[0] and "1 document boundaries without the EOT" in problems[1]
+    for block in (edge, edge + 1, 97):  # the EOT first in a block, last in a block, anywhere
+        monkeypatch.setattr(verify, "BLOCK_TOKENS", block)
+        problems = [str(p) for p in verify_dataset(dataset).problems]
+        assert len(problems) == 2, (block, problems)
+        assert "checksum" in problems[0] and "1 document boundaries without the EOT" in problems[1]
 
 
 # -- structure, totals and metadata: --quick reads no tokens, so these are its only defence ----
