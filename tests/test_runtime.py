@@ -142,13 +142,6 @@ def test_resume_refuses_another_seed_kind_or_seq_len(ds):
     assert same.step == 3 and torch.equal(next(same).x, next(saved).x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="real bug, lmshard/runtime/batches.py load_state_dict: the state holds "
-    "kind, seed, seq_len and global_batch_size only, so a stream with another shift, doc alignment or "
-    "window order accepts it and continues a different sequence",
-)
 @pytest.mark.parametrize("differs", ["shift", "doc_aligned", "shuffle"])
 def test_resume_refuses_a_stream_that_draws_other_rows(differs):
     data = TokenDataset.synthetic(20_000, vocab_size=100, doc_len=50)
@@ -163,13 +156,20 @@ def test_resume_refuses_a_stream_that_draws_other_rows(differs):
         other.load_state_dict(saved.state_dict())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="real bug, lmshard/runtime/dataset.py random_batches: grouped=True with a "
-    "shift that does not divide seq_len is accepted, then next() fails with a torch RuntimeError "
-    "(view of [4, 21, 3] on 256 values) instead of a ConfigError when the stream is made",
-)
+def test_resume_state_fingerprint_and_older_states():
+    """The state names the offsets' fingerprint; a state saved before it was recorded still loads."""
+    data = TokenDataset.synthetic(20_000, vocab_size=100, doc_len=50)
+    stream = data.random_batches(4, 32, seed=5, shift=2, doc_aligned=True)
+    state = stream.state_dict()
+    assert state["shift"] == 2 and state["doc_aligned"] is True
+    assert data.window_batches(4, 32, stride=16, seed=5).state_dict()["stride"] == 16
+    old = {k: v for k, v in state.items() if k not in ("shift", "doc_aligned")} | {"step": 7}
+    stream.load_state_dict(old)
+    assert stream.step == 7
+    with pytest.raises(ConfigError, match="fixed shift"):
+        data.window_batches(4, 32, shift="random")  # type: ignore[arg-type]
+
+
 def test_grouped_needs_a_shift_that_divides_seq_len():
     data = TokenDataset.synthetic(10_000, vocab_size=100)
     with pytest.raises(ConfigError, match="shift"):

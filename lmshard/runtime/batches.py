@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .sampling import RandomOffsets, WindowOffsets
+from .sampling import Offsets
 from .store import TokenStore
 
 
@@ -112,7 +112,7 @@ class BatchStream(torch.utils.data.IterableDataset):
     def __init__(
         self,
         store: TokenStore,
-        offsets: RandomOffsets | WindowOffsets,
+        offsets: Offsets,
         *,
         batch_size: int,
         seq_len: int,
@@ -142,7 +142,7 @@ class BatchStream(torch.utils.data.IterableDataset):
     @property
     def steps_per_epoch(self) -> int | None:
         """Steps in one pass over all windows (window streams); None for random batches."""
-        return getattr(self.offsets, "steps_per_epoch", None)
+        return self.offsets.steps_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
@@ -165,14 +165,19 @@ class BatchStream(torch.utils.data.IterableDataset):
                 f"{self.world_size}, global_batch_size={self.global_batch_size}, step={self.step})")  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
+        """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order)."""
         return {"kind": self.kind, "seed": self.seed, "step": self.step, "seq_len": self.seq_len,
-                "global_batch_size": self.global_batch_size, "world_size": self.world_size}  # fmt: skip
+                "global_batch_size": self.global_batch_size, "world_size": self.world_size,
+                **self.offsets.fingerprint()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("kind", "seed", "seq_len", "global_batch_size"):
-            mine = self.state_dict()[key]
-            if state.get(key) != mine:
-                raise ConfigError(f"cannot resume: saved {key}={state.get(key)!r}, this stream has {mine!r}")
+        """Continue from `state`, refused unless it comes from a stream that draws the same rows.
+        A fingerprint key missing from the state (saved by lmshard 0.1 before it recorded it)
+        is not checked."""
+        mine = self.state_dict()
+        for key in ("kind", "seed", "seq_len", "global_batch_size", *self.offsets.fingerprint()):
+            if (key in state or key not in self.offsets.fingerprint()) and state.get(key) != mine[key]:
+                raise ConfigError(f"cannot resume: saved {key}={state.get(key)!r}, this stream has {mine[key]!r}")
         self.step = int(state["step"])
         self._pending = None
 
@@ -233,8 +238,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         return step, (moved, event, offsets, shift)
 
     def _max_shift(self) -> int:
-        spec = getattr(self.offsets, "shift", 1)
-        return spec if isinstance(spec, int) else spec.max
+        return self.offsets.shift.max
 
     def __next__(self) -> Batch:
         if not self.staged:

@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..format import DatasetMeta
 from .batches import BatchStream, resolve_rank
-from .sampling import RandomOffsets, ShiftSpec, WindowOffsets, count_windows
+from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
 
 
@@ -131,7 +131,10 @@ class TokenDataset:
         document start. cu_seqlens: add document boundaries for varlen attention. prefetch: on
         CUDA, start the next batch's host-to-device copy before returning the current one."""
         spec = ShiftSpec.parse(shift, seq_len)
-        starts = self._doc_start_sampler() if doc_aligned else None
+        if grouped and any(seq_len % s for s in spec.choices):
+            raise ConfigError(f"grouped=True reshapes rows to [seq_len // shift, shift]: shift {spec.describe()} "
+                              f"must divide seq_len {seq_len}")  # fmt: skip
+        starts = DocStarts(self.store.doc_counts, self.store.doc_start) if doc_aligned else None
         offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank,
                            world_size=world_size, device=device, seed=seed, kind="random",
@@ -157,7 +160,8 @@ class TokenDataset:
         Every rank gets the same number of steps per epoch (a last partial global batch is dropped)."""
         stride = stride or seq_len
         rank_, world = resolve_rank(rank, world_size)
-        offsets = WindowOffsets(self.n_tokens, seq_len, stride, shift, batch_size * world, seed, shuffle)
+        spec = ShiftSpec.parse(shift, seq_len)
+        offsets = WindowOffsets(self.n_tokens, seq_len, stride, spec, batch_size * world, seed, shuffle)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
                            world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
                            cu_seqlens=cu_seqlens, prefetch=prefetch)  # fmt: skip
@@ -165,26 +169,6 @@ class TokenDataset:
     def windows(self, seq_len: int, stride: int | None = None, shift: int = 1) -> WindowDataset:
         """Map-style dataset of sliding windows: item i starts at i·stride of the split."""
         return WindowDataset(self, seq_len, stride or seq_len, shift)
-
-    def _doc_start_sampler(self) -> Any:
-        store = self.store
-        doc_cum = np.concatenate([[0], np.cumsum(store.doc_counts)])
-
-        def draw(rng: np.random.Generator, count: int, limit: int) -> np.ndarray:
-            out = np.empty(count, dtype=np.int64)
-            for r in range(count):
-                for _ in range(1000):  # documents too close to the end are redrawn
-                    g = int(rng.integers(0, store.n_docs))
-                    k = int(np.searchsorted(doc_cum, g, side="right")) - 1
-                    start = store.doc_start(k, g - int(doc_cum[k]))
-                    if start <= limit:
-                        break
-                else:
-                    raise ConfigError("no document start leaves room for seq_len tokens; lower seq_len")
-                out[r] = start
-            return out
-
-        return draw
 
 
 class WindowDataset(torch.utils.data.Dataset):

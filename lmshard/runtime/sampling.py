@@ -12,7 +12,10 @@ Memory model: one global batch of offsets (8 bytes per row).
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -81,18 +84,69 @@ class ShiftSpec:
     def draw(self, rng: np.random.Generator) -> int:
         return self.fixed if self.fixed is not None else int(rng.choice(self.choices))
 
+    def describe(self) -> int | str:
+        """As a resume state records it: the fixed shift, or "random"."""
+        return self.fixed if self.fixed is not None else "random"
 
-class RandomOffsets:
+
+class DocStarts:
+    """Document starts drawn uniformly over the documents of a split (every document equally
+    likely), redrawing those too close to the end. Memory: one cumulative count per shard."""
+
+    def __init__(self, doc_counts: np.ndarray, doc_start: Callable[[int, int], int]) -> None:
+        self.doc_cum = np.concatenate([[0], np.cumsum(doc_counts)])  # documents before each shard
+        self.n_docs = int(self.doc_cum[-1])
+        self.doc_start = doc_start  # (shard, document in shard) -> token offset in the split
+
+    def draw(self, rng: np.random.Generator, count: int, limit: int) -> np.ndarray:
+        """`count` starts no later than `limit`."""
+        out = np.empty(count, dtype=np.int64)
+        for r in range(count):
+            for _ in range(1000):  # documents too close to the end are redrawn
+                g = int(rng.integers(0, self.n_docs))
+                k = int(np.searchsorted(self.doc_cum, g, side="right")) - 1
+                start = self.doc_start(k, g - int(self.doc_cum[k]))
+                if start <= limit:
+                    break
+            else:
+                raise ConfigError("no document start leaves room for seq_len tokens; lower seq_len")
+            out[r] = start
+        return out
+
+
+class Offsets(ABC):
+    """Where the rows of a step start: the one interface `BatchStream` draws from."""
+
+    shift: ShiftSpec  # the label shift(s) rows are read for
+    steps_per_epoch: int | None  # steps in one pass over the data, or None (no epochs)
+
+    @abstractmethod
+    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        """The `count` row offsets of global step `step`, and the shift of that step."""
+
+    @abstractmethod
+    def fingerprint(self) -> dict[str, Any]:
+        """What else (beside seed, seq_len and the global batch) decides the rows: a resume
+        state from a stream whose fingerprint differs is refused."""
+
+
+class RandomOffsets(Offsets):
     """Uniform row starts over the concatenated split: every start that leaves room for
     seq_len + shift tokens is equally likely, so each shard is drawn in proportion to its size.
-    With `doc_aligned`, rows start at a document start instead, every document equally likely."""
+    With `doc_starts`, rows start at a document start instead, every document equally likely."""
 
-    def __init__(self, n_tokens: int, seq_len: int, shift: ShiftSpec, seed: int, doc_starts=None) -> None:  # type: ignore[no-untyped-def]
+    steps_per_epoch = None
+
+    def __init__(self, n_tokens: int, seq_len: int, shift: ShiftSpec, seed: int,
+                 doc_starts: DocStarts | None = None) -> None:  # fmt: skip
         if n_tokens < seq_len + shift.max:
             raise ConfigError(f"the split holds {n_tokens} tokens, fewer than seq_len + shift = {seq_len + shift.max}")
         self.n_tokens, self.seq_len, self.shift, self.seed = n_tokens, seq_len, shift, seed
-        self.doc_starts = doc_starts  # callable(rng, count, limit) -> offsets, or None
+        self.doc_starts = doc_starts
         self._cache: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (first step, rows, shifts, offsets)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"shift": self.shift.describe(), "doc_aligned": self.doc_starts is not None}
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         if self.doc_starts is None:  # the hot path: counter-based, drawn for a block of steps at once
@@ -103,7 +157,7 @@ class RandomOffsets:
         rng = step_rng(self.seed, step)
         shift = self.shift.draw(rng)
         limit = self.n_tokens - (self.seq_len + shift)  # last valid start
-        return self.doc_starts(rng, count, limit), shift
+        return self.doc_starts.draw(rng, count, limit), shift
 
     def _block(self, step: int, count: int) -> tuple[int, int, np.ndarray, np.ndarray]:
         """Offsets of the steps [first, first + n) around `step`, aligned so that every step
@@ -122,37 +176,43 @@ class RandomOffsets:
 _SHIFT_SALT = 0x5EED5EED5EED
 
 
-class WindowOffsets:
-    """Windows starting at i·stride of the concatenated split, shuffled per epoch (or in order)."""
+class WindowOffsets(Offsets):
+    """Windows starting at i·stride of the concatenated split, shuffled per epoch (or in order).
+    The shift is fixed: a window's label span must not change from step to step."""
 
-    def __init__(
-        self, n_tokens: int, seq_len: int, stride: int, shift: int, global_batch: int, seed: int, shuffle: bool
-    ) -> None:
+    def __init__(self, n_tokens: int, seq_len: int, stride: int, shift: ShiftSpec, global_batch: int, seed: int,
+                 shuffle: bool) -> None:  # fmt: skip
         if stride < 1:
             raise ConfigError("stride must be at least 1")
-        self.n_windows = count_windows(n_tokens, seq_len, stride, shift)
-        self.steps_per_epoch = self.n_windows // global_batch
-        if self.steps_per_epoch == 0:
+        if shift.fixed is None:
+            raise ConfigError("window batches need a fixed shift (an int), not 'random'")
+        self.n_windows = count_windows(n_tokens, seq_len, stride, shift.fixed)
+        self.epoch_steps = self.n_windows // global_batch
+        self.steps_per_epoch = self.epoch_steps
+        if self.epoch_steps == 0:
             raise ConfigError(f"{self.n_windows} windows cannot fill one global batch of {global_batch}")
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, shuffle
         self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, starts)
 
+    def fingerprint(self) -> dict[str, Any]:
+        return {"shift": self.shift.describe(), "stride": self.stride, "shuffle": self.shuffle}
+
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        epoch, within = divmod(step, self.steps_per_epoch)
+        epoch, within = divmod(step, self.epoch_steps)
         if not self.shuffle:
-            return np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride, self.shift
+            return np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride, self.shift.max
         # Permute a block of steps at once: the Feistel rounds are numpy calls whose fixed cost
         # dominates on one batch. Which ids a step gets does not depend on the block.
         c = self._cache
         if c is None or c[0] != epoch or c[2] != count or not c[1] <= within < c[1] + len(c[3]):
             n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
             first = within - within % n
-            last = min(first + n, self.steps_per_epoch)
+            last = min(first + n, self.epoch_steps)
             ids = np.arange(first * count, last * count, dtype=np.int64)
             key = int(step_rng(self.seed, epoch, 2).integers(2**32))
             starts = feistel_permute(ids, self.n_windows, key=key) * self.stride
             self._cache = c = (epoch, first, count, starts.reshape(last - first, count))
-        return c[3][within - c[1]], self.shift
+        return c[3][within - c[1]], self.shift.max
 
 
 _BLOCK_STEPS = 64  # steps drawn at once (random offsets and window permutations)
