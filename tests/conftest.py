@@ -37,14 +37,13 @@ def reference():
 def small_items(monkeypatch):
     """Work items of about 2 KiB of input (not 1 MiB), 3 whole text files (not 256) or 16 parsed
     records (not 2,048), so that small test inputs span many items. The planner runs in the main
-    process, so the patch holds for spawned workers too. Returns a list that counts the items
-    prepare reported progress for: pass `on_progress=small_items.append`."""
+    process, so the patch holds for spawned workers too. prepare reports progress once per item:
+    count the calls to check that a test's input really spans many."""
     import lmshard.prepare.sources as sources
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", 2048)
     monkeypatch.setattr(sources, "FILES_PER_ITEM", 3)
     monkeypatch.setattr(sources, "RECORDS_PER_ITEM", 16)
-    return []
 
 
 def read_docs(root: Path, split: str) -> list[np.ndarray]:

@@ -190,7 +190,7 @@ def test_work_item_size_does_not_change_the_output(tmp_path, monkeypatch, mode):
     src = tmp_path / "p.txt"
     if mode == "file":  # whole .txt files are not cut: use CRLF JSON lines instead
         src = write(tmp_path / "p.jsonl", "".join(json.dumps({"text": p}) + "\r\n" for p in paras))
-    kw = {"text_mode": mode if mode != "file" else "file", "val_fraction": 0.0, "tokens_per_shard": 2000}
+    kw = {"text_mode": mode, "val_fraction": 0.0, "tokens_per_shard": 2000}
     run(tmp_path, [src], out=str(tmp_path / "big"), **kw)
     expected = _tree(tmp_path / "big")
     expected.pop("dataset_metadata.json")
@@ -231,7 +231,10 @@ def test_val_split_depends_on_content_and_seed_only(tmp_path, reference, small_i
     by_tokens = {tuple(reference.encode_ordinary(t) + [GPT2_EOT]): t for t in texts}
     for seed in (4, 5):
         out = tmp_path / f"s{seed}"
-        run(tmp_path, [tmp_path / "in"], out=str(out), dedup="none", val_fraction=0.3, seed=seed)
+        items: list = []
+        run(tmp_path, [tmp_path / "in"], out=str(out), dedup="none", val_fraction=0.3, seed=seed,
+            on_progress=items.append)  # fmt: skip
+        assert len(items) > 20
         keys = np.array([xxhash.xxh3_64_intdigest(t.encode()) for t in texts], dtype=np.uint64)
         expected_val = {t for t, u in zip(texts, uniform_from_keys(keys, seed), strict=True) if u < 0.3}
         assert 20 < len(expected_val) < 70
