@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import load_texts, machine, run_measuring_rss, update_performance_md, write_repeated  # noqa: E402
+from benchlib import load, load_texts, machine, run_measuring_rss, update_performance_md, write_repeated  # noqa: E402
 
 LMSHARD = str(Path(sys.executable).with_name("lmshard"))
 
@@ -106,6 +106,7 @@ def main() -> None:
         big = write_repeated(Path(tmp) / f"corpus_x{args.copies}.jsonl.gz", args.copies)
         one = write_repeated(Path(tmp) / "x1", 1)
         print(f"{machine()}\ncorpus: {one.name} ×{args.copies} (copies salted so dedup keeps them)", flush=True)
+        started = load()
         for n in (cores, 1):
             # Alternate ceilings and prepare `repeats` times and compare medians: the shared
             # machine's speed drifts by ±20% within a minute, and alternation spreads it evenly.
@@ -124,6 +125,8 @@ def main() -> None:
                   + "; ".join(f"{what} {values}" for what, values in listed.items()), flush=True)  # fmt: skip
             print(f"  ratio of medians: prepare / encode_to_numpy ceiling {b / a:.3f} (like for like); "
                   f"prepare / encode_ordinary_batch ceiling {b / old:.3f} (the old figure)", flush=True)  # fmt: skip
+        loads = f"{started} before the timed runs, {load()} after"
+        print(f"load average (1 min): {loads}")
         r1 = prepare_run(one, Path(tmp) / "out1", cores)
         r4 = prepare_run(big, Path(tmp) / "out4", cores)
     per_key = dedup_bytes_per_key()
@@ -136,7 +139,8 @@ def main() -> None:
         f"Machine: {machine()}. Corpus: shared linux-docs ({r1['docs']:,} documents) repeated {args.copies}× "
         "with a salt line per copy. GPT-2, cleaning and dedup on. Command: `make bench` "
         "(`python scripts/bench_prepare.py`).", "",
-        f"Medians of {args.repeats} alternating runs each. The ceiling is tiktoken with the call lmshard's workers "
+        f"Medians of {args.repeats} alternating runs each; load average (1 min, this benchmark included) {loads}: the cores are shared with "
+        "other work, so only ratios from one run mean anything. The ceiling is tiktoken with the call lmshard's workers "
         "make, `encode_to_numpy(text, disallowed_special=())` per document, one thread per process, over texts "
         "already in memory; the old ceiling, `encode_ordinary_batch(texts, num_threads=1)`, builds Python lists "
         "and is slower, so a ratio against it flatters prepare (kept for continuity with earlier figures):", "",

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: the shared corpus, process-tree RSS sampling, a machine line."""
+"""Helpers shared by the benchmarks: the shared corpus, process-tree RSS sampling, a machine line,
+the load average."""
 
 from __future__ import annotations
 
@@ -103,6 +104,11 @@ def machine() -> str:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}, {platform.system()}"
+
+
+def load() -> str:
+    """The 1-minute load average: on a shared machine, how many other processes wanted the cores."""
+    return f"{os.getloadavg()[0]:.1f}"
 
 
 def update_performance_md(section: str, body: str) -> None:
