@@ -54,6 +54,26 @@ def _unpicklable(i: int) -> object:
     return lambda: i
 
 
+def _fail_slowly_first(i: int) -> int:
+    time.sleep(0.3 if i == 0 else 0)
+    raise InputError(f"bad item {i}")
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("this task cannot be rebuilt in the worker")
+
+
+class _Unloadable:
+    """Pickles in the parent, fails to unpickle in the worker."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_refuse_to_load, ())
+
+
+def _identity(x: object) -> object:
+    return x
+
+
 @pytest.fixture
 def deadline() -> Iterator[None]:
     """Fail (with the pool torn down by its context manager) instead of hanging the suite."""
@@ -92,13 +112,29 @@ def test_initializer_error_and_unpicklable_result_are_reported(deadline):
         list(pool.imap(_unpicklable, range(4), window=2))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_errors_are_raised_in_item_order(deadline):
+    """Item 1 fails first in time, but item 0 fails too: item 0's error is the one reported."""
+    with OrderedPool(2, _init, "ok") as pool, pytest.raises(InputError, match="bad item 0"):
+        list(pool.imap(_fail_slowly_first, range(2), window=2))
+
+
+def test_initializer_error_survives_large_items_and_unloadable_task_is_reported(deadline):
+    big = [b"x" * (4 << 20)] * 4  # larger than a pipe buffer: the send fails once the worker is gone
+    for _ in range(3):
+        with OrderedPool(2, _init, "fail") as pool, pytest.raises(InputError, match="initializer refused"):
+            list(pool.imap(_identity, big, window=4))
+    with OrderedPool(2, _init, "ok") as pool, pytest.raises(WorkerBug, match="cannot be rebuilt"):
+        list(pool.imap(_identity, [1, _Unloadable(), 3], window=3))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGRTMIN + 2])
 def test_a_worker_killed_mid_task_is_worker_died(deadline, sig):
     with OrderedPool(2, _init, "ok") as pool:
         results = pool.imap(_sleep, [0.01] * 4 + [0.5] * 20, window=6)
         assert next(results) == 0.01
-        os.kill(pool._procs[1].pid, sig)  # type: ignore[arg-type]
-        with pytest.raises(WorkerDied, match=f"pid {pool._procs[1].pid}.*killed by {sig.name}"):
+        os.kill(pool._procs[1].pid, sig)  # type: ignore[arg-type]  (a real-time signal has no name)
+        name = f"signal {int(sig)}" if sig > signal.SIGRTMIN else signal.Signals(sig).name
+        with pytest.raises(WorkerDied, match=f"pid {pool._procs[1].pid}.*killed by {name}"):
             list(results)
 
 

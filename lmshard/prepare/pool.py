@@ -28,6 +28,7 @@ being processed, or finished but waiting for an earlier one), each with its resu
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -93,9 +94,11 @@ class OrderedPool(Generic[T, R]):
     def imap(self, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[R]:
         """`fn(item)` for every item, in order; at most `window` items in flight. A worker
         that dies raises `WorkerDied`; an `LmshardError` in a worker is re-raised here as is."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
         n = len(self._procs)
         load = [0] * n
-        finished: dict[int, R] = {}
+        finished: dict[int, tuple[bool, Any]] = {}  # seq → (ok, result or exception)
         source = iter(items)
         sent = handed_out = 0
         exhausted = False
@@ -111,14 +114,17 @@ class OrderedPool(Generic[T, R]):
                 load[k] += 1
                 sent += 1
             if handed_out in finished:
-                yield finished.pop(handed_out)
+                ok, value = finished.pop(handed_out)
+                if not ok:  # raised in item order, so the first bad item is the one reported
+                    raise value
+                yield value
                 handed_out += 1
             elif exhausted and handed_out == sent:
                 return
             else:
-                for k, seq, value in self._receive():
+                for k, seq, ok, value in self._receive():
                     load[k] -= 1
-                    finished[seq] = value
+                    finished[seq] = (ok, value)
 
     def close(self) -> None:
         """Orderly shutdown of idle workers: end-of-file on their task pipes, then join."""
@@ -135,6 +141,8 @@ class OrderedPool(Generic[T, R]):
                 proc.kill()
         for proc in self._procs:
             proc.join()
+            proc.close()
+        self._procs = []
         for conn in (*self._tasks, *self._results):
             conn.close()
 
@@ -142,10 +150,18 @@ class OrderedPool(Generic[T, R]):
         try:
             self._tasks[k].send(task)
         except (BrokenPipeError, ConnectionResetError):
+            # A worker that failed on its own (its initializer, say) said why before exiting.
+            conn = self._results[k]
+            with contextlib.suppress(EOFError, OSError):
+                while conn.poll():
+                    seq, ok, value = conn.recv()
+                    if not ok and seq < 0:
+                        raise value from None
             raise self._died(k) from None
 
-    def _receive(self) -> Iterator[tuple[int, int, R]]:
-        """Block until a worker answers or dies; yield (worker, seq, result) of each answer."""
+    def _receive(self) -> Iterator[tuple[int, int, bool, Any]]:
+        """Block until a worker answers or dies; yield (worker, seq, ok, result or exception)
+        of each answer. An error not tied to one item (seq -1) is raised at once."""
         by_conn = {id(c): k for k, c in enumerate(self._results)}
         by_sentinel = {p.sentinel: k for k, p in enumerate(self._procs)}
         ready = wait([*self._results, *by_sentinel])
@@ -157,9 +173,11 @@ class OrderedPool(Generic[T, R]):
                 seq, ok, value = conn.recv()
             except (EOFError, OSError):
                 raise self._died(k) from None
-            if not ok:
+            except Exception as e:  # the message arrived whole but does not unpickle here
+                raise WorkerBug(f"worker {k} sent a result that cannot be read: {e!r}") from None
+            if not ok and seq < 0:
                 raise value
-            yield k, seq, value
+            yield k, seq, ok, value
         for r in ready:
             if isinstance(r, int):
                 raise self._died(by_sentinel[r])
@@ -175,7 +193,10 @@ def _how(exitcode: int | None) -> str:
     if exitcode is None:
         return "stopped answering"
     if exitcode < 0:
-        name = signal.Signals(-exitcode).name
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-exitcode}"
         hint = " (as the out-of-memory killer does)" if name == "SIGKILL" else ""
         return f"was killed by {name}{hint}"
     return f"exited with code {exitcode}"
@@ -192,7 +213,11 @@ def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[
         _answer(results, -1, False, _portable(e))
         os._exit(1)
     while True:
-        seq, fn, item = inbox.get()
+        task = inbox.get()
+        if isinstance(task, BaseException):  # the reader could not read a task: say so, then stop
+            _answer(results, -1, False, _portable(task))
+            os._exit(1)
+        seq, fn, item = task
         try:
             _answer(results, seq, True, fn(item))
         except BaseException as e:
@@ -207,6 +232,8 @@ def _read_tasks(tasks: Connection, inbox: queue.SimpleQueue[Any]) -> None:
             inbox.put(tasks.recv())
     except (EOFError, OSError):
         os._exit(0)
+    except BaseException as e:  # a task that does not unpickle here (or no memory to do it)
+        inbox.put(e)
 
 
 def _answer(results: Connection, seq: int, ok: bool, value: Any) -> None:
