@@ -149,3 +149,18 @@ def test_console_script_end_to_end_with_stdin(tmp_path, reference):
                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert "holds a dataset; pass --overwrite" in again.stderr
+
+
+def test_config_edge_cases_are_one_line_or_accepted(tmp_path):
+    """A key given twice, a demo/preset in both file and flags, --format, a 400-digit seed."""
+    write(tmp_path / "dup.yaml", "inputs: [a]\nout: o\ntext-field: a\ntext_field: b\n")
+    with pytest.raises(ConfigError, match="'text_field' sets the same option as 'text-field'"):
+        resolve_config(file=tmp_path / "dup.yaml")
+    write(tmp_path / "d.yaml", "demo: false\npreset: pile\n")
+    cfg = resolve_config(file=tmp_path / "d.yaml", flags={"demo": True, "preset": "fineweb-edu", "out": "o"})
+    assert cfg.hf == "HuggingFaceFW/fineweb-edu" and cfg.inputs  # the flags' preset, and the demo inputs
+    with pytest.raises(ConfigError, match="--format must be one of"):
+        resolve_config(flags={"inputs": ["a"], "out": "o", "format": "xml"})
+    write(tmp_path / "big.yaml", f"inputs: [a]\nout: o\nseed: {9 * 10**400}\nval-fraction: {9 * 10**400}\n")
+    with pytest.raises(ConfigError, match="'val-fraction' must be a number"):
+        resolve_config(file=tmp_path / "big.yaml")

@@ -27,6 +27,7 @@ from .clean import CleanConfig
 TEXT_MODES = ("file", "line", "paragraph")  # .txt/.md: a document per file, line or paragraph
 ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it
 DEDUP_MODES = ("document", "none")
+INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
 
 @dataclass(kw_only=True)
@@ -68,6 +69,8 @@ class PrepareConfig:
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
         _choice("--on-error", self.on_error, ON_ERROR)
+        if self.format is not None:
+            _choice("--format", self.format, INPUT_FORMATS)
         if not self.inputs and not self.hf:
             raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
         self.hf_spec()  # validates the task split
@@ -135,8 +138,10 @@ def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] |
     preset over the demo defaults. Raises `ConfigError` with one line naming the bad key."""
     values = load_config_file(file) if file else {}
     given = canonical({k: v for k, v in (flags or {}).items() if v is not None and v != []}, "option")
-    preset = preset or given.pop("preset", None) or values.pop("preset", None)
-    demo = bool(demo or given.pop("demo", False) or values.pop("demo", False))
+    presets = (preset, given.pop("preset", None), values.pop("preset", None))  # pop from both, then choose
+    preset = next((p for p in presets if p), None)
+    demos = (demo, given.pop("demo", False), values.pop("demo", False))
+    demo = any(demos)
     values.update(given)
     if preset:
         from .hf import apply_preset
@@ -183,8 +188,13 @@ def canonical(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     hints = _field_types()
     known = sorted({*hints, *META_OPTIONS, *ALIASES})
     out: dict[str, Any] = {}
+    origin: dict[str, str] = {}  # field → the key that set it
     for key, value in raw.items():
         name = str(key).replace("-", "_")
+        target = ALIASES[name][0] if name in ALIASES else name
+        if target in origin:
+            raise ConfigError(f"{where} {key!r} sets the same option as {origin[target]!r}; keep one of them")
+        origin[target] = str(key)
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""
@@ -220,12 +230,15 @@ def _checked(key: str, value: Any, expected: Any, where: str) -> Any:
         return value if isinstance(value, bool) else _bad(key, value, "true or false", where)
     if expected is int:
         number = _number(value)
-        if number is not None and float(number).is_integer():
+        if isinstance(number, int) or (isinstance(number, float) and number.is_integer()):
             return int(number)
         return _bad(key, value, "a whole number", where)
     if expected is float:
         number = _number(value)
-        return float(number) if number is not None else _bad(key, value, "a number", where)
+        try:
+            return float(number) if number is not None else _bad(key, value, "a number", where)
+        except OverflowError:
+            return _bad(key, value, "a number", where)
     if expected is str:
         return value if isinstance(value, str) else _bad(key, value, "a string", where)
     raise AssertionError(f"no check for the type of {key}: {expected}")
@@ -239,7 +252,7 @@ def _number(value: Any) -> int | float | None:
     if isinstance(value, str):
         try:
             return float(value) if any(c in value for c in ".eE") else int(value, 10)
-        except ValueError:
+        except (ValueError, OverflowError):
             return None
     return None
 
