@@ -378,6 +378,10 @@ def test_unreadable_tokenizer_state_is_a_problem_not_a_crash(dataset, content):
         (lambda m: m["tokenizer"].update(n_vocab="50257"), "'n_vocab' is str, not int"),
         (lambda m: m["splits"]["train"]["shards"][0].update(n_tokens=True), "'n_tokens' is bool, not int"),
         (lambda m: m.update(sources="x"), "'sources' is str, not list"),
+        (lambda m: m["splits"].update(test=m["splits"].pop("val")), "unknown split(s) 'test'"),
+        (lambda m: m["drops"].update(decode_error="many"), "'decode_error' is str, not int"),
+        (lambda m: m["tokenizer"].update(n_vocab=10**13), "outside [1, 2**32]"),
+        (lambda m: m["tokenizer"].update(eot_id=50257), "'eot_id' 50257 is not below n_vocab"),
     ],
 )
 def test_metadata_schema_is_refused_with_the_fix(dataset, change, words):

@@ -59,6 +59,14 @@ def _count(raw: dict[str, Any], key: str, default: Any = ...) -> int:
     return int(value)
 
 
+def _counts(raw: dict[str, Any], key: str) -> dict[str, int]:
+    """A mapping of reason → count (drops), every count a non-negative int."""
+    value = _get(raw, key, dict, {})
+    for reason in value:
+        _count(value, reason)
+    return {str(k): int(v) for k, v in value.items()}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenizerInfo:
     """The tokenizer's identity: enough to refuse a dataset made with another vocabulary."""
@@ -78,9 +86,14 @@ class TokenizerInfo:
         if not isinstance(raw, dict):
             raise _Invalid("'tokenizer' is not an object")
         try:
-            return cls(name=_get(raw, "name", str), backend=_get(raw, "backend", str, "tiktoken"),
+            info = cls(name=_get(raw, "name", str), backend=_get(raw, "backend", str, "tiktoken"),
                        n_vocab=_count(raw, "n_vocab"), eot_id=_count(raw, "eot_id"),
                        ranks_sha256=_get(raw, "ranks_sha256", str))  # fmt: skip
+            if not 1 <= info.n_vocab <= 1 << 32:
+                raise _Invalid(f"'n_vocab' {info.n_vocab} is outside [1, 2**32] (ids are uint32)")
+            if info.eot_id >= info.n_vocab:
+                raise _Invalid(f"'eot_id' {info.eot_id} is not below n_vocab {info.n_vocab}")
+            return info
         except _Invalid as e:
             raise _Invalid(f"tokenizer entry: {e}") from None
 
@@ -186,7 +199,7 @@ class SourceInfo:
         return cls(path=_get(raw, "path", str, ""), format=_get(raw, "format", str, ""),
                    bytes=_count(raw, "bytes", 0), hf=_get(raw, "hf", dict, None), records=_count(raw, "records", 0),
                    kept=_count(raw, "kept", 0), lines_removed=_count(raw, "lines_removed", 0),
-                   dropped=_get(raw, "dropped", dict, {}))  # fmt: skip
+                   dropped=_counts(raw, "dropped"))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,13 +313,15 @@ class DatasetMeta:
         splits = raw.get("splits")
         if not isinstance(splits, dict):
             raise _Invalid("'splits' is missing")
+        if unknown := set(splits) - set(SPLITS):
+            raise _Invalid(f"unknown split(s) {', '.join(map(repr, sorted(unknown)))}; splits are {', '.join(SPLITS)}")
         sources = _get(raw, "sources", list, [])
         return cls(
             root=root, tokenizer=TokenizerInfo.parse(raw.get("tokenizer")), eot_position=raw["eot_position"],
             splits={str(name): SplitInfo.parse(str(name), entry) for name, entry in splits.items()},
             total_tokens=_count(raw, "n_tokens", 0), total_docs=_count(raw, "n_docs", 0),
             lmshard_version=_get(raw, "lmshard_version", str, ""), records_read=_count(raw, "records_read", 0),
-            drops=_get(raw, "drops", dict, {}), drop_examples=_get(raw, "drop_examples", dict, {}),
+            drops=_counts(raw, "drops"), drop_examples=_get(raw, "drop_examples", dict, {}),
             dedup=DedupInfo.parse(raw.get("dedup")), sources=tuple(SourceInfo.parse(s) for s in sources),
             config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")),
         )  # fmt: skip
