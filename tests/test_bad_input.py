@@ -152,3 +152,16 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(LmshardError, match="no space left on the device; free space"):
         run(tmp_path, "a.jsonl")
     assert not list((tmp_path / "out").rglob("*.bin*")) and not (tmp_path / "out" / "dataset_metadata.json").exists()
+
+
+def test_bad_utf8_paragraph_is_one_record_not_the_block(tmp_path, reference):
+    parts = [f"paragraph {i} text".encode() for i in range(200)]
+    parts[57] = b"bad \xff byte"
+    write(tmp_path / "p.txt", b"\n\n".join(parts) + b"\n")
+    meta = run(tmp_path, "p.txt", text_mode="paragraph", on_error="skip", val_fraction=0.0)
+    assert meta["drops"]["decode_error"] == 1 and meta["n_docs"] == 199
+    assert meta["drop_examples"]["decode_error"].endswith("p.txt:115: invalid UTF-8 in the paragraph at line 115")
+    docs = [d[:-1].tolist() for d in read_docs(tmp_path / "out", "train")]
+    assert docs == [reference.encode_ordinary(f"paragraph {i} text") for i in range(200) if i != 57]
+    with pytest.raises(InputError, match="p.txt:115: invalid UTF-8"):
+        run(tmp_path, "p.txt", text_mode="paragraph", overwrite=True)

@@ -119,22 +119,21 @@ def parse_text_lines(payload: bytes, first: int, paragraph: bool) -> Iterator[Re
 
 
 def _paragraphs(payload: bytes, first: int) -> Iterator[Record]:
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError as e:
-        number = first + payload[: e.start].count(b"\n")
-        yield bad(number, "decode_error", f"invalid UTF-8 at line {number}")
-        return
+    """Blank-line-separated paragraphs; one with invalid UTF-8 is that one bad record, not the
+    whole block (bytes that are not UTF-8 survive decoding as surrogate escapes, then are found)."""
+    text = payload.decode("utf-8", errors="surrogateescape")
     pos, number = 0, first
-    for m in _PARAGRAPH.finditer(text):
-        para = text[pos : m.start()].strip("\r\n")
+    for m in [*_PARAGRAPH.finditer(text), None]:
+        end = m.start() if m is not None else len(text)
+        para = text[pos:end].strip("\r\n")
         if para.strip():
-            yield Record(number, para)
-        number += text.count("\n", pos, m.end())
-        pos = m.end()
-    tail = text[pos:].strip("\r\n")
-    if tail.strip():
-        yield Record(number, tail)
+            if _undecodable(para):
+                yield bad(number, "decode_error", f"invalid UTF-8 in the paragraph at line {number}")
+            else:
+                yield Record(number, para)
+        if m is not None:
+            number += text.count("\n", pos, m.end())
+            pos = m.end()
 
 
 def binary_record(block: bytes, offset: int = 0) -> Record | None:
