@@ -456,6 +456,19 @@ def test_line_dedup_removes_repeated_lines_in_input_order(tmp_path, reference):
     }
 
 
+def test_line_dedup_across_many_work_items(tmp_path, reference, small_items):
+    """Keep-marks travel per work item as packed bits: items whose line count is not a multiple
+    of 8 must keep their last lines when those are new (headers repeat, the texts' lines rarely do)."""
+    headers = ["Posted by admin", "Share this:", "Home > News", "Cookie notice"]
+    texts = [f"{headers[i % 4]}\n{t}" for i, t in enumerate(make_texts(150, seed=8))]
+    expected, removed = expected_line_dedup(texts)
+    items: list = []
+    meta = run(tmp_path, [jsonl(tmp_path / "a.jsonl", texts)], dedup_lines=True, val_fraction=0.0,
+               on_progress=items.append)  # fmt: skip
+    assert len(items) > 2 * 10 and 140 < removed == meta["dedup"]["lines_removed"]
+    assert_tokens_match(tmp_path / "out", [t for t in expected if t], reference)
+
+
 def test_line_dedup_refuses_stdin():
     with pytest.raises(ConfigError, match="stdin"):
         PrepareConfig(inputs=["-"], out="x", dedup_lines=True)
