@@ -151,10 +151,11 @@ def test_leaving_early_stops_every_worker(deadline):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """~24 MB of JSON lines: 24 work items, several seconds of tokenizing on two workers."""
+    """~64 MB of JSON lines (64 work items, ~10 M tokens): several seconds of tokenizing on two
+    workers even on a quiet machine, so every kill below lands while the run is still going."""
     path = tmp_path_factory.mktemp("corpus") / "big.jsonl"
     words = " ".join(f"w{k}" for k in range(600))
-    write(path, "".join(json.dumps({"text": f"document {i}: {words}"}) + "\n" for i in range(6_000)))
+    write(path, "".join(json.dumps({"text": f"document {i}: {words}"}) + "\n" for i in range(16_000)))
     return path
 
 
@@ -175,7 +176,7 @@ def _assert_clean_failure(code: int | None, err: str, out: Path) -> None:
     (0.05, signal.SIGKILL, []),
     (0.3, signal.SIGKILL, []),
     (1.0, signal.SIGKILL, []),
-    (2.0, signal.SIGSEGV, []),
+    (1.5, signal.SIGSEGV, []),
     (0.5, signal.SIGKILL, ["--dedup-lines"]),
 ])  # fmt: skip
 def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, delay, sig, extra):
