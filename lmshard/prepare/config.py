@@ -16,7 +16,7 @@ import difflib
 import os
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -259,7 +259,3 @@ def _number(value: Any) -> int | float | None:
 
 def _bad(key: str, value: Any, expected: str, where: str) -> Any:
     raise ConfigError(f"{where} {key!r} must be {expected} (got {value!r})")
-
-
-def field_names() -> set[str]:
-    return {f.name for f in fields(PrepareConfig)}
