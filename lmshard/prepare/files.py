@@ -108,11 +108,11 @@ def text_stream(src: Source) -> tuple[io.TextIOWrapper, IO[bytes]]:
     return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline=""), raw
 
 
-def nul_offset(block: bytes, offset: int = 0) -> int | None:
+def nul_offset(block: bytes) -> int | None:
     """Offset of the first NUL byte in a block's sniffed prefix: text input has none, so one
     means a binary file was passed by mistake."""
     pos = block.find(b"\x00", 0, SNIFF_BYTES)
-    return None if pos < 0 else offset + pos
+    return None if pos < 0 else pos
 
 
 def open_arrow(path: str) -> Any:

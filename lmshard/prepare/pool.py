@@ -81,6 +81,9 @@ class OrderedPool(Generic[T, R]):
                 self._procs.append(proc)
                 self._tasks.append(task_w)
                 self._results.append(result_r)
+            # Which worker a ready pipe or sentinel belongs to, built once (looked up per answer).
+            self._by_conn = {id(c): k for k, c in enumerate(self._results)}
+            self._by_sentinel = {p.sentinel: k for k, p in enumerate(self._procs)}
         except BaseException:
             self.kill()
             raise
@@ -162,13 +165,11 @@ class OrderedPool(Generic[T, R]):
     def _receive(self) -> Iterator[tuple[int, int, bool, Any]]:
         """Block until a worker answers or dies; yield (worker, seq, ok, result or exception)
         of each answer. An error not tied to one item (seq -1) is raised at once."""
-        by_conn = {id(c): k for k, c in enumerate(self._results)}
-        by_sentinel = {p.sentinel: k for k, p in enumerate(self._procs)}
-        ready = wait([*self._results, *by_sentinel])
+        ready = wait([*self._results, *self._by_sentinel])
         for conn in ready:
             if not isinstance(conn, Connection):
                 continue
-            k = by_conn[id(conn)]
+            k = self._by_conn[id(conn)]
             try:
                 seq, ok, value = conn.recv()
             except (EOFError, OSError):
@@ -180,7 +181,7 @@ class OrderedPool(Generic[T, R]):
             yield k, seq, ok, value
         for r in ready:
             if isinstance(r, int):
-                raise self._died(by_sentinel[r])
+                raise self._died(self._by_sentinel[r])
 
     def _died(self, k: int) -> WorkerDied:
         proc = self._procs[k]

@@ -136,9 +136,9 @@ def _paragraphs(payload: bytes, first: int) -> Iterator[Record]:
             pos = m.end()
 
 
-def binary_record(block: bytes, offset: int = 0) -> Record | None:
+def binary_record(block: bytes) -> Record | None:
     """The "binary_file" problem record for a block whose sniffed prefix holds a NUL byte."""
-    pos = nul_offset(block, offset)
+    pos = nul_offset(block)
     return None if pos is None else bad(1, "binary_file", f"binary data (NUL byte at offset {pos})")
 
 

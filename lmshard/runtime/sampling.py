@@ -187,9 +187,8 @@ class WindowOffsets(Offsets):
         if shift.fixed is None:
             raise ConfigError("window batches need a fixed shift (an int), not 'random'")
         self.n_windows = count_windows(n_tokens, seq_len, stride, shift.fixed)
-        self.epoch_steps = self.n_windows // global_batch
-        self.steps_per_epoch = self.epoch_steps
-        if self.epoch_steps == 0:
+        self.steps_per_epoch: int = self.n_windows // global_batch
+        if self.steps_per_epoch == 0:
             raise ConfigError(f"{self.n_windows} windows cannot fill one global batch of {global_batch}")
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, shuffle
         self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, starts)
@@ -198,7 +197,7 @@ class WindowOffsets(Offsets):
         return {"shift": self.shift.describe(), "stride": self.stride, "shuffle": self.shuffle}
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        epoch, within = divmod(step, self.epoch_steps)
+        epoch, within = divmod(step, self.steps_per_epoch)
         if not self.shuffle:
             return np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride, self.shift.max
         # Permute a block of steps at once: the Feistel rounds are numpy calls whose fixed cost
@@ -207,7 +206,7 @@ class WindowOffsets(Offsets):
         if c is None or c[0] != epoch or c[2] != count or not c[1] <= within < c[1] + len(c[3]):
             n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
             first = within - within % n
-            last = min(first + n, self.epoch_steps)
+            last = min(first + n, self.steps_per_epoch)
             ids = np.arange(first * count, last * count, dtype=np.int64)
             key = int(step_rng(self.seed, epoch, 2).integers(2**32))
             starts = feistel_permute(ids, self.n_windows, key=key) * self.stride
