@@ -4,6 +4,8 @@ that turns an `LmshardError` into a one-line message and an exit code."""
 from __future__ import annotations
 
 import functools
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,13 +52,25 @@ def user_errors(exit_code: int = 1) -> Callable[[F], F]:
                     err.print_exception()
                 err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
                 raise typer.Exit(exit_code) from None
-            except KeyboardInterrupt:
-                err.print("[bold red]interrupted[/]: nothing was left that looks complete")
+            except KeyboardInterrupt as e:
+                # prepare raises a KeyboardInterrupt that says what it kept (see prepare/staging.py)
+                kept = getattr(e, "kept", None)
+                if kept:
+                    err.print(f"[bold red]interrupted[/]: {escape(kept)}; continue with:", highlight=False)
+                    err.print(escape(_resume_command()), highlight=False, soft_wrap=True)
+                else:
+                    err.print("[bold red]interrupted[/]: nothing was left that looks complete")
                 raise typer.Exit(130) from None
 
         return inner  # type: ignore[return-value]
 
     return wrap
+
+
+def _resume_command() -> str:
+    """The command line that was run, with --resume: what continues an interrupted prepare."""
+    args = sys.argv[1:]
+    return shlex.join(["lmshard", *args, *([] if "--resume" in args else ["--resume"])])
 
 
 def _version(value: bool) -> None:
@@ -112,7 +126,18 @@ def prepare(
     max_docs: int | None = _opt("Stop after this many kept documents."),
     on_error: str | None = _opt("fail (default): stop at the first bad record; skip: count and skip it."),
     workers: int | None = _opt("Worker processes [all cores]."),
-    overwrite: bool | None = typer.Option(None, "--overwrite", help="Replace an existing dataset in --out."),
+    overwrite: bool | None = typer.Option(
+        None, "--overwrite", help="Replace the dataset in --out; the old one stays readable until the new one is complete."
+    ),
+    resume: bool | None = typer.Option(
+        None, "--resume", help="Continue an interrupted run of the same command (or start it if none is pending)."
+    ),
+    append: bool | None = typer.Option(
+        None, "--append", help="Add these inputs' documents to the dataset in --out, deduplicated against it."
+    ),
+    allow_empty: bool | None = typer.Option(
+        None, "--allow-empty", help="Succeed even when no document is kept (otherwise that is an error)."
+    ),
     hf: str | None = _opt("Hugging Face dataset: hub id, save_to_disk dir, or dir of parquet/jsonl files.", "--hf"),
     preset: str | None = _opt(
         "A named dataset (`lmshard datasets`): fills --hf, --hf-config, --text-field.", "--preset"

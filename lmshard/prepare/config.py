@@ -27,6 +27,8 @@ from .clean import CleanConfig
 TEXT_MODES = ("file", "line", "paragraph")  # .txt/.md: a document per file, line or paragraph
 ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it
 DEDUP_MODES = ("document", "none")
+# Options that change how a run treats --out or the machine, never the output bytes.
+TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty")
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
 
@@ -55,7 +57,10 @@ class PrepareConfig:
     max_docs: int | None = None
     on_error: str = "fail"
     workers: int = 0  # 0: one per core
-    overwrite: bool = False
+    overwrite: bool = False  # replace a complete dataset in --out (swapped in only when the new one is complete)
+    resume: bool = False  # continue an interrupted run of the same configuration
+    append: bool = False  # add the inputs' documents to the dataset in --out
+    allow_empty: bool = False  # a run that keeps no document succeeds instead of failing
     hf: str | None = None  # a Hugging Face hub id, save_to_disk directory or local data directory
     hf_config: str | None = None
     hf_split: str = "train"
@@ -82,6 +87,8 @@ class PrepareConfig:
             raise ConfigError("--tokens-per-shard must be at least 1")
         if self.max_docs is not None and self.max_docs < 1:
             raise ConfigError("--max-docs must be at least 1")
+        if self.append and self.overwrite:
+            raise ConfigError("--append adds to the dataset in --out and --overwrite replaces it; pass one of them")
         if self.workers < 0:
             raise ConfigError("--workers must be 0 (all cores) or more")
         self.clean_config()  # validates the cleaning fields
@@ -109,9 +116,10 @@ class PrepareConfig:
 
     def recorded(self) -> dict[str, Any]:
         """The config as stored in metadata: what determines the output bytes (not where it
-        was written, the number of workers or --overwrite; those go to the "run" record)."""
+        was written, the number of workers or how the run treated --out; those go to the "run"
+        record). After --append, `inputs` lists the dataset's inputs followed by the new ones."""
         d = asdict(self)
-        for transient in ("out", "workers", "overwrite"):
+        for transient in TRANSIENT_OPTIONS:
             d.pop(transient)
         return d
 
