@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,34 @@ class SourceInfo:
                    dropped=_counts(raw, "dropped"))  # fmt: skip
 
 
+_KEY_FILE = re.compile(r"dedup/(doc|line)_keys_[0-9]{6}\.u64")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyFile:
+    """A file of dedup keys kept with the dataset so `--append` can deduplicate against it:
+    little-endian uint64 xxh3-64 keys, one per kept document ("doc") or unique line ("line")."""
+
+    path: str  # relative to the dataset root: dedup/doc_keys_NNNNNN.u64 or dedup/line_keys_NNNNNN.u64
+    n_keys: int
+    xxh3_64: str
+
+    @property
+    def kind(self) -> str:
+        return "line" if self.path.startswith("dedup/line_") else "doc"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "n_keys": self.n_keys, "xxh3_64": self.xxh3_64}
+
+    @classmethod
+    def parse(cls, raw: Any) -> KeyFile:
+        if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
+            raise _Invalid("a dedup key file entry is not an object with a path")
+        if not _KEY_FILE.fullmatch(raw["path"]):
+            raise _Invalid(f"dedup key file path {raw['path']!r} is not dedup/(doc|line)_keys_NNNNNN.u64")
+        return cls(path=raw["path"], n_keys=_count(raw, "n_keys", 0), xxh3_64=_get(raw, "xxh3_64", str, ""))
+
+
 @dataclass(frozen=True, kw_only=True)
 class DedupInfo:
     mode: str  # "document" or "none"
@@ -209,10 +238,12 @@ class DedupInfo:
     duplicates_removed: int
     lines: bool  # --dedup-lines
     lines_removed: int
+    files: tuple[KeyFile, ...] = ()  # the keys `--append` needs (absent in datasets from before --append)
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "key": self.key, "duplicates_removed": self.duplicates_removed,
-                "lines": self.lines, "lines_removed": self.lines_removed}  # fmt: skip
+                "lines": self.lines, "lines_removed": self.lines_removed,
+                "files": [f.to_json() for f in self.files]}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: Any) -> DedupInfo | None:
@@ -222,7 +253,8 @@ class DedupInfo:
             raise _Invalid("'dedup' is not an object")
         return cls(mode=_get(raw, "mode", str, "document"), key=_get(raw, "key", str, ""),
                    duplicates_removed=_count(raw, "duplicates_removed", 0), lines=_get(raw, "lines", bool, False),
-                   lines_removed=_count(raw, "lines_removed", 0))  # fmt: skip
+                   lines_removed=_count(raw, "lines_removed", 0),
+                   files=tuple(KeyFile.parse(f) for f in _get(raw, "files", list, [])))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
