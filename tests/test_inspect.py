@@ -73,8 +73,10 @@ def delete(ds):
 
 
 def edit_count(ds):
+    """A shard's n_tokens, with the totals edited to match (else the metadata alone is refused)."""
     meta = json.loads((ds / "dataset_metadata.json").read_text())
-    meta["splits"]["train"]["shards"][1]["n_tokens"] += 1
+    for entry in (meta["splits"]["train"]["shards"][1], meta["splits"]["train"], meta):
+        entry["n_tokens"] += 1
     (ds / "dataset_metadata.json").write_text(json.dumps(meta))
 
 

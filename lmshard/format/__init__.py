@@ -3,12 +3,14 @@
 Writer, `inspect` and the runtime loader all import this package; it imports none of them, and
 neither torch nor tiktoken, so a training node can read a dataset with numpy alone.
 `layout` holds the file names, dtypes and crash-safe writes; `schema` the metadata as typed
-values (built by prepare, parsed and validated for every reader).
+values (built by prepare, parsed and validated for every reader); `files` reads the metadata
+and holds a dataset's files to it (paths, sizes, document indexes) before anyone reads them.
 
 Memory model: metadata is a few hundred bytes per shard and per source file; `read_document`
 reads one document. Nothing here holds a shard.
 """
 
+from .files import check_index, check_shard_files, dataset_file_size, find_shard, load_metadata, read_document
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -32,14 +34,13 @@ from .schema import (
     SourceInfo,
     SplitInfo,
     TokenizerInfo,
-    find_shard,
-    load_metadata,
-    read_document,
+    parse_metadata,
 )
 
 __all__ = [
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "METADATA_FILE",
     "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "atomic_write_bytes", "atomic_write_json",
     "shard_paths", "DatasetMeta", "DedupInfo", "RunInfo", "ShardInfo", "SourceInfo", "SplitInfo", "TokenizerInfo",
-    "find_shard", "load_metadata", "read_document",
+    "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
+    "parse_metadata",
 ]  # fmt: skip

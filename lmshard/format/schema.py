@@ -5,33 +5,31 @@ No code outside this package reads metadata by key: prepare builds a `DatasetMet
 JSON's key order is fixed here, so the bytes a run writes do not depend on who builds the value.
 
 Parsing is strict where a reader's correctness depends on a field (format, version, dtype, byte
-order, tokenizer, separator side, splits and shards) and lenient, with defaults, for what is
-only reported (drops, sources, the run record), so metadata written by an older lmshard still
-opens.
+order, tokenizer, separator side, splits and shards: counts are non-negative ints, a shard's
+paths are the writer's names for it, recorded totals are the sums over shards) and lenient,
+with defaults, for what is only reported (drops, sources, the run record), so metadata written
+by an older lmshard still opens. It touches no file: `files.py` reads the metadata and holds the
+shards on disk to it.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..errors import FormatError
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
     FORMAT_VERSION,
-    IN_PROGRESS_FILE,
     INDEX_DTYPE,
     METADATA_FILE,
     REGENERATE_HINT,
     SPLITS,
     TOKEN_DTYPE,
+    shard_paths,
 )
 
 DTYPE, BYTE_ORDER = "uint32", "little"  # TOKEN_DTYPE as the metadata names it
@@ -130,9 +128,15 @@ class ShardInfo:
         if not isinstance(raw, dict):
             raise _Invalid(f"a shard entry of split '{split}' is not an object")
         try:
-            return cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
-                       n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
-                       xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str))  # fmt: skip
+            shard = cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
+                        n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
+                        xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str))  # fmt: skip
+            _check_names(shard)
+            # Every document holds at least its separator, so a shard has no more documents than
+            # tokens, and none only when it has no tokens.
+            if shard.n_docs > shard.n_tokens or (shard.n_tokens and not shard.n_docs):
+                raise _Invalid(f"'n_docs' {shard.n_docs} is impossible with 'n_tokens' {shard.n_tokens}")
+            return shard
         except _Invalid as e:
             raise _Invalid(f"shard entry {raw.get('path')!r}: {e}") from None
 
@@ -144,6 +148,15 @@ def _inside(raw: dict[str, Any], key: str) -> str:
     if not rel or p.is_absolute() or ".." in p.parts:
         raise _Invalid(f"path {rel!r} escapes the dataset directory")
     return str(rel)
+
+
+def _check_names(shard: ShardInfo) -> None:
+    """The paths must be the ones the writer gives shard N of the split (`shard_paths`): a
+    metadata file cannot point a reader at any other file of the directory."""
+    digits = shard.path.removeprefix(f"{shard.split}/shard_").removesuffix(".bin")
+    number = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 12 else -1
+    if number < 0 or shard_paths(shard.split, number) != (shard.path, shard.index_path):
+        raise _Invalid(f"paths {shard.path!r}, {shard.index_path!r} are not {shard.split}/shard_NNNNNN.bin and .idx")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,8 +178,18 @@ class SplitInfo:
     def parse(cls, name: str, raw: Any) -> SplitInfo:
         if not isinstance(raw, dict) or not isinstance(raw.get("shards", []), list):
             raise _Invalid(f"split '{name}' is not an object with a list of shards")
-        shards = tuple(ShardInfo.parse(name, s) for s in raw.get("shards", []))
-        return cls(n_tokens=_count(raw, "n_tokens", 0), n_docs=_count(raw, "n_docs", 0), shards=shards)
+        split = cls.of(tuple(ShardInfo.parse(name, s) for s in raw.get("shards", [])))
+        _check_total(raw, split, f"split {name}: ", "sum of its shards")
+        return split
+
+
+def _check_total(raw: dict[str, Any], summed: Any, where: str, what: str) -> None:
+    """A recorded n_tokens/n_docs (absent: nothing to contradict) must equal `summed`'s, the sum
+    over shards: a reader sizes its arrays from the shards, and a total is only reported."""
+    for key in ("n_tokens", "n_docs"):
+        recorded, total = _count(raw, key, None), getattr(summed, key)
+        if recorded is not None and recorded != total:
+            raise _Invalid(f"{where}{key} {recorded} != {what} {total}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,7 +315,7 @@ class DatasetMeta:
     tokenizer: TokenizerInfo
     eot_position: str
     splits: dict[str, SplitInfo]
-    total_tokens: int  # as recorded; verify compares it with the shards
+    total_tokens: int  # the sum over shards: parsing refuses a recorded total that differs
     total_docs: int
     lmshard_version: str = ""
     records_read: int = 0
@@ -348,10 +371,14 @@ class DatasetMeta:
         if unknown := set(splits) - set(SPLITS):
             raise _Invalid(f"unknown split(s) {', '.join(map(repr, sorted(unknown)))}; splits are {', '.join(SPLITS)}")
         sources = _get(raw, "sources", list, [])
+        parsed = {str(name): SplitInfo.parse(str(name), entry) for name, entry in splits.items()}
+        every = SplitInfo.of(tuple(s for split in parsed.values() for s in split.shards))
+        _check_total(raw, every, "", "sum of shards")
+        if len({s.path for s in every.shards}) < len(every.shards):
+            raise _Invalid("a shard is listed twice")
         return cls(
             root=root, tokenizer=TokenizerInfo.parse(raw.get("tokenizer")), eot_position=raw["eot_position"],
-            splits={str(name): SplitInfo.parse(str(name), entry) for name, entry in splits.items()},
-            total_tokens=_count(raw, "n_tokens", 0), total_docs=_count(raw, "n_docs", 0),
+            splits=parsed, total_tokens=every.n_tokens, total_docs=every.n_docs,
             lmshard_version=_get(raw, "lmshard_version", str, ""), records_read=_count(raw, "records_read", 0),
             drops=_counts(raw, "drops"), drop_examples=_get(raw, "drop_examples", dict, {}),
             dedup=DedupInfo.parse(raw.get("dedup")), sources=tuple(SourceInfo.parse(s) for s in sources),
@@ -359,54 +386,13 @@ class DatasetMeta:
         )  # fmt: skip
 
 
-def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
-    """Read and validate a dataset's metadata; raise `FormatError` naming the fix if invalid.
-
-    Checks the schema only; `lmshard.verify` compares it with the files on disk.
-    """
-    root = Path(root)
-    raw = _read_json(root)
+def parse_metadata(root: Path, raw: Any) -> DatasetMeta:
+    """Validate the parsed JSON of `root`'s metadata; FormatError naming the field and the fix.
+    Checks the metadata alone: `files.load_metadata` reads it, `files.check_shard_files` holds
+    it against the files on disk."""
     try:
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+            raise _Invalid("not lmshard metadata")
         return DatasetMeta.parse(root, raw)
     except _Invalid as e:
-        raise _fail(root, str(e)) from None
-
-
-def _fail(root: Path, what: str) -> FormatError:
-    return FormatError(f"{root / METADATA_FILE}: {what}; {REGENERATE_HINT}")
-
-
-def _read_json(root: Path) -> dict[str, Any]:
-    path = root / METADATA_FILE
-    if not path.is_file():
-        if (root / IN_PROGRESS_FILE).exists():
-            raise FormatError(f"{root}: a prepare run did not finish here; {REGENERATE_HINT}")
-        raise FormatError(f"{root}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(root, f"unreadable ({e})") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
-        raise _fail(root, "not lmshard metadata")
-    return raw
-
-
-def read_document(meta: DatasetMeta, shard: ShardInfo, i: int) -> np.ndarray:
-    """Tokens of document `i` of `shard` (separator included), read with two small preads."""
-    if not 0 <= i < shard.n_docs:
-        raise FormatError(f"{shard.path}: no document {i} (it holds {shard.n_docs})")
-    with open(meta.abspath(shard.index_path), "rb") as f:
-        f.seek(i * INDEX_DTYPE.itemsize)
-        start, end = np.frombuffer(f.read(2 * INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)
-    with open(meta.abspath(shard.path), "rb") as f:
-        f.seek(int(start) * TOKEN_DTYPE.itemsize)
-        return np.frombuffer(f.read(int(end - start) * TOKEN_DTYPE.itemsize), dtype=TOKEN_DTYPE)
-
-
-def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
-    """A shard by its relative path, with or without the .bin suffix (`train/shard_000003`)."""
-    wanted = name if name.endswith(".bin") else f"{name}.bin"
-    for shard in meta.shards:
-        if shard.path == wanted:
-            return shard
-    raise FormatError(f"no shard {name!r} in {meta.root}; shards are named like train/shard_000000")
+        raise FormatError(f"{root / METADATA_FILE}: {e}; {REGENERATE_HINT}") from None

@@ -1,14 +1,17 @@
 """Check a prepared dataset against its metadata, and gather its statistics in the same pass.
 
-Used by `lmshard inspect`, by the runtime loader (structural checks at open) and by tests.
-Checks, per shard: the token file's size is n_tokens × 4 and the index's is (n_docs + 1) × 8;
-the index starts at 0, increases strictly and ends at n_tokens; and, unless `quick`, the xxh3-64
-checksums of both files match, every token id is below n_vocab, and an EOT token sits at every
-document boundary on the side the metadata records. Totals must equal the sum of the shards.
+Used by `lmshard inspect` and by tests. The metadata and structural checks it shares with the
+runtime loader live in `lmshard.format` (schema.py and files.py), so both refuse the same
+datasets: the metadata validates (totals included); per shard, both files lie inside the
+dataset with sizes n_tokens × 4 and (n_docs + 1) × 8 bytes, and the index starts at 0, increases
+strictly and ends at n_tokens. Here, unless `quick`: the xxh3-64 checksums of both files match,
+every token id is below n_vocab, and an EOT token sits at every document boundary on the side
+the metadata records.
 
 Memory model: one block of BLOCK_TOKENS tokens (64 MiB) at a time, one shard's index, a token
-histogram of n_vocab int64 counters, and document lengths (uint32, sampled down to at most
-MAX_LENGTHS values for statistics). `quick` reads no token data at all: sizes and indexes only.
+histogram of n_vocab int64 counters (none above MAX_COUNTED_VOCAB ids), and document lengths
+(uint32, sampled down to at most MAX_LENGTHS values for statistics). `quick` reads no token data
+at all: sizes and indexes only.
 """
 
 from __future__ import annotations
@@ -23,23 +26,35 @@ import numpy as np
 import xxhash
 
 from ..errors import FormatError
-from ..format import INDEX_DTYPE, TOKEN_DTYPE, TOKENIZER_FILE, DatasetMeta, ShardInfo, load_metadata
+from ..format import (
+    INDEX_DTYPE,
+    TOKEN_DTYPE,
+    TOKENIZER_FILE,
+    DatasetMeta,
+    ShardInfo,
+    check_index,
+    check_shard_files,
+    dataset_file_size,
+    load_metadata,
+)
 
 BLOCK_TOKENS = 16 << 20
 MAX_LENGTHS = 16_000_000
+MAX_COUNTED_VOCAB = 1 << 24  # ids: a histogram of 128 MiB; a larger n_vocab gets no top-token counts
 FIX_SHARD = "re-run `lmshard prepare` with --overwrite to rebuild the dataset"
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a dataset: where, what, and how to fix it."""
+    """One thing wrong with a dataset: where, what, and how to fix it (empty when `what` is a
+    FormatError's message, which says the fix itself)."""
 
     where: str
     what: str
     fix: str = FIX_SHARD
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.what}; {self.fix}"
+        return f"{self.where}: {self.what}" + (f"; {self.fix}" if self.fix else "")
 
 
 @dataclass
@@ -87,14 +102,13 @@ def verify_dataset(
     try:
         meta = load_metadata(root)
     except FormatError as e:
-        report.problems.append(Problem(str(root), str(e), "see the message"))
+        report.problems.append(Problem(str(root), str(e), fix=""))
         return report
     report.meta = meta
     if on_start:
         on_start(len(meta.shards))
     _check_tokenizer_state(meta, report)
-    _check_totals(meta, report)
-    if not quick:
+    if not quick and meta.tokenizer.n_vocab <= MAX_COUNTED_VOCAB:
         report.token_counts = np.zeros(meta.tokenizer.n_vocab, dtype=np.int64)
     sample_every = max(1, -(-meta.n_docs() // MAX_LENGTHS))
     for shard in meta.shards:
@@ -113,8 +127,12 @@ def verify_dataset(
 def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
     path = meta.root / TOKENIZER_FILE
     try:
+        dataset_file_size(meta.root, TOKENIZER_FILE)  # inside the dataset and a regular file: not a FIFO
         state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+    except FormatError as e:
+        report.problems.append(Problem(TOKENIZER_FILE, str(e), fix=""))
+        return
+    except (OSError, ValueError, RecursionError) as e:
         report.problems.append(Problem(TOKENIZER_FILE, f"unreadable ({e})"))
         return
     if not isinstance(state, dict):
@@ -125,38 +143,16 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
             report.problems.append(Problem(TOKENIZER_FILE, f"'{key}' disagrees with the metadata"))
 
 
-def _check_totals(meta: DatasetMeta, report: Report) -> None:
-    for name, split in meta.splits.items():
-        for key, recorded in (("n_tokens", split.n_tokens), ("n_docs", split.n_docs)):
-            shard_sum = sum(getattr(s, key) for s in split.shards)
-            if recorded != shard_sum:
-                report.problems.append(Problem(f"split {name}", f"{key} {recorded} != sum of its shards {shard_sum}"))
-    for key, recorded in (("n_tokens", meta.total_tokens), ("n_docs", meta.total_docs)):
-        total = sum(getattr(s, key) for split in meta.splits.values() for s in split.shards)
-        if recorded != total:
-            report.problems.append(Problem("dataset_metadata.json", f"{key} {recorded} != sum of shards {total}"))
-
-
 def check_shard_structure(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> np.ndarray | None:
     """Sizes and document index of one shard, without reading tokens. Returns the offsets, or
     None after recording a problem."""
-    bin_path, idx_path = meta.abspath(shard.path), meta.abspath(shard.index_path)
-    for path, expected, unit in ((bin_path, shard.bin_bytes, "tokens"), (idx_path, shard.idx_bytes, "offsets")):
-        if not path.is_file():
-            problems.append(Problem(shard.path, f"{path.name} is missing"))
-            return None
-        size = path.stat().st_size
-        if size != expected:
-            problems.append(Problem(shard.path, f"{path.name} has {size} bytes, metadata says {expected} ({unit})"))
-            return None
-    offsets = np.fromfile(idx_path, dtype=INDEX_DTYPE)
-    if offsets[0] != 0 or offsets[-1] != shard.n_tokens:
-        problems.append(
-            Problem(shard.path, f"document index spans {offsets[0]}..{offsets[-1]}, not 0..{shard.n_tokens}")
-        )
-        return None
-    if len(offsets) > 1 and not (np.diff(offsets.astype(np.int64)) > 0).all():
-        problems.append(Problem(shard.path, "document index is not strictly increasing"))
+    try:
+        check_shard_files(meta.root, shard)
+        path = meta.abspath(shard.index_path)
+        offsets = np.fromfile(path, dtype=INDEX_DTYPE)  # as many bytes as the metadata says: checked above
+        check_index(path, offsets, shard.n_tokens)
+    except FormatError as e:
+        problems.append(Problem(shard.path, str(e), fix=""))
         return None
     return offsets
 
@@ -178,8 +174,8 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
         h.update(np.ascontiguousarray(block).data.cast("B"))
         if int(block.max()) >= n_vocab:
             bad_ids += int((block >= n_vocab).sum())
-        else:
-            report.token_counts += np.bincount(block, minlength=n_vocab)  # type: ignore[operator]
+        elif report.token_counts is not None:
+            report.token_counts += np.bincount(block, minlength=n_vocab)
         lo, hi = np.searchsorted(boundaries, [start, start + len(block)])
         bad_eot += int((block[boundaries[lo:hi] - start] != eot).sum())
     del tokens

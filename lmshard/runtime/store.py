@@ -17,6 +17,10 @@ Two ways to read, chosen when the split is opened:
   made batches 6× slower (docs/performance.md).
 
 Shard files are opened lazily, at most `max_open` at a time (least recently used are closed).
+Before any is opened, `from_dataset` holds every shard of the split to its metadata
+(`format.check_shard_files`: inside the dataset, the recorded sizes), and a shard's document
+index is checked (`format.check_index`) when it is first loaded, so a tampered dataset is a
+`FormatError` naming the file, never a huge map or an out-of-range read.
 
 Memory model: per shard one cumulative offset (8 bytes); per *open* shard a file descriptor or a
 map, and a memory-mapped view of its `.idx` (opened on first use, pages loaded on demand); in
@@ -36,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError
-from ..format import INDEX_DTYPE, TOKEN_DTYPE, DatasetMeta, ShardInfo, load_metadata
+from ..format import INDEX_DTYPE, TOKEN_DTYPE, DatasetMeta, ShardInfo, check_index, check_shard_files, load_metadata
 
 DEFAULT_RSS_LIMIT = 1 << 30
 
@@ -44,21 +48,27 @@ DEFAULT_RSS_LIMIT = 1 << 30
 class _Open:
     """An open shard: a descriptor (read mode) or a map (mapped mode), and its index on demand."""
 
-    def __init__(self, path: Path, index_path: Path, mapped: bool) -> None:
-        self.index_path = index_path
+    def __init__(self, path: Path, index_path: Path, n_tokens: int, mapped: bool) -> None:
+        self.index_path, self.n_tokens = index_path, n_tokens
         self.fd = os.open(path, os.O_RDONLY)
         self.map: mmap.mmap | None = None
         self.tokens: np.ndarray | None = None  # uint32 view of `map`
         self._index: np.ndarray | None = None
         if mapped:
-            self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+            try:
+                self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+            except BaseException:
+                os.close(self.fd)
+                raise
             self.tokens = np.frombuffer(self.map, dtype=TOKEN_DTYPE)
 
     @property
     def index(self) -> np.ndarray:
-        """Document start offsets within the shard, plus its end."""
+        """Document start offsets within the shard, plus its end; checked when first loaded."""
         if self._index is None:
-            self._index = np.memmap(self.index_path, dtype=INDEX_DTYPE, mode="r")
+            index = np.memmap(self.index_path, dtype=INDEX_DTYPE, mode="r")
+            check_index(self.index_path, index, self.n_tokens)
+            self._index = index
         return self._index
 
     def close(self) -> None:
@@ -144,9 +154,9 @@ class TokenStore:
     def from_dataset(
         cls, meta: DatasetMeta, split: str, max_open: int = 64, rss_limit: int | None = DEFAULT_RSS_LIMIT
     ) -> TokenStore:
+        for shard in meta.split_shards(split):  # empty ones too: their files must match as well
+            check_shard_files(meta.root, shard)
         shards = [s for s in meta.split_shards(split) if s.n_tokens]
-        for shard in shards:
-            _check_sizes(meta, shard)
         return cls(shards, meta.root, max_open, rss_limit=rss_limit)
 
     @classmethod
@@ -163,8 +173,12 @@ class TokenStore:
             self._open.popitem()[1].close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown os may already be gone
+        # No module globals here (`contextlib` may be gone at interpreter shutdown), and
+        # `close` fails on a store whose __init__ raised before setting its attributes.
+        try:  # noqa: SIM105 (contextlib.suppress is a module global)
             self.close()
+        except Exception:
+            pass
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled without its open files and maps (DataLoader workers started by spawn or
@@ -183,7 +197,7 @@ class TokenStore:
             self._open.move_to_end(k)
             return entry
         shard = self.shards[k]
-        entry = self._open[k] = _Open(self.root / shard.path, self.root / shard.index_path, self.mapped)
+        entry = self._open[k] = _Open(self.root / shard.path, self.root / shard.index_path, shard.n_tokens, self.mapped)
         if len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()
         return entry
@@ -320,15 +334,6 @@ class TokenStore:
                 found.append(np.array([base], dtype=np.int64))  # a shard boundary is a doc start
             k += 1
         return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
-
-
-def _check_sizes(meta: DatasetMeta, shard: ShardInfo) -> None:
-    for rel, expected in ((shard.path, shard.bin_bytes), (shard.index_path, shard.idx_bytes)):
-        path = meta.abspath(rel)
-        size = path.stat().st_size if path.is_file() else -1
-        if size != expected:
-            what = "is missing" if size < 0 else f"has {size} bytes, metadata says {expected}"
-            raise FormatError(f"{path}: {what}; run `lmshard inspect {meta.root}` and re-run prepare")
 
 
 def open_store(

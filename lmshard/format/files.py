@@ -1,0 +1,119 @@
+"""A dataset directory on disk, held to its metadata before anything maps or reads its data.
+
+A dataset may come from someone else (downloaded, copied, tampered), so every reader makes the
+same checks, and each has one owner here:
+
+- `load_metadata`: the metadata file parses and validates (`schema.parse_metadata`).
+- `check_shard_files`: a shard's `.bin` and `.idx` resolve, symlinks followed, to regular files
+  inside the dataset directory, of exactly the sizes the metadata records. Every count a reader
+  later sizes a map, a read or an array by is then backed by bytes that exist: `n_tokens` 10**15
+  is refused by a stat, not by trying.
+- `check_index`: a shard's document index runs from 0 to its `n_tokens`, strictly increasing.
+
+`lmshard inspect` (inspect/verify.py) and the runtime loader (runtime/store.py) both call them.
+
+Memory model: `check_index` holds one boolean per document of the index it checks; the rest
+is a few stats per shard, and `read_document` one document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError
+from .layout import IN_PROGRESS_FILE, INDEX_DTYPE, METADATA_FILE, REGENERATE_HINT, TOKEN_DTYPE
+from .schema import DatasetMeta, ShardInfo, parse_metadata
+
+
+def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
+    """Read and validate a dataset's metadata; raise `FormatError` naming the fix if invalid.
+
+    Checks the metadata alone; `check_shard_files` holds it against the files on disk.
+    """
+    root = Path(root)
+    path = root / METADATA_FILE
+    if not path.is_file():
+        if (root / IN_PROGRESS_FILE).exists():
+            raise FormatError(f"{root}: a prepare run did not finish here; {REGENERATE_HINT}")
+        raise FormatError(f"{root}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8, an int of 4,300+ digits
+        raise FormatError(f"{path}: unreadable ({e}); {REGENERATE_HINT}") from None
+    return parse_metadata(root, raw)
+
+
+def dataset_file_size(root: Path, rel: str) -> int:
+    """Size in bytes of the file `rel` of the dataset at `root`. FormatError, naming the file,
+    unless it resolves (symlinks followed) to a regular file inside `root`: a copied dataset
+    may hold a link to anywhere, or a FIFO that would block a read."""
+    path = root / rel
+    real = Path(os.path.realpath(path))
+    if not real.is_relative_to(os.path.realpath(root)):
+        raise FormatError(f"{path}: resolves to {real}, outside the dataset directory; {REGENERATE_HINT}")
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: is missing; {REGENERATE_HINT}") from None
+    except OSError as e:
+        raise FormatError(f"{path}: unreadable ({e.strerror}); {REGENERATE_HINT}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise FormatError(f"{path}: not a regular file; {REGENERATE_HINT}")
+    return info.st_size
+
+
+def check_shard_files(root: Path, shard: ShardInfo) -> None:
+    """FormatError, naming the file and the field, unless the shard's token file holds
+    `n_tokens` × 4 bytes and its index `(n_docs + 1)` × 8, both inside the dataset at `root`."""
+    for rel, key, count, expected in ((shard.path, "n_tokens", shard.n_tokens, shard.bin_bytes),
+                                      (shard.index_path, "n_docs", shard.n_docs, shard.idx_bytes)):  # fmt: skip
+        size = dataset_file_size(root, rel)
+        if size != expected:
+            raise FormatError(f"{root / rel}: {size} bytes, but '{key}' {count} in the metadata means {expected}; "
+                              f"{REGENERATE_HINT}")  # fmt: skip
+
+
+def check_index(path: Path, offsets: np.ndarray, n_tokens: int) -> None:
+    """FormatError unless `offsets` (a shard's document index, any uint64 array or map) starts
+    at 0, ends at the shard's `n_tokens` and increases strictly: every document holds at least
+    its separator. Two vectorized comparisons, no loop over documents."""
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0 or last != n_tokens:
+        raise FormatError(f"{path}: document index spans {first}..{last}, not 0..{n_tokens} ('n_tokens'); "
+                          f"{REGENERATE_HINT}")  # fmt: skip
+    rising = offsets[1:] > offsets[:-1]  # uint64 compared as uint64: no signed copy of the index
+    if not rising.all():
+        at = int(rising.argmin()) + 1
+        raise FormatError(f"{path}: document index is not strictly increasing (entry {at}: {int(offsets[at])} "
+                          f"after {int(offsets[at - 1])}); {REGENERATE_HINT}")  # fmt: skip
+
+
+def read_document(meta: DatasetMeta, shard: ShardInfo, i: int) -> np.ndarray:
+    """Tokens of document `i` of `shard` (separator included), read with two small preads
+    after `check_shard_files`, so a read never runs past what the files hold."""
+    if not 0 <= i < shard.n_docs:
+        raise FormatError(f"{shard.path}: no document {i} (it holds {shard.n_docs})")
+    check_shard_files(meta.root, shard)
+    with open(meta.abspath(shard.index_path), "rb") as f:
+        f.seek(i * INDEX_DTYPE.itemsize)
+        start, end = (int(x) for x in np.frombuffer(f.read(2 * INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE))
+    if not 0 <= start < end <= shard.n_tokens:
+        raise FormatError(f"{meta.abspath(shard.index_path)}: document {i} spans {start}..{end}, outside "
+                          f"0..{shard.n_tokens} or empty; {REGENERATE_HINT}")  # fmt: skip
+    with open(meta.abspath(shard.path), "rb") as f:
+        f.seek(start * TOKEN_DTYPE.itemsize)
+        return np.frombuffer(f.read((end - start) * TOKEN_DTYPE.itemsize), dtype=TOKEN_DTYPE)
+
+
+def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
+    """A shard by its relative path, with or without the .bin suffix (`train/shard_000003`)."""
+    wanted = name if name.endswith(".bin") else f"{name}.bin"
+    for shard in meta.shards:
+        if shard.path == wanted:
+            return shard
+    raise FormatError(f"no shard {name!r} in {meta.root}; shards are named like train/shard_000000")
