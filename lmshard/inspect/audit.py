@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, LmshardError, missing_dependency
+from ..errors import ConfigError, FormatError, LmshardError, missing_dependency
 from ..format import IN_PROGRESS_FILE, METADATA_FILE, DatasetMeta, find_shard, read_document
 from .verify import Report
 
@@ -55,7 +55,8 @@ def _text(tokens: np.ndarray, decode: Decoder | None) -> str:
 
 
 def sample_documents(meta: DatasetMeta, n: int, seed: int, decode: Decoder | None) -> list[tuple[str, int, str]]:
-    """N documents drawn uniformly from all shards (seeded), decoded."""
+    """N documents drawn uniformly from all shards (seeded), decoded. A document of a shard
+    whose files fail their checks is left out: verification reports that shard."""
     total = meta.n_docs()
     if n <= 0 or total == 0:
         return []
@@ -65,7 +66,10 @@ def sample_documents(meta: DatasetMeta, n: int, seed: int, decode: Decoder | Non
     for g in picks.tolist():
         k = int(np.searchsorted(starts, g, side="right")) - 1
         shard = meta.shards[k]
-        tokens = read_document(meta, shard, g - int(starts[k]))
+        try:
+            tokens = read_document(meta, shard, g - int(starts[k]))
+        except FormatError:
+            continue
         out.append((f"{shard.path[:-4]}:{g - int(starts[k])}", len(tokens), _text(tokens, decode)))
     return out
 
