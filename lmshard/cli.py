@@ -3,6 +3,7 @@ that turns an `LmshardError` into a one-line message and an exit code."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import shlex
 import sys
@@ -18,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import __version__
-from .errors import LmshardError
+from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
 from .inspect import audit
 from .inspect.verify import report_json, verify_dataset
 
@@ -39,18 +40,20 @@ _state = {"verbose": False}
 _SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
 
 
-def user_errors(exit_code: int = 1) -> Callable[[F], F]:
-    """Turn library errors into one line on stderr and `exit_code`; Ctrl-C into exit 130."""
+def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
+    """Turn library errors into one line on stderr and `exit_code`; Ctrl-C into EXIT_INTERRUPTED.
+    An OSError (a disk, a permission) or EOFError that escaped the library is one line too: click
+    would print a traceback for the first and a bare "Aborted." for the second."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
-            except LmshardError as e:
+            except (LmshardError, OSError, EOFError) as e:
                 if _state["verbose"]:
                     err.print_exception()
-                err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+                err.print(f"[bold red]error:[/] {escape(_message(e))}", highlight=False, soft_wrap=True)
                 raise typer.Exit(exit_code) from None
             except KeyboardInterrupt as e:
                 # prepare raises a KeyboardInterrupt that says what it kept (see prepare/staging.py)
@@ -60,11 +63,33 @@ def user_errors(exit_code: int = 1) -> Callable[[F], F]:
                     err.print(escape(_resume_command()), highlight=False, soft_wrap=True)
                 else:
                     err.print("[bold red]interrupted[/]: nothing was left that looks complete")
-                raise typer.Exit(130) from None
+                raise typer.Exit(EXIT_INTERRUPTED) from None
 
         return inner  # type: ignore[return-value]
 
     return wrap
+
+
+_OS_FIXES = {
+    errno.ENOSPC: "free space, then re-run",
+    errno.EDQUOT: "free space (disk quota), then re-run",
+    errno.EACCES: "check its permissions",
+    errno.EPERM: "check its permissions",
+    errno.EROFS: "choose a writable location",
+    errno.ENOENT: "check the path",
+}
+
+
+def _message(e: BaseException) -> str:
+    """One line for an error: an LmshardError's own message, an OSError's file and strerror."""
+    if isinstance(e, LmshardError):
+        return str(e)
+    if isinstance(e, OSError):
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        why = e.strerror or str(e) or type(e).__name__
+        fix = _OS_FIXES.get(e.errno or 0)
+        return f"{where + ': ' if where else ''}{why}" + (f"; {fix}" if fix else "")
+    return f"the input ended unexpectedly ({e or 'EOFError'}); re-run with -v and report it if it repeats"
 
 
 def _resume_command() -> str:
@@ -104,7 +129,10 @@ def prepare(
     tokenizer: str | None = _opt("gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, or a .tiktoken file."),
     format: str | None = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
     text_field: str | None = _opt("JSON/CSV/parquet field holding the text [text]."),
-    text_mode: str | None = _opt(".txt/.md documents: file (default), line or paragraph."),
+    text_mode: str | None = _opt(
+        ".txt/.md documents: auto (default: one per file up to --max-chars bytes, else one per "
+        "blank-line-separated paragraph), file, line or paragraph."
+    ),
     normalize: str | None = _opt("Unicode normalisation: nfc (default), nfkc, none."),
     no_normalize: bool | None = typer.Option(
         None,
@@ -127,7 +155,9 @@ def prepare(
     on_error: str | None = _opt("fail (default): stop at the first bad record; skip: count and skip it."),
     workers: int | None = _opt("Worker processes [all cores]."),
     overwrite: bool | None = typer.Option(
-        None, "--overwrite", help="Replace the dataset in --out; the old one stays readable until the new one is complete."
+        None,
+        "--overwrite",
+        help="Replace the dataset in --out; the old one stays readable until the new one is complete.",
     ),
     resume: bool | None = typer.Option(
         None, "--resume", help="Continue an interrupted run of the same command (or start it if none is pending)."
@@ -186,6 +216,8 @@ def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
 
 
 def _summary(meta: Any, where: str) -> None:
+    from .prepare.sources import SPLIT_INTO_PARAGRAPHS
+
     table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -194,16 +226,32 @@ def _summary(meta: Any, where: str) -> None:
     table.add_row("records read", f"{meta.records_read:,}")
     for split, s in meta.splits.items():
         table.add_row(split, f"{s.n_docs:,} docs  {s.n_tokens:,} tokens  {len(s.shards)} shards")
-    drops = ", ".join(f"{k} {v:,}" for k, v in meta.drops.items() if v) or "none"
-    table.add_row("dropped", drops)
+    drops = {k: v for k, v in meta.drops.items() if v and k != SPLIT_INTO_PARAGRAPHS}
+    table.add_row("dropped", ", ".join(f"{k} {v:,}" for k, v in drops.items()) or "none")
     run = meta.run
     table.add_row("time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {run.workers} workers")
     out.print(table)
+    for reason, n in drops.items():
+        out.print(f"  {reason} {n:,}: {escape(_by_file(meta.sources, reason))}", highlight=False, soft_wrap=True)
+    split = sum(src.dropped.get(SPLIT_INTO_PARAGRAPHS, 0) for src in meta.sources)
+    if split:
+        files = escape(_by_file(meta.sources, SPLIT_INTO_PARAGRAPHS, counts=False))
+        line = f"  split into paragraphs (over --max-chars bytes) {split:,}: {files}"
+        out.print(line, highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
-        out.print(f"  first {reason}: {escape(example)}", highlight=False)
+        out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
+
+
+def _by_file(sources: Any, key: str, top: int = 3, counts: bool = True) -> str:
+    """The files with the most `key` drops, most first: "data/big.txt (2), data/x.txt (1)"."""
+    ranked = sorted((-src.dropped.get(key, 0), src.path) for src in sources if src.dropped.get(key))
+    shown = ", ".join(f"{path} ({-n:,})" if counts else path for n, path in ranked[:top])
+    more = len(ranked) - top
+    return shown + (f" and {more:,} more file{'s' * (more > 1)}" if more > 0 else "")
 
 
 @app.command()
+@user_errors()
 def inspect(
     dataset: Path = typer.Argument(..., help="A dataset directory written by `lmshard prepare`."),
     quick: bool = typer.Option(False, "--quick", help="Structure only: sizes and document indexes, no token data."),
@@ -216,14 +264,10 @@ def inspect(
     ),
     top: int = typer.Option(10, "--top", help="How many of the most frequent tokens to show."),
 ) -> None:
-    """Verify a dataset against its metadata and show what is in it. Exit 0 when it verifies,
-    1 for a usage error, 2 when the dataset is corrupt."""
-    try:
-        code = _inspect(dataset, quick, as_json, sample, seed, doc, plot, top)
-    except LmshardError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        code = 1
-    raise typer.Exit(code)
+    """Verify a dataset against its metadata and show what is in it. Exit codes: 0 verified,
+    1 an error (no such directory, not a dataset, a bad option value), 2 a malformed command
+    line, 3 the dataset is corrupt."""
+    raise typer.Exit(_inspect(dataset, quick, as_json, sample, seed, doc, plot, top))
 
 
 def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
@@ -243,7 +287,7 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
         out.print_json(data=payload)
     else:
         _render_report(report, top_tokens, samples)
-    return 0 if report.ok else 2
+    return EXIT_OK if report.ok else EXIT_CORRUPT
 
 
 def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:

@@ -1,10 +1,17 @@
-"""The one exception family lmshard raises for problems a user can fix.
+"""The one exception family lmshard raises for problems a user can fix, and the exit codes.
 
-The CLI turns any `LmshardError` into a single line on stderr and exit code 1
-(2 for a corrupt dataset in `inspect`); anything else is a bug and keeps its traceback.
+The CLI turns any `LmshardError` (and any `OSError`) into a single line on stderr and
+EXIT_ERROR; `inspect` exits EXIT_CORRUPT for a dataset that fails verification; anything else
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # a failed run: bad input, a bad option value, a missing file or vocabulary
+EXIT_USAGE = 2  # a malformed command line (unknown option, missing argument), as click reports it
+EXIT_CORRUPT = 3  # `lmshard inspect`: the dataset fails verification
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 class LmshardError(Exception):

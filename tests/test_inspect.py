@@ -13,6 +13,7 @@ from test_prepare import jsonl, make_texts
 from typer.testing import CliRunner
 
 from lmshard.cli import app
+from lmshard.errors import EXIT_CORRUPT
 from lmshard.inspect import verify
 from lmshard.inspect.verify import verify_dataset
 from lmshard.prepare import PrepareConfig, prepare
@@ -98,7 +99,7 @@ def bad_index(ds):
 def test_corruption_exits_2_and_names_the_shard(dataset, corrupt):
     corrupt(dataset)
     code, report = inspect_json(dataset)
-    assert code == 2 and not report["ok"]
+    assert code == EXIT_CORRUPT and not report["ok"]
     name = first_shard(dataset)["path"]
     assert any(name in p for p in report["problems"]), report["problems"]
     assert all("lmshard prepare" in p for p in report["problems"])
@@ -108,7 +109,7 @@ def test_quick_skips_checksums_but_catches_structure(dataset):
     flip_byte(dataset)
     assert inspect_json(dataset, "--quick")[0] == 0  # a flipped byte needs the checksum
     truncate(dataset)
-    assert inspect_json(dataset, "--quick")[0] == 2
+    assert inspect_json(dataset, "--quick")[0] == EXIT_CORRUPT
 
 
 def test_quick_reads_no_token_data(dataset, monkeypatch):
@@ -150,7 +151,7 @@ def test_unfinished_run_is_reported(dataset):
     (dataset / "dataset_metadata.json").unlink()
     (dataset / "_PREPARE_IN_PROGRESS").write_text("{}")
     code, out = inspect_json(dataset)
-    assert code == 2 and "did not finish" in json.dumps(out)
+    assert code == EXIT_CORRUPT and "did not finish" in json.dumps(out)
 
 
 def test_metadata_path_escaping_the_dataset_is_refused(dataset):
@@ -158,7 +159,7 @@ def test_metadata_path_escaping_the_dataset_is_refused(dataset):
     meta["splits"]["train"]["shards"][0]["path"] = "../../etc/passwd"
     (dataset / "dataset_metadata.json").write_text(json.dumps(meta))
     code, report = inspect_json(dataset)
-    assert code == 2 and "escapes the dataset directory" in report["problems"][0]
+    assert code == EXIT_CORRUPT and "escapes the dataset directory" in report["problems"][0]
 
 
 def test_plot_writes_a_png(dataset, tmp_path):
@@ -198,7 +199,7 @@ def save(ds, entry, tokens=None, offsets=None, fix_checksums=False):
 def only_problem(ds, *words):
     """inspect exits 2 with exactly one problem, naming the shard and containing `words`."""
     code, report = inspect_json(ds)
-    assert code == 2 and len(report["problems"]) == 1, report
+    assert code == EXIT_CORRUPT and len(report["problems"]) == 1, report
     assert all(w in report["problems"][0] for w in words), report["problems"]
     return report["problems"][0]
 
@@ -260,7 +261,7 @@ def test_eot_on_the_wrong_side_of_the_metadata_is_caught(dataset, before, tmp_pa
     meta["eot_position"] = "before" if side == "after" else "after"
     (ds / "dataset_metadata.json").write_text(json.dumps(meta))
     code, report = inspect_json(ds)
-    assert code == 2 and report["problems"]
+    assert code == EXIT_CORRUPT and report["problems"]
     assert all("document boundaries without the EOT token" in p for p in report["problems"])
     n_shards = sum(len(s["shards"]) for s in meta["splits"].values())
     assert len(report["problems"]) == n_shards
@@ -389,7 +390,7 @@ def test_unreadable_tokenizer_state_is_a_problem_not_a_crash(dataset, content):
 def test_metadata_schema_is_refused_with_the_fix(dataset, change, words):
     edit_meta(dataset, change)
     code, report = inspect_json(dataset, "--quick")
-    assert code == 2 and len(report["problems"]) == 1, report
+    assert code == EXIT_CORRUPT and len(report["problems"]) == 1, report
     assert words in report["problems"][0] and "re-run `lmshard prepare` with --overwrite" in report["problems"][0]
 
 

@@ -66,6 +66,15 @@ def clean_text(text: str, config: CleanConfig) -> str:
     return text
 
 
+def drop_detail(reason: str, n_chars: int, config: CleanConfig) -> str:
+    """Why `length_filter` dropped a cleaned document of `n_chars` characters, for the drop examples."""
+    if reason == "too_long":
+        return f"{n_chars:,} characters, over --max-chars {config.max_chars:,}"
+    if reason == "too_short":
+        return f"{n_chars:,} characters, under --min-chars {config.min_chars:,}"
+    return "no text left after cleaning"
+
+
 def length_filter(text: str, config: CleanConfig) -> tuple[str | None, str | None]:
     """Return (text, None) to keep, possibly truncated, or (None, reason) to drop."""
     n = len(text)

@@ -24,7 +24,8 @@ from ..errors import ConfigError
 from ..format import EOT_POSITIONS
 from .clean import CleanConfig
 
-TEXT_MODES = ("file", "line", "paragraph")  # .txt/.md: a document per file, line or paragraph
+# .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
+TEXT_MODES = ("auto", "file", "line", "paragraph")
 ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it
 DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
@@ -42,7 +43,7 @@ class PrepareConfig:
     tokenizer: str = "gpt2"
     format: str | None = None  # force one input format instead of detecting it by suffix
     text_field: str = "text"
-    text_mode: str = "file"  # .txt/.md: one document per file, per line, or per paragraph
+    text_mode: str = "auto"  # .txt/.md: per file up to --max-chars bytes, else per paragraph; or file, line, paragraph
     normalize: str = "nfc"
     byte_exact: bool = False
     min_chars: int = 1
@@ -70,6 +71,7 @@ class PrepareConfig:
     hf_tasks: int = 1
 
     def __post_init__(self) -> None:
+        self._check_types()
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
@@ -78,7 +80,11 @@ class PrepareConfig:
             _choice("--format", self.format, INPUT_FORMATS)
         if not self.inputs and not self.hf:
             raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
-        self.hf_spec()  # validates the task split
+        self._check_hf_tasks()
+        if self.hf:
+            self.hf_spec().kind()  # a path that names no directory fails now, not after --out is claimed
+        if "-" in self.inputs and self.format == "text" and self.text_mode == "file":
+            raise ConfigError("--text-mode file cannot make stdin one document; pass --text-mode paragraph or line")
         if self.dedup_lines and "-" in self.inputs:
             raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -92,6 +98,23 @@ class PrepareConfig:
         if self.workers < 0:
             raise ConfigError("--workers must be 0 (all cores) or more")
         self.clean_config()  # validates the cleaning fields
+
+    def _check_types(self) -> None:
+        """Every field has its annotated type (as `resolve_config` makes sure for flags and
+        files), so a library caller's `max_chars="10"` fails here, not deep in a worker."""
+        for name, expected in _field_types().items():
+            value = getattr(self, name)
+            setattr(self, name, _checked(name, value, expected, "PrepareConfig field", parse_strings=False))
+
+    def _check_hf_tasks(self) -> None:
+        from .hf import check_task_split
+
+        check_task_split(self.hf_task, self.hf_tasks)
+        if not self.hf and (self.hf_task, self.hf_tasks) != (0, 1):
+            raise ConfigError(
+                "--hf-task/--hf-tasks split only the --hf stream, and there is no --hf; drop them "
+                "(to split files between tasks, pass each task its own inputs)"
+            )
 
     def clean_config(self) -> CleanConfig:
         return CleanConfig(
@@ -222,8 +245,9 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(PrepareConfig)
 
 
-def _checked(key: str, value: Any, expected: Any, where: str) -> Any:
-    """`value` as the type a field expects, or a one-line ConfigError."""
+def _checked(key: str, value: Any, expected: Any, where: str, parse_strings: bool = True) -> Any:
+    """`value` as the type a field expects, or a one-line ConfigError. A number may be written
+    as a string ("1e8", "100_000_000", as config files do) only when `parse_strings`."""
     args = typing.get_args(expected)
     if type(None) in args:
         if value is None:
@@ -236,6 +260,8 @@ def _checked(key: str, value: Any, expected: Any, where: str) -> Any:
         return _bad(key, value, "a list of strings (or one string)", where)
     if expected is bool:
         return value if isinstance(value, bool) else _bad(key, value, "true or false", where)
+    if not parse_strings and isinstance(value, str) and expected in (int, float):
+        return _bad(key, value, "a whole number" if expected is int else "a number", where)
     if expected is int:
         number = _number(value)
         if isinstance(number, int) or (isinstance(number, float) and number.is_integer()):

@@ -15,6 +15,7 @@ import gzip
 import io
 import lzma
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,28 +77,63 @@ def known_type(path: Path, fmt_override: str | None) -> bool:
 
 
 def open_binary(source: Source) -> tuple[IO[bytes], IO[bytes]]:
-    """Return (decompressed stream, raw file) for `source`; `raw.tell()` measures progress."""
+    """Return (decompressed stream, raw file) for `source`; `raw.tell()` measures progress.
+    A compressed stream raises `DamagedInput` where its data ends early or fails a check."""
     raw: IO[bytes] = sys.stdin.buffer if source.path == "-" else open(source.path, "rb")  # noqa: SIM115
+    if source.compression is None:
+        return raw, raw
+    inner: Any
     if source.compression == "gzip":
-        return cast(IO[bytes], gzip.GzipFile(fileobj=raw)), raw
-    if source.compression == "bz2":
-        return bz2.BZ2File(raw), raw
-    if source.compression == "xz":
-        return lzma.LZMAFile(raw), raw
-    if source.compression == "zstd":
-        try:
-            import zstandard
-        except ImportError:
-            raise missing_dependency("zstandard", "zstd", f"{source.path}: reading .zst") from None
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20), raw
-    return raw, raw
+        inner = gzip.GzipFile(fileobj=raw)
+    elif source.compression == "bz2":
+        inner = bz2.BZ2File(raw)
+    elif source.compression == "xz":
+        inner = lzma.LZMAFile(raw)  # noqa: SIM115  # closed with `raw` by the caller
+    else:
+        inner = _ZstdFrames(raw, source.path)
+    return cast(IO[bytes], Decompressed(inner, source)), raw
 
 
 def read_prefix(source: Source, limit: int) -> bytes:
     """The first `limit` decompressed bytes of a source, plus one more to detect overflow."""
     stream, raw = open_binary(source)
     try:
-        return stream.read(limit + 1)
+        data = stream.read(limit + 1)
+        if len(data) <= limit:
+            stream.read(1)  # at the end: raises the damage, if any, found after the bytes returned
+        return data
+    finally:
+        raw.close()
+
+
+def first_byte(source: Source) -> bytes:
+    """The first byte of a source's data that is not whitespace or a UTF-8 byte-order mark
+    (b"" for none): b"[" marks a JSON array. Reads a block at a time until it is found."""
+    stream, raw = open_binary(source)
+    try:
+        while block := stream.read(SNIFF_BYTES):
+            if (rest := block.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")):
+                return rest[:1]
+        return b""
+    except DamagedInput:
+        return b""  # nothing readable before the damage: the line reader reports it
+    finally:
+        raw.close()
+
+
+def fits(source: Source, limit: int) -> bool:
+    """Whether a source's data is at most `limit` bytes: its size on disk, or for a compressed
+    file, counted by decompressing at most `limit` + 1 bytes a block at a time."""
+    if source.compression is None:
+        return source.size <= limit
+    stream, raw = open_binary(source)
+    try:
+        seen = 0
+        while seen <= limit and (block := stream.read(min(1 << 20, limit + 1 - seen))):
+            seen += len(block)
+        return seen <= limit
+    except DamagedInput:
+        return True  # damaged before the limit: read whole, where the damage is reported
     finally:
         raw.close()
 
@@ -106,6 +142,121 @@ def text_stream(src: Source) -> tuple[io.TextIOWrapper, IO[bytes]]:
     """A strict UTF-8 text view of a source (for formats parsed record by record)."""
     stream, raw = open_binary(src)
     return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline=""), raw
+
+
+class DamagedInput(InputError):
+    """A compressed input whose data ends early ("truncated_compression") or fails its
+    decompressor ("corrupt_compression": bad data, a CRC mismatch). `what` says which, `offset`
+    how many uncompressed bytes came before it; parsers turn it into a record problem that names
+    the line or record, so --on-error decides whether the records before it are kept."""
+
+    def __init__(self, message: str, problem: str = "corrupt_compression", what: str = "", offset: int = 0) -> None:
+        super().__init__(message)  # message alone in args: the exception still pickles
+        self.problem, self.what, self.offset = problem, what, offset
+
+
+class Decompressed(io.BufferedIOBase):
+    """The uncompressed bytes of a compressed file. Damage is raised only after every byte
+    decoded before it was returned (`read` returns what it has and raises on the next call), so a
+    reader keeps all records before it; a decompressor's own errors (EOFError, zlib.error, ...)
+    never escape."""
+
+    def __init__(self, inner: Any, source: Source) -> None:
+        super().__init__()
+        self._inner, self._source = inner, source
+        self.offset = 0  # uncompressed bytes returned so far
+        self.damage: DamagedInput | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, size: int | None = -1) -> bytes:
+        if self.damage is not None:
+            raise self.damage
+        try:
+            data: bytes = self._inner.read1(size if size and size > 0 else BLOCK_READ)
+        except (EOFError, zlib.error, lzma.LZMAError, OSError, _CodecError) as e:
+            if isinstance(e, OSError) and e.errno is not None:
+                raise  # the disk, not the data: reported as an OSError
+            self.damage = damaged(self._source, e, self.offset)
+            raise self.damage from None
+        self.offset += len(data)
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        parts: list[bytes] = []
+        want = size if size is not None and size >= 0 else -1
+        while want != 0:
+            try:
+                data = self.read1(want if want > 0 else BLOCK_READ)
+            except DamagedInput:
+                if parts:
+                    break  # deliver the good bytes; the next read raises
+                raise
+            if not data:
+                break
+            parts.append(data)
+            want = max(want - len(data), 0) if want > 0 else -1
+        return b"".join(parts)
+
+
+BLOCK_READ = 1 << 16  # uncompressed bytes per read when the caller names no size
+
+
+def damaged(source: Source, error: BaseException, offset: int) -> DamagedInput:
+    """A decompressor's error as a `DamagedInput`: truncated, a checksum mismatch, or corrupt data."""
+    codec = source.compression or "compressed"
+    detail = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, EOFError):
+        problem, what = "truncated_compression", f"truncated {codec} data (the file ends inside a compressed block)"
+    elif "crc" in detail.lower() or "checksum" in detail.lower():
+        problem, what = "corrupt_compression", f"{codec} checksum mismatch ({detail})"
+    else:
+        problem, what = "corrupt_compression", f"corrupt {codec} data ({detail})"
+    message = f"{source.path}: {what} after {offset:,} uncompressed bytes; re-download or re-create the file"
+    return DamagedInput(message, problem, what, offset)
+
+
+class _CodecError(Exception):
+    """A zstd decoding error, kept apart from the optional package's own exception type."""
+
+
+class _ZstdFrames:
+    """zstd frames one after another, read with one decompressor per frame: python-zstandard's
+    stream reader ends quietly inside a truncated frame, so frame ends are tracked here."""
+
+    RAW_READ = 1 << 14  # compressed bytes per call; output is this times the ratio (~100x for text)
+
+    def __init__(self, raw: IO[bytes], path: str) -> None:
+        try:
+            import zstandard
+        except ImportError:
+            raise missing_dependency("zstandard", "zstd", f"{path}: reading .zst") from None
+        self._raw, self._zstd = raw, zstandard
+        self._frame = zstandard.ZstdDecompressor().decompressobj()
+        self._fed = False  # whether the current frame has had input
+        self._out, self._pos = b"", 0
+
+    def read1(self, size: int) -> bytes:
+        while self._pos >= len(self._out):
+            if self._frame.eof:
+                rest = self._frame.unused_data
+                self._frame, self._fed = self._zstd.ZstdDecompressor().decompressobj(), False
+            else:
+                rest = b""
+            chunk = rest or self._raw.read(self.RAW_READ)
+            if not chunk:
+                if self._fed:
+                    raise EOFError("zstd frame ended early")
+                return b""
+            self._fed = True
+            try:
+                self._out, self._pos = self._frame.decompress(chunk), 0
+            except self._zstd.ZstdError as e:
+                raise _CodecError(str(e).removeprefix("zstd decompressor error: ")) from None
+        data = self._out[self._pos : self._pos + size]
+        self._pos += len(data)
+        return data
 
 
 def nul_offset(block: bytes) -> int | None:

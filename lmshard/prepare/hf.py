@@ -67,18 +67,52 @@ class HFSpec:
     tasks: int = 1
 
     def __post_init__(self) -> None:
-        if self.tasks < 1 or not 0 <= self.task < self.tasks:
-            raise ConfigError(f"--hf-task must be in [0, --hf-tasks={self.tasks})")
+        check_task_split(self.task, self.tasks)
 
     def kind(self) -> str:
+        """"saved" (a save_to_disk directory), "local" (a directory of data files) or "hub"; an
+        argument that can only be a path but names no directory is an error, not a hub id."""
         path = Path(self.dataset)
         if path.is_dir():
             saved = any((path / name).exists() for name in ("dataset_dict.json", "state.json"))
             return "saved" if saved else "local"
+        if path.exists():
+            raise InputError(
+                f"--hf {self.dataset}: a file, not a directory; pass it as an input (lmshard prepare "
+                f"{self.dataset} --out DIR), or pass its directory to --hf"
+            )
+        if _looks_like_path(self.dataset):
+            raise InputError(
+                f"--hf {self.dataset}: no such directory; check the path (a hub id is NAME or OWNER/NAME)"
+            )
         return "hub"
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind()}
+
+
+def check_task_split(task: int, tasks: int) -> None:
+    """--hf-tasks N --hf-task I: N >= 1 parts, and I names one of them."""
+    if tasks < 1:
+        raise ConfigError(f"--hf-tasks must be at least 1 (got {tasks})")
+    if not 0 <= task < tasks:
+        raise ConfigError(f"--hf-task must be in [0, {tasks}) for --hf-tasks {tasks} (got {task}); tasks count from 0")
+
+
+# Endings of data files, not of hub ids: "--hf data/train.parquet" names a path.
+_DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json", ".csv", ".txt", ".gz", ".zst", ".bz2", ".xz")
+
+
+def _looks_like_path(dataset: str) -> bool:
+    """A hub id is NAME or OWNER/NAME; this is not one: a relative, absolute or home path, more
+    than one slash, a Windows separator, or a data-file suffix."""
+    seps = {os.sep, os.altsep} - {None, "/"}
+    return (
+        dataset.startswith((".", "/", "~"))
+        or dataset.count("/") > 1
+        or any(sep in dataset for sep in seps if sep)
+        or dataset.lower().endswith(_DATA_SUFFIXES)
+    )
 
 
 def _datasets() -> Any:

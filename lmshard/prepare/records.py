@@ -10,6 +10,7 @@ Memory model: one work item's records (≤ ~1 MiB of text, or one row group / re
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import re
@@ -18,7 +19,17 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ..errors import InputError
-from .files import MAX_RECORD_BYTES, Source, arrow_batches, nul_offset, open_arrow, read_prefix, text_stream
+from .files import (
+    MAX_RECORD_BYTES,
+    DamagedInput,
+    Source,
+    arrow_batches,
+    nul_offset,
+    open_arrow,
+    open_binary,
+    read_prefix,
+    text_stream,
+)
 
 
 class Record(NamedTuple):
@@ -42,7 +53,15 @@ PROBLEMS = {
     "not_an_object": "make each line a JSON object",
     "missing_field": "name the right field with --text-field",
     "binary_file": "remove the file from the inputs",
+    "truncated_compression": "re-download or re-create the file",  # the data ends before its end marker
+    "corrupt_compression": "re-download or re-create the file",  # bad compressed data, or a checksum mismatch
 }
+# What --on-error skip does with a problem, where that is not simply skipping one record.
+SKIP_KEEPS = {
+    "truncated_compression": "to keep the records before the damage and skip the rest of the file",
+    "corrupt_compression": "to keep the records before the damage and skip the rest of the file",
+}
+STDIN_HINT = "stdin is read as JSON lines: for plain text pass --format text (with --text-mode line or paragraph)"
 _PARAGRAPH = re.compile(r"\n[ \t\r]*\n")
 _ESCAPED = re.compile("[\udc80-\udcff]")
 
@@ -54,15 +73,22 @@ def settle(src: Source, record: Record, on_error: str) -> Record:
     if record.problem in PROBLEMS and on_error == "fail":
         detail = record.detail or record.problem.replace("_", " ")
         fix = PROBLEMS[record.problem]
-        raise InputError(f"{src.path}:{record.number}: {detail}; {fix}, or pass --on-error skip to count and skip it")
+        if src.path == "-" and record.problem in ("json_error", "not_an_object"):
+            fix = f"{fix} ({STDIN_HINT})"
+        skip = SKIP_KEEPS.get(record.problem, "to count and skip it")
+        raise InputError(f"{src.path}:{record.number}: {detail}; {fix}, or pass --on-error skip {skip}")
     return record
 
 
 def example(src: Source, record: Record) -> str:
-    """How a skipped record is shown in the metadata's drop examples."""
+    """How a dropped record is shown in the metadata's drop examples: file, record and why."""
     return f"{src.path}:{record.number}: {record.detail or str(record.problem).replace('_', ' ')}"
 
 
+def damaged_record(number: int, damage: DamagedInput, done: str) -> Record:
+    """The record where a compressed input's damage starts; `done` says how far reading got
+    ("8,525 lines", "12 records")."""
+    return bad(number, damage.problem, f"{damage.what} after {done} ({damage.offset:,} uncompressed bytes read)")
 
 
 def _decode_lines(payload: bytes, first: int) -> Iterator[tuple[int, str | None]]:
@@ -146,7 +172,10 @@ def read_whole_file(src: Source, byte_limit: int, truncate: bool) -> Record:
     """One file as one document. Reads at most `byte_limit` + 1 bytes: beyond that the file
     cannot fit `--max-chars` (a character is at most 4 bytes), so it is cut there when
     `truncate`, and otherwise dropped with reason "too_long" (nothing more is read)."""
-    data = read_prefix(src, byte_limit)
+    try:
+        data = read_prefix(src, byte_limit)
+    except DamagedInput as e:
+        return bad(1, e.problem, f"{e.what} after {e.offset:,} uncompressed bytes")
     if (binary := binary_record(data)) is not None:
         return binary
     over = len(data) > byte_limit
@@ -159,7 +188,7 @@ def read_whole_file(src: Source, byte_limit: int, truncate: bool) -> Record:
             return bad(number, "decode_error", f"invalid UTF-8 at line {number}")
         text = data[: e.start].decode("utf-8")
     if over and not truncate:
-        return Record(1, None, "too_long")
+        return Record(1, None, "too_long", f"over {byte_limit:,} bytes (4 per character at most), so over --max-chars")
     return Record(1, text)
 
 
@@ -206,13 +235,13 @@ def _undecodable(text: str) -> bool:
     return not text.isascii() and _ESCAPED.search(text) is not None
 
 
-def iter_csv(src: Source, text_field: str, on_error: str) -> Iterator[Record]:
+def iter_csv(src: Source, text_field: str) -> Iterator[Record]:
     """CSV rows (quoted fields may span lines, so CSV is parsed here rather than split by bytes)."""
     stream, raw = text_stream(src)
     stream.reconfigure(errors="surrogateescape")
     csv.field_size_limit(min(MAX_RECORD_BYTES, sys.maxsize))
+    reader = csv.DictReader(stream)
     try:
-        reader = csv.DictReader(stream)
         if reader.fieldnames is None:
             return
         if text_field not in reader.fieldnames:
@@ -221,77 +250,84 @@ def iter_csv(src: Source, text_field: str, on_error: str) -> Iterator[Record]:
                 f"{', '.join(reader.fieldnames[:12])}); name the text column with --text-field"
             )
         for row in reader:
-            number = reader.line_num
-            text = row.get(text_field)
-            if not isinstance(text, str):
-                record = bad(number, "missing_field", f"no field '{text_field}' in this row")
-            elif _undecodable(text):
-                record = bad(number, "decode_error", f"line {number} is not valid UTF-8")
-            else:
-                record = Record(number, text)
-            yield settle(src, record, on_error)
+            yield _csv_record(row, reader.line_num, text_field)
+    except DamagedInput as e:
+        yield damaged_record(reader.line_num + 1, e, f"{reader.line_num:,} lines")
     except csv.Error as e:
-        raise InputError(f"{src.path}: malformed CSV ({e}); fix the file") from None
+        raise InputError(f"{src.path}:{reader.line_num}: malformed CSV ({e}); fix the file") from None
     finally:
         raw.close()
 
 
-def iter_json_array(src: Source, text_field: str, on_error: str) -> Iterator[Record]:
-    """Objects of a `.json` file holding one array, decoded incrementally (never the whole file);
-    a `.json` file that is really JSON lines is read as such."""
-    stream, raw = text_stream(src)
-    stream.reconfigure(errors="surrogateescape")
+def _csv_record(row: dict[str, Any], number: int, text_field: str) -> Record:
+    text = row.get(text_field)
+    if not isinstance(text, str):
+        return bad(number, "missing_field", f"no field '{text_field}' in this row")
+    if _undecodable(text):
+        return bad(number, "decode_error", f"line {number} is not valid UTF-8")
+    return Record(number, text)
+
+
+def iter_json_array(src: Source, text_field: str) -> Iterator[Record]:
+    """Objects of a `.json` file holding one array (`first_byte(src) == b"["`), decoded
+    incrementally: never the whole file, at most one element plus one block in memory."""
+    stream, raw = open_binary(src)
+    blocks = _text_blocks(stream)
     decoder = json.JSONDecoder()
+    number, line, buf, pos = 0, 1, "", 0  # records read; the line at `pos` in `buf`
     try:
-        buf = stream.read(1 << 20).lstrip()
-        if not buf:
-            return
-        if not buf.startswith("["):
-            yield from _json_lines_from_text(src, buf, stream, text_field, on_error)
-            return
-        buf, number, eof = buf[1:], 0, False
+        while not buf.strip(_JSON_SPACE):
+            more = next(blocks, None)
+            if more is None:
+                return
+            buf += more
+        pos = _JSON_GAP.match(buf).end()  # type: ignore[union-attr]
+        if not buf.startswith("[", pos):  # only stdin is not sniffed (files of JSON lines are planned as such)
+            raise InputError(f"{src.path}: not a JSON array (--format json); for JSON lines pass --format jsonl")
+        line, pos = line + buf.count("\n", 0, pos), pos + 1
         while True:
-            buf = buf.lstrip().lstrip(",").lstrip()
-            if buf.startswith("]"):
+            gap = _JSON_GAP_OR_COMMA.match(buf, pos).end()  # type: ignore[union-attr]
+            line, pos = line + buf.count("\n", pos, gap), gap
+            if buf.startswith("]", pos):
                 return
             try:
-                obj, end = decoder.raw_decode(buf)
+                obj, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as e:
-                if eof or len(buf) > MAX_RECORD_BYTES:
-                    raise InputError(f"{src.path}: record {number + 1}: invalid JSON ({e.msg}); fix the file") from None
-                more = stream.read(1 << 20)
-                eof = not more
-                buf += more
+                more = next(blocks, None) if len(buf) - pos <= MAX_RECORD_BYTES else None
+                if more is None:
+                    raise _bad_element(src, number + 1, line + buf.count("\n", pos, e.pos), buf[pos:], e) from None
+                buf, pos = buf[pos:] + more, 0
                 continue
             number += 1
-            buf = buf[end:]
+            line, pos = line + buf.count("\n", pos, end), end
             record = _field(obj, number, text_field)
             if record.text is not None and _undecodable(record.text):
                 record = bad(number, "decode_error", f"record {number} is not valid UTF-8")
-            yield settle(src, record, on_error)
+            yield record
+    except DamagedInput as e:
+        yield damaged_record(number + 1, e, f"{number:,} records")
     finally:
         raw.close()
 
 
-def _json_lines_from_text(src: Source, head: str, stream: Any, text_field: str, on_error: str) -> Iterator[Record]:
-    number = 0
-    for line in _chain_lines(head, stream):
-        number += 1
-        if not line.strip():
-            continue
-        try:
-            record = _field(json.loads(line), number, text_field)
-        except json.JSONDecodeError as e:
-            record = bad(number, "json_error", f"invalid JSON ({e.msg} at column {e.colno})")
-        yield settle(src, record, on_error)
+_JSON_SPACE = " \t\r\n\ufeff"  # JSON whitespace, and a byte-order mark before the array
+_JSON_GAP = re.compile(f"[{_JSON_SPACE}]*")
+_JSON_GAP_OR_COMMA = re.compile(f"[{_JSON_SPACE},]*")
 
 
-def _chain_lines(head: str, stream: Any) -> Iterator[str]:
-    lines = head.split("\n")
-    carry = lines.pop()  # a partial line: the stream's next line completes it
-    yield from lines
-    for line in stream:
-        yield (carry + line).rstrip("\n")
-        carry = ""
-    if carry:
-        yield carry
+def _text_blocks(stream: Any) -> Iterator[str]:
+    """A binary stream as text blocks; bytes that are not UTF-8 survive as surrogate escapes."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    while block := stream.read(1 << 20):
+        yield decoder.decode(block)
+    yield decoder.decode(b"", final=True)
+
+
+def _bad_element(src: Source, number: int, line: int, rest: str, e: json.JSONDecodeError) -> InputError:
+    """An element that is not JSON ends the array for any --on-error: after it, nothing says
+    where the next element starts."""
+    why = "the file ends before the array is closed" if not rest.strip() else f"invalid JSON ({e.msg})"
+    return InputError(
+        f"{src.path}:{line}: record {number}: {why}; fix the file, or convert it to JSON lines (one object "
+        "per line). --on-error skip cannot skip it: a JSON array cannot be read past a bad element"
+    )

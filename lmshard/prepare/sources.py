@@ -5,7 +5,13 @@ A work item is the unit of parallel work: a newline-aligned block of a line-base
 1 MiB), a group of small whole-text files, one parquet row group, one arrow record batch, or a
 batch of records parsed here for formats that cannot be split by bytes (CSV, JSON arrays). The
 order of sources and of items within a source never depends on the number of workers, so the
-output does not either.
+output does not either. Records that cannot be read travel in items like any other, and the
+workers apply --on-error to them, so the first bad record in input order is the one reported.
+
+Text files (`--text-mode auto`, the default) are one document each when they hold at most
+--max-chars bytes, and otherwise blank-line-separated paragraphs, planned as blocks like any
+line-based file; the first item of such a file is marked, and the workers count it per source
+under SPLIT_INTO_PARAGRAPHS.
 
 Memory model: one block (≤ BLOCK_BYTES plus one record of at most MAX_RECORD_BYTES) at a time
 in this process; parquet/arrow items carry only a locator, and the worker reads the data itself.
@@ -17,42 +23,47 @@ import fnmatch
 import glob
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import InputError
+from .clean import CleanConfig
 from .files import (
     MAX_RECORD_BYTES,
+    DamagedInput,
     Source,
     arrow_batches,
     detect,
+    first_byte,
+    fits,
     known_type,
     open_arrow,
     open_binary,
     parquet_row_groups,
 )
-from .records import Record, binary_record, example, iter_csv, iter_json_array, settle
+from .records import Record, binary_record, damaged_record, iter_csv, iter_json_array
 
 BLOCK_BYTES = 1 << 20  # bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster)
 FILES_PER_ITEM = 256  # small whole-text files are grouped to amortise inter-process overhead
 RECORDS_PER_ITEM = 2048  # records per item for formats parsed in the planning process
+SPLIT_INTO_PARAGRAPHS = "split_into_paragraphs"  # per-source count: a text file over --max-chars bytes (auto mode)
 
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One unit of worker input. `payload` is raw bytes (line formats), a list of texts (records
-    parsed here), a list of source indices (whole files), or None (worker reads `locator`)."""
+    """One unit of worker input. `payload` is raw bytes (line formats), a list of `Record`s
+    (parsed here, bad ones included), a list of source indices (whole files), or None (worker
+    reads `locator`)."""
 
     source: int
     seq: int
-    kind: str  # lines | texts | files | parquet | arrow
+    kind: str  # lines | records | files | parquet | arrow
     first_line: int = 1
     payload: Any = None
     locator: int = 0
     nbytes: int = 0  # input bytes this item accounts for, for progress
-    skipped: dict[str, int] = field(default_factory=dict)  # records dropped while planning, by problem
-    examples: dict[str, str] = field(default_factory=dict)  # the first such record of each problem
+    split_file: bool = False  # the first item of a text file split into paragraphs by --text-mode auto
     line_keep: tuple[bytes, int] | None = None  # line dedup: packed keep-bits of its lines, count
 
 
@@ -77,12 +88,15 @@ def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[s
     return sources
 
 
-def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str, hf: Any = None) -> Iterator[WorkItem]:
-    """All work items of all sources, in input order. `hf` is the `HFSpec` of an "hf" source."""
+def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str = "fail", hf: Any = None,
+         *, max_chars: int = CleanConfig.max_chars) -> Iterator[WorkItem]:  # fmt: skip
+    """All work items of all sources, in input order. `hf` is the `HFSpec` of an "hf" source;
+    `max_chars` decides which text files --text-mode auto splits. `on_error` is applied by the
+    workers (`records.settle`), not here."""
     files: list[int] = []
     files_bytes = 0
     for i, src in enumerate(sources):
-        whole_file = src.fmt == "text" and text_mode == "file" and src.path != "-"
+        whole_file = _whole_file(src, text_mode, max_chars)
         if whole_file:
             files.append(i)
             files_bytes += src.size
@@ -93,39 +107,62 @@ def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str, 
             files, files_bytes = [], 0
         if whole_file:
             continue
-        yield from _plan_source(i, src, text_mode, text_field, on_error, hf)
+        yield from _plan_source(i, src, text_mode, text_field, hf)
     if files:
         yield WorkItem(files[0], 0, "files", payload=files, nbytes=files_bytes)
 
 
-def _plan_source(i: int, src: Source, text_mode: str, text_field: str, on_error: str, hf: Any) -> Iterator[WorkItem]:
+def _whole_file(src: Source, text_mode: str, max_chars: int) -> bool:
+    """Whether a source is read as one document: a text file in file mode, or in auto mode when
+    it holds at most `max_chars` bytes (so at most that many characters). stdin never is."""
+    if src.fmt != "text" or src.path == "-":
+        return False
+    return text_mode == "file" or (text_mode == "auto" and fits(src, max_chars))
+
+
+def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) -> Iterator[WorkItem]:
     if src.fmt == "hf":
         from .hf import hf_records
 
-        yield from _batch_records(i, src, (settle(src, r, on_error) for r in hf_records(hf)))
+        yield from _batch_records(i, src, hf_records(hf))
     elif src.fmt == "parquet":
         yield from _plan_parquet(i, src)
     elif src.fmt == "arrow":
         yield from _plan_arrow(i, src)
-    elif src.fmt in ("csv", "json"):
-        parse = iter_csv if src.fmt == "csv" else iter_json_array
-        yield from _batch_records(i, src, parse(src, text_field, on_error))
-    else:
-        paragraph = src.fmt == "text" and text_mode == "paragraph"
-        yield from _plan_lines(i, src, paragraph, on_error)
+    elif src.fmt == "csv":
+        yield from _batch_records(i, src, iter_csv(src, text_field))
+    elif src.fmt == "json" and (src.path == "-" or first_byte(src) == b"["):
+        yield from _batch_records(i, src, iter_json_array(src, text_field))
+    elif src.fmt == "text" and text_mode == "auto" and src.path != "-":
+        items = _plan_lines(i, src, paragraph=True)
+        first = next(items, None)
+        if first is not None:
+            yield replace(first, split_file=first.kind == "lines")
+            yield from items
+    else:  # JSON lines (also a .json file that holds them), and text by line or paragraph
+        yield from _plan_lines(i, src, paragraph=src.fmt == "text" and by_paragraph(text_mode))
 
 
-def _plan_lines(i: int, src: Source, paragraph: bool, on_error: str) -> Iterator[WorkItem]:
-    """Newline-aligned blocks (blank-line-aligned for paragraphs) of a line-based file."""
+def by_paragraph(text_mode: str) -> bool:
+    """Whether text read in blocks is split into paragraphs (auto, paragraph) or lines."""
+    return text_mode != "line"
+
+
+def _plan_lines(i: int, src: Source, paragraph: bool) -> Iterator[WorkItem]:
+    """Newline-aligned blocks (blank-line-aligned for paragraphs) of a line-based file. Damaged
+    compressed data ends the file with one bad record where the damage starts."""
     stream, raw = open_binary(src)
     try:
         carry, line, seq, last_pos = b"", 1, 0, 0
         while True:
-            block = stream.read(BLOCK_BYTES)
+            try:
+                block = stream.read(BLOCK_BYTES)
+            except DamagedInput as e:  # `carry` holds the line (or paragraph) the damage cut
+                record = damaged_record(line, e, f"{line - 1:,} lines")
+                yield WorkItem(i, seq, "records", payload=[record], nbytes=_delta(raw, last_pos))
+                return
             if seq == 0 and not carry and (binary := binary_record(block)):
-                settle(src, binary, on_error)
-                yield WorkItem(i, 0, "texts", payload=[], skipped={"binary_file": 1},
-                               examples={"binary_file": example(src, binary)}, nbytes=src.size)  # fmt: skip
+                yield WorkItem(i, 0, "records", payload=[binary], nbytes=src.size)
                 return
             data = carry + block
             if not block:
@@ -171,24 +208,16 @@ def _last_boundary(data: bytes, paragraph: bool) -> int:
 
 
 def _batch_records(i: int, src: Source, records: Iterator[Record]) -> Iterator[WorkItem]:
-    """Group settled records into items of RECORDS_PER_ITEM texts; records with a problem
-    (only there under --on-error skip) are counted, with the first example of each."""
-    texts: list[tuple[int, str]] = []
-    skipped: dict[str, int] = {}
-    examples: dict[str, str] = {}
+    """Group records, bad ones included, into items of RECORDS_PER_ITEM."""
+    batch: list[Record] = []
     seq = 0
     for record in records:
-        if record.text is None:
-            problem = str(record.problem)
-            skipped[problem] = skipped.get(problem, 0) + 1
-            examples.setdefault(problem, example(src, record))
-        else:
-            texts.append((record.number, record.text))
-        if len(texts) >= RECORDS_PER_ITEM:
-            yield WorkItem(i, seq, "texts", payload=texts, skipped=skipped, examples=examples)
-            texts, skipped, examples, seq = [], {}, {}, seq + 1
-    if texts or skipped or seq == 0:
-        yield WorkItem(i, seq, "texts", payload=texts, skipped=skipped, examples=examples, nbytes=src.size)
+        batch.append(record)
+        if len(batch) >= RECORDS_PER_ITEM:
+            yield WorkItem(i, seq, "records", payload=batch)
+            batch, seq = [], seq + 1
+    if batch or seq == 0:
+        yield WorkItem(i, seq, "records", payload=batch, nbytes=src.size)
 
 
 def _plan_parquet(i: int, src: Source) -> Iterator[WorkItem]:
@@ -196,7 +225,7 @@ def _plan_parquet(i: int, src: Source) -> Iterator[WorkItem]:
     for rg in range(n):
         yield WorkItem(i, rg, "parquet", locator=rg, nbytes=src.size // max(n, 1))
     if n == 0:
-        yield WorkItem(i, 0, "texts", payload=[], nbytes=src.size)
+        yield WorkItem(i, 0, "records", payload=[], nbytes=src.size)
 
 
 def _plan_arrow(i: int, src: Source) -> Iterator[WorkItem]:
@@ -204,4 +233,4 @@ def _plan_arrow(i: int, src: Source) -> Iterator[WorkItem]:
     for b in range(n):
         yield WorkItem(i, b, "arrow", locator=b, nbytes=src.size // max(n, 1))
     if n == 0:
-        yield WorkItem(i, 0, "texts", payload=[], nbytes=src.size)
+        yield WorkItem(i, 0, "records", payload=[], nbytes=src.size)

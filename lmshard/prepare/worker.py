@@ -19,10 +19,9 @@ import numpy as np
 import xxhash
 
 from ..tokenizers import Tokenizer, load_tokenizer
-from .clean import CleanConfig, clean_text, fix_surrogates, length_filter
+from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
 from .files import Source
 from .records import (
-    PROBLEMS,
     Record,
     example,
     parse_arrow,
@@ -32,7 +31,7 @@ from .records import (
     read_whole_file,
     settle,
 )
-from .sources import WorkItem
+from .sources import SPLIT_INTO_PARAGRAPHS, WorkItem, by_paragraph
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +42,7 @@ class WorkerConfig:
     clean: CleanConfig
     tokenizer: str
     text_field: str = "text"
-    text_mode: str = "file"
+    text_mode: str = "auto"
     on_error: str = "fail"
 
 
@@ -80,28 +79,28 @@ def process_item(item: WorkItem) -> ItemResult:
 
 def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> ItemResult:
     counts: dict[int, Counter[str]] = {}
-    examples: dict[str, str] = dict(item.examples)
+    examples: dict[str, str] = {}
     texts: list[str] = []
     keys: list[int] = []
     sources: list[int] = []
-    if item.skipped:
-        counts.setdefault(item.source, Counter()).update(item.skipped)
-        counts[item.source]["records"] += sum(item.skipped.values())
+    if item.split_file:
+        counts.setdefault(item.source, Counter())[SPLIT_INTO_PARAGRAPHS] += 1
     lines = _LineFilter(item.line_keep) if item.line_keep is not None else None
     for src_index, record in _records(item, config):
         c = counts.setdefault(src_index, Counter())
         c["records"] += 1
         text, reason = record.text, record.problem
         if text is not None:
-            text = _clean(text, config.clean)
+            cleaned = _clean(text, config.clean)
             if lines is not None:
-                text, removed = lines.apply(text)
+                cleaned, removed = lines.apply(cleaned)
                 c["lines_removed"] += removed
-            text, reason = length_filter(text, config.clean)
+            text, reason = length_filter(cleaned, config.clean)
+            if reason is not None:
+                record = record._replace(problem=reason, detail=drop_detail(reason, len(cleaned), config.clean))
         if reason is not None:
             c[reason] += 1
-            if reason in PROBLEMS:
-                examples.setdefault(reason, example(config.sources[src_index], record))
+            examples.setdefault(reason, example(config.sources[src_index], record))
             continue
         assert text is not None
         keys.append(xxhash.xxh3_64_intdigest(text.encode("utf-8")))
@@ -185,14 +184,14 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
         for s in item.payload:
             yield s, read_whole_file(config.sources[s], limit, truncate=config.clean.overlong == "truncate")
         return
-    if item.kind == "texts":
-        records: Iterator[Record] = (Record(n, t) for n, t in item.payload)
+    if item.kind == "records":
+        records: Iterator[Record] = iter(item.payload)
     elif item.kind == "parquet":
         records = parse_parquet(src, item.locator, config.text_field)
     elif item.kind == "arrow":
         records = parse_arrow(src, item.locator, config.text_field)
     elif src.fmt == "text":
-        records = parse_text_lines(item.payload, item.first_line, config.text_mode == "paragraph")
+        records = parse_text_lines(item.payload, item.first_line, by_paragraph(config.text_mode))
     else:
         records = parse_jsonl(item.payload, item.first_line, config.text_field)
     for record in records:
