@@ -163,7 +163,7 @@ def _assert_clean_failure(code: int | None, err: str, out: Path) -> None:
     assert code is not None, f"prepare hung after its worker was killed; stderr:\n{err}"
     assert code == 1, err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "worker process" in lines[0] and "nothing was kept" in lines[0], err
+    assert len(lines) == 1 and "worker process" in lines[0] and "--resume" in lines[0], err
     assert "Traceback" not in err
     assert not (out / "dataset_metadata.json").exists() and not (out / "train").exists()
 

@@ -4,15 +4,21 @@ One process plans work items and writes; N worker processes parse, clean, hash a
 items; results come back in item order (`Pool.imap`), so dedup survivors, the train/val split
 and every output byte are the same for any number of workers.
 
+The output directory is claimed, built beside and swapped in by staging.py; the build's state
+and checkpoints (for --resume) live in build.py.
+
 Memory model: at most `2 × workers + 2` items in flight (each ≈1 MiB of text and its tokens),
-the dedup set (≈16 bytes per unique document), the current shards' offsets, and per-source
-counters (one small dict per input file). Nothing grows with the number of tokens.
+the dedup set (≈16 bytes per unique document) and per-source counters (one small dict per input
+file). Nothing grows with the number of tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import itertools
+import json
 import os
 import platform
 import shutil
@@ -20,16 +26,16 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, LmshardError
+from ..errors import ConfigError, InputError, LmshardError
 from ..format import (
-    IN_PROGRESS_FILE,
+    FORMAT_VERSION,
     METADATA_FILE,
     SPLITS,
     TOKENIZER_FILE,
@@ -41,14 +47,30 @@ from ..format import (
     SplitInfo,
     TokenizerInfo,
     atomic_write_json,
+    load_metadata,
 )
+from ..format.schema import KeyFile
 from ..tokenizers import Tokenizer, load_tokenizer
+from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals
 from .config import PrepareConfig
 from .dedup import KeySet, uniform_from_keys
-from .pool import OrderedPool
+from .pool import OrderedPool, WorkerDied
 from .sources import Source, WorkItem, discover, plan
+from .staging import (
+    RUN_FILE,
+    RUN_VERSION,
+    Interrupted,
+    OutputPaths,
+    WriterLock,
+    commit,
+    difference,
+    kind_of_output,
+    link_or_copy,
+    read_run,
+    recover,
+)
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
-from .writer import ShardWriter, with_separators
+from .writer import with_separators
 
 T = TypeVar("T")
 
@@ -64,47 +86,24 @@ class Progress:
     chars: int = 0
 
 
-@dataclass
-class Totals:
-    """Counts that end up in the metadata."""
-
-    records: int = 0
-    docs_kept: int = 0
-    tokens: int = 0
-    chars: int = 0
-    duplicates: int = 0
-    drops: Counter[str] = field(default_factory=Counter)
-    examples: dict[str, str] = field(default_factory=dict)
-    per_source: dict[int, Counter[str]] = field(default_factory=dict)
-    dedup_bytes: int = 0
-    lines_removed: int = 0
-
-
 def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> DatasetMeta:
-    """Run a prepare job and return the metadata it wrote."""
+    """Run a prepare job and return the metadata it wrote (see staging.py for how `--out` is
+    claimed, built beside, resumed and swapped)."""
     started = time.time()
-    out = Path(config.out)
+    paths = OutputPaths.of(config.out)
     sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     tokenizer = load_tokenizer(config.tokenizer)  # fail fast on a missing vocabulary
-    _claim_output(out, config)
-    writers = {s: ShardWriter(out, s, config.tokens_per_shard) for s in SPLITS}
     try:
-        totals = _run(config, sources, tokenizer, writers, on_progress)
-        shards = [info for w in writers.values() for info in w.close()]
-        meta = _metadata(config, sources, tokenizer, shards, totals, started)
-        atomic_write_json(out / TOKENIZER_FILE, tokenizer.identity())
-        atomic_write_json(out / METADATA_FILE, meta.to_json())
-        (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
-        return meta
-    except BaseException as e:
-        for w in writers.values():
-            w.abort()
-        _remove_outputs(out)
-        if isinstance(e, OSError) and not isinstance(e, LmshardError):
-            raise _os_error(e, out) from None
-        raise
+        with WriterLock(paths):
+            recover(paths)
+            claim = _claim(config, paths, sources, tokenizer)
+            if claim.complete is not None:
+                return claim.complete
+            return _build(config, paths, sources, tokenizer, claim, on_progress, started)
+    except OSError as e:
+        raise _os_error(e, paths.out) from None
 
 
 def _os_error(e: OSError, out: Path) -> LmshardError:
@@ -112,38 +111,225 @@ def _os_error(e: OSError, out: Path) -> LmshardError:
     where = e.filename or out
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return LmshardError(f"{where}: no space left on the device; free space (or choose another --out) and re-run")
-    return LmshardError(f"{where}: {e.strerror or e}; nothing partial was kept")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return LmshardError(f"{where}: {e.strerror}; choose an --out in a directory you can write")
+    if e.errno == errno.ENOTDIR:
+        return LmshardError(f"{where}: a part of the --out path is a file, not a directory; choose another --out")
+    return LmshardError(f"{where}: {e.strerror or e}")
 
 
-def _claim_output(out: Path, config: PrepareConfig) -> None:
-    """Refuse to clobber a dataset or a foreign directory; mark the run as in progress."""
-    if out.exists() and not out.is_dir():
+@dataclass
+class Claim:
+    """How this run uses --out: a fresh build, or the resumption of one (its checkpoint), on top
+    of `previous` (--append); or `complete` when --resume finds the run already done."""
+
+    fingerprint: dict[str, Any]
+    started_at: float
+    checkpoint: dict[str, Any] | None = None
+    previous: DatasetMeta | None = None
+    resumed: bool = False
+    complete: DatasetMeta | None = None
+
+
+def _claim(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer) -> Claim:
+    """Decide what this run does with --out and any interrupted build, or refuse with the fix."""
+    out = paths.out
+    kind, foreign = kind_of_output(out)
+    if kind == "file":
         raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
-    entries = set(os.listdir(out)) if out.is_dir() else set()
-    ours = entries & {METADATA_FILE, IN_PROGRESS_FILE}
-    if ours and not config.overwrite:
-        what = "holds a dataset" if METADATA_FILE in ours else "holds an unfinished prepare run"
-        raise ConfigError(f"{out}: {what}; pass --overwrite to replace it, or choose another --out")
-    if entries - {METADATA_FILE, IN_PROGRESS_FILE, TOKENIZER_FILE, *SPLITS} and not config.overwrite:
-        raise ConfigError(f"{out}: not empty and not an lmshard dataset; choose an empty or new --out")
-    if config.overwrite:
-        _remove_outputs(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / IN_PROGRESS_FILE, {"config": config.recorded(), "pid": os.getpid()})
+    appending = config.append and kind == "dataset"
+    fingerprint = _fingerprint(config, sources, tokenizer, out / METADATA_FILE if appending else None)
+    run = read_run(paths.staging)
+    if run is not None:
+        if config.resume:
+            if "-" in config.inputs:
+                raise ConfigError("--resume cannot re-read stdin; save the input to a file and run again")
+            diff = difference(run.get("fingerprint", {}), fingerprint)
+            if diff:
+                raise ConfigError(f"{out}: cannot resume: {diff}; pass the same options and inputs, "
+                                  "or --overwrite to discard the interrupted run and start again")  # fmt: skip
+            previous = _appendable(out, config, tokenizer) if appending else None
+            return Claim(fingerprint, run.get("started", time.time()), run.get("checkpoint"), previous, resumed=True)
+        if not config.overwrite:
+            when = _when(run.get("started"))
+            raise ConfigError(
+                f"{out}: an interrupted prepare run (started {when}) left its work in "
+                f"{paths.staging}; pass --resume to continue it, or --overwrite to discard it"
+            )
+        shutil.rmtree(paths.staging)
+    if kind == "foreign":
+        listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise ConfigError(f"{out}: not empty and not an lmshard dataset ({listed}); choose an empty or new --out")
+    previous = None
+    if kind == "dataset":
+        if config.resume and _already_done(out, config, sources):
+            return Claim(fingerprint, time.time(), complete=load_metadata(out))
+        if appending:
+            previous = _appendable(out, config, tokenizer)
+        elif not config.overwrite:
+            raise ConfigError(f"{out}: holds a dataset; pass --overwrite to replace it (it stays readable until "
+                              "the new one is complete), --append to add to it, or choose another --out")  # fmt: skip
+    elif kind == "unfinished" and not config.overwrite:
+        raise ConfigError(
+            f"{out}: holds an unfinished prepare run; pass --overwrite to replace it, or choose another --out"
+        )
+    elif config.append:
+        raise ConfigError(f"{out}: no dataset to append to; run without --append to create it")
+    return Claim(fingerprint, time.time(), previous=previous)
 
 
-def _remove_outputs(out: Path) -> None:
-    """Remove only what prepare writes, never other files the user keeps in the directory."""
-    for name in (METADATA_FILE, TOKENIZER_FILE):
-        (out / name).unlink(missing_ok=True)
-    for split in SPLITS:
-        shutil.rmtree(out / split, ignore_errors=True)
-    (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+def _when(t: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "at an unknown time"
 
 
-def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer) -> Iterator[ItemResult]:
-    """Item results in plan order, from worker processes (or inline for --workers 1). With
-    --dedup-lines, a first pass over the same items finds repeated lines (see `_line_masks`)."""
+def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
+                 appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
+    """What a resumed run must share with the interrupted one: the options that shape the output,
+    each input's identity (path, size, modification time), the vocabulary, and the dataset being
+    appended to. JSON-shaped, so it compares equal after a round trip through the run record."""
+
+    def identity(src: Source) -> list[Any]:
+        if src.fmt == "hf" or src.path == "-":
+            return [src.path, src.fmt, src.size, 0]
+        st = os.stat(src.path)
+        return [src.path, src.fmt, st.st_size, st.st_mtime_ns]
+
+    appended = hashlib.sha256(appending_to.read_bytes()).hexdigest() if appending_to else None
+    fp = {"format": FORMAT_VERSION, "config": config.recorded(), "sources": [identity(s) for s in sources],
+          "tokenizer": tokenizer.vocab_sha256, "appending_to": appended}  # fmt: skip
+    return dict(json.loads(json.dumps(fp)))
+
+
+def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bool:
+    """--resume after the run finished: the dataset's recorded options match this run's and its
+    inputs end with this run's (by path and size)."""
+    try:
+        meta = load_metadata(out)
+    except LmshardError:
+        return False
+    ours = config.recorded()
+    theirs = dict(meta.config)
+    if {k: v for k, v in ours.items() if k != "inputs"} != {k: v for k, v in theirs.items() if k != "inputs"}:
+        return False
+    done = [(s.path, s.bytes) for s in meta.sources]
+    now = [(s.path, s.size) for s in sources]
+    return bool(now) and done[len(done) - len(now) :] == now if config.append else done == now
+
+
+# Options a dataset and the documents appended to it must share: how text is cleaned,
+# deduplicated, split and separated.
+_APPEND_MUST_MATCH = ("normalize", "byte_exact", "min_chars", "max_chars", "overlong", "dedup", "dedup_lines",
+                      "val_fraction", "seed", "eot_position")  # fmt: skip
+
+
+def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> DatasetMeta:
+    """The dataset in --out, once checked that this run's documents can join it."""
+    meta = load_metadata(out)
+    tok = meta.tokenizer
+    if tok.ranks_sha256 != tokenizer.vocab_sha256 or tok.name != tokenizer.name:
+        raise ConfigError(f"{out}: --append: the dataset was tokenized with {tok.name!r} and this run uses "
+                          f"{tokenizer.name!r}; pass --tokenizer {tok.name}")  # fmt: skip
+    ours = config.recorded()
+    for key in _APPEND_MUST_MATCH:
+        if key in meta.config and meta.config[key] != ours[key]:
+            flag = "--no-normalize" if key == "byte_exact" else f"--{key.replace('_', '-')}"
+            raise ConfigError(f"{out}: --append: the dataset was prepared with {flag} {meta.config[key]!r} and this "
+                              f"run has {ours[key]!r}; pass the dataset's value so old and new documents are "
+                              "treated alike")  # fmt: skip
+    dedup = meta.dedup
+    if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
+        raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "
+                          "so new documents cannot be deduplicated against it; prepare it again")  # fmt: skip
+    return meta
+
+
+def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
+           on_progress: Callable[[Progress], None] | None, started: float) -> DatasetMeta:  # fmt: skip
+    """Build (or go on building) the dataset in the staging directory, then swap it in."""
+    staging, previous = paths.staging, claim.previous
+    if not claim.resumed:
+        staging.mkdir()
+        if previous is not None:
+            _link_previous(previous, paths.out, staging)
+        _write_run(staging, claim, None)
+    build = Build.start(config, staging, previous, claim.checkpoint)
+    interrupt = StopOnCtrlC()
+    kept = f"the work done so far is kept in {staging}"
+    try:
+        with interrupt:
+            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, lambda: _save(build, claim))
+        shards = [info for w in build.writers.values() for info in w.close()]
+        _check_not_empty(config, totals, build.base, shards)
+        keys = build.close_keys()
+        meta = _metadata(config, sources, tokenizer, shards, totals, claim, keys, started)
+        atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
+        atomic_write_json(staging / METADATA_FILE, meta.to_json())
+        commit(paths)
+        return meta
+    except Interrupted:
+        build.abort()
+        raise
+    except KeyboardInterrupt:
+        build.abort()
+        raise Interrupted(f"{kept} (up to its last checkpoint)") from None
+    except (WorkerDied, OSError, MemoryError) as e:  # the machine failed, not the input: keep the work
+        build.abort()
+        raise LmshardError(f"{_os_error(e, paths.out) if isinstance(e, OSError) else e}; {kept}: "
+                           "run the same command with --resume to continue") from None  # fmt: skip
+    except BaseException:
+        build.abort()
+        shutil.rmtree(staging, ignore_errors=True)  # an input or option error: nothing worth resuming
+        raise
+
+
+def _link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:
+    """The appended-to dataset's shards and dedup keys, hard-linked into the build: the same
+    files, never written again (copied where the filesystem has no hard links)."""
+    names = [p for s in previous.shards for p in (s.path, s.index_path)]
+    names += [f.path for f in previous.dedup.files] if previous.dedup else []
+    for name in names:
+        link_or_copy(out / name, staging / name)
+
+
+def _write_run(staging: Path, claim: Claim, checkpoint: dict[str, Any] | None) -> None:
+    record = {"version": RUN_VERSION, "fingerprint": claim.fingerprint, "started": claim.started_at,
+              "pid": os.getpid(), "host": platform.node(), "checkpoint": checkpoint}  # fmt: skip
+    atomic_write_json(staging / RUN_FILE, record)
+
+
+def _save(build: Build, claim: Claim) -> None:
+    """Checkpoint: make the shards and keys written so far durable, then record how far we got."""
+    _write_run(build.root, claim, build.checkpoint())
+
+
+def _check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards: list[ShardInfo]) -> None:
+    """A run that keeps no document (or no training document) fails, saying why, unless
+    --allow-empty. `base` is the appended-to dataset's totals."""
+    if config.allow_empty:
+        return
+    new_docs = totals.docs_kept - base.docs_kept
+    if new_docs == 0:
+        if totals.records == base.records:
+            why = "the inputs hold no records"
+        else:
+            causes = totals.drops - base.drops
+            causes["duplicate"] = totals.duplicates - base.duplicates
+            top = sorted(((n, k) for k, n in causes.items() if n > 0), reverse=True)
+            why = "every record was dropped: " + ", ".join(f"{k} {n:,}" for n, k in top)
+            if any(k == "too_long" for _, k in top):
+                why += f" (--max-chars is {config.max_chars:,}; raise it, or pass --overlong truncate)"
+        what = "no new document was appended" if base.docs_kept else "no document was kept"
+        raise InputError(f"{what}: {why}; nothing was written (pass --allow-empty to accept an empty result)")
+    train_docs = sum(s.n_docs for s in shards if s.split == "train")
+    if train_docs == 0:
+        raise InputError(f"all {new_docs:,} kept documents went to the val split (--val-fraction "
+                         f"{config.val_fraction}); lower --val-fraction, add input, or pass --allow-empty")  # fmt: skip
+
+
+def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, build: Build) -> Iterator[ItemResult]:
+    """Item results in plan order from the first item the build has not done, from worker
+    processes (or inline for --workers 1). With --dedup-lines, a first pass over all items finds
+    repeated lines (see `_line_masks`); a resumed run repeats it (it writes nothing but masks)."""
     wcfg = WorkerConfig(
         sources=tuple(sources),
         clean=config.clean_config(),
@@ -153,8 +339,9 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer)
         on_error=config.on_error,
     )
 
-    def items() -> Iterator[WorkItem]:
-        return plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
+    def items(skip: int = 0) -> Iterator[WorkItem]:
+        every = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
+        return itertools.islice(every, skip, None)
 
     n = config.n_workers()
     with contextlib.ExitStack() as stack:
@@ -163,11 +350,13 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer)
         pool: OrderedPool[WorkItem, Any] | None = None
         if n > 1:
             pool = stack.enter_context(OrderedPool(n, init_worker, wcfg))
-        stream = items()
+        stream = items(build.items_done)
         if config.dedup_lines:
             masks = stack.enter_context(tempfile.TemporaryFile())
-            index = _line_masks(_ordered(pool, process_lines, lambda it: hash_lines(it, wcfg), items(), n), masks)
-            stream = _with_masks(stream, masks, index)
+            keys = stack.enter_context(open(build.root / build.key_path("line"), "wb"))
+            hashes = _ordered(pool, process_lines, lambda it: hash_lines(it, wcfg), items(), n)
+            index, build.line_keys = _line_masks(hashes, masks, build.line_set(), keys)
+            stream = _with_masks(stream, masks, index[build.items_done :])
         yield from _ordered(pool, process_item, lambda it: run_item(it, wcfg, tokenizer), stream, n)
         if pool is not None:
             pool.close()
@@ -181,16 +370,23 @@ def _ordered(pool: OrderedPool[WorkItem, T] | None, remote: Callable[[WorkItem],
     return pool.imap(remote, items, window=2 * n + 2)
 
 
-def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes]) -> list[tuple[int, int]]:
+def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes], seen: KeySet,
+                keys: IO[bytes]) -> tuple[list[tuple[int, int]], int]:  # fmt: skip
     """Pass 1 of line dedup: in input order, mark each non-blank line kept if its text was not
-    seen before; store the marks as packed bits in `out`. Returns (byte offset, lines) per item.
-    Memory: the set of unique lines (≈16 bytes each) and 16 bytes per work item."""
-    seen, index = KeySet(), []
+    seen before (in this run or the dataset appended to); store the marks as packed bits in
+    `out` and the new lines' keys in `keys`. Returns (byte offset, lines) per item and the
+    number of new keys. Memory: the set of unique lines (≈16 bytes each), 16 bytes per item."""
+    index, new = [], 0
     for h in hashes:
-        bits = np.packbits(seen.add_new(h)).tobytes()
+        fresh = seen.add_new(h)
+        bits = np.packbits(fresh).tobytes()
         index.append((out.tell(), len(h)))
         out.write(bits)
-    return index
+        keys.write(h[fresh].astype("<u8").tobytes())
+        new += int(fresh.sum())
+    keys.flush()
+    os.fsync(keys.fileno())
+    return index, new
 
 
 def _with_masks(items: Iterator[WorkItem], masks: IO[bytes], index: list[tuple[int, int]]) -> Iterator[WorkItem]:
@@ -204,17 +400,22 @@ def _run(
     config: PrepareConfig,
     sources: list[Source],
     tokenizer: Tokenizer,
-    writers: dict[str, ShardWriter],
+    build: Build,
     on_progress: Callable[[Progress], None] | None,
+    interrupt: StopOnCtrlC,
+    save: Callable[[], None],
 ) -> Totals:
-    totals = Totals()
-    progress = Progress(bytes_total=sum(s.size for s in sources))
-    seen = KeySet()
-    for result in _results(config, sources, tokenizer):
+    """Stream the work items' results into the build: dedup, split, write; checkpoint every
+    CHECKPOINT_SECONDS and when Ctrl-C asks to stop."""
+    totals, seen, writers = build.totals, build.seen, build.writers
+    progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources))
+    last_save = time.monotonic()
+    for result in _results(config, sources, tokenizer, build):
         keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)
         _account(totals, result, keep, dupes)
+        build.add_keys(result.keys[keep])
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
         for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
             if mask.any():
@@ -223,11 +424,19 @@ def _run(
                 )
                 writers[split].add(tokens, lengths)
         progress.bytes_done += result.nbytes
+        build.items_done += 1
+        build.bytes_done = progress.bytes_done
         progress.docs, progress.tokens, progress.chars = totals.docs_kept, totals.tokens, totals.chars
         if on_progress:
             on_progress(progress)
         if config.max_docs is not None and totals.docs_kept >= config.max_docs:
             break
+        if interrupt.asked:
+            save()
+            raise Interrupted(f"stopped after {build.items_done:,} work items; the work done is saved in {build.root}")
+        if time.monotonic() - last_save >= CHECKPOINT_SECONDS:
+            save()
+            last_save = time.monotonic()
     totals.examples = dict(sorted(totals.examples.items()))
     totals.dedup_bytes = seen.nbytes
     return totals
@@ -265,40 +474,52 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
         totals.examples.setdefault(reason, example)
 
 
-def _metadata(
-    config: PrepareConfig,
-    sources: list[Source],
-    tokenizer: Tokenizer,
-    shards: list[ShardInfo],
-    totals: Totals,
-    started: float,
-) -> DatasetMeta:
+def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, shards: list[ShardInfo],
+              totals: Totals, claim: Claim, keys: tuple[KeyFile, ...], started: float) -> DatasetMeta:  # fmt: skip
+    """The dataset's metadata. After --append it describes the whole dataset: the recorded
+    inputs and sources are the old ones followed by this run's, so the recorded configuration
+    reproduces the same token stream in one run."""
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
     drops = dict(sorted(totals.drops.items()))
     drops["duplicate"] = totals.duplicates
     hf = config.hf_spec()
+    recorded = config.recorded()
+    previous = claim.previous
+    if previous is not None:
+        recorded["inputs"] = [*previous.config.get("inputs", []), *recorded["inputs"]]
+    new_sources = tuple(_source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources))
     return DatasetMeta(
         root=Path(config.out),
         lmshard_version=__version__,
         eot_position=config.eot_position,
-        tokenizer=TokenizerInfo(name=tokenizer.name, backend=tokenizer.backend, n_vocab=tokenizer.n_vocab,
-                                eot_id=tokenizer.eot_id, ranks_sha256=tokenizer.vocab_sha256),  # fmt: skip
+        tokenizer=TokenizerInfo(
+            name=tokenizer.name,
+            backend=tokenizer.backend,
+            n_vocab=tokenizer.n_vocab,
+            eot_id=tokenizer.eot_id,
+            ranks_sha256=tokenizer.vocab_sha256,
+        ),  # fmt: skip
         total_tokens=n_tokens,
         total_docs=sum(s.n_docs for s in shards),
         splits={split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS},
         records_read=totals.records,
         drops=drops,
         drop_examples=totals.examples,
-        dedup=DedupInfo(mode=config.dedup, key="xxh3_64 of the cleaned UTF-8 text",
-                        duplicates_removed=totals.duplicates, lines=config.dedup_lines,
-                        lines_removed=totals.lines_removed),  # fmt: skip
-        sources=tuple(_source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources)),
-        config=config.recorded(),
+        dedup=DedupInfo(
+            mode=config.dedup,
+            key="xxh3_64 of the cleaned UTF-8 text",
+            duplicates_removed=totals.duplicates,
+            lines=config.dedup_lines,
+            lines_removed=totals.lines_removed,
+            files=keys,
+        ),  # fmt: skip
+        sources=(*(previous.sources if previous else ()), *new_sources),
+        config=recorded,
         run=RunInfo(
             workers=config.n_workers(),
             out=config.out,
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at)),
             elapsed_s=round(elapsed, 3),
             tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
             input_chars=totals.chars,

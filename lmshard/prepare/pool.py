@@ -186,8 +186,8 @@ class OrderedPool(Generic[T, R]):
     def _died(self, k: int) -> WorkerDied:
         proc = self._procs[k]
         proc.join(1.0)  # the pipe can report the death a moment before the exit code exists
-        return WorkerDied(f"worker process {k} (pid {proc.pid}) {_how(proc.exitcode)}; nothing was kept. "
-                          "If it ran out of memory, lower --workers or --max-chars, then re-run")  # fmt: skip
+        return WorkerDied(f"worker process {k} (pid {proc.pid}) {_how(proc.exitcode)}; if it ran out of memory, "
+                          "lower --workers or --max-chars")  # fmt: skip
 
 
 def _how(exitcode: int | None) -> str:

@@ -1,25 +1,25 @@
 """Shard writing: whole documents appended to `.bin` files, with their `.idx` offsets.
 
 Each shard is written under a temporary name, fsynced, and renamed into place only when it is
-complete, with its xxh3-64 computed on the way out; `dataset_metadata.json` is written after
-every shard (see `format.py`). A shard holds whole documents: one closes before a document that
+complete, with its xxh3-64 computed on the way out; `dataset_metadata.json` is written last
+(see `format/layout.py`). A shard holds whole documents: one closes before a document that
 would take it past `tokens_per_shard`, and a single document longer than that gets a shard of
 its own, so every shard's document index is self-contained.
 
-Memory model: the writer keeps only the current shard's offsets (8 bytes per document in it)
-and one incoming batch; token data goes straight to the file.
+Memory model: one incoming batch; tokens and offsets go straight to the files.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import xxhash
 
-from ..format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, atomic_write_bytes, shard_paths
+from ..errors import LmshardError
+from ..format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, shard_paths
 
 
 def with_separators(
@@ -37,15 +37,22 @@ def with_separators(
 
 
 class ShardWriter:
-    """Appends documents of one split to numbered shards under `root/split/`."""
+    """Appends documents of one split to numbered shards under `root/split/`.
 
-    def __init__(self, root: Path, split: str, tokens_per_shard: int) -> None:
+    The open shard's tokens and offsets stream to `shard_N.bin.tmp` / `shard_N.idx.tmp`; `sync`
+    makes them durable and returns the writer's state, and a writer built with that state
+    (`resume`) truncates the files back to it and carries on, so a resumed run writes the same
+    bytes as one that was never stopped. `first` shards may already exist (`--append`)."""
+
+    def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = ()) -> None:
         self.root, self.split, self.capacity = root, split, tokens_per_shard
-        self.shards: list[ShardInfo] = []
-        self._file: BinaryIO | None = None
+        self.shards: list[ShardInfo] = list(first)
+        self._bin: BinaryIO | None = None
+        self._idx: BinaryIO | None = None
         self._hash = xxhash.xxh3_64()
+        self._idx_hash = xxhash.xxh3_64()
         self._n_tokens = 0
-        self._offsets: list[np.ndarray] = []
+        self._n_docs = 0
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append documents given as one flat token array (separators included) and lengths."""
@@ -64,57 +71,118 @@ class ShardWriter:
                 self._finish()
 
     def close(self) -> list[ShardInfo]:
-        if self._file is not None:
+        if self._bin is not None:
             self._finish()
         return self.shards
 
     def abort(self) -> None:
-        """Drop the shard being written (its temporary file); finished shards stay on disk."""
-        if self._file is not None:
-            name = self._file.name
-            self._file.close()
-            self._file = None
-            Path(name).unlink(missing_ok=True)
+        """Close the open shard's files without finishing it (they stay for a resume)."""
+        for f in (self._bin, self._idx):
+            if f is not None:
+                f.close()
+        self._bin = self._idx = None
+
+    def sync(self) -> dict[str, Any]:
+        """Make everything written so far durable and return the state `resume` restores."""
+        for f in (self._bin, self._idx):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+        return {"shards": [s.to_json() for s in self.shards], "n_tokens": self._n_tokens, "n_docs": self._n_docs}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Return to a state from `sync`: finished shards as recorded, the open shard's files cut
+        back to the recorded length (a shard finished after the checkpoint is reopened), and any
+        later file removed."""
+        self.shards = [ShardInfo.parse(self.split, s) for s in state["shards"]]
+        n_tokens, n_docs = int(state["n_tokens"]), int(state["n_docs"])
+        current = len(self.shards)
+        for path in sorted((self.root / self.split).glob("*")):
+            number = _shard_number(path.name)
+            if number is None or number > current or (number == current and n_docs == 0):
+                path.unlink()
+        if n_docs == 0:
+            return
+        bin_path, idx_path = self._paths(current)
+        for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp")):
+            if final.exists():
+                os.replace(final, tmp)  # finished after the checkpoint: reopen it
+        self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, self._hash)
+        self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
+        self._n_tokens, self._n_docs = n_tokens, n_docs
+
+    def _paths(self, index: int) -> tuple[Path, Path]:
+        bin_rel, idx_rel = shard_paths(self.split, index)
+        return self.root / bin_rel, self.root / idx_rel
 
     def _write(self, tokens: np.ndarray, ends: np.ndarray) -> None:
-        if self._file is None:
+        if self._bin is None:
             self._open()
-        assert self._file is not None
+        assert self._bin is not None and self._idx is not None
         data = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
         raw = data.data.cast("B")  # the array's own bytes: no copy
-        self._file.write(raw)
+        self._bin.write(raw)
         self._hash.update(raw)
-        self._offsets.append((ends + self._n_tokens).astype(INDEX_DTYPE))
+        offsets = (ends + self._n_tokens).astype(INDEX_DTYPE).tobytes()
+        self._idx.write(offsets)
+        self._idx_hash.update(offsets)
         self._n_tokens += len(data)
+        self._n_docs += len(ends)
 
     def _open(self) -> None:
-        bin_rel, _ = shard_paths(self.split, len(self.shards))
-        path = self.root / bin_rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(f"{path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
-        self._hash = xxhash.xxh3_64()
-        self._n_tokens = 0
-        self._offsets = [np.zeros(1, dtype=INDEX_DTYPE)]
+        bin_path, idx_path = self._paths(len(self.shards))
+        bin_path.parent.mkdir(parents=True, exist_ok=True)
+        self._bin = open(f"{bin_path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
+        self._idx = open(f"{idx_path}.tmp", "wb")  # noqa: SIM115
+        self._hash, self._idx_hash = xxhash.xxh3_64(), xxhash.xxh3_64()
+        self._n_tokens = self._n_docs = 0
+        start = np.zeros(1, dtype=INDEX_DTYPE).tobytes()
+        self._idx.write(start)
+        self._idx_hash.update(start)
 
     def _finish(self) -> None:
-        assert self._file is not None
+        assert self._bin is not None and self._idx is not None
+        bin_path, idx_path = self._paths(len(self.shards))
+        for f in (self._bin, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        self._bin = self._idx = None
+        os.replace(f"{idx_path}.tmp", idx_path)
+        os.replace(f"{bin_path}.tmp", bin_path)
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        index = np.concatenate(self._offsets).astype(INDEX_DTYPE).tobytes()
-        atomic_write_bytes(self.root / idx_rel, index)
-        os.replace(self.root / f"{bin_rel}.tmp", self.root / bin_rel)
         self.shards.append(
             ShardInfo(
                 split=self.split,
                 path=bin_rel,
                 index_path=idx_rel,
                 n_tokens=self._n_tokens,
-                n_docs=sum(len(o) for o in self._offsets) - 1,
+                n_docs=self._n_docs,
                 xxh3_64=self._hash.hexdigest(),
-                index_xxh3_64=xxhash.xxh3_64_hexdigest(index),
+                index_xxh3_64=self._idx_hash.hexdigest(),
             )
         )
-        self._n_tokens = 0
+        self._n_tokens = self._n_docs = 0
+
+
+def _shard_number(name: str) -> int | None:
+    """N of shard_N.bin / shard_N.idx (and their .tmp); None for any other file name."""
+    stem = name.removesuffix(".tmp")
+    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx")):
+        return None
+    digits = stem[len("shard_") : -len(".bin")]
+    return int(digits) if digits.isdigit() else None
+
+
+def _reopen(path: Path, size: int, digest: Any) -> BinaryIO:
+    """Open a partial file for appending after cutting it to `size` bytes, feeding those bytes
+    to `digest` (the running checksum). Reads in 16 MiB pieces."""
+    f = open(path, "r+b")  # noqa: SIM115 (owned by the writer)
+    if os.fstat(f.fileno()).st_size < size:
+        f.close()
+        raise LmshardError(f"{path}: shorter than its checkpoint says; the build is damaged, rerun with --overwrite")
+    f.truncate(size)
+    while chunk := f.read(1 << 24):
+        digest.update(chunk)
+    f.seek(size)
+    return f

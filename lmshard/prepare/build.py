@@ -1,0 +1,214 @@
+"""The state of a dataset being built, and its checkpoints.
+
+A `Build` holds everything `_run` changes as work items stream through: the two splits' shard
+writers, the exact-dedup key set, the totals that end up in the metadata, and how many items are
+done. `checkpoint()` makes the files durable and returns that state as JSON; `Build.start`
+rebuilds it from a checkpoint (the writers cut their files back, the key set is re-read from the
+keys written so far), so the resumed run goes on exactly where the checkpoint was taken and
+writes the same bytes an uninterrupted run would.
+
+The keys of every kept document are appended to `dedup/doc_keys_NNNNNN.u64` in the build (and
+with --dedup-lines, the unique lines' keys to `dedup/line_keys_NNNNNN.u64`); they stay with the
+dataset so `--append` can deduplicate new documents against it (docs/format.md).
+
+Memory model: the key set (≈16 bytes per unique document), rebuilt on resume by reading the key
+files in 8 MiB pieces; the totals (one small counter per input file); the writers' open files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import numpy as np
+import xxhash
+
+from ..format import SPLITS, DatasetMeta
+from ..format.schema import KeyFile
+from .config import PrepareConfig
+from .dedup import KeySet
+from .writer import ShardWriter
+
+KEY_DTYPE = np.dtype("<u8")
+CHECKPOINT_SECONDS = float(os.environ.get("LMSHARD_CHECKPOINT_SECONDS", "10"))  # 0: after every work item
+
+
+@dataclass
+class Totals:
+    """Counts that end up in the metadata."""
+
+    records: int = 0
+    docs_kept: int = 0
+    tokens: int = 0
+    chars: int = 0
+    duplicates: int = 0
+    drops: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    per_source: dict[int, Counter[str]] = field(default_factory=dict)
+    dedup_bytes: int = 0
+    lines_removed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"records": self.records, "docs_kept": self.docs_kept, "tokens": self.tokens, "chars": self.chars,
+                "duplicates": self.duplicates, "drops": dict(self.drops), "examples": self.examples,
+                "per_source": {str(k): dict(v) for k, v in self.per_source.items()},
+                "lines_removed": self.lines_removed}  # fmt: skip
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Totals:
+        return cls(records=raw["records"], docs_kept=raw["docs_kept"], tokens=raw["tokens"], chars=raw["chars"],
+                   duplicates=raw["duplicates"], drops=Counter(raw["drops"]), examples=dict(raw["examples"]),
+                   per_source={int(k): Counter(v) for k, v in raw["per_source"].items()},
+                   lines_removed=raw["lines_removed"])  # fmt: skip
+
+    @classmethod
+    def of_dataset(cls, meta: DatasetMeta) -> Totals:
+        """The totals a run over the dataset's own inputs ended with (the base of --append)."""
+        drops = Counter({k: v for k, v in meta.drops.items() if k != "duplicate"})
+        return cls(records=meta.records_read, docs_kept=meta.total_docs, tokens=meta.total_tokens,
+                   chars=meta.run.input_chars if meta.run else 0, duplicates=meta.drops.get("duplicate", 0),
+                   drops=drops, examples=dict(meta.drop_examples),
+                   lines_removed=meta.dedup.lines_removed if meta.dedup else 0)  # fmt: skip
+
+
+@dataclass
+class Build:
+    root: Path  # the staging directory
+    writers: dict[str, ShardWriter]
+    seen: KeySet
+    totals: Totals
+    base: Totals  # the appended-to dataset's totals (all zero for a new dataset)
+    previous_keys: tuple[KeyFile, ...]
+    items_done: int = 0
+    bytes_done: int = 0
+    n_keys: int = 0
+    line_keys: int | None = None  # unique lines this build found (--dedup-lines)
+    _keys: IO[bytes] | None = None
+
+    @classmethod
+    def start(cls, config: PrepareConfig, root: Path, previous: DatasetMeta | None,
+              checkpoint: dict[str, Any] | None) -> Build:  # fmt: skip
+        """A new build on top of `previous` (or nothing), or the one `checkpoint` recorded."""
+        first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
+        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s]) for s in SPLITS}
+        base = Totals.of_dataset(previous) if previous else Totals()
+        previous_keys = previous.dedup.files if previous and previous.dedup else ()
+        build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys)
+        if checkpoint is not None:
+            for split, state in checkpoint["writers"].items():
+                writers[split].resume(state)
+            build.totals = Totals.parse(checkpoint["totals"])
+            build.items_done, build.bytes_done = checkpoint["items_done"], checkpoint["bytes_done"]
+            build.seen = KeySet(checkpoint["seen_slots"])  # the same table size as when it was taken
+            build.n_keys = checkpoint["n_keys"]
+        if config.dedup == "document":
+            for keys in build._stored_keys("doc"):
+                build.seen.add_new(keys)
+            path = build.root / build.key_path("doc")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            build._keys = open(path, "r+b" if path.exists() else "wb")  # noqa: SIM115 (closed in close_keys/abort)
+            build._keys.truncate(build.n_keys * KEY_DTYPE.itemsize)
+            build._keys.seek(0, os.SEEK_END)
+        return build
+
+    def key_path(self, kind: str) -> str:
+        """This build's own key file of `kind` (doc or line), after those of the dataset it extends."""
+        part = sum(1 for f in self.previous_keys if f.kind == kind)
+        return f"dedup/{kind}_keys_{part:06d}.u64"
+
+    def _stored_keys(self, kind: str) -> Any:
+        """The keys already recorded, in insertion order: the appended-to dataset's, then this
+        build's own up to the checkpoint (doc keys only; line keys are recomputed each run)."""
+        files = [(self.root / f.path, f.n_keys) for f in self.previous_keys if f.kind == kind]
+        if kind == "doc":
+            files.append((self.root / self.key_path("doc"), self.n_keys))
+        for path, n in files:
+            if n == 0:
+                continue
+            with open(path, "rb") as f:
+                left = n
+                while left:
+                    chunk = np.frombuffer(f.read(min(left, 1 << 20) * KEY_DTYPE.itemsize), dtype=KEY_DTYPE)
+                    if len(chunk) == 0:
+                        raise OSError(f"{path}: shorter than recorded ({n} keys)")
+                    left -= len(chunk)
+                    yield chunk
+
+    def line_set(self) -> KeySet:
+        """The line-dedup set seeded with the appended-to dataset's lines."""
+        seen = KeySet()
+        for keys in self._stored_keys("line"):
+            seen.add_new(keys)
+        return seen
+
+    def add_keys(self, keys: np.ndarray) -> None:
+        if self._keys is not None and len(keys):
+            self._keys.write(keys.astype(KEY_DTYPE, copy=False).tobytes())
+            self.n_keys += len(keys)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Make everything written durable; the state `start` resumes from."""
+        if self._keys is not None:
+            self._keys.flush()
+            os.fsync(self._keys.fileno())
+        return {"items_done": self.items_done, "bytes_done": self.bytes_done,
+                "writers": {s: w.sync() for s, w in self.writers.items()}, "totals": self.totals.to_json(),
+                "seen_slots": self.seen.nbytes // 8, "n_keys": self.n_keys}  # fmt: skip
+
+    def close_keys(self) -> tuple[KeyFile, ...]:
+        """The key files the dataset lists: the appended-to dataset's and this build's."""
+        files = list(self.previous_keys)
+        if self._keys is not None:
+            self._keys.flush()
+            os.fsync(self._keys.fileno())
+            self._keys.close()
+            self._keys = None
+            files.append(_key_file(self.root, self.key_path("doc"), self.n_keys))
+        if self.line_keys is not None:
+            files.append(_key_file(self.root, self.key_path("line"), self.line_keys))
+        return tuple(files)
+
+    def abort(self) -> None:
+        for w in self.writers.values():
+            w.abort()
+        if self._keys is not None:
+            self._keys.close()
+            self._keys = None
+
+
+def _key_file(root: Path, rel: str, n_keys: int) -> KeyFile:
+    digest = xxhash.xxh3_64()
+    with open(root / rel, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+    return KeyFile(path=rel, n_keys=n_keys, xxh3_64=digest.hexdigest())
+
+
+class StopOnCtrlC:
+    """While active (in the main thread), the first Ctrl-C only sets `asked`, so the run can stop
+    at the next work item with a checkpoint; a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._old: Any = None
+
+    def __enter__(self) -> StopOnCtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None

@@ -1,0 +1,490 @@
+"""Nothing lost: --resume after a kill ends byte-identical, --overwrite keeps the old dataset
+whole until the new one is complete, one writer per --out, --append equals one run over both
+input sets, and a run that keeps nothing fails. The independent truth is a run that was never
+interrupted (compared file by file, metadata apart from its "run" record) and numpy reading the
+raw shards."""
+
+from __future__ import annotations
+
+import errno
+import filecmp
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import read_docs
+from proctree import LMSHARD, finish, kill_group, start_prepare, wait_gone, workers_of
+
+from lmshard.errors import ConfigError, InputError, LmshardError
+from lmshard.format import METADATA_FILE
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare import staging as staging_mod
+from lmshard.prepare.staging import OutputPaths, read_run, recover
+from lmshard.prepare.writer import ShardWriter
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+SHARD = 20_000  # tokens per shard: the corpora below make dozens of shards
+
+
+def corpus(path: Path, n: int, seed: int, dupes_of: list[str] | None = None) -> list[str]:
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 300))) for _ in range(n)]
+    texts += dupes_of or []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    return texts
+
+
+@pytest.fixture
+def many_items(monkeypatch):
+    """64 KiB work items (not 1 MiB): the corpora span dozens of items, so a failure injected
+    at the Nth write lands mid-run. The output does not depend on the item size."""
+    import lmshard.prepare.sources as sources
+
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 16)
+
+
+def run(out: Path, inputs: list[Path], **kw) -> dict:
+    kw.setdefault("workers", 1)
+    kw.setdefault("tokens_per_shard", SHARD)
+    return prepare(PrepareConfig(inputs=[str(p) for p in inputs], out=str(out), **kw)).to_json()
+
+
+def files_of(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def assert_identical(a: Path, b: Path) -> None:
+    """Every file byte-equal; the metadata equal apart from its run record's timings and host."""
+    assert files_of(a) == files_of(b)
+    for name in files_of(a):
+        if name == METADATA_FILE:
+            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
+            ra, rb = ma.pop("run"), mb.pop("run")
+            assert ma == mb
+            assert (ra["input_chars"], ra["dedup_table_bytes"]) == (rb["input_chars"], rb["dedup_table_bytes"])
+        else:
+            assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
+def leftovers(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.lmshard"))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    return [root / "a.jsonl", root / "b.jsonl"], [corpus(root / "a.jsonl", 2500, 1), corpus(root / "b.jsonl", 2500, 2)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, inputs):
+    """The uninterrupted run every interrupted one must equal."""
+    out = tmp_path_factory.mktemp("ref") / "ds"
+    run(out, inputs[0])
+    assert len(list((out / "train").glob("*.bin"))) > 20
+    return out
+
+
+# --- resume -------------------------------------------------------------------------------------
+
+
+def cli(out: Path, inputs: list[Path], *extra: str) -> list[str]:
+    return [*map(str, inputs), "--out", str(out), "--tokens-per-shard", str(SHARD), "--workers", "2", *extra]
+
+
+def shards_in(directory: Path) -> int:
+    return len(list(directory.glob("train/shard_*.bin"))) + len(list(directory.glob("train/shard_*.tmp")))
+
+
+@pytest.mark.parametrize("after_shards", [0, 3, 12])
+def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, inputs, reference, after_shards):
+    """kill -9 of the whole process group once the build holds N shards; --resume finishes it
+    byte-identical to the uninterrupted run, and leaves nothing beside --out."""
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    proc = start_prepare(cli(out, inputs[0]))
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if staging.exists() and shards_in(staging) >= max(after_shards, 1) - (after_shards == 0):
+            break
+        time.sleep(0.005)
+    kill_group(proc.pid)
+    proc.communicate()
+    assert not out.exists(), "a killed run must not leave a dataset that looks complete"
+    if read_run(staging) is not None:  # (killed before the run record existed: nothing to resume)
+        code, err = finish(start_prepare(cli(out, inputs[0])), 60)
+        assert code == 1 and "pass --resume to continue it" in err and "Traceback" not in err
+    code, err = finish(start_prepare(cli(out, inputs[0], "--resume")), 120)
+    assert code == 0, err
+    assert_identical(reference, out)
+    assert leftovers(out) == []
+
+
+def test_killed_twice_then_resumed(tmp_path, monkeypatch, inputs, reference):
+    """A resumed run that is itself killed resumes again from its own checkpoint."""
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    for args, at in ((cli(out, inputs[0]), 4), (cli(out, inputs[0], "--resume"), 10)):
+        proc = start_prepare(args)
+        while proc.poll() is None and not (staging.exists() and shards_in(staging) >= at):
+            time.sleep(0.005)
+        kill_group(proc.pid)
+        proc.communicate()
+    code, err = finish(start_prepare(cli(out, inputs[0], "--resume")), 120)
+    assert code == 0, err
+    assert_identical(reference, out)
+
+
+def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, inputs, reference):
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only Ctrl-C checkpoints
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    proc = start_prepare(cli(out, inputs[0]))
+    while proc.poll() is None and not (staging.exists() and shards_in(staging) >= 5):
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
+    code, err = finish(proc, 60)
+    assert code == 130 and "Traceback" not in err, err
+    assert "interrupted" in err and "saved in" in err
+    command = err.strip().splitlines()[-1]
+    assert command.startswith("lmshard prepare ") and command.endswith("--resume")
+    checkpoint = json.loads((staging / "_PREPARE_IN_PROGRESS").read_text())["checkpoint"]
+    assert checkpoint["items_done"] > 0, "Ctrl-C wrote a checkpoint of the work done"
+    code, err = finish(start_prepare(command.split()[2:]), 120)
+    assert code == 0, err
+    assert_identical(reference, out)
+
+
+def test_full_disk_keeps_the_work_and_resume_finishes(tmp_path, monkeypatch, many_items, inputs, reference):
+    """A write failing with ENOSPC midway: one line naming the fix, the build kept; once space
+    is back, --resume ends byte-identical."""
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    real_add, calls = ShardWriter.add, {"n": 0}
+
+    def add(self, tokens, lengths):
+        calls["n"] += 1
+        if calls["n"] == 15:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.root / "train" / "shard_000009.bin.tmp"))
+        return real_add(self, tokens, lengths)
+
+    monkeypatch.setattr(ShardWriter, "add", add)
+    with pytest.raises(LmshardError, match="no space left on the device") as e:
+        run(out, inputs[0])
+    assert "--resume" in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists() and leftovers(out) == [".ds.lmshard-partial"]
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    run(out, inputs[0], resume=True)
+    assert_identical(reference, out)
+
+
+def test_resume_refuses_a_changed_option_or_input(tmp_path, monkeypatch, inputs):
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    real_add = ShardWriter.add
+    monkeypatch.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run(out, inputs[0])
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    with pytest.raises(ConfigError, match=r"cannot resume: --val-fraction was 0\.01 when the run started and is 0\.2"):
+        run(out, inputs[0], resume=True, val_fraction=0.2)
+    with pytest.raises(ConfigError, match="cannot resume: --inputs"):
+        run(out, inputs[0][:1], resume=True)
+    changed = tmp_path / "a.jsonl"
+    corpus(changed, 10, 9)
+    with pytest.raises(ConfigError, match="pass the same options and inputs"):
+        run(out, [changed, inputs[0][1]], resume=True)
+    run(out, inputs[0], resume=True, workers=2)  # the worker count is not part of the output
+
+
+def test_resume_with_nothing_pending_starts_and_after_the_end_does_nothing(tmp_path, inputs, reference):
+    out = tmp_path / "ds"
+    first = run(out, inputs[0], resume=True)
+    assert_identical(reference, out)
+    stamp = (out / METADATA_FILE).stat().st_mtime_ns
+    again = run(out, inputs[0], resume=True)
+    assert again == first and (out / METADATA_FILE).stat().st_mtime_ns == stamp
+
+
+def test_an_input_error_discards_the_build(tmp_path, inputs):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken\n')
+    with pytest.raises(InputError, match="bad.jsonl"):
+        run(tmp_path / "ds", [*inputs[0], bad])
+    assert not (tmp_path / "ds").exists() and leftovers(tmp_path / "ds") == []
+
+
+# --- overwrite ----------------------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {name: (root / name).read_bytes() for name in files_of(root)}
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_interrupted_overwrite_leaves_the_old_dataset_whole(tmp_path, monkeypatch, inputs, reference, how):
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    small = tmp_path / "small.jsonl"
+    corpus(small, 300, 5)
+    run(out, [small])
+    before = snapshot(out)
+    staging = OutputPaths.of(str(out)).staging
+    proc = start_prepare(cli(out, inputs[0], "--overwrite"))
+    while proc.poll() is None and not (staging.exists() and shards_in(staging) >= 6):
+        assert snapshot(out) == before, "the old dataset changed while the new one was being built"
+        time.sleep(0.01)
+    os.killpg(proc.pid, getattr(signal, how))
+    code, err = finish(proc, 60)
+    assert code in (-9, 130) and "Traceback" not in err
+    assert snapshot(out) == before
+    code, err = finish(subprocess.Popen([*LMSHARD, "inspect", str(out)], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True), 60)  # fmt: skip
+    assert code == 0, err
+    # the next --overwrite run discards the leftovers and swaps the new dataset in
+    run(out, inputs[0], overwrite=True)
+    assert_identical(reference, out)
+    assert leftovers(out) == []
+
+
+def test_a_reader_of_the_replaced_dataset_never_reads_the_new_one_silently(tmp_path, inputs):
+    """A training job that opened the old dataset before an --overwrite swap either keeps
+    reading the old tokens (files it had open) or gets an error saying the dataset was replaced;
+    it never reads the new dataset's tokens as if they were the old ones."""
+    from lmshard import TokenDataset
+
+    out = tmp_path / "ds"
+    small = tmp_path / "small.jsonl"
+    corpus(small, 300, 5)
+    run(out, [small], val_fraction=0.0)
+    old = np.concatenate(read_docs(out, "train"))
+    ds = TokenDataset(out, split="train")
+    run(out, inputs[0], overwrite=True)
+    try:
+        got = ds.tokens(0, 50)
+    except LmshardError as e:
+        assert "replaced" in str(e)
+    else:
+        assert np.array_equal(got, old[:50])
+
+
+def test_a_swap_cut_between_its_two_renames_is_finished_by_the_next_run(tmp_path, inputs):
+    """Where RENAME_EXCHANGE is unavailable the swap is two renames; a kill between them leaves
+    --out missing, the old dataset retired and the new build complete: the next run finishes it."""
+    out = tmp_path / "ds"
+    paths = OutputPaths.of(str(out))
+    run(out, inputs[0][:1])
+    old = snapshot(out)
+    run(out, inputs[0], overwrite=True)
+    new = snapshot(out)
+    # rebuild the cut state by hand: new build (with its run record) in staging, old one retired
+    os.rename(out, paths.staging)
+    (paths.staging / "_PREPARE_IN_PROGRESS").write_text(json.dumps({"version": 1}))
+    paths.retired.mkdir()
+    for name, data in old.items():
+        (paths.retired / name).parent.mkdir(parents=True, exist_ok=True)
+        (paths.retired / name).write_bytes(data)
+    recover(paths)
+    assert snapshot(out) == new and leftovers(out) == []
+    # cut before the new build was complete: the old dataset comes back
+    os.rename(out, paths.retired)
+    paths.staging.mkdir()
+    (paths.staging / "_PREPARE_IN_PROGRESS").write_text(json.dumps({"version": 1}))
+    recover(paths)
+    assert snapshot(out) == new and paths.staging.exists()
+
+
+def test_overwrite_without_exchange_uses_two_renames(tmp_path, monkeypatch, inputs, reference):
+    monkeypatch.setattr(staging_mod, "_exchange", lambda a, b: False)
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    run(out, inputs[0], overwrite=True)
+    assert_identical(reference, out)
+    assert leftovers(out) == []
+
+
+def test_user_files_beside_a_dataset_survive_overwrite_and_append(tmp_path, inputs):
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    (out / "README.md").write_text("my card")
+    (out / "notes").mkdir()
+    (out / "notes" / "n.txt").write_text("mine")
+    run(out, inputs[0], overwrite=True)
+    run(out, inputs[0][1:], append=True, allow_empty=True)
+    assert (out / "README.md").read_text() == "my card" and (out / "notes" / "n.txt").read_text() == "mine"
+
+
+def test_a_foreign_directory_is_refused_even_with_overwrite(tmp_path, inputs):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    for kw in ({}, {"overwrite": True}):
+        with pytest.raises(ConfigError, match=r"not an lmshard dataset \(thesis.tex\)"):
+            run(out, inputs[0], **kw)
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+# --- one writer ---------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(tmp_path, monkeypatch, inputs, reference):
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    first = start_prepare(cli(out, inputs[0]))
+    while first.poll() is None and not (staging.exists() and shards_in(staging) >= 2):
+        time.sleep(0.005)
+    os.killpg(first.pid, signal.SIGSTOP)  # hold the first writer mid-run, however fast the machine
+    workers = workers_of(first.pid)
+    for extra in ([], ["--resume"], ["--overwrite"]):
+        code, err = finish(start_prepare(cli(out, inputs[0], *extra)), 60)
+        assert code == 1 and "another prepare is writing it" in err and f"pid {first.pid}" in err, err
+    assert first.poll() is None and staging.exists(), "the refused writers did not disturb the first"
+    kill_group(first.pid)
+    first.communicate()
+    assert wait_gone(workers, 10) == []
+    assert OutputPaths.of(str(out)).lock.exists(), "a kill -9 leaves the lock file behind"
+    code, err = finish(start_prepare(cli(out, inputs[0], "--resume")), 120)
+    assert code == 0, err
+    assert_identical(reference, out)
+    assert leftovers(out) == []
+
+
+# --- append -------------------------------------------------------------------------------------
+
+
+def split_stream(root: Path, split: str) -> tuple[np.ndarray, list[int]]:
+    """A split's token stream and its documents' lengths, read with numpy."""
+    docs = read_docs(root, split)
+    return (np.concatenate(docs) if docs else np.zeros(0, np.uint32)), [len(d) for d in docs]
+
+
+@pytest.mark.parametrize("dedup_lines", [False, True])
+def test_append_equals_one_run_over_both(tmp_path, inputs, dedup_lines):
+    a, b = inputs[0]
+    extra = tmp_path / "c.jsonl"
+    corpus(extra, 400, 7, dupes_of=inputs[1][0][:50])  # 50 documents the dataset already holds
+    one = tmp_path / "one"
+    run(one, [a, b, extra], dedup_lines=dedup_lines)
+    out = tmp_path / "ds"
+    run(out, [a, b], dedup_lines=dedup_lines)
+    before = {name: ((out / name).read_bytes(), (out / name).stat().st_ino) for name in files_of(out)
+              if name.startswith(("train/", "val/"))}  # fmt: skip
+    meta = run(out, [extra], dedup_lines=dedup_lines, append=True)
+    for name, (data, inode) in before.items():
+        assert (out / name).read_bytes() == data and (out / name).stat().st_ino == inode, name
+    for split in ("train", "val"):
+        got, want = split_stream(out, split), split_stream(one, split)
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1], split
+    whole = json.loads((one / METADATA_FILE).read_text())
+    assert meta["n_docs"] == whole["n_docs"] and meta["drops"] == whole["drops"]
+    if not dedup_lines:  # (with line dedup the known documents empty out first: dropped as empty)
+        assert meta["drops"]["duplicate"] >= 50
+    assert meta["config"]["inputs"] == [str(a), str(b), str(extra)]
+    assert [s["path"] for s in meta["sources"]] == [str(a), str(b), str(extra)]
+    from lmshard import verify_dataset
+
+    assert verify_dataset(out).ok
+
+
+def test_append_of_known_documents_only_adds_nothing_and_says_so(tmp_path, inputs):
+    out = tmp_path / "ds"
+    run(out, inputs[0])
+    before = snapshot(out)
+    with pytest.raises(InputError, match="no new document was appended: every record was dropped: duplicate 5,000"):
+        run(out, inputs[0], append=True)
+    assert snapshot(out) == before and leftovers(out) == []
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        ({"tokenizer": "cl100k_base"}, "--tokenizer gpt2"),
+        ({"normalize": "nfkc"}, "--normalize 'nfc'"),
+        ({"byte_exact": True}, "--no-normalize False"),
+        ({"seed": 7}, "--seed 1337"),
+        ({"dedup": "none"}, "--dedup 'document'"),
+        ({"eot_position": "before"}, "--eot-position 'after'"),
+    ],
+)
+def test_append_refuses_different_tokenizer_or_cleaning(tmp_path, inputs, option, words):
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    before = snapshot(out)
+    if option.get("tokenizer") == "cl100k_base":
+        from lmshard.tokenizers.vocab import VOCABULARIES, cache_file
+
+        if not cache_file(VOCABULARIES["cl100k_base"]).exists():
+            pytest.skip("the cl100k_base vocabulary is not provisioned here")
+    with pytest.raises(ConfigError, match="--append") as e:
+        run(out, inputs[0][1:], append=True, **option)
+    assert words in str(e.value)
+    assert snapshot(out) == before
+
+
+def test_append_needs_a_dataset(tmp_path, inputs):
+    with pytest.raises(ConfigError, match="no dataset to append to; run without --append"):
+        run(tmp_path / "nothing", inputs[0], append=True)
+    with pytest.raises(ConfigError, match="pass one of them"):
+        run(tmp_path / "nothing", inputs[0], append=True, overwrite=True)
+
+
+def test_killed_append_is_resumed(tmp_path, monkeypatch, many_items, inputs):
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    a, b = inputs[0]
+    one, out = tmp_path / "one", tmp_path / "ds"
+    run(one, [a, b])
+    run(out, [a])
+    before = snapshot(out)
+    real_add, calls = ShardWriter.add, {"n": 0}
+
+    def add(self, tokens, lengths):
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise KeyboardInterrupt
+        return real_add(self, tokens, lengths)
+
+    monkeypatch.setattr(ShardWriter, "add", add)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, [b], append=True)
+    assert snapshot(out) == before
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    run(out, [b], append=True, resume=True)
+    for split in ("train", "val"):
+        got, want = split_stream(out, split), split_stream(one, split)
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+
+
+# --- empty results ------------------------------------------------------------------------------
+
+
+def test_a_run_that_keeps_nothing_fails_unless_allowed(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(InputError, match="no document was kept: the inputs hold no records"):
+        run(tmp_path / "ds", [empty])
+    assert not (tmp_path / "ds").exists()
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"text": "x" * 500}) + "\n")
+    with pytest.raises(InputError, match=r"too_long 1 \(--max-chars is 100; raise it"):
+        run(tmp_path / "ds", [long], max_chars=100)
+    meta = run(tmp_path / "ds", [empty], allow_empty=True)
+    assert meta["n_docs"] == 0
+
+
+def test_all_documents_in_val_is_an_error(tmp_path):
+    one = tmp_path / "one.jsonl"
+    corpus(one, 3, 3)
+    with pytest.raises(InputError, match="went to the val split"):
+        run(tmp_path / "ds", [one], val_fraction=0.999)
