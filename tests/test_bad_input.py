@@ -27,6 +27,7 @@ BAD_INPUTS = {
 
 
 def run(tmp_path, name, **kw):
+    kw.setdefault("allow_empty", True)  # these inputs hold one bad record and nothing else
     return prepare(PrepareConfig(inputs=[str(tmp_path / name)], out=str(tmp_path / "out"), workers=1, **kw)).to_json()
 
 
@@ -55,7 +56,7 @@ def test_empty_file_is_counted_not_fatal(tmp_path):
     write(tmp_path / "empty.jsonl", b"")
     write(tmp_path / "empty.txt", b"")
     meta = prepare(PrepareConfig(inputs=[str(tmp_path / "empty.jsonl"), str(tmp_path / "empty.txt")],
-                                 out=str(tmp_path / "out"), workers=1)).to_json()  # fmt: skip
+                                 out=str(tmp_path / "out"), workers=1, allow_empty=True)).to_json()  # fmt: skip
     assert meta["n_docs"] == 0
     assert [s["records"] for s in meta["sources"]] == [0, 1]
     assert meta["drops"]["empty"] == 1
