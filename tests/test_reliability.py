@@ -488,3 +488,19 @@ def test_all_documents_in_val_is_an_error(tmp_path):
     corpus(one, 3, 3)
     with pytest.raises(InputError, match="went to the val split"):
         run(tmp_path / "ds", [one], val_fraction=0.999)
+
+
+def test_an_empty_out_directory_is_filled_in_place(tmp_path, monkeypatch, inputs, reference):
+    """`mkdir ds && cd ds && lmshard prepare ... --out .`: the directory the shell is in stays
+    the dataset's directory (its entries move in, metadata last)."""
+    out = tmp_path / "ds"
+    out.mkdir()
+    inode = out.stat().st_ino
+    monkeypatch.chdir(out)
+    run(Path("."), inputs[0])
+    assert out.stat().st_ino == inode
+    assert_identical(reference, out)
+    with pytest.raises(ConfigError, match="is the current directory"):
+        run(Path("."), inputs[0], overwrite=True)
+    monkeypatch.chdir(tmp_path)
+    assert leftovers(out) == []

@@ -64,6 +64,7 @@ from .staging import (
     WriterLock,
     commit,
     difference,
+    inside,
     kind_of_output,
     link_or_copy,
     read_run,
@@ -137,6 +138,9 @@ def _claim(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
     kind, foreign = kind_of_output(out)
     if kind == "file":
         raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
+    if kind in ("dataset", "unfinished") and inside(out):
+        raise ConfigError(f"{out}: is the current directory (or holds it), and a finished run swaps it whole; "
+                          "run prepare from outside it")  # fmt: skip
     appending = config.append and kind == "dataset"
     fingerprint = _fingerprint(config, sources, tokenizer, out / METADATA_FILE if appending else None)
     run = read_run(paths.staging)

@@ -8,7 +8,8 @@ For `--out DIR/ds` a run uses three hidden siblings of `ds`:
                                run's fingerprint and its latest checkpoint
     DIR/.ds.lmshard-retired/   a replaced dataset between the swap and its removal
 
-`ds` itself only ever changes by a rename: a fresh run renames the finished build to `ds`; an
+`ds` itself only ever changes by a rename: a fresh run renames the finished build to `ds` (or,
+into an existing empty `ds`, moves its entries, metadata last); an
 `--overwrite` or `--append` run exchanges the two directories in one step (Linux renameat2
 RENAME_EXCHANGE; two renames elsewhere, recovered by the next run if cut between them). So a
 reader sees the old dataset or the new one, whole; a killed run leaves the old one untouched.
@@ -132,6 +133,15 @@ def _read_text(fd: int) -> str:
         return ""
 
 
+def inside(out: Path) -> bool:
+    """Whether the current directory is `out` or inside it (a swap would strand the shell there)."""
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:
+        return False
+    return cwd == out or out in cwd.parents
+
+
 def kind_of_output(out: Path) -> tuple[str, list[str]]:
     """What `--out` holds: missing, file, empty, dataset (complete; other files of the user's
     may sit beside it), unfinished (only lmshard's own names: a run of an older lmshard that wrote
@@ -182,8 +192,13 @@ def commit(paths: OutputPaths) -> None:
         else:
             link_or_copy(out / name, staging / name, follow=False)
     _fsync_dir(staging)
-    if kind in ("missing", "empty"):
-        os.rename(staging, out)  # onto an empty directory too (POSIX)
+    if kind == "missing":
+        os.rename(staging, out)
+    elif kind == "empty":  # keep the user's directory (its mode, owner, mount); metadata moves last
+        names = sorted(os.listdir(staging), key=lambda n: (n == METADATA_FILE, n))
+        for name in names:
+            os.rename(staging / name, out / name)
+        staging.rmdir()
     elif _exchange(staging, out):
         os.rename(staging, paths.retired)
     else:
