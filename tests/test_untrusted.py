@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from lmshard import TokenDataset
 from lmshard.cli import app
-from lmshard.errors import FormatError
+from lmshard.errors import EXIT_CORRUPT, FormatError
 from lmshard.format import load_metadata, read_document
 from lmshard.inspect import verify
 from lmshard.inspect.verify import verify_dataset
@@ -256,8 +256,7 @@ def test_tampered_dataset_is_refused_by_inspect_and_the_loader(dataset, monkeypa
 
     assert traced_peak(both) < MAX_PEAK
     assert result is not None
-    # The corrupt exit code: lmshard.cli has no named constant for it yet, so != 0 and CORRUPT.
-    assert result.exit_code != 0 and "CORRUPT" in result.output, result.output
+    assert result.exit_code == EXIT_CORRUPT and "CORRUPT" in result.output, result.output
     problems = [line for line in result.output.splitlines() if line.startswith("problem:")]
     assert any(where in p and all(w in p for w in words) for p in problems), result.output
     quick = [str(p) for p in verify_dataset(dataset, quick=True).problems]  # structure: no token read
@@ -272,6 +271,17 @@ def test_a_symlink_inside_the_dataset_is_followed(dataset):
     load_everything(dataset)
 
 
+def test_a_tokenizer_state_outside_the_dataset_is_a_problem(dataset):
+    """Only inspect reads tokenizer_state.json; a link to a copy elsewhere agrees in every field."""
+    outside = shutil.copy(dataset / "tokenizer_state.json", dataset.parent / "state.json")
+    (dataset / "tokenizer_state.json").unlink()
+    (dataset / "tokenizer_state.json").symlink_to(outside)
+    result = inspect(dataset)
+    problems = [line for line in result.output.splitlines() if line.startswith("problem:")]
+    assert result.exit_code == EXIT_CORRUPT and len(problems) == 1, result.output
+    assert "tokenizer_state.json" in problems[0] and "outside the dataset directory" in problems[0]
+
+
 def test_a_document_read_never_runs_past_the_files(dataset):
     """inspect --doc/--sample read single documents: an index entry beyond n_tokens is refused
     before the read, not turned into a read of 4e15 bytes."""
@@ -281,7 +291,7 @@ def test_a_document_read_never_runs_past_the_files(dataset):
     with pytest.raises(FormatError, match=r"document 0 spans 0\.\.1000000000000000"):
         read_document(meta, entry, 0)
     result = inspect(dataset, sample=40)
-    assert result.exit_code != 0 and "CORRUPT" in result.output and "tokens)" in result.output
+    assert result.exit_code == EXIT_CORRUPT and "CORRUPT" in result.output and "tokens)" in result.output
 
 
 def test_a_huge_vocabulary_gets_no_histogram_of_that_size(dataset):
