@@ -29,7 +29,8 @@ from typing import IO, Any
 import numpy as np
 import xxhash
 
-from ..format import SPLITS, DatasetMeta
+from ..errors import InputError
+from ..format import SPLITS, DatasetMeta, ShardInfo
 from ..format.schema import KeyFile
 from .config import PrepareConfig
 from .dedup import KeySet
@@ -188,6 +189,30 @@ def _key_file(root: Path, rel: str, n_keys: int) -> KeyFile:
         while chunk := f.read(1 << 23):
             digest.update(chunk)
     return KeyFile(path=rel, n_keys=n_keys, xxh3_64=digest.hexdigest())
+
+
+def check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards: list[ShardInfo]) -> None:
+    """A run that keeps no document (or no training document) fails, saying why, unless
+    --allow-empty. `base` is the appended-to dataset's totals."""
+    if config.allow_empty:
+        return
+    new_docs = totals.docs_kept - base.docs_kept
+    if new_docs == 0:
+        if totals.records == base.records:
+            why = "the inputs hold no records"
+        else:
+            causes = totals.drops - base.drops
+            causes["duplicate"] = totals.duplicates - base.duplicates
+            top = sorted(((n, k) for k, n in causes.items() if n > 0), reverse=True)
+            why = "every record was dropped: " + ", ".join(f"{k} {n:,}" for n, k in top)
+            if any(k == "too_long" for _, k in top):
+                why += f" (--max-chars is {config.max_chars:,}; raise it, or pass --overlong truncate)"
+        what = "no new document was appended" if base.docs_kept else "no document was kept"
+        raise InputError(f"{what}: {why}; nothing was written (pass --allow-empty to accept an empty result)")
+    train_docs = sum(s.n_docs for s in shards if s.split == "train")
+    if train_docs == 0:
+        raise InputError(f"all {new_docs:,} kept documents went to the val split (--val-fraction "
+                         f"{config.val_fraction}); lower --val-fraction, add input, or pass --allow-empty")  # fmt: skip
 
 
 class StopOnCtrlC:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import itertools
-import json
 import os
 import platform
 import shutil
@@ -33,9 +31,8 @@ from typing import IO, Any, TypeVar
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, InputError, LmshardError
+from ..errors import LmshardError
 from ..format import (
-    FORMAT_VERSION,
     METADATA_FILE,
     SPLITS,
     TOKENIZER_FILE,
@@ -47,11 +44,11 @@ from ..format import (
     SplitInfo,
     TokenizerInfo,
     atomic_write_json,
-    load_metadata,
 )
 from ..format.schema import KeyFile
 from ..tokenizers import Tokenizer, load_tokenizer
-from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals
+from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals, check_not_empty
+from .claim import Claim, claim_output
 from .config import PrepareConfig
 from .dedup import KeySet, uniform_from_keys
 from .pool import OrderedPool, WorkerDied
@@ -63,11 +60,7 @@ from .staging import (
     OutputPaths,
     WriterLock,
     commit,
-    difference,
-    inside,
-    kind_of_output,
     link_or_copy,
-    read_run,
     recover,
 )
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
@@ -99,7 +92,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     try:
         with WriterLock(paths):
             recover(paths)
-            claim = _claim(config, paths, sources, tokenizer)
+            claim = claim_output(config, paths, sources, tokenizer)
             if claim.complete is not None:
                 return claim.complete
             return _build(config, paths, sources, tokenizer, claim, on_progress, started)
@@ -119,134 +112,6 @@ def _os_error(e: OSError, out: Path) -> LmshardError:
     return LmshardError(f"{where}: {e.strerror or e}")
 
 
-@dataclass
-class Claim:
-    """How this run uses --out: a fresh build, or the resumption of one (its checkpoint), on top
-    of `previous` (--append); or `complete` when --resume finds the run already done."""
-
-    fingerprint: dict[str, Any]
-    started_at: float
-    checkpoint: dict[str, Any] | None = None
-    previous: DatasetMeta | None = None
-    resumed: bool = False
-    complete: DatasetMeta | None = None
-
-
-def _claim(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer) -> Claim:
-    """Decide what this run does with --out and any interrupted build, or refuse with the fix."""
-    out = paths.out
-    kind, foreign = kind_of_output(out)
-    if kind == "file":
-        raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
-    if kind in ("dataset", "unfinished") and inside(out):
-        raise ConfigError(f"{out}: is the current directory (or holds it), and a finished run swaps it whole; "
-                          "run prepare from outside it")  # fmt: skip
-    appending = config.append and kind == "dataset"
-    fingerprint = _fingerprint(config, sources, tokenizer, out / METADATA_FILE if appending else None)
-    run = read_run(paths.staging)
-    if run is not None:
-        if config.resume:
-            if "-" in config.inputs:
-                raise ConfigError("--resume cannot re-read stdin; save the input to a file and run again")
-            diff = difference(run.get("fingerprint", {}), fingerprint)
-            if diff:
-                raise ConfigError(f"{out}: cannot resume: {diff}; pass the same options and inputs, "
-                                  "or --overwrite to discard the interrupted run and start again")  # fmt: skip
-            previous = _appendable(out, config, tokenizer) if appending else None
-            return Claim(fingerprint, run.get("started", time.time()), run.get("checkpoint"), previous, resumed=True)
-        if not config.overwrite:
-            when = _when(run.get("started"))
-            raise ConfigError(
-                f"{out}: an interrupted prepare run (started {when}) left its work in "
-                f"{paths.staging}; pass --resume to continue it, or --overwrite to discard it"
-            )
-        shutil.rmtree(paths.staging)
-    if kind == "foreign":
-        listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
-        raise ConfigError(f"{out}: not empty and not an lmshard dataset ({listed}); choose an empty or new --out")
-    previous = None
-    if kind == "dataset":
-        if config.resume and _already_done(out, config, sources):
-            return Claim(fingerprint, time.time(), complete=load_metadata(out))
-        if appending:
-            previous = _appendable(out, config, tokenizer)
-        elif not config.overwrite:
-            raise ConfigError(f"{out}: holds a dataset; pass --overwrite to replace it (it stays readable until "
-                              "the new one is complete), --append to add to it, or choose another --out")  # fmt: skip
-    elif kind == "unfinished" and not config.overwrite:
-        raise ConfigError(
-            f"{out}: holds an unfinished prepare run; pass --overwrite to replace it, or choose another --out"
-        )
-    elif config.append:
-        raise ConfigError(f"{out}: no dataset to append to; run without --append to create it")
-    return Claim(fingerprint, time.time(), previous=previous)
-
-
-def _when(t: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "at an unknown time"
-
-
-def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
-                 appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
-    """What a resumed run must share with the interrupted one: the options that shape the output,
-    each input's identity (path, size, modification time), the vocabulary, and the dataset being
-    appended to. JSON-shaped, so it compares equal after a round trip through the run record."""
-
-    def identity(src: Source) -> list[Any]:
-        if src.fmt == "hf" or src.path == "-":
-            return [src.path, src.fmt, src.size, 0]
-        st = os.stat(src.path)
-        return [src.path, src.fmt, st.st_size, st.st_mtime_ns]
-
-    appended = hashlib.sha256(appending_to.read_bytes()).hexdigest() if appending_to else None
-    fp = {"format": FORMAT_VERSION, "config": config.recorded(), "sources": [identity(s) for s in sources],
-          "tokenizer": tokenizer.vocab_sha256, "appending_to": appended}  # fmt: skip
-    return dict(json.loads(json.dumps(fp)))
-
-
-def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bool:
-    """--resume after the run finished: the dataset's recorded options match this run's and its
-    inputs end with this run's (by path and size)."""
-    try:
-        meta = load_metadata(out)
-    except LmshardError:
-        return False
-    ours = config.recorded()
-    theirs = dict(meta.config)
-    if {k: v for k, v in ours.items() if k != "inputs"} != {k: v for k, v in theirs.items() if k != "inputs"}:
-        return False
-    done = [(s.path, s.bytes) for s in meta.sources]
-    now = [(s.path, s.size) for s in sources]
-    return bool(now) and done[len(done) - len(now) :] == now if config.append else done == now
-
-
-# Options a dataset and the documents appended to it must share: how text is cleaned,
-# deduplicated, split and separated.
-_APPEND_MUST_MATCH = ("normalize", "byte_exact", "min_chars", "max_chars", "overlong", "dedup", "dedup_lines",
-                      "val_fraction", "seed", "eot_position")  # fmt: skip
-
-
-def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> DatasetMeta:
-    """The dataset in --out, once checked that this run's documents can join it."""
-    meta = load_metadata(out)
-    tok = meta.tokenizer
-    if tok.ranks_sha256 != tokenizer.vocab_sha256 or tok.name != tokenizer.name:
-        raise ConfigError(f"{out}: --append: the dataset was tokenized with {tok.name!r} and this run uses "
-                          f"{tokenizer.name!r}; pass --tokenizer {tok.name}")  # fmt: skip
-    ours = config.recorded()
-    for key in _APPEND_MUST_MATCH:
-        if key in meta.config and meta.config[key] != ours[key]:
-            flag = "--no-normalize" if key == "byte_exact" else f"--{key.replace('_', '-')}"
-            raise ConfigError(f"{out}: --append: the dataset was prepared with {flag} {meta.config[key]!r} and this "
-                              f"run has {ours[key]!r}; pass the dataset's value so old and new documents are "
-                              "treated alike")  # fmt: skip
-    dedup = meta.dedup
-    if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
-        raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "
-                          "so new documents cannot be deduplicated against it; prepare it again")  # fmt: skip
-    return meta
-
-
 def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
            on_progress: Callable[[Progress], None] | None, started: float) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
@@ -263,7 +128,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
         with interrupt:
             totals = _run(config, sources, tokenizer, build, on_progress, interrupt, lambda: _save(build, claim))
         shards = [info for w in build.writers.values() for info in w.close()]
-        _check_not_empty(config, totals, build.base, shards)
+        check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
         meta = _metadata(config, sources, tokenizer, shards, totals, claim, keys, started)
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
@@ -304,30 +169,6 @@ def _write_run(staging: Path, claim: Claim, checkpoint: dict[str, Any] | None) -
 def _save(build: Build, claim: Claim) -> None:
     """Checkpoint: make the shards and keys written so far durable, then record how far we got."""
     _write_run(build.root, claim, build.checkpoint())
-
-
-def _check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards: list[ShardInfo]) -> None:
-    """A run that keeps no document (or no training document) fails, saying why, unless
-    --allow-empty. `base` is the appended-to dataset's totals."""
-    if config.allow_empty:
-        return
-    new_docs = totals.docs_kept - base.docs_kept
-    if new_docs == 0:
-        if totals.records == base.records:
-            why = "the inputs hold no records"
-        else:
-            causes = totals.drops - base.drops
-            causes["duplicate"] = totals.duplicates - base.duplicates
-            top = sorted(((n, k) for k, n in causes.items() if n > 0), reverse=True)
-            why = "every record was dropped: " + ", ".join(f"{k} {n:,}" for n, k in top)
-            if any(k == "too_long" for _, k in top):
-                why += f" (--max-chars is {config.max_chars:,}; raise it, or pass --overlong truncate)"
-        what = "no new document was appended" if base.docs_kept else "no document was kept"
-        raise InputError(f"{what}: {why}; nothing was written (pass --allow-empty to accept an empty result)")
-    train_docs = sum(s.n_docs for s in shards if s.split == "train")
-    if train_docs == 0:
-        raise InputError(f"all {new_docs:,} kept documents went to the val split (--val-fraction "
-                         f"{config.val_fraction}); lower --val-fraction, add input, or pass --allow-empty")  # fmt: skip
 
 
 def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, build: Build) -> Iterator[ItemResult]:

@@ -48,9 +48,14 @@ DEFAULT_RSS_LIMIT = 1 << 30
 class _Open:
     """An open shard: a descriptor (read mode) or a map (mapped mode), and its index on demand."""
 
-    def __init__(self, path: Path, index_path: Path, n_tokens: int, mapped: bool) -> None:
+    def __init__(self, path: Path, index_path: Path, n_tokens: int, mapped: bool,
+                 identity: tuple[FileId, FileId] | None = None) -> None:  # fmt: skip
         self.index_path, self.n_tokens = index_path, n_tokens
+        self.identity = identity
         self.fd = os.open(path, os.O_RDONLY)
+        if identity is not None and _file_id(os.fstat(self.fd)) != identity[0]:
+            os.close(self.fd)
+            raise _replaced(path)
         self.map: mmap.mmap | None = None
         self.tokens: np.ndarray | None = None  # uint32 view of `map`
         self._index: np.ndarray | None = None
@@ -67,6 +72,8 @@ class _Open:
         """Document start offsets within the shard, plus its end; checked when first loaded."""
         if self._index is None:
             index = np.memmap(self.index_path, dtype=INDEX_DTYPE, mode="r")
+            if self.identity is not None and _file_id(os.stat(self.index_path)) != self.identity[1]:
+                raise _replaced(self.index_path)
             check_index(self.index_path, index, self.n_tokens)
             self._index = index
         return self._index
@@ -77,6 +84,18 @@ class _Open:
             with contextlib.suppress(BufferError):  # a caller still holds a view: let GC unmap it
                 self.map.close()
         os.close(self.fd)
+
+
+FileId = tuple[int, int]  # (st_dev, st_ino): which file a path named when the dataset was opened
+
+
+def _file_id(info: os.stat_result) -> FileId:
+    return info.st_dev, info.st_ino
+
+
+def _replaced(path: Path) -> FormatError:
+    return FormatError(f"{path}: replaced since this dataset was opened (an `lmshard prepare --overwrite` swapped "
+                       "in a new dataset?); open the dataset again to read the new one")  # fmt: skip
 
 
 class _Span:
@@ -149,6 +168,7 @@ class TokenStore:
         total = self.n_tokens * TOKEN_DTYPE.itemsize
         self.mapped = arrays is not None or rss_limit is None or total <= rss_limit
         self._spans: dict[int, _Span] = {}  # row length -> row view over all maps (mapped mode)
+        self._ids: list[tuple[FileId, FileId]] | None = None  # set by from_dataset
 
     @classmethod
     def from_dataset(
@@ -157,7 +177,12 @@ class TokenStore:
         for shard in meta.split_shards(split):  # empty ones too: their files must match as well
             check_shard_files(meta.root, shard)
         shards = [s for s in meta.split_shards(split) if s.n_tokens]
-        return cls(shards, meta.root, max_open, rss_limit=rss_limit)
+        store = cls(shards, meta.root, max_open, rss_limit=rss_limit)
+        # Shards open lazily (at most max_open at a time): remember which files the paths name
+        # now, so a shard opened after an --overwrite swap is refused, not read as the old one.
+        store._ids = [(_file_id(os.stat(meta.root / s.path)), _file_id(os.stat(meta.root / s.index_path)))
+                      for s in shards]  # fmt: skip
+        return store
 
     @classmethod
     def from_arrays(cls, tokens: np.ndarray, index: np.ndarray) -> TokenStore:
@@ -197,7 +222,9 @@ class TokenStore:
             self._open.move_to_end(k)
             return entry
         shard = self.shards[k]
-        entry = self._open[k] = _Open(self.root / shard.path, self.root / shard.index_path, shard.n_tokens, self.mapped)
+        ids = self._ids[k] if self._ids is not None else None
+        entry = _Open(self.root / shard.path, self.root / shard.index_path, shard.n_tokens, self.mapped, ids)
+        self._open[k] = entry
         if len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()
         return entry

@@ -1,0 +1,159 @@
+"""How a run uses `--out`: the one decision table for a new build, a resumed one, an append,
+an overwrite, or a refusal with the fix; and the fingerprint a resumed run must share with the
+interrupted one.
+
+| --out holds          | pending build | no flag  | --resume                | --overwrite      | --append          |
+|----------------------|---------------|----------|-------------------------|------------------|-------------------|
+| nothing / empty dir  | no            | build    | build                   | build            | refused           |
+| a dataset            | no            | refused  | done if the same run    | build, swap      | build on it, swap |
+| anything             | yes           | refused  | resume (same run only)  | discard, build   | (as its column)   |
+| other files only     | no            | refused  | refused                 | refused          | refused           |
+
+Memory model: the fingerprint (one small entry per input file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, LmshardError
+from ..format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, load_metadata
+from ..tokenizers import Tokenizer
+from .config import PrepareConfig
+from .sources import Source
+from .staging import OutputPaths, difference, inside, kind_of_output, read_run
+
+
+@dataclass
+class Claim:
+    """How this run uses --out: a fresh build, or the resumption of one (its checkpoint), on top
+    of `previous` (--append); or `complete` when --resume finds the run already done."""
+
+    fingerprint: dict[str, Any]
+    started_at: float
+    checkpoint: dict[str, Any] | None = None
+    previous: DatasetMeta | None = None
+    resumed: bool = False
+    complete: DatasetMeta | None = None
+
+
+def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer) -> Claim:
+    """Decide what this run does with --out and any interrupted build, or refuse with the fix."""
+    out = paths.out
+    kind, foreign = kind_of_output(out)
+    if kind == "file":
+        raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
+    if kind in ("dataset", "unfinished") and inside(out):
+        raise ConfigError(f"{out}: is the current directory (or holds it), and a finished run swaps it whole; "
+                          "run prepare from outside it")  # fmt: skip
+    appending = config.append and kind == "dataset"
+    fingerprint = _fingerprint(config, sources, tokenizer, out / METADATA_FILE if appending else None)
+    run = read_run(paths.staging)
+    if run is not None:
+        if config.resume:
+            if "-" in config.inputs:
+                raise ConfigError("--resume cannot re-read stdin; save the input to a file and run again")
+            diff = difference(run.get("fingerprint", {}), fingerprint)
+            if diff:
+                raise ConfigError(f"{out}: cannot resume: {diff}; pass the same options and inputs, "
+                                  "or --overwrite to discard the interrupted run and start again")  # fmt: skip
+            previous = _appendable(out, config, tokenizer) if appending else None
+            return Claim(fingerprint, run.get("started", time.time()), run.get("checkpoint"), previous, resumed=True)
+        if not config.overwrite:
+            when = _when(run.get("started"))
+            raise ConfigError(
+                f"{out}: an interrupted prepare run (started {when}) left its work in "
+                f"{paths.staging}; pass --resume to continue it, or --overwrite to discard it"
+            )
+        shutil.rmtree(paths.staging)
+    if kind == "foreign":
+        listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise ConfigError(f"{out}: not empty and not an lmshard dataset ({listed}); choose an empty or new --out")
+    previous = None
+    if kind == "dataset":
+        if config.resume and _already_done(out, config, sources):
+            return Claim(fingerprint, time.time(), complete=load_metadata(out))
+        if appending:
+            previous = _appendable(out, config, tokenizer)
+        elif not config.overwrite:
+            raise ConfigError(f"{out}: holds a dataset; pass --overwrite to replace it (it stays readable until "
+                              "the new one is complete), --append to add to it, or choose another --out")  # fmt: skip
+    elif kind == "unfinished" and not config.overwrite:
+        raise ConfigError(
+            f"{out}: holds an unfinished prepare run; pass --overwrite to replace it, or choose another --out"
+        )
+    elif config.append:
+        raise ConfigError(f"{out}: no dataset to append to; run without --append to create it")
+    return Claim(fingerprint, time.time(), previous=previous)
+
+
+def _when(t: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "at an unknown time"
+
+
+def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
+                 appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
+    """What a resumed run must share with the interrupted one: the options that shape the output,
+    each input's identity (path, size, modification time), the vocabulary, and the dataset being
+    appended to. JSON-shaped, so it compares equal after a round trip through the run record."""
+
+    def identity(src: Source) -> list[Any]:
+        if src.fmt == "hf" or src.path == "-":
+            return [src.path, src.fmt, src.size, 0]
+        st = os.stat(src.path)
+        return [src.path, src.fmt, st.st_size, st.st_mtime_ns]
+
+    appended = hashlib.sha256(appending_to.read_bytes()).hexdigest() if appending_to else None
+    fp = {"format": FORMAT_VERSION, "config": config.recorded(), "sources": [identity(s) for s in sources],
+          "tokenizer": tokenizer.vocab_sha256, "appending_to": appended}  # fmt: skip
+    return dict(json.loads(json.dumps(fp)))
+
+
+def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bool:
+    """--resume after the run finished: the dataset's recorded options match this run's and its
+    inputs end with this run's (by path and size)."""
+    try:
+        meta = load_metadata(out)
+    except LmshardError:
+        return False
+    ours = config.recorded()
+    theirs = dict(meta.config)
+    if {k: v for k, v in ours.items() if k != "inputs"} != {k: v for k, v in theirs.items() if k != "inputs"}:
+        return False
+    done = [(s.path, s.bytes) for s in meta.sources]
+    now = [(s.path, s.size) for s in sources]
+    return bool(now) and done[len(done) - len(now) :] == now if config.append else done == now
+
+
+# Options a dataset and the documents appended to it must share: how text is cleaned,
+# deduplicated, split and separated.
+_APPEND_MUST_MATCH = ("normalize", "byte_exact", "min_chars", "max_chars", "overlong", "dedup", "dedup_lines",
+                      "val_fraction", "seed", "eot_position")  # fmt: skip
+
+
+def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> DatasetMeta:
+    """The dataset in --out, once checked that this run's documents can join it."""
+    meta = load_metadata(out)
+    tok = meta.tokenizer
+    if tok.ranks_sha256 != tokenizer.vocab_sha256 or tok.name != tokenizer.name:
+        raise ConfigError(f"{out}: --append: the dataset was tokenized with {tok.name!r} and this run uses "
+                          f"{tokenizer.name!r}; pass --tokenizer {tok.name}")  # fmt: skip
+    ours = config.recorded()
+    for key in _APPEND_MUST_MATCH:
+        if key in meta.config and meta.config[key] != ours[key]:
+            flag = "--no-normalize" if key == "byte_exact" else f"--{key.replace('_', '-')}"
+            raise ConfigError(f"{out}: --append: the dataset was prepared with {flag} {meta.config[key]!r} and this "
+                              f"run has {ours[key]!r}; pass the dataset's value so old and new documents are "
+                              "treated alike")  # fmt: skip
+    dedup = meta.dedup
+    if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
+        raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "
+                          "so new documents cannot be deduplicated against it; prepare it again")  # fmt: skip
+    return meta
