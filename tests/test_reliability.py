@@ -503,3 +503,23 @@ def test_an_empty_out_directory_is_filled_in_place(tmp_path, monkeypatch, inputs
         run(Path("."), inputs[0], overwrite=True)
     monkeypatch.chdir(tmp_path)
     assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("tamper, words", [("truncate", "bytes, but 'n_keys'"), ("flip", "checksum")])
+def test_inspect_checks_the_dedup_key_files(tmp_path, inputs, tamper, words):
+    from lmshard import verify_dataset
+
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    assert verify_dataset(out).ok
+    path = out / "dedup" / "doc_keys_000000.u64"
+    data = bytearray(path.read_bytes())
+    assert len(data) == 8 * 2500
+    if tamper == "truncate":
+        data = data[:-8]
+    else:
+        data[100] ^= 1
+    path.write_bytes(bytes(data))
+    report = verify_dataset(out)
+    assert not report.ok and any(words in str(p) and "doc_keys_000000" in str(p) for p in report.problems)
+    assert verify_dataset(out, quick=True).ok == (tamper == "flip")

@@ -108,6 +108,7 @@ def verify_dataset(
     if on_start:
         on_start(len(meta.shards))
     _check_tokenizer_state(meta, report)
+    _check_key_files(meta, report, quick)
     if not quick and meta.tokenizer.n_vocab <= MAX_COUNTED_VOCAB:
         report.token_counts = np.zeros(meta.tokenizer.n_vocab, dtype=np.int64)
     sample_every = max(1, -(-meta.n_docs() // MAX_LENGTHS))
@@ -122,6 +123,27 @@ def verify_dataset(
         if on_shard:
             on_shard(shard)
     return report
+
+
+def _check_key_files(meta: DatasetMeta, report: Report, quick: bool) -> None:
+    """The dedup key files `--append` reads: inside the dataset, n_keys × 8 bytes, and (unless
+    quick) their checksums. A bad one does not harm training, but would make an append keep
+    duplicates or drop new documents."""
+    for f in meta.dedup.files if meta.dedup else ():
+        try:
+            size = dataset_file_size(meta.root, f.path)
+        except FormatError as e:
+            report.problems.append(Problem(f.path, str(e), fix=""))
+            continue
+        if size != f.n_keys * 8:
+            report.problems.append(Problem(f.path, f"{size} bytes, but 'n_keys' {f.n_keys} means {f.n_keys * 8}"))
+        elif not quick:
+            digest = xxhash.xxh3_64()
+            with open(meta.root / f.path, "rb") as fh:
+                while chunk := fh.read(1 << 23):
+                    digest.update(chunk)
+            if digest.hexdigest() != f.xxh3_64:
+                report.problems.append(Problem(f.path, f"checksum {digest.hexdigest()} != {f.xxh3_64} in metadata"))
 
 
 def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
