@@ -208,7 +208,7 @@ def damaged(source: Source, error: BaseException, offset: int) -> DamagedInput:
     codec = source.compression or "compressed"
     detail = " ".join(str(error).split()) or type(error).__name__
     if isinstance(error, EOFError):
-        problem, what = "truncated_compression", f"truncated {codec} data (the file ends inside a compressed block)"
+        problem, what = "truncated_compression", f"truncated {codec} data"
     elif "crc" in detail.lower() or "checksum" in detail.lower():
         problem, what = "corrupt_compression", f"{codec} checksum mismatch ({detail})"
     else:
