@@ -130,6 +130,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     opts = ap.parse_args()
     corpus, rng = require_corpus(), random.Random(opts.seed)
+    # Started in the background, this process (and so its children) may ignore SIGINT; a handler
+    # of our own is reset to the default in each child, which then gets Ctrl-C like a terminal's.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["LMSHARD_CHECKPOINT_SECONDS"] = str(opts.checkpoint)
     failures = 0
     with tempfile.TemporaryDirectory(prefix="lmshard-stress-resume-") as tmp:

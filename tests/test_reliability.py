@@ -523,3 +523,19 @@ def test_inspect_checks_the_dedup_key_files(tmp_path, inputs, tamper, words):
     report = verify_dataset(out)
     assert not report.ok and any(words in str(p) and "doc_keys_000000" in str(p) for p in report.problems)
     assert verify_dataset(out, quick=True).ok == (tamper == "flip")
+
+
+def test_a_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, inputs, reference):
+    """A job started in the background (SIGINT ignored, as a shell does) is not stopped by the
+    terminal's Ctrl-C: prepare does not install its handler over an ignored SIGINT."""
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    proc = subprocess.Popen([*LMSHARD, "prepare", *cli(out, inputs[0])], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+    while proc.poll() is None and not (staging.exists() and shards_in(staging) >= 3):
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    code, err = finish(proc, 120)
+    assert code == 0, err
+    assert_identical(reference, out)

@@ -224,7 +224,10 @@ class StopOnCtrlC:
         self._old: Any = None
 
     def __enter__(self) -> StopOnCtrlC:
-        if threading.current_thread() is threading.main_thread():
+        # Not where SIGINT is ignored: a job started in the background (or under a scheduler
+        # that ignores it) must keep ignoring the terminal's Ctrl-C, as it did before.
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._old = signal.signal(signal.SIGINT, self._handle)
         return self
 
