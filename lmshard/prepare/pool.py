@@ -74,7 +74,8 @@ class OrderedPool(Generic[T, R]):
                 task_r, task_w = ctx.Pipe(duplex=False)
                 result_r, result_w = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg), daemon=True)
-                proc.start()
+                with _sigint_ignored():  # the child starts ignoring Ctrl-C: it is the parent's to handle
+                    proc.start()
                 # Drop our copies of the worker's ends: the worker's death must read as end-of-file here.
                 task_r.close()
                 result_w.close()
@@ -188,6 +189,21 @@ class OrderedPool(Generic[T, R]):
         proc.join(1.0)  # the pipe can report the death a moment before the exit code exists
         return WorkerDied(f"worker process {k} (pid {proc.pid}) {_how(proc.exitcode)}; if it ran out of memory, "
                           "lower --workers or --max-chars")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored around a process start, so the child inherits "ignored" through exec and
+    cannot die of a Ctrl-C while it imports, before `_worker_main` runs. The parent's own handler
+    comes back at once (in the main thread only, where handlers live)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _how(exitcode: int | None) -> str:
