@@ -539,3 +539,20 @@ def test_a_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, inputs, reference
     code, err = finish(proc, 120)
     assert code == 0, err
     assert_identical(reference, out)
+
+
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        ("file/ds", "a part of this --out path is a file, not a directory"),
+        ("file/deeper/ds", "a part of this --out path is a file, not a directory"),
+        ("file", "exists and is not a directory; choose another --out"),
+        ("/proc/lmshard-ds", "cannot create the lock file beside --out"),
+    ],
+)
+def test_an_unusable_out_is_one_line(tmp_path, inputs, where, words):
+    (tmp_path / "file").write_text("not a directory")
+    code, err = finish(start_prepare([str(inputs[0][0]), "--out", str(tmp_path / where)]), 60)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and "Traceback" not in err and len(lines) == 1 and words in lines[0], err
+    assert (tmp_path / "file").read_text() == "not a directory"

@@ -80,6 +80,9 @@ class WriterLock:
         path = self.paths.lock
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise LmshardError(f"{path.parent}: a part of this --out path is a file, not a directory; "
+                               "choose another --out") from None  # fmt: skip
         except OSError as e:
             raise LmshardError(f"{path.parent}: cannot create the directory for --out ({e.strerror})") from None
         for _ in range(100):
