@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 
@@ -104,3 +105,29 @@ def test_cli_hf_local(local, tmp_path):
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "c" / "dataset_metadata.json").read_text())
     assert meta["n_docs"] == 120
+
+
+def _truncated_jsonl_gz(path, n):
+    rows = "".join(json.dumps({"text": f"row {i} " + "words and more words " * 20}) + "\n" for i in range(n))
+    data = gzip.compress(rows.encode(), compresslevel=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data[: len(data) * 3 // 4])
+
+
+def test_truncated_data_file_read_at_load_is_one_line(tmp_path):
+    _truncated_jsonl_gz(tmp_path / "d" / "train.jsonl.gz", 200)
+    args = ["prepare", "--hf", str(tmp_path / "d"), "--out", str(tmp_path / "o"), "--workers", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output and "Aborted" not in result.output
+    assert f"--hf {tmp_path / 'd'}: truncated compressed data in a data file; re-download" in result.output
+
+
+def test_truncated_data_file_mid_stream_is_a_bad_record_after_the_good_ones(tmp_path):
+    """`datasets` streams a data file in 10 MB chunks: damage past the first is found mid-stream."""
+    _truncated_jsonl_gz(tmp_path / "d" / "train.jsonl.gz", 60_000)
+    records = list(hf_records(HFSpec(dataset=str(tmp_path / "d"))))
+    *good, last = records
+    assert len(good) > 20_000 and all(r.text == f"row {r.number - 1} " + "words and more words " * 20 for r in good)
+    assert last.number == len(good) + 1 and last.problem == "truncated_compression"
+    where = f"a data file of --hf {tmp_path / 'd'}"
+    assert last.detail == f"truncated compressed data in {where} after {len(good):,} records"

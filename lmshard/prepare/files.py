@@ -175,7 +175,7 @@ class Decompressed(io.BufferedIOBase):
             raise self.damage
         try:
             data: bytes = self._inner.read1(size if size and size > 0 else BLOCK_READ)
-        except (EOFError, zlib.error, lzma.LZMAError, OSError, _CodecError) as e:
+        except (*DECOMPRESSION_ERRORS, OSError, _CodecError) as e:
             if isinstance(e, OSError) and e.errno is not None:
                 raise  # the disk, not the data: reported as an OSError
             self.damage = damaged(self._source, e, self.offset)
@@ -205,16 +205,24 @@ BLOCK_READ = 1 << 16  # uncompressed bytes per read when the caller names no siz
 
 def damaged(source: Source, error: BaseException, offset: int) -> DamagedInput:
     """A decompressor's error as a `DamagedInput`: truncated, a checksum mismatch, or corrupt data."""
-    codec = source.compression or "compressed"
-    detail = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, EOFError):
-        problem, what = "truncated_compression", f"truncated {codec} data"
-    elif "crc" in detail.lower() or "checksum" in detail.lower():
-        problem, what = "corrupt_compression", f"{codec} checksum mismatch ({detail})"
-    else:
-        problem, what = "corrupt_compression", f"corrupt {codec} data ({detail})"
+    problem, what = damage_kind(error, source.compression or "compressed")
     message = f"{source.path}: {what} after {offset:,} uncompressed bytes; re-download or re-create the file"
     return DamagedInput(message, problem, what, offset)
+
+
+# What decompressors raise for damaged data (bz2 raises a plain OSError, without an errno).
+DECOMPRESSION_ERRORS = (EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
+
+
+def damage_kind(error: BaseException, codec: str) -> tuple[str, str]:
+    """(problem, what) for a decompressor's error: ("truncated_compression", "truncated gzip
+    data"), or "corrupt_compression" with a checksum mismatch or corrupt data, and its detail."""
+    detail = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, EOFError):
+        return "truncated_compression", f"truncated {codec} data"
+    if "crc" in detail.lower() or "checksum" in detail.lower():
+        return "corrupt_compression", f"{codec} checksum mismatch ({detail})"
+    return "corrupt_compression", f"corrupt {codec} data ({detail})"
 
 
 class _CodecError(Exception):

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import ConfigError, InputError, missing_dependency
+from .files import DECOMPRESSION_ERRORS, damage_kind
 from .records import Record, bad
 
 
@@ -166,6 +167,9 @@ def open_stream(spec: HFSpec) -> Any:
     else:
         try:
             data = _load(ds_lib, spec, spec.streaming is not False)
+        except DECOMPRESSION_ERRORS as e:
+            what = damage_kind(e, "compressed")[1]
+            raise InputError(f"--hf {spec.dataset}: {what} in a data file; re-download or re-create it") from None
         except Exception as e:
             raise InputError(
                 f"--hf {spec.dataset}: not a dataset directory `datasets` can read ({str(e).splitlines()[0]})"
@@ -187,9 +191,21 @@ def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
 
 
 def hf_records(spec: HFSpec) -> Iterator[Record]:
-    """Every example of this task's part of the stream, numbered from 1."""
+    """Every example of this task's part of the stream, numbered from 1. A compressed data file
+    that `datasets` finds damaged mid-stream ends the stream with one bad record."""
     field = spec.text_field
-    for number, example in enumerate(open_stream(spec), start=1):
+    examples = iter(open_stream(spec))
+    number = 0
+    while True:
+        try:
+            example = next(examples, None)
+        except DECOMPRESSION_ERRORS as e:
+            problem, what = damage_kind(e, "compressed")
+            yield bad(number + 1, problem, f"{what} in a data file of --hf {spec.dataset} after {number:,} records")
+            return
+        if example is None:
+            return
+        number += 1
         text = example.get(field)
         if isinstance(text, str):
             yield Record(number, text)
