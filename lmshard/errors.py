@@ -26,6 +26,10 @@ class ConfigError(LmshardError):
     """An invalid option or combination of options."""
 
 
+class ArgumentError(LmshardError, ValueError):
+    """An invalid argument to the Python API (a ValueError too, so `except ValueError` catches it)."""
+
+
 class TokenizerError(LmshardError):
     """A vocabulary that is missing, unknown, or fails its checksum."""
 

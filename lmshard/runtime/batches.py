@@ -17,14 +17,16 @@ iterating besides the batches the caller holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ArgumentError, ConfigError
+from . import checks
 from .sampling import Offsets
 from .store import TokenStore
 
@@ -52,13 +54,24 @@ class Batch:
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """rank/world_size from the arguments, else torchrun's environment, else (0, 1)."""
-    import os
-
-    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    r = rank if rank is not None else int(os.environ.get("RANK", "0"))
-    if world < 1 or not 0 <= r < world:
-        raise ConfigError(f"rank {r} is not in [0, world_size={world})")
+    world = _from_env("WORLD_SIZE", "1") if world_size is None else checks.integer("world_size", world_size)
+    r = _from_env("RANK", "0") if rank is None else checks.integer("rank", rank)
+    if world < 1:
+        raise ArgumentError(f"world_size={world} must be at least 1; pass world_size=1 for a single process")
+    if not 0 <= r < world:
+        raise ArgumentError(f"rank={r} is not in [0, world_size={world}); pass a rank below world_size "
+                            "(ranks count from 0)")  # fmt: skip
     return r, world
+
+
+def _from_env(var: str, default: str) -> int:
+    """torchrun's RANK / WORLD_SIZE, read only when the argument is None."""
+    raw = os.environ.get(var, default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ArgumentError(f"environment variable {var}={raw!r} is not an int; pass {var.lower()}=<int> "
+                            f"explicitly or fix {var}") from None  # fmt: skip
 
 
 class _Ring:
@@ -126,13 +139,21 @@ class BatchStream(torch.utils.data.IterableDataset):
         prefetch: bool = True,
     ) -> None:
         super().__init__()
-        if batch_size < 1 or seq_len < 1:
-            raise ConfigError("batch_size and seq_len must be at least 1")
+        if not isinstance(store, TokenStore) or not isinstance(offsets, Offsets):
+            got = f"store={checks.show(store)}, offsets={checks.show(offsets)}"
+            raise ArgumentError(f"{got}: not a TokenStore and Offsets; build streams with TokenDataset.random_batches "
+                                "or window_batches")  # fmt: skip
         self.store, self.offsets = store, offsets
-        self.batch_size, self.seq_len, self.seed, self.kind = batch_size, seq_len, seed, kind
+        self.batch_size, self.seq_len = checks.positive("batch_size", batch_size), checks.positive("seq_len", seq_len)
+        self.seed, self.kind = checks.seed(seed), str(kind)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.device = torch.device(device)
-        self.cu_seqlens, self.grouped, self.prefetch = cu_seqlens, grouped, prefetch
+        self.device = checks.device(device)
+        self.cu_seqlens, self.grouped = checks.flag("cu_seqlens", cu_seqlens), checks.flag("grouped", grouped)
+        self.prefetch = checks.flag("prefetch", prefetch)
+        if self.grouped and any(self.seq_len % s for s in offsets.shift.choices):
+            raise ArgumentError(f"grouped=True reshapes rows to [seq_len // shift, shift], and shift="
+                                f"{offsets.shift.describe()!r} does not divide seq_len={self.seq_len}; pass a shift "
+                                "that divides seq_len, shift='random', or grouped=False")  # fmt: skip
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
         self._ring: _Ring | None = None
@@ -148,7 +169,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
         if self.steps_per_epoch is None:
             raise ConfigError("random batches have no epochs; resume them with load_state_dict")
-        self.step = epoch * self.steps_per_epoch
+        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
         self._pending = None
 
     @property
@@ -174,11 +195,19 @@ class BatchStream(torch.utils.data.IterableDataset):
         """Continue from `state`, refused unless it comes from a stream that draws the same rows.
         A fingerprint key missing from the state (saved by lmshard 0.1 before it recorded it)
         is not checked."""
-        mine = self.state_dict()
-        for key in ("kind", "seed", "seq_len", "global_batch_size", *self.offsets.fingerprint()):
-            if (key in state or key not in self.offsets.fingerprint()) and state.get(key) != mine[key]:
-                raise ConfigError(f"cannot resume: saved {key}={state.get(key)!r}, this stream has {mine[key]!r}")
-        self.step = int(state["step"])
+        if not isinstance(state, Mapping):
+            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
+        mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
+        step = checks.state_int(dict(state), "step", low=0)
+        for key in (*required, *self.offsets.fingerprint()):
+            if key not in state and key in required:
+                raise ArgumentError(f"state has no {key!r}; {checks.STATE_FIX}")
+            if key in state and state[key] != mine[key]:
+                what = key + (" (batch_size × world_size)" if key == "global_batch_size" else "")
+                raise ArgumentError(f"cannot resume: saved {key}={checks.show(state[key])}, this stream has "
+                                    f"{key}={mine[key]!r}; build this stream with the saved {what} to continue that "
+                                    "run")  # fmt: skip
+        self.step = step
         self._pending = None
 
     # -- producing batches -------------------------------------------------------------------
@@ -221,6 +250,9 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def cpu_batch(self, step: int) -> Batch:
         """Batch `step` for this rank, on the CPU: a pure function of (seed, step, rank)."""
+        return self._cpu_batch(checks.nonnegative("step", step))
+
+    def _cpu_batch(self, step: int) -> Batch:
         offsets, shift = self._rows(step)
         if self._scratch is None:  # rows read (not gathered from a map) land here; never handed out
             self._scratch = np.empty(self.batch_size * (self.seq_len + self._max_shift()), dtype=np.uint32)
@@ -243,7 +275,7 @@ class BatchStream(torch.utils.data.IterableDataset):
     def __next__(self) -> Batch:
         if not self.staged:
             self.step += 1
-            return self.cpu_batch(self.step - 1)
+            return self._cpu_batch(self.step - 1)
         if self._pending is None or self._pending[0] != self.step:
             self._pending = self._submit(self.step)
         step, (moved, event, offsets, shift) = self._pending
@@ -263,5 +295,5 @@ class BatchStream(torch.utils.data.IterableDataset):
     def _worker_steps(self, worker: int, workers: int) -> Iterator[Batch]:
         step = self.step + worker
         while True:
-            yield self.cpu_batch(step)
+            yield self._cpu_batch(step)
             step += workers

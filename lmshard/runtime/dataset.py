@@ -18,11 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from ..format import DatasetMeta
+from ..errors import ArgumentError, InputError
+from ..format import SPLITS, DatasetMeta
+from . import checks
 from .batches import BatchStream, resolve_rank
 from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
+
+_RSS_FIX = "pass rss_limit=None to map a split of any size, or a size in bytes (0: always read)"
 
 
 class TokenDataset:
@@ -40,6 +43,14 @@ class TokenDataset:
         max_open_shards: int = 64,
         rss_limit: int | None = DEFAULT_RSS_LIMIT,
     ) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise ArgumentError(f"path={checks.show(path)} is not a path; pass the dataset directory as a str or Path")
+        if not isinstance(split, str) or split not in SPLITS:
+            raise ArgumentError(f"split={checks.show(split)} is not a split lmshard writes; pass split='train' or "
+                                "split='val'")  # fmt: skip
+        max_open_shards = checks.positive("max_open_shards", max_open_shards)
+        if rss_limit is not None:  # a float such as 1.5e9 gets the plain fix: the int it stands for
+            rss_limit = checks.nonnegative("rss_limit", rss_limit, fix=_RSS_FIX if checks.is_int(rss_limit) else "")
         self.meta: DatasetMeta | None
         self.meta, self.store = open_store(path, split, max_open_shards, rss_limit)
         self.path, self.split = Path(path), split
@@ -57,11 +68,23 @@ class TokenDataset:
     def from_tokens(cls, tokens: np.ndarray, doc_lengths: np.ndarray | None = None, *, eot_id: int,
                     vocab_size: int, name: str = "<memory>") -> TokenDataset:  # fmt: skip
         """A dataset held in memory, from token ids of any tokenizer: `doc_lengths` gives the
-        tokens of each document (separators included) in order; None makes it one document."""
+        tokens of each document (separators included) in order; None makes it one document.
+        Memory: one uint32 copy of `tokens` (none if it is already contiguous uint32)."""
+        vocab_size = checks.integer("vocab_size", vocab_size, low=1, high=2**32)
+        eot_id = checks.integer("eot_id", eot_id, low=0, high=vocab_size - 1,
+                                fix=f"pass an eot_id below vocab_size={vocab_size}")  # fmt: skip
+        tokens = _ids("tokens", tokens, one=True)
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ArgumentError(f"tokens holds {lo if lo < 0 else hi}; pass token ids in [0, vocab_size) = "
+                                f"[0, {vocab_size})")  # fmt: skip
         tokens = np.ascontiguousarray(tokens, dtype=np.uint32)
-        lengths = np.array([len(tokens)] if doc_lengths is None else doc_lengths, dtype=np.int64)
+        lengths = np.array([len(tokens)]) if doc_lengths is None else _ids("doc_lengths", doc_lengths)
         if int(lengths.sum()) != len(tokens) or (lengths <= 0).any():
-            raise ConfigError(f"doc_lengths must be positive and sum to the {len(tokens)} tokens")
+            raise ArgumentError(f"doc_lengths must be positive and sum to the {len(tokens)} tokens (they sum to "
+                                f"{int(lengths.sum())}); pass one length per document, EOTs included")  # fmt: skip
+        lengths = lengths.astype(np.int64)
+        name = str(name)
         index = np.concatenate([[0], np.cumsum(lengths)])
         return cls._from_store(TokenStore.from_arrays(tokens, index), eot_id, vocab_size, name)
 
@@ -71,9 +94,19 @@ class TokenDataset:
         tokenizer that has `encode_batch`, `eot_id` and `n_vocab`, such as
         `lmshard.tokenizers.load_tokenizer("gpt2")`. The runtime imports no tokenizer itself."""
         if isinstance(tokenizer, str):
-            raise ConfigError(f"from_text needs a tokenizer object: TokenDataset.from_text(path, "
-                              f"lmshard.tokenizers.load_tokenizer({tokenizer!r}))")  # fmt: skip
-        tokens, _ = tokenizer.encode_batch([Path(path).read_text(encoding="utf-8")])
+            raise ArgumentError(f"from_text needs a tokenizer object, not tokenizer={tokenizer!r}; pass "
+                                f"lmshard.tokenizers.load_tokenizer({tokenizer!r})")  # fmt: skip
+        missing = [a for a in ("encode_batch", "eot_id", "n_vocab") if not hasattr(tokenizer, a)]
+        if missing:
+            raise ArgumentError(f"tokenizer={checks.show(tokenizer)} has no {', '.join(missing)}; pass one from "
+                                "lmshard.tokenizers.load_tokenizer(name)")  # fmt: skip
+        if not isinstance(path, str | os.PathLike) or not Path(path).is_file():
+            raise ArgumentError(f"path={checks.show(path)} is not a file; pass the path of a UTF-8 text file")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not UTF-8 at byte {e.start}; convert the file to UTF-8") from None
+        tokens, _ = tokenizer.encode_batch([text])
         tokens = np.append(tokens, np.uint32(tokenizer.eot_id))
         return cls.from_tokens(tokens, eot_id=tokenizer.eot_id, vocab_size=tokenizer.n_vocab, name=str(path))
 
@@ -81,13 +114,23 @@ class TokenDataset:
     def synthetic(
         cls, n_tokens: int = 1_000_000, vocab_size: int = 50257, doc_len: int = 512, seed: int = 0
     ) -> TokenDataset:
-        """Random tokens in documents of `doc_len` (EOT = vocab_size - 1 closes each): for smoke tests."""
+        """Random tokens in documents of `doc_len` (EOT = vocab_size - 1 closes each): for smoke
+        tests. Memory: the tokens (4 bytes each) and one offset per document (8 bytes)."""
+        n_tokens, doc_len = checks.positive("n_tokens", n_tokens), checks.positive("doc_len", doc_len)
+        vocab_size = checks.integer("vocab_size", vocab_size, low=2, high=2**32,
+                                    fix="pass vocab_size=2 or more (the last id is the EOT)")  # fmt: skip
+        seed = checks.seed(seed)
         rng = np.random.default_rng(seed)
         tokens = rng.integers(0, vocab_size - 1, size=n_tokens, dtype=np.uint32)
         ends = np.arange(doc_len, n_tokens + 1, doc_len)
         tokens[ends - 1] = vocab_size - 1
         index = np.unique(np.concatenate([[0], ends, [n_tokens]]))
         return cls._from_store(TokenStore.from_arrays(tokens, index), vocab_size - 1, vocab_size, "<synthetic>")
+
+    @property
+    def _where(self) -> str:
+        """The split as messages name it."""
+        return f"split {self.split!r} of {self.path}" if self.meta is not None else f"in-memory dataset {self.path}"
 
     def __repr__(self) -> str:
         return f"TokenDataset({str(self.path)!r}, split={self.split!r}, tokens={self.n_tokens:,}, docs={self.n_docs:,})"
@@ -102,8 +145,10 @@ class TokenDataset:
 
     def tokens(self, start: int, length: int) -> np.ndarray:
         """`length` tokens of the split's concatenated stream from `start` (uint32)."""
-        if start < 0 or length < 0 or start + length > self.n_tokens:
-            raise ConfigError(f"tokens [{start}, {start + length}) are outside [0, {self.n_tokens})")
+        n = self.n_tokens
+        start = checks.integer("start", start, low=0, high=n, fix=f"pass a start in [0, {n})")
+        length = checks.integer("length", length, low=0, high=n - start,
+                                fix=f"pass a length that ends inside [0, {n})")  # fmt: skip
         out = np.empty(length, dtype=np.uint32)
         self.store.read_into(start, out)
         return out
@@ -131,9 +176,8 @@ class TokenDataset:
         document start. cu_seqlens: add document boundaries for varlen attention. prefetch: on
         CUDA, start the next batch's host-to-device copy before returning the current one."""
         spec = ShiftSpec.parse(shift, seq_len)
-        if grouped and any(seq_len % s for s in spec.choices):
-            raise ConfigError(f"grouped=True reshapes rows to [seq_len // shift, shift]: shift {spec.describe()} "
-                              f"must divide seq_len {seq_len}")  # fmt: skip
+        checks.fits(self._where, self.n_tokens, seq_len, spec.max)
+        doc_aligned = checks.flag("doc_aligned", doc_aligned)
         starts = DocStarts(self.store.doc_counts, self.store.doc_start) if doc_aligned else None
         offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank,
@@ -158,9 +202,15 @@ class TokenDataset:
         """Sliding windows (start i·stride of the concatenated split) in batches, epoch after
         epoch; `stream.set_epoch(e)` jumps to epoch e, whose order is reshuffled from (seed, e).
         Every rank gets the same number of steps per epoch (a last partial global batch is dropped)."""
-        stride = stride or seq_len
-        rank_, world = resolve_rank(rank, world_size)
+        batch_size = checks.positive("batch_size", batch_size)
         spec = ShiftSpec.parse(shift, seq_len)
+        stride = _stride(stride, seq_len)
+        rank_, world = resolve_rank(rank, world_size)
+        n = self._check_windows(seq_len, stride, spec)
+        if n < batch_size * world:
+            raise ArgumentError(f"batch_size={batch_size} × world_size={world} = {batch_size * world} rows per global "
+                                f"batch, but {self._where} has {n} windows (seq_len {seq_len} + shift {spec.max} at "
+                                f"stride {stride}); lower batch_size or stride")  # fmt: skip
         offsets = WindowOffsets(self.n_tokens, seq_len, stride, spec, batch_size * world, seed, shuffle)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
                            world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
@@ -168,18 +218,37 @@ class TokenDataset:
 
     def windows(self, seq_len: int, stride: int | None = None, shift: int = 1) -> WindowDataset:
         """Map-style dataset of sliding windows: item i starts at i·stride of the split."""
-        return WindowDataset(self, seq_len, stride or seq_len, shift)
+        return WindowDataset(self, seq_len, stride, shift)
+
+    def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
+        """How many windows the split holds: at least one, or an error naming the sizes."""
+        if spec.fixed is None:
+            raise ArgumentError("shift='random': windows need a fixed shift; pass an int shift such as shift=1")
+        checks.fits(self._where, self.n_tokens, seq_len, spec.fixed)
+        return count_windows(self.n_tokens, seq_len, stride, spec.fixed)
+
+
+def _stride(stride: int | None, seq_len: int) -> int:
+    """None means seq_len (windows that neither overlap nor skip); 0 is refused, not defaulted."""
+    if stride is None:
+        return seq_len
+    return checks.positive("stride", stride, fix="pass stride=None for windows of seq_len tokens that do not "
+                           "overlap, or a stride of 1 or more")  # fmt: skip
 
 
 class WindowDataset(torch.utils.data.Dataset):
     """Window i = tokens [i·stride, i·stride + seq_len) of the split as x, and the same shifted by
-    `shift` as y; int64 tensors. Works with DataLoader and DistributedSampler."""
+    `shift` as y; int64 tensors (stride None: seq_len). Works with DataLoader and
+    DistributedSampler. At least one window must fit, or building it is an error."""
 
-    def __init__(self, data: TokenDataset, seq_len: int, stride: int, shift: int = 1) -> None:
-        if stride < 1 or seq_len < 1 or shift < 1:
-            raise ConfigError("seq_len, stride and shift must be at least 1")
-        self.data, self.seq_len, self.stride, self.shift = data, seq_len, stride, shift
-        self.n = count_windows(data.n_tokens, seq_len, stride, shift)
+    def __init__(self, data: TokenDataset, seq_len: int, stride: int | None = None, shift: int = 1) -> None:
+        if not isinstance(data, TokenDataset):
+            raise ArgumentError(f"data={checks.show(data)} is not a TokenDataset; pass one, or call "
+                                "TokenDataset(...).windows(seq_len)")  # fmt: skip
+        spec = ShiftSpec.parse(shift, seq_len)
+        self.data, self.seq_len, self.stride = data, int(seq_len), _stride(stride, seq_len)
+        self.shift = spec.max
+        self.n = data._check_windows(self.seq_len, self.stride, spec)
 
     def __len__(self) -> int:
         return self.n
@@ -190,3 +259,15 @@ class WindowDataset(torch.utils.data.Dataset):
         row = self.data.tokens(i * self.stride, self.seq_len + self.shift).view(np.int32)
         t = torch.from_numpy(row)
         return t[: self.seq_len].long(), t[self.shift :].long()
+
+
+def _ids(name: str, values: object, one: bool = False) -> np.ndarray:
+    """`values` as a one-dimensional integer array (no float or bool: a cast would truncate)."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ArgumentError(f"{name} has shape {array.shape}; pass a one-dimensional array of integers")
+    if array.dtype.kind not in "iu":
+        raise ArgumentError(f"{name} has dtype {array.dtype}; pass integer {'token ids' if one else 'lengths'}")
+    if one and array.size == 0:
+        raise ArgumentError(f"{name} is empty; pass at least one token")
+    return array

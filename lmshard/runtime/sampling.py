@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ArgumentError, ConfigError
+from . import checks
 
 
 def proper_divisors(n: int) -> list[int]:
+    n = checks.integer("n", n)
     return [d for d in range(1, n) if n % d == 0]
 
 
@@ -46,6 +48,8 @@ def counter_block(seed: int, first_step: int, steps: int, count: int, high: np.n
     """[steps, count] integers: row j is `count` integers in [0, high[j]) for step first_step + j,
     a pure function of (seed, step): splitmix64 over a counter. Drawing many steps in one call
     spreads numpy's fixed per-call cost (~10 us) over them. The modulo bias is below high / 2**64."""
+    if int(np.min(high)) < 1:  # a modulo by 0 would give zeros (and a warning), not an error
+        raise ArgumentError(f"high={checks.show(high)} must be at least 1 everywhere; pass high >= 1")
     with np.errstate(over="ignore"):
         z = np.uint64(seed * _GOLDEN & _M64) + np.arange(first_step, first_step + steps, dtype=np.uint64)
         base = _splitmix(z)  # one independent stream per step
@@ -66,16 +70,34 @@ class ShiftSpec:
     fixed: int | None
     choices: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        if not self.choices or not all(checks.is_int(c) and c >= 1 for c in self.choices):
+            raise ArgumentError(f"choices={self.choices!r} must be shifts >= 1; build it with ShiftSpec.parse")
+        if self.fixed is not None and self.choices != (self.fixed,):
+            raise ArgumentError(f"fixed={self.fixed!r} needs choices=({self.fixed!r},); build it with ShiftSpec.parse")
+
     @classmethod
     def parse(cls, shift: int | str, seq_len: int) -> ShiftSpec:
-        if shift == "random":
+        """shift: an int in [1, seq_len] (labels `shift` tokens ahead of x; 0 would make y == x and
+        more than seq_len would skip tokens), or "random"."""
+        seq_len = checks.positive("seq_len", seq_len)
+        if isinstance(shift, str):
+            if shift != "random":
+                raise ArgumentError(f"shift={checks.show(shift)} is neither an int nor 'random'; pass shift=1 "
+                                    "(next-token labels) or shift='random'")  # fmt: skip
             divisors = proper_divisors(seq_len)
             if not divisors:
-                raise ConfigError(f"shift='random' needs seq_len > 1 (got {seq_len})")
+                raise ArgumentError(f"shift='random' draws a proper divisor of seq_len, and seq_len={seq_len} has "
+                                    "none; pass seq_len > 1 or an int shift")  # fmt: skip
             return cls(None, tuple(divisors))
-        if not isinstance(shift, int) or shift < 1:
-            raise ConfigError(f"shift must be a positive int or 'random' (got {shift!r})")
-        return cls(shift, (shift,))
+        m = checks.integer("shift", shift)
+        if m < 1:
+            raise ArgumentError(f"shift={m} must be at least 1 (shift=0 makes y equal to x); pass shift=1 for "
+                                "next-token labels")  # fmt: skip
+        if m > seq_len:
+            raise ArgumentError(f"shift={m} is more than seq_len={seq_len}, so labels would skip tokens; pass a "
+                                "shift at most seq_len")  # fmt: skip
+        return cls(m, (m,))
 
     @property
     def max(self) -> int:
@@ -139,8 +161,10 @@ class RandomOffsets(Offsets):
 
     def __init__(self, n_tokens: int, seq_len: int, shift: ShiftSpec, seed: int,
                  doc_starts: DocStarts | None = None) -> None:  # fmt: skip
-        if n_tokens < seq_len + shift.max:
-            raise ConfigError(f"the split holds {n_tokens} tokens, fewer than seq_len + shift = {seq_len + shift.max}")
+        n_tokens, seq_len = checks.nonnegative("n_tokens", n_tokens), checks.positive("seq_len", seq_len)
+        seed = checks.seed(seed)
+        _check_shift(shift)
+        checks.fits("the split", n_tokens, seq_len, shift.max)
         self.n_tokens, self.seq_len, self.shift, self.seed = n_tokens, seq_len, shift, seed
         self.doc_starts = doc_starts
         self._cache: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (first step, rows, shifts, offsets)
@@ -182,15 +206,18 @@ class WindowOffsets(Offsets):
 
     def __init__(self, n_tokens: int, seq_len: int, stride: int, shift: ShiftSpec, global_batch: int, seed: int,
                  shuffle: bool) -> None:  # fmt: skip
-        if stride < 1:
-            raise ConfigError("stride must be at least 1")
+        _check_shift(shift)
         if shift.fixed is None:
-            raise ConfigError("window batches need a fixed shift (an int), not 'random'")
+            raise ArgumentError("shift='random': window batches need a fixed shift; pass an int shift such as shift=1")
+        global_batch, seed = checks.positive("global_batch", global_batch), checks.seed(seed)
+        stride = checks.positive("stride", stride)  # a Python int: the resume state must be JSON
         self.n_windows = count_windows(n_tokens, seq_len, stride, shift.fixed)
+        checks.fits("the split", n_tokens, seq_len, shift.fixed)
         self.steps_per_epoch: int = self.n_windows // global_batch
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"{self.n_windows} windows cannot fill one global batch of {global_batch}")
-        self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, shuffle
+            raise ArgumentError(f"{self.n_windows} windows cannot fill one global batch of {global_batch} rows; "
+                                "lower batch_size or stride")  # fmt: skip
+        self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, checks.flag("shuffle", shuffle)
         self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, starts)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -218,7 +245,15 @@ _BLOCK_STEPS = 64  # steps drawn at once (random offsets and window permutations
 _BLOCK_ROWS = 1 << 16  # ... but at most this many rows (512 KB of offsets) per block
 
 
+def _check_shift(shift: object) -> None:
+    if not isinstance(shift, ShiftSpec):
+        raise ArgumentError(f"shift={checks.show(shift)} is not a ShiftSpec; pass ShiftSpec.parse(shift, seq_len)")
+
+
 def count_windows(n_tokens: int, seq_len: int, stride: int, shift: int) -> int:
+    """Windows of seq_len + shift tokens starting at 0, stride, 2·stride, ... in n_tokens."""
+    n_tokens, seq_len = checks.nonnegative("n_tokens", n_tokens), checks.positive("seq_len", seq_len)
+    stride, shift = checks.positive("stride", stride), checks.positive("shift", shift)
     span = seq_len + shift
     return 0 if n_tokens < span else (n_tokens - span) // stride + 1
 
@@ -238,7 +273,12 @@ def _round_keys(key: int, rounds: int) -> tuple[int, ...]:
 
 def feistel_permute(ids: np.ndarray, n: int, key: int, rounds: int = 4) -> np.ndarray:
     """A keyed bijection of [0, n): a balanced Feistel network on the next even power of two,
-    with cycle walking to stay below n."""
+    with cycle walking to stay below n. `ids` must lie in [0, n): any other id would walk forever
+    or land on an id already taken."""
+    n, rounds = checks.positive("n", n), checks.positive("rounds", rounds)
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ArgumentError(f"ids span [{int(ids.min())}, {int(ids.max())}], outside [0, n) = [0, {n}); "
+                            "pass ids in [0, n)")  # fmt: skip
     half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
     mask = (1 << half) - 1
     keys = _round_keys(key, rounds)

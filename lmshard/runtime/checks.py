@@ -1,0 +1,114 @@
+"""Argument checks for the runtime's public API, run when a dataset or stream is built.
+
+Each raises a one-line `ArgumentError` naming the argument, the value it got and the fix, so a
+misuse never surfaces later as a raw numpy/torch error or a silently wrong stream. Ints may be
+Python or numpy integers; bools are refused where an int is meant (True is an int in Python,
+`batch_size=True` is a mistake), and only real bools (or numpy's) pass where a flag is meant
+(`shuffle="False"` is truthy).
+"""
+
+from __future__ import annotations
+
+import numbers
+import reprlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ArgumentError
+
+_short = reprlib.Repr()  # attributes, not keywords: Python 3.11 takes none
+_short.maxstring = _short.maxother = 40
+
+
+def show(value: object) -> str:
+    """`repr(value)`, short and on one line (an error message is a single line)."""
+    if isinstance(value, np.ndarray):
+        return f"array(shape {value.shape}, dtype {value.dtype})"
+    return " ".join(_short.repr(value).split())
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def integer(name: str, value: object, low: int | None = None, high: int | None = None, fix: str = "") -> int:
+    """`value` as an int in [low, high]; None bounds are open."""
+    if not is_int(value):
+        raise ArgumentError(f"{name}={show(value)} is not an int; {fix or _int_fix(name, value)}")
+    n = int(value)  # type: ignore[call-overload]  # an Integral
+    if low is not None and n < low:
+        raise ArgumentError(f"{name}={n} must be at least {low}; {fix or f'pass {name}={low} or more'}")
+    if high is not None and n > high:
+        raise ArgumentError(f"{name}={n} must be at most {high}; {fix or f'pass {name}={high} or less'}")
+    return n
+
+
+def positive(name: str, value: object, fix: str = "") -> int:
+    return integer(name, value, low=1, fix=fix)
+
+
+def nonnegative(name: str, value: object, fix: str = "") -> int:
+    return integer(name, value, low=0, fix=fix)
+
+
+def _int_fix(name: str, value: object) -> str:
+    """The fix for a value that is not an int: the int it looks like, if there is one."""
+    if isinstance(value, bool):
+        return f"pass an int, not a bool ({name}={int(value)} if you meant it)"
+    looks_whole = isinstance(value, float) and value.is_integer()
+    looks_whole |= isinstance(value, str) and value.strip().lstrip("-").isdigit()
+    return f"pass {name}={int(value)}" if looks_whole else f"pass {name} as an int"  # type: ignore[call-overload]
+
+
+def flag(name: str, value: object) -> bool:
+    """A real bool: a string such as "False" is truthy, and 0/1 hide a swapped argument."""
+    if not isinstance(value, bool | np.bool_):
+        raise ArgumentError(f"{name}={show(value)} is not a bool; pass {name}=True or False")
+    return bool(value)
+
+
+def seed(value: object) -> int:
+    return integer("seed", value, low=0, fix="pass a seed that is an int, at least 0")
+
+
+def device(value: object) -> torch.device:
+    """A device the stream can put batches on: the CPU, or a CUDA device that exists. Checked
+    now, not at the first batch (pinned memory on a machine without CUDA fails only there).
+    Other device types are refused: the staged path's host-to-device copy is written for
+    CUDA streams and would leave batches on the CPU."""
+    if not isinstance(value, str | torch.device):
+        raise ArgumentError(f"device={show(value)} is not a device; pass device='cpu' or device='cuda'")
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise ArgumentError(f"device={value!r} is not a device torch knows; pass device='cpu' or device='cuda' "
+                            "(or 'cuda:<index>')") from None  # fmt: skip
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"device={str(dev)!r} but torch.cuda.is_available() is False; pass device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ArgumentError(f"device={str(dev)!r} but this machine has {torch.cuda.device_count()} CUDA "
+                                "device(s); pass device='cuda' (the current one) or device='cpu'")  # fmt: skip
+    elif dev.type != "cpu":
+        raise ArgumentError(f"device={str(dev)!r}: the loader makes batches on 'cpu' or 'cuda' only; pass "
+                            f"device='cpu' and move each batch with x.to({dev.type!r})")  # fmt: skip
+    return dev
+
+
+def fits(where: str, n_tokens: int, seq_len: int, shift: int) -> None:
+    """At least one row of seq_len + shift tokens fits in the `n_tokens` of `where`."""
+    if n_tokens < seq_len + shift:
+        raise ArgumentError(f"{where} has {n_tokens} tokens, fewer than seq_len + shift = {seq_len + shift} "
+                            f"({seq_len} + {shift}); lower seq_len or use a larger split")  # fmt: skip
+
+
+STATE_FIX = "pass the dict that stream.state_dict() returned, unchanged"
+
+
+def state_int(state: dict[str, Any], key: str, low: int | None = None) -> int:
+    """An int field of a resume state."""
+    if key not in state:
+        raise ArgumentError(f"state has no {key!r}; {STATE_FIX}")
+    return integer(f"saved {key}", state[key], low=low, fix=STATE_FIX)
