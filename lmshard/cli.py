@@ -70,14 +70,9 @@ def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
     return wrap
 
 
-_OS_FIXES = {
-    errno.ENOSPC: "free space, then re-run",
-    errno.EDQUOT: "free space (disk quota), then re-run",
-    errno.EACCES: "check its permissions",
-    errno.EPERM: "check its permissions",
-    errno.EROFS: "choose a writable location",
-    errno.ENOENT: "check the path",
-}
+_OS_FIXES = {errno.ENOSPC: "free space, then re-run", errno.EDQUOT: "free space (disk quota), then re-run",
+             errno.EACCES: "check its permissions", errno.EPERM: "check its permissions",
+             errno.EROFS: "choose a writable location", errno.ENOENT: "check the path"}  # fmt: skip
 
 
 def _message(e: BaseException) -> str:
