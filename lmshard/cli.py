@@ -211,8 +211,6 @@ def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
 
 
 def _summary(meta: Any, where: str) -> None:
-    from .prepare.sources import SPLIT_INTO_PARAGRAPHS
-
     table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -221,25 +219,26 @@ def _summary(meta: Any, where: str) -> None:
     table.add_row("records read", f"{meta.records_read:,}")
     for split, s in meta.splits.items():
         table.add_row(split, f"{s.n_docs:,} docs  {s.n_tokens:,} tokens  {len(s.shards)} shards")
-    drops = {k: v for k, v in meta.drops.items() if v and k != SPLIT_INTO_PARAGRAPHS}
+    drops = {k: v for k, v in meta.drops.items() if v}
     table.add_row("dropped", ", ".join(f"{k} {v:,}" for k, v in drops.items()) or "none")
     run = meta.run
     table.add_row("time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {run.workers} workers")
     out.print(table)
     for reason, n in drops.items():
-        out.print(f"  {reason} {n:,}: {escape(_by_file(meta.sources, reason))}", highlight=False, soft_wrap=True)
-    split = sum(src.dropped.get(SPLIT_INTO_PARAGRAPHS, 0) for src in meta.sources)
+        files = _by_file(meta.sources, lambda src, r=reason: src.dropped.get(r, 0))
+        out.print(f"  {reason} {n:,}: {escape(files)}", highlight=False, soft_wrap=True)
+    split = sum(src.split_into_paragraphs for src in meta.sources)
     if split:
-        files = escape(_by_file(meta.sources, SPLIT_INTO_PARAGRAPHS, counts=False))
+        files = escape(_by_file(meta.sources, lambda src: src.split_into_paragraphs, counts=False))
         line = f"  split into paragraphs (over --max-chars bytes) {split:,}: {files}"
         out.print(line, highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
 
 
-def _by_file(sources: Any, key: str, top: int = 3, counts: bool = True) -> str:
-    """The files with the most `key` drops, most first: "data/big.txt (2), data/x.txt (1)"."""
-    ranked = sorted((-src.dropped.get(key, 0), src.path) for src in sources if src.dropped.get(key))
+def _by_file(sources: Any, count: Callable[[Any], int], top: int = 3, counts: bool = True) -> str:
+    """The files with the highest `count`, most first: "data/big.txt (2), data/x.txt (1)"."""
+    ranked = sorted((-count(src), src.path) for src in sources if count(src))
     shown = ", ".join(f"{path} ({-n:,})" if counts else path for n, path in ranked[:top])
     more = len(ranked) - top
     return shown + (f" and {more:,} more file{'s' * (more > 1)}" if more > 0 else "")

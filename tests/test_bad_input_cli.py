@@ -283,8 +283,20 @@ def test_auto_splits_a_text_file_over_max_chars_into_paragraphs(tmp_path, refere
     assert docs[1:4] == encoded(reference, paragraphs[:3]) and len(docs) == 1 + len(paragraphs)
     assert f"split into paragraphs (over --max-chars bytes) 1: {big}" in output
     meta = meta_of(tmp_path / "o")
-    assert meta["sources"][1]["dropped"][SPLIT_INTO_PARAGRAPHS] == 1 and meta["n_docs"] == 1 + len(paragraphs)
-    assert SPLIT_INTO_PARAGRAPHS not in meta["sources"][0].get("dropped", {})
+    assert meta["sources"][1][SPLIT_INTO_PARAGRAPHS] == 1 and meta["n_docs"] == 1 + len(paragraphs)
+    assert SPLIT_INTO_PARAGRAPHS not in meta["sources"][0] and SPLIT_INTO_PARAGRAPHS not in meta["drops"]
+    assert "dropped" not in meta["sources"][1], "a split file is not a drop"
+
+
+def test_auto_splits_at_the_max_chars_the_run_was_given(tmp_path, reference):
+    """--max-chars 100: a 300-byte text file is split into its paragraphs, not dropped whole."""
+    paragraphs = ["first paragraph " * 5, "second paragraph " * 5, "third one " * 5]
+    path = write(tmp_path / "mid.txt", "\n\n".join(paragraphs) + "\n")
+    assert 100 < path.stat().st_size < 1000
+    code, output = prepare_cli(tmp_path / "o", str(path), "--max-chars", "100", "--workers", "1")
+    assert code == EXIT_OK, output
+    assert kept(tmp_path / "o") == encoded(reference, paragraphs)
+    assert meta_of(tmp_path / "o")["sources"][0][SPLIT_INTO_PARAGRAPHS] == 1
 
 
 @pytest.mark.parametrize("ext", ["", ".gz", ".zst"])

@@ -52,7 +52,7 @@ from .claim import Claim, claim_output
 from .config import PrepareConfig
 from .dedup import KeySet, uniform_from_keys
 from .pool import OrderedPool, WorkerDied
-from .sources import Source, WorkItem, discover, plan
+from .sources import SPLIT_INTO_PARAGRAPHS, Source, WorkItem, discover, plan
 from .staging import (
     RUN_FILE,
     RUN_VERSION,
@@ -67,6 +67,7 @@ from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_i
 from .writer import with_separators
 
 T = TypeVar("T")
+NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS)  # per-source counts that are not drops
 
 
 @dataclass
@@ -185,7 +186,8 @@ def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
     )
 
     def items(skip: int = 0) -> Iterator[WorkItem]:
-        every = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec())
+        every = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec(),
+                     max_chars=config.max_chars)  # fmt: skip
         return itertools.islice(every, skip, None)
 
     n = config.n_workers()
@@ -309,7 +311,7 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
     for src, counts in result.counts.items():
         totals.per_source.setdefault(src, Counter()).update(counts)
         totals.records += counts.get("records", 0)
-        totals.drops.update({k: v for k, v in counts.items() if k not in ("records", "lines_removed")})
+        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS})
         totals.lines_removed += counts.get("lines_removed", 0)
     for name, mask in (("kept", keep), ("duplicate", dupes)):
         ids, n = np.unique(result.doc_sources[mask], return_counts=True)
@@ -376,7 +378,7 @@ def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer
 
 
 def _source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo:
-    not_drops = ("records", "kept", "lines_removed")
+
     return SourceInfo(
         path=src.path,
         format=src.fmt,
@@ -385,5 +387,6 @@ def _source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInf
         records=counts.get("records", 0),
         kept=counts.get("kept", 0),
         lines_removed=counts.get("lines_removed", 0),
-        dropped={k: v for k, v in sorted(counts.items()) if k not in not_drops and v},
+        split_into_paragraphs=counts.get(SPLIT_INTO_PARAGRAPHS, 0),
+        dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v},
     )
