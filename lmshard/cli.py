@@ -225,7 +225,7 @@ def _summary(meta: Any, where: str) -> None:
     table.add_row("time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {run.workers} workers")
     out.print(table)
     for reason, n in drops.items():
-        files = _by_file(meta.sources, functools.partial(_dropped, reason=reason))
+        files = _by_file(meta.sources, functools.partial(lambda src, r: int(src.dropped.get(r, 0)), r=reason))
         out.print(f"  {reason} {n:,}: {escape(files)}", highlight=False, soft_wrap=True)
     split = sum(src.split_into_paragraphs for src in meta.sources)
     if split:
@@ -234,10 +234,6 @@ def _summary(meta: Any, where: str) -> None:
         out.print(line, highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
-
-
-def _dropped(src: Any, reason: str) -> int:
-    return int(src.dropped.get(reason, 0))
 
 
 def _by_file(sources: Any, count: Callable[[Any], int], top: int = 3, counts: bool = True) -> str:
