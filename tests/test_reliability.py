@@ -316,12 +316,14 @@ def test_overwrite_without_exchange_uses_two_renames(tmp_path, monkeypatch, inpu
 def test_user_files_beside_a_dataset_survive_overwrite_and_append(tmp_path, inputs):
     out = tmp_path / "ds"
     run(out, inputs[0][:1])
-    (out / "README.md").write_text("my card")
-    (out / "notes").mkdir()
-    (out / "notes" / "n.txt").write_text("mine")
+    mine = {"README.md": "my card", "notes/n.txt": "mine", "train/NOTES.txt": "about train",
+            "dedup/mine/x": "kept", "val/.hidden": "h"}  # fmt: skip
+    for rel, text in mine.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
     run(out, inputs[0], overwrite=True)
     run(out, inputs[0][1:], append=True, allow_empty=True)
-    assert (out / "README.md").read_text() == "my card" and (out / "notes" / "n.txt").read_text() == "mine"
+    assert {rel: (out / rel).read_text() for rel in mine} == mine
 
 
 def test_a_foreign_directory_is_refused_even_with_overwrite(tmp_path, inputs):
@@ -432,6 +434,28 @@ def test_append_refuses_different_tokenizer_or_cleaning(tmp_path, inputs, option
     assert snapshot(out) == before
 
 
+def test_append_refuses_max_docs(tmp_path, inputs):
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1], max_docs=100)
+    for kw in ({}, {"max_docs": 5000}):
+        with pytest.raises(ConfigError, match="--append cannot extend a run limited by --max-docs"):
+            run(out, inputs[0][1:], append=True, **kw)
+
+
+def test_a_pending_append_names_how_to_continue_or_discard_it(tmp_path, monkeypatch, inputs):
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    monkeypatch.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run(out, inputs[0][1:], append=True)
+    monkeypatch.undo()
+    for kw in ({}, {"overwrite": True}):
+        with pytest.raises(ConfigError, match="pass --append --resume to continue it, or delete"):
+            run(out, inputs[0][1:], **kw)
+    with pytest.raises(ConfigError, match="the interrupted run was an --append; pass --append"):
+        run(out, inputs[0][1:], resume=True)
+
+
 def test_append_needs_a_dataset(tmp_path, inputs):
     with pytest.raises(ConfigError, match="no dataset to append to; run without --append"):
         run(tmp_path / "nothing", inputs[0], append=True)
@@ -489,20 +513,120 @@ def test_all_documents_in_val_is_an_error(tmp_path):
         run(tmp_path / "ds", [one], val_fraction=0.999)
 
 
-def test_an_empty_out_directory_is_filled_in_place(tmp_path, monkeypatch, inputs, reference):
-    """`mkdir ds && cd ds && lmshard prepare ... --out .`: the directory the shell is in stays
-    the dataset's directory (its entries move in, metadata last)."""
+def test_the_current_directory_as_out_is_refused_and_an_empty_out_is_filled(tmp_path, monkeypatch, inputs, reference):
+    """`cd ds && lmshard prepare ... --out .` would leave the shell in a deleted directory once
+    the build is renamed into place: refused. An empty --out elsewhere is replaced by the build."""
     out = tmp_path / "ds"
     out.mkdir()
-    inode = out.stat().st_ino
     monkeypatch.chdir(out)
-    run(Path("."), inputs[0])
-    assert out.stat().st_ino == inode
-    assert_identical(reference, out)
-    with pytest.raises(ConfigError, match="is the current directory"):
-        run(Path("."), inputs[0], overwrite=True)
+    for kw in ({}, {"overwrite": True}):
+        with pytest.raises(ConfigError, match="is the current directory"):
+            run(Path("."), inputs[0], **kw)
     monkeypatch.chdir(tmp_path)
+    run(out, inputs[0])
+    assert_identical(reference, out)
     assert leftovers(out) == []
+
+
+def test_a_kill_while_the_build_replaces_an_empty_out_is_resumed(tmp_path, monkeypatch, inputs, reference):
+    """Killed between removing the empty --out and renaming the finished build there: --resume
+    only has the rename left to do."""
+    out = tmp_path / "ds"
+    out.mkdir()
+    real_rename = os.rename
+
+    def rename(a, b):
+        if Path(b) == out:
+            raise KeyboardInterrupt
+        return real_rename(a, b)
+
+    monkeypatch.setattr(staging_mod.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, inputs[0])
+    monkeypatch.setattr(staging_mod.os, "rename", real_rename)
+    assert not out.exists() and leftovers(out) == [".ds.lmshard-partial"]
+    with pytest.raises(ConfigError, match="pass --resume to continue it"):
+        run(out, inputs[0])
+    run(out, inputs[0], resume=True)
+    assert_identical(reference, out)
+
+
+def test_a_kill_after_user_files_were_carried_is_resumed(tmp_path, monkeypatch, inputs, reference):
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    (out / "README.md").write_text("my card")
+    monkeypatch.setattr(staging_mod, "_exchange", lambda a, b: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run(out, inputs[0], overwrite=True)
+    monkeypatch.undo()
+    run(out, inputs[0], overwrite=True, resume=True)
+    assert (out / "README.md").read_text() == "my card"
+    (out / "README.md").unlink()
+    assert_identical(reference, out)
+
+
+def test_stray_temporary_files_of_a_cut_checkpoint_are_not_shipped(tmp_path, monkeypatch, inputs, reference):
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    real_add = ShardWriter.add
+    calls = {"n": 0}
+
+    def add(self, tokens, lengths):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_add(self, tokens, lengths)
+
+    monkeypatch.setattr(ShardWriter, "add", add)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, inputs[0])
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    staging = OutputPaths.of(str(out)).staging
+    (staging / "._PREPARE_IN_PROGRESS.k3j2.tmp").write_text("{")  # as a kill inside atomic_write leaves
+    run(out, inputs[0], resume=True)
+    assert_identical(reference, out)
+
+
+def test_resume_refuses_a_different_work_item_plan(tmp_path, monkeypatch, inputs):
+    """The checkpoint counts work items: resuming with other item sizes (another lmshard version)
+    would skip the wrong input."""
+    import lmshard.prepare.sources as sources
+
+    out = tmp_path / "ds"
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)
+    monkeypatch.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run(out, inputs[0])
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="lmshard's version or its work-item sizes changed"):
+        run(out, inputs[0], resume=True)
+
+
+def test_leftover_trash_and_a_retired_dataset_are_cleaned(tmp_path, inputs):
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1])
+    paths = OutputPaths.of(str(out))
+    trash = out.parent / ".ds.lmshard-trash-1-2"
+    (trash / "train").mkdir(parents=True)
+    (trash / "train" / "shard_000000.bin").write_bytes(b"old")
+    paths.retired.mkdir()
+    (paths.retired / "dataset_metadata.json").write_text("{}")
+    run(out, inputs[0], overwrite=True)
+    assert leftovers(out) == []
+
+
+def test_an_out_that_is_a_broken_symlink_is_one_line(tmp_path, inputs):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(ConfigError, match="symbolic link that leads nowhere"):
+        run(loop, inputs[0])
+
+
+def test_a_worker_os_error_keeps_the_build():
+    from lmshard.prepare.pool import _portable
+
+    e = _portable(FileNotFoundError(2, "No such file or directory", "gone.parquet"))
+    assert type(e) is FileNotFoundError and e.filename == "gone.parquet"
 
 
 @pytest.mark.parametrize("tamper, words", [("truncate", "bytes, but 'n_keys'"), ("flip", "checksum")])

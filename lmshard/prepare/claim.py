@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..errors import ConfigError, LmshardError
 from ..format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, load_metadata
 from ..tokenizers import Tokenizer
+from . import sources as sources_mod
 from .config import PrepareConfig
 from .sources import Source
 from .staging import OutputPaths, difference, inside, kind_of_output, read_run
@@ -42,6 +44,7 @@ class Claim:
     previous: DatasetMeta | None = None
     resumed: bool = False
     complete: DatasetMeta | None = None
+    commit_pending: bool = False  # the build finished (metadata written) but was not swapped in yet
 
 
 def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer) -> Claim:
@@ -50,10 +53,16 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     kind, foreign = kind_of_output(out)
     if kind == "file":
         raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
-    if kind in ("dataset", "unfinished") and inside(out):
+    if kind != "missing" and inside(out):
         raise ConfigError(f"{out}: is the current directory (or holds it), and a finished run swaps it whole; "
                           "run prepare from outside it")  # fmt: skip
+    if kind != "missing" and os.path.ismount(out):
+        raise ConfigError(f"{out}: is a mount point; a dataset is built beside --out and renamed into place, "
+                          "which cannot cross filesystems: use a directory inside it")  # fmt: skip
     appending = config.append and kind == "dataset"
+    if config.append and (config.max_docs is not None or (appending and _capped(out))):
+        raise ConfigError(f"{out}: --append cannot extend a run limited by --max-docs (its stream has no "
+                          "well-defined continuation); prepare the whole input without --max-docs")  # fmt: skip
     fingerprint = _fingerprint(config, sources, tokenizer, out / METADATA_FILE if appending else None)
     run = read_run(paths.staging)
     if run is not None:
@@ -65,13 +74,16 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
                 raise ConfigError(f"{out}: cannot resume: {diff}; pass the same options and inputs, "
                                   "or --overwrite to discard the interrupted run and start again")  # fmt: skip
             previous = _appendable(out, config, tokenizer) if appending else None
-            return Claim(fingerprint, run.get("started", time.time()), run.get("checkpoint"), previous, resumed=True)
-        if not config.overwrite:
+            built = (paths.staging / METADATA_FILE).exists()
+            return Claim(fingerprint, run.get("started", time.time()), run.get("checkpoint"), previous,
+                         resumed=True, commit_pending=built)  # fmt: skip
+        was_append = bool(run.get("fingerprint", {}).get("appending_to"))
+        if not config.overwrite or was_append:
             when = _when(run.get("started"))
-            raise ConfigError(
-                f"{out}: an interrupted prepare run (started {when}) left its work in "
-                f"{paths.staging}; pass --resume to continue it, or --overwrite to discard it"
-            )
+            how = "--append --resume" if was_append else "--resume"
+            drop = f"delete {paths.staging}" if was_append else "pass --overwrite"
+            raise ConfigError(f"{out}: an interrupted prepare run (started {when}) left its work in "
+                              f"{paths.staging}; pass {how} to continue it, or {drop} to discard it")  # fmt: skip
         shutil.rmtree(paths.staging)
     if kind == "foreign":
         listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
@@ -111,9 +123,23 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         return [src.path, src.fmt, st.st_size, st.st_mtime_ns]
 
     appended = hashlib.sha256(appending_to.read_bytes()).hexdigest() if appending_to else None
+    # The work-item plan must be the same one: a resumed run skips the items the checkpoint counted.
+    planning = {
+        "lmshard": __version__,
+        "block_bytes": sources_mod.BLOCK_BYTES,
+        "files_per_item": sources_mod.FILES_PER_ITEM,
+        "records_per_item": sources_mod.RECORDS_PER_ITEM,
+    }
     fp = {"format": FORMAT_VERSION, "config": config.recorded(), "sources": [identity(s) for s in sources],
-          "tokenizer": tokenizer.vocab_sha256, "appending_to": appended}  # fmt: skip
+          "tokenizer": tokenizer.vocab_sha256, "appending_to": appended, "planning": planning}  # fmt: skip
     return dict(json.loads(json.dumps(fp)))
+
+
+def _capped(out: Path) -> bool:
+    try:
+        return load_metadata(out).config.get("max_docs") is not None
+    except LmshardError:
+        return False
 
 
 def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bool:

@@ -112,7 +112,7 @@ def first_byte(source: Source) -> bytes:
     stream, raw = open_binary(source)
     try:
         while block := stream.read(SNIFF_BYTES):
-            if (rest := block.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")):
+            if rest := block.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n"):
                 return rest[:1]
         return b""
     except DamagedInput:

@@ -71,7 +71,7 @@ class HFSpec:
         check_task_split(self.task, self.tasks)
 
     def kind(self) -> str:
-        """"saved" (a save_to_disk directory), "local" (a directory of data files) or "hub"; an
+        """ "saved" (a save_to_disk directory), "local" (a directory of data files) or "hub"; an
         argument that can only be a path but names no directory is an error, not a hub id."""
         path = Path(self.dataset)
         if path.is_dir():
@@ -83,9 +83,7 @@ class HFSpec:
                 f"{self.dataset} --out DIR), or pass its directory to --hf"
             )
         if _looks_like_path(self.dataset):
-            raise InputError(
-                f"--hf {self.dataset}: no such directory; check the path (a hub id is NAME or OWNER/NAME)"
-            )
+            raise InputError(f"--hf {self.dataset}: no such directory; check the path (a hub id is NAME or OWNER/NAME)")
         return "hub"
 
     def describe(self) -> dict[str, Any]:

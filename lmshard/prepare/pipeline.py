@@ -15,7 +15,6 @@ file). Nothing grows with the number of tokens.
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import os
 import platform
@@ -44,6 +43,7 @@ from ..format import (
     SplitInfo,
     TokenizerInfo,
     atomic_write_json,
+    load_metadata,
 )
 from ..format.schema import KeyFile
 from ..tokenizers import Tokenizer, load_tokenizer
@@ -61,6 +61,7 @@ from .staging import (
     WriterLock,
     commit,
     link_or_copy,
+    os_error,
     recover,
 )
 from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
@@ -96,28 +97,22 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
             claim = claim_output(config, paths, sources, tokenizer)
             if claim.complete is not None:
                 return claim.complete
+            if claim.commit_pending:  # killed after the build was complete: only the swap is left
+                commit(paths)
+                return load_metadata(paths.out)
             return _build(config, paths, sources, tokenizer, claim, on_progress, started)
     except OSError as e:
-        raise _os_error(e, paths.out) from None
-
-
-def _os_error(e: OSError, out: Path) -> LmshardError:
-    """An operating-system failure as a one-line message naming the file and the fix."""
-    where = e.filename or out
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return LmshardError(f"{where}: no space left on the device; free space (or choose another --out) and re-run")
-    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return LmshardError(f"{where}: {e.strerror}; choose an --out in a directory you can write")
-    if e.errno == errno.ENOTDIR:
-        return LmshardError(f"{where}: a part of the --out path is a file, not a directory; choose another --out")
-    return LmshardError(f"{where}: {e.strerror or e}")
+        raise os_error(e, paths.out) from None
 
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
            on_progress: Callable[[Progress], None] | None, started: float) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
     staging, previous = paths.staging, claim.previous
-    if not claim.resumed:
+    if claim.resumed:  # temporary files of atomic writes a kill cut short
+        for stray in staging.glob(".*.tmp"):
+            stray.unlink()
+    else:
         staging.mkdir()
         if previous is not None:
             _link_previous(previous, paths.out, staging)
@@ -144,8 +139,11 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
         raise Interrupted(f"{kept} (up to its last checkpoint)") from None
     except (WorkerDied, OSError, MemoryError) as e:  # the machine failed, not the input: keep the work
         build.abort()
-        raise LmshardError(f"{_os_error(e, paths.out) if isinstance(e, OSError) else e}; {kept}: "
-                           "run the same command with --resume to continue") from None  # fmt: skip
+        what = os_error(e, paths.out) if isinstance(e, OSError) else e
+        if "-" in config.inputs:  # stdin cannot be read again: nothing to resume
+            shutil.rmtree(staging, ignore_errors=True)
+            raise LmshardError(f"{what}; nothing was kept (a run reading stdin cannot be resumed)") from None
+        raise LmshardError(f"{what}; {kept}: run the same command with --resume to continue") from None
     except BaseException:
         build.abort()
         shutil.rmtree(staging, ignore_errors=True)  # an input or option error: nothing worth resuming
@@ -293,7 +291,7 @@ def _limit(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> np.ndarr
     """Keep only as many documents as --max-docs still allows (the first ones in order)."""
     if max_docs is None:
         return keep
-    room = max_docs - kept_so_far
+    room = max(0, max_docs - kept_so_far)
     positions = np.flatnonzero(keep)
     if len(positions) <= room:
         return keep

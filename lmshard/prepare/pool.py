@@ -264,7 +264,10 @@ def _answer(results: Connection, seq: int, ok: bool, value: Any) -> None:
 
 def _portable(e: BaseException) -> BaseException:
     """An exception that survives pickling: lmshard's own errors as they are (their message
-    says the fix); anything else as a `WorkerBug` carrying the worker's traceback."""
+    says the fix), operating-system errors as plain `OSError`s; anything else as a `WorkerBug`
+    carrying the worker's traceback."""
     if isinstance(e, LmshardError):
         return e
+    if isinstance(e, OSError):  # the machine's failure (a file gone, EIO), not a bug: the parent keeps the work
+        return OSError(e.errno, e.strerror, e.filename)
     return WorkerBug("in a worker process:\n" + "".join(traceback.format_exception(e)))

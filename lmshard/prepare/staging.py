@@ -6,7 +6,9 @@ For `--out DIR/ds` a run uses three hidden siblings of `ds`:
     DIR/.ds.lmshard-lock       the one-writer lock (flock; the file names the holder's pid and host)
     DIR/.ds.lmshard-partial/   the dataset being built; its _PREPARE_IN_PROGRESS file holds the
                                run's fingerprint and its latest checkpoint
-    DIR/.ds.lmshard-retired/   a replaced dataset between the swap and its removal
+    DIR/.ds.lmshard-retired/   the replaced dataset between the two renames of a swap (where
+                               an atomic exchange is unavailable)
+    DIR/.ds.lmshard-trash-*/   replaced datasets being deleted (never renamed back)
 
 `ds` itself only ever changes by a rename: a fresh run renames the finished build to `ds` (or,
 into an existing empty `ds`, moves its entries, metadata last); an
@@ -23,9 +25,11 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import glob
 import json
 import os
 import platform
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -60,10 +64,24 @@ class OutputPaths:
     def of(cls, out: str) -> OutputPaths:
         path = Path(os.path.abspath(out))
         if path.is_symlink():  # build beside the real directory, and swap that
-            path = path.resolve()
+            try:
+                path = path.resolve(strict=True)
+            except (OSError, RuntimeError) as e:  # a dangling link, or a loop
+                raise ConfigError(f"{out}: a symbolic link that leads nowhere ({e}); choose another --out") from None
         parent, name = path.parent, path.name
         return cls(path, parent / f".{name}.lmshard-partial", parent / f".{name}.lmshard-retired",
                    parent / f".{name}.lmshard-lock")  # fmt: skip
+
+    def trash(self) -> Path:
+        """A fresh name for a directory on its way to deletion: once renamed there, nothing
+        ever renames it back, so a deletion cut short is simply finished by the next run."""
+        return self.out.parent / f".{self.out.name}.lmshard-trash-{os.getpid()}-{time.time_ns()}"
+
+    def empty_trash(self) -> None:
+        """Delete what earlier swaps replaced; what cannot be deleted (permissions) is left,
+        never in the way of a run."""
+        for path in self.out.parent.glob(f".{glob.escape(self.out.name)}.lmshard-trash-*"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class WriterLock:
@@ -136,13 +154,25 @@ def _read_text(fd: int) -> str:
         return ""
 
 
+def os_error(e: OSError, out: Path) -> LmshardError:
+    """An operating-system failure as a one-line message naming the file and the fix."""
+    where = e.filename or out
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LmshardError(f"{where}: no space left on the device; free space (or choose another --out) and re-run")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return LmshardError(f"{where}: {e.strerror}; choose an --out in a directory you can write")
+    if e.errno == errno.ENOTDIR:
+        return LmshardError(f"{where}: a part of the --out path is a file, not a directory; choose another --out")
+    return LmshardError(f"{where}: {e.strerror or e}")
+
+
 def inside(out: Path) -> bool:
     """Whether the current directory is `out` or inside it (a swap would strand the shell there)."""
     try:
-        cwd = Path.cwd().resolve()
+        cwd, real = Path(os.path.realpath(os.getcwd())), Path(os.path.realpath(out))
     except OSError:
         return False
-    return cwd == out or out in cwd.parents
+    return cwd == real or real in cwd.parents
 
 
 def kind_of_output(out: Path) -> tuple[str, list[str]]:
@@ -172,46 +202,69 @@ def read_run(staging: Path) -> dict[str, Any] | None:
 
 
 def recover(paths: OutputPaths) -> None:
-    """Finish or undo what a run killed during its swap left, and remove a replaced dataset."""
+    """Finish or undo what a run killed during its swap left, and delete replaced datasets."""
     if not paths.out.exists() and paths.retired.exists():
         # cut between the two renames of a swap: the new build is complete when it has metadata
         built = (paths.staging / METADATA_FILE).exists() and read_run(paths.staging) is not None
         os.rename(paths.staging if built else paths.retired, paths.out)
+    if paths.retired.exists():
+        os.rename(paths.retired, paths.trash())
     if paths.out.is_dir() and (paths.out / METADATA_FILE).exists():
         (paths.out / RUN_FILE).unlink(missing_ok=True)  # a swapped-in build's record, left by a kill
     if paths.staging.is_dir() and read_run(paths.staging) is None:
-        shutil.rmtree(paths.staging)  # an old dataset moved aside by a swap, or a build that never began
-    if paths.retired.exists():
-        shutil.rmtree(paths.retired)
+        os.rename(paths.staging, paths.trash())  # an old dataset moved aside by a swap, or a build that never began
+    paths.empty_trash()
 
 
 def commit(paths: OutputPaths) -> None:
-    """Put the finished build at `--out` in one step, then drop what it replaced."""
+    """Put the finished build at `--out` in one step, then delete what it replaced."""
     out, staging = paths.out, paths.staging
-    kind, foreign = kind_of_output(out)
-    for name in foreign:  # the user's own files beside the dataset move with it (hard links)
-        if (out / name).is_dir() and not (out / name).is_symlink():
-            shutil.copytree(out / name, staging / name, symlinks=True, copy_function=link_or_copy)
-        else:
-            link_or_copy(out / name, staging / name, follow=False)
+    kind, _ = kind_of_output(out)
+    for rel in user_entries(out):  # the user's own files in the dataset move with it (hard links)
+        _carry(out / rel, staging / rel)
     _fsync_dir(staging)
-    if kind == "missing":
+    if kind == "empty":
+        out.rmdir()  # (a kill here: --out is missing and the build complete; --resume renames it)
+    if kind in ("missing", "empty"):
         os.rename(staging, out)
-    elif kind == "empty":  # keep the user's directory (its mode, owner, mount); metadata moves last
-        names = sorted(os.listdir(staging), key=lambda n: (n == METADATA_FILE, n))
-        for name in names:
-            os.rename(staging / name, out / name)
-        staging.rmdir()
     elif _exchange(staging, out):
-        os.rename(staging, paths.retired)
+        os.rename(staging, paths.trash())
     else:
         os.rename(out, paths.retired)
         os.rename(staging, out)
+        os.rename(paths.retired, paths.trash())
     _fsync_dir(out.parent)
     (out / RUN_FILE).unlink(missing_ok=True)
     _fsync_dir(out)
-    if paths.retired.exists():
-        shutil.rmtree(paths.retired, ignore_errors=True)
+    paths.empty_trash()
+
+
+_OUR_FILE = re.compile(r"shard_[0-9]{6}\.(bin|idx)(\.tmp)?|(doc|line)_keys_[0-9]{6}\.u64")
+
+
+def user_entries(out: Path) -> list[str]:
+    """What in a dataset directory is not lmshard's: other top-level names, and anything in
+    train/, val/ or dedup/ not named like a shard or key file. Relative paths."""
+    if not out.is_dir():
+        return []
+    found = sorted(set(os.listdir(out)) - _OURS)
+    for sub in (*SPLITS, "dedup"):
+        if (out / sub).is_dir() and not (out / sub).is_symlink():
+            found += [f"{sub}/{n}" for n in sorted(os.listdir(out / sub)) if not _OUR_FILE.fullmatch(n)]
+    return found
+
+
+def _carry(src: Path, dst: Path) -> None:
+    """`src` (a file, link or directory tree) hard-linked at `dst`, replacing what an earlier,
+    interrupted attempt left there."""
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    elif dst.exists() or dst.is_symlink():
+        dst.unlink()
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True, copy_function=link_or_copy)
+    else:
+        link_or_copy(src, dst, follow=False)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -259,6 +312,9 @@ def link_or_copy(src: str | Path, dst: str | Path, follow: bool = True) -> None:
 
 def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first way two run fingerprints differ, in the user's words; None when they match."""
+    if bool(started.get("appending_to")) != bool(now.get("appending_to")):
+        return "the interrupted run was " + ("an --append; pass --append" if started.get("appending_to") else
+                                             "not an --append; leave --append out")  # fmt: skip
     for key in sorted(set(started.get("config", {})) | set(now.get("config", {}))):
         a, b = started.get("config", {}).get(key), now.get("config", {}).get(key)
         if a != b:
@@ -274,9 +330,10 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
             return f"input {path} changed since the run started (size or modification time)"
     if [s[0] for s in started.get("sources", [])] != [s[0] for s in now.get("sources", [])]:
         return "the inputs are in a different order than when the run started"
-    for key in ("tokenizer", "appending_to", "format"):
+    for key in ("tokenizer", "appending_to", "format", "planning"):
         if started.get(key) != now.get(key):
             what = {"tokenizer": "the tokenizer's vocabulary", "appending_to": "the dataset being appended to",
-                    "format": "the lmshard version's output format"}[key]  # fmt: skip
+                    "format": "the lmshard version's output format",
+                    "planning": "lmshard's version or its work-item sizes"}[key]  # fmt: skip
             return f"{what} changed since the run started"
     return None
