@@ -18,10 +18,16 @@ LMSHARD = [sys.executable, "-m", "lmshard"]  # honours PYTHONPATH, so a stress r
 
 
 def start_prepare(args: list[str]) -> subprocess.Popen[str]:
-    """`lmshard prepare ARGS` in a new session (its own process group), output captured."""
+    """`lmshard prepare ARGS` in a new session (its own process group), output captured, with
+    SIGINT at its default, as in a terminal's foreground job (a test run started in the
+    background inherits SIGINT ignored, and prepare keeps an ignored SIGINT ignored)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen([*LMSHARD, "prepare", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)  # fmt: skip
+                            text=True, env=env, start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stat(pid: int) -> list[str] | None:
