@@ -58,6 +58,20 @@ def run(out: Path, inputs: list[Path], **kw) -> dict:
     return prepare(PrepareConfig(inputs=[str(p) for p in inputs], out=str(out), **kw)).to_json()
 
 
+def fail_at_write(monkeypatch, n: int, error: BaseException) -> None:
+    """Make the Nth ShardWriter.add of the run raise `error` (a full disk, a Ctrl-C) instead of
+    writing; `monkeypatch.undo()` or a new setattr restores it."""
+    real_add, calls = ShardWriter.add, {"n": 0}
+
+    def add(self, tokens, lengths):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise error
+        return real_add(self, tokens, lengths)
+
+    monkeypatch.setattr(ShardWriter, "add", add)
+
+
 def files_of(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
@@ -171,15 +185,8 @@ def test_full_disk_keeps_the_work_and_resume_finishes(tmp_path, monkeypatch, man
     is back, --resume ends byte-identical."""
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
-    real_add, calls = ShardWriter.add, {"n": 0}
-
-    def add(self, tokens, lengths):
-        calls["n"] += 1
-        if calls["n"] == 15:
-            raise OSError(errno.ENOSPC, "No space left on device", str(self.root / "train" / "shard_000009.bin.tmp"))
-        return real_add(self, tokens, lengths)
-
-    monkeypatch.setattr(ShardWriter, "add", add)
+    real_add = ShardWriter.add
+    fail_at_write(monkeypatch, 15, OSError(errno.ENOSPC, "No space left on device", str(out / "x.bin.tmp")))
     with pytest.raises(LmshardError, match="no space left on the device") as e:
         run(out, inputs[0])
     assert "--resume" in str(e.value) and "\n" not in str(e.value)
@@ -471,15 +478,8 @@ def test_killed_append_is_resumed(tmp_path, monkeypatch, many_items, inputs):
     run(one, [a, b])
     run(out, [a])
     before = snapshot(out)
-    real_add, calls = ShardWriter.add, {"n": 0}
-
-    def add(self, tokens, lengths):
-        calls["n"] += 1
-        if calls["n"] == 12:
-            raise KeyboardInterrupt
-        return real_add(self, tokens, lengths)
-
-    monkeypatch.setattr(ShardWriter, "add", add)
+    real_add = ShardWriter.add
+    fail_at_write(monkeypatch, 12, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         run(out, [b], append=True)
     assert snapshot(out) == before
@@ -570,15 +570,7 @@ def test_stray_temporary_files_of_a_cut_checkpoint_are_not_shipped(tmp_path, mon
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     real_add = ShardWriter.add
-    calls = {"n": 0}
-
-    def add(self, tokens, lengths):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real_add(self, tokens, lengths)
-
-    monkeypatch.setattr(ShardWriter, "add", add)
+    fail_at_write(monkeypatch, 3, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         run(out, inputs[0])
     monkeypatch.setattr(ShardWriter, "add", real_add)
