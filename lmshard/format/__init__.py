@@ -29,6 +29,7 @@ from .layout import (
 from .schema import (
     DatasetMeta,
     DedupInfo,
+    KeyFile,
     RunInfo,
     ShardInfo,
     SourceInfo,
@@ -40,7 +41,8 @@ from .schema import (
 __all__ = [
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "METADATA_FILE",
     "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "atomic_write_bytes", "atomic_write_json",
-    "shard_paths", "DatasetMeta", "DedupInfo", "RunInfo", "ShardInfo", "SourceInfo", "SplitInfo", "TokenizerInfo",
+    "shard_paths", "DatasetMeta", "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo", "SplitInfo",
+    "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
     "parse_metadata",
 ]  # fmt: skip

@@ -30,8 +30,7 @@ import numpy as np
 import xxhash
 
 from ..errors import InputError
-from ..format import SPLITS, DatasetMeta, ShardInfo
-from ..format.schema import KeyFile
+from ..format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from .config import PrepareConfig
 from .dedup import KeySet
 from .writer import ShardWriter

@@ -37,6 +37,7 @@ from ..format import (
     TOKENIZER_FILE,
     DatasetMeta,
     DedupInfo,
+    KeyFile,
     RunInfo,
     ShardInfo,
     SourceInfo,
@@ -45,7 +46,6 @@ from ..format import (
     atomic_write_json,
     load_metadata,
 )
-from ..format.schema import KeyFile
 from ..tokenizers import Tokenizer, load_tokenizer
 from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals, check_not_empty
 from .claim import Claim, claim_output
