@@ -1,22 +1,69 @@
 """Tokenizers behind one interface (`base.Tokenizer`), one module per backend, and the
-vocabularies they load (`vocab`: known vocabularies, the install directory, offline fetch).
+vocabularies they load (`vocab`: known tiktoken vocabularies, the install directory, offline
+fetch; `hf_backend`: Hugging Face tokenizer.json files, save_pretrained directories and hub
+names resolved from the local cache).
 
-`load_tokenizer(spec)` picks the backend for a `--tokenizer` value: tiktoken today; Hugging Face
-`tokenizer.json` vocabularies and an accelerated exact backend join it as modules here.
+`load_tokenizer(spec, backend)` picks the backend for a `--tokenizer` value:
+
+- a tiktoken vocabulary (gpt2, r50k_base, …, or a .tiktoken file): `tiktoken`, or `splintr` when
+  installed (`lmshard[fast]`) and exact on the built-in sample of `gate`; `auto` takes splintr
+  when it passes and falls back to tiktoken with a warning when it does not;
+- a tokenizer.json file, a directory holding one, or a hub name (`org/name`): `tokenizers`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import TokenizerError
 from .base import Tokenizer
 from .vocab import TOKENIZER_NAMES, VOCABULARIES, cache_dir, fetch
 
+BACKENDS = ("auto", "tiktoken", "splintr", "tokenizers")
 
-def load_tokenizer(spec: str = "gpt2") -> Tokenizer:
-    """The backend for a `--tokenizer` value (a known name or a vocabulary file). Raises
-    `TokenizerError`, naming the command that installs it, when the vocabulary is missing."""
+
+def is_hf_spec(spec: str) -> bool:
+    """A Hugging Face tokenizer: a .json file, a directory, or a hub name such as org/name."""
+    path = Path(spec)
+    if spec.endswith(".tiktoken") or spec in TOKENIZER_NAMES:
+        return False
+    return spec.endswith(".json") or path.is_dir() or ("/" in spec and not path.is_file())
+
+
+def load_tokenizer(
+    spec: str = "gpt2",
+    backend: str = "auto",
+    *,
+    separator: str | None = None,
+    warn: Callable[[str], None] | None = None,
+    gated: bool = False,
+) -> Tokenizer:
+    """The backend for a `--tokenizer` value. Raises `TokenizerError`, naming the command that
+    installs it, when the vocabulary is missing. `separator` names the special token written
+    between documents (default: the vocabulary's own end-of-text token). `warn` receives the
+    reason when `auto` falls back from the accelerated backend to tiktoken. `gated=True` skips the
+    exactness gate: the caller ran it for this spec and backend in this run (prepare's workers)."""
+    if backend not in BACKENDS:
+        raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if is_hf_spec(spec):
+        if backend not in ("auto", "tokenizers"):
+            raise TokenizerError(f"{spec}: a Hugging Face tokenizer is encoded by the tokenizers backend, not {backend}")
+        from .hf_backend import HFTokenizer
+
+        return HFTokenizer(spec, separator=separator)
+    if backend == "tokenizers":
+        raise TokenizerError(f"{spec} is a tiktoken vocabulary; use --tokenizer-backend tiktoken, splintr or auto")
+    if separator not in (None, "<|endoftext|>"):
+        raise TokenizerError(f"{spec} separates documents with <|endoftext|> only, not {separator!r}")
     from .tiktoken_backend import TiktokenTokenizer
 
-    return TiktokenTokenizer(spec)
+    if backend == "tiktoken":
+        return TiktokenTokenizer(spec)
+    from .gate import accelerated
+
+    return accelerated(spec, required=backend == "splintr", warn=warn, gated=gated)
 
 
-__all__ = ["TOKENIZER_NAMES", "VOCABULARIES", "Tokenizer", "cache_dir", "fetch", "load_tokenizer"]
+__all__ = ["BACKENDS", "TOKENIZER_NAMES", "VOCABULARIES", "Tokenizer", "cache_dir", "fetch", "is_hf_spec",
+           "load_tokenizer"]  # fmt: skip

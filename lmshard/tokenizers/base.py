@@ -1,5 +1,9 @@
 """The tokenizer interface: what prepare, inspect and the demo need of any backend.
 
+Backends: `tiktoken` (the reference for tiktoken vocabularies), `splintr` (an accelerated exact
+encoder of the same vocabularies, admitted only after the exactness gate in `gate`), and
+`tokenizers` (Hugging Face `tokenizer.json` vocabularies: Llama 3, Qwen, Mistral, GPT-NeoX…).
+
 Memory model of a backend: its vocabulary, plus one batch's tokens during `encode_batch`.
 """
 
@@ -7,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,21 +20,27 @@ import numpy as np
 class Tokenizer(ABC):
     """What the pipeline needs of a tokenizer backend."""
 
-    name: str  # the --tokenizer value as recorded ("gpt2", "cl100k_base", ...)
-    backend: str  # which implementation encodes ("tiktoken")
+    name: str  # the --tokenizer value as recorded ("gpt2", "cl100k_base", a hub name, a path)
+    backend: str  # which implementation encodes ("tiktoken", "splintr", "tokenizers")
     n_vocab: int  # ids are in [0, n_vocab)
-    eot_id: int  # the document separator written before or after each document
+    eot_id: int  # the document separator written after (or before) each document
+    eot_token: str  # its text, e.g. "<|endoftext|>", "<|end_of_text|>", "</s>"
+    bos_id: int | None = None  # the vocabulary's beginning-of-sequence token, if it has one
+    bos_token: str | None = None
+    adds_bos: bool = False  # the tokenizer's own configuration puts a BOS before each text (Llama, Mistral)
     vocab_sha256: str  # sha256 of the vocabulary file: two tokenizers with equal hashes agree
+    vocab_file: Path | None = None  # a file the dataset keeps a copy of so inspect can decode (tokenizer.json)
 
     @abstractmethod
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(uint32 tokens of all texts back to back, int64 tokens per text); text that looks
-        like a special token is encoded as ordinary text."""
+        """(uint32 tokens of all texts back to back, int64 tokens per text). No special tokens
+        are added, and text that looks like a special token is encoded as ordinary text."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str: ...
 
     @abstractmethod
     def identity(self) -> dict[str, Any]:
-        """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, a sha256 of the
-        vocabulary file, and backend details; written as tokenizer_state.json."""
+        """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, bos_id, a sha256
+        of the vocabulary file (key `ranks_sha256`), and backend details; written as
+        tokenizer_state.json."""

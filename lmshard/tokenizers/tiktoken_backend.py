@@ -60,6 +60,7 @@ class TiktokenTokenizer(Tokenizer):
         self.vocab_sha256 = vocab.sha256
         self.n_vocab = self._enc.n_vocab
         self.eot_id = self._enc.eot_token
+        self.eot_token = "<|endoftext|>"
         self._tiktoken_version = getattr(tiktoken, "__version__", "unknown")
 
     def identity(self) -> dict[str, Any]:
@@ -69,7 +70,8 @@ class TiktokenTokenizer(Tokenizer):
             "base_encoding": self.base,
             "n_vocab": self.n_vocab,
             "eot_id": self.eot_id,
-            "eot_token": "<|endoftext|>",
+            "eot_token": self.eot_token,
+            "bos_id": None,
             "ranks_sha256": self.vocab_sha256,
             "pat_str": self._enc._pat_str,
             "special_tokens": dict(self._enc._special_tokens),
