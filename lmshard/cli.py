@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import __version__
+from . import __version__, render
 from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
 from .inspect import audit
 from .inspect.verify import report_json, verify_dataset
@@ -32,12 +31,10 @@ app = typer.Typer(
 )
 tokenizer_app = typer.Typer(help="Install and check tokenizer vocabularies (offline-friendly).")
 app.add_typer(tokenizer_app, name="tokenizer")
-out = Console()
-err = Console(stderr=True)
+out, err = render.out, render.err
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 _state = {"verbose": False}
-_SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
 
 
 def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
@@ -121,7 +118,15 @@ def prepare(
     config: Path | None = typer.Option(None, "--config", help="YAML/TOML file of these options; flags win."),
     demo: bool = typer.Option(False, "--demo", help="Use the embedded demo corpus (Python's own sources and docs)."),
     exclude: list[str] | None = _opt("Leave out input paths matching this glob (repeatable).", "--exclude"),
-    tokenizer: str | None = _opt("gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, or a .tiktoken file."),
+    tokenizer: str | None = _opt(
+        "gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken file, or a Hugging Face "
+        "tokenizer: tokenizer.json, a save_pretrained directory, or a cached hub name (org/name)."
+    ),
+    tokenizer_backend: str | None = _opt(
+        "auto (default: splintr when installed and exact, else tiktoken), tiktoken, splintr, tokenizers."
+    ),
+    separator: str | None = _opt("Special token written after each document [the vocabulary's end of text]."),
+    bos: str | None = _opt("BOS token before each document: auto (default: when the tokenizer adds one), yes, no."),
     format: str | None = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
     text_field: str | None = _opt("JSON/CSV/parquet field holding the text [text]."),
     text_mode: str | None = _opt(
@@ -183,7 +188,7 @@ def prepare(
 
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
     meta = _with_progress(lambda cb: run_prepare(cfg, cb))
-    _summary(meta, cfg.out)
+    render.summary(meta, cfg.out)
 
 
 def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
@@ -210,40 +215,6 @@ def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
     return meta
 
 
-def _summary(meta: Any, where: str) -> None:
-    table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    tok = meta.tokenizer
-    table.add_row("tokenizer", f"{tok.name} (n_vocab {tok.n_vocab:,}, EOT {tok.eot_id})")
-    table.add_row("records read", f"{meta.records_read:,}")
-    for split, s in meta.splits.items():
-        table.add_row(split, f"{s.n_docs:,} docs  {s.n_tokens:,} tokens  {len(s.shards)} shards")
-    drops = {k: v for k, v in meta.drops.items() if v}
-    table.add_row("dropped", ", ".join(f"{k} {v:,}" for k, v in drops.items()) or "none")
-    run = meta.run
-    table.add_row("time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {run.workers} workers")
-    out.print(table)
-    for reason, n in drops.items():
-        files = _by_file(meta.sources, functools.partial(lambda src, r: int(src.dropped.get(r, 0)), r=reason))
-        out.print(f"  {reason} {n:,}: {escape(files)}", highlight=False, soft_wrap=True)
-    split = sum(src.split_into_paragraphs for src in meta.sources)
-    if split:
-        files = escape(_by_file(meta.sources, lambda src: src.split_into_paragraphs, counts=False))
-        line = f"  split into paragraphs (over --max-chars bytes) {split:,}: {files}"
-        out.print(line, highlight=False, soft_wrap=True)
-    for reason, example in meta.drop_examples.items():
-        out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
-
-
-def _by_file(sources: Any, count: Callable[[Any], int], top: int = 3, counts: bool = True) -> str:
-    """The files with the highest `count`, most first: "data/big.txt (2), data/x.txt (1)"."""
-    ranked = sorted((-count(src), src.path) for src in sources if count(src))
-    shown = ", ".join(f"{path} ({-n:,})" if counts else path for n, path in ranked[:top])
-    more = len(ranked) - top
-    return shown + (f" and {more:,} more file{'s' * (more > 1)}" if more > 0 else "")
-
-
 @app.command()
 @user_errors()
 def inspect(
@@ -268,7 +239,10 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
              plot: Path | None, top: int) -> int:  # fmt: skip
     audit.require_dataset(dataset)
     report = _verify_with_progress(dataset, quick, quiet=as_json)
-    decoder = audit.decoder_for(report.meta)
+    why: list[str] = []
+    decoder = audit.decoder_for(report.meta, why)
+    if why and (sample or doc or top) and not as_json:
+        err.print(f"note: {escape(why[0])}", highlight=False, soft_wrap=True)
     top_tokens = audit.top_tokens(report, top, decoder)
     samples = audit.sample_documents(report.meta, sample, seed, decoder) if report.meta else []
     if doc and report.meta:
@@ -280,7 +254,7 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
         payload["samples"] = [{"where": w, "n_tokens": n, "text": t} for w, n, t in samples]
         out.print_json(data=payload)
     else:
-        _render_report(report, top_tokens, samples)
+        render.report(report, top_tokens, samples)
     return EXIT_OK if report.ok else EXIT_CORRUPT
 
 
@@ -294,58 +268,6 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
 
         report = verify_dataset(dataset, quick=quick, on_start=lambda n: bar.update(task, total=n), on_shard=tick)
     return report
-
-
-def _render_report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tuple[str, int, str]]) -> None:
-    meta = report.meta
-    if meta is not None:
-        table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
-        table.add_column(style="bold")
-        table.add_column()
-        tok = meta.tokenizer
-        side = f"({meta.eot_position} each doc)"
-        table.add_row("tokenizer", f"{tok.name}  n_vocab {tok.n_vocab:,}  EOT {tok.eot_id} {side}")
-        table.add_row("dtype", "uint32, little-endian")
-        for split in meta.splits:
-            table.add_row(
-                split,
-                f"{meta.n_docs(split):,} docs  {meta.n_tokens(split):,} tokens  {len(meta.split_shards(split))} shards",
-            )
-        stats = report.length_stats()
-        if stats:
-            table.add_row("doc length", "  ".join(f"{k} {v:,.6g}" for k, v in stats.items()) + " tokens")
-        table.add_row("prepare drops", ", ".join(f"{k} {v:,}" for k, v in meta.drops.items() if v) or "none")
-        table.add_row("records read", f"{meta.records_read:,}")
-        out.print(table)
-        hist = audit.length_histogram(report)
-        if hist:
-            out.print("[bold]document lengths[/] (tokens, log2 buckets)")
-            width = max(c for _, c in hist)
-            for label, count in hist:
-                out.print(
-                    f"  {label:>15} {'█' * max(1, round(40 * count / width)) if count else '':<40} {count:,}",
-                    highlight=False,
-                )
-        if top_tokens:
-            out.print(
-                "[bold]most frequent tokens[/]: " + "  ".join(f"{t!r}×{c:,}" for _, c, t in top_tokens), highlight=False
-            )
-    for where, n, text in samples:
-        out.rule(f"{where} ({n} tokens)")
-        shown = (
-            text
-            if len(text) <= _SAMPLE_CHARS
-            else text[:_SAMPLE_CHARS]
-            + f"\n… ({len(text) - _SAMPLE_CHARS:,} more characters; --json has the whole text)"
-        )
-        out.print(shown, highlight=False, markup=False)
-    if report.ok:
-        what = "structure" if report.quick else "checksums, token ids, structure"
-        out.print(f"[green]OK[/]: {report.shards_checked} shards verified ({what})")
-    else:
-        for problem in report.problems:
-            err.print(f"[bold red]problem:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
-        err.print(f"[bold red]CORRUPT[/]: {len(report.problems)} problem(s)")
 
 
 @app.command()
@@ -378,14 +300,18 @@ def tokenizer_fetch(
 
 @tokenizer_app.command("info")
 @user_errors()
-def tokenizer_info(name: str = typer.Argument("gpt2")) -> None:
-    """Load a tokenizer and print its identity."""
+def tokenizer_info(
+    name: str = typer.Argument("gpt2", help="A tiktoken name or file, a tokenizer.json, a directory, a hub name."),
+    backend: str = typer.Option("auto", "--backend", help="auto, tiktoken, splintr or tokenizers."),
+) -> None:
+    """Load a tokenizer (running the exactness gate for an accelerated backend) and print its identity."""
     import json
 
+    from .errors import warn
     from .tokenizers import load_tokenizer
 
-    ident = load_tokenizer(name).identity()
-    ident.pop("special_tokens")
+    ident = load_tokenizer(name, backend, warn=warn).identity()
+    ident.pop("special_tokens", None)
     out.print_json(json.dumps(ident))
 
 

@@ -14,6 +14,13 @@ EXIT_CORRUPT = 3  # `lmshard inspect`: the dataset fails verification
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
+def warn(message: str) -> None:
+    """A problem that does not stop the run (a fallback taken): one line on stderr."""
+    import sys
+
+    print(f"lmshard: warning: {message}", file=sys.stderr, flush=True)
+
+
 class LmshardError(Exception):
     """A problem with the user's input, configuration or environment; the message says the fix."""
 

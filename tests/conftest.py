@@ -34,6 +34,17 @@ def reference():
 
 
 @pytest.fixture
+def eager_pool(monkeypatch):
+    """prepare starts its worker pool at once, however small the input (it would otherwise do
+    a small input in-process), so tests with --workers N exercise the pool; the items done
+    while the workers start still run in-process, so output mixes both."""
+    import lmshard.prepare.feed as feed
+
+    monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.0)
+    monkeypatch.setenv("LMSHARD_POOL_START_SECONDS", "0")
+
+
+@pytest.fixture
 def small_items(monkeypatch):
     """Work items of about 2 KiB of input (not 1 MiB), 3 whole text files (not 256) or 16 parsed
     records (not 2,048), so that small test inputs span many items. The planner runs in the main

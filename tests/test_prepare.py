@@ -158,7 +158,7 @@ def many_item_inputs(root: Path) -> list[str]:
     return order
 
 
-def test_worker_counts_1_2_3_byte_identical_over_many_work_items(tmp_path, reference, small_items):
+def test_worker_counts_1_2_3_byte_identical_over_many_work_items(tmp_path, reference, small_items, eager_pool):
     """Output bytes must not depend on --workers: results drained out of order only show with
     several items in flight, so the input spans ~40 items of ~2 KiB in 14 files."""
     texts = many_item_inputs(tmp_path / "in")
@@ -444,7 +444,7 @@ def expected_line_dedup(texts: list[str]) -> tuple[list[str], int]:
     return out, removed
 
 
-def test_line_dedup_removes_repeated_lines_in_input_order(tmp_path, reference):
+def test_line_dedup_removes_repeated_lines_in_input_order(tmp_path, reference, eager_pool):
     boiler = "Copyright (c) Example Corp. All rights reserved."
     texts = [f"{boiler}\nreal text {i}\n\nshared footer line\nunique {i * 7}" for i in range(40)] + [boiler]
     src = jsonl(tmp_path / "a.jsonl", texts)

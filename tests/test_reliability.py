@@ -196,7 +196,7 @@ def test_full_disk_keeps_the_work_and_resume_finishes(tmp_path, monkeypatch, man
     assert_identical(reference, out)
 
 
-def test_resume_refuses_a_changed_option_or_input(tmp_path, monkeypatch, inputs):
+def test_resume_refuses_a_changed_option_or_input(tmp_path, monkeypatch, inputs, eager_pool):
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     real_add = ShardWriter.add

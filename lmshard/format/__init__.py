@@ -22,6 +22,7 @@ from .layout import (
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
+    VOCAB_COPY,
     atomic_write_bytes,
     atomic_write_json,
     shard_paths,
@@ -40,8 +41,9 @@ from .schema import (
 
 __all__ = [
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "METADATA_FILE",
-    "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "atomic_write_bytes", "atomic_write_json",
-    "shard_paths", "DatasetMeta", "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo", "SplitInfo",
+    "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "atomic_write_bytes",
+    "atomic_write_json", "shard_paths", "DatasetMeta", "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
+    "SplitInfo",
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
     "parse_metadata",

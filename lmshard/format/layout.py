@@ -5,6 +5,7 @@ The layout, field by field, is documented in docs/format.md:
     DATASET/
       dataset_metadata.json      # written last, atomically: its presence means "complete"
       tokenizer_state.json       # everything needed to rebuild the tokenizer
+      tokenizer.json             # Hugging Face vocabularies only: a copy of the tokenizer's file
       train/shard_000000.bin     # tokens, little-endian uint32, no header
       train/shard_000000.idx     # document offsets, little-endian uint64, n_docs + 1 entries
       val/...
@@ -28,6 +29,7 @@ TOKEN_DTYPE = np.dtype("<u4")  # uint32 holds any vocabulary up to 4.29e9 ids; n
 INDEX_DTYPE = np.dtype("<u8")  # document start offsets in tokens, plus the shard's end
 METADATA_FILE = "dataset_metadata.json"
 TOKENIZER_FILE = "tokenizer_state.json"
+VOCAB_COPY = "tokenizer.json"  # a Hugging Face vocabulary's own file, kept so inspect can decode
 IN_PROGRESS_FILE = "_PREPARE_IN_PROGRESS"
 SPLITS = ("train", "val")
 EOT_POSITIONS = ("after", "before")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
+from .fields import _count, _counts, _get, _Invalid
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -35,50 +36,22 @@ from .layout import (
 DTYPE, BYTE_ORDER = "uint32", "little"  # TOKEN_DTYPE as the metadata names it
 
 
-class _Invalid(Exception):
-    """A field that fails validation; `load_metadata` turns it into one FormatError line."""
-
-
-def _get(raw: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
-    """raw[key], which must be a `kind`; `default` when absent or null (required without one)."""
-    value = raw.get(key)
-    if value is None:
-        if default is ...:
-            raise _Invalid(f"'{key}' is missing")
-        return default
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _Invalid(f"'{key}' is {type(value).__name__}, not {kind.__name__}")
-    return value
-
-
-def _count(raw: dict[str, Any], key: str, default: Any = ...) -> int:
-    value = _get(raw, key, int, default)
-    if isinstance(value, int) and value < 0:
-        raise _Invalid(f"'{key}' is negative ({value})")
-    return int(value)
-
-
-def _counts(raw: dict[str, Any], key: str) -> dict[str, int]:
-    """A mapping of reason → count (drops), every count a non-negative int."""
-    value = _get(raw, key, dict, {})
-    for reason in value:
-        _count(value, reason)
-    return {str(k): int(v) for k, v in value.items()}
-
-
 @dataclass(frozen=True, kw_only=True)
 class TokenizerInfo:
-    """The tokenizer's identity: enough to refuse a dataset made with another vocabulary."""
+    """The tokenizer's identity: enough to refuse a dataset made with another vocabulary, and
+    the special tokens around each document: `eot_id` after (or before) it, and `bos_id` before
+    it when one is written (null: none)."""
 
     name: str
     backend: str = "tiktoken"
     n_vocab: int
     eot_id: int
-    ranks_sha256: str  # sha256 of the vocabulary file
+    bos_id: int | None = None
+    ranks_sha256: str  # sha256 of the vocabulary file (tiktoken ranks or tokenizer.json)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "backend": self.backend, "n_vocab": self.n_vocab, "eot_id": self.eot_id,
-                "ranks_sha256": self.ranks_sha256}  # fmt: skip
+                "bos_id": self.bos_id, "ranks_sha256": self.ranks_sha256}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: Any) -> TokenizerInfo:
@@ -87,11 +60,13 @@ class TokenizerInfo:
         try:
             info = cls(name=_get(raw, "name", str), backend=_get(raw, "backend", str, "tiktoken"),
                        n_vocab=_count(raw, "n_vocab"), eot_id=_count(raw, "eot_id"),
-                       ranks_sha256=_get(raw, "ranks_sha256", str))  # fmt: skip
+                       bos_id=_count(raw, "bos_id", None), ranks_sha256=_get(raw, "ranks_sha256", str))  # fmt: skip
             if not 1 <= info.n_vocab <= 1 << 32:
                 raise _Invalid(f"'n_vocab' {info.n_vocab} is outside [1, 2**32] (ids are uint32)")
-            if info.eot_id >= info.n_vocab:
-                raise _Invalid(f"'eot_id' {info.eot_id} is not below n_vocab {info.n_vocab}")
+            for key in ("eot_id", "bos_id"):
+                value = getattr(info, key)
+                if value is not None and value >= info.n_vocab:
+                    raise _Invalid(f"'{key}' {value} is not below n_vocab {info.n_vocab}")
             return info
         except _Invalid as e:
             raise _Invalid(f"tokenizer entry: {e}") from None

@@ -6,16 +6,28 @@ Memory model: as `verify` (one token block at a time), plus the N sampled docume
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError, FormatError, LmshardError, missing_dependency
-from ..format import IN_PROGRESS_FILE, METADATA_FILE, DatasetMeta, find_shard, read_document
+from ..format import (
+    IN_PROGRESS_FILE,
+    METADATA_FILE,
+    TOKENIZER_FILE,
+    VOCAB_COPY,
+    DatasetMeta,
+    dataset_file_size,
+    find_shard,
+    read_document,
+)
 from .verify import Report
 
 Decoder = Callable[[list[int]], str]
+MAX_VOCAB_BYTES = 256 << 20  # a dataset's tokenizer files larger than this are not loaded (an untrusted copy)
 
 
 def require_dataset(path: Path) -> None:
@@ -26,20 +38,51 @@ def require_dataset(path: Path) -> None:
         raise ConfigError(f"{path}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
 
 
-def decoder_for(meta: DatasetMeta | None) -> Decoder | None:
-    """tiktoken decoding for the dataset's vocabulary, or None when it is not installed (ids
-    are shown instead) or differs from the one the dataset was made with."""
+def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decoder | None:
+    """Decoding with the dataset's own vocabulary: a tiktoken one by name, a Hugging Face one
+    from the dataset's copy of its tokenizer.json (else from where it was loaded). None when it
+    is not available or differs from the one the dataset was made with (ids are shown
+    instead); `why` then receives the reason and the fix."""
     if meta is None:
         return None
-    try:
-        from ..tokenizers import load_tokenizer
+    info = meta.tokenizer
+    if info.backend == "tokenizers":
+        specs, backend = [info.name], "tokenizers"
+        with contextlib.suppress(LmshardError):  # the copy, when it is a regular file inside the dataset
+            if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_VOCAB_BYTES:
+                specs.insert(0, str(meta.root / VOCAB_COPY))
+        fix = f"put the tokenizer.json with that sha256 back in {meta.root / VOCAB_COPY}"
+    else:
+        specs, backend = [info.name], "tiktoken"
+        fix = f"run `lmshard tokenizer fetch {info.name}`"
+    from ..tokenizers import load_tokenizer
 
-        tok = load_tokenizer(meta.tokenizer.name)
-    except LmshardError:
+    for spec in specs:
+        try:
+            tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta))
+        except LmshardError:
+            continue
+        if tok.vocab_sha256 == info.ranks_sha256:
+            return tok.decode
+    if why is not None:
+        why.append(f"token ids are shown undecoded: the {info.name} vocabulary (sha256 {info.ranks_sha256[:12]}…) "
+                   f"is not available here; {fix}")  # fmt: skip
+    return None
+
+
+def _recorded_separator(meta: DatasetMeta) -> str | None:
+    """The separator's text as tokenizer_state.json records it (a Hugging Face vocabulary may
+    have none of its own that lmshard recognises)."""
+    if meta.tokenizer.backend != "tokenizers":
         return None
-    if tok.vocab_sha256 != meta.tokenizer.ranks_sha256:
+    try:
+        if dataset_file_size(meta.root, TOKENIZER_FILE) > MAX_VOCAB_BYTES:
+            return None
+        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
+        token = state.get("eot_token") if isinstance(state, dict) else None
+    except (LmshardError, OSError, ValueError, RecursionError):
         return None
-    return lambda ids: tok.decode(ids)
+    return token if isinstance(token, str) else None
 
 
 def top_tokens(report: Report, n: int, decode: Decoder | None) -> list[tuple[int, int, str]]:

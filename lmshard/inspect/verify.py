@@ -16,6 +16,7 @@ at all: sizes and indexes only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from ..format import (
     INDEX_DTYPE,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
+    VOCAB_COPY,
     DatasetMeta,
     ShardInfo,
     check_index,
@@ -163,6 +165,25 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
     for key in ("name", "n_vocab", "eot_id", "ranks_sha256"):
         if state.get(key) != getattr(meta.tokenizer, key):
             report.problems.append(Problem(TOKENIZER_FILE, f"'{key}' disagrees with the metadata"))
+    if meta.tokenizer.backend == "tokenizers":
+        _check_vocab_copy(meta, report)
+
+
+def _check_vocab_copy(meta: DatasetMeta, report: Report) -> None:
+    """A Hugging Face vocabulary's tokenizer.json, kept in the dataset: it must be the file
+    the dataset was tokenized with (`ranks_sha256`), or decoding it would mislead."""
+    try:
+        dataset_file_size(meta.root, VOCAB_COPY)
+        digest = hashlib.sha256((meta.root / VOCAB_COPY).read_bytes()).hexdigest()
+    except FormatError as e:
+        report.problems.append(Problem(VOCAB_COPY, str(e), fix=""))
+        return
+    except OSError as e:
+        report.problems.append(Problem(VOCAB_COPY, f"unreadable ({e.strerror})"))
+        return
+    if digest != meta.tokenizer.ranks_sha256:
+        report.problems.append(Problem(VOCAB_COPY, f"sha256 {digest[:16]}… is not the tokenizer's "
+                                                   f"{meta.tokenizer.ranks_sha256[:16]}… in the metadata"))  # fmt: skip
 
 
 def check_shard_structure(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> np.ndarray | None:
@@ -184,13 +205,16 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
     idx_hash = xxhash.xxh3_64_hexdigest(offsets.astype(INDEX_DTYPE).tobytes())
     if idx_hash != shard.index_xxh3_64:
         problems.append(Problem(shard.path, f"index checksum {idx_hash} != {shard.index_xxh3_64} in metadata"))
-    eot, n_vocab = meta.tokenizer.eot_id, meta.tokenizer.n_vocab
+    eot, n_vocab, bos = meta.tokenizer.eot_id, meta.tokenizer.n_vocab, meta.tokenizer.bos_id
     boundaries = offsets[1:] - 1 if meta.eot_position == "after" else offsets[:-1]
+    # A written BOS sits right before the text: at the document's start, or after its leading EOT.
+    starts = offsets[:-1] if meta.eot_position == "after" else offsets[:-1] + 1
+    starts = starts[starts < offsets[1:]] if bos is not None else starts[:0]
     tokens = (
         np.memmap(meta.abspath(shard.path), dtype=TOKEN_DTYPE, mode="r") if shard.n_tokens else np.zeros(0, TOKEN_DTYPE)
     )
     h = xxhash.xxh3_64()
-    bad_eot = bad_ids = 0
+    bad_eot = bad_bos = bad_ids = 0
     for start in range(0, shard.n_tokens, BLOCK_TOKENS):
         block = np.asarray(tokens[start : start + BLOCK_TOKENS])
         h.update(np.ascontiguousarray(block).data.cast("B"))
@@ -200,6 +224,8 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
             report.token_counts += np.bincount(block, minlength=n_vocab)
         lo, hi = np.searchsorted(boundaries, [start, start + len(block)])
         bad_eot += int((block[boundaries[lo:hi] - start] != eot).sum())
+        lo, hi = np.searchsorted(starts, [start, start + len(block)])
+        bad_bos += int((block[starts[lo:hi] - start] != bos).sum())
     del tokens
     if h.hexdigest() != shard.xxh3_64:
         problems.append(Problem(shard.path, f"checksum {h.hexdigest()} != {shard.xxh3_64} in metadata (corrupt data)"))
@@ -207,6 +233,8 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
         problems.append(Problem(shard.path, f"{bad_ids} token ids >= n_vocab {n_vocab}"))
     if bad_eot:
         problems.append(Problem(shard.path, f"{bad_eot} document boundaries without the EOT token {eot}"))
+    if bad_bos:
+        problems.append(Problem(shard.path, f"{bad_bos} document starts without the BOS token {bos}"))
 
 
 def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:

@@ -161,7 +161,7 @@ def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bo
 # Options a dataset and the documents appended to it must share: how text is cleaned,
 # deduplicated, split and separated.
 _APPEND_MUST_MATCH = ("normalize", "byte_exact", "min_chars", "max_chars", "overlong", "dedup", "dedup_lines",
-                      "val_fraction", "seed", "eot_position")  # fmt: skip
+                      "val_fraction", "seed", "eot_position", "separator", "bos")  # fmt: skip
 
 
 def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> DatasetMeta:

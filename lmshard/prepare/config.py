@@ -29,7 +29,9 @@ TEXT_MODES = ("auto", "file", "line", "paragraph")
 ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it
 DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
-TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty")
+# (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
+TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend")
+BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
 
@@ -41,6 +43,9 @@ class PrepareConfig:
     inputs: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
     tokenizer: str = "gpt2"
+    tokenizer_backend: str = "auto"  # auto, tiktoken, splintr (tiktoken vocabularies) or tokenizers
+    separator: str | None = None  # the special token after each document (default: the vocabulary's end of text)
+    bos: str = "auto"  # a BOS token before each document: auto (when the tokenizer adds one itself), yes, no
     format: str | None = None  # force one input format instead of detecting it by suffix
     text_field: str = "text"
     text_mode: str = "auto"  # .txt/.md: per file up to --max-chars bytes, else per paragraph; or file, line, paragraph
@@ -75,6 +80,10 @@ class PrepareConfig:
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
+        _choice("--bos", self.bos, BOS_MODES)
+        from ..tokenizers import BACKENDS
+
+        _choice("--tokenizer-backend", self.tokenizer_backend, BACKENDS)
         _choice("--on-error", self.on_error, ON_ERROR)
         if self.format is not None:
             _choice("--format", self.format, INPUT_FORMATS)

@@ -14,27 +14,25 @@ file). Nothing grows with the number of tokens.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 import platform
 import shutil
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import __version__
-from ..errors import LmshardError
+from ..errors import ConfigError, LmshardError, warn
 from ..format import (
     METADATA_FILE,
     SPLITS,
     TOKENIZER_FILE,
+    VOCAB_COPY,
     DatasetMeta,
     DedupInfo,
     KeyFile,
@@ -43,6 +41,7 @@ from ..format import (
     SourceInfo,
     SplitInfo,
     TokenizerInfo,
+    atomic_write_bytes,
     atomic_write_json,
     load_metadata,
 )
@@ -50,9 +49,10 @@ from ..tokenizers import Tokenizer, load_tokenizer
 from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals, check_not_empty
 from .claim import Claim, claim_output
 from .config import PrepareConfig
-from .dedup import KeySet, uniform_from_keys
-from .pool import OrderedPool, WorkerDied
-from .sources import SPLIT_INTO_PARAGRAPHS, Source, WorkItem, discover, plan
+from .dedup import uniform_from_keys
+from .feed import item_results
+from .pool import WorkerDied
+from .sources import SPLIT_INTO_PARAGRAPHS, Source, discover
 from .staging import (
     RUN_FILE,
     RUN_VERSION,
@@ -64,7 +64,7 @@ from .staging import (
     os_error,
     recover,
 )
-from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
+from .worker import ItemResult
 from .writer import with_separators
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
-    tokenizer = load_tokenizer(config.tokenizer)  # fail fast on a missing vocabulary
+    tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
     try:
         with WriterLock(paths):
             recover(paths)
@@ -103,6 +103,23 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
             return _build(config, paths, sources, tokenizer, claim, on_progress, started)
     except OSError as e:
         raise os_error(e, paths.out) from None
+
+
+def _tokenizer(config: PrepareConfig) -> Tokenizer:
+    """The run's tokenizer (the accelerated backend only once it passed the exactness gate),
+    checked against --separator and --bos."""
+    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, warn=warn)
+    if config.bos == "yes" and tokenizer.bos_id is None:
+        raise ConfigError(f"--bos yes: the {tokenizer.name} vocabulary has no BOS token; pass --bos no")
+    return tokenizer
+
+
+def bos_written(config: PrepareConfig, tokenizer: Tokenizer) -> int | None:
+    """The BOS id written before each document, or None (--bos auto: when the tokenizer's own
+    configuration adds one, as Llama's and Mistral's do)."""
+    if config.bos == "yes" or (config.bos == "auto" and tokenizer.adds_bos):
+        return tokenizer.bos_id
+    return None
 
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
@@ -128,6 +145,8 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
         keys = build.close_keys()
         meta = _metadata(config, sources, tokenizer, shards, totals, claim, keys, started)
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
+        if tokenizer.vocab_file is not None:  # inspect decodes with the dataset's own copy
+            atomic_write_bytes(staging / VOCAB_COPY, tokenizer.vocab_file.read_bytes())
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
         commit(paths)
         return meta
@@ -170,77 +189,6 @@ def _save(build: Build, claim: Claim) -> None:
     _write_run(build.root, claim, build.checkpoint())
 
 
-def _results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, build: Build) -> Iterator[ItemResult]:
-    """Item results in plan order from the first item the build has not done, from worker
-    processes (or inline for --workers 1). With --dedup-lines, a first pass over all items finds
-    repeated lines (see `_line_masks`); a resumed run repeats it (it writes nothing but masks)."""
-    wcfg = WorkerConfig(
-        sources=tuple(sources),
-        clean=config.clean_config(),
-        tokenizer=config.tokenizer,
-        text_field=config.text_field,
-        text_mode=config.text_mode,
-        on_error=config.on_error,
-    )
-
-    def items(skip: int = 0) -> Iterator[WorkItem]:
-        every = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec(),
-                     max_chars=config.max_chars)  # fmt: skip
-        return itertools.islice(every, skip, None)
-
-    n = config.n_workers()
-    with contextlib.ExitStack() as stack:
-        # OrderedPool, not multiprocessing's pools: a worker killed at any moment (OOM killer,
-        # segfault) is a one-line error within seconds instead of a hang; see pool.py.
-        pool: OrderedPool[WorkItem, Any] | None = None
-        if n > 1:
-            pool = stack.enter_context(OrderedPool(n, init_worker, wcfg))
-        stream = items(build.items_done)
-        if config.dedup_lines:
-            masks = stack.enter_context(tempfile.TemporaryFile())
-            keys = stack.enter_context(open(build.root / build.key_path("line"), "wb"))
-            hashes = _ordered(pool, process_lines, lambda it: hash_lines(it, wcfg), items(), n)
-            index, build.line_keys = _line_masks(hashes, masks, build.line_set(), keys)
-            stream = _with_masks(stream, masks, index[build.items_done :])
-        yield from _ordered(pool, process_item, lambda it: run_item(it, wcfg, tokenizer), stream, n)
-        if pool is not None:
-            pool.close()
-
-
-def _ordered(pool: OrderedPool[WorkItem, T] | None, remote: Callable[[WorkItem], T], local: Callable[[WorkItem], T],
-             items: Iterator[WorkItem], n: int) -> Iterator[T]:  # fmt: skip
-    """fn(item) for every item, in order; at most 2n + 2 items (and their text) in flight."""
-    if pool is None:
-        return map(local, items)
-    return pool.imap(remote, items, window=2 * n + 2)
-
-
-def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes], seen: KeySet,
-                keys: IO[bytes]) -> tuple[list[tuple[int, int]], int]:  # fmt: skip
-    """Pass 1 of line dedup: in input order, mark each non-blank line kept if its text was not
-    seen before (in this run or the dataset appended to); store the marks as packed bits in
-    `out` and the new lines' keys in `keys`. Returns (byte offset, lines) per item and the
-    number of new keys. Memory: the set of unique lines (≈16 bytes each), 16 bytes per item."""
-    index, new = [], 0
-    for h in hashes:
-        fresh = seen.add_new(h)
-        bits = np.packbits(fresh).tobytes()
-        index.append((out.tell(), len(h)))
-        out.write(bits)
-        keys.write(h[fresh].astype("<u8").tobytes())
-        new += int(fresh.sum())
-    keys.flush()
-    os.fsync(keys.fileno())
-    return index, new
-
-
-def _with_masks(items: Iterator[WorkItem], masks: IO[bytes], index: list[tuple[int, int]]) -> Iterator[WorkItem]:
-    """Pass 2: the same items again (the plan is deterministic), each with its keep-bits."""
-    for item, (offset, count) in zip(items, index, strict=True):
-        masks.seek(offset)
-        yield replace(item, line_keep=(masks.read((count + 7) // 8), count))
-
-
 def _run(
     config: PrepareConfig,
     sources: list[Source],
@@ -253,19 +201,20 @@ def _run(
     """Stream the work items' results into the build: dedup, split, write; checkpoint every
     CHECKPOINT_SECONDS and when Ctrl-C asks to stop."""
     totals, seen, writers = build.totals, build.seen, build.writers
+    bos = bos_written(config, tokenizer)
     progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources))
     last_save = time.monotonic()
-    for result in _results(config, sources, tokenizer, build):
+    for result in item_results(config, sources, tokenizer, build):
         keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)
-        _account(totals, result, keep, dupes)
+        _account(totals, result, keep, dupes, 1 if bos is None else 2)
         build.add_keys(result.keys[keep])
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
         for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
             if mask.any():
                 tokens, lengths = with_separators(
-                    result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position
+                    result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position, bos
                 )
                 writers[split].add(tokens, lengths)
         progress.bytes_done += result.nbytes
@@ -300,10 +249,10 @@ def _limit(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> np.ndarr
     return limited
 
 
-def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray) -> None:
+def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int) -> None:
     kept_lengths = result.lengths[keep]
     totals.docs_kept += int(keep.sum())
-    totals.tokens += int(kept_lengths.sum()) + len(kept_lengths)  # + one EOT per document
+    totals.tokens += int(kept_lengths.sum()) + specials * len(kept_lengths)  # + the EOT (and BOS) of each
     totals.chars += result.chars
     totals.duplicates += int(dupes.sum())
     for src, counts in result.counts.items():
@@ -343,6 +292,7 @@ def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer
             backend=tokenizer.backend,
             n_vocab=tokenizer.n_vocab,
             eot_id=tokenizer.eot_id,
+            bos_id=bos_written(config, tokenizer),
             ranks_sha256=tokenizer.vocab_sha256,
         ),  # fmt: skip
         total_tokens=n_tokens,

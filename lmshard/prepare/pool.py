@@ -44,6 +44,7 @@ from ..errors import LmshardError
 
 T = TypeVar("T")
 R = TypeVar("R")
+READY = -2  # the seq of the message a worker sends once its initializer has run
 PER_WORKER = 2  # tasks queued in one worker: one running, one ready to start without a round trip
 JOIN_SECONDS = 5.0  # how long an orderly shutdown waits for a worker before killing it
 
@@ -84,6 +85,7 @@ class OrderedPool(Generic[T, R]):
                 self._results.append(result_r)
             # Which worker a ready pipe or sentinel belongs to, built once (looked up per answer).
             self._by_conn = {id(c): k for k, c in enumerate(self._results)}
+            self._ready = [False] * n
             self._by_sentinel = {p.sentinel: k for k, p in enumerate(self._procs)}
         except BaseException:
             self.kill()
@@ -129,6 +131,26 @@ class OrderedPool(Generic[T, R]):
                 for k, seq, ok, value in self._receive():
                     load[k] -= 1
                     finished[seq] = (ok, value)
+
+    def ready(self) -> bool:
+        """Whether every worker has run its initializer, without waiting: callers do the work
+        themselves until then (a worker's start costs more than a small input's whole run). An
+        initializer's error is raised here, and a worker that died before it was ready is
+        `WorkerDied`, as it would be in `imap`. Call it only before `imap`."""
+        for k, conn in enumerate(self._results):
+            if self._ready[k]:
+                continue
+            try:
+                while not self._ready[k] and conn.poll():
+                    seq, ok, value = conn.recv()
+                    if not ok and seq < 0:
+                        raise value
+                    self._ready[k] = seq == READY
+            except (EOFError, OSError):
+                raise self._died(k) from None
+            if not self._ready[k] and not self._procs[k].is_alive():
+                raise self._died(k)
+        return all(self._ready)
 
     def close(self) -> None:
         """Orderly shutdown of idle workers: end-of-file on their task pipes, then join."""
@@ -179,6 +201,9 @@ class OrderedPool(Generic[T, R]):
                 raise WorkerBug(f"worker {k} sent a result that cannot be read: {e!r}") from None
             if not ok and seq < 0:
                 raise value
+            if seq == READY:
+                self._ready[k] = True
+                continue
             yield k, seq, ok, value
         for r in ready:
             if isinstance(r, int):
@@ -229,6 +254,7 @@ def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[
     except BaseException as e:
         _answer(results, -1, False, _portable(e))
         os._exit(1)
+    _answer(results, READY, True, None)
     while True:
         task = inbox.get()
         if isinstance(task, BaseException):  # the reader could not read a task: say so, then stop

@@ -41,6 +41,8 @@ class WorkerConfig:
     sources: tuple[Source, ...]
     clean: CleanConfig
     tokenizer: str
+    tokenizer_backend: str = "auto"  # the backend the main process chose (and gated): workers use the same
+    separator: str | None = None
     text_field: str = "text"
     text_mode: str = "auto"
     on_error: str = "fail"
@@ -67,7 +69,8 @@ _state: dict[str, object] = {}
 def init_worker(config: WorkerConfig) -> None:
     """Process-pool initializer: build the tokenizer once per process."""
     _state["config"] = config
-    _state["tokenizer"] = load_tokenizer(config.tokenizer)
+    _state["tokenizer"] = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator,
+                                         gated=True)  # fmt: skip
 
 
 def process_item(item: WorkItem) -> ItemResult:

@@ -23,17 +23,29 @@ from ..format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, shard_paths
 
 
 def with_separators(
-    tokens: np.ndarray, lengths: np.ndarray, keep: np.ndarray, eot: int, position: str
+    tokens: np.ndarray, lengths: np.ndarray, keep: np.ndarray, eot: int, position: str, bos: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Select the documents where `keep` is True from a flat token array and add one EOT token
-    to each, after or before it. Returns (tokens, lengths) of the selected documents."""
+    to each, after or before it, and a BOS token right before its text when `bos` is given.
+    Returns (tokens, lengths) of the selected documents, separators included."""
     if keep.all():
         chosen, lens = tokens, lengths
     else:
         chosen, lens = tokens[np.repeat(keep, lengths)], lengths[keep]
     ends = np.cumsum(lens)
-    at = ends if position == "after" else ends - lens
-    return np.insert(chosen, at, np.uint32(eot)).astype(TOKEN_DTYPE, copy=False), lens + 1
+    starts = ends - lens
+    eots = np.full(len(lens), eot, TOKEN_DTYPE)
+    if bos is None:
+        at, values = (ends if position == "after" else starts), eots
+    else:
+        # Per document in order (np.insert keeps the given order among equal indices): BOS at
+        # its start and EOT at its end, or EOT then BOS at its start.
+        bos_ = np.full(len(lens), bos, TOKEN_DTYPE)
+        pairs = ((starts, bos_), (ends, eots)) if position == "after" else ((starts, eots), (starts, bos_))
+        at = np.stack([pairs[0][0], pairs[1][0]], axis=1).ravel()
+        values = np.stack([pairs[0][1], pairs[1][1]], axis=1).ravel()
+    out = np.insert(chosen, at, values).astype(TOKEN_DTYPE, copy=False)
+    return out, lens + (1 if bos is None else 2)
 
 
 class ShardWriter:

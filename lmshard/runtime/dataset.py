@@ -55,13 +55,14 @@ class TokenDataset:
         self.meta, self.store = open_store(path, split, max_open_shards, rss_limit)
         self.path, self.split = Path(path), split
         self.eot_id = self.meta.tokenizer.eot_id
+        self.bos_id = self.meta.tokenizer.bos_id  # before each document, or None when none was written
         self.vocab_size = self.meta.tokenizer.n_vocab
 
     @classmethod
     def _from_store(cls, store: TokenStore, eot_id: int, vocab_size: int, name: str) -> TokenDataset:
         self = cls.__new__(cls)
         self.meta, self.store, self.path, self.split = None, store, Path(name), "memory"
-        self.eot_id, self.vocab_size = eot_id, vocab_size
+        self.eot_id, self.vocab_size, self.bos_id = eot_id, vocab_size, None
         return self
 
     @classmethod

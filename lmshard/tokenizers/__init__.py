@@ -48,7 +48,9 @@ def load_tokenizer(
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if is_hf_spec(spec):
         if backend not in ("auto", "tokenizers"):
-            raise TokenizerError(f"{spec}: a Hugging Face tokenizer is encoded by the tokenizers backend, not {backend}")
+            raise TokenizerError(
+                f"{spec}: a Hugging Face tokenizer is encoded by the tokenizers backend, not {backend}"
+            )
         from .hf_backend import HFTokenizer
 
         return HFTokenizer(spec, separator=separator)

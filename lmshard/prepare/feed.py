@@ -1,0 +1,147 @@
+"""Where a prepare run's item results come from: this process, a pool of worker processes, or
+this process first and the pool once it is up.
+
+A worker's start (a fresh interpreter, imports, the vocabulary) costs about half a second of a
+core, more than a few MB of text takes to tokenize, so the pool is started only when the work
+left would take this process longer than that: the first items are always done here, the rate
+they ran at estimates the rest, and the pool starts once the estimate exceeds
+`POOL_START_SECONDS` (at once for inputs of unknown size: a Hugging Face stream). Until every
+worker is ready this process goes on doing items itself; from then on the pool does them all.
+Results come out in plan order either way, so the output bytes never depend on who did an item.
+
+Memory model: at most `2 × workers + 2` items in flight in the pool (each ≈1 MiB of text and
+its tokens), one item when done here; with --dedup-lines, the line-key set of `_line_masks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import IO, Any, TypeVar
+
+import numpy as np
+
+from ..tokenizers import Tokenizer
+from .build import Build
+from .config import PrepareConfig
+from .dedup import KeySet
+from .pool import OrderedPool
+from .sources import Source, WorkItem, plan
+from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
+
+T = TypeVar("T")
+# What starting the pool costs, in seconds of this process's own work it must save to pay off
+# (0: start it at once, as tests of the pool do).
+POOL_START_SECONDS = float(os.environ.get("LMSHARD_POOL_START_SECONDS", "0.5"))
+
+
+class Feeder:
+    """Runs functions over work items in order, here or in the pool (started when worth it)."""
+
+    def __init__(self, n: int, wcfg: WorkerConfig, stack: contextlib.ExitStack, bytes_total: int) -> None:
+        self.n, self.wcfg, self.stack = n, wcfg, stack
+        self.bytes_total = bytes_total  # 0: unknown (a stream)
+        self.pool: OrderedPool[WorkItem, Any] | None = None
+        self.bytes_here = 0
+        self.seconds_here = 0.0
+        self.parallel = False  # the pool is ready and does every item from now on
+
+    def _start_pool(self) -> None:
+        if self.pool is None and self.n > 1:
+            self.pool = self.stack.enter_context(OrderedPool(self.n, init_worker, self.wcfg))
+
+    def _worth_a_pool(self, bytes_seen: int) -> bool:
+        if self.bytes_total <= 0:
+            return True
+        if self.bytes_here == 0 or self.seconds_here <= 0:
+            return False
+        left = max(0, self.bytes_total - bytes_seen)
+        return left / (self.bytes_here / self.seconds_here) > POOL_START_SECONDS
+
+    def map(self, remote: Callable[[WorkItem], T], local: Callable[[WorkItem], T],
+            items: Iterator[WorkItem], bytes_before: int = 0) -> Iterator[T]:  # fmt: skip
+        """fn(item) for every item, in order. `bytes_before`: input bytes of skipped items."""
+        seen = bytes_before
+        if self.n > 1 and (self.bytes_total <= 0 or POOL_START_SECONDS <= 0):
+            self._start_pool()
+        for item in items:
+            if self.pool is not None and (self.parallel or self.pool.ready()):
+                self.parallel = True
+                yield from self.pool.imap(remote, itertools.chain([item], items), window=2 * self.n + 2)
+                return
+            t0 = time.perf_counter()
+            result = local(item)
+            self.seconds_here += time.perf_counter() - t0
+            self.bytes_here += item.nbytes
+            seen += item.nbytes
+            yield result
+            if self.pool is None and self.n > 1 and self._worth_a_pool(seen):
+                self._start_pool()
+
+
+def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
+                 build: Build) -> Iterator[ItemResult]:  # fmt: skip
+    """Item results in plan order from the first item the build has not done. With
+    --dedup-lines, a first pass over all items finds repeated lines (see `_line_masks`); a
+    resumed run repeats it (it writes nothing but masks)."""
+    wcfg = WorkerConfig(
+        sources=tuple(sources),
+        clean=config.clean_config(),
+        tokenizer=config.tokenizer,
+        tokenizer_backend=tokenizer.backend,
+        separator=config.separator,
+        text_field=config.text_field,
+        text_mode=config.text_mode,
+        on_error=config.on_error,
+    )
+
+    def items(skip: int = 0) -> Iterator[WorkItem]:
+        every = plan(sources, config.text_mode, config.text_field, config.on_error, config.hf_spec(),
+                     max_chars=config.max_chars)  # fmt: skip
+        return itertools.islice(every, skip, None)
+
+    with contextlib.ExitStack() as stack:
+        # OrderedPool, not multiprocessing's pools: a worker killed at any moment (OOM killer,
+        # segfault) is a one-line error within seconds instead of a hang; see pool.py.
+        feeder = Feeder(config.n_workers(), wcfg, stack, sum(s.size for s in sources))
+        stream = items(build.items_done)
+        if config.dedup_lines:
+            masks = stack.enter_context(tempfile.TemporaryFile())
+            keys = stack.enter_context(open(build.root / build.key_path("line"), "wb"))
+            hashes = feeder.map(process_lines, lambda it: hash_lines(it, wcfg), items())
+            index, build.line_keys = _line_masks(hashes, masks, build.line_set(), keys)
+            stream = _with_masks(stream, masks, index[build.items_done :])
+        yield from feeder.map(process_item, lambda it: run_item(it, wcfg, tokenizer), stream, build.bytes_done)
+        if feeder.pool is not None:
+            feeder.pool.close()
+
+
+def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes], seen: KeySet,
+                keys: IO[bytes]) -> tuple[list[tuple[int, int]], int]:  # fmt: skip
+    """Pass 1 of line dedup: in input order, mark each non-blank line kept if its text was not
+    seen before (in this run or the dataset appended to); store the marks as packed bits in
+    `out` and the new lines' keys in `keys`. Returns (byte offset, lines) per item and the
+    number of new keys. Memory: the set of unique lines (≈16 bytes each), 16 bytes per item."""
+    index, new = [], 0
+    for h in hashes:
+        fresh = seen.add_new(h)
+        bits = np.packbits(fresh).tobytes()
+        index.append((out.tell(), len(h)))
+        out.write(bits)
+        keys.write(h[fresh].astype("<u8").tobytes())
+        new += int(fresh.sum())
+    keys.flush()
+    os.fsync(keys.fileno())
+    return index, new
+
+
+def _with_masks(items: Iterator[WorkItem], masks: IO[bytes], index: list[tuple[int, int]]) -> Iterator[WorkItem]:
+    """Pass 2: the same items again (the plan is deterministic), each with its keep-bits."""
+    for item, (offset, count) in zip(items, index, strict=True):
+        masks.seek(offset)
+        yield replace(item, line_keep=(masks.read((count + 7) // 8), count))

@@ -1,0 +1,126 @@
+"""Where item results come from (prepare/feed.py), and the separators around each document.
+
+A small input is done in the main process and never pays for a worker pool; a large one starts
+the pool once the rate of the first items says it pays off; the main process keeps working
+until every worker is ready. Whoever does an item, the results come out in plan order and equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write
+
+import lmshard.prepare.feed as feed
+from lmshard.prepare.clean import CleanConfig
+from lmshard.prepare.feed import Feeder
+from lmshard.prepare.sources import discover, plan
+from lmshard.prepare.worker import WorkerConfig, process_item, run_item
+from lmshard.prepare.writer import with_separators
+from lmshard.tokenizers import load_tokenizer
+
+
+def test_separators_with_and_without_bos():
+    tokens = np.array([1, 2, 3, 4, 5], dtype=np.uint32)
+    lengths, every = np.array([2, 0, 3]), np.ones(3, bool)
+    out, lens = with_separators(tokens, lengths, every, 9, "after", 7)
+    assert out.tolist() == [7, 1, 2, 9, 7, 9, 7, 3, 4, 5, 9] and lens.tolist() == [4, 2, 5]
+    out, lens = with_separators(tokens, lengths, every, 9, "before", 7)
+    assert out.tolist() == [9, 7, 1, 2, 9, 7, 9, 7, 3, 4, 5] and lens.tolist() == [4, 2, 5]
+    some = np.array([True, False, True])
+    out, lens = with_separators(tokens, lengths, some, 9, "after")
+    assert out.tolist() == [1, 2, 9, 3, 4, 5, 9] and lens.tolist() == [3, 4]
+    out, lens = with_separators(tokens, lengths, some, 9, "before", 7)
+    assert out.tolist() == [9, 7, 1, 2, 9, 7, 3, 4, 5] and lens.tolist() == [4, 5]
+    assert out.dtype == np.dtype("<u4")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """~45 work items of one JSON-lines file (1 KiB blocks), a worker config and a tokenizer."""
+    root = tmp_path_factory.mktemp("feed")
+    src = write(root / "a.jsonl", "".join(json.dumps({"text": f"document {i} " + "w " * (i % 50)}) + "\n"
+                                          for i in range(640)))  # fmt: skip
+    sources = discover([str(src)])
+    wcfg = WorkerConfig(sources=tuple(sources), clean=CleanConfig(), tokenizer="gpt2", tokenizer_backend="tiktoken")
+    tok = load_tokenizer("gpt2", "tiktoken")
+    return sources, wcfg, tok
+
+
+def _items(sources, monkeypatch):
+    import lmshard.prepare.sources as sources_mod
+
+    monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 1024)
+    return list(plan(sources, "auto", "text"))
+
+
+def _run(feeder: Feeder, items, wcfg, tok, delay: float = 0.0):
+    def local(item):
+        time.sleep(delay)  # a slow main process, so the pool gets ready mid-stream
+        return run_item(item, wcfg, tok)
+
+    return [(r.seq, r.tokens.tolist(), r.lengths.tolist()) for r in feeder.map(process_item, local, iter(items))]
+
+
+def test_a_small_input_never_starts_the_pool(setup, monkeypatch):
+    sources, wcfg, tok = setup
+    items = _items(sources, monkeypatch)
+    with contextlib.ExitStack() as stack:
+        feeder = Feeder(2, wcfg, stack, bytes_total=sum(s.size for s in sources))
+        results = _run(feeder, items, wcfg, tok)
+        assert feeder.pool is None and feeder.bytes_here == sum(i.nbytes for i in items)
+    assert [r[0] for r in results] == [(0, k) for k in range(len(items))] and len(items) > 30
+
+
+def test_a_large_input_starts_the_pool_and_results_stay_in_order(setup, monkeypatch):
+    """Pretend the input is huge: after the first item the estimate says a pool pays off; the
+    slow main process does items until both workers are ready, then the pool does the rest."""
+    sources, wcfg, tok = setup
+    items = _items(sources, monkeypatch)
+    with contextlib.ExitStack() as stack:
+        expected = _run(Feeder(1, wcfg, stack, 0), items, wcfg, tok)
+        feeder = Feeder(2, wcfg, stack, bytes_total=1 << 40)
+        got = _run(feeder, items, wcfg, tok, delay=0.1)
+        assert feeder.pool is not None and feeder.parallel, "the pool never took over"
+        assert 0 < feeder.bytes_here < sum(i.nbytes for i in items), "items were done on both sides"
+    assert got == expected
+
+
+@pytest.mark.parametrize("total", [0, 100])
+def test_a_stream_or_a_zero_threshold_starts_the_pool_at_once(setup, monkeypatch, total):
+    sources, wcfg, tok = setup
+    items = _items(sources, monkeypatch)
+    monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.0 if total else 0.5)
+    with contextlib.ExitStack() as stack:
+        expected = _run(Feeder(1, wcfg, stack, total), items, wcfg, tok)
+        feeder = Feeder(2, wcfg, stack, bytes_total=total)
+        results = feeder.map(process_item, lambda it: run_item(it, wcfg, tok), iter(items))
+        assert feeder.pool is None  # a generator: nothing has run yet
+        first = next(results)
+        assert feeder.pool is not None, "the pool did not start before the first item"
+        rest = [(r.seq, r.tokens.tolist(), r.lengths.tolist()) for r in results]
+    assert [(first.seq, first.tokens.tolist(), first.lengths.tolist()), *rest] == expected
+
+
+def test_prepare_output_is_the_same_in_process_and_in_the_pool(tmp_path, monkeypatch):
+    """End to end: all in this process, pool at once, and the estimate's choice agree byte for byte."""
+    from lmshard.prepare import PrepareConfig, prepare
+
+    src = write(tmp_path / "a.jsonl", "".join(json.dumps({"text": f"doc {i} " + "x y " * (i % 40)}) + "\n"
+                                              for i in range(3000)))  # fmt: skip
+    import lmshard.prepare.sources as sources_mod
+
+    monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 4096)
+    trees = []
+    for name, threshold in (("here", 1e9), ("pool", 0.0), ("auto", 0.5)):
+        monkeypatch.setattr(feed, "POOL_START_SECONDS", threshold)
+        out = tmp_path / name
+        prepare(PrepareConfig(inputs=[str(src)], out=str(out), workers=2, tokens_per_shard=5000))
+        trees.append({str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*.*"))
+                      if p.suffix in (".bin", ".idx", ".u64")})  # fmt: skip
+    assert trees[0] == trees[1] == trees[2] and len(trees[0]) > 4
