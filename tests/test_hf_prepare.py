@@ -1,0 +1,134 @@
+"""A Hugging Face vocabulary end to end: prepare → inspect → loader, with ids above 65,535.
+
+The vocabulary is the Llama-3-like byte-level BPE built in test_hf_tokenizer (more than 65,536
+ids; <|begin_of_text|> and <|end_of_text|> above them; a post-processor that adds the BOS). The
+truth is the `tokenizers` library's own encoding of each document, plus the separators the
+metadata records, read back with numpy from the raw .bin files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tokenizers
+from conftest import read_docs, write
+from test_hf_tokenizer import BOT, EOT, big  # noqa: F401  (big: the module-scoped vocabulary fixture)
+
+from lmshard.errors import ConfigError
+from lmshard.format import load_metadata
+from lmshard.inspect.audit import decoder_for
+from lmshard.inspect.verify import verify_dataset
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.runtime import TokenDataset
+
+
+@pytest.fixture(autouse=True)
+def _restore_parallelism(monkeypatch):
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the backend sets it for its process
+
+
+@pytest.fixture(scope="module")
+def corpus(big, tmp_path_factory):  # noqa: F811
+    """Documents made of words whose ids are above 65,535, mixed with prose, unicode and text
+    that looks like the special tokens."""
+    high = big["high_words"]
+    texts = [f"{' '.join(high[7 * i : 7 * i + 7])} doc {i} é 日本 {BOT if i % 5 == 0 else ''}" for i in range(300)]
+    texts += [f"plain prose number {i}, {EOT} inside" for i in range(20)]
+    path = tmp_path_factory.mktemp("hfin") / "docs.jsonl"
+    write(path, "".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path, texts
+
+
+def _special_ids(big):  # noqa: F811
+    ref = tokenizers.Tokenizer.from_file(str(big["file"]))
+    return ref.token_to_id(BOT), ref.token_to_id(EOT)
+
+
+def _prepare(tmp_path, corpus, big, **kw):  # noqa: F811
+    cfg = PrepareConfig(inputs=[str(corpus[0])], out=str(tmp_path / "ds"), tokenizer=str(big["file"]),
+                        val_fraction=0.1, tokens_per_shard=2000, **kw)  # fmt: skip
+    return prepare(cfg)
+
+
+def _expected(big, texts, specials):  # noqa: F811
+    ref = tokenizers.Tokenizer.from_file(str(big["file"]))
+    ref.encode_special_tokens = True  # the special-looking text is ordinary text, as in prepare
+    return [[*specials[0], *e.ids, *specials[1]] for e in ref.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_round_trip_with_ids_above_65535(tmp_path, corpus, big, eager_pool):  # noqa: F811
+    meta = _prepare(tmp_path, corpus, big, workers=2)
+    root = tmp_path / "ds"
+    bos, eot = _special_ids(big)
+    assert bos > 0xFFFF and eot > 0xFFFF
+    tok = meta.tokenizer
+    assert (tok.backend, tok.bos_id, tok.eot_id) == ("tokenizers", bos, eot)
+    assert tok.ranks_sha256 == hashlib.sha256(big["file"].read_bytes()).hexdigest()
+    assert (root / "tokenizer.json").read_bytes() == big["file"].read_bytes()
+    # Every document, in input order across both splits, is BOS + tokenizers' ids + EOT.
+    docs = {tuple(d.tolist()) for split in ("train", "val") for d in read_docs(root, split)}
+    expected = _expected(big, corpus[1], ([bos], [eot]))
+    assert docs == {tuple(e) for e in expected} and len(expected) == meta.n_docs()
+    train = read_docs(root, "train")
+    assert [d.tolist() for d in train] == [e for e in expected if tuple(e) in {tuple(t.tolist()) for t in train}]
+    high = np.concatenate(train)
+    assert int(high.max()) > 0xFFFF and int((high > 0xFFFF).sum()) > 1000
+    # The special-looking text inside documents never became a special id.
+    assert sum(int((d == bos).sum()) for d in train) == len(train)
+    assert sum(int((d == eot).sum()) for d in train) == len(train)
+
+    report = verify_dataset(root)
+    assert report.ok, report.problems
+    decode = decoder_for(load_metadata(root))
+    assert decode is not None and decode(train[0].tolist()) == f"{BOT}{corpus[1][0]}{EOT}"
+
+    ds = TokenDataset(root, split="train")
+    assert (ds.bos_id, ds.eot_id, ds.vocab_size) == (bos, eot, tok.n_vocab)
+    assert ds.vocab_size > 0xFFFF + 2
+
+
+def test_inspect_decodes_with_the_datasets_copy_and_catches_a_swapped_one(tmp_path, corpus, big):  # noqa: F811
+    _prepare(tmp_path, corpus, big)
+    root = tmp_path / "ds"
+    moved = shutil.copy(big["file"], tmp_path / "elsewhere.json")
+    big["file"].rename(tmp_path / "gone.json")  # the file the dataset was prepared from is gone
+    try:
+        decode = decoder_for(load_metadata(root))
+        assert decode is not None and decode(read_docs(root, "train")[0].tolist()).startswith(BOT)
+        (root / "tokenizer.json").write_bytes(big["plain"].read_bytes())  # another vocabulary
+        report = verify_dataset(root, quick=True)
+        assert not report.ok and any("tokenizer.json" in str(p) and "sha256" in str(p) for p in report.problems)
+        why: list[str] = []
+        assert decoder_for(load_metadata(root), why) is None
+        assert "tokenizer.json" in why[0] and "sha256" in why[0]
+    finally:
+        (tmp_path / "gone.json").rename(big["file"])
+    assert moved.exists()
+
+
+def test_a_damaged_bos_is_reported(tmp_path, corpus, big):  # noqa: F811
+    meta = _prepare(tmp_path, corpus, big)
+    shard = tmp_path / "ds" / meta.split_shards("train")[0].path
+    tokens = np.fromfile(shard, dtype="<u4")
+    tokens[0] = 5  # the first document's BOS
+    tokens.tofile(shard)
+    problems = [str(p) for p in verify_dataset(tmp_path / "ds").problems]
+    assert any(f"1 document starts without the BOS token {meta.tokenizer.bos_id}" in p for p in problems), problems
+
+
+def test_bos_and_separator_options(tmp_path, corpus, big):  # noqa: F811
+    bos, eot = _special_ids(big)
+    meta = _prepare(tmp_path, corpus, big, bos="no", eot_position="before")
+    assert meta.tokenizer.bos_id is None
+    docs = read_docs(tmp_path / "ds", "train")
+    assert all(d[0] == eot and bos not in d.tolist() for d in docs)
+    meta = _prepare(tmp_path, corpus, big, overwrite=True, separator=BOT, bos="no")
+    assert meta.tokenizer.eot_id == bos and all(d[-1] == bos for d in read_docs(tmp_path / "ds", "train"))
+    with pytest.raises(ConfigError, match="--append.*--separator"):
+        _prepare(tmp_path, corpus, big, append=True)  # the dataset's separator differs
+    with pytest.raises(ConfigError, match="no BOS token"):
+        prepare(PrepareConfig(inputs=[str(corpus[0])], out=str(tmp_path / "g"), tokenizer="gpt2", bos="yes"))
