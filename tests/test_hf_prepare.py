@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +136,34 @@ def test_bos_and_separator_options(tmp_path, corpus, big):  # noqa: F811
         _prepare(tmp_path, corpus, big, append=True)  # the dataset's separator differs
     with pytest.raises(ConfigError, match="no BOS token"):
         prepare(PrepareConfig(inputs=[str(corpus[0])], out=str(tmp_path / "g"), tokenizer="gpt2", bos="yes"))
+
+
+# --- the command line, in a subprocess as a user runs it ---------------------------------------
+
+
+def _lmshard(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("lmshard")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+def test_an_uncached_hub_name_fails_with_one_line_offline(tmp_path, corpus):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    done = _lmshard("prepare", str(corpus[0]), "--out", str(tmp_path / "o"), "--tokenizer", "org/not-cached",
+                    env=env)  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert "not in the local Hugging Face cache" in errors[0] and "hf download org/not-cached" in errors[0]
+    assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+
+
+def test_cli_prepare_and_inspect_a_tokenizer_json(tmp_path, corpus, big):  # noqa: F811
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = _lmshard("prepare", str(corpus[0]), "--out", str(tmp_path / "o"), "--tokenizer", str(big["file"]), env=env)
+    assert done.returncode == 0, done.stderr
+    bos, eot = _special_ids(big)
+    assert f"EOT {eot}, BOS {bos}; tokenizers" in " ".join(done.stdout.split())
+    done = _lmshard("inspect", str(tmp_path / "o"), "--doc", "train/shard_000000:0", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["tokenizer"]["bos_id"] == bos
+    assert report["samples"][0]["text"] == f"{BOT}{corpus[1][0]}{EOT}"
