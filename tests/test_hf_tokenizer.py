@@ -200,8 +200,18 @@ def test_config_adds_bos_without_template(tmp_path):
     ref = tokenizers.Tokenizer.from_file(str(path))
     assert (tok.eot_token, tok.eot_id) == ("</s>", ref.token_to_id("</s>"))
     assert (tok.bos_token, tok.bos_id, tok.adds_bos) == ("<s>", ref.token_to_id("<s>"), True)
+    assert HFTokenizer(str(path)).adds_bos is True  # the file's path: the config beside it counts too
     (tmp_path / "m" / "tokenizer_config.json").write_text("{}")
     assert HFTokenizer(str(tmp_path / "m")).adds_bos is False  # nothing adds it now
+
+
+def test_bos_from_the_post_processor_template(tmp_path):
+    # A BOS named nowhere but in the template (not one of the well-known names).
+    path = small(tmp_path, ["<|startoftext|>", "<|endoftext|>"], bos_template="<|startoftext|>")
+    tok = HFTokenizer(str(path))
+    bos_id = tokenizers.Tokenizer.from_file(str(path)).token_to_id("<|startoftext|>")
+    assert (tok.bos_token, tok.bos_id, tok.adds_bos) == ("<|startoftext|>", bos_id, True)
+    assert tok.eot_token == "<|endoftext|>"
 
 
 def test_special_tokens_map_overrides_tokenizer_config(tmp_path):
@@ -303,9 +313,9 @@ def hub(tmp_path, monkeypatch):
 
 
 def test_hub_name_resolves_from_local_cache_offline(tmp_path, hub):
-    path = small(tmp_path / "src", ["<s>", "</s>"], bos_template="<s>")
-    files = {"tokenizer.json": path.read_bytes(),
-             "tokenizer_config.json": json.dumps({"eos_token": "</s>", "bos_token": "<s>"}).encode()}  # fmt: skip
+    path = small(tmp_path / "src", ["<s>", "</s>", "<doc>"], bos_template="<s>")
+    files = {"tokenizer.json": path.read_bytes(),  # the config names a separator no default would pick
+             "tokenizer_config.json": json.dumps({"eos_token": "<doc>", "bos_token": "<s>"}).encode()}  # fmt: skip
     commit = hashlib.sha1(b"a commit").hexdigest()
     cache_repo(hub, "some-org/tiny-lm", files, commit)
     from huggingface_hub import hf_hub_download, scan_cache_dir
@@ -319,7 +329,7 @@ def test_hub_name_resolves_from_local_cache_offline(tmp_path, hub):
     assert time.monotonic() - start < 2
     assert isinstance(tok, HFTokenizer) and tok.vocab_file == Path(expected) and tok.name == "some-org/tiny-lm"
     assert tok.vocab_sha256 == hashlib.sha256(files["tokenizer.json"]).hexdigest()
-    assert (tok.eot_token, tok.bos_token, tok.adds_bos) == ("</s>", "<s>", True)
+    assert (tok.eot_token, tok.bos_token, tok.adds_bos) == ("<doc>", "<s>", True)
     assert tok.identity()["source"] == {"kind": "hub", "repo_id": "some-org/tiny-lm", "revision": "main",
                                         "commit": commit}  # fmt: skip
     assert HFTokenizer(f"some-org/tiny-lm@{commit}").identity()["source"]["commit"] == commit
