@@ -91,6 +91,8 @@ def test_a_corrupt_installed_vocabulary_is_refused(tmp_path, monkeypatch):
     cache_file(VOCABULARIES["r50k_base"], tmp_path).write_bytes(ranks.replace(b" 50255", b" 50254"))
     with pytest.raises(TokenizerError, match="sha256 .* is not the expected"):
         SplintrTokenizer("gpt2")
+    with pytest.raises(TokenizerError, match="sha256 .* is not the expected"):  # an error, not a fallback
+        load_tokenizer("gpt2", "auto", warn=pytest.fail)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +196,15 @@ def test_a_splintr_that_cannot_load_falls_back(gate_dir, monkeypatch):
     warnings: list[str] = []
     assert load_tokenizer("gpt2", "auto", warn=warnings.append).backend == "tiktoken"
     assert "splintr could not load gpt2: ValueError: Regex compilation error" in warnings[0]
+
+
+def test_a_vocabulary_without_an_exact_pattern_falls_back(gate_dir, monkeypatch):
+    monkeypatch.delitem(backend.SPLINTR_PATTERNS, "r50k_base")
+    warnings: list[str] = []
+    assert load_tokenizer("gpt2", "auto", warn=warnings.append).backend == "tiktoken"
+    assert warnings[0].endswith("falling back to tiktoken: splintr has no exact pattern for r50k_base")
+    with pytest.raises(TokenizerError, match="no exact pattern for r50k_base"):
+        SplintrTokenizer("gpt2")
 
 
 def test_auto_takes_splintr_and_remembers_the_pass(gate_dir, monkeypatch):

@@ -10,7 +10,7 @@ text, contractions in every case, and very long words. About 190 KB of UTF-8.
 `accelerated(spec, ...)` is what `load_tokenizer` calls for backend "auto" or "splintr". A pass
 is remembered on disk, in `gate_dir()`, under a key of everything that could change the answer
 (splintr's and tiktoken's versions, the vocabulary's sha256, the sample's sha256, the backend's
-source), so a run pays for the reference tiktoken load only once per installation.
+source, the CPU), so a run pays for the reference tiktoken load only once per installation.
 
 Memory model: the sample (about 0.2 MB of text) and its tokens; the reference tokenizer while
 the gate runs (released when it passes).
@@ -22,6 +22,7 @@ import base64
 import hashlib
 import inspect
 import json
+import platform
 import random
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -222,6 +223,17 @@ def gate_dir() -> Path:
     return cache_dir().parent / "gate"
 
 
+def _cpu() -> str:
+    """The machine and, on Linux, a hash of its CPU feature flags: splintr picks SIMD and JIT code
+    paths per CPU, and a home directory (so this cache) may be shared by different nodes."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
 def _pass_record(candidate: Tokenizer) -> dict[str, str]:
     """Everything a pass depends on; a change to any of it runs the gate again."""
     import splintr
@@ -231,6 +243,7 @@ def _pass_record(candidate: Tokenizer) -> dict[str, str]:
     return {
         "backend": f"{type(candidate).__module__}.{type(candidate).__qualname__}",
         "backend_source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "cpu": _cpu(),
         "splintr_version": getattr(splintr, "__version__", "unknown"),
         "tiktoken_version": getattr(tiktoken, "__version__", "unknown"),
         "vocab_sha256": candidate.vocab_sha256,
@@ -260,12 +273,17 @@ def _remember(record: dict[str, str]) -> None:
 
 def _candidate_problem(spec: str) -> tuple[Tokenizer | None, str | None]:
     """(the splintr tokenizer, None) when it loads and passes the gate, else (None, why not)."""
-    from .splintr_backend import SplintrTokenizer
+    from .splintr_backend import SPLINTR_PATTERNS, SplintrTokenizer
     from .tiktoken_backend import TiktokenTokenizer
 
+    base = resolve(spec)[1].base  # a missing or unknown vocabulary is the user's to fix
+    if base not in SPLINTR_PATTERNS:
+        return None, f"splintr has no exact pattern for {base}"
     try:
         candidate = SplintrTokenizer(spec)
         record = _pass_record(candidate)
+    except TokenizerError:
+        raise  # the vocabulary file failed its sha256: no backend can use it
     except Exception as e:  # any failure of the accelerated path falls back, never crashes
         return None, f"splintr could not load {spec}: {type(e).__name__}: {e}"
     if _passed_before(record):
@@ -291,7 +309,6 @@ def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None
         if required:
             raise TokenizerError(FAST_EXTRA) from None
         return TiktokenTokenizer(spec)
-    resolve(spec)  # a missing or unknown vocabulary is the user's to fix, whichever backend
     if gated:
         from .splintr_backend import SplintrTokenizer
 
