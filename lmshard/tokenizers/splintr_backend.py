@@ -8,9 +8,9 @@ exact, measured against tiktoken 0.14 with splintr-rs 0.22.0 (see tests/test_fas
 - the split pattern is splintr's own constant for the base encoding (`GPT2_PATTERN` for r50k
   and p50k, `CL100K_BASE_PATTERN`, `O200K_BASE_PATTERN`). splintr's regex engine rejects
   tiktoken's possessive quantifiers, and an equivalent pattern spelled any other way goes
-  through that engine's Unicode 17 tables, which call 4,657 code points new in Unicode 17
-  letters where tiktoken's do not (so "\\u088f's" splits differently). splintr recognises its
-  constants and runs a pre-tokenizer that agrees with tiktoken on every code point;
+  through that engine's Unicode 17 tables, which know 4,657 code points that tiktoken's tables
+  leave unassigned (so "\\u088f's" splits differently). splintr recognises its constants and
+  runs a pre-tokenizer that agrees with tiktoken on every code point;
 - special tokens are never matched in the text: `encode_batch_flat` of a tokenizer built from
   ranks bytes treats "<|endoftext|>" as ordinary text, as tiktoken's `encode_ordinary` does;
 - text that UTF-8 cannot hold (lone surrogates, which splintr refuses with UnicodeEncodeError)
@@ -19,10 +19,12 @@ exact, measured against tiktoken 0.14 with splintr-rs 0.22.0 (see tests/test_fas
 Nothing is downloaded: splintr gets the bytes of our verified ranks file (`from_bytes`), never a
 model name (`from_pretrained` loads splintr's bundled copies, not the file lmshard verified).
 
-Threads: `encode_batch_flat` runs on splintr's Rayon pool and releases the GIL; single-text
-calls hold the GIL. prepare runs one tokenizer per worker process, so the pool gets one thread
-per process by default (`threads=1`); the first SplintrTokenizer of a process fixes the pool
-size, which Rayon reads once from RAYON_NUM_THREADS (a value the user exported wins).
+Threads: `encode_batch_flat` releases the GIL (single-text calls hold it) and spreads a batch
+of 32 KiB of text or more over splintr's Rayon pool. prepare runs one tokenizer per worker
+process, so the pool gets one thread per process by default (`threads=1`): two processes of one
+thread each encode as fast as one process of two threads on two cores, and oversubscribing is
+slower. The first SplintrTokenizer of a process fixes the pool size, which Rayon reads once from
+RAYON_NUM_THREADS (a value the user exported wins over `threads`).
 
 Memory model: splintr's tables for one vocabulary (resident size grows by about 15 MB for
 r50k, 24 MB for cl100k, 39 MB for o200k), its cache of recently encoded pieces, and one batch's
