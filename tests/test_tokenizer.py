@@ -37,6 +37,13 @@ def test_encode_batch_equals_tiktoken(reference, gpt2, texts):
     assert tokens.tolist() == [i for e in expected for i in e]
 
 
+def test_lone_surrogates_encode_as_encode_ordinary_does(reference, gpt2):
+    texts = ["a\ud800b", "\udfff", "ok", "pair \ud83d\ude00 split", "x \ud83d"]
+    tokens, lengths = gpt2.encode_batch(texts)
+    expected = [reference.encode_ordinary(t) for t in texts]
+    assert tokens.tolist() == [i for e in expected for i in e] and lengths.tolist() == [len(e) for e in expected]
+
+
 def test_special_token_text_is_ordinary(reference, gpt2):
     tokens, _ = gpt2.encode_batch(["a <|endoftext|> b"])
     assert 50256 not in tokens.tolist()

@@ -44,3 +44,13 @@ class Tokenizer(ABC):
         """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, bos_id, a sha256
         of the vocabulary file (key `ranks_sha256`), and backend details; written as
         tokenizer_state.json."""
+
+
+def utf8_safe(text: str) -> str:
+    """`text` as tiktoken's `encode_ordinary` encodes it: a surrogate pair written as two code
+    points becomes the character it spells, each lone surrogate becomes U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text

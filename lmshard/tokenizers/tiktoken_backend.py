@@ -6,7 +6,6 @@ Memory model: one vocabulary (about 1-20 MB of ranks); encode_batch holds one ba
 from __future__ import annotations
 
 import binascii
-import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,31 +13,28 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TokenizerError
 from ..format import TOKEN_DTYPE
-from .base import Tokenizer
-from .vocab import Vocabulary, resolve
+from .base import Tokenizer, utf8_safe
+from .vocab import Vocabulary, read_verified, resolve
 
 
 def read_ranks(file: Path, sha256: str) -> dict[bytes, int]:
     """A tiktoken ranks file (base64 token, space, rank per line), checked against `sha256`.
     About twice as fast as tiktoken's own loader, which matters for a small run's start."""
-    data = file.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise TokenizerError(f"{file}: sha256 {digest} is not the expected {sha256}; run `lmshard tokenizer fetch`")
     a2b = binascii.a2b_base64
+    data = read_verified(file, sha256)
     return {a2b(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
 
 
 @contextmanager
-def _ranks_from(file: Path, sha256: str) -> Iterator[None]:
+def _ranks_from(file: Path | None, sha256: str) -> Iterator[None]:
     """tiktoken's encoding definitions (pattern, special tokens) with the ranks read from our
-    verified file instead of tiktoken's download cache: nothing is fetched or written."""
+    verified file instead of tiktoken's download cache (or none at all: `file` None, for a
+    backend that reads the file itself): nothing is fetched or written."""
     from tiktoken_ext import openai_public
 
     def load(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
-        return read_ranks(file, sha256)
+        return read_ranks(file, sha256) if file is not None else {}
 
     original = openai_public.load_tiktoken_bpe
     openai_public.load_tiktoken_bpe = load
@@ -48,15 +44,16 @@ def _ranks_from(file: Path, sha256: str) -> Iterator[None]:
         openai_public.load_tiktoken_bpe = original
 
 
-def definition(spec: str) -> tuple[str, Vocabulary, dict[str, Any]]:
-    """(name, vocabulary, tiktoken's encoding definition) for a `--tokenizer` value."""
+def definition(spec: str, *, with_ranks: bool = True) -> tuple[str, Vocabulary, Path, dict[str, Any]]:
+    """(name, vocabulary, its file, tiktoken's encoding definition) for a `--tokenizer` value;
+    the definition's `mergeable_ranks` are empty unless `with_ranks`."""
     from tiktoken_ext import openai_public
 
     name, vocab, file = resolve(spec)
-    with _ranks_from(file, vocab.sha256):
+    with _ranks_from(file if with_ranks else None, vocab.sha256):
         found = getattr(openai_public, vocab.base)()
     found["name"] = name
-    return name, vocab, found
+    return name, vocab, file, found
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -69,7 +66,7 @@ class TiktokenTokenizer(Tokenizer):
     def __init__(self, spec: str = "gpt2") -> None:
         import tiktoken
 
-        name, vocab, found = definition(spec)
+        name, vocab, _, found = definition(spec)
         self._enc = tiktoken.Encoding(**found)
         self.name = name
         self.backend = "tiktoken"
@@ -98,8 +95,12 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # encode_to_numpy skips the Python list of ints (about 25% faster than encode_ordinary
-        # here); disallowed_special=() makes "<|endoftext|>" in the text ordinary text.
-        parts = [self._enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        # here); disallowed_special=() makes "<|endoftext|>" in the text ordinary text. Unlike
+        # encode_ordinary it refuses lone surrogates: those texts get encode_ordinary's repair.
+        try:
+            parts = [self._enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        except UnicodeEncodeError:
+            parts = [self._enc.encode_to_numpy(utf8_safe(t), disallowed_special=()) for t in texts]
         lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
         if not parts:
             return np.empty(0, TOKEN_DTYPE), lengths

@@ -82,6 +82,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_verified(file: Path, sha256: str) -> bytes:
+    """The bytes of an installed vocabulary file, checked against its known sha256."""
+    data = file.read_bytes()
+    digest = _sha256(data)
+    if digest != sha256:
+        raise TokenizerError(f"{file}: sha256 {digest} is not the expected {sha256}; run `lmshard tokenizer fetch`")
+    return data
+
+
 def resolve(spec: str) -> tuple[str, Vocabulary, Path]:
     """Map a `--tokenizer` value to (name, vocabulary, ranks file). Raises if not installed."""
     path = Path(spec)
