@@ -214,6 +214,17 @@ def test_bos_from_the_post_processor_template(tmp_path):
     assert tok.eot_token == "<|endoftext|>"
 
 
+@pytest.mark.parametrize("bos", [None, "<missing>", "a"])
+def test_config_bos_null_or_not_special_means_none(tmp_path, bos):
+    # The config decides even against a well-known name in the vocabulary ("<s>").
+    path = small(tmp_path, ["<s>", "</s>"])
+    save_pretrained_dir(tmp_path, path, {"bos_token": bos, "add_bos_token": True})
+    tok = HFTokenizer(str(tmp_path))
+    assert (tok.bos_token, tok.bos_id, tok.adds_bos) == (None, None, False)
+    (tmp_path / "tokenizer_config.json").unlink()
+    assert HFTokenizer(str(tmp_path)).bos_token == "<s>"
+
+
 def test_special_tokens_map_overrides_tokenizer_config(tmp_path):
     small(tmp_path, ["<|endoftext|>", "<sep>"])
     save_pretrained_dir(tmp_path, tmp_path / "tokenizer.json", {"eos_token": "<|endoftext|>"},
