@@ -108,7 +108,11 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
 def _tokenizer(config: PrepareConfig) -> Tokenizer:
     """The run's tokenizer (the accelerated backend only once it passed the exactness gate),
     checked against --separator and --bos."""
-    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, warn=warn)
+    # This process encodes the first items itself (all of a small input): with as many threads
+    # as workers where the backend has a thread pool; they idle once the workers take over.
+    threads = int(os.environ.get("LMSHARD_MAIN_THREADS", config.n_workers()))
+    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, warn=warn,
+                               threads=threads)  # fmt: skip
     if config.bos == "yes" and tokenizer.bos_id is None:
         raise ConfigError(f"--bos yes: the {tokenizer.name} vocabulary has no BOS token; pass --bos no")
     return tokenizer

@@ -38,12 +38,16 @@ def load_tokenizer(
     separator: str | None = None,
     warn: Callable[[str], None] | None = None,
     gated: bool = False,
+    threads: int = 1,
 ) -> Tokenizer:
     """The backend for a `--tokenizer` value. Raises `TokenizerError`, naming the command that
     installs it, when the vocabulary is missing. `separator` names the special token written
     between documents (default: the vocabulary's own end-of-text token). `warn` receives the
     reason when `auto` falls back from the accelerated backend to tiktoken. `gated=True` skips the
-    exactness gate: the caller ran it for this spec and backend in this run (prepare's workers)."""
+    exactness gate: the caller ran it for this spec and backend in this run (prepare's workers).
+    `threads`: how many threads a backend with its own thread pool (splintr, tokenizers) may use
+    in this process: 1 in each of prepare's workers, which are the parallelism; tiktoken's
+    per-text encode takes one thread whatever this says."""
     if backend not in BACKENDS:
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if is_hf_spec(spec):
@@ -53,7 +57,7 @@ def load_tokenizer(
             )
         from .hf_backend import HFTokenizer
 
-        return HFTokenizer(spec, separator=separator)
+        return HFTokenizer(spec, separator=separator, threads=threads)
     if backend == "tokenizers":
         raise TokenizerError(f"{spec} is a tiktoken vocabulary; use --tokenizer-backend tiktoken, splintr or auto")
     if separator not in (None, "<|endoftext|>"):
@@ -64,7 +68,7 @@ def load_tokenizer(
         return TiktokenTokenizer(spec)
     from .gate import accelerated
 
-    return accelerated(spec, required=backend == "splintr", warn=warn, gated=gated)
+    return accelerated(spec, required=backend == "splintr", warn=warn, gated=gated, threads=threads)
 
 
 __all__ = ["BACKENDS", "TOKENIZER_NAMES", "VOCABULARIES", "Tokenizer", "cache_dir", "fetch", "is_hf_spec",

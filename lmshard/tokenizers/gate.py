@@ -270,7 +270,7 @@ def _remember(record: dict[str, str]) -> None:
         pass  # a read-only cache only costs the next run another check
 
 
-def _candidate_problem(spec: str) -> tuple[Tokenizer | None, str | None]:
+def _candidate_problem(spec: str, threads: int) -> tuple[Tokenizer | None, str | None]:
     """(the splintr tokenizer, None) when it loads and passes the gate, else (None, why not)."""
     from .splintr_backend import SPLINTR_PATTERNS, SplintrTokenizer
     from .tiktoken_backend import TiktokenTokenizer
@@ -279,7 +279,7 @@ def _candidate_problem(spec: str) -> tuple[Tokenizer | None, str | None]:
     if base not in SPLINTR_PATTERNS:
         return None, f"splintr has no exact pattern for {base}"
     try:
-        candidate = SplintrTokenizer(spec)
+        candidate = SplintrTokenizer(spec, threads=threads)
         record = _pass_record(candidate)
     except TokenizerError:
         raise  # the vocabulary file failed its sha256: no backend can use it
@@ -295,11 +295,11 @@ def _candidate_problem(spec: str) -> tuple[Tokenizer | None, str | None]:
 
 
 def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None = None,
-                gated: bool = False) -> Tokenizer:  # fmt: skip
+                gated: bool = False, threads: int = 1) -> Tokenizer:  # fmt: skip
     """The splintr backend for the tiktoken vocabulary `spec` when it is installed and exact on
     the sample, else tiktoken (`required=False`: silently when splintr is not installed, through
     `warn` when it is not exact) or a TokenizerError (`required=True`). `gated=True` trusts a
-    gate this run already passed (prepare's workers)."""
+    gate this run already passed (prepare's workers); `threads` sizes splintr's thread pool."""
     from .tiktoken_backend import TiktokenTokenizer
 
     try:
@@ -311,8 +311,8 @@ def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None
     if gated:
         from .splintr_backend import SplintrTokenizer
 
-        return SplintrTokenizer(spec)
-    candidate, problem = _candidate_problem(spec)
+        return SplintrTokenizer(spec, threads=threads)
+    candidate, problem = _candidate_problem(spec, threads)
     if candidate is not None:
         return candidate
     if required:
