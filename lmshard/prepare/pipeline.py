@@ -110,9 +110,8 @@ def _tokenizer(config: PrepareConfig) -> Tokenizer:
     checked against --separator and --bos."""
     # This process encodes the first items itself (all of a small input): with as many threads
     # as workers where the backend has a thread pool; they idle once the workers take over.
-    threads = int(os.environ.get("LMSHARD_MAIN_THREADS", config.n_workers()))
     tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, warn=warn,
-                               threads=threads)  # fmt: skip
+                               threads=config.n_workers())  # fmt: skip
     if config.bos == "yes" and tokenizer.bos_id is None:
         raise ConfigError(f"--bos yes: the {tokenizer.name} vocabulary has no BOS token; pass --bos no")
     return tokenizer
