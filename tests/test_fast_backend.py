@@ -189,7 +189,7 @@ def test_auto_falls_back_with_a_warning_and_splintr_refuses(gate_dir, monkeypatc
 
 def test_a_splintr_that_cannot_load_falls_back(gate_dir, monkeypatch):
     class CannotLoad(SplintrTokenizer):
-        def __init__(self, spec):
+        def __init__(self, spec, **kwargs):
             raise ValueError("Regex compilation error")
 
     monkeypatch.setattr(backend, "SplintrTokenizer", CannotLoad)
