@@ -29,6 +29,7 @@ lint: setup
 bench: setup
 	$(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_loader.py
+	$(BIN)/python scripts/bench_tokenizers.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py
