@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import TokenizerError
 from ..format import TOKEN_DTYPE
 from .base import Tokenizer, utf8_safe
-from .tiktoken_backend import definition
+from .tiktoken_backend import definition, tiktoken_identity
 from .vocab import read_verified, resolve
 
 # tiktoken base encoding -> the name of splintr's pattern constant that reproduces its split.
@@ -127,20 +127,8 @@ class SplintrTokenizer(Tokenizer):
         self._splintr_version = getattr(splintr, "__version__", "unknown")
 
     def identity(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "base_encoding": self.base,
-            "n_vocab": self.n_vocab,
-            "eot_id": self.eot_id,
-            "eot_token": self.eot_token,
-            "bos_id": None,
-            "ranks_sha256": self.vocab_sha256,
-            "pat_str": self.pat_str,
-            "splintr_pattern": self.splintr_pattern,
-            "special_tokens": dict(self._special_tokens),
-            "splintr_version": self._splintr_version,
-        }
+        return {**tiktoken_identity(self, self.base, self.pat_str, self._special_tokens),
+                "splintr_pattern": self.splintr_pattern, "splintr_version": self._splintr_version}  # fmt: skip
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """As `Tokenizer.encode_batch`, in one GIL-free splintr call. The tokens are a read-only

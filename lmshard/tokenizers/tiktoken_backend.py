@@ -56,6 +56,13 @@ def definition(spec: str, *, with_ranks: bool = True) -> tuple[str, Vocabulary, 
     return name, vocab, file, found
 
 
+def tiktoken_identity(tok: Tokenizer, base: str, pat_str: str, special_tokens: dict[str, int]) -> dict[str, Any]:
+    """The identity every backend of a tiktoken vocabulary records alike (tokenizer_state.json)."""
+    return {"name": tok.name, "backend": tok.backend, "base_encoding": base, "n_vocab": tok.n_vocab,
+            "eot_id": tok.eot_id, "eot_token": tok.eot_token, "bos_id": None, "ranks_sha256": tok.vocab_sha256,
+            "pat_str": pat_str, "special_tokens": dict(special_tokens)}  # fmt: skip
+
+
 class TiktokenTokenizer(Tokenizer):
     """The reference backend: tiktoken's Rust BPE, ordinary text only (no special tokens parsed).
 
@@ -79,19 +86,8 @@ class TiktokenTokenizer(Tokenizer):
         self._tiktoken_version = getattr(tiktoken, "__version__", "unknown")
 
     def identity(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "base_encoding": self.base,
-            "n_vocab": self.n_vocab,
-            "eot_id": self.eot_id,
-            "eot_token": self.eot_token,
-            "bos_id": None,
-            "ranks_sha256": self.vocab_sha256,
-            "pat_str": self._enc._pat_str,
-            "special_tokens": dict(self._enc._special_tokens),
-            "tiktoken_version": self._tiktoken_version,
-        }
+        return {**tiktoken_identity(self, self.base, self._enc._pat_str, self._enc._special_tokens),
+                "tiktoken_version": self._tiktoken_version}  # fmt: skip
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # encode_to_numpy skips the Python list of ints (about 25% faster than encode_ordinary
