@@ -167,3 +167,33 @@ def test_cli_prepare_and_inspect_a_tokenizer_json(tmp_path, corpus, big):  # noq
     report = json.loads(done.stdout)
     assert report["ok"] and report["tokenizer"]["bos_id"] == bos
     assert report["samples"][0]["text"] == f"{BOT}{corpus[1][0]}{EOT}"
+
+
+def test_inspect_never_reads_a_fifo_or_huge_file_named_by_untrusted_metadata(tmp_path, corpus, big,  # noqa: F811
+                                                                            monkeypatch):
+    import lmshard.tokenizers as tokenizers_mod
+
+    _prepare(tmp_path, corpus, big)
+    real, tried = tokenizers_mod.load_tokenizer, []
+
+    def spy(spec, *args, **kwargs):
+        tried.append(spec)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers_mod, "load_tokenizer", spy)
+    root = tmp_path / "ds"
+    (root / "tokenizer.json").unlink()
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(300 << 20)  # sparse: larger than any tokenizer.json
+    meta_path = root / "dataset_metadata.json"
+    for target in (fifo, huge):
+        meta = json.loads(meta_path.read_text())
+        meta["tokenizer"]["name"] = str(target)
+        meta_path.write_text(json.dumps(meta))
+        why: list[str] = []
+        assert decoder_for(load_metadata(root), why) is None  # returns: a FIFO read would block forever
+        assert "tokenizer.json" in why[0]
+    assert str(huge) not in tried, "a 300 MB file named by the metadata was loaded"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +49,9 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
         return None
     info = meta.tokenizer
     if info.backend == "tokenizers":
-        specs, backend = [info.name], "tokenizers"
+        # The recorded name comes from the (possibly untrusted) metadata: a path there is only
+        # read when it is a regular file of a tokenizer's size.
+        specs, backend = ([info.name] if _small_or_not_a_file(info.name) else []), "tokenizers"
         with contextlib.suppress(LmshardError):  # the copy, when it is a regular file inside the dataset
             if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_VOCAB_BYTES:
                 specs.insert(0, str(meta.root / VOCAB_COPY))
@@ -68,6 +72,14 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
         why.append(f"token ids are shown undecoded: the {info.name} vocabulary (sha256 {info.ranks_sha256[:12]}…) "
                    f"is not available here; {fix}")  # fmt: skip
     return None
+
+
+def _small_or_not_a_file(spec: str) -> bool:
+    try:
+        info = os.stat(spec)
+    except (OSError, ValueError):
+        return True  # a hub name, or nothing there: resolution says so without reading anything
+    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_VOCAB_BYTES or stat.S_ISDIR(info.st_mode)
 
 
 def _recorded_separator(meta: DatasetMeta) -> str | None:
