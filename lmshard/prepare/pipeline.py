@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +67,6 @@ from .staging import (
 from .worker import ItemResult
 from .writer import with_separators
 
-T = TypeVar("T")
 NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS)  # per-source counts that are not drops
 
 
