@@ -197,3 +197,16 @@ def test_inspect_never_reads_a_fifo_or_huge_file_named_by_untrusted_metadata(tmp
         assert decoder_for(load_metadata(root), why) is None  # returns: a FIFO read would block forever
         assert "tokenizer.json" in why[0]
     assert str(huge) not in tried, "a 300 MB file named by the metadata was loaded"
+
+
+def test_truncation_or_padding_saved_in_the_file_never_cut_a_document(tmp_path, big):  # noqa: F811
+    from lmshard.tokenizers.hf_backend import HFTokenizer
+
+    tok = tokenizers.Tokenizer.from_file(str(big["file"]))
+    tok.enable_truncation(max_length=8)
+    tok.enable_padding(pad_id=5)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = [" ".join(big["high_words"][:30]) + " and more words", "hi"]
+    tokens, lengths = HFTokenizer(str(tmp_path / "tokenizer.json")).encode_batch(texts)
+    assert lengths.tolist() == [len(ids) for ids in _expected(big, texts, ([], []))]
+    assert tokens.tolist() == [i for ids in _expected(big, texts, ([], [])) for i in ids] and lengths[0] > 8

@@ -130,8 +130,11 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         "files_per_item": sources_mod.FILES_PER_ITEM,
         "records_per_item": sources_mod.RECORDS_PER_ITEM,
     }
+    # The separator and BOS as resolved: a tokenizer's config files can change them under the same sha.
+    specials = {"eot_id": tokenizer.eot_id, "bos_id": bos_written(config, tokenizer)}
     fp = {"format": FORMAT_VERSION, "config": config.recorded(), "sources": [identity(s) for s in sources],
-          "tokenizer": tokenizer.vocab_sha256, "appending_to": appended, "planning": planning}  # fmt: skip
+          "tokenizer": tokenizer.vocab_sha256, "specials": specials, "appending_to": appended,
+          "planning": planning}  # fmt: skip
     return dict(json.loads(json.dumps(fp)))
 
 
@@ -164,6 +167,14 @@ _APPEND_MUST_MATCH = ("normalize", "byte_exact", "min_chars", "max_chars", "over
                       "val_fraction", "seed", "eot_position", "separator", "bos")  # fmt: skip
 
 
+def bos_written(config: PrepareConfig, tokenizer: Tokenizer) -> int | None:
+    """The BOS id written before each document, or None (--bos auto: when the tokenizer's own
+    configuration adds one, as Llama's and Mistral's do)."""
+    if config.bos == "yes" or (config.bos == "auto" and tokenizer.adds_bos):
+        return tokenizer.bos_id
+    return None
+
+
 def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> DatasetMeta:
     """The dataset in --out, once checked that this run's documents can join it."""
     meta = load_metadata(out)
@@ -171,6 +182,11 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
     if tok.ranks_sha256 != tokenizer.vocab_sha256 or tok.name != tokenizer.name:
         raise ConfigError(f"{out}: --append: the dataset was tokenized with {tok.name!r} and this run uses "
                           f"{tokenizer.name!r}; pass --tokenizer {tok.name}")  # fmt: skip
+    eot, bos = tokenizer.eot_id, bos_written(config, tokenizer)
+    if (tok.eot_id, tok.bos_id) != (eot, bos):
+        raise ConfigError(f"{out}: --append: the dataset separates documents with EOT {tok.eot_id} and BOS "
+                          f"{tok.bos_id} and this run would write EOT {eot} and BOS {bos} (the tokenizer's "
+                          "configuration changed?); pass --separator/--bos to match")  # fmt: skip
     ours = config.recorded()
     for key in _APPEND_MUST_MATCH:
         if key in meta.config and meta.config[key] != ours[key]:

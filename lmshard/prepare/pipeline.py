@@ -47,7 +47,7 @@ from ..format import (
 )
 from ..tokenizers import Tokenizer, load_tokenizer
 from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals, check_not_empty
-from .claim import Claim, claim_output
+from .claim import Claim, bos_written, claim_output
 from .config import PrepareConfig
 from .dedup import uniform_from_keys
 from .feed import item_results
@@ -114,14 +114,6 @@ def _tokenizer(config: PrepareConfig) -> Tokenizer:
     if config.bos == "yes" and tokenizer.bos_id is None:
         raise ConfigError(f"--bos yes: the {tokenizer.name} vocabulary has no BOS token; pass --bos no")
     return tokenizer
-
-
-def bos_written(config: PrepareConfig, tokenizer: Tokenizer) -> int | None:
-    """The BOS id written before each document, or None (--bos auto: when the tokenizer's own
-    configuration adds one, as Llama's and Mistral's do)."""
-    if config.bos == "yes" or (config.bos == "auto" and tokenizer.adds_bos):
-        return tokenizer.bos_id
-    return None
 
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,

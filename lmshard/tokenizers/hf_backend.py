@@ -119,11 +119,16 @@ class HFTokenizer(Tokenizer):
         text, self.vocab_sha256, self._json = self._read(self.vocab_file)
         try:
             self._tok = tokenizers.Tokenizer.from_str(text)
-        except Exception as e:  # the Rust parser raises a bare Exception with serde's message
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # serde's message as a bare Exception, or a Rust panic (PanicException)
             raise TokenizerError(f"{self.vocab_file}: not a tokenizer.json this tokenizers version can load "
                                  f"({str(e).splitlines()[0][:200]})") from None  # fmt: skip
-        # Text such as "<|endoftext|>" inside a document is ordinary text, never the special id.
+        # Text such as "<|endoftext|>" inside a document is ordinary text, never the special id;
+        # truncation or padding saved in the file (fine-tune exports) would cut or pad documents.
         self._tok.encode_special_tokens = True
+        self._tok.no_truncation()
+        self._tok.no_padding()
         self._version = tokenizers.__version__
         self._threads = threads
         self._set_threads(threads)
@@ -139,7 +144,7 @@ class HFTokenizer(Tokenizer):
             parsed = json.loads(text)
         except OSError as e:
             raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise TokenizerError(f"{path}: not a JSON tokenizer file ({e}); pass a tokenizer.json "
                                  "written by the tokenizers library or save_pretrained") from None  # fmt: skip
         if not isinstance(parsed, dict) or "model" not in parsed:
