@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmshard.prepare.clean import CleanConfig, clean_text, length_filter
+from lmshard.prepare.clean import CleanConfig, _has_control, clean_text, length_filter
 from lmshard.prepare.dedup import KeySet, uniform_from_keys
 
 
@@ -66,6 +66,15 @@ def test_clean_output_is_nfc_without_controls(text):
     out = clean_text(text, CleanConfig())
     assert unicodedata.is_normalized("NFC", out) and "\r" not in out
     assert not any(ord(c) < 32 and c not in "\t\n" for c in out)
+
+
+def test_control_check_on_bytes_agrees_with_the_character_class_on_every_code_point():
+    # the fast check (UTF-8 bytes) against the plain definition, one character in a word
+    expected = {c for c in range(0x110000) if c < 0x20 and c not in (0x09, 0x0A) or 0x7F <= c <= 0x9F}
+    found = {c for c in range(0x110000) if _has_control(f"ab{chr(c)}\u00e9")}
+    assert found == expected
+    assert not _has_control("\u00c2x\u00a0\u0100")  # Â, NBSP, Ā: lead bytes C2/C2/C4, not C1
+    assert clean_text("caf\u00e9\u0085\u0099 ok", CleanConfig()) == "caf\u00e9 ok"
 
 
 def test_length_filter():
