@@ -16,7 +16,7 @@ pytest.importorskip("isal", reason="the fast gzip reader is in the `fast` extra"
 
 def _payload(n: int = 400_000) -> bytes:
     rng = random.Random(5)
-    words = [b"alpha", b"beta", b"gamma", b"delta", b"\xc3\xa9t\xc3\xa9", b"{\"text\": 1}"]
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"\xc3\xa9t\xc3\xa9", b'{"text": 1}']
     return b" ".join(rng.choice(words) + (b"\n" if rng.random() < 0.1 else b"") for _ in range(n))
 
 

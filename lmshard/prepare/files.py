@@ -178,7 +178,7 @@ class Decompressed(io.BufferedIOBase):
         stop short of the last good byte on damage."""
         super().__init__()
         self._inner, self._source, self._careful = inner, source, careful
-        self._errors = (*DECOMPRESSION_ERRORS, *errors, OSError, _CodecError)  # what damage raises
+        self._errors: tuple[type[BaseException], ...] = (*DECOMPRESSION_ERRORS, *errors, OSError, _CodecError)
         self.offset = 0  # uncompressed bytes returned so far
         self.damage: DamagedInput | None = None
 
@@ -260,7 +260,7 @@ def _gzip_reader() -> tuple[Any, tuple[type[BaseException], ...]]:
         from isal import igzip, isal_zlib
     except ImportError:
         return None, ()
-    return igzip, (isal_zlib.error,)
+    return igzip, (cast("type[BaseException]", isal_zlib.error),)
 
 
 def damage_kind(error: BaseException, codec: str) -> tuple[str, str]:
