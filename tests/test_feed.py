@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -91,11 +92,11 @@ def test_a_large_input_starts_the_pool_and_results_stay_in_order(setup, monkeypa
     assert got == expected
 
 
-@pytest.mark.parametrize("total", [0, 100])
+@pytest.mark.parametrize("total", [None, 100])
 def test_a_stream_or_a_zero_threshold_starts_the_pool_at_once(setup, monkeypatch, total):
     sources, wcfg, tok = setup
     items = _items(sources, monkeypatch)
-    monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.0 if total else 0.5)
+    monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.0 if total is not None else 0.5)
     with contextlib.ExitStack() as stack:
         expected = _run(Feeder(1, wcfg, stack, total), items, wcfg, tok)
         feeder = Feeder(2, wcfg, stack, bytes_total=total)
@@ -124,3 +125,43 @@ def test_prepare_output_is_the_same_in_process_and_in_the_pool(tmp_path, monkeyp
         trees.append({str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*.*"))
                       if p.suffix in (".bin", ".idx", ".u64")})  # fmt: skip
     assert trees[0] == trees[1] == trees[2] and len(trees[0]) > 4
+
+
+def test_items_of_unknown_size_start_the_pool_once_this_process_spent_long_enough(tmp_path, monkeypatch):
+    """CSV (like JSON arrays) is parsed here into items that do not say their size: the pool
+    starts once the items done here took longer than the threshold, not never."""
+    import lmshard.prepare.sources as sources_mod
+
+    monkeypatch.setattr(sources_mod, "RECORDS_PER_ITEM", 50)
+    monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.15)
+    src = write(tmp_path / "a.csv", "id,text\n" + "".join(f"{i},row {i} of the table\n" for i in range(1000)))
+    sources = discover([str(src)])
+    items = list(plan(sources, "auto", "text"))
+    assert len(items) == 20 and items[0].nbytes == 0
+    wcfg = WorkerConfig(sources=tuple(sources), clean=CleanConfig(), tokenizer="gpt2", tokenizer_backend="tiktoken")
+    tok = load_tokenizer("gpt2", "tiktoken")
+    with contextlib.ExitStack() as stack:
+        expected = _run(Feeder(1, wcfg, stack, src.stat().st_size), items, wcfg, tok)
+        feeder = Feeder(2, wcfg, stack, bytes_total=src.stat().st_size)
+        got = _run(feeder, items, wcfg, tok, delay=0.1)
+        assert feeder.pool is not None, "the pool never started"
+    assert got == expected
+
+
+def test_a_worker_that_loads_another_tokenizer_refuses_to_start(setup):
+    """The main process's tokenizer identity travels to the workers; one that loads anything
+    else (a file changed mid-run) stops before its first item, and the pool says so."""
+    from lmshard.errors import TokenizerError
+    from lmshard.prepare.pool import OrderedPool, WorkerDied, WorkerStartFailed
+    from lmshard.prepare.worker import identity_of, init_worker
+
+    sources, wcfg, tok = setup
+    right = replace(wcfg, expect=identity_of(tok))
+    init_worker(right)  # the same tokenizer: no complaint
+    wrong = replace(wcfg, expect=(("backend", "tiktoken"), ("vocab_sha256", "0" * 64)))
+    with pytest.raises(TokenizerError, match="loaded a different tokenizer .*vocab_sha256"):
+        init_worker(wrong)
+    failed = pytest.raises(WorkerStartFailed, match="could not start: .*different tokenizer")
+    with OrderedPool(2, init_worker, wrong) as pool, failed:
+        list(pool.imap(process_item, plan(sources, "auto", "text"), window=2))
+    assert issubclass(WorkerStartFailed, WorkerDied)  # so prepare keeps the work and offers --resume

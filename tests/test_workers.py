@@ -20,9 +20,12 @@ from conftest import write
 from proctree import alive, finish, start_prepare, wait_for_workers, wait_gone, workers_of
 
 from lmshard.errors import InputError
-from lmshard.prepare.pool import OrderedPool, WorkerBug, WorkerDied
+from lmshard.prepare.pool import OrderedPool, WorkerBug, WorkerDied, WorkerStartFailed
 
 RUN_TIMEOUT = 90.0  # seconds a killed prepare may take to exit before the test calls it a hang
+
+
+REFUSED = "could not start: initializer refused"
 
 
 # Tasks and initializers run in spawned workers, so they live at module level.
@@ -106,10 +109,22 @@ def test_lmshard_error_crosses_as_itself_and_a_bug_keeps_its_traceback(deadline)
 
 
 def test_initializer_error_and_unpicklable_result_are_reported(deadline):
-    with OrderedPool(2, _init, "fail") as pool, pytest.raises(InputError, match="initializer refused"):
+    with OrderedPool(2, _init, "fail") as pool, pytest.raises(WorkerStartFailed, match=REFUSED):
         list(pool.imap(_uneven, range(4), window=2))
     with OrderedPool(2, _init, "ok") as pool, pytest.raises(WorkerBug, match="pickle"):
         list(pool.imap(_unpicklable, range(4), window=2))
+
+
+def test_an_initializer_error_is_reported_by_ready_even_after_the_worker_exited(deadline):
+    """The worker says why and exits at once: `ready` must report what it said, whichever of its
+    message, end-of-file and exit the parent notices first."""
+    with OrderedPool(2, _init, "fail") as pool:
+        for proc in pool._procs:
+            proc.join(30)  # both workers gone, their messages unread
+        died = pool._died(1)  # what `ready` and `imap` raise once they see the exit first
+        assert isinstance(died, WorkerStartFailed) and REFUSED in str(died)
+        with pytest.raises(WorkerStartFailed, match=REFUSED):
+            pool.ready()
 
 
 def test_errors_are_raised_in_item_order(deadline):
@@ -121,7 +136,7 @@ def test_errors_are_raised_in_item_order(deadline):
 def test_initializer_error_survives_large_items_and_unloadable_task_is_reported(deadline):
     big = [b"x" * (4 << 20)] * 4  # larger than a pipe buffer: the send fails once the worker is gone
     for _ in range(3):
-        with OrderedPool(2, _init, "fail") as pool, pytest.raises(InputError, match="initializer refused"):
+        with OrderedPool(2, _init, "fail") as pool, pytest.raises(WorkerStartFailed, match=REFUSED):
             list(pool.imap(_identity, big, window=4))
     with OrderedPool(2, _init, "ok") as pool, pytest.raises(WorkerBug, match="cannot be rebuilt"):
         list(pool.imap(_identity, [1, _Unloadable(), 3], window=3))
@@ -176,7 +191,7 @@ def _assert_clean_failure(code: int | None, err: str, out: Path) -> None:
     (0.05, signal.SIGKILL, []),
     (0.3, signal.SIGKILL, []),
     (1.0, signal.SIGKILL, []),
-    (1.5, signal.SIGSEGV, []),
+    (0.7, signal.SIGSEGV, []),
     (0.5, signal.SIGKILL, ["--dedup-lines"]),
 ])  # fmt: skip
 def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, delay, sig, extra):

@@ -32,7 +32,16 @@ from .config import PrepareConfig
 from .dedup import KeySet
 from .pool import OrderedPool
 from .sources import Source, WorkItem, plan
-from .worker import ItemResult, WorkerConfig, hash_lines, init_worker, process_item, process_lines, run_item
+from .worker import (
+    ItemResult,
+    WorkerConfig,
+    hash_lines,
+    identity_of,
+    init_worker,
+    process_item,
+    process_lines,
+    run_item,
+)
 
 T = TypeVar("T")
 # What starting the pool costs, in seconds of this process's own work it must save to pay off
@@ -43,9 +52,9 @@ POOL_START_SECONDS = float(os.environ.get("LMSHARD_POOL_START_SECONDS", "0.5"))
 class Feeder:
     """Runs functions over work items in order, here or in the pool (started when worth it)."""
 
-    def __init__(self, n: int, wcfg: WorkerConfig, stack: contextlib.ExitStack, bytes_total: int) -> None:
+    def __init__(self, n: int, wcfg: WorkerConfig, stack: contextlib.ExitStack, bytes_total: int | None) -> None:
         self.n, self.wcfg, self.stack = n, wcfg, stack
-        self.bytes_total = bytes_total  # 0: unknown (a stream)
+        self.bytes_total = bytes_total  # None: unknown (a stream among the inputs)
         self.pool: OrderedPool[WorkItem, Any] | None = None
         self.bytes_here = 0
         self.seconds_here = 0.0
@@ -56,9 +65,11 @@ class Feeder:
             self.pool = self.stack.enter_context(OrderedPool(self.n, init_worker, self.wcfg))
 
     def _worth_a_pool(self, bytes_seen: int) -> bool:
-        if self.bytes_total <= 0:
+        if self.bytes_total is None:
             return True
-        if self.bytes_here == 0 or self.seconds_here <= 0:
+        if self.bytes_here == 0:  # items that do not say their size (CSV and JSON arrays, parsed here)
+            return self.seconds_here > POOL_START_SECONDS
+        if self.seconds_here <= 0:
             return False
         left = max(0, self.bytes_total - bytes_seen)
         return left / (self.bytes_here / self.seconds_here) > POOL_START_SECONDS
@@ -67,7 +78,7 @@ class Feeder:
             items: Iterator[WorkItem], bytes_before: int = 0) -> Iterator[T]:  # fmt: skip
         """fn(item) for every item, in order. `bytes_before`: input bytes of skipped items."""
         seen = bytes_before
-        if self.n > 1 and (self.bytes_total <= 0 or POOL_START_SECONDS <= 0):
+        if self.n > 1 and (self.bytes_total is None or POOL_START_SECONDS <= 0):
             self._start_pool()
         for item in items:
             if self.pool is not None and (self.parallel or self.pool.ready()):
@@ -98,6 +109,7 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         text_field=config.text_field,
         text_mode=config.text_mode,
         on_error=config.on_error,
+        expect=identity_of(tokenizer),
     )
 
     def items(skip: int = 0) -> Iterator[WorkItem]:
@@ -108,7 +120,8 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
     with contextlib.ExitStack() as stack:
         # OrderedPool, not multiprocessing's pools: a worker killed at any moment (OOM killer,
         # segfault) is a one-line error within seconds instead of a hang; see pool.py.
-        feeder = Feeder(config.n_workers(), wcfg, stack, sum(s.size for s in sources))
+        streams = any(s.fmt == "hf" or s.path == "-" for s in sources)  # of unknown size
+        feeder = Feeder(config.n_workers(), wcfg, stack, None if streams else sum(s.size for s in sources))
         stream = items(build.items_done)
         if config.dedup_lines:
             masks = stack.enter_context(tempfile.TemporaryFile())

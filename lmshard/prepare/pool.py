@@ -53,6 +53,11 @@ class WorkerDied(LmshardError):
     """A worker process ended without being asked to (killed, out of memory, crashed)."""
 
 
+class WorkerStartFailed(WorkerDied):
+    """A worker's initializer raised (a tokenizer that would not load in it, say): the worker
+    stopped before its first task, so the caller's work so far is sound and can be kept."""
+
+
 class WorkerBug(Exception):
     """An unexpected exception inside a worker; carries the worker's own traceback text."""
 
@@ -144,7 +149,7 @@ class OrderedPool(Generic[T, R]):
                 while not self._ready[k] and conn.poll():
                     seq, ok, value = conn.recv()
                     if not ok and seq < 0:
-                        raise value
+                        raise self._failed(k, value)
                     self._ready[k] = seq == READY
             except (EOFError, OSError):
                 raise self._died(k) from None
@@ -176,13 +181,6 @@ class OrderedPool(Generic[T, R]):
         try:
             self._tasks[k].send(task)
         except (BrokenPipeError, ConnectionResetError):
-            # A worker that failed on its own (its initializer, say) said why before exiting.
-            conn = self._results[k]
-            with contextlib.suppress(EOFError, OSError):
-                while conn.poll():
-                    seq, ok, value = conn.recv()
-                    if not ok and seq < 0:
-                        raise value from None
             raise self._died(k) from None
 
     def _receive(self) -> Iterator[tuple[int, int, bool, Any]]:
@@ -200,7 +198,7 @@ class OrderedPool(Generic[T, R]):
             except Exception as e:  # the message arrived whole but does not unpickle here
                 raise WorkerBug(f"worker {k} sent a result that cannot be read: {e!r}") from None
             if not ok and seq < 0:
-                raise value
+                raise self._failed(k, value)
             if seq == READY:
                 self._ready[k] = True
                 continue
@@ -209,7 +207,23 @@ class OrderedPool(Generic[T, R]):
             if isinstance(r, int):
                 raise self._died(self._by_sentinel[r])
 
-    def _died(self, k: int) -> WorkerDied:
+    def _failed(self, k: int, error: BaseException) -> BaseException:
+        """The error a worker reported outside any task: its initializer's (`WorkerStartFailed`),
+        or, once it was ready, a task it could not read (as is)."""
+        if self._ready[k]:
+            return error
+        return WorkerStartFailed(f"worker process {k} could not start: {error}")
+
+    def _died(self, k: int) -> BaseException:
+        """Why worker `k` is gone: what it said before exiting (its initializer's error, say,
+        which can arrive just before its end-of-file or exit), else how it ended."""
+        conn = self._results[k]
+        with contextlib.suppress(EOFError, OSError):
+            while conn.poll():
+                seq, ok, value = conn.recv()
+                if not ok and seq < 0:
+                    return self._failed(k, value)
+                self._ready[k] = self._ready[k] or seq == READY
         proc = self._procs[k]
         proc.join(1.0)  # the pipe can report the death a moment before the exit code exists
         return WorkerDied(f"worker process {k} (pid {proc.pid}) {_how(proc.exitcode)}; if it ran out of memory, "

@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import xxhash
 
+from ..errors import TokenizerError
 from ..tokenizers import Tokenizer, load_tokenizer
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
 from .files import Source
@@ -46,6 +48,16 @@ class WorkerConfig:
     text_field: str = "text"
     text_mode: str = "auto"
     on_error: str = "fail"
+    # What the main process's tokenizer is (`IDENTITY_FIELDS`): a worker that loads anything else
+    # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
+    expect: tuple[tuple[str, Any], ...] = ()
+
+
+IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id")
+
+
+def identity_of(tokenizer: Tokenizer) -> tuple[tuple[str, Any], ...]:
+    return tuple((name, getattr(tokenizer, name)) for name in IDENTITY_FIELDS)
 
 
 @dataclass
@@ -68,9 +80,14 @@ _state: dict[str, object] = {}
 
 def init_worker(config: WorkerConfig) -> None:
     """Process-pool initializer: build the tokenizer once per process."""
+    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, gated=True)
+    for (name, want), (_, got) in zip(config.expect, identity_of(tokenizer), strict=False):
+        if got != want:
+            raise TokenizerError(f"{config.tokenizer}: a worker process loaded a different tokenizer than the main "
+                                 f"process ({name} {got!r}, not {want!r}); did its files change during the run? "
+                                 "Run the same command with --resume once they are as they were")  # fmt: skip
     _state["config"] = config
-    _state["tokenizer"] = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator,
-                                         gated=True)  # fmt: skip
+    _state["tokenizer"] = tokenizer
 
 
 def process_item(item: WorkItem) -> ItemResult:
