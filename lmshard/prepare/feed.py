@@ -78,6 +78,8 @@ class Feeder:
             items: Iterator[WorkItem], bytes_before: int = 0) -> Iterator[T]:  # fmt: skip
         """fn(item) for every item, in order. `bytes_before`: input bytes of skipped items."""
         seen = bytes_before
+        self.bytes_here = 0  # the rate of this pass alone (line dedup's first pass only hashes)
+        self.seconds_here = 0.0
         if self.n > 1 and (self.bytes_total is None or POOL_START_SECONDS <= 0):
             self._start_pool()
         for item in items:
