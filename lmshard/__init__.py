@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import LmshardError
-from .format import load_metadata
 
 __version__ = "0.1.0"
 __all__ = ["LmshardError", "TokenDataset", "__version__", "load_metadata", "verify_dataset"]
@@ -23,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import TokenDataset
 
         return TokenDataset
+    if name == "load_metadata":  # lazily too: the command line sets up the process before numpy loads
+        from .format import load_metadata
+
+        return load_metadata
     if name == "verify_dataset":
         from .inspect import verify_dataset
 

@@ -201,14 +201,21 @@ def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
         TimeRemainingColumn(),
     )
     start = time.perf_counter()
-    with Progress(*columns, console=err, transient=False) as bar:
+    shown = [start]
+    # No refresh thread (rich's auto_refresh): prepare forks its workers, which is only safe
+    # while this process runs one thread. The bar is redrawn from the progress callback instead.
+    with Progress(*columns, console=err, transient=False, auto_refresh=False) as bar:
         task = bar.add_task("prepare", total=None, docs=0, mb=0.0, tps=0.0)
 
         def update(p: Any) -> None:
-            rate = p.tokens / max(time.perf_counter() - start, 1e-9) / 1e6
+            now = time.perf_counter()
+            rate = p.tokens / max(now - start, 1e-9) / 1e6
             total = p.bytes_total or None
             bar.update(task, total=total, completed=min(p.bytes_done, total or p.bytes_done),
                        docs=p.docs, mb=p.bytes_done / 1e6, tps=rate)  # fmt: skip
+            if now - shown[0] >= 0.1:
+                shown[0] = now
+                bar.refresh()
 
         meta = job(update)
         bar.update(task, total=1, completed=1)

@@ -56,7 +56,12 @@ def group_members(pgid: int) -> list[int]:
 
 
 def workers_of(pid: int) -> list[int]:
-    """The live multiprocessing (spawn) children of `pid`."""
+    """The live worker processes of `pid`: spawned children (a fresh interpreter running
+    multiprocessing's `spawn_main`) and forked ones (the parent's own command line)."""
+    try:
+        parent = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
     found = []
     for entry in os.listdir("/proc"):
         fields = _stat(int(entry)) if entry.isdigit() else None
@@ -66,7 +71,7 @@ def workers_of(pid: int) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline:
+        if b"spawn_main" in cmdline or cmdline == parent:
             found.append(int(entry))
     return found
 

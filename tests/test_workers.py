@@ -161,6 +161,31 @@ def test_leaving_early_stops_every_worker(deadline):
     assert wait_gone(pids, 5.0) == []  # type: ignore[arg-type]
 
 
+def test_a_forked_pool_initialized_later_runs_tasks_in_order_and_reports_deaths(deadline):
+    """Workers forked before their configuration exists: tasks wait for `initialize`; results,
+    initializer errors and deaths behave as in a spawned pool; a forked worker holds no copy
+    of the parent's pipe ends (its own task pipe reads end-of-file when the parent closes it)."""
+    with OrderedPool(2, start="fork") as pool:
+        with pytest.raises(RuntimeError, match="initialize"):
+            next(pool.imap(_uneven, range(3), window=2))
+        pool.initialize(_init, "ok")
+        out = list(pool.imap(_uneven, range(60), window=4))
+        assert [i for i, _ in out] == list(range(60)) and {p for _, p in out} == {p.pid for p in pool._procs}
+        pids = [p.pid for p in pool._procs]
+        pool.close()  # end-of-file on the task pipes: each worker must exit by itself
+        assert wait_gone(pids, 5.0) == []  # type: ignore[arg-type]
+    with OrderedPool(2, start="fork") as pool, pytest.raises(WorkerStartFailed, match=REFUSED):
+        pool.initialize(_init, "fail")
+        list(pool.imap(_uneven, range(4), window=2))
+    with OrderedPool(2, start="fork") as pool:
+        pool.initialize(_init, "ok")
+        results = pool.imap(_sleep, [0.01] * 4 + [0.5] * 20, window=6)
+        assert next(results) == 0.01
+        os.kill(pool._procs[0].pid, signal.SIGKILL)  # type: ignore[arg-type]
+        with pytest.raises(WorkerDied, match="killed by SIGKILL"):
+            list(results)
+
+
 # --- the real CLI ---------------------------------------------------------------------------
 
 
@@ -209,6 +234,34 @@ def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, delay, sig, 
     _assert_clean_failure(code, err, out)
     assert f"killed by {sig.name}" in err
     assert wait_gone(workers, 10.0) == []
+
+
+def _spawned(pid: int) -> bool | None:
+    """Whether worker `pid` is a spawned interpreter (else forked); None if it is gone."""
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def test_forked_and_spawned_workers_write_the_same_bytes(tmp_path, corpus, monkeypatch):
+    """The command line forks its workers (they carry its own command line, not `spawn_main`);
+    forced to spawn, or with one worker, the dataset is byte for byte the same."""
+    digests, spawned = {}, {}
+    for name, start, workers in (("fork", "auto", "2"), ("spawn", "spawn", "2"), ("one", "auto", "1")):
+        out = tmp_path / name
+        monkeypatch.setenv("LMSHARD_WORKER_START", start)
+        proc = start_prepare([str(corpus), "--out", str(out), "--workers", workers, "--max-docs", "6000"])
+        try:
+            found = wait_for_workers(proc, 2, timeout=20.0) if workers == "2" else []
+            spawned[name] = {_spawned(w) for w in found} - {None}
+            code, err = finish(proc, RUN_TIMEOUT)
+        finally:
+            finish(proc, 1)
+        assert code == 0, err
+        digests[name] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*.bin"))}
+    assert spawned == {"fork": {False}, "spawn": {True}, "one": set()}, spawned
+    assert digests["fork"] == digests["spawn"] == digests["one"] and digests["one"]
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from ..tokenizers import Tokenizer
 from .build import Build
 from .config import PrepareConfig
 from .dedup import KeySet
-from .pool import OrderedPool
+from .pool import OrderedPool, start_method
 from .sources import Source, WorkItem, plan
 from .worker import (
     ItemResult,
@@ -47,15 +47,22 @@ T = TypeVar("T")
 # What starting the pool costs, in seconds of this process's own work it must save to pay off
 # (0: start it at once, as tests of the pool do).
 POOL_START_SECONDS = float(os.environ.get("LMSHARD_POOL_START_SECONDS", "0.5"))
+# Inputs from this size on (bytes on disk) fork their workers at the start where they can:
+# a forked worker costs a few ms and a vocabulary load, so even a few MB repay it.
+EARLY_POOL_BYTES = 2 << 20
 
 
 class Feeder:
     """Runs functions over work items in order, here or in the pool (started when worth it)."""
 
-    def __init__(self, n: int, wcfg: WorkerConfig, stack: contextlib.ExitStack, bytes_total: int | None) -> None:
+    def __init__(self, n: int, wcfg: WorkerConfig, stack: contextlib.ExitStack, bytes_total: int | None,
+                 early: OrderedPool[WorkItem, Any] | None = None) -> None:  # fmt: skip
+        """`early`: workers forked at the start of the run (`early_pool`), used from now on."""
         self.n, self.wcfg, self.stack = n, wcfg, stack
         self.bytes_total = bytes_total  # None: unknown (a stream among the inputs)
-        self.pool: OrderedPool[WorkItem, Any] | None = None
+        self.pool: OrderedPool[WorkItem, Any] | None = early
+        if early is not None:
+            early.initialize(init_worker, wcfg)
         self.bytes_here = 0
         self.seconds_here = 0.0
         self.parallel = False  # the pool is ready and does every item from now on
@@ -97,11 +104,31 @@ class Feeder:
                 self._start_pool()
 
 
-def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
-                 build: Build) -> Iterator[ItemResult]:  # fmt: skip
+def input_bytes(sources: list[Source]) -> int | None:
+    """Bytes on disk of all inputs; None when a stream (Hugging Face, stdin) is among them."""
+    if any(s.fmt == "hf" or s.path == "-" for s in sources):
+        return None
+    return sum(s.size for s in sources)
+
+
+def early_pool(n: int, sources: list[Source]) -> OrderedPool[WorkItem, Any] | None:
+    """`n` workers forked now, for an input big enough to need them, where forking is safe
+    (`pool.start_method`): call it before this process loads the tokenizer or starts a thread.
+    They get their configuration later (`Feeder`) and are ready a vocabulary load after that,
+    where spawned ones would first spend ~0.3 s of a core importing."""
+    total = input_bytes(sources)
+    if n < 2 or (total is not None and total < EARLY_POOL_BYTES and POOL_START_SECONDS > 0):
+        return None
+    if start_method() != "fork":
+        return None
+    return OrderedPool(n, start="fork")
+
+
+def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, build: Build,
+                 early: OrderedPool[WorkItem, Any] | None = None) -> Iterator[ItemResult]:  # fmt: skip
     """Item results in plan order from the first item the build has not done. With
     --dedup-lines, a first pass over all items finds repeated lines (see `_line_masks`); a
-    resumed run repeats it (it writes nothing but masks)."""
+    resumed run repeats it (it writes nothing but masks). `early`: see `early_pool`."""
     wcfg = WorkerConfig(
         sources=tuple(sources),
         clean=config.clean_config(),
@@ -122,8 +149,7 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
     with contextlib.ExitStack() as stack:
         # OrderedPool, not multiprocessing's pools: a worker killed at any moment (OOM killer,
         # segfault) is a one-line error within seconds instead of a hang; see pool.py.
-        streams = any(s.fmt == "hf" or s.path == "-" for s in sources)  # of unknown size
-        feeder = Feeder(config.n_workers(), wcfg, stack, None if streams else sum(s.size for s in sources))
+        feeder = Feeder(config.n_workers(), wcfg, stack, input_bytes(sources), early)
         stream = items(build.items_done)
         if config.dedup_lines:
             masks = stack.enter_context(tempfile.TemporaryFile())

@@ -14,6 +14,7 @@ file). Nothing grows with the number of tokens.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -51,9 +52,9 @@ from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals, check_not_emp
 from .claim import Claim, bos_written, claim_output
 from .config import PrepareConfig
 from .dedup import uniform_from_keys
-from .feed import item_results
-from .pool import WorkerDied
-from .sources import SPLIT_INTO_PARAGRAPHS, Source, discover
+from .feed import early_pool, item_results
+from .pool import OrderedPool, WorkerDied
+from .sources import SPLIT_INTO_PARAGRAPHS, Source, WorkItem, discover
 from .staging import (
     RUN_FILE,
     RUN_VERSION,
@@ -90,19 +91,24 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
-    tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
-    try:
-        with WriterLock(paths):
-            recover(paths)
-            claim = claim_output(config, paths, sources, tokenizer)
-            if claim.complete is not None:
-                return claim.complete
-            if claim.commit_pending:  # killed after the build was complete: only the swap is left
-                commit(paths)
-                return load_metadata(paths.out)
-            return _build(config, paths, sources, tokenizer, claim, on_progress, started)
-    except OSError as e:
-        raise os_error(e, paths.out) from None
+    with contextlib.ExitStack() as stack:
+        # Workers are forked first, while this process still runs one thread (see feed.early_pool).
+        early = early_pool(config.n_workers(), sources)
+        if early is not None:
+            stack.enter_context(early)
+        tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
+        try:
+            with WriterLock(paths):
+                recover(paths)
+                claim = claim_output(config, paths, sources, tokenizer)
+                if claim.complete is not None:
+                    return claim.complete
+                if claim.commit_pending:  # killed after the build was complete: only the swap is left
+                    commit(paths)
+                    return load_metadata(paths.out)
+                return _build(config, paths, sources, tokenizer, claim, on_progress, started, early)
+        except OSError as e:
+            raise os_error(e, paths.out) from None
 
 
 def _tokenizer(config: PrepareConfig) -> Tokenizer:
@@ -118,7 +124,8 @@ def _tokenizer(config: PrepareConfig) -> Tokenizer:
 
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
-           on_progress: Callable[[Progress], None] | None, started: float) -> DatasetMeta:  # fmt: skip
+           on_progress: Callable[[Progress], None] | None, started: float,
+           early: OrderedPool[WorkItem, Any] | None = None) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
     staging, previous = paths.staging, claim.previous
     vocab = _vocab_bytes(tokenizer)
@@ -137,7 +144,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
     kept = f"the work done so far is kept in {staging}"
     try:
         with interrupt:
-            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, lambda: _save(build, claim))
+            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, lambda: _save(build, claim), early)
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
@@ -208,6 +215,7 @@ def _run(
     on_progress: Callable[[Progress], None] | None,
     interrupt: StopOnCtrlC,
     save: Callable[[], None],
+    early: OrderedPool[WorkItem, Any] | None = None,
 ) -> Totals:
     """Stream the work items' results into the build: dedup, split, write; checkpoint every
     CHECKPOINT_SECONDS and when Ctrl-C asks to stop."""
@@ -215,7 +223,7 @@ def _run(
     bos = bos_written(config, tokenizer)
     progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources))
     last_save = time.monotonic()
-    for result in item_results(config, sources, tokenizer, build):
+    for result in item_results(config, sources, tokenizer, build, early):
         keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)

@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +46,7 @@ from ..errors import LmshardError
 T = TypeVar("T")
 R = TypeVar("R")
 READY = -2  # the seq of the message a worker sends once its initializer has run
+INIT = -3  # the seq of the initializer sent to a pool started without one
 PER_WORKER = 2  # tasks queued in one worker: one running, one ready to start without a round trip
 JOIN_SECONDS = 5.0  # how long an orderly shutdown waits for a worker before killing it
 
@@ -62,24 +64,55 @@ class WorkerBug(Exception):
     """An unexpected exception inside a worker; carries the worker's own traceback text."""
 
 
+def start_method() -> str:
+    """How to start workers: "fork" where it is safe and pays, else "spawn".
+
+    A spawned worker is a fresh interpreter that imports lmshard, numpy and the tokenizer
+    library again: about 0.3 s of a core before it loads the vocabulary. A forked one starts
+    with all of that already in memory (shared copy-on-write) in a few milliseconds. Forking is
+    only safe while the process runs a single thread: the child gets a copy of the memory but
+    only the calling thread, so a lock another thread held stays held forever in the child, and
+    a native thread pool (Rayon's, in splintr and tokenizers) would be missing its threads. So
+    "fork" only on Linux (macOS system libraries are not fork-safe), in a process that runs one
+    thread, counted by the kernel (/proc/self/task) so native threads count too.
+    `LMSHARD_WORKER_START=fork|spawn` overrides the choice (fork still only where it is safe)."""
+    wanted = os.environ.get("LMSHARD_WORKER_START", "auto")
+    if wanted == "spawn" or sys.platform != "linux" or "fork" not in mp.get_all_start_methods():
+        return "spawn"
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "spawn"
+    return "fork" if threads == 1 else "spawn"
+
+
 class OrderedPool(Generic[T, R]):
-    """`n` spawned worker processes that run `fn(item)` and return results in item order.
+    """`n` worker processes that run `fn(item)` and return results in item order.
 
     `initializer(arg)` runs once in each worker before its first task (e.g. to load a
-    tokenizer). Use as a context manager: leaving it stops every worker, killing any that is
-    still busy (on an error, or when the caller stops reading results early).
+    tokenizer). It can be given later, with `initialize`: a pool forked early, before this
+    process starts threads or loads anything big, gets its configuration once it is known.
+    Use as a context manager: leaving it stops every worker, killing any that is still busy
+    (on an error, or when the caller stops reading results early).
     """
 
-    def __init__(self, n: int, initializer: Callable[[Any], None], arg: Any) -> None:
-        ctx = mp.get_context("spawn")
+    def __init__(self, n: int, initializer: Callable[[Any], None] | None = None, arg: Any = None,
+                 *, start: str = "spawn") -> None:  # fmt: skip
+        """`start`: "spawn", or "fork" (only where `start_method` says it is safe)."""
+        ctx: Any = mp.get_context(start)
         self._procs: list[BaseProcess] = []
         self._tasks: list[Connection] = []
         self._results: list[Connection] = []
+        self._initialized = initializer is not None
         try:
             for _ in range(n):
                 task_r, task_w = ctx.Pipe(duplex=False)
                 result_r, result_w = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg), daemon=True)
+                # A forked worker closes its copies of this process's pipe ends (its own and the
+                # earlier workers'), which would otherwise keep their end-of-file from ever coming.
+                others = (*self._tasks, *self._results, task_w, result_r) if start == "fork" else ()
+                proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg, others),
+                                   daemon=True)  # fmt: skip
                 with _sigint_ignored():  # the child starts ignoring Ctrl-C: it is the parent's to handle
                     proc.start()
                 # Drop our copies of the worker's ends: the worker's death must read as end-of-file here.
@@ -96,6 +129,15 @@ class OrderedPool(Generic[T, R]):
             self.kill()
             raise
 
+    def initialize(self, initializer: Callable[[Any], None], arg: Any) -> None:
+        """Have every worker of a pool started without an initializer run `initializer(arg)`
+        (before any task); `ready` then says when they all have."""
+        if self._initialized:
+            raise RuntimeError("the pool's workers were initialized already")
+        for k in range(len(self._procs)):
+            self._send(k, (INIT, initializer, arg))
+        self._initialized = True
+
     def __enter__(self) -> OrderedPool[T, R]:
         return self
 
@@ -107,6 +149,8 @@ class OrderedPool(Generic[T, R]):
         that dies raises `WorkerDied`; an `LmshardError` in a worker is re-raised here as is."""
         if window < 1:
             raise ValueError("window must be at least 1")
+        if not self._initialized:
+            raise RuntimeError("call initialize() before imap() on a pool started without an initializer")
         n = len(self._procs)
         load = [0] * n
         finished: dict[int, tuple[bool, Any]] = {}  # seq → (ok, result or exception)
@@ -177,7 +221,7 @@ class OrderedPool(Generic[T, R]):
         for conn in (*self._tasks, *self._results):
             conn.close()
 
-    def _send(self, k: int, task: tuple[int, Callable[[T], R], T]) -> None:
+    def _send(self, k: int, task: tuple[int, Callable[[Any], Any], Any]) -> None:
         try:
             self._tasks[k].send(task)
         except (BrokenPipeError, ConnectionResetError):
@@ -258,12 +302,23 @@ def _how(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[Any], None], arg: Any) -> None:
-    """A worker's whole life: start the task reader, initialise, then answer tasks in order."""
+def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[Any], None] | None, arg: Any,
+                 others: tuple[Connection, ...] = ()) -> None:  # fmt: skip
+    """A worker's whole life: start the task reader, initialise (with what the first message
+    brings, when the pool was started without an initializer), then answer tasks in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    for conn in others:
+        conn.close()
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_read_tasks, args=(tasks, inbox), daemon=True).start()
     try:
+        if initializer is None:
+            first = inbox.get()
+            if isinstance(first, BaseException):
+                raise first
+            seq, initializer, arg = first
+            if seq != INIT or initializer is None:
+                raise RuntimeError(f"a worker started without an initializer got task {seq} first")
         initializer(arg)
     except BaseException as e:
         _answer(results, -1, False, _portable(e))
