@@ -15,7 +15,7 @@ import csv
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from ..errors import InputError
@@ -107,8 +107,32 @@ def _decode_lines(payload: bytes, first: int) -> Iterator[tuple[int, str | None]
 
 
 def parse_jsonl(payload: bytes, first: int, text_field: str) -> Iterator[Record]:
+    """The records of a block of JSON lines. With orjson installed (the `fast` extra), each line
+    is parsed by it first, about twice as fast; any line it refuses (a blank line, invalid
+    UTF-8 or JSON, and what only the standard parser accepts: NaN, lone surrogate escapes) and
+    any record with a problem go through the standard path, so every record and message is the
+    standard parser's."""
+    fast = _fast_loads()
+    if fast is None:
+        yield from _parse_lines(_decode_lines(payload, first), text_field)
+        return
+    loads, refused = fast
+    for k, raw in enumerate(payload.split(b"\n")):
+        try:
+            obj = loads(raw)
+        except refused:
+            yield from _parse_lines(_decode_lines(raw, first + k), text_field)
+            continue
+        record = _field(obj, first + k, text_field)
+        if record.problem is not None:  # as the standard parser reads it (orjson makes huge integers floats)
+            record = next(_parse_lines(_decode_lines(raw, first + k), text_field))
+        yield record
+
+
+def _parse_lines(lines: Iterator[tuple[int, str | None]], text_field: str) -> Iterator[Record]:
+    """The standard parser over numbered lines (None: not UTF-8); blank lines are skipped."""
     loads = json.loads
-    for number, line in _decode_lines(payload, first):
+    for number, line in lines:
         if line is None:
             yield bad(number, "decode_error", f"line {number} is not valid UTF-8")
             continue
@@ -119,7 +143,25 @@ def parse_jsonl(payload: bytes, first: int, text_field: str) -> Iterator[Record]
         except json.JSONDecodeError as e:
             yield bad(number, "json_error", f"invalid JSON ({e.msg} at column {e.colno})")
             continue
+        except RecursionError:
+            yield bad(number, "json_error", "invalid JSON (nested too deeply)")
+            continue
         yield _field(obj, number, text_field)
+
+
+_FAST_JSON: list[tuple[Callable[[bytes], Any], type[Exception]] | None] = []
+
+
+def _fast_loads() -> tuple[Callable[[bytes], Any], type[Exception]] | None:
+    """orjson's `loads` and the error it raises, imported on first use (it costs ~25 ms), or None."""
+    if not _FAST_JSON:
+        try:
+            import orjson
+        except ImportError:
+            _FAST_JSON.append(None)
+        else:
+            _FAST_JSON.append((orjson.loads, orjson.JSONDecodeError))
+    return _FAST_JSON[0]
 
 
 def _field(obj: Any, number: int, text_field: str) -> Record:
