@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import write
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lmshard.prepare.feed as feed
 from lmshard.prepare.clean import CleanConfig
@@ -39,6 +41,23 @@ def test_separators_with_and_without_bos():
     out, lens = with_separators(tokens, lengths, some, 9, "before", 7)
     assert out.tolist() == [9, 7, 1, 2, 9, 7, 3, 4, 5] and lens.tolist() == [4, 5]
     assert out.dtype == np.dtype("<u4")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2**32 - 1), max_size=6), st.booleans()), max_size=8),
+       st.sampled_from(["after", "before"]), st.sampled_from([None, 7]))  # fmt: skip
+def test_separators_match_a_plain_python_reference(docs, position, bos):
+    tokens = np.array([t for d, _ in docs for t in d], dtype=np.uint32)
+    lengths = np.array([len(d) for d, _ in docs], dtype=np.int64)
+    keep = np.array([k for _, k in docs], dtype=bool)
+    expected: list[int] = []
+    for d, k in docs:
+        if k:
+            head = [] if bos is None else [bos]
+            expected += head + d + [9] if position == "after" else [9] + head + d
+    out, lens = with_separators(tokens, lengths, keep, 9, position, bos)
+    assert out.tolist() == expected and out.dtype == np.dtype("<u4")
+    assert lens.tolist() == [len(d) + (1 if bos is None else 2) for d, k in docs if k]
 
 
 @pytest.fixture(scope="module")

@@ -32,20 +32,21 @@ def with_separators(
         chosen, lens = tokens, lengths
     else:
         chosen, lens = tokens[np.repeat(keep, lengths)], lengths[keep]
-    ends = np.cumsum(lens)
-    starts = ends - lens
-    eots = np.full(len(lens), eot, TOKEN_DTYPE)
-    if bos is None:
-        at, values = (ends if position == "after" else starts), eots
+    specials = 1 if bos is None else 2
+    out_lens = lens + specials
+    starts = np.cumsum(out_lens) - out_lens  # of each document in the output
+    out = np.empty(int(out_lens.sum()), TOKEN_DTYPE)
+    text = np.ones(len(out), bool)  # where the documents' own tokens go
+    # The specials' places in each document: [BOS] text EOT, or EOT [BOS] text.
+    if position == "after":
+        places = [(starts + out_lens - 1, eot)] + ([(starts, bos)] if bos is not None else [])
     else:
-        # Per document in order (np.insert keeps the given order among equal indices): BOS at
-        # its start and EOT at its end, or EOT then BOS at its start.
-        bos_ = np.full(len(lens), bos, TOKEN_DTYPE)
-        pairs = ((starts, bos_), (ends, eots)) if position == "after" else ((starts, eots), (starts, bos_))
-        at = np.stack([pairs[0][0], pairs[1][0]], axis=1).ravel()
-        values = np.stack([pairs[0][1], pairs[1][1]], axis=1).ravel()
-    out = np.insert(chosen, at, values).astype(TOKEN_DTYPE, copy=False)
-    return out, lens + (1 if bos is None else 2)
+        places = [(starts, eot)] + ([(starts + 1, bos)] if bos is not None else [])
+    for at, value in places:
+        out[at] = value
+        text[at] = False
+    out[text] = chosen
+    return out, out_lens
 
 
 class ShardWriter:
