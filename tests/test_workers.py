@@ -191,11 +191,11 @@ def test_a_forked_pool_initialized_later_runs_tasks_in_order_and_reports_deaths(
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """~64 MB of JSON lines (64 work items, ~10 M tokens): several seconds of tokenizing on two
+    """~130 MB of JSON lines (128 work items, ~20 M tokens): a few seconds of tokenizing on two
     workers even on a quiet machine, so every kill below lands while the run is still going."""
     path = tmp_path_factory.mktemp("corpus") / "big.jsonl"
     words = " ".join(f"w{k}" for k in range(600))
-    write(path, "".join(json.dumps({"text": f"document {i}: {words}"}) + "\n" for i in range(16_000)))
+    write(path, "".join(json.dumps({"text": f"document {i}: {words}"}) + "\n" for i in range(32_000)))
     return path
 
 
