@@ -65,7 +65,7 @@ class ItemResult:
     """What one work item produced. Documents are in input order."""
 
     seq: tuple[int, int]
-    tokens: np.ndarray  # uint32, all documents back to back, no separators
+    tokens: np.ndarray  # all documents back to back, no separators: uint16 for vocabularies that fit, else uint32
     lengths: np.ndarray  # int64 tokens per document
     keys: np.ndarray  # uint64 xxh3-64 of each cleaned document's UTF-8 bytes
     doc_sources: np.ndarray  # int32 source index per document
@@ -127,6 +127,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> Item
         texts.append(text)
         sources.append(src_index)
     tokens, lengths = tokenizer.encode_batch(texts)
+    if tokenizer.n_vocab <= 1 << 16:  # half the bytes to send back (the shards are uint32 all the same)
+        tokens = tokens.astype(np.uint16)
     return ItemResult(
         seq=(item.source, item.seq),
         tokens=tokens,
