@@ -225,6 +225,25 @@ def test_auto_takes_splintr_and_remembers_the_pass(gate_dir, monkeypatch):
         load_tokenizer("gpt2", "splintr")
 
 
+def test_a_change_to_the_reference_code_runs_the_gate_again(gate_dir, monkeypatch, tmp_path):
+    """A remembered pass is keyed by the code that decided it, the tiktoken reference and the
+    shared helpers included: edit one of them and the next run checks again."""
+    assert {p.name for p in gate.SUPPORT_SOURCES} >= {"base.py", "tiktoken_backend.py"}
+    copies = []
+    for p in gate.SUPPORT_SOURCES:
+        copies.append(tmp_path / p.name)
+        copies[-1].write_bytes(p.read_bytes())
+    monkeypatch.setattr(gate, "SUPPORT_SOURCES", tuple(copies))
+    assert load_tokenizer("gpt2", "auto").backend == "splintr"
+    assert len(list(gate_dir.glob("*.json"))) == 1
+    copies[0].write_bytes(copies[0].read_bytes() + b"\n# edited\n")
+    checked = []
+    real = gate.check_exact
+    monkeypatch.setattr(gate, "check_exact", lambda *a, **k: checked.append(1) or real(*a, **k))
+    assert load_tokenizer("gpt2", "auto").backend == "splintr"
+    assert checked == [1] and len(list(gate_dir.glob("*.json"))) == 2
+
+
 def test_gated_skips_the_check(gate_dir, monkeypatch):
     monkeypatch.setattr(backend, "SplintrTokenizer", OneTokenOff)
     assert type(load_tokenizer("gpt2", "splintr", gated=True)) is OneTokenOff

@@ -169,18 +169,22 @@ def test_cli_prepare_and_inspect_a_tokenizer_json(tmp_path, corpus, big):  # noq
     assert report["samples"][0]["text"] == f"{BOT}{corpus[1][0]}{EOT}"
 
 
-def test_inspect_never_reads_a_fifo_or_huge_file_named_by_untrusted_metadata(tmp_path, corpus, big,  # noqa: F811
-                                                                            monkeypatch):
-    import lmshard.tokenizers as tokenizers_mod
+def test_inspect_never_reads_a_fifo_or_huge_file_named_by_untrusted_metadata(
+    tmp_path,
+    corpus,
+    big,  # noqa: F811
+    monkeypatch,
+):
+    from lmshard.tokenizers.hf_backend import HFTokenizer
 
     _prepare(tmp_path, corpus, big)
-    real, tried = tokenizers_mod.load_tokenizer, []
+    real, read = HFTokenizer._read, []
 
-    def spy(spec, *args, **kwargs):
-        tried.append(spec)
-        return real(spec, *args, **kwargs)
+    def spy(path):
+        read.append(str(path))
+        return real(path)
 
-    monkeypatch.setattr(tokenizers_mod, "load_tokenizer", spy)
+    monkeypatch.setattr(HFTokenizer, "_read", staticmethod(spy))
     root = tmp_path / "ds"
     (root / "tokenizer.json").unlink()
     fifo = tmp_path / "fifo.json"
@@ -188,15 +192,73 @@ def test_inspect_never_reads_a_fifo_or_huge_file_named_by_untrusted_metadata(tmp
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:
         f.truncate(300 << 20)  # sparse: larger than any tokenizer.json
+    directory = tmp_path / "tokdir"  # a save_pretrained directory: its files are not bounded
+    directory.mkdir()
+    shutil.copy(big["file"], directory / "tokenizer.json")
     meta_path = root / "dataset_metadata.json"
-    for target in (fifo, huge):
+    for target in (fifo, huge, directory):
         meta = json.loads(meta_path.read_text())
         meta["tokenizer"]["name"] = str(target)
         meta_path.write_text(json.dumps(meta))
         why: list[str] = []
         assert decoder_for(load_metadata(root), why) is None  # returns: a FIFO read would block forever
         assert "tokenizer.json" in why[0]
-    assert str(huge) not in tried, "a 300 MB file named by the metadata was loaded"
+    assert read == [], "a file named by the metadata was read"
+
+
+def test_inspect_reads_the_copy_alone_and_a_hub_name_from_the_cache_only(
+    tmp_path,
+    corpus,
+    big,  # noqa: F811
+    monkeypatch,
+):
+    """Config files planted beside the dataset's tokenizer.json copy are never read, and a hub
+    name in the metadata is looked up in the local cache only: no download, no network probe,
+    even with HF_HUB_OFFLINE unset."""
+    import lmshard.tokenizers.hf_backend as hf_backend
+    import lmshard.tokenizers.hf_resolve as hf_resolve
+
+    _prepare(tmp_path, corpus, big)
+    root = tmp_path / "ds"
+    huge = root / "tokenizer_config.json"
+    with open(huge, "wb") as f:
+        f.truncate(300 << 20)
+    (root / "special_tokens_map.json").symlink_to("/dev/zero")
+    configs_read = []
+    real = hf_backend._read_configs
+    monkeypatch.setattr(hf_backend, "_read_configs", lambda c: configs_read.append(dict(c)) or real(c))
+    decode = decoder_for(load_metadata(root))
+    assert decode is not None and configs_read == [{}]
+
+    def no_network(*_a, **_k):
+        raise AssertionError("inspect went to the network")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(hf_resolve, "_download", no_network)
+    monkeypatch.setattr(hf_resolve, "_unreachable", no_network)
+    (root / "tokenizer.json").unlink()
+    meta = json.loads((root / "dataset_metadata.json").read_text())
+    meta["tokenizer"]["name"] = "some-org/some-model"
+    (root / "dataset_metadata.json").write_text(json.dumps(meta))
+    why: list[str] = []
+    assert decoder_for(load_metadata(root), why) is None and "tokenizer.json" in why[0]
+
+
+def test_verify_hashes_the_copy_in_blocks_and_refuses_an_oversized_one(
+    tmp_path,
+    corpus,
+    big,  # noqa: F811
+    monkeypatch,
+):
+    import lmshard.inspect.verify as verify_mod
+
+    _prepare(tmp_path, corpus, big)
+    root = tmp_path / "ds"
+    assert verify_dataset(root).ok
+    monkeypatch.setattr(verify_mod, "MAX_TOKENIZER_BYTES", 1000)
+    report = verify_dataset(root, quick=True)
+    assert not report.ok and any("not read" in p.what for p in report.problems), report.problems
 
 
 def test_truncation_or_padding_saved_in_the_file_never_cut_a_document(tmp_path, big):  # noqa: F811

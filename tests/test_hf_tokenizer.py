@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -411,3 +412,34 @@ def test_default_is_single_threaded_and_threads_2_starts_a_pool(tmp_path):
     before, single, pooled = map(int, out.split())
     assert single == before  # threads=1: the Rayon pool never started
     assert pooled > single  # and the probe can tell when it does
+
+
+def test_the_callers_environment_is_left_as_it_was(tmp_path, monkeypatch):
+    """The parallelism switches are set around each encode call, never left behind."""
+    path = small(tmp_path, ["<|endoftext|>"])
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # the caller's own choice
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    tok = HFTokenizer(str(path), threads=1)
+    seen = []
+
+    class Spy:  # the library's tokenizer, recording the environment it encodes under
+        def __init__(self, inner):
+            self.inner = inner
+
+        def encode_batch(self, *a, **k):
+            seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+            return self.inner.encode_batch(*a, **k)
+
+        encode_batch_fast = encode_batch
+
+    tok._tok = Spy(tok._tok)
+    tokens, _ = tok.encode_batch(["some words", "more"])
+    assert len(tokens) > 0 and seen == ["false"]
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == "true" and "RAYON_NUM_THREADS" not in os.environ
+
+
+def test_a_config_nested_too_deeply_is_one_line(tmp_path):
+    small(tmp_path / "m", ["<|endoftext|>"])
+    (tmp_path / "m" / "tokenizer_config.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(TokenizerError, match=r"tokenizer_config.json: not a readable JSON file .*; fix or delete it"):
+        HFTokenizer(str(tmp_path / "m"))

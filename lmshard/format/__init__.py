@@ -17,6 +17,7 @@ from .layout import (
     FORMAT_VERSION,
     IN_PROGRESS_FILE,
     INDEX_DTYPE,
+    MAX_TOKENIZER_BYTES,
     METADATA_FILE,
     REGENERATE_HINT,
     SPLITS,
@@ -40,8 +41,8 @@ from .schema import (
 )
 
 __all__ = [
-    "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "METADATA_FILE",
-    "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "atomic_write_bytes",
+    "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
+    "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "atomic_write_bytes",
     "atomic_write_json", "shard_paths", "DatasetMeta", "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
     "SplitInfo",
     "TokenizerInfo",

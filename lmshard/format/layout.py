@@ -30,6 +30,7 @@ INDEX_DTYPE = np.dtype("<u8")  # document start offsets in tokens, plus the shar
 METADATA_FILE = "dataset_metadata.json"
 TOKENIZER_FILE = "tokenizer_state.json"
 VOCAB_COPY = "tokenizer.json"  # a Hugging Face vocabulary's own file, kept so inspect can decode
+MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer file named by a dataset (untrusted) larger than this is not read
 IN_PROGRESS_FILE = "_PREPARE_IN_PROGRESS"
 SPLITS = ("train", "val")
 EOT_POSITIONS = ("after", "before")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import numpy as np
 from ..errors import ConfigError, FormatError, LmshardError, missing_dependency
 from ..format import (
     IN_PROGRESS_FILE,
+    MAX_TOKENIZER_BYTES,
     METADATA_FILE,
     TOKENIZER_FILE,
     VOCAB_COPY,
@@ -29,7 +28,6 @@ from ..format import (
 from .verify import Report
 
 Decoder = Callable[[list[int]], str]
-MAX_VOCAB_BYTES = 256 << 20  # a dataset's tokenizer files larger than this are not loaded (an untrusted copy)
 
 
 def require_dataset(path: Path) -> None:
@@ -49,11 +47,11 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
         return None
     info = meta.tokenizer
     if info.backend == "tokenizers":
-        # The recorded name comes from the (possibly untrusted) metadata: a path there is only
-        # read when it is a regular file of a tokenizer's size.
-        specs, backend = ([info.name] if _small_or_not_a_file(info.name) else []), "tokenizers"
+        # The metadata may be someone else's: names in it are loaded `untrusted` (a regular file of
+        # a tokenizer's size, alone; a hub name from the local cache only, never downloaded).
+        specs, backend = [info.name], "tokenizers"
         with contextlib.suppress(LmshardError):  # the copy, when it is a regular file inside the dataset
-            if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_VOCAB_BYTES:
+            if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_TOKENIZER_BYTES:
                 specs.insert(0, str(meta.root / VOCAB_COPY))
         fix = f"put the tokenizer.json with that sha256 back in {meta.root / VOCAB_COPY}"
     else:
@@ -63,7 +61,7 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
 
     for spec in specs:
         try:
-            tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta))
+            tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta), untrusted=True)
         except LmshardError:
             continue
         if tok.vocab_sha256 == info.ranks_sha256:
@@ -74,21 +72,13 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
     return None
 
 
-def _small_or_not_a_file(spec: str) -> bool:
-    try:
-        info = os.stat(spec)
-    except (OSError, ValueError):
-        return True  # a hub name, or nothing there: resolution says so without reading anything
-    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_VOCAB_BYTES or stat.S_ISDIR(info.st_mode)
-
-
 def _recorded_separator(meta: DatasetMeta) -> str | None:
     """The separator's text as tokenizer_state.json records it (a Hugging Face vocabulary may
     have none of its own that lmshard recognises)."""
     if meta.tokenizer.backend != "tokenizers":
         return None
     try:
-        if dataset_file_size(meta.root, TOKENIZER_FILE) > MAX_VOCAB_BYTES:
+        if dataset_file_size(meta.root, TOKENIZER_FILE) > MAX_TOKENIZER_BYTES:
             return None
         state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
         token = state.get("eot_token") if isinstance(state, dict) else None

@@ -29,6 +29,7 @@ import xxhash
 from ..errors import FormatError
 from ..format import (
     INDEX_DTYPE,
+    MAX_TOKENIZER_BYTES,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
     VOCAB_COPY,
@@ -173,8 +174,13 @@ def _check_vocab_copy(meta: DatasetMeta, report: Report) -> None:
     """A Hugging Face vocabulary's tokenizer.json, kept in the dataset: it must be the file
     the dataset was tokenized with (`ranks_sha256`), or decoding it would mislead."""
     try:
-        dataset_file_size(meta.root, VOCAB_COPY)
-        digest = hashlib.sha256((meta.root / VOCAB_COPY).read_bytes()).hexdigest()
+        size = dataset_file_size(meta.root, VOCAB_COPY)
+        if size > MAX_TOKENIZER_BYTES:
+            report.problems.append(Problem(VOCAB_COPY, f"{size:,} bytes, more than any tokenizer file "
+                                                       f"({MAX_TOKENIZER_BYTES >> 20} MiB); not read"))  # fmt: skip
+            return
+        with open(meta.root / VOCAB_COPY, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()  # in blocks, never the whole file at once
     except FormatError as e:
         report.problems.append(Problem(VOCAB_COPY, str(e), fix=""))
         return

@@ -39,6 +39,7 @@ def load_tokenizer(
     warn: Callable[[str], None] | None = None,
     gated: bool = False,
     threads: int = 1,
+    untrusted: bool = False,
 ) -> Tokenizer:
     """The backend for a `--tokenizer` value. Raises `TokenizerError`, naming the command that
     installs it, when the vocabulary is missing. `separator` names the special token written
@@ -47,7 +48,8 @@ def load_tokenizer(
     exactness gate: the caller ran it for this spec and backend in this run (prepare's workers).
     `threads`: how many threads a backend with its own thread pool (splintr, tokenizers) may use
     in this process: 1 in each of prepare's workers, which are the parallelism; tiktoken's
-    per-text encode takes one thread whatever this says."""
+    per-text encode takes one thread whatever this says. `untrusted`: the spec was read from a
+    dataset's metadata (see `hf_resolve.resolve`)."""
     if backend not in BACKENDS:
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if is_hf_spec(spec):
@@ -57,7 +59,7 @@ def load_tokenizer(
             )
         from .hf_backend import HFTokenizer
 
-        return HFTokenizer(spec, separator=separator, threads=threads)
+        return HFTokenizer(spec, separator=separator, threads=threads, untrusted=untrusted)
     if backend == "tokenizers":
         raise TokenizerError(f"{spec} is a tiktoken vocabulary; use --tokenizer-backend tiktoken, splintr or auto")
     if separator not in (None, "<|endoftext|>"):

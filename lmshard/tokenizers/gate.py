@@ -246,8 +246,22 @@ def _pass_record(candidate: Tokenizer) -> dict[str, str]:
         # The sample is a function of this file and Python's seeded generator: hashing them is
         # 50 ms cheaper per run than generating the sample to hash it.
         "gate_source_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "support_source_sha256": _sources_sha256(SUPPORT_SOURCES),
         "python": platform.python_version(),
     }
+
+
+# Modules whose code decides what the gate compares: the tiktoken reference, the shared surrogate
+# repair and interface, and the verified vocabulary reader.
+SUPPORT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("base.py", "tiktoken_backend.py", "vocab.py"))
+
+
+def _sources_sha256(paths: tuple[Path, ...]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        data = path.read_bytes()
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
 
 
 def _record_file(record: dict[str, str]) -> Path:

@@ -18,8 +18,9 @@ local cache). Which special tokens, in this order:
 
 Threads: `tokenizers` encodes a batch on a Rayon thread pool shared by the whole process, sized
 by RAYON_NUM_THREADS when first used and switched by TOKENIZERS_PARALLELISM at every call. lmshard
-runs one tokenizer per worker process, so `threads=1` (the default) switches the pool off for
-the process and never starts it; `threads=0` (all cores) or N > 1 suit a single worker.
+runs one tokenizer per worker process, so `threads=1` (the default) switches the pool off and
+never starts it; `threads=0` (all cores) or N > 1 suit a single worker. Both variables are set
+around each encode call only, so the caller's process keeps its own settings.
 
 Memory model: the tokenizer.json text and its parsed JSON while loading (a few times the file,
 about 10-50 MB for a 128k vocabulary), then the Rust vocabulary (about the file's size); during
@@ -29,10 +30,11 @@ for a 1 MiB work item) and the uint32 result (4 bytes a token).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,21 @@ BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>")
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
 
 
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `values` set, and the caller's own values back afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _token_text(value: Any) -> str | None:
     """A special token as the configs write it: a string, or {"content": ..., ...}."""
     if isinstance(value, dict):
@@ -67,8 +84,9 @@ def _read_configs(configs: Mapping[str, Path]) -> dict[str, Any]:
             continue
         try:
             data = json.loads(configs[name].read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise TokenizerError(f"{configs[name]}: not a readable JSON file ({e}); fix or delete it") from None
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
+            raise TokenizerError(f"{configs[name]}: not a readable JSON file ({str(e)[:200] or type(e).__name__}); "
+                                 "fix or delete it") from None  # fmt: skip
         if not isinstance(data, dict):
             raise TokenizerError(f"{configs[name]}: expected a JSON object; fix or delete it")
         merged.update({k: v for k, v in data.items() if v is not None or k not in merged})
@@ -106,7 +124,8 @@ class HFTokenizer(Tokenizer):
     >>> tokens, lengths = tok.encode_batch(["Hello world", "Bye"])
     """
 
-    def __init__(self, spec: str, *, separator: str | None = None, threads: int = 1) -> None:
+    def __init__(self, spec: str, *, separator: str | None = None, threads: int = 1, untrusted: bool = False) -> None:
+        """`untrusted`: see `hf_resolve.resolve` (a name read from a dataset's metadata)."""
         try:
             import tokenizers
         except ImportError:
@@ -114,7 +133,7 @@ class HFTokenizer(Tokenizer):
         if threads < 0:
             raise TokenizerError(f"threads must be 0 (all cores) or more, not {threads}")
         self.name, self.backend, self.spec = spec, "tokenizers", spec
-        self.source: Source = resolve(spec)
+        self.source: Source = resolve(spec, untrusted=untrusted)
         self.vocab_file = self.source.tokenizer_json
         text, self.vocab_sha256, self._json = self._read(self.vocab_file)
         try:
@@ -152,16 +171,13 @@ class HFTokenizer(Tokenizer):
                                  "written by the tokenizers library or save_pretrained")  # fmt: skip
         return text, hashlib.sha256(data).hexdigest(), parsed
 
-    @staticmethod
-    def _set_threads(threads: int) -> None:
-        # Process-wide by nature (see the module docstring). RAYON_NUM_THREADS only takes effect
-        # if the pool has not started yet, which threads=1 guarantees for its own process.
-        if threads == 1:
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-            return
-        os.environ["TOKENIZERS_PARALLELISM"] = "true"
-        if threads > 1:
-            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    def _set_threads(self, threads: int) -> None:
+        """The environment `tokenizers` reads, set around each encode call only (the caller's
+        own values come back after it): TOKENIZERS_PARALLELISM at every call, RAYON_NUM_THREADS
+        when its pool starts, which threads=1 never does."""
+        self._env = {"TOKENIZERS_PARALLELISM": "false" if threads == 1 else "true"}
+        if threads > 1 and "RAYON_NUM_THREADS" not in os.environ:
+            self._env["RAYON_NUM_THREADS"] = str(threads)
 
     def _choose_specials(self, config: dict[str, Any], separator: str | None) -> None:
         eot, self.eot_source = self._choose_eot(config, separator)
@@ -214,7 +230,9 @@ class HFTokenizer(Tokenizer):
         # encode_batch_fast skips the character offsets (same ids, about a third faster measured
         # on linux-docs). e.ids builds a new list at each access: read it once per text.
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        ids = [e.ids for e in encode(list(texts), add_special_tokens=False)]
+        with _environment(self._env):
+            encodings = encode(list(texts), add_special_tokens=False)
+        ids = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         if not ids:
             return np.empty(0, TOKEN_DTYPE), lengths

@@ -17,11 +17,13 @@ import contextlib
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+import stat
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import TokenizerError
+from ..format import MAX_TOKENIZER_BYTES
 
 TOKENIZER_JSON = "tokenizer.json"
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
@@ -66,9 +68,15 @@ def offline() -> bool:
     return value.strip().lower() in _TRUE
 
 
-def resolve(spec: str) -> Source:
-    """The files for a `--tokenizer` value, or a one-line TokenizerError naming the fix."""
+def resolve(spec: str, *, untrusted: bool = False) -> Source:
+    """The files for a `--tokenizer` value, or a one-line TokenizerError naming the fix.
+
+    `untrusted`: the name comes from a dataset's metadata (`lmshard inspect` of someone else's
+    dataset), so only a regular file of at most MAX_TOKENIZER_BYTES is read, alone (no config
+    files beside it, no directory), and a hub name only from the local cache, never downloaded."""
     path = Path(spec).expanduser()
+    if untrusted:
+        return _untrusted(spec, path)
     if path.is_file():
         return Source("file", path, _configs(path.parent) if path.name == TOKENIZER_JSON else {})
     if path.is_dir():
@@ -76,10 +84,35 @@ def resolve(spec: str) -> Source:
             raise TokenizerError(f"{spec}: directory holds no {TOKENIZER_JSON}; pass the directory written by "
                                  "save_pretrained (a 'fast' tokenizer) or the path of a tokenizer.json")  # fmt: skip
         return Source("directory", path / TOKENIZER_JSON, _configs(path))
+    repo_id, revision = _hub_name(spec)
+    return _from_hub(spec, repo_id, revision)
+
+
+def _hub_name(spec: str) -> tuple[str, str]:
+    """(repo id, revision) of a hub name; a TokenizerError for what can only be a missing path (a
+    .json name, a leading . / or ~, more than one slash). `word/word` stays a hub name: the
+    not-in-cache message also says to pass a path."""
     repo_id, _, revision = spec.partition("@")
     if spec.endswith(".json") or not _REPO_ID.match(repo_id):
         raise TokenizerError(f"{spec}: no such file or directory (and not a hub name such as org/name)")
-    return _from_hub(spec, repo_id, revision or "main")
+    return repo_id, revision or "main"
+
+
+def _untrusted(spec: str, path: Path) -> Source:
+    try:
+        info = path.stat()
+    except (OSError, ValueError):
+        info = None
+    if info is not None:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TOKENIZER_BYTES:
+            raise TokenizerError(f"{spec}: not read: a dataset may name only a regular file of at most "
+                                 f"{MAX_TOKENIZER_BYTES >> 20} MiB as its tokenizer")  # fmt: skip
+        return Source("file", path, {})
+    repo_id, revision = _hub_name(spec)
+    found = _cached(repo_id, revision, hub_cache())
+    if found is None:
+        raise TokenizerError(_not_cached(spec, repo_id, revision, hub_cache(), "inspect never downloads"))
+    return replace(found, configs={})
 
 
 def _configs(directory: Path) -> dict[str, Path]:

@@ -124,7 +124,6 @@ def _resolve_file(path: Path) -> tuple[str, Vocabulary, Path]:
     )
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Provisioning
 
