@@ -125,7 +125,10 @@ def prepare(
     tokenizer_backend: str | None = _opt(
         "auto (default: splintr when installed and exact, else tiktoken), tiktoken, splintr, tokenizers."
     ),
-    separator: str | None = _opt("Special token written after each document [the vocabulary's end of text]."),
+    separator: str | None = _opt(
+        "Special token written after each document (before it with --eot-position before) "
+        "[the vocabulary's end of text]."
+    ),
     bos: str | None = _opt("BOS token before each document: auto (default: when the tokenizer adds one), yes, no."),
     format: str | None = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
     text_field: str | None = _opt("JSON/CSV/parquet field holding the text [text]."),
