@@ -35,6 +35,21 @@ def _restore_parallelism(monkeypatch):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the backend sets it for its process
 
 
+def test_append_takes_the_same_tokenizer_file_spelled_another_way(tmp_path, corpus, big, monkeypatch):  # noqa: F811
+    first = _prepare(tmp_path, corpus, big)
+    more = write(tmp_path / "more.jsonl", "".join(json.dumps({"text": f"{t} (again)"}) + "\n" for t in corpus[1]))
+    monkeypatch.chdir(big["file"].parent)
+    cfg = PrepareConfig(inputs=[str(more)], out=str(tmp_path / "ds"), tokenizer=f"./{big['file'].name}",
+                        val_fraction=0.1, tokens_per_shard=2000, append=True)  # fmt: skip
+    meta = prepare(cfg)
+    assert meta.total_docs == 2 * first.total_docs
+    other = tmp_path / "other.json"
+    other.write_text(big["file"].read_text().replace('"<|end_of_text|>"', '"<|end_of_texts|>"', 1))
+    with pytest.raises(ConfigError, match="--append: the dataset was tokenized with"):
+        prepare(PrepareConfig(inputs=[str(more)], out=str(tmp_path / "ds"), tokenizer=str(other), append=True,
+                              separator="<|end_of_texts|>", val_fraction=0.1, tokens_per_shard=2000))  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def corpus(big, tmp_path_factory):  # noqa: F811
     """Documents made of words whose ids are above 65,535, mixed with prose, unicode and text

@@ -418,7 +418,6 @@ def test_append_of_known_documents_only_adds_nothing_and_says_so(tmp_path, input
 @pytest.mark.parametrize(
     "option, words",
     [
-        ({"tokenizer": "a copy of the GPT-2 ranks as a .tiktoken file"}, "--tokenizer gpt2"),
         ({"normalize": "nfkc"}, "--normalize 'nfc'"),
         ({"byte_exact": True}, "--no-normalize False"),
         ({"seed": 7}, "--seed 1337"),
@@ -426,20 +425,28 @@ def test_append_of_known_documents_only_adds_nothing_and_says_so(tmp_path, input
         ({"eot_position": "before"}, "--eot-position 'after'"),
     ],
 )
-def test_append_refuses_different_tokenizer_or_cleaning(tmp_path, inputs, option, words):
+def test_append_refuses_different_cleaning(tmp_path, inputs, option, words):
     out = tmp_path / "ds"
     run(out, inputs[0][:1])
     before = snapshot(out)
-    if "tokenizer" in option:  # another vocabulary by name (same ranks, so no other file is needed)
-        from lmshard.tokenizers.vocab import VOCABULARIES, cache_file
-
-        other = tmp_path / "other.tiktoken"
-        other.write_bytes(cache_file(VOCABULARIES["r50k_base"]).read_bytes())
-        option = {"tokenizer": str(other)}
     with pytest.raises(ConfigError, match="--append") as e:
         run(out, inputs[0][1:], append=True, **option)
     assert words in str(e.value)
     assert snapshot(out) == before
+
+
+def test_append_takes_the_same_vocabulary_under_another_name(tmp_path, inputs):
+    """The vocabulary's sha256 pins it: a copy of the GPT-2 ranks as a .tiktoken file is the
+    same tokenizer as `gpt2` (a different vocabulary is refused: test_hf_prepare)."""
+    from lmshard.tokenizers.vocab import VOCABULARIES, cache_file
+
+    out = tmp_path / "ds"
+    first = run(out, inputs[0][:1])
+    other = tmp_path / "other.tiktoken"
+    other.write_bytes(cache_file(VOCABULARIES["r50k_base"]).read_bytes())
+    meta = run(out, inputs[0][1:], append=True, tokenizer=str(other))
+    assert meta["n_docs"] > first["n_docs"]
+    assert meta["tokenizer"]["ranks_sha256"] == first["tokenizer"]["ranks_sha256"]
 
 
 def test_append_refuses_max_docs(tmp_path, inputs):

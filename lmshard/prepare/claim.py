@@ -179,7 +179,8 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
     """The dataset in --out, once checked that this run's documents can join it."""
     meta = load_metadata(out)
     tok = meta.tokenizer
-    if tok.ranks_sha256 != tokenizer.vocab_sha256 or tok.name != tokenizer.name:
+    # The vocabulary's sha256 pins it, however its path or name was spelled (./tok.json, /abs/tok.json).
+    if tok.ranks_sha256 != tokenizer.vocab_sha256 or tok.n_vocab != tokenizer.n_vocab:
         raise ConfigError(f"{out}: --append: the dataset was tokenized with {tok.name!r} and this run uses "
                           f"{tokenizer.name!r}; pass --tokenizer {tok.name}")  # fmt: skip
     eot, bos = tokenizer.eot_id, bos_written(config, tokenizer)
