@@ -184,3 +184,33 @@ def test_a_worker_that_loads_another_tokenizer_refuses_to_start(setup):
     with OrderedPool(2, init_worker, wrong) as pool, failed:
         list(pool.imap(process_item, plan(sources, "auto", "text"), window=2))
     assert issubclass(WorkerStartFailed, WorkerDied)  # so prepare keeps the work and offers --resume
+
+
+def _tokenizer_address(_: int) -> int:
+    from lmshard.prepare import worker
+
+    return id(worker._state["tokenizer"])
+
+
+def test_forked_workers_use_the_parents_tokenizer_without_loading_one(setup, monkeypatch):
+    """Workers forked after the tokenizer loaded take the parent's object (same address in the
+    copied memory) and never load one: loading is broken here, and the children inherit that."""
+    import lmshard.prepare.worker as worker_mod
+    from lmshard.prepare.pool import OrderedPool
+    from lmshard.prepare.worker import identity_of, init_worker, share_with_forks
+
+    sources, wcfg, tok = setup
+
+    def no_load(*_a, **_k):
+        raise AssertionError("a forked worker loaded the tokenizer again")
+
+    monkeypatch.setattr(worker_mod, "load_tokenizer", no_load)
+    share_with_forks(tok)
+    try:
+        pool = OrderedPool(2, start="fork")
+    finally:
+        share_with_forks(None)
+    with pool:
+        pool.initialize(init_worker, replace(wcfg, expect=identity_of(tok)))
+        addresses = list(pool.imap(_tokenizer_address, range(6), window=2))
+    assert set(addresses) == {id(tok)} and "inherited" not in worker_mod._state

@@ -92,11 +92,11 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     with contextlib.ExitStack() as stack:
-        # Workers are forked first, while this process still runs one thread (see feed.early_pool).
-        early = early_pool(config.n_workers(), sources)
+        tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
+        # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
+        early = early_pool(config.n_workers(), sources, tokenizer)
         if early is not None:
             stack.enter_context(early)
-        tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
         try:
             with WriterLock(paths):
                 recover(paths)

@@ -78,9 +78,25 @@ class ItemResult:
 _state: dict[str, object] = {}
 
 
+def share_with_forks(tokenizer: Tokenizer | None) -> None:
+    """Leave `tokenizer` for workers forked from this process from now on (None: stop): they
+    use this copy of it, shared copy-on-write, instead of loading the vocabulary again."""
+    if tokenizer is None:
+        _state.pop("inherited", None)
+    else:
+        _state["inherited"] = tokenizer
+
+
 def init_worker(config: WorkerConfig) -> None:
-    """Process-pool initializer: build the tokenizer once per process."""
-    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, gated=True)
+    """Process-pool initializer: the tokenizer the parent left before forking this process
+    (`share_with_forks`), set to one thread, else one loaded here (a spawned worker)."""
+    inherited = _state.pop("inherited", None)
+    if isinstance(inherited, Tokenizer) and identity_of(inherited) == config.expect:
+        inherited.use_threads(1)
+        tokenizer = inherited
+    else:
+        tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator,
+                                   gated=True)  # fmt: skip
     for (name, want), (_, got) in zip(config.expect, identity_of(tokenizer), strict=False):
         if got != want:
             raise TokenizerError(f"{config.tokenizer}: a worker process loaded a different tokenizer than the main "

@@ -39,6 +39,11 @@ class Tokenizer(ABC):
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def use_threads(self, threads: int) -> None:  # noqa: B027  (a no-op unless the backend has a pool)
+        """How many threads this process's encode calls may use from now on: a worker forked
+        from prepare's main process inherits its tokenizer, loaded for the main process's
+        threads, and sets 1. Backends without a thread pool (tiktoken) ignore it."""
+
     @abstractmethod
     def identity(self) -> dict[str, Any]:
         """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, bos_id, a sha256

@@ -171,6 +171,9 @@ class HFTokenizer(Tokenizer):
                                  "written by the tokenizers library or save_pretrained")  # fmt: skip
         return text, hashlib.sha256(data).hexdigest(), parsed
 
+    def use_threads(self, threads: int) -> None:
+        self._set_threads(threads)
+
     def _set_threads(self, threads: int) -> None:
         """The environment `tokenizers` reads, set around each encode call only (the caller's
         own values come back after it): TOKENIZERS_PARALLELISM at every call, RAYON_NUM_THREADS

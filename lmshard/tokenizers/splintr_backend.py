@@ -23,8 +23,10 @@ Threads: `encode_batch_flat` releases the GIL (single-text calls hold it) and sp
 of 32 KiB of text or more over splintr's Rayon pool. prepare runs one tokenizer per worker
 process, so the pool gets one thread per process by default (`threads=1`): two processes of one
 thread each encode as fast as one process of two threads on two cores, and oversubscribing is
-slower. The first SplintrTokenizer of a process fixes the pool size, which Rayon reads once from
-RAYON_NUM_THREADS (a value the user exported wins over `threads`).
+slower. The pool starts at a process's first encode, sized by the tokenizer that makes it, which
+Rayon reads once from RAYON_NUM_THREADS (a value the user exported wins over `threads`). Until
+then the process runs no extra thread, so prepare can fork workers that inherit the loaded
+tokenizer (`use_threads(1)` in each) instead of loading their own.
 
 Memory model: splintr's tables for one vocabulary (resident size grows by about 15 MB for
 r50k, 24 MB for cl100k, 39 MB for o200k), its cache of recently encoded pieces, and one batch's
@@ -123,16 +125,22 @@ class SplintrTokenizer(Tokenizer):
         self.n_vocab = found.get("explicit_n_vocab") or max(_last_rank(ranks), *self._special_tokens.values()) + 1
         self.eot_token = "<|endoftext|>"
         self.eot_id = self._special_tokens[self.eot_token]
-        self.threads = _start_pool(self._encoder, threads)
+        self.threads = threads  # the pool size asked for: the pool starts at this process's first encode
         self._splintr_version = getattr(splintr, "__version__", "unknown")
 
     def identity(self) -> dict[str, Any]:
         return {**tiktoken_identity(self, self.base, self.pat_str, self._special_tokens),
                 "splintr_pattern": self.splintr_pattern, "splintr_version": self._splintr_version}  # fmt: skip
 
+    def use_threads(self, threads: int) -> None:
+        if _pool_threads is None:  # later, the pool this process started keeps its size
+            self.threads = threads
+
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """As `Tokenizer.encode_batch`, in one GIL-free splintr call. The tokens are a read-only
         view of splintr's output buffer (no copy)."""
+        if _pool_threads is None:
+            self.threads = _start_pool(self._encoder, self.threads)
         try:
             ids, offsets = self._encoder.encode_batch_flat(texts)
         except UnicodeEncodeError:  # rare: a lone surrogate somewhere in the batch
