@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 from conftest import GPT2_EOT, read_docs, write
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lmshard.errors import ConfigError, InputError
@@ -479,15 +479,21 @@ def test_line_dedup_refuses_stdin():
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=12))
+@example(["\x1f"])  # cleans to nothing
 def test_round_trip_text_to_shards_to_decoded_text(tmp_path_factory, reference, texts):
     """Any text → prepare → raw .bin/.idx read with numpy → decoded: the cleaned text, once each."""
     from lmshard.prepare.clean import CleanConfig, clean_text, fix_surrogates
 
     tmp = tmp_path_factory.mktemp("rt")
     jsonl(tmp / "a.jsonl", texts)
-    run(tmp, [tmp / "a.jsonl"], val_fraction=0.0)
     cleaned = [clean_text(fix_surrogates(t), CleanConfig()) for t in texts]
     expected = list(dict.fromkeys(c for c in cleaned if c))  # empties dropped, first copy kept
+    if not expected:  # nothing survives cleaning (["\x1f"]): an error, and no dataset
+        with pytest.raises(InputError, match="no document was kept"):
+            run(tmp, [tmp / "a.jsonl"], val_fraction=0.0)
+        assert not (tmp / "out" / "dataset_metadata.json").exists()
+        return
+    run(tmp, [tmp / "a.jsonl"], val_fraction=0.0)
     docs = read_docs(tmp / "out", "train")
     assert all(int(d[-1]) == GPT2_EOT for d in docs)
     assert [reference.decode(d[:-1].tolist()) for d in docs] == expected
