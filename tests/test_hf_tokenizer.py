@@ -272,6 +272,8 @@ def test_no_recognisable_eos_asks_for_separator(tmp_path):
     [
         (b'{"version": "1.0", "model": ', "not a JSON tokenizer file"),
         (b"\xff\xfe{}", "not a JSON tokenizer file"),
+        (b'{"model": {"type": "BPE"}, "n": ' + b"9" * 5000 + b"}", "not a JSON tokenizer file"),  # int digit cap
+        (b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not a JSON tokenizer file"),  # RecursionError
         (b'{"vocab": {"a": 0}}', 'no "model" section'),
         (b'{"version": "1.0", "model": {"type": "NoSuchModel"}}', "not a tokenizer.json this tokenizers version"),
     ],

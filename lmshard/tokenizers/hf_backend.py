@@ -163,8 +163,9 @@ class HFTokenizer(Tokenizer):
             parsed = json.loads(text)
         except OSError as e:
             raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise TokenizerError(f"{path}: not a JSON tokenizer file ({e}); pass a tokenizer.json "
+        except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, an int of 4,300+ digits, deep nesting
+            why = str(e)[:200] or type(e).__name__
+            raise TokenizerError(f"{path}: not a JSON tokenizer file ({why}); pass a tokenizer.json "
                                  "written by the tokenizers library or save_pretrained") from None  # fmt: skip
         if not isinstance(parsed, dict) or "model" not in parsed:
             raise TokenizerError(f"{path}: not a tokenizer.json (no \"model\" section); pass a tokenizer.json "

@@ -1,0 +1,106 @@
+"""`lmshard inspect` of someone else's dataset: what its tokenizer files may make inspect read.
+
+test_untrusted.py tampers with the shards and the metadata's counts; here the dataset names or
+holds tokenizer files (a Hugging Face tokenizer.json copy, tokenizer_state.json, a tiktoken
+vocabulary path in the metadata) that an ordinary reader would load whole or choke on. The truth
+is what a careful reader must do: show token ids undecoded or report one problem, never a
+traceback, and never read more than a tokenizer's size (`MAX_TOKENIZER_BYTES`) of any file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import write
+from test_hf_tokenizer import small
+from typer.testing import CliRunner
+
+from lmshard.cli import app
+from lmshard.format import load_metadata
+from lmshard.inspect.audit import decoder_for
+from lmshard.prepare import PrepareConfig, prepare
+
+runner = CliRunner()
+META, STATE, COPY = "dataset_metadata.json", "tokenizer_state.json", "tokenizer.json"
+TEXTS = [f"document {i}: some words, more words" for i in range(40)]
+
+
+@pytest.fixture(autouse=True)
+def _restore_parallelism(monkeypatch):
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the backend sets it around its calls
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """Two small datasets made by prepare: a Hugging Face tokenizer.json one and a gpt2 one."""
+    tmp = tmp_path_factory.mktemp("inspect-untrusted")
+    src = write(tmp / "a.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    vocab = small(tmp / "tok", ["<|endoftext|>"])
+    for name, tokenizer in (("hf", str(vocab)), ("gpt2", "gpt2")):
+        prepare(PrepareConfig(inputs=[str(src)], out=str(tmp / name), tokenizer=tokenizer, workers=1,
+                              val_fraction=0.1))  # fmt: skip
+    return tmp
+
+
+@pytest.fixture
+def hf_dataset(pristine, tmp_path):
+    return shutil.copytree(pristine / "hf", tmp_path / "ds")
+
+
+@pytest.fixture
+def gpt2_dataset(pristine, tmp_path):
+    return shutil.copytree(pristine / "gpt2", tmp_path / "ds")
+
+
+def set_tokenizer(ds: Path, **fields: object) -> None:
+    """Change the tokenizer's fields in both files that record them, consistently."""
+    for name, section in ((META, "tokenizer"), (STATE, None)):
+        data = json.loads((ds / name).read_text())
+        (data[section] if section else data).update(fields)
+        (ds / name).write_text(json.dumps(data))
+
+
+def inspect(ds: Path, *args: str):
+    result = runner.invoke(app, ["inspect", str(ds), *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    return result
+
+
+def traced_peak(fn: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+def test_the_pristine_datasets_decode(hf_dataset, pristine):
+    """The control: both datasets verify and decode their samples."""
+    for ds in (hf_dataset, pristine / "gpt2"):
+        why: list[str] = []
+        decode = decoder_for(load_metadata(ds), why)
+        assert decode is not None and why == []
+        result = inspect(ds, "--sample", "2")
+        assert result.exit_code == 0 and "document " in result.output, result.output
+
+
+def test_a_copy_holding_an_int_of_5000_digits_shows_ids_not_a_traceback(hf_dataset):
+    """Python's JSON parser refuses an int of more than 4,300 digits with a bare ValueError (not
+    a JSONDecodeError). The metadata's sha256 is the planted copy's, so verification passes and
+    only the decoder stands between the planted file and a crash."""
+    planted = b'{"model": {"type": "BPE", "vocab": {}, "merges": []}, "n": ' + b"9" * 5000 + b"}"
+    (hf_dataset / COPY).write_bytes(planted)
+    set_tokenizer(hf_dataset, ranks_sha256=hashlib.sha256(planted).hexdigest())
+    why: list[str] = []
+    assert decoder_for(load_metadata(hf_dataset), why) is None and "undecoded" in why[0]
+    result = inspect(hf_dataset, "--sample", "2")
+    assert result.exit_code == 0 and "token ids are shown undecoded" in result.output, result.output
