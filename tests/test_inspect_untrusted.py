@@ -83,6 +83,14 @@ def traced_peak(fn: Callable[[], object]) -> int:
     return peak
 
 
+def traced_decoder(ds: Path) -> tuple[object, list[str], int]:
+    """decoder_for(ds): the decoder, the reasons it gave, and the bytes traced meanwhile."""
+    why: list[str] = []
+    found = []
+    peak = traced_peak(lambda: found.append(decoder_for(load_metadata(ds), why)))
+    return found[0], why, peak
+
+
 def test_the_pristine_datasets_decode(hf_dataset, pristine):
     """The control: both datasets verify and decode their samples."""
     for ds in (hf_dataset, pristine / "gpt2"):
@@ -104,3 +112,21 @@ def test_a_copy_holding_an_int_of_5000_digits_shows_ids_not_a_traceback(hf_datas
     assert decoder_for(load_metadata(hf_dataset), why) is None and "undecoded" in why[0]
     result = inspect(hf_dataset, "--sample", "2")
     assert result.exit_code == 0 and "token ids are shown undecoded" in result.output, result.output
+
+
+def test_a_tiktoken_dataset_naming_a_file_never_reads_it(gpt2_dataset, tmp_path):
+    """prepare records a tiktoken vocabulary by name (a .tiktoken file by the name its sha256
+    matched), so a path in the metadata is someone else's: a 300 MB file there is not read (it
+    would be, whole, to hash it), and even the real GPT-2 ranks under another name are not."""
+    from lmshard.tokenizers import cache_dir
+
+    huge = tmp_path / "huge.tiktoken"
+    with open(huge, "wb") as f:
+        f.truncate(300 << 20)  # sparse
+    real = shutil.copy(next(cache_dir().glob("*")), tmp_path / "ranks.tiktoken")
+    for named in (huge, real):
+        set_tokenizer(gpt2_dataset, name=str(named))
+        decode, why, peak = traced_decoder(gpt2_dataset)
+        assert decode is None and "no file it names is read" in why[0] and peak < 64 << 20, (why, peak)
+        result = inspect(gpt2_dataset, "--sample", "2")
+        assert result.exit_code == 0 and "token ids are shown undecoded" in result.output, result.output

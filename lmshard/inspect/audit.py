@@ -39,12 +39,14 @@ def require_dataset(path: Path) -> None:
 
 
 def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decoder | None:
-    """Decoding with the dataset's own vocabulary: a tiktoken one by name, a Hugging Face one
-    from the dataset's copy of its tokenizer.json (else from where it was loaded). None when it
-    is not available or differs from the one the dataset was made with (ids are shown
-    instead); `why` then receives the reason and the fix."""
+    """Decoding with the dataset's own vocabulary: a tiktoken one by name only (never a file the
+    metadata names), a Hugging Face one from the dataset's copy of its tokenizer.json (else from
+    where it was loaded, as `untrusted`). None when it is not available or differs from the one
+    the dataset was made with (ids are shown instead); `why` then receives the reason and the fix."""
     if meta is None:
         return None
+    from ..tokenizers import TOKENIZER_NAMES, load_tokenizer
+
     info = meta.tokenizer
     if info.backend == "tokenizers":
         # The metadata may be someone else's: names in it are loaded `untrusted` (a regular file of
@@ -54,11 +56,12 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
             if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_TOKENIZER_BYTES:
                 specs.insert(0, str(meta.root / VOCAB_COPY))
         fix = f"put the tokenizer.json with that sha256 back in {meta.root / VOCAB_COPY}"
-    else:
+    elif info.name in TOKENIZER_NAMES:
         specs, backend = [info.name], "tiktoken"
         fix = f"run `lmshard tokenizer fetch {info.name}`"
-    from ..tokenizers import load_tokenizer
-
+    else:  # prepare records a .tiktoken file by the name its sha256 matched: a path here is not ours to read
+        specs, backend = [], "tiktoken"
+        fix = f"a tiktoken dataset names one of {', '.join(TOKENIZER_NAMES)}, and no file it names is read"
     for spec in specs:
         try:
             tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta), untrusted=True)
