@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +24,11 @@ from test_hf_tokenizer import small
 from typer.testing import CliRunner
 
 from lmshard.cli import app
+from lmshard.errors import EXIT_CORRUPT
 from lmshard.format import load_metadata
+from lmshard.inspect import verify as verify_mod
 from lmshard.inspect.audit import decoder_for
+from lmshard.inspect.verify import verify_dataset
 from lmshard.prepare import PrepareConfig, prepare
 
 runner = CliRunner()
@@ -130,3 +135,53 @@ def test_a_tiktoken_dataset_naming_a_file_never_reads_it(gpt2_dataset, tmp_path)
         assert decode is None and "no file it names is read" in why[0] and peak < 64 << 20, (why, peak)
         result = inspect(gpt2_dataset, "--sample", "2")
         assert result.exit_code == 0 and "token ids are shown undecoded" in result.output, result.output
+
+
+def grow(path: Path, extra: int = 300 << 20) -> None:
+    """Make `path` `extra` bytes longer (NULs, sparse: no disk used)."""
+    with open(path, "r+b") as f:
+        f.truncate(os.fstat(f.fileno()).st_size + extra)
+
+
+def test_an_oversized_tokenizer_state_is_one_problem_not_a_read(hf_dataset):
+    """tokenizer_state.json was read whole, however large, even with --quick."""
+    grow(hf_dataset / STATE)
+    reports = []
+    peak = traced_peak(lambda: reports.append(verify_dataset(hf_dataset, quick=True)))
+    problems = [str(p) for p in reports[0].problems]
+    assert peak < 64 << 20 and len(problems) == 1 and STATE in problems[0] and "not read" in problems[0], problems
+    result = inspect(hf_dataset, "--quick")
+    assert result.exit_code == EXIT_CORRUPT and "not read" in result.output, result.output
+
+
+@pytest.mark.parametrize("rel", [STATE, COPY])
+@pytest.mark.parametrize("swap", ["grown", "fifo"])
+def test_a_file_swapped_after_its_size_check_is_held_to_it_as_read(hf_dataset, monkeypatch, rel, swap):
+    """Someone else's dataset may change under inspect: the file verify opens, not only the name
+    it checked a moment earlier, must be a regular file within the tokenizer size cap."""
+    real = verify_mod.dataset_file_size
+
+    def check_then_swap(root: Path, name: str) -> int:
+        size = real(root, name)
+        if name == rel:
+            (root / rel).unlink()
+            if swap == "fifo":
+                os.mkfifo(root / rel)  # opening it to read would wait for a writer forever
+            else:
+                (root / rel).touch()
+                grow(root / rel)
+        return size
+
+    def timed_out(*_a: object) -> None:
+        raise TimeoutError(f"verify blocked on the {swap} {rel}")
+
+    monkeypatch.setattr(verify_mod, "dataset_file_size", check_then_swap)
+    previous = signal.signal(signal.SIGALRM, timed_out)
+    signal.alarm(10)
+    try:
+        problems = [str(p) for p in verify_dataset(hf_dataset, quick=True).problems]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    words = "not a regular file" if swap == "fifo" else "not read"
+    assert any(p.startswith(rel) and words in p for p in problems), problems

@@ -10,14 +10,17 @@ the metadata records.
 
 Memory model: one block of BLOCK_TOKENS tokens (64 MiB) at a time, one shard's index, a token
 histogram of n_vocab int64 counters (none above MAX_COUNTED_VOCAB ids), and document lengths
-(uint32, sampled down to at most MAX_LENGTHS values for statistics). `quick` reads no token data
-at all: sizes and indexes only.
+(uint32, sampled down to at most MAX_LENGTHS values for statistics), and tokenizer_state.json (a
+few KB; refused above MAX_TOKENIZER_BYTES, as the tokenizer.json copy, which is hashed in 1 MiB
+blocks). `quick` reads no token data at all: sizes and indexes only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,7 @@ from ..errors import FormatError
 from ..format import (
     INDEX_DTYPE,
     MAX_TOKENIZER_BYTES,
+    REGENERATE_HINT,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
     VOCAB_COPY,
@@ -149,11 +153,38 @@ def _check_key_files(meta: DatasetMeta, report: Report, quick: bool) -> None:
                 report.problems.append(Problem(f.path, f"checksum {digest.hexdigest()} != {f.xxh3_64} in metadata"))
 
 
+def _read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:
+    """Feed `sink` the bytes of the dataset's small file `rel` (tokenizer_state.json, the
+    tokenizer.json copy) in 1 MiB blocks. FormatError unless it is a regular file inside the
+    dataset of at most MAX_TOKENIZER_BYTES, held to that again on the file opened and the bytes
+    read: someone else's dataset may swap in a FIFO or a larger file after the first check."""
+    path = root / rel
+    dataset_file_size(root, rel)  # inside the dataset (symlinks resolved), a regular file
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without waiting
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError(f"{path}: not a regular file; {REGENERATE_HINT}")
+        if info.st_size > MAX_TOKENIZER_BYTES:
+            raise _too_large(path, f"{info.st_size:,} bytes")
+        read = 0  # bytes: the file may still grow while it is read
+        while block := f.read(1 << 20):
+            read += len(block)
+            if read > MAX_TOKENIZER_BYTES:
+                raise _too_large(path, f"more than {read - len(block):,} bytes")
+            sink(block)
+
+
+def _too_large(path: Path, size: str) -> FormatError:
+    return FormatError(f"{path}: {size}, more than any tokenizer file ({MAX_TOKENIZER_BYTES >> 20} MiB); "
+                       f"not read; {REGENERATE_HINT}")  # fmt: skip
+
+
 def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
-    path = meta.root / TOKENIZER_FILE
+    data = bytearray()
     try:
-        dataset_file_size(meta.root, TOKENIZER_FILE)  # inside the dataset and a regular file: not a FIFO
-        state = json.loads(path.read_text(encoding="utf-8"))
+        _read_small(meta.root, TOKENIZER_FILE, data.extend)
+        state = json.loads(data.decode("utf-8"))
     except FormatError as e:
         report.problems.append(Problem(TOKENIZER_FILE, str(e), fix=""))
         return
@@ -173,14 +204,10 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
 def _check_vocab_copy(meta: DatasetMeta, report: Report) -> None:
     """A Hugging Face vocabulary's tokenizer.json, kept in the dataset: it must be the file
     the dataset was tokenized with (`ranks_sha256`), or decoding it would mislead."""
+    sha256 = hashlib.sha256()
     try:
-        size = dataset_file_size(meta.root, VOCAB_COPY)
-        if size > MAX_TOKENIZER_BYTES:
-            report.problems.append(Problem(VOCAB_COPY, f"{size:,} bytes, more than any tokenizer file "
-                                                       f"({MAX_TOKENIZER_BYTES >> 20} MiB); not read"))  # fmt: skip
-            return
-        with open(meta.root / VOCAB_COPY, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()  # in blocks, never the whole file at once
+        _read_small(meta.root, VOCAB_COPY, sha256.update)  # in blocks, never the whole file at once
+        digest = sha256.hexdigest()
     except FormatError as e:
         report.problems.append(Problem(VOCAB_COPY, str(e), fix=""))
         return
