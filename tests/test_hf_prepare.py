@@ -195,9 +195,9 @@ def test_inspect_never_reads_a_fifo_or_huge_file_named_by_untrusted_metadata(
     _prepare(tmp_path, corpus, big)
     real, read = HFTokenizer._read, []
 
-    def spy(path):
+    def spy(path, *args):
         read.append(str(path))
-        return real(path)
+        return real(path, *args)
 
     monkeypatch.setattr(HFTokenizer, "_read", staticmethod(spy))
     root = tmp_path / "ds"

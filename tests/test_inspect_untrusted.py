@@ -24,12 +24,13 @@ from test_hf_tokenizer import small
 from typer.testing import CliRunner
 
 from lmshard.cli import app
-from lmshard.errors import EXIT_CORRUPT
+from lmshard.errors import EXIT_CORRUPT, TokenizerError
 from lmshard.format import load_metadata
 from lmshard.inspect import verify as verify_mod
 from lmshard.inspect.audit import decoder_for
 from lmshard.inspect.verify import verify_dataset
 from lmshard.prepare import PrepareConfig, prepare
+from lmshard.tokenizers import hf_backend
 
 runner = CliRunner()
 META, STATE, COPY = "dataset_metadata.json", "tokenizer_state.json", "tokenizer.json"
@@ -94,6 +95,24 @@ def traced_decoder(ds: Path) -> tuple[object, list[str], int]:
     found = []
     peak = traced_peak(lambda: found.append(decoder_for(load_metadata(ds), why)))
     return found[0], why, peak
+
+
+class Alarm:
+    """Fail, rather than hang, a call that blocks (a FIFO opened for reading waits for a writer)."""
+
+    def __init__(self, seconds: int, what: str) -> None:
+        self.seconds, self.what = seconds, what
+
+    def __enter__(self) -> None:
+        def timed_out(*_a: object) -> None:
+            raise TimeoutError(f"blocked: {self.what}")
+
+        self.previous = signal.signal(signal.SIGALRM, timed_out)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *_exc: object) -> None:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.previous)
 
 
 def test_the_pristine_datasets_decode(hf_dataset, pristine):
@@ -172,16 +191,37 @@ def test_a_file_swapped_after_its_size_check_is_held_to_it_as_read(hf_dataset, m
                 grow(root / rel)
         return size
 
-    def timed_out(*_a: object) -> None:
-        raise TimeoutError(f"verify blocked on the {swap} {rel}")
-
     monkeypatch.setattr(verify_mod, "dataset_file_size", check_then_swap)
-    previous = signal.signal(signal.SIGALRM, timed_out)
-    signal.alarm(10)
-    try:
+    with Alarm(10, f"verify reading the {swap} {rel}"):
         problems = [str(p) for p in verify_dataset(hf_dataset, quick=True).problems]
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     words = "not a regular file" if swap == "fifo" else "not read"
     assert any(p.startswith(rel) and words in p for p in problems), problems
+
+
+@pytest.mark.parametrize("swap", ["grown", "fifo"])
+def test_a_tokenizer_file_swapped_after_resolution_is_held_to_the_checks(hf_dataset, monkeypatch, swap):
+    """resolve(untrusted) checks the name (a regular file within the cap); the backend then
+    reads the file it opens, which the dataset's owner may have swapped meanwhile. Before, a
+    300 MB file was read whole and a FIFO blocked inspect forever."""
+    real = hf_backend.resolve
+
+    def resolve_then_swap(spec: str, **kw: object):
+        source = real(spec, **kw)
+        source.tokenizer_json.unlink()
+        if swap == "fifo":
+            os.mkfifo(source.tokenizer_json)
+        else:
+            source.tokenizer_json.touch()
+            grow(source.tokenizer_json)
+        return source
+
+    monkeypatch.setattr(hf_backend, "resolve", resolve_then_swap)
+    errors: list[str] = []
+
+    def load() -> None:
+        with Alarm(10, f"reading a {swap} tokenizer.json"), pytest.raises(TokenizerError) as e:
+            hf_backend.HFTokenizer(str(hf_dataset / COPY), untrusted=True)
+        errors.append(str(e.value))
+
+    assert traced_peak(load) < 64 << 20
+    assert "not read: a dataset may name only a regular file" in errors[0] and "\n" not in errors[0], errors

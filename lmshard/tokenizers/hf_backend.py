@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import TokenizerError, missing_dependency
 from ..format import TOKEN_DTYPE
 from .base import Tokenizer
-from .hf_resolve import Source, resolve
+from .hf_resolve import Source, read_untrusted, resolve
 
 # Document end-of-text tokens of well-known families: GPT-2/NeoX/Qwen/StarCoder, Llama 3,
 # Llama 2/Mistral/T5-style SentencePiece, Gemma.
@@ -135,7 +135,7 @@ class HFTokenizer(Tokenizer):
         self.name, self.backend, self.spec = spec, "tokenizers", spec
         self.source: Source = resolve(spec, untrusted=untrusted)
         self.vocab_file = self.source.tokenizer_json
-        text, self.vocab_sha256, self._json = self._read(self.vocab_file)
+        text, self.vocab_sha256, self._json = self._read(self.vocab_file, untrusted)
         try:
             self._tok = tokenizers.Tokenizer.from_str(text)
         except (KeyboardInterrupt, SystemExit):
@@ -156,9 +156,9 @@ class HFTokenizer(Tokenizer):
         self._choose_specials(_read_configs(self.source.configs), separator)
 
     @staticmethod
-    def _read(path: Path) -> tuple[str, str, dict[str, Any]]:
+    def _read(path: Path, untrusted: bool = False) -> tuple[str, str, dict[str, Any]]:
         try:
-            data = path.read_bytes()
+            data = read_untrusted(path) if untrusted else path.read_bytes()
             text = data.decode("utf-8")
             parsed = json.loads(text)
         except OSError as e:

@@ -8,7 +8,8 @@ loaded (not when huggingface_hub was imported). The network is tried only when t
 cached and `HF_HUB_OFFLINE` is unset, and then only for the three small tokenizer files
 (`TOKENIZER_FILES`), with bounded timeouts.
 
-Memory model: nothing beyond a few paths; the files are read by the backend.
+Memory model: nothing beyond a few paths; the files are read by the backend (an untrusted one
+through `read_untrusted`: at most MAX_TOKENIZER_BYTES).
 """
 
 from __future__ import annotations
@@ -105,14 +106,34 @@ def _untrusted(spec: str, path: Path) -> Source:
         info = None
     if info is not None:
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TOKENIZER_BYTES:
-            raise TokenizerError(f"{spec}: not read: a dataset may name only a regular file of at most "
-                                 f"{MAX_TOKENIZER_BYTES >> 20} MiB as its tokenizer")  # fmt: skip
+            raise _refused(spec)
         return Source("file", path, {})
     repo_id, revision = _hub_name(spec)
     found = _cached(repo_id, revision, hub_cache())
     if found is None:
         raise TokenizerError(_not_cached(spec, repo_id, revision, hub_cache(), "inspect never downloads"))
     return replace(found, configs={})
+
+
+def _refused(spec: str | Path) -> TokenizerError:
+    return TokenizerError(f"{spec}: not read: a dataset may name only a regular file of at most "
+                          f"{MAX_TOKENIZER_BYTES >> 20} MiB as its tokenizer")  # fmt: skip
+
+
+def read_untrusted(path: Path) -> bytes:
+    """The bytes of the tokenizer file `resolve(..., untrusted=True)` chose, held to its checks
+    again on the file opened and the bytes read: the dataset's owner may have swapped in a FIFO
+    (opened without waiting for a writer, then refused) or a larger file since. OSError when it
+    cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TOKENIZER_BYTES:
+            raise _refused(path)
+        data = f.read(info.st_size + 1)  # one byte more tells a file that grew since fstat
+    if len(data) > info.st_size:
+        raise _refused(path)
+    return data
 
 
 def _configs(directory: Path) -> dict[str, Path]:
