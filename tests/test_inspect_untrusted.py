@@ -97,6 +97,10 @@ def traced_decoder(ds: Path) -> tuple[object, list[str], int]:
     return found[0], why, peak
 
 
+class Blocked(Exception):
+    """Not an OSError (as TimeoutError is), so no handler of read errors can swallow it."""
+
+
 class Alarm:
     """Fail, rather than hang, a call that blocks (a FIFO opened for reading waits for a writer)."""
 
@@ -105,7 +109,7 @@ class Alarm:
 
     def __enter__(self) -> None:
         def timed_out(*_a: object) -> None:
-            raise TimeoutError(f"blocked: {self.what}")
+            raise Blocked(self.what)
 
         self.previous = signal.signal(signal.SIGALRM, timed_out)
         signal.alarm(self.seconds)
@@ -225,3 +229,25 @@ def test_a_tokenizer_file_swapped_after_resolution_is_held_to_the_checks(hf_data
 
     assert traced_peak(load) < 64 << 20
     assert "not read: a dataset may name only a regular file" in errors[0] and "\n" not in errors[0], errors
+
+
+def test_the_recorded_separator_is_read_from_the_file_opened_not_the_name_checked(hf_dataset, monkeypatch):
+    """decoder_for reads the separator from tokenizer_state.json; a FIFO swapped in after its
+    size check blocked it forever. Now it is refused and the vocabulary's own choice stands."""
+    from lmshard.inspect import audit
+
+    real, swapped = verify_mod.dataset_file_size, []
+
+    def check_then_swap(root: Path, name: str) -> int:
+        size = real(root, name)
+        if name == STATE and not swapped:
+            swapped.append((root / STATE).read_bytes())
+            (root / STATE).unlink()
+            os.mkfifo(root / STATE)
+        return size
+
+    for module in (audit, verify_mod):  # whichever checks the name, the file is swapped after it
+        monkeypatch.setattr(module, "dataset_file_size", check_then_swap)
+    with Alarm(10, "reading tokenizer_state.json, a FIFO"):
+        decode = decoder_for(load_metadata(hf_dataset))
+    assert swapped and decode is not None and decode([0]) == "!"

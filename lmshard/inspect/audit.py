@@ -25,7 +25,7 @@ from ..format import (
     find_shard,
     read_document,
 )
-from .verify import Report
+from .verify import Report, read_small
 
 Decoder = Callable[[list[int]], str]
 
@@ -80,10 +80,10 @@ def _recorded_separator(meta: DatasetMeta) -> str | None:
     have none of its own that lmshard recognises)."""
     if meta.tokenizer.backend != "tokenizers":
         return None
+    data = bytearray()
     try:
-        if dataset_file_size(meta.root, TOKENIZER_FILE) > MAX_TOKENIZER_BYTES:
-            return None
-        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
+        read_small(meta.root, TOKENIZER_FILE, data.extend)
+        state = json.loads(data.decode("utf-8"))
         token = state.get("eot_token") if isinstance(state, dict) else None
     except (LmshardError, OSError, ValueError, RecursionError):
         return None

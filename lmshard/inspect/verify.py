@@ -153,7 +153,7 @@ def _check_key_files(meta: DatasetMeta, report: Report, quick: bool) -> None:
                 report.problems.append(Problem(f.path, f"checksum {digest.hexdigest()} != {f.xxh3_64} in metadata"))
 
 
-def _read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:
+def read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:
     """Feed `sink` the bytes of the dataset's small file `rel` (tokenizer_state.json, the
     tokenizer.json copy) in 1 MiB blocks. FormatError unless it is a regular file inside the
     dataset of at most MAX_TOKENIZER_BYTES, held to that again on the file opened and the bytes
@@ -183,7 +183,7 @@ def _too_large(path: Path, size: str) -> FormatError:
 def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
     data = bytearray()
     try:
-        _read_small(meta.root, TOKENIZER_FILE, data.extend)
+        read_small(meta.root, TOKENIZER_FILE, data.extend)
         state = json.loads(data.decode("utf-8"))
     except FormatError as e:
         report.problems.append(Problem(TOKENIZER_FILE, str(e), fix=""))
@@ -206,7 +206,7 @@ def _check_vocab_copy(meta: DatasetMeta, report: Report) -> None:
     the dataset was tokenized with (`ranks_sha256`), or decoding it would mislead."""
     sha256 = hashlib.sha256()
     try:
-        _read_small(meta.root, VOCAB_COPY, sha256.update)  # in blocks, never the whole file at once
+        read_small(meta.root, VOCAB_COPY, sha256.update)  # in blocks, never the whole file at once
         digest = sha256.hexdigest()
     except FormatError as e:
         report.problems.append(Problem(VOCAB_COPY, str(e), fix=""))
