@@ -294,6 +294,48 @@ def test_missing_paths(tmp_path):
         load_tokenizer(str(tmp_path / "empty"))
 
 
+def hub_spies(monkeypatch) -> list[tuple[str, str]]:
+    """Record each cache lookup (repo id, revision), finding nothing; fail on any network use."""
+    import lmshard.tokenizers.hf_resolve as hf_resolve
+
+    looked_up: list[tuple[str, str]] = []
+
+    def no_network(*_a, **_k):
+        raise AssertionError("went to the network")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(hf_resolve, "_cached", lambda repo, rev, _cache: looked_up.append((repo, rev)))
+    monkeypatch.setattr(hf_resolve, "_unreachable", lambda: "the hub is unreachable (test)")
+    monkeypatch.setattr(hf_resolve, "_download", no_network)
+    return looked_up
+
+
+@pytest.mark.parametrize(
+    "spec", ["./tok/tokenizer.json", "./tok", ".tok/x", "../tok/x", "~/lmshard-no-such-dir/tok", "/no/such/tok",
+             "no/such/dir", "tok/", "absent.json", "org/name.json"],
+)  # fmt: skip
+def test_a_missing_path_is_no_such_file_never_a_hub_name(tmp_path, monkeypatch, spec):
+    """What can only be a path (a leading . / or ~, a .json name, more than one slash) and names
+    nothing is a one-line "no such file", with no cache lookup or network, HF_HUB_OFFLINE unset."""
+    monkeypatch.chdir(tmp_path)
+    looked_up = hub_spies(monkeypatch)
+    for untrusted in (False, True):
+        with pytest.raises(TokenizerError) as e:
+            load_tokenizer(spec, untrusted=untrusted)
+        assert str(e.value) == f"{spec}: no such file or directory (and not a hub name such as org/name)"
+    assert looked_up == []
+
+
+def test_org_name_stays_a_hub_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    looked_up = hub_spies(monkeypatch)
+    for spec in ("org/name", "org/name@v1.0", "Org-1/name_2.5"):
+        with pytest.raises(TokenizerError, match="not in the local Hugging Face cache .*or pass the path"):
+            load_tokenizer(spec)
+    assert looked_up == [("org/name", "main"), ("org/name", "v1.0"), ("Org-1/name_2.5", "main")]
+
+
 # --- hub names from the local cache ---------------------------------------------------------
 
 
