@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,6 +242,22 @@ def test_a_change_to_the_reference_code_runs_the_gate_again(gate_dir, monkeypatc
     real = gate.check_exact
     monkeypatch.setattr(gate, "check_exact", lambda *a, **k: checked.append(1) or real(*a, **k))
     assert load_tokenizer("gpt2", "auto").backend == "splintr"
+    assert checked == [1] and len(list(gate_dir.glob("*.json"))) == 2
+
+
+def test_a_change_to_the_backend_source_runs_the_gate_again(gate_dir, monkeypatch, tmp_path):
+    """The accelerated backend's own source (splintr_backend.py) is part of a pass's key too."""
+    copy = tmp_path / "splintr_backend.py"
+    copy.write_bytes(Path(backend.__file__).read_bytes())
+    real_getfile = gate.inspect.getfile  # the stdlib's: the copy for the backend class, else as ever
+    monkeypatch.setattr(gate.inspect, "getfile", lambda o: str(copy) if o is SplintrTokenizer else real_getfile(o))
+    assert load_tokenizer("gpt2", "auto").backend == "splintr"
+    copy.write_bytes(copy.read_bytes() + b"\n# edited\n")
+    checked = []
+    real = gate.check_exact
+    monkeypatch.setattr(gate, "check_exact", lambda *a, **k: checked.append(1) or real(*a, **k))
+    assert load_tokenizer("gpt2", "auto").backend == "splintr"
+    assert load_tokenizer("gpt2", "auto").backend == "splintr"  # remembered again: no third check
     assert checked == [1] and len(list(gate_dir.glob("*.json"))) == 2
 
 
