@@ -164,3 +164,35 @@ def test_config_edge_cases_are_one_line_or_accepted(tmp_path):
     write(tmp_path / "big.yaml", f"inputs: [a]\nout: o\nseed: {9 * 10**400}\nval-fraction: {9 * 10**400}\n")
     with pytest.raises(ConfigError, match="'val-fraction' must be a number"):
         resolve_config(file=tmp_path / "big.yaml")
+
+
+def _option_help(name: str) -> str:
+    command = typer.main.get_command(app).commands["prepare"]  # type: ignore[attr-defined]
+    return next(p.help for p in command.params if f"--{name}" in p.opts)
+
+
+@pytest.mark.parametrize("position", ["after", "before"])
+def test_the_separator_help_says_where_prepare_writes_it(tmp_path, monkeypatch, position):
+    """The truth is the written tokens: with a BOS, [BOS] text EOT (after) or EOT BOS text
+    (before); the --separator help must say both sides."""
+    import tokenizers
+    from test_hf_tokenizer import small
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    vocab = small(tmp_path / "tok", ["<|endoftext|>", "<s>"])
+    src = write(tmp_path / "a.jsonl", "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20)))
+    result = runner.invoke(app, ["prepare", str(src), "--out", str(tmp_path / "o"), "--tokenizer", str(vocab),
+                                 "--bos", "yes", "--eot-position", position, "--workers", "1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    library = tokenizers.Tokenizer.from_file(str(vocab))
+    eot, bos = library.token_to_id("<|endoftext|>"), library.token_to_id("<s>")
+    docs = read_docs(tmp_path / "o", "train")
+    assert len(docs) > 10
+    firsts = {(int(d[0]), int(d[1])) for d in docs}
+    last = {int(d[-1]) for d in docs}
+    if position == "after":
+        assert {f for f, _ in firsts} == {bos} and last == {eot}
+    else:
+        assert firsts == {(eot, bos)} and eot not in last
+    words = "after each document" if position == "after" else "before it with --eot-position before"
+    assert words in _option_help("separator")
