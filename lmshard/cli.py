@@ -129,7 +129,10 @@ def prepare(
         "Special token written after each document (before it with --eot-position before) "
         "[the vocabulary's end of text]."
     ),
-    bos: str | None = _opt("BOS token before each document: auto (default: when the tokenizer adds one), yes, no."),
+    bos: str | None = _opt(
+        "BOS token right before each document's text (after the EOT with --eot-position before): "
+        "auto (default: when the tokenizer adds one), yes, no."
+    ),
     format: str | None = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
     text_field: str | None = _opt("JSON/CSV/parquet field holding the text [text]."),
     text_mode: str | None = _opt(

@@ -282,6 +282,38 @@ def test_a_tokenizer_state_outside_the_dataset_is_a_problem(dataset):
     assert "tokenizer_state.json" in problems[0] and "outside the dataset directory" in problems[0]
 
 
+def test_metadata_outside_the_dataset_or_too_large_is_refused_unread(dataset, monkeypatch):
+    """dataset_metadata.json is held to what the other files are: a regular file inside the
+    dataset, of a metadata's size, checked again on the file opened (a FIFO swapped in would
+    otherwise block the read forever)."""
+    import lmshard.format.files as files_mod
+
+    meta = dataset / "dataset_metadata.json"
+    outside = shutil.copy(meta, dataset.parent / "elsewhere.json")
+    meta.unlink()
+    meta.symlink_to(outside)
+    with pytest.raises(FormatError, match="outside the dataset directory"):
+        load_metadata(dataset)
+    meta.unlink()
+    shutil.copy(outside, meta)
+    load_metadata(dataset)  # the control
+    monkeypatch.setattr(files_mod, "MAX_METADATA_BYTES", 100)
+    with pytest.raises(FormatError, match="more than any lmshard metadata"):
+        load_metadata(dataset)
+    monkeypatch.undo()
+    real_size = files_mod.dataset_file_size
+
+    def swap_after_check(root, rel):  # the check passes, then a FIFO takes the file's place
+        size = real_size(root, rel)
+        meta.unlink()
+        os.mkfifo(meta)
+        return size
+
+    monkeypatch.setattr(files_mod, "dataset_file_size", swap_after_check)
+    with pytest.raises(FormatError, match="not a regular file"):
+        load_metadata(dataset)
+
+
 def test_a_document_read_never_runs_past_the_files(dataset):
     """inspect --doc/--sample read single documents: an index entry beyond n_tokens is refused
     before the read, not turned into a read of 4e15 bytes."""

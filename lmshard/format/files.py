@@ -41,11 +41,27 @@ def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
         if (root / IN_PROGRESS_FILE).exists():
             raise FormatError(f"{root}: a prepare run did not finish here; {REGENERATE_HINT}")
         raise FormatError(f"{root}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
+    # A copied dataset may be someone else's: a regular file inside it, of a metadata's size.
+    size = dataset_file_size(root, METADATA_FILE)
+    if size > MAX_METADATA_BYTES:
+        raise FormatError(f"{path}: {size:,} bytes, more than any lmshard metadata; {REGENERATE_HINT}")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in opens without waiting
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise FormatError(f"{path}: not a regular file; {REGENERATE_HINT}")
+            data = f.read(min(info.st_size, MAX_METADATA_BYTES) + 1)  # one more byte: a file that grew
+        if len(data) > MAX_METADATA_BYTES:
+            raise FormatError(f"{path}: more than {MAX_METADATA_BYTES:,} bytes, more than any lmshard metadata; "
+                              f"{REGENERATE_HINT}")  # fmt: skip
+        raw = json.loads(data.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8, an int of 4,300+ digits
         raise FormatError(f"{path}: unreadable ({e}); {REGENERATE_HINT}") from None
     return parse_metadata(root, raw)
+
+
+MAX_METADATA_BYTES = 1 << 30  # a few hundred bytes per shard and per input file: far below this
 
 
 def dataset_file_size(root: Path, rel: str) -> int:
