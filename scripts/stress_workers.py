@@ -55,7 +55,11 @@ def kill_worker(corpus: Path, out: Path, rng: random.Random, timeout: float) -> 
     time.sleep(delay)
     if proc.poll() is not None:
         return "finished-first", delay
-    os.kill(rng.choice(workers), sig)
+    try:
+        os.kill(rng.choice(workers), sig)
+    except ProcessLookupError:  # that worker ended on its own (the run was finishing): nothing to test
+        finish(proc, timeout)
+        return "finished-first", delay
     killed_at = time.monotonic()
     code, err = finish(proc, timeout)
     took = time.monotonic() - killed_at
@@ -99,7 +103,9 @@ def main() -> int:
             outcomes: Counter[str] = Counter()
             slowest = 0.0
             for i in range(n):
-                outcome, took = fn(corpus, Path(tmp) / "o", rng, args.timeout)
+                # A fresh --out per run: a run that finished leaves a complete dataset behind,
+                # which the next run's "nothing kept" check would otherwise see.
+                outcome, took = fn(corpus, Path(tmp) / f"o{mode}{i}", rng, args.timeout)
                 outcomes[outcome.split(":")[0]] += 1
                 slowest = max(slowest, took)
                 if outcome not in ("ok", "finished-first"):

@@ -214,3 +214,31 @@ def test_forked_workers_use_the_parents_tokenizer_without_loading_one(setup, mon
         pool.initialize(init_worker, replace(wcfg, expect=identity_of(tok)))
         addresses = list(pool.imap(_tokenizer_address, range(6), window=2))
     assert set(addresses) == {id(tok)} and "inherited" not in worker_mod._state
+
+
+def test_ids_travel_back_narrow_only_when_every_one_fits(setup):
+    """Workers send uint16 for vocabularies under 65,536 ids; a backend whose ids exceed what
+    its n_vocab says still gets every id back intact (uint32), never wrapped."""
+    from lmshard.tokenizers import Tokenizer
+
+    sources, wcfg, _ = setup
+
+    class Fixed(Tokenizer):
+        def __init__(self, n_vocab: int, ids: list[int]) -> None:
+            self.n_vocab, self.ids = n_vocab, ids
+
+        def encode_batch(self, texts):
+            return (np.array(self.ids * len(texts), dtype=np.uint32),
+                    np.full(len(texts), len(self.ids), dtype=np.int64))  # fmt: skip
+
+        def decode(self, ids):
+            return ""
+
+        def identity(self):
+            return {}
+
+    item = next(iter(plan(sources, "auto", "text")))
+    narrow = run_item(item, wcfg, Fixed(50_257, [1, 50_256]))
+    assert narrow.tokens.dtype == np.uint16 and set(narrow.tokens.tolist()) == {1, 50_256}
+    lying = run_item(item, wcfg, Fixed(1_000, [1, 70_000]))  # n_vocab understated
+    assert lying.tokens.dtype == np.uint32 and set(lying.tokens.tolist()) == {1, 70_000}

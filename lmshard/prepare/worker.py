@@ -143,7 +143,9 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> Item
         texts.append(text)
         sources.append(src_index)
     tokens, lengths = tokenizer.encode_batch(texts)
-    if tokenizer.n_vocab <= 1 << 16:  # half the bytes to send back (the shards are uint32 all the same)
+    # Half the bytes to send back when every id fits (the shards are uint32 all the same); the
+    # max is checked too, so a backend misreporting n_vocab costs speed, never tokens.
+    if tokenizer.n_vocab <= 1 << 16 and (len(tokens) == 0 or int(tokens.max()) < 1 << 16):
         tokens = tokens.astype(np.uint16)
     return ItemResult(
         seq=(item.source, item.seq),
