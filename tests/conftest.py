@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +76,14 @@ def write(path: Path, data: bytes | str) -> Path:
         data = data.encode("utf-8")
     path.write_bytes(data)
     return path
+
+
+def traced_peak(fn: Callable[[], object]) -> int:
+    """The peak of Python-traced memory while `fn` runs (numpy buffers included)."""
+    tracemalloc.start()
+    try:
+        fn()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak

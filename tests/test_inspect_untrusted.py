@@ -14,12 +14,10 @@ import json
 import os
 import shutil
 import signal
-import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import write
+from conftest import traced_peak, write
 from test_hf_tokenizer import small
 from typer.testing import CliRunner
 
@@ -77,16 +75,6 @@ def inspect(ds: Path, *args: str):
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     return result
-
-
-def traced_peak(fn: Callable[[], object]) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
 
 
 def traced_decoder(ds: Path) -> tuple[object, list[str], int]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write
+from conftest import traced_peak, write
 from typer.testing import CliRunner
 
 from lmshard import TokenDataset
@@ -218,16 +217,6 @@ def load_everything(ds: Path) -> None:
         data = TokenDataset(ds, split)
         for k in range(len(data.store.shards)):
             data.store.index(k)
-
-
-def traced_peak(fn: Callable[[], object]) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
 
 
 def test_the_pristine_dataset_passes_both(dataset):
