@@ -15,7 +15,6 @@ file). Nothing grows with the number of tokens.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import platform
 import shutil
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, LmshardError, TokenizerError, warn
+from ..errors import ConfigError, LmshardError, warn
 from ..format import (
     METADATA_FILE,
     SPLITS,
@@ -128,7 +127,6 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
            early: OrderedPool[WorkItem, Any] | None = None) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
     staging, previous = paths.staging, claim.previous
-    vocab = _vocab_bytes(tokenizer)
     if claim.resumed:  # temporary files of atomic writes a kill cut short
         for stray in staging.glob(".*.tmp"):
             stray.unlink()
@@ -138,8 +136,8 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
             _link_previous(previous, paths.out, staging)
         _write_run(staging, claim, None)
     build = Build.start(config, staging, previous, claim.checkpoint)
-    if vocab is not None:
-        atomic_write_bytes(staging / VOCAB_COPY, vocab)
+    if tokenizer.vocab_bytes is not None:  # inspect decodes with the dataset's own copy: the bytes hashed
+        atomic_write_bytes(staging / VOCAB_COPY, tokenizer.vocab_bytes)
     interrupt = StopOnCtrlC()
     kept = f"the work done so far is kept in {staging}"
     try:
@@ -170,21 +168,6 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
         build.abort()
         shutil.rmtree(staging, ignore_errors=True)  # an input or option error: nothing worth resuming
         raise
-
-
-def _vocab_bytes(tokenizer: Tokenizer) -> bytes | None:
-    """The bytes of the dataset's own copy of the tokenizer file (inspect decodes with it), read
-    before any token is written, and only if it is still the file whose sha256 the run records."""
-    if tokenizer.vocab_file is None:
-        return None
-    try:
-        data = tokenizer.vocab_file.read_bytes()
-    except OSError as e:
-        raise TokenizerError(f"{tokenizer.vocab_file}: cannot read it again ({e.strerror or e})") from None
-    if hashlib.sha256(data).hexdigest() != tokenizer.vocab_sha256:
-        raise TokenizerError(f"{tokenizer.vocab_file}: changed since it was loaded a moment ago; "
-                             "run the command again once nothing is writing it")  # fmt: skip
-    return data
 
 
 def _link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:

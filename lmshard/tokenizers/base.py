@@ -30,6 +30,7 @@ class Tokenizer(ABC):
     adds_bos: bool = False  # the tokenizer's own configuration puts a BOS before each text (Llama, Mistral)
     vocab_sha256: str  # sha256 of the vocabulary file: two tokenizers with equal hashes agree
     vocab_file: Path | None = None  # a file the dataset keeps a copy of so inspect can decode (tokenizer.json)
+    vocab_bytes: bytes | None = None  # that file's bytes exactly as hashed into vocab_sha256: the copy to write
 
     @abstractmethod
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,8 @@ never starts it; `threads=0` (all cores) or N > 1 suit a single worker. Both var
 around each encode call only, so the caller's process keeps its own settings.
 
 Memory model: the tokenizer.json text and its parsed JSON while loading (a few times the file,
-about 10-50 MB for a 128k vocabulary), then the Rust vocabulary (about the file's size); during
+about 10-50 MB for a 128k vocabulary), then the Rust vocabulary (about the file's size) and the
+file's bytes (kept for the dataset's copy, so it is the file that was hashed); during
 `encode_batch` one batch's Encoding objects and Python id lists (about 40 bytes a token, 12 MB
 for a 1 MiB work item) and the uint32 result (4 bytes a token).
 """
@@ -135,9 +136,9 @@ class HFTokenizer(Tokenizer):
         self.name, self.backend, self.spec = spec, "tokenizers", spec
         self.source: Source = resolve(spec, untrusted=untrusted)
         self.vocab_file = self.source.tokenizer_json
-        text, self.vocab_sha256, self._json = self._read(self.vocab_file, untrusted)
+        self.vocab_bytes, self.vocab_sha256, self._json = self._read(self.vocab_file, untrusted)
         try:
-            self._tok = tokenizers.Tokenizer.from_str(text)
+            self._tok = tokenizers.Tokenizer.from_str(self.vocab_bytes.decode("utf-8"))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # serde's message as a bare Exception, or a Rust panic (PanicException)
@@ -156,11 +157,11 @@ class HFTokenizer(Tokenizer):
         self._choose_specials(_read_configs(self.source.configs), separator)
 
     @staticmethod
-    def _read(path: Path, untrusted: bool = False) -> tuple[str, str, dict[str, Any]]:
+    def _read(path: Path, untrusted: bool = False) -> tuple[bytes, str, dict[str, Any]]:
+        """(the file's bytes, their sha256, the parsed JSON)."""
         try:
             data = read_untrusted(path) if untrusted else path.read_bytes()
-            text = data.decode("utf-8")
-            parsed = json.loads(text)
+            parsed = json.loads(data.decode("utf-8"))
         except OSError as e:
             raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
         except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, an int of 4,300+ digits, deep nesting
@@ -170,7 +171,7 @@ class HFTokenizer(Tokenizer):
         if not isinstance(parsed, dict) or "model" not in parsed:
             raise TokenizerError(f"{path}: not a tokenizer.json (no \"model\" section); pass a tokenizer.json "
                                  "written by the tokenizers library or save_pretrained")  # fmt: skip
-        return text, hashlib.sha256(data).hexdigest(), parsed
+        return data, hashlib.sha256(data).hexdigest(), parsed
 
     def use_threads(self, threads: int) -> None:
         self._set_threads(threads)
