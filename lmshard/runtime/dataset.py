@@ -221,6 +221,13 @@ class TokenDataset:
         """Map-style dataset of sliding windows: item i starts at i·stride of the split."""
         return WindowDataset(self, seq_len, stride, shift)
 
+    def packed(self, seq_len: int, **options: Any) -> Any:
+        """Whole documents packed into rows of `seq_len` tokens, planned from the document index
+        (see `lmshard.runtime.packed.PackedDataset` for the strategies and options)."""
+        from .packed import PackedDataset
+
+        return PackedDataset(self, seq_len, **options)
+
     def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
         """How many windows the split holds: at least one, or an error naming the sizes."""
         if spec.fixed is None:
