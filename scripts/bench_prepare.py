@@ -30,7 +30,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import load, load_texts, machine, run_measuring_rss, update_performance_md, write_repeated  # noqa: E402
+from benchlib import (  # noqa: E402
+    compile_package,
+    load,
+    load_texts,
+    machine,
+    run_measuring_rss,
+    update_performance_md,
+    write_repeated,
+)
 
 LMSHARD = str(Path(sys.executable).with_name("lmshard"))
 
@@ -100,6 +108,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating ceiling/prepare pairs per core count")
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     args = ap.parse_args()
+    compile_package()
     cores = os.cpu_count() or 1
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

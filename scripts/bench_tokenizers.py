@@ -34,7 +34,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import load, load_texts, machine, run_measuring_rss, update_performance_md, write_repeated  # noqa: E402
+from benchlib import (  # noqa: E402
+    compile_package,
+    load,
+    load_texts,
+    machine,
+    run_measuring_rss,
+    update_performance_md,
+    write_repeated,
+)
 
 LMSHARD = str(Path(sys.executable).with_name("lmshard"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -293,6 +301,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: one repeat, small inputs")
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     args = ap.parse_args()
+    compile_package()
     if args.quick:
         args.copies, args.repeats = 1, 1
     cores = os.cpu_count() or 1

@@ -19,6 +19,15 @@ CORPUS = Path(
 )
 
 
+def compile_package() -> None:
+    """Write lmshard's bytecode, as `pip install` does for an installed package. In an editable
+    install with PYTHONDONTWRITEBYTECODE set (as on these machines) every `lmshard` run would
+    otherwise compile the package again (~0.1 s of CPU), a cost no installed copy pays."""
+    import compileall
+
+    compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "lmshard"), quiet=1)
+
+
 def require_corpus() -> Path:
     if not CORPUS.is_file():
         raise SystemExit(
