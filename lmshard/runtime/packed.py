@@ -1,0 +1,242 @@
+"""Packed datasets: whole documents packed into rows of seq_len tokens by a plan made from the
+document index (`packing.py`), shuffled after planning and reshuffled per epoch.
+
+    packs = TokenDataset("data/mycorpus").packed(4096, strategy="bfd", seed=0)
+    packs.metrics                       # fill, the lower bound, split/truncated/dropped counts
+    sample = packs[0]                   # input_ids, labels, position_ids, cu_seqlens, max_seqlen
+    loader = DataLoader(packs, batch_size=8, collate_fn=collate_packed)
+    stream = packs.batches(8)           # or a resumable stream, the same steps on every rank
+
+A sample's `labels` are already shifted, as `y` is in lmshard's other batches: labels[i] is the
+token after input_ids[i] in the same document, and -100 at the last token of every document
+(the next token belongs to another document; `mask_boundary_labels=False` keeps it when that
+document is in the same pack) and on padding. `position_ids` restart at 0 at each document and
+at the padding. `cu_seqlens` (int32) holds the segment boundaries, padding as a last segment.
+A model that shifts labels itself (Hugging Face's causal LMs) wants `input_ids` as labels instead.
+
+Memory model: the plan (per item 8 + 8 bytes, per pack 8 bytes) and one permutation of the pack
+ids per epoch (8 bytes per pack); a sample reads its own tokens only (seq_len uint32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ArgumentError
+from . import checks, packing
+from .batches import resolve_rank
+from .sampling import step_rng
+
+IGNORE = -100
+_EPOCH_SALT = 0x9AC4ED
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Map-style: item i is pack `order[i]` of the epoch set by `set_epoch` (works with
+    DataLoader and DistributedSampler). `multiple` raises the pack count to a multiple of it
+    (pass world_size × batch_size) so that `batches()` gives every rank the same steps."""
+
+    def __init__(
+        self,
+        data: Any,
+        seq_len: int,
+        *,
+        strategy: str = "bfd",
+        overlong: str = "split",
+        seed: int = 0,
+        multiple: int = 1,
+        pad_id: int | None = None,
+        mask_boundary_labels: bool = True,
+        shuffle: bool = True,
+    ) -> None:
+        if not hasattr(data, "store") or not hasattr(data, "eot_id"):  # a TokenDataset (not imported: no cycle)
+            raise ArgumentError(
+                f"data={checks.show(data)} is not a TokenDataset; call TokenDataset(...).packed(seq_len)"
+            )
+        self.data, self.seq_len = data, checks.positive("seq_len", seq_len)
+        self.seed, self.shuffle = checks.seed(seed), checks.flag("shuffle", shuffle)
+        self.mask_boundary_labels = checks.flag("mask_boundary_labels", mask_boundary_labels)
+        high = data.vocab_size - 1
+        self.pad_id = data.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=high)
+        self.plan = packing.plan(data.store.doc_lengths(), self.seq_len, strategy, overlong, multiple)
+        self.epoch = 0
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return (f"PackedDataset({self.data!r}, seq_len={self.seq_len}, strategy={self.plan.strategy!r}, "
+                f"packs={len(self)}, fill={self.metrics['fill']:.4f})")  # fmt: skip
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.plan.metrics()
+
+    def __len__(self) -> int:
+        return self.plan.n_packs
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle the packs from (seed, epoch)."""
+        self.epoch = checks.nonnegative("epoch", epoch)
+
+    def order(self, epoch: int | None = None) -> np.ndarray:
+        """The pack ids in the order of `epoch` (default: the current one); the last one built
+        is kept."""
+        e = self.epoch if epoch is None else checks.nonnegative("epoch", epoch)
+        if self._order is None or self._order[0] != e:
+            n = self.plan.n_packs
+            perm = step_rng(self.seed, e, _EPOCH_SALT).permutation(n) if self.shuffle else np.arange(n)
+            self._order = (e, perm)
+        return self._order[1]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not checks.is_int(i) or not 0 <= int(i) < len(self):
+            raise IndexError(i)
+        return self.pack(int(self.order()[int(i)]))
+
+    def pack(self, p: int) -> dict[str, Any]:
+        """Pack `p` of the plan (not shuffled) as a sample."""
+        T = self.seq_len
+        starts, lengths = self.plan.pack_items(p)
+        real = int(lengths.sum())
+        tokens = np.full(T, self.pad_id, dtype=np.uint32)
+        at = 0
+        for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            self.data.store.read_into(s, tokens[at : at + n])
+            at += n
+        ids = torch.from_numpy(tokens.view(np.int32).astype(np.int64))
+        labels = torch.full((T,), IGNORE, dtype=torch.int64)
+        labels[: real - 1] = ids[1:real]
+        ends = np.cumsum(lengths)
+        if self.mask_boundary_labels:
+            labels[torch.from_numpy(ends - 1)] = IGNORE
+        else:
+            labels[real - 1] = IGNORE
+        segments = np.append(lengths, T - real) if real < T else lengths
+        cu = np.zeros(len(segments) + 1, dtype=np.int32)
+        np.cumsum(segments, out=cu[1:])
+        position = np.arange(T, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), segments)
+        return {"input_ids": ids, "labels": labels, "position_ids": torch.from_numpy(position),
+                "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(segments.max()), "length": real}  # fmt: skip
+
+    def batches(self, batch_size: int, *, rank: int | None = None, world_size: int | None = None,
+                device: str | torch.device = "cpu", padding_free: bool = False) -> PackedStream:  # fmt: skip
+        """A resumable stream of collated batches for one rank (see `PackedStream`)."""
+        return PackedStream(self, batch_size, rank=rank, world_size=world_size, device=device,
+                            padding_free=padding_free)  # fmt: skip
+
+
+def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = False) -> dict[str, Any]:
+    """Samples of a PackedDataset as one batch: input_ids/labels/position_ids [B, seq_len] and
+    the segments of the batch flattened into one cu_seqlens (int32) with its max_seqlen.
+    padding_free: only each sample's real tokens, concatenated into one [1, total] row (the
+    shape of Hugging Face's DataCollatorWithFlattening), its segments in cu_seqlens."""
+    if not samples:
+        raise ArgumentError("collate_packed got no samples; pass at least one")
+    cus, at = [torch.zeros(1, dtype=torch.int32)], 0
+    keys = ("input_ids", "labels", "position_ids")
+    if padding_free:
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+        for s in samples:
+            n = int(s["length"])
+            for k in keys:
+                parts[k].append(s[k][:n])
+            cu = s["cu_seqlens"]
+            cu = cu[cu <= n] if int(cu[-1]) != n else cu
+            cus.append(cu[1:] + at)
+            at += n
+        out: dict[str, Any] = {k: torch.cat(v).unsqueeze(0) for k, v in parts.items()}
+    else:
+        out = {k: torch.stack([s[k] for s in samples]) for k in keys}
+        for s in samples:
+            cus.append(s["cu_seqlens"][1:] + at)
+            at += len(s["input_ids"])
+    cu_all = torch.cat(cus)
+    out["cu_seqlens"] = cu_all
+    out["max_seqlen"] = int((cu_all[1:] - cu_all[:-1]).max())
+    return out
+
+
+class PackedBatch(dict):  # type: ignore[type-arg]
+    """A collated packed batch: a dict (input_ids, labels, position_ids, cu_seqlens, max_seqlen)
+    that also unpacks as `x, y = batch` and has `.step`."""
+
+    step: int
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return iter((self["input_ids"], self["labels"]))
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self["input_ids"]  # type: ignore[no-any-return]
+
+    @property
+    def y(self) -> torch.Tensor:
+        return self["labels"]  # type: ignore[no-any-return]
+
+
+class PackedStream:
+    """Epoch after epoch, step s of epoch e gives this rank packs
+    order(e)[s·G + rank·B : s·G + (rank+1)·B] with G = B × world_size: every rank the same
+    steps per epoch (len // G; exact when the plan was made with multiple=G), no pack twice in an
+    epoch. `state_dict()` is a few integers; `load_state_dict()` continues exactly."""
+
+    def __init__(self, packs: PackedDataset, batch_size: int, *, rank: int | None = None,
+                 world_size: int | None = None, device: str | torch.device = "cpu",
+                 padding_free: bool = False) -> None:  # fmt: skip
+        self.packs, self.batch_size = packs, checks.positive("batch_size", batch_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.device, self.padding_free = checks.device(device), checks.flag("padding_free", padding_free)
+        g = self.batch_size * self.world_size
+        self.steps_per_epoch = len(packs) // g
+        if self.steps_per_epoch == 0:
+            raise ArgumentError(f"{len(packs)} packs cannot fill one global batch of {g} (batch_size × world_size); "
+                                "lower batch_size or seq_len")  # fmt: skip
+        self.left_over = len(packs) % g
+        self.step = 0  # global step across epochs
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        plan = self.packs.plan
+        return {"kind": "packed", "step": self.step, "seed": self.packs.seed, "seq_len": plan.seq_len,
+                "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
+                "global_batch_size": self.global_batch_size}  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
+        mine = self.state_dict()
+        for key, value in mine.items():
+            if key != "step" and state.get(key) != value:
+                raise ArgumentError(f"cannot resume: saved {key}={checks.show(state.get(key))}, this stream has "
+                                    f"{key}={value!r}; build the packed stream with the saved options")  # fmt: skip
+        self.step = checks.state_int(dict(state), "step", low=0)
+
+    def batch(self, step: int) -> PackedBatch:
+        """Batch `step` for this rank: a pure function of (plan, seed, step, rank)."""
+        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        g = self.global_batch_size
+        first = within * g + self.rank * self.batch_size
+        ids = self.packs.order(epoch)[first : first + self.batch_size]
+        out = PackedBatch(collate_packed([self.packs.pack(int(p)) for p in ids], self.padding_free))
+        for k, v in out.items():
+            if isinstance(v, torch.Tensor):
+                out[k] = v.to(self.device)
+        out["packs"] = ids
+        out.step = step
+        return out
+
+    def __iter__(self) -> PackedStream:
+        return self
+
+    def __next__(self) -> PackedBatch:
+        self.step += 1
+        return self.batch(self.step - 1)
