@@ -241,11 +241,41 @@ def inspect(
         None, "--plot", help="Write the document-length histogram as an image (needs lmshard[plot])."
     ),
     top: int = typer.Option(10, "--top", help="How many of the most frequent tokens to show."),
+    packing: int | None = typer.Option(
+        None,
+        "--packing",
+        metavar="SEQ_LEN",
+        help="Instead: plan document packing into rows of SEQ_LEN and report "
+        "fill per strategy (from the document index; no token is read).",
+    ),
+    strategy: list[str] = typer.Option(
+        [], "--strategy", help="With --packing: bfd, first_fit, window_N or greedy (repeatable) [all four]."
+    ),
+    split: str = typer.Option("train", "--split", help="With --packing: the split to plan."),
+    world_size: int = typer.Option(1, "--world-size", help="With --packing: ranks, for steps per rank."),
+    batch_size: int = typer.Option(1, "--batch-size", help="With --packing: rows per rank per step."),
 ) -> None:
     """Verify a dataset against its metadata and show what is in it. Exit codes: 0 verified,
     1 an error (no such directory, not a dataset, a bad option value), 2 a malformed command
     line, 3 the dataset is corrupt."""
+    if packing is not None:
+        raise typer.Exit(_packing(dataset, packing, strategy, split, world_size, batch_size, as_json))
     raise typer.Exit(_inspect(dataset, quick, as_json, sample, seed, doc, plot, top))
+
+
+def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, world_size: int, batch_size: int,
+             as_json: bool) -> int:  # fmt: skip
+    from . import packing as plans
+
+    audit.require_dataset(dataset)
+    lengths = plans.dataset_lengths(dataset, split)
+    chosen = tuple(strategies) or plans.ALL_STRATEGIES
+    rows = plans.compare(lengths, seq_len, chosen, world_size=world_size, batch_size=batch_size)
+    if as_json:
+        out.print_json(data={"dataset": str(dataset), "split": split, "seq_len": seq_len, "strategies": rows})
+        return EXIT_OK
+    render.packing(rows, f"{dataset} [{split}], seq_len {seq_len}")
+    return EXIT_OK
 
 
 def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,

@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -109,3 +110,22 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         for problem in report.problems:
             err.print(f"[bold red]problem:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
         err.print(f"[bold red]CORRUPT[/]: {len(report.problems)} problem(s)")
+
+
+def packing(rows: list[dict[str, Any]], title: str) -> None:
+    """`inspect --packing`: one row per strategy (documents split / truncated / dropped)."""
+    table = Table(
+        title=f"packing {escape(title)}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption="bound: ⌈tokens / seq_len⌉ packs; cut: documents split/truncated/dropped",
+    )
+    for name in ("strategy", "packs", "bound", "gap", "fill", "docs/pack", "cut", "steps"):
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+    for r in rows:
+        cut = f"{r['split_documents']:,}/{r['truncated_documents']:,}/{r['dropped_documents']:,}"
+        gap, fill = f"{r['gap_to_lower_bound']:.2%}", f"{r['fill']:.2%}"
+        table.add_row(r["strategy"], f"{r['packs']:,}", f"{r['lower_bound']:,}", gap, fill,
+                      f"{r['items_per_pack_mean']:.1f}", cut, f"{r['steps_per_rank']:,}")  # fmt: skip
+    out.print(table)

@@ -405,3 +405,23 @@ def test_doc_index_bounds_and_shard_names(dataset, reference):
     assert result.exit_code == 1 and f"no document {n}" in result.output
     result = runner.invoke(app, ["inspect", str(dataset), "--quick", "--doc", "train/shard_999999:0"])
     assert result.exit_code == 1 and "no shard 'train/shard_999999'" in result.output
+
+
+def test_packing_report_plans_from_the_raw_index(dataset):
+    lengths = [len(d) for d in read_docs(dataset, "train")]
+    result = runner.invoke(app, ["inspect", str(dataset), "--packing", "64", "--json", "--world-size", "3"])
+    assert result.exit_code == 0, result.output
+    rows = {r["strategy"]: r for r in json.loads(result.stdout)["strategies"]}
+    assert list(rows) == ["bfd", "first_fit", "window_1000", "greedy"]
+    total = sum(lengths)  # overlong "split" keeps every token
+    for r in rows.values():
+        assert r["tokens"] == total and r["documents"] == len(lengths)
+        assert r["lower_bound"] == -(-total // 64) <= r["packs"] and r["packs"] % 3 == 0
+        assert r["split_documents"] == sum(n > 64 for n in lengths)
+        assert r["steps_per_rank"] == r["packs"] // 3
+    fills = [rows[s]["fill"] for s in ("bfd", "first_fit", "window_1000", "greedy")]
+    assert fills == sorted(fills, reverse=True)
+    text = runner.invoke(app, ["inspect", str(dataset), "--packing", "64", "--strategy", "greedy"])
+    assert text.exit_code == 0 and "greedy" in text.stdout and "bfd" not in text.stdout
+    bad = runner.invoke(app, ["inspect", str(dataset), "--packing", "64", "--strategy", "best"])
+    assert bad.exit_code == 1 and "not a packing strategy" in bad.output

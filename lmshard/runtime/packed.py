@@ -1,5 +1,5 @@
 """Packed datasets: whole documents packed into rows of seq_len tokens by a plan made from the
-document index (`packing.py`), shuffled after planning and reshuffled per epoch.
+document index (`lmshard/packing.py`), shuffled after planning and reshuffled per epoch.
 
     packs = TokenDataset("data/mycorpus").packed(4096, strategy="bfd", seed=0)
     packs.metrics                       # fill, the lower bound, split/truncated/dropped counts
@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import packing
 from ..errors import ArgumentError
-from . import checks, packing
+from . import checks
 from .batches import resolve_rank
 from .sampling import step_rng
 

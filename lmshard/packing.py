@@ -32,17 +32,46 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError
-from . import checks
+from .errors import ArgumentError, FormatError
+from .format import INDEX_DTYPE, check_index, check_shard_files, load_metadata
 
 STRATEGIES = ("bfd", "first_fit", "window_N", "greedy")
 OVERLONG = ("split", "truncate", "drop")
 DEFAULT_WINDOW = 1000
+ALL_STRATEGIES = ("bfd", "first_fit", f"window_{DEFAULT_WINDOW}", "greedy")
+
+
+def _show(value: object) -> str:
+    return reprlib.repr(value)
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ArgumentError(f"{name}={_show(value)} must be a positive int; pass {name}=1 or more")
+    return int(value)
+
+
+def dataset_lengths(path: str | os.PathLike[str], split: str = "train") -> np.ndarray:
+    """Every document length of a split of a prepared dataset, from its document indexes only
+    (each checked as the loader checks it), without torch: what `inspect --packing` plans from."""
+    meta = load_metadata(path)
+    if split not in meta.splits:
+        raise FormatError(f"{path}: no split {split!r} (splits: {', '.join(meta.splits)})")
+    parts = []
+    for shard in meta.split_shards(split):
+        check_shard_files(meta.root, shard)
+        if shard.n_tokens:
+            offsets = np.fromfile(meta.root / shard.index_path, dtype=INDEX_DTYPE)
+            check_index(meta.root / shard.index_path, offsets, shard.n_tokens)
+            parts.append(np.diff(offsets).astype(np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def parse_strategy(strategy: object) -> tuple[str, int]:
@@ -54,7 +83,7 @@ def parse_strategy(strategy: object) -> tuple[str, int]:
             n = strategy[len("window_") :]
             if n.isdigit() and int(n) > 0:
                 return "window", int(n)
-    raise ArgumentError(f"strategy={checks.show(strategy)} is not a packing strategy; pass 'bfd' (the default), "
+    raise ArgumentError(f"strategy={_show(strategy)} is not a packing strategy; pass 'bfd' (the default), "
                         f"'first_fit', 'window_{DEFAULT_WINDOW}' (any window of N items) or 'greedy'")  # fmt: skip
 
 
@@ -77,9 +106,9 @@ class Items:
 
 def make_items(lengths: np.ndarray, seq_len: int, overlong: str = "split") -> Items:
     """Items from document lengths (in stream order) under the overlong policy."""
-    seq_len = checks.positive("seq_len", seq_len)
+    seq_len = _positive("seq_len", seq_len)
     if overlong not in OVERLONG:
-        raise ArgumentError(f"overlong={checks.show(overlong)} is not a policy; pass 'split' (the default), "
+        raise ArgumentError(f"overlong={_show(overlong)} is not a policy; pass 'split' (the default), "
                             "'truncate' or 'drop'")  # fmt: skip
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or (lengths <= 0).any():
@@ -323,7 +352,7 @@ def plan(lengths: np.ndarray, seq_len: int, strategy: str = "bfd", overlong: str
     """Plan packs for documents of these lengths (stream order). Deterministic: no randomness at
     all (the pack order is shuffled by whoever reads the plan)."""
     kind, window = parse_strategy(strategy)
-    multiple = checks.positive("multiple", multiple)
+    multiple = _positive("multiple", multiple)
     items = make_items(lengths, seq_len, overlong)
     if len(items.length) == 0:
         raise ArgumentError(f"no document is left to pack at seq_len={seq_len} with overlong={overlong!r}; "
@@ -341,8 +370,10 @@ def plan(lengths: np.ndarray, seq_len: int, strategy: str = "bfd", overlong: str
     return PackPlan(seq_len, strategy, overlong, multiple, items.start[order], items.length[order], ptr, items)
 
 
-def compare(lengths: np.ndarray, seq_len: int, strategies: tuple[str, ...] = ("bfd", "first_fit",
-            f"window_{DEFAULT_WINDOW}", "greedy"), overlong: str = "split", world_size: int = 1,
-            batch_size: int = 1) -> list[dict[str, Any]]:  # fmt: skip
-    """`metrics` of every strategy side by side (what `inspect --packing` reports)."""
-    return [plan(lengths, seq_len, s, overlong).metrics(world_size, batch_size) for s in strategies]
+def compare(lengths: np.ndarray, seq_len: int, strategies: tuple[str, ...] = ALL_STRATEGIES,
+            overlong: str = "split", world_size: int = 1, batch_size: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+    """`metrics` of every strategy side by side, each planned with its pack count raised to a
+    multiple of world_size × batch_size as the packed stream plans it (what `inspect --packing`
+    reports)."""
+    g = _positive("world_size", world_size) * _positive("batch_size", batch_size)
+    return [plan(lengths, seq_len, s, overlong, multiple=g).metrics(world_size, batch_size) for s in strategies]
