@@ -166,8 +166,42 @@ def test_resume_state_fingerprint_and_older_states():
     old = {k: v for k, v in state.items() if k not in ("shift", "doc_aligned")} | {"step": 7}
     stream.load_state_dict(old)
     assert stream.step == 7
-    with pytest.raises(ArgumentError, match="fixed shift"):
-        data.window_batches(4, 32, shift="random")  # type: ignore[arg-type]
+    assert data.window_batches(4, 32, shift="random").state_dict()["shift"] == "random"
+    with pytest.raises(ArgumentError, match="map-style"):
+        data.windows(32, shift="random")
+
+
+def test_window_batches_with_a_random_shift_grouped():
+    """[B, T//s, s] with y the s-shifted x, read against the raw tokens; the shift is drawn per
+    step (several differ), shared by both ranks, and the windows are those of the largest shift."""
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, 1000, size=5_000).astype(np.uint32)
+    data = TokenDataset.from_tokens(tokens, eot_id=999, vocab_size=1000)
+    T, B, stride = 24, 3, 10
+    streams = [data.window_batches(B, T, stride=stride, shift="random", grouped=True, seed=2, rank=r, world_size=2)
+               for r in range(2)]  # fmt: skip
+    n_windows = (len(tokens) - (T + 12)) // stride + 1  # 12: the largest proper divisor of 24
+    assert streams[0].steps_per_epoch == n_windows // (B * 2)
+    shifts, starts = set(), []
+    for _ in range(streams[0].steps_per_epoch):
+        a, b = next(streams[0]), next(streams[1])
+        assert a.shift == b.shift and T % a.shift == 0 and a.shift < T
+        shifts.add(a.shift)
+        for batch in (a, b):
+            s = batch.shift
+            assert batch.x.shape == (B, T // s, s) and batch.y.shape == (B, T // s, s)
+            for row, o in enumerate(batch.offsets.tolist()):
+                assert o % stride == 0
+                starts.append(o)
+                assert batch.x[row].flatten().tolist() == tokens[o : o + T].tolist()
+                assert batch.y[row].flatten().tolist() == tokens[o + s : o + s + T].tolist()
+    assert len(shifts) > 2
+    assert len(set(starts)) == len(starts) == streams[0].steps_per_epoch * B * 2  # no window twice
+    state = streams[0].state_dict()
+    again = data.window_batches(B, T, stride=stride, shift="random", grouped=True, seed=2, rank=0, world_size=2)
+    again.load_state_dict(state)
+    nxt, ref = next(again), next(streams[0])
+    assert nxt.shift == ref.shift and torch.equal(nxt.x, ref.x)
 
 
 def test_grouped_needs_a_shift_that_divides_seq_len():
@@ -542,3 +576,22 @@ def test_every_valid_offset_is_drawn_and_none_past_the_end():
 def test_rank_outside_the_world_is_refused(ds, rank, world):
     with pytest.raises(ArgumentError, match="not in|world_size=0 must be at least 1"):
         TokenDataset(ds).random_batches(4, 32, rank=rank, world_size=world)
+
+
+def test_batch_reads_as_a_pair_and_as_a_mapping():
+    data = TokenDataset.synthetic(20_000, vocab_size=100, doc_len=50)
+    batch = next(data.random_batches(4, 32, seed=1, cu_seqlens=True))
+    x, y = batch
+    assert batch[0] is x and batch[1] is y and batch["input_ids"] is x and batch["labels"] is y
+    assert batch.keys() == ["input_ids", "labels", "cu_seqlens", "max_seqlen"]
+    assert "cu_seqlens" in batch and "position_ids" not in batch
+    assert torch.equal(batch["cu_seqlens"], batch.cu_seqlens) and batch["max_seqlen"] == batch.max_seqlen
+
+    def model(input_ids, labels, cu_seqlens, max_seqlen):  # a forward() taking keyword arguments
+        return input_ids, labels, max_seqlen
+
+    assert model(**batch)[2] == batch.max_seqlen and dict(batch.items())["labels"] is y
+    plain = next(data.random_batches(4, 32, seed=1))
+    assert plain.keys() == ["input_ids", "labels"]
+    with pytest.raises(KeyError):
+        plain["cu_seqlens"]

@@ -75,7 +75,7 @@ CASES = [
     ("shift misspelt", lambda d: syn().random_batches(4, 32, shift="rand"), "shift='rand'", "shift='random'"),
     ("shift bool", lambda d: syn().random_batches(4, 32, shift=True), "shift=True", "not a bool"),
     ("shift float", lambda d: syn().windows(32, shift=1.0), "shift=1.0", "shift=1"),
-    ("window shift random", lambda d: syn().window_batches(4, 32, shift="random"), "shift='random'", "fixed"),
+    ("windows shift random", lambda d: syn().windows(32, shift="random"), "shift='random'", "window_batches"),
     ("grouped shift 3", lambda d: syn().random_batches(4, 64, shift=3, grouped=True), "shift=3", "divides seq_len"),
     ("window stride 0", lambda d: syn().window_batches(4, 32, stride=0), "stride=0", "stride=None"),
     ("windows stride 0", lambda d: syn().windows(32, stride=0), "stride=0", "stride=None"),

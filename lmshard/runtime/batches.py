@@ -33,12 +33,16 @@ from .store import TokenStore
 
 @dataclass
 class Batch:
-    """One batch. Unpacks as `x, y = batch`; the rest are attributes.
+    """One batch. Unpacks as `x, y = batch` (and `batch[0]`, `batch[1]`); the rest are
+    attributes. It also reads as a mapping, for loops written for Hugging Face-style batches:
+    `batch["input_ids"]` (x), `batch["labels"]` (y), `"cu_seqlens" in batch`, `keys()`,
+    `items()`, `model(**batch)`. Iterating gives x and y, not the keys, so it is not a
+    `collections.abc.Mapping`.
 
     x, y: int64 [batch, seq_len] (or [batch, seq_len // shift, shift] when grouped); y[i] is
     the token `shift` positions after x[i]. offsets: each row's start in the split's token
     stream. cu_seqlens / max_seqlen: document boundaries of x flattened over the batch (int32,
-    flash-attention varlen style), when requested."""
+    flash-attention varlen style), when requested; position_ids where a stream provides them."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -47,9 +51,36 @@ class Batch:
     offsets: np.ndarray
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
+    position_ids: torch.Tensor | None = None
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter((self.x, self.y))
+
+    def __len__(self) -> int:
+        return 2
+
+    def keys(self) -> list[str]:
+        """The mapping's keys: input_ids, labels, and those of cu_seqlens, max_seqlen and
+        position_ids that are set."""
+        extra = [k for k in ("position_ids", "cu_seqlens", "max_seqlen") if getattr(self, k) is not None]
+        return ["input_ids", "labels", *extra]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.keys()]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, int) and not isinstance(key, bool):
+            return (self.x, self.y)[key]
+        if key == "input_ids":
+            return self.x
+        if key == "labels":
+            return self.y
+        if isinstance(key, str) and key in self.keys():
+            return getattr(self, key)
+        raise KeyError(key)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -191,18 +191,21 @@ class TokenDataset:
         seq_len: int,
         *,
         stride: int | None = None,
-        shift: int = 1,
+        shift: int | str = 1,
         seed: int = 0,
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         device: str | torch.device = "cpu",
         cu_seqlens: bool = False,
+        grouped: bool = False,
         prefetch: bool = True,
     ) -> BatchStream:
         """Sliding windows (start i·stride of the concatenated split) in batches, epoch after
         epoch; `stream.set_epoch(e)` jumps to epoch e, whose order is reshuffled from (seed, e).
-        Every rank gets the same number of steps per epoch (a last partial global batch is dropped)."""
+        Every rank gets the same number of steps per epoch (a last partial global batch is dropped).
+        shift and grouped as in `random_batches`: with shift="random" each step draws a proper
+        divisor of seq_len, and windows are counted with the largest one."""
         batch_size = checks.positive("batch_size", batch_size)
         spec = ShiftSpec.parse(shift, seq_len)
         stride = _stride(stride, seq_len)
@@ -215,7 +218,7 @@ class TokenDataset:
         offsets = WindowOffsets(self.n_tokens, seq_len, stride, spec, batch_size * world, seed, shuffle)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
                            world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
-                           cu_seqlens=cu_seqlens, prefetch=prefetch)  # fmt: skip
+                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch)  # fmt: skip
 
     def windows(self, seq_len: int, stride: int | None = None, shift: int = 1) -> WindowDataset:
         """Map-style dataset of sliding windows: item i starts at i·stride of the split."""
@@ -230,10 +233,8 @@ class TokenDataset:
 
     def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
         """How many windows the split holds: at least one, or an error naming the sizes."""
-        if spec.fixed is None:
-            raise ArgumentError("shift='random': windows need a fixed shift; pass an int shift such as shift=1")
-        checks.fits(self._where, self.n_tokens, seq_len, spec.fixed)
-        return count_windows(self.n_tokens, seq_len, stride, spec.fixed)
+        checks.fits(self._where, self.n_tokens, seq_len, spec.max)
+        return count_windows(self.n_tokens, seq_len, stride, spec.max)
 
 
 def _stride(stride: int | None, seq_len: int) -> int:
@@ -254,6 +255,9 @@ class WindowDataset(torch.utils.data.Dataset):
             raise ArgumentError(f"data={checks.show(data)} is not a TokenDataset; pass one, or call "
                                 "TokenDataset(...).windows(seq_len)")  # fmt: skip
         spec = ShiftSpec.parse(shift, seq_len)
+        if spec.fixed is None:  # a per-item shift would give rows of one batch different label spans
+            raise ArgumentError("shift='random' draws one shift per batch, and a map-style dataset has no batches; "
+                                "pass an int shift, or use window_batches(..., shift='random')")  # fmt: skip
         self.data, self.seq_len, self.stride = data, int(seq_len), _stride(stride, seq_len)
         self.shift = spec.max
         self.n = data._check_windows(self.seq_len, self.stride, spec)

@@ -202,17 +202,17 @@ _SHIFT_SALT = 0x5EED5EED5EED
 
 class WindowOffsets(Offsets):
     """Windows starting at i·stride of the concatenated split, shuffled per epoch (or in order).
-    The shift is fixed: a window's label span must not change from step to step."""
+    The set of windows is counted with the largest shift, so it does not depend on the shift a
+    step draws: with shift="random" every window has room for any label span, and each step
+    draws its shift from (seed, step), shared by all its rows and ranks, as random batches do."""
 
     def __init__(self, n_tokens: int, seq_len: int, stride: int, shift: ShiftSpec, global_batch: int, seed: int,
                  shuffle: bool) -> None:  # fmt: skip
         _check_shift(shift)
-        if shift.fixed is None:
-            raise ArgumentError("shift='random': window batches need a fixed shift; pass an int shift such as shift=1")
         global_batch, seed = checks.positive("global_batch", global_batch), checks.seed(seed)
         stride = checks.positive("stride", stride)  # a Python int: the resume state must be JSON
-        self.n_windows = count_windows(n_tokens, seq_len, stride, shift.fixed)
-        checks.fits("the split", n_tokens, seq_len, shift.fixed)
+        self.n_windows = count_windows(n_tokens, seq_len, stride, shift.max)
+        checks.fits("the split", n_tokens, seq_len, shift.max)
         self.steps_per_epoch: int = self.n_windows // global_batch
         if self.steps_per_epoch == 0:
             raise ArgumentError(f"{self.n_windows} windows cannot fill one global batch of {global_batch} rows; "
@@ -223,10 +223,17 @@ class WindowOffsets(Offsets):
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride, "shuffle": self.shuffle}
 
+    def _shift(self, step: int) -> int:
+        if self.shift.fixed is not None:
+            return self.shift.fixed
+        pick = counter_block(self.seed ^ _SHIFT_SALT, step, 1, 1, len(self.shift.choices))[0, 0]
+        return self.shift.choices[int(pick)]
+
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         epoch, within = divmod(step, self.steps_per_epoch)
         if not self.shuffle:
-            return np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride, self.shift.max
+            starts = np.arange(within * count, (within + 1) * count, dtype=np.int64) * self.stride
+            return starts, self._shift(step)
         # Permute a block of steps at once: the Feistel rounds are numpy calls whose fixed cost
         # dominates on one batch. Which ids a step gets does not depend on the block.
         c = self._cache
@@ -238,7 +245,7 @@ class WindowOffsets(Offsets):
             key = int(step_rng(self.seed, epoch, 2).integers(2**32))
             starts = feistel_permute(ids, self.n_windows, key=key) * self.stride
             self._cache = c = (epoch, first, count, starts.reshape(last - first, count))
-        return c[3][within - c[1]], self.shift.max
+        return c[3][within - c[1]], self._shift(step)
 
 
 _BLOCK_STEPS = 64  # steps drawn at once (random offsets and window permutations)
