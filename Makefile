@@ -30,6 +30,7 @@ bench: setup
 	$(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_tokenizers.py
+	$(BIN)/python scripts/bench_packing.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py

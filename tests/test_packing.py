@@ -176,3 +176,16 @@ def test_padding_free_collation_keeps_only_real_tokens() -> None:
     assert cu[0] == 0 and cu[-1] == flat["input_ids"].shape[1] and cu.dtype == torch.int32
     assert padded["input_ids"].shape == (4, 32) and padded["cu_seqlens"][-1] == 4 * 32
     assert flat["max_seqlen"] == int((cu[1:] - cu[:-1]).max())
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_stream_batches_equal_collated_samples(padding_free: bool) -> None:
+    data, _ = docs_dataset(n_docs=120)
+    packs = data.packed(32, seed=2, multiple=4)
+    stream = packs.batches(2, rank=1, world_size=2, padding_free=padding_free)
+    for step in (0, 3, stream.steps_per_epoch + 1):
+        batch = stream.batch(step)
+        expected = collate_packed([packs.pack(int(p)) for p in batch["packs"]], padding_free=padding_free)
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert torch.equal(batch[key], expected[key]), (step, key)
+        assert batch["max_seqlen"] == expected["max_seqlen"]

@@ -99,28 +99,52 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def pack(self, p: int) -> dict[str, Any]:
         """Pack `p` of the plan (not shuffled) as a sample."""
-        T = self.seq_len
-        starts, lengths = self.plan.pack_items(p)
-        real = int(lengths.sum())
-        tokens = np.full(T, self.pad_id, dtype=np.uint32)
-        at = 0
-        for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-            self.data.store.read_into(s, tokens[at : at + n])
-            at += n
-        ids = torch.from_numpy(tokens.view(np.int32).astype(np.int64))
-        labels = torch.full((T,), IGNORE, dtype=torch.int64)
-        labels[: real - 1] = ids[1:real]
-        ends = np.cumsum(lengths)
-        if self.mask_boundary_labels:
-            labels[torch.from_numpy(ends - 1)] = IGNORE
-        else:
-            labels[real - 1] = IGNORE
-        segments = np.append(lengths, T - real) if real < T else lengths
-        cu = np.zeros(len(segments) + 1, dtype=np.int32)
-        np.cumsum(segments, out=cu[1:])
-        position = np.arange(T, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), segments)
-        return {"input_ids": ids, "labels": labels, "position_ids": torch.from_numpy(position),
-                "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(segments.max()), "length": real}  # fmt: skip
+        rows = self.rows(np.array([p]))
+        sample = {k: v[0] for k, v in rows.items() if k in ("input_ids", "labels", "position_ids")}
+        cu = rows["segments"][0]
+        return {**sample, "cu_seqlens": torch.from_numpy(cu), "max_seqlen": int(np.diff(cu).max()),
+                "length": int(rows["length"][0])}  # fmt: skip
+
+    def rows(self, packs: np.ndarray) -> dict[str, Any]:
+        """Packs as [N, seq_len] int64 input_ids, labels and position_ids built with whole-array
+        numpy operations, plus each row's real length and segment boundaries (int32, padding as
+        a last segment)."""
+        T, plan = self.seq_len, self.plan
+        packs = np.asarray(packs, dtype=np.int64)
+        counts = plan.ptr[packs + 1] - plan.ptr[packs]
+        first_of_row = np.cumsum(counts) - counts
+        take = np.repeat(plan.ptr[packs] - first_of_row, counts) + np.arange(int(counts.sum()))
+        starts, lengths = plan.start[take], plan.length[take]
+        row = np.repeat(np.arange(len(packs)), counts)
+        ends = np.cumsum(lengths)  # over all items of all rows
+        row_base = np.repeat(ends[first_of_row] - lengths[first_of_row], counts)
+        at = ends - lengths - row_base + row * T  # where each item lands in the flat [N*T] buffer
+        tokens = np.full(len(packs) * T, self.pad_id, dtype=np.uint32)
+        for s, n, a in zip(starts.tolist(), lengths.tolist(), at.tolist(), strict=True):
+            self.data.store.read_into(s, tokens[a : a + n])
+        real = np.bincount(row, weights=lengths, minlength=len(packs)).astype(np.int64)
+        ids = tokens.view(np.int32).astype(np.int64)
+        labels = np.full(len(ids), IGNORE, dtype=np.int64)
+        labels[:-1] = ids[1:]
+        item_ends = at + lengths - 1
+        row_ends = np.arange(len(packs)) * T + real - 1
+        labels[item_ends if self.mask_boundary_labels else row_ends] = IGNORE
+        pad = np.arange(T)[None, :] >= real[:, None]
+        label_rows = labels.reshape(len(packs), T)
+        label_rows[pad] = IGNORE
+        seg_start = np.zeros(len(ids), dtype=np.int64)
+        seg_start[at] = at
+        padded = np.flatnonzero(real < T)
+        seg_start[padded * T + real[padded]] = padded * T + real[padded]  # the padding is a segment too
+        np.maximum.accumulate(seg_start, out=seg_start)
+        position = np.arange(len(ids), dtype=np.int64) - seg_start
+        segments = []
+        for r in range(len(packs)):
+            mine = np.concatenate([[0], np.cumsum(lengths[row == r])])
+            segments.append((np.append(mine, T) if real[r] < T else mine).astype(np.int32))
+        return {"input_ids": torch.from_numpy(ids.reshape(len(packs), T)), "labels": torch.from_numpy(label_rows),
+                "position_ids": torch.from_numpy(position.reshape(len(packs), T)), "length": real,
+                "segments": segments}  # fmt: skip
 
     def batches(self, batch_size: int, *, rank: int | None = None, world_size: int | None = None,
                 device: str | torch.device = "cpu", padding_free: bool = False) -> PackedStream:  # fmt: skip
@@ -227,7 +251,22 @@ class PackedStream:
         g = self.global_batch_size
         first = within * g + self.rank * self.batch_size
         ids = self.packs.order(epoch)[first : first + self.batch_size]
-        out = PackedBatch(collate_packed([self.packs.pack(int(p)) for p in ids], self.padding_free))
+        rows = self.packs.rows(ids)
+        T = self.packs.seq_len
+        keys = ("input_ids", "labels", "position_ids")
+        if self.padding_free:
+            keep = (torch.arange(T)[None, :] < torch.from_numpy(rows["length"])[:, None]).flatten()
+            out = PackedBatch({k: rows[k].flatten()[keep].unsqueeze(0) for k in keys})
+            bounds = [
+                seg if seg[-1] == n else seg[:-1] for seg, n in zip(rows["segments"], rows["length"], strict=True)
+            ]
+            shifts = np.cumsum(rows["length"]) - rows["length"]
+        else:
+            out = PackedBatch({k: rows[k] for k in keys})
+            bounds, shifts = rows["segments"], np.arange(len(ids)) * T
+        cu = np.concatenate([[0], *[b[1:] + o for b, o in zip(bounds, shifts.tolist(), strict=True)]])
+        out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
+        out["max_seqlen"] = int(np.diff(cu).max())
         for k, v in out.items():
             if isinstance(v, torch.Tensor):
                 out[k] = v.to(self.device)
