@@ -266,9 +266,10 @@ def inspect(
 def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, world_size: int, batch_size: int,
              as_json: bool) -> int:  # fmt: skip
     from . import packing as plans
+    from .packing_io import dataset_lengths
 
     audit.require_dataset(dataset)
-    lengths = plans.dataset_lengths(dataset, split)
+    lengths = dataset_lengths(dataset, split)
     chosen = tuple(strategies) or plans.ALL_STRATEGIES
     rows = plans.compare(lengths, seq_len, chosen, world_size=world_size, batch_size=batch_size)
     if as_json:

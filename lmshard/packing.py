@@ -32,15 +32,13 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .errors import ArgumentError, FormatError
-from .format import INDEX_DTYPE, check_index, check_shard_files, load_metadata
+from .errors import ArgumentError
 
 STRATEGIES = ("bfd", "first_fit", "window_N", "greedy")
 OVERLONG = ("split", "truncate", "drop")
@@ -56,22 +54,6 @@ def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ArgumentError(f"{name}={_show(value)} must be a positive int; pass {name}=1 or more")
     return int(value)
-
-
-def dataset_lengths(path: str | os.PathLike[str], split: str = "train") -> np.ndarray:
-    """Every document length of a split of a prepared dataset, from its document indexes only
-    (each checked as the loader checks it), without torch: what `inspect --packing` plans from."""
-    meta = load_metadata(path)
-    if split not in meta.splits:
-        raise FormatError(f"{path}: no split {split!r} (splits: {', '.join(meta.splits)})")
-    parts = []
-    for shard in meta.split_shards(split):
-        check_shard_files(meta.root, shard)
-        if shard.n_tokens:
-            offsets = np.fromfile(meta.root / shard.index_path, dtype=INDEX_DTYPE)
-            check_index(meta.root / shard.index_path, offsets, shard.n_tokens)
-            parts.append(np.diff(offsets).astype(np.int64))
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def parse_strategy(strategy: object) -> tuple[str, int]:

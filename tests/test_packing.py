@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmshard import packing
+from lmshard import packing, packing_io
 from lmshard.errors import ArgumentError
 from lmshard.runtime import TokenDataset
 from lmshard.runtime.packed import IGNORE, collate_packed
@@ -189,3 +189,32 @@ def test_stream_batches_equal_collated_samples(padding_free: bool) -> None:
         for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
             assert torch.equal(batch[key], expected[key]), (step, key)
         assert batch["max_seqlen"] == expected["max_seqlen"]
+
+
+def test_plans_are_cached_in_the_dataset_and_a_damaged_cache_is_rebuilt(tmp_path) -> None:
+    from test_prepare import jsonl, make_texts
+
+    from lmshard.prepare import PrepareConfig, prepare
+
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "a.jsonl", make_texts(120, seed=1)))], out=str(tmp_path / "ds"),
+                          workers=1, val_fraction=0.0))  # fmt: skip
+    data = TokenDataset(tmp_path / "ds")
+    fresh = data.packed(48, multiple=3)
+    cached = list((tmp_path / "ds" / packing_io.CACHE_DIR).glob("packing-*.npz"))
+    assert len(cached) == 1
+    again = data.packed(48, multiple=3)  # read from the cache: the same plan
+    assert np.array_equal(again.plan.start, fresh.plan.start) and np.array_equal(again.plan.ptr, fresh.plan.ptr)
+    assert again.metrics == fresh.metrics
+    with np.load(cached[0]) as z:  # a tampered plan (a pack emptied) is not trusted
+        arrays = dict(z)
+    arrays["ptr"][1] = 0
+    np.savez(cached[0], **arrays)
+    assert np.array_equal(data.packed(48, multiple=3).plan.ptr, fresh.plan.ptr)
+    cached[0].write_bytes(b"truncated")
+    assert np.array_equal(data.packed(48, multiple=3).plan.ptr, fresh.plan.ptr)
+    other = data.packed(48, multiple=3, strategy="greedy")
+    assert len(list((tmp_path / "ds" / packing_io.CACHE_DIR).glob("packing-*.npz"))) == 2
+    assert other.plan.strategy == "greedy"
+    from lmshard.inspect.verify import verify_dataset
+
+    assert verify_dataset(tmp_path / "ds").ok  # the cache directory is not mistaken for corruption

@@ -14,6 +14,8 @@ document is in the same pack) and on padding. `position_ids` restart at 0 at eac
 at the padding. `cu_seqlens` (int32) holds the segment boundaries, padding as a last segment.
 A model that shifts labels itself (Hugging Face's causal LMs) wants `input_ids` as labels instead.
 
+The plan is cached in the dataset directory (`lmshard/packing_io.py`: `cached_plan`).
+
 Memory model: the plan (per item 8 + 8 bytes, per pack 8 bytes) and one permutation of the pack
 ids per epoch (8 bytes per pack); a sample reads its own tokens only (seq_len uint32).
 """
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import packing
+from .. import packing_io
 from ..errors import ArgumentError
 from . import checks
 from .batches import resolve_rank
@@ -63,7 +65,8 @@ class PackedDataset(torch.utils.data.Dataset):
         self.mask_boundary_labels = checks.flag("mask_boundary_labels", mask_boundary_labels)
         high = data.vocab_size - 1
         self.pad_id = data.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=high)
-        self.plan = packing.plan(data.store.doc_lengths(), self.seq_len, strategy, overlong, multiple)
+        root = data.path if data.meta is not None else None  # in-memory datasets are not cached
+        self.plan = packing_io.cached_plan(root, data.store.doc_lengths(), self.seq_len, strategy, overlong, multiple)
         self.epoch = 0
         self._order: tuple[int, np.ndarray] | None = None
 
