@@ -218,3 +218,39 @@ def test_plans_are_cached_in_the_dataset_and_a_damaged_cache_is_rebuilt(tmp_path
     from lmshard.inspect.verify import verify_dataset
 
     assert verify_dataset(tmp_path / "ds").ok  # the cache directory is not mistaken for corruption
+
+
+def test_padded_batches_group_by_length_balanced_and_resumable() -> None:
+    data, docs = docs_dataset(n_docs=300, seq_len=40)
+    B, W, max_len = 4, 3, 50
+    streams = [data.padded_batches(B, max_len, seed=1, rank=r, world_size=W, mega=5) for r in range(W)]
+    steps = streams[0].steps_per_epoch
+    assert steps == 300 // (B * W) and all(s.steps_per_epoch == steps for s in streams)
+    seen: list[int] = []
+    spreads, plain_spreads = [], []
+    plain = data.padded_batches(B, max_len, seed=1, group_by_length=False)
+    for _ in range(steps):
+        for s in streams:
+            batch = next(s)
+            x, y = batch
+            mask = batch["attention_mask"].bool()
+            for r, (i, n) in enumerate(zip(batch["items"].tolist(), batch["lengths"].tolist(), strict=True)):
+                doc = docs[i][:max_len]  # truncated at max_len
+                assert n == len(doc) and x[r, :n].tolist() == doc.tolist() and mask[r].sum() == n
+                assert y[r, : n - 1].tolist() == doc[1:].tolist() and (y[r, n - 1 :] == IGNORE).all()
+            assert x.shape[1] == int(batch["lengths"].max())
+            seen += batch["items"].tolist()
+            spreads.append(int(np.ptp(batch["lengths"])))
+        plain_spreads.append(int(np.ptp(next(plain)["lengths"])))
+    assert len(seen) == len(set(seen)) == steps * B * W  # no document twice in an epoch
+    assert np.mean(spreads) < np.mean(plain_spreads) / 2  # grouping makes rows of similar length
+    ref = data.padded_batches(B, max_len, seed=1, rank=2, world_size=W, mega=5)
+    for _ in range(3):
+        next(ref)
+    state = ref.state_dict()
+    want = next(ref)
+    again = data.padded_batches(B, max_len, seed=1, rank=2, world_size=W, mega=5)
+    again.load_state_dict(state)
+    assert torch.equal(next(again)["input_ids"], want["input_ids"])
+    with pytest.raises(ArgumentError, match="mega"):
+        data.padded_batches(B, max_len, seed=1, rank=2, world_size=W).load_state_dict(state)

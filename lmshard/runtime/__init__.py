@@ -4,5 +4,15 @@ node needs neither typer, rich, tiktoken nor datasets (a subprocess test checks 
 from .batches import Batch, BatchStream
 from .dataset import TokenDataset, WindowDataset
 from .packed import PackedDataset, PackedStream, collate_packed
+from .padded import PaddedStream
 
-__all__ = ["Batch", "BatchStream", "PackedDataset", "PackedStream", "TokenDataset", "WindowDataset", "collate_packed"]
+__all__ = [
+    "Batch",
+    "BatchStream",
+    "PackedDataset",
+    "PackedStream",
+    "PaddedStream",
+    "TokenDataset",
+    "WindowDataset",
+    "collate_packed",
+]

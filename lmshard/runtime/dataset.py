@@ -231,6 +231,13 @@ class TokenDataset:
 
         return PackedDataset(self, seq_len, **options)
 
+    def padded_batches(self, batch_size: int, max_len: int, **options: Any) -> Any:
+        """Whole documents in padded batches, grouped by length by default (see
+        `lmshard.runtime.padded.PaddedStream` for the options)."""
+        from .padded import PaddedStream
+
+        return PaddedStream(self, batch_size, max_len, **options)
+
     def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
         """How many windows the split holds: at least one, or an error naming the sizes."""
         checks.fits(self._where, self.n_tokens, seq_len, spec.max)

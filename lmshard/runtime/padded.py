@@ -1,0 +1,133 @@
+"""Padded batches of whole documents, optionally grouped by length (for padded, not packed,
+training: the LMMS-Engine design's `group_by_length`).
+
+    stream = TokenDataset("data/mycorpus").padded_batches(8, max_len=2048, group_by_length=True)
+    batch = next(stream)    # input_ids, labels, attention_mask [8, L]; L = the longest row
+
+Each epoch shuffles the documents from (seed, epoch); with `group_by_length`, it cuts that order
+into mega-batches of `mega` global batches, sorts each mega-batch by length (longest first) and
+cuts it into global batches, whose order is shuffled again: rows of a batch have similar lengths
+(little padding) while the order of batches stays random, as Hugging Face's
+LengthGroupedSampler does. A global batch of B × world_size documents is dealt out B per rank,
+so every rank gets the same number of steps per epoch (the documents left over after the last
+full global batch wait for another epoch's shuffle). Documents longer than `max_len` are
+truncated (default), split into pieces, or dropped, and counted (`stream.items`).
+
+labels[i] is the token after input_ids[i] in the same document; -100 at each document's last
+token and on padding. attention_mask is 1 on real tokens.
+
+Memory model: per document 8 (start) + 8 (length) bytes, plus one epoch's order (8 bytes per
+document); a batch reads its own tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ArgumentError
+from ..packing import make_items
+from . import checks
+from .batches import resolve_rank
+from .packed import IGNORE, PackedBatch
+from .sampling import step_rng
+
+_ORDER_SALT = 0x6A0B7E
+
+
+class PaddedStream:
+    """An endless, resumable stream of padded batches of whole documents for one rank."""
+
+    def __init__(self, data: Any, batch_size: int, max_len: int, *, seed: int = 0, group_by_length: bool = True,
+                 mega: int = 50, overlong: str = "truncate", pad_id: int | None = None, rank: int | None = None,
+                 world_size: int | None = None, device: str | torch.device = "cpu",
+                 pad_to_max: bool = False) -> None:  # fmt: skip
+        self.data = data
+        self.batch_size, self.max_len = checks.positive("batch_size", batch_size), checks.positive("max_len", max_len)
+        self.seed, self.group_by_length = checks.seed(seed), checks.flag("group_by_length", group_by_length)
+        self.mega, self.pad_to_max = checks.positive("mega", mega), checks.flag("pad_to_max", pad_to_max)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.device = checks.device(device)
+        high = data.vocab_size - 1
+        self.pad_id = data.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=high)
+        self.overlong = overlong
+        self.items = make_items(data.store.doc_lengths(), self.max_len, overlong)
+        g = self.global_batch_size
+        self.steps_per_epoch = len(self.items.length) // g
+        if self.steps_per_epoch == 0:
+            raise ArgumentError(f"{len(self.items.length)} documents cannot fill one global batch of {g} "
+                                "(batch_size × world_size); lower batch_size")  # fmt: skip
+        self.step = 0
+        self._order: tuple[int, np.ndarray] | None = None
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's documents as [steps_per_epoch, global batch] item ids."""
+        if self._order is not None and self._order[0] == epoch:
+            return self._order[1]
+        rng = step_rng(self.seed, epoch, _ORDER_SALT)
+        g, steps = self.global_batch_size, self.steps_per_epoch
+        perm = rng.permutation(len(self.items.length))[: steps * g]
+        if self.group_by_length:
+            chunk = self.mega * g
+            for a in range(0, len(perm), chunk):
+                part = perm[a : a + chunk]
+                perm[a : a + chunk] = part[np.argsort(-self.items.length[part], kind="stable")]
+            batches = perm.reshape(steps, g)[rng.permutation(steps)]
+        else:
+            batches = perm.reshape(steps, g)
+        self._order = (epoch, batches)
+        return batches
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "padded", "step": self.step, "seed": self.seed, "max_len": self.max_len,
+                "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
+                "documents": len(self.items.length), "global_batch_size": self.global_batch_size}  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
+        for key, value in self.state_dict().items():
+            if key != "step" and state.get(key) != value:
+                raise ArgumentError(f"cannot resume: saved {key}={checks.show(state.get(key))}, this stream has "
+                                    f"{key}={value!r}; build the padded stream with the saved options")  # fmt: skip
+        self.step = checks.state_int(dict(state), "step", low=0)
+
+    def batch(self, step: int) -> PackedBatch:
+        """Batch `step` for this rank: a pure function of (lengths, options, seed, step, rank)."""
+        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        ids = self.order(epoch)[within][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        starts, lengths = self.items.start[ids], self.items.length[ids]
+        L = self.max_len if self.pad_to_max else int(lengths.max())
+        tokens = np.full((len(ids), L), self.pad_id, dtype=np.uint32)
+        for r, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+            self.data.store.read_into(s, tokens[r, :n])
+        x = tokens.view(np.int32).astype(np.int64)
+        mask = np.arange(L)[None, :] < lengths[:, None]
+        labels = np.full_like(x, IGNORE)
+        labels[:, :-1] = x[:, 1:]
+        labels[~mask] = IGNORE
+        labels[np.arange(len(ids)), lengths - 1] = IGNORE
+        out = PackedBatch({"input_ids": torch.from_numpy(x), "labels": torch.from_numpy(labels),
+                           "attention_mask": torch.from_numpy(mask.astype(np.int64))})  # fmt: skip
+        for k, v in out.items():
+            out[k] = v.to(self.device)
+        out["items"], out["lengths"] = ids, lengths
+        out.step = step
+        return out
+
+    def __iter__(self) -> PaddedStream:
+        return self
+
+    def __next__(self) -> PackedBatch:
+        self.step += 1
+        return self.batch(self.step - 1)
