@@ -254,3 +254,13 @@ def test_padded_batches_group_by_length_balanced_and_resumable() -> None:
     assert torch.equal(next(again)["input_ids"], want["input_ids"])
     with pytest.raises(ArgumentError, match="mega"):
         data.padded_batches(B, max_len, seed=1, rank=2, world_size=W).load_state_dict(state)
+
+
+def test_streams_split_over_dataloader_workers_in_step_order() -> None:
+    data, _ = docs_dataset(n_docs=150)
+    for make in (lambda: data.packed(32, seed=4).batches(2), lambda: data.padded_batches(2, 40, seed=4)):
+        direct = make()
+        expected = [next(direct)["input_ids"] for _ in range(6)]
+        loader = torch.utils.data.DataLoader(make(), batch_size=None, num_workers=2)
+        got = [b["input_ids"] for b, _ in zip(loader, range(6), strict=False)]
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

@@ -187,25 +187,48 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = Fa
     return out
 
 
-class PackedBatch(dict):  # type: ignore[type-arg]
-    """A collated packed batch: a dict (input_ids, labels, position_ids, cu_seqlens, max_seqlen)
-    that also unpacks as `x, y = batch` and has `.step`."""
+class PackedBatch:
+    """A batch of packed (or padded) rows: `x, y = batch` (input_ids, labels), and read as a
+    mapping: `batch["input_ids"]`, `keys()`, `items()`, `in`, `model(**batch)`. Not a dict, so a
+    DataLoader hands it over as it is (its default conversion would iterate it as a mapping)."""
 
-    step: int
+    def __init__(self, fields: dict[str, Any], step: int = 0) -> None:
+        self._fields, self.step = fields, step
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        return iter((self["input_ids"], self["labels"]))
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self._fields["input_ids"], self._fields["labels"]))
+
+    def __getitem__(self, key: str | int) -> Any:
+        if isinstance(key, str):
+            return self._fields[key]
+        return (self.x, self.y)[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._fields[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._fields
+
+    def keys(self) -> list[str]:
+        return list(self._fields)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._fields.items())
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) if hasattr(v, "shape") else v for k, v in self._fields.items()}
+        return f"PackedBatch(step={self.step}, {shapes})"
 
     @property
     def x(self) -> torch.Tensor:
-        return self["input_ids"]  # type: ignore[no-any-return]
+        return self._fields["input_ids"]  # type: ignore[no-any-return]
 
     @property
     def y(self) -> torch.Tensor:
-        return self["labels"]  # type: ignore[no-any-return]
+        return self._fields["labels"]  # type: ignore[no-any-return]
 
 
-class PackedStream:
+class PackedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """Epoch after epoch, step s of epoch e gives this rank packs
     order(e)[s·G + rank·B : s·G + (rank+1)·B] with G = B × world_size: every rank the same
     steps per epoch (len // G; exact when the plan was made with multiple=G), no pack twice in an
@@ -277,8 +300,19 @@ class PackedStream:
         out.step = step
         return out
 
-    def __iter__(self) -> PackedStream:
-        return self
+    def __iter__(self) -> Iterator[PackedBatch]:
+        """Itself; inside a DataLoader(stream, batch_size=None) worker w of W: steps w, w+W, ... from the current step
+        (the loader interleaves them back into step order, so any W gives the same sequence)."""
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self
+        return self._worker_steps(info.id, info.num_workers)
+
+    def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
+        step = self.step + worker
+        while True:
+            yield self.batch(step)
+            step += workers
 
     def __next__(self) -> PackedBatch:
         self.step += 1

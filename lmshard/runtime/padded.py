@@ -22,7 +22,7 @@ document); a batch reads its own tokens only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from .sampling import step_rng
 _ORDER_SALT = 0x6A0B7E
 
 
-class PaddedStream:
+class PaddedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """An endless, resumable stream of padded batches of whole documents for one rank."""
 
     def __init__(self, data: Any, batch_size: int, max_len: int, *, seed: int = 0, group_by_length: bool = True,
@@ -125,8 +125,19 @@ class PaddedStream:
         out.step = step
         return out
 
-    def __iter__(self) -> PaddedStream:
-        return self
+    def __iter__(self) -> Iterator[PackedBatch]:
+        """Itself; inside a DataLoader(stream, batch_size=None) worker w of W: steps w, w+W, ... from the current step
+        (the loader interleaves them back into step order, so any W gives the same sequence)."""
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self
+        return self._worker_steps(info.id, info.num_workers)
+
+    def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
+        step = self.step + worker
+        while True:
+            yield self.batch(step)
+            step += workers
 
     def __next__(self) -> PackedBatch:
         self.step += 1
