@@ -228,7 +228,68 @@ class PackedBatch:
         return self._fields["labels"]  # type: ignore[no-any-return]
 
 
-class PackedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """What the packed and padded streams share: a global step across epochs, `batch(step)` a
+    pure function of it, resume from `state_dict()`, and DataLoader worker splitting."""
+
+    batch_size: int
+    world_size: int
+    steps_per_epoch: int
+    step: int
+    device: torch.device
+    kind = "stream"
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def batch(self, step: int) -> PackedBatch:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state`, refused unless every option it records matches this stream."""
+        if not isinstance(state, Mapping):
+            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
+        for key, value in self.state_dict().items():
+            if key != "step" and state.get(key) != value:
+                saved = checks.show(state.get(key))
+                raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
+                                    f"the {self.kind} stream with the saved options")  # fmt: skip
+        self.step = checks.state_int(dict(state), "step", low=0)
+
+    def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
+        for k, v in out.items():
+            if isinstance(v, torch.Tensor):
+                out[k] = v.to(self.device)
+        out.step = step
+        return out
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        """Itself; inside a worker w of W of `DataLoader(stream, batch_size=None)`: steps w,
+        w+W, ... from the current step, which the loader interleaves back into step order."""
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self
+        return self._worker_steps(info.id, info.num_workers)
+
+    def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
+        step = self.step + worker
+        while True:
+            yield self.batch(step)
+            step += workers
+
+    def __next__(self) -> PackedBatch:
+        self.step += 1
+        return self.batch(self.step - 1)
+
+
+class PackedStream(StepStream):
     """Epoch after epoch, step s of epoch e gives this rank packs
     order(e)[s·G + rank·B : s·G + (rank+1)·B] with G = B × world_size: every rank the same
     steps per epoch (len // G; exact when the plan was made with multiple=G), no pack twice in an
@@ -248,28 +309,13 @@ class PackedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.left_over = len(packs) % g
         self.step = 0  # global step across epochs
 
-    @property
-    def global_batch_size(self) -> int:
-        return self.batch_size * self.world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+    kind = "packed"
 
     def state_dict(self) -> dict[str, Any]:
         plan = self.packs.plan
         return {"kind": "packed", "step": self.step, "seed": self.packs.seed, "seq_len": plan.seq_len,
                 "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 "global_batch_size": self.global_batch_size}  # fmt: skip
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if not isinstance(state, Mapping):
-            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
-        mine = self.state_dict()
-        for key, value in mine.items():
-            if key != "step" and state.get(key) != value:
-                raise ArgumentError(f"cannot resume: saved {key}={checks.show(state.get(key))}, this stream has "
-                                    f"{key}={value!r}; build the packed stream with the saved options")  # fmt: skip
-        self.step = checks.state_int(dict(state), "step", low=0)
 
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (plan, seed, step, rank)."""
@@ -293,27 +339,5 @@ class PackedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         cu = np.concatenate([[0], *[b[1:] + o for b, o in zip(bounds, shifts.tolist(), strict=True)]])
         out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
         out["max_seqlen"] = int(np.diff(cu).max())
-        for k, v in out.items():
-            if isinstance(v, torch.Tensor):
-                out[k] = v.to(self.device)
         out["packs"] = ids
-        out.step = step
-        return out
-
-    def __iter__(self) -> Iterator[PackedBatch]:
-        """Itself; inside a DataLoader(stream, batch_size=None) worker w of W: steps w, w+W, ... from the current step
-        (the loader interleaves them back into step order, so any W gives the same sequence)."""
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return self
-        return self._worker_steps(info.id, info.num_workers)
-
-    def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
-        step = self.step + worker
-        while True:
-            yield self.batch(step)
-            step += workers
-
-    def __next__(self) -> PackedBatch:
-        self.step += 1
-        return self.batch(self.step - 1)
+        return self._finish(out, step)

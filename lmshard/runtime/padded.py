@@ -22,7 +22,6 @@ document); a batch reads its own tokens only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,13 +31,13 @@ from ..errors import ArgumentError
 from ..packing import make_items
 from . import checks
 from .batches import resolve_rank
-from .packed import IGNORE, PackedBatch
+from .packed import IGNORE, PackedBatch, StepStream
 from .sampling import step_rng
 
 _ORDER_SALT = 0x6A0B7E
 
 
-class PaddedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class PaddedStream(StepStream):
     """An endless, resumable stream of padded batches of whole documents for one rank."""
 
     def __init__(self, data: Any, batch_size: int, max_len: int, *, seed: int = 0, group_by_length: bool = True,
@@ -63,12 +62,7 @@ class PaddedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.step = 0
         self._order: tuple[int, np.ndarray] | None = None
 
-    @property
-    def global_batch_size(self) -> int:
-        return self.batch_size * self.world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+    kind = "padded"
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's documents as [steps_per_epoch, global batch] item ids."""
@@ -93,15 +87,6 @@ class PaddedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size}  # fmt: skip
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if not isinstance(state, Mapping):
-            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
-        for key, value in self.state_dict().items():
-            if key != "step" and state.get(key) != value:
-                raise ArgumentError(f"cannot resume: saved {key}={checks.show(state.get(key))}, this stream has "
-                                    f"{key}={value!r}; build the padded stream with the saved options")  # fmt: skip
-        self.step = checks.state_int(dict(state), "step", low=0)
-
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (lengths, options, seed, step, rank)."""
         epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
@@ -119,26 +104,5 @@ class PaddedStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         labels[np.arange(len(ids)), lengths - 1] = IGNORE
         out = PackedBatch({"input_ids": torch.from_numpy(x), "labels": torch.from_numpy(labels),
                            "attention_mask": torch.from_numpy(mask.astype(np.int64))})  # fmt: skip
-        for k, v in out.items():
-            out[k] = v.to(self.device)
         out["items"], out["lengths"] = ids, lengths
-        out.step = step
-        return out
-
-    def __iter__(self) -> Iterator[PackedBatch]:
-        """Itself; inside a DataLoader(stream, batch_size=None) worker w of W: steps w, w+W, ... from the current step
-        (the loader interleaves them back into step order, so any W gives the same sequence)."""
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return self
-        return self._worker_steps(info.id, info.num_workers)
-
-    def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
-        step = self.step + worker
-        while True:
-            yield self.batch(step)
-            step += workers
-
-    def __next__(self) -> PackedBatch:
-        self.step += 1
-        return self.batch(self.step - 1)
+        return self._finish(out, step)
