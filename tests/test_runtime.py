@@ -595,3 +595,17 @@ def test_batch_reads_as_a_pair_and_as_a_mapping():
     assert plain.keys() == ["input_ids", "labels"]
     with pytest.raises(KeyError):
         plain["cu_seqlens"]
+
+
+def test_window_items_read_as_pairs_and_mappings_and_collate_as_such():
+    data = TokenDataset.synthetic(5_000, vocab_size=100, doc_len=50)
+    ds = data.windows(16, stride=8)
+    item = ds[3]
+    x, y = item
+    assert torch.equal(item["input_ids"], x) and torch.equal(item["labels"], y) and item[0] is x
+    assert x.tolist() == data.tokens(24, 16).astype(np.int64).tolist() and y.tolist() == data.tokens(25, 16).tolist()
+    batch = torch.utils.data.default_collate([ds[i] for i in range(4)])
+    bx, by = batch
+    assert bx.shape == (4, 16) and torch.equal(batch["input_ids"], bx) and torch.equal(batch["labels"], by)
+    with pytest.raises(KeyError):
+        item["position_ids"]

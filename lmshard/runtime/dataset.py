@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -252,6 +252,28 @@ def _stride(stride: int | None, seq_len: int) -> int:
                            "overlap, or a stride of 1 or more")  # fmt: skip
 
 
+class _Pair(NamedTuple):
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+
+
+class WindowItem(_Pair):
+    """A window: `x, y = item`, `item[0]`, and `item["input_ids"]` / `item["labels"]`. A named
+    tuple, so torch's default_collate stacks a list of them into one of the same type."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            if key not in self._fields:
+                raise KeyError(key)
+            return getattr(self, key)
+        return super().__getitem__(key)
+
+    def keys(self) -> tuple[str, ...]:
+        return self._fields
+
+
 class WindowDataset(torch.utils.data.Dataset):
     """Window i = tokens [i·stride, i·stride + seq_len) of the split as x, and the same shifted by
     `shift` as y; int64 tensors (stride None: seq_len). Works with DataLoader and
@@ -272,12 +294,12 @@ class WindowDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> WindowItem:
         if not 0 <= i < self.n:
             raise IndexError(i)
         row = self.data.tokens(i * self.stride, self.seq_len + self.shift).view(np.int32)
         t = torch.from_numpy(row)
-        return t[: self.seq_len].long(), t[self.shift :].long()
+        return WindowItem(t[: self.seq_len].long(), t[self.shift :].long())
 
 
 def _ids(name: str, values: object, one: bool = False) -> np.ndarray:
