@@ -238,7 +238,7 @@ def inspect(
     seed: int = typer.Option(0, "--seed", help="Seed for --sample."),
     doc: str | None = typer.Option(None, "--doc", help="Decode one document: SHARD:I, e.g. train/shard_000000:5."),
     plot: Path | None = typer.Option(
-        None, "--plot", help="Write the document-length histogram as an image (needs lmshard[plot])."
+        None, "--plot", help="Write the document-length histogram as an image (needs the plot extra: lmshard\\[plot])."
     ),
     top: int = typer.Option(10, "--top", help="How many of the most frequent tokens to show."),
     packing: int | None = typer.Option(
@@ -249,7 +249,7 @@ def inspect(
         "fill per strategy (from the document index; no token is read).",
     ),
     strategy: list[str] = typer.Option(
-        [], "--strategy", help="With --packing: bfd, first_fit, window_N or greedy (repeatable) [all four]."
+        [], "--strategy", help="With --packing: bfd, first_fit, window_N or greedy (repeatable; default: all four)."
     ),
     split: str = typer.Option("train", "--split", help="With --packing: the split to plan."),
     world_size: int = typer.Option(1, "--world-size", help="With --packing: ranks, for steps per rank."),
