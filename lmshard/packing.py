@@ -249,23 +249,30 @@ def _greedy(length: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
 
 
 def _balance(length: np.ndarray, pack: np.ndarray, n_packs: int, multiple: int) -> tuple[np.ndarray, int]:
-    """Raise the pack count to a multiple of `multiple` by moving the smallest item of each of the
-    packs holding the most items into a pack of its own (donors keep at least one item)."""
+    """Raise the pack count to a multiple of `multiple` by moving small items into packs of their
+    own: the smallest item of each of the packs holding the most items, and, when fewer packs
+    hold two or more items than packs are needed, the next smallest ones too. Every donor keeps
+    at least one item; only when there are fewer items than packs needed is it an error."""
     extra = -n_packs % multiple
     if not extra:
         return pack, n_packs
-    counts = np.bincount(pack, minlength=n_packs)
-    # the `extra` packs holding the most items (ties: lower id) give up their smallest item
-    chosen = np.argsort(-counts, kind="stable")[:extra]
-    chosen = chosen[counts[chosen] >= 2]
-    if len(chosen) < extra:
+    if len(length) < n_packs + extra:
         raise ArgumentError(f"{len(length)} items fill {n_packs} packs, and {n_packs + extra} are needed to give every "
                             f"rank the same steps (a multiple of {multiple}); lower world_size × batch_size or "
                             "seq_len")  # fmt: skip
-    where = np.flatnonzero(np.isin(pack, chosen))
-    by = np.lexsort((where, length[where], pack[where]))  # per pack: smallest item, then input order
-    firsts = np.concatenate([[True], pack[where[by]][1:] != pack[where[by]][:-1]])
-    moved = where[by][firsts]
+    counts = np.bincount(pack, minlength=n_packs)
+    chosen = np.argsort(-counts, kind="stable")[:extra]  # the packs holding the most items (ties: lower id)
+    if len(chosen) == extra and (counts[chosen] >= 2).all():
+        where = np.flatnonzero(np.isin(pack, chosen))
+        by = where[np.lexsort((where, length[where], pack[where]))]  # per pack: smallest item, then input order
+        moved = by[np.concatenate([[True], pack[by][1:] != pack[by][:-1]])]
+    else:  # few packs to take from: rank every item inside its pack, smallest first
+        by = np.lexsort((np.arange(len(length)), length, pack))
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        rank = np.empty(len(length), dtype=np.int64)
+        rank[by] = np.arange(len(length)) - first
+        spare = np.flatnonzero(rank < counts[pack] - 1)  # a pack keeps its largest item
+        moved = spare[np.lexsort((spare, -counts[pack[spare]], rank[spare]))][:extra]
     pack = pack.copy()
     pack[moved] = n_packs + np.arange(extra, dtype=np.int64)
     return pack, n_packs + extra

@@ -92,6 +92,13 @@ def test_multiple_balances_without_losing_items() -> None:
         check_plan(p, lengths)
     with pytest.raises(ArgumentError, match="multiple of 50"):
         packing.plan(np.array([5, 5, 5]), 8, "bfd", multiple=50)
+    # one pack of six items and multiple=4: three packs must come out of that one pack
+    few = np.ones(6, dtype=np.int64)
+    p = packing.plan(few, 8, "bfd", multiple=4)
+    assert p.n_packs == 4 and sorted(np.diff(p.ptr).tolist()) == [1, 1, 1, 3]
+    check_plan(p, few)
+    with pytest.raises(ArgumentError, match="multiple of 8"):
+        packing.plan(few, 8, "bfd", multiple=8)  # 6 items cannot make 8 packs
 
 
 def docs_dataset(seed: int = 0, n_docs: int = 60, seq_len: int = 32) -> tuple[TokenDataset, list[np.ndarray]]:
