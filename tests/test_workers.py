@@ -236,12 +236,21 @@ def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, delay, sig, 
     assert wait_gone(workers, 10.0) == []
 
 
-def _spawned(pid: int) -> bool | None:
-    """Whether worker `pid` is a spawned interpreter (else forked); None if it is gone."""
-    try:
-        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
+def _spawned(pid: int, settle: float = 0.5) -> bool | None:
+    """Whether worker `pid` is a spawned interpreter (else forked); None if it was gone at once.
+    A spawned worker is forked first and only then execs `spawn_main`, so it may be caught in
+    between with its parent's command line: watch it for `settle` seconds before saying forked."""
+    seen: bool | None = None
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline:
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            break
+        seen = False
+        time.sleep(0.01)
+    return seen
 
 
 def test_forked_and_spawned_workers_write_the_same_bytes(tmp_path, corpus, monkeypatch):
