@@ -174,7 +174,9 @@ def loader_rows(one: Path, multi: Path, seconds: float) -> list[tuple[str, float
         base = 0.0
         best: dict[str, list[float]] = {label: [0.0, 0.0] for label in splits}  # lmshard, floor
         streams = {label: make((read if read_mode else mapped)[label]) for label in splits}
-        floors = {label: (read_floor if read_mode else memory_floor)(bins(root), B, T) for label, root in splits.items()}
+        floors = {
+            label: (read_floor if read_mode else memory_floor)(bins(root), B, T) for label, root in splits.items()
+        }
         for _ in range(2):
             base = max(base, rate(lambda: nanogpt_get_batch(baseline_file, B, T, rng), seconds))
             for label in splits:

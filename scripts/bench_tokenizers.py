@@ -217,6 +217,7 @@ def section_backends(tmp: Path, copies: int, repeats: int, cores: int) -> tuple[
     t, a = (statistics.median(r["tps"] for r in runs[b]) for b in ("tiktoken", "auto"))
     identical = digests["tiktoken"] == digests["auto"]
     tokens = runs["tiktoken"][0]["tokens"]
+
     def listed(values: list[float]) -> str:
         return " ".join(f"{v / 1e6:.2f}" for v in values)
 
@@ -249,7 +250,7 @@ def section_startup(tmp: Path, repeats: int, cores: int, sizes: list[float]) -> 
             ceil, runs = [], {"auto": [], "tiktoken": []}
             for i in range(repeats):
                 ceil.append(raw_rate("tiktoken", "gpt2", src, cores))
-                for backend in (["auto", "tiktoken"] if i % 2 == 0 else ["tiktoken", "auto"]):
+                for backend in ["auto", "tiktoken"] if i % 2 == 0 else ["tiktoken", "auto"]:
                     runs[backend].append(prepare(src, tmp / "small", "--tokenizer-backend", backend, *extra))
             c = statistics.median(ceil)
             a, t = (statistics.median(r["tps"] for r in runs[b]) for b in ("auto", "tiktoken"))

@@ -124,7 +124,11 @@ def update_performance_md(section: str, body: str) -> None:
     """Replace (or add) `## section` in docs/performance.md, keeping a hand-written `## notes…`
     section last."""
     path = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
-    text = path.read_text() if path.exists() else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
+    text = (
+        path.read_text()
+        if path.exists()
+        else "# Performance\n\nFigures written by `make bench` (scripts/bench_*.py).\n"
+    )
     head, *sections = text.split("\n## ")
     sections = [s.rstrip() + "\n" for s in sections if not s.startswith(section + "\n")]
     notes = [s for s in sections if s.startswith("notes")]

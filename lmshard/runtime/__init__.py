@@ -2,9 +2,10 @@
 node needs neither typer, rich, tiktoken nor datasets (a subprocess test checks it)."""
 
 from .batches import Batch, BatchStream
-from .dataset import TokenDataset, WindowDataset
+from .dataset import TokenDataset
 from .packed import PackedDataset, PackedStream, collate_packed
 from .padded import PaddedStream
+from .windows import WindowBatchSampler, WindowDataset, WindowItem
 
 __all__ = [
     "Batch",
@@ -13,6 +14,8 @@ __all__ = [
     "PackedStream",
     "PaddedStream",
     "TokenDataset",
+    "WindowBatchSampler",
     "WindowDataset",
+    "WindowItem",
     "collate_packed",
 ]

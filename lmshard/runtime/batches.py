@@ -179,12 +179,9 @@ class BatchStream(torch.utils.data.IterableDataset):
         self.seed, self.kind = checks.seed(seed), str(kind)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.device = checks.device(device)
-        self.cu_seqlens, self.grouped = checks.flag("cu_seqlens", cu_seqlens), checks.flag("grouped", grouped)
+        self.cu_seqlens = checks.flag("cu_seqlens", cu_seqlens)
+        self.grouped = offsets.shift.check_grouped(grouped, self.seq_len)
         self.prefetch = checks.flag("prefetch", prefetch)
-        if self.grouped and any(self.seq_len % s for s in offsets.shift.choices):
-            raise ArgumentError(f"grouped=True reshapes rows to [seq_len // shift, shift], and shift="
-                                f"{offsets.shift.describe()!r} does not divide seq_len={self.seq_len}; pass a shift "
-                                "that divides seq_len, shift='random', or grouped=False")  # fmt: skip
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
         self._ring: _Ring | None = None

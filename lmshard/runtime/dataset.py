@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from . import checks
 from .batches import BatchStream, resolve_rank
 from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
+from .windows import WindowDataset, stride_or_default
 
 _RSS_FIX = "pass rss_limit=None to map a split of any size, or a size in bytes (0: always read)"
 
@@ -208,7 +209,7 @@ class TokenDataset:
         divisor of seq_len, and windows are counted with the largest one."""
         batch_size = checks.positive("batch_size", batch_size)
         spec = ShiftSpec.parse(shift, seq_len)
-        stride = _stride(stride, seq_len)
+        stride = stride_or_default(stride, seq_len)
         rank_, world = resolve_rank(rank, world_size)
         n = self._check_windows(seq_len, stride, spec)
         if n < batch_size * world:
@@ -220,9 +221,11 @@ class TokenDataset:
                            world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
                            cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch)  # fmt: skip
 
-    def windows(self, seq_len: int, stride: int | None = None, shift: int = 1) -> WindowDataset:
-        """Map-style dataset of sliding windows: item i starts at i·stride of the split."""
-        return WindowDataset(self, seq_len, stride, shift)
+    def windows(self, seq_len: int, stride: int | None = None, shift: int | str = 1,
+                grouped: bool = False) -> WindowDataset:  # fmt: skip
+        """Map-style dataset of sliding windows: item i starts at i·stride of the split. With
+        shift="random", batch it with `ds.batch_sampler(batch_size, ...)` (see windows.py)."""
+        return WindowDataset(self, seq_len, stride, shift, grouped)
 
     def packed(self, seq_len: int, **options: Any) -> Any:
         """Whole documents packed into rows of `seq_len` tokens, planned from the document index
@@ -242,64 +245,6 @@ class TokenDataset:
         """How many windows the split holds: at least one, or an error naming the sizes."""
         checks.fits(self._where, self.n_tokens, seq_len, spec.max)
         return count_windows(self.n_tokens, seq_len, stride, spec.max)
-
-
-def _stride(stride: int | None, seq_len: int) -> int:
-    """None means seq_len (windows that neither overlap nor skip); 0 is refused, not defaulted."""
-    if stride is None:
-        return seq_len
-    return checks.positive("stride", stride, fix="pass stride=None for windows of seq_len tokens that do not "
-                           "overlap, or a stride of 1 or more")  # fmt: skip
-
-
-class _Pair(NamedTuple):
-    input_ids: torch.Tensor
-    labels: torch.Tensor
-
-
-class WindowItem(_Pair):
-    """A window: `x, y = item`, `item[0]`, and `item["input_ids"]` / `item["labels"]`. A named
-    tuple, so torch's default_collate stacks a list of them into one of the same type."""
-
-    __slots__ = ()
-
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
-        if isinstance(key, str):
-            if key not in self._fields:
-                raise KeyError(key)
-            return getattr(self, key)
-        return super().__getitem__(key)
-
-    def keys(self) -> tuple[str, ...]:
-        return self._fields
-
-
-class WindowDataset(torch.utils.data.Dataset):
-    """Window i = tokens [i·stride, i·stride + seq_len) of the split as x, and the same shifted by
-    `shift` as y; int64 tensors (stride None: seq_len). Works with DataLoader and
-    DistributedSampler. At least one window must fit, or building it is an error."""
-
-    def __init__(self, data: TokenDataset, seq_len: int, stride: int | None = None, shift: int = 1) -> None:
-        if not isinstance(data, TokenDataset):
-            raise ArgumentError(f"data={checks.show(data)} is not a TokenDataset; pass one, or call "
-                                "TokenDataset(...).windows(seq_len)")  # fmt: skip
-        spec = ShiftSpec.parse(shift, seq_len)
-        if spec.fixed is None:  # a per-item shift would give rows of one batch different label spans
-            raise ArgumentError("shift='random' draws one shift per batch, and a map-style dataset has no batches; "
-                                "pass an int shift, or use window_batches(..., shift='random')")  # fmt: skip
-        self.data, self.seq_len, self.stride = data, int(seq_len), _stride(stride, seq_len)
-        self.shift = spec.max
-        self.n = data._check_windows(self.seq_len, self.stride, spec)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> WindowItem:
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        row = self.data.tokens(i * self.stride, self.seq_len + self.shift).view(np.int32)
-        t = torch.from_numpy(row)
-        return WindowItem(t[: self.seq_len].long(), t[self.shift :].long())
 
 
 def _ids(name: str, values: object, one: bool = False) -> np.ndarray:

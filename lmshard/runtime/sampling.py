@@ -110,6 +110,15 @@ class ShiftSpec:
         """As a resume state records it: the fixed shift, or "random"."""
         return self.fixed if self.fixed is not None else "random"
 
+    def check_grouped(self, grouped: object, seq_len: int) -> bool:
+        """grouped=True reshapes rows to [seq_len // shift, shift]: every shift must divide seq_len."""
+        grouped = checks.flag("grouped", grouped)
+        if grouped and any(seq_len % s for s in self.choices):
+            raise ArgumentError(f"grouped=True reshapes rows to [seq_len // shift, shift], and shift="
+                                f"{self.describe()!r} does not divide seq_len={seq_len}; pass a shift that divides "
+                                "seq_len, shift='random', or grouped=False")  # fmt: skip
+        return grouped
+
 
 class DocStarts:
     """Document starts drawn uniformly over the documents of a split (every document equally
