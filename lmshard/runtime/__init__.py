@@ -3,6 +3,7 @@ node needs neither typer, rich, tiktoken nor datasets (a subprocess test checks 
 
 from .batches import Batch, BatchStream
 from .dataset import TokenDataset
+from .mixture import Mixture
 from .packed import PackedDataset, PackedStream, collate_packed
 from .padded import PaddedStream
 from .windows import WindowBatchSampler, WindowDataset, WindowItem
@@ -10,6 +11,7 @@ from .windows import WindowBatchSampler, WindowDataset, WindowItem
 __all__ = [
     "Batch",
     "BatchStream",
+    "Mixture",
     "PackedDataset",
     "PackedStream",
     "PaddedStream",

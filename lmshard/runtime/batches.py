@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,7 +28,18 @@ import torch
 from ..errors import ArgumentError, ConfigError
 from . import checks
 from .sampling import Offsets
-from .store import TokenStore
+
+
+class RowStore(Protocol):
+    """What a batch stream reads rows through: a `TokenStore`, or a mixture's `MixedStore`."""
+
+    n_tokens: int
+
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray: ...
+
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None: ...
+
+    def doc_starts_in(self, lo: int, hi: int) -> np.ndarray: ...
 
 
 @dataclass
@@ -155,7 +166,7 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        store: TokenStore,
+        store: RowStore,
         offsets: Offsets,
         *,
         batch_size: int,
@@ -170,7 +181,8 @@ class BatchStream(torch.utils.data.IterableDataset):
         prefetch: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(store, TokenStore) or not isinstance(offsets, Offsets):
+        # a TokenStore, or a mixture's MixedStore: anything that gathers rows by offset
+        if not callable(getattr(store, "gather", None)) or not isinstance(offsets, Offsets):
             got = f"store={checks.show(store)}, offsets={checks.show(offsets)}"
             raise ArgumentError(f"{got}: not a TokenStore and Offsets; build streams with TokenDataset.random_batches "
                                 "or window_batches")  # fmt: skip
@@ -196,7 +208,7 @@ class BatchStream(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
         if self.steps_per_epoch is None:
-            raise ConfigError("random batches have no epochs; resume them with load_state_dict")
+            raise ConfigError(f"{self.kind} batches have no epochs; resume them with load_state_dict")
         self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
         self._pending = None
 

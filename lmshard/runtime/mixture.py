@@ -1,0 +1,331 @@
+"""Weighted mixtures of datasets: the same batch streams as one `TokenDataset`, drawn from
+several at token proportions.
+
+    mix = Mixture({"data/web": 0.7, "data/code": 0.3}, split="train")
+    batches = mix.random_batches(batch_size=16, seq_len=1024, seed=1337)
+
+**Which source a row comes from.** Every row carries seq_len tokens, so token shares are row
+shares. Global row g (= step × global batch + row) is assigned by a binary tree over the
+sources: a node with weight b splits its rows between its halves, the left half (weight a)
+taking row n when floor((a·n + p) / b) steps up, p a phase drawn from the seed. Any k
+consecutive rows of a node then give its left half floor or ceil of a·k/b rows, so with two
+sources every window of k rows is within one row of its target, and with more within one row
+per tree level (two for up to four sources). The assignment is a closed form of (weights, seed,
+g): nothing is carried between steps, and a stream resumes from its step alone.
+
+**Where in the source.** Row g is also the m-th row of its source (m = its count of earlier
+rows, the same closed form). Random batches draw row m's offset from (seed, source, m); windows
+take window m mod n of a per-source permutation reshuffled each time the source's n windows are
+used up, so every source has its own epochs, reported by `report()`.
+
+Memory model: the sources' stores (see store.py) and one global batch of offsets; no state
+grows with the step.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tomllib
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError, ConfigError, InputError
+from . import checks
+from .batches import BatchStream
+from .dataset import TokenDataset
+from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, step_rng
+from .windows import stride_or_default
+
+_SCALE = 1 << 20  # weights are held as integers out of this (a weight's rounding is below 1e-6)
+_SHIFT_SALT = 0x5EED5EED5EED
+_IDENTITY = ("name", "backend", "n_vocab", "eot_id", "bos_id", "ranks_sha256")
+
+
+class _Tree:
+    """The binary split of rows between sources: `assign` maps global rows to (source, the
+    row's index within the source), `counts` gives each source's rows among the first n."""
+
+    def __init__(self, weights: list[int], seed: int) -> None:
+        self.weights, self.seed = weights, seed
+
+    @functools.cache  # noqa: B019 - a handful of nodes per tree, and trees live as long as their streams
+    def _node(self, lo: int, hi: int) -> tuple[int, int, int, int]:
+        """(mid, a, b, phase) of the node over sources [lo, hi)."""
+        mid = (lo + hi) // 2
+        a, b = sum(self.weights[lo:mid]), sum(self.weights[lo:hi])
+        phase = int(keyed_ints(self.seed, np.array([lo * 4096 + hi]), b)[0])
+        return mid, a, b, phase
+
+    @staticmethod
+    def _left(n: np.ndarray, a: int, b: int, p: int) -> np.ndarray:
+        """floor((a·n + p) / b), exact in int64 for n below 2**42 (n = q·b + r)."""
+        q, r = np.divmod(n, b)
+        return a * q + (a * r + p) // b
+
+    def assign(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        source = np.zeros(len(rows), dtype=np.int64)
+        local = np.asarray(rows, dtype=np.int64).copy()
+        self._walk(0, len(self.weights), np.arange(len(rows)), source, local)
+        return source, local
+
+    def _walk(self, lo: int, hi: int, at: np.ndarray, source: np.ndarray, local: np.ndarray) -> None:
+        if hi - lo == 1:
+            source[at] = lo
+            return
+        mid, a, b, p = self._node(lo, hi)
+        n = local[at]
+        before = self._left(n, a, b, p)
+        left = self._left(n + 1, a, b, p) > before
+        local[at] = np.where(left, before, n - before)
+        self._walk(lo, mid, at[left], source, local)
+        self._walk(mid, hi, at[~left], source, local)
+
+    def counts(self, n: int, lo: int = 0, hi: int | None = None) -> list[int]:
+        hi = len(self.weights) if hi is None else hi
+        if hi - lo == 1:
+            return [n]
+        mid, a, b, p = self._node(lo, hi)
+        left = int(self._left(np.array([n]), a, b, p)[0])  # _left(0) = p // b = 0: p < b
+        return self.counts(left, lo, mid) + self.counts(n - left, mid, hi)
+
+
+class MixedStore:
+    """The sources' token streams laid end to end in one address space (source i at base[i]),
+    so a `BatchStream` reads a mixture as it reads one split. A row never crosses a source."""
+
+    def __init__(self, datasets: list[TokenDataset]) -> None:
+        self.stores = [d.store for d in datasets]
+        sizes = [s.n_tokens for s in self.stores]
+        self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_tokens = int(self.bases[-1])
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, offset within the source) of each address."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        source = np.searchsorted(self.bases, offsets, side="right") - 1
+        return source, offsets - self.bases[source]
+
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        n = len(offsets) * length
+        out = scratch[:n].reshape(len(offsets), length) if scratch is not None and len(scratch) >= n else None
+        if out is None:
+            out = np.empty((len(offsets), length), dtype=np.uint32)
+        self.read_rows(offsets, out)
+        return out
+
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+        source, local = self.locate(offsets)
+        for s in np.unique(source).tolist():
+            mine = source == s
+            out[mine] = self.stores[s].gather(local[mine], out.shape[1])
+
+    def doc_starts_in(self, lo: int, hi: int) -> np.ndarray:
+        s = int(self.locate(np.array([lo]))[0][0])
+        base = int(self.bases[s])
+        return self.stores[s].doc_starts_in(lo - base, hi - base) + base
+
+
+class MixtureOffsets(Offsets):
+    """Rows of a step: sources from the tree, offsets from each source's own sampler (random
+    offsets, or windows with per-source epochs). The shift is drawn per step, shared by all."""
+
+    steps_per_epoch = None
+
+    def __init__(self, mix: Mixture, seq_len: int, shift: ShiftSpec, seed: int, stride: int | None) -> None:
+        self.mix, self.seq_len, self.shift, self.seed, self.stride = mix, seq_len, shift, seed, stride
+        self.tree = _Tree(mix.int_weights, seed)
+        self.store = mix.store
+        sizes = [d.n_tokens for d in mix.datasets]
+        self.windows = [count_windows(n, seq_len, stride, shift.max) for n in sizes] if stride is not None else None
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"shift": self.shift.describe(), "stride": self.stride,
+                "mixture": [[name, w] for name, w in zip(self.mix.names, self.mix.weights, strict=True)]}  # fmt: skip
+
+    def _shift(self, step: int) -> int:
+        if self.shift.fixed is not None:
+            return self.shift.fixed
+        return int(step_rng(self.seed ^ _SHIFT_SALT, step).choice(self.shift.choices))
+
+    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        shift = self._shift(step)
+        source, local = self.tree.assign(np.arange(step * count, (step + 1) * count, dtype=np.int64))
+        out = np.empty(count, dtype=np.int64)
+        for s in np.unique(source).tolist():
+            mine = source == s
+            out[mine] = self._source_offsets(s, local[mine], shift) + self.store.bases[s]
+        return out, shift
+
+    def _source_offsets(self, s: int, m: np.ndarray, shift: int) -> np.ndarray:
+        key = self.seed * 1_000_003 + s
+        if self.windows is None:
+            high = self.mix.datasets[s].n_tokens - (self.seq_len + shift) + 1
+            return keyed_ints(key, m, high)
+        assert self.stride is not None
+        n = self.windows[s]
+        epoch, within = np.divmod(m, n)
+        out = np.empty(len(m), dtype=np.int64)
+        for e in np.unique(epoch).tolist():  # a step's rows of one source span one or two epochs
+            mine = epoch == e
+            perm_key = int(step_rng(key, e, 2).integers(2**32))
+            out[mine] = feistel_permute(within[mine], n, key=perm_key)
+        return out * self.stride
+
+
+class Mixture:
+    """Several datasets drawn at token weights (normalised to sum to 1). `sources` maps a
+    dataset path (or an open `TokenDataset`) to its weight; every source must share one
+    tokenizer identity. `max_epochs`: `plan()` warns when a run would repeat a source more."""
+
+    def __init__(self, sources: Mapping[Any, float] | Iterable[tuple[Any, float]], split: str = "train",
+                 max_epochs: float = 4.0) -> None:  # fmt: skip
+        pairs = list(sources.items() if isinstance(sources, Mapping) else sources)
+        if not pairs:
+            raise ArgumentError("a mixture needs at least one source; pass {path: weight, ...}")
+        self.datasets = [s if isinstance(s, TokenDataset) else TokenDataset(s, split) for s, _ in pairs]
+        names = [_name(s) for s, _ in pairs]
+        self.names = [f"{n}#{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]  # for reports
+        raw = [_weight(name, w) for name, (_, w) in zip(self.names, pairs, strict=True)]
+        total = sum(raw)
+        self.weights = [w / total for w in raw]
+        self.int_weights = _integer_weights(self.weights)
+        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int | float) or max_epochs <= 0:
+            raise ArgumentError(f"max_epochs={checks.show(max_epochs)} must be a positive number; pass e.g. 4")
+        self.max_epochs = float(max_epochs)
+        _check_identity(self.names, self.datasets)
+        self.store = MixedStore(self.datasets)
+        first = self.datasets[0]
+        self.eot_id, self.bos_id, self.vocab_size = first.eot_id, first.bos_id, first.vocab_size
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Mixture:
+        """A mixture from a TOML file: optional `split` and `max_epochs`, and one `[[source]]`
+        table per source with `path` (relative to the file) and `weight`."""
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise InputError(
+                f"{path}: cannot read the mixture ({e}); write TOML with [[source]] path/weight tables"
+            ) from None
+        entries = raw.get("source")
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+            raise InputError(f'{path}: no [[source]] tables; add one per dataset: path = "data/web", weight = 0.7')
+        pairs = []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry.get("path"), str) or "weight" not in entry:
+                raise InputError(f"{path}: source {i + 1} needs a path (a string) and a weight")
+            pairs.append((path.parent / entry["path"], entry["weight"]))
+        return cls(pairs, split=raw.get("split", "train"), max_epochs=raw.get("max_epochs", 4.0))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}: {w:.4g}" for n, w in zip(self.names, self.weights, strict=True))
+        return f"Mixture({{{shown}}})"
+
+    def random_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, shift: int | str = 1,
+                       **options: Any) -> BatchStream:  # fmt: skip
+        """As `TokenDataset.random_batches` (rank, world_size, device, cu_seqlens, grouped,
+        prefetch), each row from the source the mixture assigns it to."""
+        return self._stream(batch_size, seq_len, seed, shift, None, options)
+
+    def window_batches(self, batch_size: int, seq_len: int, *, stride: int | None = None, seed: int = 0,
+                       shift: int | str = 1, **options: Any) -> BatchStream:  # fmt: skip
+        """Sliding windows of each source, each visited once per epoch of that source, in an
+        order reshuffled per source epoch; options as `random_batches`."""
+        return self._stream(batch_size, seq_len, seed, shift, stride_or_default(stride, seq_len), options)
+
+    def _stream(self, batch_size: int, seq_len: int, seed: int, shift: int | str, stride: int | None,
+                options: dict[str, Any]) -> BatchStream:  # fmt: skip
+        spec = ShiftSpec.parse(shift, seq_len)
+        seed = checks.seed(seed)
+        for name, data in zip(self.names, self.datasets, strict=True):
+            checks.fits(f"source {name}", data.n_tokens, seq_len, spec.max)
+        offsets = MixtureOffsets(self, seq_len, spec, seed, stride)
+        kind = "mixture/random" if stride is None else f"mixture/windows/{stride}"
+        return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, seed=seed, kind=kind,
+                           **options)  # fmt: skip
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, offset in that source's split) of each of a batch's `offsets`."""
+        return self.store.locate(offsets)
+
+    def report(self, steps: int, global_batch_size: int, seq_len: int, stride: int | None = None,
+               seed: int = 0, shift: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+        """Per source, after `steps` steps of `global_batch_size` rows: target and planned token
+        share, rows, tokens, and epochs consumed (tokens / split tokens for random batches,
+        windows / windows per epoch with a stride, windows counted with the largest `shift`). Warns
+        for each source the run would repeat more than `max_epochs` times."""
+        steps, gbs = checks.nonnegative("steps", steps), checks.positive("global_batch_size", global_batch_size)
+        seq_len = checks.positive("seq_len", seq_len)
+        rows = _Tree(self.int_weights, checks.seed(seed)).counts(steps * gbs)
+        out = []
+        for name, w, data, r in zip(self.names, self.weights, self.datasets, rows, strict=True):
+            per_epoch = (
+                data.n_tokens / seq_len if stride is None else count_windows(data.n_tokens, seq_len, stride, shift)
+            )
+            epochs = r / max(per_epoch, 1e-9)
+            out.append({"source": name, "target": w, "share": r / max(steps * gbs, 1), "rows": r,
+                        "tokens": r * seq_len, "epochs": epochs})  # fmt: skip
+            if epochs > self.max_epochs:
+                warnings.warn(f"mixture source {name}: {steps:,} steps use it {epochs:.2f} times (max_epochs="
+                              f"{self.max_epochs:g}); lower its weight or add data", stacklevel=2)  # fmt: skip
+        return out
+
+    def stream_report(self, stream: BatchStream) -> list[dict[str, Any]]:
+        """`report` for the steps `stream` has handed out, with its batch size, seq_len and stride."""
+        offsets = stream.offsets
+        if not isinstance(offsets, MixtureOffsets) or offsets.mix is not self:
+            raise ArgumentError(f"stream={checks.show(stream)} is not a stream of this mixture")
+        return self.report(stream.step, stream.global_batch_size, stream.seq_len, offsets.stride, offsets.seed,
+                           offsets.shift.max)  # fmt: skip
+
+
+def _name(source: Any) -> str:
+    if isinstance(source, TokenDataset):
+        return str(source.path)
+    if not isinstance(source, str | os.PathLike):
+        raise ArgumentError(f"source {checks.show(source)} is neither a dataset path nor a TokenDataset")
+    return str(source)
+
+
+def _weight(name: str, weight: object) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not np.isfinite(weight) or weight <= 0:
+        raise ArgumentError(f"source {name}: weight={checks.show(weight)} must be a positive number; drop the "
+                            "source instead of giving it weight 0")  # fmt: skip
+    return float(weight)
+
+
+def _integer_weights(weights: list[float]) -> list[int]:
+    """Weights as integers summing to _SCALE (largest remainder), each at least 1."""
+    exact = [w * _SCALE for w in weights]
+    out = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(out)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    for i in order[: max(0, _SCALE - sum(out))]:
+        out[i] += 1
+    while sum(out) > _SCALE:  # tiny weights raised to 1 take it from the largest
+        out[out.index(max(out))] -= 1
+    return out
+
+
+def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
+    """Every source must be tokenized the same way: the first is the reference."""
+
+    def identity(d: TokenDataset) -> dict[str, Any]:
+        if d.meta is None:
+            return {"n_vocab": d.vocab_size, "eot_id": d.eot_id, "bos_id": d.bos_id}
+        info = d.meta.tokenizer.to_json()
+        return {k: info.get(k) for k in _IDENTITY} | {"eot_position": d.meta.eot_position}
+
+    ref = identity(datasets[0])
+    for name, data in zip(names[1:], datasets[1:], strict=True):
+        mine = identity(data)
+        for key in sorted(ref.keys() | mine.keys()):
+            if ref.get(key) != mine.get(key):
+                raise ConfigError(f"mixture sources {names[0]} and {name} differ in tokenizer {key} "
+                                  f"({ref.get(key)!r} vs {mine.get(key)!r}); prepare every source with one "
+                                  "tokenizer")  # fmt: skip

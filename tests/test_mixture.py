@@ -1,0 +1,181 @@
+"""Weighted mixtures, checked against the sources' own tokens: source A's tokens lie in
+[0, 500) and source B's in [500, 998), so each row's source is read off its tokens."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from test_prepare import jsonl, make_texts
+
+from lmshard.errors import ArgumentError, ConfigError, InputError
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.runtime import Mixture, TokenDataset
+
+VOCAB, EOT, T = 1000, 999, 16
+
+
+def _tokens(lo: int, hi: int, n: int, seed: int) -> np.ndarray:
+    tokens = np.random.default_rng(seed).integers(lo, hi, size=n).astype(np.uint32)
+    tokens[49::50] = EOT  # documents of 50 tokens
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def sources():
+    a, b = _tokens(0, 500, 40_000, 1), _tokens(500, 998, 9_000, 2)
+    lengths = [np.full(len(t) // 50, 50) for t in (a, b)]
+    return (
+        a,
+        b,
+        [TokenDataset.from_tokens(t, n, eot_id=EOT, vocab_size=VOCAB) for t, n in zip((a, b), lengths, strict=False)],
+    )
+
+
+def _source_of(row: np.ndarray) -> int:
+    text = row[row != EOT]
+    assert (text < 500).all() or (text >= 500).all(), "a row mixes two sources"
+    return int(text[0] >= 500)
+
+
+def test_token_shares_hold_in_every_window_of_1000_rows(sources):
+    """0.7 / 0.3 over 20,000 rows: every run of 1,000 consecutive rows has 700 ± 1 from A; each
+    row is the source's own tokens at the offset `locate` gives."""
+    a, b, data = sources
+    mix = Mixture([(data[0], 0.7), (data[1], 0.3)], max_epochs=100)
+    assert mix.names == ["<memory>#1", "<memory>#2"]
+    stream = mix.random_batches(50, T, seed=4)
+    rows, raw = [], (a, b)
+    for _ in range(400):
+        batch = next(stream)
+        src, local = mix.locate(batch.offsets)
+        for r in range(50):
+            x = batch.x[r].numpy()
+            rows.append(_source_of(x))
+            assert rows[-1] == src[r]
+            o = int(local[r])
+            assert x.tolist() == raw[src[r]][o : o + T].tolist()
+            assert batch.y[r].tolist() == raw[src[r]][o + 1 : o + T + 1].tolist()
+    from_a = np.concatenate([[0], np.cumsum(np.array(rows) == 0)])
+    window = from_a[1000:] - from_a[:-1000]
+    assert window.min() >= 699 and window.max() <= 701
+    report = mix.stream_report(stream)
+    assert [r["rows"] for r in report] == [int(from_a[-1]), len(rows) - int(from_a[-1])]
+    assert report[1]["epochs"] == pytest.approx(report[1]["rows"] * T / len(b))
+
+
+def test_three_sources_stay_within_two_rows_of_target(sources):
+    _, _, data = sources
+    third = TokenDataset.synthetic(20_000, vocab_size=VOCAB, doc_len=50, seed=3)
+    mix = Mixture([(data[0], 5), (data[1], 3), (third, 2)])  # weights are normalised
+    assert mix.weights == pytest.approx([0.5, 0.3, 0.2])
+    stream = mix.window_batches(64, T, stride=T, seed=1)
+    src = np.concatenate([mix.locate(next(stream).offsets)[0] for _ in range(200)])
+    for s, w in enumerate(mix.weights):
+        c = np.concatenate([[0], np.cumsum(src == s)])
+        window = c[1000:] - c[:-1000]
+        assert abs(window - w * 1000).max() <= 2, s
+
+
+def test_same_seed_same_stream_and_exact_resume(sources):
+    _, _, data = sources
+    mix = Mixture([(data[0], 0.7), (data[1], 0.3)])
+    one = mix.random_batches(8, T, seed=9, shift="random")
+    two = Mixture([(data[0], 0.7), (data[1], 0.3)]).random_batches(8, T, seed=9, shift="random")
+    for _ in range(5):
+        p, q = next(one), next(two)
+        assert torch.equal(p.x, q.x) and p.shift == q.shift
+    state = one.state_dict()
+    expected = [next(one) for _ in range(3)]
+    resumed = Mixture([(data[0], 0.7), (data[1], 0.3)]).random_batches(8, T, seed=9, shift="random")
+    resumed.load_state_dict(state)
+    assert all(torch.equal(next(resumed).y, e.y) for e in expected)
+    other = Mixture([(data[0], 0.6), (data[1], 0.4)]).random_batches(8, T, seed=9, shift="random")
+    with pytest.raises(ArgumentError, match="mixture"):
+        other.load_state_dict(state)
+    assert not torch.equal(next(mix.random_batches(8, T, seed=10)).x, next(mix.random_batches(8, T, seed=9)).x)
+
+
+def test_ranks_split_the_global_batch_and_workers_change_nothing(sources):
+    _, _, data = sources
+    mix = Mixture([(data[0], 0.7), (data[1], 0.3)])
+    whole = mix.random_batches(8, T, seed=2, world_size=1, rank=0)
+    ranks = [mix.random_batches(4, T, seed=2, world_size=2, rank=r) for r in range(2)]
+    for _ in range(4):
+        full = next(whole).x
+        assert torch.equal(torch.cat([next(ranks[0]).x, next(ranks[1]).x]), full)
+    plain = mix.random_batches(4, T, seed=6)
+    loader = torch.utils.data.DataLoader(mix.random_batches(4, T, seed=6), batch_size=None, num_workers=2)
+    for batch, _ in zip(loader, range(6), strict=False):
+        assert torch.equal(batch.x, next(plain).x)
+
+
+def test_windows_visit_every_window_of_a_source_once_per_source_epoch(sources):
+    a, b, data = sources
+    mix = Mixture([(data[0], 0.5), (data[1], 0.5)])
+    stream = mix.window_batches(10, T, stride=20, seed=3)
+    n_b = (len(b) - (T + 1)) // 20 + 1
+    seen = []
+    while len(seen) < 2 * n_b:
+        src, local = mix.locate(next(stream).offsets)
+        seen.extend(local[src == 1].tolist())
+    first, second = seen[:n_b], seen[n_b : 2 * n_b]
+    assert sorted(first) == sorted(second) == list(range(0, 20 * n_b, 20))
+    assert first != second  # reshuffled for the source's second epoch
+    report = mix.stream_report(stream)
+    assert report[1]["epochs"] == pytest.approx(report[1]["rows"] / n_b) and report[1]["epochs"] >= 2
+
+
+def test_report_warns_past_max_epochs(sources):
+    _, _, data = sources
+    mix = Mixture([(data[0], 0.5), (data[1], 0.5)], max_epochs=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small = mix.report(steps=10, global_batch_size=8, seq_len=T)
+    assert [r["rows"] for r in small] == [40, 40] and small[0]["tokens"] == 40 * T
+    with pytest.warns(UserWarning, match="max_epochs=1"):
+        big = mix.report(steps=2_000, global_batch_size=8, seq_len=T)
+    assert big[1]["epochs"] == pytest.approx(8_000 * T / 9_000)
+
+
+def test_sources_must_share_the_tokenizer(sources):
+    _, _, data = sources
+    other = TokenDataset.synthetic(5_000, vocab_size=VOCAB + 1, doc_len=50)
+    with pytest.raises(
+        ConfigError, match=r"sources <memory> and <synthetic> differ in tokenizer eot_id \(999 vs 1000\)"
+    ):
+        Mixture([(data[0], 1), (other, 1)])
+    for bad in (0, -1, float("nan"), "0.5", True):
+        with pytest.raises(ArgumentError, match="weight"):
+            Mixture([(data[0], 1), (data[1], bad)])
+    with pytest.raises(ArgumentError, match="at least one source"):
+        Mixture({})
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mix")
+    for name, seed in (("web", 1), ("code", 2)):
+        prepare(PrepareConfig(inputs=[str(jsonl(tmp / f"{name}.jsonl", make_texts(300, seed=seed)))],
+                              out=str(tmp / name), workers=1, val_fraction=0.0))  # fmt: skip
+    return tmp
+
+
+def test_a_toml_file_names_prepared_datasets(prepared):
+    (prepared / "mix.toml").write_text('max_epochs = 100\n[[source]]\npath = "web"\nweight = 0.75\n'
+                                       '[[source]]\npath = "code"\nweight = 0.25\n')  # fmt: skip
+    mix = Mixture.from_file(prepared / "mix.toml")
+    assert mix.weights == [0.75, 0.25] and mix.max_epochs == 100
+    web = np.fromfile(sorted((prepared / "web" / "train").glob("*.bin"))[0], dtype="<u4")
+    batch = next(mix.random_batches(8, 32, seed=1))
+    src, local = mix.locate(batch.offsets)
+    for r in np.flatnonzero(src == 0).tolist():
+        assert batch.x[r].tolist() == web[local[r] : local[r] + 32].tolist()
+    (prepared / "bad.toml").write_text("[[source]]\nweight = 1\n")
+    with pytest.raises(InputError, match="bad.toml: source 1 needs a path"):
+        Mixture.from_file(prepared / "bad.toml")
+    (prepared / "broken.toml").write_text("[[source\n")
+    with pytest.raises(InputError, match="broken.toml: cannot read"):
+        Mixture.from_file(prepared / "broken.toml")
