@@ -179,3 +179,46 @@ def test_a_toml_file_names_prepared_datasets(prepared):
     (prepared / "broken.toml").write_text("[[source\n")
     with pytest.raises(InputError, match="broken.toml: cannot read"):
         Mixture.from_file(prepared / "broken.toml")
+
+
+def test_packed_mixture_rows_are_the_sources_packs(sources):
+    """Each row is its source's pack (input_ids, labels, position_ids as the source's own
+    PackedDataset gives them), each source's packs are all used once per source epoch, the
+    shares hold per 1,000 rows, and a resumed stream continues exactly."""
+    _, _, data = sources
+    mix = Mixture([(data[0], 0.7), (data[1], 0.3)], max_epochs=100)
+    stream = mix.packed_batches(10, 120, seed=3)
+    own = [d.packed(120, seed=3) for d in data]
+    seen: list[list[int]] = [[], []]
+    src_rows = []
+    for _ in range(150):
+        batch = next(stream)
+        src_rows.extend(batch["sources"].tolist())
+        assert batch["cu_seqlens"][-1] == 10 * 120
+        for r, (s, p) in enumerate(zip(batch["sources"].tolist(), batch["packs"].tolist(), strict=True)):
+            seen[s].append(p)
+            ref = own[s].pack(p)
+            for key in ("input_ids", "labels", "position_ids"):
+                assert torch.equal(batch[key][r], ref[key]), key
+    n_b = len(own[1])
+    assert sorted(seen[1][:n_b]) == list(range(n_b)) and sorted(seen[1][n_b : 2 * n_b]) == list(range(n_b))
+    c = np.concatenate([[0], np.cumsum(np.array(src_rows) == 0)])
+    assert abs((c[1000:] - c[:-1000]) - 700).max() <= 1
+    report = mix.stream_report(stream)
+    assert report[1]["rows"] == len(seen[1]) and report[1]["epochs"] == pytest.approx(len(seen[1]) / n_b)
+    state = stream.state_dict()
+    expected = next(stream)
+    again = mix.packed_batches(10, 120, seed=3)
+    again.load_state_dict(state)
+    assert torch.equal(next(again)["labels"], expected["labels"])
+    with pytest.raises(ArgumentError, match="mixture"):
+        Mixture([(data[0], 0.5), (data[1], 0.5)]).packed_batches(10, 120, seed=3).load_state_dict(state)
+    free = next(mix.packed_batches(10, 120, seed=3, padding_free=True))
+    assert free["input_ids"].shape == (1, int(expected_lengths(mix, 3).sum()))
+
+
+def expected_lengths(mix, seed):
+    """Real tokens of the first batch's rows, from each source's own plan."""
+    batch = next(mix.packed_batches(10, 120, seed=seed))
+    own = [d.packed(120, seed=seed) for d in mix.datasets]
+    return np.array([own[s].pack(p)["length"] for s, p in zip(batch["sources"], batch["packs"], strict=True)])

@@ -5,13 +5,9 @@ several at token proportions.
     batches = mix.random_batches(batch_size=16, seq_len=1024, seed=1337)
 
 **Which source a row comes from.** Every row carries seq_len tokens, so token shares are row
-shares. Global row g (= step × global batch + row) is assigned by a binary tree over the
-sources: a node with weight b splits its rows between its halves, the left half (weight a)
-taking row n when floor((a·n + p) / b) steps up, p a phase drawn from the seed. Any k
-consecutive rows of a node then give its left half floor or ceil of a·k/b rows, so with two
-sources every window of k rows is within one row of its target, and with more within one row
-per tree level (two for up to four sources). The assignment is a closed form of (weights, seed,
-g): nothing is carried between steps, and a stream resumes from its step alone.
+shares. Global row g (= step × global batch + row) goes to a source by the closed form of
+`mixing.RowTree`: with two sources every window of k rows is within one row of its target
+(within one row per tree level for more), and a stream resumes from its step alone.
 
 **Where in the source.** Row g is also the m-th row of its source (m = its count of earlier
 rows, the same closed form). Random batches draw row m's offset from (seed, source, m); windows
@@ -24,7 +20,6 @@ grows with the step.
 
 from __future__ import annotations
 
-import functools
 import os
 import tomllib
 import warnings
@@ -33,101 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import ArgumentError, ConfigError, InputError
 from . import checks
-from .batches import BatchStream
+from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
+from .mixing import MixedStore, RowTree, integer_weights
+from .packed import PackedBatch, PackedDataset, PackedStream, StepStream
 from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, step_rng
 from .windows import stride_or_default
 
-_SCALE = 1 << 20  # weights are held as integers out of this (a weight's rounding is below 1e-6)
 _SHIFT_SALT = 0x5EED5EED5EED
 _IDENTITY = ("name", "backend", "n_vocab", "eot_id", "bos_id", "ranks_sha256")
-
-
-class _Tree:
-    """The binary split of rows between sources: `assign` maps global rows to (source, the
-    row's index within the source), `counts` gives each source's rows among the first n."""
-
-    def __init__(self, weights: list[int], seed: int) -> None:
-        self.weights, self.seed = weights, seed
-
-    @functools.cache  # noqa: B019 - a handful of nodes per tree, and trees live as long as their streams
-    def _node(self, lo: int, hi: int) -> tuple[int, int, int, int]:
-        """(mid, a, b, phase) of the node over sources [lo, hi)."""
-        mid = (lo + hi) // 2
-        a, b = sum(self.weights[lo:mid]), sum(self.weights[lo:hi])
-        phase = int(keyed_ints(self.seed, np.array([lo * 4096 + hi]), b)[0])
-        return mid, a, b, phase
-
-    @staticmethod
-    def _left(n: np.ndarray, a: int, b: int, p: int) -> np.ndarray:
-        """floor((a·n + p) / b), exact in int64 for n below 2**42 (n = q·b + r)."""
-        q, r = np.divmod(n, b)
-        return a * q + (a * r + p) // b
-
-    def assign(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        source = np.zeros(len(rows), dtype=np.int64)
-        local = np.asarray(rows, dtype=np.int64).copy()
-        self._walk(0, len(self.weights), np.arange(len(rows)), source, local)
-        return source, local
-
-    def _walk(self, lo: int, hi: int, at: np.ndarray, source: np.ndarray, local: np.ndarray) -> None:
-        if hi - lo == 1:
-            source[at] = lo
-            return
-        mid, a, b, p = self._node(lo, hi)
-        n = local[at]
-        before = self._left(n, a, b, p)
-        left = self._left(n + 1, a, b, p) > before
-        local[at] = np.where(left, before, n - before)
-        self._walk(lo, mid, at[left], source, local)
-        self._walk(mid, hi, at[~left], source, local)
-
-    def counts(self, n: int, lo: int = 0, hi: int | None = None) -> list[int]:
-        hi = len(self.weights) if hi is None else hi
-        if hi - lo == 1:
-            return [n]
-        mid, a, b, p = self._node(lo, hi)
-        left = int(self._left(np.array([n]), a, b, p)[0])  # _left(0) = p // b = 0: p < b
-        return self.counts(left, lo, mid) + self.counts(n - left, mid, hi)
-
-
-class MixedStore:
-    """The sources' token streams laid end to end in one address space (source i at base[i]),
-    so a `BatchStream` reads a mixture as it reads one split. A row never crosses a source."""
-
-    def __init__(self, datasets: list[TokenDataset]) -> None:
-        self.stores = [d.store for d in datasets]
-        sizes = [s.n_tokens for s in self.stores]
-        self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.n_tokens = int(self.bases[-1])
-
-    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source, offset within the source) of each address."""
-        offsets = np.asarray(offsets, dtype=np.int64)
-        source = np.searchsorted(self.bases, offsets, side="right") - 1
-        return source, offsets - self.bases[source]
-
-    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
-        n = len(offsets) * length
-        out = scratch[:n].reshape(len(offsets), length) if scratch is not None and len(scratch) >= n else None
-        if out is None:
-            out = np.empty((len(offsets), length), dtype=np.uint32)
-        self.read_rows(offsets, out)
-        return out
-
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
-        source, local = self.locate(offsets)
-        for s in np.unique(source).tolist():
-            mine = source == s
-            out[mine] = self.stores[s].gather(local[mine], out.shape[1])
-
-    def doc_starts_in(self, lo: int, hi: int) -> np.ndarray:
-        s = int(self.locate(np.array([lo]))[0][0])
-        base = int(self.bases[s])
-        return self.stores[s].doc_starts_in(lo - base, hi - base) + base
 
 
 class MixtureOffsets(Offsets):
@@ -138,7 +51,7 @@ class MixtureOffsets(Offsets):
 
     def __init__(self, mix: Mixture, seq_len: int, shift: ShiftSpec, seed: int, stride: int | None) -> None:
         self.mix, self.seq_len, self.shift, self.seed, self.stride = mix, seq_len, shift, seed, stride
-        self.tree = _Tree(mix.int_weights, seed)
+        self.tree = RowTree(mix.int_weights, seed)
         self.store = mix.store
         sizes = [d.n_tokens for d in mix.datasets]
         self.windows = [count_windows(n, seq_len, stride, shift.max) for n in sizes] if stride is not None else None
@@ -193,7 +106,7 @@ class Mixture:
         raw = [_weight(name, w) for name, (_, w) in zip(self.names, pairs, strict=True)]
         total = sum(raw)
         self.weights = [w / total for w in raw]
-        self.int_weights = _integer_weights(self.weights)
+        self.int_weights = integer_weights(self.weights)
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int | float) or max_epochs <= 0:
             raise ArgumentError(f"max_epochs={checks.show(max_epochs)} must be a positive number; pass e.g. 4")
         self.max_epochs = float(max_epochs)
@@ -250,25 +163,39 @@ class Mixture:
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, seed=seed, kind=kind,
                            **options)  # fmt: skip
 
+    def packed_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, rank: int | None = None,
+                       world_size: int | None = None, device: str | torch.device = "cpu", padding_free: bool = False,
+                       **pack_options: Any) -> MixturePackedStream:  # fmt: skip
+        """Batches of whole-document packs (`TokenDataset.packed` options: strategy, overlong,
+        pad_id, mask_boundary_labels, shuffle), each row a pack of the source the mixture assigns
+        it to; weights count rows of seq_len tokens (padding included). Each source's packs are
+        reshuffled each time they are used up; `batch["sources"]` names each row's source."""
+        packs = [d.packed(seq_len, seed=seed, **pack_options) for d in self.datasets]
+        return MixturePackedStream(self, packs, batch_size, rank=rank, world_size=world_size, device=device,
+                                   padding_free=padding_free)  # fmt: skip
+
     def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, offset in that source's split) of each of a batch's `offsets`."""
         return self.store.locate(offsets)
 
     def report(self, steps: int, global_batch_size: int, seq_len: int, stride: int | None = None,
-               seed: int = 0, shift: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+               seed: int = 0, shift: int = 1, per_epoch: list[int] | None = None) -> list[dict[str, Any]]:  # fmt: skip
         """Per source, after `steps` steps of `global_batch_size` rows: target and planned token
         share, rows, tokens, and epochs consumed (tokens / split tokens for random batches,
-        windows / windows per epoch with a stride, windows counted with the largest `shift`). Warns
+        windows / windows per epoch with a stride, windows counted with the largest `shift`; packs /
+        packs per epoch with `per_epoch`, the sources' pack counts). Warns
         for each source the run would repeat more than `max_epochs` times."""
         steps, gbs = checks.nonnegative("steps", steps), checks.positive("global_batch_size", global_batch_size)
         seq_len = checks.positive("seq_len", seq_len)
-        rows = _Tree(self.int_weights, checks.seed(seed)).counts(steps * gbs)
+        rows = RowTree(self.int_weights, checks.seed(seed)).counts(steps * gbs)
         out = []
-        for name, w, data, r in zip(self.names, self.weights, self.datasets, rows, strict=True):
-            per_epoch = (
-                data.n_tokens / seq_len if stride is None else count_windows(data.n_tokens, seq_len, stride, shift)
-            )
-            epochs = r / max(per_epoch, 1e-9)
+        for i, (name, w, data, r) in enumerate(zip(self.names, self.weights, self.datasets, rows, strict=True)):
+            if per_epoch is not None:  # packs
+                epochs = r / max(per_epoch[i], 1)
+            elif stride is None:
+                epochs = r * seq_len / max(data.n_tokens, 1)
+            else:
+                epochs = r / count_windows(data.n_tokens, seq_len, stride, shift)
             out.append({"source": name, "target": w, "share": r / max(steps * gbs, 1), "rows": r,
                         "tokens": r * seq_len, "epochs": epochs})  # fmt: skip
             if epochs > self.max_epochs:
@@ -276,11 +203,16 @@ class Mixture:
                               f"{self.max_epochs:g}); lower its weight or add data", stacklevel=2)  # fmt: skip
         return out
 
-    def stream_report(self, stream: BatchStream) -> list[dict[str, Any]]:
+    def stream_report(self, stream: BatchStream | MixturePackedStream) -> list[dict[str, Any]]:
         """`report` for the steps `stream` has handed out, with its batch size, seq_len and stride."""
-        offsets = stream.offsets
-        if not isinstance(offsets, MixtureOffsets) or offsets.mix is not self:
+        offsets = getattr(stream, "offsets", None)
+        mine = getattr(offsets, "mix", None) is self or getattr(stream, "mix", None) is self
+        if not mine:
             raise ArgumentError(f"stream={checks.show(stream)} is not a stream of this mixture")
+        if isinstance(stream, MixturePackedStream):
+            return self.report(stream.step, stream.global_batch_size, stream.seq_len, seed=stream.seed,
+                               per_epoch=[len(p) for p in stream.sources])  # fmt: skip
+        assert isinstance(offsets, MixtureOffsets)
         return self.report(stream.step, stream.global_batch_size, stream.seq_len, offsets.stride, offsets.seed,
                            offsets.shift.max)  # fmt: skip
 
@@ -300,18 +232,6 @@ def _weight(name: str, weight: object) -> float:
     return float(weight)
 
 
-def _integer_weights(weights: list[float]) -> list[int]:
-    """Weights as integers summing to _SCALE (largest remainder), each at least 1."""
-    exact = [w * _SCALE for w in weights]
-    out = [max(1, int(x)) for x in exact]
-    order = sorted(range(len(out)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
-    for i in order[: max(0, _SCALE - sum(out))]:
-        out[i] += 1
-    while sum(out) > _SCALE:  # tiny weights raised to 1 take it from the largest
-        out[out.index(max(out))] -= 1
-    return out
-
-
 def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
     """Every source must be tokenized the same way: the first is the reference."""
 
@@ -329,3 +249,62 @@ def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
                 raise ConfigError(f"mixture sources {names[0]} and {name} differ in tokenizer {key} "
                                   f"({ref.get(key)!r} vs {mine.get(key)!r}); prepare every source with one "
                                   "tokenizer")  # fmt: skip
+
+
+class MixturePackedStream(StepStream):
+    """Packed batches of a mixture: row g of the run is pack m mod n of its source's order for
+    that source's epoch m // n (m: the row's index within its source, n: the source's packs).
+    Rank r takes rows [r·B, (r+1)·B) of each global batch, so every rank gets the same steps;
+    there are no global epochs. Resumes from `state_dict()` like the other streams."""
+
+    kind = "mixture/packed"
+
+    def __init__(self, mix: Mixture, sources: list[PackedDataset], batch_size: int, *, rank: int | None,
+                 world_size: int | None, device: str | torch.device, padding_free: bool) -> None:  # fmt: skip
+        self.mix, self.sources = mix, sources
+        self.seq_len, self.seed = sources[0].seq_len, sources[0].seed
+        self.batch_size = checks.positive("batch_size", batch_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.device = checks.device(device)
+        self.tree = RowTree(mix.int_weights, self.seed)
+        self._assembler = PackedStream(sources[0], 1, rank=0, world_size=1, padding_free=padding_free)
+        self.step = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        raise ConfigError("a mixture's sources have epochs of their own; resume with load_state_dict")
+
+    def state_dict(self) -> dict[str, Any]:
+        plan = self.sources[0].plan
+        return {"kind": self.kind, "step": self.step, "seed": self.seed, "seq_len": self.seq_len,
+                "strategy": plan.strategy, "overlong": plan.overlong, "global_batch_size": self.global_batch_size,
+                "packs": [len(p) for p in self.sources],
+                "mixture": [[n, w] for n, w in zip(self.mix.names, self.mix.weights, strict=True)]}  # fmt: skip
+
+    def batch(self, step: int) -> PackedBatch:
+        """Batch `step` for this rank: a pure function of (weights, plans, seed, step, rank)."""
+        step = checks.nonnegative("step", step)
+        first = step * self.global_batch_size + self.rank * self.batch_size
+        source, local = self.tree.assign(np.arange(first, first + self.batch_size, dtype=np.int64))
+        B, T = self.batch_size, self.seq_len
+        ids = np.empty(B, dtype=np.int64)
+        rows: dict[str, Any] = {k: torch.empty((B, T), dtype=torch.int64) for k in _ROW_KEYS}
+        rows["length"], rows["segments"] = np.empty(B, dtype=np.int64), [np.empty(0, np.int32)] * B
+        for s in np.unique(source).tolist():
+            mine = np.flatnonzero(source == s)
+            packs = self.sources[s]
+            epoch, within = np.divmod(local[mine], len(packs))
+            for e in np.unique(epoch).tolist():
+                at = mine[epoch == e]
+                ids[at] = packs.order(e)[within[epoch == e]]
+                got = packs.rows(ids[at])
+                for k in _ROW_KEYS:
+                    rows[k][torch.from_numpy(at)] = got[k]
+                rows["length"][at] = got["length"]
+                for j, r in enumerate(at.tolist()):
+                    rows["segments"][r] = got["segments"][j]
+        out = self._assembler.assemble(rows, ids, T)
+        out["sources"] = source
+        return self._finish(out, step)
+
+
+_ROW_KEYS = ("input_ids", "labels", "position_ids")

@@ -323,8 +323,11 @@ class PackedStream(StepStream):
         g = self.global_batch_size
         first = within * g + self.rank * self.batch_size
         ids = self.packs.order(epoch)[first : first + self.batch_size]
-        rows = self.packs.rows(ids)
-        T = self.packs.seq_len
+        return self._finish(self.assemble(self.packs.rows(ids), ids, self.packs.seq_len), step)
+
+    def assemble(self, rows: dict[str, Any], ids: np.ndarray, T: int) -> PackedBatch:
+        """A batch from `PackedDataset.rows` output: padded [B, T] rows with cu_seqlens over
+        them (padding as a segment of its own), or with `padding_free` one [1, real tokens] row."""
         keys = ("input_ids", "labels", "position_ids")
         if self.padding_free:
             keep = (torch.arange(T)[None, :] < torch.from_numpy(rows["length"])[:, None]).flatten()
@@ -340,4 +343,4 @@ class PackedStream(StepStream):
         out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
         out["max_seqlen"] = int(np.diff(cu).max())
         out["packs"] = ids
-        return self._finish(out, step)
+        return out

@@ -1,0 +1,119 @@
+"""How a mixture's rows are split between its sources, and the store that reads them.
+
+`RowTree` assigns global row g to a source by a binary tree over the sources: a node with
+(integer) weight b gives row n of its own rows to its left half (weight a) when
+floor((a·n + p) / b) steps up, p a phase drawn from the seed. Any k consecutive rows of a node
+then give the left half floor or ceil of a·k/b of them, so with two sources every window of k
+rows is within one row of its target, and with more within one row per tree level. Row g is
+also row m of its source, m the closed-form count of the source's earlier rows. Nothing is
+carried between steps: the assignment is a pure function of (weights, seed, g).
+
+Memory model: a handful of integers per tree node; `MixedStore` holds the sources' stores.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from .sampling import keyed_ints
+
+SCALE = 1 << 20  # weights are held as integers out of this (a weight's rounding is below 1e-6)
+
+
+def integer_weights(weights: list[float]) -> list[int]:
+    """Weights (summing to 1) as integers summing to SCALE (largest remainder), each at least 1."""
+    exact = [w * SCALE for w in weights]
+    out = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(out)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    for i in order[: max(0, SCALE - sum(out))]:
+        out[i] += 1
+    while sum(out) > SCALE:  # tiny weights raised to 1 take it from the largest
+        out[out.index(max(out))] -= 1
+    return out
+
+
+class RowTree:
+    """The binary split of rows between sources: `assign` maps global rows to (source, the
+    row's index within the source), `counts` gives each source's rows among the first n."""
+
+    def __init__(self, weights: list[int], seed: int) -> None:
+        self.weights, self.seed = weights, seed
+
+    @functools.cache  # noqa: B019 - a handful of nodes per tree, and trees live as long as their streams
+    def _node(self, lo: int, hi: int) -> tuple[int, int, int, int]:
+        """(mid, a, b, phase) of the node over sources [lo, hi)."""
+        mid = (lo + hi) // 2
+        a, b = sum(self.weights[lo:mid]), sum(self.weights[lo:hi])
+        phase = int(keyed_ints(self.seed, np.array([lo * 4096 + hi]), b)[0])
+        return mid, a, b, phase
+
+    @staticmethod
+    def _left(n: np.ndarray, a: int, b: int, p: int) -> np.ndarray:
+        """floor((a·n + p) / b), exact in int64 for n below 2**42 (n = q·b + r)."""
+        q, r = np.divmod(n, b)
+        return a * q + (a * r + p) // b
+
+    def assign(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        source = np.zeros(len(rows), dtype=np.int64)
+        local = np.asarray(rows, dtype=np.int64).copy()
+        self._walk(0, len(self.weights), np.arange(len(rows)), source, local)
+        return source, local
+
+    def _walk(self, lo: int, hi: int, at: np.ndarray, source: np.ndarray, local: np.ndarray) -> None:
+        if hi - lo == 1:
+            source[at] = lo
+            return
+        mid, a, b, p = self._node(lo, hi)
+        n = local[at]
+        before = self._left(n, a, b, p)
+        left = self._left(n + 1, a, b, p) > before
+        local[at] = np.where(left, before, n - before)
+        self._walk(lo, mid, at[left], source, local)
+        self._walk(mid, hi, at[~left], source, local)
+
+    def counts(self, n: int, lo: int = 0, hi: int | None = None) -> list[int]:
+        hi = len(self.weights) if hi is None else hi
+        if hi - lo == 1:
+            return [n]
+        mid, a, b, p = self._node(lo, hi)
+        left = int(self._left(np.array([n]), a, b, p)[0])  # _left(0) = p // b = 0: p < b
+        return self.counts(left, lo, mid) + self.counts(n - left, mid, hi)
+
+
+class MixedStore:
+    """The sources' token streams laid end to end in one address space (source i at base[i]),
+    so a `BatchStream` reads a mixture as it reads one split. A row never crosses a source."""
+
+    def __init__(self, datasets: list[Any]) -> None:  # TokenDatasets (not imported: no cycle)
+        self.stores = [d.store for d in datasets]
+        sizes = [s.n_tokens for s in self.stores]
+        self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_tokens = int(self.bases[-1])
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, offset within the source) of each address."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        source = np.searchsorted(self.bases, offsets, side="right") - 1
+        return source, offsets - self.bases[source]
+
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        n = len(offsets) * length
+        out = scratch[:n].reshape(len(offsets), length) if scratch is not None and len(scratch) >= n else None
+        if out is None:
+            out = np.empty((len(offsets), length), dtype=np.uint32)
+        self.read_rows(offsets, out)
+        return out
+
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+        source, local = self.locate(offsets)
+        for s in np.unique(source).tolist():
+            mine = source == s
+            out[mine] = self.stores[s].gather(local[mine], out.shape[1])
+
+    def doc_starts_in(self, lo: int, hi: int) -> np.ndarray:
+        s = int(self.locate(np.array([lo]))[0][0])
+        base = int(self.bases[s])
+        return self.stores[s].doc_starts_in(lo - base, hi - base) + base
