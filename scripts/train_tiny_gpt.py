@@ -3,6 +3,18 @@ real training loop. The loss should fall within a few hundred steps.
 
     python scripts/train_tiny_gpt.py data/demo --steps 300
     torchrun --nproc-per-node 2 scripts/train_tiny_gpt.py data/demo    # rank/world from the env
+    python scripts/train_tiny_gpt.py --mixture mix.toml                 # several datasets, weighted
+
+A mixture file names prepared datasets and their token weights (docs/loader.md, "Mixtures"):
+
+    [[source]]
+    path = "data/web"
+    weight = 0.7
+    [[source]]
+    path = "data/code"
+    weight = 0.3
+
+The log then shows each source's target and observed share of the rows drawn so far.
 
 Resuming: the data position is `batches.state_dict()`, a handful of integers saved in the
 checkpoint beside the model (see --save / --resume).
@@ -14,11 +26,12 @@ import argparse
 import math
 import time
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lmshard import TokenDataset
+from lmshard import Mixture, TokenDataset
 
 
 class Block(nn.Module):
@@ -67,7 +80,8 @@ def evaluate(model: nn.Module, val, steps: int = 4) -> float:  # type: ignore[no
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", help="dataset directory written by `lmshard prepare`")
+    ap.add_argument("data", nargs="?", help="dataset directory written by `lmshard prepare`")
+    ap.add_argument("--mixture", help="a TOML file of datasets and weights, instead of DATA")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
@@ -79,14 +93,21 @@ def main() -> None:
     ap.add_argument("--resume", help="continue from a checkpoint written by --save")
     args = ap.parse_args()
 
+    if (args.data is None) == (args.mixture is None):
+        ap.error("pass a dataset directory or --mixture FILE (one of them)")
     torch.manual_seed(args.seed)
-    train = TokenDataset(args.data, split="train")
+    mix = Mixture.from_file(args.mixture) if args.mixture else None
+    train = mix if mix is not None else TokenDataset(args.data, split="train")
     batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=args.device)
     val = None
-    if train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
+    if isinstance(train, TokenDataset) and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
         val = TokenDataset(args.data, split="val").random_batches(
             args.batch_size, args.seq_len, seed=0, device=args.device
         )
+    if mix is not None:  # warns for a source the run would repeat more than max_epochs times
+        for r in mix.report(args.steps, batches.global_batch_size, args.seq_len, seed=args.seed):
+            print(f"  {r['source']}: weight {r['target']:.3f}, {r['epochs']:.2f} epochs in {args.steps} steps")
+        drawn = np.zeros(len(mix.names), dtype=np.int64)
     model = TinyGPT(train.vocab_size, args.seq_len).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     if args.resume:
@@ -100,7 +121,10 @@ def main() -> None:
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.5 + 0.5 * math.cos(math.pi * (step - start) / args.steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        x, y = next(batches)
+        batch = next(batches)
+        x, y = batch
+        if mix is not None:
+            drawn += np.bincount(mix.locate(batch.offsets)[0], minlength=len(drawn))
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -108,6 +132,11 @@ def main() -> None:
         if step % args.log_every == 0 or step == start + args.steps - 1:
             extra = f"  val {evaluate(model, val):.3f}" if val is not None else ""
             rate = (step - start + 1) * batches.tokens_per_step / (time.perf_counter() - t0)
+            if mix is not None:
+                shares = drawn / drawn.sum()
+                extra += "  " + " ".join(
+                    f"{n}={o:.3f}/{w:.3f}" for n, o, w in zip(mix.names, shares, mix.weights, strict=True)
+                )
             print(f"step {step:5d}  loss {loss.item():.3f}{extra}  {rate:,.0f} tok/s", flush=True)
     if args.save:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "data": batches.state_dict()}, args.save)

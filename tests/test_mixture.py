@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,3 +226,16 @@ def expected_lengths(mix, seed):
     batch = next(mix.packed_batches(10, 120, seed=seed))
     own = [d.packed(120, seed=seed) for d in mix.datasets]
     return np.array([own[s].pack(p)["length"] for s, p in zip(batch["sources"], batch["packs"], strict=True)])
+
+
+def test_the_example_script_trains_on_a_mixture_file_and_logs_the_shares(prepared):
+    (prepared / "two.toml").write_text('[[source]]\npath = "web"\nweight = 0.8\n[[source]]\npath = "code"\n'
+                                       "weight = 0.2\n")  # fmt: skip
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train_tiny_gpt.py"
+    args = ["--mixture", str(prepared / "two.toml"), "--steps", "20", "--log-every", "10", "--batch-size", "5"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, str(script), *args, "--seq-len", "16"], capture_output=True, text=True,
+                         timeout=300, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    last = [line for line in run.stdout.splitlines() if line.startswith("step")][-1]
+    assert last.startswith("step    19") and "web=0.800/0.800" in last and "code=0.200/0.200" in last, last
