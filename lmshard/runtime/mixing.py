@@ -13,12 +13,12 @@ Memory model: a handful of integers per tree node; `MixedStore` holds the source
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
 from .sampling import keyed_ints
+from .store import _Span
 
 SCALE = 1 << 20  # weights are held as integers out of this (a weight's rounding is below 1e-6)
 
@@ -41,14 +41,18 @@ class RowTree:
 
     def __init__(self, weights: list[int], seed: int) -> None:
         self.weights, self.seed = weights, seed
+        self._nodes: dict[tuple[int, int], tuple[int, int, int, int]] = {}
 
-    @functools.cache  # noqa: B019 - a handful of nodes per tree, and trees live as long as their streams
     def _node(self, lo: int, hi: int) -> tuple[int, int, int, int]:
-        """(mid, a, b, phase) of the node over sources [lo, hi)."""
+        """(mid, a, b, phase) of the node over sources [lo, hi), computed once per node."""
+        found = self._nodes.get((lo, hi))
+        if found is not None:
+            return found
         mid = (lo + hi) // 2
         a, b = sum(self.weights[lo:mid]), sum(self.weights[lo:hi])
         phase = int(keyed_ints(self.seed, np.array([lo * 4096 + hi]), b)[0])
-        return mid, a, b, phase
+        self._nodes[lo, hi] = (mid, a, b, phase)
+        return self._nodes[lo, hi]
 
     @staticmethod
     def _left(n: np.ndarray, a: int, b: int, p: int) -> np.ndarray:
@@ -68,8 +72,10 @@ class RowTree:
             return
         mid, a, b, p = self._node(lo, hi)
         n = local[at]
-        before = self._left(n, a, b, p)
-        left = self._left(n + 1, a, b, p) > before
+        q, r = np.divmod(n, b)
+        d, rem = np.divmod(a * r + p, b)
+        before = a * q + d  # _left(n)
+        left = rem >= b - a  # _left(n + 1) = _left(n) + 1: the remainder wraps when a is added
         local[at] = np.where(left, before, n - before)
         self._walk(lo, mid, at[left], source, local)
         self._walk(mid, hi, at[~left], source, local)
@@ -92,6 +98,7 @@ class MixedStore:
         sizes = [s.n_tokens for s in self.stores]
         self.bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_tokens = int(self.bases[-1])
+        self._spans: dict[int, Any] = {}
 
     def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, offset within the source) of each address."""
@@ -99,7 +106,28 @@ class MixedStore:
         source = np.searchsorted(self.bases, offsets, side="right") - 1
         return source, offsets - self.bases[source]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (DataLoader workers under spawn) without the spans: views over maps would be
+        pickled as copies of the tokens; each worker builds its own."""
+        return {**self.__dict__, "_spans": {}}
+
+    def _span(self, length: int) -> Any:
+        """One row view over the maps of every shard of every source (see `store._Span`), when
+        every source is mapped with all its shards open; else None (rows are read per source)."""
+        if length not in self._spans:
+            usable = all(st.mapped and len(st.shards) <= st.max_open for st in self.stores)
+            arrays = [st._tokens(k) for st in self.stores for k in range(len(st.shards))] if usable else []
+            starts = [st.starts[:-1] + base for st, base in zip(self.stores, self.bases.tolist(), strict=False)]
+            ends = np.concatenate([*starts, [self.n_tokens]])
+            self._spans[length] = _Span(arrays, ends, length) if usable else None
+        return self._spans[length]
+
     def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        span = self._span(length)
+        if span is not None:
+            at, cross = span.locate(offsets)
+            if cross is None:
+                return span.view[at]
         n = len(offsets) * length
         out = scratch[:n].reshape(len(offsets), length) if scratch is not None and len(scratch) >= n else None
         if out is None:
@@ -108,6 +136,12 @@ class MixedStore:
         return out
 
     def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+        span = self._span(out.shape[1])
+        if span is not None:
+            at, cross = span.locate(offsets)
+            if cross is None:
+                out[...] = span.view[at]
+                return
         source, local = self.locate(offsets)
         for s in np.unique(source).tolist():
             mine = source == s

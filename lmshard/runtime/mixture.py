@@ -53,8 +53,10 @@ class MixtureOffsets(Offsets):
         self.mix, self.seq_len, self.shift, self.seed, self.stride = mix, seq_len, shift, seed, stride
         self.tree = RowTree(mix.int_weights, seed)
         self.store = mix.store
-        sizes = [d.n_tokens for d in mix.datasets]
-        self.windows = [count_windows(n, seq_len, stride, shift.max) for n in sizes] if stride is not None else None
+        self.sizes = np.array([d.n_tokens for d in mix.datasets], dtype=np.int64)
+        self.windows = (
+            None if stride is None else [count_windows(int(n), seq_len, stride, shift.max) for n in self.sizes]
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride,
@@ -68,18 +70,19 @@ class MixtureOffsets(Offsets):
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         shift = self._shift(step)
         source, local = self.tree.assign(np.arange(step * count, (step + 1) * count, dtype=np.int64))
+        if self.windows is None:  # all sources in one call: row m of source s is keyed (m, s)
+            high = self.sizes[source] - (self.seq_len + shift) + 1
+            ids = local * len(self.sizes) + source
+            return keyed_ints(self.seed, ids, high) + self.store.bases[source], shift
         out = np.empty(count, dtype=np.int64)
         for s in np.unique(source).tolist():
             mine = source == s
-            out[mine] = self._source_offsets(s, local[mine], shift) + self.store.bases[s]
+            out[mine] = self._source_windows(s, local[mine]) + self.store.bases[s]
         return out, shift
 
-    def _source_offsets(self, s: int, m: np.ndarray, shift: int) -> np.ndarray:
+    def _source_windows(self, s: int, m: np.ndarray) -> np.ndarray:
         key = self.seed * 1_000_003 + s
-        if self.windows is None:
-            high = self.mix.datasets[s].n_tokens - (self.seq_len + shift) + 1
-            return keyed_ints(key, m, high)
-        assert self.stride is not None
+        assert self.stride is not None and self.windows is not None
         n = self.windows[s]
         epoch, within = np.divmod(m, n)
         out = np.empty(len(m), dtype=np.int64)

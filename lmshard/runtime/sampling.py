@@ -58,14 +58,19 @@ def counter_block(seed: int, first_step: int, steps: int, count: int, high: np.n
     return (_splitmix(counter) % high).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=256)
+def _seed_base(seed: int) -> int:
+    with np.errstate(over="ignore"):
+        return int(_splitmix(np.asarray([seed * _GOLDEN & _M64], dtype=np.uint64))[0])
+
+
 def keyed_ints(seed: int, ids: np.ndarray, high: np.ndarray | int) -> np.ndarray:
     """An integer in [0, high) for each id: a pure function of (seed, id), like `counter_block`
     but for arbitrary ids (a mixture's rows of one source are not consecutive)."""
     if int(np.min(high)) < 1:
         raise ArgumentError(f"high={checks.show(high)} must be at least 1 everywhere; pass high >= 1")
     with np.errstate(over="ignore"):
-        base = _splitmix(np.asarray([seed * _GOLDEN & _M64], dtype=np.uint64))[0]
-        z = np.asarray(ids, dtype=np.uint64) * np.uint64(_GOLDEN) + base
+        z = np.asarray(ids, dtype=np.uint64) * np.uint64(_GOLDEN) + np.uint64(_seed_base(seed))
     return (_splitmix(z) % np.asarray(high, dtype=np.uint64)).astype(np.int64)
 
 
