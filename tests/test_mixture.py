@@ -163,7 +163,7 @@ def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mix")
     for name, seed in (("web", 1), ("code", 2)):
         prepare(PrepareConfig(inputs=[str(jsonl(tmp / f"{name}.jsonl", make_texts(300, seed=seed)))],
-                              out=str(tmp / name), workers=1, val_fraction=0.0))  # fmt: skip
+                              out=str(tmp / name), workers=1, val_fraction=0.0, tokens_per_shard=3000))  # fmt: skip
     return tmp
 
 
@@ -172,11 +172,22 @@ def test_a_toml_file_names_prepared_datasets(prepared):
                                        '[[source]]\npath = "code"\nweight = 0.25\n')  # fmt: skip
     mix = Mixture.from_file(prepared / "mix.toml")
     assert mix.weights == [0.75, 0.25] and mix.max_epochs == 100
-    web = np.fromfile(sorted((prepared / "web" / "train").glob("*.bin"))[0], dtype="<u4")
-    batch = next(mix.random_batches(8, 32, seed=1))
-    src, local = mix.locate(batch.offsets)
-    for r in np.flatnonzero(src == 0).tolist():
-        assert batch.x[r].tolist() == web[local[r] : local[r] + 32].tolist()
+    raw = [np.concatenate([np.fromfile(f, dtype="<u4") for f in sorted((prepared / n / "train").glob("*.bin"))])
+           for n in ("web", "code")]  # fmt: skip
+    assert all(len(list((prepared / n / "train").glob("*.bin"))) > 3 for n in ("web", "code"))
+    edges = [np.cumsum([f.stat().st_size // 4 for f in sorted((prepared / n / "train").glob("*.bin"))])
+             for n in ("web", "code")]  # fmt: skip
+    stream, crossing = mix.random_batches(8, 200, seed=1, cu_seqlens=True), 0
+    for _ in range(40):  # rows inside one shard come from one gather, rows across shards are read
+        batch = next(stream)
+        src, local = mix.locate(batch.offsets)
+        for r in range(8):
+            o = int(local[r])
+            assert batch.x[r].tolist() == raw[src[r]][o : o + 200].tolist()
+            crossing += bool(
+                np.searchsorted(edges[src[r]], o, side="right") != np.searchsorted(edges[src[r]], o + 199, side="right")
+            )
+    assert crossing > 0  # both paths ran: rows inside one shard (one gather) and across shards (read)
     (prepared / "bad.toml").write_text("[[source]]\nweight = 1\n")
     with pytest.raises(InputError, match="bad.toml: source 1 needs a path"):
         Mixture.from_file(prepared / "bad.toml")
