@@ -156,6 +156,8 @@ def test_sources_must_share_the_tokenizer(sources):
             Mixture([(data[0], 1), (data[1], bad)])
     with pytest.raises(ArgumentError, match="at least one source"):
         Mixture({})
+    with pytest.raises(ArgumentError, match="take no doc_aligned"):
+        Mixture([(data[0], 1), (data[1], 1)]).random_batches(4, T, doc_aligned=True)
 
 
 @pytest.fixture(scope="module")

@@ -149,6 +149,8 @@ class Mixture:
         prefetch), each row from the source the mixture assigns it to."""
         return self._stream(batch_size, seq_len, seed, shift, None, options)
 
+    _OPTIONS = ("rank", "world_size", "device", "cu_seqlens", "grouped", "prefetch")
+
     def window_batches(self, batch_size: int, seq_len: int, *, stride: int | None = None, seed: int = 0,
                        shift: int | str = 1, **options: Any) -> BatchStream:  # fmt: skip
         """Sliding windows of each source, each visited once per epoch of that source, in an
@@ -157,6 +159,10 @@ class Mixture:
 
     def _stream(self, batch_size: int, seq_len: int, seed: int, shift: int | str, stride: int | None,
                 options: dict[str, Any]) -> BatchStream:  # fmt: skip
+        unknown = sorted(set(options) - set(self._OPTIONS))
+        if unknown:
+            raise ArgumentError(f"a mixture's batches take no {', '.join(unknown)}; the options are seed, shift, "
+                                f"{', '.join(self._OPTIONS)} (and stride for windows)")  # fmt: skip
         spec = ShiftSpec.parse(shift, seq_len)
         seed = checks.seed(seed)
         for name, data in zip(self.names, self.datasets, strict=True):
