@@ -147,6 +147,11 @@ class MixedStore:
             mine = source == s
             out[mine] = self.stores[s].gather(local[mine], out.shape[1])
 
+    def read_into(self, offset: int, out: np.ndarray) -> None:
+        """len(out) tokens from `offset`, which must lie inside one source."""
+        s = int(np.searchsorted(self.bases, offset, side="right")) - 1
+        self.stores[s].read_into(offset - int(self.bases[s]), out)
+
     def doc_starts_in(self, lo: int, hi: int) -> np.ndarray:
         s = int(self.locate(np.array([lo]))[0][0])
         base = int(self.bases[s])

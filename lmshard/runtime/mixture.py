@@ -35,7 +35,7 @@ from . import checks
 from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
 from .mixing import MixedStore, RowTree, integer_weights
-from .packed import PackedBatch, PackedDataset, PackedStream, StepStream
+from .packed import PackedBatch, PackedDataset, PackedStream, StepStream, build_rows
 from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, step_rng
 from .windows import stride_or_default
 
@@ -296,24 +296,19 @@ class MixturePackedStream(StepStream):
         source, local = self.tree.assign(np.arange(first, first + self.batch_size, dtype=np.int64))
         B, T = self.batch_size, self.seq_len
         ids = np.empty(B, dtype=np.int64)
-        rows: dict[str, Any] = {k: torch.empty((B, T), dtype=torch.int64) for k in _ROW_KEYS}
-        rows["length"], rows["segments"] = np.empty(B, dtype=np.int64), [np.empty(0, np.int32)] * B
         for s in np.unique(source).tolist():
             mine = np.flatnonzero(source == s)
-            packs = self.sources[s]
-            epoch, within = np.divmod(local[mine], len(packs))
+            epoch, within = np.divmod(local[mine], len(self.sources[s]))
             for e in np.unique(epoch).tolist():
-                at = mine[epoch == e]
-                ids[at] = packs.order(e)[within[epoch == e]]
-                got = packs.rows(ids[at])
-                for k in _ROW_KEYS:
-                    rows[k][torch.from_numpy(at)] = got[k]
-                rows["length"][at] = got["length"]
-                for j, r in enumerate(at.tolist()):
-                    rows["segments"][r] = got["segments"][j]
+                ids[mine[epoch == e]] = self.sources[s].order(e)[within[epoch == e]]
+        # Every row's items, in row order, at their addresses in the joint store: one row build.
+        parts = [self.sources[s].items(ids[r : r + 1]) for r, s in enumerate(source.tolist())]
+        starts = np.concatenate([p[0] + self.mix.store.bases[s] for p, s in zip(parts, source.tolist(), strict=True)])
+        lengths = np.concatenate([p[1] for p in parts])
+        counts = np.concatenate([p[2] for p in parts])
+        ref = self.sources[0]
+        rows = build_rows(starts, lengths, counts, T, ref.pad_id, ref.mask_boundary_labels,
+                          self.mix.store.read_into)  # fmt: skip
         out = self._assembler.assemble(rows, ids, T)
         out["sources"] = source
         return self._finish(out, step)
-
-
-_ROW_KEYS = ("input_ids", "labels", "position_ids")

@@ -112,48 +112,65 @@ class PackedDataset(torch.utils.data.Dataset):
         """Packs as [N, seq_len] int64 input_ids, labels and position_ids built with whole-array
         numpy operations, plus each row's real length and segment boundaries (int32, padding as
         a last segment)."""
-        T, plan = self.seq_len, self.plan
+        starts, lengths, counts = self.items(packs)
+        return build_rows(starts, lengths, counts, self.seq_len, self.pad_id, self.mask_boundary_labels,
+                          self.data.store.read_into)  # fmt: skip
+
+    def items(self, packs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The items of `packs`, row after row: their starts in the split and lengths, and how
+        many items each pack holds."""
+        plan = self.plan
         packs = np.asarray(packs, dtype=np.int64)
         counts = plan.ptr[packs + 1] - plan.ptr[packs]
         first_of_row = np.cumsum(counts) - counts
         take = np.repeat(plan.ptr[packs] - first_of_row, counts) + np.arange(int(counts.sum()))
-        starts, lengths = plan.start[take], plan.length[take]
-        row = np.repeat(np.arange(len(packs)), counts)
-        ends = np.cumsum(lengths)  # over all items of all rows
-        row_base = np.repeat(ends[first_of_row] - lengths[first_of_row], counts)
-        at = ends - lengths - row_base + row * T  # where each item lands in the flat [N*T] buffer
-        tokens = np.full(len(packs) * T, self.pad_id, dtype=np.uint32)
-        for s, n, a in zip(starts.tolist(), lengths.tolist(), at.tolist(), strict=True):
-            self.data.store.read_into(s, tokens[a : a + n])
-        real = np.bincount(row, weights=lengths, minlength=len(packs)).astype(np.int64)
-        ids = tokens.view(np.int32).astype(np.int64)
-        labels = np.full(len(ids), IGNORE, dtype=np.int64)
-        labels[:-1] = ids[1:]
-        item_ends = at + lengths - 1
-        row_ends = np.arange(len(packs)) * T + real - 1
-        labels[item_ends if self.mask_boundary_labels else row_ends] = IGNORE
-        pad = np.arange(T)[None, :] >= real[:, None]
-        label_rows = labels.reshape(len(packs), T)
-        label_rows[pad] = IGNORE
-        seg_start = np.zeros(len(ids), dtype=np.int64)
-        seg_start[at] = at
-        padded = np.flatnonzero(real < T)
-        seg_start[padded * T + real[padded]] = padded * T + real[padded]  # the padding is a segment too
-        np.maximum.accumulate(seg_start, out=seg_start)
-        position = np.arange(len(ids), dtype=np.int64) - seg_start
-        segments = []
-        for r in range(len(packs)):
-            mine = np.concatenate([[0], np.cumsum(lengths[row == r])])
-            segments.append((np.append(mine, T) if real[r] < T else mine).astype(np.int32))
-        return {"input_ids": torch.from_numpy(ids.reshape(len(packs), T)), "labels": torch.from_numpy(label_rows),
-                "position_ids": torch.from_numpy(position.reshape(len(packs), T)), "length": real,
-                "segments": segments}  # fmt: skip
+        return plan.start[take], plan.length[take], counts
 
     def batches(self, batch_size: int, *, rank: int | None = None, world_size: int | None = None,
                 device: str | torch.device = "cpu", padding_free: bool = False) -> PackedStream:  # fmt: skip
         """A resumable stream of collated batches for one rank (see `PackedStream`)."""
         return PackedStream(self, batch_size, rank=rank, world_size=world_size, device=device,
                             padding_free=padding_free)  # fmt: skip
+
+
+def build_rows(starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, T: int, pad_id: int,
+               mask_boundary_labels: bool, read_into: Any) -> dict[str, Any]:  # fmt: skip
+    """Rows of T tokens from items (`starts`/`lengths`, `counts` per row, in row order) read with
+    `read_into(start, out)`: [N, T] int64 input_ids, labels and position_ids built with
+    whole-array numpy operations, each row's real length, and its segment boundaries (int32,
+    padding as a last segment)."""
+    n_rows = len(counts)
+    first_of_row = np.cumsum(counts) - counts
+    row = np.repeat(np.arange(n_rows), counts)
+    ends = np.cumsum(lengths)  # over all items of all rows
+    row_base = np.repeat(ends[first_of_row] - lengths[first_of_row], counts)
+    at = ends - lengths - row_base + row * T  # where each item lands in the flat [N*T] buffer
+    tokens = np.full(n_rows * T, pad_id, dtype=np.uint32)
+    for s, n, a in zip(starts.tolist(), lengths.tolist(), at.tolist(), strict=True):
+        read_into(s, tokens[a : a + n])
+    real = np.bincount(row, weights=lengths, minlength=n_rows).astype(np.int64)
+    ids = tokens.view(np.int32).astype(np.int64)
+    labels = np.full(len(ids), IGNORE, dtype=np.int64)
+    labels[:-1] = ids[1:]
+    item_ends = at + lengths - 1
+    row_ends = np.arange(n_rows) * T + real - 1
+    labels[item_ends if mask_boundary_labels else row_ends] = IGNORE
+    pad = np.arange(T)[None, :] >= real[:, None]
+    label_rows = labels.reshape(n_rows, T)
+    label_rows[pad] = IGNORE
+    seg_start = np.zeros(len(ids), dtype=np.int64)
+    seg_start[at] = at
+    padded = np.flatnonzero(real < T)
+    seg_start[padded * T + real[padded]] = padded * T + real[padded]  # the padding is a segment too
+    np.maximum.accumulate(seg_start, out=seg_start)
+    position = np.arange(len(ids), dtype=np.int64) - seg_start
+    segments = []
+    for r in range(n_rows):
+        mine = np.concatenate([[0], np.cumsum(lengths[row == r])])
+        segments.append((np.append(mine, T) if real[r] < T else mine).astype(np.int32))
+    return {"input_ids": torch.from_numpy(ids.reshape(n_rows, T)), "labels": torch.from_numpy(label_rows),
+            "position_ids": torch.from_numpy(position.reshape(n_rows, T)), "length": real,
+            "segments": segments}  # fmt: skip
 
 
 def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = False) -> dict[str, Any]:
