@@ -40,6 +40,7 @@ from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_
 from .windows import stride_or_default
 
 _SHIFT_SALT = 0x5EED5EED5EED
+_BLOCK_STEPS = 64
 _IDENTITY = ("name", "backend", "n_vocab", "eot_id", "bos_id", "ranks_sha256")
 
 
@@ -57,6 +58,7 @@ class MixtureOffsets(Offsets):
         self.windows = (
             None if stride is None else [count_windows(int(n), seq_len, stride, shift.max) for n in self.sizes]
         )
+        self._cache: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (first step, rows, shifts, offsets)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride,
@@ -68,17 +70,27 @@ class MixtureOffsets(Offsets):
         return int(step_rng(self.seed ^ _SHIFT_SALT, step).choice(self.shift.choices))
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        shift = self._shift(step)
-        source, local = self.tree.assign(np.arange(step * count, (step + 1) * count, dtype=np.int64))
+        # Steps are drawn a block at a time (as RandomOffsets does): the tree and the keyed draw
+        # are a dozen numpy calls whose fixed cost dominates one batch. A step's rows do not
+        # depend on the block it was drawn in.
+        c = self._cache
+        if c is None or c[1] != count or not c[0] <= step < c[0] + len(c[2]):
+            n = max(1, min(_BLOCK_STEPS, (1 << 16) // count))
+            c = self._cache = self._block(step - step % n, n, count)
+        return c[3][step - c[0]], int(c[2][step - c[0]])
+
+    def _block(self, first: int, n: int, count: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        shifts = np.array([self._shift(first + i) for i in range(n)], dtype=np.int64)
+        source, local = self.tree.assign(np.arange(first * count, (first + n) * count, dtype=np.int64))
         if self.windows is None:  # all sources in one call: row m of source s is keyed (m, s)
-            high = self.sizes[source] - (self.seq_len + shift) + 1
-            ids = local * len(self.sizes) + source
-            return keyed_ints(self.seed, ids, high) + self.store.bases[source], shift
-        out = np.empty(count, dtype=np.int64)
-        for s in np.unique(source).tolist():
-            mine = source == s
-            out[mine] = self._source_windows(s, local[mine]) + self.store.bases[s]
-        return out, shift
+            high = self.sizes[source] - (self.seq_len + np.repeat(shifts, count)) + 1
+            out = keyed_ints(self.seed, local * len(self.sizes) + source, high)
+        else:
+            out = np.empty(len(source), dtype=np.int64)
+            for s in np.unique(source).tolist():
+                mine = source == s
+                out[mine] = self._source_windows(s, local[mine])
+        return first, count, shifts, (out + self.store.bases[source]).reshape(n, count)
 
     def _source_windows(self, s: int, m: np.ndarray) -> np.ndarray:
         key = self.seed * 1_000_003 + s
