@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import __version__, render
+from .cli_interop import register as register_interop
 from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
 from .inspect import audit
 from .inspect.verify import report_json, verify_dataset
@@ -364,6 +365,9 @@ def tokenizer_info(
     ident = load_tokenizer(name, backend, warn=warn).identity()
     ident.pop("special_tokens", None)
     out.print_json(json.dumps(ident))
+
+
+register_interop(app, user_errors)  # lmshard export / import (cli_interop.py)
 
 
 def main() -> None:

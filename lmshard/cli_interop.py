@@ -1,0 +1,84 @@
+"""`lmshard export` and `lmshard import`: the command-line edge of `lmshard.interop`.
+
+Kept out of cli.py (which is near its size limit) but part of the command line: `register`
+adds the two commands to the `app` cli.py builds, wrapped in its `user_errors`, so a library
+error is still one line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from . import render
+
+
+def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
+    """Add `export` and `import` to `app`."""
+    app.command("export")(user_errors()(export))
+    app.command("import")(user_errors()(import_))
+
+
+def export(
+    dataset: Path = typer.Argument(..., help="A dataset directory written by `lmshard prepare`."),
+    to: str = typer.Option(..., "--to", help="nanogpt, llmc, modded-nanogpt or megatron."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory (must not exist or be empty)."),
+    split: str = typer.Option("all", "--split", help="train, val or all (every split that has documents)."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out once the new export is complete."),
+    tokens_per_shard: int = typer.Option(
+        100_000_000, "--tokens-per-shard", help="llmc, modded-nanogpt: tokens per file (whole documents)."
+    ),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        help="File-name stem (llmc, modded-nanogpt) or prefix (megatron) [the dataset's directory name; "
+        "fineweb for modded-nanogpt].",
+        show_default=False,
+    ),
+) -> None:
+    """Write a dataset in the format another trainer reads (docs/interop.md)."""
+    from .interop import export_dataset
+
+    result = export_dataset(dataset, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard, name=name)
+    n_tokens = sum(f["n_tokens"] for f in result.files)
+    n_docs = sum(f["n_docs"] for f in result.files)
+    render.out.print(
+        f"exported {n_docs:,} documents, {n_tokens:,} tokens ({result.token_dtype}, EOT {result.eot_position} "
+        f"each document) as {result.format} to {escape(str(result.out))}:",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for f in result.files:
+        render.out.print(f"  {escape(f['path'])}  {f['split']}  {f['n_tokens']:,} tokens", highlight=False)
+
+
+def import_(
+    src: Path = typer.Argument(..., help="nanogpt: a directory of train.bin [val.bin]; megatron: a .bin/.idx prefix."),
+    from_: str = typer.Option(..., "--from", help="nanogpt or megatron."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output dataset directory (must not exist or be empty)."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="The vocabulary the tokens come from (as for prepare)."),
+    eot_id: int | None = typer.Option(
+        None, "--eot-id", help="The separator id in SRC [the tokenizer's end of text].", show_default=False
+    ),
+    val: Path | None = typer.Option(
+        None, "--val", help="megatron: the val split's .bin/.idx prefix.", show_default=False
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out once the new dataset is complete."),
+    tokens_per_shard: int = typer.Option(100_000_000, "--tokens-per-shard", help="Target tokens per shard."),
+) -> None:
+    """Turn a nanoGPT or Megatron-LM dataset into an lmshard dataset (then `lmshard inspect` it)."""
+    from .interop import import_dataset
+
+    meta = import_dataset(src, from_, out, tokenizer=tokenizer, eot_id=eot_id, val=val, force=force,
+                          tokens_per_shard=tokens_per_shard)  # fmt: skip
+    render.out.print(
+        f"imported {meta.total_docs:,} documents, {meta.total_tokens:,} tokens "
+        f"(train {meta.n_docs('train'):,}, val {meta.n_docs('val'):,} documents) into {escape(str(out))}; "
+        f"check it with `lmshard inspect {escape(str(out))}`",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,232 @@
+"""`lmshard export`: an lmshard dataset written in the format another trainer reads (nanoGPT,
+llm.c, modded-nanogpt, Megatron-LM; the layouts are in `layouts.py`).
+
+The source is read, never written: checked cheaply (`source.open_source`), then streamed shard by
+shard in blocks of whole documents, each block converted (separator side, dtype) and appended to
+the output files. Every file is written under a temporary name, fsynced and renamed, inside a
+directory that replaces `--out` only when the export is complete (`output.staged_output`).
+
+Memory model: one block of the source (`source.BLOCK_TOKENS` tokens) and its converted copy;
+Megatron's index sections are written in place as the blocks pass, never gathered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ConfigError
+from ..format import DatasetMeta
+from .layouts import (
+    FORMATS,
+    LLMC_MAX_TOKENS,
+    LLMC_TOKENS_PER_SHARD,
+    LLMC_V1,
+    LLMC_V7,
+    MEGATRON_HEADER,
+    MEGATRON_MAGIC,
+    MEGATRON_VERSION,
+    UINT16_IDS,
+    llmc_header,
+    megatron_dtype,
+)
+from .output import TokenFile, staged_output
+from .source import Block, blocks, open_source
+
+PROVENANCE_FILE = "lmshard_export.json"
+INT32_MAX = (1 << 31) - 1
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote: the output directory, and per file its split and counts."""
+
+    out: Path
+    format: str
+    token_dtype: str
+    eot_position: str
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Job:
+    meta: DatasetMeta
+    splits: tuple[str, ...]
+    root: Path  # the staging directory
+    name: str
+    tokens_per_shard: int
+
+
+def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, split: str = "all",
+                   force: bool = False, tokens_per_shard: int = LLMC_TOKENS_PER_SHARD,
+                   name: str | None = None) -> ExportResult:  # fmt: skip
+    """Write `split` (train, val or all) of the dataset at `dataset` to `out` in format `to`.
+
+        export_dataset("data/mycorpus", "nanogpt", "nanoGPT/data/mycorpus")
+
+    `tokens_per_shard` sizes llm.c and modded-nanogpt files; `name` is their file-name (and
+    Megatron's prefix) stem: by default the dataset directory's name (`fineweb` for
+    modded-nanogpt, whose train_gpt.py globs `fineweb_train_*.bin`)."""
+    if to not in FORMATS:
+        raise ConfigError(f"--to {to!r}: use one of {', '.join(FORMATS)}")
+    if not 0 < tokens_per_shard <= LLMC_MAX_TOKENS:
+        raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: use 1 .. {LLMC_MAX_TOKENS:,} (an int32 count)")
+    meta, splits = open_source(dataset, split)
+    if not splits:
+        raise ConfigError(f"{dataset}: the dataset holds no documents; nothing to export")
+    dtype, eot_position, write = _plan(to, meta)
+    stem = name or ("fineweb" if to == "modded-nanogpt" else meta.root.resolve().name)
+    result = ExportResult(Path(os.path.realpath(out)), to, dtype, eot_position)
+    with staged_output(out, force, [meta.root]) as staging:
+        job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard)
+        result.files = write(job)
+        _write_provenance(job, result)
+    return result
+
+
+Writer = Callable[[_Job], list[dict[str, Any]]]
+
+
+def _plan(to: str, meta: DatasetMeta) -> tuple[str, str, Writer]:
+    """(token dtype, separator side, writer) for format `to`; ConfigError when the format
+    cannot hold the dataset's vocabulary."""
+    n_vocab = meta.tokenizer.n_vocab
+    if to in ("nanogpt", "modded-nanogpt") and n_vocab > UINT16_IDS:
+        raise ConfigError(f"--to {to} stores uint16 tokens (ids up to 65,535), but the {meta.tokenizer.name} "
+                          f"vocabulary has {n_vocab:,} ids; use --to llmc (uint32) or megatron (int32)")  # fmt: skip
+    if to == "nanogpt":
+        return "uint16", "after", _nanogpt
+    if to == "modded-nanogpt":
+        return "uint16", "before", lambda job: _llmc_files(job, LLMC_V1)
+    if to == "llmc":
+        version = LLMC_V1 if n_vocab <= UINT16_IDS else LLMC_V7
+        return version[2].name, "before", lambda job: _llmc_files(job, version)
+    if n_vocab > INT32_MAX + 1:
+        raise ConfigError(f"--to megatron stores int32 tokens, but the vocabulary has {n_vocab:,} ids")
+    return megatron_dtype(n_vocab)[1].name, "after", _megatron
+
+
+def _entry(path: str, split: str, n_tokens: int, n_docs: int) -> dict[str, Any]:
+    return {"path": path, "split": split, "n_tokens": n_tokens, "n_docs": n_docs}
+
+
+def _nanogpt(job: _Job) -> list[dict[str, Any]]:
+    """`train.bin` / `val.bin`: uint16 tokens, EOT after each document, no header."""
+    files = []
+    for split in job.splits:
+        out = TokenFile(job.root / f"{split}.bin")
+        n_tokens = n_docs = 0
+        for block in blocks(job.meta, split, "after"):
+            out.write(block.tokens.astype("<u2"))
+            n_tokens, n_docs = n_tokens + len(block.tokens), n_docs + len(block.lengths)
+        out.close()
+        files.append(_entry(f"{split}.bin", split, n_tokens, n_docs))
+    return files
+
+
+class _LlmcShards:
+    """llm.c shard files of one token stream: NAME_SPLIT_NNNNNN.bin, numbered by one counter
+    over the splits (val first, as llm.c's fineweb.py does). A shard holds whole documents (it
+    closes before a document that would take it past `capacity`), so each one starts with an
+    EOT token: the document starts modded-nanogpt aligns its batches on."""
+
+    def __init__(self, job: _Job, version: tuple[int, int, np.dtype]) -> None:
+        self.job, (self.magic, self.version, self.dtype) = job, version
+        self.number = 0
+        self.files: list[dict[str, Any]] = []
+        self._out: TokenFile | None = None
+        self._split, self._tokens, self._docs = "", 0, 0
+
+    def add(self, split: str, block: Block) -> None:
+        tokens, lengths = block.tokens, block.lengths
+        self._split = split
+        while len(lengths):
+            ends = np.cumsum(lengths)
+            fit = int(np.searchsorted(ends, self.job.tokens_per_shard - self._tokens, side="right"))
+            if fit == 0 and self._tokens == 0:
+                fit = 1  # a document longer than a shard gets a shard of its own
+                if lengths[0] > LLMC_MAX_TOKENS:
+                    raise ConfigError(f"a document of {int(lengths[0]):,} tokens does not fit an llm.c file "
+                                      f"(at most {LLMC_MAX_TOKENS:,} tokens)")  # fmt: skip
+            if fit == 0:
+                self.finish()
+                continue
+            cut = int(ends[fit - 1])
+            if self._out is None:
+                path = self.job.root / f"{self.job.name}_{split}_{self.number:06d}.bin"
+                self._out = TokenFile(path, llmc_header(self.magic, self.version, 0))
+            self._out.write(tokens[:cut].astype(self.dtype))
+            self._tokens, self._docs = self._tokens + cut, self._docs + fit
+            tokens, lengths = tokens[cut:], lengths[fit:]
+            if len(lengths):
+                self.finish()
+
+    def finish(self) -> None:
+        """Close the open shard, its header now holding its token count."""
+        if self._out is None:
+            return
+        path = self._out.close(llmc_header(self.magic, self.version, self._tokens))
+        self.files.append(_entry(path.name, self._split, self._tokens, self._docs))
+        self._out, self._tokens, self._docs = None, 0, 0
+        self.number += 1
+
+
+def _llmc_files(job: _Job, version: tuple[int, int, np.dtype]) -> list[dict[str, Any]]:
+    """llm.c / modded-nanogpt shards: 256-int32 header, then the tokens, EOT before each document."""
+    shards = _LlmcShards(job, version)
+    for split in sorted(job.splits, key=lambda s: s != "val"):  # val first: shard 000000, as llm.c numbers them
+        for block in blocks(job.meta, split, "before"):
+            shards.add(split, block)
+        shards.finish()
+    return shards.files
+
+
+def _megatron(job: _Job) -> list[dict[str, Any]]:
+    """Per split, Megatron's NAME_SPLIT_text_document.bin/.idx: one sequence per document,
+    the EOD token after its text (`--append-eod`)."""
+    code, dtype = megatron_dtype(job.meta.tokenizer.n_vocab)
+    files = []
+    for split in job.splits:
+        prefix = f"{job.name}_{split}_text_document"
+        n = job.meta.n_docs(split)
+        tokens_out = TokenFile(job.root / f"{prefix}.bin")
+        index = TokenFile(job.root / f"{prefix}.idx", MEGATRON_HEADER.pack(MEGATRON_MAGIC, MEGATRON_VERSION, code,
+                                                                           n, n + 1))  # fmt: skip
+        lengths_at = MEGATRON_HEADER.size  # n int32 lengths, then n int64 byte pointers, then n + 1 int64
+        pointers_at, documents_at = lengths_at + 4 * n, lengths_at + 12 * n
+        done = n_tokens = 0
+        for block in blocks(job.meta, split, "after"):
+            if int(block.lengths.max()) > INT32_MAX:
+                raise ConfigError(f"a document of {int(block.lengths.max()):,} tokens is longer than Megatron's "
+                                  "int32 sequence length")  # fmt: skip
+            starts = n_tokens + np.cumsum(block.lengths) - block.lengths  # in tokens
+            index.write_at(lengths_at + 4 * done, block.lengths.astype("<i4"))
+            index.write_at(pointers_at + 8 * done, (starts * dtype.itemsize).astype("<i8"))
+            tokens_out.write(block.tokens.astype(dtype))
+            done, n_tokens = done + len(block.lengths), n_tokens + len(block.tokens)
+        assert done == n, (done, n)  # the metadata's count, checked against the shards' indexes
+        step = 1 << 20  # document indices 0 .. n (document i is sequence i), 8 MiB at a time
+        for lo in range(0, n + 1, step):
+            index.write_at(documents_at + 8 * lo, np.arange(lo, min(lo + step, n + 1), dtype="<i8"))
+        tokens_out.close()
+        index.close()
+        files.append(_entry(f"{prefix}.bin", split, n_tokens, n))
+    return files
+
+
+def _write_provenance(job: _Job, result: ExportResult) -> None:
+    """lmshard_export.json: where the files came from and what they hold (no trainer reads it)."""
+    header = {"nanogpt": None, "megatron": "MMIDIDX .idx, version 1"}.get(result.format, "llm.c 256 x int32")
+    record = {"format": result.format, "source": str(job.meta.root.resolve()), "lmshard_version": __version__,
+              "tokenizer": job.meta.tokenizer.to_json(), "token_dtype": result.token_dtype,
+              "eot_position": result.eot_position, "header": header, "files": result.files}  # fmt: skip
+    out = TokenFile(job.root / PROVENANCE_FILE)
+    out.write((json.dumps(record, indent=2) + "\n").encode())
+    out.close()

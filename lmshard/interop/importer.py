@@ -1,0 +1,217 @@
+"""`lmshard import`: a nanoGPT `train.bin`/`val.bin` pair or a Megatron-LM `PREFIX.bin/.idx`
+turned into a complete lmshard dataset, so `lmshard inspect` can audit it and lmshard's loader
+can train on it.
+
+Documents are recovered from the separators (nanoGPT: a document ends after each EOT id) or
+from Megatron's document index (each document must end with the EOD id, as `--append-eod`
+writes it). The shards are written by prepare's own `ShardWriter`, the metadata is the same
+`DatasetMeta` prepare writes, last, and the directory replaces `--out` only when complete.
+
+Memory model: one block of BLOCK_TOKENS input tokens and its uint32 copy, a document cut by a
+block's end (carried to the next), and Megatron's sequence offsets (8 bytes per sequence, as
+Megatron's own reader maps them).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ConfigError, InputError
+from ..format import (
+    METADATA_FILE,
+    SPLITS,
+    TOKEN_DTYPE,
+    TOKENIZER_FILE,
+    VOCAB_COPY,
+    DatasetMeta,
+    DedupInfo,
+    RunInfo,
+    ShardInfo,
+    SourceInfo,
+    SplitInfo,
+    TokenizerInfo,
+    atomic_write_bytes,
+    atomic_write_json,
+)
+from ..prepare.writer import ShardWriter
+from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
+from .layouts import MEGATRON_HEADER, read_megatron_header
+from .output import staged_output
+from .source import Block
+
+IMPORT_FORMATS = ("nanogpt", "megatron")
+BLOCK_TOKENS = 1 << 24  # input tokens read at a time
+TOKENS_PER_SHARD = 100_000_000  # prepare's default
+
+
+def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike[str], *, tokenizer: str,
+                   eot_id: int | None = None, val: str | os.PathLike[str] | None = None, force: bool = False,
+                   tokens_per_shard: int = TOKENS_PER_SHARD) -> DatasetMeta:  # fmt: skip
+    """Import `src` into a new lmshard dataset at `out` and return its metadata.
+
+        import_dataset("nanoGPT/data/owt", "nanogpt", "data/owt", tokenizer="gpt2")
+
+    nanogpt: `src` is a directory holding train.bin and optionally val.bin. megatron: `src` is
+    the prefix of the train split's .bin/.idx, `val` that of the val split (optional).
+    `eot_id`: the separator id in the input (default: the tokenizer's end of text)."""
+    started = time.time()
+    if fmt not in IMPORT_FORMATS:
+        raise ConfigError(f"--from {fmt!r}: use one of {', '.join(IMPORT_FORMATS)}")
+    if tokens_per_shard < 1:
+        raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: must be at least 1")
+    inputs = _inputs(Path(src), fmt, Path(val) if val is not None else None)
+    tok = load_tokenizer(tokenizer, "tokenizers" if is_hf_spec(tokenizer) else "tiktoken")
+    eot = tok.eot_id if eot_id is None else eot_id
+    if not 0 <= eot < tok.n_vocab:
+        raise ConfigError(f"--eot-id {eot}: not an id of the {tok.name} vocabulary (0 .. {tok.n_vocab - 1})")
+    with staged_output(out, force, [p for files in inputs.values() for p in files]) as staging:
+        shards: list[ShardInfo] = []
+        for split, files in inputs.items():
+            reader = _nanogpt_blocks(files[0], eot) if fmt == "nanogpt" else _megatron_blocks(files[0], files[1], eot)
+            shards += _write_split(staging, split, reader, files[0], tok.n_vocab, tokens_per_shard)
+        if not any(s.n_docs for s in shards if s.split == "train"):
+            raise InputError(f"{src}: no documents to import into the train split")
+        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, tokens_per_shard, started)
+        state = tok.identity()
+        state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
+        if tok.vocab_bytes is not None:  # inspect decodes a Hugging Face dataset with its own copy
+            atomic_write_bytes(staging / VOCAB_COPY, tok.vocab_bytes)
+        atomic_write_json(staging / TOKENIZER_FILE, state)
+        atomic_write_json(staging / METADATA_FILE, meta.to_json())  # last: its presence means complete
+    return meta
+
+
+def _inputs(src: Path, fmt: str, val: Path | None) -> dict[str, list[Path]]:
+    """split -> the input files of that split (nanoGPT: [bin]; Megatron: [bin, idx])."""
+    if fmt == "nanogpt":
+        if val is not None:
+            raise ConfigError("--val is for --from megatron; a nanoGPT directory holds its own val.bin")
+        if not src.is_dir() or not (src / "train.bin").is_file():
+            raise InputError(f"{src}: not a nanoGPT data directory (no train.bin in it)")
+        return {split: [src / f"{split}.bin"] for split in SPLITS if (src / f"{split}.bin").is_file()}
+    found = {"train": _megatron_files(src)}
+    if val is not None:
+        found["val"] = _megatron_files(val)
+    return found
+
+
+def _megatron_files(prefix: Path) -> list[Path]:
+    stem = prefix.with_suffix("") if prefix.suffix in (".bin", ".idx") else prefix
+    files = [stem.with_name(stem.name + ".bin"), stem.with_name(stem.name + ".idx")]
+    for path in files:
+        if not path.is_file():
+            raise InputError(f"{path}: no such file (a Megatron dataset is PREFIX.bin and PREFIX.idx)")
+    return files
+
+
+def _nanogpt_blocks(path: Path, eot: int) -> Iterator[Block]:
+    """Documents of a nanoGPT uint16 token file: each ends right after an EOT id."""
+    size = path.stat().st_size
+    if size % 2:
+        raise InputError(f"{path}: {size:,} bytes, not a whole number of uint16 tokens (truncated?)")
+    tokens = np.memmap(path, dtype="<u2", mode="r") if size else np.zeros(0, "<u2")
+    carry = np.zeros(0, TOKEN_DTYPE)  # the start of a document the previous block cut
+    for start in range(0, len(tokens), BLOCK_TOKENS):
+        block = np.concatenate([carry, np.asarray(tokens[start : start + BLOCK_TOKENS], dtype=TOKEN_DTYPE)])
+        ends = np.flatnonzero(block == eot) + 1
+        if len(ends):
+            yield Block(block[: ends[-1]], np.diff(ends, prepend=0))
+        carry = block[ends[-1] :] if len(ends) else block
+    if len(carry):
+        raise InputError(f"{path}: the last {len(carry):,} tokens are not followed by the EOT id {eot}; "
+                         "a nanoGPT file ends with one (pass --eot-id if its separator is another id)")  # fmt: skip
+
+
+def _megatron_blocks(bin_path: Path, idx_path: Path, eot: int) -> Iterator[Block]:
+    """Documents of a Megatron IndexedDataset, each the concatenation of its sequences."""
+    dtype, seq_starts, doc_idx = _megatron_index(bin_path, idx_path)
+    starts = seq_starts[doc_idx]  # token offset of each document's start, and the end
+    tokens = np.memmap(bin_path, dtype=dtype, mode="r") if seq_starts[-1] else np.zeros(0, dtype)
+    first, n_docs = 0, len(starts) - 1
+    while first < n_docs:
+        last = int(np.searchsorted(starts, starts[first] + BLOCK_TOKENS, side="right")) - 1
+        last = min(max(last, first + 1), n_docs)
+        ends = starts[first : last + 1] - starts[first]
+        block = np.asarray(tokens[starts[first] : starts[last]])
+        if (lengths := np.diff(ends)).min() == 0:
+            raise InputError(f"{idx_path}: document {first + int(lengths.argmin())} is empty")
+        if len(block) and (int(block.min()) < 0):
+            raise InputError(f"{bin_path}: negative token id {int(block.min())}")
+        if (missing := int((block[ends[1:] - 1] != eot).sum())) != 0:
+            raise InputError(f"{bin_path}: {missing} documents do not end with the EOD id {eot} (prepare it with "
+                             "--append-eod, or pass the id it uses with --eot-id)")  # fmt: skip
+        yield Block(block.astype(TOKEN_DTYPE), lengths)
+        first = last
+
+
+def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray]:
+    """(token dtype, token offset of each sequence plus the end, document indices), every
+    count held to the file sizes before an array is sized by it."""
+    with open(idx_path, "rb") as f:
+        dtype, n_seq, n_doc_idx = read_megatron_header(str(idx_path), f.read(MEGATRON_HEADER.size))
+    expected = MEGATRON_HEADER.size + 12 * n_seq + 8 * n_doc_idx
+    if (size := idx_path.stat().st_size) != expected:
+        extra = " (multimodal sequence modes are not supported)" if size == expected + n_seq else ""
+        raise InputError(f"{idx_path}: {size:,} bytes, but its header's counts ({n_seq:,} sequences, {n_doc_idx:,} "
+                         f"document indices) mean {expected:,}{extra}")  # fmt: skip
+    at = MEGATRON_HEADER.size
+    lengths = np.fromfile(idx_path, dtype="<i4", count=n_seq, offset=at).astype(np.int64)
+    pointers = np.fromfile(idx_path, dtype="<i8", count=n_seq, offset=at + 4 * n_seq)
+    doc_idx = np.fromfile(idx_path, dtype="<i8", count=n_doc_idx, offset=at + 12 * n_seq)
+    seq_starts = np.concatenate([[0], np.cumsum(lengths)])
+    if (lengths < 0).any() or not np.array_equal(pointers, seq_starts[:-1] * dtype.itemsize):
+        raise InputError(f"{idx_path}: sequence lengths and byte pointers do not describe one contiguous .bin")
+    if bin_path.stat().st_size != int(seq_starts[-1]) * dtype.itemsize:
+        raise InputError(f"{bin_path}: {bin_path.stat().st_size:,} bytes, but {idx_path.name} describes "
+                         f"{int(seq_starts[-1]):,} {dtype.name} tokens ({int(seq_starts[-1]) * dtype.itemsize:,} "
+                         "bytes): truncated or not its .bin")  # fmt: skip
+    if not len(doc_idx) or doc_idx[0] != 0 or doc_idx[-1] != n_seq or (np.diff(doc_idx) < 0).any():
+        raise InputError(f"{idx_path}: document indices do not run from 0 up to the sequence count {n_seq}")
+    return dtype, seq_starts, doc_idx
+
+
+def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, n_vocab: int,
+                 tokens_per_shard: int) -> list[ShardInfo]:  # fmt: skip
+    """Documents of one split through prepare's ShardWriter; ids held to the vocabulary."""
+    writer = ShardWriter(root, split, tokens_per_shard)
+    try:
+        for block in reader:
+            if len(block.tokens) and (top := int(block.tokens.max())) >= n_vocab:
+                raise InputError(f"{path}: token id {top} is outside the tokenizer's vocabulary ({n_vocab:,} ids); "
+                                 "pass the --tokenizer the data was made with")  # fmt: skip
+            writer.add(block.tokens, block.lengths)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, list[Path]], shards: list[ShardInfo],
+              tokens_per_shard: int, started: float) -> DatasetMeta:  # fmt: skip
+    splits = {split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS}
+    sources = tuple(SourceInfo(path=str(files[0]), format=fmt, bytes=sum(p.stat().st_size for p in files),
+                               records=splits[split].n_docs, kept=splits[split].n_docs)
+                    for split, files in inputs.items())  # fmt: skip
+    elapsed = time.time() - started
+    n_tokens = sum(s.n_tokens for s in shards)
+    return DatasetMeta(
+        root=out, lmshard_version=__version__, eot_position="after",
+        tokenizer=TokenizerInfo(name=tok.name, backend=tok.backend, n_vocab=tok.n_vocab, eot_id=eot, bos_id=None,
+                                ranks_sha256=tok.vocab_sha256),
+        splits=splits, total_tokens=n_tokens, total_docs=sum(s.n_docs for s in shards),
+        records_read=sum(s.n_docs for s in shards),
+        dedup=DedupInfo(mode="none", key="", duplicates_removed=0, lines=False, lines_removed=0),
+        sources=sources,
+        config={"imported_from": fmt, "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
+                "tokenizer": tok.name, "tokens_per_shard": tokens_per_shard, "eot_position": "after"},
+        run=RunInfo(out=str(out), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                    elapsed_s=round(elapsed, 3), tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
+                    python=platform.python_version(), host=platform.node()),
+    )  # fmt: skip

@@ -1,0 +1,110 @@
+"""Where an export or import writes: a hidden sibling directory swapped in only when complete,
+and files written under a temporary name, fsynced and renamed.
+
+`--out DIR` must not exist, or be empty, unless `force`: then the old DIR is renamed aside only
+after the new one is complete, and deleted only after the new one has taken its place. A run
+that fails or is interrupted leaves DIR as it was (and removes its own partial directory).
+
+Memory model: nothing here holds data; `TokenFile` writes what it is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
+    for src in sources:
+        real = Path(os.path.realpath(src))
+        if out == real or out.is_relative_to(real) or real.is_relative_to(out):
+            raise ConfigError(f"--out {out} overlaps the input {src}; choose a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConfigError(f"--out {out}: exists and is not empty; pass --force to replace it "
+                          "(the old one stays until the new one is complete)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path]) -> Iterator[Path]:
+    """A fresh directory beside `out` to write into; moved to `out` when the block ends without
+    an error, else removed. `sources` are the inputs `out` must not overlap (read-only)."""
+    target = Path(os.path.realpath(out))  # a symlinked --out: swap the directory it names
+    _check_out(target, force, sources)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.lmshard-interop-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # a leftover of an earlier run with this pid
+    staging.mkdir()
+    try:
+        yield staging
+        _fsync_dir(staging)
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Rename the complete `staging` to `target`; an old `target` is renamed aside first and
+    deleted only once the new one is in place."""
+    if target.is_dir() and not any(target.iterdir()):
+        target.rmdir()
+    if not target.exists():
+        os.replace(staging, target)
+        _fsync_dir(target.parent)
+        return
+    retired = target.parent / f".{target.name}.lmshard-replaced-{os.getpid()}"
+    os.replace(target, retired)
+    os.replace(staging, target)
+    _fsync_dir(target.parent)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+class TokenFile:
+    """One output file written as `NAME.tmp` and renamed to NAME by `close()` after an fsync.
+    `header` bytes (if any) are rewritten by `close(header=...)`, whose size must not change."""
+
+    def __init__(self, path: Path, header: bytes = b"") -> None:
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp")
+        self._f: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 (closed in close())
+        self._f.write(header)
+        self.n_bytes = len(header)
+
+    def write(self, data: np.ndarray | bytes) -> None:
+        raw = data.tobytes() if isinstance(data, np.ndarray) else data
+        self._f.write(raw)
+        self.n_bytes += len(raw)
+
+    def write_at(self, offset: int, data: np.ndarray) -> None:
+        """Write at a byte offset (Megatron's index sections), then return to the end."""
+        self._f.seek(offset)
+        self._f.write(data.tobytes())
+        self._f.seek(0, os.SEEK_END)
+
+    def close(self, header: bytes | None = None) -> Path:
+        if header is not None:
+            self._f.seek(0)
+            self._f.write(header)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.tmp, self.path)
+        return self.path
