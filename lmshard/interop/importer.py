@@ -74,8 +74,8 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
     with staged_output(out, force, [p for files in inputs.values() for p in files]) as staging:
         shards: list[ShardInfo] = []
         for split, files in inputs.items():
-            reader = _nanogpt_blocks(files[0], eot) if fmt == "nanogpt" else _megatron_blocks(files[0], files[1], eot)
-            shards += _write_split(staging, split, reader, files[0], tok.n_vocab, tokens_per_shard)
+            reader = _nanogpt_blocks(files[0], eot) if fmt == "nanogpt" else _megatron_blocks(files[0], files[1])
+            shards += _write_split(staging, split, reader, files[0], (tok.n_vocab, eot), tokens_per_shard)
         if not any(s.n_docs for s in shards if s.split == "train"):
             raise InputError(f"{src}: no documents to import into the train split")
         meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, tokens_per_shard, started)
@@ -129,7 +129,7 @@ def _nanogpt_blocks(path: Path, eot: int) -> Iterator[Block]:
                          "a nanoGPT file ends with one (pass --eot-id if its separator is another id)")  # fmt: skip
 
 
-def _megatron_blocks(bin_path: Path, idx_path: Path, eot: int) -> Iterator[Block]:
+def _megatron_blocks(bin_path: Path, idx_path: Path) -> Iterator[Block]:
     """Documents of a Megatron IndexedDataset, each the concatenation of its sequences."""
     dtype, seq_starts, doc_idx = _megatron_index(bin_path, idx_path)
     starts = seq_starts[doc_idx]  # token offset of each document's start, and the end
@@ -144,9 +144,6 @@ def _megatron_blocks(bin_path: Path, idx_path: Path, eot: int) -> Iterator[Block
             raise InputError(f"{idx_path}: document {first + int(lengths.argmin())} is empty")
         if len(block) and (int(block.min()) < 0):
             raise InputError(f"{bin_path}: negative token id {int(block.min())}")
-        if (missing := int((block[ends[1:] - 1] != eot).sum())) != 0:
-            raise InputError(f"{bin_path}: {missing} documents do not end with the EOD id {eot} (prepare it with "
-                             "--append-eod, or pass the id it uses with --eot-id)")  # fmt: skip
         yield Block(block.astype(TOKEN_DTYPE), lengths)
         first = last
 
@@ -177,15 +174,19 @@ def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarra
     return dtype, seq_starts, doc_idx
 
 
-def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, n_vocab: int,
+def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, vocab: tuple[int, int],
                  tokens_per_shard: int) -> list[ShardInfo]:  # fmt: skip
-    """Documents of one split through prepare's ShardWriter; ids held to the vocabulary."""
-    writer = ShardWriter(root, split, tokens_per_shard)
+    """Documents of one split through prepare's ShardWriter, held to the vocabulary (n_vocab,
+    eot): every id below n_vocab, the EOT id at the end of every document."""
+    (n_vocab, eot), writer = vocab, ShardWriter(root, split, tokens_per_shard)
     try:
         for block in reader:
-            if len(block.tokens) and (top := int(block.tokens.max())) >= n_vocab:
+            if (top := int(block.tokens.max())) >= n_vocab:
                 raise InputError(f"{path}: token id {top} is outside the tokenizer's vocabulary ({n_vocab:,} ids); "
                                  "pass the --tokenizer the data was made with")  # fmt: skip
+            if (missing := int((block.tokens[np.cumsum(block.lengths) - 1] != eot).sum())) != 0:
+                raise InputError(f"{path}: {missing} documents do not end with the EOT id {eot} (Megatron: prepare "
+                                 "with --append-eod; or pass the separator the data uses with --eot-id)")  # fmt: skip
             writer.add(block.tokens, block.lengths)
         return writer.close()
     except BaseException:

@@ -1,0 +1,339 @@
+"""`lmshard export` / `lmshard import` against independent readers.
+
+Each reader below is written from the format's own specification (the code of the trainer that
+reads it: nanoGPT's train.py memmap, llm.c's dev/data/data_common.py header and
+llmc/dataloader.h checks, modded-nanogpt's _load_data_shard, Megatron-LM's
+indexed_dataset._IndexReader), with numpy and struct only, never lmshard's export code. The truth
+is the dataset's own documents read with numpy from its .bin/.idx files (conftest.read_docs),
+with the EOT token moved to the side each format puts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import GPT2_EOT, read_docs, write
+from test_hf_tokenizer import BOT, EOT, big  # noqa: F401  (big: the module-scoped >65,536-id vocabulary)
+from typer.testing import CliRunner
+
+import lmshard.interop.importer as importer
+import lmshard.interop.source as source
+from lmshard.cli import app
+from lmshard.errors import ConfigError
+from lmshard.format import load_metadata
+from lmshard.inspect.verify import verify_dataset
+from lmshard.interop import export_dataset, import_dataset
+from lmshard.prepare import PrepareConfig, prepare
+
+runner = CliRunner()
+
+
+# --- independent readers, from each format's specification ------------------------------------
+
+
+def nanogpt_tokens(path: Path) -> np.ndarray:
+    """nanoGPT train.py: np.memmap(path, dtype=np.uint16, mode='r'), no header."""
+    return np.asarray(np.memmap(path, dtype=np.uint16, mode="r"))
+
+
+LLMC_KINDS = {(20240520, 1): np.dtype("<u2"), (20240801, 7): np.dtype("<u4")}
+
+
+def llmc_shard(path: Path) -> tuple[tuple[int, int], np.ndarray]:
+    """llm.c: 256 little-endian int32 (magic, version, token count, then zeros), then the tokens."""
+    raw = path.read_bytes()
+    header = struct.unpack("<256i", raw[:1024])
+    kind = (header[0], header[1])
+    assert kind in LLMC_KINDS, kind
+    assert not any(header[3:]), "llm.c leaves the rest of the header zero"
+    tokens = np.frombuffer(raw[1024:], dtype=LLMC_KINDS[kind])
+    assert len(tokens) == header[2], "the header's token count is the file's"
+    return kind, tokens
+
+
+MEGATRON_DTYPES = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
+
+
+def megatron_documents(prefix: Path) -> tuple[int, list[np.ndarray], int]:
+    """Megatron _IndexReader: b'MMIDIDX\\x00\\x00', <Q version 1, <B dtype code, <Q sequence count,
+    <Q document-index count, int32 lengths, int64 byte pointers, int64 document indices; a
+    document is its sequences [doc_idx[i], doc_idx[i+1]). Returns (code, documents, doc count field)."""
+    raw = prefix.with_name(prefix.name + ".idx").read_bytes()
+    assert raw[:9] == b"MMIDIDX\x00\x00"
+    (version,) = struct.unpack_from("<Q", raw, 9)
+    (code,) = struct.unpack_from("<B", raw, 17)
+    n_seq, n_doc = struct.unpack_from("<QQ", raw, 18)
+    assert version == 1 and code in MEGATRON_DTYPES
+    at = 34
+    lengths = np.frombuffer(raw, "<i4", n_seq, at)
+    pointers = np.frombuffer(raw, "<i8", n_seq, at + 4 * n_seq)
+    doc_idx = np.frombuffer(raw, "<i8", n_doc, at + 12 * n_seq)
+    assert len(raw) == at + 12 * n_seq + 8 * n_doc, "nothing after the document indices"
+    dtype = MEGATRON_DTYPES[code]
+    data = prefix.with_name(prefix.name + ".bin").read_bytes()
+    seqs = [np.frombuffer(data, dtype, int(n), int(p)) for n, p in zip(lengths, pointers, strict=True)]
+    docs = [np.concatenate(seqs[a:b]) for a, b in zip(doc_idx[:-1], doc_idx[1:], strict=True)]
+    return code, docs, n_doc
+
+
+def with_eot(docs: list[np.ndarray], have: str, want: str, eot: int) -> list[np.ndarray]:
+    """The documents with their EOT token on the `want` side (it is on `have`)."""
+    if have == want:
+        return docs
+    if want == "after":
+        assert all(d[0] == eot for d in docs)
+        return [np.append(d[1:], eot) for d in docs]
+    assert all(d[-1] == eot for d in docs)
+    return [np.insert(d[:-1], 0, eot) for d in docs]
+
+
+def flat(docs: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(docs).astype(np.int64)
+
+
+# --- datasets ---------------------------------------------------------------------------------
+
+
+def _texts(n: int) -> list[str]:
+    rng = np.random.default_rng(3)
+    words = ["the", "of", "river", "stone", "light", "quiet", "north", "42", "über", "日本", "{}", "code"]
+    return [" ".join(rng.choice(words, size=int(rng.integers(2, 40)))) + f" #{i}" for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """GPT-2 datasets with the EOT after / before each document: 300 documents, train and val,
+    several shards per split."""
+    tmp = tmp_path_factory.mktemp("interop")
+    src = write(tmp / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in _texts(300)))
+    made = {}
+    for side in ("after", "before"):
+        cfg = PrepareConfig(inputs=[str(src)], out=str(tmp / side), workers=1, val_fraction=0.25,
+                            tokens_per_shard=1500, eot_position=side)  # fmt: skip
+        prepare(cfg)
+        made[side] = tmp / side
+    return made
+
+
+@pytest.fixture(scope="module")
+def big_ds(big, tmp_path_factory):  # noqa: F811
+    """A Llama-3-like dataset: ids above 65,535, a BOS before each text, EOT after it."""
+    tmp = tmp_path_factory.mktemp("bigds")
+    texts = [" ".join(big["high_words"][5 * i : 5 * i + 5]) + f" doc {i}" for i in range(60)]
+    src = write(tmp / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp / "ds"), tokenizer=str(big["file"]), workers=1,
+                          val_fraction=0.2, tokens_per_shard=400))  # fmt: skip
+    return tmp / "ds"
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of ~50 tokens, so every export crosses many block boundaries."""
+    monkeypatch.setattr(source, "BLOCK_TOKENS", 50)
+    monkeypatch.setattr(importer, "BLOCK_TOKENS", 37)
+
+
+def truth(root: Path, split: str, want: str) -> list[np.ndarray]:
+    meta = load_metadata(root)
+    return with_eot(read_docs(root, split), meta.eot_position, want, meta.tokenizer.eot_id)
+
+
+# --- export -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", ["after", "before"])
+def test_nanogpt_export_is_the_documents_uint16_with_eot_after(datasets, side, tmp_path, small_blocks):
+    root = datasets[side]
+    export_dataset(root, "nanogpt", tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["lmshard_export.json", "train.bin", "val.bin"]
+    for split in ("train", "val"):
+        tokens = nanogpt_tokens(tmp_path / "out" / f"{split}.bin")
+        assert (tmp_path / "out" / f"{split}.bin").stat().st_size == 2 * len(tokens)
+        assert np.array_equal(tokens, flat(truth(root, split, "after")))
+        assert tokens[-1] == GPT2_EOT
+
+
+def test_llmc_export_gpt2_is_v1_uint16_shards_of_whole_documents_eot_before(datasets, tmp_path, small_blocks):
+    root = datasets["after"]
+    result = export_dataset(root, "llmc", tmp_path / "out", tokens_per_shard=1000, name="corpus")
+    names = sorted((p.name for p in (tmp_path / "out").glob("*.bin")), key=lambda n: n.rsplit("_", 1)[1])
+    splits = [re.fullmatch(r"corpus_(train|val)_(\d{6})\.bin", n).groups() for n in names]  # type: ignore[union-attr]
+    assert [int(number) for _, number in splits] == list(range(len(names)))  # one counter, from 000000
+    kinds = [split for split, _ in splits]
+    assert kinds == sorted(kinds, reverse=True) and kinds.count("val") >= 2 and kinds.count("train") >= 4  # val first
+    assert [f["path"] for f in result.files] == names
+    for split in ("train", "val"):
+        shards = [llmc_shard(p) for p in sorted((tmp_path / "out").glob(f"corpus_{split}_*.bin"))]
+        assert {kind for kind, _ in shards} == {(20240520, 1)}
+        assert all(len(t) <= 1000 and t[0] == GPT2_EOT for _, t in shards)  # whole documents, EOT first
+        assert np.array_equal(np.concatenate([t for _, t in shards]), flat(truth(root, split, "before")))
+
+
+def test_llmc_export_of_a_large_vocabulary_is_v7_uint32_eot_then_bos(big, big_ds, tmp_path):  # noqa: F811
+    import tokenizers
+
+    ref = tokenizers.Tokenizer.from_file(str(big["file"]))
+    bos, eot = ref.token_to_id(BOT), ref.token_to_id(EOT)
+    export_dataset(big_ds, "llmc", tmp_path / "out", name="llama")
+    for split in ("train", "val"):
+        (kind, tokens), = [llmc_shard(p) for p in (tmp_path / "out").glob(f"llama_{split}_*.bin")]  # fmt: skip
+        assert kind == (20240801, 7)
+        assert tokens.max() > 0xFFFF
+        expected = truth(big_ds, split, "before")
+        assert all(d[0] == eot and d[1] == bos for d in expected)  # EOT, BOS, text
+        assert np.array_equal(tokens, flat(expected))
+
+
+def test_modded_nanogpt_export_uses_its_names_and_the_v1_header(datasets, tmp_path):
+    root = datasets["before"]
+    export_dataset(root, "modded-nanogpt", tmp_path / "out", tokens_per_shard=2000)
+    export_dataset(root, "modded-nanogpt", tmp_path / "one", split="train")
+    assert sorted(p.name for p in (tmp_path / "one").glob("*.bin"))[0] == "fineweb_train_000000.bin"
+    names = sorted((p.name for p in (tmp_path / "out").glob("*.bin")), key=lambda n: n[-10:])
+    n_val = sum("_val_" in n for n in names)
+    assert names == [f"fineweb_val_{i:06d}.bin" for i in range(n_val)] + [
+        f"fineweb_train_{i:06d}.bin" for i in range(n_val, len(names))
+    ]
+    for split in ("train", "val"):
+        shards = [llmc_shard(p) for p in sorted((tmp_path / "out").glob(f"fineweb_{split}_*.bin"))]
+        assert {kind for kind, _ in shards} == {(20240520, 1)}
+        tokens = np.concatenate([t for _, t in shards])
+        expected = truth(root, split, "before")
+        assert np.array_equal(tokens, flat(expected))
+        # train_gpt.py finds document starts as the positions of BOS_ID (50256)
+        starts = np.flatnonzero(tokens == GPT2_EOT)
+        assert np.array_equal(starts, np.cumsum([0, *map(len, expected)])[:-1])
+
+
+@pytest.mark.parametrize("which", ["gpt2", "big"])
+def test_megatron_export_opens_with_megatrons_layout(datasets, big_ds, which, tmp_path, small_blocks):
+    root = datasets["before"] if which == "gpt2" else big_ds
+    export_dataset(root, "megatron", tmp_path / "out", name="c")
+    for split in ("train", "val"):
+        code, docs, n_doc_field = megatron_documents(tmp_path / "out" / f"c_{split}_text_document")
+        assert code == (8 if which == "gpt2" else 4)  # uint16 below 65,500 ids, else int32
+        expected = truth(root, split, "after")
+        assert n_doc_field == len(expected) + 1
+        assert len(docs) == len(expected)
+        assert all(np.array_equal(a, b) for a, b in zip(docs, expected, strict=True))
+
+
+@pytest.mark.parametrize("to", ["nanogpt", "modded-nanogpt"])
+def test_uint16_formats_refuse_a_vocabulary_past_65535(big_ds, to, tmp_path):
+    result = runner.invoke(app, ["export", str(big_ds), "--to", to, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "uint16" in lines[0] and "65,535" in lines[0] and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*")
+            if p.is_file()}  # fmt: skip
+
+
+def test_existing_out_is_refused_and_force_replaces_it_leaving_the_source_alone(datasets, tmp_path):
+    root = datasets["after"]
+    before = _digests(root)
+    out = write(tmp_path / "out" / "keep.txt", "mine").parent
+    result = runner.invoke(app, ["export", str(root), "--to", "nanogpt", "--out", str(out)])
+    assert result.exit_code == 1 and "not empty; pass --force" in result.output
+    assert (out / "keep.txt").read_text() == "mine" and not (out / "train.bin").exists()
+    result = runner.invoke(app, ["export", str(root), "--to", "megatron", "--out", str(out), "--force"])
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists() and (out / "after_train_text_document.idx").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging or replaced directory left behind
+    with pytest.raises(ConfigError, match="overlaps the input"):
+        export_dataset(root, "nanogpt", root / "exported", force=True)
+    assert _digests(root) == before
+
+
+def test_export_refuses_a_source_without_eot_at_a_boundary(datasets, tmp_path):
+    root = shutil.copytree(datasets["after"], tmp_path / "ds")
+    shard = root / "train" / "shard_000000.bin"
+    tokens = np.fromfile(shard, dtype="<u4")
+    offsets = np.fromfile(shard.with_suffix(".idx"), dtype="<u8")
+    tokens[offsets[2] - 1] = 11  # the second document's EOT
+    tokens.tofile(shard)
+    result = runner.invoke(app, ["export", str(root), "--to", "llmc", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "1 document boundaries without the EOT token 50256" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+# --- import -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("side", "fmt"), [("after", "nanogpt"), ("before", "nanogpt"), ("after", "megatron"),
+                                           ("before", "megatron")])  # fmt: skip
+def test_export_then_import_gives_back_every_split(datasets, side, fmt, tmp_path, small_blocks):
+    root = datasets[side]
+    export_dataset(root, fmt, tmp_path / "x", name="c")
+    if fmt == "nanogpt":
+        args = [str(tmp_path / "x")]
+    else:
+        args = [str(tmp_path / "x" / "c_train_text_document"), "--val", str(tmp_path / "x" / "c_val_text_document")]
+    result = runner.invoke(app, ["import", *args, "--from", fmt, "--out", str(tmp_path / "back"), "--tokenizer",
+                                 "gpt2", "--tokens-per-shard", "1200"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = verify_dataset(tmp_path / "back")
+    assert report.ok, report.problems
+    for split in ("train", "val"):
+        back = read_docs(tmp_path / "back", split)
+        original = truth(root, split, "after")  # an imported dataset has its EOT after each document
+        assert len(back) == len(original) and all(np.array_equal(a, b) for a, b in zip(back, original, strict=True))
+
+
+def test_megatron_int32_round_trip_with_a_hugging_face_vocabulary(big, big_ds, tmp_path):  # noqa: F811
+    export_dataset(big_ds, "megatron", tmp_path / "x", name="b")
+    meta = import_dataset(tmp_path / "x" / "b_train_text_document.bin", "megatron", tmp_path / "back",
+                          tokenizer=str(big["file"]), val=tmp_path / "x" / "b_val_text_document")  # fmt: skip
+    assert meta.tokenizer.ranks_sha256 == load_metadata(big_ds).tokenizer.ranks_sha256
+    assert verify_dataset(tmp_path / "back").ok
+    for split in ("train", "val"):
+        assert flat(read_docs(tmp_path / "back", split)).tolist() == flat(read_docs(big_ds, split)).tolist()
+
+
+def _one_line_error(args: list[str], *words: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output, result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_bad_inputs_are_refused_in_one_line(datasets, big_ds, tmp_path):
+    export_dataset(datasets["after"], "nanogpt", tmp_path / "n")
+    export_dataset(datasets["after"], "megatron", tmp_path / "m", name="c")
+    export_dataset(big_ds, "megatron", tmp_path / "big", name="b")
+    out = ["--out", str(tmp_path / "back"), "--tokenizer", "gpt2"]
+    # a nanoGPT file cut in the middle of a token, and one cut after a document's text
+    bad = shutil.copytree(tmp_path / "n", tmp_path / "n1")
+    data = (bad / "train.bin").read_bytes()
+    (bad / "train.bin").write_bytes(data[:-1])
+    _one_line_error(["import", str(bad), "--from", "nanogpt", *out], "not a whole number of uint16 tokens")
+    (bad / "train.bin").write_bytes(data[:-2])
+    _one_line_error(["import", str(bad), "--from", "nanogpt", *out], "not followed by the EOT id 50256")
+    # Megatron: a bad magic, a truncated .bin, ids outside the tokenizer's vocabulary
+    prefix = tmp_path / "m" / "c_train_text_document"
+    idx = prefix.with_suffix(".idx").read_bytes()
+    prefix.with_suffix(".idx").write_bytes(b"MMIDIDY" + idx[7:])
+    _one_line_error(["import", str(prefix), "--from", "megatron", *out], "not a Megatron .idx")
+    prefix.with_suffix(".idx").write_bytes(idx)
+    tokens = prefix.with_suffix(".bin").read_bytes()
+    prefix.with_suffix(".bin").write_bytes(tokens[:-2])
+    _one_line_error(["import", str(prefix), "--from", "megatron", *out], "truncated")
+    prefix.with_suffix(".bin").write_bytes(tokens)
+    _one_line_error(["import", str(tmp_path / "big" / "b_train_text_document"), "--from", "megatron", *out],
+                    "outside the tokenizer's vocabulary (50,257 ids)")  # fmt: skip
+    _one_line_error(["import", str(prefix), "--from", "megatron", *out, "--eot-id", "13"],
+                    "do not end with the EOT id 13")  # fmt: skip
+    assert not (tmp_path / "back").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
