@@ -35,8 +35,8 @@ def export(
     name: str | None = typer.Option(
         None,
         "--name",
-        help="File-name stem (llmc, modded-nanogpt) or prefix (megatron) [the dataset's directory name; "
-        "fineweb for modded-nanogpt].",
+        help="File-name stem (llmc, modded-nanogpt) or prefix (megatron) (default: the dataset's directory "
+        "name; fineweb for modded-nanogpt).",
         show_default=False,
     ),
 ) -> None:
@@ -57,12 +57,12 @@ def export(
 
 
 def import_(
-    src: Path = typer.Argument(..., help="nanogpt: a directory of train.bin [val.bin]; megatron: a .bin/.idx prefix."),
+    src: Path = typer.Argument(..., help="nanogpt: a directory of train.bin (and val.bin); megatron: a prefix."),
     from_: str = typer.Option(..., "--from", help="nanogpt or megatron."),
     out: Path = typer.Option(..., "--out", "-o", help="Output dataset directory (must not exist or be empty)."),
     tokenizer: str = typer.Option(..., "--tokenizer", help="The vocabulary the tokens come from (as for prepare)."),
     eot_id: int | None = typer.Option(
-        None, "--eot-id", help="The separator id in SRC [the tokenizer's end of text].", show_default=False
+        None, "--eot-id", help="The separator id in SRC (default: the tokenizer's end of text).", show_default=False
     ),
     val: Path | None = typer.Option(
         None, "--val", help="megatron: the val split's .bin/.idx prefix.", show_default=False

@@ -265,6 +265,20 @@ def test_export_refuses_a_source_without_eot_at_a_boundary(datasets, tmp_path):
     result = runner.invoke(app, ["export", str(root), "--to", "llmc", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "1 document boundaries without the EOT token 50256" in result.output
     assert not (tmp_path / "out").exists()
+    # a failed --force export leaves the old output as it was, and nothing beside it
+    old = write(tmp_path / "old" / "train.bin", b"old").parent
+    result = runner.invoke(app, ["export", str(root), "--to", "nanogpt", "--out", str(old), "--force"])
+    assert result.exit_code == 1 and "without the EOT token" in result.output
+    assert [p.name for p in old.iterdir()] == ["train.bin"] and (old / "train.bin").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "old"]
+
+
+def test_export_and_import_commands_take_their_options():
+    wanted = {"export": ["--to", "--out", "--split", "--force", "--tokens-per-shard", "--name"],
+              "import": ["--from", "--out", "--tokenizer", "--eot-id", "--val", "--force"]}  # fmt: skip
+    for command, options in wanted.items():
+        result = runner.invoke(app, [command, "-h"])
+        assert result.exit_code == 0 and all(o in result.output for o in options), result.output
 
 
 # --- import -----------------------------------------------------------------------------------
