@@ -1,0 +1,219 @@
+"""The scale-out plan: a prepare run's inputs cut into units and dealt to N tasks, persisted
+beside the output so that every task of every engine (Slurm array, Ray, any "task i of N"
+scheduler) works from the same plan.
+
+**Units.** Inputs are enumerated as `prepare` does (sorted paths, `discover`), then cut:
+
+- an uncompressed line-based file (JSON lines, text read by line or by paragraph, and text that
+  --text-mode auto splits into paragraphs) larger than `unit_bytes` into byte ranges that start
+  just past a record boundary (a newline; a blank line for paragraphs), found by reading a few
+  KB at each multiple of `unit_bytes`, never the whole file;
+- a parquet file into its row groups;
+- anything else (compressed files, CSV, JSON arrays, arrow, small files) is one unit.
+
+Units concatenated in plan order are exactly the input in `prepare`'s order, so a merge that
+takes the units' documents in plan order sees the single-machine document sequence.
+
+**Tasks.** Units are dealt to N tasks as contiguous runs balanced by bytes (a task ends at the
+first unit boundary past its share of the total), so each task reads neighbouring data. A task
+may be empty when there are fewer units than tasks.
+
+**Persistence.** `ensure_plan` writes `plan.json` into the work directory once (a temporary file
+hard-linked into place, so two tasks starting together cannot both create it) and validates it
+on every later call: another configuration, input set, vocabulary or task count is refused,
+naming the difference.
+
+Memory model: one entry per unit (a few dozen bytes) and a 64 KiB read window while cutting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, InputError
+from ..format import atomic_write_json
+from .files import Source, first_byte, parquet_row_groups
+from .staging import difference
+
+PLAN_FILE = "plan.json"
+PLAN_VERSION = 1
+UNIT_BYTES = 64 << 20  # a unit of a large line-based file: ~20 s of one core's tokenizing
+_WINDOW = 64 << 10
+_LINE_FORMATS = ("jsonl", "text")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Part of one source: the whole file, the bytes [start, end), or parquet row group `start`."""
+
+    source: int
+    kind: str  # file | range | row_group
+    start: int
+    end: int
+    nbytes: int  # input bytes it accounts for, for balancing
+
+
+def work_dir(out: str | os.PathLike[str]) -> Path:
+    """Where a scale-out run keeps its plan, the tasks' outputs and markers: `.NAME.lmshard-work`
+    beside the output, as the build's `.NAME.lmshard-partial`, so `NAME` only ever holds a
+    complete dataset."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lmshard-work"
+
+
+def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
+    """Every source as units, in input order (see the module docstring)."""
+    if unit_bytes < _WINDOW:
+        raise ConfigError(f"unit_bytes={unit_bytes} is below {_WINDOW}; pass at least {_WINDOW} bytes")
+    units: list[Unit] = []
+    for i, src in enumerate(sources):
+        if src.path == "-" or src.fmt == "hf":
+            name = "stdin" if src.path == "-" else src.path
+            raise ConfigError(f"{name}: a scale-out run reads files that every task can open; save the input to a "
+                              "file (Hugging Face datasets: --hf-tasks)")  # fmt: skip
+        units.extend(_cut(i, src, text_mode, max_chars, unit_bytes))
+    return units
+
+
+def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -> list[Unit]:
+    whole = [Unit(i, "file", 0, src.size, src.size)]
+    if src.fmt == "parquet":
+        n = parquet_row_groups(src)
+        return [Unit(i, "row_group", g, g + 1, src.size // n) for g in range(n)] if n > 1 else whole
+    if src.compression is not None or src.size <= unit_bytes or src.fmt not in (*_LINE_FORMATS, "json"):
+        return whole
+    if src.fmt == "json" and first_byte(src) == b"[":  # a JSON array: parsed as a whole
+        return whole
+    if src.fmt == "text" and (text_mode == "file" or (text_mode == "auto" and src.size <= max_chars)):
+        return whole  # one document
+    paragraph = src.fmt == "text" and text_mode != "line"
+    cuts = [0, *_boundaries(src.path, src.size, unit_bytes, paragraph), src.size]
+    return [Unit(i, "range", a, b, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def _boundaries(path: str, size: int, unit_bytes: int, paragraph: bool) -> list[int]:
+    """Record boundaries (offsets just past a newline, or past a blank line's last newline)
+    at or after each multiple of unit_bytes, increasing; one that reaches the end is dropped."""
+    found: list[int] = []
+    with open(path, "rb") as f:
+        for target in range(unit_bytes, size, unit_bytes):
+            if found and found[-1] >= target:
+                continue  # a long record already carried the last cut past this multiple
+            cut = _next_boundary(f, target, size, paragraph)
+            if cut is None:
+                break
+            found.append(cut)
+    return found
+
+
+def _next_boundary(f: Any, target: int, size: int, paragraph: bool) -> int | None:
+    """The first boundary ending at or after `target` (and before `size`): just past a newline,
+    or for paragraphs just past the newline that ends a blank line (LF or CRLF)."""
+    patterns = (b"\n\n", b"\n\r\n") if paragraph else (b"\n",)
+    back = max(len(p) for p in patterns)
+    at = max(0, target - back)
+    while at < size:
+        f.seek(at)
+        data = f.read(_WINDOW + back)
+        hits = [k + len(p) for p in patterns if (k := data.find(p, max(0, target - len(p) - at))) >= 0]
+        if hits:
+            cut = at + min(hits)
+            return cut if cut < size else None
+        if len(data) <= back:
+            return None
+        at += len(data) - back  # overlap by a pattern's length: one split across windows is found
+    return None
+
+
+def assign(units: list[Unit], n_tasks: int) -> list[tuple[int, int]]:
+    """Each task's units as a contiguous range [first, end) of the plan, balanced by bytes: a
+    task takes units until it passes its share of the total, always at least one while every
+    later task can still have one (with fewer units than tasks, the first tasks stay empty)."""
+    if n_tasks < 1:
+        raise ConfigError(f"--num-tasks {n_tasks}: pass at least 1")
+    total = sum(u.nbytes for u in units) or 1
+    ranges, first, done = [], 0, 0
+    for t in range(n_tasks):
+        last = t == n_tasks - 1
+        share = total * (t + 1) / n_tasks
+        limit = len(units) if last else max(first, len(units) - (n_tasks - t - 1))  # a unit for each later task
+        end = first
+        while end < limit and (last or end == first or done + units[end].nbytes / 2 <= share):
+            done += units[end].nbytes
+            end += 1
+        ranges.append((first, end))
+        first = end
+    return ranges
+
+
+def make_plan(fingerprint: dict[str, Any], sources: list[Source], units: list[Unit], n_tasks: int,
+              unit_bytes: int = UNIT_BYTES) -> dict[str, Any]:  # fmt: skip
+    """The plan as stored: the run's fingerprint (see claim.py), the sources, units and tasks."""
+    return {"version": PLAN_VERSION, "n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint,
+            "sources": [[s.path, s.fmt, s.compression, s.size] for s in sources],
+            "units": [[u.source, u.kind, u.start, u.end, u.nbytes] for u in units],
+            "tasks": [list(r) for r in assign(units, n_tasks)]}  # fmt: skip
+
+
+def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan in `work`: created from `plan` if absent, else the existing one, refused if it
+    was made for another configuration or task count."""
+    path = work / PLAN_FILE
+    if not path.exists():
+        work.mkdir(parents=True, exist_ok=True)
+        tmp = work / f".{PLAN_FILE}.{os.getpid()}.tmp"
+        atomic_write_json(tmp, plan)
+        try:
+            os.link(tmp, path)  # fails if another task created it first: then validate theirs
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    existing = load_plan(work)
+    why = _plan_difference(existing, plan)
+    if why is not None:
+        raise ConfigError(f"{path} was made for another run: {why}; run with the plan's options, or delete {work} "
+                          "to plan again")  # fmt: skip
+    return existing
+
+
+def load_plan(work: Path) -> dict[str, Any]:
+    path = work / PLAN_FILE
+    try:
+        plan = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no plan; run `lmshard prepare ... --num-tasks N` first") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable plan ({e}); delete {work} and plan again") from None
+    if not isinstance(plan, dict) or plan.get("version") != PLAN_VERSION:
+        raise InputError(f"{path}: plan version {plan.get('version') if isinstance(plan, dict) else None!r} is not "
+                         f"{PLAN_VERSION}; delete {work} and plan again with this lmshard")  # fmt: skip
+    return plan
+
+
+def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    if old.get("n_tasks") != new["n_tasks"]:
+        return f"--num-tasks was {old.get('n_tasks')} and is {new['n_tasks']} now"
+    if old.get("unit_bytes") != new["unit_bytes"]:
+        return f"the unit size was {old.get('unit_bytes')} bytes and is {new['unit_bytes']} now"
+    return difference(old.get("fingerprint", {}), new["fingerprint"])
+
+
+def units_of(plan: dict[str, Any], task: int) -> list[Unit]:
+    """Task `task`'s units."""
+    n = plan["n_tasks"]
+    if not 0 <= task < n:
+        raise ConfigError(f"task {task} is not in [0, {n}); the plan has {n} tasks (numbered from 0)")
+    first, end = plan["tasks"][task]
+    return [Unit(*u) for u in plan["units"][first:end]]
+
+
+def describe(plan: dict[str, Any]) -> dict[str, Any]:
+    """Sizes for a status line: units, tasks, bytes per task (min/max)."""
+    per_task = [sum(u[4] for u in plan["units"][a:b]) for a, b in plan["tasks"]]
+    return {"units": len(plan["units"]), "tasks": plan["n_tasks"], "bytes": sum(per_task),
+            "task_bytes_min": min(per_task), "task_bytes_max": max(per_task)}  # fmt: skip

@@ -1,0 +1,121 @@
+"""The scale-out plan: units that tile the input on record boundaries, tasks that cover the
+units in order, and a persisted plan that refuses another run's options."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from conftest import write
+
+from lmshard.errors import ConfigError
+from lmshard.prepare.files import detect
+from lmshard.prepare.taskplan import (
+    _WINDOW,
+    Unit,
+    assign,
+    cut_units,
+    ensure_plan,
+    load_plan,
+    make_plan,
+    units_of,
+    work_dir,
+)
+
+U = _WINDOW  # the smallest unit size: small files still get several units
+
+
+def _jsonl(n: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return b"".join(json.dumps({"text": "w" * int(k)}).encode() + b"\n" for k in rng.integers(1, 3000, size=n))
+
+
+def test_ranges_tile_a_jsonl_file_on_newlines(tmp_path):
+    data = _jsonl(400, 1)
+    src = detect(str(write(tmp_path / "a.jsonl", data)))
+    units = cut_units([src], "auto", 100_000, U)
+    assert len(units) > 3 and all(u.kind == "range" for u in units)
+    assert b"".join(data[u.start : u.end] for u in units) == data
+    for k, u in enumerate(units):
+        assert data[u.end - 1 : u.end] == b"\n"  # every unit ends a line
+        if k:
+            assert u.start >= k * U and u.start - k * U <= 3000 + 20  # the first boundary past the multiple
+    records = [r for u in units for r in data[u.start : u.end].splitlines()]
+    assert records == data.splitlines()  # no record is cut
+
+
+def test_paragraph_text_is_cut_after_blank_lines_lf_and_crlf(tmp_path):
+    rng = np.random.default_rng(2)
+    for newline in (b"\n", b"\r\n"):
+        paragraphs = [newline.join([b"line %d" % i] * int(k)) for i, k in enumerate(rng.integers(1, 400, size=300))]
+        data = (newline + newline).join(paragraphs) + newline
+        src = detect(str(write(tmp_path / f"p{len(newline)}.txt", data)))
+        units = cut_units([src], "paragraph", 1000, U)
+        assert len(units) > 3 and b"".join(data[u.start : u.end] for u in units) == data
+        for u in units[1:]:
+            before = data[u.start - 2 * len(newline) : u.start]
+            assert before == newline + newline, (newline, before)
+
+
+def test_what_is_not_cut(tmp_path):
+    big = _jsonl(400, 3)
+    gz = detect(str(write(tmp_path / "a.jsonl.gz", gzip.compress(big))))
+    small = detect(str(write(tmp_path / "b.jsonl", _jsonl(3, 4))))
+    array = detect(str(write(tmp_path / "c.json", b"[" + b",".join([b'{"text": "x"}'] * 20000) + b"]")))
+    whole_text = detect(str(write(tmp_path / "d.txt", b"word " * 100_000)))  # text mode file: one document
+    units = cut_units([gz, small, array, whole_text], "file", 1000, U)
+    assert [(u.source, u.kind) for u in units] == [(0, "file"), (1, "file"), (2, "file"), (3, "file")]
+    one_long_line = detect(str(write(tmp_path / "e.jsonl", b'{"text": "' + b"x" * 300_000 + b'"}\n')))
+    assert [u.kind for u in cut_units([one_long_line], "auto", 1000, U)] == ["range"]
+    with pytest.raises(ConfigError, match="stdin"):
+        cut_units([detect("-")], "auto", 1000, U)
+
+
+def test_parquet_row_groups_are_units(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"text": [f"doc {i}" for i in range(1000)]}), path, row_group_size=300)
+    units = cut_units([detect(str(path))], "auto", 1000, U)
+    assert [(u.kind, u.start) for u in units] == [("row_group", g) for g in range(4)]
+
+
+@pytest.mark.parametrize("n_tasks", [1, 3, 7, 40])
+def test_tasks_cover_the_units_in_order_balanced_by_bytes(n_tasks):
+    sizes = np.random.default_rng(5).integers(1, 1000, size=25).tolist()
+    units = [Unit(0, "range", 0, 0, s) for s in sizes]
+    ranges = assign(units, n_tasks)
+    assert len(ranges) == n_tasks and ranges[0][0] == 0 and ranges[-1][1] == len(units)
+    assert all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:], strict=True))  # contiguous, in order
+    per_task = [sum(sizes[a:b]) for a, b in ranges]
+    if n_tasks <= len(units):
+        assert max(per_task) <= sum(sizes) / n_tasks + max(sizes)
+        assert all(b > a for a, b in ranges)  # nobody idle
+    else:
+        assert sum(b > a for a, b in ranges) == len(units)  # one unit each, the rest empty
+    with pytest.raises(ConfigError, match="at least 1"):
+        assign(units, 0)
+
+
+def test_the_plan_is_written_once_and_refuses_another_run(tmp_path):
+    data = _jsonl(400, 6)
+    src = detect(str(write(tmp_path / "in" / "a.jsonl", data)))
+    fingerprint = {"config": {"val_fraction": 0.01, "seed": 0}, "sources": [[src.path, "jsonl", src.size, 1]]}
+    units = cut_units([src], "auto", 1000, U)
+    plan = make_plan(fingerprint, [src], units, 3, U)
+    work = work_dir(tmp_path / "out")
+    assert work.name == ".out.lmshard-work" and not work.exists()
+    assert ensure_plan(work, plan) == plan == load_plan(work)
+    assert ensure_plan(work, json.loads(json.dumps(plan))) == plan  # a second task validates it
+    got = [(u.start, u.end) for t in range(3) for u in units_of(plan, t)]
+    assert got == [(u.start, u.end) for u in units]
+    with pytest.raises(ConfigError, match="--num-tasks was 3 and is 5 now"):
+        ensure_plan(work, make_plan(fingerprint, [src], units, 5, U))
+    other = {**fingerprint, "config": {"val_fraction": 0.05, "seed": 0}}
+    with pytest.raises(ConfigError, match="--val-fraction was 0.01 when the run started and is 0.05 now"):
+        ensure_plan(work, make_plan(other, [src], units, 3, U))
+    with pytest.raises(ConfigError, match=r"task 3 is not in \[0, 3\)"):
+        units_of(plan, 3)
+    assert not list(work.glob("*.tmp"))
