@@ -119,3 +119,41 @@ def test_the_plan_is_written_once_and_refuses_another_run(tmp_path):
     with pytest.raises(ConfigError, match=r"task 3 is not in \[0, 3\)"):
         units_of(plan, 3)
     assert not list(work.glob("*.tmp"))
+
+
+def _numbered(items) -> list[tuple[int, int, bytes]]:
+    """(source, line number, line) of every line the items carry, as the workers number them."""
+    out = []
+    for item in items:
+        assert item.kind == "lines", item.kind
+        out += [(item.source, item.first_line + k, line) for k, line in enumerate(item.payload.splitlines(True))]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["jsonl", "paragraph", "auto"])
+def test_unit_items_carry_the_same_numbered_lines_as_the_whole_file(tmp_path, mode):
+    """Cut into units, a file gives prepare's workers exactly the lines (and line numbers) of
+    the single-machine plan; --text-mode auto marks the file as split into paragraphs once."""
+    from lmshard.prepare.sources import plan
+    from lmshard.prepare.taskplan import unit_items
+
+    rng = np.random.default_rng(7)
+    if mode == "jsonl":
+        data, name, text_mode = _jsonl(500, 8), "a.jsonl", "auto"
+    else:
+        paragraphs = [b"\n".join([b"w%d" % i] * int(k)) for i, k in enumerate(rng.integers(1, 300, size=400))]
+        data, name, text_mode = b"\n\n".join(paragraphs) + b"\n", "a.txt", mode
+    small = write(tmp_path / "0.jsonl", _jsonl(5, 9))
+    sources = [detect(str(small)), detect(str(write(tmp_path / name, data)))]
+    units = cut_units(sources, text_mode, 1000, U)
+    assert sum(u.source == 1 for u in units) > 3
+    whole = list(plan(sources, text_mode, "text", max_chars=1000))
+    cut = [it for u in units for it in unit_items(u.source, sources[u.source], u, text_mode, "text", 1000)]
+    assert _numbered(cut) == _numbered(whole)
+    assert [it.split_file for it in cut].count(True) == [it.split_file for it in whole].count(True)
+    assert sum(it.nbytes for it in cut if it.source == 1) == len(data)
+
+
+def test_a_binary_file_stays_one_unit(tmp_path):
+    data = b"\x00" * 10 + _jsonl(400, 10)
+    assert [u.kind for u in cut_units([detect(str(write(tmp_path / "b.jsonl", data)))], "auto", 1000, U)] == ["file"]

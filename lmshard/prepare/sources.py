@@ -148,20 +148,26 @@ def by_paragraph(text_mode: str) -> bool:
     return text_mode != "line"
 
 
-def _plan_lines(i: int, src: Source, paragraph: bool) -> Iterator[WorkItem]:
+def _plan_lines(i: int, src: Source, paragraph: bool, span: tuple[int, int, int] | None = None) -> Iterator[WorkItem]:
     """Newline-aligned blocks (blank-line-aligned for paragraphs) of a line-based file. Damaged
-    compressed data ends the file with one bad record where the damage starts."""
+    compressed data ends the file with one bad record where the damage starts. `span`: only the
+    bytes [start, end) of an uncompressed file, whose first line is number `first_line` (a
+    scale-out unit, which starts on a record boundary)."""
     stream, raw = open_binary(src)
+    start, end, first_line = span if span is not None else (0, None, 1)
     try:
-        carry, line, seq, last_pos = b"", 1, 0, 0
+        if start:
+            raw.seek(start)
+        carry, line, seq, last_pos = b"", first_line, 0, start
         while True:
+            want = BLOCK_BYTES if end is None else min(BLOCK_BYTES, end - raw.tell())
             try:
-                block = stream.read(BLOCK_BYTES)
+                block = stream.read(want)
             except DamagedInput as e:  # `carry` holds the line (or paragraph) the damage cut
                 record = damaged_record(line, e, f"{line - 1:,} lines")
                 yield WorkItem(i, seq, "records", payload=[record], nbytes=_delta(raw, last_pos))
                 return
-            if seq == 0 and not carry and (binary := binary_record(block)):
+            if seq == 0 and start == 0 and not carry and (binary := binary_record(block)):
                 yield WorkItem(i, 0, "records", payload=[binary], nbytes=src.size)
                 return
             data = carry + block

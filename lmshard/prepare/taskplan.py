@@ -11,8 +11,12 @@ scheduler) works from the same plan.
 - a parquet file into its row groups;
 - anything else (compressed files, CSV, JSON arrays, arrow, small files) is one unit.
 
-Units concatenated in plan order are exactly the input in `prepare`'s order, so a merge that
-takes the units' documents in plan order sees the single-machine document sequence.
+Units concatenated in plan order are exactly the input in `prepare`'s order, and `unit_items`
+gives a unit's work items with the lines (and line numbers, counted once at planning) that the
+single-machine plan gives, so a merge that takes the units' documents in plan order sees the
+single-machine document sequence. Status: the plan and the units are built and tested; the
+stages that run them (tokenize, dedup buckets, merge), the executors and `run-task`/`status`
+are not yet (issue 17).
 
 **Tasks.** Units are dealt to N tasks as contiguous runs balanced by bytes (a task ends at the
 first unit boundary past its share of the total), so each task reads neighbouring data. A task
@@ -23,20 +27,24 @@ hard-linked into place, so two tasks starting together cannot both create it) an
 on every later call: another configuration, input set, vocabulary or task count is refused,
 naming the difference.
 
-Memory model: one entry per unit (a few dozen bytes) and a 64 KiB read window while cutting.
+Memory model: one entry per unit (a few dozen bytes); a 64 KiB read window while cutting and
+one 1 MiB block while counting lines (planning reads each range-cut file once).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..format import atomic_write_json
 from .files import Source, first_byte, parquet_row_groups
+from .records import binary_record
+from .sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
 from .staging import difference
 
 PLAN_FILE = "plan.json"
@@ -55,6 +63,7 @@ class Unit:
     start: int
     end: int
     nbytes: int  # input bytes it accounts for, for balancing
+    first_line: int = 1  # the number of a range's first line in its file (for messages)
 
 
 def work_dir(out: str | os.PathLike[str]) -> Path:
@@ -90,9 +99,44 @@ def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -
         return whole
     if src.fmt == "text" and (text_mode == "file" or (text_mode == "auto" and src.size <= max_chars)):
         return whole  # one document
+    with open(src.path, "rb") as f:
+        if binary_record(f.read(BLOCK_BYTES)) is not None:  # one "binary_file" record, as prepare reads it
+            return whole
     paragraph = src.fmt == "text" and text_mode != "line"
     cuts = [0, *_boundaries(src.path, src.size, unit_bytes, paragraph), src.size]
-    return [Unit(i, "range", a, b, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    lines = _first_lines(src.path, cuts)
+    return [Unit(i, "range", a, b, b - a, n) for a, b, n in zip(cuts[:-1], cuts[1:], lines, strict=False)]
+
+
+def _first_lines(path: str, cuts: list[int]) -> list[int]:
+    """The line number at each cut: newlines counted in one pass over the file (memory: one block)."""
+    out, line, pos = [1], 1, 0
+    with open(path, "rb") as f:
+        for cut in cuts[1:-1]:
+            while pos < cut:
+                block = f.read(min(BLOCK_BYTES, cut - pos))
+                line += block.count(b"\n")
+                pos += len(block)
+            out.append(line)
+    return out
+
+
+def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str, max_chars: int) -> Iterator[WorkItem]:
+    """The work items of one unit: concatenated over a source's units in plan order, the same
+    records, with the same line numbers, as `sources.plan` gives for the whole source."""
+    if unit.kind == "row_group":
+        yield WorkItem(i, unit.start, "parquet", locator=unit.start, nbytes=unit.nbytes)
+    elif unit.kind == "range":
+        paragraph = src.fmt == "text" and text_mode != "line"
+        items = _plan_lines(i, src, paragraph, (unit.start, unit.end, unit.first_line))
+        first = next(items, None)
+        if first is not None:  # --text-mode auto counts a file it splits into paragraphs once
+            auto = unit.start == 0 and src.fmt == "text" and text_mode == "auto"
+            yield replace(first, split_file=auto and first.kind == "lines")
+            yield from items
+    else:
+        for item in plan([src], text_mode, text_field, max_chars=max_chars):  # source 0 of one: renumbered
+            yield replace(item, source=i, payload=[i] if item.kind == "files" else item.payload)
 
 
 def _boundaries(path: str, size: int, unit_bytes: int, paragraph: bool) -> list[int]:
