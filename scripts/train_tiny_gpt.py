@@ -104,9 +104,7 @@ def main() -> None:
         val = TokenDataset(args.data, split="val").random_batches(
             args.batch_size, args.seq_len, seed=0, device=args.device
         )
-    if mix is not None:  # warns for a source the run would repeat more than max_epochs times
-        for r in mix.report(args.steps, batches.global_batch_size, args.seq_len, seed=args.seed):
-            print(f"  {r['source']}: weight {r['target']:.3f}, {r['epochs']:.2f} epochs in {args.steps} steps")
+    if mix is not None:
         drawn = np.zeros(len(mix.names), dtype=np.int64)
     model = TinyGPT(train.vocab_size, args.seq_len).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
@@ -115,6 +113,10 @@ def main() -> None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         batches.load_state_dict(ckpt["data"])
+    if mix is not None:  # the whole run so far and to come; warns for a source repeated past max_epochs
+        end = batches.step + args.steps
+        for r in mix.report(end, batches.global_batch_size, args.seq_len, seed=args.seed):
+            print(f"  {r['source']}: weight {r['target']:.3f}, {r['epochs']:.2f} epochs by step {end}")
     print(f"{train}\n{batches}  ({batches.tokens_per_step:,} tokens/step)")
     start, t0 = batches.step, time.perf_counter()
     for step in range(start, start + args.steps):

@@ -163,9 +163,10 @@ def test_sources_must_share_the_tokenizer(sources):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mix")
-    for name, seed in (("web", 1), ("code", 2)):
+    for name, seed, backend in (("web", 1, "auto"), ("code", 2, "auto"), ("plain", 3, "tiktoken")):
         prepare(PrepareConfig(inputs=[str(jsonl(tmp / f"{name}.jsonl", make_texts(300, seed=seed)))],
-                              out=str(tmp / name), workers=1, val_fraction=0.0, tokens_per_shard=3000))  # fmt: skip
+                              out=str(tmp / name), workers=1, val_fraction=0.0, tokens_per_shard=3000,
+                              tokenizer_backend=backend))  # fmt: skip
     return tmp
 
 
@@ -252,3 +253,69 @@ def test_the_example_script_trains_on_a_mixture_file_and_logs_the_shares(prepare
     assert run.returncode == 0, run.stderr
     last = [line for line in run.stdout.splitlines() if line.startswith("step")][-1]
     assert last.startswith("step    19") and "web=0.800/0.800" in last and "code=0.200/0.200" in last, last
+
+
+def test_prepared_sources_resume_by_content_not_by_spelling(prepared):
+    """The same datasets named by other paths resume the run; the encoder backend is not part of
+    the tokenizer identity (it never changes the tokens)."""
+    mix = Mixture({str(prepared / "web"): 0.5, str(prepared / "plain"): 0.5})
+    stream = mix.random_batches(4, 32, seed=2)
+    next(stream)
+    state = stream.state_dict()
+    expected = next(stream)
+    other = Mixture({str(prepared / "code" / ".." / "web") + "/": 0.5, prepared / "plain": 0.5})
+    again = other.random_batches(4, 32, seed=2)
+    again.load_state_dict(state)
+    assert torch.equal(next(again).x, expected.x)
+    swapped = Mixture({str(prepared / "code"): 0.5, str(prepared / "plain"): 0.5}).random_batches(4, 32, seed=2)
+    with pytest.raises(ArgumentError, match="mixture"):
+        swapped.load_state_dict(state)
+
+
+def test_an_unaligned_in_memory_source_reads_right(sources):
+    a, b, data = sources
+    raw = np.zeros(len(b) * 4 + 2, dtype=np.uint8)
+    raw[2:] = b.view(np.uint8)
+    odd = TokenDataset.from_tokens(np.frombuffer(raw.data, dtype=np.uint32, offset=2), eot_id=EOT, vocab_size=VOCAB)
+    mix = Mixture([(data[0], 0.5), (odd, 0.5)])
+    batch = next(mix.random_batches(16, T, seed=1))
+    src, local = mix.locate(batch.offsets)
+    for r in range(16):
+        assert batch.x[r].tolist() == (a, b)[src[r]][local[r] : local[r] + T].tolist()
+
+
+def test_a_tiny_weight_gets_its_share(sources):
+    _, _, data = sources
+    mix = Mixture([(data[0], 1 - 1e-7), (data[1], 1e-7)], max_epochs=1e9)
+    rows = mix.report(steps=1_000_000, global_batch_size=512, seq_len=T)[1]["rows"]
+    assert abs(rows - 512e6 * 1e-7) <= 1
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda d: Mixture(None), "not a mapping"),
+        (lambda d: Mixture("data/web"), "not a mapping"),
+        (lambda d: Mixture([d[0], d[1]]), "not a \\(source, weight\\) pair"),
+        (lambda d: Mixture([(d[0], 10**400), (d[1], 1)]), "finite number above 0"),
+        (lambda d: Mixture([(d[0], 1), (d[1], 1)], max_epochs=float("nan")), "max_epochs=nan"),
+        (lambda d: Mixture([(d[0], 1), (d[1], 1)]).report(10, 4, 20_000, stride=8), "lower seq_len"),
+        (lambda d: Mixture([(d[0], 1), (d[1], 1)]).report(10, 4, T, per_epoch=[3]), "per_epoch"),
+        (lambda d: Mixture([(d[0], 1), (d[1], 1)]).packed_batches(4, 64, foo=1), "takes no foo"),
+        (lambda d: Mixture([(d[0], 1), (d[1], 1)]).locate(np.array([-1])), "not addresses"),
+    ],
+)
+def test_misuse_is_one_line(sources, make, match):
+    with pytest.raises(ArgumentError, match=match):
+        make(sources[2])
+
+
+def test_numpy_numbers_are_weights(sources):
+    mix = Mixture([(sources[2][0], np.int64(3)), (sources[2][1], np.float32(1))], max_epochs=np.int64(4))
+    assert mix.weights == pytest.approx([0.75, 0.25]) and mix.max_epochs == 4
+
+
+def test_a_toml_file_with_a_typo_is_refused(prepared):
+    (prepared / "typo.toml").write_text('[[source]]\npath = "web"\nwieght = 1\n')
+    with pytest.raises(InputError, match="unknown key 'source.wieght'"):
+        Mixture.from_file(prepared / "typo.toml")

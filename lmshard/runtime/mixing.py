@@ -20,7 +20,9 @@ import numpy as np
 from .sampling import keyed_ints
 from .store import _Span
 
-SCALE = 1 << 20  # weights are held as integers out of this (a weight's rounding is below 1e-6)
+# Weights are held as integers out of SCALE (a weight's rounding is below 1e-9). Exact in int64:
+# a·r + p < SCALE² < 2**63 (r < b ≤ SCALE), and a·q ≤ n (a ≤ b, q = n // b).
+SCALE = 1 << 30
 
 
 def integer_weights(weights: list[float]) -> list[int]:
@@ -56,7 +58,7 @@ class RowTree:
 
     @staticmethod
     def _left(n: np.ndarray, a: int, b: int, p: int) -> np.ndarray:
-        """floor((a·n + p) / b), exact in int64 for n below 2**42 (n = q·b + r)."""
+        """floor((a·n + p) / b), exact in int64 for any row n below 2**62 (n = q·b + r)."""
         q, r = np.divmod(n, b)
         return a * q + (a * r + p) // b
 
@@ -117,6 +119,8 @@ class MixedStore:
         if length not in self._spans:
             usable = all(st.mapped and len(st.shards) <= st.max_open for st in self.stores)
             arrays = [st._tokens(k) for st in self.stores for k in range(len(st.shards))] if usable else []
+            addresses = [a.__array_interface__["data"][0] for a in arrays]
+            usable = usable and len({a % 4 for a in addresses}) <= 1  # the view steps in whole tokens
             starts = [st.starts[:-1] + base for st, base in zip(self.stores, self.bases.tolist(), strict=False)]
             ends = np.concatenate([*starts, [self.n_tokens]])
             self._spans[length] = _Span(arrays, ends, length) if usable else None

@@ -20,6 +20,8 @@ grows with the step.
 
 from __future__ import annotations
 
+import hashlib
+import numbers
 import os
 import tomllib
 import warnings
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, ConfigError, InputError
+from ..format import METADATA_FILE
 from . import checks
 from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
@@ -41,7 +44,10 @@ from .windows import stride_or_default
 
 _SHIFT_SALT = 0x5EED5EED5EED
 _BLOCK_STEPS = 64
-_IDENTITY = ("name", "backend", "n_vocab", "eot_id", "bos_id", "ranks_sha256")
+_SMALL_SOURCE = 4096  # windows: below this, a source's epoch orders are drawn many at a time
+# What decides the tokens: the vocabulary file (by sha256), size and special ids. Not the name (a
+# Hugging Face tokenizer is named by the path it was loaded from) nor the encoder backend (exact).
+_IDENTITY = ("ranks_sha256", "n_vocab", "eot_id", "bos_id")
 
 
 class MixtureOffsets(Offsets):
@@ -62,7 +68,7 @@ class MixtureOffsets(Offsets):
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride,
-                "mixture": [[name, w] for name, w in zip(self.mix.names, self.mix.weights, strict=True)]}  # fmt: skip
+                "mixture": self.mix.fingerprint()}  # fmt: skip
 
     def _shift(self, step: int) -> int:
         if self.shift.fixed is not None:
@@ -93,12 +99,21 @@ class MixtureOffsets(Offsets):
         return first, count, shifts, (out + self.store.bases[source]).reshape(n, count)
 
     def _source_windows(self, s: int, m: np.ndarray) -> np.ndarray:
+        """Window starts of rows m of source s: window m mod n of the order of epoch m // n. A
+        source of few windows is used up many times in a block of steps, so its orders are
+        drawn for all those epochs at once (argsort of keyed draws); a large one takes a keyed
+        Feistel permutation per epoch (one or two per block). Either is a pure function of
+        (seed, source, epoch): which one applies depends on n alone."""
         key = self.seed * 1_000_003 + s
         assert self.stride is not None and self.windows is not None
         n = self.windows[s]
         epoch, within = np.divmod(m, n)
+        if n <= _SMALL_SOURCE:
+            epochs, at = np.unique(epoch, return_inverse=True)
+            draws = keyed_ints(key, (epochs[:, None] * n + np.arange(n)).ravel(), 1 << 62).reshape(len(epochs), n)
+            return np.argsort(draws, axis=1, kind="stable")[at, within] * self.stride
         out = np.empty(len(m), dtype=np.int64)
-        for e in np.unique(epoch).tolist():  # a step's rows of one source span one or two epochs
+        for e in np.unique(epoch).tolist():
             mine = epoch == e
             perm_key = int(step_rng(key, e, 2).integers(2**32))
             out[mine] = feistel_permute(within[mine], n, key=perm_key)
@@ -108,27 +123,32 @@ class MixtureOffsets(Offsets):
 class Mixture:
     """Several datasets drawn at token weights (normalised to sum to 1). `sources` maps a
     dataset path (or an open `TokenDataset`) to its weight; every source must share one
-    tokenizer identity. `max_epochs`: `plan()` warns when a run would repeat a source more."""
+    tokenizer identity. `max_epochs`: `report()` warns when a run would repeat a source more."""
 
     def __init__(self, sources: Mapping[Any, float] | Iterable[tuple[Any, float]], split: str = "train",
                  max_epochs: float = 4.0) -> None:  # fmt: skip
-        pairs = list(sources.items() if isinstance(sources, Mapping) else sources)
+        pairs = _pairs(sources)
         if not pairs:
             raise ArgumentError("a mixture needs at least one source; pass {path: weight, ...}")
         self.datasets = [s if isinstance(s, TokenDataset) else TokenDataset(s, split) for s, _ in pairs]
         names = [_name(s) for s, _ in pairs]
         self.names = [f"{n}#{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]  # for reports
         raw = [_weight(name, w) for name, (_, w) in zip(self.names, pairs, strict=True)]
-        total = sum(raw)
-        self.weights = [w / total for w in raw]
+        top = max(raw)  # scaled first: a sum of weights near the float maximum would overflow
+        total = sum(w / top for w in raw)
+        self.weights = [w / top / total for w in raw]
         self.int_weights = integer_weights(self.weights)
-        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int | float) or max_epochs <= 0:
-            raise ArgumentError(f"max_epochs={checks.show(max_epochs)} must be a positive number; pass e.g. 4")
-        self.max_epochs = float(max_epochs)
+        self.max_epochs = _positive("max_epochs", max_epochs, "pass e.g. max_epochs=4")
         _check_identity(self.names, self.datasets)
+        self._fingerprint = [[_content_id(d), w] for d, w in zip(self.datasets, self.weights, strict=True)]
         self.store = MixedStore(self.datasets)
         first = self.datasets[0]
         self.eot_id, self.bos_id, self.vocab_size = first.eot_id, first.bos_id, first.vocab_size
+
+    def fingerprint(self) -> list[list[Any]]:
+        """What a resume state records of the mixture: each source by content (its metadata's
+        sha256, split and size; not the path, which may be spelled another way) and weight."""
+        return self._fingerprint
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Mixture:
@@ -144,6 +164,11 @@ class Mixture:
         entries = raw.get("source")
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
             raise InputError(f'{path}: no [[source]] tables; add one per dataset: path = "data/web", weight = 0.7')
+        unknown = sorted(set(raw) - {"split", "max_epochs", "source"})
+        unknown += sorted(f"source.{k}" for e in entries for k in set(e) - {"path", "weight"})
+        if unknown:
+            raise InputError(f"{path}: unknown key {unknown[0]!r}; a mixture file has split, max_epochs and [[source]] "
+                             "tables of path and weight")  # fmt: skip
         pairs = []
         for i, entry in enumerate(entries):
             if not isinstance(entry.get("path"), str) or "weight" not in entry:
@@ -191,12 +216,22 @@ class Mixture:
         pad_id, mask_boundary_labels, shuffle), each row a pack of the source the mixture assigns
         it to; weights count rows of seq_len tokens (padding included). Each source's packs are
         reshuffled each time they are used up; `batch["sources"]` names each row's source."""
+        unknown = sorted(set(pack_options) - {"strategy", "overlong", "pad_id", "mask_boundary_labels", "shuffle"})
+        if unknown:
+            raise ArgumentError(f"packed_batches takes no {', '.join(unknown)}; its pack options are strategy, "
+                                "overlong, pad_id, mask_boundary_labels and shuffle")  # fmt: skip
         packs = [d.packed(seq_len, seed=seed, **pack_options) for d in self.datasets]
         return MixturePackedStream(self, packs, batch_size, rank=rank, world_size=world_size, device=device,
                                    padding_free=padding_free)  # fmt: skip
 
     def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, offset in that source's split) of each of a batch's `offsets`."""
+        offsets = np.asarray(offsets)
+        if offsets.size and (
+            offsets.dtype.kind not in "iu" or offsets.min() < 0 or offsets.max() >= self.store.n_tokens
+        ):
+            raise ArgumentError(f"offsets={checks.show(offsets)} are not addresses in [0, {self.store.n_tokens}); "
+                                "pass a mixture batch's `offsets`")  # fmt: skip
         return self.store.locate(offsets)
 
     def report(self, steps: int, global_batch_size: int, seq_len: int, stride: int | None = None,
@@ -210,9 +245,15 @@ class Mixture:
         seq_len = checks.positive("seq_len", seq_len)
         rows = RowTree(self.int_weights, checks.seed(seed)).counts(steps * gbs)
         out = []
+        if per_epoch is not None and (not isinstance(per_epoch, list | tuple) or len(per_epoch) != len(rows)
+                                      or not all(checks.is_int(n) and n >= 1 for n in per_epoch)):  # fmt: skip
+            raise ArgumentError(f"per_epoch={checks.show(per_epoch)} must list one count of at least 1 per source")
+        if stride is not None:
+            for name, data in zip(self.names, self.datasets, strict=True):
+                checks.fits(f"source {name}", data.n_tokens, seq_len, shift)
         for i, (name, w, data, r) in enumerate(zip(self.names, self.weights, self.datasets, rows, strict=True)):
             if per_epoch is not None:  # packs
-                epochs = r / max(per_epoch[i], 1)
+                epochs = r / per_epoch[i]
             elif stride is None:
                 epochs = r * seq_len / max(data.n_tokens, 1)
             else:
@@ -246,11 +287,40 @@ def _name(source: Any) -> str:
     return str(source)
 
 
+def _pairs(sources: object) -> list[tuple[Any, Any]]:
+    """{source: weight} or [(source, weight), ...] as pairs; anything else is refused."""
+    fix = 'pass {"data/web": 0.7, "data/code": 0.3} or [(path, weight), ...]'
+    if isinstance(sources, Mapping):
+        return list(sources.items())
+    if isinstance(sources, str | os.PathLike) or not isinstance(sources, Iterable):
+        raise ArgumentError(f"sources={checks.show(sources)} is not a mapping of sources to weights; {fix}")
+    pairs = list(sources)
+    if not all(isinstance(p, tuple | list) and len(p) == 2 for p in pairs):
+        raise ArgumentError(f"sources={checks.show(pairs)} holds an entry that is not a (source, weight) pair; {fix}")
+    return [(a, b) for a, b in pairs]
+
+
+def _positive(what: str, value: object, fix: str) -> float:
+    """A finite number above 0 (numpy numbers too), as a float."""
+    try:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+        number = float(value) if ok else float("nan")  # type: ignore[arg-type]
+    except OverflowError:
+        number = float("inf")
+    if not (np.isfinite(number) and number > 0):
+        raise ArgumentError(f"{what}={checks.show(value)} must be a finite number above 0; {fix}")
+    return number
+
+
 def _weight(name: str, weight: object) -> float:
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not np.isfinite(weight) or weight <= 0:
-        raise ArgumentError(f"source {name}: weight={checks.show(weight)} must be a positive number; drop the "
-                            "source instead of giving it weight 0")  # fmt: skip
-    return float(weight)
+    return _positive(f"source {name}: weight", weight, "drop the source instead of giving it weight 0")
+
+
+def _content_id(d: TokenDataset) -> str:
+    if d.meta is None:  # in memory: its name and size
+        return f"{d.path}:{d.n_tokens}"
+    digest = hashlib.sha256((Path(d.path) / METADATA_FILE).read_bytes()).hexdigest()[:16]
+    return f"{digest}:{d.split}:{d.n_tokens}"
 
 
 def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
@@ -299,7 +369,7 @@ class MixturePackedStream(StepStream):
         return {"kind": self.kind, "step": self.step, "seed": self.seed, "seq_len": self.seq_len,
                 "strategy": plan.strategy, "overlong": plan.overlong, "global_batch_size": self.global_batch_size,
                 "packs": [len(p) for p in self.sources],
-                "mixture": [[n, w] for n, w in zip(self.mix.names, self.mix.weights, strict=True)]}  # fmt: skip
+                "mixture": self.mix.fingerprint()}  # fmt: skip
 
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (weights, plans, seed, step, rank)."""
