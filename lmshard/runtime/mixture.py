@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, ConfigError, InputError
-from ..format import METADATA_FILE
 from . import checks
 from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
@@ -319,8 +318,8 @@ def _weight(name: str, weight: object) -> float:
 def _content_id(d: TokenDataset) -> str:
     if d.meta is None:  # in memory: its name and size
         return f"{d.path}:{d.n_tokens}"
-    digest = hashlib.sha256((Path(d.path) / METADATA_FILE).read_bytes()).hexdigest()[:16]
-    return f"{digest}:{d.split}:{d.n_tokens}"
+    sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in d.meta.split_shards(d.split))
+    return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{d.split}:{d.n_tokens}"  # the split's bytes
 
 
 def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
