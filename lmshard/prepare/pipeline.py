@@ -20,7 +20,7 @@ import platform
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ from .staging import (
 from .worker import ItemResult
 from .writer import with_separators
 
+Results = Callable[..., Iterator[ItemResult]]  # (config, sources, tokenizer, build, early) -> results in plan order
 NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS)  # per-source counts that are not drops
 
 
@@ -82,9 +83,11 @@ class Progress:
     chars: int = 0
 
 
-def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> DatasetMeta:
+def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None,
+            results: Results | None = None) -> DatasetMeta:  # fmt: skip
     """Run a prepare job and return the metadata it wrote (see staging.py for how `--out` is
-    claimed, built beside, resumed and swapped)."""
+    claimed, built beside, resumed and swapped). `results`: where the item results come from
+    (default: tokenized here, `feed.item_results`; a scale-out merge reads the tasks' instead)."""
     started = time.time()
     paths = OutputPaths.of(config.out)
     sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
@@ -105,7 +108,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
                 if claim.commit_pending:  # killed after the build was complete: only the swap is left
                     commit(paths)
                     return load_metadata(paths.out)
-                return _build(config, paths, sources, tokenizer, claim, on_progress, started, early)
+                return _build(config, paths, sources, tokenizer, claim, on_progress, started, early, results)
         except OSError as e:
             raise os_error(e, paths.out) from None
 
@@ -124,7 +127,7 @@ def _tokenizer(config: PrepareConfig) -> Tokenizer:
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
            on_progress: Callable[[Progress], None] | None, started: float,
-           early: OrderedPool[WorkItem, Any] | None = None) -> DatasetMeta:  # fmt: skip
+           early: OrderedPool[WorkItem, Any] | None = None, results: Results | None = None) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
     staging, previous = paths.staging, claim.previous
     if claim.resumed:  # temporary files of atomic writes a kill cut short
@@ -142,7 +145,8 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
     kept = f"the work done so far is kept in {staging}"
     try:
         with interrupt:
-            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, lambda: _save(build, claim), early)
+            save = lambda: _save(build, claim)  # noqa: E731
+            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, save, early, results)
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
@@ -199,6 +203,7 @@ def _run(
     interrupt: StopOnCtrlC,
     save: Callable[[], None],
     early: OrderedPool[WorkItem, Any] | None = None,
+    results: Results | None = None,
 ) -> Totals:
     """Stream the work items' results into the build: dedup, split, write; checkpoint every
     CHECKPOINT_SECONDS and when Ctrl-C asks to stop."""
@@ -206,7 +211,7 @@ def _run(
     bos = bos_written(config, tokenizer)
     progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources))
     last_save = time.monotonic()
-    for result in item_results(config, sources, tokenizer, build, early):
+    for result in (results or item_results)(config, sources, tokenizer, build, early):
         keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)

@@ -1,0 +1,156 @@
+"""Scale-out stages over a persisted plan (see taskplan.py): `tokenize_task` runs one task's
+units through the same workers as a local prepare and writes each unit's item results to the
+work directory with a completion marker; `merge` replays every unit's results, in plan order,
+through the same dedup / split / shard writer / metadata as a local prepare, so the dataset is
+byte-identical to the one a single machine writes (the run record's timings aside).
+
+Files per unit in `WORK/tokenize/`: `unit_NNNNNN.tokens` (uint32 of every document, back to
+back), `.lengths` (int64), `.keys` (uint64), `.sources` (int32), and `.json` (per item: document
+and token counts, per-source counts, drop examples, characters, bytes). Each is written under a
+temporary name and renamed; `unit_NNNNNN.done` is written last, so a unit is complete exactly
+when its marker exists, and a killed task is re-run by running it again (done units are skipped).
+
+Status: library functions, tested for byte identity; the dedup-bucket stage, `run-task`,
+`status` and the Slurm/Ray executors are not built yet (issue 17). --dedup-lines and Hugging
+Face inputs are refused.
+
+Memory model: a task holds one work item's result at a time (≈1 MiB of text and its tokens),
+plus the plan; the merge holds one unit's per-item table and one item's arrays, plus what a
+local prepare holds (the dedup key set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..format import atomic_write_json
+from ..tokenizers import Tokenizer
+from .claim import _fingerprint
+from .config import PrepareConfig
+from .pipeline import _tokenizer, prepare
+from .sources import Source, discover
+from .taskplan import UNIT_BYTES, Unit, cut_units, ensure_plan, load_plan, make_plan, unit_items, work_dir
+from .worker import ItemResult, WorkerConfig, identity_of, run_item
+
+_ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("sources", np.int32))
+
+
+def plan_run(
+    config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES
+) -> tuple[dict[str, Any], list[Source], Tokenizer]:
+    """The run's plan (created on the first call, validated on later ones), its sources and tokenizer."""
+    if config.dedup_lines or config.hf or "-" in config.inputs:
+        raise ConfigError("a scale-out run takes files only, without --dedup-lines; run those on one machine")
+    sources = discover(config.inputs, config.format, config.exclude)
+    tokenizer = _tokenizer(config)
+    fingerprint = _fingerprint(config, sources, tokenizer, None)
+    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
+    plan = ensure_plan(work_dir(config.out), make_plan(fingerprint, sources, units, n_tasks, unit_bytes))
+    return plan, sources, tokenizer
+
+
+def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int = UNIT_BYTES) -> int:
+    """Tokenize task `task`'s units (skipping those already done); returns how many it did."""
+    plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
+    if not 0 <= task < plan["n_tasks"]:
+        raise ConfigError(f"task {task} is not in [0, {plan['n_tasks']}); tasks are numbered from 0")
+    wcfg = WorkerConfig(sources=tuple(sources), clean=config.clean_config(), tokenizer=config.tokenizer,
+                        tokenizer_backend=tokenizer.backend, separator=config.separator,
+                        text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
+                        expect=identity_of(tokenizer))  # fmt: skip
+    out = work_dir(config.out) / "tokenize"
+    out.mkdir(parents=True, exist_ok=True)
+    first, end = plan["tasks"][task]
+    done = 0
+    for u in range(first, end):
+        if (out / f"unit_{u:06d}.done").exists():
+            continue
+        unit = load_unit(plan, u)
+        items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
+                           config.max_chars)  # fmt: skip
+        _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items))
+        done += 1
+    return done
+
+
+def load_unit(plan: dict[str, Any], u: int) -> Unit:
+    return Unit(*plan["units"][u])
+
+
+def _write_unit(out: Path, u: int, results: Iterator[ItemResult]) -> None:
+    stem = f"unit_{u:06d}"
+    files: dict[str, IO[bytes]] = {name: open(out / f".{stem}.{name}.tmp", "wb") for name, _ in _ARRAYS}  # noqa: SIM115
+    table = []
+    try:
+        for r in results:
+            arrays = {"tokens": r.tokens, "lengths": r.lengths, "keys": r.keys, "sources": r.doc_sources}
+            for name, dtype in _ARRAYS:
+                files[name].write(np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<")).tobytes())
+            table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
+                          "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
+                          "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
+        for f in files.values():
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in files.values():
+            f.close()
+    for name, _ in _ARRAYS:
+        os.replace(out / f".{stem}.{name}.tmp", out / f"{stem}.{name}")
+    atomic_write_json(out / f"{stem}.json", table)
+    atomic_write_json(out / f"{stem}.done", {"items": len(table)})
+
+
+def missing_units(config: PrepareConfig) -> list[int]:
+    """Units of the plan whose marker is absent."""
+    work = work_dir(config.out)
+    plan = load_plan(work)
+    return [u for u in range(len(plan["units"])) if not (work / "tokenize" / f"unit_{u:06d}.done").exists()]
+
+
+def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> Any:
+    """Write the dataset from every unit's results, in plan order (refused while any is missing)."""
+    plan, _, _ = plan_run(config, n_tasks, unit_bytes)
+    missing = missing_units(config)
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise InputError(f"{len(missing)} of {len(plan['units'])} units are not tokenized yet (units {shown}); "
+                         "run their tasks' tokenize stage first")  # fmt: skip
+    work = work_dir(config.out) / "tokenize"
+
+    def results(*_: Any) -> Iterator[ItemResult]:
+        for u in range(len(plan["units"])):
+            yield from _read_unit(work, u)
+
+    return prepare(replace(config, workers=1), results=results)
+
+
+def _read_unit(work: Path, u: int) -> Iterator[ItemResult]:
+    stem = f"unit_{u:06d}"
+    table = json.loads((work / f"{stem}.json").read_text())
+    maps = {name: np.memmap(work / f"{stem}.{name}", dtype=np.dtype(dt).newbyteorder("<"), mode="r")
+            if os.path.getsize(work / f"{stem}.{name}") else np.zeros(0, dt) for name, dt in _ARRAYS}  # fmt: skip
+    at_doc = at_tok = 0
+    for row in table:
+        d, t = row["docs"], row["tokens"]
+        yield ItemResult(
+            seq=tuple(row["seq"]),  # type: ignore[arg-type]
+            tokens=np.array(maps["tokens"][at_tok : at_tok + t], dtype=np.uint32),
+            lengths=np.array(maps["lengths"][at_doc : at_doc + d], dtype=np.int64),
+            keys=np.array(maps["keys"][at_doc : at_doc + d], dtype=np.uint64),
+            doc_sources=np.array(maps["sources"][at_doc : at_doc + d], dtype=np.int32),
+            counts={int(k): Counter(v) for k, v in row["counts"].items()},
+            examples=row["examples"],
+            chars=row["chars"],
+            nbytes=row["nbytes"],
+        )
+        at_doc, at_tok = at_doc + d, at_tok + t

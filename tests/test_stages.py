@@ -1,0 +1,76 @@
+"""Scale-out stages: the same corpus prepared on one machine and as N tasks (tokenize each
+task's units, then merge) gives byte-identical shards and metadata, timings aside."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from test_prepare import jsonl, make_texts
+
+from lmshard.errors import ConfigError, InputError
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.stages import merge, missing_units, tokenize_task
+from lmshard.prepare.taskplan import _WINDOW, load_plan, work_dir
+
+
+def _corpus(tmp):
+    texts = make_texts(1500, seed=21)
+    repeats = texts[:40]  # duplicates straddling files, units and tasks
+    jsonl(tmp / "in" / "a.jsonl", texts[:900] + repeats)
+    jsonl(tmp / "in" / "b.jsonl", repeats + texts[900:])
+    (tmp / "in" / "c.txt").write_text("\n\n".join(texts[:30] + [f"para {i} " * 40 for i in range(600)]) + "\n")
+    (tmp / "in" / "d.jsonl").write_text('{"text": "fine"}\n{"oops": 1}\n{"text": ""}\nnot json\n')
+    return tmp / "in"
+
+
+def _files(root):
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name == "dataset_metadata.json":
+                meta = json.loads(data)
+                meta.pop("run")
+                data = json.dumps(meta, sort_keys=True).encode()
+            out[p.relative_to(root).as_posix()] = data
+    return out
+
+
+@pytest.mark.parametrize("n_tasks", [1, 3, 7])
+def test_tasks_then_merge_equal_one_machine(tmp_path, n_tasks):
+    src = _corpus(tmp_path)
+    opts = dict(inputs=[str(src)], workers=1, val_fraction=0.1, tokens_per_shard=20_000, on_error="skip")
+    prepare(PrepareConfig(out=str(tmp_path / "local"), **opts))
+    config = PrepareConfig(out=str(tmp_path / "scaled"), **opts)
+    for task in reversed(range(n_tasks)):  # any order
+        tokenize_task(config, n_tasks, task, unit_bytes=_WINDOW)
+    plan = load_plan(work_dir(config.out))
+    assert len(plan["units"]) > 5  # the large files really were cut
+    merge(config, n_tasks, unit_bytes=_WINDOW)
+    meta = json.loads((tmp_path / "local" / "dataset_metadata.json").read_text())
+    assert meta["drops"]["duplicate"] >= 40 and meta["drop_examples"] and meta["splits"]["val"]["shards"]
+    local, scaled = _files(tmp_path / "local"), _files(tmp_path / "scaled")
+    assert local.keys() == scaled.keys() and len(local) > 4
+    for name in local:
+        assert local[name] == scaled[name], name
+
+
+def test_a_missing_unit_blocks_the_merge_and_its_task_reruns(tmp_path):
+    src = _corpus(tmp_path)
+    config = PrepareConfig(out=str(tmp_path / "scaled"), inputs=[str(src)], workers=1, on_error="skip")
+    for task in range(3):
+        tokenize_task(config, 3, task, unit_bytes=_WINDOW)
+    tok = work_dir(config.out) / "tokenize"
+    (tok / "unit_000002.done").unlink()  # as if its task was killed before finishing the unit
+    assert missing_units(config) == [2]
+    with pytest.raises(InputError, match="1 of .* units are not tokenized yet \\(units 2\\)"):
+        merge(config, 3, unit_bytes=_WINDOW)
+    task = next(t for t, (a, b) in enumerate(load_plan(work_dir(config.out))["tasks"]) if a <= 2 < b)
+    assert tokenize_task(config, 3, task, unit_bytes=_WINDOW) == 1  # only the missing unit is redone
+    merge(config, 3, unit_bytes=_WINDOW)
+    assert (tmp_path / "scaled" / "dataset_metadata.json").exists()
+    with pytest.raises(ConfigError, match="--num-tasks was 3 and is 4 now"):
+        tokenize_task(config, 4, 0, unit_bytes=_WINDOW)
+    shutil.rmtree(work_dir(config.out))
