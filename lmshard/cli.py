@@ -19,6 +19,8 @@ from rich.table import Table
 
 from . import __version__, render
 from .cli_interop import register as register_interop
+from .cli_scale import planned_prepare
+from .cli_scale import register as register_scale
 from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
 from .inspect import audit
 from .inspect.verify import report_json, verify_dataset
@@ -187,6 +189,10 @@ def prepare(
     revision: str | None = _opt("Hub revision (branch, tag or commit) of --hf.", "--revision"),
     hf_task: int | None = _opt("This task's part of the --hf stream (0-based), of --hf-tasks.", "--hf-task"),
     hf_tasks: int | None = _opt("Split the --hf stream into this many disjoint parts [1].", "--hf-tasks"),
+    num_tasks: int | None = _opt("Plan the run as this many tasks (scale-out: docs/scaling.md).", "--num-tasks"),
+    executor: str | None = _opt(
+        "With --num-tasks: local (run them here) or none (print their commands).", "--executor"
+    ),
 ) -> None:
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
     flags = dict(locals())  # every option by its name, None where not given
@@ -194,6 +200,8 @@ def prepare(
     from .prepare.config import resolve_config
 
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
+    if cfg.num_tasks is not None:
+        return planned_prepare(cfg, cfg.num_tasks, cfg.executor)
     meta = _with_progress(lambda cb: run_prepare(cfg, cb))
     render.summary(meta, cfg.out)
 
@@ -368,6 +376,7 @@ def tokenizer_info(
 
 
 register_interop(app, user_errors)  # lmshard export / import (cli_interop.py)
+register_scale(app, user_errors)  # lmshard run-task / status (cli_scale.py)
 
 
 def main() -> None:

@@ -65,7 +65,9 @@ def test_a_missing_unit_blocks_the_merge_and_its_task_reruns(tmp_path):
     tok = work_dir(config.out) / "tokenize"
     (tok / "unit_000002.done").unlink()  # as if its task was killed before finishing the unit
     assert missing_units(config) == [2]
-    with pytest.raises(InputError, match="1 of .* units are not tokenized yet \\(units 2\\)"):
+    with pytest.raises(
+        InputError, match="1 of .* units are not tokenized yet \\(units 2\\); run the tokenize stage of task"
+    ):
         merge(config, 3, unit_bytes=_WINDOW)
     task = next(t for t, (a, b) in enumerate(load_plan(work_dir(config.out))["tasks"]) if a <= 2 < b)
     assert tokenize_task(config, 3, task, unit_bytes=_WINDOW) == 1  # only the missing unit is redone
@@ -74,3 +76,33 @@ def test_a_missing_unit_blocks_the_merge_and_its_task_reruns(tmp_path):
     with pytest.raises(ConfigError, match="--num-tasks was 3 and is 4 now"):
         tokenize_task(config, 4, 0, unit_bytes=_WINDOW)
     shutil.rmtree(work_dir(config.out))
+
+
+def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
+    """`prepare --num-tasks 2 --executor none`, `run-task` per task in any order, `status` naming
+    the task still missing, `run-task --stage merge`: the same bytes as a local prepare."""
+    import subprocess
+    import sys
+
+    src = _corpus(tmp_path)
+    lmshard = [sys.executable, "-m", "lmshard"]
+
+    def run(*args):
+        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    common = [str(src), "--workers", "1", "--on-error", "skip"]
+    assert run("prepare", *common, "--out", "local").returncode == 0
+    planned = run("prepare", *common, "--out", "dist", "--num-tasks", "2", "--executor", "none")
+    assert planned.returncode == 0 and "lmshard run-task --stage tokenize --task I dist" in planned.stdout
+    assert run("run-task", "--stage", "tokenize", "--task", "1", "dist").returncode == 0
+    waiting = run("status", "dist")
+    assert "1 of 2 tasks complete" in waiting.stdout and "--task 0 dist" in waiting.stdout, waiting.stdout
+    early = run("run-task", "--stage", "merge", "dist")
+    assert early.returncode != 0 and "task 0 first" in early.stderr and "Traceback" not in early.stderr
+    assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
+    assert run("run-task", "--stage", "merge", "dist").returncode == 0
+    assert "merge: done" in run("status", "dist").stdout
+    local, dist = _files(tmp_path / "local"), _files(tmp_path / "dist")
+    assert local == dist
+    wrong = run("run-task", "--stage", "tokenize", "--task", "5", "dist")
+    assert wrong.returncode != 0 and "task 5 is not in [0, 2)" in wrong.stderr

@@ -30,7 +30,9 @@ ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count an
 DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
 # (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
-TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend")
+TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend",
+                     "num_tasks", "executor")  # fmt: skip
+EXECUTORS = ("local", "none")  # scale-out executors built so far (Slurm and Ray: issue 17)
 BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
@@ -74,10 +76,15 @@ class PrepareConfig:
     revision: str | None = None
     hf_task: int = 0  # this task's part of the stream, of hf_tasks parts
     hf_tasks: int = 1
+    num_tasks: int | None = None  # scale-out: plan the run as this many tasks (stages.py); None: one fused run
+    executor: str = "local"  # with num_tasks: local (run every task here, then merge) or none (print the commands)
 
     def __post_init__(self) -> None:
         self._check_types()
         _choice("--text-mode", self.text_mode, TEXT_MODES)
+        _choice("--executor", self.executor, EXECUTORS)
+        if self.num_tasks is not None and self.num_tasks < 1:
+            raise ConfigError(f"--num-tasks {self.num_tasks}: pass at least 1")
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
         _choice("--bos", self.bos, BOS_MODES)

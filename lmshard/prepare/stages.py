@@ -25,14 +25,14 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..format import atomic_write_json
+from ..format import METADATA_FILE, atomic_write_json
 from ..tokenizers import Tokenizer
 from .claim import _fingerprint
 from .config import PrepareConfig
@@ -54,8 +54,34 @@ def plan_run(
     tokenizer = _tokenizer(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
-    plan = ensure_plan(work_dir(config.out), make_plan(fingerprint, sources, units, n_tasks, unit_bytes))
+    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
+    plan = ensure_plan(work_dir(config.out), wanted)
     return plan, sources, tokenizer
+
+
+def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
+    """The configuration, task count and unit size a plan was made with, from the output path
+    alone (what `lmshard run-task` and `lmshard status` are given)."""
+    plan = load_plan(work_dir(out))
+    stored = plan.get("prepare")
+    if not isinstance(stored, dict):
+        raise InputError(f"{work_dir(out)}: the plan records no prepare options; plan again with this lmshard")
+    return PrepareConfig(**stored), int(plan["n_tasks"]), int(plan["unit_bytes"])
+
+
+def status(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Per task: units done of units; which tasks are incomplete; whether the dataset is merged."""
+    work = work_dir(out)
+    plan = load_plan(work)
+    done = (
+        {int(p.name[5:11]) for p in (work / "tokenize").glob("unit_*.done")} if (work / "tokenize").exists() else set()
+    )
+    tasks = [
+        {"task": t, "units": b - a, "done": sum(u in done for u in range(a, b))}
+        for t, (a, b) in enumerate(plan["tasks"])
+    ]
+    return {"tasks": tasks, "incomplete": [t["task"] for t in tasks if t["done"] < t["units"]],
+            "merged": (Path(out) / METADATA_FILE).exists(), "units": len(plan["units"])}  # fmt: skip
 
 
 def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int = UNIT_BYTES) -> int:
@@ -123,8 +149,10 @@ def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> 
     missing = missing_units(config)
     if missing:
         shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-        raise InputError(f"{len(missing)} of {len(plan['units'])} units are not tokenized yet (units {shown}); "
-                         "run their tasks' tokenize stage first")  # fmt: skip
+        tasks = sorted({t for u in missing for t, (a, b) in enumerate(plan["tasks"]) if a <= u < b})
+        raise InputError(f"{len(missing)} of {len(plan['units'])} units are not tokenized yet (units {shown}); run "
+                         f"the tokenize stage of task{'s' if len(tasks) > 1 else ''} "
+                         f"{', '.join(map(str, tasks))} first")  # fmt: skip
     work = work_dir(config.out) / "tokenize"
 
     def results(*_: Any) -> Iterator[ItemResult]:

@@ -1,0 +1,88 @@
+"""`lmshard run-task` and `lmshard status`, and `prepare --num-tasks`: the command-line edge of
+the scale-out stages (`lmshard.prepare.stages`).
+
+A scale-out run is planned by `lmshard prepare ... --num-tasks N`: with `--executor local` (the
+default) it then runs every task here and merges; with `--executor none` it only writes the
+plan and prints the commands that any "task i of N" scheduler runs: `lmshard run-task --stage
+tokenize --task I OUT` for each task, then `lmshard run-task --stage merge OUT` once.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from . import render
+from .errors import ConfigError
+
+STAGES = ("tokenize", "merge")
+
+
+def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
+    """Add `run-task` and `status` to `app`."""
+    app.command("run-task")(user_errors()(run_task))
+    app.command("status")(user_errors()(status))
+
+
+def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
+    """`prepare --num-tasks N [--executor local|none]`."""
+    from .prepare import stages
+
+    plan, _, _ = stages.plan_run(cfg, n_tasks)
+    out = shlex.quote(cfg.out)
+    if executor == "none":
+        render.out.print(f"planned {len(plan['units']):,} units in {n_tasks} tasks; run each task, then the merge:")
+        render.out.print(
+            f"  lmshard run-task --stage tokenize --task I {out}    # I = 0 .. {n_tasks - 1}", markup=False
+        )
+        render.out.print(f"  lmshard run-task --stage merge {out}", markup=False)
+        return
+    for task in range(n_tasks):
+        stages.tokenize_task(cfg, n_tasks, task, plan["unit_bytes"])
+    meta = stages.merge(cfg, n_tasks, plan["unit_bytes"])
+    render.summary(meta, cfg.out)
+
+
+def run_task(
+    out: Path = typer.Argument(..., help="The output dataset directory the run was planned for."),
+    stage: str = typer.Option(..., "--stage", help="tokenize (one task's units) or merge (once, at the end)."),
+    task: int | None = typer.Option(None, "--task", help="The task to run (0-based; tokenize only)."),
+) -> None:
+    """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
+    from .prepare import stages
+
+    cfg, n_tasks, unit_bytes = stages.config_of(out)
+    if stage == "tokenize":
+        if task is None:
+            raise ConfigError(f"--stage tokenize needs --task I, I in 0 .. {n_tasks - 1}")
+        done = stages.tokenize_task(cfg, n_tasks, task, unit_bytes)
+        render.err.print(f"task {task}: {done} unit{'s' if done != 1 else ''} tokenized", markup=False)
+    elif stage == "merge":
+        render.summary(stages.merge(cfg, n_tasks, unit_bytes), cfg.out)
+    else:
+        raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
+
+
+def status(out: Path = typer.Argument(..., help="The output dataset directory of a planned run.")) -> None:
+    """Progress of a planned scale-out prepare: tasks done, tasks incomplete, and what to run next."""
+    from .prepare import stages
+
+    info = stages.status(out)
+    tasks = info["tasks"]
+    done = sum(not t["units"] or t["done"] == t["units"] for t in tasks)
+    render.out.print(f"tokenize: {done} of {len(tasks)} tasks complete ({info['units']:,} units)", markup=False)
+    quoted = shlex.quote(str(out))
+    for t in info["incomplete"]:
+        row = tasks[t]
+        render.out.print(f"  task {t}: {row['done']} of {row['units']} units; run: lmshard run-task --stage "
+                         f"tokenize --task {t} {quoted}", markup=False)  # fmt: skip
+    if info["merged"]:
+        render.out.print("merge: done", markup=False)
+    elif not info["incomplete"]:
+        render.out.print(f"merge: not run; run: lmshard run-task --stage merge {quoted}", markup=False)
+    else:
+        render.out.print("merge: waits for the tasks above", markup=False)
