@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.lmshard-setup
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test lint bench demo clean
+.PHONY: setup test test-engines lint bench demo clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,14 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not engines"
+
+# Scale-out on real engines started by the tests (a single-node Slurm cluster on loopback). Installs
+# Debian's Slurm packages when they are missing and this runs as root; fails, not skips, without them.
+test-engines: setup
+	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge; }
+	LMSHARD_REQUIRE_ENGINES=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m engines
 
 lint: setup
 	$(BIN)/ruff check lmshard tests scripts

@@ -34,6 +34,16 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
 
     plan, _, _ = stages.plan_run(cfg, n_tasks)
     out = shlex.quote(cfg.out)
+    if executor == "slurm":
+        from .prepare import slurm
+
+        jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
+        arrays = ", ".join(job for _, job in jobs["arrays"])
+        render.out.print(f"submitted {n_tasks} tokenize tasks (job {arrays}) and the merge (job {jobs['merge']}); "
+                         f"follow with: lmshard status {out}", markup=False)  # fmt: skip
+        again = f"sbatch --array=I {jobs['tokenize_script']}, then sbatch {jobs['merge_script']}"
+        render.out.print(f"if task I fails (the merge is then cancelled): {again}", markup=False)
+        return
     if executor == "none":
         render.out.print(f"planned {len(plan['units']):,} units in {n_tasks} tasks; run each task, then the merge:")
         render.out.print(

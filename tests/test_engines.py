@@ -1,0 +1,49 @@
+"""Scale-out on a real Slurm cluster started here (tests/engines.py): `prepare --executor
+slurm` submits job arrays whose output is byte-identical to a one-machine prepare. Run by
+`make test-engines` (which installs Slurm's Debian packages when it can); skipped where Slurm's
+binaries are missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from engines import slurm_available, slurm_cluster
+from test_stages import _corpus, _files
+
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.skipif(not slurm_available() and not os.environ.get("LMSHARD_REQUIRE_ENGINES"),
+                       reason="Slurm is not installed: run `make test-engines`"),  # fmt: skip
+]
+
+
+def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
+    src = _corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+        assert run("prepare", *common, "--out", "local").returncode == 0
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "5", "--executor", "slurm",
+                        "--sbatch-args", "--time=10")  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        assert "submitted 5 tokenize tasks" in submitted.stdout
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (tmp_path / "dist" / "dataset_metadata.json").exists():
+            time.sleep(0.5)
+        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        assert (tmp_path / "dist" / "dataset_metadata.json").exists(), logs[-3000:]
+        deadline = time.monotonic() + 60  # the merge job writes its summary after the swap
+        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                              env=env).stdout.strip():  # fmt: skip
+            time.sleep(0.2)
+        assert len(list((tmp_path / ".dist.lmshard-work" / "slurm").glob("tokenize_*.log"))) == 5
+        assert "merge: done" in run("status", "dist").stdout
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
