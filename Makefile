@@ -22,11 +22,12 @@ $(STAMP): pyproject.toml Makefile
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not engines"
 
-# Scale-out on real engines started by the tests (a single-node Slurm cluster on loopback). Installs
-# Debian's Slurm packages when they are missing and this runs as root; fails, not skips, without them.
+# Scale-out on real engines started by the tests (a single-node Slurm cluster on loopback, a local Ray
+# cluster). Installs Debian's Slurm packages when missing (as root) and the ray extra; fails, not skips, without them.
 test-engines: setup
 	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge; }
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[ray]"
 	LMSHARD_REQUIRE_ENGINES=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m engines
 
 lint: setup

@@ -190,8 +190,9 @@ def prepare(
     hf_task: int | None = _opt("This task's part of the --hf stream (0-based), of --hf-tasks.", "--hf-task"),
     hf_tasks: int | None = _opt("Split the --hf stream into this many disjoint parts [1].", "--hf-tasks"),
     num_tasks: int | None = _opt("Plan the run as this many tasks (scale-out: docs/scaling.md).", "--num-tasks"),
-    executor: str | None = _opt("With --num-tasks: local (run them here), none (print commands), slurm.", "--executor"),
+    executor: str | None = _opt("With --num-tasks: local (run here), none (print commands), slurm, ray.", "--executor"),
     sbatch_args: str | None = _opt("--executor slurm: added to every sbatch (partition, time...).", "--sbatch-args"),
+    ray_address: str | None = _opt("--executor ray: cluster to join (auto, host:port) [a local one].", "--ray-address"),
 ) -> None:
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
     flags = dict(locals())  # every option by its name, None where not given

@@ -34,6 +34,11 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
 
     plan, _, _ = stages.plan_run(cfg, n_tasks)
     out = shlex.quote(cfg.out)
+    if executor == "ray":
+        from .prepare import ray_exec
+
+        render.summary(ray_exec.run(cfg, n_tasks, plan["unit_bytes"], cfg.ray_address), cfg.out)
+        return
     if executor == "slurm":
         from .prepare import slurm
 

@@ -6,8 +6,10 @@ binaries are missing."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -16,8 +18,10 @@ from test_stages import _corpus, _files
 
 pytestmark = [
     pytest.mark.engines,
-    pytest.mark.skipif(not slurm_available() and not os.environ.get("LMSHARD_REQUIRE_ENGINES"),
-                       reason="Slurm is not installed: run `make test-engines`"),  # fmt: skip
+    pytest.mark.skipif(
+        not slurm_available() and not os.environ.get("LMSHARD_REQUIRE_ENGINES"),
+        reason="Slurm is not installed: run `make test-engines`",
+    ),  # fmt: skip
 ]
 
 
@@ -46,4 +50,27 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
             time.sleep(0.2)
         assert len(list((tmp_path / ".dist.lmshard-work" / "slurm").glob("tokenize_*.log"))) == 5
         assert "merge: done" in run("status", "dist").stdout
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
+    """A local Ray cluster started here (in this process, stopped by ray.shutdown); the CLI in a
+    subprocess joins it by address, runs 5 tasks there with retries, and merges."""
+    ray = pytest.importorskip("ray") if not os.environ.get("LMSHARD_REQUIRE_ENGINES") else __import__("ray")
+    src = _corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    local = subprocess.run([*lmshard, "prepare", *common, "--out", "local"], cwd=tmp_path, capture_output=True)
+    assert local.returncode == 0
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp = tempfile.mkdtemp(prefix="lmray-")  # Ray's socket paths must stay under 108 bytes
+    info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    try:
+        args = ["--num-tasks", "5", "--executor", "ray", "--ray-address", info.address_info["gcs_address"]]
+        run = subprocess.run([*lmshard, "prepare", *common, "--out", "dist", *args], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")

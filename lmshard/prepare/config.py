@@ -31,8 +31,8 @@ DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
 # (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
 TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend",
-                     "num_tasks", "executor", "sbatch_args")  # fmt: skip
-EXECUTORS = ("local", "none", "slurm")  # scale-out executors built so far (Ray: issue 17)
+                     "num_tasks", "executor", "sbatch_args", "ray_address")  # fmt: skip
+EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/stages.py)
 BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
@@ -79,6 +79,7 @@ class PrepareConfig:
     num_tasks: int | None = None  # scale-out: plan the run as this many tasks (stages.py); None: one fused run
     executor: str = "local"  # with num_tasks: local (run every task here, then merge), none (print the commands), slurm
     sbatch_args: str | None = None  # --executor slurm: added to every sbatch call (partition, time, mem, account)
+    ray_address: str | None = None  # --executor ray: the cluster to join (auto, or host:port); None: a local one
 
     def __post_init__(self) -> None:
         self._check_types()

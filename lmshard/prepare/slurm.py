@@ -56,10 +56,11 @@ def write_scripts(out: str) -> tuple[Path, Path]:
     d = work_dir(out) / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     python, target = shlex.quote(sys.executable), shlex.quote(os.path.abspath(out))
+    cwd = os.getcwd()  # relative inputs and --out mean what they meant where the run was submitted
     scripts = []
     for stage, extra in (("tokenize", '--task "$((SLURM_ARRAY_TASK_ID + ${LMSHARD_TASK_OFFSET:-0}))"'), ("merge", "")):
         log = d / (f"{stage}_%A_%a.log" if stage == "tokenize" else f"{stage}_%j.log")
-        text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}\n#SBATCH --output={log}\n"
+        text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}\n#SBATCH --output={log}\n#SBATCH --chdir={cwd}\n"
                 f"exec {python} -m lmshard run-task --stage {stage} {extra} {target}\n")  # fmt: skip
         path = d / f"{stage}.sbatch"
         path.write_text(text)

@@ -1,0 +1,52 @@
+"""`prepare --num-tasks N --executor ray [--ray-address ADDR]`: the planned run's tokenize tasks
+as Ray core tasks (one CPU each, retried up to `max_retries` times if a worker dies), then the
+merge in this process. With an address it joins that cluster (`auto`: the one `ray start`
+began on this node); without one it starts a local Ray instance for the run and shuts it down
+after. The cluster's workers must import the same lmshard and see the inputs and the output at
+the same paths (each task runs in the directory the command was started in).
+Needs Ray: `pip install 'lmshard[ray]'`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+from ..errors import ConfigError, LmshardError
+from .config import PrepareConfig
+
+MAX_RETRIES = 3
+
+
+def _tokenize(config: dict[str, Any], n_tasks: int, task: int, unit_bytes: int, cwd: str) -> int:
+    from .stages import tokenize_task
+
+    os.chdir(cwd)  # relative inputs and --out mean what they meant where the run was started
+    return tokenize_task(PrepareConfig(**config), n_tasks, task, unit_bytes)
+
+
+def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None = None) -> Any:
+    """Tokenize every task on Ray, then merge here; returns the dataset's metadata."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'lmshard[ray]'") from None
+    from .stages import merge
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ours = not ray.is_initialized()
+    if ours:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_tokenize)
+        refs = [remote.remote(asdict(cfg), n_tasks, t, unit_bytes, os.getcwd()) for t in range(n_tasks)]
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayTaskError as e:  # the task's own error (bad input...): its message
+            cause = e.cause if isinstance(e.cause, LmshardError) else e
+            raise LmshardError(f"a Ray task failed: {cause}") from None
+        return merge(cfg, n_tasks, unit_bytes)
+    finally:
+        if ours:
+            ray.shutdown()
