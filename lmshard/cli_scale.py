@@ -19,7 +19,7 @@ import typer
 from . import render
 from .errors import ConfigError
 
-STAGES = ("tokenize", "merge")
+STAGES = ("tokenize", "dedup", "merge")
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
@@ -43,39 +43,52 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
         from .prepare import slurm
 
         jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
-        arrays = ", ".join(job for _, job in jobs["arrays"])
-        render.out.print(f"submitted {n_tasks} tokenize tasks (job {arrays}) and the merge (job {jobs['merge']}); "
-                         f"follow with: lmshard status {out}", markup=False)  # fmt: skip
-        again = f"sbatch --array=I {jobs['tokenize_script']}, then sbatch {jobs['merge_script']}"
-        render.out.print(f"if task I fails (the merge is then cancelled): {again}", markup=False)
+        scripts = jobs["scripts"]
+        render.out.print(f"submitted {n_tasks} tokenize tasks (job {', '.join(jobs['tokenize'])}), {n_tasks} dedup "
+                         f"tasks (job {', '.join(jobs['dedup'])}) and the merge (job {jobs['merge']}); follow with: "
+                         f"lmshard status {out}", markup=False)  # fmt: skip
+        again = f"sbatch --array=I {scripts['tokenize']}; sbatch {scripts['dedup']}; sbatch {scripts['merge']}"
+        render.out.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
+                         f"each is done: {again}", markup=False)  # fmt: skip
         return
     if executor == "none":
-        render.out.print(f"planned {len(plan['units']):,} units in {n_tasks} tasks; run each task, then the merge:")
-        render.out.print(
-            f"  lmshard run-task --stage tokenize --task I {out}    # I = 0 .. {n_tasks - 1}", markup=False
-        )
+        render.out.print(f"planned {len(plan['units']):,} units in {n_tasks} tasks; run each stage's tasks, then the "
+                         "merge:", markup=False)  # fmt: skip
+        for stage in ("tokenize", "dedup"):
+            line = f"  lmshard run-task --stage {stage} --task I {out}"
+            render.out.print(f"{line}    # I = 0 .. {n_tasks - 1}, after every {stage} task is done"
+                             if stage == "dedup" else f"{line}    # I = 0 .. {n_tasks - 1}", markup=False)  # fmt: skip
         render.out.print(f"  lmshard run-task --stage merge {out}", markup=False)
         return
     for task in range(n_tasks):
         stages.tokenize_task(cfg, n_tasks, task, plan["unit_bytes"])
+    for task in range(n_tasks):
+        stages.dedup_task(cfg, n_tasks, task, plan["unit_bytes"])
     meta = stages.merge(cfg, n_tasks, plan["unit_bytes"])
     render.summary(meta, cfg.out)
 
 
 def run_task(
     out: Path = typer.Argument(..., help="The output dataset directory the run was planned for."),
-    stage: str = typer.Option(..., "--stage", help="tokenize (one task's units) or merge (once, at the end)."),
-    task: int | None = typer.Option(None, "--task", help="The task to run (0-based; tokenize only)."),
+    stage: str = typer.Option(
+        ..., "--stage", help="tokenize (a task's units), dedup (a hash bucket, after every tokenize) or merge (once)."
+    ),
+    task: int | None = typer.Option(None, "--task", help="The task to run (0-based; tokenize and dedup)."),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
     from .prepare import stages
 
     cfg, n_tasks, unit_bytes = stages.config_of(out)
+    if stage in ("tokenize", "dedup") and task is None:
+        raise ConfigError(f"--stage {stage} needs --task I, I in 0 .. {n_tasks - 1}")
     if stage == "tokenize":
-        if task is None:
-            raise ConfigError(f"--stage tokenize needs --task I, I in 0 .. {n_tasks - 1}")
+        assert task is not None
         done = stages.tokenize_task(cfg, n_tasks, task, unit_bytes)
         render.err.print(f"task {task}: {done} unit{'s' if done != 1 else ''} tokenized", markup=False)
+    elif stage == "dedup":
+        assert task is not None
+        ran = stages.dedup_task(cfg, n_tasks, task, unit_bytes)
+        render.err.print(f"dedup bucket {task}: {'done' if ran else 'nothing to do'}", markup=False)
     elif stage == "merge":
         render.summary(stages.merge(cfg, n_tasks, unit_bytes), cfg.out)
     else:
@@ -95,9 +108,15 @@ def status(out: Path = typer.Argument(..., help="The output dataset directory of
         row = tasks[t]
         render.out.print(f"  task {t}: {row['done']} of {row['units']} units; run: lmshard run-task --stage "
                          f"tokenize --task {t} {quoted}", markup=False)  # fmt: skip
+    if info["dedup"]:
+        missing = info["dedup_missing"]
+        render.out.print(f"dedup: {len(tasks) - len(missing)} of {len(tasks)} buckets complete", markup=False)
+        if missing and not info["incomplete"]:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            render.out.print(f"  buckets {shown}; run: lmshard run-task --stage dedup --task I {quoted}", markup=False)
     if info["merged"]:
         render.out.print("merge: done", markup=False)
-    elif not info["incomplete"]:
+    elif not info["incomplete"] and not (info["dedup"] and info["dedup_missing"]):
         render.out.print(f"merge: not run; run: lmshard run-task --stage merge {quoted}", markup=False)
     else:
         render.out.print("merge: waits for the tasks above", markup=False)

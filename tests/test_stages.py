@@ -100,6 +100,10 @@ def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
     early = run("run-task", "--stage", "merge", "dist")
     assert early.returncode != 0 and "task 0 first" in early.stderr and "Traceback" not in early.stderr
     assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
+    assert "buckets 0, 1; run: lmshard run-task --stage dedup" in run("status", "dist").stdout
+    for bucket in ("1", "0"):
+        assert run("run-task", "--stage", "dedup", "--task", bucket, "dist").returncode == 0
+    assert "dedup: 2 of 2 buckets complete" in run("status", "dist").stdout
     assert run("run-task", "--stage", "merge", "dist").returncode == 0
     assert "merge: done" in run("status", "dist").stdout
     local, dist = _files(tmp_path / "local"), _files(tmp_path / "dist")
@@ -109,3 +113,28 @@ def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
     assert _files(tmp_path / "here") == local
     wrong = run("run-task", "--stage", "tokenize", "--task", "5", "dist")
     assert wrong.returncode != 0 and "task 5 is not in [0, 2)" in wrong.stderr
+
+
+@pytest.mark.parametrize("n_tasks", [1, 4])
+def test_the_dedup_stage_by_hash_bucket_gives_the_same_bytes(tmp_path, n_tasks):
+    """Duplicates resolved per bucket (key mod N, one task each), then merged without an
+    in-memory key set: still the one-machine bytes; a partial dedup stage is refused."""
+    from lmshard.prepare.stages import dedup_task
+
+    src = _corpus(tmp_path)
+    opts = dict(inputs=[str(src)], workers=1, val_fraction=0.1, on_error="skip")
+    prepare(PrepareConfig(out=str(tmp_path / "local"), **opts))
+    config = PrepareConfig(out=str(tmp_path / "scaled"), **opts)
+    for task in range(n_tasks):
+        tokenize_task(config, n_tasks, task, unit_bytes=_WINDOW)
+    assert dedup_task(config, n_tasks, 0, unit_bytes=_WINDOW) is True
+    assert dedup_task(config, n_tasks, 0, unit_bytes=_WINDOW) is False  # done: skipped
+    if n_tasks > 1:
+        with pytest.raises(InputError, match="dedup stage is not complete \\(buckets 1"):
+            merge(config, n_tasks, unit_bytes=_WINDOW)
+    for bucket in range(1, n_tasks):
+        dedup_task(config, n_tasks, bucket, unit_bytes=_WINDOW)
+    dups = sum(json.loads(p.read_text())["duplicates"] for p in (work_dir(config.out) / "dedup").glob("*.done"))
+    assert dups == json.loads((tmp_path / "local" / "dataset_metadata.json").read_text())["drops"]["duplicate"] > 40
+    merge(config, n_tasks, unit_bytes=_WINDOW)
+    assert _files(tmp_path / "local") == _files(tmp_path / "scaled")

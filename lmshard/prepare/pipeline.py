@@ -212,7 +212,10 @@ def _run(
     progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources))
     last_save = time.monotonic()
     for result in (results or item_results)(config, sources, tokenizer, build, early):
-        keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
+        if result.duplicate is not None:  # a scale-out merge: the dedup stage decided (stages.py)
+            keep = ~result.duplicate
+        else:
+            keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)
         _account(totals, result, keep, dupes, 1 if bos is None else 2)

@@ -1,5 +1,5 @@
-"""`prepare --num-tasks N --executor ray [--ray-address ADDR]`: the planned run's tokenize tasks
-as Ray core tasks (one CPU each, retried up to `max_retries` times if a worker dies), then the
+"""`prepare --num-tasks N --executor ray [--ray-address ADDR]`: the planned run's tokenize and
+dedup tasks as Ray core tasks (one CPU each, retried up to `max_retries` times if a worker dies), then the
 merge in this process. With an address it joins that cluster (`auto`: the one `ray start`
 began on this node); without one it starts a local Ray instance for the run and shuts it down
 after. The cluster's workers must import the same lmshard and see the inputs and the output at
@@ -19,11 +19,12 @@ from .config import PrepareConfig
 MAX_RETRIES = 3
 
 
-def _tokenize(config: dict[str, Any], n_tasks: int, task: int, unit_bytes: int, cwd: str) -> int:
-    from .stages import tokenize_task
+def _stage(stage: str, config: dict[str, Any], n_tasks: int, task: int, unit_bytes: int, cwd: str) -> Any:
+    from . import stages
 
     os.chdir(cwd)  # relative inputs and --out mean what they meant where the run was started
-    return tokenize_task(PrepareConfig(**config), n_tasks, task, unit_bytes)
+    run = stages.tokenize_task if stage == "tokenize" else stages.dedup_task
+    return run(PrepareConfig(**config), n_tasks, task, unit_bytes)
 
 
 def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None = None) -> Any:
@@ -39,13 +40,14 @@ def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None =
     if ours:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_tokenize)
-        refs = [remote.remote(asdict(cfg), n_tasks, t, unit_bytes, os.getcwd()) for t in range(n_tasks)]
-        try:
-            ray.get(refs)
-        except ray.exceptions.RayTaskError as e:  # the task's own error (bad input...): its message
-            cause = e.cause if isinstance(e.cause, LmshardError) else e
-            raise LmshardError(f"a Ray task failed: {cause}") from None
+        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_stage)
+        for stage in ("tokenize", "dedup"):  # every tokenize task before any dedup task
+            refs = [remote.remote(stage, asdict(cfg), n_tasks, t, unit_bytes, os.getcwd()) for t in range(n_tasks)]
+            try:
+                ray.get(refs)
+            except ray.exceptions.RayTaskError as e:  # the task's own error (bad input...): its message
+                cause = e.cause if isinstance(e.cause, LmshardError) else e
+                raise LmshardError(f"a Ray {stage} task failed: {cause}") from None
         return merge(cfg, n_tasks, unit_bytes)
     finally:
         if ours:

@@ -1,13 +1,14 @@
 """`prepare --num-tasks N --executor slurm`: the planned run submitted as Slurm job arrays.
 
-Two batch scripts are written into the work directory (`slurm/tokenize.sbatch`,
-`slurm/merge.sbatch`); each runs `python -m lmshard run-task` with the interpreter running
+Three batch scripts are written into the work directory (`slurm/tokenize.sbatch`,
+`slurm/dedup.sbatch`, `slurm/merge.sbatch`); each runs `python -m lmshard run-task` with the interpreter running
 this command, so the cluster's nodes must see this Python environment and the output's
 filesystem (as with any Slurm job). The tokenize stage is one array per at most
 `MaxArraySize - 1` tasks (the cluster's limit, from `scontrol show config`; a task id past it is
-passed as an offset), and the merge depends on all of them with `afterok` and
-`--kill-on-invalid-dep=yes`: if a task fails the merge is cancelled, never left pending
-forever. `--sbatch-args` is added to every `sbatch` call (partition, time, memory, account...).
+passed as an offset); the dedup stage's arrays depend on all of those, and the merge on the
+dedup arrays, with `afterok` and `--kill-on-invalid-dep=yes`: if a task fails the later stages
+are cancelled, never left pending forever. `--sbatch-args` is added to every `sbatch` call
+(partition, time, memory, account...).
 """
 
 from __future__ import annotations
@@ -51,33 +52,41 @@ def max_array_size() -> int:
     return DEFAULT_MAX_ARRAY
 
 
-def write_scripts(out: str) -> tuple[Path, Path]:
-    """The two batch scripts, written (again) into WORK/slurm/."""
+def write_scripts(out: str) -> tuple[Path, Path, Path]:
+    """The three batch scripts (tokenize, dedup, merge), written (again) into WORK/slurm/."""
     d = work_dir(out) / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     python, target = shlex.quote(sys.executable), shlex.quote(os.path.abspath(out))
     cwd = os.getcwd()  # relative inputs and --out mean what they meant where the run was submitted
     scripts = []
-    for stage, extra in (("tokenize", '--task "$((SLURM_ARRAY_TASK_ID + ${LMSHARD_TASK_OFFSET:-0}))"'), ("merge", "")):
-        log = d / (f"{stage}_%A_%a.log" if stage == "tokenize" else f"{stage}_%j.log")
+    task = '--task "$((SLURM_ARRAY_TASK_ID + ${LMSHARD_TASK_OFFSET:-0}))"'
+    for stage, extra in (("tokenize", task), ("dedup", task), ("merge", "")):
+        log = d / (f"{stage}_%A_%a.log" if extra else f"{stage}_%j.log")
         text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}\n#SBATCH --output={log}\n#SBATCH --chdir={cwd}\n"
                 f"exec {python} -m lmshard run-task --stage {stage} {extra} {target}\n")  # fmt: skip
         path = d / f"{stage}.sbatch"
         path.write_text(text)
         scripts.append(path)
-    return scripts[0], scripts[1]
+    return scripts[0], scripts[1], scripts[2]
 
 
 def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
     """Submit the tokenize arrays and the merge; returns their job ids and the scripts."""
-    tokenize, merge = write_scripts(out)
+    tokenize, dedup, merge = write_scripts(out)
     extra = shlex.split(sbatch_args or "")
     chunk = max(1, max_array_size() - 1)
-    arrays = []
-    for first in range(0, n_tasks, chunk):
-        count = min(chunk, n_tasks - first)
-        export = f"--export=ALL,LMSHARD_TASK_OFFSET={first}"
-        arrays.append((first, _sbatch([f"--array=0-{count - 1}", export, *extra], tokenize)))
-    after = "afterok:" + ":".join(job for _, job in arrays)
-    merge_job = _sbatch([f"--dependency={after}", "--kill-on-invalid-dep=yes", *extra], merge)
-    return {"arrays": arrays, "merge": merge_job, "tokenize_script": tokenize, "merge_script": merge}
+
+    def arrays(script: Path, after: list[str]) -> list[str]:
+        jobs = []
+        for first in range(0, n_tasks, chunk):
+            count = min(chunk, n_tasks - first)
+            deps = [f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes"] if after else []
+            export = f"--export=ALL,LMSHARD_TASK_OFFSET={first}"
+            jobs.append(_sbatch([f"--array=0-{count - 1}", export, *deps, *extra], script))
+        return jobs
+
+    tokenize_jobs = arrays(tokenize, [])
+    dedup_jobs = arrays(dedup, tokenize_jobs)
+    merge_job = _sbatch([f"--dependency=afterok:{':'.join(dedup_jobs)}", "--kill-on-invalid-dep=yes", *extra], merge)
+    return {"tokenize": tokenize_jobs, "dedup": dedup_jobs, "merge": merge_job,
+            "scripts": {"tokenize": tokenize, "dedup": dedup, "merge": merge}}  # fmt: skip

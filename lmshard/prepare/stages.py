@@ -48,8 +48,9 @@ def plan_run(
     config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES
 ) -> tuple[dict[str, Any], list[Source], Tokenizer]:
     """The run's plan (created on the first call, validated on later ones), its sources and tokenizer."""
-    if config.dedup_lines or config.hf or "-" in config.inputs:
-        raise ConfigError("a scale-out run takes files only, without --dedup-lines; run those on one machine")
+    if config.dedup_lines or config.hf or "-" in config.inputs or config.append:
+        raise ConfigError("a scale-out run takes files only, without --dedup-lines or --append; run those on one "
+                          "machine")  # fmt: skip
     sources = discover(config.inputs, config.format, config.exclude)
     tokenizer = _tokenizer(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
@@ -80,7 +81,9 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
         {"task": t, "units": b - a, "done": sum(u in done for u in range(a, b))}
         for t, (a, b) in enumerate(plan["tasks"])
     ]
+    dedup = [b for b in range(plan["n_tasks"]) if not (work / "dedup" / f"bucket_{b:06d}.done").exists()]
     return {"tasks": tasks, "incomplete": [t["task"] for t in tasks if t["done"] < t["units"]],
+            "dedup_missing": dedup, "dedup": plan["prepare"].get("dedup") == "document",
             "merged": (Path(out) / METADATA_FILE).exists(), "units": len(plan["units"])}  # fmt: skip
 
 
@@ -154,10 +157,18 @@ def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> 
                          f"the tokenize stage of task{'s' if len(tasks) > 1 else ''} "
                          f"{', '.join(map(str, tasks))} first")  # fmt: skip
     work = work_dir(config.out) / "tokenize"
+    dups = _duplicates(work.parent, n_tasks) if config.dedup == "document" else None
 
     def results(*_: Any) -> Iterator[ItemResult]:
+        at = 0
         for u in range(len(plan["units"])):
-            yield from _read_unit(work, u)
+            for r in _read_unit(work, u):
+                if dups is not None:
+                    lo, hi = np.searchsorted(dups, [at, at + len(r.keys)])
+                    r.duplicate = np.zeros(len(r.keys), dtype=bool)
+                    r.duplicate[dups[lo:hi] - at] = True
+                at += len(r.keys)
+                yield r
 
     return prepare(replace(config, workers=1), results=results)
 
@@ -182,3 +193,60 @@ def _read_unit(work: Path, u: int) -> Iterator[ItemResult]:
             nbytes=row["nbytes"],
         )
         at_doc, at_tok = at_doc + d, at_tok + t
+
+
+def dedup_task(config: PrepareConfig, n_tasks: int, bucket: int, unit_bytes: int = UNIT_BYTES) -> bool:
+    """Dedup stage, bucket `bucket` of n_tasks: of the documents whose key falls in the bucket
+    (key mod n_tasks), every one whose key appeared earlier in plan order is a duplicate (the
+    first copy survives, as on one machine). Writes their ordinals (the document's position
+    among all units' documents), sorted, to `dedup/bucket_NNNNNN.u64`, then a marker. Memory:
+    16 bytes per document of the bucket. Returns False when already done."""
+    plan, _, _ = plan_run(config, n_tasks, unit_bytes)
+    if config.dedup != "document":
+        return False  # nothing to decide: the merge keeps every document
+    if not 0 <= bucket < n_tasks:
+        raise ConfigError(f"task {bucket} is not in [0, {n_tasks}); tasks are numbered from 0")
+    work = work_dir(config.out)
+    out = work / "dedup"
+    marker = out / f"bucket_{bucket:06d}.done"
+    if marker.exists():
+        return False
+    missing = missing_units(config)
+    if missing:
+        raise InputError(f"the dedup stage needs every unit tokenized; {len(missing)} are not (first: unit "
+                         f"{missing[0]}); run the tokenize stage first")  # fmt: skip
+    keys, ordinals, base = [], [], 0
+    for u in range(len(plan["units"])):
+        path = work / "tokenize" / f"unit_{u:06d}.keys"
+        k = np.fromfile(path, dtype="<u8")
+        mine = np.flatnonzero(k % np.uint64(n_tasks) == np.uint64(bucket))
+        keys.append(k[mine])
+        ordinals.append(mine.astype(np.int64) + base)
+        base += len(k)
+    k, o = np.concatenate(keys), np.concatenate(ordinals)  # in plan order
+    _, first = np.unique(k, return_index=True)  # the first index of each key: its surviving copy
+    dup = np.ones(len(k), dtype=bool)
+    dup[first] = False
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".bucket_{bucket:06d}.u64.tmp"
+    with open(tmp, "wb") as f:
+        f.write(np.sort(o[dup]).astype("<u8").tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out / f"bucket_{bucket:06d}.u64")
+    atomic_write_json(marker, {"duplicates": int(dup.sum())})
+    return True
+
+
+def _duplicates(work: Path, n_tasks: int) -> np.ndarray | None:
+    """Every bucket's duplicate ordinals, sorted; None when the dedup stage has not run at all
+    (the merge then dedups in memory, as one machine does). A partial stage is refused."""
+    done = [(work / "dedup" / f"bucket_{b:06d}.done").exists() for b in range(n_tasks)]
+    if not any(done):
+        return None
+    if not all(done):
+        missing = [b for b, d in enumerate(done) if not d]
+        raise InputError(f"the dedup stage is not complete (buckets {', '.join(map(str, missing[:5]))} missing); "
+                         "run its tasks first")  # fmt: skip
+    parts = [np.fromfile(work / "dedup" / f"bucket_{b:06d}.u64", dtype="<u8") for b in range(n_tasks)]
+    return np.sort(np.concatenate(parts)).astype(np.int64)
