@@ -60,10 +60,7 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
                              if stage == "dedup" else f"{line}    # I = 0 .. {n_tasks - 1}", markup=False)  # fmt: skip
         render.out.print(f"  lmshard run-task --stage merge {out}", markup=False)
         return
-    for task in range(n_tasks):
-        stages.tokenize_task(cfg, n_tasks, task, plan["unit_bytes"])
-    for task in range(n_tasks):
-        stages.dedup_task(cfg, n_tasks, task, plan["unit_bytes"])
+    stages.run_local(cfg, n_tasks, plan["unit_bytes"])
     meta = stages.merge(cfg, n_tasks, plan["unit_bytes"])
     render.summary(meta, cfg.out)
 

@@ -108,7 +108,7 @@ def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
     assert "merge: done" in run("status", "dist").stdout
     local, dist = _files(tmp_path / "local"), _files(tmp_path / "dist")
     assert local == dist
-    here = run("prepare", *common, "--out", "here", "--num-tasks", "3")  # --executor local: all of it here
+    here = run("prepare", str(src), "--on-error", "skip", "--workers", "2", "--out", "here", "--num-tasks", "3")
     assert here.returncode == 0, here.stderr
     assert _files(tmp_path / "here") == local
     wrong = run("run-task", "--stage", "tokenize", "--task", "5", "dist")

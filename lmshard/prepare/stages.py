@@ -22,9 +22,11 @@ local prepare holds (the dedup key set).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import IO, Any
@@ -250,3 +252,24 @@ def _duplicates(work: Path, n_tasks: int) -> np.ndarray | None:
                          "run its tasks first")  # fmt: skip
     parts = [np.fromfile(work / "dedup" / f"bucket_{b:06d}.u64", dtype="<u8") for b in range(n_tasks)]
     return np.sort(np.concatenate(parts)).astype(np.int64)
+
+
+def _run_one(args: tuple[str, PrepareConfig, int, int, int]) -> Any:
+    stage, config, n_tasks, task, unit_bytes = args
+    return (tokenize_task if stage == "tokenize" else dedup_task)(config, n_tasks, task, unit_bytes)
+
+
+def run_local(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> None:
+    """The local executor: every tokenize task, then every dedup task, `--workers` at a time in
+    processes of their own (one process per task at a time; the tasks themselves run on one
+    core each), so a planned run on one machine uses its cores as the fused path does."""
+    workers = min(config.n_workers(), n_tasks)
+    for stage in ("tokenize", "dedup"):
+        jobs = [(stage, config, n_tasks, t, unit_bytes) for t in range(n_tasks)]
+        if workers <= 1:
+            for job in jobs:
+                _run_one(job)
+            continue
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+            list(pool.map(_run_one, jobs))
