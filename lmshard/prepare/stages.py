@@ -40,7 +40,18 @@ from .claim import _fingerprint
 from .config import PrepareConfig
 from .pipeline import _tokenizer, prepare
 from .sources import Source, discover
-from .taskplan import UNIT_BYTES, Unit, cut_units, ensure_plan, load_plan, make_plan, unit_items, work_dir
+from .taskplan import (
+    PLAN_FILE,
+    UNIT_BYTES,
+    Unit,
+    cut_units,
+    ensure_plan,
+    load_plan,
+    make_plan,
+    plan_difference,
+    unit_items,
+    work_dir,
+)
 from .worker import ItemResult, WorkerConfig, identity_of, run_item
 
 _ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("sources", np.int32))
@@ -56,10 +67,17 @@ def plan_run(
     sources = discover(config.inputs, config.format, config.exclude)
     tokenizer = _tokenizer(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
+    work = work_dir(config.out)
+    if (work / PLAN_FILE).exists():  # a later task: validate the plan, without cutting the inputs again
+        plan = load_plan(work)
+        why = plan_difference(plan, {"n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint})
+        if why is not None:
+            raise ConfigError(f"{work / PLAN_FILE} was made for another run: {why}; run with the plan's options, or "
+                              f"delete {work} to plan again")  # fmt: skip
+        return plan, sources, tokenizer
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
-    plan = ensure_plan(work_dir(config.out), wanted)
-    return plan, sources, tokenizer
+    return ensure_plan(work, wanted), sources, tokenizer
 
 
 def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:

@@ -49,7 +49,8 @@ from .staging import difference
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
-UNIT_BYTES = 64 << 20  # a unit of a large line-based file: ~20 s of one core's tokenizing
+# A unit of a large line-based file: ~20 s of one core's tokenizing (LMSHARD_UNIT_BYTES: for benchmarks).
+UNIT_BYTES = int(os.environ.get("LMSHARD_UNIT_BYTES", 64 << 20))
 _WINDOW = 64 << 10
 _LINE_FORMATS = ("jsonl", "text")
 
@@ -218,7 +219,7 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
         finally:
             tmp.unlink(missing_ok=True)
     existing = load_plan(work)
-    why = _plan_difference(existing, plan)
+    why = plan_difference(existing, plan)
     if why is not None:
         raise ConfigError(f"{path} was made for another run: {why}; run with the plan's options, or delete {work} "
                           "to plan again")  # fmt: skip
@@ -239,7 +240,7 @@ def load_plan(work: Path) -> dict[str, Any]:
     return plan
 
 
-def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+def plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     if old.get("n_tasks") != new["n_tasks"]:
         return f"--num-tasks was {old.get('n_tasks')} and is {new['n_tasks']} now"
     if old.get("unit_bytes") != new["unit_bytes"]:
