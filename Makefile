@@ -39,6 +39,7 @@ bench: setup
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_packing.py
+	$(BIN)/python scripts/bench_scaleout.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py

@@ -46,23 +46,23 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
         scripts = jobs["scripts"]
         render.out.print(f"submitted {n_tasks} tokenize tasks (job {', '.join(jobs['tokenize'])}), {n_tasks} dedup "
                          f"tasks (job {', '.join(jobs['dedup'])}) and the merge (job {jobs['merge']}); follow with: "
-                         f"lmshard status {out}", markup=False)  # fmt: skip
+                         f"lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
         again = f"sbatch --array=I {scripts['tokenize']}; sbatch {scripts['dedup']}; sbatch {scripts['merge']}"
         render.out.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
-                         f"each is done: {again}", markup=False)  # fmt: skip
+                         f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
         return
     if executor == "none":
         render.out.print(f"planned {len(plan['units']):,} units in {n_tasks} tasks; run each stage's tasks, then the "
-                         "merge:", markup=False)  # fmt: skip
+                         "merge:", markup=False, soft_wrap=True)  # fmt: skip
         for stage in ("tokenize", "dedup"):
             line = f"  lmshard run-task --stage {stage} --task I {out}"
-            render.out.print(f"{line}    # I = 0 .. {n_tasks - 1}, after every {stage} task is done"
-                             if stage == "dedup" else f"{line}    # I = 0 .. {n_tasks - 1}", markup=False)  # fmt: skip
-        render.out.print(f"  lmshard run-task --stage merge {out}", markup=False)
+            after = ", after every tokenize task is done" if stage == "dedup" else ""
+            render.out.print(f"{line}    # I = 0 .. {n_tasks - 1}{after}", markup=False, soft_wrap=True)
+        render.out.print(f"  lmshard run-task --stage merge {out}", markup=False, soft_wrap=True)
         return
-    stages.run_local(cfg, n_tasks, plan["unit_bytes"])
-    meta = stages.merge(cfg, n_tasks, plan["unit_bytes"])
-    render.summary(meta, cfg.out)
+    from .prepare import local_exec
+
+    render.summary(local_exec.run(cfg, n_tasks, plan["unit_bytes"]), cfg.out)
 
 
 def run_task(
@@ -81,11 +81,11 @@ def run_task(
     if stage == "tokenize":
         assert task is not None
         done = stages.tokenize_task(cfg, n_tasks, task, unit_bytes)
-        render.err.print(f"task {task}: {done} unit{'s' if done != 1 else ''} tokenized", markup=False)
+        render.err.print(f"task {task}: {done} unit{'s' if done != 1 else ''} tokenized", markup=False, soft_wrap=True)
     elif stage == "dedup":
         assert task is not None
         ran = stages.dedup_task(cfg, n_tasks, task, unit_bytes)
-        render.err.print(f"dedup bucket {task}: {'done' if ran else 'nothing to do'}", markup=False)
+        render.err.print(f"dedup bucket {task}: {'done' if ran else 'nothing to do'}", markup=False, soft_wrap=True)
     elif stage == "merge":
         render.summary(stages.merge(cfg, n_tasks, unit_bytes), cfg.out)
     else:
@@ -99,21 +99,30 @@ def status(out: Path = typer.Argument(..., help="The output dataset directory of
     info = stages.status(out)
     tasks = info["tasks"]
     done = sum(not t["units"] or t["done"] == t["units"] for t in tasks)
-    render.out.print(f"tokenize: {done} of {len(tasks)} tasks complete ({info['units']:,} units)", markup=False)
+    render.out.print(
+        f"tokenize: {done} of {len(tasks)} tasks complete ({info['units']:,} units)", markup=False, soft_wrap=True
+    )
     quoted = shlex.quote(str(out))
     for t in info["incomplete"]:
         row = tasks[t]
-        render.out.print(f"  task {t}: {row['done']} of {row['units']} units; run: lmshard run-task --stage "
-                         f"tokenize --task {t} {quoted}", markup=False)  # fmt: skip
+        state = f" ({row['state']})" if row["state"] else ""
+        render.out.print(f"  task {t}: {row['done']} of {row['units']} units{state}; run: lmshard run-task --stage "
+                         f"tokenize --task {t} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
     if info["dedup"]:
         missing = info["dedup_missing"]
-        render.out.print(f"dedup: {len(tasks) - len(missing)} of {len(tasks)} buckets complete", markup=False)
+        render.out.print(
+            f"dedup: {len(tasks) - len(missing)} of {len(tasks)} buckets complete", markup=False, soft_wrap=True
+        )
         if missing and not info["incomplete"]:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-            render.out.print(f"  buckets {shown}; run: lmshard run-task --stage dedup --task I {quoted}", markup=False)
+            render.out.print(
+                f"  buckets {shown}; run: lmshard run-task --stage dedup --task I {quoted}",
+                markup=False,
+                soft_wrap=True,
+            )
     if info["merged"]:
-        render.out.print("merge: done", markup=False)
+        render.out.print("merge: done", markup=False, soft_wrap=True)
     elif not info["incomplete"] and not (info["dedup"] and info["dedup_missing"]):
-        render.out.print(f"merge: not run; run: lmshard run-task --stage merge {quoted}", markup=False)
+        render.out.print(f"merge: not run; run: lmshard run-task --stage merge {quoted}", markup=False, soft_wrap=True)
     else:
-        render.out.print("merge: waits for the tasks above", markup=False)
+        render.out.print("merge: waits for the tasks above", markup=False, soft_wrap=True)

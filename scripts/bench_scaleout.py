@@ -2,15 +2,17 @@
 each stage costs.
 
 1. `lmshard prepare --workers 2` (the fused path) against `lmshard prepare --workers 2
-   --num-tasks 4` (plan, 4 tokenize tasks and 4 dedup tasks two at a time, merge), alternated,
-   3 runs each, on the shared corpus written twice (salted) as uncompressed JSON lines with
-   8 MiB units (LMSHARD_UNIT_BYTES) so that it is cut into ranges. Prints the ratio of median
-   wall times and whether the outputs are byte-identical (metadata apart from its run record).
+   --num-tasks 4` (the local executor: plan, units tokenized two at a time while the merge
+   follows them), and with `--before CHECKOUT` the fused path of an older checkout (make one
+   with `git worktree add /tmp/old COMMIT`; PYTHONPATH pins it), rotated, 3 runs each, on the
+   shared corpus written twice (salted) as uncompressed JSON lines with 8 MiB units
+   (LMSHARD_UNIT_BYTES) so that it is cut into ranges. Prints the ratios of median wall times
+   and whether the outputs are byte-identical (metadata apart from its run record).
 2. One task of each stage run alone (`lmshard run-task`): wall time, peak RSS, tokens per
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
 
-    python scripts/bench_scaleout.py [--no-write]
+    python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write]
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ def corpus(path: Path, copies: int = 2) -> Path:
     return path
 
 
+def revision(checkout: Path) -> str:
+    """The commit a checkout is at (short hash), or its directory name outside git."""
+    import subprocess
+
+    got = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return got.stdout.strip() or checkout.name
+
+
 def files(root: Path) -> dict[str, bytes]:
     out = {}
     for p in sorted(root.rglob("*")):
@@ -60,6 +70,7 @@ def files(root: Path) -> dict[str, bytes]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
+    ap.add_argument("--before", type=Path, help="an older checkout whose fused path is the baseline too")
     args = ap.parse_args()
     compile_package()
     print(machine(), flush=True)
@@ -68,21 +79,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         src = corpus(t / "corpus.jsonl")
-        fused, planned = [], []
+        kinds = ["fused", "planned"] + (["before"] if args.before else [])
+        times: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
         for i in range(3):
-            for kind in ("fused", "planned") if i % 2 == 0 else ("planned", "fused"):
+            for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
                 out = t / f"{kind}{i}"
                 extra = ["--num-tasks", "4"] if kind == "planned" else []
+                run_env = env | {"PYTHONPATH": str(args.before.resolve())} if kind == "before" else env
                 sec, _, tree = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2",
-                                                  *extra], env)  # fmt: skip
-                (planned if kind == "planned" else fused).append((sec, tree))
+                                                  *extra], run_env)  # fmt: skip
+                times[kind].append((sec, tree))
                 print(f"1. {kind}: {sec:.2f} s, peak RSS of the tree {tree / 2**20:.0f} MiB", flush=True)
+        fused, planned = times["fused"], times["planned"]
         same = files(t / "fused0") == files(t / "planned0")
         meta = json.loads((t / "fused0" / "dataset_metadata.json").read_text())
         tokens = meta["n_tokens"]
         f_med, p_med = statistics.median(s for s, _ in fused), statistics.median(s for s, _ in planned)
+        b_med = statistics.median(s for s, _ in times["before"]) if args.before else None
         print(f"1. planned / fused wall time: {p_med / f_med:.2f} (fused {f_med:.2f} s, planned {p_med:.2f} s); "
               f"byte-identical: {same}", flush=True)  # fmt: skip
+        if b_med is not None:
+            print(f"1. planned / fused before: {p_med / b_med:.2f} (before {b_med:.2f} s)", flush=True)
         dist = t / "dist"
         run_measuring_rss(
             [*LMSHARD, "prepare", str(src), "--out", str(dist), "--num-tasks", "4", "--executor", "none"], env
@@ -105,7 +122,10 @@ def main() -> None:
             f"| `prepare --workers 2` (fused) | {f_med:.2f} s | {max(r for _, r in fused) / 2**20:.0f} MiB |",
             f"| `prepare --workers 2 --num-tasks 4` (local executor) | {p_med:.2f} s | "
             f"{max(r for _, r in planned) / 2**20:.0f} MiB |",
-            f"| ratio planned / fused | **{p_med / f_med:.2f}** | |", "",
+            *([f"| `prepare --workers 2`, fused, at {revision(args.before)} | {b_med:.2f} s | "
+               f"{max(r for _, r in times['before']) / 2**20:.0f} MiB |"] if b_med is not None else []),
+            f"| ratio planned / fused | **{p_med / f_med:.2f}** | |",
+            *([f"| ratio planned / fused before | **{p_med / b_med:.2f}** | |"] if b_med is not None else []), "",
             f"Outputs byte-identical (metadata apart from its run record): **{same}**. "
             f"{tokens:,} tokens, {n_units} units of {UNIT >> 20} MiB.", "",
             "| stage, one task alone | wall time | peak RSS | tokens/s |", "|---|---|---|---|"]  # fmt: skip

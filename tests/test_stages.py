@@ -79,31 +79,37 @@ def test_a_missing_unit_blocks_the_merge_and_its_task_reruns(tmp_path):
 
 
 def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
-    """`prepare --num-tasks 2 --executor none`, `run-task` per task in any order, `status` naming
-    the task still missing, `run-task --stage merge`: the same bytes as a local prepare."""
+    """`prepare --num-tasks 7 --executor none`, `run-task` per task in any order, `status` naming
+    the task still missing, the dedup buckets, `run-task --stage merge`: the same bytes as a local
+    prepare; so does `--num-tasks 3` with the local executor and --workers 2."""
+    import os
     import subprocess
     import sys
 
     src = _corpus(tmp_path)
     lmshard = [sys.executable, "-m", "lmshard"]
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}  # units of 64 KiB: the files are cut
 
     def run(*args):
-        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
 
     common = [str(src), "--workers", "1", "--on-error", "skip"]
     assert run("prepare", *common, "--out", "local").returncode == 0
-    planned = run("prepare", *common, "--out", "dist", "--num-tasks", "2", "--executor", "none")
+    planned = run("prepare", *common, "--out", "dist", "--num-tasks", "7", "--executor", "none")
     assert planned.returncode == 0 and "lmshard run-task --stage tokenize --task I dist" in planned.stdout
-    assert run("run-task", "--stage", "tokenize", "--task", "1", "dist").returncode == 0
+    plan = load_plan(work_dir(tmp_path / "dist"))
+    assert all(b > a for a, b in plan["tasks"]), plan["tasks"]  # no task is empty
+    for task in range(6, 0, -1):
+        assert run("run-task", "--stage", "tokenize", "--task", str(task), "dist").returncode == 0
     waiting = run("status", "dist")
-    assert "1 of 2 tasks complete" in waiting.stdout and "--task 0 dist" in waiting.stdout, waiting.stdout
+    assert "6 of 7 tasks complete" in waiting.stdout and "--task 0 dist" in waiting.stdout, waiting.stdout
     early = run("run-task", "--stage", "merge", "dist")
     assert early.returncode != 0 and "task 0 first" in early.stderr and "Traceback" not in early.stderr
     assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
-    assert "buckets 0, 1; run: lmshard run-task --stage dedup" in run("status", "dist").stdout
-    for bucket in ("1", "0"):
-        assert run("run-task", "--stage", "dedup", "--task", bucket, "dist").returncode == 0
-    assert "dedup: 2 of 2 buckets complete" in run("status", "dist").stdout
+    assert "buckets 0, 1, 2, 3, 4, 5, 6; run: lmshard run-task --stage dedup" in run("status", "dist").stdout
+    for bucket in (3, 0, 6, 1, 5, 2, 4):
+        assert run("run-task", "--stage", "dedup", "--task", str(bucket), "dist").returncode == 0
+    assert "dedup: 7 of 7 buckets complete" in run("status", "dist").stdout
     assert run("run-task", "--stage", "merge", "dist").returncode == 0
     assert "merge: done" in run("status", "dist").stdout
     local, dist = _files(tmp_path / "local"), _files(tmp_path / "dist")
@@ -111,8 +117,8 @@ def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
     here = run("prepare", str(src), "--on-error", "skip", "--workers", "2", "--out", "here", "--num-tasks", "3")
     assert here.returncode == 0, here.stderr
     assert _files(tmp_path / "here") == local
-    wrong = run("run-task", "--stage", "tokenize", "--task", "5", "dist")
-    assert wrong.returncode != 0 and "task 5 is not in [0, 2)" in wrong.stderr
+    wrong = run("run-task", "--stage", "tokenize", "--task", "9", "dist")
+    assert wrong.returncode != 0 and "task 9 is not in [0, 7)" in wrong.stderr
 
 
 @pytest.mark.parametrize("n_tasks", [1, 4])
@@ -138,3 +144,69 @@ def test_the_dedup_stage_by_hash_bucket_gives_the_same_bytes(tmp_path, n_tasks):
     assert dups == json.loads((tmp_path / "local" / "dataset_metadata.json").read_text())["drops"]["duplicate"] > 40
     merge(config, n_tasks, unit_bytes=_WINDOW)
     assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_local_executor_merges_as_units_finish_and_resumes(tmp_path, workers):
+    """The local executor (units tokenized --workers at a time while this process merges them,
+    dedup in memory) gives the one-machine bytes, also when some units were done before (by
+    run-task, or by a run that was killed): those are not tokenized again."""
+    from lmshard.prepare import local_exec
+
+    src = _corpus(tmp_path)
+    opts = dict(inputs=[str(src)], val_fraction=0.1, tokens_per_shard=20_000, on_error="skip")
+    prepare(PrepareConfig(out=str(tmp_path / "local"), workers=1, **opts))
+    config = PrepareConfig(out=str(tmp_path / "scaled"), workers=workers, **opts)
+    tokenize_task(config, 3, 1, unit_bytes=_WINDOW)  # task 1 done beforehand
+    tok = work_dir(config.out) / "tokenize"
+    before = {p.name: p.stat().st_mtime_ns for p in tok.glob("unit_*.done")}
+    assert before and missing_units(config)
+    local_exec.run(config, 3, unit_bytes=_WINDOW)
+    assert {p.name: p.stat().st_mtime_ns for p in tok.glob("unit_*.done") if p.name in before} == before
+    assert not missing_units(config) and not (work_dir(config.out) / "dedup").exists()
+    assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
+
+
+def test_a_task_killed_midway_is_named_by_status_and_its_rerun_completes(tmp_path):
+    """A real SIGKILL of a `run-task` process part-way through its units: `status` names the
+    task (died, with the units it finished), re-running only that task finishes the rest, and
+    the merged dataset equals one machine's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = tmp_path / "in"
+    jsonl(src / "big.jsonl", make_texts(12_000, seed=5))  # ~100 units of 64 KiB
+    lmshard = [sys.executable, "-m", "lmshard"]
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}
+
+    def run(*args):
+        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+    common = [str(src), "--workers", "1"]
+    assert run("prepare", *common, "--out", "local").returncode == 0
+    assert run("prepare", *common, "--out", "dist", "--num-tasks", "2", "--executor", "none").returncode == 0
+    plan = load_plan(work_dir(tmp_path / "dist"))
+    first, end = plan["tasks"][0]
+    assert end - first > 20
+    tok = work_dir(tmp_path / "dist") / "tokenize"
+    proc = subprocess.Popen([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", "dist"], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(tok.glob("unit_*.done")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = len(list(tok.glob("unit_*.done")))
+    assert 0 < finished < end - first  # killed midway
+    assert run("run-task", "--stage", "tokenize", "--task", "1", "dist").returncode == 0
+    shown = run("status", "dist").stdout
+    assert f"task 0: {finished} of {end - first} units (died on " in shown, shown
+    assert "run: lmshard run-task --stage tokenize --task 0 dist" in shown and "task 1:" not in shown
+    redo = run("run-task", "--stage", "tokenize", "--task", "0", "dist")
+    assert redo.returncode == 0 and f"task 0: {end - first - finished} units tokenized" in redo.stderr, redo.stderr
+    assert "1 of 2" not in run("status", "dist").stdout
+    assert run("run-task", "--stage", "merge", "dist").returncode == 0
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")

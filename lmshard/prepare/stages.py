@@ -10,9 +10,9 @@ and token counts, per-source counts, drop examples, characters, bytes). Each is 
 temporary name and renamed; `unit_NNNNNN.done` is written last, so a unit is complete exactly
 when its marker exists, and a killed task is re-run by running it again (done units are skipped).
 
-Status: library functions, tested for byte identity; the dedup-bucket stage, `run-task`,
-`status` and the Slurm/Ray executors are not built yet (issue 17). --dedup-lines and Hugging
-Face inputs are refused.
+`dedup_task` resolves the duplicates of one hash bucket from the units' keys; the executors
+(local_exec.py, slurm.py, ray_exec.py) and `lmshard run-task` run these functions.
+--dedup-lines, --append and Hugging Face inputs are refused.
 
 Memory model: a task holds one work item's result at a time (≈1 MiB of text and its tokens),
 plus the plan; the merge holds one unit's per-item table and one item's arrays, plus what a
@@ -22,11 +22,11 @@ local prepare holds (the dedup key set).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import socket
+import time
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import IO, Any
@@ -98,7 +98,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
         {int(p.name[5:11]) for p in (work / "tokenize").glob("unit_*.done")} if (work / "tokenize").exists() else set()
     )
     tasks = [
-        {"task": t, "units": b - a, "done": sum(u in done for u in range(a, b))}
+        {"task": t, "units": b - a, "done": sum(u in done for u in range(a, b)), "state": _task_state(work, t)}
         for t, (a, b) in enumerate(plan["tasks"])
     ]
     dedup = [b for b in range(plan["n_tasks"]) if not (work / "dedup" / f"bucket_{b:06d}.done").exists()]
@@ -107,28 +107,75 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
             "merged": (Path(out) / METADATA_FILE).exists(), "units": len(plan["units"])}  # fmt: skip
 
 
-def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int = UNIT_BYTES) -> int:
-    """Tokenize task `task`'s units (skipping those already done); returns how many it did."""
-    plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
-    if not 0 <= task < plan["n_tasks"]:
-        raise ConfigError(f"task {task} is not in [0, {plan['n_tasks']}); tasks are numbered from 0")
-    wcfg = WorkerConfig(sources=tuple(sources), clean=config.clean_config(), tokenizer=config.tokenizer,
+def worker_config(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer) -> WorkerConfig:
+    return WorkerConfig(sources=tuple(sources), clean=config.clean_config(), tokenizer=config.tokenizer,
                         tokenizer_backend=tokenizer.backend, separator=config.separator,
                         text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
                         expect=identity_of(tokenizer))  # fmt: skip
-    out = work_dir(config.out) / "tokenize"
-    out.mkdir(parents=True, exist_ok=True)
+
+
+def _task_state(work: Path, task: int) -> str | None:
+    """What a tokenize task's state file says: "failed: ERROR", "running on HOST (pid P)", "died
+    on HOST (pid P gone)" when that pid no longer runs on this host, or None (never started, or
+    finished)."""
+    try:
+        state = json.loads((work / "tasks" / f"tokenize_{task:06d}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    where = f"{state.get('host')} (pid {state.get('pid')}"
+    if state.get("state") == "failed":
+        return f"failed on {where}): {state.get('error')}"
+    if state.get("host") == socket.gethostname() and not _alive(int(state.get("pid", 0))):
+        return f"died on {where} gone: killed?)"
+    return f"running on {where})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int = UNIT_BYTES) -> int:
+    """Tokenize task `task`'s units (skipping those already done); returns how many it did.
+    While it runs, `WORK/tasks/tokenize_NNNNNN.json` records its host, pid and start; a task
+    that raises records the error there (what `status` shows), one that finishes removes it."""
+    plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
+    if not 0 <= task < plan["n_tasks"]:
+        raise ConfigError(f"task {task} is not in [0, {plan['n_tasks']}); tasks are numbered from 0")
+    wcfg = worker_config(config, sources, tokenizer)
     first, end = plan["tasks"][task]
+    state = work_dir(config.out) / "tasks" / f"tokenize_{task:06d}.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(state, {"state": "running", "host": socket.gethostname(), "pid": os.getpid(),
+                              "started": time.time()})  # fmt: skip
     done = 0
-    for u in range(first, end):
-        if (out / f"unit_{u:06d}.done").exists():
-            continue
-        unit = load_unit(plan, u)
-        items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
-                           config.max_chars)  # fmt: skip
-        _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items))
-        done += 1
+    try:
+        for u in range(first, end):
+            done += tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
+    except BaseException as e:
+        atomic_write_json(state, {"state": "failed", "host": socket.gethostname(), "pid": os.getpid(),
+                                  "error": f"{type(e).__name__}: {e}"[:500]})  # fmt: skip
+        raise
+    state.unlink(missing_ok=True)
     return done
+
+
+def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
+                  wcfg: WorkerConfig, u: int) -> bool:  # fmt: skip
+    """Tokenize unit `u` unless its marker exists; True when it ran."""
+    out = work_dir(config.out) / "tokenize"
+    if (out / f"unit_{u:06d}.done").exists():
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    unit = load_unit(plan, u)
+    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
+    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items))
+    return True
 
 
 def load_unit(plan: dict[str, Any], u: int) -> Unit:
@@ -166,10 +213,14 @@ def missing_units(config: PrepareConfig) -> list[int]:
     return [u for u in range(len(plan["units"])) if not (work / "tokenize" / f"unit_{u:06d}.done").exists()]
 
 
-def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> Any:
-    """Write the dataset from every unit's results, in plan order (refused while any is missing)."""
+def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
+          ready: Callable[[int], None] | None = None, dedup_stage: bool = True) -> Any:  # fmt: skip
+    """Write the dataset from every unit's results, in plan order (refused while any is missing).
+    `ready(u)`: called before unit u is read, to wait until it is done (the local executor merges
+    while the units are tokenized). `dedup_stage=False`: deduplicate here, in memory, as one
+    machine does, whether or not the dedup stage ran."""
     plan, _, _ = plan_run(config, n_tasks, unit_bytes)
-    missing = missing_units(config)
+    missing = missing_units(config) if ready is None else []
     if missing:
         shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
         tasks = sorted({t for u in missing for t, (a, b) in enumerate(plan["tasks"]) if a <= u < b})
@@ -177,11 +228,13 @@ def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> 
                          f"the tokenize stage of task{'s' if len(tasks) > 1 else ''} "
                          f"{', '.join(map(str, tasks))} first")  # fmt: skip
     work = work_dir(config.out) / "tokenize"
-    dups = _duplicates(work.parent, n_tasks) if config.dedup == "document" else None
+    dups = _duplicates(work.parent, n_tasks) if config.dedup == "document" and dedup_stage else None
 
     def results(*_: Any) -> Iterator[ItemResult]:
         at = 0
         for u in range(len(plan["units"])):
+            if ready is not None:
+                ready(u)
             for r in _read_unit(work, u):
                 if dups is not None:
                     lo, hi = np.searchsorted(dups, [at, at + len(r.keys)])
@@ -270,24 +323,3 @@ def _duplicates(work: Path, n_tasks: int) -> np.ndarray | None:
                          "run its tasks first")  # fmt: skip
     parts = [np.fromfile(work / "dedup" / f"bucket_{b:06d}.u64", dtype="<u8") for b in range(n_tasks)]
     return np.sort(np.concatenate(parts)).astype(np.int64)
-
-
-def _run_one(args: tuple[str, PrepareConfig, int, int, int]) -> Any:
-    stage, config, n_tasks, task, unit_bytes = args
-    return (tokenize_task if stage == "tokenize" else dedup_task)(config, n_tasks, task, unit_bytes)
-
-
-def run_local(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> None:
-    """The local executor: every tokenize task, then every dedup task, `--workers` at a time in
-    processes of their own (one process per task at a time; the tasks themselves run on one
-    core each), so a planned run on one machine uses its cores as the fused path does."""
-    workers = min(config.n_workers(), n_tasks)
-    for stage in ("tokenize", "dedup"):
-        jobs = [(stage, config, n_tasks, t, unit_bytes) for t in range(n_tasks)]
-        if workers <= 1:
-            for job in jobs:
-                _run_one(job)
-            continue
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            list(pool.map(_run_one, jobs))

@@ -1,0 +1,79 @@
+"""The local executor of a planned run (`prepare --num-tasks N`, the default executor), with the
+stages fused as one process tree allows.
+
+On a remote engine the stages are separate jobs: every tokenize task, then every dedup bucket,
+then the merge. On one machine that order wastes time (the merge would wait for the last unit,
+and the dedup stage re-reads every key only to find what the merge can find as it goes), so
+here the units (not whole tasks: tasks only group units for remote schedulers) are tokenized
+`--workers` at a time in processes of their own, in plan order, while this process merges
+them in plan order as each completes, deduplicating in memory exactly as a one-machine
+prepare does. The output is the same bytes; each unit still writes its results and marker, so
+a killed run started again skips the units it finished, and `status`/`run-task` see the work
+directory as on any planned run.
+
+Memory model: each worker holds one work item's text and result at a time (≈1 MiB of text and
+its tokens; a unit's results go to disk as they are made); this process holds what a merge
+holds (one unit's per-item table, one item's arrays, the dedup key set of 8 bytes per
+document) plus one future per unit left to merge.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from .config import PrepareConfig
+from .pool import start_method
+from .stages import merge, plan_run, tokenize_unit, worker_config
+from .taskplan import UNIT_BYTES, work_dir
+
+_here: dict[str, Any] = {}  # what forked workers inherit: (config, plan, sources, tokenizer, worker config)
+
+
+def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> Any:
+    """Tokenize every unit not yet done and merge, as described above; returns the metadata."""
+    plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
+    done = work_dir(config.out) / "tokenize"
+    todo = [u for u in range(len(plan["units"])) if not (done / f"unit_{u:06d}.done").exists()]
+    workers = min(config.n_workers(), len(todo))
+    if workers <= 1:  # one core, or (almost) nothing left: each unit just before it is merged
+        wcfg = worker_config(config, sources, tokenizer)
+
+        def inline(u: int) -> None:
+            tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
+
+        return merge(config, n_tasks, unit_bytes, ready=inline, dedup_stage=False)
+    method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
+    _here.update(args=(config, n_tasks, unit_bytes), state=(plan, sources, tokenizer))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
+                               initargs=(config, n_tasks, unit_bytes, method == "fork"))  # fmt: skip
+    try:
+        futures: dict[int, Future[bool]] = {u: pool.submit(_unit, u) for u in todo}
+
+        def ready(u: int) -> None:
+            future = futures.pop(u, None)
+            if future is not None:
+                future.result()  # a worker's error is raised here, as the merge reaches its unit
+
+        return merge(config, n_tasks, unit_bytes, ready=ready, dedup_stage=False)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _here.clear()
+
+
+def _start(config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
+    """Worker initializer: the parent's plan, sources and tokenizer when forked (one thread
+    each), else loaded here."""
+    if forked and "state" in _here:
+        plan, sources, tokenizer = _here["state"]
+        tokenizer.use_threads(1)
+    else:
+        plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
+    _here.update(args=(config,), state=(plan, sources, tokenizer), wcfg=worker_config(config, sources, tokenizer))
+
+
+def _unit(u: int) -> bool:
+    config = _here["args"][0]
+    plan, sources, tokenizer = _here["state"]
+    return tokenize_unit(config, plan, sources, tokenizer, _here["wcfg"], u)
