@@ -215,3 +215,32 @@ def test_numpy_ints_and_torch_devices_are_accepted():
     windows = data.window_batches(np.int64(4), 32, stride=np.int64(8), shift=np.int64(2), seed=np.int64(1))
     assert json.loads(json.dumps(windows.state_dict()))["stride"] == 8  # numpy ints would not serialize
     assert len(data.windows(np.int64(32), stride=np.int16(16), shift=np.int8(2))) == (2000 - 34) // 16 + 1
+
+
+def test_state_in_hand_resumes_at_the_batch_not_yet_used(disk):
+    """A loop that has drawn batch k but not trained on it saves state_dict(in_hand=1): the
+    resumed stream's first batch is batch k again, for random, packed and padded streams."""
+    ds = TokenDataset(disk)
+    builds = [lambda: ds.random_batches(batch_size=2, seq_len=16, seed=4),
+              lambda: ds.packed(64, seed=4).batches(batch_size=2),
+              lambda: ds.padded_batches(2, 64, seed=4)]  # fmt: skip
+    for build in builds:
+        stream = build()
+        for _ in range(3):
+            next(stream)
+        in_hand = next(stream)  # the 4th batch, drawn and not used
+        state = stream.state_dict(in_hand=1)
+        assert state["step"] == 3 == stream.state_dict()["step"] - 1
+        again = build()
+        again.load_state_dict(state)
+        assert torch.equal(next(again)[0], in_hand[0])
+        with pytest.raises(ArgumentError, match="in_hand=5, but the stream has handed out only 4 batches"):
+            stream.state_dict(in_hand=5)
+        with pytest.raises(ArgumentError, match="in_hand=-1 must be at least 0"):
+            stream.state_dict(in_hand=-1)
+
+
+def test_validation_names_the_val_split(disk):
+    assert TokenDataset(disk, split="validation").n_tokens == TokenDataset(disk, split="val").n_tokens > 0
+    with pytest.raises(ArgumentError, match="'validation', 'valid', 'dev' for 'val'"):
+        TokenDataset(disk, split="test")

@@ -225,9 +225,11 @@ class BatchStream(torch.utils.data.IterableDataset):
         return (f"BatchStream({self.kind}, batch_size={self.batch_size}, seq_len={self.seq_len}, rank={self.rank}/"
                 f"{self.world_size}, global_batch_size={self.global_batch_size}, step={self.step})")  # fmt: skip
 
-    def state_dict(self) -> dict[str, Any]:
-        """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order)."""
-        return {"kind": self.kind, "seed": self.seed, "step": self.step, "seq_len": self.seq_len,
+    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+        """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order).
+        `in_hand`: batches already drawn but not trained on yet (1 in a loop that draws the next
+        batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again."""
+        return {"kind": self.kind, "seed": self.seed, "step": checks.rewind(self.step, in_hand), "seq_len": self.seq_len,
                 "global_batch_size": self.global_batch_size, "world_size": self.world_size,
                 **self.offsets.fingerprint()}  # fmt: skip
 

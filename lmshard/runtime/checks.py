@@ -107,6 +107,14 @@ def fits(where: str, n_tokens: int, seq_len: int, shift: int) -> None:
 STATE_FIX = "pass the dict that stream.state_dict() returned, unchanged"
 
 
+def rewind(step: int, in_hand: int) -> int:
+    """The step a state saved with `in_hand` batches drawn but not yet used resumes at."""
+    n = integer("in_hand", in_hand, low=0, fix="pass how many drawn batches the loop holds unused (0 or 1)")
+    if n > step:
+        raise ArgumentError(f"in_hand={n}, but the stream has handed out only {step} batches; pass at most {step}")
+    return step - n
+
+
 def state_int(state: dict[str, Any], key: str, low: int | None = None) -> int:
     """An int field of a resume state."""
     if key not in state:

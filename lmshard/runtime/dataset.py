@@ -26,6 +26,7 @@ from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
 from .windows import WindowDataset, stride_or_default
 
+SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val"}  # what other tools call the held-out split
 _RSS_FIX = "pass rss_limit=None to map a split of any size, or a size in bytes (0: always read)"
 
 
@@ -46,9 +47,10 @@ class TokenDataset:
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise ArgumentError(f"path={checks.show(path)} is not a path; pass the dataset directory as a str or Path")
+        split = SPLIT_ALIASES.get(split, split) if isinstance(split, str) else split
         if not isinstance(split, str) or split not in SPLITS:
             raise ArgumentError(f"split={checks.show(split)} is not a split lmshard writes; pass split='train' or "
-                                "split='val'")  # fmt: skip
+                                "split='val' (also accepted: 'validation', 'valid', 'dev' for 'val')")  # fmt: skip
         max_open_shards = checks.positive("max_open_shards", max_open_shards)
         if rss_limit is not None:  # a float such as 1.5e9 gets the plain fix: the int it stands for
             rss_limit = checks.nonnegative("rss_limit", rss_limit, fix=_RSS_FIX if checks.is_int(rss_limit) else "")

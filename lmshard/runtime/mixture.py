@@ -363,9 +363,9 @@ class MixturePackedStream(StepStream):
     def set_epoch(self, epoch: int) -> None:
         raise ConfigError("a mixture's sources have epochs of their own; resume with load_state_dict")
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.sources[0].plan
-        return {"kind": self.kind, "step": self.step, "seed": self.seed, "seq_len": self.seq_len,
+        return {"kind": self.kind, "step": checks.rewind(self.step, in_hand), "seed": self.seed, "seq_len": self.seq_len,
                 "strategy": plan.strategy, "overlong": plan.overlong, "global_batch_size": self.global_batch_size,
                 "packs": [len(p) for p in self.sources],
                 "mixture": self.mix.fingerprint()}  # fmt: skip

@@ -263,7 +263,9 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def batch(self, step: int) -> PackedBatch:
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+        """A few integers and the options that fix the batches. `in_hand`: batches drawn but not
+        trained on yet, which the resumed stream hands out again (see BatchStream.state_dict)."""
         raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
@@ -328,9 +330,9 @@ class PackedStream(StepStream):
 
     kind = "packed"
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.packs.plan
-        return {"kind": "packed", "step": self.step, "seed": self.packs.seed, "seq_len": plan.seq_len,
+        return {"kind": "packed", "step": checks.rewind(self.step, in_hand), "seed": self.packs.seed, "seq_len": plan.seq_len,
                 "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 "global_batch_size": self.global_batch_size}  # fmt: skip
 

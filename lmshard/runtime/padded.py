@@ -82,8 +82,8 @@ class PaddedStream(StepStream):
         self._order = (epoch, batches)
         return batches
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "padded", "step": self.step, "seed": self.seed, "max_len": self.max_len,
+    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+        return {"kind": "padded", "step": checks.rewind(self.step, in_hand), "seed": self.seed, "max_len": self.max_len,
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size}  # fmt: skip
 
