@@ -229,8 +229,8 @@ class BatchStream(torch.utils.data.IterableDataset):
         """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order).
         `in_hand`: batches already drawn but not trained on yet (1 in a loop that draws the next
         batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again."""
-        return {"kind": self.kind, "seed": self.seed, "step": checks.rewind(self.step, in_hand), "seq_len": self.seq_len,
-                "global_batch_size": self.global_batch_size, "world_size": self.world_size,
+        return {"kind": self.kind, "seed": self.seed, "step": checks.rewind(self.step, in_hand),
+                "seq_len": self.seq_len, "global_batch_size": self.global_batch_size, "world_size": self.world_size,
                 **self.offsets.fingerprint()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -365,9 +365,9 @@ class MixturePackedStream(StepStream):
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.sources[0].plan
-        return {"kind": self.kind, "step": checks.rewind(self.step, in_hand), "seed": self.seed, "seq_len": self.seq_len,
-                "strategy": plan.strategy, "overlong": plan.overlong, "global_batch_size": self.global_batch_size,
-                "packs": [len(p) for p in self.sources],
+        return {"kind": self.kind, "step": checks.rewind(self.step, in_hand), "seed": self.seed,
+                "seq_len": self.seq_len, "strategy": plan.strategy, "overlong": plan.overlong,
+                "global_batch_size": self.global_batch_size, "packs": [len(p) for p in self.sources],
                 "mixture": self.mix.fingerprint()}  # fmt: skip
 
     def batch(self, step: int) -> PackedBatch:

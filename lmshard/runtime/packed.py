@@ -332,8 +332,8 @@ class PackedStream(StepStream):
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.packs.plan
-        return {"kind": "packed", "step": checks.rewind(self.step, in_hand), "seed": self.packs.seed, "seq_len": plan.seq_len,
-                "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
+        return {"kind": "packed", "step": checks.rewind(self.step, in_hand), "seed": self.packs.seed,
+                "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 "global_batch_size": self.global_batch_size}  # fmt: skip
 
     def batch(self, step: int) -> PackedBatch:
