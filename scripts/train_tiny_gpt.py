@@ -1,8 +1,9 @@
-"""Train a tiny GPT on a prepared lmshard dataset, on the CPU or a GPU, to show the loader in a
-real training loop. The loss should fall within a few hundred steps.
+"""Train a tiny GPT on a prepared lmshard dataset, on the CPU or a GPU, in one process or several
+under torchrun, to show the loader in a real training loop. The loss should fall within a few
+hundred steps.
 
     python scripts/train_tiny_gpt.py data/demo --steps 300
-    torchrun --nproc-per-node 2 scripts/train_tiny_gpt.py data/demo    # rank/world from the env
+    torchrun --nproc-per-node 2 scripts/train_tiny_gpt.py data/demo    # data parallel, see below
     python scripts/train_tiny_gpt.py --mixture mix.toml                 # several datasets, weighted
 
 A mixture file names prepared datasets and their token weights (docs/loader.md, "Mixtures"):
@@ -14,24 +15,46 @@ A mixture file names prepared datasets and their token weights (docs/loader.md, 
     path = "data/code"
     weight = 0.3
 
-The log then shows each source's target and observed share of the rows drawn so far.
+The log then shows each source's target and observed share of the rows drawn so far (by all ranks).
+
+Distributed: under torchrun (WORLD_SIZE > 1) every process joins a process group (NCCL with one
+GPU per process, cuda:LOCAL_RANK; gloo on the CPU) and trains a DistributedDataParallel copy of
+the model, whose gradients are averaged over the ranks at every step. The batch stream reads
+RANK / WORLD_SIZE from the environment, so each rank draws its own --batch-size rows of every
+global batch (batch size × world size rows per optimizer step). Only rank 0 logs, evaluates and
+saves. --report FILE makes every rank write what it did, to check the run by: its parameters'
+sha256 (equal on all ranks after a correct run) and the row offsets it drew.
+
+Logging: a line every --log-every steps and at the last step (loss averaged over the ranks, val
+loss, mixture shares), and between those a short one (rank 0's loss) whenever --progress-every
+seconds pass, so a slow run still shows it is moving.
 
 Resuming: the data position is `batches.state_dict()`, a handful of integers saved in the
-checkpoint beside the model (see --save / --resume).
+checkpoint beside the model (see --save / --resume). This loop draws each batch just before it
+trains on it, so no batch is in hand when it saves; a loop that draws the next batch ahead would
+save `batches.state_dict(in_hand=1)` to have that batch handed out again after resuming.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
+import os
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from lmshard import Mixture, TokenDataset
+from lmshard.runtime import BatchStream
 
 
 class Block(nn.Module):
@@ -70,79 +93,219 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
 
 
+class Ranks:
+    """This process's place in the run, from torchrun's RANK, LOCAL_RANK and WORLD_SIZE
+    (rank 0 of 1 without torchrun)."""
+
+    def __init__(self) -> None:
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0")) if self.world_size > 1 else 0
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self.world_size > 1 else 0
+        self.distributed = self.world_size > 1
+        self.main = self.rank == 0
+
+
+def setup_device(ranks: Ranks, device: str) -> torch.device:
+    """The device this process trains on. Under torchrun, joins the process group first: NCCL and
+    cuda:LOCAL_RANK for a CUDA device (one GPU per process), gloo otherwise."""
+    dev = torch.device(device)
+    if not ranks.distributed:
+        return dev
+    if dev.type == "cuda":
+        dev = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return dev
+
+
+def params_sha256(model: nn.Module) -> str:
+    """sha256 over every parameter's name, shape and raw bytes, in module order: two models hash
+    alike exactly when their weights are bitwise equal."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        digest.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+        digest.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def report_path(path: str, rank: int) -> Path:
+    """FILE with -rank<R> before its extension: report.json → report-rank0.json."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}-rank{rank}{p.suffix}")
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, val, steps: int = 4) -> float:  # type: ignore[no-untyped-def]
+def evaluate(model: nn.Module, val: BatchStream, steps: int = 4) -> float:
     model.eval()
     losses = [model(*next(val)).item() for _ in range(steps)]
     model.train()
     return sum(losses) / len(losses)
 
 
-def main() -> None:
+class Log:
+    """Rank 0's log. `line` is called by every rank at the same steps (it averages the loss and
+    sums the mixture's row counts over the ranks); `progress` prints a short line from rank 0
+    when `every` seconds have passed since the last line."""
+
+    def __init__(self, ranks: Ranks, start: int, tokens_per_step: int, every: float, mix: Mixture | None) -> None:
+        self.ranks, self.start, self.tokens_per_step, self.every, self.mix = ranks, start, tokens_per_step, every, mix
+        self.t0 = self.last = time.perf_counter()
+        self.drawn = np.zeros(len(mix.names) if mix is not None else 0, dtype=np.int64)  # rows per source, this rank
+
+    def count(self, offsets: np.ndarray) -> None:
+        if self.mix is not None:
+            self.drawn += np.bincount(self.mix.locate(offsets)[0], minlength=len(self.drawn))
+
+    def _rate(self, step: int) -> str:
+        self.last = time.perf_counter()
+        return f"{(step - self.start + 1) * self.tokens_per_step / (self.last - self.t0):,.0f} tok/s"
+
+    def line(self, step: int, loss: torch.Tensor, model: nn.Module, val: BatchStream | None) -> None:
+        # one float64 all-reduce: the loss and the row counts (exact as float64 below 2**53 rows)
+        totals = torch.tensor([loss.item(), *self.drawn.tolist()], dtype=torch.float64, device=loss.device)
+        if self.ranks.distributed:
+            dist.all_reduce(totals)  # NCCL reduces CUDA tensors only, hence the loss's device
+        totals = totals.cpu()
+        if not self.ranks.main:
+            return
+        extra = f"  val {evaluate(model, val):.3f}" if val is not None else ""
+        if self.mix is not None:
+            shares = totals[1:].numpy() / totals[1:].sum().item()
+            extra += "  " + " ".join(
+                f"{n}={o:.3f}/{w:.3f}" for n, o, w in zip(self.mix.names, shares, self.mix.weights, strict=True)
+            )
+        mean = totals[0].item() / self.ranks.world_size
+        print(f"step {step:5d}  loss {mean:.3f}{extra}  {self._rate(step)}", flush=True)
+
+    def progress(self, step: int, loss: torch.Tensor) -> None:
+        if self.ranks.main and time.perf_counter() - self.last >= self.every:
+            print(f"step {step:5d}  loss {loss.item():.3f}  {self._rate(step)}", flush=True)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data", nargs="?", help="dataset directory written by `lmshard prepare`")
     ap.add_argument("--mixture", help="a TOML file of datasets and weights, instead of DATA")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=8, help="rows per rank per step")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="under torchrun, 'cuda' means cuda:LOCAL_RANK")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--save", help="write model + data state here at the end")
+    ap.add_argument("--progress-every", type=float, default=2.0, metavar="SECONDS",
+                    help="also print a short line when this many seconds pass without one (default 2)")  # fmt: skip
+    ap.add_argument("--save", help="write model + data state here at the end (rank 0)")
     ap.add_argument("--resume", help="continue from a checkpoint written by --save")
+    ap.add_argument("--report", metavar="FILE",
+                    help="each rank writes FILE with -rank<R> before the extension (report.json → "
+                         "report-rank0.json, ...): JSON with the sha256 of the parameters before and after "
+                         "training and the row offsets of every batch it drew")  # fmt: skip
     args = ap.parse_args()
-
     if (args.data is None) == (args.mixture is None):
         ap.error("pass a dataset directory or --mixture FILE (one of them)")
-    torch.manual_seed(args.seed)
+    return args
+
+
+def open_data(
+    args: argparse.Namespace, ranks: Ranks, device: torch.device
+) -> tuple[Mixture | None, Mixture | TokenDataset, BatchStream, BatchStream | None]:
+    """(mixture or None, train data, train batches, val batches or None). The train stream takes
+    rank and world size from torchrun's environment, so each rank draws its own rows."""
     mix = Mixture.from_file(args.mixture) if args.mixture else None
     train = mix if mix is not None else TokenDataset(args.data, split="train")
-    batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=args.device)
+    batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=device)
     val = None
-    if isinstance(train, TokenDataset) and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
+    fits = isinstance(train, TokenDataset) and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1
+    if fits and ranks.main:  # only rank 0 evaluates, so it reads every validation row itself
         val = TokenDataset(args.data, split="val").random_batches(
-            args.batch_size, args.seq_len, seed=0, device=args.device
+            args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device
         )
-    if mix is not None:
-        drawn = np.zeros(len(mix.names), dtype=np.int64)
-    model = TinyGPT(train.vocab_size, args.seq_len).to(args.device)
+    return mix, train, batches, val
+
+
+def save(path: str, model: nn.Module, opt: torch.optim.Optimizer, batches: BatchStream) -> None:
+    """Model, optimizer and data position, written under a temporary name and then renamed."""
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "data": batches.state_dict()}
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+    print(f"saved {path} (data state {batches.state_dict()})")
+
+
+def train(args: argparse.Namespace, ranks: Ranks, device: torch.device) -> dict[str, Any]:
+    """The training run; returns what --report writes."""
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    mix, data, batches, val = open_data(args, ranks, device)
+    model = TinyGPT(data.vocab_size, args.seq_len).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     if args.resume:
-        ckpt = torch.load(args.resume, map_location=args.device)
+        ckpt = torch.load(args.resume, map_location=device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         batches.load_state_dict(ckpt["data"])
-    if mix is not None:  # the whole run so far and to come; warns for a source repeated past max_epochs
+    if mix is not None and ranks.main:  # the whole run so far and to come; warns for a source past max_epochs
         end = batches.step + args.steps
         for r in mix.report(end, batches.global_batch_size, args.seq_len, seed=args.seed):
             print(f"  {r['source']}: weight {r['target']:.3f}, {r['epochs']:.2f} epochs by step {end}")
-    print(f"{train}\n{batches}  ({batches.tokens_per_step:,} tokens/step)")
-    start, t0 = batches.step, time.perf_counter()
-    for step in range(start, start + args.steps):
-        lr = args.lr * min(1.0, (step + 1) / 50) * (0.5 + 0.5 * math.cos(math.pi * (step - start) / args.steps))
+    if ranks.main:
+        where = f"  ({ranks.world_size} processes, {dist.get_backend()})" if ranks.distributed else ""
+        print(f"{data}\n{batches}  ({batches.tokens_per_step:,} tokens/step){where}", flush=True)
+    report = {"rank": ranks.rank, "world_size": ranks.world_size, "initial_sha256": params_sha256(model)}
+    drew = train_steps(args, ranks, model, opt, batches, mix, val)
+    if args.save and ranks.main:
+        save(args.save, model, opt, batches)
+    return {**report, "final_sha256": params_sha256(model), "batches": drew}
+
+
+def train_steps(
+    args: argparse.Namespace,
+    ranks: Ranks,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: BatchStream,
+    mix: Mixture | None,
+    val: BatchStream | None,
+) -> list[dict[str, Any]]:
+    """args.steps optimizer steps; returns each batch's step and row offsets if --report is set."""
+    # gradients are averaged over the ranks in backward(), so every rank takes the same optimizer step
+    step_model = DistributedDataParallel(model) if ranks.distributed else model
+    first = batches.step
+    log = Log(ranks, first, batches.tokens_per_step, args.progress_every, mix)
+    drew: list[dict[str, Any]] = []
+    for step in range(first, first + args.steps):
+        lr = args.lr * min(1.0, (step + 1) / 50) * (0.5 + 0.5 * math.cos(math.pi * (step - first) / args.steps))
         for group in opt.param_groups:
             group["lr"] = lr
         batch = next(batches)
-        x, y = batch
-        if mix is not None:
-            drawn += np.bincount(mix.locate(batch.offsets)[0], minlength=len(drawn))
-        loss = model(x, y)
+        if args.report:  # kept only when asked for: a list that grows with every step
+            drew.append({"step": batch.step, "offsets": batch.offsets.tolist()})
+        log.count(batch.offsets)
+        loss = step_model(*batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step % args.log_every == 0 or step == start + args.steps - 1:
-            extra = f"  val {evaluate(model, val):.3f}" if val is not None else ""
-            rate = (step - start + 1) * batches.tokens_per_step / (time.perf_counter() - t0)
-            if mix is not None:
-                shares = drawn / drawn.sum()
-                extra += "  " + " ".join(
-                    f"{n}={o:.3f}/{w:.3f}" for n, o, w in zip(mix.names, shares, mix.weights, strict=True)
-                )
-            print(f"step {step:5d}  loss {loss.item():.3f}{extra}  {rate:,.0f} tok/s", flush=True)
-    if args.save:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "data": batches.state_dict()}, args.save)
-        print(f"saved {args.save} (data state {batches.state_dict()})")
+        if step % args.log_every == 0 or step == first + args.steps - 1:
+            log.line(step, loss.detach(), model, val)
+        else:
+            log.progress(step, loss.detach())
+    return drew
+
+
+def main() -> None:
+    args = parse_args()
+    ranks = Ranks()
+    device = setup_device(ranks, args.device)
+    try:
+        report = train(args, ranks, device)
+        if args.report:
+            path = report_path(args.report, ranks.rank)
+            path.write_text(json.dumps(report) + "\n")
+            if ranks.main:
+                print(f"report: {report_path(args.report, 0)}" + (", ..." if ranks.distributed else ""))
+    finally:
+        if ranks.distributed:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
