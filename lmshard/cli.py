@@ -7,7 +7,6 @@ import errno
 import functools
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,7 +18,7 @@ from rich.table import Table
 
 from . import __version__, render
 from .cli_interop import register as register_interop
-from .cli_scale import planned_prepare
+from .cli_prepare import EPILOG, normalize_token, prepare
 from .cli_scale import register as register_scale
 from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
 from .inspect import audit
@@ -27,10 +26,10 @@ from .inspect.verify import report_json, verify_dataset
 
 app = typer.Typer(
     help="Turn raw text into sharded uint32 token data for LLM pretraining, and audit it.",
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # token_normalize_func: other tools' spellings of options (--tokens_per_shard, --num-proc), cli_prepare.py
+    context_settings={"help_option_names": ["-h", "--help"], "token_normalize_func": normalize_token},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
 )
 tokenizer_app = typer.Typer(help="Install and check tokenizer vocabularies (offline-friendly).")
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -102,139 +101,14 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks for errors."),
 ) -> None:
     _state["verbose"] = verbose
 
 
-def _opt(help: str, *names: str) -> Any:
-    return typer.Option(None, *names, help=help, show_default=False)
-
-
-@app.command()
-@user_errors()
-def prepare(
-    inputs: list[str] | None = typer.Argument(None, help="Files, directories or globs; - for stdin."),
-    out: str | None = typer.Option(None, "--out", "-o", help="Output dataset directory."),
-    config: Path | None = typer.Option(None, "--config", help="YAML/TOML file of these options; flags win."),
-    demo: bool = typer.Option(False, "--demo", help="Use the embedded demo corpus (Python's own sources and docs)."),
-    exclude: list[str] | None = _opt("Leave out input paths matching this glob (repeatable).", "--exclude"),
-    tokenizer: str | None = _opt(
-        "gpt2 (default), r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken file, or a Hugging Face "
-        "tokenizer: tokenizer.json, a save_pretrained directory, or a cached hub name (org/name)."
-    ),
-    tokenizer_backend: str | None = _opt(
-        "auto (default: splintr when installed and exact, else tiktoken), tiktoken, splintr, tokenizers."
-    ),
-    separator: str | None = _opt(
-        "Special token written after each document (before it with --eot-position before) "
-        "[the vocabulary's end of text]."
-    ),
-    bos: str | None = _opt(
-        "BOS token right before each document's text (after the EOT with --eot-position before): "
-        "auto (default: when the tokenizer adds one), yes, no."
-    ),
-    format: str | None = _opt("Force the input format: text, jsonl, json, csv, parquet, arrow."),
-    text_field: str | None = _opt("JSON/CSV/parquet field holding the text [text]."),
-    text_mode: str | None = _opt(
-        ".txt/.md documents: auto (default: one per file up to --max-chars bytes, else one per "
-        "blank-line-separated paragraph), file, line or paragraph."
-    ),
-    normalize: str | None = _opt("Unicode normalisation: nfc (default), nfkc, none."),
-    no_normalize: bool | None = typer.Option(
-        None,
-        "--no-normalize",
-        help="Keep text byte-exact (code): no normalisation, newline or control-character cleaning.",
-    ),
-    min_chars: int | None = _opt("Drop documents shorter than this [1]."),
-    max_chars: int | None = _opt("Documents longer than this are dropped or truncated [10000000]."),
-    overlong: str | None = _opt("drop (default) or truncate documents over --max-chars."),
-    dedup: str | None = _opt("document (default): exact dedup on xxh3-64 of the cleaned text; none."),
-    no_dedup: bool | None = typer.Option(None, "--no-dedup", help="Same as --dedup none."),
-    dedup_lines: bool | None = typer.Option(
-        None, "--dedup-lines", help="Also drop non-blank lines seen earlier (boilerplate); reads the input twice."
-    ),
-    val_fraction: float | None = _opt("Fraction of documents in the val split [0.01]."),
-    seed: int | None = _opt("Seed of the train/val split [1337]."),
-    tokens_per_shard: int | None = _opt("Target tokens per shard [100000000]."),
-    eot_position: str | None = _opt("EOT token after (default) or before each document."),
-    max_docs: int | None = _opt("Stop after this many kept documents."),
-    on_error: str | None = _opt("fail (default): stop at the first bad record; skip: count and skip it."),
-    workers: int | None = _opt("Worker processes [all cores]."),
-    overwrite: bool | None = typer.Option(
-        None,
-        "--overwrite",
-        help="Replace the dataset in --out; the old one stays readable until the new one is complete.",
-    ),
-    resume: bool | None = typer.Option(
-        None, "--resume", help="Continue an interrupted run of the same command (or start it if none is pending)."
-    ),
-    append: bool | None = typer.Option(
-        None, "--append", help="Add these inputs' documents to the dataset in --out, deduplicated against it."
-    ),
-    allow_empty: bool | None = typer.Option(
-        None, "--allow-empty", help="Succeed even when no document is kept (otherwise that is an error)."
-    ),
-    hf: str | None = _opt("Hugging Face dataset: hub id, save_to_disk dir, or dir of parquet/jsonl files.", "--hf"),
-    preset: str | None = _opt(
-        "A named dataset (`lmshard datasets`): fills --hf, --hf-config, --text-field.", "--preset"
-    ),
-    hf_config: str | None = _opt("Configuration (subset) of the --hf dataset.", "--hf-config"),
-    split: str | None = _opt("Split of the --hf dataset to read [train].", "--split"),
-    streaming: bool | None = typer.Option(
-        None, "--streaming/--no-streaming", help="Stream --hf (default for hub ids and data files).", show_default=False
-    ),
-    revision: str | None = _opt("Hub revision (branch, tag or commit) of --hf.", "--revision"),
-    hf_task: int | None = _opt("This task's part of the --hf stream (0-based), of --hf-tasks.", "--hf-task"),
-    hf_tasks: int | None = _opt("Split the --hf stream into this many disjoint parts [1].", "--hf-tasks"),
-    num_tasks: int | None = _opt("Plan the run as this many tasks (scale-out: docs/scaling.md).", "--num-tasks"),
-    executor: str | None = _opt("With --num-tasks: local (run here), none (print commands), slurm, ray.", "--executor"),
-    sbatch_args: str | None = _opt("--executor slurm: added to every sbatch (partition, time...).", "--sbatch-args"),
-    ray_address: str | None = _opt("--executor ray: cluster to join (auto, host:port) [a local one].", "--ray-address"),
-) -> None:
-    """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
-    flags = dict(locals())  # every option by its name, None where not given
-    from .prepare import prepare as run_prepare
-    from .prepare.config import resolve_config
-
-    cfg = resolve_config(file=flags.pop("config"), flags=flags)
-    if cfg.num_tasks is not None:
-        return planned_prepare(cfg, cfg.num_tasks, cfg.executor)
-    meta = _with_progress(lambda cb: run_prepare(cfg, cb))
-    render.summary(meta, cfg.out)
-
-
-def _with_progress(job: Callable[[Callable[[Any], None]], T]) -> T:
-    columns = (
-        TextColumn("[bold]prepare"),
-        BarColumn(),
-        TextColumn("{task.percentage:>5.1f}%"),
-        TextColumn("{task.fields[docs]:>10,} docs  {task.fields[mb]:>8.1f} MB in"),
-        TextColumn("{task.fields[tps]:>6.2f} M tok/s"),
-        TimeRemainingColumn(),
-    )
-    start = time.perf_counter()
-    shown = [start]
-    # No refresh thread (rich's auto_refresh): prepare forks its workers, which is only safe
-    # while this process runs one thread. The bar is redrawn from the progress callback instead.
-    with Progress(*columns, console=err, transient=False, auto_refresh=False) as bar:
-        task = bar.add_task("prepare", total=None, docs=0, mb=0.0, tps=0.0)
-
-        def update(p: Any) -> None:
-            now = time.perf_counter()
-            rate = p.tokens / max(now - start, 1e-9) / 1e6
-            total = p.bytes_total or None
-            bar.update(task, total=total, completed=min(p.bytes_done, total or p.bytes_done),
-                       docs=p.docs, mb=p.bytes_done / 1e6, tps=rate)  # fmt: skip
-            if now - shown[0] >= 0.1:
-                shown[0] = now
-                bar.refresh()
-
-        meta = job(update)
-        bar.update(task, total=1, completed=1)
-    return meta
+app.command(epilog=EPILOG)(user_errors()(prepare))  # lmshard prepare (cli_prepare.py)
 
 
 @app.command()
@@ -264,9 +138,10 @@ def inspect(
     world_size: int = typer.Option(1, "--world-size", help="With --packing: ranks, for steps per rank."),
     batch_size: int = typer.Option(1, "--batch-size", help="With --packing: rows per rank per step."),
 ) -> None:
-    """Verify a dataset against its metadata and show what is in it. Exit codes: 0 verified,
-    1 an error (no such directory, not a dataset, a bad option value), 2 a malformed command
-    line, 3 the dataset is corrupt."""
+    """Verify a dataset against its metadata and show what is in it.
+
+    Exit codes: 0 verified, 1 an error (no such directory, not a dataset, a bad option value),
+    2 a malformed command line, 3 the dataset is corrupt."""
     if packing is not None:
         raise typer.Exit(_packing(dataset, packing, strategy, split, world_size, batch_size, as_json))
     raise typer.Exit(_inspect(dataset, quick, as_json, sample, seed, doc, plot, top))
@@ -328,13 +203,12 @@ def datasets() -> None:
     """List the dataset presets usable with `prepare --preset NAME`."""
     from .prepare.hf import PRESETS
 
-    table = Table(title="lmshard prepare --preset NAME --out DIR", title_justify="left")
+    table = Table(title="lmshard prepare --preset NAME --out DIR", title_justify="left", show_lines=True)
     table.add_column("preset", no_wrap=True, style="bold")
-    table.add_column(escape("hub id [config] (field, tokenizer)"), no_wrap=True)
-    table.add_column("description")
+    table.add_column(escape("hub id [config] (text field, tokenizer), and what it is"))
     for p in PRESETS.values():
         where = f"{p.hub_id}" + (f" [{p.config}]" if p.config else "") + f" ({p.text_field}, {p.tokenizer})"
-        table.add_row(p.name, escape(where), p.description)
+        table.add_row(p.name, f"[cyan]{escape(where)}[/]\n{escape(p.description)}")
     out.print(table)
 
 

@@ -28,8 +28,9 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
     app.command("status")(user_errors()(status))
 
 
-def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
-    """`prepare --num-tasks N [--executor local|none]`."""
+def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> Any:
+    """`prepare --num-tasks N [--executor ...]`: the metadata of the dataset where this process
+    wrote it (local, ray), else None (the tasks run elsewhere)."""
     from .prepare import stages
 
     plan, _, _ = stages.plan_run(cfg, n_tasks)
@@ -37,8 +38,7 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
     if executor == "ray":
         from .prepare import ray_exec
 
-        render.summary(ray_exec.run(cfg, n_tasks, plan["unit_bytes"], cfg.ray_address), cfg.out)
-        return
+        return ray_exec.run(cfg, n_tasks, plan["unit_bytes"], cfg.ray_address)
     if executor == "slurm":
         from .prepare import slurm
 
@@ -50,19 +50,20 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> None:
         again = f"sbatch --array=I {scripts['tokenize']}; sbatch {scripts['dedup']}; sbatch {scripts['merge']}"
         render.out.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
                          f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
-        return
+        return None
     if executor == "none":
-        render.out.print(f"planned {len(plan['units']):,} units in {n_tasks} tasks; run each stage's tasks, then the "
-                         "merge:", markup=False, soft_wrap=True)  # fmt: skip
+        units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")
+        render.out.print(f"planned {units} in {tasks}; run each stage's tasks, then the merge:", markup=False,
+                         soft_wrap=True)  # fmt: skip
         for stage in ("tokenize", "dedup"):
             line = f"  lmshard run-task --stage {stage} --task I {out}"
             after = ", after every tokenize task is done" if stage == "dedup" else ""
             render.out.print(f"{line}    # I = 0 .. {n_tasks - 1}{after}", markup=False, soft_wrap=True)
         render.out.print(f"  lmshard run-task --stage merge {out}", markup=False, soft_wrap=True)
-        return
+        return None
     from .prepare import local_exec
 
-    render.summary(local_exec.run(cfg, n_tasks, plan["unit_bytes"]), cfg.out)
+    return local_exec.run(cfg, n_tasks, plan["unit_bytes"])
 
 
 def run_task(

@@ -22,6 +22,11 @@ err = Console(stderr=True)
 _SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
 
 
+def plural(n: int, word: str) -> str:
+    """ "1 shard", "2 shards" (counts with thousands separators)."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def summary(meta: Any, where: str) -> None:
     """The table `prepare` prints at the end, and a line per drop reason naming its files."""
     table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
@@ -32,11 +37,15 @@ def summary(meta: Any, where: str) -> None:
     table.add_row("tokenizer", f"{tok.name} (n_vocab {tok.n_vocab:,}, EOT {tok.eot_id}{bos}; {tok.backend})")
     table.add_row("records read", f"{meta.records_read:,}")
     for split, s in meta.splits.items():
-        table.add_row(split, f"{s.n_docs:,} docs  {s.n_tokens:,} tokens  {len(s.shards)} shards")
+        table.add_row(
+            split, f"{plural(s.n_docs, 'doc')}  {plural(s.n_tokens, 'token')}  {plural(len(s.shards), 'shard')}"
+        )
     drops = {k: v for k, v in meta.drops.items() if v}
     table.add_row("dropped", ", ".join(f"{k} {v:,}" for k, v in drops.items()) or "none")
     run = meta.run
-    table.add_row("time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {run.workers} workers")
+    table.add_row(
+        "time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {plural(run.workers, 'worker')}"
+    )
     out.print(table)
     for reason, n in drops.items():
         files = _by_file(meta.sources, functools.partial(lambda src, r: int(src.dropped.get(r, 0)), r=reason))
@@ -73,7 +82,8 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         for split in meta.splits:
             table.add_row(
                 split,
-                f"{meta.n_docs(split):,} docs  {meta.n_tokens(split):,} tokens  {len(meta.split_shards(split))} shards",
+                f"{plural(meta.n_docs(split), 'doc')}  {plural(meta.n_tokens(split), 'token')}  "
+                f"{plural(len(meta.split_shards(split)), 'shard')}",
             )
         stats = report.length_stats()
         if stats:

@@ -88,7 +88,7 @@ def test_no_module_over_400_lines():
 
 
 def test_typer_and_rich_only_in_the_cli():
-    """The command line (cli.py, cli_interop.py for export/import, and render.py for what it prints)
+    """The command line (cli.py, cli_prepare.py, cli_interop.py, cli_scale.py, and render.py for what it prints)
     is the only user of typer and rich."""
     modules = _modules()
     for name, path in modules.items():
@@ -96,7 +96,13 @@ def test_typer_and_rich_only_in_the_cli():
         used = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         froms = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0]
         used |= {(n.module or "").split(".")[0] for n in froms}
-        if name not in ("lmshard.cli", "lmshard.cli_interop", "lmshard.cli_scale", "lmshard.render"):
+        if name not in (
+            "lmshard.cli",
+            "lmshard.cli_interop",
+            "lmshard.cli_prepare",
+            "lmshard.cli_scale",
+            "lmshard.render",
+        ):
             assert not used & {"typer", "rich", "click"}, name
 
 

@@ -31,7 +31,8 @@ DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
 # (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
 TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend",
-                     "num_tasks", "executor", "sbatch_args", "ray_address")  # fmt: skip
+                     "num_tasks", "executor", "sbatch_args", "ray_address",
+                     "log_interval", "quiet", "json")  # fmt: skip
 EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/stages.py)
 BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
@@ -80,11 +81,16 @@ class PrepareConfig:
     executor: str = "local"  # with num_tasks: local (run every task here, then merge), none (print the commands), slurm
     sbatch_args: str | None = None  # --executor slurm: added to every sbatch call (partition, time, mem, account)
     ray_address: str | None = None  # --executor ray: the cluster to join (auto, or host:port); None: a local one
+    log_interval: float = 10.0  # seconds between progress lines when stderr is not a terminal
+    quiet: bool = False  # print only errors and warnings
+    json: bool = False  # print the summary as one JSON object on stdout
 
     def __post_init__(self) -> None:
         self._check_types()
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--executor", self.executor, EXECUTORS)
+        if not self.log_interval > 0:
+            raise ConfigError(f"--log-interval {self.log_interval}: pass a number of seconds above 0")
         if self.num_tasks is not None and self.num_tasks < 1:
             raise ConfigError(f"--num-tasks {self.num_tasks}: pass at least 1")
         _choice("--dedup", self.dedup, DEDUP_MODES)

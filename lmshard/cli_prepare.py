@@ -1,0 +1,343 @@
+"""`lmshard prepare`: its options, grouped in help panels, and what it prints while it runs.
+
+Where the output goes:
+- stderr on a terminal: a progress bar, redrawn in place;
+- stderr not a terminal (nohup, Slurm, CI, `2> log`): plain lines with no terminal control
+  codes: a start line (inputs, output, key options), a progress line every `--log-interval`
+  seconds (input read, documents, tokens, tokens/s, ETA) and a done line with the counts;
+- stdout: the summary table, or with `--json` the summary as one JSON object (for scripts);
+- `--quiet`: errors and warnings only (with `--json`, the JSON still goes to stdout).
+
+Other tools' spellings are accepted on the command line (`token_normalize_func` in cli.py):
+underscores for dashes in every long option (`--tokens_per_shard`), `--num-proc` (Hugging Face
+datasets) for `--workers`, `--json-keys` (Megatron-LM) for `--text-field`, `--max-samples` for
+`--max-docs`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from . import render
+from .cli_scale import planned_prepare
+from .render import plural
+
+T = TypeVar("T")
+
+# Option names from other tools, by the name lmshard gives the same option.
+OPTION_ALIASES = {"num-proc": "workers", "json-keys": "text-field", "max-samples": "max-docs"}
+EPILOG = (
+    "Also accepted: underscores for dashes (--tokens_per_shard), --num-proc for --workers, --json-keys for "
+    "--text-field, --max-samples for --max-docs. Full reference: docs/cli.md."
+)
+
+
+def normalize_token(token: str) -> str:
+    """click's token_normalize_func: an option name as lmshard spells it (see the module doc)."""
+    name = token.replace("_", "-")
+    return OPTION_ALIASES.get(name, name)
+
+
+INPUTS, HF, CLEAN, TOKENIZER, OUTPUT, EXECUTION, LOGGING = (
+    "Inputs",
+    "Hugging Face inputs",
+    "Cleaning and dedup",
+    "Tokenizer",
+    "Output and split",
+    "Execution",
+    "Logging",
+)
+
+
+def _opt(panel: str, metavar: str | None, help: str, *names: str) -> Any:
+    return typer.Option(None, *names, help=help, metavar=metavar, show_default=False, rich_help_panel=panel)
+
+
+def _flag(panel: str, help: str, *names: str) -> Any:
+    return typer.Option(None, *names, help=help, show_default=False, rich_help_panel=panel)
+
+
+def prepare(
+    inputs: list[str] | None = typer.Argument(
+        None, metavar="INPUTS...", help="Files, directories or globs; - for stdin.", show_default=False
+    ),
+    config: str | None = _opt(INPUTS, "FILE", "YAML or TOML file of these options; flags win.", "--config"),
+    demo: bool | None = _flag(INPUTS, "Use the embedded demo corpus (Python's own sources and docs).", "--demo"),
+    exclude: list[str] | None = _opt(INPUTS, "GLOB", "Leave out input paths matching this (repeatable).", "--exclude"),
+    format: str | None = _opt(
+        INPUTS, "FORMAT", "Force the format: text, jsonl, json, csv, parquet, arrow.", "--format"
+    ),
+    text_field: str | None = _opt(
+        INPUTS, "FIELD", "JSON/CSV/parquet field holding the text. Default: text.", "--text-field"
+    ),  # fmt: skip
+    text_mode: str | None = _opt(
+        INPUTS,
+        "MODE",
+        "Documents of .txt/.md files: auto (a file up to --max-chars, "
+        "else its paragraphs), file, line, paragraph. Default: auto.",
+        "--text-mode",
+    ),  # fmt: skip
+    hf: str | None = _opt(HF, "ID|DIR", "Dataset: hub id, save_to_disk dir, or dir of parquet/jsonl files.", "--hf"),
+    preset: str | None = _opt(
+        HF, "NAME", "A named dataset (lmshard datasets): sets --hf, --hf-config, --text-field.", "--preset"
+    ),  # fmt: skip
+    hf_config: str | None = _opt(HF, "NAME", "Configuration (subset) of the --hf dataset.", "--hf-config"),
+    split: str | None = _opt(HF, "SPLIT", "Split of the --hf dataset to read. Default: train.", "--split"),
+    streaming: bool | None = _flag(HF, "Stream --hf (the default for hub ids and data files).", "--streaming"),
+    no_streaming: bool | None = _flag(HF, "Load --hf whole (a saved dataset, or for speed).", "--no-streaming"),
+    revision: str | None = _opt(HF, "REV", "Hub revision of --hf: branch, tag or commit.", "--revision"),
+    hf_task: int | None = _opt(HF, "I", "This task's part of the --hf stream (from 0), of --hf-tasks.", "--hf-task"),
+    hf_tasks: int | None = _opt(HF, "N", "Split the --hf stream into N disjoint parts. Default: 1.", "--hf-tasks"),
+    normalize: str | None = _opt(CLEAN, "FORM", "Unicode normalisation: nfc, nfkc, none. Default: nfc.", "--normalize"),
+    no_normalize: bool | None = _flag(
+        CLEAN, "Keep text byte-exact (code): no normalisation or cleaning.", "--no-normalize"
+    ),  # fmt: skip
+    min_chars: int | None = _opt(CLEAN, "N", "Drop documents shorter than N characters. Default: 1.", "--min-chars"),
+    max_chars: int | None = _opt(
+        CLEAN, "N", "Longer documents are dropped or truncated. Default: 10000000.", "--max-chars"
+    ),  # fmt: skip
+    overlong: str | None = _opt(
+        CLEAN, "WHAT", "drop or truncate documents over --max-chars. Default: drop.", "--overlong"
+    ),  # fmt: skip
+    dedup: str | None = _opt(
+        CLEAN, "MODE", "document (exact, xxh3-64 of the cleaned text) or none. Default: document.", "--dedup"
+    ),  # fmt: skip
+    no_dedup: bool | None = _flag(CLEAN, "Same as --dedup none.", "--no-dedup"),
+    dedup_lines: bool | None = _flag(
+        CLEAN, "Also drop non-blank lines seen before (boilerplate); reads the input twice.", "--dedup-lines"
+    ),  # fmt: skip
+    on_error: str | None = _opt(
+        CLEAN, "WHAT", "A bad record: fail (stop) or skip (count it and go on). Default: fail.", "--on-error"
+    ),  # fmt: skip
+    tokenizer: str | None = _opt(
+        TOKENIZER,
+        "NAME",
+        "gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken "
+        "file, a tokenizer.json, a save_pretrained directory, or a cached hub name "
+        "(org/name). Default: gpt2.",
+        "--tokenizer",
+    ),  # fmt: skip
+    tokenizer_backend: str | None = _opt(
+        TOKENIZER,
+        "NAME",
+        "auto (splintr when installed and exact, else tiktoken), tiktoken, splintr, tokenizers. Default: auto.",
+        "--tokenizer-backend",
+    ),  # fmt: skip
+    separator: str | None = _opt(
+        TOKENIZER,
+        "TOKEN",
+        "Special token after each document (before it with --eot-position before). "
+        "Default: the vocabulary's end of text.",
+        "--separator",
+    ),  # fmt: skip
+    bos: str | None = _opt(
+        TOKENIZER,
+        "WHEN",
+        "BOS token before each document: auto (when the tokenizer adds one), yes, no. Default: auto.",
+        "--bos",
+    ),  # fmt: skip
+    eot_position: str | None = _opt(
+        TOKENIZER, "WHERE", "The separator after or before each document. Default: after.", "--eot-position"
+    ),  # fmt: skip
+    out: str | None = _opt(OUTPUT, "DIR", "Output dataset directory.", "--out", "-o"),
+    val_fraction: float | None = _opt(
+        OUTPUT, "FRACTION", "Fraction of documents in the val split. Default: 0.01.", "--val-fraction"
+    ),  # fmt: skip
+    seed: int | None = _opt(OUTPUT, "SEED", "Seed of the train/val split. Default: 1337.", "--seed"),
+    tokens_per_shard: int | None = _opt(
+        OUTPUT, "N", "Target tokens per shard. Default: 100000000.", "--tokens-per-shard"
+    ),  # fmt: skip
+    max_docs: int | None = _opt(OUTPUT, "N", "Stop after N kept documents.", "--max-docs"),
+    overwrite: bool | None = _flag(
+        OUTPUT, "Replace the dataset in --out; the old one stays readable until the new one is complete.", "--overwrite"
+    ),  # fmt: skip
+    resume: bool | None = _flag(OUTPUT, "Continue an interrupted run of the same command (or start it).", "--resume"),
+    append: bool | None = _flag(
+        OUTPUT, "Add these inputs' documents to the dataset in --out, deduplicated against it.", "--append"
+    ),  # fmt: skip
+    allow_empty: bool | None = _flag(OUTPUT, "Succeed even when no document is kept.", "--allow-empty"),
+    workers: int | None = _opt(EXECUTION, "N", "Worker processes. Default: one per core.", "--workers"),
+    num_tasks: int | None = _opt(
+        EXECUTION, "N", "Plan the run as N tasks (scale-out: docs/scaling.md).", "--num-tasks"
+    ),  # fmt: skip
+    executor: str | None = _opt(
+        EXECUTION,
+        "NAME",
+        "With --num-tasks: local (run here), none (print the commands), slurm, ray. Default: local.",
+        "--executor",
+    ),  # fmt: skip
+    sbatch_args: str | None = _opt(
+        EXECUTION, "ARGS", "--executor slurm: added to every sbatch (partition, time...).", "--sbatch-args"
+    ),  # fmt: skip
+    ray_address: str | None = _opt(
+        EXECUTION,
+        "ADDR",
+        "--executor ray: the cluster to join (auto, host:port). Default: a local one.",
+        "--ray-address",
+    ),  # fmt: skip
+    log_interval: float | None = _opt(
+        LOGGING,
+        "SECONDS",
+        "Seconds between progress lines when stderr is not a terminal. Default: 10.",
+        "--log-interval",
+    ),  # fmt: skip
+    quiet: bool | None = _flag(LOGGING, "Print only errors and warnings.", "--quiet", "-q"),
+    json_: bool | None = _flag(LOGGING, "Print the summary as one JSON object on stdout.", "--json"),
+) -> None:
+    """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
+    flags = dict(locals())  # every option by its name, None where not given
+    flags["json"] = flags.pop("json_")
+    from .prepare import prepare as run_prepare
+    from .prepare.config import resolve_config
+
+    cfg = resolve_config(file=flags.pop("config"), flags=flags)
+    log = RunLog(cfg)
+    log.start()
+    if cfg.num_tasks is not None:
+        meta = planned_prepare(cfg, cfg.num_tasks, cfg.executor)
+    else:
+        meta = log.follow(lambda callback: run_prepare(cfg, callback))
+    if meta is not None:
+        log.done(meta)
+
+
+class RunLog:
+    """What a prepare run prints (see the module doc); `follow` runs the job with its progress."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.plain = not sys.stderr.isatty()
+        self.started = time.perf_counter()
+
+    def _line(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        if self.cfg.quiet or not self.plain:
+            return
+        c = self.cfg
+        inputs = c.inputs[:3] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
+        source = " ".join(inputs) or f"hf:{c.hf}"
+        tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
+        self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
+                   f"{tasks}, dedup {c.dedup}, val-fraction {c.val_fraction}, tokens-per-shard "
+                   f"{c.tokens_per_shard:,}")  # fmt: skip
+
+    def follow(self, job: Callable[[Callable[[Any], None]], T]) -> T:
+        if self.cfg.quiet:
+            return job(lambda p: None)
+        if self.plain:
+            return job(self._plain_progress())
+        return _progress_bar(job)
+
+    def _plain_progress(self) -> Callable[[Any], None]:
+        last = [self.started]
+
+        def update(p: Any) -> None:
+            now = time.perf_counter()
+            if now - last[0] < self.cfg.log_interval:
+                return
+            last[0] = now
+            self._line(progress_line(p, now - self.started))
+
+        return update
+
+    def done(self, meta: Any) -> None:
+        if self.cfg.json:
+            print(json.dumps(summary_json(meta, self.cfg.out)), flush=True)
+        elif not self.cfg.quiet:
+            render.summary(meta, self.cfg.out)
+        if self.plain and not self.cfg.quiet and not _same_file(sys.stdout, sys.stderr):
+            self._line(done_line(meta, self.cfg.out))
+
+
+def progress_line(p: Any, elapsed: float) -> str:
+    """One plain progress line: input read (of the total where known), documents, tokens,
+    tokens/s and the time left."""
+    rate = p.tokens / max(elapsed, 1e-9)
+    read = f"{p.bytes_done / 1e6:,.1f} MB"
+    eta = ""
+    if p.bytes_total:
+        frac = min(p.bytes_done / p.bytes_total, 1.0)
+        read += f" of {p.bytes_total / 1e6:,.1f} MB ({100 * frac:.1f}%)"
+        if frac > 0:
+            eta = f", ETA {_clock(elapsed * (1 - frac) / frac)}"
+    return (f"prepare: {read} read, {plural(p.docs, 'doc')}, {p.tokens:,} tokens, {rate / 1e6:.2f} M tokens/s, "
+            f"{_clock(elapsed)} elapsed{eta}")  # fmt: skip
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def summary_json(meta: Any, where: str) -> dict[str, Any]:
+    """The summary as plain data: the same counts as the metadata."""
+    tok = meta.tokenizer
+    splits = {
+        name: {"docs": s.n_docs, "tokens": s.n_tokens, "shards": len(s.shards)} for name, s in meta.splits.items()
+    }
+    run = meta.run
+    return {"out": where, "records_read": meta.records_read, "n_docs": sum(s["docs"] for s in splits.values()),
+            "n_tokens": sum(s["tokens"] for s in splits.values()), "splits": splits,
+            "drops": {k: v for k, v in meta.drops.items() if v},
+            "tokenizer": {"name": tok.name, "n_vocab": tok.n_vocab, "eot_id": tok.eot_id, "bos_id": tok.bos_id,
+                          "backend": tok.backend},
+            "elapsed_s": run.elapsed_s, "tokens_per_s": run.tokens_per_s, "workers": run.workers}  # fmt: skip
+
+
+def done_line(meta: Any, where: str) -> str:
+    data = summary_json(meta, where)
+    splits = "; ".join(f"{name} {plural(s['docs'], 'doc')}, {s['tokens']:,} tokens, {plural(s['shards'], 'shard')}"
+                       for name, s in data["splits"].items())  # fmt: skip
+    drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
+    return (f"done: {where}: {splits}; dropped {drops}; {data['elapsed_s']:.1f} s, "
+            f"{data['tokens_per_s'] or 0:,.0f} tokens/s")  # fmt: skip
+
+
+def _same_file(a: Any, b: Any) -> bool:
+    """Whether two streams write to the same file (2>&1, one Slurm log): then the summary table
+    on stdout is already in the log."""
+    try:
+        return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _progress_bar(job: Callable[[Callable[[Any], None]], T]) -> T:
+    columns = (
+        TextColumn("[bold]prepare"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TextColumn("{task.fields[docs]:>10,} docs  {task.fields[mb]:>8.1f} MB in"),
+        TextColumn("{task.fields[tps]:>6.2f} M tok/s"),
+        TimeRemainingColumn(),
+    )
+    start = time.perf_counter()
+    shown = [start]
+    # No refresh thread (rich's auto_refresh): prepare forks its workers, which is only safe
+    # while this process runs one thread. The bar is redrawn from the progress callback instead.
+    with Progress(*columns, console=render.err, transient=False, auto_refresh=False) as bar:
+        task = bar.add_task("prepare", total=None, docs=0, mb=0.0, tps=0.0)
+
+        def update(p: Any) -> None:
+            now = time.perf_counter()
+            rate = p.tokens / max(now - start, 1e-9) / 1e6
+            total = p.bytes_total or None
+            bar.update(task, total=total, completed=min(p.bytes_done, total or p.bytes_done),
+                       docs=p.docs, mb=p.bytes_done / 1e6, tps=rate)  # fmt: skip
+            if now - shown[0] >= 0.1:
+                shown[0] = now
+                bar.refresh()
+
+        meta = job(update)
+        bar.update(task, total=1, completed=1)
+    return meta
