@@ -7,6 +7,7 @@ import errno
 import functools
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -195,6 +196,8 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
 
 
 def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
+    if not quiet and not sys.stderr.isatty():  # a log: plain lines, no bar (see cli_prepare.py)
+        return _verify_logged(dataset, quick)
     with Progress(TextColumn("[bold]verify"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                   TimeRemainingColumn(), console=err, transient=True, disable=quiet) as bar:  # fmt: skip
         task = bar.add_task("verify", total=None)
@@ -204,6 +207,23 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
 
         report = verify_dataset(dataset, quick=quick, on_start=lambda n: bar.update(task, total=n), on_shard=tick)
     return report
+
+
+def _verify_logged(dataset: Path, quick: bool, interval: float = 10.0) -> Any:
+    """Verification with a line on stderr at the start and every `interval` seconds."""
+    state = {"n": 0, "done": 0, "last": time.perf_counter()}
+
+    def start(n: int) -> None:
+        state["n"] = n
+        print(f"inspect: verifying {render.plural(n, 'shard')} of {dataset}", file=sys.stderr, flush=True)
+
+    def tick(shard: Any) -> None:
+        state["done"] += 1
+        if time.perf_counter() - state["last"] >= interval:
+            state["last"] = time.perf_counter()
+            print(f"verify: {state['done']:,} of {state['n']:,} shards", file=sys.stderr, flush=True)
+
+    return verify_dataset(dataset, quick=quick, on_start=start, on_shard=tick)
 
 
 @app.command()

@@ -148,3 +148,11 @@ def test_the_loader_takes_validation_for_val(tmp_path, corpus):
     assert (
         TokenDataset(Path(tmp_path / "o"), split="validation").n_tokens == TokenDataset(tmp_path / "o", "val").n_tokens
     )
+
+
+def test_inspect_in_a_log_says_what_it_verifies(tmp_path, corpus):
+    assert _run(["prepare", str(corpus), "--out", "o", "--workers", "1"], tmp_path).returncode == 0
+    done = _run(["inspect", "o"], tmp_path)
+    assert done.returncode == 0 and done.stderr.startswith("inspect: verifying 2 shards of o"), done.stderr
+    assert not ESCAPE.search(done.stderr)
+    assert _run(["inspect", "o", "--json"], tmp_path).stderr == ""
