@@ -201,8 +201,11 @@ def prepare(
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
     log = RunLog(cfg)
     log.start()
-    if cfg.num_tasks is not None:
-        meta = planned_prepare(cfg, cfg.num_tasks, cfg.executor)
+    n_tasks = cfg.num_tasks
+    if n_tasks is not None and cfg.executor == "local":  # runs here: progress as the merge goes
+        meta = log.follow(lambda callback: planned_prepare(cfg, n_tasks, cfg.executor, callback))
+    elif n_tasks is not None:
+        meta = planned_prepare(cfg, n_tasks, cfg.executor)
     else:
         meta = log.follow(lambda callback: run_prepare(cfg, callback))
     if meta is not None:

@@ -28,7 +28,7 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
     app.command("status")(user_errors()(status))
 
 
-def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> Any:
+def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable[[Any], None] | None = None) -> Any:
     """`prepare --num-tasks N [--executor ...]`: the metadata of the dataset where this process
     wrote it (local, ray), else None (the tasks run elsewhere)."""
     from .prepare import stages
@@ -63,7 +63,7 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str) -> Any:
         return None
     from .prepare import local_exec
 
-    return local_exec.run(cfg, n_tasks, plan["unit_bytes"])
+    return local_exec.run(cfg, n_tasks, plan["unit_bytes"], on_progress)
 
 
 def run_task(

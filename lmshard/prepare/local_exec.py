@@ -20,6 +20,7 @@ document) plus one future per unit left to merge.
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -31,8 +32,10 @@ from .taskplan import UNIT_BYTES, work_dir
 _here: dict[str, Any] = {}  # what forked workers inherit: (config, plan, sources, tokenizer, worker config)
 
 
-def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> Any:
-    """Tokenize every unit not yet done and merge, as described above; returns the metadata."""
+def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
+        on_progress: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
+    """Tokenize every unit not yet done and merge, as described above; returns the metadata.
+    `on_progress`: as for prepare, called as the merge goes."""
     plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
     done = work_dir(config.out) / "tokenize"
     todo = [u for u in range(len(plan["units"])) if not (done / f"unit_{u:06d}.done").exists()]
@@ -43,7 +46,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> An
         def inline(u: int) -> None:
             tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
 
-        return merge(config, n_tasks, unit_bytes, ready=inline, dedup_stage=False)
+        return merge(config, n_tasks, unit_bytes, ready=inline, dedup_stage=False, on_progress=on_progress)
     method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
     _here.update(args=(config, n_tasks, unit_bytes), state=(plan, sources, tokenizer))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
@@ -56,7 +59,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES) -> An
             if future is not None:
                 future.result()  # a worker's error is raised here, as the merge reaches its unit
 
-        return merge(config, n_tasks, unit_bytes, ready=ready, dedup_stage=False)
+        return merge(config, n_tasks, unit_bytes, ready=ready, dedup_stage=False, on_progress=on_progress)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _here.clear()

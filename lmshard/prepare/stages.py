@@ -214,7 +214,8 @@ def missing_units(config: PrepareConfig) -> list[int]:
 
 
 def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
-          ready: Callable[[int], None] | None = None, dedup_stage: bool = True) -> Any:  # fmt: skip
+          ready: Callable[[int], None] | None = None, dedup_stage: bool = True,
+          on_progress: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
     """Write the dataset from every unit's results, in plan order (refused while any is missing).
     `ready(u)`: called before unit u is read, to wait until it is done (the local executor merges
     while the units are tokenized). `dedup_stage=False`: deduplicate here, in memory, as one
@@ -243,7 +244,7 @@ def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
                 at += len(r.keys)
                 yield r
 
-    return prepare(replace(config, workers=1), results=results)
+    return prepare(replace(config, workers=1), on_progress, results=results)
 
 
 def _read_unit(work: Path, u: int) -> Iterator[ItemResult]:
