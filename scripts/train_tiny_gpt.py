@@ -190,6 +190,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=8, help="rows per rank per step")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr-horizon", type=int, metavar="STEPS",
+                    help="the step the cosine learning-rate decay (to lr/10) ends at (default: where this run "
+                         "ends, or the checkpoint's); fix it to the total length to --resume exactly")  # fmt: skip
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="under torchrun, 'cuda' means cuda:LOCAL_RANK")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
@@ -225,9 +228,9 @@ def open_data(
     return mix, train, batches, val
 
 
-def save(path: str, model: nn.Module, opt: torch.optim.Optimizer, batches: BatchStream) -> None:
-    """Model, optimizer and data position, written under a temporary name and then renamed."""
-    state = {"model": model.state_dict(), "opt": opt.state_dict(), "data": batches.state_dict()}
+def save(path: str, model: nn.Module, opt: torch.optim.Optimizer, batches: BatchStream, horizon: int) -> None:
+    """Model, optimizer, data position and LR horizon, written under a temporary name, then renamed."""
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "data": batches.state_dict(), "horizon": horizon}
     torch.save(state, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
     print(f"saved {path} (data state {batches.state_dict()})")
@@ -244,6 +247,10 @@ def train(args: argparse.Namespace, ranks: Ranks, device: torch.device) -> dict[
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         batches.load_state_dict(ckpt["data"])
+        if args.lr_horizon is None:
+            args.lr_horizon = ckpt.get("horizon")
+    if args.lr_horizon is None:
+        args.lr_horizon = batches.step + args.steps
     if mix is not None and ranks.main:  # the whole run so far and to come; warns for a source past max_epochs
         end = batches.step + args.steps
         for r in mix.report(end, batches.global_batch_size, args.seq_len, seed=args.seed):
@@ -254,7 +261,7 @@ def train(args: argparse.Namespace, ranks: Ranks, device: torch.device) -> dict[
     report = {"rank": ranks.rank, "world_size": ranks.world_size, "initial_sha256": params_sha256(model)}
     drew = train_steps(args, ranks, model, opt, batches, mix, val)
     if args.save and ranks.main:
-        save(args.save, model, opt, batches)
+        save(args.save, model, opt, batches, args.lr_horizon)
     return {**report, "final_sha256": params_sha256(model), "batches": drew}
 
 
@@ -274,7 +281,10 @@ def train_steps(
     log = Log(ranks, first, batches.tokens_per_step, args.progress_every, mix)
     drew: list[dict[str, Any]] = []
     for step in range(first, first + args.steps):
-        lr = args.lr * min(1.0, (step + 1) / 50) * (0.5 + 0.5 * math.cos(math.pi * (step - first) / args.steps))
+        # a function of the step alone (so a resumed run gets the same rates): warmup, then a cosine
+        # from lr to lr/10 at the horizon, and lr/10 after it (as nanoGPT's min_lr)
+        decayed = min(step, args.lr_horizon) / max(args.lr_horizon, 1)
+        lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * decayed)))
         for group in opt.param_groups:
             group["lr"] = lr
         batch = next(batches)
