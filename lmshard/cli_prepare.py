@@ -210,6 +210,12 @@ def prepare(
         meta = log.follow(lambda callback: run_prepare(cfg, callback))
     if meta is not None:
         log.done(meta)
+    elif cfg.json:  # planned here, run elsewhere: what was planned, and where to follow it
+        from .prepare import stages
+
+        info = stages.status(cfg.out)
+        print(json.dumps({"out": cfg.out, "executor": cfg.executor, "n_tasks": n_tasks, "units": info["units"],
+                          "merged": info["merged"], "follow": f"lmshard status {cfg.out}"}), flush=True)  # fmt: skip
 
 
 class RunLog:

@@ -34,6 +34,7 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     from .prepare import stages
 
     plan, _, _ = stages.plan_run(cfg, n_tasks)
+    show = render.err if cfg.json else render.out  # with --json, stdout holds only the JSON summary
     out = shlex.quote(cfg.out)
     if executor == "ray":
         from .prepare import ray_exec
@@ -44,22 +45,22 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
 
         jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
         scripts = jobs["scripts"]
-        render.out.print(f"submitted {n_tasks} tokenize tasks (job {', '.join(jobs['tokenize'])}), {n_tasks} dedup "
+        show.print(f"submitted {n_tasks} tokenize tasks (job {', '.join(jobs['tokenize'])}), {n_tasks} dedup "
                          f"tasks (job {', '.join(jobs['dedup'])}) and the merge (job {jobs['merge']}); follow with: "
                          f"lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
         again = f"sbatch --array=I {scripts['tokenize']}; sbatch {scripts['dedup']}; sbatch {scripts['merge']}"
-        render.out.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
+        show.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
                          f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
         return None
     if executor == "none":
         units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")
-        render.out.print(f"planned {units} in {tasks}; run each stage's tasks, then the merge:", markup=False,
+        show.print(f"planned {units} in {tasks}; run each stage's tasks, then the merge:", markup=False,
                          soft_wrap=True)  # fmt: skip
         for stage in ("tokenize", "dedup"):
             line = f"  lmshard run-task --stage {stage} --task I {out}"
             after = ", after every tokenize task is done" if stage == "dedup" else ""
-            render.out.print(f"{line}    # I = 0 .. {n_tasks - 1}{after}", markup=False, soft_wrap=True)
-        render.out.print(f"  lmshard run-task --stage merge {out}", markup=False, soft_wrap=True)
+            show.print(f"{line}    # I = 0 .. {n_tasks - 1}{after}", markup=False, soft_wrap=True)
+        show.print(f"  lmshard run-task --stage merge {out}", markup=False, soft_wrap=True)
         return None
     from .prepare import local_exec
 
