@@ -20,12 +20,16 @@ document) plus one future per unit left to merge.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .config import PrepareConfig
-from .pool import start_method
+from .pool import WorkerDied, start_method
 from .stages import merge, plan_run, tokenize_unit, worker_config
 from .taskplan import UNIT_BYTES, work_dir
 
@@ -56,8 +60,15 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
 
         def ready(u: int) -> None:
             future = futures.pop(u, None)
-            if future is not None:
+            if future is None:
+                return
+            try:
                 future.result()  # a worker's error is raised here, as the merge reaches its unit
+            except BrokenProcessPool:
+                why = (f"a worker process died while it tokenized unit {u} or another (killed, as the out-of-memory "
+                       "killer does?); the units it finished are kept: re-run the same command with --resume (with "
+                       "fewer --workers if memory ran out)")  # fmt: skip
+                raise WorkerDied(why) from None
 
         return merge(config, n_tasks, unit_bytes, ready=ready, dedup_stage=False, on_progress=on_progress)
     finally:
@@ -67,13 +78,21 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
 
 def _start(config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
     """Worker initializer: the parent's plan, sources and tokenizer when forked (one thread
-    each), else loaded here."""
+    each), else loaded here. A worker whose parent dies (kill -9, the OOM killer) exits: its
+    siblings hold the task queue open, so it would otherwise wait for a task forever."""
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if forked and "state" in _here:
         plan, sources, tokenizer = _here["state"]
         tokenizer.use_threads(1)
     else:
         plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
     _here.update(args=(config,), state=(plan, sources, tokenizer), wcfg=worker_config(config, sources, tokenizer))
+
+
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)  # the unit in progress stays unfinished (no marker): a re-run redoes it
 
 
 def _unit(u: int) -> bool:
