@@ -186,7 +186,7 @@ def prepare(
     log_interval: float | None = _opt(
         LOGGING,
         "SECONDS",
-        "Seconds between progress lines when stderr is not a terminal. Default: 10.",
+        "Seconds between progress lines when stderr is not a terminal (0: after every work item). Default: 10.",
         "--log-interval",
     ),  # fmt: skip
     quiet: bool | None = _flag(LOGGING, "Print only errors and warnings.", "--quiet", "-q"),
@@ -221,10 +221,11 @@ def prepare(
 class RunLog:
     """What a prepare run prints (see the module doc); `follow` runs the job with its progress."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, clock: Callable[[], float] = time.perf_counter) -> None:
         self.cfg = cfg
         self.plain = not sys.stderr.isatty()
-        self.started = time.perf_counter()
+        self.clock = clock  # seconds; a test drives its own
+        self.started = clock()
 
     def _line(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -251,7 +252,10 @@ class RunLog:
         last = [self.started]
 
         def update(p: Any) -> None:
-            now = time.perf_counter()
+            now = self.clock()
+            if p.note:  # what a resumed run kept: said at once, before any progress
+                self._line(p.note)
+                return
             if now - last[0] < self.cfg.log_interval:
                 return
             last[0] = now
@@ -271,14 +275,16 @@ class RunLog:
 def progress_line(p: Any, elapsed: float) -> str:
     """One plain progress line: input read (of the total where known), documents, tokens,
     tokens/s and the time left."""
-    rate = p.tokens / max(elapsed, 1e-9)
+    elapsed = max(elapsed, 1e-9)
+    rate = (p.tokens - p.tokens_at_start) / elapsed  # this process's work: a resumed run's earlier work took no time
     read = f"{p.bytes_done / 1e6:,.1f} MB"
     eta = ""
     if p.bytes_total:
         frac = min(p.bytes_done / p.bytes_total, 1.0)
         read += f" of {p.bytes_total / 1e6:,.1f} MB ({100 * frac:.1f}%)"
-        if frac > 0:
-            eta = f", ETA {_clock(elapsed * (1 - frac) / frac)}"
+        speed = (p.bytes_done - p.bytes_at_start) / elapsed  # input bytes per second
+        if speed > 0:
+            eta = f", ETA {_clock(max(p.bytes_total - p.bytes_done, 0) / speed)}"
     return (f"prepare: {read} read, {plural(p.docs, 'doc')}, {p.tokens:,} tokens, {rate / 1e6:.2f} M tokens/s, "
             f"{_clock(elapsed)} elapsed{eta}")  # fmt: skip
 
@@ -338,8 +344,13 @@ def _progress_bar(job: Callable[[Callable[[Any], None]], T]) -> T:
         task = bar.add_task("prepare", total=None, docs=0, mb=0.0, tps=0.0)
 
         def update(p: Any) -> None:
+            if p.note:  # what a resumed run kept, above the bar; the bar starts from there with no speed samples
+                bar.console.print(p.note, markup=False, highlight=False)
+                bar.reset(task, total=p.bytes_total or None, completed=p.bytes_done, docs=p.docs,
+                          mb=p.bytes_done / 1e6, tps=0.0)  # fmt: skip
+                return
             now = time.perf_counter()
-            rate = p.tokens / max(now - start, 1e-9) / 1e6
+            rate = (p.tokens - p.tokens_at_start) / max(now - start, 1e-9) / 1e6
             total = p.bytes_total or None
             bar.update(task, total=total, completed=min(p.bytes_done, total or p.bytes_done),
                        docs=p.docs, mb=p.bytes_done / 1e6, tps=rate)  # fmt: skip

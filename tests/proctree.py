@@ -112,3 +112,24 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.02)
+
+
+def wait_stopped(proc: subprocess.Popen[str], timeout: float = 300.0) -> int | None:
+    """Poll (every 2 ms) until a process of `proc`'s group has stopped itself at a stop point
+    and return its pid; None if the run ended first. The timeout only guards a hang: a run
+    reaches its stop point after a fixed amount of work, however fast the machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        for pid in group_members(proc.pid):
+            fields = _stat(pid)
+            if fields is not None and fields[0] == "T":
+                return pid
+        time.sleep(0.002)
+    return None
+
+
+def signal_stopped(pgid: int, sig: int) -> None:
+    """Send `sig` to a group held at a stop point, then let it go on (SIGCONT) to act on it."""
+    os.killpg(pgid, sig)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGCONT)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,7 @@ class Build:
     bytes_done: int = 0
     n_keys: int = 0
     line_keys: int | None = None  # unique lines this build found (--dedup-lines)
+    note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
     _keys: IO[bytes] | None = None
 
     @classmethod
@@ -116,6 +118,17 @@ class Build:
             build._keys.truncate(build.n_keys * KEY_DTYPE.itemsize)
             build._keys.seek(0, os.SEEK_END)
         return build
+
+    def resume_note(self, checkpoint: dict[str, Any] | None) -> str:
+        """What `--resume` goes on from: the checkpoint's documents and shards, or nothing."""
+        if checkpoint is None:
+            return "resuming: no checkpoint yet: starting over"
+        shards = sum(len(st["shards"]) + (st["n_docs"] > 0) for st in checkpoint["writers"].values())
+        own = self.totals.docs_kept - self.base.docs_kept
+        when = checkpoint.get("saved_at")
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "its last save"
+        return (f"resuming: {own:,} documents ({self.totals.tokens - self.base.tokens:,} tokens), "
+                f"{shards:,} shards kept from the checkpoint of {at}")  # fmt: skip
 
     def key_path(self, kind: str) -> str:
         """This build's own key file of `kind` (doc or line), after those of the dataset it extends."""
@@ -159,7 +172,7 @@ class Build:
             os.fsync(self._keys.fileno())
         return {"items_done": self.items_done, "bytes_done": self.bytes_done,
                 "writers": {s: w.sync() for s, w in self.writers.items()}, "totals": self.totals.to_json(),
-                "seen_slots": self.seen.nbytes // 8, "n_keys": self.n_keys}  # fmt: skip
+                "seen_slots": self.seen.nbytes // 8, "n_keys": self.n_keys, "saved_at": time.time()}  # fmt: skip
 
     def close_keys(self) -> tuple[KeyFile, ...]:
         """The key files the dataset lists: the appended-to dataset's and this build's."""

@@ -89,8 +89,8 @@ class PrepareConfig:
         self._check_types()
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--executor", self.executor, EXECUTORS)
-        if not self.log_interval > 0:
-            raise ConfigError(f"--log-interval {self.log_interval}: pass a number of seconds above 0")
+        if not self.log_interval >= 0:  # 0: a line after every work item
+            raise ConfigError(f"--log-interval {self.log_interval}: pass a number of seconds, 0 or more")
         if self.num_tasks is not None and self.num_tasks < 1:
             raise ConfigError(f"--num-tasks {self.num_tasks}: pass at least 1")
         _choice("--dedup", self.dedup, DEDUP_MODES)

@@ -65,6 +65,7 @@ from .staging import (
     os_error,
     recover,
 )
+from .stops import stop_point
 from .worker import ItemResult
 from .writer import with_separators
 
@@ -81,6 +82,9 @@ class Progress:
     docs: int = 0
     tokens: int = 0
     chars: int = 0
+    bytes_at_start: int = 0  # what a resumed run had done before this process started: rates leave it out
+    tokens_at_start: int = 0
+    note: str | None = None  # what --resume kept (Build.resume_note), in the first call only
 
 
 def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None,
@@ -139,6 +143,8 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tok
             _link_previous(previous, paths.out, staging)
         _write_run(staging, claim, None)
     build = Build.start(config, staging, previous, claim.checkpoint)
+    if claim.resumed:
+        build.note = build.resume_note(claim.checkpoint)
     if tokenizer.vocab_bytes is not None:  # inspect decodes with the dataset's own copy: the bytes hashed
         atomic_write_bytes(staging / VOCAB_COPY, tokenizer.vocab_bytes)
     interrupt = StopOnCtrlC()
@@ -209,7 +215,12 @@ def _run(
     CHECKPOINT_SECONDS and when Ctrl-C asks to stop."""
     totals, seen, writers = build.totals, build.seen, build.writers
     bos = bos_written(config, tokenizer)
-    progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources))
+    progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources), docs=totals.docs_kept,
+                        tokens=totals.tokens, bytes_at_start=build.bytes_done, tokens_at_start=totals.tokens,
+                        note=build.note)  # fmt: skip
+    if on_progress and build.note:
+        on_progress(progress)
+        progress.note = None
     last_save = time.monotonic()
     for result in (results or item_results)(config, sources, tokenizer, build, early):
         if result.duplicate is not None:  # a scale-out merge: the dedup stage decided (stages.py)
@@ -241,6 +252,7 @@ def _run(
         if time.monotonic() - last_save >= CHECKPOINT_SECONDS:
             save()
             last_save = time.monotonic()
+        stop_point("item")
     totals.examples = dict(sorted(totals.examples.items()))
     totals.dedup_bytes = seen.nbytes
     return totals

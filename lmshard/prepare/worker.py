@@ -34,6 +34,7 @@ from .records import (
     settle,
 )
 from .sources import SPLIT_INTO_PARAGRAPHS, WorkItem, by_paragraph
+from .stops import stop_point
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +114,9 @@ def process_item(item: WorkItem) -> ItemResult:
     config = _state["config"]
     tokenizer = _state["tokenizer"]
     assert isinstance(config, WorkerConfig) and isinstance(tokenizer, Tokenizer)
-    return run_item(item, config, tokenizer)
+    result = run_item(item, config, tokenizer)
+    stop_point("worker-item")
+    return result
 
 
 def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> ItemResult:

@@ -1,0 +1,133 @@
+"""What `prepare` logs when stderr is a file, on a clock the test drives, and what a resumed run
+says it kept (runs stopped at exact points by LMSHARD_STOP_AT, never raced against a clock)."""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+
+import pytest
+from proctree import finish, kill_group, start_prepare, wait_stopped
+from test_prepare import jsonl, make_texts
+from test_stages import _files
+
+from lmshard.cli_prepare import RunLog, progress_line
+from lmshard.prepare.pipeline import Progress
+from lmshard.prepare.staging import OutputPaths, read_run
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _log(capsys, interval: float) -> tuple[RunLog, Clock]:
+    clock = Clock()
+    log = RunLog(types.SimpleNamespace(log_interval=interval, quiet=False), clock=clock)
+    log.plain = True
+    capsys.readouterr()
+    return log, clock
+
+
+def test_progress_lines_come_every_interval_of_the_clock(capsys):
+    log, clock = _log(capsys, 10.0)
+    update = log.follow(lambda callback: callback)
+    shown = []
+    for t in (0.5, 4.0, 9.99, 10.0, 15.0, 19.9, 20.0, 31.0):
+        clock.now = t
+        update(Progress(bytes_done=int(t * 1e6), bytes_total=40_000_000, docs=int(t), tokens=int(t * 1e6)))
+        lines = capsys.readouterr().err.splitlines()
+        shown += [t] * len(lines)
+    assert shown == [10.0, 20.0, 31.0]
+
+
+def test_zero_interval_logs_every_update(capsys):
+    log, clock = _log(capsys, 0.0)
+    update = log.follow(lambda callback: callback)
+    for t in range(5):
+        clock.now = float(t)
+        update(Progress(bytes_done=t, bytes_total=10, docs=t, tokens=t))
+    assert len(capsys.readouterr().err.splitlines()) == 5
+
+
+def test_a_resumed_run_reports_this_runs_rate_and_says_what_it_kept(capsys):
+    log, clock = _log(capsys, 10.0)
+    update = log.follow(lambda callback: callback)
+    kept = "resuming: 9,000 documents (900,000,000 tokens), 9 shards kept from the checkpoint of 2026-01-01 00:00:00"
+    update(Progress(bytes_done=900_000_000, bytes_total=1_000_000_000, docs=9000, tokens=900_000_000,
+                    bytes_at_start=900_000_000, tokens_at_start=900_000_000, note=kept))  # fmt: skip
+    assert capsys.readouterr().err.splitlines() == [kept]  # at once, before any interval passed
+    clock.now = 10.0  # 10 s later: 20 M more tokens, 20 MB more input
+    update(Progress(bytes_done=920_000_000, bytes_total=1_000_000_000, docs=9200, tokens=920_000_000,
+                    bytes_at_start=900_000_000, tokens_at_start=900_000_000))  # fmt: skip
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "2.00 M tokens/s" in line, line  # not 92 M tokens/s (the kept tokens over this run's 10 s)
+    assert "ETA 0:00:40" in line, line  # 80 MB left at 2 MB/s
+
+
+def test_progress_line_of_a_fresh_run():
+    line = progress_line(Progress(bytes_done=25_000_000, bytes_total=100_000_000, docs=1, tokens=5_000_000), 5.0)
+    assert line == ("prepare: 25.0 MB of 100.0 MB (25.0%) read, 1 doc, 5,000,000 tokens, 1.00 M tokens/s, "
+                    "0:00:05 elapsed, ETA 0:00:15")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return jsonl(tmp_path_factory.mktemp("runlog") / "a.jsonl", make_texts(6000, seed=3))
+
+
+@pytest.fixture
+def small_items(monkeypatch):
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(64 << 10))  # ~35 work items
+
+
+def _stopped_then_killed(args: list[str]) -> None:
+    proc = start_prepare(args)
+    assert wait_stopped(proc) is not None, "the run ended before its stop point"
+    kill_group(proc.pid)
+    proc.communicate()
+
+
+def _resume(args: list[str], monkeypatch) -> str:
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    code, err = finish(start_prepare([*args, "--resume", "--log-interval", "0"]), 300)
+    assert code == 0, err
+    return err
+
+
+def test_resume_says_what_the_checkpoint_kept(tmp_path, corpus, small_items, monkeypatch):
+    out = tmp_path / "o"
+    args = [str(corpus), "--out", str(out), "--workers", "1", "--tokens-per-shard", "20000"]
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")  # a checkpoint after every work item
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:12")
+    _stopped_then_killed(args)
+    checkpoint = read_run(OutputPaths.of(str(out)).staging)["checkpoint"]
+    writers = checkpoint["writers"].values()
+    docs, tokens = checkpoint["totals"]["docs_kept"], checkpoint["totals"]["tokens"]
+    shards = sum(len(w["shards"]) + (w["n_docs"] > 0) for w in writers)
+    assert checkpoint["items_done"] == 12 and docs > 0 and shards > 1
+    err = _resume(args, monkeypatch)
+    said = [line for line in err.splitlines() if line.startswith("resuming:")]
+    assert len(said) == 1 and said[0].startswith(f"resuming: {docs:,} documents ({tokens:,} tokens), {shards} shards "
+                                                 "kept from the checkpoint of "), err  # fmt: skip
+    when = re.search(r"of (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)$", said[0])
+    assert when, said[0]
+    assert err.index("resuming:") < err.index("\nprepare: ")  # before the first progress line
+    code, _ = finish(start_prepare([*args[:2], str(tmp_path / "whole"), *args[3:]]), 300)
+    assert code == 0 and _files(out) == _files(tmp_path / "whole")  # the resumed run's bytes are one run's
+
+
+def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path, corpus, small_items, monkeypatch):
+    out = tmp_path / "o"
+    args = [str(corpus), "--out", str(out), "--workers", "1"]
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # no checkpoint before the kill
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")
+    _stopped_then_killed(args)
+    assert read_run(OutputPaths.of(str(out)).staging)["checkpoint"] is None
+    err = _resume(args, monkeypatch)
+    assert "resuming: no checkpoint yet: starting over" in err.splitlines(), err
+    assert os.path.exists(out / "dataset_metadata.json")
