@@ -19,7 +19,7 @@ from rich.table import Table
 
 from . import __version__, render
 from .cli_interop import register as register_interop
-from .cli_prepare import EPILOG, normalize_token, prepare
+from .cli_prepare import EPILOG, ForeignSpellings, normalize_token, prepare
 from .cli_scale import register as register_scale
 from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
 from .inspect import audit
@@ -109,7 +109,7 @@ def _root(
     _state["verbose"] = verbose
 
 
-app.command(epilog=EPILOG)(user_errors()(prepare))  # lmshard prepare (cli_prepare.py)
+app.command(epilog=EPILOG, cls=ForeignSpellings)(user_errors()(prepare))  # lmshard prepare (cli_prepare.py)
 
 
 @app.command()
@@ -190,6 +190,8 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
         payload = report_json(report, top_tokens)
         payload["samples"] = [{"where": w, "n_tokens": n, "text": t} for w, n, t in samples]
         out.print_json(data=payload)
+    elif doc and report.meta:  # what was asked for: the document, not the report
+        render.documents(report, samples[0], samples[1:])
     else:
         render.report(report, top_tokens, samples)
     return EXIT_OK if report.ok else EXIT_CORRUPT

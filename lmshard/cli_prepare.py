@@ -21,29 +21,52 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any, TypeVar
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from typer.core import TyperCommand
 
-from . import render
+from . import render, spellings
 from .cli_scale import planned_prepare
 from .render import plural
 
 T = TypeVar("T")
+# The exceptions of the click that typer runs on: its own copy (typer 0.28), else the click package.
+_click_errors: Any = import_module(TyperCommand.__mro__[1].__module__.rpartition(".")[0] + ".exceptions")
 
-# Option names from other tools, by the name lmshard gives the same option.
-OPTION_ALIASES = {"num-proc": "workers", "json-keys": "text-field", "max-samples": "max-docs"}
+# Option names from other tools, by the name lmshard gives the same option (spellings.py).
+OPTION_ALIASES = spellings.ALIASES
 EPILOG = (
-    "Also accepted: underscores for dashes (--tokens_per_shard), --num-proc for --workers, --json-keys for "
-    "--text-field, --max-samples for --max-docs. Full reference: docs/cli.md."
+    "Other tools' spellings: underscores for dashes (--tokens_per_shard); --input FILE for INPUTS; --num-proc "
+    "for --workers; --json-keys for --text-field; --append-eod is the default; the rest are answered with the "
+    "lmshard equivalent. Full reference: docs/cli.md."
 )
 
 
 def normalize_token(token: str) -> str:
     """click's token_normalize_func: an option name as lmshard spells it (see the module doc)."""
-    name = token.replace("_", "-")
-    return OPTION_ALIASES.get(name, name)
+    return spellings.canonical(token)
+
+
+class ForeignSpellings(TyperCommand):
+    """`prepare`'s command class: input options read as arguments, no-op flags dropped with a
+    note, and another tool's option answered with the lmshard equivalent where click would
+    guess at a similar-looking option (spellings.py)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        args, notes = spellings.rewrite(args)
+        if not {"-q", "--quiet"} & set(args):
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr, flush=True)
+        try:
+            return super().parse_args(ctx, list(args))  # a copy: click's parser consumes its list
+        except _click_errors.NoSuchOption as e:
+            advice = spellings.advice(e.option_name, args)
+            if advice is None:
+                raise
+            raise _click_errors.UsageError(advice, ctx=ctx) from None
 
 
 INPUTS, HF, CLEAN, TOKENIZER, OUTPUT, EXECUTION, LOGGING = (
@@ -72,6 +95,9 @@ def prepare(
     config: str | None = _opt(INPUTS, "FILE", "YAML or TOML file of these options; flags win.", "--config"),
     demo: bool | None = _flag(INPUTS, "Use the embedded demo corpus (Python's own sources and docs).", "--demo"),
     exclude: list[str] | None = _opt(INPUTS, "GLOB", "Leave out input paths matching this (repeatable).", "--exclude"),
+    include_hidden: bool | None = _flag(
+        INPUTS, "Also read hidden files and directories (.git, .venv) of input directories.", "--include-hidden"
+    ),  # fmt: skip
     format: str | None = _opt(
         INPUTS, "FORMAT", "Force the format: text, jsonl, json, csv, parquet, arrow.", "--format"
     ),
@@ -303,7 +329,7 @@ def summary_json(meta: Any, where: str) -> dict[str, Any]:
     run = meta.run
     return {"out": where, "records_read": meta.records_read, "n_docs": sum(s["docs"] for s in splits.values()),
             "n_tokens": sum(s["tokens"] for s in splits.values()), "splits": splits,
-            "drops": {k: v for k, v in meta.drops.items() if v},
+            "drops": {k: v for k, v in meta.drops.items() if v}, "skipped_inputs": meta.skipped_inputs.to_json(),
             "tokenizer": {"name": tok.name, "n_vocab": tok.n_vocab, "eot_id": tok.eot_id, "bos_id": tok.bos_id,
                           "backend": tok.backend},
             "elapsed_s": run.elapsed_s, "tokens_per_s": run.tokens_per_s, "workers": run.workers}  # fmt: skip
@@ -314,6 +340,8 @@ def done_line(meta: Any, where: str) -> str:
     splits = "; ".join(f"{name} {plural(s['docs'], 'doc')}, {s['tokens']:,} tokens, {plural(s['shards'], 'shard')}"
                        for name, s in data["splits"].items())  # fmt: skip
     drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
+    if meta.skipped_inputs:
+        drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
     return (f"done: {where}: {splits}; dropped {drops}; {data['elapsed_s']:.1f} s, "
             f"{data['tokens_per_s'] or 0:,.0f} tokens/s")  # fmt: skip
 
