@@ -67,13 +67,29 @@ def detect(path: str, fmt_override: str | None = None) -> Source:
 
 
 def known_type(path: Path, fmt_override: str | None) -> bool:
-    """Whether a directory walk takes this file: a known type, and not hidden (.git, swaps)."""
-    if path.name.startswith("."):
-        return False
+    """Whether a directory walk can read this file: any file with --format, else one whose
+    suffix (before a compression suffix) names a format. Which entries a walk visits at all
+    (not hidden ones, not lmshard's own outputs) is decided in `walk.py`."""
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in COMPRESSION_BY_SUFFIX:
         suffixes = suffixes[:-1]
     return bool(fmt_override) or bool(suffixes and suffixes[-1] in FORMAT_BY_SUFFIX)
+
+
+def type_suffix(path: Path) -> str:
+    """How a walk names the type of a file it cannot read: the last suffix, with the one before
+    it when the last is a compression (".png", ".1.gz" for a man page, ".tar.gz"), or "(none)"."""
+    suffixes = [s.lower() for s in path.suffixes]
+    n = 2 if len(suffixes) > 1 and suffixes[-1] in COMPRESSION_BY_SUFFIX else 1
+    return "".join(suffixes[-n:]) or NO_SUFFIX
+
+
+NO_SUFFIX = "(none)"  # `type_suffix` of a name with no suffix (Makefile, LICENSE)
+
+
+def compression_of(path: str) -> str | None:
+    """The compression a file name says ("gzip" for `x.1.gz`), or None."""
+    return COMPRESSION_BY_SUFFIX.get(Path(path).suffix.lower())
 
 
 def open_binary(source: Source) -> tuple[IO[bytes], IO[bytes]]:

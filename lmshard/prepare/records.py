@@ -51,6 +51,7 @@ PROBLEMS = {
     "decode_error": "re-encode the file as UTF-8",
     "json_error": "fix the line",
     "not_an_object": "make each line a JSON object",
+    "not_records": "a .json file holds an array of records ([{...}, {...}]) or JSON lines (one object per line)",
     "missing_field": "name the right field with --text-field",
     "binary_file": "remove the file from the inputs",
     "truncated_compression": "re-download or re-create the file",  # the data ends before its end marker
@@ -75,6 +76,8 @@ def settle(src: Source, record: Record, on_error: str) -> Record:
         fix = PROBLEMS[record.problem]
         if src.path == "-" and record.problem in ("json_error", "not_an_object"):
             fix = f"{fix} ({STDIN_HINT})"
+        elif src.fmt == "json" and record.problem in ("json_error", "not_an_object"):  # a .json read as JSON lines
+            fix = f"{fix} ({PROBLEMS['not_records']})"
         skip = SKIP_KEEPS.get(record.problem, "to count and skip it")
         raise InputError(f"{src.path}:{record.number}: {detail}; {fix}, or pass --on-error skip {skip}")
     return record
@@ -350,6 +353,36 @@ def iter_json_array(src: Source, text_field: str) -> Iterator[Record]:
         yield damaged_record(number + 1, e, f"{number:,} records")
     finally:
         raw.close()
+
+
+def spread_value(src: Source) -> Record | None:
+    """For a `.json` file that is not an array: the "not_records" record when its first JSON
+    value spans lines (one pretty-printed object, say), so it is no JSON lines either. None
+    when its first line is a whole value, or nothing says otherwise: read as JSON lines, where
+    a bad line is reported as such."""
+    try:
+        text = read_prefix(src, SPREAD_SNIFF_BYTES)[:SPREAD_SNIFF_BYTES].decode("utf-8", "surrogateescape")
+    except DamagedInput:
+        return None  # the line reader reports the damage where it starts
+    start = _JSON_GAP.match(text).end()  # type: ignore[union-attr]
+    end_of_line = text.find("\n", start)
+    try:
+        json.loads(text[start : end_of_line if end_of_line >= 0 else None])
+        return None
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, start)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    first = 1 + text.count("\n", 0, start)
+    last = first + text.count("\n", start, end)
+    if last == first:
+        return None
+    return bad(first, "not_records", f"one JSON object over lines {first}-{last}, not one record per line")
+
+
+SPREAD_SNIFF_BYTES = 1 << 20  # bytes of a .json file decoded to find a first value that spans lines
 
 
 _JSON_SPACE = " \t\r\n\ufeff"  # JSON whitespace, and a byte-order mark before the array

@@ -20,14 +20,13 @@ in this process; parquet/arrow items carry only a locator, and the worker reads 
 from __future__ import annotations
 
 import fnmatch
-import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import IO, Any
 
 from ..errors import InputError
+from ..format import SkippedInputs
 from .clean import CleanConfig
 from .files import (
     MAX_RECORD_BYTES,
@@ -37,12 +36,12 @@ from .files import (
     detect,
     first_byte,
     fits,
-    known_type,
     open_arrow,
     open_binary,
     parquet_row_groups,
 )
-from .records import Record, binary_record, damaged_record, iter_csv, iter_json_array
+from .records import Record, binary_record, damaged_record, iter_csv, iter_json_array, spread_value
+from .walk import Walk, describe, find, nothing_to_read, text_hint
 
 # Bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster). The output does not
 # depend on it; LMSHARD_BLOCK_BYTES sets it for fault tests and benchmarks.
@@ -69,25 +68,38 @@ class WorkItem:
     line_keep: tuple[bytes, int] | None = None  # line dedup: packed keep-bits of its lines, count
 
 
-def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None) -> list[Source]:
-    """Expand files, directories (recursively, sorted by path) and globs into sources, leaving
-    out paths that match any `exclude` glob (fnmatch against the whole path)."""
+class Sources(list[Source]):
+    """The sources of a run, in input order, with what the directory walks left out: `skipped`
+    (recorded in the metadata) and `hint`, a warning for skipped files that look like text."""
+
+    def __init__(self, sources: Iterable[Source] = (), skipped: SkippedInputs | None = None,
+                 hint: str | None = None) -> None:  # fmt: skip
+        super().__init__(sources)
+        self.skipped = skipped if skipped is not None else SkippedInputs()
+        self.hint = hint
+
+
+def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None, *,
+             include_hidden: bool = False) -> Sources:  # fmt: skip
+    """Expand files, directories (recursively, sorted by path, by the rules of `walk.py`) and
+    globs into sources, leaving out paths that match any `exclude` glob (fnmatch against the
+    whole path). An input that leaves nothing to read fails, saying what was skipped."""
     sources: list[Source] = []
+    walks: list[Walk] = []
     for spec in inputs:
         if spec == "-":
             sources.append(detect("-", fmt_override))
             continue
-        if os.path.isdir(spec):
-            paths = sorted(str(p) for p in Path(spec).rglob("*") if p.is_file() and known_type(p, fmt_override))
-        elif os.path.exists(spec):
-            paths = [spec]
-        else:
-            paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
-        paths = [p for p in paths if not any(fnmatch.fnmatch(p, pat) for pat in exclude or ())]
+        found = find(spec, fmt_override, include_hidden)
+        paths = [p for p in found.taken if not any(fnmatch.fnmatch(p, pat) for pat in exclude or ())]
+        found.excluded = len(found.taken) - len(paths)
         if not paths:
-            raise InputError(f"{spec}: no input files found (check the path, glob or --exclude)")
+            raise nothing_to_read(spec, found)
         sources.extend(detect(p, fmt_override) for p in paths)
-    return sources
+        walks.append(found)
+    skipped = sum((w.skipped() for w in walks), SkippedInputs())
+    hint = text_hint(walks)
+    return Sources(sources, skipped, f"skipped {describe(skipped)}; {hint}" if hint else None)
 
 
 def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str = "fail", hf: Any = None,
@@ -135,6 +147,8 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) 
         yield from _batch_records(i, src, iter_csv(src, text_field))
     elif src.fmt == "json" and (src.path == "-" or first_byte(src) == b"["):
         yield from _batch_records(i, src, iter_json_array(src, text_field))
+    elif src.fmt == "json" and (spread := spread_value(src)) is not None:  # neither an array nor JSON lines
+        yield WorkItem(i, 0, "records", payload=[spread], nbytes=src.size)
     elif src.fmt == "text" and text_mode == "auto" and src.path != "-":
         items = _plan_lines(i, src, paragraph=True)
         first = next(items, None)
