@@ -45,6 +45,7 @@ class PrepareConfig:
     out: str
     inputs: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
+    include_hidden: bool = False  # a directory walk also reads hidden files and directories (.git, .venv)
     tokenizer: str = "gpt2"
     tokenizer_backend: str = "auto"  # auto, tiktoken, splintr (tiktoken vocabularies) or tokenizers
     separator: str | None = None  # the special token after each document (default: the vocabulary's end of text)

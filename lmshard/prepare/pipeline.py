@@ -53,7 +53,7 @@ from .config import PrepareConfig
 from .dedup import uniform_from_keys
 from .feed import early_pool, item_results
 from .pool import OrderedPool, WorkerDied
-from .sources import SPLIT_INTO_PARAGRAPHS, Source, WorkItem, discover
+from .sources import SPLIT_INTO_PARAGRAPHS, Source, Sources, WorkItem, discover
 from .staging import (
     RUN_FILE,
     RUN_VERSION,
@@ -94,7 +94,9 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     (default: tokenized here, `feed.item_results`; a scale-out merge reads the tasks' instead)."""
     started = time.time()
     paths = OutputPaths.of(config.out)
-    sources = discover(config.inputs, config.format, config.exclude) if config.inputs else []
+    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
+    if sources.hint:
+        warn(sources.hint)
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     with contextlib.ExitStack() as stack:
@@ -129,7 +131,7 @@ def _tokenizer(config: PrepareConfig) -> Tokenizer:
     return tokenizer
 
 
-def _build(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer, claim: Claim,
+def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenizer: Tokenizer, claim: Claim,
            on_progress: Callable[[Progress], None] | None, started: float,
            early: OrderedPool[WorkItem, Any] | None = None, results: Results | None = None) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
@@ -290,7 +292,7 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
         totals.examples.setdefault(reason, example)
 
 
-def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, shards: list[ShardInfo],
+def _metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
               totals: Totals, claim: Claim, keys: tuple[KeyFile, ...], started: float) -> DatasetMeta:  # fmt: skip
     """The dataset's metadata. After --append it describes the whole dataset: the recorded
     inputs and sources are the old ones followed by this run's, so the recorded configuration
@@ -332,6 +334,7 @@ def _metadata(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer
             files=keys,
         ),  # fmt: skip
         sources=(*(previous.sources if previous else ()), *new_sources),
+        skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,
         config=recorded,
         run=RunInfo(
             workers=config.n_workers(),

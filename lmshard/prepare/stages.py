@@ -64,7 +64,7 @@ def plan_run(
     if config.dedup_lines or config.hf or "-" in config.inputs or config.append:
         raise ConfigError("a scale-out run takes files only, without --dedup-lines or --append; run those on one "
                           "machine")  # fmt: skip
-    sources = discover(config.inputs, config.format, config.exclude)
+    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
     tokenizer = _tokenizer(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
     work = work_dir(config.out)
