@@ -97,11 +97,16 @@ def run_task(
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
 
 
-def status(out: Path = typer.Argument(..., help="The output dataset directory of a planned run.")) -> None:
+def status(
+    out: Path = typer.Argument(..., metavar="DIR", help="The output dataset directory of a planned run."),
+) -> None:
     """Progress of a planned scale-out prepare: tasks done, tasks incomplete, and what to run next."""
     from .prepare import stages
 
     info = stages.status(out)
+    if info["merged"]:  # every stage's work is in the dataset, whichever stages ran as their own tasks
+        _done(out, info)
+        return
     tasks = info["tasks"]
     done = sum(not t["units"] or t["done"] == t["units"] for t in tasks)
     render.out.print(
@@ -125,9 +130,16 @@ def status(out: Path = typer.Argument(..., help="The output dataset directory of
                 markup=False,
                 soft_wrap=True,
             )
-    if info["merged"]:
-        render.out.print("merge: done", markup=False, soft_wrap=True)
-    elif not info["incomplete"] and not (info["dedup"] and info["dedup_missing"]):
+    if not info["incomplete"] and not (info["dedup"] and info["dedup_missing"]):
         render.out.print(f"merge: not run; run: lmshard run-task --stage merge {quoted}", markup=False, soft_wrap=True)
     else:
         render.out.print("merge: waits for the tasks above", markup=False, soft_wrap=True)
+
+
+def _done(out: Path, info: dict[str, Any]) -> None:
+    """A merged run: done, whatever the dedup buckets say: the local executor deduplicates in the
+    merge, so its buckets never run as tasks."""
+    tasks = info["tasks"]
+    render.out.print(f"done: {out} is complete ({render.plural(len(tasks), 'task')}, "
+                     f"{render.plural(info['units'], 'unit')} tokenized and merged); check it with: lmshard inspect "
+                     f"{shlex.quote(str(out))}", markup=False, soft_wrap=True)  # fmt: skip
