@@ -42,6 +42,8 @@ def summary(meta: Any, where: str) -> None:
         )
     drops = {k: v for k, v in meta.drops.items() if v}
     table.add_row("dropped", ", ".join(f"{k} {v:,}" for k, v in drops.items()) or "none")
+    if meta.skipped_inputs:
+        table.add_row("skipped", ", ".join(skipped_parts(meta.skipped_inputs)))
     run = meta.run
     table.add_row(
         "time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {plural(run.workers, 'worker')}"
@@ -57,6 +59,24 @@ def summary(meta: Any, where: str) -> None:
         out.print(line, highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
+
+
+def skipped_parts(skipped: Any, top: int = 3) -> list[str]:
+    """What the input walk left out: ["17,867 .1.gz", "3 .png (unknown type)", "2 hidden dirs"]."""
+    ranked = list(skipped.unknown_type.items())  # most first, as recorded
+    parts = [f"{n:,} {suffix}" for suffix, n in ranked[:top]]
+    if rest := sum(n for _, n in ranked[top:]):
+        parts.append(f"{rest:,} other")
+    if parts:
+        parts[-1] += " (unknown type)"
+    for n, one, many in ((skipped.hidden_dirs, "hidden dir", "hidden dirs"),
+                         (skipped.hidden_files, "hidden file", "hidden files"),
+                         (skipped.lmshard, "lmshard output", "lmshard outputs"),
+                         (skipped.excluded, "by --exclude", "by --exclude"),
+                         (skipped.unreadable_dirs, "unreadable dir", "unreadable dirs")):  # fmt: skip
+        if n:
+            parts.append(f"{n:,} {one if n == 1 else many}")
+    return parts
 
 
 def _by_file(sources: Any, count: Callable[[Any], int], top: int = 3, counts: bool = True) -> str:
