@@ -59,6 +59,9 @@ VOCABULARIES = {
 # r50k ranks so one provisioned file serves both names.
 ALIASES = {"gpt2": "r50k_base"}
 TOKENIZER_NAMES = ("gpt2", *VOCABULARIES)
+# Every kind of --tokenizer value, for messages about one that is none of them.
+KINDS = (f"{', '.join(TOKENIZER_NAMES)}, a .tiktoken file, a tokenizer.json file, a directory holding one "
+         "(save_pretrained), or a Hugging Face hub name as org/name (e.g. meta-llama/Meta-Llama-3-8B)")  # fmt: skip
 
 # The same r50k ranks ship inside the openai-whisper source distribution on PyPI, which makes
 # them reachable from any machine that reaches a package index (or a mirror of one).
@@ -98,15 +101,14 @@ def resolve(spec: str) -> tuple[str, Vocabulary, Path]:
         return _resolve_file(path)
     key = ALIASES.get(spec, spec)
     if key not in VOCABULARIES:
-        raise TokenizerError(
-            f"unknown tokenizer {spec!r}; use one of {', '.join(TOKENIZER_NAMES)} or a path to a .tiktoken file"
-        )
+        raise TokenizerError(f"unknown tokenizer {spec!r}; pass {KINDS}")
     vocab = VOCABULARIES[key]
     file = cache_file(vocab)
     if not file.is_file():
+        route = ("it can also come from the package index" if spec in offline_names() else
+                 f"it downloads {vocab.url}; offline, copy that file here and add --from FILE")  # fmt: skip
         raise TokenizerError(
-            f"the {spec} vocabulary is not installed in {file.parent}; "
-            f"run `lmshard tokenizer fetch {spec}` (needs only the package index for gpt2)"
+            f"the {spec} vocabulary is not installed in {file.parent}; run `lmshard tokenizer fetch {spec}` ({route})"
         )
     return spec, vocab, file
 
@@ -182,7 +184,8 @@ def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type
     """
     key = ALIASES.get(name, name)
     if key not in VOCABULARIES:
-        raise TokenizerError(f"unknown tokenizer {name!r}; use one of {', '.join(TOKENIZER_NAMES)}")
+        raise TokenizerError(f"unknown tokenizer {name!r}; fetch one of {', '.join(TOKENIZER_NAMES)}, or a hub name "
+                             "as org/name (e.g. meta-llama/Meta-Llama-3-8B)")  # fmt: skip
     vocab = VOCABULARIES[key]
     target = cache_file(vocab)
     if target.is_file() and _sha256(target.read_bytes()) == vocab.sha256:
@@ -194,14 +197,23 @@ def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type
         return install(name, _download(vocab.url), vocab.url)
     except (OSError, TokenizerError) as e:
         failures.append(f"download: {e}")
-        log(f"{name}: {vocab.url} unreachable ({e}); trying the package index")
+        if key in _PACKAGE_FALLBACK:
+            log(f"{name}: {vocab.url} unreachable ({e}); trying the package index")
     if key in _PACKAGE_FALLBACK:
         requirement, member = _PACKAGE_FALLBACK[key]
         try:
             return install(name, _from_package_index(requirement, member), requirement)
         except TokenizerError as e:
             failures.append(str(e))
+    else:
+        failures.append(f"{name} has no offline route: only {' and '.join(offline_names())} can also come from "
+                        "the package index")  # fmt: skip
     raise TokenizerError(
-        f"could not fetch {name} ({'; '.join(failures)}); copy {vocab.url} here by hand and run "
+        f"could not fetch {name} ({'; '.join(failures)}); copy {vocab.url} (a .tiktoken file) here by hand and run "
         f"`lmshard tokenizer fetch {name} --from FILE`"
     )
+
+
+def offline_names() -> list[str]:
+    """The vocabulary names `fetch` can install without their download URL (from the package index)."""
+    return [n for n in TOKENIZER_NAMES if ALIASES.get(n, n) in _PACKAGE_FALLBACK]
