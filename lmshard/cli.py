@@ -231,12 +231,12 @@ def _verify_logged(dataset: Path, quick: bool, interval: float = 10.0) -> Any:
 @app.command()
 def datasets() -> None:
     """List the dataset presets usable with `prepare --preset NAME`."""
-    from .prepare.hf import PRESETS
+    from .prepare import presets
 
     table = Table(title="lmshard prepare --preset NAME --out DIR", title_justify="left", show_lines=True)
     table.add_column("preset", no_wrap=True, style="bold")
     table.add_column(escape("hub id [config] (text field, tokenizer), and what it is"))
-    for p in PRESETS.values():
+    for p in presets():
         where = f"{p.hub_id}" + (f" [{p.config}]" if p.config else "") + f" ({p.text_field}, {p.tokenizer})"
         table.add_row(p.name, f"[cyan]{escape(where)}[/]\n{escape(p.description)}")
     out.print(table)

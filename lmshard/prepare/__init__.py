@@ -12,6 +12,8 @@ The rooms, in the order a document passes through them:
 
     from lmshard.prepare import PrepareConfig, prepare
     meta = prepare(PrepareConfig(inputs=["corpus/"], out="data/corpus"))
+
+`presets()` lists the named datasets; `resolve_config(preset=NAME, ...)` applies one, as `--preset NAME` does.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type checkers see the real names; at run time they load on first use
     from .config import PrepareConfig, resolve_config
+    from .hf import Preset, presets
     from .pipeline import Progress, prepare
 
-__all__ = ["PrepareConfig", "Progress", "prepare", "resolve_config"]
+__all__ = ["PrepareConfig", "Preset", "Progress", "prepare", "presets", "resolve_config"]
 
 
 def __getattr__(name: str) -> Any:
@@ -37,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from . import pipeline
 
         return getattr(pipeline, name)
+    if name in ("Preset", "presets"):
+        from . import hf
+
+        return getattr(hf, name)
     raise AttributeError(f"module 'lmshard.prepare' has no attribute {name!r}")

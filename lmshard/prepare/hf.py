@@ -29,6 +29,9 @@ from .records import Record, bad
 
 @dataclass(frozen=True)
 class Preset:
+    """A named dataset for `prepare --preset NAME`: the hub id, configuration and text field it
+    reads, and the tokenizer it suggests."""
+
     name: str
     hub_id: str
     config: str | None
@@ -52,6 +55,15 @@ PRESETS = {
                "Alias of tiny_shakespeare, as nanoGPT names it"),
     )
 }  # fmt: skip
+
+
+def presets() -> list[Preset]:
+    """The named datasets `prepare --preset NAME` (and `lmshard datasets`) knows, in order.
+
+        >>> [p.name for p in presets()][:2]
+        ['fineweb', 'fineweb-edu']
+    """
+    return list(PRESETS.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +96,10 @@ class HFSpec:
             )
         if _looks_like_path(self.dataset):
             raise InputError(f"--hf {self.dataset}: no such directory; check the path (a hub id is NAME or OWNER/NAME)")
+        if self.dataset in PRESETS:
+            p = PRESETS[self.dataset]
+            raise ConfigError(f"--hf {self.dataset}: a preset name, not a hub id; pass --preset {p.name} (it reads "
+                              f"{p.hub_id}{f' [{p.config}]' if p.config else ''})")  # fmt: skip
         return "hub"
 
     def describe(self) -> dict[str, Any]:
