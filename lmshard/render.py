@@ -7,19 +7,23 @@ Memory model: the report's small summaries (histogram buckets, top tokens, sampl
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from .inspect import audit
 
 out = Console()
 err = Console(stderr=True)
 _SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)")  # control characters but tab and line ends
 
 
 def plural(n: int, word: str) -> str:
@@ -27,27 +31,58 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+class Items:
+    """Values joined by `sep` and broken onto a new line between values only, never inside one:
+    rich alone breaks at any space, which at 80 columns put "max" and its number on two lines.
+    Works as a table cell (it wraps to the column's width) or on its own line."""
+
+    def __init__(self, items: Sequence[str | Text], sep: str = "  ") -> None:
+        self.items = [Text(i) if isinstance(i, str) else i for i in items]
+        self.sep = sep
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        widths = [item.cell_len for item in self.items] or [0]
+        return Measurement(max(widths), sum(widths) + len(self.sep) * (len(widths) - 1))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text, used = Text(), 0  # used: cells on the current line
+        for item in self.items:
+            if used and used + len(self.sep) + item.cell_len <= options.max_width:
+                text.append(self.sep)
+                used += len(self.sep)
+            elif used:
+                text.append("\n")
+                used = 0
+            text.append(item)
+            used += item.cell_len
+        yield text
+
+
+def listed(parts: Sequence[str]) -> Items:
+    """parts as "a 1, b 2, c 3", broken only after a comma."""
+    return Items([f"{p}," for p in parts[:-1]] + list(parts[-1:]), sep=" ")
+
+
 def summary(meta: Any, where: str) -> None:
     """The table `prepare` prints at the end, and a line per drop reason naming its files."""
     table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
+    table.add_column(style="bold", no_wrap=True)
     table.add_column(justify="right")
     tok = meta.tokenizer
-    bos = f", BOS {tok.bos_id}" if tok.bos_id is not None else ""
-    table.add_row("tokenizer", f"{tok.name} (n_vocab {tok.n_vocab:,}, EOT {tok.eot_id}{bos}; {tok.backend})")
+    ids = [f"n_vocab {tok.n_vocab:,}", f"EOT {tok.eot_id}"] + ([f"BOS {tok.bos_id}"] if tok.bos_id is not None else [])
+    ids = [f"{i}," for i in ids[:-1]] + [f"{ids[-1]};"]  # "gpt2 (n_vocab 50,257, EOT 50256; tiktoken)"
+    table.add_row("tokenizer", Items([tok.name, f"({ids[0]}", *ids[1:], f"{tok.backend})"], sep=" "))
     table.add_row("records read", f"{meta.records_read:,}")
     for split, s in meta.splits.items():
-        table.add_row(
-            split, f"{plural(s.n_docs, 'doc')}  {plural(s.n_tokens, 'token')}  {plural(len(s.shards), 'shard')}"
-        )
+        counts = plural(s.n_docs, "doc"), plural(s.n_tokens, "token"), plural(len(s.shards), "shard")
+        table.add_row(split, Items(counts))
     drops = {k: v for k, v in meta.drops.items() if v}
-    table.add_row("dropped", ", ".join(f"{k} {v:,}" for k, v in drops.items()) or "none")
+    table.add_row("dropped", listed([f"{k} {v:,}" for k, v in drops.items()]) if drops else "none")
     if meta.skipped_inputs:
-        table.add_row("skipped", ", ".join(skipped_parts(meta.skipped_inputs)))
+        table.add_row("skipped", listed(skipped_parts(meta.skipped_inputs)))
     run = meta.run
-    table.add_row(
-        "time", f"{run.elapsed_s:.1f} s, {run.tokens_per_s or 0:,.0f} tokens/s, {plural(run.workers, 'worker')}"
-    )
+    rate = f"{run.tokens_per_s or 0:,.0f} tokens/s"
+    table.add_row("time", listed([f"{run.elapsed_s:.1f} s", rate, plural(run.workers, "worker")]))
     out.print(table)
     for reason, n in drops.items():
         files = _by_file(meta.sources, functools.partial(lambda src, r: int(src.dropped.get(r, 0)), r=reason))
@@ -92,38 +127,59 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
     meta = report.meta
     if meta is not None:
         table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
-        table.add_column(style="bold")
+        table.add_column(style="bold", no_wrap=True)
         table.add_column()
         tok = meta.tokenizer
-        side = f"({meta.eot_position} each doc)"
-        bos = f"  BOS {tok.bos_id} (before each doc)" if tok.bos_id is not None else ""
-        table.add_row("tokenizer", f"{tok.name}  n_vocab {tok.n_vocab:,}  EOT {tok.eot_id} {side}{bos}")
+        bos = [f"BOS {tok.bos_id} (before each doc)"] if tok.bos_id is not None else []
+        eot = f"EOT {tok.eot_id} ({meta.eot_position} each doc)"
+        table.add_row("tokenizer", Items([tok.name, f"n_vocab {tok.n_vocab:,}", eot, *bos]))
         table.add_row("dtype", "uint32, little-endian")
         for split in meta.splits:
-            table.add_row(
-                split,
-                f"{plural(meta.n_docs(split), 'doc')}  {plural(meta.n_tokens(split), 'token')}  "
-                f"{plural(len(meta.split_shards(split)), 'shard')}",
-            )
-        stats = report.length_stats()
+            counts = [meta.n_docs(split), meta.n_tokens(split), len(meta.split_shards(split))]
+            table.add_row(split, Items([plural(n, w) for n, w in zip(counts, ("doc", "token", "shard"), strict=True)]))
+        stats = [f"{k} {v:,.6g}" for k, v in report.length_stats().items()]
         if stats:
-            table.add_row("doc length", "  ".join(f"{k} {v:,.6g}" for k, v in stats.items()) + " tokens")
-        table.add_row("prepare drops", ", ".join(f"{k} {v:,}" for k, v in meta.drops.items() if v) or "none")
+            table.add_row("doc length", Items([*stats[:-1], f"{stats[-1]} tokens"]))
+        drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
+        table.add_row("prepare drops", listed(drops) if drops else "none")
         table.add_row("records read", f"{meta.records_read:,}")
         out.print(table)
         hist = audit.length_histogram(report)
         if hist:
             out.print("[bold]document lengths[/] (tokens, log2 buckets)")
-            width = max(c for _, c in hist)
+            most = max(c for _, c in hist)
+            label_w = max(15, *(len(label) for label, _ in hist))
+            # bars of up to 40 cells, fewer where the widest label and count would not fit beside them
+            bar_w = max(10, min(40, out.width - label_w - len(f"{most:,}") - 4))
             for label, count in hist:
-                out.print(
-                    f"  {label:>15} {'█' * max(1, round(40 * count / width)) if count else '':<40} {count:,}",
-                    highlight=False,
-                )
+                bar = "█" * max(1, round(bar_w * count / most)) if count else ""
+                out.print(f"  {label:>{label_w}} {bar:<{bar_w}} {count:,}", highlight=False, soft_wrap=True)
         if top_tokens:
-            out.print(
-                "[bold]most frequent tokens[/]: " + "  ".join(f"{t!r}×{c:,}" for _, c, t in top_tokens), highlight=False
-            )
+            title = Text("most frequent tokens:", style="bold")
+            out.print(Items([title, *(f"{t!r}×{c:,}" for _, c, t in top_tokens)]))
+    _samples(samples)
+    if report.ok:
+        what = "structure" if report.quick else "checksums, token ids, structure"
+        out.print(f"[green]OK[/]: {plural(report.shards_checked, 'shard')} verified ({what})")
+    else:
+        _problems(report)
+
+
+def documents(report: Any, doc: tuple[str, int, str], samples: list[tuple[str, int, str]]) -> None:
+    """`inspect --doc`: the document's whole text alone on stdout (its name and length go to
+    stderr), then any --sample documents; the report only when the dataset is corrupt."""
+    where, n, text = doc
+    err.print(f"{where} ({plural(n, 'token')})", highlight=False, soft_wrap=True)
+    if out.is_terminal:  # the dataset may be someone else's: a terminal would act on its control codes
+        text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    out.file.write(text if text.endswith("\n") else text + "\n")  # as decoded: no wrapping, markup or emoji
+    out.file.flush()
+    _samples(samples)
+    if not report.ok:
+        _problems(report)
+
+
+def _samples(samples: list[tuple[str, int, str]]) -> None:
     for where, n, text in samples:
         out.rule(f"{where} ({n} tokens)")
         shown = (
@@ -132,30 +188,28 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
             else text[:_SAMPLE_CHARS]
             + f"\n… ({len(text) - _SAMPLE_CHARS:,} more characters; --json has the whole text)"
         )
-        out.print(shown, highlight=False, markup=False)
-    if report.ok:
-        what = "structure" if report.quick else "checksums, token ids, structure"
-        out.print(f"[green]OK[/]: {report.shards_checked} shards verified ({what})")
-    else:
-        for problem in report.problems:
-            err.print(f"[bold red]problem:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
-        err.print(f"[bold red]CORRUPT[/]: {len(report.problems)} problem(s)")
+        out.print(shown, highlight=False, markup=False, emoji=False)
+
+
+def _problems(report: Any) -> None:
+    for problem in report.problems:
+        err.print(f"[bold red]problem:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]CORRUPT[/]: {len(report.problems)} problem(s)")
 
 
 def packing(rows: list[dict[str, Any]], title: str) -> None:
-    """`inspect --packing`: one row per strategy (documents split / truncated / dropped)."""
-    table = Table(
-        title=f"packing {escape(title)}",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        caption="bound: ⌈tokens / seq_len⌉ packs; cut: documents split/truncated/dropped",
-    )
-    for name in ("strategy", "packs", "bound", "gap", "fill", "docs/pack", "cut", "steps"):
+    """`inspect --packing`: one row per strategy. The lower bound and the documents cut depend on
+    the lengths, seq_len and overlong policy alone, which every strategy shares (packing.compare):
+    they are said once above the table, which leaves it narrow enough for 80 columns."""
+    first = rows[0]
+    cut = [f"{first[f'{what}_documents']:,} {what}" for what in ("split", "truncated", "dropped")]
+    out.print(f"[bold]packing[/] {escape(title)}", highlight=False, soft_wrap=True)
+    out.print(f"lower bound {first['lower_bound']:,} packs (⌈tokens / seq_len⌉)", highlight=False, soft_wrap=True)
+    out.print(Items(["documents over seq_len:", *listed(cut).items], sep=" "))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("strategy", "packs", "gap", "fill", "docs/pack", "steps/rank"):
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for r in rows:
-        cut = f"{r['split_documents']:,}/{r['truncated_documents']:,}/{r['dropped_documents']:,}"
-        gap, fill = f"{r['gap_to_lower_bound']:.2%}", f"{r['fill']:.2%}"
-        table.add_row(r["strategy"], f"{r['packs']:,}", f"{r['lower_bound']:,}", gap, fill,
-                      f"{r['items_per_pack_mean']:.1f}", cut, f"{r['steps_per_rank']:,}")  # fmt: skip
+        table.add_row(r["strategy"], f"{r['packs']:,}", f"{r['gap_to_lower_bound']:.2%}", f"{r['fill']:.2%}",
+                      f"{r['items_per_pack_mean']:.1f}", f"{r['steps_per_rank']:,}")  # fmt: skip
     out.print(table)

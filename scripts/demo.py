@@ -14,7 +14,9 @@ BIN = Path(sys.executable).parent
 
 
 def banner(text: str) -> None:
-    print(f"\n\033[1m=== {text}\033[0m", flush=True)
+    """A bold heading on a terminal; plain text in a pipe or a log, and with NO_COLOR set."""
+    bold = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print(f"\n\033[1m=== {text}\033[0m" if bold else f"\n=== {text}", flush=True)
 
 
 def run(*cmd: str) -> None:
