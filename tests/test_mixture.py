@@ -147,10 +147,16 @@ def test_report_warns_past_max_epochs(sources):
 def test_sources_must_share_the_tokenizer(sources):
     _, _, data = sources
     other = TokenDataset.synthetic(5_000, vocab_size=VOCAB + 1, doc_len=50)
-    with pytest.raises(
-        ConfigError, match=r"sources <memory> and <synthetic> differ in tokenizer eot_id \(999 vs 1000\)"
-    ):
+    with pytest.raises(ConfigError, match=r"different vocabularies: <memory> with a vocabulary of 1,000 ids \(in "
+                                          r"memory\), <synthetic> with a vocabulary of 1,001 ids"):  # fmt: skip
         Mixture([(data[0], 1), (other, 1)])
+    same_size = TokenDataset.synthetic(5_000, vocab_size=VOCAB, doc_len=50)  # its EOT is 999 too: no difference
+    Mixture([(data[0], 1), (same_size, 1)])
+    other_eot = TokenDataset.from_tokens(np.full(100, 5, dtype=np.uint32), eot_id=998, vocab_size=VOCAB, name="e")
+    with pytest.raises(ConfigError, match=r"sources <memory> and e share a vocabulary but differ in the end-of-text "
+                                          r"id \(999 vs 998\); prepare every source with the same tokenizer and "
+                                          r"--separator"):  # fmt: skip
+        Mixture([(data[0], 1), (other_eot, 1)])
     for bad in (0, -1, float("nan"), "0.5", True):
         with pytest.raises(ArgumentError, match="weight"):
             Mixture([(data[0], 1), (data[1], bad)])

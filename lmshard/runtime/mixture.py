@@ -322,8 +322,14 @@ def _content_id(d: TokenDataset) -> str:
     return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{d.split}:{d.n_tokens}"  # the split's bytes
 
 
+# What else decides the tokens around each document, in words, and the prepare option that sets it.
+_SPECIALS = {"eot_id": ("end-of-text id", "--separator"), "bos_id": ("BOS id", "--bos"),
+             "eot_position": ("separator position", "--eot-position")}  # fmt: skip
+
+
 def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
-    """Every source must be tokenized the same way: the first is the reference."""
+    """Every source must be tokenized the same way: the first is the reference. The vocabulary
+    is compared first, so two vocabularies are named as such, not by an id they happen to differ in."""
 
     def identity(d: TokenDataset) -> dict[str, Any]:
         if d.meta is None:
@@ -334,11 +340,22 @@ def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
     ref = identity(datasets[0])
     for name, data in zip(names[1:], datasets[1:], strict=True):
         mine = identity(data)
-        for key in sorted(ref.keys() | mine.keys()):
+        if any(ref.get(k) != mine.get(k) for k in ("ranks_sha256", "n_vocab")):
+            raise ConfigError(f"mixture sources were tokenized with different vocabularies: {names[0]} with "
+                              f"{_vocabulary(datasets[0])}, {name} with {_vocabulary(data)}; prepare every source "
+                              "with one tokenizer")  # fmt: skip
+        for key, (what, flag) in _SPECIALS.items():
             if ref.get(key) != mine.get(key):
-                raise ConfigError(f"mixture sources {names[0]} and {name} differ in tokenizer {key} "
-                                  f"({ref.get(key)!r} vs {mine.get(key)!r}); prepare every source with one "
-                                  "tokenizer")  # fmt: skip
+                raise ConfigError(f"mixture sources {names[0]} and {name} share a vocabulary but differ in the "
+                                  f"{what} ({ref.get(key)!r} vs {mine.get(key)!r}); prepare every source with "
+                                  f"the same tokenizer and {flag}")  # fmt: skip
+
+
+def _vocabulary(d: TokenDataset) -> str:
+    """A source's vocabulary as a user names it: the tokenizer and its size."""
+    if d.meta is None:
+        return f"a vocabulary of {d.vocab_size:,} ids (in memory)"
+    return f"{d.meta.tokenizer.name} ({d.meta.tokenizer.n_vocab:,} ids)"
 
 
 class MixturePackedStream(StepStream):
