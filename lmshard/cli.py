@@ -21,7 +21,7 @@ from . import __version__, render
 from .cli_interop import register as register_interop
 from .cli_prepare import EPILOG, ForeignSpellings, normalize_token, prepare
 from .cli_scale import register as register_scale
-from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, LmshardError
+from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ConfigError, LmshardError
 from .inspect import audit
 from .inspect.verify import report_json, verify_dataset
 
@@ -161,6 +161,11 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
     from . import packing as plans
     from .packing_io import dataset_lengths
 
+    for flag, value, fix in (("--packing", seq_len, "the row length in tokens, 1 or more (e.g. --packing 2048)"),
+                             ("--world-size", world_size, "the number of ranks, 1 or more"),
+                             ("--batch-size", batch_size, "the rows per rank per step, 1 or more")):  # fmt: skip
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: pass {fix}")
     audit.require_dataset(dataset)
     lengths = dataset_lengths(dataset, split)
     chosen = tuple(strategies) or plans.ALL_STRATEGIES
