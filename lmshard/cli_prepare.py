@@ -190,7 +190,9 @@ def prepare(
         OUTPUT, "Add these inputs' documents to the dataset in --out, deduplicated against it.", "--append"
     ),  # fmt: skip
     allow_empty: bool | None = _flag(OUTPUT, "Succeed even when no document is kept.", "--allow-empty"),
-    workers: int | None = _opt(EXECUTION, "N", "Worker processes. Default: one per core.", "--workers"),
+    workers: int | None = _opt(
+        EXECUTION, "N", "Worker processes (0: one per core). Default: one per core.", "--workers"
+    ),  # fmt: skip
     num_tasks: int | None = _opt(
         EXECUTION, "N", "Plan the run as N tasks (scale-out: docs/scaling.md).", "--num-tasks"
     ),  # fmt: skip
@@ -225,6 +227,8 @@ def prepare(
     from .prepare.config import resolve_config
 
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
+    if workers == 0 and not cfg.quiet:  # documented, but 0 means "in this process" to a torch DataLoader
+        print(f"note: --workers 0 means one worker process per core: {cfg.n_workers()} here", file=sys.stderr)
     log = RunLog(cfg)
     log.start()
     n_tasks = cfg.num_tasks
