@@ -1,0 +1,216 @@
+"""What a directory input means (#27, #29): the walk reads the files of known types, skips
+hidden entries (unless --include-hidden), lmshard's own datasets and work directories and files
+of unknown types, counts each by reason in the summary, --json and the metadata, and names
+--format text when the skipped files look like text. Counts are checked against the files each
+test made by hand; tokens against tiktoken's own encoding of those files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from conftest import GPT2_EOT, read_docs, write
+from typer.testing import CliRunner
+
+from lmshard.cli import app
+from lmshard.format import METADATA_FILE, parse_metadata
+from lmshard.prepare import PrepareConfig, prepare
+
+runner = CliRunner()
+NOTHING_SKIPPED = {"unknown_type": {}, "hidden_files": 0, "hidden_dirs": 0, "lmshard": 0, "excluded": 0,
+                   "unreadable_dirs": 0}  # fmt: skip
+MAN_PAGE = ".TH LS{0} 1\n.SH NAME\nls{0} \\- list directory contents\n.SH DESCRIPTION\nList the FILEs of {0}.\n"
+
+
+def cli(*args: str | Path) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of the real command, each on one line."""
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result.exit_code, " ".join(result.stdout.split()), " ".join(result.stderr.split())
+
+
+def prepare_json(inputs: list[Path], out: Path, *flags: str) -> dict:
+    code, stdout, stderr = cli("prepare", *inputs, "--out", out, "--val-fraction", "0", "--json", *flags)
+    assert code == 0, stderr
+    return json.loads(stdout)
+
+
+def metadata(out: Path) -> dict:
+    return json.loads((out / METADATA_FILE).read_text())
+
+
+def texts_of(out: Path, reference) -> list[str]:
+    return [reference.decode(doc[:-1].tolist()) for doc in read_docs(out, "train") if doc[-1] == GPT2_EOT]
+
+
+def man_pages(root: Path, n: int) -> list[str]:
+    pages = [MAN_PAGE.format(i) for i in range(n)]
+    for i, page in enumerate(pages):
+        write(root / f"ls{i}.1.gz", gzip.compress(page.encode()))
+    return pages
+
+
+def test_a_folder_of_man_pages_names_the_suffix_and_format_text_reads_it(tmp_path, reference):
+    pages = man_pages(tmp_path / "man", 5)
+    code, _, err = cli("prepare", tmp_path / "man", "--out", tmp_path / "o")
+    assert code == 1
+    assert f"{tmp_path / 'man'}: nothing to read: skipped 5 files of unknown type (.1.gz 5)" in err
+    assert "the skipped .1.gz files look like text: pass --format text" in err
+    assert "check the path" not in err and "no input files found" not in err
+    summary = prepare_json([tmp_path / "man"], tmp_path / "o", "--format", "text")
+    assert summary["n_docs"] == 5 and summary["skipped_inputs"] == NOTHING_SKIPPED
+    assert texts_of(tmp_path / "o", reference) == pages  # sorted by path: ls0 .. ls4
+
+
+def documentation_folder(root: Path) -> dict[str, str]:
+    """3 files of known types, 3 HTML pages, a PNG, a README without a suffix, a hidden file and
+    a .git directory; returns the texts of the known ones by name."""
+    known = {"a.md": "# Guide\n\nread me first", "b.txt": "plain notes", "c.rst": "Title\n=====\n\nbody"}
+    for name, text in known.items():
+        write(root / name, text)
+    for i in range(3):
+        write(root / "html" / f"page{i}.html", f"<html><body>page {i}</body></html>\n")
+    write(root / "img" / "logo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00")
+    write(root / "README", "the readme, in plain text\n")
+    write(root / ".notes.txt", "a hidden note")
+    write(root / ".git" / "description.txt", "git internals")
+    return known
+
+
+def test_a_documentation_folder_counts_what_was_skipped_by_suffix(tmp_path, reference):
+    known = documentation_folder(tmp_path / "docs")
+    code, out, err = cli("prepare", tmp_path / "docs", "--out", tmp_path / "o", "--val-fraction", "0")
+    assert code == 0, err
+    expected = {**NOTHING_SKIPPED, "unknown_type": {".html": 3, "(none)": 1, ".png": 1}, "hidden_files": 1,
+                "hidden_dirs": 1}  # fmt: skip
+    assert sorted(texts_of(tmp_path / "o", reference)) == sorted(known.values())
+    assert metadata(tmp_path / "o")["skipped_inputs"] == expected
+    for part in ("3 .html,", "1 (none),", "1 .png (unknown type),", "1 hidden dir,", "1 hidden file"):
+        assert part in out  # the summary's "skipped" row
+    # The warning names the text-like suffixes and leaves out the binary one.
+    assert "warning: skipped 5 files of unknown type (.html 3, (none) 1, .png 1)" in err
+    assert "the skipped .html, suffix-less files look like text: pass --format text --exclude '*.png'" in err
+    summary = prepare_json([tmp_path / "docs"], tmp_path / "o2", "--format", "text", "--exclude", "*.png")
+    assert summary["n_docs"] == 3 + 3 + 1
+    assert summary["skipped_inputs"] == {**expected, "unknown_type": {}, "excluded": 1}
+
+
+def test_a_dataset_written_inside_its_input_folder_is_not_read_back(tmp_path, reference):
+    docs = tmp_path / "docs"
+    known = {"a.txt": "alpha document", "b.md": "bravo document"}
+    for name, text in known.items():
+        write(docs / name, text)
+    first = prepare_json([docs], docs / "ds")
+    again = prepare_json([docs], docs / "ds2")
+    assert first["n_docs"] == again["n_docs"] == 2 and again["skipped_inputs"]["lmshard"] == 1
+    assert [s["path"] for s in metadata(docs / "ds2")["sources"]] == [str(docs / "a.txt"), str(docs / "b.md")]
+    assert texts_of(docs / "ds2", reference) == list(known.values())
+    # Neither --format text (which takes every file) nor --include-hidden reads the datasets back.
+    third = prepare_json([docs], docs / "ds3", "--format", "text", "--include-hidden")
+    assert third["n_docs"] == 2 and third["skipped_inputs"]["lmshard"] == 2
+    assert prepare_json([docs], docs / "ds", "--overwrite")["n_docs"] == 2
+
+
+def project(root: Path) -> None:
+    write(root / "README.md", "the project readme")
+    write(root / "notes.txt", "design notes")
+    write(root / ".git" / "HEAD", "ref: refs/heads/main\n")
+    write(root / ".git" / "hooks" / "pre-commit.sample", "#!/bin/sh\nexit 0\n")
+    write(root / ".venv" / "lib" / "site.py", "import sys  # a virtualenv's module")
+    write(root / ".cache" / "pip" / "notes.md", "a cache entry")
+    write(root / ".env.txt", "SECRET=1")
+
+
+def test_hidden_directories_are_skipped_and_counted_and_include_hidden_takes_them(tmp_path, reference):
+    project(tmp_path / "p")
+    summary = prepare_json([tmp_path / "p"], tmp_path / "o")
+    assert texts_of(tmp_path / "o", reference) == ["the project readme", "design notes"]
+    assert summary["skipped_inputs"] == {**NOTHING_SKIPPED, "hidden_files": 1, "hidden_dirs": 3}
+    summary = prepare_json([tmp_path / "p"], tmp_path / "all", "--include-hidden")
+    names = [str(Path(s["path"]).relative_to(tmp_path / "p")) for s in metadata(tmp_path / "all")["sources"]]
+    assert names == [".cache/pip/notes.md", ".env.txt", ".venv/lib/site.py", "README.md", "notes.txt"]
+    assert summary["skipped_inputs"]["unknown_type"] == {"(none)": 1, ".sample": 1}  # .git/HEAD, the hook
+    assert summary["skipped_inputs"]["hidden_dirs"] == summary["skipped_inputs"]["hidden_files"] == 0
+
+
+def test_files_named_explicitly_are_read_hidden_or_not(tmp_path, reference):
+    write(tmp_path / ".hidden" / ".note.txt", "named on purpose")
+    summary = prepare_json([tmp_path / ".hidden" / ".note.txt"], tmp_path / "o")
+    assert summary["n_docs"] == 1 and texts_of(tmp_path / "o", reference) == ["named on purpose"]
+    assert prepare_json([tmp_path / ".hidden"], tmp_path / "o2", "--include-hidden")["n_docs"] == 1
+    code, _, err = cli("prepare", tmp_path / ".hidden", "--out", tmp_path / "o3")
+    assert code == 1 and "skipped 1 hidden file; pass --include-hidden" in err
+
+
+def test_a_killed_runs_partial_directory_inside_the_input_is_not_read(tmp_path, small_items, reference):
+    docs = tmp_path / "docs"
+    texts = [f"document number {i} of the folder" for i in range(10)]
+    for i, text in enumerate(texts):
+        write(docs / f"{i:02d}.txt", text)
+    config = PrepareConfig(inputs=[str(docs)], out=str(docs / "ds"), workers=1, val_fraction=0)
+    calls = []
+
+    def ctrl_c(progress) -> None:  # a Ctrl-C after the second of four work items
+        calls.append(progress)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config, ctrl_c)
+    partial = docs / ".ds.lmshard-partial"
+    assert (partial / "train").is_dir()
+    # Another run over the folder, reading every file as text, does not read the build...
+    for i, flags in enumerate([(), ("--include-hidden",)]):
+        other = prepare_json([docs], tmp_path / f"other{i}", "--format", "text", *flags)
+        assert texts_of(tmp_path / f"other{i}", reference) == texts and other["skipped_inputs"]["lmshard"] == 1
+    # ...and the interrupted run resumes over the same inputs, to the same documents.
+    resumed = prepare_json([docs], docs / "ds", "--resume")
+    assert resumed["n_docs"] == 10 and texts_of(docs / "ds", reference) == texts
+    assert not partial.exists()
+
+
+def test_a_json_file_holding_one_object_says_what_the_format_expects(tmp_path):
+    write(tmp_path / "one.json", json.dumps({"text": "a document", "id": 7}, indent=2))
+    code, _, err = cli("prepare", tmp_path / "one.json", "--out", tmp_path / "o")
+    assert code == 1
+    assert f"{tmp_path / 'one.json'}:1: one JSON object over lines 1-4, not one record per line" in err
+    assert "a .json file holds an array of records ([{...}, {...}]) or JSON lines (one object per line)" in err
+    assert "fix the line" not in err
+    # A .json of JSON lines with a bad line: fix that line, and what the format is.
+    write(tmp_path / "lines.json", '{"text": "good"}\n{"text": "cut\n')
+    code, _, err = cli("prepare", tmp_path / "lines.json", "--out", tmp_path / "o")
+    assert code == 1 and f"{tmp_path / 'lines.json'}:2: invalid JSON" in err
+    assert "fix the line (a .json file holds an array of records" in err
+    # One object on one line is one record, as before; under --on-error skip a spread one is counted.
+    write(tmp_path / "flat.json", json.dumps({"text": "a document"}))
+    assert prepare_json([tmp_path / "flat.json"], tmp_path / "flat")["n_docs"] == 1
+    summary = prepare_json([tmp_path / "one.json", tmp_path / "flat.json"], tmp_path / "skip", "--on-error", "skip")
+    assert summary["n_docs"] == 1 and summary["drops"] == {"not_records": 1}
+
+
+def test_metadata_without_skipped_inputs_still_opens(tmp_path):
+    from lmshard.format import SkippedInputs
+
+    write(tmp_path / "a.txt", "one document")
+    prepare_json([tmp_path / "a.txt"], tmp_path / "o")
+    raw = metadata(tmp_path / "o")
+    assert raw["skipped_inputs"] == NOTHING_SKIPPED
+    del raw["skipped_inputs"]  # as lmshard wrote it before the field existed
+    meta = parse_metadata(tmp_path / "o", raw)
+    assert meta.skipped_inputs == SkippedInputs() and not meta.skipped_inputs
+
+
+def test_text_is_told_from_binary_by_its_first_bytes(tmp_path):
+    from lmshard.prepare.walk import looks_like_text
+
+    page = write(tmp_path / "ls.1.gz", gzip.compress(MAN_PAGE.format(1).encode()))
+    png = write(tmp_path / "logo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    latin1 = write(tmp_path / "old.txt", "caf\xe9 cr\xe8me".encode("latin-1"))
+    empty = write(tmp_path / "empty.log", b"")
+    assert looks_like_text([str(page)]) and looks_like_text([str(empty), str(page)])
+    assert not looks_like_text([str(png)]) and not looks_like_text([str(page), str(png)])
+    assert not looks_like_text([str(latin1)])  # lmshard reads UTF-8: --format text would fail on it
+    assert not looks_like_text([str(empty)])  # no evidence either way
