@@ -56,7 +56,8 @@ def export(
         soft_wrap=True,
     )
     for f in result.files:
-        render.out.print(f"  {escape(f['path'])}  {f['split']}  {f['n_tokens']:,} tokens", highlight=False)
+        line = f"  {escape(f['path'])}  {f['split']}  {f['n_tokens']:,} tokens"
+        render.out.print(line, highlight=False, soft_wrap=True)  # a long file name: the terminal wraps, not rich
 
 
 def import_(
