@@ -104,15 +104,17 @@ def status(
     from .prepare import stages
 
     info = stages.status(out)
-    if info["merged"]:  # every stage's work is in the dataset, whichever stages ran as their own tasks
-        _done(out, info)
-        return
     tasks = info["tasks"]
     done = sum(not t["units"] or t["done"] == t["units"] for t in tasks)
     render.out.print(
-        f"tokenize: {done} of {len(tasks)} tasks complete ({info['units']:,} units)", markup=False, soft_wrap=True
+        f"tokenize: {done} of {len(tasks)} tasks complete ({render.plural(info['units'], 'unit')})",
+        markup=False,
+        soft_wrap=True,
     )
     quoted = shlex.quote(str(out))
+    if info["merged"]:  # every stage's work is in the dataset, whichever stages ran as their own tasks
+        _done(quoted, info)
+        return
     for t in info["incomplete"]:
         row = tasks[t]
         state = f" ({row['state']})" if row["state"] else ""
@@ -136,10 +138,13 @@ def status(
         render.out.print("merge: waits for the tasks above", markup=False, soft_wrap=True)
 
 
-def _done(out: Path, info: dict[str, Any]) -> None:
+def _done(quoted: str, info: dict[str, Any]) -> None:
     """A merged run: done, whatever the dedup buckets say: the local executor deduplicates in the
     merge, so its buckets never run as tasks."""
-    tasks = info["tasks"]
-    render.out.print(f"done: {out} is complete ({render.plural(len(tasks), 'task')}, "
-                     f"{render.plural(info['units'], 'unit')} tokenized and merged); check it with: lmshard inspect "
-                     f"{shlex.quote(str(out))}", markup=False, soft_wrap=True)  # fmt: skip
+    if info["dedup"]:
+        n, missing = len(info["tasks"]), info["dedup_missing"]
+        buckets = f"{n} of {n} buckets complete" if not missing else "done in the merge"
+        render.out.print(f"dedup: {buckets}", markup=False, soft_wrap=True)
+    render.out.print("merge: done", markup=False, soft_wrap=True)
+    render.out.print(f"done: the dataset is complete; check it with: lmshard inspect {quoted}", markup=False,
+                     soft_wrap=True)  # fmt: skip

@@ -202,16 +202,17 @@ def planned(tmp_path_factory, text):
 def test_status_of_a_complete_local_run_says_it_is_done(planned):
     code, said = _invoke(["status", str(planned)])
     assert code == 0
-    assert said.startswith(f"done: {planned} is complete") and "lmshard inspect" in said, said
-    assert "run-task" not in said and "dedup" not in said  # nothing is left to run
+    assert said == (f"tokenize: 2 of 2 tasks complete (1 unit) dedup: done in the merge merge: done done: the "
+                    f"dataset is complete; check it with: lmshard inspect {planned}")  # nothing is left to run
     code, usage = _invoke(["status", "-h"])
     assert code == 0 and "{DIR}" in usage and "{out}" not in usage
 
 
 def test_packing_0_names_the_option(planned):
-    for args, words in ((["--packing", "0"], "--packing 0: pass the row length in tokens, 1 or more"),
-                        (["--packing", "64", "--world-size", "0"], "--world-size 0: pass the number of ranks"),
-                        (["--packing", "64", "--batch-size", "0"], "--batch-size 0: pass the rows per rank")):  # fmt: skip
+    cases = ((["--packing", "0"], "--packing 0: pass the row length in tokens, 1 or more"),
+             (["--packing", "64", "--world-size", "0"], "--world-size 0: pass the number of ranks"),
+             (["--packing", "64", "--batch-size", "0"], "--batch-size 0: pass the rows per rank"))  # fmt: skip
+    for args, words in cases:
         code, said = _invoke(["inspect", str(planned), *args])
         assert code == 1 and words in said and "seq_len" not in said and "world_size" not in said, said
 
