@@ -3,8 +3,9 @@
 Writer, `inspect` and the runtime loader all import this package; it imports none of them, and
 neither torch nor tiktoken, so a training node can read a dataset with numpy alone.
 `layout` holds the file names, dtypes and crash-safe writes; `schema` the metadata as typed
-values (built by prepare, parsed and validated for every reader); `files` reads the metadata
-and holds a dataset's files to it (paths, sizes, document indexes) before anyone reads them.
+values (built by prepare, parsed and validated for every reader), with `skipped` the part that
+records what an input directory held that was not read; `files` reads the metadata and holds a
+dataset's files to it (paths, sizes, document indexes) before anyone reads them.
 
 Memory model: metadata is a few hundred bytes per shard and per source file; `read_document`
 reads one document. Nothing here holds a shard.
@@ -34,12 +35,12 @@ from .schema import (
     KeyFile,
     RunInfo,
     ShardInfo,
-    SkippedInputs,
     SourceInfo,
     SplitInfo,
     TokenizerInfo,
     parse_metadata,
 )
+from .skipped import SkippedInputs
 
 __all__ = [
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",

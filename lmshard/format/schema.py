@@ -7,9 +7,9 @@ JSON's key order is fixed here, so the bytes a run writes do not depend on who b
 Parsing is strict where a reader's correctness depends on a field (format, version, dtype, byte
 order, tokenizer, separator side, splits and shards: counts are non-negative ints, a shard's
 paths are the writer's names for it, recorded totals are the sums over shards) and lenient,
-with defaults, for what is only reported (drops, sources, skipped inputs, the run record), so
-metadata written by an older lmshard still opens. It touches no file: `files.py` reads the
-metadata and holds the shards on disk to it.
+with defaults, for what is only reported (drops, sources, the run record), so metadata written
+by an older lmshard still opens. It touches no file: `files.py` reads the metadata and holds the
+shards on disk to it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .layout import (
     TOKEN_DTYPE,
     shard_paths,
 )
+from .skipped import SkippedInputs
 
 DTYPE, BYTE_ORDER = "uint32", "little"  # TOKEN_DTYPE as the metadata names it
 
@@ -201,42 +202,6 @@ class SourceInfo:
                    kept=_count(raw, "kept", 0), lines_removed=_count(raw, "lines_removed", 0),
                    split_into_paragraphs=_count(raw, "split_into_paragraphs", 0),
                    dropped=_counts(raw, "dropped"))  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class SkippedInputs:
-    """What the walk of the input directories left out, by reason. Reporting only: metadata
-    from before it was recorded reads as nothing skipped. A hidden directory, and an lmshard
-    dataset or work directory, counts once: the walk does not enter it."""
-
-    unknown_type: dict[str, int] = field(default_factory=dict)  # type suffix (".png", ".1.gz") → files
-    hidden_files: int = 0
-    hidden_dirs: int = 0
-    lmshard: int = 0  # lmshard's own datasets, builds and work entries (.NAME.lmshard-partial/, ...)
-    excluded: int = 0  # files matching --exclude
-    unreadable_dirs: int = 0  # directories the walk could not list (permissions)
-
-    def __bool__(self) -> bool:
-        return any(self.to_json().values())
-
-    def __add__(self, other: SkippedInputs) -> SkippedInputs:
-        """Both walks' counts (several input directories; a dataset and what --append added)."""
-        suffixes = dict(self.unknown_type)
-        for suffix, n in other.unknown_type.items():
-            suffixes[suffix] = suffixes.get(suffix, 0) + n
-        counts = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-                  if f.name != "unknown_type"}  # fmt: skip
-        return SkippedInputs(unknown_type=dict(sorted(suffixes.items(), key=lambda kv: (-kv[1], kv[0]))), **counts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def parse(cls, raw: Any) -> SkippedInputs:
-        if not isinstance(raw, dict):
-            return cls()
-        counts = {f.name: _count(raw, f.name, 0) for f in fields(cls) if f.name != "unknown_type"}
-        return cls(unknown_type=_counts(raw, "unknown_type"), **counts)
 
 
 _KEY_FILE = re.compile(r"dedup/(doc|line)_keys_[0-9]{6}\.u64")

@@ -355,36 +355,6 @@ def iter_json_array(src: Source, text_field: str) -> Iterator[Record]:
         raw.close()
 
 
-def spread_value(src: Source) -> Record | None:
-    """For a `.json` file that is not an array: the "not_records" record when its first JSON
-    value spans lines (one pretty-printed object, say), so it is no JSON lines either. None
-    when its first line is a whole value, or nothing says otherwise: read as JSON lines, where
-    a bad line is reported as such."""
-    try:
-        text = read_prefix(src, SPREAD_SNIFF_BYTES)[:SPREAD_SNIFF_BYTES].decode("utf-8", "surrogateescape")
-    except DamagedInput:
-        return None  # the line reader reports the damage where it starts
-    start = _JSON_GAP.match(text).end()  # type: ignore[union-attr]
-    end_of_line = text.find("\n", start)
-    try:
-        json.loads(text[start : end_of_line if end_of_line >= 0 else None])
-        return None
-    except (json.JSONDecodeError, RecursionError):
-        pass
-    try:
-        _, end = json.JSONDecoder().raw_decode(text, start)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    first = 1 + text.count("\n", 0, start)
-    last = first + text.count("\n", start, end)
-    if last == first:
-        return None
-    return bad(first, "not_records", f"one JSON object over lines {first}-{last}, not one record per line")
-
-
-SPREAD_SNIFF_BYTES = 1 << 20  # bytes of a .json file decoded to find a first value that spans lines
-
-
 _JSON_SPACE = " \t\r\n\ufeff"  # JSON whitespace, and a byte-order mark before the array
 _JSON_GAP = re.compile(f"[{_JSON_SPACE}]*")
 _JSON_GAP_OR_COMMA = re.compile(f"[{_JSON_SPACE},]*")

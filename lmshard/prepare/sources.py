@@ -20,6 +20,7 @@ in this process; parquet/arrow items carry only a locator, and the worker reads 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -39,8 +40,9 @@ from .files import (
     open_arrow,
     open_binary,
     parquet_row_groups,
+    read_prefix,
 )
-from .records import Record, binary_record, damaged_record, iter_csv, iter_json_array, spread_value
+from .records import Record, bad, binary_record, damaged_record, iter_csv, iter_json_array
 from .walk import Walk, describe, find, nothing_to_read, text_hint
 
 # Bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster). The output does not
@@ -157,6 +159,36 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) 
             yield from items
     else:  # JSON lines (also a .json file that holds them), and text by line or paragraph
         yield from _plan_lines(i, src, paragraph=src.fmt == "text" and by_paragraph(text_mode))
+
+
+def spread_value(src: Source) -> Record | None:
+    """For a `.json` file that is not an array: the "not_records" record when its first JSON
+    value spans lines (one pretty-printed object, say), so it is no JSON lines either. None
+    when its first line is a whole value, or nothing says otherwise: read as JSON lines, where
+    a bad line is reported as such."""
+    try:
+        text = read_prefix(src, SPREAD_SNIFF_BYTES)[:SPREAD_SNIFF_BYTES].decode("utf-8", "surrogateescape")
+    except DamagedInput:
+        return None  # the line reader reports the damage where it starts
+    start = len(text) - len(text.lstrip(" \t\r\n\ufeff"))  # JSON whitespace, and a byte-order mark
+    end_of_line = text.find("\n", start)
+    try:
+        json.loads(text[start : end_of_line if end_of_line >= 0 else None])
+        return None
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, start)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    first = 1 + text.count("\n", 0, start)
+    last = first + text.count("\n", start, end)
+    if last == first:
+        return None
+    return bad(first, "not_records", f"one JSON object over lines {first}-{last}, not one record per line")
+
+
+SPREAD_SNIFF_BYTES = 1 << 20  # bytes of a .json file decoded to find a first value that spans lines
 
 
 def by_paragraph(text_mode: str) -> bool:
