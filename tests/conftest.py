@@ -87,3 +87,20 @@ def traced_peak(fn: Callable[[], object]) -> int:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     return peak
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail any attempt of this process to open a network connection: proves that an offline
+    code path never tries the network (rather than timing it, which a slow machine would fail)."""
+    import socket
+
+    attempts: list[object] = []
+
+    def refuse(self, address, *args, **kwargs):
+        attempts.append(address)
+        raise OSError(f"test: network connection to {address!r} attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return attempts

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
-from proctree import finish, start_prepare, wait_for_workers, wait_gone
+from proctree import finish, start_prepare, wait_for_workers, wait_gone, wait_stopped
 from test_prepare import jsonl, make_texts
 from test_stages import _files
 
@@ -29,12 +28,13 @@ def _args(corpus, out):
     return [str(corpus), "--out", str(out), "--num-tasks", "3", "--workers", "2", "--tokenizer-backend", "tiktoken"]
 
 
-def _first_unit_done(out, proc, timeout=120.0):
+def _held_midway(out, proc):
+    """The run (started with LMSHARD_STOP_AT) stopped itself midway; the pid that stopped."""
+    pid = wait_stopped(proc)
+    assert pid is not None, "the run ended before its stop point"
     tok = out.parent / f".{out.name}.lmshard-work" / "tokenize"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None and not any(tok.glob("unit_*.done")):
-        time.sleep(0.002)
-    assert proc.poll() is None, "the run ended before it could be killed midway"
+    assert any(tok.glob("unit_*.done"))
+    return pid
 
 
 def _finish_and_compare(corpus, tmp_path, out):
@@ -48,25 +48,30 @@ def _finish_and_compare(corpus, tmp_path, out):
     assert _files(out) == _files(tmp_path / "one")
 
 
-def test_killing_the_main_process_takes_its_workers_along(tmp_path, corpus):
+def test_killing_the_main_process_takes_its_workers_along(tmp_path, corpus, monkeypatch):
     out = tmp_path / "o"
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")  # the main process, once it merged 3 items
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
-    _first_unit_done(out, proc)
+    assert _held_midway(out, proc) == proc.pid
+    monkeypatch.delenv("LMSHARD_STOP_AT")
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert wait_gone(workers, timeout=5.0) == []  # not left waiting for tasks forever
     _finish_and_compare(corpus, tmp_path, out)
 
 
-def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus):
+def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, monkeypatch):
     out = tmp_path / "o"
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit=4")  # the worker that wrote unit 4, before reporting it
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
-    _first_unit_done(out, proc)
-    os.kill(workers[0], signal.SIGKILL)
+    held = _held_midway(out, proc)
+    assert held in workers
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    os.kill(held, signal.SIGKILL)
     code, err = finish(proc, 120)
     assert code == 1, err
     assert "a worker process died" in err and "--resume" in err and "Traceback" not in err, err

@@ -13,13 +13,12 @@ import os
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import read_docs
-from proctree import LMSHARD, finish, kill_group, start_prepare, wait_gone, workers_of
+from proctree import LMSHARD, finish, kill_group, signal_stopped, start_prepare, wait_gone, wait_stopped, workers_of
 
 from lmshard.errors import ConfigError, InputError, LmshardError
 from lmshard.format import METADATA_FILE
@@ -119,19 +118,37 @@ def shards_in(directory: Path) -> int:
     return len(list(directory.glob("train/shard_*.bin"))) + len(list(directory.glob("train/shard_*.tmp")))
 
 
-@pytest.mark.parametrize("after_shards", [0, 3, 12])
-def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, inputs, reference, after_shards):
-    """kill -9 of the whole process group once the build holds N shards; --resume finishes it
-    byte-identical to the uninterrupted run, and leaves nothing beside --out."""
+@pytest.fixture
+def process_items(monkeypatch):
+    """64 KiB work items in the runs started as processes (each input is ~34 of them), so a stop
+    point (LMSHARD_STOP_AT) can hold a run at any item. The output does not depend on it."""
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))
+
+
+def stop_at(monkeypatch, point: str) -> None:
+    monkeypatch.setenv("LMSHARD_STOP_AT", point)
+
+
+def held(proc: subprocess.Popen[str]) -> None:
+    """Wait until the run stopped itself at its stop point."""
+    assert wait_stopped(proc) is not None, "the run ended before its stop point"
+
+
+@pytest.mark.parametrize("at_item", [0, 1, 5, 20])
+def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, process_items, inputs, reference, at_item):
+    """kill -9 of the whole process group at once (0: wherever start-up has got to), or held
+    after its Nth work item; --resume finishes it byte-identical to the uninterrupted run, and
+    leaves nothing beside --out."""
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
+    if at_item:
+        stop_at(monkeypatch, f"item:{at_item}")
     proc = start_prepare(cli(out, inputs[0]))
-    deadline = time.monotonic() + 60
-    while proc.poll() is None and time.monotonic() < deadline:
-        if staging.exists() and shards_in(staging) >= max(after_shards, 1) - (after_shards == 0):
-            break
-        time.sleep(0.005)
+    if at_item:
+        held(proc)
+        assert read_run(staging)["checkpoint"]["items_done"] == at_item
+        monkeypatch.delenv("LMSHARD_STOP_AT")
     kill_group(proc.pid)
     proc.communicate()
     assert not out.exists(), "a killed run must not leave a dataset that looks complete"
@@ -144,30 +161,33 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, inputs, re
     assert leftovers(out) == []
 
 
-def test_killed_twice_then_resumed(tmp_path, monkeypatch, inputs, reference):
+def test_killed_twice_then_resumed(tmp_path, monkeypatch, process_items, inputs, reference):
     """A resumed run that is itself killed resumes again from its own checkpoint."""
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
-    for args, at in ((cli(out, inputs[0]), 4), (cli(out, inputs[0], "--resume"), 10)):
+    for args, at, done in ((cli(out, inputs[0]), 4, 4), (cli(out, inputs[0], "--resume"), 6, 10)):
+        stop_at(monkeypatch, f"item:{at}")  # items merged by this process
         proc = start_prepare(args)
-        while proc.poll() is None and not (staging.exists() and shards_in(staging) >= at):
-            time.sleep(0.005)
+        held(proc)
         kill_group(proc.pid)
         proc.communicate()
+        assert read_run(staging)["checkpoint"]["items_done"] == done
+    monkeypatch.delenv("LMSHARD_STOP_AT")
     code, err = finish(start_prepare(cli(out, inputs[0], "--resume")), 120)
     assert code == 0, err
     assert_identical(reference, out)
 
 
-def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, inputs, reference):
+def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, process_items, inputs, reference):
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only Ctrl-C checkpoints
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
+    stop_at(monkeypatch, "item:5")
     proc = start_prepare(cli(out, inputs[0]))
-    while proc.poll() is None and not (staging.exists() and shards_in(staging) >= 5):
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
+    held(proc)
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    signal_stopped(proc.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
     code, err = finish(proc, 60)
     assert code == 130 and "Traceback" not in err, err
     assert "interrupted" in err and "saved in" in err
@@ -240,7 +260,8 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
-def test_interrupted_overwrite_leaves_the_old_dataset_whole(tmp_path, monkeypatch, inputs, reference, how):
+def test_interrupted_overwrite_leaves_the_old_dataset_whole(tmp_path, monkeypatch, process_items, inputs, reference,
+                                                             how):  # fmt: skip
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     small = tmp_path / "small.jsonl"
@@ -248,11 +269,12 @@ def test_interrupted_overwrite_leaves_the_old_dataset_whole(tmp_path, monkeypatc
     run(out, [small])
     before = snapshot(out)
     staging = OutputPaths.of(str(out)).staging
+    stop_at(monkeypatch, "item:6")
     proc = start_prepare(cli(out, inputs[0], "--overwrite"))
-    while proc.poll() is None and not (staging.exists() and shards_in(staging) >= 6):
-        assert snapshot(out) == before, "the old dataset changed while the new one was being built"
-        time.sleep(0.01)
-    os.killpg(proc.pid, getattr(signal, how))
+    held(proc)
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    assert shards_in(staging) >= 1 and snapshot(out) == before, "the old dataset changed while the new one was built"
+    signal_stopped(proc.pid, getattr(signal, how))
     code, err = finish(proc, 60)
     assert code in (-9, 130) and "Traceback" not in err
     assert snapshot(out) == before
@@ -346,14 +368,16 @@ def test_a_foreign_directory_is_refused_even_with_overwrite(tmp_path, inputs):
 # --- one writer ---------------------------------------------------------------------------------
 
 
-def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(tmp_path, monkeypatch, inputs, reference):
+def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(tmp_path, monkeypatch, process_items, inputs,
+                                                                           reference):  # fmt: skip
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
+    stop_at(monkeypatch, "item:2")  # hold the first writer mid-run, however fast the machine
     first = start_prepare(cli(out, inputs[0]))
-    while first.poll() is None and not (staging.exists() and shards_in(staging) >= 2):
-        time.sleep(0.005)
-    os.killpg(first.pid, signal.SIGSTOP)  # hold the first writer mid-run, however fast the machine
+    held(first)
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    os.killpg(first.pid, signal.SIGSTOP)  # its workers too
     workers = workers_of(first.pid)
     for extra in ([], ["--resume"], ["--overwrite"]):
         code, err = finish(start_prepare(cli(out, inputs[0], *extra)), 60)
@@ -649,17 +673,16 @@ def test_inspect_checks_the_dedup_key_files(tmp_path, inputs, tamper, words):
     assert verify_dataset(out, quick=True).ok == (tamper == "flip")
 
 
-def test_a_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, inputs, reference):
+def test_a_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, monkeypatch, process_items, inputs, reference):
     """A job started in the background (SIGINT ignored, as a shell does) is not stopped by the
     terminal's Ctrl-C: prepare does not install its handler over an ignored SIGINT."""
     out = tmp_path / "ds"
-    staging = OutputPaths.of(str(out)).staging
+    stop_at(monkeypatch, "item:3")
     proc = subprocess.Popen([*LMSHARD, "prepare", *cli(out, inputs[0])], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
-    while proc.poll() is None and not (staging.exists() and shards_in(staging) >= 3):
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGINT)
+    held(proc)
+    signal_stopped(proc.pid, signal.SIGINT)
     code, err = finish(proc, 120)
     assert code == 0, err
     assert_identical(reference, out)

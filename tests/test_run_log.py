@@ -81,7 +81,7 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture
-def small_items(monkeypatch):
+def process_items(monkeypatch):
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(64 << 10))  # ~35 work items
 
 
@@ -99,7 +99,7 @@ def _resume(args: list[str], monkeypatch) -> str:
     return err
 
 
-def test_resume_says_what_the_checkpoint_kept(tmp_path, corpus, small_items, monkeypatch):
+def test_resume_says_what_the_checkpoint_kept(tmp_path, corpus, process_items, monkeypatch):
     out = tmp_path / "o"
     args = [str(corpus), "--out", str(out), "--workers", "1", "--tokens-per-shard", "20000"]
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")  # a checkpoint after every work item
@@ -121,7 +121,7 @@ def test_resume_says_what_the_checkpoint_kept(tmp_path, corpus, small_items, mon
     assert code == 0 and _files(out) == _files(tmp_path / "whole")  # the resumed run's bytes are one run's
 
 
-def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path, corpus, small_items, monkeypatch):
+def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path, corpus, process_items, monkeypatch):
     out = tmp_path / "o"
     args = [str(corpus), "--out", str(out), "--workers", "1"]
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # no checkpoint before the kill

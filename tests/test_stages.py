@@ -175,7 +175,8 @@ def test_a_task_killed_midway_is_named_by_status_and_its_rerun_completes(tmp_pat
     import signal
     import subprocess
     import sys
-    import time
+
+    from proctree import wait_stopped
 
     src = tmp_path / "in"
     jsonl(src / "big.jsonl", make_texts(12_000, seed=5))  # ~100 units of 64 KiB
@@ -193,14 +194,13 @@ def test_a_task_killed_midway_is_named_by_status_and_its_rerun_completes(tmp_pat
     assert end - first > 20
     tok = work_dir(tmp_path / "dist") / "tokenize"
     proc = subprocess.Popen([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", "dist"], cwd=tmp_path,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not any(tok.glob("unit_*.done")) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.002)
+                            env=env | {"LMSHARD_STOP_AT": "unit:7"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # it stops itself after 7 units
+    assert wait_stopped(proc) == proc.pid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     finished = len(list(tok.glob("unit_*.done")))
-    assert 0 < finished < end - first  # killed midway
+    assert finished == 7 < end - first  # killed midway
     assert run("run-task", "--stage", "tokenize", "--task", "1", "dist").returncode == 0
     shown = run("status", "dist").stdout
     assert f"task 0: {finished} of {end - first} units (died on " in shown, shown

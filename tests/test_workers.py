@@ -8,6 +8,7 @@ in its own process group and is killed with all its workers if it overruns its t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write
-from proctree import alive, finish, start_prepare, wait_for_workers, wait_gone, workers_of
+from proctree import alive, finish, start_prepare, wait_for_workers, wait_gone, wait_stopped, workers_of
 
 from lmshard.errors import InputError
 from lmshard.prepare.pool import OrderedPool, WorkerBug, WorkerDied, WorkerStartFailed
@@ -208,26 +209,29 @@ def _assert_clean_failure(code: int | None, err: str, out: Path) -> None:
     assert not (out / "dataset_metadata.json").exists() and not (out / "train").exists()
 
 
-# Moments after the workers appear: 0 is during interpreter start-up and imports, 0.05-0.3 while
-# the tokenizer loads or the first items arrive, later ones mid-run.
+# When the worker dies: "start" as soon as the workers appear (interpreter start-up, imports, the
+# vocabulary), else held at a stop point after its Nth work item: its first, or mid-run.
 @pytest.mark.slow
-@pytest.mark.parametrize(("delay", "sig", "extra"), [
-    (0.0, signal.SIGKILL, []),
-    (0.05, signal.SIGKILL, []),
-    (0.3, signal.SIGKILL, []),
-    (1.0, signal.SIGKILL, []),
-    (0.7, signal.SIGSEGV, []),
-    (0.5, signal.SIGKILL, ["--dedup-lines"]),
+@pytest.mark.parametrize(("when", "sig", "extra"), [
+    ("start", signal.SIGKILL, []),
+    ("worker-item:1", signal.SIGKILL, []),
+    ("worker-item:6", signal.SIGKILL, []),
+    ("worker-item:3", signal.SIGSEGV, []),
+    ("worker-item:2", signal.SIGKILL, ["--dedup-lines"]),
 ])  # fmt: skip
-def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, delay, sig, extra):
+def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, monkeypatch, when, sig, extra):
     out = tmp_path / "o"
+    if when != "start":
+        monkeypatch.setenv("LMSHARD_STOP_AT", when)  # each worker stops after its Nth item
     proc = start_prepare([str(corpus), "--out", str(out), "--workers", "2", *extra])
     try:
         workers = wait_for_workers(proc, 2)
         assert workers, "prepare ended before its workers started"
-        time.sleep(delay)
-        assert proc.poll() is None, "prepare finished before the kill; make the corpus bigger"
-        os.kill(workers[int(delay * 10) % 2], sig)
+        victim = workers[0] if when == "start" else wait_stopped(proc)
+        assert victim in workers, "prepare ended before the kill"
+        os.kill(victim, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)  # a stopped process takes a catchable signal once continued
         code, err = finish(proc, RUN_TIMEOUT)
     finally:
         finish(proc, 1)
@@ -274,14 +278,18 @@ def test_forked_and_spawned_workers_write_the_same_bytes(tmp_path, corpus, monke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.0, 0.2, 1.0])
-def test_killed_prepare_leaves_no_worker_behind(tmp_path, corpus, delay):
-    """SIGKILL the main process (as a scheduler or the OOM killer would): its workers exit too."""
+@pytest.mark.parametrize("when", ["start", "item:1", "item:8"])
+def test_killed_prepare_leaves_no_worker_behind(tmp_path, corpus, monkeypatch, when):
+    """SIGKILL the main process (as a scheduler or the OOM killer would), as soon as its workers
+    appear or held after its Nth merged item: its workers exit too."""
+    if when != "start":
+        monkeypatch.setenv("LMSHARD_STOP_AT", when)
     proc = start_prepare([str(corpus), "--out", str(tmp_path / "o"), "--workers", "2"])
     try:
         workers = wait_for_workers(proc, 2)
         assert workers, "prepare ended before its workers started"
-        time.sleep(delay)
+        if when != "start":
+            assert wait_stopped(proc) == proc.pid
         proc.kill()
         proc.wait(10)
         assert wait_gone(workers, 10.0) == [], "workers outlived their prepare"

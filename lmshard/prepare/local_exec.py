@@ -31,7 +31,6 @@ from typing import Any
 from .config import PrepareConfig
 from .pool import WorkerDied, start_method
 from .stages import merge, plan_run, tokenize_unit, worker_config
-from .stops import stop_point
 from .taskplan import UNIT_BYTES, work_dir
 
 _here: dict[str, Any] = {}  # what forked workers inherit: (config, plan, sources, tokenizer, worker config)
@@ -99,6 +98,4 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
 def _unit(u: int) -> bool:
     config = _here["args"][0]
     plan, sources, tokenizer = _here["state"]
-    done = tokenize_unit(config, plan, sources, tokenizer, _here["wcfg"], u)
-    stop_point("unit")
-    return done
+    return tokenize_unit(config, plan, sources, tokenizer, _here["wcfg"], u)

@@ -40,6 +40,7 @@ from .claim import _fingerprint
 from .config import PrepareConfig
 from .pipeline import _tokenizer, prepare
 from .sources import Source, discover
+from .stops import stop_point
 from .taskplan import (
     PLAN_FILE,
     UNIT_BYTES,
@@ -175,6 +176,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     unit = load_unit(plan, u)
     items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
     _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items))
+    stop_point("unit", u)
     return True
 
 

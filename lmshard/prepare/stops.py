@@ -1,15 +1,19 @@
 """Stop points: a process stops itself at an exact place in its work, so a fault test can kill
 it there whatever the machine's speed.
 
-`LMSHARD_STOP_AT=POINT:N` (several separated by commas) makes the process that passes POINT
-for the Nth time send itself SIGSTOP. The test sees it stopped (state T in /proc), sends the
-signal it is testing (SIGKILL, SIGINT, SIGTERM...) and, for a catchable one, SIGCONT. A run
-without the variable pays one dictionary lookup per point passed.
+`LMSHARD_STOP_AT=POINT:N` (several separated by commas) makes a process that passes POINT for
+the Nth time send itself SIGSTOP; `POINT=K` stops the one process that passes POINT for the
+work item or unit numbered K (where several workers count passes of their own, only one of them
+handles K). The test sees it stopped (state T in /proc), sends the signal it is testing
+(SIGKILL, SIGINT, SIGTERM...) and, for a catchable one, SIGCONT. A run without the variable
+pays one dictionary lookup per point passed.
 
 The points:
 - `item`: the main process merged its Nth work item (checkpoint taken where one was due);
-- `worker-item`: a worker tokenized its Nth work item, before sending the result back;
-- `unit`: a planned run's worker wrote its Nth unit's results and marker, before reporting it.
+- `worker-item`: a worker tokenized its Nth work item (key: the item number in the first input),
+  before sending the result back;
+- `unit`: a planned run's process (a local worker or `run-task`) wrote its Nth unit's results and
+  marker, before reporting it.
 
 Memory model: one counter per point.
 """
@@ -23,19 +27,21 @@ from collections import Counter
 _passed: Counter[str] = Counter()
 
 
-def _wanted() -> dict[str, int]:
-    spec = os.environ.get("LMSHARD_STOP_AT", "")
-    wanted = {}
-    for part in filter(None, spec.split(",")):
-        point, _, n = part.partition(":")
-        wanted[point.strip()] = int(n or 1)
+def _wanted() -> list[tuple[str, str, int]]:
+    wanted = []
+    for part in filter(None, os.environ.get("LMSHARD_STOP_AT", "").split(",")):
+        how = "=" if "=" in part else ":"
+        point, _, n = part.partition(how)
+        wanted.append((point.strip(), how, int(n or 1)))
     return wanted
 
 
-def stop_point(point: str) -> None:
-    """Count a pass through `point`; stop this process if LMSHARD_STOP_AT names this pass."""
+def stop_point(point: str, key: int | None = None) -> None:
+    """Count a pass through `point` (of item or unit `key`); stop this process if LMSHARD_STOP_AT
+    names this pass."""
     if "LMSHARD_STOP_AT" not in os.environ:
         return
     _passed[point] += 1
-    if _wanted().get(point) == _passed[point]:
-        os.kill(os.getpid(), signal.SIGSTOP)
+    for name, how, n in _wanted():
+        if name == point and n == (_passed[point] if how == ":" else key):
+            os.kill(os.getpid(), signal.SIGSTOP)

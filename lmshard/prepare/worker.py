@@ -115,7 +115,7 @@ def process_item(item: WorkItem) -> ItemResult:
     tokenizer = _state["tokenizer"]
     assert isinstance(config, WorkerConfig) and isinstance(tokenizer, Tokenizer)
     result = run_item(item, config, tokenizer)
-    stop_point("worker-item")
+    stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input
     return result
 
 
