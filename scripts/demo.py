@@ -4,6 +4,7 @@ demo corpus (Python's standard library sources; nothing to download)."""
 from __future__ import annotations
 
 import os
+import pprint
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +36,12 @@ def show_batches() -> None:
     for _ in range(2):
         batch = next(batches)
         x, y = batch
-        print(f"step {batch.step}: x {tuple(x.shape)} {x.dtype}, y = x shifted by {batch.shift}, "
-              f"row offsets {batch.offsets.tolist()}, cu_seqlens {batch.cu_seqlens.tolist()}")  # fmt: skip
+        print(f"step {batch.step}: x {tuple(x.shape)} {x.dtype}, y = x shifted by {batch.shift}\n"
+              f"  row offsets {batch.offsets.tolist()}\n  cu_seqlens {batch.cu_seqlens.tolist()}")  # fmt: skip
         print(f"  row 0 decoded: {tok.decode(x[0].tolist())!r}")
     state = batches.state_dict()
-    print(f"resumable from: {state}")
+    shown = pprint.pformat(state, width=76, sort_dicts=False).replace("\n", "\n  ")
+    print(f"resumable from batches.state_dict():\n  {shown}")
 
 
 def main() -> None:
@@ -51,12 +53,14 @@ def main() -> None:
     banner("3/4 runtime loader: batches as train.py sees them")
     show_batches()
     banner("4/4 a tiny GPT trained for a few steps from these batches (loss should fall)")
-    run(sys.executable, "scripts/train_tiny_gpt.py", str(DATA), "--steps", "120", "--log-every", "20")
+    run(sys.executable, "scripts/train_tiny_gpt.py", "--dataset_dir", str(DATA), "--steps", "120", "--log-every", "20")
     banner("done")
     print(f"dataset: {DATA}\nnext:\n"
-          f"  lmshard prepare YOUR_FILES --out data/mine        # txt/jsonl/json/csv/parquet/arrow, .gz/.zst/...\n"
+          f"  lmshard prepare YOUR_FILES --out data/mine   # txt/jsonl/json/csv/parquet/arrow\n"
           f"  lmshard inspect data/mine --sample 3\n"
-          f"  python scripts/train_tiny_gpt.py data/mine        # or: from lmshard import TokenDataset\n"
+          f"  python scripts/train_tiny_gpt.py --dataset_dir data/mine\n"
+          f"  python scripts/train_tiny_gpt.py --input_file input.txt   # small text, no prepare\n"
+          f"  from lmshard import TokenDataset                          # in your train.py\n"
           f"  make test / make bench")  # fmt: skip
 
 

@@ -1,10 +1,20 @@
-"""Train a tiny GPT on a prepared lmshard dataset, on the CPU or a GPU, in one process or several
+"""Train a tiny GPT with the lmshard loader, on the CPU or a GPU, in one process or several
 under torchrun, to show the loader in a real training loop. The loss should fall within a few
 hundred steps.
 
-    python scripts/train_tiny_gpt.py data/demo --steps 300
-    torchrun --nproc-per-node 2 scripts/train_tiny_gpt.py data/demo    # data parallel, see below
-    python scripts/train_tiny_gpt.py --mixture mix.toml                 # several datasets, weighted
+The data comes from exactly one of:
+
+    python scripts/train_tiny_gpt.py --input_file input.txt          # one text file, tokenized in memory
+    python scripts/train_tiny_gpt.py --dataset_dir data/demo          # a dataset from `lmshard prepare`
+    python scripts/train_tiny_gpt.py --mixture mix.toml               # several prepared datasets, weighted
+    torchrun --nproc-per-node 2 scripts/train_tiny_gpt.py --dataset_dir data/demo   # data parallel, below
+
+--input_file is for a start on small data: the file is read into memory and tokenized with the
+gpt2 vocabulary (`TokenDataset.from_text`); its first 90% of tokens train and the last 10% are
+held out for the val loss. When the data outgrows memory, prepare it once
+(`lmshard prepare input.txt --out data/mine`) and pass --dataset_dir data/mine: the loop is the
+same, and the dataset's own val split is used. A dataset directory may also be given without
+the flag, as the first argument.
 
 A mixture file names prepared datasets and their token weights (docs/loader.md, "Mixtures"):
 
@@ -26,8 +36,8 @@ saves. --report FILE makes every rank write what it did, to check the run by: it
 sha256 (equal on all ranks after a correct run) and the row offsets it drew.
 
 Logging: a line every --log-every steps and at the last step (loss averaged over the ranks, val
-loss, mixture shares), and between those a short one (rank 0's loss) whenever --progress-every
-seconds pass, so a slow run still shows it is moving.
+loss, mixture shares), and between those a short one (rank 0's loss) when --progress-every
+seconds (default 60) pass without a line, so a slow run still shows it is moving.
 
 Resuming: the data position is `batches.state_dict()`, a handful of integers saved in the
 checkpoint beside the model (see --save / --resume). This loop draws each batch just before it
@@ -42,7 +52,9 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +65,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from lmshard import Mixture, TokenDataset
+from lmshard import LmshardError, Mixture, TokenDataset
 from lmshard.runtime import BatchStream
+
+VAL_FRACTION = 0.1  # of an --input_file's tokens, held out (its end) for the val loss
 
 
 class Block(nn.Module):
@@ -145,11 +159,13 @@ def evaluate(model: nn.Module, val: BatchStream, steps: int = 4) -> float:
 class Log:
     """Rank 0's log. `line` is called by every rank at the same steps (it averages the loss and
     sums the mixture's row counts over the ranks); `progress` prints a short line from rank 0
-    when `every` seconds have passed since the last line."""
+    when `every` seconds have passed since the last line. `clock` gives seconds."""
 
-    def __init__(self, ranks: Ranks, start: int, tokens_per_step: int, every: float, mix: Mixture | None) -> None:
+    def __init__(self, ranks: Ranks, start: int, tokens_per_step: int, log_every: int, every: float,
+                 mix: Mixture | None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
         self.ranks, self.start, self.tokens_per_step, self.every, self.mix = ranks, start, tokens_per_step, every, mix
-        self.t0 = self.last = time.perf_counter()
+        self.log_every, self.clock = log_every, clock
+        self.t0 = self.last = clock()
         self.drawn = np.zeros(len(mix.names) if mix is not None else 0, dtype=np.int64)  # rows per source, this rank
 
     def count(self, offsets: np.ndarray) -> None:
@@ -157,7 +173,7 @@ class Log:
             self.drawn += np.bincount(self.mix.locate(offsets)[0], minlength=len(self.drawn))
 
     def _rate(self, step: int) -> str:
-        self.last = time.perf_counter()
+        self.last = self.clock()
         return f"{(step - self.start + 1) * self.tokens_per_step / (self.last - self.t0):,.0f} tok/s"
 
     def line(self, step: int, loss: torch.Tensor, model: nn.Module, val: BatchStream | None) -> None:
@@ -177,15 +193,28 @@ class Log:
         mean = totals[0].item() / self.ranks.world_size
         print(f"step {step:5d}  loss {mean:.3f}{extra}  {self._rate(step)}", flush=True)
 
+    def after(self, step: int, last: bool, loss: torch.Tensor, model: nn.Module, val: BatchStream | None) -> None:
+        """After each optimizer step: the full line every log_every steps and at the last one, else
+        a short line if one is due."""
+        if step % self.log_every == 0 or last:
+            self.line(step, loss, model, val)
+        else:
+            self.progress(step, loss)
+
     def progress(self, step: int, loss: torch.Tensor) -> None:
-        if self.ranks.main and time.perf_counter() - self.last >= self.every:
+        if self.ranks.main and self.clock() - self.last >= self.every:
             print(f"step {step:5d}  loss {loss.item():.3f}  {self._rate(step)}", flush=True)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", nargs="?", help="dataset directory written by `lmshard prepare`")
-    ap.add_argument("--mixture", help="a TOML file of datasets and weights, instead of DATA")
+    data = ap.add_argument_group("data (exactly one)")
+    data.add_argument("--input_file", "--input-file", metavar="FILE",
+                      help="one UTF-8 text file, tokenized in memory with the gpt2 vocabulary; the last "
+                           f"{VAL_FRACTION * 100:.0f}%% of its tokens are held out for the val loss")  # fmt: skip
+    data.add_argument("--dataset_dir", "--dataset-dir", metavar="DIR", help="a dataset written by `lmshard prepare`")
+    data.add_argument("data", nargs="?", metavar="DATASET_DIR", help="the same as --dataset_dir DIR")
+    data.add_argument("--mixture", metavar="FILE", help="a TOML file of prepared datasets and their weights")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=8, help="rows per rank per step")
     ap.add_argument("--seq-len", type=int, default=64)
@@ -197,18 +226,41 @@ def parse_args() -> argparse.Namespace:
                     help="under torchrun, 'cuda' means cuda:LOCAL_RANK")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--progress-every", type=float, default=2.0, metavar="SECONDS",
-                    help="also print a short line when this many seconds pass without one (default 2)")  # fmt: skip
+    ap.add_argument("--progress-every", type=float, default=60.0, metavar="SECONDS",
+                    help="also print a short line when this many seconds pass without one (default 60; "
+                         "0: after every step)")  # fmt: skip
     ap.add_argument("--save", help="write model + data state here at the end (rank 0)")
     ap.add_argument("--resume", help="continue from a checkpoint written by --save")
     ap.add_argument("--report", metavar="FILE",
                     help="each rank writes FILE with -rank<R> before the extension (report.json → "
                          "report-rank0.json, ...): JSON with the sha256 of the parameters before and after "
                          "training and the row offsets of every batch it drew")  # fmt: skip
-    args = ap.parse_args()
-    if (args.data is None) == (args.mixture is None):
-        ap.error("pass a dataset directory or --mixture FILE (one of them)")
+    args = ap.parse_args(argv)
+    sources = {"--input_file": args.input_file, "--dataset_dir": args.dataset_dir, "DATASET_DIR": args.data,
+               "--mixture": args.mixture}  # fmt: skip
+    given = [name for name, value in sources.items() if value is not None]
+    if len(given) != 1:  # one line, not argparse's usage block
+        got = f"got {' and '.join(given)}" if given else "got none"
+        ap.exit(2, f"{ap.prog}: error: pass exactly one of --input_file FILE, --dataset_dir DIR or --mixture FILE "
+                   f"({got})\n")  # fmt: skip
+    args.dataset_dir = args.dataset_dir or args.data
     return args
+
+
+def text_splits(path: str) -> tuple[TokenDataset, TokenDataset | None]:
+    """An --input_file tokenized in memory with gpt2: (its first 90% of tokens, the rest or None)."""
+    from lmshard.tokenizers import load_tokenizer  # imports tiktoken: only this mode needs a tokenizer
+
+    tok = load_tokenizer("gpt2")
+    whole = TokenDataset.from_text(path, tok)
+    n_val = int(whole.n_tokens * VAL_FRACTION)
+
+    def part(start: int, length: int, split: str) -> TokenDataset:
+        return TokenDataset.from_tokens(whole.tokens(start, length), eot_id=tok.eot_id, vocab_size=tok.n_vocab,
+                                        name=f"{path} ({split})")  # fmt: skip
+
+    train = part(0, whole.n_tokens - n_val, "train")
+    return train, part(train.n_tokens, n_val, "val") if n_val else None
 
 
 def open_data(
@@ -216,15 +268,21 @@ def open_data(
 ) -> tuple[Mixture | None, Mixture | TokenDataset, BatchStream, BatchStream | None]:
     """(mixture or None, train data, train batches, val batches or None). The train stream takes
     rank and world size from torchrun's environment, so each rank draws its own rows."""
-    mix = Mixture.from_file(args.mixture) if args.mixture else None
-    train = mix if mix is not None else TokenDataset(args.data, split="train")
+    mix, held = None, None
+    train: Mixture | TokenDataset
+    if args.mixture:
+        mix = train = Mixture.from_file(args.mixture)
+    elif args.input_file:
+        train, held = text_splits(args.input_file)
+    else:
+        train = TokenDataset(args.dataset_dir, split="train")
+        if ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
+            held = TokenDataset(args.dataset_dir, split="val")
     batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=device)
     val = None
-    fits = isinstance(train, TokenDataset) and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1
-    if fits and ranks.main:  # only rank 0 evaluates, so it reads every validation row itself
-        val = TokenDataset(args.data, split="val").random_batches(
-            args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device
-        )
+    if ranks.main and held is not None and held.n_tokens > args.seq_len + 1:
+        # only rank 0 evaluates, so it reads every validation row itself
+        val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
     return mix, train, batches, val
 
 
@@ -278,7 +336,7 @@ def train_steps(
     # gradients are averaged over the ranks in backward(), so every rank takes the same optimizer step
     step_model = DistributedDataParallel(model) if ranks.distributed else model
     first = batches.step
-    log = Log(ranks, first, batches.tokens_per_step, args.progress_every, mix)
+    log = Log(ranks, first, batches.tokens_per_step, args.log_every, args.progress_every, mix)
     drew: list[dict[str, Any]] = []
     for step in range(first, first + args.steps):
         # a function of the step alone (so a resumed run gets the same rates): warmup, then a cosine
@@ -295,10 +353,7 @@ def train_steps(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step % args.log_every == 0 or step == first + args.steps - 1:
-            log.line(step, loss.detach(), model, val)
-        else:
-            log.progress(step, loss.detach())
+        log.after(step, step == first + args.steps - 1, loss.detach(), model, val)
     return drew
 
 
@@ -313,6 +368,8 @@ def main() -> None:
             path.write_text(json.dumps(report) + "\n")
             if ranks.main:
                 print(f"report: {report_path(args.report, 0)}" + (", ..." if ranks.distributed else ""))
+    except LmshardError as e:  # a file or dataset that cannot be used: its one line, which says the fix
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {e}")
     finally:
         if ranks.distributed:
             dist.destroy_process_group()

@@ -1,0 +1,105 @@
+"""scripts/train_tiny_gpt.py takes its data from exactly one of --input_file (one text file,
+tokenized in memory, its last 10% of tokens held out for val), --dataset_dir (a prepared dataset,
+also accepted as the first argument) or --mixture; and its log keeps to --log-every."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_prepare import make_texts
+from test_train_ddp import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "train_tiny_gpt.py"
+ONE_OF = "error: pass exactly one of --input_file FILE, --dataset_dir DIR or --mixture FILE"
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    spec = importlib.util.spec_from_file_location("train_tiny_gpt", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_input_file_trains_on_its_first_90_percent_evaluates_on_the_rest_and_resumes(tmp_path, reference):
+    text = "\n\n".join(make_texts(300, seed=3))
+    (tmp_path / "input.txt").write_text(text, encoding="utf-8")
+    n = len(reference.encode_ordinary(text)) + 1  # and the EOT after the file's one document
+    n_train = n - n // 10
+    T = 16
+    common = [sys.executable, str(SCRIPT), "--input_file", str(tmp_path / "input.txt"), "--batch-size", "2",
+              "--seq-len", str(T), "--device", "cpu", "--log-every", "2", "--lr-horizon", "5"]  # fmt: skip
+    first = launch([*common, "--steps", "3", "--save", str(tmp_path / "ckpt.pt")])
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert f"tokens={n_train:,}, docs=1)" in first.stdout, first.stdout
+    steps = [line for line in first.stdout.splitlines() if line.startswith("step")]
+    assert [line.split()[1] for line in steps] == ["0", "2"] and all("  val " in line for line in steps), steps
+
+    resume = ["--resume", str(tmp_path / "ckpt.pt"), "--report", str(tmp_path / "r.json")]
+    again = launch([*common, "--steps", "2", *resume])
+    assert again.returncode == 0, again.stderr[-2000:]
+    drawn = json.loads((tmp_path / "r-rank0.json").read_text())["batches"]
+    assert [b["step"] for b in drawn] == [3, 4]  # the data position came back with the model
+    # every row (T tokens and the label after them) lies in the training part: val is held out
+    assert all(0 <= o <= n_train - T - 1 for b in drawn for o in b["offsets"]), drawn
+
+
+@pytest.mark.parametrize(
+    "argv, got",
+    [
+        ([], "got none"),
+        (["--input_file", "a.txt", "--dataset_dir", "data/x"], "got --input_file and --dataset_dir"),
+        (["data/x", "--mixture", "mix.toml"], "got DATASET_DIR and --mixture"),
+        (["--input-file", "a.txt", "data/x"], "got --input_file and DATASET_DIR"),
+    ],
+)
+def test_exactly_one_source_of_data(trainer, capsys, argv, got):
+    with pytest.raises(SystemExit) as stop:
+        trainer.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and ONE_OF in err and f"({got})" in err, err
+
+
+@pytest.mark.parametrize("argv", [["data/x"], ["--dataset_dir", "data/x"], ["--dataset-dir", "data/x"]])
+def test_a_dataset_directory_by_flag_or_as_the_first_argument(trainer, argv):
+    args = trainer.parse_args(argv)
+    assert args.dataset_dir == "data/x" and args.input_file is None and args.mixture is None
+
+
+def test_the_script_answers_a_wrong_command_line_or_file_with_one_line(tmp_path):
+    none = launch([sys.executable, str(SCRIPT), "--steps", "1"])
+    assert none.returncode == 2 and none.stderr == f"train_tiny_gpt.py: {ONE_OF} (got none)\n", none.stderr
+    missing = launch([sys.executable, str(SCRIPT), "--input_file", str(tmp_path / "nope.txt")])
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing.stderr
+    assert missing.stderr.startswith("train_tiny_gpt.py: error: ") and "is not a file" in missing.stderr
+
+
+def logged_steps(trainer, capsys, argv: list[str], seconds_per_step: float, steps: int = 120) -> list[int]:
+    """The steps that print a line in a run of `steps` steps at the given pace (a simulated clock)."""
+    args = trainer.parse_args(argv)
+    now = [0.0]
+    log = trainer.Log(trainer.Ranks(), 0, 512, args.log_every, args.progress_every, None, clock=lambda: now[0])
+    for step in range(steps):
+        now[0] += seconds_per_step
+        log.after(step, step == steps - 1, torch.tensor(4.0), model=None, val=None)
+    return [int(line.split()[1]) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_the_log_keeps_to_log_every_at_the_pace_of_the_demo(trainer, capsys, monkeypatch):
+    """The demo asks for a line every 20 steps; on a slow CPU (2 s a step) that is what it gets.
+    A run too slow for that (10 s a step) still shows a short line about once a minute."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    demo = ["--dataset_dir", "data/demo", "--steps", "120", "--log-every", "20"]
+    assert logged_steps(trainer, capsys, demo, 2.0) == [0, 20, 40, 60, 80, 100, 119]
+    slow = logged_steps(trainer, capsys, demo, 10.0)
+    gaps = [b - a for a, b in zip(slow, slow[1:], strict=False)]
+    assert {0, 20, 40, 60, 80, 100, 119} < set(slow) and max(gaps) <= 6, slow
+    every = logged_steps(trainer, capsys, [*demo, "--progress-every", "0"], 2.0, steps=5)
+    assert every == [0, 1, 2, 3, 4]
