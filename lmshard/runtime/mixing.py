@@ -8,17 +8,23 @@ rows is within one row of its target, and with more within one row per tree leve
 also row m of its source, m the closed-form count of the source's earlier rows. Nothing is
 carried between steps: the assignment is a pure function of (weights, seed, g).
 
+`same_tokenization` refuses sources tokenized differently, naming their vocabularies.
+
 Memory model: a handful of integers per tree node; `MixedStore` holds the sources' stores.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .sampling import keyed_ints
 from .store import _Span
+
+if TYPE_CHECKING:
+    from .dataset import TokenDataset
 
 # Weights are held as integers out of SCALE (a weight's rounding is below 1e-9). Exact in int64:
 # a·r + p < SCALE² < 2**63 (r < b ≤ SCALE), and a·q ≤ n (a ≤ b, q = n // b).
@@ -160,3 +166,42 @@ class MixedStore:
         s = int(self.locate(np.array([lo]))[0][0])
         base = int(self.bases[s])
         return self.stores[s].doc_starts_in(lo - base, hi - base) + base
+
+
+# What decides the tokens: the vocabulary file (by sha256), size and special ids. Not the name (a
+# Hugging Face tokenizer is named by the path it was loaded from) nor the encoder backend (exact).
+_IDENTITY = ("ranks_sha256", "n_vocab", "eot_id", "bos_id")
+# What else decides the tokens around each document, in words, and the prepare option that sets it.
+_SPECIALS = {"eot_id": ("end-of-text id", "--separator"), "bos_id": ("BOS id", "--bos"),
+             "eot_position": ("separator position", "--eot-position")}  # fmt: skip
+
+
+def same_tokenization(names: list[str], datasets: list[TokenDataset]) -> None:
+    """Every source must be tokenized the same way: the first is the reference. The vocabulary
+    is compared first, so two vocabularies are named as such, not by an id they happen to differ in."""
+
+    def identity(d: TokenDataset) -> dict[str, Any]:
+        if d.meta is None:
+            return {"n_vocab": d.vocab_size, "eot_id": d.eot_id, "bos_id": d.bos_id}
+        info = d.meta.tokenizer.to_json()
+        return {k: info.get(k) for k in _IDENTITY} | {"eot_position": d.meta.eot_position}
+
+    ref = identity(datasets[0])
+    for name, data in zip(names[1:], datasets[1:], strict=True):
+        mine = identity(data)
+        if any(ref.get(k) != mine.get(k) for k in ("ranks_sha256", "n_vocab")):
+            raise ConfigError(f"mixture sources were tokenized with different vocabularies: {names[0]} with "
+                              f"{_vocabulary(datasets[0])}, {name} with {_vocabulary(data)}; prepare every source "
+                              "with one tokenizer")  # fmt: skip
+        for key, (what, flag) in _SPECIALS.items():
+            if ref.get(key) != mine.get(key):
+                raise ConfigError(f"mixture sources {names[0]} and {name} share a vocabulary but differ in the "
+                                  f"{what} ({ref.get(key)!r} vs {mine.get(key)!r}); prepare every source with "
+                                  f"the same tokenizer and {flag}")  # fmt: skip
+
+
+def _vocabulary(d: TokenDataset) -> str:
+    """A source's vocabulary as a user names it: the tokenizer and its size."""
+    if d.meta is None:
+        return f"a vocabulary of {d.vocab_size:,} ids (in memory)"
+    return f"{d.meta.tokenizer.name} ({d.meta.tokenizer.n_vocab:,} ids)"

@@ -36,7 +36,7 @@ from ..errors import ArgumentError, ConfigError, InputError
 from . import checks
 from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
-from .mixing import MixedStore, RowTree, integer_weights
+from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
 from .packed import PackedBatch, PackedDataset, PackedStream, StepStream, build_rows
 from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, step_rng
 from .windows import stride_or_default
@@ -44,9 +44,6 @@ from .windows import stride_or_default
 _SHIFT_SALT = 0x5EED5EED5EED
 _BLOCK_STEPS = 64
 _SMALL_SOURCE = 4096  # windows: below this, a source's epoch orders are drawn many at a time
-# What decides the tokens: the vocabulary file (by sha256), size and special ids. Not the name (a
-# Hugging Face tokenizer is named by the path it was loaded from) nor the encoder backend (exact).
-_IDENTITY = ("ranks_sha256", "n_vocab", "eot_id", "bos_id")
 
 
 class MixtureOffsets(Offsets):
@@ -138,7 +135,7 @@ class Mixture:
         self.weights = [w / top / total for w in raw]
         self.int_weights = integer_weights(self.weights)
         self.max_epochs = _positive("max_epochs", max_epochs, "pass e.g. max_epochs=4")
-        _check_identity(self.names, self.datasets)
+        same_tokenization(self.names, self.datasets)
         self._fingerprint = [[_content_id(d), w] for d, w in zip(self.datasets, self.weights, strict=True)]
         self.store = MixedStore(self.datasets)
         first = self.datasets[0]
@@ -320,42 +317,6 @@ def _content_id(d: TokenDataset) -> str:
         return f"{d.path}:{d.n_tokens}"
     sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in d.meta.split_shards(d.split))
     return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{d.split}:{d.n_tokens}"  # the split's bytes
-
-
-# What else decides the tokens around each document, in words, and the prepare option that sets it.
-_SPECIALS = {"eot_id": ("end-of-text id", "--separator"), "bos_id": ("BOS id", "--bos"),
-             "eot_position": ("separator position", "--eot-position")}  # fmt: skip
-
-
-def _check_identity(names: list[str], datasets: list[TokenDataset]) -> None:
-    """Every source must be tokenized the same way: the first is the reference. The vocabulary
-    is compared first, so two vocabularies are named as such, not by an id they happen to differ in."""
-
-    def identity(d: TokenDataset) -> dict[str, Any]:
-        if d.meta is None:
-            return {"n_vocab": d.vocab_size, "eot_id": d.eot_id, "bos_id": d.bos_id}
-        info = d.meta.tokenizer.to_json()
-        return {k: info.get(k) for k in _IDENTITY} | {"eot_position": d.meta.eot_position}
-
-    ref = identity(datasets[0])
-    for name, data in zip(names[1:], datasets[1:], strict=True):
-        mine = identity(data)
-        if any(ref.get(k) != mine.get(k) for k in ("ranks_sha256", "n_vocab")):
-            raise ConfigError(f"mixture sources were tokenized with different vocabularies: {names[0]} with "
-                              f"{_vocabulary(datasets[0])}, {name} with {_vocabulary(data)}; prepare every source "
-                              "with one tokenizer")  # fmt: skip
-        for key, (what, flag) in _SPECIALS.items():
-            if ref.get(key) != mine.get(key):
-                raise ConfigError(f"mixture sources {names[0]} and {name} share a vocabulary but differ in the "
-                                  f"{what} ({ref.get(key)!r} vs {mine.get(key)!r}); prepare every source with "
-                                  f"the same tokenizer and {flag}")  # fmt: skip
-
-
-def _vocabulary(d: TokenDataset) -> str:
-    """A source's vocabulary as a user names it: the tokenizer and its size."""
-    if d.meta is None:
-        return f"a vocabulary of {d.vocab_size:,} ids (in memory)"
-    return f"{d.meta.tokenizer.name} ({d.meta.tokenizer.n_vocab:,} ids)"
 
 
 class MixturePackedStream(StepStream):
