@@ -57,7 +57,7 @@ class ForeignSpellings(TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         args, notes = spellings.rewrite(args)
-        if not {"-q", "--quiet"} & set(args):
+        if not ctx.resilient_parsing and not {"-q", "--quiet"} & set(args):  # (resilient: shell completion)
             for note in notes:
                 print(f"note: {note}", file=sys.stderr, flush=True)
         try:
