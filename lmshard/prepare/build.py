@@ -34,7 +34,7 @@ from ..errors import InputError
 from ..format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from .config import PrepareConfig
 from .dedup import KeySet
-from .writer import ShardWriter
+from .writer import ShardWriter, close_quietly
 
 KEY_DTYPE = np.dtype("<u8")
 CHECKPOINT_SECONDS = float(os.environ.get("LMSHARD_CHECKPOINT_SECONDS", "10"))  # 0: after every work item
@@ -188,10 +188,11 @@ class Build:
         return tuple(files)
 
     def abort(self) -> None:
+        """Close every writer and the key file after an error, raising nothing over it."""
         for w in self.writers.values():
             w.abort()
         if self._keys is not None:
-            self._keys.close()
+            close_quietly(self._keys)
             self._keys = None
 
 

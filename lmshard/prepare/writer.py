@@ -11,9 +11,10 @@ Memory model: one incoming batch; tokens and offsets go straight to the files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 import xxhash
@@ -89,10 +90,12 @@ class ShardWriter:
         return self.shards
 
     def abort(self) -> None:
-        """Close the open shard's files without finishing it (they stay for a resume)."""
+        """Close the open shard's files without finishing it (they stay for a resume). Never
+        raises: it runs while an error (a full disk, an I/O error) is being reported, and a
+        buffered tail that cannot be written now is cut back to the checkpoint on resume."""
         for f in (self._bin, self._idx):
             if f is not None:
-                f.close()
+                close_quietly(f)
         self._bin = self._idx = None
 
     def sync(self) -> dict[str, Any]:
@@ -185,6 +188,13 @@ def _shard_number(name: str) -> int | None:
         return None
     digits = stem[len("shard_") : -len(".bin")]
     return int(digits) if digits.isdigit() else None
+
+
+def close_quietly(f: IO[bytes]) -> None:
+    """Close `f` on an error path: a failing flush of its buffer (ENOSPC, EDQUOT, EIO) is
+    dropped, and the descriptor is closed all the same (Python closes it after a failed flush)."""
+    with contextlib.suppress(OSError):
+        f.close()
 
 
 def _reopen(path: Path, size: int, digest: Any) -> BinaryIO:
