@@ -84,7 +84,7 @@ def full_disk(monkeypatch, modules: list[Any], budget: int, code: int = errno.EN
     device = Device(budget, code)
 
     def faulty_open(path, mode="r", *args, **kwargs):
-        real = builtins.open(path, mode, *args, **kwargs)
+        real = builtins.open(path, mode, *args, **kwargs)  # noqa: SIM115 (closed by its user)
         return FaultyFile(real, device) if any(c in mode for c in "wa+") and "b" in mode else real
 
     for module in modules:
