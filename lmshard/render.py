@@ -94,6 +94,8 @@ def summary(meta: Any, where: str) -> None:
         out.print(line, highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
+    if hint := meta.skipped_inputs.text_hint(files_read=len(meta.sources)):
+        out.print(f"  hint: {escape(hint)}", highlight=False, soft_wrap=True)
 
 
 def skipped_parts(skipped: Any, top: int = 3) -> list[str]:

@@ -20,7 +20,7 @@ from lmshard.prepare import PrepareConfig, prepare
 
 runner = CliRunner()
 NOTHING_SKIPPED = {"unknown_type": {}, "hidden_files": 0, "hidden_dirs": 0, "lmshard": 0, "excluded": 0,
-                   "unreadable_dirs": 0}  # fmt: skip
+                   "unreadable_dirs": 0, "text_like": []}  # fmt: skip
 MAN_PAGE = ".TH LS{0} 1\n.SH NAME\nls{0} \\- list directory contents\n.SH DESCRIPTION\nList the FILEs of {0}.\n"
 
 
@@ -85,17 +85,28 @@ def test_a_documentation_folder_counts_what_was_skipped_by_suffix(tmp_path, refe
     code, out, err = cli("prepare", tmp_path / "docs", "--out", tmp_path / "o", "--val-fraction", "0")
     assert code == 0, err
     expected = {**NOTHING_SKIPPED, "unknown_type": {".html": 3, "(none)": 1, ".png": 1}, "hidden_files": 1,
-                "hidden_dirs": 1}  # fmt: skip
+                "hidden_dirs": 1, "text_like": [".html", "(none)"]}  # fmt: skip
     assert sorted(texts_of(tmp_path / "o", reference)) == sorted(known.values())
     assert metadata(tmp_path / "o")["skipped_inputs"] == expected
     for part in ("3 .html,", "1 (none),", "1 .png (unknown type),", "1 hidden dir,", "1 hidden file"):
         assert part in out  # the summary's "skipped" row
-    # The warning names the text-like suffixes and leaves out the binary one.
+    # 4 skipped files look like text and 3 were read: the warning and the summary name the
+    # text-like suffixes and the fix, leaving out the binary one.
     assert "warning: skipped 5 files of unknown type (.html 3, (none) 1, .png 1)" in err
-    assert "the skipped .html, suffix-less files look like text: pass --format text --exclude '*.png'" in err
+    hint = "the skipped .html, suffix-less files look like text: pass --format text --exclude '*.png' to read them"
+    assert hint in err and f"hint: {hint}" in out
     summary = prepare_json([tmp_path / "docs"], tmp_path / "o2", "--format", "text", "--exclude", "*.png")
     assert summary["n_docs"] == 3 + 3 + 1
-    assert summary["skipped_inputs"] == {**expected, "unknown_type": {}, "excluded": 1}
+    assert summary["skipped_inputs"] == {**expected, "unknown_type": {}, "text_like": [], "excluded": 1}
+
+
+def test_a_few_skipped_text_files_beside_many_read_ones_are_counted_without_a_warning(tmp_path):
+    for i in range(3):
+        write(tmp_path / "d" / f"{i}.txt", f"note {i}")
+    write(tmp_path / "d" / "index.html", "<p>one page</p>")
+    code, out, err = cli("prepare", tmp_path / "d", "--out", tmp_path / "o")
+    assert code == 0 and "warning" not in err and "hint" not in out and "1 .html (unknown type)" in out
+    assert metadata(tmp_path / "o")["skipped_inputs"]["text_like"] == [".html"]
 
 
 def test_a_dataset_written_inside_its_input_folder_is_not_read_back(tmp_path, reference):

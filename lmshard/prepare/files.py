@@ -78,13 +78,10 @@ def known_type(path: Path, fmt_override: str | None) -> bool:
 
 def type_suffix(path: Path) -> str:
     """How a walk names the type of a file it cannot read: the last suffix, with the one before
-    it when the last is a compression (".png", ".1.gz" for a man page, ".tar.gz"), or "(none)"."""
+    it when the last is a compression (".png", ".1.gz" for a man page, ".tar.gz"), or ""."""
     suffixes = [s.lower() for s in path.suffixes]
     n = 2 if len(suffixes) > 1 and suffixes[-1] in COMPRESSION_BY_SUFFIX else 1
-    return "".join(suffixes[-n:]) or NO_SUFFIX
-
-
-NO_SUFFIX = "(none)"  # `type_suffix` of a name with no suffix (Makefile, LICENSE)
+    return "".join(suffixes[-n:])
 
 
 def compression_of(path: str) -> str | None:

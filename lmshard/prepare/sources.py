@@ -19,7 +19,6 @@ in this process; parquet/arrow items carry only a locator, and the worker reads 
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -43,7 +42,7 @@ from .files import (
     read_prefix,
 )
 from .records import Record, bad, binary_record, damaged_record, iter_csv, iter_json_array
-from .walk import Walk, describe, find, nothing_to_read, text_hint
+from .walk import Rules, Walk, describe, find, nothing_to_read
 
 # Bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster). The output does not
 # depend on it; LMSHARD_BLOCK_BYTES sets it for fault tests and benchmarks.
@@ -88,19 +87,18 @@ def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[s
     whole path). An input that leaves nothing to read fails, saying what was skipped."""
     sources: list[Source] = []
     walks: list[Walk] = []
+    rules = Rules(fmt_override, include_hidden, tuple(exclude or ()))
     for spec in inputs:
         if spec == "-":
             sources.append(detect("-", fmt_override))
             continue
-        found = find(spec, fmt_override, include_hidden)
-        paths = [p for p in found.taken if not any(fnmatch.fnmatch(p, pat) for pat in exclude or ())]
-        found.excluded = len(found.taken) - len(paths)
-        if not paths:
+        found = find(spec, rules)
+        if not found.taken:
             raise nothing_to_read(spec, found)
-        sources.extend(detect(p, fmt_override) for p in paths)
+        sources.extend(detect(p, fmt_override) for p in found.taken)
         walks.append(found)
     skipped = sum((w.skipped() for w in walks), SkippedInputs())
-    hint = text_hint(walks)
+    hint = skipped.text_hint(files_read=len(sources))
     return Sources(sources, skipped, f"skipped {describe(skipped)}; {hint}" if hint else None)
 
 

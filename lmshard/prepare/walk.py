@@ -10,7 +10,9 @@ with --format) and leaves out, counting them:
   output (`.NAME.lmshard-partial/`, `-work/`, `-lock`, ...), even with `include_hidden`: a
   dataset written inside its own input directory is never read back as input;
 - files of an unknown type, counted by suffix (".png", ".1.gz"). A few files of each suffix are
-  sniffed so that the fix can name --format text when they look like text.
+  sniffed, and the suffixes whose files look like text are recorded: when such files are at
+  least as many as the files read, the warning (or the error, when nothing is read) names
+  --format text (`SkippedInputs.text_hint`).
 A file named on the command line is always read, hidden or not. Globs follow Python's `glob`:
 `*` matches no hidden name unless `include_hidden`.
 
@@ -21,6 +23,7 @@ suffix; a sniff reads SNIFF_BYTES of one file.
 from __future__ import annotations
 
 import codecs
+import fnmatch
 import glob
 import os
 import re
@@ -29,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, LmshardError
-from ..format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE, SkippedInputs
-from .files import NO_SUFFIX, Source, compression_of, known_type, read_prefix, type_suffix
+from ..format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE
+from ..format.skipped import NO_SUFFIX, SkippedInputs
+from .files import Source, compression_of, known_type, read_prefix, type_suffix
 
 SNIFF_BYTES = 4096  # decompressed bytes of a skipped file read to tell text from binary
 SNIFF_FILES = 3  # files of each skipped suffix sniffed: text when some are and none is binary
@@ -45,10 +49,24 @@ FORMATS_FIX = (
 )
 
 
+@dataclass(frozen=True)
+class Rules:
+    """What a walk takes: `fmt_override` (--format: every file), `include_hidden`, and the
+    `exclude` globs (fnmatch against the whole path: `*` also matches "/")."""
+
+    fmt_override: str | None = None
+    include_hidden: bool = False
+    exclude: tuple[str, ...] = ()
+
+    def excludes(self, path: str) -> bool:
+        return any(fnmatch.fnmatch(path, pattern) for pattern in self.exclude)
+
+
 @dataclass
 class Walk:
     """What an input named: the files to read, and counts of the files a walk left out."""
 
+    rules: Rules
     taken: list[str] = field(default_factory=list)
     unknown: Counter[str] = field(default_factory=Counter)  # type suffix → files
     samples: dict[str, list[str]] = field(default_factory=dict)  # type suffix → up to SNIFF_FILES paths
@@ -59,52 +77,63 @@ class Walk:
     unreadable_dirs: int = 0
 
     def skipped(self) -> SkippedInputs:
+        """The counts as the metadata records them; sniffs the samples of each skipped suffix."""
         unknown = dict(sorted(self.unknown.items(), key=lambda kv: (-kv[1], kv[0])))
+        text_like = [suffix for suffix in unknown if looks_like_text(self.samples[suffix])]
         return SkippedInputs(unknown_type=unknown, hidden_files=self.hidden_files, hidden_dirs=self.hidden_dirs,
-                             lmshard=self.lmshard, excluded=self.excluded,
-                             unreadable_dirs=self.unreadable_dirs)  # fmt: skip
+                             lmshard=self.lmshard, excluded=self.excluded, unreadable_dirs=self.unreadable_dirs,
+                             text_like=text_like)  # fmt: skip
 
-    def enters(self, name: str, include_hidden: bool) -> bool:
+    def enters(self, name: str) -> bool:
         """Whether the walk goes into the directory `name`; counts it when not."""
         if _LMSHARD_ENTRY.fullmatch(name):
             self.lmshard += 1
-        elif name.startswith(".") and not include_hidden:
+        elif name.startswith(".") and not self.rules.include_hidden:
             self.hidden_dirs += 1
         else:
             return True
         return False
 
-    def consider(self, path: Path, fmt_override: str | None, include_hidden: bool) -> None:
-        """Take the file `path`, or count why not."""
+    def consider(self, path: Path) -> None:
+        """Take the file `path`, or count why not: an excluded file counts as excluded, whatever
+        its type."""
         if _LMSHARD_ENTRY.fullmatch(path.name):
             self.lmshard += 1
-        elif path.name.startswith(".") and not include_hidden:
+        elif path.name.startswith(".") and not self.rules.include_hidden:
             self.hidden_files += 1
         elif not path.is_file():
             pass  # a FIFO, socket or dangling link: nothing a walk should open
-        elif known_type(path, fmt_override):
+        elif self.rules.excludes(str(path)):
+            self.excluded += 1
+        elif known_type(path, self.rules.fmt_override):
             self.taken.append(str(path))
         else:
-            suffix = type_suffix(path)
+            suffix = type_suffix(path) or NO_SUFFIX
             self.unknown[suffix] += 1
             if len(sample := self.samples.setdefault(suffix, [])) < SNIFF_FILES:
                 sample.append(str(path))
 
+    def take(self, paths: list[str]) -> Walk:
+        """Take named files (a file itself, a glob's matches), leaving out the excluded ones."""
+        self.taken = [p for p in paths if not self.rules.excludes(p)]
+        self.excluded = len(paths) - len(self.taken)
+        return self
 
-def find(spec: str, fmt_override: str | None, include_hidden: bool) -> Walk:
+
+def find(spec: str, rules: Rules) -> Walk:
     """The files `spec` names: a directory's walk, a file itself, or a glob's matches (sorted)."""
     if os.path.isdir(spec):
-        return walk(spec, fmt_override, include_hidden)
+        return walk(spec, rules)
     if os.path.exists(spec):
-        return Walk(taken=[spec])
-    matches = glob.glob(spec, recursive=True, include_hidden=include_hidden)
-    return Walk(taken=sorted(p for p in matches if os.path.isfile(p)))
+        return Walk(rules).take([spec])
+    matches = glob.glob(spec, recursive=True, include_hidden=rules.include_hidden)
+    return Walk(rules).take(sorted(p for p in matches if os.path.isfile(p)))
 
 
-def walk(root: str, fmt_override: str | None, include_hidden: bool) -> Walk:
+def walk(root: str, rules: Rules) -> Walk:
     """The files under `root` that prepare reads, sorted by path, and counts of the rest (see
     the module doc). Linked directories are not followed."""
-    found = Walk()
+    found = Walk(rules)
 
     def unreadable(e: OSError) -> None:
         if e.filename == root:
@@ -116,9 +145,9 @@ def walk(root: str, fmt_override: str | None, include_hidden: bool) -> Walk:
             found.lmshard += 1  # a dataset, or a build of one: not entered
             dirs.clear()
             continue
-        dirs[:] = [d for d in sorted(dirs) if found.enters(d, include_hidden)]
+        dirs[:] = [d for d in sorted(dirs) if found.enters(d)]
         for name in sorted(files):
-            found.consider(Path(top, name), fmt_override, include_hidden)
+            found.consider(Path(top, name))
     found.taken.sort()
     return found
 
@@ -130,11 +159,11 @@ def nothing_to_read(spec: str, found: Walk) -> InputError:
         return InputError(f"{spec}: no input files found (check the path, glob or --exclude)")
     if not skipped:
         return InputError(f"{spec}: the directory holds no files (check the path)")
-    return InputError(f"{spec}: nothing to read: skipped {describe(skipped)}; {_fix(found, skipped)}")
+    return InputError(f"{spec}: nothing to read: skipped {describe(skipped)}; {_fix(skipped)}")
 
 
-def _fix(found: Walk, skipped: SkippedInputs) -> str:
-    if hint := text_hint([found]):
+def _fix(skipped: SkippedInputs) -> str:
+    if hint := skipped.text_hint(files_read=0):
         return hint
     if skipped.unknown_type:
         return FORMATS_FIX
@@ -175,27 +204,6 @@ def by_suffix(counts: dict[str, int], top: int = 4) -> str:
 
 def _n(n: int, one: str, many: str = "") -> str:
     return f"{n:,} {one if n == 1 else many or one + 's'}"
-
-
-def text_hint(walks: list[Walk]) -> str | None:
-    """The fix for skipped files that look like text: --format text, with --exclude for the
-    skipped suffixes that do not; None when no skipped suffix looks like text."""
-    counts: Counter[str] = sum((w.unknown for w in walks), Counter())
-    samples: dict[str, list[str]] = {}
-    for w in walks:
-        for suffix, paths in w.samples.items():
-            samples.setdefault(suffix, []).extend(paths)
-    ranked = [suffix for suffix, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    text = [suffix for suffix in ranked if looks_like_text(samples[suffix][:SNIFF_FILES])]
-    if not text:
-        return None
-    names = ["suffix-less" if suffix == NO_SUFFIX else suffix for suffix in text]
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3:,} more" if len(names) > 3 else "")
-    others = [suffix for suffix in ranked if suffix not in text and suffix != NO_SUFFIX]
-    exclude = "".join(f" --exclude '*{suffix}'" for suffix in others[:3])
-    rest = f" (and --exclude for {_n(len(others) - 3, 'more suffix', 'more suffixes')})" if len(others) > 3 else ""
-    return (f"the skipped {shown} files look like text: pass --format text{exclude}{rest} to read them (it reads "
-            "every file as text)")  # fmt: skip
 
 
 def looks_like_text(paths: list[str]) -> bool:
