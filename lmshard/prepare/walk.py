@@ -13,7 +13,7 @@ with --format) and leaves out, counting them:
   sniffed, and the suffixes whose files look like text are recorded: when such files are at
   least as many as the files read, the warning (or the error, when nothing is read) names
   --format text (`SkippedInputs.text_hint`).
-A file named on the command line is always read, hidden or not. Globs follow Python's `glob`:
+A file named on the command line is read, hidden or not (unless excluded). Globs follow `glob`:
 `*` matches no hidden name unless `include_hidden`.
 
 Memory model: the paths taken (the run needs them all) and a few sample paths per skipped
