@@ -91,7 +91,7 @@ def rewrite(args: list[str]) -> tuple[list[str], list[str]]:
         elif name in NO_OPS and value is None:
             notes.append(f"--{name}: {NO_OPS[name]}")
         else:
-            out.append(token)  # `--input` last stays, for click to say that it takes a value
+            out.append(token)  # (`--input` with nothing after it stays: `advice` answers it)
         i += 1
     return out, notes
 
@@ -134,14 +134,15 @@ def _tokenizer(args: list[str]) -> str:
     kind = (value_of(args, "tokenizer-type") or "").lower()
     names = ("tokenizer-model", "tokenizer-name-or-path", "tokenizer-name", "tokenizer-path", "tokenization")
     model = next(filter(None, (value_of(args, n) for n in names)), "")
-    files = value_of(args, "vocab-file") or value_of(args, "vocab") or ""
+    files = " ".join(filter(None, (value_of(args, n) for n in ("vocab-file", "vocab", "merge-file"))))
     one = "lmshard names the vocabulary with --tokenizer alone"
     if kind == "gpt2bpetokenizer" or (not kind and "gpt2" in files.lower()) or model in ("gpt2", "gpt-2"):
         return f"{one}; use --tokenizer gpt2"
     if model.endswith(".model") or (not model and ("sentencepiece" in kind or kind.startswith("llama"))):
         return ("lmshard reads no SentencePiece model file; use --tokenizer with the model's tokenizer.json, its "
                 "save_pretrained directory or its hub name (org/name)")  # fmt: skip
-    if model in TOKENIZER_NAMES or model.endswith((".json", ".tiktoken")) or "/" in model or Path(model).exists():
+    takes = model in TOKENIZER_NAMES or model.endswith((".json", ".tiktoken")) or "/" in model or Path(model).exists()
+    if model and takes:  # a value --tokenizer takes as it is
         return f"{one}; use --tokenizer {model}"
     return f"{one}: {_VOCABULARY}"
 

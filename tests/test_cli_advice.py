@@ -53,6 +53,8 @@ REFUSED = [
     (["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", "tok.model"],
      "reads no SentencePiece model file; use --tokenizer with the model's tokenizer.json"),
     (["--vocab-file", "gpt2-vocab.json", "--merge-file", "gpt2-merges.txt"], "use --tokenizer gpt2"),
+    (["--vocab-file", "mine/vocab.json", "--merge-file", "mine/merges.txt"],
+     "names the vocabulary with --tokenizer alone: gpt2, r50k_base"),
     (["--tokenization", "gpt2"], "use --tokenizer gpt2"),
     (["--tokenization", "bpe"], "names the vocabulary with --tokenizer alone: gpt2, r50k_base"),
     (["--data_name", "fineweb-edu"], "use --preset fineweb-edu"),
