@@ -248,11 +248,45 @@ def test_existing_out_is_refused_and_force_replaces_it_leaving_the_source_alone(
     assert (out / "keep.txt").read_text() == "mine" and not (out / "train.bin").exists()
     result = runner.invoke(app, ["export", str(root), "--to", "megatron", "--out", str(out), "--force"])
     assert result.exit_code == 0, result.output
-    assert not (out / "keep.txt").exists() and (out / "after_train_text_document.idx").is_file()
+    assert (out / "keep.txt").read_text() == "mine" and (out / "after_train_text_document.idx").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging or replaced directory left behind
     with pytest.raises(ConfigError, match="overlaps the input"):
         export_dataset(root, "nanogpt", root / "exported", force=True)
     assert _digests(root) == before
+
+
+def test_force_replaces_only_what_lmshard_wrote(datasets, tmp_path):
+    """export --force into a nanoGPT data folder keeps the user's prepare.py and readme.md and
+    replaces train.bin; a later export drops the files the earlier one listed (stale llm.c
+    shards); import --force over a dataset keeps the user's README.md, as prepare --overwrite."""
+    root = datasets["after"]
+    folder = tmp_path / "nanoGPT" / "data" / "mine"
+    write(folder / "prepare.py", "print('mine')\n")
+    write(folder / "readme.md", "notes\n")
+    write(folder / "train.bin", b"old tokens")
+    result = runner.invoke(app, ["export", str(root), "--to", "nanogpt", "--out", str(folder), "--force"])
+    assert result.exit_code == 0, result.output
+    assert (folder / "prepare.py").read_text() == "print('mine')\n" and (folder / "readme.md").read_text() == "notes\n"
+    assert (folder / "train.bin").read_bytes() != b"old tokens" and (folder / "val.bin").is_file()
+    llmc = tmp_path / "llmc"
+    export_dataset(root, "llmc", llmc, tokens_per_shard=2_000)
+    many = {p.name for p in llmc.glob("*.bin")}
+    write(llmc / "notes.txt", "mine")
+    export_dataset(root, "llmc", llmc, tokens_per_shard=200_000, force=True)
+    few = {p.name for p in llmc.glob("*.bin")}
+    listed = {f["path"] for f in json.loads((llmc / "lmshard_export.json").read_text())["files"]}
+    assert few == listed and len(few) < len(many)  # the earlier export's extra shards are gone, not carried
+    assert (llmc / "notes.txt").read_text() == "mine"
+    ds = tmp_path / "imported"
+    assert runner.invoke(app, ["import", str(folder), "--from", "nanogpt", "--out", str(ds), "--tokenizer", "gpt2"]
+                         ).exit_code == 0  # fmt: skip
+    write(ds / "README.md", "my dataset card")
+    write(ds / "train" / "NOTES", "mine too")
+    result = runner.invoke(app, ["import", str(folder), "--from", "nanogpt", "--out", str(ds), "--tokenizer", "gpt2",
+                                 "--force"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (ds / "README.md").read_text() == "my dataset card" and (ds / "train" / "NOTES").read_text() == "mine too"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_export_refuses_a_source_without_eot_at_a_boundary(datasets, tmp_path):

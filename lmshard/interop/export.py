@@ -37,10 +37,9 @@ from .layouts import (
     llmc_header,
     megatron_dtype,
 )
-from .output import TokenFile, staged_output
+from .output import PROVENANCE_FILE, TokenFile, staged_output
 from .source import Block, blocks, open_source
 
-PROVENANCE_FILE = "lmshard_export.json"
 INT32_MAX = (1 << 31) - 1
 
 

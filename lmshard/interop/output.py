@@ -5,12 +5,19 @@ and files written under a temporary name, fsynced and renamed.
 after the new one is complete, and deleted only after the new one has taken its place. A run
 that fails or is interrupted leaves DIR as it was (and removes its own partial directory).
 
+`force` replaces only what lmshard writes, as `prepare --overwrite` does: the files of the new
+output, the files an earlier export listed in its `lmshard_export.json`, and an lmshard
+dataset's own shards, index and metadata. Everything else in the old DIR (a nanoGPT folder's
+`prepare.py` and `readme.md`, a dataset's `README.md`) is hard-linked into the new one before
+the swap, so it is never deleted, whatever the moment of a kill.
+
 Memory model: nothing here holds data; `TokenFile` writes what it is given.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -20,6 +27,10 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import ConfigError
+from ..format import METADATA_FILE
+from ..prepare.staging import carry, user_entries
+
+PROVENANCE_FILE = "lmshard_export.json"  # an export's record of what it wrote (export.py)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -70,11 +81,25 @@ def _swap_in(staging: Path, target: Path) -> None:
         os.replace(staging, target)
         _fsync_dir(target.parent)
         return
+    for rel in users_files(target, staging):
+        carry(target / rel, staging / rel)
+    _fsync_dir(staging)
     retired = target.parent / f".{target.name}.lmshard-replaced-{os.getpid()}"
     os.replace(target, retired)
     os.replace(staging, target)
     _fsync_dir(target.parent)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def users_files(old: Path, new: Path) -> list[str]:
+    """What the old output holds that lmshard did not write and the new one does not replace
+    (paths relative to `old`)."""
+    if (old / METADATA_FILE).is_file():  # an lmshard dataset: prepare's own rule
+        return [rel for rel in user_entries(old) if not (new / rel).exists()]
+    ours = {PROVENANCE_FILE}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        ours |= {f["path"] for f in json.loads((old / PROVENANCE_FILE).read_text())["files"]}
+    return sorted(name for name in os.listdir(old) if name not in ours and not (new / name).exists())
 
 
 class TokenFile:

@@ -221,7 +221,7 @@ def commit(paths: OutputPaths) -> None:
     out, staging = paths.out, paths.staging
     kind, _ = kind_of_output(out)
     for rel in user_entries(out):  # the user's own files in the dataset move with it (hard links)
-        _carry(out / rel, staging / rel)
+        carry(out / rel, staging / rel)
     _fsync_dir(staging)
     if kind == "empty":
         out.rmdir()  # (a kill here: --out is missing and the build complete; --resume renames it)
@@ -254,7 +254,7 @@ def user_entries(out: Path) -> list[str]:
     return found
 
 
-def _carry(src: Path, dst: Path) -> None:
+def carry(src: Path, dst: Path) -> None:
     """`src` (a file, link or directory tree) hard-linked at `dst`, replacing what an earlier,
     interrupted attempt left there."""
     if dst.is_dir() and not dst.is_symlink():
