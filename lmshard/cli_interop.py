@@ -42,11 +42,20 @@ def export(
         "name; fineweb for modded-nanogpt).",
         show_default=False,
     ),
+    eod_id: int | None = typer.Option(
+        None,
+        "--eod-id",
+        metavar="ID",
+        help="megatron: the end-of-document id of the trainer's tokenizer, written at each document end "
+        "(default: the dataset's separator).",
+        show_default=False,
+    ),
 ) -> None:
     """Write a dataset in the format another trainer reads (docs/interop.md)."""
     from .interop import export_dataset
 
-    result = export_dataset(dataset, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard, name=name)
+    result = export_dataset(dataset, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard, name=name,
+                            eod_id=eod_id)  # fmt: skip
     n_tokens = sum(f["n_tokens"] for f in result.files)
     n_docs = sum(f["n_docs"] for f in result.files)
     render.out.print(
@@ -58,6 +67,10 @@ def export(
     for f in result.files:
         line = f"  {escape(f['path'])}  {f['split']}  {f['n_tokens']:,} tokens"
         render.out.print(line, highlight=False, soft_wrap=True)  # a long file name: the terminal wraps, not rich
+    if result.format in ("llmc", "modded-nanogpt"):  # their loaders assert B×T+1 tokens in every file
+        smallest = min(f["n_tokens"] for f in result.files)
+        render.out.print(f"the smallest file holds {smallest:,} tokens: train and evaluate with B×T of at most "
+                         f"{smallest - 1:,}", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def import_(

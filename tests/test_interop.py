@@ -30,6 +30,7 @@ from lmshard.errors import ConfigError
 from lmshard.format import load_metadata
 from lmshard.inspect.verify import verify_dataset
 from lmshard.interop import export_dataset, import_dataset
+from lmshard.interop.layouts import MEGATRON_HEADER
 from lmshard.prepare import PrepareConfig, prepare
 
 runner = CliRunner()
@@ -385,3 +386,63 @@ def test_bad_inputs_are_refused_in_one_line(datasets, big_ds, tmp_path):
                     "do not end with the EOT id 13")  # fmt: skip
     assert not (tmp_path / "back").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.fixture(scope="module")
+def qwen_like(tmp_path_factory):
+    """A dataset made with a Qwen-like vocabulary: eos_token <|im_end|> (a chat turn's end) in
+    its config, so lmshard separates documents with <|endoftext|>, and Megatron's tokenizer,
+    which ends documents with the configured eos_token, would not."""
+    from test_hf_tokenizer import small
+
+    tmp = tmp_path_factory.mktemp("qwen")
+    vocab = small(tmp / "tok", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).parent
+    write(vocab / "tokenizer_config.json", json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
+    src = write(tmp / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in _texts(40)))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp / "ds"), tokenizer=str(vocab), workers=1, val_fraction=0.0))
+    state = json.loads((tmp / "ds" / "tokenizer_state.json").read_text())
+    ids = state["special_tokens"]
+    assert state["eot_token"] == "<|endoftext|>" and state["config_eos_token"] == "<|im_end|>"
+    return tmp / "ds", ids["<|endoftext|>"], ids["<|im_end|>"]
+
+
+def _megatron_doc_ends(prefix: Path) -> np.ndarray:
+    """The last token of every sequence, read from the .idx and .bin as Megatron lays them out."""
+    data = prefix.with_suffix(".idx").read_bytes()
+    _, _, code, n, _ = MEGATRON_HEADER.unpack_from(data)
+    lengths = np.frombuffer(data, "<i4", n, MEGATRON_HEADER.size)
+    dtype = {4: np.int32, 8: np.uint16}.get(code, np.int32)
+    tokens = np.fromfile(prefix.with_suffix(".bin"), dtype=dtype)
+    return tokens[np.cumsum(lengths) - 1]
+
+
+def test_megatron_export_names_a_separator_its_tokenizer_does_not_end_documents_with(qwen_like, tmp_path):
+    ds, sep, eos = qwen_like
+    result = runner.invoke(app, ["export", str(ds), "--to", "megatron", "--out", str(tmp_path / "m")])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert f"ends each document with {sep}" in said and f"eos_token <|im_end|> ({eos})" in said, said
+    assert f"--eod-id {eos}" in said and f"--eod-id {sep}" in said and not (tmp_path / "m").exists()
+    for choice in (eos, sep):
+        out = tmp_path / f"m{choice}"
+        result = runner.invoke(app, ["export", str(ds), "--to", "megatron", "--out", str(out), "--eod-id", str(choice)])
+        assert result.exit_code == 0, result.output
+        ends = _megatron_doc_ends(out / "ds_train_text_document")
+        assert len(ends) == 40 and set(ends.tolist()) == {choice}
+    result = runner.invoke(app, ["export", str(ds), "--to", "modded-nanogpt", "--out", str(tmp_path / "mn")])
+    assert result.exit_code == 1 and "finds documents by the id 50256" in " ".join(result.output.split())
+
+
+def test_llmc_files_are_even_so_none_is_a_short_tail(datasets, tmp_path):
+    """llm.c asserts B·T+1 tokens in every file: a split's files are sized evenly (none a short
+    remainder), and the command names the smallest file's size."""
+    root = datasets["after"]
+    total = load_metadata(root).n_tokens("train")
+    per = total // 3 + 50  # greedy filling would leave a tail of ~total/3 - 150 tokens
+    result = runner.invoke(app, ["export", str(root), "--to", "llmc", "--out", str(tmp_path / "l"), "--split", "train",
+                                 "--tokens-per-shard", str(per)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    sizes = [int(np.fromfile(p, "<i4", 256)[2]) for p in sorted((tmp_path / "l").glob("*.bin"))]
+    assert len(sizes) == 3 and sum(sizes) == total and max(sizes) <= per and min(sizes) > total // 3 - 200
+    said = " ".join(result.output.split())
+    assert f"the smallest file holds {min(sizes):,} tokens" in said and "B×T" in said, said

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ConfigError
-from ..format import DatasetMeta
+from ..format import TOKENIZER_FILE, DatasetMeta
 from .layouts import (
     FORMATS,
     LLMC_MAX_TOKENS,
@@ -41,6 +41,7 @@ from .output import PROVENANCE_FILE, TokenFile, staged_output
 from .source import Block, blocks, open_source
 
 INT32_MAX = (1 << 31) - 1
+GPT2_EOT = 50256  # the id modded-nanogpt's train_gpt.py looks for at document starts
 
 
 @dataclass
@@ -61,18 +62,21 @@ class _Job:
     root: Path  # the staging directory
     name: str
     tokens_per_shard: int
+    eod_id: int | None = None  # Megatron: the id written at each document end, where it is not the separator
 
 
 def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, split: str = "all",
                    force: bool = False, tokens_per_shard: int = LLMC_TOKENS_PER_SHARD,
-                   name: str | None = None) -> ExportResult:  # fmt: skip
+                   name: str | None = None, eod_id: int | None = None) -> ExportResult:  # fmt: skip
     """Write `split` (train, val or all) of the dataset at `dataset` to `out` in format `to`.
 
         export_dataset("data/mycorpus", "nanogpt", "nanoGPT/data/mycorpus")
 
     `tokens_per_shard` sizes llm.c and modded-nanogpt files; `name` is their file-name (and
     Megatron's prefix) stem: by default the dataset directory's name (`fineweb` for
-    modded-nanogpt, whose train_gpt.py globs `fineweb_train_*.bin`)."""
+    modded-nanogpt, whose train_gpt.py globs `fineweb_train_*.bin`). `eod_id` (megatron): the
+    end-of-document id the trainer's tokenizer uses, written at each document end in place of
+    the dataset's separator where the two differ."""
     if to not in FORMATS:
         raise ConfigError(f"--to {to!r}: use one of {', '.join(FORMATS)}")
     if not 0 < tokens_per_shard <= LLMC_MAX_TOKENS:
@@ -81,10 +85,11 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
     if not splits:
         raise ConfigError(f"{dataset}: the dataset holds no documents; nothing to export")
     dtype, eot_position, write = _plan(to, meta)
+    eod_id = _megatron_eod(meta, eod_id) if to == "megatron" else None
     stem = name or ("fineweb" if to == "modded-nanogpt" else meta.root.resolve().name)
     result = ExportResult(Path(os.path.realpath(out)), to, dtype, eot_position)
     with staged_output(out, force, [meta.root]) as staging:
-        job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard)
+        job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard, eod_id=eod_id)
         result.files = write(job)
         _write_provenance(job, result)
     return result
@@ -103,6 +108,11 @@ def _plan(to: str, meta: DatasetMeta) -> tuple[str, str, Writer]:
     if to == "nanogpt":
         return "uint16", "after", _nanogpt
     if to == "modded-nanogpt":
+        if meta.tokenizer.eot_id != GPT2_EOT:
+            sep = meta.tokenizer.eot_id
+            raise ConfigError(f"--to modded-nanogpt: its train_gpt.py finds documents by the id {GPT2_EOT} (GPT-2's "
+                              f"<|endoftext|>), but this dataset separates them with {sep}; prepare with the "
+                              "gpt2 vocabulary and its default separator, or use --to llmc")  # fmt: skip
         return "uint16", "before", lambda job: _llmc_files(job, LLMC_V1)
     if to == "llmc":
         version = LLMC_V1 if n_vocab <= UINT16_IDS else LLMC_V7
@@ -142,15 +152,31 @@ class _LlmcShards:
         self.files: list[dict[str, Any]] = []
         self._out: TokenFile | None = None
         self._split, self._tokens, self._docs = "", 0, 0
+        self._total = self._n_files = self._index = self._done = 0
+
+    def start(self, split: str) -> None:
+        """Size this split's files evenly: as few as --tokens-per-shard allows (ceil(total / N)),
+        each cut at the last document end before its share of the split, so no file is a short
+        tail (llm.c's loader needs B·T+1 tokens in every file). A file can pass N by less than
+        one document."""
+        self._total = self.job.meta.n_tokens(split)
+        self._n_files = max(1, -(-self._total // self.job.tokens_per_shard))
+        self._index = self._done = 0
+
+    def _target(self) -> int:
+        """Where the open file ends, in tokens of the split."""
+        if self._index >= self._n_files - 1:
+            return self._total
+        return (self._index + 1) * self._total // self._n_files
 
     def add(self, split: str, block: Block) -> None:
         tokens, lengths = block.tokens, block.lengths
         self._split = split
         while len(lengths):
             ends = np.cumsum(lengths)
-            fit = int(np.searchsorted(ends, self.job.tokens_per_shard - self._tokens, side="right"))
+            fit = int(np.searchsorted(ends, self._target() - self._done, side="right"))
             if fit == 0 and self._tokens == 0:
-                fit = 1  # a document longer than a shard gets a shard of its own
+                fit = 1  # a document that passes its file's share gets a file of its own
                 if lengths[0] > LLMC_MAX_TOKENS:
                     raise ConfigError(f"a document of {int(lengths[0]):,} tokens does not fit an llm.c file "
                                       f"(at most {LLMC_MAX_TOKENS:,} tokens)")  # fmt: skip
@@ -162,7 +188,7 @@ class _LlmcShards:
                 path = self.job.root / f"{self.job.name}_{split}_{self.number:06d}.bin"
                 self._out = TokenFile(path, llmc_header(self.magic, self.version, 0))
             self._out.write(tokens[:cut].astype(self.dtype))
-            self._tokens, self._docs = self._tokens + cut, self._docs + fit
+            self._tokens, self._docs, self._done = self._tokens + cut, self._docs + fit, self._done + cut
             tokens, lengths = tokens[cut:], lengths[fit:]
             if len(lengths):
                 self.finish()
@@ -175,12 +201,14 @@ class _LlmcShards:
         self.files.append(_entry(path.name, self._split, self._tokens, self._docs))
         self._out, self._tokens, self._docs = None, 0, 0
         self.number += 1
+        self._index += 1
 
 
 def _llmc_files(job: _Job, version: tuple[int, int, np.dtype]) -> list[dict[str, Any]]:
     """llm.c / modded-nanogpt shards: 256-int32 header, then the tokens, EOT before each document."""
     shards = _LlmcShards(job, version)
     for split in sorted(job.splits, key=lambda s: s != "val"):  # val first: shard 000000, as llm.c numbers them
+        shards.start(split)
         for block in blocks(job.meta, split, "before"):
             shards.add(split, block)
         shards.finish()
@@ -208,7 +236,10 @@ def _megatron(job: _Job) -> list[dict[str, Any]]:
             starts = n_tokens + np.cumsum(block.lengths) - block.lengths  # in tokens
             index.write_at(lengths_at + 4 * done, block.lengths.astype("<i4"))
             index.write_at(pointers_at + 8 * done, (starts * dtype.itemsize).astype("<i8"))
-            tokens_out.write(block.tokens.astype(dtype))
+            tokens = block.tokens.astype(dtype)
+            if job.eod_id is not None:
+                tokens[np.cumsum(block.lengths) - 1] = job.eod_id  # each document's last token: its separator
+            tokens_out.write(tokens)
             done, n_tokens = done + len(block.lengths), n_tokens + len(block.tokens)
         assert done == n, (done, n)  # the metadata's count, checked against the shards' indexes
         step = 1 << 20  # document indices 0 .. n (document i is sequence i), 8 MiB at a time
@@ -220,12 +251,39 @@ def _megatron(job: _Job) -> list[dict[str, Any]]:
     return files
 
 
+def _megatron_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
+    """The id to write at document ends for Megatron, or None to keep the separator. Megatron's
+    Hugging Face tokenizer ends documents with the configured eos_token (Qwen's <|im_end|>, where
+    lmshard separates documents with <|endoftext|>): its end-of-document masking and position
+    resets would never see the dataset's boundaries, so a difference is refused unless
+    `eod_id` says which id to write."""
+    sep = meta.tokenizer.eot_id
+    if eod_id is not None:
+        if not 0 <= eod_id < meta.tokenizer.n_vocab:
+            raise ConfigError(f"--eod-id {eod_id}: not an id of the {meta.tokenizer.name} vocabulary "
+                              f"(0 .. {meta.tokenizer.n_vocab - 1})")  # fmt: skip
+        return None if eod_id == sep else eod_id
+    try:
+        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
+        eos = state.get("config_eos_token")
+        eos_id = state.get("special_tokens", {}).get(eos) if eos else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(eos_id, int) and eos_id != sep:
+        raise ConfigError(f"--to megatron: this dataset ends each document with {sep} ({state.get('eot_token')}), but "
+                          f"Megatron's tokenizer for {meta.tokenizer.name} ends documents with its eos_token {eos} "
+                          f"({eos_id}), so its end-of-document masking would never see a boundary; pass --eod-id "
+                          f"{eos_id} to write {eos} at each document end, or --eod-id {sep} to keep {sep}")  # fmt: skip
+    return None
+
+
 def _write_provenance(job: _Job, result: ExportResult) -> None:
     """lmshard_export.json: where the files came from and what they hold (no trainer reads it)."""
     header = {"nanogpt": None, "megatron": "MMIDIDX .idx, version 1"}.get(result.format, "llm.c 256 x int32")
     record = {"format": result.format, "source": str(job.meta.root.resolve()), "lmshard_version": __version__,
               "tokenizer": job.meta.tokenizer.to_json(), "token_dtype": result.token_dtype,
-              "eot_position": result.eot_position, "header": header, "files": result.files}  # fmt: skip
+              "eot_position": result.eot_position, "header": header, "files": result.files,
+              "eod_id": job.eod_id if job.eod_id is not None else job.meta.tokenizer.eot_id}  # fmt: skip
     out = TokenFile(job.root / PROVENANCE_FILE)
     out.write((json.dumps(record, indent=2) + "\n").encode())
     out.close()

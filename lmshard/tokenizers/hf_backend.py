@@ -187,6 +187,8 @@ class HFTokenizer(Tokenizer):
     def _choose_specials(self, config: dict[str, Any], separator: str | None) -> None:
         eot, self.eot_source = self._choose_eot(config, separator)
         self.eot_token, self.eot_id = eot, self._specials[eot]
+        eos = _token_text(config.get("eos_token"))  # what trainers that load this config (Megatron) end documents with
+        self.config_eos_token = eos if eos in self._specials else None
         template = _template_bos(self._json.get("post_processor"))
         if "bos_token" in config:  # the config decides, null included (Qwen has no BOS)
             bos = _token_text(config["bos_token"])
@@ -257,6 +259,7 @@ class HFTokenizer(Tokenizer):
             "eot_id": self.eot_id,
             "eot_token": self.eot_token,
             "eot_source": self.eot_source,
+            "config_eos_token": self.config_eos_token,
             "bos_id": self.bos_id,
             "bos_token": self.bos_token,
             "adds_bos": self.adds_bos,
