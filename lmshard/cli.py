@@ -267,7 +267,9 @@ def tokenizer_fetch(
         found = resolve(name)
         out.print(f"{name}: {found.tokenizer_json} ({found.kind})", highlight=False, soft_wrap=True)
         return
-    path = fetch(name, str(from_file) if from_file else None, log=lambda m: err.print(m, highlight=False))
+    # messages as they are: the terminal wraps them, and another program's error text is not markup
+    say = functools.partial(err.print, highlight=False, markup=False, soft_wrap=True)
+    path = fetch(name, str(from_file) if from_file else None, log=say)
     out.print(f"{name}: {path} (sha256 verified)", highlight=False, soft_wrap=True)
 
 

