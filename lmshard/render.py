@@ -65,7 +65,7 @@ def listed(parts: Sequence[str]) -> Items:
 
 def summary(meta: Any, where: str) -> None:
     """The table `prepare` prints at the end, and a line per drop reason naming its files."""
-    table = Table(title=f"lmshard dataset → {where}", show_header=False, title_justify="left")
+    table = Table(title=f"lmshard dataset → {escape(str(where))}", show_header=False, title_justify="left")
     table.add_column(style="bold", no_wrap=True)
     table.add_column(justify="right")
     tok = meta.tokenizer
@@ -128,7 +128,7 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
     """What `inspect` prints: the dataset table, length histogram, top tokens, samples, verdict."""
     meta = report.meta
     if meta is not None:
-        table = Table(title=f"lmshard dataset {report.root}", show_header=False, title_justify="left")
+        table = Table(title=f"lmshard dataset {escape(str(report.root))}", show_header=False, title_justify="left")
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
         tok = meta.tokenizer

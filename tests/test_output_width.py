@@ -154,3 +154,11 @@ def test_tokenizer_fetch_prints_an_error_text_as_it_is(tmp_path, monkeypatch):
     monkeypatch.setattr(vocabularies, "_from_package_index", no_index)
     done = CliRunner().invoke(app, ["tokenizer", "fetch", "gpt2"])
     assert done.exit_code == 1 and "unreachable ([ssl: certificate verify failed] (simulated)); trying" in done.output
+
+
+def test_a_path_with_brackets_is_shown_as_it_is(work):
+    """rich would read "[v1]" in a directory's name as markup and drop it."""
+    (work / "ds[v1]").symlink_to(work / "ds", target_is_directory=True)
+    assert "lmshard dataset ds[v1]" in lmshard("inspect", "ds[v1]", "--quick", cwd=work).stdout
+    (work / "one.txt").write_text("one small document\n")
+    assert "lmshard dataset → out[v1]" in lmshard("prepare", "one.txt", "--out", "out[v1]", cwd=work).stdout
