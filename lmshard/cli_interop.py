@@ -104,9 +104,11 @@ def import_(
 
     meta = import_dataset(src, from_, out, tokenizer=tokenizer, eot_id=eot_id, val=val, force=force,
                           tokens_per_shard=tokens_per_shard)  # fmt: skip
+    empty = meta.drops.get("empty", 0)
+    skipped = f", skipped {empty:,} empty document{'s' if empty != 1 else ''}" if empty else ""
     render.out.print(
         f"imported {meta.total_docs:,} documents, {meta.total_tokens:,} tokens "
-        f"(train {meta.n_docs('train'):,}, val {meta.n_docs('val'):,} documents) into {escape(str(out))}; "
+        f"(train {meta.n_docs('train'):,}, val {meta.n_docs('val'):,} documents){skipped} into {escape(str(out))}; "
         f"check it with `lmshard inspect {escape(str(out))}`",
         highlight=False,
         soft_wrap=True,

@@ -388,6 +388,38 @@ def test_bad_inputs_are_refused_in_one_line(datasets, big_ds, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def write_megatron(prefix: Path, docs: list[list[list[int]]]) -> None:
+    """A Megatron IndexedDataset as its builder writes it (uint16 tokens): each document a list
+    of sequences; preprocess_data.py gives an empty text no sequence at all."""
+    seqs = [np.array(seq, "<u2") for doc in docs for seq in doc]
+    lengths = np.array([len(s) for s in seqs], "<i4")
+    pointers = (np.concatenate([[0], np.cumsum(lengths)[:-1]]) * 2).astype("<i8")
+    doc_idx = np.concatenate([[0], np.cumsum([len(doc) for doc in docs])]).astype("<i8")
+    header = MEGATRON_HEADER.pack(b"MMIDIDX\x00\x00", 1, 8, len(seqs), len(doc_idx))
+    prefix.with_suffix(".idx").write_bytes(header + lengths.tobytes() + pointers.tobytes() + doc_idx.tobytes())
+    prefix.with_suffix(".bin").write_bytes(b"".join(s.tobytes() for s in seqs))
+
+
+def test_megatron_empty_documents_are_skipped_and_counted(tmp_path, monkeypatch):
+    """preprocess_data.py writes an empty text as a document of no sequence (a sequence of no
+    token is the same document): the import skips it and says how many it skipped."""
+    monkeypatch.setattr(importer, "BLOCK_TOKENS", 1)  # one document a block: some blocks hold only an empty one
+    e = GPT2_EOT
+    write_megatron(tmp_path / "t", [[[10, 11, e]], [], [[12], [13, e]], [[]], [[14, e]]])
+    write_megatron(tmp_path / "v", [[], [[15, e]]])
+    out = tmp_path / "back"
+    result = runner.invoke(app, ["import", str(tmp_path / "t"), "--from", "megatron", "--val", str(tmp_path / "v"),
+                                 "--out", str(out), "--tokenizer", "gpt2"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "imported 4 documents" in result.output and "skipped 3 empty documents" in result.output, result.output
+    assert [d.tolist() for d in read_docs(out, "train")] == [[10, 11, e], [12, 13, e], [14, e]]
+    assert [d.tolist() for d in read_docs(out, "val")] == [[15, e]]
+    meta = load_metadata(out)
+    assert meta.drops == {"empty": 3} and meta.records_read == 7
+    assert [(s.records, s.kept, s.dropped) for s in meta.sources] == [(5, 3, {"empty": 2}), (2, 1, {"empty": 1})]
+    assert verify_dataset(out).ok
+
+
 @pytest.fixture(scope="module")
 def qwen_like(tmp_path_factory):
     """A dataset made with a Qwen-like vocabulary: eos_token <|im_end|> (a chat turn's end) in

@@ -4,7 +4,8 @@ can train on it.
 
 Documents are recovered from the separators (nanoGPT: a document ends after each EOT id) or
 from Megatron's document index (each document must end with the EOD id, as `--append-eod`
-writes it). The shards are written by prepare's own `ShardWriter`, the metadata is the same
+writes it; an empty document, which Megatron's preprocess_data.py writes for an empty text, is
+skipped and counted as dropped "empty"). The shards are written by prepare's own `ShardWriter`, the metadata is the same
 `DatasetMeta` prepare writes, last, and the directory replaces `--out` only when complete.
 
 Memory model: one block of BLOCK_TOKENS input tokens and its uint32 copy, a document cut by a
@@ -73,12 +74,15 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         raise ConfigError(f"--eot-id {eot}: not an id of the {tok.name} vocabulary (0 .. {tok.n_vocab - 1})")
     with staged_output(out, force, [p for files in inputs.values() for p in files]) as staging:
         shards: list[ShardInfo] = []
+        empty: dict[str, int] = {}  # split -> empty documents skipped
         for split, files in inputs.items():
             reader = _nanogpt_blocks(files[0], eot) if fmt == "nanogpt" else _megatron_blocks(files[0], files[1])
-            shards += _write_split(staging, split, reader, files[0], (tok.n_vocab, eot), tokens_per_shard)
+            written, empty[split] = _write_split(staging, split, reader, files[0], (tok.n_vocab, eot),
+                                                 tokens_per_shard)  # fmt: skip
+            shards += written
         if not any(s.n_docs for s in shards if s.split == "train"):
             raise InputError(f"{src}: no documents to import into the train split")
-        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, tokens_per_shard, started)
+        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, empty, tokens_per_shard, started)
         state = tok.identity()
         state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
         if tok.vocab_bytes is not None:  # inspect decodes a Hugging Face dataset with its own copy
@@ -140,11 +144,9 @@ def _megatron_blocks(bin_path: Path, idx_path: Path) -> Iterator[Block]:
         last = min(max(last, first + 1), n_docs)
         ends = starts[first : last + 1] - starts[first]
         block = np.asarray(tokens[starts[first] : starts[last]])
-        if (lengths := np.diff(ends)).min() == 0:
-            raise InputError(f"{idx_path}: document {first + int(lengths.argmin())} is empty")
         if len(block) and (int(block.min()) < 0):
             raise InputError(f"{bin_path}: negative token id {int(block.min())}")
-        yield Block(block.astype(TOKEN_DTYPE), lengths)
+        yield Block(block.astype(TOKEN_DTYPE), np.diff(ends))  # empty documents (length 0) included
         first = last
 
 
@@ -175,12 +177,18 @@ def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarra
 
 
 def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, vocab: tuple[int, int],
-                 tokens_per_shard: int) -> list[ShardInfo]:  # fmt: skip
+                 tokens_per_shard: int) -> tuple[list[ShardInfo], int]:  # fmt: skip
     """Documents of one split through prepare's ShardWriter, held to the vocabulary (n_vocab,
-    eot): every id below n_vocab, the EOT id at the end of every document."""
-    (n_vocab, eot), writer = vocab, ShardWriter(root, split, tokens_per_shard)
+    eot): every id below n_vocab, the EOT id at the end of every document. Empty documents
+    (no tokens, not even the EOT id) are skipped; returns the shards and how many were skipped."""
+    (n_vocab, eot), writer, empty = vocab, ShardWriter(root, split, tokens_per_shard), 0
     try:
         for block in reader:
+            if not (kept := block.lengths > 0).all():
+                empty += int((~kept).sum())
+                block = Block(block.tokens, block.lengths[kept])
+            if not len(block.lengths):
+                continue
             if (top := int(block.tokens.max())) >= n_vocab:
                 raise InputError(f"{path}: token id {top} is outside the tokenizer's vocabulary ({n_vocab:,} ids); "
                                  "pass the --tokenizer the data was made with")  # fmt: skip
@@ -188,18 +196,20 @@ def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, vo
                 raise InputError(f"{path}: {missing} documents do not end with the EOT id {eot} (Megatron: prepare "
                                  "with --append-eod; or pass the separator the data uses with --eot-id)")  # fmt: skip
             writer.add(block.tokens, block.lengths)
-        return writer.close()
+        return writer.close(), empty
     except BaseException:
         writer.abort()
         raise
 
 
 def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, list[Path]], shards: list[ShardInfo],
-              tokens_per_shard: int, started: float) -> DatasetMeta:  # fmt: skip
+              empty: dict[str, int], tokens_per_shard: int, started: float) -> DatasetMeta:  # fmt: skip
     splits = {split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS}
     sources = tuple(SourceInfo(path=str(files[0]), format=fmt, bytes=sum(p.stat().st_size for p in files),
-                               records=splits[split].n_docs, kept=splits[split].n_docs)
+                               records=splits[split].n_docs + empty[split], kept=splits[split].n_docs,
+                               dropped={"empty": empty[split]} if empty[split] else {})
                     for split, files in inputs.items())  # fmt: skip
+    n_empty = sum(empty.values())
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
     return DatasetMeta(
@@ -207,7 +217,7 @@ def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, l
         tokenizer=TokenizerInfo(name=tok.name, backend=tok.backend, n_vocab=tok.n_vocab, eot_id=eot, bos_id=None,
                                 ranks_sha256=tok.vocab_sha256),
         splits=splits, total_tokens=n_tokens, total_docs=sum(s.n_docs for s in shards),
-        records_read=sum(s.n_docs for s in shards),
+        records_read=sum(s.n_docs for s in shards) + n_empty, drops={"empty": n_empty} if n_empty else {},
         dedup=DedupInfo(mode="none", key="", duplicates_removed=0, lines=False, lines_removed=0),
         sources=sources,
         config={"imported_from": fmt, "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
