@@ -122,7 +122,9 @@ def prepare(
     revision: str | None = _opt(HF, "REV", "Hub revision of --hf: branch, tag or commit.", "--revision"),
     hf_task: int | None = _opt(HF, "I", "This task's part of the --hf stream (from 0), of --hf-tasks.", "--hf-task"),
     hf_tasks: int | None = _opt(HF, "N", "Split the --hf stream into N disjoint parts. Default: 1.", "--hf-tasks"),
-    normalize: str | None = _opt(CLEAN, "FORM", "Unicode normalisation: nfc, nfkc, none. Default: nfc.", "--normalize"),
+    normalize: str | None = _opt(CLEAN, "FORM", "Unicode normalisation: nfc (canonical: the Kelvin sign becomes K), "
+                                 "nfkc (also compatibility forms: superscript 2 becomes 2), none. Default: nfc.",
+                                 "--normalize"),
     no_normalize: bool | None = _flag(
         CLEAN, "Keep text byte-exact (code): no normalisation or cleaning.", "--no-normalize"
     ),  # fmt: skip

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from pathlib import Path
 
 import numpy as np
+from conftest import read_docs, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from lmshard.cli import app
 from lmshard.prepare.clean import CleanConfig, _has_control, clean_text, length_filter
 from lmshard.prepare.dedup import KeySet, uniform_from_keys
 
@@ -75,6 +80,32 @@ def test_control_check_on_bytes_agrees_with_the_character_class_on_every_code_po
     assert found == expected
     assert not _has_control("\u00c2x\u00a0\u0100")  # C3 82, C2 A0, C4 80: no C2 80-9F
     assert clean_text("caf\u00e9\u0085\u0099 ok", CleanConfig()) == "caf\u00e9 ok"
+
+
+# docs/cli.md's account of --normalize: text -> what each form tokenizes
+NFC_CLAIMS = {"\u212a": "K", "\u2126": "\u03a9", "\u212b": "\u00c5", "e\u0301": "\u00e9", "\u037e": ";",
+              "\uf900": "\u8c48", "\u0958": "\u0915\u093c", "\ufb01": "\ufb01", "\u00b2": "\u00b2",
+              "\uff21": "\uff21"}  # fmt: skip
+NFKC_CLAIMS = {"10\u00b3": "103", "\ufb01": "fi"}
+
+
+def _prepared_texts(tmp_path: Path, reference, texts: list[str], *flags: str) -> list[str]:
+    """The texts as a prepare run with `flags` tokenized them, in input order."""
+    src = write(tmp_path / "in.jsonl", "".join(json.dumps({"text": f"[{t}]"}) + "\n" for t in texts))
+    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+    result = CliRunner().invoke(app, ["prepare", str(src), "--out", str(out), "--val-fraction", "0", *flags])
+    assert result.exit_code == 0, result.output
+    return [reference.decode(d[:-1].tolist())[1:-1] for d in read_docs(out, "train")]
+
+
+def test_normalisation_changes_exactly_what_docs_cli_md_says(tmp_path, reference):
+    """The default NFC is not lossless: a Kelvin sign is tokenized as "K"; compatibility forms
+    stay for NFC and fold under nfkc; --no-normalize keeps every code point."""
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text().split())
+    assert "default, lossless" not in doc and 'U+212A KELVIN SIGN → "K" U+004B' in doc and '"10³" → "103"' in doc
+    assert _prepared_texts(tmp_path, reference, list(NFC_CLAIMS)) == list(NFC_CLAIMS.values())
+    assert _prepared_texts(tmp_path, reference, list(NFKC_CLAIMS), "--normalize", "nfkc") == list(NFKC_CLAIMS.values())
+    assert _prepared_texts(tmp_path, reference, list(NFC_CLAIMS), "--no-normalize") == list(NFC_CLAIMS)
 
 
 def test_length_filter():

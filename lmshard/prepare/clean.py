@@ -5,8 +5,10 @@ Steps, in order, each skipped cheaply when the text does not need it:
   2. newlines: CRLF and lone CR become LF;
   3. control characters are removed: C0 except TAB and LF, DEL, and C1 (U+0080-U+009F),
      plus a leading byte-order mark;
-  4. Unicode normalisation: NFC by default (lossless), NFKC on request (lossy: "10³" → "103"),
-     or none.
+  4. Unicode normalisation: NFC by default, NFKC on request, or none. NFC keeps meaning, not
+     code points: it composes combining sequences, orders combining marks, and replaces
+     singletons (U+212A KELVIN SIGN → "K", U+2126 OHM SIGN → U+03A9); NFKC also folds
+     compatibility characters ("10³" → "103", "ﬁ" → "fi").
 `byte_exact=True` (CLI `--no-normalize`) skips 2-4 so code keeps every byte. Length filters
 count characters of the cleaned text; overlong documents are dropped or truncated.
 
