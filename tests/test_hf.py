@@ -78,6 +78,27 @@ def test_missing_field_is_named(local, tmp_path):
         prepare(PrepareConfig(hf=str(local / "saved"), text_field="body", out=str(tmp_path / "x"), workers=1))
 
 
+def test_a_split_a_single_saved_dataset_does_not_have_is_refused(local, tmp_path, rows):
+    """A save_to_disk Dataset (not a DatasetDict) holds one split, named or not: a --split it
+    does not have is refused in one line, not read as that split and recorded as the other."""
+    datasets.Dataset.from_dict({"text": rows[:5]}, split="test").save_to_disk(str(tmp_path / "test"))
+    cases = [(local / "saved", ["--split", "validation"], "no split 'validation' (it holds one unnamed split, "
+                                                           "read as train; drop --split)"),
+             (tmp_path / "test", [], "no split 'train' (its one split is 'test'; pass --split test)")]  # fmt: skip
+    for saved, flags, words in cases:
+        out = tmp_path / f"o_{saved.name}"
+        result = runner.invoke(app, ["prepare", "--hf", str(saved), "--out", str(out), "--workers", "1", *flags])
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert errors == [f"error: --hf {saved}: a single saved dataset, {words}"], result.output
+        assert not out.exists()
+    result = runner.invoke(app, ["prepare", "--hf", str(tmp_path / "test"), "--split", "test", "--out",
+                                 str(tmp_path / "ok"), "--workers", "1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "ok" / "dataset_metadata.json").read_text())
+    assert meta["sources"][0]["hf"]["split"] == "test" and meta["records_read"] == 5
+
+
 def test_hub_id_offline_fails_fast_and_clearly(tmp_path, monkeypatch, no_network):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = runner.invoke(app, ["prepare", "--preset", "fineweb-edu", "--out", str(tmp_path / "o"), "--max-docs", "5"])

@@ -171,11 +171,7 @@ def open_stream(spec: HFSpec) -> Any:
                 _offline_error(spec, why) if why else InputError(f"--hf {spec.dataset}: {str(e).splitlines()[0]}")
             ) from None
     elif kind == "saved":
-        data = ds_lib.load_from_disk(spec.dataset)
-        if isinstance(data, ds_lib.DatasetDict):
-            if spec.split not in data:
-                raise InputError(f"--hf {spec.dataset}: no split {spec.split!r} (splits: {', '.join(data)})")
-            data = data[spec.split]
+        data = _saved_split(ds_lib.load_from_disk(spec.dataset), ds_lib, spec)
         if spec.streaming:
             data = data.to_iterable_dataset()
     else:
@@ -196,6 +192,24 @@ def open_stream(spec: HFSpec) -> Any:
 
         data = split_dataset_by_node(data, rank=spec.task, world_size=spec.tasks)
     return data
+
+
+def _saved_split(data: Any, ds_lib: Any, spec: HFSpec) -> Any:
+    """The split --split names of a `save_to_disk` dataset. A DatasetDict has named splits; a
+    single Dataset holds one, whose name `load_dataset` recorded (a slice such as
+    `train[:10%]` answers to `train`) or none (`Dataset.from_dict`: it answers to the
+    default, train). Any other --split is refused: it would be read as this split anyway and
+    recorded in the metadata as the one asked for."""
+    if isinstance(data, ds_lib.DatasetDict):
+        if spec.split not in data:
+            raise InputError(f"--hf {spec.dataset}: no split {spec.split!r} (splits: {', '.join(data)})")
+        return data[spec.split]
+    own = None if data.split is None else str(data.split)
+    if spec.split in (own, (own or "train").split("[")[0]):
+        return data
+    has = f"its one split is {own!r}; pass --split {own.split('[')[0]}" if own else (
+        "it holds one unnamed split, read as train; drop --split")  # fmt: skip
+    raise InputError(f"--hf {spec.dataset}: a single saved dataset, no split {spec.split!r} ({has})")
 
 
 def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
