@@ -193,7 +193,7 @@ def prepare(
     ),  # fmt: skip
     allow_empty: bool | None = _flag(OUTPUT, "Succeed even when no document is kept.", "--allow-empty"),
     workers: int | None = _opt(
-        EXECUTION, "N", "Worker processes (0: one per core). Default: one per core.", "--workers"
+        EXECUTION, "N", "Worker processes (0: one per core). Default: one per core this job may use.", "--workers"
     ),  # fmt: skip
     num_tasks: int | None = _opt(
         EXECUTION, "N", "Plan the run as N tasks (scale-out: docs/scaling.md).", "--num-tasks"
@@ -230,7 +230,8 @@ def prepare(
 
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
     if workers == 0 and not cfg.quiet:  # documented, but 0 means "in this process" to a torch DataLoader
-        print(f"note: --workers 0 means one worker process per core: {cfg.n_workers()} here", file=sys.stderr)
+        print(f"note: --workers 0 means one worker process per core this job may use: {cfg.n_workers()} here",
+              file=sys.stderr)  # fmt: skip
     log = RunLog(cfg)
     log.start()
     n_tasks = cfg.num_tasks

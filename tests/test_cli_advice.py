@@ -219,10 +219,28 @@ def test_packing_0_names_the_option(planned):
         assert code == 1 and words in said and "seq_len" not in said and "world_size" not in said, said
 
 
+def test_the_default_worker_count_is_what_the_scheduler_granted(monkeypatch):
+    """Not the node's cores: SLURM_CPUS_PER_TASK where a Slurm task has it, else the CPU affinity
+    (taskset, a cgroup cpuset), checked in a process pinned to one core."""
+    import subprocess
+    import sys
+
+    from lmshard.prepare import PrepareConfig
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    assert PrepareConfig(inputs=["x"], out="o").n_workers() == 3
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    code = "from lmshard.prepare import PrepareConfig; print(PrepareConfig(inputs=['x'], out='o').n_workers())"
+    pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))  # fmt: skip
+    assert pinned.stdout.strip() == "1"
+
+
 def test_workers_0_says_what_it_means(tmp_path, text):
     code, said = _invoke(["prepare", str(text), "--out", str(tmp_path / "o"), "--workers", "0"])
     assert code == 0, said
-    assert f"note: --workers 0 means one worker process per core: {os.cpu_count()} here" in said
+    cores = len(os.sched_getaffinity(0))
+    assert f"note: --workers 0 means one worker process per core this job may use: {cores} here" in said
     code, usage = _invoke(["prepare", "-h"])
     assert re.search(r"Worker processes \(0: one per core\)", usage), usage
 

@@ -66,7 +66,7 @@ class PrepareConfig:
     eot_position: str = "after"
     max_docs: int | None = None
     on_error: str = "fail"
-    workers: int = 0  # 0: one per core
+    workers: int = 0  # 0: one per core this process may use (available_cpus)
     overwrite: bool = False  # replace a complete dataset in --out (swapped in only when the new one is complete)
     resume: bool = False  # continue an interrupted run of the same configuration
     append: bool = False  # add the inputs' documents to the dataset in --out
@@ -160,7 +160,7 @@ class PrepareConfig:
                       task=self.hf_task, tasks=self.hf_tasks)  # fmt: skip
 
     def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or available_cpus()
 
     def recorded(self) -> dict[str, Any]:
         """The config as stored in metadata: what determines the output bytes (not where it
@@ -318,3 +318,16 @@ def _number(value: Any) -> int | float | None:
 
 def _bad(key: str, value: Any, expected: str, where: str) -> Any:
     raise ConfigError(f"{where} {key!r} must be {expected} (got {value!r})")
+
+
+def available_cpus() -> int:
+    """The cores this process may use: what the scheduler granted (`SLURM_CPUS_PER_TASK`), else its
+    CPU affinity (taskset, a cgroup cpuset, a container), else the machine's count. A task given
+    4 cores of a 128-core node starts 4 workers, not 128."""
+    granted = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if granted.isdigit() and int(granted) > 0:
+        return int(granted)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (macOS)
+        return os.cpu_count() or 1
