@@ -44,13 +44,12 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
         from .prepare import slurm
 
         jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
-        scripts = jobs["scripts"]
         show.print(f"submitted {n_tasks} tokenize tasks (job {', '.join(jobs['tokenize'])}), {n_tasks} dedup "
                          f"tasks (job {', '.join(jobs['dedup'])}) and the merge (job {jobs['merge']}); follow with: "
                          f"lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
-        again = f"sbatch --array=I {scripts['tokenize']}; sbatch {scripts['dedup']}; sbatch {scripts['merge']}"
+        again = "; ".join(jobs["resubmit"])
         show.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
-                         f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
+                   f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
         return None
     if executor == "none":
         units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")

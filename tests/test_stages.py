@@ -210,3 +210,26 @@ def test_a_task_killed_midway_is_named_by_status_and_its_rerun_completes(tmp_pat
     assert "1 of 2" not in run("status", "dist").stdout
     assert run("run-task", "--stage", "merge", "dist").returncode == 0
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_the_printed_slurm_resubmit_commands_cover_every_bucket():
+    """The dedup stage is an array over every bucket (a bare `sbatch dedup.sbatch` ran bucket 0
+    only), within MaxArraySize, with the task number passed as the scripts read it."""
+    from pathlib import Path
+
+    from lmshard.prepare.slurm import resubmit_commands
+
+    scripts = {s: Path(f"/w/slurm/{s}.sbatch") for s in ("tokenize", "dedup", "merge")}
+    assert resubmit_commands(scripts, 5, 3) == [
+        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I /w/slurm/tokenize.sbatch",
+        "sbatch --array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=0 /w/slurm/dedup.sbatch",
+        "sbatch --array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=2 /w/slurm/dedup.sbatch",
+        "sbatch --array=0-0 --export=ALL,LMSHARD_TASK_OFFSET=4 /w/slurm/dedup.sbatch",
+        "sbatch /w/slurm/merge.sbatch",
+    ]
+    tasks = set()
+    for line in resubmit_commands(scripts, 7, 1001)[1:-1]:  # each bucket once: offset + array index
+        first = int(line.split("OFFSET=")[1].split()[0])
+        last = int(line.split("--array=0-")[1].split()[0])
+        tasks |= {first + i for i in range(last + 1)}
+    assert tasks == set(range(7))

@@ -70,6 +70,17 @@ def write_scripts(out: str) -> tuple[Path, Path, Path]:
     return scripts[0], scripts[1], scripts[2]
 
 
+def resubmit_commands(scripts: dict[str, Path], n_tasks: int, array_max: int) -> list[str]:
+    """What re-runs a failed tokenize task I, then every dedup bucket, then the merge: the array
+    index of a job is 0-based and limited by MaxArraySize, so the task number travels as
+    LMSHARD_TASK_OFFSET, as in `submit`."""
+    chunk = max(1, array_max - 1)
+    dedup = [f"sbatch --array=0-{min(chunk, n_tasks - first) - 1} --export=ALL,LMSHARD_TASK_OFFSET={first} "
+             f"{scripts['dedup']}" for first in range(0, n_tasks, chunk)]  # fmt: skip
+    return [f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I {scripts['tokenize']}", *dedup,
+            f"sbatch {scripts['merge']}"]  # fmt: skip
+
+
 def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
     """Submit the tokenize arrays and the merge; returns their job ids and the scripts."""
     tokenize, dedup, merge = write_scripts(out)
@@ -88,5 +99,6 @@ def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
     tokenize_jobs = arrays(tokenize, [])
     dedup_jobs = arrays(dedup, tokenize_jobs)
     merge_job = _sbatch([f"--dependency=afterok:{':'.join(dedup_jobs)}", "--kill-on-invalid-dep=yes", *extra], merge)
-    return {"tokenize": tokenize_jobs, "dedup": dedup_jobs, "merge": merge_job,
-            "scripts": {"tokenize": tokenize, "dedup": dedup, "merge": merge}}  # fmt: skip
+    scripts = {"tokenize": tokenize, "dedup": dedup, "merge": merge}
+    return {"tokenize": tokenize_jobs, "dedup": dedup_jobs, "merge": merge_job, "scripts": scripts,
+            "resubmit": resubmit_commands(scripts, n_tasks, chunk + 1)}  # fmt: skip
