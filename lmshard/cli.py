@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from . import __version__, render
 from .cli_interop import register as register_interop
 from .cli_prepare import EPILOG, ForeignSpellings, normalize_token, prepare
 from .cli_scale import register as register_scale
-from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ConfigError, LmshardError
+from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, ConfigError, LmshardError
 from .inspect import audit
 from .inspect.verify import report_json, verify_dataset
 
@@ -41,8 +42,9 @@ _state = {"verbose": False}
 
 
 def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
-    """Turn library errors into one line on stderr and `exit_code`; Ctrl-C into EXIT_INTERRUPTED.
-    An OSError (a disk, a permission) or EOFError that escaped the library is one line too: click
+    """Turn library errors into one line on stderr and `exit_code`; Ctrl-C into EXIT_INTERRUPTED
+    and SIGTERM into EXIT_TERMINATED (prepare raises SIGTERM as a KeyboardInterrupt). An
+    OSError (a disk, a permission) or EOFError that escaped the library is one line too: click
     would print a traceback for the first and a bare "Aborted." for the second."""
 
     def wrap(fn: F) -> F:
@@ -56,14 +58,16 @@ def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
                 err.print(f"[bold red]error:[/] {escape(_message(e))}", highlight=False, soft_wrap=True)
                 raise typer.Exit(exit_code) from None
             except KeyboardInterrupt as e:
-                # prepare raises a KeyboardInterrupt that says what it kept (see prepare/staging.py)
-                kept = getattr(e, "kept", None)
+                # prepare raises a KeyboardInterrupt that says what it kept (see prepare/staging.py),
+                # and which signal stopped it: Ctrl-C, or SIGTERM (a scheduler's stop)
+                kept, signum = getattr(e, "kept", None), getattr(e, "signum", signal.SIGINT)
+                what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
                 if kept:
-                    err.print(f"[bold red]interrupted[/]: {escape(kept)}; continue with:", highlight=False)
+                    err.print(f"[bold red]{what}[/]: {escape(kept)}; continue with:", highlight=False)
                     err.print(escape(_resume_command()), highlight=False, soft_wrap=True)
                 else:
-                    err.print("[bold red]interrupted[/]: nothing was left that looks complete")
-                raise typer.Exit(EXIT_INTERRUPTED) from None
+                    err.print(f"[bold red]{what}[/]: nothing was left that looks complete")
+                raise typer.Exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED) from None
 
         return inner  # type: ignore[return-value]
 

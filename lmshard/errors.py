@@ -12,6 +12,7 @@ EXIT_ERROR = 1  # a failed run: bad input, a bad option value, a missing file or
 EXIT_USAGE = 2  # a malformed command line (unknown option, missing argument), as click reports it
 EXIT_CORRUPT = 3  # `lmshard inspect`: the dataset fails verification
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), a scheduler's stop (Slurm's scancel, a time limit)
 
 
 def warn(message: str) -> None:

@@ -27,6 +27,7 @@ from lmshard.errors import ConfigError, InputError, LmshardError
 from lmshard.format import METADATA_FILE
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare import staging as staging_mod
+from lmshard.prepare.build import StopOnSignal, Stopped
 from lmshard.prepare.staging import OutputPaths, read_run, recover
 from lmshard.prepare.writer import ShardWriter
 
@@ -201,6 +202,45 @@ def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, proce
     code, err = finish(start_prepare(command.split()[2:]), 120)
     assert code == 0, err
     assert_identical(reference, out)
+
+
+def test_sigterm_to_the_whole_group_stops_as_ctrl_c_does(tmp_path, monkeypatch, process_items, inputs, reference):
+    """Slurm's scancel and its time limit send SIGTERM to every process of the job: the run saves
+    a checkpoint at the next work item, prints the resume command and exits 143 (128 + 15); the
+    workers end quietly with it, and --resume ends byte-identical."""
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only the signal checkpoints
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    stop_at(monkeypatch, "item:5")
+    proc = start_prepare(cli(out, inputs[0]))
+    held(proc)
+    workers = workers_of(proc.pid)
+    assert len(workers) == 2
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    signal_stopped(proc.pid, signal.SIGTERM)  # to the whole process group, workers included
+    code, err = finish(proc, 60)
+    assert code == 143 and "Traceback" not in err and "worker process" not in err, err
+    assert "terminated (SIGTERM)" in err and "saved in" in err, err
+    command = err.strip().splitlines()[-1]
+    assert command.startswith("lmshard prepare ") and command.endswith("--resume")
+    assert wait_gone(workers, 30) == []
+    checkpoint = json.loads((staging / "_PREPARE_IN_PROGRESS").read_text())["checkpoint"]
+    assert checkpoint["items_done"] > 0, "SIGTERM wrote a checkpoint of the work done"
+    code, err = finish(start_prepare(command.split()[2:]), 120)
+    assert code == 0, err
+    assert_identical(reference, out)
+
+
+def test_a_second_stop_signal_stops_at_once():
+    """The first SIGTERM (or Ctrl-C) asks the build to stop at its next work item; a second one
+    stops it where it is, saying which signal (for the exit status), as a second Ctrl-C does."""
+    before = signal.getsignal(signal.SIGTERM)
+    with StopOnSignal() as stop, pytest.raises(Stopped) as raised:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before os.kill returns
+        assert stop.asked and stop.signum == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert raised.value.signum == signal.SIGTERM and isinstance(raised.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_full_disk_keeps_the_work_and_resume_finishes(tmp_path, monkeypatch, many_items, inputs, reference):

@@ -17,11 +17,13 @@ files in 8 MiB pieces; the totals (one small counter per input file); the writer
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -34,6 +36,7 @@ from ..errors import InputError
 from ..format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from .config import PrepareConfig
 from .dedup import KeySet
+from .pool import STOP_SIGNALS
 from .writer import ShardWriter, close_quietly
 
 KEY_DTYPE = np.dtype("<u8")
@@ -228,28 +231,63 @@ def check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards:
                          f"{config.val_fraction}); lower --val-fraction, add input, or pass --allow-empty")  # fmt: skip
 
 
-class StopOnCtrlC:
-    """While active (in the main thread), the first Ctrl-C only sets `asked`, so the run can stop
-    at the next work item with a checkpoint; a second one interrupts at once."""
+class Stopped(KeyboardInterrupt):
+    """A stop signal that ends the run where it is: a second one during the build, or SIGTERM
+    outside it. `signum` says which (the exit status is 128 + signum, as shells report it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopOnSignal:
+    """While active (in the main thread), the first Ctrl-C or SIGTERM only sets `signum`, so the
+    run can stop at the next work item with a checkpoint; a second one stops it at once."""
 
     def __init__(self) -> None:
-        self.asked = False
-        self._old: Any = None
+        self.signum = 0
+        self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> StopOnCtrlC:
-        # Not where SIGINT is ignored: a job started in the background (or under a scheduler
+    @property
+    def asked(self) -> bool:
+        return self.signum != 0
+
+    def __enter__(self) -> StopOnSignal:
+        # Not where a signal is ignored: a job started in the background (or under a scheduler
         # that ignores it) must keep ignoring the terminal's Ctrl-C, as it did before.
-        main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            self._old = signal.signal(signal.SIGINT, self._handle)
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.asked:
-            raise KeyboardInterrupt
-        self.asked = True
+        if self.signum:
+            raise Stopped(signum)
+        self.signum = signum
 
     def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
+        for sig, old in self._old.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
+        self._old = {}
+
+
+@contextlib.contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises `Stopped` wherever the run is, as Ctrl-C raises KeyboardInterrupt, so it
+    ends the same way (in the main thread, where SIGTERM has its default action only: an
+    ignored one stays ignored, a caller's own handler stays in charge)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)

@@ -47,7 +47,7 @@ from ..format import (
     load_metadata,
 )
 from ..tokenizers import Tokenizer, load_tokenizer
-from .build import CHECKPOINT_SECONDS, Build, StopOnCtrlC, Totals, check_not_empty
+from .build import CHECKPOINT_SECONDS, Build, StopOnSignal, Totals, check_not_empty, sigterm_stops
 from .claim import Claim, bos_written, claim_output
 from .config import PrepareConfig
 from .dedup import uniform_from_keys
@@ -91,7 +91,14 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
             results: Results | None = None) -> DatasetMeta:  # fmt: skip
     """Run a prepare job and return the metadata it wrote (see staging.py for how `--out` is
     claimed, built beside, resumed and swapped). `results`: where the item results come from
-    (default: tokenized here, `feed.item_results`; a scale-out merge reads the tasks' instead)."""
+    (default: tokenized here, `feed.item_results`; a scale-out merge reads the tasks' instead).
+    SIGTERM ends it as Ctrl-C does (in the main thread, where SIGTERM has its default action)."""
+    with sigterm_stops():
+        return _prepare(config, on_progress, results)
+
+
+def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None,
+             results: Results | None) -> DatasetMeta:  # fmt: skip
     started = time.time()
     paths = OutputPaths.of(config.out)
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
@@ -149,7 +156,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         build.note = build.resume_note(claim.checkpoint)
     if tokenizer.vocab_bytes is not None:  # inspect decodes with the dataset's own copy: the bytes hashed
         atomic_write_bytes(staging / VOCAB_COPY, tokenizer.vocab_bytes)
-    interrupt = StopOnCtrlC()
+    interrupt = StopOnSignal()
     kept = f"the work done so far is kept in {staging}"
     try:
         with interrupt:
@@ -166,9 +173,9 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
     except Interrupted:
         build.abort()
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # a second Ctrl-C or SIGTERM, or one outside the build loop
         build.abort()
-        raise Interrupted(f"{kept} (up to its last checkpoint)") from None
+        raise Interrupted(f"{kept} (up to its last checkpoint)", getattr(e, "signum", 2)) from None
     except (WorkerDied, OSError, MemoryError) as e:  # the machine failed, not the input: keep the work
         build.abort()
         what = os_error(e, paths.out) if isinstance(e, OSError) else e
@@ -208,13 +215,13 @@ def _run(
     tokenizer: Tokenizer,
     build: Build,
     on_progress: Callable[[Progress], None] | None,
-    interrupt: StopOnCtrlC,
+    interrupt: StopOnSignal,
     save: Callable[[], None],
     early: OrderedPool[WorkItem, Any] | None = None,
     results: Results | None = None,
 ) -> Totals:
     """Stream the work items' results into the build: dedup, split, write; checkpoint every
-    CHECKPOINT_SECONDS and when Ctrl-C asks to stop."""
+    CHECKPOINT_SECONDS and when Ctrl-C or SIGTERM asks to stop."""
     totals, seen, writers = build.totals, build.seen, build.writers
     bos = bos_written(config, tokenizer)
     progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources), docs=totals.docs_kept,
@@ -250,7 +257,8 @@ def _run(
             break
         if interrupt.asked:
             save()
-            raise Interrupted(f"stopped after {build.items_done:,} work items; the work done is saved in {build.root}")
+            raise Interrupted(f"stopped after {build.items_done:,} work items; the work done is saved in {build.root}",
+                              interrupt.signum)  # fmt: skip
         if time.monotonic() - last_save >= CHECKPOINT_SECONDS:
             save()
             last_save = time.monotonic()

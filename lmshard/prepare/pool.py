@@ -55,6 +55,9 @@ INIT = -3  # the seq of the initializer sent to a pool started without one
 PIPE_BYTES = 4 << 20  # capacity asked for each pipe (see `_widen`)
 PER_WORKER = 2  # tasks queued in one worker: one running, one ready to start without a round trip
 JOIN_SECONDS = 5.0  # how long an orderly shutdown waits for a worker before killing it
+# Ctrl-C, and SIGTERM: how a scheduler stops a job (Slurm's scancel and its time limit send it to
+# every process of the job). Workers ignore both; the parent stops them (build.StopOnSignal).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class WorkerDied(LmshardError):
@@ -120,7 +123,7 @@ class OrderedPool(Generic[T, R]):
                 others = (*self._tasks, *self._results, task_w, result_r) if start == "fork" else ()
                 proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg, others),
                                    daemon=True)  # fmt: skip
-                with _sigint_ignored():  # the child starts ignoring Ctrl-C: it is the parent's to handle
+                with _stop_signals_ignored():  # the child starts ignoring them: they are the parent's to handle
                     proc.start()
                 # Drop our copies of the worker's ends: the worker's death must read as end-of-file here.
                 task_r.close()
@@ -282,18 +285,20 @@ class OrderedPool(Generic[T, R]):
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored around a process start, so the child inherits "ignored" through exec and
-    cannot die of a Ctrl-C while it imports, before `_worker_main` runs. The parent's own handler
-    comes back at once (in the main thread only, where handlers live)."""
+def _stop_signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored around a process start, so the child inherits "ignored"
+    through fork and exec and cannot die of a Ctrl-C, or of a scheduler's SIGTERM to the whole
+    process group, while it imports, before `_worker_main` runs. The parent's own handlers come
+    back at once (in the main thread only, where handlers live)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _widen(*conns: Connection) -> None:
@@ -329,7 +334,8 @@ def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[
                  others: tuple[Connection, ...] = ()) -> None:  # fmt: skip
     """A worker's whole life: start the task reader, initialise (with what the first message
     brings, when the pool was started without an initializer), then answer tasks in order."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM are the parent's to handle: it stops us
+        signal.signal(sig, signal.SIG_IGN)
     for conn in others:
         conn.close()
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -45,12 +45,13 @@ _OURS = {METADATA_FILE, TOKENIZER_FILE, IN_PROGRESS_FILE, "dedup", *SPLITS}  # w
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during prepare, after the work so far was saved: `kept` says where (the CLI adds
-    the exact command that resumes)."""
+    """Ctrl-C (or SIGTERM: `signum`) during prepare, after the work so far was saved: `kept`
+    says where (the CLI adds the exact command that resumes)."""
 
-    def __init__(self, kept: str) -> None:
+    def __init__(self, kept: str, signum: int = 2) -> None:  # 2: SIGINT
         super().__init__(kept)
         self.kept = kept
+        self.signum = signum
 
 
 @dataclass(frozen=True)
