@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -417,6 +418,51 @@ def test_overwrite_without_exchange_uses_two_renames(tmp_path, monkeypatch, inpu
     out = tmp_path / "ds"
     run(out, inputs[0][:1])
     run(out, inputs[0], overwrite=True)
+    assert_identical(reference, out)
+    assert leftovers(out) == []
+
+
+# `lmshard prepare` with the atomic exchange unavailable (as on filesystems without renameat2):
+# the swap is two renames
+WITHOUT_EXCHANGE = ("import sys; import lmshard.prepare.staging as s; s._exchange = lambda a, b: False; "
+                    "from lmshard.__main__ import main; main()")  # fmt: skip
+
+
+def _start_without_exchange(args: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", WITHOUT_EXCHANGE, "prepare", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("exchange", "at"), [(True, 1), (True, 2), (False, 1), (False, 2), (False, 3)])
+def test_kill_9_at_the_final_swap_then_the_next_run_finishes_it(tmp_path, monkeypatch, inputs, reference, exchange,
+                                                                 at):  # fmt: skip
+    """kill -9 of an --overwrite run at each step of its swap (stops.py: `swap`): the old dataset
+    or the new one is whole at every moment, and the same command with --resume finishes the
+    swap, leaving the new dataset byte-identical and nothing beside it."""
+    out = tmp_path / "ds"
+    paths = OutputPaths.of(str(out))
+    small = tmp_path / "small.jsonl"
+    corpus(small, 300, 5)
+    run(out, [small])
+    old = snapshot(out)
+    stop_at(monkeypatch, f"swap:{at}")
+    args = cli(out, inputs[0], "--overwrite")
+    proc = start_prepare(args) if exchange else _start_without_exchange(args)
+    held(proc)
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    kill_group(proc.pid)
+    proc.communicate()
+    if out.exists():  # the new dataset in place (its run record is left for the next run to remove)
+        assert (out / METADATA_FILE).exists() and snapshot(out) != old
+        old_at = paths.staging if exchange and at == 1 else paths.retired if not exchange and at == 2 else None
+    else:  # cut between the two renames: the new build complete, the old dataset retired
+        assert (paths.staging / METADATA_FILE).exists()
+        old_at = paths.retired
+    if old_at is not None:
+        assert snapshot(old_at) == old, "the old dataset is whole until the new one has taken its place"
+    code, err = finish(start_prepare([*args, "--resume"]), 120)
+    assert code == 0 and "Traceback" not in err, err
     assert_identical(reference, out)
     assert leftovers(out) == []
 

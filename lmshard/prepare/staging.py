@@ -38,6 +38,7 @@ from typing import Any
 
 from ..errors import ConfigError, LmshardError
 from ..format import IN_PROGRESS_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE
+from .stops import stop_point
 
 RUN_FILE = IN_PROGRESS_FILE  # inside the build: fingerprint + checkpoint (JSON)
 RUN_VERSION = 1
@@ -229,11 +230,15 @@ def commit(paths: OutputPaths) -> None:
     if kind in ("missing", "empty"):
         os.rename(staging, out)
     elif _exchange(staging, out):
+        stop_point("swap")  # the new dataset at --out, the old one under the build's name
         os.rename(staging, paths.trash())
     else:
         os.rename(out, paths.retired)
+        stop_point("swap")  # between the two renames: --out missing, recover() finishes the swap
         os.rename(staging, out)
+        stop_point("swap")
         os.rename(paths.retired, paths.trash())
+    stop_point("swap")  # swapped; the build's run record and the trash are still there
     _fsync_dir(out.parent)
     (out / RUN_FILE).unlink(missing_ok=True)
     _fsync_dir(out)

@@ -14,6 +14,11 @@ The points:
   before sending the result back;
 - `unit`: a planned run's process (a local worker or `run-task`) wrote its Nth unit's results and
   marker, before reporting it.
+- `swap`: the main process passed a step of the final swap (staging.commit). With the atomic
+  exchange (`--overwrite`, `--append`): 1 after the exchange (the old dataset under the build's
+  name), 2 after the old one was renamed to the trash. With two renames (no exchange): 1 between
+  them (`--out` missing), 2 after the second, 3 after the trash rename. A new `--out`: 1 after its
+  rename. The last pass is before the run record in the dataset is removed and the trash emptied.
 
 Memory model: one counter per point.
 """
