@@ -40,6 +40,7 @@ bench: setup
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_packing.py
 	$(BIN)/python scripts/bench_scaleout.py
+	$(BIN)/python scripts/bench_scaling.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py

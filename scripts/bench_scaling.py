@@ -1,0 +1,194 @@
+"""How `lmshard prepare` scales with cores and with tasks, against the tokenizer's own ceiling.
+
+1. Workers: tokens/s of `prepare --workers W` for W = 1, 2, 4, ... up to the cores this process
+   may use, each beside the ceiling at the same process count in the same run: W processes
+   that only encode the same texts with the same backend (`load_tokenizer("gpt2", "auto")`,
+   `encode_batch` per ~1 MiB batch, texts already in memory). Input: the shared corpus ×4
+   (distinct copies: a salt line per copy), uncompressed JSON lines.
+2. The coordinator's share: CPU seconds of prepare's main process divided by its worker
+   processes' (getrusage of the process and of its reaped children, in a wrapper that runs the
+   command line in-process).
+3. A cluster on one machine: N = 1, 2, 4, 8 tasks with a fixed amount of data per task (one
+   corpus copy each), planned with `--executor none` and each task run alone with
+   `lmshard run-task`, as separate nodes would: the longest task of each stage and the merge.
+   A stage whose longest task grows with N does work that grows with the total data.
+
+Prints ratios measured in one run; writes the `scaling` section of docs/performance.md unless
+--no-write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import get_context
+from pathlib import Path
+
+from benchlib import compile_package, load, load_texts, machine, update_performance_md
+
+LMSHARD = [sys.executable, "-m", "lmshard"]
+BATCH_CHARS = 1 << 20  # characters per encode_batch call in the ceiling, about a work item's text
+UNIT = 8 << 20  # bytes per unit of a planned run (LMSHARD_UNIT_BYTES): several units per corpus copy
+
+# Runs lmshard's command line in this process, then writes the CPU seconds of this process and
+# of its reaped children (the workers) to the file named by $RUSAGE_OUT.
+WRAPPER = """
+import json, os, resource, sys
+from lmshard.cli import main
+sys.argv[0] = "lmshard"
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(os.environ["RUSAGE_OUT"], "w") as f:
+    json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}, f)
+sys.exit(code)
+"""
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def write_corpus(path: Path, copies: int) -> tuple[Path, list[str]]:
+    texts = load_texts(copies)
+    with open(path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"id": i, "text": t}) + "\n")
+    return path, texts
+
+
+def batches(texts: list[str]) -> list[list[str]]:
+    out, cur, size = [], [], 0
+    for t in texts:
+        cur.append(t)
+        size += len(t)
+        if size >= BATCH_CHARS:
+            out.append(cur)
+            cur, size = [], 0
+    return out + ([cur] if cur else [])
+
+
+_tok = None
+
+
+def _init() -> None:
+    global _tok
+    from lmshard.tokenizers import load_tokenizer
+
+    _tok = load_tokenizer("gpt2", "auto", threads=1)
+
+
+def _encode(batch: list[str]) -> int:
+    assert _tok is not None
+    tokens, _ = _tok.encode_batch(batch)
+    return len(tokens)
+
+
+def ceiling(texts: list[str], procs: int) -> tuple[float, int]:
+    """(tokens/s, tokens): `procs` warm processes encoding the texts, nothing else."""
+    work = batches(texts)
+    with get_context("fork").Pool(procs, initializer=_init) as pool:
+        pool.map(_encode, work[:procs])  # warm: vocabulary loaded, first encode done
+        start = time.perf_counter()
+        n = sum(pool.imap_unordered(_encode, work))
+        sec = time.perf_counter() - start
+    return n / sec, n
+
+
+def prepare(src: Path, out: Path, workers: int, env: dict[str, str]) -> tuple[float, dict[str, float], int]:
+    """(wall seconds, CPU seconds of the main process and its workers, tokens) of one prepare."""
+    usage = out.with_suffix(".rusage.json")
+    cmd = [sys.executable, "-c", WRAPPER, "prepare", str(src), "--out", str(out), "--workers", str(workers),
+           "--quiet"]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env | {"RUSAGE_OUT": str(usage)})
+    sec = time.perf_counter() - start
+    meta = json.loads((out / "dataset_metadata.json").read_text())
+    return sec, json.loads(usage.read_text()), int(meta["n_tokens"])
+
+
+def run_task(args: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run([*LMSHARD, *args], check=True, env=env, capture_output=True)
+    return time.perf_counter() - start
+
+
+def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    src, texts = write_corpus(t / "x4.jsonl", 4)
+    counts = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= cores()]
+    rows = ["| workers | ceiling (M tok/s) | prepare (M tok/s) | ratio | main process CPU / workers' CPU |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    printed = []
+    for w in counts:
+        c_rate, _ = ceiling(texts, w)
+        sec, cpu, tokens = prepare(src, t / f"w{w}", w, env)
+        rate = tokens / sec
+        # --workers 1 does everything in the main process: no workers, so no share
+        share = f"{100 * cpu['main'] / cpu['children']:.0f}%" if cpu["children"] > 0.05 else "— (no worker processes)"
+        rows.append(f"| {w} | {c_rate / 1e6:.2f} | {rate / 1e6:.2f} | **{rate / c_rate:.2f}** | {share} "
+                    f"({cpu['main']:.1f} s / {cpu['children']:.1f} s) |")  # fmt: skip
+        printed.append(f"1. workers {w}: prepare {rate / 1e6:.2f} M tok/s, ceiling {c_rate / 1e6:.2f}, ratio "
+                       f"{rate / c_rate:.2f}; main process CPU {cpu['main']:.1f} s, workers {cpu['children']:.1f} s "
+                       f"({share})")  # fmt: skip
+        print(printed[-1], flush=True)
+    return rows, printed
+
+
+def section_cluster(t: Path, env: dict[str, str]) -> list[str]:
+    rows = ["| tasks N (one corpus copy each) | tokens | longest tokenize task | longest dedup task | merge |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for n in (1, 2, 4, 8):
+        src, _ = write_corpus(t / f"c{n}.jsonl", n)
+        out = t / f"cluster{n}"
+        subprocess.run([*LMSHARD, "prepare", str(src), "--out", str(out), "--num-tasks", str(n), "--executor",
+                        "none", "--quiet"], check=True, env=env, capture_output=True)  # fmt: skip
+        tok = max(run_task(["run-task", "--stage", "tokenize", "--task", str(i), str(out)], env) for i in range(n))
+        ded = max(run_task(["run-task", "--stage", "dedup", "--task", str(i), str(out)], env) for i in range(n))
+        merge = run_task(["run-task", "--stage", "merge", str(out)], env)
+        tokens = json.loads((out / "dataset_metadata.json").read_text())["n_tokens"]
+        rows.append(f"| {n} | {tokens:,} | {tok:.2f} s | {ded:.2f} s | {merge:.2f} s |")
+        print(f"3. {n} tasks: tokenize {tok:.2f} s (longest), dedup {ded:.2f} s (longest), merge {merge:.2f} s",
+              flush=True)  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
+    ap.add_argument("--skip-cluster", action="store_true", help="only the workers section")
+    args = ap.parse_args()
+    compile_package()
+    print(machine(), flush=True)
+    started = load()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_UNIT_BYTES": str(UNIT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        worker_rows, _ = section_workers(t, env)
+        cluster_rows = [] if args.skip_cluster else section_cluster(t, env)
+    body = [f"Machine: {machine()}; {cores()} cores usable; load average (1 min) {started} at the start, {load()} at "
+            "the end. Command: `python scripts/bench_scaling.py` (in `make bench`).", "",
+            "Workers: the shared corpus ×4 (distinct copies), GPT-2, `--tokenizer-backend auto`. The ceiling is the "
+            "same number of warm processes doing nothing but `encode_batch` on the same texts in memory; the last "
+            "column is the CPU time of prepare's main process over that of its workers.", "", *worker_rows]  # fmt: skip
+    if cluster_rows:
+        body += ["", "A cluster simulated on this machine: one corpus copy per task, each task of a stage run "
+                 "alone (`lmshard run-task`), as on separate nodes. Data per task is fixed, so a stage whose longest "
+                 "task grows with N does work that grows with the whole run.", "", *cluster_rows]  # fmt: skip
+    if not args.no_write:
+        update_performance_md("scaling", "\n".join(body))
+
+
+if __name__ == "__main__":
+    main()
