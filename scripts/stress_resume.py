@@ -1,21 +1,27 @@
-"""Crash a multi-shard prepare at random moments and check nothing is lost.
+"""Kill a multi-shard prepare after real checkpoints, at random work items, and check nothing is lost.
 
     python scripts/stress_resume.py --runs 20 --overwrites 10
 
-Mode "resume" (--runs): SIGKILL the whole prepare (parent and workers) at a random moment, run
-`--resume` (itself killed again at a random moment one time in three), and finish with
-`--resume`. The result must be byte-identical to an uninterrupted run of the same command
-(every shard, index and key file; the metadata apart from its "run" record of timings and
-host), and `lmshard inspect` must pass.
-Mode "overwrite" (--overwrites): an `--overwrite` of an existing dataset is interrupted at a
-random moment by SIGKILL or Ctrl-C (SIGINT to the group); the old dataset must be byte-identical
-afterwards and pass `inspect`.
+Every run checkpoints after each work item (LMSHARD_CHECKPOINT_SECONDS=0) and is held at a
+stop point (LMSHARD_STOP_AT=item:K, prepare/stops.py) after a random K-th merged item, so the
+kill lands after a checkpoint whatever the machine's speed: nothing here is timed.
+
+Mode "resume" (--runs): the held run's checkpoint must record K items done (> 0); then SIGKILL
+the whole prepare (parent and workers), run `--resume` (itself held and killed again after more
+items, one time in three, its checkpoint then recording both parts), and finish with `--resume`.
+The result must be byte-identical to an uninterrupted run of the same command (every shard,
+index and key file; the metadata apart from its "run" record of timings and host), `lmshard
+inspect` must pass, and nothing may be left beside `--out`.
+Mode "overwrite" (--overwrites): an `--overwrite` of an existing dataset is held after a random
+item and sent SIGKILL, Ctrl-C (SIGINT) or SIGTERM (as a scheduler stops a job) to the whole
+group; the old dataset must be byte-identical afterwards and pass `inspect`; Ctrl-C and SIGTERM
+must exit 130 and 143 without a traceback.
 
 Input: the shared benchmark corpus (benchlib.CORPUS), ~12 shards at the default
---tokens-per-shard of this script. Checkpoints every --checkpoint seconds, so kills land
-between checkpoints as well as on them. Not part of `make test` (minutes). `PYTHONPATH=CHECKOUT`
-pins the code under test, as for stress_workers.py. Prints one line per run and a summary;
-exits 1 on any failure.
+--tokens-per-shard of this script, in work items of --block-bytes (LMSHARD_BLOCK_BYTES; the
+output does not depend on it). The reference run counts the items (a progress line after each,
+`--log-interval 0`). Not part of `make test` (minutes). `PYTHONPATH=CHECKOUT` pins the code under
+test, as for stress_workers.py. Prints one line per run and a summary; exits 1 on any failure.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from benchlib import require_corpus  # noqa: E402
-from proctree import LMSHARD, finish, kill_group, start_prepare  # noqa: E402
+from proctree import LMSHARD, finish, kill_group, signal_stopped, start_prepare, wait_stopped  # noqa: E402
+
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as prepare exits after saving
 
 
 def files_of(root: Path) -> list[str]:
@@ -62,31 +69,58 @@ def inspect_ok(root: Path) -> bool:
     return proc.returncode == 0
 
 
-def kill_at_random(args: list[str], rng: random.Random, upto: float) -> tuple[int | None, float]:
-    """Start `prepare ARGS`, SIGKILL its group at a random moment in [0, upto) s; the exit code
-    (None if killed) and the moment."""
-    proc = start_prepare(args)
-    delay = rng.uniform(0, upto)
+def items_done(out: Path) -> int | None:
+    """Work items done at the last checkpoint of the build beside `out`; None without one."""
     try:
-        proc.wait(timeout=delay)
-        return proc.returncode, delay
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
+        record = json.loads((out.parent / f".{out.name}.lmshard-partial" / "_PREPARE_IN_PROGRESS").read_text())
+    except (OSError, ValueError):
+        return None
+    return (record.get("checkpoint") or {}).get("items_done")
+
+
+def held_at(args: list[str], item: int) -> subprocess.Popen[str] | None:
+    """`prepare ARGS` held at its stop point after merging its `item`-th work item; None (the
+    run reaped) if it ended first."""
+    os.environ["LMSHARD_STOP_AT"] = f"item:{item}"
+    try:
+        proc = start_prepare(args)
+    finally:
+        del os.environ["LMSHARD_STOP_AT"]
+    if wait_stopped(proc) is None:
         proc.communicate()
-        return None, delay
+        return None
+    return proc
 
 
-def resume_run(args: list[str], reference: Path, out: Path, rng: random.Random, span: list[float]) -> str:
+def kill_after(args: list[str], out: Path, item: int, expected: int) -> str | None:
+    """Hold the run after `item` items, check its checkpoint records `expected` items done,
+    SIGKILL its group; None when all went so, else what went wrong."""
+    proc = held_at(args, item)
+    if proc is None:
+        return f"the run ended before item {item}"
+    done = items_done(out)
+    kill_group(proc.pid)
+    proc.communicate()
+    if done != expected or not done:
+        found = "no checkpoint" if done is None else f"a checkpoint of {done} items"
+        return f"{found} before the kill after item {item}, not one of {expected} items"
+    return None
+
+
+def resume_run(args: list[str], reference: Path, out: Path, rng: random.Random, n_items: int) -> str:
     shutil.rmtree(out, ignore_errors=True)
-    started = time.monotonic()
-    code, first = kill_at_random(args, rng, span[0])
-    if code == 0:  # the machine got faster than when the reference ran: aim the next kills earlier
-        span[0] = min(span[0], time.monotonic() - started)
-    notes = [f"killed at {first:.2f}s" if code is None else f"finished before the kill ({first:.2f}s)"]
-    if code is None and rng.random() < 1 / 3:
-        code2, second = kill_at_random([*args, "--resume"], rng, span[0])
-        notes.append(f"resume killed at {second:.2f}s" if code2 is None else "resume finished")
-    code, err = finish(start_prepare([*args, "--resume"]), 600)
+    for left in out.parent.glob(f".{out.name}.lmshard*"):  # what a failed run left: start afresh
+        shutil.rmtree(left) if left.is_dir() else left.unlink()
+    first = rng.randrange(1, n_items)
+    wrong = kill_after(args, out, first, first)
+    notes = [f"killed after item {first}"]
+    if wrong is None and first < n_items - 1 and rng.random() < 1 / 3:
+        second = rng.randrange(1, n_items - first)  # items merged by the resumed process
+        wrong = kill_after([*args, "--resume"], out, second, first + second)
+        notes.append(f"resume killed after {second} more")
+    if wrong is not None:
+        return f"FAIL {wrong} ({', '.join(notes)})"
+    code, err = finish(start_prepare([*args, "--resume"]), 900)
     if code != 0:
         return f"FAIL resume exit {code}: {err.strip().splitlines()[-1:]} ({', '.join(notes)})"
     diff = same(reference, out)
@@ -100,29 +134,24 @@ def resume_run(args: list[str], reference: Path, out: Path, rng: random.Random, 
     return f"ok ({', '.join(notes)})"
 
 
-def overwrite_run(args: list[str], old: Path, out: Path, rng: random.Random, span: float) -> str:
-    shutil.rmtree(out, ignore_errors=True)
+def overwrite_run(args: list[str], old: Path, out: Path, rng: random.Random, n_items: int) -> str:
+    shutil.rmtree(out, ignore_errors=True)  # (the last one's kept build is discarded by this --overwrite)
     shutil.copytree(old, out)
     snapshot = {n: (out / n).read_bytes() for n in files_of(out)}
-    sig = rng.choice([signal.SIGKILL, signal.SIGINT])
-    proc = start_prepare([*args, "--overwrite", "--seed", "7"])  # a different split: other bytes
-    delay = rng.uniform(0, span)
-    try:
-        proc.wait(timeout=delay)
-        return f"finished before the {sig.name} ({delay:.2f}s)"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, sig)
-    code, err = finish(proc, 60)
-    if code == 0:
-        return f"finished as the {sig.name} came ({delay:.2f}s)"
-    startup = "Traceback" in err and "_bootstrap" in err and "lmshard/cli.py" not in err
-    if "Traceback" in err and not startup:  # (Python itself prints one for a Ctrl-C while it starts)
-        return f"FAIL traceback after {sig.name} at {delay:.2f}s"
+    sig = rng.choice([signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+    item = rng.randrange(1, n_items)
+    proc = held_at([*args, "--overwrite", "--seed", "7"], item)  # a different split: other bytes
+    if proc is None:
+        return f"FAIL the run ended before item {item}"
+    signal_stopped(proc.pid, sig)  # to the whole group, as a terminal, a scheduler or kill -9 sends it
+    code, err = finish(proc, 300)
+    if sig != signal.SIGKILL and (code != EXIT[sig] or "Traceback" in err):
+        return f"FAIL {sig.name} after item {item}: exit {code}{', a traceback' if 'Traceback' in err else ''}"
     if {n: (out / n).read_bytes() for n in files_of(out)} != snapshot:
-        return f"FAIL the old dataset changed ({sig.name} at {delay:.2f}s)"
+        return f"FAIL the old dataset changed ({sig.name} after item {item})"
     if not inspect_ok(out):
-        return f"FAIL inspect of the old dataset ({sig.name} at {delay:.2f}s)"
-    return f"ok ({sig.name} at {delay:.2f}s, exit {code}{', during interpreter start-up' if startup else ''})"
+        return f"FAIL inspect of the old dataset ({sig.name} after item {item})"
+    return f"ok ({sig.name} after item {item}, exit {code})"
 
 
 def main() -> None:
@@ -130,32 +159,34 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--overwrites", type=int, default=10)
     ap.add_argument("--tokens-per-shard", type=int, default=1_000_000)
-    ap.add_argument("--checkpoint", type=float, default=1.0, help="LMSHARD_CHECKPOINT_SECONDS for the runs")
+    ap.add_argument("--block-bytes", type=int, default=1 << 18, help="LMSHARD_BLOCK_BYTES: input bytes per work item")
     ap.add_argument("--seed", type=int, default=0)
     opts = ap.parse_args()
     corpus, rng = require_corpus(), random.Random(opts.seed)
     # Started in the background, this process (and so its children) may ignore SIGINT; a handler
     # of our own is reset to the default in each child, which then gets Ctrl-C like a terminal's.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.environ["LMSHARD_CHECKPOINT_SECONDS"] = str(opts.checkpoint)
+    os.environ["LMSHARD_CHECKPOINT_SECONDS"] = "0"  # a checkpoint after every work item
+    os.environ["LMSHARD_BLOCK_BYTES"] = str(opts.block_bytes)
     failures = 0
     with tempfile.TemporaryDirectory(prefix="lmshard-stress-resume-") as tmp:
         root = Path(tmp)
         args = [str(corpus), "--tokens-per-shard", str(opts.tokens_per_shard), "--workers", "2"]
-        start = time.monotonic()
-        code, err = finish(start_prepare([*args, "--out", str(root / "reference")]), 900)
-        span = time.monotonic() - start
+        code, err = finish(start_prepare([*args, "--out", str(root / "reference"), "--log-interval", "0"]), 900)
         if code != 0:
             raise SystemExit(f"the reference run failed: {err}")
+        n_items = sum(line.startswith("prepare: ") and " read, " in line for line in err.splitlines())
         shards = len(list((root / "reference" / "train").glob("*.bin")))
-        print(f"reference: {shards} train shards in {span:.1f} s; kills land in [0, {span:.1f}) s", flush=True)
-        spans = [span]  # shrinks to the fastest run seen: a kill should land while the run is going
+        if n_items < 2:
+            raise SystemExit(f"the reference run has {n_items} work items: lower --block-bytes")
+        print(f"reference: {shards} train shards, {n_items} work items; kills land after items 1 .. {n_items - 1}",
+              flush=True)  # fmt: skip
         for i in range(opts.runs):
-            verdict = resume_run([*args, "--out", str(root / "ds")], root / "reference", root / "ds", rng, spans)
+            verdict = resume_run([*args, "--out", str(root / "ds")], root / "reference", root / "ds", rng, n_items)
             failures += verdict.startswith("FAIL")
             print(f"resume {i + 1:3d}: {verdict}", flush=True)
         for i in range(opts.overwrites):
-            verdict = overwrite_run([*args, "--out", str(root / "ow")], root / "reference", root / "ow", rng, spans[0])
+            verdict = overwrite_run([*args, "--out", str(root / "ow")], root / "reference", root / "ow", rng, n_items)
             failures += verdict.startswith("FAIL")
             print(f"overwrite {i + 1:3d}: {verdict}", flush=True)
     print(f"{opts.runs + opts.overwrites - failures} ok, {failures} failed")
