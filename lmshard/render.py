@@ -92,6 +92,10 @@ def summary(meta: Any, where: str) -> None:
         files = escape(_by_file(meta.sources, lambda src: src.split_into_paragraphs, counts=False))
         line = f"  split into paragraphs (over --max-chars bytes) {split:,}: {files}"
         out.print(line, highlight=False, soft_wrap=True)
+    if grew := sum(src.grew for src in meta.sources):
+        files = escape(_by_file(meta.sources, lambda src: src.grew, counts=False))
+        line = f"  grew while read (read up to their size at the start) {grew:,}: {files}"
+        out.print(line, highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
     if hint := meta.skipped_inputs.text_hint(files_read=len(meta.sources)):

@@ -4,6 +4,12 @@ overflows the buffer raises, and so does the flush at close.
 
 `full_disk(monkeypatch, modules, budget, code)` makes every file the named modules open for
 writing go through one shared budget of bytes; reading is left alone.
+
+On the reading side, `failing_reads(monkeypatch, name, after, code)` makes the input files whose
+name ends with `name` fail (EIO) once `after` bytes were read from them, as a bad sector does: a
+plain OSError without a file name. `unreadable(monkeypatch, name)` makes opening them fail with
+EACCES, as `chmod 000` does for anyone but root. Both patch the one place prepare opens its
+inputs (`lmshard.prepare.reading`), so they hold in this process and in workers forked from it.
 """
 
 from __future__ import annotations
@@ -90,3 +96,47 @@ def full_disk(monkeypatch, modules: list[Any], budget: int, code: int = errno.EN
     for module in modules:
         monkeypatch.setattr(module, "open", faulty_open, raising=False)
     return device
+
+
+class FailingReads:
+    """A file open for reading whose device fails with `code` once `after` bytes were read."""
+
+    def __init__(self, real: Any, after: int, code: int) -> None:
+        self._real, self._left, self._code = real, after, code
+        self.failures = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            self.failures += 1
+            raise OSError(self._code, os.strerror(self._code))  # no file name: the kernel's read(2) gives none
+        data = self._real.read(self._left if n is None or n < 0 else min(n, self._left))
+        self._left -= len(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:  # seek, fileno, close...
+        return getattr(self._real, name)
+
+
+def _inputs_open(monkeypatch, name: str, wrap: Any) -> None:
+    import lmshard.prepare.reading as reading
+
+    def faulty_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith(name) and mode == "rb":
+            return wrap(path)
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(reading, "open", faulty_open, raising=False)
+
+
+def failing_reads(monkeypatch, name: str, after: int, code: int = errno.EIO) -> None:
+    """Reading an input whose path ends with `name` fails with `code` after `after` bytes."""
+    _inputs_open(monkeypatch, name, lambda path: FailingReads(builtins.open(path, "rb"), after, code))  # noqa: SIM115
+
+
+def unreadable(monkeypatch, name: str) -> None:
+    """Opening an input whose path ends with `name` fails with EACCES (chmod 000, even as root)."""
+
+    def refuse(path: str) -> Any:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    _inputs_open(monkeypatch, name, refuse)

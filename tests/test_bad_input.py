@@ -1,12 +1,16 @@
 """Bad input: a one-line error naming file and record under --on-error fail (the default),
-a counted skip under --on-error skip; the real CLI exits 1 with no traceback."""
+a counted skip under --on-error skip; the real CLI exits 1 with no traceback. Files in the
+encodings users really have: a UTF-8 byte-order mark is read as if absent, UTF-16 and UTF-32
+are refused with the command that re-encodes them."""
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 
 import pytest
+import zstandard
 from conftest import read_docs, write
 from typer.testing import CliRunner
 
@@ -15,14 +19,57 @@ from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
 
 GOOD = '{"text": "good one"}\n'
+TEXT = "good one\nand a second line of it\n"
+
+
+def _columnar(kind: str, values: list, row_group_size: int | None = None) -> bytes:
+    """A parquet or arrow file holding one column, "text", as bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table, buf = pa.table({"text": values}), io.BytesIO()
+    if kind == "parquet":
+        pq.write_table(table, buf, row_group_size=row_group_size)
+    else:
+        with pa.ipc.new_file(buf, table.schema) as writer:
+            writer.write_table(table)
+    return buf.getvalue()
+
+
+# name → (bytes, where the error points, the drop reason under --on-error skip, documents kept then)
 BAD_INPUTS = {
-    "utf8.jsonl": (GOOD.encode() + b'{"text": "caf\xe9"}\n', "utf8.jsonl:2", "decode_error"),
-    "json.jsonl": (GOOD + '{"text": "unterminated\n', "json.jsonl:2", "json_error"),
-    "field.jsonl": (GOOD + '{"body": "wrong field"}\n', "field.jsonl:2", "missing_field"),
-    "notobj.jsonl": (GOOD + "[1, 2]\n", "notobj.jsonl:2", "not_an_object"),
-    "utf8.txt": (b"caf\xe9 au lait", "utf8.txt:1", "decode_error"),
-    "binary.txt": (b"\x7fELF\x00\x01\x02" * 20, "binary.txt", "binary_file"),
-    "binary.jsonl": (b"\x00\x01\x02\x03" * 20, "binary.jsonl", "binary_file"),
+    "utf8.jsonl": (GOOD.encode() + b'{"text": "caf\xe9"}\n', "utf8.jsonl:2", "decode_error", 1),
+    "json.jsonl": (GOOD + '{"text": "unterminated\n', "json.jsonl:2", "json_error", 1),
+    "field.jsonl": (GOOD + '{"body": "wrong field"}\n', "field.jsonl:2", "missing_field", 1),
+    "notobj.jsonl": (GOOD + "[1, 2]\n", "notobj.jsonl:2", "not_an_object", 1),
+    "utf8.txt": (b"caf\xe9 au lait", "utf8.txt:1", "decode_error", 0),
+    "binary.txt": (b"\x7fELF\x00\x01\x02" * 20, "binary.txt", "binary_file", 0),
+    "binary.jsonl": (b"\x00\x01\x02\x03" * 20, "binary.jsonl", "binary_file", 0),
+    # #29: messages of every JSON error read "... at column N" (Python's own ends some with "at")
+    "control.jsonl": (GOOD + '{"text": "a\tb"}\n', "control.jsonl:2", "json_error", 1),
+    "unterminated.jsonl": (GOOD + '{"text": "no end}\n' + GOOD, "unterminated.jsonl:2", "json_error", 1),
+    # #29: a text field that is there but is not a string is `wrong_type`, not `missing_field`
+    "number.jsonl": (GOOD + '{"text": 42}\n', "number.jsonl:2", "wrong_type", 1),
+    "null.jsonl": (GOOD + '{"text": null}\n', "null.jsonl:2", "wrong_type", 1),
+    "list.jsonl": (GOOD + '{"text": ["a", "b"]}\n', "list.jsonl:2", "wrong_type", 1),
+    "object.json": ('[{"text": "good one"}, {"text": {"a": 1}}]', "object.json:2", "wrong_type", 1),
+    "short.csv": ("id,text\n1,good one\n2\n", "short.csv:3", "missing_field", 1),
+    # #29: parquet and arrow rows are numbered from 1 (as lines are), across row groups; null is "null"
+    "null.parquet": (_columnar("parquet", ["good one", None]), "null.parquet:2", "wrong_type", 1),
+    "groups.parquet": (_columnar("parquet", ["one a", "two b", "three c", None, "five e"], row_group_size=2),
+                       "groups.parquet:4", "wrong_type", 4),  # fmt: skip
+    "int.parquet": (_columnar("parquet", [7]), "int.parquet:1", "wrong_type", 0),
+    "null.arrow": (_columnar("arrow", ["good one", None]), "null.arrow:2", "wrong_type", 1),
+    # #29: UTF-16 and UTF-32 (PowerShell's `>` writes UTF-16 LE) are named, with how to re-encode
+    "utf16le.txt": (TEXT.encode("utf-16"), "utf16le.txt:1", "wrong_encoding", 0),
+    "utf16be.txt": (b"\xfe\xff" + TEXT.encode("utf-16-be"), "utf16be.txt:1", "wrong_encoding", 0),
+    "utf16le.jsonl": ((GOOD * 3).encode("utf-16"), "utf16le.jsonl:1", "wrong_encoding", 0),
+    "utf32le.jsonl": ((GOOD * 3).encode("utf-32"), "utf32le.jsonl:1", "wrong_encoding", 0),
+    "utf32be.jsonl": (b"\x00\x00\xfe\xff" + (GOOD * 3).encode("utf-32-be"), "utf32be.jsonl:1", "wrong_encoding", 0),
+    "utf16.csv": ("text,id\ngood one,1\n".encode("utf-16"), "utf16.csv:1", "wrong_encoding", 0),
+    "utf16.json": ('[{"text": "good one"}]'.encode("utf-16"), "utf16.json:1", "wrong_encoding", 0),
+    "utf16.jsonl.gz": (gzip.compress((GOOD * 3).encode("utf-16")), "utf16.jsonl.gz:1", "wrong_encoding", 0),
+    "nomark.txt": ((TEXT * 4).encode("utf-16-le"), "nomark.txt:1", "wrong_encoding", 0),  # UTF-16 with no mark
 }
 
 
@@ -31,25 +78,74 @@ def run(tmp_path, name, **kw):
     return prepare(PrepareConfig(inputs=[str(tmp_path / name)], out=str(tmp_path / "out"), workers=1, **kw)).to_json()
 
 
-@pytest.mark.parametrize("name", [n for n, v in BAD_INPUTS.items() if v[1]])
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_fail_names_file_and_record(tmp_path, name):
-    data, where, _ = BAD_INPUTS[name]
+    data, where, _, _ = BAD_INPUTS[name]
     write(tmp_path / name, data)
     with pytest.raises(InputError) as e:
         run(tmp_path, name)
     message = str(e.value)
     assert where in message and "\n" not in message
     assert "--on-error skip" in message
+    assert " at at " not in message and "NoneType" not in message
 
 
-@pytest.mark.parametrize("name", [n for n, v in BAD_INPUTS.items() if v[2]])
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_skip_counts_the_record(tmp_path, name):
-    data, _, reason = BAD_INPUTS[name]
+    data, _, reason, kept = BAD_INPUTS[name]
     write(tmp_path / name, data)
     meta = run(tmp_path, name, on_error="skip")
     assert meta["drops"][reason] == 1
     assert reason in meta["drop_examples"]
-    assert meta["n_docs"] == (0 if name.startswith("binary") or name.endswith(".txt") else 1)
+    assert meta["n_docs"] == kept
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("utf16le.txt", "UTF-16 text (a little-endian byte-order mark), not UTF-8; re-encode it as UTF-8: iconv -f UTF-16 "
+                    "-t UTF-8 {path} > {dir}/utf16le.utf8.txt (in Python: read it with encoding='utf-16'"),
+    ("utf32be.jsonl", "UTF-32 text (a big-endian byte-order mark), not UTF-8; re-encode it as UTF-8: iconv -f UTF-32"),
+    ("nomark.txt", "UTF-16LE text (no byte-order mark, NUL bytes between ASCII letters), not UTF-8; re-encode it as "
+                   "UTF-8: iconv -f UTF-16LE -t UTF-8"),
+    ("utf16.jsonl.gz", "UTF-16 text (a little-endian byte-order mark), not UTF-8; decompress it, re-encode it as UTF-8 "
+                       "(iconv -f UTF-16 -t UTF-8) and compress it again"),
+])  # fmt: skip
+def test_a_utf16_or_utf32_file_says_how_to_re_encode_it_not_to_remove_it(tmp_path, name, words):
+    write(tmp_path / name, BAD_INPUTS[name][0])
+    with pytest.raises(InputError) as e:
+        run(tmp_path, name)
+    assert words.format(path=tmp_path / name, dir=tmp_path) in str(e.value)
+    assert "binary" not in str(e.value) and "remove the file" not in str(e.value)
+
+
+BOM = b"\xef\xbb\xbf"
+# name → (the file as saved with a UTF-8 byte-order mark, the same file without it)
+BOM_INPUTS = {
+    "bom.jsonl": (BOM + (GOOD * 2).encode(), (GOOD * 2).encode()),
+    "bom.txt": (BOM + TEXT.encode(), TEXT.encode()),  # one document
+    "bom.md": (BOM + b"# title\n\nbody text\n", b"# title\n\nbody text\n"),
+    "excel.csv": (BOM + b"text,id\r\ngood one,1\r\n", b"text,id\r\ngood one,1\r\n"),  # Excel's "CSV UTF-8"
+    "bom.json": (BOM + b'[{"text": "good one"}]', b'[{"text": "good one"}]'),
+    "bom.jsonl.gz": (gzip.compress(BOM + GOOD.encode()), gzip.compress(GOOD.encode())),
+    "excel.csv.zst": (zstandard.compress(BOM + b"text\ngood one\n"), zstandard.compress(b"text\ngood one\n")),
+    "joined.jsonl": ((BOM + GOOD.encode()) * 3, GOOD.encode() * 3),  # files with marks joined by `cat`
+}
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+@pytest.mark.parametrize("name", list(BOM_INPUTS))
+def test_a_utf8_byte_order_mark_is_read_as_if_absent(tmp_path, reference, name, on_error):
+    """The mark is neither refused, nor a lost first record under --on-error skip, nor part of
+    the first column's name or the first document's text."""
+    marked, plain = BOM_INPUTS[name]
+    runs = []
+    for sub, data in (("marked", marked), ("plain", plain)):
+        write(tmp_path / sub / name, data)
+        meta = run(tmp_path / sub, name, on_error=on_error, val_fraction=0.0)
+        runs.append((meta["n_docs"], meta["records_read"], meta["drops"], read_docs(tmp_path / sub / "out", "train")))
+    (n, records, drops, docs), (n_plain, records_plain, drops_plain, docs_plain) = runs
+    assert (n, records, drops) == (n_plain, records_plain, drops_plain) and n > 0
+    assert [d.tolist() for d in docs] == [d.tolist() for d in docs_plain]
+    assert reference.encode_ordinary("\ufeff")[0] not in docs[0].tolist()
 
 
 def test_empty_file_is_counted_not_fatal(tmp_path):
@@ -166,3 +262,22 @@ def test_bad_utf8_paragraph_is_one_record_not_the_block(tmp_path, reference):
     assert docs == [reference.encode_ordinary(f"paragraph {i} text") for i in range(200) if i != 57]
     with pytest.raises(InputError, match="p.txt:115: invalid UTF-8"):
         run(tmp_path, "p.txt", text_mode="paragraph", overwrite=True)
+
+
+def test_a_folder_of_the_users_train_and_val_is_foreign_not_an_unfinished_run(tmp_path):
+    """Only lmshard's own files (a shard, a key file, its run record) make a folder of its names
+    an unfinished run that --overwrite may replace; the user's train/ and val/ are left alone."""
+    from lmshard.errors import ConfigError
+
+    write(tmp_path / "a.jsonl", GOOD * 3)
+    out = tmp_path / "data"
+    write(out / "train" / "part1.txt", "the user's own text")
+    (out / "val").mkdir()
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError) as e:
+            prepare(PrepareConfig(inputs=[str(tmp_path / "a.jsonl")], out=str(out), workers=1, overwrite=overwrite))
+        assert str(e.value) == f"{out}: not empty and not an lmshard dataset (train, val); choose an empty or new --out"
+    assert (out / "train" / "part1.txt").read_text() == "the user's own text"
+    write(out / "train" / "shard_000000.bin", b"")  # what an older lmshard, killed while writing in place, left
+    with pytest.raises(ConfigError, match="holds an unfinished prepare run; pass --overwrite"):
+        prepare(PrepareConfig(inputs=[str(tmp_path / "a.jsonl")], out=str(out), workers=1))

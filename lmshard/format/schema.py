@@ -180,6 +180,7 @@ class SourceInfo:
     kept: int = 0
     lines_removed: int = 0  # by --dedup-lines
     split_into_paragraphs: int = 0  # 1: a text file over --max-chars bytes, split (--text-mode auto)
+    grew: int = 0  # 1: the file grew while the run read it; read up to `bytes` (its last line only if whole)
     dropped: dict[str, int] = field(default_factory=dict)  # reason → records
 
     def to_json(self) -> dict[str, Any]:
@@ -187,7 +188,8 @@ class SourceInfo:
         if self.hf is not None:
             out["hf"] = self.hf
         out["records"], out["kept"] = self.records, self.kept
-        notes = {"lines_removed": self.lines_removed, "split_into_paragraphs": self.split_into_paragraphs}
+        notes = {"lines_removed": self.lines_removed, "split_into_paragraphs": self.split_into_paragraphs,
+                 "grew": self.grew}  # fmt: skip
         out.update({k: v for k, v in notes.items() if v})
         if self.dropped:
             out["dropped"] = self.dropped
@@ -200,7 +202,7 @@ class SourceInfo:
         return cls(path=_get(raw, "path", str, ""), format=_get(raw, "format", str, ""),
                    bytes=_count(raw, "bytes", 0), hf=_get(raw, "hf", dict, None), records=_count(raw, "records", 0),
                    kept=_count(raw, "kept", 0), lines_removed=_count(raw, "lines_removed", 0),
-                   split_into_paragraphs=_count(raw, "split_into_paragraphs", 0),
+                   split_into_paragraphs=_count(raw, "split_into_paragraphs", 0), grew=_count(raw, "grew", 0),
                    dropped=_counts(raw, "dropped"))  # fmt: skip
 
 

@@ -50,6 +50,7 @@ class Claim:
 def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer) -> Claim:
     """Decide what this run does with --out and any interrupted build, or refuse with the fix."""
     out = paths.out
+    _refuse_for_pipes(config, sources)
     kind, foreign = kind_of_output(out)
     if kind == "file":
         raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
@@ -67,8 +68,9 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     run = read_run(paths.staging)
     if run is not None:
         if config.resume:
-            if "-" in config.inputs:
-                raise ConfigError("--resume cannot re-read stdin; save the input to a file and run again")
+            if stream := next((s for s in sources if s.stream), None):
+                name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
+                raise ConfigError(f"--resume cannot re-read {name}; save the input to a file and run again")
             diff = difference(run.get("fingerprint", {}), fingerprint)
             if diff:
                 raise ConfigError(f"{out}: cannot resume: {diff}; pass the same options and inputs, "
@@ -106,6 +108,20 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     return Claim(fingerprint, time.time(), previous=previous)
 
 
+def _refuse_for_pipes(config: PrepareConfig, sources: list[Source]) -> None:
+    """What a pipe given as an input (a FIFO, `<(...)`) cannot do, as config.py refuses it for
+    stdin: be read twice (--dedup-lines), or be made one document (--text-mode file)."""
+    for src in sources:
+        if not src.stream or src.path == "-":
+            continue
+        if config.dedup_lines:
+            raise ConfigError(f"{src.path}: a pipe, and --dedup-lines reads the input twice, which a pipe cannot do; "
+                              "save it to a file first")  # fmt: skip
+        if src.fmt == "text" and config.text_mode == "file":
+            raise ConfigError(f"{src.path}: a pipe, and --text-mode file cannot make a pipe one document; pass "
+                              "--text-mode paragraph or line")  # fmt: skip
+
+
 def _when(t: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "at an unknown time"
 
@@ -117,7 +133,7 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
     appended to. JSON-shaped, so it compares equal after a round trip through the run record."""
 
     def identity(src: Source) -> list[Any]:
-        if src.fmt == "hf" or src.path == "-":
+        if src.fmt == "hf" or src.stream:
             return [src.path, src.fmt, src.size, 0]
         st = os.stat(src.path)
         return [src.path, src.fmt, st.st_size, st.st_mtime_ns]

@@ -107,7 +107,7 @@ class Feeder:
 
 def input_bytes(sources: list[Source]) -> int | None:
     """Bytes on disk of all inputs; None when a stream (Hugging Face, stdin) is among them."""
-    if any(s.fmt == "hf" or s.path == "-" for s in sources):
+    if any(s.fmt == "hf" or s.stream for s in sources):
         return None
     return sum(s.size for s in sources)
 

@@ -1,11 +1,12 @@
 """The I/O leaf of the prepare pipeline: what an input file is, and how its bytes are opened.
 
 Planning (`sources.py`) and parsing (`records.py`) both read files only through this module,
-which imports nothing else of lmshard's but its errors: the format and compression of a path,
-decompressing streams, sniffing binary data, and the arrow/parquet readers.
+which imports nothing else of lmshard's but its errors and `reading.py` (how a file is opened
+as the run recorded it): the format and compression of a path, decompressing streams, and
+sniffing binary data. Parquet and arrow files are pyarrow's to read (`columnar.py`).
 
 Memory model: nothing is read here beyond what a caller asks for (`read_prefix` reads at most
-its limit + 1 bytes); arrow files are memory-mapped.
+its limit + 1 bytes).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import bz2
 import gzip
 import io
 import lzma
+import stat
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
 from ..errors import InputError, missing_dependency
+from .reading import Headed, InputFile, changed, grew, read_error
 
 MAX_RECORD_BYTES = 256 << 20  # one line / record larger than this is refused, not buffered
 SNIFF_BYTES = 65536  # a NUL byte in this many leading bytes marks a file as binary
@@ -45,13 +48,15 @@ class Source:
     path: str
     fmt: str
     compression: str | None
-    size: int  # bytes on disk (compressed), 0 for stdin
+    size: int  # bytes on disk (compressed) when the run started, 0 for stdin and pipes; read up to this many
+    stream: bool = False  # stdin or a pipe (a FIFO, `<(...)`): read once, in order, never sought
+    inode: int = 0  # the file's inode when the run started (0: not recorded): reading checks it is the same file
 
 
 def detect(path: str, fmt_override: str | None = None) -> Source:
     """Work out format and compression from the file name (`name.jsonl.gz` etc.)."""
     if path == "-":
-        return Source("-", fmt_override or "jsonl", None, 0)
+        return Source("-", fmt_override or "jsonl", None, 0, stream=True)
     p = Path(path)
     suffixes = [s.lower() for s in p.suffixes]
     compression = COMPRESSION_BY_SUFFIX.get(suffixes[-1]) if suffixes else None
@@ -63,7 +68,13 @@ def detect(path: str, fmt_override: str | None = None) -> Source:
             f"{path}: unknown file type; name it .txt/.jsonl/.json/.csv/.parquet/.arrow "
             "(optionally .gz/.zst/.bz2/.xz) or pass --format"
         )
-    return Source(str(p), fmt, compression, p.stat().st_size)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise read_error(path, e) from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO, `<(...)` (/dev/fd/N), a device: read as stdin is
+        return Source(str(p), fmt, compression, 0, stream=True)
+    return Source(str(p), fmt, compression, st.st_size, inode=st.st_ino)
 
 
 def known_type(path: Path, fmt_override: str | None) -> bool:
@@ -89,17 +100,34 @@ def compression_of(path: str) -> str | None:
     return COMPRESSION_BY_SUFFIX.get(Path(path).suffix.lower())
 
 
-def open_binary(source: Source) -> tuple[IO[bytes], IO[bytes]]:
-    """Return (decompressed stream, raw file) for `source`; `raw.tell()` measures progress.
-    A compressed stream raises `DamagedInput` where its data ends early or fails a check."""
-    raw: IO[bytes] = sys.stdin.buffer if source.path == "-" else open(source.path, "rb")  # noqa: SIM115
-    if source.compression is None:
-        return raw, raw
+def open_binary(source: Source, start: int = 0) -> tuple[IO[bytes], InputFile]:
+    """Return (data, raw file) for `source`, from byte `start` of an uncompressed file; the data
+    from the start has no UTF-8 byte-order mark, and `raw.tell()` measures progress. A compressed
+    stream raises `DamagedInput` where its data ends early or fails a check; the OS's errors are
+    the input's (`InputReadError`)."""
+    raw = open_raw(source)
+    if start:
+        raw.seek(start)
+    data = cast(IO[bytes], raw) if source.compression is None else _decompressed(source, raw)
+    return (cast(IO[bytes], Headed(data)) if start == 0 else data), raw
+
+
+def open_raw(source: Source) -> InputFile:
+    """The file of `source` as the run recorded it (`reading.InputFile`), or the stream."""
+    if source.path == "-":
+        return InputFile("-", file=sys.stdin.buffer)
+    if source.stream or not source.inode:  # a pipe; or a file the run did not record (a walk's sniff)
+        return InputFile(source.path)
+    return InputFile(source.path, source.size, source.inode, lines=source.compression is None)
+
+
+def _decompressed(source: Source, file: InputFile) -> IO[bytes]:
+    raw = cast(IO[bytes], file)
     inner: Any
     errors: tuple[type[BaseException], ...] = ()
     careful: Callable[[], Any] | None = None
     if source.compression == "gzip":
-        fast, errors = _gzip_reader() if source.path != "-" else (None, ())
+        fast, errors = _gzip_reader() if not source.stream else (None, ())  # its careful re-read seeks
         inner = fast.GzipFile(fileobj=raw) if fast else gzip.GzipFile(fileobj=raw)
         if fast:  # on damage, the standard reader finds exactly where the good data ends
             careful = lambda: gzip.GzipFile(fileobj=_rewound(raw))  # noqa: E731
@@ -109,7 +137,7 @@ def open_binary(source: Source) -> tuple[IO[bytes], IO[bytes]]:
         inner = lzma.LZMAFile(raw)  # noqa: SIM115  # closed with `raw` by the caller
     else:
         inner = _ZstdFrames(raw, source.path)
-    return cast(IO[bytes], Decompressed(inner, source, errors, careful)), raw
+    return cast(IO[bytes], Decompressed(inner, source, errors, careful))
 
 
 def _rewound(raw: IO[bytes]) -> IO[bytes]:
@@ -161,7 +189,7 @@ def fits(source: Source, limit: int) -> bool:
         raw.close()
 
 
-def text_stream(src: Source) -> tuple[io.TextIOWrapper, IO[bytes]]:
+def text_stream(src: Source) -> tuple[io.TextIOWrapper, InputFile]:
     """A strict UTF-8 text view of a source (for formats parsed record by record)."""
     stream, raw = open_binary(src)
     return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline=""), raw
@@ -254,8 +282,13 @@ BLOCK_BYTES_SKIP = 1 << 20  # uncompressed bytes per read when skipping what was
 
 
 def damaged(source: Source, error: BaseException, offset: int) -> DamagedInput:
-    """A decompressor's error as a `DamagedInput`: truncated, a checksum mismatch, or corrupt data."""
+    """A decompressor's error as a `DamagedInput`: truncated, a checksum mismatch, or corrupt data.
+    Data cut at the size the file had when the run started, in a file that has grown since, is
+    no damage: the file is still being written, and that is raised instead."""
     problem, what = damage_kind(error, source.compression or "compressed")
+    if problem == "truncated_compression" and source.inode and grew(source.path, source.size, source.inode):
+        raise changed(source.path, f"it grew past the {source.size:,} bytes it held when the run started, "
+                                   f"and its {source.compression} data is cut there")  # fmt: skip
     message = f"{source.path}: {what} after {offset:,} uncompressed bytes; re-download or re-create the file"
     return DamagedInput(message, problem, what, offset)
 
@@ -334,34 +367,3 @@ def nul_offset(block: bytes) -> int | None:
     means a binary file was passed by mistake."""
     pos = block.find(b"\x00", 0, SNIFF_BYTES)
     return None if pos < 0 else pos
-
-
-def open_arrow(path: str) -> Any:
-    """An arrow IPC reader for the file format or, as `datasets.save_to_disk` writes, the
-    stream format; both memory-mapped."""
-    import pyarrow as pa
-
-    try:
-        return pa.ipc.open_file(pa.memory_map(path))
-    except pa.ArrowInvalid:
-        try:
-            return pa.ipc.open_stream(pa.memory_map(path))
-        except pa.ArrowInvalid as e:
-            raise InputError(f"{path}: not an arrow IPC file ({e})") from None
-
-
-def arrow_batches(reader: Any) -> Iterator[Any]:
-    if hasattr(reader, "num_record_batches"):
-        for b in range(reader.num_record_batches):
-            yield reader.get_batch(b)
-    else:
-        yield from reader
-
-
-def parquet_row_groups(src: Source) -> int:
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.ParquetFile(src.path).metadata.num_row_groups)
-    except Exception as e:  # pyarrow raises several types for a bad file
-        raise InputError(f"{src.path}: not a readable parquet file ({e})") from None

@@ -53,7 +53,8 @@ from .config import PrepareConfig
 from .dedup import uniform_from_keys
 from .feed import early_pool, item_results
 from .pool import OrderedPool, WorkerDied
-from .sources import SPLIT_INTO_PARAGRAPHS, Source, Sources, WorkItem, discover
+from .reading import InputReadError
+from .sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources, WorkItem, discover, note_growth
 from .staging import (
     RUN_FILE,
     RUN_VERSION,
@@ -70,7 +71,7 @@ from .worker import ItemResult
 from .writer import with_separators
 
 Results = Callable[..., Iterator[ItemResult]]  # (config, sources, tokenizer, build, early) -> results in plan order
-NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS)  # per-source counts that are not drops
+NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
 
 
 @dataclass
@@ -162,6 +163,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         with interrupt:
             save = lambda: _save(build, claim)  # noqa: E731
             totals = _run(config, sources, tokenizer, build, on_progress, interrupt, save, early, results)
+        note_growth(sources, totals.per_source)
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
@@ -170,23 +172,34 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
         commit(paths)
         return meta
-    except Interrupted:
+    except Interrupted as e:
         build.abort()
+        _unresumable(sources, staging, e)
         raise
     except KeyboardInterrupt as e:  # a second Ctrl-C or SIGTERM, or one outside the build loop
         build.abort()
+        _unresumable(sources, staging, e)
         raise Interrupted(f"{kept} (up to its last checkpoint)", getattr(e, "signum", 2)) from None
-    except (WorkerDied, OSError, MemoryError) as e:  # the machine failed, not the input: keep the work
+    except (WorkerDied, OSError, MemoryError, InputReadError) as e:  # the machine failed, not the input: keep the work
         build.abort()
         what = os_error(e, paths.out) if isinstance(e, OSError) else e
-        if "-" in config.inputs:  # stdin cannot be read again: nothing to resume
+        if stream := next((s for s in sources if s.stream), None):  # read once: nothing to resume
             shutil.rmtree(staging, ignore_errors=True)
-            raise LmshardError(f"{what}; nothing was kept (a run reading stdin cannot be resumed)") from None
+            name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
+            raise LmshardError(f"{what}; nothing was kept (a run reading {name} cannot be resumed)") from None
         raise LmshardError(f"{what}; {kept}: run the same command with --resume to continue") from None
     except BaseException:
         build.abort()
         shutil.rmtree(staging, ignore_errors=True)  # an input or option error: nothing worth resuming
         raise
+
+
+def _unresumable(sources: list[Source], staging: Path, e: KeyboardInterrupt) -> None:
+    """A run reading stdin or a pipe cannot be resumed (the data is gone): when one is
+    interrupted, its work is deleted, and the CLI offers no --resume."""
+    if any(s.stream for s in sources):
+        shutil.rmtree(staging, ignore_errors=True)
+        raise Interrupted("", getattr(e, "signum", 2)) from None
 
 
 def _link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:
@@ -369,5 +382,6 @@ def _source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInf
         kept=counts.get("kept", 0),
         lines_removed=counts.get("lines_removed", 0),
         split_into_paragraphs=counts.get(SPLIT_INTO_PARAGRAPHS, 0),
+        grew=counts.get(GREW, 0),
         dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v},
     )

@@ -16,20 +16,20 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..errors import InputError
 from .files import (
     MAX_RECORD_BYTES,
+    SNIFF_BYTES,
     DamagedInput,
     Source,
-    arrow_batches,
     nul_offset,
-    open_arrow,
     open_binary,
     read_prefix,
     text_stream,
 )
+from .reading import Headed, changed, foreign_encoding, grew, reencode_fix
 
 
 class Record(NamedTuple):
@@ -53,6 +53,8 @@ PROBLEMS = {
     "not_an_object": "make each line a JSON object",
     "not_records": "a .json file holds an array of records ([{...}, {...}]) or JSON lines (one object per line)",
     "missing_field": "name the right field with --text-field",
+    "wrong_type": "make the field a string in every record, or name the text field with --text-field",
+    "wrong_encoding": "re-encode it as UTF-8",  # a UTF-16/32 file; `settle` gives the command for it
     "binary_file": "remove the file from the inputs",
     "truncated_compression": "re-download or re-create the file",  # the data ends before its end marker
     "corrupt_compression": "re-download or re-create the file",  # bad compressed data, or a checksum mismatch
@@ -74,7 +76,9 @@ def settle(src: Source, record: Record, on_error: str) -> Record:
     if record.problem in PROBLEMS and on_error == "fail":
         detail = record.detail or record.problem.replace("_", " ")
         fix = PROBLEMS[record.problem]
-        if src.path == "-" and record.problem in ("json_error", "not_an_object"):
+        if record.problem == "wrong_encoding":  # its detail starts with the encoding's name
+            fix = reencode_fix(src.path, detail.split(" ", 1)[0], src.compression is not None)
+        elif src.path == "-" and record.problem in ("json_error", "not_an_object"):
             fix = f"{fix} ({STDIN_HINT})"
         elif src.fmt == "json" and record.problem in ("json_error", "not_an_object"):  # a .json read as JSON lines
             fix = f"{fix} ({PROBLEMS['not_records']})"
@@ -142,9 +146,10 @@ def _parse_lines(lines: Iterator[tuple[int, str | None]], text_field: str) -> It
         if not line.strip():
             continue
         try:
-            obj = loads(line)
+            # A byte-order mark starts a line where files that had one were joined (`cat`).
+            obj = loads(line.removeprefix("\ufeff"))
         except json.JSONDecodeError as e:
-            yield bad(number, "json_error", f"invalid JSON ({e.msg} at column {e.colno})")
+            yield bad(number, "json_error", f"invalid JSON ({json_problem(e)} at column {e.colno})")
             continue
         except RecursionError:
             yield bad(number, "json_error", "invalid JSON (nested too deeply)")
@@ -167,15 +172,35 @@ def _fast_loads() -> tuple[Callable[[bytes], Any], type[Exception]] | None:
     return _FAST_JSON[0]
 
 
+def json_problem(e: json.JSONDecodeError) -> str:
+    """What the JSON parser found wrong, without the " at" some of its messages end with
+    ("Unterminated string starting at"), which the caller's own "at column N" follows."""
+    return e.msg.removesuffix(" at")
+
+
 def _field(obj: Any, number: int, text_field: str) -> Record:
     if not isinstance(obj, dict):
         return bad(number, "not_an_object", f"a JSON {type(obj).__name__}, not an object")
-    text = obj.get(text_field)
-    if not isinstance(text, str):
-        what = "no" if text is None else f"a non-string ({type(text).__name__})"
+    if text_field not in obj:
         keys = ", ".join(list(obj)[:8])
-        return bad(number, "missing_field", f"{what} field '{text_field}' (fields: {keys})")
-    return Record(number, text)
+        return bad(number, "missing_field", f"no field '{text_field}' (fields: {keys})")
+    return typed_text(number, obj[text_field], text_field)
+
+
+def typed_text(number: int, value: Any, text_field: str) -> Record:
+    """A record whose text field holds `value`: its text, or the "wrong_type" problem saying
+    what it holds instead (null, a number, a list...)."""
+    if isinstance(value, str):
+        return Record(number, value)
+    return bad(number, "wrong_type", f"field '{text_field}' is {_what(value)}, not a string")
+
+
+def _what(value: Any) -> str:
+    if value is None:
+        return "null"
+    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (list, "a list"), (dict, "an object"),
+             (bytes, "binary data"))  # fmt: skip
+    return next((name for kind, name in kinds if isinstance(value, kind)), f"a {type(value).__name__}")
 
 
 def parse_text_lines(payload: bytes, first: int, paragraph: bool) -> Iterator[Record]:
@@ -208,7 +233,11 @@ def _paragraphs(payload: bytes, first: int) -> Iterator[Record]:
 
 
 def binary_record(block: bytes) -> Record | None:
-    """The "binary_file" problem record for a block whose sniffed prefix holds a NUL byte."""
+    """The problem record for a file whose first block is not UTF-8 text: "wrong_encoding" for
+    UTF-16 or UTF-32 text, "binary_file" for a NUL byte in its sniffed prefix."""
+    if (encoding := foreign_encoding(block)) is not None:
+        name, how = encoding
+        return bad(1, "wrong_encoding", f"{name} text ({how}), not UTF-8")
     pos = nul_offset(block)
     return None if pos is None else bad(1, "binary_file", f"binary data (NUL byte at offset {pos})")
 
@@ -237,44 +266,6 @@ def read_whole_file(src: Source, byte_limit: int, truncate: bool) -> Record:
     return Record(1, text)
 
 
-def _column(table: Any, src: Source, text_field: str) -> list[Any]:
-    names = table.schema.names
-    if text_field not in names:
-        raise InputError(
-            f"{src.path}: no column '{text_field}' (columns: {', '.join(names[:12])}); "
-            "name the text column with --text-field"
-        )
-    return table.column(text_field).to_pylist()
-
-
-def _values(values: list[Any], first: int, text_field: str) -> Iterator[Record]:
-    for k, value in enumerate(values):
-        if isinstance(value, str):
-            yield Record(first + k, value)
-        else:
-            yield bad(first + k, "missing_field", f"field '{text_field}' is {type(value).__name__}")
-
-
-def parse_parquet(src: Source, row_group: int, text_field: str) -> Iterator[Record]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(src.path)
-    first = sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
-    if text_field not in pf.schema_arrow.names:
-        _column(pf.schema_arrow.empty_table(), src, text_field)
-    table = pf.read_row_group(row_group, columns=[text_field])
-    yield from _values(_column(table, src, text_field), first, text_field)
-
-
-def parse_arrow(src: Source, batch: int, text_field: str) -> Iterator[Record]:
-    first = 0
-    for b, rb in enumerate(arrow_batches(open_arrow(src.path))):
-        if b == batch:
-            yield from _values(_column(rb, src, text_field), first, text_field)
-            return
-        first += rb.num_rows
-
-
 def _undecodable(text: str) -> bool:
     """Text read with errors='surrogateescape' carries bytes that were not UTF-8 as U+DC80-DCFF."""
     return not text.isascii() and _ESCAPED.search(text) is not None
@@ -287,6 +278,9 @@ def iter_csv(src: Source, text_field: str) -> Iterator[Record]:
     csv.field_size_limit(min(MAX_RECORD_BYTES, sys.maxsize))
     reader = csv.DictReader(stream)
     try:
+        if (wrong := binary_record(cast(Headed, stream.buffer).peek(SNIFF_BYTES))) is not None:
+            yield wrong
+            return
         if reader.fieldnames is None:
             return
         if text_field not in reader.fieldnames:
@@ -370,8 +364,12 @@ def _text_blocks(stream: Any) -> Iterator[str]:
 
 def _bad_element(src: Source, number: int, line: int, rest: str, e: json.JSONDecodeError) -> InputError:
     """An element that is not JSON ends the array for any --on-error: after it, nothing says
-    where the next element starts."""
-    why = "the file ends before the array is closed" if not rest.strip() else f"invalid JSON ({e.msg})"
+    where the next element starts. In a file still being written, the element the parser
+    stopped at may be the one cut at the size the file had when the run started: said so."""
+    if src.inode and grew(src.path, src.size, src.inode):
+        return changed(src.path, f"it grew past the {src.size:,} bytes it held when the run started, and its "
+                                 "JSON array is not closed there")  # fmt: skip
+    why = "the file ends before the array is closed" if not rest.strip() else f"invalid JSON ({json_problem(e)})"
     return InputError(
         f"{src.path}:{line}: record {number}: {why}; fix the file, or convert it to JSON lines (one object "
         "per line). --on-error skip cannot skip it: a JSON array cannot be read past a bad element"

@@ -21,26 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import IO, Any
+from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, warn
 from ..format import SkippedInputs
 from .clean import CleanConfig
-from .files import (
-    MAX_RECORD_BYTES,
-    DamagedInput,
-    Source,
-    arrow_batches,
-    detect,
-    first_byte,
-    fits,
-    open_arrow,
-    open_binary,
-    parquet_row_groups,
-    read_prefix,
-)
+from .columnar import arrow_batches, open_arrow, parquet_row_groups
+from .files import MAX_RECORD_BYTES, DamagedInput, Source, detect, first_byte, fits, open_binary, read_prefix
+from .reading import InputReadError, grew
 from .records import Record, bad, binary_record, damaged_record, iter_csv, iter_json_array
 from .walk import Rules, Walk, describe, find, nothing_to_read
 
@@ -50,6 +41,7 @@ BLOCK_BYTES = int(os.environ.get("LMSHARD_BLOCK_BYTES", 1 << 20))
 FILES_PER_ITEM = 256  # small whole-text files are grouped to amortise inter-process overhead
 RECORDS_PER_ITEM = 2048  # records per item for formats parsed in the planning process
 SPLIT_INTO_PARAGRAPHS = "split_into_paragraphs"  # per-source count: a text file over --max-chars bytes (auto mode)
+GREW = "grew"  # per-source count: a file that grew while the run read it (read to its size at the start)
 
 
 @dataclass(frozen=True)
@@ -128,8 +120,8 @@ def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str =
 
 def _whole_file(src: Source, text_mode: str, max_chars: int) -> bool:
     """Whether a source is read as one document: a text file in file mode, or in auto mode when
-    it holds at most `max_chars` bytes (so at most that many characters). stdin never is."""
-    if src.fmt != "text" or src.path == "-":
+    it holds at most `max_chars` bytes (so at most that many characters). stdin or a pipe never is."""
+    if src.fmt != "text" or src.stream:
         return False
     return text_mode == "file" or (text_mode == "auto" and fits(src, max_chars))
 
@@ -145,11 +137,11 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) 
         yield from _plan_arrow(i, src)
     elif src.fmt == "csv":
         yield from _batch_records(i, src, iter_csv(src, text_field))
-    elif src.fmt == "json" and (src.path == "-" or first_byte(src) == b"["):
+    elif src.fmt == "json" and (src.stream or first_byte(src) == b"["):  # a stream cannot be sniffed, then read
         yield from _batch_records(i, src, iter_json_array(src, text_field))
     elif src.fmt == "json" and (spread := spread_value(src)) is not None:  # neither an array nor JSON lines
         yield WorkItem(i, 0, "records", payload=[spread], nbytes=src.size)
-    elif src.fmt == "text" and text_mode == "auto" and src.path != "-":
+    elif src.fmt == "text" and text_mode == "auto" and not src.stream:
         items = _plan_lines(i, src, paragraph=True)
         first = next(items, None)
         if first is not None:
@@ -199,19 +191,19 @@ def _plan_lines(i: int, src: Source, paragraph: bool, span: tuple[int, int, int]
     compressed data ends the file with one bad record where the damage starts. `span`: only the
     bytes [start, end) of an uncompressed file, whose first line is number `first_line` (a
     scale-out unit, which starts on a record boundary)."""
-    stream, raw = open_binary(src)
     start, end, first_line = span if span is not None else (0, None, 1)
+    stream, raw = open_binary(src, start)
     try:
-        if start:
-            raw.seek(start)
         carry, line, seq, last_pos = b"", first_line, 0, start
         while True:
             want = BLOCK_BYTES if end is None else min(BLOCK_BYTES, end - raw.tell())
             try:
                 block = stream.read(want)
+            except InputReadError as e:
+                raise e.at(src.path, line) from None
             except DamagedInput as e:  # `carry` holds the line (or paragraph) the damage cut
                 record = damaged_record(line, e, f"{line - 1:,} lines")
-                yield WorkItem(i, seq, "records", payload=[record], nbytes=_delta(raw, last_pos))
+                yield WorkItem(i, seq, "records", payload=[record], nbytes=raw.tell() - last_pos)
                 return
             if seq == 0 and start == 0 and not carry and (binary := binary_record(block)):
                 yield WorkItem(i, 0, "records", payload=[binary], nbytes=src.size)
@@ -219,7 +211,7 @@ def _plan_lines(i: int, src: Source, paragraph: bool, span: tuple[int, int, int]
             data = carry + block
             if not block:
                 if data:
-                    yield WorkItem(i, seq, "lines", line, data, nbytes=_delta(raw, last_pos))
+                    yield WorkItem(i, seq, "lines", line, data, nbytes=raw.tell() - last_pos)
                 return
             cut = _last_boundary(data, paragraph)
             if cut < 0:
@@ -231,21 +223,13 @@ def _plan_lines(i: int, src: Source, paragraph: bool, span: tuple[int, int, int]
                 carry = data
                 continue
             chunk, carry = data[:cut], data[cut:]
-            pos = raw.tell() if src.path != "-" else last_pos
+            pos = raw.tell()
             yield WorkItem(i, seq, "lines", line, chunk, nbytes=pos - last_pos)
             last_pos = pos
             line += chunk.count(b"\n")
             seq += 1
     finally:
-        if src.path != "-":
-            raw.close()
-
-
-def _delta(raw: IO[bytes], last: int) -> int:
-    try:
-        return raw.tell() - last
-    except (OSError, ValueError):
-        return 0
+        raw.close()
 
 
 def _last_boundary(data: bytes, paragraph: bool) -> int:
@@ -281,8 +265,19 @@ def _plan_parquet(i: int, src: Source) -> Iterator[WorkItem]:
 
 
 def _plan_arrow(i: int, src: Source) -> Iterator[WorkItem]:
-    n = sum(1 for _ in arrow_batches(open_arrow(src.path)))
+    n = sum(1 for _ in arrow_batches(open_arrow(src)))
     for b in range(n):
         yield WorkItem(i, b, "arrow", locator=b, nbytes=src.size // max(n, 1))
     if n == 0:
         yield WorkItem(i, 0, "records", payload=[], nbytes=src.size)
+
+
+def note_growth(sources: list[Source], per_source: dict[int, Counter[str]]) -> None:
+    """Count (GREW) and warn about the files that are larger now than when the run started:
+    each was read up to the size it had then (its last line only if whole), so the rest is not
+    in the output."""
+    for i, src in enumerate(sources):
+        if src.inode and grew(src.path, src.size, src.inode):
+            per_source.setdefault(i, Counter())[GREW] = 1
+            warn(f"{src.path}: grew while the run read it; read up to the {src.size:,} bytes it held when the run "
+                 "started (its last line only if whole): run again once it is complete to include the rest")

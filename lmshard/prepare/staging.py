@@ -157,8 +157,13 @@ def _read_text(fd: int) -> str:
 
 
 def os_error(e: OSError, out: Path) -> LmshardError:
-    """An operating-system failure as a one-line message naming the file and the fix."""
+    """An operating-system failure of the output side as a one-line message naming the file and
+    the fix (the readers name an input's own failures: `reading.InputReadError`). A failure
+    naming no file is a write's: the output's. One naming a file outside the output gets no
+    advice about --out."""
     where = e.filename or out
+    if e.filename is not None and not _is_output(os.fsdecode(e.filename), out):
+        return LmshardError(f"{where}: {e.strerror or e}")
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return LmshardError(f"{where}: no space left on the device; free space (or choose another --out) and re-run")
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
@@ -166,6 +171,14 @@ def os_error(e: OSError, out: Path) -> LmshardError:
     if e.errno == errno.ENOTDIR:
         return LmshardError(f"{where}: a part of the --out path is a file, not a directory; choose another --out")
     return LmshardError(f"{where}: {e.strerror or e}")
+
+
+def _is_output(path: str, out: Path) -> bool:
+    """Whether `path` is --out, inside it, or among the entries a run keeps beside it."""
+    p = Path(os.path.abspath(path))
+    if p == out or out in p.parents:
+        return True
+    return out.parent in p.parents and p.relative_to(out.parent).parts[0].startswith(f".{out.name}.lmshard-")
 
 
 def inside(out: Path) -> bool:
@@ -179,8 +192,10 @@ def inside(out: Path) -> bool:
 
 def kind_of_output(out: Path) -> tuple[str, list[str]]:
     """What `--out` holds: missing, file, empty, dataset (complete; other files of the user's
-    may sit beside it), unfinished (only lmshard's own names: a run of an older lmshard that wrote
-    in place) or foreign (no dataset, other files); and the names that are not lmshard's."""
+    may sit beside it), unfinished (only lmshard's own names, and files that only lmshard
+    writes: a run of an older lmshard that wrote in place) or foreign (no dataset, other files,
+    or only folders named train/ and val/ with none of lmshard's files in them); and the names
+    that are not lmshard's (all of them, for a foreign folder of lmshard-like names)."""
     if not out.exists():
         return "missing", []
     if not out.is_dir():
@@ -191,7 +206,18 @@ def kind_of_output(out: Path) -> tuple[str, list[str]]:
         return "empty", []
     if METADATA_FILE in entries:
         return "dataset", foreign
+    if not foreign and not _written_by_lmshard(out, entries):
+        return "foreign", sorted(entries)
     return ("foreign" if foreign else "unfinished"), foreign
+
+
+def _written_by_lmshard(out: Path, entries: list[str]) -> bool:
+    """Whether a folder of lmshard's names holds a file only lmshard writes: its run record, its
+    tokenizer state, or a shard or key file (train/shard_000000.bin, dedup/doc_keys_000000.u64)."""
+    if IN_PROGRESS_FILE in entries or TOKENIZER_FILE in entries:
+        return True
+    subs = [out / sub for sub in (*SPLITS, "dedup") if sub in entries]
+    return any(_OUR_FILE.fullmatch(n) for sub in subs if sub.is_dir() for n in os.listdir(sub))
 
 
 def read_run(staging: Path) -> dict[str, Any] | None:

@@ -42,7 +42,8 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..format import atomic_write_json
-from .files import Source, first_byte, parquet_row_groups
+from .columnar import parquet_row_groups
+from .files import Source, first_byte, open_raw
 from .records import binary_record
 from .sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
 from .staging import difference
@@ -81,7 +82,7 @@ def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes:
         raise ConfigError(f"unit_bytes={unit_bytes} is below {_WINDOW}; pass at least {_WINDOW} bytes")
     units: list[Unit] = []
     for i, src in enumerate(sources):
-        if src.path == "-" or src.fmt == "hf":
+        if src.stream or src.fmt == "hf":
             name = "stdin" if src.path == "-" else src.path
             raise ConfigError(f"{name}: a scale-out run reads files that every task can open; save the input to a "
                               "file (Hugging Face datasets: --hf-tasks)")  # fmt: skip
@@ -100,19 +101,19 @@ def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -
         return whole
     if src.fmt == "text" and (text_mode == "file" or (text_mode == "auto" and src.size <= max_chars)):
         return whole  # one document
-    with open(src.path, "rb") as f:
+    with open_raw(src) as f:
         if binary_record(f.read(BLOCK_BYTES)) is not None:  # one "binary_file" record, as prepare reads it
             return whole
     paragraph = src.fmt == "text" and text_mode != "line"
-    cuts = [0, *_boundaries(src.path, src.size, unit_bytes, paragraph), src.size]
-    lines = _first_lines(src.path, cuts)
+    cuts = [0, *_boundaries(src, unit_bytes, paragraph), src.size]
+    lines = _first_lines(src, cuts)
     return [Unit(i, "range", a, b, b - a, n) for a, b, n in zip(cuts[:-1], cuts[1:], lines, strict=False)]
 
 
-def _first_lines(path: str, cuts: list[int]) -> list[int]:
+def _first_lines(src: Source, cuts: list[int]) -> list[int]:
     """The line number at each cut: newlines counted in one pass over the file (memory: one block)."""
     out, line, pos = [1], 1, 0
-    with open(path, "rb") as f:
+    with open_raw(src) as f:
         for cut in cuts[1:-1]:
             while pos < cut:
                 block = f.read(min(BLOCK_BYTES, cut - pos))
@@ -140,11 +141,12 @@ def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str,
             yield replace(item, source=i, payload=[i] if item.kind == "files" else item.payload)
 
 
-def _boundaries(path: str, size: int, unit_bytes: int, paragraph: bool) -> list[int]:
+def _boundaries(src: Source, unit_bytes: int, paragraph: bool) -> list[int]:
     """Record boundaries (offsets just past a newline, or past a blank line's last newline)
     at or after each multiple of unit_bytes, increasing; one that reaches the end is dropped."""
     found: list[int] = []
-    with open(path, "rb") as f:
+    size = src.size
+    with open_raw(src) as f:
         for target in range(unit_bytes, size, unit_bytes):
             if found and found[-1] >= target:
                 continue  # a long record already carried the last cut past this multiple

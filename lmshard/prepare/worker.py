@@ -22,17 +22,9 @@ import xxhash
 from ..errors import TokenizerError
 from ..tokenizers import Tokenizer, load_tokenizer
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
+from .columnar import parse_arrow, parse_parquet
 from .files import Source
-from .records import (
-    Record,
-    example,
-    parse_arrow,
-    parse_jsonl,
-    parse_parquet,
-    parse_text_lines,
-    read_whole_file,
-    settle,
-)
+from .records import Record, example, parse_jsonl, parse_text_lines, read_whole_file, settle
 from .sources import SPLIT_INTO_PARAGRAPHS, WorkItem, by_paragraph
 from .stops import stop_point
 

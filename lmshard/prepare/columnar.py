@@ -1,0 +1,113 @@
+"""Parquet and arrow inputs: how many row groups or record batches a file holds (planning), and
+the records of one of them (a worker). pyarrow reads these files by path, seeking, so they are
+never read from a pipe; its operating-system errors are named as the input's.
+
+Records are numbered from 1 in the file, as lines are: row 1 is the first row of row group 0.
+
+Memory model: one row group's or record batch's text column; arrow files are memory-mapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import InputError
+from .files import Source, open_raw
+from .reading import cannot_stream, read_error
+from .records import Record, typed_text
+
+
+def open_arrow(src: Source) -> Any:
+    """An arrow IPC reader for the file format or, as `datasets.save_to_disk` writes, the
+    stream format; both memory-mapped."""
+    import pyarrow as pa
+
+    path = _seekable(src)
+    try:
+        try:
+            return pa.ipc.open_file(pa.memory_map(path))
+        except pa.ArrowInvalid:
+            try:
+                return pa.ipc.open_stream(pa.memory_map(path))
+            except pa.ArrowInvalid as e:
+                raise InputError(f"{path}: not an arrow IPC file ({e})") from None
+    except OSError as e:
+        raise read_error(path, e) from None
+
+
+def _seekable(src: Source) -> str:
+    """The path of a parquet or arrow file, refused for a pipe and checked to be the file the
+    run recorded (not replaced, not shrunk)."""
+    if src.stream:
+        raise cannot_stream(src.path, src.fmt)
+    if src.inode:
+        open_raw(src).close()
+    return src.path
+
+
+def arrow_batches(reader: Any) -> Iterator[Any]:
+    if hasattr(reader, "num_record_batches"):
+        for b in range(reader.num_record_batches):
+            yield reader.get_batch(b)
+    else:
+        yield from reader
+
+
+def parquet_file(src: Source) -> Any:
+    """pyarrow's ParquetFile of `src`; a file that is not parquet, or cannot be read, is one line."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(_seekable(src))
+    except OSError as e:
+        if e.errno:  # the file system's failure; pyarrow's OSErrors without one are about the data
+            raise read_error(src.path, e) from None
+        raise InputError(f"{src.path}: not a readable parquet file ({e})") from None
+    except InputError:
+        raise
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise InputError(f"{src.path}: not a readable parquet file ({e})") from None
+
+
+def parquet_row_groups(src: Source) -> int:
+    return int(parquet_file(src).metadata.num_row_groups)
+
+
+def _column(table: Any, src: Source, text_field: str) -> list[Any]:
+    names = table.schema.names
+    if text_field not in names:
+        raise InputError(
+            f"{src.path}: no column '{text_field}' (columns: {', '.join(names[:12])}); "
+            "name the text column with --text-field"
+        )
+    return table.column(text_field).to_pylist()
+
+
+def _values(values: list[Any], first: int, text_field: str) -> Iterator[Record]:
+    """The records of a column whose first value is record number `first` (1-based)."""
+    for k, value in enumerate(values):
+        yield typed_text(first + k, value, text_field)
+
+
+def parse_parquet(src: Source, row_group: int, text_field: str) -> Iterator[Record]:
+    pf = parquet_file(src)
+    first = 1 + sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
+    if text_field not in pf.schema_arrow.names:
+        _column(pf.schema_arrow.empty_table(), src, text_field)
+    try:
+        table = pf.read_row_group(row_group, columns=[text_field])
+    except OSError as e:
+        if e.errno:
+            raise read_error(src.path, e) from None
+        raise
+    yield from _values(_column(table, src, text_field), first, text_field)
+
+
+def parse_arrow(src: Source, batch: int, text_field: str) -> Iterator[Record]:
+    first = 1
+    for b, rb in enumerate(arrow_batches(open_arrow(src))):
+        if b == batch:
+            yield from _values(_column(rb, src, text_field), first, text_field)
+            return
+        first += rb.num_rows

@@ -1,0 +1,282 @@
+"""Reading inputs (#29): a failure while reading names the input that failed, not --out (an
+injected EIO, an EACCES, in this process or in a worker); pipes (a FIFO, `<(...)`) are read as
+stdin is and are never offered a --resume; a file that changes while the run reads it is read
+up to its size at the start (a half-written last record is left out, the growth is counted and
+said) or refused as "changed while reading", never reported as a bad line.
+
+Faults are injected where prepare opens its inputs (tests/faults.py), so they hold as root; a
+file "still being written" is changed at a fixed point: just after prepare recorded the
+inputs' sizes, before it reads any (`after_discovery`), never by a racing thread."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import read_docs, write
+from faults import failing_reads, unreadable
+from typer.testing import CliRunner
+
+import lmshard.prepare.pipeline as pipeline
+from lmshard.cli import app
+from lmshard.errors import ConfigError, InputError
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.files import detect
+from lmshard.prepare.pool import OrderedPool
+from lmshard.prepare.reading import InputReadError
+from lmshard.prepare.records import read_whole_file
+
+runner = CliRunner()
+
+
+def lines(n: int, tag: str = "doc") -> str:
+    return "".join(json.dumps({"text": f"{tag} {i} " + "word " * (i % 7 + 1)}) + "\n" for i in range(n))
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, " ".join(result.output.split())
+
+
+def docs(out: Path) -> list[list[int]]:
+    return [d.tolist() for split in ("train", "val") for d in read_docs(out, split)]
+
+
+def reference_docs(tmp_path: Path, name: str, data: str | bytes, **kw) -> list[list[int]]:
+    """The documents of a run over `data` in a file of its own (what a changed file must give)."""
+    path = write(tmp_path / "reference" / name, data)
+    prepare(PrepareConfig(inputs=[str(path)], out=str(path.parent / "out"), workers=1, **kw))
+    return docs(path.parent / "out")
+
+
+# --- item 3: errors name the right file ------------------------------------------------------------
+
+
+def test_an_io_error_reading_an_input_names_it_and_its_line_and_keeps_the_work(tmp_path, monkeypatch, small_items):
+    a = write(tmp_path / "a.jsonl", lines(200))
+    out = tmp_path / "out"
+    args = ("prepare", str(a), "--out", str(out), "--workers", "1")
+    with monkeypatch.context() as m:
+        failing_reads(m, "a.jsonl", after=5000)  # the third 2 KiB block fails, as a bad sector would
+        code, text = cli(*args)
+    line = 1 + lines(200).encode()[:4096].count(b"\n")  # the first line of the block that failed
+    assert code == 1
+    assert f"error: {a}:{line}: cannot read this input after 5,000 bytes (Input/output error); check the disk" in text
+    assert f"kept in {out.parent / '.out.lmshard-partial'}: run the same command with --resume" in text
+    assert "choose an --out" not in text and f"{out}: Input/output error" not in text
+    code, text = cli(*args, "--resume")  # the disk is back: the run finishes as if nothing happened
+    assert code == 0, text
+    assert docs(out) == reference_docs(tmp_path, "a.jsonl", lines(200))
+
+
+@pytest.mark.parametrize("name", ["b.jsonl", "b.txt", "b.csv"])  # read in planning, by a worker, parsed whole
+def test_an_unreadable_input_is_named_with_its_fix_not_outs(tmp_path, monkeypatch, name):
+    first = write(tmp_path / "a.jsonl", lines(3))
+    bad = write(tmp_path / name, "text\nsome text\n")
+    unreadable(monkeypatch, name)
+    code, text = cli("prepare", str(first), str(bad), "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 1
+    assert f"error: {bad}: cannot read this input (Permission denied); make it readable (chmod u+r {bad})" in text
+    assert "choose an --out" not in text
+
+
+@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0, reason="chmod 000 does not deny root (see above)")
+def test_a_chmod_000_input_is_named_with_its_fix(tmp_path):
+    bad = write(tmp_path / "a.jsonl", lines(3))
+    bad.chmod(0)
+    code, text = cli("prepare", str(bad), "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 1 and f"{bad}: cannot read this input (Permission denied)" in text
+    assert "choose an --out" not in text
+
+
+def _read_whole(src):  # runs in the worker process
+    return read_whole_file(src, 1 << 20, truncate=False)
+
+
+def _no_setup(_: object) -> None:
+    pass
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the injected fault reaches the worker by fork")
+def test_a_read_error_in_a_worker_reaches_the_main_process_as_the_inputs(tmp_path, monkeypatch):
+    src = detect(str(write(tmp_path / "b.txt", "x" * 3000)))
+    failing_reads(monkeypatch, "b.txt", after=100)
+    with OrderedPool(1, _no_setup, None, start="fork") as pool, pytest.raises(InputReadError) as e:
+        list(pool.imap(_read_whole, [src], window=1))
+    assert str(e.value).startswith(f"{src.path}: cannot read this input after 100 bytes (Input/output error)")
+
+
+# --- item 3: pipes ------------------------------------------------------------------------------------
+
+
+def _feed(path: str | int, data: bytes) -> None:
+    """Write `data` into a pipe from a thread (less than a pipe holds, so it never blocks long)."""
+    assert len(data) < 60_000
+
+    def write_all() -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+
+    threading.Thread(target=write_all, daemon=True).start()
+
+
+def _pipe(tmp_path: Path, kind: str, data: bytes) -> str:
+    """A FIFO (mkfifo), or what `<(...)` passes: /dev/fd/N of a pipe, fed with `data`."""
+    if kind == "fifo":
+        path = str(tmp_path / "in.jsonl")
+        os.mkfifo(path)
+        _feed(path, data)
+        return path
+    read_end, write_end = os.pipe()
+    _feed(write_end, data)
+    return f"/dev/fd/{read_end}"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+@pytest.mark.parametrize("kind", ["fifo", "process substitution"])
+def test_a_pipe_is_read_as_stdin_is(tmp_path, kind):
+    path = _pipe(tmp_path, kind, lines(50).encode())
+    code, text = cli("prepare", path, "--format", "jsonl", "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 0, text
+    assert docs(tmp_path / "out") == reference_docs(tmp_path, "a.jsonl", lines(50))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_a_pipe_that_fails_offers_no_resume_and_keeps_nothing(tmp_path, monkeypatch, small_items):
+    path = _pipe(tmp_path, "fifo", lines(300).encode())
+    failing_reads(monkeypatch, "in.jsonl", after=5000)
+    code, text = cli("prepare", path, "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 1
+    assert f"{path}:" in text and "Input/output error" in text and "Illegal seek" not in text
+    assert f"nothing was kept (a run reading the pipe {path} cannot be resumed)" in text and "--resume" not in text
+    assert not (tmp_path / ".out.lmshard-partial").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_an_interrupted_pipe_run_offers_no_resume(tmp_path, monkeypatch):
+    path = _pipe(tmp_path, "fifo", lines(20).encode())
+
+    def ctrl_c(point: str, key: int | None = None) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "stop_point", ctrl_c)  # Ctrl-C once the first work item is written
+    code, text = cli("prepare", path, "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 130 and "--resume" not in text
+    assert not (tmp_path / ".out.lmshard-partial").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+@pytest.mark.parametrize(("name", "options", "words"), [
+    ("in.parquet", {}, "a pipe, and a parquet file is read by seeking, which a pipe cannot do; save it to a file"),
+    ("in.jsonl", {"dedup_lines": True}, "a pipe, and --dedup-lines reads the input twice"),
+    ("in.txt", {"text_mode": "file"}, "a pipe, and --text-mode file cannot make a pipe one document"),
+])  # fmt: skip
+def test_what_a_pipe_cannot_do_is_refused_naming_it(tmp_path, name, options, words):
+    path = tmp_path / name
+    os.mkfifo(path)
+    _feed(str(path), b"")  # a writer, should anything open the pipe
+    with pytest.raises((InputError, ConfigError)) as e:
+        prepare(PrepareConfig(inputs=[str(path)], out=str(tmp_path / "out"), workers=1, **options))
+    assert str(e.value).startswith(f"{path}: {words}")
+    assert not (tmp_path / ".out.lmshard-partial").exists()
+
+
+# --- item 5: inputs that change while being read ------------------------------------------------------
+
+
+def after_discovery(monkeypatch, change) -> None:
+    """Call `change()` once prepare has recorded its inputs (paths, sizes), before it reads any."""
+    discover = pipeline.discover
+
+    def discover_then_change(*args, **kwargs):
+        found = discover(*args, **kwargs)
+        change()
+        return found
+
+    monkeypatch.setattr(pipeline, "discover", discover_then_change)
+
+
+def append(path: Path, data: str | bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+@pytest.mark.parametrize(("name", "at_start", "written_later", "as_read"), [
+    # JSON lines, read in blocks by the planner: the record half-written at the start is left out
+    ("a.jsonl", lines(40) + '{"text": "half a rec', 'ord"}\n' + lines(5, "late"), lines(40)),
+    # ... and one whole at the start, though its line end came later, is kept
+    ("b.jsonl", lines(40) + '{"text": "whole"}', "\n" + lines(5, "late"), lines(40) + '{"text": "whole"}\n'),
+    # a text file read whole by a worker: its last, unfinished line is left out
+    ("c.txt", "first line\nsecond line\nthird li", "ne\nfourth line\n", "first line\nsecond line\n"),
+])  # fmt: skip
+def test_a_file_still_being_written_is_read_up_to_its_size_at_the_start(tmp_path, monkeypatch, name, at_start,
+                                                                        written_later, as_read):  # fmt: skip
+    path = write(tmp_path / name, at_start)
+    after_discovery(monkeypatch, lambda: append(path, written_later))
+    code, text = cli("prepare", str(path), "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 0, text
+    assert f"warning: {path}: grew while the run read it; read up to the {len(at_start.encode()):,} bytes" in text
+    assert "grew while read (read up to their size at the start) 1:" in text  # the summary's count
+    meta = json.loads((tmp_path / "out" / "dataset_metadata.json").read_text())
+    assert meta["sources"][0]["grew"] == 1 and "json_error" not in meta["drops"]
+    assert docs(tmp_path / "out") == reference_docs(tmp_path, name, as_read)
+
+
+@pytest.mark.parametrize(("name", "at_start", "written_later", "words"), [
+    ("a.jsonl.gz", gzip.compress(lines(200).encode())[:600], gzip.compress(lines(200).encode())[600:],
+     "it grew past the {size:,} bytes it held when the run started, and its gzip data is cut there"),
+    ("a.json", '[{"text": "one"},\n{"text": "two"},\n{"text": "th', 'ree"}\n]\n',
+     "it grew past the {size:,} bytes it held when the run started, and its JSON array is not closed there"),
+])  # fmt: skip
+def test_a_file_still_being_written_that_cannot_be_cut_is_refused(tmp_path, monkeypatch, name, at_start,
+                                                                 written_later, words):  # fmt: skip
+    path = write(tmp_path / name, at_start)
+    after_discovery(monkeypatch, lambda: append(path, written_later))
+    with pytest.raises(InputError) as e:
+        prepare(PrepareConfig(inputs=[str(path)], out=str(tmp_path / "out"), workers=1))
+    words = words.format(size=len(at_start.encode() if isinstance(at_start, str) else at_start))
+    assert str(e.value) == f"{path}: changed while reading: {words}; run again once nothing writes to it"
+
+
+def _shrink(path: Path) -> None:
+    os.truncate(path, 100)
+
+
+def _replace(path: Path) -> None:
+    other = write(path.with_name("other"), lines(60))
+    os.replace(other, path)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (_shrink, "it held {size:,} bytes when the run started and holds 100 now"),
+    (_replace, "it was replaced by another file after the run started"),
+])  # fmt: skip
+@pytest.mark.parametrize("name", ["a.jsonl", "a.txt"])
+def test_a_file_that_shrank_or_was_replaced_is_one_line_naming_it(tmp_path, monkeypatch, change, words, name):
+    path = write(tmp_path / name, lines(50))
+    size = path.stat().st_size
+    after_discovery(monkeypatch, lambda: change(path))
+    code, text = cli("prepare", str(path), "--out", str(tmp_path / "out"), "--workers", "1")
+    assert code == 1
+    assert f"error: {path}: changed while reading: {words.format(size=size)}; run again once nothing writes" in text
+    assert "fix the line" not in text and not (tmp_path / "out").exists()
+
+
+def test_a_partial_record_at_the_size_recorded_is_never_a_bad_line_in_a_scale_out_unit(tmp_path, monkeypatch):
+    """The last unit of a cut file ends at the recorded size: a growing file's half-written last
+    record is left out there too."""
+    from lmshard.prepare.taskplan import cut_units, unit_items
+
+    path = write(tmp_path / "a.jsonl", lines(3000) + '{"text": "half')
+    src = detect(str(path))
+    append(path, ' a record"}\n')
+    units = cut_units([src], "auto", 1000, 64 << 10)
+    assert len(units) >= 2
+    payload = b"".join(it.payload for u in units for it in unit_items(0, src, u, "auto", "text", 1000))
+    assert payload == lines(3000).encode()
