@@ -84,7 +84,11 @@ def run_task(
         raise ConfigError(f"--stage {stage} needs --task I, I in 0 .. {n_tasks - 1}")
     if stage == "tokenize":
         assert task is not None
-        done = stages.tokenize_task(cfg, n_tasks, task, unit_bytes)
+        try:
+            done = stages.tokenize_task(cfg, n_tasks, task, unit_bytes)
+        except stages.TaskStopped as e:  # scancel or a time limit: exit as a signal's death reads (128 + signum)
+            render.err.print(f"stopped: {e}", markup=False, soft_wrap=True)
+            raise typer.Exit(128 + e.signum) from None
         render.err.print(f"task {task}: {done} unit{'s' if done != 1 else ''} tokenized", markup=False, soft_wrap=True)
     elif stage == "dedup":
         assert task is not None

@@ -233,3 +233,41 @@ def test_the_printed_slurm_resubmit_commands_cover_every_bucket():
         last = int(line.split("--array=0-")[1].split()[0])
         tasks |= {first + i for i in range(last + 1)}
     assert tasks == set(range(7))
+
+
+def test_a_task_stopped_by_sigterm_is_recorded_as_stopped_and_its_rerun_completes(tmp_path):
+    """scancel or a time limit sends SIGTERM: the task records itself as stopped (not left
+    "running" for `status` on another host), exits 143 with one line, and its re-run finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from proctree import finish, signal_stopped, wait_stopped
+
+    src = tmp_path / "in"
+    jsonl(src / "big.jsonl", make_texts(6_000, seed=6))
+    lmshard = [sys.executable, "-m", "lmshard"]
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}
+
+    def run(*args):
+        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+    assert run("prepare", str(src), "--workers", "1", "--out", "local").returncode == 0
+    assert run("prepare", str(src), "--workers", "1", "--out", "dist", "--num-tasks", "1",
+               "--executor", "none").returncode == 0  # fmt: skip
+    proc = subprocess.Popen([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", "dist"], cwd=tmp_path,
+                            env=env | {"LMSHARD_STOP_AT": "unit:3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    assert wait_stopped(proc) == proc.pid
+    signal_stopped(proc.pid, signal.SIGTERM)
+    code, err = finish(proc, 120)
+    assert code == 143 and "Traceback" not in err, err
+    assert "task 0 stopped by SIGTERM with 3 of" in err and "run the same command again" in err, err
+    state = json.loads((work_dir(tmp_path / "dist") / "tasks" / "tokenize_000000.json").read_text())
+    assert state["state"] == "stopped" and state["signal"] == "SIGTERM" and state["pid"] == proc.pid
+    assert f"(pid {proc.pid}) by SIGTERM" in run("status", "dist").stdout
+    assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
+    assert run("run-task", "--stage", "dedup", "--task", "0", "dist").returncode == 0
+    assert run("run-task", "--stage", "merge", "dist").returncode == 0
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")

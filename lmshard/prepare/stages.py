@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 from collections import Counter
@@ -33,9 +34,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, LmshardError
 from ..format import METADATA_FILE, atomic_write_json
 from ..tokenizers import Tokenizer
+from .build import sigterm_stops
 from .claim import _fingerprint
 from .config import PrepareConfig
 from .pipeline import _tokenizer, prepare
@@ -126,6 +128,8 @@ def _task_state(work: Path, task: int) -> str | None:
     where = f"{state.get('host')} (pid {state.get('pid')}"
     if state.get("state") == "failed":
         return f"failed on {where}): {state.get('error')}"
+    if state.get("state") == "stopped":  # scancel, a time limit, Ctrl-C: nothing wrong with the task itself
+        return f"stopped on {where}) by {state.get('signal')}"
     if state.get("host") == socket.gethostname() and not _alive(int(state.get("pid", 0))):
         return f"died on {where} gone: killed?)"
     return f"running on {where})"
@@ -139,6 +143,17 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return pid > 0
+
+
+class TaskStopped(LmshardError):
+    """A task stopped by a signal; `signum` gives its exit status (128 + signum)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses process boundaries with its signal
+        return (TaskStopped, (str(self), self.signum))
 
 
 def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int = UNIT_BYTES) -> int:
@@ -156,8 +171,17 @@ def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: in
                               "started": time.time()})  # fmt: skip
     done = 0
     try:
-        for u in range(first, end):
-            done += tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
+        with sigterm_stops():
+            for u in range(first, end):
+                done += tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
+    except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
+        name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
+        atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),
+                                  "signal": name})  # fmt: skip
+        finished = sum((work_dir(config.out) / "tokenize" / f"unit_{u:06d}.done").exists() for u in range(first, end))
+        raise TaskStopped(f"task {task} stopped by {name} with {finished} of {end - first} units done; they are "
+                          "kept: run the same command again to finish it",
+                          getattr(e, "signum", signal.SIGINT)) from None  # fmt: skip
     except BaseException as e:
         atomic_write_json(state, {"state": "failed", "host": socket.gethostname(), "pid": os.getpid(),
                                   "error": f"{type(e).__name__}: {e}"[:500]})  # fmt: skip
