@@ -69,15 +69,8 @@ class ForeignSpellings(TyperCommand):
             raise _click_errors.UsageError(advice, ctx=ctx) from None
 
 
-INPUTS, HF, CLEAN, TOKENIZER, OUTPUT, EXECUTION, LOGGING = (
-    "Inputs",
-    "Hugging Face inputs",
-    "Cleaning and dedup",
-    "Tokenizer",
-    "Output and split",
-    "Execution",
-    "Logging",
-)
+INPUTS, HF, CLEAN, TOKENIZER = "Inputs", "Hugging Face inputs", "Cleaning and dedup", "Tokenizer"
+OUTPUT, EXECUTION, LOGGING = "Output and split", "Execution", "Logging"
 
 
 def _opt(panel: str, metavar: str | None, help: str, *names: str) -> Any:
@@ -198,6 +191,8 @@ def prepare(
     num_tasks: int | None = _opt(
         EXECUTION, "N", "Plan the run as N tasks (scale-out: docs/scaling.md).", "--num-tasks"
     ),  # fmt: skip
+    unit_size: str | None = _opt(EXECUTION, "SIZE", "With --num-tasks: input per unit of work (64K, 8M, 1G). "
+                                 "Default: sized to the tasks, at most 64M.", "--unit-size"),  # fmt: skip
     executor: str | None = _opt(
         EXECUTION,
         "NAME",
@@ -226,8 +221,9 @@ def prepare(
     flags = dict(locals())  # every option by its name, None where not given
     flags["json"] = flags.pop("json_")
     from .prepare import prepare as run_prepare
-    from .prepare.config import resolve_config
+    from .prepare.config import parse_size, resolve_config
 
+    flags["unit_size"] = parse_size("--unit-size", unit_size) if unit_size is not None else None
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
     if workers == 0 and not cfg.quiet:  # documented, but 0 means "in this process" to a torch DataLoader
         print(f"note: --workers 0 means one worker process per core this job may use: {cfg.n_workers()} here",

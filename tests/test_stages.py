@@ -11,7 +11,7 @@ from test_prepare import jsonl, make_texts
 
 from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.stages import merge, missing_units, tokenize_task
+from lmshard.prepare.stages import merge, missing_units, plan_run, tokenize_task
 from lmshard.prepare.taskplan import _WINDOW, load_plan, work_dir
 
 
@@ -271,3 +271,33 @@ def test_a_task_stopped_by_sigterm_is_recorded_as_stopped_and_its_rerun_complete
     assert run("run-task", "--stage", "dedup", "--task", "0", "dist").returncode == 0
     assert run("run-task", "--stage", "merge", "dist").returncode == 0
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, monkeypatch):
+    """8 tasks over a few MB each get units (64 MiB units would give one task everything); an
+    explicit --unit-size is the plan's; the output is one machine's bytes either way."""
+    import subprocess
+    import sys
+
+    import lmshard.prepare.taskplan as taskplan
+
+    monkeypatch.setattr(taskplan, "UNIT_BYTES", 64 << 20)  # the default, whatever LMSHARD_UNIT_BYTES says
+    src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(12_000, seed=9))
+    size = src.stat().st_size
+    plan, _, _ = plan_run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "p8"), workers=1), 8)
+    assert plan["unit_bytes"] == -(-size // 32) and len(plan["units"]) >= 8
+    assert all(end > first for first, end in plan["tasks"])  # no task without work
+    plan, _, _ = plan_run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "u"), workers=1, unit_size=128 << 10), 2)
+    assert plan["unit_bytes"] == 128 << 10 and len(plan["units"]) == -(-size // (128 << 10))
+    lmshard = [sys.executable, "-m", "lmshard", "prepare", str(src), "--workers", "1"]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "LMSHARD_UNIT_BYTES"}
+    for args in (["--out", str(tmp_path / "one")], ["--out", str(tmp_path / "eight"), "--num-tasks", "8"],
+                 ["--out", str(tmp_path / "sized"), "--num-tasks", "2", "--unit-size", "256K"]):  # fmt: skip
+        done = subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+    assert load_plan(work_dir(tmp_path / "sized"))["unit_bytes"] == 256 << 10
+    assert _files(tmp_path / "one") == _files(tmp_path / "eight") == _files(tmp_path / "sized")
+    for bad, words in (("12x", "pass a size in bytes"), ("16K", "pass at least 65,536 bytes")):
+        done = subprocess.run([*lmshard, "--out", str(tmp_path / "bad"), "--num-tasks", "2", "--unit-size", bad],
+                              capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+        assert done.returncode == 1 and words in done.stderr and "Traceback" not in done.stderr, done.stderr

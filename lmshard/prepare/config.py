@@ -31,9 +31,10 @@ DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
 # (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
 TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend",
-                     "num_tasks", "executor", "sbatch_args", "ray_address",
+                     "num_tasks", "unit_size", "executor", "sbatch_args", "ray_address",
                      "log_interval", "quiet", "json")  # fmt: skip
 EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/stages.py)
+MIN_UNIT_BYTES = 64 << 10  # the smallest unit a plan cuts (taskplan.py reads a window of this size at each cut)
 BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
@@ -79,6 +80,7 @@ class PrepareConfig:
     hf_task: int = 0  # this task's part of the stream, of hf_tasks parts
     hf_tasks: int = 1
     num_tasks: int | None = None  # scale-out: plan the run as this many tasks (stages.py); None: one fused run
+    unit_size: int | None = None  # scale-out: bytes of input per unit; None: sized to the task count (taskplan.py)
     executor: str = "local"  # with num_tasks: local (run every task here, then merge), none (print the commands), slurm
     sbatch_args: str | None = None  # --executor slurm: added to every sbatch call (partition, time, mem, account)
     ray_address: str | None = None  # --executor ray: the cluster to join (auto, or host:port); None: a local one
@@ -94,6 +96,8 @@ class PrepareConfig:
             raise ConfigError(f"--log-interval {self.log_interval}: pass a number of seconds, 0 or more")
         if self.num_tasks is not None and self.num_tasks < 1:
             raise ConfigError(f"--num-tasks {self.num_tasks}: pass at least 1")
+        if self.unit_size is not None and self.unit_size < MIN_UNIT_BYTES:
+            raise ConfigError(f"--unit-size {self.unit_size}: pass at least {MIN_UNIT_BYTES:,} bytes (64K)")
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
         _choice("--bos", self.bos, BOS_MODES)
@@ -331,3 +335,14 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity API (macOS)
         return os.cpu_count() or 1
+
+
+def parse_size(option: str, text: str) -> int:
+    """Bytes from `65536`, `64K`, `8M`, `1G` (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = text.strip().upper().rstrip("IB") or "0", ""
+    if number[-1:] in "KMG":
+        number, unit = number[:-1], number[-1]
+    if not number.isdigit():
+        raise ConfigError(f"{option} {text}: pass a size in bytes, or with K, M or G (64K, 8M, 1G)")
+    return int(number) * units[unit]

@@ -31,16 +31,17 @@ from typing import Any
 from .config import PrepareConfig
 from .pool import WorkerDied, start_method
 from .stages import merge, plan_run, tokenize_unit, worker_config
-from .taskplan import UNIT_BYTES, work_dir
+from .taskplan import work_dir
 
 _here: dict[str, Any] = {}  # what forked workers inherit: (config, plan, sources, tokenizer, worker config)
 
 
-def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
+def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         on_progress: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
     """Tokenize every unit not yet done and merge, as described above; returns the metadata.
     `on_progress`: as for prepare, called as the merge goes."""
     plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
+    size = int(plan["unit_bytes"])  # as planned: the workers validate the same plan
     done = work_dir(config.out) / "tokenize"
     todo = [u for u in range(len(plan["units"])) if not (done / f"unit_{u:06d}.done").exists()]
     workers = min(config.n_workers(), len(todo))
@@ -50,11 +51,11 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
         def inline(u: int) -> None:
             tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
 
-        return merge(config, n_tasks, unit_bytes, ready=inline, dedup_stage=False, on_progress=on_progress)
+        return merge(config, n_tasks, size, ready=inline, dedup_stage=False, on_progress=on_progress)
     method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
-    _here.update(args=(config, n_tasks, unit_bytes), state=(plan, sources, tokenizer))
+    _here.update(args=(config, n_tasks, size), state=(plan, sources, tokenizer))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
-                               initargs=(config, n_tasks, unit_bytes, method == "fork"))  # fmt: skip
+                               initargs=(config, n_tasks, size, method == "fork"))  # fmt: skip
     try:
         futures: dict[int, Future[bool]] = {u: pool.submit(_unit, u) for u in todo}
 
@@ -70,7 +71,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
                        "fewer --workers if memory ran out)")  # fmt: skip
                 raise WorkerDied(why) from None
 
-        return merge(config, n_tasks, unit_bytes, ready=ready, dedup_stage=False, on_progress=on_progress)
+        return merge(config, n_tasks, size, ready=ready, dedup_stage=False, on_progress=on_progress)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _here.clear()

@@ -45,7 +45,6 @@ from .sources import Source, discover
 from .stops import stop_point
 from .taskplan import (
     PLAN_FILE,
-    UNIT_BYTES,
     Unit,
     cut_units,
     ensure_plan,
@@ -53,6 +52,7 @@ from .taskplan import (
     make_plan,
     plan_difference,
     unit_items,
+    unit_size_for,
     work_dir,
 )
 from .worker import ItemResult, WorkerConfig, identity_of, run_item
@@ -61,15 +61,17 @@ _ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("
 
 
 def plan_run(
-    config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES
+    config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None
 ) -> tuple[dict[str, Any], list[Source], Tokenizer]:
-    """The run's plan (created on the first call, validated on later ones), its sources and tokenizer."""
+    """The run's plan (created on the first call, validated on later ones), its sources and
+    tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks."""
     if config.dedup_lines or config.hf or "-" in config.inputs or config.append:
         raise ConfigError("a scale-out run takes files only, without --dedup-lines or --append; run those on one "
                           "machine")  # fmt: skip
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
     tokenizer = _tokenizer(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
+    unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     work = work_dir(config.out)
     if (work / PLAN_FILE).exists():  # a later task: validate the plan, without cutting the inputs again
         plan = load_plan(work)
@@ -156,7 +158,7 @@ class TaskStopped(LmshardError):
         return (TaskStopped, (str(self), self.signum))
 
 
-def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int = UNIT_BYTES) -> int:
+def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int | None = None) -> int:
     """Tokenize task `task`'s units (skipping those already done); returns how many it did.
     While it runs, `WORK/tasks/tokenize_NNNNNN.json` records its host, pid and start; a task
     that raises records the error there (what `status` shows), one that finishes removes it."""
@@ -239,7 +241,7 @@ def missing_units(config: PrepareConfig) -> list[int]:
     return [u for u in range(len(plan["units"])) if not (work / "tokenize" / f"unit_{u:06d}.done").exists()]
 
 
-def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int = UNIT_BYTES,
+def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
           ready: Callable[[int], None] | None = None, dedup_stage: bool = True,
           on_progress: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
     """Write the dataset from every unit's results, in plan order (refused while any is missing).
@@ -295,7 +297,7 @@ def _read_unit(work: Path, u: int) -> Iterator[ItemResult]:
         at_doc, at_tok = at_doc + d, at_tok + t
 
 
-def dedup_task(config: PrepareConfig, n_tasks: int, bucket: int, unit_bytes: int = UNIT_BYTES) -> bool:
+def dedup_task(config: PrepareConfig, n_tasks: int, bucket: int, unit_bytes: int | None = None) -> bool:
     """Dedup stage, bucket `bucket` of n_tasks: of the documents whose key falls in the bucket
     (key mod n_tasks), every one whose key appeared earlier in plan order is a duplicate (the
     first copy survives, as on one machine). Writes their ordinals (the document's position

@@ -76,6 +76,20 @@ def work_dir(out: str | os.PathLike[str]) -> Path:
     return out.parent / f".{out.name}.lmshard-work"
 
 
+UNITS_PER_TASK = 4  # a task gets about this many units by default: balance without tiny units
+
+
+def unit_size_for(sources: list[Source], n_tasks: int, requested: int | None = None) -> int:
+    """Bytes per unit: `requested` (--unit-size), else the inputs' bytes over 4 units per task,
+    between 64 KiB and UNIT_BYTES, so that 8 tasks over 32 MB get 8 MB units each rather than
+    one 64 MiB unit for one task and nothing for seven (whole compressed files and small files
+    stay one unit whatever the size)."""
+    if requested is not None:
+        return requested
+    total = sum(s.size for s in sources)
+    return max(_WINDOW, min(UNIT_BYTES, -(-total // (n_tasks * UNITS_PER_TASK))))
+
+
 def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
     """Every source as units, in input order (see the module docstring)."""
     if unit_bytes < _WINDOW:
