@@ -6,8 +6,8 @@ overflows the buffer raises, and so does the flush at close.
 writing go through one shared budget of bytes; reading is left alone.
 
 On the reading side, `failing_reads(monkeypatch, name, after, code)` makes the input files whose
-name ends with `name` fail (EIO) once `after` bytes were read from them, as a bad sector does: a
-plain OSError without a file name. `unreadable(monkeypatch, name)` makes opening them fail with
+name ends with `name` fail (EIO) at byte `after`, as a bad sector does: a plain OSError without
+a file name. `unreadable(monkeypatch, name)` makes opening them fail with
 EACCES, as `chmod 000` does for anyone but root. Both patch the one place prepare opens its
 inputs (`lmshard.prepare.reading`), so they hold in this process and in workers forked from it.
 """
@@ -99,19 +99,24 @@ def full_disk(monkeypatch, modules: list[Any], budget: int, code: int = errno.EN
 
 
 class FailingReads:
-    """A file open for reading whose device fails with `code` once `after` bytes were read."""
+    """A file open for reading whose device fails with `code` at byte `after`, as a bad sector
+    there would: reads before it succeed, any read that reaches it fails."""
 
     def __init__(self, real: Any, after: int, code: int) -> None:
-        self._real, self._left, self._code = real, after, code
-        self.failures = 0
+        self._real, self._after, self._code = real, after, code
+        self._pos = 0  # counted here: a pipe has no tell()
 
     def read(self, n: int = -1) -> bytes:
-        if self._left <= 0:
-            self.failures += 1
+        left = self._after - self._pos
+        if left <= 0:
             raise OSError(self._code, os.strerror(self._code))  # no file name: the kernel's read(2) gives none
-        data = self._real.read(self._left if n is None or n < 0 else min(n, self._left))
-        self._left -= len(data)
+        data = self._real.read(left if n is None or n < 0 else min(n, left))
+        self._pos += len(data)
         return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = self._real.seek(offset, whence)
+        return self._pos
 
     def __getattr__(self, name: str) -> Any:  # seek, fileno, close...
         return getattr(self._real, name)

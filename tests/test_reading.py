@@ -115,13 +115,17 @@ def test_a_read_error_in_a_worker_reaches_the_main_process_as_the_inputs(tmp_pat
 # --- item 3: pipes ------------------------------------------------------------------------------------
 
 
-def _feed(path: str | int, data: bytes) -> None:
-    """Write `data` into a pipe from a thread (less than a pipe holds, so it never blocks long)."""
+def _feed(path: str | int, data: bytes, readers: int = 1) -> None:
+    """Write `data` into a pipe from a thread (less than a pipe holds, so it never blocks long),
+    for each of `readers` readers that open a FIFO one after another (0: for any number)."""
     assert len(data) < 60_000
 
     def write_all() -> None:
-        with open(path, "wb") as f:
-            f.write(data)
+        served = 0
+        while readers == 0 or served < readers:
+            with open(path, "wb") as f:  # a FIFO's open waits for its reader
+                f.write(data)
+            served += 1
 
     threading.Thread(target=write_all, daemon=True).start()
 
@@ -180,7 +184,7 @@ def test_an_interrupted_pipe_run_offers_no_resume(tmp_path, monkeypatch):
 def test_what_a_pipe_cannot_do_is_refused_naming_it(tmp_path, name, options, words):
     path = tmp_path / name
     os.mkfifo(path)
-    _feed(str(path), b"")  # a writer, should anything open the pipe
+    _feed(str(path), b"", readers=0)  # a writer for whatever opens the pipe: a second reader must not hang
     with pytest.raises((InputError, ConfigError)) as e:
         prepare(PrepareConfig(inputs=[str(path)], out=str(tmp_path / "out"), workers=1, **options))
     assert str(e.value).startswith(f"{path}: {words}")

@@ -157,3 +157,30 @@ def test_unit_items_carry_the_same_numbered_lines_as_the_whole_file(tmp_path, mo
 def test_a_binary_file_stays_one_unit(tmp_path):
     data = b"\x00" * 10 + _jsonl(400, 10)
     assert [u.kind for u in cut_units([detect(str(write(tmp_path / "b.jsonl", data)))], "auto", 1000, U)] == ["file"]
+
+
+def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
+    """A UTF-8 byte-order mark is at offset 0 only: the first unit's data starts after it, the
+    others at their record boundary; together they are the file's records, numbered as in the
+    single-machine plan."""
+    from lmshard.prepare.sources import plan
+    from lmshard.prepare.taskplan import unit_items
+
+    data = _jsonl(400, 3)
+    src = detect(str(write(tmp_path / "a.jsonl", b"\xef\xbb\xbf" + data)))
+    units = cut_units([src], "auto", 1000, U)
+    assert len(units) > 3 and units[0].start == 0
+    cut = [it for u in units for it in unit_items(0, src, u, "auto", "text", 1000)]
+    assert b"".join(it.payload for it in cut) == data
+    assert _numbered(cut) == _numbered(list(plan([src], "auto", "text", max_chars=1000)))
+    assert sum(it.nbytes for it in cut) == len(data) + 3
+
+
+def test_a_utf16_file_stays_one_unit_read_as_one_wrong_encoding_record(tmp_path):
+    from lmshard.prepare.taskplan import unit_items
+
+    src = detect(str(write(tmp_path / "a.jsonl", _jsonl(400, 4).decode().encode("utf-16"))))
+    units = cut_units([src], "auto", 1000, U)
+    assert [u.kind for u in units] == ["file"]
+    (item,) = unit_items(0, src, units[0], "auto", "text", 1000)
+    assert [r.problem for r in item.payload] == ["wrong_encoding"]

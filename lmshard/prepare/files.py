@@ -108,8 +108,12 @@ def open_binary(source: Source, start: int = 0) -> tuple[IO[bytes], InputFile]:
     raw = open_raw(source)
     if start:
         raw.seek(start)
+        return cast(IO[bytes], raw), raw
+    if source.compression is None and raw.seekable():  # the mark is skipped, so raw.tell() is where the data is
+        raw.skip_mark()
+        return cast(IO[bytes], Headed(raw, marked=False)), raw
     data = cast(IO[bytes], raw) if source.compression is None else _decompressed(source, raw)
-    return (cast(IO[bytes], Headed(data)) if start == 0 else data), raw
+    return cast(IO[bytes], Headed(data)), raw
 
 
 def open_raw(source: Source) -> InputFile:

@@ -171,6 +171,11 @@ class InputFile(io.BufferedIOBase):
         self._end = self._pos + cut
         return data[:cut]
 
+    def skip_mark(self) -> None:
+        """Go past the UTF-8 byte-order mark the file starts with, if any (at its start)."""
+        if self.read(len(UTF8_BOM)) != UTF8_BOM:
+            self.seek(0)
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence != io.SEEK_SET:
             raise io.UnsupportedOperation("an input is sought from its start only")
@@ -203,13 +208,14 @@ def grew(path: str, size: int, inode: int) -> bool:
 
 
 class Headed(io.BufferedIOBase):
-    """An input's data from its start, without the UTF-8 byte-order mark it may begin with.
-    `peek(n)` shows the first `n` bytes (the mark taken off) without consuming them."""
+    """An input's data from its start, without the UTF-8 byte-order mark it may begin with
+    (`marked`: whether it may still be there, or was skipped already). `peek(n)` shows the
+    first `n` bytes (the mark taken off) without consuming them."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, marked: bool = True) -> None:
         super().__init__()
         self._inner = inner
-        self._head: bytes | None = None  # bytes read ahead, not yet returned; None before the first read
+        self._head: bytes | None = None if marked else b""  # read ahead, not yet returned; None: not started
 
     def readable(self) -> bool:
         return True
