@@ -78,6 +78,15 @@ def test_missing_field_is_named(local, tmp_path):
         prepare(PrepareConfig(hf=str(local / "saved"), text_field="body", out=str(tmp_path / "x"), workers=1))
 
 
+def test_a_null_text_is_wrong_type_numbered_from_1(tmp_path):
+    """As in files (#29): a null text is `wrong_type`, "null" (not NoneType), at its example number."""
+    datasets.Dataset.from_dict({"text": ["one", "two", None]}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(InputError, match=r":3: field 'text' is null, not a string; make the field a string"):
+        prepare(PrepareConfig(hf=str(tmp_path / "saved"), out=str(tmp_path / "x"), workers=1))
+    meta = prepare(PrepareConfig(hf=str(tmp_path / "saved"), out=str(tmp_path / "x"), workers=1, on_error="skip"))
+    assert meta.drops["wrong_type"] == 1 and "missing_field" not in meta.drops
+
+
 def test_a_split_a_single_saved_dataset_does_not_have_is_refused(local, tmp_path, rows):
     """A save_to_disk Dataset (not a DatasetDict) holds one split, named or not: a --split it
     does not have is refused in one line, not read as that split and recorded as the other."""

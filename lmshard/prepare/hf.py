@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from ..errors import ConfigError, InputError, missing_dependency
 from .files import DECOMPRESSION_ERRORS, damage_kind
-from .records import Record, bad
+from .records import Record, bad, typed_text
 
 
 @dataclass(frozen=True)
@@ -234,11 +234,10 @@ def hf_records(spec: HFSpec) -> Iterator[Record]:
         if example is None:
             return
         number += 1
-        text = example.get(field)
-        if isinstance(text, str):
-            yield Record(number, text)
+        if field in example:  # a null or a number is `wrong_type`, as in files
+            yield typed_text(number, example[field], field)
         else:
-            yield bad(number, "missing_field", f"field '{field}' is {type(text).__name__}")
+            yield bad(number, "missing_field", f"no field '{field}' (fields: {', '.join(list(example)[:8])})")
 
 
 def apply_preset(name: str, values: dict[str, Any]) -> dict[str, Any]:
