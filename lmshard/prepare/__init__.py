@@ -3,9 +3,11 @@
 The rooms, in the order a document passes through them:
 
 - `config`: `PrepareConfig` and `resolve_config` (flags > config file > preset > demo defaults);
-- `files`: the I/O leaf (what an input file is, opening and decompressing it);
+- `files`: the I/O leaf (what an input file is, opening and decompressing it), over `reading`
+  (a file read as the run recorded it, its byte-order mark, its OS errors named as the input's);
 - `sources`: inputs → an ordered stream of work items; `records`: bytes → `Record`s, and the
-  one `--on-error` decision (`settle`); `hf`: Hugging Face datasets and presets;
+  one `--on-error` decision (`settle`); `columnar`: parquet and arrow; `hf`: Hugging Face
+  datasets and presets;
 - `worker`: per item, parse → clean (`clean`) → key → tokenize, in worker processes (`pool`);
 - `pipeline`: the run itself: dedup (`dedup`) and split in input order, shards (`writer`),
   metadata last.
