@@ -59,7 +59,8 @@ def read_error(path: str, e: OSError, offset: int = 0) -> InputReadError:
         return InputReadError(f"{path}: cannot read this input ({why}); make it readable "
                               f"(chmod u+r {shlex.quote(path)}) or leave it out of the inputs")  # fmt: skip
     if e.errno == errno.ENOENT:
-        return InputReadError(f"{path}: this input is gone ({why}); was it moved or deleted during the run?")
+        return InputReadError(f"{path}: this input is gone ({why}): moved or deleted after the run started; put it "
+                              "back, or leave it out of the inputs")  # fmt: skip
     at = f" after {offset:,} bytes" if offset else ""
     return InputReadError(f"{path}: cannot read this input{at} ({why}); check the disk or filesystem it is on, "
                           "or copy it to another one")  # fmt: skip
