@@ -95,6 +95,22 @@ def test_a_chmod_000_input_is_named_with_its_fix(tmp_path):
     assert "choose an --out" not in text
 
 
+def test_an_os_error_is_blamed_on_out_only_when_it_is_the_outputs(tmp_path):
+    """The last line of defence (an OSError that reached the run without being named by a
+    reader): --out advice only for --out, its build beside it, or no file named (a write's)."""
+    from lmshard.prepare.staging import os_error
+
+    out = tmp_path / "ds"
+    paths = (tmp_path / "in.jsonl", out / "train" / "x", tmp_path / ".ds.lmshard-partial" / "y")
+    denied = [PermissionError(13, "Permission denied", str(p)) for p in paths]
+    assert [str(os_error(e, out)) for e in denied] == [
+        f"{tmp_path / 'in.jsonl'}: Permission denied",
+        f"{out / 'train' / 'x'}: Permission denied; choose an --out in a directory you can write",
+        f"{tmp_path / '.ds.lmshard-partial' / 'y'}: Permission denied; choose an --out in a directory you can write",
+    ]
+    assert str(os_error(OSError(28, "No space left on device"), out)).startswith(f"{out}: no space left on the device")
+
+
 def _read_whole(src):  # runs in the worker process
     return read_whole_file(src, 1 << 20, truncate=False)
 
