@@ -126,7 +126,12 @@ def test_export_import_and_the_other_commands_keep_values_whole(work):
     lmshard("prepare", "in.jsonl", "--out", "planned", "--executor", "none", "--num-tasks", "2", cwd=work)
     lmshard("status", "planned", cwd=work)
     lmshard("tokenizer", "info", "gpt2", cwd=work)
-    lmshard("datasets", cwd=work)
+    shown = lmshard("datasets", cwd=work).stdout
+    from lmshard.prepare import presets
+
+    for p in presets():  # every figure of a description keeps its unit on the same line ("~27GB", not "~27 / GB")
+        for size in re.findall(r"~?[\d.]+ ?[KMGT]?B\b(?: tokens)?", p.description):
+            on_one_line(shown, size)
     lmshard("inspect", "ds", "--doc", "nowhere:0", cwd=work, code=1)
 
 

@@ -131,3 +131,25 @@ def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path, 
     err = _resume(args, monkeypatch)
     assert "resuming: no checkpoint yet: starting over" in err.splitlines(), err
     assert os.path.exists(out / "dataset_metadata.json")
+
+
+def test_resume_of_a_complete_run_says_so(tmp_path, corpus):
+    args = [str(corpus), "--out", str(tmp_path / "o"), "--workers", "1"]
+    assert finish(start_prepare(args), 300)[0] == 0
+    code, err = finish(start_prepare([*args, "--resume"]), 300)
+    assert code == 0 and f"resuming: {tmp_path / 'o'} is already complete; nothing to do" in err.splitlines(), err
+
+
+def test_the_rate_of_a_resumed_run_counts_its_own_tokens(tmp_path, corpus, process_items, monkeypatch):
+    """The metadata's tokens/s (and the done line's) is this run's tokens over this run's time,
+    not the checkpoint's tokens as well: below the whole dataset's tokens over this run's time."""
+    out = tmp_path / "o"
+    args = [str(corpus), "--out", str(out), "--workers", "1"]
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:30")  # most of the input is in the checkpoint
+    _stopped_then_killed(args)
+    kept = read_run(OutputPaths.of(str(out)).staging)["checkpoint"]["totals"]["tokens"]
+    _resume(args, monkeypatch)
+    run = __import__("json").loads((out / "dataset_metadata.json").read_text())
+    total, rate, elapsed = run["n_tokens"], run["run"]["tokens_per_s"], run["run"]["elapsed_s"]
+    assert kept > total // 2 and rate * elapsed == pytest.approx(total - kept, rel=0.05, abs=1_000), (rate, elapsed)

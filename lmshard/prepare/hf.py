@@ -44,13 +44,13 @@ PRESETS = {
     p.name: p
     for p in (
         Preset("fineweb", "HuggingFaceFW/fineweb", "sample-10BT", "text", "gpt2",
-               "FineWeb 10B-token sample of filtered CommonCrawl web text (~28 GB parquet)"),
+               "FineWeb 10B-token sample of filtered CommonCrawl web text (~28GB parquet)"),
         Preset("fineweb-edu", "HuggingFaceFW/fineweb-edu", "sample-10BT", "text", "gpt2",
-               "FineWeb-Edu 10B-token sample: educational web pages (~27 GB parquet)"),
+               "FineWeb-Edu 10B-token sample: educational web pages (~27GB parquet)"),
         Preset("pile", "monology/pile-uncopyrighted", None, "text", "gpt2",
-               "The Pile without its copyrighted subsets (~300 B tokens, ~800 GB)"),
+               "The Pile without its copyrighted subsets (~300B tokens, ~800GB)"),
         Preset("tiny_shakespeare", "karpathy/tiny_shakespeare", None, "text", "gpt2",
-               "Tiny Shakespeare: 1 MB of plays as one document per split (char-RNN classic)"),
+               "Tiny Shakespeare: 1MB of plays as one document per split (char-RNN classic)"),
         Preset("shakespeare", "karpathy/tiny_shakespeare", None, "text", "gpt2",
                "Alias of tiny_shakespeare, as nanoGPT names it"),
     )

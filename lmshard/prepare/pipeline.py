@@ -117,7 +117,9 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
             with WriterLock(paths):
                 recover(paths)
                 claim = claim_output(config, paths, sources, tokenizer)
-                if claim.complete is not None:
+                if claim.complete is not None:  # --resume of a run that finished: nothing to do
+                    if on_progress:
+                        on_progress(Progress(note=f"resuming: {paths.out} is already complete; nothing to do"))
                     return claim.complete
                 if claim.commit_pending:  # killed after the build was complete: only the swap is left
                     commit(paths)
@@ -153,6 +155,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
             _link_previous(previous, paths.out, staging)
         _write_run(staging, claim, None)
     build = Build.start(config, staging, previous, claim.checkpoint)
+    tokens_before = build.totals.tokens  # the appended-to dataset's and a resumed checkpoint's
     if claim.resumed:
         build.note = build.resume_note(claim.checkpoint)
     if tokenizer.vocab_bytes is not None:  # inspect decodes with the dataset's own copy: the bytes hashed
@@ -167,7 +170,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
-        meta = _metadata(config, sources, tokenizer, shards, totals, claim, keys, started)
+        meta = _metadata(config, sources, tokenizer, shards, totals, claim, keys, started, tokens_before)
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
         commit(paths)
@@ -314,10 +317,12 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
 
 
 def _metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
-              totals: Totals, claim: Claim, keys: tuple[KeyFile, ...], started: float) -> DatasetMeta:  # fmt: skip
+              totals: Totals, claim: Claim, keys: tuple[KeyFile, ...], started: float,
+              tokens_before: int = 0) -> DatasetMeta:  # fmt: skip
     """The dataset's metadata. After --append it describes the whole dataset: the recorded
     inputs and sources are the old ones followed by this run's, so the recorded configuration
-    reproduces the same token stream in one run."""
+    reproduces the same token stream in one run. `tokens_before`: the tokens this process did not
+    make (the appended-to dataset's, a resumed checkpoint's), left out of its tokens/s."""
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
     drops = dict(sorted(totals.drops.items()))
@@ -362,7 +367,7 @@ def _metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, sha
             out=config.out,
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at)),
             elapsed_s=round(elapsed, 3),
-            tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
+            tokens_per_s=round((totals.tokens - tokens_before) / elapsed, 1) if elapsed > 0 else None,
             input_chars=totals.chars,
             dedup_table_bytes=totals.dedup_bytes,
             python=platform.python_version(),
