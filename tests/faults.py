@@ -33,7 +33,7 @@ class Device:
             self.left -= n
             return n
         self.failures += 1
-        raise OSError(self.code, os.strerror(self.code), path)
+        raise OSError(self.code, os.strerror(self.code))  # as write(2) reports it: no file name
 
 
 class FaultyFile:

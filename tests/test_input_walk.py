@@ -225,3 +225,38 @@ def test_text_is_told_from_binary_by_its_first_bytes(tmp_path):
     assert not looks_like_text([str(png)]) and not looks_like_text([str(page), str(png)])
     assert not looks_like_text([str(latin1)])  # lmshard reads UTF-8: --format text would fail on it
     assert not looks_like_text([str(empty)])  # no evidence either way
+
+
+def _deny(monkeypatch, denied: Path) -> None:
+    """`denied` cannot be listed or passed through, as a directory without r/x permission is for
+    a user other than root (the suite may run as root, where chmod denies nothing)."""
+    import os
+
+    real_scandir, real_stat = os.scandir, os.stat
+
+    def scandir(path=".", *args):
+        if Path(path) == denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path, *args)
+
+    def stat(path, *args, **kwargs):
+        if denied in Path(os.fspath(path)).parents:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "stat", stat)
+
+
+def test_an_unreadable_directory_is_named_and_a_file_inside_it_says_why(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    write(data / "a.jsonl", json.dumps({"text": "one document"}) + "\n")
+    write(data / "locked" / "b.jsonl", json.dumps({"text": "another document"}) + "\n")
+    _deny(monkeypatch, data / "locked")
+    code, out, err = cli("prepare", data, "--out", tmp_path / "o", "--workers", "1")
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert f"could not list {data / 'locked'} (Permission denied); their files are not read" in said, said
+    code, out, err = cli("prepare", data / "locked" / "b.jsonl", "--out", tmp_path / "o2", "--workers", "1")
+    said = " ".join(err.split())
+    assert code == 1 and "cannot reach it (Permission denied)" in said and "no input files found" not in said, said

@@ -478,3 +478,17 @@ def test_llmc_files_are_even_so_none_is_a_short_tail(datasets, tmp_path):
     assert len(sizes) == 3 and sum(sizes) == total and max(sizes) <= per and min(sizes) > total // 3 - 200
     said = " ".join(result.output.split())
     assert f"the smallest file holds {min(sizes):,} tokens" in said and "B×T" in said, said
+
+
+def test_a_full_disk_during_export_names_the_output_and_leaves_nothing(datasets, tmp_path, monkeypatch):
+    import errno
+
+    from faults import full_disk
+
+    import lmshard.interop.output as output
+
+    full_disk(monkeypatch, [output], budget=2_000, code=errno.ENOSPC)
+    result = runner.invoke(app, ["export", str(datasets["after"]), "--to", "nanogpt", "--out", str(tmp_path / "x")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and f"{tmp_path / 'x'}: No space left on device; free space" in said, said
+    assert list(tmp_path.iterdir()) == []  # nothing beside --out, no --out

@@ -67,8 +67,10 @@ def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path])
         yield staging
         _fsync_dir(staging)
         _swap_in(staging, target)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk names no file: it is --out's
+            e.filename = str(target)
         raise
 
 

@@ -91,7 +91,12 @@ def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[s
         walks.append(found)
     skipped = sum((w.skipped() for w in walks), SkippedInputs())
     hint = skipped.text_hint(files_read=len(sources))
-    return Sources(sources, skipped, f"skipped {describe(skipped)}; {hint}" if hint else None)
+    warnings = [f"skipped {describe(skipped)}; {hint}"] if hint else []
+    if unreadable := [d for w in walks for d in w.unreadable]:  # a whole directory of data left out: say which
+        more = skipped.unreadable_dirs - len(unreadable[:3])
+        warnings.append(f"could not list {', '.join(unreadable[:3])}{f' and {more} more' if more > 0 else ''}; "
+                        "their files are not read: fix the permissions, or --exclude them")  # fmt: skip
+    return Sources(sources, skipped, "; ".join(warnings) or None)
 
 
 def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str = "fail", hf: Any = None,

@@ -75,6 +75,7 @@ class Walk:
     lmshard: int = 0
     excluded: int = 0
     unreadable_dirs: int = 0
+    unreadable: list[str] = field(default_factory=list)  # the first few directories it could not list
 
     def skipped(self) -> SkippedInputs:
         """The counts as the metadata records them; sniffs the samples of each skipped suffix."""
@@ -139,6 +140,8 @@ def walk(root: str, rules: Rules) -> Walk:
         if e.filename == root:
             raise InputError(f"{root}: cannot list the directory ({e.strerror})")
         found.unreadable_dirs += 1
+        if len(found.unreadable) < 3:
+            found.unreadable.append(f"{e.filename} ({e.strerror})")
 
     for top, dirs, files in os.walk(root, onerror=unreadable):
         if IN_PROGRESS_FILE in files or (METADATA_FILE in files and TOKENIZER_FILE in files):
@@ -155,6 +158,13 @@ def walk(root: str, rules: Rules) -> Walk:
 def nothing_to_read(spec: str, found: Walk) -> InputError:
     """The error for an input that names no file to read: what was skipped and the fix."""
     skipped = found.skipped()
+    try:
+        os.stat(spec)
+    except PermissionError as e:  # a file in a directory it may not enter: not "no such file"
+        return InputError(f"{spec}: cannot reach it ({e.strerror}); check the permissions of the directories "
+                          "on its path")  # fmt: skip
+    except OSError:
+        pass
     if not os.path.isdir(spec):
         return InputError(f"{spec}: no input files found (check the path, glob or --exclude)")
     if not skipped:
