@@ -492,3 +492,37 @@ def test_a_full_disk_during_export_names_the_output_and_leaves_nothing(datasets,
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and f"{tmp_path / 'x'}: No space left on device; free space" in said, said
     assert list(tmp_path.iterdir()) == []  # nothing beside --out, no --out
+
+
+def test_force_refuses_to_leave_files_the_trainer_would_read_beside_the_new_ones(datasets, tmp_path):
+    """Not lmshard's to delete, and read by the trainer with the new files: nanoGPT's meta.pkl
+    (its vocab_size), llm.c shards the new export does not overwrite. Refused, nothing changed."""
+    root = datasets["after"]
+    folder = tmp_path / "shakespeare_char"
+    write(folder / "meta.pkl", b"vocab_size 65")
+    write(folder / "prepare.py", "print('mine')\n")
+    before = _digests(folder)
+    result = runner.invoke(app, ["export", str(root), "--to", "nanogpt", "--out", str(folder), "--force"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "meta.pkl would stay beside the new files" in said, said
+    assert _digests(folder) == before and sorted(p.name for p in tmp_path.iterdir()) == ["shakespeare_char"]
+    fw = tmp_path / "fw"
+    for n in range(6):
+        write(fw / f"fineweb_{'val' if n == 0 else 'train'}_{n:06d}.bin", b"old shard")
+    result = runner.invoke(app, ["export", str(root), "--to", "modded-nanogpt", "--out", str(fw), "--force"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "fineweb_train_000002.bin" in said and "trainer reads those too" in said, said
+    result = runner.invoke(app, ["export", str(root), "--to", "llmc", "--out", str(tmp_path / "l"), "--eod-id", "5"])
+    assert result.exit_code == 1 and "--eod-id is for --to megatron" in " ".join(result.output.split())
+
+
+def test_a_long_document_leaves_no_tiny_llmc_file_behind_it(tmp_path):
+    words = " ".join(f"w{i}" for i in range(3000))
+    texts = [words] + [f"short document number {i}" for i in range(400)]
+    src = write(tmp_path / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), workers=1, val_fraction=0.0))
+    result = export_dataset(tmp_path / "ds", "llmc", tmp_path / "out", tokens_per_shard=2000)
+    sizes = [f["n_tokens"] for f in result.files]
+    total = sum(sizes)
+    assert total == load_metadata(tmp_path / "ds").n_tokens("train")
+    assert max(sizes) > 2000 and min(sizes) > 500, sizes  # the long document's own file, then no 6-token files

@@ -153,3 +153,19 @@ def test_the_rate_of_a_resumed_run_counts_its_own_tokens(tmp_path, corpus, proce
     run = __import__("json").loads((out / "dataset_metadata.json").read_text())
     total, rate, elapsed = run["n_tokens"], run["run"]["tokens_per_s"], run["run"]["elapsed_s"]
     assert kept > total // 2 and rate * elapsed == pytest.approx(total - kept, rel=0.05, abs=1_000), (rate, elapsed)
+
+
+def test_the_resume_note_of_an_append_counts_only_its_own_shards(tmp_path, corpus, process_items, monkeypatch):
+    out = tmp_path / "o"
+    first = jsonl(tmp_path / "first.jsonl", make_texts(3000, seed=11))
+    shard = ["--tokens-per-shard", "20000", "--workers", "1"]
+    assert finish(start_prepare([str(first), "--out", str(out), *shard]), 300)[0] == 0
+    old = len(list(out.glob("*/shard_*.bin")))  # train and val
+    args = [str(corpus), "--out", str(out), "--append", *shard]
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:10")
+    _stopped_then_killed(args)
+    writers = read_run(OutputPaths.of(str(out)).staging)["checkpoint"]["writers"].values()
+    ours = sum(len(w["shards"]) + (w["n_docs"] > 0) for w in writers) - old
+    err = _resume(args, monkeypatch)
+    assert old > 1 and ours > 0 and f", {ours} shards kept from the checkpoint" in err, (old, ours, err)

@@ -301,3 +301,16 @@ def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, 
         done = subprocess.run([*lmshard, "--out", str(tmp_path / "bad"), "--num-tasks", "2", "--unit-size", bad],
                               capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
         assert done.returncode == 1 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
+    """The unit size was sized from the inputs when the plan was made: a later task keeps the
+    plan's, so the refusal names what changed (the input), not a recomputed unit size."""
+    src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(3_000, seed=2))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), workers=1)
+    plan_run(config, 4)
+    with open(src, "a") as f:
+        f.write('{"text": "one more document"}\n')
+    with pytest.raises(ConfigError) as e:
+        plan_run(config, 4)
+    assert "unit size" not in str(e.value) and "a.jsonl" in str(e.value), str(e.value)

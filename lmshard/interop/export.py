@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,10 +86,12 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
     if not splits:
         raise ConfigError(f"{dataset}: the dataset holds no documents; nothing to export")
     dtype, eot_position, write = _plan(to, meta)
+    if eod_id is not None and to != "megatron":
+        raise ConfigError(f"--eod-id is for --to megatron; {to} finds documents by the separator the dataset has")
     eod_id = _megatron_eod(meta, eod_id) if to == "megatron" else None
     stem = name or ("fineweb" if to == "modded-nanogpt" else meta.root.resolve().name)
     result = ExportResult(Path(os.path.realpath(out)), to, dtype, eot_position)
-    with staged_output(out, force, [meta.root]) as staging:
+    with staged_output(out, force, [meta.root], _trainer_files(to, stem)) as staging:
         job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard, eod_id=eod_id)
         result.files = write(job)
         _write_provenance(job, result)
@@ -152,29 +155,29 @@ class _LlmcShards:
         self.files: list[dict[str, Any]] = []
         self._out: TokenFile | None = None
         self._split, self._tokens, self._docs = "", 0, 0
-        self._total = self._n_files = self._index = self._done = 0
+        self._total = self._done = self._end = 0
 
     def start(self, split: str) -> None:
         """Size this split's files evenly: as few as --tokens-per-shard allows (ceil(total / N)),
         each cut at the last document end before its share of the split, so no file is a short
         tail (llm.c's loader needs B·T+1 tokens in every file). A file can pass N by less than
-        one document."""
+        one document; after a document longer than a share, the rest is shared out again."""
         self._total = self.job.meta.n_tokens(split)
-        self._n_files = max(1, -(-self._total // self.job.tokens_per_shard))
-        self._index = self._done = 0
+        self._done = 0
+        self._end = self._share()
 
-    def _target(self) -> int:
-        """Where the open file ends, in tokens of the split."""
-        if self._index >= self._n_files - 1:
-            return self._total
-        return (self._index + 1) * self._total // self._n_files
+    def _share(self) -> int:
+        """Where the next file ends, in tokens of the split: an equal share of what is left."""
+        left = self._total - self._done
+        files = max(1, -(-left // self.job.tokens_per_shard))
+        return self._done + left // files if files > 1 else self._total
 
     def add(self, split: str, block: Block) -> None:
         tokens, lengths = block.tokens, block.lengths
         self._split = split
         while len(lengths):
             ends = np.cumsum(lengths)
-            fit = int(np.searchsorted(ends, self._target() - self._done, side="right"))
+            fit = int(np.searchsorted(ends, self._end - self._done, side="right"))
             if fit == 0 and self._tokens == 0:
                 fit = 1  # a document that passes its file's share gets a file of its own
                 if lengths[0] > LLMC_MAX_TOKENS:
@@ -201,7 +204,7 @@ class _LlmcShards:
         self.files.append(_entry(path.name, self._split, self._tokens, self._docs))
         self._out, self._tokens, self._docs = None, 0, 0
         self.number += 1
-        self._index += 1
+        self._end = self._share()
 
 
 def _llmc_files(job: _Job, version: tuple[int, int, np.dtype]) -> list[dict[str, Any]]:
@@ -249,6 +252,14 @@ def _megatron(job: _Job) -> list[dict[str, Any]]:
         index.close()
         files.append(_entry(f"{prefix}.bin", split, n_tokens, n))
     return files
+
+
+def _trainer_files(to: str, stem: str) -> re.Pattern[str]:
+    """The names the target trainer reads from the output directory (its loader's glob)."""
+    stem = re.escape(stem)
+    return re.compile({"nanogpt": r"(train|val)\.bin|meta\.pkl",  # train.py reads meta.pkl's vocab_size
+                       "megatron": rf"{stem}_(train|val)_text_document\.(bin|idx)"}.get(to,
+                      rf"{stem}_(train|val)_\d{{6}}\.bin"))  # fmt: skip
 
 
 def _megatron_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:

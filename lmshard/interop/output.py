@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,9 +55,12 @@ def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
 
 
 @contextlib.contextmanager
-def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path]) -> Iterator[Path]:
+def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path],
+                  trainer_files: re.Pattern[str] | None = None) -> Iterator[Path]:  # fmt: skip
     """A fresh directory beside `out` to write into; moved to `out` when the block ends without
-    an error, else removed. `sources` are the inputs `out` must not overlap (read-only)."""
+    an error, else removed. `sources` are the inputs `out` must not overlap (read-only).
+    `trainer_files`: names the target trainer reads; one of the user's that would stay beside
+    the new files (an old `meta.pkl`, a shard the new export does not overwrite) is refused."""
     target = Path(os.path.realpath(out))  # a symlinked --out: swap the directory it names
     _check_out(target, force, sources)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +70,7 @@ def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path])
     try:
         yield staging
         _fsync_dir(staging)
-        _swap_in(staging, target)
+        _swap_in(staging, target, trainer_files)
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, OSError) and e.filename is None:  # a full disk names no file: it is --out's
@@ -74,7 +78,7 @@ def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path])
         raise
 
 
-def _swap_in(staging: Path, target: Path) -> None:
+def _swap_in(staging: Path, target: Path, trainer_files: re.Pattern[str] | None = None) -> None:
     """Rename the complete `staging` to `target`; an old `target` is renamed aside first and
     deleted only once the new one is in place."""
     if target.is_dir() and not any(target.iterdir()):
@@ -83,7 +87,13 @@ def _swap_in(staging: Path, target: Path) -> None:
         os.replace(staging, target)
         _fsync_dir(target.parent)
         return
-    for rel in users_files(target, staging):
+    kept = users_files(target, staging)
+    stale = [rel for rel in kept if trainer_files is not None and trainer_files.fullmatch(rel)]
+    if stale:  # not ours to delete, and the trainer would read it with the new files
+        shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        raise ConfigError(f"--out {target}: {shown} would stay beside the new files, and the trainer reads "
+                          "those too; move them out of --out and run again (nothing was changed)")  # fmt: skip
+    for rel in kept:
         carry(target / rel, staging / rel)
     _fsync_dir(staging)
     retired = target.parent / f".{target.name}.lmshard-replaced-{os.getpid()}"

@@ -127,6 +127,7 @@ class Build:
         if checkpoint is None:
             return "resuming: no checkpoint yet: starting over"
         shards = sum(len(st["shards"]) + (st["n_docs"] > 0) for st in checkpoint["writers"].values())
+        shards -= sum(len(w.first) for w in self.writers.values())  # an --append's dataset is not this run's work
         own = self.totals.docs_kept - self.base.docs_kept
         when = checkpoint.get("saved_at")
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "its last save"

@@ -71,15 +71,17 @@ def plan_run(
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
     tokenizer = _tokenizer(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
-    unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     work = work_dir(config.out)
     if (work / PLAN_FILE).exists():  # a later task: validate the plan, without cutting the inputs again
         plan = load_plan(work)
+        # no size asked: the plan's (sized from the inputs as they were; a changed input is the fingerprint's to name)
+        unit_bytes = unit_bytes or config.unit_size or int(plan["unit_bytes"])
         why = plan_difference(plan, {"n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint})
         if why is not None:
             raise ConfigError(f"{work / PLAN_FILE} was made for another run: {why}; run with the plan's options, or "
                               f"delete {work} to plan again")  # fmt: skip
         return plan, sources, tokenizer
+    unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
     return ensure_plan(work, wanted), sources, tokenizer

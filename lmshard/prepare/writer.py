@@ -61,6 +61,7 @@ class ShardWriter:
     def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = ()) -> None:
         self.root, self.split, self.capacity = root, split, tokens_per_shard
         self.shards: list[ShardInfo] = list(first)
+        self.first = first  # the appended-to dataset's shards (not this build's)
         self._bin: BinaryIO | None = None
         self._idx: BinaryIO | None = None
         self._hash = xxhash.xxh3_64()
