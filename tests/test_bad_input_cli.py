@@ -441,6 +441,30 @@ def test_hf_given_a_file_says_pass_it_as_an_input(tmp_path):
     assert code == EXIT_ERROR and f"--hf {path}: a file, not a directory; pass it as an input" in message
 
 
+def test_a_damaged_parquet_row_group_is_named_as_the_inputs_not_outs(tmp_path):
+    """Damage inside a row group's compressed data (pyarrow: an OSError with no errno) is the
+    file's fault: it names the file and the row group, and offers no --resume of --out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    table = pa.table({"text": texts(200)})
+    pq.write_table(table, path, compression="snappy", use_dictionary=False, row_group_size=100)
+    column = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    middle = column.data_page_offset + column.total_compressed_size // 2  # inside the page's snappy data
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    path.write_bytes(bytes(data))
+    out = tmp_path / "o"
+    code, message = cli("prepare", str(path), "--out", str(out), "--workers", "2")
+    assert code == EXIT_ERROR
+    error = message[message.index("error: ") :]
+    assert error.startswith(f"error: {path}: row group 1: not readable parquet data (Corrupt snappy compressed data")
+    assert error.endswith("; re-create the file"), error
+    assert f"{out}:" not in error and "--resume" not in error and "kept in" not in error
+    assert not (tmp_path / ".o.lmshard-partial").exists()
+
+
 @pytest.mark.parametrize("args", [["--max-chars", "many"], ["--no-such-option"], []])
 def test_malformed_command_line_is_exit_usage(tmp_path, args):
     result = runner.invoke(app, ["prepare", "x.txt", "--out", str(tmp_path / "o"), *args] if args else ["nope"])

@@ -300,3 +300,77 @@ def test_a_partial_record_at_the_size_recorded_is_never_a_bad_line_in_a_scale_ou
     assert len(units) >= 2
     payload = b"".join(it.payload for u in units for it in unit_items(0, src, u, "auto", "text", 1000))
     assert payload == lines(3000).encode()
+
+
+def straddling(half: str, block: int) -> str:
+    """Whole JSON lines ending 10 bytes before the second read of `block` bytes ends, so that a
+    record `half` written after them is cut by that read: it begins in one read, ends in the
+    next (the last, at the recorded size)."""
+    head = lines(block // 60)
+    pad = 2 * block - 10 - len(head) - len('{"text": ""}\n')
+    assert pad >= 0 and len(half) > 10
+    return head + json.dumps({"text": "p" * pad}) + "\n"
+
+
+@pytest.mark.parametrize(("name", "half", "options"), [
+    ("a.jsonl", '{"text": "a record still being written', ()),
+    ("a.txt", "a line still being written", ("--text-mode", "line")),  # it would be a document
+])  # fmt: skip
+def test_a_half_written_record_across_the_last_read_is_left_out(tmp_path, monkeypatch, small_items, name, half,
+                                                                options):  # fmt: skip
+    whole = straddling(half, 2048)  # small_items: reads of 2 KiB
+    path = write(tmp_path / name, whole + half)
+    after_discovery(monkeypatch, lambda: append(path, ', now finished"}\n' + lines(5, "late")))
+    code, text = cli("prepare", str(path), "--out", str(tmp_path / "out"), "--workers", "1", *options)
+    assert code == 0, text  # --on-error fail: a half record would have stopped the run
+    assert f"warning: {path}: grew while the run read it; read up to the {len(whole) + len(half):,} bytes" in text
+    kw = {"text_mode": "line"} if options else {}
+    assert docs(tmp_path / "out") == reference_docs(tmp_path, name, whole, **kw)
+
+
+def test_a_half_written_record_across_a_units_last_read_is_left_out(tmp_path, small_items):
+    from lmshard.prepare.taskplan import cut_units, unit_items
+
+    half = '{"text": "' + "half " * 500  # longer than a 2 KiB read: whatever the unit's start, it spans two
+    path = write(tmp_path / "a.jsonl", lines(3000) + half)
+    src = detect(str(path))
+    append(path, 'and the rest"}\n')
+    units = cut_units([src], "auto", 1000, 64 << 10)
+    assert len(units) >= 2
+    payload = b"".join(it.payload for u in units for it in unit_items(0, src, u, "auto", "text", 1000))
+    assert payload == lines(3000).encode()
+
+
+@pytest.mark.parametrize("then", ["put back", "left out"])
+def test_an_input_gone_mid_run_says_how_to_go_on_either_way_and_each_works(tmp_path, monkeypatch, then):
+    inputs = tmp_path / "g"
+    write(inputs / "a.jsonl", lines(50))
+    b, moved = write(inputs / "b.jsonl", lines(50, "b")), tmp_path / "b.moved"
+    args = ("prepare", str(inputs), "--out", str(tmp_path / "out"), "--workers", "1")
+    build = pipeline._build
+
+    def move_then_build(*a, **kw):  # once the run has claimed --out (its build is kept), before it reads
+        b.rename(moved)
+        return build(*a, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_build", move_then_build)
+        code, text = cli(*args)
+    assert code == 1
+    assert (
+        f"{b}: this input is gone (No such file or directory): moved or deleted after the run started; put it "
+        "back and run the same command with --resume, or leave it out of the inputs and start again with "
+        f"--overwrite (the work done so far is kept in {tmp_path / '.out.lmshard-partial'})"
+    ) in text
+    assert "to continue" not in text
+    if then == "put back":
+        moved.rename(b)
+        code, text = cli(*args, "--resume")
+    else:
+        code, text = cli(*args, "--resume")  # why the message says --overwrite: the inputs differ now
+        assert code == 1 and f"cannot resume: input {b} was read by the run and is not an input now" in text
+        code, text = cli(*args, "--overwrite")
+    assert code == 0, text
+    reference = tmp_path / "reference"
+    prepare(PrepareConfig(inputs=[str(inputs)], out=str(reference), workers=1))
+    assert docs(tmp_path / "out") == docs(reference)

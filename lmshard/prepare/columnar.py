@@ -95,13 +95,25 @@ def parse_parquet(src: Source, row_group: int, text_field: str) -> Iterator[Reco
     first = 1 + sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
     if text_field not in pf.schema_arrow.names:
         _column(pf.schema_arrow.empty_table(), src, text_field)
+    yield from _values(_column(_row_group(pf, src, row_group, text_field), src, text_field), first, text_field)
+
+
+def _row_group(pf: Any, src: Source, row_group: int, text_field: str) -> Any:
+    """The text column of one row group; damaged data is the input's error, naming the row group."""
     try:
-        table = pf.read_row_group(row_group, columns=[text_field])
+        return pf.read_row_group(row_group, columns=[text_field])
+    except MemoryError:
+        raise  # the machine's limit, not the file's fault
     except OSError as e:
-        if e.errno:
+        if e.errno:  # the file system's failure; pyarrow's OSErrors without one are about the data
             raise read_error(src.path, e) from None
-        raise
-    yield from _values(_column(table, src, text_field), first, text_field)
+        raise _damaged(src, row_group, e) from None
+    except Exception as e:  # pyarrow raises several types for damaged data (ArrowInvalid, ...)
+        raise _damaged(src, row_group, e) from None
+
+
+def _damaged(src: Source, row_group: int, e: Exception) -> InputError:
+    return InputError(f"{src.path}: row group {row_group}: not readable parquet data ({e}); re-create the file")
 
 
 def parse_arrow(src: Source, batch: int, text_field: str) -> Iterator[Record]:

@@ -53,7 +53,7 @@ from .config import PrepareConfig
 from .dedup import uniform_from_keys
 from .feed import early_pool, item_results
 from .pool import OrderedPool, WorkerDied
-from .reading import InputReadError
+from .reading import InputGone, InputReadError
 from .sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources, WorkItem, discover, note_growth
 from .staging import (
     RUN_FILE,
@@ -190,6 +190,8 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
             shutil.rmtree(staging, ignore_errors=True)
             name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
             raise LmshardError(f"{what}; nothing was kept (a run reading {name} cannot be resumed)") from None
+        if isinstance(e, InputGone):  # its message says when --resume can go on, and when it cannot
+            raise LmshardError(f"{what} ({kept})") from None
         raise LmshardError(f"{what}; {kept}: run the same command with --resume to continue") from None
     except BaseException:
         build.abort()

@@ -4,8 +4,9 @@ a UTF-8 byte-order mark, and with every failure named as that input's.
 - `InputFile` reads a regular file up to the size recorded when the run started (`Source.size`),
   so a file still being appended to is read the same way however late a worker opens it: its
   last line is kept only when it is whole (a record half-written at that size is left for the
-  next run, never reported as a bad line). A file that is replaced or shrinks before it is read
-  to that size is refused, "changed while reading". It reads pipes and stdin as they come.
+  next run, never reported as a bad line), however the reads fall: a planner's blocks, a
+  worker's whole read, a scale-out unit's range. A file that is replaced or shrinks before it
+  is read to that size is refused, "changed while reading". It reads pipes and stdin as they come.
 - Every operating-system error while opening or reading an input (a permission, an I/O error,
   a file gone) becomes an `InputReadError` naming the input: it never reaches the caller as a
   bare `OSError`, which the run would blame on `--out`; and it crosses from a worker process to
@@ -39,6 +40,10 @@ FOREIGN_BOMS = (
     (b"\xfe\xff", "UTF-16", "big-endian"),
 )
 UTF16_SNIFF = 64  # leading bytes that, alternating NUL and ASCII, mark UTF-16 text without a mark
+# How far back from the recorded size the start of an unfinished last line is looked for (bytes):
+# files.MAX_RECORD_BYTES, past which a reader refuses the line anyway.
+LAST_LINE_REACH = 256 << 20
+SEARCH_BYTES = 64 << 10  # bytes per backward read while looking for that line's start
 
 
 class InputReadError(InputError):
@@ -48,7 +53,13 @@ class InputReadError(InputError):
     def at(self, path: str, line: int) -> InputReadError:
         """The same error naming the line that reading had reached: "a.jsonl:1234: ..."."""
         message = str(self)
-        return InputReadError(f"{path}:{line}{message[len(path):]}") if message.startswith(f"{path}: ") else self
+        return type(self)(f"{path}:{line}{message[len(path) :]}") if message.startswith(f"{path}: ") else self
+
+
+class InputGone(InputReadError):
+    """An input moved or deleted after the run started. The run's work is kept for a --resume
+    once it is back; without it the inputs differ, which --resume refuses, so the run must
+    start again."""
 
 
 def read_error(path: str, e: OSError, offset: int = 0) -> InputReadError:
@@ -59,8 +70,9 @@ def read_error(path: str, e: OSError, offset: int = 0) -> InputReadError:
         return InputReadError(f"{path}: cannot read this input ({why}); make it readable "
                               f"(chmod u+r {shlex.quote(path)}) or leave it out of the inputs")  # fmt: skip
     if e.errno == errno.ENOENT:
-        return InputReadError(f"{path}: this input is gone ({why}): moved or deleted after the run started; put it "
-                              "back, or leave it out of the inputs")  # fmt: skip
+        return InputGone(f"{path}: this input is gone ({why}): moved or deleted after the run started; put it back "
+                         "and run the same command with --resume, or leave it out of the inputs and start again "
+                         "with --overwrite")  # fmt: skip
     at = f" after {offset:,} bytes" if offset else ""
     return InputReadError(f"{path}: cannot read this input{at} ({why}); check the disk or filesystem it is on, "
                           "or copy it to another one")  # fmt: skip
@@ -88,13 +100,17 @@ class InputFile(io.BufferedIOBase):
         """`file`: an open stream to read instead of opening `path` (stdin)."""
         super().__init__()
         self.name, self.mode = path, "rb"
-        self._size, self._end, self._lines, self._pos = size, size, lines, 0
+        self._size, self._end, self._lines, self._pos = size, size, lines and size is not None, 0
         self._own = False  # stdin is left open for whoever else reads it
         try:
             self._f: IO[bytes] = file if file is not None else open(path, "rb")  # noqa: SIM115 (closed by close)
         except OSError as e:
             raise read_error(path, e) from None
         self._own = file is None
+        # Where the last line at `size` starts when it has no line end there (looked for by the
+        # first read, so that a check that only opens the file reads nothing); None: no such line,
+        # or one too long to leave out. The first read into it decides whether it is kept.
+        self._tail: int | None = None
         if size is not None:
             self._check(inode)
 
@@ -114,6 +130,36 @@ class InputFile(io.BufferedIOBase):
         except OSError as e:
             raise read_error(self.name, e, self._pos) from None
 
+    def _pread(self, n: int, offset: int) -> bytes:
+        try:
+            return os.pread(self._f.fileno(), n, offset)
+        except OSError as e:
+            raise read_error(self.name, e, offset) from None
+
+    def _last_line_start(self, size: int) -> int | None:
+        """The offset just past the last line end before `size` (0: none), when the data does
+        not end with one there; None when it does, or when that line reaches further back than
+        LAST_LINE_REACH. One short read backwards for a file of ordinary lines."""
+        if size == 0 or self._pread(1, size - 1) == b"\n":
+            return None
+        at = size
+        while at > max(0, size - LAST_LINE_REACH):
+            start = max(0, at - SEARCH_BYTES)
+            block = self._pread(at - start, start)
+            if (k := block.rfind(b"\n")) >= 0:
+                return start + k + 1
+            at = start
+        return 0 if at == 0 else None
+
+    def _settle_tail(self) -> None:
+        """Decide, before any of it is returned, whether the unfinished last line is read: not
+        when the file has grown since and the line goes on past `size` (a writer mid-record);
+        a line whose line end was written later was whole at that size, and is kept."""
+        tail, size, self._tail = self._tail, self._size, None
+        assert tail is not None and size is not None  # a tail is found only in a file of known size
+        if self._stat().st_size > size and self._pread(1, size) not in (b"\n", b"\r"):
+            self._end = tail
+
     def readable(self) -> bool:
         return True
 
@@ -123,17 +169,18 @@ class InputFile(io.BufferedIOBase):
     def read(self, size: int | None = -1) -> bytes:
         want = -1 if size is None or size < 0 else size
         if self._end is not None:
+            if self._lines:
+                self._lines, self._tail = False, self._last_line_start(self._end)
+            if self._tail is not None and (want < 0 or self._pos + want > self._tail):
+                self._settle_tail()
             left = max(0, self._end - self._pos)
             want = left if want < 0 else min(want, left)
         if want == 0:
             return b""
         data = self._read(want)
-        if self._end is not None:
-            if len(data) < want:
-                raise changed(self.name, f"it held {self._size:,} bytes when the run started and ends after "
-                                         f"{self._pos + len(data):,} now")  # fmt: skip
-            if self._lines and self._pos + len(data) == self._size:
-                data = self._whole_lines(data)
+        if self._end is not None and len(data) < want:
+            raise changed(self.name, f"it held {self._size:,} bytes when the run started and ends after "
+                                     f"{self._pos + len(data):,} now")  # fmt: skip
         self._pos += len(data)
         return data
 
@@ -154,23 +201,6 @@ class InputFile(io.BufferedIOBase):
         except OSError as e:
             raise read_error(self.name, e, self._pos + got) from None
         return b"".join(parts)
-
-    def _whole_lines(self, data: bytes) -> bytes:
-        """The last read up to the recorded size, ending at its last whole line when the file has
-        grown since and the line at that size goes on past it. With no line end in this read
-        (one record longer than a read), the part of it already returned cannot be taken back:
-        the data is left as it is."""
-        if data.endswith(b"\n") or self._stat().st_size <= self._end:  # type: ignore[operator]
-            return data
-        try:
-            following = os.pread(self._f.fileno(), 1, self._end)  # type: ignore[arg-type]
-        except OSError as e:
-            raise read_error(self.name, e, self._pos + len(data)) from None
-        cut = data.rfind(b"\n") + 1
-        if following in (b"\n", b"\r") or cut == 0:  # the line was whole at that size after all
-            return data
-        self._end = self._pos + cut
-        return data[:cut]
 
     def skip_mark(self) -> None:
         """Go past the UTF-8 byte-order mark the file starts with, if any (at its start)."""
