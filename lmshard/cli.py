@@ -92,9 +92,12 @@ def _message(e: BaseException) -> str:
 
 
 def _resume_command() -> str:
-    """The command line that was run, with --resume: what continues an interrupted prepare."""
+    """The command line that was run, with --resume: what continues an interrupted prepare. A
+    `run-task` (it has no --resume: its merge goes on with its own build) is repeated as it was."""
     args = sys.argv[1:]
-    return shlex.join(["lmshard", *args, *([] if "--resume" in args else ["--resume"])])
+    command = next((a for a in args if not a.startswith("-")), None)
+    again = "--resume" in args or command == "run-task"
+    return shlex.join(["lmshard", *args, *([] if again else ["--resume"])])
 
 
 def _version(value: bool) -> None:

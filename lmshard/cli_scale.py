@@ -95,7 +95,8 @@ def run_task(
         ran = stages.dedup_task(cfg, n_tasks, task, unit_bytes)
         render.err.print(f"dedup bucket {task}: {'done' if ran else 'nothing to do'}", markup=False, soft_wrap=True)
     elif stage == "merge":
-        render.summary(stages.merge(cfg, n_tasks, unit_bytes), cfg.out)
+        # no --resume here: run again after a stop (scancel, a time limit), it goes on with its build
+        render.summary(stages.merge(cfg, n_tasks, unit_bytes, resume=True), cfg.out)
     else:
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
 

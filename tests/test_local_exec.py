@@ -4,13 +4,17 @@ fix, and `--resume` then finishes with the one-machine bytes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 
 import pytest
-from proctree import finish, start_prepare, wait_for_workers, wait_gone, wait_stopped
+from proctree import finish, signal_stopped, start_prepare, wait_for_workers, wait_gone, wait_stopped
 from test_prepare import jsonl, make_texts
 from test_stages import _files
+
+from lmshard.format import IN_PROGRESS_FILE
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +81,63 @@ def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, monke
     assert "a worker process died" in err and "--resume" in err and "Traceback" not in err, err
     assert wait_gone(workers, timeout=5.0) == []
     _finish_and_compare(corpus, tmp_path, out)
+
+
+@pytest.mark.parametrize(("sig", "code", "words"), [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                     (signal.SIGINT, 130, "interrupted")])  # fmt: skip
+def test_a_stop_signal_to_the_group_stops_the_run_and_resume_finishes(tmp_path, corpus, monkeypatch, sig, code,
+                                                                      words):  # fmt: skip
+    """scancel (SIGTERM) or Ctrl-C (SIGINT) reaches every process of the group: the workers leave
+    it to the main process, which stops with a checkpoint and the --resume advice (not a worker
+    "killed, as the out-of-memory killer does", nor a traceback per worker), and ends them."""
+    out = tmp_path / "o"
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit=3")  # the worker that wrote unit 3, before reporting it
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")  # a checkpoint per merged item: the merge is seen to run
+    proc = start_prepare(_args(corpus, out))
+    workers = wait_for_workers(proc, 2)
+    assert len(workers) == 2
+    assert _held_midway(out, proc) in workers
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    record = out.parent / f".{out.name}.lmshard-partial" / IN_PROGRESS_FILE
+    deadline = time.monotonic() + 120  # the merge of units 0-2, then it waits for unit 3, held
+    while time.monotonic() < deadline and not _checkpointed(record):
+        time.sleep(0.01)
+    assert _checkpointed(record), "the merge did not start"
+    signal_stopped(proc.pid, sig)
+    status, err = finish(proc, 120)
+    assert status == code and words in err and "--resume" in err, err
+    assert "Traceback" not in err and "out-of-memory" not in err, err
+    assert wait_gone(workers, timeout=5.0) == []
+    _finish_and_compare(corpus, tmp_path, out)
+
+
+def test_ctrl_c_with_idle_workers_is_one_message(tmp_path, corpus, monkeypatch):
+    """Every unit tokenized, the workers idle while the merge is held: Ctrl-C to the group is one
+    "interrupted" message, not a KeyboardInterrupt traceback from each waiting worker."""
+    out = tmp_path / "o"
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")  # the main process, once it merged 3 items
+    proc = start_prepare(_args(corpus, out))
+    workers = wait_for_workers(proc, 2)
+    assert len(workers) == 2
+    assert _held_midway(out, proc) == proc.pid
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    # The held process feeds the pool's task queue, so the workers run dry after a few more
+    # units: wait until no unit has been finished for a second (each takes milliseconds).
+    done, seen, still = out.parent / f".{out.name}.lmshard-work" / "tokenize", -1, time.monotonic()
+    while time.monotonic() - still < 1.0:
+        if (n := len(list(done.glob("unit_*.done")))) != seen:
+            seen, still = n, time.monotonic()
+        time.sleep(0.01)
+    signal_stopped(proc.pid, signal.SIGINT)
+    code, err = finish(proc, 120)
+    assert code == 130 and "interrupted" in err and "--resume" in err, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert wait_gone(workers, timeout=5.0) == []
+    _finish_and_compare(corpus, tmp_path, out)
+
+
+def _checkpointed(record):
+    try:
+        return bool(json.loads(record.read_text())["checkpoint"])
+    except (OSError, ValueError, KeyError):
+        return False

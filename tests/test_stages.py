@@ -314,3 +314,47 @@ def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
     with pytest.raises(ConfigError) as e:
         plan_run(config, 4)
     assert "unit size" not in str(e.value) and "a.jsonl" in str(e.value), str(e.value)
+
+
+def test_a_merge_stopped_by_sigterm_goes_on_when_its_command_is_run_again(tmp_path):
+    """`run-task --stage merge` has no --resume: stopped by SIGTERM midway (a checkpoint after
+    each item), it exits 143 naming its own command line, and that command, run again, goes
+    on with the interrupted build and writes one machine's bytes; a third run finds it done."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from proctree import finish, signal_stopped, wait_stopped
+
+    src = tmp_path / "in"
+    jsonl(src / "big.jsonl", make_texts(6_000, seed=7))
+    lmshard = [sys.executable, "-m", "lmshard"]
+    # small work items (the item cut is in the run fingerprint: the same for every step)
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW), "LMSHARD_BLOCK_BYTES": "65536",
+                        "LMSHARD_CHECKPOINT_SECONDS": "0"}  # fmt: skip
+
+    def run(*args):
+        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+    assert run("prepare", str(src), "--workers", "1", "--out", "local").returncode == 0
+    assert run("prepare", str(src), "--workers", "1", "--out", "dist", "--num-tasks", "2",
+               "--executor", "none").returncode == 0  # fmt: skip
+    for stage in ("tokenize", "dedup"):
+        for task in ("0", "1"):
+            assert run("run-task", "--stage", stage, "--task", task, "dist").returncode == 0
+    proc = subprocess.Popen([*lmshard, "run-task", "dist", "--stage", "merge"], cwd=tmp_path,
+                            env=env | {"LMSHARD_STOP_AT": "item:3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    assert wait_stopped(proc) == proc.pid
+    signal_stopped(proc.pid, signal.SIGTERM)
+    code, err = finish(proc, 120)
+    assert code == 143 and "terminated (SIGTERM)" in err and "Traceback" not in err, err
+    assert "continue with:\nlmshard run-task dist --stage merge\n" in err and "--resume" not in err, err
+    assert (tmp_path / ".dist.lmshard-partial").is_dir() and not (tmp_path / "dist").exists()
+    again = run("run-task", "dist", "--stage", "merge")
+    assert again.returncode == 0, again.stderr
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+    meta = (tmp_path / "dist" / "dataset_metadata.json").read_bytes()
+    assert run("run-task", "dist", "--stage", "merge").returncode == 0  # complete: left as it is (its run record too)
+    assert (tmp_path / "dist" / "dataset_metadata.json").read_bytes() == meta

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .config import PrepareConfig
-from .pool import WorkerDied, start_method
+from .pool import STOP_SIGNALS, WorkerDied, _stop_signals_ignored, start_method
 from .stages import merge, plan_run, tokenize_unit, worker_config
 from .taskplan import work_dir
 
@@ -57,7 +58,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(config, n_tasks, size, method == "fork"))  # fmt: skip
     try:
-        futures: dict[int, Future[bool]] = {u: pool.submit(_unit, u) for u in todo}
+        with _stop_signals_ignored():  # the workers start now (on the first submits), ignoring Ctrl-C and SIGTERM
+            futures: dict[int, Future[bool]] = {u: pool.submit(_unit, u) for u in todo}
 
         def ready(u: int) -> None:
             future = futures.pop(u, None)
@@ -71,16 +73,32 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
                        "fewer --workers if memory ran out)")  # fmt: skip
                 raise WorkerDied(why) from None
 
-        return merge(config, n_tasks, size, ready=ready, dedup_stage=False, on_progress=on_progress)
+        meta = merge(config, n_tasks, size, ready=ready, dedup_stage=False, on_progress=on_progress)
+    except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the units in progress are not waited for
+        _stop_workers(pool)
+        raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
         _here.clear()
+    pool.shutdown(wait=True)
+    return meta
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End the workers now: they ignore Ctrl-C and SIGTERM, and a unit in progress may take
+    long. A unit killed midway has no marker, so a resumed run redoes it."""
+    for proc in list((pool._processes or {}).values()):
+        proc.kill()
+    # Then the pool's own thread finds them dead and closes its queues (its way out of a broken
+    # pool), so nothing writes to a closed pipe as this process exits.
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _start(config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
     """Worker initializer: the parent's plan, sources and tokenizer when forked (one thread
     each), else loaded here. A worker whose parent dies (kill -9, the OOM killer) exits: its
     siblings hold the task queue open, so it would otherwise wait for a task forever."""
+    for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM to the process group are the parent's to handle: it stops us
+        signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if forked and "state" in _here:
         plan, sources, tokenizer = _here["state"]

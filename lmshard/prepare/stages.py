@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import ConfigError, InputError, LmshardError
 from ..format import METADATA_FILE, atomic_write_json
 from ..tokenizers import Tokenizer
-from .build import sigterm_stops
+from .build import Build, sigterm_stops
 from .claim import _fingerprint
 from .config import PrepareConfig
 from .pipeline import _tokenizer, prepare
@@ -245,11 +245,13 @@ def missing_units(config: PrepareConfig) -> list[int]:
 
 def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
           ready: Callable[[int], None] | None = None, dedup_stage: bool = True,
-          on_progress: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
+          on_progress: Callable[[Any], None] | None = None, resume: bool | None = None) -> Any:  # fmt: skip
     """Write the dataset from every unit's results, in plan order (refused while any is missing).
     `ready(u)`: called before unit u is read, to wait until it is done (the local executor merges
     while the units are tokenized). `dedup_stage=False`: deduplicate here, in memory, as one
-    machine does, whether or not the dedup stage ran."""
+    machine does, whether or not the dedup stage ran. `resume`: go on with this run's interrupted
+    build, or find the finished dataset complete (`run-task`, which has no --resume: the run
+    fingerprint still refuses another run's build); None: as the config's --resume says."""
     plan, _, _ = plan_run(config, n_tasks, unit_bytes)
     missing = missing_units(config) if ready is None else []
     if missing:
@@ -261,8 +263,8 @@ def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     work = work_dir(config.out) / "tokenize"
     dups = _duplicates(work.parent, n_tasks) if config.dedup == "document" and dedup_stage else None
 
-    def results(*_: Any) -> Iterator[ItemResult]:
-        at = 0
+    def results(_config: Any, _sources: Any, _tokenizer: Any, build: Build, *_: Any) -> Iterator[ItemResult]:
+        at, skip = 0, build.items_done  # a resumed merge: its checkpoint's items are in the build already
         for u in range(len(plan["units"])):
             if ready is not None:
                 ready(u)
@@ -272,9 +274,13 @@ def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
                     r.duplicate = np.zeros(len(r.keys), dtype=bool)
                     r.duplicate[dups[lo:hi] - at] = True
                 at += len(r.keys)
+                if skip:
+                    skip -= 1
+                    continue
                 yield r
 
-    return prepare(replace(config, workers=1), on_progress, results=results)
+    resume = config.resume if resume is None else resume
+    return prepare(replace(config, workers=1, resume=resume), on_progress, results=results)
 
 
 def _read_unit(work: Path, u: int) -> Iterator[ItemResult]:
