@@ -115,19 +115,18 @@ def test_ctrl_c_with_idle_workers_is_one_message(tmp_path, corpus, monkeypatch):
     """Every unit tokenized, the workers idle while the merge is held: Ctrl-C to the group is one
     "interrupted" message, not a KeyboardInterrupt traceback from each waiting worker."""
     out = tmp_path / "o"
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")  # the main process, once it merged 3 items
+    plan = tmp_path / "plan"  # the same plan, made without running it: how many units (one work item each)
+    assert finish(start_prepare([*_args(corpus, plan), "--executor", "none"]), 120)[0] == 0
+    units = len(json.loads((tmp_path / ".plan.lmshard-work" / "plan.json").read_text())["units"])
+    # held at its last item: the merge has waited for every unit, so the workers are idle, waiting for tasks
+    monkeypatch.setenv("LMSHARD_STOP_AT", f"item:{units}")
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
     assert _held_midway(out, proc) == proc.pid
     monkeypatch.delenv("LMSHARD_STOP_AT")
-    # The held process feeds the pool's task queue, so the workers run dry after a few more
-    # units: wait until no unit has been finished for a second (each takes milliseconds).
-    done, seen, still = out.parent / f".{out.name}.lmshard-work" / "tokenize", -1, time.monotonic()
-    while time.monotonic() - still < 1.0:
-        if (n := len(list(done.glob("unit_*.done")))) != seen:
-            seen, still = n, time.monotonic()
-        time.sleep(0.01)
+    done = out.parent / f".{out.name}.lmshard-work" / "tokenize"
+    assert len(list(done.glob("unit_*.done"))) == units
     signal_stopped(proc.pid, signal.SIGINT)
     code, err = finish(proc, 120)
     assert code == 130 and "interrupted" in err and "--resume" in err, err

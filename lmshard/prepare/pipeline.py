@@ -273,14 +273,14 @@ def _run(
             on_progress(progress)
         if config.max_docs is not None and totals.docs_kept >= config.max_docs:
             break
+        if time.monotonic() - last_save >= CHECKPOINT_SECONDS:
+            save()
+            last_save = time.monotonic()
+        stop_point("item")  # (before the signal check: a test's signal to a held run is acted on at this item)
         if interrupt.asked:
             save()
             raise Interrupted(f"stopped after {build.items_done:,} work items; the work done is saved in {build.root}",
                               interrupt.signum)  # fmt: skip
-        if time.monotonic() - last_save >= CHECKPOINT_SECONDS:
-            save()
-            last_save = time.monotonic()
-        stop_point("item")
     totals.examples = dict(sorted(totals.examples.items()))
     totals.dedup_bytes = seen.nbytes
     return totals
