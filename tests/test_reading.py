@@ -374,3 +374,11 @@ def test_an_input_gone_mid_run_says_how_to_go_on_either_way_and_each_works(tmp_p
     reference = tmp_path / "reference"
     prepare(PrepareConfig(inputs=[str(inputs)], out=str(reference), workers=1))
     assert docs(tmp_path / "out") == docs(reference)
+
+
+def test_an_input_gone_before_the_run_claims_out_is_the_inputs_error(tmp_path, monkeypatch):
+    data = write(tmp_path / "a.jsonl", json.dumps({"text": "one document"}) + "\n")
+    after_discovery(monkeypatch, data.unlink)
+    code, said = cli("prepare", str(data), "--out", str(tmp_path / "o"), "--workers", "1")
+    assert code == 1 and f"{data}: this input is gone" in said and "--out" not in said.split("gone")[0], said
+    assert not (tmp_path / "o").exists()

@@ -29,6 +29,7 @@ from ..format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, load_metadata
 from ..tokenizers import Tokenizer
 from . import sources as sources_mod
 from .config import PrepareConfig
+from .reading import read_error
 from .sources import Source
 from .staging import OutputPaths, difference, inside, kind_of_output, read_run
 
@@ -135,7 +136,10 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
     def identity(src: Source) -> list[Any]:
         if src.fmt == "hf" or src.stream:
             return [src.path, src.fmt, src.size, 0]
-        st = os.stat(src.path)
+        try:
+            st = os.stat(src.path)
+        except OSError as e:  # gone or unreadable since it was found: the input's error, not --out's
+            raise read_error(src.path, e) from None
         return [src.path, src.fmt, st.st_size, st.st_mtime_ns]
 
     appended = hashlib.sha256(appending_to.read_bytes()).hexdigest() if appending_to else None
