@@ -129,7 +129,28 @@ def wait_stopped(proc: subprocess.Popen[str], timeout: float = 300.0) -> int | N
 
 
 def signal_stopped(pgid: int, sig: int) -> None:
-    """Send `sig` to a group held at a stop point, then let it go on (SIGCONT) to act on it."""
-    os.killpg(pgid, sig)
+    """Send `sig` to every process of a group held at a stop point, as a terminal or scheduler
+    does, then let them go on (SIGCONT) to act on it. The group leader (the run's main process)
+    gets it in its main thread: a process-directed signal may be taken by another of its threads
+    (the pool's), whose handler can run after the main thread has passed its check for a stop,
+    so the run would act on it one item later, or not at all at its last item."""
+    for pid in group_members(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            if pid != pgid or not _tgkill(pid, pid, sig):
+                os.kill(pid, sig)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGCONT)
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> bool:
+    """Linux's tgkill(2) through the C library: `sig` to thread `tid` (the main thread's id is the
+    pid); False where the C library has no tgkill."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).tgkill
+    except (AttributeError, OSError):
+        return False
+    if fn(pid, tid, sig) != 0:
+        raise ProcessLookupError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return True
