@@ -31,6 +31,8 @@ from pathlib import Path
 
 from benchlib import compile_package, load, load_texts, machine, update_performance_md
 
+from lmshard.prepare.config import available_cpus  # the cores prepare's --workers 0 would use
+
 LMSHARD = [sys.executable, "-m", "lmshard"]
 BATCH_CHARS = 1 << 20  # characters per encode_batch call in the ceiling, about a work item's text
 UNIT = 8 << 20  # bytes per unit of a planned run (LMSHARD_UNIT_BYTES): several units per corpus copy
@@ -52,13 +54,6 @@ with open(os.environ["RUSAGE_OUT"], "w") as f:
     json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}, f)
 sys.exit(code)
 """
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def write_corpus(path: Path, copies: int) -> tuple[Path, list[str]]:
@@ -127,7 +122,7 @@ def run_task(args: list[str], env: dict[str, str]) -> float:
 
 def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
     src, texts = write_corpus(t / "x4.jsonl", 4)
-    counts = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= cores()]
+    counts = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= available_cpus()]
     rows = ["| workers | ceiling (M tok/s) | prepare (M tok/s) | ratio | main process CPU / workers' CPU |",
             "|---|---|---|---|---|"]  # fmt: skip
     printed = []
@@ -177,7 +172,7 @@ def main() -> None:
         t = Path(tmp)
         worker_rows, _ = section_workers(t, env)
         cluster_rows = [] if args.skip_cluster else section_cluster(t, env)
-    body = [f"Machine: {machine()}; {cores()} cores usable; load average (1 min) {started} at the start, {load()} at "
+    body = [f"Machine: {machine()}; {available_cpus()} cores usable; load average (1 min) {started} at the start, {load()} at "
             "the end. Command: `python scripts/bench_scaling.py` (in `make bench`).", "",
             "Workers: the shared corpus ×4 (distinct copies), GPT-2, `--tokenizer-backend auto`. The ceiling is the "
             "same number of warm processes doing nothing but `encode_batch` on the same texts in memory; the last "

@@ -30,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .config import PrepareConfig
-from .pool import STOP_SIGNALS, WorkerDied, _stop_signals_ignored, start_method
+from .pool import STOP_SIGNALS, WorkerDied, start_method, stop_signals_ignored
 from .stages import merge, plan_run, tokenize_unit, worker_config
 from .taskplan import work_dir
 
@@ -58,7 +58,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(config, n_tasks, size, method == "fork"))  # fmt: skip
     try:
-        with _stop_signals_ignored():  # the workers start now (on the first submits), ignoring Ctrl-C and SIGTERM
+        with stop_signals_ignored():  # the workers start now (on the first submits), ignoring Ctrl-C and SIGTERM
             futures: dict[int, Future[bool]] = {u: pool.submit(_unit, u) for u in todo}
 
         def ready(u: int) -> None:

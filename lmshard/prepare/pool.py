@@ -123,7 +123,7 @@ class OrderedPool(Generic[T, R]):
                 others = (*self._tasks, *self._results, task_w, result_r) if start == "fork" else ()
                 proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg, others),
                                    daemon=True)  # fmt: skip
-                with _stop_signals_ignored():  # the child starts ignoring them: they are the parent's to handle
+                with stop_signals_ignored():  # the child starts ignoring them: they are the parent's to handle
                     proc.start()
                 # Drop our copies of the worker's ends: the worker's death must read as end-of-file here.
                 task_r.close()
@@ -285,7 +285,7 @@ class OrderedPool(Generic[T, R]):
 
 
 @contextlib.contextmanager
-def _stop_signals_ignored() -> Iterator[None]:
+def stop_signals_ignored() -> Iterator[None]:
     """SIGINT and SIGTERM ignored around a process start, so the child inherits "ignored"
     through fork and exec and cannot die of a Ctrl-C, or of a scheduler's SIGTERM to the whole
     process group, while it imports, before `_worker_main` runs. The parent's own handlers come
