@@ -2,9 +2,9 @@
 the scale-out stages (`lmshard.prepare.stages`).
 
 A scale-out run is planned by `lmshard prepare ... --num-tasks N`: with `--executor local` (the
-default) it then runs every task here and merges; with `--executor none` it only writes the
+default) it then runs every stage here; with `--executor none` it claims the output, writes the
 plan and prints the commands that any "task i of N" scheduler runs: `lmshard run-task --stage
-tokenize --task I OUT` for each task, then `lmshard run-task --stage merge OUT` once.
+STAGE --task I OUT` for each stage and task, then `lmshard run-task --stage finish OUT` once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import typer
 from . import render
 from .errors import ConfigError
 
-STAGES = ("tokenize", "dedup", "merge")
+STAGES = ("tokenize", "dedup", "select", "write", "finish")  # as lmshard.prepare.stages.STAGES
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
@@ -31,9 +31,13 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
 def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable[[Any], None] | None = None) -> Any:
     """`prepare --num-tasks N [--executor ...]`: the metadata of the dataset where this process
     wrote it (local, ray), else None (the tasks run elsewhere)."""
-    from .prepare import stages
+    from .prepare import local_exec
 
-    plan, _, _ = stages.plan_run(cfg, n_tasks)
+    if executor == "local":
+        return local_exec.run(cfg, n_tasks, None, on_progress)
+    claim, plan = local_exec.claim(cfg, n_tasks)
+    if claim.complete is not None:
+        return claim.complete
     show = render.err if cfg.json else render.out  # with --json, stdout holds only the JSON summary
     out = shlex.quote(cfg.out)
     if executor == "ray":
@@ -44,26 +48,21 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
         from .prepare import slurm
 
         jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
-        show.print(f"submitted {n_tasks} tokenize tasks (job {', '.join(jobs['tokenize'])}), {n_tasks} dedup "
-                         f"tasks (job {', '.join(jobs['dedup'])}) and the merge (job {jobs['merge']}); follow with: "
-                         f"lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
+        arrays = ", ".join(f"{stage} (job {', '.join(jobs[stage])})" for stage in slurm.ARRAY_STAGES)
+        show.print(f"submitted {n_tasks} tasks of each stage: {arrays}, and the finish (job {jobs['finish']}); "
+                   f"follow with: lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
         again = "; ".join(jobs["resubmit"])
         show.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
                    f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
         return None
-    if executor == "none":
-        units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")
-        show.print(f"planned {units} in {tasks}; run each stage's tasks, then the merge:", markup=False,
-                         soft_wrap=True)  # fmt: skip
-        for stage in ("tokenize", "dedup"):
-            line = f"  lmshard run-task --stage {stage} --task I {out}"
-            after = ", after every tokenize task is done" if stage == "dedup" else ""
-            show.print(f"{line}    # I = 0 .. {n_tasks - 1}{after}", markup=False, soft_wrap=True)
-        show.print(f"  lmshard run-task --stage merge {out}", markup=False, soft_wrap=True)
-        return None
-    from .prepare import local_exec
-
-    return local_exec.run(cfg, n_tasks, plan["unit_bytes"], on_progress)
+    units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")
+    show.print(f"planned {units} in {tasks}; run each stage's tasks, one stage after the other, then the finish:",
+               markup=False, soft_wrap=True)  # fmt: skip
+    for stage in STAGES[:-1]:
+        show.print(f"  lmshard run-task --stage {stage} --task I {out}    # I = 0 .. {n_tasks - 1}", markup=False,
+                   soft_wrap=True)  # fmt: skip
+    show.print(f"  lmshard run-task --stage finish {out}", markup=False, soft_wrap=True)
+    return None
 
 
 def run_task(
@@ -72,83 +71,65 @@ def run_task(
         ...,
         "--stage",
         metavar="STAGE",
-        help="tokenize (a task's units), dedup (a hash bucket, after every tokenize) or merge (once).",
+        help="tokenize (a task's units), dedup (its hash buckets), select (its units), write (its shards), each "
+        "after every task of the stage before; finish (once, last).",
     ),
-    task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; tokenize and dedup)."),
+    task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
     from .prepare import stages
 
-    cfg, n_tasks, unit_bytes = stages.config_of(out)
-    if stage in ("tokenize", "dedup") and task is None:
-        raise ConfigError(f"--stage {stage} needs --task I, I in 0 .. {n_tasks - 1}")
-    if stage == "tokenize":
-        assert task is not None
-        try:
-            done = stages.tokenize_task(cfg, n_tasks, task, unit_bytes)
-        except stages.TaskStopped as e:  # scancel or a time limit: exit as a signal's death reads (128 + signum)
-            render.err.print(f"stopped: {e}", markup=False, soft_wrap=True)
-            raise typer.Exit(128 + e.signum) from None
-        render.err.print(f"task {task}: {done} unit{'s' if done != 1 else ''} tokenized", markup=False, soft_wrap=True)
-    elif stage == "dedup":
-        assert task is not None
-        ran = stages.dedup_task(cfg, n_tasks, task, unit_bytes)
-        render.err.print(f"dedup bucket {task}: {'done' if ran else 'nothing to do'}", markup=False, soft_wrap=True)
-    elif stage == "merge":
-        # no --resume here: run again after a stop (scancel, a time limit), it goes on with its build
-        render.summary(stages.merge(cfg, n_tasks, unit_bytes, resume=True), cfg.out)
-    else:
+    if stage not in STAGES:
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
+    cfg, n_tasks, unit_bytes = stages.config_of(out)
+    if stage != "finish" and task is None:
+        raise ConfigError(f"--stage {stage} needs --task I, I in 0 .. {n_tasks - 1}")
+    try:
+        done = stages.run_task(cfg, n_tasks, stage, task or 0, unit_bytes)
+    except stages.TaskStopped as e:  # scancel or a time limit: exit as a signal's death reads (128 + signum)
+        render.err.print(f"stopped: {e}", markup=False, soft_wrap=True)
+        raise typer.Exit(128 + e.signum) from None
+    if stage == "finish":
+        from .format import load_metadata
+
+        render.summary(load_metadata(cfg.out), cfg.out)
+        return
+    what = {"tokenize": "unit", "dedup": "bucket", "select": "unit", "write": "shard or key file"}[stage]
+    render.err.print(f"{stage} task {task}: {render.plural(done, what)} done", markup=False, soft_wrap=True)
 
 
 def status(
     out: Path = typer.Argument(..., metavar="DIR", help="The output dataset directory of a planned run."),
 ) -> None:
-    """Progress of a planned scale-out prepare: tasks done, tasks incomplete, and what to run next."""
+    """Progress of a planned scale-out prepare: each stage's tasks done, and what to run next."""
     from .prepare import stages
 
     info = stages.status(out)
-    tasks = info["tasks"]
-    done = sum(not t["units"] or t["done"] == t["units"] for t in tasks)
-    render.out.print(
-        f"tokenize: {done} of {len(tasks)} tasks complete ({render.plural(info['units'], 'unit')})",
-        markup=False,
-        soft_wrap=True,
-    )
     quoted = shlex.quote(str(out))
-    if info["merged"]:  # every stage's work is in the dataset, whichever stages ran as their own tasks
-        _done(quoted, info)
+    if info["merged"]:
+        render.out.print(f"done: the dataset is complete; check it with: lmshard inspect {quoted}", markup=False,
+                         soft_wrap=True)  # fmt: skip
         return
-    for t in info["incomplete"]:
-        row = tasks[t]
-        state = f" ({row['state']})" if row["state"] else ""
-        render.out.print(f"  task {t}: {row['done']} of {row['units']} units{state}; run: lmshard run-task --stage "
-                         f"tokenize --task {t} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
-    if info["dedup"]:
-        missing = info["dedup_missing"]
-        render.out.print(
-            f"dedup: {len(tasks) - len(missing)} of {len(tasks)} buckets complete", markup=False, soft_wrap=True
-        )
-        if missing and not info["incomplete"]:
-            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-            render.out.print(
-                f"  buckets {shown}; run: lmshard run-task --stage dedup --task I {quoted}",
-                markup=False,
-                soft_wrap=True,
-            )
-    if not info["incomplete"] and not (info["dedup"] and info["dedup_missing"]):
-        render.out.print(f"merge: not run; run: lmshard run-task --stage merge {quoted}", markup=False, soft_wrap=True)
+    waiting = False
+    for stage, row in info["stages"].items():
+        if stage == "dedup" and not info["dedup"]:
+            continue
+        what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "shards and key files"}[stage]
+        if waiting or row["total"] is None:
+            render.out.print(f"{stage}: waits for the stages above", markup=False, soft_wrap=True)
+            waiting = True
+            continue
+        left = [t for t in row["tasks"] if t["done"] < t["items"]]
+        render.out.print(f"{stage}: {len(row['tasks']) - len(left)} of {len(row['tasks'])} tasks complete "
+                         f"({row['total'] - len(row['missing'])} of {row['total']} {what})", markup=False,
+                         soft_wrap=True)  # fmt: skip
+        for t in left:
+            state = f" ({t['state']})" if t["state"] else ""
+            render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}{state}; run: lmshard run-task --stage "
+                             f"{stage} --task {t['task']} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
+        waiting = bool(left)
+    if waiting:
+        render.out.print("finish: waits for the stages above", markup=False, soft_wrap=True)
     else:
-        render.out.print("merge: waits for the tasks above", markup=False, soft_wrap=True)
-
-
-def _done(quoted: str, info: dict[str, Any]) -> None:
-    """A merged run: done, whatever the dedup buckets say: the local executor deduplicates in the
-    merge, so its buckets never run as tasks."""
-    if info["dedup"]:
-        n, missing = len(info["tasks"]), info["dedup_missing"]
-        buckets = f"{n} of {n} buckets complete" if not missing else "done in the merge"
-        render.out.print(f"dedup: {buckets}", markup=False, soft_wrap=True)
-    render.out.print("merge: done", markup=False, soft_wrap=True)
-    render.out.print(f"done: the dataset is complete; check it with: lmshard inspect {quoted}", markup=False,
-                     soft_wrap=True)  # fmt: skip
+        render.out.print(f"finish: not run; run: lmshard run-task --stage finish {quoted}", markup=False,
+                         soft_wrap=True)  # fmt: skip

@@ -40,6 +40,9 @@ from .pool import STOP_SIGNALS
 from .writer import ShardWriter, close_quietly
 
 KEY_DTYPE = np.dtype("<u8")
+# A build's document keys go to files of this many keys (128 MiB) each, so that scale-out runs
+# write them in parallel, each file by one task (docs/format.md).
+KEYS_PER_FILE = int(os.environ.get("LMSHARD_KEYS_PER_FILE", 1 << 24))
 CHECKPOINT_SECONDS = float(os.environ.get("LMSHARD_CHECKPOINT_SECONDS", "10"))  # 0: after every work item
 
 
@@ -95,6 +98,7 @@ class Build:
     line_keys: int | None = None  # unique lines this build found (--dedup-lines)
     note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
     _keys: IO[bytes] | None = None
+    _part: int = 0  # the key file `_keys` is
 
     @classmethod
     def start(cls, config: PrepareConfig, root: Path, previous: DatasetMeta | None,
@@ -115,12 +119,21 @@ class Build:
         if config.dedup == "document":
             for keys in build._stored_keys("doc"):
                 build.seen.add_new(keys)
-            path = build.root / build.key_path("doc")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            build._keys = open(path, "r+b" if path.exists() else "wb")  # noqa: SIM115 (closed in close_keys/abort)
-            build._keys.truncate(build.n_keys * KEY_DTYPE.itemsize)
-            build._keys.seek(0, os.SEEK_END)
+            (build.root / "dedup").mkdir(parents=True, exist_ok=True)
+            part = build.n_keys // KEYS_PER_FILE
+            for later in build.root.glob("dedup/doc_keys_*.u64"):  # parts begun after the checkpoint
+                if later.name > Path(build.key_path("doc", part)).name:
+                    later.unlink()
+            build._open_part(part)
         return build
+
+    def _open_part(self, part: int) -> None:
+        """Open this build's key file `part`, cut back to the keys it holds by `n_keys`."""
+        path = self.root / self.key_path("doc", part)
+        self._keys = open(path, "r+b" if path.exists() else "wb")  # noqa: SIM115 (closed in close_keys/abort)
+        self._keys.truncate((self.n_keys - part * KEYS_PER_FILE) * KEY_DTYPE.itemsize)
+        self._keys.seek(0, os.SEEK_END)
+        self._part = part
 
     def resume_note(self, checkpoint: dict[str, Any] | None) -> str:
         """What `--resume` goes on from: the checkpoint's documents and shards, or nothing."""
@@ -134,17 +147,18 @@ class Build:
         return (f"resuming: {own:,} documents ({self.totals.tokens - self.base.tokens:,} tokens), "
                 f"{shards:,} shards kept from the checkpoint of {at}")  # fmt: skip
 
-    def key_path(self, kind: str) -> str:
-        """This build's own key file of `kind` (doc or line), after those of the dataset it extends."""
-        part = sum(1 for f in self.previous_keys if f.kind == kind)
-        return f"dedup/{kind}_keys_{part:06d}.u64"
+    def key_path(self, kind: str, part: int = 0) -> str:
+        """This build's own key file `part` of `kind` (doc or line), after those of the dataset
+        it extends: a build's document keys fill files of KEYS_PER_FILE keys each."""
+        number = sum(1 for f in self.previous_keys if f.kind == kind) + part
+        return f"dedup/{kind}_keys_{number:06d}.u64"
 
     def _stored_keys(self, kind: str) -> Any:
         """The keys already recorded, in insertion order: the appended-to dataset's, then this
         build's own up to the checkpoint (doc keys only; line keys are recomputed each run)."""
         files = [(self.root / f.path, f.n_keys) for f in self.previous_keys if f.kind == kind]
         if kind == "doc":
-            files.append((self.root / self.key_path("doc"), self.n_keys))
+            files += [(self.root / self.key_path("doc", p), n) for p, n in enumerate(key_parts(self.n_keys))]
         for path, n in files:
             if n == 0:
                 continue
@@ -165,9 +179,18 @@ class Build:
         return seen
 
     def add_keys(self, keys: np.ndarray) -> None:
-        if self._keys is not None and len(keys):
-            self._keys.write(keys.astype(KEY_DTYPE, copy=False).tobytes())
-            self.n_keys += len(keys)
+        keys = keys.astype(KEY_DTYPE, copy=False)
+        while self._keys is not None and len(keys):
+            part = self.n_keys // KEYS_PER_FILE
+            if part != self._part:  # the open file is full: make it durable, go on in the next
+                self._keys.flush()
+                os.fsync(self._keys.fileno())
+                self._keys.close()
+                self._open_part(part)
+            room = (part + 1) * KEYS_PER_FILE - self.n_keys
+            self._keys.write(keys[:room].tobytes())
+            self.n_keys += len(keys[:room])
+            keys = keys[room:]
 
     def checkpoint(self) -> dict[str, Any]:
         """Make everything written durable; the state `start` resumes from."""
@@ -186,9 +209,13 @@ class Build:
             os.fsync(self._keys.fileno())
             self._keys.close()
             self._keys = None
-            files.append(_key_file(self.root, self.key_path("doc"), self.n_keys))
+            parts = key_parts(self.n_keys)
+            if self._part >= len(parts):  # opened as the last one filled up, and nothing came
+                (self.root / self.key_path("doc", self._part)).unlink()
+            for p, n in enumerate(parts):
+                files.append(key_file(self.root, self.key_path("doc", p), n))
         if self.line_keys is not None:
-            files.append(_key_file(self.root, self.key_path("line"), self.line_keys))
+            files.append(key_file(self.root, self.key_path("line"), self.line_keys))
         return tuple(files)
 
     def abort(self) -> None:
@@ -200,7 +227,14 @@ class Build:
             self._keys = None
 
 
-def _key_file(root: Path, rel: str, n_keys: int) -> KeyFile:
+def key_parts(n_keys: int) -> list[int]:
+    """How many keys each of a build's document key files holds: full files of KEYS_PER_FILE,
+    then the rest (one empty file when there are no keys)."""
+    full, rest = divmod(n_keys, KEYS_PER_FILE)
+    return [KEYS_PER_FILE] * full + ([rest] if rest or not full else [])
+
+
+def key_file(root: Path, rel: str, n_keys: int) -> KeyFile:
     digest = xxhash.xxh3_64()
     with open(root / rel, "rb") as f:
         while chunk := f.read(1 << 23):

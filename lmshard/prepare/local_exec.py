@@ -1,91 +1,188 @@
-"""The local executor of a planned run (`prepare --num-tasks N`, the default executor), with the
-stages fused as one process tree allows.
+"""The local executor: every stage of a planned run (stages.py) in a pool of worker processes on
+this machine. It runs `prepare --num-tasks N` without `--executor`, and a plain `prepare` whose
+input is large enough to repay it (`use_stages`): the same stages, the same files and the same
+bytes as on a cluster.
 
-On a remote engine the stages are separate jobs: every tokenize task, then every dedup bucket,
-then the merge. On one machine that order wastes time (the merge would wait for the last unit,
-and the dedup stage re-reads every key only to find what the merge can find as it goes), so
-here the units (not whole tasks: tasks only group units for remote schedulers) are tokenized
-`--workers` at a time in processes of their own, in plan order, while this process merges
-them in plan order as each completes, deduplicating in memory exactly as a one-machine
-prepare does. The output is the same bytes; each unit still writes its results and marker, so
-a killed run started again skips the units it finished, and `status`/`run-task` see the work
-directory as on any planned run.
+This process claims `--out` (owners.begin) and holds the writer lock for the whole run; then it
+only schedules. Each stage's items (the units to tokenize, the dedup buckets, the units to
+select, the shards and key files to write) go to `--workers` processes, in plan order, and the
+next stage starts once every item of this one is done. The layout (a walk over the units'
+totals) and the metadata (finish) are the only work done here: neither reads a document. A
+killed run leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop
+the workers at once (an item cut short has no marker and is redone).
 
-Memory model: each worker holds one work item's text and result at a time (≈1 MiB of text and
-its tokens; a unit's results go to disk as they are made); this process holds what a merge
-holds (one unit's per-item table, one item's arrays, the dedup key set of 8 bytes per
-document) plus one future per unit left to merge.
+Memory model: each worker holds what its stage's item holds (stages.py, buckets.py, layout.py,
+owners.py: at most one unit's data, ≈4 bytes per token of a unit); this process holds the plan,
+the layout and one future per item of the current stage.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..errors import ConfigError, InputError
+from ..format import load_metadata
+from .build import sigterm_stops
 from .config import PrepareConfig
+from .owners import begin, finish
 from .pool import STOP_SIGNALS, WorkerDied, start_method, stop_signals_ignored
-from .stages import merge, plan_run, tokenize_unit, worker_config
+from .sources import Source
+from .stages import STAGES, Run, load_run
+from .staging import Interrupted, OutputPaths, WriterLock, commit
 from .taskplan import work_dir
 
-_here: dict[str, Any] = {}  # what forked workers inherit: (config, plan, sources, tokenizer, worker config)
+# A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
+# one process reading and writing while workers tokenize starts faster).
+STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
+_here: dict[str, Any] = {}  # what forked workers inherit: the run
+
+
+def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
+    """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, files
+    only (no stdin or Hugging Face stream), none of the options the stages refuse, and at least
+    STAGED_BYTES of input."""
+    return (config.n_workers() > 1 and not config.dedup_lines and not config.append and not config.hf
+            and config.max_docs is None and not any(s.stream or s.fmt == "hf" for s in sources)
+            and sum(s.size for s in sources) >= STAGED_BYTES)  # fmt: skip
 
 
 def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
-        on_progress: Callable[[Any], None] | None = None) -> Any:  # fmt: skip
-    """Tokenize every unit not yet done and merge, as described above; returns the metadata.
-    `on_progress`: as for prepare, called as the merge goes."""
-    plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
-    size = int(plan["unit_bytes"])  # as planned: the workers validate the same plan
-    done = work_dir(config.out) / "tokenize"
-    todo = [u for u in range(len(plan["units"])) if not (done / f"unit_{u:06d}.done").exists()]
-    workers = min(config.n_workers(), len(todo))
-    if workers <= 1:  # one core, or (almost) nothing left: each unit just before it is merged
-        wcfg = worker_config(config, sources, tokenizer)
+        on_progress: Callable[[Any], None] | None = None, loaded: Any = None, adopt: bool = False) -> Any:  # fmt: skip
+    """Claim --out, run every stage here, swap the dataset in; returns its metadata. `loaded`:
+    the sources and tokenizer when the caller has them; `adopt`: a resumed plain prepare goes on
+    with the plan it made (sized to the --workers it had), whatever --workers is now."""
+    paths = OutputPaths.of(config.out)
+    with sigterm_stops(), WriterLock(paths):
+        sources, tokenizer = loaded or load_run(config)
+        claim = begin(config, paths, sources, tokenizer, work_dir(config.out))
+        if claim.complete is not None:
+            return claim.complete
+        if claim.commit_pending:
+            commit(paths)
+            shutil.rmtree(work_dir(config.out), ignore_errors=True)
+            return load_metadata(paths.out)
+        r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
+        try:
+            _stages(r, on_progress)
+            return finish(config, paths, r.work, r.layout(), r.n_units, r.sources, r.tokenizer)
+        except KeyboardInterrupt as e:
+            raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
+        except (InputError, ConfigError):  # the input or an option is at fault: nothing worth resuming
+            shutil.rmtree(paths.staging, ignore_errors=True)
+            shutil.rmtree(r.work, ignore_errors=True)
+            raise
 
-        def inline(u: int) -> None:
-            tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
 
-        return merge(config, n_tasks, size, ready=inline, dedup_stage=False, on_progress=on_progress)
+def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
+    """For a run whose tasks run elsewhere (Slurm, Ray, any scheduler): claim --out (under the
+    writer lock, released after) and make the plan. Returns the claim and the plan."""
+    paths = OutputPaths.of(config.out)
+    with WriterLock(paths):
+        sources, tokenizer = load_run(config)
+        claimed = begin(config, paths, sources, tokenizer, work_dir(config.out))
+        if claimed.complete is not None or claimed.commit_pending:
+            return claimed, {}
+        return claimed, Run.of(config, n_tasks, None, loaded=(sources, tokenizer)).plan
+
+
+def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
+    todo = {stage: r.missing(stage) for stage in STAGES[:3]}
+    workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
+    progress = _Progress(r, on_progress)
+    if workers <= 1:
+        for stage in STAGES[:-1]:
+            for i in r.missing(stage) if stage != "write" else _write_todo(r):
+                r.do(stage, i)
+                progress.done(stage, i)
+        return
     method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
-    _here.update(args=(config, n_tasks, size), state=(plan, sources, tokenizer))
+    _here["run"] = r
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
-                               initargs=(config, n_tasks, size, method == "fork"))  # fmt: skip
+                               initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
-        with stop_signals_ignored():  # the workers start now (on the first submits), ignoring Ctrl-C and SIGTERM
-            futures: dict[int, Future[bool]] = {u: pool.submit(_unit, u) for u in todo}
-
-        def ready(u: int) -> None:
-            future = futures.pop(u, None)
-            if future is None:
-                return
-            try:
-                future.result()  # a worker's error is raised here, as the merge reaches its unit
-            except BrokenProcessPool:
-                why = (f"a worker process died while it tokenized unit {u} or another (killed, as the out-of-memory "
-                       "killer does?); the units it finished are kept: re-run the same command with --resume (with "
-                       "fewer --workers if memory ran out)")  # fmt: skip
-                raise WorkerDied(why) from None
-
-        meta = merge(config, n_tasks, size, ready=ready, dedup_stage=False, on_progress=on_progress)
-    except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the units in progress are not waited for
+        for stage in STAGES[:-1]:
+            items = r.missing(stage) if stage != "write" else _write_todo(r)
+            with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
+                futures = {pool.submit(_item, stage, i): i for i in items}
+            _wait(futures, stage, progress)
+    except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the items in progress are not waited for
         _stop_workers(pool)
         raise
     finally:
         _here.clear()
     pool.shutdown(wait=True)
-    return meta
+
+
+def _write_todo(r: Run) -> list[int]:
+    r.layout()  # laid out here, once: a walk over the units' totals
+    return r.missing("write")
+
+
+def _wait(futures: dict[Future[bool], int], stage: str, progress: _Progress) -> None:
+    pending: Iterable[Future[bool]] = set(futures)
+    while pending:
+        finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+        for f in sorted(finished, key=futures.__getitem__):
+            try:
+                f.result()  # a worker's error is raised here
+            except BrokenProcessPool:
+                why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
+                       "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
+                       "memory ran out)")  # fmt: skip
+                raise WorkerDied(why) from None
+            progress.done(stage, futures[f])
+
+
+class _Progress:
+    """Progress for the run log: input bytes, documents and tokens of the tokenized units."""
+
+    def __init__(self, r: Run, callback: Callable[[Any], None] | None) -> None:
+        from .pipeline import Progress
+
+        self.r, self.callback = r, callback
+        self.p = Progress(bytes_total=sum(u[4] for u in r.plan["units"]))
+        left = set(r.missing("tokenize"))
+        for u in range(r.n_units):
+            if u not in left:
+                self._add(u)
+        self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
+
+    def _add(self, u: int) -> None:
+        done = _marker(self.r, u)
+        self.p.bytes_done += self.r.plan["units"][u][4]
+        self.p.docs += done.get("docs", 0)
+        self.p.tokens += done.get("tokens", 0)
+        self.p.chars += done.get("chars", 0)
+
+    def done(self, stage: str, i: int) -> None:
+        if stage == "tokenize":
+            self._add(i)
+            if self.callback:
+                self.callback(self.p)
+
+
+def _marker(r: Run, u: int) -> dict[str, Any]:
+    import json
+
+    try:
+        data: dict[str, Any] = json.loads((r.work / "tokenize" / f"unit_{u:06d}.done").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """End the workers now: they ignore Ctrl-C and SIGTERM, and a unit in progress may take
-    long. A unit killed midway has no marker, so a resumed run redoes it."""
+    """End the workers now: they ignore Ctrl-C and SIGTERM, and an item in progress may take
+    long. An item killed midway has no marker, so a resumed run redoes it."""
     for proc in list((pool._processes or {}).values()):
         proc.kill()
     # Then the pool's own thread finds them dead and closes its queues (its way out of a broken
@@ -94,27 +191,24 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _start(config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
-    """Worker initializer: the parent's plan, sources and tokenizer when forked (one thread
+    """Worker initializer: the parent's run (plan, sources, tokenizer) when forked (one thread
     each), else loaded here. A worker whose parent dies (kill -9, the OOM killer) exits: its
     siblings hold the task queue open, so it would otherwise wait for a task forever."""
     for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM to the process group are the parent's to handle: it stops us
         signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    if forked and "state" in _here:
-        plan, sources, tokenizer = _here["state"]
-        tokenizer.use_threads(1)
+    if forked and "run" in _here:
+        _here["run"].tokenizer.use_threads(1)
     else:
-        plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
-    _here.update(args=(config,), state=(plan, sources, tokenizer), wcfg=worker_config(config, sources, tokenizer))
+        _here["run"] = Run.of(config, n_tasks, unit_bytes)
 
 
 def _exit_with_parent(parent: int, every: float = 0.5) -> None:
     while os.getppid() == parent:
         time.sleep(every)
-    os._exit(1)  # the unit in progress stays unfinished (no marker): a re-run redoes it
+    os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
 
 
-def _unit(u: int) -> bool:
-    config = _here["args"][0]
-    plan, sources, tokenizer = _here["state"]
-    return tokenize_unit(config, plan, sources, tokenizer, _here["wcfg"], u)
+def _item(stage: str, i: int) -> bool:
+    run: Run = _here["run"]
+    return run.do(stage, i)

@@ -27,21 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..errors import ConfigError, LmshardError, warn
 from ..format import (
     METADATA_FILE,
-    SPLITS,
     TOKENIZER_FILE,
     VOCAB_COPY,
     DatasetMeta,
-    DedupInfo,
-    KeyFile,
-    RunInfo,
-    ShardInfo,
-    SourceInfo,
-    SplitInfo,
-    TokenizerInfo,
     atomic_write_bytes,
     atomic_write_json,
     load_metadata,
@@ -52,9 +43,10 @@ from .claim import Claim, bos_written, claim_output
 from .config import PrepareConfig
 from .dedup import uniform_from_keys
 from .feed import early_pool, item_results
+from .metadata import NOT_DROPS, dataset_metadata
 from .pool import OrderedPool, WorkerDied
 from .reading import InputGone, InputReadError
-from .sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources, WorkItem, discover, note_growth
+from .sources import Source, Sources, WorkItem, discover, note_growth
 from .staging import (
     RUN_FILE,
     RUN_VERSION,
@@ -71,7 +63,6 @@ from .worker import ItemResult
 from .writer import with_separators
 
 Results = Callable[..., Iterator[ItemResult]]  # (config, sources, tokenizer, build, early) -> results in plan order
-NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
 
 
 @dataclass
@@ -109,6 +100,10 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     with contextlib.ExitStack() as stack:
         tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
+        from . import local_exec  # (whose stages use this module)
+
+        if results is None and local_exec.use_stages(config, sources):  # every stage in the worker pool
+            return local_exec.run(config, config.n_workers(), None, on_progress, (sources, tokenizer), adopt=True)
         # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
         early = early_pool(config.n_workers(), sources, tokenizer)
         if early is not None:
@@ -170,7 +165,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
-        meta = _metadata(config, sources, tokenizer, shards, totals, claim, keys, started, tokens_before)
+        meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, started, tokens_before)
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
         commit(paths)
@@ -256,7 +251,7 @@ def _run(
             keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)
-        _account(totals, result, keep, dupes, 1 if bos is None else 2)
+        account(totals, result, keep, dupes, 1 if bos is None else 2)
         build.add_keys(result.keys[keep])
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
         for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
@@ -299,7 +294,7 @@ def _limit(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> np.ndarr
     return limited
 
 
-def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int) -> None:
+def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int) -> None:
     kept_lengths = result.lengths[keep]
     totals.docs_kept += int(keep.sum())
     totals.tokens += int(kept_lengths.sum()) + specials * len(kept_lengths)  # + the EOT (and BOS) of each
@@ -316,79 +311,3 @@ def _account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.nda
             totals.per_source.setdefault(src, Counter())[name] += count
     for reason, example in result.examples.items():
         totals.examples.setdefault(reason, example)
-
-
-def _metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
-              totals: Totals, claim: Claim, keys: tuple[KeyFile, ...], started: float,
-              tokens_before: int = 0) -> DatasetMeta:  # fmt: skip
-    """The dataset's metadata. After --append it describes the whole dataset: the recorded
-    inputs and sources are the old ones followed by this run's, so the recorded configuration
-    reproduces the same token stream in one run. `tokens_before`: the tokens this process did not
-    make (the appended-to dataset's, a resumed checkpoint's), left out of its tokens/s."""
-    elapsed = time.time() - started
-    n_tokens = sum(s.n_tokens for s in shards)
-    drops = dict(sorted(totals.drops.items()))
-    drops["duplicate"] = totals.duplicates
-    hf = config.hf_spec()
-    recorded = config.recorded()
-    previous = claim.previous
-    if previous is not None:
-        recorded["inputs"] = [*previous.config.get("inputs", []), *recorded["inputs"]]
-    new_sources = tuple(_source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources))
-    return DatasetMeta(
-        root=Path(config.out),
-        lmshard_version=__version__,
-        eot_position=config.eot_position,
-        tokenizer=TokenizerInfo(
-            name=tokenizer.name,
-            backend=tokenizer.backend,
-            n_vocab=tokenizer.n_vocab,
-            eot_id=tokenizer.eot_id,
-            bos_id=bos_written(config, tokenizer),
-            ranks_sha256=tokenizer.vocab_sha256,
-        ),  # fmt: skip
-        total_tokens=n_tokens,
-        total_docs=sum(s.n_docs for s in shards),
-        splits={split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS},
-        records_read=totals.records,
-        drops=drops,
-        drop_examples=totals.examples,
-        dedup=DedupInfo(
-            mode=config.dedup,
-            key="xxh3_64 of the cleaned UTF-8 text",
-            duplicates_removed=totals.duplicates,
-            lines=config.dedup_lines,
-            lines_removed=totals.lines_removed,
-            files=keys,
-        ),  # fmt: skip
-        sources=(*(previous.sources if previous else ()), *new_sources),
-        skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,
-        config=recorded,
-        run=RunInfo(
-            workers=config.n_workers(),
-            out=config.out,
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at)),
-            elapsed_s=round(elapsed, 3),
-            tokens_per_s=round((totals.tokens - tokens_before) / elapsed, 1) if elapsed > 0 else None,
-            input_chars=totals.chars,
-            dedup_table_bytes=totals.dedup_bytes,
-            python=platform.python_version(),
-            host=platform.node(),
-        ),
-    )
-
-
-def _source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo:
-
-    return SourceInfo(
-        path=src.path,
-        format=src.fmt,
-        bytes=src.size,
-        hf=hf.describe() if src.fmt == "hf" else None,  # how the stream was split: resume and scale-out reuse it
-        records=counts.get("records", 0),
-        kept=counts.get("kept", 0),
-        lines_removed=counts.get("lines_removed", 0),
-        split_into_paragraphs=counts.get(SPLIT_INTO_PARAGRAPHS, 0),
-        grew=counts.get(GREW, 0),
-        dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v},
-    )

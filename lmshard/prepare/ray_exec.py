@@ -1,8 +1,8 @@
-"""`prepare --num-tasks N --executor ray [--ray-address ADDR]`: the planned run's tokenize and
-dedup tasks as Ray core tasks (one CPU each, retried up to `max_retries` times if a worker dies), then the
-merge in this process. With an address it joins that cluster (`auto`: the one `ray start`
-began on this node); without one it starts a local Ray instance for the run and shuts it down
-after. The cluster's workers must import the same lmshard and see the inputs and the output at
+"""`prepare --num-tasks N --executor ray [--ray-address ADDR]`: the planned run's tokenize, dedup,
+select and write tasks as Ray core tasks (one CPU each, retried up to `max_retries` times if a
+worker dies), stage after stage, then the finish (metadata only) in this process. With an
+address it joins that cluster (`auto`: the one `ray start` began on this node); without one
+it starts a local Ray instance for the run and shuts it down after. The cluster's workers must import the same lmshard and see the inputs and the output at
 the same paths (each task runs in the directory the command was started in).
 Needs Ray: `pip install 'lmshard[ray]'`.
 """
@@ -23,17 +23,17 @@ def _stage(stage: str, config: dict[str, Any], n_tasks: int, task: int, unit_byt
     from . import stages
 
     os.chdir(cwd)  # relative inputs and --out mean what they meant where the run was started
-    run = stages.tokenize_task if stage == "tokenize" else stages.dedup_task
-    return run(PrepareConfig(**config), n_tasks, task, unit_bytes)
+    return stages.run_task(PrepareConfig(**config), n_tasks, stage, task, unit_bytes)
 
 
 def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None = None) -> Any:
-    """Tokenize every task on Ray, then merge here; returns the dataset's metadata."""
+    """Every stage's tasks on Ray, stage after stage, then the finish here; returns the dataset's
+    metadata."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'lmshard[ray]'") from None
-    from .stages import merge
+    from .stages import STAGES, run_task
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ours = not ray.is_initialized()
@@ -41,14 +41,17 @@ def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None =
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_stage)
-        for stage in ("tokenize", "dedup"):  # every tokenize task before any dedup task
+        for stage in STAGES[:-1]:  # every task of a stage before any of the next
             refs = [remote.remote(stage, asdict(cfg), n_tasks, t, unit_bytes, os.getcwd()) for t in range(n_tasks)]
             try:
                 ray.get(refs)
             except ray.exceptions.RayTaskError as e:  # the task's own error (bad input...): its message
                 cause = e.cause if isinstance(e.cause, LmshardError) else e
                 raise LmshardError(f"a Ray {stage} task failed: {cause}") from None
-        return merge(cfg, n_tasks, unit_bytes)
+        run_task(cfg, n_tasks, "finish", 0, unit_bytes)
+        from ..format import load_metadata
+
+        return load_metadata(cfg.out)
     finally:
         if ours:
             ray.shutdown()

@@ -1,12 +1,12 @@
 """`prepare --num-tasks N --executor slurm`: the planned run submitted as Slurm job arrays.
 
-Three batch scripts are written into the work directory (`slurm/tokenize.sbatch`,
-`slurm/dedup.sbatch`, `slurm/merge.sbatch`); each runs `python -m lmshard run-task` with the interpreter running
+One batch script per stage is written into the work directory (`slurm/tokenize.sbatch`,
+`dedup`, `select`, `write` and `finish`); each runs `python -m lmshard run-task` with the interpreter running
 this command, so the cluster's nodes must see this Python environment and the output's
 filesystem (as with any Slurm job). The tokenize stage is one array per at most
 `MaxArraySize - 1` tasks (the cluster's limit, from `scontrol show config`; a task id past it is
-passed as an offset); the dedup stage's arrays depend on all of those, and the merge on the
-dedup arrays, with `afterok` and `--kill-on-invalid-dep=yes`: if a task fails the later stages
+passed as an offset); each later stage's arrays depend on all of the stage before, and the
+finish on the write arrays, with `afterok` and `--kill-on-invalid-dep=yes`: if a task fails the later stages
 are cancelled, never left pending forever. `--sbatch-args` is added to every `sbatch` call
 (partition, time, memory, account...).
 """
@@ -52,38 +52,55 @@ def max_array_size() -> int:
     return DEFAULT_MAX_ARRAY
 
 
-def write_scripts(out: str) -> tuple[Path, Path, Path]:
-    """The three batch scripts (tokenize, dedup, merge), written (again) into WORK/slurm/."""
+ARRAY_STAGES = ("tokenize", "dedup", "select", "write")  # one array task per planned task; then the finish
+
+
+def write_scripts(out: str) -> dict[str, Path]:
+    """The batch scripts, one per stage, written (again) into WORK/slurm/."""
     d = work_dir(out) / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     python, target = shlex.quote(sys.executable), shlex.quote(os.path.abspath(out))
     cwd = os.getcwd()  # relative inputs and --out mean what they meant where the run was submitted
-    scripts = []
+    scripts = {}
     task = '--task "$((SLURM_ARRAY_TASK_ID + ${LMSHARD_TASK_OFFSET:-0}))"'
-    for stage, extra in (("tokenize", task), ("dedup", task), ("merge", "")):
+    for stage in (*ARRAY_STAGES, "finish"):
+        extra = task if stage in ARRAY_STAGES else ""
         log = d / (f"{stage}_%A_%a.log" if extra else f"{stage}_%j.log")
         text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}\n#SBATCH --output={log}\n#SBATCH --chdir={cwd}\n"
                 f"exec {python} -m lmshard run-task --stage {stage} {extra} {target}\n")  # fmt: skip
         path = d / f"{stage}.sbatch"
         path.write_text(text)
-        scripts.append(path)
-    return scripts[0], scripts[1], scripts[2]
+        scripts[stage] = path
+    return scripts
 
 
-def resubmit_commands(scripts: dict[str, Path], n_tasks: int, array_max: int) -> list[str]:
-    """What re-runs a failed tokenize task I, then every dedup bucket, then the merge: the array
-    index of a job is 0-based and limited by MaxArraySize, so the task number travels as
-    LMSHARD_TASK_OFFSET, as in `submit`."""
+def _array_lines(script: Path, n_tasks: int, chunk: int, only: str | None = None) -> list[str]:
+    if only is not None:
+        return [f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET={only} {script}"]
+    return [f"sbatch --array=0-{min(chunk, n_tasks - first) - 1} --export=ALL,LMSHARD_TASK_OFFSET={first} {script}"
+            for first in range(0, n_tasks, chunk)]  # fmt: skip
+
+
+def resubmit_commands(scripts: dict[str, Path], n_tasks: int, array_max: int, stage: str = "tokenize",
+                      tasks: list[int] | None = None) -> list[str]:  # fmt: skip
+    """What re-runs the failed tasks of `stage` (task I when `tasks` is None), then every task of
+    each later stage, then the finish, each once the one before is done. The array index of a job
+    is 0-based and limited by MaxArraySize, so the task number travels as LMSHARD_TASK_OFFSET, as
+    in `submit` (a task whose work is done finds its markers and exits at once)."""
     chunk = max(1, array_max - 1)
-    dedup = [f"sbatch --array=0-{min(chunk, n_tasks - first) - 1} --export=ALL,LMSHARD_TASK_OFFSET={first} "
-             f"{scripts['dedup']}" for first in range(0, n_tasks, chunk)]  # fmt: skip
-    return [f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I {scripts['tokenize']}", *dedup,
-            f"sbatch {scripts['merge']}"]  # fmt: skip
+    lines = []
+    if stage in ARRAY_STAGES:
+        for t in tasks if tasks is not None else ["I"]:
+            lines += _array_lines(scripts[stage], n_tasks, chunk, str(t))
+        for later in ARRAY_STAGES[ARRAY_STAGES.index(stage) + 1 :]:
+            lines += _array_lines(scripts[later], n_tasks, chunk)
+    return [*lines, f"sbatch {scripts['finish']}"]
 
 
 def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
-    """Submit the tokenize arrays and the merge; returns their job ids and the scripts."""
-    tokenize, dedup, merge = write_scripts(out)
+    """Submit every stage's arrays and the finish, each stage after the one before; returns
+    their job ids, the scripts and the resubmit commands for a failed tokenize task."""
+    scripts = write_scripts(out)
     extra = shlex.split(sbatch_args or "")
     chunk = max(1, max_array_size() - 1)
 
@@ -96,9 +113,10 @@ def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
             jobs.append(_sbatch([f"--array=0-{count - 1}", export, *deps, *extra], script))
         return jobs
 
-    tokenize_jobs = arrays(tokenize, [])
-    dedup_jobs = arrays(dedup, tokenize_jobs)
-    merge_job = _sbatch([f"--dependency=afterok:{':'.join(dedup_jobs)}", "--kill-on-invalid-dep=yes", *extra], merge)
-    scripts = {"tokenize": tokenize, "dedup": dedup, "merge": merge}
-    return {"tokenize": tokenize_jobs, "dedup": dedup_jobs, "merge": merge_job, "scripts": scripts,
-            "resubmit": resubmit_commands(scripts, n_tasks, chunk + 1)}  # fmt: skip
+    jobs: dict[str, Any] = {}
+    after: list[str] = []
+    for stage in ARRAY_STAGES:
+        jobs[stage] = after = arrays(scripts[stage], after)
+    jobs["finish"] = _sbatch([f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes", *extra],
+                             scripts["finish"])  # fmt: skip
+    return jobs | {"scripts": scripts, "resubmit": resubmit_commands(scripts, n_tasks, chunk + 1)}

@@ -26,22 +26,25 @@ import os
 import signal
 import socket
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from ..errors import ConfigError, InputError, LmshardError
-from ..format import METADATA_FILE, atomic_write_json
+from ..format import METADATA_FILE, atomic_write_bytes, atomic_write_json
 from ..tokenizers import Tokenizer
-from .build import Build, sigterm_stops
-from .claim import _fingerprint
+from .buckets import buckets_of, partition, resolve
+from .build import sigterm_stops
+from .claim import _fingerprint, bos_written
 from .config import PrepareConfig
-from .pipeline import _tokenizer, prepare
+from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
+from .owners import finish, missing_pieces, write_piece
+from .pipeline import _tokenizer
 from .sources import Source, discover
+from .staging import OutputPaths, WriterLock, read_run
 from .stops import stop_point
 from .taskplan import (
     PLAN_FILE,
@@ -60,20 +63,22 @@ from .worker import ItemResult, WorkerConfig, identity_of, run_item
 _ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("sources", np.int32))
 
 
-def plan_run(
-    config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None
-) -> tuple[dict[str, Any], list[Source], Tokenizer]:
+def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
+             adopt: bool = False) -> tuple[dict[str, Any], Any, Tokenizer]:  # fmt: skip
     """The run's plan (created on the first call, validated on later ones), its sources and
-    tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks."""
-    if config.dedup_lines or config.hf or "-" in config.inputs or config.append:
-        raise ConfigError("a scale-out run takes files only, without --dedup-lines or --append; run those on one "
-                          "machine")  # fmt: skip
-    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
-    tokenizer = _tokenizer(config)
+    tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks.
+    `loaded`: the sources and tokenizer, when the caller has them. `adopt`: an existing plan's
+    task count and unit size are taken (a plain prepare, whose tasks are only a unit size)."""
+    if config.dedup_lines or config.hf or "-" in config.inputs or config.append or config.max_docs is not None:
+        raise ConfigError("a scale-out run takes files only, without --dedup-lines, --append or --max-docs; run "
+                          "those on one machine")  # fmt: skip
+    sources, tokenizer = loaded or load_run(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
     work = work_dir(config.out)
     if (work / PLAN_FILE).exists():  # a later task: validate the plan, without cutting the inputs again
         plan = load_plan(work)
+        if adopt:
+            n_tasks, unit_bytes = int(plan["n_tasks"]), int(plan["unit_bytes"])
         # no size asked: the plan's (sized from the inputs as they were; a changed input is the fingerprint's to name)
         unit_bytes = unit_bytes or config.unit_size or int(plan["unit_bytes"])
         why = plan_difference(plan, {"n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint})
@@ -87,6 +92,12 @@ def plan_run(
     return ensure_plan(work, wanted), sources, tokenizer
 
 
+def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
+    """The run's inputs (as prepare discovers them) and tokenizer."""
+    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
+    return sources, _tokenizer(config)
+
+
 def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
     """The configuration, task count and unit size a plan was made with, from the output path
     alone (what `lmshard run-task` and `lmshard status` are given)."""
@@ -98,20 +109,29 @@ def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
 
 
 def status(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Per task: units done of units; which tasks are incomplete; whether the dataset is merged."""
+    """Per stage: items done of items, and per task its share and state; whether the dataset is
+    complete. Reads markers only."""
     work = work_dir(out)
+    if not work.exists() and (Path(out) / METADATA_FILE).exists():
+        return {"merged": True, "stages": {}}  # complete: the work folder goes once the dataset is in place
     plan = load_plan(work)
-    done = (
-        {int(p.name[5:11]) for p in (work / "tokenize").glob("unit_*.done")} if (work / "tokenize").exists() else set()
-    )
-    tasks = [
-        {"task": t, "units": b - a, "done": sum(u in done for u in range(a, b)), "state": _task_state(work, t)}
-        for t, (a, b) in enumerate(plan["tasks"])
-    ]
-    dedup = [b for b in range(plan["n_tasks"]) if not (work / "dedup" / f"bucket_{b:06d}.done").exists()]
-    return {"tasks": tasks, "incomplete": [t["task"] for t in tasks if t["done"] < t["units"]],
-            "dedup_missing": dedup, "dedup": plan["prepare"].get("dedup") == "document",
-            "merged": (Path(out) / METADATA_FILE).exists(), "units": len(plan["units"])}  # fmt: skip
+    config = PrepareConfig(**plan["prepare"])
+    run = Run(config, plan, [], None, work, None)  # type: ignore[arg-type]
+    stages: dict[str, Any] = {}
+    for stage in STAGES[:-1]:
+        if stage == "write" and not (work / LAYOUT_FILE).exists():
+            stages[stage] = {"total": None, "missing": [], "tasks": []}
+            continue
+        missing = set(run.missing(stage))
+        total = sum(len(run.items(stage, t)) for t in range(plan["n_tasks"]))
+        tasks = []
+        for t in range(plan["n_tasks"]):
+            items = run.items(stage, t)
+            tasks.append({"task": t, "items": len(items), "done": sum(i not in missing for i in items),
+                          "state": _task_state(work, stage, t)})  # fmt: skip
+        stages[stage] = {"total": total, "missing": sorted(missing), "tasks": tasks}
+    return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.dedup else 0,
+            "dedup": run.dedup, "merged": (Path(out) / METADATA_FILE).exists() and not work.exists()}  # fmt: skip
 
 
 def worker_config(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer) -> WorkerConfig:
@@ -121,12 +141,12 @@ def worker_config(config: PrepareConfig, sources: list[Source], tokenizer: Token
                         expect=identity_of(tokenizer))  # fmt: skip
 
 
-def _task_state(work: Path, task: int) -> str | None:
-    """What a tokenize task's state file says: "failed: ERROR", "running on HOST (pid P)", "died
+def _task_state(work: Path, stage: str, task: int) -> str | None:
+    """What a task's state file says: "failed: ERROR", "running on HOST (pid P)", "died
     on HOST (pid P gone)" when that pid no longer runs on this host, or None (never started, or
     finished)."""
     try:
-        state = json.loads((work / "tasks" / f"tokenize_{task:06d}.json").read_text())
+        state = json.loads((work / "tasks" / f"{stage}_{task:06d}.json").read_text())
     except (OSError, ValueError):
         return None
     where = f"{state.get('host')} (pid {state.get('pid')}"
@@ -160,30 +180,127 @@ class TaskStopped(LmshardError):
         return (TaskStopped, (str(self), self.signum))
 
 
-def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int | None = None) -> int:
-    """Tokenize task `task`'s units (skipping those already done); returns how many it did.
-    While it runs, `WORK/tasks/tokenize_NNNNNN.json` records its host, pid and start; a task
-    that raises records the error there (what `status` shows), one that finishes removes it."""
-    plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes)
-    if not 0 <= task < plan["n_tasks"]:
-        raise ConfigError(f"task {task} is not in [0, {plan['n_tasks']}); tasks are numbered from 0")
-    wcfg = worker_config(config, sources, tokenizer)
-    first, end = plan["tasks"][task]
-    state = work_dir(config.out) / "tasks" / f"tokenize_{task:06d}.json"
+STAGES = ("tokenize", "dedup", "select", "write", "finish")
+
+
+@dataclass
+class Run:
+    """What every stage of a planned run works from: the plan, its inputs, the tokenizer."""
+
+    config: PrepareConfig
+    plan: dict[str, Any]
+    sources: Any
+    tokenizer: Tokenizer
+    work: Path
+    wcfg: WorkerConfig
+
+    @classmethod
+    def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
+           adopt: bool = False) -> Run:  # fmt: skip
+        plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes, loaded, adopt)
+        return cls(config, plan, sources, tokenizer, work_dir(config.out), worker_config(config, sources, tokenizer))
+
+    @property
+    def bos(self) -> int | None:
+        return bos_written(self.config, self.tokenizer)
+
+    @property
+    def n_units(self) -> int:
+        return len(self.plan["units"])
+
+    def layout(self) -> dict[str, Any]:
+        specials = 1 if self.bos is None else 2
+        return ensure_layout(self.work, self.n_units, self.plan["n_tasks"], self.config.tokens_per_shard, specials,
+                             self.config.dedup == "document")  # fmt: skip
+
+    def items(self, stage: str, task: int) -> range:
+        """Task `task`'s share of a stage: its units, its buckets, its pieces (finish: task 0)."""
+        if stage in ("tokenize", "select"):
+            return range(*self.plan["tasks"][task])
+        if stage == "dedup":
+            return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.dedup else range(0)
+        if stage == "write":
+            return range(*self.layout()["tasks"][task])
+        return range(1 if task == 0 else 0)
+
+    @property
+    def dedup(self) -> bool:
+        return self.config.dedup == "document"
+
+    def missing(self, stage: str) -> list[int]:
+        """The items of `stage` not done yet (for the write stage, once the layout exists)."""
+        w = self.work
+        if stage == "tokenize":
+            return [u for u in range(self.n_units) if not (w / "tokenize" / f"unit_{u:06d}.done").exists()]
+        if stage == "dedup":
+            n = self.plan["buckets"] if self.dedup else 0
+            return [b for b in range(n) if not (w / "dedup" / f"bucket_{b:06d}.done").exists()]
+        if stage == "select":
+            return missing_selects(w, self.n_units)
+        if stage == "write":
+            return missing_pieces(w, self.layout()) if (w / LAYOUT_FILE).exists() else [-1]
+        return [0] if (w / PLAN_FILE).exists() else []
+
+    def do(self, stage: str, i: int) -> bool:
+        """Item i of `stage` (a unit, a bucket, a piece), skipped when its marker exists."""
+        c = self.config
+        if stage == "tokenize":
+            return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
+        if stage == "dedup":
+            return resolve(self.work / "tokenize", self.work / "dedup", self.n_units, self.plan["buckets"], i) >= 0
+        if stage == "select":
+            specials = 1 if self.bos is None else 2
+            return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, specials)
+        if stage == "write":
+            staging = OutputPaths.of(c.out).staging
+            return write_piece(self.work, staging, self.layout(), i, self.tokenizer.eot_id, c.eot_position, self.bos)
+        paths = OutputPaths.of(c.out)
+        with WriterLock(paths):
+            finish(c, paths, self.work, self.layout(), self.n_units, self.sources, self.tokenizer)
+        return True
+
+    def ready(self, stage: str) -> None:
+        """Refuse a stage whose inputs are incomplete, naming the stage to run first."""
+        before = STAGES[: STAGES.index(stage)]
+        for prior in before[-2:] if stage != "tokenize" else ():
+            missing = self.missing(prior)
+            if missing:
+                what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "pieces"}[prior]
+                raise InputError(f"the {stage} stage needs the {prior} stage complete; {len(missing)} {what} are not "
+                                 f"done (first: {missing[0]}); run `lmshard run-task --stage {prior}` for its "
+                                 "tasks first")  # fmt: skip
+        if stage in ("write", "finish") and read_run(OutputPaths.of(self.config.out).staging) is None:
+            raise InputError(f"{self.config.out}: no build was claimed for this plan; run the `lmshard prepare ... "
+                             "--num-tasks N` command again (with --resume) to claim it")  # fmt: skip
+
+
+def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_bytes: int | None = None) -> int:
+    """Run task `task` of `stage` (skipping items already done); returns how many it did. While it
+    runs, `WORK/tasks/STAGE_NNNNNN.json` records its host, pid and start; a task that raises
+    records the error there (what `status` shows), one that finishes removes it."""
+    run = Run.of(config, n_tasks, unit_bytes)
+    if not 0 <= task < run.plan["n_tasks"]:
+        raise ConfigError(f"task {task} is not in [0, {run.plan['n_tasks']}); tasks are numbered from 0")
+    run.ready(stage)
+    items = run.items(stage, task)
+    state = run.work / "tasks" / f"{stage}_{task:06d}.json"
     state.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(state, {"state": "running", "host": socket.gethostname(), "pid": os.getpid(),
                               "started": time.time()})  # fmt: skip
     done = 0
     try:
         with sigterm_stops():
-            for u in range(first, end):
-                done += tokenize_unit(config, plan, sources, tokenizer, wcfg, u)
+            for i in items:
+                done += run.do(stage, i)
+            if stage == "select" and not run.missing("select"):
+                run.layout()  # the last select task to finish lays out the shards, once, for the write tasks
     except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
         name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),
                                   "signal": name})  # fmt: skip
-        finished = sum((work_dir(config.out) / "tokenize" / f"unit_{u:06d}.done").exists() for u in range(first, end))
-        raise TaskStopped(f"task {task} stopped by {name} with {finished} of {end - first} units done; they are "
+        left = set(run.missing(stage))
+        finished = sum(i not in left for i in items)
+        raise TaskStopped(f"{stage} task {task} stopped by {name} with {finished} of {len(items)} done; they are "
                           "kept: run the same command again to finish it",
                           getattr(e, "signum", signal.SIGINT)) from None  # fmt: skip
     except BaseException as e:
@@ -192,6 +309,10 @@ def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: in
         raise
     state.unlink(missing_ok=True)
     return done
+
+
+def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int | None = None) -> int:
+    return run_task(config, n_tasks, "tokenize", task, unit_bytes)
 
 
 def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
@@ -203,7 +324,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     out.mkdir(parents=True, exist_ok=True)
     unit = load_unit(plan, u)
     items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
-    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items))
+    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"])
     stop_point("unit", u)
     return True
 
@@ -212,12 +333,13 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
     return Unit(*plan["units"][u])
 
 
-def _write_unit(out: Path, u: int, results: Iterator[ItemResult]) -> None:
+def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int) -> None:
     stem = f"unit_{u:06d}"
     files: dict[str, IO[bytes]] = {name: open(out / f".{stem}.{name}.tmp", "wb") for name, _ in _ARRAYS}  # noqa: SIM115
-    table = []
+    table, keys = [], []
     try:
         for r in results:
+            keys.append(r.keys)
             arrays = {"tokens": r.tokens, "lengths": r.lengths, "keys": r.keys, "sources": r.doc_sources}
             for name, dtype in _ARRAYS:
                 files[name].write(np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<")).tobytes())
@@ -232,8 +354,12 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult]) -> None:
             f.close()
     for name, _ in _ARRAYS:
         os.replace(out / f".{stem}.{name}.tmp", out / f"{stem}.{name}")
+    atomic_write_bytes(out / f"{stem}.bkeys", partition(np.concatenate(keys) if keys else np.zeros(0, np.uint64),
+                                                        n_buckets))  # fmt: skip
     atomic_write_json(out / f"{stem}.json", table)
-    atomic_write_json(out / f"{stem}.done", {"items": len(table)})
+    atomic_write_json(out / f"{stem}.done", {"items": len(table), "docs": sum(r["docs"] for r in table),
+                                             "tokens": sum(r["tokens"] for r in table),
+                                             "chars": sum(r["chars"] for r in table)})  # fmt: skip
 
 
 def missing_units(config: PrepareConfig) -> list[int]:
@@ -243,120 +369,3 @@ def missing_units(config: PrepareConfig) -> list[int]:
     return [u for u in range(len(plan["units"])) if not (work / "tokenize" / f"unit_{u:06d}.done").exists()]
 
 
-def merge(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
-          ready: Callable[[int], None] | None = None, dedup_stage: bool = True,
-          on_progress: Callable[[Any], None] | None = None, resume: bool | None = None) -> Any:  # fmt: skip
-    """Write the dataset from every unit's results, in plan order (refused while any is missing).
-    `ready(u)`: called before unit u is read, to wait until it is done (the local executor merges
-    while the units are tokenized). `dedup_stage=False`: deduplicate here, in memory, as one
-    machine does, whether or not the dedup stage ran. `resume`: go on with this run's interrupted
-    build, or find the finished dataset complete (`run-task`, which has no --resume: the run
-    fingerprint still refuses another run's build); None: as the config's --resume says."""
-    plan, _, _ = plan_run(config, n_tasks, unit_bytes)
-    missing = missing_units(config) if ready is None else []
-    if missing:
-        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-        tasks = sorted({t for u in missing for t, (a, b) in enumerate(plan["tasks"]) if a <= u < b})
-        raise InputError(f"{len(missing)} of {len(plan['units'])} units are not tokenized yet (units {shown}); run "
-                         f"the tokenize stage of task{'s' if len(tasks) > 1 else ''} "
-                         f"{', '.join(map(str, tasks))} first")  # fmt: skip
-    work = work_dir(config.out) / "tokenize"
-    dups = _duplicates(work.parent, n_tasks) if config.dedup == "document" and dedup_stage else None
-
-    def results(_config: Any, _sources: Any, _tokenizer: Any, build: Build, *_: Any) -> Iterator[ItemResult]:
-        at, skip = 0, build.items_done  # a resumed merge: its checkpoint's items are in the build already
-        for u in range(len(plan["units"])):
-            if ready is not None:
-                ready(u)
-            for r in _read_unit(work, u):
-                if dups is not None:
-                    lo, hi = np.searchsorted(dups, [at, at + len(r.keys)])
-                    r.duplicate = np.zeros(len(r.keys), dtype=bool)
-                    r.duplicate[dups[lo:hi] - at] = True
-                at += len(r.keys)
-                if skip:
-                    skip -= 1
-                    continue
-                yield r
-
-    resume = config.resume if resume is None else resume
-    return prepare(replace(config, workers=1, resume=resume), on_progress, results=results)
-
-
-def _read_unit(work: Path, u: int) -> Iterator[ItemResult]:
-    stem = f"unit_{u:06d}"
-    table = json.loads((work / f"{stem}.json").read_text())
-    maps = {name: np.memmap(work / f"{stem}.{name}", dtype=np.dtype(dt).newbyteorder("<"), mode="r")
-            if os.path.getsize(work / f"{stem}.{name}") else np.zeros(0, dt) for name, dt in _ARRAYS}  # fmt: skip
-    at_doc = at_tok = 0
-    for row in table:
-        d, t = row["docs"], row["tokens"]
-        yield ItemResult(
-            seq=tuple(row["seq"]),  # type: ignore[arg-type]
-            tokens=np.array(maps["tokens"][at_tok : at_tok + t], dtype=np.uint32),
-            lengths=np.array(maps["lengths"][at_doc : at_doc + d], dtype=np.int64),
-            keys=np.array(maps["keys"][at_doc : at_doc + d], dtype=np.uint64),
-            doc_sources=np.array(maps["sources"][at_doc : at_doc + d], dtype=np.int32),
-            counts={int(k): Counter(v) for k, v in row["counts"].items()},
-            examples=row["examples"],
-            chars=row["chars"],
-            nbytes=row["nbytes"],
-        )
-        at_doc, at_tok = at_doc + d, at_tok + t
-
-
-def dedup_task(config: PrepareConfig, n_tasks: int, bucket: int, unit_bytes: int | None = None) -> bool:
-    """Dedup stage, bucket `bucket` of n_tasks: of the documents whose key falls in the bucket
-    (key mod n_tasks), every one whose key appeared earlier in plan order is a duplicate (the
-    first copy survives, as on one machine). Writes their ordinals (the document's position
-    among all units' documents), sorted, to `dedup/bucket_NNNNNN.u64`, then a marker. Memory:
-    16 bytes per document of the bucket. Returns False when already done."""
-    plan, _, _ = plan_run(config, n_tasks, unit_bytes)
-    if config.dedup != "document":
-        return False  # nothing to decide: the merge keeps every document
-    if not 0 <= bucket < n_tasks:
-        raise ConfigError(f"task {bucket} is not in [0, {n_tasks}); tasks are numbered from 0")
-    work = work_dir(config.out)
-    out = work / "dedup"
-    marker = out / f"bucket_{bucket:06d}.done"
-    if marker.exists():
-        return False
-    missing = missing_units(config)
-    if missing:
-        raise InputError(f"the dedup stage needs every unit tokenized; {len(missing)} are not (first: unit "
-                         f"{missing[0]}); run the tokenize stage first")  # fmt: skip
-    keys, ordinals, base = [], [], 0
-    for u in range(len(plan["units"])):
-        path = work / "tokenize" / f"unit_{u:06d}.keys"
-        k = np.fromfile(path, dtype="<u8")
-        mine = np.flatnonzero(k % np.uint64(n_tasks) == np.uint64(bucket))
-        keys.append(k[mine])
-        ordinals.append(mine.astype(np.int64) + base)
-        base += len(k)
-    k, o = np.concatenate(keys), np.concatenate(ordinals)  # in plan order
-    _, first = np.unique(k, return_index=True)  # the first index of each key: its surviving copy
-    dup = np.ones(len(k), dtype=bool)
-    dup[first] = False
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".bucket_{bucket:06d}.u64.tmp"
-    with open(tmp, "wb") as f:
-        f.write(np.sort(o[dup]).astype("<u8").tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out / f"bucket_{bucket:06d}.u64")
-    atomic_write_json(marker, {"duplicates": int(dup.sum())})
-    return True
-
-
-def _duplicates(work: Path, n_tasks: int) -> np.ndarray | None:
-    """Every bucket's duplicate ordinals, sorted; None when the dedup stage has not run at all
-    (the merge then dedups in memory, as one machine does). A partial stage is refused."""
-    done = [(work / "dedup" / f"bucket_{b:06d}.done").exists() for b in range(n_tasks)]
-    if not any(done):
-        return None
-    if not all(done):
-        missing = [b for b, d in enumerate(done) if not d]
-        raise InputError(f"the dedup stage is not complete (buckets {', '.join(map(str, missing[:5]))} missing); "
-                         "run its tasks first")  # fmt: skip
-    parts = [np.fromfile(work / "dedup" / f"bucket_{b:06d}.u64", dtype="<u8") for b in range(n_tasks)]
-    return np.sort(np.concatenate(parts)).astype(np.int64)

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..format import atomic_write_json
+from .buckets import bucket_count
 from .columnar import parquet_row_groups
 from .files import Source, first_byte, open_raw
 from .records import binary_record
@@ -49,7 +50,7 @@ from .sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
 from .staging import difference
 
 PLAN_FILE = "plan.json"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 # A unit of a large line-based file: ~20 s of one core's tokenizing (LMSHARD_UNIT_BYTES: for benchmarks).
 UNIT_BYTES = int(os.environ.get("LMSHARD_UNIT_BYTES", 64 << 20))
 _WINDOW = 64 << 10
@@ -215,6 +216,7 @@ def make_plan(fingerprint: dict[str, Any], sources: list[Source], units: list[Un
               unit_bytes: int = UNIT_BYTES) -> dict[str, Any]:  # fmt: skip
     """The plan as stored: the run's fingerprint (see claim.py), the sources, units and tasks."""
     return {"version": PLAN_VERSION, "n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint,
+            "buckets": bucket_count(sum(s.size for s in sources)),
             "sources": [[s.path, s.fmt, s.compression, s.size] for s in sources],
             "units": [[u.source, u.kind, u.start, u.end, u.nbytes] for u in units],
             "tasks": [list(r) for r in assign(units, n_tasks)]}  # fmt: skip

@@ -1,0 +1,176 @@
+"""After the dedup stage: which documents each unit keeps (the select stage), and where every
+shard and key file of the dataset begins and ends (the layout), before any of them is written.
+
+**Select** (one per unit, in parallel). A unit's documents get their fate from the buckets'
+duplicates and the train/val split (a function of each document's key and --seed, as in a
+local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, 0 train, 1 val),
+and `select/unit_N.json` (written last: the unit's marker) its documents and tokens per
+stream, and its totals for the metadata (records, drops and their first examples, per-source
+counts), made by the same accounting a local run does per work item.
+
+**Layout** (once, small). The output is three streams of whole documents in plan order: the
+train shards and the val shards (each closes before a document that would take it past
+--tokens-per-shard; a longer document gets a shard of its own), and the dedup key files
+(KEYS_PER_FILE keys each). Where a stream's next boundary falls is found from the units'
+totals, and only a unit where a boundary falls inside is opened (its lengths, 8 bytes per
+document), so the work is proportional to units and shards, not tokens. Each shard or key file
+is a **piece** (stream, number, first unit and document, last unit and end document); pieces
+are dealt to the write tasks as contiguous runs balanced by bytes. `layout.json` is written once,
+hard-linked into place like the plan.
+
+Memory model: select holds one unit's lengths, keys and sources (20 bytes per document) and
+the duplicates of it from each bucket; the layout holds the units' per-stream totals and one
+unit's lengths at a time, and the pieces (a few dozen bytes each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..format import SPLITS, atomic_write_json
+from .buckets import unit_duplicates
+from .build import KEYS_PER_FILE, Totals
+from .dedup import uniform_from_keys
+from .worker import ItemResult
+
+LAYOUT_FILE = "layout.json"
+STREAMS = (*SPLITS, "keys")
+_ARRAYS = (("lengths", "<i8"), ("keys", "<u8"), ("sources", "<i4"))
+
+
+def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
+    """Unit u's per-document arrays (lengths, keys, sources), read whole (20 bytes per document)."""
+    return {name: np.fromfile(tokenized / f"unit_{u:06d}.{name}", dtype=dt) for name, dt in _ARRAYS}
+
+
+def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int, val_fraction: float,
+                specials: int) -> bool:  # fmt: skip
+    """The select stage for unit u (see the module docstring); False when already done."""
+    from .pipeline import account  # (the local run's own accounting of one work item)
+
+    out = work / "select"
+    marker = out / f"unit_{u:06d}.json"
+    if marker.exists():
+        return False
+    tokenized = work / "tokenize"
+    arrays = unit_arrays(tokenized, u)
+    n_units, n_docs = len(plan["units"]), len(arrays["keys"])
+    dup = unit_duplicates(work / "dedup", n_units, plan["buckets"], u, n_docs) if dedup else np.zeros(n_docs, bool)
+    is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
+    split = np.where(dup, -1, is_val.astype(np.int8)).astype(np.int8)
+    totals, at = Totals(), 0
+    for row in json.loads((tokenized / f"unit_{u:06d}.json").read_text()):
+        d = row["docs"]
+        item = ItemResult(seq=(0, 0), tokens=np.zeros(0, np.uint32), lengths=arrays["lengths"][at : at + d],
+                          keys=arrays["keys"][at : at + d], doc_sources=arrays["sources"][at : at + d],
+                          counts={int(k): Counter(v) for k, v in row["counts"].items()}, examples=row["examples"],
+                          chars=row["chars"], nbytes=row["nbytes"])  # fmt: skip
+        account(totals, item, ~dup[at : at + d], dup[at : at + d], specials)
+        at += d
+    streams = {}
+    for s, name in enumerate(SPLITS):
+        mine = split == s
+        streams[name] = [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
+    kept = int((split >= 0).sum())
+    streams["keys"] = [kept, kept]
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".unit_{u:06d}.split.tmp"
+    split.tofile(tmp)
+    os.replace(tmp, out / f"unit_{u:06d}.split")
+    atomic_write_json(marker, {"streams": streams, "totals": totals.to_json()})
+    return True
+
+
+def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray:
+    """The lengths, as written, of unit u's documents in `stream` (1 per kept document for keys)."""
+    split = np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
+    if stream == "keys":
+        return np.ones(int((split >= 0).sum()), dtype=np.int64)
+    lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
+    return lengths[split == SPLITS.index(stream)] + specials
+
+
+def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity: int,
+              specials: int) -> list[list[Any]]:  # fmt: skip
+    """A stream's pieces, [stream, number, first unit, first doc, last unit, end doc, tokens, docs],
+    as a writer filling them greedily in plan order would cut them (see the module docstring)."""
+    pieces: list[list[Any]] = []
+    cur: list[Any] | None = None
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None:
+            pieces.append(cur)
+            cur = None
+
+    for u, summary in enumerate(summaries):
+        d, t = summary["streams"][stream]
+        if d == 0:
+            continue
+        if cur is not None and cur[6] + t <= capacity:  # the whole unit fits the open piece
+            cur[4:8] = [u, d, cur[6] + t, cur[7] + d]
+            continue
+        if cur is None and t <= capacity:
+            cur = [stream, len(pieces), u, 0, u, d, t, d]
+            continue
+        ends = np.cumsum(stream_lengths(work, u, stream, specials))
+        i = 0
+        while i < d:
+            if cur is None:
+                cur = [stream, len(pieces), u, i, u, i, 0, 0]
+            before = int(ends[i - 1]) if i else 0
+            fit = int(np.searchsorted(ends[i:], capacity - cur[6] + before, side="right"))
+            if fit == 0 and cur[6] == 0:
+                fit = 1  # a document longer than a shard gets a shard of its own
+            if fit == 0:
+                close()
+                continue
+            cur[4:8] = [u, i + fit, cur[6] + int(ends[i + fit - 1]) - before, cur[7] + fit]
+            i += fit
+            if i < d:
+                close()
+    close()
+    return pieces
+
+
+def make_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,
+                keys: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Every piece of the dataset, and each write task's share (see the module docstring)."""
+    summaries = [json.loads((work / "select" / f"unit_{u:06d}.json").read_text()) for u in range(n_units)]
+    pieces = [p for s in SPLITS for p in pieces_of(work, summaries, s, tokens_per_shard, specials)]
+    if keys:  # (--dedup none keeps no keys)
+        parts = pieces_of(work, summaries, "keys", KEYS_PER_FILE, specials)
+        pieces += parts or [["keys", 0, 0, 0, 0, 0, 0, 0]]  # a run that keeps nothing lists its (empty) key file
+    cost = np.array([p[6] * (2 if p[0] == "keys" else 1) + 1 for p in pieces], dtype=np.float64)  # bytes / 4
+    middle = np.cumsum(cost) - cost / 2  # a piece goes to the task whose share holds its middle
+    cuts = np.searchsorted(middle, [cost.sum() * t / n_tasks for t in range(1, n_tasks)], side="left")
+    bounds = [0, *cuts.tolist(), len(pieces)]
+    return {"pieces": pieces, "tasks": [[bounds[t], bounds[t + 1]] for t in range(n_tasks)]}
+
+
+def ensure_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,
+                  keys: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The layout in `work`, made if absent (every task that makes one makes the same)."""
+    path = work / LAYOUT_FILE
+    if not path.exists():
+        layout = make_layout(work, n_units, n_tasks, tokens_per_shard, specials, keys)
+        tmp = work / f".{LAYOUT_FILE}.{os.getpid()}.tmp"
+        atomic_write_json(tmp, layout)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def missing_selects(work: Path, n_units: int) -> list[int]:
+    return [u for u in range(n_units) if not (work / "select" / f"unit_{u:06d}.json").exists()]

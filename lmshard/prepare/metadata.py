@@ -1,0 +1,99 @@
+"""A finished build's `dataset_metadata.json` entry, from its totals, shards and key files: one
+function for every way a dataset is built (a local run, the finish of a planned one).
+
+Memory model: the totals and the shards' and key files' entries.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInfo, SourceInfo, SplitInfo, TokenizerInfo
+from ..tokenizers import Tokenizer
+from .build import Totals
+from .claim import Claim, bos_written
+from .config import PrepareConfig
+from .sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
+
+NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
+
+
+def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
+              totals: Totals, claim: Claim, keys: tuple[KeyFile, ...], started: float,
+              tokens_before: int = 0) -> DatasetMeta:  # fmt: skip
+    """The dataset's metadata. After --append it describes the whole dataset: the recorded
+    inputs and sources are the old ones followed by this run's, so the recorded configuration
+    reproduces the same token stream in one run. `tokens_before`: the tokens this process did not
+    make (the appended-to dataset's, a resumed checkpoint's), left out of its tokens/s."""
+    elapsed = time.time() - started
+    n_tokens = sum(s.n_tokens for s in shards)
+    drops = dict(sorted(totals.drops.items()))
+    drops["duplicate"] = totals.duplicates
+    hf = config.hf_spec()
+    recorded = config.recorded()
+    previous = claim.previous
+    if previous is not None:
+        recorded["inputs"] = [*previous.config.get("inputs", []), *recorded["inputs"]]
+    new_sources = tuple(source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources))
+    return DatasetMeta(
+        root=Path(config.out),
+        lmshard_version=__version__,
+        eot_position=config.eot_position,
+        tokenizer=TokenizerInfo(
+            name=tokenizer.name,
+            backend=tokenizer.backend,
+            n_vocab=tokenizer.n_vocab,
+            eot_id=tokenizer.eot_id,
+            bos_id=bos_written(config, tokenizer),
+            ranks_sha256=tokenizer.vocab_sha256,
+        ),  # fmt: skip
+        total_tokens=n_tokens,
+        total_docs=sum(s.n_docs for s in shards),
+        splits={split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS},
+        records_read=totals.records,
+        drops=drops,
+        drop_examples=totals.examples,
+        dedup=DedupInfo(
+            mode=config.dedup,
+            key="xxh3_64 of the cleaned UTF-8 text",
+            duplicates_removed=totals.duplicates,
+            lines=config.dedup_lines,
+            lines_removed=totals.lines_removed,
+            files=keys,
+        ),  # fmt: skip
+        sources=(*(previous.sources if previous else ()), *new_sources),
+        skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,
+        config=recorded,
+        run=RunInfo(
+            workers=config.n_workers(),
+            out=config.out,
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at)),
+            elapsed_s=round(elapsed, 3),
+            tokens_per_s=round((totals.tokens - tokens_before) / elapsed, 1) if elapsed > 0 else None,
+            input_chars=totals.chars,
+            dedup_table_bytes=totals.dedup_bytes,
+            python=platform.python_version(),
+            host=platform.node(),
+        ),
+    )
+
+
+def source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo:
+
+    return SourceInfo(
+        path=src.path,
+        format=src.fmt,
+        bytes=src.size,
+        hf=hf.describe() if src.fmt == "hf" else None,  # how the stream was split: resume and scale-out reuse it
+        records=counts.get("records", 0),
+        kept=counts.get("kept", 0),
+        lines_removed=counts.get("lines_removed", 0),
+        split_into_paragraphs=counts.get(SPLIT_INTO_PARAGRAPHS, 0),
+        grew=counts.get(GREW, 0),
+        dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v},
+    )
