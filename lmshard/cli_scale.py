@@ -94,8 +94,9 @@ def run_task(
 
         render.summary(load_metadata(cfg.out), cfg.out)
         return
-    what = {"tokenize": "unit", "dedup": "bucket", "select": "unit", "write": "shard or key file"}[stage]
-    render.err.print(f"{stage} task {task}: {render.plural(done, what)} done", markup=False, soft_wrap=True)
+    what = {"tokenize": "units tokenized", "dedup": "buckets deduplicated", "select": "units selected",
+            "write": "shards and key files written"}[stage]  # fmt: skip
+    render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 
 
 def status(

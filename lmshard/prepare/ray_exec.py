@@ -2,8 +2,9 @@
 select and write tasks as Ray core tasks (one CPU each, retried up to `max_retries` times if a
 worker dies), stage after stage, then the finish (metadata only) in this process. With an
 address it joins that cluster (`auto`: the one `ray start` began on this node); without one
-it starts a local Ray instance for the run and shuts it down after. The cluster's workers must import the same lmshard and see the inputs and the output at
-the same paths (each task runs in the directory the command was started in).
+it starts a local Ray instance for the run and shuts it down after. The cluster's workers
+must import the same lmshard and see the inputs and the output at the same paths (each task
+runs in the directory the command was started in).
 Needs Ray: `pip install 'lmshard[ray]'`.
 """
 

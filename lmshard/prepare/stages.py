@@ -209,6 +209,9 @@ class Run:
         return len(self.plan["units"])
 
     def layout(self) -> dict[str, Any]:
+        if (self.work / LAYOUT_FILE).exists():
+            loaded: dict[str, Any] = json.loads((self.work / LAYOUT_FILE).read_text())
+            return loaded
         specials = 1 if self.bos is None else 2
         return ensure_layout(self.work, self.n_units, self.plan["n_tasks"], self.config.tokens_per_shard, specials,
                              self.config.dedup == "document")  # fmt: skip
