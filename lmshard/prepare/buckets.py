@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..format import atomic_write_json
+from .stops import stop_point
 
 MIN_BUCKETS, MAX_BUCKETS = 32, 4096
 BYTES_PER_BUCKET = 256 << 20
@@ -98,6 +99,7 @@ def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: in
         os.fsync(f.fileno())
     os.replace(tmp, out / f"bucket_{bucket:06d}.dups")
     atomic_write_json(marker, {"duplicates": int(dup.sum())})
+    stop_point("bucket", bucket)
     return int(dup.sum())
 
 

@@ -37,6 +37,7 @@ from ..format import SPLITS, atomic_write_json
 from .buckets import unit_duplicates
 from .build import KEYS_PER_FILE, Totals
 from .dedup import uniform_from_keys
+from .stops import stop_point
 from .worker import ItemResult
 
 LAYOUT_FILE = "layout.json"
@@ -84,6 +85,7 @@ def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int
     split.tofile(tmp)
     os.replace(tmp, out / f"unit_{u:06d}.split")
     atomic_write_json(marker, {"streams": streams, "totals": totals.to_json()})
+    stop_point("select", u)
     return True
 
 
