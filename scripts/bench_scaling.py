@@ -10,8 +10,10 @@
    command line in-process).
 3. A cluster on one machine: N = 1, 2, 4, 8 tasks with a fixed amount of data per task (one
    corpus copy each), planned with `--executor none` and each task run alone with
-   `lmshard run-task`, as separate nodes would: the longest task of each stage and the merge.
-   A stage whose longest task grows with N does work that grows with the total data.
+   `lmshard run-task`, as separate nodes would: the longest task of each stage (tokenize, dedup,
+   select, write) and the finish, each beside its time at N = 1. A stage whose longest task
+   grows with N does work that grows with the total data. (Each `run-task` is a fresh process:
+   its start and the vocabulary load are in every figure.)
 
 Prints ratios measured in one run; writes the `scaling` section of docs/performance.md unless
 --no-write.
@@ -141,21 +143,29 @@ def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]
     return rows, printed
 
 
+STAGES = ("tokenize", "dedup", "select", "write")
+
+
 def section_cluster(t: Path, env: dict[str, str]) -> list[str]:
-    rows = ["| tasks N (one corpus copy each) | tokens | longest tokenize task | longest dedup task | merge |",
-            "|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| tasks N (one corpus copy each) | tokens | " + " | ".join(f"longest {s} task" for s in STAGES)
+            + " | finish |", "|---|---|" + "---|" * (len(STAGES) + 1)]  # fmt: skip
+    first: dict[str, float] = {}
     for n in (1, 2, 4, 8):
         src, _ = write_corpus(t / f"c{n}.jsonl", n)
         out = t / f"cluster{n}"
         subprocess.run([*LMSHARD, "prepare", str(src), "--out", str(out), "--num-tasks", str(n), "--executor",
                         "none", "--quiet"], check=True, env=env, capture_output=True)  # fmt: skip
-        tok = max(run_task(["run-task", "--stage", "tokenize", "--task", str(i), str(out)], env) for i in range(n))
-        ded = max(run_task(["run-task", "--stage", "dedup", "--task", str(i), str(out)], env) for i in range(n))
-        merge = run_task(["run-task", "--stage", "merge", str(out)], env)
+        longest = {}
+        for stage in STAGES:
+            longest[stage] = max(run_task(["run-task", "--stage", stage, "--task", str(i), str(out)], env)
+                                 for i in range(n))  # fmt: skip
+        longest["finish"] = run_task(["run-task", "--stage", "finish", str(out)], env)
+        first = first or dict(longest)
         tokens = json.loads((out / "dataset_metadata.json").read_text())["n_tokens"]
-        rows.append(f"| {n} | {tokens:,} | {tok:.2f} s | {ded:.2f} s | {merge:.2f} s |")
-        print(f"3. {n} tasks: tokenize {tok:.2f} s (longest), dedup {ded:.2f} s (longest), merge {merge:.2f} s",
-              flush=True)  # fmt: skip
+        cells = " | ".join(f"{longest[s]:.2f} s ({longest[s] / first[s]:.2f}×)" for s in (*STAGES, "finish"))
+        rows.append(f"| {n} | {tokens:,} | {cells} |")
+        print(f"3. {n} tasks: " + ", ".join(f"{s} {longest[s]:.2f} s ({longest[s] / first[s]:.2f}× N=1)"
+                                            for s in (*STAGES, "finish")), flush=True)  # fmt: skip
     return rows
 
 

@@ -100,7 +100,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     progress = _Progress(r, on_progress)
     if workers <= 1:
         for stage in STAGES[:-1]:
-            for i in r.missing(stage) if stage != "write" else _write_todo(r):
+            for i in _todo(r, stage):
                 r.do(stage, i)
                 progress.done(stage, i)
         return
@@ -109,8 +109,8 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
-        for stage in STAGES[:-1]:
-            items = r.missing(stage) if stage != "write" else _write_todo(r)
+        for stage in (*STAGES[:-1], "clean"):  # clean: the units' data, by the workers, once every piece is written
+            items = _todo(r, stage)
             with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
                 futures = {pool.submit(_item, stage, i): i for i in items}
             _wait(futures, stage, progress)
@@ -122,9 +122,10 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     pool.shutdown(wait=True)
 
 
-def _write_todo(r: Run) -> list[int]:
-    r.layout()  # laid out here, once: a walk over the units' totals
-    return r.missing("write")
+def _todo(r: Run, stage: str) -> Iterable[int]:
+    if stage == "write":
+        r.layout()  # laid out here, once: a walk over the units' totals
+    return range(r.n_units) if stage == "clean" else r.missing(stage)
 
 
 def _wait(futures: dict[Future[bool], int], stage: str, progress: _Progress) -> None:

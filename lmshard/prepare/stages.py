@@ -245,7 +245,8 @@ class Run:
         return [0] if (w / PLAN_FILE).exists() else []
 
     def do(self, stage: str, i: int) -> bool:
-        """Item i of `stage` (a unit, a bucket, a piece), skipped when its marker exists."""
+        """Item i of `stage` (a unit, a bucket, a piece), skipped when its marker exists; "clean"
+        (the local executor's, after the write stage): unit i's data files, leaving its markers."""
         c = self.config
         if stage == "tokenize":
             return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
@@ -257,6 +258,11 @@ class Run:
         if stage == "write":
             staging = OutputPaths.of(c.out).staging
             return write_piece(self.work, staging, self.layout(), i, self.tokenizer.eot_id, c.eot_position, self.bos)
+        if stage == "clean":  # once every piece is written: what only the write stage reads
+            for name in ("tokens", "lengths", "keys", "sources", "bkeys"):
+                (self.work / "tokenize" / f"unit_{i:06d}.{name}").unlink(missing_ok=True)
+            (self.work / "select" / f"unit_{i:06d}.split").unlink(missing_ok=True)
+            return True
         paths = OutputPaths.of(c.out)
         with WriterLock(paths):
             finish(c, paths, self.work, self.layout(), self.n_units, self.sources, self.tokenizer)
