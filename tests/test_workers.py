@@ -190,6 +190,13 @@ def test_a_forked_pool_initialized_later_runs_tasks_in_order_and_reports_deaths(
 # --- the real CLI ---------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def one_reader(monkeypatch):
+    """These tests are about the pool that a run reading in one process feeds (the in-process
+    path, which Hugging Face streams, stdin and small inputs take): keep large inputs on it."""
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """~130 MB of JSON lines (128 work items, ~20 M tokens): a few seconds of tokenizing on two

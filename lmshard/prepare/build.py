@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
@@ -37,9 +37,14 @@ from ..format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from .config import PrepareConfig
 from .dedup import KeySet
 from .pool import STOP_SIGNALS
+from .sources import GREW, SPLIT_INTO_PARAGRAPHS
 from .writer import ShardWriter, close_quietly
 
+if TYPE_CHECKING:
+    from .worker import ItemResult
+
 KEY_DTYPE = np.dtype("<u8")
+NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
 # A build's document keys go to files of this many keys (128 MiB) each, so that scale-out runs
 # write them in parallel, each file by one task (docs/format.md).
 KEYS_PER_FILE = int(os.environ.get("LMSHARD_KEYS_PER_FILE", 1 << 24))
@@ -82,6 +87,20 @@ class Totals:
                    chars=meta.run.input_chars if meta.run else 0, duplicates=meta.drops.get("duplicate", 0),
                    drops=drops, examples=dict(meta.drop_examples),
                    lines_removed=meta.dedup.lines_removed if meta.dedup else 0)  # fmt: skip
+
+
+@dataclass
+class Progress:
+    """Running totals passed to the progress callback after each work item."""
+
+    bytes_done: int = 0
+    bytes_total: int = 0
+    docs: int = 0
+    tokens: int = 0
+    chars: int = 0
+    bytes_at_start: int = 0  # what a resumed run had done before this process started: rates leave it out
+    tokens_at_start: int = 0
+    note: str | None = None  # what --resume kept (Build.resume_note), in the first call only
 
 
 @dataclass
@@ -326,3 +345,23 @@ def sigterm_stops() -> Iterator[None]:
 
 def _raise_stopped(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signum)
+
+
+def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int) -> None:
+    """Add one work item's counts to `totals`: `keep` its kept documents, `dupes` its duplicates."""
+    kept_lengths = result.lengths[keep]
+    totals.docs_kept += int(keep.sum())
+    totals.tokens += int(kept_lengths.sum()) + specials * len(kept_lengths)  # + the EOT (and BOS) of each
+    totals.chars += result.chars
+    totals.duplicates += int(dupes.sum())
+    for src, counts in result.counts.items():
+        totals.per_source.setdefault(src, Counter()).update(counts)
+        totals.records += counts.get("records", 0)
+        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS})
+        totals.lines_removed += counts.get("lines_removed", 0)
+    for name, mask in (("kept", keep), ("duplicate", dupes)):
+        ids, n = np.unique(result.doc_sources[mask], return_counts=True)
+        for src, count in zip(ids.tolist(), n.tolist(), strict=True):
+            totals.per_source.setdefault(src, Counter())[name] += count
+    for reason, example in result.examples.items():
+        totals.examples.setdefault(reason, example)

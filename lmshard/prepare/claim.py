@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import ConfigError, LmshardError
-from ..format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, load_metadata
-from ..tokenizers import Tokenizer
+from ..errors import ConfigError, LmshardError, warn
+from ..format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, atomic_write_json, load_metadata
+from ..tokenizers import Tokenizer, load_tokenizer
 from . import sources as sources_mod
 from .config import PrepareConfig
 from .reading import read_error
 from .sources import Source
-from .staging import OutputPaths, difference, inside, kind_of_output, read_run
+from .staging import RUN_FILE, RUN_VERSION, OutputPaths, difference, inside, kind_of_output, read_run
 
 
 @dataclass
@@ -220,3 +221,21 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
         raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "
                           "so new documents cannot be deduplicated against it; prepare it again")  # fmt: skip
     return meta
+
+
+def write_run(staging: Path, claim: Claim, checkpoint: dict[str, Any] | None) -> None:
+    record = {"version": RUN_VERSION, "fingerprint": claim.fingerprint, "started": claim.started_at,
+              "pid": os.getpid(), "host": platform.node(), "checkpoint": checkpoint}  # fmt: skip
+    atomic_write_json(staging / RUN_FILE, record)
+
+
+def run_tokenizer(config: PrepareConfig) -> Tokenizer:
+    """The run's tokenizer (the accelerated backend only once it passed the exactness gate),
+    checked against --separator and --bos."""
+    # This process encodes the first items itself (all of a small input): with as many threads
+    # as workers where the backend has a thread pool; they idle once the workers take over.
+    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, warn=warn,
+                               threads=config.n_workers())  # fmt: skip
+    if config.bos == "yes" and tokenizer.bos_id is None:
+        raise ConfigError(f"--bos yes: the {tokenizer.name} vocabulary has no BOS token; pass --bos no")
+    return tokenizer

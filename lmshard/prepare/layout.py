@@ -35,7 +35,7 @@ import numpy as np
 
 from ..format import SPLITS, atomic_write_json
 from .buckets import unit_duplicates
-from .build import KEYS_PER_FILE, Totals
+from .build import KEYS_PER_FILE, Totals, account
 from .dedup import uniform_from_keys
 from .stops import stop_point
 from .worker import ItemResult
@@ -53,8 +53,6 @@ def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
 def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int, val_fraction: float,
                 specials: int) -> bool:  # fmt: skip
     """The select stage for unit u (see the module docstring); False when already done."""
-    from .pipeline import account  # (the local run's own accounting of one work item)
-
     out = work / "select"
     marker = out / f"unit_{u:06d}.json"
     if marker.exists():

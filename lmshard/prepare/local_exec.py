@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..format import load_metadata
-from .build import sigterm_stops
+from .build import Progress, sigterm_stops
 from .config import PrepareConfig
 from .owners import begin, finish
 from .pool import STOP_SIGNALS, WorkerDied, start_method, stop_signals_ignored
@@ -147,8 +147,6 @@ class _Progress:
     """Progress for the run log: input bytes, documents and tokens of the tokenized units."""
 
     def __init__(self, r: Run, callback: Callable[[Any], None] | None) -> None:
-        from .pipeline import Progress
-
         self.r, self.callback = r, callback
         self.p = Progress(bytes_total=sum(u[4] for u in r.plan["units"]))
         left = set(r.missing("tokenize"))

@@ -15,12 +15,10 @@ from typing import Any
 from .. import __version__
 from ..format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInfo, SourceInfo, SplitInfo, TokenizerInfo
 from ..tokenizers import Tokenizer
-from .build import Totals
+from .build import NOT_DROPS, Totals
 from .claim import Claim, bos_written
 from .config import PrepareConfig
 from .sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
-
-NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
 
 
 def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],

@@ -53,7 +53,7 @@ from ..format import (
 )
 from ..tokenizers import Tokenizer
 from .build import Totals, check_not_empty
-from .claim import Claim, claim_output
+from .claim import Claim, claim_output, write_run
 from .config import PrepareConfig
 from .sources import Source, note_growth
 from .staging import RUN_FILE, OutputPaths, commit, read_run, recover
@@ -64,8 +64,6 @@ from .writer import with_separators
 def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
           work: Path) -> Claim:  # fmt: skip
     """Claim --out for a planned run (under the caller's writer lock): see the module docstring."""
-    from .pipeline import _write_run
-
     recover(paths)
     claim = claim_output(config, paths, sources, tokenizer)
     if claim.complete is not None or claim.commit_pending:
@@ -77,7 +75,7 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
         if work.exists():  # an earlier run's work, discarded with its build (--overwrite) or never claimed
             shutil.rmtree(work)
         paths.staging.mkdir()
-        _write_run(paths.staging, claim, None)
+        write_run(paths.staging, claim, None)
     return claim
 
 

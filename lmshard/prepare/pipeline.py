@@ -15,19 +15,15 @@ file). Nothing grows with the number of tokens.
 from __future__ import annotations
 
 import contextlib
-import os
-import platform
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, LmshardError, warn
+from ..errors import LmshardError, warn
 from ..format import (
     METADATA_FILE,
     TOKENIZER_FILE,
@@ -37,19 +33,17 @@ from ..format import (
     atomic_write_json,
     load_metadata,
 )
-from ..tokenizers import Tokenizer, load_tokenizer
-from .build import CHECKPOINT_SECONDS, Build, StopOnSignal, Totals, check_not_empty, sigterm_stops
-from .claim import Claim, bos_written, claim_output
+from ..tokenizers import Tokenizer
+from .build import CHECKPOINT_SECONDS, Build, Progress, StopOnSignal, Totals, account, check_not_empty, sigterm_stops
+from .claim import Claim, bos_written, claim_output, run_tokenizer, write_run
 from .config import PrepareConfig
 from .dedup import uniform_from_keys
 from .feed import early_pool, item_results
-from .metadata import NOT_DROPS, dataset_metadata
+from .metadata import dataset_metadata
 from .pool import OrderedPool, WorkerDied
 from .reading import InputGone, InputReadError
 from .sources import Source, Sources, WorkItem, discover, note_growth
 from .staging import (
-    RUN_FILE,
-    RUN_VERSION,
     Interrupted,
     OutputPaths,
     WriterLock,
@@ -63,20 +57,6 @@ from .worker import ItemResult
 from .writer import with_separators
 
 Results = Callable[..., Iterator[ItemResult]]  # (config, sources, tokenizer, build, early) -> results in plan order
-
-
-@dataclass
-class Progress:
-    """Running totals passed to the progress callback after each work item."""
-
-    bytes_done: int = 0
-    bytes_total: int = 0
-    docs: int = 0
-    tokens: int = 0
-    chars: int = 0
-    bytes_at_start: int = 0  # what a resumed run had done before this process started: rates leave it out
-    tokens_at_start: int = 0
-    note: str | None = None  # what --resume kept (Build.resume_note), in the first call only
 
 
 def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None,
@@ -99,7 +79,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     with contextlib.ExitStack() as stack:
-        tokenizer = _tokenizer(config)  # fail fast on a missing vocabulary
+        tokenizer = run_tokenizer(config)  # fail fast on a missing vocabulary
         from . import local_exec  # (whose stages use this module)
 
         if results is None and local_exec.use_stages(config, sources):  # every stage in the worker pool
@@ -124,18 +104,6 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
             raise os_error(e, paths.out) from None
 
 
-def _tokenizer(config: PrepareConfig) -> Tokenizer:
-    """The run's tokenizer (the accelerated backend only once it passed the exactness gate),
-    checked against --separator and --bos."""
-    # This process encodes the first items itself (all of a small input): with as many threads
-    # as workers where the backend has a thread pool; they idle once the workers take over.
-    tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator, warn=warn,
-                               threads=config.n_workers())  # fmt: skip
-    if config.bos == "yes" and tokenizer.bos_id is None:
-        raise ConfigError(f"--bos yes: the {tokenizer.name} vocabulary has no BOS token; pass --bos no")
-    return tokenizer
-
-
 def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenizer: Tokenizer, claim: Claim,
            on_progress: Callable[[Progress], None] | None, started: float,
            early: OrderedPool[WorkItem, Any] | None = None, results: Results | None = None) -> DatasetMeta:  # fmt: skip
@@ -148,7 +116,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         staging.mkdir()
         if previous is not None:
             _link_previous(previous, paths.out, staging)
-        _write_run(staging, claim, None)
+        write_run(staging, claim, None)
     build = Build.start(config, staging, previous, claim.checkpoint)
     tokens_before = build.totals.tokens  # the appended-to dataset's and a resumed checkpoint's
     if claim.resumed:
@@ -211,15 +179,9 @@ def _link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:
         link_or_copy(out / name, staging / name)
 
 
-def _write_run(staging: Path, claim: Claim, checkpoint: dict[str, Any] | None) -> None:
-    record = {"version": RUN_VERSION, "fingerprint": claim.fingerprint, "started": claim.started_at,
-              "pid": os.getpid(), "host": platform.node(), "checkpoint": checkpoint}  # fmt: skip
-    atomic_write_json(staging / RUN_FILE, record)
-
-
 def _save(build: Build, claim: Claim) -> None:
     """Checkpoint: make the shards and keys written so far durable, then record how far we got."""
-    _write_run(build.root, claim, build.checkpoint())
+    write_run(build.root, claim, build.checkpoint())
 
 
 def _run(
@@ -292,22 +254,3 @@ def _limit(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> np.ndarr
     limited = np.zeros_like(keep)
     limited[positions[:room]] = True
     return limited
-
-
-def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int) -> None:
-    kept_lengths = result.lengths[keep]
-    totals.docs_kept += int(keep.sum())
-    totals.tokens += int(kept_lengths.sum()) + specials * len(kept_lengths)  # + the EOT (and BOS) of each
-    totals.chars += result.chars
-    totals.duplicates += int(dupes.sum())
-    for src, counts in result.counts.items():
-        totals.per_source.setdefault(src, Counter()).update(counts)
-        totals.records += counts.get("records", 0)
-        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS})
-        totals.lines_removed += counts.get("lines_removed", 0)
-    for name, mask in (("kept", keep), ("duplicate", dupes)):
-        ids, n = np.unique(result.doc_sources[mask], return_counts=True)
-        for src, count in zip(ids.tolist(), n.tolist(), strict=True):
-            totals.per_source.setdefault(src, Counter())[name] += count
-    for reason, example in result.examples.items():
-        totals.examples.setdefault(reason, example)

@@ -38,11 +38,10 @@ from ..format import METADATA_FILE, atomic_write_bytes, atomic_write_json
 from ..tokenizers import Tokenizer
 from .buckets import buckets_of, partition, resolve
 from .build import sigterm_stops
-from .claim import _fingerprint, bos_written
+from .claim import _fingerprint, bos_written, run_tokenizer
 from .config import PrepareConfig
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
 from .owners import finish, missing_pieces, write_piece
-from .pipeline import _tokenizer
 from .sources import Source, discover
 from .staging import OutputPaths, WriterLock, read_run
 from .stops import stop_point
@@ -95,7 +94,7 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
     """The run's inputs (as prepare discovers them) and tokenizer."""
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
-    return sources, _tokenizer(config)
+    return sources, run_tokenizer(config)
 
 
 def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
