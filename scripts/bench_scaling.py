@@ -53,7 +53,8 @@ else:
     code = 0
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 with open(os.environ["RUSAGE_OUT"], "w") as f:
-    json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}, f)
+    json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
+               "main_rss_mb": me.ru_maxrss / 1024, "child_rss_mb": kids.ru_maxrss / 1024}, f)
 sys.exit(code)
 """
 
@@ -116,17 +117,27 @@ def prepare(src: Path, out: Path, workers: int, env: dict[str, str]) -> tuple[fl
     return sec, json.loads(usage.read_text()), int(meta["n_tokens"])
 
 
+PEAK: dict[str, float] = {}  # stage -> the largest peak RSS (MiB) of any of its tasks
+
+
 def run_task(args: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one `lmshard run-task`; its peak RSS goes to PEAK."""
+    usage = Path(tempfile.mktemp(suffix=".rusage.json"))
     start = time.perf_counter()
-    subprocess.run([*LMSHARD, *args], check=True, env=env, capture_output=True)
-    return time.perf_counter() - start
+    subprocess.run([sys.executable, "-c", WRAPPER, *args], check=True, env=env | {"RUSAGE_OUT": str(usage)},
+                   capture_output=True)  # fmt: skip
+    sec = time.perf_counter() - start
+    stage = args[args.index("--stage") + 1]
+    PEAK[stage] = max(PEAK.get(stage, 0.0), json.loads(usage.read_text())["main_rss_mb"])
+    usage.unlink()
+    return sec
 
 
 def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
     src, texts = write_corpus(t / "x4.jsonl", 4)
     counts = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= available_cpus()]
-    rows = ["| workers | ceiling (M tok/s) | prepare (M tok/s) | ratio | main process CPU / workers' CPU |",
-            "|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| workers | ceiling (M tok/s) | prepare (M tok/s) | ratio | main process CPU / workers' CPU | peak RSS: "
+            "main, largest worker |", "|---|---|---|---|---|---|"]  # fmt: skip
     printed = []
     for w in counts:
         c_rate, _ = ceiling(texts, w)
@@ -134,11 +145,13 @@ def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]
         rate = tokens / sec
         # --workers 1 does everything in the main process: no workers, so no share
         share = f"{100 * cpu['main'] / cpu['children']:.0f}%" if cpu["children"] > 0.05 else "— (no worker processes)"
+        rss = f"{cpu['main_rss_mb']:.0f} MiB, {cpu['child_rss_mb']:.0f} MiB" if cpu["children"] > 0.05 else \
+            f"{cpu['main_rss_mb']:.0f} MiB"
         rows.append(f"| {w} | {c_rate / 1e6:.2f} | {rate / 1e6:.2f} | **{rate / c_rate:.2f}** | {share} "
-                    f"({cpu['main']:.1f} s / {cpu['children']:.1f} s) |")  # fmt: skip
+                    f"({cpu['main']:.2f} s / {cpu['children']:.1f} s) | {rss} |")  # fmt: skip
         printed.append(f"1. workers {w}: prepare {rate / 1e6:.2f} M tok/s, ceiling {c_rate / 1e6:.2f}, ratio "
-                       f"{rate / c_rate:.2f}; main process CPU {cpu['main']:.1f} s, workers {cpu['children']:.1f} s "
-                       f"({share})")  # fmt: skip
+                       f"{rate / c_rate:.2f}; main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s "
+                       f"({share}); peak RSS {rss}")  # fmt: skip
         print(printed[-1], flush=True)
     return rows, printed
 
@@ -164,8 +177,10 @@ def section_cluster(t: Path, env: dict[str, str]) -> list[str]:
         tokens = json.loads((out / "dataset_metadata.json").read_text())["n_tokens"]
         cells = " | ".join(f"{longest[s]:.2f} s ({longest[s] / first[s]:.2f}×)" for s in (*STAGES, "finish"))
         rows.append(f"| {n} | {tokens:,} | {cells} |")
+        peaks = ", ".join(f"{s} {PEAK[s]:.0f}" for s in (*STAGES, "finish"))
         print(f"3. {n} tasks: " + ", ".join(f"{s} {longest[s]:.2f} s ({longest[s] / first[s]:.2f}× N=1)"
                                             for s in (*STAGES, "finish")), flush=True)  # fmt: skip
+    rows += ["", f"Peak RSS of any task of each stage, MiB (all N): {peaks}."]
     return rows
 
 

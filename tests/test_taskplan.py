@@ -121,6 +121,17 @@ def test_the_plan_is_written_once_and_refuses_another_run(tmp_path):
     assert not list(work.glob("*.tmp"))
 
 
+def _lined(units, sources):
+    """The units with the first line numbers their tasks find (planning leaves later ones 0)."""
+    from dataclasses import replace
+
+    from lmshard.prepare.taskplan import count_newlines
+
+    assert all((u.first_line == 0) == (u.kind == "range" and u.start > 0) for u in units)
+    return [replace(u, first_line=1 + count_newlines(sources[u.source], 0, u.start)) if u.first_line == 0 else u
+            for u in units]  # fmt: skip
+
+
 def _numbered(items) -> list[tuple[int, int, bytes]]:
     """(source, line number, line) of every line the items carry, as the workers number them."""
     out = []
@@ -148,7 +159,8 @@ def test_unit_items_carry_the_same_numbered_lines_as_the_whole_file(tmp_path, mo
     units = cut_units(sources, text_mode, 1000, U)
     assert sum(u.source == 1 for u in units) > 3
     whole = list(plan(sources, text_mode, "text", max_chars=1000))
-    cut = [it for u in units for it in unit_items(u.source, sources[u.source], u, text_mode, "text", 1000)]
+    cut = [it for u in _lined(units, sources) for it in unit_items(u.source, sources[u.source], u, text_mode, "text",
+                                                                   1000)]  # fmt: skip
     assert _numbered(cut) == _numbered(whole)
     assert [it.split_file for it in cut].count(True) == [it.split_file for it in whole].count(True)
     assert sum(it.nbytes for it in cut if it.source == 1) == len(data)
@@ -170,7 +182,7 @@ def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
     src = detect(str(write(tmp_path / "a.jsonl", b"\xef\xbb\xbf" + data)))
     units = cut_units([src], "auto", 1000, U)
     assert len(units) > 3 and units[0].start == 0
-    cut = [it for u in units for it in unit_items(0, src, u, "auto", "text", 1000)]
+    cut = [it for u in _lined(units, [src]) for it in unit_items(0, src, u, "auto", "text", 1000)]
     assert b"".join(it.payload for it in cut) == data
     assert _numbered(cut) == _numbered(list(plan([src], "auto", "text", max_chars=1000)))
     assert sum(it.nbytes for it in cut) == len(data) + 3

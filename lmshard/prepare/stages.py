@@ -27,7 +27,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +48,7 @@ from .stops import stop_point
 from .taskplan import (
     PLAN_FILE,
     Unit,
+    count_newlines,
     cut_units,
     ensure_plan,
     load_plan,
@@ -331,17 +332,39 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         return False
     out.mkdir(parents=True, exist_ok=True)
     unit = load_unit(plan, u)
+    lines: dict[str, int] = {}
+    if unit.kind == "range":  # its line numbers (for messages), and where the next unit's begin
+        src = sources[unit.source]
+        unit = replace(unit, first_line=first_line(out, plan, src, u))
+        lines = {"next_line": unit.first_line + count_newlines(src, unit.start, unit.end)}
     items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
-    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"])
+    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"], lines)
     stop_point("unit", u)
     return True
+
+
+def first_line(tokenized: Path, plan: dict[str, Any], src: Source, u: int) -> int:
+    """The number of range unit u's first line in its file: counted on from the nearest earlier
+    range of the same file already tokenized (its marker records where the next one begins),
+    else from the file's start. A task counts at most the bytes before its unit in one file."""
+    units = plan["units"]
+    start = units[u][2]
+    for v in range(u - 1, -1, -1):
+        if units[v][0] != units[u][0] or units[v][1] != "range":
+            break
+        try:
+            line = int(json.loads((tokenized / f"unit_{v:06d}.done").read_text())["next_line"])
+        except (OSError, ValueError, KeyError):
+            continue
+        return line + count_newlines(src, units[v][3], start)
+    return 1 + count_newlines(src, 0, start)
 
 
 def load_unit(plan: dict[str, Any], u: int) -> Unit:
     return Unit(*plan["units"][u])
 
 
-def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int) -> None:
+def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int, lines: dict[str, int]) -> None:
     stem = f"unit_{u:06d}"
     files: dict[str, IO[bytes]] = {name: open(out / f".{stem}.{name}.tmp", "wb") for name, _ in _ARRAYS}  # noqa: SIM115
     table, keys = [], []
@@ -365,9 +388,8 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int
     atomic_write_bytes(out / f"{stem}.bkeys", partition(np.concatenate(keys) if keys else np.zeros(0, np.uint64),
                                                         n_buckets))  # fmt: skip
     atomic_write_json(out / f"{stem}.json", table)
-    atomic_write_json(out / f"{stem}.done", {"items": len(table), "docs": sum(r["docs"] for r in table),
-                                             "tokens": sum(r["tokens"] for r in table),
-                                             "chars": sum(r["chars"] for r in table)})  # fmt: skip
+    totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}  # type: ignore[misc]
+    atomic_write_json(out / f"{stem}.done", {"items": len(table), **totals, **lines})
 
 
 def missing_units(config: PrepareConfig) -> list[int]:

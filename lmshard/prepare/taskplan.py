@@ -27,8 +27,8 @@ hard-linked into place, so two tasks starting together cannot both create it) an
 on every later call: another configuration, input set, vocabulary or task count is refused,
 naming the difference.
 
-Memory model: one entry per unit (a few dozen bytes); a 64 KiB read window while cutting and
-one 1 MiB block while counting lines (planning reads each range-cut file once).
+Memory model: one entry per unit (a few dozen bytes); a 64 KiB read window while cutting
+(planning reads a few KB at each cut, never a whole file).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Unit:
     start: int
     end: int
     nbytes: int  # input bytes it accounts for, for balancing
-    first_line: int = 1  # the number of a range's first line in its file (for messages)
+    first_line: int = 1  # the number of a range's first line in its file (for messages); 0: not known yet
 
 
 def work_dir(out: str | os.PathLike[str]) -> Path:
@@ -121,21 +121,20 @@ def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -
             return whole
     paragraph = src.fmt == "text" and text_mode != "line"
     cuts = [0, *_boundaries(src, unit_bytes, paragraph), src.size]
-    lines = _first_lines(src, cuts)
-    return [Unit(i, "range", a, b, b - a, n) for a, b, n in zip(cuts[:-1], cuts[1:], lines, strict=False)]
+    # A range's first line number (0: not known yet) is found by the task that tokenizes it
+    # (stages.first_line), so that planning reads a few KB per cut, never the whole file.
+    return [Unit(i, "range", a, b, b - a, 1 if a == 0 else 0) for a, b in zip(cuts[:-1], cuts[1:], strict=False)]
 
 
-def _first_lines(src: Source, cuts: list[int]) -> list[int]:
-    """The line number at each cut: newlines counted in one pass over the file (memory: one block)."""
-    out, line, pos = [1], 1, 0
+def count_newlines(src: Source, start: int, end: int) -> int:
+    """Newlines in the bytes [start, end) of an uncompressed file, read one block at a time."""
+    n = 0
     with open_raw(src) as f:
-        for cut in cuts[1:-1]:
-            while pos < cut:
-                block = f.read(min(BLOCK_BYTES, cut - pos))
-                line += block.count(b"\n")
-                pos += len(block)
-            out.append(line)
-    return out
+        f.seek(start)
+        while start < end and (block := f.read(min(BLOCK_BYTES, end - start))):
+            n += block.count(b"\n")
+            start += len(block)
+    return n
 
 
 def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str, max_chars: int) -> Iterator[WorkItem]:
