@@ -1,17 +1,25 @@
-"""Scale-out stages: the same corpus prepared on one machine and as N tasks (tokenize each
-task's units, then merge) gives byte-identical shards and metadata, timings aside."""
+"""Scale-out stages: the same corpus prepared on one machine and as N tasks (tokenize, dedup
+buckets, select, write pieces, finish) gives byte-identical shards and metadata, timings aside;
+so does a plain prepare that runs the stages in its worker pool."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import signal
+import subprocess
+from pathlib import Path
 
 import pytest
+from proctree import LMSHARD, finish, signal_stopped, wait_stopped
 from test_prepare import jsonl, make_texts
 
+import lmshard.prepare.build as build
+import lmshard.prepare.layout as layout
 from lmshard.errors import ConfigError, InputError
-from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.stages import merge, missing_units, plan_run, tokenize_task
+from lmshard.prepare import PrepareConfig, local_exec, prepare
+from lmshard.prepare.slurm import resubmit_commands
+from lmshard.prepare.stages import STAGES, Run, plan_run, run_task
 from lmshard.prepare.taskplan import _WINDOW, load_plan, work_dir
 
 
@@ -38,247 +46,306 @@ def _files(root):
     return out
 
 
-@pytest.mark.parametrize("n_tasks", [1, 3, 7])
-def test_tasks_then_merge_equal_one_machine(tmp_path, n_tasks):
+def _cli(cwd, **extra):
+    """`lmshard ARGS` in `cwd`, with units of 64 KiB (so the files are cut) unless `extra` says."""
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)} | extra
+    return lambda *args: subprocess.run([*LMSHARD, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                                        env=env)  # fmt: skip
+
+
+def _hold(cwd, args, stop_at):
+    """`lmshard ARGS` in a session of its own, stopped by itself at LMSHARD_STOP_AT=stop_at."""
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW), "LMSHARD_STOP_AT": stop_at}
+    proc = subprocess.Popen([*LMSHARD, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    assert wait_stopped(proc) == proc.pid
+    return proc
+
+
+def _small_key_files(monkeypatch, n):
+    """Dedup key files of `n` keys, here and in any subprocess (layout.py imports the constant)."""
+    monkeypatch.setenv("LMSHARD_KEYS_PER_FILE", str(n))
+    monkeypatch.setattr(build, "KEYS_PER_FILE", n)
+    monkeypatch.setattr(layout, "KEYS_PER_FILE", n)
+
+
+_OPTS = dict(val_fraction=0.1, tokens_per_shard=5_000, on_error="skip")
+
+
+@pytest.mark.parametrize(("n_tasks", "keys_per_file"), [(1, None), (3, 400), (7, 400)])
+def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypatch, n_tasks, keys_per_file):
+    """Every task of every stage, in reversed task order, then the finish: the one-machine
+    bytes, with files cut into units, duplicates across units and tasks, shards of 5,000 tokens
+    (c.txt is one document longer than that) and, when asked, several dedup key files."""
+    if keys_per_file:
+        _small_key_files(monkeypatch, keys_per_file)
     src = _corpus(tmp_path)
-    opts = dict(inputs=[str(src)], workers=1, val_fraction=0.1, tokens_per_shard=20_000, on_error="skip")
-    prepare(PrepareConfig(out=str(tmp_path / "local"), **opts))
-    config = PrepareConfig(out=str(tmp_path / "scaled"), **opts)
-    for task in reversed(range(n_tasks)):  # any order
-        tokenize_task(config, n_tasks, task, unit_bytes=_WINDOW)
+    local = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    local_exec.claim(config, n_tasks)
+    for stage in STAGES[:-1]:
+        for task in reversed(range(n_tasks)):  # any order
+            run_task(config, n_tasks, stage, task, unit_bytes=_WINDOW)
     plan = load_plan(work_dir(config.out))
     assert len(plan["units"]) > 5  # the large files really were cut
-    merge(config, n_tasks, unit_bytes=_WINDOW)
-    meta = json.loads((tmp_path / "local" / "dataset_metadata.json").read_text())
-    assert meta["drops"]["duplicate"] >= 40 and meta["drop_examples"] and meta["splits"]["val"]["shards"]
-    local, scaled = _files(tmp_path / "local"), _files(tmp_path / "scaled")
-    assert local.keys() == scaled.keys() and len(local) > 4
-    for name in local:
-        assert local[name] == scaled[name], name
+    b_start = min(u for u, unit in enumerate(plan["units"]) if unit[0] == 1)
+    assert n_tasks == 1 or plan["tasks"][0][1] <= b_start  # a.jsonl's first texts, repeated in b.jsonl by another task
+    assert run_task(config, n_tasks, "finish", 0, unit_bytes=_WINDOW) == 1
+    assert not work_dir(config.out).exists()
+    assert local.drops["duplicate"] >= 80 and local.drop_examples and local.splits["val"].shards
+    assert any(s.n_docs == 1 and s.n_tokens > 5_000 for s in local.shards)
+    assert len(local.dedup.files) == (-(-local.total_docs // keys_per_file) if keys_per_file else 1)
+    local_files, scaled = _files(tmp_path / "local"), _files(tmp_path / "scaled")
+    assert local_files.keys() == scaled.keys() and len(local_files) > 30
+    for name in local_files:
+        assert local_files[name] == scaled[name], name
 
 
-def test_a_missing_unit_blocks_the_merge_and_its_task_reruns(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, monkeypatch, workers):
+    """A plain prepare at or above LMSHARD_STAGED_BYTES with several workers runs the staged
+    pipeline (no in-memory dedup table) and writes the in-process bytes; one worker stays in
+    process. The work folder is gone afterwards."""
+    _small_key_files(monkeypatch, 500)
     src = _corpus(tmp_path)
-    config = PrepareConfig(out=str(tmp_path / "scaled"), inputs=[str(src)], workers=1, on_error="skip")
-    for task in range(3):
-        tokenize_task(config, 3, task, unit_bytes=_WINDOW)
-    tok = work_dir(config.out) / "tokenize"
-    (tok / "unit_000002.done").unlink()  # as if its task was killed before finishing the unit
-    assert missing_units(config) == [2]
-    with pytest.raises(
-        InputError, match="1 of .* units are not tokenized yet \\(units 2\\); run the tokenize stage of task"
-    ):
-        merge(config, 3, unit_bytes=_WINDOW)
-    task = next(t for t, (a, b) in enumerate(load_plan(work_dir(config.out))["tasks"]) if a <= 2 < b)
-    assert tokenize_task(config, 3, task, unit_bytes=_WINDOW) == 1  # only the missing unit is redone
-    merge(config, 3, unit_bytes=_WINDOW)
-    assert (tmp_path / "scaled" / "dataset_metadata.json").exists()
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    calls, real = [], local_exec.run
+    monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "staged"), workers=workers, **_OPTS))
+    assert calls == ([workers] if workers > 1 else [])
+    assert (meta.run.dedup_table_bytes == 0) == (workers > 1)  # the in-process run holds a key set
+    assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
+    assert _files(tmp_path / "local") == _files(tmp_path / "staged")
+
+
+def test_a_stage_waits_for_the_one_before_and_a_lost_marker_redoes_only_its_item(tmp_path):
+    """Each stage refuses to start before the stage above is complete, naming it; deleting one
+    item's marker (as a task killed before writing it) makes the next run of its task redo that
+    item only; a changed --num-tasks is refused. The result is still one machine's bytes."""
+    src = _corpus(tmp_path)
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    local_exec.claim(config, 3)
+    work = work_dir(config.out)
+    markers = {"tokenize": "tokenize/unit_000002.done", "dedup": "dedup/bucket_000005.done",
+               "select": "select/unit_000002.json", "write": "write/piece_000003.json"}  # fmt: skip
+    r = Run.of(config, 3, _WINDOW)
+    for before, stage in zip(STAGES, STAGES[1:], strict=False):
+        for task in range(3):
+            run_task(config, 3, before, task, _WINDOW)
+        (work / markers[before]).unlink()
+        with pytest.raises(InputError, match=f"the {stage} stage needs the {before} stage complete; 1 "):
+            run_task(config, 3, stage, 0, _WINDOW)
+        lost = int(markers[before].split("_")[1].split(".")[0])
+        owner = next(t for t in range(3) if lost in r.items(before, t))
+        assert [run_task(config, 3, before, t, _WINDOW) for t in range(3)] == [t == owner for t in range(3)]
     with pytest.raises(ConfigError, match="--num-tasks was 3 and is 4 now"):
-        tokenize_task(config, 4, 0, unit_bytes=_WINDOW)
-    shutil.rmtree(work_dir(config.out))
+        run_task(config, 4, "tokenize", 0, _WINDOW)
+    run_task(config, 3, "finish", 0, _WINDOW)
+    assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 
-def test_the_command_line_plans_runs_tasks_reports_status_and_merges(tmp_path):
-    """`prepare --num-tasks 7 --executor none`, `run-task` per task in any order, `status` naming
-    the task still missing, the dedup buckets, `run-task --stage merge`: the same bytes as a local
-    prepare; so does `--num-tasks 3` with the local executor and --workers 2."""
-    import os
-    import subprocess
-    import sys
-
+def test_the_write_stage_needs_a_claimed_build(tmp_path):
+    """Tasks can tokenize, dedup and select without a claim, but nothing is written into --out's
+    staging directory before `prepare --num-tasks` claimed it."""
     src = _corpus(tmp_path)
-    lmshard = [sys.executable, "-m", "lmshard"]
-    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}  # units of 64 KiB: the files are cut
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    for stage in STAGES[:3]:
+        run_task(config, 2, stage, 0, _WINDOW)
+        run_task(config, 2, stage, 1, _WINDOW)
+    with pytest.raises(InputError, match="no build was claimed for this plan"):
+        run_task(config, 2, "write", 0, _WINDOW)
+    assert not (tmp_path / "scaled").exists() and not (tmp_path / ".scaled.lmshard-partial").exists()
 
-    def run(*args):
-        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
 
-    common = [str(src), "--workers", "1", "--on-error", "skip"]
+def test_the_command_line_plans_runs_every_stage_reports_status_and_finishes(tmp_path):
+    """`prepare --num-tasks 4 --executor none`, `run-task` for every stage's tasks in any order,
+    `status` naming the task still missing and the stages waiting, an early finish refused in
+    one line, `status` done at the end: the bytes of a local prepare; so does `--num-tasks 3`
+    with the local executor and --workers 2."""
+    src = _corpus(tmp_path)
+    run = _cli(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "5000"]
     assert run("prepare", *common, "--out", "local").returncode == 0
-    planned = run("prepare", *common, "--out", "dist", "--num-tasks", "7", "--executor", "none")
+    planned = run("prepare", *common, "--out", "dist", "--num-tasks", "4", "--executor", "none")
     assert planned.returncode == 0 and "lmshard run-task --stage tokenize --task I dist" in planned.stdout
+    assert "lmshard run-task --stage finish dist" in planned.stdout, planned.stdout
+    assert (tmp_path / ".dist.lmshard-partial").is_dir()  # claimed
     plan = load_plan(work_dir(tmp_path / "dist"))
     assert all(b > a for a, b in plan["tasks"]), plan["tasks"]  # no task is empty
-    for task in range(6, 0, -1):
+    for task in (3, 1, 2):
         assert run("run-task", "--stage", "tokenize", "--task", str(task), "dist").returncode == 0
-    waiting = run("status", "dist")
-    assert "6 of 7 tasks complete" in waiting.stdout and "--task 0 dist" in waiting.stdout, waiting.stdout
-    early = run("run-task", "--stage", "merge", "dist")
-    assert early.returncode != 0 and "task 0 first" in early.stderr and "Traceback" not in early.stderr
+    waiting = run("status", "dist").stdout
+    n0 = plan["tasks"][0][1] - plan["tasks"][0][0]
+    assert "tokenize: 3 of 4 tasks complete" in waiting, waiting
+    assert f"  task 0: 0 of {n0}; run: lmshard run-task --stage tokenize --task 0 dist\n" in waiting, waiting
+    assert "dedup: waits for the stages above" in waiting and "finish: waits for the stages above" in waiting
+    early = run("run-task", "--stage", "finish", "dist")
+    assert early.returncode == 1 and "Traceback" not in early.stderr, early.stderr
+    assert len(early.stderr.strip().splitlines()) == 1 and "the finish stage needs the" in early.stderr, early.stderr
     assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
-    assert "buckets 0, 1, 2, 3, 4, 5, 6; run: lmshard run-task --stage dedup" in run("status", "dist").stdout
-    for bucket in (3, 0, 6, 1, 5, 2, 4):
-        assert run("run-task", "--stage", "dedup", "--task", str(bucket), "dist").returncode == 0
-    assert "dedup: 7 of 7 buckets complete" in run("status", "dist").stdout
-    assert run("run-task", "--stage", "merge", "dist").returncode == 0
-    assert "merge: done" in run("status", "dist").stdout
-    local, dist = _files(tmp_path / "local"), _files(tmp_path / "dist")
-    assert local == dist
-    here = run("prepare", str(src), "--on-error", "skip", "--workers", "2", "--out", "here", "--num-tasks", "3")
+    for stage in STAGES[1:-1]:
+        for task in (2, 0, 3, 1):
+            assert run("run-task", "--stage", stage, "--task", str(task), "dist").returncode == 0
+        assert f"{stage}: 4 of 4 tasks complete" in run("status", "dist").stdout
+    assert "finish: not run; run: lmshard run-task --stage finish dist" in run("status", "dist").stdout
+    wrong = run("run-task", "--stage", "write", "--task", "9", "dist")
+    assert wrong.returncode == 1 and "task 9 is not in [0, 4)" in wrong.stderr, wrong.stderr
+    assert run("run-task", "--stage", "finish", "dist").returncode == 0
+    assert run("status", "dist").stdout == "done: the dataset is complete; check it with: lmshard inspect dist\n"
+    local = _files(tmp_path / "local")
+    assert local == _files(tmp_path / "dist") and len(local) > 30
+    here = run("prepare", *common[:1], "--on-error", "skip", "--tokens-per-shard", "5000", "--workers", "2",
+               "--out", "here", "--num-tasks", "3")  # fmt: skip
     assert here.returncode == 0, here.stderr
     assert _files(tmp_path / "here") == local
-    wrong = run("run-task", "--stage", "tokenize", "--task", "9", "dist")
-    assert wrong.returncode != 0 and "task 9 is not in [0, 7)" in wrong.stderr
-
-
-@pytest.mark.parametrize("n_tasks", [1, 4])
-def test_the_dedup_stage_by_hash_bucket_gives_the_same_bytes(tmp_path, n_tasks):
-    """Duplicates resolved per bucket (key mod N, one task each), then merged without an
-    in-memory key set: still the one-machine bytes; a partial dedup stage is refused."""
-    from lmshard.prepare.stages import dedup_task
-
-    src = _corpus(tmp_path)
-    opts = dict(inputs=[str(src)], workers=1, val_fraction=0.1, on_error="skip")
-    prepare(PrepareConfig(out=str(tmp_path / "local"), **opts))
-    config = PrepareConfig(out=str(tmp_path / "scaled"), **opts)
-    for task in range(n_tasks):
-        tokenize_task(config, n_tasks, task, unit_bytes=_WINDOW)
-    assert dedup_task(config, n_tasks, 0, unit_bytes=_WINDOW) is True
-    assert dedup_task(config, n_tasks, 0, unit_bytes=_WINDOW) is False  # done: skipped
-    if n_tasks > 1:
-        with pytest.raises(InputError, match="dedup stage is not complete \\(buckets 1"):
-            merge(config, n_tasks, unit_bytes=_WINDOW)
-    for bucket in range(1, n_tasks):
-        dedup_task(config, n_tasks, bucket, unit_bytes=_WINDOW)
-    dups = sum(json.loads(p.read_text())["duplicates"] for p in (work_dir(config.out) / "dedup").glob("*.done"))
-    assert dups == json.loads((tmp_path / "local" / "dataset_metadata.json").read_text())["drops"]["duplicate"] > 40
-    merge(config, n_tasks, unit_bytes=_WINDOW)
-    assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_the_local_executor_merges_as_units_finish_and_resumes(tmp_path, workers):
-    """The local executor (units tokenized --workers at a time while this process merges them,
-    dedup in memory) gives the one-machine bytes, also when some units were done before (by
-    run-task, or by a run that was killed): those are not tokenized again."""
-    from lmshard.prepare import local_exec
-
+def test_the_local_executor_goes_on_with_items_done_before(tmp_path, monkeypatch, workers):
+    """A claimed run whose task 1 was tokenized by run-task (or by a run that was killed),
+    resumed by the local executor: those units are not tokenized again, and the bytes are one
+    machine's."""
     src = _corpus(tmp_path)
-    opts = dict(inputs=[str(src)], val_fraction=0.1, tokens_per_shard=20_000, on_error="skip")
-    prepare(PrepareConfig(out=str(tmp_path / "local"), workers=1, **opts))
-    config = PrepareConfig(out=str(tmp_path / "scaled"), workers=workers, **opts)
-    tokenize_task(config, 3, 1, unit_bytes=_WINDOW)  # task 1 done beforehand
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=workers, unit_size=_WINDOW,
+                           resume=True, **_OPTS)  # fmt: skip
+    local_exec.claim(config, 3)
+    run_task(config, 3, "tokenize", 1, _WINDOW)
     tok = work_dir(config.out) / "tokenize"
-    before = {p.name: p.stat().st_mtime_ns for p in tok.glob("unit_*.done")}
-    assert before and missing_units(config)
-    local_exec.run(config, 3, unit_bytes=_WINDOW)
-    assert {p.name: p.stat().st_mtime_ns for p in tok.glob("unit_*.done") if p.name in before} == before
-    assert not missing_units(config) and not (work_dir(config.out) / "dedup").exists()
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tok.glob("unit_*.done")}
+    plan_units = load_plan(work_dir(config.out))["units"]
+    assert 0 < len(before) < len(plan_units)
+    seen, real = {}, local_exec.finish
+
+    def finish_seen(config, paths, work, *rest):  # the markers as the finish finds them
+        seen.update({p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (work / "tokenize").glob("*.done")})
+        return real(config, paths, work, *rest)
+
+    monkeypatch.setattr(local_exec, "finish", finish_seen)
+    local_exec.run(config, 3, _WINDOW)
+    assert len(seen) == len(plan_units) and {k: seen[k] for k in before} == before
+    assert not work_dir(config.out).exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 
-def test_a_task_killed_midway_is_named_by_status_and_its_rerun_completes(tmp_path):
-    """A real SIGKILL of a `run-task` process part-way through its units: `status` names the
-    task (died, with the units it finished), re-running only that task finishes the rest, and
-    the merged dataset equals one machine's."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from proctree import wait_stopped
-
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_task_killed_or_stopped_midway_is_named_by_status_and_its_rerun_completes(tmp_path, sig):
+    """A real SIGKILL, or the SIGTERM of scancel or a time limit, to a `run-task` process after
+    3 of its units: `status` names the task (died, or stopped by SIGTERM: recorded, not left
+    "running"), a stopped task exits 143 in one line, and re-running only that task finishes
+    the rest; the dataset equals one machine's."""
     src = tmp_path / "in"
-    jsonl(src / "big.jsonl", make_texts(12_000, seed=5))  # ~100 units of 64 KiB
-    lmshard = [sys.executable, "-m", "lmshard"]
-    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}
-
-    def run(*args):
-        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-
-    common = [str(src), "--workers", "1"]
-    assert run("prepare", *common, "--out", "local").returncode == 0
-    assert run("prepare", *common, "--out", "dist", "--num-tasks", "2", "--executor", "none").returncode == 0
-    plan = load_plan(work_dir(tmp_path / "dist"))
-    first, end = plan["tasks"][0]
-    assert end - first > 20
-    tok = work_dir(tmp_path / "dist") / "tokenize"
-    proc = subprocess.Popen([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", "dist"], cwd=tmp_path,
-                            env=env | {"LMSHARD_STOP_AT": "unit:7"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # it stops itself after 7 units
-    assert wait_stopped(proc) == proc.pid
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    finished = len(list(tok.glob("unit_*.done")))
-    assert finished == 7 < end - first  # killed midway
+    jsonl(src / "big.jsonl", make_texts(6_000, seed=5))  # ~20 units of 64 KiB
+    run = _cli(tmp_path)
+    assert run("prepare", str(src), "--workers", "1", "--out", "local").returncode == 0
+    assert run("prepare", str(src), "--workers", "1", "--out", "dist", "--num-tasks", "2",
+               "--executor", "none").returncode == 0  # fmt: skip
+    first, end = load_plan(work_dir(tmp_path / "dist"))["tasks"][0]
+    assert end - first > 4
+    proc = _hold(tmp_path, ["run-task", "--stage", "tokenize", "--task", "0", "dist"], "unit:3")
+    signal_stopped(proc.pid, sig)
+    code, err = finish(proc, 120)
+    assert len(list((work_dir(tmp_path / "dist") / "tokenize").glob("unit_*.done"))) == 3
     assert run("run-task", "--stage", "tokenize", "--task", "1", "dist").returncode == 0
     shown = run("status", "dist").stdout
-    assert f"task 0: {finished} of {end - first} units (died on " in shown, shown
-    assert "run: lmshard run-task --stage tokenize --task 0 dist" in shown and "task 1:" not in shown
+    assert "run: lmshard run-task --stage tokenize --task 0 dist" in shown and "task 1:" not in shown, shown
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL and f"task 0: 3 of {end - first} (died on " in shown, shown
+    else:
+        assert code == 143 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"tokenize task 0 stopped by SIGTERM with 3 of {end - first} done" in err, err
+        assert "run the same command again" in err, err
+        state = json.loads((work_dir(tmp_path / "dist") / "tasks" / "tokenize_000000.json").read_text())
+        assert state["state"] == "stopped" and state["signal"] == "SIGTERM" and state["pid"] == proc.pid
+        assert f"task 0: 3 of {end - first} (stopped on " in shown and f"(pid {proc.pid}) by SIGTERM" in shown
     redo = run("run-task", "--stage", "tokenize", "--task", "0", "dist")
-    assert redo.returncode == 0 and f"task 0: {end - first - finished} units tokenized" in redo.stderr, redo.stderr
-    assert "1 of 2" not in run("status", "dist").stdout
-    assert run("run-task", "--stage", "merge", "dist").returncode == 0
+    assert redo.returncode == 0 and f"tokenize task 0: {end - first - 3} units tokenized" in redo.stderr, redo.stderr
+    for stage in STAGES[1:-1]:
+        for task in ("1", "0"):
+            assert run("run-task", "--stage", stage, "--task", task, "dist").returncode == 0
+    assert run("run-task", "--stage", "finish", "dist").returncode == 0
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
-def test_the_printed_slurm_resubmit_commands_cover_every_bucket():
-    """The dedup stage is an array over every bucket (a bare `sbatch dedup.sbatch` ran bucket 0
-    only), within MaxArraySize, with the task number passed as the scripts read it."""
-    from pathlib import Path
+def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(tmp_path):
+    """A write task stopped after 2 of its shards: exit 143, the shards written are kept (not
+    written again), the re-run writes the rest, and the dataset is one machine's."""
+    src = _corpus(tmp_path)
+    run = _cli(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "5000"]
+    assert run("prepare", *common, "--out", "local").returncode == 0
+    assert run("prepare", *common, "--out", "dist", "--num-tasks", "2", "--executor", "none").returncode == 0
+    for stage in STAGES[:3]:
+        for task in ("0", "1"):
+            assert run("run-task", "--stage", stage, "--task", task, "dist").returncode == 0
+    first, end = json.loads((work_dir(tmp_path / "dist") / "layout.json").read_text())["tasks"][0]
+    assert end - first > 3
+    proc = _hold(tmp_path, ["run-task", "--stage", "write", "--task", "0", "dist"], "piece:2")
+    signal_stopped(proc.pid, signal.SIGTERM)
+    code, err = finish(proc, 120)
+    assert code == 143 and f"write task 0 stopped by SIGTERM with 2 of {end - first} done" in err, err
+    assert "Traceback" not in err and not (tmp_path / "dist").exists()
+    again = run("run-task", "--stage", "write", "--task", "0", "dist")
+    assert again.returncode == 0 and f"write task 0: {end - first - 2} shards" in again.stderr, again.stderr
+    assert run("run-task", "--stage", "write", "--task", "1", "dist").returncode == 0
+    assert run("run-task", "--stage", "finish", "dist").returncode == 0
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
-    from lmshard.prepare.slurm import resubmit_commands
 
-    scripts = {s: Path(f"/w/slurm/{s}.sbatch") for s in ("tokenize", "dedup", "merge")}
-    assert resubmit_commands(scripts, 5, 3) == [
-        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I /w/slurm/tokenize.sbatch",
-        "sbatch --array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=0 /w/slurm/dedup.sbatch",
-        "sbatch --array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=2 /w/slurm/dedup.sbatch",
-        "sbatch --array=0-0 --export=ALL,LMSHARD_TASK_OFFSET=4 /w/slurm/dedup.sbatch",
-        "sbatch /w/slurm/merge.sbatch",
-    ]
-    tasks = set()
-    for line in resubmit_commands(scripts, 7, 1001)[1:-1]:  # each bucket once: offset + array index
-        first = int(line.split("OFFSET=")[1].split()[0])
-        last = int(line.split("--array=0-")[1].split()[0])
-        tasks |= {first + i for i in range(last + 1)}
-    assert tasks == set(range(7))
-
-
-def test_a_task_stopped_by_sigterm_is_recorded_as_stopped_and_its_rerun_completes(tmp_path):
-    """scancel or a time limit sends SIGTERM: the task records itself as stopped (not left
-    "running" for `status` on another host), exits 143 with one line, and its re-run finishes."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from proctree import finish, signal_stopped, wait_stopped
-
-    src = tmp_path / "in"
-    jsonl(src / "big.jsonl", make_texts(6_000, seed=6))
-    lmshard = [sys.executable, "-m", "lmshard"]
-    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}
-
-    def run(*args):
-        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-
-    assert run("prepare", str(src), "--workers", "1", "--out", "local").returncode == 0
-    assert run("prepare", str(src), "--workers", "1", "--out", "dist", "--num-tasks", "1",
-               "--executor", "none").returncode == 0  # fmt: skip
-    proc = subprocess.Popen([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", "dist"], cwd=tmp_path,
-                            env=env | {"LMSHARD_STOP_AT": "unit:3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
-    assert wait_stopped(proc) == proc.pid
+@pytest.mark.xfail(strict=True, reason="source bug: a finish stopped after its swap (the dataset at --out, the work "
+                   "folder left) is refused on re-run: 'no build was claimed for this plan'")  # fmt: skip
+def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(tmp_path):
+    """SIGTERM to the finish just after the build was renamed to --out: its command, run again,
+    completes the run (removes the work folder), and `status` then says done."""
+    src = _corpus(tmp_path)
+    run = _cli(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip"]
+    assert run("prepare", *common, "--out", "local").returncode == 0
+    assert run("prepare", *common, "--out", "dist", "--num-tasks", "1", "--executor", "none").returncode == 0
+    for stage in STAGES[:-1]:
+        assert run("run-task", "--stage", stage, "--task", "0", "dist").returncode == 0
+    proc = _hold(tmp_path, ["run-task", "--stage", "finish", "dist"], "swap:1")
     signal_stopped(proc.pid, signal.SIGTERM)
     code, err = finish(proc, 120)
     assert code == 143 and "Traceback" not in err, err
-    assert "task 0 stopped by SIGTERM with 3 of" in err and "run the same command again" in err, err
-    state = json.loads((work_dir(tmp_path / "dist") / "tasks" / "tokenize_000000.json").read_text())
-    assert state["state"] == "stopped" and state["signal"] == "SIGTERM" and state["pid"] == proc.pid
-    assert f"(pid {proc.pid}) by SIGTERM" in run("status", "dist").stdout
-    assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
-    assert run("run-task", "--stage", "dedup", "--task", "0", "dist").returncode == 0
-    assert run("run-task", "--stage", "merge", "dist").returncode == 0
+    again = run("run-task", "--stage", "finish", "dist")
+    assert again.returncode == 0, again.stderr
+    assert run("status", "dist").stdout.startswith("done: the dataset is complete")
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_the_printed_slurm_resubmit_commands_cover_every_task_of_each_later_stage():
+    """A failed task resubmitted alone, then every task of each later stage (arrays within
+    MaxArraySize, the task number passed as the scripts read it), then the finish."""
+    scripts = {s: Path(f"/w/slurm/{s}.sbatch") for s in STAGES}
+    arrays = ["sbatch --array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=0", "sbatch --array=0-1 --export=ALL,"
+              "LMSHARD_TASK_OFFSET=2", "sbatch --array=0-0 --export=ALL,LMSHARD_TASK_OFFSET=4"]  # fmt: skip
+    later = [f"{a} /w/slurm/{s}.sbatch" for s in ("dedup", "select", "write") for a in arrays]
+    assert resubmit_commands(scripts, 5, 3) == [
+        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I /w/slurm/tokenize.sbatch",
+        *later,
+        "sbatch /w/slurm/finish.sbatch",
+    ]
+    assert resubmit_commands(scripts, 5, 3, stage="write", tasks=[1, 3]) == [
+        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=1 /w/slurm/write.sbatch",
+        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=3 /w/slurm/write.sbatch",
+        "sbatch /w/slurm/finish.sbatch",
+    ]
+    for array_max in (2, 4, 1001):
+        covered = {s: set() for s in STAGES[1:-1]}
+        for line in resubmit_commands(scripts, 7, array_max)[1:-1]:  # each task once: offset + array index
+            first = int(line.split("OFFSET=")[1].split()[0])
+            last = int(line.split("--array=0-")[1].split()[0])
+            covered[Path(line.split()[-1]).stem] |= {first + i for i in range(last + 1)}
+            assert last < array_max  # an array index past MaxArraySize is refused by sbatch
+        assert covered == {s: set(range(7)) for s in STAGES[1:-1]}
 
 
 def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, monkeypatch):
     """8 tasks over a few MB each get units (64 MiB units would give one task everything); an
     explicit --unit-size is the plan's; the output is one machine's bytes either way."""
-    import subprocess
-    import sys
-
     import lmshard.prepare.taskplan as taskplan
 
     monkeypatch.setattr(taskplan, "UNIT_BYTES", 64 << 20)  # the default, whatever LMSHARD_UNIT_BYTES says
@@ -289,13 +356,12 @@ def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, 
     assert all(end > first for first, end in plan["tasks"])  # no task without work
     plan, _, _ = plan_run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "u"), workers=1, unit_size=128 << 10), 2)
     assert plan["unit_bytes"] == 128 << 10 and len(plan["units"]) == -(-size // (128 << 10))
-    lmshard = [sys.executable, "-m", "lmshard", "prepare", str(src), "--workers", "1"]
-    env = {k: v for k, v in __import__("os").environ.items() if k != "LMSHARD_UNIT_BYTES"}
+    env = {k: v for k, v in os.environ.items() if k != "LMSHARD_UNIT_BYTES"}
+    lmshard = [*LMSHARD, "prepare", str(src), "--workers", "1"]
     for args in (["--out", str(tmp_path / "one")], ["--out", str(tmp_path / "eight"), "--num-tasks", "8"],
                  ["--out", str(tmp_path / "sized"), "--num-tasks", "2", "--unit-size", "256K"]):  # fmt: skip
         done = subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr
-    assert load_plan(work_dir(tmp_path / "sized"))["unit_bytes"] == 256 << 10
     assert _files(tmp_path / "one") == _files(tmp_path / "eight") == _files(tmp_path / "sized")
     for bad, words in (("12x", "pass a size in bytes"), ("16K", "pass at least 65,536 bytes")):
         done = subprocess.run([*lmshard, "--out", str(tmp_path / "bad"), "--num-tasks", "2", "--unit-size", bad],
@@ -314,47 +380,3 @@ def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
     with pytest.raises(ConfigError) as e:
         plan_run(config, 4)
     assert "unit size" not in str(e.value) and "a.jsonl" in str(e.value), str(e.value)
-
-
-def test_a_merge_stopped_by_sigterm_goes_on_when_its_command_is_run_again(tmp_path):
-    """`run-task --stage merge` has no --resume: stopped by SIGTERM midway (a checkpoint after
-    each item), it exits 143 naming its own command line, and that command, run again, goes
-    on with the interrupted build and writes one machine's bytes; a third run finds it done."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from proctree import finish, signal_stopped, wait_stopped
-
-    src = tmp_path / "in"
-    jsonl(src / "big.jsonl", make_texts(6_000, seed=7))
-    lmshard = [sys.executable, "-m", "lmshard"]
-    # small work items (the item cut is in the run fingerprint: the same for every step)
-    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW), "LMSHARD_BLOCK_BYTES": "65536",
-                        "LMSHARD_CHECKPOINT_SECONDS": "0"}  # fmt: skip
-
-    def run(*args):
-        return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-
-    assert run("prepare", str(src), "--workers", "1", "--out", "local").returncode == 0
-    assert run("prepare", str(src), "--workers", "1", "--out", "dist", "--num-tasks", "2",
-               "--executor", "none").returncode == 0  # fmt: skip
-    for stage in ("tokenize", "dedup"):
-        for task in ("0", "1"):
-            assert run("run-task", "--stage", stage, "--task", task, "dist").returncode == 0
-    proc = subprocess.Popen([*lmshard, "run-task", "dist", "--stage", "merge"], cwd=tmp_path,
-                            env=env | {"LMSHARD_STOP_AT": "item:3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
-    assert wait_stopped(proc) == proc.pid
-    signal_stopped(proc.pid, signal.SIGTERM)
-    code, err = finish(proc, 120)
-    assert code == 143 and "terminated (SIGTERM)" in err and "Traceback" not in err, err
-    assert "continue with:\nlmshard run-task dist --stage merge\n" in err and "--resume" not in err, err
-    assert (tmp_path / ".dist.lmshard-partial").is_dir() and not (tmp_path / "dist").exists()
-    again = run("run-task", "dist", "--stage", "merge")
-    assert again.returncode == 0, again.stderr
-    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
-    meta = (tmp_path / "dist" / "dataset_metadata.json").read_bytes()
-    assert run("run-task", "dist", "--stage", "merge").returncode == 0  # complete: left as it is (its run record too)
-    assert (tmp_path / "dist" / "dataset_metadata.json").read_bytes() == meta
