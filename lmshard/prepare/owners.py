@@ -144,8 +144,8 @@ def _write_shard(work: Path, staging: Path, piece: list[Any], eot: int, eot_posi
             keep = np.zeros(d1 - d0, dtype=bool)
             keep[chosen - d0] = True
             out, out_lens = with_separators(tokens, lengths[d0:d1], keep, eot, eot_position, bos)
-            raw = np.ascontiguousarray(out, dtype=TOKEN_DTYPE).tobytes()
-            offsets = (np.cumsum(out_lens) + n_tokens).astype(INDEX_DTYPE).tobytes()
+            raw = memoryview(np.ascontiguousarray(out, dtype=TOKEN_DTYPE)).cast("B")  # the array's own bytes
+            offsets = memoryview((np.cumsum(out_lens) + n_tokens).astype(INDEX_DTYPE)).cast("B")
             for f, h, data in ((b, hashes[0], raw), (x, hashes[1], offsets)):
                 f.write(data)
                 h.update(data)
@@ -160,11 +160,8 @@ def _write_shard(work: Path, staging: Path, piece: list[Any], eot: int, eot_posi
 
 
 def _tokens(path: Path, start: int, end: int) -> np.ndarray:
-    if end <= start:
-        return np.zeros(0, np.uint32)
-    with open(path, "rb") as f:
-        f.seek(start * 4)
-        return np.frombuffer(f.read((end - start) * 4), dtype="<u4").astype(np.uint32)
+    """Tokens [start, end) of a unit's token file, read straight into one array."""
+    return np.fromfile(path, dtype="<u4", count=max(0, end - start), offset=start * 4)
 
 
 def _durable(f: Any) -> None:
