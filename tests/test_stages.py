@@ -294,8 +294,6 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
-@pytest.mark.xfail(strict=True, reason="source bug: a finish stopped after its swap (the dataset at --out, the work "
-                   "folder left) is refused on re-run: 'no build was claimed for this plan'")  # fmt: skip
 def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(tmp_path):
     """SIGTERM to the finish just after the build was renamed to --out: its command, run again,
     completes the run (removes the work folder), and `status` then says done."""

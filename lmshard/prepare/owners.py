@@ -19,9 +19,9 @@ so a killed owner is re-run by running its task again.
 `dataset_metadata.json` with the same code as a local run, swaps the build in (staging.commit)
 and removes the work folder. It reads no document: its work grows with units and shards only.
 
-Memory model: an owner holds one unit's lengths and split (9 bytes per document) and the tokens
-of the documents it takes from that unit (at most one unit's, ≈4 bytes per token of a unit of
---unit-size bytes); finish holds the units' totals (one small dict each) and the pieces' entries.
+Memory model: an owner holds one unit's lengths and split (9 bytes per document) and at most
+CHUNK_TOKENS (1 Mi) of its tokens at a time, with their copy and separators (≈13 MB), or one
+longer document; finish holds the units' totals (one small dict each) and the pieces' entries.
 """
 
 from __future__ import annotations
@@ -135,17 +135,15 @@ def _write_shard(work: Path, staging: Path, piece: list[Any], eot: int, eot_posi
         start = np.zeros(1, INDEX_DTYPE).tobytes()
         x.write(start)
         hashes[1].update(start)
-        for u, chosen in _taken(work, piece):
-            lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
-            ends = np.cumsum(lengths)
+        for u, chosen, lengths, ends in _chunks(work, piece):
             d0, d1 = int(chosen[0]), int(chosen[-1]) + 1
             t0, t1 = int(ends[d0] - lengths[d0]), int(ends[d1 - 1])
             tokens = _tokens(work / "tokenize" / f"unit_{u:06d}.tokens", t0, t1)
             keep = np.zeros(d1 - d0, dtype=bool)
             keep[chosen - d0] = True
             out, out_lens = with_separators(tokens, lengths[d0:d1], keep, eot, eot_position, bos)
-            raw = memoryview(np.ascontiguousarray(out, dtype=TOKEN_DTYPE)).cast("B")  # the array's own bytes
-            offsets = memoryview((np.cumsum(out_lens) + n_tokens).astype(INDEX_DTYPE)).cast("B")
+            raw = np.ascontiguousarray(out, dtype=TOKEN_DTYPE).data.cast("B")  # the array's own bytes
+            offsets = (np.cumsum(out_lens) + n_tokens).astype(INDEX_DTYPE).data.cast("B")
             for f, h, data in ((b, hashes[0], raw), (x, hashes[1], offsets)):
                 f.write(data)
                 h.update(data)
@@ -157,6 +155,25 @@ def _write_shard(work: Path, staging: Path, piece: list[Any], eot: int, eot_posi
     os.replace(staging / f"{bin_rel}.tmp", staging / bin_rel)
     return ShardInfo(split=stream, path=bin_rel, index_path=idx_rel, n_tokens=n_tokens, n_docs=n_docs,
                      xxh3_64=hashes[0].hexdigest(), index_xxh3_64=hashes[1].hexdigest())  # fmt: skip
+
+
+CHUNK_TOKENS = 1 << 20  # a shard is written this many tokens at a time: buffers a process reuses
+
+
+def _chunks(work: Path, piece: list[Any]) -> Any:
+    """(unit, chosen documents, the unit's lengths, their running ends) for runs of the piece's
+    documents spanning at most CHUNK_TOKENS tokens each (or one longer document): arrays of a
+    few MB, which the allocator reuses, rather than fresh pages the kernel must zero each time."""
+    for u, chosen in _taken(work, piece):
+        lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
+        ends = np.cumsum(lengths)
+        chosen_ends = ends[chosen]
+        i = 0
+        while i < len(chosen):
+            base = ends[chosen[i]] - lengths[chosen[i]]
+            j = max(i + 1, int(np.searchsorted(chosen_ends, base + CHUNK_TOKENS, side="right")))
+            yield u, chosen[i:j], lengths, ends
+            i = j
 
 
 def _tokens(path: Path, start: int, end: int) -> np.ndarray:

@@ -1,66 +1,62 @@
-"""Scale-out stages over a persisted plan (see taskplan.py): `tokenize_task` runs one task's
-units through the same workers as a local prepare and writes each unit's item results to the
-work directory with a completion marker; `merge` replays every unit's results, in plan order,
-through the same dedup / split / shard writer / metadata as a local prepare, so the dataset is
-byte-identical to the one a single machine writes (the run record's timings aside).
+"""The stages of a planned run and the tasks that run them, on any engine: the local pool
+(local_exec.py), Slurm arrays (slurm.py), Ray (ray_exec.py), or `lmshard run-task` under any
+"task i of N" scheduler. Every stage's items are idempotent: each writes its results under
+temporary names and a marker last, so a task killed anywhere is finished by running it again.
 
-Files per unit in `WORK/tokenize/`: `unit_NNNNNN.tokens` (uint32 of every document, back to
-back), `.lengths` (int64), `.keys` (uint64), `.sources` (int32), and `.json` (per item: document
-and token counts, per-source counts, drop examples, characters, bytes). Each is written under a
-temporary name and renamed; `unit_NNNNNN.done` is written last, so a unit is complete exactly
-when its marker exists, and a killed task is re-run by running it again (done units are skipped).
+1. **tokenize** (per task: its units, unitfiles.py): the same cleaning, hashing and tokenizing
+   code as a local run; a unit's documents as arrays, its keys partitioned by dedup bucket.
+2. **dedup** (per task: a share of the plan's buckets, buckets.py): the documents whose key
+   appeared earlier in plan order.
+3. **select** (per task: its units, layout.py): each document's fate (duplicate, train, val)
+   and the unit's totals; the last select task to finish lays out every shard and key file.
+4. **write** (per task: a share of the layout's pieces, owners.py): each shard and key file
+   written start to end by its one owner.
+5. **finish** (once, owners.py): the metadata from the units' totals and the pieces' entries,
+   the swap into `--out`, the work folder removed.
 
-`dedup_task` resolves the duplicates of one hash bucket from the units' keys; the executors
-(local_exec.py, slurm.py, ray_exec.py) and `lmshard run-task` run these functions.
---dedup-lines, --append and Hugging Face inputs are refused.
+`Run` is what every stage works from (the plan, inputs, tokenizer); `run_task` runs one task of
+one stage, recording its state (running, stopped by a signal, failed) for `status`, which reads
+markers only. --dedup-lines, --append, --max-docs, stdin and Hugging Face inputs are refused.
 
-Memory model: a task holds one work item's result at a time (≈1 MiB of text and its tokens),
-plus the plan; the merge holds one unit's per-item table and one item's arrays, plus what a
-local prepare holds (the dedup key set).
+Memory model: a task holds the plan (about 320 bytes per unit) and what its stage's items hold
+(see each stage's module); status holds one entry per task and stage.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
-
-import numpy as np
+from typing import Any
 
 from ..errors import ConfigError, InputError, LmshardError
-from ..format import METADATA_FILE, atomic_write_bytes, atomic_write_json
+from ..format import METADATA_FILE, atomic_write_json
 from ..tokenizers import Tokenizer
-from .buckets import buckets_of, partition, resolve
+from .buckets import buckets_of, resolve
 from .build import sigterm_stops
 from .claim import _fingerprint, bos_written, run_tokenizer
 from .config import PrepareConfig
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
 from .owners import finish, missing_pieces, write_piece
 from .sources import Source, discover
-from .staging import OutputPaths, WriterLock, read_run
-from .stops import stop_point
+from .staging import OutputPaths, WriterLock, read_run, recover
 from .taskplan import (
     PLAN_FILE,
-    Unit,
-    count_newlines,
     cut_units,
     ensure_plan,
     load_plan,
     make_plan,
     plan_difference,
-    unit_items,
     unit_size_for,
     work_dir,
 )
-from .worker import ItemResult, WorkerConfig, identity_of, run_item
-
-_ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("sources", np.int32))
+from .unitfiles import tokenize_unit
+from .worker import WorkerConfig, identity_of
 
 
 def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
@@ -265,20 +261,25 @@ class Run:
             return True
         paths = OutputPaths.of(c.out)
         with WriterLock(paths):
+            recover(paths)
+            if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
+                shutil.rmtree(self.work, ignore_errors=True)  # stopped after its swap: only the work folder was left
+                return True
             finish(c, paths, self.work, self.layout(), self.n_units, self.sources, self.tokenizer)
         return True
 
     def ready(self, stage: str) -> None:
         """Refuse a stage whose inputs are incomplete, naming the stage to run first."""
-        before = STAGES[: STAGES.index(stage)]
-        for prior in before[-2:] if stage != "tokenize" else ():
+        for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
             missing = self.missing(prior)
             if missing:
                 what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "pieces"}[prior]
                 raise InputError(f"the {stage} stage needs the {prior} stage complete; {len(missing)} {what} are not "
                                  f"done (first: {missing[0]}); run `lmshard run-task --stage {prior}` for its "
                                  "tasks first")  # fmt: skip
-        if stage in ("write", "finish") and read_run(OutputPaths.of(self.config.out).staging) is None:
+        paths = OutputPaths.of(self.config.out)
+        swapped = stage == "finish" and (paths.out / METADATA_FILE).exists() and not paths.staging.exists()
+        if stage in ("write", "finish") and read_run(paths.staging) is None and not swapped:
             raise InputError(f"{self.config.out}: no build was claimed for this plan; run the `lmshard prepare ... "
                              "--num-tasks N` command again (with --resume) to claim it")  # fmt: skip
 
@@ -322,80 +323,3 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
 
 def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int | None = None) -> int:
     return run_task(config, n_tasks, "tokenize", task, unit_bytes)
-
-
-def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
-                  wcfg: WorkerConfig, u: int) -> bool:  # fmt: skip
-    """Tokenize unit `u` unless its marker exists; True when it ran."""
-    out = work_dir(config.out) / "tokenize"
-    if (out / f"unit_{u:06d}.done").exists():
-        return False
-    out.mkdir(parents=True, exist_ok=True)
-    unit = load_unit(plan, u)
-    lines: dict[str, int] = {}
-    if unit.kind == "range":  # its line numbers (for messages), and where the next unit's begin
-        src = sources[unit.source]
-        unit = replace(unit, first_line=first_line(out, plan, src, u))
-        lines = {"next_line": unit.first_line + count_newlines(src, unit.start, unit.end)}
-    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
-    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"], lines)
-    stop_point("unit", u)
-    return True
-
-
-def first_line(tokenized: Path, plan: dict[str, Any], src: Source, u: int) -> int:
-    """The number of range unit u's first line in its file: counted on from the nearest earlier
-    range of the same file already tokenized (its marker records where the next one begins),
-    else from the file's start. A task counts at most the bytes before its unit in one file."""
-    units = plan["units"]
-    start = units[u][2]
-    for v in range(u - 1, -1, -1):
-        if units[v][0] != units[u][0] or units[v][1] != "range":
-            break
-        try:
-            line = int(json.loads((tokenized / f"unit_{v:06d}.done").read_text())["next_line"])
-        except (OSError, ValueError, KeyError):
-            continue
-        return line + count_newlines(src, units[v][3], start)
-    return 1 + count_newlines(src, 0, start)
-
-
-def load_unit(plan: dict[str, Any], u: int) -> Unit:
-    return Unit(*plan["units"][u])
-
-
-def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int, lines: dict[str, int]) -> None:
-    stem = f"unit_{u:06d}"
-    files: dict[str, IO[bytes]] = {name: open(out / f".{stem}.{name}.tmp", "wb") for name, _ in _ARRAYS}  # noqa: SIM115
-    table, keys = [], []
-    try:
-        for r in results:
-            keys.append(r.keys)
-            arrays = {"tokens": r.tokens, "lengths": r.lengths, "keys": r.keys, "sources": r.doc_sources}
-            for name, dtype in _ARRAYS:
-                files[name].write(np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<")).tobytes())
-            table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
-                          "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
-                          "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in files.values():
-            f.close()
-    for name, _ in _ARRAYS:
-        os.replace(out / f".{stem}.{name}.tmp", out / f"{stem}.{name}")
-    atomic_write_bytes(out / f"{stem}.bkeys", partition(np.concatenate(keys) if keys else np.zeros(0, np.uint64),
-                                                        n_buckets))  # fmt: skip
-    atomic_write_json(out / f"{stem}.json", table)
-    totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}  # type: ignore[misc]
-    atomic_write_json(out / f"{stem}.done", {"items": len(table), **totals, **lines})
-
-
-def missing_units(config: PrepareConfig) -> list[int]:
-    """Units of the plan whose marker is absent."""
-    work = work_dir(config.out)
-    plan = load_plan(work)
-    return [u for u in range(len(plan["units"])) if not (work / "tokenize" / f"unit_{u:06d}.done").exists()]
-
-
