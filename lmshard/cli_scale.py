@@ -95,7 +95,7 @@ def run_task(
         render.summary(load_metadata(cfg.out), cfg.out)
         return
     what = {"tokenize": "units tokenized", "dedup": "buckets deduplicated", "select": "units selected",
-            "write": "shards and key files written"}[stage]  # fmt: skip
+            "write": "parts of shards and key files written"}[stage]  # fmt: skip
     render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 
 
@@ -115,7 +115,7 @@ def status(
     for stage, row in info["stages"].items():
         if stage == "dedup" and not info["dedup"]:
             continue
-        what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "shards and key files"}[stage]
+        what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[stage]
         if waiting or row["total"] is None:
             render.out.print(f"{stage}: waits for the stages above", markup=False, soft_wrap=True)
             waiting = True

@@ -129,9 +129,9 @@ def test_a_stage_waits_for_the_one_before_and_a_lost_marker_redoes_only_its_item
     local_exec.claim(config, 3)
     work = work_dir(config.out)
     markers = {"tokenize": "tokenize/unit_000002.done", "dedup": "dedup/bucket_000005.done",
-               "select": "select/unit_000002.json", "write": "write/piece_000003.json"}  # fmt: skip
+               "select": "select/unit_000002.json"}  # fmt: skip
     r = Run.of(config, 3, _WINDOW)
-    for before, stage in zip(STAGES, STAGES[1:], strict=False):
+    for before, stage in zip(STAGES[:3], STAGES[1:4], strict=True):
         for task in range(3):
             run_task(config, 3, before, task, _WINDOW)
         (work / markers[before]).unlink()
@@ -140,6 +140,13 @@ def test_a_stage_waits_for_the_one_before_and_a_lost_marker_redoes_only_its_item
         lost = int(markers[before].split("_")[1].split(".")[0])
         owner = next(t for t in range(3) if lost in r.items(before, t))
         assert [run_task(config, 3, before, t, _WINDOW) for t in range(3)] == [t == owner for t in range(3)]
+    # The write stage: a task that never ran (its parts' markers absent, their pieces unsealed).
+    assert [run_task(config, 3, "write", t, _WINDOW) for t in (1, 2)] == [len(r.items("write", t)) for t in (1, 2)]
+    first = len(r.items("write", 0))
+    with pytest.raises(InputError, match=f"the finish stage needs the write stage complete; {first} "):
+        run_task(config, 3, "finish", 0, _WINDOW)
+    assert run_task(config, 3, "write", 0, _WINDOW) == first
+    assert [run_task(config, 3, "write", t, _WINDOW) for t in range(3)] == [0, 0, 0]
     with pytest.raises(ConfigError, match="--num-tasks was 3 and is 4 now"):
         run_task(config, 4, "tokenize", 0, _WINDOW)
     run_task(config, 3, "finish", 0, _WINDOW)
@@ -270,8 +277,9 @@ def test_a_task_killed_or_stopped_midway_is_named_by_status_and_its_rerun_comple
 
 
 def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(tmp_path):
-    """A write task stopped after 2 of its shards: exit 143, the shards written are kept (not
-    written again), the re-run writes the rest, and the dataset is one machine's."""
+    """A write task stopped after 2 of its parts of shards: exit 143, the parts written are kept
+    (not written again), the re-run writes the rest and seals the shards, and the dataset is one
+    machine's."""
     src = _corpus(tmp_path)
     run = _cli(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "5000"]
@@ -282,13 +290,13 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
             assert run("run-task", "--stage", stage, "--task", task, "dist").returncode == 0
     first, end = json.loads((work_dir(tmp_path / "dist") / "layout.json").read_text())["tasks"][0]
     assert end - first > 3
-    proc = _hold(tmp_path, ["run-task", "--stage", "write", "--task", "0", "dist"], "piece:2")
+    proc = _hold(tmp_path, ["run-task", "--stage", "write", "--task", "0", "dist"], "part:2")
     signal_stopped(proc.pid, signal.SIGTERM)
     code, err = finish(proc, 120)
     assert code == 143 and f"write task 0 stopped by SIGTERM with 2 of {end - first} done" in err, err
     assert "Traceback" not in err and not (tmp_path / "dist").exists()
     again = run("run-task", "--stage", "write", "--task", "0", "dist")
-    assert again.returncode == 0 and f"write task 0: {end - first - 2} shards" in again.stderr, again.stderr
+    assert again.returncode == 0 and f"write task 0: {end - first - 2} parts" in again.stderr, again.stderr
     assert run("run-task", "--stage", "write", "--task", "1", "dist").returncode == 0
     assert run("run-task", "--stage", "finish", "dist").returncode == 0
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")

@@ -14,8 +14,9 @@ train shards and the val shards (each closes before a document that would take i
 (KEYS_PER_FILE keys each). Where a stream's next boundary falls is found from the units'
 totals, and only a unit where a boundary falls inside is opened (its lengths, 8 bytes per
 document), so the work is proportional to units and shards, not tokens. Each shard or key file
-is a **piece** (stream, number, first unit and document, last unit and end document); pieces
-are dealt to the write tasks as contiguous runs balanced by bytes. `layout.json` is written once,
+is a **piece**; its documents from one unit are a **part**, which knows where in the piece it
+goes (tokens and documents before it). Parts are dealt to the write tasks as contiguous runs
+balanced by bytes, so one large shard is written by many tasks at once (owners.py). `layout.json` is written once,
 hard-linked into place like the plan.
 
 Memory model: select holds one unit's lengths, keys and sources (20 bytes per document) and
@@ -98,10 +99,18 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray
 
 def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity: int,
               specials: int) -> list[list[Any]]:  # fmt: skip
-    """A stream's pieces, [stream, number, first unit, first doc, last unit, end doc, tokens, docs],
-    as a writer filling them greedily in plan order would cut them (see the module docstring)."""
+    """A stream's pieces, [stream, number, tokens, docs, parts], as a writer filling them
+    greedily in plan order would cut them (see the module docstring). A part is the piece's
+    documents from one unit: [unit, first doc, end doc, tokens before it in the piece, documents
+    before it, its tokens] (documents numbered among the unit's documents of the stream)."""
     pieces: list[list[Any]] = []
     cur: list[Any] | None = None
+
+    def add(u: int, i0: int, i1: int, tokens: int) -> None:
+        assert cur is not None
+        cur[4].append([u, i0, i1, cur[2], cur[3], tokens])
+        cur[2] += tokens
+        cur[3] += i1 - i0
 
     def close() -> None:
         nonlocal cur
@@ -113,25 +122,26 @@ def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity
         d, t = summary["streams"][stream]
         if d == 0:
             continue
-        if cur is not None and cur[6] + t <= capacity:  # the whole unit fits the open piece
-            cur[4:8] = [u, d, cur[6] + t, cur[7] + d]
+        if cur is not None and cur[2] + t <= capacity:  # the whole unit fits the open piece
+            add(u, 0, d, t)
             continue
         if cur is None and t <= capacity:
-            cur = [stream, len(pieces), u, 0, u, d, t, d]
+            cur = [stream, len(pieces), 0, 0, []]
+            add(u, 0, d, t)
             continue
         ends = np.cumsum(stream_lengths(work, u, stream, specials))
         i = 0
         while i < d:
             if cur is None:
-                cur = [stream, len(pieces), u, i, u, i, 0, 0]
+                cur = [stream, len(pieces), 0, 0, []]
             before = int(ends[i - 1]) if i else 0
-            fit = int(np.searchsorted(ends[i:], capacity - cur[6] + before, side="right"))
-            if fit == 0 and cur[6] == 0:
+            fit = int(np.searchsorted(ends[i:], capacity - cur[2] + before, side="right"))
+            if fit == 0 and cur[2] == 0:
                 fit = 1  # a document longer than a shard gets a shard of its own
             if fit == 0:
                 close()
                 continue
-            cur[4:8] = [u, i + fit, cur[6] + int(ends[i + fit - 1]) - before, cur[7] + fit]
+            add(u, i, i + fit, int(ends[i + fit - 1]) - before)
             i += fit
             if i < d:
                 close()
@@ -141,17 +151,24 @@ def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity
 
 def make_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,
                 keys: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Every piece of the dataset, and each write task's share (see the module docstring)."""
+    """Every piece of the dataset and its parts, and each write task's share of the parts (see
+    the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
+    `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens]."""
     summaries = [json.loads((work / "select" / f"unit_{u:06d}.json").read_text()) for u in range(n_units)]
     pieces = [p for s in SPLITS for p in pieces_of(work, summaries, s, tokens_per_shard, specials)]
     if keys:  # (--dedup none keeps no keys)
-        parts = pieces_of(work, summaries, "keys", KEYS_PER_FILE, specials)
-        pieces += parts or [["keys", 0, 0, 0, 0, 0, 0, 0]]  # a run that keeps nothing lists its (empty) key file
-    cost = np.array([p[6] * (2 if p[0] == "keys" else 1) + 1 for p in pieces], dtype=np.float64)  # bytes / 4
-    middle = np.cumsum(cost) - cost / 2  # a piece goes to the task whose share holds its middle
+        found = pieces_of(work, summaries, "keys", KEYS_PER_FILE, specials)
+        pieces += found or [["keys", 0, 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
+    parts: list[list[Any]] = []
+    for k, piece in enumerate(pieces):
+        first = len(parts)
+        parts += [[k, *part] for part in piece[4]]
+        piece[4] = [first, len(parts)]
+    cost = np.array([p[6] * (2 if pieces[p[0]][0] == "keys" else 1) + 1 for p in parts], dtype=np.float64)
+    middle = np.cumsum(cost) - cost / 2  # a part goes to the task whose share (of bytes) holds its middle
     cuts = np.searchsorted(middle, [cost.sum() * t / n_tasks for t in range(1, n_tasks)], side="left")
-    bounds = [0, *cuts.tolist(), len(pieces)]
-    return {"pieces": pieces, "tasks": [[bounds[t], bounds[t + 1]] for t in range(n_tasks)]}
+    bounds = [0, *cuts.tolist(), len(parts)]
+    return {"pieces": pieces, "parts": parts, "tasks": [[bounds[t], bounds[t + 1]] for t in range(n_tasks)]}
 
 
 def ensure_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,

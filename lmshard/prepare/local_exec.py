@@ -99,7 +99,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     progress = _Progress(r, on_progress)
     if workers <= 1:
-        for stage in STAGES[:-1]:
+        for stage in (*STAGES[:-1], "seal"):
             for i in _todo(r, stage):
                 r.do(stage, i)
                 progress.done(stage, i)
@@ -109,7 +109,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
-        for stage in (*STAGES[:-1], "clean"):  # clean: the units' data, by the workers, once every piece is written
+        for stage in (*STAGES[:-1], "seal", "clean"):  # then each piece sealed, and the units' data deleted
             items = _todo(r, stage)
             with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
                 futures = {pool.submit(_item, stage, i): i for i in items}

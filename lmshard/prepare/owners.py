@@ -7,13 +7,16 @@ directory `.NAME.lmshard-partial` and run record at once, an interrupted one is 
 --resume (its work folder kept), and --overwrite discards both. The tasks then write into the
 staging directory, and nothing appears at `--out` until `finish` swaps it in whole.
 
-**Write** (one per piece of `layout.json`, dealt to the write tasks). The owner of a shard
-reads its documents from the units it spans (the tokens of the kept documents of its split, the
-lengths), adds the separators (EOT, and BOS with --bos) exactly as a local run does, and writes
-the shard's `.bin` and `.idx` start to end, hashing as it goes, under temporary names renamed
-into place when complete; the owner of a key file does the same with the kept documents' keys.
-Its marker `write/piece_N.json` (the shard's or key file's entry for the metadata) comes last,
-so a killed owner is re-run by running its task again.
+**Write** (one per part of `layout.json`, dealt to the write tasks). A part is a shard's (or
+key file's) documents from one unit: its writer reads their tokens and lengths, adds the
+separators (EOT, and BOS with --bos) exactly as a local run does, and writes them into the
+shard's temporary `.bin.tmp` / `.idx.tmp` at the part's place (pwrite: the layout knows the
+tokens and documents before it), then its marker `write/part_N.done`. Many tasks write one
+large shard at once. **Seal**: once every part of a piece is written, the piece is cut to its
+size, made durable, hashed start to end (xxh3-64 cannot be combined from pieces, so the one
+sequential pass is a read at memory or filesystem speed, not a rewrite) and renamed into place;
+its marker `write/piece_N.json` is the shard's or key file's entry for the metadata. A write
+task seals the pieces whose last part it finished; the finish seals any left by a killed task.
 
 **Finish** (once). Adds up the units' totals and the pieces' entries into
 `dataset_metadata.json` with the same code as a local run, swaps the build in (staging.commit)
@@ -83,97 +86,123 @@ def _unit_split(work: Path, u: int) -> np.ndarray:
     return np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
 
 
-def _taken(work: Path, piece: list[Any]) -> Any:
-    """(unit, chosen documents' positions in the unit) for each unit the piece spans."""
-    stream, _, u0, i0, u1, i1 = piece[:6]
-    for u in range(u0, u1 + 1):
-        split = _unit_split(work, u)
-        mine = np.flatnonzero(split >= 0 if stream == "keys" else split == SPLITS.index(stream))
-        chosen = mine[(i0 if u == u0 else 0) : (i1 if u == u1 else len(mine))]
-        if len(chosen):
-            yield u, chosen
+def piece_files(piece: list[Any]) -> list[str]:
+    """The files of a piece, relative to the dataset: a shard's .bin and .idx, or a key file."""
+    if piece[0] == "keys":
+        return [f"dedup/doc_keys_{piece[1]:06d}.u64"]
+    return list(shard_paths(piece[0], piece[1]))
 
 
-def write_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, eot: int, eot_position: str,
-                bos: int | None) -> bool:  # fmt: skip
-    """Write piece k of the layout unless its marker exists; True when it ran."""
+def _chunks(work: Path, u: int, chosen: np.ndarray) -> Any:
+    """(chosen documents, the unit's lengths, their running ends) for runs of `chosen` spanning
+    at most CHUNK_TOKENS tokens each (or one longer document): arrays of a few MB, which the
+    allocator reuses, rather than fresh pages the kernel must zero each time."""
+    lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
+    ends = np.cumsum(lengths)
+    chosen_ends = ends[chosen]
+    i = 0
+    while i < len(chosen):
+        base = ends[chosen[i]] - lengths[chosen[i]]
+        j = max(i + 1, int(np.searchsorted(chosen_ends, base + CHUNK_TOKENS, side="right")))
+        yield chosen[i:j], lengths, ends
+        i = j
+
+
+def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, eot: int, eot_position: str,
+               bos: int | None) -> bool:  # fmt: skip
+    """Write part p of the layout into its piece's files at its place, unless its marker exists;
+    True when it ran."""
+    marker = work / "write" / f"part_{p:06d}.done"
+    if marker.exists():
+        return False
+    k, u, i0, i1, tokens_before, docs_before, _ = layout["parts"][p]
+    if (work / "write" / f"piece_{k:06d}.json").exists():  # its piece is sealed already
+        return False
+    piece = layout["pieces"][k]
+    stream = piece[0]
+    split = _unit_split(work, u)
+    chosen = np.flatnonzero(split >= 0 if stream == "keys" else split == SPLITS.index(stream))[i0:i1]
+    files = [staging / f"{rel}.tmp" for rel in piece_files(piece)]
+    files[0].parent.mkdir(parents=True, exist_ok=True)
+    fds = [os.open(path, os.O_WRONLY | os.O_CREAT, 0o666) for path in files]  # not truncated: others write too
+    try:
+        if stream == "keys":
+            keys = np.fromfile(work / "tokenize" / f"unit_{u:06d}.keys", dtype="<u8")[chosen]
+            _pwrite(fds[0], keys.data.cast("B"), tokens_before * 8)
+        else:
+            at_tokens, at_docs = tokens_before, docs_before
+            for part, lengths, ends in _chunks(work, u, chosen):
+                d0, d1 = int(part[0]), int(part[-1]) + 1
+                t0, t1 = int(ends[d0] - lengths[d0]), int(ends[d1 - 1])
+                tokens = _tokens(work / "tokenize" / f"unit_{u:06d}.tokens", t0, t1)
+                keep = np.zeros(d1 - d0, dtype=bool)
+                keep[part - d0] = True
+                out, out_lens = with_separators(tokens, lengths[d0:d1], keep, eot, eot_position, bos)
+                offsets = (np.cumsum(out_lens) + at_tokens).astype(INDEX_DTYPE)
+                _pwrite(fds[0], np.ascontiguousarray(out, dtype=TOKEN_DTYPE).data.cast("B"), at_tokens * 4)
+                _pwrite(fds[1], offsets.data.cast("B"), (at_docs + 1) * 8)  # (entry 0 is the seal's)
+                at_tokens, at_docs = at_tokens + len(out), at_docs + len(out_lens)
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    (work / "write").mkdir(exist_ok=True)
+    atomic_write_json(marker, {"piece": k})
+    stop_point("part", p)
+    return True
+
+
+def _pwrite(fd: int, data: memoryview, at: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, at)
+        data, at = data[n:], at + n
+
+
+def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> bool:
+    """Once every part of piece k is written: cut its files to their size, make them durable,
+    hash them start to end, rename them into place and write the piece's marker (its entry for
+    the metadata). False when already sealed or a part is missing."""
     marker = work / "write" / f"piece_{k:06d}.json"
     if marker.exists():
         return False
     piece = layout["pieces"][k]
-    stream, number = piece[0], piece[1]
-    tokenized = work / "tokenize"
-    if stream == "keys":
-        rel = f"dedup/doc_keys_{number:06d}.u64"
-        digest, n = xxhash.xxh3_64(), 0
-        (staging / "dedup").mkdir(parents=True, exist_ok=True)
-        with open(staging / f"{rel}.tmp", "wb") as f:
-            for u, chosen in _taken(work, piece):
-                data = np.fromfile(tokenized / f"unit_{u:06d}.keys", dtype="<u8")[chosen].tobytes()
-                f.write(data)
-                digest.update(data)
-                n += len(chosen)
+    first, end = piece[4]
+    if any(not (work / "write" / f"part_{p:06d}.done").exists() for p in range(first, end)):
+        return False
+    stream, number, n_tokens, n_docs = piece[:4]
+    rels = piece_files(piece)
+    sizes = [n_tokens * 8] if stream == "keys" else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
+    digests = []
+    for rel, size in zip(rels, sizes, strict=True):
+        tmp = staging / f"{rel}.tmp"
+        if not tmp.exists() and (staging / rel).exists():  # sealed by another task a moment ago
+            tmp = staging / rel
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "r+b" if tmp.exists() else "w+b") as f:
+            f.truncate(size)
+            if rel.endswith(".idx"):
+                f.write(np.zeros(1, INDEX_DTYPE).tobytes())  # the index's first entry: 0
             _durable(f)
-        os.replace(staging / f"{rel}.tmp", staging / rel)
-        entry: dict[str, Any] = KeyFile(path=rel, n_keys=n, xxh3_64=digest.hexdigest()).to_json()
+            f.seek(0)
+            digest = xxhash.xxh3_64()
+            while block := f.read(8 << 20):
+                digest.update(block)
+            digests.append(digest.hexdigest())
+    for rel in reversed(rels):  # the index before the tokens, as a local run renames them
+        if (staging / f"{rel}.tmp").exists():
+            os.replace(staging / f"{rel}.tmp", staging / rel)
+    if stream == "keys":
+        entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     else:
-        entry = _write_shard(work, staging, piece, eot, eot_position, bos).to_json()
-    (work / "write").mkdir(exist_ok=True)
+        entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
+                          xxh3_64=digests[0], index_xxh3_64=digests[1]).to_json()  # fmt: skip
     atomic_write_json(marker, entry)
     stop_point("piece", k)
     return True
 
 
-def _write_shard(work: Path, staging: Path, piece: list[Any], eot: int, eot_position: str,
-                 bos: int | None) -> ShardInfo:  # fmt: skip
-    stream, number = piece[0], piece[1]
-    bin_rel, idx_rel = shard_paths(stream, number)
-    (staging / stream).mkdir(parents=True, exist_ok=True)
-    hashes = xxhash.xxh3_64(), xxhash.xxh3_64()
-    n_tokens = n_docs = 0
-    with open(staging / f"{bin_rel}.tmp", "wb") as b, open(staging / f"{idx_rel}.tmp", "wb") as x:
-        start = np.zeros(1, INDEX_DTYPE).tobytes()
-        x.write(start)
-        hashes[1].update(start)
-        for u, chosen, lengths, ends in _chunks(work, piece):
-            d0, d1 = int(chosen[0]), int(chosen[-1]) + 1
-            t0, t1 = int(ends[d0] - lengths[d0]), int(ends[d1 - 1])
-            tokens = _tokens(work / "tokenize" / f"unit_{u:06d}.tokens", t0, t1)
-            keep = np.zeros(d1 - d0, dtype=bool)
-            keep[chosen - d0] = True
-            out, out_lens = with_separators(tokens, lengths[d0:d1], keep, eot, eot_position, bos)
-            raw = np.ascontiguousarray(out, dtype=TOKEN_DTYPE).data.cast("B")  # the array's own bytes
-            offsets = (np.cumsum(out_lens) + n_tokens).astype(INDEX_DTYPE).data.cast("B")
-            for f, h, data in ((b, hashes[0], raw), (x, hashes[1], offsets)):
-                f.write(data)
-                h.update(data)
-            n_tokens += len(out)
-            n_docs += len(out_lens)
-        _durable(b)
-        _durable(x)
-    os.replace(staging / f"{idx_rel}.tmp", staging / idx_rel)
-    os.replace(staging / f"{bin_rel}.tmp", staging / bin_rel)
-    return ShardInfo(split=stream, path=bin_rel, index_path=idx_rel, n_tokens=n_tokens, n_docs=n_docs,
-                     xxh3_64=hashes[0].hexdigest(), index_xxh3_64=hashes[1].hexdigest())  # fmt: skip
-
-
-CHUNK_TOKENS = 1 << 20  # a shard is written this many tokens at a time: buffers a process reuses
-
-
-def _chunks(work: Path, piece: list[Any]) -> Any:
-    """(unit, chosen documents, the unit's lengths, their running ends) for runs of the piece's
-    documents spanning at most CHUNK_TOKENS tokens each (or one longer document): arrays of a
-    few MB, which the allocator reuses, rather than fresh pages the kernel must zero each time."""
-    for u, chosen in _taken(work, piece):
-        lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
-        ends = np.cumsum(lengths)
-        chosen_ends = ends[chosen]
-        i = 0
-        while i < len(chosen):
-            base = ends[chosen[i]] - lengths[chosen[i]]
-            j = max(i + 1, int(np.searchsorted(chosen_ends, base + CHUNK_TOKENS, side="right")))
-            yield u, chosen[i:j], lengths, ends
-            i = j
+CHUNK_TOKENS = 1 << 20  # a part is written this many tokens at a time: buffers a process reuses
 
 
 def _tokens(path: Path, start: int, end: int) -> np.ndarray:
@@ -184,6 +213,10 @@ def _tokens(path: Path, start: int, end: int) -> np.ndarray:
 def _durable(f: Any) -> None:
     f.flush()
     os.fsync(f.fileno())
+
+
+def missing_parts(work: Path, layout: dict[str, Any]) -> list[int]:
+    return [p for p in range(len(layout["parts"])) if not (work / "write" / f"part_{p:06d}.done").exists()]
 
 
 def missing_pieces(work: Path, layout: dict[str, Any]) -> list[int]:
@@ -212,11 +245,13 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     caller's writer lock); the work folder is removed once the dataset is in place."""
     from .metadata import dataset_metadata
 
-    missing = missing_pieces(work, layout)
+    for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
+        seal_piece(work, paths.staging, layout, k)
+    missing = missing_parts(work, layout)
     if missing:
-        tasks = sorted({t for k in missing for t, (a, b) in enumerate(layout["tasks"]) if a <= k < b})
-        raise InputError(f"{len(missing)} of {len(layout['pieces'])} shards and key files are not written yet; run "
-                         f"the write stage of task{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} "
+        tasks = sorted({t for p in missing for t, (a, b) in enumerate(layout["tasks"]) if a <= p < b})
+        raise InputError(f"{len(missing)} of {len(layout['parts'])} parts of shards and key files are not written yet; "
+                         f"run the write stage of task{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} "
                          "first")  # fmt: skip
     run = read_run(paths.staging)
     if run is None:
@@ -241,4 +276,4 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     return meta
 
 
-__all__ = ["RUN_FILE", "begin", "finish", "missing_pieces", "write_piece"]
+__all__ = ["RUN_FILE", "begin", "finish", "missing_parts", "missing_pieces", "seal_piece", "write_part"]

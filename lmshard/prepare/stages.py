@@ -42,7 +42,7 @@ from .build import sigterm_stops
 from .claim import _fingerprint, bos_written, run_tokenizer
 from .config import PrepareConfig
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
-from .owners import finish, missing_pieces, write_piece
+from .owners import finish, missing_parts, missing_pieces, seal_piece, write_part
 from .sources import Source, discover
 from .staging import OutputPaths, WriterLock, read_run, recover
 from .taskplan import (
@@ -218,7 +218,7 @@ class Run:
             return range(*self.plan["tasks"][task])
         if stage == "dedup":
             return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.dedup else range(0)
-        if stage == "write":
+        if stage == "write":  # parts of shards and key files
             return range(*self.layout()["tasks"][task])
         return range(1 if task == 0 else 0)
 
@@ -237,7 +237,9 @@ class Run:
         if stage == "select":
             return missing_selects(w, self.n_units)
         if stage == "write":
-            return missing_pieces(w, self.layout()) if (w / LAYOUT_FILE).exists() else [-1]
+            return missing_parts(w, self.layout()) if (w / LAYOUT_FILE).exists() else [-1]
+        if stage == "seal":
+            return missing_pieces(w, self.layout())
         return [0] if (w / PLAN_FILE).exists() else []
 
     def do(self, stage: str, i: int) -> bool:
@@ -253,7 +255,9 @@ class Run:
             return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, specials)
         if stage == "write":
             staging = OutputPaths.of(c.out).staging
-            return write_piece(self.work, staging, self.layout(), i, self.tokenizer.eot_id, c.eot_position, self.bos)
+            return write_part(self.work, staging, self.layout(), i, self.tokenizer.eot_id, c.eot_position, self.bos)
+        if stage == "seal":
+            return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i)
         if stage == "clean":  # once every piece is written: what only the write stage reads
             for name in ("tokens", "lengths", "keys", "sources", "bkeys"):
                 (self.work / "tokenize" / f"unit_{i:06d}.{name}").unlink(missing_ok=True)
@@ -273,7 +277,7 @@ class Run:
         for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
             missing = self.missing(prior)
             if missing:
-                what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "pieces"}[prior]
+                what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[prior]
                 raise InputError(f"the {stage} stage needs the {prior} stage complete; {len(missing)} {what} are not "
                                  f"done (first: {missing[0]}); run `lmshard run-task --stage {prior}` for its "
                                  "tasks first")  # fmt: skip
@@ -304,6 +308,9 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
                 done += run.do(stage, i)
             if stage == "select" and not run.missing("select"):
                 run.layout()  # the last select task to finish lays out the shards, once, for the write tasks
+            if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
+                for k in sorted({run.layout()["parts"][p][0] for p in items}):
+                    run.do("seal", k)
     except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
         name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),
