@@ -8,10 +8,11 @@ directory `.NAME.lmshard-partial` and run record at once, an interrupted one is 
 staging directory, and nothing appears at `--out` until `finish` swaps it in whole.
 
 **Write** (one per part of `layout.json`, dealt to the write tasks). A part is a shard's (or
-key file's) documents from one unit: its writer reads their tokens and lengths, adds the
-separators (EOT, and BOS with --bos) exactly as a local run does, and writes them into the
-shard's temporary `.bin.tmp` / `.idx.tmp` at the part's place (pwrite: the layout knows the
-tokens and documents before it), then its marker `write/part_N.done`. Many tasks write one
+key file's) documents from one unit: the unit's tokens already carry the separators (EOT, and
+BOS with --bos) exactly as a local run writes them, so its writer copies each run of
+consecutive kept documents from the unit's token file into the shard's temporary `.bin.tmp`
+at the part's place (the layout knows the tokens and documents before it), writes their
+offsets into `.idx.tmp`, then its marker `write/part_N.done`. Many tasks write one
 large shard at once. **Seal**: once every part of a piece is written, the piece is cut to its
 size, made durable, hashed start to end (xxh3-64 cannot be combined from pieces, so the one
 sequential pass is a read at memory or filesystem speed, not a rewrite) and renamed into place;
@@ -22,9 +23,9 @@ task seals the pieces whose last part it finished; the finish seals any left by 
 `dataset_metadata.json` with the same code as a local run, swaps the build in (staging.commit)
 and removes the work folder. It reads no document: its work grows with units and shards only.
 
-Memory model: an owner holds one unit's lengths and split (9 bytes per document) and at most
-CHUNK_TOKENS (1 Mi) of its tokens at a time, with their copy and separators (≈13 MB), or one
-longer document; finish holds the units' totals (one small dict each) and the pieces' entries.
+Memory model: a part's writer holds one unit's lengths and split (9 bytes per document) and
+its documents' offsets; tokens are copied file to file (copy_file_range, else 8 MiB at a time);
+a seal holds one 8 MiB block; finish holds the units' totals (one small dict each) and the pieces' entries.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ from .config import PrepareConfig
 from .sources import Source, note_growth
 from .staging import RUN_FILE, OutputPaths, commit, read_run, recover
 from .stops import stop_point
-from .writer import with_separators
 
 
 def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
@@ -93,23 +93,7 @@ def piece_files(piece: list[Any]) -> list[str]:
     return list(shard_paths(piece[0], piece[1]))
 
 
-def _chunks(work: Path, u: int, chosen: np.ndarray) -> Any:
-    """(chosen documents, the unit's lengths, their running ends) for runs of `chosen` spanning
-    at most CHUNK_TOKENS tokens each (or one longer document): arrays of a few MB, which the
-    allocator reuses, rather than fresh pages the kernel must zero each time."""
-    lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
-    ends = np.cumsum(lengths)
-    chosen_ends = ends[chosen]
-    i = 0
-    while i < len(chosen):
-        base = ends[chosen[i]] - lengths[chosen[i]]
-        j = max(i + 1, int(np.searchsorted(chosen_ends, base + CHUNK_TOKENS, side="right")))
-        yield chosen[i:j], lengths, ends
-        i = j
-
-
-def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, eot: int, eot_position: str,
-               bos: int | None) -> bool:  # fmt: skip
+def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, specials: int) -> bool:
     """Write part p of the layout into its piece's files at its place, unless its marker exists;
     True when it ran."""
     marker = work / "write" / f"part_{p:06d}.done"
@@ -129,19 +113,19 @@ def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, eot: i
         if stream == "keys":
             keys = np.fromfile(work / "tokenize" / f"unit_{u:06d}.keys", dtype="<u8")[chosen]
             _pwrite(fds[0], keys.data.cast("B"), tokens_before * 8)
-        else:
-            at_tokens, at_docs = tokens_before, docs_before
-            for part, lengths, ends in _chunks(work, u, chosen):
-                d0, d1 = int(part[0]), int(part[-1]) + 1
-                t0, t1 = int(ends[d0] - lengths[d0]), int(ends[d1 - 1])
-                tokens = _tokens(work / "tokenize" / f"unit_{u:06d}.tokens", t0, t1)
-                keep = np.zeros(d1 - d0, dtype=bool)
-                keep[part - d0] = True
-                out, out_lens = with_separators(tokens, lengths[d0:d1], keep, eot, eot_position, bos)
-                offsets = (np.cumsum(out_lens) + at_tokens).astype(INDEX_DTYPE)
-                _pwrite(fds[0], np.ascontiguousarray(out, dtype=TOKEN_DTYPE).data.cast("B"), at_tokens * 4)
-                _pwrite(fds[1], offsets.data.cast("B"), (at_docs + 1) * 8)  # (entry 0 is the seal's)
-                at_tokens, at_docs = at_tokens + len(out), at_docs + len(out_lens)
+        else:  # the unit's tokens carry their separators: runs of consecutive documents are copied as they are
+            sizes = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8") + specials
+            starts = np.cumsum(sizes) - sizes
+            mine = sizes[chosen]
+            offsets = (np.cumsum(mine) + tokens_before).astype(INDEX_DTYPE)
+            _pwrite(fds[1], offsets.data.cast("B"), (docs_before + 1) * 8)  # (entry 0 is the seal's)
+            breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
+            with open(work / "tokenize" / f"unit_{u:06d}.tokens", "rb") as tokens:
+                at = tokens_before
+                for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
+                    n = int(mine[run].sum())
+                    _copy(tokens.fileno(), fds[0], int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
+                    at += n
         for fd in fds:
             os.fsync(fd)
     finally:
@@ -151,6 +135,21 @@ def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, eot: i
     atomic_write_json(marker, {"piece": k})
     stop_point("part", p)
     return True
+
+
+def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
+    """Copy n bytes of file `src` at `at` into file `dst` at `to`: in the kernel where it can
+    (copy_file_range: no pass through this process, a reflink on filesystems that share blocks),
+    else through an 8 MiB buffer."""
+    while n > 0:
+        try:
+            done = os.copy_file_range(src, dst, n, at, to)
+        except (AttributeError, OSError):  # not Linux, or not between these files: read and write
+            done = len(chunk := os.pread(src, min(n, 8 << 20), at))
+            _pwrite(dst, memoryview(chunk), to)
+        if done == 0:
+            raise OSError(f"unexpected end of a unit's token file ({n} bytes short)")
+        at, to, n = at + done, to + done, n - done
 
 
 def _pwrite(fd: int, data: memoryview, at: int) -> None:
@@ -200,14 +199,6 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
     atomic_write_json(marker, entry)
     stop_point("piece", k)
     return True
-
-
-CHUNK_TOKENS = 1 << 20  # a part is written this many tokens at a time: buffers a process reuses
-
-
-def _tokens(path: Path, start: int, end: int) -> np.ndarray:
-    """Tokens [start, end) of a unit's token file, read straight into one array."""
-    return np.fromfile(path, dtype="<u4", count=max(0, end - start), offset=start * 4)
 
 
 def _durable(f: Any) -> None:

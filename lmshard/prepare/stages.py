@@ -255,7 +255,7 @@ class Run:
             return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, specials)
         if stage == "write":
             staging = OutputPaths.of(c.out).staging
-            return write_part(self.work, staging, self.layout(), i, self.tokenizer.eot_id, c.eot_position, self.bos)
+            return write_part(self.work, staging, self.layout(), i, 1 if self.bos is None else 2)
         if stage == "seal":
             return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i)
         if stage == "clean":  # once every piece is written: what only the write stage reads

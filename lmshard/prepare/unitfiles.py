@@ -1,8 +1,9 @@
 """The tokenize stage's results on disk: a unit's documents as arrays, written by the task that
 tokenizes it, read by the stages after.
 
-Files per unit in `WORK/tokenize/`: `unit_NNNNNN.tokens` (uint32 of every document, back to
-back), `.lengths` (int64), `.keys` (uint64), `.sources` (int32), `.bkeys` (the keys partitioned
+Files per unit in `WORK/tokenize/`: `unit_NNNNNN.tokens` (uint32 of every document with its
+separators, EOT and BOS as the dataset holds them, back to back: a shard's writer copies runs of
+them as they are), `.lengths` (int64), `.keys` (uint64), `.sources` (int32), `.bkeys` (the keys partitioned
 by dedup bucket, buckets.py) and `.json` (per item: document and token counts, per-source
 counts, drop examples, characters, bytes). Each is written under a temporary name and renamed;
 `unit_NNNNNN.done` is written last (with the unit's totals, and for a byte range where the next
@@ -27,11 +28,13 @@ import numpy as np
 from ..format import atomic_write_bytes, atomic_write_json
 from ..tokenizers import Tokenizer
 from .buckets import partition
+from .claim import bos_written
 from .config import PrepareConfig
 from .sources import Source
 from .stops import stop_point
 from .taskplan import Unit, count_newlines, load_plan, unit_items, work_dir
 from .worker import ItemResult, WorkerConfig, run_item
+from .writer import with_separators
 
 _ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("sources", np.int32))
 
@@ -50,7 +53,8 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         unit = replace(unit, first_line=first_line(out, plan, src, u))
         lines = {"next_line": unit.first_line + count_newlines(src, unit.start, unit.end)}
     items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
-    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"], lines)
+    separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
+    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"], lines, separators)
     stop_point("unit", u)
     return True
 
@@ -76,14 +80,16 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
     return Unit(*plan["units"][u])
 
 
-def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int, lines: dict[str, int]) -> None:
+def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int, lines: dict[str, int],
+                separators: tuple[int, str, int | None]) -> None:  # fmt: skip
     stem = f"unit_{u:06d}"
     files: dict[str, IO[bytes]] = {name: open(out / f".{stem}.{name}.tmp", "wb") for name, _ in _ARRAYS}  # noqa: SIM115
     table, keys = [], []
     try:
         for r in results:
             keys.append(r.keys)
-            arrays = {"tokens": r.tokens, "lengths": r.lengths, "keys": r.keys, "sources": r.doc_sources}
+            tokens, _ = with_separators(r.tokens, r.lengths, np.ones(len(r.lengths), bool), *separators)
+            arrays = {"tokens": tokens, "lengths": r.lengths, "keys": r.keys, "sources": r.doc_sources}
             for name, dtype in _ARRAYS:
                 files[name].write(np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<")).tobytes())
             table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
