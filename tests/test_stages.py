@@ -113,7 +113,7 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "staged"), workers=workers, **_OPTS))
-    assert calls == ([workers] if workers > 1 else [])
+    assert calls == ([local_exec.TASKS_PER_WORKER * workers] if workers > 1 else [])
     assert (meta.run.dedup_table_bytes == 0) == (workers > 1)  # the in-process run holds a key set
     assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")

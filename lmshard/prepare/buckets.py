@@ -1,19 +1,20 @@
 """The dedup stage of a planned run: documents' keys partitioned into hash buckets, each bucket
 resolved on its own, in parallel, by whichever task or worker holds it.
 
-**Buckets.** Their number is fixed by the plan from the input's size alone (`bucket_count`:
+**Buckets.** Their number is fixed by the plan from the input's size alone (taskplan.bucket_count:
 a power of two from 32 to 4096, one per 256 MiB of input), never from the task or worker count,
 so a bucket's work stays bounded however many tasks share a run, and the answer (which
 documents repeat an earlier one) never depends on how the work was dealt. A document's bucket
 is its key modulo the bucket count (keys are xxh3-64: their low bits are uniform).
 
-**Files.** A tokenized unit writes its keys already partitioned (`partition`): `unit_N.bkeys`
-holds B+1 little-endian uint64 offsets, then the keys grouped by bucket (uint64, in document
-order within a bucket), then each key's document number within the unit (uint32). Bucket b
-reads only its own slice of each unit's file: two small reads, never the whole file. Its result,
-`dedup/bucket_B.dups`, holds U+1 uint64 offsets (U units) and then, unit by unit, the
-numbers of that unit's documents in this bucket that are duplicates (uint32, increasing), so
-the select stage reads one unit's slice of each bucket the same way.
+**Files.** A tokenized unit writes its keys already partitioned (`partition`): the `bkeys`
+section of its data file (unitfiles.py) holds B+1 little-endian uint64 offsets, then the keys
+grouped by bucket (uint64, in document order within a bucket), then each key's document number
+within the unit (uint32). Bucket b reads only its own slice of each unit's file: two small
+reads, never the whole file. Its result, `dedup/bucket_B.dups`, holds U+1 uint64 offsets (U
+units) and then, unit by unit, the numbers of that unit's documents in this bucket that are
+duplicates (uint32, increasing), so the select stage reads one unit's slice of each bucket the
+same way.
 
 **Survivors.** Within a bucket the keys are taken in plan order (unit, then document), and the
 first occurrence of each key survives: the same documents a single process keeps when it meets
@@ -33,35 +34,21 @@ import numpy as np
 
 from ..format import atomic_write_json
 from .stops import stop_point
+from .unitfiles import sections
 
-MIN_BUCKETS, MAX_BUCKETS = 32, 4096
-BYTES_PER_BUCKET = 256 << 20
 _U64, _U32 = np.dtype("<u8"), np.dtype("<u4")
 
 
-def bucket_count(total_bytes: int) -> int:
-    """Buckets for a run over `total_bytes` of input: a power of two, one per 256 MiB, 32 to 4096."""
-    want = max(1, -(-total_bytes // BYTES_PER_BUCKET))
-    return min(MAX_BUCKETS, max(MIN_BUCKETS, 1 << (want - 1).bit_length()))
-
-
-def partition(keys: np.ndarray, n_buckets: int) -> bytes:
-    """A unit's keys as its `.bkeys` file (see the module docstring)."""
-    bucket = (keys % np.uint64(n_buckets)).astype(np.int64)
-    order = np.argsort(bucket, kind="stable")  # by bucket, document order within one
-    offsets = np.zeros(n_buckets + 1, dtype=_U64)
-    np.cumsum(np.bincount(bucket, minlength=n_buckets), out=offsets[1:])
-    return offsets.tobytes() + keys[order].astype(_U64).tobytes() + order.astype(_U32).tobytes()
-
-
-def _slice(path: Path, count: int, b: int, tail_dtype: np.dtype[Any] | None = None) -> tuple[np.ndarray, ...]:
-    """Entry b's slice of a file laid out as `count`+1 uint64 offsets, then the entries' values
-    (uint64 keys, or uint32 document numbers), then (tail_dtype) as many values again."""
+def _slice(path: Path, count: int, b: int, tail_dtype: np.dtype[Any] | None = None,
+           base: int = 0) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Entry b's slice of a file (from byte `base` on) laid out as `count`+1 uint64 offsets, then
+    the entries' values (uint64 keys, or uint32 document numbers), then (tail_dtype) as many
+    values again."""
     with open(path, "rb") as f:
-        f.seek(b * 8)
+        f.seek(base + b * 8)
         lo, hi = np.frombuffer(f.read(16), dtype=_U64).astype(np.int64)
-        total = int(np.frombuffer(os.pread(f.fileno(), 8, count * 8), dtype=_U64)[0])
-        head = (count + 1) * 8
+        total = int(np.frombuffer(os.pread(f.fileno(), 8, base + count * 8), dtype=_U64)[0])
+        head = base + (count + 1) * 8
         first_dtype = _U64 if tail_dtype is not None else _U32
         f.seek(head + lo * first_dtype.itemsize)
         first = np.frombuffer(f.read((hi - lo) * first_dtype.itemsize), dtype=first_dtype)
@@ -72,14 +59,14 @@ def _slice(path: Path, count: int, b: int, tail_dtype: np.dtype[Any] | None = No
 
 
 def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int) -> int:
-    """Find bucket `bucket`'s duplicates over every unit's `.bkeys` and write them with their
+    """Find bucket `bucket`'s duplicates over every unit's `bkeys` and write them with their
     marker (`out/bucket_B.dups`, `.done`); returns how many (skipped when already done: -1)."""
     marker = out / f"bucket_{bucket:06d}.done"
     if marker.exists():
         return -1
     keys, units, docs = [], [], []
     for u in range(n_units):
-        k, d = _slice(tokenized / f"unit_{u:06d}.bkeys", n_buckets, bucket, _U32)
+        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, sections(tokenized, u)["bkeys"][0])
         keys.append(k)
         docs.append(d)
         units.append(np.full(len(k), u, dtype=np.int64))

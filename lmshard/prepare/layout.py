@@ -39,16 +39,16 @@ from .buckets import unit_duplicates
 from .build import KEYS_PER_FILE, Totals, account
 from .dedup import uniform_from_keys
 from .stops import stop_point
+from .unitfiles import read_section, unit_marker
 from .worker import ItemResult
 
 LAYOUT_FILE = "layout.json"
 STREAMS = (*SPLITS, "keys")
-_ARRAYS = (("lengths", "<i8"), ("keys", "<u8"), ("sources", "<i4"))
 
 
 def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
     """Unit u's per-document arrays (lengths, keys, sources), read whole (20 bytes per document)."""
-    return {name: np.fromfile(tokenized / f"unit_{u:06d}.{name}", dtype=dt) for name, dt in _ARRAYS}
+    return {name: read_section(tokenized, u, name) for name in ("lengths", "keys", "sources")}
 
 
 def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int, val_fraction: float,
@@ -65,7 +65,7 @@ def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int
     is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
     split = np.where(dup, -1, is_val.astype(np.int8)).astype(np.int8)
     totals, at = Totals(), 0
-    for row in json.loads((tokenized / f"unit_{u:06d}.json").read_text()):
+    for row in unit_marker(tokenized, u)["table"]:
         d = row["docs"]
         item = ItemResult(seq=(0, 0), tokens=np.zeros(0, np.uint32), lengths=arrays["lengths"][at : at + d],
                           keys=arrays["keys"][at : at + d], doc_sources=arrays["sources"][at : at + d],
@@ -93,7 +93,7 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray
     split = np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
     if stream == "keys":
         return np.ones(int((split >= 0).sum()), dtype=np.int64)
-    lengths = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8")
+    lengths = read_section(work / "tokenize", u, "lengths")
     return lengths[split == SPLITS.index(stream)] + specials
 
 

@@ -62,6 +62,7 @@ from .config import PrepareConfig
 from .sources import Source, note_growth
 from .staging import RUN_FILE, OutputPaths, commit, read_run, recover
 from .stops import stop_point
+from .unitfiles import read_section, sections
 
 
 def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
@@ -111,20 +112,21 @@ def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, specia
     fds = [os.open(path, os.O_WRONLY | os.O_CREAT, 0o666) for path in files]  # not truncated: others write too
     try:
         if stream == "keys":
-            keys = np.fromfile(work / "tokenize" / f"unit_{u:06d}.keys", dtype="<u8")[chosen]
+            keys = read_section(work / "tokenize", u, "keys")[chosen]
             _pwrite(fds[0], keys.data.cast("B"), tokens_before * 8)
         else:  # the unit's tokens carry their separators: runs of consecutive documents are copied as they are
-            sizes = np.fromfile(work / "tokenize" / f"unit_{u:06d}.lengths", dtype="<i8") + specials
+            sizes = read_section(work / "tokenize", u, "lengths") + specials
+            base = sections(work / "tokenize", u)["tokens"][0]
             starts = np.cumsum(sizes) - sizes
             mine = sizes[chosen]
             offsets = (np.cumsum(mine) + tokens_before).astype(INDEX_DTYPE)
             _pwrite(fds[1], offsets.data.cast("B"), (docs_before + 1) * 8)  # (entry 0 is the seal's)
             breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
-            with open(work / "tokenize" / f"unit_{u:06d}.tokens", "rb") as tokens:
+            with open(work / "tokenize" / f"unit_{u:06d}.bin", "rb") as tokens:
                 at = tokens_before
                 for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
                     n = int(mine[run].sum())
-                    _copy(tokens.fileno(), fds[0], int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
+                    _copy(tokens.fileno(), fds[0], base + int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
                     at += n
         for fd in fds:
             os.fsync(fd)

@@ -83,7 +83,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         from . import local_exec  # (whose stages use this module)
 
         if results is None and local_exec.use_stages(config, sources):  # every stage in the worker pool
-            return local_exec.run(config, config.n_workers(), None, on_progress, (sources, tokenizer), adopt=True)
+            tasks = local_exec.TASKS_PER_WORKER * config.n_workers()  # (tasks here only size the units)
+            return local_exec.run(config, tasks, None, on_progress, (sources, tokenizer), adopt=True)
         # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
         early = early_pool(config.n_workers(), sources, tokenizer)
         if early is not None:

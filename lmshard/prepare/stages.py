@@ -259,8 +259,7 @@ class Run:
         if stage == "seal":
             return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i)
         if stage == "clean":  # once every piece is written: what only the write stage reads
-            for name in ("tokens", "lengths", "keys", "sources", "bkeys"):
-                (self.work / "tokenize" / f"unit_{i:06d}.{name}").unlink(missing_ok=True)
+            (self.work / "tokenize" / f"unit_{i:06d}.bin").unlink(missing_ok=True)
             (self.work / "select" / f"unit_{i:06d}.split").unlink(missing_ok=True)
             return True
         paths = OutputPaths.of(c.out)

@@ -42,7 +42,6 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..format import atomic_write_json
-from .buckets import bucket_count
 from .columnar import parquet_row_groups
 from .files import Source, first_byte, open_raw
 from .records import binary_record
@@ -75,6 +74,16 @@ def work_dir(out: str | os.PathLike[str]) -> Path:
     complete dataset."""
     out = Path(out)
     return out.parent / f".{out.name}.lmshard-work"
+
+
+MIN_BUCKETS, MAX_BUCKETS = 32, 4096  # dedup buckets (buckets.py)
+BYTES_PER_BUCKET = 256 << 20
+
+
+def bucket_count(total_bytes: int) -> int:
+    """Buckets for a run over `total_bytes` of input: a power of two, one per 256 MiB, 32 to 4096."""
+    want = max(1, -(-total_bytes // BYTES_PER_BUCKET))
+    return min(MAX_BUCKETS, max(MIN_BUCKETS, 1 << (want - 1).bit_length()))
 
 
 UNITS_PER_TASK = 4  # a task gets about this many units by default: balance without tiny units

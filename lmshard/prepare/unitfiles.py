@@ -1,17 +1,19 @@
 """The tokenize stage's results on disk: a unit's documents as arrays, written by the task that
 tokenizes it, read by the stages after.
 
-Files per unit in `WORK/tokenize/`: `unit_NNNNNN.tokens` (uint32 of every document with its
-separators, EOT and BOS as the dataset holds them, back to back: a shard's writer copies runs of
-them as they are), `.lengths` (int64), `.keys` (uint64), `.sources` (int32), `.bkeys` (the keys partitioned
-by dedup bucket, buckets.py) and `.json` (per item: document and token counts, per-source
-counts, drop examples, characters, bytes). Each is written under a temporary name and renamed;
-`unit_NNNNNN.done` is written last (with the unit's totals, and for a byte range where the next
-range's line numbers begin), so a unit is complete exactly when its marker exists, and a killed
-task is finished by running it again (done units are skipped).
+Two files per unit in `WORK/tokenize/`. `unit_NNNNNN.bin`: a header (the magic `LMSUNIT1` and
+the byte offset of each section, then the end, as little-endian uint64), then the sections:
+`tokens` (uint32 of every document with its separators, EOT and BOS as the dataset holds them,
+back to back: a shard's writer copies runs of them as they are), `lengths` (int64, without the
+separators), `keys` (uint64), `sources` (int32) and `bkeys` (the keys partitioned by dedup
+bucket, buckets.py). It is written under a temporary name, fsynced and renamed; then
+`unit_NNNNNN.done` (JSON: per item its document and token counts, per-source counts, drop
+examples, characters and bytes; the unit's totals; for a byte range, where the next range's line
+numbers begin), so a unit is complete exactly when its marker exists, and a killed task is
+finished by running it again (done units are skipped). Two files and two fsyncs per unit.
 
 Memory model: one work item's result at a time (≈1 MiB of text and its tokens) and the unit's
-keys (8 bytes per document) for the partition.
+per-document arrays (20 bytes per document) until they are written after its tokens.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
-from ..format import atomic_write_bytes, atomic_write_json
+from ..format import atomic_write_json
 from ..tokenizers import Tokenizer
-from .buckets import partition
 from .claim import bos_written
 from .config import PrepareConfig
 from .sources import Source
@@ -36,7 +37,10 @@ from .taskplan import Unit, count_newlines, load_plan, unit_items, work_dir
 from .worker import ItemResult, WorkerConfig, run_item
 from .writer import with_separators
 
-_ARRAYS = (("tokens", np.uint32), ("lengths", np.int64), ("keys", np.uint64), ("sources", np.int32))
+SECTIONS = ("tokens", "lengths", "keys", "sources", "bkeys")
+DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "bkeys": "u1"}
+_MAGIC = b"LMSUNIT1"
+_HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
 def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
@@ -82,32 +86,66 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
 
 def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int, lines: dict[str, int],
                 separators: tuple[int, str, int | None]) -> None:  # fmt: skip
-    stem = f"unit_{u:06d}"
-    files: dict[str, IO[bytes]] = {name: open(out / f".{stem}.{name}.tmp", "wb") for name, _ in _ARRAYS}  # noqa: SIM115
-    table, keys = [], []
-    try:
-        for r in results:
-            keys.append(r.keys)
+    tmp = out / f".unit_{u:06d}.bin.tmp"
+    table: list[dict[str, Any]] = []
+    small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": []}
+    with open(tmp, "wb") as f:
+        f.write(bytes(_HEADER))
+        for r in results:  # tokens stream to the file; 20 bytes per document are kept for the sections after
             tokens, _ = with_separators(r.tokens, r.lengths, np.ones(len(r.lengths), bool), *separators)
-            arrays = {"tokens": tokens, "lengths": r.lengths, "keys": r.keys, "sources": r.doc_sources}
-            for name, dtype in _ARRAYS:
-                files[name].write(np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<")).tobytes())
+            f.write(np.ascontiguousarray(tokens, dtype="<u4").data.cast("B"))
+            for name, array in (("lengths", r.lengths), ("keys", r.keys), ("sources", r.doc_sources)):
+                small[name].append(np.asarray(array, dtype=DTYPES[name]))
             table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
                           "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
                           "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in files.values():
-            f.close()
-    for name, _ in _ARRAYS:
-        os.replace(out / f".{stem}.{name}.tmp", out / f"{stem}.{name}")
-    atomic_write_bytes(out / f"{stem}.bkeys", partition(np.concatenate(keys) if keys else np.zeros(0, np.uint64),
-                                                        n_buckets))  # fmt: skip
-    atomic_write_json(out / f"{stem}.json", table)
-    totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}  # type: ignore[misc]
-    atomic_write_json(out / f"{stem}.done", {"items": len(table), **totals, **lines})
+        starts = [_HEADER]
+        arrays = {name: np.concatenate(parts) if parts else np.zeros(0, DTYPES[name]) for name, parts in small.items()}
+        for name in SECTIONS[1:4]:
+            starts.append(f.tell())
+            f.write(arrays[name].data.cast("B"))
+        starts.append(f.tell())
+        f.write(partition(arrays["keys"], n_buckets))
+        starts.append(f.tell())
+        f.seek(0)
+        f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out / f"unit_{u:06d}.bin")
+    totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
+    atomic_write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, "table": table})
+
+
+def partition(keys: np.ndarray, n_buckets: int) -> bytes:
+    """A unit's keys as its `bkeys` section: partitioned by dedup bucket (see buckets.py)."""
+    bucket = (keys % np.uint64(n_buckets)).astype(np.int64)
+    order = np.argsort(bucket, kind="stable")  # by bucket, document order within one
+    offsets = np.zeros(n_buckets + 1, dtype="<u8")
+    np.cumsum(np.bincount(bucket, minlength=n_buckets), out=offsets[1:])
+    return offsets.tobytes() + keys[order].astype("<u8").tobytes() + order.astype("<u4").tobytes()
+
+
+def sections(tokenized: Path, u: int) -> dict[str, tuple[int, int]]:
+    """Where each section of unit u's data file is: {name: (byte offset, bytes)}."""
+    with open(tokenized / f"unit_{u:06d}.bin", "rb") as f:
+        head = f.read(_HEADER)
+    if head[:8] != _MAGIC:
+        raise OSError(f"{tokenized / f'unit_{u:06d}.bin'}: not a unit data file")
+    at = np.frombuffer(head[8:], dtype="<u8", count=len(SECTIONS) + 1).astype(int).tolist()
+    return {name: (at[i], at[i + 1] - at[i]) for i, name in enumerate(SECTIONS)}
+
+
+def read_section(tokenized: Path, u: int, name: str) -> np.ndarray:
+    """One of unit u's per-document arrays (lengths, keys, sources), read whole."""
+    offset, nbytes = sections(tokenized, u)[name]
+    dtype = np.dtype(DTYPES[name])
+    return np.fromfile(tokenized / f"unit_{u:06d}.bin", dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
+
+
+def unit_marker(tokenized: Path, u: int) -> dict[str, Any]:
+    """Unit u's marker: its item table, totals and (a byte range) where the next range's lines begin."""
+    data: dict[str, Any] = json.loads((tokenized / f"unit_{u:06d}.done").read_text())
+    return data
 
 
 def missing_units(config: PrepareConfig) -> list[int]:
