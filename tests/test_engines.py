@@ -38,24 +38,28 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
         submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "5", "--executor", "slurm",
                         "--sbatch-args", "--time=10")  # fmt: skip
         assert submitted.returncode == 0, submitted.stderr
-        assert "submitted 5 tokenize tasks" in submitted.stdout
+        assert "submitted 5 tasks of each stage: tokenize (job" in submitted.stdout, submitted.stdout
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not (tmp_path / "dist" / "dataset_metadata.json").exists():
             time.sleep(0.5)
         logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
         assert (tmp_path / "dist" / "dataset_metadata.json").exists(), logs[-3000:]
-        deadline = time.monotonic() + 60  # the merge job writes its summary after the swap
+        deadline = time.monotonic() + 60  # the finish job writes its summary after the swap
         while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
                                                               env=env).stdout.strip():  # fmt: skip
             time.sleep(0.2)
-        assert len(list((tmp_path / ".dist.lmshard-work" / "slurm").glob("tokenize_*.log"))) == 5
-        assert "merge: done" in run("status", "dist").stdout
+        slurm = tmp_path / ".dist.lmshard-work" / "slurm"  # all that is left of the work folder: the jobs' logs
+        assert sorted(p.name for p in (tmp_path / ".dist.lmshard-work").iterdir()) == ["slurm"]
+        for stage in ("tokenize", "dedup", "select", "write"):
+            assert len(list(slurm.glob(f"{stage}_*.log"))) == 5, stage
+        assert len(list(slurm.glob("finish_*.log"))) == 1
+        assert "done: the dataset is complete" in run("status", "dist").stdout
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
 def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
     """A local Ray cluster started here (in this process, stopped by ray.shutdown); the CLI in a
-    subprocess joins it by address, runs 5 tasks there with retries, and merges."""
+    subprocess joins it by address, runs 5 tasks of each stage there with retries, and finishes."""
     ray = pytest.importorskip("ray") if not os.environ.get("LMSHARD_REQUIRE_ENGINES") else __import__("ray")
     src = _corpus(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip"]

@@ -33,7 +33,7 @@ from ..errors import ConfigError, InputError
 from ..format import load_metadata
 from .build import Progress, sigterm_stops
 from .config import PrepareConfig
-from .owners import begin, finish
+from .owners import begin, finish, remove_work
 from .pool import STOP_SIGNALS, WorkerDied, start_method, stop_signals_ignored
 from .sources import Source
 from .stages import STAGES, Run, load_run
@@ -71,7 +71,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             return claim.complete
         if claim.commit_pending:
             commit(paths)
-            shutil.rmtree(work_dir(config.out), ignore_errors=True)
+            remove_work(work_dir(config.out))
             return load_metadata(paths.out)
         r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
         try:

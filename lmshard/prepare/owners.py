@@ -21,7 +21,8 @@ task seals the pieces whose last part it finished; the finish seals any left by 
 
 **Finish** (once). Adds up the units' totals and the pieces' entries into
 `dataset_metadata.json` with the same code as a local run, swaps the build in (staging.commit)
-and removes the work folder. It reads no document: its work grows with units and shards only.
+and removes the work folder (all but the Slurm jobs' logs, `slurm/`). It reads no document: its
+work grows with units and shards only.
 
 Memory model: a part's writer holds one unit's lengths and split (9 bytes per document) and
 its documents' offsets; tokens are copied file to file (copy_file_range, else 8 MiB at a time);
@@ -265,8 +266,22 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
     commit(paths)
-    shutil.rmtree(work, ignore_errors=True)
+    remove_work(work)
     return meta
+
+
+def remove_work(work: Path) -> None:
+    """Remove a finished run's work folder, but for the Slurm jobs' logs (`slurm/`), which stay
+    for the user to read (delete them with the folder when done)."""
+    for entry in work.iterdir() if work.is_dir() else ():
+        if entry.name == "slurm":
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    if work.is_dir() and not any(work.iterdir()):
+        work.rmdir()
 
 
 __all__ = ["RUN_FILE", "begin", "finish", "missing_parts", "missing_pieces", "seal_piece", "write_part"]

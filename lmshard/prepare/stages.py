@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import time
@@ -42,7 +41,7 @@ from .build import sigterm_stops
 from .claim import _fingerprint, bos_written, run_tokenizer
 from .config import PrepareConfig
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
-from .owners import finish, missing_parts, missing_pieces, seal_piece, write_part
+from .owners import finish, missing_parts, missing_pieces, remove_work, seal_piece, write_part
 from .sources import Source, discover
 from .staging import OutputPaths, WriterLock, read_run, recover
 from .taskplan import (
@@ -108,7 +107,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Per stage: items done of items, and per task its share and state; whether the dataset is
     complete. Reads markers only."""
     work = work_dir(out)
-    if not work.exists() and (Path(out) / METADATA_FILE).exists():
+    if not (work / PLAN_FILE).exists() and (Path(out) / METADATA_FILE).exists():
         return {"merged": True, "stages": {}}  # complete: the work folder goes once the dataset is in place
     plan = load_plan(work)
     config = PrepareConfig(**plan["prepare"])
@@ -127,7 +126,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
                           "state": _task_state(work, stage, t)})  # fmt: skip
         stages[stage] = {"total": total, "missing": sorted(missing), "tasks": tasks}
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.dedup else 0,
-            "dedup": run.dedup, "merged": (Path(out) / METADATA_FILE).exists() and not work.exists()}  # fmt: skip
+            "dedup": run.dedup, "merged": False}  # fmt: skip
 
 
 def worker_config(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer) -> WorkerConfig:
@@ -266,7 +265,7 @@ class Run:
         with WriterLock(paths):
             recover(paths)
             if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
-                shutil.rmtree(self.work, ignore_errors=True)  # stopped after its swap: only the work folder was left
+                remove_work(self.work)  # stopped after its swap: only the work folder was left
                 return True
             finish(c, paths, self.work, self.layout(), self.n_units, self.sources, self.tokenizer)
         return True
