@@ -111,7 +111,7 @@ def status(
         render.out.print(f"done: the dataset is complete; check it with: lmshard inspect {quoted}", markup=False,
                          soft_wrap=True)  # fmt: skip
         return
-    waiting = False
+    waiting, first_left = False, None
     for stage, row in info["stages"].items():
         if stage == "dedup" and not info["dedup"]:
             continue
@@ -129,8 +129,28 @@ def status(
             render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}{state}; run: lmshard run-task --stage "
                              f"{stage} --task {t['task']} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
         waiting = bool(left)
+        first_left = first_left or ((stage, [t["task"] for t in left]) if left else None)
     if waiting:
         render.out.print("finish: waits for the stages above", markup=False, soft_wrap=True)
     else:
         render.out.print(f"finish: not run; run: lmshard run-task --stage finish {quoted}", markup=False,
                          soft_wrap=True)  # fmt: skip
+    _slurm_advice(out, info, first_left)
+
+
+def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[int]] | None) -> None:
+    """For a run submitted to Slurm: the sbatch commands that re-run exactly the missing tasks
+    of the earliest incomplete stage, then every later stage and the finish."""
+    from .prepare import slurm
+    from .prepare.taskplan import work_dir
+
+    folder = work_dir(out) / "slurm"
+    if not (folder / "finish.sbatch").exists():
+        return
+    scripts = {stage: folder / f"{stage}.sbatch" for stage in (*slurm.ARRAY_STAGES, "finish")}
+    stage, tasks = first_left or ("finish", [])
+    n_tasks = len(next(iter(info["stages"].values()))["tasks"])
+    lines = slurm.resubmit_commands(scripts, n_tasks, slurm.max_array_size(), stage, tasks)
+    render.out.print("on Slurm, submit in order, each once the one before is done:", markup=False, soft_wrap=True)
+    for line in lines:
+        render.out.print(f"  {line}", markup=False, soft_wrap=True)

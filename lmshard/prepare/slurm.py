@@ -8,7 +8,8 @@ filesystem (as with any Slurm job). The tokenize stage is one array per at most
 passed as an offset); each later stage's arrays depend on all of the stage before, and the
 finish on the write arrays, with `afterok` and `--kill-on-invalid-dep=yes`: if a task fails the later stages
 are cancelled, never left pending forever. `--sbatch-args` is added to every `sbatch` call
-(partition, time, memory, account...).
+(partition, time, memory, account...) and written into each script as #SBATCH lines, so the
+resubmit commands that `prepare` and `status` print carry them too.
 """
 
 from __future__ import annotations
@@ -55,7 +56,19 @@ def max_array_size() -> int:
 ARRAY_STAGES = ("tokenize", "dedup", "select", "write")  # one array task per planned task; then the finish
 
 
-def write_scripts(out: str) -> dict[str, Path]:
+def directives(sbatch_args: str | None) -> str:
+    """`--sbatch-args` as #SBATCH lines, one per option with its value, so that a script
+    resubmitted by hand runs with them too."""
+    lines: list[list[str]] = []
+    for token in shlex.split(sbatch_args or ""):
+        if token.startswith("-") or not lines:
+            lines.append([token])
+        else:
+            lines[-1].append(token)
+    return "".join(f"#SBATCH {shlex.join(line)}\n" for line in lines)
+
+
+def write_scripts(out: str, sbatch_args: str | None = None) -> dict[str, Path]:
     """The batch scripts, one per stage, written (again) into WORK/slurm/."""
     d = work_dir(out) / "slurm"
     d.mkdir(parents=True, exist_ok=True)
@@ -67,6 +80,7 @@ def write_scripts(out: str) -> dict[str, Path]:
         extra = task if stage in ARRAY_STAGES else ""
         log = d / (f"{stage}_%A_%a.log" if extra else f"{stage}_%j.log")
         text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}\n#SBATCH --output={log}\n#SBATCH --chdir={cwd}\n"
+                f"{directives(sbatch_args)}"
                 f"exec {python} -m lmshard run-task --stage {stage} {extra} {target}\n")  # fmt: skip
         path = d / f"{stage}.sbatch"
         path.write_text(text)
@@ -100,7 +114,7 @@ def resubmit_commands(scripts: dict[str, Path], n_tasks: int, array_max: int, st
 def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
     """Submit every stage's arrays and the finish, each stage after the one before; returns
     their job ids, the scripts and the resubmit commands for a failed tokenize task."""
-    scripts = write_scripts(out)
+    scripts = write_scripts(out, sbatch_args)
     extra = shlex.split(sbatch_args or "")
     chunk = max(1, max_array_size() - 1)
 
