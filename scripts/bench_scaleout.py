@@ -1,13 +1,15 @@
-"""Benchmark the scale-out path on one machine: a planned run against the fused one, and what
-each stage costs.
+"""Benchmark the scale-out path on one machine: staged runs against one reading process, and
+what each stage costs.
 
-1. `lmshard prepare --workers 2` (the fused path) against `lmshard prepare --workers 2
-   --num-tasks 4` (the local executor: plan, units tokenized two at a time while the merge
-   follows them), and with `--before CHECKOUT` the fused path of an older checkout (make one
-   with `git worktree add /tmp/old COMMIT`; PYTHONPATH pins it), rotated, 3 runs each, on the
-   shared corpus written twice (salted) as uncompressed JSON lines with 8 MiB units
-   (LMSHARD_UNIT_BYTES) so that it is cut into ranges. Prints the ratios of median wall times
-   and whether the outputs are byte-identical (metadata apart from its run record).
+1. `lmshard prepare --workers 2` three ways: with one reading process feeding the workers (the
+   path of small inputs, streams and --dedup-lines; forced here with LMSHARD_STAGED_BYTES above
+   the input's size), as staged tasks in the worker pool (what a plain prepare of this input
+   does), and `--num-tasks 4` (the same stages, planned for 4 tasks); with `--before CHECKOUT`
+   also a plain prepare of an older checkout (make one with `git worktree add /tmp/old COMMIT`;
+   PYTHONPATH pins it). Rotated, 3 runs each, on the shared corpus written twice (salted) as
+   uncompressed JSON lines with 8 MiB units (LMSHARD_UNIT_BYTES) so that it is cut into ranges.
+   Prints the ratios of median wall times and whether the outputs are byte-identical (metadata
+   apart from its run record).
 2. One task of each stage run alone (`lmshard run-task`): wall time, peak RSS, tokens per
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
@@ -70,7 +72,7 @@ def files(root: Path) -> dict[str, bytes]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
-    ap.add_argument("--before", type=Path, help="an older checkout whose fused path is the baseline too")
+    ap.add_argument("--before", type=Path, help="an older checkout whose plain prepare is a baseline too")
     args = ap.parse_args()
     compile_package()
     print(machine(), flush=True)
@@ -79,27 +81,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         src = corpus(t / "corpus.jsonl")
-        kinds = ["fused", "planned"] + (["before"] if args.before else [])
+        kinds = ["reader", "staged", "planned"] + (["before"] if args.before else [])
         times: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
         for i in range(3):
             for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
                 out = t / f"{kind}{i}"
                 extra = ["--num-tasks", "4"] if kind == "planned" else []
                 run_env = env | {"PYTHONPATH": str(args.before.resolve())} if kind == "before" else env
+                if kind == "reader":
+                    run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)}
                 sec, _, tree = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2",
                                                   *extra], run_env)  # fmt: skip
                 times[kind].append((sec, tree))
                 print(f"1. {kind}: {sec:.2f} s, peak RSS of the tree {tree / 2**20:.0f} MiB", flush=True)
-        fused, planned = times["fused"], times["planned"]
-        same = files(t / "fused0") == files(t / "planned0")
-        meta = json.loads((t / "fused0" / "dataset_metadata.json").read_text())
+        same = files(t / "reader0") == files(t / "staged0") == files(t / "planned0")
+        meta = json.loads((t / "reader0" / "dataset_metadata.json").read_text())
         tokens = meta["n_tokens"]
-        f_med, p_med = statistics.median(s for s, _ in fused), statistics.median(s for s, _ in planned)
-        b_med = statistics.median(s for s, _ in times["before"]) if args.before else None
-        print(f"1. planned / fused wall time: {p_med / f_med:.2f} (fused {f_med:.2f} s, planned {p_med:.2f} s); "
-              f"byte-identical: {same}", flush=True)  # fmt: skip
-        if b_med is not None:
-            print(f"1. planned / fused before: {p_med / b_med:.2f} (before {b_med:.2f} s)", flush=True)
+        med = {k: statistics.median(s for s, _ in v) for k, v in times.items()}
+        print(f"1. staged / one reader wall time: {med['staged'] / med['reader']:.2f}, planned / one reader: "
+              f"{med['planned'] / med['reader']:.2f} (reader {med['reader']:.2f} s, staged {med['staged']:.2f} s, "
+              f"planned {med['planned']:.2f} s); byte-identical: {same}", flush=True)  # fmt: skip
         dist = t / "dist"
         run_measuring_rss(
             [*LMSHARD, "prepare", str(src), "--out", str(dist), "--num-tasks", "4", "--executor", "none"], env
@@ -107,33 +108,36 @@ def main() -> None:
         work = t / ".dist.lmshard-work"
         plan = json.loads((work / "plan.json").read_text())
         stage_rows = []
-        for stage, task in (("tokenize", ["--task", "0"]), ("tokenize", ["--task", "1"]), ("tokenize", ["--task", "2"]),
-                            ("tokenize", ["--task", "3"]), ("dedup", ["--task", "0"]), ("dedup", ["--task", "1"]),
-                            ("dedup", ["--task", "2"]), ("dedup", ["--task", "3"]), ("merge", [])):  # fmt: skip
+        steps = [(stage, ["--task", str(i)]) for stage in ("tokenize", "dedup", "select", "write") for i in range(4)]
+        work_bytes = 0
+        for stage, task in [*steps, ("finish", [])]:
+            if stage == "finish":  # the work folder at its largest: every stage's files, before the finish removes it
+                work_bytes = sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
+                work_files = sum(1 for p in work.rglob("*") if p.is_file())
             sec, main_rss, _ = run_measuring_rss([*LMSHARD, "run-task", "--stage", stage, *task, str(dist)], env)
             stage_rows.append((stage, " ".join(task), sec, main_rss))
             print(f"2. {stage} {' '.join(task)}: {sec:.2f} s, peak RSS {main_rss / 2**20:.0f} MiB", flush=True)
-        work_bytes = sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
-        plan_bytes = (work / "plan.json").stat().st_size
+        plan_bytes = len(json.dumps(plan).encode())
         n_units = len(plan["units"])
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
+    names = {"reader": "`prepare --workers 2`, one reading process feeding the workers",
+             "staged": "`prepare --workers 2`, staged tasks in the pool (the default for this input)",
+             "planned": "`prepare --workers 2 --num-tasks 4` (local executor)",
+             "before": f"`prepare --workers 2` at {revision(args.before) if args.before else ''}"}
     rows = ["| run | wall time (median of 3) | peak RSS of the process tree |", "|---|---|---|",
-            f"| `prepare --workers 2` (fused) | {f_med:.2f} s | {max(r for _, r in fused) / 2**20:.0f} MiB |",
-            f"| `prepare --workers 2 --num-tasks 4` (local executor) | {p_med:.2f} s | "
-            f"{max(r for _, r in planned) / 2**20:.0f} MiB |",
-            *([f"| `prepare --workers 2`, fused, at {revision(args.before)} | {b_med:.2f} s | "
-               f"{max(r for _, r in times['before']) / 2**20:.0f} MiB |"] if b_med is not None else []),
-            f"| ratio planned / fused | **{p_med / f_med:.2f}** | |",
-            *([f"| ratio planned / fused before | **{p_med / b_med:.2f}** | |"] if b_med is not None else []), "",
+            *(f"| {names[k]} | {med[k]:.2f} s | {max(r for _, r in times[k]) / 2**20:.0f} MiB |" for k in times),
+            f"| ratio staged / one reader | **{med['staged'] / med['reader']:.2f}** | |",
+            *([f"| ratio staged / before | **{med['staged'] / med['before']:.2f}** | |"] if args.before else []), "",
             f"Outputs byte-identical (metadata apart from its run record): **{same}**. "
             f"{tokens:,} tokens, {n_units} units of {UNIT >> 20} MiB.", "",
             "| stage, one task alone | wall time | peak RSS | tokens/s |", "|---|---|---|---|"]  # fmt: skip
-    for stage, task, sec, rss in stage_rows:
-        rate = f"{(per_task_tokens if stage == 'tokenize' else tokens) / sec:,.0f}" if stage != "dedup" else "—"
-        rows.append(f"| {stage} {task} | {sec:.2f} s | {rss / 2**20:.0f} MiB | {rate} |")
+    for stage, task_id, sec, rss in stage_rows:
+        rate = f"{per_task_tokens / sec:,.0f}" if stage in ("tokenize", "write") else "—"
+        rows.append(f"| {stage} {task_id} | {sec:.2f} s | {rss / 2**20:.0f} MiB | {rate} |")
     rows += ["", f"Plan: {plan_bytes:,} bytes for {n_units} units ({plan_bytes / n_units:.0f} bytes per unit, "
-             f"options included). Work directory: {work_bytes / tokens:.2f} bytes per token. "
+             f"options included). Work directory at its largest (before the finish): {work_bytes / tokens:.2f} bytes "
+             f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
             "`python scripts/bench_scaleout.py` (in `make bench`).", "", *rows]  # fmt: skip
