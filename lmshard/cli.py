@@ -93,7 +93,7 @@ def _message(e: BaseException) -> str:
 
 def _resume_command() -> str:
     """The command line that was run, with --resume: what continues an interrupted prepare. A
-    `run-task` (it has no --resume: its merge goes on with its own build) is repeated as it was."""
+    `run-task` (it has no --resume: a task run again goes on from its markers) is repeated as it was."""
     args = sys.argv[1:]
     command = next((a for a in args if not a.startswith("-")), None)
     again = "--resume" in args or command == "run-task"

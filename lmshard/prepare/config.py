@@ -81,7 +81,7 @@ class PrepareConfig:
     hf_tasks: int = 1
     num_tasks: int | None = None  # scale-out: plan the run as this many tasks (stages.py); None: one fused run
     unit_size: int | None = None  # scale-out: bytes of input per unit; None: sized to the task count (taskplan.py)
-    executor: str = "local"  # with num_tasks: local (run every task here, then merge), none (print the commands), slurm
+    executor: str = "local"  # with num_tasks: local (run every stage here), none (print the commands), slurm
     sbatch_args: str | None = None  # --executor slurm: added to every sbatch call (partition, time, mem, account)
     ray_address: str | None = None  # --executor ray: the cluster to join (auto, or host:port); None: a local one
     log_interval: float = 10.0  # seconds between progress lines when stderr is not a terminal

@@ -1,8 +1,12 @@
 """`lmshard prepare`: sources → clean → dedup → tokenize → shards + metadata.
 
-One process plans work items and writes; N worker processes parse, clean, hash and tokenize
-items; results come back in item order (`Pool.imap`), so dedup survivors, the train/val split
-and every output byte are the same for any number of workers.
+Two ways to the same bytes. A large input read from files (local_exec.use_stages) runs as the
+staged tasks of a planned run in the worker pool (local_exec.py, stages.py): this process only
+schedules. Everything else (small inputs, which start fastest this way; stdin, pipes and
+Hugging Face streams, read once; --dedup-lines, --append, --max-docs) runs here: one process
+plans work items and writes; N worker processes parse, clean, hash and tokenize items; results
+come back in item order (`Pool.imap`), so dedup survivors, the train/val split and every output
+byte are the same for any number of workers.
 
 The output directory is claimed, built beside and swapped in by staging.py; the build's state
 and checkpoints (for --resume) live in build.py.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +57,19 @@ from .staging import (
     recover,
 )
 from .stops import stop_point
-from .worker import ItemResult
 from .writer import with_separators
 
-Results = Callable[..., Iterator[ItemResult]]  # (config, sources, tokenizer, build, early) -> results in plan order
 
-
-def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None,
-            results: Results | None = None) -> DatasetMeta:  # fmt: skip
+def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> DatasetMeta:
     """Run a prepare job and return the metadata it wrote (see staging.py for how `--out` is
-    claimed, built beside, resumed and swapped). `results`: where the item results come from
-    (default: tokenized here, `feed.item_results`; a scale-out merge reads the tasks' instead).
+    claimed, built beside, resumed and swapped). A large input read from files runs as staged
+    tasks in the worker pool instead (local_exec.py), with the same bytes.
     SIGTERM ends it as Ctrl-C does (in the main thread, where SIGTERM has its default action)."""
     with sigterm_stops():
-        return _prepare(config, on_progress, results)
+        return _prepare(config, on_progress)
 
 
-def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None,
-             results: Results | None) -> DatasetMeta:  # fmt: skip
+def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None) -> DatasetMeta:
     started = time.time()
     paths = OutputPaths.of(config.out)
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
@@ -82,7 +81,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         tokenizer = run_tokenizer(config)  # fail fast on a missing vocabulary
         from . import local_exec  # (whose stages use this module)
 
-        if results is None and local_exec.use_stages(config, sources):  # every stage in the worker pool
+        if local_exec.use_stages(config, sources):  # every stage in the worker pool
             tasks = local_exec.TASKS_PER_WORKER * config.n_workers()  # (tasks here only size the units)
             return local_exec.run(config, tasks, None, on_progress, (sources, tokenizer), adopt=True)
         # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
@@ -100,14 +99,14 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
                 if claim.commit_pending:  # killed after the build was complete: only the swap is left
                     commit(paths)
                     return load_metadata(paths.out)
-                return _build(config, paths, sources, tokenizer, claim, on_progress, started, early, results)
+                return _build(config, paths, sources, tokenizer, claim, on_progress, started, early)
         except OSError as e:
             raise os_error(e, paths.out) from None
 
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenizer: Tokenizer, claim: Claim,
            on_progress: Callable[[Progress], None] | None, started: float,
-           early: OrderedPool[WorkItem, Any] | None = None, results: Results | None = None) -> DatasetMeta:  # fmt: skip
+           early: OrderedPool[WorkItem, Any] | None = None) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
     staging, previous = paths.staging, claim.previous
     if claim.resumed:  # temporary files of atomic writes a kill cut short
@@ -129,7 +128,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
     try:
         with interrupt:
             save = lambda: _save(build, claim)  # noqa: E731
-            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, save, early, results)
+            totals = _run(config, sources, tokenizer, build, on_progress, interrupt, save, early)
         note_growth(sources, totals.per_source)
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
@@ -194,7 +193,6 @@ def _run(
     interrupt: StopOnSignal,
     save: Callable[[], None],
     early: OrderedPool[WorkItem, Any] | None = None,
-    results: Results | None = None,
 ) -> Totals:
     """Stream the work items' results into the build: dedup, split, write; checkpoint every
     CHECKPOINT_SECONDS and when Ctrl-C or SIGTERM asks to stop."""
@@ -207,11 +205,8 @@ def _run(
         on_progress(progress)
         progress.note = None
     last_save = time.monotonic()
-    for result in (results or item_results)(config, sources, tokenizer, build, early):
-        if result.duplicate is not None:  # a scale-out merge: the dedup stage decided (stages.py)
-            keep = ~result.duplicate
-        else:
-            keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
+    for result in item_results(config, sources, tokenizer, build, early):
+        keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         keep = _limit(keep, config.max_docs, totals.docs_kept)
         account(totals, result, keep, dupes, 1 if bos is None else 2)

@@ -12,11 +12,10 @@ scheduler) works from the same plan.
 - anything else (compressed files, CSV, JSON arrays, arrow, small files) is one unit.
 
 Units concatenated in plan order are exactly the input in `prepare`'s order, and `unit_items`
-gives a unit's work items with the lines (and line numbers, counted once at planning) that the
-single-machine plan gives, so a merge that takes the units' documents in plan order sees the
-single-machine document sequence. Status: the plan and the units are built and tested; the
-stages that run them (tokenize, dedup buckets, merge), the executors and `run-task`/`status`
-are not yet (issue 17).
+gives a unit's work items with the lines (and line numbers: a range's first line number is found
+by the task that tokenizes it) that the single-machine plan gives, so the stages that take the
+units' documents in plan order (stages.py) see the single-machine document sequence. The plan
+also fixes the number of dedup buckets (`bucket_count`), from the input's size alone.
 
 **Tasks.** Units are dealt to N tasks as contiguous runs balanced by bytes (a task ends at the
 first unit boundary past its share of the total), so each task reads neighbouring data. A task

@@ -66,9 +66,6 @@ class ItemResult:
     examples: dict[str, str] = field(default_factory=dict)  # drop reason → one example message
     chars: int = 0
     nbytes: int = 0
-    duplicate: np.ndarray | None = (
-        None  # decided elsewhere (a scale-out dedup stage): which documents repeat one before
-    )
 
 
 _state: dict[str, object] = {}
