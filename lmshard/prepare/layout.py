@@ -168,7 +168,11 @@ def make_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, s
     middle = np.cumsum(cost) - cost / 2  # a part goes to the task whose share (of bytes) holds its middle
     cuts = np.searchsorted(middle, [cost.sum() * t / n_tasks for t in range(1, n_tasks)], side="left")
     bounds = [0, *cuts.tolist(), len(parts)]
-    return {"pieces": pieces, "parts": parts, "tasks": [[bounds[t], bounds[t + 1]] for t in range(n_tasks)]}
+    readers: list[list[int]] = [[] for _ in range(n_units)]  # per unit: the parts that read its data
+    for p, part in enumerate(parts):
+        readers[part[1]].append(p)
+    return {"pieces": pieces, "parts": parts, "tasks": [[bounds[t], bounds[t + 1]] for t in range(n_tasks)],
+            "readers": readers}  # fmt: skip
 
 
 def ensure_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,

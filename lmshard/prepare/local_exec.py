@@ -112,7 +112,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
-        for stage in (*STAGES[:-1], "seal", "clean"):  # then each piece sealed, and the units' data deleted
+        for stage in (*STAGES[:-1], "seal"):  # then each piece sealed
             items = _todo(r, stage)
             with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
                 futures = {pool.submit(_item, stage, i): i for i in items}
@@ -128,7 +128,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
 def _todo(r: Run, stage: str) -> Iterable[int]:
     if stage == "write":
         r.layout()  # laid out here, once: a walk over the units' totals
-    return range(r.n_units) if stage == "clean" else r.missing(stage)
+    return r.missing(stage)
 
 
 def _wait(futures: dict[Future[bool], int], stage: str, progress: _Progress) -> None:

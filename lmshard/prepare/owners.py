@@ -136,6 +136,7 @@ def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, specia
             os.close(fd)
     (work / "write").mkdir(exist_ok=True)
     atomic_write_json(marker, {"piece": k})
+    _release(work, layout, u)
     stop_point("part", p)
     return True
 
@@ -153,6 +154,16 @@ def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
         if done == 0:
             raise OSError(f"unexpected end of a unit's token file ({n} bytes short)")
         at, to, n = at + done, to + done, n - done
+
+
+def _release(work: Path, layout: dict[str, Any], u: int) -> None:
+    """Delete unit u's data once every part that reads it is written (whoever writes the last
+    one sees every marker: each part writes its own before it looks), so the work folder shrinks
+    as the write stage goes and the finish removes only markers."""
+    readers = layout["readers"][u] if u < len(layout["readers"]) else []
+    if all((work / "write" / f"part_{p:06d}.done").exists() for p in readers):
+        (work / "tokenize" / f"unit_{u:06d}.bin").unlink(missing_ok=True)
+        (work / "select" / f"unit_{u:06d}.split").unlink(missing_ok=True)
 
 
 def _pwrite(fd: int, data: memoryview, at: int) -> None:

@@ -242,8 +242,8 @@ class Run:
         return [0] if (w / PLAN_FILE).exists() else []
 
     def do(self, stage: str, i: int) -> bool:
-        """Item i of `stage` (a unit, a bucket, a piece), skipped when its marker exists; "clean"
-        (the local executor's, after the write stage): unit i's data files, leaving its markers."""
+        """Item i of `stage` (a unit, a bucket, a part of a piece; "seal": a piece), skipped when
+        its marker exists."""
         c = self.config
         if stage == "tokenize":
             return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
@@ -257,10 +257,6 @@ class Run:
             return write_part(self.work, staging, self.layout(), i, 1 if self.bos is None else 2)
         if stage == "seal":
             return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i)
-        if stage == "clean":  # once every piece is written: what only the write stage reads
-            (self.work / "tokenize" / f"unit_{i:06d}.bin").unlink(missing_ok=True)
-            (self.work / "select" / f"unit_{i:06d}.split").unlink(missing_ok=True)
-            return True
         paths = OutputPaths.of(c.out)
         with WriterLock(paths):
             recover(paths)
