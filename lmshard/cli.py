@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import __version__, render
@@ -23,8 +22,6 @@ from .cli_interop import register as register_interop
 from .cli_prepare import EPILOG, ForeignSpellings, normalize_token, prepare
 from .cli_scale import register as register_scale
 from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, ConfigError, LmshardError
-from .inspect import audit
-from .inspect.verify import report_json, verify_dataset
 
 app = typer.Typer(
     help="Turn raw text into sharded uint32 token data for LLM pretraining, and audit it.",
@@ -166,6 +163,7 @@ def inspect(
 def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, world_size: int, batch_size: int,
              as_json: bool) -> int:  # fmt: skip
     from . import packing as plans
+    from .inspect import audit
     from .packing_io import dataset_lengths
 
     for flag, value, fix in (("--packing", seq_len, "the row length in tokens, 1 or more (e.g. --packing 2048)"),
@@ -186,6 +184,8 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
 
 def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
              plot: Path | None, top: int) -> int:  # fmt: skip
+    from .inspect import audit
+    from .inspect.verify import report_json
     audit.require_dataset(dataset)
     report = _verify_with_progress(dataset, quick, quiet=as_json)
     why: list[str] = []
@@ -210,6 +210,9 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
 
 
 def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .inspect.verify import verify_dataset
     if not quiet and not sys.stderr.isatty():  # a log: plain lines, no bar (see cli_prepare.py)
         return _verify_logged(dataset, quick)
     with Progress(TextColumn("[bold]verify"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
@@ -225,6 +228,7 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
 
 def _verify_logged(dataset: Path, quick: bool, interval: float = 10.0) -> Any:
     """Verification with a line on stderr at the start and every `interval` seconds."""
+    from .inspect.verify import verify_dataset
     state = {"n": 0, "done": 0, "last": time.perf_counter()}
 
     def start(n: int) -> None:

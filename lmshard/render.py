@@ -18,8 +18,6 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from .inspect import audit
-
 out = Console()
 err = Console(stderr=True)
 _SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
@@ -150,6 +148,8 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         table.add_row("prepare drops", listed(drops) if drops else "none")
         table.add_row("records read", f"{meta.records_read:,}")
         out.print(table)
+        from .inspect import audit
+
         hist = audit.length_histogram(report)
         if hist:
             out.print("[bold]document lengths[/] (tokens, log2 buckets)")
