@@ -52,8 +52,9 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
         show.print(f"submitted {n_tasks} tasks of each stage: {arrays}, and the finish (job {jobs['finish']}); "
                    f"follow with: lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
         again = "; ".join(jobs["resubmit"])
-        show.print(f"if tokenize task I fails (the later stages are then cancelled), resubmit in order once "
-                   f"each is done: {again}", markup=False, soft_wrap=True)  # fmt: skip
+        show.print(f"if tokenize task I fails (the later stages are then cancelled), `lmshard status {out}` "
+                   f"prints what re-runs the missing tasks; for task I it is: {again}", markup=False,
+                   soft_wrap=True)  # fmt: skip
         return None
     units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")
     show.print(f"planned {units} in {tasks}; run each stage's tasks, one stage after the other, then the finish:",
@@ -151,6 +152,13 @@ def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[i
     stage, tasks = first_left or ("finish", [])
     n_tasks = len(next(iter(info["stages"].values()))["tasks"])
     lines = slurm.resubmit_commands(scripts, n_tasks, slurm.max_array_size(), stage, tasks)
-    render.out.print("on Slurm, submit in order, each once the one before is done:", markup=False, soft_wrap=True)
+    live = slurm.live_jobs(str(out))
+    if live:
+        render.out.print(f"on Slurm: {len(live)} jobs of this run are still queued or running ({', '.join(live[:8])}"
+                         f"{' ...' if len(live) > 8 else ''}); run `lmshard status` again once they have ended",
+                         markup=False, soft_wrap=True)  # fmt: skip
+        return
+    render.out.print("on Slurm, these lines (each job waits for the ones before it) re-run exactly what is missing:",
+                     markup=False, soft_wrap=True)  # fmt: skip
     for line in lines:
         render.out.print(f"  {line}", markup=False, soft_wrap=True)

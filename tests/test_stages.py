@@ -324,27 +324,34 @@ def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(t
 
 def test_the_printed_slurm_resubmit_commands_cover_every_task_of_each_later_stage():
     """A failed task resubmitted alone, then every task of each later stage (arrays within
-    MaxArraySize, the task number passed as the scripts read it), then the finish."""
+    MaxArraySize, the task number passed as the scripts read it), then the finish: each job
+    depends on the jobs of the stage before (afterok), so the lines can be pasted at once."""
     scripts = {s: Path(f"/w/slurm/{s}.sbatch") for s in STAGES}
-    arrays = ["sbatch --array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=0", "sbatch --array=0-1 --export=ALL,"
-              "LMSHARD_TASK_OFFSET=2", "sbatch --array=0-0 --export=ALL,LMSHARD_TASK_OFFSET=4"]  # fmt: skip
-    later = [f"{a} /w/slurm/{s}.sbatch" for s in ("dedup", "select", "write") for a in arrays]
-    assert resubmit_commands(scripts, 5, 3) == [
-        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I /w/slurm/tokenize.sbatch",
-        *later,
-        "sbatch /w/slurm/finish.sbatch",
-    ]
+    after = "--dependency=afterok:{} --kill-on-invalid-dep=yes"
+    arrays = ["--array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=0", "--array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=2",
+              "--array=0-0 --export=ALL,LMSHARD_TASK_OFFSET=4"]  # fmt: skip
+    expected = ["j1=$(sbatch --parsable --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I /w/slurm/tokenize.sbatch)"]
+    before = ["$j1"]
+    for stage in ("dedup", "select", "write"):
+        mine = [f"$j{len(expected) + k + 1}" for k in range(3)]
+        expected += [f"{j[1:]}=$(sbatch --parsable {after.format(':'.join(before))} {a} /w/slurm/{stage}.sbatch)"
+                     for j, a in zip(mine, arrays, strict=True)]  # fmt: skip
+        before = mine
+    expected.append(f"sbatch {after.format(':'.join(before))} /w/slurm/finish.sbatch")
+    assert resubmit_commands(scripts, 5, 3) == expected
     assert resubmit_commands(scripts, 5, 3, stage="write", tasks=[1, 3]) == [
-        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=1 /w/slurm/write.sbatch",
-        "sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=3 /w/slurm/write.sbatch",
-        "sbatch /w/slurm/finish.sbatch",
+        "j1=$(sbatch --parsable --array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 /w/slurm/write.sbatch)",
+        "j2=$(sbatch --parsable --array=0 --export=ALL,LMSHARD_TASK_OFFSET=3 /w/slurm/write.sbatch)",
+        f"sbatch {after.format('$j1:$j2')} /w/slurm/finish.sbatch",
     ]
+    assert resubmit_commands(scripts, 2, 1001)[0] == (  # below MaxArraySize a task keeps its array index (its log)
+        "j1=$(sbatch --parsable --array=I --export=ALL,LMSHARD_TASK_OFFSET=0 /w/slurm/tokenize.sbatch)")
     for array_max in (2, 4, 1001):
         covered = {s: set() for s in STAGES[1:-1]}
         for line in resubmit_commands(scripts, 7, array_max)[1:-1]:  # each task once: offset + array index
             first = int(line.split("OFFSET=")[1].split()[0])
             last = int(line.split("--array=0-")[1].split()[0])
-            covered[Path(line.split()[-1]).stem] |= {first + i for i in range(last + 1)}
+            covered[Path(line.split()[-1].rstrip(")")).stem] |= {first + i for i in range(last + 1)}
             assert last < array_max  # an array index past MaxArraySize is refused by sbatch
         assert covered == {s: set(range(7)) for s in STAGES[1:-1]}
 

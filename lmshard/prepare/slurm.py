@@ -14,6 +14,7 @@ resubmit commands that `prepare` and `status` print carry them too.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -79,7 +80,8 @@ def write_scripts(out: str, sbatch_args: str | None = None) -> dict[str, Path]:
     for stage in (*ARRAY_STAGES, "finish"):
         extra = task if stage in ARRAY_STAGES else ""
         log = d / (f"{stage}_%A_%a.log" if extra else f"{stage}_%j.log")
-        text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}\n#SBATCH --output={log}\n#SBATCH --chdir={cwd}\n"
+        text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}-{run_id(out)}\n#SBATCH --output={log}\n"
+                f"#SBATCH --chdir={cwd}\n"
                 f"{directives(sbatch_args)}"
                 f"exec {python} -m lmshard run-task --stage {stage} {extra} {target}\n")  # fmt: skip
         path = d / f"{stage}.sbatch"
@@ -88,27 +90,58 @@ def write_scripts(out: str, sbatch_args: str | None = None) -> dict[str, Path]:
     return scripts
 
 
-def _array_lines(script: Path, n_tasks: int, chunk: int, only: str | None = None) -> list[str]:
-    if only is not None:
-        return [f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET={only} {script}"]
-    return [f"sbatch --array=0-{min(chunk, n_tasks - first) - 1} --export=ALL,LMSHARD_TASK_OFFSET={first} {script}"
-            for first in range(0, n_tasks, chunk)]  # fmt: skip
+def _arrays(n_tasks: int, chunk: int, only: list[str] | None = None) -> list[str]:
+    """The `--array=... --export=...` options of one stage's jobs: every task in arrays of at most
+    `chunk`, or only the tasks `only` (a task below `chunk` keeps its own array index, so its log
+    is named after it; one past it travels as LMSHARD_TASK_OFFSET)."""
+    if only is None:
+        return [f"--array=0-{min(chunk, n_tasks - first) - 1} --export=ALL,LMSHARD_TASK_OFFSET={first}"
+                for first in range(0, n_tasks, chunk)]  # fmt: skip
+    low = [t for t in only if not t.isdigit() or int(t) < chunk] if n_tasks <= chunk or only != ["I"] else []
+    high = [t for t in only if t not in low]
+    return ([f"--array={','.join(low)} --export=ALL,LMSHARD_TASK_OFFSET=0"] if low else []) + [
+        f"--array=0 --export=ALL,LMSHARD_TASK_OFFSET={t}" for t in high]
 
 
 def resubmit_commands(scripts: dict[str, Path], n_tasks: int, array_max: int, stage: str = "tokenize",
                       tasks: list[int] | None = None) -> list[str]:  # fmt: skip
-    """What re-runs the failed tasks of `stage` (task I when `tasks` is None), then every task of
-    each later stage, then the finish, each once the one before is done. The array index of a job
-    is 0-based and limited by MaxArraySize, so the task number travels as LMSHARD_TASK_OFFSET, as
-    in `submit` (a task whose work is done finds its markers and exits at once)."""
+    """Shell lines that re-run the failed tasks of `stage` (task I when `tasks` is None), then every
+    task of each later stage, then the finish: each job depends (afterok) on the jobs before it,
+    as `submit` chains them, so the lines can be pasted at once. A task whose work is done finds
+    its markers and exits at once."""
     chunk = max(1, array_max - 1)
-    lines = []
-    if stage in ARRAY_STAGES:
-        for t in tasks if tasks is not None else ["I"]:
-            lines += _array_lines(scripts[stage], n_tasks, chunk, str(t))
-        for later in ARRAY_STAGES[ARRAY_STAGES.index(stage) + 1 :]:
-            lines += _array_lines(scripts[later], n_tasks, chunk)
-    return [*lines, f"sbatch {scripts['finish']}"]
+    lines: list[str] = []
+    after: list[str] = []
+    stages = ARRAY_STAGES[ARRAY_STAGES.index(stage) :] if stage in ARRAY_STAGES else ()
+    for s in stages:
+        options = _arrays(n_tasks, chunk, [str(t) for t in (tasks if tasks is not None else ["I"])]) \
+            if s == stage else _arrays(n_tasks, chunk)  # fmt: skip
+        mine = []
+        for option in options:
+            mine.append(f"j{len(lines) + 1}")
+            deps = _after(after)
+            lines.append(f"{mine[-1]}=$(sbatch --parsable {deps}{option} {scripts[s]})")
+        after = mine
+    return [*lines, f"sbatch {_after(after)}{scripts['finish']}"]
+
+
+def _after(jobs: list[str]) -> str:
+    return f"--dependency=afterok:{':'.join('$' + j for j in jobs)} --kill-on-invalid-dep=yes " if jobs else ""
+
+
+def run_id(out: str) -> str:
+    """A short name for the run in its jobs' names (`lmshard-STAGE-ID`), from the output's path."""
+    return hashlib.sha1(os.path.abspath(out).encode()).hexdigest()[:8]
+
+
+def live_jobs(out: str) -> list[str]:
+    """This run's jobs still queued or running (ids), from squeue; [] where squeue is missing."""
+    found = shutil.which("squeue")
+    if found is None:
+        return []
+    shown = subprocess.run([found, "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=60).stdout
+    tail = f"-{run_id(out)}"
+    return [line.split()[0] for line in shown.splitlines() if line.split()[-1:] and line.split()[-1].endswith(tail)]
 
 
 def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
