@@ -42,6 +42,7 @@ from .claim import _fingerprint, bos_written, run_tokenizer
 from .config import PrepareConfig
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
 from .owners import finish, missing_parts, missing_pieces, remove_work, seal_piece, write_part
+from .reading import InputGone
 from .sources import Source, discover
 from .staging import OutputPaths, WriterLock, read_run, recover
 from .taskplan import (
@@ -315,9 +316,11 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
                           "kept: run the same command again to finish it",
                           getattr(e, "signum", signal.SIGINT)) from None  # fmt: skip
     except BaseException as e:
+        if isinstance(e, InputGone):  # a task has no --resume: it goes on from its markers when run again
+            e = InputGone(str(e).replace("run the same command with --resume", "run this task again"))
         atomic_write_json(state, {"state": "failed", "host": socket.gethostname(), "pid": os.getpid(),
                                   "error": f"{type(e).__name__}: {e}"[:500]})  # fmt: skip
-        raise
+        raise e from None
     state.unlink(missing_ok=True)
     return done
 
