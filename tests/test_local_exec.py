@@ -1,6 +1,11 @@
 """The local executor (`prepare --num-tasks N`, lmshard/prepare/local_exec.py) when processes
-die: a killed main process takes its workers with it, a killed worker is one line naming the
-fix, and `--resume` then finishes with the one-machine bytes."""
+die or are stopped: a killed main process takes its workers with it, a killed worker is one line
+naming its stage and the fix, a stop signal to the whole group is one message from the main
+process (the workers leave it to it), and `--resume` then finishes with the one-machine bytes.
+
+The main process only schedules: every stop point here holds a worker (a pool process) on an
+item of a stage (`unit=K`, `bucket=K`, `select=K`, `part=K`, `piece=K`), after the item's
+marker."""
 
 from __future__ import annotations
 
@@ -12,15 +17,40 @@ import time
 import pytest
 from proctree import finish, signal_stopped, start_prepare, wait_for_workers, wait_gone, wait_stopped
 from test_prepare import jsonl, make_texts
-from test_stages import _files
 
-from lmshard.format import IN_PROGRESS_FILE
+# One held item per stage the workers run (the corpus has ~200 units, 32 dedup buckets, 3 pieces
+# (the train and val shards and the key file) and hundreds of parts of them, one per unit each).
+HELD = {"tokenize": "unit=4", "dedup": "bucket=4", "select": "select=4", "write": "part=4", "seal": "piece=1"}
+
+
+def _files(root):
+    """Every file under `root` by relative path; the metadata without its "run" record (timings)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name == "dataset_metadata.json":
+                meta = json.loads(data)
+                meta.pop("run")
+                data = json.dumps(meta, sort_keys=True).encode()
+            out[p.relative_to(root).as_posix()] = data
+    return out
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("localexec")
-    return jsonl(tmp / "in" / "a.jsonl", make_texts(40_000, seed=4))  # ~100 units of 64 KiB: seconds of work
+    return jsonl(tmp / "in" / "a.jsonl", make_texts(40_000, seed=4))  # ~200 units of 64 KiB: seconds of work
+
+
+@pytest.fixture(scope="module")
+def one_machine(corpus, tmp_path_factory):
+    """The files of the same corpus prepared by one process, uninterrupted."""
+    out = tmp_path_factory.mktemp("reference") / "one"
+    code, err = finish(start_prepare([str(corpus), "--out", str(out), "--workers", "1",
+                                      "--tokenizer-backend", "tiktoken"]), 300)  # fmt: skip
+    assert code == 0, err
+    return _files(out)
 
 
 @pytest.fixture(autouse=True)
@@ -32,43 +62,53 @@ def _args(corpus, out):
     return [str(corpus), "--out", str(out), "--num-tasks", "3", "--workers", "2", "--tokenizer-backend", "tiktoken"]
 
 
+def _work(out):
+    return out.parent / f".{out.name}.lmshard-work"
+
+
 def _held_midway(out, proc):
     """The run (started with LMSHARD_STOP_AT) stopped itself midway; the pid that stopped."""
     pid = wait_stopped(proc)
     assert pid is not None, "the run ended before its stop point"
-    tok = out.parent / f".{out.name}.lmshard-work" / "tokenize"
-    assert any(tok.glob("unit_*.done"))
+    assert any((_work(out) / "tokenize").glob("unit_*.done"))
     return pid
 
 
-def _finish_and_compare(corpus, tmp_path, out):
+def _finish_and_compare(corpus, out, one_machine):
     again = start_prepare([*_args(corpus, out), "--resume"])
     code, err = finish(again, 300)
     assert code == 0, err
-    one = start_prepare(
-        [str(corpus), "--out", str(tmp_path / "one"), "--workers", "1", "--tokenizer-backend", "tiktoken"]
-    )
-    assert finish(one, 300)[0] == 0
-    assert _files(out) == _files(tmp_path / "one")
+    got = _files(out)
+    assert sorted(got) == sorted(one_machine)
+    assert [name for name in got if got[name] != one_machine[name]] == []
+    assert not _work(out).exists() and not (out.parent / f".{out.name}.lmshard-partial").exists()
 
 
-def test_killing_the_main_process_takes_its_workers_along(tmp_path, corpus, monkeypatch):
+def test_killing_the_main_process_takes_its_workers_along(tmp_path, corpus, one_machine, monkeypatch):
+    """kill -9 of the main process (the OOM killer's pick, say) while a worker is held on a unit
+    and the other works or waits for tasks: both exit, rather than wait for tasks forever."""
     out = tmp_path / "o"
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")  # the main process, once it merged 3 items
+    monkeypatch.setenv("LMSHARD_STOP_AT", HELD["tokenize"])
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
-    assert _held_midway(out, proc) == proc.pid
+    held = _held_midway(out, proc)
+    assert held in workers
     monkeypatch.delenv("LMSHARD_STOP_AT")
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    assert wait_gone(workers, timeout=5.0) == []  # not left waiting for tasks forever
-    _finish_and_compare(corpus, tmp_path, out)
+    proc.wait()  # (not communicate: the held worker keeps the output pipes open)
+    os.killpg(proc.pid, signal.SIGCONT)  # the held worker goes on, and finds its parent gone
+    try:
+        assert wait_gone(workers, timeout=60.0) == []  # (the timeout only guards a hang)
+    finally:
+        finish(proc, 60)  # (kills the group if a worker is still there)
+    _finish_and_compare(corpus, out, one_machine)
 
 
-def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, monkeypatch):
+@pytest.mark.parametrize("stage", list(HELD))
+def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, one_machine, monkeypatch, stage):
     out = tmp_path / "o"
-    monkeypatch.setenv("LMSHARD_STOP_AT", "unit=4")  # the worker that wrote unit 4, before reporting it
+    monkeypatch.setenv("LMSHARD_STOP_AT", HELD[stage])  # the worker that did this item, before reporting it
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
@@ -78,65 +118,64 @@ def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, monke
     os.kill(held, signal.SIGKILL)
     code, err = finish(proc, 120)
     assert code == 1, err
-    assert "a worker process died" in err and "--resume" in err and "Traceback" not in err, err
-    assert wait_gone(workers, timeout=5.0) == []
-    _finish_and_compare(corpus, tmp_path, out)
+    assert f"a worker process died during the {stage} stage" in err and "--resume" in err, err
+    assert "Traceback" not in err, err
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+    assert wait_gone(workers, timeout=60.0) == []
+    _finish_and_compare(corpus, out, one_machine)
 
 
-@pytest.mark.parametrize(("sig", "code", "words"), [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                                     (signal.SIGINT, 130, "interrupted")])  # fmt: skip
-def test_a_stop_signal_to_the_group_stops_the_run_and_resume_finishes(tmp_path, corpus, monkeypatch, sig, code,
-                                                                      words):  # fmt: skip
-    """scancel (SIGTERM) or Ctrl-C (SIGINT) reaches every process of the group: the workers leave
-    it to the main process, which stops with a checkpoint and the --resume advice (not a worker
-    "killed, as the out-of-memory killer does", nor a traceback per worker), and ends them."""
+@pytest.mark.parametrize(("sig", "code", "words", "stage"),
+                         [(signal.SIGTERM, 143, "terminated (SIGTERM)", "tokenize"),
+                          (signal.SIGINT, 130, "interrupted", "tokenize"),
+                          (signal.SIGINT, 130, "interrupted", "dedup"),
+                          (signal.SIGTERM, 143, "terminated (SIGTERM)", "select"),
+                          (signal.SIGINT, 130, "interrupted", "write"),
+                          (signal.SIGTERM, 143, "terminated (SIGTERM)", "seal")])  # fmt: skip
+def test_a_stop_signal_to_the_group_stops_the_run_and_resume_finishes(tmp_path, corpus, one_machine, monkeypatch,
+                                                                      sig, code, words, stage):  # fmt: skip
+    """scancel (SIGTERM) or Ctrl-C (SIGINT) reaches every process of the group while a worker is
+    held on an item: the workers leave it to the main process, which stops with the --resume
+    advice (not a worker "killed, as the out-of-memory killer does", nor a traceback per
+    worker), and ends them."""
     out = tmp_path / "o"
-    monkeypatch.setenv("LMSHARD_STOP_AT", "unit=3")  # the worker that wrote unit 3, before reporting it
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")  # a checkpoint per merged item: the merge is seen to run
+    monkeypatch.setenv("LMSHARD_STOP_AT", HELD[stage])
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
     assert _held_midway(out, proc) in workers
     monkeypatch.delenv("LMSHARD_STOP_AT")
-    record = out.parent / f".{out.name}.lmshard-partial" / IN_PROGRESS_FILE
-    deadline = time.monotonic() + 120  # the merge of units 0-2, then it waits for unit 3, held
-    while time.monotonic() < deadline and not _checkpointed(record):
-        time.sleep(0.01)
-    assert _checkpointed(record), "the merge did not start"
     signal_stopped(proc.pid, sig)
     status, err = finish(proc, 120)
     assert status == code and words in err and "--resume" in err, err
-    assert "Traceback" not in err and "out-of-memory" not in err, err
-    assert wait_gone(workers, timeout=5.0) == []
-    _finish_and_compare(corpus, tmp_path, out)
+    assert "Traceback" not in err and "out-of-memory" not in err and "KeyboardInterrupt" not in err, err
+    assert wait_gone(workers, timeout=60.0) == []
+    _finish_and_compare(corpus, out, one_machine)
 
 
-def test_ctrl_c_with_idle_workers_is_one_message(tmp_path, corpus, monkeypatch):
-    """Every unit tokenized, the workers idle while the merge is held: Ctrl-C to the group is one
-    "interrupted" message, not a KeyboardInterrupt traceback from each waiting worker."""
+def test_ctrl_c_with_idle_workers_is_one_message(tmp_path, corpus, one_machine, monkeypatch):
+    """One worker held on the last unit and every other unit tokenized, so the other worker is
+    idle, waiting for a task (the next stage is not submitted before this one ends): Ctrl-C to
+    the group is one "interrupted" message, not a KeyboardInterrupt traceback from the waiting
+    worker."""
     out = tmp_path / "o"
-    plan = tmp_path / "plan"  # the same plan, made without running it: how many units (one work item each)
+    plan = tmp_path / "plan"  # the same plan, made without running it: how many units
     assert finish(start_prepare([*_args(corpus, plan), "--executor", "none"]), 120)[0] == 0
-    units = len(json.loads((tmp_path / ".plan.lmshard-work" / "plan.json").read_text())["units"])
-    # held at its last item: the merge has waited for every unit, so the workers are idle, waiting for tasks
-    monkeypatch.setenv("LMSHARD_STOP_AT", f"item:{units}")
+    units = len(json.loads((_work(plan) / "plan.json").read_text())["units"])
+    monkeypatch.setenv("LMSHARD_STOP_AT", f"unit={units - 1}")
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
     assert len(workers) == 2
-    assert _held_midway(out, proc) == proc.pid
+    assert _held_midway(out, proc) in workers
     monkeypatch.delenv("LMSHARD_STOP_AT")
-    done = out.parent / f".{out.name}.lmshard-work" / "tokenize"
+    done = _work(out) / "tokenize"
+    deadline = time.monotonic() + 300  # (only guards a hang: the other worker has a fixed amount of work left)
+    while len(list(done.glob("unit_*.done"))) < units and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
     assert len(list(done.glob("unit_*.done"))) == units
     signal_stopped(proc.pid, signal.SIGINT)
     code, err = finish(proc, 120)
     assert code == 130 and "interrupted" in err and "--resume" in err, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert wait_gone(workers, timeout=5.0) == []
-    _finish_and_compare(corpus, tmp_path, out)
-
-
-def _checkpointed(record):
-    try:
-        return bool(json.loads(record.read_text())["checkpoint"])
-    except (OSError, ValueError, KeyError):
-        return False
+    assert wait_gone(workers, timeout=60.0) == []
+    _finish_and_compare(corpus, out, one_machine)
