@@ -253,8 +253,6 @@ def test_a_kill_at_the_swap_then_resume_gives_the_one_machine_bytes(tmp_path, co
     assert sorted(n for n in os.listdir(out.parent) if n != _work(out).name) == [out.name], where
 
 
-@pytest.mark.xfail(strict=True, reason="source bug: local_exec.run returns claim.complete without removing the "
-                   "work folder, so --resume after a kill at the swap leaves .NAME.lmshard-work behind")  # fmt: skip
 def test_resume_after_a_kill_at_the_swap_removes_the_work_folder(tmp_path, corpus):
     out = tmp_path / "run" / "o"
     args = _args(corpus, out)

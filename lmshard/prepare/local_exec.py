@@ -67,7 +67,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     with sigterm_stops(), WriterLock(paths):
         sources, tokenizer = loaded or load_run(config)
         claim = begin(config, paths, sources, tokenizer, work_dir(config.out))
-        if claim.complete is not None:
+        if claim.complete is not None:  # (killed after its swap: only the work folder was left)
+            remove_work(work_dir(config.out))
             return claim.complete
         if claim.commit_pending:
             commit(paths)
@@ -92,7 +93,11 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
     with WriterLock(paths):
         sources, tokenizer = load_run(config)
         claimed = begin(config, paths, sources, tokenizer, work_dir(config.out))
-        if claimed.complete is not None or claimed.commit_pending:
+        if claimed.commit_pending:  # killed after the metadata, before the swap: only the swap is left
+            commit(paths)
+            claimed.complete = load_metadata(paths.out)
+        if claimed.complete is not None:
+            remove_work(work_dir(config.out))
             return claimed, {}
         return claimed, Run.of(config, n_tasks, None, loaded=(sources, tokenizer)).plan
 
