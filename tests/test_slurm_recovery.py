@@ -1,7 +1,8 @@
 """Recovery of a scale-out prepare on a real Slurm cluster (tests/engines.py), done as a user does
 it: a task of the submitted arrays fails, is cancelled or is killed; the later stages are
 cancelled by Slurm (`--kill-on-invalid-dep=yes`); `lmshard status` names the task and its state
-and prints the sbatch lines, which are run in order (or the same `prepare` again with --resume);
+and, once none of the run's jobs is queued or running, prints the sbatch lines chained with
+afterok, which are pasted at once into bash (or the same `prepare` is run again with --resume);
 the dataset is then byte-identical to a one-machine prepare of the same input.
 
 Tasks stop themselves at an exact unit or part (LMSHARD_STOP_AT, lmshard/prepare/stops.py), so
@@ -11,10 +12,10 @@ state file with a deadline that is only a timeout. Run by `make test-engines`.""
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -88,14 +89,27 @@ def _lmshard(root: Path, env: dict[str, str], *args: str) -> subprocess.Complete
     return subprocess.run([*LMSHARD, *args], capture_output=True, text=True, timeout=300, cwd=root, env=env)
 
 
+def _records(env: dict[str, str], *job: str) -> list[dict[str, str]]:
+    """`scontrol show job [JOB]` as one dict of fields per record (every job Slurm still knows)."""
+    shown = _sh(env, "scontrol", "-o", "show", "job", *job)
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in shown.splitlines()]
+
+
 def _jobs(env: dict[str, str], job: str) -> dict[str, dict[str, str]]:
     """Every record of `job` (an array's elements by task id, "" for a plain job, "0-2" for
     elements not started yet) with its JobState, Reason, ExitCode, TimeLimit."""
-    found = {}
-    for line in _sh(env, "scontrol", "-o", "show", "job", job).splitlines():
-        fields = dict(re.findall(r"(\w+)=(\S*)", line))
-        found[fields.get("ArrayTaskId", "")] = fields
-    return found
+    return {fields.get("ArrayTaskId", ""): fields for fields in _records(env, job)}
+
+
+def _run_id(root: Path, out: str) -> str:
+    """The run's name in its jobs' names, `lmshard-STAGE-ID`: 8 hex digits of the output's path."""
+    return hashlib.sha1(str((root / out).resolve()).encode()).hexdigest()[:8]
+
+
+def _queued(env: dict[str, str], rid: str) -> list[str]:
+    """The ids squeue lists for this run's jobs (queued or running)."""
+    rows = [line.split() for line in _sh(env, "squeue", "-h", "-o", "%i %j").splitlines()]
+    return [row[0] for row in rows if len(row) == 2 and row[1].endswith(f"-{rid}")]
 
 
 def _ended(env: dict[str, str], *jobs: str) -> bool:
@@ -104,11 +118,21 @@ def _ended(env: dict[str, str], *jobs: str) -> bool:
 
 def _submit(root: Path, env: dict[str, str], out: str, stop_at: str) -> dict[str, str]:
     """`prepare --executor slurm` with LMSHARD_STOP_AT=stop_at in the environment the arrays
-    inherit (sbatch exports it); returns each stage's job id."""
+    inherit (sbatch exports it); returns each stage's job id, each job named after the run. It
+    says that status prints the lines that re-run what is missing, and what they are for task I."""
     done = subprocess.run([*LMSHARD, "prepare", *COMMON, "--out", out, *SUBMIT], cwd=root, capture_output=True,
                           text=True, timeout=300, env=env | UNIT_BYTES | {"LMSHARD_STOP_AT": stop_at})  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return dict(re.findall(r"(tokenize|dedup|select|write|finish) \(job (\d+)\)", done.stdout))
+    jobs = dict(re.findall(r"(tokenize|dedup|select|write|finish) \(job (\d+)\)", done.stdout))
+    text, slurm_dir, after = " ".join(done.stdout.split()), f".{out}.lmshard-work/slurm", "--kill-on-invalid-dep=yes"
+    assert (f"`lmshard status {out}` prints what re-runs the missing tasks; for task I it is: j1=$(sbatch --parsable "
+            f"--array=I --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/tokenize.sbatch); j2=$(sbatch --parsable "
+            f"--dependency=afterok:$j1 {after} --array=0-2 --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/dedup"
+            f".sbatch);") in text, text  # fmt: skip
+    assert text.endswith(f"; sbatch --dependency=afterok:$j4 {after} {slurm_dir}/finish.sbatch"), text
+    for stage, job in jobs.items():
+        assert {r["JobName"] for r in _records(env, job)} == {f"lmshard-{stage}-{_run_id(root, out)}"}, stage
+    return jobs
 
 
 def _stopped(work: Path, stage: str, task: int) -> int:
@@ -127,30 +151,47 @@ def _stopped(work: Path, stage: str, task: int) -> int:
     return _until(f"{stage} task {task} to stop at its stop point", check)
 
 
+HEADER = "on Slurm, these lines (each job waits for the ones before it) re-run exactly what is missing:\n"
+
+
 def _status(root: Path, env: dict[str, str], out: str) -> tuple[str, list[str]]:
-    """`lmshard status OUT`: its text and the sbatch lines it prints."""
+    """`lmshard status OUT`: its text and the shell lines it prints under HEADER."""
     done = _lmshard(root, env, "status", out)
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    lines = text.split("on Slurm, submit in order, each once the one before is done:\n")[1:]
+    lines = text.split(HEADER)[1:]
     return text, [line.strip() for line in "".join(lines).splitlines() if line.strip()]
 
 
-def _run_lines(root: Path, env: dict[str, str], lines: list[str]) -> list[str]:
-    """Each sbatch line as printed, in order, each once the job before has ended; every element
-    of every job must complete. Returns the job ids."""
-    ids = []
-    for line in lines:
-        args = shlex.split(line)
-        assert args[0] == "sbatch", line
-        job = _sh(env, "sbatch", "--parsable", *args[1:], cwd=root).strip().split(";")[0]
-        assert job.isdigit(), f"{line}: {job!r}"
-        _until(f"job {job} ({line}) to end", lambda job=job: _ended(env, job))
-        states = {rec["JobState"] for rec in _jobs(env, job).values()}
-        logs = "".join(p.read_text() for p in sorted(root.glob(".*.lmshard-work/slurm/*.log")))[-3000:]
-        assert states == {"COMPLETED"}, f"{line}: {states}\n{logs}"
-        ids.append(job)
+def _run_lines(root: Path, env: dict[str, str], out: str, lines: list[str]) -> list[str]:
+    """The printed lines pasted at once into bash (as one script, where status ran); then wait
+    until squeue lists none of the run's jobs. Each line submitted one job, named after the run,
+    and every element of every job completed. Returns the job ids, in the lines' order."""
+    rid = _run_id(root, out)
+    known = {rec["JobId"] for rec in _records(env)}
+    done = subprocess.run(["bash", "-euc", "\n".join(lines)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    _until("the run's jobs to leave the queue", lambda: not _queued(env, rid))
+    new = [rec for rec in _records(env) if rec["JobId"] not in known]
+    assert all(rec["JobName"].endswith(f"-{rid}") for rec in new), new
+    logs = "".join(p.read_text() for p in sorted(root.glob(".*.lmshard-work/slurm/*.log")))[-3000:]
+    assert {rec["JobState"] for rec in new} == {"COMPLETED"}, f"{new}\n{logs}"
+    ids = sorted({rec.get("ArrayJobId", rec["JobId"]) for rec in new}, key=int)
+    assert len(ids) == len(lines), (ids, lines)
     return ids
+
+
+def _still_queued(root: Path, env: dict[str, str], out: str, jobs: dict[str, str], running: str) -> None:
+    """While a job of the run is queued or running, status names them (`running` among them, and
+    every later stage's job) instead of printing lines that would run the same tasks twice."""
+    text, lines = _status(root, env, out)
+    said = re.search(r"on Slurm: (\d+) jobs of this run are still queued or running \(([^)]*)\); run "
+                     r"`lmshard status` again once they have ended", text)  # fmt: skip
+    assert said and not lines and "sbatch" not in text, text
+    ids = said[2].split(", ")
+    assert int(said[1]) == len(ids) and running in ids, text
+    assert {i.split("_")[0] for i in ids} >= {jobs[s] for s in ("dedup", "select", "write", "finish")}, text
 
 
 def _logs(work: Path) -> set[str]:
@@ -175,6 +216,7 @@ def test_failed_tokenize_task_is_rerun_alone_by_the_status_lines(slurm):
     jobs = _submit(root, env, out, "unit=5")
     tok = jobs["tokenize"]
     pid = _stopped(work, "tokenize", 1)
+    _still_queued(root, env, out, jobs, f"{tok}_1")
     # tasks 0 and 2 (task 2 reads the end of b.jsonl) are done before b.jsonl goes
     _until("tokenize tasks 0 and 2 to complete",
            lambda: {k: r["JobState"] for k, r in _jobs(env, tok).items() if k in ("0", "2")}
@@ -192,21 +234,28 @@ def test_failed_tokenize_task_is_rerun_alone_by_the_status_lines(slurm):
     text, lines = _status(root, env, out)
     assert "tokenize: 2 of 3 tasks complete (9 of 12 units)" in text, text
     assert re.search(r"task 1: 2 of 5 \(failed on \S+ \(pid \d+\): InputGone: in/b\.jsonl", text), text
+    assert "put it back and run this task again" in text and "--resume" not in text, text
+    log = (work / "slurm" / f"tokenize_{tok}_1.log").read_text()
+    assert "put it back and run this task again" in log and "--resume" not in log, log
     assert "running" not in text, text
-    slurm_dir = ".dist_failed.lmshard-work/slurm"
-    assert lines == [f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=1 {slurm_dir}/tokenize.sbatch",
-                     *(f"sbatch --array=0-2 --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/{s}.sbatch"
-                       for s in ("dedup", "select", "write")),
-                     f"sbatch {slurm_dir}/finish.sbatch"], text  # fmt: skip
+    slurm_dir, after = ".dist_failed.lmshard-work/slurm", "--kill-on-invalid-dep=yes"
+    assert lines == ["j1=$(sbatch --parsable --array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 "
+                     f"{slurm_dir}/tokenize.sbatch)",
+                     *(f"j{k}=$(sbatch --parsable --dependency=afterok:$j{k - 1} {after} --array=0-2 "
+                       f"--export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/{s}.sbatch)"
+                       for k, s in ((2, "dedup"), (3, "select"), (4, "write"))),
+                     f"sbatch --dependency=afterok:$j4 {after} {slurm_dir}/finish.sbatch"], text  # fmt: skip
 
     before = _logs(work)
-    ids = _run_lines(root, env, lines)
+    ids = _run_lines(root, env, out, lines)
     new = sorted(_logs(work) - before)
-    assert [n for n in new if n.startswith("tokenize_")] == [f"tokenize_{ids[0]}_0.log"], new  # one task re-ran
-    rerun = (work / "slurm" / f"tokenize_{ids[0]}_0.log").read_text()
+    assert [n for n in new if n.startswith("tokenize_")] == [f"tokenize_{ids[0]}_1.log"], new  # one task re-ran
+    rerun = (work / "slurm" / f"tokenize_{ids[0]}_1.log").read_text()
     assert "tokenize task 1: 3 units tokenized" in rerun, rerun  # the 2 units done before were kept
-    assert len(new) == 1 + 3 * 3 + 1, new
-    assert _jobs(env, ids[0])["0"]["TimeLimit"] == "00:10:00"  # --sbatch-args travel in the scripts
+    assert sorted(new) == sorted([f"tokenize_{ids[0]}_1.log", f"finish_{ids[4]}.log",
+                                  *(f"{s}_{ids[k]}_{t}.log" for k, s in ((1, "dedup"), (2, "select"), (3, "write"))
+                                    for t in range(3))]), new  # fmt: skip
+    assert {r["TimeLimit"] for i in ids for r in _records(env, i)} == {"00:10:00"}  # --sbatch-args in the scripts
     assert "done: the dataset is complete" in _status(root, env, out)[0]
     assert _files(root / out) == local
 
@@ -222,6 +271,7 @@ def test_scancelled_task_is_recorded_stopped_and_prepare_resume_finishes(slurm):
     pid = _stopped(work, "tokenize", 1)
     text, _ = _status(root, env, out)
     assert f"task 1: 2 of 5 (running on {os.uname().nodename} (pid {pid}))" in text, text
+    _still_queued(root, env, out, jobs, f"{tok}_1")
     subprocess.run(["scancel", f"{tok}_1"], env=env, check=True, timeout=60)
     _later_stages_cancelled(env, jobs)
     task1 = _jobs(env, tok)["1"]
@@ -232,7 +282,9 @@ def test_scancelled_task_is_recorded_stopped_and_prepare_resume_finishes(slurm):
     text, lines = _status(root, env, out)
     assert f"task 1: 2 of 5 (stopped on {os.uname().nodename} (pid {pid}) by SIGTERM)" in text, text
     assert "running" not in text and "died" not in text, text
-    assert lines[0] == f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=1 {work.name}/slurm/tokenize.sbatch"
+    first = f"--array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 {work.name}/slurm/tokenize.sbatch"
+    assert lines[0] == f"j1=$(sbatch --parsable {first})", lines
+    assert len(lines) == 5 and lines[-1].startswith("sbatch --dependency=afterok:$j4 "), lines
 
     again = subprocess.run([*LMSHARD, "prepare", *COMMON, "--out", out, *SUBMIT, "--resume"], cwd=root,
                            capture_output=True, text=True, timeout=300, env=env | UNIT_BYTES)  # fmt: skip
@@ -267,12 +319,14 @@ def test_killed_write_task_is_rerun_alone_then_the_finish(slurm):
     assert "write: 2 of 3 tasks complete (32 of 36 parts of shards)" in text, text
     assert f"task 0: 3 of 7 (died on {os.uname().nodename} (pid {pid} gone: killed?))" in text, text
     slurm_dir = ".dist_write.lmshard-work/slurm"
-    assert lines == [f"sbatch --array=0 --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/write.sbatch",
-                     f"sbatch {slurm_dir}/finish.sbatch"], text  # fmt: skip
+    after = "--dependency=afterok:$j1 --kill-on-invalid-dep=yes"
+    assert lines == [f"j1=$(sbatch --parsable --array=0 --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/write.sbatch)",
+                     f"sbatch {after} {slurm_dir}/finish.sbatch"], text  # fmt: skip
 
     before = _logs(work)
-    ids = _run_lines(root, env, lines)
+    ids = _run_lines(root, env, out, lines)
     assert sorted(_logs(work) - before) == sorted([f"write_{ids[0]}_0.log", f"finish_{ids[1]}.log"])
+    assert {r["TimeLimit"] for i in ids for r in _records(env, i)} == {"00:10:00"}
     rerun = (work / "slurm" / f"write_{ids[0]}_0.log").read_text()
     assert "write task 0: 4 parts of shards and key files written" in rerun, rerun
     assert sorted(p.name for p in work.iterdir()) == ["slurm"]  # the finish left only the jobs' logs
