@@ -55,7 +55,7 @@ def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
                 err.print(f"[bold red]error:[/] {escape(_message(e))}", highlight=False, soft_wrap=True)
                 raise typer.Exit(exit_code) from None
             except KeyboardInterrupt as e:
-                # prepare raises a KeyboardInterrupt that says what it kept (see prepare/staging.py),
+                # prepare raises a KeyboardInterrupt that says what it kept (see prepare/output/staging.py),
                 # and which signal stopped it: Ctrl-C, or SIGTERM (a scheduler's stop)
                 kept, signum = getattr(e, "kept", None), getattr(e, "signum", signal.SIGINT)
                 what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"

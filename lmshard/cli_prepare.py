@@ -240,7 +240,7 @@ def prepare(
     if meta is not None:
         log.done(meta)
     elif cfg.json:  # planned here, run elsewhere: what was planned, and where to follow it
-        from .prepare import stages
+        from .prepare.execution import stages
 
         info = stages.status(cfg.out)
         print(json.dumps({"out": cfg.out, "executor": cfg.executor, "n_tasks": n_tasks, "units": info["units"],

@@ -1,5 +1,5 @@
 """`lmshard run-task` and `lmshard status`, and `prepare --num-tasks`: the command-line edge of
-the scale-out stages (`lmshard.prepare.stages`).
+the scale-out stages (`lmshard.prepare.execution.stages`).
 
 A scale-out run is planned by `lmshard prepare ... --num-tasks N`: with `--executor local` (the
 default) it then runs every stage here; with `--executor none` it claims the output, writes the
@@ -19,7 +19,7 @@ import typer
 from . import render
 from .errors import ConfigError
 
-STAGES = ("tokenize", "dedup", "select", "write", "finish")  # as lmshard.prepare.stages.STAGES
+STAGES = ("tokenize", "dedup", "select", "write", "finish")  # as lmshard.prepare.execution.stages.STAGES
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
@@ -31,7 +31,7 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
 def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable[[Any], None] | None = None) -> Any:
     """`prepare --num-tasks N [--executor ...]`: the metadata of the dataset where this process
     wrote it (local, ray), else None (the tasks run elsewhere)."""
-    from .prepare import local_exec
+    from .prepare.execution import local_exec
 
     if executor == "local":
         return local_exec.run(cfg, n_tasks, None, on_progress)
@@ -41,11 +41,11 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     show = render.err if cfg.json else render.out  # with --json, stdout holds only the JSON summary
     out = shlex.quote(cfg.out)
     if executor == "ray":
-        from .prepare import ray_exec
+        from .prepare.execution import ray_exec
 
         return ray_exec.run(cfg, n_tasks, plan["unit_bytes"], cfg.ray_address)
     if executor == "slurm":
-        from .prepare import slurm
+        from .prepare.execution import slurm
 
         jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
         arrays = ", ".join(f"{stage} (job {', '.join(jobs[stage])})" for stage in slurm.ARRAY_STAGES)
@@ -78,7 +78,7 @@ def run_task(
     task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
-    from .prepare import stages
+    from .prepare.execution import stages
 
     if stage not in STAGES:
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
@@ -104,7 +104,7 @@ def status(
     out: Path = typer.Argument(..., metavar="DIR", help="The output dataset directory of a planned run."),
 ) -> None:
     """Progress of a planned scale-out prepare: each stage's tasks done, and what to run next."""
-    from .prepare import stages
+    from .prepare.execution import stages
 
     info = stages.status(out)
     quoted = shlex.quote(str(out))
@@ -142,8 +142,8 @@ def status(
 def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[int]] | None) -> None:
     """For a run submitted to Slurm: the sbatch commands that re-run exactly the missing tasks
     of the earliest incomplete stage, then every later stage and the finish."""
-    from .prepare import slurm
-    from .prepare.taskplan import work_dir
+    from .prepare.execution import slurm
+    from .prepare.execution.taskplan import work_dir
 
     folder = work_dir(out) / "slurm"
     if not (folder / "finish.sbatch").exists():

@@ -152,7 +152,7 @@ def _output(value: str | None) -> str:
 
 
 def _data_name(value: str | None) -> str:
-    from .prepare.hf import PRESETS  # here: the command line's start stays light
+    from .prepare.documents.hf import PRESETS  # here: the command line's start stays light
 
     if value in PRESETS:
         return f"use --preset {value} (`lmshard datasets` lists the named datasets)"

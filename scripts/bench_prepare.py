@@ -94,7 +94,7 @@ def prepare_run(src: Path, out: Path, workers: int) -> dict:
 
 
 def dedup_bytes_per_key(n: int = 20_000_000) -> float:
-    from lmshard.prepare.dedup import KeySet
+    from lmshard.prepare.documents.dedup import KeySet
 
     ks, rng = KeySet(), np.random.default_rng(0)
     for _ in range(n // 1_000_000):

@@ -105,11 +105,12 @@ def ceiling(texts: list[str], procs: int) -> tuple[float, int]:
     return n / sec, n
 
 
-def prepare(src: Path, out: Path, workers: int, env: dict[str, str]) -> tuple[float, dict[str, float], int]:
+def prepare(src: Path, out: Path, workers: int, env: dict[str, str],
+            extra: tuple[str, ...] = ()) -> tuple[float, dict[str, float], int]:  # fmt: skip
     """(wall seconds, CPU seconds of the main process and its workers, tokens) of one prepare."""
     usage = out.with_suffix(".rusage.json")
     cmd = [sys.executable, "-c", WRAPPER, "prepare", str(src), "--out", str(out), "--workers", str(workers),
-           "--quiet"]  # fmt: skip
+           "--quiet", *extra]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env | {"RUSAGE_OUT": str(usage)})
     sec = time.perf_counter() - start
@@ -153,6 +154,15 @@ def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]
                        f"{rate / c_rate:.2f}; main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s "
                        f"({share}); peak RSS {rss}")  # fmt: skip
         print(printed[-1], flush=True)
+    # --dedup-lines reads in one process (a line's fate depends on every earlier line): its share
+    sec, cpu, tokens = prepare(src, t / "lines", counts[-1], env, ("--dedup-lines",))
+    share = 100 * cpu["main"] / cpu["children"]
+    printed.append(f"1. --dedup-lines, workers {counts[-1]} (one reading process): {tokens / sec / 1e6:.2f} M tok/s; "
+                   f"main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s ({share:.0f}%)")  # fmt: skip
+    print(printed[-1], flush=True)
+    rows += ["", f"`--dedup-lines` (read in one process, see scaling.md), {counts[-1]} workers: "
+             f"{tokens / sec / 1e6:.2f} M tokens/s; the main process spends {share:.0f}% of its workers' CPU time "
+             f"({cpu['main']:.2f} s / {cpu['children']:.1f} s)."]  # fmt: skip
     return rows, printed
 
 

@@ -40,7 +40,7 @@ def eager_pool(monkeypatch):
     """prepare starts its worker pool at once, however small the input (it would otherwise do
     a small input in-process), so tests with --workers N exercise the pool; the items done
     while the workers start still run in-process, so output mixes both."""
-    import lmshard.prepare.feed as feed
+    import lmshard.prepare.execution.feed as feed
 
     monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.0)
     monkeypatch.setenv("LMSHARD_POOL_START_SECONDS", "0")
@@ -52,7 +52,7 @@ def small_items(monkeypatch):
     records (not 2,048), so that small test inputs span many items. The planner runs in the main
     process, so the patch holds for spawned workers too. prepare reports progress once per item:
     count the calls to check that a test's input really spans many."""
-    import lmshard.prepare.sources as sources
+    import lmshard.prepare.documents.sources as sources
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", 2048)
     monkeypatch.setattr(sources, "FILES_PER_ITEM", 3)

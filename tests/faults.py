@@ -9,7 +9,7 @@ On the reading side, `failing_reads(monkeypatch, name, after, code)` makes the i
 name ends with `name` fail (EIO) at byte `after`, as a bad sector does: a plain OSError without
 a file name. `unreadable(monkeypatch, name)` makes opening them fail with
 EACCES, as `chmod 000` does for anyone but root. Both patch the one place prepare opens its
-inputs (`lmshard.prepare.reading`), so they hold in this process and in workers forked from it.
+inputs (`lmshard.prepare.documents.reading`), so they hold in this process and in workers forked from it.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class FailingReads:
 
 
 def _inputs_open(monkeypatch, name: str, wrap: Any) -> None:
-    import lmshard.prepare.reading as reading
+    import lmshard.prepare.documents.reading as reading
 
     def faulty_open(path, mode="r", *args, **kwargs):
         if str(path).endswith(name) and mode == "rb":

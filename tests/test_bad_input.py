@@ -161,7 +161,7 @@ def test_empty_file_is_counted_not_fatal(tmp_path):
 @pytest.mark.parametrize("block", [7, 100, 1 << 20])
 def test_line_numbers_are_right_in_any_work_item(tmp_path, monkeypatch, block):
     """Line 57 is named as line 57 whichever work item it falls in, failing and skipping."""
-    import lmshard.prepare.sources as sources
+    import lmshard.prepare.documents.sources as sources
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", block)
     lines = [json.dumps({"text": f"document number {i}"}) for i in range(100)]
@@ -175,7 +175,7 @@ def test_line_numbers_are_right_in_any_work_item(tmp_path, monkeypatch, block):
 
 
 def test_gigantic_line_is_refused(tmp_path, monkeypatch):
-    import lmshard.prepare.sources as sources
+    import lmshard.prepare.documents.sources as sources
 
     monkeypatch.setattr(sources, "MAX_RECORD_BYTES", 1000)
     monkeypatch.setattr(sources, "BLOCK_BYTES", 256)
@@ -239,7 +239,7 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     import errno
 
     from lmshard.errors import LmshardError
-    from lmshard.prepare.writer import ShardWriter
+    from lmshard.prepare.output.writer import ShardWriter
 
     def full(self, tokens, ends):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "train" / "shard_000000.bin.tmp"))

@@ -30,8 +30,8 @@ from typer.testing import CliRunner
 from lmshard.cli import app
 from lmshard.errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, ConfigError
 from lmshard.prepare import PrepareConfig
-from lmshard.prepare.files import detect
-from lmshard.prepare.sources import SPLIT_INTO_PARAGRAPHS, plan
+from lmshard.prepare.documents.files import detect
+from lmshard.prepare.documents.sources import SPLIT_INTO_PARAGRAPHS, plan
 
 runner = CliRunner()
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "river",
@@ -384,14 +384,15 @@ def test_eof_error_escaping_prepare_is_one_line_not_aborted(tmp_path, monkeypatc
 
 
 def test_os_error_in_inspect_and_tokenizer_is_one_line(tmp_path, monkeypatch):
-    import lmshard.cli as cli_module
     import lmshard.tokenizers as tokenizers
 
     def broken(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error", str(tmp_path / "train" / "shard_000000.bin"))
 
     write(tmp_path / "ds" / "dataset_metadata.json", "{}")
-    monkeypatch.setattr(cli_module.audit, "require_dataset", broken)
+    from lmshard.inspect import audit
+
+    monkeypatch.setattr(audit, "require_dataset", broken)
     code, message = cli("inspect", str(tmp_path / "ds"))
     assert code == EXIT_ERROR and message == f"error: {tmp_path / 'train' / 'shard_000000.bin'}: Input/output error"
     monkeypatch.setattr(tokenizers, "load_tokenizer", broken)

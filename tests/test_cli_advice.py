@@ -204,8 +204,8 @@ def planned(tmp_path_factory, text):
 def test_status_of_a_complete_local_run_says_it_is_done(planned):
     code, said = _invoke(["status", str(planned)])
     assert code == 0
-    assert said == (f"tokenize: 2 of 2 tasks complete (1 unit) dedup: done in the merge merge: done done: the "
-                    f"dataset is complete; check it with: lmshard inspect {planned}")  # nothing is left to run
+    assert said == f"done: the dataset is complete; check it with: lmshard inspect {planned}"  # nothing is left to run
+    assert not (planned.parent / f".{planned.name}.lmshard-work").exists()  # the work folder went with it
     code, usage = _invoke(["status", "-h"])
     assert code == 0 and "{DIR}" in usage and "{out}" not in usage
 

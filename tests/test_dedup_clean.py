@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from lmshard.cli import app
-from lmshard.prepare.clean import CleanConfig, _has_control, clean_text, length_filter
-from lmshard.prepare.dedup import KeySet, uniform_from_keys
+from lmshard.prepare.documents.clean import CleanConfig, _has_control, clean_text, length_filter
+from lmshard.prepare.documents.dedup import KeySet, uniform_from_keys
 
 
 @settings(max_examples=200, deadline=None)

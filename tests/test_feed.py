@@ -1,4 +1,4 @@
-"""Where item results come from (prepare/feed.py), and the separators around each document.
+"""Where item results come from (prepare/execution/feed.py), and the separators around each document.
 
 A small input is done in the main process and never pays for a worker pool; a large one starts
 the pool once the rate of the first items says it pays off; the main process keeps working
@@ -19,12 +19,12 @@ from conftest import write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import lmshard.prepare.feed as feed
-from lmshard.prepare.clean import CleanConfig
-from lmshard.prepare.feed import Feeder
-from lmshard.prepare.sources import discover, plan
-from lmshard.prepare.worker import WorkerConfig, process_item, run_item
-from lmshard.prepare.writer import with_separators
+import lmshard.prepare.execution.feed as feed
+from lmshard.prepare.documents.clean import CleanConfig
+from lmshard.prepare.documents.sources import discover, plan
+from lmshard.prepare.documents.worker import WorkerConfig, process_item, run_item
+from lmshard.prepare.execution.feed import Feeder
+from lmshard.prepare.output.writer import with_separators
 from lmshard.tokenizers import load_tokenizer
 
 
@@ -73,7 +73,7 @@ def setup(tmp_path_factory):
 
 
 def _items(sources, monkeypatch):
-    import lmshard.prepare.sources as sources_mod
+    import lmshard.prepare.documents.sources as sources_mod
 
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 1024)
     return list(plan(sources, "auto", "text"))
@@ -133,7 +133,7 @@ def test_prepare_output_is_the_same_in_process_and_in_the_pool(tmp_path, monkeyp
 
     src = write(tmp_path / "a.jsonl", "".join(json.dumps({"text": f"doc {i} " + "x y " * (i % 40)}) + "\n"
                                               for i in range(3000)))  # fmt: skip
-    import lmshard.prepare.sources as sources_mod
+    import lmshard.prepare.documents.sources as sources_mod
 
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 4096)
     trees = []
@@ -149,7 +149,7 @@ def test_prepare_output_is_the_same_in_process_and_in_the_pool(tmp_path, monkeyp
 def test_items_of_unknown_size_start_the_pool_once_this_process_spent_long_enough(tmp_path, monkeypatch):
     """CSV (like JSON arrays) is parsed here into items that do not say their size: the pool
     starts once the items done here took longer than the threshold, not never."""
-    import lmshard.prepare.sources as sources_mod
+    import lmshard.prepare.documents.sources as sources_mod
 
     monkeypatch.setattr(sources_mod, "RECORDS_PER_ITEM", 50)
     monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.15)
@@ -171,8 +171,8 @@ def test_a_worker_that_loads_another_tokenizer_refuses_to_start(setup):
     """The main process's tokenizer identity travels to the workers; one that loads anything
     else (a file changed mid-run) stops before its first item, and the pool says so."""
     from lmshard.errors import TokenizerError
-    from lmshard.prepare.pool import OrderedPool, WorkerDied, WorkerStartFailed
-    from lmshard.prepare.worker import identity_of, init_worker
+    from lmshard.prepare.documents.worker import identity_of, init_worker
+    from lmshard.prepare.execution.pool import OrderedPool, WorkerDied, WorkerStartFailed
 
     sources, wcfg, tok = setup
     right = replace(wcfg, expect=identity_of(tok))
@@ -187,7 +187,7 @@ def test_a_worker_that_loads_another_tokenizer_refuses_to_start(setup):
 
 
 def _tokenizer_address(_: int) -> int:
-    from lmshard.prepare import worker
+    from lmshard.prepare.documents import worker
 
     return id(worker._state["tokenizer"])
 
@@ -195,9 +195,9 @@ def _tokenizer_address(_: int) -> int:
 def test_forked_workers_use_the_parents_tokenizer_without_loading_one(setup, monkeypatch):
     """Workers forked after the tokenizer loaded take the parent's object (same address in the
     copied memory) and never load one: loading is broken here, and the children inherit that."""
-    import lmshard.prepare.worker as worker_mod
-    from lmshard.prepare.pool import OrderedPool
-    from lmshard.prepare.worker import identity_of, init_worker, share_with_forks
+    import lmshard.prepare.documents.worker as worker_mod
+    from lmshard.prepare.documents.worker import identity_of, init_worker, share_with_forks
+    from lmshard.prepare.execution.pool import OrderedPool
 
     sources, wcfg, tok = setup
 

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from lmshard.prepare.files import DamagedInput, _gzip_reader, detect, open_binary
+from lmshard.prepare.documents.files import DamagedInput, _gzip_reader, detect, open_binary
 
 pytest.importorskip("isal", reason="the fast gzip reader is in the `fast` extra")
 

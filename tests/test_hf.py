@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from lmshard.cli import app
 from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.hf import PRESETS, HFSpec, hf_records
+from lmshard.prepare.documents.hf import PRESETS, HFSpec, hf_records
 
 runner = CliRunner()
 

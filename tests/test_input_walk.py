@@ -215,7 +215,7 @@ def test_metadata_without_skipped_inputs_still_opens(tmp_path):
 
 
 def test_text_is_told_from_binary_by_its_first_bytes(tmp_path):
-    from lmshard.prepare.walk import looks_like_text
+    from lmshard.prepare.documents.walk import looks_like_text
 
     page = write(tmp_path / "ls.1.gz", gzip.compress(MAN_PAGE.format(1).encode()))
     png = write(tmp_path / "logo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")

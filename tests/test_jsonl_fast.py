@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import lmshard.prepare.records as records
-from lmshard.prepare.records import parse_jsonl
+import lmshard.prepare.documents.records as records
+from lmshard.prepare.documents.records import parse_jsonl
 
 pytest.importorskip("orjson", reason="the fast JSON parser is in the `fast` extra")
 

@@ -1,4 +1,4 @@
-"""The local executor (`prepare --num-tasks N`, lmshard/prepare/local_exec.py) when processes
+"""The local executor (`prepare --num-tasks N`, lmshard/prepare/execution/local_exec.py) when processes
 die or are stopped: a killed main process takes its workers with it, a killed worker is one line
 naming its stage and the fix, a stop signal to the whole group is one message from the main
 process (the workers leave it to it), and `--resume` then finishes with the one-machine bytes.

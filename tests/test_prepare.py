@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from lmshard.errors import ConfigError, InputError
 from lmshard.format import load_metadata
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.dedup import uniform_from_keys
+from lmshard.prepare.documents.dedup import uniform_from_keys
 
 WORDS = [
     "the",
@@ -181,7 +181,7 @@ def test_worker_counts_1_2_3_byte_identical_over_many_work_items(tmp_path, refer
 def test_work_item_size_does_not_change_the_output(tmp_path, monkeypatch, mode):
     """Blocks cut at 7 or 333 bytes (mid-record, mid-CRLF, mid-paragraph separator) give the same
     shards as one 1 MiB block: the planner carries partial records into the next item."""
-    import lmshard.prepare.sources as sources
+    import lmshard.prepare.documents.sources as sources
 
     rng = random.Random(1)
     paras = ["\n".join(make_texts(rng.randint(1, 3), seed=k)) for k in range(120)]
@@ -482,7 +482,7 @@ def test_line_dedup_refuses_stdin():
 @example(["\x1f"])  # cleans to nothing
 def test_round_trip_text_to_shards_to_decoded_text(tmp_path_factory, reference, texts):
     """Any text → prepare → raw .bin/.idx read with numpy → decoded: the cleaned text, once each."""
-    from lmshard.prepare.clean import CleanConfig, clean_text, fix_surrogates
+    from lmshard.prepare.documents.clean import CleanConfig, clean_text, fix_surrogates
 
     tmp = tmp_path_factory.mktemp("rt")
     jsonl(tmp / "a.jsonl", texts)

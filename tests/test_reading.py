@@ -26,10 +26,10 @@ import lmshard.prepare.pipeline as pipeline
 from lmshard.cli import app
 from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.files import detect
-from lmshard.prepare.pool import OrderedPool
-from lmshard.prepare.reading import InputReadError
-from lmshard.prepare.records import read_whole_file
+from lmshard.prepare.documents.files import detect
+from lmshard.prepare.documents.reading import InputReadError
+from lmshard.prepare.documents.records import read_whole_file
+from lmshard.prepare.execution.pool import OrderedPool
 
 runner = CliRunner()
 
@@ -98,7 +98,7 @@ def test_a_chmod_000_input_is_named_with_its_fix(tmp_path):
 def test_an_os_error_is_blamed_on_out_only_when_it_is_the_outputs(tmp_path):
     """The last line of defence (an OSError that reached the run without being named by a
     reader): --out advice only for --out, its build beside it, or no file named (a write's)."""
-    from lmshard.prepare.staging import os_error
+    from lmshard.prepare.output.staging import os_error
 
     out = tmp_path / "ds"
     paths = (tmp_path / "in.jsonl", out / "train" / "x", tmp_path / ".ds.lmshard-partial" / "y")
@@ -291,7 +291,7 @@ def test_a_file_that_shrank_or_was_replaced_is_one_line_naming_it(tmp_path, monk
 def test_a_partial_record_at_the_size_recorded_is_never_a_bad_line_in_a_scale_out_unit(tmp_path, monkeypatch):
     """The last unit of a cut file ends at the recorded size: a growing file's half-written last
     record is left out there too."""
-    from lmshard.prepare.taskplan import cut_units, unit_items
+    from lmshard.prepare.execution.taskplan import cut_units, unit_items
 
     path = write(tmp_path / "a.jsonl", lines(3000) + '{"text": "half')
     src = detect(str(path))
@@ -329,7 +329,7 @@ def test_a_half_written_record_across_the_last_read_is_left_out(tmp_path, monkey
 
 
 def test_a_half_written_record_across_a_units_last_read_is_left_out(tmp_path, small_items):
-    from lmshard.prepare.taskplan import cut_units, unit_items
+    from lmshard.prepare.execution.taskplan import cut_units, unit_items
 
     half = '{"text": "' + "half " * 500  # longer than a 2 KiB read: whatever the unit's start, it spans two
     path = write(tmp_path / "a.jsonl", lines(3000) + half)

@@ -22,15 +22,15 @@ from conftest import read_docs
 from faults import full_disk
 from proctree import LMSHARD, finish, kill_group, signal_stopped, start_prepare, wait_gone, wait_stopped, workers_of
 
-import lmshard.prepare.build as build_mod
-import lmshard.prepare.writer as writer_mod
+import lmshard.prepare.output.build as build_mod
+import lmshard.prepare.output.writer as writer_mod
 from lmshard.errors import ConfigError, InputError, LmshardError
 from lmshard.format import METADATA_FILE
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare import staging as staging_mod
-from lmshard.prepare.build import StopOnSignal, Stopped
-from lmshard.prepare.staging import OutputPaths, read_run, recover
-from lmshard.prepare.writer import ShardWriter
+from lmshard.prepare.output import staging as staging_mod
+from lmshard.prepare.output.build import StopOnSignal, Stopped
+from lmshard.prepare.output.staging import OutputPaths, read_run, recover
+from lmshard.prepare.output.writer import ShardWriter
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 SHARD = 20_000  # tokens per shard: the corpora below make dozens of shards
@@ -51,7 +51,7 @@ def corpus(path: Path, n: int, seed: int, dupes_of: list[str] | None = None) -> 
 def many_items(monkeypatch):
     """64 KiB work items (not 1 MiB): the corpora span dozens of items, so a failure injected
     at the Nth write lands mid-run. The output does not depend on the item size."""
-    import lmshard.prepare.sources as sources
+    import lmshard.prepare.documents.sources as sources
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 16)
 
@@ -424,7 +424,7 @@ def test_overwrite_without_exchange_uses_two_renames(tmp_path, monkeypatch, inpu
 
 # `lmshard prepare` with the atomic exchange unavailable (as on filesystems without renameat2):
 # the swap is two renames
-WITHOUT_EXCHANGE = ("import sys; import lmshard.prepare.staging as s; s._exchange = lambda a, b: False; "
+WITHOUT_EXCHANGE = ("import sys; import lmshard.prepare.output.staging as s; s._exchange = lambda a, b: False; "
                     "from lmshard.__main__ import main; main()")  # fmt: skip
 
 
@@ -739,7 +739,7 @@ def test_stray_temporary_files_of_a_cut_checkpoint_are_not_shipped(tmp_path, mon
 def test_resume_refuses_a_different_work_item_plan(tmp_path, monkeypatch, inputs):
     """The checkpoint counts work items: resuming with other item sizes (another lmshard version)
     would skip the wrong input."""
-    import lmshard.prepare.sources as sources
+    import lmshard.prepare.documents.sources as sources
 
     out = tmp_path / "ds"
     monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)
@@ -772,7 +772,7 @@ def test_an_out_that_is_a_broken_symlink_is_one_line(tmp_path, inputs):
 
 
 def test_a_worker_os_error_keeps_the_build():
-    from lmshard.prepare.pool import _portable
+    from lmshard.prepare.execution.pool import _portable
 
     e = _portable(FileNotFoundError(2, "No such file or directory", "gone.parquet"))
     assert type(e) is FileNotFoundError and e.filename == "gone.parquet"

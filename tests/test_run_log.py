@@ -13,8 +13,8 @@ from test_prepare import jsonl, make_texts
 from test_stages import _files
 
 from lmshard.cli_prepare import RunLog, progress_line
+from lmshard.prepare.output.staging import OutputPaths, read_run
 from lmshard.prepare.pipeline import Progress
-from lmshard.prepare.staging import OutputPaths, read_run
 
 
 class Clock:

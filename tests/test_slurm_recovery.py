@@ -234,9 +234,9 @@ def test_failed_tokenize_task_is_rerun_alone_by_the_status_lines(slurm):
     text, lines = _status(root, env, out)
     assert "tokenize: 2 of 3 tasks complete (9 of 12 units)" in text, text
     assert re.search(r"task 1: 2 of 5 \(failed on \S+ \(pid \d+\): InputGone: in/b\.jsonl", text), text
-    assert "put it back and run this task again" in text and "--resume" not in text, text
+    assert "put it back and run this task again (a whole run: the same prepare with --resume)" in text, text
     log = (work / "slurm" / f"tokenize_{tok}_1.log").read_text()
-    assert "put it back and run this task again" in log and "--resume" not in log, log
+    assert "put it back and run this task again (a whole run: the same prepare with --resume)" in log, log
     assert "running" not in text, text
     slurm_dir, after = ".dist_failed.lmshard-work/slurm", "--kill-on-invalid-dep=yes"
     assert lines == ["j1=$(sbatch --parsable --array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 "

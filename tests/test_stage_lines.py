@@ -10,8 +10,8 @@ import pytest
 
 from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.local_exec import run
-from lmshard.prepare.taskplan import _WINDOW
+from lmshard.prepare.execution.local_exec import run
+from lmshard.prepare.execution.taskplan import _WINDOW
 
 
 def _input(tmp_path, bad_at: int):

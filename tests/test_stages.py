@@ -14,13 +14,14 @@ import pytest
 from proctree import LMSHARD, finish, signal_stopped, wait_stopped
 from test_prepare import jsonl, make_texts
 
-import lmshard.prepare.build as build
-import lmshard.prepare.layout as layout
+import lmshard.prepare.execution.layout as layout
+import lmshard.prepare.output.build as build
 from lmshard.errors import ConfigError, InputError
-from lmshard.prepare import PrepareConfig, local_exec, prepare
-from lmshard.prepare.slurm import resubmit_commands
-from lmshard.prepare.stages import STAGES, Run, plan_run, run_task
-from lmshard.prepare.taskplan import _WINDOW, load_plan, work_dir
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.execution import local_exec
+from lmshard.prepare.execution.slurm import resubmit_commands
+from lmshard.prepare.execution.stages import STAGES, Run, plan_run, run_task
+from lmshard.prepare.execution.taskplan import _WINDOW, load_plan, work_dir
 
 
 def _corpus(tmp):
@@ -359,7 +360,7 @@ def test_the_printed_slurm_resubmit_commands_cover_every_task_of_each_later_stag
 def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, monkeypatch):
     """8 tasks over a few MB each get units (64 MiB units would give one task everything); an
     explicit --unit-size is the plan's; the output is one machine's bytes either way."""
-    import lmshard.prepare.taskplan as taskplan
+    import lmshard.prepare.execution.taskplan as taskplan
 
     monkeypatch.setattr(taskplan, "UNIT_BYTES", 64 << 20)  # the default, whatever LMSHARD_UNIT_BYTES says
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(12_000, seed=9))

@@ -11,8 +11,8 @@ import pytest
 from conftest import write
 
 from lmshard.errors import ConfigError
-from lmshard.prepare.files import detect
-from lmshard.prepare.taskplan import (
+from lmshard.prepare.documents.files import detect
+from lmshard.prepare.execution.taskplan import (
     _WINDOW,
     Unit,
     assign,
@@ -125,7 +125,7 @@ def _lined(units, sources):
     """The units with the first line numbers their tasks find (planning leaves later ones 0)."""
     from dataclasses import replace
 
-    from lmshard.prepare.taskplan import count_newlines
+    from lmshard.prepare.execution.taskplan import count_newlines
 
     assert all((u.first_line == 0) == (u.kind == "range" and u.start > 0) for u in units)
     return [replace(u, first_line=1 + count_newlines(sources[u.source], 0, u.start)) if u.first_line == 0 else u
@@ -145,8 +145,8 @@ def _numbered(items) -> list[tuple[int, int, bytes]]:
 def test_unit_items_carry_the_same_numbered_lines_as_the_whole_file(tmp_path, mode):
     """Cut into units, a file gives prepare's workers exactly the lines (and line numbers) of
     the single-machine plan; --text-mode auto marks the file as split into paragraphs once."""
-    from lmshard.prepare.sources import plan
-    from lmshard.prepare.taskplan import unit_items
+    from lmshard.prepare.documents.sources import plan
+    from lmshard.prepare.execution.taskplan import unit_items
 
     rng = np.random.default_rng(7)
     if mode == "jsonl":
@@ -175,8 +175,8 @@ def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
     """A UTF-8 byte-order mark is at offset 0 only: the first unit's data starts after it, the
     others at their record boundary; together they are the file's records, numbered as in the
     single-machine plan."""
-    from lmshard.prepare.sources import plan
-    from lmshard.prepare.taskplan import unit_items
+    from lmshard.prepare.documents.sources import plan
+    from lmshard.prepare.execution.taskplan import unit_items
 
     data = _jsonl(400, 3)
     src = detect(str(write(tmp_path / "a.jsonl", b"\xef\xbb\xbf" + data)))
@@ -189,7 +189,7 @@ def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
 
 
 def test_a_utf16_file_stays_one_unit_read_as_one_wrong_encoding_record(tmp_path):
-    from lmshard.prepare.taskplan import unit_items
+    from lmshard.prepare.execution.taskplan import unit_items
 
     src = detect(str(write(tmp_path / "a.jsonl", _jsonl(400, 4).decode().encode("utf-16"))))
     units = cut_units([src], "auto", 1000, U)

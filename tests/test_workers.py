@@ -21,7 +21,7 @@ from conftest import write
 from proctree import alive, finish, start_prepare, wait_for_workers, wait_gone, wait_stopped, workers_of
 
 from lmshard.errors import InputError
-from lmshard.prepare.pool import OrderedPool, WorkerBug, WorkerDied, WorkerStartFailed
+from lmshard.prepare.execution.pool import OrderedPool, WorkerBug, WorkerDied, WorkerStartFailed
 
 RUN_TIMEOUT = 90.0  # seconds a killed prepare may take to exit before the test calls it a hang
 

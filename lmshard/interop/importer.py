@@ -41,7 +41,7 @@ from ..format import (
     atomic_write_bytes,
     atomic_write_json,
 )
-from ..prepare.writer import ShardWriter
+from ..prepare.output.writer import ShardWriter
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
 from .layouts import MEGATRON_HEADER, read_megatron_header
 from .output import staged_output

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..format import METADATA_FILE
-from ..prepare.staging import carry, user_entries
+from ..prepare.output.staging import carry, user_entries
 
 PROVENANCE_FILE = "lmshard_export.json"  # an export's record of what it wrote (export.py)
 

@@ -1,16 +1,13 @@
 """`lmshard prepare`: raw text → cleaned, deduplicated, tokenized shards with their metadata.
 
-The rooms, in the order a document passes through them:
+Three rooms, and the run that ties them together:
 
-- `config`: `PrepareConfig` and `resolve_config` (flags > config file > preset > demo defaults);
-- `files`: the I/O leaf (what an input file is, opening and decompressing it), over `reading`
-  (a file read as the run recorded it, its byte-order mark, its OS errors named as the input's);
-- `sources`: inputs → an ordered stream of work items; `records`: bytes → `Record`s, and the
-  one `--on-error` decision (`settle`); `columnar`: parquet and arrow; `hf`: Hugging Face
-  datasets and presets;
-- `worker`: per item, parse → clean (`clean`) → key → tokenize, in worker processes (`pool`);
-- `pipeline`: the run itself: dedup (`dedup`) and split in input order, shards (`writer`),
-  metadata last.
+- `documents/`: the per-document pipeline (inputs, records, cleaning, keys, tokenizing: the worker);
+- `execution/`: the plan, the stages and their engines (the local pool, Slurm, Ray, run-task, status);
+- `output/`: the output's durability (the claim of `--out`, staging and swap, the build, the writers);
+- `pipeline`: the run: a large input as staged tasks in the worker pool, anything else read in
+  this process and written as it goes; `config`: `PrepareConfig` and `resolve_config` (flags >
+  config file > preset > demo defaults); `stops`: stop points for fault tests.
 
     from lmshard.prepare import PrepareConfig, prepare
     meta = prepare(PrepareConfig(inputs=["corpus/"], out="data/corpus"))
@@ -24,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type checkers see the real names; at run time they load on first use
     from .config import PrepareConfig, resolve_config
-    from .hf import Preset, presets
+    from .documents.hf import Preset, presets
     from .pipeline import Progress, prepare
 
 __all__ = ["PrepareConfig", "Preset", "Progress", "prepare", "presets", "resolve_config"]
@@ -43,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(pipeline, name)
     if name in ("Preset", "presets"):
-        from . import hf
+        from .documents import hf
 
         return getattr(hf, name)
     raise AttributeError(f"module 'lmshard.prepare' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..format import EOT_POSITIONS
-from .clean import CleanConfig
+from .documents.clean import CleanConfig
 
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
 TEXT_MODES = ("auto", "file", "line", "paragraph")
@@ -33,7 +33,7 @@ DEDUP_MODES = ("document", "none")
 TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend",
                      "num_tasks", "unit_size", "executor", "sbatch_args", "ray_address",
                      "log_interval", "quiet", "json")  # fmt: skip
-EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/stages.py)
+EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/execution/stages.py)
 MIN_UNIT_BYTES = 64 << 10  # the smallest unit a plan cuts (taskplan.py reads a window of this size at each cut)
 BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
@@ -136,7 +136,7 @@ class PrepareConfig:
             setattr(self, name, _checked(name, value, expected, "PrepareConfig field", parse_strings=False))
 
     def _check_hf_tasks(self) -> None:
-        from .hf import check_task_split
+        from .documents.hf import check_task_split
 
         check_task_split(self.hf_task, self.hf_tasks)
         if not self.hf and (self.hf_task, self.hf_tasks) != (0, 1):
@@ -157,7 +157,7 @@ class PrepareConfig:
     def hf_spec(self) -> Any:
         if not self.hf:
             return None
-        from .hf import HFSpec
+        from .documents.hf import HFSpec
 
         return HFSpec(dataset=self.hf, config=self.hf_config, split=self.hf_split,
                       text_field=self.text_field, streaming=self.streaming, revision=self.revision,
@@ -204,7 +204,7 @@ def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] |
     demo = any(demos)
     values.update(given)
     if preset:
-        from .hf import apply_preset
+        from .documents.hf import apply_preset
 
         values = apply_preset(preset, values)
     if demo:

@@ -38,16 +38,25 @@ from ..format import (
     load_metadata,
 )
 from ..tokenizers import Tokenizer
-from .build import CHECKPOINT_SECONDS, Build, Progress, StopOnSignal, Totals, account, check_not_empty, sigterm_stops
-from .claim import Claim, bos_written, claim_output, run_tokenizer, write_run
 from .config import PrepareConfig
-from .dedup import uniform_from_keys
-from .feed import early_pool, item_results
-from .metadata import dataset_metadata
-from .pool import OrderedPool, WorkerDied
-from .reading import InputGone, InputReadError
-from .sources import Source, Sources, WorkItem, discover, note_growth
-from .staging import (
+from .documents.dedup import uniform_from_keys
+from .documents.reading import InputGone, InputReadError
+from .documents.sources import Source, Sources, WorkItem, discover, note_growth
+from .execution.feed import early_pool, item_results
+from .execution.pool import OrderedPool, WorkerDied
+from .output.build import (
+    CHECKPOINT_SECONDS,
+    Build,
+    Progress,
+    StopOnSignal,
+    Totals,
+    account,
+    check_not_empty,
+    sigterm_stops,
+)
+from .output.claim import Claim, bos_written, claim_output, run_tokenizer, write_run
+from .output.metadata import dataset_metadata
+from .output.staging import (
     Interrupted,
     OutputPaths,
     WriterLock,
@@ -56,8 +65,8 @@ from .staging import (
     os_error,
     recover,
 )
+from .output.writer import with_separators
 from .stops import stop_point
-from .writer import with_separators
 
 
 def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> DatasetMeta:
@@ -79,7 +88,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     with contextlib.ExitStack() as stack:
         tokenizer = run_tokenizer(config)  # fail fast on a missing vocabulary
-        from . import local_exec  # (whose stages use this module)
+        from .execution import local_exec  # (whose stages use this module)
 
         if local_exec.use_stages(config, sources):  # every stage in the worker pool
             tasks = local_exec.TASKS_PER_WORKER * config.n_workers()  # (tasks here only size the units)

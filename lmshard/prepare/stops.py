@@ -31,6 +31,7 @@ import os
 import signal
 from collections import Counter
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops a run: Ctrl-C, and SIGTERM (kill, a scheduler)
 _passed: Counter[str] = Counter()
 
 

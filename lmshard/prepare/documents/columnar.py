@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import InputError
+from ...errors import InputError
 from .files import Source, open_raw
 from .reading import cannot_stream, read_error
 from .records import Record, typed_text

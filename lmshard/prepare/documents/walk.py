@@ -31,9 +31,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, LmshardError
-from ..format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE
-from ..format.skipped import NO_SUFFIX, SkippedInputs
+from ...errors import InputError, LmshardError
+from ...format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE
+from ...format.skipped import NO_SUFFIX, SkippedInputs
 from .files import Source, compression_of, known_type, read_prefix, type_suffix
 
 SNIFF_BYTES = 4096  # decompressed bytes of a skipped file read to tell text from binary

@@ -33,18 +33,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, InputError, LmshardError
-from ..format import METADATA_FILE, atomic_write_json
-from ..tokenizers import Tokenizer
+from ...errors import ConfigError, InputError, LmshardError
+from ...format import METADATA_FILE, atomic_write_json
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.reading import InputGone
+from ..documents.sources import Source, discover
+from ..documents.worker import WorkerConfig, identity_of
+from ..output.build import sigterm_stops
+from ..output.claim import _fingerprint, bos_written, run_tokenizer
+from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .buckets import buckets_of, resolve
-from .build import sigterm_stops
-from .claim import _fingerprint, bos_written, run_tokenizer
-from .config import PrepareConfig
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
 from .owners import finish, missing_parts, missing_pieces, remove_work, seal_piece, write_part
-from .reading import InputGone
-from .sources import Source, discover
-from .staging import OutputPaths, WriterLock, read_run, recover
 from .taskplan import (
     PLAN_FILE,
     cut_units,
@@ -56,7 +57,6 @@ from .taskplan import (
     work_dir,
 )
 from .unitfiles import tokenize_unit
-from .worker import WorkerConfig, identity_of
 
 
 def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
@@ -316,8 +316,9 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
                           "kept: run the same command again to finish it",
                           getattr(e, "signum", signal.SIGINT)) from None  # fmt: skip
     except BaseException as e:
-        if isinstance(e, InputGone):  # a task has no --resume: it goes on from its markers when run again
-            e = InputGone(str(e).replace("run the same command with --resume", "run this task again"))
+        if isinstance(e, InputGone):  # a task goes on from its markers when run again (a prepare: with --resume)
+            e = InputGone(str(e).replace("run the same command with --resume", "run this task again (a whole "
+                                         "run: the same prepare with --resume)"))  # fmt: skip
         atomic_write_json(state, {"state": "failed", "host": socket.gethostname(), "pid": os.getpid(),
                                   "error": f"{type(e).__name__}: {e}"[:500]})  # fmt: skip
         raise e from None

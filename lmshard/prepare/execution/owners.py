@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import InputError
-from ..format import (
+from ...errors import InputError
+from ...format import (
     INDEX_DTYPE,
     METADATA_FILE,
     SPLITS,
@@ -56,13 +56,13 @@ from ..format import (
     atomic_write_json,
     shard_paths,
 )
-from ..tokenizers import Tokenizer
-from .build import Totals, check_not_empty
-from .claim import Claim, claim_output, write_run
-from .config import PrepareConfig
-from .sources import Source, note_growth
-from .staging import RUN_FILE, OutputPaths, commit, read_run, recover
-from .stops import stop_point
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.sources import Source, note_growth
+from ..output.build import Totals, check_not_empty
+from ..output.claim import Claim, claim_output, write_run
+from ..output.staging import RUN_FILE, OutputPaths, commit, read_run, recover
+from ..stops import stop_point
 from .unitfiles import read_section, sections
 
 
@@ -248,7 +248,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
            sources: list[Source], tokenizer: Tokenizer) -> DatasetMeta:  # fmt: skip
     """The metadata from the units' totals and the pieces' entries, then the swap (under the
     caller's writer lock); the work folder is removed once the dataset is in place."""
-    from .metadata import dataset_metadata
+    from ..output.metadata import dataset_metadata
 
     for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
         seal_piece(work, paths.staging, layout, k)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-from ..errors import InputError, missing_dependency
+from ...errors import InputError, missing_dependency
 from .reading import Headed, InputFile, changed, grew, read_error
 
 MAX_RECORD_BYTES = 256 << 20  # one line / record larger than this is refused, not buffered

@@ -41,7 +41,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
 
-from ..errors import LmshardError
+from ...errors import LmshardError
+from ..stops import STOP_SIGNALS
 
 try:
     import fcntl
@@ -57,7 +58,6 @@ PER_WORKER = 2  # tasks queued in one worker: one running, one ready to start wi
 JOIN_SECONDS = 5.0  # how long an orderly shutdown waits for a worker before killing it
 # Ctrl-C, and SIGTERM: how a scheduler stops a job (Slurm's scancel and its time limit send it to
 # every process of the job). Workers ignore both; the parent stops them (build.StopOnSignal).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class WorkerDied(LmshardError):

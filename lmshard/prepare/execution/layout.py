@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from ..format import SPLITS, atomic_write_json
+from ...format import SPLITS, atomic_write_json
+from ..documents.dedup import uniform_from_keys
+from ..documents.worker import ItemResult
+from ..output.build import KEYS_PER_FILE, Totals, account
+from ..stops import stop_point
 from .buckets import unit_duplicates
-from .build import KEYS_PER_FILE, Totals, account
-from .dedup import uniform_from_keys
-from .stops import stop_point
 from .unitfiles import read_section, unit_marker
-from .worker import ItemResult
 
 LAYOUT_FILE = "layout.json"
 STREAMS = (*SPLITS, "keys")

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..errors import ConfigError, LmshardError, warn
-from ..format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, atomic_write_json, load_metadata
-from ..tokenizers import Tokenizer, load_tokenizer
-from . import sources as sources_mod
-from .config import PrepareConfig
-from .reading import read_error
-from .sources import Source
+from ... import __version__
+from ...errors import ConfigError, LmshardError, warn
+from ...format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, atomic_write_json, load_metadata
+from ...tokenizers import Tokenizer, load_tokenizer
+from ..config import PrepareConfig
+from ..documents import sources as sources_mod
+from ..documents.reading import read_error
+from ..documents.sources import Source
 from .staging import RUN_FILE, RUN_VERSION, OutputPaths, difference, inside, kind_of_output, read_run
 
 

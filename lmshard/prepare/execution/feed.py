@@ -26,13 +26,11 @@ from typing import IO, Any, TypeVar
 
 import numpy as np
 
-from ..tokenizers import Tokenizer
-from .build import Build
-from .config import PrepareConfig
-from .dedup import KeySet
-from .pool import OrderedPool, start_method
-from .sources import Source, WorkItem, plan
-from .worker import (
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.dedup import KeySet
+from ..documents.sources import Source, WorkItem, plan
+from ..documents.worker import (
     ItemResult,
     WorkerConfig,
     hash_lines,
@@ -43,6 +41,8 @@ from .worker import (
     run_item,
     share_with_forks,
 )
+from ..output.build import Build
+from .pool import OrderedPool, start_method
 
 T = TypeVar("T")
 # What starting the pool costs, in seconds of this process's own work it must save to pay off

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, LmshardError
-from ..format import IN_PROGRESS_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE
-from .stops import stop_point
+from ...errors import ConfigError, LmshardError
+from ...format import IN_PROGRESS_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE
+from ..stops import stop_point
 
 RUN_FILE = IN_PROGRESS_FILE  # inside the build: fingerprint + checkpoint (JSON)
 RUN_VERSION = 1

@@ -27,15 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from ..format import atomic_write_json
-from ..tokenizers import Tokenizer
-from .claim import bos_written
-from .config import PrepareConfig
-from .sources import Source
-from .stops import stop_point
+from ...format import atomic_write_json
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.sources import Source
+from ..documents.worker import ItemResult, WorkerConfig, run_item
+from ..output.claim import bos_written
+from ..output.writer import with_separators
+from ..stops import stop_point
 from .taskplan import Unit, count_newlines, load_plan, unit_items, work_dir
-from .worker import ItemResult, WorkerConfig, run_item
-from .writer import with_separators
 
 SECTIONS = ("tokens", "lengths", "keys", "sources", "bkeys")
 DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "bkeys": "u1"}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import ConfigError, InputError, missing_dependency
+from ...errors import ConfigError, InputError, missing_dependency
 from .files import DECOMPRESSION_ERRORS, damage_kind
 from .records import Record, bad, typed_text
 

@@ -41,7 +41,7 @@ class CleanConfig:
     overlong: str = "drop"
 
     def __post_init__(self) -> None:
-        from ..errors import ConfigError
+        from ...errors import ConfigError
 
         if self.normalize not in NORMALIZE_FORMS:
             raise ConfigError(f"--normalize must be one of {', '.join(NORMALIZE_FORMS)}")

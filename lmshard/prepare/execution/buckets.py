@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ..format import atomic_write_json
-from .stops import stop_point
+from ...format import atomic_write_json
+from ..stops import stop_point
 from .unitfiles import sections
 
 _U64, _U32 = np.dtype("<u8"), np.dtype("<u4")

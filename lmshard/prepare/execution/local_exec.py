@@ -29,15 +29,16 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ..errors import ConfigError, InputError
-from ..format import load_metadata
-from .build import Progress, sigterm_stops
-from .config import PrepareConfig
+from ...errors import ConfigError, InputError
+from ...format import load_metadata
+from ..config import PrepareConfig
+from ..documents.sources import Source
+from ..output.build import Progress, sigterm_stops
+from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
+from ..stops import STOP_SIGNALS
 from .owners import begin, finish, remove_work
-from .pool import STOP_SIGNALS, WorkerDied, start_method, stop_signals_ignored
-from .sources import Source
+from .pool import WorkerDied, start_method, stop_signals_ignored
 from .stages import STAGES, Run, load_run
-from .staging import Interrupted, OutputPaths, WriterLock, commit
 from .taskplan import work_dir
 
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,

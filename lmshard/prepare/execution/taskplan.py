@@ -39,13 +39,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, InputError
-from ..format import atomic_write_json
-from .columnar import parquet_row_groups
-from .files import Source, first_byte, open_raw
-from .records import binary_record
-from .sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
-from .staging import difference
+from ...errors import ConfigError, InputError
+from ...format import atomic_write_json
+from ..documents.columnar import parquet_row_groups
+from ..documents.files import Source, first_byte, open_raw
+from ..documents.records import binary_record
+from ..documents.sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
+from ..output.staging import difference
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 2

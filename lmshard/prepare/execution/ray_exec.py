@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from ..errors import ConfigError, LmshardError
-from .config import PrepareConfig
+from ...errors import ConfigError, LmshardError
+from ..config import PrepareConfig
 
 MAX_RETRIES = 3
 
@@ -50,7 +50,7 @@ def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None =
                 cause = e.cause if isinstance(e.cause, LmshardError) else e
                 raise LmshardError(f"a Ray {stage} task failed: {cause}") from None
         run_task(cfg, n_tasks, "finish", 0, unit_bytes)
-        from ..format import load_metadata
+        from ...format import load_metadata
 
         return load_metadata(cfg.out)
     finally:

@@ -32,16 +32,16 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from ..errors import InputError
-from ..format import SPLITS, DatasetMeta, KeyFile, ShardInfo
-from .config import PrepareConfig
-from .dedup import KeySet
-from .pool import STOP_SIGNALS
-from .sources import GREW, SPLIT_INTO_PARAGRAPHS
+from ...errors import InputError
+from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
+from ..config import PrepareConfig
+from ..documents.dedup import KeySet
+from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
+from ..stops import STOP_SIGNALS
 from .writer import ShardWriter, close_quietly
 
 if TYPE_CHECKING:
-    from .worker import ItemResult
+    from ..documents.worker import ItemResult
 
 KEY_DTYPE = np.dtype("<u8")
 NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops

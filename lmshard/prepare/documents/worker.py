@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import TokenizerError
-from ..tokenizers import Tokenizer, load_tokenizer
+from ...errors import TokenizerError
+from ...tokenizers import Tokenizer, load_tokenizer
+from ..stops import stop_point
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
 from .columnar import parse_arrow, parse_parquet
 from .files import Source
 from .records import Record, example, parse_jsonl, parse_text_lines, read_whole_file, settle
 from .sources import SPLIT_INTO_PARAGRAPHS, WorkItem, by_paragraph
-from .stops import stop_point
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,8 +19,8 @@ from typing import IO, Any, BinaryIO
 import numpy as np
 import xxhash
 
-from ..errors import LmshardError
-from ..format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, shard_paths
+from ...errors import LmshardError
+from ...format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, shard_paths
 
 
 def with_separators(

@@ -12,13 +12,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInfo, SourceInfo, SplitInfo, TokenizerInfo
-from ..tokenizers import Tokenizer
+from ... import __version__
+from ...format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInfo, SourceInfo, SplitInfo, TokenizerInfo
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
 from .build import NOT_DROPS, Totals
 from .claim import Claim, bos_written
-from .config import PrepareConfig
-from .sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
 
 
 def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],

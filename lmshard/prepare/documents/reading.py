@@ -28,7 +28,7 @@ import shlex
 from pathlib import PurePath
 from typing import IO, Any
 
-from ..errors import InputError
+from ...errors import InputError
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # The byte-order marks of encodings a text file may be in by mistake; UTF-32 LE's mark begins

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
-from ..errors import InputError
+from ...errors import InputError
 from .files import (
     MAX_RECORD_BYTES,
     SNIFF_BYTES,

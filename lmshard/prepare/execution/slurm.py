@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, LmshardError
+from ...errors import ConfigError, LmshardError
 from .taskplan import work_dir
 
 DEFAULT_MAX_ARRAY = 1001  # Slurm's default MaxArraySize
@@ -131,7 +131,7 @@ def _after(jobs: list[str]) -> str:
 
 def run_id(out: str) -> str:
     """A short name for the run in its jobs' names (`lmshard-STAGE-ID`), from the output's path."""
-    return hashlib.sha1(os.path.abspath(out).encode()).hexdigest()[:8]
+    return hashlib.sha1(os.path.realpath(out).encode()).hexdigest()[:8]
 
 
 def live_jobs(out: str) -> list[str]:

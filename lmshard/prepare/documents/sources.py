@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import InputError, warn
-from ..format import SkippedInputs
+from ...errors import InputError, warn
+from ...format import SkippedInputs
 from .clean import CleanConfig
 from .columnar import arrow_batches, open_arrow, parquet_row_groups
 from .files import MAX_RECORD_BYTES, DamagedInput, Source, detect, first_byte, fits, open_binary, read_prefix

@@ -1,0 +1,7 @@
+"""How a run is executed, at every scale: the plan (`taskplan`: units, tasks, dedup buckets),
+the stages and their tasks (`stages`: tokenize, dedup, select, write, finish; `unitfiles`,
+`buckets`, `layout` for what each stage writes and reads), and the engines that run them: the
+local worker pool (`local_exec`), Slurm arrays (`slurm`), Ray (`ray_exec`), and `lmshard
+run-task`/`status` for any scheduler. `pool` and `feed` are the worker pool of a run that reads
+in one process (small inputs, streams).
+"""
