@@ -13,7 +13,9 @@
    `lmshard run-task`, as separate nodes would: the longest task of each stage (tokenize, dedup,
    select, write) and the finish, each beside its time at N = 1. A stage whose longest task
    grows with N does work that grows with the total data. (Each `run-task` is a fresh process:
-   its start and the vocabulary load are in every figure.)
+   its start and the vocabulary load are in every figure. The page cache is synced before each
+   task, as if it ran on a node of its own: a task's fsyncs then wait for its own writes only,
+   not for those of the tasks run before it on this one disk.)
 
 Prints ratios measured in one run; writes the `scaling` section of docs/performance.md unless
 --no-write.
@@ -124,6 +126,7 @@ PEAK: dict[str, float] = {}  # stage -> the largest peak RSS (MiB) of any of its
 def run_task(args: list[str], env: dict[str, str]) -> float:
     """Wall seconds of one `lmshard run-task`; its peak RSS goes to PEAK."""
     usage = Path(tempfile.mktemp(suffix=".rusage.json"))
+    os.sync()  # as on a node of its own: no other task's writes left to flush when this one fsyncs its own
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", WRAPPER, *args], check=True, env=env | {"RUSAGE_OUT": str(usage)},
                    capture_output=True)  # fmt: skip
@@ -222,7 +225,8 @@ def main() -> None:
                  "alone (`lmshard run-task`), as on separate nodes, with shards of "
                  f"{SIM_SHARD:,} tokens (a few per task). Data per task is fixed, so a stage whose longest task grows "
                  "with N does work that grows with the whole run. Each figure includes the start of a fresh process "
-                 "(imports, the vocabulary: about 0.25 s here).", "", *cluster_rows]  # fmt: skip
+                 "(imports, the vocabulary: about 0.25 s here); the page cache is synced before each task, as if "
+                 "it ran on a node of its own.", "", *cluster_rows]  # fmt: skip
     if not args.no_write:
         update_performance_md("scaling", "\n".join(body))
 
