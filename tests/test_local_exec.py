@@ -17,24 +17,11 @@ import time
 import pytest
 from proctree import finish, signal_stopped, start_prepare, wait_for_workers, wait_gone, wait_stopped
 from test_prepare import jsonl, make_texts
+from test_stages import _files
 
 # One held item per stage the workers run (the corpus has ~200 units, 32 dedup buckets, 3 pieces
 # (the train and val shards and the key file) and hundreds of parts of them, one per unit each).
 HELD = {"tokenize": "unit=4", "dedup": "bucket=4", "select": "select=4", "write": "part=4", "seal": "piece=1"}
-
-
-def _files(root):
-    """Every file under `root` by relative path; the metadata without its "run" record (timings)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            data = p.read_bytes()
-            if p.name == "dataset_metadata.json":
-                meta = json.loads(data)
-                meta.pop("run")
-                data = json.dumps(meta, sort_keys=True).encode()
-            out[p.relative_to(root).as_posix()] = data
-    return out
 
 
 @pytest.fixture(scope="module")

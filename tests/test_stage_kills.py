@@ -25,23 +25,10 @@ from pathlib import Path
 import pytest
 from proctree import finish, group_members, start_prepare, wait_gone, wait_stopped
 from test_prepare import jsonl, make_texts
+from test_stages import _files
 
 SEED = int(os.environ.get("LMSHARD_KILL_SEED", "20240611"))
 STOPS = {"tokenize": "unit", "dedup": "bucket", "select": "select", "write": "part", "seal": "piece"}  # stage: point
-
-
-def _files(root):
-    """Every file under `root` by relative path; the metadata without its "run" record (timings)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            data = p.read_bytes()
-            if p.name == "dataset_metadata.json":
-                meta = json.loads(data)
-                meta.pop("run")
-                data = json.dumps(meta, sort_keys=True).encode()
-            out[p.relative_to(root).as_posix()] = data
-    return out
 
 
 @pytest.fixture(scope="module", autouse=True)
