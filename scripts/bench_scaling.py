@@ -206,6 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     ap.add_argument("--skip-cluster", action="store_true", help="only the workers section")
+    ap.add_argument("--skip-workers", action="store_true", help="only the cluster section (implies --no-write)")
     args = ap.parse_args()
     compile_package()
     print(machine(), flush=True)
@@ -213,7 +214,7 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_UNIT_BYTES": str(UNIT)}
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        worker_rows, _ = section_workers(t, env)
+        worker_rows = [] if args.skip_workers else section_workers(t, env)[0]
         cluster_rows = [] if args.skip_cluster else section_cluster(t, env)
     body = [f"Machine: {machine()}; {available_cpus()} cores usable; load average (1 min) {started} at the start, {load()} at "
             "the end. Command: `python scripts/bench_scaling.py` (in `make bench`).", "",
@@ -227,7 +228,7 @@ def main() -> None:
                  "with N does work that grows with the whole run. Each figure includes the start of a fresh process "
                  "(imports, the vocabulary: about 0.25 s here); the page cache is synced before each task, as if "
                  "it ran on a node of its own.", "", *cluster_rows]  # fmt: skip
-    if not args.no_write:
+    if not args.no_write and not args.skip_workers:
         update_performance_md("scaling", "\n".join(body))
 
 

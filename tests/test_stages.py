@@ -289,15 +289,15 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
     for stage in STAGES[:3]:
         for task in ("0", "1"):
             assert run("run-task", "--stage", stage, "--task", task, "dist").returncode == 0
-    first, end = json.loads((work_dir(tmp_path / "dist") / "layout.json").read_text())["tasks"][0]
-    assert end - first > 3
+    n = len(json.loads((work_dir(tmp_path / "dist") / "layout.json").read_text())["tasks"][0])
+    assert n > 3
     proc = _hold(tmp_path, ["run-task", "--stage", "write", "--task", "0", "dist"], "part:2")
     signal_stopped(proc.pid, signal.SIGTERM)
     code, err = finish(proc, 120)
-    assert code == 143 and f"write task 0 stopped by SIGTERM with 2 of {end - first} done" in err, err
+    assert code == 143 and f"write task 0 stopped by SIGTERM with 2 of {n} done" in err, err
     assert "Traceback" not in err and not (tmp_path / "dist").exists()
     again = run("run-task", "--stage", "write", "--task", "0", "dist")
-    assert again.returncode == 0 and f"write task 0: {end - first - 2} parts" in again.stderr, again.stderr
+    assert again.returncode == 0 and f"write task 0: {n - 2} parts" in again.stderr, again.stderr
     assert run("run-task", "--stage", "write", "--task", "1", "dist").returncode == 0
     assert run("run-task", "--stage", "finish", "dist").returncode == 0
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")

@@ -15,8 +15,8 @@ train shards and the val shards (each closes before a document that would take i
 totals, and only a unit where a boundary falls inside is opened (its lengths, 8 bytes per
 document), so the work is proportional to units and shards, not tokens. Each shard or key file
 is a **piece**; its documents from one unit are a **part**, which knows where in the piece it
-goes (tokens and documents before it). Parts are dealt to the write tasks as contiguous runs
-balanced by bytes, so one large shard is written by many tasks at once (owners.py). `layout.json` is written once,
+goes (tokens and documents before it). A write task writes the parts of the units its plan
+task tokenized, so one large shard is written by many tasks at once (owners.py). `layout.json` is written once,
 hard-linked into place like the plan.
 
 Memory model: select holds one unit's lengths, keys and sources (20 bytes per document) and
@@ -149,11 +149,14 @@ def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity
     return pieces
 
 
-def make_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,
+def make_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int, specials: int,
                 keys: bool = True) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
-    `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens]."""
+    `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
+    (per task, its parts: those of the units in its range of `unit_ranges`, the plan's tasks),
+    `readers` (per unit, the parts that read it)."""
+    n_units = unit_ranges[-1][1] if unit_ranges else 0
     summaries = [json.loads((work / "select" / f"unit_{u:06d}.json").read_text()) for u in range(n_units)]
     pieces = [p for s in SPLITS for p in pieces_of(work, summaries, s, tokens_per_shard, specials)]
     if keys:  # (--dedup none keeps no keys)
@@ -164,23 +167,21 @@ def make_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, s
         first = len(parts)
         parts += [[k, *part] for part in piece[4]]
         piece[4] = [first, len(parts)]
-    cost = np.array([p[6] * (2 if pieces[p[0]][0] == "keys" else 1) + 1 for p in parts], dtype=np.float64)
-    middle = np.cumsum(cost) - cost / 2  # a part goes to the task whose share (of bytes) holds its middle
-    cuts = np.searchsorted(middle, [cost.sum() * t / n_tasks for t in range(1, n_tasks)], side="left")
-    bounds = [0, *cuts.tolist(), len(parts)]
     readers: list[list[int]] = [[] for _ in range(n_units)]  # per unit: the parts that read its data
     for p, part in enumerate(parts):
         readers[part[1]].append(p)
-    return {"pieces": pieces, "parts": parts, "tasks": [[bounds[t], bounds[t + 1]] for t in range(n_tasks)],
-            "readers": readers}  # fmt: skip
+    # A write task writes the parts of the units its plan task tokenized: its share of the data, as in every
+    # stage, whatever the shards' sizes (the many small parts of the val shards and key files spread with them).
+    tasks = [[p for u in range(first, end) for p in readers[u]] for first, end in unit_ranges]
+    return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers}
 
 
-def ensure_layout(work: Path, n_units: int, n_tasks: int, tokens_per_shard: int, specials: int,
+def ensure_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int, specials: int,
                   keys: bool = True) -> dict[str, Any]:  # fmt: skip
     """The layout in `work`, made if absent (every task that makes one makes the same)."""
     path = work / LAYOUT_FILE
     if not path.exists():
-        layout = make_layout(work, n_units, n_tasks, tokens_per_shard, specials, keys)
+        layout = make_layout(work, unit_ranges, tokens_per_shard, specials, keys)
         tmp = work / f".{LAYOUT_FILE}.{os.getpid()}.tmp"
         atomic_write_json(tmp, layout)
         try:

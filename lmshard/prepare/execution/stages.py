@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -209,17 +210,18 @@ class Run:
             loaded: dict[str, Any] = json.loads((self.work / LAYOUT_FILE).read_text())
             return loaded
         specials = 1 if self.bos is None else 2
-        return ensure_layout(self.work, self.n_units, self.plan["n_tasks"], self.config.tokens_per_shard, specials,
+        return ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard, specials,
                              self.config.dedup == "document")  # fmt: skip
 
-    def items(self, stage: str, task: int) -> range:
-        """Task `task`'s share of a stage: its units, its buckets, its pieces (finish: task 0)."""
+    def items(self, stage: str, task: int) -> Sequence[int]:
+        """Task `task`'s share of a stage: its units, its buckets, the parts of shards and key
+        files from its units (finish: task 0)."""
         if stage in ("tokenize", "select"):
             return range(*self.plan["tasks"][task])
         if stage == "dedup":
             return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.dedup else range(0)
-        if stage == "write":  # parts of shards and key files
-            return range(*self.layout()["tasks"][task])
+        if stage == "write":  # parts of shards and key files: those of its units
+            return self.layout()["tasks"][task]
         return range(1 if task == 0 else 0)
 
     @property
