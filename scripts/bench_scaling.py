@@ -123,8 +123,8 @@ def prepare(src: Path, out: Path, workers: int, env: dict[str, str],
 PEAK: dict[str, float] = {}  # stage -> the largest peak RSS (MiB) of any of its tasks
 
 
-def run_task(args: list[str], env: dict[str, str]) -> float:
-    """Wall seconds of one `lmshard run-task`; its peak RSS goes to PEAK."""
+def run_task(args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one `lmshard run-task`; its peak RSS goes to PEAK."""
     usage = Path(tempfile.mktemp(suffix=".rusage.json"))
     os.sync()  # as on a node of its own: no other task's writes left to flush when this one fsyncs its own
     start = time.perf_counter()
@@ -132,9 +132,10 @@ def run_task(args: list[str], env: dict[str, str]) -> float:
                    capture_output=True)  # fmt: skip
     sec = time.perf_counter() - start
     stage = args[args.index("--stage") + 1]
-    PEAK[stage] = max(PEAK.get(stage, 0.0), json.loads(usage.read_text())["main_rss_mb"])
+    used = json.loads(usage.read_text())
+    PEAK[stage] = max(PEAK.get(stage, 0.0), used["main_rss_mb"])
     usage.unlink()
-    return sec
+    return sec, used["main"] + used["children"]
 
 
 def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -159,12 +160,13 @@ def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]
         print(printed[-1], flush=True)
     # --dedup-lines reads in one process (a line's fate depends on every earlier line): its share
     sec, cpu, tokens = prepare(src, t / "lines", counts[-1], env, ("--dedup-lines",))
-    share = 100 * cpu["main"] / cpu["children"]
+    lines_share = 100 * cpu["main"] / cpu["children"]
     printed.append(f"1. --dedup-lines, workers {counts[-1]} (one reading process): {tokens / sec / 1e6:.2f} M tok/s; "
-                   f"main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s ({share:.0f}%)")  # fmt: skip
+                   f"main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s "
+                   f"({lines_share:.0f}%)")  # fmt: skip
     print(printed[-1], flush=True)
     rows += ["", f"`--dedup-lines` (read in one process, see scaling.md), {counts[-1]} workers: "
-             f"{tokens / sec / 1e6:.2f} M tokens/s; the main process spends {share:.0f}% of its workers' CPU time "
+             f"{tokens / sec / 1e6:.2f} M tokens/s; the main process spends {lines_share:.0f}% of its workers' CPU time "
              f"({cpu['main']:.2f} s / {cpu['children']:.1f} s)."]  # fmt: skip
     return rows, printed
 
@@ -186,18 +188,21 @@ def section_cluster(t: Path, env: dict[str, str]) -> list[str]:
         subprocess.run([*LMSHARD, "prepare", str(src), "--out", str(out), "--num-tasks", str(n), "--executor",
                         "none", "--tokens-per-shard", str(SIM_SHARD), "--quiet"], check=True, env=env,
                        capture_output=True)  # fmt: skip
-        longest = {}
+        wall: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         for stage in STAGES:
-            longest[stage] = max(run_task(["run-task", "--stage", stage, "--task", str(i), str(out)], env)
-                                 for i in range(n))  # fmt: skip
-        longest["finish"] = run_task(["run-task", "--stage", "finish", str(out)], env)
-        first = first or dict(longest)
+            times = [run_task(["run-task", "--stage", stage, "--task", str(i), str(out)], env) for i in range(n)]
+            wall[stage], cpu[stage] = max(w for w, _ in times), max(c for _, c in times)
+        wall["finish"], cpu["finish"] = run_task(["run-task", "--stage", "finish", str(out)], env)
+        first = first or dict(cpu)
         tokens = json.loads((out / "dataset_metadata.json").read_text())["n_tokens"]
-        cells = " | ".join(f"{longest[s]:.2f} s ({longest[s] / first[s]:.2f}×)" for s in (*STAGES, "finish"))
+        cells = " | ".join(f"{cpu[s]:.2f} s CPU (**{cpu[s] / first[s]:.2f}×**), {wall[s]:.2f} s wall"
+                           for s in (*STAGES, "finish"))  # fmt: skip
         rows.append(f"| {n} | {tokens:,} | {cells} |")
         peaks = ", ".join(f"{s} {PEAK[s]:.0f}" for s in (*STAGES, "finish"))
-        print(f"3. {n} tasks: " + ", ".join(f"{s} {longest[s]:.2f} s ({longest[s] / first[s]:.2f}× N=1)"
-                                            for s in (*STAGES, "finish")), flush=True)  # fmt: skip
+        print(f"3. {n} tasks, longest task by CPU time (× N=1), wall: " + ", ".join(
+            f"{s} {cpu[s]:.2f} s ({cpu[s] / first[s]:.2f}×) {wall[s]:.2f} s" for s in (*STAGES, "finish")),
+            flush=True)  # fmt: skip
     rows += ["", f"Peak RSS of any task of each stage, MiB (all N): {peaks}."]
     return rows
 
@@ -227,7 +232,8 @@ def main() -> None:
                  f"{SIM_SHARD:,} tokens (a few per task). Data per task is fixed, so a stage whose longest task grows "
                  "with N does work that grows with the whole run. Each figure includes the start of a fresh process "
                  "(imports, the vocabulary: about 0.25 s here); the page cache is synced before each task, as if "
-                 "it ran on a node of its own.", "", *cluster_rows]  # fmt: skip
+                 "it ran on a node of its own. The ratio is the longest task's CPU time (the work it did) over N = 1's; "
+                 "wall times, which include waiting for the disk, are beside it.", "", *cluster_rows]  # fmt: skip
     if not args.no_write and not args.skip_workers:
         update_performance_md("scaling", "\n".join(body))
 
