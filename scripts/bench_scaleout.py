@@ -111,7 +111,7 @@ def main() -> None:
         steps = [(stage, ["--task", str(i)]) for stage in ("tokenize", "dedup", "select", "write") for i in range(4)]
         work_bytes = 0
         for stage, task in [*steps, ("finish", [])]:
-            if stage == "finish":  # the work folder at its largest: every stage's files, before the finish removes it
+            if stage == "write" and not work_bytes:  # the work folder at its largest: the write stage deletes units
                 work_bytes = sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
                 work_files = sum(1 for p in work.rglob("*") if p.is_file())
             sec, main_rss, _ = run_measuring_rss([*LMSHARD, "run-task", "--stage", stage, *task, str(dist)], env)
@@ -136,7 +136,7 @@ def main() -> None:
         rate = f"{per_task_tokens / sec:,.0f}" if stage in ("tokenize", "write") else "—"
         rows.append(f"| {stage} {task_id} | {sec:.2f} s | {rss / 2**20:.0f} MiB | {rate} |")
     rows += ["", f"Plan: {plan_bytes:,} bytes for {n_units} units ({plan_bytes / n_units:.0f} bytes per unit, "
-             f"options included). Work directory at its largest (before the finish): {work_bytes / tokens:.2f} bytes "
+             f"options included). Work directory at its largest (before the write stage): {work_bytes / tokens:.2f} bytes "
              f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "

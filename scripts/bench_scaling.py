@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -178,31 +179,43 @@ STAGES = ("tokenize", "dedup", "select", "write")
 SIM_SHARD = 2_000_000
 
 
-def section_cluster(t: Path, env: dict[str, str]) -> list[str]:
+def simulate(t: Path, n: int, env: dict[str, str]) -> tuple[dict[str, float], dict[str, float], int]:
+    """One simulated run of n tasks: each stage's longest task (wall, CPU seconds), and the tokens."""
+    src, _ = write_corpus(t / f"c{n}.jsonl", n)
+    out = t / f"cluster{n}"
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run([*LMSHARD, "prepare", str(src), "--out", str(out), "--num-tasks", str(n), "--executor", "none",
+                    "--tokens-per-shard", str(SIM_SHARD), "--quiet", "--overwrite"], check=True, env=env,
+                   capture_output=True)  # fmt: skip
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for stage in STAGES:
+        times = [run_task(["run-task", "--stage", stage, "--task", str(i), str(out)], env) for i in range(n)]
+        wall[stage], cpu[stage] = max(w for w, _ in times), max(c for _, c in times)
+    wall["finish"], cpu["finish"] = run_task(["run-task", "--stage", "finish", str(out)], env)
+    return wall, cpu, json.loads((out / "dataset_metadata.json").read_text())["n_tokens"]
+
+
+def section_cluster(t: Path, env: dict[str, str], rounds: int) -> list[str]:
     rows = ["| tasks N (one corpus copy each) | tokens | " + " | ".join(f"longest {s} task" for s in STAGES)
             + " | finish |", "|---|---|" + "---|" * (len(STAGES) + 1)]  # fmt: skip
-    first: dict[str, float] = {}
-    for n in (1, 2, 4, 8):
-        src, _ = write_corpus(t / f"c{n}.jsonl", n)
-        out = t / f"cluster{n}"
-        subprocess.run([*LMSHARD, "prepare", str(src), "--out", str(out), "--num-tasks", str(n), "--executor",
-                        "none", "--tokens-per-shard", str(SIM_SHARD), "--quiet"], check=True, env=env,
-                       capture_output=True)  # fmt: skip
-        wall: dict[str, float] = {}
-        cpu: dict[str, float] = {}
-        for stage in STAGES:
-            times = [run_task(["run-task", "--stage", stage, "--task", str(i), str(out)], env) for i in range(n)]
-            wall[stage], cpu[stage] = max(w for w, _ in times), max(c for _, c in times)
-        wall["finish"], cpu["finish"] = run_task(["run-task", "--stage", "finish", str(out)], env)
-        first = first or dict(cpu)
-        tokens = json.loads((out / "dataset_metadata.json").read_text())["n_tokens"]
+    best: dict[int, tuple[dict[str, float], dict[str, float], int]] = {}
+    for _ in range(rounds):  # each figure is the lower of its rounds: a task slowed by a neighbour is not its work
+        for n in (1, 2, 4, 8):
+            wall, cpu, tokens = simulate(t, n, env)
+            if n in best:
+                wall = {s: min(wall[s], best[n][0][s]) for s in wall}
+                cpu = {s: min(cpu[s], best[n][1][s]) for s in cpu}
+            best[n] = (wall, cpu, tokens)
+    first = best[1][1]
+    for n, (wall, cpu, tokens) in best.items():
         cells = " | ".join(f"{cpu[s]:.2f} s CPU (**{cpu[s] / first[s]:.2f}×**), {wall[s]:.2f} s wall"
                            for s in (*STAGES, "finish"))  # fmt: skip
         rows.append(f"| {n} | {tokens:,} | {cells} |")
-        peaks = ", ".join(f"{s} {PEAK[s]:.0f}" for s in (*STAGES, "finish"))
         print(f"3. {n} tasks, longest task by CPU time (× N=1), wall: " + ", ".join(
             f"{s} {cpu[s]:.2f} s ({cpu[s] / first[s]:.2f}×) {wall[s]:.2f} s" for s in (*STAGES, "finish")),
             flush=True)  # fmt: skip
+    peaks = ", ".join(f"{s} {PEAK[s]:.0f}" for s in (*STAGES, "finish"))
     rows += ["", f"Peak RSS of any task of each stage, MiB (all N): {peaks}."]
     return rows
 
@@ -212,6 +225,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     ap.add_argument("--skip-cluster", action="store_true", help="only the workers section")
     ap.add_argument("--skip-workers", action="store_true", help="only the cluster section (implies --no-write)")
+    ap.add_argument("--rounds", type=int, default=2, help="simulations of each N; each figure is the lowest")
     args = ap.parse_args()
     compile_package()
     print(machine(), flush=True)
@@ -220,7 +234,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         worker_rows = [] if args.skip_workers else section_workers(t, env)[0]
-        cluster_rows = [] if args.skip_cluster else section_cluster(t, env)
+        cluster_rows = [] if args.skip_cluster else section_cluster(t, env, args.rounds)
     body = [f"Machine: {machine()}; {available_cpus()} cores usable; load average (1 min) {started} at the start, {load()} at "
             "the end. Command: `python scripts/bench_scaling.py` (in `make bench`).", "",
             "Workers: the shared corpus ×4 (distinct copies), GPT-2, `--tokenizer-backend auto`. The ceiling is the "
@@ -233,7 +247,8 @@ def main() -> None:
                  "with N does work that grows with the whole run. Each figure includes the start of a fresh process "
                  "(imports, the vocabulary: about 0.25 s here); the page cache is synced before each task, as if "
                  "it ran on a node of its own. The ratio is the longest task's CPU time (the work it did) over N = 1's; "
-                 "wall times, which include waiting for the disk, are beside it.", "", *cluster_rows]  # fmt: skip
+                 "wall times, which include waiting for the disk, are beside it; each figure is the lower of two "
+                 "simulations.", "", *cluster_rows]  # fmt: skip
     if not args.no_write and not args.skip_workers:
         update_performance_md("scaling", "\n".join(body))
 

@@ -5,15 +5,16 @@ bytes as on a cluster.
 
 This process claims `--out` (owners.begin) and holds the writer lock for the whole run; then it
 only schedules. Each stage's items (the units to tokenize, the dedup buckets, the units to
-select, the shards and key files to write) go to `--workers` processes, in plan order, and the
-next stage starts once every item of this one is done. The layout (a walk over the units'
+select, the parts of shards and key files to write, then the shards and key files to seal) go
+to `--workers` processes, in plan order, and the next stage starts once every item of this one
+is done. The layout (a walk over the units'
 totals) and the metadata (finish) are the only work done here: neither reads a document. A
 killed run leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop
 the workers at once (an item cut short has no marker and is redone).
 
-Memory model: each worker holds what its stage's item holds (stages.py, buckets.py, layout.py,
-owners.py: at most one unit's data, ≈4 bytes per token of a unit); this process holds the plan,
-the layout and one future per item of the current stage.
+Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
+layout.py, owners.py: at most one work item's tokens, or one unit's per-document arrays); this
+process holds the plan, the layout and one future per item of the current stage.
 """
 
 from __future__ import annotations
