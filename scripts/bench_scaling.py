@@ -177,10 +177,14 @@ STAGES = ("tokenize", "dedup", "select", "write")
 # 13,000 shards for 1,000 nodes). A shard is sealed (hashed start to end) by one task, so a
 # shard larger than a task's share of the data would show as a write task that grows with N.
 SIM_SHARD = 2_000_000
+# Units of the simulation: 2 MiB, about 20 per task, so that tasks (whole units) hold the same
+# data within a few percent whatever N (with 8 MiB units a task gets 5 or 6: ±10%).
+SIM_UNIT = 2 << 20
 
 
 def simulate(t: Path, n: int, env: dict[str, str]) -> tuple[dict[str, float], dict[str, float], int]:
     """One simulated run of n tasks: each stage's longest task (wall, CPU seconds), and the tokens."""
+    env = env | {"LMSHARD_UNIT_BYTES": str(SIM_UNIT)}
     src, _ = write_corpus(t / f"c{n}.jsonl", n)
     out = t / f"cluster{n}"
     shutil.rmtree(out, ignore_errors=True)
@@ -242,7 +246,7 @@ def main() -> None:
             "column is the CPU time of prepare's main process over that of its workers.", "", *worker_rows]  # fmt: skip
     if cluster_rows:
         body += ["", "A cluster simulated on this machine: one corpus copy per task, each task of a stage run "
-                 "alone (`lmshard run-task`), as on separate nodes, with shards of "
+                 f"alone (`lmshard run-task`), as on separate nodes, with units of {SIM_UNIT >> 20} MiB and shards of "
                  f"{SIM_SHARD:,} tokens (a few per task). Data per task is fixed, so a stage whose longest task grows "
                  "with N does work that grows with the whole run. Each figure includes the start of a fresh process "
                  "(imports, the vocabulary: about 0.25 s here); the page cache is synced before each task, as if "
