@@ -34,28 +34,44 @@ import numpy as np
 
 from ...format import atomic_write_json
 from ..stops import stop_point
-from .unitfiles import sections
+from .unitfiles import SECTIONS
 
 _U64, _U32 = np.dtype("<u8"), np.dtype("<u4")
 
 
 def _slice(path: Path, count: int, b: int, tail_dtype: np.dtype[Any] | None = None,
-           base: int = 0) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Entry b's slice of a file (from byte `base` on) laid out as `count`+1 uint64 offsets, then
-    the entries' values (uint64 keys, or uint32 document numbers), then (tail_dtype) as many
-    values again."""
-    with open(path, "rb") as f:
-        f.seek(base + b * 8)
-        lo, hi = np.frombuffer(f.read(16), dtype=_U64).astype(np.int64)
-        total = int(np.frombuffer(os.pread(f.fileno(), 8, base + count * 8), dtype=_U64)[0])
+           in_unit: bool = False) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Entry b's slice of a file laid out as `count`+1 uint64 offsets, then the entries' values
+    (uint64 keys, or uint32 document numbers), then (tail_dtype) as many values again. `in_unit`:
+    the layout is the `bkeys` section of a unit's data file (its header says where). A few
+    positioned reads of one open file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        base = 0
+        if in_unit:
+            base = int(np.frombuffer(os.pread(fd, 8, 8 + 8 * SECTIONS.index("bkeys")), dtype=_U64)[0])
+        lo, hi = np.frombuffer(os.pread(fd, 16, base + b * 8), dtype=_U64).astype(np.int64)
+        total = int(np.frombuffer(os.pread(fd, 8, base + count * 8), dtype=_U64)[0])
         head = base + (count + 1) * 8
         first_dtype = _U64 if tail_dtype is not None else _U32
-        f.seek(head + lo * first_dtype.itemsize)
-        first = np.frombuffer(f.read((hi - lo) * first_dtype.itemsize), dtype=first_dtype)
+        first = np.frombuffer(_pread(fd, (hi - lo) * first_dtype.itemsize, head + lo * first_dtype.itemsize),
+                              dtype=first_dtype)  # fmt: skip
         if tail_dtype is None:
             return (first,)
-        f.seek(head + total * first_dtype.itemsize + lo * tail_dtype.itemsize)
-        return first, np.frombuffer(f.read((hi - lo) * tail_dtype.itemsize), dtype=tail_dtype)
+        at = head + total * first_dtype.itemsize + lo * tail_dtype.itemsize
+        return first, np.frombuffer(_pread(fd, (hi - lo) * tail_dtype.itemsize, at), dtype=tail_dtype)
+    finally:
+        os.close(fd)
+
+
+def _pread(fd: int, n: int, at: int) -> bytes:
+    data = os.pread(fd, n, at)
+    while len(data) < n:  # (a regular file gives all at once; a short read goes on where it stopped)
+        more = os.pread(fd, n - len(data), at + len(data))
+        if not more:
+            raise OSError(f"unexpected end of a dedup file ({n - len(data)} bytes short)")
+        data += more
+    return data
 
 
 def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int) -> int:
@@ -66,7 +82,7 @@ def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: in
         return -1
     keys, units, docs = [], [], []
     for u in range(n_units):
-        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, sections(tokenized, u)["bkeys"][0])
+        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, in_unit=True)
         keys.append(k)
         docs.append(d)
         units.append(np.full(len(k), u, dtype=np.int64))

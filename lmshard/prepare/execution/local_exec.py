@@ -45,9 +45,10 @@ from .taskplan import work_dir
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
 # one process reading and writing while workers tokenize starts faster).
 STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
-# A plain prepare plans this many tasks per worker (4 units each): 16 units per worker, so the
-# last unit to finish leaves the others idle for a short time only.
-TASKS_PER_WORKER = 4
+# A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
+# last unit to finish leaves the others idle for a short time, and few enough that each unit's
+# fixed costs (its files, fsyncs, a read of each bucket) stay small.
+TASKS_PER_WORKER = 2
 _here: dict[str, Any] = {}  # what forked workers inherit: the run
 
 
