@@ -55,9 +55,11 @@ except SystemExit as e:
 else:
     code = 0
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+# VmHWM: this process's own peak since exec (ru_maxrss starts from the RSS of the process it was forked from)
+hwm = next((int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")), me.ru_maxrss)
 with open(os.environ["RUSAGE_OUT"], "w") as f:
     json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
-               "main_rss_mb": me.ru_maxrss / 1024, "child_rss_mb": kids.ru_maxrss / 1024}, f)
+               "main_rss_mb": hwm / 1024, "child_rss_mb": kids.ru_maxrss / 1024}, f)
 sys.exit(code)
 """
 
