@@ -190,6 +190,7 @@ class Run:
     tokenizer: Tokenizer
     work: Path
     wcfg: WorkerConfig
+    _layout: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
@@ -206,12 +207,15 @@ class Run:
         return len(self.plan["units"])
 
     def layout(self) -> dict[str, Any]:
-        if (self.work / LAYOUT_FILE).exists():
-            loaded: dict[str, Any] = json.loads((self.work / LAYOUT_FILE).read_text())
-            return loaded
-        specials = 1 if self.bos is None else 2
-        return ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard, specials,
-                             self.config.dedup == "document")  # fmt: skip
+        """The layout (made once the select stage is complete), read once per process."""
+        if self._layout is None:
+            if (self.work / LAYOUT_FILE).exists():
+                self._layout = json.loads((self.work / LAYOUT_FILE).read_text())
+            else:
+                specials = 1 if self.bos is None else 2
+                self._layout = ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard, specials,
+                                             self.config.dedup == "document")  # fmt: skip
+        return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:
         """Task `task`'s share of a stage: its units, its buckets, the parts of shards and key
