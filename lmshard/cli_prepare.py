@@ -231,7 +231,7 @@ def prepare(
     log = RunLog(cfg)
     log.start()
     n_tasks = cfg.num_tasks
-    if n_tasks is not None and cfg.executor == "local":  # runs here: progress as the merge goes
+    if n_tasks is not None and cfg.executor == "local":  # runs here: progress as the units are tokenized
         meta = log.follow(lambda callback: planned_prepare(cfg, n_tasks, cfg.executor, callback))
     elif n_tasks is not None:
         meta = planned_prepare(cfg, n_tasks, cfg.executor)
