@@ -49,6 +49,7 @@ STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
 # fixed costs (its files, fsyncs, a read of each bucket) stay small.
 TASKS_PER_WORKER = 2
+BATCHES_PER_WORKER = 2  # the later stages' items go to the workers in this many batches each
 _here: dict[str, Any] = {}  # what forked workers inherit: the run
 
 
@@ -121,9 +122,13 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
                                initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
         for stage in (*STAGES[:-1], "seal"):  # then each piece sealed
-            items = _todo(r, stage)
+            items = list(_todo(r, stage))
+            # Units one at a time (long, and the progress follows them); the small items of the later stages
+            # in a few batches per worker, so that this process schedules a few dozen calls, not thousands.
+            size = 1 if stage == "tokenize" else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
             with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
-                futures = {pool.submit(_item, stage, i): i for i in items}
+                futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
+                           for k in range(0, len(items), size)}  # fmt: skip
             _wait(futures, stage, progress)
     except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the items in progress are not waited for
         _stop_workers(pool)
@@ -139,8 +144,8 @@ def _todo(r: Run, stage: str) -> Iterable[int]:
     return r.missing(stage)
 
 
-def _wait(futures: dict[Future[bool], int], stage: str, progress: _Progress) -> None:
-    pending: Iterable[Future[bool]] = set(futures)
+def _wait(futures: dict[Future[None], list[int]], stage: str, progress: _Progress) -> None:
+    pending: Iterable[Future[None]] = set(futures)
     while pending:
         finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
         for f in sorted(finished, key=futures.__getitem__):
@@ -151,7 +156,8 @@ def _wait(futures: dict[Future[bool], int], stage: str, progress: _Progress) -> 
                        "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
                        "memory ran out)")  # fmt: skip
                 raise WorkerDied(why) from None
-            progress.done(stage, futures[f])
+            for i in futures[f]:
+                progress.done(stage, i)
 
 
 class _Progress:
@@ -219,6 +225,7 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
     os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
 
 
-def _item(stage: str, i: int) -> bool:
+def _items(stage: str, items: list[int]) -> None:
     run: Run = _here["run"]
-    return run.do(stage, i)
+    for i in items:
+        run.do(stage, i)
