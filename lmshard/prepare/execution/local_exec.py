@@ -41,6 +41,7 @@ from .owners import begin, finish, remove_work
 from .pool import WorkerDied, start_method, stop_signals_ignored
 from .stages import STAGES, Run, load_run
 from .taskplan import work_dir
+from .unitfiles import unit_marker
 
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
 # one process reading and writing while workers tokenize starts faster).
@@ -173,7 +174,10 @@ class _Progress:
         self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
 
     def _add(self, u: int) -> None:
-        done = _marker(self.r, u)
+        try:
+            done = unit_marker(self.r.work / "tokenize", u)
+        except (OSError, ValueError):
+            done = {}
         self.p.bytes_done += self.r.plan["units"][u][4]
         self.p.docs += done.get("docs", 0)
         self.p.tokens += done.get("tokens", 0)
@@ -184,16 +188,6 @@ class _Progress:
             self._add(i)
             if self.callback:
                 self.callback(self.p)
-
-
-def _marker(r: Run, u: int) -> dict[str, Any]:
-    import json
-
-    try:
-        data: dict[str, Any] = json.loads((r.work / "tokenize" / f"unit_{u:06d}.done").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

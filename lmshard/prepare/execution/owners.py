@@ -61,7 +61,7 @@ from ..config import PrepareConfig
 from ..documents.sources import Source, note_growth
 from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim, claim_output, write_run
-from ..output.staging import RUN_FILE, OutputPaths, commit, read_run, recover
+from ..output.staging import OutputPaths, commit, read_run, recover
 from ..stops import stop_point
 from .unitfiles import read_section, sections
 
@@ -295,4 +295,4 @@ def remove_work(work: Path) -> None:
         work.rmdir()
 
 
-__all__ = ["RUN_FILE", "begin", "finish", "missing_parts", "missing_pieces", "seal_piece", "write_part"]
+__all__ = ["begin", "finish", "missing_parts", "missing_pieces", "seal_piece", "write_part"]

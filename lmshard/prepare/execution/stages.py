@@ -203,6 +203,11 @@ class Run:
         return bos_written(self.config, self.tokenizer)
 
     @property
+    def specials(self) -> int:
+        """Separator tokens each document gets: EOT, and BOS where it is written."""
+        return 1 if self.bos is None else 2
+
+    @property
     def n_units(self) -> int:
         return len(self.plan["units"])
 
@@ -212,9 +217,8 @@ class Run:
             if (self.work / LAYOUT_FILE).exists():
                 self._layout = json.loads((self.work / LAYOUT_FILE).read_text())
             else:
-                specials = 1 if self.bos is None else 2
-                self._layout = ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard, specials,
-                                             self.config.dedup == "document")  # fmt: skip
+                self._layout = ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard,
+                                             self.specials, self.dedup)  # fmt: skip
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:
@@ -233,7 +237,8 @@ class Run:
         return self.config.dedup == "document"
 
     def missing(self, stage: str) -> list[int]:
-        """The items of `stage` not done yet (for the write stage, once the layout exists)."""
+        """The items of `stage` (tokenize, dedup, select, write, seal) not done yet (for the write
+        stage, once the layout exists)."""
         w = self.work
         if stage == "tokenize":
             return [u for u in range(self.n_units) if not (w / "tokenize" / f"unit_{u:06d}.done").exists()]
@@ -244,9 +249,7 @@ class Run:
             return missing_selects(w, self.n_units)
         if stage == "write":
             return missing_parts(w, self.layout()) if (w / LAYOUT_FILE).exists() else [-1]
-        if stage == "seal":
-            return missing_pieces(w, self.layout())
-        return [0] if (w / PLAN_FILE).exists() else []
+        return missing_pieces(w, self.layout())  # "seal"
 
     def do(self, stage: str, i: int) -> bool:
         """Item i of `stage` (a unit, a bucket, a part of a piece; "seal": a piece), skipped when
@@ -257,11 +260,10 @@ class Run:
         if stage == "dedup":
             return resolve(self.work / "tokenize", self.work / "dedup", self.n_units, self.plan["buckets"], i) >= 0
         if stage == "select":
-            specials = 1 if self.bos is None else 2
-            return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, specials)
+            return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, self.specials)
         if stage == "write":
             staging = OutputPaths.of(c.out).staging
-            return write_part(self.work, staging, self.layout(), i, 1 if self.bos is None else 2)
+            return write_part(self.work, staging, self.layout(), i, self.specials)
         if stage == "seal":
             return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i)
         paths = OutputPaths.of(c.out)
