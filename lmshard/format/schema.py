@@ -49,19 +49,32 @@ class TokenizerInfo:
     eot_id: int
     bos_id: int | None = None
     ranks_sha256: str  # sha256 of the vocabulary file (tiktoken ranks or tokenizer.json)
+    # The vocabulary's file format: "tiktoken" (ranks) or "tokenizer.json" (Hugging Face, whose
+    # copy the dataset keeps). Metadata written before the field existed: "tokenizer.json"
+    # exactly when the backend was "tokenizers", the only one that read such files then.
+    vocab_format: str = "tiktoken"
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "backend": self.backend, "n_vocab": self.n_vocab, "eot_id": self.eot_id,
-                "bos_id": self.bos_id, "ranks_sha256": self.ranks_sha256}  # fmt: skip
+                "bos_id": self.bos_id, "ranks_sha256": self.ranks_sha256, "vocab_format": self.vocab_format}  # fmt: skip
+
+    @property
+    def hugging_face(self) -> bool:
+        """The vocabulary is a tokenizer.json (whichever backend encoded it)."""
+        return self.vocab_format == "tokenizer.json"
 
     @classmethod
     def parse(cls, raw: Any) -> TokenizerInfo:
         if not isinstance(raw, dict):
             raise _Invalid("'tokenizer' is not an object")
         try:
-            info = cls(name=_get(raw, "name", str), backend=_get(raw, "backend", str, "tiktoken"),
-                       n_vocab=_count(raw, "n_vocab"), eot_id=_count(raw, "eot_id"),
-                       bos_id=_count(raw, "bos_id", None), ranks_sha256=_get(raw, "ranks_sha256", str))  # fmt: skip
+            backend = _get(raw, "backend", str, "tiktoken")
+            vocab_format = _get(raw, "vocab_format", str, "tokenizer.json" if backend == "tokenizers" else "tiktoken")
+            if vocab_format not in ("tiktoken", "tokenizer.json"):
+                raise _Invalid(f"'vocab_format' {vocab_format!r} is not 'tiktoken' or 'tokenizer.json'")
+            info = cls(name=_get(raw, "name", str), backend=backend, n_vocab=_count(raw, "n_vocab"),
+                       eot_id=_count(raw, "eot_id"), bos_id=_count(raw, "bos_id", None),
+                       ranks_sha256=_get(raw, "ranks_sha256", str), vocab_format=vocab_format)  # fmt: skip
             if not 1 <= info.n_vocab <= 1 << 32:
                 raise _Invalid(f"'n_vocab' {info.n_vocab} is outside [1, 2**32] (ids are uint32)")
             for key in ("eot_id", "bos_id"):

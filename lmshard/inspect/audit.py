@@ -48,7 +48,7 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
     from ..tokenizers import TOKENIZER_NAMES, load_tokenizer
 
     info = meta.tokenizer
-    if info.backend == "tokenizers":
+    if info.hugging_face:
         # The metadata may be someone else's: names in it are loaded `untrusted` (a regular file of
         # a tokenizer's size, alone; a hub name from the local cache only, never downloaded).
         specs, backend = [info.name], "tokenizers"
@@ -78,7 +78,7 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
 def _recorded_separator(meta: DatasetMeta) -> str | None:
     """The separator's text as tokenizer_state.json records it (a Hugging Face vocabulary may
     have none of its own that lmshard recognises)."""
-    if meta.tokenizer.backend != "tokenizers":
+    if not meta.tokenizer.hugging_face:
         return None
     data = bytearray()
     try:

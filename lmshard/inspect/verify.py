@@ -197,7 +197,7 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
     for key in ("name", "n_vocab", "eot_id", "ranks_sha256"):
         if state.get(key) != getattr(meta.tokenizer, key):
             report.problems.append(Problem(TOKENIZER_FILE, f"'{key}' disagrees with the metadata"))
-    if meta.tokenizer.backend == "tokenizers":
+    if meta.tokenizer.hugging_face:
         _check_vocab_copy(meta, report)
 
 

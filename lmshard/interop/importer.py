@@ -215,7 +215,7 @@ def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, l
     return DatasetMeta(
         root=out, lmshard_version=__version__, eot_position="after",
         tokenizer=TokenizerInfo(name=tok.name, backend=tok.backend, n_vocab=tok.n_vocab, eot_id=eot, bos_id=None,
-                                ranks_sha256=tok.vocab_sha256),
+                                ranks_sha256=tok.vocab_sha256, vocab_format=tok.vocab_format),
         splits=splits, total_tokens=n_tokens, total_docs=sum(s.n_docs for s in shards),
         records_read=sum(s.n_docs for s in shards) + n_empty, drops={"empty": n_empty} if n_empty else {},
         dedup=DedupInfo(mode="none", key="", duplicates_removed=0, lines=False, lines_removed=0),

@@ -8,7 +8,9 @@ names resolved from the local cache).
 - a tiktoken vocabulary (gpt2, r50k_base, …, or a .tiktoken file): `tiktoken`, or `splintr` when
   installed (`lmshard[fast]`) and exact on the built-in sample of `gate`; `auto` takes splintr
   when it passes and falls back to tiktoken with a warning when it does not;
-- a tokenizer.json file, a directory holding one, or a hub name (`org/name`): `tokenizers`.
+- a tokenizer.json file, a directory holding one, or a hub name (`org/name`): `tokenizers`, or
+  `splintr` when installed and exact (`hf_fast`: splintr's loader of the same file, behind a
+  gate against `tokenizers` on a sample built from the vocabulary), with the same `auto` rule.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def load_tokenizer(
     """The backend for a `--tokenizer` value. Raises `TokenizerError`, naming the command that
     installs it, when the vocabulary is missing. `separator` names the special token written
     between documents (default: the vocabulary's own end-of-text token). `warn` receives the
-    reason when `auto` falls back from the accelerated backend to tiktoken. `gated=True` skips the
+    reason when `auto` falls back from the accelerated backend to tiktoken or tokenizers. `gated=True` skips the
     exactness gate: the caller ran it for this spec and backend in this run (prepare's workers).
     `threads`: how many threads a backend with its own thread pool (splintr, tokenizers) may use
     in this process: 1 in each of prepare's workers, which are the parallelism; tiktoken's
@@ -53,13 +55,13 @@ def load_tokenizer(
     if backend not in BACKENDS:
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if is_hf_spec(spec):
-        if backend not in ("auto", "tokenizers"):
-            raise TokenizerError(
-                f"{spec}: a Hugging Face tokenizer is encoded by the tokenizers backend, not {backend}"
-            )
-        from .hf_backend import HFTokenizer
+        if backend == "tiktoken":
+            raise TokenizerError(f"{spec}: a Hugging Face tokenizer is encoded by the splintr or tokenizers backend, "
+                                 "not tiktoken; use --tokenizer-backend auto, splintr or tokenizers")  # fmt: skip
+        from .hf_fast import accelerated_hf
 
-        return HFTokenizer(spec, separator=separator, threads=threads, untrusted=untrusted)
+        return accelerated_hf(spec, backend=backend, warn=warn, gated=gated, threads=threads, separator=separator,
+                              untrusted=untrusted)  # fmt: skip
     if backend == "tokenizers":
         raise TokenizerError(f"{spec} is a tiktoken vocabulary; use --tokenizer-backend tiktoken, splintr or auto")
     if separator not in (None, "<|endoftext|>"):

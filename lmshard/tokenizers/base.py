@@ -29,6 +29,7 @@ class Tokenizer(ABC):
     bos_token: str | None = None
     adds_bos: bool = False  # the tokenizer's own configuration puts a BOS before each text (Llama, Mistral)
     vocab_sha256: str  # sha256 of the vocabulary file: two tokenizers with equal hashes agree
+    vocab_format: str = "tiktoken"  # that file's format: "tiktoken" (ranks) or "tokenizer.json" (Hugging Face)
     vocab_file: Path | None = None  # a file the dataset keeps a copy of so inspect can decode (tokenizer.json)
     vocab_bytes: bytes | None = None  # that file's bytes exactly as hashed into vocab_sha256: the copy to write
 

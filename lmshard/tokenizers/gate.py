@@ -230,25 +230,31 @@ def _cpu() -> str:
     return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
-def _pass_record(candidate: Tokenizer) -> dict[str, str]:
-    """Everything a pass depends on; a change to any of it runs the gate again."""
-    import splintr
-    import tiktoken
+def pass_record(candidate: Tokenizer, libraries: tuple[str, ...], support: tuple[Path, ...]) -> dict[str, str]:
+    """Everything a pass depends on; a change to any of it runs the gate again: the candidate's
+    class and source, the versions of `libraries` (the candidate's and the reference's), the
+    vocabulary, the sources in `support`, this file (which generates the sample), Python and the CPU."""
+    import importlib
 
     source = Path(inspect.getfile(type(candidate)))
-    return {
+    record = {
         "backend": f"{type(candidate).__module__}.{type(candidate).__qualname__}",
         "backend_source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
         "cpu": _cpu(),
-        "splintr_version": getattr(splintr, "__version__", "unknown"),
-        "tiktoken_version": getattr(tiktoken, "__version__", "unknown"),
         "vocab_sha256": candidate.vocab_sha256,
         # The sample is a function of this file and Python's seeded generator: hashing them is
         # 50 ms cheaper per run than generating the sample to hash it.
         "gate_source_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-        "support_source_sha256": _sources_sha256(SUPPORT_SOURCES),
+        "support_source_sha256": _sources_sha256(support),
         "python": platform.python_version(),
     }
+    for name in libraries:
+        record[f"{name}_version"] = getattr(importlib.import_module(name), "__version__", "unknown")
+    return record
+
+
+def _pass_record(candidate: Tokenizer) -> dict[str, str]:
+    return pass_record(candidate, ("splintr", "tiktoken"), SUPPORT_SOURCES)
 
 
 # Modules whose code decides what the gate compares: the tiktoken reference, the shared surrogate
@@ -284,6 +290,20 @@ def _remember(record: dict[str, str]) -> None:
         pass  # a read-only cache only costs the next run another check
 
 
+def admit(candidate: Tokenizer, record: dict[str, str], reference: Callable[[], Tokenizer],
+          texts: Callable[[Tokenizer], Sequence[tuple[str, str]]]) -> str | None:  # fmt: skip
+    """None when `candidate` passed the gate before under `record`, or passes it now against
+    `reference()` on `texts(reference)` (label, text) pairs, which is then remembered; else why not."""
+    if _passed_before(record):
+        return None
+    ref = reference()
+    labels, values = zip(*texts(ref), strict=True)
+    problem = check_exact(candidate, ref, values, labels)
+    if problem is None:
+        _remember(record)
+    return problem
+
+
 def _candidate_problem(spec: str, threads: int) -> tuple[Tokenizer | None, str | None]:
     """(the splintr tokenizer, None) when it loads and passes the gate, else (None, why not)."""
     from .splintr_backend import SPLINTR_PATTERNS, SplintrTokenizer
@@ -299,13 +319,8 @@ def _candidate_problem(spec: str, threads: int) -> tuple[Tokenizer | None, str |
         raise  # the vocabulary file failed its sha256: no backend can use it
     except Exception as e:  # any failure of the accelerated path falls back, never crashes
         return None, f"splintr could not load {spec}: {type(e).__name__}: {e}"
-    if _passed_before(record):
-        return candidate, None
-    problem = check_sample(candidate, TiktokenTokenizer(spec))
-    if problem is None:
-        _remember(record)
-        return candidate, None
-    return None, problem
+    problem = admit(candidate, record, lambda: TiktokenTokenizer(spec), lambda _: sample())
+    return (candidate, None) if problem is None else (None, problem)
 
 
 def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None = None,

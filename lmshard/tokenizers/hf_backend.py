@@ -16,6 +16,10 @@ local cache). Which special tokens, in this order:
 - `adds_bos`: the tokenizer's own setup adds a BOS to each text, by tokenizer_config's
   `add_bos_token` when it says, else by the post-processor (Llama 3's TemplateProcessing).
 
+Accelerated: `accelerate(encoder)` hands encoding to splintr's loader of the same file
+(`hf_fast`, which admits it only through the exactness gate); everything else (special tokens,
+identity, decoding) stays here, and `reference()` is the same tokenizer through `tokenizers`.
+
 Threads: `tokenizers` encodes a batch on a Rayon thread pool shared by the whole process, sized
 by RAYON_NUM_THREADS when first used and switched by TOKENIZERS_PARALLELISM at every call. lmshard
 runs one tokenizer per worker process, so `threads=1` (the default) switches the pool off and
@@ -24,7 +28,8 @@ around each encode call only, so the caller's process keeps its own settings.
 
 Memory model: the tokenizer.json text and its parsed JSON while loading (a few times the file,
 about 10-50 MB for a 128k vocabulary), then the Rust vocabulary (about the file's size) and the
-file's bytes (kept for the dataset's copy, so it is the file that was hashed); during
+file's bytes (kept for the dataset's copy, so it is the file that was hashed); when accelerated,
+splintr's tables for the same vocabulary too (about the file's size again); during
 `encode_batch` one batch's Encoding objects and Python id lists (about 40 bytes a token, 12 MB
 for a 1 MiB work item) and the uint32 result (4 bytes a token).
 """
@@ -32,9 +37,12 @@ for a 1 MiB work item) and the uint32 result (4 bytes a token).
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,13 +51,13 @@ import numpy as np
 
 from ..errors import TokenizerError, missing_dependency
 from ..format import TOKEN_DTYPE
-from .base import Tokenizer
+from .base import Tokenizer, utf8_safe
 from .hf_resolve import Source, read_untrusted, resolve
 
 # Document end-of-text tokens of well-known families: GPT-2/NeoX/Qwen/StarCoder, Llama 3,
-# Llama 2/Mistral/T5-style SentencePiece, Gemma.
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
-BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>")
+# Llama 2/Mistral/T5-style SentencePiece, Gemma, DeepSeek.
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<｜end▁of▁sentence｜>")
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<｜begin▁of▁sentence｜>")
 # End-of-turn markers of chat templates (ChatML, Llama 3 Instruct, Gemma, Phi-3): a chat model's
 # configured EOS, but not what separates pretraining documents.
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
@@ -116,6 +124,22 @@ def _template_bos(node: Any) -> str | None:
     return None
 
 
+@functools.cache
+def newer_code_points() -> np.ndarray:
+    """A bool per code point: unassigned in this Python's Unicode tables (`unicodedata`), so
+    possibly assigned, composed or classed differently by a library with newer ones (private
+    use planes excluded). About 0.2 s once per process, 1.1 MB."""
+    table = np.zeros(0x110000, dtype=bool)
+    for c in range(0xF0000):
+        if unicodedata.category(chr(c)) == "Cn":
+            table[c] = True
+    return table
+
+
+def _code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+
+
 class HFTokenizer(Tokenizer):
     """A Hugging Face tokenizer.json through the `tokenizers` library.
 
@@ -134,6 +158,9 @@ class HFTokenizer(Tokenizer):
         if threads < 0:
             raise TokenizerError(f"threads must be 0 (all cores) or more, not {threads}")
         self.name, self.backend, self.spec = spec, "tokenizers", spec
+        self.vocab_format = "tokenizer.json"
+        self._fast: Any = None  # splintr's encoder of this file, once `accelerate` admitted it
+        self._fast_version: str | None = None
         self.source: Source = resolve(spec, untrusted=untrusted)
         self.vocab_file = self.source.tokenizer_json
         self.vocab_bytes, self.vocab_sha256, self._json = self._read(self.vocab_file, untrusted)
@@ -173,7 +200,19 @@ class HFTokenizer(Tokenizer):
                                  "written by the tokenizers library or save_pretrained")  # fmt: skip
         return data, hashlib.sha256(data).hexdigest(), parsed
 
+    def accelerate(self, encoder: Any, version: str) -> None:
+        """Encode with `encoder` (splintr's loader of this file, admitted by the gate) from now on."""
+        self._fast, self._fast_version, self.backend = encoder, version, "splintr"
+        newer_code_points()  # built now, so that forked workers inherit it
+
+    def reference(self) -> HFTokenizer:
+        """This tokenizer encoding through `tokenizers`: the gate's reference, sharing the vocabulary."""
+        ref = copy.copy(self)
+        ref._fast, ref._fast_version, ref.backend = None, None, "tokenizers"
+        return ref
+
     def use_threads(self, threads: int) -> None:
+        self._threads = threads
         self._set_threads(threads)
 
     def _set_threads(self, threads: int) -> None:
@@ -234,6 +273,39 @@ class HFTokenizer(Tokenizer):
         return shown + (f" … ({len(names)} in all)" if len(names) > limit else "")
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self._fast is not None:
+            return self._encode_fast(texts)
+        return self._encode_reference(texts)
+
+    def _encode_fast(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """splintr's ids, except for texts holding a code point this Python's Unicode tables
+        leave unassigned (`newer_code_points`), which `tokenizers` encodes: the two libraries'
+        Unicode versions differ there (normalization, letter classes), and nowhere the gate
+        found elsewhere. Web text rarely has any, so a batch is nearly always one splintr call."""
+        from .splintr_backend import splintr_encode
+
+        threads = self._threads or os.cpu_count() or 1
+        newer = newer_code_points()
+        routed = [i for i, t in enumerate(texts) if not t.isascii() and newer[_code_points(t)].any()]
+        if not routed:
+            return splintr_encode(self._fast, texts, threads)
+        plain = sorted(set(range(len(texts))) - set(routed))
+        fast_tokens, fast_lengths = splintr_encode(self._fast, [texts[i] for i in plain], threads)
+        ref_tokens, ref_lengths = self._encode_reference([texts[i] for i in routed])
+        pieces: list[np.ndarray] = [np.empty(0, TOKEN_DTYPE)] * len(texts)
+        for order, tokens, lengths in ((plain, fast_tokens, fast_lengths), (routed, ref_tokens, ref_lengths)):
+            for i, piece in zip(order, np.split(tokens, np.cumsum(lengths)[:-1]), strict=True):
+                pieces[i] = piece
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        return np.concatenate(pieces).astype(TOKEN_DTYPE, copy=False), lengths
+
+    def _encode_reference(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self._encode(texts)
+        except TypeError:  # text UTF-8 cannot hold (a lone surrogate): repaired as tiktoken repairs it
+            return self._encode([utf8_safe(t) for t in texts])
+
+    def _encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # encode_batch_fast skips the character offsets (same ids, about a third faster measured
         # on linux-docs). e.ids builds a new list at each access: read it once per text.
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
@@ -268,4 +340,5 @@ class HFTokenizer(Tokenizer):
             "special_tokens": dict(sorted(self._specials.items(), key=lambda kv: kv[1])),
             "source": self.source.describe(),
             "tokenizers_version": self._version,
+            **({"splintr_version": self._fast_version} if self._fast is not None else {}),
         }

@@ -86,6 +86,27 @@ def _start_pool(encoder: Any, threads: int) -> int:
         return _pool_threads
 
 
+def splintr_encode(encoder: Any, texts: Sequence[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """`Tokenizer.encode_batch` through any splintr encoder (a tiktoken vocabulary's, or the
+    one splintr loads from a tokenizer.json), in one GIL-free call, starting this process's
+    pool with `threads` threads if no encode started it yet. The tokens are a read-only view of
+    splintr's output buffer (no copy)."""
+    if _pool_threads is None:
+        _start_pool(encoder, threads)
+    try:
+        ids, offsets = encoder.encode_batch_flat(texts)
+    except UnicodeEncodeError:  # rare: a lone surrogate somewhere in the batch
+        ids, offsets = encoder.encode_batch_flat([utf8_safe(t) for t in texts])
+    tokens = np.frombuffer(ids, dtype=TOKEN_DTYPE)
+    lengths = np.diff(np.frombuffer(offsets, dtype="<u8")).astype(np.int64)
+    return tokens, lengths
+
+
+def pool_started() -> bool:
+    """Whether this process's splintr pool runs (its size is then fixed)."""
+    return _pool_threads is not None
+
+
 def _last_rank(ranks: bytes) -> int:
     """The highest rank of a tiktoken ranks file, which lists its tokens in rank order."""
     last = ranks.rstrip().rsplit(b"\n", 1)[-1]
@@ -137,17 +158,8 @@ class SplintrTokenizer(Tokenizer):
             self.threads = threads
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """As `Tokenizer.encode_batch`, in one GIL-free splintr call. The tokens are a read-only
-        view of splintr's output buffer (no copy)."""
-        if _pool_threads is None:
-            self.threads = _start_pool(self._encoder, self.threads)
-        try:
-            ids, offsets = self._encoder.encode_batch_flat(texts)
-        except UnicodeEncodeError:  # rare: a lone surrogate somewhere in the batch
-            ids, offsets = self._encoder.encode_batch_flat([utf8_safe(t) for t in texts])
-        tokens = np.frombuffer(ids, dtype=TOKEN_DTYPE)
-        lengths = np.diff(np.frombuffer(offsets, dtype="<u8")).astype(np.int64)
-        return tokens, lengths
+        """As `Tokenizer.encode_batch`, in one GIL-free splintr call (`splintr_encode`)."""
+        return splintr_encode(self._encoder, texts, self.threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         # tiktoken's decode: the tokens' bytes as UTF-8, invalid sequences as U+FFFD

@@ -49,6 +49,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
             eot_id=tokenizer.eot_id,
             bos_id=bos_written(config, tokenizer),
             ranks_sha256=tokenizer.vocab_sha256,
+            vocab_format=tokenizer.vocab_format,
         ),  # fmt: skip
         total_tokens=n_tokens,
         total_docs=sum(s.n_docs for s in shards),

@@ -1,0 +1,147 @@
+"""The accelerated encoder of Hugging Face tokenizer.json vocabularies: splintr's own loader of
+the given file (`splintr.from_json_bytes`: its vocabulary, merges, normalizer, pre-tokenizer
+split patterns, added tokens and flags such as `ignore_merges` and `byte_fallback`), admitted
+only through the exactness gate against the `tokenizers` library, id for id. Nothing is picked
+by name: splintr's bundled vocabularies are never used.
+
+What splintr is given differs from the file in what lmshard never asks of a tokenizer: the
+added tokens marked special are left out (lmshard encodes their text as ordinary text, as the
+tokenizers backend does with `encode_special_tokens`; ordinary added tokens stay, and are
+matched in the text as `tokenizers` matches them), and so are the post-processor, truncation
+and padding (lmshard adds no template and cuts nothing).
+
+The gate's sample for a tokenizer.json is `gate.sample()` (the tiktoken gate's hard text) and,
+built from the vocabulary itself:
+
+- every added and special token's text, alone, between letters and doubled;
+- every Unicode general category: 48 code points of each, spread over the whole code space,
+  plus blocks added in Unicode 15 and 16, each before a contraction and a digit;
+- every token of the vocabulary, decoded, as words of a text: a merge that differs between the
+  two encoders is met at the token it builds.
+
+About 1 MB of text for a 128k vocabulary, checked once per installation (about 1-2 s of
+`tokenizers` on one core) and remembered as the tiktoken gate is (`gate.admit`).
+
+Memory model: the gate's sample and its tokens while the gate runs (a few MB); after it, the
+tokenizer as `hf_backend` says (both libraries' tables for the vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import TokenizerError
+from .base import Tokenizer
+from .gate import FAST_EXTRA, admit, pass_record, sample
+from .hf_backend import HFTokenizer
+
+# Blocks whose letters Unicode 15 and 16 added (Kawi, Nag Mundari, Cyrillic Extended-D, Arabic
+# Extended-C, Devanagari Extended-A, Kaktovik numerals, CJK Extension H; Garay, Todhri,
+# Tulu-Tigalari, Sunuwar, Kirat Rai, Gurung Khema, Ol Onal, Myanmar Extended-C, Symbols for
+# Legacy Computing Supplement): the pre-tokenizer's regex engine and `tokenizers`' may know
+# different Unicode versions, as tiktoken's and splintr's do (gate._UNICODE_17).
+_NEWER_BLOCKS = (
+    (0x11F00, 0x11F5F), (0x1E4D0, 0x1E4FF), (0x1E030, 0x1E08F), (0x10EC0, 0x10EFF), (0x11B00, 0x11B5F),
+    (0x1D2C0, 0x1D2DF), (0x31350, 0x323AF), (0x10D40, 0x10D8F), (0x105C0, 0x105FF), (0x11380, 0x113FF),
+    (0x11BC0, 0x11BFF), (0x16D40, 0x16D7F), (0x16100, 0x1613F), (0x1E5D0, 0x1E5FF), (0x116D0, 0x116FF),
+    (0x1CC00, 0x1CEBF),
+)  # fmt: skip
+_PER_CATEGORY = 48
+_VOCAB_WORDS = 4096  # tokens per text of the vocabulary sample
+
+
+def splintr_copy(parsed: dict[str, Any]) -> bytes:
+    """The tokenizer.json splintr loads: the file less its special added tokens, post-processor,
+    truncation and padding (see the module docstring)."""
+    data = dict(parsed)
+    data["added_tokens"] = [t for t in parsed.get("added_tokens") or [] if not (isinstance(t, dict) and t.get("special"))]
+    data["post_processor"] = data["truncation"] = data["padding"] = None
+    return json.dumps(data, ensure_ascii=False).encode("utf-8")
+
+
+@lru_cache(maxsize=1)
+def _categories() -> str:
+    """Code points of every general category (Python's Unicode tables), spread over the code
+    space, and of the blocks in `_NEWER_BLOCKS`, each before a contraction and a digit."""
+    found: dict[str, list[int]] = {}
+    for c in range(0x110000):
+        if not 0xD800 <= c <= 0xDFFF:
+            found.setdefault(unicodedata.category(chr(c)), []).append(c)
+    points = []
+    for members in found.values():
+        step = max(1, len(members) // _PER_CATEGORY)
+        points += members[::step][:_PER_CATEGORY]
+    points += [c for start, end in _NEWER_BLOCKS for c in range(start, end + 1, 5)]
+    return "".join(f"{chr(c)}'s {chr(c)}1 a{chr(c)}{chr(c)} " for c in sorted(set(points)))
+
+
+def hf_sample(reference: Tokenizer) -> list[tuple[str, str]]:
+    """The gate's (label, text) pairs for a tokenizer.json (see the module docstring)."""
+    assert isinstance(reference, HFTokenizer)
+    tok = reference._tok
+    added = [t.content for t in tok.get_added_tokens_decoder().values()]
+    texts = [*sample(), ("added and special tokens", " ".join(f"a{t}b {t} {t}{t}\n" for t in added)),
+             ("every Unicode category", _categories())]  # fmt: skip
+    ids = sorted(set(tok.get_vocab(with_added_tokens=False).values()))
+    words = tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    for k in range(0, len(words), _VOCAB_WORDS):
+        texts.append((f"vocabulary tokens {k:,}-{min(k + _VOCAB_WORDS, len(words)) - 1:,}",
+                      " ".join(words[k : k + _VOCAB_WORDS])))  # fmt: skip
+    return texts
+
+
+# Modules whose code decides what the gate compares: the reference, the surrogate repair and
+# interface, the shared splintr encode call, and this file (the copy and the sample).
+SUPPORT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("base.py", "hf_backend.py", "hf_resolve.py",
+                                                               "splintr_backend.py", "hf_fast.py"))  # fmt: skip
+
+
+def _load_splintr(tok: HFTokenizer, copy: Callable[[dict[str, Any]], bytes]) -> tuple[Any, str | None]:
+    """(splintr's encoder of the tokenizer's file, None), or (None, why it would not load)."""
+    import splintr
+
+    try:
+        return splintr.from_json_bytes(copy(tok._json)), None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # ValueError for what it does not support, or a Rust panic
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        return None, f"splintr cannot load this tokenizer.json ({first})"
+
+
+def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | None = None, gated: bool = False,
+                   threads: int = 1, separator: str | None = None, untrusted: bool = False) -> Tokenizer:  # fmt: skip
+    """The tokenizer.json `spec` encoded by splintr when it is installed and exact on the gate's
+    sample (`backend` "auto" or "splintr"), else by `tokenizers`: for "auto" silently when splintr
+    is not installed, through `warn` (naming the first differing token) when it is not exact;
+    "splintr" raises instead. `gated=True` trusts a gate this run passed (prepare's workers)."""
+    tok = HFTokenizer(spec, separator=separator, threads=threads, untrusted=untrusted)
+    if backend == "tokenizers":
+        return tok
+    try:
+        import splintr
+    except ImportError:
+        if backend == "splintr":
+            raise TokenizerError(FAST_EXTRA) from None
+        return tok
+    encoder, problem = _load_splintr(tok, splintr_copy)
+    if encoder is not None:
+        fast = tok.reference()
+        fast.accelerate(encoder, getattr(splintr, "__version__", "unknown"))
+        if gated:
+            return fast
+        record = pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES)
+        problem = admit(fast, record, tok.reference, hf_sample)
+        if problem is None:
+            return fast
+    if backend == "splintr":
+        raise TokenizerError(f"--tokenizer-backend splintr is not exact for {spec} here ({problem}); "
+                             "use --tokenizer-backend tokenizers or auto")  # fmt: skip
+    if warn is not None:
+        warn(f"{spec}: the splintr backend is not exact for this tokenizer, falling back to tokenizers: {problem}")
+    return tok
