@@ -128,9 +128,11 @@ def _template_bos(node: Any) -> str | None:
 def newer_code_points() -> np.ndarray:
     """A bool per code point: unassigned in this Python's Unicode tables (`unicodedata`), so
     possibly assigned, composed or classed differently by a library with newer ones (private
-    use planes excluded). About 0.2 s once per process, 1.1 MB."""
+    use planes excluded). Planes 4-13 hold no character in any Unicode version yet: all of them
+    count as unassigned without asking. About 0.07 s once per process, 1.1 MB."""
     table = np.zeros(0x110000, dtype=bool)
-    for c in range(0xF0000):
+    table[0x40000:0xE0000] = True
+    for c in (*range(0x40000), *range(0xE0000, 0xF0000)):
         if unicodedata.category(chr(c)) == "Cn":
             table[c] = True
     return table
