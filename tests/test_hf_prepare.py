@@ -85,7 +85,7 @@ def test_round_trip_with_ids_above_65535(tmp_path, corpus, big, eager_pool):  # 
     bos, eot = _special_ids(big)
     assert bos > 0xFFFF and eot > 0xFFFF
     tok = meta.tokenizer
-    assert (tok.backend, tok.bos_id, tok.eot_id) == ("tokenizers", bos, eot)
+    assert (tok.backend, tok.vocab_format, tok.bos_id, tok.eot_id) == ("splintr", "tokenizer.json", bos, eot)
     assert tok.ranks_sha256 == hashlib.sha256(big["file"].read_bytes()).hexdigest()
     assert (root / "tokenizer.json").read_bytes() == big["file"].read_bytes()
     # Every document, in input order across both splits, is BOS + tokenizers' ids + EOT.
@@ -176,7 +176,7 @@ def test_cli_prepare_and_inspect_a_tokenizer_json(tmp_path, corpus, big):  # noq
     done = _lmshard("prepare", str(corpus[0]), "--out", str(tmp_path / "o"), "--tokenizer", str(big["file"]), env=env)
     assert done.returncode == 0, done.stderr
     bos, eot = _special_ids(big)
-    assert f"EOT {eot}, BOS {bos}; tokenizers" in " ".join(done.stdout.split())
+    assert f"EOT {eot}, BOS {bos}; splintr" in " ".join(done.stdout.split())
     done = _lmshard("inspect", str(tmp_path / "o"), "--doc", "train/shard_000000:0", "--json", env=env)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
