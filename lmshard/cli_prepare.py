@@ -142,14 +142,15 @@ def prepare(
         TOKENIZER,
         "NAME",
         "gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken "
-        "file, a tokenizer.json, a save_pretrained directory, or a cached hub name "
-        "(org/name). Default: gpt2.",
+        "file, a tokenizer.json, a save_pretrained directory, a cached hub name "
+        "(org/name), or a SentencePiece .model file. Default: gpt2.",
         "--tokenizer",
     ),  # fmt: skip
     tokenizer_backend: str | None = _opt(
         TOKENIZER,
         "NAME",
-        "auto (splintr when installed and exact, else tiktoken), tiktoken, splintr, tokenizers. Default: auto.",
+        "auto (splintr when installed and exact, else tiktoken or tokenizers), tiktoken, splintr, tokenizers, "
+        "sentencepiece. Default: auto.",
         "--tokenizer-backend",
     ),  # fmt: skip
     separator: str | None = _opt(

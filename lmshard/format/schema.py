@@ -37,6 +37,9 @@ from .skipped import SkippedInputs
 DTYPE, BYTE_ORDER = "uint32", "little"  # TOKEN_DTYPE as the metadata names it
 
 
+VOCAB_FORMATS = ("tiktoken", "tokenizer.json", "sentencepiece")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenizerInfo:
     """The tokenizer's identity: enough to refuse a dataset made with another vocabulary, and
@@ -49,8 +52,8 @@ class TokenizerInfo:
     eot_id: int
     bos_id: int | None = None
     ranks_sha256: str  # sha256 of the vocabulary file (tiktoken ranks or tokenizer.json)
-    # The vocabulary's file format: "tiktoken" (ranks) or "tokenizer.json" (Hugging Face, whose
-    # copy the dataset keeps). Metadata written before the field existed: "tokenizer.json"
+    # The vocabulary's file format: "tiktoken" (ranks), "tokenizer.json" (Hugging Face, whose
+    # copy the dataset keeps) or "sentencepiece" (a SentencePiece .model file). Metadata written before the field existed: "tokenizer.json"
     # exactly when the backend was "tokenizers", the only one that read such files then.
     vocab_format: str = "tiktoken"
 
@@ -70,8 +73,8 @@ class TokenizerInfo:
         try:
             backend = _get(raw, "backend", str, "tiktoken")
             vocab_format = _get(raw, "vocab_format", str, "tokenizer.json" if backend == "tokenizers" else "tiktoken")
-            if vocab_format not in ("tiktoken", "tokenizer.json"):
-                raise _Invalid(f"'vocab_format' {vocab_format!r} is not 'tiktoken' or 'tokenizer.json'")
+            if vocab_format not in VOCAB_FORMATS:
+                raise _Invalid(f"'vocab_format' {vocab_format!r} is not one of {', '.join(VOCAB_FORMATS)}")
             info = cls(name=_get(raw, "name", str), backend=backend, n_vocab=_count(raw, "n_vocab"),
                        eot_id=_count(raw, "eot_id"), bos_id=_count(raw, "bos_id", None),
                        ranks_sha256=_get(raw, "ranks_sha256", str), vocab_format=vocab_format)  # fmt: skip

@@ -59,6 +59,9 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
     elif info.name in TOKENIZER_NAMES:
         specs, backend = [info.name], "tiktoken"
         fix = f"run `lmshard tokenizer fetch {info.name}`"
+    elif info.vocab_format == "sentencepiece":  # a path the metadata names is not ours to read
+        specs, backend = [], "sentencepiece"
+        fix = "decode them with sentencepiece and the .model file the dataset was made with"
     else:  # prepare records a .tiktoken file by the name its sha256 matched: a path here is not ours to read
         specs, backend = [], "tiktoken"
         fix = f"a tiktoken dataset names one of {', '.join(TOKENIZER_NAMES)}, and no file it names is read"

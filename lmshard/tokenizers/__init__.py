@@ -20,9 +20,10 @@ from pathlib import Path
 
 from ..errors import TokenizerError
 from .base import Tokenizer
+from .sp_backend import is_sentencepiece_model
 from .vocab import TOKENIZER_NAMES, VOCABULARIES, cache_dir, fetch
 
-BACKENDS = ("auto", "tiktoken", "splintr", "tokenizers")
+BACKENDS = ("auto", "tiktoken", "splintr", "tokenizers", "sentencepiece")
 
 
 def is_hf_spec(spec: str) -> bool:
@@ -54,6 +55,12 @@ def load_tokenizer(
     dataset's metadata (see `hf_resolve.resolve`)."""
     if backend not in BACKENDS:
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if is_sentencepiece_model(spec):
+        if backend not in ("auto", "sentencepiece"):
+            raise TokenizerError(f"{spec}: a SentencePiece model is encoded by the sentencepiece backend, not {backend}")
+        from .sp_backend import SentencePieceTokenizer
+
+        return SentencePieceTokenizer(spec, separator=separator)
     if is_hf_spec(spec):
         if backend == "tiktoken":
             raise TokenizerError(f"{spec}: a Hugging Face tokenizer is encoded by the splintr or tokenizers backend, "
