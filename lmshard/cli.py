@@ -289,7 +289,8 @@ def tokenizer_fetch(
 @user_errors()
 def tokenizer_info(
     name: str = typer.Argument(
-        "gpt2", metavar="NAME", help="A tiktoken name or file, a tokenizer.json, a directory, a hub name."
+        "gpt2", metavar="NAME", help="A tiktoken name or file, FAMILY:PATH (qwen, llama3), a tokenizer.json, "
+        "a directory, a hub name."
     ),
     backend: str = typer.Option("auto", "--backend", metavar="NAME", help="auto, tiktoken, splintr or tokenizers."),
 ) -> None:

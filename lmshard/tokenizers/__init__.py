@@ -5,9 +5,11 @@ names resolved from the local cache).
 
 `load_tokenizer(spec, backend)` picks the backend for a `--tokenizer` value:
 
-- a tiktoken vocabulary (gpt2, r50k_base, …, or a .tiktoken file): `tiktoken`, or `splintr` when
-  installed (`lmshard[fast]`) and exact on the built-in sample of `gate`; `auto` takes splintr
-  when it passes and falls back to tiktoken with a warning when it does not;
+- a tiktoken vocabulary (gpt2, r50k_base, …, or a .tiktoken file), or a ranks file of another
+  family (`families`: `qwen:PATH`, `llama3:PATH`, or PATH with its definition in PATH.json):
+  `tiktoken`, or `splintr` when installed (`lmshard[fast]`) and exact on the built-in sample of
+  `gate`; `auto` takes splintr when it passes and falls back to tiktoken with a warning when it
+  does not;
 - a tokenizer.json file, a directory holding one, or a hub name (`org/name`): `tokenizers`, or
   `splintr` when installed and exact (`hf_fast`: splintr's loader of the same file, behind a
   gate against `tokenizers` on a sample built from the vocabulary), with the same `auto` rule.
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from ..errors import TokenizerError
 from .base import Tokenizer
+from .families import is_ranks_spec, split_spec
 from .sp_backend import is_sentencepiece_model
 from .vocab import TOKENIZER_NAMES, VOCABULARIES, cache_dir, fetch
 
@@ -29,8 +32,8 @@ BACKENDS = ("auto", "tiktoken", "splintr", "tokenizers", "sentencepiece")
 def is_hf_spec(spec: str) -> bool:
     """A Hugging Face tokenizer: a .json file, a directory, or a hub name such as org/name."""
     path = Path(spec)
-    if spec.endswith(".tiktoken") or spec in TOKENIZER_NAMES:
-        return False
+    if spec.endswith(".tiktoken") or spec in TOKENIZER_NAMES or split_spec(spec) is not None:
+        return False  # FAMILY:PATH is a ranks file (a hub name has no colon)
     return spec.endswith(".json") or path.is_dir() or ("/" in spec and not path.is_file())
 
 
@@ -71,15 +74,16 @@ def load_tokenizer(
                               untrusted=untrusted)  # fmt: skip
     if backend == "tokenizers":
         raise TokenizerError(f"{spec} is a tiktoken vocabulary; use --tokenizer-backend tiktoken, splintr or auto")
-    if separator not in (None, "<|endoftext|>"):
+    if separator not in (None, "<|endoftext|>") and not is_ranks_spec(spec):
         raise TokenizerError(f"{spec} separates documents with <|endoftext|> only, not {separator!r}")
     from .tiktoken_backend import TiktokenTokenizer
 
     if backend == "tiktoken":
-        return TiktokenTokenizer(spec)
+        return TiktokenTokenizer(spec, separator=separator)
     from .gate import accelerated
 
-    return accelerated(spec, required=backend == "splintr", warn=warn, gated=gated, threads=threads)
+    return accelerated(spec, required=backend == "splintr", warn=warn, gated=gated, threads=threads,
+                       separator=separator)  # fmt: skip
 
 
 __all__ = ["BACKENDS", "TOKENIZER_NAMES", "VOCABULARIES", "Tokenizer", "cache_dir", "fetch", "is_hf_spec",

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import TokenizerError
 from ..format import TOKEN_DTYPE, atomic_write_json
+from . import families
 from .base import Tokenizer
 from .vocab import cache_dir, resolve
 
@@ -258,8 +259,9 @@ def _pass_record(candidate: Tokenizer) -> dict[str, str]:
 
 
 # Modules whose code decides what the gate compares: the tiktoken reference, the shared surrogate
-# repair and interface, and the verified vocabulary reader.
-SUPPORT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("base.py", "tiktoken_backend.py", "vocab.py"))
+# repair and interface, the verified vocabulary reader and the other families' definitions.
+SUPPORT_SOURCES = tuple(Path(__file__).with_name(n)
+                        for n in ("base.py", "tiktoken_backend.py", "vocab.py", "families.py"))  # fmt: skip
 
 
 def _sources_sha256(paths: tuple[Path, ...]) -> str:
@@ -304,31 +306,40 @@ def admit(candidate: Tokenizer, record: dict[str, str], reference: Callable[[], 
     return problem
 
 
-def _candidate_problem(spec: str, threads: int) -> tuple[Tokenizer | None, str | None]:
-    """(the splintr tokenizer, None) when it loads and passes the gate, else (None, why not)."""
-    from .splintr_backend import SPLINTR_PATTERNS, SplintrTokenizer
+def _candidate_problem(spec: str, threads: int, separator: str | None) -> tuple[Tokenizer | None, str | None]:
+    """(the splintr tokenizer, None) when it loads and passes the gate, else (None, why not). A
+    vocabulary of `families` is also checked on the text of each of its own special tokens, and
+    its pass is keyed by its pattern, special tokens, normalization and the pattern splintr got."""
+    from .splintr_backend import SPLINTR_PATTERNS, SplintrTokenizer, splintr_constant
     from .tiktoken_backend import TiktokenTokenizer
 
-    base = resolve(spec)[1].base  # a missing or unknown vocabulary is the user's to fix
-    if base not in SPLINTR_PATTERNS:
+    ranked = families.load(spec)  # a missing, unknown or malformed vocabulary is the user's to fix
+    if ranked is None and (base := resolve(spec)[1].base) not in SPLINTR_PATTERNS:
         return None, f"splintr has no exact pattern for {base}"
+    if ranked is not None and splintr_constant(ranked.pattern) is None:
+        return None, "splintr has no exact pattern for this split pattern (it is none of splintr's own)"
     try:
-        candidate = SplintrTokenizer(spec, threads=threads)
+        candidate = SplintrTokenizer(spec, threads=threads, separator=separator)
         record = _pass_record(candidate)
     except TokenizerError:
         raise  # the vocabulary file failed its sha256: no backend can use it
     except Exception as e:  # any failure of the accelerated path falls back, never crashes
         return None, f"splintr could not load {spec}: {type(e).__name__}: {e}"
-    problem = admit(candidate, record, lambda: TiktokenTokenizer(spec), lambda _: sample())
+    texts = sample()
+    if ranked is not None:
+        record.update(ranked.gate_record(), splintr_pattern=str(getattr(candidate, "splintr_pattern", "")))
+        texts += (("this vocabulary's special-token text", " ".join(f"{t} a{t}b" for t in ranked.special_tokens)),)
+    problem = admit(candidate, record, lambda: TiktokenTokenizer(spec, separator=separator), lambda _: texts)
     return (candidate, None) if problem is None else (None, problem)
 
 
 def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None = None,
-                gated: bool = False, threads: int = 1) -> Tokenizer:  # fmt: skip
+                gated: bool = False, threads: int = 1, separator: str | None = None) -> Tokenizer:  # fmt: skip
     """The splintr backend for the tiktoken vocabulary `spec` when it is installed and exact on
     the sample, else tiktoken (`required=False`: silently when splintr is not installed, through
     `warn` when it is not exact) or a TokenizerError (`required=True`). `gated=True` trusts a
-    gate this run already passed (prepare's workers); `threads` sizes splintr's thread pool."""
+    gate this run already passed (prepare's workers); `threads` sizes splintr's thread pool;
+    `separator` names a special token of a `families` vocabulary to separate documents."""
     from .tiktoken_backend import TiktokenTokenizer
 
     try:
@@ -336,12 +347,12 @@ def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None
     except ImportError:
         if required:
             raise TokenizerError(FAST_EXTRA) from None
-        return TiktokenTokenizer(spec)
+        return TiktokenTokenizer(spec, separator=separator)
     if gated:
         from .splintr_backend import SplintrTokenizer
 
-        return SplintrTokenizer(spec, threads=threads)
-    candidate, problem = _candidate_problem(spec, threads)
+        return SplintrTokenizer(spec, threads=threads, separator=separator)
+    candidate, problem = _candidate_problem(spec, threads, separator)
     if candidate is not None:
         return candidate
     if required:
@@ -349,4 +360,4 @@ def accelerated(spec: str, *, required: bool, warn: Callable[[str], None] | None
                              "use --tokenizer-backend tiktoken or auto")  # fmt: skip
     if warn is not None:
         warn(f"{spec}: the splintr backend is not exact here, falling back to tiktoken: {problem}")
-    return TiktokenTokenizer(spec)
+    return TiktokenTokenizer(spec, separator=separator)

