@@ -193,7 +193,9 @@ def check_exact(candidate: Tokenizer, reference: Tokenizer, texts: Sequence[str]
     names = list(labels) if labels is not None else [f"#{i}" for i in range(len(texts))]
     try:
         tokens, lengths = candidate.encode_batch(texts)
-    except Exception as e:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a Rust panic (PanicException) is not an Exception
         return f"{candidate.backend} raised {type(e).__name__} on the sample: {e}"
     if (problem := _malformed(candidate.backend, tokens, lengths, len(texts))) is not None:
         return problem

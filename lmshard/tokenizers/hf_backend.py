@@ -43,7 +43,7 @@ import hashlib
 import json
 import os
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,8 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(f"threads must be 0 (all cores) or more, not {threads}")
         self.name, self.backend, self.spec = spec, "tokenizers", spec
         self.vocab_format = "tokenizer.json"
-        self._fast: Any = None  # splintr's encoder of this file, once `accelerate` admitted it
+        self._fast_load: Callable[[], Any] | None = None  # loads splintr's encoder of this file (`accelerate`)
+        self._fast: Any = None  # that encoder, loaded at this process's first encode
         self._fast_version: str | None = None
         self.source: Source = resolve(spec, untrusted=untrusted)
         self.vocab_file = self.source.tokenizer_json
@@ -202,15 +203,18 @@ class HFTokenizer(Tokenizer):
                                  "written by the tokenizers library or save_pretrained")  # fmt: skip
         return data, hashlib.sha256(data).hexdigest(), parsed
 
-    def accelerate(self, encoder: Any, version: str) -> None:
-        """Encode with `encoder` (splintr's loader of this file, admitted by the gate) from now on."""
-        self._fast, self._fast_version, self.backend = encoder, version, "splintr"
+    def accelerate(self, load: Callable[[], Any], version: str) -> None:
+        """Encode with the splintr encoder `load()` returns (its reader of this file, admitted by
+        the gate) from now on. It is loaded at this process's first encode, not here: splintr's
+        reader starts a thread pool, and a process that runs threads cannot fork its workers
+        (`pool.start_method`), which then load the vocabulary again."""
+        self._fast_load, self._fast, self._fast_version, self.backend = load, None, version, "splintr"
         newer_code_points()  # built now, so that forked workers inherit it
 
     def reference(self) -> HFTokenizer:
         """This tokenizer encoding through `tokenizers`: the gate's reference, sharing the vocabulary."""
         ref = copy.copy(self)
-        ref._fast, ref._fast_version, ref.backend = None, None, "tokenizers"
+        ref._fast_load, ref._fast, ref._fast_version, ref.backend = None, None, None, "tokenizers"
         return ref
 
     def use_threads(self, threads: int) -> None:
@@ -275,7 +279,7 @@ class HFTokenizer(Tokenizer):
         return shown + (f" … ({len(names)} in all)" if len(names) > limit else "")
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self._fast is not None:
+        if self._fast_load is not None:
             return self._encode_fast(texts)
         return self._encode_reference(texts)
 
@@ -284,9 +288,12 @@ class HFTokenizer(Tokenizer):
         leave unassigned (`newer_code_points`), which `tokenizers` encodes: the two libraries'
         Unicode versions differ there (normalization, letter classes), and nowhere the gate
         found elsewhere. Web text rarely has any, so a batch is nearly always one splintr call."""
-        from .splintr_backend import splintr_encode
+        from .splintr_backend import load_pooled, splintr_encode
 
         threads = self._threads or os.cpu_count() or 1
+        if self._fast is None:
+            assert self._fast_load is not None
+            self._fast = load_pooled(self._fast_load, threads)
         newer = newer_code_points()
         routed = [i for i, t in enumerate(texts) if not t.isascii() and newer[_code_points(t)].any()]
         if not routed:
@@ -342,5 +349,5 @@ class HFTokenizer(Tokenizer):
             "special_tokens": dict(sorted(self._specials.items(), key=lambda kv: kv[1])),
             "source": self.source.describe(),
             "tokenizers_version": self._version,
-            **({"splintr_version": self._fast_version} if self._fast is not None else {}),
+            **({"splintr_version": self._fast_version} if self._fast_load is not None else {}),
         }

@@ -101,17 +101,15 @@ SUPPORT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("base.py", "hf_bac
                                                                "splintr_backend.py", "hf_fast.py"))  # fmt: skip
 
 
-def _load_splintr(tok: HFTokenizer, copy: Callable[[dict[str, Any]], bytes]) -> tuple[Any, str | None]:
-    """(splintr's encoder of the tokenizer's file, None), or (None, why it would not load)."""
-    import splintr
+def _loader(tok: HFTokenizer, copy: Callable[[dict[str, Any]], bytes]) -> Callable[[], Any]:
+    """What loads splintr's encoder of the tokenizer's file (see `HFTokenizer.accelerate`)."""
 
-    try:
-        return splintr.from_json_bytes(copy(tok._json)), None
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # ValueError for what it does not support, or a Rust panic
-        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
-        return None, f"splintr cannot load this tokenizer.json ({first})"
+    def load() -> Any:
+        import splintr
+
+        return splintr.from_json_bytes(copy(tok._json))
+
+    return load
 
 
 def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | None = None, gated: bool = False,
@@ -129,16 +127,14 @@ def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | Non
         if backend == "splintr":
             raise TokenizerError(FAST_EXTRA) from None
         return tok
-    encoder, problem = _load_splintr(tok, splintr_copy)
-    if encoder is not None:
-        fast = tok.reference()
-        fast.accelerate(encoder, getattr(splintr, "__version__", "unknown"))
-        if gated:
-            return fast
-        record = pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES)
-        problem = admit(fast, record, tok.reference, hf_sample)
-        if problem is None:
-            return fast
+    fast = tok.reference()
+    fast.accelerate(_loader(tok, splintr_copy), getattr(splintr, "__version__", "unknown"))
+    if gated:
+        return fast
+    # A file splintr cannot read fails the gate at its first encode ("splintr raised ...").
+    problem = admit(fast, pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES), tok.reference, hf_sample)
+    if problem is None:
+        return fast
     if backend == "splintr":
         raise TokenizerError(f"--tokenizer-backend splintr is not exact for {spec} here ({problem}); "
                              "use --tokenizer-backend tokenizers or auto")  # fmt: skip

@@ -37,9 +37,10 @@ output: 4 bytes per token plus 8 bytes per text, returned to the caller without 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,27 +67,49 @@ _pool_lock = threading.Lock()
 _pool_threads: int | None = None  # the Rayon pool size of this process, once splintr started it
 
 
+@contextlib.contextmanager
+def _rayon_threads(threads: int) -> Iterator[int]:
+    """RAYON_NUM_THREADS set to `threads` (or the user's own value, which wins) for the block;
+    yields the size set. Rayon sizes this process's pool once, from the environment, when the
+    pool starts."""
+    user = os.environ.get("RAYON_NUM_THREADS")
+    wanted = int(user) if user and user.isdigit() and int(user) > 0 else threads
+    os.environ["RAYON_NUM_THREADS"] = str(wanted)
+    try:
+        yield wanted
+    finally:
+        if user is None:
+            del os.environ["RAYON_NUM_THREADS"]
+        else:
+            os.environ["RAYON_NUM_THREADS"] = user
+
+
 def _start_pool(encoder: Any, threads: int) -> int:
     """Start splintr's Rayon pool with `threads` threads unless it runs already (or the user set
-    RAYON_NUM_THREADS); return its size. Rayon sizes its pool once, from the environment, at
-    the first parallel call, so the variable is set around that first call only. splintr goes
-    parallel only for batches of 32 KiB of text or more, hence the 64 KiB of "a " (2 ms with the
-    thread's start)."""
+    RAYON_NUM_THREADS); return its size. The pool starts at the first parallel call, so the
+    variable is set around that first call only. splintr goes parallel only for batches of
+    32 KiB of text or more, hence the 64 KiB of "a " (2 ms with the thread's start)."""
     global _pool_threads
     with _pool_lock:
         if _pool_threads is None:
-            user = os.environ.get("RAYON_NUM_THREADS")
-            wanted = int(user) if user and user.isdigit() and int(user) > 0 else threads
-            os.environ["RAYON_NUM_THREADS"] = str(wanted)
-            try:
+            with _rayon_threads(threads) as wanted:
                 encoder.encode_batch_flat(["a " * (1 << 15)])
-            finally:
-                if user is None:
-                    del os.environ["RAYON_NUM_THREADS"]
-                else:
-                    os.environ["RAYON_NUM_THREADS"] = user
             _pool_threads = wanted
         return _pool_threads
+
+
+def load_pooled(load: Callable[[], Any], threads: int) -> Any:
+    """`load()`, a splintr loader that may start this process's pool itself (its tokenizer.json
+    reader does), run so that the pool gets `threads` threads as `_start_pool` would give it."""
+    global _pool_threads
+    with _pool_lock:
+        if _pool_threads is not None:
+            return load()
+        with _rayon_threads(threads) as wanted:
+            encoder = load()
+            encoder.encode_batch_flat(["a " * (1 << 15)])
+        _pool_threads = wanted
+        return encoder
 
 
 def splintr_encode(encoder: Any, texts: Sequence[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
