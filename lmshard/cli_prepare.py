@@ -143,7 +143,8 @@ def prepare(
         "NAME",
         "gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken "
         "file, a tokenizer.json, a save_pretrained directory, a cached hub name "
-        "(org/name), or a SentencePiece .model file. Default: gpt2.",
+        "(org/name), a SentencePiece .model file, or qwen:PATH / llama3:PATH for those families' tiktoken "
+        "files. Default: gpt2.",
         "--tokenizer",
     ),  # fmt: skip
     tokenizer_backend: str | None = _opt(

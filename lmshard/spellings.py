@@ -48,8 +48,9 @@ _EOT = "lmshard appends the end-of-text token after every document by default; t
 NO_OPS = {"append-eod": _EOT, "append-eos": _EOT, "add-eos": _EOT}
 TOKENIZER_OPTIONS = ("tokenizer-type", "tokenizer-model", "tokenizer-name-or-path", "tokenizer-name", "tokenizer-path",
                      "tokenization", "vocab-file", "vocab", "merge-file")  # fmt: skip
-_VOCABULARY = ("gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken file, a tokenizer.json, "
-               "a save_pretrained directory or a cached hub name (org/name)")  # fmt: skip
+_VOCABULARY = ("gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken file (qwen:PATH, llama3:PATH "
+               "for those families), a tokenizer.json, a save_pretrained directory, a cached hub name (org/name) "
+               "or a SentencePiece .model file")  # fmt: skip
 _SEQ_LEN = ("lmshard stores whole documents and the sequence length is chosen when loading "
             "(random_batches(batch_size, seq_len)); `lmshard inspect DIR --packing N` plans rows of N "
             "tokens")  # fmt: skip
