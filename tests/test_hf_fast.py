@@ -153,11 +153,10 @@ def test_every_shape_is_accelerated_and_equals_tokenizers(kind, shape_files, acc
 # splintr encodes the empty text as "▁" where a Metaspace (prepend "first") or Prepend("▁") shape
 # gives no token, and the gate's sample holds no empty text. prepare never encodes one (it drops
 # empty documents), but encode_batch is public. Strict: the mark goes when lmshard handles it.
-_EMPTY_DIFFERS = pytest.mark.xfail(strict=True, reason="splintr encodes '' as '▁' for prepend-first shapes")
+# splintr alone encodes '' as '▁' for prepend-first shapes: the empty text goes to tokenizers.
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=_EMPTY_DIFFERS) if k.startswith("llama2") else k
-                                  for k in SHAPES])  # fmt: skip
+@pytest.mark.parametrize("kind", SHAPES)  # fmt: skip
 def test_the_empty_text_has_no_tokens(kind, shape_files, accelerated):
     assert truth(shape_files(kind), ["", "a", ""]) == [[], truth(shape_files(kind), ["a"])[0], []]
     assert_same_ids(accelerated(kind), shape_files(kind), ["", "a", ""])
@@ -198,19 +197,11 @@ def assigned_code_points() -> list[str]:
     return ["".join(contexts[i : i + 512]) for i in range(0, len(contexts), 512)]
 
 
-# The gate's code-point texts ("U+0000-07FF", "U+0800-2FFF, every third", "every Unicode
-# category") each hold a code point unassigned in Python's tables, so _encode_fast routes them
-# whole to tokenizers and the gate compares tokenizers with itself there. These shapes pass the
-# gate yet differ from tokenizers on code points Python (Unicode 14) assigns but tokenizers' own
-# tables (NFC's canonical order, punctuation, BertNormalizer's accents and controls) predate,
-# e.g. " \U00011a41" for falcon, "\U0001cf26" for bert, "\u059c\U00016ff1" for qwen2.
-_TABLES_DIFFER = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="splintr differs from tokenizers on code points the gate never compares"
-)
-_DIFFER = ("qwen2", "neox", "clip", "falcon", "bert")
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=_TABLES_DIFFER) if k in _DIFFER else k for k in SHAPES])
+# Shapes whose Unicode tables differ from splintr's (NFC's canonical order for qwen2, neox and
+# clip; punctuation for falcon; BertNormalizer for bert) on code points Python assigns, e.g.
+# " \U00011a41" for falcon, "\U0001cf26" for bert, "\u0898" before U+0301 U+0316 for qwen2: the
+# gate's probes find those code points and route the texts holding them to tokenizers.
+@pytest.mark.parametrize("kind", SHAPES)
 def test_every_assigned_code_point_equals_tokenizers(kind, shape_files, accelerated):
     assert_same_ids(accelerated(kind), shape_files(kind), assigned_code_points())
 
@@ -393,7 +384,7 @@ def test_prepare_on_two_workers_writes_the_truths_ids(kind, shape_files, tmp_pat
 
 def test_a_passed_gate_is_remembered_until_the_file_changes(shape_files, tmp_path, gate_dir, monkeypatch):
     path = shutil.copy(shape_files("llama3"), tmp_path / "tokenizer.json")
-    real, checks = gate.check_exact, []
+    real, checks = hf_fast.check_exact, []
 
     def counting(*args, **kwargs):
         checks.append(1)
@@ -402,10 +393,13 @@ def test_a_passed_gate_is_remembered_until_the_file_changes(shape_files, tmp_pat
     def refusing(*_args, **_kwargs):
         raise AssertionError("the gate ran again")
 
-    monkeypatch.setattr(gate, "check_exact", counting)
+    real_points = hf_fast.differing_points
+
+    monkeypatch.setattr(hf_fast, "check_exact", counting)
     assert load_tokenizer(str(path), "auto", warn=pytest.fail).backend == "splintr"
     assert len(checks) == 1 and len(list(gate_dir.iterdir())) == 1
-    monkeypatch.setattr(gate, "check_exact", refusing)
+    monkeypatch.setattr(hf_fast, "check_exact", refusing)
+    monkeypatch.setattr(hf_fast, "differing_points", refusing)
     assert load_tokenizer(str(path), "auto", warn=pytest.fail).backend == "splintr"
     elsewhere = shutil.copy(path, tmp_path / "same-bytes.json")  # the same bytes under another name
     assert load_tokenizer(str(elsewhere), "splintr").backend == "splintr"
@@ -413,7 +407,8 @@ def test_a_passed_gate_is_remembered_until_the_file_changes(shape_files, tmp_pat
     tok = tokenizers.Tokenizer.from_file(str(path))
     tok.add_tokens(["<|one more|>"])
     tok.save(str(path))
-    monkeypatch.setattr(gate, "check_exact", counting)
+    monkeypatch.setattr(hf_fast, "check_exact", counting)
+    monkeypatch.setattr(hf_fast, "differing_points", real_points)
     changed = load_tokenizer(str(path), "auto", warn=pytest.fail)
     assert changed.backend == "splintr" and len(checks) == 2 and len(list(gate_dir.iterdir())) == 2
     assert_same_ids(changed, path, ["a <|one more|> b", "<|one more|><|one more|>"])
@@ -446,10 +441,7 @@ def test_code_points_newer_than_pythons_tables_are_encoded_as_tokenizers_does(qw
     assert_same_ids(tok, path, plain)  # none routed
 
 
-# hf_backend._encode_fast splits splintr's (empty) result for no plain text into one piece, so a
-# batch whose every text is routed raises ValueError (zip strict): prepare fails on an input
-# whose work item holds only such documents. Strict: the mark goes when lmshard is fixed.
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="a batch of routed texts only raises ValueError")
+# A batch whose every text is routed (an input whose work item holds only such documents).
 @pytest.mark.parametrize("n", [1, 4])
 def test_a_batch_of_newer_code_points_only(qwen2, n):
     tok, path = qwen2

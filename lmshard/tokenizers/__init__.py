@@ -60,7 +60,8 @@ def load_tokenizer(
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if is_sentencepiece_model(spec):
         if backend not in ("auto", "sentencepiece"):
-            raise TokenizerError(f"{spec}: a SentencePiece model is encoded by the sentencepiece backend, not {backend}")
+            raise TokenizerError(f"{spec}: a SentencePiece model is encoded by the sentencepiece backend, "
+                                 f"not {backend}")  # fmt: skip
         from .sp_backend import SentencePieceTokenizer
 
         return SentencePieceTokenizer(spec, separator=separator)

@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ def _edges(rng: random.Random) -> list[tuple[str, str]]:
     ]
 
 
-def _code_points() -> list[tuple[str, str]]:
+def code_point_texts() -> list[tuple[str, str]]:
     # Each code point before a contraction and a digit; every one of U+0000-07FF (where the
     # cased and combining letters of most alphabets live), every third one up to U+2FFF, and
     # both ends plus every 16th of each Unicode 17 range: 9 ms of tiktoken, not 50 for all.
@@ -129,7 +130,7 @@ def _code_points() -> list[tuple[str, str]]:
 def sample() -> tuple[tuple[str, str], ...]:
     """The gate's (label, text) pairs: a function of this file and a seeded generator only."""
     rng = random.Random(20240607)
-    return tuple(_runs() + _alphabets(rng) + _edges(rng) + _code_points())
+    return tuple(_runs() + _alphabets(rng) + _edges(rng) + code_point_texts())
 
 
 def sample_sha256() -> str:
@@ -279,19 +280,31 @@ def _record_file(record: dict[str, str]) -> Path:
     return gate_dir() / f"{key[:32]}.json"
 
 
-def _passed_before(record: dict[str, str]) -> bool:
+def recall(record: dict[str, str]) -> dict[str, Any] | None:
+    """The pass remembered under `record` (the record and what was stored with it), or None."""
     try:
-        return bool(json.loads(_record_file(record).read_text()) == record)
+        stored = json.loads(_record_file(record).read_text())
     except (OSError, ValueError):
-        return False
+        return None
+    if not isinstance(stored, dict) or {k: stored.get(k) for k in record} != record:
+        return None
+    return stored
 
 
-def _remember(record: dict[str, str]) -> None:
+def _passed_before(record: dict[str, str]) -> bool:
+    return recall(record) is not None
+
+
+def remember(record: dict[str, str], **stored: Any) -> None:
+    """Remember a pass under `record`, with `stored` (JSON) beside it for `recall`."""
     try:
         gate_dir().mkdir(parents=True, exist_ok=True)
-        atomic_write_json(_record_file(record), record)
+        atomic_write_json(_record_file(record), {**stored, **record})
     except OSError:
         pass  # a read-only cache only costs the next run another check
+
+
+_remember = remember
 
 
 def admit(candidate: Tokenizer, record: dict[str, str], reference: Callable[[], Tokenizer],

@@ -209,7 +209,7 @@ class HFTokenizer(Tokenizer):
         reader starts a thread pool, and a process that runs threads cannot fork its workers
         (`pool.start_method`), which then load the vocabulary again."""
         self._fast_load, self._fast, self._fast_version, self.backend = load, None, version, "splintr"
-        newer_code_points()  # built now, so that forked workers inherit it
+        self.route(())  # the table built now, so that forked workers inherit it
 
     def reference(self) -> HFTokenizer:
         """This tokenizer encoding through `tokenizers`: the gate's reference, sharing the vocabulary."""
@@ -283,21 +283,36 @@ class HFTokenizer(Tokenizer):
             return self._encode_fast(texts)
         return self._encode_reference(texts)
 
+    def route(self, code_points: Sequence[int]) -> None:
+        """Texts holding any of `code_points` (where the gate found splintr and `tokenizers`
+        disagree) are encoded by `tokenizers`, as are those holding a code point unassigned in
+        this Python's Unicode tables."""
+        table = newer_code_points()
+        if len(code_points):
+            table = table.copy()
+            table[np.asarray(code_points, dtype=np.int64)] = True
+        self._route = table
+
+    def _routed(self, text: str) -> bool:
+        if not text:  # some pre-tokenizers (Metaspace, prepend "first") give splintr one token for ""
+            return True
+        return not text.isascii() and bool(self._route[_code_points(text)].any())
+
     def _encode_fast(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """splintr's ids, except for texts holding a code point this Python's Unicode tables
-        leave unassigned (`newer_code_points`), which `tokenizers` encodes: the two libraries'
-        Unicode versions differ there (normalization, letter classes), and nowhere the gate
-        found elsewhere. Web text rarely has any, so a batch is nearly always one splintr call."""
+        """splintr's ids, except for the texts `route` sends to `tokenizers`: where the two
+        libraries' Unicode tables differ (normalization, letter and punctuation classes). Web
+        text rarely holds such a code point, so a batch is nearly always one splintr call."""
         from .splintr_backend import load_pooled, splintr_encode
 
         threads = self._threads or os.cpu_count() or 1
         if self._fast is None:
             assert self._fast_load is not None
             self._fast = load_pooled(self._fast_load, threads)
-        newer = newer_code_points()
-        routed = [i for i, t in enumerate(texts) if not t.isascii() and newer[_code_points(t)].any()]
+        routed = [i for i, t in enumerate(texts) if self._routed(t)]
         if not routed:
             return splintr_encode(self._fast, texts, threads)
+        if len(routed) == len(texts):
+            return self._encode_reference(texts)
         plain = sorted(set(range(len(texts))) - set(routed))
         fast_tokens, fast_lengths = splintr_encode(self._fast, [texts[i] for i in plain], threads)
         ref_tokens, ref_lengths = self._encode_reference([texts[i] for i in routed])

@@ -35,9 +35,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import TokenizerError
 from .base import Tokenizer
-from .gate import FAST_EXTRA, admit, pass_record, sample
+from .gate import FAST_EXTRA, check_exact, code_point_texts, pass_record, recall, remember, sample
 from .hf_backend import HFTokenizer
 
 # Blocks whose letters Unicode 15 and 16 added (Kawi, Nag Mundari, Cyrillic Extended-D, Arabic
@@ -51,7 +53,6 @@ _NEWER_BLOCKS = (
     (0x11BC0, 0x11BFF), (0x16D40, 0x16D7F), (0x16100, 0x1613F), (0x1E5D0, 0x1E5FF), (0x116D0, 0x116FF),
     (0x1CC00, 0x1CEBF),
 )  # fmt: skip
-_PER_CATEGORY = 48
 _VOCAB_WORDS = 4096  # tokens per text of the vocabulary sample
 
 
@@ -59,25 +60,58 @@ def splintr_copy(parsed: dict[str, Any]) -> bytes:
     """The tokenizer.json splintr loads: the file less its special added tokens, post-processor,
     truncation and padding (see the module docstring)."""
     data = dict(parsed)
-    data["added_tokens"] = [t for t in parsed.get("added_tokens") or [] if not (isinstance(t, dict) and t.get("special"))]
+    added = parsed.get("added_tokens") or []
+    data["added_tokens"] = [t for t in added if not (isinstance(t, dict) and t.get("special"))]
     data["post_processor"] = data["truncation"] = data["padding"] = None
     return json.dumps(data, ensure_ascii=False).encode("utf-8")
 
 
+# Blocks of one kind of letter, where every 64th code point is probed: CJK ideographs and their
+# extensions, Hangul syllables, Yi, Tangut.
+_UNIFORM = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xA000, 0xA48C), (0xAC00, 0xD7A3), (0x17000, 0x187F7),
+            (0x18800, 0x18CD5), (0x20000, 0x3134F))  # fmt: skip
+# More code points than this on which splintr differs, and the gate fails instead of routing them.
+MAX_ROUTED = 2000
+
+
 @lru_cache(maxsize=1)
-def _categories() -> str:
-    """Code points of every general category (Python's Unicode tables), spread over the code
-    space, and of the blocks in `_NEWER_BLOCKS`, each before a contraction and a digit."""
-    found: dict[str, list[int]] = {}
-    for c in range(0x110000):
-        if not 0xD800 <= c <= 0xDFFF:
-            found.setdefault(unicodedata.category(chr(c)), []).append(c)
+def probe_points() -> tuple[int, ...]:
+    """Every code point this Python's tables assign (private use and surrogates aside), every
+    64th in `_UNIFORM`: about 45,000."""
+    uniform = np.zeros(0x110000, dtype=bool)
+    for start, end in _UNIFORM:
+        uniform[start : end + 1] = True
     points = []
-    for members in found.values():
-        step = max(1, len(members) // _PER_CATEGORY)
-        points += members[::step][:_PER_CATEGORY]
-    points += [c for start, end in _NEWER_BLOCKS for c in range(start, end + 1, 5)]
-    return "".join(f"{chr(c)}'s {chr(c)}1 a{chr(c)}{chr(c)} " for c in sorted(set(points)))
+    for c in (*range(0x40000), *range(0xE0000, 0xF0000)):
+        if unicodedata.category(chr(c)) not in ("Cn", "Co", "Cs") and (not uniform[c] or c % 64 == 0):
+            points.append(c)
+    return tuple(points)
+
+
+def _probe(c: int) -> str:
+    # before a contraction and a digit, doubled, and between combining marks of classes 1
+    # (U+0334), 220 (U+0316), 230 (U+0301) and 240 (U+0345): a canonical combining class that
+    # differs between the two libraries' tables puts the marks in another order
+    ch = chr(c)
+    return f"{ch}'s a{ch}\u0334\u0301{ch} a\u0345{ch}\u0316 {ch}1 "
+
+
+def differing_points(fast: HFTokenizer, reference: HFTokenizer) -> list[int]:
+    """The code points of `probe_points` whose probe text splintr (`fast`, not yet routing any)
+    encodes otherwise than `tokenizers`: where their Unicode tables differ."""
+    points = probe_points()
+    texts = [_probe(c) for c in points]
+    got, got_lengths = fast.encode_batch(texts)
+    want, want_lengths = reference.encode_batch(texts)
+    got_ends, want_ends = np.cumsum(got_lengths), np.cumsum(want_lengths)
+    return [c for i, c in enumerate(points)
+            if not np.array_equal(got[got_ends[i] - got_lengths[i] : got_ends[i]],
+                                  want[want_ends[i] - want_lengths[i] : want_ends[i]])]  # fmt: skip
+
+
+def _newer_blocks() -> str:
+    """Letters of blocks Unicode 15 and 16 added, which texts are routed to `tokenizers` for."""
+    return "".join(_probe(c) for start, end in _NEWER_BLOCKS for c in range(start, end + 1, 5))
 
 
 def hf_sample(reference: Tokenizer) -> list[tuple[str, str]]:
@@ -85,8 +119,12 @@ def hf_sample(reference: Tokenizer) -> list[tuple[str, str]]:
     assert isinstance(reference, HFTokenizer)
     tok = reference._tok
     added = [t.content for t in tok.get_added_tokens_decoder().values()]
-    texts = [*sample(), ("added and special tokens", " ".join(f"a{t}b {t} {t}{t}\n" for t in added)),
-             ("every Unicode category", _categories())]  # fmt: skip
+    # The tiktoken sample less its code point texts, which the probes (`differing_points`) cover
+    # one code point per text; the empty text, which some pre-tokenizers turn into a token.
+    own = {label for label, _ in code_point_texts()}
+    texts = [*((label, text) for label, text in sample() if label not in own), ("the empty text", ""),
+             ("added and special tokens", " ".join(f"a{t}b {t} {t}{t}\n" for t in added)),
+             ("blocks added in Unicode 15 and 16", _newer_blocks())]  # fmt: skip
     ids = sorted(set(tok.get_vocab(with_added_tokens=False).values()))
     words = tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
     for k in range(0, len(words), _VOCAB_WORDS):
@@ -112,6 +150,26 @@ def _loader(tok: HFTokenizer, copy: Callable[[dict[str, Any]], bytes]) -> Callab
     return load
 
 
+def _admit(fast: HFTokenizer, tok: HFTokenizer) -> str | None:
+    """The gate (see the module docstring): None when `fast`, routing the code points where it
+    differs, gives `tok`'s ids on the whole sample; the pass is then remembered with them."""
+    try:
+        routed = differing_points(fast, tok)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # splintr could not read the file, or panicked
+        return f"splintr raised {type(e).__name__} on the sample: {str(e)[:200]}"
+    if len(routed) > MAX_ROUTED:
+        return (f"splintr differs from tokenizers on {len(routed):,} of the {len(probe_points()):,} code points "
+                f"tried, U+{routed[0]:04X} first")  # fmt: skip
+    fast.route(routed)
+    labels, texts = zip(*hf_sample(tok), strict=True)
+    problem = check_exact(fast, tok, texts, labels)
+    if problem is None:
+        remember(pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES), routed=routed)
+    return problem
+
+
 def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | None = None, gated: bool = False,
                    threads: int = 1, separator: str | None = None, untrusted: bool = False) -> Tokenizer:  # fmt: skip
     """The tokenizer.json `spec` encoded by splintr when it is installed and exact on the gate's
@@ -129,10 +187,15 @@ def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | Non
         return tok
     fast = tok.reference()
     fast.accelerate(_loader(tok, splintr_copy), getattr(splintr, "__version__", "unknown"))
-    if gated:
+    record = pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES)
+    stored = recall(record)
+    if stored is not None:  # passed before: with the code points it routes to tokenizers
+        fast.route(stored.get("routed") or ())
         return fast
-    # A file splintr cannot read fails the gate at its first encode ("splintr raised ...").
-    problem = admit(fast, pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES), tok.reference, hf_sample)
+    if gated:  # admitted in this run, but the pass was not remembered (a read-only cache)
+        fast.route(differing_points(fast, tok))
+        return fast
+    problem = _admit(fast, tok)
     if problem is None:
         return fast
     if backend == "splintr":

@@ -69,8 +69,9 @@ class SentencePieceTokenizer(Tokenizer):
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_proto=data)
         except Exception as e:  # the library's RuntimeError (or a parse error) for a damaged file
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise TokenizerError(f"{path}: not a SentencePiece model this sentencepiece version can load "
-                                 f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None  # fmt: skip
+                                 f"({why})") from None  # fmt: skip
         self.name, self.spec, self.backend, self.vocab_format = spec, spec, "sentencepiece", "sentencepiece"
         self.vocab_sha256 = hashlib.sha256(data).hexdigest()
         self.n_vocab = int(self._sp.get_piece_size())
