@@ -343,7 +343,7 @@ def section_hf(tmp: Path, repeats: int, cores: int, mb: float, quick: bool) -> l
         reps = repeats if n < 2 and not quick else 1  # the first two (Llama 3, Qwen) with repeats
         text = whole if n < 2 and not quick else src
         subprocess.run([LMSHARD, "tokenizer", "info", str(spec)], capture_output=True, env=ENV, check=False)  # the gate, once
-        kind, reference = ("sp", "sentencepiece") if str(spec).endswith(".model") else ("hf", "tokenizers")
+        kind, reference = ("sp", "sentencepiece") if ".model" in Path(spec).name else ("hf", "tokenizers")
         base, one, many, auto = [], [], [], []
         for _ in range(reps):
             base.append(raw_rate(kind, str(spec), text, 1, threads=cores, whole=True))

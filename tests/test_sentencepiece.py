@@ -73,6 +73,9 @@ def test_a_tiktoken_file_named_tokenizer_model_is_not_taken_for_sentencepiece(tm
     ranks.write_bytes(b"IQ== 0\nIg== 1\n")
     assert not is_sentencepiece_model(str(ranks))
     assert is_sentencepiece_model(str(model))
+    versioned = tmp_path / "tokenizer.model.v3"  # as mistral-common names its files
+    versioned.write_bytes(model.read_bytes())
+    assert load_tokenizer(str(versioned)).backend == "sentencepiece"
     damaged = tmp_path / "damaged.model"
     damaged.write_bytes(model.read_bytes()[:100])
     with pytest.raises(TokenizerError, match="not a SentencePiece model"):

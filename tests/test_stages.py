@@ -120,6 +120,30 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
 
 
+@pytest.mark.parametrize(("files", "staged"), [(1, False), (2, True)])
+def test_a_compressed_input_larger_than_a_workers_share_stays_on_the_one_reader_path(tmp_path, monkeypatch, files,
+                                                                                      staged):  # fmt: skip
+    """A .gz file is one unit, which the stages give to one worker while the others wait: one
+    .gz file with 2 workers runs the one-reader path (every worker tokenizes it), two of equal
+    size run the stages. The bytes are one machine's either way."""
+    import gzip
+
+    texts = make_texts(1200, seed=5)
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(files):
+        part = texts[i::files]
+        (src / f"part{i}.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n"
+                                                                      for t in part).encode(), mtime=0))  # fmt: skip
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    calls, real = [], local_exec.run
+    monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "two"), workers=2, **_OPTS))
+    assert bool(calls) == staged
+    assert _files(tmp_path / "local") == _files(tmp_path / "two")
+
+
 def test_a_stage_waits_for_the_one_before_and_a_lost_marker_redoes_only_its_item(tmp_path):
     """Each stage refuses to start before the stage above is complete, naming it; deleting one
     item's marker (as a task killed before writing it) makes the next run of its task redo that

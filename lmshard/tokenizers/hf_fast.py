@@ -10,17 +10,25 @@ tokenizers backend does with `encode_special_tokens`; ordinary added tokens stay
 matched in the text as `tokenizers` matches them), and so are the post-processor, truncation
 and padding (lmshard adds no template and cuts nothing).
 
-The gate's sample for a tokenizer.json is `gate.sample()` (the tiktoken gate's hard text) and,
-built from the vocabulary itself:
+The gate for a tokenizer.json has two parts, both against `tokenizers`, id for id:
 
-- every added and special token's text, alone, between letters and doubled;
-- every Unicode general category: 48 code points of each, spread over the whole code space,
-  plus blocks added in Unicode 15 and 16, each before a contraction and a digit;
-- every token of the vocabulary, decoded, as words of a text: a merge that differs between the
-  two encoders is met at the token it builds.
+1. Probes (`differing_points`): every code point this Python's Unicode tables assign (every 64th
+   in the large blocks of one kind of letter), each in a text of its own, before a contraction
+   and a digit, doubled, and between combining marks of four canonical classes. The two
+   libraries' Unicode tables are of different versions: where they disagree (NFC's canonical
+   order and compositions, NFKC, letter and punctuation classes) a probe differs. Those code
+   points (none for Llama 3, DeepSeek, Mistral or Gemma; 98 for Qwen's NFC) are remembered with
+   the pass, and any text holding one is encoded by `tokenizers`, as is any text holding a code
+   point Python's tables leave unassigned (`hf_backend.newer_code_points`), and the empty text.
+   More than `MAX_ROUTED` of them and the gate fails.
+2. The sample (`hf_sample`), with that routing in place: `gate.sample()` (the tiktoken gate's
+   hard text) less its code point texts, the empty text, and, built from the vocabulary itself,
+   every added and special token's text (alone, between letters and doubled), letters of blocks
+   Unicode 15 and 16 added, and every token of the vocabulary, decoded, as words of a text: a
+   merge that differs between the two encoders is met at the token it builds.
 
-About 1 MB of text for a 128k vocabulary, checked once per installation (about 1-2 s of
-`tokenizers` on one core) and remembered as the tiktoken gate is (`gate.admit`).
+About 1.5 MB of text for a 128k vocabulary, checked once per installation (1.5-7 s) and
+remembered as the tiktoken gate is (`gate.remember`, `gate.recall`).
 
 Memory model: the gate's sample and its tokens while the gate runs (a few MB); after it, the
 tokenizer as `hf_backend` says (both libraries' tables for the vocabulary).

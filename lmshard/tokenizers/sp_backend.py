@@ -31,15 +31,13 @@ from ..errors import TokenizerError, missing_dependency
 from ..format import TOKEN_DTYPE
 from .base import Tokenizer, utf8_safe
 
-SP_SUFFIX = ".model"
-
-
 def is_sentencepiece_model(spec: str) -> bool:
-    """A SentencePiece model file: a `.model` file holding a protocol buffer (its first byte is
-    the pieces field's tag, 0x0A), not a tiktoken ranks file of that name (base64 lines, as Meta's
-    Llama 3 tokenizer.model)."""
+    """A SentencePiece model file, whatever its name (`tokenizer.model`, Mistral's
+    `tokenizer.model.v3`): a protocol buffer, whose first byte is the pieces field's tag (0x0A),
+    where a tiktoken ranks file (Meta's Llama 3 tokenizer.model too) starts with base64 and a
+    tokenizer.json with "{"."""
     path = Path(spec)
-    if path.suffix != SP_SUFFIX or not path.is_file():
+    if spec.endswith((".json", ".tiktoken")) or not path.is_file():
         return False
     try:
         with path.open("rb") as f:
