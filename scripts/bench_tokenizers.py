@@ -363,7 +363,7 @@ def section_hf(tmp: Path, repeats: int, cores: int, mb: float, quick: bool) -> l
     tokens = many[0]["tokens"]
     return [f"Llama 3 and Qwen3: the whole corpus (41.7 MB), medians of {repeats} runs; the others: its first "
             f"{mb:g} MB of prose (about {tokens / 1e6:.1f} M tokens with the last vocabulary), one run, so their "
-            "tokenizer's load (0.3-2 s for these files) weighs more. M tokens/s of document text; the gate was passed "
+            "tokenizer's load (0.3-4 s for these files) weighs more. M tokens/s of document text; the gate was passed "
             "before the runs (once per installation). Real vocabularies come from packages on the index, pinned by sha256 "
             "(`REAL_VOCABULARIES`). The reference library is `tokenizers` (`encode_batch`) for a tokenizer.json, "
             "`sentencepiece` (`encode` of the whole list) for a .model file. Shards identical: the `auto` run's "
