@@ -53,13 +53,15 @@ class TokenizerInfo:
     bos_id: int | None = None
     ranks_sha256: str  # sha256 of the vocabulary file (tiktoken ranks or tokenizer.json)
     # The vocabulary's file format: "tiktoken" (ranks), "tokenizer.json" (Hugging Face, whose
-    # copy the dataset keeps) or "sentencepiece" (a SentencePiece .model file). Metadata written before the field existed: "tokenizer.json"
-    # exactly when the backend was "tokenizers", the only one that read such files then.
+    # copy the dataset keeps) or "sentencepiece" (a SentencePiece .model file). Metadata written
+    # before the field existed: "tokenizer.json" exactly when the backend was "tokenizers", the
+    # only one that read such files then.
     vocab_format: str = "tiktoken"
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "backend": self.backend, "n_vocab": self.n_vocab, "eot_id": self.eot_id,
-                "bos_id": self.bos_id, "ranks_sha256": self.ranks_sha256, "vocab_format": self.vocab_format}  # fmt: skip
+                "bos_id": self.bos_id, "ranks_sha256": self.ranks_sha256,
+                "vocab_format": self.vocab_format}  # fmt: skip
 
     @property
     def hugging_face(self) -> bool:

@@ -31,6 +31,7 @@ from ..errors import TokenizerError, missing_dependency
 from ..format import TOKEN_DTYPE
 from .base import Tokenizer, utf8_safe
 
+
 def is_sentencepiece_model(spec: str) -> bool:
     """A SentencePiece model file, whatever its name (`tokenizer.model`, Mistral's
     `tokenizer.model.v3`): a protocol buffer, whose first byte is the pieces field's tag (0x0A),
