@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..format import TOKEN_DTYPE
+
 
 class Tokenizer(ABC):
     """What the pipeline needs of a tokenizer backend."""
@@ -46,11 +48,28 @@ class Tokenizer(ABC):
         from prepare's main process inherits its tokenizer, loaded for the main process's
         threads, and sets 1. Backends without a thread pool (tiktoken) ignore it."""
 
+    def special_identity(self) -> dict[str, Any]:
+        """The identity fields every backend records alike: name, backend, size, separator, BOS
+        and the vocabulary's hash (under the schema's key `ranks_sha256`)."""
+        return {"name": self.name, "backend": self.backend, "n_vocab": self.n_vocab, "eot_id": self.eot_id,
+                "eot_token": self.eot_token, "bos_id": self.bos_id, "bos_token": self.bos_token,
+                "adds_bos": self.adds_bos, "ranks_sha256": self.vocab_sha256}  # fmt: skip
+
     @abstractmethod
     def identity(self) -> dict[str, Any]:
         """Everything that pins the vocabulary: name, backend, n_vocab, eot_id, bos_id, a sha256
         of the vocabulary file (key `ranks_sha256`), and backend details; written as
         tokenizer_state.json."""
+
+
+def flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-text id lists as (uint32 tokens back to back, int64 tokens per text): one numpy array
+    per text, then one concatenate (measured faster than fromiter over a chain of all ids or
+    array(list(...)) on 1 MiB batches, about 2% of encoding time)."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if not len(ids):
+        return np.empty(0, TOKEN_DTYPE), lengths
+    return np.concatenate([np.asarray(i, dtype=TOKEN_DTYPE) for i in ids]), lengths
 
 
 def utf8_safe(text: str) -> str:

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TokenizerError, missing_dependency
-from ..format import TOKEN_DTYPE
-from .base import Tokenizer, utf8_safe
+from .base import Tokenizer, flatten, utf8_safe
 
 
 def is_sentencepiece_model(spec: str) -> bool:
@@ -98,26 +97,14 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # One thread: prepare's worker processes are the parallelism.
-        ids = self._sp.encode([utf8_safe(t) for t in texts], out_type=int, num_threads=1)
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        if not ids:
-            return np.empty(0, TOKEN_DTYPE), lengths
-        return np.concatenate([np.asarray(i, dtype=TOKEN_DTYPE) for i in ids]), lengths
+        return flatten(self._sp.encode([utf8_safe(t) for t in texts], out_type=int, num_threads=1))
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._sp.decode([int(i) for i in ids]))
 
     def identity(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "backend": self.backend,
-            "n_vocab": self.n_vocab,
-            "eot_id": self.eot_id,
-            "eot_token": self.eot_token,
-            "bos_id": self.bos_id,
-            "bos_token": self.bos_token,
-            "adds_bos": self.adds_bos,
-            "ranks_sha256": self.vocab_sha256,  # of the .model file; the key name is the schema's
+            **self.special_identity(),
             "special_tokens": dict(sorted(self._specials.items(), key=lambda kv: kv[1])),
             "sentencepiece_version": self._version,
         }
