@@ -68,6 +68,13 @@ def test_separator_must_be_a_control_piece(model):
         load_tokenizer(str(model), separator="<|nothing|>")
 
 
+def test_the_sentencepiece_backend_takes_only_a_model_file(model):
+    with pytest.raises(TokenizerError, match="not a SentencePiece model file"):
+        load_tokenizer("gpt2", "sentencepiece")
+    with pytest.raises(TokenizerError, match="encoded by the sentencepiece backend, not tokenizers"):
+        load_tokenizer(str(model), "tokenizers")
+
+
 def test_a_tiktoken_file_named_tokenizer_model_is_not_taken_for_sentencepiece(tmp_path, model):
     ranks = tmp_path / "tokenizer.model"
     ranks.write_bytes(b"IQ== 0\nIg== 1\n")

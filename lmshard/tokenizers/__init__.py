@@ -65,6 +65,9 @@ def load_tokenizer(
         from .sp_backend import SentencePieceTokenizer
 
         return SentencePieceTokenizer(spec, separator=separator)
+    if backend == "sentencepiece":
+        raise TokenizerError(f"{spec} is not a SentencePiece model file; --tokenizer-backend sentencepiece takes one "
+                             "(a tokenizer.model); use auto")  # fmt: skip
     if is_hf_spec(spec):
         if backend == "tiktoken":
             raise TokenizerError(f"{spec}: a Hugging Face tokenizer is encoded by the splintr or tokenizers backend, "
