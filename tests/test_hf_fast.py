@@ -441,6 +441,33 @@ def test_code_points_newer_than_pythons_tables_are_encoded_as_tokenizers_does(qw
     assert_same_ids(tok, path, plain)  # none routed
 
 
+def test_a_pair_of_surrogates_spelling_a_newer_code_point_is_routed(qwen2):
+    """splintr is given the repaired text, where the pair becomes the character it spells (here
+    Gurung Khema's U+1612F, unassigned in Python's tables): routed as that character would be."""
+    tok, path = qwen2
+    spelled = "".join(chr(u) for u in (0xD818, 0xDD2F))
+    assert len(spelled) == 2 and utf8_safe(spelled) == "\U0001612f"
+    for text in (f"a{spelled}{spelled} x", f"{spelled}'s a{spelled}\u0334\u0301{spelled} 1"):
+        tokens, _ = tok.encode_batch([text])
+        assert tokens.tolist() == truth(path, [utf8_safe(text)])[0]
+
+
+def test_an_ascii_code_point_the_gate_found_is_routed_too(shape_files, accelerated):
+    """The gate may find an ASCII code point where the two libraries differ (a normalizer that
+    maps U+0000, say): texts holding it go to tokenizers even when they are all ASCII."""
+    tok = accelerated("llama3")
+    routed, real = [], tok._encode_reference
+    tok._encode_reference = lambda texts: routed.extend(texts) or real(texts)
+    tok.route([ord("~")])
+    texts = ["plain text", "a ~ tilde", "ünïcode"]
+    assert_same_ids(tok, shape_files("llama3"), texts)
+    assert routed == ["a ~ tilde"]
+    tok.route([])
+    routed.clear()
+    assert_same_ids(tok, shape_files("llama3"), texts)
+    assert routed == []
+
+
 # A batch whose every text is routed (an input whose work item holds only such documents).
 @pytest.mark.parametrize("n", [1, 4])
 def test_a_batch_of_newer_code_points_only(qwen2, n):

@@ -39,17 +39,29 @@ LLAMA3_PAT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-N_RANKS = {"qwen": 5000, "llama3": 6000}
+N_RANKS = {"qwen": 151_643, "llama3": 128_000}  # the families' files' sizes, which lmshard checks
+N_REAL = {"qwen": 5000, "llama3": 6000}  # of them, the first r50k ranks; the rest cannot occur in text
 TEXTS = ["Hello world, it's 2024-06-07: 1234567 tokens!", "Cafe\u0301 \u212b \u00c5 A\u030a e\u0301\u0301",
          "<|endoftext|> <|im_start|> <|begin_of_text|> <|eot_id|>", "  \n\n\tindent\r\n", "日本語 😀 ﬁ", "",
          "\ud800 lone surrogate", "I'LL don't WE'VE"]  # fmt: skip
 
 
-def _ranks_file(path: Path, n: int) -> Path:
-    """The first `n` r50k ranks, as a tiktoken ranks file."""
+def _ranks_file(path: Path, family: str | int) -> Path:
+    """A ranks file of the family's size (or of `family` ranks, all r50k's): its first ranks
+    r50k's, the rest tokens starting with the bytes FF FE, which UTF-8 text never holds (so no
+    text reaches them)."""
     r50k = cache_file(VOCABULARIES["r50k_base"], cache_dir()).read_bytes().splitlines()
-    path.write_bytes(b"\n".join(r50k[:n]) + b"\n")
+    real, size = (family, family) if isinstance(family, int) else (N_REAL[family], N_RANKS[family])
+    filler = (base64.b64encode(b"\xff\xfe" + i.to_bytes(3, "big")) + b" %d" % i for i in range(real, size))
+    path.write_bytes(b"\n".join([*r50k[:real], *filler]) + b"\n")
     return path
+
+
+def _vocab_sha256(path: Path, family: str) -> str:
+    """The ranks file's sha256 followed by the definition: pattern, special tokens, normalization."""
+    pattern = QWEN_PAT if family == "qwen" else LLAMA3_PAT
+    definition = {"pattern": pattern, "special_tokens": _specials(family), "nfc": family == "qwen"}
+    return hashlib.sha256(path.read_bytes() + json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
 def _truth(path: Path, pattern: str, specials: dict[str, int], nfc: bool = False):
@@ -61,8 +73,7 @@ def _truth(path: Path, pattern: str, specials: dict[str, int], nfc: bool = False
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("families")
-    return {"qwen": _ranks_file(tmp / "qwen.tiktoken", N_RANKS["qwen"]),
-            "llama3": _ranks_file(tmp / "tokenizer.model", N_RANKS["llama3"])}  # fmt: skip
+    return {"qwen": _ranks_file(tmp / "qwen.tiktoken", "qwen"), "llama3": _ranks_file(tmp / "tokenizer.model", "llama3")}
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +81,26 @@ def gate_dir(tmp_path, monkeypatch):
     """Passed gates are remembered in a fresh directory, so each test runs the gate itself."""
     monkeypatch.setattr(gate, "gate_dir", lambda: tmp_path / "gate")
     return tmp_path / "gate"
+
+
+def test_a_family_refuses_a_file_of_another_size(files):
+    """qwen: on Llama 3's file (or any file of another rank count) would label the wrong ids as
+    its special tokens: refused, naming the family whose file it is."""
+    with pytest.raises(TokenizerError, match=rf"ranks, where the qwen family's file has {N_RANKS['qwen']:,}; "
+                                             r"it is a llama3:PATH file"):
+        load_tokenizer(f"qwen:{files['llama3']}")
+    assert families.FAMILIES["qwen"].n_ranks != families.FAMILIES["llama3"].n_ranks
+
+
+def test_a_changed_definition_changes_the_vocabularys_hash(tmp_path, files):
+    """--append compares the hash: a PATH.json whose pattern changed is another vocabulary."""
+    ranks = tmp_path / "my.tiktoken"
+    ranks.write_bytes(files["qwen"].read_bytes())
+    definition = {"pattern": QWEN_PAT, "special_tokens": {"<|endoftext|>": N_RANKS["qwen"]}}
+    families.sidecar(ranks).write_text(json.dumps(definition))
+    before = load_tokenizer(str(ranks), "tiktoken").vocab_sha256
+    families.sidecar(ranks).write_text(json.dumps({**definition, "pattern": LLAMA3_PAT}))
+    assert load_tokenizer(str(ranks), "tiktoken").vocab_sha256 != before
 
 
 def _specials(family: str) -> dict[str, int]:
@@ -88,7 +119,7 @@ def test_the_family_patterns_are_the_published_ones_and_splintrs_constants():
     assert families.FAMILIES["qwen"].pattern == QWEN_PAT == splintr.QWEN2_PATTERN
     assert families.FAMILIES["llama3"].pattern == LLAMA3_PAT == splintr.LLAMA3_PATTERN
     llama = _specials("llama3")
-    assert len(llama) == 256 and llama["<|reserved_special_token_247|>"] == 6255 and llama["<|eot_id|>"] == 6009
+    assert len(llama) == 256 and llama["<|reserved_special_token_247|>"] == 128_255 and llama["<|eot_id|>"] == 128_009
 
 
 @pytest.mark.parametrize("family", ["qwen", "llama3"])
@@ -102,8 +133,7 @@ def test_ids_equal_tiktoken_and_identity(files, family, backend_name):
     tokens, lengths = tok.encode_batch(TEXTS)
     assert [t.tolist() for t in np.split(tokens, np.cumsum(lengths)[:-1])] == [truth(t) for t in TEXTS]
     n = N_RANKS[family]
-    assert (tok.name, tok.vocab_sha256, tok.vocab_format) == (spec, hashlib.sha256(files[family].read_bytes())
-                                                               .hexdigest(), "tiktoken")  # fmt: skip
+    assert (tok.name, tok.vocab_sha256, tok.vocab_format) == (spec, _vocab_sha256(files[family], family), "tiktoken")
     if family == "qwen":
         assert (tok.n_vocab, tok.eot_token, tok.eot_id, tok.bos_id, tok.adds_bos) == \
                (n + 208, "<|endoftext|>", n, None, False)  # fmt: skip

@@ -32,8 +32,9 @@ itself does not hold. `--tokenizer` names one in either of two ways:
   special token); `bos`, a special token written before each document with `--bos auto`;
   `nfc`, true to encode text in Unicode NFC.
 
-The vocabulary's name is the `--tokenizer` value as given, its sha256 that of the ranks file,
-its size the highest id of ranks and special tokens plus one. `--separator` may name any of its
+The vocabulary's name is the `--tokenizer` value as given, its sha256 that of the ranks file
+followed by its pattern, special tokens and normalization (so that `--append` refuses a changed
+definition), its size the highest id of ranks and special tokens plus one. `--separator` may name any of its
 special tokens. Backends: `tiktoken` (the reference) and `splintr`, which is exact only when the
 pattern is one of its own constants (both families' are: `QWEN2_PATTERN`, `LLAMA3_PATTERN`) and
 is admitted by the gate as for OpenAI's vocabularies.
@@ -67,6 +68,7 @@ class Family:
     pattern: str
     specials: tuple[str, ...]
     separator: str
+    n_ranks: int  # how many ranks the family's file holds: another file is refused
     bos: str | None = None
     nfc: bool = False
 
@@ -81,6 +83,7 @@ FAMILIES = {
         r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *(f"<|extra_{i}|>" for i in range(205))),
         separator="<|endoftext|>",
+        n_ranks=151_643,
         nfc=True,
     ),
     # splintr's LLAMA3_PATTERN: Meta's pat_str (llama/tokenizer.py), up to three digits per piece
@@ -89,6 +92,7 @@ FAMILIES = {
         r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
         (*_LLAMA3_NAMED, *(f"<|reserved_special_token_{i}|>" for i in range(3, 248))),
         separator="<|end_of_text|>",
+        n_ranks=128_000,
         bos="<|begin_of_text|>",
     ),
 }
@@ -189,6 +193,11 @@ def _load(spec: str, family: str | None, path: Path, _key: Any, definition: Path
     ranks = _ranks(path, data)
     if family is not None:
         fam = FAMILIES[family]
+        if len(ranks) != fam.n_ranks:
+            others = [f"{name}:" for name, f in FAMILIES.items() if f.n_ranks == len(ranks)]
+            hint = f"it is a {others[0]}PATH file" if others else "define it in a PATH.json instead"
+            raise TokenizerError(f"{path}: {len(ranks):,} ranks, where the {family} family's file has "
+                                 f"{fam.n_ranks:,}; {hint}")  # fmt: skip
         specials = {text: len(ranks) + i for i, text in enumerate(fam.specials)}
         pattern, separator, bos, normalize = fam.pattern, fam.separator, fam.bos, fam.nfc
     else:
@@ -200,8 +209,13 @@ def _load(spec: str, family: str | None, path: Path, _key: Any, definition: Path
         raise TokenizerError(f"{path}: special token {clash} has id {specials[clash]} (from {where}), also a rank "
                              f"of the file (its ranks go up to {max(ranks)}); is it a {family or 'tiktoken'} "
                              "vocabulary?")  # fmt: skip
+    # The vocabulary's hash covers what decides its tokens beyond the ranks, so that --append
+    # (and every check of the hash) refuses a changed pattern, special tokens or normalization.
+    digest = hashlib.sha256(data)
+    digest.update(json.dumps({"pattern": pattern, "special_tokens": specials, "nfc": normalize},
+                             sort_keys=True).encode())  # fmt: skip
     return RanksVocabulary(spec=spec, kind=family or "definition", file=path, data=data,
-                           sha256=hashlib.sha256(data).hexdigest(), pattern=pattern, special_tokens=specials,
+                           sha256=digest.hexdigest(), pattern=pattern, special_tokens=specials,
                            separator=separator, bos=bos, nfc=normalize,
                            n_vocab=max(max(ranks, default=-1), *specials.values()) + 1)  # fmt: skip
 

@@ -132,6 +132,9 @@ def newer_code_points() -> np.ndarray:
     count as unassigned without asking. About 0.07 s once per process, 1.1 MB."""
     table = np.zeros(0x110000, dtype=bool)
     table[0x40000:0xE0000] = True
+    # Surrogates: splintr is given the repaired text (a pair written as two code points becomes
+    # the character it spells), which this table would not see; `tokenizers` repairs it itself.
+    table[0xD800:0xE000] = True
     for c in (*range(0x40000), *range(0xE0000, 0xF0000)):
         if unicodedata.category(chr(c)) == "Cn":
             table[c] = True
@@ -292,11 +295,14 @@ class HFTokenizer(Tokenizer):
             table = table.copy()
             table[np.asarray(code_points, dtype=np.int64)] = True
         self._route = table
+        self._route_ascii = bool(table[:128].any())  # else an ASCII text is never routed
 
     def _routed(self, text: str) -> bool:
         if not text:  # some pre-tokenizers (Metaspace, prepend "first") give splintr one token for ""
             return True
-        return not text.isascii() and bool(self._route[_code_points(text)].any())
+        if text.isascii() and not self._route_ascii:
+            return False
+        return bool(self._route[_code_points(text)].any())
 
     def _encode_fast(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """splintr's ids, except for the texts `route` sends to `tokenizers`: where the two
