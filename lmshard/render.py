@@ -18,8 +18,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-out = Console()
-err = Console(stderr=True)
+# No emoji codes: a path or a --tokenizer value such as "foo:x:y" is printed as written.
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 _SAMPLE_CHARS = 1500  # characters of each sampled document shown in the terminal
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)")  # control characters but tab and line ends
 

@@ -66,6 +66,14 @@ def test_separator_must_be_a_control_piece(model):
         load_tokenizer(str(model), separator="the")
     with pytest.raises(TokenizerError, match="not a piece"):
         load_tokenizer(str(model), separator="<|nothing|>")
+    with pytest.raises(TokenizerError, match="'<unk>' is an ordinary piece"):  # piece 0, the unknown piece
+        load_tokenizer(str(model), separator="<unk>")
+
+
+def test_a_model_path_that_names_nothing_is_no_such_file(no_network):
+    for spec in ("bad/nonexistent.model", "nonexistent.model"):
+        with pytest.raises(TokenizerError, match=f"^{spec}: no such file$"):
+            load_tokenizer(spec)
 
 
 def test_the_sentencepiece_backend_takes_only_a_model_file(model):

@@ -73,7 +73,8 @@ def _truth(path: Path, pattern: str, specials: dict[str, int], nfc: bool = False
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("families")
-    return {"qwen": _ranks_file(tmp / "qwen.tiktoken", "qwen"), "llama3": _ranks_file(tmp / "tokenizer.model", "llama3")}
+    return {"qwen": _ranks_file(tmp / "qwen.tiktoken", "qwen"),
+            "llama3": _ranks_file(tmp / "tokenizer.model", "llama3")}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -59,12 +59,12 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
     elif info.name in TOKENIZER_NAMES:
         specs, backend = [info.name], "tiktoken"
         fix = f"run `lmshard tokenizer fetch {info.name}`"
-    elif info.vocab_format == "sentencepiece":  # a path the metadata names is not ours to read
-        specs, backend = [], "sentencepiece"
-        fix = "decode them with sentencepiece and the .model file the dataset was made with"
-    else:  # prepare records a .tiktoken file by the name its sha256 matched: a path here is not ours to read
-        specs, backend = [], "tiktoken"
-        fix = f"a tiktoken dataset names one of {', '.join(TOKENIZER_NAMES)}, and no file it names is read"
+    else:  # a SentencePiece model, a qwen:/llama3: or PATH.json vocabulary: its path is not ours to read
+        # (prepare records an OpenAI .tiktoken file by the name its sha256 matched)
+        if why is not None:
+            why.append(f"token ids are shown undecoded: the dataset keeps no copy of its vocabulary file "
+                       f"({info.name}), and inspect never reads a path a dataset's metadata names")  # fmt: skip
+        return None
     for spec in specs:
         try:
             tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta), untrusted=True)

@@ -81,7 +81,9 @@ class SentencePieceTokenizer(Tokenizer):
         eos, bos = self._sp.eos_id(), self._sp.bos_id()
         if separator is not None:
             if separator not in self._specials:
-                kind = "an ordinary piece" if self._sp.piece_to_id(separator) != self._sp.unk_id() else "not a piece"
+                unknown = self._sp.piece_to_id(separator) == self._sp.unk_id() and separator != self._sp.id_to_piece(
+                    self._sp.unk_id())  # fmt: skip
+                kind = "not a piece" if unknown else "an ordinary piece"
                 raise TokenizerError(f"{self.name}: separator {separator!r} is {kind} of this model; pass a control "
                                      f"piece, one of: {', '.join(self._specials) or '(none)'}")  # fmt: skip
             self.eot_token = separator

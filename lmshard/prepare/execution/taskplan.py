@@ -101,9 +101,10 @@ def unit_size_for(sources: list[Source], n_tasks: int, requested: int | None = N
 
 def largest_whole(sources: list[Source]) -> int:
     """Bytes of the largest input that is one unit whatever its size (a compressed file, CSV, a
-    JSON array, arrow; `_cut`), from names and sizes alone: staged tasks cannot spread it."""
-    return max((s.size for s in sources if s.compression is not None
-                or s.fmt not in (*_LINE_FORMATS, "json", "parquet")), default=0)  # fmt: skip
+    JSON array, arrow; `_cut`), from names, sizes and a JSON file's first byte: staged tasks
+    cannot spread it."""
+    return max((s.size for s in sources if s.compression is not None or s.fmt not in (*_LINE_FORMATS, "json", "parquet")
+                or (s.fmt == "json" and first_byte(s) == b"[")), default=0)  # fmt: skip
 
 
 def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
