@@ -155,7 +155,11 @@ def _show(tokenizer: Tokenizer, ids: np.ndarray, k: int) -> str:
     if k >= len(ids):
         return "(end)"
     try:
-        return f"{int(ids[k])} {tokenizer.decode([int(ids[k])])!r}"
+        text = tokenizer.decode([int(ids[k])])
+        piece = getattr(tokenizer, "piece", None)
+        if "\ufffd" in text and piece is not None:  # part of a character: the vocabulary's own spelling says more
+            return f"{int(ids[k])} {text!r} (token {piece(int(ids[k]))!r})"
+        return f"{int(ids[k])} {text!r}"
     except Exception:  # a candidate's id may not decode at all
         return str(int(ids[k]))
 

@@ -346,6 +346,10 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
 
+    def piece(self, token: int) -> str | None:
+        """The vocabulary's own spelling of one token (byte-level "Ġ…", "<0xF0>")."""
+        return self._tok.id_to_token(token)
+
     def identity(self) -> dict[str, Any]:
         model = self._json.get("model")
         return {
