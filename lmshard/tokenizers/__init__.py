@@ -58,7 +58,7 @@ def load_tokenizer(
     dataset's metadata (see `hf_resolve.resolve`)."""
     if backend not in BACKENDS:
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    if spec.endswith(".model") and not Path(spec).exists():  # a path, never a hub name
+    if spec.endswith(".model") and split_spec(spec) is None and not Path(spec).exists():  # a path, not a hub name
         raise TokenizerError(f"{spec}: no such file")
     if is_sentencepiece_model(spec):
         if backend not in ("auto", "sentencepiece"):
