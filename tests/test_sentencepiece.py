@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,14 @@ def test_prepare_writes_bos_text_eot_per_document(tmp_path, model):
     assert stream.tolist() == want
     check = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(out)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+    # The dataset keeps the model (inspect decodes with it anywhere), checked against the metadata.
+    assert (out / "tokenizer.model").read_bytes() == model.read_bytes()
+    sample = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(out), "--sample", "1"],
+                            capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert sample.returncode == 0 and "undecoded" not in sample.stdout, sample.stdout + sample.stderr
+    assert any(all(w in sample.stdout for w in d.split()[:4]) for d in docs if len(d.split()) >= 4), sample.stdout
+    damaged = bytearray(model.read_bytes())
+    damaged[-1] ^= 1
+    (out / "tokenizer.model").write_bytes(bytes(damaged))
+    check = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(out)], capture_output=True, text=True)
+    assert check.returncode != 0 and "tokenizer.model" in check.stdout + check.stderr, check.stdout + check.stderr

@@ -24,6 +24,7 @@ from .layout import (
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
+    VOCAB_COPIES,
     VOCAB_COPY,
     atomic_write_bytes,
     atomic_write_json,
@@ -44,7 +45,8 @@ from .skipped import SkippedInputs
 
 __all__ = [
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
-    "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "atomic_write_bytes",
+    "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "VOCAB_COPIES",
+    "atomic_write_bytes",
     "atomic_write_json", "shard_paths", "DatasetMeta", "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",

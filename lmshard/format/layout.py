@@ -30,6 +30,9 @@ INDEX_DTYPE = np.dtype("<u8")  # document start offsets in tokens, plus the shar
 METADATA_FILE = "dataset_metadata.json"
 TOKENIZER_FILE = "tokenizer_state.json"
 VOCAB_COPY = "tokenizer.json"  # a Hugging Face vocabulary's own file, kept so inspect can decode
+# The copy of its vocabulary file a dataset keeps, by `tokenizer.vocab_format`; none for tiktoken
+# ranks (OpenAI's are known by name; others are defined beside their file).
+VOCAB_COPIES = {"tokenizer.json": VOCAB_COPY, "sentencepiece": "tokenizer.model"}
 MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer file named by a dataset (untrusted) larger than this is not read
 IN_PROGRESS_FILE = "_PREPARE_IN_PROGRESS"
 SPLITS = ("train", "val")

@@ -19,6 +19,7 @@ from ..format import (
     MAX_TOKENIZER_BYTES,
     METADATA_FILE,
     TOKENIZER_FILE,
+    VOCAB_COPIES,
     VOCAB_COPY,
     DatasetMeta,
     dataset_file_size,
@@ -56,6 +57,12 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
             if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_TOKENIZER_BYTES:
                 specs.insert(0, str(meta.root / VOCAB_COPY))
         fix = f"put the tokenizer.json with that sha256 back in {meta.root / VOCAB_COPY}"
+    elif info.vocab_format == "sentencepiece":  # its copy, when it is a regular file inside the dataset
+        specs, backend, copy = [], "sentencepiece", VOCAB_COPIES["sentencepiece"]
+        with contextlib.suppress(LmshardError):
+            if dataset_file_size(meta.root, copy) <= MAX_TOKENIZER_BYTES:
+                specs.append(str(meta.root / copy))
+        fix = f"put the SentencePiece model with that sha256 back in {meta.root / copy}"
     elif info.name in TOKENIZER_NAMES:
         specs, backend = [info.name], "tiktoken"
         fix = f"run `lmshard tokenizer fetch {info.name}`"

@@ -36,7 +36,7 @@ from ..format import (
     REGENERATE_HINT,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
-    VOCAB_COPY,
+    VOCAB_COPIES,
     DatasetMeta,
     ShardInfo,
     check_index,
@@ -197,25 +197,27 @@ def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:
     for key in ("name", "n_vocab", "eot_id", "ranks_sha256"):
         if state.get(key) != getattr(meta.tokenizer, key):
             report.problems.append(Problem(TOKENIZER_FILE, f"'{key}' disagrees with the metadata"))
-    if meta.tokenizer.hugging_face:
-        _check_vocab_copy(meta, report)
+    copy = VOCAB_COPIES.get(meta.tokenizer.vocab_format)
+    if copy is not None:
+        _check_vocab_copy(meta, report, copy)
 
 
-def _check_vocab_copy(meta: DatasetMeta, report: Report) -> None:
-    """A Hugging Face vocabulary's tokenizer.json, kept in the dataset: it must be the file
-    the dataset was tokenized with (`ranks_sha256`), or decoding it would mislead."""
+def _check_vocab_copy(meta: DatasetMeta, report: Report, copy: str) -> None:
+    """The vocabulary file kept in the dataset (a Hugging Face tokenizer.json, a SentencePiece
+    model): it must be the file the dataset was tokenized with (`ranks_sha256`), or decoding it
+    would mislead."""
     sha256 = hashlib.sha256()
     try:
-        read_small(meta.root, VOCAB_COPY, sha256.update)  # in blocks, never the whole file at once
+        read_small(meta.root, copy, sha256.update)  # in blocks, never the whole file at once
         digest = sha256.hexdigest()
     except FormatError as e:
-        report.problems.append(Problem(VOCAB_COPY, str(e), fix=""))
+        report.problems.append(Problem(copy, str(e), fix=""))
         return
     except OSError as e:
-        report.problems.append(Problem(VOCAB_COPY, f"unreadable ({e.strerror})"))
+        report.problems.append(Problem(copy, f"unreadable ({e.strerror})"))
         return
     if digest != meta.tokenizer.ranks_sha256:
-        report.problems.append(Problem(VOCAB_COPY, f"sha256 {digest[:16]}… is not the tokenizer's "
+        report.problems.append(Problem(copy, f"sha256 {digest[:16]}… is not the tokenizer's "
                                                    f"{meta.tokenizer.ranks_sha256[:16]}… in the metadata"))  # fmt: skip
 
 

@@ -30,7 +30,7 @@ from ..format import (
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
-    VOCAB_COPY,
+    VOCAB_COPIES,
     DatasetMeta,
     DedupInfo,
     RunInfo,
@@ -85,8 +85,9 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, empty, tokens_per_shard, started)
         state = tok.identity()
         state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
-        if tok.vocab_bytes is not None:  # inspect decodes a Hugging Face dataset with its own copy
-            atomic_write_bytes(staging / VOCAB_COPY, tok.vocab_bytes)
+        copy = VOCAB_COPIES.get(tok.vocab_format)
+        if tok.vocab_bytes is not None and copy:  # inspect decodes the dataset with its own copy
+            atomic_write_bytes(staging / copy, tok.vocab_bytes)
         atomic_write_json(staging / TOKENIZER_FILE, state)
         atomic_write_json(staging / METADATA_FILE, meta.to_json())  # last: its presence means complete
     return meta

@@ -11,6 +11,9 @@ these families are used with a BOS before every text (Hugging Face's `add_bos_to
 Llama and Gemma), and a `.model` file carries no configuration saying otherwise (`--bos no`
 turns it off).
 
+A dataset keeps a copy of the model file (`tokenizer.model`), which `inspect` checks against
+the metadata's sha256 and decodes with.
+
 Not accelerated: the same model's `tokenizer.json`, where one exists (Mistral's, Gemma's), runs
 through splintr once the gate admits it (docs/tokenizers.md).
 
@@ -72,6 +75,7 @@ class SentencePieceTokenizer(Tokenizer):
                                  f"({why})") from None  # fmt: skip
         self.name, self.spec, self.backend, self.vocab_format = spec, spec, "sentencepiece", "sentencepiece"
         self.vocab_sha256 = hashlib.sha256(data).hexdigest()
+        self.vocab_file, self.vocab_bytes = path, data  # the dataset keeps a copy (tokenizer.model) to decode with
         self.n_vocab = int(self._sp.get_piece_size())
         self._version = getattr(sentencepiece, "__version__", "unknown")
         self._specials = {self._sp.id_to_piece(i): i for i in range(self.n_vocab) if self._sp.is_control(i)}

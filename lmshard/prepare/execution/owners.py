@@ -48,7 +48,7 @@ from ...format import (
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
-    VOCAB_COPY,
+    VOCAB_COPIES,
     DatasetMeta,
     KeyFile,
     ShardInfo,
@@ -272,8 +272,9 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     if config.dedup != "document":
         keys = ()
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at)  # type: ignore[arg-type]
-    if tokenizer.vocab_bytes is not None:
-        atomic_write_bytes(paths.staging / VOCAB_COPY, tokenizer.vocab_bytes)
+    copy = VOCAB_COPIES.get(tokenizer.vocab_format)
+    if tokenizer.vocab_bytes is not None and copy:
+        atomic_write_bytes(paths.staging / copy, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
     commit(paths)
