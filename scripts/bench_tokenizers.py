@@ -393,7 +393,7 @@ def main() -> None:
         startup = section_startup(tmp, args.repeats, cores, [4] if args.quick else [4, 16])
         hf = section_hf(tmp, args.repeats, cores, 2 if args.quick else 10, args.quick)
     body = "\n".join([
-        f"Machine: {machine()}; load average {load()} after the run (other sessions share the cores: only the "
+        f"Machine: {machine()}; load average {load()} after the run (other processes may share the cores: only the "
         "ratios mean anything). Command: `make bench` (`python scripts/bench_tokenizers.py`).", "",
         "### Backends (GPT-2 vocabulary)", "", *backends, "",
         "### Start-up on small inputs", "",

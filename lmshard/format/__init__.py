@@ -29,6 +29,7 @@ from .layout import (
     atomic_write_bytes,
     atomic_write_json,
     shard_paths,
+    write_vocab_copy,
 )
 from .schema import (
     DatasetMeta,
@@ -46,8 +47,8 @@ from .skipped import SkippedInputs
 __all__ = [
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
     "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "VOCAB_COPIES",
-    "atomic_write_bytes",
-    "atomic_write_json", "shard_paths", "DatasetMeta", "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
+    "atomic_write_bytes", "atomic_write_json", "shard_paths", "write_vocab_copy", "DatasetMeta", "DedupInfo",
+    "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",

@@ -71,3 +71,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_vocab_copy(directory: Path, vocab_format: str, data: bytes | None) -> None:
+    """The dataset's copy of its vocabulary file (`VOCAB_COPIES`, by format), the bytes hashed
+    into its `ranks_sha256`: inspect decodes with it on any machine. Nothing for a format
+    without a copy, or when the tokenizer holds no file's bytes."""
+    name = VOCAB_COPIES.get(vocab_format)
+    if data is not None and name is not None:
+        atomic_write_bytes(directory / name, data)

@@ -30,7 +30,6 @@ from ..format import (
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
-    VOCAB_COPIES,
     DatasetMeta,
     DedupInfo,
     RunInfo,
@@ -38,8 +37,8 @@ from ..format import (
     SourceInfo,
     SplitInfo,
     TokenizerInfo,
-    atomic_write_bytes,
     atomic_write_json,
+    write_vocab_copy,
 )
 from ..prepare.output.writer import ShardWriter
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
@@ -85,9 +84,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, empty, tokens_per_shard, started)
         state = tok.identity()
         state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
-        copy = VOCAB_COPIES.get(tok.vocab_format)
-        if tok.vocab_bytes is not None and copy:  # inspect decodes the dataset with its own copy
-            atomic_write_bytes(staging / copy, tok.vocab_bytes)
+        write_vocab_copy(staging, tok.vocab_format, tok.vocab_bytes)
         atomic_write_json(staging / TOKENIZER_FILE, state)
         atomic_write_json(staging / METADATA_FILE, meta.to_json())  # last: its presence means complete
     return meta

@@ -31,11 +31,10 @@ from ..errors import LmshardError, warn
 from ..format import (
     METADATA_FILE,
     TOKENIZER_FILE,
-    VOCAB_COPIES,
     DatasetMeta,
-    atomic_write_bytes,
     atomic_write_json,
     load_metadata,
+    write_vocab_copy,
 )
 from ..tokenizers import Tokenizer
 from .config import PrepareConfig
@@ -130,9 +129,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
     tokens_before = build.totals.tokens  # the appended-to dataset's and a resumed checkpoint's
     if claim.resumed:
         build.note = build.resume_note(claim.checkpoint)
-    copy = VOCAB_COPIES.get(tokenizer.vocab_format)
-    if tokenizer.vocab_bytes is not None and copy:  # inspect decodes with the dataset's own copy: the bytes hashed
-        atomic_write_bytes(staging / copy, tokenizer.vocab_bytes)
+    write_vocab_copy(staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     interrupt = StopOnSignal()
     kept = f"the work done so far is kept in {staging}"
     try:

@@ -298,10 +298,6 @@ def recall(record: dict[str, str]) -> dict[str, Any] | None:
     return stored
 
 
-def _passed_before(record: dict[str, str]) -> bool:
-    return recall(record) is not None
-
-
 def remember(record: dict[str, str], **stored: Any) -> None:
     """Remember a pass under `record`, with `stored` (JSON) beside it for `recall`."""
     try:
@@ -311,20 +307,17 @@ def remember(record: dict[str, str], **stored: Any) -> None:
         pass  # a read-only cache only costs the next run another check
 
 
-_remember = remember
-
-
 def admit(candidate: Tokenizer, record: dict[str, str], reference: Callable[[], Tokenizer],
           texts: Callable[[Tokenizer], Sequence[tuple[str, str]]]) -> str | None:  # fmt: skip
     """None when `candidate` passed the gate before under `record`, or passes it now against
     `reference()` on `texts(reference)` (label, text) pairs, which is then remembered; else why not."""
-    if _passed_before(record):
+    if recall(record) is not None:
         return None
     ref = reference()
     labels, values = zip(*texts(ref), strict=True)
     problem = check_exact(candidate, ref, values, labels)
     if problem is None:
-        _remember(record)
+        remember(record)
     return problem
 
 

@@ -128,11 +128,6 @@ def splintr_encode(encoder: Any, texts: Sequence[str], threads: int) -> tuple[np
     return tokens, lengths
 
 
-def pool_started() -> bool:
-    """Whether this process's splintr pool runs (its size is then fixed)."""
-    return _pool_threads is not None
-
-
 def splintr_constant(pattern: str) -> str | None:
     """The name of splintr's pattern constant spelled exactly as `pattern`, if there is one."""
     import splintr

@@ -48,13 +48,12 @@ from ...format import (
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
-    VOCAB_COPIES,
     DatasetMeta,
     KeyFile,
     ShardInfo,
-    atomic_write_bytes,
     atomic_write_json,
     shard_paths,
+    write_vocab_copy,
 )
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -272,9 +271,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     if config.dedup != "document":
         keys = ()
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at)  # type: ignore[arg-type]
-    copy = VOCAB_COPIES.get(tokenizer.vocab_format)
-    if tokenizer.vocab_bytes is not None and copy:
-        atomic_write_bytes(paths.staging / copy, tokenizer.vocab_bytes)
+    write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
     commit(paths)
