@@ -104,3 +104,43 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     return attempts
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 API server on loopback for the session (tests/servers.py), stopped by pid.
+    Use `s3` for a test: it points the environment at this server."""
+    from servers import S3Server
+
+    server = S3Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request):
+    """The S3 server with the AWS_* variables pointing at it, and a fresh bucket for this test.
+    Returns (server, "s3://bucket")."""
+    import re
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    if s3_server.proc is None:  # a test stopped it: start it again
+        s3_server.start()
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + f"-{os.getpid() % 1000}"
+    s3_server.make_bucket(bucket)
+    return s3_server, f"s3://{bucket}"
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """A byte-range HTTP file server on loopback serving tmp_path/www (tests/range_http.py)."""
+    from servers import HttpServer
+
+    root = tmp_path / "www"
+    root.mkdir()
+    server = HttpServer(root)
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,136 @@
+"""Objects under one URL prefix (a remote dataset, or the folder of a remote input), read and
+written through fsspec with `retry.Retry` around every request.
+
+Paths given to `Remote`'s methods are relative to its prefix and '/'-separated, like a
+dataset's own relative paths. `read_ranges` sends its ranges concurrently (fsspec's
+`cat_ranges`), which is how the remote loader fetches the blocks of the next steps in one round.
+
+Memory model: only the bytes asked for (whole small objects, or the requested ranges).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .retry import RemoteError, Retry
+from .urls import filesystem, join, redact
+
+
+class Remote:
+    """The objects under `url` (a prefix: 's3://bucket/datasets/fineweb')."""
+
+    def __init__(self, url: str, options: dict[str, Any] | None = None, retry: Retry | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.fs, self.path = filesystem(self.url, options)
+        self.path = self.path.rstrip("/")
+        self.retry = retry or Retry()
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"Remote({redact(self.url)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: each process builds its own filesystem
+        return {"url": self.url, "options": self.options, "retry": self.retry}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["options"], state["retry"])  # type: ignore[misc]
+
+    def full(self, rel: str) -> str:
+        """The filesystem path of `rel`."""
+        return self.path + "/" + rel if rel else self.path
+
+    def url_of(self, rel: str) -> str:
+        return join(self.url, rel)
+
+    def _call(self, rel: str, what: str, fn: Any) -> Any:
+        return self.retry.call(self.url_of(rel), what, fn)
+
+    def read(self, rel: str, limit: int | None = None) -> bytes:
+        """A whole object; RemoteError when it holds more than `limit` bytes."""
+        if limit is not None and self.size(rel) > limit:
+            raise RemoteError(f"{redact(self.url_of(rel))}: more than {limit:,} bytes, larger than any lmshard file "
+                              "of this kind; check the URL")  # fmt: skip
+        return bytes(self._call(rel, "GET", lambda: self.fs.cat_file(self.full(rel))))
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object."""
+        return bytes(self._call(rel, f"GET bytes {start}-{end - 1}", lambda: self.fs.cat_file(self.full(rel), start=start, end=end)))
+
+    def read_ranges(self, rels: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
+        """Several ranges at once, sent concurrently; each must come back whole."""
+        if not rels:
+            return []
+        paths = [self.full(r) for r in rels]
+
+        def fetch() -> list[bytes]:
+            got = self.fs.cat_ranges(paths, list(starts), list(ends), on_error="raise")
+            for data, a, b in zip(got, starts, ends, strict=True):
+                if isinstance(data, BaseException):
+                    raise data
+                if len(data) != b - a:
+                    raise ConnectionError(f"short read: {len(data)} of {b - a} bytes")
+            return [bytes(d) for d in got]
+
+        return self._call(rels[0], f"GET {len(rels)} ranges", fetch)  # type: ignore[no-any-return]
+
+    def size(self, rel: str) -> int:
+        return int(self._call(rel, "HEAD", lambda: self.fs.size(self.full(rel))))
+
+    def exists(self, rel: str) -> bool:
+        def probe() -> bool:
+            try:
+                self.fs.info(self.full(rel))
+                return True
+            except FileNotFoundError:
+                return False
+
+        return bool(self._call(rel, "HEAD", probe))
+
+    def listing(self, rel: str = "") -> dict[str, int]:
+        """{relative path: size} of every object under `rel` (recursively)."""
+        base = self.full(rel).rstrip("/")
+
+        def walk() -> dict[str, int]:
+            try:
+                found = self.fs.find(base, detail=True)
+            except FileNotFoundError:
+                return {}
+            return {p[len(self.path) + 1 :]: int(info.get("size") or 0) for p, info in found.items()
+                    if info.get("type") != "directory" and p.startswith(self.path + "/")}  # fmt: skip
+
+        self.fs.invalidate_cache()
+        return dict(self._call(rel, "LIST", walk))
+
+    def put(self, rel: str, data: bytes) -> None:
+        self._call(rel, "PUT", lambda: self.fs.pipe_file(self.full(rel), data))
+
+    def put_file(self, rel: str, local: Path) -> None:
+        self._call(rel, "PUT", lambda: self.fs.put_file(str(local), self.full(rel)))
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write `rel` only if no object has that name (a conditional put, If-None-Match: * on
+        S3): True if written, False if one was there already."""
+        def put() -> bool:
+            try:
+                self.fs.pipe_file(self.full(rel), data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        return bool(self._call(rel, "conditional PUT", put))
+
+    def copy(self, src: str, dst: str) -> None:
+        """A server-side copy where the store has one."""
+        self._call(dst, "COPY", lambda: self.fs.copy(self.full(src), self.full(dst)))
+
+    def delete(self, rels: Sequence[str]) -> None:
+        """Remove objects; ones already gone are not an error."""
+        for rel in rels:
+            def remove(rel: str = rel) -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(self.full(rel))
+
+            self._call(rel, "DELETE", remove)

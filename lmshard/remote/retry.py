@@ -1,0 +1,135 @@
+"""Retries of remote requests: transient errors are tried again after an exponential backoff with
+full jitter, up to a budget; then one line names the URL, the attempts and the fix.
+
+Transient: timeouts, refused or dropped connections, HTTP 5xx, 429 and the stores' throttling
+codes (SlowDown, Throttling, RequestTimeout). Anything else (a missing object, a refused
+credential, a bad request) fails at once, with its own fix.
+
+The policy holds its clock: `Retry(sleep=..., random=...)` lets a test drive the waits without
+waiting. `LMSHARD_REMOTE_ATTEMPTS` (default 6) sets the budget for a whole run.
+
+Memory model: nothing beyond the call's own result.
+"""
+
+from __future__ import annotations
+
+import os
+import random as _random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ..errors import LmshardError
+from .urls import redact
+
+T = TypeVar("T")
+ATTEMPTS_VARIABLE = "LMSHARD_REMOTE_ATTEMPTS"
+
+_TRANSIENT_NAMES = {
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ClientConnectionError", "ClientConnectorError", "ClientOSError", "ServerDisconnectedError",
+    "ClientPayloadError", "ServerTimeoutError", "IncompleteReadError", "ResponseStreamingError",
+    "ProxyConnectionError", "HTTPClientError",
+}  # fmt: skip
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+                    "InternalError", "ServiceUnavailable", "TooManyRequests", "RequestLimitExceeded"}  # fmt: skip
+
+
+class RemoteError(LmshardError):
+    """A remote request that failed for good (after retries where it was transient)."""
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    at: BaseException | None = e
+    while at is not None and at not in seen and len(seen) < 8:
+        seen.append(at)
+        at = at.__cause__ or at.__context__
+    return seen
+
+
+def _status(e: BaseException) -> tuple[int | None, str]:
+    """(HTTP status, error code) of a botocore ClientError or an aiohttp response error."""
+    response = getattr(e, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode"), code
+    status = getattr(e, "status", None)
+    return (status if isinstance(status, int) else None), ""
+
+
+def transient(e: BaseException) -> bool:
+    """Whether another attempt may succeed: see the module docstring."""
+    for err in _chain(e):
+        if isinstance(err, FileNotFoundError | PermissionError | FileExistsError):
+            return False
+        status, code = _status(err)
+        if status is not None or code:
+            return code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
+        if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_NAMES:
+            return True
+    return False
+
+
+def describe(e: BaseException) -> str:
+    """The most specific one-line cause in the chain, credentials taken out."""
+    for err in _chain(e):
+        status, code = _status(err)
+        if status is not None or code:
+            return redact(f"HTTP {status} {code}".strip())
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return redact(f"{type(e).__name__}: {text}"[:300])
+
+
+def fix_for(e: BaseException) -> str:
+    for err in _chain(e):
+        name = type(err).__name__
+        status, code = _status(err)
+        if name in ("NoCredentialsError", "PartialCredentialsError") or status in (401, 403) or isinstance(
+            err, PermissionError
+        ):
+            return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
+        if isinstance(err, FileNotFoundError) or status == 404:
+            return "check the URL"
+    return f"check that the endpoint is reachable, then retry (more attempts: {ATTEMPTS_VARIABLE})"
+
+
+@dataclass
+class Retry:
+    """Exponential backoff with full jitter: before attempt n+1 wait uniform(0, min(cap, base·2^n))."""
+
+    attempts: int = field(default_factory=lambda: _env_attempts())
+    base: float = 0.5
+    cap: float = 20.0
+    sleep: Callable[[float], None] = time.sleep
+    random: Callable[[], float] = _random.random
+
+    def call(self, url: str, what: str, fn: Callable[[], T]) -> T:
+        """`fn()`, retried while it fails transiently; RemoteError (one line) after the budget."""
+        waited = 0.0
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except Exception as e:
+                if not transient(e):
+                    raise RemoteError(f"{redact(url)}: {what} failed ({describe(e)}); {fix_for(e)}") from None
+                if attempt == self.attempts:
+                    raise RemoteError(f"{redact(url)}: {what} failed after {attempt} attempts over {waited:.1f} s "
+                                      f"({describe(e)}); {fix_for(e)}") from None  # fmt: skip
+                pause = self.random() * min(self.cap, self.base * 2 ** (attempt - 1))
+                self.sleep(pause)
+                waited += pause
+        raise AssertionError("unreachable")
+
+
+def _env_attempts() -> int:
+    raw = os.environ.get(ATTEMPTS_VARIABLE, "6")
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise LmshardError(f"{ATTEMPTS_VARIABLE}={raw!r}: not a whole number; set it to the attempts per request") from None
+
+
+def call(url: str, what: str, fn: Callable[[], T], policy: Retry | None = None) -> T:
+    return (policy or Retry()).call(url, what, fn)

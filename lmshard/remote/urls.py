@@ -1,0 +1,119 @@
+"""URLs of object stores and web servers, and the fsspec filesystem that reads each.
+
+`s3://`, `gs://` (`gcs://`), `az://` (`abfs://`, `abfss://`), `hf://` and `http(s)://` are URLs;
+anything else is a local path (`hf:NAME`, one colon and no slashes, stays a Hugging Face dataset
+name). Each scheme is read by its fsspec package, an optional extra: a missing one is one line
+naming the extra to install.
+
+Credentials come from where each package looks already (for S3: the AWS_* variables,
+~/.aws/credentials, instance roles; `AWS_ENDPOINT_URL` for an S3-compatible server), and
+`LMSHARD_STORAGE_OPTIONS` (JSON) passes options through to the filesystem. They never appear in
+what lmshard prints or records: `redact` takes user names, passwords and signed query strings out
+of every URL it shows.
+
+Memory model: one cached filesystem object per scheme and options (fsspec's own cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from ..errors import ConfigError, missing_dependency
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# scheme -> (fsspec protocol, package that provides it, lmshard extra)
+SCHEMES = {
+    "s3": ("s3", "s3fs", "s3"), "s3a": ("s3", "s3fs", "s3"),
+    "gs": ("gs", "gcsfs", "gcs"), "gcs": ("gs", "gcsfs", "gcs"),
+    "az": ("az", "adlfs", "azure"), "abfs": ("abfs", "adlfs", "azure"), "abfss": ("abfs", "adlfs", "azure"),
+    "hf": ("hf", "huggingface_hub", "hf"),
+    "http": ("http", "aiohttp", "http"), "https": ("https", "aiohttp", "http"),
+}  # fmt: skip
+OPTIONS_VARIABLE = "LMSHARD_STORAGE_OPTIONS"
+
+
+def is_url(text: object) -> bool:
+    """True for a URL of a scheme lmshard reads remotely (see SCHEMES)."""
+    if not isinstance(text, str):
+        return False
+    m = _SCHEME.match(text)
+    return m is not None and m.group(1).lower() in SCHEMES
+
+
+def scheme(url: str) -> str:
+    m = _SCHEME.match(url)
+    if m is None:
+        raise ConfigError(f"{redact(url)}: not a URL")
+    return m.group(1).lower()
+
+
+def join(url: str, rel: str) -> str:
+    """`rel` (a dataset-relative path, '/'-separated) under `url`."""
+    return url.rstrip("/") + "/" + rel.lstrip("/") if rel else url.rstrip("/")
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+_SECRET_QUERY = re.compile(r"([?&](?:X-Amz-[A-Za-z-]+|sig|signature|se|sp|sv|token|access_token|key)=)[^&\s]*",
+                           re.IGNORECASE)  # fmt: skip
+
+
+def redact(text: str) -> str:
+    """`text` with credentials taken out of any URL in it: user and password, and signed query
+    parameters (S3 presigned X-Amz-*, Azure SAS sig/se/sp, tokens)."""
+    words = []
+    for word in text.split(" "):
+        word = _USERINFO.sub(r"\1***@", word)
+        words.append(_SECRET_QUERY.sub(r"\1***", word))
+    return " ".join(words)
+
+
+def storage_options(url: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Options for the URL's filesystem: `given` (the Python API's `storage_options=`), else
+    LMSHARD_STORAGE_OPTIONS (a JSON object, or an object of objects keyed by scheme)."""
+    if given is not None:
+        return dict(given)
+    raw = os.environ.get(OPTIONS_VARIABLE)
+    if not raw:
+        return {}
+    try:
+        options = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(f"{OPTIONS_VARIABLE}: not JSON ({e}); set it to a JSON object of filesystem options") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{OPTIONS_VARIABLE}: not a JSON object; set it to a JSON object of filesystem options")
+    name = scheme(url)
+    if name in options and isinstance(options[name], dict):
+        return dict(options[name])
+    return {k: v for k, v in options.items() if k not in SCHEMES}
+
+
+def filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, the URL's path within it) for a remote URL.
+
+    The filesystem makes one attempt per request: `retry.call` owns retries (backoff, jitter, a
+    budget and one line at the end), so a dead endpoint is not retried by three layers at once."""
+    name = scheme(url)
+    protocol, package, extra = SCHEMES[name]
+    try:
+        import fsspec
+    except ImportError:
+        raise missing_dependency("fsspec", extra, f"reading {redact(url)}") from None
+    kwargs = _single_attempt(protocol) | storage_options(url, options)
+    try:
+        fs = fsspec.filesystem(protocol, **kwargs)
+    except ImportError:
+        raise missing_dependency(package, extra, f"reading {redact(url)}") from None
+    if protocol == "s3":
+        fs.retries = 1  # s3fs's own retry loop (class attribute, 5 by default)
+    path = fs._strip_protocol(url) if protocol not in ("http", "https") else url
+    return fs, path
+
+
+def _single_attempt(protocol: str) -> dict[str, Any]:
+    if protocol == "s3":
+        return {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10,
+                                  "read_timeout": 60}}  # fmt: skip
+    return {}
