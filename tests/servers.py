@@ -10,6 +10,7 @@ Both can be stopped and started again on the same port, to test a server that go
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -56,10 +57,8 @@ class _Process:
     def stop(self) -> None:
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from lmshard.cli import app
 from lmshard.errors import EXIT_CORRUPT
+from lmshard.format.blocks import block_sums
 from lmshard.inspect import verify
 from lmshard.inspect.verify import verify_dataset
 from lmshard.prepare import PrepareConfig, prepare
@@ -193,6 +194,9 @@ def save(ds, entry, tokens=None, offsets=None, fix_checksums=False):
                 if shard["path"] == entry["path"]:
                     shard["xxh3_64"] = xxhash.xxh3_64_hexdigest((ds / shard["path"]).read_bytes())
                     shard["index_xxh3_64"] = xxhash.xxh3_64_hexdigest((ds / shard["index_path"]).read_bytes())
+                    sums = block_sums((ds / shard["path"]).read_bytes())  # the per-block sums as well
+                    (ds / shard["sums_path"]).write_bytes(sums)
+                    shard["sums_xxh3_64"] = xxhash.xxh3_64_hexdigest(sums)
         (ds / "dataset_metadata.json").write_text(json.dumps(meta))
 
 
@@ -209,7 +213,8 @@ def test_token_changed_to_another_valid_id_is_caught_by_the_checksum(dataset):
     pos = int(offsets[1])  # the first token of document 1: not a boundary, not EOT
     tokens[pos] = 11 if tokens[pos] != 11 else 12
     save(dataset, entry, tokens)
-    only_problem(dataset, entry["path"], "checksum", entry["xxh3_64"], "lmshard prepare")
+    only_problem(dataset, entry["path"], f"block {pos // 16384} (tokens", "does not match its checksum",
+                 "lmshard prepare")  # fmt: skip
 
 
 def test_index_entry_moved_to_another_eot_is_caught_by_the_index_checksum(dataset):

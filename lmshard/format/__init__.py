@@ -4,13 +4,14 @@ Writer, `inspect` and the runtime loader all import this package; it imports non
 neither torch nor tiktoken, so a training node can read a dataset with numpy alone.
 `layout` holds the file names, dtypes and crash-safe writes; `schema` the metadata as typed
 values (built by prepare, parsed and validated for every reader), with `skipped` the part that
-records what an input directory held that was not read; `files` reads the metadata and holds a
-dataset's files to it (paths, sizes, document indexes) before anyone reads them.
+records what an input directory held that was not read; `blocks` the per-block checksums;
+`files` reads the metadata and holds a dataset's files to it (paths, sizes, document indexes) before anyone reads them.
 
 Memory model: metadata is a few hundred bytes per shard and per source file; `read_document`
 reads one document. Nothing here holds a shard.
 """
 
+from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, check_blocks, hash_file_blocks, sums_path
 from .files import check_index, check_shard_files, dataset_file_size, find_shard, load_metadata, read_document
 from .layout import (
     EOT_POSITIONS,
@@ -45,6 +46,7 @@ from .schema import (
 from .skipped import SkippedInputs
 
 __all__ = [
+    "BLOCK_TOKENS", "BlockHasher", "block_damage", "check_blocks", "hash_file_blocks", "sums_path",
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
     "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "VOCAB_COPIES",
     "atomic_write_bytes", "atomic_write_json", "shard_paths", "write_vocab_copy", "DatasetMeta", "DedupInfo",

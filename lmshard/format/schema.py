@@ -102,6 +102,20 @@ class ShardInfo:
     n_docs: int
     xxh3_64: str  # of the token file's bytes
     index_xxh3_64: str  # of the index file's bytes
+    # Per-block checksums (blocks.py): the sums file, its block size and its own xxh3-64; empty in
+    # datasets written without them, which readers read on without.
+    sums_path: str = ""
+    block_tokens: int = 0
+    sums_xxh3_64: str = ""
+
+    @property
+    def sums_bytes(self) -> int:
+        """The size the sums file must have (8 bytes per block)."""
+        return -(-self.n_tokens // self.block_tokens) * 8 if self.block_tokens else 0
+
+    def files(self) -> tuple[str, ...]:
+        """The shard's files, relative to the dataset root: tokens, index, and sums where kept."""
+        return (self.path, self.index_path) + ((self.sums_path,) if self.sums_path else ())
 
     @property
     def bin_bytes(self) -> int:
@@ -114,8 +128,11 @@ class ShardInfo:
         return (self.n_docs + 1) * INDEX_DTYPE.itemsize
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "index_path": self.index_path, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
-                "xxh3_64": self.xxh3_64, "index_xxh3_64": self.index_xxh3_64}  # fmt: skip
+        out = {"path": self.path, "index_path": self.index_path, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
+               "xxh3_64": self.xxh3_64, "index_xxh3_64": self.index_xxh3_64}  # fmt: skip
+        if self.sums_path:
+            out |= {"sums_path": self.sums_path, "block_tokens": self.block_tokens, "sums_xxh3_64": self.sums_xxh3_64}
+        return out
 
     @classmethod
     def parse(cls, split: str, raw: Any) -> ShardInfo:
@@ -124,7 +141,8 @@ class ShardInfo:
         try:
             shard = cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
                         n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
-                        xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str))  # fmt: skip
+                        xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str),
+                        **_sums(raw))  # fmt: skip
             _check_names(shard)
             # Every document holds at least its separator, so a shard has no more documents than
             # tokens, and none only when it has no tokens.
@@ -133,6 +151,17 @@ class ShardInfo:
             return shard
         except _Invalid as e:
             raise _Invalid(f"shard entry {raw.get('path')!r}: {e}") from None
+
+
+def _sums(raw: dict[str, Any]) -> dict[str, Any]:
+    """The optional per-block checksum fields: all three or none."""
+    if "sums_path" not in raw:
+        return {}
+    block_tokens = _count(raw, "block_tokens")
+    if not 1 <= block_tokens <= 1 << 30:
+        raise _Invalid(f"'block_tokens' {block_tokens} is not a block size (1 .. 2**30 tokens)")
+    return {"sums_path": _inside(raw, "sums_path"), "block_tokens": block_tokens,
+            "sums_xxh3_64": _get(raw, "sums_xxh3_64", str)}  # fmt: skip
 
 
 def _inside(raw: dict[str, Any], key: str) -> str:
@@ -151,6 +180,8 @@ def _check_names(shard: ShardInfo) -> None:
     number = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 12 else -1
     if number < 0 or shard_paths(shard.split, number) != (shard.path, shard.index_path):
         raise _Invalid(f"paths {shard.path!r}, {shard.index_path!r} are not {shard.split}/shard_NNNNNN.bin and .idx")
+    if shard.sums_path and shard.sums_path != shard.path.removesuffix(".bin") + ".sums":
+        raise _Invalid(f"sums path {shard.sums_path!r} is not {shard.split}/shard_NNNNNN.sums")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -250,9 +250,15 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
     )
     h = xxhash.xxh3_64()
     bad_eot = bad_bos = bad_ids = 0
-    for start in range(0, shard.n_tokens, BLOCK_TOKENS):
-        block = np.asarray(tokens[start : start + BLOCK_TOKENS])
-        h.update(np.ascontiguousarray(block).data.cast("B"))
+    sums, small, damaged = _block_sums(meta, shard, problems), shard.block_tokens or BLOCK_TOKENS, []
+    step = max(1, BLOCK_TOKENS // small) * small  # whole checksum blocks per read
+    for start in range(0, shard.n_tokens, step):
+        block = np.asarray(tokens[start : start + step])
+        raw = np.ascontiguousarray(block).data.cast("B")
+        h.update(raw)
+        if sums is not None:
+            damaged += [(start + at) // small for at in range(0, len(block), small)
+                        if xxhash.xxh3_64_intdigest(raw[at * 4 : (at + small) * 4]) != int(sums[(start + at) // small])]
         if int(block.max()) >= n_vocab:
             bad_ids += int((block >= n_vocab).sum())
         elif report.token_counts is not None:
@@ -262,14 +268,33 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
         lo, hi = np.searchsorted(starts, [start, start + len(block)])
         bad_bos += int((block[starts[lo:hi] - start] != bos).sum())
     del tokens
-    if h.hexdigest() != shard.xxh3_64:
+    if h.hexdigest() != shard.xxh3_64 and not damaged:  # damaged blocks: named below, more precisely
         problems.append(Problem(shard.path, f"checksum {h.hexdigest()} != {shard.xxh3_64} in metadata (corrupt data)"))
+    if damaged:
+        listed = ", ".join(f"{k} (tokens {k * small:,}..{min((k + 1) * small, shard.n_tokens) - 1:,})"
+                           for k in damaged[:5])  # fmt: skip
+        more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
+        problems.append(Problem(shard.path, f"block {listed}{more} of {small:,} tokens: does not match its checksum "
+                                            f"in {shard.sums_path} (corrupt data)"))  # fmt: skip
     if bad_ids:
         problems.append(Problem(shard.path, f"{bad_ids} token ids >= n_vocab {n_vocab}"))
     if bad_eot:
         problems.append(Problem(shard.path, f"{bad_eot} document boundaries without the EOT token {eot}"))
     if bad_bos:
         problems.append(Problem(shard.path, f"{bad_bos} document starts without the BOS token {bos}"))
+
+
+def _block_sums(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> np.ndarray | None:
+    """The shard's per-block sums (size checked by `check_shard_files`), held to their own
+    checksum; None where the dataset keeps none, or after recording a damaged sums file."""
+    if not shard.sums_path:
+        return None
+    raw = meta.abspath(shard.sums_path).read_bytes()
+    if xxhash.xxh3_64_hexdigest(raw) != shard.sums_xxh3_64:
+        problems.append(Problem(shard.sums_path, f"checksum {xxhash.xxh3_64_hexdigest(raw)} != {shard.sums_xxh3_64} "
+                                                 "in metadata (corrupt block sums)"))  # fmt: skip
+        return None
+    return np.frombuffer(raw, dtype="<u8")
 
 
 def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:

@@ -180,7 +180,7 @@ def _unresumable(sources: list[Source], staging: Path, e: KeyboardInterrupt) -> 
 def _link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:
     """The appended-to dataset's shards and dedup keys, hard-linked into the build: the same
     files, never written again (copied where the filesystem has no hard links)."""
-    names = [p for s in previous.shards for p in (s.path, s.index_path)]
+    names = [p for s in previous.shards for p in s.files()]
     names += [f.path for f in previous.dedup.files] if previous.dedup else []
     for name in names:
         link_or_copy(out / name, staging / name)

@@ -57,7 +57,10 @@ class Remote:
 
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of an object."""
-        return bytes(self._call(rel, f"GET bytes {start}-{end - 1}", lambda: self.fs.cat_file(self.full(rel), start=start, end=end)))
+        def get() -> bytes:
+            return bytes(self.fs.cat_file(self.full(rel), start=start, end=end))
+
+        return bytes(self._call(rel, f"GET bytes {start}-{end - 1}", get))
 
     def read_ranges(self, rels: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         """Several ranges at once, sent concurrently; each must come back whole."""

@@ -128,7 +128,8 @@ def _env_attempts() -> int:
     try:
         return max(1, int(raw))
     except ValueError:
-        raise LmshardError(f"{ATTEMPTS_VARIABLE}={raw!r}: not a whole number; set it to the attempts per request") from None
+        raise LmshardError(f"{ATTEMPTS_VARIABLE}={raw!r}: not a whole number; set it to the attempts per "
+                           "request") from None  # fmt: skip
 
 
 def call(url: str, what: str, fn: Callable[[], T], policy: Retry | None = None) -> T:

@@ -81,7 +81,8 @@ def storage_options(url: str, given: dict[str, Any] | None = None) -> dict[str, 
     try:
         options = json.loads(raw)
     except ValueError as e:
-        raise ConfigError(f"{OPTIONS_VARIABLE}: not JSON ({e}); set it to a JSON object of filesystem options") from None
+        raise ConfigError(f"{OPTIONS_VARIABLE}: not JSON ({e}); set it to a JSON object of filesystem "
+                          "options") from None  # fmt: skip
     if not isinstance(options, dict):
         raise ConfigError(f"{OPTIONS_VARIABLE}: not a JSON object; set it to a JSON object of filesystem options")
     name = scheme(url)

@@ -43,16 +43,20 @@ import xxhash
 
 from ...errors import InputError
 from ...format import (
+    BLOCK_TOKENS,
     INDEX_DTYPE,
     METADATA_FILE,
     SPLITS,
     TOKEN_DTYPE,
     TOKENIZER_FILE,
+    BlockHasher,
     DatasetMeta,
     KeyFile,
     ShardInfo,
+    atomic_write_bytes,
     atomic_write_json,
     shard_paths,
+    sums_path,
     write_vocab_copy,
 )
 from ...tokenizers import Tokenizer
@@ -185,7 +189,7 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
     stream, number, n_tokens, n_docs = piece[:4]
     rels = piece_files(piece)
     sizes = [n_tokens * 8] if stream == "keys" else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
-    digests = []
+    digests, sums = [], b""
     for rel, size in zip(rels, sizes, strict=True):
         tmp = staging / f"{rel}.tmp"
         if not tmp.exists() and (staging / rel).exists():  # sealed by another task a moment ago
@@ -197,10 +201,15 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
                 f.write(np.zeros(1, INDEX_DTYPE).tobytes())  # the index's first entry: 0
             _durable(f)
             f.seek(0)
-            digest = xxhash.xxh3_64()
+            digest, blocks = xxhash.xxh3_64(), BlockHasher()
             while block := f.read(8 << 20):
                 digest.update(block)
+                if rel.endswith(".bin"):
+                    blocks.update(block)
             digests.append(digest.hexdigest())
+            if rel.endswith(".bin"):
+                sums = blocks.finish()
+                atomic_write_bytes(staging / sums_path(rel), sums)
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists():
             os.replace(staging / f"{rel}.tmp", staging / rel)
@@ -208,7 +217,8 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     else:
         entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
-                          xxh3_64=digests[0], index_xxh3_64=digests[1]).to_json()  # fmt: skip
+                          xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
+                          block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums)).to_json()  # fmt: skip
     atomic_write_json(marker, entry)
     stop_point("piece", k)
     return True

@@ -1,7 +1,8 @@
 """Shard writing: whole documents appended to `.bin` files, with their `.idx` offsets.
 
 Each shard is written under a temporary name, fsynced, and renamed into place only when it is
-complete, with its xxh3-64 computed on the way out; `dataset_metadata.json` is written last
+complete, with its xxh3-64 and its per-block sums (`format/blocks.py`, written beside it as
+`shard_N.sums`) computed on the way out; `dataset_metadata.json` is written last
 (see `format/layout.py`). A shard holds whole documents: one closes before a document that
 would take it past `tokens_per_shard`, and a single document longer than that gets a shard of
 its own, so every shard's document index is self-contained.
@@ -20,7 +21,16 @@ import numpy as np
 import xxhash
 
 from ...errors import LmshardError
-from ...format import INDEX_DTYPE, TOKEN_DTYPE, ShardInfo, shard_paths
+from ...format import (
+    BLOCK_TOKENS,
+    INDEX_DTYPE,
+    TOKEN_DTYPE,
+    BlockHasher,
+    ShardInfo,
+    atomic_write_bytes,
+    shard_paths,
+    sums_path,
+)
 
 
 def with_separators(
@@ -66,6 +76,7 @@ class ShardWriter:
         self._idx: BinaryIO | None = None
         self._hash = xxhash.xxh3_64()
         self._idx_hash = xxhash.xxh3_64()
+        self._blocks = BlockHasher()
         self._n_tokens = 0
         self._n_docs = 0
 
@@ -124,7 +135,7 @@ class ShardWriter:
         for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp")):
             if final.exists():
                 os.replace(final, tmp)  # finished after the checkpoint: reopen it
-        self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, self._hash)
+        self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, self._hash, self._blocks)
         self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
         self._n_tokens, self._n_docs = n_tokens, n_docs
 
@@ -140,6 +151,7 @@ class ShardWriter:
         raw = data.data.cast("B")  # the array's own bytes: no copy
         self._bin.write(raw)
         self._hash.update(raw)
+        self._blocks.update(raw)
         offsets = (ends + self._n_tokens).astype(INDEX_DTYPE).tobytes()
         self._idx.write(offsets)
         self._idx_hash.update(offsets)
@@ -151,7 +163,7 @@ class ShardWriter:
         bin_path.parent.mkdir(parents=True, exist_ok=True)
         self._bin = open(f"{bin_path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
         self._idx = open(f"{idx_path}.tmp", "wb")  # noqa: SIM115
-        self._hash, self._idx_hash = xxhash.xxh3_64(), xxhash.xxh3_64()
+        self._hash, self._idx_hash, self._blocks = xxhash.xxh3_64(), xxhash.xxh3_64(), BlockHasher()
         self._n_tokens = self._n_docs = 0
         start = np.zeros(1, dtype=INDEX_DTYPE).tobytes()
         self._idx.write(start)
@@ -165,9 +177,11 @@ class ShardWriter:
             os.fsync(f.fileno())
             f.close()
         self._bin = self._idx = None
+        bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
+        sums = self._blocks.finish()
+        atomic_write_bytes(self.root / sums_path(bin_rel), sums)
         os.replace(f"{idx_path}.tmp", idx_path)
         os.replace(f"{bin_path}.tmp", bin_path)
-        bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
         self.shards.append(
             ShardInfo(
                 split=self.split,
@@ -177,17 +191,20 @@ class ShardWriter:
                 n_docs=self._n_docs,
                 xxh3_64=self._hash.hexdigest(),
                 index_xxh3_64=self._idx_hash.hexdigest(),
+                sums_path=sums_path(bin_rel),
+                block_tokens=BLOCK_TOKENS,
+                sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums),
             )
         )
         self._n_tokens = self._n_docs = 0
 
 
 def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / shard_N.idx (and their .tmp); None for any other file name."""
+    """N of shard_N.bin / .idx / .sums (and their .tmp); None for any other file name."""
     stem = name.removesuffix(".tmp")
-    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx")):
+    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums")):
         return None
-    digits = stem[len("shard_") : -len(".bin")]
+    digits = stem[len("shard_") :].rsplit(".", 1)[0]
     return int(digits) if digits.isdigit() else None
 
 
@@ -198,15 +215,16 @@ def close_quietly(f: IO[bytes]) -> None:
         f.close()
 
 
-def _reopen(path: Path, size: int, digest: Any) -> BinaryIO:
+def _reopen(path: Path, size: int, *digests: Any) -> BinaryIO:
     """Open a partial file for appending after cutting it to `size` bytes, feeding those bytes
-    to `digest` (the running checksum). Reads in 16 MiB pieces."""
+    to `digests` (the running checksums). Reads in 16 MiB pieces."""
     f = open(path, "r+b")  # noqa: SIM115 (owned by the writer)
     if os.fstat(f.fileno()).st_size < size:
         f.close()
         raise LmshardError(f"{path}: shorter than its checkpoint says; the build is damaged, rerun with --overwrite")
     f.truncate(size)
     while chunk := f.read(1 << 24):
-        digest.update(chunk)
+        for digest in digests:
+            digest.update(chunk)
     f.seek(size)
     return f

@@ -1,0 +1,102 @@
+"""Per-block checksums of a shard's tokens: a damaged byte is found at its block, without
+reading the rest of the shard.
+
+A shard's token file is cut into blocks of `BLOCK_TOKENS` tokens (64 KiB of uint32; the last
+block may be shorter). `shard_000000.sums` beside the shard holds one little-endian uint64 per
+block, the xxh3-64 of the block's bytes; the metadata's shard entry names it (`sums_path`), its
+block size (`block_tokens`) and its own xxh3-64 (`sums_xxh3_64`). Datasets written before these
+fields, or by other tools, have no sums: readers check them where present and read on without.
+
+64 KiB is the remote loader's smallest read: a random row of 1,025 tokens touches one or two
+blocks, so verifying it costs at most 128 KiB of transfer, and the sums add 8 bytes per 64 KiB
+(0.012%) to a dataset.
+
+Memory model: `BlockHasher` holds one running digest and the finished blocks' sums (8 bytes per
+64 KiB of tokens); `check_blocks` the blocks it is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from ..errors import FormatError
+
+BLOCK_TOKENS = 1 << 14
+SUMS_DTYPE = np.dtype("<u8")
+TOKEN_BYTES = 4
+
+
+def sums_path(bin_rel: str) -> str:
+    """The checksum file of the token file `bin_rel` (train/shard_000000.bin → .sums)."""
+    return bin_rel.removesuffix(".bin") + ".sums"
+
+
+def n_blocks(n_tokens: int, block_tokens: int = BLOCK_TOKENS) -> int:
+    return -(-n_tokens // block_tokens)
+
+
+class BlockHasher:
+    """The xxh3-64 of each `block_tokens`-token block of a byte stream fed in pieces of any size."""
+
+    def __init__(self, block_tokens: int = BLOCK_TOKENS) -> None:
+        self.block_bytes = block_tokens * TOKEN_BYTES
+        self._digest = xxhash.xxh3_64()
+        self._filled = 0
+        self._sums: list[int] = []
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), self.block_bytes - self._filled)
+            self._digest.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self.block_bytes:
+                self._sums.append(self._digest.intdigest())
+                self._digest.reset()
+                self._filled = 0
+
+    def finish(self) -> bytes:
+        """The sums file's bytes: every block's sum, the partial last block included."""
+        sums = list(self._sums)
+        if self._filled:
+            sums.append(self._digest.intdigest())
+        return np.array(sums, dtype=SUMS_DTYPE).tobytes()
+
+
+def block_sums(data: bytes | memoryview | np.ndarray, block_tokens: int = BLOCK_TOKENS) -> bytes:
+    hasher = BlockHasher(block_tokens)
+    hasher.update(np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else data)
+    return hasher.finish()
+
+
+def hash_file_blocks(path: Path, block_tokens: int = BLOCK_TOKENS) -> tuple[str, bytes]:
+    """(xxh3-64 hex of the whole file, its sums file's bytes), in one pass of 8 MiB reads."""
+    whole, hasher = xxhash.xxh3_64(), BlockHasher(block_tokens)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            whole.update(chunk)
+            hasher.update(chunk)
+    return whole.hexdigest(), hasher.finish()
+
+
+def check_blocks(where: str, data: bytes | memoryview | np.ndarray, first_block: int, sums: np.ndarray,
+                 block_tokens: int) -> None:  # fmt: skip
+    """FormatError naming `where` and the first block whose bytes do not match its sum. `data` holds
+    whole blocks from `first_block` on (the last block of the shard may be short)."""
+    view = (np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
+    size = block_tokens * TOKEN_BYTES
+    for i, at in enumerate(range(0, len(view), size)):
+        k = first_block + i
+        got = xxhash.xxh3_64_intdigest(view[at : at + size])
+        if k >= len(sums) or got != int(sums[k]):
+            raise FormatError(block_damage(where, k, block_tokens))
+
+
+def block_damage(where: str, block: int, block_tokens: int) -> str:
+    first = block * block_tokens
+    return (f"{where}: block {block} (tokens {first:,}..{first + block_tokens - 1:,}) does not match its checksum: "
+            "the data is damaged; run `lmshard inspect` on the dataset, and fetch or regenerate it")  # fmt: skip
