@@ -1,0 +1,310 @@
+"""`prepare --out URL`: the dataset is built in a local work directory by the ordinary run (with
+its lock, staging, swap and resume) and published to the object store, which has no rename, by
+an explicit commit (docs/format.md, "Datasets in object stores"):
+
+1. **One writer.** `URL/_lmshard_writer.json` is created with a conditional put (If-None-Match:
+   * on S3): a second run finds it and stops, naming the holder. The run removes it when done; a
+   run that died leaves it, and `--resume` on the machine that holds its work takes it over.
+2. **Data first.** Shards are uploaded while the run builds (each once its `.bin`, `.idx` and
+   `.sums` are complete), then every other file. A new dataset goes at the prefix itself, in the
+   local layout. A replaced one (`--overwrite`) goes whole under a new generation prefix
+   `URL/g-<id>/`, so the old one is never touched while it is still the dataset.
+3. **The metadata last: the commit.** `URL/dataset_metadata.json` is written last (for a new
+   generation: `URL/g-<id>/dataset_metadata.json`, then the redirect at `URL/`). A reader sees the
+   old dataset or the new one, whole.
+4. **Then the old objects go**: the files the replaced dataset's metadata names, and nothing
+   lmshard did not write.
+
+`--append` adds new shard and key objects beside the old ones and commits a new metadata object;
+the old objects are not rewritten. The work directory is `$LMSHARD_CACHE_DIR/publish/<hash of the
+URL>/` (~/.cache/lmshard; `LMSHARD_PUBLISH_DIR` moves it); `publish.json` there records the uploads, so `--resume` skips them.
+
+Memory model: the file lists and the journal (a few hundred bytes per object); uploads stream
+from disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ...errors import ConfigError, LmshardError
+from ...format import METADATA_FILE, TOKENIZER_FILE, VOCAB_COPIES, DatasetMeta, atomic_write_json
+from ...remote import Remote, redact
+from ...remote.dataset import open_remote
+from ..config import PrepareConfig
+from .build import Progress
+from .staging import OutputPaths
+
+LOCK_OBJECT = "_lmshard_writer.json"
+JOURNAL = "publish.json"
+UPLOADERS = 8  # concurrent uploads
+_FIXED = (METADATA_FILE, TOKENIZER_FILE, *VOCAB_COPIES.values())
+
+
+def work_root(url: str) -> Path:
+    """The local work directory of a run publishing to `url` ($LMSHARD_PUBLISH_DIR, else under
+    $LMSHARD_CACHE_DIR or ~/.cache/lmshard): it needs room for the dataset being built."""
+    home = Path(os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard") / "publish"
+    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or home) / hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
+
+
+def dataset_files(meta: DatasetMeta) -> list[str]:
+    """Every file of a dataset, relative to its root, the metadata last."""
+    files = [f for s in meta.shards for f in s.files()]
+    files += [f.path for f in meta.dedup.files] if meta.dedup else []
+    vocab = VOCAB_COPIES.get(meta.tokenizer.vocab_format)
+    return files + [TOKENIZER_FILE] + ([vocab] if vocab else []) + [METADATA_FILE]
+
+
+class Journal:
+    """publish.json: the run, its generation, and {relative path: xxh3-64} of what is uploaded."""
+
+    def __init__(self, path: Path, state: dict[str, Any]) -> None:
+        self.path, self.state = path, state
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Path) -> Journal | None:
+        try:
+            return cls(path, json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def uploaded(self) -> dict[str, str]:
+        return self.state.setdefault("uploaded", {})  # type: ignore[no-any-return]
+
+    def record(self, rel: str, digest: str) -> None:
+        with self._lock:
+            self.uploaded[rel] = digest
+            atomic_write_json(self.path, self.state)
+
+
+def _digest(path: Path) -> str:
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Publisher:
+    """One `prepare --out URL` run: the claim of the prefix, the uploads, the commit."""
+
+    def __init__(self, config: PrepareConfig, retry: Any = None) -> None:
+        self.config, self.url = config, config.out.rstrip("/")
+        self.remote = Remote(self.url, retry=retry)
+        self.root = work_root(self.url)
+        self.mirror = self.root / "ds"
+        self.previous: DatasetMeta | None = None
+        self.previous_remote: Remote | None = None
+        self.generation = ""
+        self.journal: Journal | None = None
+        self._stop = threading.Event()
+
+    # -- claim ---------------------------------------------------------------------------------
+    def claim(self) -> None:
+        """Take the writer lock, read what the prefix holds, and decide where the new objects go."""
+        old = Journal.load(self.root / JOURNAL) if self.config.resume else None
+        run = old.state["run"] if old else f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+        holder = {"run": run, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        if not self.remote.create(LOCK_OBJECT, json.dumps(holder).encode()):
+            held = self._holder()
+            if not (old and held.get("run") == run):
+                raise ConfigError(f"{redact(self.url)}: another prepare is writing here (run {held.get('run')}, since "
+                                  f"{time.ctime(held.get('since', 0))}); wait for it, or if it died delete "
+                                  f"{redact(self.url)}/{LOCK_OBJECT} and run again (--resume on its machine "
+                                  "continues its work)")  # fmt: skip
+        try:
+            self._survey(old, run)
+        except BaseException:
+            if not old:
+                self.remote.delete([LOCK_OBJECT])
+            raise
+
+    def _holder(self) -> dict[str, Any]:
+        try:
+            held = json.loads(self.remote.read(LOCK_OBJECT, 1 << 16))
+            return held if isinstance(held, dict) else {}
+        except (ValueError, OSError):
+            return {}
+
+    def _survey(self, old: Journal | None, run: str) -> None:
+        listing = self.remote.listing()
+        listing.pop(LOCK_OBJECT, None)
+        has_dataset = METADATA_FILE in listing
+        if has_dataset:
+            self.previous, self.previous_remote = open_remote(self.url, retry=self.remote.retry)
+        if old is not None:
+            self.generation, self.journal = old.state.get("generation", ""), old
+            return
+        flags = self.config
+        if has_dataset and not (flags.overwrite or flags.append):
+            raise ConfigError(f"{redact(self.url)}: already holds a dataset; pass --overwrite to replace it, "
+                              "--append to add to it, or --resume to finish an interrupted run")  # fmt: skip
+        if not has_dataset and listing and not flags.overwrite:
+            shown = ", ".join(sorted(listing)[:3])
+            raise ConfigError(f"{redact(self.url)}: holds objects that are not an lmshard dataset ({shown}...); "
+                              "choose an empty prefix")  # fmt: skip
+        if not has_dataset and listing:
+            raise ConfigError(f"{redact(self.url)}: --overwrite: holds objects but no dataset_metadata.json, so "
+                              "nothing here is known to be lmshard's; choose an empty prefix")  # fmt: skip
+        if has_dataset and flags.overwrite:
+            self.generation = time.strftime("g-%Y%m%dT%H%M%S-", time.gmtime()) + os.urandom(3).hex()
+        elif has_dataset:  # --append: beside the old objects, in the generation the dataset is in
+            self.generation = self._old_generation()
+        shutil.rmtree(self.root, ignore_errors=True)  # an earlier run's work: not resumed, so not needed
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.root / JOURNAL, {"run": run, "generation": self.generation, "uploaded": {}})
+        atomic_write_json(self.journal.path, self.journal.state)
+        if flags.append and self.previous is not None:
+            self._seed_append()
+
+    def _old_generation(self) -> str:
+        assert self.previous_remote is not None
+        where = self.previous_remote.url
+        return where[len(self.url) + 1 :] if where != self.url else ""
+
+    def _seed_append(self) -> None:
+        """The appended-to dataset in the work directory, as the local append needs it: its
+        metadata, tokenizer files and dedup keys in full; its shards as sparse placeholders of
+        their sizes (linked into the build, never read, never uploaded: the objects exist)."""
+        meta, remote = self.previous, self.previous_remote
+        assert meta is not None and remote is not None
+        for rel in dataset_files(meta):
+            target = self.mirror / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shard = next((s for s in meta.shards if rel in s.files()), None)
+            if shard is None:
+                target.write_bytes(remote.read(rel))
+            else:
+                size = {shard.path: shard.bin_bytes, shard.index_path: shard.idx_bytes}.get(rel, shard.sums_bytes)
+                with open(target, "wb") as f:
+                    f.truncate(size)
+
+    # -- uploads -------------------------------------------------------------------------------
+    def _key(self, rel: str) -> str:
+        return f"{self.generation}/{rel}" if self.generation else rel
+
+    def _kept(self) -> set[str]:
+        """An appended-to dataset's own files (but its metadata): in place already, and in the
+        work directory only as placeholders, so never uploaded."""
+        if self.previous is None or not self.config.append or self._replacing():
+            return set()
+        return set(dataset_files(self.previous)) - {METADATA_FILE}
+
+    def _replacing(self) -> bool:
+        return bool(self.generation) and self.previous is not None and self.generation != self._old_generation()
+
+    def upload(self, base: Path, rel: str, expected: str | None = None) -> None:
+        """Upload one file unless the journal has it with these bytes; `expected`: the xxh3-64 the
+        metadata records (an upload of other bytes is not journalled, and is redone)."""
+        assert self.journal is not None
+        path = base / rel
+        digest = _digest(path)
+        if self.journal.uploaded.get(rel) == digest or (expected and digest != expected):
+            return
+        self.remote.put_file(self._key(rel), path)
+        if _digest(path) == digest:  # unchanged while it was sent
+            self.journal.record(rel, digest)
+
+    def watch(self) -> threading.Thread:
+        """Upload finished shards as the local build completes them (polled once a second)."""
+        staging = OutputPaths.of(str(self.mirror)).staging
+
+        def loop() -> None:
+            assert self.journal is not None
+            while not self._stop.wait(1.0):
+                done = self.journal.uploaded.keys() | self._kept()
+                for sums in sorted(staging.glob("*/shard_*.sums")):
+                    trio = [sums.with_suffix(s) for s in (".bin", ".idx", ".sums")]
+                    rels = [str(p.relative_to(staging)) for p in trio]
+                    if not all(p.exists() for p in trio) or any(r in done for r in rels):
+                        continue
+                    try:
+                        for rel in rels:
+                            self.upload(staging, rel)
+                    except Exception:  # (OSError, RemoteError): the final publish retries and reports it
+                        continue
+
+        thread = threading.Thread(target=loop, name="lmshard-upload", daemon=True)
+        thread.start()
+        return thread
+
+    def stop_watching(self, thread: threading.Thread) -> None:
+        self._stop.set()
+        thread.join()
+
+    # -- commit --------------------------------------------------------------------------------
+    def publish(self, meta: DatasetMeta) -> None:
+        """Every data object, then the metadata (the commit), then the replaced objects removed."""
+        assert self.journal is not None
+        files = dataset_files(meta)
+        expected = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
+        expected |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
+        expected |= {f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {}
+        kept = self._kept()
+        data = [r for r in files[:-1] if r not in kept]
+        with ThreadPoolExecutor(UPLOADERS) as pool:
+            list(pool.map(lambda rel: self.upload(self.mirror, rel, expected.get(rel)), data))
+        missing = [r for r in data if r not in self.journal.uploaded]
+        if missing:
+            raise ConfigError(f"{self.mirror / missing[0]}: changed while it was uploaded; run again with --resume")
+        raw = json.loads((self.mirror / METADATA_FILE).read_bytes())
+        if isinstance(raw.get("run"), dict):  # the run record names where the dataset went, not the work directory
+            raw["run"]["out"] = redact(self.url)
+        body = (json.dumps(raw, indent=2) + "\n").encode()
+        self.remote.put(self._key(METADATA_FILE), body)  # the commit (of an --append, or a new dataset)
+        if self._replacing():  # the commit of a replacement: the redirect to its generation
+            self.remote.put(METADATA_FILE, json.dumps({"format": "lmshard", "redirect": self.generation}).encode())
+        self._remove_replaced()
+        self.remote.delete([LOCK_OBJECT])
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _remove_replaced(self) -> None:
+        old, where = self.previous, self.previous_remote
+        if old is None or where is None or not self._replacing():
+            return
+        names = [r for r in dataset_files(old) if where.url != self.url or r != METADATA_FILE]
+        where.delete(names)
+
+    def abandon(self) -> None:
+        """After a run that failed before uploading anything: nothing to resume here, so the
+        prefix is free again."""
+        if self.journal is not None and not self.journal.uploaded:
+            self.remote.delete([LOCK_OBJECT])
+
+
+def prepare_remote(config: PrepareConfig, on_progress: Any,
+                   run_local: Callable[[PrepareConfig, Any], DatasetMeta]) -> DatasetMeta:  # fmt: skip
+    """Build the dataset in the work directory with `run_local`, then publish it to `config.out`."""
+    publisher = Publisher(config)
+    publisher.claim()
+    local = replace(config, out=str(publisher.mirror), overwrite=False, append=bool(publisher.previous and config.append),
+                    resume=config.resume and publisher.mirror.parent.exists())  # fmt: skip
+    watcher = publisher.watch()
+    try:
+        meta = run_local(local, on_progress)
+    except LmshardError:
+        publisher.stop_watching(watcher)
+        publisher.abandon()
+        raise
+    finally:
+        publisher.stop_watching(watcher)
+    if on_progress is not None:
+        on_progress(Progress(note=f"publishing to {redact(publisher.url)}"))
+    publisher.publish(meta)
+    return meta
