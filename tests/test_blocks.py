@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import xxhash
-
 from conftest import write
+
 from lmshard.format import load_metadata
 from lmshard.format.blocks import BLOCK_TOKENS, BlockHasher, block_sums
 from lmshard.prepare import PrepareConfig, prepare
@@ -42,7 +42,8 @@ def test_every_shard_has_sums_matching_numpy(tmp_path):
             tokens = np.fromfile(out / shard.path, dtype="<u4").tobytes()
             sums = np.fromfile(out / shard.sums_path, dtype="<u8")
             size = 4 * shard.block_tokens
-            assert sums.tolist() == [xxhash.xxh3_64_intdigest(tokens[a : a + size]) for a in range(0, len(tokens), size)]
+            want = [xxhash.xxh3_64_intdigest(tokens[a : a + size]) for a in range(0, len(tokens), size)]
+            assert sums.tolist() == want
             assert shard.sums_xxh3_64 == xxhash.xxh3_64_hexdigest(sums.tobytes())
 
 

@@ -5,15 +5,14 @@ their guarantees; an interrupted --overwrite leaves the old dataset readable and
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
-
 from conftest import write
+from servers import local_tree
+
 from lmshard.errors import ConfigError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.output import publish
-from servers import local_tree
 
 
 def texts(n: int, salt: str = "") -> str:

@@ -17,7 +17,8 @@ an explicit commit (docs/format.md, "Datasets in object stores"):
 
 `--append` adds new shard and key objects beside the old ones and commits a new metadata object;
 the old objects are not rewritten. The work directory is `$LMSHARD_CACHE_DIR/publish/<hash of the
-URL>/` (~/.cache/lmshard; `LMSHARD_PUBLISH_DIR` moves it); `publish.json` there records the uploads, so `--resume` skips them.
+URL>/` (~/.cache/lmshard; `LMSHARD_PUBLISH_DIR` moves it); `publish.json` there records the
+uploads, so `--resume` skips them.
 
 Memory model: the file lists and the journal (a few hundred bytes per object); uploads stream
 from disk.
@@ -58,7 +59,8 @@ def work_root(url: str) -> Path:
     """The local work directory of a run publishing to `url` ($LMSHARD_PUBLISH_DIR, else under
     $LMSHARD_CACHE_DIR or ~/.cache/lmshard): it needs room for the dataset being built."""
     home = Path(os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard") / "publish"
-    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or home) / hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
+    key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
+    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or home) / key
 
 
 def dataset_files(meta: DatasetMeta) -> list[str]:
@@ -293,7 +295,8 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
     """Build the dataset in the work directory with `run_local`, then publish it to `config.out`."""
     publisher = Publisher(config)
     publisher.claim()
-    local = replace(config, out=str(publisher.mirror), overwrite=False, append=bool(publisher.previous and config.append),
+    appending = bool(publisher.previous and config.append)
+    local = replace(config, out=str(publisher.mirror), overwrite=False, append=appending,
                     resume=config.resume and publisher.mirror.parent.exists())  # fmt: skip
     watcher = publisher.watch()
     try:
