@@ -119,7 +119,8 @@ app.command(epilog=EPILOG, cls=ForeignSpellings)(user_errors()(prepare))  # lmsh
 @app.command()
 @user_errors()
 def inspect(
-    dataset: Path = typer.Argument(..., metavar="DATASET", help="A dataset directory written by `lmshard prepare`."),
+    dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset written by `lmshard prepare`: a directory "
+                                  "or a URL (s3://bucket/prefix...)."),  # fmt: skip
     quick: bool = typer.Option(False, "--quick", help="Structure only: sizes and document indexes, no token data."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     sample: int = typer.Option(0, "--sample", metavar="N", help="Decode N random documents (seeded)."),
@@ -155,9 +156,15 @@ def inspect(
 
     Exit codes: 0 verified, 1 an error (no such directory, not a dataset, a bad option value),
     2 a malformed command line, 3 the dataset is corrupt."""
+    from .remote import is_url, redact
+
+    if is_url(dataset) and (packing is not None or sample or doc):
+        raise ConfigError(f"{redact(dataset)}: --packing, --sample and --doc read a local dataset; run "
+                          "`lmshard inspect URL` to verify it, or `lmshard export` a local copy")  # fmt: skip
     if packing is not None:
-        raise typer.Exit(_packing(dataset, packing, strategy, split, world_size, batch_size, as_json))
-    raise typer.Exit(_inspect(dataset, quick, as_json, sample, seed, doc, plot, top))
+        raise typer.Exit(_packing(Path(dataset), packing, strategy, split, world_size, batch_size, as_json))
+    raise typer.Exit(_inspect(dataset if is_url(dataset) else Path(dataset), quick, as_json, sample, seed, doc, plot,
+                              top))  # fmt: skip
 
 
 def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, world_size: int, batch_size: int,
@@ -182,11 +189,12 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
     return EXIT_OK
 
 
-def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
+def _inspect(dataset: Path | str, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
              plot: Path | None, top: int) -> int:  # fmt: skip
     from .inspect import audit
     from .inspect.verify import report_json
-    audit.require_dataset(dataset)
+    if isinstance(dataset, Path):
+        audit.require_dataset(dataset)
     report = _verify_with_progress(dataset, quick, quiet=as_json)
     why: list[str] = []
     decoder = audit.decoder_for(report.meta, why)
@@ -209,7 +217,7 @@ def _inspect(dataset: Path, quick: bool, as_json: bool, sample: int, seed: int, 
     return EXIT_OK if report.ok else EXIT_CORRUPT
 
 
-def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
+def _verify_with_progress(dataset: Path | str, quick: bool, quiet: bool) -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .inspect.verify import verify_dataset
@@ -226,7 +234,7 @@ def _verify_with_progress(dataset: Path, quick: bool, quiet: bool) -> Any:
     return report
 
 
-def _verify_logged(dataset: Path, quick: bool, interval: float = 10.0) -> Any:
+def _verify_logged(dataset: Path | str, quick: bool, interval: float = 10.0) -> Any:
     """Verification with a line on stderr at the start and every `interval` seconds."""
     from .inspect.verify import verify_dataset
     state = {"n": 0, "done": 0, "last": time.perf_counter()}

@@ -24,7 +24,8 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
 
 
 def export(
-    dataset: Path = typer.Argument(..., metavar="DATASET", help="A dataset directory written by `lmshard prepare`."),
+    dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset written by `lmshard prepare`: a directory "
+                                  "or a URL."),  # fmt: skip
     to: str = typer.Option(..., "--to", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt or megatron."),
     out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="Output directory (must not exist or be empty)."),
     split: str = typer.Option(
@@ -78,8 +79,8 @@ def import_(
         ..., metavar="SRC", help="nanogpt: a directory of train.bin (and val.bin); megatron: a prefix."
     ),
     from_: str = typer.Option(..., "--from", metavar="FORMAT", help="nanogpt or megatron."),
-    out: Path = typer.Option(
-        ..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be empty)."
+    out: str = typer.Option(
+        ..., "--out", "-o", metavar="DIR", help="Output dataset directory or URL (must not exist or be empty)."
     ),
     tokenizer: str = typer.Option(
         ..., "--tokenizer", metavar="NAME", help="The vocabulary the tokens come from (as for prepare)."

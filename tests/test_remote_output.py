@@ -124,3 +124,43 @@ def test_append_adds_objects_and_keeps_the_old_ones(s3, inputs, tmp_path):
     after = remote_tree(server, url)
     assert after == comparable(local_tree(tmp_path / "local"))
     assert all(after[k] == v for k, v in before.items() if k != "dataset_metadata.json")
+
+
+def test_inspect_export_import_take_urls(s3, inputs, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+    from lmshard.errors import EXIT_CORRUPT
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    prepare(config(url, inputs))
+    runner = CliRunner()
+    result = runner.invoke(app, ["inspect", url, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["dataset"] == url and report["n_tokens"] > 0
+    # export from the URL equals export from a local copy
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert runner.invoke(app, ["export", url, "--to", "nanogpt", "--out", str(tmp_path / "e1")]).exit_code == 0
+    assert runner.invoke(app, ["export", str(tmp_path / "local"), "--to", "nanogpt", "--out",
+                               str(tmp_path / "e2")]).exit_code == 0
+    e1, e2 = local_tree(tmp_path / "e1"), local_tree(tmp_path / "e2")
+    assert json.loads(e1.pop("lmshard_export.json"))["source"] == url
+    e2.pop("lmshard_export.json")
+    assert e1 == e2
+    # import to a URL equals import to a directory
+    args = ["import", str(tmp_path / "e2"), "--from", "nanogpt", "--tokenizer", "gpt2", "--tokens-per-shard", "20000"]
+    assert runner.invoke(app, [*args, "--out", bucket + "/imported"]).exit_code == 0
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "imported")]).exit_code == 0
+    assert remote_tree(server, bucket + "/imported") == comparable(local_tree(tmp_path / "imported"))
+    # a flipped byte in one shard object: inspect exits 3 naming the shard and the block
+    name = bucket.removeprefix("s3://")
+    key = "ds/train/shard_000001.bin"
+    data = bytearray(server.client().get_object(Bucket=name, Key=key)["Body"].read())
+    data[20_000 * 4] ^= 0x01
+    server.client().put_object(Bucket=name, Key=key, Body=bytes(data))
+    result = runner.invoke(app, ["inspect", url, "--json"])
+    assert result.exit_code == EXIT_CORRUPT
+    problems = json.loads(result.stdout)["problems"]
+    assert len(problems) == 1 and problems[0].startswith("train/shard_000001.bin: block 1 (tokens 16,384..")

@@ -44,6 +44,7 @@ from ..format import (
     dataset_file_size,
     load_metadata,
 )
+from ..remote.urls import is_url
 
 BLOCK_TOKENS = 16 << 20
 MAX_LENGTHS = 16_000_000
@@ -68,7 +69,7 @@ class Problem:
 class Report:
     """The result of `verify_dataset`: problems (empty when the dataset is sound) and stats."""
 
-    root: Path
+    root: Path | str  # a directory, or a URL
     meta: DatasetMeta | None = None
     problems: list[Problem] = field(default_factory=list)
     quick: bool = False
@@ -104,32 +105,46 @@ def verify_dataset(
     on_start: Callable[[int], None] | None = None,
 ) -> Report:
     """Verify every shard of the dataset at `root`; see the module docstring for the checks.
-    `on_start(n_shards)` and `on_shard(shard)` report progress."""
+    `on_start(n_shards)` and `on_shard(shard)` report progress. A URL is verified by remote.py."""
+    if is_url(str(root)):
+        from .remote import verify_remote
+
+        return verify_remote(str(root), quick, on_shard, on_start)
     report = Report(root=Path(root), quick=quick)
     try:
         meta = load_metadata(root)
     except FormatError as e:
         report.problems.append(Problem(str(root), str(e), fix=""))
         return report
-    report.meta = meta
     if on_start:
         on_start(len(meta.shards))
-    _check_tokenizer_state(meta, report)
-    _check_key_files(meta, report, quick)
-    if not quick and meta.tokenizer.n_vocab <= MAX_COUNTED_VOCAB:
-        report.token_counts = np.zeros(meta.tokenizer.n_vocab, dtype=np.int64)
-    sample_every = max(1, -(-meta.n_docs() // MAX_LENGTHS))
+    start_report(meta, report)
     for shard in meta.shards:
-        offsets = check_shard_structure(meta, shard, report.problems)
-        if offsets is not None:
-            lengths = np.diff(offsets)[::sample_every].astype(np.uint32)
-            report.lengths.setdefault(shard.split, []).append(lengths)
-            if not quick:
-                _check_shard_content(meta, shard, offsets, report)
-        report.shards_checked += 1
+        verify_shard(meta, shard, report)
         if on_shard:
             on_shard(shard)
     return report
+
+
+def start_report(meta: DatasetMeta, report: Report) -> None:
+    """The checks before the shards: the tokenizer's files, the dedup keys, the token histogram."""
+    report.meta = meta
+    _check_tokenizer_state(meta, report)
+    _check_key_files(meta, report, report.quick)
+    if not report.quick and meta.tokenizer.n_vocab <= MAX_COUNTED_VOCAB:
+        report.token_counts = np.zeros(meta.tokenizer.n_vocab, dtype=np.int64)
+
+
+def verify_shard(meta: DatasetMeta, shard: ShardInfo, report: Report) -> None:
+    """One shard's structure (and, unless quick, content) into `report`."""
+    offsets = check_shard_structure(meta, shard, report.problems)
+    if offsets is not None:
+        sample_every = max(1, -(-meta.n_docs() // MAX_LENGTHS))
+        lengths = np.diff(offsets)[::sample_every].astype(np.uint32)
+        report.lengths.setdefault(shard.split, []).append(lengths)
+        if not report.quick:
+            _check_shard_content(meta, shard, offsets, report)
+    report.shards_checked += 1
 
 
 def _check_key_files(meta: DatasetMeta, report: Report, quick: bool) -> None:

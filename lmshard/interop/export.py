@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 from .. import __version__
 from ..errors import ConfigError
 from ..format import TOKENIZER_FILE, DatasetMeta
+from ..remote.urls import is_url, redact
 from .layouts import (
     FORMATS,
     LLMC_MAX_TOKENS,
@@ -64,11 +66,12 @@ class _Job:
     name: str
     tokens_per_shard: int
     eod_id: int | None = None  # Megatron: the id written at each document end, where it is not the separator
+    source: str = ""  # what the provenance names as the source (a URL); default: the dataset directory
 
 
 def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, split: str = "all",
                    force: bool = False, tokens_per_shard: int = LLMC_TOKENS_PER_SHARD,
-                   name: str | None = None, eod_id: int | None = None) -> ExportResult:  # fmt: skip
+                   name: str | None = None, eod_id: int | None = None, source: str = "") -> ExportResult:  # fmt: skip
     """Write `split` (train, val or all) of the dataset at `dataset` to `out` in format `to`.
 
         export_dataset("data/mycorpus", "nanogpt", "nanoGPT/data/mycorpus")
@@ -77,7 +80,17 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
     Megatron's prefix) stem: by default the dataset directory's name (`fineweb` for
     modded-nanogpt, whose train_gpt.py globs `fineweb_train_*.bin`). `eod_id` (megatron): the
     end-of-document id the trainer's tokenizer uses, written at each document end in place of
-    the dataset's separator where the two differ."""
+    the dataset's separator where the two differ. A dataset at a URL is fetched to a temporary
+    directory first (each file held to its checksum), and exported from there."""
+    if is_url(str(dataset)):
+        from ..inspect.remote import download
+
+        url = str(dataset)
+        with tempfile.TemporaryDirectory(prefix="lmshard-export-") as tmp:
+            local = Path(tmp) / url.rstrip("/").rsplit("/", 1)[-1]
+            download(url, local)
+            return export_dataset(local, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard,
+                                  name=name, eod_id=eod_id, source=redact(url))  # fmt: skip
     if to not in FORMATS:
         raise ConfigError(f"--to {to!r}: use one of {', '.join(FORMATS)}")
     if not 0 < tokens_per_shard <= LLMC_MAX_TOKENS:
@@ -92,7 +105,8 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
     stem = name or ("fineweb" if to == "modded-nanogpt" else meta.root.resolve().name)
     result = ExportResult(Path(os.path.realpath(out)), to, dtype, eot_position)
     with staged_output(out, force, [meta.root], _trainer_files(to, stem)) as staging:
-        job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard, eod_id=eod_id)
+        job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard, eod_id=eod_id,
+                   source=source)  # fmt: skip
         result.files = write(job)
         _write_provenance(job, result)
     return result
@@ -291,7 +305,8 @@ def _megatron_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
 def _write_provenance(job: _Job, result: ExportResult) -> None:
     """lmshard_export.json: where the files came from and what they hold (no trainer reads it)."""
     header = {"nanogpt": None, "megatron": "MMIDIDX .idx, version 1"}.get(result.format, "llm.c 256 x int32")
-    record = {"format": result.format, "source": str(job.meta.root.resolve()), "lmshard_version": __version__,
+    source = job.source or str(job.meta.root.resolve())
+    record = {"format": result.format, "source": source, "lmshard_version": __version__,
               "tokenizer": job.meta.tokenizer.to_json(), "token_dtype": result.token_dtype,
               "eot_position": result.eot_position, "header": header, "files": result.files,
               "eod_id": job.eod_id if job.eod_id is not None else job.meta.tokenizer.eot_id}  # fmt: skip

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, LmshardError
 from ..format import (
     METADATA_FILE,
     SPLITS,
@@ -41,6 +41,7 @@ from ..format import (
     write_vocab_copy,
 )
 from ..prepare.output.writer import ShardWriter
+from ..remote.urls import is_url
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
 from .layouts import MEGATRON_HEADER, read_megatron_header
 from .output import staged_output
@@ -60,7 +61,21 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
 
     nanogpt: `src` is a directory holding train.bin and optionally val.bin. megatron: `src` is
     the prefix of the train split's .bin/.idx, `val` that of the val split (optional).
-    `eot_id`: the separator id in the input (default: the tokenizer's end of text)."""
+    `eot_id`: the separator id in the input (default: the tokenizer's end of text). `out` may be
+    a URL: the dataset is built in a local work directory and published as `prepare` does."""
+    if is_url(str(out)):
+        from ..prepare.output.publish import Publisher
+
+        publisher = Publisher(str(out), overwrite=force)
+        publisher.claim()
+        try:
+            meta = import_dataset(src, fmt, publisher.mirror, tokenizer=tokenizer, eot_id=eot_id, val=val,
+                                  tokens_per_shard=tokens_per_shard)  # fmt: skip
+        except LmshardError:
+            publisher.abandon()
+            raise
+        publisher.publish(meta)
+        return meta
     started = time.time()
     if fmt not in IMPORT_FORMATS:
         raise ConfigError(f"--from {fmt!r}: use one of {', '.join(IMPORT_FORMATS)}")

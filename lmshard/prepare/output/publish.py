@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +103,20 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-class Publisher:
-    """One `prepare --out URL` run: the claim of the prefix, the uploads, the commit."""
+@dataclass(frozen=True)
+class _Flags:
+    overwrite: bool
+    append: bool
+    resume: bool
 
-    def __init__(self, config: PrepareConfig, retry: Any = None) -> None:
-        self.config, self.url = config, config.out.rstrip("/")
+
+class Publisher:
+    """One run writing a dataset to a URL (`prepare`, `import`): the claim of the prefix, the
+    uploads, the commit. Build the dataset in `mirror` between `claim()` and `publish(meta)`."""
+
+    def __init__(self, url: str, *, overwrite: bool = False, append: bool = False, resume: bool = False,
+                 retry: Any = None) -> None:  # fmt: skip
+        self.config, self.url = _Flags(overwrite, append, resume), url.rstrip("/")
         self.remote = Remote(self.url, retry=retry)
         self.root = work_root(self.url)
         self.mirror = self.root / "ds"
@@ -293,7 +302,7 @@ class Publisher:
 def prepare_remote(config: PrepareConfig, on_progress: Any,
                    run_local: Callable[[PrepareConfig, Any], DatasetMeta]) -> DatasetMeta:  # fmt: skip
     """Build the dataset in the work directory with `run_local`, then publish it to `config.out`."""
-    publisher = Publisher(config)
+    publisher = Publisher(config.out, overwrite=config.overwrite, append=config.append, resume=config.resume)
     publisher.claim()
     appending = bool(publisher.previous and config.append)
     local = replace(config, out=str(publisher.mirror), overwrite=False, append=appending,

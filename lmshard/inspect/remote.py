@@ -1,0 +1,117 @@
+"""`lmshard inspect URL`, and local copies of remote datasets for `export`.
+
+Verification runs the same checks as on a local dataset (verify.py), one shard at a time: the
+dataset's small files (metadata, tokenizer state, vocabulary copy, dedup keys) and one shard's
+files are fetched into a temporary directory, checked, and deleted before the next shard. Every
+other file stands there as a sparse placeholder of the size the store lists for it, so the size
+checks compare the objects' real sizes. `--quick` fetches the document indexes only.
+
+Memory model: as verify.py; on disk, the small files and one shard at a time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import xxhash
+
+from ..errors import FormatError
+from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, load_metadata
+from ..remote import Remote, redact
+from ..remote.dataset import open_remote
+from .verify import Problem, Report, start_report, verify_shard
+
+
+def _fetch(remote: Remote, rel: str, dest: Path) -> None:
+    """Download `rel` to `dest` in 64 MiB ranges."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    size = remote.size(rel)
+    with open(dest, "wb") as f:
+        for at in range(0, size, 64 << 20):
+            f.write(remote.read_range(rel, at, min(size, at + (64 << 20))))
+
+
+def _placeholder(dest: Path, size: int) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as f:
+        f.truncate(size)
+
+
+def _small_files(meta: DatasetMeta) -> list[str]:
+    from ..prepare.output.publish import dataset_files  # (the list a published dataset holds)
+
+    shard_files = {f for s in meta.shards for f in s.files()}
+    return [f for f in dataset_files(meta) if f not in shard_files]
+
+
+def local_view(url: str, root: Path) -> tuple[DatasetMeta, Remote, dict[str, int]]:
+    """Fill `root` with the dataset's small files and placeholders of the rest; return (its
+    metadata there, the dataset's objects, {relative path: size} of its objects)."""
+    meta, remote = open_remote(url)
+    listing = remote.listing()
+    for rel in _small_files(meta):
+        if rel in listing:
+            _fetch(remote, rel, root / rel)
+    for shard in meta.shards:
+        for rel in shard.files():
+            if rel in listing:
+                _placeholder(root / rel, listing[rel])
+    return load_metadata(root), remote, listing
+
+
+def verify_remote(url: str, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None,
+                  on_start: Callable[[int], None] | None = None) -> Report:  # fmt: skip
+    """`verify_dataset` for a dataset at a URL: the same checks and report. The report's
+    `meta.root` is a temporary directory with the dataset's small files (what decoding needs),
+    removed with the report; its shards there are placeholders."""
+    report = Report(root=redact(url), quick=quick)
+    root = Path(tempfile.mkdtemp(prefix="lmshard-remote-"))
+    weakref.finalize(report, shutil.rmtree, root, True)
+    try:
+        meta, remote, listing = local_view(url, root)
+        if on_start:
+            on_start(len(meta.shards))
+        start_report(meta, report)
+        for shard in meta.shards:
+            fetched = [r for r in shard.files() if r in listing and (not quick or r == shard.index_path)]
+            for rel in fetched:
+                _fetch(remote, rel, root / rel)
+            verify_shard(meta, shard, report)
+            for rel in fetched:
+                _placeholder(root / rel, listing[rel])  # the disk holds one shard at a time
+            if on_shard:
+                on_shard(shard)
+    except FormatError as e:
+        report.problems.append(Problem(redact(url), str(e), fix=""))
+    return report
+
+
+def download(url: str, dest: Path) -> DatasetMeta:
+    """A local copy of the dataset at `url` in `dest` (export reads it), each file held to the
+    checksum its metadata records."""
+    meta, remote = open_remote(url)
+    sums = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
+    sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
+    from ..prepare.output.publish import dataset_files
+
+    for rel in dataset_files(meta):
+        if rel == METADATA_FILE or not remote.exists(rel) and rel not in sums:
+            continue
+        _fetch(remote, rel, dest / rel)
+        if rel in sums and _xxh3(dest / rel) != sums[rel]:
+            raise FormatError(f"{redact(remote.url_of(rel))}: its checksum differs from the metadata's (damaged); "
+                              f"run `lmshard inspect {redact(url)}`; {REGENERATE_HINT}")  # fmt: skip
+    _fetch(remote, METADATA_FILE, dest / METADATA_FILE)  # last, as a complete local dataset has it
+    return load_metadata(dest)
+
+
+def _xxh3(path: Path) -> str:
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
