@@ -30,8 +30,20 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
 
 def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable[[Any], None] | None = None) -> Any:
     """`prepare --num-tasks N [--executor ...]`: the metadata of the dataset where this process
-    wrote it (local, ray), else None (the tasks run elsewhere)."""
+    wrote it (local, ray), else None (the tasks run elsewhere). An --out URL is built in a local
+    work directory by the local or Ray tasks and published when they finish (publish.py)."""
     from .prepare.execution import local_exec
+    from .remote import is_url, redact
+
+    if is_url(cfg.out):
+        if executor not in ("local", "ray"):
+            raise ConfigError(f"--out {redact(cfg.out)} with --executor {executor}: the tasks of other machines "
+                              "share a directory, not a URL; use --executor local or ray, or write to a shared "
+                              "directory")  # fmt: skip
+        from .prepare.output.publish import prepare_remote
+
+        return prepare_remote(cfg, on_progress, lambda local, callback: planned_prepare(local, n_tasks, executor,
+                                                                                        callback))  # fmt: skip
 
     if executor == "local":
         return local_exec.run(cfg, n_tasks, None, on_progress)

@@ -164,3 +164,20 @@ def test_inspect_export_import_take_urls(s3, inputs, tmp_path):
     assert result.exit_code == EXIT_CORRUPT
     problems = json.loads(result.stdout)["problems"]
     assert len(problems) == 1 and problems[0].startswith("train/shard_000001.bin: block 1 (tokens 16,384..")
+
+
+def test_scale_out_tasks_publish_the_same_objects(s3, inputs, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    server, bucket = s3
+    runner = CliRunner()
+    common = [str(inputs), "--tokens-per-shard", "30000", "--val-fraction", "0.1", "--workers", "2", "-q"]
+    for out in (bucket + "/ds", str(tmp_path / "local")):
+        result = runner.invoke(app, ["prepare", *common, "--out", out, "--num-tasks", "3"])
+        assert result.exit_code == 0, result.output
+    assert remote_tree(server, bucket + "/ds") == comparable(local_tree(tmp_path / "local"))
+    result = runner.invoke(app, ["prepare", *common, "--out", bucket + "/other", "--num-tasks", "3",
+                                 "--executor", "slurm"])
+    assert result.exit_code == 1 and "--executor slurm" in result.output and "Traceback" not in result.output
