@@ -222,11 +222,14 @@ class Publisher:
 
     def upload(self, base: Path, rel: str, expected: str | None = None) -> None:
         """Upload one file unless the journal has it with these bytes; `expected`: the xxh3-64 the
-        metadata records (an upload of other bytes is not journalled, and is redone)."""
+        metadata records: a file of other bytes is refused, never sent."""
         assert self.journal is not None
         path = base / rel
         digest = _digest(path)
-        if self.journal.uploaded.get(rel) == digest or (expected and digest != expected):
+        if expected and digest != expected:
+            raise LmshardError(f"{path}: its bytes differ from the checksum its metadata records (damaged on disk?); "
+                               "run again with --overwrite")  # fmt: skip
+        if self.journal.uploaded.get(rel) == digest:
             return
         self.remote.put_file(self._key(rel), path)
         if _digest(path) == digest:  # unchanged while it was sent
