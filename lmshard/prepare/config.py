@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..format import EOT_POSITIONS
+from ..remote.urls import is_url, redact
 from .documents.clean import CleanConfig
 
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
@@ -109,6 +111,8 @@ class PrepareConfig:
             _choice("--format", self.format, INPUT_FORMATS)
         if not self.inputs and not self.hf:
             raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
+        for spec in self.inputs:
+            _check_input(spec)
         self._check_hf_tasks()
         if self.hf:
             self.hf_spec().kind()  # a path that names no directory fails now, not after --out is claimed
@@ -173,7 +177,22 @@ class PrepareConfig:
         d = asdict(self)
         for transient in TRANSIENT_OPTIONS:
             d.pop(transient)
+        d["inputs"] = [redact(spec) if is_url(spec) else spec for spec in self.inputs]  # credentials never recorded
         return d
+
+
+_URL_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _check_input(spec: str) -> None:
+    """An input that looks like a URL must be one lmshard reads (remote/urls.py's schemes)."""
+    m = _URL_LIKE.match(spec)
+    if m is None or is_url(spec):
+        return
+    if m.group(1).lower() == "file":
+        raise ConfigError(f"{spec}: name a local file by its path, without file://")
+    raise ConfigError(f"{redact(spec)}: lmshard reads s3://, gs://, az://, hf:// and https:// URLs, not "
+                      f"{m.group(1)}://; copy the files to one of those or to local disk")  # fmt: skip
 
 
 def _choice(flag: str, value: str, allowed: Iterable[str]) -> None:

@@ -1,10 +1,12 @@
 """Parquet and arrow inputs: how many row groups or record batches a file holds (planning), and
 the records of one of them (a worker). pyarrow reads these files by path, seeking, so they are
-never read from a pipe; its operating-system errors are named as the input's.
+never read from a pipe; its operating-system errors are named as the input's. An object at a URL
+is read through `urlfile.URLInput` in ranged requests: the footer, then the row group's column.
 
 Records are numbered from 1 in the file, as lines are: row 1 is the first row of row group 0.
 
-Memory model: one row group's or record batch's text column; arrow files are memory-mapped.
+Memory model: one row group's or record batch's text column; arrow files are memory-mapped
+(at a URL: the parts read, one fetched block at a time).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import InputError
+from ...errors import InputError, LmshardError
 from .files import Source, open_raw
 from .reading import cannot_stream, read_error
 from .records import Record, typed_text
@@ -23,24 +25,33 @@ def open_arrow(src: Source) -> Any:
     stream format; both memory-mapped."""
     import pyarrow as pa
 
-    path = _seekable(src)
+    where = _seekable(src)
+    opened = (lambda: pa.memory_map(where)) if isinstance(where, str) else (lambda: _rewound(where))
     try:
         try:
-            return pa.ipc.open_file(pa.memory_map(path))
+            return pa.ipc.open_file(opened())
         except pa.ArrowInvalid:
             try:
-                return pa.ipc.open_stream(pa.memory_map(path))
+                return pa.ipc.open_stream(opened())
             except pa.ArrowInvalid as e:
-                raise InputError(f"{path}: not an arrow IPC file ({e})") from None
+                raise InputError(f"{src.path}: not an arrow IPC file ({e})") from None
     except OSError as e:
-        raise read_error(path, e) from None
+        raise read_error(src.path, e) from None
 
 
-def _seekable(src: Source) -> str:
+def _rewound(f: Any) -> Any:
+    f.seek(0)
+    return f
+
+
+def _seekable(src: Source) -> Any:
     """The path of a parquet or arrow file, refused for a pipe and checked to be the file the
-    run recorded (not replaced, not shrunk)."""
+    run recorded (not replaced, not shrunk); for an object at a URL, the object opened
+    (`urlfile.URLInput`: pyarrow reads what it needs of it in ranged requests)."""
     if src.stream:
         raise cannot_stream(src.path, src.fmt)
+    if src.url:
+        return open_raw(src)
     if src.inode:
         open_raw(src).close()
     return src.path
@@ -64,7 +75,7 @@ def parquet_file(src: Source) -> Any:
         if e.errno:  # the file system's failure; pyarrow's OSErrors without one are about the data
             raise read_error(src.path, e) from None
         raise InputError(f"{src.path}: not a readable parquet file ({e})") from None
-    except InputError:
+    except LmshardError:  # the input's own read error (an object at a URL that could not be fetched)
         raise
     except Exception as e:  # pyarrow raises several types for a bad file
         raise InputError(f"{src.path}: not a readable parquet file ({e})") from None
@@ -102,8 +113,8 @@ def _row_group(pf: Any, src: Source, row_group: int, text_field: str) -> Any:
     """The text column of one row group; damaged data is the input's error, naming the row group."""
     try:
         return pf.read_row_group(row_group, columns=[text_field])
-    except MemoryError:
-        raise  # the machine's limit, not the file's fault
+    except (MemoryError, LmshardError):
+        raise  # the machine's limit, or the input's read error (a URL), not the file's fault
     except OSError as e:
         if e.errno:  # the file system's failure; pyarrow's OSErrors without one are about the data
             raise read_error(src.path, e) from None
@@ -114,6 +125,15 @@ def _row_group(pf: Any, src: Source, row_group: int, text_field: str) -> Any:
 
 def _damaged(src: Source, row_group: int, e: Exception) -> InputError:
     return InputError(f"{src.path}: row group {row_group}: not readable parquet data ({e}); re-create the file")
+
+
+def arrow_records(src: Source, text_field: str) -> Iterator[Record]:
+    """Every record of an arrow file, batch after batch (an object at a URL is read once, in
+    order, rather than once per batch)."""
+    first = 1
+    for rb in arrow_batches(open_arrow(src)):
+        yield from _values(_column(rb, src, text_field), first, text_field)
+        first += rb.num_rows
 
 
 def parse_arrow(src: Source, batch: int, text_field: str) -> Iterator[Record]:

@@ -1,9 +1,10 @@
 """The I/O leaf of the prepare pipeline: what an input file is, and how its bytes are opened.
 
 Planning (`sources.py`) and parsing (`records.py`) both read files only through this module,
-which imports nothing else of lmshard's but its errors and `reading.py` (how a file is opened
-as the run recorded it): the format and compression of a path, decompressing streams, and
-sniffing binary data. Parquet and arrow files are pyarrow's to read (`columnar.py`).
+which imports nothing else of lmshard's but its errors, `reading.py` (how a file is opened
+as the run recorded it) and `urlfile.py` (how an object at a URL is): the format and
+compression of a path, decompressing streams, and sniffing binary data. Parquet and arrow
+files are pyarrow's to read (`columnar.py`).
 
 Memory model: nothing is read here beyond what a caller asks for (`read_prefix` reads at most
 its limit + 1 bytes).
@@ -19,12 +20,15 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath, PurePosixPath
 from typing import IO, Any, cast
 
 from ...errors import InputError, missing_dependency
 from .reading import Headed, InputFile, changed, grew, read_error
+from .urlfile import URLInput
+
+Raw = InputFile | URLInput  # an input opened as the run recorded it: a local file or pipe, or an object at a URL
 
 MAX_RECORD_BYTES = 256 << 20  # one line / record larger than this is refused, not buffered
 SNIFF_BYTES = 65536  # a NUL byte in this many leading bytes marks a file as binary
@@ -51,6 +55,11 @@ class Source:
     size: int  # bytes on disk (compressed) when the run started, 0 for stdin and pipes; read up to this many
     stream: bool = False  # stdin or a pipe (a FIFO, `<(...)`): read once, in order, never sought
     inode: int = 0  # the file's inode when the run started (0: not recorded): reading checks it is the same file
+    # An object at a URL: `url` opens it (credentials and all), `path` is that URL redacted, the
+    # name every message, record and fingerprint shows; `version` is the ETag (or modification
+    # time) its listing gave when the run started, for --resume's fingerprint.
+    url: str = field(default="", repr=False)
+    version: str = ""
 
 
 def detect(path: str, fmt_override: str | None = None) -> Source:
@@ -58,16 +67,7 @@ def detect(path: str, fmt_override: str | None = None) -> Source:
     if path == "-":
         return Source("-", fmt_override or "jsonl", None, 0, stream=True)
     p = Path(path)
-    suffixes = [s.lower() for s in p.suffixes]
-    compression = COMPRESSION_BY_SUFFIX.get(suffixes[-1]) if suffixes else None
-    if compression:
-        suffixes = suffixes[:-1]
-    fmt = fmt_override or (FORMAT_BY_SUFFIX.get(suffixes[-1]) if suffixes else None)
-    if fmt is None:
-        raise InputError(
-            f"{path}: unknown file type; name it .txt/.jsonl/.json/.csv/.parquet/.arrow "
-            "(optionally .gz/.zst/.bz2/.xz) or pass --format"
-        )
+    fmt, compression = kind_of(path, p.name, fmt_override)
     try:
         st = p.stat()
     except OSError as e:
@@ -77,7 +77,22 @@ def detect(path: str, fmt_override: str | None = None) -> Source:
     return Source(str(p), fmt, compression, st.st_size, inode=st.st_ino)
 
 
-def known_type(path: Path, fmt_override: str | None) -> bool:
+def kind_of(shown: str, name: str, fmt_override: str | None) -> tuple[str, str | None]:
+    """(format, compression) of a file called `name` (`shown` in the message if it has none)."""
+    suffixes = [s.lower() for s in PurePosixPath(name).suffixes]
+    compression = COMPRESSION_BY_SUFFIX.get(suffixes[-1]) if suffixes else None
+    if compression:
+        suffixes = suffixes[:-1]
+    fmt = fmt_override or (FORMAT_BY_SUFFIX.get(suffixes[-1]) if suffixes else None)
+    if fmt is None:
+        raise InputError(
+            f"{shown}: unknown file type; name it .txt/.jsonl/.json/.csv/.parquet/.arrow "
+            "(optionally .gz/.zst/.bz2/.xz) or pass --format"
+        )
+    return fmt, compression
+
+
+def known_type(path: PurePath, fmt_override: str | None) -> bool:
     """Whether a directory walk can read this file: any file with --format, else one whose
     suffix (before a compression suffix) names a format. Which entries a walk visits at all
     (not hidden ones, not lmshard's own outputs) is decided in `walk.py`."""
@@ -87,7 +102,7 @@ def known_type(path: Path, fmt_override: str | None) -> bool:
     return bool(fmt_override) or bool(suffixes and suffixes[-1] in FORMAT_BY_SUFFIX)
 
 
-def type_suffix(path: Path) -> str:
+def type_suffix(path: PurePath) -> str:
     """How a walk names the type of a file it cannot read: the last suffix, with the one before
     it when the last is a compression (".png", ".1.gz" for a man page, ".tar.gz"), or ""."""
     suffixes = [s.lower() for s in path.suffixes]
@@ -100,7 +115,7 @@ def compression_of(path: str) -> str | None:
     return COMPRESSION_BY_SUFFIX.get(Path(path).suffix.lower())
 
 
-def open_binary(source: Source, start: int = 0) -> tuple[IO[bytes], InputFile]:
+def open_binary(source: Source, start: int = 0) -> tuple[IO[bytes], Raw]:
     """Return (data, raw file) for `source`, from byte `start` of an uncompressed file; the data
     from the start has no UTF-8 byte-order mark, and `raw.tell()` measures progress. A compressed
     stream raises `DamagedInput` where its data ends early or fails a check; the OS's errors are
@@ -116,8 +131,11 @@ def open_binary(source: Source, start: int = 0) -> tuple[IO[bytes], InputFile]:
     return cast(IO[bytes], Headed(data)), raw
 
 
-def open_raw(source: Source) -> InputFile:
-    """The file of `source` as the run recorded it (`reading.InputFile`), or the stream."""
+def open_raw(source: Source) -> Raw:
+    """The file of `source` as the run recorded it (`reading.InputFile`), the stream, or the
+    object at its URL (`urlfile.URLInput`, up to the size recorded)."""
+    if source.url:  # size 0 and no version: not recorded (a walk's sniff), or empty: its size is asked for
+        return URLInput(source.url, source.path, source.size if source.size or source.version else None)
     if source.path == "-":
         return InputFile("-", file=sys.stdin.buffer)
     if source.stream or not source.inode:  # a pipe; or a file the run did not record (a walk's sniff)
@@ -125,7 +143,7 @@ def open_raw(source: Source) -> InputFile:
     return InputFile(source.path, source.size, source.inode, lines=source.compression is None)
 
 
-def _decompressed(source: Source, file: InputFile) -> IO[bytes]:
+def _decompressed(source: Source, file: Raw) -> IO[bytes]:
     raw = cast(IO[bytes], file)
     inner: Any
     errors: tuple[type[BaseException], ...] = ()
@@ -193,7 +211,7 @@ def fits(source: Source, limit: int) -> bool:
         raw.close()
 
 
-def text_stream(src: Source) -> tuple[io.TextIOWrapper, InputFile]:
+def text_stream(src: Source) -> tuple[io.TextIOWrapper, Raw]:
     """A strict UTF-8 text view of a source (for formats parsed record by record)."""
     stream, raw = open_binary(src)
     return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline=""), raw

@@ -1,12 +1,14 @@
-"""Input discovery and planning: files, directories and globs become an ordered list of sources,
-and each source becomes an ordered stream of work items for the tokenizing workers.
+"""Input discovery and planning: files, directories, globs and URLs become an ordered list of
+sources, and each source becomes an ordered stream of work items for the tokenizing workers.
 
 A work item is the unit of parallel work: a newline-aligned block of a line-based file (about
 1 MiB), a group of small whole-text files, one parquet row group, one arrow record batch, or a
-batch of records parsed here for formats that cannot be split by bytes (CSV, JSON arrays). The
-order of sources and of items within a source never depends on the number of workers, so the
-output does not either. Records that cannot be read travel in items like any other, and the
-workers apply --on-error to them, so the first bad record in input order is the one reported.
+batch of records parsed here for formats that cannot be split by bytes (CSV, JSON arrays, an
+arrow file at a URL, read once in order). An object at a URL is planned as a local file is,
+its blocks read in ranged requests (`urlfile.py`). The order of sources and of items within a
+source never depends on the number of workers, so the output does not either. Records that
+cannot be read travel in items like any other, and the workers apply --on-error to them, so the
+first bad record in input order is the one reported.
 
 Text files (`--text-mode auto`, the default) are one document each when they hold at most
 --max-chars bytes, and otherwise blank-line-separated paragraphs, planned as blocks like any
@@ -14,7 +16,8 @@ line-based file; the first item of such a file is marked, and the workers count 
 under SPLIT_INTO_PARAGRAPHS.
 
 Memory model: one block (≤ BLOCK_BYTES plus one record of at most MAX_RECORD_BYTES) at a time
-in this process; parquet/arrow items carry only a locator, and the worker reads the data itself.
+in this process (and one fetched block of an object at a URL, `urlfile.READ_BYTES`); parquet and
+arrow items carry only a locator, and the worker reads the data itself.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from typing import Any
 
 from ...errors import InputError, warn
 from ...format import SkippedInputs
+from ...remote.urls import is_url
 from .clean import CleanConfig
-from .columnar import arrow_batches, open_arrow, parquet_row_groups
+from .columnar import arrow_batches, arrow_records, open_arrow, parquet_row_groups
 from .files import MAX_RECORD_BYTES, DamagedInput, Source, detect, first_byte, fits, open_binary, read_prefix
 from .reading import InputReadError, grew
 from .records import Record, bad, binary_record, damaged_record, iter_csv, iter_json_array
+from .urlwalk import find_url, nothing_at_url, url_source
 from .walk import Rules, Walk, describe, find, nothing_to_read
 
 # Bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster). The output does not
@@ -74,9 +79,10 @@ class Sources(list[Source]):
 
 def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None, *,
              include_hidden: bool = False) -> Sources:  # fmt: skip
-    """Expand files, directories (recursively, sorted by path, by the rules of `walk.py`) and
-    globs into sources, leaving out paths that match any `exclude` glob (fnmatch against the
-    whole path). An input that leaves nothing to read fails, saying what was skipped."""
+    """Expand files, directories (recursively, sorted by path, by the rules of `walk.py`),
+    globs, and URLs of objects, globs and prefixes (`urlwalk.py`) into sources, leaving out
+    paths that match any `exclude` glob (fnmatch against the whole path or URL). An input that
+    leaves nothing to read fails, saying what was skipped."""
     sources: list[Source] = []
     walks: list[Walk] = []
     rules = Rules(fmt_override, include_hidden, tuple(exclude or ()))
@@ -84,10 +90,16 @@ def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[s
         if spec == "-":
             sources.append(detect("-", fmt_override))
             continue
-        found = find(spec, rules)
-        if not found.taken:
-            raise nothing_to_read(spec, found)
-        sources.extend(detect(p, fmt_override) for p in found.taken)
+        if is_url(spec):  # an object, a glob's matches or a prefix's objects (urlwalk.py)
+            found, listed = find_url(spec, rules)
+            if not found.taken:
+                raise nothing_at_url(spec, found)
+            sources.extend(url_source(u, listed[u], fmt_override) for u in found.taken)
+        else:
+            found = find(spec, rules)
+            if not found.taken:
+                raise nothing_to_read(spec, found)
+            sources.extend(detect(p, fmt_override) for p in found.taken)
         walks.append(found)
     skipped = sum((w.skipped() for w in walks), SkippedInputs())
     hint = skipped.text_hint(files_read=len(sources))
@@ -138,6 +150,8 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) 
         yield from _batch_records(i, src, hf_records(hf))
     elif src.fmt == "parquet":
         yield from _plan_parquet(i, src)
+    elif src.fmt == "arrow" and src.url:  # read once, here: an IPC stream is only read in order
+        yield from _batch_records(i, src, arrow_records(src, text_field))
     elif src.fmt == "arrow":
         yield from _plan_arrow(i, src)
     elif src.fmt == "csv":

@@ -28,12 +28,14 @@ import glob
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ...errors import InputError, LmshardError
 from ...format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE
 from ...format.skipped import NO_SUFFIX, SkippedInputs
+from ...remote.urls import is_url, redact
 from .files import Source, compression_of, known_type, read_prefix, type_suffix
 
 SNIFF_BYTES = 4096  # decompressed bytes of a skipped file read to tell text from binary
@@ -98,27 +100,37 @@ class Walk:
     def consider(self, path: Path) -> None:
         """Take the file `path`, or count why not: an excluded file counts as excluded, whatever
         its type."""
-        if _LMSHARD_ENTRY.fullmatch(path.name):
+        self.consider_named(str(path), path.name, path.is_file)
+
+    def consider_named(self, path: str, name: str, regular: Callable[[], bool] = lambda: True) -> None:
+        """`consider` for a file called `name` at `path` (a local path, or a URL found by a
+        listing), which `regular` says is a regular file."""
+        if _LMSHARD_ENTRY.fullmatch(name):
             self.lmshard += 1
-        elif path.name.startswith(".") and not self.rules.include_hidden:
+        elif name.startswith(".") and not self.rules.include_hidden:
             self.hidden_files += 1
-        elif not path.is_file():
+        elif not regular():
             pass  # a FIFO, socket or dangling link: nothing a walk should open
-        elif self.rules.excludes(str(path)):
+        elif self.rules.excludes(shown(path)):
             self.excluded += 1
-        elif known_type(path, self.rules.fmt_override):
-            self.taken.append(str(path))
+        elif known_type(PurePosixPath(name), self.rules.fmt_override):
+            self.taken.append(path)
         else:
-            suffix = type_suffix(path) or NO_SUFFIX
+            suffix = type_suffix(PurePosixPath(name)) or NO_SUFFIX
             self.unknown[suffix] += 1
             if len(sample := self.samples.setdefault(suffix, [])) < SNIFF_FILES:
-                sample.append(str(path))
+                sample.append(path)
 
     def take(self, paths: list[str]) -> Walk:
         """Take named files (a file itself, a glob's matches), leaving out the excluded ones."""
-        self.taken = [p for p in paths if not self.rules.excludes(p)]
+        self.taken = [p for p in paths if not self.rules.excludes(shown(p))]
         self.excluded = len(paths) - len(self.taken)
         return self
+
+
+def shown(path: str) -> str:
+    """How a path is shown and matched by --exclude: a URL without its credentials."""
+    return redact(path) if is_url(path) else path
 
 
 def find(spec: str, rules: Rules) -> Walk:
@@ -169,10 +181,10 @@ def nothing_to_read(spec: str, found: Walk) -> InputError:
         return InputError(f"{spec}: no input files found (check the path, glob or --exclude)")
     if not skipped:
         return InputError(f"{spec}: the directory holds no files (check the path)")
-    return InputError(f"{spec}: nothing to read: skipped {describe(skipped)}; {_fix(skipped)}")
+    return InputError(f"{spec}: nothing to read: skipped {describe(skipped)}; {skipped_fix(skipped)}")
 
 
-def _fix(skipped: SkippedInputs) -> str:
+def skipped_fix(skipped: SkippedInputs) -> str:
     if hint := skipped.text_hint(files_read=0):
         return hint
     if skipped.unknown_type:
@@ -225,8 +237,10 @@ def looks_like_text(paths: list[str]) -> bool:
 def _sniff(path: str) -> bool | None:
     """Whether a file's first SNIFF_BYTES (decompressed) are UTF-8 text with few control
     characters; None for an empty or unreadable file (no evidence either way)."""
+    url = path if is_url(path) else ""  # a URL found by a listing: read through its redacted name
+    src = Source(shown(path), "text", compression_of(path), 0, url=url)
     try:
-        data = read_prefix(Source(path, "text", compression_of(path), 0), SNIFF_BYTES)[:SNIFF_BYTES]
+        data = read_prefix(src, SNIFF_BYTES)[:SNIFF_BYTES]
     except (LmshardError, OSError):
         return None
     if not data.strip():

@@ -131,12 +131,16 @@ def _when(t: Any) -> str:
 def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
                  appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
     """What a resumed run must share with the interrupted one: the options that shape the output,
-    each input's identity (path, size, modification time), the vocabulary, and the dataset being
-    appended to. JSON-shaped, so it compares equal after a round trip through the run record."""
+    each input's identity (path, size, modification time; for an object at a URL, its redacted
+    URL, size and the ETag or modification time its listing gave), the vocabulary, and the
+    dataset being appended to. JSON-shaped, so it compares equal after a round trip through the
+    run record."""
 
     def identity(src: Source) -> list[Any]:
         if src.fmt == "hf" or src.stream:
             return [src.path, src.fmt, src.size, 0]
+        if src.url:  # found by a listing when the run started: no request here
+            return [src.path, src.fmt, src.size, src.version]
         try:
             st = os.stat(src.path)
         except OSError as e:  # gone or unreadable since it was found: the input's error, not --out's
