@@ -128,16 +128,17 @@ def test_a_prefix_on_s3_gives_the_local_folders_dataset(tmp_path, s3, eager_pool
 
 
 def test_globs_and_objects_on_s3_give_the_local_globs_dataset(tmp_path, s3):
-    """A glob (`*` leaves hidden names out, as the shell's does) and single objects, in order."""
+    """Globs (`*` leaves hidden names out, as the shell's does; `**` goes down folders) and
+    single objects, in order; --exclude matches the URL as it matches the path."""
     server, bucket = s3
     local = _corpus(tmp_path / "corpus")
+    (local / ".hidden.jsonl").write_bytes(_jsonl(["hidden"]))
     url = _upload(server, bucket, "corpus", local)
-    prepare(PrepareConfig(inputs=[f"{local}/*.jsonl*", f"{local}/sub/d.parquet", f"{local}/c.txt"],
-                          out=str(tmp_path / "local"), workers=1, **_OPTS))  # fmt: skip
-    prepare(PrepareConfig(inputs=[f"{url}/*.jsonl*", f"{url}/sub/d.parquet", f"{url}/c.txt"],
-                          out=str(tmp_path / "remote"), workers=1, **_OPTS))  # fmt: skip
+    for base, out in ((str(local), "local"), (url, "remote")):
+        prepare(PrepareConfig(inputs=[f"{base}/*.jsonl*", f"{base}/**/*.parquet", f"{base}/c.txt"],
+                              exclude=["*/b.*"], out=str(tmp_path / out), workers=1, **_OPTS))  # fmt: skip
     paths = _same_dataset(tmp_path / "local", tmp_path / "remote", str(local), url)
-    assert [p.removeprefix(url + "/") for p in paths] == ["a.jsonl", "b.jsonl.gz", "sub/d.parquet", "c.txt"]
+    assert [p.removeprefix(url + "/") for p in paths] == ["a.jsonl", "sub/d.parquet", "c.txt"]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
