@@ -220,7 +220,7 @@ def _inspect(dataset: Path | str, quick: bool, as_json: bool, sample: int, seed:
 def _verify_with_progress(dataset: Path | str, quick: bool, quiet: bool) -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .inspect.verify import verify_dataset
+    from .inspect.remote import verify as verify_dataset
     if not quiet and not sys.stderr.isatty():  # a log: plain lines, no bar (see cli_prepare.py)
         return _verify_logged(dataset, quick)
     with Progress(TextColumn("[bold]verify"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
@@ -236,7 +236,7 @@ def _verify_with_progress(dataset: Path | str, quick: bool, quiet: bool) -> Any:
 
 def _verify_logged(dataset: Path | str, quick: bool, interval: float = 10.0) -> Any:
     """Verification with a line on stderr at the start and every `interval` seconds."""
-    from .inspect.verify import verify_dataset
+    from .inspect.remote import verify as verify_dataset
     state = {"n": 0, "done": 0, "last": time.perf_counter()}
 
     def start(n: int) -> None:

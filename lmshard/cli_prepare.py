@@ -265,7 +265,9 @@ class RunLog:
         if self.cfg.quiet or not self.plain:
             return
         c = self.cfg
-        inputs = c.inputs[:3] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
+        from .remote.urls import redact  # a URL's password or signature is never printed
+
+        inputs = [redact(i) for i in c.inputs[:3]] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
         source = " ".join(inputs) or f"hf:{c.hf}"
         tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
         self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"

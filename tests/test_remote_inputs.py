@@ -265,7 +265,6 @@ def test_credentials_in_a_url_are_never_recorded_nor_in_messages(tmp_path, http_
     assert "s3cr3t-pw" not in message and "***@127.0.0.1" in message
 
 
-@pytest.mark.xfail(strict=True, reason="cli_prepare.RunLog.start prints config.inputs as given, credentials and all")
 def test_credentials_in_a_url_are_never_printed(tmp_path, http_server):
     result = runner.invoke(app, ["prepare", _password_url(http_server), "--out", str(tmp_path / "o"), "--workers", "1"])
     assert result.exit_code == 0, result.output

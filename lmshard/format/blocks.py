@@ -20,7 +20,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
 from ..errors import FormatError
 
@@ -38,12 +37,18 @@ def n_blocks(n_tokens: int, block_tokens: int = BLOCK_TOKENS) -> int:
     return -(-n_tokens // block_tokens)
 
 
+def _xxhash():  # noqa: ANN202 (imported on first use: a local loader never hashes, and needs only numpy)
+    import xxhash
+
+    return xxhash
+
+
 class BlockHasher:
     """The xxh3-64 of each `block_tokens`-token block of a byte stream fed in pieces of any size."""
 
     def __init__(self, block_tokens: int = BLOCK_TOKENS) -> None:
         self.block_bytes = block_tokens * TOKEN_BYTES
-        self._digest = xxhash.xxh3_64()
+        self._digest = _xxhash().xxh3_64()
         self._filled = 0
         self._sums: list[int] = []
 
@@ -75,7 +80,7 @@ def block_sums(data: bytes | memoryview | np.ndarray, block_tokens: int = BLOCK_
 
 def hash_file_blocks(path: Path, block_tokens: int = BLOCK_TOKENS) -> tuple[str, bytes]:
     """(xxh3-64 hex of the whole file, its sums file's bytes), in one pass of 8 MiB reads."""
-    whole, hasher = xxhash.xxh3_64(), BlockHasher(block_tokens)
+    whole, hasher = _xxhash().xxh3_64(), BlockHasher(block_tokens)
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             whole.update(chunk)
@@ -88,7 +93,7 @@ def check_blocks(where: str, data: bytes | memoryview | np.ndarray, first_block:
     """FormatError naming `where` and the first block whose bytes do not match its sum. `data` holds
     whole blocks from `first_block` on (the last block of the shard may be short)."""
     view = (np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
-    size = block_tokens * TOKEN_BYTES
+    size, xxhash = block_tokens * TOKEN_BYTES, _xxhash()
     for i, at in enumerate(range(0, len(view), size)):
         k = first_block + i
         got = xxhash.xxh3_64_intdigest(view[at : at + size])

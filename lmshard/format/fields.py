@@ -6,7 +6,10 @@ Memory model: none beyond the parsed JSON value.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from .layout import shard_paths
 
 
 class _Invalid(Exception):
@@ -39,3 +42,34 @@ def _counts(raw: dict[str, Any], key: str) -> dict[str, int]:
     for reason in value:
         _count(value, reason)
     return {str(k): int(v) for k, v in value.items()}
+
+
+def _sums(raw: dict[str, Any]) -> dict[str, Any]:
+    """The optional per-block checksum fields: all three or none."""
+    if "sums_path" not in raw:
+        return {}
+    block_tokens = _count(raw, "block_tokens")
+    if not 1 <= block_tokens <= 1 << 30:
+        raise _Invalid(f"'block_tokens' {block_tokens} is not a block size (1 .. 2**30 tokens)")
+    return {"sums_path": _inside(raw, "sums_path"), "block_tokens": block_tokens,
+            "sums_xxh3_64": _get(raw, "sums_xxh3_64", str)}  # fmt: skip
+
+
+def _inside(raw: dict[str, Any], key: str) -> str:
+    """A relative path that stays inside the dataset directory."""
+    rel = _get(raw, key, str)
+    p = Path(rel)
+    if not rel or p.is_absolute() or ".." in p.parts:
+        raise _Invalid(f"path {rel!r} escapes the dataset directory")
+    return str(rel)
+
+
+def _check_names(shard: Any) -> None:  # a ShardInfo (schema.py imports this module)
+    """The paths must be the ones the writer gives shard N of the split (`shard_paths`): a
+    metadata file cannot point a reader at any other file of the directory."""
+    digits = shard.path.removeprefix(f"{shard.split}/shard_").removesuffix(".bin")
+    number = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 12 else -1
+    if number < 0 or shard_paths(shard.split, number) != (shard.path, shard.index_path):
+        raise _Invalid(f"paths {shard.path!r}, {shard.index_path!r} are not {shard.split}/shard_NNNNNN.bin and .idx")
+    if shard.sums_path and shard.sums_path != shard.path.removesuffix(".bin") + ".sums":
+        raise _Invalid(f"sums path {shard.sums_path!r} is not {shard.split}/shard_NNNNNN.sums")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
-from .fields import _count, _counts, _get, _Invalid
+from .fields import _check_names, _count, _counts, _get, _inside, _Invalid, _sums
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -30,7 +30,6 @@ from .layout import (
     REGENERATE_HINT,
     SPLITS,
     TOKEN_DTYPE,
-    shard_paths,
 )
 from .skipped import SkippedInputs
 
@@ -151,37 +150,6 @@ class ShardInfo:
             return shard
         except _Invalid as e:
             raise _Invalid(f"shard entry {raw.get('path')!r}: {e}") from None
-
-
-def _sums(raw: dict[str, Any]) -> dict[str, Any]:
-    """The optional per-block checksum fields: all three or none."""
-    if "sums_path" not in raw:
-        return {}
-    block_tokens = _count(raw, "block_tokens")
-    if not 1 <= block_tokens <= 1 << 30:
-        raise _Invalid(f"'block_tokens' {block_tokens} is not a block size (1 .. 2**30 tokens)")
-    return {"sums_path": _inside(raw, "sums_path"), "block_tokens": block_tokens,
-            "sums_xxh3_64": _get(raw, "sums_xxh3_64", str)}  # fmt: skip
-
-
-def _inside(raw: dict[str, Any], key: str) -> str:
-    """A relative path that stays inside the dataset directory."""
-    rel = _get(raw, key, str)
-    p = Path(rel)
-    if not rel or p.is_absolute() or ".." in p.parts:
-        raise _Invalid(f"path {rel!r} escapes the dataset directory")
-    return str(rel)
-
-
-def _check_names(shard: ShardInfo) -> None:
-    """The paths must be the ones the writer gives shard N of the split (`shard_paths`): a
-    metadata file cannot point a reader at any other file of the directory."""
-    digits = shard.path.removeprefix(f"{shard.split}/shard_").removesuffix(".bin")
-    number = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 12 else -1
-    if number < 0 or shard_paths(shard.split, number) != (shard.path, shard.index_path):
-        raise _Invalid(f"paths {shard.path!r}, {shard.index_path!r} are not {shard.split}/shard_NNNNNN.bin and .idx")
-    if shard.sums_path and shard.sums_path != shard.path.removesuffix(".bin") + ".sums":
-        raise _Invalid(f"sums path {shard.sums_path!r} is not {shard.split}/shard_NNNNNN.sums")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,9 +21,9 @@ import xxhash
 
 from ..errors import FormatError
 from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, load_metadata
-from ..remote import Remote, redact
+from ..remote import Remote, is_url, redact
 from ..remote.dataset import open_remote
-from .verify import Problem, Report, start_report, verify_shard
+from .verify import Problem, Report, start_report, verify_dataset, verify_shard
 
 
 def _fetch(remote: Remote, rel: str, dest: Path) -> None:
@@ -88,6 +88,14 @@ def verify_remote(url: str, quick: bool = False, on_shard: Callable[[ShardInfo],
     except FormatError as e:
         report.problems.append(Problem(redact(url), str(e), fix=""))
     return report
+
+
+def verify(root: str | Path, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None,
+           on_start: Callable[[int], None] | None = None) -> Report:  # fmt: skip
+    """`verify_dataset` of a directory, `verify_remote` of a URL."""
+    if is_url(str(root)):
+        return verify_remote(str(root), quick, on_shard, on_start)
+    return verify_dataset(root, quick, on_shard, on_start)
 
 
 def download(url: str, dest: Path) -> DatasetMeta:

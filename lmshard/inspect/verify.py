@@ -44,7 +44,6 @@ from ..format import (
     dataset_file_size,
     load_metadata,
 )
-from ..remote.urls import is_url
 
 BLOCK_TOKENS = 16 << 20
 MAX_LENGTHS = 16_000_000
@@ -105,11 +104,7 @@ def verify_dataset(
     on_start: Callable[[int], None] | None = None,
 ) -> Report:
     """Verify every shard of the dataset at `root`; see the module docstring for the checks.
-    `on_start(n_shards)` and `on_shard(shard)` report progress. A URL is verified by remote.py."""
-    if is_url(str(root)):
-        from .remote import verify_remote
-
-        return verify_remote(str(root), quick, on_shard, on_start)
+    `on_start(n_shards)` and `on_shard(shard)` report progress. (A URL: remote.py's `verify`.)"""
     report = Report(root=Path(root), quick=quick)
     try:
         meta = load_metadata(root)

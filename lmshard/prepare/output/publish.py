@@ -277,10 +277,9 @@ class Publisher:
         missing = [r for r in data if r not in self.journal.uploaded]
         if missing:
             raise ConfigError(f"{self.mirror / missing[0]}: changed while it was uploaded; run again with --resume")
-        raw = json.loads((self.mirror / METADATA_FILE).read_bytes())
-        if isinstance(raw.get("run"), dict):  # the run record names where the dataset went, not the work directory
-            raw["run"]["out"] = redact(self.url)
-        body = (json.dumps(raw, indent=2) + "\n").encode()
+        # The run record names where the dataset went, not the work directory.
+        published = replace(meta, run=replace(meta.run, out=redact(self.url)))
+        body = (json.dumps(published.to_json(), indent=2) + "\n").encode()
         self.remote.put(self._key(METADATA_FILE), body)  # the commit (of an --append, or a new dataset)
         if self._replacing():  # the commit of a replacement: the redirect to its generation
             self.remote.put(METADATA_FILE, json.dumps({"format": "lmshard", "redirect": self.generation}).encode())
