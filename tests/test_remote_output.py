@@ -181,3 +181,76 @@ def test_scale_out_tasks_publish_the_same_objects(s3, inputs, tmp_path):
     result = runner.invoke(app, ["prepare", *common, "--out", bucket + "/other", "--num-tasks", "3",
                                  "--executor", "slurm"])
     assert result.exit_code == 1 and "--executor slurm" in result.output and "Traceback" not in result.output
+
+
+def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items):
+    """At the 40th work item, shards finished so far are uploaded (the watcher's pass, called
+    here at that exact point instead of on its clock), before the dataset is committed."""
+    from lmshard.prepare import pipeline
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    seen: dict[str, object] = {}
+    real_watch, real_stop = publish.Publisher.watch, pipeline.stop_point
+
+    def watch(self):
+        seen["publisher"] = self
+        return real_watch(self)
+
+    def at_item(point, key=None):
+        real_stop(point, key)
+        seen[point] = seen.get(point, 0) + 1
+        if point == "item" and seen[point] == 40:
+            seen["sent"] = seen["publisher"].upload_finished()
+            seen["objects"] = set(remote_tree(server, url))
+
+    monkeypatch.setattr(publish.Publisher, "watch", watch)
+    monkeypatch.setattr(pipeline, "stop_point", at_item)
+    prepare(config(url, inputs, tokens_per_shard=3000))
+    assert seen["sent"] and "dataset_metadata.json" not in seen["objects"]
+    assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
+
+
+def test_resume_uploads_only_what_is_missing(s3, inputs, tmp_path, monkeypatch):
+    server, bucket = s3
+    url = bucket + "/ds"
+    sent: list[str] = []
+    real_put = publish.Remote.put_file
+
+    def failing_put(self, rel, local):
+        if len(sent) == 6:
+            raise KeyboardInterrupt  # the run dies in the middle of its uploads
+        sent.append(rel)
+        return real_put(self, rel, local)
+
+    monkeypatch.setattr(publish, "UPLOADERS", 1)
+    monkeypatch.setattr(publish.Remote, "put_file", failing_put)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(url, inputs))
+    assert "dataset_metadata.json" not in remote_tree(server, url)  # not committed
+    first = list(sent)
+    monkeypatch.setattr(publish.Remote, "put_file",
+                        lambda self, rel, local: sent.append(rel) or real_put(self, rel, local))  # fmt: skip
+    prepare(config(url, inputs, resume=True))
+    again = sent[len(first) :]
+    assert not set(first) & set(again)  # nothing sent twice
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def test_s3_inputs_to_s3_output_equal_local(s3, inputs, tmp_path):
+    """The issue's check: prepare from s3:// inputs to an s3:// output, against a local prepare of
+    the same files to a local directory; the metadata differs only in where the inputs and the
+    output were (config.inputs, sources[].path, run)."""
+    server, bucket = s3
+    name = bucket.removeprefix("s3://")
+    server.client().put_object(Bucket=name, Key="raw/a.jsonl", Body=inputs.read_bytes())
+    prepare(config(bucket + "/ds", bucket + "/raw/a.jsonl"))
+    prepare(config(str(tmp_path / "local"), inputs))
+    remote, local = remote_tree(server, bucket + "/ds"), comparable(local_tree(tmp_path / "local"))
+    r_meta, l_meta = json.loads(remote.pop("dataset_metadata.json")), json.loads(local.pop("dataset_metadata.json"))
+    assert remote == local and len(remote) > 10
+    assert r_meta["config"].pop("inputs") == [bucket + "/raw/a.jsonl"] and l_meta["config"].pop("inputs")
+    assert [s.pop("path") for s in r_meta["sources"]] == [bucket + "/raw/a.jsonl"]
+    [s.pop("path") for s in l_meta["sources"]]
+    assert r_meta == l_meta

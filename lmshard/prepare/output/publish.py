@@ -52,6 +52,7 @@ from .staging import OutputPaths
 LOCK_OBJECT = "_lmshard_writer.json"
 JOURNAL = "publish.json"
 UPLOADERS = 8  # concurrent uploads
+POLL_SECONDS = 1.0  # how often the build is checked for finished shards
 _FIXED = (METADATA_FILE, TOKENIZER_FILE, *VOCAB_COPIES.values())
 
 
@@ -235,24 +236,32 @@ class Publisher:
         if _digest(path) == digest:  # unchanged while it was sent
             self.journal.record(rel, digest)
 
-    def watch(self) -> threading.Thread:
-        """Upload finished shards as the local build completes them (polled once a second)."""
+    def upload_finished(self) -> int:
+        """Upload the shards the build has finished (`.bin`, `.idx` and `.sums` in place) and not
+        yet uploaded; the number of files sent. A failure is left to the final publish, which
+        sends what is missing and reports what cannot be sent."""
+        assert self.journal is not None
         staging = OutputPaths.of(str(self.mirror)).staging
+        done, sent = self.journal.uploaded.keys() | self._kept(), 0
+        for sums in sorted(staging.glob("*/shard_*.sums")):
+            trio = [sums.with_suffix(s) for s in (".bin", ".idx", ".sums")]
+            rels = [str(p.relative_to(staging)) for p in trio]
+            if not all(p.exists() for p in trio) or any(r in done for r in rels):
+                continue
+            try:
+                for rel in rels:
+                    self.upload(staging, rel)
+                    sent += 1
+            except Exception:  # (OSError, RemoteError, a file renamed by a resume meanwhile)
+                continue
+        return sent
+
+    def watch(self) -> threading.Thread:
+        """Upload finished shards while the local build runs (checked every POLL_SECONDS)."""
 
         def loop() -> None:
-            assert self.journal is not None
-            while not self._stop.wait(1.0):
-                done = self.journal.uploaded.keys() | self._kept()
-                for sums in sorted(staging.glob("*/shard_*.sums")):
-                    trio = [sums.with_suffix(s) for s in (".bin", ".idx", ".sums")]
-                    rels = [str(p.relative_to(staging)) for p in trio]
-                    if not all(p.exists() for p in trio) or any(r in done for r in rels):
-                        continue
-                    try:
-                        for rel in rels:
-                            self.upload(staging, rel)
-                    except Exception:  # (OSError, RemoteError): the final publish retries and reports it
-                        continue
+            while not self._stop.wait(POLL_SECONDS):
+                self.upload_finished()
 
         thread = threading.Thread(target=loop, name="lmshard-upload", daemon=True)
         thread.start()
