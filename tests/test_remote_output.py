@@ -254,3 +254,40 @@ def test_s3_inputs_to_s3_output_equal_local(s3, inputs, tmp_path):
     assert [s.pop("path") for s in r_meta["sources"]] == [bucket + "/raw/a.jsonl"]
     [s.pop("path") for s in l_meta["sources"]]
     assert r_meta == l_meta
+
+
+def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tmp_path, monkeypatch):
+    """A run of this machine that died mid-upload (its pid gone) holds the lock and left
+    uncommitted objects: the next run, not resumed, takes the lock over, removes exactly those
+    objects (its journal lists them) and publishes a whole dataset."""
+    import socket
+    import subprocess
+
+    server, bucket = s3
+    url, name = bucket + "/ds", bucket.removeprefix("s3://")
+    real_put = publish.Remote.put_file
+    calls: list[str] = []
+
+    def dying_put(self, rel, local):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        calls.append(rel)
+        return real_put(self, rel, local)
+
+    monkeypatch.setattr(publish, "UPLOADERS", 1)
+    monkeypatch.setattr(publish.Remote, "put_file", dying_put)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(url, inputs))
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    lock = {"run": "dead-run", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
+    server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
+    server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"someone else's")
+    with pytest.raises(ConfigError, match="not an lmshard dataset"):  # only what the journal lists is removed
+        prepare(config(url, inputs))
+    server.client().delete_object(Bucket=name, Key="ds/notes.txt")
+    server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
+    prepare(config(url, inputs))
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))

@@ -4,7 +4,8 @@ an explicit commit (docs/format.md, "Datasets in object stores"):
 
 1. **One writer.** `URL/_lmshard_writer.json` is created with a conditional put (If-None-Match:
    * on S3): a second run finds it and stops, naming the holder. The run removes it when done; a
-   run that died leaves it, and `--resume` on the machine that holds its work takes it over.
+   run that died leaves it: a later run of the same machine whose pid is gone takes it over
+   (and, unless it resumes that run, first removes the objects it uploaded and never committed).
 2. **Data first.** Shards are uploaded while the run builds (each once its `.bin`, `.idx` and
    `.sums` are complete), then every other file. A new dataset goes at the prefix itself, in the
    local layout. A replaced one (`--overwrite`) goes whole under a new generation prefix
@@ -96,6 +97,20 @@ class Journal:
             atomic_write_json(self.path, self.state)
 
 
+def _dead_here(holder: dict[str, Any]) -> bool:
+    """Whether a lock's holder was a process of this machine that no longer runs."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _digest(path: Path) -> str:
     h = xxhash.xxh3_64()
     with open(path, "rb") as f:
@@ -135,7 +150,9 @@ class Publisher:
         holder = {"run": run, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         if not self.remote.create(LOCK_OBJECT, json.dumps(holder).encode()):
             held = self._holder()
-            if not (old and held.get("run") == run):
+            if _dead_here(held):  # its holder was a process of this machine that is gone
+                self.remote.put(LOCK_OBJECT, json.dumps(holder).encode())
+            elif not (old and held.get("run") == run):
                 raise ConfigError(f"{redact(self.url)}: another prepare is writing here (run {held.get('run')}, since "
                                   f"{time.ctime(held.get('since', 0))}); wait for it, or if it died delete "
                                   f"{redact(self.url)}/{LOCK_OBJECT} and run again (--resume on its machine "
@@ -164,6 +181,9 @@ class Publisher:
             self.generation, self.journal = old.state.get("generation", ""), old
             return
         flags = self.config
+        if self._clear_unfinished(listing):
+            listing = self.remote.listing()
+            listing.pop(LOCK_OBJECT, None)
         if has_dataset and not (flags.overwrite or flags.append):
             raise ConfigError(f"{redact(self.url)}: already holds a dataset; pass --overwrite to replace it, "
                               "--append to add to it, or --resume to finish an interrupted run")  # fmt: skip
@@ -189,6 +209,20 @@ class Publisher:
         assert self.previous_remote is not None
         where = self.previous_remote.url
         return where[len(self.url) + 1 :] if where != self.url else ""
+
+    def _clear_unfinished(self, listing: dict[str, int]) -> bool:
+        """Remove what an earlier, unfinished run to this URL from this machine uploaded and
+        never committed (its journal lists it): it is not resumed now, and is nobody's data."""
+        stale = Journal.load(self.root / JOURNAL)
+        if stale is None:
+            return False
+        where = stale.state.get("generation", "")
+        current = self._old_generation() if self.previous_remote is not None else None
+        if where == current or not isinstance(where, str):  # its objects may be the dataset's now
+            return False
+        keys = [f"{where}/{rel}" if where else rel for rel in stale.uploaded]
+        self.remote.delete([k for k in keys if k in listing])
+        return bool(keys)
 
     def _seed_append(self) -> None:
         """The appended-to dataset in the work directory, as the local append needs it: its
