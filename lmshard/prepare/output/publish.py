@@ -18,11 +18,11 @@ an explicit commit (docs/format.md, "Datasets in object stores"):
 
 `--append` adds new shard and key objects beside the old ones and commits a new metadata object;
 the old objects are not rewritten. The work directory is `$LMSHARD_CACHE_DIR/publish/<hash of the
-URL>/` (~/.cache/lmshard; `LMSHARD_PUBLISH_DIR` moves it); `publish.json` there records the
-uploads, so `--resume` skips them.
+URL>/` (~/.cache/lmshard; `LMSHARD_PUBLISH_DIR` moves it); `publish.json` and `publish.log`
+there record the run and its uploads, so `--resume` skips them.
 
-Memory model: the file lists and the journal (a few hundred bytes per object); uploads stream
-from disk.
+Memory model: the file lists and the journal (a few hundred bytes per object, each upload one
+appended line on disk); uploads stream from disk.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from .staging import OutputPaths
 LOCK_OBJECT = "_lmshard_writer.json"
 JOURNAL = "publish.json"
 UPLOADERS = 8  # concurrent uploads
+LOG_END = " ."  # ends every whole line of the upload log
 POLL_SECONDS = 1.0  # how often the build is checked for finished shards
 _FIXED = (METADATA_FILE, TOKENIZER_FILE, *VOCAB_COPIES.values())
 
@@ -74,27 +75,36 @@ def dataset_files(meta: DatasetMeta) -> list[str]:
 
 
 class Journal:
-    """publish.json: the run, its generation, and {relative path: xxh3-64} of what is uploaded."""
+    """publish.json (the run and its generation) and publish.log beside it: one line
+    `xxh3-64 relative/path` per upload, appended as each completes (a line cut short by a
+    crash is ignored)."""
 
-    def __init__(self, path: Path, state: dict[str, Any]) -> None:
-        self.path, self.state = path, state
+    def __init__(self, path: Path, state: dict[str, Any], uploaded: dict[str, str] | None = None) -> None:
+        self.path, self.state, self.uploaded = path, state, uploaded or {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, path: Path, state: dict[str, Any]) -> Journal:
+        atomic_write_json(path, state)
+        path.with_suffix(".log").unlink(missing_ok=True)
+        return cls(path, state)
 
     @classmethod
     def load(cls, path: Path) -> Journal | None:
         try:
-            return cls(path, json.loads(path.read_text()))
+            state = json.loads(path.read_text())
+            lines = path.with_suffix(".log").read_text().split("\n") if path.with_suffix(".log").exists() else []
         except (OSError, ValueError):
             return None
-
-    @property
-    def uploaded(self) -> dict[str, str]:
-        return self.state.setdefault("uploaded", {})  # type: ignore[no-any-return]
+        pairs = (line.split(" ", 1) for line in lines if line.endswith(LOG_END))
+        return cls(path, state, {rel.removesuffix(LOG_END): digest for digest, rel in pairs})
 
     def record(self, rel: str, digest: str) -> None:
-        with self._lock:
+        with self._lock, open(self.path.with_suffix(".log"), "a") as log:
+            log.write(f"{digest} {rel}{LOG_END}\n")
+            log.flush()
+            os.fsync(log.fileno())
             self.uploaded[rel] = digest
-            atomic_write_json(self.path, self.state)
 
 
 def _dead_here(holder: dict[str, Any]) -> bool:
@@ -200,8 +210,7 @@ class Publisher:
             self.generation = self._old_generation()
         shutil.rmtree(self.root, ignore_errors=True)  # an earlier run's work: not resumed, so not needed
         self.root.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal(self.root / JOURNAL, {"run": run, "generation": self.generation, "uploaded": {}})
-        atomic_write_json(self.journal.path, self.journal.state)
+        self.journal = Journal.create(self.root / JOURNAL, {"run": run, "generation": self.generation})
         if flags.append and self.previous is not None:
             self._seed_append()
 
