@@ -1,10 +1,12 @@
 """Packing plans on disk: a split's document lengths read from a prepared dataset's indexes
 (without torch), and the plan cache.
 
-`cached_plan` keeps plans in `<dataset>/.lmshard-cache/` under a key of every input (the
-lengths' blake2b digest, seq_len, strategy, overlong, multiple): a cached file is trusted only
-after its stored key and its arrays' consistency are checked, written by tmp + rename, and a
-directory that cannot be written only means no cache.
+`cached_plan` keeps plans in a directory its caller names (`<dataset>/.lmshard-cache/` for a
+local dataset; under the loader's `cache_dir` for one at a URL, whose lengths come from its
+store's document indexes) under a key of every input (the lengths' blake2b digest, seq_len,
+strategy, overlong, multiple): a cached file is trusted only after its stored key and its
+arrays' consistency are checked, written by tmp + rename, and a directory that cannot be
+written only means no cache.
 
 Memory model: the lengths (8 bytes per document) and one plan (see packing.py) at a time.
 """
@@ -50,19 +52,20 @@ def plan_key(lengths: np.ndarray, seq_len: int, strategy: str, overlong: str, mu
     return f"{digest}-{seq_len}-{strategy}-{overlong}-{multiple}"
 
 
-def cached_plan(root: Path | None, lengths: np.ndarray, seq_len: int, strategy: str = "bfd", overlong: str = "split",
-                multiple: int = 1) -> PackPlan:  # fmt: skip
-    """`plan(...)`, read from (or saved to) `root/.lmshard-cache/` when `root` is given."""
-    if root is None:
+def cached_plan(directory: Path | None, lengths: np.ndarray, seq_len: int, strategy: str = "bfd",
+                overlong: str = "split", multiple: int = 1) -> PackPlan:  # fmt: skip
+    """`plan(...)`, read from (or saved to) `directory` when one is given (a local dataset's is
+    `<dataset>/.lmshard-cache`, `CACHE_DIR`)."""
+    if directory is None:
         return plan(lengths, seq_len, strategy, overlong, multiple)
     key = plan_key(lengths, seq_len, strategy, overlong, multiple)
-    path = Path(root) / CACHE_DIR / f"packing-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.npz"
+    path = Path(directory) / f"packing-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.npz"
     found = _load(path, key, lengths, seq_len, strategy, overlong, multiple)
     if found is not None:
         return found
     made = plan(lengths, seq_len, strategy, overlong, multiple)
     with contextlib.suppress(OSError):  # a read-only dataset: no cache, same plan
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:

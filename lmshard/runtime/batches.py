@@ -27,6 +27,7 @@ import torch
 
 from ..errors import ArgumentError, ConfigError
 from . import checks
+from .lookahead import Lookahead
 from .sampling import Offsets
 
 
@@ -40,6 +41,12 @@ class RowStore(Protocol):
     def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None: ...
 
     def doc_starts_in(self, lo: int, hi: int) -> np.ndarray: ...
+
+    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None: ...
+
+    def release(self, key: Any) -> None: ...
+
+    def release_owner(self, owner: int) -> None: ...
 
 
 @dataclass
@@ -199,6 +206,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         self._ring: _Ring | None = None
         self._scratch: np.ndarray | None = None
         self._pending: tuple[int, Any] | None = None
+        self._ahead = Lookahead(store, self._reads)  # exact prefetch, for stores that fetch (remote ones)
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -211,6 +219,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             raise ConfigError(f"{self.kind} batches have no epochs; resume them with load_state_dict")
         self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
         self._pending = None
+        self._ahead.reset()
 
     @property
     def global_batch_size(self) -> int:
@@ -251,6 +260,7 @@ class BatchStream(torch.utils.data.IterableDataset):
                                     "run")  # fmt: skip
         self.step = step
         self._pending = None
+        self._ahead.reset()
 
     # -- producing batches -------------------------------------------------------------------
 
@@ -258,6 +268,11 @@ class BatchStream(torch.utils.data.IterableDataset):
         offsets, shift = self.offsets.rows(step, self.global_batch_size)
         mine = offsets[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
         return mine, shift
+
+    def _reads(self, step: int) -> tuple[np.ndarray, int]:
+        """What step `step` reads on this rank: its row offsets and the tokens per row."""
+        offsets, shift = self._rows(step)
+        return offsets, self.seq_len + shift
 
     def _finish(self, buf: torch.Tensor, step: int, offsets: np.ndarray, shift: int) -> Batch:
         """x, y from buf ([rows, seq_len + shift] int32, host or device): one widening copy of
@@ -301,13 +316,23 @@ class BatchStream(torch.utils.data.IterableDataset):
         rows = self.store.gather(offsets, self.seq_len + shift, self._scratch)
         return self._finish(torch.from_numpy(rows.view(np.int32)), step, offsets, shift)
 
+    def _served(self, step: int, stride: int = 1) -> Batch:
+        """`_cpu_batch(step)` as the next of a sequence of steps `stride` apart: the store is
+        told the rows of the steps after it (exact prefetch) and then that this one is done."""
+        self._ahead.before(step, stride)
+        batch = self._cpu_batch(step)
+        self._ahead.after(step)
+        return batch
+
     def _submit(self, step: int) -> tuple[int, Any]:
         offsets, shift = self._rows(step)
         if self._ring is None:
             numel = self.batch_size * (self.seq_len + self._max_shift())
             self._ring = _Ring(self.device, numel)
         host = self._ring.host(len(offsets), self.seq_len + shift)
+        self._ahead.before(step)
         self.store.read_rows(offsets, host.numpy().view(np.uint32))
+        self._ahead.after(step)
         moved, event = self._ring.send(host)
         return step, (moved, event, offsets, shift)
 
@@ -316,8 +341,9 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def __next__(self) -> Batch:
         if not self.staged:
-            self.step += 1
-            return self._cpu_batch(self.step - 1)
+            batch = self._served(self.step)
+            self.step += 1  # after the read: a step whose read failed is asked for again
+            return batch
         if self._pending is None or self._pending[0] != self.step:
             self._pending = self._submit(self.step)
         step, (moved, event, offsets, shift) = self._pending
@@ -337,5 +363,5 @@ class BatchStream(torch.utils.data.IterableDataset):
     def _worker_steps(self, worker: int, workers: int) -> Iterator[Batch]:
         step = self.step + worker
         while True:
-            yield self._cpu_batch(step)
+            yield self._served(step, workers)
             step += workers

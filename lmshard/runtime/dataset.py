@@ -5,25 +5,31 @@
     batches = train.random_batches(batch_size=16, seq_len=1024, seed=1337, device="cuda")
     x, y = next(batches)                      # int64 [16, 1024] on the GPU
 
-Memory model: see `store.py` (no token data kept between reads) and `batches.py` (a ring of
-host buffers). `from_text` and `synthetic` hold their tokens in memory: they are for small data.
+Memory model: see `store.py` (no token data kept between reads), `remote_store.py` for a
+dataset at a URL (a bounded pool of blocks) and `batches.py` (a ring of host buffers).
+`from_text` and `synthetic` hold their tokens in memory: they are for small data.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..errors import ArgumentError, InputError
 from ..format import SPLITS, DatasetMeta
+from ..packing_io import CACHE_DIR
+from ..remote.urls import is_url, redact
 from . import checks
 from .batches import BatchStream, resolve_rank
 from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
+
+if TYPE_CHECKING:
+    from .remote_store import RemoteStore
 from .windows import WindowDataset, stride_or_default
 
 SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val"}  # what other tools call the held-out split
@@ -31,11 +37,19 @@ _RSS_FIX = "pass rss_limit=None to map a split of any size, or a size in bytes (
 
 
 class TokenDataset:
-    """A split of a prepared dataset. Opening validates the metadata and every shard's file
-    sizes (an error names the shard); shard files are opened lazily, at most `max_open_shards`
-    at a time. Splits of at most `rss_limit` bytes (default 1 GiB; None: any size) are
-    memory-mapped, so the process's RSS may grow by up to their size; larger splits are read
-    with `preadv`, which keeps RSS flat (see store.py)."""
+    """A split of a prepared dataset, in a directory or at a URL (s3://, gs://, az://, hf://,
+    https://). Opening validates the metadata and every shard's file sizes (an error names the
+    shard); shard files are opened lazily, at most `max_open_shards` at a time. Splits of at
+    most `rss_limit` bytes (default 1 GiB; None: any size) are memory-mapped, so the process's
+    RSS may grow by up to their size; larger splits are read with `preadv`, which keeps RSS flat
+    (see store.py).
+
+    At a URL (see remote_store.py and docs/remote.md): tokens are fetched in 64 KiB checksum
+    blocks, each checked, through an in-memory pool of `pool_limit` bytes (default 256 MiB per
+    process); streams fetch the blocks of their next `prefetch_steps` steps (default 8) on a
+    background thread. `cache_dir` with `cache_limit` (bytes) keeps checked blocks on local disk
+    for later epochs. `storage_options` go to the fsspec filesystem; `retry` (a
+    `lmshard.remote.Retry`) sets the backoff and attempts of every request."""
 
     def __init__(
         self,
@@ -44,6 +58,12 @@ class TokenDataset:
         *,
         max_open_shards: int = 64,
         rss_limit: int | None = DEFAULT_RSS_LIMIT,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        pool_limit: int | None = None,
+        prefetch_steps: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        retry: Any = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise ArgumentError(f"path={checks.show(path)} is not a path; pass the dataset directory as a str or Path")
@@ -54,9 +74,24 @@ class TokenDataset:
         max_open_shards = checks.positive("max_open_shards", max_open_shards)
         if rss_limit is not None:  # a float such as 1.5e9 gets the plain fix: the int it stands for
             rss_limit = checks.nonnegative("rss_limit", rss_limit, fix=_RSS_FIX if checks.is_int(rss_limit) else "")
+        remote = {"cache_dir": cache_dir, "cache_limit": cache_limit, "pool_limit": pool_limit,
+                  "prefetch_steps": prefetch_steps, "storage_options": storage_options, "retry": retry}  # fmt: skip
         self.meta: DatasetMeta | None
-        self.meta, self.store = open_store(path, split, max_open_shards, rss_limit)
-        self.path, self.split = Path(path), split
+        self.store: TokenStore | RemoteStore
+        self.plan_dir: Path | None  # where packing plans are cached (packing_io.cached_plan)
+        self.split = split
+        if is_url(path):
+            from .remote_store import open_remote_store
+
+            self.meta, self.store, self.plan_dir = open_remote_store(str(path), split, max_open_shards, **remote)
+            self.path: Path | str = redact(str(path))
+        else:
+            given = sorted(k for k, v in remote.items() if v is not None)
+            if given:
+                raise ArgumentError(f"{given[0]}= applies to datasets at a URL (s3://, gs://, https://...); drop it "
+                                    f"for the local dataset {path}")  # fmt: skip
+            self.meta, self.store = open_store(path, split, max_open_shards, rss_limit)
+            self.path, self.plan_dir = Path(path), Path(path) / CACHE_DIR
         self.eot_id = self.meta.tokenizer.eot_id
         self.bos_id = self.meta.tokenizer.bos_id  # before each document, or None when none was written
         self.vocab_size = self.meta.tokenizer.n_vocab
@@ -65,6 +100,7 @@ class TokenDataset:
     def _from_store(cls, store: TokenStore, eot_id: int, vocab_size: int, name: str) -> TokenDataset:
         self = cls.__new__(cls)
         self.meta, self.store, self.path, self.split = None, store, Path(name), "memory"
+        self.plan_dir = None  # in memory: plans are not cached
         self.eot_id, self.vocab_size, self.bos_id = eot_id, vocab_size, None
         return self
 

@@ -162,6 +162,35 @@ class MixedStore:
         s = int(np.searchsorted(self.bases, offset, side="right")) - 1
         self.stores[s].read_into(offset - int(self.bases[s]), out)
 
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
+        """`store.read_spans` of each source for its spans (each span inside one source)."""
+        source, local = self.locate(starts)
+        for s in np.unique(source).tolist():
+            mine = source == s
+            self.stores[s].read_spans(local[mine], np.asarray(lengths)[mine], out, np.asarray(at)[mine])
+
+    @property
+    def lookahead(self) -> int:
+        """Steps to announce ahead: the most any source wants (0 when every source is local)."""
+        return max(getattr(st, "lookahead", 0) for st in self.stores)
+
+    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None:
+        """Tell each source that prefetches what a coming step reads of it."""
+        source, local = self.locate(starts)
+        lengths = np.broadcast_to(np.asarray(lengths), local.shape)
+        for s in np.unique(source).tolist():
+            if self.stores[s].lookahead:
+                mine = source == s
+                self.stores[s].announce(key, local[mine], lengths[mine])
+
+    def release(self, key: Any) -> None:
+        for st in self.stores:
+            st.release(key)
+
+    def release_owner(self, owner: int) -> None:
+        for st in self.stores:
+            st.release_owner(owner)
+
     def doc_starts_in(self, lo: int, hi: int) -> np.ndarray:
         s = int(self.locate(np.array([lo]))[0][0])
         base = int(self.bases[s])

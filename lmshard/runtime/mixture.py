@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, ConfigError, InputError
+from ..remote.urls import is_url
 from . import checks
 from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
@@ -149,7 +150,7 @@ class Mixture:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Mixture:
         """A mixture from a TOML file: optional `split` and `max_epochs`, and one `[[source]]`
-        table per source with `path` (relative to the file) and `weight`."""
+        table per source with `path` (relative to the file, or a URL) and `weight`."""
         path = Path(path)
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -169,7 +170,8 @@ class Mixture:
         for i, entry in enumerate(entries):
             if not isinstance(entry.get("path"), str) or "weight" not in entry:
                 raise InputError(f"{path}: source {i + 1} needs a path (a string) and a weight")
-            pairs.append((path.parent / entry["path"], entry["weight"]))
+            at = entry["path"] if is_url(entry["path"]) else path.parent / entry["path"]
+            pairs.append((at, entry["weight"]))
         return cls(pairs, split=raw.get("split", "train"), max_epochs=raw.get("max_epochs", 4.0))
 
     def __repr__(self) -> str:
@@ -348,26 +350,36 @@ class MixturePackedStream(StepStream):
                 "global_batch_size": self.global_batch_size, "packs": [len(p) for p in self.sources],
                 "mixture": self.mix.fingerprint()}  # fmt: skip
 
-    def batch(self, step: int) -> PackedBatch:
-        """Batch `step` for this rank: a pure function of (weights, plans, seed, step, rank)."""
+    def _items(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(source and pack of each row; every row's items, in row order, at their addresses in
+        the joint store: starts, lengths, items per row)."""
         step = checks.nonnegative("step", step)
         first = step * self.global_batch_size + self.rank * self.batch_size
         source, local = self.tree.assign(np.arange(first, first + self.batch_size, dtype=np.int64))
-        B, T = self.batch_size, self.seq_len
-        ids = np.empty(B, dtype=np.int64)
+        ids = np.empty(self.batch_size, dtype=np.int64)
         for s in np.unique(source).tolist():
             mine = np.flatnonzero(source == s)
             epoch, within = np.divmod(local[mine], len(self.sources[s]))
             for e in np.unique(epoch).tolist():
                 ids[mine[epoch == e]] = self.sources[s].order(e)[within[epoch == e]]
-        # Every row's items, in row order, at their addresses in the joint store: one row build.
         parts = [self.sources[s].items(ids[r : r + 1]) for r, s in enumerate(source.tolist())]
         starts = np.concatenate([p[0] + self.mix.store.bases[s] for p, s in zip(parts, source.tolist(), strict=True)])
-        lengths = np.concatenate([p[1] for p in parts])
-        counts = np.concatenate([p[2] for p in parts])
+        return source, ids, starts, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+
+    def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        _, _, starts, lengths, _ = self._items(step)
+        return starts, lengths
+
+    @property
+    def store(self) -> Any:
+        return self.mix.store
+
+    def batch(self, step: int) -> PackedBatch:
+        """Batch `step` for this rank: a pure function of (weights, plans, seed, step, rank)."""
+        source, ids, starts, lengths, counts = self._items(step)
         ref = self.sources[0]
-        rows = build_rows(starts, lengths, counts, T, ref.pad_id, ref.mask_boundary_labels,
-                          self.mix.store.read_into)  # fmt: skip
-        out = self._assembler.assemble(rows, ids, T)
+        rows = build_rows(starts, lengths, counts, self.seq_len, ref.pad_id, ref.mask_boundary_labels,
+                          self.mix.store.read_spans)  # fmt: skip
+        out = self._assembler.assemble(rows, ids, self.seq_len)
         out["sources"] = source
         return self._finish(out, step)

@@ -14,10 +14,11 @@ document is in the same pack) and on padding. `position_ids` restart at 0 at eac
 at the padding. `cu_seqlens` (int32) holds the segment boundaries, padding as a last segment.
 A model that shifts labels itself (Hugging Face's causal LMs) wants `input_ids` as labels instead.
 
-The plan is cached in the dataset directory (`lmshard/packing_io.py`: `cached_plan`).
+The plan is cached in the dataset directory (`lmshard/packing_io.py`: `cached_plan`); for a
+dataset at a URL, under its `cache_dir` (or kept in memory only, without one).
 
-Memory model: the plan (per item 8 + 8 bytes, per pack 8 bytes) and one permutation of the pack
-ids per epoch (8 bytes per pack); a sample reads its own tokens only (seq_len uint32).
+Memory model: the plan (per item 8 + 8 bytes, per pack 8 bytes) and the permutations of the pack
+ids of the last two epochs used (8 bytes per pack each); a sample reads its own tokens only (seq_len uint32).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .. import packing_io
 from ..errors import ArgumentError
 from . import checks
 from .batches import resolve_rank
+from .lookahead import Lookahead
 from .sampling import step_rng
 
 IGNORE = -100
@@ -65,10 +67,10 @@ class PackedDataset(torch.utils.data.Dataset):
         self.mask_boundary_labels = checks.flag("mask_boundary_labels", mask_boundary_labels)
         high = data.vocab_size - 1
         self.pad_id = data.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=high)
-        root = data.path if data.meta is not None else None  # in-memory datasets are not cached
-        self.plan = packing_io.cached_plan(root, data.store.doc_lengths(), self.seq_len, strategy, overlong, multiple)
+        self.plan = packing_io.cached_plan(data.plan_dir, data.store.doc_lengths(), self.seq_len, strategy, overlong,
+                                           multiple)  # fmt: skip
         self.epoch = 0
-        self._order: tuple[int, np.ndarray] | None = None
+        self._orders: dict[int, np.ndarray] = {}
 
     def __repr__(self) -> str:
         return (f"PackedDataset({self.data!r}, seq_len={self.seq_len}, strategy={self.plan.strategy!r}, "
@@ -86,14 +88,14 @@ class PackedDataset(torch.utils.data.Dataset):
         self.epoch = checks.nonnegative("epoch", epoch)
 
     def order(self, epoch: int | None = None) -> np.ndarray:
-        """The pack ids in the order of `epoch` (default: the current one); the last one built
-        is kept."""
+        """The pack ids in the order of `epoch` (default: the current one); the last two built
+        are kept."""
         e = self.epoch if epoch is None else checks.nonnegative("epoch", epoch)
-        if self._order is None or self._order[0] != e:
+        if e not in self._orders:  # two kept: a stream reading ahead across an epoch's end needs both
             n = self.plan.n_packs
             perm = step_rng(self.seed, e, _EPOCH_SALT).permutation(n) if self.shuffle else np.arange(n)
-            self._order = (e, perm)
-        return self._order[1]
+            self._orders = {**dict(list(self._orders.items())[-1:]), e: perm}
+        return self._orders[e]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         if not checks.is_int(i) or not 0 <= int(i) < len(self):
@@ -114,7 +116,7 @@ class PackedDataset(torch.utils.data.Dataset):
         a last segment)."""
         starts, lengths, counts = self.items(packs)
         return build_rows(starts, lengths, counts, self.seq_len, self.pad_id, self.mask_boundary_labels,
-                          self.data.store.read_into)  # fmt: skip
+                          self.data.store.read_spans)  # fmt: skip
 
     def items(self, packs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The items of `packs`, row after row: their starts in the split and lengths, and how
@@ -134,9 +136,9 @@ class PackedDataset(torch.utils.data.Dataset):
 
 
 def build_rows(starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, T: int, pad_id: int,
-               mask_boundary_labels: bool, read_into: Any) -> dict[str, Any]:  # fmt: skip
+               mask_boundary_labels: bool, read_spans: Any) -> dict[str, Any]:  # fmt: skip
     """Rows of T tokens from items (`starts`/`lengths`, `counts` per row, in row order) read with
-    `read_into(start, out)`: [N, T] int64 input_ids, labels and position_ids built with
+    one `store.read_spans(starts, lengths, out, at)`: [N, T] int64 input_ids, labels and position_ids built with
     whole-array numpy operations, each row's real length, and its segment boundaries (int32,
     padding as a last segment)."""
     n_rows = len(counts)
@@ -146,8 +148,7 @@ def build_rows(starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, T: i
     row_base = np.repeat(ends[first_of_row] - lengths[first_of_row], counts)
     at = ends - lengths - row_base + row * T  # where each item lands in the flat [N*T] buffer
     tokens = np.full(n_rows * T, pad_id, dtype=np.uint32)
-    for s, n, a in zip(starts.tolist(), lengths.tolist(), at.tolist(), strict=True):
-        read_into(s, tokens[a : a + n])
+    read_spans(starts, lengths, tokens, at)
     real = np.bincount(row, weights=lengths, minlength=n_rows).astype(np.int64)
     ids = tokens.view(np.int32).astype(np.int64)
     labels = np.full(len(ids), IGNORE, dtype=np.int64)
@@ -255,6 +256,7 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     step: int
     device: torch.device
     kind = "stream"
+    _ahead: Lookahead | None = None
 
     @property
     def global_batch_size(self) -> int:
@@ -263,6 +265,24 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def batch(self, step: int) -> PackedBatch:
         raise NotImplementedError
 
+    def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """What batch `step` reads: its items' starts and lengths (told to the store ahead)."""
+        raise NotImplementedError
+
+    @property
+    def store(self) -> Any:
+        raise NotImplementedError
+
+    def _served(self, step: int, stride: int = 1) -> PackedBatch:
+        """`batch(step)`, the store told the reads of the steps after it first (lookahead.py)."""
+        ahead = self._ahead
+        if ahead is None:
+            ahead = self._ahead = Lookahead(self.store, self.reads)
+        ahead.before(step, stride)
+        out = self.batch(step)
+        ahead.after(step)
+        return out
+
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         """A few integers and the options that fix the batches. `in_hand`: batches drawn but not
         trained on yet, which the resumed stream hands out again (see BatchStream.state_dict)."""
@@ -270,6 +290,8 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     def set_epoch(self, epoch: int) -> None:
         self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+        if self._ahead is not None:
+            self._ahead.reset()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from `state`, refused unless every option it records matches this stream."""
@@ -281,6 +303,8 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
                                     f"the {self.kind} stream with the saved options")  # fmt: skip
         self.step = checks.state_int(dict(state), "step", low=0)
+        if self._ahead is not None:
+            self._ahead.reset()
 
     def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
         for k, v in out.items():
@@ -300,12 +324,13 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
         step = self.step + worker
         while True:
-            yield self.batch(step)
+            yield self._served(step, workers)
             step += workers
 
     def __next__(self) -> PackedBatch:
-        self.step += 1
-        return self.batch(self.step - 1)
+        out = self._served(self.step)
+        self.step += 1  # after the read: a step whose read failed is asked for again
+        return out
 
 
 class PackedStream(StepStream):
@@ -336,13 +361,23 @@ class PackedStream(StepStream):
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 "global_batch_size": self.global_batch_size}  # fmt: skip
 
+    def _ids(self, step: int) -> np.ndarray:
+        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        first = within * self.global_batch_size + self.rank * self.batch_size
+        return self.packs.order(epoch)[first : first + self.batch_size]
+
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (plan, seed, step, rank)."""
-        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
-        g = self.global_batch_size
-        first = within * g + self.rank * self.batch_size
-        ids = self.packs.order(epoch)[first : first + self.batch_size]
+        ids = self._ids(step)
         return self._finish(self.assemble(self.packs.rows(ids), ids, self.packs.seq_len), step)
+
+    def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        starts, lengths, _ = self.packs.items(self._ids(step))
+        return starts, lengths
+
+    @property
+    def store(self) -> Any:
+        return self.packs.data.store
 
     def assemble(self, rows: dict[str, Any], ids: np.ndarray, T: int) -> PackedBatch:
         """A batch from `PackedDataset.rows` output: padded [B, T] rows with cu_seqlens over

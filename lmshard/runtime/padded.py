@@ -16,8 +16,8 @@ truncated (default), split into pieces, or dropped, and counted (`stream.items`)
 labels[i] is the token after input_ids[i] in the same document; -100 at each document's last
 token and on padding. attention_mask is 1 on real tokens.
 
-Memory model: per document 8 (start) + 8 (length) bytes, plus one epoch's order (8 bytes per
-document); a batch reads its own tokens only.
+Memory model: per document 8 (start) + 8 (length) bytes, plus the orders of the last two epochs
+used (8 bytes per document each); a batch reads its own tokens only.
 """
 
 from __future__ import annotations
@@ -60,14 +60,14 @@ class PaddedStream(StepStream):
             raise ArgumentError(f"{len(self.items.length)} documents cannot fill one global batch of {g} "
                                 "(batch_size × world_size); lower batch_size")  # fmt: skip
         self.step = 0
-        self._order: tuple[int, np.ndarray] | None = None
+        self._orders: dict[int, np.ndarray] = {}  # the last two epochs: reading ahead may cross an epoch's end
 
     kind = "padded"
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's documents as [steps_per_epoch, global batch] item ids."""
-        if self._order is not None and self._order[0] == epoch:
-            return self._order[1]
+        if epoch in self._orders:
+            return self._orders[epoch]
         rng = step_rng(self.seed, epoch, _ORDER_SALT)
         g, steps = self.global_batch_size, self.steps_per_epoch
         perm = rng.permutation(len(self.items.length))[: steps * g]
@@ -79,7 +79,7 @@ class PaddedStream(StepStream):
             batches = perm.reshape(steps, g)[rng.permutation(steps)]
         else:
             batches = perm.reshape(steps, g)
-        self._order = (epoch, batches)
+        self._orders = {**dict(list(self._orders.items())[-1:]), epoch: batches}
         return batches
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
@@ -87,15 +87,25 @@ class PaddedStream(StepStream):
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size}  # fmt: skip
 
+    def _ids(self, step: int) -> np.ndarray:
+        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        return self.order(epoch)[within][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = self._ids(step)
+        return self.items.start[ids], self.items.length[ids]
+
+    @property
+    def store(self) -> Any:
+        return self.data.store
+
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (lengths, options, seed, step, rank)."""
-        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
-        ids = self.order(epoch)[within][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        ids = self._ids(step)
         starts, lengths = self.items.start[ids], self.items.length[ids]
         L = self.max_len if self.pad_to_max else int(lengths.max())
         tokens = np.full((len(ids), L), self.pad_id, dtype=np.uint32)
-        for r, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
-            self.data.store.read_into(s, tokens[r, :n])
+        self.data.store.read_spans(starts, lengths, tokens.reshape(-1), np.arange(len(ids), dtype=np.int64) * L)
         x = tokens.view(np.int32).astype(np.int64)
         mask = np.arange(L)[None, :] < lengths[:, None]
         labels = np.full_like(x, IGNORE)

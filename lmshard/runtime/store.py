@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import INDEX_DTYPE, TOKEN_DTYPE, DatasetMeta, ShardInfo, check_index, check_shard_files, load_metadata
+from .reads import SplitReads
 
 DEFAULT_RSS_LIMIT = 1 << 30
 
@@ -143,7 +144,7 @@ class _Span:
         return at, (at < 0) if int(at.min()) < 0 else None
 
 
-class TokenStore:
+class TokenStore(SplitReads):
     """The tokens of one split, addressed by global offset across its shards in order."""
 
     def __init__(
@@ -245,9 +246,6 @@ class TokenStore:
             raise FormatError(f"{self.root / self.shards[k].path}: read {got} of {want} bytes at token {local}; "
                               "the shard changed after it was opened: run `lmshard inspect`")  # fmt: skip
 
-    def shard_of(self, offset: int) -> int:
-        return int(np.searchsorted(self.starts, offset, side="right")) - 1
-
     def read_into(self, offset: int, out: np.ndarray) -> None:
         """Fill `out` (uint32, contiguous) with the tokens at [offset, offset + len(out)),
         crossing shard boundaries as needed."""
@@ -343,37 +341,6 @@ class TokenStore:
 
     def index(self, k: int) -> np.ndarray:
         return self._arrays[k][1] if self._arrays is not None else self._get(k).index
-
-    def doc_lengths(self) -> np.ndarray:
-        """The length in tokens (separators included) of every document of the split, in stream
-        order, as int64: 8 bytes per document, built shard by shard from the document indexes
-        (no token is read). Documents never cross a shard boundary."""
-        out = np.empty(self.n_docs, dtype=np.int64)
-        at = 0
-        for k in range(len(self.shards)):
-            idx = self.index(k)
-            n = len(idx) - 1
-            np.subtract(idx[1:], idx[:-1], out=out[at : at + n], casting="unsafe")
-            at += n
-        return out
-
-    def doc_start(self, k: int, i: int) -> int:
-        """Global offset of document `i` of shard `k`."""
-        return int(self.starts[k]) + int(self.index(k)[i])
-
-    def doc_starts_in(self, lo: int, hi: int) -> np.ndarray:
-        """Global offsets of document starts strictly inside (lo, hi)."""
-        found = []
-        k = self.shard_of(lo)
-        while k < len(self.shards) and self.starts[k] < hi:
-            base = int(self.starts[k])
-            idx = self.index(k)
-            a, b = np.searchsorted(idx, [lo - base + 1, hi - base], side="left")
-            found.append(np.asarray(idx[a:b], dtype=np.int64) + base)
-            if base > lo:
-                found.append(np.array([base], dtype=np.int64))  # a shard boundary is a doc start
-            k += 1
-        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
 def open_store(

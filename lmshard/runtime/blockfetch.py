@@ -1,0 +1,322 @@
+"""Blocks of a remote split in memory: the pool, the fetches in flight, and the exact prefetch.
+
+`pin(blocks)` makes blocks readable and keeps them until `unpin`: those in the pool are pinned
+at once; those another thread is fetching are waited for; the rest are fetched on this thread
+(`BlockReader.read`: disk cache, else ranged GETs, checked). A block the pool has no room for
+(every slot pinned) is read into memory of its own for this call, so a reader never waits for
+room and the pool never deadlocks.
+
+**Exact prefetch.** A stream knows the rows of its next steps, so it `announce`s them (a key
+and the blocks they touch) as it serves earlier ones, and `release`s a step once served. The
+pool's blocks of an announced step are pinned at once; the rest are queued for a background
+thread, which fetches the queue in order, a round of up to `ROUND_BLOCKS` blocks at a time sent
+concurrently (runs of adjacent blocks coalesced, `blockread.py`), and pins them for their step.
+It only takes slots that are free or evictable (not pinned, not being filled); when the pool
+has none left it waits for a release, and the steps it did not reach are fetched by the reader
+when it gets there. A fetch that fails on the background thread is not kept: a reader that was
+waiting on it gets its error; later ones fetch again.
+
+After a fork (DataLoader workers) or in an unpickled copy, the pool, the thread and the
+connections are built again on first use: nothing is shared between processes but the disk
+cache.
+
+Memory model: the pool (`pool_limit` bytes, see blockpool.py); blocks in flight beyond the pool
+only for a reader the pool had no room for (the blocks of its own call); per announced step its
+block numbers (8 bytes per block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..errors import LmshardError
+from .blockpool import BlockPool
+from .blockread import BlockReader
+
+ROUND_BLOCKS = 256  # blocks fetched per background round: 16 MiB
+_IDLE_SECONDS = 1.0  # how often an idle fetch thread checks that its pool still exists
+
+
+class _Fetch:
+    """Blocks being fetched by one thread: the others wait on `done`."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class _Step:
+    """An announced step: its blocks, and the slots pinned for it so far."""
+
+    __slots__ = ("blocks", "pinned", "live")
+
+    def __init__(self, blocks: list[int]) -> None:
+        self.blocks, self.live = blocks, True
+        self.pinned: list[np.ndarray] = []
+
+
+class Blocks:
+    def __init__(self, reader: BlockReader, pool_limit: int) -> None:
+        self.reader, self.pool_limit = reader, pool_limit
+        self._start()
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self.pool = BlockPool(self.pool_limit, self.reader.block_tokens)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._loading: dict[int, _Fetch] = {}
+        self._steps: dict[Any, _Step] = {}
+        self._queue: deque[_Step] = deque()
+        self._thread: threading.Thread | None = None
+        self._rounds = 0  # background rounds in flight
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"reader": self.reader, "pool_limit": self.pool_limit}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start()
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's threads and sockets are not ours
+            self.reader = _rebuilt(self.reader)
+            self._start()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def pin(self, blocks: list[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """(slot of each block, -1 for one read outside the pool; {block: tokens} of those)."""
+        self._check_process()
+        with self._lock:
+            slots = self.pool.lookup(blocks)
+            if min(slots, default=0) >= 0:
+                found = np.array(slots, dtype=np.int64)
+                self.pool.pin(found)
+                return found, {}
+        return self._pin_slow(blocks)
+
+    def unpin(self, slots: np.ndarray) -> None:
+        held = slots[slots >= 0]
+        if len(held):
+            with self._lock:
+                self.pool.unpin(held)
+
+    def _pin_slow(self, blocks: list[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        held: dict[int, int] = {}
+        outside: dict[int, np.ndarray] = {}
+        try:
+            for _ in range(3):  # a block fetched by another thread may be evicted before we pin it
+                todo = [g for g in blocks if g not in held and g not in outside]
+                if not todo:
+                    break
+                self._gather(todo, held, outside)
+            todo = [g for g in blocks if g not in held and g not in outside]
+            if todo:
+                outside.update(self.reader.read(todo))
+        except BaseException:
+            self.unpin(np.array(list(held.values()), dtype=np.int64))
+            raise
+        return np.array([held.get(g, -1) for g in blocks], dtype=np.int64), outside
+
+    def _gather(self, todo: list[int], held: dict[int, int], outside: dict[int, np.ndarray]) -> None:
+        """One pass: pin what the pool has, fetch what nobody is fetching, wait for the rest."""
+        with self._lock:
+            mine, waits = [], []
+            for g in todo:
+                s = self.pool.where.get(g, -1)
+                if s >= 0:
+                    self.pool.pin(np.array([s]))
+                    held[g] = s
+                elif g in self._loading:
+                    waits.append(self._loading[g])
+                else:
+                    mine.append(g)
+            fetch, slots = self._claim(mine)
+        if mine:
+            self._fill(mine, slots, fetch, held, outside)
+        for f in waits:
+            f.done.wait()
+            if f.error is not None:
+                raise _again(f.error)
+
+    def _claim(self, blocks: list[int]) -> tuple[_Fetch, list[int]]:
+        """(lock held) Slots for `blocks` (maybe fewer), marked as being fetched by this thread."""
+        fetch = _Fetch()
+        for g in blocks:
+            self._loading[g] = fetch
+        return fetch, self.pool.reserve(blocks)
+
+    def _fill(self, blocks: list[int], slots: list[int], fetch: _Fetch, held: dict[int, int] | None,
+              outside: dict[int, np.ndarray] | None) -> None:  # fmt: skip
+        """Fetch `blocks`, copy them into their slots (busy: nobody else touches them) and
+        publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
+        `outside`. On failure the slots are freed and waiters get the error."""
+        try:
+            got = self.reader.read(blocks)
+            for g, s in zip(blocks, slots, strict=False):
+                tokens = got[g]
+                self.pool.slot(s, len(tokens))[...] = tokens
+        except BaseException as e:
+            with self._lock:
+                for g, s in itertools.zip_longest(blocks, slots):
+                    self._loading.pop(g, None)
+                    if s is not None:
+                        self.pool.abandon(s)
+            fetch.error = e
+            fetch.done.set()
+            raise
+        with self._lock:
+            for g, s in itertools.zip_longest(blocks, slots):
+                self._loading.pop(g, None)
+                if s is None:
+                    if outside is not None:
+                        outside[g] = got[g]
+                    continue
+                self.pool.publish(g, s, pinned=held is not None)
+                if held is not None:
+                    held[g] = s
+            self._wake.notify_all()
+        fetch.done.set()
+
+    # -- exact prefetch --------------------------------------------------------------------
+
+    def announce(self, key: Any, blocks: list[int]) -> None:
+        """The blocks a coming step will read: pin the pool's now, queue the rest."""
+        self._check_process()
+        step = _Step(blocks)
+        with self._wake:
+            self.release_locked(key)
+            self._steps[key] = step
+            slots = np.array(self.pool.lookup(blocks), dtype=np.int64)
+            here = slots[slots >= 0]
+            self.pool.pin(here)
+            step.pinned.append(here)
+            if len(here) < len(blocks) and self.pool.n:
+                self._queue.append(step)
+                self._ensure_thread()
+                self._wake.notify_all()
+
+    def release(self, key: Any) -> None:
+        """A step was served (or will not be): its blocks may go."""
+        with self._wake:
+            self.release_locked(key)
+
+    def release_locked(self, key: Any) -> None:
+        step = self._steps.pop(key, None)
+        if step is not None:
+            step.live = False
+            for slots in step.pinned:
+                self.pool.unpin(slots)
+            step.pinned = []
+            self._wake.notify_all()
+
+    def release_owner(self, owner: int) -> None:
+        """Every step announced under keys (owner, step)."""
+        with self._wake:
+            for key in [k for k in self._steps if isinstance(k, tuple) and k[0] == owner]:
+                self.release_locked(key)
+
+    def drain(self) -> None:
+        """Wait until the background thread has done every round it can do now: the announced
+        steps fetched, or left to the reader where the pool has no room for them."""
+        with self._wake:
+            self._wake.wait_for(lambda: self._closed or not self._rounds and not self._plan()[0])
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=_prefetch, args=(weakref.ref(self),), daemon=True,
+                                            name="lmshard-prefetch")  # fmt: skip
+            self._thread.start()
+
+    def _plan(self) -> tuple[int, list[int]]:
+        """(lock held) How many queued steps the next round takes, and the blocks it fetches for
+        them: steps in order, up to ROUND_BLOCKS blocks, while the pool has room for them."""
+        taken, wanted, seen = 0, list[int](), set[int]()
+        room = self.pool.free_or_evictable
+        for step in self._queue:
+            if len(wanted) >= ROUND_BLOCKS:
+                break
+            if step.live:
+                missing = [g for g in step.blocks if g not in self.pool.where and g not in self._loading
+                           and g not in seen]  # fmt: skip
+                if len(missing) > room - len(wanted):
+                    break  # no room until a step is released: the reader fetches what it needs itself
+                wanted += missing
+                seen.update(missing)
+            taken += 1
+        return taken, wanted
+
+    def _next_round(self) -> tuple[list[_Step], list[int], list[int], _Fetch] | None:
+        """(lock held) The steps of the next round, the blocks to fetch for them and their slots;
+        None when there is nothing to do now."""
+        taken, wanted = self._plan()
+        if not taken:
+            return None
+        steps = [step for step in (self._queue.popleft() for _ in range(taken)) if step.live]
+        self._rounds += 1
+        fetch, slots = self._claim(wanted)
+        return steps, wanted, slots, fetch
+
+    def _round(self, work: tuple[list[_Step], list[int], list[int], _Fetch]) -> None:
+        steps, wanted, slots, fetch = work
+        try:
+            if wanted:
+                with contextlib.suppress(LmshardError):  # kept on the fetch for a waiting reader
+                    self._fill(wanted, slots, fetch, None, None)
+        finally:
+            with self._wake:
+                for step in steps:
+                    if step.live:  # pin what it now has here (a block another reader fetches is not waited for)
+                        found = np.array(self.pool.lookup(step.blocks), dtype=np.int64)
+                        new = np.setdiff1d(found[found >= 0], np.concatenate([*step.pinned, np.zeros(0, np.int64)]))
+                        self.pool.pin(new)
+                        step.pinned.append(new)
+                self._rounds -= 1
+                self._wake.notify_all()
+
+
+def _prefetch(ref: weakref.ref[Blocks]) -> None:
+    """The background fetch thread: rounds of the queue, while its pool exists and is open."""
+    while True:
+        blocks = ref()
+        if blocks is None:
+            return
+        with blocks._wake:
+            if blocks._closed:
+                return
+            work = blocks._next_round()
+            if work is None:
+                blocks._wake.wait(_IDLE_SECONDS)
+        if work is not None:
+            blocks._round(work)
+        del blocks, work
+
+
+def _again(error: BaseException) -> BaseException:
+    """Another thread's error, raised afresh on this one (one line, same type where it can)."""
+    if isinstance(error, LmshardError):
+        return type(error)(str(error))
+    return error
+
+
+def _rebuilt(reader: BlockReader) -> BlockReader:
+    import pickle
+
+    return pickle.loads(pickle.dumps(reader))  # noqa: S301 (our own object, never from outside)

@@ -1,0 +1,171 @@
+"""Reading a remote split's blocks: from the local disk cache when it holds them, else with
+ranged GETs, and every block checked before anyone uses it.
+
+Blocks are numbered across the split (shard 0's blocks, then shard 1's, ...). A request covers
+a run of adjacent blocks of one shard (at most `MAX_RUN`, 4 MiB); the runs of one call are sent
+concurrently (`Remote.read_ranges`). Each block is held to its shard's block sums
+(format/blocks.py); a mismatch is a `FormatError` naming the shard's URL and the block. The sums
+file itself is fetched once per shard, on first use, and held to the metadata's
+`sums_xxh3_64`. A shard without sums (datasets written before them) is read in the same 64 KiB
+units unchecked: only the disk cache's own copies are checked (against the trailer written with
+them).
+
+Memory model: the blocks of one call (they go on into the pool or the caller's rows); per shard
+read so far, its block sums (8 bytes per 64 KiB of tokens).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+from ..format import REGENERATE_HINT, TOKEN_DTYPE, check_blocks
+from ..format.blocks import SUMS_DTYPE, block_sums
+from ..remote import Remote, redact
+from .diskcache import TRAILER, DiskCache
+
+MAX_RUN = 64  # blocks per request: 4 MiB
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """What reading a shard's blocks needs from its metadata."""
+
+    rel: str  # the token file, relative to the dataset
+    n_tokens: int
+    xxh3_64: str
+    sums_rel: str  # "" when the shard has no block sums
+    sums_bytes: int
+    sums_xxh3_64: str
+
+
+def xxh3_hex(data: bytes | memoryview) -> str:
+    """The xxh3-64 of `data` as the metadata writes it: the sum of a single block that holds it all
+    (the runtime reaches xxhash only through the format layer)."""
+    one_block = len(data) // TOKEN_DTYPE.itemsize + 1
+    return f"{int.from_bytes(block_sums(data, one_block), 'little'):016x}"
+
+
+def _trailer(data: bytes | memoryview, block_tokens: int) -> bytes:
+    return block_sums(data, block_tokens)  # one block: its xxh3-64, 8 bytes LE
+
+
+class BlockReader:
+    """Fetches and checks blocks of one split: `read(blocks)` -> {block: uint32 tokens}."""
+
+    def __init__(self, remote: Remote, shards: list[ShardRef], block_tokens: int, cache: DiskCache | None) -> None:
+        self.remote, self.shards, self.block_tokens, self.cache = remote, shards, block_tokens, cache
+        counts = [-(-s.n_tokens // block_tokens) for s in shards]
+        self.base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # first block of each shard
+        self._sums: dict[int, np.ndarray | None] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_sums", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _sums={}, _lock=threading.Lock())
+
+    def where(self, k: int) -> str:
+        return redact(self.remote.url_of(self.shards[k].rel))
+
+    def locate(self, g: int) -> tuple[int, int, int]:
+        """(shard, block within it, its tokens) of block g."""
+        k = int(np.searchsorted(self.base, g, side="right")) - 1
+        b = g - int(self.base[k])
+        return k, b, min(self.block_tokens, self.shards[k].n_tokens - b * self.block_tokens)
+
+    def sums(self, k: int) -> np.ndarray | None:
+        """Shard k's block sums, fetched and checked on first use; None without sums."""
+        if k in self._sums:
+            return self._sums[k]
+        shard = self.shards[k]
+        sums = None
+        if shard.sums_rel:
+            data = self.remote.read_range(shard.sums_rel, 0, shard.sums_bytes)
+            if len(data) != shard.sums_bytes or xxh3_hex(data) != shard.sums_xxh3_64:
+                raise FormatError(f"{redact(self.remote.url_of(shard.sums_rel))}: does not match the size and "
+                                  f"'sums_xxh3_64' of its metadata; {REGENERATE_HINT}")  # fmt: skip
+            sums = np.frombuffer(data, dtype=SUMS_DTYPE)
+        with self._lock:
+            self._sums[k] = sums
+        return sums
+
+    def read(self, blocks: Sequence[int]) -> dict[int, np.ndarray]:
+        """Every block in `blocks`, checked: from the disk cache where it holds a good copy, the
+        rest fetched (and then added to the cache)."""
+        out: dict[int, np.ndarray] = {}
+        missing = []
+        for g in sorted(set(blocks)):
+            got = self._cached(g)
+            if got is None:
+                missing.append(g)
+            else:
+                out[g] = got
+        if missing:
+            fetched = self._fetch(missing)
+            out.update(fetched)
+            if self.cache is not None:
+                self.cache.put_many([self._entry(g, a) for g, a in fetched.items()])
+        return out
+
+    def _key(self, k: int) -> str:
+        return f"{self.shards[k].xxh3_64}-{self.block_tokens}"
+
+    def _cached(self, g: int) -> np.ndarray | None:
+        if self.cache is None:
+            return None
+        k, b, n = self.locate(g)
+        data = self.cache.get(self._key(k), b)
+        if data is None:
+            return None
+        body = memoryview(data)[:-TRAILER]
+        sums = self.sums(k)
+        ok = len(data) == n * TOKEN_DTYPE.itemsize + TRAILER and _trailer(body, self.block_tokens) == data[-TRAILER:]
+        if ok and (sums is None or int.from_bytes(data[-TRAILER:], "little") == int(sums[b])):
+            return np.frombuffer(body, dtype=TOKEN_DTYPE)
+        self.cache.discard(self._key(k), b)  # damaged or stale: fetch it again
+        return None
+
+    def _entry(self, g: int, tokens: np.ndarray) -> tuple[str, int, bytes]:
+        k, b, _ = self.locate(g)
+        sums = self.sums(k)
+        body = tokens.tobytes()
+        trailer = sums[b : b + 1].tobytes() if sums is not None else _trailer(body, self.block_tokens)
+        return self._key(k), b, body + trailer
+
+    def runs(self, blocks: list[int]) -> list[tuple[int, int, int]]:
+        """(shard, first block, blocks) of each request: adjacent blocks of a shard coalesced,
+        at most MAX_RUN per request. `blocks` is sorted."""
+        out: list[tuple[int, int, int]] = []
+        for g in blocks:
+            k, b, _ = self.locate(g)
+            if out and out[-1][0] == k and out[-1][1] + out[-1][2] == b and out[-1][2] < MAX_RUN:
+                out[-1] = (k, out[-1][1], out[-1][2] + 1)
+            else:
+                out.append((k, b, 1))
+        return out
+
+    def _fetch(self, blocks: list[int]) -> dict[int, np.ndarray]:
+        bt, size = self.block_tokens, TOKEN_DTYPE.itemsize
+        runs = self.runs(blocks)
+        for k in {k for k, _, _ in runs}:
+            self.sums(k)  # before the tokens: a bad sums file is named as such
+        starts = [b * bt * size for _, b, _ in runs]
+        ends = [min((b + n) * bt, self.shards[k].n_tokens) * size for k, b, n in runs]
+        data = self.remote.read_ranges([self.shards[k].rel for k, _, _ in runs], starts, ends)
+        out: dict[int, np.ndarray] = {}
+        for (k, b, n), raw in zip(runs, data, strict=True):
+            sums = self.sums(k)
+            if sums is not None:
+                check_blocks(self.where(k), raw, b, sums, bt)
+            tokens = np.frombuffer(raw, dtype=TOKEN_DTYPE)
+            first = int(self.base[k]) + b
+            for i in range(n):
+                out[first + i] = tokens[i * bt : (i + 1) * bt]
+        return out

@@ -1,0 +1,284 @@
+"""Token storage for a split of a dataset at a URL (s3://, gs://, az://, hf://, https://): the
+remote counterpart of `store.TokenStore`, with the same reads, so every stream works on it.
+
+Opening reads the metadata once (`remote.dataset.open_remote`, which follows the redirect of a
+replaced dataset to its current generation, whose objects never change) and lists the split's
+objects once, to hold every shard's files to the sizes the metadata gives. A shard's document
+index is fetched when first needed (document-aligned rows, cu_seqlens, packing) and held to the
+metadata's `index_xxh3_64`; its block sums likewise (blockread.py).
+
+Tokens are read in whole checksum blocks (64 KiB), each checked before use, through a bounded
+in-memory pool (blockfetch.py) and an optional bounded disk cache (diskcache.py). A batch's rows
+are gathered from the pool by one fancy index, as from mapped shards; a row whose blocks are
+not in consecutive slots is copied piece by piece. Streams announce the rows of their next
+`lookahead` steps, and a background thread fetches them (exact prefetch).
+
+Pickled (DataLoader workers) without its pool, thread, connections or indexes: each process
+builds its own on first read, and shares only the disk cache.
+
+Memory model: the pool (`pool_limit`, default 256 MiB, per process); per shard a few integers
+and, once read, its block sums (8 bytes per 64 KiB); the document indexes of at most
+`max_open` shards (8 bytes per document); in a call that the pool has no room for, that call's
+blocks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError, FormatError
+from ..format import INDEX_DTYPE, REGENERATE_HINT, TOKEN_DTYPE, DatasetMeta, ShardInfo, check_index
+from ..format.blocks import BLOCK_TOKENS
+from ..remote import Remote, Retry, redact
+from ..remote.dataset import open_remote
+from ..remote.urls import scheme
+from . import checks
+from .blockfetch import Blocks
+from .blockread import BlockReader, ShardRef, xxh3_hex
+from .diskcache import DiskCache
+from .reads import SplitReads
+
+DEFAULT_POOL_LIMIT = 256 << 20
+DEFAULT_LOOKAHEAD = 8
+
+
+class RemoteStore(SplitReads):
+    """The tokens of one split of a remote dataset, addressed like `TokenStore`'s."""
+
+    mapped = False  # never memory-mapped: MixedStore gathers its rows through `gather`
+
+    def __init__(self, remote: Remote, shards: list[ShardInfo], *, max_open: int, pool_limit: int,
+                 cache: DiskCache | None, lookahead: int) -> None:  # fmt: skip
+        self.remote, self.shards = remote, shards
+        self.sizes = np.array([s.n_tokens for s in shards], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.doc_counts = np.array([s.n_docs for s in shards], dtype=np.int64)
+        self.n_tokens, self.n_docs = int(self.starts[-1]), int(self.doc_counts.sum())
+        self.max_open, self.lookahead = max_open, lookahead
+        self.block_tokens = bt = _block_tokens(remote, shards)
+        refs = [ShardRef(s.path, s.n_tokens, s.xxh3_64, s.sums_path, s.sums_bytes, s.sums_xxh3_64) for s in shards]
+        self.reader = BlockReader(remote, refs, bt, cache)
+        self.blocks = Blocks(self.reader, pool_limit)
+        self.base = self.reader.base  # first block of each shard, then the total
+        self.short_last = (self.sizes % bt) != 0  # shards whose last block is short
+        self._indexes: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_indexes": OrderedDict()}
+
+    def close(self) -> None:
+        self.blocks.close()
+
+    def drain(self) -> None:
+        """Wait until the blocks of the announced steps are fetched (as far as the pool holds
+        them): to warm up before timing, or to see what the prefetch did."""
+        self.blocks.drain()
+
+    @property
+    def open_files(self) -> int:
+        return 0
+
+    # -- where rows are ------------------------------------------------------------------------
+
+    def _block_of(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(block, shard) of each token offset."""
+        if len(self.shards) == 1:
+            return offsets // self.block_tokens, np.zeros(len(offsets), dtype=np.int64)
+        k = np.searchsorted(self.starts, offsets, side="right") - 1
+        return self.base[k] + (offsets - self.starts[k]) // self.block_tokens, k
+
+    def _spans(self, starts: np.ndarray, lengths: np.ndarray | int) -> np.ndarray:
+        """The distinct blocks that spans of `lengths` tokens at `starts` touch, sorted."""
+        starts = np.asarray(starts, dtype=np.int64)
+        first, _ = self._block_of(starts)
+        last, _ = self._block_of(starts + np.maximum(np.asarray(lengths, dtype=np.int64), 1) - 1)
+        if len(first) and int((last - first).max()) <= 1:
+            return np.unique(np.concatenate([first, last]))
+        counts = last - first + 1
+        ends = np.cumsum(counts)
+        return np.unique(np.repeat(first - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0))
+
+    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None:
+        if len(starts):
+            self.blocks.announce(key, self._spans(starts, lengths).tolist())
+
+    def release(self, key: Any) -> None:
+        self.blocks.release(key)
+
+    def release_owner(self, owner: int) -> None:
+        self.blocks.release_owner(owner)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        """[rows, length] uint32 (see `TokenStore.gather`): a new array when every row is in
+        consecutive slots of the pool, else read into `scratch` (or a new array)."""
+        return self._rows(np.asarray(offsets, dtype=np.int64), length, None, scratch)
+
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+        """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from its offset."""
+        self._rows(np.asarray(offsets, dtype=np.int64), out.shape[1], out, None)
+
+    def _rows(self, offsets: np.ndarray, length: int, out: np.ndarray | None, scratch: np.ndarray | None) -> np.ndarray:
+        """Rows by one fancy index over the pool's row view where their blocks sit in
+        consecutive slots, piece by piece for the rest."""
+        need = self._spans(offsets, length)
+        slots, outside = self.blocks.pin(need.tolist())
+        try:
+            whole, pos = self._placed(offsets, length, need, slots) if not outside else (None, None)
+            view = self.blocks.pool.rows(length)
+            if whole is not None and whole.all():
+                if out is None:
+                    return view[pos]  # type: ignore[no-any-return]
+                out[...] = view[pos]
+                return out
+            if out is None:
+                n = len(offsets) * length
+                use = scratch is not None and len(scratch) >= n
+                out = scratch[:n].reshape(-1, length) if use else np.empty((len(offsets), length), TOKEN_DTYPE)  # type: ignore[index]
+            rest = np.arange(len(offsets))
+            if whole is not None:
+                out[whole] = view[pos[whole]]  # type: ignore[index]
+                rest = rest[~whole]
+            self._copy_each(offsets[rest], np.full(len(rest), length), out.reshape(-1), rest * length, need, slots,
+                            outside)  # fmt: skip
+            return out
+        finally:
+            self.blocks.unpin(slots)
+
+    def _placed(self, offsets: np.ndarray, length: int, need: np.ndarray,
+                slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(which rows the pool's row view holds whole, their positions in it): a row inside
+        one block, or one that runs on into the next block held in the next slot."""
+        bt = self.block_tokens
+        g0, k0 = self._block_of(offsets)
+        g1, _ = self._block_of(offsets + length - 1)
+        s0 = slots[np.searchsorted(need, g0)]
+        whole = g1 == g0
+        if not whole.all():
+            s1 = slots[np.searchsorted(need, g1)]
+            full = (g0 < self.base[k0 + 1] - 1) | ~self.short_last[k0]
+            whole |= (g1 == g0 + 1) & (s1 == s0 + 1) & full
+        return whole, s0 * bt + (offsets - self.starts[k0]) % bt
+
+    def read_into(self, offset: int, out: np.ndarray) -> None:
+        """Fill `out` with the tokens at [offset, offset + len(out)), across shards as needed."""
+        self.read_spans(np.array([offset]), np.array([len(out)]), out, np.zeros(1, dtype=np.int64))
+
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
+        """Many spans at once: their blocks are fetched together (concurrently), then copied."""
+        keep = np.asarray(lengths) > 0
+        starts, lengths, at = np.asarray(starts)[keep], np.asarray(lengths)[keep], np.asarray(at)[keep]
+        if not len(starts):
+            return
+        need = self._spans(starts, lengths)
+        slots, outside = self.blocks.pin(need.tolist())
+        try:
+            self._copy_each(starts, lengths, out, at, need, slots, outside)
+        finally:
+            self.blocks.unpin(slots)
+
+    def _copy_each(self, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray, need: np.ndarray,
+                   slots: np.ndarray, outside: dict[int, np.ndarray]) -> None:  # fmt: skip
+        """Span by span, block by block (the blocks are pinned or in `outside`)."""
+        slot_of = dict(zip(need.tolist(), slots.tolist(), strict=True))
+        bt, pool = self.block_tokens, self.blocks.pool
+        for o, n, a in zip(starts.tolist(), lengths.tolist(), at.tolist(), strict=True):
+            while n > 0:
+                k = self.shard_of(o)
+                local = o - int(self.starts[k])
+                b = local // bt
+                g, within, size = int(self.base[k]) + b, local - b * bt, min(bt, int(self.sizes[k]) - b * bt)
+                take = min(n, size - within)
+                src = outside[g] if g in outside else pool.slot(slot_of[g], size)
+                out[a : a + take] = src[within : within + take]
+                o, a, n = o + take, a + take, n - take
+
+    # -- document indexes --------------------------------------------------------------------
+
+    def index(self, k: int) -> np.ndarray:
+        """Shard k's document index, fetched on first use and held to the metadata's
+        `index_xxh3_64` (at most `max_open` kept, least recently used dropped)."""
+        found = self._indexes.get(k)
+        if found is not None:
+            self._indexes.move_to_end(k)
+            return found
+        shard = self.shards[k]
+        url = redact(self.remote.url_of(shard.index_path))
+        data = self.remote.read_range(shard.index_path, 0, shard.idx_bytes)
+        if len(data) != shard.idx_bytes or xxh3_hex(data) != shard.index_xxh3_64:
+            raise FormatError(f"{url}: does not match the size and 'index_xxh3_64' of its metadata; "
+                              f"{REGENERATE_HINT}")  # fmt: skip
+        index = np.frombuffer(data, dtype=INDEX_DTYPE)
+        check_index(Path(url), index, shard.n_tokens)
+        self._indexes[k] = index
+        if len(self._indexes) > self.max_open:
+            self._indexes.popitem(last=False)
+        return index
+
+
+def _block_tokens(remote: Remote, shards: list[ShardInfo]) -> int:
+    """The split's block size: its shards' (one size for all), or 64 KiB for shards without sums."""
+    sizes = {s.block_tokens for s in shards if s.sums_path}
+    if len(sizes) > 1:
+        raise FormatError(f"{redact(remote.url)}: its shards have block sums of different sizes "
+                          f"({', '.join(map(str, sorted(sizes)))} tokens); {REGENERATE_HINT}")  # fmt: skip
+    return sizes.pop() if sizes else BLOCK_TOKENS
+
+
+def check_objects(remote: Remote, split: str, shards: list[ShardInfo]) -> None:
+    """Every shard's objects exist with the sizes the metadata gives (one listing of the split;
+    plain web servers list nothing, so their files are held to it as they are read)."""
+    if scheme(remote.url) in ("http", "https"):
+        return
+    listing = remote.listing(split)
+    for shard in shards:
+        files = [(shard.path, "n_tokens", shard.n_tokens, shard.bin_bytes),
+                 (shard.index_path, "n_docs", shard.n_docs, shard.idx_bytes)]  # fmt: skip
+        if shard.sums_path:
+            files.append((shard.sums_path, "n_tokens", shard.n_tokens, shard.sums_bytes))
+        for rel, key, count, expected in files:
+            size = listing.get(rel)
+            if size != expected:
+                found = f"{size} bytes, but '{key}' {count} in the metadata means {expected}" if size else "missing"
+                raise FormatError(f"{redact(remote.url_of(rel))}: {found}; {REGENERATE_HINT}")
+
+
+def open_remote_store(url: str, split: str, max_open: int, *, cache_dir: str | os.PathLike[str] | None,
+                      cache_limit: int | None, pool_limit: int | None, prefetch_steps: int | None,
+                      storage_options: dict[str, Any] | None,
+                      retry: Retry | None) -> tuple[DatasetMeta, RemoteStore, Path | None]:  # fmt: skip
+    """(metadata, store, where packing plans are cached) of a split of the dataset at `url`."""
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise ArgumentError(f"storage_options={checks.show(storage_options)} is not a dict; pass the filesystem's "
+                            "options as a dict, e.g. {'anon': True}")  # fmt: skip
+    if retry is not None and not isinstance(retry, Retry):
+        raise ArgumentError(f"retry={checks.show(retry)} is not a lmshard.remote.Retry; pass Retry(attempts=...)")
+    pool = DEFAULT_POOL_LIMIT if pool_limit is None else checks.nonnegative("pool_limit", pool_limit)
+    ahead = DEFAULT_LOOKAHEAD if prefetch_steps is None else checks.nonnegative("prefetch_steps", prefetch_steps)
+    cache = None
+    if cache_dir is not None:
+        if not isinstance(cache_dir, str | os.PathLike):
+            raise ArgumentError(f"cache_dir={checks.show(cache_dir)} is not a path; pass a local directory")
+        if cache_limit is None:
+            raise ArgumentError("cache_dir= needs cache_limit=, the most bytes the cache may hold on disk; pass e.g. "
+                                "cache_limit=100 << 30 (100 GiB)")  # fmt: skip
+        cache = DiskCache(cache_dir, checks.positive("cache_limit", cache_limit))
+    elif cache_limit is not None:
+        raise ArgumentError("cache_limit= without cache_dir=; pass cache_dir= too (a local directory) to keep blocks "
+                            "on disk")  # fmt: skip
+    meta, remote = open_remote(url, storage_options, retry)
+    if split not in meta.splits:
+        raise FormatError(f"{redact(url)}: no split {split!r} (splits: {', '.join(meta.splits)})")
+    check_objects(remote, split, list(meta.split_shards(split)))
+    shards = [s for s in meta.split_shards(split) if s.n_tokens]
+    if not shards:
+        raise FormatError(f"{redact(url)}: split {split!r} holds no tokens; prepare more data or use another split")
+    store = RemoteStore(remote, shards, max_open=max_open, pool_limit=pool, cache=cache, lookahead=ahead)
+    plans = None if cache_dir is None else Path(cache_dir) / "plans"
+    return meta, store, plans
