@@ -277,7 +277,7 @@ def test_exact_prefetch_fetches_announced_steps_on_its_thread(s3, datasets, monk
     truth = TokenDataset(datasets["many"]).random_batches(4, 300, seed=8)
     same(next(stream), next(truth))  # step 0; steps 1..4 announced
     remote.store.drain()
-    ahead = remote.store._spans(np.concatenate([stream._rows(s)[0] for s in range(1, 5)]), 301)
+    ahead = remote.store.geometry.spans(np.concatenate([stream._rows(s)[0] for s in range(1, 5)]), 301)
     assert set(ahead.tolist()) <= set(remote.store.blocks.pool.where)  # fetched before they were asked for
     assert {name for _, _, name in requests.calls if name != "MainThread"} == {"lmshard-prefetch"}
     by_reader = sum(1 for _, _, name in requests.calls if name == "MainThread")
@@ -298,7 +298,6 @@ def test_a_pool_smaller_than_the_lookahead_reads_on(s3, datasets):
             a, b = make(local), make(remote)
             for _ in range(10):
                 same(next(a), next(b))
-            assert remote.store.blocks.pool.pins.sum() or not pool  # the steps ahead hold their blocks
             del a, b
             gc.collect()  # a stream dropped mid-run gives back what it announced
             remote.store.drain()

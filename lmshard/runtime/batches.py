@@ -36,13 +36,14 @@ class RowStore(Protocol):
 
     n_tokens: int
 
-    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray: ...
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None,
+               key: Any = None) -> np.ndarray: ...  # fmt: skip
 
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None: ...
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray, key: Any = None) -> None: ...
 
     def doc_starts_in(self, lo: int, hi: int) -> np.ndarray: ...
 
-    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None: ...
+    def announce(self, key: Any, parts: list[tuple[np.ndarray, np.ndarray | int]]) -> None: ...
 
     def release(self, key: Any) -> None: ...
 
@@ -313,7 +314,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         offsets, shift = self._rows(step)
         if self._scratch is None:  # rows read (not gathered from a map) land here; never handed out
             self._scratch = np.empty(self.batch_size * (self.seq_len + self._max_shift()), dtype=np.uint32)
-        rows = self.store.gather(offsets, self.seq_len + shift, self._scratch)
+        rows = self.store.gather(offsets, self.seq_len + shift, self._scratch, key=self._ahead.key(step))
         return self._finish(torch.from_numpy(rows.view(np.int32)), step, offsets, shift)
 
     def _served(self, step: int, stride: int = 1) -> Batch:
@@ -331,7 +332,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             self._ring = _Ring(self.device, numel)
         host = self._ring.host(len(offsets), self.seq_len + shift)
         self._ahead.before(step)
-        self.store.read_rows(offsets, host.numpy().view(np.uint32))
+        self.store.read_rows(offsets, host.numpy().view(np.uint32), key=self._ahead.key(step))
         self._ahead.after(step)
         moved, event = self._ring.send(host)
         return step, (moved, event, offsets, shift)

@@ -56,13 +56,24 @@ class _Fetch:
 
 
 class _Step:
-    """An announced step: its blocks, and the slots pinned for it so far."""
+    """Announced steps: their blocks, the slot pinned for each so far (-1: not yet), and all of
+    them once every block is pinned."""
 
-    __slots__ = ("blocks", "pinned", "live")
+    __slots__ = ("blocks", "slots", "held", "live")
 
     def __init__(self, blocks: list[int]) -> None:
         self.blocks, self.live = blocks, True
-        self.pinned: list[np.ndarray] = []
+        self.slots = np.full(len(blocks), -1, dtype=np.int64)
+        self.held: np.ndarray | None = None
+
+    def pin(self, pool: BlockPool) -> None:
+        """(lock held) Pin the step's blocks the pool holds now and were not pinned for it yet."""
+        found = np.array(pool.lookup(self.blocks), dtype=np.int64)
+        new = (self.slots < 0) & (found >= 0)
+        pool.pin(found[new])
+        self.slots[new] = found[new]
+        if (self.slots >= 0).all():
+            self.held = self.slots
 
 
 class Blocks:
@@ -80,6 +91,7 @@ class Blocks:
         self._queue: deque[_Step] = deque()
         self._thread: threading.Thread | None = None
         self._rounds = 0  # background rounds in flight
+        self._stalled = False  # the next queued step waits for room in the pool
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -100,6 +112,21 @@ class Blocks:
             self._wake.notify_all()
 
     # -- reading ---------------------------------------------------------------------------
+
+    def lookup(self, blocks: list[int]) -> tuple[np.ndarray | None, int]:
+        """(the slot of every block, or None unless the pool holds them all; the pool's eviction
+        count). A reader may copy from these slots without pinning them, then check `moved`."""
+        self._check_process()
+        with self._lock:
+            slots = self.pool.lookup(blocks)
+            if min(slots, default=0) < 0:
+                return None, 0
+            self.pool.used[slots] = True
+            return np.array(slots, dtype=np.int64), self.pool.evictions
+
+    def moved(self, evictions: int) -> bool:
+        """Whether a slot may have been refilled since `lookup` returned `evictions`."""
+        return self.pool.evictions != evictions
 
     def pin(self, blocks: list[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """(slot of each block, -1 for one read outside the pool; {block: tokens} of those)."""
@@ -198,23 +225,26 @@ class Blocks:
     # -- exact prefetch --------------------------------------------------------------------
 
     def announce(self, key: Any, blocks: list[int]) -> None:
-        """The blocks a coming step will read: pin the pool's now, queue the rest."""
+        """The blocks coming steps will read: pin the pool's now, queue the rest."""
         self._check_process()
         step = _Step(blocks)
         with self._wake:
             self.release_locked(key)
             self._steps[key] = step
-            slots = np.array(self.pool.lookup(blocks), dtype=np.int64)
-            here = slots[slots >= 0]
-            self.pool.pin(here)
-            step.pinned.append(here)
-            if len(here) < len(blocks) and self.pool.n:
+            step.pin(self.pool)
+            if step.held is None and self.pool.n:
                 self._queue.append(step)
                 self._ensure_thread()
                 self._wake.notify_all()
 
+    def held(self, key: Any) -> np.ndarray | None:
+        """The slots of every block announced under `key` (aligned with them), all pinned until
+        its release; None while some are not."""
+        step = self._steps.get(key)
+        return None if step is None else step.held
+
     def release(self, key: Any) -> None:
-        """A step was served (or will not be): its blocks may go."""
+        """Announced steps were served (or will not be): their blocks may go."""
         with self._wake:
             self.release_locked(key)
 
@@ -222,13 +252,13 @@ class Blocks:
         step = self._steps.pop(key, None)
         if step is not None:
             step.live = False
-            for slots in step.pinned:
-                self.pool.unpin(slots)
-            step.pinned = []
-            self._wake.notify_all()
+            self.pool.unpin(step.slots[step.slots >= 0])
+            step.held = None
+            if self._stalled:  # the fetch thread waits for room: there may be some now
+                self._wake.notify_all()
 
     def release_owner(self, owner: int) -> None:
-        """Every step announced under keys (owner, step)."""
+        """Every announcement under a key (owner, ...)."""
         with self._wake:
             for key in [k for k in self._steps if isinstance(k, tuple) and k[0] == owner]:
                 self.release_locked(key)
@@ -250,6 +280,7 @@ class Blocks:
         them: steps in order, up to ROUND_BLOCKS blocks, while the pool has room for them."""
         taken, wanted, seen = 0, list[int](), set[int]()
         room = self.pool.free_or_evictable
+        self._stalled = False
         for step in self._queue:
             if len(wanted) >= ROUND_BLOCKS:
                 break
@@ -257,7 +288,8 @@ class Blocks:
                 missing = [g for g in step.blocks if g not in self.pool.where and g not in self._loading
                            and g not in seen]  # fmt: skip
                 if len(missing) > room - len(wanted):
-                    break  # no room until a step is released: the reader fetches what it needs itself
+                    self._stalled = True  # no room until a step is released; the reader fetches what it needs
+                    break
                 wanted += missing
                 seen.update(missing)
             taken += 1
@@ -284,10 +316,7 @@ class Blocks:
             with self._wake:
                 for step in steps:
                     if step.live:  # pin what it now has here (a block another reader fetches is not waited for)
-                        found = np.array(self.pool.lookup(step.blocks), dtype=np.int64)
-                        new = np.setdiff1d(found[found >= 0], np.concatenate([*step.pinned, np.zeros(0, np.int64)]))
-                        self.pool.pin(new)
-                        step.pinned.append(new)
+                        step.pin(self.pool)
                 self._rounds -= 1
                 self._wake.notify_all()
 

@@ -6,11 +6,12 @@ is *pinned* while a reader copies from it or while a step that was announced and
 needs it, and *busy* while a fetch fills it; neither kind is ever evicted. Other slots are
 evicted by the clock algorithm (a slot read since the hand last passed gets a second chance).
 
-Every method is called with the owner's lock held (`blockfetch.Blocks`); copying out of a pinned
-slot needs no lock.
+Every method is called with the owner's lock held (`blockfetch.Blocks`). Copying out of a pinned
+slot needs no lock; a reader that did not pin checks `evictions` after its copy (a slot is only
+ever refilled after an eviction that bumped it) and reads again pinned if it moved.
 
-Memory model: the arena, `limit` bytes rounded down to whole slots, allocated lazily by the OS
-(untouched pages cost nothing), plus 14 bytes per slot of bookkeeping and one dict entry per
+Memory model: the arena, `limit` bytes rounded down to whole slots and one slot of slack,
+allocated lazily by the OS (untouched pages cost nothing), plus 14 bytes per slot of bookkeeping and one dict entry per
 resident block. Nothing grows with the dataset.
 """
 
@@ -25,13 +26,16 @@ class BlockPool:
     def __init__(self, limit: int, block_tokens: int) -> None:
         self.block_tokens = block_tokens
         self.n = max(0, limit // (block_tokens * TOKEN_DTYPE.itemsize))
-        self.arena = np.empty(self.n * block_tokens, dtype=TOKEN_DTYPE)
+        # One block of slack after the last slot: a row that runs on out of a slot is read whole
+        # by the row view and its tail copied in afterwards (RemoteStore._rows).
+        self.arena = np.empty((self.n + 1) * block_tokens if self.n else 0, dtype=TOKEN_DTYPE)
         self.owner = np.full(self.n, -1, dtype=np.int64)  # the block a slot holds (or is being filled with)
         self.pins = np.zeros(self.n, dtype=np.int32)
         self.busy = np.zeros(self.n, dtype=bool)
         self.used = np.zeros(self.n, dtype=bool)  # read since the clock hand last passed
         self.where: dict[int, int] = {}  # resident block -> slot
         self.hand = 0
+        self.evictions = 0  # bumped before an evicted slot is refilled: a reader that did not pin checks it
         self._free = list(range(self.n - 1, -1, -1))
         self._views: dict[int, np.ndarray] = {}
 
@@ -46,7 +50,7 @@ class BlockPool:
         self.used[slots] = True
 
     def unpin(self, slots: np.ndarray) -> None:
-        np.subtract.at(self.pins, slots, 1)
+        self.pins[slots] -= 1  # distinct slots: no ufunc.at needed
 
     def reserve(self, blocks: list[int]) -> list[int]:
         """Busy slots for `blocks`, evicting unpinned ones as needed: one per block, or fewer
@@ -90,6 +94,7 @@ class BlockPool:
             pick = np.concatenate([order[at], order[ok & ~cold][: count - len(at)]])
         if len(pick):
             self.hand = int(pick[-1] + 1) % self.n
+            self.evictions += 1
         for s in pick.tolist():
             del self.where[int(self.owner[s])]
             self.owner[s] = -1

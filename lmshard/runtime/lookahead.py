@@ -1,14 +1,15 @@
 """Exact prefetch, the stream's side: every stream's rows are a pure function of (seed, step,
-rank), so before it serves step s it tells its store what steps s .. s + k·stride will read
-(`store.announce`), and after it releases s. `stride` is the number of DataLoader workers: worker
-w serves steps w, w + W, ...; each worker process has its own store.
+rank), so before it serves step s it tells its store what the steps up to s + k·stride will read
+(`store.announce`), a chunk of k steps at a time, and it releases a chunk once its last step is
+served. `stride` is the number of DataLoader workers: worker w serves steps w, w + W, ...; each
+worker process has its own store.
 
 The store decides k (`store.lookahead`): 0 for local files, where nothing is announced at all.
-A stream that jumps (set_epoch, load_state_dict, a different worker stride) releases what it
+A stream that jumps (set_epoch, load_state_dict, another worker stride) releases what it
 announced and starts again from the step it is asked for. A step whose read failed stays
-announced, so asking for it again finds it still pinned.
+announced, so asking for it again finds it still there.
 
-Memory model: the announced step numbers (k of them); the store holds their blocks.
+Memory model: the announced step numbers (up to 2k of them); the store holds their blocks.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class Lookahead:
 
     def _begin(self) -> None:
         self._pid, self._owner = os.getpid(), next(_owners)
-        self._held: deque[int] = deque()
-        self._next: int | None = None
+        self._chunks: deque[list[int]] = deque()  # announced, not yet all served: their steps
+        self._next = self._expect = -1  # the next step to announce, and to be served
         self._stride = 1
         if self.depth:  # a stream dropped mid-run gives its steps back
             self._finalizer = weakref.finalize(self, self.store.release_owner, self._owner)
@@ -48,29 +49,35 @@ class Lookahead:
         self._begin()
 
     def before(self, step: int, stride: int = 1) -> None:
-        """Announce the steps up to step + depth·stride not announced yet."""
+        """Announce, a chunk at a time, the steps up to step + depth·stride not announced yet."""
         if not self.depth:
             return
         if self._pid != os.getpid():  # forked: the parent's announcements are the parent's
             self._begin()
-        expected = self._held[0] if self._held else self._next
-        if expected != step or stride != self._stride:
+        if step != self._expect or stride != self._stride:
             self.reset()
-            self._next, self._stride = step, stride
-        assert self._next is not None
+            self._next, self._expect, self._stride = step, step, stride
         while self._next <= step + self.depth * stride:
-            starts, lengths = self.reads(self._next)
-            self.store.announce((self._owner, self._next), starts, lengths)
-            self._held.append(self._next)
-            self._next += stride
+            steps = [self._next + i * stride for i in range(self.depth)]
+            self.store.announce((self._owner, steps[0]), [self.reads(s) for s in steps])
+            self._chunks.append(steps)
+            self._next = steps[-1] + stride
+
+    def key(self, step: int) -> Any:
+        """(the key of the chunk `step` was announced in, its place in it), or None: a store may
+        keep what it worked out for the chunk."""
+        if self._chunks and step in self._chunks[0]:
+            return (self._owner, self._chunks[0][0]), self._chunks[0].index(step)
+        return None
 
     def after(self, step: int) -> None:
-        """Step `step` was served: release it (and any earlier one still held)."""
-        while self._held and self._held[0] <= step:
-            self.store.release((self._owner, self._held.popleft()))
+        """Step `step` was served: release the chunks it completes."""
+        self._expect = step + self._stride
+        while self._chunks and self._chunks[0][-1] <= step:
+            self.store.release((self._owner, self._chunks.popleft()[0]))
 
     def reset(self) -> None:
-        if self._held:
+        if self._chunks:
             self.store.release_owner(self._owner)
-        self._held.clear()
-        self._next = None
+        self._chunks.clear()
+        self._next = self._expect = -1

@@ -132,7 +132,8 @@ class MixedStore:
             self._spans[length] = _Span(arrays, ends, length) if usable else None
         return self._spans[length]
 
-    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None,
+               key: Any = None) -> np.ndarray:  # fmt: skip
         span = self._span(length)
         if span is not None:
             at, cross = span.locate(offsets)
@@ -142,10 +143,10 @@ class MixedStore:
         out = scratch[:n].reshape(len(offsets), length) if scratch is not None and len(scratch) >= n else None
         if out is None:
             out = np.empty((len(offsets), length), dtype=np.uint32)
-        self.read_rows(offsets, out)
+        self.read_rows(offsets, out, key)
         return out
 
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray, key: Any = None) -> None:
         span = self._span(out.shape[1])
         if span is not None:
             at, cross = span.locate(offsets)
@@ -155,7 +156,7 @@ class MixedStore:
         source, local = self.locate(offsets)
         for s in np.unique(source).tolist():
             mine = source == s
-            out[mine] = self.stores[s].gather(local[mine], out.shape[1])
+            out[mine] = self.stores[s].gather(local[mine], out.shape[1], key=key)
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
         """len(out) tokens from `offset`, which must lie inside one source."""
@@ -174,14 +175,15 @@ class MixedStore:
         """Steps to announce ahead: the most any source wants (0 when every source is local)."""
         return max(getattr(st, "lookahead", 0) for st in self.stores)
 
-    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None:
-        """Tell each source that prefetches what a coming step reads of it."""
-        source, local = self.locate(starts)
-        lengths = np.broadcast_to(np.asarray(lengths), local.shape)
-        for s in np.unique(source).tolist():
-            if self.stores[s].lookahead:
-                mine = source == s
-                self.stores[s].announce(key, local[mine], lengths[mine])
+    def announce(self, key: Any, parts: list[tuple[np.ndarray, np.ndarray | int]]) -> None:
+        """Tell each source that prefetches what the coming steps read of it, a part per step
+        (maybe empty) as `read_rows` will split the step's rows."""
+        split = [(self.locate(starts), lengths) for starts, lengths in parts]
+        for s, store in enumerate(self.stores):
+            if store.lookahead:
+                mine = [(local[source == s], n if np.ndim(n) == 0 else np.asarray(n)[source == s])
+                        for (source, local), n in split]  # fmt: skip
+                store.announce(key, mine)
 
     def release(self, key: Any) -> None:
         for st in self.stores:

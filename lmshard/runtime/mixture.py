@@ -39,7 +39,7 @@ from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
 from .packed import PackedBatch, PackedDataset, PackedStream, StepStream, build_rows
-from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, step_rng
+from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, recall, step_rng
 from .windows import stride_or_default
 
 _SHIFT_SALT = 0x5EED5EED5EED
@@ -61,7 +61,7 @@ class MixtureOffsets(Offsets):
         self.windows = (
             None if stride is None else [count_windows(int(n), seq_len, stride, shift.max) for n in self.sizes]
         )
-        self._cache: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (first step, rows, shifts, offsets)
+        self._cache: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (first step, rows, shifts, offsets)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride,
@@ -76,10 +76,9 @@ class MixtureOffsets(Offsets):
         # Steps are drawn a block at a time (as RandomOffsets does): the tree and the keyed draw
         # are a dozen numpy calls whose fixed cost dominates one batch. A step's rows do not
         # depend on the block it was drawn in.
-        c = self._cache
-        if c is None or c[1] != count or not c[0] <= step < c[0] + len(c[2]):
-            n = max(1, min(_BLOCK_STEPS, (1 << 16) // count))
-            c = self._cache = self._block(step - step % n, n, count)
+        n = max(1, min(_BLOCK_STEPS, (1 << 16) // count))
+        c = recall(self._cache, lambda c: c[1] == count and c[0] <= step < c[0] + len(c[2]),
+                   lambda: self._block(step - step % n, n, count))  # fmt: skip
         return c[3][step - c[0]], int(c[2][step - c[0]])
 
     def _block(self, first: int, n: int, count: int) -> tuple[int, int, np.ndarray, np.ndarray]:

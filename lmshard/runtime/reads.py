@@ -32,14 +32,14 @@ class SplitReads:
     def read_into(self, offset: int, out: np.ndarray) -> None:
         raise NotImplementedError
 
-    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None:
-        """A coming step will read `lengths` tokens at each of `starts`."""
+    def announce(self, key: Any, parts: list[tuple[np.ndarray, np.ndarray | int]]) -> None:
+        """Coming steps will read, each, `lengths` tokens at each of `starts` (a part per step)."""
 
     def release(self, key: Any) -> None:
-        """The step announced under `key` was served, or will not be."""
+        """The steps announced under `key` were served, or will not be."""
 
     def release_owner(self, owner: int) -> None:
-        """Every step announced under a key (owner, step)."""
+        """Every announcement under a key (owner, ...)."""
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
         """out[at[i] : at[i] + lengths[i]] = the tokens at starts[i], for every i (out is flat)."""

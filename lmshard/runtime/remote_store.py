@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, FormatError
-from ..format import INDEX_DTYPE, REGENERATE_HINT, TOKEN_DTYPE, DatasetMeta, ShardInfo, check_index
+from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta, ShardInfo, check_index
 from ..format.blocks import BLOCK_TOKENS
 from ..remote import Remote, Retry, redact
 from ..remote.dataset import open_remote
@@ -42,6 +42,7 @@ from .blockfetch import Blocks
 from .blockread import BlockReader, ShardRef, xxh3_hex
 from .diskcache import DiskCache
 from .reads import SplitReads
+from .rowplan import Geometry, RowPlan, new_rows
 
 DEFAULT_POOL_LIMIT = 256 << 20
 DEFAULT_LOOKAHEAD = 8
@@ -64,12 +65,12 @@ class RemoteStore(SplitReads):
         refs = [ShardRef(s.path, s.n_tokens, s.xxh3_64, s.sums_path, s.sums_bytes, s.sums_xxh3_64) for s in shards]
         self.reader = BlockReader(remote, refs, bt, cache)
         self.blocks = Blocks(self.reader, pool_limit)
-        self.base = self.reader.base  # first block of each shard, then the total
-        self.short_last = (self.sizes % bt) != 0  # shards whose last block is short
+        self.geometry = Geometry(self.starts, self.sizes, self.reader.base, bt)
+        self._plans: dict[Any, RowPlan] = {}  # announced steps' rows (keys (owner, step))
         self._indexes: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_indexes": OrderedDict()}
+        return {**self.__dict__, "_indexes": OrderedDict(), "_plans": {}}
 
     def close(self) -> None:
         self.blocks.close()
@@ -83,88 +84,73 @@ class RemoteStore(SplitReads):
     def open_files(self) -> int:
         return 0
 
-    # -- where rows are ------------------------------------------------------------------------
+    # -- exact prefetch ----------------------------------------------------------------------
 
-    def _block_of(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(block, shard) of each token offset."""
-        if len(self.shards) == 1:
-            return offsets // self.block_tokens, np.zeros(len(offsets), dtype=np.int64)
-        k = np.searchsorted(self.starts, offsets, side="right") - 1
-        return self.base[k] + (offsets - self.starts[k]) // self.block_tokens, k
-
-    def _spans(self, starts: np.ndarray, lengths: np.ndarray | int) -> np.ndarray:
-        """The distinct blocks that spans of `lengths` tokens at `starts` touch, sorted."""
-        starts = np.asarray(starts, dtype=np.int64)
-        first, _ = self._block_of(starts)
-        last, _ = self._block_of(starts + np.maximum(np.asarray(lengths, dtype=np.int64), 1) - 1)
-        if len(first) and int((last - first).max()) <= 1:
-            return np.unique(np.concatenate([first, last]))
-        counts = last - first + 1
-        ends = np.cumsum(counts)
-        return np.unique(np.repeat(first - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0))
-
-    def announce(self, key: Any, starts: np.ndarray, lengths: np.ndarray | int) -> None:
-        if len(starts):
-            self.blocks.announce(key, self._spans(starts, lengths).tolist())
+    def announce(self, key: Any, parts: list[tuple[np.ndarray, np.ndarray | int]]) -> None:
+        """Coming steps read `lengths` tokens at `starts` each (a part per step): their blocks are
+        fetched ahead, and for rows of one length per step (batch streams) the plan is kept for
+        the reads (`gather(..., key=(key, part))`)."""
+        starts = np.concatenate([np.asarray(a, dtype=np.int64) for a, _ in parts])
+        if not len(starts):
+            return
+        if all(np.ndim(n) == 0 for _, n in parts):
+            counts = [len(a) for a, _ in parts]
+            lengths = np.repeat(np.array([int(n) for _, n in parts], dtype=np.int64), counts)  # type: ignore[call-overload]
+            plan = RowPlan(self.geometry, starts, lengths, np.concatenate([[0], np.cumsum(counts)]).tolist())
+            self._plans[key] = plan
+            self.blocks.announce(key, plan.blocks)
+        else:
+            lengths = np.concatenate([np.broadcast_to(np.asarray(n, dtype=np.int64), len(a)) for a, n in parts])
+            self.blocks.announce(key, self.geometry.spans(starts, lengths).tolist())
 
     def release(self, key: Any) -> None:
+        self._plans.pop(key, None)
         self.blocks.release(key)
 
     def release_owner(self, owner: int) -> None:
+        for key in [k for k in self._plans if k[0] == owner]:
+            del self._plans[key]
         self.blocks.release_owner(owner)
 
     # -- reading -----------------------------------------------------------------------------
 
-    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
-        """[rows, length] uint32 (see `TokenStore.gather`): a new array when every row is in
-        consecutive slots of the pool, else read into `scratch` (or a new array)."""
-        return self._rows(np.asarray(offsets, dtype=np.int64), length, None, scratch)
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None,
+               key: Any = None) -> np.ndarray:  # fmt: skip
+        """[rows, length] uint32 (see `TokenStore.gather`): a new array when the pool holds every
+        row's blocks, else read into `scratch` (or a new array). `key`: (announcement, part) of
+        these rows, whose plan and pinned blocks are used as they are."""
+        return self._rows(np.asarray(offsets, dtype=np.int64), length, None, scratch, key)
 
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray, key: Any = None) -> None:
         """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from its offset."""
-        self._rows(np.asarray(offsets, dtype=np.int64), out.shape[1], out, None)
+        self._rows(np.asarray(offsets, dtype=np.int64), out.shape[1], out, None, key)
 
-    def _rows(self, offsets: np.ndarray, length: int, out: np.ndarray | None, scratch: np.ndarray | None) -> np.ndarray:
-        """Rows by one fancy index over the pool's row view where their blocks sit in
-        consecutive slots, piece by piece for the rest."""
-        need = self._spans(offsets, length)
-        slots, outside = self.blocks.pin(need.tolist())
+    def _rows(self, offsets: np.ndarray, length: int, out: np.ndarray | None, scratch: np.ndarray | None,
+              key: Any) -> np.ndarray:  # fmt: skip
+        pool = self.blocks.pool
+        if key is not None:  # an announced step: when all its chunk's blocks are pinned, no lock, no lookup
+            plan = self._plans.get(key[0])
+            if plan is not None and plan.simple and plan.matches(key[1], offsets, length):
+                held = self.blocks.held(key[0])
+                if held is not None:
+                    return plan.gather(key[1], held, pool, out)
+        plan = RowPlan.of(self.geometry, offsets, length)
+        if plan.simple:  # the pool may hold them all: copied unpinned, and again pinned if a slot moved meanwhile
+            slots, evictions = self.blocks.lookup(plan.blocks)
+            if slots is not None:
+                rows = plan.gather(0, slots, pool, out)
+                if not self.blocks.moved(evictions):
+                    return rows
+        slots, outside = self.blocks.pin(plan.blocks)
         try:
-            whole, pos = self._placed(offsets, length, need, slots) if not outside else (None, None)
-            view = self.blocks.pool.rows(length)
-            if whole is not None and whole.all():
-                if out is None:
-                    return view[pos]  # type: ignore[no-any-return]
-                out[...] = view[pos]
-                return out
-            if out is None:
-                n = len(offsets) * length
-                use = scratch is not None and len(scratch) >= n
-                out = scratch[:n].reshape(-1, length) if use else np.empty((len(offsets), length), TOKEN_DTYPE)  # type: ignore[index]
-            rest = np.arange(len(offsets))
-            if whole is not None:
-                out[whole] = view[pos[whole]]  # type: ignore[index]
-                rest = rest[~whole]
-            self._copy_each(offsets[rest], np.full(len(rest), length), out.reshape(-1), rest * length, need, slots,
-                            outside)  # fmt: skip
-            return out
+            if plan.simple and not outside:
+                return plan.gather(0, slots, pool, out)
+            rows = new_rows(len(offsets), length, scratch) if out is None else out
+            self._copy_each(offsets, np.full(len(offsets), length), rows.reshape(-1),
+                            np.arange(len(offsets)) * length, plan.need, slots, outside)  # fmt: skip
+            return rows
         finally:
             self.blocks.unpin(slots)
-
-    def _placed(self, offsets: np.ndarray, length: int, need: np.ndarray,
-                slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """(which rows the pool's row view holds whole, their positions in it): a row inside
-        one block, or one that runs on into the next block held in the next slot."""
-        bt = self.block_tokens
-        g0, k0 = self._block_of(offsets)
-        g1, _ = self._block_of(offsets + length - 1)
-        s0 = slots[np.searchsorted(need, g0)]
-        whole = g1 == g0
-        if not whole.all():
-            s1 = slots[np.searchsorted(need, g1)]
-            full = (g0 < self.base[k0 + 1] - 1) | ~self.short_last[k0]
-            whole |= (g1 == g0 + 1) & (s1 == s0 + 1) & full
-        return whole, s0 * bt + (offsets - self.starts[k0]) % bt
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
         """Fill `out` with the tokens at [offset, offset + len(out)), across shards as needed."""
@@ -176,8 +162,14 @@ class RemoteStore(SplitReads):
         starts, lengths, at = np.asarray(starts)[keep], np.asarray(lengths)[keep], np.asarray(at)[keep]
         if not len(starts):
             return
-        need = self._spans(starts, lengths)
-        slots, outside = self.blocks.pin(need.tolist())
+        need = self.geometry.spans(np.asarray(starts, dtype=np.int64), lengths)
+        blocks = need.tolist()
+        slots, evictions = self.blocks.lookup(blocks)
+        if slots is not None:  # as in _rows: copied unpinned, and again pinned if a slot moved meanwhile
+            self._copy_each(starts, lengths, out, at, need, slots, {})
+            if not self.blocks.moved(evictions):
+                return
+        slots, outside = self.blocks.pin(blocks)
         try:
             self._copy_each(starts, lengths, out, at, need, slots, outside)
         finally:
@@ -187,13 +179,13 @@ class RemoteStore(SplitReads):
                    slots: np.ndarray, outside: dict[int, np.ndarray]) -> None:  # fmt: skip
         """Span by span, block by block (the blocks are pinned or in `outside`)."""
         slot_of = dict(zip(need.tolist(), slots.tolist(), strict=True))
-        bt, pool = self.block_tokens, self.blocks.pool
+        bt, pool, base = self.block_tokens, self.blocks.pool, self.geometry.base
         for o, n, a in zip(starts.tolist(), lengths.tolist(), at.tolist(), strict=True):
             while n > 0:
                 k = self.shard_of(o)
                 local = o - int(self.starts[k])
                 b = local // bt
-                g, within, size = int(self.base[k]) + b, local - b * bt, min(bt, int(self.sizes[k]) - b * bt)
+                g, within, size = int(base[k]) + b, local - b * bt, min(bt, int(self.sizes[k]) - b * bt)
                 take = min(n, size - within)
                 src = outside[g] if g in outside else pool.slot(slot_of[g], size)
                 out[a : a + take] = src[within : within + take]

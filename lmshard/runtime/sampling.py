@@ -6,7 +6,7 @@ the rank count or the number of DataLoader workers, so a run resumes exactly fro
 (seed, step), even on another world size with the same global batch. Nothing here holds a
 permutation: window order comes from a keyed Feistel bijection, O(1) memory per epoch.
 
-Memory model: one global batch of offsets (8 bytes per row).
+Memory model: the offsets of the last two blocks of up to 64 steps drawn (8 bytes per row).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -192,16 +192,15 @@ class RandomOffsets(Offsets):
         checks.fits("the split", n_tokens, seq_len, shift.max)
         self.n_tokens, self.seq_len, self.shift, self.seed = n_tokens, seq_len, shift, seed
         self.doc_starts = doc_starts
-        self._cache: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (first step, rows, shifts, offsets)
+        self._cache: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (first step, rows, shifts, offsets)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "doc_aligned": self.doc_starts is not None}
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         if self.doc_starts is None:  # the hot path: counter-based, drawn for a block of steps at once
-            c = self._cache
-            if c is None or c[1] != count or not c[0] <= step < c[0] + len(c[2]):
-                c = self._cache = self._block(step, count)
+            c = recall(self._cache, lambda c: c[1] == count and c[0] <= step < c[0] + len(c[2]),
+                       lambda: self._block(step, count))  # fmt: skip
             return c[3][step - c[0]], int(c[2][step - c[0]])
         rng = step_rng(self.seed, step)
         shift = self.shift.draw(rng)
@@ -243,7 +242,7 @@ class WindowOffsets(Offsets):
             raise ArgumentError(f"{self.n_windows} windows cannot fill one global batch of {global_batch} rows; "
                                 "lower batch_size or stride")  # fmt: skip
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, checks.flag("shuffle", shuffle)
-        self._cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, first step, rows, starts)
+        self._cache: list[tuple[int, int, int, np.ndarray]] = []  # (epoch, first step, rows, starts)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride, "shuffle": self.shuffle}
@@ -261,19 +260,34 @@ class WindowOffsets(Offsets):
             return starts, self._shift(step)
         # Permute a block of steps at once: the Feistel rounds are numpy calls whose fixed cost
         # dominates on one batch. Which ids a step gets does not depend on the block.
-        c = self._cache
-        if c is None or c[0] != epoch or c[2] != count or not c[1] <= within < c[1] + len(c[3]):
-            n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
-            first = within - within % n
-            last = min(first + n, self.steps_per_epoch)
-            ids = np.arange(first * count, last * count, dtype=np.int64)
-            key = int(step_rng(self.seed, epoch, 2).integers(2**32))
-            starts = feistel_permute(ids, self.n_windows, key=key) * self.stride
-            self._cache = c = (epoch, first, count, starts.reshape(last - first, count))
+        c = recall(self._cache, lambda c: c[0] == epoch and c[2] == count and c[1] <= within < c[1] + len(c[3]),
+                   lambda: self._block(epoch, within, count))  # fmt: skip
         return c[3][within - c[1]], self._shift(step)
+
+    def _block(self, epoch: int, within: int, count: int) -> tuple[int, int, int, np.ndarray]:
+        n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
+        first = within - within % n
+        last = min(first + n, self.steps_per_epoch)
+        ids = np.arange(first * count, last * count, dtype=np.int64)
+        key = int(step_rng(self.seed, epoch, 2).integers(2**32))
+        starts = feistel_permute(ids, self.n_windows, key=key) * self.stride
+        return epoch, first, count, starts.reshape(last - first, count)
 
 
 _BLOCK_STEPS = 64  # steps drawn at once (random offsets and window permutations)
+T = TypeVar("T")
+
+
+def recall(cache: list[T], hit: Callable[[T], bool], make: Callable[[], T]) -> T:
+    """The entry of `cache` (the last two blocks of steps drawn) that `hit`s, else a new one
+    from `make`: a stream that announces its next steps (lookahead.py) reads two blocks in turn
+    near the end of one."""
+    for entry in reversed(cache):
+        if hit(entry):
+            return entry
+    entry = make()
+    cache[:] = [*cache[-1:], entry]
+    return entry
 _BLOCK_ROWS = 1 << 16  # ... but at most this many rows (512 KB of offsets) per block
 
 

@@ -261,11 +261,13 @@ class TokenStore(SplitReads):
             done += take
             k += 1
 
-    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None,
+               key: object = None) -> np.ndarray:  # fmt: skip
         """[rows, length] uint32: row r holds the tokens at [offsets[r], + length). A new array
         when the rows can be gathered from the maps in one go; otherwise read into `scratch` (a
         flat uint32 buffer the caller reuses: memory written once stays mapped, where a new array
-        of this size would take a page fault per 4 KB written) or a new array."""
+        of this size would take a page fault per 4 KB written) or a new array. `key` (the
+        announced step the rows are: see lookahead.py) matters to remote stores only."""
         span = self._span(length)
         if span is not None:
             at, cross = span.locate(offsets)
@@ -279,7 +281,7 @@ class TokenStore(SplitReads):
         self.read_rows(offsets, out)
         return out
 
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray) -> None:
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray, key: object = None) -> None:
         """Fill each row of `out` ([rows, length] uint32, e.g. a pinned buffer) from the matching
         offset. Mapped: one gather over the span of all maps for the rows inside one shard, and
         `read_into` for the rare row that crosses a shard boundary. Read mode (or a mapped split
