@@ -211,22 +211,30 @@ def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items)
     assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
 
 
-def test_resume_uploads_only_what_is_missing(s3, inputs, tmp_path, monkeypatch):
-    server, bucket = s3
-    url = bucket + "/ds"
+def die_in_uploads(monkeypatch, url, src, after: int) -> list[str]:
+    """Run a prepare to `url` that dies (as Ctrl-C would) after `after` uploads, one at a time;
+    the list of what it sent. Leaves put_file patched to record into that list."""
     sent: list[str] = []
     real_put = publish.Remote.put_file
 
-    def failing_put(self, rel, local):
-        if len(sent) == 6:
-            raise KeyboardInterrupt  # the run dies in the middle of its uploads
+    def put(self, rel, local):
+        if len(sent) == after:
+            raise KeyboardInterrupt
         sent.append(rel)
         return real_put(self, rel, local)
 
     monkeypatch.setattr(publish, "UPLOADERS", 1)
-    monkeypatch.setattr(publish.Remote, "put_file", failing_put)
+    monkeypatch.setattr(publish.Remote, "put_file", put)
     with pytest.raises(KeyboardInterrupt):
-        prepare(config(url, inputs))
+        prepare(config(url, src))
+    return sent
+
+
+def test_resume_uploads_only_what_is_missing(s3, inputs, tmp_path, monkeypatch):
+    server, bucket = s3
+    url = bucket + "/ds"
+    sent = die_in_uploads(monkeypatch, url, inputs, after=6)
+    real_put = publish.Remote.put_file
     assert "dataset_metadata.json" not in remote_tree(server, url)  # not committed
     first = list(sent)
     monkeypatch.setattr(publish.Remote, "put_file",
@@ -266,18 +274,7 @@ def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tm
     server, bucket = s3
     url, name = bucket + "/ds", bucket.removeprefix("s3://")
     real_put = publish.Remote.put_file
-    calls: list[str] = []
-
-    def dying_put(self, rel, local):
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        calls.append(rel)
-        return real_put(self, rel, local)
-
-    monkeypatch.setattr(publish, "UPLOADERS", 1)
-    monkeypatch.setattr(publish.Remote, "put_file", dying_put)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(config(url, inputs))
+    die_in_uploads(monkeypatch, url, inputs, after=4)
     monkeypatch.setattr(publish.Remote, "put_file", real_put)
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs

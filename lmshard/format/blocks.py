@@ -78,6 +78,16 @@ def block_sums(data: bytes | memoryview | np.ndarray, block_tokens: int = BLOCK_
     return hasher.finish()
 
 
+def file_xxh3(path: Path) -> str:
+    """The xxh3-64 (hex) of a file's bytes, read in 8 MiB pieces: the checksum the metadata
+    records for a shard, an index or a key file."""
+    h = _xxhash().xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return str(h.hexdigest())
+
+
 def hash_file_blocks(path: Path, block_tokens: int = BLOCK_TOKENS) -> tuple[str, bytes]:
     """(xxh3-64 hex of the whole file, its sums file's bytes), in one pass of 8 MiB reads."""
     whole, hasher = _xxhash().xxh3_64(), BlockHasher(block_tokens)

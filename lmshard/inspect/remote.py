@@ -17,10 +17,8 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-import xxhash
-
 from ..errors import FormatError
-from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, load_metadata
+from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, file_xxh3, load_metadata
 from ..remote import Remote, is_url, redact
 from ..remote.dataset import open_remote
 from .verify import Problem, Report, start_report, verify_dataset, verify_shard
@@ -110,16 +108,8 @@ def download(url: str, dest: Path) -> DatasetMeta:
         if rel == METADATA_FILE or not remote.exists(rel) and rel not in sums:
             continue
         _fetch(remote, rel, dest / rel)
-        if rel in sums and _xxh3(dest / rel) != sums[rel]:
+        if rel in sums and file_xxh3(dest / rel) != sums[rel]:
             raise FormatError(f"{redact(remote.url_of(rel))}: its checksum differs from the metadata's (damaged); "
                               f"run `lmshard inspect {redact(url)}`; {REGENERATE_HINT}")  # fmt: skip
     _fetch(remote, METADATA_FILE, dest / METADATA_FILE)  # last, as a complete local dataset has it
     return load_metadata(dest)
-
-
-def _xxh3(path: Path) -> str:
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -40,10 +40,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from ...errors import ConfigError, LmshardError
-from ...format import METADATA_FILE, TOKENIZER_FILE, VOCAB_COPIES, DatasetMeta, atomic_write_json
+from ...format import METADATA_FILE, TOKENIZER_FILE, VOCAB_COPIES, DatasetMeta, atomic_write_json, file_xxh3
 from ...remote import Remote, redact
 from ...remote.dataset import open_remote
 from ..config import PrepareConfig
@@ -119,14 +117,6 @@ def _dead_here(holder: dict[str, Any]) -> bool:
     except PermissionError:
         return False
     return False
-
-
-def _digest(path: Path) -> str:
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -269,14 +259,14 @@ class Publisher:
         metadata records: a file of other bytes is refused, never sent."""
         assert self.journal is not None
         path = base / rel
-        digest = _digest(path)
+        digest = file_xxh3(path)
         if expected and digest != expected:
             raise LmshardError(f"{path}: its bytes differ from the checksum its metadata records (damaged on disk?); "
                                "run again with --overwrite")  # fmt: skip
         if self.journal.uploaded.get(rel) == digest:
             return
         self.remote.put_file(self._key(rel), path)
-        if _digest(path) == digest:  # unchanged while it was sent
+        if file_xxh3(path) == digest:  # unchanged while it was sent
             self.journal.record(rel, digest)
 
     def upload_finished(self) -> int:
