@@ -233,8 +233,8 @@ def die_in_uploads(monkeypatch, url, src, after: int) -> list[str]:
 def test_resume_uploads_only_what_is_missing(s3, inputs, tmp_path, monkeypatch):
     server, bucket = s3
     url = bucket + "/ds"
-    sent = die_in_uploads(monkeypatch, url, inputs, after=6)
     real_put = publish.Remote.put_file
+    sent = die_in_uploads(monkeypatch, url, inputs, after=6)
     assert "dataset_metadata.json" not in remote_tree(server, url)  # not committed
     first = list(sent)
     monkeypatch.setattr(publish.Remote, "put_file",
