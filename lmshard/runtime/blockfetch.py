@@ -282,11 +282,11 @@ class Blocks:
         room = self.pool.free_or_evictable
         self._stalled = False
         for step in self._queue:
-            if len(wanted) >= ROUND_BLOCKS:
-                break
             if step.live:
                 missing = [g for g in step.blocks if g not in self.pool.where and g not in self._loading
                            and g not in seen]  # fmt: skip
+                if wanted and len(wanted) + len(missing) > ROUND_BLOCKS:
+                    break  # the next round: a reader waiting for this one's first steps gets them sooner
                 if len(missing) > room - len(wanted):
                     self._stalled = True  # no room until a step is released; the reader fetches what it needs
                     break

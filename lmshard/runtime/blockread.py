@@ -30,6 +30,7 @@ from ..remote import Remote, redact
 from .diskcache import TRAILER, DiskCache
 
 MAX_RUN = 64  # blocks per request: 4 MiB
+MAX_GAP = 4  # unneeded blocks a request may read through to join two runs: 256 KiB
 
 
 @dataclass(frozen=True)
@@ -82,25 +83,33 @@ class BlockReader:
 
     def sums(self, k: int) -> np.ndarray | None:
         """Shard k's block sums, fetched and checked on first use; None without sums."""
-        if k in self._sums:
-            return self._sums[k]
-        shard = self.shards[k]
-        sums = None
-        if shard.sums_rel:
-            data = self.remote.read_range(shard.sums_rel, 0, shard.sums_bytes)
-            if len(data) != shard.sums_bytes or xxh3_hex(data) != shard.sums_xxh3_64:
-                raise FormatError(f"{redact(self.remote.url_of(shard.sums_rel))}: does not match the size and "
+        if k not in self._sums:
+            self.load_sums([k])
+        return self._sums[k]
+
+    def load_sums(self, shards: Sequence[int]) -> None:
+        """Fetch the sums files of those of `shards` not loaded yet, concurrently, each held to
+        its size and to the metadata's `sums_xxh3_64`."""
+        todo = [k for k in dict.fromkeys(shards) if k not in self._sums]
+        fetch = [k for k in todo if self.shards[k].sums_rel]
+        rels = [self.shards[k].sums_rel for k in fetch]
+        data = self.remote.read_ranges(rels, [0] * len(rels), [self.shards[k].sums_bytes for k in fetch])
+        got = dict(zip(fetch, data, strict=True))
+        for k in todo:
+            shard, raw = self.shards[k], got.get(k)
+            if raw is not None and xxh3_hex(raw) != shard.sums_xxh3_64:
+                raise FormatError(f"{redact(self.remote.url_of(shard.sums_rel))}: does not match the "
                                   f"'sums_xxh3_64' of its metadata; {REGENERATE_HINT}")  # fmt: skip
-            sums = np.frombuffer(data, dtype=SUMS_DTYPE)
-        with self._lock:
-            self._sums[k] = sums
-        return sums
+            with self._lock:
+                self._sums[k] = None if raw is None else np.frombuffer(raw, dtype=SUMS_DTYPE)
 
     def read(self, blocks: Sequence[int]) -> dict[int, np.ndarray]:
         """Every block in `blocks`, checked: from the disk cache where it holds a good copy, the
         rest fetched (and then added to the cache)."""
         out: dict[int, np.ndarray] = {}
         missing = []
+        if self.cache is not None:  # a cached block is held to its shard's sums
+            self.load_sums([self.locate(g)[0] for g in blocks])
         for g in sorted(set(blocks)):
             got = self._cached(g)
             if got is None:
@@ -121,14 +130,16 @@ class BlockReader:
         if self.cache is None:
             return None
         k, b, n = self.locate(g)
-        data = self.cache.get(self._key(k), b)
+        size = n * TOKEN_DTYPE.itemsize + TRAILER
+        data = self.cache.get(self._key(k), b, size)
         if data is None:
             return None
         body = memoryview(data)[:-TRAILER]
         sums = self.sums(k)
-        ok = len(data) == n * TOKEN_DTYPE.itemsize + TRAILER and _trailer(body, self.block_tokens) == data[-TRAILER:]
-        if ok and (sums is None or int.from_bytes(data[-TRAILER:], "little") == int(sums[b])):
-            return np.frombuffer(body, dtype=TOKEN_DTYPE)
+        if len(data) == size:  # held to the shard's sum where there is one (one hash), else to the trailer
+            expected = sums[b : b + 1].tobytes() if sums is not None else data[-TRAILER:]
+            if _trailer(body, self.block_tokens) == expected:
+                return np.frombuffer(body, dtype=TOKEN_DTYPE)
         self.cache.discard(self._key(k), b)  # damaged or stale: fetch it again
         return None
 
@@ -140,13 +151,14 @@ class BlockReader:
         return self._key(k), b, body + trailer
 
     def runs(self, blocks: list[int]) -> list[tuple[int, int, int]]:
-        """(shard, first block, blocks) of each request: adjacent blocks of a shard coalesced,
-        at most MAX_RUN per request. `blocks` is sorted."""
+        """(shard, first block, blocks) of each request: blocks of a shard at most `MAX_GAP`
+        apart coalesced (the blocks between are read too, checked and dropped), at most
+        MAX_RUN per request. `blocks` is sorted."""
         out: list[tuple[int, int, int]] = []
         for g in blocks:
             k, b, _ = self.locate(g)
-            if out and out[-1][0] == k and out[-1][1] + out[-1][2] == b and out[-1][2] < MAX_RUN:
-                out[-1] = (k, out[-1][1], out[-1][2] + 1)
+            if out and out[-1][0] == k and b - (out[-1][1] + out[-1][2]) <= MAX_GAP and b - out[-1][1] < MAX_RUN:
+                out[-1] = (k, out[-1][1], b - out[-1][1] + 1)
             else:
                 out.append((k, b, 1))
         return out
@@ -154,8 +166,8 @@ class BlockReader:
     def _fetch(self, blocks: list[int]) -> dict[int, np.ndarray]:
         bt, size = self.block_tokens, TOKEN_DTYPE.itemsize
         runs = self.runs(blocks)
-        for k in {k for k, _, _ in runs}:
-            self.sums(k)  # before the tokens: a bad sums file is named as such
+        wanted = set(blocks)
+        self.load_sums([k for k, _, _ in runs])  # before the tokens: a bad sums file is named as such
         starts = [b * bt * size for _, b, _ in runs]
         ends = [min((b + n) * bt, self.shards[k].n_tokens) * size for k, b, n in runs]
         data = self.remote.read_ranges([self.shards[k].rel for k, _, _ in runs], starts, ends)
@@ -167,5 +179,6 @@ class BlockReader:
             tokens = np.frombuffer(raw, dtype=TOKEN_DTYPE)
             first = int(self.base[k]) + b
             for i in range(n):
-                out[first + i] = tokens[i * bt : (i + 1) * bt]
+                if first + i in wanted:
+                    out[first + i] = tokens[i * bt : (i + 1) * bt]
         return out

@@ -67,15 +67,19 @@ class DiskCache:
     def path(self, key: str, block: int) -> Path:
         return self.root / key / f"{block}.blk"
 
-    def get(self, key: str, block: int) -> bytes | None:
-        """The file of a block (tokens and trailer, unchecked), or None."""
-        path = self.path(key, block)
+    def get(self, key: str, block: int, size: int) -> bytes | None:
+        """The file of a block (tokens and trailer, unchecked; `size` bytes expected), or None."""
+        path = f"{self.root}/{key}/{block}.blk"  # a str, not a Path: this runs for every block read
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        with contextlib.suppress(OSError):  # least recently used goes first: a hit counts as a use
-            os.utime(path)
+        try:
+            data = os.read(fd, size + 1)
+            with contextlib.suppress(OSError):  # least recently used goes first: a hit counts as a use
+                os.utime(fd)
+        finally:
+            os.close(fd)
         return data
 
     def discard(self, key: str, block: int) -> None:

@@ -1,8 +1,9 @@
 """Exact prefetch, the stream's side: every stream's rows are a pure function of (seed, step,
 rank), so before it serves step s it tells its store what the steps up to s + k·stride will read
-(`store.announce`), a chunk of k steps at a time, and it releases a chunk once its last step is
-served. `stride` is the number of DataLoader workers: worker w serves steps w, w + W, ...; each
-worker process has its own store.
+(`store.announce`), a chunk of up to k steps at a time (`store.chunk_steps`: fewer when the
+store's memory holds few steps), and it releases a chunk once its last step is served. `stride`
+is the number of DataLoader workers: worker w serves steps w, w + W, ...; each worker process
+has its own store.
 
 The store decides k (`store.lookahead`): 0 for local files, where nothing is announced at all.
 A stream that jumps (set_epoch, load_state_dict, another worker stride) releases what it
@@ -58,7 +59,10 @@ class Lookahead:
             self.reset()
             self._next, self._expect, self._stride = step, step, stride
         while self._next <= step + self.depth * stride:
-            steps = [self._next + i * stride for i in range(self.depth)]
+            chunk = max(1, min(self.depth, int(getattr(self.store, "chunk_steps", self.depth))))
+            if self._next == step:  # the step asked for now alone: fetched first, not after a whole chunk
+                chunk = 1
+            steps = [self._next + i * stride for i in range(chunk)]
             self.store.announce((self._owner, steps[0]), [self.reads(s) for s in steps])
             self._chunks.append(steps)
             self._next = steps[-1] + stride

@@ -175,6 +175,11 @@ class MixedStore:
         """Steps to announce ahead: the most any source wants (0 when every source is local)."""
         return max(getattr(st, "lookahead", 0) for st in self.stores)
 
+    @property
+    def chunk_steps(self) -> int:
+        """Steps per announcement: the fewest any source that prefetches wants."""
+        return min([st.chunk_steps for st in self.stores if getattr(st, "lookahead", 0)] or [1])
+
     def announce(self, key: Any, parts: list[tuple[np.ndarray, np.ndarray | int]]) -> None:
         """Tell each source that prefetches what the coming steps read of it, a part per step
         (maybe empty) as `read_rows` will split the step's rows."""

@@ -61,6 +61,7 @@ class RemoteStore(SplitReads):
         self.doc_counts = np.array([s.n_docs for s in shards], dtype=np.int64)
         self.n_tokens, self.n_docs = int(self.starts[-1]), int(self.doc_counts.sum())
         self.max_open, self.lookahead = max_open, lookahead
+        self.chunk_steps = lookahead  # steps per announcement (see announce)
         self.block_tokens = bt = _block_tokens(remote, shards)
         refs = [ShardRef(s.path, s.n_tokens, s.xxh3_64, s.sums_path, s.sums_bytes, s.sums_xxh3_64) for s in shards]
         self.reader = BlockReader(remote, refs, bt, cache)
@@ -98,10 +99,15 @@ class RemoteStore(SplitReads):
             lengths = np.repeat(np.array([int(n) for _, n in parts], dtype=np.int64), counts)  # type: ignore[call-overload]
             plan = RowPlan(self.geometry, starts, lengths, np.concatenate([[0], np.cumsum(counts)]).tolist())
             self._plans[key] = plan
-            self.blocks.announce(key, plan.blocks)
+            blocks = plan.blocks
         else:
             lengths = np.concatenate([np.broadcast_to(np.asarray(n, dtype=np.int64), len(a)) for a, n in parts])
-            self.blocks.announce(key, self.geometry.spans(starts, lengths).tolist())
+            blocks = self.geometry.spans(starts, lengths).tolist()
+        self.blocks.announce(key, blocks)
+        # Chunks of steps small enough that the pool holds four: a step's blocks are fetched (and
+        # pinned) with its chunk's, so a chunk larger than the pool would never be prefetched.
+        per_step = max(1.0, len(blocks) / len(parts))
+        self.chunk_steps = max(1, min(self.lookahead, int(self.blocks.pool.n / (4 * per_step))))
 
     def release(self, key: Any) -> None:
         self._plans.pop(key, None)
