@@ -109,9 +109,30 @@ def rate(fn, seconds: float) -> float:  # type: ignore[no-untyped-def]
     return best
 
 
+def count_requests() -> dict[str, int]:
+    """Ranged GETs of token bytes and their bytes, counted from now on (every read of blocks goes
+    through Remote.read_ranges)."""
+    from lmshard.remote.objects import Remote
+
+    seen = {"requests": 0, "bytes": 0}
+    original = Remote.read_ranges
+
+    def counted(remote, rels, starts, ends):  # type: ignore[no-untyped-def]
+        for rel, a, b in zip(rels, starts, ends, strict=True):
+            if rel.endswith(".bin"):
+                seen["requests"] += 1
+                seen["bytes"] += b - a
+        return original(remote, rels, starts, ends)
+
+    Remote.read_ranges = counted  # type: ignore[method-assign]
+    return seen
+
+
 def child(config: dict) -> dict:  # type: ignore[type-arg]
     """Measure one reader; the figures as a dict."""
     from lmshard import TokenDataset
+
+    seen = count_requests()
 
     options = {k: v for k, v in config.items() if k in ("pool_limit", "prefetch_steps", "cache_dir", "cache_limit")}
     start = time.perf_counter()
@@ -129,7 +150,15 @@ def child(config: dict) -> dict:  # type: ignore[type-arg]
     else:
         for _ in range(20):
             next(stream)
-    out["rate"] = rate(lambda: next(stream), config["seconds"])
+    before, steps = dict(seen), [0]
+
+    def step() -> None:
+        next(stream)
+        steps[0] += 1
+
+    out["rate"] = rate(step, config["seconds"])
+    out["requests_per_batch"] = (seen["requests"] - before["requests"]) / steps[0]
+    out["mib_per_batch"] = (seen["bytes"] - before["bytes"]) / steps[0] / 2**20
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -194,7 +223,8 @@ def show(name: str, got: dict, local: float) -> None:  # type: ignore[type-arg]
     fill = (f"; pool filled in {got['fill_s']:.1f} s ({got['fill_batches']:.0f} batches, "
             f"{got['fill_batches'] / got['fill_s']:.0f}/s)" if "fill_s" in got else "")  # fmt: skip
     print(f"{name:>52}: {got['rate']:8,.0f} batches/s  ratio {got['rate'] / local:5.2f}  first batch "
-          f"{got['first_batch_s'] * 1000:5.0f} ms  peak RSS {got['peak_rss_mb']:5.0f} MB{fill}", flush=True)  # fmt: skip
+          f"{got['first_batch_s'] * 1000:5.0f} ms  peak RSS {got['peak_rss_mb']:5.0f} MB  GETs/batch "
+          f"{got['requests_per_batch']:5.1f} ({got['mib_per_batch']:.2f} MiB){fill}", flush=True)  # fmt: skip
 
 
 def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # type: ignore[type-arg]
@@ -203,13 +233,15 @@ def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # t
         f"Machine: {machine()}. Data: {setup}; moto's S3 server on loopback, started by the benchmark. Each reader "
         f"in a process of its own; rates are the better of two windows after the first batches. Load average (1 min) "
         f"{loads}. Command: `python scripts/bench_remote.py`.", "",
-        "| reader | batches/s | ratio to local | first batch | pool filled from the server / disk | peak RSS |",
-        "|---|---|---|---|---|---|",
+        "| reader | batches/s | ratio to local | first batch | pool filled from the server / disk | peak RSS "
+        "| token GETs per batch (MiB) |",
+        "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, got in results:
         fill = f"{got['fill_s']:.1f} s, {got['fill_batches']:.0f} batches" if "fill_s" in got else ""
         lines.append(f"| {name} | {got['rate']:,.0f} | {got['rate'] / local:.2f}× | "
-                     f"{got['first_batch_s'] * 1000:.0f} ms | {fill} | {got['peak_rss_mb']:.0f} MB |")  # fmt: skip
+                     f"{got['first_batch_s'] * 1000:.0f} ms | {fill} | {got['peak_rss_mb']:.0f} MB | "
+                     f"{got['requests_per_batch']:.1f} ({got['mib_per_batch']:.2f}) |")  # fmt: skip
     return "\n".join(lines)
 
 

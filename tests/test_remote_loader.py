@@ -129,6 +129,10 @@ def test_every_stream_equals_the_local_dataset(s3, datasets):
             if hasattr(x, "offsets"):
                 crossed += crossing(local.store, x.offsets, 300)
     assert crossed > 0  # some rows ran across a shard boundary
+    staged, truth = remote.random_batches(8, 300, seed=6), local.random_batches(8, 300, seed=6)
+    staged.staged = True  # the CUDA path's pinned ring, run on the CPU
+    for _ in range(20):
+        same(next(staged), next(truth))
     windows = remote.windows(256, stride=100)
     assert torch.equal(windows[17].input_ids, local.windows(256, stride=100)[17].input_ids)
 

@@ -116,9 +116,11 @@ class DiskCache:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        if self._pid != os.getpid():  # a forked child: the parent's descriptor shares its flock, and
+            self._fd, self._pid, self._thread_lock = None, os.getpid(), threading.Lock()  # its lock may be held
         with self._thread_lock:
-            if self._fd is None or self._pid != os.getpid():  # a forked child shares the parent's lock
-                self._fd, self._pid = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644), os.getpid()
+            if self._fd is None:
+                self._fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 yield

@@ -39,7 +39,7 @@ class Lookahead:
         self._chunks: deque[list[int]] = deque()  # announced, not yet all served: their steps
         self._next = self._expect = -1  # the next step to announce, and to be served
         self._stride = 1
-        if self.depth:  # a stream dropped mid-run gives its steps back
+        if self.depth:  # a stream dropped mid-run gives its steps back (release_owner takes no lock)
             self._finalizer = weakref.finalize(self, self.store.release_owner, self._owner)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -39,7 +39,8 @@ class SplitReads:
         """The steps announced under `key` were served, or will not be."""
 
     def release_owner(self, owner: int) -> None:
-        """Every announcement under a key (owner, ...)."""
+        """Every announcement under a key (owner, ...). May be called from a finalizer on any
+        thread: it must take no lock."""
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
         """out[at[i] : at[i] + lengths[i]] = the tokens at starts[i], for every i (out is flat)."""

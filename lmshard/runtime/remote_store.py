@@ -25,7 +25,7 @@ blocks.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,11 @@ class RemoteStore(SplitReads):
         self.blocks = Blocks(self.reader, pool_limit)
         self.geometry = Geometry(self.starts, self.sizes, self.reader.base, bt)
         self._plans: dict[Any, RowPlan] = {}  # announced steps' rows (keys (owner, step))
+        self._dropped: deque[int] = deque()  # owners whose announcements go at the next call
         self._indexes: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_indexes": OrderedDict(), "_plans": {}}
+        return {**self.__dict__, "_indexes": OrderedDict(), "_plans": {}, "_dropped": deque()}
 
     def close(self) -> None:
         self.blocks.close()
@@ -79,6 +80,7 @@ class RemoteStore(SplitReads):
     def drain(self) -> None:
         """Wait until the blocks of the announced steps are fetched (as far as the pool holds
         them): to warm up before timing, or to see what the prefetch did."""
+        self._tidy()
         self.blocks.drain()
 
     @property
@@ -91,6 +93,7 @@ class RemoteStore(SplitReads):
         """Coming steps read `lengths` tokens at `starts` each (a part per step): their blocks are
         fetched ahead, and for rows of one length per step (batch streams) the plan is kept for
         the reads (`gather(..., key=(key, part))`)."""
+        self._tidy()
         starts = np.concatenate([np.asarray(a, dtype=np.int64) for a, _ in parts])
         if not len(starts):
             return
@@ -114,9 +117,16 @@ class RemoteStore(SplitReads):
         self.blocks.release(key)
 
     def release_owner(self, owner: int) -> None:
-        for key in [k for k in self._plans if k[0] == owner]:
-            del self._plans[key]
-        self.blocks.release_owner(owner)
+        """Every announcement under a key (owner, ...), released at this store's next call: this
+        may run in a finalizer, on any thread, in the middle of anything, so it takes no lock."""
+        self._dropped.append(owner)
+
+    def _tidy(self) -> None:
+        while self._dropped:
+            owner = self._dropped.popleft()
+            for key in [k for k in self._plans if k[0] == owner]:
+                del self._plans[key]
+            self.blocks.release_owner(owner)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -134,6 +144,8 @@ class RemoteStore(SplitReads):
     def _rows(self, offsets: np.ndarray, length: int, out: np.ndarray | None, scratch: np.ndarray | None,
               key: Any) -> np.ndarray:  # fmt: skip
         pool = self.blocks.pool
+        if self._dropped:
+            self._tidy()
         if key is not None:  # an announced step: when all its chunk's blocks are pinned, no lock, no lookup
             plan = self._plans.get(key[0])
             if plan is not None and plan.simple and plan.matches(key[1], offsets, length):
@@ -164,6 +176,8 @@ class RemoteStore(SplitReads):
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
         """Many spans at once: their blocks are fetched together (concurrently), then copied."""
+        if self._dropped:
+            self._tidy()
         keep = np.asarray(lengths) > 0
         starts, lengths, at = np.asarray(starts)[keep], np.asarray(lengths)[keep], np.asarray(at)[keep]
         if not len(starts):
