@@ -1,5 +1,6 @@
 """The training-time loader. Imports only lmshard's format layer, numpy and torch: a training
-node needs neither typer, rich, tiktoken nor datasets (a subprocess test checks it)."""
+node needs neither typer, rich, tiktoken nor datasets (a subprocess test checks it). A dataset
+at a URL is read through lmshard.remote, which loads fsspec and the store's package then."""
 
 from .batches import Batch, BatchStream
 from .dataset import TokenDataset

@@ -8,21 +8,24 @@ Layout under the `cache_dir` the user gives:
 
 A block is named by its shard's checksum, so a regenerated dataset never reads an old block, and
 two datasets that share a shard share its blocks. A file appears under its name only whole (it
-is written under a temporary name and renamed), and is checked against its trailer (and, by the
-caller, against the shard's block sums) every time it is read: a damaged file is removed and
-the block fetched again.
+is written under a temporary name and renamed), and the caller checks it every time it is read
+(against the shard's block sums, or the trailer for a shard without them): a damaged file is
+removed and the block fetched again.
 
 **The limit.** Every insertion and removal holds an exclusive `flock` on `blocks/lock`, so the
 processes of one machine (DataLoader workers, ranks) that share the directory keep one count,
 `blocks/usage`: a writer makes room before it adds a file, removing the least recently used
 files (a hit refreshes a file's mtime) until the count plus the new file is a tenth below the
-limit, and the count is recounted from the files themselves at every such round. The directory
-therefore never holds more than the limit, whichever process writes; processes sharing it should
-pass the same limit (each holds the directory to its own). The lock is held for a rename and a
-write of 64 KiB at most, never while waiting on the network, so the cache cannot deadlock, and a
-process that dies while holding it releases it with its descriptors. A writer that died mid-file
-leaves a temporary file, removed at the next round. `flock` is per machine: give each node its
-own (local) directory.
+limit, and the count is recounted from the files themselves at every such round. The count is
+raised before a file appears, so a writer that dies in between leaves it high (until the next
+recount), never the directory over. The directory therefore never holds more than the limit,
+whichever process writes; processes sharing it should pass the same limit (each holds the
+directory to its own). The lock is held for one file (a write of 64 KiB and a rename, or a round
+of removal), never while waiting on the network, so the cache cannot deadlock, and a process
+that dies while holding it releases it with its descriptors. A writer that died mid-file leaves
+a temporary file, removed at the next round. A cache that cannot be written (a full disk) is
+warned about once and read on without. `flock` is per machine: give each node its own (local)
+directory.
 
 Memory model: one block read at a time; a round of removal lists the directory (one entry per
 cached file) while it runs.
@@ -38,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, warn
 
 TRAILER = 8  # bytes of xxh3-64 after a block's tokens
 _SLACK = 10  # a round of removal frees a tenth of the limit beyond what is asked
@@ -57,12 +60,13 @@ class DiskCache:
         self._pid = os.getpid()
         self._thread_lock = threading.Lock()  # flock is per open file: threads of one process need their own
         self._tmp = 0
+        self._warned = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root, "limit": self.limit}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _fd=None, _pid=os.getpid(), _thread_lock=threading.Lock(), _tmp=0)
+        self.__dict__.update(state, _fd=None, _pid=os.getpid(), _thread_lock=threading.Lock(), _tmp=0, _warned=False)
 
     def path(self, key: str, block: int) -> Path:
         return self.root / key / f"{block}.blk"
@@ -72,45 +76,59 @@ class DiskCache:
         path = f"{self.root}/{key}/{block}.blk"  # a str, not a Path: this runs for every block read
         try:
             fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # not cached (or the cache cannot be read: the block is fetched)
             return None
         try:
             data = os.read(fd, size + 1)
             with contextlib.suppress(OSError):  # least recently used goes first: a hit counts as a use
                 os.utime(fd)
+        except OSError:
+            return None
         finally:
             os.close(fd)
         return data
 
     def discard(self, key: str, block: int) -> None:
         """Remove a block's file (found damaged)."""
-        with self._locked():
+        with contextlib.suppress(OSError), self._locked():
             self._remove([self.path(key, block)])
 
     def put_many(self, items: Sequence[tuple[str, int, bytes]]) -> None:
         """Add (key, block, tokens + trailer) files, making room first; files already there
-        (another process fetched the block too) are left as they are."""
-        with self._locked():
-            used = self._usage()
-            for key, block, data in items:
-                path = self.path(key, block)
-                if len(data) > self.limit or path.exists():
-                    continue
-                if used + len(data) > self.limit:
-                    used = self._make_room(len(data))
-                    if used + len(data) > self.limit:
-                        continue
-                path.parent.mkdir(exist_ok=True)
-                self._tmp += 1
-                tmp = path.parent / f".tmp-{os.getpid()}-{self._tmp}"
-                try:
-                    tmp.write_bytes(data)
-                    os.replace(tmp, path)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        tmp.unlink()
-                used += len(data)
+        (another process fetched the block too) are left as they are. A cache that cannot be
+        written (a full disk) only means fewer blocks cached: one warning, and reads go on."""
+        try:
+            for key, block, data in items:  # the lock is taken per file: other writers wait for one file at most
+                with self._locked():
+                    self._put(self.path(key, block), data, self._usage())
+        except OSError as e:
+            if not self._warned:
+                self._warned = True
+                warn(f"{self.root}: cannot write the block cache ({e.strerror or e}); reading on without it")
+
+    def _put(self, path: Path, data: bytes, used: int) -> int:
+        """(lock held) One file; the bytes held after. The count is raised before the file
+        appears: a writer that dies in between leaves the count high, never the directory over."""
+        if len(data) > self.limit or path.exists():
+            return used
+        if used + len(data) > self.limit:
+            used = self._make_room(len(data))
+            if used + len(data) > self.limit:
+                return used
+        path.parent.mkdir(exist_ok=True)
+        self._set_usage(used + len(data))
+        self._tmp += 1
+        tmp = path.parent / f".tmp-{os.getpid()}-{self._tmp}"
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:
             self._set_usage(used)
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return used + len(data)
 
     # -- the ledger, under the lock ----------------------------------------------------------
 
