@@ -116,6 +116,8 @@ def test_every_stream_equals_the_local_dataset(s3, datasets):
         lambda d: d.random_batches(4, 64, seed=5, shift="random", doc_aligned=True, cu_seqlens=True),
         lambda d: d.window_batches(8, 256, seed=2),
         lambda d: d.window_batches(4, 500, stride=300, shuffle=False),
+        lambda d: d.random_batches(2, 10_000, seed=1),  # rows over three blocks (a short last one, a shard's end)
+        lambda d: d.random_batches(2, 40_000, seed=2),  # rows longer than two blocks
         lambda d: d.packed(512, seed=1).batches(4),
         lambda d: d.packed(300, strategy="greedy", seed=4).batches(3, padding_free=True),
         lambda d: d.padded_batches(4, 400, seed=2),
@@ -137,12 +139,15 @@ def test_every_stream_equals_the_local_dataset(s3, datasets):
     assert torch.equal(windows[17].input_ids, local.windows(256, stride=100)[17].input_ids)
 
 
-def test_mixture_of_a_local_and_a_remote_source(s3, datasets):
+def test_mixture_of_a_local_and_a_remote_source(s3, datasets, tmp_path):
     server, url = s3
     remote_other = upload(server, url, datasets["other"])
     mixed = Mixture({str(datasets["many"]): 0.6, remote_other: 0.4})
     truth = Mixture({str(datasets["many"]): 0.6, str(datasets["other"]): 0.4})
     assert mixed.fingerprint() == truth.fingerprint()  # the same content: the same resume state
+    toml = write(tmp_path / "mix.toml", f'[[source]]\npath = "{datasets["many"]}"\nweight = 0.6\n'
+                                        f'[[source]]\npath = "{remote_other}"\nweight = 0.4\n')  # fmt: skip
+    assert Mixture.from_file(toml).fingerprint() == truth.fingerprint()  # a URL in a mixture file stays a URL
     for make in (lambda m: m.random_batches(4, 200, seed=7), lambda m: m.window_batches(4, 128, seed=1),
                  lambda m: m.packed_batches(4, 256, seed=3)):  # fmt: skip
         a, b = make(mixed), make(truth)
@@ -342,3 +347,17 @@ def test_one_line_errors_name_the_fix(s3, datasets, tmp_path):
     server.client().delete_object(Bucket=url.removeprefix("s3://"), Key="ds/train/shard_000003.idx")
     with pytest.raises(FormatError, match=r"ds/train/shard_000003\.idx: missing; re-run `lmshard prepare`"):
         TokenDataset(ds_url)
+
+
+def test_a_dataset_on_a_web_server(http_server, datasets):
+    """https://-style datasets: a web server lists nothing, so the files are held to the metadata
+    as they are read."""
+    local_path = datasets["many"]
+    for path in local_path.rglob("*"):
+        if path.is_file() and ".lmshard-cache" not in path.parts:
+            write(http_server.root / "ds" / path.relative_to(local_path), path.read_bytes())
+    local, remote = TokenDataset(local_path), TokenDataset(f"{http_server.url}/ds")
+    for make in (lambda d: d.random_batches(8, 300, seed=3), lambda d: d.packed(512).batches(4)):
+        a, b = make(local), make(remote)
+        for _ in range(10):
+            same(next(a), next(b))
