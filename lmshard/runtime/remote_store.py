@@ -9,9 +9,9 @@ metadata's `index_xxh3_64`; its block sums likewise (blockread.py).
 
 Tokens are read in whole checksum blocks (64 KiB), each checked before use, through a bounded
 in-memory pool (blockfetch.py) and an optional bounded disk cache (diskcache.py). A batch's rows
-are gathered from the pool by one fancy index, as from mapped shards; a row whose blocks are
-not in consecutive slots is copied piece by piece. Streams announce the rows of their next
-`lookahead` steps, and a background thread fetches them (exact prefetch).
+are gathered from the pool by one fancy index, as from mapped shards (rowplan.py: a row that
+runs into a block in another slot then gets its tail from there). Streams announce the rows of
+their next `lookahead` steps, and a background thread fetches them (exact prefetch).
 
 Pickled (DataLoader workers) without its pool, thread, connections or indexes: each process
 builds its own on first read, and shares only the disk cache.
