@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python scripts/bench_packing.py
 	$(BIN)/python scripts/bench_scaleout.py
 	$(BIN)/python scripts/bench_scaling.py
+	$(BIN)/python scripts/bench_remote.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py

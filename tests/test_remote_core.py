@@ -85,3 +85,12 @@ def test_http_ranges(http_server):
     assert r.size("f.txt") == 100
     assert r.read_range("f.txt", 5, 15) == b"5678901234"
     assert r.read("f.txt") == b"0123456789" * 10
+
+
+def test_storage_options_merge_with_the_defaults(monkeypatch):
+    from lmshard.remote.urls import _merged, _single_attempt
+
+    given = {"config_kwargs": {"max_pool_connections": 8}, "anon": True}
+    merged = _merged(_single_attempt("s3"), given)
+    assert merged["anon"] is True and merged["config_kwargs"]["max_pool_connections"] == 8
+    assert merged["config_kwargs"]["retries"] == {"max_attempts": 1, "mode": "standard"}  # kept: one attempt each

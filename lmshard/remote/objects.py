@@ -77,7 +77,9 @@ class Remote:
                     raise ConnectionError(f"short read: {len(data)} of {b - a} bytes")
             return [bytes(d) for d in got]
 
-        return self._call(rels[0], f"GET {len(rels)} ranges", fetch)  # type: ignore[no-any-return]
+        others = len(set(rels)) - 1  # the error names the first object, and counts the others
+        what = f"GET {len(rels)} ranges" + (f" (with {others} other objects)" if others else "")
+        return self._call(rels[0], what, fetch)  # type: ignore[no-any-return]
 
     def size(self, rel: str) -> int:
         return int(self._call(rel, "HEAD", lambda: self.fs.size(self.full(rel))))

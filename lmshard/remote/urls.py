@@ -102,7 +102,7 @@ def filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, st
         import fsspec
     except ImportError:
         raise missing_dependency("fsspec", extra, f"reading {redact(url)}") from None
-    kwargs = _single_attempt(protocol) | storage_options(url, options)
+    kwargs = _merged(_single_attempt(protocol), storage_options(url, options))
     try:
         fs = fsspec.filesystem(protocol, **kwargs)
     except ImportError:
@@ -114,7 +114,17 @@ def filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, st
 
 
 def _single_attempt(protocol: str) -> dict[str, Any]:
+    """lmshard's defaults for a scheme: one attempt per request, and enough connections for the
+    loader's concurrent ranged reads (botocore's default pool holds 10)."""
     if protocol == "s3":
         return {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10,
-                                  "read_timeout": 60}}  # fmt: skip
+                                  "read_timeout": 60, "max_pool_connections": 64}}  # fmt: skip
     return {}
+
+
+def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `defaults`, nested dicts (config_kwargs, client_kwargs) merged key by key."""
+    out = dict(defaults)
+    for key, value in given.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
