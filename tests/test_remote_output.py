@@ -211,7 +211,7 @@ def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items)
     assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
 
 
-def die_in_uploads(monkeypatch, url, src, after: int) -> list[str]:
+def die_in_uploads(monkeypatch, url, src, after: int, **options) -> list[str]:
     """Run a prepare to `url` that dies (as Ctrl-C would) after `after` uploads, one at a time;
     the list of what it sent. Leaves put_file patched to record into that list."""
     sent: list[str] = []
@@ -226,7 +226,7 @@ def die_in_uploads(monkeypatch, url, src, after: int) -> list[str]:
     monkeypatch.setattr(publish, "UPLOADERS", 1)
     monkeypatch.setattr(publish.Remote, "put_file", put)
     with pytest.raises(KeyboardInterrupt):
-        prepare(config(url, src))
+        prepare(config(url, src, **options))
     return sent
 
 
@@ -281,10 +281,106 @@ def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tm
     lock = {"run": "dead-run", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
     server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"someone else's")
-    with pytest.raises(ConfigError, match="not an lmshard dataset"):  # only what the journal lists is removed
+    with pytest.raises(ConfigError, match="no dataset_metadata.json .notes.txt"):  # only what the journal lists is removed
         prepare(config(url, inputs))
     server.client().delete_object(Bucket=name, Key="ds/notes.txt")
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
     prepare(config(url, inputs))
     prepare(config(str(tmp_path / "local"), inputs))
     assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def dead_lock(server, url):
+    """Make the prefix's writer lock a dead process's of this machine (as after kill -9)."""
+    import socket
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    lock = {"run": "killed", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
+    server.client().put_object(Bucket=bucket, Key=f"{prefix}/_lmshard_writer.json", Body=json.dumps(lock).encode())
+
+
+def test_a_put_cut_short_after_its_object_landed_is_cleared_and_resume_never_trusts_cleared_uploads(
+        s3, inputs, tmp_path, monkeypatch):  # fmt: skip
+    server, bucket = s3
+    url = bucket + "/ds"
+    real_put = publish.Remote.put_file
+    count = []
+
+    def put_then_die(self, rel, local):
+        real_put(self, rel, local)  # the object lands; the run dies before its journal line
+        count.append(rel)
+        if len(count) == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(publish, "UPLOADERS", 1)
+    monkeypatch.setattr(publish.Remote, "put_file", put_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(url, inputs))
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    dead_lock(server, url)
+    name = bucket.removeprefix("s3://")
+    server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"mine")
+    with pytest.raises(ConfigError, match="no dataset_metadata.json"):
+        prepare(config(url, inputs))  # clears the dead run's objects, all five, then refuses the foreign one
+    assert set(remote_tree(server, url)) == {"notes.txt"}
+    server.client().delete_object(Bucket=name, Key="ds/notes.txt")
+    prepare(config(url, inputs, resume=True))  # nothing to trust any more: everything is sent
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def test_a_live_holder_of_this_machine_is_refused_even_with_resume(s3, inputs, monkeypatch):
+    import socket
+    import subprocess
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    die_in_uploads(monkeypatch, url, inputs, after=3)
+    run = json.loads(publish.Journal.load(publish.work_root(url) / publish.JOURNAL).path.read_text())["run"]
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        lock = {"run": run, "host": socket.gethostname(), "pid": alive.pid, "since": 0}
+        server.client().put_object(Bucket=bucket.removeprefix("s3://"), Key="ds/_lmshard_writer.json",
+                                   Body=json.dumps(lock).encode())  # fmt: skip
+        with pytest.raises(ConfigError, match=f"another prepare is writing here .*pid {alive.pid}"):
+            prepare(config(url, inputs, resume=True))
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_killed_append_run_again_leaves_no_orphans(s3, inputs, tmp_path, monkeypatch):
+    server, bucket = s3
+    url = bucket + "/ds"
+    prepare(config(url, inputs))
+    more = write(tmp_path / "in2" / "b.jsonl", texts(120, salt="more "))
+    real_put = publish.Remote.put_file
+    assert len(die_in_uploads(monkeypatch, url, more, after=3, append=True)) == 3
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    dead_lock(server, url)
+    other = write(tmp_path / "in3" / "c.jsonl", texts(10, salt="other "))
+    prepare(config(url, other, append=True))
+    prepare(config(str(tmp_path / "local"), inputs))
+    prepare(config(str(tmp_path / "local"), other, append=True))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def test_a_run_cut_after_its_redirect_has_the_old_objects_removed_by_the_next(s3, inputs, tmp_path, monkeypatch):
+    server, bucket = s3
+    url = bucket + "/ds"
+    prepare(config(url, inputs))
+    other = write(tmp_path / "in2" / "b.jsonl", texts(50, salt="other "))
+    monkeypatch.setattr(publish.Publisher, "_remove_replaced", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(url, other, overwrite=True))  # committed: the redirect is in place, the old objects not gone
+    monkeypatch.undo()
+    monkeypatch.setenv("LMSHARD_PUBLISH_DIR", str(tmp_path / "publish"))
+    assert any(k.startswith("train/") for k in remote_tree(server, url))
+    prepare(config(url, other, overwrite=True, resume=True))
+    prepare(config(str(tmp_path / "local"), other))
+    objects = remote_tree(server, url)
+    generation = json.loads(objects.pop("dataset_metadata.json"))["redirect"]
+    assert all(k.startswith(generation + "/") for k in objects)  # the old dataset's objects: all removed

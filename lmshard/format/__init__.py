@@ -12,7 +12,15 @@ reads one document. Nothing here holds a shard.
 """
 
 from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, check_blocks, file_xxh3, hash_file_blocks, sums_path
-from .files import check_index, check_shard_files, dataset_file_size, find_shard, load_metadata, read_document
+from .files import (
+    check_index,
+    check_shard_files,
+    dataset_file_size,
+    dataset_files,
+    find_shard,
+    load_metadata,
+    read_document,
+)
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -54,5 +62,6 @@ __all__ = [
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
+    "dataset_files",
     "parse_metadata",
 ]  # fmt: skip

@@ -26,7 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError
-from .layout import IN_PROGRESS_FILE, INDEX_DTYPE, METADATA_FILE, REGENERATE_HINT, TOKEN_DTYPE
+from .layout import (
+    IN_PROGRESS_FILE,
+    INDEX_DTYPE,
+    METADATA_FILE,
+    REGENERATE_HINT,
+    TOKEN_DTYPE,
+    TOKENIZER_FILE,
+    VOCAB_COPIES,
+)
 from .schema import DatasetMeta, ShardInfo, parse_metadata
 
 
@@ -137,3 +145,11 @@ def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
         if shard.path == wanted:
             return shard
     raise FormatError(f"no shard {name!r} in {meta.root}; shards are named like train/shard_000000")
+
+
+def dataset_files(meta: DatasetMeta) -> list[str]:
+    """Every file of a dataset, relative to its root, the metadata last."""
+    files = [f for s in meta.shards for f in s.files()]
+    files += [f.path for f in meta.dedup.files] if meta.dedup else []
+    vocab = VOCAB_COPIES.get(meta.tokenizer.vocab_format)
+    return files + [TOKENIZER_FILE] + ([vocab] if vocab else []) + [METADATA_FILE]

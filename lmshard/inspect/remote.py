@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import FormatError
-from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, file_xxh3, load_metadata
+from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, dataset_files, file_xxh3, load_metadata
 from ..remote import Remote, is_url, redact
 from ..remote.dataset import open_remote
 from .verify import Problem, Report, start_report, verify_dataset, verify_shard
@@ -40,8 +40,6 @@ def _placeholder(dest: Path, size: int) -> None:
 
 
 def _small_files(meta: DatasetMeta) -> list[str]:
-    from ..prepare.output.publish import dataset_files  # (the list a published dataset holds)
-
     shard_files = {f for s in meta.shards for f in s.files()}
     return [f for f in dataset_files(meta) if f not in shard_files]
 
@@ -102,8 +100,6 @@ def download(url: str, dest: Path) -> DatasetMeta:
     meta, remote = open_remote(url)
     sums = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
     sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
-    from ..prepare.output.publish import dataset_files
-
     for rel in dataset_files(meta):
         if rel == METADATA_FILE or not remote.exists(rel) and rel not in sums:
             continue

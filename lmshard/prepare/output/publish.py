@@ -27,7 +27,6 @@ appended line on disk); uploads stream from disk.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -41,82 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, LmshardError
-from ...format import METADATA_FILE, TOKENIZER_FILE, VOCAB_COPIES, DatasetMeta, atomic_write_json, file_xxh3
+from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_xxh3
 from ...remote import Remote, redact
 from ...remote.dataset import open_remote
 from ..config import PrepareConfig
 from .build import Progress
+from .journal import JOURNAL, Journal, holder_state, work_root
 from .staging import OutputPaths
 
 LOCK_OBJECT = "_lmshard_writer.json"
-JOURNAL = "publish.json"
 UPLOADERS = 8  # concurrent uploads
-LOG_END = " ."  # ends every whole line of the upload log
 POLL_SECONDS = 1.0  # how often the build is checked for finished shards
-_FIXED = (METADATA_FILE, TOKENIZER_FILE, *VOCAB_COPIES.values())
-
-
-def work_root(url: str) -> Path:
-    """The local work directory of a run publishing to `url` ($LMSHARD_PUBLISH_DIR, else under
-    $LMSHARD_CACHE_DIR or ~/.cache/lmshard): it needs room for the dataset being built."""
-    home = Path(os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard") / "publish"
-    key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
-    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or home) / key
-
-
-def dataset_files(meta: DatasetMeta) -> list[str]:
-    """Every file of a dataset, relative to its root, the metadata last."""
-    files = [f for s in meta.shards for f in s.files()]
-    files += [f.path for f in meta.dedup.files] if meta.dedup else []
-    vocab = VOCAB_COPIES.get(meta.tokenizer.vocab_format)
-    return files + [TOKENIZER_FILE] + ([vocab] if vocab else []) + [METADATA_FILE]
-
-
-class Journal:
-    """publish.json (the run and its generation) and publish.log beside it: one line
-    `xxh3-64 relative/path` per upload, appended as each completes (a line cut short by a
-    crash is ignored)."""
-
-    def __init__(self, path: Path, state: dict[str, Any], uploaded: dict[str, str] | None = None) -> None:
-        self.path, self.state, self.uploaded = path, state, uploaded or {}
-        self._lock = threading.Lock()
-
-    @classmethod
-    def create(cls, path: Path, state: dict[str, Any]) -> Journal:
-        atomic_write_json(path, state)
-        path.with_suffix(".log").unlink(missing_ok=True)
-        return cls(path, state)
-
-    @classmethod
-    def load(cls, path: Path) -> Journal | None:
-        try:
-            state = json.loads(path.read_text())
-            lines = path.with_suffix(".log").read_text().split("\n") if path.with_suffix(".log").exists() else []
-        except (OSError, ValueError):
-            return None
-        pairs = (line.split(" ", 1) for line in lines if line.endswith(LOG_END))
-        return cls(path, state, {rel.removesuffix(LOG_END): digest for digest, rel in pairs})
-
-    def record(self, rel: str, digest: str) -> None:
-        with self._lock, open(self.path.with_suffix(".log"), "a") as log:
-            log.write(f"{digest} {rel}{LOG_END}\n")
-            log.flush()
-            os.fsync(log.fileno())
-            self.uploaded[rel] = digest
-
-
-def _dead_here(holder: dict[str, Any]) -> bool:
-    """Whether a lock's holder was a process of this machine that no longer runs."""
-    pid = holder.get("pid")
-    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 @dataclass(frozen=True)
@@ -131,8 +65,10 @@ class Publisher:
     uploads, the commit. Build the dataset in `mirror` between `claim()` and `publish(meta)`."""
 
     def __init__(self, url: str, *, overwrite: bool = False, append: bool = False, resume: bool = False,
-                 retry: Any = None) -> None:  # fmt: skip
-        self.config, self.url = _Flags(overwrite, append, resume), url.rstrip("/")
+                 retry: Any = None, hint: str = "pass --overwrite to replace it, --append to add to it, or --resume "
+                 "to finish an interrupted run") -> None:  # fmt: skip
+        self.config, self.url, self.hint = _Flags(overwrite, append, resume), url.rstrip("/"), hint
+        self.replaces: dict[str, Any] | None = None  # an --overwrite's replaced dataset: its root and files
         self.remote = Remote(self.url, retry=retry)
         self.root = work_root(self.url)
         self.mirror = self.root / "ds"
@@ -150,13 +86,14 @@ class Publisher:
         holder = {"run": run, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         if not self.remote.create(LOCK_OBJECT, json.dumps(holder).encode()):
             held = self._holder()
-            if _dead_here(held):  # its holder was a process of this machine that is gone
-                self.remote.put(LOCK_OBJECT, json.dumps(holder).encode())
-            elif not (old and held.get("run") == run):
-                raise ConfigError(f"{redact(self.url)}: another prepare is writing here (run {held.get('run')}, since "
-                                  f"{time.ctime(held.get('since', 0))}); wait for it, or if it died delete "
-                                  f"{redact(self.url)}/{LOCK_OBJECT} and run again (--resume on its machine "
-                                  "continues its work)")  # fmt: skip
+            state = holder_state(held)
+            if state == "alive" or (state == "unknown" and not (old and held.get("run") == run)):
+                who = ", ".join(f"{k} {held[k]}" for k in ("host", "pid", "run") if held.get(k) is not None)
+                since = f", since {time.ctime(held['since'])}" if isinstance(held.get("since"), int | float) else ""
+                raise ConfigError(f"{redact(self.url)}: another prepare is writing here ({who or 'holder unknown'}"
+                                  f"{since}); wait for it, or if it died delete {redact(self.url)}/{LOCK_OBJECT} and run again "
+                                  "(--resume on its machine continues its work)")  # fmt: skip
+            self.remote.put(LOCK_OBJECT, json.dumps(holder).encode())  # a dead holder's, or this run's own
         try:
             self._survey(old, run)
         except BaseException:
@@ -172,37 +109,43 @@ class Publisher:
             return {}
 
     def _survey(self, old: Journal | None, run: str) -> None:
-        listing = self.remote.listing()
-        listing.pop(LOCK_OBJECT, None)
-        has_dataset = METADATA_FILE in listing
-        if has_dataset:
+        listing = self._listing()
+        if METADATA_FILE in listing:
             self.previous, self.previous_remote = open_remote(self.url, retry=self.remote.retry)
-        if old is not None:
-            self.generation, self.journal = old.state.get("generation", ""), old
+        if old is not None:  # --resume: only uploads whose objects are there count as done
+            self.generation, self.replaces = old.state.get("generation", ""), old.state.get("replaces")
+            self.journal = old
+            for rel in [r for r in old.uploaded if self._key(r) not in listing]:
+                del old.uploaded[rel]
             return
         flags = self.config
+        if flags.append and self.previous is None:
+            raise ConfigError(f"{redact(self.url)}: --append: no dataset here to append to; leave --append out to "
+                              "create one")  # fmt: skip
         if self._clear_unfinished(listing):
-            listing = self.remote.listing()
-            listing.pop(LOCK_OBJECT, None)
-        if has_dataset and not (flags.overwrite or flags.append):
-            raise ConfigError(f"{redact(self.url)}: already holds a dataset; pass --overwrite to replace it, "
-                              "--append to add to it, or --resume to finish an interrupted run")  # fmt: skip
-        if not has_dataset and listing and not flags.overwrite:
+            listing = self._listing()
+        if self.previous is not None and not (flags.overwrite or flags.append):
+            raise ConfigError(f"{redact(self.url)}: already holds a dataset; {self.hint}")
+        if self.previous is None and listing:
             shown = ", ".join(sorted(listing)[:3])
-            raise ConfigError(f"{redact(self.url)}: holds objects that are not an lmshard dataset ({shown}...); "
-                              "choose an empty prefix")  # fmt: skip
-        if not has_dataset and listing:
-            raise ConfigError(f"{redact(self.url)}: --overwrite: holds objects but no dataset_metadata.json, so "
+            raise ConfigError(f"{redact(self.url)}: holds objects but no dataset_metadata.json ({shown}...), so "
                               "nothing here is known to be lmshard's; choose an empty prefix")  # fmt: skip
-        if has_dataset and flags.overwrite:
+        if self.previous is not None and flags.overwrite:
             self.generation = time.strftime("g-%Y%m%dT%H%M%S-", time.gmtime()) + os.urandom(3).hex()
-        elif has_dataset:  # --append: beside the old objects, in the generation the dataset is in
+            self.replaces = {"root": self._old_generation(), "files": dataset_files(self.previous)}
+        elif self.previous is not None:  # --append: beside the old objects, in the generation the dataset is in
             self.generation = self._old_generation()
         shutil.rmtree(self.root, ignore_errors=True)  # an earlier run's work: not resumed, so not needed
         self.root.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal.create(self.root / JOURNAL, {"run": run, "generation": self.generation})
+        self.journal = Journal.create(self.root / JOURNAL, {"run": run, "generation": self.generation,
+                                                            "replaces": self.replaces})  # fmt: skip
         if flags.append and self.previous is not None:
             self._seed_append()
+
+    def _listing(self) -> dict[str, int]:
+        listing = self.remote.listing()
+        listing.pop(LOCK_OBJECT, None)
+        return listing
 
     def _old_generation(self) -> str:
         assert self.previous_remote is not None
@@ -210,18 +153,22 @@ class Publisher:
         return where[len(self.url) + 1 :] if where != self.url else ""
 
     def _clear_unfinished(self, listing: dict[str, int]) -> bool:
-        """Remove what an earlier, unfinished run to this URL from this machine uploaded and
-        never committed (its journal lists it): it is not resumed now, and is nobody's data."""
+        """Finish what an earlier, unfinished run to this URL from this machine left (its journal
+        lists it), as it is not resumed now: remove the objects it began to upload that are not
+        the dataset's, and, where its replacement was committed, the replaced dataset's objects."""
         stale = Journal.load(self.root / JOURNAL)
         if stale is None:
             return False
         where = stale.state.get("generation", "")
         current = self._old_generation() if self.previous_remote is not None else None
-        if where == current or not isinstance(where, str):  # its objects may be the dataset's now
-            return False
-        keys = [f"{where}/{rel}" if where else rel for rel in stale.uploaded]
+        keep = set(dataset_files(self.previous)) if self.previous is not None and where == current else set()
+        keys = [f"{where}/{rel}" if where else rel for rel in stale.started if rel not in keep]
         self.remote.delete([k for k in keys if k in listing])
-        return bool(keys)
+        replaced = stale.state.get("replaces")
+        if replaced and where == current:  # committed, then cut short before removing the old objects
+            self._remove(replaced)
+        stale.forget()
+        return True
 
     def _seed_append(self) -> None:
         """The appended-to dataset in the work directory, as the local append needs it: its
@@ -252,7 +199,7 @@ class Publisher:
         return set(dataset_files(self.previous)) - {METADATA_FILE}
 
     def _replacing(self) -> bool:
-        return bool(self.generation) and self.previous is not None and self.generation != self._old_generation()
+        return bool(self.replaces)
 
     def upload(self, base: Path, rel: str, expected: str | None = None) -> None:
         """Upload one file unless the journal has it with these bytes; `expected`: the xxh3-64 the
@@ -265,6 +212,7 @@ class Publisher:
                                "run again with --overwrite")  # fmt: skip
         if self.journal.uploaded.get(rel) == digest:
             return
+        self.journal.begin(rel)
         self.remote.put_file(self._key(rel), path)
         if file_xxh3(path) == digest:  # unchanged while it was sent
             self.journal.record(rel, digest)
@@ -330,11 +278,15 @@ class Publisher:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _remove_replaced(self) -> None:
-        old, where = self.previous, self.previous_remote
-        if old is None or where is None or not self._replacing():
-            return
-        names = [r for r in dataset_files(old) if where.url != self.url or r != METADATA_FILE]
-        where.delete(names)
+        if self.replaces:
+            self._remove(self.replaces)
+
+    def _remove(self, replaced: dict[str, Any]) -> None:
+        """The objects of a replaced dataset: the files its metadata named, under its root (its
+        metadata too, unless it was at the prefix itself, where the redirect is now)."""
+        root = replaced.get("root") or ""
+        files = [r for r in replaced.get("files", []) if isinstance(r, str) and (root or r != METADATA_FILE)]
+        self.remote.delete([f"{root}/{r}" if root else r for r in files])
 
     def abandon(self) -> None:
         """After a run that failed before uploading anything: nothing to resume here, so the

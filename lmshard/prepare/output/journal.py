@@ -1,0 +1,98 @@
+"""The local record of a run publishing to a URL (publish.py): where its work directory is,
+what it has uploaded, and the files a dataset consists of.
+
+Memory model: one entry per object uploaded or begun (a few hundred bytes each); each upload is
+one appended, fsynced line on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from ...format import atomic_write_json
+from ...remote import redact
+
+JOURNAL = "publish.json"
+LOG_END = " ."  # ends every whole line of the upload log
+STARTED = "-"  # a log line's digest field for a PUT begun (its object may exist)
+
+
+def work_root(url: str) -> Path:
+    """The local work directory of a run publishing to `url` ($LMSHARD_PUBLISH_DIR, else under
+    $LMSHARD_CACHE_DIR or ~/.cache/lmshard): it needs room for the dataset being built."""
+    home = Path(os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard") / "publish"
+    key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
+    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or home) / key
+
+
+class Journal:
+    """publish.json (the run and its generation) and publish.log beside it: one line
+    `xxh3-64 relative/path` per upload, appended as each completes (a line cut short by a
+    crash is ignored)."""
+
+    def __init__(self, path: Path, state: dict[str, Any], uploaded: dict[str, str] | None = None,
+                 started: set[str] | None = None) -> None:  # fmt: skip
+        self.path, self.state, self.uploaded = path, state, uploaded or {}
+        self.started = started or set(self.uploaded)  # every object a PUT was begun for
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, path: Path, state: dict[str, Any]) -> Journal:
+        atomic_write_json(path, state)
+        path.with_suffix(".log").unlink(missing_ok=True)
+        return cls(path, state)
+
+    @classmethod
+    def load(cls, path: Path) -> Journal | None:
+        try:
+            state = json.loads(path.read_text())
+            lines = path.with_suffix(".log").read_text().split("\n") if path.with_suffix(".log").exists() else []
+        except (OSError, ValueError):
+            return None
+        pairs = [line.removesuffix(LOG_END).split(" ", 1) for line in lines if line.endswith(LOG_END)]
+        done = {rel: digest for digest, rel in pairs if digest != STARTED}
+        return cls(path, state, done, {rel for _, rel in pairs})
+
+    def forget(self) -> None:
+        """Remove the journal: what it lists is gone, or is the dataset now."""
+        self.path.unlink(missing_ok=True)
+        self.path.with_suffix(".log").unlink(missing_ok=True)
+
+    def begin(self, rel: str) -> None:
+        """Note a PUT about to start, so that a crash leaves no object nobody knows of."""
+        if rel not in self.started:
+            self._append(STARTED, rel)
+            self.started.add(rel)
+
+    def record(self, rel: str, digest: str) -> None:
+        self._append(digest, rel)
+        self.uploaded[rel] = digest
+
+    def _append(self, digest: str, rel: str) -> None:
+        with self._lock, open(self.path.with_suffix(".log"), "a") as log:
+            log.write(f"{digest} {rel}{LOG_END}\n")
+            log.flush()
+            os.fsync(log.fileno())
+
+
+def holder_state(holder: dict[str, Any]) -> str:
+    """Whether a writer lock's holder is "alive" or "dead" (a process of this machine, or not
+    any more), or "unknown" (another machine's, or a holder record that cannot be read)."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return "unknown"
+    if pid == os.getpid():
+        return "unknown"  # this process: an earlier run of the same program (the Python API)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        return "alive"
+    return "alive"
