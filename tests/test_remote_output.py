@@ -281,7 +281,7 @@ def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tm
     lock = {"run": "dead-run", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
     server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"someone else's")
-    with pytest.raises(ConfigError, match="no dataset_metadata.json .notes.txt"):  # only what the journal lists is removed
+    with pytest.raises(ConfigError, match="no dataset_metadata.json .notes.txt"):  # only the journal's are removed
         prepare(config(url, inputs))
     server.client().delete_object(Bucket=name, Key="ds/notes.txt")
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())

@@ -91,7 +91,8 @@ class Publisher:
                 who = ", ".join(f"{k} {held[k]}" for k in ("host", "pid", "run") if held.get(k) is not None)
                 since = f", since {time.ctime(held['since'])}" if isinstance(held.get("since"), int | float) else ""
                 raise ConfigError(f"{redact(self.url)}: another prepare is writing here ({who or 'holder unknown'}"
-                                  f"{since}); wait for it, or if it died delete {redact(self.url)}/{LOCK_OBJECT} and run again "
+                                  f"{since}); wait for it, or if it died delete {redact(self.url)}/{LOCK_OBJECT} and "
+                                  "run again "
                                   "(--resume on its machine continues its work)")  # fmt: skip
             self.remote.put(LOCK_OBJECT, json.dumps(holder).encode())  # a dead holder's, or this run's own
         try:
