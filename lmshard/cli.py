@@ -158,9 +158,13 @@ def inspect(
     2 a malformed command line, 3 the dataset is corrupt."""
     from .remote import is_url, redact
 
+    if is_url(dataset):
+        from .remote.dataset import open_remote
+
+        open_remote(dataset)  # not a dataset, or unreachable: an error (exit 1), as for a missing directory
     if is_url(dataset) and (packing is not None or sample or doc):
         raise ConfigError(f"{redact(dataset)}: --packing, --sample and --doc read a local dataset; run "
-                          "`lmshard inspect URL` to verify it, or `lmshard export` a local copy")  # fmt: skip
+                          "`lmshard inspect URL` to verify it, and these on a local copy")  # fmt: skip
     if packing is not None:
         raise typer.Exit(_packing(Path(dataset), packing, strategy, split, world_size, batch_size, as_json))
     raise typer.Exit(_inspect(dataset if is_url(dataset) else Path(dataset), quick, as_json, sample, seed, doc, plot,

@@ -170,7 +170,8 @@ def prepare(
     eot_position: str | None = _opt(
         TOKENIZER, "WHERE", "The separator after or before each document. Default: after.", "--eot-position"
     ),  # fmt: skip
-    out: str | None = _opt(OUTPUT, "DIR", "Output dataset directory.", "--out", "-o"),
+    out: str | None = _opt(OUTPUT, "DIR", "Output dataset directory, or a URL: s3://, gs://, az:// "
+                           "(docs/remote.md).", "--out", "-o"),
     val_fraction: float | None = _opt(
         OUTPUT, "FRACTION", "Fraction of documents in the val split. Default: 0.01.", "--val-fraction"
     ),  # fmt: skip

@@ -33,9 +33,10 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     wrote it (local, ray), else None (the tasks run elsewhere). An --out URL is built in a local
     work directory by the local or Ray tasks and published when they finish (publish.py)."""
     from .prepare.execution import local_exec
-    from .remote import is_url, redact
+    from .remote import redact
+    from .remote.urls import output_url
 
-    if is_url(cfg.out):
+    if output_url(cfg.out):
         if executor not in ("local", "ray"):
             raise ConfigError(f"--out {redact(cfg.out)} with --executor {executor}: the tasks of other machines "
                               "share a directory, not a URL; use --executor local or ray, or write to a shared "
@@ -91,7 +92,9 @@ def run_task(
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
     from .prepare.execution import stages
+    from .remote.urls import local_only
 
+    local_only(out, "run-task")
     if stage not in STAGES:
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
     cfg, n_tasks, unit_bytes = stages.config_of(out)
@@ -117,7 +120,9 @@ def status(
 ) -> None:
     """Progress of a planned scale-out prepare: each stage's tasks done, and what to run next."""
     from .prepare.execution import stages
+    from .remote.urls import local_only
 
+    local_only(out, "status")
     info = stages.status(out)
     quoted = shlex.quote(str(out))
     if info["merged"]:

@@ -192,6 +192,15 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
     setup = (f"the shared corpus ({split.n_tokens / 1e6:.1f} M tokens, {split_bytes / 2**20:.0f} MiB) in "
              f"{len(split.store.shards)} shards of up to {SHARD_TOKENS / 1e6:.0f} M tokens, B={B}, T={T}")  # fmt: skip
     proc, env = start_moto()
+    web_port = free_port()
+    server = Path(__file__).resolve().parents[1] / "tests" / "range_http.py"
+    web_proc = subprocess.Popen([sys.executable, str(server), str(local), str(web_port)], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while socket.socket().connect_ex(("127.0.0.1", web_port)) != 0:
+        if time.monotonic() > deadline or web_proc.poll() is not None:
+            raise SystemExit(f"the HTTP range server did not start on port {web_port}")
+        time.sleep(0.05)
     try:
         url = upload(env, local, "corpus")
         base = {"seconds": seconds}
@@ -206,6 +215,13 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
         rows.append(("(filling the disk cache: one pass)", {**warm, "fill": True, "seed": 2}))
         rows.append((f"remote, disk cache warm, pool {quarter >> 20} MiB", {**warm, "pool_limit": quarter}))
         rows.append(("remote, disk cache warm, default pool", {**warm, "fill": True}))
+        # A server whose cost per request is the range it sends (moto's is the whole object): the
+        # dataset's directory served over HTTP with byte ranges, from the page cache.
+        web = f"http://127.0.0.1:{web_port}"
+        rows.append((f"HTTP ranges, prefetch, pool {quarter >> 20} MiB", {**base, "path": web, "pool_limit": quarter}))
+        rows.append((f"HTTP ranges, no prefetch, pool {quarter >> 20} MiB", {**base, "path": web,
+                                                                              "pool_limit": quarter,
+                                                                              "prefetch_steps": 0}))  # fmt: skip
         results = []
         for name, config in rows:
             got = measure(config, env)
@@ -216,6 +232,7 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
         results.append(("local (mapped), again", again))
     finally:
         stop(proc)
+        stop(web_proc)
     return setup, results
 
 
@@ -230,7 +247,9 @@ def show(name: str, got: dict, local: float) -> None:  # type: ignore[type-arg]
 def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # type: ignore[type-arg]
     local = results[0][1]["rate"]
     lines = [
-        f"Machine: {machine()}. Data: {setup}; moto's S3 server on loopback, started by the benchmark. Each reader "
+        f"Machine: {machine()}. Data: {setup}; moto's S3 server on loopback, started by the benchmark (it reads a "
+        "whole object for every ranged GET), and a byte-range HTTP server (tests/range_http.py) over the same "
+        "files. Each reader "
         f"in a process of its own; rates are the better of two windows after the first batches. Load average (1 min) "
         f"{loads}. Command: `python scripts/bench_remote.py`.", "",
         "| reader | batches/s | ratio to local | first batch | pool filled from the server / disk | peak RSS "

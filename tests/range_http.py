@@ -13,6 +13,8 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 
 class RangeHandler(SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's connections are reused, as a real server's are
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -70,6 +72,7 @@ class RangeHandler(SimpleHTTPRequestHandler):
 def main() -> None:
     root, port = sys.argv[1], int(sys.argv[2])
     os.chdir(root)
+    ThreadingHTTPServer.request_queue_size = 128  # (socketserver's 5 drops the SYNs of concurrent clients)
     ThreadingHTTPServer(("127.0.0.1", port), RangeHandler).serve_forever()
 
 

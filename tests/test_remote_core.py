@@ -11,13 +11,16 @@ from lmshard.remote.retry import transient
 
 
 class Clock:
-    """A sleep that only records: the retry waits are driven, not waited."""
+    """A sleep that only records, and the time it makes: the retry waits are driven, not waited."""
 
     def __init__(self) -> None:
         self.waits: list[float] = []
 
     def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
+
+    def now(self) -> float:
+        return sum(self.waits)
 
 
 def test_urls_and_redaction():
@@ -51,7 +54,7 @@ def test_missing_object_is_one_line(s3):
 def test_dead_server_retries_then_one_line(s3):
     server, url = s3
     clock = Clock()
-    r = Remote(url, retry=Retry(attempts=4, base=1.0, cap=5.0, sleep=clock, random=lambda: 1.0))
+    r = Remote(url, retry=Retry(attempts=4, base=1.0, cap=5.0, sleep=clock, random=lambda: 1.0, clock=clock.now))
     r.put("x", b"abc")
     server.stop()
     try:

@@ -384,3 +384,49 @@ def test_a_run_cut_after_its_redirect_has_the_old_objects_removed_by_the_next(s3
     objects = remote_tree(server, url)
     generation = json.loads(objects.pop("dataset_metadata.json"))["redirect"]
     assert all(k.startswith(generation + "/") for k in objects)  # the old dataset's objects: all removed
+
+
+def test_urls_where_only_local_paths_go_are_refused(s3, inputs, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    _, bucket = s3
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for args in (["prepare", str(inputs), "--out", "ftp://host/x"], ["prepare", str(inputs), "--out", "hf://d/x"],
+                 ["export", str(tmp_path), "--to", "nanogpt", "--out", bucket + "/exp"],
+                 ["import", bucket + "/nano", "--from", "nanogpt", "--tokenizer", "gpt2", "--out", "x"],
+                 ["status", bucket + "/ds"], ["run-task", bucket + "/ds", "--stage", "finish"]):  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1 and "Traceback" not in result.output, (args, result.output)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(":")]  # no directory named like a scheme
+    result = runner.invoke(app, ["inspect", bucket + "/nothing-here"])
+    assert result.exit_code == 1 and "missing" in result.output  # not a dataset: an error, not "corrupt"
+
+
+def test_import_to_an_existing_url_names_its_own_flag(s3, inputs, tmp_path):
+    from lmshard.interop import export_dataset, import_dataset
+
+    _, bucket = s3
+    prepare(config(str(tmp_path / "local"), inputs))
+    export_dataset(tmp_path / "local", "nanogpt", tmp_path / "nano")
+    import_dataset(tmp_path / "nano", "nanogpt", bucket + "/ds", tokenizer="gpt2")
+    with pytest.raises(ConfigError, match="already holds a dataset; pass --force to replace it"):
+        import_dataset(tmp_path / "nano", "nanogpt", bucket + "/ds", tokenizer="gpt2")
+    import_dataset(tmp_path / "nano", "nanogpt", bucket + "/ds", tokenizer="gpt2", force=True)
+
+
+def test_inspect_a_dataset_on_a_web_server(http_server, inputs, tmp_path):
+    """A web server lists nothing: inspect finds each file's size by its own request."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    prepare(config(str(tmp_path / "local"), inputs))
+    shutil.copytree(tmp_path / "local", http_server.root / "ds")
+    result = CliRunner().invoke(app, ["inspect", http_server.url + "/ds", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"]

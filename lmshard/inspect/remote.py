@@ -11,6 +11,7 @@ Memory model: as verify.py; on disk, the small files and one shard at a time.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import weakref
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from ..errors import FormatError
 from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, dataset_files, file_xxh3, load_metadata
-from ..remote import Remote, is_url, redact
+from ..remote import Remote, RemoteError, is_url, redact
 from ..remote.dataset import open_remote
 from .verify import Problem, Report, start_report, verify_dataset, verify_shard
 
@@ -39,6 +40,14 @@ def _placeholder(dest: Path, size: int) -> None:
         f.truncate(size)
 
 
+def _sizes(remote: Remote, meta: DatasetMeta) -> dict[str, int]:
+    sizes = {}
+    for rel in dataset_files(meta):
+        with contextlib.suppress(RemoteError):  # a missing file: the checks name it
+            sizes[rel] = remote.size(rel)
+    return sizes
+
+
 def _small_files(meta: DatasetMeta) -> list[str]:
     shard_files = {f for s in meta.shards for f in s.files()}
     return [f for f in dataset_files(meta) if f not in shard_files]
@@ -48,7 +57,7 @@ def local_view(url: str, root: Path) -> tuple[DatasetMeta, Remote, dict[str, int
     """Fill `root` with the dataset's small files and placeholders of the rest; return (its
     metadata there, the dataset's objects, {relative path: size} of its objects)."""
     meta, remote = open_remote(url)
-    listing = remote.listing()
+    listing = remote.listing() or _sizes(remote, meta)  # a web server lists nothing: one HEAD per file
     for rel in _small_files(meta):
         if rel in listing:
             _fetch(remote, rel, root / rel)

@@ -26,7 +26,7 @@ import numpy as np
 from .. import __version__
 from ..errors import ConfigError
 from ..format import TOKENIZER_FILE, DatasetMeta
-from ..remote.urls import is_url, redact
+from ..remote.urls import is_url, local_only, redact
 from .layouts import (
     FORMATS,
     LLMC_MAX_TOKENS,
@@ -82,6 +82,7 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
     end-of-document id the trainer's tokenizer uses, written at each document end in place of
     the dataset's separator where the two differ. A dataset at a URL is fetched to a temporary
     directory first (each file held to its checksum), and exported from there."""
+    local_only(out, "export --out")
     if is_url(str(dataset)):
         from ..inspect.remote import download
 

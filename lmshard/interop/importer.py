@@ -41,7 +41,7 @@ from ..format import (
     write_vocab_copy,
 )
 from ..prepare.output.writer import ShardWriter
-from ..remote.urls import is_url
+from ..remote.urls import local_only, output_url
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
 from .layouts import MEGATRON_HEADER, read_megatron_header
 from .output import staged_output
@@ -63,10 +63,11 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
     the prefix of the train split's .bin/.idx, `val` that of the val split (optional).
     `eot_id`: the separator id in the input (default: the tokenizer's end of text). `out` may be
     a URL: the dataset is built in a local work directory and published as `prepare` does."""
-    if is_url(str(out)):
+    local_only(src, "import SRC")
+    if output_url(str(out)):
         from ..prepare.output.publish import Publisher
 
-        publisher = Publisher(str(out), overwrite=force)
+        publisher = Publisher(str(out), overwrite=force, hint="pass --force to replace it")
         publisher.claim()
         try:
             meta = import_dataset(src, fmt, publisher.mirror, tokenizer=tokenizer, eot_id=eot_id, val=val,

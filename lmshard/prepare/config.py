@@ -92,6 +92,9 @@ class PrepareConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
+        from ..remote.urls import output_url
+
+        output_url(self.out)  # a URL of a scheme datasets cannot be written to: refused, not made a directory
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--executor", self.executor, EXECUTORS)
         if not self.log_interval >= 0:  # 0: a line after every work item

@@ -36,7 +36,7 @@ from ..format import (
     load_metadata,
     write_vocab_copy,
 )
-from ..remote.urls import is_url
+from ..remote.urls import output_url
 from ..tokenizers import Tokenizer
 from .config import PrepareConfig
 from .documents.dedup import uniform_from_keys
@@ -75,7 +75,7 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
     tasks in the worker pool instead (local_exec.py), with the same bytes.
     SIGTERM ends it as Ctrl-C does (in the main thread, where SIGTERM has its default action)."""
     with sigterm_stops():
-        if is_url(config.out):  # built in a local work directory, then published (output/publish.py)
+        if output_url(config.out):  # built in a local work directory, then published (output/publish.py)
             from .output.publish import prepare_remote
 
             return prepare_remote(config, on_progress, _prepare)

@@ -5,8 +5,10 @@ Transient: timeouts, refused or dropped connections, HTTP 5xx, 429 and the store
 codes (SlowDown, Throttling, RequestTimeout). Anything else (a missing object, a refused
 credential, a bad request) fails at once, with its own fix.
 
-The policy holds its clock: `Retry(sleep=..., random=...)` lets a test drive the waits without
-waiting. `LMSHARD_REMOTE_ATTEMPTS` (default 6) sets the budget for a whole run.
+The policy holds its clock: `Retry(sleep=..., random=..., clock=...)` lets a test drive the
+waits without waiting. Each attempt is also bounded by the client's own timeouts (for S3:
+connect 5 s, read 20 s), so a store that stops answering is given up on in about
+attempts × 25 s plus the waits. `LMSHARD_REMOTE_ATTEMPTS` (default 6) sets the budget for a whole run.
 
 Memory model: nothing beyond the call's own result.
 """
@@ -104,10 +106,11 @@ class Retry:
     cap: float = 20.0
     sleep: Callable[[float], None] = time.sleep
     random: Callable[[], float] = _random.random
+    clock: Callable[[], float] = time.monotonic
 
     def call(self, url: str, what: str, fn: Callable[[], T]) -> T:
         """`fn()`, retried while it fails transiently; RemoteError (one line) after the budget."""
-        waited = 0.0
+        started = self.clock()
         for attempt in range(1, self.attempts + 1):
             try:
                 return fn()
@@ -115,11 +118,10 @@ class Retry:
                 if not transient(e):
                     raise RemoteError(f"{redact(url)}: {what} failed ({describe(e)}); {fix_for(e)}") from None
                 if attempt == self.attempts:
-                    raise RemoteError(f"{redact(url)}: {what} failed after {attempt} attempts over {waited:.1f} s "
+                    spent = self.clock() - started
+                    raise RemoteError(f"{redact(url)}: {what} failed after {attempt} attempts over {spent:.1f} s "
                                       f"({describe(e)}); {fix_for(e)}") from None  # fmt: skip
-                pause = self.random() * min(self.cap, self.base * 2 ** (attempt - 1))
-                self.sleep(pause)
-                waited += pause
+                self.sleep(self.random() * min(self.cap, self.base * 2 ** (attempt - 1)))
         raise AssertionError("unreachable")
 
 

@@ -43,6 +43,27 @@ def is_url(text: object) -> bool:
     return m is not None and m.group(1).lower() in SCHEMES
 
 
+WRITABLE = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # schemes a dataset can be written to
+_LOOKS_LIKE_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://b, and s3:/b (a URL that went through Path)
+
+
+def local_only(text: str | os.PathLike[str], what: str) -> None:
+    """ConfigError when `text`, where `what` needs a local path, is (or was) a URL."""
+    if _LOOKS_LIKE_URL.match(str(text)):
+        raise ConfigError(f"{what} {redact(str(text))}: takes a local path, not a URL")
+
+
+def output_url(text: str) -> bool:
+    """Whether an output names a URL (True) or a local directory (False); ConfigError for a URL of
+    a scheme datasets cannot be written to, rather than a local directory named 'ftp:'."""
+    if not _LOOKS_LIKE_URL.match(text):
+        return False
+    if is_url(text) and scheme(text) in WRITABLE:
+        return True
+    raise ConfigError(f"--out {redact(text)}: datasets are written to a directory or to "
+                      f"{', '.join(s + '://' for s in ('s3', 'gs', 'az'))} URLs")  # fmt: skip
+
+
 def scheme(url: str) -> str:
     m = _SCHEME.match(url)
     if m is None:
@@ -117,8 +138,8 @@ def _single_attempt(protocol: str) -> dict[str, Any]:
     """lmshard's defaults for a scheme: one attempt per request, and enough connections for the
     loader's concurrent ranged reads (botocore's default pool holds 10)."""
     if protocol == "s3":
-        return {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10,
-                                  "read_timeout": 60, "max_pool_connections": 64}}  # fmt: skip
+        return {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 5,
+                                  "read_timeout": 20, "max_pool_connections": 64}}  # fmt: skip
     return {}
 
 

@@ -43,6 +43,7 @@ from ...errors import ConfigError, LmshardError
 from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_xxh3
 from ...remote import Remote, redact
 from ...remote.dataset import open_remote
+from ...remote.urls import output_url
 from ..config import PrepareConfig
 from .build import Progress
 from .journal import JOURNAL, Journal, holder_state, work_root
@@ -67,6 +68,7 @@ class Publisher:
     def __init__(self, url: str, *, overwrite: bool = False, append: bool = False, resume: bool = False,
                  retry: Any = None, hint: str = "pass --overwrite to replace it, --append to add to it, or --resume "
                  "to finish an interrupted run") -> None:  # fmt: skip
+        output_url(url)
         self.config, self.url, self.hint = _Flags(overwrite, append, resume), url.rstrip("/"), hint
         self.replaces: dict[str, Any] | None = None  # an --overwrite's replaced dataset: its root and files
         self.remote = Remote(self.url, retry=retry)
