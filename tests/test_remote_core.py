@@ -97,3 +97,18 @@ def test_storage_options_merge_with_the_defaults(monkeypatch):
     merged = _merged(_single_attempt("s3"), given)
     assert merged["anon"] is True and merged["config_kwargs"]["max_pool_connections"] == 8
     assert merged["config_kwargs"]["retries"] == {"max_attempts": 1, "mode": "standard"}  # kept: one attempt each
+
+
+def test_a_refused_http_connection_is_retried_not_called_missing(tmp_path, monkeypatch):
+    """fsspec's HTTP client reports a refused connection as FileNotFoundError; its cause decides."""
+    from lmshard.prepare import PrepareConfig, prepare
+    from servers import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/x.jsonl"  # nothing listens there
+    clock = Clock()
+    with pytest.raises(RemoteError, match=r"after 3 attempts .*check that the endpoint is reachable"):
+        Remote(url.rsplit("/", 1)[0], retry=Retry(attempts=3, sleep=clock, clock=clock.now)).size("x.jsonl")
+    assert len(clock.waits) == 2
+    monkeypatch.setenv("LMSHARD_REMOTE_ATTEMPTS", "2")
+    with pytest.raises(RemoteError, match=r"HEAD failed after 2 attempts .*ClientConnectorError"):
+        prepare(PrepareConfig(inputs=[url], out=str(tmp_path / "out"), tokenizer="gpt2"))

@@ -63,9 +63,7 @@ def _status(e: BaseException) -> tuple[int | None, str]:
 
 def transient(e: BaseException) -> bool:
     """Whether another attempt may succeed: see the module docstring."""
-    for err in _chain(e):
-        if isinstance(err, FileNotFoundError | PermissionError | FileExistsError):
-            return False
+    for err in _chain(e):  # (an HTTP client's "not found" may wrap a refused connection: the cause decides)
         status, code = _status(err)
         if status is not None or code:
             return code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
@@ -80,20 +78,23 @@ def describe(e: BaseException) -> str:
         status, code = _status(err)
         if status is not None or code:
             return redact(f"HTTP {status} {code}".strip())
+        if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_NAMES:
+            e = err  # the connection's own error, not what a client made of it
+            break
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     return redact(f"{type(e).__name__}: {text}"[:300])
 
 
 def fix_for(e: BaseException) -> str:
-    for err in _chain(e):
-        name = type(err).__name__
-        status, code = _status(err)
-        if name in ("NoCredentialsError", "PartialCredentialsError") or status in (401, 403) or isinstance(
-            err, PermissionError
-        ):
-            return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
-        if isinstance(err, FileNotFoundError) or status == 404:
-            return "check the URL"
+    chain = _chain(e)
+    statuses = [_status(err)[0] for err in chain]
+    names = {type(err).__name__ for err in chain}
+    if names & {"NoCredentialsError", "PartialCredentialsError"} or {401, 403} & set(statuses) or any(
+        isinstance(err, PermissionError) for err in chain
+    ):
+        return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
+    if not transient(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in chain)):
+        return "check the URL"
     return f"check that the endpoint is reachable, then retry (more attempts: {ATTEMPTS_VARIABLE})"
 
 

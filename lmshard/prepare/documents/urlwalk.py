@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from ...errors import InputError
 from ...format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE
-from ...remote.retry import Retry
+from ...remote.retry import Retry, transient
 from ...remote.urls import filesystem, redact, scheme
 from .files import Source, kind_of
 from .walk import Rules, Walk, describe, skipped_fix
@@ -55,14 +55,18 @@ def find_url(spec: str, rules: Rules) -> tuple[Walk, Listing]:
 def _info(fs: Any, path: str) -> dict[str, Any] | None:
     try:
         return dict(fs.info(path))
-    except FileNotFoundError:
+    except FileNotFoundError as e:
+        if transient(e):  # an HTTP client's "not found" for a refused connection: retried, not "missing"
+            raise
         return None
 
 
 def _find(fs: Any, path: str) -> Listing:
     try:
         return dict(fs.find(path, detail=True))
-    except FileNotFoundError:
+    except FileNotFoundError as e:
+        if transient(e):
+            raise
         return {}
 
 
