@@ -101,8 +101,9 @@ def test_storage_options_merge_with_the_defaults(monkeypatch):
 
 def test_a_refused_http_connection_is_retried_not_called_missing(tmp_path, monkeypatch):
     """fsspec's HTTP client reports a refused connection as FileNotFoundError; its cause decides."""
-    from lmshard.prepare import PrepareConfig, prepare
     from servers import free_port
+
+    from lmshard.prepare import PrepareConfig, prepare
 
     url = f"http://127.0.0.1:{free_port()}/x.jsonl"  # nothing listens there
     clock = Clock()
