@@ -113,3 +113,33 @@ def test_a_refused_http_connection_is_retried_not_called_missing(tmp_path, monke
     monkeypatch.setenv("LMSHARD_REMOTE_ATTEMPTS", "2")
     with pytest.raises(RemoteError, match=r"HEAD failed after 2 attempts .*ClientConnectorError"):
         prepare(PrepareConfig(inputs=[url], out=str(tmp_path / "out"), tokenizer="gpt2"))
+
+
+def test_a_server_that_ignores_ranges_is_named_at_once(tmp_path):
+    """Python's own http.server answers a Range request with the whole file."""
+    import subprocess
+    import sys
+
+    from servers import _wait_listening, free_port
+
+    (tmp_path / "f.bin").write_bytes(bytes(1000))
+    port = free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(tmp_path)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(port, proc, "http.server")
+        clock = Clock()
+        r = Remote(f"http://127.0.0.1:{port}", retry=Retry(sleep=clock, clock=clock.now))
+        with pytest.raises(RemoteError, match="the server ignores byte ranges .*1,000 bytes for a range of 10"):
+            r.read_range("f.bin", 0, 10)
+        assert clock.waits == []  # not retried: another attempt gets the same answer
+        with pytest.raises(RemoteError, match="ignores byte ranges"):
+            r.read_ranges(["f.bin"], [0], [10])
+    finally:
+        proc.kill()
+        proc.wait()
+    from lmshard import TokenDataset
+    from lmshard.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="not a URL scheme lmshard reads"):
+        TokenDataset("ftp://host/ds")

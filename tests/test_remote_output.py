@@ -430,3 +430,12 @@ def test_inspect_a_dataset_on_a_web_server(http_server, inputs, tmp_path):
     result = CliRunner().invoke(app, ["inspect", http_server.url + "/ds", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["ok"]
+
+
+def test_resume_of_a_committed_url_dataset_has_nothing_to_do(s3, inputs):
+    server, bucket = s3
+    url = bucket + "/ds"
+    first = prepare(config(url, inputs))
+    before = remote_tree(server, url)
+    again = prepare(config(url, inputs, resume=True))  # a retry loop that always passes --resume
+    assert again.n_tokens() == first.n_tokens() and remote_tree(server, url) == before

@@ -15,8 +15,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .retry import RemoteError, Retry
+from .retry import RemoteError, Retry, chain, transient
 from .urls import filesystem, join, redact
+
+
+def ranges_ignored(url: str, got: int, asked: int) -> RemoteError:
+    return RemoteError(f"{redact(url)}: the server ignores byte ranges (it sent {got:,} bytes for a range of "
+                       f"{asked:,}); serve the dataset from an object store, or a web server that answers Range "
+                       "requests")  # fmt: skip
+
+
+def _unreached(e: BaseException) -> bool:
+    """Whether a FileNotFoundError stands for a server that was not reached (its cause is a
+    connection, TLS or name error), not for an object the server said is missing."""
+    return transient(e) or any(type(err).__name__.startswith("ClientConnector") for err in chain(e))
 
 
 class Remote:
@@ -58,7 +70,10 @@ class Remote:
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of an object."""
         def get() -> bytes:
-            return bytes(self.fs.cat_file(self.full(rel), start=start, end=end))
+            data = bytes(self.fs.cat_file(self.full(rel), start=start, end=end))
+            if len(data) > end - start:
+                raise ranges_ignored(self.url_of(rel), len(data), end - start)
+            return data
 
         return bytes(self._call(rel, f"GET bytes {start}-{end - 1}", get))
 
@@ -70,9 +85,11 @@ class Remote:
 
         def fetch() -> list[bytes]:
             got = self.fs.cat_ranges(paths, list(starts), list(ends), on_error="raise")
-            for data, a, b in zip(got, starts, ends, strict=True):
+            for data, a, b, rel in zip(got, starts, ends, rels, strict=True):
                 if isinstance(data, BaseException):
                     raise data
+                if len(data) > b - a:
+                    raise ranges_ignored(self.url_of(rel), len(data), b - a)
                 if len(data) != b - a:
                     raise ConnectionError(f"short read: {len(data)} of {b - a} bytes")
             return [bytes(d) for d in got]
@@ -89,7 +106,9 @@ class Remote:
             try:
                 self.fs.info(self.full(rel))
                 return True
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if _unreached(e):  # an HTTP client's "not found" for a server it never reached
+                    raise
                 return False
 
         return bool(self._call(rel, "HEAD", probe))

@@ -32,7 +32,7 @@ _TRANSIENT_NAMES = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
     "ClientConnectionError", "ClientConnectorError", "ClientOSError", "ServerDisconnectedError",
     "ClientPayloadError", "ServerTimeoutError", "IncompleteReadError", "ResponseStreamingError",
-    "ProxyConnectionError", "HTTPClientError",
+    "ProxyConnectionError", "HTTPClientError", "ClientConnectorDNSError",
 }  # fmt: skip
 _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
                     "InternalError", "ServiceUnavailable", "TooManyRequests", "RequestLimitExceeded"}  # fmt: skip
@@ -42,7 +42,7 @@ class RemoteError(LmshardError):
     """A remote request that failed for good (after retries where it was transient)."""
 
 
-def _chain(e: BaseException) -> list[BaseException]:
+def chain(e: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     at: BaseException | None = e
     while at is not None and at not in seen and len(seen) < 8:
@@ -63,7 +63,7 @@ def _status(e: BaseException) -> tuple[int | None, str]:
 
 def transient(e: BaseException) -> bool:
     """Whether another attempt may succeed: see the module docstring."""
-    for err in _chain(e):  # (an HTTP client's "not found" may wrap a refused connection: the cause decides)
+    for err in chain(e):  # (an HTTP client's "not found" may wrap a refused connection: the cause decides)
         status, code = _status(err)
         if status is not None or code:
             return code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
@@ -74,10 +74,10 @@ def transient(e: BaseException) -> bool:
 
 def describe(e: BaseException) -> str:
     """The most specific one-line cause in the chain, credentials taken out."""
-    for err in _chain(e):
+    for err in chain(e):
         status, code = _status(err)
         if status is not None or code:
-            return redact(f"HTTP {status} {code}".strip())
+            return redact(f"HTTP {status} {code if code != str(status) else ''}".strip())
         if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_NAMES:
             e = err  # the connection's own error, not what a client made of it
             break
@@ -86,14 +86,14 @@ def describe(e: BaseException) -> str:
 
 
 def fix_for(e: BaseException) -> str:
-    chain = _chain(e)
-    statuses = [_status(err)[0] for err in chain]
-    names = {type(err).__name__ for err in chain}
+    errors = chain(e)
+    statuses = [_status(err)[0] for err in errors]
+    names = {type(err).__name__ for err in errors}
     if names & {"NoCredentialsError", "PartialCredentialsError"} or {401, 403} & set(statuses) or any(
-        isinstance(err, PermissionError) for err in chain
+        isinstance(err, PermissionError) for err in errors
     ):
         return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
-    if not transient(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in chain)):
+    if not transient(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in errors)):
         return "check the URL"
     return f"check that the endpoint is reachable, then retry (more attempts: {ATTEMPTS_VARIABLE})"
 
@@ -115,6 +115,8 @@ class Retry:
         for attempt in range(1, self.attempts + 1):
             try:
                 return fn()
+            except LmshardError:
+                raise  # already one line with its fix
             except Exception as e:
                 if not transient(e):
                     raise RemoteError(f"{redact(url)}: {what} failed ({describe(e)}); {fix_for(e)}") from None

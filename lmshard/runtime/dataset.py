@@ -86,6 +86,9 @@ class TokenDataset:
             self.meta, self.store, self.plan_dir = open_remote_store(str(path), split, max_open_shards, **remote)
             self.path: Path | str = redact(str(path))
         else:
+            if "://" in str(path):  # a URL of a scheme lmshard does not read: not a local directory named 'ftp:'
+                raise ArgumentError(f"{redact(str(path))}: not a URL scheme lmshard reads; use s3://, gs://, az://, "
+                                    "hf:// or https://, or a local directory")  # fmt: skip
             given = sorted(k for k, v in remote.items() if v is not None)
             if given:
                 raise ArgumentError(f"{given[0]}= applies to datasets at a URL (s3://, gs://, https://...); drop it "

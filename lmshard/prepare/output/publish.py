@@ -71,6 +71,7 @@ class Publisher:
         output_url(url)
         self.config, self.url, self.hint = _Flags(overwrite, append, resume), url.rstrip("/"), hint
         self.replaces: dict[str, Any] | None = None  # an --overwrite's replaced dataset: its root and files
+        self.complete: DatasetMeta | None = None  # --resume of a dataset already committed
         self.remote = Remote(self.url, retry=retry)
         self.root = work_root(self.url)
         self.mirror = self.root / "ds"
@@ -115,6 +116,10 @@ class Publisher:
         listing = self._listing()
         if METADATA_FILE in listing:
             self.previous, self.previous_remote = open_remote(self.url, retry=self.remote.retry)
+        if old is None and self.config.resume and self.previous is not None and not (
+                self.config.overwrite or self.config.append):  # fmt: skip
+            self.complete = self.previous  # a run that finished and committed: nothing to resume
+            return
         if old is not None:  # --resume: only uploads whose objects are there count as done
             self.generation, self.replaces = old.state.get("generation", ""), old.state.get("replaces")
             self.journal = old
@@ -303,6 +308,11 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
     """Build the dataset in the work directory with `run_local`, then publish it to `config.out`."""
     publisher = Publisher(config.out, overwrite=config.overwrite, append=config.append, resume=config.resume)
     publisher.claim()
+    if publisher.complete is not None:
+        publisher.remote.delete([LOCK_OBJECT])
+        if on_progress is not None:
+            on_progress(Progress(note=f"resuming: {redact(publisher.url)} is already complete; nothing to do"))
+        return publisher.complete
     appending = bool(publisher.previous and config.append)
     local = replace(config, out=str(publisher.mirror), overwrite=False, append=appending,
                     resume=config.resume and publisher.mirror.parent.exists())  # fmt: skip
