@@ -11,7 +11,7 @@ Memory model: metadata is a few hundred bytes per shard and per source file; `re
 reads one document. Nothing here holds a shard.
 """
 
-from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, check_blocks, file_xxh3, hash_file_blocks, sums_path
+from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, check_blocks, file_xxh3, sums_path
 from .files import (
     check_index,
     check_shard_files,
@@ -54,7 +54,7 @@ from .schema import (
 from .skipped import SkippedInputs
 
 __all__ = [
-    "BLOCK_TOKENS", "BlockHasher", "block_damage", "check_blocks", "file_xxh3", "hash_file_blocks", "sums_path",
+    "BLOCK_TOKENS", "BlockHasher", "block_damage", "check_blocks", "file_xxh3", "sums_path",
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
     "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "VOCAB_COPIES",
     "atomic_write_bytes", "atomic_write_json", "shard_paths", "write_vocab_copy", "DatasetMeta", "DedupInfo",

@@ -88,16 +88,6 @@ def file_xxh3(path: Path) -> str:
     return str(h.hexdigest())
 
 
-def hash_file_blocks(path: Path, block_tokens: int = BLOCK_TOKENS) -> tuple[str, bytes]:
-    """(xxh3-64 hex of the whole file, its sums file's bytes), in one pass of 8 MiB reads."""
-    whole, hasher = _xxhash().xxh3_64(), BlockHasher(block_tokens)
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            whole.update(chunk)
-            hasher.update(chunk)
-    return whole.hexdigest(), hasher.finish()
-
-
 def check_blocks(where: str, data: bytes | memoryview | np.ndarray, first_block: int, sums: np.ndarray,
                  block_tokens: int) -> None:  # fmt: skip
     """FormatError naming `where` and the first block whose bytes do not match its sum. `data` holds

@@ -146,10 +146,6 @@ class Remote:
 
         return bool(self._call(rel, "conditional PUT", put))
 
-    def copy(self, src: str, dst: str) -> None:
-        """A server-side copy where the store has one."""
-        self._call(dst, "COPY", lambda: self.fs.copy(self.full(src), self.full(dst)))
-
     def delete(self, rels: Sequence[str]) -> None:
         """Remove objects; ones already gone are not an error."""
         for rel in rels:
