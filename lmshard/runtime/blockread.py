@@ -18,31 +18,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError
-from ..format import REGENERATE_HINT, TOKEN_DTYPE, check_blocks
+from ..format import REGENERATE_HINT, TOKEN_DTYPE, ShardInfo, check_blocks
 from ..format.blocks import SUMS_DTYPE, block_sums
 from ..remote import Remote, redact
 from .diskcache import TRAILER, DiskCache
 
 MAX_RUN = 64  # blocks per request: 4 MiB
 MAX_GAP = 4  # unneeded blocks a request may read through to join two runs: 256 KiB
-
-
-@dataclass(frozen=True)
-class ShardRef:
-    """What reading a shard's blocks needs from its metadata."""
-
-    rel: str  # the token file, relative to the dataset
-    n_tokens: int
-    xxh3_64: str
-    sums_rel: str  # "" when the shard has no block sums
-    sums_bytes: int
-    sums_xxh3_64: str
 
 
 def xxh3_hex(data: bytes | memoryview) -> str:
@@ -59,7 +46,7 @@ def _trailer(data: bytes | memoryview, block_tokens: int) -> bytes:
 class BlockReader:
     """Fetches and checks blocks of one split: `read(blocks)` -> {block: uint32 tokens}."""
 
-    def __init__(self, remote: Remote, shards: list[ShardRef], block_tokens: int, cache: DiskCache | None) -> None:
+    def __init__(self, remote: Remote, shards: list[ShardInfo], block_tokens: int, cache: DiskCache | None) -> None:
         self.remote, self.shards, self.block_tokens, self.cache = remote, shards, block_tokens, cache
         counts = [-(-s.n_tokens // block_tokens) for s in shards]
         self.base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # first block of each shard
@@ -73,7 +60,7 @@ class BlockReader:
         self.__dict__.update(state, _sums={}, _lock=threading.Lock())
 
     def where(self, k: int) -> str:
-        return redact(self.remote.url_of(self.shards[k].rel))
+        return redact(self.remote.url_of(self.shards[k].path))
 
     def locate(self, g: int) -> tuple[int, int, int]:
         """(shard, block within it, its tokens) of block g."""
@@ -91,14 +78,14 @@ class BlockReader:
         """Fetch the sums files of those of `shards` not loaded yet, concurrently, each held to
         its size and to the metadata's `sums_xxh3_64`."""
         todo = [k for k in dict.fromkeys(shards) if k not in self._sums]
-        fetch = [k for k in todo if self.shards[k].sums_rel]
-        rels = [self.shards[k].sums_rel for k in fetch]
+        fetch = [k for k in todo if self.shards[k].sums_path]
+        rels = [self.shards[k].sums_path for k in fetch]
         data = self.remote.read_ranges(rels, [0] * len(rels), [self.shards[k].sums_bytes for k in fetch])
         got = dict(zip(fetch, data, strict=True))
         for k in todo:
             shard, raw = self.shards[k], got.get(k)
             if raw is not None and xxh3_hex(raw) != shard.sums_xxh3_64:
-                raise FormatError(f"{redact(self.remote.url_of(shard.sums_rel))}: does not match the "
+                raise FormatError(f"{redact(self.remote.url_of(shard.sums_path))}: does not match the "
                                   f"'sums_xxh3_64' of its metadata; {REGENERATE_HINT}")  # fmt: skip
             with self._lock:
                 self._sums[k] = None if raw is None else np.frombuffer(raw, dtype=SUMS_DTYPE)
@@ -170,7 +157,7 @@ class BlockReader:
         self.load_sums([k for k, _, _ in runs])  # before the tokens: a bad sums file is named as such
         starts = [b * bt * size for _, b, _ in runs]
         ends = [min((b + n) * bt, self.shards[k].n_tokens) * size for k, b, n in runs]
-        data = self.remote.read_ranges([self.shards[k].rel for k, _, _ in runs], starts, ends)
+        data = self.remote.read_ranges([self.shards[k].path for k, _, _ in runs], starts, ends)
         out: dict[int, np.ndarray] = {}
         for (k, b, n), raw in zip(runs, data, strict=True):
             sums = self.sums(k)

@@ -27,10 +27,10 @@ from . import checks
 from .batches import BatchStream, resolve_rank
 from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
+from .windows import WindowDataset, stride_or_default
 
 if TYPE_CHECKING:
     from .remote_store import RemoteStore
-from .windows import WindowDataset, stride_or_default
 
 SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val"}  # what other tools call the held-out split
 _RSS_FIX = "pass rss_limit=None to map a split of any size, or a size in bytes (0: always read)"

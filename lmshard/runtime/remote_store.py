@@ -39,7 +39,7 @@ from ..remote.dataset import open_remote
 from ..remote.urls import scheme
 from . import checks
 from .blockfetch import Blocks
-from .blockread import BlockReader, ShardRef, xxh3_hex
+from .blockread import BlockReader, xxh3_hex
 from .diskcache import DiskCache
 from .reads import SplitReads
 from .rowplan import Geometry, RowPlan, new_rows
@@ -63,8 +63,7 @@ class RemoteStore(SplitReads):
         self.max_open, self.lookahead = max_open, lookahead
         self.chunk_steps = lookahead  # steps per announcement (see announce)
         self.block_tokens = bt = _block_tokens(remote, shards)
-        refs = [ShardRef(s.path, s.n_tokens, s.xxh3_64, s.sums_path, s.sums_bytes, s.sums_xxh3_64) for s in shards]
-        self.reader = BlockReader(remote, refs, bt, cache)
+        self.reader = BlockReader(remote, shards, bt, cache)
         self.blocks = Blocks(self.reader, pool_limit)
         self.geometry = Geometry(self.starts, self.sizes, self.reader.base, bt)
         self._plans: dict[Any, RowPlan] = {}  # announced steps' rows (keys (owner, step))

@@ -275,6 +275,7 @@ class WindowOffsets(Offsets):
 
 
 _BLOCK_STEPS = 64  # steps drawn at once (random offsets and window permutations)
+_BLOCK_ROWS = 1 << 16  # ... but at most this many rows (512 KB of offsets) per block
 T = TypeVar("T")
 
 
@@ -288,7 +289,6 @@ def recall(cache: list[T], hit: Callable[[T], bool], make: Callable[[], T]) -> T
     entry = make()
     cache[:] = [*cache[-1:], entry]
     return entry
-_BLOCK_ROWS = 1 << 16  # ... but at most this many rows (512 KB of offsets) per block
 
 
 def _check_shift(shift: object) -> None:
