@@ -17,6 +17,7 @@ from .files import (
     check_shard_files,
     dataset_file_size,
     dataset_files,
+    file_checksums,
     find_shard,
     load_metadata,
     read_document,
@@ -62,6 +63,6 @@ __all__ = [
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
-    "dataset_files",
+    "dataset_files", "file_checksums",
     "parse_metadata",
 ]  # fmt: skip

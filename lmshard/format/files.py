@@ -153,3 +153,11 @@ def dataset_files(meta: DatasetMeta) -> list[str]:
     files += [f.path for f in meta.dedup.files] if meta.dedup else []
     vocab = VOCAB_COPIES.get(meta.tokenizer.vocab_format)
     return files + [TOKENIZER_FILE] + ([vocab] if vocab else []) + [METADATA_FILE]
+
+
+def file_checksums(meta: DatasetMeta) -> dict[str, str]:
+    """{relative path: xxh3-64 hex} of every file whose checksum the metadata records: shards,
+    their indexes and block sums, and the dedup key files."""
+    sums = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
+    sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
+    return sums | ({f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {})

@@ -19,16 +19,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import FormatError
-from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, ShardInfo, dataset_files, file_xxh3, load_metadata
+from ..format import (
+    METADATA_FILE,
+    REGENERATE_HINT,
+    DatasetMeta,
+    ShardInfo,
+    dataset_files,
+    file_checksums,
+    file_xxh3,
+    load_metadata,
+)
 from ..remote import Remote, RemoteError, is_url, redact
 from ..remote.dataset import open_remote
 from .verify import Problem, Report, start_report, verify_dataset, verify_shard
 
 
-def _fetch(remote: Remote, rel: str, dest: Path) -> None:
-    """Download `rel` to `dest` in 64 MiB ranges."""
+def _fetch(remote: Remote, rel: str, dest: Path, size: int | None = None) -> None:
+    """Download `rel` (of `size` bytes, where the listing gave it) to `dest` in 64 MiB ranges."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    size = remote.size(rel)
+    size = remote.size(rel) if size is None else size
     with open(dest, "wb") as f:
         for at in range(0, size, 64 << 20):
             f.write(remote.read_range(rel, at, min(size, at + (64 << 20))))
@@ -60,7 +69,7 @@ def local_view(url: str, root: Path) -> tuple[DatasetMeta, Remote, dict[str, int
     listing = remote.listing() or _sizes(remote, meta)  # a web server lists nothing: one HEAD per file
     for rel in _small_files(meta):
         if rel in listing:
-            _fetch(remote, rel, root / rel)
+            _fetch(remote, rel, root / rel, listing[rel])
     for shard in meta.shards:
         for rel in shard.files():
             if rel in listing:
@@ -84,7 +93,7 @@ def verify_remote(url: str, quick: bool = False, on_shard: Callable[[ShardInfo],
         for shard in meta.shards:
             fetched = [r for r in shard.files() if r in listing and (not quick or r == shard.index_path)]
             for rel in fetched:
-                _fetch(remote, rel, root / rel)
+                _fetch(remote, rel, root / rel, listing[rel])
             verify_shard(meta, shard, report)
             for rel in fetched:
                 _placeholder(root / rel, listing[rel])  # the disk holds one shard at a time
@@ -107,12 +116,11 @@ def download(url: str, dest: Path) -> DatasetMeta:
     """A local copy of the dataset at `url` in `dest` (export reads it), each file held to the
     checksum its metadata records."""
     meta, remote = open_remote(url)
-    sums = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
-    sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
+    sums, sizes = file_checksums(meta), remote.listing() or _sizes(remote, meta)
     for rel in dataset_files(meta):
-        if rel == METADATA_FILE or not remote.exists(rel) and rel not in sums:
+        if rel == METADATA_FILE or rel not in sizes and rel not in sums:  # (a checksummed file must be there)
             continue
-        _fetch(remote, rel, dest / rel)
+        _fetch(remote, rel, dest / rel, sizes.get(rel))
         if rel in sums and file_xxh3(dest / rel) != sums[rel]:
             raise FormatError(f"{redact(remote.url_of(rel))}: its checksum differs from the metadata's (damaged); "
                               f"run `lmshard inspect {redact(url)}`; {REGENERATE_HINT}")  # fmt: skip

@@ -42,6 +42,7 @@ from ..format import (
     check_index,
     check_shard_files,
     dataset_file_size,
+    file_xxh3,
     load_metadata,
 )
 
@@ -154,13 +155,8 @@ def _check_key_files(meta: DatasetMeta, report: Report, quick: bool) -> None:
             continue
         if size != f.n_keys * 8:
             report.problems.append(Problem(f.path, f"{size} bytes, but 'n_keys' {f.n_keys} means {f.n_keys * 8}"))
-        elif not quick:
-            digest = xxhash.xxh3_64()
-            with open(meta.root / f.path, "rb") as fh:
-                while chunk := fh.read(1 << 23):
-                    digest.update(chunk)
-            if digest.hexdigest() != f.xxh3_64:
-                report.problems.append(Problem(f.path, f"checksum {digest.hexdigest()} != {f.xxh3_64} in metadata"))
+        elif not quick and (digest := file_xxh3(meta.root / f.path)) != f.xxh3_64:
+            report.problems.append(Problem(f.path, f"checksum {digest} != {f.xxh3_64} in metadata"))
 
 
 def read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:

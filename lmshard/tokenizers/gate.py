@@ -23,7 +23,6 @@ import base64
 import hashlib
 import inspect
 import json
-import os
 import platform
 import random
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from ..errors import TokenizerError
 from ..format import TOKEN_DTYPE, atomic_write_json
 from . import families
 from .base import Tokenizer
-from .vocab import resolve
+from .vocab import cache_home, resolve
 
 FAST_EXTRA = "--tokenizer-backend splintr needs the fast extra: pip install 'lmshard[fast]'"
 
@@ -226,8 +225,7 @@ def check_sample(candidate: Tokenizer, reference: Tokenizer) -> str | None:
 def gate_dir() -> Path:
     """Where passed gates are remembered: `$LMSHARD_CACHE_DIR/gate`, default
     `~/.cache/lmshard/gate` (whatever `$TIKTOKEN_CACHE_DIR` says about vocabularies)."""
-    home = os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard"
-    return Path(home) / "gate"
+    return cache_home() / "gate"
 
 
 def _cpu() -> str:

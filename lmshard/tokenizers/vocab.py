@@ -91,12 +91,17 @@ _PACKAGE_FALLBACK = {
 _DOWNLOAD_TIMEOUT_S = 15
 
 
+def cache_home() -> Path:
+    """lmshard's own cache: `$LMSHARD_CACHE_DIR`, default `~/.cache/lmshard` (vocabularies,
+    passed gates, the work directories of runs publishing to a URL)."""
+    return Path(os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard")
+
+
 def cache_dir() -> Path:
     """Where vocabularies are installed and looked up (see the module docstring)."""
     if os.environ.get("TIKTOKEN_CACHE_DIR"):
         return Path(os.environ["TIKTOKEN_CACHE_DIR"])
-    home = os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard"
-    return Path(home) / "tiktoken"
+    return cache_home() / "tiktoken"
 
 
 def cache_file(vocab: Vocabulary, directory: Path | None = None) -> Path:

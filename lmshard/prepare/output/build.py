@@ -30,10 +30,9 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
-import xxhash
 
 from ...errors import InputError
-from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
+from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo, file_xxh3
 from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
@@ -254,11 +253,7 @@ def key_parts(n_keys: int) -> list[int]:
 
 
 def key_file(root: Path, rel: str, n_keys: int) -> KeyFile:
-    digest = xxhash.xxh3_64()
-    with open(root / rel, "rb") as f:
-        while chunk := f.read(1 << 23):
-            digest.update(chunk)
-    return KeyFile(path=rel, n_keys=n_keys, xxh3_64=digest.hexdigest())
+    return KeyFile(path=rel, n_keys=n_keys, xxh3_64=file_xxh3(root / rel))
 
 
 def check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards: list[ShardInfo]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ...format import atomic_write_json
 from ...remote import redact
+from ...tokenizers.vocab import cache_home
 
 JOURNAL = "publish.json"
 LOG_END = " ."  # ends every whole line of the upload log
@@ -26,9 +27,8 @@ STARTED = "-"  # a log line's digest field for a PUT begun (its object may exist
 def work_root(url: str) -> Path:
     """The local work directory of a run publishing to `url` ($LMSHARD_PUBLISH_DIR, else under
     $LMSHARD_CACHE_DIR or ~/.cache/lmshard): it needs room for the dataset being built."""
-    home = Path(os.environ.get("LMSHARD_CACHE_DIR") or Path.home() / ".cache" / "lmshard") / "publish"
     key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
-    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or home) / key
+    return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or cache_home() / "publish") / key
 
 
 class Journal:

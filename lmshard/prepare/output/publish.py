@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, LmshardError
-from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_xxh3
+from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3
 from ...remote import Remote, redact
 from ...remote.dataset import open_remote
 from ...remote.urls import output_url
@@ -213,6 +213,8 @@ class Publisher:
         """Upload one file unless the journal has it with these bytes; `expected`: the xxh3-64 the
         metadata records: a file of other bytes is refused, never sent."""
         assert self.journal is not None
+        if expected and self.journal.uploaded.get(rel) == expected:  # sent already with the bytes it must have
+            return
         path = base / rel
         digest = file_xxh3(path)
         if expected and digest != expected:
@@ -222,7 +224,7 @@ class Publisher:
             return
         self.journal.begin(rel)
         self.remote.put_file(self._key(rel), path)
-        if file_xxh3(path) == digest:  # unchanged while it was sent
+        if expected or file_xxh3(path) == digest:  # a finished build's files do not change while sent
             self.journal.record(rel, digest)
 
     def upload_finished(self) -> int:
@@ -264,10 +266,7 @@ class Publisher:
     def publish(self, meta: DatasetMeta) -> None:
         """Every data object, then the metadata (the commit), then the replaced objects removed."""
         assert self.journal is not None
-        files = dataset_files(meta)
-        expected = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
-        expected |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
-        expected |= {f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {}
+        files, expected = dataset_files(meta), file_checksums(meta)
         kept = self._kept()
         data = [r for r in files[:-1] if r not in kept]
         with ThreadPoolExecutor(UPLOADERS) as pool:
@@ -318,13 +317,13 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
                     resume=config.resume and publisher.mirror.parent.exists())  # fmt: skip
     watcher = publisher.watch()
     try:
-        meta = run_local(local, on_progress)
+        try:
+            meta = run_local(local, on_progress)
+        finally:
+            publisher.stop_watching(watcher)
     except LmshardError:
-        publisher.stop_watching(watcher)
         publisher.abandon()
         raise
-    finally:
-        publisher.stop_watching(watcher)
     if on_progress is not None:
         on_progress(Progress(note=f"publishing to {redact(publisher.url)}"))
     publisher.publish(meta)
