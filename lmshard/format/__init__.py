@@ -11,7 +11,7 @@ Memory model: metadata is a few hundred bytes per shard and per source file; `re
 reads one document. Nothing here holds a shard.
 """
 
-from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, check_blocks, file_xxh3, sums_path
+from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, bytes_xxh3, check_blocks, file_xxh3, sums_path
 from .files import (
     check_index,
     check_shard_files,
@@ -21,6 +21,7 @@ from .files import (
     find_shard,
     load_metadata,
     read_document,
+    shard_file_sizes,
 )
 from .layout import (
     EOT_POSITIONS,
@@ -55,7 +56,7 @@ from .schema import (
 from .skipped import SkippedInputs
 
 __all__ = [
-    "BLOCK_TOKENS", "BlockHasher", "block_damage", "check_blocks", "file_xxh3", "sums_path",
+    "BLOCK_TOKENS", "BlockHasher", "block_damage", "check_blocks", "bytes_xxh3", "file_xxh3", "sums_path",
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
     "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "VOCAB_COPIES",
     "atomic_write_bytes", "atomic_write_json", "shard_paths", "write_vocab_copy", "DatasetMeta", "DedupInfo",
@@ -63,6 +64,6 @@ __all__ = [
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
-    "dataset_files", "file_checksums",
+    "dataset_files", "file_checksums", "shard_file_sizes",
     "parse_metadata",
 ]  # fmt: skip

@@ -78,6 +78,11 @@ def block_sums(data: bytes | memoryview | np.ndarray, block_tokens: int = BLOCK_
     return hasher.finish()
 
 
+def bytes_xxh3(data: bytes | memoryview) -> str:
+    """The xxh3-64 (hex) of bytes in memory, as the metadata records a file's."""
+    return str(_xxhash().xxh3_64_hexdigest(data))
+
+
 def file_xxh3(path: Path) -> str:
     """The xxh3-64 (hex) of a file's bytes, read in 8 MiB pieces: the checksum the metadata
     records for a shard, an index or a key file."""

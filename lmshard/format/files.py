@@ -95,15 +95,21 @@ def check_shard_files(root: Path, shard: ShardInfo) -> None:
     """FormatError, naming the file and the field, unless the shard's token file holds
     `n_tokens` × 4 bytes and its index `(n_docs + 1)` × 8 (and its sums file, where kept, 8 per
     block), all inside the dataset at `root`."""
-    files = [(shard.path, "n_tokens", shard.n_tokens, shard.bin_bytes),
-             (shard.index_path, "n_docs", shard.n_docs, shard.idx_bytes)]  # fmt: skip
-    if shard.sums_path:
-        files.append((shard.sums_path, "n_tokens", shard.n_tokens, shard.sums_bytes))
-    for rel, key, count, expected in files:
+    for rel, key, count, expected in shard_file_sizes(shard):
         size = dataset_file_size(root, rel)
         if size != expected:
             raise FormatError(f"{root / rel}: {size} bytes, but '{key}' {count} in the metadata means {expected}; "
                               f"{REGENERATE_HINT}")  # fmt: skip
+
+
+def shard_file_sizes(shard: ShardInfo) -> list[tuple[str, str, int, int]]:
+    """(relative path, the metadata field that sizes it, that field's value, the size it means)
+    of each of a shard's files: what a local or remote reader holds the files to."""
+    files = [(shard.path, "n_tokens", shard.n_tokens, shard.bin_bytes),
+             (shard.index_path, "n_docs", shard.n_docs, shard.idx_bytes)]  # fmt: skip
+    if shard.sums_path:
+        files.append((shard.sums_path, "n_tokens", shard.n_tokens, shard.sums_bytes))
+    return files
 
 
 def check_index(path: Path, offsets: np.ndarray, n_tokens: int) -> None:

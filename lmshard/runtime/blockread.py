@@ -24,19 +24,12 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import REGENERATE_HINT, TOKEN_DTYPE, ShardInfo, check_blocks
-from ..format.blocks import SUMS_DTYPE, block_sums
+from ..format.blocks import SUMS_DTYPE, block_sums, bytes_xxh3
 from ..remote import Remote, redact
 from .diskcache import TRAILER, DiskCache
 
 MAX_RUN = 64  # blocks per request: 4 MiB
 MAX_GAP = 4  # unneeded blocks a request may read through to join two runs: 256 KiB
-
-
-def xxh3_hex(data: bytes | memoryview) -> str:
-    """The xxh3-64 of `data` as the metadata writes it: the sum of a single block that holds it all
-    (the runtime reaches xxhash only through the format layer)."""
-    one_block = len(data) // TOKEN_DTYPE.itemsize + 1
-    return f"{int.from_bytes(block_sums(data, one_block), 'little'):016x}"
 
 
 def _trailer(data: bytes | memoryview, block_tokens: int) -> bytes:
@@ -84,7 +77,7 @@ class BlockReader:
         got = dict(zip(fetch, data, strict=True))
         for k in todo:
             shard, raw = self.shards[k], got.get(k)
-            if raw is not None and xxh3_hex(raw) != shard.sums_xxh3_64:
+            if raw is not None and bytes_xxh3(raw) != shard.sums_xxh3_64:
                 raise FormatError(f"{redact(self.remote.url_of(shard.sums_path))}: does not match the "
                                   f"'sums_xxh3_64' of its metadata; {REGENERATE_HINT}")  # fmt: skip
             with self._lock:

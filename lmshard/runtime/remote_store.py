@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, FormatError
-from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta, ShardInfo, check_index
-from ..format.blocks import BLOCK_TOKENS
+from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta, ShardInfo, check_index, shard_file_sizes
+from ..format.blocks import BLOCK_TOKENS, bytes_xxh3
 from ..remote import Remote, Retry, redact
 from ..remote.dataset import open_remote
 from ..remote.urls import scheme
 from . import checks
 from .blockfetch import Blocks
-from .blockread import BlockReader, xxh3_hex
+from .blockread import BlockReader
 from .diskcache import DiskCache
 from .reads import SplitReads
 from .rowplan import Geometry, RowPlan, new_rows
@@ -222,7 +222,7 @@ class RemoteStore(SplitReads):
         shard = self.shards[k]
         url = redact(self.remote.url_of(shard.index_path))
         data = self.remote.read_range(shard.index_path, 0, shard.idx_bytes)
-        if len(data) != shard.idx_bytes or xxh3_hex(data) != shard.index_xxh3_64:
+        if len(data) != shard.idx_bytes or bytes_xxh3(data) != shard.index_xxh3_64:
             raise FormatError(f"{url}: does not match the size and 'index_xxh3_64' of its metadata; "
                               f"{REGENERATE_HINT}")  # fmt: skip
         index = np.frombuffer(data, dtype=INDEX_DTYPE)
@@ -249,11 +249,7 @@ def check_objects(remote: Remote, split: str, shards: list[ShardInfo]) -> None:
         return
     listing = remote.listing(split)
     for shard in shards:
-        files = [(shard.path, "n_tokens", shard.n_tokens, shard.bin_bytes),
-                 (shard.index_path, "n_docs", shard.n_docs, shard.idx_bytes)]  # fmt: skip
-        if shard.sums_path:
-            files.append((shard.sums_path, "n_tokens", shard.n_tokens, shard.sums_bytes))
-        for rel, key, count, expected in files:
+        for rel, key, count, expected in shard_file_sizes(shard):
             size = listing.get(rel)
             if size != expected:
                 found = f"{size} bytes, but '{key}' {count} in the metadata means {expected}" if size else "missing"
