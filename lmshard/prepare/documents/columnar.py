@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import InputError, LmshardError
-from .files import Source, open_raw
+from .files import Source, open_raw, rewound
 from .reading import cannot_stream, read_error
 from .records import Record, typed_text
 
@@ -26,7 +26,7 @@ def open_arrow(src: Source) -> Any:
     import pyarrow as pa
 
     where = _seekable(src)
-    opened = (lambda: pa.memory_map(where)) if isinstance(where, str) else (lambda: _rewound(where))
+    opened = (lambda: pa.memory_map(where)) if isinstance(where, str) else (lambda: rewound(where))
     try:
         try:
             return pa.ipc.open_file(opened())
@@ -37,11 +37,6 @@ def open_arrow(src: Source) -> Any:
                 raise InputError(f"{src.path}: not an arrow IPC file ({e})") from None
     except OSError as e:
         raise read_error(src.path, e) from None
-
-
-def _rewound(f: Any) -> Any:
-    f.seek(0)
-    return f
 
 
 def _seekable(src: Source) -> Any:

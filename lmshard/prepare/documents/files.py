@@ -152,7 +152,7 @@ def _decompressed(source: Source, file: Raw) -> IO[bytes]:
         fast, errors = _gzip_reader() if not source.stream else (None, ())  # its careful re-read seeks
         inner = fast.GzipFile(fileobj=raw) if fast else gzip.GzipFile(fileobj=raw)
         if fast:  # on damage, the standard reader finds exactly where the good data ends
-            careful = lambda: gzip.GzipFile(fileobj=_rewound(raw))  # noqa: E731
+            careful = lambda: gzip.GzipFile(fileobj=rewound(raw))  # noqa: E731
     elif source.compression == "bz2":
         inner = bz2.BZ2File(raw)
     elif source.compression == "xz":
@@ -162,7 +162,8 @@ def _decompressed(source: Source, file: Raw) -> IO[bytes]:
     return cast(IO[bytes], Decompressed(inner, source, errors, careful))
 
 
-def _rewound(raw: IO[bytes]) -> IO[bytes]:
+def rewound(raw: IO[bytes]) -> IO[bytes]:
+    """`raw`, sought back to its start."""
     raw.seek(0)
     return raw
 

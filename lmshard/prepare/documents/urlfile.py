@@ -22,7 +22,7 @@ import io
 from typing import Any
 
 from ...remote.retry import RemoteError, Retry
-from ...remote.urls import filesystem, redact
+from ...remote.urls import filesystem
 from .reading import InputGone, InputReadError, changed
 
 READ_BYTES = 8 << 20  # bytes per GET while reading on: 8 requests per 64 MiB unit
@@ -137,8 +137,3 @@ class URLInput(io.BufferedIOBase):
     def close(self) -> None:
         self._block = b""
         super().close()
-
-
-def url_input(url: str, size: int | None = None) -> URLInput:
-    """The input at `url`, named by its redacted URL."""
-    return URLInput(url, redact(url), size)
