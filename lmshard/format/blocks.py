@@ -17,6 +17,7 @@ Memory model: `BlockHasher` holds one running digest and the finished blocks' su
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,18 @@ class BlockHasher:
         if self._filled:
             sums.append(self._digest.intdigest())
         return np.array(sums, dtype=SUMS_DTYPE).tobytes()
+
+
+def write_sums(path: Path, data: bytes) -> None:
+    """Write a sums file as the shard writers write their files: to `NAME.sums.tmp` (a name a
+    resumed build recognises and clears, where a random temporary name would be left behind by
+    a kill), made durable, then renamed into place."""
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def block_sums(data: bytes | memoryview | np.ndarray, block_tokens: int = BLOCK_TOKENS) -> bytes:

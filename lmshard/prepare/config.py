@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..format import EOT_POSITIONS
-from ..remote.urls import is_url, redact
+from ..remote.urls import is_url, output_url, redact, scheme_of
 from .documents.clean import CleanConfig
 
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
@@ -92,8 +91,6 @@ class PrepareConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
-        from ..remote.urls import output_url
-
         output_url(self.out)  # a URL of a scheme datasets cannot be written to: refused, not made a directory
         _choice("--text-mode", self.text_mode, TEXT_MODES)
         _choice("--executor", self.executor, EXECUTORS)
@@ -184,18 +181,15 @@ class PrepareConfig:
         return d
 
 
-_URL_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
 def _check_input(spec: str) -> None:
     """An input that looks like a URL must be one lmshard reads (remote/urls.py's schemes)."""
-    m = _URL_LIKE.match(spec)
-    if m is None or is_url(spec):
+    name = scheme_of(spec)
+    if name is None or is_url(spec):
         return
-    if m.group(1).lower() == "file":
+    if name == "file":
         raise ConfigError(f"{spec}: name a local file by its path, without file://")
     raise ConfigError(f"{redact(spec)}: lmshard reads s3://, gs://, az://, hf:// and https:// URLs, not "
-                      f"{m.group(1)}://; copy the files to one of those or to local disk")  # fmt: skip
+                      f"{spec.split(':', 1)[0]}://; copy the files to one of those or to local disk")  # fmt: skip
 
 
 def _choice(flag: str, value: str, allowed: Iterable[str]) -> None:

@@ -35,12 +35,15 @@ SCHEMES = {
 OPTIONS_VARIABLE = "LMSHARD_STORAGE_OPTIONS"
 
 
+def scheme_of(text: str) -> str | None:
+    """The scheme of anything written `scheme://...` (lower case), lmshard's or not; else None."""
+    m = _SCHEME.match(text)
+    return m.group(1).lower() if m else None
+
+
 def is_url(text: object) -> bool:
     """True for a URL of a scheme lmshard reads remotely (see SCHEMES)."""
-    if not isinstance(text, str):
-        return False
-    m = _SCHEME.match(text)
-    return m is not None and m.group(1).lower() in SCHEMES
+    return isinstance(text, str) and scheme_of(text) in SCHEMES
 
 
 WRITABLE = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")  # schemes a dataset can be written to

@@ -53,12 +53,12 @@ from ...format import (
     DatasetMeta,
     KeyFile,
     ShardInfo,
-    atomic_write_bytes,
     atomic_write_json,
     shard_paths,
     sums_path,
     write_vocab_copy,
 )
+from ...format.blocks import write_sums
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source, note_growth
@@ -209,7 +209,7 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
             digests.append(digest.hexdigest())
             if rel.endswith(".bin"):
                 sums = blocks.finish()
-                atomic_write_bytes(staging / sums_path(rel), sums)
+                write_sums(staging / sums_path(rel), sums)
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists():
             os.replace(staging / f"{rel}.tmp", staging / rel)

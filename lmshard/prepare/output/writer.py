@@ -27,10 +27,10 @@ from ...format import (
     TOKEN_DTYPE,
     BlockHasher,
     ShardInfo,
-    atomic_write_bytes,
     shard_paths,
     sums_path,
 )
+from ...format.blocks import write_sums
 
 
 def with_separators(
@@ -179,7 +179,7 @@ class ShardWriter:
         self._bin = self._idx = None
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
         sums = self._blocks.finish()
-        atomic_write_bytes(self.root / sums_path(bin_rel), sums)
+        write_sums(self.root / sums_path(bin_rel), sums)
         os.replace(f"{idx_path}.tmp", idx_path)
         os.replace(f"{bin_path}.tmp", bin_path)
         self.shards.append(
