@@ -265,6 +265,37 @@ def test_credentials_in_a_url_are_never_recorded_nor_in_messages(tmp_path, http_
     assert "s3cr3t-pw" not in message and "***@127.0.0.1" in message
 
 
+def test_a_plan_that_holds_a_urls_credentials_is_readable_by_its_owner_only(tmp_path, http_server):
+    """The tasks of a scale-out run read their inputs from the plan, credentials and all: the plan
+    is then mode 0600 whatever the umask, and the dataset it finishes records none of them."""
+    url = _password_url(http_server)
+    config = PrepareConfig(inputs=[url], out=str(tmp_path / "o"), workers=1, **_OPTS)
+    plain = PrepareConfig(inputs=[str(tmp_path / "plain.jsonl")], out=str(tmp_path / "p"), workers=1, **_OPTS)
+    (tmp_path / "plain.jsonl").write_bytes(_jsonl(_texts(50, 3)))
+    for c in (config, plain):
+        local_exec.claim(c, 2)
+    plan_file = work_dir(config.out) / "plan.json"
+    assert "s3cr3t-pw" in plan_file.read_text()  # what the tasks read the input with
+    assert plan_file.stat().st_mode & 0o777 == 0o600
+    assert (work_dir(plain.out) / "plan.json").stat().st_mode & 0o077 != 0  # the umask's, as every other file
+    for stage in STAGES:
+        for task in range(1 if stage == "finish" else 2):
+            run_task(config, 2, stage, task)
+    recorded = "".join(p.read_bytes().decode("latin-1") for p in Path(config.out).rglob("*") if p.is_file())
+    assert "s3cr3t-pw" not in recorded and "***@127.0.0.1" in recorded
+    assert not work_dir(config.out).exists()  # the plan went with the work folder
+
+
+def test_redaction_finds_urls_anywhere_in_a_text():
+    from lmshard.remote import redact
+
+    quoted = '{"inputs": ["https://u:pw@h/a.jsonl"], "x": "(s3://AK:SK@b/k)"}'
+    assert redact(quoted) == '{"inputs": ["https://***@h/a.jsonl"], "x": "(s3://***@b/k)"}'
+    signed = "https://storage.example/b/o?X-Goog-Signature=GSIG&X-Goog-Credential=GC&alt=media"
+    assert redact(signed) == "https://storage.example/b/o?X-Goog-Signature=***&X-Goog-Credential=***&alt=media"
+    assert redact("hf://datasets/org/name@main/f.parquet") == "hf://datasets/org/name@main/f.parquet"
+
+
 def test_credentials_in_a_url_are_never_printed(tmp_path, http_server):
     result = runner.invoke(app, ["prepare", _password_url(http_server), "--out", str(tmp_path / "o"), "--workers", "1"])
     assert result.exit_code == 0, result.output

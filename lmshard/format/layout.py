@@ -50,15 +50,16 @@ def shard_paths(split: str, index: int) -> tuple[str, str]:
     return f"{stem}.bin", f"{stem}.idx"
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool = False) -> None:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it into place.
 
-    A reader sees either the old file or the whole new one, never a torn write.
+    A reader sees either the old file or the whole new one, never a torn write. `private`: readable
+    by its owner only (a file that holds credentials), whatever the umask.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
+        os.fchmod(fd, 0o600 if private else 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -69,8 +70,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, private: bool = False) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode(), private)
 
 
 def write_vocab_copy(directory: Path, vocab_format: str, data: bytes | None) -> None:

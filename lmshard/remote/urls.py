@@ -79,19 +79,21 @@ def join(url: str, rel: str) -> str:
     return url.rstrip("/") + "/" + rel.lstrip("/") if rel else url.rstrip("/")
 
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
-_SECRET_QUERY = re.compile(r"([?&](?:X-Amz-[A-Za-z-]+|sig|signature|se|sp|sv|token|access_token|key)=)[^&\s]*",
-                           re.IGNORECASE)  # fmt: skip
+# A URL's user and password, wherever the URL stands in the text (after a quote, a bracket, "input=").
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"'<>]*@")
+_SECRET_QUERY = re.compile(r"([?&](?:X-Amz-[A-Za-z-]+|X-Goog-[A-Za-z-]+|sig|signature|se|sp|sv|token|access_token|"
+                           r"key)=)[^&\s\"'<>]*", re.IGNORECASE)  # fmt: skip
 
 
 def redact(text: str) -> str:
     """`text` with credentials taken out of any URL in it: user and password, and signed query
-    parameters (S3 presigned X-Amz-*, Azure SAS sig/se/sp, tokens)."""
-    words = []
-    for word in text.split(" "):
-        word = _USERINFO.sub(r"\1***@", word)
-        words.append(_SECRET_QUERY.sub(r"\1***", word))
-    return " ".join(words)
+    parameters (S3 presigned X-Amz-*, GCS signed X-Goog-*, Azure SAS sig/se/sp, tokens)."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
+def has_credentials(text: str) -> bool:
+    """Whether `text` holds a URL's user, password or signed query parameters (see redact)."""
+    return redact(text) != text
 
 
 def storage_options(url: str, given: dict[str, Any] | None = None) -> dict[str, Any]:

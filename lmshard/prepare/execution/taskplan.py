@@ -41,6 +41,7 @@ from typing import Any
 
 from ...errors import ConfigError, InputError
 from ...format import atomic_write_json
+from ...remote.urls import has_credentials
 from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
 from ..documents.records import binary_record
@@ -244,7 +245,9 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         work.mkdir(parents=True, exist_ok=True)
         tmp = work / f".{PLAN_FILE}.{os.getpid()}.tmp"
-        atomic_write_json(tmp, plan)
+        # The tasks read their inputs from the plan, so a URL's credentials must stay in it: then
+        # only its owner may read it (it goes with the work folder once the dataset is complete).
+        atomic_write_json(tmp, plan, private=has_credentials(json.dumps(plan)))
         try:
             os.link(tmp, path)  # fails if another task created it first: then validate theirs
         except FileExistsError:
