@@ -10,7 +10,7 @@ import pytest
 from conftest import write
 from servers import local_tree
 
-from lmshard.errors import ConfigError
+from lmshard.errors import ConfigError, LmshardError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.output import publish
 
@@ -266,8 +266,9 @@ def test_s3_inputs_to_s3_output_equal_local(s3, inputs, tmp_path):
 
 def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tmp_path, monkeypatch):
     """A run of this machine that died mid-upload (its pid gone) holds the lock and left
-    uncommitted objects: the next run, not resumed, takes the lock over, removes exactly those
-    objects (its journal lists them) and publishes a whole dataset."""
+    uncommitted objects: the same command again is refused, as on a local --out, naming --resume
+    and --overwrite; with --overwrite the run takes the lock over, removes exactly those objects
+    (its journal lists them), says so, and publishes a whole dataset."""
     import socket
     import subprocess
 
@@ -280,12 +281,18 @@ def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tm
     gone.wait()  # a pid that no longer runs
     lock = {"run": "dead-run", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
+    before = remote_tree(server, url)
+    with pytest.raises(ConfigError, match=r"an interrupted prepare run of this machine .* left its work in .* and "
+                                          r"\d+ objects uploaded under s3://.*pass --resume .* or --overwrite"):  # fmt: skip
+        prepare(config(url, inputs))
+    before.pop("_lmshard_writer.json")  # the dead run's lock: taken over, then released by the refused run
+    assert remote_tree(server, url) == before  # nothing discarded
     server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"someone else's")
     with pytest.raises(ConfigError, match="no dataset_metadata.json .notes.txt"):  # only the journal's are removed
-        prepare(config(url, inputs))
+        prepare(config(url, inputs, overwrite=True))
     server.client().delete_object(Bucket=name, Key="ds/notes.txt")
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
-    prepare(config(url, inputs))
+    prepare(config(url, inputs))  # the journal went with the objects it listed: nothing left to refuse for
     prepare(config(str(tmp_path / "local"), inputs))
     assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
 
@@ -324,7 +331,7 @@ def test_a_put_cut_short_after_its_object_landed_is_cleared_and_resume_never_tru
     name = bucket.removeprefix("s3://")
     server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"mine")
     with pytest.raises(ConfigError, match="no dataset_metadata.json"):
-        prepare(config(url, inputs))  # clears the dead run's objects, all five, then refuses the foreign one
+        prepare(config(url, inputs, overwrite=True))  # clears the dead run's objects, all five, then refuses the foreign one
     assert set(remote_tree(server, url)) == {"notes.txt"}
     server.client().delete_object(Bucket=name, Key="ds/notes.txt")
     prepare(config(url, inputs, resume=True))  # nothing to trust any more: everything is sent
@@ -439,3 +446,17 @@ def test_resume_of_a_committed_url_dataset_has_nothing_to_do(s3, inputs):
     before = remote_tree(server, url)
     again = prepare(config(url, inputs, resume=True))  # a retry loop that always passes --resume
     assert again.n_tokens() == first.n_tokens() and remote_tree(server, url) == before
+
+
+def test_a_run_that_failed_on_its_input_leaves_nothing_to_refuse(s3, inputs, tmp_path):
+    """A bad record stops the run before it built or sent anything: the prefix is free and the
+    work directory gone, so the command runs once the input is fixed (as for a local --out)."""
+    server, bucket = s3
+    url = bucket + "/ds"
+    bad = write(tmp_path / "bad" / "a.jsonl", texts(5) + "not json\n")
+    with pytest.raises(LmshardError, match=r"a\.jsonl:6: invalid JSON"):
+        prepare(config(url, bad))
+    assert remote_tree(server, url) == {} and not publish.work_root(url).exists()
+    bad.write_text(texts(5))
+    prepare(config(url, bad))
+    assert "dataset_metadata.json" in remote_tree(server, url)

@@ -4,8 +4,9 @@ an explicit commit (docs/format.md, "Datasets in object stores"):
 
 1. **One writer.** `URL/_lmshard_writer.json` is created with a conditional put (If-None-Match:
    * on S3): a second run finds it and stops, naming the holder. The run removes it when done; a
-   run that died leaves it: a later run of the same machine whose pid is gone takes it over
-   (and, unless it resumes that run, first removes the objects it uploaded and never committed).
+   run that died leaves it: a later run of the same machine whose pid is gone takes it over.
+   It resumes that run's work with --resume; without, a plain run is refused (as a local --out
+   refuses), and --overwrite or --append first remove the objects it uploaded and never committed.
 2. **Data first.** Shards are uploaded while the run builds (each once its `.bin`, `.idx` and
    `.sums` are complete), then every other file. A new dataset goes at the prefix itself, in the
    local layout. A replaced one (`--overwrite`) goes whole under a new generation prefix
@@ -79,6 +80,7 @@ class Publisher:
         self.previous_remote: Remote | None = None
         self.generation = ""
         self.journal: Journal | None = None
+        self.discarded: str | None = None  # what an interrupted run left that this one cleared
         self._stop = threading.Event()
 
     # -- claim ---------------------------------------------------------------------------------
@@ -130,6 +132,7 @@ class Publisher:
         if flags.append and self.previous is None:
             raise ConfigError(f"{redact(self.url)}: --append: no dataset here to append to; leave --append out to "
                               "create one")  # fmt: skip
+        self._refuse_to_discard(flags)
         if self._clear_unfinished(listing):
             listing = self._listing()
         if self.previous is not None and not (flags.overwrite or flags.append):
@@ -160,6 +163,21 @@ class Publisher:
         where = self.previous_remote.url
         return where[len(self.url) + 1 :] if where != self.url else ""
 
+    def _refuse_to_discard(self, flags: _Flags) -> None:
+        """An interrupted run of this machine left work (a build, uploads): as a local --out does,
+        a plain run goes no further, so hours of work are never thrown away by running the same
+        command again. --overwrite and --append say what becomes of the dataset: they discard it."""
+        stale = Journal.load(self.root / JOURNAL)
+        if stale is None or flags.overwrite or flags.append:
+            return
+        if not (self._work_left() or stale.started):
+            return
+        when = time.ctime((self.root / JOURNAL).stat().st_mtime)
+        sent = f" and {len(stale.started):,} objects uploaded under {redact(self.url)}" if stale.started else ""
+        raise ConfigError(f"{redact(self.url)}: an interrupted prepare run of this machine (started {when}) left its "
+                          f"work in {self.root}{sent}; pass --resume (with its options) to continue it, or "
+                          "--overwrite to discard it")  # fmt: skip
+
     def _clear_unfinished(self, listing: dict[str, int]) -> bool:
         """Finish what an earlier, unfinished run to this URL from this machine left (its journal
         lists it), as it is not resumed now: remove the objects it began to upload that are not
@@ -172,6 +190,9 @@ class Publisher:
         keep = set(dataset_files(self.previous)) if self.previous is not None and where == current else set()
         keys = [f"{where}/{rel}" if where else rel for rel in stale.started if rel not in keep]
         self.remote.delete([k for k in keys if k in listing])
+        when = time.ctime((self.root / JOURNAL).stat().st_mtime)
+        self.discarded = f"discarded an interrupted run of this machine (started {when}): {len(keys):,} uncommitted " \
+                         "objects removed"
         replaced = stale.state.get("replaces")
         if replaced and where == current:  # committed, then cut short before removing the old objects
             self._remove(replaced)
@@ -296,10 +317,17 @@ class Publisher:
         self.remote.delete([f"{root}/{r}" if root else r for r in files])
 
     def abandon(self) -> None:
-        """After a run that failed before uploading anything: nothing to resume here, so the
-        prefix is free again."""
+        """After a run that failed before uploading anything: the prefix is free again, and a run
+        that built nothing either leaves nothing to resume."""
         if self.journal is not None and not self.journal.uploaded:
             self.remote.delete([LOCK_OBJECT])
+            if not self.journal.started and not self._work_left():
+                shutil.rmtree(self.root, ignore_errors=True)
+
+    def _work_left(self) -> list[Path]:
+        """What a run left in the work directory besides its journal: a build to resume."""
+        journal = {JOURNAL, Path(JOURNAL).with_suffix(".log").name}
+        return [p for p in self.root.iterdir() if p.name not in journal] if self.root.is_dir() else []
 
 
 def prepare_remote(config: PrepareConfig, on_progress: Any,
@@ -312,6 +340,8 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
         if on_progress is not None:
             on_progress(Progress(note=f"resuming: {redact(publisher.url)} is already complete; nothing to do"))
         return publisher.complete
+    if publisher.discarded and on_progress is not None:
+        on_progress(Progress(note=publisher.discarded))
     appending = bool(publisher.previous and config.append)
     local = replace(config, out=str(publisher.mirror), overwrite=False, append=appending,
                     resume=config.resume and publisher.mirror.parent.exists())  # fmt: skip
