@@ -143,3 +143,24 @@ def test_a_server_that_ignores_ranges_is_named_at_once(tmp_path):
 
     with pytest.raises(ArgumentError, match="not a URL scheme lmshard reads"):
         TokenDataset("ftp://host/ds")
+
+
+def test_a_refusal_of_the_client_itself_names_the_options_not_the_network(s3, monkeypatch):
+    """A bad filesystem option fails before any request: one attempt, and the fix names the
+    options; a user and password in an s3:// URL (which s3fs would take for the bucket) are refused
+    before anything is sent, and never shown."""
+    from lmshard.errors import ConfigError
+    from lmshard.remote.urls import filesystem
+
+    _, url = s3
+    clock = Clock()
+    monkeypatch.setenv("LMSHARD_STORAGE_OPTIONS", '{"bogus_option": 1}')
+    with pytest.raises(RemoteError) as e:
+        Remote(url + "/ds", retry=Retry(attempts=3, sleep=clock)).exists("dataset_metadata.json")
+    assert "TypeError" in str(e.value) and "check the URL and the filesystem options (LMSHARD_STORAGE_OPTIONS" in str(
+        e.value) and "endpoint" not in str(e.value) and clock.waits == []  # fmt: skip
+    monkeypatch.delenv("LMSHARD_STORAGE_OPTIONS")
+    with pytest.raises(ConfigError, match=r"s3://\*\*\*@b/k: a s3:// URL takes no user or password") as e:
+        filesystem("s3://AKIAKEY:SECRETKEY@b/k")
+    assert "SECRETKEY" not in str(e.value)
+

@@ -242,8 +242,10 @@ def test_a_scheme_whose_package_is_missing_names_the_extra(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` raises ImportError
     monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, "gs", raising=False)  # no class cached for gs
     message = _cli_error(["gs://bucket/data/*.jsonl", "--out", str(tmp_path / "o"), "--quiet"])
-    assert message == ("error: reading gs://bucket/data/*.jsonl needs the 'gcsfs' package: "
+    assert message == ("error: gs://bucket/data/*.jsonl: gs:// needs the 'gcsfs' package: "
                        "pip install 'lmshard[gcs]'")  # fmt: skip
+    assert _cli_error([str(tmp_path), "--out", "gs://bucket/ds", "--quiet"]) == (
+        "error: gs://bucket/ds: gs:// needs the 'gcsfs' package: pip install 'lmshard[gcs]'")  # written, not read
 
 
 def _password_url(http_server) -> str:

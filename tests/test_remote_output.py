@@ -282,8 +282,8 @@ def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tm
     lock = {"run": "dead-run", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
     before = remote_tree(server, url)
-    with pytest.raises(ConfigError, match=r"an interrupted prepare run of this machine .* left its work in .* and "
-                                          r"\d+ objects uploaded under s3://.*pass --resume .* or --overwrite"):  # fmt: skip
+    refused = r"an interrupted prepare run of this machine .* left its work in .* and \d+ objects uploaded under s3://"
+    with pytest.raises(ConfigError, match=refused + ".*pass --resume .* or --overwrite"):
         prepare(config(url, inputs))
     before.pop("_lmshard_writer.json")  # the dead run's lock: taken over, then released by the refused run
     assert remote_tree(server, url) == before  # nothing discarded
@@ -331,7 +331,7 @@ def test_a_put_cut_short_after_its_object_landed_is_cleared_and_resume_never_tru
     name = bucket.removeprefix("s3://")
     server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"mine")
     with pytest.raises(ConfigError, match="no dataset_metadata.json"):
-        prepare(config(url, inputs, overwrite=True))  # clears the dead run's objects, all five, then refuses the foreign one
+        prepare(config(url, inputs, overwrite=True))  # clears the dead run's five objects, then refuses the foreign one
     assert set(remote_tree(server, url)) == {"notes.txt"}
     server.client().delete_object(Bucket=name, Key="ds/notes.txt")
     prepare(config(url, inputs, resume=True))  # nothing to trust any more: everything is sent

@@ -95,7 +95,8 @@ class Remote:
             return [bytes(d) for d in got]
 
         others = len(set(rels)) - 1  # the error names the first object, and counts the others
-        what = f"GET {len(rels)} ranges" + (f" (with {others} other objects)" if others else "")
+        what = f"GET {len(rels)} range" + ("s" if len(rels) != 1 else "") + (
+            f" (with {others} other objects)" if others else "")
         return self._call(rels[0], what, fetch)  # type: ignore[no-any-return]
 
     def size(self, rel: str) -> int:

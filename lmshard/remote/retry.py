@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..errors import LmshardError
-from .urls import redact
+from .urls import OPTIONS_VARIABLE, redact
 
 T = TypeVar("T")
 ATTEMPTS_VARIABLE = "LMSHARD_REMOTE_ATTEMPTS"
@@ -36,6 +36,11 @@ _TRANSIENT_NAMES = {
 }  # fmt: skip
 _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
                     "InternalError", "ServiceUnavailable", "TooManyRequests", "RequestLimitExceeded"}  # fmt: skip
+
+
+# The store's client refused the call itself (a bad option, bucket name or endpoint): no retry helps.
+_CONFIG_NAMES = {"ParamValidationError", "InvalidS3AddressingStyleError", "InvalidEndpointConfigurationError",
+                 "InvalidRegionError", "InvalidConfigError", "InvalidURL"}  # fmt: skip
 
 
 class RemoteError(LmshardError):
@@ -81,7 +86,8 @@ def describe(e: BaseException) -> str:
         if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_NAMES:
             e = err  # the connection's own error, not what a client made of it
             break
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    # The first line only: later ones may quote what was passed (a bucket "name" holding a key) unredacted.
+    text = str(e).splitlines()[0].rstrip(": ") if str(e).strip() else type(e).__name__
     return redact(f"{type(e).__name__}: {text}"[:300])
 
 
@@ -95,6 +101,8 @@ def fix_for(e: BaseException) -> str:
         return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
     if not transient(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in errors)):
         return "check the URL"
+    if any(isinstance(err, TypeError) for err in errors) or names & _CONFIG_NAMES:  # refused before any request
+        return f"check the URL and the filesystem options ({OPTIONS_VARIABLE}, or storage_options=)"
     return f"check that the endpoint is reachable, then retry (more attempts: {ATTEMPTS_VARIABLE})"
 
 

@@ -124,15 +124,19 @@ def filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, st
     budget and one line at the end), so a dead endpoint is not retried by three layers at once."""
     name = scheme(url)
     protocol, package, extra = SCHEMES[name]
+    if protocol not in ("http", "https") and _USERINFO.match(url):
+        raise ConfigError(f"{redact(url)}: a {name}:// URL takes no user or password; give the store's credentials "
+                          f"where its package looks for them (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                          f"AWS_PROFILE) or in {OPTIONS_VARIABLE}")  # fmt: skip
     try:
         import fsspec
     except ImportError:
-        raise missing_dependency("fsspec", extra, f"reading {redact(url)}") from None
+        raise missing_dependency("fsspec", extra, f"{redact(url)}: {name}://") from None
     kwargs = _merged(_single_attempt(protocol), storage_options(url, options))
     try:
         fs = fsspec.filesystem(protocol, **kwargs)
     except ImportError:
-        raise missing_dependency(package, extra, f"reading {redact(url)}") from None
+        raise missing_dependency(package, extra, f"{redact(url)}: {name}://") from None
     if protocol == "s3":
         fs.retries = 1  # s3fs's own retry loop (class attribute, 5 by default)
     path = fs._strip_protocol(url) if protocol not in ("http", "https") else url
