@@ -324,6 +324,15 @@ class Publisher:
             if not self.journal.started and not self._work_left():
                 shutil.rmtree(self.root, ignore_errors=True)
 
+    def named(self, e: LmshardError) -> LmshardError:
+        """`e` with the dataset's local copy named by its URL: the user gave the URL, and paths in
+        the work directory's copy are the URL's objects (work files keep their local paths)."""
+        mirror, text = str(self.mirror), str(e)
+        if mirror not in text:
+            return e
+        shown = redact(self.url)
+        return type(e)(text.replace(mirror + os.sep, shown + "/").replace(mirror, shown))
+
     def _work_left(self) -> list[Path]:
         """What a run left in the work directory besides its journal: a build to resume."""
         journal = {JOURNAL, Path(JOURNAL).with_suffix(".log").name}
@@ -351,9 +360,9 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
             meta = run_local(local, on_progress)
         finally:
             publisher.stop_watching(watcher)
-    except LmshardError:
+    except LmshardError as e:
         publisher.abandon()
-        raise
+        raise publisher.named(e) from None
     if on_progress is not None:
         on_progress(Progress(note=f"publishing to {redact(publisher.url)}"))
     publisher.publish(meta)

@@ -350,6 +350,8 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
     for key in sorted(set(started.get("config", {})) | set(now.get("config", {}))):
         a, b = started.get("config", {}).get(key), now.get("config", {}).get(key)
         if a != b:
+            if key == "inputs":  # the arguments have no flag
+                return f"the inputs were {a!r} when the run started and are {b!r} now"
             return f"--{key.replace('_', '-')} was {a!r} when the run started and is {b!r} now"
     a_src = {s[0]: s for s in started.get("sources", [])}
     b_src = {s[0]: s for s in now.get("sources", [])}
@@ -359,7 +361,8 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
         return f"input {path} was not an input when the run started"
     for path, was in a_src.items():
         if was != b_src[path]:
-            return f"input {path} changed since the run started (size or modification time)"
+            what = "size or ETag" if "://" in str(path) else "size or modification time"
+            return f"input {path} changed since the run started ({what})"
     if [s[0] for s in started.get("sources", [])] != [s[0] for s in now.get("sources", [])]:
         return "the inputs are in a different order than when the run started"
     for key in ("tokenizer", "appending_to", "format", "planning"):
