@@ -96,6 +96,9 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     if kind == "dataset":
         if config.resume and _already_done(out, config, sources):
             return Claim(fingerprint, time.time(), complete=load_metadata(out))
+        if config.resume and not (config.append or config.overwrite):
+            raise ConfigError(f"{out}: cannot resume: the run being resumed built its dataset with other options "
+                              "or inputs; pass the same ones, or --overwrite to replace it")  # fmt: skip
         if appending:
             previous = _appendable(out, config, tokenizer)
         elif not config.overwrite:
