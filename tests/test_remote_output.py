@@ -164,6 +164,15 @@ def test_inspect_export_import_take_urls(s3, inputs, tmp_path):
     assert result.exit_code == EXIT_CORRUPT
     problems = json.loads(result.stdout)["problems"]
     assert len(problems) == 1 and problems[0].startswith("train/shard_000001.bin: block 1 (tokens 16,384..")
+    # a missing shard and a cut index: named by their URLs, never by the temporary copies
+    server.client().delete_object(Bucket=name, Key="ds/train/shard_000002.bin")
+    idx = server.client().get_object(Bucket=name, Key="ds/train/shard_000000.idx")["Body"].read()
+    server.client().put_object(Bucket=name, Key="ds/train/shard_000000.idx", Body=idx[:-8])
+    result = runner.invoke(app, ["inspect", url, "--json"])
+    problems = json.loads(result.stdout)["problems"]
+    assert result.exit_code == EXIT_CORRUPT and len(problems) == 3, problems
+    assert not any("lmshard-remote-" in p or "/tmp" in p for p in problems), problems
+    assert any(f"{url}/train/shard_000002.bin" in p and "missing" in p for p in problems), problems
 
 
 def test_scale_out_tasks_publish_the_same_objects(s3, inputs, tmp_path):

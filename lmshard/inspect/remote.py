@@ -12,6 +12,8 @@ Memory model: as verify.py; on disk, the small files and one shard at a time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import shutil
 import tempfile
 import weakref
@@ -85,8 +87,10 @@ def verify_remote(url: str, quick: bool = False, on_shard: Callable[[ShardInfo],
     report = Report(root=redact(url), quick=quick)
     root = Path(tempfile.mkdtemp(prefix="lmshard-remote-"))
     weakref.finalize(report, shutil.rmtree, root, True)
+    shown = redact(url)
     try:
         meta, remote, listing = local_view(url, root)
+        shown = redact(remote.url)  # a replaced dataset's current generation
         if on_start:
             on_start(len(meta.shards))
         start_report(meta, report)
@@ -101,7 +105,16 @@ def verify_remote(url: str, quick: bool = False, on_shard: Callable[[ShardInfo],
                 on_shard(shard)
     except FormatError as e:
         report.problems.append(Problem(redact(url), str(e), fix=""))
+    _name_objects(report, root, shown)
     return report
+
+
+def _name_objects(report: Report, root: Path, url: str) -> None:
+    """Problems name the objects at the URL, not their copies in the temporary directory."""
+    def named(text: str) -> str:
+        return text.replace(f"{root}{os.sep}", f"{url}/").replace(str(root), url)
+
+    report.problems[:] = [dataclasses.replace(p, where=named(p.where), what=named(p.what)) for p in report.problems]
 
 
 def verify(root: str | Path, quick: bool = False, on_shard: Callable[[ShardInfo], None] | None = None,
