@@ -166,3 +166,31 @@ def test_ctrl_c_with_idle_workers_is_one_message(tmp_path, corpus, one_machine, 
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert wait_gone(workers, timeout=60.0) == []
     _finish_and_compare(corpus, out, one_machine)
+
+
+def test_progress_follows_each_unit_as_it_finishes_not_the_whole_stage():
+    """The pool's futures are reported one by one as they finish: with unit 1 done and unit 0
+    still running, unit 1 is reported (the run log's progress line moves) before unit 0 ends."""
+    import threading
+    from concurrent.futures import Future
+
+    from lmshard.prepare.execution import local_exec
+
+    futures: dict[Future[None], list[int]] = {Future(): [0], Future(): [1]}
+    first, second = list(futures)
+    reported: list[int] = []
+    seen_one = threading.Event()
+
+    class Recorder:
+        def done(self, stage, i):
+            reported.append(i)
+            seen_one.set()
+
+    waiter = threading.Thread(target=local_exec._wait, args=(futures, "tokenize", Recorder()))
+    waiter.start()
+    second.set_result(None)
+    assert seen_one.wait(60)  # an event, not a clock: unit 1 was reported while unit 0 runs
+    assert reported == [1] and waiter.is_alive()
+    first.set_result(None)
+    waiter.join(60)
+    assert reported == [1, 0] and not waiter.is_alive()

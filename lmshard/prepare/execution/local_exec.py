@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -150,19 +150,16 @@ def _todo(r: Run, stage: str) -> Iterable[int]:
 
 
 def _wait(futures: dict[Future[None], list[int]], stage: str, progress: _Progress) -> None:
-    pending: Iterable[Future[None]] = set(futures)
-    while pending:
-        finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
-        for f in sorted(finished, key=futures.__getitem__):
-            try:
-                f.result()  # a worker's error is raised here
-            except BrokenProcessPool:
-                why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
-                       "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
-                       "memory ran out)")  # fmt: skip
-                raise WorkerDied(why) from None
-            for i in futures[f]:
-                progress.done(stage, i)
+    for f in as_completed(futures):  # each as it finishes: the progress line follows the units
+        try:
+            f.result()  # a worker's error is raised here
+        except BrokenProcessPool:
+            why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
+                   "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
+                   "memory ran out)")  # fmt: skip
+            raise WorkerDied(why) from None
+        for i in futures[f]:
+            progress.done(stage, i)
 
 
 class _Progress:
