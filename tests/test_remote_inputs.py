@@ -221,6 +221,8 @@ def test_a_missing_object_an_empty_glob_and_an_empty_prefix_are_one_line(tmp_pat
     out = ["--out", str(tmp_path / "o"), "--workers", "1"]
     assert f"{bucket}/nope.jsonl: no such object, and no objects under it as a prefix; check the URL" in \
         _cli_error([f"{bucket}/nope.jsonl", *out])  # fmt: skip
+    assert "s3://no-such-bucket-here/in/: the bucket 'no-such-bucket-here' does not exist" in \
+        _cli_error(["s3://no-such-bucket-here/in/", *out])  # fmt: skip
     assert f"{bucket}/data/*.jsonl: no object matches this glob; check the URL and the pattern" in \
         _cli_error([f"{bucket}/data/*.jsonl", *out])  # fmt: skip
     assert f"{bucket}/data: nothing to read: skipped 1 file of unknown type (.png 1)" in \

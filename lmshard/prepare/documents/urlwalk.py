@@ -159,4 +159,21 @@ def nothing_at_url(spec: str, found: Walk) -> InputError:
     if scheme(spec) in ("http", "https"):
         return InputError(f"{shown}: no such file on the server (an https server lists no directories: name each "
                           "file, or copy them to an object store); check the URL")  # fmt: skip
+    bucket = _missing_bucket(spec)
+    if bucket is not None:
+        return InputError(f"{shown}: the bucket {bucket!r} does not exist (or these credentials cannot see it); check "
+                          "the URL and the credentials")  # fmt: skip
     return InputError(f"{shown}: no such object, and no objects under it as a prefix; check the URL")
+
+
+def _missing_bucket(spec: str) -> str | None:
+    """The bucket (container) of an object-store URL when the store says it does not exist; None
+    when it does, for schemes without buckets, and when the store cannot tell."""
+    if scheme(spec) in ("http", "https", "hf"):
+        return None
+    try:
+        fs, path = filesystem(spec)
+        bucket = path.split("/", 1)[0]
+        return None if fs.exists(bucket) else bucket
+    except Exception:  # noqa: BLE001 (an error while explaining an error: keep the first one)
+        return None
