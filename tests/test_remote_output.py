@@ -483,3 +483,13 @@ def test_a_refused_resume_names_the_url_not_the_work_directory(s3, inputs, tmp_p
     named = p.named(ConfigError(f"{p.mirror}: cannot resume: x; see {p.mirror}/train/shard_000000.bin"))
     assert type(named) is ConfigError and str(named) == f"{url}: cannot resume: x; see {url}/train/shard_000000.bin"
 
+
+
+def test_an_append_with_nothing_new_leaves_no_work_directory(s3, inputs):
+    server, bucket = s3
+    url = bucket + "/ds"
+    prepare(config(url, inputs))
+    before = remote_tree(server, url)
+    with pytest.raises(LmshardError, match="no new document"):
+        prepare(config(url, inputs, append=True))  # every document a duplicate of the dataset's
+    assert not publish.work_root(url).exists() and remote_tree(server, url) == before

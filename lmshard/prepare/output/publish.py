@@ -46,6 +46,7 @@ from ...remote import Remote, redact
 from ...remote.dataset import open_remote
 from ...remote.urls import output_url
 from ..config import PrepareConfig
+from ..execution.taskplan import work_dir
 from .build import Progress
 from .journal import JOURNAL, Journal, holder_state, work_root
 from .staging import OutputPaths
@@ -321,7 +322,7 @@ class Publisher:
         that built nothing either leaves nothing to resume."""
         if self.journal is not None and not self.journal.uploaded:
             self.remote.delete([LOCK_OBJECT])
-            if not self.journal.started and not self._work_left():
+            if not self.journal.started and not self._work_left(seeded=self.config.append):
                 shutil.rmtree(self.root, ignore_errors=True)
 
     def named(self, e: LmshardError) -> LmshardError:
@@ -333,10 +334,11 @@ class Publisher:
         shown = redact(self.url)
         return type(e)(text.replace(mirror + os.sep, shown + "/").replace(mirror, shown))
 
-    def _work_left(self) -> list[Path]:
-        """What a run left in the work directory besides its journal: a build to resume."""
-        journal = {JOURNAL, Path(JOURNAL).with_suffix(".log").name}
-        return [p for p in self.root.iterdir() if p.name not in journal] if self.root.is_dir() else []
+    def _work_left(self, seeded: bool = False) -> bool:
+        """Whether the local build left work to resume: its staging, its scale-out work folder, or
+        a finished build (`seeded`: the copy there is an --append's seed of the old dataset)."""
+        built = not seeded and (self.mirror / METADATA_FILE).exists()
+        return built or OutputPaths.of(str(self.mirror)).staging.exists() or work_dir(self.mirror).exists()
 
 
 def prepare_remote(config: PrepareConfig, on_progress: Any,
