@@ -349,6 +349,26 @@ def test_one_line_errors_name_the_fix(s3, datasets, tmp_path):
         TokenDataset(ds_url)
 
 
+def test_objects_gone_after_the_dataset_was_opened_say_so(s3, datasets):
+    """A dataset replaced (or deleted) under a reader that opened it: the next read of an object
+    that is gone names it and says to open the dataset again."""
+    server, url = s3
+    ds_url = upload(server, url, datasets["many"])
+    remote = TokenDataset(ds_url, pool_limit=0)
+    stream = remote.random_batches(2, 64, seed=1)
+    next(stream)
+    bucket = url.removeprefix("s3://")
+    for key in [o["Key"] for o in server.client().list_objects_v2(Bucket=bucket, Prefix="ds/train/")["Contents"]]:
+        server.client().delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(RemoteError) as e:
+        for _ in range(50):
+            next(stream)
+    message = str(e.value)
+    assert re.search(r"/ds/train/shard_\d{6}\.(bin|sums): GET .* failed \(HTTP 404", message), message
+    assert message.endswith("the dataset was replaced (prepare --overwrite) or deleted after it was opened: open it "
+                            "again to read the one there now") and "\n" not in message  # fmt: skip
+
+
 def test_a_dataset_on_a_web_server(http_server, datasets):
     """https://-style datasets: a web server lists nothing, so the files are held to the metadata
     as they are read."""

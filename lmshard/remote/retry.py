@@ -27,6 +27,7 @@ from .urls import OPTIONS_VARIABLE, redact
 
 T = TypeVar("T")
 ATTEMPTS_VARIABLE = "LMSHARD_REMOTE_ATTEMPTS"
+MISSING_FIX = "check the URL"
 
 _TRANSIENT_NAMES = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
@@ -45,6 +46,10 @@ _CONFIG_NAMES = {"ParamValidationError", "InvalidS3AddressingStyleError", "Inval
 
 class RemoteError(LmshardError):
     """A remote request that failed for good (after retries where it was transient)."""
+
+
+class RemoteMissing(RemoteError):
+    """The object is not there (HTTP 404, no such key)."""
 
 
 def chain(e: BaseException) -> list[BaseException]:
@@ -100,7 +105,7 @@ def fix_for(e: BaseException) -> str:
     ):
         return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
     if not transient(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in errors)):
-        return "check the URL"
+        return MISSING_FIX
     if any(isinstance(err, TypeError) for err in errors) or names & _CONFIG_NAMES:  # refused before any request
         return f"check the URL and the filesystem options ({OPTIONS_VARIABLE}, or storage_options=)"
     return f"check that the endpoint is reachable, then retry (more attempts: {ATTEMPTS_VARIABLE})"
@@ -127,7 +132,9 @@ class Retry:
                 raise  # already one line with its fix
             except Exception as e:
                 if not transient(e):
-                    raise RemoteError(f"{redact(url)}: {what} failed ({describe(e)}); {fix_for(e)}") from None
+                    fix = fix_for(e)
+                    kind = RemoteMissing if fix == MISSING_FIX else RemoteError
+                    raise kind(f"{redact(url)}: {what} failed ({describe(e)}); {fix}") from None
                 if attempt == self.attempts:
                     spent = self.clock() - started
                     raise RemoteError(f"{redact(url)}: {what} failed after {attempt} attempts over {spent:.1f} s "

@@ -16,8 +16,9 @@ read so far, its block sums (8 bytes per 64 KiB of tokens).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,22 @@ from ..errors import FormatError
 from ..format import REGENERATE_HINT, TOKEN_DTYPE, ShardInfo, check_blocks
 from ..format.blocks import SUMS_DTYPE, block_sums, bytes_xxh3
 from ..remote import Remote, redact
+from ..remote.retry import MISSING_FIX, RemoteMissing
 from .diskcache import TRAILER, DiskCache
 
 MAX_RUN = 64  # blocks per request: 4 MiB
 MAX_GAP = 4  # unneeded blocks a request may read through to join two runs: 256 KiB
+
+
+@contextlib.contextmanager
+def objects_of_an_opened_dataset() -> Iterator[None]:
+    """A missing object of a dataset that was opened whole: it was replaced or deleted since."""
+    try:
+        yield
+    except RemoteMissing as e:
+        raise RemoteMissing(f"{str(e).removesuffix('; ' + MISSING_FIX)}; the dataset was replaced (prepare "
+                            "--overwrite) or deleted after it was opened: open it again to read the one there "
+                            "now") from None  # fmt: skip
 
 
 def _trailer(data: bytes | memoryview, block_tokens: int) -> bytes:
@@ -73,7 +86,8 @@ class BlockReader:
         todo = [k for k in dict.fromkeys(shards) if k not in self._sums]
         fetch = [k for k in todo if self.shards[k].sums_path]
         rels = [self.shards[k].sums_path for k in fetch]
-        data = self.remote.read_ranges(rels, [0] * len(rels), [self.shards[k].sums_bytes for k in fetch])
+        with objects_of_an_opened_dataset():
+            data = self.remote.read_ranges(rels, [0] * len(rels), [self.shards[k].sums_bytes for k in fetch])
         got = dict(zip(fetch, data, strict=True))
         for k in todo:
             shard, raw = self.shards[k], got.get(k)
@@ -150,7 +164,8 @@ class BlockReader:
         self.load_sums([k for k, _, _ in runs])  # before the tokens: a bad sums file is named as such
         starts = [b * bt * size for _, b, _ in runs]
         ends = [min((b + n) * bt, self.shards[k].n_tokens) * size for k, b, n in runs]
-        data = self.remote.read_ranges([self.shards[k].path for k, _, _ in runs], starts, ends)
+        with objects_of_an_opened_dataset():
+            data = self.remote.read_ranges([self.shards[k].path for k, _, _ in runs], starts, ends)
         out: dict[int, np.ndarray] = {}
         for (k, b, n), raw in zip(runs, data, strict=True):
             sums = self.sums(k)

@@ -39,7 +39,7 @@ from ..remote.dataset import open_remote
 from ..remote.urls import scheme
 from . import checks
 from .blockfetch import Blocks
-from .blockread import BlockReader
+from .blockread import BlockReader, objects_of_an_opened_dataset
 from .diskcache import DiskCache
 from .reads import SplitReads
 from .rowplan import Geometry, RowPlan, new_rows
@@ -221,7 +221,8 @@ class RemoteStore(SplitReads):
             return found
         shard = self.shards[k]
         url = redact(self.remote.url_of(shard.index_path))
-        data = self.remote.read_range(shard.index_path, 0, shard.idx_bytes)
+        with objects_of_an_opened_dataset():
+            data = self.remote.read_range(shard.index_path, 0, shard.idx_bytes)
         if len(data) != shard.idx_bytes or bytes_xxh3(data) != shard.index_xxh3_64:
             raise FormatError(f"{url}: does not match the size and 'index_xxh3_64' of its metadata; "
                               f"{REGENERATE_HINT}")  # fmt: skip
