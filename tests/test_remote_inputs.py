@@ -15,6 +15,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -252,7 +253,7 @@ def test_a_scheme_whose_package_is_missing_names_the_extra(tmp_path, monkeypatch
 
 def _password_url(http_server) -> str:
     (http_server.root / "a.jsonl").write_bytes(_jsonl(_texts(50, 3)))
-    return http_server.url.replace("http://", "http://reader:s3cr3t-pw@") + "/a.jsonl"
+    return http_server.url.replace("http://", "http://reader:s3cr3t-pw'q@") + "/a.jsonl"  # a quote in it, too
 
 
 def test_credentials_in_a_url_are_never_recorded_nor_in_messages(tmp_path, http_server):
@@ -264,7 +265,7 @@ def test_credentials_in_a_url_are_never_recorded_nor_in_messages(tmp_path, http_
     recorded = "".join(p.read_bytes().decode("latin-1") for p in out.rglob("*") if p.is_file())
     assert "s3cr3t-pw" not in recorded and "reader:" not in recorded and "http://***@127.0.0.1" in recorded
     meta = json.loads((out / "dataset_metadata.json").read_text())
-    assert meta["sources"][0]["path"] == meta["config"]["inputs"][0] == url.replace("reader:s3cr3t-pw@", "***@")
+    assert meta["sources"][0]["path"] == meta["config"]["inputs"][0] == url.replace("reader:s3cr3t-pw'q@", "***@")
     message = _cli_error([url.replace("a.jsonl", "missing.jsonl"), "--out", str(tmp_path / "p"), "--quiet"])
     assert "s3cr3t-pw" not in message and "***@127.0.0.1" in message
 
@@ -281,7 +282,9 @@ def test_a_plan_that_holds_a_urls_credentials_is_readable_by_its_owner_only(tmp_
     plan_file = work_dir(config.out) / "plan.json"
     assert "s3cr3t-pw" in plan_file.read_text()  # what the tasks read the input with
     assert plan_file.stat().st_mode & 0o777 == 0o600
-    assert (work_dir(plain.out) / "plan.json").stat().st_mode & 0o077 != 0  # the umask's, as every other file
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (work_dir(plain.out) / "plan.json").stat().st_mode & 0o777 == 0o666 & ~umask  # as every other file
     for stage in STAGES:
         for task in range(1 if stage == "finish" else 2):
             run_task(config, 2, stage, task)
@@ -298,6 +301,10 @@ def test_redaction_finds_urls_anywhere_in_a_text():
     signed = "https://storage.example/b/o?X-Goog-Signature=GSIG&X-Goog-Credential=GC&alt=media"
     assert redact(signed) == "https://storage.example/b/o?X-Goog-Signature=***&X-Goog-Credential=***&alt=media"
     assert redact("hf://datasets/org/name@main/f.parquet") == "hf://datasets/org/name@main/f.parquet"
+    assert redact("hf://gpt2@main/config.json") == "hf://gpt2@main/config.json"  # a revision, not a user
+    assert redact("abfss://data@acct.dfs.core.windows.net/x") == "abfss://data@acct.dfs.core.windows.net/x"
+    assert redact("https://u:it's@h/x") == "https://***@h/x" and redact("https://u:p@ss@h/x") == "https://***@h/x"
+    assert redact("https://h/x?sig=ab'cd&z=1") == "https://h/x?sig=***&z=1"
 
 
 def test_credentials_in_a_url_are_never_printed(tmp_path, http_server):

@@ -74,10 +74,10 @@ class BlockHasher:
 
 
 def write_sums(path: Path, data: bytes) -> None:
-    """Write a sums file as the shard writers write their files: to `NAME.sums.tmp` (a name a
-    resumed build recognises and clears, where a random temporary name would be left behind by
-    a kill), made durable, then renamed into place."""
-    tmp = Path(f"{path}.tmp")
+    """Write a sums file to `NAME.sums.PID.tmp` (a name a resumed build recognises and clears,
+    where a random temporary name would be left behind by a kill; the pid keeps two tasks that
+    seal the same shard at once apart), made durable, then renamed into place."""
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -79,16 +79,27 @@ def join(url: str, rel: str) -> str:
     return url.rstrip("/") + "/" + rel.lstrip("/") if rel else url.rstrip("/")
 
 
-# A URL's user and password, wherever the URL stands in the text (after a quote, a bracket, "input=").
-_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"'<>]*@")
+# A URL's user and password, wherever the URL stands in the text (after a quote, a bracket, "input="): up to
+# the last "@" before the first "/", so a password that holds "@" or "'" is masked whole.
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*)://([^/\s\"<>]*)@")
 _SECRET_QUERY = re.compile(r"([?&](?:X-Amz-[A-Za-z-]+|X-Goog-[A-Za-z-]+|sig|signature|se|sp|sv|token|access_token|"
-                           r"key)=)[^&\s\"'<>]*", re.IGNORECASE)  # fmt: skip
+                           r"key)=)[^&\s\"<>]*", re.IGNORECASE)  # fmt: skip
+# Where NAME@ names, and does not authenticate: Azure's container@account (abfss://data@acct.dfs.core.windows.net/x)
+# and a Hub repository's revision (hf://gpt2@main/config.json).
+_NAME_AT = ("az", "abfs", "abfss", "hf")
+
+
+def _mask_userinfo(m: re.Match[str]) -> str:
+    scheme_, userinfo = m.group(1), m.group(2)
+    if scheme_.lower() in _NAME_AT and ":" not in userinfo:
+        return m.group(0)
+    return f"{scheme_}://***@"
 
 
 def redact(text: str) -> str:
     """`text` with credentials taken out of any URL in it: user and password, and signed query
     parameters (S3 presigned X-Amz-*, GCS signed X-Goog-*, Azure SAS sig/se/sp, tokens)."""
-    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(_mask_userinfo, text))
 
 
 def has_credentials(text: str) -> bool:
@@ -124,7 +135,7 @@ def filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, st
     budget and one line at the end), so a dead endpoint is not retried by three layers at once."""
     name = scheme(url)
     protocol, package, extra = SCHEMES[name]
-    if protocol not in ("http", "https") and _USERINFO.match(url):
+    if name in ("s3", "s3a", "gs", "gcs") and _USERINFO.match(url):
         raise ConfigError(f"{redact(url)}: a {name}:// URL takes no user or password; give the store's credentials "
                           f"where its package looks for them (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
                           f"AWS_PROFILE) or in {OPTIONS_VARIABLE}")  # fmt: skip

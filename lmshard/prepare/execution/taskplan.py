@@ -247,7 +247,8 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
         tmp = work / f".{PLAN_FILE}.{os.getpid()}.tmp"
         # The tasks read their inputs from the plan, so a URL's credentials must stay in it: then
         # only its owner may read it (it goes with the work folder once the dataset is complete).
-        atomic_write_json(tmp, plan, private=has_credentials(json.dumps(plan)))
+        inputs = [str(i) for i in plan.get("prepare", {}).get("inputs", [])] + [str(s[0]) for s in plan["sources"]]
+        atomic_write_json(tmp, plan, private=any(has_credentials(i) for i in inputs))
         try:
             os.link(tmp, path)  # fails if another task created it first: then validate theirs
         except FileExistsError:

@@ -200,8 +200,10 @@ class ShardWriter:
 
 
 def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / .idx / .sums (and their .tmp); None for any other file name."""
+    """N of shard_N.bin / .idx / .sums (and their .tmp, .sums.PID.tmp); None for any other file name."""
     stem = name.removesuffix(".tmp")
+    if stem.rsplit(".", 1)[-1].isdigit() and stem.count(".") > 1:
+        stem = stem.rsplit(".", 1)[0]  # shard_N.sums.PID
     if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums")):
         return None
     digits = stem[len("shard_") :].rsplit(".", 1)[0]
