@@ -828,3 +828,14 @@ def test_an_unusable_out_is_one_line(tmp_path, inputs, where, words):
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 1 and "Traceback" not in err and len(lines) == 1 and words in lines[0], err
     assert (tmp_path / "file").read_text() == "not a directory"
+
+
+def test_resume_of_a_finished_dataset_made_otherwise_names_the_difference(tmp_path, inputs):
+    out = tmp_path / "ds"
+    done = run(out, inputs[0], val_fraction=0.01)
+    assert run(out, inputs[0], val_fraction=0.01, resume=True) == done  # the same run: complete, nothing to do
+    with pytest.raises(ConfigError, match=r"cannot resume: the dataset there is built already, with --val-fraction "
+                                          r"0\.01 \(this run: 0\.2\); .*--overwrite to replace it"):  # fmt: skip
+        run(out, inputs[0], val_fraction=0.2, resume=True)
+    with pytest.raises(ConfigError, match="cannot resume: the dataset there is built already, from other inputs"):
+        run(out, inputs[0][:1], val_fraction=0.01, resume=True)

@@ -5,6 +5,8 @@ their guarantees; an interrupted --overwrite leaves the old dataset readable and
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import pytest
 from conftest import write
@@ -291,7 +293,7 @@ def test_a_dead_runs_lock_and_uploads_are_cleared_by_the_next_run(s3, inputs, tm
     lock = {"run": "dead-run", "host": socket.gethostname(), "pid": gone.pid, "since": 0}
     server.client().put_object(Bucket=name, Key="ds/_lmshard_writer.json", Body=json.dumps(lock).encode())
     before = remote_tree(server, url)
-    refused = r"an interrupted prepare run of this machine .* left its work in .* and \d+ objects uploaded under s3://"
+    refused = r"an interrupted prepare run of this machine .* left its build in .* and \d+ objects uploaded under s3://"
     with pytest.raises(ConfigError, match=refused + ".*pass --resume .* or --overwrite"):
         prepare(config(url, inputs))
     before.pop("_lmshard_writer.json")  # the dead run's lock: taken over, then released by the refused run
@@ -378,7 +380,12 @@ def test_a_killed_append_run_again_leaves_no_orphans(s3, inputs, tmp_path, monke
     monkeypatch.setattr(publish.Remote, "put_file", real_put)
     dead_lock(server, url)
     other = write(tmp_path / "in3" / "c.jsonl", texts(10, salt="other "))
-    prepare(config(url, other, append=True))
+    with pytest.raises(ConfigError, match=r"pass --append --resume \(with its options\) to continue it, or delete "
+                                          r"(.+) to discard it") as e:  # as a local --out: never thrown away unasked
+        prepare(config(url, other, append=True))
+    for build in re.search(r"or delete (.+) to discard it", str(e.value)).group(1).split(" and "):
+        shutil.rmtree(build)
+    prepare(config(url, other, append=True))  # the build deleted: its uploads are removed, the append runs
     prepare(config(str(tmp_path / "local"), inputs))
     prepare(config(str(tmp_path / "local"), other, append=True))
     assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
@@ -477,11 +484,14 @@ def test_a_refused_resume_names_the_url_not_the_work_directory(s3, inputs, tmp_p
     die_in_uploads(monkeypatch, url, inputs, after=2)  # the build finished, its upload did not
     with pytest.raises(ConfigError) as e:
         prepare(config(url, inputs, resume=True, val_fraction=0.2))
-    assert str(e.value) == (f"{url}: cannot resume: the run being resumed built its dataset with other options or "
-                            "inputs; pass the same ones, or --overwrite to replace it")  # fmt: skip
-    p = publish.Publisher(url)  # an error about the work directory's copy names the URL's objects
-    named = p.named(ConfigError(f"{p.mirror}: cannot resume: x; see {p.mirror}/train/shard_000000.bin"))
-    assert type(named) is ConfigError and str(named) == f"{url}: cannot resume: x; see {url}/train/shard_000000.bin"
+    assert str(e.value) == (f"{url}: cannot resume: the dataset there is built already, with --val-fraction 0.1 "
+                            "(this run: 0.2); pass the options and inputs it was made with to find it complete, "
+                            "--overwrite to replace it, or --append to add to it")  # fmt: skip
+    p = publish.Publisher(url)  # a refusal naming the work directory's copy names the URL
+    named = p.named(ConfigError(f"{p.mirror}: cannot resume: x"))
+    assert type(named) is ConfigError and str(named) == f"{url}: cannot resume: x"
+    full = LmshardError(f"{p.mirror}/train/shard_000000.bin: no space left on device")
+    assert p.named(full) is full  # the work directory's own trouble keeps its local path
 
 
 
@@ -493,3 +503,32 @@ def test_an_append_with_nothing_new_leaves_no_work_directory(s3, inputs):
     with pytest.raises(LmshardError, match="no new document"):
         prepare(config(url, inputs, append=True))  # every document a duplicate of the dataset's
     assert not publish.work_root(url).exists() and remote_tree(server, url) == before
+
+
+def test_an_import_cut_short_runs_again_as_it_has_no_resume(s3, inputs, tmp_path, monkeypatch):
+    """`import --out URL` has no --resume: the same import again clears what the cut one sent and
+    publishes the whole dataset (a prepare would be refused, naming --resume)."""
+    from lmshard.interop.export import export_dataset
+    from lmshard.interop.importer import import_dataset
+
+    server, bucket = s3
+    prepare(config(str(tmp_path / "local"), inputs))
+    export_dataset(tmp_path / "local", "nanogpt", tmp_path / "nano")
+    url = bucket + "/imported"
+    real_put, sent = publish.Remote.put_file, []
+
+    def put(self, rel, local):
+        if len(sent) == 2:
+            raise KeyboardInterrupt
+        sent.append(rel)
+        return real_put(self, rel, local)
+
+    monkeypatch.setattr(publish, "UPLOADERS", 1)
+    monkeypatch.setattr(publish.Remote, "put_file", put)
+    with pytest.raises(KeyboardInterrupt):
+        import_dataset(tmp_path / "nano", "nanogpt", url, tokenizer="gpt2", tokens_per_shard=20_000)
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    dead_lock(server, url)
+    import_dataset(tmp_path / "nano", "nanogpt", url, tokenizer="gpt2", tokens_per_shard=20_000)
+    import_dataset(tmp_path / "nano", "nanogpt", tmp_path / "imported", tokenizer="gpt2", tokens_per_shard=20_000)
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "imported"))

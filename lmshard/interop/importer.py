@@ -67,7 +67,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
     if output_url(str(out)):
         from ..prepare.output.publish import Publisher
 
-        publisher = Publisher(str(out), overwrite=force, hint="pass --force to replace it")
+        publisher = Publisher(str(out), overwrite=force, hint="pass --force to replace it", resumable=False)
         publisher.claim()
         try:
             meta = import_dataset(src, fmt, publisher.mirror, tokenizer=tokenizer, eot_id=eot_id, val=val,

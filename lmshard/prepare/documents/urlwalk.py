@@ -174,6 +174,9 @@ def _missing_bucket(spec: str) -> str | None:
     try:
         fs, path = filesystem(spec)
         bucket = path.split("/", 1)[0]
-        return None if fs.exists(bucket) else bucket
+        fs.info(bucket)  # (not exists(): it answers False for a refused credential or a dead endpoint too)
+    except FileNotFoundError:
+        return bucket
     except Exception:  # noqa: BLE001 (an error while explaining an error: keep the first one)
         return None
+    return None

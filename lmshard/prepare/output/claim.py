@@ -97,8 +97,9 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
         if config.resume and _already_done(out, config, sources):
             return Claim(fingerprint, time.time(), complete=load_metadata(out))
         if config.resume and not (config.append or config.overwrite):
-            raise ConfigError(f"{out}: cannot resume: the run being resumed built its dataset with other options "
-                              "or inputs; pass the same ones, or --overwrite to replace it")  # fmt: skip
+            raise ConfigError(f"{out}: cannot resume: the dataset there is built already, {_made_with(out, config)}; "
+                              "pass the options and inputs it was made with to find it complete, --overwrite to "
+                              "replace it, or --append to add to it")  # fmt: skip
         if appending:
             previous = _appendable(out, config, tokenizer)
         elif not config.overwrite:
@@ -171,6 +172,18 @@ def _capped(out: Path) -> bool:
         return load_metadata(out).config.get("max_docs") is not None
     except LmshardError:
         return False
+
+
+def _made_with(out: Path, config: PrepareConfig) -> str:
+    """How the dataset in `out` was made unlike this run: its first differing option, else its inputs."""
+    try:
+        theirs = dict(load_metadata(out).config)
+    except LmshardError:
+        return "but its metadata cannot be read"
+    for key, value in config.recorded().items():
+        if key != "inputs" and theirs.get(key, value) != value:
+            return f"with --{key.replace('_', '-')} {theirs[key]!r} (this run: {value!r})"
+    return "from other inputs (or inputs that changed since)"
 
 
 def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bool:

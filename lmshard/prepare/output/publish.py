@@ -5,8 +5,9 @@ an explicit commit (docs/format.md, "Datasets in object stores"):
 1. **One writer.** `URL/_lmshard_writer.json` is created with a conditional put (If-None-Match:
    * on S3): a second run finds it and stops, naming the holder. The run removes it when done; a
    run that died leaves it: a later run of the same machine whose pid is gone takes it over.
-   It resumes that run's work with --resume; without, a plain run is refused (as a local --out
-   refuses), and --overwrite or --append first remove the objects it uploaded and never committed.
+   It resumes that run's work with --resume; without, while that run's build is there, the run
+   is refused (as a local --out refuses); --overwrite, or a deleted build, discards it: the objects
+   it uploaded and never committed are removed first.
 2. **Data first.** Shards are uploaded while the run builds (each once its `.bin`, `.idx` and
    `.sums` are complete), then every other file. A new dataset goes at the prefix itself, in the
    local layout. A replaced one (`--overwrite`) goes whole under a new generation prefix
@@ -28,6 +29,7 @@ appended line on disk); uploads stream from disk.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -69,7 +71,7 @@ class Publisher:
 
     def __init__(self, url: str, *, overwrite: bool = False, append: bool = False, resume: bool = False,
                  retry: Any = None, hint: str = "pass --overwrite to replace it, --append to add to it, or --resume "
-                 "to finish an interrupted run") -> None:  # fmt: skip
+                 "to finish an interrupted run", resumable: bool = True) -> None:  # fmt: skip
         output_url(url)
         self.config, self.url, self.hint = _Flags(overwrite, append, resume), url.rstrip("/"), hint
         self.replaces: dict[str, Any] | None = None  # an --overwrite's replaced dataset: its root and files
@@ -82,6 +84,7 @@ class Publisher:
         self.generation = ""
         self.journal: Journal | None = None
         self.discarded: str | None = None  # what an interrupted run left that this one cleared
+        self.resumable = resumable
         self._stop = threading.Event()
 
     # -- claim ---------------------------------------------------------------------------------
@@ -165,19 +168,20 @@ class Publisher:
         return where[len(self.url) + 1 :] if where != self.url else ""
 
     def _refuse_to_discard(self, flags: _Flags) -> None:
-        """An interrupted run of this machine left work (a build, uploads): as a local --out does,
-        a plain run goes no further, so hours of work are never thrown away by running the same
-        command again. --overwrite and --append say what becomes of the dataset: they discard it."""
+        """An interrupted run of this machine left a build: as for a local --out, running the same
+        command again goes no further, so hours of work are never thrown away by it. --overwrite
+        discards it; so does deleting the build (its uploads are then removed by the next run)."""
         stale = Journal.load(self.root / JOURNAL)
-        if stale is None or flags.overwrite or flags.append:
-            return
-        if not (self._work_left() or stale.started):
+        left = [p for p in self._build_paths() if p.exists()]
+        if stale is None or flags.overwrite or not self.resumable or not left:
             return
         when = time.ctime((self.root / JOURNAL).stat().st_mtime)
         sent = f" and {len(stale.started):,} objects uploaded under {redact(self.url)}" if stale.started else ""
+        drop = (f"delete {' and '.join(map(str, left))} to discard it (the next run removes its objects)"
+                if flags.append else "--overwrite to discard it")  # fmt: skip
         raise ConfigError(f"{redact(self.url)}: an interrupted prepare run of this machine (started {when}) left its "
-                          f"work in {self.root}{sent}; pass --resume (with its options) to continue it, or "
-                          "--overwrite to discard it")  # fmt: skip
+                          f"build in {self.root}{sent}; pass {'--append ' if flags.append else ''}--resume (with its "
+                          f"options) to continue it, or {drop}")  # fmt: skip
 
     def _clear_unfinished(self, listing: dict[str, int]) -> bool:
         """Finish what an earlier, unfinished run to this URL from this machine left (its journal
@@ -190,9 +194,10 @@ class Publisher:
         current = self._old_generation() if self.previous_remote is not None else None
         keep = set(dataset_files(self.previous)) if self.previous is not None and where == current else set()
         keys = [f"{where}/{rel}" if where else rel for rel in stale.started if rel not in keep]
-        self.remote.delete([k for k in keys if k in listing])
+        gone = [k for k in keys if k in listing]
+        self.remote.delete(gone)
         when = time.ctime((self.root / JOURNAL).stat().st_mtime)
-        self.discarded = f"discarded an interrupted run of this machine (started {when}): {len(keys):,} uncommitted " \
+        self.discarded = f"discarded an interrupted run of this machine (started {when}): {len(gone):,} uncommitted " \
                          "objects removed"
         replaced = stale.state.get("replaces")
         if replaced and where == current:  # committed, then cut short before removing the old objects
@@ -322,23 +327,29 @@ class Publisher:
         that built nothing either leaves nothing to resume."""
         if self.journal is not None and not self.journal.uploaded:
             self.remote.delete([LOCK_OBJECT])
-            if not self.journal.started and not self._work_left(seeded=self.config.append):
+            if not (self.journal.started or self.config.resume or self._work_left(seeded=self.config.append)):
                 shutil.rmtree(self.root, ignore_errors=True)
 
     def named(self, e: LmshardError) -> LmshardError:
-        """`e` with the dataset's local copy named by its URL: the user gave the URL, and paths in
-        the work directory's copy are the URL's objects (work files keep their local paths)."""
-        mirror, text = str(self.mirror), str(e)
-        if mirror not in text:
+        """A refusal of the options (ConfigError) that names the dataset by its work directory's
+        copy names it by the URL the user gave; every other error keeps its local paths (a full
+        disk is the work directory's)."""
+        prefix = f"{self.mirror}: "
+        if not isinstance(e, ConfigError) or not str(e).startswith(prefix):
             return e
-        shown = redact(self.url)
-        return type(e)(text.replace(mirror + os.sep, shown + "/").replace(mirror, shown))
+        named = copy.copy(e)
+        named.args = (redact(self.url) + ": " + str(e).removeprefix(prefix),)
+        return named
+
+    def _build_paths(self) -> list[Path]:
+        """Where the local build keeps its work: the dataset, its staging, its scale-out work folder."""
+        return [self.mirror, OutputPaths.of(str(self.mirror)).staging, work_dir(self.mirror)]
 
     def _work_left(self, seeded: bool = False) -> bool:
         """Whether the local build left work to resume: its staging, its scale-out work folder, or
         a finished build (`seeded`: the copy there is an --append's seed of the old dataset)."""
         built = not seeded and (self.mirror / METADATA_FILE).exists()
-        return built or OutputPaths.of(str(self.mirror)).staging.exists() or work_dir(self.mirror).exists()
+        return built or any(p.exists() for p in self._build_paths()[1:])
 
 
 def prepare_remote(config: PrepareConfig, on_progress: Any,
@@ -364,7 +375,10 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
             publisher.stop_watching(watcher)
     except LmshardError as e:
         publisher.abandon()
-        raise publisher.named(e) from None
+        named = publisher.named(e)
+        if named is e:
+            raise
+        raise named from e
     if on_progress is not None:
         on_progress(Progress(note=f"publishing to {redact(publisher.url)}"))
     publisher.publish(meta)
