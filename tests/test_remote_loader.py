@@ -381,3 +381,59 @@ def test_a_dataset_on_a_web_server(http_server, datasets):
         a, b = make(local), make(remote)
         for _ in range(10):
             same(next(a), next(b))
+
+
+class _Waited(threading.Event):
+    """An event that says when somebody waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout=None):
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
+    """Thread A's fetch of block 3 fails (the store was away) while B waits for it: B raises no
+    error it did not see, but fetches block 3 itself; A gets its own error."""
+    from lmshard.runtime.blockfetch import Blocks
+
+    class Reader:
+        block_tokens = 16
+
+        def __init__(self):
+            self.calls, self.started, self.go = 0, threading.Event(), threading.Event()
+
+        def read(self, blocks):
+            self.calls += 1
+            if self.calls == 1:
+                self.started.set()
+                self.go.wait(60)
+                raise RemoteError("s3://b/ds/train/shard_000000.bin: GET failed; the store was away")
+            return {g: np.full(16, g, dtype=np.uint32) for g in blocks}
+
+    reader = Reader()
+    pool = Blocks(reader, 8 * 16 * 4)  # eight slots
+    results: dict[str, object] = {}
+
+    def pin(name):
+        try:
+            slots, outside = pool.pin([3])
+            results[name] = pool.pool.slot(int(slots[0]), 16).copy() if slots[0] >= 0 else outside[3]
+        except RemoteError as e:
+            results[name] = e
+
+    a = threading.Thread(target=pin, args=("a",))
+    a.start()
+    assert reader.started.wait(60)
+    waited = pool._loading[3].done = _Waited()
+    b = threading.Thread(target=pin, args=("b",))
+    b.start()
+    assert waited.waiting.wait(60)  # B waits on A's fetch
+    reader.go.set()
+    a.join(60)
+    b.join(60)
+    assert isinstance(results["a"], RemoteError)
+    assert np.array_equal(results["b"], np.full(16, 3, dtype=np.uint32)) and reader.calls == 2

@@ -13,8 +13,10 @@ thread, which fetches the queue in order, a round of up to `ROUND_BLOCKS` blocks
 concurrently (runs of adjacent blocks coalesced, `blockread.py`), and pins them for their step.
 It only takes slots that are free or evictable (not pinned, not being filled); when the pool
 has none left it waits for a release, and the steps it did not reach are fetched by the reader
-when it gets there. A fetch that fails on the background thread is not kept: a reader that was
-waiting on it gets its error; later ones fetch again.
+when it gets there. A fetch that fails (on the background thread or another reader's) is not
+kept: a reader that was waiting on it fetches the blocks itself, so the error a reader raises is
+always one of its own requests (a prefetch that failed a moment before the store came back
+never fails a batch).
 
 After a fork (DataLoader workers) or in an unpickled copy, the pool, the thread and the
 connections are built again on first use: nothing is shared between processes but the disk
@@ -48,11 +50,10 @@ _IDLE_SECONDS = 1.0  # how often an idle fetch thread checks that its pool still
 class _Fetch:
     """Blocks being fetched by one thread: the others wait on `done`."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("done",)
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.error: BaseException | None = None
 
 
 class _Step:
@@ -179,9 +180,10 @@ class Blocks:
         if mine:
             self._fill(mine, slots, fetch, held, outside)
         for f in waits:
+            # Another thread's fetch: its blocks are in the pool now, or, where it failed, ours to fetch on the
+            # next pass. A reader never takes on a failure it did not see: the prefetch of an earlier stream may
+            # have failed a moment before the store came back.
             f.done.wait()
-            if f.error is not None:
-                raise _again(f.error)
 
     def _claim(self, blocks: list[int]) -> tuple[_Fetch, list[int]]:
         """(lock held) Slots for `blocks` (maybe fewer), marked as being fetched by this thread."""
@@ -194,19 +196,18 @@ class Blocks:
               outside: dict[int, np.ndarray] | None) -> None:  # fmt: skip
         """Fetch `blocks`, copy them into their slots (busy: nobody else touches them) and
         publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
-        `outside`. On failure the slots are freed and waiters get the error."""
+        `outside`. On failure the slots are freed and waiters fetch again."""
         try:
             got = self.reader.read(blocks)
             for g, s in zip(blocks, slots, strict=False):
                 tokens = got[g]
                 self.pool.slot(s, len(tokens))[...] = tokens
-        except BaseException as e:
+        except BaseException:
             with self._lock:
                 for g, s in itertools.zip_longest(blocks, slots):
                     self._loading.pop(g, None)
                     if s is not None:
                         self.pool.abandon(s)
-            fetch.error = e
             fetch.done.set()
             raise
         with self._lock:
@@ -310,7 +311,7 @@ class Blocks:
         steps, wanted, slots, fetch = work
         try:
             if wanted:
-                with contextlib.suppress(LmshardError):  # kept on the fetch for a waiting reader
+                with contextlib.suppress(LmshardError):  # a reader that needs these blocks fetches them itself
                     self._fill(wanted, slots, fetch, None, None)
         finally:
             with self._wake:
@@ -336,13 +337,6 @@ def _prefetch(ref: weakref.ref[Blocks]) -> None:
         if work is not None:
             blocks._round(work)
         del blocks, work
-
-
-def _again(error: BaseException) -> BaseException:
-    """Another thread's error, raised afresh on this one (one line, same type where it can)."""
-    if isinstance(error, LmshardError):
-        return type(error)(str(error))
-    return error
 
 
 def _rebuilt(reader: BlockReader) -> BlockReader:
