@@ -184,6 +184,26 @@ def test_killed_twice_then_resumed(tmp_path, monkeypatch, process_items, inputs,
     assert_identical(reference, out)
 
 
+def test_a_sums_file_cut_short_by_a_kill_is_not_left_in_the_dataset(tmp_path, monkeypatch, process_items, inputs,
+                                                                    reference):  # fmt: skip
+    """A kill between a shard's sums written to NAME.sums.PID.tmp and its rename leaves that file:
+    the resumed run clears it, whichever shard it belongs to."""
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    out = tmp_path / "ds"
+    staging = OutputPaths.of(str(out)).staging
+    stop_at(monkeypatch, "item:4")
+    proc = start_prepare(cli(out, inputs[0]))
+    held(proc)
+    kill_group(proc.pid)
+    proc.communicate()
+    for n in range(6):
+        (staging / "train" / f"shard_{n:06d}.sums.424242.tmp").write_bytes(b"cut short")
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    code, err = finish(start_prepare(cli(out, inputs[0], "--resume")), 120)
+    assert code == 0, err
+    assert_identical(reference, out)
+
+
 def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, process_items, inputs, reference):
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only Ctrl-C checkpoints
     out = tmp_path / "ds"

@@ -225,6 +225,15 @@ def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items)
 def die_in_uploads(monkeypatch, url, src, after: int, **options) -> list[str]:
     """Run a prepare to `url` that dies (as Ctrl-C would) after `after` uploads, one at a time;
     the list of what it sent. Leaves put_file patched to record into that list."""
+    sent = cut_uploads(monkeypatch, after)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config(url, src, **options))
+    return sent
+
+
+def cut_uploads(monkeypatch, after: int) -> list[str]:
+    """Make uploads go one at a time and the one after `after` die as Ctrl-C would; the list of
+    what was sent."""
     sent: list[str] = []
     real_put = publish.Remote.put_file
 
@@ -236,8 +245,6 @@ def die_in_uploads(monkeypatch, url, src, after: int, **options) -> list[str]:
 
     monkeypatch.setattr(publish, "UPLOADERS", 1)
     monkeypatch.setattr(publish.Remote, "put_file", put)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(config(url, src, **options))
     return sent
 
 
@@ -515,16 +522,8 @@ def test_an_import_cut_short_runs_again_as_it_has_no_resume(s3, inputs, tmp_path
     prepare(config(str(tmp_path / "local"), inputs))
     export_dataset(tmp_path / "local", "nanogpt", tmp_path / "nano")
     url = bucket + "/imported"
-    real_put, sent = publish.Remote.put_file, []
-
-    def put(self, rel, local):
-        if len(sent) == 2:
-            raise KeyboardInterrupt
-        sent.append(rel)
-        return real_put(self, rel, local)
-
-    monkeypatch.setattr(publish, "UPLOADERS", 1)
-    monkeypatch.setattr(publish.Remote, "put_file", put)
+    real_put = publish.Remote.put_file
+    cut_uploads(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         import_dataset(tmp_path / "nano", "nanogpt", url, tokenizer="gpt2", tokens_per_shard=20_000)
     monkeypatch.setattr(publish.Remote, "put_file", real_put)

@@ -281,6 +281,8 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     if config.dedup != "document":
         keys = ()
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at)  # type: ignore[arg-type]
+    for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
+        stray.unlink()
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())

@@ -127,7 +127,8 @@ class ShardWriter:
         current = len(self.shards)
         for path in sorted((self.root / self.split).glob("*")):
             number = _shard_number(path.name)
-            if number is None or number > current or (number == current and n_docs == 0):
+            sums_tmp = path.name.endswith(".tmp") and ".sums." in path.name  # rewritten when its shard finishes
+            if number is None or number > current or (number == current and n_docs == 0) or sums_tmp:
                 path.unlink()
         if n_docs == 0:
             return
