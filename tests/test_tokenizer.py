@@ -91,21 +91,6 @@ def test_fetch_from_file_verifies_sha256(tmp_path, monkeypatch, installed_file):
     assert tiktoken.get_encoding("r50k_base").encode_ordinary("hi there") == [5303, 612]
 
 
-def test_fetch_falls_back_to_the_package_index(tmp_path, monkeypatch):
-    """The real air-gapped path: the blob store is unreachable, pip fetches openai-whisper's
-    source distribution from the configured index, and the vocabulary inside is verified."""
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-
-    def unreachable(url):
-        raise OSError("blob store unreachable (simulated)")
-
-    monkeypatch.setattr(vocabularies, "_download", unreachable)
-    messages = []
-    path = vocabularies.fetch("gpt2", log=messages.append)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == GPT2_SHA
-    assert "trying the package index" in messages[0]
-
-
 def test_fetch_gives_up_with_the_manual_route(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(vocabularies, "_download", lambda url: (_ for _ in ()).throw(OSError("offline")))

