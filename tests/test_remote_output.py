@@ -69,6 +69,33 @@ def test_one_writer_per_prefix(s3, inputs):
     assert set(remote_tree(server, url)) == {"_lmshard_writer.json"}
 
 
+def test_a_store_that_ignores_conditional_puts_is_warned_about(s3, inputs, capfd, monkeypatch):
+    """moto refuses a second conditional PUT (as AWS S3 does): no warning. A store that ignores
+    If-None-Match (here: the header left out of the real request) cannot keep two writers apart:
+    the run says so, once, and goes on."""
+    import s3fs
+
+    server, bucket = s3
+    prepare(config(bucket + "/a", inputs))
+    assert "conditional PUT" not in capfd.readouterr().err
+    real = s3fs.S3FileSystem._pipe_file
+
+    async def unconditional(self, path, data, *args, mode="overwrite", **kwargs):
+        return await real(self, path, data, *args, **kwargs)  # the store never sees the condition
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", unconditional)
+    s3fs.S3FileSystem.clear_instance_cache()  # instances bind their sync methods when made
+    try:
+        prepare(config(bucket + "/b", inputs))
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()  # no later test gets the unconditional instance
+    err = capfd.readouterr().err
+    assert err.count("does not keep a second prepare from writing here") == 1, err
+    assert f"{bucket}/b: the store accepted a conditional PUT of an object that exists" in err
+    assert remote_tree(server, bucket + "/b") == remote_tree(server, bucket + "/a")  # the run went on, whole
+
+
 def test_existing_dataset_needs_a_flag_and_overwrite_replaces_it(s3, inputs, tmp_path):
     server, bucket = s3
     url = bucket + "/ds"

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, LmshardError
+from ...errors import ConfigError, LmshardError, warn
 from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3
 from ...remote import Remote, redact
 from ...remote.dataset import open_remote
@@ -104,6 +104,9 @@ class Publisher:
                                   "run again "
                                   "(--resume on its machine continues its work)")  # fmt: skip
             self.remote.put(LOCK_OBJECT, json.dumps(holder).encode())  # a dead holder's, or this run's own
+        if self.remote.create(LOCK_OBJECT, json.dumps(holder).encode()):  # the lock is there: this must be refused
+            warn(f"{redact(self.url)}: the store accepted a conditional PUT of an object that exists, so it does not "
+                 "keep a second prepare from writing here at the same time; make sure only one does")  # fmt: skip
         try:
             self._survey(old, run)
         except BaseException:
