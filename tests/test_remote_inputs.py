@@ -187,6 +187,37 @@ def test_a_large_line_file_is_planned_in_byte_ranges_as_a_local_one_is(tmp_path,
     _same_dataset(tmp_path / "local", tmp_path / "remote", str(local), url)
 
 
+def test_a_store_gone_during_a_staged_run_keeps_the_work_for_resume(tmp_path, http_server, monkeypatch):
+    """The server stops after the plan, before the workers read: the run ends in one line naming
+    the URL and --resume, keeps its work (as the one-reader path does: the store failed, not the
+    input), and --resume once the server is back gives the local files' dataset."""
+    monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 8192)
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "8192")
+    monkeypatch.setenv("LMSHARD_REMOTE_ATTEMPTS", "1")  # the spawned workers' budget: no backoff to wait out
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    local = _big_jsonl(tmp_path / "in")
+    (http_server.root / "big.jsonl").write_bytes((local / "big.jsonl").read_bytes())
+    url = f"{http_server.url}/big.jsonl"
+    real_stages = local_exec._stages
+
+    def server_gone_then_stages(r, on_progress):
+        http_server.stop()
+        real_stages(r, on_progress)
+
+    monkeypatch.setattr(local_exec, "_stages", server_gone_then_stages)
+    out = tmp_path / "remote"
+    message = _cli_error([url, "--out", str(out), "--workers", "2", "--val-fraction", "0.1", "--tokens-per-shard",
+                          "4000", "--on-error", "skip"])  # fmt: skip
+    assert message.startswith(f"error: {url}") and "failed after 1 attempt " in message, message
+    assert message.endswith("run the same command with --resume to continue") and ".remote.lmshard-work" in message
+    assert work_dir(out).is_dir()
+    monkeypatch.setattr(local_exec, "_stages", real_stages)
+    http_server.start()
+    prepare(PrepareConfig(inputs=[url], out=str(out), workers=2, resume=True, **_OPTS))
+    prepare(PrepareConfig(inputs=[str(local / "big.jsonl")], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    _same_dataset(tmp_path / "local", out, str(local / "big.jsonl"), url)
+
+
 @pytest.mark.parametrize("n_tasks", [1, 3])
 def test_scale_out_tasks_cut_an_object_into_byte_ranges_with_the_one_machine_bytes(tmp_path, s3, n_tasks):
     """`--num-tasks N`: the plan cuts the large object into range units of 64 KiB; every task of

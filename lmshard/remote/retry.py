@@ -137,7 +137,8 @@ class Retry:
                     raise kind(f"{redact(url)}: {what} failed ({describe(e)}); {fix}") from None
                 if attempt == self.attempts:
                     spent = self.clock() - started
-                    raise RemoteError(f"{redact(url)}: {what} failed after {attempt} attempts over {spent:.1f} s "
+                    tries = f"{attempt} attempt{'s' if attempt != 1 else ''}"
+                    raise RemoteError(f"{redact(url)}: {what} failed after {tries} over {spent:.1f} s "
                                       f"({describe(e)}); {fix_for(e)}") from None  # fmt: skip
                 self.sleep(self.random() * min(self.cap, self.base * 2 ** (attempt - 1)))
         raise AssertionError("unreachable")

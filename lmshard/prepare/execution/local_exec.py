@@ -30,9 +30,11 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ...errors import ConfigError, InputError
+from ...errors import ConfigError, InputError, LmshardError
 from ...format import load_metadata
+from ...remote.retry import RemoteError
 from ..config import PrepareConfig
+from ..documents.reading import InputGone, InputReadError
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
@@ -89,6 +91,11 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             return finish(config, paths, r.work, r.layout(), r.n_units, r.sources, r.tokenizer)
         except KeyboardInterrupt as e:
             raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
+        except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work
+            kept = f"the work done so far is kept in {r.work}"
+            if isinstance(e, InputGone):  # its message says when --resume can go on, and when it cannot
+                raise LmshardError(f"{e} ({kept})") from None
+            raise LmshardError(f"{e}; {kept}: run the same command with --resume to continue") from None
         except (InputError, ConfigError):  # the input or an option is at fault: nothing worth resuming
             shutil.rmtree(paths.staging, ignore_errors=True)
             shutil.rmtree(r.work, ignore_errors=True)
@@ -210,8 +217,11 @@ def _start(config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if forked and "run" in _here:
         _here["run"].tokenizer.use_threads(1)
-    else:
+        return
+    try:
         _here["run"] = Run.of(config, n_tasks, unit_bytes)
+    except LmshardError as e:  # (a store that stopped answering): raised by the first item, not a broken pool
+        _here["failed"] = e
 
 
 def _exit_with_parent(parent: int, every: float = 0.5) -> None:
@@ -221,6 +231,8 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
 
 
 def _items(stage: str, items: list[int]) -> None:
+    if "failed" in _here:
+        raise _here["failed"]
     run: Run = _here["run"]
     for i in items:
         run.do(stage, i)
