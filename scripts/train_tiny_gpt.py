@@ -7,6 +7,7 @@ The data comes from exactly one of:
     python scripts/train_tiny_gpt.py --input_file input.txt          # one text file, tokenized in memory
     python scripts/train_tiny_gpt.py --dataset_dir data/demo          # a dataset from `lmshard prepare`
     python scripts/train_tiny_gpt.py --mixture mix.toml               # several prepared datasets, weighted
+    python scripts/train_tiny_gpt.py --data loader.toml               # a loader configuration file
     torchrun --nproc-per-node 2 scripts/train_tiny_gpt.py --dataset_dir data/demo   # data parallel, below
 
 --input_file is for a start on small data: the file is read into memory and tokenized with the
@@ -26,6 +27,11 @@ A mixture file names prepared datasets and their token weights (docs/loader.md, 
     weight = 0.3
 
 The log then shows each source's target and observed share of the rows drawn so far (by all ranks).
+
+A loader configuration file (`lmshard.load_config`, docs/loader.md) names the data (a dataset or
+[[source]] tables), the sample shape and the seed; this script trains on its random or windows
+samples, whose batch size and row length then come from the file (--batch-size, --seq-len and
+--seed are not used). Packed and padded rows need a model that takes position_ids and masked labels.
 
 Distributed: under torchrun (WORLD_SIZE > 1) every process joins a process group (NCCL with one
 GPU per process, cuda:LOCAL_RANK; gloo on the CPU) and trains a DistributedDataParallel copy of
@@ -213,8 +219,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="one UTF-8 text file, tokenized in memory with the gpt2 vocabulary; the last "
                            f"{VAL_FRACTION * 100:.0f}%% of its tokens are held out for the val loss")  # fmt: skip
     data.add_argument("--dataset_dir", "--dataset-dir", metavar="DIR", help="a dataset written by `lmshard prepare`")
-    data.add_argument("data", nargs="?", metavar="DATASET_DIR", help="the same as --dataset_dir DIR")
+    data.add_argument("dataset", nargs="?", metavar="DATASET_DIR", help="the same as --dataset_dir DIR")
     data.add_argument("--mixture", metavar="FILE", help="a TOML file of prepared datasets and their weights")
+    data.add_argument("--data", metavar="CONFIG", help="a loader configuration file (TOML): data, sample shape, seed")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=8, help="rows per rank per step")
     ap.add_argument("--seq-len", type=int, default=64)
@@ -236,14 +243,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "report-rank0.json, ...): JSON with the sha256 of the parameters before and after "
                          "training and the row offsets of every batch it drew")  # fmt: skip
     args = ap.parse_args(argv)
-    sources = {"--input_file": args.input_file, "--dataset_dir": args.dataset_dir, "DATASET_DIR": args.data,
-               "--mixture": args.mixture}  # fmt: skip
+    sources = {"--input_file": args.input_file, "--dataset_dir": args.dataset_dir, "DATASET_DIR": args.dataset,
+               "--mixture": args.mixture, "--data": args.data}  # fmt: skip
     given = [name for name, value in sources.items() if value is not None]
     if len(given) != 1:  # one line, not argparse's usage block
         got = f"got {' and '.join(given)}" if given else "got none"
-        ap.exit(2, f"{ap.prog}: error: pass exactly one of --input_file FILE, --dataset_dir DIR or --mixture FILE "
-                   f"({got})\n")  # fmt: skip
-    args.dataset_dir = args.dataset_dir or args.data
+        ap.exit(2, f"{ap.prog}: error: pass exactly one of --input_file FILE, --dataset_dir DIR, --mixture FILE or "
+                   f"--data CONFIG ({got})\n")  # fmt: skip
+    args.dataset_dir = args.dataset_dir or args.dataset
     return args
 
 
@@ -270,6 +277,8 @@ def open_data(
     rank and world size from torchrun's environment, so each rank draws its own rows."""
     mix, held = None, None
     train: Mixture | TokenDataset
+    if args.data:
+        return config_data(args, ranks, device)
     if args.mixture:
         mix = train = Mixture.from_file(args.mixture)
     elif args.input_file:
@@ -282,6 +291,26 @@ def open_data(
     val = None
     if ranks.main and held is not None and held.n_tokens > args.seq_len + 1:
         # only rank 0 evaluates, so it reads every validation row itself
+        val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
+    return mix, train, batches, val
+
+
+def config_data(
+    args: argparse.Namespace, ranks: Ranks, device: torch.device
+) -> tuple[Mixture | None, Mixture | TokenDataset, BatchStream, BatchStream | None]:
+    """open_data for --data CONFIG: the file's data and stream; its random or windows rows set the
+    batch size and row length (and the val rows, from a dataset's val split, the same shape)."""
+    from lmshard.runtime.loadconfig import open_config
+
+    train, batches = open_config(args.data, device=device)
+    if not isinstance(batches, BatchStream):
+        raise LmshardError(f"{args.data}: this script trains on random or windows samples (x, y); packed and padded "
+                           "rows need a model that takes position_ids and masked labels")  # fmt: skip
+    args.batch_size, args.seq_len, args.seed = batches.batch_size, batches.seq_len, batches.seed
+    mix = train if isinstance(train, Mixture) else None
+    val = None
+    if mix is None and ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
+        held = TokenDataset(train.path, split="val")
         val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
     return mix, train, batches, val
 

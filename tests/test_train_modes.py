@@ -16,7 +16,7 @@ from test_train_ddp import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_tiny_gpt.py"
-ONE_OF = "error: pass exactly one of --input_file FILE, --dataset_dir DIR or --mixture FILE"
+ONE_OF = "error: pass exactly one of --input_file FILE, --dataset_dir DIR, --mixture FILE or --data CONFIG"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,7 @@ def test_input_file_trains_on_its_first_90_percent_evaluates_on_the_rest_and_res
         (["--input_file", "a.txt", "--dataset_dir", "data/x"], "got --input_file and --dataset_dir"),
         (["data/x", "--mixture", "mix.toml"], "got DATASET_DIR and --mixture"),
         (["--input-file", "a.txt", "data/x"], "got --input_file and DATASET_DIR"),
+        (["--data", "loader.toml", "--mixture", "mix.toml"], "got --mixture and --data"),
     ],
 )
 def test_exactly_one_source_of_data(trainer, capsys, argv, got):
@@ -103,3 +104,28 @@ def test_the_log_keeps_to_log_every_at_the_pace_of_the_demo(trainer, capsys, mon
     assert {0, 20, 40, 60, 80, 100, 119} < set(slow) and max(gaps) <= 6, slow
     every = logged_steps(trainer, capsys, [*demo, "--progress-every", "0"], 2.0, steps=5)
     assert every == [0, 1, 2, 3, 4]
+
+
+def test_a_loader_configuration_file_sets_the_data_and_the_rows(tmp_path):
+    """--data CONFIG: the file's dataset, windows of its seq_len in batches of its batch_size with
+    its seed: the offsets each step drew are the stream's own (the truth: the same stream opened
+    here); a packed shape is one line saying what the script trains on."""
+    from lmshard import TokenDataset
+    from lmshard.prepare import PrepareConfig, prepare
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_texts(200, seed=5)), encoding="utf-8")
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), val_fraction=0.1))
+    conf = tmp_path / "loader.toml"
+    conf.write_text('seed = 11\ndataset = "ds"\n[sample]\nshape = "windows"\nbatch_size = 3\nseq_len = 24\n')
+    run = launch([sys.executable, str(SCRIPT), "--data", str(conf), "--steps", "3", "--device", "cpu",
+                  "--report", str(tmp_path / "r.json")])  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "BatchStream(windows/24, batch_size=3, seq_len=24" in run.stdout, run.stdout
+    drawn = json.loads((tmp_path / "r-rank0.json").read_text())["batches"]
+    truth = TokenDataset(tmp_path / "ds").window_batches(3, 24, seed=11)
+    assert [b["offsets"] for b in drawn] == [next(truth).offsets.tolist() for _ in range(3)]
+    conf.write_text(conf.read_text().replace('"windows"', '"packed"'))
+    packed = launch([sys.executable, str(SCRIPT), "--data", str(conf), "--steps", "1", "--device", "cpu"])
+    assert packed.returncode == 1 and packed.stderr.count("\n") == 1, packed.stderr
+    assert "trains on random or windows samples" in packed.stderr

@@ -1,0 +1,171 @@
+"""One loader configuration file: the data, the sample shape and the seed of a training run,
+read by `lmshard.load_config(path)`, which returns the stream a training loop draws from.
+
+    seed = 1337
+    split = "train"                 # optional: "train" (default) or "val"
+    dataset = "data/web"            # one prepared dataset (a path relative to this file, or a URL)
+
+    # or a mixture, instead of `dataset`: [[source]] tables of path and weight (max_epochs optional)
+    # [[source]]
+    # path = "data/web"
+    # weight = 0.7
+
+    [sample]
+    shape = "random"                # random | windows | packed | padded
+    batch_size = 8                  # rows per rank per step
+    seq_len = 1024                  # padded: the longest row (max_len)
+    # random: shift, doc_aligned, cu_seqlens, grouped; windows: stride, shuffle, shift, cu_seqlens,
+    # grouped; packed: padding_free; padded: group_by_length, overlong, pad_to_max, pad_id
+
+    [packing]                       # shape = "packed": how documents are packed into rows
+    strategy = "bfd"                # bfd | greedy | ... (TokenDataset.packed)
+    overlong = "split"
+    shuffle = true
+
+Every key is an argument of the loader's own calls (`TokenDataset.random_batches`,
+`window_batches`, `packed(...).batches`, `padded_batches`, `Mixture.*_batches`), so the file and
+the Python API say the same thing, and the stream is the one those calls return: the same
+batches, the same `state_dict()`. What belongs to the process, not to the data (rank, world size,
+device), is passed to `load_config`. Unknown keys and values the calls refuse are one line naming
+the file and the key.
+
+Memory model: the stream's (see the call it makes); the file is read once.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArgumentError, FormatError, InputError
+from ..remote.urls import is_url
+
+SHAPES = ("random", "windows", "packed", "padded")
+_TOP = ("seed", "split", "dataset", "source", "max_epochs", "sample", "packing")
+# The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
+_SAMPLE = {
+    "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch"),
+    "windows": ("seq_len", "stride", "shuffle", "shift", "cu_seqlens", "grouped", "prefetch"),
+    "packed": ("seq_len", "padding_free"),
+    "padded": ("seq_len", "group_by_length", "mega", "overlong", "pad_to_max", "pad_id"),
+}
+_PACKING = ("strategy", "overlong", "multiple", "pad_id", "mask_boundary_labels", "shuffle")
+_MIXTURE_PACKING = ("strategy", "overlong", "pad_id", "mask_boundary_labels", "shuffle")
+
+
+def load_config(path: str | os.PathLike[str], *, rank: int | None = None, world_size: int | None = None,
+                device: Any = "cpu") -> Any:  # fmt: skip
+    """The stream a loader configuration file describes (see the module docstring), for this
+    rank of `world_size` (torchrun's RANK and WORLD_SIZE when None) on `device`."""
+    return open_config(path, rank=rank, world_size=world_size, device=device)[1]
+
+
+def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_size: int | None = None,
+                device: Any = "cpu") -> tuple[Any, Any]:  # fmt: skip
+    """(the TokenDataset or Mixture the file names, its stream): `load_config` with the data too,
+    for a loop that needs its vocabulary size or its val split."""
+    path = Path(path)
+    raw = _read(path)
+    _known(path, "", raw, _TOP)
+    sample = _table(path, raw, "sample")
+    shape = sample.get("shape", "random")
+    if shape not in SHAPES:
+        raise InputError(f"{path}: [sample] shape = {shape!r}; use one of {', '.join(SHAPES)}")
+    _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
+    packing = _table(path, raw, "packing")
+    if packing and shape != "packed":
+        raise InputError(f'{path}: [packing] applies to shape = "packed", not {shape!r}; remove it or change the '
+                         "shape")  # fmt: skip
+    data = _data(path, raw)
+    mixture = not hasattr(data, "packed")
+    _known(path, "packing.", packing, _MIXTURE_PACKING if mixture else _PACKING)
+    for key in ("batch_size", "seq_len"):
+        if key not in sample:
+            raise InputError(f"{path}: [sample] needs {key} (rows per rank per step, tokens per row)")
+    options = {k: v for k, v in sample.items() if k not in ("shape", "batch_size", "seq_len")}
+    process = {"rank": rank, "world_size": world_size, "device": device}
+    try:
+        return data, _stream(data, shape, raw.get("seed", 0), sample["batch_size"], sample["seq_len"], options,
+                             packing, process)  # fmt: skip
+    except (ArgumentError, TypeError) as e:
+        raise InputError(f"{path}: {e}") from None
+
+
+def _stream(data: Any, shape: str, seed: Any, batch_size: Any, seq_len: Any, options: dict[str, Any],
+            packing: dict[str, Any], process: dict[str, Any]) -> Any:  # fmt: skip
+    if shape == "random":
+        return data.random_batches(batch_size, seq_len, seed=seed, **options, **process)
+    if shape == "windows":
+        return data.window_batches(batch_size, seq_len, seed=seed, **options, **process)
+    if shape == "packed":
+        if not hasattr(data, "packed"):  # a mixture packs each source
+            return data.packed_batches(batch_size, seq_len, seed=seed, **options, **packing, **process)
+        return data.packed(seq_len, seed=seed, **packing).batches(batch_size, **options, **process)
+    if not hasattr(data, "padded_batches"):
+        raise ArgumentError('shape = "padded" reads one dataset; a mixture offers random, windows and packed')
+    return data.padded_batches(batch_size, seq_len, seed=seed, **options, **process)
+
+
+def _data(path: Path, raw: dict[str, Any]) -> Any:
+    """The TokenDataset (`dataset = PATH`) or Mixture (`[[source]]` tables) the file names."""
+    from .dataset import TokenDataset
+    from .mixture import Mixture
+
+    split = raw.get("split", "train")
+    if ("dataset" in raw) == ("source" in raw):
+        raise InputError(f'{path}: name the data once: dataset = "PATH" for one dataset, or [[source]] tables of path '
+                         "and weight for a mixture")  # fmt: skip
+    if "max_epochs" in raw and "source" in raw:
+        max_epochs = raw["max_epochs"]
+    elif "max_epochs" in raw:
+        raise InputError(f"{path}: max_epochs applies to a mixture ([[source]] tables); remove it")
+    else:
+        max_epochs = 4.0
+    try:
+        if "dataset" in raw:
+            return TokenDataset(_where(path, raw["dataset"], "dataset"), split=split)
+        entries = raw["source"]
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+            raise InputError(f'{path}: [[source]] tables, one per dataset: path = "data/web", weight = 0.7')
+        pairs = []
+        for i, entry in enumerate(entries):
+            _known(path, f"source[{i + 1}].", entry, ("path", "weight"))
+            if "weight" not in entry:
+                raise InputError(f"{path}: source {i + 1} needs a weight")
+            pairs.append((_where(path, entry.get("path"), f"source {i + 1}'s path"), entry["weight"]))
+        return Mixture(pairs, split=split, max_epochs=max_epochs)
+    except (ArgumentError, FormatError) as e:  # a dataset that is not there, or not whole
+        raise InputError(f"{path}: {e}") from None
+
+
+def _where(path: Path, value: Any, what: str) -> str:
+    """A dataset's location: a URL as it is, a path relative to the configuration file."""
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{path}: {what} must be a path or a URL (a string)")
+    return value if is_url(value) else str(path.parent / value)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise InputError(f"{path}: cannot read the loader configuration ({e}); write TOML (see docs/loader.md, "
+                         '"One configuration file")') from None
+
+
+def _table(path: Path, raw: dict[str, Any], name: str) -> dict[str, Any]:
+    table = raw.get(name, {})
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: {name} must be a table ([{name}])")
+    return dict(table)
+
+
+def _known(path: Path, prefix: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        where = f"[{prefix.rstrip('.')}]" if prefix else "the top level"
+        raise InputError(f"{path}: unknown key {unknown[0]!r} in {where}; it takes {', '.join(allowed)}")

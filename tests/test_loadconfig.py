@@ -1,0 +1,95 @@
+"""`lmshard.load_config`: a loader configuration file gives the stream the same calls of the
+Python API give, batch for batch and state for state (the truth: those calls, made here), and
+every mistake in the file is one line naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write
+from test_remote_loader import same
+
+import lmshard
+from lmshard import Mixture, TokenDataset
+from lmshard.errors import InputError
+from lmshard.prepare import PrepareConfig, prepare
+
+
+def _prepare(root: Path, name: str, n_docs: int, salt: str = "") -> Path:
+    texts = [f"{salt}document {i} " + "word " * (i * 37 % 700) for i in range(n_docs)]
+    src = write(root / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = root / "data" / name
+    prepare(PrepareConfig(inputs=[str(src)], out=str(out), tokenizer="gpt2", val_fraction=0.1, tokens_per_shard=20_000))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loadconfig")
+    return root, _prepare(root, "web", 300), _prepare(root, "code", 150, salt="def ")
+
+
+def _config(root: Path, text: str) -> Path:
+    return write(root / "conf" / "loader.toml", text)  # a folder of its own: paths are relative to the file
+
+
+def _equal(a, b, steps: int = 12) -> None:
+    for _ in range(steps):
+        same(next(a), next(b))
+    assert a.state_dict() == b.state_dict()
+
+
+@pytest.mark.parametrize(("sample", "truth"), [
+    ('shape = "random"\nbatch_size = 4\nseq_len = 64\nshift = "random"\ndoc_aligned = true',
+     lambda d: d.random_batches(4, 64, seed=7, shift="random", doc_aligned=True)),
+    ('shape = "windows"\nbatch_size = 3\nseq_len = 100\nstride = 60\nshuffle = false',
+     lambda d: d.window_batches(3, 100, seed=7, stride=60, shuffle=False)),
+    ('shape = "packed"\nbatch_size = 2\nseq_len = 256\npadding_free = true\n[packing]\nstrategy = "greedy"',
+     lambda d: d.packed(256, seed=7, strategy="greedy").batches(2, padding_free=True)),
+    ('shape = "padded"\nbatch_size = 4\nseq_len = 300\ngroup_by_length = false',
+     lambda d: d.padded_batches(4, 300, seed=7, group_by_length=False)),
+])  # fmt: skip
+def test_each_shape_is_the_api_calls_stream(data, sample, truth):
+    root, web, _ = data
+    conf = _config(root, f'seed = 7\ndataset = "../data/web"\n[sample]\n{sample}\n')
+    _equal(lmshard.load_config(conf), truth(TokenDataset(web)))
+
+
+def test_a_mixture_split_and_the_process_arguments(data):
+    root, web, code = data
+    conf = _config(root, 'seed = 3\nsplit = "val"\nmax_epochs = 50\n'
+                         '[[source]]\npath = "../data/web"\nweight = 0.7\n[[source]]\npath = "../data/code"\n'
+                         'weight = 0.3\n[sample]\nbatch_size = 4\nseq_len = 32\n')  # fmt: skip
+    mix = Mixture({str(web): 0.7, str(code): 0.3}, split="val", max_epochs=50)
+    _equal(lmshard.load_config(conf, rank=1, world_size=2), mix.random_batches(4, 32, seed=3, rank=1, world_size=2))
+    packed = conf.read_text().replace("seq_len = 32", 'seq_len = 128\nshape = "packed"\n[packing]\nshuffle = false')
+    _equal(lmshard.load_config(write(conf, packed)), mix.packed_batches(4, 128, seed=3, shuffle=False))
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('dataset = "../data/web"\ncolour = 1\n[sample]\nbatch_size = 2\nseq_len = 8',
+     "unknown key 'colour' in the top level; it takes seed, split, dataset"),
+    ('dataset = "../data/web"\n[sample]\nbatch_size = 2\nseq_len = 8\nstride = 4',
+     "unknown key 'stride' in [sample]; it takes shape, batch_size, seq_len, shift"),
+    ('dataset = "../data/web"\n[sample]\nshape = "pack"\nbatch_size = 2\nseq_len = 8',
+     "[sample] shape = 'pack'; use one of random, windows, packed, padded"),
+    ('dataset = "../data/web"\n[sample]\nbatch_size = 2\nseq_len = 8\n[packing]\nstrategy = "bfd"',
+     '[packing] applies to shape = "packed", not \'random\''),
+    ('dataset = "../data/web"\n[sample]\nbatch_size = 2', "[sample] needs seq_len"),
+    ('dataset = "../data/web"\n[[source]]\npath = "../data/web"\nweight = 1\n[sample]\nbatch_size = 2\nseq_len = 8',
+     "name the data once"),
+    ('dataset = "../data/web"\n[sample]\nbatch_size = 0\nseq_len = 8', "batch_size"),
+    ('dataset = "../data/nothing"\n[sample]\nbatch_size = 2\nseq_len = 8', "data/nothing"),
+    ('[[source]]\npath = "../data/web"\nweight = 1\n[sample]\nshape = "padded"\nbatch_size = 2\nseq_len = 8',
+     'shape = "padded" reads one dataset'),
+    ('dataset = "../data/web"\n[sample\nbatch_size = 2', "cannot read the loader configuration"),
+])  # fmt: skip
+def test_mistakes_are_one_line_naming_the_file(data, text, words):
+    root, _, _ = data
+    conf = _config(root, text)
+    with pytest.raises(InputError) as e:
+        lmshard.load_config(conf)
+    message = str(e.value)
+    assert message.startswith(f"{conf}: ") and words in message and "\n" not in message, message
