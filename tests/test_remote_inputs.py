@@ -411,3 +411,19 @@ def test_a_replaced_object_changes_the_resume_fingerprint(tmp_path, s3):
     assert fingerprint() == first and first[0][:3] == [f"{bucket}/a.jsonl", "jsonl", 16] and first[0][3]
     client.put_object(Bucket=name, Key="a.jsonl", Body=_jsonl(["two"]))
     assert fingerprint() != first
+
+
+def test_https_to_a_server_without_tls_is_named_as_such_not_missing(tmp_path, http_server, monkeypatch):
+    """The HTTP client reports a failed TLS handshake as "not found": the cause decides, so the
+    one line says the handshake failed, for an input and for a dataset the loader opens."""
+    from lmshard import TokenDataset
+    from lmshard.remote import RemoteError
+
+    (http_server.root / "a.jsonl").write_bytes(_jsonl(_texts(5, 1)))
+    url = http_server.url.replace("http://", "https://") + "/a.jsonl"
+    monkeypatch.setenv("LMSHARD_REMOTE_ATTEMPTS", "1")
+    message = _cli_error([url, "--out", str(tmp_path / "o"), "--quiet"])
+    assert "TLS handshake failed: check the URL's scheme" in message and "no such file" not in message, message
+    with pytest.raises(RemoteError, match="TLS handshake failed") as e:
+        TokenDataset(url.removesuffix("/a.jsonl") + "/ds")
+    assert "missing" not in str(e.value)

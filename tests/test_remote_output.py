@@ -558,3 +558,42 @@ def test_an_import_cut_short_runs_again_as_it_has_no_resume(s3, inputs, tmp_path
     import_dataset(tmp_path / "nano", "nanogpt", url, tokenizer="gpt2", tokens_per_shard=20_000)
     import_dataset(tmp_path / "nano", "nanogpt", tmp_path / "imported", tokenizer="gpt2", tokens_per_shard=20_000)
     assert remote_tree(server, url) == comparable(local_tree(tmp_path / "imported"))
+
+
+def test_a_failed_upload_says_to_resume_and_resume_finishes(s3, inputs, tmp_path, monkeypatch):
+    from lmshard.remote import RemoteError
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    real_put = publish.Remote.put_file
+
+    def store_gone(self, rel, local):
+        raise RemoteError(f"{url}/{rel}: PUT failed after 6 attempts over 9.1 s (EndpointConnectionError: ...); "
+                          "check that the endpoint is reachable, then retry")  # fmt: skip
+
+    monkeypatch.setattr(publish.Remote, "put_file", store_gone)
+    with pytest.raises(RemoteError) as e:
+        prepare(config(url, inputs))
+    message = str(e.value)
+    assert "PUT failed" in message and message.endswith("run the same command with --resume to finish the upload")
+    assert "\n" not in message and "dataset_metadata.json" not in remote_tree(server, url)
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    prepare(config(url, inputs, resume=True))
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def test_uncommitted_shards_of_a_run_from_another_machine_are_named_as_such(s3, inputs, tmp_path):
+    """A prefix holding only shard objects (a run killed on a node whose work directory is gone):
+    the refusal says whose they are and the two ways on; foreign objects keep the plain refusal."""
+    server, bucket = s3
+    name = bucket.removeprefix("s3://")
+    prepare(config(str(tmp_path / "local"), inputs))
+    for rel in ("train/shard_000000.bin", "train/shard_000000.idx", "train/shard_000000.sums"):
+        server.client().put_object(Bucket=name, Key=f"ds/{rel}", Body=(tmp_path / "local" / rel).read_bytes())
+    whose = r"holds lmshard's shard objects \(train/shard_000000\.bin, .*the uploads of a prepare that never committed"
+    with pytest.raises(ConfigError, match=whose + ".*--resume where it ran, or delete"):
+        prepare(config(bucket + "/ds", inputs))
+    server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"mine")
+    with pytest.raises(ConfigError, match="nothing here is known to be lmshard's; choose an empty prefix"):
+        prepare(config(bucket + "/ds", inputs))

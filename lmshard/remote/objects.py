@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .retry import RemoteError, Retry, chain, transient
+from .retry import RemoteError, Retry, unreached
 from .urls import filesystem, join, redact
 
 
@@ -23,12 +23,6 @@ def ranges_ignored(url: str, got: int, asked: int) -> RemoteError:
     return RemoteError(f"{redact(url)}: the server ignores byte ranges (it sent {got:,} bytes for a range of "
                        f"{asked:,}); serve the dataset from an object store, or a web server that answers Range "
                        "requests")  # fmt: skip
-
-
-def _unreached(e: BaseException) -> bool:
-    """Whether a FileNotFoundError stands for a server that was not reached (its cause is a
-    connection, TLS or name error), not for an object the server said is missing."""
-    return transient(e) or any(type(err).__name__.startswith("ClientConnector") for err in chain(e))
 
 
 class Remote:
@@ -108,7 +102,7 @@ class Remote:
                 self.fs.info(self.full(rel))
                 return True
             except FileNotFoundError as e:
-                if _unreached(e):  # an HTTP client's "not found" for a server it never reached
+                if unreached(e):  # an HTTP client's "not found" for a server it never reached
                     raise
                 return False
 

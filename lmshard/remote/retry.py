@@ -82,13 +82,23 @@ def transient(e: BaseException) -> bool:
     return False
 
 
+def unreached(e: BaseException) -> bool:
+    """Whether a FileNotFoundError stands for a server that was not reached (its cause is a
+    connection, TLS or name error), not for an object the server said is missing."""
+    return transient(e) or any(_connector(err) for err in chain(e))
+
+
+def _connector(err: BaseException) -> bool:
+    return type(err).__name__.startswith("ClientConnector")  # aiohttp: no connection (refused, TLS, DNS)
+
+
 def describe(e: BaseException) -> str:
     """The most specific one-line cause in the chain, credentials taken out."""
     for err in chain(e):
         status, code = _status(err)
         if status is not None or code:
             return redact(f"HTTP {status} {code if code != str(status) else ''}".strip())
-        if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_NAMES:
+        if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_NAMES or _connector(err):
             e = err  # the connection's own error, not what a client made of it
             break
     # The first line only: later ones may quote what was passed (a bucket "name" holding a key) unredacted.
@@ -104,7 +114,9 @@ def fix_for(e: BaseException) -> str:
         isinstance(err, PermissionError) for err in errors
     ):
         return "check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the store's own)"
-    if not transient(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in errors)):
+    if any(_connector(err) and ("SSL" in type(err).__name__ or "Certificate" in type(err).__name__) for err in errors):
+        return "the TLS handshake failed: check the URL's scheme (http:// or https://) and the server's certificate"
+    if not unreached(e) and (404 in statuses or any(isinstance(err, FileNotFoundError) for err in errors)):
         return MISSING_FIX
     if any(isinstance(err, TypeError) for err in errors) or names & _CONFIG_NAMES:  # refused before any request
         return f"check the URL and the filesystem options ({OPTIONS_VARIABLE}, or storage_options=)"

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from ...errors import InputError
 from ...format import IN_PROGRESS_FILE, METADATA_FILE, TOKENIZER_FILE
-from ...remote.retry import Retry, transient
+from ...remote.retry import Retry, unreached
 from ...remote.urls import filesystem, redact, scheme
 from .files import Source, kind_of
 from .walk import Rules, Walk, describe, skipped_fix
@@ -56,7 +56,7 @@ def _info(fs: Any, path: str) -> dict[str, Any] | None:
     try:
         return dict(fs.info(path))
     except FileNotFoundError as e:
-        if transient(e):  # an HTTP client's "not found" for a refused connection: retried, not "missing"
+        if unreached(e):  # an HTTP client's "not found" for a server never reached: retried or named, not "missing"
             raise
         return None
 
@@ -65,7 +65,7 @@ def _find(fs: Any, path: str) -> Listing:
     try:
         return dict(fs.find(path, detail=True))
     except FileNotFoundError as e:
-        if transient(e):
+        if unreached(e):
             raise
         return {}
 

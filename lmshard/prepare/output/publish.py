@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -44,7 +45,7 @@ from typing import Any
 
 from ...errors import ConfigError, LmshardError, warn
 from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3
-from ...remote import Remote, redact
+from ...remote import Remote, RemoteError, redact
 from ...remote.dataset import open_remote
 from ...remote.urls import output_url
 from ..config import PrepareConfig
@@ -54,6 +55,9 @@ from .journal import JOURNAL, Journal, holder_state, work_root
 from .staging import OutputPaths
 
 LOCK_OBJECT = "_lmshard_writer.json"
+# What a run uploads before its commit: shards, key files and tokenizer files, in a generation or not.
+_UPLOADED = re.compile(r"(g-[^/]+/)?((train|val)/shard_[0-9]{6}\.(bin|idx|sums)|dedup/(doc|line)_keys_[0-9]{6}\.u64|"
+                       r"tokenizer_state\.json|tokenizer\.json|tokenizer\.model)")
 UPLOADERS = 8  # concurrent uploads
 POLL_SECONDS = 1.0  # how often the build is checked for finished shards
 
@@ -100,9 +104,9 @@ class Publisher:
                 who = ", ".join(f"{k} {held[k]}" for k in ("host", "pid", "run") if held.get(k) is not None)
                 since = f", since {time.ctime(held['since'])}" if isinstance(held.get("since"), int | float) else ""
                 raise ConfigError(f"{redact(self.url)}: another prepare is writing here ({who or 'holder unknown'}"
-                                  f"{since}); wait for it, or if it died delete {redact(self.url)}/{LOCK_OBJECT} and "
-                                  "run again "
-                                  "(--resume on its machine continues its work)")  # fmt: skip
+                                  f"{since}); wait for it, or if it died: run it again with --resume on its machine, "
+                                  f"or delete {redact(self.url)}/{LOCK_OBJECT} and the objects it uploaded, and run "
+                                  "again")  # fmt: skip
             self.remote.put(LOCK_OBJECT, json.dumps(holder).encode())  # a dead holder's, or this run's own
         if self.remote.create(LOCK_OBJECT, json.dumps(holder).encode()):  # the lock is there: this must be refused
             warn(f"{redact(self.url)}: the store accepted a conditional PUT of an object that exists, so it does not "
@@ -146,6 +150,11 @@ class Publisher:
             raise ConfigError(f"{redact(self.url)}: already holds a dataset; {self.hint}")
         if self.previous is None and listing:
             shown = ", ".join(sorted(listing)[:3])
+            if all(_UPLOADED.fullmatch(k) for k in listing):
+                raise ConfigError(f"{redact(self.url)}: holds lmshard's shard objects ({shown}...) but no "
+                                  "dataset_metadata.json: the uploads of a prepare that never committed, whose work "
+                                  "directory is not on this machine; run that prepare again with --resume where it "
+                                  "ran, or delete these objects and run again")  # fmt: skip
             raise ConfigError(f"{redact(self.url)}: holds objects but no dataset_metadata.json ({shown}...), so "
                               "nothing here is known to be lmshard's; choose an empty prefix")  # fmt: skip
         if self.previous is not None and flags.overwrite:
@@ -384,5 +393,9 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
         raise named from e
     if on_progress is not None:
         on_progress(Progress(note=f"publishing to {redact(publisher.url)}"))
-    publisher.publish(meta)
+    try:
+        publisher.publish(meta)
+    except RemoteError as e:  # the store failed: the build and the uploads so far are kept
+        raise RemoteError(f"{e}; the dataset is built in {publisher.root} and what was sent is recorded: run the same "
+                          "command with --resume to finish the upload") from None  # fmt: skip
     return meta
