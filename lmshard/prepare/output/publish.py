@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import shutil
 import socket
 import threading
@@ -51,13 +50,10 @@ from ...remote.urls import output_url
 from ..config import PrepareConfig
 from ..execution.taskplan import work_dir
 from .build import Progress
-from .journal import JOURNAL, Journal, holder_state, work_root
+from .journal import JOURNAL, UPLOADED, Journal, holder_state, work_root
 from .staging import OutputPaths
 
 LOCK_OBJECT = "_lmshard_writer.json"
-# What a run uploads before its commit: shards, key files and tokenizer files, in a generation or not.
-_UPLOADED = re.compile(r"(g-[^/]+/)?((train|val)/shard_[0-9]{6}\.(bin|idx|sums)|dedup/(doc|line)_keys_[0-9]{6}\.u64|"
-                       r"tokenizer_state\.json|tokenizer\.json|tokenizer\.model)")
 UPLOADERS = 8  # concurrent uploads
 POLL_SECONDS = 1.0  # how often the build is checked for finished shards
 
@@ -150,7 +146,7 @@ class Publisher:
             raise ConfigError(f"{redact(self.url)}: already holds a dataset; {self.hint}")
         if self.previous is None and listing:
             shown = ", ".join(sorted(listing)[:3])
-            if all(_UPLOADED.fullmatch(k) for k in listing):
+            if all(UPLOADED.fullmatch(k) for k in listing):
                 raise ConfigError(f"{redact(self.url)}: holds lmshard's shard objects ({shown}...) but no "
                                   "dataset_metadata.json: the uploads of a prepare that never committed, whose work "
                                   "directory is not on this machine; run that prepare again with --resume where it "
