@@ -40,7 +40,7 @@ from ..remote.urls import output_url
 from ..tokenizers import Tokenizer
 from .config import PrepareConfig
 from .documents.dedup import uniform_from_keys
-from .documents.reading import InputGone, InputReadError
+from .documents.reading import InputGone, InputReadError, work_kept
 from .documents.sources import Source, Sources, WorkItem, discover, note_growth
 from .execution.feed import early_pool, item_results
 from .execution.pool import OrderedPool, WorkerDied
@@ -165,9 +165,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
             shutil.rmtree(staging, ignore_errors=True)
             name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
             raise LmshardError(f"{what}; nothing was kept (a run reading {name} cannot be resumed)") from None
-        if isinstance(e, InputGone):  # its message says when --resume can go on, and when it cannot
-            raise LmshardError(f"{what} ({kept})") from None
-        raise LmshardError(f"{what}; {kept}: run the same command with --resume to continue") from None
+        raise work_kept(what, kept, isinstance(e, InputGone)) from None
     except BaseException:
         build.abort()
         shutil.rmtree(staging, ignore_errors=True)  # an input or option error: nothing worth resuming

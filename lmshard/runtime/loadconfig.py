@@ -41,6 +41,8 @@ from typing import Any
 
 from ..errors import ArgumentError, FormatError, InputError
 from ..remote.urls import is_url
+from .dataset import TokenDataset
+from .mixture import Mixture
 
 SHAPES = ("random", "windows", "packed", "padded")
 _TOP = ("seed", "split", "dataset", "source", "max_epochs", "sample", "packing")
@@ -79,8 +81,7 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
         raise InputError(f'{path}: [packing] applies to shape = "packed", not {shape!r}; remove it or change the '
                          "shape")  # fmt: skip
     data = _data(path, raw)
-    mixture = not hasattr(data, "packed")
-    _known(path, "packing.", packing, _MIXTURE_PACKING if mixture else _PACKING)
+    _known(path, "packing.", packing, _PACKING if isinstance(data, TokenDataset) else _MIXTURE_PACKING)
     for key in ("batch_size", "seq_len"):
         if key not in sample:
             raise InputError(f"{path}: [sample] needs {key} (rows per rank per step, tokens per row)")
@@ -99,20 +100,17 @@ def _stream(data: Any, shape: str, seed: Any, batch_size: Any, seq_len: Any, opt
         return data.random_batches(batch_size, seq_len, seed=seed, **options, **process)
     if shape == "windows":
         return data.window_batches(batch_size, seq_len, seed=seed, **options, **process)
-    if shape == "packed":
-        if not hasattr(data, "packed"):  # a mixture packs each source
-            return data.packed_batches(batch_size, seq_len, seed=seed, **options, **packing, **process)
+    if shape == "packed" and isinstance(data, TokenDataset):
         return data.packed(seq_len, seed=seed, **packing).batches(batch_size, **options, **process)
-    if not hasattr(data, "padded_batches"):
+    if shape == "packed":  # a mixture packs each source
+        return data.packed_batches(batch_size, seq_len, seed=seed, **options, **packing, **process)
+    if not isinstance(data, TokenDataset):
         raise ArgumentError('shape = "padded" reads one dataset; a mixture offers random, windows and packed')
     return data.padded_batches(batch_size, seq_len, seed=seed, **options, **process)
 
 
 def _data(path: Path, raw: dict[str, Any]) -> Any:
     """The TokenDataset (`dataset = PATH`) or Mixture (`[[source]]` tables) the file names."""
-    from .dataset import TokenDataset
-    from .mixture import Mixture
-
     split = raw.get("split", "train")
     if ("dataset" in raw) == ("source" in raw):
         raise InputError(f'{path}: name the data once: dataset = "PATH" for one dataset, or [[source]] tables of path '

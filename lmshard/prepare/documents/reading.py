@@ -28,7 +28,7 @@ import shlex
 from pathlib import PurePath
 from typing import IO, Any
 
-from ...errors import InputError
+from ...errors import InputError, LmshardError
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # The byte-order marks of encodings a text file may be in by mistake; UTF-32 LE's mark begins
@@ -60,6 +60,14 @@ class InputGone(InputReadError):
     """An input moved or deleted after the run started. The run's work is kept for a --resume
     once it is back; without it the inputs differ, which --resume refuses, so the run must
     start again."""
+
+
+def work_kept(what: object, kept: str, gone: bool) -> LmshardError:
+    """A run stopped by a machine or store that failed, not by its input: `what` went wrong, and
+    `kept` says where its work is; an input gone (`gone`) says itself when --resume can go on."""
+    if gone:
+        return LmshardError(f"{what} ({kept})")
+    return LmshardError(f"{what}; {kept}: run the same command with --resume to continue")
 
 
 def read_error(path: str, e: OSError, offset: int = 0) -> InputReadError:

@@ -34,7 +34,7 @@ from ...errors import ConfigError, InputError, LmshardError
 from ...format import load_metadata
 from ...remote.retry import RemoteError
 from ..config import PrepareConfig
-from ..documents.reading import InputGone, InputReadError
+from ..documents.reading import InputGone, InputReadError, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
@@ -92,10 +92,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         except KeyboardInterrupt as e:
             raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work
-            kept = f"the work done so far is kept in {r.work}"
-            if isinstance(e, InputGone):  # its message says when --resume can go on, and when it cannot
-                raise LmshardError(f"{e} ({kept})") from None
-            raise LmshardError(f"{e}; {kept}: run the same command with --resume to continue") from None
+            raise work_kept(e, f"the work done so far is kept in {r.work}", isinstance(e, InputGone)) from None
         except (InputError, ConfigError):  # the input or an option is at fault: nothing worth resuming
             shutil.rmtree(paths.staging, ignore_errors=True)
             shutil.rmtree(r.work, ignore_errors=True)
