@@ -14,7 +14,7 @@ from typing import Any
 from .errors import LmshardError
 
 __version__ = "0.1.0"
-__all__ = ["LmshardError", "Mixture", "TokenDataset", "__version__", "load_config", "load_metadata", "verify_dataset"]
+__all__ = ["LmshardError", "Mixture", "TokenDataset", "__version__", "load_config", "load_metadata", "stream", "verify_dataset"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from .runtime.loadconfig import load_config
 
         return load_config
+    if name == "stream":
+        from .stream import stream
+
+        return stream
     if name == "load_metadata":  # lazily too: the command line sets up the process before numpy loads
         from .format import load_metadata
 

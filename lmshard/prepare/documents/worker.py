@@ -206,6 +206,19 @@ def process_lines(item: WorkItem) -> np.ndarray:
     return hash_lines(item, config)
 
 
+def clean_document(record: Record, clean: CleanConfig) -> tuple[str | None, str | None]:
+    """(the cleaned text, None) of a settled record, or (None, why it is dropped): what a
+    prepare worker does to each record before dedup (`lmshard.stream` shares it)."""
+    if record.text is None:
+        return None, record.problem
+    text, reason = length_filter(_clean(record.text, clean), clean)
+    return (None, reason) if reason is not None else (text, None)
+
+
+def records_of(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]]:
+    return _records(item, config)
+
+
 def _records(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]]:
     """(source index, settled record) for every record of the item, in input order."""
     for s, record in _parsed(item, config):

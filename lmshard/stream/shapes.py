@@ -1,0 +1,135 @@
+"""What one reader of a stream makes of its documents: rows of a batch, each batch with the
+reader's position after it (a few integers), so a loader can resume exactly.
+
+- `windows`: contiguous windows of the token stream (documents joined with their separators,
+  as prepare writes them): row i starts `stride` tokens after row i-1 and holds seq_len + shift
+  tokens (x and its labels `shift` ahead); the shift is fixed or drawn per batch from a
+  generator keyed by (seed, the reader's batch number).
+- `packed`: documents packed into rows of seq_len by the planner of `lmshard/packing.py`
+  (`bfd` or `greedy`, overlong split, truncated or dropped) over windows of `buffer` documents,
+  the packs of a window shuffled by a generator keyed by (seed, the window's first document).
+
+A position is the first document still needed (`docs.DocPos`), plus the token offset into it
+(windows) or the packs of the window already handed out (packed), plus the batch number.
+
+Memory model: windows: the documents that overlap the current row; packed: one buffer of
+documents and their tokens; plus the `docs.Documents` window beneath.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .. import packing
+from ..errors import ArgumentError
+from ..runtime.packed import build_rows
+from ..runtime.sampling import ShiftSpec, step_rng
+from .docs import DocPos, Documents
+
+_SHIFT_SALT, _PACK_SALT = 0x5417, 0x9AC5
+
+
+def window_batches(docs: Documents, state: list[int], batch_size: int, seq_len: int, stride: int, shift: ShiftSpec,
+                   seed: int) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Batches of [batch_size, seq_len + shift] rows from `state` = [*DocPos, offset, batch]."""
+    pos, offset, n = DocPos.of(state[:5]), state[5], state[6]
+    held: list[tuple[DocPos, np.ndarray]] = []  # the documents the next row starts in, and after
+    have = 0  # tokens held from `offset` on
+    source = docs(pos)
+    while True:
+        width = seq_len + shift.draw(step_rng(seed, n, _SHIFT_SALT))
+        rows = np.empty((batch_size, width), dtype=np.int64)
+        for b in range(batch_size):
+            while have < width:
+                nxt = next(source, None)
+                if nxt is None:
+                    return  # the last, partial batch is left out
+                held.append(nxt)
+                have += len(nxt[1]) - (offset if len(held) == 1 else 0)
+            rows[b] = _take(held, offset, width)
+            offset += stride
+            have -= stride
+            while len(held[0][1]) <= offset:
+                offset -= len(held[0][1])
+                held.pop(0)
+        n += 1
+        yield {"rows": rows, "shift": width - seq_len, "state": [*held[0][0].ints(), offset, n]}
+
+
+def _take(held: list[tuple[DocPos, np.ndarray]], offset: int, width: int) -> np.ndarray:
+    parts, need = [], width
+    for k, (_, tokens) in enumerate(held):
+        piece = tokens[offset:] if k == 0 else tokens
+        parts.append(piece[:need])
+        need -= len(parts[-1])
+        if need == 0:
+            break
+    return np.concatenate(parts)
+
+
+def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: int, *, strategy: str, buffer: int,
+                   overlong: str, pad_id: int, mask_boundary_labels: bool, shuffle: bool,
+                   seed: int) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Batches of packed rows from `state` = [*DocPos of the window's first document, packs handed
+    out of that window, batch]. Each batch carries its rows' fields and what the packer did."""
+    pos, skip, n = DocPos.of(state[:5]), state[5], state[6]
+    source = docs(pos)
+    counts: dict[str, int] = {}
+    rows: list[list[np.ndarray]] = []  # the items of each row of the batch being filled
+    while True:
+        window = [next(source, None) for _ in range(buffer)]
+        window = [d for d in window if d is not None]
+        if not window:
+            return
+        first = window[0][0]
+        lengths = np.array([len(t) for _, t in window], dtype=np.int64)
+        flat = np.concatenate([t for _, t in window])
+        try:
+            plan = packing.plan(lengths, seq_len, strategy, overlong)
+        except ArgumentError:  # every document of the window dropped as overlong
+            counts["dropped_documents"] = counts.get("dropped_documents", 0) + len(window)
+            skip = 0
+            continue
+        if skip == 0:
+            for key, value in (("split_documents", plan.items.split_docs), ("dropped_documents", plan.items.dropped_docs),
+                               ("truncated_documents", plan.items.truncated_docs)):  # fmt: skip
+                counts[key] = counts.get(key, 0) + value
+        order = np.arange(plan.n_packs)
+        if shuffle:
+            order = np.random.default_rng([seed, *first.ints(), _PACK_SALT]).permutation(plan.n_packs)
+        for p in range(skip, plan.n_packs):
+            starts, lens = plan.pack_items(int(order[p]))
+            rows.append([flat[s : s + m] for s, m in zip(starts.tolist(), lens.tolist(), strict=True)])
+            if len(rows) == batch_size:
+                n += 1
+                state_after = [*first.ints(), p + 1, n] if p + 1 < plan.n_packs else [*_after(window), 0, n]
+                yield {**_fields(rows, seq_len, pad_id, mask_boundary_labels), "state": state_after, "counts": counts}
+                rows, counts = [], {}
+        skip = 0
+
+
+def _after(window: list[tuple[DocPos, np.ndarray]]) -> list[int]:
+    """The position of the document after the window's last (the next window's first)."""
+    last = window[-1][0]
+    return [*last.window.ints(), last.k + 1]
+
+
+def _fields(rows: list[list[np.ndarray]], seq_len: int, pad_id: int, mask: bool) -> dict[str, Any]:
+    items = [t for row in rows for t in row]
+    lengths = np.array([len(t) for t in items], dtype=np.int64)
+    flat = np.concatenate(items)
+    starts = np.cumsum(lengths) - lengths
+    counts = np.array([len(row) for row in rows], dtype=np.int64)
+
+    def read_spans(s: np.ndarray, m: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
+        for a, b, c in zip(s.tolist(), m.tolist(), at.tolist(), strict=True):
+            out[c : c + b] = flat[a : a + b]
+
+    built = build_rows(starts, lengths, counts, seq_len, pad_id, mask, read_spans)
+    cus = [np.zeros(1, np.int32)] + [seg[1:] + r * seq_len for r, seg in enumerate(built["segments"])]
+    cu = np.concatenate(cus).astype(np.int32)
+    return {"input_ids": built["input_ids"], "labels": built["labels"], "position_ids": built["position_ids"],
+            "cu_seqlens": cu, "max_seqlen": int(np.diff(cu).max()), "real_tokens": int(lengths.sum())}  # fmt: skip
