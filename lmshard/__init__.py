@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
 
         return load_config
     if name == "stream":
-        from .stream import stream
+        from .streaming import stream
 
         return stream
     if name == "load_metadata":  # lazily too: the command line sets up the process before numpy loads

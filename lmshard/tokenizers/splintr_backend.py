@@ -65,6 +65,15 @@ SPLINTR_PATTERNS = {
 
 _pool_lock = threading.Lock()
 _pool_threads: int | None = None  # the Rayon pool size of this process, once splintr started it
+_pool_pid = 0  # the process that started it: a process forked from it inherits the count, not the threads
+
+
+def pool_lost() -> bool:
+    """True in a process forked after its parent started splintr's pool: the pool's threads
+    did not come along, and a parallel encode here would wait on them for ever. Such a
+    process must encode with another backend (`lmshard.streaming` switches to tiktoken's or
+    tokenizers', which give the same ids)."""
+    return _pool_threads is not None and _pool_pid != os.getpid()
 
 
 @contextlib.contextmanager
@@ -89,26 +98,26 @@ def _start_pool(encoder: Any, threads: int) -> int:
     RAYON_NUM_THREADS); return its size. The pool starts at the first parallel call, so the
     variable is set around that first call only. splintr goes parallel only for batches of
     32 KiB of text or more, hence the 64 KiB of "a " (2 ms with the thread's start)."""
-    global _pool_threads
+    global _pool_threads, _pool_pid
     with _pool_lock:
         if _pool_threads is None:
             with _rayon_threads(threads) as wanted:
                 encoder.encode_batch_flat(["a " * (1 << 15)])
-            _pool_threads = wanted
+            _pool_threads, _pool_pid = wanted, os.getpid()
         return _pool_threads
 
 
 def load_pooled(load: Callable[[], Any], threads: int) -> Any:
     """`load()`, a splintr loader that may start this process's pool itself (its tokenizer.json
     reader does), run so that the pool gets `threads` threads as `_start_pool` would give it."""
-    global _pool_threads
+    global _pool_threads, _pool_pid
     with _pool_lock:
         if _pool_threads is not None:
             return load()
         with _rayon_threads(threads) as wanted:
             encoder = load()
             encoder.encode_batch_flat(["a " * (1 << 15)])
-        _pool_threads = wanted
+        _pool_threads, _pool_pid = wanted, os.getpid()
         return encoder
 
 

@@ -42,6 +42,7 @@ from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
 from ..runtime.sampling import ShiftSpec
 from ..tokenizers import load_tokenizer
+from ..tokenizers.splintr_backend import pool_lost
 from .docs import Documents
 from .shapes import packed_batches, window_batches
 from .sources import resolve, shards_of
@@ -92,9 +93,12 @@ class TokenStream:
         return len(self.shards or shards_of(self.config))
 
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.config.tokenizer, self.config.tokenizer_backend,
-                                             separator=self.config.separator)  # fmt: skip
+        tok = self._tokenizer
+        if tok is None or (tok.backend == "splintr" and pool_lost()):  # a worker forked after the pool started
+            backend = self.config.tokenizer_backend
+            if tok is not None:
+                backend = "tiktoken" if tok.vocab_format == "tiktoken" else "tokenizers"
+            self._tokenizer = load_tokenizer(self.config.tokenizer, backend, separator=self.config.separator)
         started = time.perf_counter()
         tokens, lengths = self._tokenizer.encode_batch(texts)
         out = with_separators(tokens, lengths, np.ones(len(lengths), bool), self.eot_id, self.config.eot_position,
@@ -180,13 +184,14 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def __init__(self, stream: TokenStream, shape: str, options: dict[str, Any], make: Callable[..., Iterator[Any]],
                  batch_size: int, *, rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
                  device: str | torch.device = "cpu", steps_per_epoch: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+                 mp_context: str | None = None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
         self.stream, self.shape, self.options, self._make = stream, shape, options, make
         self.batch_size = checks.positive("batch_size", batch_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.num_workers = checks.nonnegative("num_workers", num_workers)
         self.workers = max(1, self.num_workers)
         self.device = checks.device(device)
+        self.mp_context = mp_context  # the DataLoader's: None, its default (fork on Linux)
         self.steps_per_epoch = None if steps_per_epoch is None else checks.positive("steps_per_epoch", steps_per_epoch)
         self.step, self.first, self.positions = 0, 0, [list(_START) for _ in range(self.workers)]
         self._history: collections.deque[tuple[int, list[list[int]], int]] = collections.deque(maxlen=HISTORY)
@@ -198,6 +203,9 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self._counts: dict[int, Counter[str]] = {}
         self._packed = Counter[str]()
         self._encode = [0.0, 0]
+
+    def __getstate__(self) -> dict[str, Any]:  # what a DataLoader worker needs: no iterator, no clock
+        return {**self.__dict__, "_items": None, "_clock": None}
 
     def __repr__(self) -> str:
         return (f"StreamBatches({self.stream!r}, shape={self.shape!r}, batch_size={self.batch_size}, "
@@ -232,10 +240,24 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             self._items = self.reader(0)
         else:
             loader = torch.utils.data.DataLoader(_Readers(self), batch_size=None, num_workers=self.num_workers,
-                                                 collate_fn=_same, pin_memory=self.device.type == "cuda")  # fmt: skip
+                                                 collate_fn=_same, pin_memory=self.device.type == "cuda",
+                                                 multiprocessing_context=self.mp_context)  # fmt: skip
             self._items = iter(loader)
         self._since = None
         return self
+
+    def close(self) -> None:
+        """Stop the DataLoader workers now (a loop that breaks early leaves them waiting for the
+        garbage collector); the next iteration starts new ones from the positions reached."""
+        items, self._items = self._items, None
+        if hasattr(items, "_shutdown_workers"):
+            items._shutdown_workers()
+
+    def __enter__(self) -> StreamBatches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __next__(self) -> Batch | PackedBatch:
         if self._items is None:

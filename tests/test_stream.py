@@ -1,0 +1,243 @@
+"""lmshard.stream: text tokenized as it trains. Checked against prepare's own output read back
+as raw tokens, against a hand-computed split of the records, and against the uninterrupted run
+for every resume."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from test_prepare import make_texts
+
+import lmshard
+from lmshard import TokenDataset
+from lmshard.errors import ArgumentError, InputError
+from lmshard.prepare import PrepareConfig, prepare
+
+
+def write_parts(root: Path, parts: int, per_part: int, seed: int = 0) -> list[str]:
+    """`parts` JSONL files of distinct documents (each names its file and line); their texts in order."""
+    root.mkdir(parents=True, exist_ok=True)
+    texts = make_texts(parts * per_part, seed=seed)
+    out = []
+    for p in range(parts):
+        chunk = [f"part {p} record {i} {t}" for i, t in enumerate(texts[p * per_part : (p + 1) * per_part])]
+        (root / f"part{p:02d}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in chunk))
+        out += chunk
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    texts = write_parts(root / "src", parts=7, per_part=60)
+    return root, texts
+
+
+def prepared(root: Path, inputs: list[str], name: str, **kw) -> TokenDataset:
+    prepare(PrepareConfig(inputs=inputs, out=str(root / name), dedup="none", workers=1, **{"val_fraction": 0, **kw}))
+    return TokenDataset(root / name)
+
+
+def all_tokens(ds: TokenDataset) -> np.ndarray:
+    return ds.tokens(0, ds.n_tokens)
+
+
+def epoch_tokens(stream, **kw) -> np.ndarray:
+    return np.concatenate([t for _, t in stream.documents(epochs=1, **kw)()])
+
+
+def test_one_epoch_in_order_equals_prepare_no_dedup_read_back(corpus):
+    root, _ = corpus
+    want = all_tokens(prepared(root, [str(root / "src")], "ds"))
+    assert np.array_equal(epoch_tokens(lmshard.stream(str(root / "src"))), want)
+    # the windows of one epoch are the prepared token stream cut in rows, in order
+    batches = lmshard.stream(str(root / "src"), epochs=1).windows(4, 32)
+    rows = torch.cat([b.x for b in batches]).numpy().ravel()
+    assert np.array_equal(rows, want[: len(rows)]) and len(want) - len(rows) < 4 * 32 + 1
+
+
+def test_the_val_split_is_prepares(corpus):
+    root, _ = corpus
+    ds = prepared(root, [str(root / "src")], "split", val_fraction=0.2)
+    for split in ("train", "val"):
+        stream = lmshard.stream(str(root / "src"), split=split, val_fraction=0.2)
+        assert np.array_equal(epoch_tokens(stream), all_tokens(TokenDataset(root / "split", split=split))), split
+
+
+def test_parquet_directory_and_saved_dataset_read_through_datasets(tmp_path):
+    texts = make_texts(150, seed=3)
+    data = datasets.Dataset.from_dict({"text": texts})
+    data.save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "pq").mkdir()
+    data.to_parquet(str(tmp_path / "pq" / "train-00000-of-00001.parquet"))
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    want = all_tokens(prepared(tmp_path, [str(tmp_path / "a.jsonl")], "ds"))
+    assert np.array_equal(epoch_tokens(lmshard.stream(hf=str(tmp_path / "pq"))), want)
+    assert np.array_equal(epoch_tokens(lmshard.stream(str(tmp_path / "saved"))), want)
+
+
+@pytest.mark.parametrize("parts", [7, 2], ids=["whole-shards", "round-robin"])
+def test_three_ranks_by_two_workers_read_disjoint_records_that_cover_the_source(tmp_path, parts, reference):
+    texts = write_parts(tmp_path / "src", parts=parts, per_part=420 // parts)
+    stream = lmshard.stream(str(tmp_path / "src"))
+    assert stream.documents(readers=6).whole == (parts >= 6)
+    seen = []
+    for reader in range(6):
+        docs = [bytes(t[:-1].astype(np.uint32)) for _, t in stream.documents(reader=reader, readers=6, epochs=1)()]
+        assert docs, reader
+        seen += docs
+    enc = lambda t: bytes(np.asarray(reference.encode_ordinary(t), dtype=np.uint32))  # noqa: E731
+    want = sorted(enc(t) for t in texts)
+    assert sorted(seen) == want  # every record once: disjoint, and together the source
+    if parts == 2:  # round-robin: reader c holds records c, c+6, c+12... of the source
+        first = [t for _, t in stream.documents(reader=4, readers=6, epochs=1)()][:3]
+        for k, t in enumerate(first):
+            assert bytes(t[:-1].astype(np.uint32)) == enc(texts[4 + 6 * k])
+
+
+def _drain(batches, n=None):
+    out = []
+    with batches:  # closes the DataLoader workers of a loop left early
+        for b in batches:
+            out.append(b)
+            if n is not None and len(out) == n:
+                break
+    return out
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+def test_dataloader_workers_are_the_readers_of_the_rank(corpus):
+    root, _ = corpus
+    stream = lmshard.stream(str(root / "src"), epochs=1)
+    got = _drain(stream.windows(2, 32, num_workers=2))
+    inproc = []
+    for w in range(2):  # what each worker should read: reader w of the rank's 2, in its own process
+        b = stream.windows(2, 32, num_workers=2)
+        inproc.append([item["rows"] for item in b.reader(w)])
+    interleave = [r for pair in zip(*inproc, strict=False) for r in pair]
+    longer = max(inproc, key=len)
+    interleave += longer[min(map(len, inproc)) :]
+    assert len(got) == len(interleave)
+    for batch, rows in zip(got, interleave, strict=True):
+        assert np.array_equal(batch.x.numpy(), rows[:, :32])
+
+
+SHAPES = {
+    "windows": lambda s: s.windows(3, 24, stride=16, shift="random"),
+    "packed-bfd": lambda s: s.packed(3, 64, buffer=40, overlong="split"),
+    "packed-greedy": lambda s: s.packed(3, 64, strategy="greedy", buffer=10, overlong="truncate"),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shuffle_buffer", [0, 50])
+def test_stop_and_resume_gives_the_uninterrupted_batches(corpus, shape, shuffle_buffer):
+    root, _ = corpus
+    make = lambda: SHAPES[shape](lmshard.stream(str(root / "src"), shuffle_buffer=shuffle_buffer, seed=5))  # noqa: E731
+    whole = _drain(make(), 60)  # past the end of an epoch of some readers
+    first = make()
+    head = _drain(first, 23)
+    state = first.state_dict(in_hand=2)  # two drawn and not trained on
+    assert state["step"] == 21
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # a few integers, through JSON
+    tail = _drain(resumed, 60 - 21)
+    for k, b in enumerate(head[:21] + tail):
+        assert _same(b, whole[k]), k
+        assert b.step == k if hasattr(b, "step") else True
+
+
+def test_resume_with_dataloader_workers_at_an_odd_step(corpus):
+    root, _ = corpus
+    make = lambda: lmshard.stream(str(root / "src"), shuffle_buffer=30).packed(2, 64, buffer=20, num_workers=2)  # noqa: E731
+    whole = _drain(make(), 30)
+    first = make()
+    _drain(first, 13)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    for k, b in enumerate(_drain(resumed, 17)):
+        assert _same(b, whole[13 + k]), k
+
+
+def test_shuffle_buffer_permutes_within_windows_and_keeps_every_document(corpus):
+    root, _ = corpus
+    plain = [bytes(t) for _, t in lmshard.stream(str(root / "src")).documents(epochs=1)()]
+    mixed = [bytes(t) for _, t in lmshard.stream(str(root / "src"), shuffle_buffer=64, seed=1).documents(epochs=1)()]
+    assert sorted(plain) == sorted(mixed) and plain != mixed
+
+
+def test_a_changed_world_size_or_option_is_refused_with_the_reason(corpus):
+    root, _ = corpus
+    b = lmshard.stream(str(root / "src")).windows(2, 16, rank=0, world_size=2)
+    _drain(b, 3)
+    state = b.state_dict()
+    with pytest.raises(ArgumentError, match="saved with world_size=2 and this stream has 3"):
+        lmshard.stream(str(root / "src")).windows(2, 16, rank=0, world_size=3).load_state_dict(state)
+    with pytest.raises(ArgumentError, match="saved with seq_len=16 and this stream has seq_len=32"):
+        lmshard.stream(str(root / "src")).windows(2, 32, rank=0, world_size=2).load_state_dict(state)
+
+
+def test_a_finite_stream_on_many_ranks_needs_an_agreed_end(corpus):
+    root, _ = corpus
+    b = lmshard.stream(str(root / "src"), epochs=1).windows(2, 16, rank=1, world_size=3)
+    with pytest.raises(ArgumentError, match="initialise torch.distributed first"):
+        iter(b)
+    steps = [len(_drain(lmshard.stream(str(root / "src"), epochs=2).windows(2, 16, rank=r, world_size=3,
+                                                                             steps_per_epoch=40))) for r in range(3)]  # fmt: skip
+    assert steps == [80, 80, 80]
+
+
+def test_too_many_readers_for_the_documents_is_one_line(tmp_path):
+    write_parts(tmp_path / "src", parts=1, per_part=3)
+    b = lmshard.stream(str(tmp_path / "src")).windows(1, 4, rank=4, world_size=5)
+    with pytest.raises(InputError, match="reader 4 of 5 .* got no document in epoch 0"):
+        next(iter(b))
+
+
+def test_stdin_is_refused(tmp_path):
+    with pytest.raises(InputError, match="cannot read stdin"):
+        lmshard.stream("-")
+
+
+def test_a_slow_stream_says_it_is_the_bottleneck(corpus, capsys):
+    """Driven by a clock the test moves: waiting 1 unit per batch against 1 unit of training."""
+    root, _ = corpus
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.5  # each reading of the clock: half a unit later
+        return now[0]
+
+    b = lmshard.stream(str(root / "src")).windows(1, 16, clock=clock)
+    _drain(b, 49)
+    assert "bottleneck" not in capsys.readouterr().err  # not before 50 steps
+    _drain(b, 2)
+    err = capsys.readouterr().err
+    assert "the stream is the bottleneck" in err and "num_workers=2" in err
+    assert 0.3 < b.metrics()["waiting_share"] < 0.7
+
+
+def test_packed_rows_hold_each_document_once_and_report_fill(corpus):
+    root, texts = corpus
+    b = lmshard.stream(str(root / "src"), epochs=1).packed(1, 256, buffer=1000, shuffle=False)
+    rows = _drain(b)
+    stream = lmshard.stream(str(root / "src"))
+    docs = [t for _, t in stream.documents(epochs=1)()]
+    segments = []
+    for r in rows:
+        ids, cu = r["input_ids"][0].numpy(), r["cu_seqlens"].numpy()
+        segments += [bytes(ids[a:z].astype(np.uint32)) for a, z in zip(cu[:-1], cu[1:], strict=True)]
+    for d in docs[: len(docs) // 2]:  # the last, partial batch is left out: check the first half
+        assert bytes(d.astype(np.uint32)) in segments
+    m = b.metrics()
+    real = sum(int((r["labels"][0] != -100).sum()) + int((r["cu_seqlens"].numel() - 1)) for r in rows)
+    assert m["packs"] == len(rows) and 0.9 < m["fill"] <= 1.0 and real >= m["fill"] * 256 * len(rows) * 0.9
