@@ -146,7 +146,8 @@ def inspect(
         [],
         "--strategy",
         metavar="NAME",
-        help="With --packing: bfd, first_fit, window_N or greedy (repeatable; default: all four).",
+        help="With --packing: bfd, first_fit, window_N, greedy or stream_N (packed as read, "
+        "N documents at a time; repeatable; default: all, with stream_10000).",
     ),
     split: str = typer.Option("train", "--split", metavar="SPLIT", help="With --packing: the split to plan."),
     world_size: int = typer.Option(1, "--world-size", metavar="N", help="With --packing: ranks, for steps per rank."),
@@ -184,8 +185,17 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
             raise ConfigError(f"{flag} {value}: pass {fix}")
     audit.require_dataset(dataset)
     lengths = dataset_lengths(dataset, split)
-    chosen = tuple(strategies) or plans.ALL_STRATEGIES
-    rows = plans.compare(lengths, seq_len, chosen, world_size=world_size, batch_size=batch_size)
+    from . import streampack
+    from .format import load_metadata
+
+    chosen = tuple(strategies) or (*plans.ALL_STRATEGIES, f"stream_{streampack.DEFAULT_BUFFER}")
+    planned = tuple(s for s in chosen if streampack.parse(s) is None)
+    rows = plans.compare(lengths, seq_len, planned, world_size=world_size, batch_size=batch_size) if planned else []
+    counts = [s.n_docs for s in load_metadata(dataset).split_shards(split)]
+    for name in chosen:  # packed as read, a window at a time (strategy="stream"): simulated with its windows
+        if (buffer := streampack.parse(name)) is not None:
+            rows.append(streampack.metrics(lengths, counts, seq_len, buffer, world_size=world_size,
+                                           batch_size=batch_size))  # fmt: skip
     if as_json:
         out.print_json(data={"dataset": str(dataset), "split": split, "seq_len": seq_len, "strategies": rows})
         return EXIT_OK

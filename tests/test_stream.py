@@ -5,6 +5,7 @@ for every resume."""
 from __future__ import annotations
 
 import json
+import sys
 import random
 from pathlib import Path
 
@@ -241,3 +242,33 @@ def test_packed_rows_hold_each_document_once_and_report_fill(corpus):
     m = b.metrics()
     real = sum(int((r["labels"][0] != -100).sum()) + int((r["cu_seqlens"].numel() - 1)) for r in rows)
     assert m["packs"] == len(rows) and 0.9 < m["fill"] <= 1.0 and real >= m["fill"] * 256 * len(rows) * 0.9
+
+
+_RANK = """
+import json, sys, torch, torch.distributed as dist, lmshard
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+b = lmshard.stream(sys.argv[1], epochs=1).windows(2, 16, num_workers=2)
+steps = 0
+for x, y in b:
+    steps += 1
+own = sum(1 for _ in lmshard.stream(sys.argv[1], epochs=1).documents(reader=2 * rank, readers=6)())
+print(json.dumps({"rank": rank, "steps": steps, "docs": own}))
+"""
+
+
+def test_three_ranks_with_two_workers_each_stop_together_at_the_shortest_ranks_count(tmp_path):
+    """Real torch.distributed (gloo on loopback): 3 ranks whose parts differ in length take the
+    same number of steps, and no rank hangs at the end of the epoch."""
+    from test_train_ddp import free_port, launch
+
+    write_parts(tmp_path / "src", parts=7, per_part=40)  # 7 shards over 6 readers: reader 0 has two
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    done = launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr",
+                   "127.0.0.1", "--master-port", str(free_port()), str(script), str(tmp_path / "src")])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2]
+    assert len({r["steps"] for r in ranks}) == 1 and ranks[0]["steps"] > 0
+    assert len({r["docs"] for r in ranks}) > 1  # the parts were uneven: the agreement did the work

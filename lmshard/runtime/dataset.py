@@ -270,7 +270,15 @@ class TokenDataset:
 
     def packed(self, seq_len: int, **options: Any) -> Any:
         """Whole documents packed into rows of `seq_len` tokens, planned from the document index
-        (see `lmshard.runtime.packed.PackedDataset` for the strategies and options)."""
+        (see `lmshard.runtime.packed.PackedDataset` for the strategies and options), or, with
+        strategy="stream" and `buffer=N`, as the split is read, in constant memory
+        (`lmshard.runtime.streampacked.StreamPacked`)."""
+        if options.get("strategy") == "stream":
+            from .streampacked import StreamPacked
+
+            return StreamPacked(self, seq_len, **{k: v for k, v in options.items() if k != "strategy"})
+        if "buffer" in options:
+            raise ArgumentError("buffer= is the window of strategy='stream'; pass strategy='stream' with it")
         from .packed import PackedDataset
 
         return PackedDataset(self, seq_len, **options)
