@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return Mixture
     if name == "load_config":
-        from .runtime.loadconfig import load_config
+        from .loadconfig import load_config
 
         return load_config
     if name == "stream":

@@ -300,16 +300,17 @@ def config_data(
 ) -> tuple[Mixture | None, Mixture | TokenDataset, BatchStream, BatchStream | None]:
     """open_data for --data CONFIG: the file's data and stream; its random or windows rows set the
     batch size and row length (and the val rows, from a dataset's val split, the same shape)."""
-    from lmshard.runtime.loadconfig import open_config
+    from lmshard.loadconfig import open_config
 
     train, batches = open_config(args.data, device=device)
-    if not isinstance(batches, BatchStream):
+    if not isinstance(batches, BatchStream) and getattr(batches, "shape", None) != "windows":
         raise LmshardError(f"{args.data}: this script trains on random or windows samples (x, y); packed and padded "
                            "rows need a model that takes position_ids and masked labels")  # fmt: skip
     args.batch_size, args.seq_len, args.seed = batches.batch_size, batches.seq_len, batches.seed
     mix = train if isinstance(train, Mixture) else None
     val = None
-    if mix is None and ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
+    meta = getattr(train, "meta", None)  # (a [stream] has no val split on disk)
+    if mix is None and ranks.main and meta is not None and meta.n_tokens("val") > args.seq_len + 1:
         held = TokenDataset(train.path, split="val")
         val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
     return mix, train, batches, val

@@ -93,3 +93,52 @@ def test_mistakes_are_one_line_naming_the_file(data, text, words):
         lmshard.load_config(conf)
     message = str(e.value)
     assert message.startswith(f"{conf}: ") and words in message and "\n" not in message, message
+
+
+def test_a_stream_table_is_lmshard_stream(tmp_path):
+    texts = [f"streamed document {i} " + "word " * (i * 13 % 200) for i in range(200)]
+    write(tmp_path / "conf" / "text" / "a.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
+    path = _config(tmp_path, """
+seed = 4
+[stream]
+inputs = ["text"]
+tokenizer = "gpt2"
+shuffle_buffer = 50
+[sample]
+shape = "packed"
+batch_size = 2
+seq_len = 128
+[packing]
+strategy = "greedy"
+buffer = 30
+overlong = "truncate"
+""")
+    got = lmshard.load_config(path)
+    want = lmshard.stream(str(tmp_path / "conf" / "text"), seed=4, shuffle_buffer=50).packed(
+        2, 128, strategy="greedy", buffer=30, overlong="truncate")
+    _equal(got, want)
+    assert got.state_dict() == want.state_dict()
+    windows = _config(tmp_path, '[stream]\ninputs = "text"\n[sample]\nshape = "windows"\nbatch_size = 3\nseq_len = 32\n'
+                                'stride = 16\n')  # fmt: skip
+    _equal(lmshard.load_config(windows), lmshard.stream(str(tmp_path / "conf" / "text")).windows(3, 32, stride=16))
+
+
+def test_stream_packing_of_a_dataset_from_the_file(data):
+    root, web, _ = data
+    path = _config(root, f'dataset = "{web}"\n[sample]\nshape = "packed"\nbatch_size = 2\nseq_len = 256\n'
+                         '[packing]\nstrategy = "stream"\nbuffer = 100\n')  # fmt: skip
+    _equal(lmshard.load_config(path), TokenDataset(web).packed(256, strategy="stream", buffer=100).batches(2))
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('dataset = "d"\n[stream]\ninputs = ["x"]\n[sample]\nshape = "windows"\nbatch_size = 1\nseq_len = 8\n',
+     "name the data once"),
+    ('[stream]\ninputs = ["x"]\n[sample]\nshape = "random"\nbatch_size = 1\nseq_len = 8\n', 'shape = "windows" or'),
+    ('[stream]\ninputs = ["x"]\nworkers = 2\n[sample]\nshape = "windows"\nbatch_size = 1\nseq_len = 8\n',
+     r"unknown key 'workers' in \[stream\]"),
+    ('[stream]\ntokenizer = "gpt2"\n[sample]\nshape = "windows"\nbatch_size = 1\nseq_len = 8\n', "needs inputs"),
+])  # fmt: skip
+def test_stream_table_mistakes_are_one_line(tmp_path, text, words):
+    with pytest.raises(InputError, match=words) as e:
+        lmshard.load_config(_config(tmp_path, text))
+    assert str(e.value).startswith(str(tmp_path / "conf" / "loader.toml")) and "\n" not in str(e.value)

@@ -215,6 +215,18 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def global_batch_size(self) -> int:
         return self.batch_size * self.world_size
 
+    @property
+    def seq_len(self) -> int:
+        return int(self.options["seq_len"])
+
+    @property
+    def seed(self) -> int:
+        return self.stream.seed
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
     def reader(self, local: int) -> Iterator[dict[str, Any]]:
         """The batches of this rank's reader `local` from its position (run in its process)."""
         readers = self.world_size * self.workers

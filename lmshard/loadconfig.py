@@ -18,9 +18,17 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
     # grouped; packed: padding_free; padded: group_by_length, overlong, pad_to_max, pad_id
 
     [packing]                       # shape = "packed": how documents are packed into rows
-    strategy = "bfd"                # bfd | greedy | ... (TokenDataset.packed)
+    strategy = "bfd"                # bfd | greedy | ... | stream (with buffer = N: constant memory)
     overlong = "split"
     shuffle = true
+
+    # or, instead of `dataset`/[[source]]: text tokenized as it trains (`lmshard.stream`)
+    # [stream]
+    # inputs = ["web/*.jsonl.zst"]  # files, directories, globs, URLs; or a hub id / preset name
+    # tokenizer = "gpt2"
+    # shuffle_buffer = 10000
+    # num_workers = 4               # DataLoader workers that read and tokenize
+    # (shape windows or packed; [packing] strategy bfd | greedy, buffer, overlong, shuffle)
 
 Every key is an argument of the loader's own calls (`TokenDataset.random_batches`,
 `window_batches`, `packed(...).batches`, `padded_batches`, `Mixture.*_batches`), so the file and
@@ -39,13 +47,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArgumentError, FormatError, InputError
-from ..remote.urls import is_url
-from .dataset import TokenDataset
-from .mixture import Mixture
+from .errors import ArgumentError, ConfigError, FormatError, InputError
+from .remote.urls import is_url
+from .runtime.dataset import TokenDataset
+from .runtime.mixture import Mixture
 
 SHAPES = ("random", "windows", "packed", "padded")
-_TOP = ("seed", "split", "dataset", "source", "max_epochs", "sample", "packing")
+_TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing")
 # The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
 _SAMPLE = {
     "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch"),
@@ -53,7 +61,13 @@ _SAMPLE = {
     "packed": ("seq_len", "padding_free"),
     "padded": ("seq_len", "group_by_length", "mega", "overlong", "pad_to_max", "pad_id"),
 }
-_PACKING = ("strategy", "overlong", "multiple", "pad_id", "mask_boundary_labels", "shuffle")
+_PACKING = ("strategy", "overlong", "multiple", "pad_id", "mask_boundary_labels", "shuffle", "buffer")
+# [stream]: lmshard.stream's options, and the loader's that belong to the data (DataLoader workers, the epoch's end).
+_STREAM = ("inputs", "hf", "hf_config", "hf_split", "tokenizer", "shuffle_buffer", "epochs", "val_fraction",
+           "split_seed", "text_field", "text_mode", "format", "min_chars", "max_chars", "normalize", "byte_exact",
+           "bos", "on_error", "num_workers", "steps_per_epoch")
+_STREAM_SAMPLE = {"windows": ("seq_len", "stride", "shift"), "packed": ("seq_len",)}
+_STREAM_PACKING = ("strategy", "buffer", "overlong", "pad_id", "mask_boundary_labels", "shuffle")
 _MIXTURE_PACKING = ("strategy", "overlong", "pad_id", "mask_boundary_labels", "shuffle")
 
 
@@ -75,11 +89,13 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
     shape = sample.get("shape", "random")
     if shape not in SHAPES:
         raise InputError(f"{path}: [sample] shape = {shape!r}; use one of {', '.join(SHAPES)}")
-    _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
     packing = _table(path, raw, "packing")
     if packing and shape != "packed":
         raise InputError(f'{path}: [packing] applies to shape = "packed", not {shape!r}; remove it or change the '
                          "shape")  # fmt: skip
+    if "stream" in raw:
+        return _streamed(path, raw, shape, sample, packing, rank, world_size, device)
+    _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
     data = _data(path, raw)
     _known(path, "packing.", packing, _PACKING if isinstance(data, TokenDataset) else _MIXTURE_PACKING)
     for key in ("batch_size", "seq_len"):
@@ -92,6 +108,52 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
                              packing, process)  # fmt: skip
     except (ArgumentError, TypeError) as e:
         raise InputError(f"{path}: {e}") from None
+
+
+def _streamed(path: Path, raw: dict[str, Any], shape: str, sample: dict[str, Any], packing: dict[str, Any],
+              rank: int | None, world_size: int | None, device: Any) -> tuple[Any, Any]:  # fmt: skip
+    """A [stream] table: (the TokenStream, its windows or packed batches)."""
+    from .streaming import TokenStream
+
+    if "dataset" in raw or "source" in raw:
+        raise InputError(f"{path}: name the data once: [stream] reads text as it trains, dataset/[[source]] read "
+                         "prepared datasets; a mixture of streams is not offered (prepare the sources instead)")  # fmt: skip
+    if shape not in _STREAM_SAMPLE:
+        raise InputError(f'{path}: [sample] shape = {shape!r}: a [stream] gives shape = "windows" or "packed"')
+    _known(path, "sample.", sample, ("shape", "batch_size", *_STREAM_SAMPLE[shape]))
+    _known(path, "packing.", packing, _STREAM_PACKING)
+    opts = _table(path, raw, "stream")
+    _known(path, "stream.", opts, _STREAM)
+    loader = {k: opts.pop(k) for k in ("num_workers", "steps_per_epoch") if k in opts}
+    inputs = opts.pop("inputs", None)
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if inputs is not None and (not isinstance(inputs, list) or not all(isinstance(i, str) and i for i in inputs)):
+        raise InputError(f'{path}: [stream] inputs must be a path or a list of them (inputs = ["web/*.jsonl"])')
+    if inputs is None and "hf" not in opts:
+        raise InputError(f'{path}: [stream] needs inputs = [...] (files, directories, a hub id or a preset) or hf')
+    for key in ("batch_size", "seq_len"):
+        if key not in sample:
+            raise InputError(f"{path}: [sample] needs {key} (rows per rank per step, tokens per row)")
+    try:
+        data = TokenStream([_near(path, i) for i in inputs or []], seed=raw.get("seed", 0),
+                           split=raw.get("split", "train"), **opts)  # fmt: skip
+        rest = {k: v for k, v in sample.items() if k not in ("shape", "batch_size", "seq_len")}
+        call = data.windows if shape == "windows" else data.packed
+        return data, call(sample["batch_size"], sample["seq_len"], **rest, **packing, **loader, rank=rank,
+                          world_size=world_size, device=device)  # fmt: skip
+    except (ArgumentError, ConfigError, TypeError) as e:
+        raise InputError(f"{path}: {e}") from None
+
+
+def _near(path: Path, value: str) -> str:
+    """An input named relative to the configuration file (a hub id or preset stays as it is)."""
+    import glob
+
+    if is_url(value) or Path(value).is_absolute():
+        return value
+    near = path.parent / value
+    return str(near) if near.exists() or glob.glob(str(near)) else value
 
 
 def _stream(data: Any, shape: str, seed: Any, batch_size: Any, seq_len: Any, options: dict[str, Any],
