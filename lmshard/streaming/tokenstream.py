@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, LmshardError
 from ..packing import parse_strategy
 from ..prepare.output.claim import bos_written
 from ..prepare.output.writer import with_separators
@@ -41,7 +41,7 @@ from ..runtime import checks
 from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
 from ..runtime.sampling import ShiftSpec
-from ..tokenizers import load_tokenizer
+from ..tokenizers import is_hf_spec, load_tokenizer
 from ..tokenizers.splintr_backend import pool_lost
 from .docs import Documents
 from .shapes import packed_batches, window_batches
@@ -75,9 +75,9 @@ class TokenStream:
             raise ArgumentError(f"split={checks.show(split)} is not a split; pass 'train' or 'val'")
         self.split = split
         self.shards = shards_of(self.config)
-        tok = load_tokenizer(self.config.tokenizer, self.config.tokenizer_backend, separator=self.config.separator)
+        tok = _load_here(self.config.tokenizer, self.config.tokenizer_backend, self.config.separator)
         self.vocab_size, self.eot_id, self.bos_id = tok.n_vocab, tok.eot_id, bos_written(self.config, tok)
-        self._tokenizer: Any = tok
+        self._tokenizer: Any = None  # loaded where it encodes: in the reader's process (a forked worker)
         self.encode_seconds, self.encoded_tokens = 0.0, 0
 
     def __getstate__(self) -> dict[str, Any]:  # a spawned DataLoader worker loads its own
@@ -95,10 +95,11 @@ class TokenStream:
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         tok = self._tokenizer
         if tok is None or (tok.backend == "splintr" and pool_lost()):  # a worker forked after the pool started
-            backend = self.config.tokenizer_backend
-            if tok is not None:
-                backend = "tiktoken" if tok.vocab_format == "tiktoken" else "tokenizers"
-            self._tokenizer = load_tokenizer(self.config.tokenizer, backend, separator=self.config.separator)
+            c = self.config
+            if pool_lost():  # splintr's pool started in the process this one was forked from
+                self._tokenizer = _load_here(c.tokenizer, c.tokenizer_backend, c.separator)
+            else:
+                self._tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_backend, separator=c.separator)
         started = time.perf_counter()
         tokens, lengths = self._tokenizer.encode_batch(texts)
         out = with_separators(tokens, lengths, np.ones(len(lengths), bool), self.eot_id, self.config.eot_position,
@@ -152,6 +153,18 @@ class TokenStream:
                                  buffer=buffer, overlong=overlong, pad_id=pad, mask_boundary_labels=mask,
                                  shuffle=shuf, seed=self.seed)  # fmt: skip
         return StreamBatches(self, "packed", opts, make, batch_size, **loader)
+
+
+def _load_here(spec: str, backend: str, separator: str | None) -> Any:
+    """The tokenizer for its identity (size, separator, BOS), loaded without starting a thread
+    pool in this process: splintr's Rayon pool does not survive the fork of a DataLoader worker,
+    which then loads its own (`TokenStream._encode`). Every backend gives the same ids."""
+    if backend in ("auto", "splintr"):
+        try:
+            return load_tokenizer(spec, "tokenizers" if is_hf_spec(spec) else "tiktoken", separator=separator)
+        except LmshardError:
+            pass
+    return load_tokenizer(spec, backend, separator=separator)
 
 
 def stream(inputs: str | list[str] | None = None, **options: Any) -> TokenStream:

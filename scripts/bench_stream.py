@@ -1,0 +1,190 @@
+"""Benchmark training from a stream (`lmshard.stream`) and constant-memory packing.
+
+Every figure is a ratio to a baseline measured in the same run:
+
+1. Tokenizing speed per reader: one reader of `lmshard.stream` over the shared corpus (read,
+   cleaned, tokenized, cut into B=8 × T=1024 windows) on one thread, against its tokenizer
+   library's own batch encode of the same texts, already in memory, on one thread; for GPT-2
+   (tiktoken's encode_ordinary_batch) and a Hugging Face vocabulary (`tokenizers` encode_batch;
+   a real one from a package on the index, pinned by sha256, else a 50k BPE trained here).
+   Then the whole stream with 2 DataLoader workers against 1 worker (the gain from more readers).
+2. Packing fill at seq_len 4096 on the corpus repeated 4 times (35 k documents): a whole-split
+   best-fit-decreasing plan (`bfd`) against stream packing (`strategy="stream"`, windows of
+   10,000 documents from shuffled blocks), from the document index, as `inspect --packing` does.
+3. Peak RSS of a process that opens a prepared split and serves 200 packed batches (B=8,
+   T=4096), for a split of 1 M documents and one of 10 M (made here from short synthetic
+   documents): stream packing against a `bfd` plan of the whole split.
+
+    python scripts/bench_stream.py [--no-write] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # the libraries' own baselines on one thread, as a reader runs
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tokenizers import REAL_VOCABULARIES, real_vocabulary, train_bpe  # noqa: E402
+from benchlib import load, load_texts, machine, require_corpus, update_performance_md  # noqa: E402
+
+import lmshard  # noqa: E402
+from lmshard.prepare import PrepareConfig, prepare  # noqa: E402
+
+B, T = 8, 1024
+
+
+def stream_rate(src: str, tokenizer: str, workers: int = 0, limit: int | None = None) -> tuple[float, int]:
+    """(tokens/s, batches) of one epoch of windows from a fresh stream."""
+    s = lmshard.stream(src, tokenizer=tokenizer, epochs=1)
+    s.use_threads(1)
+    started, n = time.perf_counter(), 0
+    with s.windows(B, T, num_workers=workers) as batches:
+        for _ in batches:
+            n += 1
+            if limit and n >= limit:
+                break
+    return n * B * T / (time.perf_counter() - started), n
+
+
+def raw_tiktoken(texts: list[str]) -> float:
+    from lmshard.tokenizers.tiktoken_backend import TiktokenTokenizer
+
+    enc = TiktokenTokenizer("gpt2")._enc  # tiktoken's Encoding of the provisioned vocabulary
+    started = time.perf_counter()
+    n = sum(len(t) for t in enc.encode_ordinary_batch(texts, num_threads=1))
+    return n / (time.perf_counter() - started)
+
+
+def raw_hf(path: Path, texts: list[str]) -> float:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    started = time.perf_counter()
+    n = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+    return n / (time.perf_counter() - started)
+
+
+def section_speed(tmp: Path, quick: bool) -> list[str]:
+    texts = load_texts(1)
+    if quick:
+        texts = texts[:1500]
+    src = tmp / "corpus.jsonl"
+    import json
+
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    found = next(((label, p) for label, req, member, sha in REAL_VOCABULARIES[:1]
+                  if (p := real_vocabulary(req, member, sha)) is not None), None)  # fmt: skip
+    if found is None:
+        found = ("50k byte-level BPE trained here", train_bpe(texts[:2000], tmp / "tokenizer.json"))
+    rows = ["| vocabulary | library's batch encode, 1 thread (M tok/s) | stream, 1 reader (M tok/s) | "
+            "stream ÷ library | stream, 2 DataLoader workers ÷ 1 |", "|---|---|---|---|---|"]  # fmt: skip
+    for label, spec, raw in (("GPT-2 (tiktoken vocabulary)", "gpt2", lambda: raw_tiktoken(texts)),
+                             (found[0], str(found[1]), lambda: raw_hf(found[1], texts))):  # fmt: skip
+        base = raw()
+        one, _ = stream_rate(str(src), spec)
+        w1, _ = stream_rate(str(src), spec, workers=1)
+        w2, _ = stream_rate(str(src), spec, workers=2)
+        print(f"1. {label}: library {base / 1e6:.2f} M tok/s, stream reader {one / 1e6:.2f} ({one / base:.2f}x); "
+              f"2 workers ÷ 1: {w2 / w1:.2f}x", flush=True)  # fmt: skip
+        rows.append(f"| {label} | {base / 1e6:.2f} | {one / 1e6:.2f} | **{one / base:.2f}** | {w2 / w1:.2f}× |")
+    return [f"The corpus ({len(texts):,} documents), one epoch of B={B} × T={T} windows; each reader reads, cleans "
+            "and tokenizes on one thread. A reader's rate is what one DataLoader worker gives: a GPU step of "
+            f"B × T = {B * T:,} tokens every 100 ms needs about {B * T * 10 / 1e6:.2f} M tokens/s.", "", *rows]
+
+
+def section_fill(tmp: Path) -> list[str]:
+    from lmshard import packing, streampack
+    from lmshard.packing_io import dataset_lengths
+
+    src = tmp / "x4.jsonl.gz"
+    from benchlib import write_repeated
+
+    write_repeated(src, 4)
+    out = tmp / "x4"
+    prepare(PrepareConfig(inputs=[str(src)], out=str(out), val_fraction=0, quiet=True))
+    lengths = dataset_lengths(out, "train")
+    counts = [s.n_docs for s in lmshard.load_metadata(out).split_shards("train")]
+    bfd = packing.plan(lengths, 4096, "bfd").metrics()
+    rows = ["| strategy | packs | fill |", "|---|---|---|", f"| bfd (whole split) | {bfd['packs']:,} | {bfd['fill']:.2%} |"]
+    for buffer in (1000, 10_000):
+        m = streampack.metrics(lengths, counts, 4096, buffer)
+        rows.append(f"| stream_{buffer} | {m['packs']:,} | {m['fill']:.2%} ({(m['fill'] - bfd['fill']) * 100:+.2f} "
+                    "points) |")  # fmt: skip
+        print(f"2. stream_{buffer}: fill {m['fill']:.4f} vs bfd {bfd['fill']:.4f}", flush=True)
+    return [f"The corpus repeated 4 times ({len(lengths):,} documents, {int(lengths.sum()) / 1e6:.1f} M tokens), "
+            "seq_len 4096, overlong documents split.", "", *rows]
+
+
+_RSS = """
+import resource, sys
+from lmshard import TokenDataset
+ds = TokenDataset(sys.argv[1])
+packs = ds.packed(4096, strategy=sys.argv[2], **({"buffer": 10_000} if sys.argv[2] == "stream" else {}))
+b = packs.batches(8)
+it = iter(b)
+for _ in range(200):
+    next(it)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def synthetic(path: Path, docs: int) -> Path:
+    rng = np.random.default_rng(0)
+    words = np.array("the of and to in a is that for it as was with be by on not he this are or".split())
+    with path.open("w") as f:
+        for i in range(docs):
+            f.write('{"text": "%d %s"}\n' % (i, " ".join(words[rng.integers(0, len(words), rng.integers(3, 40))])))
+    return path
+
+
+def section_rss(tmp: Path, quick: bool) -> list[str]:
+    sizes = (100_000, 1_000_000) if quick else (1_000_000, 10_000_000)
+    rows = ["| documents in the split | stream packing, peak RSS (MB) | bfd plan, peak RSS (MB) |", "|---|---|---|"]
+    for n in sizes:
+        out = tmp / f"syn{n}"
+        prepare(PrepareConfig(inputs=[str(synthetic(tmp / f"syn{n}.jsonl", n))], out=str(out), val_fraction=0,
+                              dedup="none", quiet=True))  # fmt: skip
+        (tmp / f"syn{n}.jsonl").unlink()
+        rss = {}
+        for strategy in ("stream", "bfd"):
+            done = subprocess.run([sys.executable, "-c", _RSS, str(out), strategy], capture_output=True, text=True,
+                                  check=True)  # fmt: skip
+            rss[strategy] = int(done.stdout.strip().splitlines()[-1])
+        print(f"3. {n:,} documents: stream {rss['stream']} MB, bfd {rss['bfd']} MB", flush=True)
+        rows.append(f"| {n:,} | {rss['stream']} | {rss['bfd']} |")
+    return ["Peak RSS of a process that opens the split and serves 200 packed batches (B=8, T=4096); synthetic "
+            "documents of 3-40 words. The bfd plan is cached on disk after its first run; the figure is the "
+            "run that made it.", "", *rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/performance.md alone")
+    parser.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
+    args = parser.parse_args()
+    require_corpus()
+    print(f"{machine()}, load {load()}", flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        body = ["### tokenizing per reader", "", *section_speed(tmp, args.quick), "", "### packing fill", "",
+                *section_fill(tmp), "", "### packing memory", "", *section_rss(tmp, args.quick)]  # fmt: skip
+    body = [f"{machine()}, load {load()} at the start. `python scripts/bench_stream.py`.", "", *body]
+    print("\n".join(body))
+    if not args.no_write:
+        update_performance_md("stream (scripts/bench_stream.py)", "\n".join(body))
+    del resource
+
+
+if __name__ == "__main__":
+    main()
