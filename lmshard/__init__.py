@@ -14,7 +14,8 @@ from typing import Any
 from .errors import LmshardError
 
 __version__ = "0.1.0"
-__all__ = ["LmshardError", "Mixture", "TokenDataset", "__version__", "load_config", "load_metadata", "stream", "verify_dataset"]
+__all__ = ["LmshardError", "Mixture", "TokenDataset", "__version__", "load_config", "load_metadata", "stream",
+           "verify_dataset"]
 
 
 def __getattr__(name: str) -> Any:

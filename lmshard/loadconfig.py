@@ -116,8 +116,9 @@ def _streamed(path: Path, raw: dict[str, Any], shape: str, sample: dict[str, Any
     from .streaming import TokenStream
 
     if "dataset" in raw or "source" in raw:
-        raise InputError(f"{path}: name the data once: [stream] reads text as it trains, dataset/[[source]] read "
-                         "prepared datasets; a mixture of streams is not offered (prepare the sources instead)")  # fmt: skip
+        raise InputError(f"{path}: name the data once: [stream] reads text as it trains, dataset/[[source]] "
+                         "read prepared datasets; a mixture of streams is not offered (prepare the sources "
+                         "instead)")  # fmt: skip
     if shape not in _STREAM_SAMPLE:
         raise InputError(f'{path}: [sample] shape = {shape!r}: a [stream] gives shape = "windows" or "packed"')
     _known(path, "sample.", sample, ("shape", "batch_size", *_STREAM_SAMPLE[shape]))

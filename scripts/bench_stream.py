@@ -43,17 +43,25 @@ from lmshard.prepare import PrepareConfig, prepare  # noqa: E402
 B, T = 8, 1024
 
 
-def stream_rate(src: str, tokenizer: str, workers: int = 0, limit: int | None = None) -> tuple[float, int]:
-    """(tokens/s, batches) of one epoch of windows from a fresh stream."""
-    s = lmshard.stream(src, tokenizer=tokenizer, epochs=1)
-    s.use_threads(1)
-    started, n = time.perf_counter(), 0
-    with s.windows(B, T, num_workers=workers) as batches:
-        for _ in batches:
-            n += 1
-            if limit and n >= limit:
-                break
-    return n * B * T / (time.perf_counter() - started), n
+_RATE = """
+import sys, time, lmshard
+src, tokenizer, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = lmshard.stream(src, tokenizer=tokenizer, epochs=1)
+s.use_threads(1)
+started, n = time.perf_counter(), 0
+with s.windows(B, T, num_workers=workers) as batches:
+    for _ in batches:
+        n += 1
+print(n * B * T / (time.perf_counter() - started))
+""".replace("B, T", f"{B}, {T}").replace("B * T", str(B * T))
+
+
+def stream_rate(src: str, tokenizer: str, workers: int = 0) -> float:
+    """Tokens/s of one epoch of windows from a fresh stream, in a fresh process (as a training
+    run starts: no tokenizer thread pool started before its DataLoader workers fork)."""
+    done = subprocess.run([sys.executable, "-c", _RATE, src, tokenizer, str(workers)], capture_output=True,
+                          text=True, check=True, env={**os.environ, "RAYON_NUM_THREADS": "1"})  # fmt: skip
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def raw_tiktoken(texts: list[str]) -> float:
@@ -91,9 +99,9 @@ def section_speed(tmp: Path, quick: bool) -> list[str]:
     for label, spec, raw in (("GPT-2 (tiktoken vocabulary)", "gpt2", lambda: raw_tiktoken(texts)),
                              (found[0], str(found[1]), lambda: raw_hf(found[1], texts))):  # fmt: skip
         base = raw()
-        one, _ = stream_rate(str(src), spec)
-        w1, _ = stream_rate(str(src), spec, workers=1)
-        w2, _ = stream_rate(str(src), spec, workers=2)
+        one = stream_rate(str(src), spec)
+        w1 = stream_rate(str(src), spec, workers=1)
+        w2 = stream_rate(str(src), spec, workers=2)
         print(f"1. {label}: library {base / 1e6:.2f} M tok/s, stream reader {one / 1e6:.2f} ({one / base:.2f}x); "
               f"2 workers ÷ 1: {w2 / w1:.2f}x", flush=True)  # fmt: skip
         rows.append(f"| {label} | {base / 1e6:.2f} | {one / 1e6:.2f} | **{one / base:.2f}** | {w2 / w1:.2f}× |")
@@ -145,10 +153,11 @@ print(tracemalloc.get_traced_memory()[1] // (1 << 20), rss() - before)
 
 def synthetic(path: Path, docs: int) -> Path:
     rng = np.random.default_rng(0)
-    words = np.array("the of and to in a is that for it as was with be by on not he this are or".split())
+    words = np.array(["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or"])
     with path.open("w") as f:
         for i in range(docs):
-            f.write('{"text": "%d %s"}\n' % (i, " ".join(words[rng.integers(0, len(words), rng.integers(3, 40))])))
+            text = " ".join(words[rng.integers(0, len(words), rng.integers(3, 40))])
+            f.write(f'{{"text": "{i} {text}"}}\n')
     return path
 
 

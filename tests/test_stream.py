@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import random
 from pathlib import Path
 
 import datasets
@@ -65,7 +64,7 @@ def test_one_epoch_in_order_equals_prepare_no_dedup_read_back(corpus):
 
 def test_the_val_split_is_prepares(corpus):
     root, _ = corpus
-    ds = prepared(root, [str(root / "src")], "split", val_fraction=0.2)
+    prepared(root, [str(root / "src")], "split", val_fraction=0.2)
     for split in ("train", "val"):
         stream = lmshard.stream(str(root / "src"), split=split, val_fraction=0.2)
         assert np.array_equal(epoch_tokens(stream), all_tokens(TokenDataset(root / "split", split=split))), split
@@ -196,7 +195,8 @@ def test_a_finite_stream_on_many_ranks_needs_an_agreed_end(corpus):
     with pytest.raises(ArgumentError, match="initialise torch.distributed first"):
         iter(b)
     steps = [len(_drain(lmshard.stream(str(root / "src"), epochs=2).windows(2, 16, rank=r, world_size=3,
-                                                                             steps_per_epoch=40))) for r in range(3)]  # fmt: skip
+                                                                             steps_per_epoch=40)))
+             for r in range(3)]  # fmt: skip
     assert steps == [80, 80, 80]
 
 
@@ -243,7 +243,7 @@ def test_packed_rows_hold_each_document_once_and_report_fill(corpus):
     for d in docs[: len(docs) // 2]:  # the last, partial batch is left out: check the first half
         assert bytes(d.astype(np.uint32)) in segments
     m = b.metrics()
-    real = sum(int((r["labels"][0] != -100).sum()) + int((r["cu_seqlens"].numel() - 1)) for r in rows)
+    real = sum(int((r["labels"][0] != -100).sum()) + int(r["cu_seqlens"].numel() - 1) for r in rows)
     assert m["packs"] == len(rows) and 0.9 < m["fill"] <= 1.0 and real >= m["fill"] * 256 * len(rows) * 0.9
 
 

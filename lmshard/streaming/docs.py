@@ -112,7 +112,8 @@ class Documents:
 
     def _nothing(self, epoch: int) -> str:
         how = "whole shards" if self.whole else "records dealt round-robin"
-        return (f"lmshard.stream: reader {self.consumer} of {self.consumers} (ranks × DataLoader workers, {how}) got no "
+        return (f"lmshard.stream: reader {self.consumer} of {self.consumers} (ranks × DataLoader workers, {how}) got "
+                "no "
                 f"document in epoch {epoch}; the source has too few documents for this many readers: use fewer "
                 "DataLoader workers or ranks, or more data")  # fmt: skip
 

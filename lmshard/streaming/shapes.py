@@ -80,8 +80,7 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
     counts: dict[str, int] = {}
     rows: list[list[np.ndarray]] = []  # the items of each row of the batch being filled
     while True:
-        window = [next(source, None) for _ in range(buffer)]
-        window = [d for d in window if d is not None]
+        window = [d for d in (next(source, None) for _ in range(buffer)) if d is not None]
         if not window:
             return
         first = window[0][0]
@@ -94,8 +93,9 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
             skip = 0
             continue
         if skip == 0:
-            for key, value in (("split_documents", plan.items.split_docs), ("dropped_documents", plan.items.dropped_docs),
-                               ("truncated_documents", plan.items.truncated_docs)):  # fmt: skip
+            it = plan.items
+            for key, value in (("split_documents", it.split_docs), ("dropped_documents", it.dropped_docs),
+                               ("truncated_documents", it.truncated_docs)):  # fmt: skip
                 counts[key] = counts.get(key, 0) + value
         order = np.arange(plan.n_packs)
         if shuffle:

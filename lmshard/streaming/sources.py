@@ -58,8 +58,8 @@ class Shard:
     def _records(self, skip: int) -> Iterator[Record]:
         if self.source is not None:
             src, c = self.source, self.config
-            worker = WorkerConfig(sources=(src,), clean=c.clean_config(), tokenizer=c.tokenizer, text_field=c.text_field,
-                                  text_mode=c.text_mode, on_error=c.on_error)  # fmt: skip
+            worker = WorkerConfig(sources=(src,), clean=c.clean_config(), tokenizer=c.tokenizer,
+                                  text_field=c.text_field, text_mode=c.text_mode, on_error=c.on_error)  # fmt: skip
             n = 0
             for item in plan([src], c.text_mode, c.text_field, c.on_error, max_chars=c.max_chars):
                 for _, record in records_of(item, worker):

@@ -209,7 +209,8 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.step, self.first, self.positions = 0, 0, [list(_START) for _ in range(self.workers)]
         self._history: collections.deque[tuple[int, list[list[int]], int]] = collections.deque(maxlen=HISTORY)
         self._history.append((0, [list(p) for p in self.positions], 0))
-        self._clock, self._items, self._finished = clock, None, False
+        self._clock, self._finished = clock, False
+        self._items: Any = None  # the batches being served: a reader's generator, or the DataLoader's iterator
         self._wait = self._busy = 0.0
         self._since: float | None = None
         self._warned = False
@@ -327,7 +328,7 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self._packed["rows"] += self.batch_size
         self._packed["real_tokens"] += int(item["real_tokens"])
         self._packed.update(item["counts"])
-        fields = {k: torch.as_tensor(item[k]).to(dev, non_blocking=fast)
+        fields: dict[str, Any] = {k: torch.as_tensor(item[k]).to(dev, non_blocking=fast)
                   for k in ("input_ids", "labels", "position_ids", "cu_seqlens")}  # fmt: skip
         fields["max_seqlen"] = int(item["max_seqlen"])
         return PackedBatch(fields, step)
@@ -369,8 +370,9 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         want = self.step - in_hand
         found = next((h for h in self._history if h[0] == want), None)
         if found is None:
+            most = min(self.step, HISTORY - 1)
             raise ArgumentError(f"in_hand={in_hand}: the stream keeps the positions of its last {HISTORY} steps "
-                                f"(it is at step {self.step}); pass in_hand at most {min(self.step, HISTORY - 1)}")  # fmt: skip
+                                f"(it is at step {self.step}); pass in_hand at most {most}")  # fmt: skip
         step, positions, first = found
         return {"kind": "lmshard.stream", "shape": self.shape, "step": step, "rank": self.rank,
                 "world_size": self.world_size, "num_workers": self.num_workers, "readers": positions,
