@@ -209,10 +209,22 @@ def _where(path: Path, value: Any, what: str) -> str:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The file as a table: TOML, or YAML for a .yaml / .yml file (the same keys and tables)."""
+    import yaml
+
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() in (".yaml", ".yml"):
+            loaded = yaml.safe_load(text)
+            if not isinstance(loaded, dict):
+                raise InputError(f"{path}: a loader configuration is a mapping of keys (seed, dataset, sample…)")
+            return loaded
+        return tomllib.loads(text)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}: cannot read the loader configuration ({str(e).splitlines()[0]}); write YAML "
+                         'or TOML (see docs/loader.md, "One configuration file")') from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise InputError(f"{path}: cannot read the loader configuration ({e}); write TOML (see docs/loader.md, "
                          '"One configuration file")') from None

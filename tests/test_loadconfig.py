@@ -142,3 +142,15 @@ def test_stream_table_mistakes_are_one_line(tmp_path, text, words):
     with pytest.raises(InputError, match=words) as e:
         lmshard.load_config(_config(tmp_path, text))
     assert str(e.value).startswith(str(tmp_path / "conf" / "loader.toml")) and "\n" not in str(e.value)
+
+
+def test_a_yaml_file_says_what_the_toml_file_says(data, tmp_path):
+    root, web, _ = data
+    toml = _config(root, f'seed = 3\ndataset = "{web}"\n[sample]\nshape = "windows"\nbatch_size = 2\nseq_len = 64\n'
+                         "stride = 32\n")  # fmt: skip
+    yml = write(root / "conf" / "loader.yaml", f"seed: 3\ndataset: {web}\nsample:\n  shape: windows\n  batch_size: 2\n"
+                                               "  seq_len: 64\n  stride: 32\n")  # fmt: skip
+    _equal(lmshard.load_config(yml), lmshard.load_config(toml))
+    bad = write(tmp_path / "bad.yaml", "sample: [unclosed\n")
+    with pytest.raises(InputError, match=r"bad.yaml: cannot read the loader configuration"):
+        lmshard.load_config(bad)

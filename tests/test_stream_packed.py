@@ -95,3 +95,18 @@ def test_inspect_reports_the_fill_the_loader_serves(ds, tmp_path):
     assert m["packs"] == served and m["tokens"] == ds.n_tokens
     bfd = ds.packed(256, strategy="bfd").metrics
     assert bfd["fill"] - 0.02 <= m["fill"] <= bfd["fill"]
+
+
+def test_inspect_packing_prints_stream_packing_beside_bfd(ds):
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    result = CliRunner().invoke(app, ["inspect", str(ds.path), "--packing", "256", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["strategy"]: r for r in json.loads(result.output)["strategies"]}
+    counts = [len(ds.store.index(k)) - 1 for k in range(len(ds.store.shards))]
+    assert rows["stream_10000"] == streampack.metrics(ds.store.doc_lengths(), counts, 256, 10_000)
+    assert {"bfd", "greedy", "stream_10000"} <= set(rows)
+    result = CliRunner().invoke(app, ["inspect", str(ds.path), "--packing", "256", "--strategy", "stream_500"])
+    assert result.exit_code == 0 and "stream_500" in result.output
