@@ -71,10 +71,11 @@ class Layout:
         return order[rank::world][w * per : (w + 1) * per]
 
 
-def plan_window(lengths: np.ndarray, seq_len: int, overlong: str) -> packing.PackPlan | None:
-    """The bfd plan of one window's documents; None when the overlong policy left nothing."""
+def plan_window(lengths: np.ndarray, seq_len: int, overlong: str, strategy: str = "bfd") -> packing.PackPlan | None:
+    """The plan of one window's documents (bfd, or `strategy`); None when the overlong policy
+    left nothing to pack."""
     try:
-        return packing.plan(lengths, seq_len, "bfd", overlong)
+        return packing.plan(lengths, seq_len, strategy, overlong)
     except ArgumentError:
         if len(lengths) and packing.make_items(lengths, seq_len, overlong).length.size == 0:
             return None

@@ -203,7 +203,7 @@ def test_a_finite_stream_on_many_ranks_needs_an_agreed_end(corpus):
 def test_too_many_readers_for_the_documents_is_one_line(tmp_path):
     write_parts(tmp_path / "src", parts=1, per_part=3)
     b = lmshard.stream(str(tmp_path / "src")).windows(1, 4, rank=4, world_size=5)
-    with pytest.raises(InputError, match="reader 4 of 5 .* got no document in epoch 0"):
+    with pytest.raises(InputError, match="reader 4 of 5 .* got no document up to epoch 0"):
         next(iter(b))
 
 
@@ -275,3 +275,75 @@ def test_three_ranks_with_two_workers_each_stop_together_at_the_shortest_ranks_c
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2]
     assert len({r["steps"] for r in ranks}) == 1 and ranks[0]["steps"] > 0
     assert len({r["docs"] for r in ranks}) > 1  # the parts were uneven: the agreement did the work
+
+
+def test_each_shard_is_opened_once_per_epoch_however_many_windows_it_fills(tmp_path, monkeypatch):
+    """Windows of 256 documents from a 1,000-record file: read once, not re-read from its start
+    for every window (which would grow with the square of the file)."""
+    from lmshard.streaming.sources import Shard
+
+    write_parts(tmp_path / "src", parts=1, per_part=1000)
+    opened = []
+    real = Shard.documents
+
+    def counting(self, counts, skip=0, every=1, phase=0):
+        opened.append(skip)
+        return real(self, counts, skip, every, phase)
+
+    monkeypatch.setattr(Shard, "documents", counting)
+    docs = list(lmshard.stream(str(tmp_path / "src"), epochs=2).documents()())
+    assert len(docs) == 2000 and opened == [0, 0]
+
+
+def test_a_reader_that_draws_empty_shards_for_an_epoch_goes_on(tmp_path):
+    """Shuffled shard order: in some epochs a reader's only shard holds no kept document."""
+    (tmp_path / "src").mkdir()
+    parts = {"a": [f"long document a{i}" for i in range(5)], "b": [f"long document b{i}" for i in range(5)],
+             "c": ["x", "y"]}  # c's two records are shorter than min_chars
+    for name, texts in parts.items():
+        (tmp_path / "src" / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    stream = lmshard.stream(str(tmp_path / "src"), shuffle_buffer=2, min_chars=5)
+    for reader in range(3):
+        it = stream.documents(reader=reader, readers=3)()
+        assert len([next(it) for _ in range(60)]) == 60  # many epochs, some of them empty for this reader
+
+
+def test_packing_mistakes_are_refused_and_never_hang(tmp_path):
+    write_parts(tmp_path / "src", parts=1, per_part=5)
+    with pytest.raises(ArgumentError, match="overlong='zap' is not a policy"):
+        lmshard.stream(str(tmp_path / "src")).packed(1, 8, overlong="zap")
+    with pytest.raises(ArgumentError, match="a stream packs with 'bfd'"):
+        lmshard.stream(str(tmp_path / "src")).packed(1, 8, strategy="stream")
+    for epochs in (None, 1):  # every document is longer than 8 tokens and dropped: one line, not a hang
+        with pytest.raises(InputError, match="no document of this reader's part can be packed"):
+            next(iter(lmshard.stream(str(tmp_path / "src"), epochs=epochs).packed(1, 8, overlong="drop")))
+
+
+def test_a_readers_error_in_a_dataloader_worker_is_the_same_one_line(tmp_path):
+    write_parts(tmp_path / "src", parts=1, per_part=1)
+    with pytest.raises(InputError) as e:
+        _drain(lmshard.stream(str(tmp_path / "src")).windows(1, 4, num_workers=2))
+    assert str(e.value).startswith("lmshard.stream: reader 1 of 2") and "\n" not in str(e.value)
+
+
+def test_resume_refuses_other_cleaning_or_split_options(corpus):
+    root, _ = corpus
+    b = lmshard.stream(str(root / "src")).windows(2, 16)
+    _drain(b, 2)
+    state = b.state_dict()
+    for option in ({"min_chars": 200}, {"val_fraction": 0.5}, {"normalize": "none"}, {"text_field": "body"}):
+        key = next(iter(option))
+        with pytest.raises(ArgumentError, match=f"saved with {key}="):
+            lmshard.stream(str(root / "src"), **option).windows(2, 16).load_state_dict(state)
+    with pytest.raises(ArgumentError, match="the state is not whole"):
+        lmshard.stream(str(root / "src")).windows(2, 16).load_state_dict({**state, "readers": [[1, 2]]})
+
+
+def test_a_missing_path_and_an_unknown_option_are_one_line(tmp_path):
+    with pytest.raises(InputError) as e:
+        lmshard.stream(str(tmp_path / "data" / "train.jsonl"))
+    assert "--hf" not in str(e.value) and "train.jsonl" in str(e.value)
+    from lmshard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lmshard.stream: no option 'nonsense'"):
+        lmshard.stream(str(tmp_path), nonsense=1)

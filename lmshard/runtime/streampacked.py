@@ -48,7 +48,7 @@ class StreamPacked:
         high = data.vocab_size - 1
         self.pad_id = data.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=high)
         store = data.store
-        self.layout = streampack.Layout(np.array([len(store.index(k)) - 1 for k in range(len(store.shards))]))
+        self.layout = streampack.Layout(np.array([s.n_docs for s in store.shards]))  # (no index is read for this)
         if self.layout.n_blocks == 0:
             raise ArgumentError(f"{data!r} has no document to pack")
 

@@ -90,9 +90,11 @@ class Documents:
     def __call__(self, start: DocPos = DocPos(Cursor())) -> Iterator[tuple[DocPos, np.ndarray]]:
         """(position, tokens) of every document from `start` on."""
         at, skip = start.window, start.k
-        from_start, seen = at == Cursor(at.epoch), False
+        empty = 0  # whole epochs in a row without a document of this reader's
+        seen, whole = False, at == Cursor(at.epoch) and skip == 0  # (an epoch resumed part way is not counted)
+        records = self._records(at)
         while self.epochs is None or at.epoch < self.epochs:
-            texts, end = self._read(at)
+            texts, end = self._read(at, records)
             if texts:
                 seen = True
                 tokens, lengths = self.encode(texts)
@@ -104,35 +106,51 @@ class Documents:
                     d = int(order[k])
                     yield DocPos(at, k), tokens[bounds[d] : bounds[d + 1]]
             skip = 0
-            if end.epoch != at.epoch:  # a whole epoch without a document would loop for ever
-                if not seen and from_start and self.epochs is None:
+            if end.epoch != at.epoch:
+                empty = 0 if seen else empty + 1 if whole else empty
+                # An endless reader with nothing to read would loop for ever. With the shard order
+                # shuffled per epoch, a reader may draw only empty shards for a while: give it as
+                # many epochs as a few full turns of the readers before calling the part empty.
+                if self.epochs is None and empty >= (10 * self.consumers if self.shuffle_shards else 1):
                     raise InputError(self._nothing(at.epoch))
-                from_start, seen = True, False
+                seen, whole = False, True
             at = end
 
     def _nothing(self, epoch: int) -> str:
         how = "whole shards" if self.whole else "records dealt round-robin"
         return (f"lmshard.stream: reader {self.consumer} of {self.consumers} (ranks × DataLoader workers, {how}) got "
-                "no "
-                f"document in epoch {epoch}; the source has too few documents for this many readers: use fewer "
-                "DataLoader workers or ranks, or more data")  # fmt: skip
+                f"no document up to epoch {epoch}; the source has too few documents (after cleaning and the split) "
+                "for this many readers: use fewer DataLoader workers or ranks, or more data")  # fmt: skip
 
-    def _read(self, at: Cursor) -> tuple[list[str], Cursor]:
-        """The texts of the next window from `at` (never past the end of an epoch), and where
-        the window ends; at an epoch's end, the start of the next epoch."""
+    def _records(self, at: Cursor) -> Iterator[tuple[str | None, Cursor]]:
+        """Every record of this reader's part from `at` on, through the ends of epochs: its
+        cleaned text (None: dropped, or another reader's) and the position after it. One shard is
+        opened at a time and read once, however many windows it fills."""
+        epoch, shard, record, dealt = at.epoch, at.shard, at.record, at.dealt
+        while self.epochs is None or epoch < self.epochs:
+            mine = self.mine(epoch)
+            while shard < len(mine):
+                phase = (self.consumer - dealt + record) % self.consumers  # whose the shard's first record is
+                every, phase = (1, 0) if self.whole else (self.consumers, phase)
+                for text in self.shards[mine[shard]].documents(self.counts, record, every, phase):
+                    record += 1
+                    dealt += 1
+                    yield text, Cursor(epoch, shard, record, dealt)
+                shard, record = shard + 1, 0
+            yield None, Cursor(epoch + 1)  # the end of the epoch
+            epoch, shard, record, dealt = epoch + 1, 0, 0, 0
+
+    def _read(self, at: Cursor, records: Iterator[tuple[str | None, Cursor]]) -> tuple[list[str], Cursor]:
+        """The texts of the next window (never past the end of an epoch) from `records`, which
+        stand at `at`, and where the window ends; at an epoch's end, the start of the next."""
         texts: list[str] = []
-        mine = self.mine(at.epoch)
-        shard, record, dealt = at.shard, at.record, at.dealt
-        while shard < len(mine):
-            every, phase = (1, 0) if self.whole else (self.consumers, (self.consumer - dealt + record) % self.consumers)
-            for text in self.shards[mine[shard]].documents(self.counts, record, every, phase):
-                record += 1
-                dealt += 1
-                if text is not None and self._in_split(text):
-                    texts.append(text)
-                    if len(texts) == self.window:
-                        return texts, Cursor(at.epoch, shard, record, dealt)
-            shard, record = shard + 1, 0
+        for text, after in records:
+            if after.epoch != at.epoch:
+                return texts, after
+            if text is not None and self._in_split(text):
+                texts.append(text)
+                if len(texts) == self.window:
+                    return texts, after
         return texts, Cursor(at.epoch + 1)
 
     def _in_split(self, text: str) -> bool:

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import packing
-from ..errors import ArgumentError
+from .. import streampack
+from ..errors import InputError
 from ..runtime.packed import build_rows
 from ..runtime.sampling import ShiftSpec, step_rng
 from .docs import DocPos, Documents
@@ -79,19 +79,34 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
     source = docs(pos)
     counts: dict[str, int] = {}
     rows: list[list[np.ndarray]] = []  # the items of each row of the batch being filled
+    ahead: tuple[DocPos, np.ndarray] | None = None  # the first document of the next epoch
+    packed_in = pos.window.epoch  # the last epoch a window of which packed anything
+    packed = unpackable = False
     while True:
-        window = [d for d in (next(source, None) for _ in range(buffer)) if d is not None]
+        window = [ahead] if ahead is not None else []
+        ahead = None
+        for doc in source:  # up to `buffer` documents, never across the end of an epoch
+            if window and doc[0].window.epoch != window[0][0].window.epoch:
+                ahead = doc
+                break
+            window.append(doc)
+            if len(window) == buffer:
+                break
         if not window:
+            if unpackable and not packed:  # a finite stream whose every window was dropped
+                raise InputError(_unpackable(seq_len, overlong))
             return
         first = window[0][0]
         lengths = np.array([len(t) for _, t in window], dtype=np.int64)
         flat = np.concatenate([t for _, t in window])
-        try:
-            plan = packing.plan(lengths, seq_len, strategy, overlong)
-        except ArgumentError:  # every document of the window dropped as overlong
-            counts["dropped_documents"] = counts.get("dropped_documents", 0) + len(window)
-            skip = 0
+        plan = streampack.plan_window(lengths, seq_len, overlong, strategy)
+        if plan is None:  # every document of the window dropped as overlong
+            counts["dropped_documents"] = counts.get("dropped_documents", 0) + len(window) * (skip == 0)
+            skip, unpackable = 0, True
+            if first.window.epoch > packed_in + 1:  # a whole epoch of the reader's part, and nothing packed
+                raise InputError(_unpackable(seq_len, overlong))
             continue
+        packed_in, packed = max(packed_in, first.window.epoch), True
         if skip == 0:
             it = plan.items
             for key, value in (("split_documents", it.split_docs), ("dropped_documents", it.dropped_docs),
@@ -109,6 +124,11 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
                 yield {**_fields(rows, seq_len, pad_id, mask_boundary_labels), "state": state_after, "counts": counts}
                 rows, counts = [], {}
         skip = 0
+
+
+def _unpackable(seq_len: int, overlong: str) -> str:
+    return (f"lmshard.stream: no document of this reader's part can be packed into rows of {seq_len} tokens with "
+            f"overlong={overlong!r}; pass overlong='split' (or 'truncate'), or a larger seq_len")
 
 
 def _after(window: list[tuple[DocPos, np.ndarray]]) -> list[int]:

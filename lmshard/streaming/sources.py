@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ConfigError, InputError
 from ..prepare.config import PrepareConfig
 from ..prepare.documents.files import DECOMPRESSION_ERRORS, Source, damage_kind
-from ..prepare.documents.hf import PRESETS, HFSpec, open_stream
+from ..prepare.documents.hf import PRESETS, HFSpec, _looks_like_path, open_stream
 from ..prepare.documents.records import Record, bad, settle, typed_text
 from ..prepare.documents.sources import discover, plan
 from ..prepare.documents.worker import WorkerConfig, clean_document, records_of
@@ -114,7 +114,9 @@ def resolve(inputs: list[str], hf: str | None, values: dict[str, Any]) -> Prepar
     try:
         return PrepareConfig(out="stream", inputs=list(inputs), hf=hf, dedup="none", workers=1, **values)
     except TypeError as e:
-        raise ConfigError(f"lmshard.stream: {e}".replace("__init__() ", "")) from None
+        word = str(e).rsplit(" ", 1)[-1]
+        raise ConfigError(f"lmshard.stream: no option {word}; it takes prepare's options (text_field, min_chars, "
+                          "normalize, bos, on_error, …) besides its own") from None
 
 
 def _hub_like(spec: str) -> bool:
@@ -122,11 +124,11 @@ def _hub_like(spec: str) -> bool:
     import glob
     import os
 
-    if spec in PRESETS:
-        return True
-    if os.path.exists(spec) or glob.has_magic(spec) or "://" in spec or spec == "-":
-        return os.path.isdir(spec) and any(os.path.exists(os.path.join(spec, n)) for n in ("dataset_dict.json",
-                                                                                            "state.json"))  # fmt: skip
+    if spec in PRESETS or (os.path.isdir(spec) and any(os.path.exists(os.path.join(spec, n))
+                                                       for n in ("dataset_dict.json", "state.json"))):  # fmt: skip
+        return True  # (a save_to_disk directory is read with `datasets`)
+    if _looks_like_path(spec) or os.path.exists(spec) or glob.has_magic(spec) or "://" in spec or spec == "-":
+        return False
     return HFSpec(dataset=spec).kind() == "hub"
 
 
