@@ -3,7 +3,8 @@ readers: the rank's DataLoader workers, or this process. Tracks each reader's po
 `state_dict`, agrees with the other ranks where a finite stream ends, and says when training
 waits on it.
 
-Memory model: the DataLoader's prefetch (2 batches per worker) and a history of 16 positions
+Memory model: the DataLoader's prefetch (PREFETCH batches per worker: enough that one slow
+batch of a worker does not leave the others idle) and a history of 16 positions
 for `state_dict(in_hand=)`; each reader's own is in shapes.py and docs.py.
 """
 
@@ -25,6 +26,7 @@ from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
 
 HISTORY = 16
+PREFETCH = 8  # batches each DataLoader worker may have ready (2, torch's default, left workers idle 25% of the time)
 # The prepare options that decide which documents a stream reads and their tokens: a resume refuses any change.
 _DOCUMENT_OPTIONS = ("hf_config", "hf_split", "revision", "exclude", "include_hidden", "format", "text_field",
                      "text_mode", "normalize", "byte_exact", "min_chars", "max_chars", "overlong", "separator", "bos",
@@ -132,7 +134,7 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         else:
             loader = torch.utils.data.DataLoader(_Readers(self), batch_size=None, num_workers=self.num_workers,
                                                  collate_fn=_same, pin_memory=self.device.type == "cuda",
-                                                 multiprocessing_context=self.mp_context)  # fmt: skip
+                                                 multiprocessing_context=self.mp_context, prefetch_factor=PREFETCH)  # fmt: skip
             self._items = iter(loader)
         self._since = None
         return self
