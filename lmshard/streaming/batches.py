@@ -134,7 +134,8 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         else:
             loader = torch.utils.data.DataLoader(_Readers(self), batch_size=None, num_workers=self.num_workers,
                                                  collate_fn=_same, pin_memory=self.device.type == "cuda",
-                                                 multiprocessing_context=self.mp_context, prefetch_factor=PREFETCH)  # fmt: skip
+                                                 multiprocessing_context=self.mp_context,
+                                                 prefetch_factor=PREFETCH)  # fmt: skip
             self._items = iter(loader)
         self._since = None
         return self
