@@ -42,6 +42,7 @@ bench: setup
 	$(BIN)/python scripts/bench_scaleout.py
 	$(BIN)/python scripts/bench_scaling.py
 	$(BIN)/python scripts/bench_remote.py
+	$(BIN)/python scripts/bench_stream.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py
