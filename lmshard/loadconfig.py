@@ -153,8 +153,12 @@ def _near(path: Path, value: str) -> str:
 
     if is_url(value) or Path(value).is_absolute():
         return value
+    from .prepare.documents.hf import _looks_like_path
+
     near = path.parent / value
-    return str(near) if near.exists() or glob.glob(str(near)) else value
+    if near.exists() or glob.has_magic(value) or _looks_like_path(value):
+        return str(near)  # a path relative to the file (one that names nothing is named so in its error)
+    return value  # NAME or OWNER/NAME naming nothing beside the file: a hub id or preset
 
 
 def _stream(data: Any, shape: str, seed: Any, batch_size: Any, seq_len: Any, options: dict[str, Any],

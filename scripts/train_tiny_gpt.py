@@ -375,7 +375,11 @@ def train_steps(
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * decayed)))
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = next(batches)
+        batch = next(batches, None)
+        if batch is None:  # a finite stream ([stream] epochs = N) ran out before --steps
+            if ranks.main:
+                print(f"the data ran out after {step - first} steps (its epochs are done); stopping")
+            break
         if args.report:  # kept only when asked for: a list that grows with every step
             drew.append({"step": batch.step, "offsets": batch.offsets.tolist()})
         log.count(batch.offsets)

@@ -226,7 +226,7 @@ def test_a_slow_stream_says_it_is_the_bottleneck(corpus, capsys):
     assert "bottleneck" not in capsys.readouterr().err  # not before 50 steps
     _drain(b, 2)
     err = capsys.readouterr().err
-    assert "the stream is the bottleneck" in err and "num_workers=2" in err
+    assert "the stream is the bottleneck" in err and "prepare the data once" in err
     assert 0.3 < b.metrics()["waiting_share"] < 0.7
 
 
@@ -347,3 +347,37 @@ def test_a_missing_path_and_an_unknown_option_are_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match="lmshard.stream: no option 'nonsense'"):
         lmshard.stream(str(tmp_path), nonsense=1)
+
+
+def test_a_parquet_directory_read_by_datasets_in_dataloader_workers_loses_nothing(tmp_path):
+    (tmp_path / "pq").mkdir()
+    texts = make_texts(200, seed=8)
+    for k in range(2):
+        datasets.Dataset.from_dict({"text": texts[k::2]}).to_parquet(str(tmp_path / "pq" / f"part{k}.parquet"))
+    stream = lmshard.stream(hf=str(tmp_path / "pq"), epochs=1)
+    inproc = sum(len(t) for _, t in stream.documents()())
+    rows = _drain(stream.windows(1, 16, num_workers=2))
+    assert inproc // 17 - 2 <= len(rows) <= inproc // 16  # both files' tokens, not one worker's share of each
+
+
+def test_option_mistakes_and_a_changed_seed_are_refused(corpus):
+    root, _ = corpus
+    src = str(root / "src")
+    with pytest.raises(ArgumentError, match="windows\\(\\) takes no option 'shuffle'"):
+        lmshard.stream(src).windows(2, 16, shuffle=False)
+    with pytest.raises(ArgumentError, match="split='val' holds no document without val_fraction"):
+        lmshard.stream(src, split="val")
+    assert lmshard.stream(Path(src)).n_shards == 7  # a Path is an input too
+    b = lmshard.stream(src, shuffle_buffer=8, seed=3).packed(2, 64, overlong="split")
+    _drain(b, 2)
+    state = b.state_dict()
+    with pytest.raises(ArgumentError, match="saved with seed=3 and this stream has seed=4"):
+        lmshard.stream(src, shuffle_buffer=8, seed=4).packed(2, 64).load_state_dict(state)
+    with pytest.raises(ArgumentError, match="saved with overlong='split'"):
+        lmshard.stream(src, shuffle_buffer=8, seed=3).packed(2, 64, overlong="truncate").load_state_dict(state)
+
+
+def test_a_finite_stream_too_small_for_one_batch_says_so(tmp_path):
+    write_parts(tmp_path / "src", parts=1, per_part=2)
+    with pytest.raises(InputError, match="ended before its first batch"):
+        next(iter(lmshard.stream(str(tmp_path / "src"), epochs=1).windows(2, 4096)))

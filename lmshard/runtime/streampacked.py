@@ -89,6 +89,10 @@ class StreamPackedBatches:
                  world_size: int | None = None, device: str | torch.device = "cpu") -> None:  # fmt: skip
         self.packs, self.batch_size = packs, checks.positive("batch_size", batch_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        if packs.layout.n_blocks < self.world_size:
+            raise ArgumentError(f"strategy='stream' gives each rank whole blocks of {streampack.BLOCK_DOCS:,} "
+                                f"documents, and this split has {packs.layout.n_blocks} for {self.world_size} ranks; "
+                                "use fewer ranks, or strategy='bfd' (a plan of the whole split)")  # fmt: skip
         self.device = checks.device(device)
         self.epoch = self.w = self.p = self.step = 0
         self._history: collections.deque[tuple[int, int, int, int]] = collections.deque([(0, 0, 0, 0)], HISTORY)

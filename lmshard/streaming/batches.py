@@ -11,6 +11,7 @@ for `state_dict(in_hand=)`; each reader's own is in shapes.py and docs.py.
 from __future__ import annotations
 
 import collections
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -18,9 +19,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from .. import errors
-from ..errors import ArgumentError, LmshardError
+from ..errors import ArgumentError, InputError, LmshardError
 from ..runtime import checks
 from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
@@ -31,6 +33,7 @@ PREFETCH = 8  # batches each DataLoader worker may have ready (2, torch's defaul
 _DOCUMENT_OPTIONS = ("hf_config", "hf_split", "revision", "exclude", "include_hidden", "format", "text_field",
                      "text_mode", "normalize", "byte_exact", "min_chars", "max_chars", "overlong", "separator", "bos",
                      "eot_position", "val_fraction", "seed", "on_error")
+_RENAMED = {"seed": "split_seed", "overlong": "max_chars_overlong"}  # prepare's names that a stream's own shadow
 _START = [0, 0, 0, 0, 0, 0, 0]  # a reader's position before anything is read: DocPos, offset or pack, batch
 _WARN_AFTER, _WARN_SHARE = 50, 0.25  # steps measured, and the share of the time spent waiting, before a warning
 
@@ -172,6 +175,10 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 item = None
         if item is None:
             self._finished = True
+            if self.step == 0:
+                raise InputError(f"lmshard.stream: the stream ended before its first batch: this rank's readers hold "
+                                 f"fewer than batch_size={self.batch_size} rows of seq_len={self.seq_len} tokens; "
+                                 "pass a smaller batch_size or seq_len, more epochs, or more data")  # fmt: skip
             raise StopIteration
         if "error" in item:  # a reader's error, raised in a DataLoader worker
             self.close()
@@ -213,9 +220,11 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         from ..errors import warn
 
         rate = self.metrics()["tokens_per_second_per_reader"]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        more = f"pass num_workers={min(2 * self.workers, cores - 1)}, or " if cores - 1 > self.num_workers else ""
         warn(f"training waited for batches {self._wait / total:.0%} of the time over {self.step} steps: the stream "
-             f"is the bottleneck (tokenizing at {rate:,.0f} tokens/s per reader); pass num_workers="
-             f"{max(2, 2 * self.workers)}, or prepare the data once with `lmshard prepare`")  # fmt: skip
+             f"is the bottleneck (tokenizing at {rate:,.0f} tokens/s per reader); {more}prepare the data once with "
+             "`lmshard prepare`")  # fmt: skip
 
     def metrics(self) -> dict[str, Any]:
         """Steps served, the share of the time spent waiting for a batch, tokenizing speed per
@@ -251,11 +260,14 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     def _fingerprint(self) -> dict[str, Any]:
         s = self.stream
+        names = "\n".join(shard.name for shard in s.shards or [])
+        inputs = [i if "://" in i or not os.path.exists(os.path.dirname(i) or ".") else os.path.abspath(i)
+                  for i in s.config.inputs]  # fmt: skip
         return {**{k: v for k, v in self.options.items()}, "batch_size": self.batch_size, "seed": s.seed,
                 "shuffle_buffer": s.shuffle_buffer, "epochs": s.epochs, "split": s.split,
-                "steps_per_epoch": self.steps_per_epoch, "tokenizer": s.config.tokenizer,
-                "inputs": list(s.config.inputs), "hf": s.config.hf,
-                **{k: getattr(s.config, k) for k in _DOCUMENT_OPTIONS}}  # fmt: skip
+                "steps_per_epoch": self.steps_per_epoch, "tokenizer": s.config.tokenizer, "inputs": inputs,
+                "hf": s.config.hf, "shards": f"{len(s.shards or [])} ({xxhash.xxh3_64_hexdigest(names.encode())})",
+                **{_RENAMED.get(k, k): getattr(s.config, k) for k in _DOCUMENT_OPTIONS}}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()`: the same rank, world size and num_workers (each reader

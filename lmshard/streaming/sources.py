@@ -81,23 +81,27 @@ class Shard:
                     yield typed_text(at + k + 1, value, field)
                 at += 1024
             return
-        examples, number = iter(self.data), 0
+        # `.iter(batch_size)`, not `iter(data)`: in a DataLoader worker the latter keeps only the
+        # worker's share of the shard's files, and this shard is already the reader's own.
+        batches, number = self.data.iter(batch_size=256), 0
         while True:
             try:
-                example = next(examples, None)
+                batch = next(batches, None)
             except DECOMPRESSION_ERRORS as e:
                 problem, what = damage_kind(e, "compressed")
                 yield bad(number + 1, problem, f"{what} in {self.name} after {number:,} records")
                 return
-            if example is None:
+            if not batch:
                 return
-            number += 1
-            if number <= skip:
-                continue
-            if field in example:
-                yield typed_text(number, example[field], field)
-            else:
-                yield bad(number, "missing_field", f"no field '{field}' (fields: {', '.join(list(example)[:8])})")
+            column = batch.get(field)
+            for i in range(len(next(iter(batch.values())))):
+                number += 1
+                if number <= skip:
+                    continue
+                if column is not None:
+                    yield typed_text(number, column[i], field)
+                else:
+                    yield bad(number, "missing_field", f"no field '{field}' (fields: {', '.join(list(batch)[:8])})")
 
 
 def resolve(inputs: list[str], hf: str | None, values: dict[str, Any]) -> PrepareConfig:
@@ -128,6 +132,8 @@ def _hub_like(spec: str) -> bool:
                                                        for n in ("dataset_dict.json", "state.json"))):  # fmt: skip
         return True  # (a save_to_disk directory is read with `datasets`)
     if _looks_like_path(spec) or os.path.exists(spec) or glob.has_magic(spec) or "://" in spec or spec == "-":
+        return False
+    if spec.endswith("/") or os.path.isdir(spec.split("/")[0]):  # "data/nope" where ./data exists: a path
         return False
     return HFSpec(dataset=spec).kind() == "hub"
 

@@ -24,6 +24,7 @@ DataLoader's prefetch (2 batches per worker); a history of 16 positions for `sta
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
@@ -56,7 +57,7 @@ class TokenStream:
     def __init__(self, inputs: str | list[str] | None = None, *, hf: str | None = None, tokenizer: str | None = None,
                  seed: int = 0, shuffle_buffer: int = 0, epochs: int | None = None, split: str = "train",
                  val_fraction: float = 0.0, split_seed: int = 1337, **options: Any) -> None:  # fmt: skip
-        listed = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        listed = [str(inputs)] if isinstance(inputs, str | os.PathLike) else [str(i) for i in inputs or []]
         self.config = resolve(listed, hf, {"tokenizer": tokenizer, "val_fraction": val_fraction, "seed": split_seed,
                                            **options})  # fmt: skip
         self.seed = checks.seed(seed)
@@ -65,6 +66,9 @@ class TokenStream:
         if split not in ("train", "val"):
             raise ArgumentError(f"split={checks.show(split)} is not a split; pass 'train' or 'val'")
         self.split = split
+        if split == "val" and not val_fraction:
+            raise ArgumentError("split='val' holds no document without val_fraction > 0; pass the val_fraction "
+                                "the held-out documents were chosen with (prepare's default is 0.01)")  # fmt: skip
         self.shards = shards_of(self.config)
         tok = _load_here(self.config.tokenizer, self.config.tokenizer_backend, self.config.separator)
         self.vocab_size, self.eot_id, self.bos_id = tok.n_vocab, tok.eot_id, bos_written(self.config, tok)
@@ -123,7 +127,7 @@ class TokenStream:
         opts = {"seq_len": seq_len, "stride": stride, "shift": shift}
         make = functools.partial(window_batches, batch_size=batch_size, seq_len=seq_len, stride=stride, shift=spec,
                                  seed=self.seed)  # fmt: skip
-        return StreamBatches(self, "windows", opts, make, batch_size, **loader)
+        return _batches(self, "windows", opts, make, batch_size, loader)
 
     def packed(self, batch_size: int, seq_len: int, *, strategy: str = "bfd", buffer: int = 1000,
                overlong: str = "split", pad_id: int | None = None, mask_boundary_labels: bool = True,
@@ -146,7 +150,19 @@ class TokenStream:
         make = functools.partial(packed_batches, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
                                  buffer=buffer, overlong=overlong, pad_id=pad, mask_boundary_labels=mask,
                                  shuffle=shuf, seed=self.seed)  # fmt: skip
-        return StreamBatches(self, "packed", opts, make, batch_size, **loader)
+        return _batches(self, "packed", opts, make, batch_size, loader)
+
+
+_LOADER = ("rank", "world_size", "num_workers", "device", "steps_per_epoch", "mp_context", "clock")
+
+
+def _batches(stream: TokenStream, shape: str, opts: dict[str, Any], make: Any, batch_size: int,
+             loader: dict[str, Any]) -> StreamBatches:  # fmt: skip
+    if unknown := sorted(set(loader) - set(_LOADER)):
+        mine = ", ".join(opts)
+        raise ArgumentError(f"{shape}() takes no option {unknown[0]!r}; it takes {mine} and the loader's "
+                            f"{', '.join(_LOADER[:5])}")  # fmt: skip
+    return StreamBatches(stream, shape, opts, make, batch_size, **loader)
 
 
 def _load_here(spec: str, backend: str, separator: str | None) -> Any:
