@@ -103,12 +103,16 @@ class StreamPackedBatches:
     def __iter__(self) -> StreamPackedBatches:
         return self
 
-    def _window(self) -> tuple[Any, np.ndarray] | None:
+    def _window(self) -> Any:
         key = (self.epoch, self.w)
         if self._cached is None or self._cached[0] != key:
             if self._order is None or self._order[0] != self.epoch:
                 self._order = (self.epoch, self.packs.layout.order(self.packs.seed, self.epoch, self.packs.shuffle))
-            self._cached = (key, self.packs.window(self.epoch, self.rank, self.world_size, self.w, self._order[1]))
+            found: Any = self.packs.window(self.epoch, self.rank, self.world_size, self.w, self._order[1])
+            if found is not None and found[0] is not None:  # the window's pack order, drawn once per window
+                found = (*found, streampack.pack_order(found[0].n_packs, self.packs.seed, self.epoch, self.rank, self.w,
+                                                       self.packs.shuffle))  # fmt: skip
+            self._cached = (key, found)
         return self._cached[1]  # type: ignore[no-any-return]
 
     def _next_pack(self) -> tuple[np.ndarray, np.ndarray]:
@@ -122,13 +126,11 @@ class StreamPackedBatches:
                     raise ArgumentError(f"rank {self.rank} of {self.world_size} has no packable document in the "
                                         f"split; use fewer ranks, a larger seq_len or overlong='split'")  # fmt: skip
                 continue
-            plan, starts = found
+            plan, starts, *drawn = found
             if plan is None or self.p >= plan.n_packs:
                 self.w, self.p = self.w + 1, 0
                 continue
-            order = streampack.pack_order(plan.n_packs, self.packs.seed, self.epoch, self.rank, self.w,
-                                          self.packs.shuffle)  # fmt: skip
-            q = int(order[self.p])
+            q = int(drawn[0][self.p])
             self.p += 1
             a, b = int(plan.ptr[q]), int(plan.ptr[q + 1])
             return starts[a:b], plan.length[a:b]

@@ -19,9 +19,9 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..prepare.config import PrepareConfig
-from ..prepare.documents.files import DECOMPRESSION_ERRORS, Source, damage_kind
-from ..prepare.documents.hf import PRESETS, HFSpec, _looks_like_path, open_stream
-from ..prepare.documents.records import Record, bad, settle, typed_text
+from ..prepare.documents.files import Source
+from ..prepare.documents.hf import PRESETS, HFSpec, _looks_like_path, example_records, open_stream
+from ..prepare.documents.records import Record, settle, typed_text
 from ..prepare.documents.sources import discover, plan
 from ..prepare.documents.worker import WorkerConfig, clean_document, records_of
 
@@ -83,25 +83,11 @@ class Shard:
             return
         # `.iter(batch_size)`, not `iter(data)`: in a DataLoader worker the latter keeps only the
         # worker's share of the shard's files, and this shard is already the reader's own.
-        batches, number = self.data.iter(batch_size=256), 0
-        while True:
-            try:
-                batch = next(batches, None)
-            except DECOMPRESSION_ERRORS as e:
-                problem, what = damage_kind(e, "compressed")
-                yield bad(number + 1, problem, f"{what} in {self.name} after {number:,} records")
-                return
-            if not batch:
-                return
-            column = batch.get(field)
-            for i in range(len(next(iter(batch.values())))):
-                number += 1
-                if number <= skip:
-                    continue
-                if column is not None:
-                    yield typed_text(number, column[i], field)
-                else:
-                    yield bad(number, "missing_field", f"no field '{field}' (fields: {', '.join(list(batch)[:8])})")
+        rows = (dict(zip(batch, row, strict=True)) for batch in self.data.iter(batch_size=256)
+                for row in zip(*batch.values(), strict=True))  # fmt: skip
+        for number, record in enumerate(example_records(rows, field, self.name), 1):
+            if number > skip:
+                yield record
 
 
 def resolve(inputs: list[str], hf: str | None, values: dict[str, Any]) -> PrepareConfig:

@@ -221,15 +221,19 @@ def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
 def hf_records(spec: HFSpec) -> Iterator[Record]:
     """Every example of this task's part of the stream, numbered from 1. A compressed data file
     that `datasets` finds damaged mid-stream ends the stream with one bad record."""
-    field = spec.text_field
-    examples = iter(open_stream(spec))
+    yield from example_records(iter(open_stream(spec)), spec.text_field, f"a data file of --hf {spec.dataset}")
+
+
+def example_records(examples: Iterator[dict[str, Any]], field: str, where: str) -> Iterator[Record]:
+    """Records (numbered from 1) of a `datasets` stream of examples; a compressed data file found
+    damaged mid-stream ends it with one bad record naming `where`."""
     number = 0
     while True:
         try:
             example = next(examples, None)
         except DECOMPRESSION_ERRORS as e:
             problem, what = damage_kind(e, "compressed")
-            yield bad(number + 1, problem, f"{what} in a data file of --hf {spec.dataset} after {number:,} records")
+            yield bad(number + 1, problem, f"{what} in {where} after {number:,} records")
             return
         if example is None:
             return
