@@ -176,9 +176,9 @@ def prepare(
         OUTPUT, "FRACTION", "Fraction of documents in the val split. Default: 0.01.", "--val-fraction"
     ),  # fmt: skip
     seed: int | None = _opt(OUTPUT, "SEED", "Seed of the train/val split. Default: 1337.", "--seed"),
-    tokens_per_shard: int | None = _opt(
-        OUTPUT, "N", "Target tokens per shard. Default: 100000000.", "--tokens-per-shard"
-    ),  # fmt: skip
+    tokens_per_shard: int | None = _opt(OUTPUT, "N", "Target tokens per shard. Default: 100,000,000.", "--tokens-per-shard"),
+    shard_encoding: str | None = _opt(OUTPUT, "ENC", "How shards store tokens: uint32, uint16, packed, zstd (docs/"
+                                      "format.md). Default: uint32; --append: the dataset's.", "--shard-encoding"),
     max_docs: int | None = _opt(OUTPUT, "N", "Stop after N kept documents.", "--max-docs"),
     overwrite: bool | None = _flag(
         OUTPUT, "Replace the dataset in --out; the old one stays readable until the new one is complete.", "--overwrite"
@@ -273,7 +273,7 @@ class RunLog:
         tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
         self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
                    f"{tasks}, dedup {c.dedup}, val-fraction {c.val_fraction}, tokens-per-shard "
-                   f"{c.tokens_per_shard:,}")  # fmt: skip
+                   f"{c.tokens_per_shard:,}" + (f", shard encoding {c.shard_encoding}" if c.shard_encoding else ""))
 
     def follow(self, job: Callable[[Callable[[Any], None]], T]) -> T:
         if self.cfg.quiet:

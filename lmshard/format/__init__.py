@@ -12,6 +12,8 @@ reads one document. Nothing here holds a shard.
 """
 
 from .blocks import BLOCK_TOKENS, BlockHasher, block_damage, bytes_xxh3, check_blocks, file_xxh3, sums_path
+from .encoding import NAMES as ENCODINGS
+from .encoding import UINT32, Encoding, blocks_path
 from .files import (
     check_index,
     check_shard_files,
@@ -47,12 +49,12 @@ from .schema import (
     DedupInfo,
     KeyFile,
     RunInfo,
-    ShardInfo,
     SourceInfo,
     SplitInfo,
     TokenizerInfo,
     parse_metadata,
 )
+from .shard import ShardInfo
 from .skipped import SkippedInputs
 
 __all__ = [
@@ -65,5 +67,5 @@ __all__ = [
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
     "dataset_files", "file_checksums", "shard_file_sizes",
-    "parse_metadata",
+    "parse_metadata", "ENCODINGS", "UINT32", "Encoding", "blocks_path",
 ]  # fmt: skip

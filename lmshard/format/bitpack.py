@@ -43,9 +43,14 @@ def pack(tokens: np.ndarray, bits: int) -> np.ndarray:
 
 def unpack(data: np.ndarray | bytes | memoryview, bits: int, start: int, count: int) -> np.ndarray:
     """Tokens start .. start + count - 1 (uint32) of a packed stream, reading only their bytes."""
+    return unpack_bits(data, bits, start * bits, count)
+
+
+def unpack_bits(data: np.ndarray | bytes | memoryview, bits: int, first: int, count: int) -> np.ndarray:
+    """`count` tokens (uint32) of `bits` bits each, the first starting at bit `first` of `data`."""
     if count <= 0:
         return np.zeros(0, dtype=np.uint32)
-    first, last = start * bits, (start + count) * bits  # bit range
+    last = first + count * bits  # bit range
     raw = np.frombuffer(data, dtype=np.uint8)[first // 8 : (last + 7) // 8]
     stream = np.unpackbits(raw, bitorder="little")[first % 8 : first % 8 + count * bits]
     planes = np.zeros((count, 32), dtype=np.uint8)

@@ -73,3 +73,5 @@ def _check_names(shard: Any) -> None:  # a ShardInfo (schema.py imports this mod
         raise _Invalid(f"paths {shard.path!r}, {shard.index_path!r} are not {shard.split}/shard_NNNNNN.bin and .idx")
     if shard.sums_path and shard.sums_path != shard.path.removesuffix(".bin") + ".sums":
         raise _Invalid(f"sums path {shard.sums_path!r} is not {shard.split}/shard_NNNNNN.sums")
+    if shard.blocks_path and shard.blocks_path != shard.path.removesuffix(".bin") + ".blocks":
+        raise _Invalid(f"blocks path {shard.blocks_path!r} is not {shard.split}/shard_NNNNNN.blocks")

@@ -31,11 +31,11 @@ from .layout import (
     INDEX_DTYPE,
     METADATA_FILE,
     REGENERATE_HINT,
-    TOKEN_DTYPE,
     TOKENIZER_FILE,
     VOCAB_COPIES,
 )
 from .schema import DatasetMeta, ShardInfo, parse_metadata
+from .tokenfile import TokenFile
 
 
 def load_metadata(root: str | os.PathLike[str]) -> DatasetMeta:
@@ -93,8 +93,9 @@ def dataset_file_size(root: Path, rel: str) -> int:
 
 def check_shard_files(root: Path, shard: ShardInfo) -> None:
     """FormatError, naming the file and the field, unless the shard's token file holds
-    `n_tokens` × 4 bytes and its index `(n_docs + 1)` × 8 (and its sums file, where kept, 8 per
-    block), all inside the dataset at `root`."""
+    `n_tokens` × 4 bytes (format version 2: its recorded `n_bytes`) and its index `(n_docs + 1)`
+    × 8 (and its sums and block offsets files, where kept, 8 per block), all inside the dataset
+    at `root`."""
     for rel, key, count, expected in shard_file_sizes(shard):
         size = dataset_file_size(root, rel)
         if size != expected:
@@ -109,6 +110,8 @@ def shard_file_sizes(shard: ShardInfo) -> list[tuple[str, str, int, int]]:
              (shard.index_path, "n_docs", shard.n_docs, shard.idx_bytes)]  # fmt: skip
     if shard.sums_path:
         files.append((shard.sums_path, "n_tokens", shard.n_tokens, shard.sums_bytes))
+    if shard.blocks_path:
+        files.append((shard.blocks_path, "n_tokens", shard.n_tokens, shard.blocks_bytes))
     return files
 
 
@@ -139,9 +142,11 @@ def read_document(meta: DatasetMeta, shard: ShardInfo, i: int) -> np.ndarray:
     if not 0 <= start < end <= shard.n_tokens:
         raise FormatError(f"{meta.abspath(shard.index_path)}: document {i} spans {start}..{end}, outside "
                           f"0..{shard.n_tokens} or empty; {REGENERATE_HINT}")  # fmt: skip
-    with open(meta.abspath(shard.path), "rb") as f:
-        f.seek(start * TOKEN_DTYPE.itemsize)
-        return np.frombuffer(f.read((end - start) * TOKEN_DTYPE.itemsize), dtype=TOKEN_DTYPE)
+    tokens = TokenFile(meta.root, shard, meta.encoding, cache_blocks=0)
+    try:
+        return tokens.read(start, end)
+    finally:
+        tokens.close()
 
 
 def find_shard(meta: DatasetMeta, name: str) -> ShardInfo:
@@ -166,4 +171,5 @@ def file_checksums(meta: DatasetMeta) -> dict[str, str]:
     their indexes and block sums, and the dedup key files."""
     sums = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
     sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
+    sums |= {s.blocks_path: s.blocks_xxh3_64 for s in meta.shards if s.blocks_path}
     return sums | ({f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {})

@@ -20,20 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
-from .fields import _check_names, _count, _counts, _get, _inside, _Invalid, _sums
+from .encoding import UINT32, Encoding
+from .fields import _count, _counts, _get, _Invalid
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
     FORMAT_VERSION,
-    INDEX_DTYPE,
     METADATA_FILE,
     REGENERATE_HINT,
     SPLITS,
-    TOKEN_DTYPE,
 )
+from .shard import ShardInfo
 from .skipped import SkippedInputs
 
-DTYPE, BYTE_ORDER = "uint32", "little"  # TOKEN_DTYPE as the metadata names it
+BYTE_ORDER = "little"
 
 
 VOCAB_FORMATS = ("tiktoken", "tokenizer.json", "sentencepiece")
@@ -88,68 +88,6 @@ class TokenizerInfo:
             return info
         except _Invalid as e:
             raise _Invalid(f"tokenizer entry: {e}") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardInfo:
-    """One shard as the metadata describes it. Paths are relative to the dataset root."""
-
-    split: str
-    path: str  # the token file: n_tokens little-endian uint32, no header
-    index_path: str  # the document index: n_docs + 1 little-endian uint64 offsets, 0 .. n_tokens
-    n_tokens: int
-    n_docs: int
-    xxh3_64: str  # of the token file's bytes
-    index_xxh3_64: str  # of the index file's bytes
-    # Per-block checksums (blocks.py): the sums file, its block size and its own xxh3-64; empty in
-    # datasets written without them, which readers read on without.
-    sums_path: str = ""
-    block_tokens: int = 0
-    sums_xxh3_64: str = ""
-
-    @property
-    def sums_bytes(self) -> int:
-        """The size the sums file must have (8 bytes per block)."""
-        return -(-self.n_tokens // self.block_tokens) * 8 if self.block_tokens else 0
-
-    def files(self) -> tuple[str, ...]:
-        """The shard's files, relative to the dataset root: tokens, index, and sums where kept."""
-        return (self.path, self.index_path) + ((self.sums_path,) if self.sums_path else ())
-
-    @property
-    def bin_bytes(self) -> int:
-        """The size the token file must have."""
-        return self.n_tokens * TOKEN_DTYPE.itemsize
-
-    @property
-    def idx_bytes(self) -> int:
-        """The size the index file must have."""
-        return (self.n_docs + 1) * INDEX_DTYPE.itemsize
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"path": self.path, "index_path": self.index_path, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
-               "xxh3_64": self.xxh3_64, "index_xxh3_64": self.index_xxh3_64}  # fmt: skip
-        if self.sums_path:
-            out |= {"sums_path": self.sums_path, "block_tokens": self.block_tokens, "sums_xxh3_64": self.sums_xxh3_64}
-        return out
-
-    @classmethod
-    def parse(cls, split: str, raw: Any) -> ShardInfo:
-        if not isinstance(raw, dict):
-            raise _Invalid(f"a shard entry of split '{split}' is not an object")
-        try:
-            shard = cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
-                        n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
-                        xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str),
-                        **_sums(raw))  # fmt: skip
-            _check_names(shard)
-            # Every document holds at least its separator, so a shard has no more documents than
-            # tokens, and none only when it has no tokens.
-            if shard.n_docs > shard.n_tokens or (shard.n_tokens and not shard.n_docs):
-                raise _Invalid(f"'n_docs' {shard.n_docs} is impossible with 'n_tokens' {shard.n_tokens}")
-            return shard
-        except _Invalid as e:
-            raise _Invalid(f"shard entry {raw.get('path')!r}: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -323,6 +261,7 @@ class DatasetMeta:
     skipped_inputs: SkippedInputs = field(default_factory=SkippedInputs)  # what the input walk left out
     config: dict[str, Any] = field(default_factory=dict)  # the options that determine the bytes
     run: RunInfo = field(default_factory=RunInfo)
+    encoding: Encoding = UINT32  # how the token files store tokens (encoding.py; uint32: format version 1)
 
     @property
     def shards(self) -> tuple[ShardInfo, ...]:
@@ -342,12 +281,16 @@ class DatasetMeta:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "lmshard_version": self.lmshard_version,
-            "dtype": DTYPE, "byte_order": BYTE_ORDER, "eot_position": self.eot_position,
-            "tokenizer": self.tokenizer.to_json(), "n_tokens": self.total_tokens, "n_docs": self.total_docs,
-            "splits": {name: split.to_json() for name, split in self.splits.items()},
-            "records_read": self.records_read, "drops": self.drops, "drop_examples": self.drop_examples,
+            "format": FORMAT_NAME, "format_version": self.encoding.version, "lmshard_version": self.lmshard_version,
+            "dtype": self.encoding.dtype, "byte_order": BYTE_ORDER,
         }  # fmt: skip
+        if self.encoding.version > 1:
+            out["encoding"] = self.encoding.to_json()
+        out |= {"eot_position": self.eot_position, "tokenizer": self.tokenizer.to_json(),
+                "n_tokens": self.total_tokens, "n_docs": self.total_docs,
+                "splits": {name: split.to_json() for name, split in self.splits.items()},
+                "records_read": self.records_read, "drops": self.drops,
+                "drop_examples": self.drop_examples}  # fmt: skip
         if self.dedup is not None:
             out["dedup"] = self.dedup.to_json()
         out["sources"] = [s.to_json() for s in self.sources]
@@ -358,10 +301,16 @@ class DatasetMeta:
     @classmethod
     def parse(cls, root: Path, raw: dict[str, Any]) -> DatasetMeta:
         """Validate a metadata mapping (see the module docstring for what is strict)."""
-        if _get(raw, "format_version", int) != FORMAT_VERSION:
-            raise _Invalid(f"format version {raw.get('format_version')!r}, this lmshard reads {FORMAT_VERSION}")
-        if raw.get("dtype") != DTYPE or raw.get("byte_order") != BYTE_ORDER:
-            raise _Invalid(f"dtype {raw.get('dtype')!r}/{raw.get('byte_order')!r} is not {DTYPE}/{BYTE_ORDER}")
+        version = _get(raw, "format_version", int)
+        if version not in (1, FORMAT_VERSION):
+            raise _Invalid(f"format version {version!r}, this lmshard reads 1 and {FORMAT_VERSION}")
+        tokenizer = TokenizerInfo.parse(raw.get("tokenizer"))
+        encoding = Encoding.parse(raw.get("encoding"), tokenizer.n_vocab) if version > 1 else UINT32
+        if encoding.version != version:
+            raise _Invalid(f"format version {version} with encoding {encoding.name!r} (uint32 is version 1)")
+        if raw.get("dtype") != encoding.dtype or raw.get("byte_order") != BYTE_ORDER:
+            raise _Invalid(f"dtype {raw.get('dtype')!r}/{raw.get('byte_order')!r} is not "
+                           f"{encoding.dtype}/{BYTE_ORDER}")  # fmt: skip
         if raw.get("eot_position") not in EOT_POSITIONS:
             raise _Invalid(f"eot_position {raw.get('eot_position')!r} is not one of {EOT_POSITIONS}")
         splits = raw.get("splits")
@@ -375,8 +324,10 @@ class DatasetMeta:
         _check_total(raw, every, "", "sum of shards")
         if len({s.path for s in every.shards}) < len(every.shards):
             raise _Invalid("a shard is listed twice")
+        for shard in every.shards:
+            _check_encoded(shard, encoding)
         return cls(
-            root=root, tokenizer=TokenizerInfo.parse(raw.get("tokenizer")), eot_position=raw["eot_position"],
+            root=root, tokenizer=tokenizer, eot_position=raw["eot_position"], encoding=encoding,
             splits=parsed, total_tokens=every.n_tokens, total_docs=every.n_docs,
             lmshard_version=_get(raw, "lmshard_version", str, ""), records_read=_count(raw, "records_read", 0),
             drops=_counts(raw, "drops"), drop_examples=_get(raw, "drop_examples", dict, {}),
@@ -384,6 +335,25 @@ class DatasetMeta:
             skipped_inputs=SkippedInputs.parse(raw.get("skipped_inputs")),
             config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")),
         )  # fmt: skip
+
+
+def _check_encoded(shard: ShardInfo, encoding: Encoding) -> None:
+    """A version 2 shard records its token file's size (the fixed-width encodings' must be what
+    its tokens take), block sums of the encoding's blocks, and for zstd its block offsets."""
+    where = f"shard entry {shard.path!r}: "
+    if encoding.version == 1:
+        if shard.n_bytes >= 0 or shard.blocks_path:
+            raise _Invalid(f"{where}'n_bytes'/'blocks_path' belong to format version 2")
+        return
+    if shard.n_bytes < 0:
+        raise _Invalid(f"{where}'n_bytes' is missing")
+    if not encoding.compressed and shard.n_bytes != encoding.n_bytes(shard.n_tokens):
+        raise _Invalid(f"{where}'n_bytes' {shard.n_bytes} is not what {shard.n_tokens} tokens take in "
+                       f"{encoding.describe()} ({encoding.n_bytes(shard.n_tokens)})")  # fmt: skip
+    if encoding.compressed and not shard.blocks_path:
+        raise _Invalid(f"{where}'blocks_path' is missing (a {encoding.name} shard needs its block offsets)")
+    if shard.block_tokens and shard.block_tokens != encoding.block_tokens:
+        raise _Invalid(f"{where}'block_tokens' {shard.block_tokens} is not the encoding's {encoding.block_tokens}")
 
 
 def parse_metadata(root: Path, raw: Any) -> DatasetMeta:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..format import EOT_POSITIONS
+from ..format import ENCODINGS, EOT_POSITIONS, DatasetMeta, Encoding
 from ..remote.urls import is_url, output_url, redact, scheme_of
 from .documents.clean import CleanConfig
 
@@ -65,6 +65,7 @@ class PrepareConfig:
     val_fraction: float = 0.01
     seed: int = 1337
     tokens_per_shard: int = 100_000_000
+    shard_encoding: str | None = None  # format/encoding.py; None: uint32, or with --append the dataset's
     eot_position: str = "after"
     max_docs: int | None = None
     on_error: str = "fail"
@@ -102,6 +103,8 @@ class PrepareConfig:
             raise ConfigError(f"--unit-size {self.unit_size}: pass at least {MIN_UNIT_BYTES:,} bytes (64K)")
         _choice("--dedup", self.dedup, DEDUP_MODES)
         _choice("--eot-position", self.eot_position, EOT_POSITIONS)
+        if self.shard_encoding is not None:
+            _choice("--shard-encoding", self.shard_encoding, ENCODINGS)
         _choice("--bos", self.bos, BOS_MODES)
         from ..tokenizers import BACKENDS
 
@@ -166,6 +169,17 @@ class PrepareConfig:
         return HFSpec(dataset=self.hf, config=self.hf_config, split=self.hf_split,
                       text_field=self.text_field, streaming=self.streaming, revision=self.revision,
                       task=self.hf_task, tasks=self.hf_tasks)  # fmt: skip
+
+    def encoding(self, n_vocab: int, previous: DatasetMeta | None = None) -> Encoding:
+        """The shard encoding of this run's shards: --shard-encoding (default uint32), or the
+        dataset's own with --append (a different one asked for is refused)."""
+        if previous is not None:
+            if self.shard_encoding not in (None, previous.encoding.name):
+                raise ConfigError(f"--shard-encoding {self.shard_encoding}: --append keeps the dataset's encoding, "
+                                  f"{previous.encoding.name}; drop the option, or `lmshard convert` the dataset "
+                                  "first")  # fmt: skip
+            return previous.encoding
+        return Encoding.choose(self.shard_encoding or "uint32", n_vocab)
 
     def n_workers(self) -> int:
         return self.workers or available_cpus()

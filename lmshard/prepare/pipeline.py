@@ -92,6 +92,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     with contextlib.ExitStack() as stack:
         tokenizer = run_tokenizer(config)  # fail fast on a missing vocabulary
+        if not config.append:
+            config.encoding(tokenizer.n_vocab)  # fail fast on uint16 for a larger vocabulary
         from .execution import local_exec  # (whose stages use this module)
 
         if local_exec.use_stages(config, sources):  # every stage in the worker pool
@@ -130,7 +132,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         if previous is not None:
             _link_previous(previous, paths.out, staging)
         write_run(staging, claim, None)
-    build = Build.start(config, staging, previous, claim.checkpoint)
+    build = Build.start(config, staging, previous, claim.checkpoint, tokenizer.n_vocab)
     tokens_before = build.totals.tokens  # the appended-to dataset's and a resumed checkpoint's
     if claim.resumed:
         build.note = build.resume_note(claim.checkpoint)

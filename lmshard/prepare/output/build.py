@@ -120,10 +120,11 @@ class Build:
 
     @classmethod
     def start(cls, config: PrepareConfig, root: Path, previous: DatasetMeta | None,
-              checkpoint: dict[str, Any] | None) -> Build:  # fmt: skip
+              checkpoint: dict[str, Any] | None, n_vocab: int) -> Build:  # fmt: skip
         """A new build on top of `previous` (or nothing), or the one `checkpoint` recorded."""
         first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
-        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s]) for s in SPLITS}
+        encoding = config.encoding(n_vocab, previous)
+        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding) for s in SPLITS}
         base = Totals.of_dataset(previous) if previous else Totals()
         previous_keys = previous.dedup.files if previous and previous.dedup else ()
         build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys)

@@ -68,6 +68,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
         sources=(*(previous.sources if previous else ()), *new_sources),
         skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,
         config=recorded,
+        encoding=config.encoding(tokenizer.n_vocab, previous),
         run=RunInfo(
             workers=config.n_workers(),
             out=config.out,

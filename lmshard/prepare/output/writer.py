@@ -31,6 +31,8 @@ from ...format import (
     sums_path,
 )
 from ...format.blocks import write_sums
+from ...format.encoding import UINT32, Encoding
+from ...format.sealing import reopen_sealed, seal_encoded, shard_entry
 
 
 def with_separators(
@@ -66,10 +68,13 @@ class ShardWriter:
     The open shard's tokens and offsets stream to `shard_N.bin.tmp` / `shard_N.idx.tmp`; `sync`
     makes them durable and returns the writer's state, and a writer built with that state
     (`resume`) truncates the files back to it and carries on, so a resumed run writes the same
-    bytes as one that was never stopped. `first` shards may already exist (`--append`)."""
+    bytes as one that was never stopped. `first` shards may already exist (`--append`). A shard
+    of another encoding than uint32 is streamed as uint32 all the same and encoded when it is
+    finished (format/sealing.py)."""
 
-    def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = ()) -> None:
-        self.root, self.split, self.capacity = root, split, tokens_per_shard
+    def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = (),
+                 encoding: Encoding = UINT32) -> None:  # fmt: skip
+        self.root, self.split, self.capacity, self.encoding = root, split, tokens_per_shard, encoding
         self.shards: list[ShardInfo] = list(first)
         self.first = first  # the appended-to dataset's shards (not this build's)
         self._bin: BinaryIO | None = None
@@ -127,14 +132,21 @@ class ShardWriter:
         current = len(self.shards)
         for path in sorted((self.root / self.split).glob("*")):
             number = _shard_number(path.name)
-            sums_tmp = path.name.endswith(".tmp") and ".sums." in path.name  # rewritten when its shard finishes
-            if number is None or number > current or (number == current and n_docs == 0) or sums_tmp:
+            # a PID-named temporary file (sums, blocks, an encoded shard) is rewritten when its shard finishes
+            pid_tmp = path.name.endswith(".tmp") and path.name.removesuffix(".tmp").rsplit(".", 1)[-1].isdigit()
+            if number is None or number > current or (number == current and n_docs == 0) or pid_tmp:
                 path.unlink()
         if n_docs == 0:
             return
         bin_path, idx_path = self._paths(current)
         for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp")):
-            if final.exists():
+            if not final.exists():
+                continue
+            if final == bin_path and self.encoding.version > 1:  # sealed: its uint32 tokens back
+                if not Path(tmp).exists():  # (removed only once the sealed file was in place)
+                    reopen_sealed(final, self.encoding, n_tokens, Path(tmp))
+                final.unlink()
+            else:
                 os.replace(final, tmp)  # finished after the checkpoint: reopen it
         self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, self._hash, self._blocks)
         self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
@@ -151,8 +163,9 @@ class ShardWriter:
         data = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
         raw = data.data.cast("B")  # the array's own bytes: no copy
         self._bin.write(raw)
-        self._hash.update(raw)
-        self._blocks.update(raw)
+        if self.encoding.version == 1:  # (an encoded shard is hashed as it is sealed)
+            self._hash.update(raw)
+            self._blocks.update(raw)
         offsets = (ends + self._n_tokens).astype(INDEX_DTYPE).tobytes()
         self._idx.write(offsets)
         self._idx_hash.update(offsets)
@@ -179,6 +192,13 @@ class ShardWriter:
             f.close()
         self._bin = self._idx = None
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
+        if self.encoding.version > 1:
+            os.replace(f"{idx_path}.tmp", idx_path)
+            sealed = seal_encoded(Path(f"{bin_path}.tmp"), bin_path, bin_rel, self.encoding, self._n_tokens)
+            self.shards.append(shard_entry(self.split, bin_rel, idx_rel, self._n_tokens, self._n_docs,
+                                           self._idx_hash.hexdigest(), self.encoding, sealed))  # fmt: skip
+            self._n_tokens = self._n_docs = 0
+            return
         sums = self._blocks.finish()
         write_sums(self.root / sums_path(bin_rel), sums)
         os.replace(f"{idx_path}.tmp", idx_path)
@@ -201,11 +221,11 @@ class ShardWriter:
 
 
 def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / .idx / .sums (and their .tmp, .sums.PID.tmp); None for any other file name."""
+    """N of shard_N.bin / .idx / .sums / .blocks (and their .tmp, .PID.tmp); None for any other file name."""
     stem = name.removesuffix(".tmp")
     if stem.rsplit(".", 1)[-1].isdigit() and stem.count(".") > 1:
         stem = stem.rsplit(".", 1)[0]  # shard_N.sums.PID
-    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums")):
+    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums", ".blocks")):
         return None
     digits = stem[len("shard_") :].rsplit(".", 1)[0]
     return int(digits) if digits.isdigit() else None

@@ -1,0 +1,209 @@
+"""How a shard's token file stores its tokens: the shard encoding, chosen at prepare time
+(`--shard-encoding`) and recorded in the metadata's `encoding` object (format version 2).
+
+- `uint32`: 4 bytes per token, little-endian, no header (format version 1, the default).
+- `uint16`: 2 bytes per token; only for vocabularies of at most 65,536 ids.
+- `packed`: ⌈log2 n_vocab⌉ bits per token (`bitpack.py`), one stream of bits: token i is at
+  bits [i·b, (i+1)·b), so any range is found by arithmetic.
+- `zstd`: blocks of `block_tokens` tokens, each stored as `width`-byte little-endian integers
+  (the narrowest that holds every id: 2 bytes up to 65,536 ids, 3 up to 2^24) and compressed
+  as one zstd frame with its own checksum, independently of every other block. The `.blocks`
+  file beside the shard holds the byte offset of each frame, so a row decodes only the frames
+  it touches.
+
+Every encoding is cut into blocks of `block_tokens` tokens for its checksums (`.sums`: the
+xxh3-64 of each block's stored bytes), so a damaged byte is named by shard and block. Block b
+spans bytes [b·block_tokens·bytes_per_token, ...) in the fixed-width encodings (uint32, uint16,
+packed: a block of 16,384 tokens at b bits is 2,048·b bytes) and [offsets[b], offsets[b+1]) in
+zstd.
+
+Memory model: `encode`/`decode` hold one block (its tokens and its stored bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError, missing_dependency
+from .bitpack import bits_for, pack, packed_nbytes, unpack
+from .blocks import BLOCK_TOKENS
+from .fields import _count, _get, _Invalid
+
+NAMES = ("uint32", "uint16", "packed", "zstd")
+ZSTD_BLOCK_TOKENS = 4096  # chosen by measurement: docs/performance.md, "shard encodings"
+ZSTD_LEVEL = 3
+OFFSETS_DTYPE = np.dtype("<u8")  # the .blocks file: n_blocks + 1 byte offsets
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise missing_dependency("zstandard", "zstd", "the zstd shard encoding") from None
+    return zstandard
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """A shard encoding and its parameters (see the module docstring)."""
+
+    name: str = "uint32"
+    block_tokens: int = BLOCK_TOKENS
+    bits: int = 32  # packed: bits per token
+    width: int = 4  # zstd: bytes per token inside a frame
+    level: int = 0  # zstd: the compression level the writer used (reading does not need it)
+
+    @classmethod
+    def choose(cls, name: str, n_vocab: int) -> Encoding:
+        """The encoding `name` for a vocabulary of `n_vocab` ids; ConfigError (one line) for an
+        unknown name or a uint16 that cannot hold the vocabulary."""
+        if name == "uint32":
+            return cls()
+        if name == "uint16":
+            if n_vocab > 1 << 16:
+                raise ConfigError(f"--shard-encoding uint16 holds ids up to 65,535, but this vocabulary has "
+                                  f"{n_vocab:,} ids: use packed ({bits_for(n_vocab)} bits per token), zstd or "
+                                  "uint32")  # fmt: skip
+            return cls("uint16", bits=16)
+        if name == "packed":
+            return cls("packed", bits=bits_for(n_vocab))
+        if name == "zstd":
+            _zstd()
+            width = 2 if n_vocab <= 1 << 16 else 3 if n_vocab <= 1 << 24 else 4
+            return cls("zstd", block_tokens=ZSTD_BLOCK_TOKENS, bits=8 * width, width=width, level=ZSTD_LEVEL)
+        raise ConfigError(f"--shard-encoding {name!r}: choose one of {', '.join(NAMES)}")
+
+    @property
+    def version(self) -> int:
+        """The format version a dataset of this encoding is: 1 for uint32 (unchanged), else 2."""
+        return 1 if self.name == "uint32" else 2
+
+    @property
+    def dtype(self) -> str:
+        """The metadata's `dtype`: the integer type tokens decode to."""
+        return "uint16" if self.name == "uint16" else "uint32"
+
+    @property
+    def mappable(self) -> np.dtype | None:
+        """The numpy dtype to memory-map the token file with, or None when it must be decoded."""
+        return _MAPPABLE.get(self.name)
+
+    @property
+    def compressed(self) -> bool:
+        """Blocks of varying size, located through the `.blocks` file."""
+        return self.name == "zstd"
+
+    def describe(self) -> str:
+        if self.name == "packed":
+            return f"packed ({self.bits} bits per token)"
+        if self.name == "zstd":
+            return f"zstd (level {self.level}, {self.block_tokens:,}-token blocks of {self.width}-byte ids)"
+        return self.name
+
+    def n_bytes(self, n_tokens: int) -> int:
+        """The stored size of `n_tokens` tokens (fixed-width encodings only)."""
+        assert not self.compressed
+        return packed_nbytes(n_tokens, self.bits)
+
+    def block_span(self, block: int, n_tokens: int, offsets: np.ndarray | None = None) -> tuple[int, int]:
+        """(first byte, end byte) of block `block` of a shard of `n_tokens` tokens."""
+        if offsets is not None:
+            return int(offsets[block]), int(offsets[block + 1])
+        first = block * self.block_tokens
+        return self.n_bytes(first), self.n_bytes(min(first + self.block_tokens, n_tokens))
+
+    def encode(self, tokens: np.ndarray, compressor: Any = None) -> bytes:
+        """One block's (or, fixed-width, any whole-block run's) tokens as stored bytes.
+        ValueError naming the id when one does not fit the encoding."""
+        tokens = np.ascontiguousarray(tokens, dtype="<u4")
+        if self.name == "uint32":
+            return tokens.tobytes()
+        if self.bits < 32 and len(tokens) and int(tokens.max()) >> self.bits:
+            raise ValueError(f"token id {int(tokens.max()):,} does not fit the {self.describe()} encoding")
+        if self.name == "uint16":
+            return tokens.astype("<u2").tobytes()
+        if self.name == "packed":
+            return pack(tokens, self.bits).tobytes()
+        raw = np.ascontiguousarray(tokens.view(np.uint8).reshape(-1, 4)[:, : self.width]).tobytes()
+        return bytes((compressor or self.compressor()).compress(raw))
+
+    def compressor(self) -> Any:
+        return _zstd().ZstdCompressor(level=self.level, write_checksum=True, write_content_size=True)
+
+    def decompressor(self) -> Any:
+        return _zstd().ZstdDecompressor()
+
+    def decode(self, data: bytes | memoryview | np.ndarray, n_tokens: int, where: str = "",
+               decompressor: Any = None) -> np.ndarray:  # fmt: skip
+        """uint32 tokens of `data`, one block's stored bytes (or a fixed-width run from a block
+        start). FormatError naming `where` when a compressed block does not decode."""
+        if self.name in ("uint32", "uint16"):
+            return np.frombuffer(data, dtype=self.mappable, count=n_tokens).astype(np.uint32)
+        if self.name == "packed":
+            return unpack(data, self.bits, 0, n_tokens)
+        d = decompressor or self.decompressor()
+        try:
+            raw = d.decompress(data, max_output_size=n_tokens * self.width)
+        except _zstd().ZstdError as e:
+            raise FormatError(f"{where}: does not decode ({e}): the data is damaged; run `lmshard inspect` on "
+                              "the dataset, and fetch or regenerate it") from None  # fmt: skip
+        if len(raw) != n_tokens * self.width:
+            raise FormatError(f"{where}: decodes to {len(raw) // self.width:,} tokens, not {n_tokens:,}: the data "
+                              "is damaged; run `lmshard inspect` on the dataset, and fetch or regenerate it")
+        return widen(np.frombuffer(raw, dtype=np.uint8), self.width)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "block_tokens": self.block_tokens}
+        if self.name == "packed":
+            out["bits"] = self.bits
+        if self.name == "zstd":
+            out |= {"width": self.width, "level": self.level}
+        return out
+
+    @classmethod
+    def parse(cls, raw: Any, n_vocab: int) -> Encoding:
+        if not isinstance(raw, dict):
+            raise _Invalid("'encoding' is not an object")
+        name = _get(raw, "name", str)
+        block_tokens = _count(raw, "block_tokens")
+        if name not in NAMES:
+            raise _Invalid(f"encoding {name!r} is not one of {', '.join(NAMES)} (a newer lmshard wrote it?)")
+        if not 8 <= block_tokens <= 1 << 30 or block_tokens % 8:
+            raise _Invalid(f"encoding 'block_tokens' {block_tokens} is not a multiple of 8 in 8 .. 2**30")
+        bits, width = {"uint32": (32, 4), "uint16": (16, 2)}.get(name, (0, 0))
+        if name == "packed":
+            bits = _count(raw, "bits")
+            if not bits_for(n_vocab) <= bits <= 32:
+                raise _Invalid(f"encoding 'bits' {bits} cannot hold {n_vocab:,} ids")
+            width = 4
+        if name == "zstd":
+            width = _count(raw, "width")
+            if width not in (2, 3, 4) or n_vocab > 1 << (8 * width):
+                raise _Invalid(f"encoding 'width' {width} cannot hold {n_vocab:,} ids")
+            bits = 8 * width
+        if name == "uint16" and n_vocab > 1 << 16:
+            raise _Invalid(f"encoding uint16 cannot hold {n_vocab:,} ids")
+        return cls(name, block_tokens=block_tokens, bits=bits, width=width, level=_get(raw, "level", int, 0))
+
+
+UINT32 = Encoding()
+_MAPPABLE: dict[str, np.dtype] = {"uint32": np.dtype("<u4"), "uint16": np.dtype("<u2")}
+
+
+def widen(raw: np.ndarray, width: int) -> np.ndarray:
+    """uint32 tokens from little-endian integers of `width` bytes (a flat uint8 array)."""
+    if width == 4:
+        return raw.view("<u4").astype(np.uint32)
+    if width == 2:
+        return raw.view("<u2").astype(np.uint32)
+    out = np.zeros((len(raw) // width, 4), dtype=np.uint8)
+    out[:, :width] = raw.reshape(-1, width)
+    return out.view("<u4").reshape(-1).astype(np.uint32, copy=False)
+
+
+def blocks_path(bin_rel: str) -> str:
+    """The block offsets file of a compressed token file (train/shard_000000.bin → .blocks)."""
+    return bin_rel.removesuffix(".bin") + ".blocks"
