@@ -22,6 +22,7 @@ Memory model: `encode`/`decode` hold one block (its tokens and its stored bytes)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from .blocks import BLOCK_TOKENS
 from .fields import _count, _get, _Invalid
 
 NAMES = ("uint32", "uint16", "packed", "zstd")
-ZSTD_BLOCK_TOKENS = 4096  # chosen by measurement: docs/performance.md, "shard encodings"
+ZSTD_BLOCK_TOKENS = 1024  # chosen by measurement: docs/performance.md, "shard encodings"
 ZSTD_LEVEL = 3
 OFFSETS_DTYPE = np.dtype("<u8")  # the .blocks file: n_blocks + 1 byte offsets
 
@@ -136,10 +137,11 @@ class Encoding:
     def decompressor(self) -> Any:
         return _zstd().ZstdDecompressor()
 
-    def decode(self, data: bytes | memoryview | np.ndarray, n_tokens: int, where: str = "",
+    def decode(self, data: bytes | memoryview | np.ndarray, n_tokens: int, where: str | Callable[[], str] = "",
                decompressor: Any = None) -> np.ndarray:  # fmt: skip
         """uint32 tokens of `data`, one block's stored bytes (or a fixed-width run from a block
-        start). FormatError naming `where` when a compressed block does not decode."""
+        start). FormatError naming `where` (a string, or a function that makes it: called only
+        on an error) when a compressed block does not decode."""
         if self.name in ("uint32", "uint16"):
             return np.frombuffer(data, dtype=self.mappable, count=n_tokens).astype(np.uint32)
         if self.name == "packed":
@@ -147,12 +149,12 @@ class Encoding:
         d = decompressor or self.decompressor()
         try:
             raw = d.decompress(data, max_output_size=n_tokens * self.width)
+            problem = "" if len(raw) == n_tokens * self.width else f"decodes to {len(raw) // self.width:,} tokens"
         except _zstd().ZstdError as e:
-            raise FormatError(f"{where}: does not decode ({e}): the data is damaged; run `lmshard inspect` on "
-                              "the dataset, and fetch or regenerate it") from None  # fmt: skip
-        if len(raw) != n_tokens * self.width:
-            raise FormatError(f"{where}: decodes to {len(raw) // self.width:,} tokens, not {n_tokens:,}: the data "
-                              "is damaged; run `lmshard inspect` on the dataset, and fetch or regenerate it")
+            problem = f"does not decode ({e})"
+        if problem:
+            raise FormatError(f"{where() if callable(where) else where}: {problem}: the data is damaged; run "
+                              "`lmshard inspect` on the dataset, and fetch or regenerate it")  # fmt: skip
         return widen(np.frombuffer(raw, dtype=np.uint8), self.width)
 
     def to_json(self) -> dict[str, Any]:

@@ -10,14 +10,17 @@ checked when the file is opened: they must start at 0, never decrease and end at
 size, so a damaged offsets file is refused before it can point a read outside the file.
 
 Memory model: per open file, a descriptor, for zstd its block offsets (8 bytes per block, e.g.
-2 KiB per 1 M tokens in 4,096-token blocks) and at most `cache_blocks` decoded blocks
+8 KiB per 1 M tokens in 1,024-token blocks) and at most `cache_blocks` decoded blocks
 (4 bytes per token each); a read holds the stored bytes of its range.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,11 @@ import numpy as np
 from ..errors import FormatError
 from .bitpack import unpack_bits
 from .blocks import block_damage
-from .encoding import OFFSETS_DTYPE, Encoding
+from .encoding import OFFSETS_DTYPE, Encoding, widen
 from .layout import REGENERATE_HINT
 from .shard import ShardInfo
 
-CACHE_BLOCKS = 64  # decoded zstd blocks kept per open file: 1 MiB of uint32 at 4,096 tokens each
+CACHE_BLOCKS = 64  # decoded zstd blocks kept per open file: 256 KiB of uint32 at 1,024 tokens each
 
 
 def check_offsets(where: Path | str, offsets: np.ndarray, n_blocks: int, n_bytes: int) -> None:
@@ -46,10 +49,13 @@ def check_offsets(where: Path | str, offsets: np.ndarray, n_blocks: int, n_bytes
 class TokenFile:
     """One shard's tokens, read by token range whatever the encoding (see the module docstring)."""
 
-    def __init__(self, root: Path, shard: ShardInfo, encoding: Encoding, cache_blocks: int = CACHE_BLOCKS) -> None:
+    def __init__(self, root: Path, shard: ShardInfo, encoding: Encoding, cache_blocks: int = CACHE_BLOCKS,
+                 mapped: bool = False, fd: int | None = None) -> None:  # fmt: skip
         self.path, self.shard, self.encoding = root / shard.path, shard, encoding
         self.where = str(self.path)
-        self.fd = os.open(self.path, os.O_RDONLY)
+        self.fd = os.open(self.path, os.O_RDONLY) if fd is None else os.dup(fd)
+        self._map: mmap.mmap | None = None
+        self._bytes: memoryview | None = None  # of the map: a block is a slice of it, no read at all
         self.offsets: np.ndarray | None = None
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cache_blocks = cache_blocks
@@ -63,8 +69,19 @@ class TokenFile:
                 raise
             self.offsets = offsets
             self._decompressor = encoding.decompressor()
+        if mapped and shard.bin_bytes:
+            self._map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+            self._bytes = memoryview(self._map)
 
     def close(self) -> None:
+        self._cache.clear()
+        if self._bytes is not None:
+            self._bytes.release()
+            self._bytes = None
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a decoded block never views the map, but be safe
+                self._map.close()
+            self._map = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -76,15 +93,15 @@ class TokenFile:
         except Exception:
             pass
 
-    def pread(self, lo: int, hi: int) -> bytes:
+    def pread(self, lo: int, hi: int) -> bytes | memoryview:
         """Bytes [lo, hi) of the file; FormatError when the file holds fewer (changed since)."""
-        data = os.pread(self.fd, hi - lo, lo)
+        data = self._bytes[lo:hi] if self._bytes is not None else os.pread(self.fd, hi - lo, lo)
         if len(data) != hi - lo:
             raise FormatError(f"{self.where}: read {len(data)} of {hi - lo} bytes at byte {lo}; the shard changed "
                               "after it was opened: run `lmshard inspect`")  # fmt: skip
         return data
 
-    def stored_block(self, b: int) -> bytes:
+    def stored_block(self, b: int) -> bytes | memoryview:
         """Block b's bytes as stored (what its checksum covers)."""
         lo, hi = self.encoding.block_span(b, self.shard.n_tokens, self.offsets)
         return self.pread(lo, hi)
@@ -99,8 +116,9 @@ class TokenFile:
         if cached is not None:
             self._cache.move_to_end(b)
             return cached
-        where = block_where(self.where, b, self.encoding.block_tokens)
-        tokens = self.encoding.decode(self.stored_block(b), self.block_tokens(b), where, self._decompressor)
+        tokens = self.encoding.decode(self.stored_block(b), self.block_tokens(b),
+                                      lambda: block_where(self.where, b, self.encoding.block_tokens),
+                                      self._decompressor)  # fmt: skip
         if self._cache_blocks:
             self._cache[b] = tokens
             if len(self._cache) > self._cache_blocks:
@@ -134,6 +152,59 @@ class TokenFile:
             take = min(len(tokens) - a, n - done)
             out[done : done + take] = tokens[a : a + take]
             done += take
+
+
+    def read_rows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """[rows, length] uint32: row r = tokens [starts[r], starts[r] + length), for rows inside the shard:
+        for a batch, each block the rows touch is read and decoded once (zstd), or every row's
+        bits are unpacked in one vectorized pass (packed)."""
+        starts = np.asarray(starts, dtype=np.int64)
+        if self.encoding.name == "packed":
+            return self._packed_rows(starts, length)
+        if self.encoding.compressed:
+            return self._zstd_rows(starts, length)
+        out = np.empty((len(starts), length), dtype=np.uint32)
+        for r, lo in enumerate(starts.tolist()):
+            self.read_into(lo, out[r])
+        return out
+
+    def _packed_rows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        bits = self.encoding.bits
+        first = starts * bits  # each row's first bit
+        span = (length * bits + 7) // 8 + 1  # bytes a row's bits cover, whatever its first bit
+        buf = np.zeros((len(starts), span + 8), dtype=np.uint8)  # 8 more: a 64-bit word at any byte
+        for r, byte in enumerate((first >> 3).tolist()):
+            got = os.preadv(self.fd, [memoryview(buf[r, :span])], byte)
+            if got < span and byte + got < self.shard.bin_bytes:
+                self.pread(byte, byte + span)  # a short read inside the file: raises naming it
+        words = np.ndarray((len(starts), span), dtype="<u8", buffer=buf, strides=(buf.strides[0], 1))
+        at = (first & 7)[:, None] + np.arange(length, dtype=np.int64) * bits  # bit of each token in its row
+        rows = np.arange(len(starts))[:, None]
+        return ((words[rows, at >> 3] >> (at & 7).astype(np.uint64)) & np.uint64((1 << bits) - 1)).astype(np.uint32)
+
+    def _zstd_rows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        enc, bt = self.encoding, self.encoding.block_tokens
+        first, last = starts // bt, (starts + length - 1) // bt
+        reach = np.arange(int((last - first).max()) + 1)
+        needed = np.unique(np.minimum(first[:, None] + reach, last[:, None])).tolist()
+        try:  # every block once, in order, into one buffer of narrow ids (no cache: random rows rarely meet)
+            raw = b"".join([self._decompressor.decompress(self.stored_block(b)) for b in needed])
+        except Exception:
+            raw = b""
+        if len(raw) != sum(self.block_tokens(b) for b in needed) * enc.width:
+            for b in needed:  # a damaged block: found and named by decoding them one by one
+                enc.decode(self.stored_block(b), self.block_tokens(b), partial(block_where, self.where, b, bt),
+                           self._decompressor)  # fmt: skip
+        ids = np.frombuffer(raw, dtype=np.uint8)
+        ids = ids.view("<u2") if enc.width == 2 else ids.view("<u4") if enc.width == 4 else widen(ids, enc.width)
+        # Blocks a row touches are consecutive, all full but a shard's last, so its tokens are
+        # one run of `ids` from where its first block landed.
+        at = np.searchsorted(np.asarray(needed), first) * bt + (starts - first * bt)
+        view = np.lib.stride_tricks.as_strided(ids, shape=(len(ids) - length + 1, length),
+                                               strides=(ids.itemsize, ids.itemsize), writeable=False)  # fmt: skip
+        out = np.empty((len(starts), length), dtype=np.uint32)
+        out[...] = view[at]
+        return out
 
 
 def block_where(where: str, b: int, block_tokens: int) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .sampling import keyed_ints
-from .store import _Span
+from .store import _Span, widened
 
 if TYPE_CHECKING:
     from .dataset import TokenDataset
@@ -126,7 +126,8 @@ class MixedStore:
             usable = all(st.mapped and len(st.shards) <= st.max_open for st in self.stores)
             arrays = [st._tokens(k) for st in self.stores for k in range(len(st.shards))] if usable else []
             addresses = [a.__array_interface__["data"][0] for a in arrays]
-            usable = usable and len({a % 4 for a in addresses}) <= 1  # the view steps in whole tokens
+            usable = usable and len({a.dtype for a in arrays}) <= 1  # one dtype (not uint32 and uint16 sources)
+            usable = usable and len({a % arrays[0].itemsize for a in addresses}) <= 1  # the view steps in whole tokens
             starts = [st.starts[:-1] + base for st, base in zip(self.stores, self.bases.tolist(), strict=False)]
             ends = np.concatenate([*starts, [self.n_tokens]])
             self._spans[length] = _Span(arrays, ends, length) if usable else None
@@ -138,7 +139,7 @@ class MixedStore:
         if span is not None:
             at, cross = span.locate(offsets)
             if cross is None:
-                return span.view[at]
+                return widened(span.view[at])
         n = len(offsets) * length
         out = scratch[:n].reshape(len(offsets), length) if scratch is not None and len(scratch) >= n else None
         if out is None:

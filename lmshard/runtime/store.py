@@ -40,33 +40,49 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError
-from ..format import INDEX_DTYPE, TOKEN_DTYPE, DatasetMeta, ShardInfo, check_index, check_shard_files, load_metadata
+from ..format import (
+    INDEX_DTYPE,
+    TOKEN_DTYPE,
+    UINT32,
+    DatasetMeta,
+    Encoding,
+    ShardInfo,
+    check_index,
+    check_shard_files,
+    load_metadata,
+)
+from ..format.tokenfile import TokenFile
 from .reads import SplitReads
 
 DEFAULT_RSS_LIMIT = 1 << 30
 
 
 class _Open:
-    """An open shard: a descriptor (read mode) or a map (mapped mode), and its index on demand."""
+    """An open shard: a descriptor (read mode), a map (mapped mode) or a decoder (packed, zstd),
+    and its index on demand."""
 
-    def __init__(self, path: Path, index_path: Path, n_tokens: int, mapped: bool,
-                 identity: tuple[FileId, FileId] | None = None) -> None:  # fmt: skip
-        self.index_path, self.n_tokens = index_path, n_tokens
+    def __init__(self, root: Path, shard: ShardInfo, mapped: bool, identity: tuple[FileId, FileId] | None = None,
+                 encoding: Encoding = UINT32) -> None:  # fmt: skip
+        path = root / shard.path
+        self.index_path, self.n_tokens = root / shard.index_path, shard.n_tokens
         self.identity = identity
+        self.file: TokenFile | None = None  # the decoder of a packed or zstd shard
         self.fd = os.open(path, os.O_RDONLY)
         if identity is not None and _file_id(os.fstat(self.fd)) != identity[0]:
             os.close(self.fd)
             raise _replaced(path)
         self.map: mmap.mmap | None = None
-        self.tokens: np.ndarray | None = None  # uint32 view of `map`
+        self.tokens: np.ndarray | None = None  # a view of `map` in the file's dtype
         self._index: np.ndarray | None = None
-        if mapped:
-            try:
+        try:
+            if encoding.mappable is None:
+                self.file = TokenFile(root, shard, encoding, mapped=mapped, fd=self.fd)  # its stored bytes mapped
+            elif mapped:
                 self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
-            except BaseException:
-                os.close(self.fd)
-                raise
-            self.tokens = np.frombuffer(self.map, dtype=TOKEN_DTYPE)
+                self.tokens = np.frombuffer(self.map, dtype=encoding.mappable)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     @property
     def index(self) -> np.ndarray:
@@ -81,6 +97,8 @@ class _Open:
 
     def close(self) -> None:
         self.tokens = self._index = None
+        if self.file is not None:
+            self.file.close()
         if self.map is not None:
             with contextlib.suppress(BufferError):  # a caller still holds a view: let GC unmap it
                 self.map.close()
@@ -115,7 +133,7 @@ class _Span:
     _CROSSING = -(1 << 62)  # added to a crossing row's offset: its position is negative
 
     def __init__(self, arrays: list[np.ndarray], starts: np.ndarray, length: int) -> None:
-        size = TOKEN_DTYPE.itemsize
+        size = arrays[0].dtype.itemsize
         addresses = np.array([a.__array_interface__["data"][0] for a in arrays], dtype=np.int64)
         low = int(addresses.argmin())
         pos = (addresses - addresses[low]) // size  # each shard's first token, in tokens from the lowest map
@@ -154,8 +172,11 @@ class TokenStore(SplitReads):
         max_open: int = 64,
         arrays: list[tuple[np.ndarray, np.ndarray]] | None = None,
         rss_limit: int | None = DEFAULT_RSS_LIMIT,
+        encoding: Encoding = UINT32,
     ) -> None:
         self.root = root
+        self.encoding = encoding
+        self.dtype = encoding.mappable  # None: packed or zstd, decoded block by block (format/tokenfile.py)
         self.shards = shards
         self.sizes = np.array([s.n_tokens for s in shards], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
@@ -166,8 +187,10 @@ class TokenStore(SplitReads):
         self._arrays = arrays  # in-memory shards: (tokens, index) pairs
         self._open: OrderedDict[int, _Open] = OrderedDict()
         self.rss_limit = rss_limit
-        total = self.n_tokens * TOKEN_DTYPE.itemsize
-        self.mapped = arrays is not None or rss_limit is None or total <= rss_limit
+        total = sum(s.bin_bytes for s in shards)
+        fits = rss_limit is None or total <= rss_limit
+        self.mapped = arrays is not None or (self.dtype is not None and fits)
+        self._map_stored = fits  # packed, zstd: their stored bytes mapped (decoded tokens never are)
         self._spans: dict[int, _Span] = {}  # row length -> row view over all maps (mapped mode)
         self._ids: list[tuple[FileId, FileId]] | None = None  # set by from_dataset
 
@@ -178,7 +201,7 @@ class TokenStore(SplitReads):
         for shard in meta.split_shards(split):  # empty ones too: their files must match as well
             check_shard_files(meta.root, shard)
         shards = [s for s in meta.split_shards(split) if s.n_tokens]
-        store = cls(shards, meta.root, max_open, rss_limit=rss_limit)
+        store = cls(shards, meta.root, max_open, rss_limit=rss_limit, encoding=meta.encoding)
         # Shards open lazily (at most max_open at a time): remember which files the paths name
         # now, so a shard opened after an --overwrite swap is refused, not read as the old one.
         store._ids = [(_file_id(os.stat(meta.root / s.path)), _file_id(os.stat(meta.root / s.index_path)))
@@ -224,7 +247,7 @@ class TokenStore(SplitReads):
             return entry
         shard = self.shards[k]
         ids = self._ids[k] if self._ids is not None else None
-        entry = _Open(self.root / shard.path, self.root / shard.index_path, shard.n_tokens, self.mapped, ids)
+        entry = _Open(self.root, shard, self.mapped or self._map_stored, ids, self.encoding)
         self._open[k] = entry
         if len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()
@@ -239,12 +262,28 @@ class TokenStore(SplitReads):
         return tokens
 
     def _pread(self, k: int, local: int, out: np.ndarray) -> None:
-        """Read mode: fill `out` from shard k at token `local` with one preadv."""
+        """Read mode: fill `out` from shard k at token `local` with one preadv (uint32), a preadv
+        and a widening copy (uint16), or the blocks the range touches decoded (packed, zstd)."""
+        entry = self._get(k)
+        if entry.file is not None:
+            entry.file.read_into(local, out)
+            return
+        if self.dtype != TOKEN_DTYPE:
+            narrow = np.empty(len(out), dtype=self.dtype)
+            self._pread_narrow(entry, k, local, narrow)
+            out[:] = narrow
+            return
         want = out.nbytes
-        got = os.preadv(self._get(k).fd, [out.data], local * TOKEN_DTYPE.itemsize)
+        got = os.preadv(entry.fd, [out.data], local * TOKEN_DTYPE.itemsize)
         if got != want:
             raise FormatError(f"{self.root / self.shards[k].path}: read {got} of {want} bytes at token {local}; "
                               "the shard changed after it was opened: run `lmshard inspect`")  # fmt: skip
+
+    def _pread_narrow(self, entry: _Open, k: int, local: int, narrow: np.ndarray) -> None:
+        """Read mode, uint16: fill `narrow` (uint16) from shard k at token `local` with one preadv."""
+        if os.preadv(entry.fd, [narrow.data], local * narrow.itemsize) != narrow.nbytes:
+            raise FormatError(f"{self.root / self.shards[k].path}: short read at token {local}; the shard changed "
+                              "after it was opened: run `lmshard inspect`")  # fmt: skip
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
         """Fill `out` (uint32, contiguous) with the tokens at [offset, offset + len(out)),
@@ -272,7 +311,7 @@ class TokenStore(SplitReads):
         if span is not None:
             at, cross = span.locate(offsets)
             if cross is None:
-                return span.view[at]  # one C loop over the rows, straight into a new array
+                return widened(span.view[at])  # one C loop over the rows, straight into a new array
         n = len(offsets) * length
         if scratch is not None and len(scratch) >= n:
             out = scratch[:n].reshape(len(offsets), length)
@@ -292,7 +331,7 @@ class TokenStore(SplitReads):
             return
         at, cross = span.locate(offsets)
         if cross is None:
-            out[...] = span.view[at]
+            out[...] = span.view[at]  # (uint16: gathered, then widened into `out`)
             return
         inside = ~cross
         out[inside] = span.view[at[inside]]
@@ -308,7 +347,19 @@ class TokenStore(SplitReads):
         inside = (offsets - self.starts[found] + length <= self.sizes[found]).tolist()
         shards = found.tolist()
         crossing = [r for r, whole in enumerate(inside) if not whole]
-        if not self.mapped:
+        if not self.mapped and self.dtype != TOKEN_DTYPE:  # uint16 or decoded: the rows of each shard at once
+            local_arr, inside_arr = np.asarray(local, dtype=np.int64), np.asarray(inside)
+            for k in set(shards):
+                mine = np.flatnonzero((found == k) & inside_arr)
+                entry = self._get(k)
+                if entry.file is not None:
+                    out[mine] = entry.file.read_rows(local_arr[mine], length)
+                else:
+                    narrow = np.empty((len(mine), length), dtype=self.dtype)
+                    for i, r in enumerate(mine.tolist()):
+                        self._pread_narrow(entry, k, local[r], narrow[i])
+                    out[mine] = narrow
+        elif not self.mapped:
             # Descriptors are taken once per batch, unless its rows are in more shards than may be
             # open at once: then opening a later shard would close an earlier one, whose number
             # the new file may reuse, and rows would silently come from the wrong shard.
@@ -343,6 +394,11 @@ class TokenStore(SplitReads):
 
     def index(self, k: int) -> np.ndarray:
         return self._arrays[k][1] if self._arrays is not None else self._get(k).index
+
+
+def widened(rows: np.ndarray) -> np.ndarray:
+    """Rows gathered from a map, as uint32: uint16 rows widened (one more copy, of half the bytes)."""
+    return rows if rows.dtype == TOKEN_DTYPE else rows.astype(TOKEN_DTYPE)
 
 
 def open_store(

@@ -59,6 +59,8 @@ from ...format import (
     write_vocab_copy,
 )
 from ...format.blocks import write_sums
+from ...format.encoding import UINT32, Encoding
+from ...format.sealing import seal_encoded, shard_entry
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source, note_growth
@@ -175,10 +177,11 @@ def _pwrite(fd: int, data: memoryview, at: int) -> None:
         data, at = data[n:], at + n
 
 
-def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> bool:
+def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, encoding: Encoding = UINT32) -> bool:
     """Once every part of piece k is written: cut its files to their size, make them durable,
-    hash them start to end, rename them into place and write the piece's marker (its entry for
-    the metadata). False when already sealed or a part is missing."""
+    hash them start to end (a shard of another encoding than uint32: encode it, format/sealing.py),
+    rename them into place and write the piece's marker (its entry for the metadata). False when
+    already sealed or a part is missing."""
     marker = work / "write" / f"piece_{k:06d}.json"
     if marker.exists():
         return False
@@ -190,8 +193,16 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
     rels = piece_files(piece)
     sizes = [n_tokens * 8] if stream == "keys" else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
     digests, sums = [], b""
+    encoded = stream != "keys" and encoding.version > 1
     for rel, size in zip(rels, sizes, strict=True):
         tmp = staging / f"{rel}.tmp"
+        if encoded and rel.endswith(".bin"):  # sealed below, from its uint32 file cut to size
+            if tmp.exists():
+                with open(tmp, "r+b") as f:
+                    f.truncate(size)
+                    _durable(f)
+            digests.append("")
+            continue
         if not tmp.exists() and (staging / rel).exists():  # sealed by another task a moment ago
             tmp = staging / rel
         tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -211,10 +222,13 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int) -> boo
                 sums = blocks.finish()
                 write_sums(staging / sums_path(rel), sums)
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
-        if (staging / f"{rel}.tmp").exists():
+        if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
             os.replace(staging / f"{rel}.tmp", staging / rel)
     if stream == "keys":
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
+    elif encoded:
+        sealed = seal_encoded(staging / f"{rels[0]}.tmp", staging / rels[0], rels[0], encoding, n_tokens)
+        entry = shard_entry(stream, rels[0], rels[1], n_tokens, n_docs, digests[1], encoding, sealed).to_json()
     else:
         entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
                           xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
@@ -260,7 +274,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     from ..output.metadata import dataset_metadata
 
     for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
-        seal_piece(work, paths.staging, layout, k)
+        seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab))
     missing = missing_parts(work, layout)
     if missing:
         tasks = sorted({t for p in missing for t, (a, b) in enumerate(layout["tasks"]) if a <= p < b})

@@ -265,7 +265,8 @@ class Run:
             staging = OutputPaths.of(c.out).staging
             return write_part(self.work, staging, self.layout(), i, self.specials)
         if stage == "seal":
-            return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i)
+            return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i,
+                              c.encoding(self.tokenizer.n_vocab))  # fmt: skip
         paths = OutputPaths.of(c.out)
         with WriterLock(paths):
             recover(paths)

@@ -263,7 +263,7 @@ class Publisher:
             self.journal.record(rel, digest)
 
     def upload_finished(self) -> int:
-        """Upload the shards the build has finished (`.bin`, `.idx` and `.sums` in place) and not
+        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks` in place) and not
         yet uploaded; the number of files sent. A failure is left to the final publish, which
         sends what is missing and reports what cannot be sent."""
         assert self.journal is not None
@@ -271,6 +271,8 @@ class Publisher:
         done, sent = self.journal.uploaded.keys() | self._kept(), 0
         for sums in sorted(staging.glob("*/shard_*.sums")):
             trio = [sums.with_suffix(s) for s in (".bin", ".idx", ".sums")]
+            if sums.with_suffix(".blocks").exists():  # (a zstd shard's block offsets, written before its .bin)
+                trio.append(sums.with_suffix(".blocks"))
             rels = [str(p.relative_to(staging)) for p in trio]
             if not all(p.exists() for p in trio) or any(r in done for r in rels):
                 continue
