@@ -159,6 +159,8 @@ class TokenFile:
         for a batch, each block the rows touch is read and decoded once (zstd), or every row's
         bits are unpacked in one vectorized pass (packed)."""
         starts = np.asarray(starts, dtype=np.int64)
+        if not len(starts):
+            return np.empty((0, length), dtype=np.uint32)
         if self.encoding.name == "packed":
             return self._packed_rows(starts, length)
         if self.encoding.compressed:

@@ -351,6 +351,8 @@ class TokenStore(SplitReads):
             local_arr, inside_arr = np.asarray(local, dtype=np.int64), np.asarray(inside)
             for k in set(shards):
                 mine = np.flatnonzero((found == k) & inside_arr)
+                if not len(mine):  # (its rows all cross into the next shard: read below)
+                    continue
                 entry = self._get(k)
                 if entry.file is not None:
                     out[mine] = entry.file.read_rows(local_arr[mine], length)

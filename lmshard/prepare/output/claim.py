@@ -236,6 +236,7 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
             raise ConfigError(f"{out}: --append: the dataset was prepared with {flag} {meta.config[key]!r} and this "
                               f"run has {ours[key]!r}; pass the dataset's value so old and new documents are "
                               "treated alike")  # fmt: skip
+    config.encoding(tokenizer.n_vocab, meta)  # the dataset's own encoding, or a one-line refusal
     dedup = meta.dedup
     if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
         raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "

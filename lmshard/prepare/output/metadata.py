@@ -37,6 +37,8 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
     previous = claim.previous
     if previous is not None:
         recorded["inputs"] = [*previous.config.get("inputs", []), *recorded["inputs"]]
+    encoding = config.encoding(tokenizer.n_vocab, previous)
+    recorded["shard_encoding"] = encoding.name  # (after --append: the dataset's, which the run kept)
     new_sources = tuple(source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources))
     return DatasetMeta(
         root=Path(config.out),
@@ -68,7 +70,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
         sources=(*(previous.sources if previous else ()), *new_sources),
         skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,
         config=recorded,
-        encoding=config.encoding(tokenizer.n_vocab, previous),
+        encoding=encoding,
         run=RunInfo(
             workers=config.n_workers(),
             out=config.out,
