@@ -176,7 +176,7 @@ class TokenFile:
         span = (length * bits + 7) // 8 + 1  # bytes a row's bits cover, whatever its first bit
         buf = np.zeros((len(starts), span + 8), dtype=np.uint8)  # 8 more: a 64-bit word at any byte
         for r, byte in enumerate((first >> 3).tolist()):
-            got = os.preadv(self.fd, [memoryview(buf[r, :span])], byte)
+            got = os.preadv(self.fd, [buf[r, :span].data], byte)
             if got < span and byte + got < self.shard.bin_bytes:
                 self.pread(byte, byte + span)  # a short read inside the file: raises naming it
         words = np.ndarray((len(starts), span), dtype="<u8", buffer=buf, strides=(buf.strides[0], 1))

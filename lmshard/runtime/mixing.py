@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .sampling import keyed_ints
-from .store import _Span, widened
+from .span import _Span, widened
 
 if TYPE_CHECKING:
     from .dataset import TokenDataset
@@ -120,7 +120,7 @@ class MixedStore:
         return {**self.__dict__, "_spans": {}}
 
     def _span(self, length: int) -> Any:
-        """One row view over the maps of every shard of every source (see `store._Span`), when
+        """One row view over the maps of every shard of every source (see `span._Span`), when
         every source is mapped with all its shards open; else None (rows are read per source)."""
         if length not in self._spans:
             usable = all(st.mapped and len(st.shards) <= st.max_open for st in self.stores)
