@@ -271,3 +271,17 @@ def test_version_2_metadata_is_held_to_its_encoding(gpt2_sets, tmp_path):
     u16 = json.loads((gpt2_sets["uint16"] / "dataset_metadata.json").read_text())
     raw = u16
     refused(lambda d: shard(d).update(n_bytes=shard(d)["n_bytes"] + 2), "'n_bytes' .* is not what")
+
+
+def test_overwrite_replaces_every_file_of_a_zstd_dataset(tmp_path):
+    """The block offsets are the dataset's own files: an --overwrite must not keep the old ones."""
+    a = jsonl(tmp_path / "a.jsonl", make_texts(400, seed=11))
+    b = jsonl(tmp_path / "b.jsonl", make_texts(500, seed=12))
+    out = _prepare(tmp_path, [a], "ds", "zstd")
+    prepare(PrepareConfig(inputs=[str(b)], out=str(out), shard_encoding="zstd", workers=2, val_fraction=0.1,
+                          tokens_per_shard=30_000, overwrite=True, quiet=True))  # fmt: skip
+    truth = _prepare(tmp_path, [b], "truth", None, tokens_per_shard=30_000)
+    got = TokenDataset(out)
+    assert np.array_equal(got.tokens(0, got.n_tokens), _truth(truth, "train"))
+    assert sorted(p.name for p in (out / "train").iterdir()) == sorted(
+        Path(f).name for s in load_metadata(out).split_shards("train") for f in s.files())
