@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python scripts/bench_scaling.py
 	$(BIN)/python scripts/bench_remote.py
 	$(BIN)/python scripts/bench_stream.py
+	$(BIN)/python scripts/bench_encodings.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py

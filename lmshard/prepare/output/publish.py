@@ -226,7 +226,8 @@ class Publisher:
             if shard is None:
                 target.write_bytes(remote.read(rel))
             else:
-                size = {shard.path: shard.bin_bytes, shard.index_path: shard.idx_bytes}.get(rel, shard.sums_bytes)
+                size = {shard.path: shard.bin_bytes, shard.index_path: shard.idx_bytes,
+                        shard.blocks_path: shard.blocks_bytes}.get(rel, shard.sums_bytes)  # fmt: skip
                 with open(target, "wb") as f:
                     f.truncate(size)
 
