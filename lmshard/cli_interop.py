@@ -1,7 +1,8 @@
-"""`lmshard export` and `lmshard import`: the command-line edge of `lmshard.interop`.
+"""`lmshard export`, `lmshard import` and `lmshard convert`: the command-line edge of
+`lmshard.interop`.
 
 Kept out of cli.py (which is near its size limit) but part of the command line: `register`
-adds the two commands to the `app` cli.py builds, wrapped in its `user_errors`, so a library
+adds the commands to the `app` cli.py builds, wrapped in its `user_errors`, so a library
 error is still one line on stderr and exit code 1.
 """
 
@@ -18,9 +19,10 @@ from . import render
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
-    """Add `export` and `import` to `app`."""
+    """Add `export`, `import` and `convert` to `app`."""
     app.command("export")(user_errors()(export))
     app.command("import")(user_errors()(import_))
+    app.command("convert")(user_errors()(convert))
 
 
 def export(
@@ -99,18 +101,48 @@ def import_(
     tokens_per_shard: int = typer.Option(
         100_000_000, "--tokens-per-shard", metavar="N", help="Target tokens per shard."
     ),
+    shard_encoding: str = typer.Option(
+        "uint32", "--shard-encoding", metavar="ENC", help="How shards store tokens: uint32, uint16, packed, zstd "
+        "(docs/format.md)."
+    ),
 ) -> None:
     """Turn a nanoGPT or Megatron-LM dataset into an lmshard dataset (then `lmshard inspect` it)."""
     from .interop import import_dataset
 
     meta = import_dataset(src, from_, out, tokenizer=tokenizer, eot_id=eot_id, val=val, force=force,
-                          tokens_per_shard=tokens_per_shard)  # fmt: skip
+                          tokens_per_shard=tokens_per_shard, shard_encoding=shard_encoding)  # fmt: skip
     empty = meta.drops.get("empty", 0)
     skipped = f", skipped {empty:,} empty document{'s' if empty != 1 else ''}" if empty else ""
     render.out.print(
         f"imported {meta.total_docs:,} documents, {meta.total_tokens:,} tokens "
         f"(train {meta.n_docs('train'):,}, val {meta.n_docs('val'):,} documents){skipped} into {escape(str(out))}; "
         f"check it with `lmshard inspect {escape(str(out))}`",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def convert(
+    dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset directory written by lmshard."),
+    to: str = typer.Option(..., "--to", metavar="ENC", help="The new shard encoding: uint32, uint16, packed or zstd "
+                           "(docs/format.md)."),  # fmt: skip
+    out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be "
+                            "empty)."),  # fmt: skip
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
+                                   "complete and verified."),  # fmt: skip
+) -> None:
+    """Rewrite a dataset with its shards in another encoding, then check every converted shard
+    against the source, token for token. Everything but the token files is copied unchanged."""
+    from .inspect.verify import bytes_per_token
+    from .interop.convert import convert_dataset
+
+    result = convert_dataset(dataset, to, out, overwrite=overwrite)
+    meta, source = result.meta, result.source
+    before, after = bytes_per_token(source) or 0, bytes_per_token(meta) or 0
+    render.out.print(
+        f"converted {render.plural(len(meta.shards), 'shard')} ({meta.total_tokens:,} tokens) from "
+        f"{escape(source.encoding.describe())} to {escape(meta.encoding.describe())}, {before:g} → {after:g} bytes "
+        f"per token, into {escape(str(meta.root))}; every shard verified against the source",
         highlight=False,
         soft_wrap=True,
     )

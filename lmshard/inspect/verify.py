@@ -2,17 +2,20 @@
 
 Used by `lmshard inspect` and by tests. The metadata and structural checks it shares with the
 runtime loader live in `lmshard.format` (schema.py and files.py), so both refuse the same
-datasets: the metadata validates (totals included); per shard, both files lie inside the
-dataset with sizes n_tokens × 4 and (n_docs + 1) × 8 bytes, and the index starts at 0, increases
-strictly and ends at n_tokens. Here, unless `quick`: the xxh3-64 checksums of both files match,
-every token id is below n_vocab, and an EOT token sits at every document boundary on the side
-the metadata records.
+datasets: the metadata validates (totals included); per shard, its files lie inside the dataset
+with the sizes the metadata means (the token file's in its encoding, the index (n_docs + 1) × 8
+bytes), and the index starts at 0, increases strictly and ends at n_tokens. Here, unless
+`quick`, in any shard encoding (chunks.py reads the blocks): the xxh3-64 checksums of the token
+file, of each of its blocks' stored bytes and of the index match, a zstd shard's block offsets
+match theirs and every frame decodes, and on the decoded tokens every id is below n_vocab and
+an EOT token sits at every document boundary on the side the metadata records.
 
-Memory model: one block of BLOCK_TOKENS tokens (64 MiB) at a time, one shard's index, a token
-histogram of n_vocab int64 counters (none above MAX_COUNTED_VOCAB ids), and document lengths
-(uint32, sampled down to at most MAX_LENGTHS values for statistics), and tokenizer_state.json (a
-few KB; refused above MAX_TOKENIZER_BYTES, as the tokenizer.json copy, which is hashed in 1 MiB
-blocks). `quick` reads no token data at all: sizes and indexes only.
+Memory model: one chunk of BLOCK_TOKENS tokens (64 MiB decoded, and its stored bytes) at a time,
+one shard's index, a token histogram of n_vocab int64 counters (none above MAX_COUNTED_VOCAB
+ids), and document lengths (uint32, sampled down to at most MAX_LENGTHS values for statistics),
+and tokenizer_state.json (a few KB; refused above MAX_TOKENIZER_BYTES, as the tokenizer.json
+copy, which is hashed in 1 MiB blocks). `quick` reads no token data at all: sizes and indexes
+only.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from ..format import (
     INDEX_DTYPE,
     MAX_TOKENIZER_BYTES,
     REGENERATE_HINT,
-    TOKEN_DTYPE,
     TOKENIZER_FILE,
     VOCAB_COPIES,
     DatasetMeta,
@@ -45,6 +47,7 @@ from ..format import (
     file_xxh3,
     load_metadata,
 )
+from .chunks import block_size, open_tokens, read_sums, stored_chunks
 
 BLOCK_TOKENS = 16 << 20
 MAX_LENGTHS = 16_000_000
@@ -242,65 +245,78 @@ def check_shard_structure(meta: DatasetMeta, shard: ShardInfo, problems: list[Pr
 
 
 def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarray, report: Report) -> None:
+    """Checksums (token file, its blocks, index) and the checks on decoded tokens of one shard,
+    a chunk of whole blocks at a time (chunks.py)."""
     problems = report.problems
     idx_hash = xxhash.xxh3_64_hexdigest(offsets.astype(INDEX_DTYPE).tobytes())
     if idx_hash != shard.index_xxh3_64:
         problems.append(Problem(shard.path, f"index checksum {idx_hash} != {shard.index_xxh3_64} in metadata"))
-    eot, n_vocab, bos = meta.tokenizer.eot_id, meta.tokenizer.n_vocab, meta.tokenizer.bos_id
-    boundaries = offsets[1:] - 1 if meta.eot_position == "after" else offsets[:-1]
-    # A written BOS sits right before the text: at the document's start, or after its leading EOT.
-    starts = offsets[:-1] if meta.eot_position == "after" else offsets[:-1] + 1
-    starts = starts[starts < offsets[1:]] if bos is not None else starts[:0]
-    tokens = (
-        np.memmap(meta.abspath(shard.path), dtype=TOKEN_DTYPE, mode="r") if shard.n_tokens else np.zeros(0, TOKEN_DTYPE)
-    )
-    h = xxhash.xxh3_64()
-    bad_eot = bad_bos = bad_ids = 0
-    sums, small, damaged = _block_sums(meta, shard, problems), shard.block_tokens or BLOCK_TOKENS, []
-    step = max(1, BLOCK_TOKENS // small) * small  # whole checksum blocks per read
-    for start in range(0, shard.n_tokens, step):
-        block = np.asarray(tokens[start : start + step])
-        raw = np.ascontiguousarray(block).data.cast("B")
-        h.update(raw)
-        if sums is not None:
-            damaged += [(start + at) // small for at in range(0, len(block), small)
-                        if xxhash.xxh3_64_intdigest(raw[at * 4 : (at + small) * 4]) != int(sums[(start + at) // small])]
-        if int(block.max()) >= n_vocab:
-            bad_ids += int((block >= n_vocab).sum())
-        elif report.token_counts is not None:
-            report.token_counts += np.bincount(block, minlength=n_vocab)
-        lo, hi = np.searchsorted(boundaries, [start, start + len(block)])
-        bad_eot += int((block[boundaries[lo:hi] - start] != eot).sum())
-        lo, hi = np.searchsorted(starts, [start, start + len(block)])
-        bad_bos += int((block[starts[lo:hi] - start] != bos).sum())
-    del tokens
+    try:
+        sums = read_sums(meta, shard)
+    except FormatError as e:
+        problems.append(Problem(shard.sums_path, str(e), fix=""))
+        sums = None
+    try:
+        tokens = open_tokens(meta, shard)
+    except FormatError as e:  # damaged block offsets: no frame can be found
+        problems.append(Problem(shard.blocks_path or shard.path, str(e), fix=""))
+        return
+    scan, h, damaged, undecodable = _Scan(meta, offsets, report.token_counts), xxhash.xxh3_64(), [], []
+    try:
+        for chunk in stored_chunks(tokens, sums, block_size(meta, shard), BLOCK_TOKENS):
+            h.update(chunk.data)
+            damaged += chunk.damaged
+            undecodable += [k for k in chunk.undecodable if k not in chunk.damaged]
+            for start, decoded in chunk.runs:
+                scan.check(start, decoded)
+    finally:
+        tokens.close()
     if h.hexdigest() != shard.xxh3_64 and not damaged:  # damaged blocks: named below, more precisely
         problems.append(Problem(shard.path, f"checksum {h.hexdigest()} != {shard.xxh3_64} in metadata (corrupt data)"))
+    size = block_size(meta, shard)
     if damaged:
-        listed = ", ".join(f"{k} (tokens {k * small:,}..{min((k + 1) * small, shard.n_tokens) - 1:,})"
-                           for k in damaged[:5])  # fmt: skip
-        more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
-        problems.append(Problem(shard.path, f"block {listed}{more} of {small:,} tokens: does not match its checksum "
-                                            f"in {shard.sums_path} (corrupt data)"))  # fmt: skip
-    if bad_ids:
-        problems.append(Problem(shard.path, f"{bad_ids} token ids >= n_vocab {n_vocab}"))
-    if bad_eot:
-        problems.append(Problem(shard.path, f"{bad_eot} document boundaries without the EOT token {eot}"))
-    if bad_bos:
-        problems.append(Problem(shard.path, f"{bad_bos} document starts without the BOS token {bos}"))
+        problems.append(Problem(shard.path, f"{_blocks(damaged, size, shard.n_tokens)} of {size:,} tokens: does not "
+                                            f"match its checksum in {shard.sums_path} (corrupt data)"))  # fmt: skip
+    if undecodable:
+        problems.append(Problem(shard.path, f"{_blocks(undecodable, size, shard.n_tokens)} of {size:,} tokens: does "
+                                            f"not decode as {meta.encoding.describe()} (corrupt data)"))  # fmt: skip
+    problems += [Problem(shard.path, what) for what in scan.findings()]
 
 
-def _block_sums(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> np.ndarray | None:
-    """The shard's per-block sums (size checked by `check_shard_files`), held to their own
-    checksum; None where the dataset keeps none, or after recording a damaged sums file."""
-    if not shard.sums_path:
-        return None
-    raw = meta.abspath(shard.sums_path).read_bytes()
-    if xxhash.xxh3_64_hexdigest(raw) != shard.sums_xxh3_64:
-        problems.append(Problem(shard.sums_path, f"checksum {xxhash.xxh3_64_hexdigest(raw)} != {shard.sums_xxh3_64} "
-                                                 "in metadata (corrupt block sums)"))  # fmt: skip
-        return None
-    return np.frombuffer(raw, dtype="<u8")
+def _blocks(ks: list[int], size: int, n_tokens: int) -> str:
+    """'block 3 (tokens 49,152..65,535), 7 (...) and 2 more': the first five blocks named."""
+    listed = ", ".join(f"{k} (tokens {k * size:,}..{min((k + 1) * size, n_tokens) - 1:,})" for k in ks[:5])
+    return f"block {listed}" + (f" and {len(ks) - 5} more" if len(ks) > 5 else "")
+
+
+class _Scan:
+    """The checks on decoded tokens, fed runs of them in shard order: ids below n_vocab (and
+    their histogram), the EOT at every document boundary, the BOS at every document start."""
+
+    def __init__(self, meta: DatasetMeta, offsets: np.ndarray, counts: np.ndarray | None) -> None:
+        self.eot, self.n_vocab, self.bos, self.counts = (meta.tokenizer.eot_id, meta.tokenizer.n_vocab,
+                                                         meta.tokenizer.bos_id, counts)  # fmt: skip
+        self.boundaries = offsets[1:] - 1 if meta.eot_position == "after" else offsets[:-1]
+        # A written BOS sits right before the text: at the document's start, or after its leading EOT.
+        starts = offsets[:-1] if meta.eot_position == "after" else offsets[:-1] + 1
+        self.starts = starts[starts < offsets[1:]] if self.bos is not None else starts[:0]
+        self.bad_ids = self.bad_eot = self.bad_bos = 0
+
+    def check(self, start: int, block: np.ndarray) -> None:
+        """Tokens [start, start + len(block)) of the shard."""
+        if int(block.max()) >= self.n_vocab:
+            self.bad_ids += int((block >= self.n_vocab).sum())
+        elif self.counts is not None:
+            self.counts += np.bincount(block, minlength=self.n_vocab)
+        lo, hi = np.searchsorted(self.boundaries, [start, start + len(block)])
+        self.bad_eot += int((block[self.boundaries[lo:hi] - start] != self.eot).sum())
+        lo, hi = np.searchsorted(self.starts, [start, start + len(block)])
+        self.bad_bos += int((block[self.starts[lo:hi] - start] != self.bos).sum())
+
+    def findings(self) -> list[str]:
+        found = [f"{self.bad_ids} token ids >= n_vocab {self.n_vocab}"] if self.bad_ids else []
+        found += [f"{self.bad_eot} document boundaries without the EOT token {self.eot}"] if self.bad_eot else []
+        return found + ([f"{self.bad_bos} document starts without the BOS token {self.bos}"] if self.bad_bos else [])
 
 
 def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
@@ -311,7 +327,8 @@ def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -
     if meta is None:
         return out
     out["tokenizer"] = meta.tokenizer.to_json()
-    out["dtype"], out["byte_order"], out["eot_position"] = "uint32", "little", meta.eot_position
+    out["dtype"], out["byte_order"], out["eot_position"] = meta.encoding.dtype, "little", meta.eot_position
+    out["encoding"] = meta.encoding.to_json() | {"bytes_per_token": bytes_per_token(meta)}
     out["n_tokens"], out["n_docs"] = meta.n_tokens(), meta.n_docs()
     out["splits"] = {
         split: {"n_tokens": meta.n_tokens(split), "n_docs": meta.n_docs(split),
@@ -324,3 +341,15 @@ def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -
     if top is not None:
         out["top_tokens"] = [{"id": i, "count": c, "text": t} for i, c, t in top]
     return out
+
+
+def bytes_per_token(meta: DatasetMeta) -> float | None:
+    """What the shards' token files take per token (4.0 for uint32; None for an empty dataset)."""
+    n_tokens = meta.n_tokens()
+    return round(sum(s.bin_bytes for s in meta.shards) / n_tokens, 3) if n_tokens else None
+
+
+def encoding_summary(meta: DatasetMeta) -> str:
+    """The summary's line on storage: "zstd (level 3, ...), 1.21 bytes per token"."""
+    per = bytes_per_token(meta)
+    return meta.encoding.describe() + (f", {per:g} bytes per token" if per is not None else "")

@@ -40,6 +40,7 @@ from ..format import (
     atomic_write_json,
     write_vocab_copy,
 )
+from ..format.encoding import Encoding
 from ..prepare.output.writer import ShardWriter
 from ..remote.urls import local_only, output_url
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
@@ -54,15 +55,18 @@ TOKENS_PER_SHARD = 100_000_000  # prepare's default
 
 def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike[str], *, tokenizer: str,
                    eot_id: int | None = None, val: str | os.PathLike[str] | None = None, force: bool = False,
-                   tokens_per_shard: int = TOKENS_PER_SHARD) -> DatasetMeta:  # fmt: skip
+                   tokens_per_shard: int = TOKENS_PER_SHARD,
+                   shard_encoding: str = "uint32") -> DatasetMeta:  # fmt: skip
     """Import `src` into a new lmshard dataset at `out` and return its metadata.
 
         import_dataset("nanoGPT/data/owt", "nanogpt", "data/owt", tokenizer="gpt2")
 
     nanogpt: `src` is a directory holding train.bin and optionally val.bin. megatron: `src` is
     the prefix of the train split's .bin/.idx, `val` that of the val split (optional).
-    `eot_id`: the separator id in the input (default: the tokenizer's end of text). `out` may be
-    a URL: the dataset is built in a local work directory and published as `prepare` does."""
+    `eot_id`: the separator id in the input (default: the tokenizer's end of text).
+    `shard_encoding`: how the shards store tokens (uint32, uint16, packed, zstd: docs/format.md).
+    `out` may be a URL: the dataset is built in a local work directory and published as
+    `prepare` does."""
     local_only(src, "import SRC")
     if output_url(str(out)):
         from ..prepare.output.publish import Publisher
@@ -71,7 +75,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         publisher.claim()
         try:
             meta = import_dataset(src, fmt, publisher.mirror, tokenizer=tokenizer, eot_id=eot_id, val=val,
-                                  tokens_per_shard=tokens_per_shard)  # fmt: skip
+                                  tokens_per_shard=tokens_per_shard, shard_encoding=shard_encoding)  # fmt: skip
         except LmshardError:
             publisher.abandon()
             raise
@@ -87,17 +91,18 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
     eot = tok.eot_id if eot_id is None else eot_id
     if not 0 <= eot < tok.n_vocab:
         raise ConfigError(f"--eot-id {eot}: not an id of the {tok.name} vocabulary (0 .. {tok.n_vocab - 1})")
+    encoding = Encoding.choose(shard_encoding, tok.n_vocab)
     with staged_output(out, force, [p for files in inputs.values() for p in files]) as staging:
         shards: list[ShardInfo] = []
         empty: dict[str, int] = {}  # split -> empty documents skipped
         for split, files in inputs.items():
             reader = _nanogpt_blocks(files[0], eot) if fmt == "nanogpt" else _megatron_blocks(files[0], files[1])
-            written, empty[split] = _write_split(staging, split, reader, files[0], (tok.n_vocab, eot),
-                                                 tokens_per_shard)  # fmt: skip
+            writer = ShardWriter(staging, split, tokens_per_shard, encoding=encoding)
+            written, empty[split] = _write_split(writer, reader, files[0], (tok.n_vocab, eot))
             shards += written
         if not any(s.n_docs for s in shards if s.split == "train"):
             raise InputError(f"{src}: no documents to import into the train split")
-        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, empty, tokens_per_shard, started)
+        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, empty, (tokens_per_shard, encoding), started)
         state = tok.identity()
         state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
         write_vocab_copy(staging, tok.vocab_format, tok.vocab_bytes)
@@ -190,12 +195,13 @@ def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarra
     return dtype, seq_starts, doc_idx
 
 
-def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, vocab: tuple[int, int],
-                 tokens_per_shard: int) -> tuple[list[ShardInfo], int]:  # fmt: skip
-    """Documents of one split through prepare's ShardWriter, held to the vocabulary (n_vocab,
-    eot): every id below n_vocab, the EOT id at the end of every document. Empty documents
-    (no tokens, not even the EOT id) are skipped; returns the shards and how many were skipped."""
-    (n_vocab, eot), writer, empty = vocab, ShardWriter(root, split, tokens_per_shard), 0
+def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path,
+                 vocab: tuple[int, int]) -> tuple[list[ShardInfo], int]:  # fmt: skip
+    """Documents of one split through prepare's ShardWriter (in the dataset's encoding), held
+    to the vocabulary (n_vocab, eot): every id below n_vocab, the EOT id at the end of every
+    document. Empty documents (no tokens, not even the EOT id) are skipped; returns the shards
+    and how many were skipped."""
+    (n_vocab, eot), empty = vocab, 0
     try:
         for block in reader:
             if not (kept := block.lengths > 0).all():
@@ -217,7 +223,8 @@ def _write_split(root: Path, split: str, reader: Iterator[Block], path: Path, vo
 
 
 def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, list[Path]], shards: list[ShardInfo],
-              empty: dict[str, int], tokens_per_shard: int, started: float) -> DatasetMeta:  # fmt: skip
+              empty: dict[str, int], layout: tuple[int, Encoding], started: float) -> DatasetMeta:  # fmt: skip
+    tokens_per_shard, encoding = layout
     splits = {split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS}
     sources = tuple(SourceInfo(path=str(files[0]), format=fmt, bytes=sum(p.stat().st_size for p in files),
                                records=splits[split].n_docs + empty[split], kept=splits[split].n_docs,
@@ -227,7 +234,7 @@ def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, l
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
     return DatasetMeta(
-        root=out, lmshard_version=__version__, eot_position="after",
+        root=out, lmshard_version=__version__, eot_position="after", encoding=encoding,
         tokenizer=TokenizerInfo(name=tok.name, backend=tok.backend, n_vocab=tok.n_vocab, eot_id=eot, bos_id=None,
                                 ranks_sha256=tok.vocab_sha256, vocab_format=tok.vocab_format),
         splits=splits, total_tokens=n_tokens, total_docs=sum(s.n_docs for s in shards),

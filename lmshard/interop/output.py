@@ -1,9 +1,10 @@
-"""Where an export or import writes: a hidden sibling directory swapped in only when complete,
-and files written under a temporary name, fsynced and renamed.
+"""Where an export, import or convert writes: a hidden sibling directory swapped in only when
+complete, and files written under a temporary name, fsynced and renamed.
 
-`--out DIR` must not exist, or be empty, unless `force`: then the old DIR is renamed aside only
-after the new one is complete, and deleted only after the new one has taken its place. A run
-that fails or is interrupted leaves DIR as it was (and removes its own partial directory).
+`--out DIR` must not exist, or be empty, unless `force` (`--force`; convert's `--overwrite`):
+then the old DIR is renamed aside only after the new one is complete, and deleted only after
+the new one has taken its place. A run that fails or is interrupted leaves DIR as it was (and
+removes its own partial directory).
 
 `force` replaces only what lmshard writes, as `prepare --overwrite` does: the files of the new
 output, the files an earlier export listed in its `lmshard_export.json`, and an lmshard
@@ -32,6 +33,7 @@ from ..format import METADATA_FILE
 from ..prepare.output.staging import carry, user_entries
 
 PROVENANCE_FILE = "lmshard_export.json"  # an export's record of what it wrote (export.py)
+_BLOCKS = re.compile(r"(train|val)/shard_[0-9]{6}\.blocks(\.([0-9]+\.)?tmp)?")  # a zstd shard's frame offsets
 
 
 def _fsync_dir(path: Path) -> None:
@@ -42,7 +44,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
+def _check_out(out: Path, force: bool, sources: list[Path], flag: str) -> None:
     for src in sources:
         real = Path(os.path.realpath(src))
         if out == real or out.is_relative_to(real) or real.is_relative_to(out):
@@ -50,19 +52,20 @@ def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory; choose another --out")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConfigError(f"--out {out}: exists and is not empty; pass --force to replace it "
+        raise ConfigError(f"--out {out}: exists and is not empty; pass {flag} to replace it "
                           "(the old one stays until the new one is complete)")  # fmt: skip
 
 
 @contextlib.contextmanager
 def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path],
-                  trainer_files: re.Pattern[str] | None = None) -> Iterator[Path]:  # fmt: skip
+                  trainer_files: re.Pattern[str] | None = None, flag: str = "--force") -> Iterator[Path]:  # fmt: skip
     """A fresh directory beside `out` to write into; moved to `out` when the block ends without
     an error, else removed. `sources` are the inputs `out` must not overlap (read-only).
     `trainer_files`: names the target trainer reads; one of the user's that would stay beside
-    the new files (an old `meta.pkl`, a shard the new export does not overwrite) is refused."""
+    the new files (an old `meta.pkl`, a shard the new export does not overwrite) is refused.
+    `flag`: the option that lets a non-empty `out` be replaced, as the refusal names it."""
     target = Path(os.path.realpath(out))  # a symlinked --out: swap the directory it names
-    _check_out(target, force, sources)
+    _check_out(target, force, sources, flag)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.lmshard-interop-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)  # a leftover of an earlier run with this pid
@@ -106,8 +109,8 @@ def _swap_in(staging: Path, target: Path, trainer_files: re.Pattern[str] | None 
 def users_files(old: Path, new: Path) -> list[str]:
     """What the old output holds that lmshard did not write and the new one does not replace
     (paths relative to `old`)."""
-    if (old / METADATA_FILE).is_file():  # an lmshard dataset: prepare's own rule
-        return [rel for rel in user_entries(old) if not (new / rel).exists()]
+    if (old / METADATA_FILE).is_file():  # an lmshard dataset: prepare's own rule (and its block offsets files)
+        return [rel for rel in user_entries(old) if not (new / rel).exists() and not _BLOCKS.fullmatch(rel)]
     ours = {PROVENANCE_FILE}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         ours |= {f["path"] for f in json.loads((old / PROVENANCE_FILE).read_text())["files"]}

@@ -7,8 +7,12 @@ tokens stream past, two vectorized checks cost nothing extra: the EOT token sits
 document boundary, and every id is below `n_vocab`. A full `lmshard inspect` (checksums) is
 not repeated here.
 
+The shard's tokens are read in whatever encoding the dataset stores them (format/tokenfile.py),
+decoded to uint32; a zstd frame that does not decode is an error naming the shard and block.
+
 Memory model: one shard's document index (8 bytes per document) and one block of about
-BLOCK_TOKENS tokens (uint32: 64 MiB), or one document when a single document is longer.
+BLOCK_TOKENS tokens (uint32: 64 MiB), or one document when a single document is longer, and
+its stored bytes.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ from ..errors import ConfigError, FormatError
 from ..format import (
     INDEX_DTYPE,
     SPLITS,
-    TOKEN_DTYPE,
     DatasetMeta,
     ShardInfo,
     check_index,
     check_shard_files,
     load_metadata,
 )
+from ..format.tokenfile import TokenFile
 
 BLOCK_TOKENS = 1 << 24  # tokens read per block: 64 MiB of uint32
 INSPECT_HINT = "run `lmshard inspect` on it, and re-run `lmshard prepare` with --overwrite if it fails"
@@ -79,19 +83,21 @@ def _shard_blocks(meta: DatasetMeta, shard: ShardInfo, eot_position: str, size: 
     idx_path = meta.abspath(shard.index_path)
     offsets = np.fromfile(idx_path, dtype=INDEX_DTYPE)  # its size was checked against n_docs
     check_index(idx_path, offsets, shard.n_tokens)
-    tokens = np.memmap(meta.abspath(shard.path), dtype=TOKEN_DTYPE, mode="r")
-    first = 0
-    while first < shard.n_docs:
-        start = int(offsets[first])
-        # the last document boundary within `size` tokens of the block's start (at least one document)
-        last = int(np.searchsorted(offsets, start + size, side="right")) - 1
-        last = min(max(last, first + 1), shard.n_docs)
-        ends = offsets[first : last + 1].astype(np.int64) - start
-        block = np.array(tokens[start : int(offsets[last])])
-        _check(meta, shard, block, ends)
-        yield Block(_move_separator(block, ends, meta, eot_position), np.diff(ends))
-        first = last
-    del tokens
+    tokens = TokenFile(meta.root, shard, meta.encoding)  # any encoding, decoded to uint32
+    try:
+        first = 0
+        while first < shard.n_docs:
+            start = int(offsets[first])
+            # the last document boundary within `size` tokens of the block's start (at least one document)
+            last = int(np.searchsorted(offsets, start + size, side="right")) - 1
+            last = min(max(last, first + 1), shard.n_docs)
+            ends = offsets[first : last + 1].astype(np.int64) - start
+            block = tokens.read(start, int(offsets[last]))
+            _check(meta, shard, block, ends)
+            yield Block(_move_separator(block, ends, meta, eot_position), np.diff(ends))
+            first = last
+    finally:
+        tokens.close()
 
 
 def _check(meta: DatasetMeta, shard: ShardInfo, block: np.ndarray, ends: np.ndarray) -> None:
