@@ -138,7 +138,9 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         bos = [f"BOS {tok.bos_id} (before each doc)"] if tok.bos_id is not None else []
         eot = f"EOT {tok.eot_id} ({meta.eot_position} each doc)"
         table.add_row("tokenizer", Items([tok.name, f"n_vocab {tok.n_vocab:,}", eot, *bos]))
-        table.add_row("dtype", "uint32, little-endian")
+        from .inspect.verify import encoding_summary
+
+        table.add_row("encoding", escape(encoding_summary(meta)))
         for split in meta.splits:
             counts = [meta.n_docs(split), meta.n_tokens(split), len(meta.split_shards(split))]
             table.add_row(split, Items([plural(n, w) for n, w in zip(counts, ("doc", "token", "shard"), strict=True)]))

@@ -58,14 +58,14 @@ class Encoding:
     level: int = 0  # zstd: the compression level the writer used (reading does not need it)
 
     @classmethod
-    def choose(cls, name: str, n_vocab: int) -> Encoding:
+    def choose(cls, name: str, n_vocab: int, flag: str = "--shard-encoding") -> Encoding:
         """The encoding `name` for a vocabulary of `n_vocab` ids; ConfigError (one line) for an
         unknown name or a uint16 that cannot hold the vocabulary."""
         if name == "uint32":
             return cls()
         if name == "uint16":
             if n_vocab > 1 << 16:
-                raise ConfigError(f"--shard-encoding uint16 holds ids up to 65,535, but this vocabulary has "
+                raise ConfigError(f"{flag} uint16 holds ids up to 65,535, but this vocabulary has "
                                   f"{n_vocab:,} ids: use packed ({bits_for(n_vocab)} bits per token), zstd or "
                                   "uint32")  # fmt: skip
             return cls("uint16", bits=16)
@@ -75,7 +75,7 @@ class Encoding:
             _zstd()
             width = 2 if n_vocab <= 1 << 16 else 3 if n_vocab <= 1 << 24 else 4
             return cls("zstd", block_tokens=ZSTD_BLOCK_TOKENS, bits=8 * width, width=width, level=ZSTD_LEVEL)
-        raise ConfigError(f"--shard-encoding {name!r}: choose one of {', '.join(NAMES)}")
+        raise ConfigError(f"{flag} {name!r}: choose one of {', '.join(NAMES)}")
 
     @property
     def version(self) -> int:

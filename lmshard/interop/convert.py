@@ -97,10 +97,7 @@ def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.Path
 
 def _target(to: str, meta: DatasetMeta) -> Encoding:
     """The encoding `to` for the dataset's vocabulary; ConfigError naming --to."""
-    try:
-        return Encoding.choose(to, meta.tokenizer.n_vocab)
-    except ConfigError as e:  # the message names prepare's option; here it is --to
-        raise ConfigError(str(e).replace("--shard-encoding", "--to", 1)) from None
+    return Encoding.choose(to, meta.tokenizer.n_vocab, flag="--to")
 
 
 def _copy_small_files(meta: DatasetMeta, staging: Path) -> None:

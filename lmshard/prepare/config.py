@@ -192,6 +192,7 @@ class PrepareConfig:
         for transient in TRANSIENT_OPTIONS:
             d.pop(transient)
         d["inputs"] = [redact(spec) if is_url(spec) else spec for spec in self.inputs]  # credentials never recorded
+        d["shard_encoding"] = self.shard_encoding or (None if self.append else "uint32")  # None: the dataset's
         return d
 
 

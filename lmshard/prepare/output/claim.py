@@ -174,14 +174,21 @@ def _capped(out: Path) -> bool:
         return False
 
 
+def _comparable(config: PrepareConfig) -> dict[str, Any]:
+    """This run's recorded options that a finished dataset's must equal: all but its inputs, and
+    but the shard encoding of an --append that keeps the dataset's (recorded as None)."""
+    ours = config.recorded()
+    return {k: v for k, v in ours.items() if k != "inputs" and not (k == "shard_encoding" and v is None)}
+
+
 def _made_with(out: Path, config: PrepareConfig) -> str:
     """How the dataset in `out` was made unlike this run: its first differing option, else its inputs."""
     try:
         theirs = dict(load_metadata(out).config)
     except LmshardError:
         return "but its metadata cannot be read"
-    for key, value in config.recorded().items():
-        if key != "inputs" and theirs.get(key, value) != value:
+    for key, value in _comparable(config).items():
+        if theirs.get(key, value) != value:
             return f"with --{key.replace('_', '-')} {theirs[key]!r} (this run: {value!r})"
     return "from other inputs (or inputs that changed since)"
 
@@ -193,9 +200,8 @@ def _already_done(out: Path, config: PrepareConfig, sources: list[Source]) -> bo
         meta = load_metadata(out)
     except LmshardError:
         return False
-    ours = config.recorded()
-    theirs = dict(meta.config)
-    if {k: v for k, v in ours.items() if k != "inputs"} != {k: v for k, v in theirs.items() if k != "inputs"}:
+    ours, theirs = _comparable(config), dict(meta.config)
+    if ours != {k: theirs.get(k, v) if k == "shard_encoding" else theirs.get(k) for k, v in ours.items()}:
         return False
     done = [(s.path, s.bytes) for s in meta.sources]
     now = [(s.path, s.size) for s in sources]
