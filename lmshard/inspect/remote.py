@@ -2,9 +2,12 @@
 
 Verification runs the same checks as on a local dataset (verify.py), one shard at a time: the
 dataset's small files (metadata, tokenizer state, vocabulary copy, dedup keys) and one shard's
-files are fetched into a temporary directory, checked, and deleted before the next shard. Every
-other file stands there as a sparse placeholder of the size the store lists for it, so the size
-checks compare the objects' real sizes. `--quick` fetches the document indexes only.
+files (token file, document index, block sums and, in zstd, block offsets) are fetched into a
+temporary directory, checked in the dataset's encoding (each block held to its sum and decoded,
+a damaged one named by shard and block), and deleted before the next shard. Every other file
+stands there as a sparse placeholder of the size the store lists for it, so the size checks
+compare the objects' real sizes. `--quick` fetches the document indexes (and block offsets,
+8 bytes per block) only: no token data.
 
 Memory model: as verify.py; on disk, the small files and one shard at a time.
 """
@@ -95,7 +98,8 @@ def verify_remote(url: str, quick: bool = False, on_shard: Callable[[ShardInfo],
             on_start(len(meta.shards))
         start_report(meta, report)
         for shard in meta.shards:
-            fetched = [r for r in shard.files() if r in listing and (not quick or r == shard.index_path)]
+            small = (shard.index_path, shard.blocks_path)  # what --quick reads: never the tokens or their sums
+            fetched = [r for r in shard.files() if r in listing and (not quick or r in small)]
             for rel in fetched:
                 _fetch(remote, rel, root / rel, listing[rel])
             verify_shard(meta, shard, report)

@@ -2,29 +2,29 @@
 
 `pin(blocks)` makes blocks readable and keeps them until `unpin`: those in the pool are pinned
 at once; those another thread is fetching are waited for; the rest are fetched on this thread
-(`BlockReader.read`: disk cache, else ranged GETs, checked). A block the pool has no room for
-(every slot pinned) is read into memory of its own for this call, so a reader never waits for
-room and the pool never deadlocks.
+(`BlockReader.read`: disk cache, else ranged GETs; checked, and decoded to uint32 whatever the
+dataset's encoding). A block the pool has no room for (every slot pinned) is read into memory
+of its own for this call, so a reader never waits for room and the pool never deadlocks.
 
 **Exact prefetch.** A stream knows the rows of its next steps, so it `announce`s them (a key
 and the blocks they touch) as it serves earlier ones, and `release`s a step once served. The
 pool's blocks of an announced step are pinned at once; the rest are queued for a background
-thread, which fetches the queue in order, a round of up to `ROUND_BLOCKS` blocks at a time sent
-concurrently (runs of adjacent blocks coalesced, `blockread.py`), and pins them for their step.
-It only takes slots that are free or evictable (not pinned, not being filled); when the pool
-has none left it waits for a release, and the steps it did not reach are fetched by the reader
-when it gets there. A fetch that fails (on the background thread or another reader's) is not
-kept: a reader that was waiting on it fetches the blocks itself, so the error a reader raises is
-always one of its own requests (a prefetch that failed a moment before the store came back
-never fails a batch).
+thread, which fetches the queue in order, a round of blocks of up to `ROUND_TOKENS` tokens at a
+time sent concurrently (runs of adjacent blocks coalesced, `blockread.py`), and pins them for
+their step. It only takes slots that are free or evictable (not pinned, not being filled); when
+the pool has none left it waits for a release, and the steps it did not reach are fetched by
+the reader when it gets there. A fetch that fails (on the background thread or another
+reader's) is not kept: a reader that was waiting on it fetches the blocks itself, so the error a
+reader raises is always one of its own requests (a prefetch that failed a moment before the
+store came back never fails a batch).
 
 After a fork (DataLoader workers) or in an unpickled copy, the pool, the thread and the
 connections are built again on first use: nothing is shared between processes but the disk
 cache.
 
-Memory model: the pool (`pool_limit` bytes, see blockpool.py); blocks in flight beyond the pool
-only for a reader the pool had no room for (the blocks of its own call); per announced step its
-block numbers (8 bytes per block).
+Memory model: the pool (`pool_limit` bytes of decoded uint32 tokens, see blockpool.py); blocks
+in flight beyond the pool only for a reader the pool had no room for (the blocks of its own
+call, as stored and decoded); per announced step its block numbers (8 bytes per block).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ..errors import LmshardError
 from .blockpool import BlockPool
 from .blockread import BlockReader
 
-ROUND_BLOCKS = 256  # blocks fetched per background round: 16 MiB
+ROUND_TOKENS = 1 << 22  # tokens fetched per background round: 256 blocks, 16 MiB of uint32
 _IDLE_SECONDS = 1.0  # how often an idle fetch thread checks that its pool still exists
 
 
@@ -85,6 +85,7 @@ class Blocks:
     def _start(self) -> None:
         self._pid = os.getpid()
         self.pool = BlockPool(self.pool_limit, self.reader.block_tokens)
+        self.round_blocks = max(1, ROUND_TOKENS // self.reader.block_tokens)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._loading: dict[int, _Fetch] = {}
@@ -278,7 +279,7 @@ class Blocks:
 
     def _plan(self) -> tuple[int, list[int]]:
         """(lock held) How many queued steps the next round takes, and the blocks it fetches for
-        them: steps in order, up to ROUND_BLOCKS blocks, while the pool has room for them."""
+        them: steps in order, up to `round_blocks` blocks, while the pool has room for them."""
         taken, wanted, seen = 0, list[int](), set[int]()
         room = self.pool.free_or_evictable
         self._stalled = False
@@ -286,7 +287,7 @@ class Blocks:
             if step.live:
                 missing = [g for g in step.blocks if g not in self.pool.where and g not in self._loading
                            and g not in seen]  # fmt: skip
-                if wanted and len(wanted) + len(missing) > ROUND_BLOCKS:
+                if wanted and len(wanted) + len(missing) > self.round_blocks:
                     break  # the next round: a reader waiting for this one's first steps gets them sooner
                 if len(missing) > room - len(wanted):
                     self._stalled = True  # no room until a step is released; the reader fetches what it needs

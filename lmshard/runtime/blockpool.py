@@ -1,18 +1,20 @@
-"""The in-memory pool of a remote split's verified blocks: a fixed arena of 64 KiB slots.
+"""The in-memory pool of a remote split's verified, decoded blocks: a fixed arena of slots of
+`block_tokens` uint32 tokens (64 KiB at 16,384 tokens; smaller for zstd's blocks).
 
-A slot holds one checksum block (`block_tokens` tokens; the last block of a shard may be
-shorter). `where` maps a block (its number in the split, shards in order) to its slot. A slot
-is *pinned* while a reader copies from it or while a step that was announced and not yet served
-needs it, and *busy* while a fetch fills it; neither kind is ever evicted. Other slots are
-evicted by the clock algorithm (a slot read since the hand last passed gets a second chance).
+A slot holds one checksum block as uint32 tokens, whatever the encoding it was stored in (the
+last block of a shard may be shorter). `where` maps a block (its number in the split, shards in
+order) to its slot. A slot is *pinned* while a reader copies from it or while a step that was
+announced and not yet served needs it, and *busy* while a fetch fills it; neither kind is ever
+evicted. Other slots are evicted by the clock algorithm (a slot read since the hand last passed
+gets a second chance).
 
 Every method is called with the owner's lock held (`blockfetch.Blocks`). Copying out of a pinned
 slot needs no lock; a reader that did not pin checks `evictions` after its copy (a slot is only
 ever refilled after an eviction that bumped it) and reads again pinned if it moved.
 
 Memory model: the arena, `limit` bytes rounded down to whole slots and one slot of slack,
-allocated lazily by the OS (untouched pages cost nothing), plus 14 bytes per slot of bookkeeping and one dict entry per
-resident block. Nothing grows with the dataset.
+allocated lazily by the OS (untouched pages cost nothing), plus 14 bytes per slot of
+bookkeeping and one dict entry per resident block. Nothing grows with the dataset.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class BlockPool:
     def rows(self, length: int) -> np.ndarray:
         """[positions, length] view over the whole arena: row p is arena[p : p + length], so a
         row that lies in one slot (or runs on into the next slot, when that slot holds the next
-        block) is gathered by one fancy index, as `store._Span` does over mapped shards."""
+        block) is gathered by one fancy index, as `span._Span` does over mapped shards."""
         view = self._views.get(length)
         if view is None:
             size = TOKEN_DTYPE.itemsize

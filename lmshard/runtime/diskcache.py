@@ -2,13 +2,17 @@
 
 Layout under the `cache_dir` the user gives:
 
-    blocks/<shard xxh3-64>-<block tokens>/<block>.blk   a block's bytes, then its xxh3-64 (8 bytes, LE)
+    blocks/<shard xxh3-64>-<block tokens>/<block>.blk   a block's stored bytes, then their xxh3-64 (8 bytes, LE)
     blocks/usage                                         the bytes the block files hold (int64, LE)
     blocks/lock                                          taken with flock around every change
 
-A block is named by its shard's checksum, so a regenerated dataset never reads an old block, and
-two datasets that share a shard share its blocks. A file appears under its name only whole (it
-is written under a temporary name and renamed), and the caller checks it every time it is read
+A block is kept as its shard's token file stores it, in the dataset's encoding (uint32 tokens,
+uint16, packed bits or a zstd frame), so a compressed dataset takes its compressed size here too;
+the trailer is the block's sum, as in the shard's `.sums`, and the reader decodes the block after
+checking it. A block is named by its shard's checksum (of the stored file: two encodings of the
+same tokens never share a file), so a regenerated dataset never reads an old block, and two
+datasets that share a shard share its blocks. A file appears under its name only whole (it is
+written under a temporary name and renamed), and the caller checks it every time it is read
 (against the shard's block sums, or the trailer for a shard without them): a damaged file is
 removed and the block fetched again.
 
@@ -20,12 +24,12 @@ limit, and the count is recounted from the files themselves at every such round.
 raised before a file appears, so a writer that dies in between leaves it high (until the next
 recount), never the directory over. The directory therefore never holds more than the limit,
 whichever process writes; processes sharing it should pass the same limit (each holds the
-directory to its own). The lock is held for one file (a write of 64 KiB and a rename, or a round
-of removal), never while waiting on the network, so the cache cannot deadlock, and a process
-that dies while holding it releases it with its descriptors. A writer that died mid-file leaves
-a temporary file, removed at the next round. A cache that cannot be written (a full disk) is
-warned about once and read on without. `flock` is per machine: give each node its own (local)
-directory.
+directory to its own). The lock is held for one file (a write of one block, at most 64 KiB, and
+a rename, or a round of removal), never while waiting on the network, so the cache cannot
+deadlock, and a process that dies while holding it releases it with its descriptors. A writer
+that died mid-file leaves a temporary file, removed at the next round. A cache that cannot be
+written (a full disk) is warned about once and read on without. `flock` is per machine: give
+each node its own (local) directory.
 
 Memory model: one block read at a time; a round of removal lists the directory (one entry per
 cached file) while it runs.
@@ -43,7 +47,7 @@ from typing import Any
 
 from ..errors import ConfigError, warn
 
-TRAILER = 8  # bytes of xxh3-64 after a block's tokens
+TRAILER = 8  # bytes of xxh3-64 after a block's stored bytes
 _SLACK = 10  # a round of removal frees a tenth of the limit beyond what is asked
 
 
@@ -72,7 +76,7 @@ class DiskCache:
         return self.root / key / f"{block}.blk"
 
     def get(self, key: str, block: int, size: int) -> bytes | None:
-        """The file of a block (tokens and trailer, unchecked; `size` bytes expected), or None."""
+        """The file of a block (stored bytes and trailer, unchecked; `size` bytes expected), or None."""
         path = f"{self.root}/{key}/{block}.blk"  # a str, not a Path: this runs for every block read
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -94,7 +98,7 @@ class DiskCache:
             self._remove([self.path(key, block)])
 
     def put_many(self, items: Sequence[tuple[str, int, bytes]]) -> None:
-        """Add (key, block, tokens + trailer) files, making room first; files already there
+        """Add (key, block, stored bytes + trailer) files, making room first; files already there
         (another process fetched the block too) are left as they are. A cache that cannot be
         written (a full disk) only means fewer blocks cached: one warning, and reads go on."""
         try:

@@ -3,27 +3,31 @@ remote counterpart of `store.TokenStore`, with the same reads, so every stream w
 
 Opening reads the metadata once (`remote.dataset.open_remote`, which follows the redirect of a
 replaced dataset to its current generation, whose objects never change) and lists the split's
-objects once, to hold every shard's files to the sizes the metadata gives. A shard's document
-index is fetched when first needed (document-aligned rows, cu_seqlens, packing) and held to the
-metadata's `index_xxh3_64`; its block sums likewise (blockread.py).
+objects once, to hold every shard's files (block sums and zstd block offsets included) to the
+sizes the metadata gives. A shard's document index is fetched when first needed
+(document-aligned rows, cu_seqlens, packing) and held to the metadata's `index_xxh3_64`; its
+block sums and block offsets likewise (blockread.py).
 
-Tokens are read in whole checksum blocks (64 KiB), each checked before use, through a bounded
-in-memory pool (blockfetch.py) and an optional bounded disk cache (diskcache.py). A batch's rows
-are gathered from the pool by one fancy index, as from mapped shards (rowplan.py: a row that
-runs into a block in another slot then gets its tail from there). Streams announce the rows of
-their next `lookahead` steps, and a background thread fetches them (exact prefetch).
+Tokens are read in whole checksum blocks of the dataset's encoding (16,384 tokens, 64 KiB of
+uint32; fewer in zstd), each checked against its sum and decoded to uint32 before use, through
+a bounded in-memory pool of decoded blocks (blockfetch.py) and an optional bounded disk cache of
+blocks as stored (diskcache.py). A batch's rows are gathered from the pool by one fancy index,
+as from mapped shards (rowplan.py: a row that runs into a block in another slot then gets its
+tail from there). Streams announce the rows of their next `lookahead` steps, and a background
+thread fetches them (exact prefetch).
 
 Pickled (DataLoader workers) without its pool, thread, connections or indexes: each process
 builds its own on first read, and shares only the disk cache.
 
-Memory model: the pool (`pool_limit`, default 256 MiB, per process); per shard a few integers
-and, once read, its block sums (8 bytes per 64 KiB); the document indexes of at most
-`max_open` shards (8 bytes per document); in a call that the pool has no room for, that call's
-blocks.
+Memory model: the pool (`pool_limit`, default 256 MiB of decoded uint32 tokens, per process);
+per shard a few integers and, once read, its block sums and in zstd its block offsets (8 bytes
+per block each); the document indexes of at most `max_open` shards (8 bytes per document); in a
+call that the pool has no room for, that call's blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import OrderedDict, deque
 from pathlib import Path
@@ -32,7 +36,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, FormatError
-from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta, ShardInfo, check_index, shard_file_sizes
+from ..format import (
+    INDEX_DTYPE,
+    REGENERATE_HINT,
+    UINT32,
+    DatasetMeta,
+    Encoding,
+    ShardInfo,
+    check_index,
+    shard_file_sizes,
+)
 from ..format.blocks import BLOCK_TOKENS, bytes_xxh3
 from ..remote import Remote, Retry, redact
 from ..remote.dataset import open_remote
@@ -54,7 +67,7 @@ class RemoteStore(SplitReads):
     mapped = False  # never memory-mapped: MixedStore gathers its rows through `gather`
 
     def __init__(self, remote: Remote, shards: list[ShardInfo], *, max_open: int, pool_limit: int,
-                 cache: DiskCache | None, lookahead: int) -> None:  # fmt: skip
+                 cache: DiskCache | None, lookahead: int, encoding: Encoding = UINT32) -> None:  # fmt: skip
         self.remote, self.shards = remote, shards
         self.sizes = np.array([s.n_tokens for s in shards], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
@@ -62,8 +75,11 @@ class RemoteStore(SplitReads):
         self.n_tokens, self.n_docs = int(self.starts[-1]), int(self.doc_counts.sum())
         self.max_open, self.lookahead = max_open, lookahead
         self.chunk_steps = lookahead  # steps per announcement (see announce)
-        self.block_tokens = bt = _block_tokens(remote, shards)
-        self.reader = BlockReader(remote, shards, bt, cache)
+        if encoding.version == 1:  # uint32: blocks of the shards' sums, whatever size they were written in
+            encoding = dataclasses.replace(encoding, block_tokens=_block_tokens(remote, shards))
+        self.encoding = encoding
+        self.block_tokens = bt = encoding.block_tokens
+        self.reader = BlockReader(remote, shards, encoding, cache)
         self.blocks = Blocks(self.reader, pool_limit)
         self.geometry = Geometry(self.starts, self.sizes, self.reader.base, bt)
         self._plans: dict[Any, RowPlan] = {}  # announced steps' rows (keys (owner, step))
@@ -235,7 +251,8 @@ class RemoteStore(SplitReads):
 
 
 def _block_tokens(remote: Remote, shards: list[ShardInfo]) -> int:
-    """The split's block size: its shards' (one size for all), or 64 KiB for shards without sums."""
+    """A uint32 split's block size: its shards' (one size for all), or 16,384 tokens (64 KiB) for
+    shards without sums. (In format version 2 the encoding gives it, and the sums must match.)"""
     sizes = {s.block_tokens for s in shards if s.sums_path}
     if len(sizes) > 1:
         raise FormatError(f"{redact(remote.url)}: its shards have block sums of different sizes "
@@ -287,6 +304,7 @@ def open_remote_store(url: str, split: str, max_open: int, *, cache_dir: str | o
     shards = [s for s in meta.split_shards(split) if s.n_tokens]
     if not shards:
         raise FormatError(f"{redact(url)}: split {split!r} holds no tokens; prepare more data or use another split")
-    store = RemoteStore(remote, shards, max_open=max_open, pool_limit=pool, cache=cache, lookahead=ahead)
+    store = RemoteStore(remote, shards, max_open=max_open, pool_limit=pool, cache=cache, lookahead=ahead,
+                        encoding=meta.encoding)  # fmt: skip
     plans = None if cache_dir is None else Path(cache_dir) / "plans"
     return meta, store, plans
