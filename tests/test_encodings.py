@@ -262,6 +262,7 @@ def test_version_2_metadata_is_held_to_its_encoding(gpt2_sets, tmp_path):
     shard = lambda d: d["splits"]["train"]["shards"][0]  # noqa: E731
     refused(lambda d: shard(d).pop("n_bytes"), "'n_bytes' is missing")
     refused(lambda d: shard(d).pop("blocks_path"), "'blocks_path' is missing")
+    refused(lambda d: shard(d).pop("sums_path"), "'sums_path' is missing")
     refused(lambda d: d.update(format_version=1), "belong to format version 2")
     refused(lambda d: d["encoding"].update(name="uint32"), "format version 2 with encoding 'uint32'")
     refused(lambda d: d.update(format_version=3), "this lmshard reads 1 and 2")

@@ -347,6 +347,8 @@ def _check_encoded(shard: ShardInfo, encoding: Encoding) -> None:
         return
     if shard.n_bytes < 0:
         raise _Invalid(f"{where}'n_bytes' is missing")
+    if not shard.sums_path:
+        raise _Invalid(f"{where}'sums_path' is missing (a version 2 shard keeps its block sums)")
     if not encoding.compressed and shard.n_bytes != encoding.n_bytes(shard.n_tokens):
         raise _Invalid(f"{where}'n_bytes' {shard.n_bytes} is not what {shard.n_tokens} tokens take in "
                        f"{encoding.describe()} ({encoding.n_bytes(shard.n_tokens)})")  # fmt: skip
