@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 from conftest import write
 from servers import local_tree
@@ -140,19 +141,26 @@ def test_interrupted_overwrite_leaves_the_old_dataset_whole(s3, inputs, tmp_path
         comparable(local_tree(tmp_path / "local"))
 
 
-def test_append_adds_objects_and_keeps_the_old_ones(s3, inputs, tmp_path):
+@pytest.mark.parametrize("encoding", [None, "zstd"])
+def test_append_adds_objects_and_keeps_the_old_ones(s3, inputs, tmp_path, encoding):
     server, bucket = s3
     url = bucket + "/ds"
-    prepare(config(url, inputs))
+    prepare(config(url, inputs, shard_encoding=encoding))
     before = remote_tree(server, url)
     more = write(tmp_path / "in2" / "b.jsonl", texts(40, salt="more "))
-    prepare(config(url, more, append=True))
+    prepare(config(url, more, append=True))  # (keeps the dataset's encoding)
     # The same append made locally, to a local copy of the first dataset.
-    prepare(config(str(tmp_path / "local"), inputs))
+    prepare(config(str(tmp_path / "local"), inputs, shard_encoding=encoding))
     prepare(config(str(tmp_path / "local"), more, append=True))
     after = remote_tree(server, url)
     assert after == comparable(local_tree(tmp_path / "local"))
     assert all(after[k] == v for k, v in before.items() if k != "dataset_metadata.json")
+    if encoding:
+        assert any(k.endswith(".blocks") for k in after)
+        from lmshard import TokenDataset
+
+        local, remote = TokenDataset(tmp_path / "local"), TokenDataset(url)
+        assert np.array_equal(local.tokens(0, local.n_tokens), remote.tokens(0, remote.n_tokens))
 
 
 def test_inspect_export_import_take_urls(s3, inputs, tmp_path):
