@@ -75,6 +75,10 @@ def summary(meta: Any, where: str) -> None:
     for split, s in meta.splits.items():
         counts = plural(s.n_docs, "doc"), plural(s.n_tokens, "token"), plural(len(s.shards), "shard")
         table.add_row(split, Items(counts))
+    if meta.encoding.version > 1:  # (uint32, the default, goes without saying)
+        from .inspect.verify import encoding_summary
+
+        table.add_row("encoding", escape(encoding_summary(meta)))
     drops = {k: v for k, v in meta.drops.items() if v}
     table.add_row("dropped", listed([f"{k} {v:,}" for k, v in drops.items()]) if drops else "none")
     if meta.skipped_inputs:
