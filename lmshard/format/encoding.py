@@ -128,8 +128,11 @@ class Encoding:
             return tokens.astype("<u2").tobytes()
         if self.name == "packed":
             return pack(tokens, self.bits).tobytes()
-        raw = np.ascontiguousarray(tokens.view(np.uint8).reshape(-1, 4)[:, : self.width]).tobytes()
-        return bytes((compressor or self.compressor()).compress(raw))
+        return bytes((compressor or self.compressor()).compress(self.narrow(tokens)))
+
+    def narrow(self, tokens: np.ndarray) -> bytes:
+        """zstd: a block's ids as the `width`-byte little-endian integers a frame holds."""
+        return np.ascontiguousarray(np.asarray(tokens, "<u4").view(np.uint8).reshape(-1, 4)[:, : self.width]).tobytes()
 
     def compressor(self) -> Any:
         return _zstd().ZstdCompressor(level=self.level, write_checksum=True, write_content_size=True)

@@ -303,33 +303,33 @@ class TokenStore(SplitReads):
         inside = (offsets - self.starts[found] + length <= self.sizes[found]).tolist()
         shards = found.tolist()
         crossing = [r for r, whole in enumerate(inside) if not whole]
-        if not self.mapped and self.dtype != TOKEN_DTYPE:  # uint16 or decoded: the rows of each shard at once
+        if self.dtype is None:  # packed, zstd: the rows of each shard decoded at once
             local_arr, inside_arr = np.asarray(local, dtype=np.int64), np.asarray(inside)
             for k in set(shards):
                 mine = np.flatnonzero((found == k) & inside_arr)
-                if not len(mine):  # (its rows all cross into the next shard: read below)
-                    continue
-                entry = self._get(k)
-                if entry.file is not None:
-                    out[mine] = entry.file.read_rows(local_arr[mine], length)
-                else:
-                    narrow = np.empty((len(mine), length), dtype=self.dtype)
-                    for i, r in enumerate(mine.tolist()):
-                        self._pread_narrow(entry, k, local[r], narrow[i])
-                    out[mine] = narrow
+                if len(mine):  # (else its rows all cross into the next shard: read below)
+                    file = self._get(k).file
+                    assert file is not None
+                    out[mine] = file.read_rows(local_arr[mine], length)
         elif not self.mapped:
             # Descriptors are taken once per batch, unless its rows are in more shards than may be
             # open at once: then opening a later shard would close an earlier one, whose number
             # the new file may reuse, and rows would silently come from the wrong shard.
             distinct = set(shards)
             fds = {k: self._get(k).fd for k in distinct} if len(distinct) <= self.max_open else None
-            nbytes, size = length * TOKEN_DTYPE.itemsize, TOKEN_DTYPE.itemsize
+            # uint16: the rows land in a narrow buffer, widened into `out` by one copy at the end
+            rows = out if self.dtype == TOKEN_DTYPE else np.empty(out.shape, dtype=self.dtype)
+            size = rows.itemsize
+            nbytes = length * size
             for r, k in enumerate(shards):
                 if not inside[r]:
                     continue
                 fd = fds[k] if fds is not None else self._get(k).fd
-                if os.preadv(fd, [out[r]], local[r] * size) != nbytes:
+                if os.preadv(fd, [rows[r]], local[r] * size) != nbytes:
                     self._pread(k, local[r], out[r])  # a short read: retry once, raising if it is short again
+                    rows[r] = out[r]
+            if rows is not out:
+                out[...] = rows
         else:
             arrays = {k: self._tokens(k) for k in set(shards)}  # an array keeps its map even if its shard is closed
             for r, k in enumerate(shards):

@@ -32,7 +32,7 @@ from ...format import (
 )
 from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
-from ...format.sealing import reopen_sealed, seal_encoded, shard_entry
+from ...format.sealing import StreamEncoder, reopen_sealed, shard_entry
 
 
 def with_separators(
@@ -69,8 +69,8 @@ class ShardWriter:
     makes them durable and returns the writer's state, and a writer built with that state
     (`resume`) truncates the files back to it and carries on, so a resumed run writes the same
     bytes as one that was never stopped. `first` shards may already exist (`--append`). A shard
-    of another encoding than uint32 is streamed as uint32 all the same and encoded when it is
-    finished (format/sealing.py)."""
+    of another encoding than uint32 is streamed as uint32 all the same (what a resume cuts back)
+    and encoded block by block as it is written (format/sealing.py's StreamEncoder)."""
 
     def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = (),
                  encoding: Encoding = UINT32) -> None:  # fmt: skip
@@ -82,6 +82,7 @@ class ShardWriter:
         self._hash = xxhash.xxh3_64()
         self._idx_hash = xxhash.xxh3_64()
         self._blocks = BlockHasher()
+        self._encoder: StreamEncoder | None = None  # the open shard's, in an encoding other than uint32
         self._n_tokens = 0
         self._n_docs = 0
 
@@ -114,6 +115,9 @@ class ShardWriter:
             if f is not None:
                 close_quietly(f)
         self._bin = self._idx = None
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
 
     def sync(self) -> dict[str, Any]:
         """Make everything written so far durable and return the state `resume` restores."""
@@ -148,13 +152,21 @@ class ShardWriter:
                 final.unlink()
             else:
                 os.replace(final, tmp)  # finished after the checkpoint: reopen it
-        self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, self._hash, self._blocks)
+        encoded = self._new_encoder(bin_path)
+        digests = (self._hash, self._blocks) if encoded is None else (encoded,)  # (the encoder starts over)
+        self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, *digests)
         self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
         self._n_tokens, self._n_docs = n_tokens, n_docs
 
     def _paths(self, index: int) -> tuple[Path, Path]:
         bin_rel, idx_rel = shard_paths(self.split, index)
         return self.root / bin_rel, self.root / idx_rel
+
+    def _new_encoder(self, bin_path: Path) -> StreamEncoder | None:
+        """The open shard's encoder (None for uint32, hashed as written)."""
+        if self.encoding.version > 1:
+            self._encoder = StreamEncoder(bin_path, self.encoding)
+        return self._encoder
 
     def _write(self, tokens: np.ndarray, ends: np.ndarray) -> None:
         if self._bin is None:
@@ -163,7 +175,9 @@ class ShardWriter:
         data = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
         raw = data.data.cast("B")  # the array's own bytes: no copy
         self._bin.write(raw)
-        if self.encoding.version == 1:  # (an encoded shard is hashed as it is sealed)
+        if self._encoder is not None:  # (it hashes what it encodes)
+            self._encoder.update(raw)
+        else:
             self._hash.update(raw)
             self._blocks.update(raw)
         offsets = (ends + self._n_tokens).astype(INDEX_DTYPE).tobytes()
@@ -178,6 +192,7 @@ class ShardWriter:
         self._bin = open(f"{bin_path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
         self._idx = open(f"{idx_path}.tmp", "wb")  # noqa: SIM115
         self._hash, self._idx_hash, self._blocks = xxhash.xxh3_64(), xxhash.xxh3_64(), BlockHasher()
+        self._new_encoder(bin_path)
         self._n_tokens = self._n_docs = 0
         start = np.zeros(1, dtype=INDEX_DTYPE).tobytes()
         self._idx.write(start)
@@ -192,9 +207,9 @@ class ShardWriter:
             f.close()
         self._bin = self._idx = None
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
-        if self.encoding.version > 1:
+        if self._encoder is not None:
             os.replace(f"{idx_path}.tmp", idx_path)
-            sealed = seal_encoded(Path(f"{bin_path}.tmp"), bin_path, bin_rel, self.encoding, self._n_tokens)
+            sealed, self._encoder = self._encoder.seal(bin_rel, Path(f"{bin_path}.tmp")), None
             self.shards.append(shard_entry(self.split, bin_rel, idx_rel, self._n_tokens, self._n_docs,
                                            self._idx_hash.hexdigest(), self.encoding, sealed))  # fmt: skip
             self._n_tokens = self._n_docs = 0
