@@ -16,6 +16,11 @@ Two ways to read, chosen when the split is opened:
   ~1.7 us for a `preadv`). Releasing maps with MADV_DONTNEED was tried first: the re-faults
   made batches 6× slower (docs/performance.md).
 
+Shard encodings (format/encoding.py): uint16 shards are mapped or read the same way, and their
+rows widened to uint32 as they are gathered. Packed and zstd shards are decoded
+(format/tokenfile.py): their stored bytes are mapped when they fit in `rss_limit` (else read),
+and a batch's rows of one shard are decoded together, each zstd block they touch once.
+
 Shard files are opened lazily, at most `max_open` at a time (least recently used are closed).
 Before any is opened, `from_dataset` holds every shard of the split to its metadata
 (`format.check_shard_files`: inside the dataset, the recorded sizes), and a shard's document
@@ -25,8 +30,9 @@ index is checked (`format.check_index`) when it is first loaded, so a tampered d
 Memory model: per shard one cumulative offset (8 bytes); per *open* shard a file descriptor or a
 map, and a memory-mapped view of its `.idx` (opened on first use, pages loaded on demand); in
 mapped mode, per row length a view over the maps and three int64 per shard; no token data is
-kept between reads. The in-memory store (small text files, synthetic data) holds
-its tokens.
+kept between reads (a packed or zstd shard: the last 64 decoded blocks of an open shard, for
+reads in order, and a batch's decoded blocks while it is built). The in-memory store (small text
+files, synthetic data) holds its tokens.
 """
 
 from __future__ import annotations
