@@ -89,7 +89,10 @@ class Encoding:
 
     @property
     def mappable(self) -> np.dtype | None:
-        """The numpy dtype to memory-map the token file with, or None when it must be decoded."""
+        """The numpy dtype to memory-map the token file with, or None when it must be decoded (a
+        packed file of 8, 16 or 32 bits per token is laid out as plain little-endian integers)."""
+        if self.name == "packed" and self.bits in (8, 16, 32):
+            return np.dtype(f"<u{self.bits // 8}")
         return _MAPPABLE.get(self.name)
 
     @property

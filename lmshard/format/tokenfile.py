@@ -172,17 +172,27 @@ class TokenFile:
 
     def _packed_rows(self, starts: np.ndarray, length: int) -> np.ndarray:
         bits = self.encoding.bits
+        word = np.dtype("<u4" if bits <= 25 else "<u8")  # holds a token's bits at any of the 8 bit offsets
         first = starts * bits  # each row's first bit
-        span = (length * bits + 7) // 8 + 1  # bytes a row's bits cover, whatever its first bit
-        buf = np.zeros((len(starts), span + 8), dtype=np.uint8)  # 8 more: a 64-bit word at any byte
+        span = (length * bits + 7) // 8 + 1  # the bytes a row's bits cover, whatever its first bit
+        buf = np.zeros((len(starts), span + 8), dtype=np.uint8)  # 8 more: a word at any of them
+        mapped = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else None
         for r, byte in enumerate((first >> 3).tolist()):
-            got = os.preadv(self.fd, [buf[r, :span].data], byte)
+            if mapped is not None:
+                got = len(mapped[byte : byte + span])
+                buf[r, :got] = mapped[byte : byte + span]
+            else:
+                got = os.preadv(self.fd, [buf[r, :span].data], byte)
             if got < span and byte + got < self.shard.bin_bytes:
                 self.pread(byte, byte + span)  # a short read inside the file: raises naming it
-        words = np.ndarray((len(starts), span), dtype="<u8", buffer=buf, strides=(buf.strides[0], 1))
-        at = (first & 7)[:, None] + np.arange(length, dtype=np.int64) * bits  # bit of each token in its row
-        rows = np.arange(len(starts))[:, None]
-        return ((words[rows, at >> 3] >> (at & 7).astype(np.uint64)) & np.uint64((1 << bits) - 1)).astype(np.uint32)
+        at = (first & 7)[:, None] + np.arange(length, dtype=np.int64) * bits  # each token's bit in its row
+        words = np.ndarray((buf.size - 7,), dtype=word, buffer=buf, strides=(1,))
+        # One unaligned load per token (its bits and the next ones), from the small buffer: take
+        # copies it whole first, which is cheap here (never take from a view of the whole file).
+        values = words.take((at >> 3) + (np.arange(len(starts)) * buf.shape[1])[:, None])
+        values >>= (at & 7).astype(word)
+        values &= word.type((1 << bits) - 1)
+        return values.astype(np.uint32, copy=False)
 
     def _zstd_rows(self, starts: np.ndarray, length: int) -> np.ndarray:
         enc, bt = self.encoding, self.encoding.block_tokens

@@ -138,7 +138,7 @@ class TokenStore(SplitReads):
     ) -> None:
         self.root = root
         self.encoding = encoding
-        self.dtype = encoding.mappable  # None: packed or zstd, decoded block by block (format/tokenfile.py)
+        self.dtype = encoding.mappable  # None: packed (but 8/16/32 bits) or zstd, decoded (format/tokenfile.py)
         self.shards = shards
         self.sizes = np.array([s.n_tokens for s in shards], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
