@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -145,24 +146,30 @@ def _rate(it, seconds: float) -> float:  # type: ignore[no-untyped-def]
     return n / (time.perf_counter() - started)
 
 
-def section_loader(tmp: Path, src: Path, seconds: float) -> tuple[list[str], dict[str, float]]:
-    roots = {e: tmp / f"load_{e}" for e in ENCODINGS}
-    speed = {e: _prepare([src], roots[e], e, "gpt2") for e in ENCODINGS}
+def section_loader(tmp: Path, src: Path, seconds: float, tokenizer: str = "gpt2",
+                   label: str = "GPT-2") -> tuple[list[str], dict[str, float]]:  # fmt: skip
+    encodings = [e for e in ENCODINGS if e != "uint16" or tokenizer == "gpt2"]
+    roots = {e: tmp / f"load_{e}" for e in encodings}
+    speed = {e: _prepare([src], roots[e], e, tokenizer) for e in encodings}
     n_tokens = load_metadata(roots["uint32"]).total_tokens
-    rows = ["| mode | batch | " + " | ".join(f"{e} (batches/s)" for e in ENCODINGS) + " | "
-            + " | ".join(f"{e} ÷ uint32" for e in ENCODINGS[1:]) + " |", "|---|---|" + "---|" * 7]  # fmt: skip
+    others = encodings[1:]
+    rows = ["| mode | batch | " + " | ".join(f"{e} (batches/s)" for e in encodings) + " | "
+            + " | ".join(f"{e} ÷ uint32" for e in others) + " |",
+            "|---|---|" + "---|" * (len(encodings) + len(others))]  # fmt: skip
     for mode, rss in (("mapped", None), ("read", 0)):
         for B, T in ((32, 1024), (8, 4096)):
-            best = dict.fromkeys(ENCODINGS, 0.0)
-            sets = {e: TokenDataset(roots[e], rss_limit=rss) for e in ENCODINGS}
+            best = dict.fromkeys(encodings, 0.0)
+            sets = {e: TokenDataset(roots[e], rss_limit=rss) for e in encodings}
             for _ in range(2):  # alternated: a shared machine's load hits every encoding alike
-                for e in ENCODINGS:
+                for e in encodings:
                     best[e] = max(best[e], _rate(iter(sets[e].random_batches(B, T, seed=1)), seconds))
-            ratios = {e: best[e] / best["uint32"] for e in ENCODINGS[1:]}
-            print(f"3. {mode} B={B} T={T}: " + ", ".join(f"{e} {best[e]:,.0f}" for e in ENCODINGS), flush=True)
-            rows.append(f"| {mode} | B={B}, T={T} | " + " | ".join(f"{best[e]:,.0f}" for e in ENCODINGS) + " | "
-                        + " | ".join(f"**{ratios[e]:.2f}**" for e in ENCODINGS[1:]) + " |")  # fmt: skip
-    return [f"The corpus ×4 ({n_tokens:,} tokens, GPT-2), random batches (`random_batches(B, T)`, x and y as int64 "
+            ratios = {e: best[e] / best["uint32"] for e in others}
+            print(f"3. {label} {mode} B={B} T={T}: " + ", ".join(f"{e} {best[e]:,.0f}" for e in encodings), flush=True)
+            rows.append(f"| {mode} | B={B}, T={T} | " + " | ".join(f"{best[e]:,.0f}" for e in encodings) + " | "
+                        + " | ".join(f"**{ratios[e]:.2f}**" for e in others) + " |")  # fmt: skip
+    for root in roots.values():
+        shutil.rmtree(root)
+    return [f"{label}: the corpus ×4 ({n_tokens:,} tokens), random batches (`random_batches(B, T)`, x and y as int64 "
             "tensors), best of 2 alternated timings.", "", *rows], speed
 
 
@@ -185,7 +192,10 @@ def main() -> None:
         _prepare([require_corpus()], tmp / "plain", "uint32", "gpt2")
         (tmp / "z").mkdir()
         zstd = section_zstd(tmp / "z", tmp / "plain")
-        loader, speed = section_loader(tmp, write_repeated(tmp / "x4.jsonl.gz", 4), args.seconds)
+        four = write_repeated(tmp / "x4.jsonl.gz", 4)
+        loader, speed = section_loader(tmp, four, args.seconds)
+        if llama is not None:  # 17 bits per packed token, 3-byte ids in zstd frames
+            loader += ["", *section_loader(tmp, four, args.seconds, str(llama), "Llama 3 (128,256 ids)")[0]]
         twice = write_repeated(tmp / "x2.jsonl.gz", 2)
         speed2 = {e: _prepare([twice], tmp / f"p_{e}", e, "gpt2") for e in ENCODINGS}
         for e in ENCODINGS:  # best of the two prepares of each encoding (×4 above, ×2 here)
