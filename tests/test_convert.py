@@ -78,8 +78,10 @@ def test_uint32_to_zstd_and_back_is_byte_identical(source, tmp_path):
     assert metadata(tmp_path / "back") == metadata(source)  # run record and all: only the encoding changed
     z = metadata(tmp_path / "z")
     assert z["format_version"] == 2 and z["encoding"]["name"] == "zstd"
-    assert {k: v for k, v in z.items() if k not in ("encoding", "format_version", "splits")} == {
-        k: v for k, v in metadata(source).items() if k not in ("format_version", "splits")}  # fmt: skip
+    assert {k: v for k, v in z.items() if k not in ("encoding", "format_version", "splits", "config")} == {
+        k: v for k, v in metadata(source).items() if k not in ("format_version", "splits", "config")}  # fmt: skip
+    # the recorded options say the new encoding (a prepare --resume of the same command recognises it)
+    assert z["config"] == {**metadata(source)["config"], "shard_encoding": "zstd"}
     # the copied files are the source's, byte for byte
     assert {k: v for k, v in files(tmp_path / "z").items() if not k.endswith((".bin", ".sums", ".blocks"))} == {
         k: v for k, v in files(source).items() if not k.endswith((".bin", ".sums"))}  # fmt: skip

@@ -286,3 +286,65 @@ def test_overwrite_replaces_every_file_of_a_zstd_dataset(tmp_path):
     assert np.array_equal(got.tokens(0, got.n_tokens), _truth(truth, "train"))
     assert sorted(p.name for p in (out / "train").iterdir()) == sorted(
         Path(f).name for s in load_metadata(out).split_shards("train") for f in s.files())
+
+
+def test_a_resume_without_a_checkpoint_leaves_no_partial_encoded_shard(tmp_path, monkeypatch):
+    """A run killed before its first checkpoint leaves its shards' encodings in progress
+    (shard_N.bin.PID.tmp); the resumed run starts over and none of them reaches the dataset."""
+    from proctree import finish, kill_group, start_prepare, wait_stopped
+
+    src = jsonl(tmp_path / "a.jsonl", make_texts(6000, seed=5))
+    out = tmp_path / "ds"
+    args = [str(src), "--out", str(out), "--workers", "2", "--tokens-per-shard", "10000000", "--shard-encoding",
+            "zstd", "--val-fraction", "0.1", "--quiet"]  # fmt: skip
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))  # many work items
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # none before the stop
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:10")
+    proc = start_prepare(args)
+    assert wait_stopped(proc) is not None
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    kill_group(proc.pid)
+    proc.communicate()
+    assert list(tmp_path.glob(".ds.lmshard-partial/*/shard_*.bin.*.tmp"))  # the killed run's, in its build
+    code, err = finish(start_prepare([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert not list(out.rglob("*.tmp"))
+    truth = _prepare(tmp_path, [src], "truth", None, tokens_per_shard=10_000_000)
+    got = TokenDataset(out)
+    assert np.array_equal(got.tokens(0, got.n_tokens), _truth(truth, "train"))
+
+
+def test_a_frame_header_claiming_a_huge_size_is_named_not_a_memory_error(tmp_path):
+    src = jsonl(tmp_path / "docs.jsonl", make_texts(600, seed=9))
+    out = _prepare(tmp_path, [src], "ds", "zstd", tokens_per_shard=10**9)
+    shard = load_metadata(out).split_shards("train")[0]
+    offsets = np.fromfile(out / shard.blocks_path, dtype="<u8")
+    data = bytearray((out / shard.path).read_bytes())
+    data[int(offsets[2]) + 4] ^= 0x80  # the frame header's descriptor: an 8-byte content size follows
+    (out / shard.path).write_bytes(bytes(data))
+    ds = TokenDataset(out)
+    with pytest.raises(FormatError, match=r"block 2 \(tokens"):
+        ds.tokens(2 * 1024 + 10, 50)
+    with pytest.raises(FormatError, match=r"block 2 \(tokens"):
+        ds.store.read_rows(np.array([2 * 1024 + 10, 5]), np.empty((2, 100), np.uint32))
+    code, text = _cli("inspect", str(out))
+    assert code == 3 and "block 2" in text, text
+
+
+def test_frames_without_a_content_size_are_read(tmp_path, monkeypatch):
+    """A valid zstd frame need not state its content size (other writers may leave it out)."""
+    import zstandard
+
+    src = jsonl(tmp_path / "docs.jsonl", make_texts(600, seed=10))
+    truth = _prepare(tmp_path, [src], "truth", None, tokens_per_shard=10**9)
+    monkeypatch.setattr(Encoding, "compressor", lambda self: zstandard.ZstdCompressor(
+        level=self.level, write_checksum=True, write_content_size=False))  # fmt: skip
+    out = _prepare(tmp_path, [src], "ds", "zstd", tokens_per_shard=10**9)
+    shard = load_metadata(out).split_shards("train")[0]
+    first = (out / shard.path).read_bytes()[: int(np.fromfile(out / shard.blocks_path, dtype="<u8")[1])]
+    assert zstandard.frame_content_size(first) == -1
+    ref, ds = TokenDataset(truth), TokenDataset(out)
+    a, b = iter(ref.random_batches(8, 1500, seed=3)), iter(ds.random_batches(8, 1500, seed=3))
+    for _ in range(10):
+        assert all(np.array_equal(x, y) for x, y in zip(next(a), next(b), strict=True))
+    assert _cli("inspect", str(out))[0] == 0

@@ -152,12 +152,17 @@ class Encoding:
             return np.frombuffer(data, dtype=self.mappable, count=n_tokens).astype(np.uint32)
         if self.name == "packed":
             return unpack(data, self.bits, 0, n_tokens)
-        d = decompressor or self.decompressor()
-        try:
-            raw = d.decompress(data, max_output_size=n_tokens * self.width)
-            problem = "" if len(raw) == n_tokens * self.width else f"decodes to {len(raw) // self.width:,} tokens"
-        except _zstd().ZstdError as e:
-            problem = f"does not decode ({e})"
+        d, zstandard, size = decompressor or self.decompressor(), _zstd(), n_tokens * self.width
+        raw, problem = b"", ""
+        try:  # a frame's header names its content size, allocated before a byte is decoded: held to the block's
+            claimed = zstandard.frame_content_size(data)
+            if claimed not in (-1, size):
+                problem = f"claims {claimed:,} bytes of content, not {size:,}"
+            else:
+                raw = d.decompress(data, max_output_size=size)
+                problem = "" if len(raw) == size else f"decodes to {len(raw) // self.width:,} tokens"
+        except (zstandard.ZstdError, MemoryError) as e:
+            problem = f"does not decode ({e or type(e).__name__})"
         if problem:
             raise FormatError(f"{where() if callable(where) else where}: {problem}: the data is damaged; run "
                               "`lmshard inspect` on the dataset, and fetch or regenerate it")  # fmt: skip
@@ -181,6 +186,8 @@ class Encoding:
             raise _Invalid(f"encoding {name!r} is not one of {', '.join(NAMES)} (a newer lmshard wrote it?)")
         if not 8 <= block_tokens <= 1 << 30 or block_tokens % 8:
             raise _Invalid(f"encoding 'block_tokens' {block_tokens} is not a multiple of 8 in 8 .. 2**30")
+        if name == "zstd" and block_tokens > 1 << 16:  # a reader keeps decoded blocks: they stay small
+            raise _Invalid(f"encoding 'block_tokens' {block_tokens} is more than a zstd block holds (65,536)")
         bits, width = {"uint32": (32, 4), "uint16": (16, 2)}.get(name, (0, 0))
         if name == "packed":
             bits = _count(raw, "bits")

@@ -199,14 +199,16 @@ class TokenFile:
         first, last = starts // bt, (starts + length - 1) // bt
         reach = np.arange(int((last - first).max()) + 1)
         needed = np.unique(np.minimum(first[:, None] + reach, last[:, None])).tolist()
+        sizes = [self.block_tokens(b) * enc.width for b in needed]
         try:  # every block once, in order, into one buffer of narrow ids (no cache: random rows rarely meet)
-            raw = b"".join([self._decompressor.decompress(self.stored_block(b)) for b in needed])
-        except Exception:
+            raw = b"".join([self._decompressor.decompress(self.stored_block(b), max_output_size=n)
+                            for b, n in zip(needed, sizes, strict=True)])  # fmt: skip
+        except Exception:  # (a damaged frame: found and named below)
             raw = b""
-        if len(raw) != sum(self.block_tokens(b) for b in needed) * enc.width:
-            for b in needed:  # a damaged block: found and named by decoding them one by one
-                enc.decode(self.stored_block(b), self.block_tokens(b), partial(block_where, self.where, b, bt),
-                           self._decompressor)  # fmt: skip
+        if len(raw) != sum(sizes):  # block by block: a damaged one is named, one without a content size decodes
+            tokens = [enc.decode(self.stored_block(b), self.block_tokens(b), partial(block_where, self.where, b, bt),
+                                 self._decompressor) for b in needed]  # fmt: skip
+            raw = np.concatenate(tokens).view(np.uint8).reshape(-1, 4)[:, : enc.width].tobytes()
         ids = np.frombuffer(raw, dtype=np.uint8)
         ids = ids.view("<u2") if enc.width == 2 else ids.view("<u4") if enc.width == 4 else widen(ids, enc.width)
         # Blocks a row touches are consecutive, all full but a shard's last, so its tokens are

@@ -87,7 +87,8 @@ def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.Path
         _copy_small_files(meta, staging)
         shards = [_convert_shard(meta, shard, staging, encoding) for shard in meta.shards]
         splits = {name: SplitInfo.of(tuple(s for s in shards if s.split == name)) for name in meta.splits}
-        new = dataclasses.replace(meta, root=staging, encoding=encoding, splits=splits)
+        config = {**meta.config, "shard_encoding": encoding.name} if meta.config else meta.config
+        new = dataclasses.replace(meta, root=staging, encoding=encoding, splits=splits, config=config)
         for shard, converted in zip(meta.shards, shards, strict=True):
             _compare(meta, shard, new, converted)
         atomic_write_json(staging / METADATA_FILE, new.to_json())  # last: its presence means complete

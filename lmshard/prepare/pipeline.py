@@ -124,8 +124,8 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
            early: OrderedPool[WorkItem, Any] | None = None) -> DatasetMeta:  # fmt: skip
     """Build (or go on building) the dataset in the staging directory, then swap it in."""
     staging, previous = paths.staging, claim.previous
-    if claim.resumed:  # temporary files of atomic writes a kill cut short
-        for stray in staging.glob(".*.tmp"):
+    if claim.resumed:  # temporary files of atomic writes a kill cut short, and its shards' encodings in progress
+        for stray in [*staging.glob(".*.tmp"), *staging.glob("*/shard_*.bin.*.tmp")]:
             stray.unlink()
     else:
         staging.mkdir()
