@@ -177,8 +177,8 @@ ZSTD_NOTE = ("A zstd batch decodes every 1,024-token frame its rows touch (B=32 
              "each on this machine, in zstd's C code) where a uint32 batch is a gather at about 2 ns a token, so zstd "
              "serves several times fewer batches a second: still 1,000-2,500 a second, far more than a GPU step "
              "consumes. A packed batch of 8, 16 or 32 bits is read as plain integers; other widths (17 bits) unpack "
-             "one word per token. The uint32 figures are for a split in the page cache; from a split larger than "
-             "memory, uint32 reads 4-5× more bytes from disk per batch than zstd.")
+             "one word per token. The uint32 figures are for a split held in the page cache: a zstd split needs "
+             "a quarter of the memory to stay there.")
 
 
 def main() -> None:
