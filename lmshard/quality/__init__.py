@@ -1,0 +1,1 @@
+"""Data quality: near-duplicate detection (MinHash with LSH bands, minhash.py)."""
