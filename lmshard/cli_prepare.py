@@ -91,9 +91,7 @@ def prepare(
     include_hidden: bool | None = _flag(
         INPUTS, "Also read hidden files and directories (.git, .venv) of input directories.", "--include-hidden"
     ),  # fmt: skip
-    format: str | None = _opt(
-        INPUTS, "FORMAT", "Force the format: text, jsonl, json, csv, parquet, arrow.", "--format"
-    ),
+    format: str | None = _opt(INPUTS, "FORMAT", "Force a format: text, jsonl, json, csv, parquet, arrow.", "--format"),
     text_field: str | None = _opt(
         INPUTS, "FIELD", "JSON/CSV/parquet field holding the text. Default: text.", "--text-field"
     ),  # fmt: skip
@@ -122,9 +120,10 @@ def prepare(
         CLEAN, "Keep text byte-exact (code): no normalisation or cleaning.", "--no-normalize"
     ),  # fmt: skip
     min_chars: int | None = _opt(CLEAN, "N", "Drop documents shorter than N characters. Default: 1.", "--min-chars"),
-    max_chars: int | None = _opt(
-        CLEAN, "N", "Longer documents are dropped or truncated. Default: 10000000.", "--max-chars"
-    ),  # fmt: skip
+    max_chars: int | None = _opt(CLEAN, "N", "Longer documents are dropped or truncated. Default: 10000000.",
+                                 "--max-chars"),
+    filter: list[str] | None = _opt(CLEAN, "NAME", "Drop documents a filter rejects, counted by reason: gopher_quality "
+                                    "or module:function (repeatable; docs/quality.md).", "--filter"),
     overlong: str | None = _opt(
         CLEAN, "WHAT", "drop or truncate documents over --max-chars. Default: drop.", "--overlong"
     ),  # fmt: skip

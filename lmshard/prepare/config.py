@@ -47,6 +47,7 @@ class PrepareConfig:
     out: str
     inputs: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
+    filters: list[str] = field(default_factory=list)  # --filter: document filters, in order (quality/filters.py)
     include_hidden: bool = False  # a directory walk also reads hidden files and directories (.git, .venv)
     tokenizer: str = "gpt2"
     tokenizer_backend: str = "auto"  # auto, tiktoken, splintr (tiktoken vocabularies) or tokenizers
@@ -134,6 +135,10 @@ class PrepareConfig:
         if self.workers < 0:
             raise ConfigError("--workers must be 0 (all cores) or more")
         self.clean_config()  # validates the cleaning fields
+        from ..quality.filters import resolve
+
+        for name in self.filters:  # a filter that cannot be found fails here, not in a worker
+            resolve(name)
 
     def _check_types(self) -> None:
         """Every field has its annotated type (as `resolve_config` makes sure for flags and
@@ -159,6 +164,7 @@ class PrepareConfig:
             min_chars=self.min_chars,
             max_chars=self.max_chars,
             overlong=self.overlong,
+            filters=tuple(self.filters),
         )
 
     def hf_spec(self) -> Any:
@@ -218,6 +224,7 @@ ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "no_normalize": ("byte_exact", lambda v: v),
     "no_dedup": ("dedup", lambda v: "none" if v else "document"),
     "no_streaming": ("streaming", lambda v: not v),
+    "filter": ("filters", lambda v: v),
 }
 # Options that steer resolution itself rather than naming a field.
 META_OPTIONS: dict[str, Any] = {"preset": str | None, "demo": bool}

@@ -39,6 +39,7 @@ class CleanConfig:
     min_chars: int = 1
     max_chars: int = 10_000_000
     overlong: str = "drop"
+    filters: tuple[str, ...] = ()  # --filter: run on each kept document, in order (quality/filters.py)
 
     def __post_init__(self) -> None:
         from ...errors import ConfigError
