@@ -21,12 +21,14 @@ Memory model: one document's words and lines.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 BULLETS = ("•", "‣", "⁃", "◦", "▪", "-", "*")
 ELLIPSES = ("...", "…")
 _STRIP = "\"'()[]{}<>,.;:!?«»“”‘’"
+_LETTER = re.compile(r"[^\W\d_]")  # a letter: a word character that is neither a digit nor _
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class GopherQuality:
             return "gopher_bullets"
         if lines and sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > self.max_ellipsis_lines:
             return "gopher_ellipsis_lines"
-        if sum(any(c.isalpha() for c in w) for w in words) / n < self.min_alpha_words:
+        if sum(1 for w in words if w.isalpha() or _LETTER.search(w)) / n < self.min_alpha_words:
             return "gopher_alphabetic"
         if len(STOP_WORDS.intersection(w.lower() for w in words)) < self.min_stop_words:
             return "gopher_stop_words"
