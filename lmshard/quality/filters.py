@@ -27,8 +27,10 @@ from typing import Any
 
 from ..errors import ConfigError, InputError
 from .gopher import gopher_quality
+from .repetition import fineweb_quality, gopher_repetition
 
-BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality}
+BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality, "gopher_repetition": gopher_repetition,
+                                            "fineweb_quality": fineweb_quality}  # fmt: skip
 _REASON = re.compile(r"[A-Za-z0-9_]{1,64}")
 _loaded: dict[str, Callable[[str], Any]] = {}  # per process: each filter imported once
 
