@@ -152,6 +152,9 @@ def inspect(
     split: str = typer.Option("train", "--split", metavar="SPLIT", help="With --packing: the split to plan."),
     world_size: int = typer.Option(1, "--world-size", metavar="N", help="With --packing: ranks, for steps per rank."),
     batch_size: int = typer.Option(1, "--batch-size", metavar="N", help="With --packing: rows per rank per step."),
+    overlap: str | None = typer.Option(None, "--overlap", metavar="DATASET|splits", help="Instead: documents shared, "
+                                       "exactly or nearly (MinHash), between this dataset and DATASET, or between "
+                                       "its own train and val splits (docs/quality.md)."),  # fmt: skip
 ) -> None:
     """Verify a dataset against its metadata and show what is in it.
 
@@ -168,6 +171,8 @@ def inspect(
                           "`lmshard inspect URL` to verify it, and these on a local copy")  # fmt: skip
     if packing is not None:
         raise typer.Exit(_packing(Path(dataset), packing, strategy, split, world_size, batch_size, as_json))
+    if overlap is not None:
+        raise typer.Exit(_overlap(dataset, None if overlap == "splits" else overlap, as_json))
     raise typer.Exit(_inspect(dataset if is_url(dataset) else Path(dataset), quick, as_json, sample, seed, doc, plot,
                               top))  # fmt: skip
 
@@ -200,6 +205,34 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
         out.print_json(data={"dataset": str(dataset), "split": split, "seq_len": seq_len, "strategies": rows})
         return EXIT_OK
     render.packing(rows, f"{dataset} [{split}], seq_len {seq_len}")
+    return EXIT_OK
+
+
+def _overlap(first: str, second: str | None, as_json: bool) -> int:
+    from .inspect import audit, overlap
+
+    for path in (first, second):
+        if path is not None:
+            audit.require_dataset(Path(path))
+    a, b = overlap.sides(first, second)
+    decoders = []
+    for meta in (a[0], b[0]):
+        why: list[str] = []
+        decoder = audit.decoder_for(meta, why)
+        if decoder is None:
+            raise ConfigError(f"{meta.root}: --overlap compares texts, and {why[0] if why else 'cannot decode it'}")
+        decoders.append(decoder)
+    result = overlap.overlap(a, b, (decoders[0], decoders[1]))
+    if as_json:
+        out.print_json(data=result.to_json())
+        return EXIT_OK
+    out.print(f"{escape(result.first)}: {result.scanned:,} documents against {escape(result.second)}: "
+              f"{result.indexed:,}", highlight=False, soft_wrap=True)  # fmt: skip
+    out.print(f"exact overlap: {result.exact:,}; near overlap (estimated Jaccard >= {result.threshold}): "
+              f"{result.near:,}", highlight=False)  # fmt: skip
+    for e in result.examples:
+        out.print(f"  {e['kind']} {e['similarity']:.2f}: {escape(e['first'])} ~ {escape(e['second'])}: "
+                  f"{escape(e['text'])}", highlight=False, soft_wrap=True)  # fmt: skip
     return EXIT_OK
 
 
