@@ -31,6 +31,12 @@ _STRIP = "\"'()[]{}<>,.;:!?«»“”‘’"
 _LETTER = re.compile(r"[^\W\d_]")  # a letter: a word character that is neither a digit nor _
 
 
+def split_words(text: str) -> list[str]:
+    """The text's words: whitespace-separated tokens with punctuation stripped from their ends,
+    those left empty dropped."""
+    return [w for w in (t.strip(_STRIP) for t in text.split()) if w]
+
+
 @dataclass(frozen=True)
 class GopherQuality:
     """The rule set's thresholds (the published ones by default)."""
@@ -47,7 +53,7 @@ class GopherQuality:
 
     def __call__(self, text: str) -> str | None:
         """None to keep `text`, else the reason (see the module docstring) of the first rule it fails."""
-        words = [w for w in (t.strip(_STRIP) for t in text.split()) if w]
+        words = split_words(text)
         n = len(words)
         if not self.min_words <= n <= self.max_words:
             return "gopher_word_count"

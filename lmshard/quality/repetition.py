@@ -38,14 +38,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .gopher import _STRIP
+from .gopher import split_words
 
 TERMINAL = (".", "!", "?", '"', "'", "”", "’", "…", "。", "！", "？", ":", ";")
 _PARAGRAPHS = re.compile(r"\n\s*\n")
-
-
-def _words(text: str) -> list[str]:
-    return [w for w in (t.strip(_STRIP) for t in text.split()) if w]
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
@@ -100,7 +96,7 @@ class GopherRepetition:
             return "gopher_dup_lines"
         if chars / size > self.dup_line_chars:
             return "gopher_dup_line_chars"
-        words = _words(text)
+        words = split_words(text)
         for n, limit in self.top_ngrams:
             grams = Counter(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
             if grams:
@@ -131,7 +127,7 @@ class FineWebQuality:
             return "fineweb_short_lines"
         if _duplicates(lines)[1] / len(text) > self.max_dup_line_chars:
             return "fineweb_dup_line_chars"
-        words = _words(text)
+        words = split_words(text)
         if words and text.count("\n") / len(words) > self.max_newlines_per_word:
             return "fineweb_newlines"
         return None
