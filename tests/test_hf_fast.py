@@ -254,8 +254,9 @@ def test_a_changed_merge_is_caught_and_falls_back(plant, shape_files, gate_dir, 
     # leaves splintr exact, and the gate is right to admit it).
     with monkeypatch.context() as probing:
         probing.setattr(hf_fast, "splintr_copy", changed_copy)
-        probing.setattr(gate, "gate_dir", lambda: gate_dir.parent / "probe")  # passes found here are forgotten
-        for attempt in range(400 if plant == "two merges swapped" else 0):
+        # a fresh directory per attempt: a swap that passes must not be recalled for the next one
+        probing.setattr(gate, "gate_dir", lambda: gate_dir.parent / f"probe_{swap[0]}")
+        for attempt in range(100 if plant == "two merges swapped" else 0):
             swap[0] = attempt
             try:
                 load_tokenizer(str(path), "splintr", warn=lambda _: None)
@@ -263,7 +264,7 @@ def test_a_changed_merge_is_caught_and_falls_back(plant, shape_files, gate_dir, 
                 break
         else:
             if plant == "two merges swapped":
-                pytest.fail("none of 400 swaps of the first merge changes splintr's ids on the gate's sample")
+                pytest.fail("none of 100 swaps of the first merge changes splintr's ids on the gate's sample")
 
     label, k = _first_difference(path, changed_copy(json.loads(path.read_bytes())))
     monkeypatch.setattr(hf_fast, "splintr_copy", changed_copy)
