@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import SUMS_DTYPE, _xxhash, sums_path, write_sums
+from .blocks import SUMS_DTYPE, _xxhash, file_xxh3, sums_path, write_sums
 from .encoding import OFFSETS_DTYPE, Encoding, blocks_path, widen
 from .layout import TOKEN_DTYPE
 from .shard import ShardInfo
@@ -159,8 +159,6 @@ def seal_encoded(tmp: Path, final: Path, rel: str, encoding: Encoding, n_tokens:
 
 
 def _read_back(final: Path, sums_file: Path, blocks_file: Path | None) -> Sealed:
-    from .blocks import file_xxh3
-
     return Sealed(final.stat().st_size, file_xxh3(final), file_xxh3(sums_file),
                   file_xxh3(blocks_file) if blocks_file else "")  # fmt: skip
 

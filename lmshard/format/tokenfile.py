@@ -28,7 +28,6 @@ import numpy as np
 
 from ..errors import FormatError
 from .bitpack import unpack_bits
-from .blocks import block_damage
 from .encoding import OFFSETS_DTYPE, Encoding, widen
 from .layout import REGENERATE_HINT
 from .shard import ShardInfo
@@ -226,4 +225,4 @@ def block_where(where: str, b: int, block_tokens: int) -> str:
     return f"{where}: block {b} (tokens {first:,}..{first + block_tokens - 1:,})"
 
 
-__all__ = ["CACHE_BLOCKS", "TokenFile", "block_damage", "block_where", "check_offsets"]
+__all__ = ["CACHE_BLOCKS", "TokenFile", "block_where", "check_offsets"]
