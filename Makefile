@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q "torch==2.13.0"
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[test,zstd,hf,tokenizers,sentencepiece,fast,torch,plot,s3,http]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[test,zstd,hf,tokenizers,sentencepiece,fast,torch,plot,s3,http,lang]"
 	$(BIN)/lmshard tokenizer fetch gpt2
 	touch $(STAMP)
 

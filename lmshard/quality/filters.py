@@ -5,15 +5,20 @@ example, like every other drop.
 
 A filter is a Python callable taking the document's text and returning:
 - None or True: keep it;
+- `Edit(text)`: keep it with that text instead (lines removed, say); the next filters, the dedup
+  key and the tokenizer see the edited text, and an empty one (or only whitespace) drops the
+  document, counted under the filter's own name + `_empty`;
 - a reason, a string of letters, digits and `_` (`"too_many_links"`): drop it, counted under
   that reason;
 - False: drop it, counted under the filter's own name.
 
-NAME is a built-in filter (`BUILTIN`) or `module:function`, a function importable in the
-workers (a module on the Python path, or a file `path/to/module.py:function`). A filter must be
-a pure function of the text, so that a run's output does not depend on its workers or tasks.
+NAME is a built-in filter (`BUILTIN`), a built-in taking arguments as `NAME=ARGS`
+(`WITH_ARGS`: `language=en,de:0.65`), or `module:function`, a function importable in the workers
+(a module on the Python path, or a file `path/to/module.py:function`). A filter must be a pure
+function of the text, so that a run's output does not depend on its workers or tasks.
 
-Memory model: the filters themselves; nothing per document beyond its text.
+Memory model: the filters themselves (the language model: about 110 MB per process that uses
+it); nothing per document beyond its text and one edited copy.
 """
 
 from __future__ import annotations
@@ -23,14 +28,21 @@ import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError, InputError
+from .c4 import c4_quality
+from .edit import Edit
 from .gopher import gopher_quality
+from .language import language_filter
 from .repetition import fineweb_quality, gopher_repetition
 
+__all__ = ["BUILTIN", "WITH_ARGS", "Edit", "Verdict", "resolve", "run_filters"]
+
 BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality, "gopher_repetition": gopher_repetition,
-                                            "fineweb_quality": fineweb_quality}  # fmt: skip
+                                            "fineweb_quality": fineweb_quality, "c4": c4_quality}  # fmt: skip
+# NAME=ARGS: each takes the name as given (for its messages) and the text after "=", and returns the filter.
+WITH_ARGS: dict[str, Callable[[str, str], Callable[[str], Any]]] = {"language": language_filter}
 _REASON = re.compile(r"[A-Za-z0-9_]{1,64}")
 _loaded: dict[str, Callable[[str], Any]] = {}  # per process: each filter imported once
 
@@ -43,6 +55,8 @@ def resolve(name: str) -> Callable[[str], Any]:
         return found
     if name in BUILTIN:
         found = BUILTIN[name]
+    elif name.partition("=")[0] in WITH_ARGS:
+        found = WITH_ARGS[name.partition("=")[0]](name, name.partition("=")[2])
     elif ":" in name:
         module_name, _, attr = name.rpartition(":")
         try:
@@ -60,21 +74,45 @@ def resolve(name: str) -> Callable[[str], Any]:
         if not callable(found):
             raise ConfigError(f"--filter {name}: {module_name} has no function {attr!r}")
     else:
-        raise ConfigError(f"--filter {name}: not a built-in filter ({', '.join(BUILTIN)}) nor module:function")
+        builtins = ", ".join([*BUILTIN, *(f"{n}=..." for n in WITH_ARGS)])
+        raise ConfigError(f"--filter {name}: not a built-in filter ({builtins}) nor module:function")
     _loaded[name] = found
     return found
 
 
-def run_filters(names: tuple[str, ...], text: str) -> tuple[str, str] | None:
-    """(reason, filter) of the first filter in `names` that drops `text`, or None to keep it."""
+class Verdict(NamedTuple):
+    """What the filters made of a document: its text to keep (edited by them, if they did), or
+    None with the reason it is dropped and the filter that dropped it."""
+
+    text: str | None
+    reason: str | None = None
+    by: str | None = None
+
+
+def run_filters(names: tuple[str, ...], text: str) -> Verdict:
+    """Run the filters `names` in order on `text`, each on the text the previous ones left: the
+    first that drops it names the reason."""
     for name in names:
         verdict = resolve(name)(text)
         if verdict is None or verdict is True:
             continue
+        if isinstance(verdict, Edit):
+            text = str(verdict)  # a plain str: what is hashed and tokenized
+            if not text.strip():
+                return Verdict(None, _own_reason(name, 58) + "_empty", name)
+            continue
         if verdict is False:
-            return re.sub(r"[^A-Za-z0-9_]", "_", name.rpartition(":")[2])[:64] or "filter", name
+            return Verdict(None, _own_reason(name, 64), name)
         if isinstance(verdict, str) and _REASON.fullmatch(verdict):
-            return verdict, name
-        raise InputError(f"--filter {name}: returned {verdict!r}; return None to keep a document, or a reason "
-                         "of letters, digits and _ (such as 'too_many_links') to drop it")  # fmt: skip
-    return None
+            return Verdict(None, verdict, name)
+        shown = repr(verdict) if len(repr(verdict)) <= 60 else repr(verdict)[:57] + "..."
+        raise InputError(f"--filter {name}: returned {shown}; return None to keep a document, Edit(text) to keep it "
+                         "with a new text, or a reason of letters, digits and _ (such as 'too_many_links') to drop "
+                         "it")  # fmt: skip
+    return Verdict(text)
+
+
+def _own_reason(name: str, limit: int) -> str:
+    """The reason a filter's own verdicts are counted under: its name (`c4`, `loud` for `rules.py:loud`)."""
+    base = name.partition("=")[0] if name.partition("=")[0] in WITH_ARGS else name.rpartition(":")[2]
+    return re.sub(r"[^A-Za-z0-9_]", "_", base)[:limit] or "filter"

@@ -130,9 +130,10 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> Item
             text, reason = length_filter(cleaned, config.clean)
             if reason is not None:
                 record = record._replace(problem=reason, detail=drop_detail(reason, len(cleaned), config.clean))
-            elif config.clean.filters and (dropped := run_filters(config.clean.filters, cleaned)) is not None:
-                reason, text = dropped[0], None
-                record = record._replace(problem=reason, detail=f"dropped by --filter {dropped[1]}")
+            elif config.clean.filters and text is not None:  # the filters' edits are what is keyed and tokenized
+                text, reason, by = run_filters(config.clean.filters, text)
+                if reason is not None:
+                    record = record._replace(problem=reason, detail=f"dropped by --filter {by}")
         if reason is not None:
             c[reason] += 1
             examples.setdefault(reason, example(config.sources[src_index], record))
@@ -216,8 +217,8 @@ def clean_document(record: Record, clean: CleanConfig) -> tuple[str | None, str 
     if record.text is None:
         return None, record.problem
     text, reason = length_filter(_clean(record.text, clean), clean)
-    if reason is None and clean.filters and text is not None and (dropped := run_filters(clean.filters, text)):
-        reason = dropped[0]
+    if reason is None and clean.filters and text is not None:
+        text, reason, _ = run_filters(clean.filters, text)
     return (None, reason) if reason is not None else (text, None)
 
 
