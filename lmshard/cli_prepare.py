@@ -125,19 +125,19 @@ def prepare(
     filter: list[str] | None = _opt(CLEAN, "NAME", "Drop documents a filter rejects, counted by reason: "
                                     "gopher_quality, gopher_repetition, fineweb_quality or module:function "
                                     "(repeatable; docs/quality.md).", "--filter"),
-    overlong: str | None = _opt(
-        CLEAN, "WHAT", "drop or truncate documents over --max-chars. Default: drop.", "--overlong"
-    ),  # fmt: skip
-    dedup: str | None = _opt(
-        CLEAN, "MODE", "document (exact, xxh3-64 of the cleaned text) or none. Default: document.", "--dedup"
-    ),  # fmt: skip
+    overlong: str | None = _opt(CLEAN, "WHAT", "drop or truncate documents over --max-chars. Default: drop.",
+                                "--overlong"),  # fmt: skip
+    dedup: str | None = _opt(CLEAN, "MODE", "document (exact, xxh3-64 of the cleaned text) or none. Default: "
+                             "document.", "--dedup"),  # fmt: skip
     no_dedup: bool | None = _flag(CLEAN, "Same as --dedup none.", "--no-dedup"),
-    dedup_lines: bool | None = _flag(
-        CLEAN, "Also drop non-blank lines seen before (boilerplate); reads the input twice.", "--dedup-lines"
-    ),  # fmt: skip
-    on_error: str | None = _opt(
-        CLEAN, "WHAT", "A bad record: fail (stop) or skip (count it and go on). Default: fail.", "--on-error"
-    ),  # fmt: skip
+    near_dedup: bool | None = _flag(CLEAN, "Also drop near-duplicates (MinHash LSH; the first of each cluster is "
+                                    "kept); reads the input twice (docs/quality.md).", "--near-dedup"),  # fmt: skip
+    minhash: str | None = _opt(CLEAN, "N:BxR:T", "--near-dedup's word N-grams, B bands of R rows and agreement "
+                               "threshold T. Default: 5:22x5:0.7.", "--minhash"),  # fmt: skip
+    dedup_lines: bool | None = _flag(CLEAN, "Also drop non-blank lines seen before (boilerplate); reads the input "
+                                     "twice.", "--dedup-lines"),  # fmt: skip
+    on_error: str | None = _opt(CLEAN, "WHAT", "A bad record: fail (stop) or skip (count it and go on). Default: "
+                                "fail.", "--on-error"),  # fmt: skip
     tokenizer: str | None = _opt(
         TOKENIZER,
         "NAME",

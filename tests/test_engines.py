@@ -1,10 +1,12 @@
 """Scale-out on a real Slurm cluster started here (tests/engines.py): `prepare --executor
-slurm` submits job arrays whose output is byte-identical to a one-machine prepare. Run by
+slurm` submits job arrays whose output is byte-identical to a one-machine prepare, exact and
+near-duplicates (`--near-dedup`, planted near-copies across files) removed alike. Run by
 `make test-engines` (which installs Slurm's Debian packages when it can); skipped where Slurm's
 binaries are missing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +16,8 @@ import time
 
 import pytest
 from engines import slurm_available, slurm_cluster
+from test_near import _clustered
+from test_prepare import jsonl
 from test_stages import _corpus, _files
 
 pytestmark = [
@@ -25,9 +29,22 @@ pytestmark = [
 ]
 
 
-def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
+def _near_corpus(tmp_path):
+    """The stages' corpus, and clusters of near-copies spread over two more files."""
     src = _corpus(tmp_path)
-    common = [str(src), "--workers", "1", "--on-error", "skip"]
+    docs = _clustered(17, n=150)
+    jsonl(src / "e.jsonl", docs[::2])
+    jsonl(src / "f.jsonl", docs[1::2])
+    return src
+
+
+def _near_removed(root):
+    return json.loads((root / "dataset_metadata.json").read_text())["drops"].get("near_duplicate", 0)
+
+
+def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
+    src = _near_corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup"]
     lmshard = [sys.executable, "-m", "lmshard"]
     with slurm_cluster() as env:
 
@@ -55,14 +72,15 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
         assert len(list(slurm.glob("finish_*.log"))) == 1
         assert "done: the dataset is complete" in run("status", "dist").stdout
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+    assert _near_removed(tmp_path / "dist") > 20
 
 
 def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
     """A local Ray cluster started here (in this process, stopped by ray.shutdown); the CLI in a
     subprocess joins it by address, runs 5 tasks of each stage there with retries, and finishes."""
     ray = pytest.importorskip("ray") if not os.environ.get("LMSHARD_REQUIRE_ENGINES") else __import__("ray")
-    src = _corpus(tmp_path)
-    common = [str(src), "--workers", "1", "--on-error", "skip"]
+    src = _near_corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup"]
     lmshard = [sys.executable, "-m", "lmshard"]
     local = subprocess.run([*lmshard, "prepare", *common, "--out", "local"], cwd=tmp_path, capture_output=True)
     assert local.returncode == 0
@@ -78,3 +96,4 @@ def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+    assert _near_removed(tmp_path / "dist") > 20

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from lmshard.quality.minhash import MinHashConfig, band_keys, clusters, normalize, shingles, signature
+from lmshard.quality.minhash import MinHashConfig, band_keys, normalize, shingles, signature
 
 WORDS = sorted({"".join(random.Random(i).choices("abcdefghijklmnopqrstuvwxyz", k=7)) for i in range(50_000)})
 # (lowercase letters: normalize leaves them as they are; repeats in a document are rare)
@@ -49,14 +49,14 @@ def test_signature_agreement_estimates_jaccard():
         agree = float((signature(a, config) == signature(b, config)).mean())
         errors.append(agree - j)
     errors_arr = np.array(errors)
-    # unbiased, with the spread of a mean of 112 coin flips (sd <= 0.047)
+    # unbiased, with the spread of a mean of 110 coin flips (sd <= 0.048)
     assert abs(errors_arr.mean()) < 0.015 and errors_arr.std() < 0.06
 
 
 @pytest.mark.parametrize(("lo", "hi"), [(0.8, 1.0), (0.0, 0.5), (0.6, 0.7)])
 def test_band_collisions_follow_the_s_curve(lo, hi):
-    """Observed candidate rate within 4 standard deviations of the S-curve's prediction, and at
-    the default configuration recall >= 0.95 for J >= 0.8 and <= 1% false positives for J <= 0.5."""
+    """Observed candidate rate within 4 standard deviations of the S-curve's prediction (the
+    check of candidates that makes them near-duplicates: test_near.py)."""
     config = MinHashConfig()
     pairs = _pairs(600, lo, hi, seed=int(lo * 10) + 2)
     hits = np.array([_collide(a, b, config) for a, b, _ in pairs])
@@ -64,34 +64,7 @@ def test_band_collisions_follow_the_s_curve(lo, hi):
     sd = np.sqrt((expected * (1 - expected)).sum())
     assert abs(hits.sum() - expected.sum()) <= 4 * sd + 1, (hits.sum(), expected.sum())
     if lo >= 0.8:
-        assert hits.mean() >= 0.95
-    if hi <= 0.5:
-        assert hits.mean() <= 0.01
-
-
-def test_clusters_keep_the_first_document_in_plan_order_whatever_the_order_of_work():
-    config = MinHashConfig()
-    rng = random.Random(5)
-    docs = []
-    for _ in range(30):  # clusters of 1-4 near-copies (J around 0.9) among unrelated documents
-        base = rng.sample(WORDS, 150)
-        docs.append(" ".join(base))
-        for _ in range(rng.randint(0, 3)):
-            copy = list(base)
-            copy[rng.randrange(150)] = rng.choice(WORDS)
-            docs.append(" ".join(copy))
-    order = list(range(len(docs)))
-    rng.shuffle(order)
-    keys = np.empty((len(docs), config.bands), dtype=np.uint64)
-    for i in order:  # computed in any order (workers, tasks): the keys are per document
-        keys[i] = band_keys(signature(docs[i], config), config)[0]
-    survivor = clusters(keys)
-    assert (survivor <= np.arange(len(docs))).all()
-    assert np.array_equal(survivor, clusters(keys.copy()))
-    firsts = [i for i in range(len(docs)) if survivor[i] == i]
-    for i, s in enumerate(survivor.tolist()):  # a survivor's cluster is the documents that collide with it
-        assert s == i or _collide(docs[i], docs[s], config) or survivor[s] == s
-    assert 25 <= len(firsts) <= 30  # (one per planted cluster, near-copies at J ~ 0.9 found)
+        assert hits.mean() >= 0.99
 
 
 def test_normalize_and_shingles():
@@ -100,6 +73,6 @@ def test_normalize_and_shingles():
     assert len(shingles("a b c d e f", 5)) == 2 and len(shingles("a b", 5)) == 1 and len(shingles("  ", 5)) == 0
     assert not np.array_equal(shingles("a b c d e", 5), shingles("e d c b a", 5))  # word order counts
     empty = signature("")
-    assert (empty == np.iinfo(np.uint64).max).all()
+    assert empty.dtype == np.uint32 and (empty == np.iinfo(np.uint32).max).all()
     with pytest.raises(ValueError):
         MinHashConfig(bands=0)

@@ -161,13 +161,15 @@ class SourceInfo:
                    dropped=_counts(raw, "dropped"))  # fmt: skip
 
 
-_KEY_FILE = re.compile(r"dedup/(doc|line)_keys_[0-9]{6}\.u64")
+_KEY_FILE = re.compile(r"dedup/(doc|line)_keys_[0-9]{6}\.u64|dedup/near_sigs_[0-9]{6}\.u32")
 
 
 @dataclass(frozen=True, kw_only=True)
 class KeyFile:
     """A file of dedup keys kept with the dataset so `--append` can deduplicate against it:
-    little-endian uint64 xxh3-64 keys, one per kept document ("doc") or unique line ("line")."""
+    little-endian uint64 xxh3-64 keys, one per kept document ("doc") or unique line ("line"), or
+    ("near", --near-dedup) one MinHash signature per kept document: `n_keys` rows of the
+    configuration's n_hashes little-endian uint32 values."""
 
     path: str  # relative to the dataset root: dedup/doc_keys_NNNNNN.u64 or dedup/line_keys_NNNNNN.u64
     n_keys: int
@@ -175,7 +177,8 @@ class KeyFile:
 
     @property
     def kind(self) -> str:
-        return "line" if self.path.startswith("dedup/line_") else "doc"
+        name = self.path.removeprefix("dedup/")
+        return "line" if name.startswith("line_") else "near" if name.startswith("near_") else "doc"
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "n_keys": self.n_keys, "xxh3_64": self.xxh3_64}
@@ -185,7 +188,8 @@ class KeyFile:
         if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
             raise _Invalid("a dedup key file entry is not an object with a path")
         if not _KEY_FILE.fullmatch(raw["path"]):
-            raise _Invalid(f"dedup key file path {raw['path']!r} is not dedup/(doc|line)_keys_NNNNNN.u64")
+            raise _Invalid(f"dedup key file path {raw['path']!r} is not dedup/(doc|line)_keys_NNNNNN.u64 or "
+                           "dedup/near_sigs_NNNNNN.u32")  # fmt: skip
         return cls(path=raw["path"], n_keys=_count(raw, "n_keys", 0), xxh3_64=_get(raw, "xxh3_64", str, ""))
 
 
@@ -197,11 +201,12 @@ class DedupInfo:
     lines: bool  # --dedup-lines
     lines_removed: int
     files: tuple[KeyFile, ...] = ()  # the keys `--append` needs (absent in datasets from before --append)
+    near: dict[str, Any] | None = None  # --near-dedup: {"minhash": its configuration, "removed", "examples"}
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "key": self.key, "duplicates_removed": self.duplicates_removed,
                 "lines": self.lines, "lines_removed": self.lines_removed,
-                "files": [f.to_json() for f in self.files]}  # fmt: skip
+                "files": [f.to_json() for f in self.files]} | ({"near": self.near} if self.near else {})  # fmt: skip
 
     @classmethod
     def parse(cls, raw: Any) -> DedupInfo | None:
@@ -212,7 +217,8 @@ class DedupInfo:
         return cls(mode=_get(raw, "mode", str, "document"), key=_get(raw, "key", str, ""),
                    duplicates_removed=_count(raw, "duplicates_removed", 0), lines=_get(raw, "lines", bool, False),
                    lines_removed=_count(raw, "lines_removed", 0),
-                   files=tuple(KeyFile.parse(f) for f in _get(raw, "files", list, [])))  # fmt: skip
+                   files=tuple(KeyFile.parse(f) for f in _get(raw, "files", list, [])),
+                   near=_get(raw, "near", dict, None))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -147,19 +147,26 @@ def verify_shard(meta: DatasetMeta, shard: ShardInfo, report: Report) -> None:
 
 
 def _check_key_files(meta: DatasetMeta, report: Report, quick: bool) -> None:
-    """The dedup key files `--append` reads: inside the dataset, n_keys × 8 bytes, and (unless
-    quick) their checksums. A bad one does not harm training, but would make an append keep
-    duplicates or drop new documents."""
+    """The dedup key files `--append` reads: inside the dataset, n_keys × 8 bytes (signature
+    files: n_keys × n_hashes × 4), and (unless quick) their checksums. A bad one does not harm
+    training, but would make an append keep duplicates or drop new documents."""
     for f in meta.dedup.files if meta.dedup else ():
         try:
             size = dataset_file_size(meta.root, f.path)
         except FormatError as e:
             report.problems.append(Problem(f.path, str(e), fix=""))
             continue
-        if size != f.n_keys * 8:
-            report.problems.append(Problem(f.path, f"{size} bytes, but 'n_keys' {f.n_keys} means {f.n_keys * 8}"))
+        width = 8 if f.kind != "near" else 4 * near_hashes(meta)
+        if size != f.n_keys * width:
+            report.problems.append(Problem(f.path, f"{size} bytes, but 'n_keys' {f.n_keys} means {f.n_keys * width}"))
         elif not quick and (digest := file_xxh3(meta.root / f.path)) != f.xxh3_64:
             report.problems.append(Problem(f.path, f"checksum {digest} != {f.xxh3_64} in metadata"))
+
+
+def near_hashes(meta: DatasetMeta) -> int:
+    """The values per MinHash signature of a --near-dedup dataset's signature files."""
+    minhash = (meta.dedup.near or {}).get("minhash", {}) if meta.dedup else {}
+    return int(minhash.get("bands", 0)) * int(minhash.get("rows", 0))
 
 
 def read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..format import ENCODINGS, EOT_POSITIONS, DatasetMeta, Encoding
+from ..quality.minhash import MinHashConfig
 from ..remote.urls import is_url, output_url, redact, scheme_of
 from .documents.clean import CleanConfig
 
@@ -63,6 +64,8 @@ class PrepareConfig:
     overlong: str = "drop"
     dedup: str = "document"
     dedup_lines: bool = False  # also drop non-blank lines seen earlier in the input (two passes)
+    near_dedup: bool = False  # also drop near-duplicates (MinHash, quality/near.py)
+    minhash: str = "5:22x5:0.7"  # --near-dedup's shingles:bands x rows:threshold (quality/minhash.py)
     val_fraction: float = 0.01
     seed: int = 1337
     tokens_per_shard: int = 100_000_000
@@ -124,6 +127,8 @@ class PrepareConfig:
             raise ConfigError("--text-mode file cannot make stdin one document; pass --text-mode paragraph or line")
         if self.dedup_lines and "-" in self.inputs:
             raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
+        if self.near_dedup and "-" in self.inputs or self.minhash_config() is None:
+            raise ConfigError("--near-dedup reads the input twice, which stdin cannot do; save it to a file first")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
         if self.tokens_per_shard < 1:
@@ -156,6 +161,15 @@ class PrepareConfig:
                 "--hf-task/--hf-tasks split only the --hf stream, and there is no --hf; drop them "
                 "(to split files between tasks, pass each task its own inputs)"
             )
+
+    def minhash_config(self) -> MinHashConfig:
+        """--minhash N:BxR:T as a MinHashConfig (word N-grams, B bands of R rows, threshold T)."""
+        try:
+            grams, bands, rows, threshold = self.minhash.lower().replace("x", ":").split(":")
+            return MinHashConfig(n_grams=int(grams), bands=int(bands), rows=int(rows), threshold=float(threshold))
+        except ValueError as e:
+            why = str(e) if "pass" in str(e) else "write it as SHINGLE_WORDS:BANDSxROWS:THRESHOLD"
+            raise ConfigError(f"--minhash {self.minhash!r}: {why} (the default is 5:22x5:0.7)") from None
 
     def clean_config(self) -> CleanConfig:
         return CleanConfig(

@@ -43,6 +43,7 @@ from .documents.dedup import uniform_from_keys
 from .documents.reading import InputGone, InputReadError, work_kept
 from .documents.sources import Source, Sources, WorkItem, discover, note_growth
 from .execution.feed import early_pool, item_results
+from .execution.nearpass import remove_spool
 from .execution.pool import OrderedPool, WorkerDied
 from .output.build import (
     CHECKPOINT_SECONDS,
@@ -147,6 +148,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         shards = [info for w in build.writers.values() for info in w.close()]
         check_not_empty(config, totals, build.base, shards)
         keys = build.close_keys()
+        remove_spool(staging)
         meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, started, tokens_before)
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
@@ -220,9 +222,15 @@ def _run(
     for result in item_results(config, sources, tokenizer, build, early):
         keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
+        near = None
+        if result.near_of is not None:  # --near-dedup: a near-copy of an earlier document (not an exact one)
+            near = keep & (result.near_of >= 0)
+            keep = keep & ~near
         keep = _limit(keep, config.max_docs, totals.docs_kept)
-        account(totals, result, keep, dupes, 1 if bos is None else 2)
+        account(totals, result, keep, dupes, 1 if bos is None else 2, near)
         build.add_keys(result.keys[keep])
+        if build.near is not None and result.signatures is not None:
+            build.near.add(result.signatures[keep])
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
         for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
             if mask.any():

@@ -21,6 +21,7 @@ import xxhash
 
 from ...errors import TokenizerError
 from ...quality.filters import run_filters
+from ...quality.minhash import MinHashConfig, shingles, signature_of
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..stops import stop_point
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
@@ -45,6 +46,7 @@ class WorkerConfig:
     # What the main process's tokenizer is (`IDENTITY_FIELDS`): a worker that loads anything else
     # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
     expect: tuple[tuple[str, Any], ...] = ()
+    minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
 
 
 IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id")
@@ -67,6 +69,8 @@ class ItemResult:
     examples: dict[str, str] = field(default_factory=dict)  # drop reason → one example message
     chars: int = 0
     nbytes: int = 0
+    signatures: np.ndarray | None = None  # --near-dedup: [documents, n_hashes] uint32 MinHash signatures
+    near_of: np.ndarray | None = None  # --near-dedup, a run read here: per document its survivor's ordinal, or -1
 
 
 _state: dict[str, object] = {}
@@ -104,12 +108,21 @@ def process_item(item: WorkItem) -> ItemResult:
     config = _state["config"]
     tokenizer = _state["tokenizer"]
     assert isinstance(config, WorkerConfig) and isinstance(tokenizer, Tokenizer)
-    result = run_item(item, config, tokenizer)
+    result = run_item(item, config, tokenizer, sign=False)  # (a run read here signs in its first pass)
     stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input
     return result
 
 
-def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> ItemResult:
+def process_signatures(item: WorkItem) -> ItemResult:
+    """Pass 1 of --near-dedup: the item's kept documents' signatures, without tokens."""
+    config = _state["config"]
+    assert isinstance(config, WorkerConfig)
+    return run_item(item, config, None, sign=True)
+
+
+def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, sign: bool | None = None) -> ItemResult:
+    """The item's kept documents: tokens (none without a tokenizer), keys and, when `sign` (by
+    default: when the config has a MinHash configuration), signatures."""
     counts: dict[int, Counter[str]] = {}
     examples: dict[str, str] = {}
     texts: list[str] = []
@@ -142,10 +155,19 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> Item
         keys.append(xxhash.xxh3_64_intdigest(text.encode("utf-8")))
         texts.append(text)
         sources.append(src_index)
-    tokens, lengths = tokenizer.encode_batch(texts)
+    signatures = None
+    if config.minhash is not None and (sign if sign is not None else True):
+        seeds = config.minhash.seeds()
+        signatures = np.zeros((len(texts), config.minhash.n_hashes), dtype=np.uint32)
+        for d, text in enumerate(texts):
+            signatures[d] = signature_of(shingles(text, config.minhash.n_grams), seeds)
+    if tokenizer is None:
+        tokens, lengths = np.zeros(0, np.uint16), np.zeros(len(texts), np.int64)
+    else:
+        tokens, lengths = tokenizer.encode_batch(texts)
     # Half the bytes to send back when every id fits (the shards are uint32 all the same); the
     # max is checked too, so a backend misreporting n_vocab costs speed, never tokens.
-    if tokenizer.n_vocab <= 1 << 16 and (len(tokens) == 0 or int(tokens.max()) < 1 << 16):
+    if tokenizer is not None and tokenizer.n_vocab <= 1 << 16 and (len(tokens) == 0 or int(tokens.max()) < 1 << 16):
         tokens = tokens.astype(np.uint16)
     return ItemResult(
         seq=(item.source, item.seq),
@@ -157,6 +179,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer) -> Item
         examples=examples,
         chars=sum(map(len, texts)),
         nbytes=item.nbytes,
+        signatures=signatures,
     )
 
 

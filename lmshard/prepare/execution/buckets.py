@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from ...format import atomic_write_json
+from ...quality.minhash import MinHashConfig
+from ...quality.near import group_edges
 from ..stops import stop_point
 from .unitfiles import SECTIONS
 
@@ -40,16 +42,16 @@ _U64, _U32 = np.dtype("<u8"), np.dtype("<u4")
 
 
 def _slice(path: Path, count: int, b: int, tail_dtype: np.dtype[Any] | None = None,
-           in_unit: bool = False) -> tuple[np.ndarray, ...]:  # fmt: skip
+           in_unit: str | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
     """Entry b's slice of a file laid out as `count`+1 uint64 offsets, then the entries' values
     (uint64 keys, or uint32 document numbers), then (tail_dtype) as many values again. `in_unit`:
-    the layout is the `bkeys` section of a unit's data file (its header says where). A few
-    positioned reads of one open file."""
+    the layout is that section (`bkeys`, `nkeys`) of a unit's data file (its header says where).
+    A few positioned reads of one open file."""
     fd = os.open(path, os.O_RDONLY)
     try:
         base = 0
         if in_unit:
-            base = int(np.frombuffer(os.pread(fd, 8, 8 + 8 * SECTIONS.index("bkeys")), dtype=_U64)[0])
+            base = int(np.frombuffer(os.pread(fd, 8, 8 + 8 * SECTIONS.index(in_unit)), dtype=_U64)[0])
         lo, hi = np.frombuffer(os.pread(fd, 16, base + b * 8), dtype=_U64).astype(np.int64)
         total = int(np.frombuffer(os.pread(fd, 8, base + count * 8), dtype=_U64)[0])
         head = base + (count + 1) * 8
@@ -74,15 +76,18 @@ def _pread(fd: int, n: int, at: int) -> bytes:
     return data
 
 
-def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int) -> int:
+def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int, exact: bool = True,
+            minhash: MinHashConfig | None = None) -> int:  # fmt: skip
     """Find bucket `bucket`'s duplicates over every unit's `bkeys` and write them with their
-    marker (`out/bucket_B.dups`, `.done`); returns how many (skipped when already done: -1)."""
+    marker (`out/bucket_B.dups`, `.done`); returns how many (skipped when already done: -1).
+    `minhash` (--near-dedup): also its near-duplicate edges (`near_edges`)."""
     marker = out / f"bucket_{bucket:06d}.done"
     if marker.exists():
         return -1
+    edges = near_edges(tokenized, out, n_units, n_buckets, bucket, minhash) if minhash is not None else 0
     keys, units, docs = [], [], []
-    for u in range(n_units):
-        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, in_unit=True)
+    for u in range(n_units if exact else 0):
+        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, in_unit="bkeys")
         keys.append(k)
         docs.append(d)
         units.append(np.full(len(k), u, dtype=np.int64))
@@ -101,9 +106,63 @@ def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: in
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out / f"bucket_{bucket:06d}.dups")
-    atomic_write_json(marker, {"duplicates": int(dup.sum())})
+    atomic_write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
     stop_point("bucket", bucket)
     return int(dup.sum())
+
+
+def near_edges(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int,
+               minhash: MinHashConfig) -> int:  # fmt: skip
+    """The bucket's near-duplicate edges over every unit's `nkeys` (quality/near.py's groups;
+    documents numbered unit << 32 | document, which is plan order), written as
+    `out/bucket_B.near`: (member, representative) uint64 pairs. Returns how many."""
+    keys, ids = [], []
+    for u in range(n_units):
+        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, in_unit="nkeys")
+        keys.append(k)
+        ids.append((np.uint64(u) << np.uint64(32)) | d.astype(np.uint64))
+    member, rep = group_edges(np.concatenate(keys) if keys else np.zeros(0, _U64),
+                              np.concatenate(ids) if ids else np.zeros(0, _U64),
+                              lambda want: unit_signatures(tokenized, want, minhash.n_hashes), minhash)  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".bucket_{bucket:06d}.near.tmp"
+    with open(tmp, "wb") as f:
+        f.write(np.stack([member, rep], axis=1).astype(_U64).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out / f"bucket_{bucket:06d}.near")
+    return len(member)
+
+
+def unit_signatures(tokenized: Path, ids: np.ndarray, n_hashes: int) -> np.ndarray:
+    """The signatures of documents `ids` (unit << 32 | document, sorted): one positioned read
+    each from their units' `sigs` sections."""
+    out = np.empty((len(ids), n_hashes), dtype=np.uint32)
+    width = 4 * n_hashes
+    units = (ids >> np.uint64(32)).astype(np.int64)
+    for u in np.unique(units).tolist():
+        at = int(np.frombuffer(_header_entry(tokenized / f"unit_{u:06d}.bin", "sigs"), dtype=_U64)[0])
+        fd = os.open(tokenized / f"unit_{u:06d}.bin", os.O_RDONLY)
+        try:
+            for row in np.flatnonzero(units == u).tolist():
+                d = int(ids[row] & np.uint64(0xFFFFFFFF))
+                out[row] = np.frombuffer(_pread(fd, width, at + d * width), dtype="<u4")
+        finally:
+            os.close(fd)
+    return out
+
+
+def _header_entry(path: Path, section: str) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(8 + 8 * SECTIONS.index(section))
+        return f.read(8)
+
+
+def read_edges(dedup: Path, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every bucket's near-duplicate edges: (members, representatives)."""
+    pairs = [np.fromfile(dedup / f"bucket_{b:06d}.near", dtype=_U64).reshape(-1, 2) for b in range(n_buckets)]
+    both = np.concatenate(pairs) if pairs else np.zeros((0, 2), _U64)
+    return both[:, 0], both[:, 1]
 
 
 def unit_duplicates(dedup: Path, n_units: int, n_buckets: int, u: int, n_docs: int) -> np.ndarray:

@@ -38,10 +38,12 @@ from ..documents.worker import (
     init_worker,
     process_item,
     process_lines,
+    process_signatures,
     run_item,
     share_with_forks,
 )
 from ..output.build import Build
+from .nearpass import attach, first_pass
 from .pool import OrderedPool, start_method
 
 T = TypeVar("T")
@@ -145,6 +147,7 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         text_mode=config.text_mode,
         on_error=config.on_error,
         expect=identity_of(tokenizer),
+        minhash=config.minhash_config() if config.near_dedup else None,
     )
 
     def items(skip: int = 0) -> Iterator[WorkItem]:
@@ -157,13 +160,22 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         # segfault) is a one-line error within seconds instead of a hang; see pool.py.
         feeder = Feeder(config.n_workers(), wcfg, stack, input_bytes(sources), early)
         stream = items(build.items_done)
+        masked: tuple[IO[bytes], list[tuple[int, int]]] | None = None  # --dedup-lines: every item's line marks
         if config.dedup_lines:
             masks = stack.enter_context(tempfile.TemporaryFile())
             keys = stack.enter_context(open(build.root / build.key_path("line"), "wb"))
             hashes = feeder.map(process_lines, lambda it: hash_lines(it, wcfg), items())
             index, build.line_keys = _line_masks(hashes, masks, build.line_set(), keys)
             stream = _with_masks(stream, masks, index[build.items_done :])
-        yield from feeder.map(process_item, lambda it: run_item(it, wcfg, tokenizer), stream, build.bytes_done)
+            masked = (masks, index)
+        results = feeder.map(process_item, lambda it: run_item(it, wcfg, tokenizer, sign=False), stream,
+                             build.bytes_done)  # fmt: skip
+        if wcfg.minhash is not None:  # a first pass signs every document, then the clusters are found
+            every = items() if masked is None else _with_masks(items(), *masked)
+            signed = feeder.map(process_signatures, lambda it: run_item(it, wcfg, None, sign=True), every)
+            near = first_pass(signed, build, wcfg.minhash)
+            results = attach(results, near, build.items_done, build, sources, tokenizer)
+        yield from results
         if feeder.pool is not None:
             feeder.pool.close()
 

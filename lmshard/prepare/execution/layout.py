@@ -3,7 +3,8 @@ shard and key file of the dataset begins and ends (the layout), before any of th
 
 **Select** (one per unit, in parallel). A unit's documents get their fate from the buckets'
 duplicates and the train/val split (a function of each document's key and --seed, as in a
-local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, 0 train, 1 val),
+local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, -2 near-duplicate,
+0 train, 1 val),
 and `select/unit_N.json` (written last: the unit's marker) its documents and tokens per
 stream, and its totals for the metadata (records, drops and their first examples, per-source
 counts), made by the same accounting a local run does per work item.
@@ -40,10 +41,11 @@ from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
 from ..stops import stop_point
 from .buckets import unit_duplicates
+from .nearstage import unit_near
 from .unitfiles import read_section, unit_marker
 
 LAYOUT_FILE = "layout.json"
-STREAMS = (*SPLITS, "keys")
+STREAMS = (*SPLITS, "keys", "near")
 
 
 def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
@@ -52,7 +54,7 @@ def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
 
 
 def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int, val_fraction: float,
-                specials: int) -> bool:  # fmt: skip
+                specials: int, near_dedup: bool = False) -> bool:  # fmt: skip
     """The select stage for unit u (see the module docstring); False when already done."""
     out = work / "select"
     marker = out / f"unit_{u:06d}.json"
@@ -62,8 +64,9 @@ def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int
     arrays = unit_arrays(tokenized, u)
     n_units, n_docs = len(plan["units"]), len(arrays["keys"])
     dup = unit_duplicates(work / "dedup", n_units, plan["buckets"], u, n_docs) if dedup else np.zeros(n_docs, bool)
+    near = (unit_near(work, u, n_docs) >= 0) & ~dup if near_dedup else np.zeros(n_docs, bool)
     is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
-    split = np.where(dup, -1, is_val.astype(np.int8)).astype(np.int8)
+    split = np.where(dup, -1, np.where(near, -2, is_val.astype(np.int8))).astype(np.int8)
     totals, at = Totals(), 0
     for row in unit_marker(tokenized, u)["table"]:
         d = row["docs"]
@@ -71,14 +74,14 @@ def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int
                           keys=arrays["keys"][at : at + d], doc_sources=arrays["sources"][at : at + d],
                           counts={int(k): Counter(v) for k, v in row["counts"].items()}, examples=row["examples"],
                           chars=row["chars"], nbytes=row["nbytes"])  # fmt: skip
-        account(totals, item, ~dup[at : at + d], dup[at : at + d], specials)
+        account(totals, item, split[at : at + d] >= 0, dup[at : at + d], specials, near[at : at + d])
         at += d
     streams = {}
     for s, name in enumerate(SPLITS):
         mine = split == s
         streams[name] = [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
     kept = int((split >= 0).sum())
-    streams["keys"] = [kept, kept]
+    streams["keys"] = streams["near"] = [kept, kept]
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".unit_{u:06d}.split.tmp"
     split.tofile(tmp)
@@ -91,7 +94,7 @@ def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int
 def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray:
     """The lengths, as written, of unit u's documents in `stream` (1 per kept document for keys)."""
     split = np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
-    if stream == "keys":
+    if stream in ("keys", "near"):
         return np.ones(int((split >= 0).sum()), dtype=np.int64)
     lengths = read_section(work / "tokenize", u, "lengths")
     return lengths[split == SPLITS.index(stream)] + specials
@@ -150,7 +153,7 @@ def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity
 
 
 def make_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int, specials: int,
-                keys: bool = True) -> dict[str, Any]:  # fmt: skip
+                keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
@@ -162,6 +165,8 @@ def make_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int,
     if keys:  # (--dedup none keeps no keys)
         found = pieces_of(work, summaries, "keys", KEYS_PER_FILE, specials)
         pieces += found or [["keys", 0, 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
+    if near_hashes:  # --near-dedup: the kept documents' signatures, in files of as many rows
+        pieces += pieces_of(work, summaries, "near", KEYS_PER_FILE, specials) or [["near", 0, 0, 0, []]]
     parts: list[list[Any]] = []
     for k, piece in enumerate(pieces):
         first = len(parts)
@@ -173,15 +178,15 @@ def make_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int,
     # A write task writes the parts of the units its plan task tokenized: its share of the data, as in every
     # stage, whatever the shards' sizes (the many small parts of the val shards and key files spread with them).
     tasks = [[p for u in range(first, end) for p in readers[u]] for first, end in unit_ranges]
-    return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers}
+    return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes}
 
 
 def ensure_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int, specials: int,
-                  keys: bool = True) -> dict[str, Any]:  # fmt: skip
+                  keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
     """The layout in `work`, made if absent (every task that makes one makes the same)."""
     path = work / LAYOUT_FILE
     if not path.exists():
-        layout = make_layout(work, unit_ranges, tokens_per_shard, specials, keys)
+        layout = make_layout(work, unit_ranges, tokens_per_shard, specials, keys, near_hashes)
         tmp = work / f".{LAYOUT_FILE}.{os.getpid()}.tmp"
         atomic_write_json(tmp, layout)
         try:

@@ -148,6 +148,8 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
 
 
 def _todo(r: Run, stage: str) -> Iterable[int]:
+    if stage == "select":
+        r.clusters()  # --near-dedup: found here, once, from the dedup stage's edges
     if stage == "write":
         r.layout()  # laid out here, once: a walk over the units' totals
     return r.missing(stage)

@@ -68,6 +68,7 @@ from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim, claim_output, write_run
 from ..output.staging import OutputPaths, commit, read_run, recover
 from ..stops import stop_point
+from .nearstage import near_summary
 from .unitfiles import read_section, sections
 
 
@@ -97,6 +98,8 @@ def piece_files(piece: list[Any]) -> list[str]:
     """The files of a piece, relative to the dataset: a shard's .bin and .idx, or a key file."""
     if piece[0] == "keys":
         return [f"dedup/doc_keys_{piece[1]:06d}.u64"]
+    if piece[0] == "near":
+        return [f"dedup/near_sigs_{piece[1]:06d}.u32"]
     return list(shard_paths(piece[0], piece[1]))
 
 
@@ -112,7 +115,7 @@ def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, specia
     piece = layout["pieces"][k]
     stream = piece[0]
     split = _unit_split(work, u)
-    chosen = np.flatnonzero(split >= 0 if stream == "keys" else split == SPLITS.index(stream))[i0:i1]
+    chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
     files = [staging / f"{rel}.tmp" for rel in piece_files(piece)]
     files[0].parent.mkdir(parents=True, exist_ok=True)
     fds = [os.open(path, os.O_WRONLY | os.O_CREAT, 0o666) for path in files]  # not truncated: others write too
@@ -120,6 +123,10 @@ def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, specia
         if stream == "keys":
             keys = read_section(work / "tokenize", u, "keys")[chosen]
             _pwrite(fds[0], keys.data.cast("B"), tokens_before * 8)
+        elif stream == "near":  # rows of n_hashes uint32
+            h = layout["near_hashes"]
+            sigs = np.ascontiguousarray(read_section(work / "tokenize", u, "sigs").reshape(-1, h)[chosen])
+            _pwrite(fds[0], sigs.data.cast("B"), tokens_before * h * 4)
         else:  # the unit's tokens carry their separators: runs of consecutive documents are copied as they are
             sizes = read_section(work / "tokenize", u, "lengths") + specials
             base = sections(work / "tokenize", u)["tokens"][0]
@@ -191,9 +198,11 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, encodi
         return False
     stream, number, n_tokens, n_docs = piece[:4]
     rels = piece_files(piece)
-    sizes = [n_tokens * 8] if stream == "keys" else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
+    keyish = stream in ("keys", "near")
+    width = 8 if stream == "keys" else 4 * layout.get("near_hashes", 0)
+    sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
     digests, sums = [], b""
-    encoded = stream != "keys" and encoding.version > 1
+    encoded = not keyish and encoding.version > 1
     for rel, size in zip(rels, sizes, strict=True):
         tmp = staging / f"{rel}.tmp"
         if encoded and rel.endswith(".bin"):  # sealed below, from its uint32 file cut to size
@@ -224,7 +233,7 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, encodi
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
             os.replace(staging / f"{rel}.tmp", staging / rel)
-    if stream == "keys":
+    if keyish:
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     elif encoded:
         sealed = seal_encoded(staging / f"{rels[0]}.tmp", staging / rels[0], rels[0], encoding, n_tokens)
@@ -289,11 +298,13 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
     totals = merged_totals(work, n_units)
     note_growth(sources, totals.per_source)
     entries = [json.loads((work / "write" / f"piece_{k:06d}.json").read_text()) for k in range(len(layout["pieces"]))]
-    shards = [ShardInfo.parse(p[0], e) for p, e in zip(layout["pieces"], entries, strict=True) if p[0] != "keys"]
-    keys = tuple(KeyFile.parse(e) for p, e in zip(layout["pieces"], entries, strict=True) if p[0] == "keys")
+    pieces = layout["pieces"]
+    shards = [ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] not in ("keys", "near")]
+    keys = tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True)
+                 if p[0] == "near" or p[0] == "keys" and config.dedup == "document")  # fmt: skip
     check_not_empty(config, totals, Totals(), shards)
-    if config.dedup != "document":
-        keys = ()
+    if config.near_dedup:
+        totals.near_examples = near_summary(work)["examples"]
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at)  # type: ignore[arg-type]
     for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
         stray.unlink()

@@ -46,6 +46,7 @@ from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .buckets import buckets_of, resolve
 from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
+from .nearstage import ensure_clusters
 from .owners import finish, missing_parts, missing_pieces, remove_work, seal_piece, write_part
 from .taskplan import (
     PLAN_FILE,
@@ -127,7 +128,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
             tasks.append({"task": t, "items": len(items), "done": sum(i not in missing for i in items),
                           "state": _task_state(work, stage, t)})  # fmt: skip
         stages[stage] = {"total": total, "missing": sorted(missing), "tasks": tasks}
-    return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.dedup else 0,
+    return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "dedup": run.dedup, "merged": False}  # fmt: skip
 
 
@@ -135,7 +136,8 @@ def worker_config(config: PrepareConfig, sources: list[Source], tokenizer: Token
     return WorkerConfig(sources=tuple(sources), clean=config.clean_config(), tokenizer=config.tokenizer,
                         tokenizer_backend=tokenizer.backend, separator=config.separator,
                         text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
-                        expect=identity_of(tokenizer))  # fmt: skip
+                        expect=identity_of(tokenizer),
+                        minhash=config.minhash_config() if config.near_dedup else None)  # fmt: skip
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:
@@ -218,7 +220,7 @@ class Run:
                 self._layout = json.loads((self.work / LAYOUT_FILE).read_text())
             else:
                 self._layout = ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard,
-                                             self.specials, self.dedup)  # fmt: skip
+                                             self.specials, self.dedup, self.near_hashes)  # fmt: skip
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:
@@ -227,7 +229,7 @@ class Run:
         if stage in ("tokenize", "select"):
             return range(*self.plan["tasks"][task])
         if stage == "dedup":
-            return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.dedup else range(0)
+            return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.bucketed else range(0)
         if stage == "write":  # parts of shards and key files: those of its units
             return self.layout()["tasks"][task]
         return range(1 if task == 0 else 0)
@@ -236,6 +238,22 @@ class Run:
     def dedup(self) -> bool:
         return self.config.dedup == "document"
 
+    @property
+    def near_hashes(self) -> int:
+        """Values per MinHash signature with --near-dedup, else 0."""
+        return self.config.minhash_config().n_hashes if self.config.near_dedup else 0
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether the run has a dedup stage: exact or near deduplication."""
+        return self.dedup or self.config.near_dedup
+
+    def clusters(self) -> None:
+        """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
+        if self.config.near_dedup:
+            ensure_clusters(self.work, self.plan["buckets"], self.near_hashes, self.tokenizer, self.sources,
+                            self.specials)  # fmt: skip
+
     def missing(self, stage: str) -> list[int]:
         """The items of `stage` (tokenize, dedup, select, write, seal) not done yet (for the write
         stage, once the layout exists)."""
@@ -243,7 +261,7 @@ class Run:
         if stage == "tokenize":
             return [u for u in range(self.n_units) if not (w / "tokenize" / f"unit_{u:06d}.done").exists()]
         if stage == "dedup":
-            n = self.plan["buckets"] if self.dedup else 0
+            n = self.plan["buckets"] if self.bucketed else 0
             return [b for b in range(n) if not (w / "dedup" / f"bucket_{b:06d}.done").exists()]
         if stage == "select":
             return missing_selects(w, self.n_units)
@@ -258,9 +276,12 @@ class Run:
         if stage == "tokenize":
             return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
         if stage == "dedup":
-            return resolve(self.work / "tokenize", self.work / "dedup", self.n_units, self.plan["buckets"], i) >= 0
+            return resolve(self.work / "tokenize", self.work / "dedup", self.n_units, self.plan["buckets"], i,
+                           self.dedup, self.wcfg.minhash) >= 0  # fmt: skip
         if stage == "select":
-            return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, self.specials)
+            self.clusters()
+            return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, self.specials,
+                               c.near_dedup)  # fmt: skip
         if stage == "write":
             staging = OutputPaths.of(c.out).staging
             return write_part(self.work, staging, self.layout(), i, self.specials)
@@ -310,6 +331,8 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
         with sigterm_stops():
             for i in items:
                 done += run.do(stage, i)
+            if stage == "dedup" and not run.missing("dedup"):
+                run.clusters()  # the last dedup task to finish finds the near-duplicate clusters, once
             if stage == "select" and not run.missing("select"):
                 run.layout()  # the last select task to finish lays out the shards, once, for the write tasks
             if stage == "write":  # the pieces whose parts are all written now: the last writer seals each

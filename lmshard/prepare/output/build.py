@@ -37,6 +37,7 @@ from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
 from ..stops import STOP_SIGNALS
+from .sigfiles import SignatureFiles
 from .writer import ShardWriter, close_quietly
 
 if TYPE_CHECKING:
@@ -64,19 +65,20 @@ class Totals:
     per_source: dict[int, Counter[str]] = field(default_factory=dict)
     dedup_bytes: int = 0
     lines_removed: int = 0
+    near_examples: list[dict[str, Any]] = field(default_factory=list)  # --near-dedup: removed with survivor
 
     def to_json(self) -> dict[str, Any]:
         return {"records": self.records, "docs_kept": self.docs_kept, "tokens": self.tokens, "chars": self.chars,
                 "duplicates": self.duplicates, "drops": dict(self.drops), "examples": self.examples,
                 "per_source": {str(k): dict(v) for k, v in self.per_source.items()},
-                "lines_removed": self.lines_removed}  # fmt: skip
+                "lines_removed": self.lines_removed, "near_examples": self.near_examples}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Totals:
         return cls(records=raw["records"], docs_kept=raw["docs_kept"], tokens=raw["tokens"], chars=raw["chars"],
                    duplicates=raw["duplicates"], drops=Counter(raw["drops"]), examples=dict(raw["examples"]),
                    per_source={int(k): Counter(v) for k, v in raw["per_source"].items()},
-                   lines_removed=raw["lines_removed"])  # fmt: skip
+                   lines_removed=raw["lines_removed"], near_examples=list(raw.get("near_examples", [])))  # fmt: skip
 
     @classmethod
     def of_dataset(cls, meta: DatasetMeta) -> Totals:
@@ -117,6 +119,7 @@ class Build:
     note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
     _keys: IO[bytes] | None = None
     _part: int = 0  # the key file `_keys` is
+    near: SignatureFiles | None = None  # --near-dedup: the kept documents' signatures
 
     @classmethod
     def start(cls, config: PrepareConfig, root: Path, previous: DatasetMeta | None,
@@ -135,6 +138,9 @@ class Build:
             build.items_done, build.bytes_done = checkpoint["items_done"], checkpoint["bytes_done"]
             build.seen = KeySet(checkpoint["seen_slots"])  # the same table size as when it was taken
             build.n_keys = checkpoint["n_keys"]
+        if config.near_dedup:
+            rows = checkpoint.get("near_rows", 0) if checkpoint else 0
+            build.near = SignatureFiles(root, config.minhash_config().n_hashes, KEYS_PER_FILE, previous_keys, rows)
         if config.dedup == "document":
             for keys in build._stored_keys("doc"):
                 build.seen.add_new(keys)
@@ -216,7 +222,10 @@ class Build:
         if self._keys is not None:
             self._keys.flush()
             os.fsync(self._keys.fileno())
-        return {"items_done": self.items_done, "bytes_done": self.bytes_done,
+        if self.near is not None:
+            self.near.sync()
+        return {"near_rows": self.near.rows if self.near else 0,
+                "items_done": self.items_done, "bytes_done": self.bytes_done,
                 "writers": {s: w.sync() for s, w in self.writers.items()}, "totals": self.totals.to_json(),
                 "seen_slots": self.seen.nbytes // 8, "n_keys": self.n_keys, "saved_at": time.time()}  # fmt: skip
 
@@ -235,7 +244,8 @@ class Build:
                 files.append(key_file(self.root, self.key_path("doc", p), n))
         if self.line_keys is not None:
             files.append(key_file(self.root, self.key_path("line"), self.line_keys))
-        return tuple(files)
+        files = [f for f in files if f.kind != "near"]
+        return tuple(files) + (self.near.close() if self.near is not None else ())
 
     def abort(self) -> None:
         """Close every writer and the key file after an error, raising nothing over it."""
@@ -244,6 +254,8 @@ class Build:
         if self._keys is not None:
             close_quietly(self._keys)
             self._keys = None
+        if self.near is not None:
+            self.near.abort()
 
 
 def key_parts(n_keys: int) -> list[int]:
@@ -343,8 +355,15 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
-def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int) -> None:
-    """Add one work item's counts to `totals`: `keep` its kept documents, `dupes` its duplicates."""
+def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndarray, specials: int,
+            near: np.ndarray | None = None) -> None:  # fmt: skip
+    """Add one work item's counts to `totals`: `keep` its kept documents, `dupes` its duplicates,
+    `near` its near-duplicates (--near-dedup; counted as the drop `near_duplicate`)."""
+    if near is not None and near.any():
+        totals.drops["near_duplicate"] += int(near.sum())
+        ids, n = np.unique(result.doc_sources[near], return_counts=True)
+        for src, count in zip(ids.tolist(), n.tolist(), strict=True):
+            totals.per_source.setdefault(src, Counter())["near_duplicate"] += count
     kept_lengths = result.lengths[keep]
     totals.docs_kept += int(keep.sum())
     totals.tokens += int(kept_lengths.sum()) + specials * len(kept_lengths)  # + the EOT (and BOS) of each

@@ -247,7 +247,18 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
     if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
         raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "
                           "so new documents cannot be deduplicated against it; prepare it again")  # fmt: skip
+    near = (dedup.near or {}).get("minhash") if dedup else None
+    if config.near_dedup and near is None:
+        raise ConfigError(f"{out}: --append --near-dedup: the dataset keeps no MinHash signatures (it was prepared "
+                          "without --near-dedup); prepare it again with --near-dedup")  # fmt: skip
+    if near is not None and (not config.near_dedup or near != config.minhash_config().to_json()):
+        raise ConfigError(f"{out}: --append: the dataset was prepared with --near-dedup --minhash {_spec(near)}; pass "
+                          "the same so new documents are checked against it")  # fmt: skip
     return meta
+
+
+def _spec(minhash: dict[str, Any]) -> str:
+    return f"{minhash.get('n_grams')}:{minhash.get('bands')}x{minhash.get('rows')}:{minhash.get('threshold')}"
 
 
 def write_run(staging: Path, claim: Claim, checkpoint: dict[str, Any] | None) -> None:

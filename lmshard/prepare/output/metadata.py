@@ -66,6 +66,8 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
             lines=config.dedup_lines,
             lines_removed=totals.lines_removed,
             files=keys,
+            near={"minhash": config.minhash_config().to_json(), "removed": totals.drops.get("near_duplicate", 0),
+                  "examples": totals.near_examples} if config.near_dedup else None,
         ),  # fmt: skip
         sources=(*(previous.sources if previous else ()), *new_sources),
         skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,

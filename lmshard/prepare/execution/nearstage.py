@@ -1,0 +1,103 @@
+"""--near-dedup in a planned run: after the dedup stage, the clusters of every bucket's edges
+(quality/near.py) are found once, by the last dedup task to finish (or the first select task
+that finds them missing: every task that makes them makes the same), and written as
+`dedup/near.removed`: the removed documents' ids (unit << 32 | document, sorted, uint64), then
+each one's survivor's id; `dedup/near.json` holds their count and examples. The select stage
+reads one unit's slice of it.
+
+Memory model: the clusters hold 48 bytes per edge (about one per near-duplicate document); a
+unit's slice is two binary searches in the memory-mapped file; the examples decode up to
+NEAR_EXAMPLES × 4 short documents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...format import atomic_write_json
+from ...quality.near import components
+from ...tokenizers import Tokenizer
+from ..documents.sources import Source
+from .buckets import read_edges, unit_signatures
+from .nearpass import NEAR_EXAMPLES, SNIPPET_CHARS
+from .unitfiles import read_section, sections
+
+REMOVED = "near.removed"
+SUMMARY = "near.json"
+
+
+def ensure_clusters(work: Path, n_buckets: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
+                    specials: int) -> None:  # fmt: skip
+    """Find the clusters unless `dedup/near.removed` exists (see the module docstring)."""
+    dedup = work / "dedup"
+    if (dedup / REMOVED).exists():
+        return
+    removed, survivor = components(*read_edges(dedup, n_buckets))
+    tokenized = work / "tokenize"
+    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials)
+    atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})
+    tmp = dedup / f".{REMOVED}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, dedup / REMOVED)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def unit_near(work: Path, u: int, n_docs: int) -> np.ndarray:
+    """Per document of unit u: its survivor's id, or -1 when it is kept."""
+    path = work / "dedup" / REMOVED
+    near = np.full(n_docs, -1, dtype=np.int64)
+    n = path.stat().st_size // 16
+    if n == 0:
+        return near
+    both = np.memmap(path, dtype="<u8", mode="r", shape=(2, n))
+    lo, hi = np.searchsorted(both[0], [np.uint64(u) << np.uint64(32), np.uint64(u + 1) << np.uint64(32)])
+    docs = (both[0][lo:hi] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    near[docs] = both[1][lo:hi].astype(np.int64)
+    return near
+
+
+def near_summary(work: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads((work / "dedup" / SUMMARY).read_text())
+    return summary
+
+
+def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hashes: int, tokenizer: Tokenizer,
+              sources: list[Source], specials: int) -> list[dict[str, Any]]:  # fmt: skip
+    """The first removed documents (not exact copies) with their survivors, as short texts."""
+    out: list[dict[str, Any]] = []
+    for r, s in zip(removed[: 4 * NEAR_EXAMPLES].tolist(), survivor[: 4 * NEAR_EXAMPLES].tolist(), strict=True):
+        docs = [_document(tokenized, i, tokenizer, sources, specials) for i in (r, s)]
+        if docs[0][1] == docs[1][1]:
+            continue  # an exact copy: counted with the duplicates
+        sigs = unit_signatures(tokenized, np.array(sorted({r, s}), dtype=np.uint64), n_hashes)
+        agree = round(float((sigs[0] == sigs[-1]).mean()), 3)
+        out.append({"removed": docs[0][0], "survivor": docs[1][0], "agreement": agree})
+        if len(out) == NEAR_EXAMPLES:
+            break
+    return out
+
+
+def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Source],
+              specials: int) -> tuple[dict[str, Any], int]:  # fmt: skip
+    """({source, text}, key) of document i (unit << 32 | document)."""
+    u, d = i >> 32, i & 0xFFFFFFFF
+    lengths = read_section(tokenized, u, "lengths")
+    start = int(lengths[:d].sum()) + specials * d
+    offset = sections(tokenized, u)["tokens"][0] + 4 * start
+    ids = np.fromfile(tokenized / f"unit_{u:06d}.bin", dtype="<u4", count=int(lengths[d]) + specials, offset=offset)
+    ids = ids[(ids != tokenizer.eot_id) & (ids != (tokenizer.bos_id if tokenizer.bos_id is not None else -1))]
+    source = sources[int(read_section(tokenized, u, "sources")[d])].path
+    key = int(read_section(tokenized, u, "keys")[d])
+    return {"source": source, "text": tokenizer.decode(ids.tolist())[:SNIPPET_CHARS]}, key
