@@ -266,3 +266,46 @@ def test_near_duplicates_keeps_a_dataset_appended_to():
     assert removed.tolist() == list(range(20, 25)) and survivor.tolist() == list(range(5))
     removed, _ = near_duplicates(sigs, config, first_new=22)
     assert removed.tolist() == [22, 23, 24]
+
+
+def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    """Killed after some work items of its second pass (checkpoints after each), --resume repeats
+    the first pass and goes on from the checkpoint: the same bytes and signatures as a run that
+    was never stopped."""
+    from proctree import finish, kill_group, start_prepare, wait_stopped
+
+    src = jsonl(tmp_path / "docs.jsonl", _clustered(9, n=400))
+    truth = tmp_path / "truth"
+    prepare(PrepareConfig(inputs=[str(src)], out=str(truth), near_dedup=True, workers=2, val_fraction=0.1))
+    out = tmp_path / "ds"
+    args = [str(src), "--out", str(out), "--workers", "2", "--near-dedup", "--val-fraction", "0.1", "--quiet"]
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))  # many work items
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:6")
+    proc = start_prepare(args)
+    assert wait_stopped(proc) is not None
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    kill_group(proc.pid)
+    proc.communicate()
+    code, err = finish(start_prepare([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert _tree(out) == _tree(truth)
+    assert _meta_without_run(out)["dedup"] == _meta_without_run(truth)["dedup"]
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_inspect_checks_the_signature_files(tmp_path):
+    src = jsonl(tmp_path / "docs.jsonl", _clustered(6, n=40))
+    out = tmp_path / "ds"
+    meta = prepare(PrepareConfig(inputs=[str(src)], out=str(out), near_dedup=True, workers=1))
+    runner = CliRunner()
+    assert runner.invoke(app, ["inspect", str(out)]).exit_code == 0
+    sigs = out / next(f.path for f in meta.dedup.files if f.kind == "near")
+    data = bytearray(sigs.read_bytes())
+    data[5] ^= 1
+    sigs.write_bytes(bytes(data))
+    result = runner.invoke(app, ["inspect", str(out)])
+    assert result.exit_code != 0 and "near_sigs_000000.u32" in result.output and "checksum" in result.output
+    sigs.write_bytes(bytes(data[:-4]))
+    result = runner.invoke(app, ["inspect", str(out)])
+    assert result.exit_code != 0 and "but 'n_keys'" in result.output
