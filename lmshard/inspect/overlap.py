@@ -1,17 +1,25 @@
 """`lmshard inspect A --overlap [B]`: documents shared between the splits of dataset A, or
 between dataset A and dataset B (a training set and an evaluation set), exactly and nearly.
 
-Each document is read back from the shards and decoded with the dataset's own vocabulary (the
-separators and BOS left out): the text the dataset was made from, after cleaning.
-- **exact**: equal texts (the xxh3-64 of the UTF-8 text, the key `prepare` deduplicates by);
-- **near**: documents whose MinHash signatures (quality/minhash.py, the default configuration:
-  word 5-grams, 14 bands × 8 rows) share a band and agree on at least `threshold` of their
-  values (an estimate of the Jaccard similarity of their 5-gram sets), not counted as exact.
+Each side's documents come with their key and MinHash signature:
+- **stored**: a dataset made with dedup and `--near-dedup` (its `doc_keys` files: the xxh3-64 of
+  each kept document's cleaned text, and its `near_sigs` files, in the same order) is compared
+  from those alone: a document's split is the function
+  of its key, `seed` and `val_fraction` that prepare used, and its place (`train/shard_000000:5`)
+  follows from its rank in the split. Only the examples are read back from the shards.
+- **decoded**: otherwise each document is read back from the shards and decoded with the
+  dataset's own vocabulary (the separators and BOS left out), then keyed and signed.
+Both sides use one MinHash configuration: a stored side's (quality/minhash.py; the default
+when neither side stores signatures).
+- **exact**: equal keys;
+- **near**: documents whose signatures share a band and agree on at least `threshold` of their
+  values (an estimate of the Jaccard similarity of their word n-gram sets), not counted as exact.
 The second side (B, or A's val split) is indexed by band; the first (A, or A's train split) is
 scanned against it, so put the smaller set second.
 
-Memory model: per document of the indexed side its 14 band keys and its signature (about 1 KiB),
-and the reported examples; the scanned side one document at a time.
+Memory model: per document of the indexed side its band keys and its signature (about 1 KiB),
+and the reported examples; the scanned side one document (a stored one: its keys and the
+signature files' memory maps).
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..format import DatasetMeta, load_metadata
+from ..format import SPLITS, DatasetMeta, load_metadata
 from ..format.tokenfile import TokenFile
+from ..prepare.documents.dedup import uniform_from_keys
 from ..quality.minhash import MinHashConfig, band_keys, signature
 
 EXAMPLES = 5
@@ -40,18 +49,18 @@ class Overlap:
     exact: int = 0  # first-side documents equal to a second-side one
     near: int = 0  # first-side documents near one (not exact)
     threshold: float = 0.8
+    minhash: MinHashConfig = field(default_factory=MinHashConfig)
     examples: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"first": self.first, "second": self.second, "scanned": self.scanned, "indexed": self.indexed,
                 "exact": self.exact, "near": self.near, "near_threshold": self.threshold,
-                "minhash": MinHashConfig().to_json(), "examples": self.examples}  # fmt: skip
+                "minhash": self.minhash.to_json(), "examples": self.examples}  # fmt: skip
 
 
 def documents(meta: DatasetMeta, splits: tuple[str, ...],
               decode: Callable[[list[int]], str]) -> Iterator[tuple[str, str]]:  # fmt: skip
     """(where, text) of every document of the splits, in order: `train/shard_000000:5`."""
-    specials = {meta.tokenizer.eot_id} | ({meta.tokenizer.bos_id} if meta.tokenizer.bos_id is not None else set())
     for shard in (s for split in splits for s in meta.split_shards(split)):
         if not shard.n_tokens:
             continue
@@ -59,11 +68,26 @@ def documents(meta: DatasetMeta, splits: tuple[str, ...],
         tokens = TokenFile(meta.root, shard, meta.encoding)
         try:
             for i in range(shard.n_docs):
-                ids = tokens.read(int(index[i]), int(index[i + 1]))
-                text = decode([t for t in ids.tolist() if t not in specials])
-                yield f"{shard.path.removesuffix('.bin')}:{i}", text
+                yield f"{shard.path.removesuffix('.bin')}:{i}", _text(meta, tokens, index, i, decode)
         finally:
             tokens.close()
+
+
+def _text(meta: DatasetMeta, tokens: TokenFile, index: np.ndarray, i: int, decode: Callable[[list[int]], str]) -> str:
+    specials = {meta.tokenizer.eot_id} | ({meta.tokenizer.bos_id} if meta.tokenizer.bos_id is not None else set())
+    ids = tokens.read(int(index[i]), int(index[i + 1]))
+    return decode([t for t in ids.tolist() if t not in specials])
+
+
+def text_at(meta: DatasetMeta, where: str, decode: Callable[[list[int]], str]) -> str:
+    """The text of the document at `where` (`train/shard_000000:5`)."""
+    path, _, i = where.rpartition(":")
+    shard = next(s for s in meta.shards if s.path.removesuffix(".bin") == path)
+    tokens = TokenFile(meta.root, shard, meta.encoding)
+    try:
+        return _text(meta, tokens, np.fromfile(meta.abspath(shard.index_path), dtype="<u8"), int(i), decode)
+    finally:
+        tokens.close()
 
 
 def _key(text: str) -> int:
@@ -73,47 +97,92 @@ def _key(text: str) -> int:
 
 
 Side = tuple[DatasetMeta, tuple[str, ...]]  # a dataset and the splits compared
+Row = tuple[str, int, np.ndarray, "str | None"]  # where, key, signature, text (None: read it when needed)
 
 
-def overlap(first: Side, second: Side, decoders: tuple[Any, Any],
-            threshold: float = 0.8, on_progress: Callable[[int], None] | None = None) -> Overlap:  # fmt: skip
-    """Exact and near overlap of `first` (meta, splits) against `second` (see the module docstring)."""
-    config = MinHashConfig()
+def stored_minhash(meta: DatasetMeta) -> MinHashConfig | None:
+    """The MinHash configuration of a dataset that stores a signature per kept document."""
+    near = meta.dedup.near if meta.dedup else None
+    if not near or not any(f.kind == "near" for f in meta.dedup.files):  # type: ignore[union-attr]
+        return None
+    return MinHashConfig.parse(near["minhash"])
+
+
+def _stored_rows(meta: DatasetMeta, splits: tuple[str, ...], config: MinHashConfig) -> Iterator[Row] | None:
+    """The side's rows from its stored keys and signatures, of `config` (None when it keeps none)."""
+    dedup = meta.dedup
+    files = [f for f in dedup.files if f.kind == "doc"] if dedup and dedup.mode == "document" else []
+    seed, val_fraction = meta.config.get("seed"), meta.config.get("val_fraction")
+    if not files or sum(f.n_keys for f in files) != meta.total_docs or seed is None or val_fraction is None:
+        return None
+    sig_files = [f for f in dedup.files if f.kind == "near"]  # type: ignore[union-attr]
+    keys = np.concatenate([np.fromfile(meta.abspath(f.path), dtype="<u8") for f in files])
+    sigs = [np.memmap(meta.abspath(f.path), dtype="<u4", mode="r").reshape(-1, config.n_hashes)
+            for f in sig_files if f.n_keys]  # fmt: skip
+    split_of = np.where(uniform_from_keys(keys, int(seed)) < float(val_fraction), 1, 0)
+
+    starts = np.cumsum([0] + [len(block) for block in sigs])
+
+    def rows() -> Iterator[Row]:  # split by split, each in its shards' order (plan order), as `documents`
+        for name in splits:
+            shards = meta.split_shards(name)
+            ends = np.cumsum([sh.n_docs for sh in shards])
+            for rank, i in enumerate(np.flatnonzero(split_of == SPLITS.index(name)).tolist()):
+                k = int(np.searchsorted(ends, rank, side="right"))
+                f = int(np.searchsorted(starts, i, side="right")) - 1
+                where = f"{shards[k].path.removesuffix('.bin')}:{rank - (int(ends[k - 1]) if k else 0)}"
+                yield where, int(keys[i]), np.asarray(sigs[f][i - int(starts[f])]), None
+
+    return rows()
+
+
+def _rows(side: Side, decode: Callable[[list[int]], str], config: MinHashConfig, stored: bool = True) -> Iterator[Row]:
+    found = _stored_rows(*side, config) if stored and stored_minhash(side[0]) == config else None
+    if found is not None:
+        return found
+    return ((where, _key(text), signature(text, config), text) for where, text in documents(*side, decode))
+
+
+def overlap(first: Side, second: Side, decoders: tuple[Any, Any], threshold: float = 0.8,
+            on_progress: Callable[[int], None] | None = None, stored: bool = True) -> Overlap:  # fmt: skip
+    """Exact and near overlap of `first` (meta, splits) against `second` (see the module
+    docstring); `stored`: use the datasets' stored keys and signatures where they have them."""
     (meta_a, split_a), (meta_b, split_b) = first, second
+    config = (stored_minhash(meta_b) or stored_minhash(meta_a) if stored else None) or MinHashConfig()
     result = Overlap(f"{meta_a.root} [{', '.join(split_a)}]", f"{meta_b.root} [{', '.join(split_b)}]",
-                     threshold=threshold)  # fmt: skip
+                     threshold=threshold, minhash=config)  # fmt: skip
     exact: dict[int, str] = {}
     buckets: list[dict[int, list[int]]] = [{} for _ in range(config.bands)]
     signatures: list[np.ndarray] = []
     places: list[str] = []
-    for where, text in documents(meta_b, split_b, decoders[1]):
-        exact.setdefault(_key(text), where)
-        sig = signature(text, config)
-        for b, key in enumerate(band_keys(sig, config)[0].tolist()):
-            buckets[b].setdefault(key, []).append(len(signatures))
-        signatures.append(sig)
+    for where, key, sig, _ in _rows(second, decoders[1], config, stored):
+        exact.setdefault(key, where)
+        for b, band in enumerate(band_keys(sig, config)[0].tolist()):
+            buckets[b].setdefault(band, []).append(len(signatures))
+        signatures.append(np.asarray(sig))
         places.append(where)
     result.indexed = len(places)
-    for where, text in documents(meta_a, split_a, decoders[0]):
+    for where, key, sig, text in _rows(first, decoders[0], config, stored):
         result.scanned += 1
         if on_progress is not None and result.scanned % 1000 == 0:
             on_progress(result.scanned)
-        match = exact.get(_key(text))
+        match = exact.get(key)
         if match is not None:
             result.exact += 1
-            _example(result, "exact", where, match, 1.0, text)
+            _example(result, "exact", where, match, 1.0, text, meta_a, decoders[0])
             continue
-        sig = signature(text, config)
-        candidates = {j for b, key in enumerate(band_keys(sig, config)[0].tolist()) for j in buckets[b].get(key, ())}
+        candidates = {j for b, band in enumerate(band_keys(sig, config)[0].tolist()) for j in buckets[b].get(band, ())}
         best = max(((float((signatures[j] == sig).mean()), j) for j in candidates), default=(0.0, -1))
         if best[0] >= threshold:
             result.near += 1
-            _example(result, "near", where, places[best[1]], best[0], text)
+            _example(result, "near", where, places[best[1]], best[0], text, meta_a, decoders[0])
     return result
 
 
-def _example(result: Overlap, kind: str, where: str, other: str, similarity: float, text: str) -> None:
+def _example(result: Overlap, kind: str, where: str, other: str, similarity: float, text: str | None,
+             meta: DatasetMeta, decode: Callable[[list[int]], str]) -> None:  # fmt: skip
     if sum(e["kind"] == kind for e in result.examples) < EXAMPLES:
+        text = text if text is not None else text_at(meta, where, decode)
         result.examples.append({"kind": kind, "first": where, "second": other, "similarity": round(similarity, 3),
                                 "text": " ".join(text.split())[:SNIPPET]})  # fmt: skip
 
