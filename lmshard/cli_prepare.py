@@ -271,8 +271,9 @@ class RunLog:
         inputs = [redact(i) for i in c.inputs[:3]] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
         source = " ".join(inputs) or f"hf:{c.hf}"
         tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
+        tasks += f", dedup {c.dedup}" + (f" + near {c.minhash}" if c.near_dedup else "")
         self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
-                   f"{tasks}, dedup {c.dedup}, val-fraction {c.val_fraction}, tokens-per-shard "
+                   f"{tasks}, val-fraction {c.val_fraction}, tokens-per-shard "
                    f"{c.tokens_per_shard:,}" + (f", shard encoding {c.shard_encoding}" if c.shard_encoding else ""))
 
     def follow(self, job: Callable[[Callable[[Any], None]], T]) -> T:
