@@ -34,6 +34,10 @@ lint: setup
 	$(BIN)/ruff check lmshard tests scripts
 	$(BIN)/mypy
 
+# bench_minhash.py times datatrove's MinHash in a virtual environment of its own, so the project's stays as pinned;
+# when datatrove cannot be installed, the benchmark says so and measures lmshard alone.
+DATATROVE := $(VENV)/bench-datatrove
+
 bench: setup
 	$(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_loader.py
@@ -44,6 +48,9 @@ bench: setup
 	$(BIN)/python scripts/bench_remote.py
 	$(BIN)/python scripts/bench_stream.py
 	$(BIN)/python scripts/bench_encodings.py
+	test -x $(DATATROVE)/bin/python || { $(BIN)/python -m venv $(DATATROVE) && $(DATATROVE)/bin/python -m pip install \
+	  --disable-pip-version-check -q "datatrove==0.10.1" "spacy==3.8.18" "xxhash<4" regex tokenizers; } || rm -rf $(DATATROVE)
+	$(BIN)/python scripts/bench_minhash.py --datatrove-python $(DATATROVE)/bin/python
 
 demo: setup
 	$(BIN)/python scripts/demo.py
