@@ -129,7 +129,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
                           "state": _task_state(work, stage, t)})  # fmt: skip
         stages[stage] = {"total": total, "missing": sorted(missing), "tasks": tasks}
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
-            "dedup": run.dedup, "merged": False}  # fmt: skip
+            "dedup": run.bucketed, "merged": False}  # fmt: skip
 
 
 def worker_config(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer) -> WorkerConfig:
