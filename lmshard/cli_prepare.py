@@ -122,9 +122,9 @@ def prepare(
     min_chars: int | None = _opt(CLEAN, "N", "Drop documents shorter than N characters. Default: 1.", "--min-chars"),
     max_chars: int | None = _opt(CLEAN, "N", "Longer documents are dropped or truncated. Default: 10000000.",
                                  "--max-chars"),
-    filter: list[str] | None = _opt(CLEAN, "NAME", "Drop documents a filter rejects, counted by reason: "
-                                    "gopher_quality, gopher_repetition, fineweb_quality or module:function "
-                                    "(repeatable; docs/quality.md).", "--filter"),
+    filter: list[str] | None = _opt(CLEAN, "NAME", "Drop (or edit) documents by a filter, counted by reason: "
+                                    "gopher_quality, gopher_repetition, fineweb_quality, c4, language=en[,de][:0.5] "
+                                    "or module:function (repeatable; docs/quality.md).", "--filter"),
     overlong: str | None = _opt(CLEAN, "WHAT", "drop or truncate documents over --max-chars. Default: drop.",
                                 "--overlong"),  # fmt: skip
     dedup: str | None = _opt(CLEAN, "MODE", "document (exact, xxh3-64 of the cleaned text) or none. Default: "

@@ -1,1 +1,3 @@
-"""Data quality: near-duplicate detection (MinHash with LSH bands, minhash.py)."""
+"""Data quality: document filters (filters.py and the rule sets it names: gopher, repetition,
+c4, language) and near-duplicate detection (MinHash signatures and LSH bands, minhash.py;
+clusters and survivors, near.py)."""
