@@ -309,3 +309,96 @@ def test_inspect_checks_the_signature_files(tmp_path):
     sigs.write_bytes(bytes(data[:-4]))
     result = runner.invoke(app, ["inspect", str(out)])
     assert result.exit_code != 0 and "but 'n_keys'" in result.output
+
+
+def test_overwrite_replaces_the_signature_files(tmp_path):
+    """--overwrite of a --near-dedup dataset: the new dataset's signature files are its own (the
+    old ones are lmshard's, not the user's, and are not carried over)."""
+    out = tmp_path / "ds"
+    first = jsonl(tmp_path / "a.jsonl", _clustered(1, n=80))
+    prepare(PrepareConfig(inputs=[str(first)], out=str(out), near_dedup=True, workers=1))
+    second = jsonl(tmp_path / "b.jsonl", _clustered(2, n=30))
+    meta = prepare(PrepareConfig(inputs=[str(second)], out=str(out), near_dedup=True, workers=1, overwrite=True))
+    assert CliRunner().invoke(app, ["inspect", str(out)]).exit_code == 0
+    rows = np.concatenate([np.fromfile(out / f.path, dtype="<u4") for f in meta.dedup.files if f.kind == "near"])
+    assert len(rows) == 110 * meta.total_docs
+    prepare(PrepareConfig(inputs=[str(first)], out=str(out), workers=1, overwrite=True))
+    assert not list(out.glob("dedup/near_sigs_*"))
+
+
+def test_a_unit_that_keeps_nothing_and_documents_without_words(tmp_path):
+    """A planned run with an empty input and a file of bad records (units that keep no
+    document) gives the one-process bytes; documents without a word (all-punctuation lines)
+    are not near-duplicates of each other."""
+    src = tmp_path / "in"
+    jsonl(src / "a.jsonl", _clustered(3, n=60))
+    (src / "empty.jsonl").write_text("")
+    (src / "bad.jsonl").write_text("not json\n" * 50)
+    (src / "code.txt").write_text("int main() {\n}\n});\n]\n:-)\n}\n")
+    kw = {"near_dedup": True, "on_error": "skip", "text_mode": "line"}
+    one = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, **kw))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "many"), num_tasks=3, unit_size=65536, workers=2, **kw))
+    assert _tree(tmp_path / "many") == _tree(tmp_path / "one")
+    assert _meta_without_run(tmp_path / "many") == _meta_without_run(tmp_path / "one")
+    kept = _kept_keys(tmp_path / "one")
+    assert all(_key(t) in kept for t in ("});", "]", ":-)", "int main() {"))  # the second "}" is an exact copy
+    assert one.drops["duplicate"] >= 1
+
+
+def test_chains_and_large_clusters():
+    """A chain of a hundred thousand edges in random order, and stars: one cluster each, its
+    least id the survivor (what a union-find gives)."""
+    rng = np.random.default_rng(4)
+    n = 100_000
+    ids = rng.permutation(n).astype(np.uint64)
+    removed, survivor = components(ids[1:], ids[:-1])
+    assert removed.tolist() == list(range(1, n)) and set(survivor.tolist()) == {0}
+    star = np.arange(1, 1000, dtype=np.uint64)
+    removed, survivor = components(star, np.full(len(star), 500, np.uint64))
+    assert (survivor == 1).all() and 1 not in removed.tolist() and len(removed) == 998
+
+
+def test_examples_survive_a_resume_and_skip_exact_copies(tmp_path, monkeypatch):
+    """Near-copies late in the input, a kill after a few work items: the resumed run's examples
+    (survivors' texts included) equal an uninterrupted run's; an exact copy of a document is
+    never shown as a near-duplicate example."""
+    from proctree import finish, kill_group, start_prepare, wait_stopped
+
+    rng = random.Random(3)
+    docs = [" ".join(rng.sample(WORDS, 150)) for _ in range(400)]
+    docs += [docs[0], docs[1]] + [" ".join(_copy(rng, docs[i].split(), 0.85, 0.95)[0]) for i in range(2, 12)]
+    src = jsonl(tmp_path / "docs.jsonl", docs)
+    truth = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "truth"), near_dedup=True, workers=2))
+    assert len(truth.dedup.near["examples"]) == 5 and truth.drops["duplicate"] == 2
+    assert all(e["agreement"] < 1 and e["survivor"]["text"] for e in truth.dedup.near["examples"])
+    out = tmp_path / "ds"
+    args = [str(src), "--out", str(out), "--workers", "2", "--near-dedup", "--quiet"]
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))
+    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")
+    proc = start_prepare(args)
+    assert wait_stopped(proc) is not None
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    kill_group(proc.pid)
+    proc.communicate()
+    code, err = finish(start_prepare([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert _meta_without_run(out)["dedup"] == _meta_without_run(tmp_path / "truth")["dedup"]
+    tasks = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "tasks"), near_dedup=True, workers=2,
+                                  num_tasks=3, unit_size=65536))  # fmt: skip
+    assert tasks.dedup.near == truth.dedup.near
+
+
+def test_tampered_near_metadata_is_one_line(tmp_path):
+    out = tmp_path / "ds"
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "a.jsonl", _clustered(5, n=20)))], out=str(out),
+                          near_dedup=True, workers=1))  # fmt: skip
+    path = out / "dataset_metadata.json"
+    good = json.loads(path.read_text())
+    for bad in ({"bands": "abc"}, {"rows": -3}, {"threshold": 2}, {"n_grams": 0}):
+        meta = json.loads(json.dumps(good))
+        meta["dedup"]["near"]["minhash"].update(bad)
+        path.write_text(json.dumps(meta))
+        for args in (["inspect", str(out)], ["inspect", str(out), "--overlap", "splits"]):
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code != 0 and "Traceback" not in result.output and "near" in result.output, bad

@@ -195,6 +195,7 @@ def test_an_interrupted_pipe_run_offers_no_resume(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("name", "options", "words"), [
     ("in.parquet", {}, "a pipe, and a parquet file is read by seeking, which a pipe cannot do; save it to a file"),
     ("in.jsonl", {"dedup_lines": True}, "a pipe, and --dedup-lines reads the input twice"),
+    ("in.jsonl", {"near_dedup": True}, "a pipe, and --near-dedup reads the input twice"),
     ("in.txt", {"text_mode": "file"}, "a pipe, and --text-mode file cannot make a pipe one document"),
 ])  # fmt: skip
 def test_what_a_pipe_cannot_do_is_refused_naming_it(tmp_path, name, options, words):

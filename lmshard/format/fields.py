@@ -75,3 +75,27 @@ def _check_names(shard: Any) -> None:  # a ShardInfo (schema.py imports this mod
         raise _Invalid(f"sums path {shard.sums_path!r} is not {shard.split}/shard_NNNNNN.sums")
     if shard.blocks_path and shard.blocks_path != shard.path.removesuffix(".bin") + ".blocks":
         raise _Invalid(f"blocks path {shard.blocks_path!r} is not {shard.split}/shard_NNNNNN.blocks")
+
+
+MAX_HASHES = 1024  # MinHash functions a signature may have (bands × rows), and words per shingle at most 64
+
+
+def _near(raw: Any) -> dict[str, Any] | None:
+    """`dedup.near` (--near-dedup): `minhash` {n_grams, bands, rows, threshold, seed}, `removed`,
+    `examples`; the layout is held to what a reader can use."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _Invalid("'dedup.near' is not an object")
+    minhash = _get(raw, "minhash", dict)
+    n_grams, bands, rows = (_count(minhash, k) for k in ("n_grams", "bands", "rows"))
+    if not (1 <= n_grams <= 64 and bands >= 1 and rows >= 1 and bands * rows <= MAX_HASHES):
+        raise _Invalid(f"'dedup.near.minhash' {n_grams}-grams, {bands} bands × {rows} rows is not a MinHash layout "
+                       f"(1 to 64 words, at most {MAX_HASHES} hashes)")  # fmt: skip
+    threshold = minhash.get("threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+        raise _Invalid(f"'dedup.near.minhash.threshold' {threshold!r} is not a fraction in (0, 1]")
+    _get(minhash, "seed", int)
+    _count(raw, "removed", 0)
+    _get(raw, "examples", list, [])
+    return raw

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import FormatError
 from .encoding import UINT32, Encoding
-from .fields import _count, _counts, _get, _Invalid
+from .fields import _count, _counts, _get, _Invalid, _near
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -218,7 +218,7 @@ class DedupInfo:
                    duplicates_removed=_count(raw, "duplicates_removed", 0), lines=_get(raw, "lines", bool, False),
                    lines_removed=_count(raw, "lines_removed", 0),
                    files=tuple(KeyFile.parse(f) for f in _get(raw, "files", list, [])),
-                   near=_get(raw, "near", dict, None))  # fmt: skip
+                   near=_near(raw.get("near")))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

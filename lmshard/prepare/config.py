@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -127,7 +128,7 @@ class PrepareConfig:
             raise ConfigError("--text-mode file cannot make stdin one document; pass --text-mode paragraph or line")
         if self.dedup_lines and "-" in self.inputs:
             raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
-        if self.near_dedup and "-" in self.inputs or self.minhash_config() is None:
+        if self.minhash_config() and self.near_dedup and "-" in self.inputs:  # (the configuration is checked first)
             raise ConfigError("--near-dedup reads the input twice, which stdin cannot do; save it to a file first")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
@@ -157,17 +158,15 @@ class PrepareConfig:
 
         check_task_split(self.hf_task, self.hf_tasks)
         if not self.hf and (self.hf_task, self.hf_tasks) != (0, 1):
-            raise ConfigError(
-                "--hf-task/--hf-tasks split only the --hf stream, and there is no --hf; drop them "
-                "(to split files between tasks, pass each task its own inputs)"
-            )
+            raise ConfigError("--hf-task/--hf-tasks split only the --hf stream, and there is no --hf; drop them "
+                              "(to split files between tasks, pass each task its own inputs)")  # fmt: skip
 
     def minhash_config(self) -> MinHashConfig:
         """--minhash N:BxR:T as a MinHashConfig (word N-grams, B bands of R rows, threshold T)."""
         try:
-            grams, bands, rows, threshold = self.minhash.lower().replace("x", ":").split(":")
+            grams, bands, rows, threshold = re.fullmatch(r"(\d+):(\d+)[xX](\d+):([0-9.]+)", self.minhash).groups()  # type: ignore[union-attr]
             return MinHashConfig(n_grams=int(grams), bands=int(bands), rows=int(rows), threshold=float(threshold))
-        except ValueError as e:
+        except (ValueError, AttributeError) as e:
             why = str(e) if "pass" in str(e) else "write it as SHINGLE_WORDS:BANDSxROWS:THRESHOLD"
             raise ConfigError(f"--minhash {self.minhash!r}: {why} (the default is 5:22x5:0.7)") from None
 

@@ -43,7 +43,7 @@ from .documents.dedup import uniform_from_keys
 from .documents.reading import InputGone, InputReadError, work_kept
 from .documents.sources import Source, Sources, WorkItem, discover, note_growth
 from .execution.feed import early_pool, item_results
-from .execution.nearpass import remove_spool
+from .execution.nearpass import add_examples, remove_spool
 from .execution.pool import OrderedPool, WorkerDied
 from .output.build import (
     CHECKPOINT_SECONDS,
@@ -228,6 +228,8 @@ def _run(
             keep = keep & ~near
         keep = _limit(keep, config.max_docs, totals.docs_kept)
         account(totals, result, keep, dupes, 1 if bos is None else 2, near)
+        if near is not None and near.any():
+            add_examples(build, result, near)
         build.add_keys(result.keys[keep])
         if build.near is not None and result.signatures is not None:
             build.near.add(result.signatures[keep])

@@ -88,6 +88,9 @@ class MinHashConfig:
         for name in ("n_grams", "bands", "rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: pass 1 or more")
+        if self.n_grams > 64 or self.n_hashes > 1024:
+            raise ValueError(f"{self.n_grams}-grams, {self.bands} x {self.rows} hashes: pass at most 64 words and "
+                             "1024 hashes (bands x rows)")  # fmt: skip
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold={self.threshold}: pass a fraction in (0, 1]")
 

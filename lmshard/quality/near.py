@@ -12,16 +12,21 @@ signatures, so the same documents are removed for any number of workers, tasks o
    matches none becomes a representative too (at most MAX_REPRESENTATIVES per group; later
    unmatched members get no edge). Each group is decided alone, so a key's group gives the
    same edges whether its keys were gathered band by band (one process) or bucket by bucket
-   (a planned run's dedup tasks).
+   (a planned run's dedup tasks). Documents without a word (no shingles: a signature of all
+   2^32 - 1) share every band key with each other; they are left out of the groups, so none is
+   removed as a near-duplicate (exact deduplication still removes equal ones).
 2. **Clusters** (`components`). The edges of every group join documents into clusters
-   (connected components, found by min-label propagation with pointer jumping: vectorised,
-   O(edges) per round, a few rounds).
+   (connected components: each round, every edge hooks the later of its ends' roots onto the
+   earlier, then pointer jumping flattens the trees; vectorised, O(edges) per round, and
+   about log2 of the longest chain's length in rounds: 15 for a chain of a million).
 3. **Survivors.** The first document of a cluster in plan order (its least id) is kept; every
    other one is removed, with that survivor named.
 
 Memory model: `group_edges` holds its keys and ids (16 bytes each), their sort, and the
-signatures of the documents in groups of two or more; `components` holds 48 bytes per edge
-(its ends, their compact numbers and labels).
+signatures of the documents in groups of two or more; `components` holds about 64 bytes per
+distinct edge (its ends, their compact numbers and labels), and there is about one distinct
+edge per near-duplicate document (one to its group's representative, the same in each band
+they share); `near_duplicates` also holds one band's keys and order (24 bytes per document).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def group_edges(keys: np.ndarray, ids: np.ndarray, signatures_of: Callable[[np.n
     docstring). `signatures_of(ids)`: the [len(ids), n_hashes] signatures of sorted, distinct ids."""
     keys = np.asarray(keys, dtype=np.uint64)
     ids = np.asarray(ids, dtype=np.uint64)
+    wordless = np.isin(keys, empty_keys(config))  # (a real band's key equals one of these once in 2^58)
+    keys, ids = keys[~wordless], ids[~wordless]
     order = np.lexsort((ids, keys))
     k, i = keys[order], ids[order]
     if len(k) < 2:
@@ -70,7 +77,21 @@ def group_edges(keys: np.ndarray, ids: np.ndarray, signatures_of: Callable[[np.n
                 reps_of.append(int(i[a + reps[int(hit[0])]]))
             elif len(reps) < MAX_REPRESENTATIVES:
                 reps.append(m)
-    return np.array(members, dtype=np.uint64), np.array(reps_of, dtype=np.uint64)
+    return unique_edges(np.array(members, dtype=np.uint64), np.array(reps_of, dtype=np.uint64))
+
+
+def unique_edges(member: np.ndarray, rep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (member, representative) pairs, sorted: a pair found in several bands once."""
+    if not len(member):
+        return member, rep
+    pairs = np.unique(np.stack([member, rep], axis=1), axis=0)
+    return pairs[:, 0].copy(), pairs[:, 1].copy()
+
+
+def empty_keys(config: MinHashConfig) -> np.ndarray:
+    """The band keys of a document without a word (every value 2^32 - 1), one per band."""
+    rows = np.full((1, config.rows), 0xFFFFFFFF, dtype=np.uint32)
+    return np.array([band_key(rows, b)[0] for b in range(config.bands)], dtype=np.uint64)
 
 
 def components(child: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,10 +105,11 @@ def components(child: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.nd
     c, p = np.searchsorted(nodes, child), np.searchsorted(nodes, parent)
     label = np.arange(len(nodes))
     while True:
-        low = np.minimum(label[c], label[p])
+        lc, lp = label[c], label[p]
+        low = np.minimum(lc, lp)
         new = label.copy()
-        np.minimum.at(new, c, low)
-        np.minimum.at(new, p, low)
+        np.minimum.at(new, lc, low)  # each edge hooks the later of its ends' roots onto the earlier
+        np.minimum.at(new, lp, low)
         while True:  # pointer jumping: a label's own label is in the same cluster and no later
             jumped = new[new]
             if np.array_equal(jumped, new):
@@ -117,6 +139,7 @@ def near_duplicates(signatures: np.ndarray, config: MinHashConfig, first_new: in
         member, rep = group_edges(band, ids, lambda want: np.asarray(signatures[want.astype(np.int64)]), config)
         children.append(member)
         parents.append(rep)
-    removed, survivor = components(np.concatenate(children or [ids[:0]]), np.concatenate(parents or [ids[:0]]))
+    edges = unique_edges(np.concatenate(children or [ids[:0]]), np.concatenate(parents or [ids[:0]]))
+    removed, survivor = components(*edges)
     new = removed >= np.uint64(first_new)
     return removed[new], survivor[new]

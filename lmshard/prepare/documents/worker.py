@@ -71,6 +71,7 @@ class ItemResult:
     nbytes: int = 0
     signatures: np.ndarray | None = None  # --near-dedup: [documents, n_hashes] uint32 MinHash signatures
     near_of: np.ndarray | None = None  # --near-dedup, a run read here: per document its survivor's ordinal, or -1
+    near_first: int = 0  # and the ordinal of its first document
 
 
 _state: dict[str, object] = {}

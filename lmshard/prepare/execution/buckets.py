@@ -34,7 +34,7 @@ import numpy as np
 
 from ...format import atomic_write_json
 from ...quality.minhash import MinHashConfig
-from ...quality.near import group_edges
+from ...quality.near import group_edges, unique_edges
 from ..stops import stop_point
 from .unitfiles import SECTIONS
 
@@ -159,10 +159,10 @@ def _header_entry(path: Path, section: str) -> bytes:
 
 
 def read_edges(dedup: Path, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every bucket's near-duplicate edges: (members, representatives)."""
+    """Every bucket's near-duplicate edges, each pair once: (members, representatives)."""
     pairs = [np.fromfile(dedup / f"bucket_{b:06d}.near", dtype=_U64).reshape(-1, 2) for b in range(n_buckets)]
     both = np.concatenate(pairs) if pairs else np.zeros((0, 2), _U64)
-    return both[:, 0], both[:, 1]
+    return unique_edges(both[:, 0], both[:, 1])
 
 
 def unit_duplicates(dedup: Path, n_units: int, n_buckets: int, u: int, n_docs: int) -> np.ndarray:

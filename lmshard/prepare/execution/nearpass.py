@@ -10,7 +10,8 @@ writes nothing but the spool.
 
 Memory model: one item's signatures at a time while spooling; then `near_duplicates` (one
 band's keys, 8 bytes per document, and the grouped documents' signatures, read from the
-spool's memory map); 8 bytes per work item; up to NEAR_EXAMPLES × 4 short texts.
+spool's memory map; the first pass's document keys, 8 bytes per document, to choose the
+examples); 8 bytes per work item; up to 2 × CANDIDATES short texts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from ..output.sigfiles import SIG_DTYPE, read_signatures
 
 SPOOL = ".near_signatures.u32.tmp"
 NEAR_EXAMPLES = 5  # removed documents shown with their survivor in the metadata
+CANDIDATES = 4 * NEAR_EXAMPLES  # the first removed documents not equal to their survivor: examples if not exact copies
 SNIPPET_CHARS = 200
 
 
@@ -43,14 +44,14 @@ class NearPass:
     removed: np.ndarray  # ordinals of the removed documents, sorted
     survivor: np.ndarray  # the ordinal of each one's survivor
     signatures: np.ndarray  # [documents, n_hashes]: the spool's memory map
-    wanted: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # ordinal → its snippet, for examples
+    wanted: set[int] = field(default_factory=set)  # example candidates and their survivors: their texts are kept
 
 
 def first_pass(results: Iterator[ItemResult], build: Build, config: MinHashConfig) -> NearPass:
     """Spool every item's signatures, then find the clusters (see the module docstring)."""
     spool = build.root / SPOOL
     previous = build.near.previous if build.near else ()
-    counts, n_old = [], 0
+    counts, n_old, keys = [], 0, []
     with open(spool, "wb") as f:
         for rows in read_signatures(build.root, previous, config.n_hashes):
             f.write(rows.tobytes())
@@ -59,56 +60,79 @@ def first_pass(results: Iterator[ItemResult], build: Build, config: MinHashConfi
             assert r.signatures is not None
             f.write(np.ascontiguousarray(r.signatures, dtype=SIG_DTYPE).tobytes())
             counts.append(len(r.signatures))
+            keys.append(r.keys)
     total = n_old + sum(counts)
     signatures = (np.memmap(spool, dtype=SIG_DTYPE, mode="r", shape=(total, config.n_hashes)) if total
                   else np.zeros((0, config.n_hashes), SIG_DTYPE))  # fmt: skip
     removed, survivor = near_duplicates(signatures, config, first_new=n_old)
     offsets = n_old + np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     near = NearPass(config, offsets, removed.astype(np.int64), survivor.astype(np.int64), signatures)
-    for r, s in list(zip(near.removed.tolist(), near.survivor.tolist(), strict=True))[: 4 * NEAR_EXAMPLES]:
-        near.wanted[r] = near.wanted[s] = None
+    new_keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    key = lambda o: int(new_keys[o - n_old]) if o >= n_old else None  # noqa: E731 (an old document's: not needed)
+    candidates = [(r, s) for r, s in zip(near.removed.tolist(), near.survivor.tolist(), strict=True)
+                  if key(r) != key(s)][:CANDIDATES]  # fmt: skip
+    near.wanted = {o for pair in candidates for o in pair}
     return near
 
 
 def attach(results: Iterator[ItemResult], near: NearPass, first_item: int, build: Build, sources: list[Source],
            tokenizer: Tokenizer) -> Iterator[ItemResult]:  # fmt: skip
-    """The second pass's results with each document's survivor (-1: kept) and signature; the
-    first removed documents are added to the build's examples with their survivor."""
+    """The second pass's results with each document's survivor (-1: kept), signature and first
+    ordinal; the texts of the example candidates and their survivors are kept in the build's
+    totals (so a resumed run has them too)."""
+    k = first_item - 1
     for k, r in enumerate(results, first_item):
+        if k + 1 >= len(near.offsets):
+            raise InputError(_changed(sources, r, f"work item {k} was not there in the first pass"))
         lo, hi = int(near.offsets[k]), int(near.offsets[k + 1])
         if hi - lo != len(r.lengths):
-            raise InputError(f"{sources[r.seq[0]].path}: the input changed between the two passes of --near-dedup "
-                             f"(work item {k} had {hi - lo} documents, now {len(r.lengths)}); run again")  # fmt: skip
+            raise InputError(_changed(sources, r, f"work item {k} had {hi - lo} documents, now {len(r.lengths)}"))
         ordinals = np.arange(lo, hi)
         pos = np.minimum(np.searchsorted(near.removed, ordinals), max(len(near.removed) - 1, 0))
         found = near.removed[pos] == ordinals if len(near.removed) else np.zeros(hi - lo, bool)
         r.near_of = np.where(found, near.survivor[pos] if len(near.removed) else -1, -1)
+        r.near_first = lo
         r.signatures = np.asarray(near.signatures[lo:hi])
-        if near.wanted:
-            _examples(r, ordinals, near, build, sources, tokenizer)
+        for d in [d for d, o in enumerate(ordinals.tolist()) if o in near.wanted]:
+            _keep_text(r, d, lo + d, near, build, sources, tokenizer)
         yield r
+    if k + 2 != len(near.offsets):
+        raise InputError(f"the input changed between the two passes of --near-dedup (the first had "
+                         f"{len(near.offsets) - 1} work items, the second {k + 1}); run again")  # fmt: skip
 
 
-def _examples(r: ItemResult, ordinals: np.ndarray, near: NearPass, build: Build, sources: list[Source],
-              tokenizer: Tokenizer) -> None:  # fmt: skip
+def _changed(sources: list[Source], r: ItemResult, what: str) -> str:
+    return f"{sources[r.seq[0]].path}: the input changed between the two passes of --near-dedup ({what}); run again"
+
+
+def _keep_text(r: ItemResult, d: int, o: int, near: NearPass, build: Build, sources: list[Source],
+               tokenizer: Tokenizer) -> None:  # fmt: skip
+    """Keep document d's source and first characters (and, for a removed one, its agreement
+    with its survivor) for the examples."""
+    snippets = build.totals.near_snippets
+    if str(o) in snippets:
+        return
     ends = np.cumsum(r.lengths)
-    for d in [d for d, o in enumerate(ordinals.tolist()) if o in near.wanted]:
-        o = int(ordinals[d])
-        text = tokenizer.decode(r.tokens[int(ends[d] - r.lengths[d]) : int(ends[d])].tolist())
-        near.wanted[o] = {"source": sources[int(r.doc_sources[d])].path, "text": text[:SNIPPET_CHARS],
-                          "key": int(r.keys[d])}  # fmt: skip
-        if r.near_of is None or r.near_of[d] < 0 or len(build.totals.near_examples) >= NEAR_EXAMPLES:
-            continue
+    text = tokenizer.decode(r.tokens[int(ends[d] - r.lengths[d]) : int(ends[d])].tolist())
+    snippets[str(o)] = {"source": sources[int(r.doc_sources[d])].path, "text": text[:SNIPPET_CHARS]}
+    if r.near_of is not None and r.near_of[d] >= 0:
         s = int(r.near_of[d])
-        where = "the dataset appended to" if s < near.offsets[0] else "?"
-        first = near.wanted.get(s) or {"source": where, "text": None}
-        if first.get("key") == int(r.keys[d]):
-            continue  # an exact copy: counted with the duplicates
-        agree = float((near.signatures[o] == near.signatures[s]).mean())
-        mine = near.wanted[o] or {}
-        build.totals.near_examples.append({"removed": {k: v for k, v in mine.items() if k != "key"},
-                                           "survivor": {k: v for k, v in first.items() if k != "key"},
-                                           "agreement": round(agree, 3)})  # fmt: skip
+        snippets[str(o)]["agreement"] = round(float((near.signatures[o] == near.signatures[s]).mean()), 3)
+
+
+def add_examples(build: Build, r: ItemResult, near: np.ndarray) -> None:
+    """Up to NEAR_EXAMPLES of the item's near-duplicates (`near`: removed as such, not as exact
+    copies) with their survivors, in plan order, into the build's totals."""
+    snippets, examples = build.totals.near_snippets, build.totals.near_examples
+    assert r.near_of is not None
+    for d in np.flatnonzero(near).tolist():
+        o, s = r.near_first + d, int(r.near_of[d])
+        if len(examples) >= NEAR_EXAMPLES or str(o) not in snippets:
+            continue
+        removed = dict(snippets[str(o)])
+        agreement = removed.pop("agreement", None)
+        survivor = snippets.get(str(s)) or {"source": "the dataset appended to", "document": s, "text": None}
+        examples.append({"removed": removed, "survivor": survivor, "agreement": agreement})
 
 
 def remove_spool(root: Path) -> None:

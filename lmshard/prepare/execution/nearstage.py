@@ -5,15 +5,17 @@ that finds them missing: every task that makes them makes the same), and written
 each one's survivor's id; `dedup/near.json` holds their count and examples. The select stage
 reads one unit's slice of it.
 
-Memory model: the clusters hold 48 bytes per edge (about one per near-duplicate document); a
-unit's slice is two binary searches in the memory-mapped file; the examples decode up to
-NEAR_EXAMPLES × 4 short documents.
+Memory model: the clusters hold about 64 bytes per distinct edge (about one per near-duplicate
+document); a unit's slice is two binary searches in the memory-mapped file; the examples read
+the keys of the units their candidates are in (8 bytes per document) and decode up to
+2 × NEAR_EXAMPLES short documents.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,8 @@ from ...format import atomic_write_json
 from ...quality.near import components
 from ...tokenizers import Tokenizer
 from ..documents.sources import Source
-from .buckets import read_edges, unit_signatures
-from .nearpass import NEAR_EXAMPLES, SNIPPET_CHARS
+from .buckets import read_edges, unit_duplicates, unit_signatures
+from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
 
 REMOVED = "near.removed"
@@ -32,14 +34,17 @@ SUMMARY = "near.json"
 
 
 def ensure_clusters(work: Path, n_buckets: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
-                    specials: int) -> None:  # fmt: skip
+                    specials: int, n_units: int, exact: bool) -> None:  # fmt: skip
     """Find the clusters unless `dedup/near.removed` exists (see the module docstring)."""
     dedup = work / "dedup"
     if (dedup / REMOVED).exists():
         return
     removed, survivor = components(*read_edges(dedup, n_buckets))
     tokenized = work / "tokenize"
-    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials)
+    dups = None
+    if exact:
+        dups = lambda u: unit_duplicates(dedup, n_units, n_buckets, u, len(read_section(tokenized, u, "keys")))  # noqa: E731
+    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, dups)
     atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})
     tmp = dedup / f".{REMOVED}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
@@ -74,24 +79,42 @@ def near_summary(work: Path) -> dict[str, Any]:
 
 
 def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hashes: int, tokenizer: Tokenizer,
-              sources: list[Source], specials: int) -> list[dict[str, Any]]:  # fmt: skip
-    """The first removed documents (not exact copies) with their survivors, as short texts."""
+              sources: list[Source], specials: int,
+              exact: Callable[[int], np.ndarray] | None) -> list[dict[str, Any]]:  # fmt: skip
+    """The examples a one-process run gives (nearpass.py): of the first CANDIDATES removed
+    documents whose key differs from their survivor's, the first NEAR_EXAMPLES that are not
+    exact copies (`exact(u)`: unit u's exact duplicates), with their survivors, as short texts."""
+    keys: dict[int, np.ndarray] = {}
+
+    def key(i: int) -> int:
+        if i >> 32 not in keys:
+            keys[i >> 32] = read_section(tokenized, i >> 32, "keys")
+        return int(keys[i >> 32][i & 0xFFFFFFFF])
+
+    candidates: list[tuple[int, int]] = []
+    for r, s in zip(removed.tolist(), survivor.tolist(), strict=True):
+        if len(candidates) == CANDIDATES:
+            break
+        if key(r) != key(s):
+            candidates.append((r, s))
+    dups: dict[int, np.ndarray] = {}
     out: list[dict[str, Any]] = []
-    for r, s in zip(removed[: 4 * NEAR_EXAMPLES].tolist(), survivor[: 4 * NEAR_EXAMPLES].tolist(), strict=True):
-        docs = [_document(tokenized, i, tokenizer, sources, specials) for i in (r, s)]
-        if docs[0][1] == docs[1][1]:
-            continue  # an exact copy: counted with the duplicates
+    for r, s in candidates:
+        if exact is not None and r >> 32 not in dups:
+            dups[r >> 32] = exact(r >> 32)
+        if exact is not None and dups[r >> 32][r & 0xFFFFFFFF]:
+            continue  # an exact copy of an earlier document: counted with the duplicates
         sigs = unit_signatures(tokenized, np.array(sorted({r, s}), dtype=np.uint64), n_hashes)
         agree = round(float((sigs[0] == sigs[-1]).mean()), 3)
-        out.append({"removed": docs[0][0], "survivor": docs[1][0], "agreement": agree})
+        out.append({"removed": _document(tokenized, r, tokenizer, sources, specials),
+                    "survivor": _document(tokenized, s, tokenizer, sources, specials), "agreement": agree})  # fmt: skip
         if len(out) == NEAR_EXAMPLES:
             break
     return out
 
 
-def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Source],
-              specials: int) -> tuple[dict[str, Any], int]:  # fmt: skip
-    """({source, text}, key) of document i (unit << 32 | document)."""
+def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Source], specials: int) -> dict[str, Any]:
+    """{source, text} of document i (unit << 32 | document)."""
     u, d = i >> 32, i & 0xFFFFFFFF
     lengths = read_section(tokenized, u, "lengths")
     start = int(lengths[:d].sum()) + specials * d
@@ -99,5 +122,4 @@ def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Sourc
     ids = np.fromfile(tokenized / f"unit_{u:06d}.bin", dtype="<u4", count=int(lengths[d]) + specials, offset=offset)
     ids = ids[(ids != tokenizer.eot_id) & (ids != (tokenizer.bos_id if tokenizer.bos_id is not None else -1))]
     source = sources[int(read_section(tokenized, u, "sources")[d])].path
-    key = int(read_section(tokenized, u, "keys")[d])
-    return {"source": source, "text": tokenizer.decode(ids.tolist())[:SNIPPET_CHARS]}, key
+    return {"source": source, "text": tokenizer.decode(ids.tolist())[:SNIPPET_CHARS]}

@@ -252,7 +252,7 @@ class Run:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
         if self.config.near_dedup:
             ensure_clusters(self.work, self.plan["buckets"], self.near_hashes, self.tokenizer, self.sources,
-                            self.specials)  # fmt: skip
+                            self.specials, self.n_units, self.dedup)  # fmt: skip
 
     def missing(self, stage: str) -> list[int]:
         """The items of `stage` (tokenize, dedup, select, write, seal) not done yet (for the write

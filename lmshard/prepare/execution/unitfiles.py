@@ -15,8 +15,8 @@ numbers begin), so a unit is complete exactly when its marker exists, and a kill
 finished by running it again (done units are skipped). Two files and two fsyncs per unit.
 
 Memory model: one work item's result at a time (≈1 MiB of text and its tokens) and the unit's
-per-document arrays (20 bytes per document; with --near-dedup 4 × n_hashes more, and the band
-keys while they are partitioned) until they are written after its tokens.
+per-document arrays (20 bytes per document; with --near-dedup 4 × n_hashes more, and about
+1 KB per document while its band keys are partitioned) until they are written after its tokens.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int
         starts.append(f.tell())
         if minhash is not None:
             sigs = arrays["sigs"].reshape(-1, minhash.n_hashes)
-            f.write(np.ascontiguousarray(sigs, dtype="<u4").data.cast("B"))
+            f.write(np.ascontiguousarray(sigs, dtype="<u4").tobytes())
             starts.append(f.tell())
             docs = np.repeat(np.arange(len(sigs)), minhash.bands)
             f.write(partition(band_keys(sigs, minhash).reshape(-1), n_buckets, docs))

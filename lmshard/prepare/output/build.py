@@ -66,19 +66,22 @@ class Totals:
     dedup_bytes: int = 0
     lines_removed: int = 0
     near_examples: list[dict[str, Any]] = field(default_factory=list)  # --near-dedup: removed with survivor
+    near_snippets: dict[str, Any] = field(default_factory=dict)  # their texts, kept until the metadata is written
 
     def to_json(self) -> dict[str, Any]:
         return {"records": self.records, "docs_kept": self.docs_kept, "tokens": self.tokens, "chars": self.chars,
                 "duplicates": self.duplicates, "drops": dict(self.drops), "examples": self.examples,
                 "per_source": {str(k): dict(v) for k, v in self.per_source.items()},
-                "lines_removed": self.lines_removed, "near_examples": self.near_examples}  # fmt: skip
+                "lines_removed": self.lines_removed, "near_examples": self.near_examples,
+                "near_snippets": self.near_snippets}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Totals:
         return cls(records=raw["records"], docs_kept=raw["docs_kept"], tokens=raw["tokens"], chars=raw["chars"],
                    duplicates=raw["duplicates"], drops=Counter(raw["drops"]), examples=dict(raw["examples"]),
                    per_source={int(k): Counter(v) for k, v in raw["per_source"].items()},
-                   lines_removed=raw["lines_removed"], near_examples=list(raw.get("near_examples", [])))  # fmt: skip
+                   lines_removed=raw["lines_removed"], near_examples=list(raw.get("near_examples", [])),
+                   near_snippets=dict(raw.get("near_snippets", {})))  # fmt: skip
 
     @classmethod
     def of_dataset(cls, meta: DatasetMeta) -> Totals:

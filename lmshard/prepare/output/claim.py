@@ -116,12 +116,13 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
 
 def _refuse_for_pipes(config: PrepareConfig, sources: list[Source]) -> None:
     """What a pipe given as an input (a FIFO, `<(...)`) cannot do, as config.py refuses it for
-    stdin: be read twice (--dedup-lines), or be made one document (--text-mode file)."""
+    stdin: be read twice (--dedup-lines, --near-dedup), or be made one document (--text-mode file)."""
     for src in sources:
         if not src.stream or src.path == "-":
             continue
-        if config.dedup_lines:
-            raise ConfigError(f"{src.path}: a pipe, and --dedup-lines reads the input twice, which a pipe cannot do; "
+        if config.dedup_lines or config.near_dedup:
+            flag = "--dedup-lines" if config.dedup_lines else "--near-dedup"
+            raise ConfigError(f"{src.path}: a pipe, and {flag} reads the input twice, which a pipe cannot do; "
                               "save it to a file first")  # fmt: skip
         if src.fmt == "text" and config.text_mode == "file":
             raise ConfigError(f"{src.path}: a pipe, and --text-mode file cannot make a pipe one document; pass "
