@@ -99,8 +99,13 @@ def summary(meta: Any, where: str) -> None:
         files = escape(_by_file(meta.sources, lambda src: src.grew, counts=False))
         line = f"  grew while read (read up to their size at the start) {grew:,}: {files}"
         out.print(line, highlight=False, soft_wrap=True)
+    if meta.line_drops:
+        lines = ", ".join(f"{reason} {entry['lines']:,}" for reason, entry in meta.line_drops.items())
+        out.print(f"  lines removed by --filter: {escape(lines)}", highlight=False, soft_wrap=True)
     for reason, example in meta.drop_examples.items():
         out.print(f"  first {reason}: {escape(example)}", highlight=False, soft_wrap=True)
+    for reason, entry in meta.line_drops.items():
+        out.print(f"  first line {reason}: {escape(entry['example'])}", highlight=False, soft_wrap=True)
     if hint := meta.skipped_inputs.text_hint(files_read=len(meta.sources)):
         out.print(f"  hint: {escape(hint)}", highlight=False, soft_wrap=True)
 

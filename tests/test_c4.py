@@ -31,7 +31,8 @@ def ref_c4(text: str, removed: Counter[str] | None = None) -> str:
     """The C4 rules as published: the kept text, or 'c4_<reason>' for a dropped page."""
     removed = Counter() if removed is None else removed
     kept, sentences = [], 0
-    for raw in re.split(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]", text):
+    pieces = re.split(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]", text)
+    for raw in pieces[:-1] if pieces[-1] == "" else pieces:  # a line break at the end starts no line
         line = raw.strip()
         if re.search(r"\S{1001}", line):
             removed["long_word"] += 1
@@ -158,7 +159,17 @@ def test_prepare_keys_and_tokenizes_the_edited_text(tmp_path, pages, reference, 
     assert all(d[-1] == GPT2_EOT for s in ("train", "val") for d in read_docs(runs[0], s))
     assert sorted(decoded) == sorted(set(kept))  # the edited texts, each once: keyed after the edit
     assert meta.config["filters"] == ["c4"]
+    lines: Counter[str] = Counter()  # the lines the rules removed from the pages c4 kept, by rule
+    for t in texts:
+        removed: Counter[str] = Counter()
+        if not ref_c4(t, removed).startswith("c4_"):
+            lines.update(removed)
+    names = {"long_word": "c4_long_word", "end_mark": "c4_end_mark", "short": "c4_short_line",
+             "javascript": "c4_javascript", "policy": "c4_policy"}  # fmt: skip
+    assert {k: v["lines"] for k, v in meta.line_drops.items()} == {names[k]: v for k, v in lines.items()}
+    assert all(v["example"].startswith(f"{src}:") for v in meta.line_drops.values()) and len(lines) == 5
     other = load_metadata(runs[1])
+    assert other.line_drops == meta.line_drops
     assert other.drops == meta.drops and len(other.shards) == len(meta.shards)
     for a, b in zip(meta.shards, other.shards, strict=True):
         assert (runs[0] / a.path).read_bytes() == (runs[1] / b.path).read_bytes()
@@ -188,7 +199,7 @@ def test_the_next_filters_see_the_edit_and_an_empty_edit_drops(tmp_path, pages):
     assert before["saw_menu"] == menus > 50 and after.get("saw_menu", 0) == 0
     blanked = load_metadata(_prepare(tmp_path, src, "blank", [f"{rules}:blank"], workers=1)).drops
     assert blanked["blank_empty"] == sum("Home" in t.split() for t in texts) > 50
-    assert run_filters((f"{rules}:blank",), "Home page") == (None, "blank_empty", f"{rules}:blank")
+    assert run_filters((f"{rules}:blank",), "Home page") == (None, "blank_empty", f"{rules}:blank", None)
 
 
 def test_clean_document_returns_the_edited_text():

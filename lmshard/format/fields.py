@@ -77,6 +77,17 @@ def _check_names(shard: Any) -> None:  # a ShardInfo (schema.py imports this mod
         raise _Invalid(f"blocks path {shard.blocks_path!r} is not {shard.split}/shard_NNNNNN.blocks")
 
 
+def _line_drops(raw: dict[str, Any]) -> dict[str, Any]:
+    """`line_drops`: reason → {"lines": a count, "example": "file:record: 'the first line'"}."""
+    value = _get(raw, "line_drops", dict, {})
+    for reason, entry in value.items():
+        if not isinstance(entry, dict):
+            raise _Invalid(f"'line_drops.{reason}' is not an object")
+        _count(entry, "lines")
+        _get(entry, "example", str, "")
+    return dict(value)
+
+
 MAX_HASHES = 1024  # MinHash functions a signature may have (bands × rows), and words per shingle at most 64
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import FormatError
 from .encoding import UINT32, Encoding
-from .fields import _count, _counts, _get, _Invalid, _near
+from .fields import _count, _counts, _get, _Invalid, _line_drops, _near
 from .layout import (
     EOT_POSITIONS,
     FORMAT_NAME,
@@ -262,6 +262,7 @@ class DatasetMeta:
     records_read: int = 0
     drops: dict[str, int] = field(default_factory=dict)  # reason → documents dropped
     drop_examples: dict[str, str] = field(default_factory=dict)  # reason → "file:line: what"
+    line_drops: dict[str, Any] = field(default_factory=dict)  # lines filters removed: reason → {lines, example}
     dedup: DedupInfo | None = None
     sources: tuple[SourceInfo, ...] = ()
     skipped_inputs: SkippedInputs = field(default_factory=SkippedInputs)  # what the input walk left out
@@ -297,6 +298,8 @@ class DatasetMeta:
                 "splits": {name: split.to_json() for name, split in self.splits.items()},
                 "records_read": self.records_read, "drops": self.drops,
                 "drop_examples": self.drop_examples}  # fmt: skip
+        if self.line_drops:
+            out["line_drops"] = self.line_drops
         if self.dedup is not None:
             out["dedup"] = self.dedup.to_json()
         out["sources"] = [s.to_json() for s in self.sources]
@@ -337,6 +340,7 @@ class DatasetMeta:
             splits=parsed, total_tokens=every.n_tokens, total_docs=every.n_docs,
             lmshard_version=_get(raw, "lmshard_version", str, ""), records_read=_count(raw, "records_read", 0),
             drops=_counts(raw, "drops"), drop_examples=_get(raw, "drop_examples", dict, {}),
+            line_drops=_line_drops(raw),
             dedup=DedupInfo.parse(raw.get("dedup")), sources=tuple(SourceInfo.parse(s) for s in sources),
             skipped_inputs=SkippedInputs.parse(raw.get("skipped_inputs")),
             config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")),

@@ -7,14 +7,17 @@ Each line (`str.splitlines`) is stripped, then, in this order, a line that:
 
 | rule | ... | is | default |
 |---|---|---|---|
-| long word | holds a word (whitespace-separated) over `max_word_length` characters | removed | 1,000 |
+| `c4_long_word` | holds a word (whitespace-separated) over `max_word_length` characters | removed | 1,000 |
 | citations | holds `[1]`, `[]`, `[edit]` or `[citation needed]` | stripped of them | |
-| end mark | does not end in `.` `?` `!` `"`, or ends in `...` | removed | |
-| short | has fewer than `min_words_per_line` words | removed | 5 |
+| `c4_end_mark` | does not end in `.` `?` `!` `"`, or ends in `...` | removed | |
+| `c4_short_line` | has fewer than `min_words_per_line` words | removed | 5 |
 | `c4_lorem_ipsum` | holds "lorem ipsum" (any case) | dropped with its document | |
-| javascript | holds "javascript" (any case) | removed | |
+| `c4_javascript` | holds "javascript" (any case) | removed | |
 | `c4_curly_bracket` | holds "{" | dropped with its document | |
-| policy | holds one of `POLICY` (any case: "terms of use", "uses cookies"...) | removed | |
+| `c4_policy` | holds one of `POLICY` (any case: "terms of use", "uses cookies"...) | removed | |
+
+The removed lines of a kept document are counted by rule (the `Edit`'s `removed`: prepare's
+`line_drops`, with the first line each rule removed).
 
 A rule sees only the lines the rules above it kept: a "{" on a line without an end mark does
 not drop the document. Then a document whose kept lines hold fewer than `min_sentences`
@@ -53,29 +56,42 @@ class C4Quality:
         """The kept lines as an `Edit` (None when that is `text` itself), or the reason the
         document is dropped (see the module docstring)."""
         kept: list[str] = []
+        removed: dict[str, tuple[int, str]] = {}
         sentences = 0
         for line in text.splitlines():
             line = line.strip()
             if len(line) > self.max_word_length and any(len(w) > self.max_word_length for w in line.split()):
+                _count(removed, "c4_long_word", line)
                 continue
             line = _CITATION.sub("", line)  # not stripped again, as in C4: "end. [1]" has no end mark
-            if not line.endswith(END_MARKS) or line.endswith("...") or len(line.split()) < self.min_words_per_line:
+            if not line.endswith(END_MARKS) or line.endswith("..."):
+                _count(removed, "c4_end_mark", line)
+                continue
+            if len(line.split()) < self.min_words_per_line:
+                _count(removed, "c4_short_line", line)
                 continue
             lower = line.lower()
             if "lorem ipsum" in lower:
                 return "c4_lorem_ipsum"
             if "javascript" in lower:
+                _count(removed, "c4_javascript", line)
                 continue
             if "{" in line:
                 return "c4_curly_bracket"
             if any(p in lower for p in POLICY):
+                _count(removed, "c4_policy", line)
                 continue
             sentences += max(1, len(_SENTENCE_END.findall(line)))
             kept.append(line)
         if sentences < self.min_sentences:
             return "c4_too_few_sentences"
         edited = "\n".join(kept).strip()
-        return None if edited == text else Edit(edited)
+        return None if edited == text else Edit(edited, removed)
+
+
+def _count(removed: dict[str, tuple[int, str]], reason: str, line: str) -> None:
+    n, first = removed.get(reason, (0, line))
+    removed[reason] = (n + 1, first)
 
 
 c4_quality = C4Quality()

@@ -17,6 +17,13 @@ class Edit(str):
 
     The next filters, deduplication and the tokenizer see the edited text; an empty one (or
     only whitespace) drops the document, counted under the filter's name + `_empty`.
+    `removed` optionally says what the edit took out, by reason: {reason: (lines, first one)};
+    prepare counts those lines in the metadata's `line_drops` with the first as an example.
     """
 
-    __slots__ = ()
+    removed: dict[str, tuple[int, str]]
+
+    def __new__(cls, text: str, removed: dict[str, tuple[int, str]] | None = None) -> Edit:
+        edit = super().__new__(cls, text)
+        edit.removed = dict(removed or {})
+        return edit

@@ -87,16 +87,20 @@ class Verdict(NamedTuple):
     text: str | None
     reason: str | None = None
     by: str | None = None
+    removed: dict[str, tuple[int, str]] | None = None  # what the edits of a kept document took out, by reason
 
 
 def run_filters(names: tuple[str, ...], text: str) -> Verdict:
     """Run the filters `names` in order on `text`, each on the text the previous ones left: the
     first that drops it names the reason."""
+    removed: dict[str, tuple[int, str]] = {}
     for name in names:
         verdict = resolve(name)(text)
         if verdict is None or verdict is True:
             continue
         if isinstance(verdict, Edit):
+            for reason, (n, first) in getattr(verdict, "removed", {}).items():
+                removed[reason] = (removed.get(reason, (0, first))[0] + n, removed.get(reason, (0, first))[1])
             text = str(verdict)  # a plain str: what is hashed and tokenized
             if not text.strip():
                 return Verdict(None, _own_reason(name, 58) + "_empty", name)
@@ -109,7 +113,7 @@ def run_filters(names: tuple[str, ...], text: str) -> Verdict:
         raise InputError(f"--filter {name}: returned {shown}; return None to keep a document, Edit(text) to keep it "
                          "with a new text, or a reason of letters, digits and _ (such as 'too_many_links') to drop "
                          "it")  # fmt: skip
-    return Verdict(text)
+    return Verdict(text, removed=removed or None)
 
 
 def _own_reason(name: str, limit: int) -> str:

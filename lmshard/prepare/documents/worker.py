@@ -49,6 +49,7 @@ class WorkerConfig:
     minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
 
 
+LINE_DROP = "line:"  # a per-source count of lines a filter's edit removed, by its reason (not a document drop)
 IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id")
 
 
@@ -145,9 +146,13 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
             if reason is not None:
                 record = record._replace(problem=reason, detail=drop_detail(reason, len(cleaned), config.clean))
             elif config.clean.filters and text is not None:  # the filters' edits are what is keyed and tokenized
-                text, reason, by = run_filters(config.clean.filters, text)
+                text, reason, by, removed_lines = run_filters(config.clean.filters, text)
                 if reason is not None:
                     record = record._replace(problem=reason, detail=f"dropped by --filter {by}")
+                for why, (n, first) in (removed_lines or {}).items():  # lines a kept document's filters removed
+                    c[LINE_DROP + why] += n
+                    examples.setdefault(LINE_DROP + why, f"{config.sources[src_index].path}:{record.number}: "
+                                                         f"{first[:80]!r}")  # fmt: skip
         if reason is not None:
             c[reason] += 1
             examples.setdefault(reason, example(config.sources[src_index], record))
@@ -242,7 +247,7 @@ def clean_document(record: Record, clean: CleanConfig) -> tuple[str | None, str 
         return None, record.problem
     text, reason = length_filter(_clean(record.text, clean), clean)
     if reason is None and clean.filters and text is not None:
-        text, reason, _ = run_filters(clean.filters, text)
+        text, reason, _, _ = run_filters(clean.filters, text)
     return (None, reason) if reason is not None else (text, None)
 
 

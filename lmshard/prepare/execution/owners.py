@@ -268,6 +268,7 @@ def merged_totals(work: Path, n_units: int) -> Totals:
         for name in ("records", "docs_kept", "tokens", "chars", "duplicates", "lines_removed"):
             setattr(totals, name, getattr(totals, name) + getattr(part, name))
         totals.drops.update(part.drops)
+        totals.line_drops.update(part.line_drops)
         for src, counts in part.per_source.items():
             totals.per_source.setdefault(src, type(counts)()).update(counts)
         for reason, example in part.examples.items():

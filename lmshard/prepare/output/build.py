@@ -36,6 +36,7 @@ from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo, file_xxh3
 from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
+from ..documents.worker import LINE_DROP
 from ..stops import STOP_SIGNALS
 from .sigfiles import SignatureFiles
 from .writer import ShardWriter, close_quietly
@@ -67,13 +68,14 @@ class Totals:
     lines_removed: int = 0
     near_examples: list[dict[str, Any]] = field(default_factory=list)  # --near-dedup: removed with survivor
     near_snippets: dict[str, Any] = field(default_factory=dict)  # their texts, kept until the metadata is written
+    line_drops: Counter[str] = field(default_factory=Counter)  # lines the filters' edits removed, by reason
 
     def to_json(self) -> dict[str, Any]:
         return {"records": self.records, "docs_kept": self.docs_kept, "tokens": self.tokens, "chars": self.chars,
                 "duplicates": self.duplicates, "drops": dict(self.drops), "examples": self.examples,
                 "per_source": {str(k): dict(v) for k, v in self.per_source.items()},
                 "lines_removed": self.lines_removed, "near_examples": self.near_examples,
-                "near_snippets": self.near_snippets}  # fmt: skip
+                "near_snippets": self.near_snippets, "line_drops": dict(self.line_drops)}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Totals:
@@ -81,16 +83,18 @@ class Totals:
                    duplicates=raw["duplicates"], drops=Counter(raw["drops"]), examples=dict(raw["examples"]),
                    per_source={int(k): Counter(v) for k, v in raw["per_source"].items()},
                    lines_removed=raw["lines_removed"], near_examples=list(raw.get("near_examples", [])),
-                   near_snippets=dict(raw.get("near_snippets", {})))  # fmt: skip
+                   near_snippets=dict(raw.get("near_snippets", {})),
+                   line_drops=Counter(raw.get("line_drops", {})))  # fmt: skip
 
     @classmethod
     def of_dataset(cls, meta: DatasetMeta) -> Totals:
         """The totals a run over the dataset's own inputs ended with (the base of --append)."""
         drops = Counter({k: v for k, v in meta.drops.items() if k != "duplicate"})
+        examples = dict(meta.drop_examples) | {LINE_DROP + k: v["example"] for k, v in meta.line_drops.items()}
         return cls(records=meta.records_read, docs_kept=meta.total_docs, tokens=meta.total_tokens,
                    chars=meta.run.input_chars if meta.run else 0, duplicates=meta.drops.get("duplicate", 0),
-                   drops=drops, examples=dict(meta.drop_examples),
-                   lines_removed=meta.dedup.lines_removed if meta.dedup else 0)  # fmt: skip
+                   drops=drops, examples=examples, lines_removed=meta.dedup.lines_removed if meta.dedup else 0,
+                   line_drops=Counter({k: v["lines"] for k, v in meta.line_drops.items()}))  # fmt: skip
 
 
 @dataclass
@@ -375,7 +379,8 @@ def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndar
     for src, counts in result.counts.items():
         totals.per_source.setdefault(src, Counter()).update(counts)
         totals.records += counts.get("records", 0)
-        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS})
+        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS and not k.startswith(LINE_DROP)})
+        totals.line_drops.update({k[len(LINE_DROP) :]: v for k, v in counts.items() if k.startswith(LINE_DROP)})
         totals.lines_removed += counts.get("lines_removed", 0)
     for name, mask in (("kept", keep), ("duplicate", dupes)):
         ids, n = np.unique(result.doc_sources[mask], return_counts=True)

@@ -17,6 +17,7 @@ from ...format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInf
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
+from ..documents.worker import LINE_DROP
 from .build import NOT_DROPS, Totals
 from .claim import Claim, bos_written
 
@@ -58,7 +59,9 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
         splits={split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS},
         records_read=totals.records,
         drops=drops,
-        drop_examples=totals.examples,
+        drop_examples={k: v for k, v in totals.examples.items() if not k.startswith(LINE_DROP)},
+        line_drops={k: {"lines": n, "example": totals.examples.get(LINE_DROP + k, "")}
+                    for k, n in sorted(totals.line_drops.items())},  # fmt: skip
         dedup=DedupInfo(
             mode=config.dedup,
             key="xxh3_64 of the cleaned UTF-8 text",
@@ -99,5 +102,6 @@ def source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo
         lines_removed=counts.get("lines_removed", 0),
         split_into_paragraphs=counts.get(SPLIT_INTO_PARAGRAPHS, 0),
         grew=counts.get(GREW, 0),
-        dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v},
+        dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v
+                 and not k.startswith(LINE_DROP)},  # fmt: skip
     )
