@@ -268,20 +268,14 @@ def test_near_duplicates_keeps_a_dataset_appended_to():
     assert removed.tolist() == [22, 23, 24]
 
 
-def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
-    """Killed after some work items of its second pass (checkpoints after each), --resume repeats
-    the first pass and goes on from the checkpoint: the same bytes and signatures as a run that
-    was never stopped."""
+def _killed_and_resumed(monkeypatch, args: list[str], item: int) -> None:
+    """`lmshard prepare ARGS` in many small work items, checkpointed after each, killed after
+    work item `item` of its second pass, then finished with --resume."""
     from proctree import finish, kill_group, start_prepare, wait_stopped
 
-    src = jsonl(tmp_path / "docs.jsonl", _clustered(9, n=400))
-    truth = tmp_path / "truth"
-    prepare(PrepareConfig(inputs=[str(src)], out=str(truth), near_dedup=True, workers=2, val_fraction=0.1))
-    out = tmp_path / "ds"
-    args = [str(src), "--out", str(out), "--workers", "2", "--near-dedup", "--val-fraction", "0.1", "--quiet"]
-    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))  # many work items
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:6")
+    monkeypatch.setenv("LMSHARD_STOP_AT", f"item:{item}")
     proc = start_prepare(args)
     assert wait_stopped(proc) is not None
     monkeypatch.delenv("LMSHARD_STOP_AT")
@@ -289,6 +283,18 @@ def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
     proc.communicate()
     code, err = finish(start_prepare([*args, "--resume"]), 300)
     assert code == 0, err
+
+
+def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    """Killed after some work items of its second pass (checkpoints after each), --resume repeats
+    the first pass and goes on from the checkpoint: the same bytes and signatures as a run that
+    was never stopped."""
+    src = jsonl(tmp_path / "docs.jsonl", _clustered(9, n=400))
+    truth = tmp_path / "truth"
+    prepare(PrepareConfig(inputs=[str(src)], out=str(truth), near_dedup=True, workers=2, val_fraction=0.1))
+    out = tmp_path / "ds"
+    _killed_and_resumed(monkeypatch, [str(src), "--out", str(out), "--workers", "2", "--near-dedup", "--val-fraction",
+                                      "0.1", "--quiet"], 6)  # fmt: skip
     assert _tree(out) == _tree(truth)
     assert _meta_without_run(out)["dedup"] == _meta_without_run(truth)["dedup"]
     assert not list(out.rglob("*.tmp"))
@@ -362,8 +368,6 @@ def test_examples_survive_a_resume_and_skip_exact_copies(tmp_path, monkeypatch):
     """Near-copies late in the input, a kill after a few work items: the resumed run's examples
     (survivors' texts included) equal an uninterrupted run's; an exact copy of a document is
     never shown as a near-duplicate example."""
-    from proctree import finish, kill_group, start_prepare, wait_stopped
-
     rng = random.Random(3)
     docs = [" ".join(rng.sample(WORDS, 150)) for _ in range(400)]
     docs += [docs[0], docs[1]] + [" ".join(_copy(rng, docs[i].split(), 0.85, 0.95)[0]) for i in range(2, 12)]
@@ -372,17 +376,7 @@ def test_examples_survive_a_resume_and_skip_exact_copies(tmp_path, monkeypatch):
     assert len(truth.dedup.near["examples"]) == 5 and truth.drops["duplicate"] == 2
     assert all(e["agreement"] < 1 and e["survivor"]["text"] for e in truth.dedup.near["examples"])
     out = tmp_path / "ds"
-    args = [str(src), "--out", str(out), "--workers", "2", "--near-dedup", "--quiet"]
-    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")
-    proc = start_prepare(args)
-    assert wait_stopped(proc) is not None
-    monkeypatch.delenv("LMSHARD_STOP_AT")
-    kill_group(proc.pid)
-    proc.communicate()
-    code, err = finish(start_prepare([*args, "--resume"]), 300)
-    assert code == 0, err
+    _killed_and_resumed(monkeypatch, [str(src), "--out", str(out), "--workers", "2", "--near-dedup", "--quiet"], 3)
     assert _meta_without_run(out)["dedup"] == _meta_without_run(tmp_path / "truth")["dedup"]
     tasks = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "tasks"), near_dedup=True, workers=2,
                                   num_tasks=3, unit_size=65536))  # fmt: skip
