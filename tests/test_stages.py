@@ -418,3 +418,24 @@ def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
     with pytest.raises(ConfigError) as e:
         plan_run(config, 4)
     assert "unit size" not in str(e.value) and "a.jsonl" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("executor", ["local", "none"])
+def test_a_refused_planned_run_leaves_nothing_behind(tmp_path, executor):
+    src = jsonl(tmp_path / "a.jsonl", make_texts(20))
+    for refused in ({"max_docs": 5}, {"dedup_lines": True}):
+        config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "out"), num_tasks=2, executor=executor, **refused)
+        with pytest.raises(ConfigError, match="a scale-out run takes files only"):
+            if executor == "local":
+                local_exec.run(config, 2)
+            else:
+                local_exec.claim(config, 2)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]
+
+
+def test_a_planned_run_that_keeps_nothing_equals_the_one_process_run(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    for name, kw in (("one", {"workers": 1}), ("many", {"num_tasks": 2, "workers": 2})):
+        prepare(PrepareConfig(inputs=[str(tmp_path / "empty.jsonl")], out=str(tmp_path / name), allow_empty=True, **kw))
+    assert _files(tmp_path / "one") == _files(tmp_path / "many")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl", "many", "one"]

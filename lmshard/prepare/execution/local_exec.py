@@ -41,7 +41,7 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
 from ..stops import STOP_SIGNALS
 from .owners import begin, finish, remove_work
 from .pool import WorkerDied, start_method, stop_signals_ignored
-from .stages import STAGES, Run, load_run
+from .stages import STAGES, Run, check_scale_out, load_run
 from .taskplan import largest_whole, work_dir
 from .unitfiles import unit_marker
 
@@ -75,6 +75,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     the sources and tokenizer when the caller has them; `adopt`: a resumed plain prepare goes on
     with the plan it made (sized to the --workers it had), whatever --workers is now."""
     paths = OutputPaths.of(config.out)
+    check_scale_out(config)  # before --out is claimed: a refused run leaves nothing behind
     with sigterm_stops(), WriterLock(paths):
         sources, tokenizer = loaded or load_run(config)
         claim = begin(config, paths, sources, tokenizer, work_dir(config.out))
@@ -103,6 +104,7 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
     """For a run whose tasks run elsewhere (Slurm, Ray, any scheduler): claim --out (under the
     writer lock, released after) and make the plan. Returns the claim and the plan."""
     paths = OutputPaths.of(config.out)
+    check_scale_out(config)
     with WriterLock(paths):
         sources, tokenizer = load_run(config)
         claimed = begin(config, paths, sources, tokenizer, work_dir(config.out))

@@ -242,6 +242,7 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, encodi
         entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
                           xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
                           block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums)).to_json()  # fmt: skip
+    marker.parent.mkdir(parents=True, exist_ok=True)  # (a run that keeps nothing has written no part)
     atomic_write_json(marker, entry)
     stop_point("piece", k)
     return True

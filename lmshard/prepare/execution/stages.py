@@ -67,9 +67,7 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks.
     `loaded`: the sources and tokenizer, when the caller has them. `adopt`: an existing plan's
     task count and unit size are taken (a plain prepare, whose tasks are only a unit size)."""
-    if config.dedup_lines or config.hf or "-" in config.inputs or config.append or config.max_docs is not None:
-        raise ConfigError("a scale-out run takes files only, without --dedup-lines, --append or --max-docs; run "
-                          "those on one machine")  # fmt: skip
+    check_scale_out(config)
     sources, tokenizer = loaded or load_run(config)
     fingerprint = _fingerprint(config, sources, tokenizer, None)
     work = work_dir(config.out)
@@ -88,6 +86,13 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
     return ensure_plan(work, wanted), sources, tokenizer
+
+
+def check_scale_out(config: PrepareConfig) -> None:
+    """Refuse, before anything is claimed, what a planned run cannot do."""
+    if config.dedup_lines or config.hf or "-" in config.inputs or config.append or config.max_docs is not None:
+        raise ConfigError("a scale-out run takes files only, without --dedup-lines, --append or --max-docs; run "
+                          "those on one machine")  # fmt: skip
 
 
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
