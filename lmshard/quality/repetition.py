@@ -29,14 +29,16 @@ one word on.
 
 Lines are the non-blank lines, stripped; words are as in `gopher.py`.
 
-Memory model: one document's lines, paragraphs, words and n-gram counts.
+Memory model: one document's lines, paragraphs and words, and a few int64 arrays of its word
+count for the n-grams.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 from .gopher import split_words
 
@@ -57,18 +59,61 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
     return count, chars
 
 
-def _repeated_ngram_chars(words: list[str], n: int) -> int:
-    seen: set[tuple[str, ...]] = set()
-    chars, i = 0, 0
-    while i <= len(words) - n:
-        gram = tuple(words[i : i + n])
+class _NGrams:
+    """Ids of a document's word n-grams, for growing n: `of(n)[i]` names words i..i+n-1, equal
+    exactly when the n-grams are. Words are numbered (a dict); an n-gram is ranked by its first
+    word's number and the rank of the (n-1)-gram after it (np.unique): no hashing, no collision,
+    one np.unique per n."""
+
+    def __init__(self, words: list[str]) -> None:
+        number: dict[str, int] = {}
+        self.words = np.array([number.setdefault(w, len(number)) for w in words], dtype=np.int64)
+        self.grams = {1: self.words}
+
+    def of(self, n: int) -> np.ndarray:
+        k = max(self.grams)
+        while k < n:
+            k += 1
+            tail = self.grams[k - 1]
+            pairs = self.words[: len(self.words) - k + 1] * (int(tail.max(initial=0)) + 1) + tail[1:]
+            self.grams[k] = np.unique(pairs, return_inverse=True)[1].astype(np.int64).reshape(-1)
+        return self.grams[n]
+
+
+def _repeated_ngram_chars(ngrams: _NGrams, n: int, ends: np.ndarray) -> int:
+    """Characters of the n-grams that repeat an earlier one, scanning from the first word: a
+    repeat counts its words' characters and the scan jumps past it (`ends`: the cumulative word
+    lengths, from 0)."""
+    ids = ngrams.of(n)
+    if not len(ids) or int(ids.max()) + 1 == len(ids):
+        return 0  # no n-gram occurs twice (the ids are ranks: as many as distinct n-grams)
+    grams = ids.tolist()
+    seen: set[int] = set()
+    chars, i, last = 0, 0, len(grams) - 1
+    cum = ends.tolist()
+    while i <= last:
+        gram = grams[i]
         if gram in seen:
-            chars += sum(map(len, gram))
+            chars += cum[i + n] - cum[i]
             i += n
         else:
             seen.add(gram)
             i += 1
     return chars
+
+
+def _top_ngram_chars(ngrams: _NGrams, n: int, ends: np.ndarray) -> int:
+    """Characters of the most frequent n-gram times its count (0 unless it occurs twice); among
+    equally frequent ones, the first to occur (as Counter.most_common ranks them)."""
+    grams = ngrams.of(n)
+    if len(grams) < 2 or int(grams.max()) + 1 == len(grams):
+        return 0
+    _, first, counts = np.unique(grams, return_index=True, return_counts=True)
+    top = counts.max()
+    if top < 2:
+        return 0
+    at = int(first[counts == top].min())
+    return int(ends[at + n] - ends[at]) * int(top)
 
 
 @dataclass(frozen=True)
@@ -97,14 +142,13 @@ class GopherRepetition:
         if chars / size > self.dup_line_chars:
             return "gopher_dup_line_chars"
         words = split_words(text)
+        ends = np.concatenate([[0], np.cumsum([len(w) for w in words], dtype=np.int64)])
+        ngrams = _NGrams(words)
         for n, limit in self.top_ngrams:
-            grams = Counter(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
-            if grams:
-                gram, times = grams.most_common(1)[0]
-                if times > 1 and sum(map(len, gram)) * times / size > limit:
-                    return f"gopher_top_{n}gram"
+            if len(words) >= n and _top_ngram_chars(ngrams, n, ends) / size > limit:
+                return f"gopher_top_{n}gram"
         for n, limit in self.dup_ngrams:
-            if _repeated_ngram_chars(words, n) / size > limit:
+            if len(words) >= n and _repeated_ngram_chars(ngrams, n, ends) / size > limit:
                 return f"gopher_dup_{n}gram"
         return None
 
