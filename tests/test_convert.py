@@ -16,6 +16,7 @@ import pytest
 from conftest import GPT2_EOT, read_docs, write
 from test_hf_tokenizer import big  # noqa: F401  (big: the module-scoped >65,536-id vocabulary)
 from test_inspect_encodings import check_sums, decode_file, inspect_json, metadata, shard_entries
+from test_interop import big_ds  # noqa: F401  (a uint32 dataset of more than 65,536 ids, ids above 65,535 in it)
 from test_prepare import jsonl, make_texts
 from typer.testing import CliRunner
 
@@ -36,17 +37,6 @@ def source(tmp_path_factory):
     src = jsonl(tmp / "a.jsonl", make_texts(400, seed=5))
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp / "ds"), workers=1, tokens_per_shard=6000,
                           val_fraction=0.1))  # fmt: skip
-    return tmp / "ds"
-
-
-@pytest.fixture(scope="module")
-def big_ds(big, tmp_path_factory):  # noqa: F811
-    """A Llama-3-like dataset of more than 65,536 ids (ids above 65,535 in it), uint32."""
-    tmp = tmp_path_factory.mktemp("bigconv")
-    texts = [" ".join(big["high_words"][5 * i : 5 * i + 5]) + f" doc {i}" for i in range(60)]
-    src = write(tmp / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp / "ds"), tokenizer=str(big["file"]), workers=1,
-                          val_fraction=0.2, tokens_per_shard=400))  # fmt: skip
     return tmp / "ds"
 
 
@@ -103,7 +93,7 @@ def test_any_encoding_to_any_keeps_the_tokens(source, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["uint32", "packed", "zstd"])
-def test_a_vocabulary_above_65536_ids_in_every_encoding_it_fits(big_ds, tmp_path, name):
+def test_a_vocabulary_above_65536_ids_in_every_encoding_it_fits(big_ds, tmp_path, name):  # noqa: F811
     assert max(int(np.fromfile(p, dtype="<u4").max()) for p in big_ds.glob("*/shard_*.bin")) > 0xFFFF
     convert_dataset(big_ds, "zstd" if name == "uint32" else name, tmp_path / "a")
     convert_dataset(tmp_path / "a", name, tmp_path / "b")

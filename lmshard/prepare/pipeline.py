@@ -230,7 +230,8 @@ def _run(
         account(totals, result, keep, dupes, 1 if bos is None else 2, near)
         if near is not None and near.any():
             add_examples(build, result, near)
-        build.add_keys(result.keys[keep])
+        if build.keys is not None:
+            build.keys.add(result.keys[keep])
         if build.near is not None and result.signatures is not None:
             build.near.add(result.signatures[keep])
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction

@@ -100,7 +100,8 @@ def run_filters(names: tuple[str, ...], text: str) -> Verdict:
             continue
         if isinstance(verdict, Edit):
             for reason, (n, first) in getattr(verdict, "removed", {}).items():
-                removed[reason] = (removed.get(reason, (0, first))[0] + n, removed.get(reason, (0, first))[1])
+                before, first = removed.get(reason, (0, first))  # the first line a filter removed for it
+                removed[reason] = (before + n, first)
             text = str(verdict)  # a plain str: what is hashed and tokenized
             if not text.strip():
                 return Verdict(None, _own_reason(name, 58) + "_empty", name)

@@ -200,25 +200,25 @@ def signature_of(shingle_hashes: np.ndarray, seeds: np.ndarray) -> np.ndarray:
 
 
 def band_keys(signatures: np.ndarray, config: MinHashConfig = MinHashConfig()) -> np.ndarray:
-    """[documents, bands] uint64: each band's key (`band_key`), every band at once: a band's j-th
-    values are columns j, j + rows, ... of the signatures. Memory: a few [documents, bands]
-    uint64 arrays."""
+    """[documents, bands] uint64: each band's key (`band_key`), every band at once. Memory: a
+    few [documents, bands] uint64 arrays."""
     signatures = np.atleast_2d(signatures)
-    bands, rows = config.bands, config.rows
-    with np.errstate(over="ignore"):
-        start = np.arange(1, bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        h = np.broadcast_to(start, (len(signatures), bands))
-        for j in range(rows):
-            h = _splitmix(h ^ signatures[:, j : bands * rows : rows].astype(np.uint64)) * np.uint64(0x100000001B3)
-        return _splitmix(h)
+    return _band_hash(signatures.reshape(len(signatures), config.bands, config.rows), 0)
 
 
 def band_key(rows: np.ndarray, band: int) -> np.ndarray:
     """The keys of band `band` from its [documents, rows] values: a 64-bit hash of the values
     seeded with the band's number, so equal values in two bands give different keys."""
-    rows = np.asarray(rows).astype(np.uint64)
+    return _band_hash(np.asarray(rows)[:, None, :], band)[:, 0]
+
+
+def _band_hash(values: np.ndarray, first_band: int) -> np.ndarray:
+    """[documents, bands] keys of [documents, bands, rows] values, the bands numbered from
+    `first_band`: each row's value mixed in turn (splitmix64) into the band's seed."""
+    n, bands, rows = values.shape
     with np.errstate(over="ignore"):
-        h = np.full(len(rows), np.uint64(0x9E3779B97F4A7C15) * np.uint64(band + 1), dtype=np.uint64)
-        for j in range(rows.shape[1]):
-            h = _splitmix(h ^ rows[:, j]) * np.uint64(0x100000001B3)
+        start = np.arange(first_band + 1, first_band + bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h = np.broadcast_to(start, (n, bands))
+        for j in range(rows):
+            h = _splitmix(h ^ values[:, :, j].astype(np.uint64)) * np.uint64(0x100000001B3)
         return _splitmix(h)

@@ -55,12 +55,10 @@ def group_edges(keys: np.ndarray, ids: np.ndarray, signatures_of: Callable[[np.n
     starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
     ends = np.append(starts[1:], len(k))
     big = ends - starts >= 2
+    in_group = np.repeat(big, ends - starts)
     starts, ends = starts[big], ends[big]
     if not len(starts):
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    in_group = np.zeros(len(k), dtype=bool)
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        in_group[a:b] = True
     wanted = np.unique(i[in_group])
     sigs = np.asarray(signatures_of(wanted))
     need = config.agree_at_least

@@ -21,7 +21,7 @@ import xxhash
 
 from ...errors import TokenizerError
 from ...quality.filters import run_filters
-from ...quality.minhash import MinHashConfig, shingles, signature_of
+from ...quality.minhash import MinHashConfig, signature
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..stops import stop_point
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
@@ -163,10 +163,9 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         sources.append(src_index)
     signatures = None
     if config.minhash is not None and (sign if sign is not None else True):
-        seeds = config.minhash.seeds()
         signatures = np.zeros((len(texts), config.minhash.n_hashes), dtype=np.uint32)
         for d, text in enumerate(texts):
-            signatures[d] = signature_of(shingles(text, config.minhash.n_grams), seeds)
+            signatures[d] = signature(text, config.minhash)
     if tokenizer is None:
         tokens, lengths = np.zeros(0, np.uint16), np.zeros(len(texts), np.int64)
     else:

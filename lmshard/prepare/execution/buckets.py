@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ...format import atomic_write_json
+from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...quality.near import group_edges, unique_edges
 from ..stops import stop_point
@@ -125,12 +125,7 @@ def near_edges(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket:
                               np.concatenate(ids) if ids else np.zeros(0, _U64),
                               lambda want: unit_signatures(tokenized, want, minhash.n_hashes), minhash)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".bucket_{bucket:06d}.near.tmp"
-    with open(tmp, "wb") as f:
-        f.write(np.stack([member, rep], axis=1).astype(_U64).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out / f"bucket_{bucket:06d}.near")
+    atomic_write_bytes(out / f"bucket_{bucket:06d}.near", np.stack([member, rep], axis=1).astype(_U64).tobytes())
     return len(member)
 
 

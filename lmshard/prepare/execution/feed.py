@@ -163,7 +163,7 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         masked: tuple[IO[bytes], list[tuple[int, int]]] | None = None  # --dedup-lines: every item's line marks
         if config.dedup_lines:
             masks = stack.enter_context(tempfile.TemporaryFile())
-            keys = stack.enter_context(open(build.root / build.key_path("line"), "wb"))
+            keys = stack.enter_context(open(build.root / build.line_key_path(), "wb"))
             hashes = feeder.map(process_lines, lambda it: hash_lines(it, wcfg), items())
             index, build.line_keys = _line_masks(hashes, masks, build.line_set(), keys)
             stream = _with_masks(stream, masks, index[build.items_done :])

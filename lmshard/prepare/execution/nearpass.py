@@ -29,7 +29,7 @@ from ...tokenizers import Tokenizer
 from ..documents.sources import Source
 from ..documents.worker import ItemResult
 from ..output.build import Build
-from ..output.sigfiles import SIG_DTYPE, read_signatures
+from ..output.rowfiles import SIG_DTYPE, read_rows
 
 SPOOL = ".near_signatures.u32.tmp"
 NEAR_EXAMPLES = 5  # removed documents shown with their survivor in the metadata
@@ -39,7 +39,6 @@ SNIPPET_CHARS = 200
 
 @dataclass
 class NearPass:
-    config: MinHashConfig
     offsets: np.ndarray  # per work item, the ordinal of its first document (one more entry: the end)
     removed: np.ndarray  # ordinals of the removed documents, sorted
     survivor: np.ndarray  # the ordinal of each one's survivor
@@ -53,7 +52,7 @@ def first_pass(results: Iterator[ItemResult], build: Build, config: MinHashConfi
     previous = build.near.previous if build.near else ()
     counts, n_old, keys = [], 0, []
     with open(spool, "wb") as f:
-        for rows in read_signatures(build.root, previous, config.n_hashes):
+        for rows in read_rows(build.root, previous, SIG_DTYPE, config.n_hashes):
             f.write(rows.tobytes())
             n_old += len(rows)
         for r in results:
@@ -66,7 +65,7 @@ def first_pass(results: Iterator[ItemResult], build: Build, config: MinHashConfi
                   else np.zeros((0, config.n_hashes), SIG_DTYPE))  # fmt: skip
     removed, survivor = near_duplicates(signatures, config, first_new=n_old)
     offsets = n_old + np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-    near = NearPass(config, offsets, removed.astype(np.int64), survivor.astype(np.int64), signatures)
+    near = NearPass(offsets, removed.astype(np.int64), survivor.astype(np.int64), signatures)
     new_keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
     key = lambda o: int(new_keys[o - n_old]) if o >= n_old else None  # noqa: E731 (an old document's: not needed)
     candidates = [(r, s) for r, s in zip(near.removed.tolist(), near.survivor.tolist(), strict=True)

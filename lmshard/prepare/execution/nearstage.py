@@ -14,14 +14,13 @@ the keys of the units their candidates are in (8 bytes per document) and decode 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...format import atomic_write_json
+from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.near import components
 from ...tokenizers import Tokenizer
 from ..documents.sources import Source
@@ -46,17 +45,8 @@ def ensure_clusters(work: Path, n_buckets: int, n_hashes: int, tokenizer: Tokeni
         dups = lambda u: unit_duplicates(dedup, n_units, n_buckets, u, len(read_section(tokenized, u, "keys")))  # noqa: E731
     examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, dups)
     atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})
-    tmp = dedup / f".{REMOVED}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, dedup / REMOVED)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    # (every task that finds them writes the same bytes: a later one's rename changes nothing)
+    atomic_write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
 
 
 def unit_near(work: Path, u: int, n_docs: int) -> np.ndarray:

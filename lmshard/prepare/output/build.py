@@ -7,12 +7,13 @@ rebuilds it from a checkpoint (the writers cut their files back, the key set is 
 keys written so far), so the resumed run goes on exactly where the checkpoint was taken and
 writes the same bytes an uninterrupted run would.
 
-The keys of every kept document are appended to `dedup/doc_keys_NNNNNN.u64` in the build (and
+The keys of every kept document are appended to `dedup/doc_keys_NNNNNN.u64` in the build (rowfiles.py; and
 with --dedup-lines, the unique lines' keys to `dedup/line_keys_NNNNNN.u64`); they stay with the
 dataset so `--append` can deduplicate new documents against it (docs/format.md).
 
 Memory model: the key set (≈16 bytes per unique document), rebuilt on resume by reading the key
-files in 8 MiB pieces; the totals (one small counter per input file); the writers' open files.
+files in 8 MiB pieces (rowfiles.py); the totals (one small counter per input file); the writers'
+open files.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,13 +39,12 @@ from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
 from ..documents.worker import LINE_DROP
 from ..stops import STOP_SIGNALS
-from .sigfiles import SignatureFiles
-from .writer import ShardWriter, close_quietly
+from .rowfiles import KEY_DTYPE, SIG_DTYPE, RowFiles, read_rows
+from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from ..documents.worker import ItemResult
 
-KEY_DTYPE = np.dtype("<u8")
 NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
 # A build's document keys go to files of this many keys (128 MiB) each, so that scale-out runs
 # write them in parallel, each file by one task (docs/format.md).
@@ -121,12 +121,10 @@ class Build:
     previous_keys: tuple[KeyFile, ...]
     items_done: int = 0
     bytes_done: int = 0
-    n_keys: int = 0
     line_keys: int | None = None  # unique lines this build found (--dedup-lines)
     note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
-    _keys: IO[bytes] | None = None
-    _part: int = 0  # the key file `_keys` is
-    near: SignatureFiles | None = None  # --near-dedup: the kept documents' signatures
+    keys: RowFiles | None = None  # --dedup document: the kept documents' keys
+    near: RowFiles | None = None  # --near-dedup: the kept documents' signatures
 
     @classmethod
     def start(cls, config: PrepareConfig, root: Path, previous: DatasetMeta | None,
@@ -144,28 +142,16 @@ class Build:
             build.totals = Totals.parse(checkpoint["totals"])
             build.items_done, build.bytes_done = checkpoint["items_done"], checkpoint["bytes_done"]
             build.seen = KeySet(checkpoint["seen_slots"])  # the same table size as when it was taken
-            build.n_keys = checkpoint["n_keys"]
         if config.near_dedup:
             rows = checkpoint.get("near_rows", 0) if checkpoint else 0
-            build.near = SignatureFiles(root, config.minhash_config().n_hashes, KEYS_PER_FILE, previous_keys, rows)
+            n_hashes = config.minhash_config().n_hashes
+            build.near = RowFiles(root, "near_sigs", SIG_DTYPE, n_hashes, KEYS_PER_FILE, previous_keys, rows)
         if config.dedup == "document":
-            for keys in build._stored_keys("doc"):
+            n_keys = checkpoint["n_keys"] if checkpoint else 0
+            build.keys = RowFiles(root, "doc_keys", KEY_DTYPE, 1, KEYS_PER_FILE, previous_keys, n_keys)
+            for keys in build.keys.stored():
                 build.seen.add_new(keys)
-            (build.root / "dedup").mkdir(parents=True, exist_ok=True)
-            part = build.n_keys // KEYS_PER_FILE
-            for later in build.root.glob("dedup/doc_keys_*.u64"):  # parts begun after the checkpoint
-                if later.name > Path(build.key_path("doc", part)).name:
-                    later.unlink()
-            build._open_part(part)
         return build
-
-    def _open_part(self, part: int) -> None:
-        """Open this build's key file `part`, cut back to the keys it holds by `n_keys`."""
-        path = self.root / self.key_path("doc", part)
-        self._keys = open(path, "r+b" if path.exists() else "wb")  # noqa: SIM115 (closed in close_keys/abort)
-        self._keys.truncate((self.n_keys - part * KEYS_PER_FILE) * KEY_DTYPE.itemsize)
-        self._keys.seek(0, os.SEEK_END)
-        self._part = part
 
     def resume_note(self, checkpoint: dict[str, Any] | None) -> str:
         """What `--resume` goes on from: the checkpoint's documents and shards, or nothing."""
@@ -179,101 +165,46 @@ class Build:
         return (f"resuming: {own:,} documents ({self.totals.tokens - self.base.tokens:,} tokens), "
                 f"{shards:,} shards kept from the checkpoint of {at}")  # fmt: skip
 
-    def key_path(self, kind: str, part: int = 0) -> str:
-        """This build's own key file `part` of `kind` (doc or line), after those of the dataset
-        it extends: a build's document keys fill files of KEYS_PER_FILE keys each."""
-        number = sum(1 for f in self.previous_keys if f.kind == kind) + part
-        return f"dedup/{kind}_keys_{number:06d}.u64"
-
-    def _stored_keys(self, kind: str) -> Any:
-        """The keys already recorded, in insertion order: the appended-to dataset's, then this
-        build's own up to the checkpoint (doc keys only; line keys are recomputed each run)."""
-        files = [(self.root / f.path, f.n_keys) for f in self.previous_keys if f.kind == kind]
-        if kind == "doc":
-            files += [(self.root / self.key_path("doc", p), n) for p, n in enumerate(key_parts(self.n_keys))]
-        for path, n in files:
-            if n == 0:
-                continue
-            with open(path, "rb") as f:
-                left = n
-                while left:
-                    chunk = np.frombuffer(f.read(min(left, 1 << 20) * KEY_DTYPE.itemsize), dtype=KEY_DTYPE)
-                    if len(chunk) == 0:
-                        raise OSError(f"{path}: shorter than recorded ({n} keys)")
-                    left -= len(chunk)
-                    yield chunk
+    def line_key_path(self) -> str:
+        """This build's file of unique lines' keys (--dedup-lines), after those of the dataset it extends."""
+        number = sum(1 for f in self.previous_keys if f.kind == "line")
+        return f"dedup/line_keys_{number:06d}.u64"
 
     def line_set(self) -> KeySet:
         """The line-dedup set seeded with the appended-to dataset's lines."""
         seen = KeySet()
-        for keys in self._stored_keys("line"):
+        for keys in read_rows(self.root, tuple(f for f in self.previous_keys if f.kind == "line"), KEY_DTYPE):
             seen.add_new(keys)
         return seen
 
-    def add_keys(self, keys: np.ndarray) -> None:
-        keys = keys.astype(KEY_DTYPE, copy=False)
-        while self._keys is not None and len(keys):
-            part = self.n_keys // KEYS_PER_FILE
-            if part != self._part:  # the open file is full: make it durable, go on in the next
-                self._keys.flush()
-                os.fsync(self._keys.fileno())
-                self._keys.close()
-                self._open_part(part)
-            room = (part + 1) * KEYS_PER_FILE - self.n_keys
-            self._keys.write(keys[:room].tobytes())
-            self.n_keys += len(keys[:room])
-            keys = keys[room:]
-
     def checkpoint(self) -> dict[str, Any]:
         """Make everything written durable; the state `start` resumes from."""
-        if self._keys is not None:
-            self._keys.flush()
-            os.fsync(self._keys.fileno())
-        if self.near is not None:
-            self.near.sync()
+        for rows in (self.keys, self.near):
+            if rows is not None:
+                rows.sync()
         return {"near_rows": self.near.rows if self.near else 0,
                 "items_done": self.items_done, "bytes_done": self.bytes_done,
                 "writers": {s: w.sync() for s, w in self.writers.items()}, "totals": self.totals.to_json(),
-                "seen_slots": self.seen.nbytes // 8, "n_keys": self.n_keys, "saved_at": time.time()}  # fmt: skip
+                "seen_slots": self.seen.nbytes // 8, "n_keys": self.keys.rows if self.keys else 0,
+                "saved_at": time.time()}  # fmt: skip
 
     def close_keys(self) -> tuple[KeyFile, ...]:
         """The key files the dataset lists: the appended-to dataset's and this build's."""
-        files = list(self.previous_keys)
-        if self._keys is not None:
-            self._keys.flush()
-            os.fsync(self._keys.fileno())
-            self._keys.close()
-            self._keys = None
-            parts = key_parts(self.n_keys)
-            if self._part >= len(parts):  # opened as the last one filled up, and nothing came
-                (self.root / self.key_path("doc", self._part)).unlink()
-            for p, n in enumerate(parts):
-                files.append(key_file(self.root, self.key_path("doc", p), n))
+        files = [f for f in self.previous_keys if f.kind != "near"]
+        if self.keys is not None:
+            files += self.keys.close()[len(self.keys.previous) :]
         if self.line_keys is not None:
-            files.append(key_file(self.root, self.key_path("line"), self.line_keys))
-        files = [f for f in files if f.kind != "near"]
+            rel = self.line_key_path()
+            files.append(KeyFile(path=rel, n_keys=self.line_keys, xxh3_64=file_xxh3(self.root / rel)))
         return tuple(files) + (self.near.close() if self.near is not None else ())
 
     def abort(self) -> None:
-        """Close every writer and the key file after an error, raising nothing over it."""
+        """Close every writer and the key files after an error, raising nothing over it."""
         for w in self.writers.values():
             w.abort()
-        if self._keys is not None:
-            close_quietly(self._keys)
-            self._keys = None
-        if self.near is not None:
-            self.near.abort()
-
-
-def key_parts(n_keys: int) -> list[int]:
-    """How many keys each of a build's document key files holds: full files of KEYS_PER_FILE,
-    then the rest (one empty file when there are no keys)."""
-    full, rest = divmod(n_keys, KEYS_PER_FILE)
-    return [KEYS_PER_FILE] * full + ([rest] if rest or not full else [])
-
-
-def key_file(root: Path, rel: str, n_keys: int) -> KeyFile:
-    return KeyFile(path=rel, n_keys=n_keys, xxh3_64=file_xxh3(root / rel))
+        for rows in (self.keys, self.near):
+            if rows is not None:
+                rows.abort()
 
 
 def check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards: list[ShardInfo]) -> None:
