@@ -140,7 +140,7 @@ def status(
             continue
         left = [t for t in row["tasks"] if t["done"] < t["items"]]
         render.out.print(f"{stage}: {len(row['tasks']) - len(left)} of {len(row['tasks'])} tasks complete "
-                         f"({row['total'] - len(row['missing'])} of {row['total']} {what})", markup=False,
+                         f"({row['done']} of {row['total']} {what})", markup=False,
                          soft_wrap=True)  # fmt: skip
         for t in left:
             state = f" ({t['state']})" if t["state"] else ""

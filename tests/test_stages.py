@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ import lmshard.prepare.output.build as build
 from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.execution import local_exec
+from lmshard.prepare.execution.barrier import summary_path
 from lmshard.prepare.execution.slurm import resubmit_commands
 from lmshard.prepare.execution.stages import STAGES, Run, plan_run, run_task
 from lmshard.prepare.execution.taskplan import _WINDOW, load_plan, work_dir
@@ -146,7 +148,8 @@ def test_a_compressed_input_larger_than_a_workers_share_stays_on_the_one_reader_
 
 def test_a_stage_waits_for_the_one_before_and_a_lost_marker_redoes_only_its_item(tmp_path):
     """Each stage refuses to start before the stage above is complete, naming it; deleting one
-    item's marker (as a task killed before writing it) makes the next run of its task redo that
+    item's marker (as a task killed before writing it, and so before its task's and the stage's
+    markers) makes the next run of its task redo that
     item only; a changed --num-tasks is refused. The result is still one machine's bytes."""
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
@@ -160,6 +163,8 @@ def test_a_stage_waits_for_the_one_before_and_a_lost_marker_redoes_only_its_item
         for task in range(3):
             run_task(config, 3, before, task, _WINDOW)
         (work / markers[before]).unlink()
+        shutil.rmtree(work / "done" / before)  # a task killed before its item's marker never marked its share done
+        summary_path(work, before).unlink()
         with pytest.raises(InputError, match=f"the {stage} stage needs the {before} stage complete; 1 "):
             run_task(config, 3, stage, 0, _WINDOW)
         lost = int(markers[before].split("_")[1].split(".")[0])

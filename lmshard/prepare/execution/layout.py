@@ -6,14 +6,16 @@ duplicates and the train/val split (a function of each document's key and --seed
 local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, -2 near-duplicate,
 0 train, 1 val),
 and `select/unit_N.json` (written last: the unit's marker) its documents and tokens per
-stream, and its totals for the metadata (records, drops and their first examples, per-source
-counts), made by the same accounting a local run does per work item.
+split and its kept documents (one row of 5 integers), and its totals for the metadata (records, drops and their first examples, per-source
+counts), made by the same accounting a local run does per work item. A select task joins its units' rows and totals into its summary,
+and the tasks' summaries are joined into the stage's (barrier.py, `select_join`): the units'
+rows in plan order and the run's totals, which the layout and the finish read as one file.
 
 **Layout** (once, small). The output is three streams of whole documents in plan order: the
 train shards and the val shards (each closes before a document that would take it past
 --tokens-per-shard; a longer document gets a shard of its own), and the dedup key files
 (KEYS_PER_FILE keys each). Where a stream's next boundary falls is found from the units'
-totals, and only a unit where a boundary falls inside is opened (its lengths, 8 bytes per
+rows in the select summary, and only a unit where a boundary falls inside is opened (its lengths, 8 bytes per
 document), so the work is proportional to units and shards, not tokens. Each shard or key file
 is a **piece**; its documents from one unit are a **part**, which knows where in the piece it
 goes (tokens and documents before it). A write task writes the parts of the units its plan
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,19 +79,53 @@ def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int
                           chars=row["chars"], nbytes=row["nbytes"])  # fmt: skip
         account(totals, item, split[at : at + d] >= 0, dup[at : at + d], specials, near[at : at + d])
         at += d
-    streams = {}
-    for s, name in enumerate(SPLITS):
+    row = []  # per split its documents and tokens as written, then the documents kept (one key each)
+    for s in range(len(SPLITS)):
         mine = split == s
-        streams[name] = [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
-    kept = int((split >= 0).sum())
-    streams["keys"] = streams["near"] = [kept, kept]
+        row += [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
+    row.append(int((split >= 0).sum()))
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".unit_{u:06d}.split.tmp"
     split.tofile(tmp)
     os.replace(tmp, out / f"unit_{u:06d}.split")
-    atomic_write_json(marker, {"streams": streams, "totals": totals.to_json()})
+    atomic_write_json(marker, {"streams": [row], "totals": totals.to_json()})
     stop_point("select", u)
     return True
+
+
+def select_join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The select summary of consecutive units (or tasks, or groups of tasks: barrier.py): their
+    stream rows in plan order and their totals added up."""
+    totals = Totals()
+    for part in parts:
+        add_totals(totals, Totals.parse(part["totals"]))
+    return {"streams": [row for part in parts for row in part["streams"]], "totals": totals.to_json()}
+
+
+def select_summary(work: Path, units: range) -> dict[str, Any]:
+    """The select summary of `units`, from their markers."""
+    return select_join([json.loads((work / "select" / f"unit_{u:06d}.json").read_text()) for u in units])
+
+
+def add_totals(totals: Totals, part: Totals) -> None:
+    """Add `part` (the totals of later documents) into `totals`: the first example of each drop
+    reason wins, as in a run that meets the documents in plan order."""
+    for name in ("records", "docs_kept", "tokens", "chars", "duplicates", "lines_removed"):
+        setattr(totals, name, getattr(totals, name) + getattr(part, name))
+    totals.drops.update(part.drops)
+    totals.line_drops.update(part.line_drops)
+    for src, counts in part.per_source.items():
+        totals.per_source.setdefault(src, type(counts)()).update(counts)
+    for reason, example in part.examples.items():
+        totals.examples.setdefault(reason, example)
+
+
+def _stream(row: list[int], stream: str) -> tuple[int, int]:
+    """A unit's documents and tokens (keys, signatures: one per kept document) in `stream`."""
+    if stream in SPLITS:
+        s = SPLITS.index(stream)
+        return row[2 * s], row[2 * s + 1]
+    return row[-1], row[-1]
 
 
 def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray:
@@ -100,8 +137,7 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray
     return lengths[split == SPLITS.index(stream)] + specials
 
 
-def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity: int,
-              specials: int) -> list[list[Any]]:  # fmt: skip
+def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, specials: int) -> list[list[Any]]:
     """A stream's pieces, [stream, number, tokens, docs, parts], as a writer filling them
     greedily in plan order would cut them (see the module docstring). A part is the piece's
     documents from one unit: [unit, first doc, end doc, tokens before it in the piece, documents
@@ -121,8 +157,8 @@ def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity
             pieces.append(cur)
             cur = None
 
-    for u, summary in enumerate(summaries):
-        d, t = summary["streams"][stream]
+    for u, row in enumerate(rows):
+        d, t = _stream(row, stream)
         if d == 0:
             continue
         if cur is not None and cur[2] + t <= capacity:  # the whole unit fits the open piece
@@ -152,21 +188,21 @@ def pieces_of(work: Path, summaries: list[dict[str, Any]], stream: str, capacity
     return pieces
 
 
-def make_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int, specials: int,
-                keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
+def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]], tokens_per_shard: int,
+                specials: int, keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
     (per task, its parts: those of the units in its range of `unit_ranges`, the plan's tasks),
-    `readers` (per unit, the parts that read it)."""
-    n_units = unit_ranges[-1][1] if unit_ranges else 0
-    summaries = [json.loads((work / "select" / f"unit_{u:06d}.json").read_text()) for u in range(n_units)]
-    pieces = [p for s in SPLITS for p in pieces_of(work, summaries, s, tokens_per_shard, specials)]
+    `readers` (per unit, the parts that read it). `rows`: per unit, its stream totals (the
+    select stage's summary)."""
+    n_units = len(rows)
+    pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials)]
     if keys:  # (--dedup none keeps no keys)
-        found = pieces_of(work, summaries, "keys", KEYS_PER_FILE, specials)
+        found = pieces_of(work, rows, "keys", KEYS_PER_FILE, specials)
         pieces += found or [["keys", 0, 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
     if near_hashes:  # --near-dedup: the kept documents' signatures, in files of as many rows
-        pieces += pieces_of(work, summaries, "near", KEYS_PER_FILE, specials) or [["near", 0, 0, 0, []]]
+        pieces += pieces_of(work, rows, "near", KEYS_PER_FILE, specials) or [["near", 0, 0, 0, []]]
     parts: list[list[Any]] = []
     for k, piece in enumerate(pieces):
         first = len(parts)
@@ -181,12 +217,13 @@ def make_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int,
     return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes}
 
 
-def ensure_layout(work: Path, unit_ranges: list[list[int]], tokens_per_shard: int, specials: int,
-                  keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
-    """The layout in `work`, made if absent (every task that makes one makes the same)."""
+def ensure_layout(work: Path, unit_ranges: list[list[int]], rows: Callable[[], list[list[int]]], tokens_per_shard: int,
+                  specials: int, keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
+    """The layout in `work`, made if absent (every task that makes one makes the same) from the
+    units' stream totals (`rows()`: the select stage's summary)."""
     path = work / LAYOUT_FILE
     if not path.exists():
-        layout = make_layout(work, unit_ranges, tokens_per_shard, specials, keys, near_hashes)
+        layout = make_layout(work, unit_ranges, rows(), tokens_per_shard, specials, keys, near_hashes)
         tmp = work / f".{LAYOUT_FILE}.{os.getpid()}.tmp"
         atomic_write_json(tmp, layout)
         try:

@@ -89,7 +89,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
         try:
             _stages(r, on_progress)
-            return finish(config, paths, r.work, r.layout(), r.n_units, r.sources, r.tokenizer)
+            return finish(config, paths, r.work, r.layout(), r.totals(), r.sources, r.tokenizer)
         except KeyboardInterrupt as e:
             raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work

@@ -19,14 +19,15 @@ sequential pass is a read at memory or filesystem speed, not a rewrite) and rena
 its marker `write/piece_N.json` is the shard's or key file's entry for the metadata. A write
 task seals the pieces whose last part it finished; the finish seals any left by a killed task.
 
-**Finish** (once). Adds up the units' totals and the pieces' entries into
+**Finish** (once). Puts the units' totals (added up by the select stage's summary) and the
+pieces' entries into
 `dataset_metadata.json` with the same code as a local run, swaps the build in (staging.commit)
 and removes the work folder (all but the Slurm jobs' logs, `slurm/`). It reads no document: its
 work grows with units and shards only.
 
 Memory model: a part's writer holds one unit's lengths and split (9 bytes per document) and
 its documents' offsets; tokens are copied file to file (copy_file_range, else 8 MiB at a time);
-a seal holds one 8 MiB block; finish holds the units' totals (one small dict each) and the pieces' entries.
+a seal holds one 8 MiB block; finish holds the run's totals (one dict) and the pieces' entries.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim, claim_output, write_run
 from ..output.staging import OutputPaths, commit, read_run, recover
 from ..stops import stop_point
+from .barrier import is_complete
 from .nearstage import near_summary
 from .unitfiles import read_section, sections
 
@@ -261,34 +263,18 @@ def missing_pieces(work: Path, layout: dict[str, Any]) -> list[int]:
     return [k for k in range(len(layout["pieces"])) if not (work / "write" / f"piece_{k:06d}.json").exists()]
 
 
-def merged_totals(work: Path, n_units: int) -> Totals:
-    """The units' totals added up in plan order (the first example of each drop reason wins)."""
-    totals = Totals()
-    for u in range(n_units):
-        part = Totals.parse(json.loads((work / "select" / f"unit_{u:06d}.json").read_text())["totals"])
-        for name in ("records", "docs_kept", "tokens", "chars", "duplicates", "lines_removed"):
-            setattr(totals, name, getattr(totals, name) + getattr(part, name))
-        totals.drops.update(part.drops)
-        totals.line_drops.update(part.line_drops)
-        for src, counts in part.per_source.items():
-            totals.per_source.setdefault(src, type(counts)()).update(counts)
-        for reason, example in part.examples.items():
-            totals.examples.setdefault(reason, example)
-    totals.examples = dict(sorted(totals.examples.items()))
-    return totals
-
-
-def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[str, Any], n_units: int,
+def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[str, Any], totals: Totals,
            sources: list[Source], tokenizer: Tokenizer) -> DatasetMeta:  # fmt: skip
-    """The metadata from the units' totals and the pieces' entries, then the swap (under the
-    caller's writer lock); the work folder is removed once the dataset is in place."""
+    """The metadata from the units' totals (added up by the select stage's summary) and the
+    pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
+    once the dataset is in place."""
     from ..output.metadata import dataset_metadata
 
     for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
         seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab))
-    missing = missing_parts(work, layout)
+    missing = [] if is_complete(work, "write") else missing_parts(work, layout)
     if missing:
-        tasks = sorted({t for p in missing for t, (a, b) in enumerate(layout["tasks"]) if a <= p < b})
+        tasks = sorted({t for t, parts in enumerate(layout["tasks"]) if not set(missing).isdisjoint(parts)})
         raise InputError(f"{len(missing)} of {len(layout['parts'])} parts of shards and key files are not written yet; "
                          f"run the write stage of task{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} "
                          "first")  # fmt: skip
@@ -297,7 +283,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
         raise InputError(f"{paths.staging}: no run record; the build was not claimed by this run: start it again "
                          "with --overwrite")  # fmt: skip
     claim = Claim(run["fingerprint"], run.get("started", time.time()))
-    totals = merged_totals(work, n_units)
+    totals.examples = dict(sorted(totals.examples.items()))
     note_growth(sources, totals.per_source)
     entries = [json.loads((work / "write" / f"piece_{k:06d}.json").read_text()) for k in range(len(layout["pieces"]))]
     pieces = layout["pieces"]

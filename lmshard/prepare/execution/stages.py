@@ -15,11 +15,17 @@ temporary names and a marker last, so a task killed anywhere is finished by runn
    the swap into `--out`, the work folder removed.
 
 `Run` is what every stage works from (the plan, inputs, tokenizer); `run_task` runs one task of
-one stage, recording its state (running, stopped by a signal, failed) for `status`, which reads
-markers only. --dedup-lines, --append, --max-docs, stdin and Hugging Face inputs are refused.
+one stage, recording its state (running, stopped by a signal, failed) for `status`. A task that
+has done its share marks it, and the tasks fold their marks into one summary per stage
+(barrier.py): a task checks that the stages before it are complete by reading their summaries (a
+stat each), never every item's marker; the task that completes the dedup stage finds the
+near-duplicate clusters, the one that completes the select stage lays out the shards, and the
+select summary carries the units' totals to the layout and the metadata. `status` reads the
+summaries, the finished tasks' marks, and item markers only of the tasks not finished. --dedup-lines, --append, --max-docs, stdin and Hugging Face inputs are refused.
 
 Memory model: a task holds the plan (about 320 bytes per unit) and what its stage's items hold
-(see each stage's module); status holds one entry per task and stage.
+(see each stage's module); the task that lays out the shards holds the select summary (5
+integers per unit); status holds one entry per task and stage.
 """
 
 from __future__ import annotations
@@ -41,13 +47,14 @@ from ..config import PrepareConfig
 from ..documents.reading import InputGone
 from ..documents.sources import Source, discover
 from ..documents.worker import WorkerConfig, identity_of
-from ..output.build import sigterm_stops
+from ..output.build import Totals, sigterm_stops
 from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
+from .barrier import count_join, is_complete, read_summary, task_done, task_finished, write_summary
 from .buckets import buckets_of, resolve
-from .layout import LAYOUT_FILE, ensure_layout, missing_selects, select_unit
+from .layout import LAYOUT_FILE, ensure_layout, select_join, select_summary, select_unit
 from .nearstage import ensure_clusters
-from .owners import finish, missing_parts, missing_pieces, remove_work, seal_piece, write_part
+from .owners import finish, remove_work, seal_piece, write_part
 from .taskplan import (
     PLAN_FILE,
     cut_units,
@@ -113,7 +120,8 @@ def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
 
 def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Per stage: items done of items, and per task its share and state; whether the dataset is
-    complete. Reads markers only."""
+    complete. A complete stage is known from its summary (barrier.py), a finished task from its
+    marker; only the items of unfinished tasks are looked at one by one."""
     work = work_dir(out)
     if not (work / PLAN_FILE).exists() and (Path(out) / METADATA_FILE).exists():
         return {"merged": True, "stages": {}}  # complete: the work folder goes once the dataset is in place
@@ -121,18 +129,22 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     config = PrepareConfig(**plan["prepare"])
     run = Run(config, plan, [], None, work, None)  # type: ignore[arg-type]
     stages: dict[str, Any] = {}
+    n_tasks = plan["n_tasks"]
     for stage in STAGES[:-1]:
         if stage == "write" and not (work / LAYOUT_FILE).exists():
-            stages[stage] = {"total": None, "missing": [], "tasks": []}
+            stages[stage] = {"total": None, "done": 0, "tasks": []}
             continue
-        missing = set(run.missing(stage))
-        total = sum(len(run.items(stage, t)) for t in range(plan["n_tasks"]))
-        tasks = []
-        for t in range(plan["n_tasks"]):
+        complete = is_complete(work, stage)
+        tasks: list[dict[str, Any]] = []
+        for t in range(n_tasks):
             items = run.items(stage, t)
-            tasks.append({"task": t, "items": len(items), "done": sum(i not in missing for i in items),
+            if complete or task_finished(work, stage, n_tasks, t):
+                tasks.append({"task": t, "items": len(items), "done": len(items), "state": None})
+                continue
+            tasks.append({"task": t, "items": len(items), "done": len(items) - len(run.missing(stage, items)),
                           "state": _task_state(work, stage, t)})  # fmt: skip
-        stages[stage] = {"total": total, "missing": sorted(missing), "tasks": tasks}
+        stages[stage] = {"total": sum(t["items"] for t in tasks), "done": sum(t["done"] for t in tasks),
+                         "tasks": tasks}  # fmt: skip
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "dedup": run.bucketed, "merged": False}  # fmt: skip
 
@@ -185,6 +197,11 @@ class TaskStopped(LmshardError):
 
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")
+# Where each item's marker is: (folder in the work directory, name); "seal": a sealed piece.
+_MARKERS = {"tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "bucket_{:06d}.done"),
+            "select": ("select", "unit_{:06d}.json"), "write": ("write", "part_{:06d}.done"),
+            "seal": ("write", "piece_{:06d}.json")}  # fmt: skip
+JOINS = {"tokenize": count_join, "dedup": count_join, "select": select_join, "write": count_join}
 
 
 @dataclass
@@ -224,7 +241,8 @@ class Run:
             if (self.work / LAYOUT_FILE).exists():
                 self._layout = json.loads((self.work / LAYOUT_FILE).read_text())
             else:
-                self._layout = ensure_layout(self.work, self.plan["tasks"], self.config.tokens_per_shard,
+                rows = lambda: self.summary("select")["streams"]  # noqa: E731
+                self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
                                              self.specials, self.dedup, self.near_hashes)  # fmt: skip
         return self._layout
 
@@ -259,20 +277,49 @@ class Run:
             ensure_clusters(self.work, self.plan["buckets"], self.near_hashes, self.tokenizer, self.sources,
                             self.specials, self.n_units, self.dedup)  # fmt: skip
 
-    def missing(self, stage: str) -> list[int]:
-        """The items of `stage` (tokenize, dedup, select, write, seal) not done yet (for the write
-        stage, once the layout exists)."""
-        w = self.work
-        if stage == "tokenize":
-            return [u for u in range(self.n_units) if not (w / "tokenize" / f"unit_{u:06d}.done").exists()]
-        if stage == "dedup":
-            n = self.plan["buckets"] if self.bucketed else 0
-            return [b for b in range(n) if not (w / "dedup" / f"bucket_{b:06d}.done").exists()]
+    def missing(self, stage: str, items: Sequence[int] | None = None) -> list[int]:
+        """The items of `stage` (tokenize, dedup, select, write, seal, finish) not done yet, of `items`
+        (default: all; for the write stage, [-1] until the layout exists). One stat each."""
+        if stage == "write" and not (self.work / LAYOUT_FILE).exists():
+            return [-1]
+        if stage == "finish":  # its one item is done once the dataset is in place
+            return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
+        if items is None:
+            n = {"tokenize": self.n_units, "select": self.n_units,
+                 "dedup": self.plan["buckets"] if self.bucketed else 0}.get(stage)  # fmt: skip
+            if n is None:
+                n = len(self.layout()["parts" if stage == "write" else "pieces"])
+            items = range(n)
+        folder, name = _MARKERS[stage]
+        return [i for i in items if not (self.work / folder / name.format(i)).exists()]
+
+    def task_summary(self, stage: str, task: int) -> dict[str, Any]:
+        """What task `task` reports of its share of `stage` (barrier.py): the select stage's
+        stream totals and accounting of its units; elsewhere how many items it held."""
         if stage == "select":
-            return missing_selects(w, self.n_units)
-        if stage == "write":
-            return missing_parts(w, self.layout()) if (w / LAYOUT_FILE).exists() else [-1]
-        return missing_pieces(w, self.layout())  # "seal"
+            return select_summary(self.work, range(*self.plan["tasks"][task]))
+        return {"items": len(self.items(stage, task))}
+
+    def summary(self, stage: str, needed_by: str | None = None) -> dict[str, Any]:
+        """The stage's summary: read from its one file (barrier.py), or, when every item is
+        done but no task folded the markers (a run the local pool finished, a task killed after
+        its items), made from the items' markers and written. Refuses an incomplete stage,
+        naming it (`needed_by`: the stage that waits for it)."""
+        if is_complete(self.work, stage):
+            return read_summary(self.work, stage)
+        missing = self.missing(stage)
+        if missing:
+            what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[stage]
+            raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
+                             f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
+                             "for its tasks first")  # fmt: skip
+        made = select_summary(self.work, range(self.n_units)) if stage == "select" else {"items": -1}
+        write_summary(self.work, stage, made)
+        return made
+
+    def totals(self) -> Totals:
+        """The run's totals for the metadata, added up in plan order by the select stage."""
+        return Totals.parse(self.summary("select")["totals"])
 
     def do(self, stage: str, i: int) -> bool:
         """Item i of `stage` (a unit, a bucket, a part of a piece; "seal": a piece), skipped when
@@ -299,18 +346,13 @@ class Run:
             if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
                 remove_work(self.work)  # stopped after its swap: only the work folder was left
                 return True
-            finish(c, paths, self.work, self.layout(), self.n_units, self.sources, self.tokenizer)
+            finish(c, paths, self.work, self.layout(), self.totals(), self.sources, self.tokenizer)
         return True
 
     def ready(self, stage: str) -> None:
         """Refuse a stage whose inputs are incomplete, naming the stage to run first."""
         for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
-            missing = self.missing(prior)
-            if missing:
-                what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[prior]
-                raise InputError(f"the {stage} stage needs the {prior} stage complete; {len(missing)} {what} are not "
-                                 f"done (first: {missing[0]}); run `lmshard run-task --stage {prior}` for its "
-                                 "tasks first")  # fmt: skip
+            self.summary(prior, stage)  # one stat each, once its tasks have folded their markers
         paths = OutputPaths.of(self.config.out)
         swapped = stage == "finish" and (paths.out / METADATA_FILE).exists() and not paths.staging.exists()
         if stage in ("write", "finish") and read_run(paths.staging) is None and not swapped:
@@ -336,19 +378,20 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
         with sigterm_stops():
             for i in items:
                 done += run.do(stage, i)
-            if stage == "dedup" and not run.missing("dedup"):
-                run.clusters()  # the last dedup task to finish finds the near-duplicate clusters, once
-            if stage == "select" and not run.missing("select"):
-                run.layout()  # the last select task to finish lays out the shards, once, for the write tasks
             if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
                 for k in sorted({run.layout()["parts"][p][0] for p in items}):
                     run.do("seal", k)
+            mine = run.task_summary(stage, task) if stage != "finish" else {}
+            if stage != "finish" and task_done(run.work, stage, run.plan["n_tasks"], task, mine, JOINS[stage]):
+                if stage == "dedup":
+                    run.clusters()  # the task that completes the dedup stage finds the near-duplicate clusters, once
+                if stage == "select":
+                    run.layout()  # the task that completes the select stage lays out the shards, for the write tasks
     except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
         name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),
                                   "signal": name})  # fmt: skip
-        left = set(run.missing(stage))
-        finished = sum(i not in left for i in items)
+        finished = len(items) - len(run.missing(stage, items))
         raise TaskStopped(f"{stage} task {task} stopped by {name} with {finished} of {len(items)} done; they are "
                           "kept: run the same command again to finish it",
                           getattr(e, "signum", signal.SIGINT)) from None  # fmt: skip

@@ -1,0 +1,103 @@
+"""When a stage of a planned run is complete, known from one file: a tree of task markers that
+the tasks themselves fold into the stage's summary.
+
+Each task that has done every item of its share of a stage writes its marker,
+`WORK/done/STAGE/0_TTTTTT.json`, holding its summary (what the stages after need from it: for
+the select stage, its units' stream totals and their accounting, layout.py). Markers are
+grouped FAN_IN at a time in task order. A task that has written its marker looks at its
+group's other markers; if every one is there, it writes the group's marker one level up, the
+children's summaries joined in task order, and looks at that group in turn. The single marker
+at the top is the stage's summary, `WORK/done/STAGE.json`: its existence says the stage is
+complete, and the next stage's tasks read that one file instead of every item's marker.
+
+Two tasks that finish together each write their own marker before they look, so the later of
+the two writes sees both (a file created is seen by every later stat) and goes up; both may,
+and then they write the same bytes. A task killed between its marker and its group's leaves
+the group unwritten until that task is run again or `complete` finds the stage done from its
+items (a run finished by another path, such as the local pool, which writes the summary at
+once).
+
+Cost per task: at most FAN_IN stats and reads per level, and ceil(log_FAN_IN(tasks)) levels:
+3 levels of 64 for 64,000 tasks, whatever the number of units.
+
+Memory model: one group's summaries at a time (a select summary holds 5 integers per unit of
+the group, so the top one holds 5 per unit of the run: a few MB for 10^5 units).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...format import atomic_write_json
+
+FAN_IN = 64  # markers per group: a task reads at most this many per level
+Join = Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+
+def widths(n_tasks: int) -> list[int]:
+    """Markers per level, from the tasks' up to the single top one."""
+    levels = [max(1, n_tasks)]
+    while levels[-1] > 1:
+        levels.append(-(-levels[-1] // FAN_IN))
+    return levels
+
+
+def summary_path(work: Path, stage: str) -> Path:
+    return work / "done" / f"{stage}.json"
+
+
+def _marker(work: Path, stage: str, n_tasks: int, level: int, i: int) -> Path:
+    if level == len(widths(n_tasks)) - 1:
+        return summary_path(work, stage)
+    return work / "done" / stage / f"{level}_{i:06d}.json"
+
+
+def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str, Any], join: Join) -> bool:
+    """Record that task `task` did its share of `stage`, and fold complete groups upwards (see
+    the module docstring). True when this call wrote the stage's summary."""
+    sizes = widths(n_tasks)
+    path = _marker(work, stage, n_tasks, 0, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, summary)
+    level, i = 0, task
+    while level < len(sizes) - 1:
+        group = i // FAN_IN
+        children = [_marker(work, stage, n_tasks, level, c) for c in range(group * FAN_IN,
+                                                                           min(sizes[level], (group + 1) * FAN_IN))]
+        if not all(c.exists() for c in children):
+            return False  # a sibling still runs: the last of the group to finish goes up
+        joined = join([json.loads(c.read_text()) for c in children])
+        level, i = level + 1, group
+        up = _marker(work, stage, n_tasks, level, i)
+        up.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(up, joined)
+    return True
+
+
+def is_complete(work: Path, stage: str) -> bool:
+    return summary_path(work, stage).exists()
+
+
+def read_summary(work: Path, stage: str) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads(summary_path(work, stage).read_text())
+    return summary
+
+
+def task_finished(work: Path, stage: str, n_tasks: int, task: int) -> bool:
+    """Whether task `task` wrote its marker (or the whole stage is complete)."""
+    return is_complete(work, stage) or _marker(work, stage, n_tasks, 0, task).exists()
+
+
+def write_summary(work: Path, stage: str, summary: dict[str, Any]) -> None:
+    """The stage's summary, written by a caller that knows every item is done."""
+    path = summary_path(work, stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, summary)
+
+
+def count_join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary of stages whose tasks report only how many items they hold."""
+    return {"items": sum(int(p.get("items", 0)) for p in parts)}
