@@ -34,10 +34,11 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _conf(base: Path, ctld_port: int, d_port: int) -> str:
+def _conf(base: Path, ctld_port: int, d_port: int, limits: dict[str, int]) -> str:
     me = getpass.getuser()
     cpus = os.cpu_count() or 1
-    return f"""ClusterName=lmshard-test
+    extra = "".join(f"{key}={value}\n" for key, value in limits.items())
+    return f"""{extra}ClusterName=lmshard-test
 SlurmctldHost=localhost
 SlurmUser={me}
 SlurmdUser={me}
@@ -77,11 +78,12 @@ def _pid(path: Path, timeout: float = 10.0) -> int | None:
 
 
 @contextlib.contextmanager
-def slurm_cluster() -> Iterator[dict[str, str]]:
+def slurm_cluster(**limits: int) -> Iterator[dict[str, str]]:
     """Start munged, slurmctld and slurmd under a new directory of /tmp (munged wants every
     directory above its socket searchable by all, which pytest's tmp_path is not); yield the
     environment that points Slurm's commands at them; stop the three daemons by the pids they
-    wrote, and remove the directory."""
+    wrote, and remove the directory. `limits` are written into slurm.conf as they are named
+    there (MaxJobCount=8, MaxArraySize=5: a site's caps on the jobs it holds at once)."""
     base = Path(tempfile.mkdtemp(prefix="lmshard-slurm-"))
     for d in ("etc", "state", "spool", "log", "run", "munge"):
         (base / d).mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,7 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
     conf = base / "etc" / "slurm.conf"
-    conf.write_text(_conf(base, *_free_ports(2)))
+    conf.write_text(_conf(base, *_free_ports(2), limits))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     pid_files = [base / "munge" / "munged.pid", base / "run" / "slurmctld.pid", base / "run" / "slurmd.pid"]
     try:

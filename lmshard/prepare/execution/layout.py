@@ -3,13 +3,14 @@ shard and key file of the dataset begins and ends (the layout), before any of th
 
 **Select** (one per unit, in parallel). A unit's documents get their fate from the buckets'
 duplicates and the train/val split (a function of each document's key and --seed, as in a
-local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, -2 near-duplicate,
-0 train, 1 val),
-and `select/unit_N.json` (written last: the unit's marker) its documents and tokens per
-split and its kept documents (one row of 5 integers), and its totals for the metadata (records, drops and their first examples, per-source
-counts), made by the same accounting a local run does per work item. A select task joins its units' rows and totals into its summary,
-and the tasks' summaries are joined into the stage's (barrier.py, `select_join`): the units'
-rows in plan order and the run's totals, which the layout and the finish read as one file.
+local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, -2
+near-duplicate, 0 train, 1 val), and `select/unit_N.json` (written last: the unit's marker) its
+documents and tokens per split and its kept documents (one row of 5 integers), and its totals
+for the metadata (records, drops and their first examples, per-source counts), made by the same
+accounting a local run does per work item. A select task joins its units' rows and totals into
+its summary, and the tasks' summaries are joined into the stage's (barrier.py, `select_join`):
+the units' rows in plan order and the run's totals, which the layout and the finish read as one
+file.
 
 **Layout** (once, small). The output is three streams of whole documents in plan order: the
 train shards and the val shards (each closes before a document that would take it past

@@ -21,7 +21,8 @@ has done its share marks it, and the tasks fold their marks into one summary per
 stat each), never every item's marker; the task that completes the dedup stage finds the
 near-duplicate clusters, the one that completes the select stage lays out the shards, and the
 select summary carries the units' totals to the layout and the metadata. `status` reads the
-summaries, the finished tasks' marks, and item markers only of the tasks not finished. --dedup-lines, --append, --max-docs, stdin and Hugging Face inputs are refused.
+summaries, the finished tasks' marks, and item markers only of the tasks not finished.
+--dedup-lines, --append, --max-docs, stdin and Hugging Face inputs are refused.
 
 Memory model: a task holds the plan (about 320 bytes per unit) and what its stage's items hold
 (see each stage's module); the task that lays out the shards holds the select summary (5
