@@ -7,28 +7,25 @@ so a bucket's work stays bounded however many tasks share a run, and the answer 
 documents repeat an earlier one) never depends on how the work was dealt. A document's bucket
 is its key modulo the bucket count (keys are xxh3-64: their low bits are uniform).
 
-**Files.** A tokenized unit writes its keys already partitioned (`partition`): the `bkeys`
-section of its data file (unitfiles.py) holds B+1 little-endian uint64 offsets, then the keys
-grouped by bucket (uint64, in document order within a bucket), then each key's document number
-within the unit (uint32). Bucket b reads only its own slice of each unit's file: two small
-reads, never the whole file. Its result, `dedup/bucket_B.dups`, holds U+1 uint64 offsets (U
-units) and then, unit by unit, the numbers of that unit's documents in this bucket that are
-duplicates (uint32, increasing), so the select stage reads one unit's slice of each bucket the
-same way.
+**Files** (keyfiles.py). Each tokenize task writes its documents' keys already partitioned by
+bucket into one file; bucket b reads its slice of each task's file (a few positioned reads per
+task: the files a bucket opens are the plan's tasks, never its units) and writes its
+duplicates, grouped by task, as `dedup/bucket_B.dups`, so a select task reads its own slice of
+each bucket's file the same way.
 
-**Survivors.** Within a bucket the keys are taken in plan order (unit, then document), and the
-first occurrence of each key survives: the same documents a single process keeps when it meets
-them in order.
+**Survivors.** Within a bucket the keys are taken in plan order (task, unit, then document),
+and the first occurrence of each key survives: the same documents a single process keeps when
+it meets them in order.
 
-Memory model: a bucket holds its own keys, 12 bytes per document of the bucket plus the sort
-(np.unique), about 1/B of the run's documents; a unit's partitioning holds its keys twice.
+Memory model: a bucket holds its own keys, 16 bytes per document of the bucket plus the sort
+(np.unique), about 1/B of the run's documents; a select task holds its documents' duplicates
+(8 bytes each).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -36,96 +33,57 @@ from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...quality.near import group_edges, unique_edges
 from ..stops import stop_point
+from .keyfiles import bucket_keys, pread_all, read_group, write_partitioned
 from .unitfiles import SECTIONS
 
-_U64, _U32 = np.dtype("<u8"), np.dtype("<u4")
+_U64 = np.dtype("<u8")
 
 
-def _slice(path: Path, count: int, b: int, tail_dtype: np.dtype[Any] | None = None,
-           in_unit: str | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Entry b's slice of a file laid out as `count`+1 uint64 offsets, then the entries' values
-    (uint64 keys, or uint32 document numbers), then (tail_dtype) as many values again. `in_unit`:
-    the layout is that section (`bkeys`, `nkeys`) of a unit's data file (its header says where).
-    A few positioned reads of one open file."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        base = 0
-        if in_unit:
-            base = int(np.frombuffer(os.pread(fd, 8, 8 + 8 * SECTIONS.index(in_unit)), dtype=_U64)[0])
-        lo, hi = np.frombuffer(os.pread(fd, 16, base + b * 8), dtype=_U64).astype(np.int64)
-        total = int(np.frombuffer(os.pread(fd, 8, base + count * 8), dtype=_U64)[0])
-        head = base + (count + 1) * 8
-        first_dtype = _U64 if tail_dtype is not None else _U32
-        first = np.frombuffer(_pread(fd, (hi - lo) * first_dtype.itemsize, head + lo * first_dtype.itemsize),
-                              dtype=first_dtype)  # fmt: skip
-        if tail_dtype is None:
-            return (first,)
-        at = head + total * first_dtype.itemsize + lo * tail_dtype.itemsize
-        return first, np.frombuffer(_pread(fd, (hi - lo) * tail_dtype.itemsize, at), dtype=tail_dtype)
-    finally:
-        os.close(fd)
-
-
-def _pread(fd: int, n: int, at: int) -> bytes:
-    data = os.pread(fd, n, at)
-    while len(data) < n:  # (a regular file gives all at once; a short read goes on where it stopped)
-        more = os.pread(fd, n - len(data), at + len(data))
-        if not more:
-            raise OSError(f"unexpected end of a dedup file ({n - len(data)} bytes short)")
-        data += more
-    return data
-
-
-def resolve(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int, exact: bool = True,
+def resolve(work: Path, tasks: list[list[int]], n_buckets: int, bucket: int, exact: bool = True,
             minhash: MinHashConfig | None = None) -> int:  # fmt: skip
-    """Find bucket `bucket`'s duplicates over every unit's `bkeys` and write them with their
-    marker (`out/bucket_B.dups`, `.done`); returns how many (skipped when already done: -1).
-    `minhash` (--near-dedup): also its near-duplicate edges (`near_edges`)."""
+    """Find bucket `bucket`'s duplicates over every task's key file (`tasks`: the plan's unit
+    ranges) and write them with their marker (`dedup/bucket_B.dups`, `.done`); returns how many
+    (skipped when already done: -1). `minhash` (--near-dedup): also its near-duplicate edges."""
+    out = work / "dedup"
     marker = out / f"bucket_{bucket:06d}.done"
     if marker.exists():
         return -1
-    edges = near_edges(tokenized, out, n_units, n_buckets, bucket, minhash) if minhash is not None else 0
-    keys, units, docs = [], [], []
-    for u in range(n_units if exact else 0):
-        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, in_unit="bkeys")
+    writers = [t for t, (first, end) in enumerate(tasks) if end > first]
+    edges = near_edges(work, writers, bucket, minhash) if minhash is not None else 0
+    keys, ids, owners = [], [], []
+    for t in writers if exact else []:
+        k, i = bucket_keys(work, t, bucket, "exact")
         keys.append(k)
-        docs.append(d)
-        units.append(np.full(len(k), u, dtype=np.int64))
+        ids.append(i)
+        owners.append(np.full(len(k), t, dtype=np.int64))
     k = np.concatenate(keys) if keys else np.zeros(0, _U64)
     _, first = np.unique(k, return_index=True)  # np.unique's index is each key's first occurrence
     dup = np.ones(len(k), dtype=bool)
     dup[first] = False
-    dup_units = np.concatenate(units)[dup] if units else np.zeros(0, np.int64)
-    dup_docs = np.concatenate(docs)[dup] if docs else np.zeros(0, _U32)
-    offsets = np.zeros(n_units + 1, dtype=_U64)
-    np.cumsum(np.bincount(dup_units, minlength=n_units), out=offsets[1:])
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".bucket_{bucket:06d}.dups.tmp"
-    with open(tmp, "wb") as f:
-        f.write(offsets.tobytes() + dup_docs.astype(_U32).tobytes())  # already by unit, then document
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out / f"bucket_{bucket:06d}.dups")
+    write_partitioned(out / f"bucket_{bucket:06d}.dups", np.concatenate(owners)[dup] if owners else k[:0],
+                      np.concatenate(ids)[dup] if ids else k[:0], len(tasks))  # fmt: skip
     atomic_write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
     stop_point("bucket", bucket)
     return int(dup.sum())
 
 
-def near_edges(tokenized: Path, out: Path, n_units: int, n_buckets: int, bucket: int,
-               minhash: MinHashConfig) -> int:  # fmt: skip
-    """The bucket's near-duplicate edges over every unit's `nkeys` (quality/near.py's groups;
-    documents numbered unit << 32 | document, which is plan order), written as
-    `out/bucket_B.near`: (member, representative) uint64 pairs. Returns how many."""
+def near_edges(work: Path, writers: list[int], bucket: int, minhash: MinHashConfig) -> int:
+    """The bucket's near-duplicate edges over the `near` sections of the tasks' key files
+    (quality/near.py's groups; documents numbered unit << 32 | document, which is plan order),
+    written as `dedup/bucket_B.near`: (member, representative) uint64 pairs. Returns how many."""
     keys, ids = [], []
-    for u in range(n_units):
-        k, d = _slice(tokenized / f"unit_{u:06d}.bin", n_buckets, bucket, _U32, in_unit="nkeys")
+    for t in writers:
+        k, i = bucket_keys(work, t, bucket, "near")
         keys.append(k)
-        ids.append((np.uint64(u) << np.uint64(32)) | d.astype(np.uint64))
+        ids.append(i)
+    tokenized = work / "tokenize"
     member, rep = group_edges(np.concatenate(keys) if keys else np.zeros(0, _U64),
                               np.concatenate(ids) if ids else np.zeros(0, _U64),
                               lambda want: unit_signatures(tokenized, want, minhash.n_hashes), minhash)  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / f"bucket_{bucket:06d}.near", np.stack([member, rep], axis=1).astype(_U64).tobytes())
+    (work / "dedup").mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(work / "dedup" / f"bucket_{bucket:06d}.near",
+                       np.stack([member, rep], axis=1).astype(_U64).tobytes())  # fmt: skip
     return len(member)
 
 
@@ -141,7 +99,7 @@ def unit_signatures(tokenized: Path, ids: np.ndarray, n_hashes: int) -> np.ndarr
         try:
             for row in np.flatnonzero(units == u).tolist():
                 d = int(ids[row] & np.uint64(0xFFFFFFFF))
-                out[row] = np.frombuffer(_pread(fd, width, at + d * width), dtype="<u4")
+                out[row] = np.frombuffer(pread_all(fd, width, at + d * width), dtype="<u4")
         finally:
             os.close(fd)
     return out
@@ -160,13 +118,17 @@ def read_edges(dedup: Path, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
     return unique_edges(both[:, 0], both[:, 1])
 
 
-def unit_duplicates(dedup: Path, n_units: int, n_buckets: int, u: int, n_docs: int) -> np.ndarray:
-    """A bool per document of unit `u`: True where some bucket found it repeats an earlier one."""
-    dup = np.zeros(n_docs, dtype=bool)
-    for b in range(n_buckets):
-        (docs,) = _slice(dedup / f"bucket_{b:06d}.dups", n_units, u)
-        dup[docs.astype(np.int64)] = True
-    return dup
+def task_duplicates(dedup: Path, n_tasks: int, n_buckets: int, task: int) -> np.ndarray:
+    """The ids (unit << 32 | document, sorted) of task `task`'s documents that some bucket found
+    repeat an earlier one: its slice of each bucket's duplicates."""
+    found = [read_group(dedup / f"bucket_{b:06d}.dups", n_tasks, task) for b in range(n_buckets)]
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, _U64)
+
+
+def unit_part(ids: np.ndarray, u: int) -> np.ndarray:
+    """The document numbers of unit u among sorted ids (unit << 32 | document)."""
+    lo, hi = np.searchsorted(ids, [np.uint64(u) << np.uint64(32), np.uint64(u + 1) << np.uint64(32)])
+    return (ids[lo:hi] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def buckets_of(n_buckets: int, n_tasks: int, task: int) -> range:

@@ -44,7 +44,6 @@ from ..documents.dedup import uniform_from_keys
 from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
 from ..stops import stop_point
-from .buckets import unit_duplicates
 from .nearstage import unit_near
 from .unitfiles import read_section, unit_marker
 
@@ -57,17 +56,21 @@ def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
     return {name: read_section(tokenized, u, name) for name in ("lengths", "keys", "sources")}
 
 
-def select_unit(work: Path, plan: dict[str, Any], u: int, dedup: bool, seed: int, val_fraction: float,
+def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | None, seed: int, val_fraction: float,
                 specials: int, near_dedup: bool = False) -> bool:  # fmt: skip
-    """The select stage for unit u (see the module docstring); False when already done."""
+    """The select stage for unit u (see the module docstring); False when already done.
+    `duplicates(u)`: the numbers of unit u's documents that repeat an earlier one (None: no
+    exact deduplication)."""
     out = work / "select"
     marker = out / f"unit_{u:06d}.json"
     if marker.exists():
         return False
     tokenized = work / "tokenize"
     arrays = unit_arrays(tokenized, u)
-    n_units, n_docs = len(plan["units"]), len(arrays["keys"])
-    dup = unit_duplicates(work / "dedup", n_units, plan["buckets"], u, n_docs) if dedup else np.zeros(n_docs, bool)
+    n_docs = len(arrays["keys"])
+    dup = np.zeros(n_docs, bool)
+    if duplicates is not None:
+        dup[duplicates(u)] = True
     near = (unit_near(work, u, n_docs) >= 0) & ~dup if near_dedup else np.zeros(n_docs, bool)
     is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
     split = np.where(dup, -1, np.where(near, -2, is_val.astype(np.int8))).astype(np.int8)

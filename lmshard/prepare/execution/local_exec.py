@@ -4,7 +4,7 @@ input is large enough to repay it (`use_stages`): the same stages, the same file
 bytes as on a cluster.
 
 This process claims `--out` (owners.begin) and holds the writer lock for the whole run; then it
-only schedules. Each stage's items (the units to tokenize, the dedup buckets, the units to
+only schedules. Each stage's items (the units to tokenize, each task's keys to gather, the dedup buckets, the units to
 select, the parts of shards and key files to write, then the shards and key files to seal) go
 to `--workers` processes, in plan order, and the next stage starts once every item of this one
 is done. The layout (a walk over the units'
@@ -122,7 +122,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     progress = _Progress(r, on_progress)
     if workers <= 1:
-        for stage in (*STAGES[:-1], "seal"):
+        for stage in _ORDER:
             for i in _todo(r, stage):
                 r.do(stage, i)
                 progress.done(stage, i)
@@ -132,7 +132,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
-        for stage in (*STAGES[:-1], "seal"):  # then each piece sealed
+        for stage in _ORDER:
             items = list(_todo(r, stage))
             # Units one at a time (long, and the progress follows them); the small items of the later stages
             # in a few batches per worker, so that this process schedules a few dozen calls, not thousands.
@@ -147,6 +147,11 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
     finally:
         _here.clear()
     pool.shutdown(wait=True)
+
+
+# The stages' items in order; after the units are tokenized each task's keys are gathered (keyfiles.py), after
+# the parts are written each piece is sealed.
+_ORDER = ("tokenize", "keys", *STAGES[1:-1], "seal")
 
 
 def _todo(r: Run, stage: str) -> Iterable[int]:

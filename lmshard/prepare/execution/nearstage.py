@@ -24,7 +24,7 @@ from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.near import components
 from ...tokenizers import Tokenizer
 from ..documents.sources import Source
-from .buckets import read_edges, unit_duplicates, unit_signatures
+from .buckets import read_edges, unit_signatures
 from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
 
@@ -33,17 +33,15 @@ SUMMARY = "near.json"
 
 
 def ensure_clusters(work: Path, n_buckets: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
-                    specials: int, n_units: int, exact: bool) -> None:  # fmt: skip
-    """Find the clusters unless `dedup/near.removed` exists (see the module docstring)."""
+                    specials: int, duplicates: Callable[[int], np.ndarray] | None) -> None:  # fmt: skip
+    """Find the clusters unless `dedup/near.removed` exists (see the module docstring).
+    `duplicates(u)`: unit u's exact duplicates (document numbers; None: no exact dedup)."""
     dedup = work / "dedup"
     if (dedup / REMOVED).exists():
         return
     removed, survivor = components(*read_edges(dedup, n_buckets))
     tokenized = work / "tokenize"
-    dups = None
-    if exact:
-        dups = lambda u: unit_duplicates(dedup, n_units, n_buckets, u, len(read_section(tokenized, u, "keys")))  # noqa: E731
-    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, dups)
+    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates)
     atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})
     # (every task that finds them writes the same bytes: a later one's rename changes nothing)
     atomic_write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
@@ -73,7 +71,8 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
               exact: Callable[[int], np.ndarray] | None) -> list[dict[str, Any]]:  # fmt: skip
     """The examples a one-process run gives (nearpass.py): of the first CANDIDATES removed
     documents whose key differs from their survivor's, the first NEAR_EXAMPLES that are not
-    exact copies (`exact(u)`: unit u's exact duplicates), with their survivors, as short texts."""
+    exact copies (`exact(u)`: the numbers of unit u's exact duplicates), with their survivors, as
+    short texts."""
     keys: dict[int, np.ndarray] = {}
 
     def key(i: int) -> int:
@@ -87,12 +86,12 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
             break
         if key(r) != key(s):
             candidates.append((r, s))
-    dups: dict[int, np.ndarray] = {}
+    dups: dict[int, set[int]] = {}
     out: list[dict[str, Any]] = []
     for r, s in candidates:
         if exact is not None and r >> 32 not in dups:
-            dups[r >> 32] = exact(r >> 32)
-        if exact is not None and dups[r >> 32][r & 0xFFFFFFFF]:
+            dups[r >> 32] = set(exact(r >> 32).tolist())
+        if exact is not None and r & 0xFFFFFFFF in dups[r >> 32]:
             continue  # an exact copy of an earlier document: counted with the duplicates
         sigs = unit_signatures(tokenized, np.array(sorted({r, s}), dtype=np.uint64), n_hashes)
         agree = round(float((sigs[0] == sigs[-1]).mean()), 3)

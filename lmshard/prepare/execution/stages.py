@@ -31,6 +31,7 @@ integers per unit); status holds one entry per task and stage.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import signal
@@ -52,7 +53,8 @@ from ..output.build import Totals, sigterm_stops
 from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, is_complete, read_summary, task_done, task_finished, write_summary
-from .buckets import buckets_of, resolve
+from .buckets import buckets_of, resolve, task_duplicates, unit_part
+from .keyfiles import task_keys_path, write_task_keys
 from .layout import LAYOUT_FILE, ensure_layout, select_join, select_summary, select_unit
 from .nearstage import ensure_clusters
 from .owners import finish, remove_work, seal_piece, write_part
@@ -216,6 +218,7 @@ class Run:
     work: Path
     wcfg: WorkerConfig
     _layout: dict[str, Any] | None = None
+    _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
 
     @classmethod
     def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
@@ -276,13 +279,29 @@ class Run:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
         if self.config.near_dedup:
             ensure_clusters(self.work, self.plan["buckets"], self.near_hashes, self.tokenizer, self.sources,
-                            self.specials, self.n_units, self.dedup)  # fmt: skip
+                            self.specials, self.duplicates if self.dedup else None)  # fmt: skip
+
+    def task_of(self, u: int) -> int:
+        """The plan task that holds unit u."""
+        return int(bisect.bisect_right([first for first, _ in self.plan["tasks"]], u) - 1)
+
+    def duplicates(self, u: int) -> Any:
+        """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
+        every bucket's duplicates, read once per task (buckets.py)."""
+        task = self.task_of(u)
+        if self._dups is None or self._dups[0] != task:
+            found = task_duplicates(self.work / "dedup", self.plan["n_tasks"], self.plan["buckets"], task)
+            self._dups = (task, found)
+        return unit_part(self._dups[1], u)
 
     def missing(self, stage: str, items: Sequence[int] | None = None) -> list[int]:
         """The items of `stage` (tokenize, dedup, select, write, seal, finish) not done yet, of `items`
         (default: all; for the write stage, [-1] until the layout exists). One stat each."""
         if stage == "write" and not (self.work / LAYOUT_FILE).exists():
             return [-1]
+        if stage == "keys":  # the tasks that tokenized units and have not gathered their keys
+            tasks = range(self.plan["n_tasks"] if self.bucketed else 0) if items is None else items
+            return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()]
         if stage == "finish":  # its one item is done once the dataset is in place
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
@@ -293,6 +312,10 @@ class Run:
             items = range(n)
         folder, name = _MARKERS[stage]
         return [i for i in items if not (self.work / folder / name.format(i)).exists()]
+
+    def _has_units(self, task: int) -> bool:
+        first, end = self.plan["tasks"][task]
+        return bool(end > first)
 
     def task_summary(self, stage: str, task: int) -> dict[str, Any]:
         """What task `task` reports of its share of `stage` (barrier.py): the select stage's
@@ -309,8 +332,12 @@ class Run:
         if is_complete(self.work, stage):
             return read_summary(self.work, stage)
         missing = self.missing(stage)
+        if not missing and stage == "tokenize" and self.missing("keys"):
+            missing, stage = self.missing("keys"), "keys"
         if missing:
-            what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[stage]
+            what = {"tokenize": "units", "keys": "tasks' key files", "dedup": "buckets", "select": "units",
+                    "write": "parts of shards"}[stage]  # fmt: skip
+            stage = "tokenize" if stage == "keys" else stage
             raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
                              f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
                              "for its tasks first")  # fmt: skip
@@ -328,13 +355,17 @@ class Run:
         c = self.config
         if stage == "tokenize":
             return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
+        if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
+            first, end = self.plan["tasks"][i]
+            return self.bucketed and write_task_keys(self.work, range(first, end), i, self.plan["buckets"],
+                                                     self.wcfg.minhash)  # fmt: skip
         if stage == "dedup":
-            return resolve(self.work / "tokenize", self.work / "dedup", self.n_units, self.plan["buckets"], i,
-                           self.dedup, self.wcfg.minhash) >= 0  # fmt: skip
+            return resolve(self.work, self.plan["tasks"], self.plan["buckets"], i, self.dedup,
+                           self.wcfg.minhash) >= 0  # fmt: skip
         if stage == "select":
             self.clusters()
-            return select_unit(self.work, self.plan, i, self.dedup, c.seed, c.val_fraction, self.specials,
-                               c.near_dedup)  # fmt: skip
+            return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
+                               self.specials, c.near_dedup)  # fmt: skip
         if stage == "write":
             staging = OutputPaths.of(c.out).staging
             return write_part(self.work, staging, self.layout(), i, self.specials)
@@ -379,6 +410,8 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
         with sigterm_stops():
             for i in items:
                 done += run.do(stage, i)
+            if stage == "tokenize" and run._has_units(task):
+                run.do("keys", task)
             if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
                 for k in sorted({run.layout()["parts"][p][0] for p in items}):
                     run.do("seal", k)
@@ -388,6 +421,8 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
                     run.clusters()  # the task that completes the dedup stage finds the near-duplicate clusters, once
                 if stage == "select":
                     run.layout()  # the task that completes the select stage lays out the shards, for the write tasks
+            if stage == "select":  # every bucket has read this task's keys: the dedup stage is complete
+                task_keys_path(run.work, task).unlink(missing_ok=True)
     except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
         name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),

@@ -49,7 +49,7 @@ from ..documents.sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
 from ..output.staging import difference
 
 PLAN_FILE = "plan.json"
-PLAN_VERSION = 2
+PLAN_VERSION = 3  # 3: the dedup stage reads per-task key files (keyfiles.py)
 # A unit of a large line-based file: ~20 s of one core's tokenizing (LMSHARD_UNIT_BYTES: for benchmarks).
 UNIT_BYTES = int(os.environ.get("LMSHARD_UNIT_BYTES", 64 << 20))
 _WINDOW = 64 << 10

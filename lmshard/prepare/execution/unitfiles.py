@@ -1,22 +1,22 @@
 """The tokenize stage's results on disk: a unit's documents as arrays, written by the task that
 tokenizes it, read by the stages after.
 
-Two files per unit in `WORK/tokenize/`. `unit_NNNNNN.bin`: a header (the magic `LMSUNIT2` and
+Two files per unit in `WORK/tokenize/`. `unit_NNNNNN.bin`: a header (the magic `LMSUNIT3` and
 the byte offset of each section, then the end, as little-endian uint64), then the sections:
 `tokens` (uint32 of every document with its separators, EOT and BOS as the dataset holds them,
 back to back: a shard's writer copies runs of them as they are), `lengths` (int64, without the
-separators), `keys` (uint64), `sources` (int32) and `bkeys` (the keys partitioned by dedup
-bucket, buckets.py); with --near-dedup, `sigs` (each document's MinHash signature, n_hashes
-uint32) and `nkeys` (its band keys partitioned by bucket like `bkeys`). It is written under a
-temporary name, fsynced and renamed; then
+separators), `keys` (uint64), `sources` (int32); with --near-dedup, `sigs` (each document's
+MinHash signature, n_hashes uint32). The task that tokenized the units then gathers their keys,
+partitioned by dedup bucket, into one file of its own (keyfiles.py). The data file is written
+under a temporary name, fsynced and renamed; then
 `unit_NNNNNN.done` (JSON: per item its document and token counts, per-source counts, drop
 examples, characters and bytes; the unit's totals; for a byte range, where the next range's line
 numbers begin), so a unit is complete exactly when its marker exists, and a killed task is
 finished by running it again (done units are skipped). Two files and two fsyncs per unit.
 
 Memory model: one work item's result at a time (≈1 MiB of text and its tokens) and the unit's
-per-document arrays (20 bytes per document; with --near-dedup 4 × n_hashes more, and about
-1 KB per document while its band keys are partitioned) until they are written after its tokens.
+per-document arrays (20 bytes per document; with --near-dedup 4 × n_hashes more) until they are
+written after its tokens.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...format import atomic_write_json
-from ...quality.minhash import MinHashConfig, band_keys
+from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source
@@ -41,10 +41,9 @@ from ..output.writer import with_separators
 from ..stops import stop_point
 from .taskplan import Unit, count_newlines, load_plan, unit_items, work_dir
 
-SECTIONS = ("tokens", "lengths", "keys", "sources", "bkeys", "sigs", "nkeys")
-DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "bkeys": "u1", "sigs": "<u4",
-          "nkeys": "u1"}  # fmt: skip
-_MAGIC = b"LMSUNIT2"
+SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs")
+DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4"}
+_MAGIC = b"LMSUNIT3"
 _HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
@@ -63,8 +62,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         lines = {"next_line": unit.first_line + count_newlines(src, unit.start, unit.end)}
     items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
-    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), plan["buckets"], lines, separators,
-                wcfg.minhash)  # fmt: skip
+    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), lines, separators, wcfg.minhash)
     stop_point("unit", u)
     return True
 
@@ -90,7 +88,7 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
     return Unit(*plan["units"][u])
 
 
-def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int, lines: dict[str, int],
+def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[str, int],
                 separators: tuple[int, str, int | None], minhash: MinHashConfig | None = None) -> None:  # fmt: skip
     tmp = out / f".unit_{u:06d}.bin.tmp"
     table: list[dict[str, Any]] = []
@@ -114,16 +112,9 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int
             starts.append(f.tell())
             f.write(arrays[name].data.cast("B"))
         starts.append(f.tell())
-        f.write(partition(arrays["keys"], n_buckets))
-        starts.append(f.tell())
         if minhash is not None:
             sigs = arrays["sigs"].reshape(-1, minhash.n_hashes)
             f.write(np.ascontiguousarray(sigs, dtype="<u4").tobytes())
-            starts.append(f.tell())
-            docs = np.repeat(np.arange(len(sigs)), minhash.bands)
-            f.write(partition(band_keys(sigs, minhash).reshape(-1), n_buckets, docs))
-        else:
-            starts.append(f.tell())
         starts.append(f.tell())
         f.seek(0)
         f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
@@ -132,17 +123,6 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], n_buckets: int
     os.replace(tmp, out / f"unit_{u:06d}.bin")
     totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
     atomic_write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, "table": table})
-
-
-def partition(keys: np.ndarray, n_buckets: int, docs: np.ndarray | None = None) -> bytes:
-    """A unit's keys as its `bkeys` section: partitioned by dedup bucket (see buckets.py), each
-    with its document's number (`docs[i]` for key i; default: i)."""
-    bucket = (keys % np.uint64(n_buckets)).astype(np.int64)
-    order = np.argsort(bucket, kind="stable")  # by bucket, document order within one
-    offsets = np.zeros(n_buckets + 1, dtype="<u8")
-    np.cumsum(np.bincount(bucket, minlength=n_buckets), out=offsets[1:])
-    numbers = order if docs is None else docs[order]
-    return offsets.tobytes() + keys[order].astype("<u8").tobytes() + numbers.astype("<u4").tobytes()
 
 
 def sections(tokenized: Path, u: int) -> dict[str, tuple[int, int]]:

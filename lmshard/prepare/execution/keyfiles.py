@@ -1,0 +1,149 @@
+"""The dedup stage's inputs and outputs as one file per writer: each tokenize task's keys
+partitioned by dedup bucket, and each bucket's duplicates partitioned by task, so that a bucket
+reads one slice of one file per task and a select task one slice of one file per bucket, never
+one file per unit.
+
+**Task keys** (`WORK/keys/task_TTTTTT.bin`, written by tokenize task T once its units are
+done, from their data files): the magic `LMSKEYS1`, then three little-endian uint64: the
+number of buckets B, where the `near` section starts, and the file's end; then the `exact`
+section, then `near`. A section is B+1 uint64 offsets (entries before each bucket), the keys
+(uint64) grouped by bucket, then each key's document id (uint64: unit << 32 | document, which
+is plan order), in plan order within a bucket. `exact` holds one key per document (a hash of
+its text); `near` (--near-dedup) one per band of its MinHash signature, in the bucket of the
+key's value. Written under a temporary name, fsynced and renamed: the file is its own marker.
+
+**Bucket duplicates** (`dedup/bucket_BBBBBB.dups`, buckets.py): T+1 uint64 offsets, then the
+ids (uint64) of the bucket's duplicate documents grouped by the task that tokenized them, in
+plan order.
+
+A partition is found with two positioned reads of 16 bytes and 8 bytes, then one read per
+array: a few reads of one open file, whatever the plan's size.
+
+Memory model: writing a task's keys holds them with their ids (16 bytes per document; with
+--near-dedup 16 more per band of each document: 352 bytes at the default 22 bands) and their
+sort; reading holds one partition.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...quality.minhash import MinHashConfig, band_keys
+from .unitfiles import read_section
+
+_MAGIC = b"LMSKEYS1"
+_HEAD = len(_MAGIC) + 3 * 8
+_U64 = np.dtype("<u8")
+
+
+def task_keys_path(work: Path, task: int) -> Path:
+    return work / "keys" / f"task_{task:06d}.bin"
+
+
+def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash: MinHashConfig | None) -> bool:
+    """Write task `task`'s key file from its `units`' data files, unless it exists; True when it
+    ran."""
+    path = task_keys_path(work, task)
+    if path.exists():
+        return False
+    tokenized = work / "tokenize"
+    keys, ids, bkeys, bids = [], [], [], []
+    for u in units:
+        k = read_section(tokenized, u, "keys")
+        keys.append(k)
+        ids.append(_ids(u, np.arange(len(k))))
+        if minhash is not None:
+            sigs = read_section(tokenized, u, "sigs").reshape(-1, minhash.n_hashes)
+            bkeys.append(band_keys(sigs, minhash).reshape(-1))
+            bids.append(_ids(u, np.repeat(np.arange(len(sigs)), minhash.bands)))
+    exact = partition(_joined(keys), _joined(ids), n_buckets)
+    near = partition(_joined(bkeys), _joined(bids), n_buckets)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(_MAGIC + np.array([n_buckets, _HEAD + len(exact), _HEAD + len(exact) + len(near)], _U64).tobytes())
+        f.write(exact)
+        f.write(near)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return True
+
+
+def _ids(u: int, docs: np.ndarray) -> np.ndarray:
+    return (np.uint64(u) << np.uint64(32)) | docs.astype(np.uint64)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(_U64) if parts else np.zeros(0, _U64)
+
+
+def partition(keys: np.ndarray, ids: np.ndarray, n_buckets: int) -> bytes:
+    """Keys and their ids as a section: grouped by bucket (key modulo `n_buckets`), in their
+    given order within a bucket."""
+    bucket = (keys % np.uint64(n_buckets)).astype(np.int64)
+    order = np.argsort(bucket, kind="stable")
+    offsets = np.zeros(n_buckets + 1, dtype=_U64)
+    np.cumsum(np.bincount(bucket, minlength=n_buckets), out=offsets[1:])
+    return offsets.tobytes() + keys[order].astype(_U64).tobytes() + ids[order].astype(_U64).tobytes()
+
+
+def bucket_keys(work: Path, task: int, bucket: int, section: str) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket `bucket`'s (keys, ids) in task `task`'s key file, `section` exact or near."""
+    path = task_keys_path(work, task)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = pread_all(fd, _HEAD, 0)
+        if head[: len(_MAGIC)] != _MAGIC:
+            raise OSError(f"{path}: not a task key file")
+        n_buckets, near_at, _ = np.frombuffer(head[len(_MAGIC) :], dtype=_U64).astype(int).tolist()
+        keys, ids = read_partition(fd, _HEAD if section == "exact" else near_at, n_buckets, bucket, 2)
+        return keys, ids
+    finally:
+        os.close(fd)
+
+
+def read_partition(fd: int, base: int, count: int, i: int, arrays: int) -> list[np.ndarray]:
+    """Partition i of a section at `base` laid out as `count`+1 uint64 offsets, then `arrays`
+    uint64 arrays of as many entries each, grouped the same way."""
+    lo, hi = np.frombuffer(pread_all(fd, 16, base + 8 * i), dtype=_U64).astype(int).tolist()
+    total = int(np.frombuffer(pread_all(fd, 8, base + 8 * count), dtype=_U64)[0])
+    start = base + 8 * (count + 1)
+    return [np.frombuffer(pread_all(fd, 8 * (hi - lo), start + 8 * (a * total + lo)), dtype=_U64)
+            for a in range(arrays)]
+
+
+def write_partitioned(path: Path, groups: np.ndarray, values: np.ndarray, count: int) -> None:
+    """`values` (uint64, in order) with their group numbers (increasing, < `count`) as a file
+    of `count`+1 offsets then the values, durably (temporary name, fsync, rename)."""
+    offsets = np.zeros(count + 1, dtype=_U64)
+    np.cumsum(np.bincount(groups.astype(np.int64), minlength=count), out=offsets[1:])
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(offsets.tobytes() + values.astype(_U64).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_group(path: Path, count: int, i: int) -> np.ndarray:
+    """Group i's values of a file `write_partitioned` wrote."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return read_partition(fd, 0, count, i, 1)[0]
+    finally:
+        os.close(fd)
+
+
+def pread_all(fd: int, n: int, at: int) -> bytes:
+    data = os.pread(fd, n, at)
+    while len(data) < n:  # (a regular file gives all at once; a short read goes on where it stopped)
+        more = os.pread(fd, n - len(data), at + len(data))
+        if not more:
+            raise OSError(f"unexpected end of a dedup file ({n - len(data)} bytes short)")
+        data += more
+    return data
+
