@@ -20,8 +20,8 @@ once).
 Cost per task: at most FAN_IN stats and reads per level, and ceil(log_FAN_IN(tasks)) levels:
 3 levels of 64 for 64,000 tasks, whatever the number of units.
 
-Memory model: one group's summaries at a time (a select summary holds 5 integers per unit of
-the group, so the top one holds 5 per unit of the run: a few MB for 10^5 units).
+Memory model: one group's summaries at a time (a select summary holds 6 integers per unit of
+the group, so the top one holds 6 per unit of the run: a few MB for 10^5 units).
 """
 
 from __future__ import annotations

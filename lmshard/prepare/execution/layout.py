@@ -5,9 +5,9 @@ shard and key file of the dataset begins and ends (the layout), before any of th
 duplicates and the train/val split (a function of each document's key and --seed, as in a
 local run): `select/unit_N.split` holds one int8 per document (-1 duplicate, -2
 near-duplicate, 0 train, 1 val), and `select/unit_N.json` (written last: the unit's marker) its
-documents and tokens per split and its kept documents (one row of 5 integers), and its totals
-for the metadata (records, drops and their first examples, per-source counts), made by the same
-accounting a local run does per work item. A select task joins its units' rows and totals into
+documents and tokens per split, its kept documents and its newlines (one row of 6 integers),
+and its totals for the metadata (records, drops and their first examples, per-source counts),
+made by the same accounting a local run does per work item. A select task joins its units' rows and totals into
 its summary, and the tasks' summaries are joined into the stage's (barrier.py, `select_join`):
 the units' rows in plan order and the run's totals, which the layout and the finish read as one
 file.
@@ -75,7 +75,8 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
     split = np.where(dup, -1, np.where(near, -2, is_val.astype(np.int8))).astype(np.int8)
     totals, at = Totals(), 0
-    for row in unit_marker(tokenized, u)["table"]:
+    tokenized_marker = unit_marker(tokenized, u)
+    for row in tokenized_marker["table"]:
         d = row["docs"]
         item = ItemResult(seq=(0, 0), tokens=np.zeros(0, np.uint32), lengths=arrays["lengths"][at : at + d],
                           keys=arrays["keys"][at : at + d], doc_sources=arrays["sources"][at : at + d],
@@ -83,16 +84,16 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
                           chars=row["chars"], nbytes=row["nbytes"])  # fmt: skip
         account(totals, item, split[at : at + d] >= 0, dup[at : at + d], specials, near[at : at + d])
         at += d
-    row = []  # per split its documents and tokens as written, then the documents kept (one key each)
+    streams = []  # per split its documents and tokens as written, then the documents kept (one key each)
     for s in range(len(SPLITS)):
         mine = split == s
-        row += [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
-    row.append(int((split >= 0).sum()))
+        streams += [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
+    streams += [int((split >= 0).sum()), int(tokenized_marker.get("lines", 0))]  # and its newlines: linenumbers.py
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".unit_{u:06d}.split.tmp"
     split.tofile(tmp)
     os.replace(tmp, out / f"unit_{u:06d}.split")
-    atomic_write_json(marker, {"streams": [row], "totals": totals.to_json()})
+    atomic_write_json(marker, {"streams": [streams], "totals": totals.to_json()})
     stop_point("select", u)
     return True
 
@@ -129,7 +130,7 @@ def _stream(row: list[int], stream: str) -> tuple[int, int]:
     if stream in SPLITS:
         s = SPLITS.index(stream)
         return row[2 * s], row[2 * s + 1]
-    return row[-1], row[-1]
+    return row[4], row[4]
 
 
 def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray:

@@ -25,7 +25,7 @@ summaries, the finished tasks' marks, and item markers only of the tasks not fin
 --dedup-lines, --append, --max-docs, stdin and Hugging Face inputs are refused.
 
 Memory model: a task holds the plan (about 320 bytes per unit) and what its stage's items hold
-(see each stage's module); the task that lays out the shards holds the select summary (5
+(see each stage's module); the task that lays out the shards holds the select summary (6
 integers per unit); status holds one entry per task and stage.
 """
 
@@ -56,6 +56,7 @@ from .barrier import count_join, is_complete, read_summary, task_done, task_fini
 from .buckets import buckets_of, resolve, task_duplicates, unit_part
 from .keyfiles import task_keys_path, write_task_keys
 from .layout import LAYOUT_FILE, ensure_layout, select_join, select_summary, select_unit
+from .linenumbers import absolute
 from .nearstage import ensure_clusters
 from .owners import finish, remove_work, seal_piece, write_part
 from .taskplan import (
@@ -347,7 +348,10 @@ class Run:
 
     def totals(self) -> Totals:
         """The run's totals for the metadata, added up in plan order by the select stage."""
-        return Totals.parse(self.summary("select")["totals"])
+        summary = self.summary("select")
+        totals = Totals.parse(summary["totals"])
+        totals.examples = absolute(totals.examples, self.plan, self.sources, [row[5] for row in summary["streams"]])
+        return totals
 
     def do(self, stage: str, i: int) -> bool:
         """Item i of `stage` (a unit, a bucket, a part of a piece; "seal": a piece), skipped when

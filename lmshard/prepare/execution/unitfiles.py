@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
 from ...format import atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
@@ -39,6 +40,7 @@ from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
+from .linenumbers import known_first_line, tag
 from .taskplan import Unit, count_newlines, load_plan, unit_items, work_dir
 
 SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs")
@@ -55,14 +57,30 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         return False
     out.mkdir(parents=True, exist_ok=True)
     unit = load_unit(plan, u)
-    lines: dict[str, int] = {}
-    if unit.kind == "range":  # its line numbers (for messages), and where the next unit's begin
-        src = sources[unit.source]
-        unit = replace(unit, first_line=first_line(out, plan, src, u))
-        lines = {"next_line": unit.first_line + count_newlines(src, unit.start, unit.end)}
-    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
+    base = known_first_line(out, plan, u) if unit.kind == "range" else 1
+    unit = replace(unit, first_line=base or 1)  # not known yet: numbered from the unit's start (linenumbers.py)
+    lines: dict[str, int] = {"lines": 0}  # newlines of a range, counted in the blocks it reads
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
-    _write_unit(out, u, (run_item(item, wcfg, tokenizer) for item in items), lines, separators, wcfg.minhash)
+
+    def results() -> Iterator[ItemResult]:
+        for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
+                               config.max_chars):  # fmt: skip
+            if item.kind == "lines" and unit.kind == "range":
+                lines["lines"] += item.payload.count(b"\n")
+            r = run_item(item, wcfg, tokenizer)
+            yield r if base is not None else replace(r, examples=tag(r.examples, u))
+        if unit.kind == "range" and base is not None:  # where the next range's lines begin
+            lines["next_line"] = base + lines["lines"]
+
+    try:
+        _write_unit(out, u, results(), lines, separators, wcfg.minhash)
+    except InputError:
+        if base is None:  # stopping: named at its absolute line, as a one-process run names it
+            unit = replace(unit, first_line=first_line(out, plan, sources[unit.source], u))
+            for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
+                                   config.max_chars):  # fmt: skip
+                run_item(item, wcfg, tokenizer)
+        raise
     stop_point("unit", u)
     return True
 
@@ -70,7 +88,8 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
 def first_line(tokenized: Path, plan: dict[str, Any], src: Source, u: int) -> int:
     """The number of range unit u's first line in its file: counted on from the nearest earlier
     range of the same file already tokenized (its marker records where the next one begins),
-    else from the file's start. A task counts at most the bytes before its unit in one file."""
+    else from the file's start. Only for a unit that stops the run (linenumbers.py): a run that
+    goes on never reads outside its units."""
     units = plan["units"]
     start = units[u][2]
     for v in range(u - 1, -1, -1):

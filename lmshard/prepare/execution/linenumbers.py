@@ -1,0 +1,84 @@
+"""Line numbers in a planned run without reading outside a task's units.
+
+A byte range of a large file (a unit, taskplan.py) starts at a line whose number depends on
+every newline before it. Tasks start together, so the ranges before a task's own are usually not
+tokenized yet; counting those newlines would make the last task of a file cut in m read about
+all of it (m/2 times the input over the run). Instead a range is numbered from what is known:
+
+- the file's first range starts at line 1; a range whose previous range is already tokenized
+  starts where that one's marker says the next begins (one small read);
+- any other range is numbered **relative** to its own start while it is tokenized. Its marker
+  records the newlines it holds (counted in the blocks it reads anyway), and each drop example
+  it gives carries a tag naming the unit. The select stage's summary carries every unit's
+  newline count to the finish, which turns the examples that reach the metadata (one per drop
+  reason) into the absolute `file:line` a one-process run writes.
+- an error that stops the run is named at its absolute line: the failing range counts the
+  newlines before it then (reading outside its units only on the way to a failure), and is
+  read again with that first line, so the message is the one a one-process run gives.
+
+Memory model: nothing beyond the per-unit newline counts of the select summary (one integer per
+unit).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..documents.sources import Source
+
+_TAG = "\x00"  # starts an example numbered relative to its unit's start: TAG unit TAG message
+
+
+def known_first_line(tokenized: Path, plan: dict[str, Any], u: int) -> int | None:
+    """The number of range unit u's first line when it is known without reading the file: 1
+    for the file's first range, else from the previous range's marker when that range is done;
+    None when it is not known yet."""
+    units = plan["units"]
+    if units[u][2] == 0:
+        return 1
+    v = u - 1
+    if v < 0 or units[v][0] != units[u][0] or units[v][1] != "range":
+        return None
+    try:
+        return int(json.loads((tokenized / f"unit_{v:06d}.done").read_text())["next_line"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def tag(examples: dict[str, str], u: int) -> dict[str, str]:
+    """Unit u's examples, marked as numbered from its start."""
+    return {reason: f"{_TAG}{u}{_TAG}{text}" for reason, text in examples.items()}
+
+
+def absolute(examples: dict[str, str], plan: dict[str, Any], sources: list[Source],
+             newlines: list[int]) -> dict[str, str]:  # fmt: skip
+    """The examples with every tagged line number made absolute: a range unit's first line is 1
+    plus the newlines of the ranges of its file before it (`newlines`: per unit, as the select
+    summary holds them)."""
+    out = {}
+    for reason, text in examples.items():
+        if text.startswith(_TAG):
+            unit, _, text = text[1:].partition(_TAG)
+            text = _renumbered(text, sources[plan["units"][int(unit)][0]].path, _first_line(plan, int(unit), newlines))
+        out[reason] = text
+    return out
+
+
+def _first_line(plan: dict[str, Any], u: int, newlines: list[int]) -> int:
+    units, line = plan["units"], 1
+    v = u - 1
+    while v >= 0 and units[v][0] == units[u][0]:
+        line += newlines[v]
+        v -= 1
+    return line
+
+
+def _renumbered(text: str, path: str, first: int) -> str:
+    """`path:N: ...` (N counted from 1 at the unit's start) with N made absolute."""
+    head = f"{path}:"
+    number, colon, rest = text[len(head) :].partition(":")
+    if not text.startswith(head) or not colon or not number.isdigit():
+        return text  # (no line number in it)
+    return f"{head}{first + int(number) - 1}:{rest}"
