@@ -205,6 +205,13 @@ def prepare(
     sbatch_args: str | None = _opt(
         EXECUTION, "ARGS", "--executor slurm: added to every sbatch (partition, time...).", "--sbatch-args"
     ),  # fmt: skip
+    max_jobs: int | None = _opt(
+        EXECUTION,
+        "N",
+        "--executor slurm: the most jobs queued at once (every array task counts; at least 5). "
+        "Default: half the cluster's MaxJobCount.",
+        "--max-jobs",
+    ),
     ray_address: str | None = _opt(
         EXECUTION,
         "ADDR",

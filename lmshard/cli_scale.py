@@ -60,10 +60,13 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     if executor == "slurm":
         from .prepare.execution import slurm
 
-        jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args)
-        arrays = ", ".join(f"{stage} (job {', '.join(jobs[stage])})" for stage in slurm.ARRAY_STAGES)
-        show.print(f"submitted {n_tasks} tasks of each stage: {arrays}, and the finish (job {jobs['finish']}); "
-                   f"follow with: lmshard status {out}", markup=False, soft_wrap=True)  # fmt: skip
+        jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args, cfg.max_jobs)
+        arrays = ", ".join(f"{stage} (job {jobs[stage]})" for stage in slurm.ARRAY_STAGES)
+        k = jobs["array_tasks"]
+        each = f" in arrays of {k} (array task i runs tasks i, i + {k}, ... in turn)" if k < n_tasks else ""
+        show.print(f"submitted {n_tasks} tasks of each stage{each}: {arrays}, and the finish (job {jobs['finish']}): "
+                   f"{len(slurm.ARRAY_STAGES) * k + 1} jobs in all; follow with: lmshard status {out}", markup=False,
+                   soft_wrap=True)  # fmt: skip
         again = "; ".join(jobs["resubmit"])
         show.print(f"if tokenize task I fails (the later stages are then cancelled), `lmshard status {out}` "
                    f"prints what re-runs the missing tasks; for task I it is: {again}", markup=False,
@@ -162,13 +165,13 @@ def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[i
     from .prepare.execution import slurm
     from .prepare.execution.taskplan import work_dir
 
-    folder = work_dir(out) / "slurm"
-    if not (folder / "finish.sbatch").exists():
+    found = slurm.submitted(work_dir(out) / "slurm")
+    if found is None:
         return
-    scripts = {stage: folder / f"{stage}.sbatch" for stage in (*slurm.ARRAY_STAGES, "finish")}
+    scripts, k = found
     stage, tasks = first_left or ("finish", [])
     n_tasks = len(next(iter(info["stages"].values()))["tasks"])
-    lines = slurm.resubmit_commands(scripts, n_tasks, slurm.max_array_size(), stage, tasks)
+    lines = slurm.resubmit_commands(scripts, n_tasks, k, stage, tasks)
     live = slurm.live_jobs(str(out))
     if live:
         render.out.print(f"on Slurm: {len(live)} jobs of this run are still queued or running ({', '.join(live[:8])}"

@@ -1,6 +1,7 @@
 """Scale-out on a real Slurm cluster started here (tests/engines.py): `prepare --executor
 slurm` submits job arrays whose output is byte-identical to a one-machine prepare, exact and
-near-duplicates (`--near-dedup`, planted near-copies across files) removed alike. Run by
+near-duplicates (`--near-dedup`, planted near-copies across files) removed alike, also on a
+cluster that holds fewer jobs than the run has tasks (MaxJobCount). Run by
 `make test-engines` (which installs Slurm's Debian packages when it can); skipped where Slurm's
 binaries are missing."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +75,47 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
         assert "done: the dataset is complete" in run("status", "dist").stdout
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     assert _near_removed(tmp_path / "dist") > 20
+
+
+@pytest.mark.parametrize(("job_count", "max_jobs", "k"), [(8, [], 1), (10, ["--max-jobs", "9"], 2)])
+def test_slurm_run_of_more_tasks_than_the_cluster_holds_jobs_gives_the_one_machine_bytes(tmp_path, job_count,
+                                                                                         max_jobs, k):  # fmt: skip
+    """12 tasks, which as one array task each would be 49 jobs, on a cluster of MaxJobCount=8
+    (slurmctld then holds 7 jobs: K = 1, read from `scontrol show config`, 5 jobs) or of 10 with
+    --max-jobs 9 (K = 2, 9 jobs): each stage is one array of K array tasks, array task i running
+    plan tasks i, i + K, ... in turn, and the dataset is the one-machine bytes."""
+    src = _corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster(MaxJobCount=job_count) as env:
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+        assert run("prepare", *common, "--out", "local").returncode == 0
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "12", "--executor", "slurm", *max_jobs)
+        assert submitted.returncode == 0, submitted.stderr
+        text = " ".join(submitted.stdout.split())
+        assert f"12 tasks of each stage in arrays of {k} (array task i runs tasks i, i + {k}, ... in turn)" in text
+        assert f"{4 * k + 1} jobs in all" in text, text
+        jobs = dict(re.findall(r"(tokenize|dedup|select|write|finish) \(job (\d+)\)", text))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                              env=env).stdout.strip():  # fmt: skip
+            time.sleep(0.5)
+        logs = {p.name: p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log")}
+        assert (tmp_path / "dist" / "dataset_metadata.json").exists(), "".join(logs.values())[-3000:]
+        known = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True, env=env).stdout
+        assert len(known.splitlines()) == 4 * k + 1, known  # every job of the run, ended (MinJobAge keeps them)
+        assert set(re.findall(r"JobState=(\S+)", known)) == {"COMPLETED"}, known
+        stages = ("tokenize", "dedup", "select", "write")
+        for stage in stages:
+            for i in range(k):
+                log = logs[f"{stage}_{jobs[stage]}_{i}.log"]
+                assert [int(t) for t in re.findall(rf"{stage} task (\d+): ", log)] == list(range(i, 12, k)), log
+        assert len(logs) == 4 * k + 1, sorted(logs)
+        assert "done: the dataset is complete" in run("status", "dist").stdout
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
 def test_ray_tasks_give_the_one_machine_bytes(tmp_path):

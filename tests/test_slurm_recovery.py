@@ -126,9 +126,8 @@ def _submit(root: Path, env: dict[str, str], out: str, stop_at: str) -> dict[str
     jobs = dict(re.findall(r"(tokenize|dedup|select|write|finish) \(job (\d+)\)", done.stdout))
     text, slurm_dir, after = " ".join(done.stdout.split()), f".{out}.lmshard-work/slurm", "--kill-on-invalid-dep=yes"
     assert (f"`lmshard status {out}` prints what re-runs the missing tasks; for task I it is: j1=$(sbatch --parsable "
-            f"--array=I --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/tokenize.sbatch); j2=$(sbatch --parsable "
-            f"--dependency=afterok:$j1 {after} --array=0-2 --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/dedup"
-            f".sbatch);") in text, text  # fmt: skip
+            f"--array=I {slurm_dir}/tokenize.sbatch I); j2=$(sbatch --parsable --dependency=afterok:$j1 {after} "
+            f"--array=0-2 {slurm_dir}/dedup.sbatch);") in text, text  # fmt: skip
     assert text.endswith(f"; sbatch --dependency=afterok:$j4 {after} {slurm_dir}/finish.sbatch"), text
     for stage, job in jobs.items():
         assert {r["JobName"] for r in _records(env, job)} == {f"lmshard-{stage}-{_run_id(root, out)}"}, stage
@@ -239,11 +238,9 @@ def test_failed_tokenize_task_is_rerun_alone_by_the_status_lines(slurm):
     assert "put it back and run this task again (a whole run: the same prepare with --resume)" in log, log
     assert "running" not in text, text
     slurm_dir, after = ".dist_failed.lmshard-work/slurm", "--kill-on-invalid-dep=yes"
-    assert lines == ["j1=$(sbatch --parsable --array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 "
-                     f"{slurm_dir}/tokenize.sbatch)",
+    assert lines == [f"j1=$(sbatch --parsable --array=1 {slurm_dir}/tokenize.sbatch 1)",
                      *(f"j{k}=$(sbatch --parsable --dependency=afterok:$j{k - 1} {after} --array=0-2 "
-                       f"--export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/{s}.sbatch)"
-                       for k, s in ((2, "dedup"), (3, "select"), (4, "write"))),
+                       f"{slurm_dir}/{s}.sbatch)" for k, s in ((2, "dedup"), (3, "select"), (4, "write"))),
                      f"sbatch --dependency=afterok:$j4 {after} {slurm_dir}/finish.sbatch"], text  # fmt: skip
 
     before = _logs(work)
@@ -282,7 +279,7 @@ def test_scancelled_task_is_recorded_stopped_and_prepare_resume_finishes(slurm):
     text, lines = _status(root, env, out)
     assert f"task 1: 2 of 5 (stopped on {os.uname().nodename} (pid {pid}) by SIGTERM)" in text, text
     assert "running" not in text and "died" not in text, text
-    first = f"--array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 {work.name}/slurm/tokenize.sbatch"
+    first = f"--array=1 {work.name}/slurm/tokenize.sbatch 1"
     assert lines[0] == f"j1=$(sbatch --parsable {first})", lines
     assert len(lines) == 5 and lines[-1].startswith("sbatch --dependency=afterok:$j4 "), lines
 
@@ -324,7 +321,7 @@ def test_killed_write_task_is_rerun_alone_then_the_finish(slurm):
     assert f"task 0: {done} of {len(mine)} (died on {os.uname().nodename} (pid {pid} gone: killed?))" in text, text
     slurm_dir = ".dist_write.lmshard-work/slurm"
     after = "--dependency=afterok:$j1 --kill-on-invalid-dep=yes"
-    assert lines == [f"j1=$(sbatch --parsable --array=0 --export=ALL,LMSHARD_TASK_OFFSET=0 {slurm_dir}/write.sbatch)",
+    assert lines == [f"j1=$(sbatch --parsable --array=0 {slurm_dir}/write.sbatch 0)",
                      f"sbatch {after} {slurm_dir}/finish.sbatch"], text  # fmt: skip
 
     before = _logs(work)

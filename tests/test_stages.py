@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 from proctree import LMSHARD, finish, signal_stopped, wait_stopped
@@ -21,7 +20,6 @@ from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.execution import local_exec
 from lmshard.prepare.execution.barrier import summary_path
-from lmshard.prepare.execution.slurm import resubmit_commands
 from lmshard.prepare.execution.stages import STAGES, Run, plan_run, run_task
 from lmshard.prepare.execution.taskplan import _WINDOW, load_plan, work_dir
 
@@ -350,40 +348,6 @@ def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(t
     assert again.returncode == 0, again.stderr
     assert run("status", "dist").stdout.startswith("done: the dataset is complete")
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
-
-
-def test_the_printed_slurm_resubmit_commands_cover_every_task_of_each_later_stage():
-    """A failed task resubmitted alone, then every task of each later stage (arrays within
-    MaxArraySize, the task number passed as the scripts read it), then the finish: each job
-    depends on the jobs of the stage before (afterok), so the lines can be pasted at once."""
-    scripts = {s: Path(f"/w/slurm/{s}.sbatch") for s in STAGES}
-    after = "--dependency=afterok:{} --kill-on-invalid-dep=yes"
-    arrays = ["--array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=0", "--array=0-1 --export=ALL,LMSHARD_TASK_OFFSET=2",
-              "--array=0-0 --export=ALL,LMSHARD_TASK_OFFSET=4"]  # fmt: skip
-    expected = ["j1=$(sbatch --parsable --array=0 --export=ALL,LMSHARD_TASK_OFFSET=I /w/slurm/tokenize.sbatch)"]
-    before = ["$j1"]
-    for stage in ("dedup", "select", "write"):
-        mine = [f"$j{len(expected) + k + 1}" for k in range(3)]
-        expected += [f"{j[1:]}=$(sbatch --parsable {after.format(':'.join(before))} {a} /w/slurm/{stage}.sbatch)"
-                     for j, a in zip(mine, arrays, strict=True)]  # fmt: skip
-        before = mine
-    expected.append(f"sbatch {after.format(':'.join(before))} /w/slurm/finish.sbatch")
-    assert resubmit_commands(scripts, 5, 3) == expected
-    assert resubmit_commands(scripts, 5, 3, stage="write", tasks=[1, 3]) == [
-        "j1=$(sbatch --parsable --array=1 --export=ALL,LMSHARD_TASK_OFFSET=0 /w/slurm/write.sbatch)",
-        "j2=$(sbatch --parsable --array=0 --export=ALL,LMSHARD_TASK_OFFSET=3 /w/slurm/write.sbatch)",
-        f"sbatch {after.format('$j1:$j2')} /w/slurm/finish.sbatch",
-    ]
-    assert resubmit_commands(scripts, 2, 1001)[0] == (  # below MaxArraySize a task keeps its array index (its log)
-        "j1=$(sbatch --parsable --array=I --export=ALL,LMSHARD_TASK_OFFSET=0 /w/slurm/tokenize.sbatch)")
-    for array_max in (2, 4, 1001):
-        covered = {s: set() for s in STAGES[1:-1]}
-        for line in resubmit_commands(scripts, 7, array_max)[1:-1]:  # each task once: offset + array index
-            first = int(line.split("OFFSET=")[1].split()[0])
-            last = int(line.split("--array=0-")[1].split()[0])
-            covered[Path(line.split()[-1].rstrip(")")).stem] |= {first + i for i in range(last + 1)}
-            assert last < array_max  # an array index past MaxArraySize is refused by sbatch
-        assert covered == {s: set(range(7)) for s in STAGES[1:-1]}
 
 
 def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, monkeypatch):

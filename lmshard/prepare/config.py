@@ -34,7 +34,7 @@ DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
 # (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
 TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_empty", "tokenizer_backend",
-                     "num_tasks", "unit_size", "executor", "sbatch_args", "ray_address",
+                     "num_tasks", "unit_size", "executor", "sbatch_args", "max_jobs", "ray_address",
                      "log_interval", "quiet", "json")  # fmt: skip
 EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/execution/stages.py)
 MIN_UNIT_BYTES = 64 << 10  # the smallest unit a plan cuts (taskplan.py reads a window of this size at each cut)
@@ -90,6 +90,7 @@ class PrepareConfig:
     unit_size: int | None = None  # scale-out: bytes of input per unit; None: sized to the task count (taskplan.py)
     executor: str = "local"  # with num_tasks: local (run every stage here), none (print the commands), slurm
     sbatch_args: str | None = None  # --executor slurm: added to every sbatch call (partition, time, mem, account)
+    max_jobs: int | None = None  # --executor slurm: the most jobs the run queues at once; None: half MaxJobCount
     ray_address: str | None = None  # --executor ray: the cluster to join (auto, or host:port); None: a local one
     log_interval: float = 10.0  # seconds between progress lines when stderr is not a terminal
     quiet: bool = False  # print only errors and warnings
@@ -104,6 +105,9 @@ class PrepareConfig:
             raise ConfigError(f"--log-interval {self.log_interval}: pass a number of seconds, 0 or more")
         if self.num_tasks is not None and self.num_tasks < 1:
             raise ConfigError(f"--num-tasks {self.num_tasks}: pass at least 1")
+        if self.max_jobs is not None and self.max_jobs < 5:
+            raise ConfigError(f"--max-jobs {self.max_jobs}: pass at least 5 (an array task for each of the 4 stages, "
+                              "and the finish)")  # fmt: skip
         if self.unit_size is not None and self.unit_size < MIN_UNIT_BYTES:
             raise ConfigError(f"--unit-size {self.unit_size}: pass at least {MIN_UNIT_BYTES:,} bytes (64K)")
         _choice("--dedup", self.dedup, DEDUP_MODES)

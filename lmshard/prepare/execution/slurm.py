@@ -1,20 +1,32 @@
 """`prepare --num-tasks N --executor slurm`: the planned run submitted as Slurm job arrays.
 
 One batch script per stage is written into the work directory (`slurm/tokenize.sbatch`,
-`dedup`, `select`, `write` and `finish`); each runs `python -m lmshard run-task` with the interpreter running
-this command, so the cluster's nodes must see this Python environment and the output's
-filesystem (as with any Slurm job). The tokenize stage is one array per at most
-`MaxArraySize - 1` tasks (the cluster's limit, from `scontrol show config`; a task id past it is
-passed as an offset); each later stage's arrays depend on all of the stage before, and the
-finish on the write arrays, with `afterok` and `--kill-on-invalid-dep=yes`: if a task fails the later stages
-are cancelled, never left pending forever. `--sbatch-args` is added to every `sbatch` call
-(partition, time, memory, account...) and written into each script as #SBATCH lines, so the
-resubmit commands that `prepare` and `status` print carry them too.
+`dedup`, `select`, `write` and `finish`); each runs `python -m lmshard run-task` with the
+interpreter running this command, so the cluster's nodes must see this Python environment and
+the output's filesystem (as with any Slurm job).
+
+A run queues a bounded number of jobs whatever N is (every array task counts as one job toward
+the cluster's MaxJobCount and a user's MaxSubmitJobs): each of the four stages is one array of K
+array tasks, and array task I runs plan tasks I, I + K, I + 2K ... below N one after the other,
+so the run holds 4K + 1 jobs at most (the arrays and the finish). K is N, but at most what keeps
+4K + 1 within half the cluster's MaxJobCount (`scontrol show config`; the other half leaves room
+for the user's other jobs, and for a resubmission while this run's ended jobs are still counted,
+for MinJobAge), or within `--max-jobs`, never past MaxJobCount - 1 jobs nor MaxArraySize - 1
+array tasks; at least 1 (5 jobs). K is kept in `slurm/arrays.json` for `lmshard status`.
+
+Each later stage's array depends on the stage before, and the finish on the write array, with
+`afterok` and `--kill-on-invalid-dep=yes`: a failing plan task fails its array task, and the
+later stages are cancelled, never left pending forever. `--sbatch-args` is added to every
+`sbatch` call (partition, time, memory, account...) and written into each script as #SBATCH
+lines, so the resubmit commands that `prepare` and `status` print carry them too. Those commands
+pass the missing plan tasks to the script as arguments (`tokenize.sbatch 3 7-9`): array task I
+then runs only those of its tasks, and only the array tasks that have one are submitted.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -26,35 +38,62 @@ from typing import Any
 from ...errors import ConfigError, LmshardError
 from .taskplan import work_dir
 
+DEFAULT_MAX_JOBS = 10_000  # Slurm's default MaxJobCount
 DEFAULT_MAX_ARRAY = 1001  # Slurm's default MaxArraySize
+ARRAY_STAGES = ("tokenize", "dedup", "select", "write")  # one array each; then the finish
+
+# The body of a stage's script. A failing plan task ends the loop with its exit status (so the
+# array task fails and `afterok` cancels the later stages). SIGTERM (scancel, the time limit)
+# reaches the running task too; bash runs its trap once that task has stopped, and exits 143
+# (128 + SIGTERM) as the task does.
+LOOP = """\
+# Array task I runs plan tasks I, I + {k}, I + {k2} ... below {n}, one after the other; given plan
+# tasks as arguments (T or FIRST-LAST), only those of them.
+trap 'exit 143' TERM
+for ((task = SLURM_ARRAY_TASK_ID; task < {n}; task += {k})); do
+    if (($#)); then
+        keep=0
+        for range in "$@"; do ((task >= ${{range%-*}} && task <= ${{range#*-}})) && keep=1; done
+        ((keep)) || continue
+    fi
+    {run} --task "$task" {target} || exit
+done
+"""
 
 
 def _sbatch(args: list[str], script: Path) -> str:
     try:
-        done = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True, timeout=300)
     except FileNotFoundError:
         raise ConfigError("--executor slurm: sbatch is not on PATH; run on a Slurm login node") from None
+    except subprocess.TimeoutExpired:  # sbatch retries for minutes while the cluster holds too many jobs
+        raise LmshardError(f"sbatch {script.name}: the cluster did not accept the job within 300 s (too many "
+                           "jobs queued? pass a smaller --max-jobs)") from None  # fmt: skip
     if done.returncode != 0:
         raise LmshardError(f"sbatch {script.name} failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]
 
 
-def max_array_size() -> int:
+def cluster_limits() -> tuple[int, int]:
+    """(MaxJobCount, MaxArraySize) from `scontrol show config`; Slurm's defaults for what it does not say."""
     found = shutil.which("scontrol")
-    if found is None:
-        return DEFAULT_MAX_ARRAY
-    shown = subprocess.run([found, "show", "config"], capture_output=True, text=True, timeout=60).stdout
+    shown = subprocess.run([found, "show", "config"], capture_output=True, text=True, timeout=60).stdout \
+        if found else ""  # fmt: skip
+    limits = {"MaxJobCount": DEFAULT_MAX_JOBS, "MaxArraySize": DEFAULT_MAX_ARRAY}
     for line in shown.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize":
-            try:
-                return int(value.strip())
-            except ValueError:
-                break
-    return DEFAULT_MAX_ARRAY
+        if key.strip() in limits and value.split() and value.split()[0].isdigit():
+            limits[key.strip()] = int(value.split()[0])
+    return limits["MaxJobCount"], limits["MaxArraySize"]
 
 
-ARRAY_STAGES = ("tokenize", "dedup", "select", "write")  # one array task per planned task; then the finish
+def array_tasks(n_tasks: int, max_jobs: int | None = None) -> int:
+    """K, the array tasks of each stage: N, or fewer so that the run's 4K + 1 jobs stay within
+    `max_jobs` (by default half the cluster's MaxJobCount) and MaxJobCount - 1 (the most slurmctld
+    holds), and K within MaxArraySize - 1 (the highest array index); at least 1."""
+    job_count, array_size = cluster_limits()
+    budget = min(job_count // 2 if max_jobs is None else max_jobs, job_count - 1)
+    return max(1, min(n_tasks, array_size - 1, (budget - 1) // len(ARRAY_STAGES)))
 
 
 def directives(sbatch_args: str | None) -> str:
@@ -69,60 +108,66 @@ def directives(sbatch_args: str | None) -> str:
     return "".join(f"#SBATCH {shlex.join(line)}\n" for line in lines)
 
 
-def write_scripts(out: str, sbatch_args: str | None = None) -> dict[str, Path]:
-    """The batch scripts, one per stage, written (again) into WORK/slurm/."""
+def write_scripts(out: str, n_tasks: int, k: int, sbatch_args: str | None = None) -> dict[str, Path]:
+    """The batch scripts, one per stage, written (again) into WORK/slurm/, and K in arrays.json."""
     d = work_dir(out) / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     python, target = shlex.quote(sys.executable), shlex.quote(os.path.abspath(out))
     cwd = os.getcwd()  # relative inputs and --out mean what they meant where the run was submitted
     scripts = {}
-    task = '--task "$((SLURM_ARRAY_TASK_ID + ${LMSHARD_TASK_OFFSET:-0}))"'
     for stage in (*ARRAY_STAGES, "finish"):
-        extra = task if stage in ARRAY_STAGES else ""
-        log = d / (f"{stage}_%A_%a.log" if extra else f"{stage}_%j.log")
+        run = f"{python} -m lmshard run-task --stage {stage}"
+        looped = stage in ARRAY_STAGES
+        log = d / (f"{stage}_%A_%a.log" if looped else f"{stage}_%j.log")
+        body = LOOP.format(k=k, k2=2 * k, n=n_tasks, run=run, target=target) if looped else f"exec {run} {target}\n"
         text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}-{run_id(out)}\n#SBATCH --output={log}\n"
-                f"#SBATCH --chdir={cwd}\n"
-                f"{directives(sbatch_args)}"
-                f"exec {python} -m lmshard run-task --stage {stage} {extra} {target}\n")  # fmt: skip
+                f"#SBATCH --chdir={cwd}\n{directives(sbatch_args)}{body}")  # fmt: skip
         path = d / f"{stage}.sbatch"
         path.write_text(text)
         scripts[stage] = path
+    (d / "arrays.json").write_text(json.dumps({"tasks": n_tasks, "array_tasks": k}) + "\n")
     return scripts
 
 
-def _arrays(n_tasks: int, chunk: int, only: list[str] | None = None) -> list[str]:
-    """The `--array=... --export=...` options of one stage's jobs: every task in arrays of at most
-    `chunk`, or only the tasks `only` (a task below `chunk` keeps its own array index, so its log
-    is named after it; one past it travels as LMSHARD_TASK_OFFSET)."""
-    if only is None:
-        return [f"--array=0-{min(chunk, n_tasks - first) - 1} --export=ALL,LMSHARD_TASK_OFFSET={first}"
-                for first in range(0, n_tasks, chunk)]  # fmt: skip
-    low = [t for t in only if not t.isdigit() or int(t) < chunk] if n_tasks <= chunk or only != ["I"] else []
-    high = [t for t in only if t not in low]
-    return ([f"--array={','.join(low)} --export=ALL,LMSHARD_TASK_OFFSET=0"] if low else []) + [
-        f"--array=0 --export=ALL,LMSHARD_TASK_OFFSET={t}" for t in high]
+def submitted(folder: Path) -> tuple[dict[str, Path], int] | None:
+    """The scripts of a run submitted to Slurm and its K (from WORK/slurm/); None for another run."""
+    try:
+        k = int(json.loads((folder / "arrays.json").read_text())["array_tasks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {stage: folder / f"{stage}.sbatch" for stage in (*ARRAY_STAGES, "finish")}, k
 
 
-def resubmit_commands(scripts: dict[str, Path], n_tasks: int, array_max: int, stage: str = "tokenize",
+def _ranges(numbers: list[int] | set[int], sep: str) -> str:
+    """Sorted numbers with each run of consecutive ones as FIRST-LAST: [1, 2, 3, 7] -> "1-3{sep}7"."""
+    runs: list[list[int]] = []
+    for x in sorted(numbers):
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def resubmit_commands(scripts: dict[str, Path], n_tasks: int, k: int, stage: str = "tokenize",
                       tasks: list[int] | None = None) -> list[str]:  # fmt: skip
-    """Shell lines that re-run the failed tasks of `stage` (task I when `tasks` is None), then every
-    task of each later stage, then the finish: each job depends (afterok) on the jobs before it,
-    as `submit` chains them, so the lines can be pasted at once. A task whose work is done finds
-    its markers and exits at once."""
-    chunk = max(1, array_max - 1)
+    """Shell lines that re-run the missing plan tasks `tasks` of `stage` (task I when None), then
+    every task of each later stage, then the finish, within the run's 4K + 1 jobs: plan task T is
+    run by array task T mod K, given the tasks as the script's arguments. Each job depends
+    (afterok) on the one before, as `submit` chains them, so the lines can be pasted at once."""
     lines: list[str] = []
-    after: list[str] = []
+    after = ""
     stages = ARRAY_STAGES[ARRAY_STAGES.index(stage) :] if stage in ARRAY_STAGES else ()
     for s in stages:
-        options = _arrays(n_tasks, chunk, [str(t) for t in (tasks if tasks is not None else ["I"])]) \
-            if s == stage else _arrays(n_tasks, chunk)  # fmt: skip
-        mine = []
-        for option in options:
-            mine.append(f"j{len(lines) + 1}")
-            deps = _after(after)
-            lines.append(f"{mine[-1]}=$(sbatch --parsable {deps}{option} {scripts[s]})")
-        after = mine
-    return [*lines, f"sbatch {_after(after)}{scripts['finish']}"]
+        if s != stage:
+            option, only = f"--array=0-{k - 1}", ""
+        elif tasks is None:  # a template: the user puts a task number for I
+            option, only = f"--array={'I' if k >= n_tasks else f'$((I % {k}))'}", " I"
+        else:
+            option, only = f"--array={_ranges({t % k for t in tasks}, ',')}", f" {_ranges(tasks, ' ')}"
+        lines.append(f"j{len(lines) + 1}=$(sbatch --parsable {after}{option} {scripts[s]}{only})")
+        after = _after([f"j{len(lines)}"])
+    return [*lines, f"sbatch {after}{scripts['finish']}"]
 
 
 def _after(jobs: list[str]) -> str:
@@ -144,26 +189,24 @@ def live_jobs(out: str) -> list[str]:
     return [line.split()[0] for line in shown.splitlines() if line.split()[-1:] and line.split()[-1].endswith(tail)]
 
 
-def submit(out: str, n_tasks: int, sbatch_args: str | None) -> dict[str, Any]:
-    """Submit every stage's arrays and the finish, each stage after the one before; returns
-    their job ids, the scripts and the resubmit commands for a failed tokenize task."""
-    scripts = write_scripts(out, sbatch_args)
+def submit(out: str, n_tasks: int, sbatch_args: str | None, max_jobs: int | None = None) -> dict[str, Any]:
+    """Submit each stage's array of K array tasks and the finish, each after the one before;
+    returns their job ids, K, the scripts and the resubmit commands for a failed tokenize task.
+    Where sbatch refuses a job, the jobs this call queued are cancelled: none is left waiting
+    for a stage that was never submitted."""
+    k = array_tasks(n_tasks, max_jobs)
+    scripts = write_scripts(out, n_tasks, k, sbatch_args)
     extra = shlex.split(sbatch_args or "")
-    chunk = max(1, max_array_size() - 1)
-
-    def arrays(script: Path, after: list[str]) -> list[str]:
-        jobs = []
-        for first in range(0, n_tasks, chunk):
-            count = min(chunk, n_tasks - first)
-            deps = [f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes"] if after else []
-            export = f"--export=ALL,LMSHARD_TASK_OFFSET={first}"
-            jobs.append(_sbatch([f"--array=0-{count - 1}", export, *deps, *extra], script))
-        return jobs
-
     jobs: dict[str, Any] = {}
     after: list[str] = []
-    for stage in ARRAY_STAGES:
-        jobs[stage] = after = arrays(scripts[stage], after)
-    jobs["finish"] = _sbatch([f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes", *extra],
-                             scripts["finish"])  # fmt: skip
-    return jobs | {"scripts": scripts, "resubmit": resubmit_commands(scripts, n_tasks, chunk + 1)}
+    try:
+        for stage in (*ARRAY_STAGES, "finish"):
+            deps = [f"--dependency=afterok:{after[0]}", "--kill-on-invalid-dep=yes"] if after else []
+            array = [f"--array=0-{k - 1}"] if stage in ARRAY_STAGES else []
+            jobs[stage] = _sbatch([*array, *deps, *extra], scripts[stage])
+            after = [jobs[stage]]
+    except LmshardError:
+        if jobs and shutil.which("scancel"):
+            subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=60)
+        raise
+    return jobs | {"array_tasks": k, "scripts": scripts, "resubmit": resubmit_commands(scripts, n_tasks, k)}
