@@ -55,13 +55,15 @@ def _marker(work: Path, stage: str, n_tasks: int, level: int, i: int) -> Path:
     return work / "done" / stage / f"{level}_{i:06d}.json"
 
 
-def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str, Any], join: Join) -> bool:
+def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str, Any] | None, join: Join) -> bool:
     """Record that task `task` did its share of `stage`, and fold complete groups upwards (see
-    the module docstring). True when this call wrote the stage's summary."""
+    the module docstring). True when this call wrote the stage's summary. `summary` None: the
+    task's marker is written already (a task run again goes on folding)."""
     sizes = widths(n_tasks)
     path = _marker(work, stage, n_tasks, 0, task)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, summary)
+    if summary is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, summary)
     level, i = 0, task
     while level < len(sizes) - 1:
         group = i // FAN_IN

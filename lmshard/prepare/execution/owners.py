@@ -69,7 +69,7 @@ from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim, claim_output, write_run
 from ..output.staging import OutputPaths, commit, read_run, recover
 from ..stops import stop_point
-from .barrier import is_complete
+from .barrier import is_complete, task_finished
 from .nearstage import near_summary
 from .unitfiles import read_section, sections
 
@@ -196,7 +196,7 @@ def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, encodi
         return False
     piece = layout["pieces"][k]
     first, end = piece[4]
-    if any(not (work / "write" / f"part_{p:06d}.done").exists() for p in range(first, end)):
+    if not all(part_written(work, layout, p) for p in range(first, end)):
         return False
     stream, number, n_tokens, n_docs = piece[:4]
     rels = piece_files(piece)
@@ -256,7 +256,17 @@ def _durable(f: Any) -> None:
 
 
 def missing_parts(work: Path, layout: dict[str, Any]) -> list[int]:
-    return [p for p in range(len(layout["parts"])) if not (work / "write" / f"part_{p:06d}.done").exists()]
+    return [p for p in range(len(layout["parts"])) if not part_written(work, layout, p)]
+
+
+def part_written(work: Path, layout: dict[str, Any], p: int) -> bool:
+    """Whether part p is written: its marker, or the mark of the write task that holds it (a
+    task that did its share removes its parts' markers, barrier.py)."""
+    if (work / "write" / f"part_{p:06d}.done").exists():
+        return True
+    if "part_task" not in layout:  # (computed once per process)
+        layout["part_task"] = {q: t for t, parts in enumerate(layout["tasks"]) for q in parts}
+    return task_finished(work, "write", len(layout["tasks"]), layout["part_task"][p])
 
 
 def missing_pieces(work: Path, layout: dict[str, Any]) -> list[int]:

@@ -37,7 +37,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -296,10 +296,14 @@ class Run:
         return unit_part(self._dups[1], u)
 
     def missing(self, stage: str, items: Sequence[int] | None = None) -> list[int]:
-        """The items of `stage` (tokenize, dedup, select, write, seal, finish) not done yet, of `items`
-        (default: all; for the write stage, [-1] until the layout exists). One stat each."""
+        """The items of `stage` (tokenize, dedup, select, write, seal, finish) not done yet, of
+        `items` (default: all; none once the stage is complete; for the write stage, [-1] until
+        the layout exists). An item is done when its marker is there, or the mark of the task that
+        holds it (a task that did its share may remove its items' markers): a stat each."""
         if stage == "write" and not (self.work / LAYOUT_FILE).exists():
             return [-1]
+        if items is None and stage in JOINS and is_complete(self.work, stage):
+            return []
         if stage == "keys":  # the tasks that tokenized units and have not gathered their keys
             tasks = range(self.plan["n_tasks"] if self.bucketed else 0) if items is None else items
             return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()]
@@ -312,7 +316,59 @@ class Run:
                 n = len(self.layout()["parts" if stage == "write" else "pieces"])
             items = range(n)
         folder, name = _MARKERS[stage]
-        return [i for i in items if not (self.work / folder / name.format(i)).exists()]
+        owner = self._owner(stage)
+        finished: dict[int, bool] = {}
+
+        def done(i: int) -> bool:
+            if (self.work / folder / name.format(i)).exists():
+                return True
+            if owner is None:
+                return False
+            t = owner(i)
+            if t not in finished:
+                finished[t] = task_finished(self.work, stage, self.plan["n_tasks"], t)
+            return finished[t]
+
+        return [i for i in items if not done(i)]
+
+    def _owner(self, stage: str) -> Callable[[int], int] | None:
+        """Which task holds an item of `stage` (None: sealing, which no task owns)."""
+        if stage in ("tokenize", "select"):
+            return self.task_of
+        if stage == "dedup":
+            n, tasks = self.plan["buckets"], self.plan["n_tasks"]
+            starts = [buckets_of(n, tasks, t).start for t in range(tasks)]
+            return lambda b: bisect.bisect_right(starts, b) - 1  # (an empty share starts where the next one does)
+        if stage == "write":
+            tasks = {p: t for t, parts in enumerate(self.layout()["tasks"]) for p in parts}
+            return tasks.__getitem__
+        return None
+
+    def after(self, stage: str) -> None:
+        """What the task that completes a stage does once: the near-duplicate clusters after the
+        dedup stage, the layout of the shards after the select stage."""
+        if stage == "dedup":
+            self.clusters()
+        if stage == "select":
+            self.layout()
+
+    def tidy(self, stage: str, task: int) -> None:
+        """Remove what task `task`'s mark of `stage` makes redundant, so the work folder shrinks
+        in every task instead of one process removing it file by file at the end: after the
+        select stage, the task's key file and its units' tokenize and select markers (the stage
+        summaries hold what they said); after the write stage, its parts' markers."""
+        w = self.work
+        if stage == "select":
+            task_keys_path(w, task).unlink(missing_ok=True)
+            for u in self.items("select", task):
+                (w / "tokenize" / f"unit_{u:06d}.done").unlink(missing_ok=True)
+                (w / "select" / f"unit_{u:06d}.json").unlink(missing_ok=True)
+        if stage == "write":
+            for p in self.items("write", task):
+                (w / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
+            for u in range(*self.plan["tasks"][task]):  # (a unit that kept nothing has no part to release it)
+                (w / "tokenize" / f"unit_{u:06d}.bin").unlink(missing_ok=True)
+                (w / "select" / f"unit_{u:06d}.split").unlink(missing_ok=True)
 
     def _has_units(self, task: int) -> bool:
         first, end = self.plan["tasks"][task]
@@ -412,21 +468,7 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
     done = 0
     try:
         with sigterm_stops():
-            for i in items:
-                done += run.do(stage, i)
-            if stage == "tokenize" and run._has_units(task):
-                run.do("keys", task)
-            if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
-                for k in sorted({run.layout()["parts"][p][0] for p in items}):
-                    run.do("seal", k)
-            mine = run.task_summary(stage, task) if stage != "finish" else {}
-            if stage != "finish" and task_done(run.work, stage, run.plan["n_tasks"], task, mine, JOINS[stage]):
-                if stage == "dedup":
-                    run.clusters()  # the task that completes the dedup stage finds the near-duplicate clusters, once
-                if stage == "select":
-                    run.layout()  # the task that completes the select stage lays out the shards, for the write tasks
-            if stage == "select":  # every bucket has read this task's keys: the dedup stage is complete
-                task_keys_path(run.work, task).unlink(missing_ok=True)
+            done = _share(run, stage, task, items)
     except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
         name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),
@@ -443,6 +485,30 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
                                   "error": f"{type(e).__name__}: {e}"[:500]})  # fmt: skip
         raise e from None
     state.unlink(missing_ok=True)
+    return done
+
+
+def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
+    """Task `task`'s share of `stage`: its items (those with a marker skipped), then its key file
+    (tokenize) or the seals of the pieces it completed (write); then its mark, folded into the
+    stage's summary (barrier.py; the task that completes the stage does `Run.after`), and the
+    markers it makes redundant removed. A task marked done before only folds."""
+    n_tasks = run.plan["n_tasks"]
+    if stage != "finish" and task_finished(run.work, stage, n_tasks, task):
+        if not is_complete(run.work, stage) and task_done(run.work, stage, n_tasks, task, None, JOINS[stage]):
+            run.after(stage)
+        return 0
+    done = sum(run.do(stage, i) for i in items)
+    if stage == "tokenize" and run._has_units(task):
+        run.do("keys", task)
+    if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
+        for k in sorted({run.layout()["parts"][p][0] for p in items}):
+            run.do("seal", k)
+    if stage == "finish":
+        return done
+    if task_done(run.work, stage, n_tasks, task, run.task_summary(stage, task), JOINS[stage]):
+        run.after(stage)
+    run.tidy(stage, task)
     return done
 
 
