@@ -9,6 +9,7 @@ STAGE --task I OUT` for each stage and task, then `lmshard run-task --stage fini
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,13 @@ def run_task(
         "after every task of the stage before; finish (once, last).",
     ),
     task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        metavar="N",
+        help="Processes for the task's items (default: the plan's --workers, else the CPUs granted to this task: "
+        "SLURM_CPUS_PER_TASK, else its CPU affinity). A task of a 64-core node runs its items 64 at a time.",
+    ),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
     from .prepare.execution import stages
@@ -100,7 +108,11 @@ def run_task(
     local_only(out, "run-task")
     if stage not in STAGES:
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: pass 1 or more")
     cfg, n_tasks, unit_bytes = stages.config_of(out)
+    if workers is not None:
+        cfg = dataclasses.replace(cfg, workers=workers)
     if stage != "finish" and task is None:
         raise ConfigError(f"--stage {stage} needs --task I, I in 0 .. {n_tasks - 1}")
     try:

@@ -19,13 +19,14 @@ process holds the plan, the layout and one future per item of the current stage.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -127,26 +128,43 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
                 r.do(stage, i)
                 progress.done(stage, i)
         return
+    with _workers(r, workers) as pool:
+        for stage in _ORDER:
+            _in_pool(pool, stage, list(_todo(r, stage)), workers, progress)
+
+
+@contextlib.contextmanager
+def _workers(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
     method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
     _here["run"] = r
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
     try:
-        for stage in _ORDER:
-            items = list(_todo(r, stage))
-            # Units one at a time (long, and the progress follows them); the small items of the later stages
-            # in a few batches per worker, so that this process schedules a few dozen calls, not thousands.
-            size = 1 if stage == "tokenize" else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
-            with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
-                futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
-                           for k in range(0, len(items), size)}  # fmt: skip
-            _wait(futures, stage, progress)
+        yield pool
     except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the items in progress are not waited for
         _stop_workers(pool)
         raise
     finally:
         _here.clear()
     pool.shutdown(wait=True)
+
+
+def _in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int, progress: _Progress | None) -> None:
+    # Units one at a time (long, and the progress follows them); the small items of the later stages in a few
+    # batches per worker, so that this process schedules a few dozen calls, not thousands.
+    size = 1 if stage == "tokenize" else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
+    with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
+        futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
+                   for k in range(0, len(items), size)}  # fmt: skip
+    _wait(futures, stage, progress)
+
+
+def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
+    """Items of one stage in a pool of `workers` processes: one task of a planned run that
+    holds many cores (a node of a cluster, `run-task` with the CPUs the scheduler granted)."""
+    with _workers(r, workers) as pool:
+        _in_pool(pool, stage, items, workers, None)
 
 
 # The stages' items in order; after the units are tokenized each task's keys are gathered (keyfiles.py), after
@@ -162,7 +180,7 @@ def _todo(r: Run, stage: str) -> Iterable[int]:
     return r.missing(stage)
 
 
-def _wait(futures: dict[Future[None], list[int]], stage: str, progress: _Progress) -> None:
+def _wait(futures: dict[Future[None], list[int]], stage: str, progress: _Progress | None) -> None:
     for f in as_completed(futures):  # each as it finishes: the progress line follows the units
         try:
             f.result()  # a worker's error is raised here
@@ -171,8 +189,9 @@ def _wait(futures: dict[Future[None], list[int]], stage: str, progress: _Progres
                    "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
                    "memory ran out)")  # fmt: skip
             raise WorkerDied(why) from None
-        for i in futures[f]:
-            progress.done(stage, i)
+        if progress is not None:
+            for i in futures[f]:
+                progress.done(stage, i)
 
 
 class _Progress:

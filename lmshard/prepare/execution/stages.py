@@ -498,7 +498,15 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
         if not is_complete(run.work, stage) and task_done(run.work, stage, n_tasks, task, None, JOINS[stage]):
             run.after(stage)
         return 0
-    done = sum(run.do(stage, i) for i in items)
+    workers = min(run.config.n_workers(), len(items))
+    if workers > 1 and stage != "finish":  # a task with many cores: its items in a pool of its own
+        from .local_exec import run_items
+
+        todo = run.missing(stage, items)
+        run_items(run, stage, todo, workers)
+        done = len(todo)
+    else:
+        done = sum(run.do(stage, i) for i in items)
     if stage == "tokenize" and run._has_units(task):
         run.do("keys", task)
     if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
