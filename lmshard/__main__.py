@@ -1,5 +1,5 @@
 """`python -m lmshard` and the `lmshard` command. A Ctrl-C while the command line interface is
-still importing ends quietly with exit 130, as one during a run does (cli.py)."""
+still importing ends quietly with exit 130, as one during a run does (cli/commands.py)."""
 
 import os
 import sys

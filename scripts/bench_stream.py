@@ -116,8 +116,9 @@ def section_speed(tmp: Path, quick: bool) -> list[str]:
 
 
 def section_fill(tmp: Path) -> list[str]:
-    from lmshard import packing, streampack
-    from lmshard.packing_io import dataset_lengths
+    from lmshard import packing
+    from lmshard.packing import stream as streampack
+    from lmshard.packing.io import dataset_lengths
 
     src = tmp / "x4.jsonl.gz"
     from benchlib import write_repeated

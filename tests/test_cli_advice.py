@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 
 import lmshard.prepare.config as config_module
 import lmshard.tokenizers.vocab as vocabularies
-from lmshard import spellings
-from lmshard.cli import app
+from lmshard.cli import app, spellings
 from lmshard.errors import ConfigError
 from lmshard.prepare import PrepareConfig, prepare, presets
 from lmshard.runtime import Mixture, TokenDataset

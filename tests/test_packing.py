@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmshard import packing, packing_io
+from lmshard import packing
 from lmshard.errors import ArgumentError
+from lmshard.packing import io as packing_io
 from lmshard.runtime import TokenDataset
 from lmshard.runtime.packed import IGNORE, collate_packed
 

@@ -398,7 +398,7 @@ class _Waited(threading.Event):
 def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
     """Thread A's fetch of block 3 fails (the store was away) while B waits for it: B raises no
     error it did not see, but fetches block 3 itself; A gets its own error."""
-    from lmshard.runtime.blockfetch import Blocks
+    from lmshard.runtime.remote.blockfetch import Blocks
 
     class Reader:
         block_tokens = 16

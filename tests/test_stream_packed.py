@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from test_prepare import jsonl, make_texts
 
-from lmshard import TokenDataset, streampack
+from lmshard import TokenDataset
 from lmshard.errors import ArgumentError
+from lmshard.packing import stream as streampack
 from lmshard.prepare import PrepareConfig, prepare
 
 

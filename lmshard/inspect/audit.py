@@ -1,5 +1,5 @@
 """What `lmshard inspect` computes beyond verification: decoded top tokens, sampled documents,
-the document-length histogram and its optional plot. Rendering stays in cli.py.
+the document-length histogram and its optional plot. Rendering stays in cli/.
 
 Memory model: as `verify` (one token block at a time), plus the N sampled documents.
 """

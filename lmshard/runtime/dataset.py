@@ -5,7 +5,7 @@
     batches = train.random_batches(batch_size=16, seq_len=1024, seed=1337, device="cuda")
     x, y = next(batches)                      # int64 [16, 1024] on the GPU
 
-Memory model: see `store.py` (no token data kept between reads), `remote_store.py` for a
+Memory model: see `store.py` (no token data kept between reads), `remote/store.py` for a
 dataset at a URL (a bounded pool of blocks) and `batches.py` (a ring of host buffers).
 `from_text` and `synthetic` hold their tokens in memory: they are for small data.
 """
@@ -21,7 +21,7 @@ import torch
 
 from ..errors import ArgumentError, InputError
 from ..format import SPLITS, DatasetMeta
-from ..packing_io import CACHE_DIR
+from ..packing.io import CACHE_DIR
 from ..remote.urls import is_url, redact
 from . import checks
 from .batches import BatchStream, resolve_rank
@@ -30,7 +30,7 @@ from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
 from .windows import WindowDataset, stride_or_default
 
 if TYPE_CHECKING:
-    from .remote_store import RemoteStore
+    from .remote.store import RemoteStore
 
 SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val"}  # what other tools call the held-out split
 _RSS_FIX = "pass rss_limit=None to map a split of any size, or a size in bytes (0: always read)"
@@ -44,7 +44,7 @@ class TokenDataset:
     RSS may grow by up to their size; larger splits are read with `preadv`, which keeps RSS flat
     (see store.py).
 
-    At a URL (see remote_store.py and docs/remote.md): tokens are fetched in 64 KiB checksum
+    At a URL (see remote/store.py and docs/remote.md): tokens are fetched in 64 KiB checksum
     blocks, each checked, through an in-memory pool of `pool_limit` bytes (default 256 MiB per
     process); streams fetch the blocks of their next `prefetch_steps` steps (default 8) on a
     background thread. `cache_dir` with `cache_limit` (bytes) keeps checked blocks on local disk
@@ -78,10 +78,10 @@ class TokenDataset:
                   "prefetch_steps": prefetch_steps, "storage_options": storage_options, "retry": retry}  # fmt: skip
         self.meta: DatasetMeta | None
         self.store: TokenStore | RemoteStore
-        self.plan_dir: Path | None  # where packing plans are cached (packing_io.cached_plan)
+        self.plan_dir: Path | None  # where packing plans are cached (packing/io.py: cached_plan)
         self.split = split
         if is_url(path):
-            from .remote_store import open_remote_store
+            from .remote.store import open_remote_store
 
             self.meta, self.store, self.plan_dir = open_remote_store(str(path), split, max_open_shards, **remote)
             self.path: Path | str = redact(str(path))

@@ -1,5 +1,5 @@
 """Packed datasets: whole documents packed into rows of seq_len tokens by a plan made from the
-document index (`lmshard/packing.py`), shuffled after planning and reshuffled per epoch.
+document index (`lmshard/packing/planner.py`), shuffled after planning and reshuffled per epoch.
 
     packs = TokenDataset("data/mycorpus").packed(4096, strategy="bfd", seed=0)
     packs.metrics                       # fill, the lower bound, split/truncated/dropped counts
@@ -14,7 +14,7 @@ document is in the same pack) and on padding. `position_ids` restart at 0 at eac
 at the padding. `cu_seqlens` (int32) holds the segment boundaries, padding as a last segment.
 A model that shifts labels itself (Hugging Face's causal LMs) wants `input_ids` as labels instead.
 
-The plan is cached in the dataset directory (`lmshard/packing_io.py`: `cached_plan`); for a
+The plan is cached in the dataset directory (`lmshard/packing/io.py`: `cached_plan`); for a
 dataset at a URL, under its `cache_dir` (or kept in memory only, without one).
 
 Memory model: the plan (per item 8 + 8 bytes, per pack 8 bytes) and the permutations of the pack
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import packing_io
 from ..errors import ArgumentError
+from ..packing import io as packing_io
 from . import checks
 from .batches import resolve_rank
 from .lookahead import Lookahead

@@ -3,7 +3,7 @@ from the per-shard document indexes, many spans read in one call, and the prefet
 
 A store that reads a local file (`store.TokenStore`) has nothing to prefetch: its `lookahead` is
 0 and `announce`/`release` do nothing, so streams skip them. A remote store
-(`remote_store.RemoteStore`) fetches the blocks of announced steps ahead of time.
+(`remote.store.RemoteStore`) fetches the blocks of announced steps ahead of time.
 
 Memory model: nothing of its own; `doc_lengths` returns 8 bytes per document.
 """

@@ -1,5 +1,5 @@
 """`TokenDataset.packed(seq_len, strategy="stream", buffer=N)`: packs made as the split is read,
-in windows of about N documents from a shuffled order of blocks (`lmshard/streampack.py`),
+in windows of about N documents from a shuffled order of blocks (`lmshard/packing/stream.py`),
 with no plan of the whole split.
 
     packs = TokenDataset("data/web").packed(4096, strategy="stream", buffer=10_000)
@@ -10,7 +10,7 @@ The stream has no end: each rank goes on into its next epoch (a new block order)
 the split runs out, so every rank takes as many steps as the loop asks. `state_dict()` is
 (epoch, window, packs handed out of it, step); resuming re-plans one window.
 
-Memory model: `streampack.py`'s (the block order and one window's plan), plus the rows of one
+Memory model: `packing/stream.py`'s (the block order and one window's plan), plus the rows of one
 batch. The loader reads rows in this process: no DataLoader workers are needed or used.
 """
 
@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import packing, streampack
+from .. import packing
 from ..errors import ArgumentError
+from ..packing import stream as streampack
 from . import checks
 from .batches import resolve_rank
 from .packed import PackedBatch, build_rows

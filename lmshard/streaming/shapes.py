@@ -5,7 +5,7 @@ reader's position after it (a few integers), so a loader can resume exactly.
   as prepare writes them): row i starts `stride` tokens after row i-1 and holds seq_len + shift
   tokens (x and its labels `shift` ahead); the shift is fixed or drawn per batch from a
   generator keyed by (seed, the reader's batch number).
-- `packed`: documents packed into rows of seq_len by the planner of `lmshard/packing.py`
+- `packed`: documents packed into rows of seq_len by the planner of `lmshard/packing/planner.py`
   (`bfd` or `greedy`, overlong split, truncated or dropped) over windows of `buffer` documents,
   the packs of a window shuffled by a generator keyed by (seed, the window's first document).
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import streampack
 from ..errors import InputError
+from ..packing import stream as streampack
 from ..runtime.packed import build_rows
 from ..runtime.sampling import ShiftSpec, step_rng
 from .docs import DocPos, Documents

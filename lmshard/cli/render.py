@@ -1,5 +1,5 @@
 """What the command line prints: rich tables for a prepare run's summary and an inspect report.
-`cli.py` owns the commands and exit codes; this module only renders values it is given.
+`commands.py` owns the commands and exit codes; this module only renders values it is given.
 
 Memory model: the report's small summaries (histogram buckets, top tokens, sample texts).
 """
@@ -76,7 +76,7 @@ def summary(meta: Any, where: str) -> None:
         counts = plural(s.n_docs, "doc"), plural(s.n_tokens, "token"), plural(len(s.shards), "shard")
         table.add_row(split, Items(counts))
     if meta.encoding.version > 1:  # (uint32, the default, goes without saying)
-        from .inspect.verify import encoding_summary
+        from ..inspect.verify import encoding_summary
 
         table.add_row("encoding", escape(encoding_summary(meta)))
     drops = {k: v for k, v in meta.drops.items() if v}
@@ -147,7 +147,7 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         bos = [f"BOS {tok.bos_id} (before each doc)"] if tok.bos_id is not None else []
         eot = f"EOT {tok.eot_id} ({meta.eot_position} each doc)"
         table.add_row("tokenizer", Items([tok.name, f"n_vocab {tok.n_vocab:,}", eot, *bos]))
-        from .inspect.verify import encoding_summary
+        from ..inspect.verify import encoding_summary
 
         table.add_row("encoding", escape(encoding_summary(meta)))
         for split in meta.splits:
@@ -160,7 +160,7 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         table.add_row("prepare drops", listed(drops) if drops else "none")
         table.add_row("records read", f"{meta.records_read:,}")
         out.print(table)
-        from .inspect import audit
+        from ..inspect import audit
 
         hist = audit.length_histogram(report)
         if hist:

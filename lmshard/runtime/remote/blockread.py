@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
-from ..format import REGENERATE_HINT, TOKEN_DTYPE, Encoding, ShardInfo
-from ..format.blocks import SUMS_DTYPE, block_damage, bytes_xxh3
-from ..format.encoding import OFFSETS_DTYPE
-from ..format.tokenfile import block_where, check_offsets
-from ..remote import Remote, redact
-from ..remote.retry import MISSING_FIX, RemoteMissing
+from ...errors import FormatError
+from ...format import REGENERATE_HINT, TOKEN_DTYPE, Encoding, ShardInfo
+from ...format.blocks import SUMS_DTYPE, block_damage, bytes_xxh3
+from ...format.encoding import OFFSETS_DTYPE
+from ...format.tokenfile import block_where, check_offsets
+from ...remote import Remote, redact
+from ...remote.retry import MISSING_FIX, RemoteMissing
 from .diskcache import TRAILER, DiskCache
 
 MAX_RUN_BYTES = 4 << 20  # stored bytes per request (at least one block): 64 uint32 blocks

@@ -45,7 +45,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, warn
+from ...errors import ConfigError, warn
 
 TRAILER = 8  # bytes of xxh3-64 after a block's stored bytes
 _SLACK = 10  # a round of removal frees a tenth of the limit beyond what is asked

@@ -8,7 +8,7 @@ strategy, overlong, multiple): a cached file is trusted only after its stored ke
 arrays' consistency are checked, written by tmp + rename, and a directory that cannot be
 written only means no cache.
 
-Memory model: the lengths (8 bytes per document) and one plan (see packing.py) at a time.
+Memory model: the lengths (8 bytes per document) and one plan (see planner.py) at a time.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import FormatError
-from .format import INDEX_DTYPE, check_index, check_shard_files, load_metadata
-from .packing import Items, PackPlan, plan
+from ..errors import FormatError
+from ..format import INDEX_DTYPE, check_index, check_shard_files, load_metadata
+from .planner import Items, PackPlan, plan
 
 
 def dataset_lengths(path: str | os.PathLike[str], split: str = "train") -> np.ndarray:

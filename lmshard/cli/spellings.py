@@ -4,7 +4,7 @@ The tools: Megatron-LM's `tools/preprocess_data.py`, Hugging Face datasets and t
 example scripts, datatrove, and llm.c/nanoGPT-style data scripts. Each spelling is one of:
 
 - `ALIASES`: the same option under another name. The command line accepts it as lmshard's own
-  (click's token normalization, cli_prepare.py), so it gives the same dataset.
+  (click's token normalization, cli/prepare.py), so it gives the same dataset.
 - `INPUT_OPTIONS`: a name for the input paths, which lmshard takes as arguments:
   `--input data.jsonl` is read as `data.jsonl` (`rewrite`).
 - `NO_OPS`: a flag that asks for what lmshard does anyway (`--append-eod`): dropped, with a note.
@@ -13,7 +13,7 @@ example scripts, datatrove, and llm.c/nanoGPT-style data scripts. Each spelling 
   similar-looking option (`--append-eod` is not `--append`).
 
 Underscores are dashes everywhere (`--input_files` is `--input-files`). Pure functions over the
-argument list; the command line (cli_prepare.py) calls them.
+argument list; the command line (cli/prepare.py) calls them.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def advice(option: str, args: list[str]) -> str | None:
 def _tokenizer(args: list[str]) -> str:
     """The one --tokenizer value that stands for Megatron-style tokenizer options, where the
     arguments say which (a type, a model, a vocabulary file)."""
-    from .tokenizers.vocab import TOKENIZER_NAMES  # here: the command line's start stays light
+    from ..tokenizers.vocab import TOKENIZER_NAMES  # here: the command line's start stays light
 
     kind = (value_of(args, "tokenizer-type") or "").lower()
     names = ("tokenizer-model", "tokenizer-name-or-path", "tokenizer-name", "tokenizer-path", "tokenization")
@@ -153,7 +153,7 @@ def _output(value: str | None) -> str:
 
 
 def _data_name(value: str | None) -> str:
-    from .prepare.documents.hf import PRESETS  # here: the command line's start stays light
+    from ..prepare.documents.hf import PRESETS  # here: the command line's start stays light
 
     if value in PRESETS:
         return f"use --preset {value} (`lmshard datasets` lists the named datasets)"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..format import TOKEN_DTYPE
+from ...format import TOKEN_DTYPE
 from .blockpool import BlockPool
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import typer
 
+from ..errors import ConfigError
 from . import render
-from .errors import ConfigError
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")  # as lmshard.prepare.execution.stages.STAGES
 
@@ -33,16 +33,16 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     """`prepare --num-tasks N [--executor ...]`: the metadata of the dataset where this process
     wrote it (local, ray), else None (the tasks run elsewhere). An --out URL is built in a local
     work directory by the local or Ray tasks and published when they finish (publish.py)."""
-    from .prepare.execution import local_exec
-    from .remote import redact
-    from .remote.urls import output_url
+    from ..prepare.execution import local_exec
+    from ..remote import redact
+    from ..remote.urls import output_url
 
     if output_url(cfg.out):
         if executor not in ("local", "ray"):
             raise ConfigError(f"--out {redact(cfg.out)} with --executor {executor}: the tasks of other machines "
                               "share a directory, not a URL; use --executor local or ray, or write to a shared "
                               "directory")  # fmt: skip
-        from .prepare.output.publish import prepare_remote
+        from ..prepare.output.publish import prepare_remote
 
         return prepare_remote(cfg, on_progress, lambda local, callback: planned_prepare(local, n_tasks, executor,
                                                                                         callback))  # fmt: skip
@@ -55,11 +55,11 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     show = render.err if cfg.json else render.out  # with --json, stdout holds only the JSON summary
     out = shlex.quote(cfg.out)
     if executor == "ray":
-        from .prepare.execution import ray_exec
+        from ..prepare.execution import ray_exec
 
         return ray_exec.run(cfg, n_tasks, plan["unit_bytes"], cfg.ray_address)
     if executor == "slurm":
-        from .prepare.execution import slurm
+        from ..prepare.execution import slurm
 
         jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args, cfg.max_jobs)
         arrays = ", ".join(f"{stage} (job {jobs[stage]})" for stage in slurm.ARRAY_STAGES)
@@ -102,8 +102,8 @@ def run_task(
     ),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
-    from .prepare.execution import stages
-    from .remote.urls import local_only
+    from ..prepare.execution import stages
+    from ..remote.urls import local_only
 
     local_only(out, "run-task")
     if stage not in STAGES:
@@ -121,7 +121,7 @@ def run_task(
         render.err.print(f"stopped: {e}", markup=False, soft_wrap=True)
         raise typer.Exit(128 + e.signum) from None
     if stage == "finish":
-        from .format import load_metadata
+        from ..format import load_metadata
 
         render.summary(load_metadata(cfg.out), cfg.out)
         return
@@ -134,8 +134,8 @@ def status(
     out: Path = typer.Argument(..., metavar="DIR", help="The output dataset directory of a planned run."),
 ) -> None:
     """Progress of a planned scale-out prepare: each stage's tasks done, and what to run next."""
-    from .prepare.execution import stages
-    from .remote.urls import local_only
+    from ..prepare.execution import stages
+    from ..remote.urls import local_only
 
     local_only(out, "status")
     info = stages.status(out)
@@ -174,8 +174,8 @@ def status(
 def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[int]] | None) -> None:
     """For a run submitted to Slurm: the sbatch commands that re-run exactly the missing tasks
     of the earliest incomplete stage, then every later stage and the finish."""
-    from .prepare.execution import slurm
-    from .prepare.execution.taskplan import work_dir
+    from ..prepare.execution import slurm
+    from ..prepare.execution.taskplan import work_dir
 
     found = slurm.submitted(work_dir(out) / "slurm")
     if found is None:

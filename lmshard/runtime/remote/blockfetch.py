@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LmshardError
+from ...errors import LmshardError
 from .blockpool import BlockPool
 from .blockread import BlockReader
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..format import TOKEN_DTYPE
+from ...format import TOKEN_DTYPE
 
 
 class BlockPool:
