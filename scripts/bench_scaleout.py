@@ -107,6 +107,7 @@ def main() -> None:
         )
         work = t / ".dist.lmshard-work"
         plan = json.loads((work / "plan.json").read_text())
+        plan_bytes = sum(p.stat().st_size for p in work.glob("plan*"))  # the head and its tables
         stage_rows = []
         steps = [(stage, ["--task", str(i)]) for stage in ("tokenize", "dedup", "select", "write") for i in range(4)]
         work_bytes = 0
@@ -117,8 +118,7 @@ def main() -> None:
             sec, main_rss, _ = run_measuring_rss([*LMSHARD, "run-task", "--stage", stage, *task, str(dist)], env)
             stage_rows.append((stage, " ".join(task), sec, main_rss))
             print(f"2. {stage} {' '.join(task)}: {sec:.2f} s, peak RSS {main_rss / 2**20:.0f} MiB", flush=True)
-        plan_bytes = len(json.dumps(plan).encode())
-        n_units = len(plan["units"])
+        n_units = plan["n_units"]
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
     names = {"reader": "`prepare --workers 2`, one reading process feeding the workers",

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from lmshard import __version__
 from lmshard.cli import app
 from lmshard.errors import ConfigError
-from lmshard.prepare.config import PrepareConfig, canonical, resolve_config
+from lmshard.prepare.config import PrepareConfig
+from lmshard.prepare.configfile import canonical, resolve_config
 
 runner = CliRunner()
 

@@ -164,7 +164,7 @@ def test_inspect_in_a_log_says_what_it_verifies(tmp_path, corpus):
 def test_json_of_a_run_planned_for_elsewhere_is_still_one_object(tmp_path, corpus):
     done = _run(["prepare", str(corpus), "--out", "o", "--num-tasks", "2", "--executor", "none", "--json"], tmp_path)
     assert done.returncode == 0, done.stderr
-    units = len(json.loads((tmp_path / ".o.lmshard-work" / "plan.json").read_text())["units"])
+    units = json.loads((tmp_path / ".o.lmshard-work" / "plan.json").read_text())["n_units"]
     assert units == 8  # 4 per task: units are sized to the task count
     assert json.loads(done.stdout) == {"out": "o", "executor": "none", "n_tasks": 2, "units": units, "merged": False,
                                        "follow": "lmshard status o"}  # fmt: skip

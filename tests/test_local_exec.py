@@ -148,7 +148,7 @@ def test_ctrl_c_with_idle_workers_is_one_message(tmp_path, corpus, one_machine, 
     out = tmp_path / "o"
     plan = tmp_path / "plan"  # the same plan, made without running it: how many units
     assert finish(start_prepare([*_args(corpus, plan), "--executor", "none"]), 120)[0] == 0
-    units = len(json.loads((_work(plan) / "plan.json").read_text())["units"])
+    units = json.loads((_work(plan) / "plan.json").read_text())["n_units"]
     monkeypatch.setenv("LMSHARD_STOP_AT", f"unit={units - 1}")
     proc = start_prepare(_args(corpus, out))
     workers = wait_for_workers(proc, 2)
@@ -174,19 +174,18 @@ def test_progress_follows_each_unit_as_it_finishes_not_the_whole_stage():
     import threading
     from concurrent.futures import Future
 
-    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution import itempool
 
     futures: dict[Future[None], list[int]] = {Future(): [0], Future(): [1]}
     first, second = list(futures)
     reported: list[int] = []
     seen_one = threading.Event()
 
-    class Recorder:
-        def done(self, stage, i):
-            reported.append(i)
-            seen_one.set()
+    def done(stage, i):
+        reported.append(i)
+        seen_one.set()
 
-    waiter = threading.Thread(target=local_exec._wait, args=(futures, "tokenize", Recorder()))
+    waiter = threading.Thread(target=itempool._wait, args=(futures, "tokenize", done))
     waiter.start()
     second.set_result(None)
     assert seen_one.wait(60)  # an event, not a clock: unit 1 was reported while unit 0 runs

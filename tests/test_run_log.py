@@ -12,7 +12,7 @@ from proctree import finish, kill_group, start_prepare, wait_stopped
 from test_prepare import jsonl, make_texts
 from test_stages import _files
 
-from lmshard.cli.prepare import RunLog, progress_line
+from lmshard.cli.runlog import RunLog, progress_line
 from lmshard.prepare.output.staging import OutputPaths, read_run
 from lmshard.prepare.pipeline import Progress
 

@@ -14,6 +14,7 @@ from proctree import LMSHARD, finish, signal_stopped, wait_stopped
 from test_prepare import jsonl, make_texts
 
 import lmshard.prepare.execution.layout as layout
+import lmshard.prepare.execution.stages as stages_module
 import lmshard.prepare.output.build as build
 from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
@@ -259,9 +260,9 @@ def test_a_task_with_several_workers_hands_its_items_to_the_pool(tmp_path, monke
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
     config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "wide"), workers=2, unit_size=_WINDOW, **_OPTS)
     local_exec.claim(config, 2)
-    pooled, real = [], local_exec.run_items
-    monkeypatch.setattr(local_exec, "run_items", lambda r, stage, items, w: (pooled.append((stage, w)),
-                                                                           real(r, stage, items, w))[1])  # fmt: skip
+    pooled, real = [], stages_module.run_items
+    monkeypatch.setattr(stages_module, "run_items", lambda r, stage, items, w: (pooled.append((stage, w)),
+                                                                              real(r, stage, items, w))[1])  # fmt: skip
     for stage in STAGES:
         for task in range(2 if stage != "finish" else 1):
             run_task(config, 2, stage, task, _WINDOW)
@@ -410,15 +411,25 @@ def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, 
 
 def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
     """The unit size was sized from the inputs when the plan was made: a later task keeps the
-    plan's, so the refusal names what changed (the input), not a recomputed unit size."""
+    plan's, so the refusal names what changed (the input), not a recomputed unit size; the
+    planner (a prepare run again) names it too. A task that reads no changed input (another
+    file) goes on: it checks only its own."""
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(3_000, seed=2))
-    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), workers=1)
-    plan_run(config, 4)
+    other = jsonl(tmp_path / "in" / "b.jsonl", make_texts(3_000, seed=3))
+    config = PrepareConfig(inputs=[str(src), str(other)], out=str(tmp_path / "o"), workers=1)
+    plan, _, _ = plan_run(config, 4)
     with open(src, "a") as f:
         f.write('{"text": "one more document"}\n')
+    reads_a = next(t for t in range(4) if plan["units"][plan["tasks"][t][0]][0] == 0)
+    reads_b = next(t for t in range(4) if plan["units"][plan["tasks"][t][1] - 1][0] == 1 and
+                   plan["units"][plan["tasks"][t][0]][0] == 1)  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        plan_run(config, 4)
+        run_task(config, 4, "tokenize", reads_a)
+    assert "unit size" not in str(e.value) and "a.jsonl changed after the run was planned" in str(e.value), e.value
+    with pytest.raises(ConfigError) as e:
+        plan_run(config, 4, loaded=local_exec.load_run(config))
     assert "unit size" not in str(e.value) and "a.jsonl" in str(e.value), str(e.value)
+    assert run_task(config, 4, "tokenize", reads_b) > 0
 
 
 @pytest.mark.parametrize("executor", ["local", "none"])

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type checkers see the real names; at run time they load on first use
-    from .config import PrepareConfig, resolve_config
+    from .config import PrepareConfig
+    from .configfile import resolve_config
     from .documents.hf import Preset, presets
     from .pipeline import Progress, prepare
 
@@ -31,10 +32,14 @@ def __getattr__(name: str) -> Any:
     """The public names, imported on first use: a worker process imports only `worker` and
     what it needs (not the pipeline, staging and claim machinery of the main process), which
     is about 0.1 s of each worker's start."""
-    if name in ("PrepareConfig", "resolve_config"):
+    if name == "PrepareConfig":
         from . import config
 
-        return getattr(config, name)
+        return config.PrepareConfig
+    if name == "resolve_config":
+        from . import configfile
+
+        return configfile.resolve_config
     if name in ("Progress", "prepare"):
         from . import pipeline
 

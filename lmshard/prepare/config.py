@@ -1,24 +1,16 @@
-"""The options of a prepare run, and the one place they are resolved.
-
-`resolve_config` merges, in order of precedence: command-line flags, a YAML/TOML config file,
-a preset (`--preset fineweb-edu`), and the demo defaults (`--demo`), then checks every value's
-type and returns a validated `PrepareConfig`. The CLI only collects flags; library users call
-the same function (or build a `PrepareConfig` directly).
-
-Config-file keys are the CLI's long option names, in dash or underscore spelling (`text-field`,
-`text_field`, `no-normalize`, `split`), plus the field names of `PrepareConfig`. A string where
-a list is expected is one item; a whole number may be written `1e8` or `100_000_000`.
+"""The options of a prepare run: `PrepareConfig`, a keyword-only dataclass whose every field is
+checked at construction (its type, its choices, the combinations that cannot work), and what
+the run derives from them (workers, encoding, clean and MinHash settings). configfile.py
+resolves one from flags, a config file, a preset and the demo defaults.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -245,84 +237,6 @@ ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 # Options that steer resolution itself rather than naming a field.
 META_OPTIONS: dict[str, Any] = {"preset": str | None, "demo": bool}
-
-
-def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] | None = None,
-                   preset: str | None = None, demo: bool = False) -> PrepareConfig:  # fmt: skip
-    """The validated `PrepareConfig` for flags (None = not given) over a config file over a
-    preset over the demo defaults. Raises `ConfigError` with one line naming the bad key."""
-    values = load_config_file(file) if file else {}
-    given = canonical({k: v for k, v in (flags or {}).items() if v is not None and v != []}, "option")
-    presets = (preset, given.pop("preset", None), values.pop("preset", None))  # pop from both, then choose
-    preset = next((p for p in presets if p), None)
-    demos = (demo, given.pop("demo", False), values.pop("demo", False))
-    demo = any(demos)
-    values.update(given)
-    if preset:
-        from .documents.hf import apply_preset
-
-        values = apply_preset(preset, values)
-    if demo:
-        from .demo import DEMO_DEFAULTS
-
-        for key, value in DEMO_DEFAULTS().items():
-            values.setdefault(key, value)
-    if not values.get("out"):
-        raise ConfigError("missing --out DIR (where to write the dataset)")
-    if not values.get("inputs") and not values.get("hf"):
-        raise ConfigError("name at least one input (file, directory, glob or -), or pass --hf, --preset or --demo")
-    return PrepareConfig(**values)
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The options of a YAML (or `.toml`) file, keys canonical and values type-checked."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
-    try:
-        if p.suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-    except Exception as e:  # both parsers raise their own error types
-        raise ConfigError(f"{path}: invalid config file ({' '.join(str(e).split())})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of option names to values")
-    return canonical(data, f"{path}: key")
-
-
-def canonical(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Map option names (dash or underscore, CLI aliases) to field names and check each value's
-    type against the field. `where` prefixes error messages ("prepare.yaml: key")."""
-    hints = _field_types()
-    known = sorted({*hints, *META_OPTIONS, *ALIASES})
-    out: dict[str, Any] = {}
-    origin: dict[str, str] = {}  # field → the key that set it
-    for key, value in raw.items():
-        name = str(key).replace("-", "_")
-        target = ALIASES[name][0] if name in ALIASES else name
-        if target in origin:
-            raise ConfigError(f"{where} {key!r} sets the same option as {origin[target]!r}; keep one of them")
-        origin[target] = str(key)
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""
-            raise ConfigError(f"{where} {key!r} is not a prepare option{hint}")
-        if name in META_OPTIONS:
-            out[name] = _checked(key, value, META_OPTIONS[name], where)
-        elif name in ALIASES:
-            target, transform = ALIASES[name]
-            alias_type = bool if name.startswith("no_") else hints[target]
-            out[target] = transform(_checked(key, value, alias_type, where))
-        else:
-            out[name] = _checked(key, value, hints[name], where)
-    return out
 
 
 def _field_types() -> dict[str, Any]:

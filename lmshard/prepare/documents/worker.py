@@ -12,7 +12,7 @@ then released; nothing accumulates across items.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from .sources import SPLIT_INTO_PARAGRAPHS, WorkItem, by_paragraph
 class WorkerConfig:
     """Everything a worker needs; pickled once per worker at start."""
 
-    sources: tuple[Source, ...]
+    sources: Sequence[Source]  # (a planned task's: read from the plan as it uses them, plantables.py)
     clean: CleanConfig
     tokenizer: str
     tokenizer_backend: str = "auto"  # the backend the main process chose (and gated): workers use the same

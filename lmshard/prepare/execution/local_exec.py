@@ -19,19 +19,12 @@ process holds the plan, the layout and one future per item of the current stage.
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import shutil
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...errors import ConfigError, InputError, LmshardError
+from ...errors import ConfigError, InputError
 from ...format import load_metadata
 from ...remote.retry import RemoteError
 from ..config import PrepareConfig
@@ -39,10 +32,9 @@ from ..documents.reading import InputGone, InputReadError, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
-from ..stops import STOP_SIGNALS
+from .itempool import in_pool, item_pool
 from .owners import begin, finish, remove_work
-from .pool import WorkerDied, start_method, stop_signals_ignored
-from .stages import STAGES, Run, check_scale_out, load_run
+from .run import STAGES, Run, check_scale_out, load_run
 from .taskplan import largest_whole, work_dir
 from .unitfiles import unit_marker
 
@@ -53,8 +45,6 @@ STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
 # fixed costs (its files, fsyncs, a read of each bucket) stay small.
 TASKS_PER_WORKER = 2
-BATCHES_PER_WORKER = 2  # the later stages' items go to the workers in this many batches each
-_here: dict[str, Any] = {}  # what forked workers inherit: the run
 
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
@@ -128,43 +118,9 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
                 r.do(stage, i)
                 progress.done(stage, i)
         return
-    with _workers(r, workers) as pool:
+    with item_pool(r, workers) as pool:
         for stage in _ORDER:
-            _in_pool(pool, stage, list(_todo(r, stage)), workers, progress)
-
-
-@contextlib.contextmanager
-def _workers(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
-    method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
-    _here["run"] = r
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
-                               initargs=(r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork"))
-    try:
-        yield pool
-    except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the items in progress are not waited for
-        _stop_workers(pool)
-        raise
-    finally:
-        _here.clear()
-    pool.shutdown(wait=True)
-
-
-def _in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int, progress: _Progress | None) -> None:
-    # Units one at a time (long, and the progress follows them); the small items of the later stages in a few
-    # batches per worker, so that this process schedules a few dozen calls, not thousands.
-    size = 1 if stage == "tokenize" else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
-    with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
-        futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
-                   for k in range(0, len(items), size)}  # fmt: skip
-    _wait(futures, stage, progress)
-
-
-def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
-    """Items of one stage in a pool of `workers` processes: one task of a planned run that
-    holds many cores (a node of a cluster, `run-task` with the CPUs the scheduler granted)."""
-    with _workers(r, workers) as pool:
-        _in_pool(pool, stage, items, workers, None)
+            in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
 
 
 # The stages' items in order; after the units are tokenized each task's keys are gathered (keyfiles.py), after
@@ -178,20 +134,6 @@ def _todo(r: Run, stage: str) -> Iterable[int]:
     if stage == "write":
         r.layout()  # laid out here, once: a walk over the units' totals
     return r.missing(stage)
-
-
-def _wait(futures: dict[Future[None], list[int]], stage: str, progress: _Progress | None) -> None:
-    for f in as_completed(futures):  # each as it finishes: the progress line follows the units
-        try:
-            f.result()  # a worker's error is raised here
-        except BrokenProcessPool:
-            why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
-                   "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
-                   "memory ran out)")  # fmt: skip
-            raise WorkerDied(why) from None
-        if progress is not None:
-            for i in futures[f]:
-                progress.done(stage, i)
 
 
 class _Progress:
@@ -223,41 +165,3 @@ class _Progress:
                 self.callback(self.p)
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """End the workers now: they ignore Ctrl-C and SIGTERM, and an item in progress may take
-    long. An item killed midway has no marker, so a resumed run redoes it."""
-    for proc in list((pool._processes or {}).values()):
-        proc.kill()
-    # Then the pool's own thread finds them dead and closes its queues (its way out of a broken
-    # pool), so nothing writes to a closed pipe as this process exits.
-    pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _start(config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
-    """Worker initializer: the parent's run (plan, sources, tokenizer) when forked (one thread
-    each), else loaded here. A worker whose parent dies (kill -9, the OOM killer) exits: its
-    siblings hold the task queue open, so it would otherwise wait for a task forever."""
-    for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM to the process group are the parent's to handle: it stops us
-        signal.signal(sig, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    if forked and "run" in _here:
-        _here["run"].tokenizer.use_threads(1)
-        return
-    try:
-        _here["run"] = Run.of(config, n_tasks, unit_bytes)
-    except LmshardError as e:  # (a store that stopped answering): raised by the first item, not a broken pool
-        _here["failed"] = e
-
-
-def _exit_with_parent(parent: int, every: float = 0.5) -> None:
-    while os.getppid() == parent:
-        time.sleep(every)
-    os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
-
-
-def _items(stage: str, items: list[int]) -> None:
-    if "failed" in _here:
-        raise _here["failed"]
-    run: Run = _here["run"]
-    for i in items:
-        run.do(stage, i)

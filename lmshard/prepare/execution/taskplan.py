@@ -47,6 +47,17 @@ from ..documents.files import Source, first_byte, open_raw
 from ..documents.records import binary_record
 from ..documents.sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
 from ..output.staging import difference
+from .plantables import (
+    SOURCES,
+    TASKS,
+    UNITS,
+    SourceTable,
+    TaskTable,
+    UnitTable,
+    identity,
+    source_row,
+    write_tables,
+)
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 3  # 3: the dedup stage reads per-task key files (keyfiles.py)
@@ -230,12 +241,21 @@ def assign(units: list[Unit], n_tasks: int) -> list[tuple[int, int]]:
 
 def make_plan(fingerprint: dict[str, Any], sources: list[Source], units: list[Unit], n_tasks: int,
               unit_bytes: int = UNIT_BYTES) -> dict[str, Any]:  # fmt: skip
-    """The plan as stored: the run's fingerprint (see claim.py), the sources, units and tasks."""
+    """The plan in memory: the run's fingerprint (see claim.py), the sources (with the identity
+    the fingerprint gave each: its modification time or version), units and tasks."""
     return {"version": PLAN_VERSION, "n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint,
             "buckets": bucket_count(sum(s.size for s in sources)),
-            "sources": [[s.path, s.fmt, s.compression, s.size] for s in sources],
+            "sources": [source_row(s, ident) for s, ident in zip(sources, fingerprint["sources"], strict=True)],
             "units": [[u.source, u.kind, u.start, u.end, u.nbytes] for u in units],
             "tasks": [list(r) for r in assign(units, n_tasks)]}  # fmt: skip
+
+
+def _head(plan: dict[str, Any]) -> dict[str, Any]:
+    """What plan.json holds: the plan but its tables, and the fingerprint but its inputs."""
+    head = {k: v for k, v in plan.items() if k not in ("units", "tasks", "sources")}
+    head["fingerprint"] = {k: v for k, v in plan["fingerprint"].items() if k != "sources"}
+    head |= {"n_units": len(plan["units"]), "n_sources": len(plan["sources"])}
+    return head
 
 
 def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
@@ -247,8 +267,10 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
         tmp = work / f".{PLAN_FILE}.{os.getpid()}.tmp"
         # The tasks read their inputs from the plan, so a URL's credentials must stay in it: then
         # only its owner may read it (it goes with the work folder once the dataset is complete).
-        inputs = [str(i) for i in plan.get("prepare", {}).get("inputs", [])] + [str(s[0]) for s in plan["sources"]]
-        atomic_write_json(tmp, plan, private=any(has_credentials(i) for i in inputs))
+        inputs = [str(i) for i in plan.get("prepare", {}).get("inputs", [])] + [str(s[5]) for s in plan["sources"]]
+        private = any(has_credentials(i) for i in inputs)
+        write_tables(work, plan["units"], plan["tasks"], plan["sources"], private)  # (before the head: its marker)
+        atomic_write_json(tmp, _head(plan), private=private)
         try:
             os.link(tmp, path)  # fails if another task created it first: then validate theirs
         except FileExistsError:
@@ -264,6 +286,7 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_plan(work: Path) -> dict[str, Any]:
+    """The plan's head with its tables as sequences read a row at a time (plantables.py)."""
     path = work / PLAN_FILE
     try:
         plan = json.loads(path.read_text())
@@ -274,15 +297,23 @@ def load_plan(work: Path) -> dict[str, Any]:
     if not isinstance(plan, dict) or plan.get("version") != PLAN_VERSION:
         raise InputError(f"{path}: plan version {plan.get('version') if isinstance(plan, dict) else None!r} is not "
                          f"{PLAN_VERSION}; delete {work} and plan again with this lmshard")  # fmt: skip
+    plan["units"] = UnitTable(work / UNITS, plan["n_units"])
+    plan["tasks"] = TaskTable(work / TASKS, plan["n_tasks"])
+    plan["sources"] = SourceTable(work / SOURCES, plan["n_sources"])
     return plan
 
 
 def plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """What differs between a stored plan and a run's (`new["fingerprint"]` without "sources":
+    a task's, which checks the inputs it reads as it reads them)."""
     if old.get("n_tasks") != new["n_tasks"]:
         return f"--num-tasks was {old.get('n_tasks')} and is {new['n_tasks']} now"
     if old.get("unit_bytes") != new["unit_bytes"]:
         return f"the unit size was {old.get('unit_bytes')} bytes and is {new['unit_bytes']} now"
-    return difference(old.get("fingerprint", {}), new["fingerprint"])
+    stored = dict(old.get("fingerprint", {}))
+    if "sources" in new["fingerprint"]:  # the planner's: every input, as the plan recorded it
+        stored["sources"] = [identity(r) for r in old["sources"]]
+    return difference(stored, new["fingerprint"])
 
 
 def units_of(plan: dict[str, Any], task: int) -> list[Unit]:

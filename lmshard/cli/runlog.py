@@ -1,0 +1,170 @@
+"""What `lmshard prepare` prints while it runs and when it ends: progress lines every
+--log-interval seconds of its clock (or a progress bar on a terminal), the closing line and the
+JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from . import render
+from .render import plural
+
+T = TypeVar("T")
+
+
+class RunLog:
+    """What a prepare run prints (see the module doc); `follow` runs the job with its progress."""
+
+    def __init__(self, cfg: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.cfg = cfg
+        self.plain = not sys.stderr.isatty()
+        self.clock = clock  # seconds; a test drives its own
+        self.started = clock()
+
+    def _line(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        if self.cfg.quiet or not self.plain:
+            return
+        c = self.cfg
+        from ..remote.urls import redact  # a URL's password or signature is never printed
+
+        inputs = [redact(i) for i in c.inputs[:3]] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
+        source = " ".join(inputs) or f"hf:{c.hf}"
+        tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
+        tasks += f", dedup {c.dedup}" + (f" + near {c.minhash}" if c.near_dedup else "")
+        self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
+                   f"{tasks}, val-fraction {c.val_fraction}, tokens-per-shard "
+                   f"{c.tokens_per_shard:,}" + (f", shard encoding {c.shard_encoding}" if c.shard_encoding else ""))
+
+    def follow(self, job: Callable[[Callable[[Any], None]], T]) -> T:
+        if self.cfg.quiet:
+            return job(lambda p: None)
+        if self.plain:
+            return job(self._plain_progress())
+        return _progress_bar(job)
+
+    def _plain_progress(self) -> Callable[[Any], None]:
+        last = [self.started]
+
+        def update(p: Any) -> None:
+            now = self.clock()
+            if p.note:  # what a resumed run kept: said at once, before any progress
+                self._line(p.note)
+                return
+            if now - last[0] < self.cfg.log_interval:
+                return
+            last[0] = now
+            self._line(progress_line(p, now - self.started))
+
+        return update
+
+    def done(self, meta: Any) -> None:
+        if self.cfg.json:
+            print(json.dumps(summary_json(meta, self.cfg.out)), flush=True)
+        elif not self.cfg.quiet:
+            render.summary(meta, self.cfg.out)
+        if self.plain and not self.cfg.quiet and not _same_file(sys.stdout, sys.stderr):
+            self._line(done_line(meta, self.cfg.out))
+
+
+def progress_line(p: Any, elapsed: float) -> str:
+    """One plain progress line: input read (of the total where known), documents, tokens,
+    tokens/s and the time left."""
+    elapsed = max(elapsed, 1e-9)
+    rate = (p.tokens - p.tokens_at_start) / elapsed  # this process's work: a resumed run's earlier work took no time
+    read = f"{p.bytes_done / 1e6:,.1f} MB"
+    eta = ""
+    if p.bytes_total:
+        frac = min(p.bytes_done / p.bytes_total, 1.0)
+        read += f" of {p.bytes_total / 1e6:,.1f} MB ({100 * frac:.1f}%)"
+        speed = (p.bytes_done - p.bytes_at_start) / elapsed  # input bytes per second
+        if speed > 0:
+            eta = f", ETA {_clock(max(p.bytes_total - p.bytes_done, 0) / speed)}"
+    return (f"prepare: {read} read, {plural(p.docs, 'doc')}, {p.tokens:,} tokens, {rate / 1e6:.2f} M tokens/s, "
+            f"{_clock(elapsed)} elapsed{eta}")  # fmt: skip
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def summary_json(meta: Any, where: str) -> dict[str, Any]:
+    """The summary as plain data: the same counts as the metadata."""
+    tok = meta.tokenizer
+    splits = {
+        name: {"docs": s.n_docs, "tokens": s.n_tokens, "shards": len(s.shards)} for name, s in meta.splits.items()
+    }
+    run = meta.run
+    return {"out": where, "records_read": meta.records_read, "n_docs": sum(s["docs"] for s in splits.values()),
+            "n_tokens": sum(s["tokens"] for s in splits.values()), "splits": splits,
+            "drops": {k: v for k, v in meta.drops.items() if v}, "skipped_inputs": meta.skipped_inputs.to_json(),
+            "tokenizer": {"name": tok.name, "n_vocab": tok.n_vocab, "eot_id": tok.eot_id, "bos_id": tok.bos_id,
+                          "backend": tok.backend},
+            "elapsed_s": run.elapsed_s, "tokens_per_s": run.tokens_per_s, "workers": run.workers}  # fmt: skip
+
+
+def done_line(meta: Any, where: str) -> str:
+    data = summary_json(meta, where)
+    splits = "; ".join(f"{name} {plural(s['docs'], 'doc')}, {s['tokens']:,} tokens, {plural(s['shards'], 'shard')}"
+                       for name, s in data["splits"].items())  # fmt: skip
+    drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
+    if meta.skipped_inputs:
+        drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
+    return (f"done: {where}: {splits}; dropped {drops}; {data['elapsed_s']:.1f} s, "
+            f"{data['tokens_per_s'] or 0:,.0f} tokens/s")  # fmt: skip
+
+
+def _same_file(a: Any, b: Any) -> bool:
+    """Whether two streams write to the same file (2>&1, one Slurm log): then the summary table
+    on stdout is already in the log."""
+    try:
+        return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _progress_bar(job: Callable[[Callable[[Any], None]], T]) -> T:
+    columns = (
+        TextColumn("[bold]prepare"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TextColumn("{task.fields[docs]:>10,} docs  {task.fields[mb]:>8.1f} MB in"),
+        TextColumn("{task.fields[tps]:>6.2f} M tok/s"),
+        TimeRemainingColumn(),
+    )
+    start = time.perf_counter()
+    shown = [start]
+    # No refresh thread (rich's auto_refresh): prepare forks its workers, which is only safe
+    # while this process runs one thread. The bar is redrawn from the progress callback instead.
+    with Progress(*columns, console=render.err, transient=False, auto_refresh=False) as bar:
+        task = bar.add_task("prepare", total=None, docs=0, mb=0.0, tps=0.0)
+
+        def update(p: Any) -> None:
+            if p.note:  # what a resumed run kept, above the bar; the bar starts from there with no speed samples
+                bar.console.print(p.note, markup=False, highlight=False)
+                bar.reset(task, total=p.bytes_total or None, completed=p.bytes_done, docs=p.docs,
+                          mb=p.bytes_done / 1e6, tps=0.0)  # fmt: skip
+                return
+            now = time.perf_counter()
+            rate = (p.tokens - p.tokens_at_start) / max(now - start, 1e-9) / 1e6
+            total = p.bytes_total or None
+            bar.update(task, total=total, completed=min(p.bytes_done, total or p.bytes_done),
+                       docs=p.docs, mb=p.bytes_done / 1e6, tps=rate)  # fmt: skip
+            if now - shown[0] >= 0.1:
+                shown[0] = now
+                bar.refresh()
+
+        meta = job(update)
+        bar.update(task, total=1, completed=1)
+    return meta

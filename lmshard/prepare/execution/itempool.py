@@ -1,0 +1,126 @@
+"""A pool of worker processes that run the items of a planned run's stages (run.py): the local
+executor's workers (local_exec.py), and those of a task with several CPUs (stages.py).
+
+Workers are forked where that is safe (they inherit the run: plan, inputs, tokenizer), else
+started and given the run's configuration to load it themselves. They ignore Ctrl-C and SIGTERM
+(the process that owns the pool stops them at once, killing an item in progress, which has no
+marker and is redone), and exit when that process dies.
+
+Memory model: each worker holds what its stage's item holds (see each stage's module); the
+owner holds one future per batch of items of the current stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any
+
+from ...errors import LmshardError
+from ..config import PrepareConfig
+from ..stops import STOP_SIGNALS
+from .pool import WorkerDied, start_method, stop_signals_ignored
+
+if TYPE_CHECKING:
+    from .run import Run
+
+BATCHES_PER_WORKER = 2  # the later stages' items go to the workers in this many batches each
+_here: dict[str, Any] = {}  # what forked workers inherit: the run
+
+
+@contextlib.contextmanager
+def item_pool(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
+    method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
+    _here["run"] = r
+    start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
+                               initargs=start)  # fmt: skip
+    try:
+        yield pool
+    except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the items in progress are not waited for
+        _stop_workers(pool)
+        raise
+    finally:
+        _here.clear()
+    pool.shutdown(wait=True)
+
+
+def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int,
+            done: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
+    """Run `items` of `stage` in `pool`; `done(stage, item)` as each batch finishes."""
+    # Units one at a time (long, and the progress follows them); the small items of the later stages in a few
+    # batches per worker, so that this process schedules a few dozen calls, not thousands.
+    size = 1 if stage == "tokenize" else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
+    with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
+        futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
+                   for k in range(0, len(items), size)}  # fmt: skip
+    _wait(futures, stage, done)
+
+
+def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
+    """Items of one stage in a pool of `workers` processes: one task of a planned run that
+    holds many cores (a node of a cluster, `run-task` with the CPUs the scheduler granted)."""
+    with item_pool(r, workers) as pool:
+        in_pool(pool, stage, items, workers)
+
+
+def _wait(futures: dict[Future[None], list[int]], stage: str, done: Callable[[str, int], None] | None) -> None:
+    for f in as_completed(futures):  # each as it finishes: the progress line follows the units
+        try:
+            f.result()  # a worker's error is raised here
+        except BrokenProcessPool:
+            why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
+                   "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
+                   "memory ran out)")  # fmt: skip
+            raise WorkerDied(why) from None
+        if done is not None:
+            for i in futures[f]:
+                done(stage, i)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End the workers now: they ignore Ctrl-C and SIGTERM, and an item in progress may take
+    long. An item killed midway has no marker, so a resumed run redoes it."""
+    for proc in list((pool._processes or {}).values()):
+        proc.kill()
+    # Then the pool's own thread finds them dead and closes its queues (its way out of a broken
+    # pool), so nothing writes to a closed pipe as this process exits.
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
+    """Worker initializer: the parent's run (plan, sources, tokenizer) when forked (one thread
+    each), else loaded here. A worker whose parent dies (kill -9, the OOM killer) exits: its
+    siblings hold the task queue open, so it would otherwise wait for a task forever."""
+    for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM to the process group are the parent's to handle: it stops us
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    if forked and "run" in _here:
+        _here["run"].tokenizer.use_threads(1)
+        return
+    try:
+        _here["run"] = make(config, n_tasks, unit_bytes)
+    except LmshardError as e:  # (a store that stopped answering): raised by the first item, not a broken pool
+        _here["failed"] = e
+
+
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
+
+
+def _items(stage: str, items: list[int]) -> None:
+    if "failed" in _here:
+        raise _here["failed"]
+    run: Run = _here["run"]
+    for i in items:
+        run.do(stage, i)

@@ -1,0 +1,188 @@
+"""The plan's tables on disk, read a row at a time, so a task reads its own units and inputs
+from a plan of any size, never the whole plan.
+
+Beside `plan.json` (the head: options, counts, the fingerprint but for the inputs), three
+tables, each written before the head (the head's existence says the plan is complete):
+
+- `plan_units.bin`: one 32-byte row per unit: source (int32), kind (int32: file, range,
+  row_group), start, end, bytes accounted (int64 each), little-endian;
+- `plan_tasks.bin`: N+1 int64: task t holds units [row t, row t+1);
+- `plan_sources.jsonl` and `plan_sources.idx` (one uint64 offset per line, then the end): one
+  JSON line per input: path, format, compression, size, inode, URL (credentials and all: the
+  plan is then readable by its owner only), version, and the size and modification time (ns;
+  an object's version) the run's fingerprint gave it, so a task checks the inputs it reads, and
+  only those, against the plan.
+
+`UnitTable`, `TaskTable` and `SourceTable` are read-only sequences over them (positioned
+reads of one row, a few rows cached); iterating one reads the whole table (the planner and the
+local executor, which hold the plan anyway).
+
+Memory model: a handful of rows per table and open reads; nothing grows with the plan unless
+a caller iterates a whole table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...format import atomic_write_bytes
+from ..documents.files import Source
+
+KINDS = ("file", "range", "row_group")
+_UNIT = np.dtype([("source", "<i4"), ("kind", "<i4"), ("start", "<i8"), ("end", "<i8"), ("nbytes", "<i8")])
+_I8, _U8 = np.dtype("<i8"), np.dtype("<u8")
+UNITS, TASKS, SOURCES, SOURCE_INDEX = "plan_units.bin", "plan_tasks.bin", "plan_sources.jsonl", "plan_sources.idx"
+
+
+def write_tables(work: Path, units: list[list[Any]], tasks: list[list[int]], sources: list[list[Any]],
+                 private: bool) -> None:  # fmt: skip
+    """The three tables, durably (each renamed into place whole)."""
+    rows = np.zeros(len(units), dtype=_UNIT)
+    for i, (source, kind, start, end, nbytes) in enumerate(units):
+        rows[i] = (source, KINDS.index(kind), start, end, nbytes)
+    atomic_write_bytes(work / UNITS, rows.tobytes(), private)
+    bounds = [first for first, _ in tasks] + [tasks[-1][1] if tasks else 0]
+    atomic_write_bytes(work / TASKS, np.array(bounds, dtype=_I8).tobytes(), private)
+    lines = [(json.dumps(s) + "\n").encode() for s in sources]
+    offsets = np.concatenate([[0], np.cumsum([len(line) for line in lines], dtype=np.int64)]).astype(_U8)
+    atomic_write_bytes(work / SOURCES, b"".join(lines), private)
+    atomic_write_bytes(work / SOURCE_INDEX, offsets.tobytes(), private)
+
+
+def _pread(path: Path, n: int, at: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, n, at)
+        while len(data) < n and (more := os.pread(fd, n - len(data), at + len(data))):
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) < n:
+        raise ConfigError(f"{path}: shorter than the plan says; delete {path.parent} and plan again")
+    return data
+
+
+class _Table(Sequence[Any]):
+    """A read-only sequence of `n` rows of a table file, read a row (or a slice) at a time."""
+
+    def __init__(self, path: Path, n: int) -> None:
+        self.path, self.n = path, n
+        self._cache: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _rows(self, first: int, end: int) -> list[Any]:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            first, end, step = i.indices(self.n)
+            return self._rows(first, end)[::step] if end > first else []
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if i not in self._cache:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[i] = self._rows(i, i + 1)[0]
+        return self._cache[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows(0, self.n))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # to the pool's workers: the path, not the rows read
+        return (type(self), (self.path, self.n))
+
+
+class UnitTable(_Table):
+    """Units as [source, kind, start, end, nbytes] (taskplan.Unit's fields)."""
+
+    def _rows(self, first: int, end: int) -> list[Any]:
+        data = _pread(self.path, (end - first) * _UNIT.itemsize, first * _UNIT.itemsize)
+        return [[int(r["source"]), KINDS[int(r["kind"])], int(r["start"]), int(r["end"]), int(r["nbytes"])]
+                for r in np.frombuffer(data, dtype=_UNIT)]  # fmt: skip
+
+
+class TaskTable(_Table):
+    """Tasks as [first unit, end unit]."""
+
+    def _rows(self, first: int, end: int) -> list[Any]:
+        bounds = np.frombuffer(_pread(self.path, (end - first + 1) * 8, first * 8), dtype=_I8).tolist()
+        return [[bounds[k], bounds[k + 1]] for k in range(end - first)]
+
+
+class SourceTable(_Table):
+    """Inputs as their rows: [path, fmt, compression, size, inode, url, version, identity's size,
+    identity's mark (modification time in ns, an object's version, or 0)]."""
+
+    def _rows(self, first: int, end: int) -> list[Any]:
+        index = self.path.with_name(SOURCE_INDEX)
+        at = np.frombuffer(_pread(index, (end - first + 1) * 8, first * 8), dtype=_U8).astype(int).tolist()
+        text = _pread(self.path, at[-1] - at[0], at[0]).decode()
+        return [json.loads(line) for line in text.splitlines()]
+
+
+class PlanSources(Sequence[Source]):
+    """The plan's inputs as `Source`s, each checked against the plan when first used: a task
+    reads the inputs of its own units and stats only those."""
+
+    def __init__(self, table: SourceTable) -> None:
+        self.table = table
+        self._checked: dict[int, Source] = {}
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @overload
+    def __getitem__(self, i: int) -> Source: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Source]: ...
+    def __getitem__(self, i: int | slice) -> Source | list[Source]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i not in self._checked:
+            self._checked[i] = checked_source(self.table[i], self.table.path.parent)
+        return self._checked[i]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PlanSources, (self.table,))
+
+
+def source_row(src: Source, identity: list[Any]) -> list[Any]:
+    """A source's row, with the identity the fingerprint gave it ([path, fmt, size, mark])."""
+    return [src.path, src.fmt, src.compression, src.size, src.inode, src.url, src.version, *identity[2:4]]
+
+
+def identity(row: list[Any]) -> list[Any]:
+    """The fingerprint's identity of a source row."""
+    return [row[0], row[1], row[7], row[8]]
+
+
+def checked_source(row: list[Any], work: Path) -> Source:
+    """The Source of a plan row, refused when the file changed since the plan was made."""
+    path, fmt, compression, size, inode, url, version, planned_size, mark = row
+    src = Source(path, fmt, compression, size, inode=inode, url=url, version=version)
+    if url or fmt == "hf" or not isinstance(mark, int) or not mark:
+        return src  # (an object's version was fixed by the listing that planned it)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: planned as an input of this run but unreadable now ({e.strerror}); restore it, "
+                          f"or delete {work} to plan again") from None  # fmt: skip
+    if (st.st_size, st.st_mtime_ns) != (planned_size, mark):
+        raise ConfigError(f"{path} changed after the run was planned (size {planned_size:,} then, {st.st_size:,} now); "
+                          f"restore it, or delete {work} to plan again")  # fmt: skip
+    return src

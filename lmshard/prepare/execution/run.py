@@ -1,0 +1,374 @@
+"""What every stage of a planned run works from (`Run`: the plan, its inputs, the tokenizer,
+and each stage's items, markers, summaries and the steps done once), and how a process gets one
+(`plan_run`: made on the first call, validated on later ones).
+
+A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with the
+plan: its inputs are the plan's rows, each checked when the task first reads it
+(plantables.py). An item is done when its marker is there or its task's mark (barrier.py); a
+stage is complete when its summary is; the task that completes a stage does what follows it
+once (`Run.after`), and every task removes what its mark made redundant (`Run.tidy`).
+
+Memory model: the plan's head and a few rows of its tables; the layout once the write stage
+reads it; the select summary (6 integers per unit) for the layout and the totals; one select
+task's duplicates (8 bytes each).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError, InputError
+from ...format import METADATA_FILE
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.sources import Source, discover
+from ..documents.worker import WorkerConfig, identity_of
+from ..output.build import Totals
+from ..output.claim import _fingerprint, bos_written, run_tokenizer
+from ..output.staging import OutputPaths, WriterLock, read_run, recover
+from .barrier import count_join, is_complete, read_summary, task_finished, write_summary
+from .buckets import buckets_of, resolve, task_duplicates, unit_part
+from .keyfiles import task_keys_path, write_task_keys
+from .layout import LAYOUT_FILE, ensure_layout, select_join, select_summary, select_unit
+from .linenumbers import absolute
+from .nearstage import ensure_clusters
+from .owners import finish, remove_work, seal_piece, write_part
+from .plantables import PlanSources
+from .taskplan import (
+    PLAN_FILE,
+    cut_units,
+    ensure_plan,
+    load_plan,
+    make_plan,
+    plan_difference,
+    unit_size_for,
+    work_dir,
+)
+from .unitfiles import tokenize_unit
+
+
+def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
+             adopt: bool = False) -> tuple[dict[str, Any], Any, Tokenizer]:  # fmt: skip
+    """The run's plan (created on the first call, validated on later ones), its sources and
+    tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks.
+    `loaded`: the sources and tokenizer, when the caller has them. `adopt`: an existing plan's
+    task count and unit size are taken (a plain prepare, whose tasks are only a unit size).
+
+    A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with
+    the plan: its sources are the plan's, each checked when the task first reads it
+    (plantables.py), so no task walks the inputs or stats those of other tasks."""
+    check_scale_out(config)
+    work = work_dir(config.out)
+    task = loaded is None and (work / PLAN_FILE).exists()
+    if task:
+        tokenizer = run_tokenizer(config)
+        fingerprint = {k: v for k, v in _fingerprint(config, [], tokenizer, None).items() if k != "sources"}
+    else:
+        sources, tokenizer = loaded or load_run(config)
+        fingerprint = _fingerprint(config, sources, tokenizer, None)
+    if (work / PLAN_FILE).exists():  # a later task: validate the plan, without cutting the inputs again
+        plan = load_plan(work)
+        if task:
+            sources = PlanSources(plan["sources"])
+        if adopt:
+            n_tasks, unit_bytes = int(plan["n_tasks"]), int(plan["unit_bytes"])
+        # no size asked: the plan's (sized from the inputs as they were; a changed input is the fingerprint's to name)
+        unit_bytes = unit_bytes or config.unit_size or int(plan["unit_bytes"])
+        why = plan_difference(plan, {"n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint})
+        if why is not None:
+            raise ConfigError(f"{work / PLAN_FILE} was made for another run: {why}; run with the plan's options, or "
+                              f"delete {work} to plan again")  # fmt: skip
+        return plan, sources, tokenizer
+    unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
+    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
+    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
+    return ensure_plan(work, wanted), sources, tokenizer
+
+
+def check_scale_out(config: PrepareConfig) -> None:
+    """Refuse, before anything is claimed, what a planned run cannot do."""
+    if config.dedup_lines or config.hf or "-" in config.inputs or config.append or config.max_docs is not None:
+        raise ConfigError("a scale-out run takes files only, without --dedup-lines, --append or --max-docs; run "
+                          "those on one machine")  # fmt: skip
+
+
+def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
+    """The run's inputs (as prepare discovers them) and tokenizer."""
+    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
+    return sources, run_tokenizer(config)
+
+
+def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: Tokenizer) -> WorkerConfig:
+    kept = sources if isinstance(sources, PlanSources) else tuple(sources)  # (a task's: read as it uses them)
+    return WorkerConfig(sources=kept, clean=config.clean_config(), tokenizer=config.tokenizer,
+                        tokenizer_backend=tokenizer.backend, separator=config.separator,
+                        text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
+                        expect=identity_of(tokenizer),
+                        minhash=config.minhash_config() if config.near_dedup else None)  # fmt: skip
+
+
+STAGES = ("tokenize", "dedup", "select", "write", "finish")
+# Where each item's marker is: (folder in the work directory, name); "seal": a sealed piece.
+_MARKERS = {"tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "bucket_{:06d}.done"),
+            "select": ("select", "unit_{:06d}.json"), "write": ("write", "part_{:06d}.done"),
+            "seal": ("write", "piece_{:06d}.json")}  # fmt: skip
+JOINS = {"tokenize": count_join, "dedup": count_join, "select": select_join, "write": count_join}
+
+
+@dataclass
+class Run:
+    """What every stage of a planned run works from: the plan, its inputs, the tokenizer."""
+
+    config: PrepareConfig
+    plan: dict[str, Any]
+    sources: Any
+    tokenizer: Tokenizer
+    work: Path
+    wcfg: WorkerConfig
+    _layout: dict[str, Any] | None = None
+    _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
+
+    @classmethod
+    def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
+           adopt: bool = False) -> Run:  # fmt: skip
+        plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes, loaded, adopt)
+        return cls(config, plan, sources, tokenizer, work_dir(config.out), worker_config(config, sources, tokenizer))
+
+    @property
+    def bos(self) -> int | None:
+        return bos_written(self.config, self.tokenizer)
+
+    @property
+    def specials(self) -> int:
+        """Separator tokens each document gets: EOT, and BOS where it is written."""
+        return 1 if self.bos is None else 2
+
+    @property
+    def n_units(self) -> int:
+        return len(self.plan["units"])
+
+    def layout(self) -> dict[str, Any]:
+        """The layout (made once the select stage is complete), read once per process."""
+        if self._layout is None:
+            if (self.work / LAYOUT_FILE).exists():
+                self._layout = json.loads((self.work / LAYOUT_FILE).read_text())
+            else:
+                rows = lambda: self.summary("select")["streams"]  # noqa: E731
+                self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
+                                             self.specials, self.dedup, self.near_hashes)  # fmt: skip
+        return self._layout
+
+    def items(self, stage: str, task: int) -> Sequence[int]:
+        """Task `task`'s share of a stage: its units, its buckets, the parts of shards and key
+        files from its units (finish: task 0)."""
+        if stage in ("tokenize", "select"):
+            return range(*self.plan["tasks"][task])
+        if stage == "dedup":
+            return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.bucketed else range(0)
+        if stage == "write":  # parts of shards and key files: those of its units
+            return self.layout()["tasks"][task]
+        return range(1 if task == 0 else 0)
+
+    @property
+    def dedup(self) -> bool:
+        return self.config.dedup == "document"
+
+    @property
+    def near_hashes(self) -> int:
+        """Values per MinHash signature with --near-dedup, else 0."""
+        return self.config.minhash_config().n_hashes if self.config.near_dedup else 0
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether the run has a dedup stage: exact or near deduplication."""
+        return self.dedup or self.config.near_dedup
+
+    def clusters(self) -> None:
+        """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
+        if self.config.near_dedup:
+            ensure_clusters(self.work, self.plan["buckets"], self.near_hashes, self.tokenizer, self.sources,
+                            self.specials, self.duplicates if self.dedup else None)  # fmt: skip
+
+    def task_of(self, u: int) -> int:
+        """The plan task that holds unit u."""
+        return int(bisect.bisect_right([first for first, _ in self.plan["tasks"]], u) - 1)
+
+    def duplicates(self, u: int) -> Any:
+        """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
+        every bucket's duplicates, read once per task (buckets.py)."""
+        task = self.task_of(u)
+        if self._dups is None or self._dups[0] != task:
+            found = task_duplicates(self.work / "dedup", self.plan["n_tasks"], self.plan["buckets"], task)
+            self._dups = (task, found)
+        return unit_part(self._dups[1], u)
+
+    def missing(self, stage: str, items: Sequence[int] | None = None) -> list[int]:
+        """The items of `stage` (tokenize, dedup, select, write, seal, finish) not done yet, of
+        `items` (default: all; none once the stage is complete; for the write stage, [-1] until
+        the layout exists). An item is done when its marker is there, or the mark of the task that
+        holds it (a task that did its share may remove its items' markers): a stat each."""
+        if stage == "write" and not (self.work / LAYOUT_FILE).exists():
+            return [-1]
+        if items is None and stage in JOINS and is_complete(self.work, stage):
+            return []
+        if stage == "keys":  # the tasks that tokenized units and have not gathered their keys
+            tasks = range(self.plan["n_tasks"] if self.bucketed else 0) if items is None else items
+            return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()]
+        if stage == "finish":  # its one item is done once the dataset is in place
+            return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
+        if items is None:
+            n = {"tokenize": self.n_units, "select": self.n_units,
+                 "dedup": self.plan["buckets"] if self.bucketed else 0}.get(stage)  # fmt: skip
+            if n is None:
+                n = len(self.layout()["parts" if stage == "write" else "pieces"])
+            items = range(n)
+        folder, name = _MARKERS[stage]
+        owner = self._owner(stage)
+        finished: dict[int, bool] = {}
+
+        def done(i: int) -> bool:
+            if (self.work / folder / name.format(i)).exists():
+                return True
+            if owner is None:
+                return False
+            t = owner(i)
+            if t not in finished:
+                finished[t] = task_finished(self.work, stage, self.plan["n_tasks"], t)
+            return finished[t]
+
+        return [i for i in items if not done(i)]
+
+    def _owner(self, stage: str) -> Callable[[int], int] | None:
+        """Which task holds an item of `stage` (None: sealing, which no task owns)."""
+        if stage in ("tokenize", "select"):
+            return self.task_of
+        if stage == "dedup":
+            n, tasks = self.plan["buckets"], self.plan["n_tasks"]
+            starts = [buckets_of(n, tasks, t).start for t in range(tasks)]
+            return lambda b: bisect.bisect_right(starts, b) - 1  # (an empty share starts where the next one does)
+        if stage == "write":
+            tasks = {p: t for t, parts in enumerate(self.layout()["tasks"]) for p in parts}
+            return tasks.__getitem__
+        return None
+
+    def after(self, stage: str) -> None:
+        """What the task that completes a stage does once: the near-duplicate clusters after the
+        dedup stage, the layout of the shards after the select stage."""
+        if stage == "dedup":
+            self.clusters()
+        if stage == "select":
+            self.layout()
+
+    def tidy(self, stage: str, task: int) -> None:
+        """Remove what task `task`'s mark of `stage` makes redundant, so the work folder shrinks
+        in every task instead of one process removing it file by file at the end: after the
+        select stage, the task's key file and its units' tokenize and select markers (the stage
+        summaries hold what they said); after the write stage, its parts' markers."""
+        w = self.work
+        if stage == "select":
+            task_keys_path(w, task).unlink(missing_ok=True)
+            for u in self.items("select", task):
+                (w / "tokenize" / f"unit_{u:06d}.done").unlink(missing_ok=True)
+                (w / "select" / f"unit_{u:06d}.json").unlink(missing_ok=True)
+        if stage == "write":
+            for p in self.items("write", task):
+                (w / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
+            for u in range(*self.plan["tasks"][task]):  # (a unit that kept nothing has no part to release it)
+                (w / "tokenize" / f"unit_{u:06d}.bin").unlink(missing_ok=True)
+                (w / "select" / f"unit_{u:06d}.split").unlink(missing_ok=True)
+
+    def _has_units(self, task: int) -> bool:
+        first, end = self.plan["tasks"][task]
+        return bool(end > first)
+
+    def task_summary(self, stage: str, task: int) -> dict[str, Any]:
+        """What task `task` reports of its share of `stage` (barrier.py): the select stage's
+        stream totals and accounting of its units; elsewhere how many items it held."""
+        if stage == "select":
+            return select_summary(self.work, range(*self.plan["tasks"][task]))
+        return {"items": len(self.items(stage, task))}
+
+    def summary(self, stage: str, needed_by: str | None = None) -> dict[str, Any]:
+        """The stage's summary: read from its one file (barrier.py), or, when every item is
+        done but no task folded the markers (a run the local pool finished, a task killed after
+        its items), made from the items' markers and written. Refuses an incomplete stage,
+        naming it (`needed_by`: the stage that waits for it)."""
+        if is_complete(self.work, stage):
+            return read_summary(self.work, stage)
+        missing = self.missing(stage)
+        if not missing and stage == "tokenize" and self.missing("keys"):
+            missing, stage = self.missing("keys"), "keys"
+        if missing:
+            what = {"tokenize": "units", "keys": "tasks' key files", "dedup": "buckets", "select": "units",
+                    "write": "parts of shards"}[stage]  # fmt: skip
+            stage = "tokenize" if stage == "keys" else stage
+            raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
+                             f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
+                             "for its tasks first")  # fmt: skip
+        made = select_summary(self.work, range(self.n_units)) if stage == "select" else {"items": -1}
+        write_summary(self.work, stage, made)
+        return made
+
+    def totals(self) -> Totals:
+        """The run's totals for the metadata, added up in plan order by the select stage."""
+        summary = self.summary("select")
+        totals = Totals.parse(summary["totals"])
+        totals.examples = absolute(totals.examples, self.plan, self.sources, [row[5] for row in summary["streams"]])
+        return totals
+
+    def do(self, stage: str, i: int) -> bool:
+        """Item i of `stage` (a unit, a bucket, a part of a piece; "seal": a piece), skipped when
+        its marker exists."""
+        c = self.config
+        if stage == "tokenize":
+            return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
+        if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
+            first, end = self.plan["tasks"][i]
+            return self.bucketed and write_task_keys(self.work, range(first, end), i, self.plan["buckets"],
+                                                     self.wcfg.minhash)  # fmt: skip
+        if stage == "dedup":
+            return resolve(self.work, self.plan["tasks"], self.plan["buckets"], i, self.dedup,
+                           self.wcfg.minhash) >= 0  # fmt: skip
+        if stage == "select":
+            self.clusters()
+            return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
+                               self.specials, c.near_dedup)  # fmt: skip
+        if stage == "write":
+            staging = OutputPaths.of(c.out).staging
+            return write_part(self.work, staging, self.layout(), i, self.specials)
+        if stage == "seal":
+            return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i,
+                              c.encoding(self.tokenizer.n_vocab))  # fmt: skip
+        paths = OutputPaths.of(c.out)
+        with WriterLock(paths):
+            recover(paths)
+            if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
+                remove_work(self.work)  # stopped after its swap: only the work folder was left
+                return True
+            finish(c, paths, self.work, self.layout(), self.totals(), self.every_source(), self.tokenizer)
+        return True
+
+    def every_source(self) -> Any:
+        """Every input as `prepare` finds them (the metadata lists them all, with the files it
+        skipped), checked against the plan: what the finish, once, needs; a task reads the plan's
+        rows of its own inputs only."""
+        if not isinstance(self.sources, PlanSources):
+            return self.sources
+        loaded = load_run(self.config)
+        plan_run(self.config, self.plan["n_tasks"], self.plan["unit_bytes"], loaded)
+        return loaded[0]
+
+    def ready(self, stage: str) -> None:
+        """Refuse a stage whose inputs are incomplete, naming the stage to run first."""
+        for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
+            self.summary(prior, stage)  # one stat each, once its tasks have folded their markers
+        paths = OutputPaths.of(self.config.out)
+        swapped = stage == "finish" and (paths.out / METADATA_FILE).exists() and not paths.staging.exists()
+        if stage in ("write", "finish") and read_run(paths.staging) is None and not swapped:
+            raise InputError(f"{self.config.out}: no build was claimed for this plan; run the `lmshard prepare ... "
+                             "--num-tasks N` command again (with --resume) to claim it")  # fmt: skip
