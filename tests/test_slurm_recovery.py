@@ -28,6 +28,10 @@ import pytest
 from engines import slurm_available, slurm_cluster
 from test_stages import _corpus, _files
 
+from lmshard.prepare.execution.layout import STREAMS
+from lmshard.prepare.execution.layoutfiles import Layout
+from lmshard.prepare.execution.taskplan import load_plan
+
 pytestmark = [
     pytest.mark.engines,
     pytest.mark.skipif(
@@ -313,7 +317,7 @@ def test_killed_write_task_is_rerun_alone_then_the_finish(slurm):
     text, lines = _status(root, env, out)
     for stage, what in (("tokenize", "12 of 12 units"), ("dedup", "32 of 32 buckets"), ("select", "12 of 12 units")):
         assert f"{stage}: 3 of 3 tasks complete ({what})" in text, text
-    layout = json.loads((work / "layout.json").read_text())  # task 0 writes the parts of its own units
+    layout = Layout(work, load_plan(work)["tasks"], STREAMS)  # task 0 writes the parts of its own units
     mine, total = layout["tasks"][0], len(layout["parts"])
     done = sum((work / "write" / f"part_{p:06d}.done").exists() for p in mine)
     assert 0 < done < len(mine), (done, len(mine))

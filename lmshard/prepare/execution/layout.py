@@ -20,8 +20,9 @@ rows in the select summary, and only a unit where a boundary falls inside is ope
 document), so the work is proportional to units and shards, not tokens. Each shard or key file
 is a **piece**; its documents from one unit are a **part**, which knows where in the piece it
 goes (tokens and documents before it). A write task writes the parts of the units its plan
-task tokenized, so one large shard is written by many tasks at once (owners.py). `layout.json` is written once,
-hard-linked into place like the plan.
+task tokenized, so one large shard is written by many tasks at once (owners.py). The layout is
+written once as tables beside its head `layout.json`, linked into place last like the plan's, and
+read a row at a time (layoutfiles.py): a write task reads its own parts and their pieces.
 
 Memory model: select holds one unit's lengths, keys and sources (20 bytes per document) and
 the duplicates of it from each bucket; the layout holds the units' per-stream totals and one
@@ -44,10 +45,11 @@ from ..documents.dedup import uniform_from_keys
 from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
 from ..stops import stop_point
+from .layoutfiles import LAYOUT_FILE, Layout, write_layout
 from .nearstage import unit_near
+from .plantables import TaskTable
 from .unitfiles import read_section, unit_marker
 
-LAYOUT_FILE = "layout.json"
 STREAMS = (*SPLITS, "keys", "near")
 
 
@@ -222,23 +224,14 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes}
 
 
-def ensure_layout(work: Path, unit_ranges: list[list[int]], rows: Callable[[], list[list[int]]], tokens_per_shard: int,
-                  specials: int, keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
-    """The layout in `work`, made if absent (every task that makes one makes the same) from the
-    units' stream totals (`rows()`: the select stage's summary)."""
-    path = work / LAYOUT_FILE
-    if not path.exists():
-        layout = make_layout(work, unit_ranges, rows(), tokens_per_shard, specials, keys, near_hashes)
-        tmp = work / f".{LAYOUT_FILE}.{os.getpid()}.tmp"
-        atomic_write_json(tmp, layout)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
-    loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
+def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[list[int]]], tokens_per_shard: int,
+                  specials: int, keys: bool = True, near_hashes: int = 0) -> Layout:  # fmt: skip
+    """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
+    the same) from the units' stream totals (`rows()`: the select stage's summary)."""
+    if not (work / LAYOUT_FILE).exists():
+        layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes)
+        write_layout(work, layout, STREAMS)
+    return Layout(work, unit_ranges, STREAMS)
 
 
 def missing_selects(work: Path, n_units: int) -> list[int]:

@@ -70,6 +70,7 @@ from ..output.claim import Claim, claim_output, write_run
 from ..output.staging import OutputPaths, commit, read_run, recover
 from ..stops import stop_point
 from .barrier import is_complete, task_finished
+from .layoutfiles import Layout
 from .nearstage import near_summary
 from .unitfiles import read_section, sections
 
@@ -105,7 +106,7 @@ def piece_files(piece: list[Any]) -> list[str]:
     return list(shard_paths(piece[0], piece[1]))
 
 
-def write_part(work: Path, staging: Path, layout: dict[str, Any], p: int, specials: int) -> bool:
+def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int) -> bool:
     """Write part p of the layout into its piece's files at its place, unless its marker exists;
     True when it ran."""
     marker = work / "write" / f"part_{p:06d}.done"
@@ -170,7 +171,7 @@ def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
         at, to, n = at + done, to + done, n - done
 
 
-def _release(work: Path, layout: dict[str, Any], u: int) -> None:
+def _release(work: Path, layout: Layout, u: int) -> None:
     """Delete unit u's data once every part that reads it is written (whoever writes the last
     one sees every marker: each part writes its own before it looks), so the work folder shrinks
     as the write stage goes and the finish removes only markers."""
@@ -186,7 +187,7 @@ def _pwrite(fd: int, data: memoryview, at: int) -> None:
         data, at = data[n:], at + n
 
 
-def seal_piece(work: Path, staging: Path, layout: dict[str, Any], k: int, encoding: Encoding = UINT32) -> bool:
+def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Encoding = UINT32) -> bool:
     """Once every part of piece k is written: cut its files to their size, make them durable,
     hash them start to end (a shard of another encoding than uint32: encode it, format/sealing.py),
     rename them into place and write the piece's marker (its entry for the metadata). False when
@@ -255,25 +256,23 @@ def _durable(f: Any) -> None:
     os.fsync(f.fileno())
 
 
-def missing_parts(work: Path, layout: dict[str, Any]) -> list[int]:
+def missing_parts(work: Path, layout: Layout) -> list[int]:
     return [p for p in range(len(layout["parts"])) if not part_written(work, layout, p)]
 
 
-def part_written(work: Path, layout: dict[str, Any], p: int) -> bool:
+def part_written(work: Path, layout: Layout, p: int) -> bool:
     """Whether part p is written: its marker, or the mark of the write task that holds it (a
     task that did its share removes its parts' markers, barrier.py)."""
     if (work / "write" / f"part_{p:06d}.done").exists():
         return True
-    if "part_task" not in layout:  # (computed once per process)
-        layout["part_task"] = {q: t for t, parts in enumerate(layout["tasks"]) for q in parts}
-    return task_finished(work, "write", len(layout["tasks"]), layout["part_task"][p])
+    return task_finished(work, "write", len(layout["tasks"]), layout.task_of_part(p))
 
 
-def missing_pieces(work: Path, layout: dict[str, Any]) -> list[int]:
+def missing_pieces(work: Path, layout: Layout) -> list[int]:
     return [k for k in range(len(layout["pieces"])) if not (work / "write" / f"piece_{k:06d}.json").exists()]
 
 
-def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[str, Any], totals: Totals,
+def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
            sources: list[Source], tokenizer: Tokenizer) -> DatasetMeta:  # fmt: skip
     """The metadata from the units' totals (added up by the select stage's summary) and the
     pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
@@ -284,7 +283,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: dict[s
         seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab))
     missing = [] if is_complete(work, "write") else missing_parts(work, layout)
     if missing:
-        tasks = sorted({t for t, parts in enumerate(layout["tasks"]) if not set(missing).isdisjoint(parts)})
+        tasks = sorted({layout.task_of_part(p) for p in missing})
         raise InputError(f"{len(missing)} of {len(layout['parts'])} parts of shards and key files are not written yet; "
                          f"run the write stage of task{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} "
                          "first")  # fmt: skip

@@ -16,7 +16,6 @@ task's duplicates (8 bytes each).
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +33,8 @@ from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, is_complete, read_summary, task_finished, write_summary
 from .buckets import buckets_of, resolve, task_duplicates, unit_part
 from .keyfiles import task_keys_path, write_task_keys
-from .layout import LAYOUT_FILE, ensure_layout, select_join, select_summary, select_unit
+from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
+from .layoutfiles import Layout
 from .linenumbers import absolute
 from .nearstage import ensure_clusters
 from .owners import finish, remove_work, seal_piece, write_part
@@ -130,7 +130,7 @@ class Run:
     tokenizer: Tokenizer
     work: Path
     wcfg: WorkerConfig
-    _layout: dict[str, Any] | None = None
+    _layout: Layout | None = None
     _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
 
     @classmethod
@@ -152,11 +152,11 @@ class Run:
     def n_units(self) -> int:
         return len(self.plan["units"])
 
-    def layout(self) -> dict[str, Any]:
+    def layout(self) -> Layout:
         """The layout (made once the select stage is complete), read once per process."""
         if self._layout is None:
             if (self.work / LAYOUT_FILE).exists():
-                self._layout = json.loads((self.work / LAYOUT_FILE).read_text())
+                self._layout = Layout(self.work, self.plan["tasks"], STREAMS)
             else:
                 rows = lambda: self.summary("select")["streams"]  # noqa: E731
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
@@ -252,8 +252,7 @@ class Run:
             starts = [buckets_of(n, tasks, t).start for t in range(tasks)]
             return lambda b: bisect.bisect_right(starts, b) - 1  # (an empty share starts where the next one does)
         if stage == "write":
-            tasks = {p: t for t, parts in enumerate(self.layout()["tasks"]) for p in parts}
-            return tasks.__getitem__
+            return self.layout().task_of_part
         return None
 
     def after(self, stage: str) -> None:
