@@ -79,6 +79,12 @@ def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str
     return True
 
 
+def forget(work: Path, stage: str, n_tasks: int, task: int) -> None:
+    """Remove task `task`'s marker of a complete stage: the summary says it all now."""
+    if is_complete(work, stage) and len(widths(n_tasks)) > 1:
+        _marker(work, stage, n_tasks, 0, task).unlink(missing_ok=True)
+
+
 def is_complete(work: Path, stage: str) -> bool:
     return summary_path(work, stage).exists()
 

@@ -30,7 +30,7 @@ from ..documents.worker import WorkerConfig, identity_of
 from ..output.build import Totals
 from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
-from .barrier import count_join, is_complete, read_summary, task_finished, write_summary
+from .barrier import count_join, forget, is_complete, read_summary, task_finished, write_summary
 from .buckets import buckets_of, resolve, task_duplicates, unit_part
 from .keyfiles import task_keys_path, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
@@ -267,8 +267,11 @@ class Run:
         """Remove what task `task`'s mark of `stage` makes redundant, so the work folder shrinks
         in every task instead of one process removing it file by file at the end: after the
         select stage, the task's key file and its units' tokenize and select markers (the stage
-        summaries hold what they said); after the write stage, its parts' markers."""
+        summaries hold what they said); after the write stage, its parts' markers and its units'
+        data; and its own marks of the complete stages before this one."""
         w = self.work
+        for prior in STAGES[: STAGES.index(stage)]:
+            forget(w, prior, self.plan["n_tasks"], task)
         if stage == "select":
             task_keys_path(w, task).unlink(missing_ok=True)
             for u in self.items("select", task):
