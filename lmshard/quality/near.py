@@ -15,18 +15,20 @@ signatures, so the same documents are removed for any number of workers, tasks o
    (a planned run's dedup tasks). Documents without a word (no shingles: a signature of all
    2^32 - 1) share every band key with each other; they are left out of the groups, so none is
    removed as a near-duplicate (exact deduplication still removes equal ones).
-2. **Clusters** (`components`). The edges of every group join documents into clusters
-   (connected components: each round, every edge hooks the later of its ends' roots onto the
-   earlier, then pointer jumping flattens the trees; vectorised, O(edges) per round, and
-   about log2 of the longest chain's length in rounds: 15 for a chain of a million).
+2. **Clusters** (`components`, quality/clusters.py). The edges of every group join documents
+   into clusters (connected components: rounds in which every root hooks onto the least root it
+   has an edge to, pointer jumping flattens the hooked trees, and the edges are renamed to their
+   roots, those inside one tree dropped; about linear in the edges). quality/clusterparts.py
+   finds the same clusters as tasks over parts of the graph.
 3. **Survivors.** The first document of a cluster in plan order (its least id) is kept; every
    other one is removed, with that survivor named.
 
 Memory model: `group_edges` holds its keys and ids (16 bytes each), their sort, and the
-signatures of the documents in groups of two or more; `components` holds about 64 bytes per
-distinct edge (its ends, their compact numbers and labels), and there is about one distinct
-edge per near-duplicate document (one to its group's representative, the same in each band
-they share); `near_duplicates` also holds one band's keys and order (24 bytes per document).
+signatures of the documents in groups of two or more; `components` holds about 55 bytes per
+distinct edge at its peak beyond the edges themselves (quality/clusters.py), and there is about
+one distinct edge per near-duplicate document (one to its group's representative, the same in
+each band they share); `near_duplicates` also holds one band's keys and order (24 bytes per
+document).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .clusters import components as components  # (also imported from here by the dedup stage)
 from .minhash import MinHashConfig, band_key
 
 MAX_REPRESENTATIVES = 64  # per group: bounds the checks of a group of unrelated documents that share a key
@@ -82,42 +85,18 @@ def unique_edges(member: np.ndarray, rep: np.ndarray) -> tuple[np.ndarray, np.nd
     """The distinct (member, representative) pairs, sorted: a pair found in several bands once."""
     if not len(member):
         return member, rep
-    pairs = np.unique(np.stack([member, rep], axis=1), axis=0)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
+    order = np.lexsort((rep, member))
+    member, rep = member[order], rep[order]
+    new = np.empty(len(member), dtype=bool)
+    new[:1] = True
+    new[1:] = (member[1:] != member[:-1]) | (rep[1:] != rep[:-1])
+    return member[new], rep[new]
 
 
 def empty_keys(config: MinHashConfig) -> np.ndarray:
     """The band keys of a document without a word (every value 2^32 - 1), one per band."""
     rows = np.full((1, config.rows), 0xFFFFFFFF, dtype=np.uint32)
     return np.array([band_key(rows, b)[0] for b in range(config.bands)], dtype=np.uint64)
-
-
-def components(child: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(removed, survivor): every document joined by the edges to an earlier one (sorted ids),
-    and the first document (least id) of its cluster."""
-    child = np.asarray(child, dtype=np.uint64)
-    parent = np.asarray(parent, dtype=np.uint64)
-    nodes = np.unique(np.concatenate([child, parent]))
-    if not len(nodes):
-        return nodes, nodes
-    c, p = np.searchsorted(nodes, child), np.searchsorted(nodes, parent)
-    label = np.arange(len(nodes))
-    while True:
-        lc, lp = label[c], label[p]
-        low = np.minimum(lc, lp)
-        new = label.copy()
-        np.minimum.at(new, lc, low)  # each edge hooks the later of its ends' roots onto the earlier
-        np.minimum.at(new, lp, low)
-        while True:  # pointer jumping: a label's own label is in the same cluster and no later
-            jumped = new[new]
-            if np.array_equal(jumped, new):
-                break
-            new = jumped
-        if np.array_equal(new, label):
-            break
-        label = new
-    removed = label != np.arange(len(nodes))
-    return nodes[removed], nodes[label[removed]]
 
 
 def near_duplicates(signatures: np.ndarray, config: MinHashConfig, first_new: int = 0,

@@ -5,10 +5,10 @@ that finds them missing: every task that makes them makes the same), and written
 each one's survivor's id; `dedup/near.json` holds their count and examples. The select stage
 reads one unit's slice of it.
 
-Memory model: the clusters hold about 64 bytes per distinct edge (about one per near-duplicate
-document); a unit's slice is two binary searches in the memory-mapped file; the examples read
-the keys of the units their candidates are in (8 bytes per document) and decode up to
-2 × NEAR_EXAMPLES short documents.
+Memory model: the clusters hold about 70 bytes per distinct edge at their peak (about one edge
+per near-duplicate document; quality/clusters.py); a unit's slice is two binary searches in the
+memory-mapped file; the examples read the keys of the units their candidates are in (8 bytes per
+document) and decode up to 2 × NEAR_EXAMPLES short documents.
 """
 
 from __future__ import annotations
