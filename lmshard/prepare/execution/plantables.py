@@ -34,6 +34,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...format import atomic_write_bytes
 from ..documents.files import Source
+from ..documents.reading import read_error
 
 KINDS = ("file", "range", "row_group")
 _UNIT = np.dtype([("source", "<i4"), ("kind", "<i4"), ("start", "<i8"), ("end", "<i8"), ("nbytes", "<i8")])
@@ -179,9 +180,8 @@ def checked_source(row: list[Any], work: Path) -> Source:
         return src  # (an object's version was fixed by the listing that planned it)
     try:
         st = os.stat(path)
-    except OSError as e:
-        raise ConfigError(f"{path}: planned as an input of this run but unreadable now ({e.strerror}); restore it, "
-                          f"or delete {work} to plan again") from None  # fmt: skip
+    except OSError as e:  # gone or unreadable since it was planned: the input's error, as a reader names it
+        raise read_error(path, e) from None
     if (st.st_size, st.st_mtime_ns) != (planned_size, mark):
         raise ConfigError(f"{path} changed after the run was planned (size {planned_size:,} then, {st.st_size:,} now); "
                           f"restore it, or delete {work} to plan again")  # fmt: skip
