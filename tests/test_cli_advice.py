@@ -15,7 +15,7 @@ from test_prepare import make_texts
 from test_stages import _files
 from typer.testing import CliRunner
 
-import lmshard.prepare.config as config_module
+import lmshard.prepare.configfile as config_module
 import lmshard.tokenizers.vocab as vocabularies
 from lmshard.cli import app, spellings
 from lmshard.errors import ConfigError
