@@ -73,6 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     ap.add_argument("--before", type=Path, help="an older checkout whose plain prepare is a baseline too")
+    ap.add_argument("--copies", type=int, default=2, help="copies of the corpus in the input (salted; 2: 83 MB)")
     args = ap.parse_args()
     compile_package()
     print(machine(), flush=True)
@@ -80,7 +81,7 @@ def main() -> None:
     env = {**os.environ, "LMSHARD_UNIT_BYTES": str(UNIT), "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        src = corpus(t / "corpus.jsonl")
+        src = corpus(t / "corpus.jsonl", args.copies)
         kinds = ["reader", "staged", "planned"] + (["before"] if args.before else [])
         times: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
         for i in range(3):
