@@ -182,6 +182,31 @@ def test_a_stage_waits_for_the_one_before_and_a_killed_task_redoes_only_its_item
     assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 
+def test_a_piece_is_sealed_by_one_task_and_a_dead_sealers_claim_is_taken_over_by_the_finish(tmp_path):
+    """Two tasks that complete a piece together: the one that claimed the seal seals it, the other
+    leaves it (its seal returns False, no marker); a claim left by a sealer that died is taken
+    over by the finish, and the dataset is one machine's."""
+    src = _corpus(tmp_path)
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    local_exec.claim(config, 2)
+    for stage in STAGES[:3]:
+        for task in range(2):
+            run_task(config, 2, stage, task, _WINDOW)
+    r = Run.of(config, 2, _WINDOW)
+    first, end = r.layout()["pieces"][0][4]
+    for p in range(first, end):
+        assert r.do("write", p)
+    claim = work_dir(config.out) / "write" / "piece_000000.sealing"
+    claim.touch()  # another task is sealing piece 0 (or died doing so)
+    assert not r.do("seal", 0) and not (work_dir(config.out) / "write" / "piece_000000.json").exists()
+    for task in range(2):
+        run_task(config, 2, "write", task, _WINDOW)
+    assert claim.exists()  # no write task sealed it
+    run_task(config, 2, "finish", 0, _WINDOW)
+    assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
+
+
 def test_the_write_stage_needs_a_claimed_build(tmp_path):
     """Tasks can tokenize, dedup and select without a claim, but nothing is written into --out's
     staging directory before `prepare --num-tasks` claimed it."""

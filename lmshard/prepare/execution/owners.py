@@ -187,11 +187,16 @@ def _pwrite(fd: int, data: memoryview, at: int) -> None:
         data, at = data[n:], at + n
 
 
-def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Encoding = UINT32) -> bool:
+def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Encoding = UINT32,
+               take_over: bool = False) -> bool:  # fmt: skip
     """Once every part of piece k is written: cut its files to their size, make them durable,
     hash them start to end (a shard of another encoding than uint32: encode it, format/sealing.py),
     rename them into place and write the piece's marker (its entry for the metadata). False when
-    already sealed or a part is missing."""
+    already sealed, a part is missing, or another task claimed the seal.
+
+    Two write tasks that finish a piece's last parts together both see it complete: the first
+    to create `write/piece_K.sealing` seals it, the other leaves it. A sealer killed midway
+    leaves its claim; the finish (`take_over`, once every write task has ended) seals the piece."""
     marker = work / "write" / f"piece_{k:06d}.json"
     if marker.exists():
         return False
@@ -199,6 +204,13 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     first, end = piece[4]
     if not all(part_written(work, layout, p) for p in range(first, end)):
         return False
+    claim = work / "write" / f"piece_{k:06d}.sealing"
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        if not take_over:
+            return False  # another task seals it (or was killed doing so: the finish takes it over)
     stream, number, n_tokens, n_docs = piece[:4]
     rels = piece_files(piece)
     keyish = stream in ("keys", "near")
@@ -245,8 +257,8 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
         entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
                           xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
                           block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums)).to_json()  # fmt: skip
-    marker.parent.mkdir(parents=True, exist_ok=True)  # (a run that keeps nothing has written no part)
     atomic_write_json(marker, entry)
+    claim.unlink(missing_ok=True)
     stop_point("piece", k)
     return True
 
@@ -280,7 +292,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     from ..output.metadata import dataset_metadata
 
     for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
-        seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab))
+        seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab), take_over=True)
     missing = [] if is_complete(work, "write") else missing_parts(work, layout)
     if missing:
         tasks = sorted({layout.task_of_part(p) for p in missing})
