@@ -34,6 +34,7 @@ lint: setup
 	$(BIN)/ruff check lmshard tests scripts
 	$(BIN)/mypy
 
+# bench_cluster.py counts each task's file operations under strace, which is installed (as root) when missing.
 # bench_minhash.py times datatrove's MinHash in a virtual environment of its own, so the project's stays as pinned;
 # when datatrove cannot be installed, the benchmark says so and measures lmshard alone.
 DATATROVE := $(VENV)/bench-datatrove
@@ -45,12 +46,14 @@ bench: setup
 	$(BIN)/python scripts/bench_packing.py
 	$(BIN)/python scripts/bench_scaleout.py
 	$(BIN)/python scripts/bench_scaling.py
+	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends strace; }; $(BIN)/python scripts/bench_cluster.py
 	$(BIN)/python scripts/bench_remote.py
 	$(BIN)/python scripts/bench_stream.py
 	$(BIN)/python scripts/bench_encodings.py
 	test -x $(DATATROVE)/bin/python || { $(BIN)/python -m venv $(DATATROVE) && $(DATATROVE)/bin/python -m pip install \
 	  --disable-pip-version-check -q "datatrove==0.10.1" "spacy==3.8.18" "xxhash<4" regex tokenizers; } || rm -rf $(DATATROVE)
 	$(BIN)/python scripts/bench_minhash.py --datatrove-python $(DATATROVE)/bin/python
+	$(BIN)/python scripts/bench_near_clusters.py
 
 demo: setup
 	$(BIN)/python scripts/demo.py
