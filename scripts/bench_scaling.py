@@ -141,8 +141,8 @@ def run_task(args: list[str], env: dict[str, str]) -> tuple[float, float]:
     return sec, used["main"] + used["children"]
 
 
-def section_workers(t: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
-    src, texts = write_corpus(t / "x4.jsonl", 4)
+def section_workers(t: Path, env: dict[str, str], copies: int = 4) -> tuple[list[str], list[str]]:
+    src, texts = write_corpus(t / f"x{copies}.jsonl", copies)
     counts = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= available_cpus()]
     rows = ["| workers | ceiling (M tok/s) | prepare (M tok/s) | ratio | main process CPU / workers' CPU | peak RSS: "
             "main, largest worker |", "|---|---|---|---|---|---|"]  # fmt: skip
@@ -232,6 +232,7 @@ def main() -> None:
     ap.add_argument("--skip-cluster", action="store_true", help="only the workers section")
     ap.add_argument("--skip-workers", action="store_true", help="only the cluster section (implies --no-write)")
     ap.add_argument("--rounds", type=int, default=2, help="simulations of each N; each figure is the lowest")
+    ap.add_argument("--copies", type=int, default=4, help="corpus copies in the workers section (24: about 1 GB)")
     args = ap.parse_args()
     compile_package()
     print(machine(), flush=True)
@@ -239,11 +240,11 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_UNIT_BYTES": str(UNIT)}
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        worker_rows = [] if args.skip_workers else section_workers(t, env)[0]
+        worker_rows = [] if args.skip_workers else section_workers(t, env, args.copies)[0]
         cluster_rows = [] if args.skip_cluster else section_cluster(t, env, args.rounds)
     body = [f"Machine: {machine()}; {available_cpus()} cores usable; load average (1 min) {started} at the start, {load()} at "
             "the end. Command: `python scripts/bench_scaling.py` (in `make bench`).", "",
-            "Workers: the shared corpus ×4 (distinct copies), GPT-2, `--tokenizer-backend auto`. The ceiling is the "
+            f"Workers: the shared corpus ×{args.copies} (distinct copies), GPT-2, `--tokenizer-backend auto`. The ceiling is the "
             "same number of warm processes doing nothing but `encode_batch` on the same texts in memory; the last "
             "column is the CPU time of prepare's main process over that of its workers.", "", *worker_rows]  # fmt: skip
     if cluster_rows:

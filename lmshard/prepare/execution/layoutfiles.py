@@ -126,6 +126,7 @@ class Layout:
             "near_hashes": head["near_hashes"],
         }
         self.unit_ranges = tasks
+        self._task_of: dict[int, int] = {}  # part → its task, as found (a seal asks for every part of a piece)
 
     def __getitem__(self, key: str) -> Any:
         return self.tables[key]
@@ -135,9 +136,10 @@ class Layout:
 
     def task_of_part(self, p: int) -> int:
         """The write task that holds part p: the plan task of the unit it reads."""
-        unit = self.tables["parts"][p][1]
-        starts = _Starts(self.unit_ranges)
-        return bisect.bisect_right(starts, unit) - 1
+        if p not in self._task_of:
+            unit = self.tables["parts"][p][1]
+            self._task_of[p] = bisect.bisect_right(_Starts(self.unit_ranges), unit) - 1
+        return self._task_of[p]
 
 
 class _Starts:

@@ -96,7 +96,7 @@ class _Table(Sequence[Any]):
         if not 0 <= i < self.n:
             raise IndexError(i)
         if i not in self._cache:
-            if len(self._cache) > 64:
+            if len(self._cache) > 4096:  # (a binary search's rows, a task's own: a few dozen bytes each)
                 self._cache.clear()
             self._cache[i] = self._rows(i, i + 1)[0]
         return self._cache[i]
