@@ -52,8 +52,8 @@ def test_a_task_run_again_writes_the_same_summary(tmp_path, monkeypatch):
 
 
 def test_a_task_reads_at_most_a_group_per_level(tmp_path, monkeypatch):
-    """With 64,000 tasks and groups of 64, the last task looks at no more than 64 markers on
-    each of 3 levels: counted by the markers it stats."""
+    """With 4,000 tasks in groups of 8 (5 levels), the task that completes the first group of
+    groups looks at no more than 8 marks on each level: counted by the marks it stats."""
     seen: list[str] = []
     real = barrier.Path.exists
 
@@ -61,10 +61,12 @@ def test_a_task_reads_at_most_a_group_per_level(tmp_path, monkeypatch):
         seen.append(str(path))
         return real(path)
 
-    n = 64_000
+    n = 4_000
+    monkeypatch.setattr(barrier, "FAN_IN", 8)
     monkeypatch.setattr(barrier.Path, "exists", counting)
-    for task in range(64 * 64):  # the first 64 groups of level 0 complete (level 1's first group)
+    for task in range(8 * 8 - 1):  # all but the last of the first 8 groups of level 0
         task_done(tmp_path, "tokenize", n, task, {"items": 1}, barrier.count_join)
     seen.clear()
-    task_done(tmp_path, "tokenize", n, 64 * 64 - 1, {"items": 1}, barrier.count_join)
-    assert len(widths(n)) == 4 and len(seen) <= 64 * 3
+    task_done(tmp_path, "tokenize", n, 8 * 8 - 1, {"items": 1}, barrier.count_join)
+    assert len(widths(n)) == 5 and 8 < len(seen) <= 8 * 4  # it went up one level, reading one group per level
+    assert (tmp_path / "done" / "tokenize" / "2_000000.json").exists()

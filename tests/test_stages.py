@@ -263,27 +263,10 @@ def test_the_command_line_plans_runs_every_stage_reports_status_and_finishes(tmp
     assert _files(tmp_path / "here") == local
 
 
-def test_wide_tasks_run_their_items_in_a_pool_and_give_one_machines_bytes(tmp_path):
-    """`run-task --workers 2`: each of 2 tasks runs its items in a pool of 2 processes (a node's
-    cores), every stage; the dataset equals one process's."""
-    src = _corpus(tmp_path)
-    run = _cli(tmp_path)
-    common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "5000"]
-    assert run("prepare", *common, "--out", "local").returncode == 0
-    assert run("prepare", *common, "--out", "wide", "--num-tasks", "2", "--executor", "none").returncode == 0
-    for stage in STAGES[:-1]:
-        for task in (1, 0):
-            done = run("run-task", "--stage", stage, "--task", str(task), "--workers", "2", "wide")
-            assert done.returncode == 0, done.stderr
-    assert run("run-task", "--stage", "finish", "wide").returncode == 0
-    assert _files(tmp_path / "local") == _files(tmp_path / "wide")
-    bad = run("run-task", "--stage", "tokenize", "--task", "0", "--workers", "0", "wide")
-    assert bad.returncode == 1 and "--workers 0: pass 1 or more" in bad.stderr, bad.stderr
-
-
 def test_a_task_with_several_workers_hands_its_items_to_the_pool(tmp_path, monkeypatch):
-    """In process: a task whose config has 2 workers gives its items to the pool (every stage
-    but the finish), and the result is one machine's bytes."""
+    """A task whose config has 2 workers (`run-task --workers 2`: a node's cores) gives its items
+    to a pool of its own (every stage but the finish), and the result is one machine's bytes;
+    `--workers 0` is refused in one line."""
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
     config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "wide"), workers=2, unit_size=_WINDOW, **_OPTS)
@@ -296,6 +279,8 @@ def test_a_task_with_several_workers_hands_its_items_to_the_pool(tmp_path, monke
             run_task(config, 2, stage, task, _WINDOW)
     assert {stage for stage, _ in pooled} == set(STAGES[:-1]) and {w for _, w in pooled} == {2}
     assert _files(tmp_path / "local") == _files(tmp_path / "wide")
+    bad = _cli(tmp_path)("run-task", "--stage", "tokenize", "--task", "0", "--workers", "0", "wide")
+    assert bad.returncode == 1 and "--workers 0: pass 1 or more" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("workers", [1, 2])

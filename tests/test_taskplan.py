@@ -207,3 +207,12 @@ def test_a_utf16_file_stays_one_unit_read_as_one_wrong_encoding_record(tmp_path)
     assert [u.kind for u in units] == ["file"]
     (item,) = unit_items(0, src, units[0], "auto", "text", 1000)
     assert [r.problem for r in item.payload] == ["wrong_encoding"]
+
+
+def test_the_task_of_a_unit_skips_empty_tasks():
+    """A binary search of the tasks' first units: an empty task starts where the next one does,
+    which holds the unit."""
+    from lmshard.prepare.execution.plantables import task_of_unit
+
+    tasks = [[0, 2], [2, 2], [2, 5], [5, 5], [5, 6]]
+    assert [task_of_unit(tasks, u) for u in range(6)] == [0, 0, 2, 2, 2, 4]

@@ -18,7 +18,6 @@ whole table (the finish, once: the pieces).
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...format import atomic_write_bytes, atomic_write_json
-from .plantables import TaskTable, _pread, _Table
+from .plantables import TaskTable, _pread, _Table, task_of_unit
 
 LAYOUT_FILE = "layout.json"
 PIECES, PARTS = "layout_pieces.bin", "layout_parts.bin"
@@ -137,19 +136,5 @@ class Layout:
     def task_of_part(self, p: int) -> int:
         """The write task that holds part p: the plan task of the unit it reads."""
         if p not in self._task_of:
-            unit = self.tables["parts"][p][1]
-            self._task_of[p] = bisect.bisect_right(_Starts(self.unit_ranges), unit) - 1
+            self._task_of[p] = task_of_unit(self.unit_ranges, self.tables["parts"][p][1])
         return self._task_of[p]
-
-
-class _Starts:
-    """The first units of the plan's tasks, as a sequence for bisect (a row read per probe)."""
-
-    def __init__(self, tasks: TaskTable) -> None:
-        self.tasks = tasks
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def __getitem__(self, t: int) -> int:
-        return int(self.tasks[t][0])

@@ -125,6 +125,19 @@ class TaskTable(_Table):
         return [[bounds[k], bounds[k + 1]] for k in range(end - first)]
 
 
+def task_of_unit(tasks: Sequence[Any], u: int) -> int:
+    """The task that holds unit u: a binary search of the tasks' first units, a row read per
+    probe (an empty task starts where the next one does, which then holds the unit)."""
+    lo, hi = 0, len(tasks)
+    while lo < hi:  # the last task whose first unit is <= u
+        mid = (lo + hi) // 2
+        if tasks[mid][0] <= u:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
 class SourceTable(_Table):
     """Inputs as their rows: [path, fmt, compression, size, inode, url, version, identity's size,
     identity's mark (modification time in ns, an object's version, or 0)]."""

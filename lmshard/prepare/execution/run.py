@@ -38,7 +38,7 @@ from .layoutfiles import Layout
 from .linenumbers import absolute
 from .nearstage import ensure_clusters
 from .owners import finish, remove_work, seal_piece, write_part
-from .plantables import PlanSources
+from .plantables import PlanSources, task_of_unit
 from .taskplan import (
     PLAN_FILE,
     cut_units,
@@ -196,7 +196,7 @@ class Run:
 
     def task_of(self, u: int) -> int:
         """The plan task that holds unit u."""
-        return int(bisect.bisect_right([first for first, _ in self.plan["tasks"]], u) - 1)
+        return task_of_unit(self.plan["tasks"], u)
 
     def duplicates(self, u: int) -> Any:
         """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
