@@ -113,3 +113,23 @@ def test_a_tokenize_task_reads_its_units_and_nothing_before_them(tmp_path):
 
     last, first = read_by(7), read_by(0)
     assert last - first <= share[7] - share[0] + (1 << 20), (last, first, share)
+
+
+def test_a_detail_that_names_the_line_names_one_machines_line(tmp_path):
+    """A line that is not valid UTF-8 in a late range, tokenized before the ranges ahead of it:
+    the example's prefix and its detail ("line N is not valid UTF-8") name the absolute line."""
+    src = _lines_with_faults(tmp_path / "in" / "a.jsonl")
+    data = src.read_bytes().split(b"\n")
+    data[2716] = b'{"text": "bad \xff byte"}'
+    src.write_bytes(b"\n".join(data))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), on_error="skip", **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "planned"), on_error="skip", unit_size=_WINDOW,
+                           **_OPTS)  # fmt: skip
+    local_exec.claim(config, 6)
+    for stage in STAGES[:-1]:
+        for task in range(5, -1, -1) if stage == "tokenize" else range(6):
+            run_task(config, 6, stage, task, _WINDOW)
+    run_task(config, 6, "finish", 0, _WINDOW)
+    one = _meta(tmp_path / "one")
+    assert any("2717" in e and "line 2717" in e for e in one["drop_examples"].values()), one["drop_examples"]
+    assert _meta(tmp_path / "planned")["drop_examples"] == one["drop_examples"]

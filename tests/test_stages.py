@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 
 import pytest
@@ -203,7 +204,39 @@ def test_a_piece_is_sealed_by_one_task_and_a_dead_sealers_claim_is_taken_over_by
     for task in range(2):
         run_task(config, 2, "write", task, _WINDOW)
     assert claim.exists()  # no write task sealed it
-    run_task(config, 2, "finish", 0, _WINDOW)
+    sealer = subprocess.Popen(["sleep", "600"])  # a sealer that still runs on this host: the finish waits for it
+    try:
+        claim.write_text(f"{socket.gethostname()} {sealer.pid}\n")
+        with pytest.raises(InputError, match=f"piece 0 of the dataset is being sealed by pid {sealer.pid}"):
+            run_task(config, 2, "finish", 0, _WINDOW)
+    finally:
+        sealer.kill()
+        sealer.wait()
+    run_task(config, 2, "finish", 0, _WINDOW)  # the sealer is gone: its claim is taken over
+    assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
+
+
+def test_a_select_stage_marked_but_not_folded_is_folded_by_the_write_tasks(tmp_path):
+    """Every select task marked its share and removed its units' markers, but the last was
+    killed before it folded the marks into the stage's summary: `status` says the write stage
+    can start, a write task makes the summary from the tasks' marks, and the dataset is one
+    machine's."""
+    src = _corpus(tmp_path)
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    local_exec.claim(config, 3)
+    for stage in STAGES[:3]:
+        for task in range(3):
+            run_task(config, 3, stage, task, _WINDOW)
+    work = work_dir(config.out)
+    (work / "done" / "select.json").unlink()  # the fold that did not happen
+    (work / "layout.json").unlink()
+    assert not list(work.glob("select/*.json"))  # the units' markers are gone: only the marks remain
+    said = _cli(tmp_path)("status", "scaled").stdout
+    assert "write: not started (its first task lays the shards out); run: lmshard run-task --stage write" in said, said
+    for task in (2, 0, 1):
+        run_task(config, 3, "write", task, _WINDOW)
+    run_task(config, 3, "finish", 0, _WINDOW)
     assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 

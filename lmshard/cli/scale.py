@@ -145,10 +145,16 @@ def status(
                          soft_wrap=True)  # fmt: skip
         return
     waiting, first_left = False, None
+    n_tasks = len(info["stages"]["tokenize"]["tasks"])
     for stage, row in info["stages"].items():
         if stage == "dedup" and not info["dedup"]:
             continue
         what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[stage]
+        if not waiting and row.get("ready"):  # the select stage is done, but no task laid the shards out yet
+            render.out.print(f"write: not started (its first task lays the shards out); run: lmshard run-task --stage "
+                             f"write --task I {quoted}    # I = 0 .. {n_tasks - 1}", markup=False, soft_wrap=True)
+            waiting, first_left = True, first_left or ("write", list(range(n_tasks)))
+            continue
         if waiting or row["total"] is None:
             render.out.print(f"{stage}: waits for the stages above", markup=False, soft_wrap=True)
             waiting = True

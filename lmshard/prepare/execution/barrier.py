@@ -85,6 +85,15 @@ def forget(work: Path, stage: str, n_tasks: int, task: int) -> None:
         _marker(work, stage, n_tasks, 0, task).unlink(missing_ok=True)
 
 
+def task_mark(work: Path, stage: str, n_tasks: int, task: int) -> dict[str, Any] | None:
+    """Task `task`'s mark of `stage` (its summary), or None when it has not marked its share."""
+    try:
+        mark: dict[str, Any] = json.loads(_marker(work, stage, n_tasks, 0, task).read_text())
+    except FileNotFoundError:
+        return None
+    return mark
+
+
 def is_complete(work: Path, stage: str) -> bool:
     return summary_path(work, stage).exists()
 

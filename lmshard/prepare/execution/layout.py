@@ -229,8 +229,13 @@ def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[li
     """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
     the same) from the units' stream totals (`rows()`: the select stage's summary)."""
     if not (work / LAYOUT_FILE).exists():
-        layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes)
-        write_layout(work, layout, STREAMS)
+        try:
+            layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes)
+        except FileNotFoundError:  # another task made it first and has begun writing (its units' files go)
+            if not (work / LAYOUT_FILE).exists():
+                raise
+        else:
+            write_layout(work, layout, STREAMS)
     return Layout(work, unit_ranges, STREAMS)
 
 

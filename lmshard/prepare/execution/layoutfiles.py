@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def write_layout(work: Path, layout: dict[str, Any], streams: tuple[str, ...]) -
     atomic_write_bytes(work / BY_UNIT, np.array([p for parts in layout["readers"] for p in parts], _I8).tobytes())
     head = {"pieces": len(pieces), "parts": len(layout["parts"]), "units": len(counts),
             "near_hashes": layout["near_hashes"]}  # fmt: skip
-    tmp = work / f".{LAYOUT_FILE}.{os.getpid()}.tmp"
+    tmp = work / f".{LAYOUT_FILE}.{uuid.uuid4().hex}.tmp"  # (tasks on two hosts may share a pid)
     atomic_write_json(tmp, head)
     try:
         os.link(tmp, work / LAYOUT_FILE)

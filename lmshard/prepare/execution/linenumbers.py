@@ -23,6 +23,7 @@ unit).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,12 @@ def _first_line(plan: dict[str, Any], u: int, newlines: list[int]) -> int:
 
 
 def _renumbered(text: str, path: str, first: int) -> str:
-    """`path:N: ...` (N counted from 1 at the unit's start) with N made absolute."""
+    """`path:N: ...` (N counted from 1 at the unit's start) with N made absolute, in the prefix
+    and wherever the detail names the same line ("line N is not valid UTF-8")."""
     head = f"{path}:"
     number, colon, rest = text[len(head) :].partition(":")
     if not text.startswith(head) or not colon or not number.isdigit():
         return text  # (no line number in it)
-    return f"{head}{first + int(number) - 1}:{rest}"
+    line = first + int(number) - 1
+    detail = re.sub(rf"\bline {number}\b", f"line {line}", rest)
+    return f"{head}{line}:{detail}"

@@ -117,10 +117,20 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
             for i in _todo(r, stage):
                 r.do(stage, i)
                 progress.done(stage, i)
+            _summarize(r, stage)
         return
     with item_pool(r, workers) as pool:
         for stage in _ORDER:
             in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
+            _summarize(r, stage)
+
+
+def _summarize(r: Run, stage: str) -> None:
+    """Once a stage's items are done here, its summary (barrier.py), as its tasks would fold it:
+    a resumed run, or a task run after it, then knows the stage complete from one file."""
+    done = {"keys": "tokenize", "dedup": "dedup", "select": "select", "write": "write"}.get(stage)
+    if done is not None:
+        r.summary(done)
 
 
 # The stages' items in order; after the units are tokenized each task's keys are gathered (keyfiles.py), after

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -207,10 +208,14 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     claim = work / "write" / f"piece_{k:06d}.sealing"
     claim.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         if not take_over:
             return False  # another task seals it (or was killed doing so: the finish takes it over)
+        _check_dead(claim, k)
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
     stream, number, n_tokens, n_docs = piece[:4]
     rels = piece_files(piece)
     keyish = stream in ("keys", "near")
@@ -261,6 +266,28 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     claim.unlink(missing_ok=True)
     stop_point("piece", k)
     return True
+
+
+def _check_dead(claim: Path, k: int) -> None:
+    """Refuse to take over piece k's seal while the process that claimed it still runs here."""
+    try:
+        host, pid = claim.read_text().split()
+    except (OSError, ValueError):
+        return
+    if host == socket.gethostname() and int(pid) != os.getpid() and _running(int(pid)):
+        raise InputError(f"piece {k} of the dataset is being sealed by pid {pid} on this host; let its write task end, "
+                         "then run the finish again")  # fmt: skip
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs on this host (a killed process not yet reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False  # gone (or no /proc: then nothing tells it apart, and the claim is taken over)
+    except IndexError:
+        return True
+    return state not in ("Z", "X")
 
 
 def _durable(f: Any) -> None:

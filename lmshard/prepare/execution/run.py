@@ -30,7 +30,7 @@ from ..documents.worker import WorkerConfig, identity_of
 from ..output.build import Totals
 from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
-from .barrier import count_join, forget, is_complete, read_summary, task_finished, write_summary
+from .barrier import count_join, forget, is_complete, read_summary, task_finished, task_mark, write_summary
 from .buckets import buckets_of, resolve, task_duplicates, unit_part
 from .keyfiles import task_keys_path, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
@@ -217,6 +217,8 @@ class Run:
         if items is None and stage in JOINS and is_complete(self.work, stage):
             return []
         if stage == "keys":  # the tasks that tokenized units and have not gathered their keys
+            if is_complete(self.work, "tokenize"):  # (marked after its key file: removed once selected)
+                return []
             tasks = range(self.plan["n_tasks"] if self.bucketed else 0) if items is None else items
             return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()]
         if stage == "finish":  # its one item is done once the dataset is in place
@@ -312,9 +314,17 @@ class Run:
             raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
                              f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
                              "for its tasks first")  # fmt: skip
-        made = select_summary(self.work, range(self.n_units)) if stage == "select" else {"items": -1}
+        made = self._select_made() if stage == "select" else {"items": -1}
         write_summary(self.work, stage, made)
         return made
+
+    def _select_made(self) -> dict[str, Any]:
+        """The select summary made from its tasks: a task's mark where it marked its share (it
+        may have removed its units' markers since), else its units' markers."""
+        n = self.plan["n_tasks"]
+        parts = [task_mark(self.work, "select", n, t) or select_summary(self.work, range(*self.plan["tasks"][t]))
+                 for t in range(n)]  # fmt: skip
+        return select_join(parts)
 
     def totals(self) -> Totals:
         """The run's totals for the metadata, added up in plan order by the select stage."""
@@ -368,7 +378,8 @@ class Run:
     def ready(self, stage: str) -> None:
         """Refuse a stage whose inputs are incomplete, naming the stage to run first."""
         for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
-            self.summary(prior, stage)  # one stat each, once its tasks have folded their markers
+            if not is_complete(self.work, prior):  # one stat each, once its tasks have folded their marks
+                self.summary(prior, stage)
         paths = OutputPaths.of(self.config.out)
         swapped = stage == "finish" and (paths.out / METADATA_FILE).exists() and not paths.staging.exists()
         if stage in ("write", "finish") and read_run(paths.staging) is None and not swapped:

@@ -81,7 +81,9 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     n_tasks = plan["n_tasks"]
     for stage in STAGES[:-1]:
         if stage == "write" and not (work / LAYOUT_FILE).exists():
-            stages[stage] = {"total": None, "done": 0, "tasks": []}
+            # not laid out yet: every write task can start once the select stage is done (the first lays it out)
+            ready = not any(row["done"] < row["total"] for row in stages.values())
+            stages[stage] = {"total": None, "done": 0, "tasks": [], "ready": ready}
             continue
         complete = is_complete(work, stage)
         tasks: list[dict[str, Any]] = []
