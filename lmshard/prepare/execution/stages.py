@@ -188,6 +188,10 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
     workers = min(run.config.n_workers(), len(items))
     if workers > 1 and stage != "finish":  # a task with many cores: its items in a pool of its own
         todo = run.missing(stage, items)
+        if stage == "select" and todo:  # once here, before the workers fork: they inherit both
+            run.clusters()
+            if run.dedup:
+                run.duplicates(todo[0])
         run_items(run, stage, todo, workers)
         done = len(todo)
     else:
