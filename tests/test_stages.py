@@ -183,17 +183,24 @@ def test_a_stage_waits_for_the_one_before_and_a_killed_task_redoes_only_its_item
     assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 
+def _selected(tmp_path, n_tasks):
+    """The corpus prepared by one process into `local`, and planned for `n_tasks` tasks into
+    `scaled` with every task of the tokenize, dedup and select stages run: its config."""
+    src = _corpus(tmp_path)
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    local_exec.claim(config, n_tasks)
+    for stage in STAGES[:3]:
+        for task in range(n_tasks):
+            run_task(config, n_tasks, stage, task, _WINDOW)
+    return config
+
+
 def test_a_piece_is_sealed_by_one_task_and_a_dead_sealers_claim_is_taken_over_by_the_finish(tmp_path):
     """Two tasks that complete a piece together: the one that claimed the seal seals it, the other
     leaves it (its seal returns False, no marker); a claim left by a sealer that died is taken
     over by the finish, and the dataset is one machine's."""
-    src = _corpus(tmp_path)
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
-    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
-    local_exec.claim(config, 2)
-    for stage in STAGES[:3]:
-        for task in range(2):
-            run_task(config, 2, stage, task, _WINDOW)
+    config = _selected(tmp_path, 2)
     r = Run.of(config, 2, _WINDOW)
     first, end = r.layout()["pieces"][0][4]
     for p in range(first, end):
@@ -221,13 +228,7 @@ def test_a_select_stage_marked_but_not_folded_is_folded_by_the_write_tasks(tmp_p
     killed before it folded the marks into the stage's summary: `status` says the write stage
     can start, a write task makes the summary from the tasks' marks, and the dataset is one
     machine's."""
-    src = _corpus(tmp_path)
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
-    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
-    local_exec.claim(config, 3)
-    for stage in STAGES[:3]:
-        for task in range(3):
-            run_task(config, 3, stage, task, _WINDOW)
+    config = _selected(tmp_path, 3)
     work = work_dir(config.out)
     (work / "done" / "select.json").unlink()  # the fold that did not happen
     (work / "layout.json").unlink()

@@ -33,7 +33,8 @@ from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...quality.near import group_edges, unique_edges
 from ..stops import stop_point
-from .keyfiles import bucket_keys, pread_all, read_group, write_partitioned
+from .keyfiles import bucket_keys, read_group, write_partitioned
+from .plantables import pread_all
 from .unitfiles import SECTIONS
 
 _U64 = np.dtype("<u8")

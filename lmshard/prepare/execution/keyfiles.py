@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ...quality.minhash import MinHashConfig, band_keys
+from .plantables import pread_all
 from .unitfiles import read_section
 
 _MAGIC = b"LMSKEYS1"
@@ -136,14 +137,3 @@ def read_group(path: Path, count: int, i: int) -> np.ndarray:
         return read_partition(fd, 0, count, i, 1)[0]
     finally:
         os.close(fd)
-
-
-def pread_all(fd: int, n: int, at: int) -> bytes:
-    data = os.pread(fd, n, at)
-    while len(data) < n:  # (a regular file gives all at once; a short read goes on where it stopped)
-        more = os.pread(fd, n - len(data), at + len(data))
-        if not more:
-            raise OSError(f"unexpected end of a dedup file ({n - len(data)} bytes short)")
-        data += more
-    return data
-

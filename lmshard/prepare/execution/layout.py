@@ -237,7 +237,3 @@ def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[li
         else:
             write_layout(work, layout, STREAMS)
     return Layout(work, unit_ranges, STREAMS)
-
-
-def missing_selects(work: Path, n_units: int) -> list[int]:
-    return [u for u in range(n_units) if not (work / "select" / f"unit_{u:06d}.json").exists()]

@@ -57,17 +57,26 @@ def write_tables(work: Path, units: list[list[Any]], tasks: list[list[int]], sou
     atomic_write_bytes(work / SOURCE_INDEX, offsets.tobytes(), private)
 
 
-def _pread(path: Path, n: int, at: int) -> bytes:
+def pread_all(fd: int, n: int, at: int) -> bytes:
+    """n bytes of open file `fd` at offset `at` (a short read goes on where it stopped)."""
+    data = os.pread(fd, n, at)
+    while len(data) < n:  # (a regular file gives all at once)
+        more = os.pread(fd, n - len(data), at + len(data))
+        if not more:
+            raise OSError(f"unexpected end of a work file ({n - len(data)} bytes short)")
+        data += more
+    return data
+
+
+def read_at(path: Path, n: int, at: int) -> bytes:
+    """n bytes of a table at offset `at`: one open, one positioned read."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        data = os.pread(fd, n, at)
-        while len(data) < n and (more := os.pread(fd, n - len(data), at + len(data))):
-            data += more
+        return pread_all(fd, n, at)
+    except OSError:
+        raise ConfigError(f"{path}: shorter than the plan says; delete {path.parent} and plan again") from None
     finally:
         os.close(fd)
-    if len(data) < n:
-        raise ConfigError(f"{path}: shorter than the plan says; delete {path.parent} and plan again")
-    return data
 
 
 class _Table(Sequence[Any]):
@@ -112,7 +121,7 @@ class UnitTable(_Table):
     """Units as [source, kind, start, end, nbytes] (taskplan.Unit's fields)."""
 
     def _rows(self, first: int, end: int) -> list[Any]:
-        data = _pread(self.path, (end - first) * _UNIT.itemsize, first * _UNIT.itemsize)
+        data = read_at(self.path, (end - first) * _UNIT.itemsize, first * _UNIT.itemsize)
         return [[int(r["source"]), KINDS[int(r["kind"])], int(r["start"]), int(r["end"]), int(r["nbytes"])]
                 for r in np.frombuffer(data, dtype=_UNIT)]  # fmt: skip
 
@@ -121,7 +130,7 @@ class TaskTable(_Table):
     """Tasks as [first unit, end unit]."""
 
     def _rows(self, first: int, end: int) -> list[Any]:
-        bounds = np.frombuffer(_pread(self.path, (end - first + 1) * 8, first * 8), dtype=_I8).tolist()
+        bounds = np.frombuffer(read_at(self.path, (end - first + 1) * 8, first * 8), dtype=_I8).tolist()
         return [[bounds[k], bounds[k + 1]] for k in range(end - first)]
 
 
@@ -144,8 +153,8 @@ class SourceTable(_Table):
 
     def _rows(self, first: int, end: int) -> list[Any]:
         index = self.path.with_name(SOURCE_INDEX)
-        at = np.frombuffer(_pread(index, (end - first + 1) * 8, first * 8), dtype=_U8).astype(int).tolist()
-        text = _pread(self.path, at[-1] - at[0], at[0]).decode()
+        at = np.frombuffer(read_at(index, (end - first + 1) * 8, first * 8), dtype=_U8).astype(int).tolist()
+        text = read_at(self.path, at[-1] - at[0], at[0]).decode()
         return [json.loads(line) for line in text.splitlines()]
 
 

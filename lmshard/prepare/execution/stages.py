@@ -209,9 +209,5 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
     return done
 
 
-def tokenize_task(config: PrepareConfig, n_tasks: int, task: int, unit_bytes: int | None = None) -> int:
-    return run_task(config, n_tasks, "tokenize", task, unit_bytes)
-
-
 __all__ = ["STAGES", "Run", "TaskStopped", "check_scale_out", "config_of", "load_run", "plan_run", "run_task",
            "status", "worker_config"]

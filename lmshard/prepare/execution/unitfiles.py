@@ -41,7 +41,7 @@ from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
 from .linenumbers import known_first_line, tag
-from .taskplan import Unit, count_newlines, load_plan, unit_items, work_dir
+from .taskplan import Unit, count_newlines, unit_items, work_dir
 
 SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs")
 DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4"}
@@ -165,12 +165,3 @@ def unit_marker(tokenized: Path, u: int) -> dict[str, Any]:
     """Unit u's marker: its item table, totals and (a byte range) where the next range's lines begin."""
     data: dict[str, Any] = json.loads((tokenized / f"unit_{u:06d}.done").read_text())
     return data
-
-
-def missing_units(config: PrepareConfig) -> list[int]:
-    """Units of the plan whose marker is absent."""
-    work = work_dir(config.out)
-    plan = load_plan(work)
-    return [u for u in range(len(plan["units"])) if not (work / "tokenize" / f"unit_{u:06d}.done").exists()]
-
-
