@@ -20,6 +20,7 @@ from lmshard.cli import app
 from lmshard.errors import ConfigError
 from lmshard.format import load_metadata
 from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.execution import taskplan
 from lmshard.quality.minhash import MinHashConfig, signature
 from lmshard.quality.near import MAX_REPRESENTATIVES, components, group_edges, near_duplicates
 
@@ -111,16 +112,22 @@ def _meta_without_run(root: Path) -> dict:
 
 
 @pytest.mark.parametrize("shard_tokens", [3_000, 10**8])
-def test_survivors_are_the_same_for_any_workers_and_tasks(tmp_path, shard_tokens):
+def test_survivors_are_the_same_for_any_workers_and_tasks(tmp_path, monkeypatch, shard_tokens):
+    """Any worker or task count, and the dedup buckets resolved in groups (t7g: 2 groups of 16,
+    as a plan of many tasks groups them): the same survivors and bytes."""
     docs = _clustered(11)
     src = jsonl(tmp_path / "docs.jsonl", docs)
     runs = {}
     for name, kw in {"w1": {"workers": 1}, "w2": {"workers": 2}, "w3": {"workers": 3},
                      "t1": {"num_tasks": 1, "workers": 2}, "t3": {"num_tasks": 3, "workers": 3, "unit_size": 65536},
-                     "t7": {"num_tasks": 7, "workers": 2, "unit_size": 65536}}.items():  # fmt: skip
+                     "t7": {"num_tasks": 7, "workers": 2, "unit_size": 65536},
+                     "t7g": {"num_tasks": 7, "workers": 2, "unit_size": 65536}}.items():  # fmt: skip
         out = tmp_path / name
-        prepare(PrepareConfig(inputs=[str(src)], out=str(out), near_dedup=True, val_fraction=0.1,
-                              tokens_per_shard=shard_tokens, **kw))  # fmt: skip
+        with monkeypatch.context() as m:
+            if name == "t7g":
+                m.setattr(taskplan, "PAIRS", 2 * 7)
+            prepare(PrepareConfig(inputs=[str(src)], out=str(out), near_dedup=True, val_fraction=0.1,
+                                  tokens_per_shard=shard_tokens, **kw))  # fmt: skip
         runs[name] = out
     first = runs.pop("w1")
     for name, out in runs.items():
@@ -283,6 +290,7 @@ def _killed_and_resumed(monkeypatch, args: list[str], item: int) -> None:
     proc.communicate()
     code, err = finish(start_prepare([*args, "--resume"]), 300)
     assert code == 0, err
+    monkeypatch.delenv("LMSHARD_BLOCK_BYTES")  # (this process read the default: its workers must too)
 
 
 def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):

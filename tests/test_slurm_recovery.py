@@ -315,7 +315,8 @@ def test_killed_write_task_is_rerun_alone_then_the_finish(slurm):
     assert not (root / out).exists()
 
     text, lines = _status(root, env, out)
-    for stage, what in (("tokenize", "12 of 12 units"), ("dedup", "32 of 32 buckets"), ("select", "12 of 12 units")):
+    done = (("tokenize", "12 of 12 units"), ("dedup", "32 of 32 groups of buckets"), ("select", "12 of 12 units"))
+    for stage, what in done:
         assert f"{stage}: 3 of 3 tasks complete ({what})" in text, text
     layout = Layout(work, load_plan(work)["tasks"], STREAMS)  # task 0 writes the parts of its own units
     mine, total = layout["tasks"][0], len(layout["parts"])

@@ -100,7 +100,7 @@ def shape(corpus, tmp_path_factory):
         layout = json.loads((_work(out) / "layout.json").read_text())
     finally:
         _kill(proc)
-    counts = {"tokenize": plan["n_units"], "dedup": plan["buckets"], "select": plan["n_units"],
+    counts = {"tokenize": plan["n_units"], "dedup": plan["groups"], "select": plan["n_units"],
               "write": layout["parts"], "seal": layout["pieces"]}  # fmt: skip
     assert counts["tokenize"] >= 30 and counts["dedup"] >= 2 and counts["seal"] >= 10, counts  # really cut up
     return counts
@@ -184,7 +184,7 @@ def test_a_kill_in_a_stage_then_resume_gives_the_one_machine_bytes(tmp_path, cor
     if stage == "dedup":
         assert not (work / "select").exists(), where
     if stage in ("select", "write", "seal"):
-        assert len(list((work / "dedup").glob("bucket_*.done"))) == shape["dedup"], where
+        assert len(list((work / "dedup").glob("group_*.done"))) == shape["dedup"], where
     if stage == "select":
         assert not (work / "layout.json").exists() and not (work / "write").exists(), where
     if stage in ("write", "seal"):

@@ -19,7 +19,7 @@ import lmshard.prepare.execution.stages as stages_module
 import lmshard.prepare.output.build as build
 from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.execution import local_exec
+from lmshard.prepare.execution import local_exec, taskplan
 from lmshard.prepare.execution.layout import STREAMS
 from lmshard.prepare.execution.layoutfiles import Layout
 from lmshard.prepare.execution.stages import STAGES, Run, plan_run, run_task
@@ -75,13 +75,16 @@ def _small_key_files(monkeypatch, n):
 _OPTS = dict(val_fraction=0.1, tokens_per_shard=5_000, on_error="skip")
 
 
-@pytest.mark.parametrize(("n_tasks", "keys_per_file"), [(1, None), (3, 400), (7, 400)])
-def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypatch, n_tasks, keys_per_file):
+@pytest.mark.parametrize(("n_tasks", "keys_per_file", "groups"), [(1, None, 32), (3, 400, 32), (7, 400, 32),
+                                                                  (7, 400, 4)])  # fmt: skip
+def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypatch, n_tasks, keys_per_file, groups):
     """Every task of every stage, in reversed task order, then the finish: the one-machine
     bytes, with files cut into units, duplicates across units and tasks, shards of 5,000 tokens
-    (c.txt is one document longer than that) and, when asked, several dedup key files."""
+    (c.txt is one document longer than that), when asked several dedup key files, and the 32
+    dedup buckets resolved one per item or in groups (as a plan of many tasks groups them)."""
     if keys_per_file:
         _small_key_files(monkeypatch, keys_per_file)
+    monkeypatch.setattr(taskplan, "PAIRS", groups * n_tasks)
     src = _corpus(tmp_path)
     local = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
     config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
@@ -90,6 +93,7 @@ def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypa
         for task in reversed(range(n_tasks)):  # any order
             run_task(config, n_tasks, stage, task, unit_bytes=_WINDOW)
     plan = load_plan(work_dir(config.out))
+    assert (plan["buckets"], plan["groups"]) == (32, groups)
     assert len(plan["units"]) > 5  # the large files really were cut
     b_start = min(u for u, unit in enumerate(plan["units"]) if unit[0] == 1)
     assert n_tasks == 1 or plan["tasks"][0][1] <= b_start  # a.jsonl's first texts, repeated in b.jsonl by another task
@@ -491,6 +495,30 @@ def test_a_refused_planned_run_leaves_nothing_behind(tmp_path, executor):
             else:
                 local_exec.claim(config, 2)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]
+
+
+def test_the_python_api_runs_num_tasks_as_a_plan_here_and_refuses_other_executors(tmp_path):
+    """prepare(num_tasks=N) plans N tasks and runs them here, as `--num-tasks N` does; another
+    executor is the command line's, refused in one line before anything is written."""
+    src = _corpus(tmp_path)
+    seen = []
+    real = local_exec.run
+    meta = None
+
+    def spy(config, n_tasks, *rest, **kw):
+        seen.append(n_tasks)
+        return real(config, n_tasks, *rest, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(local_exec, "run", spy)
+        meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "tasks"), workers=1, num_tasks=3,
+                                     unit_size=_WINDOW, **_OPTS))  # fmt: skip
+    assert seen == [3]
+    one = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, **_OPTS))
+    assert _files(tmp_path / "tasks") == _files(tmp_path / "one") and meta.total_tokens == one.total_tokens
+    with pytest.raises(ConfigError, match="executor 'local'.*--executor slurm"):
+        prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "slurm"), num_tasks=3, executor="slurm"))
+    assert not (tmp_path / "slurm").exists() and not work_dir(tmp_path / "slurm").exists()
 
 
 def test_a_planned_run_that_keeps_nothing_equals_the_one_process_run(tmp_path):

@@ -89,8 +89,8 @@ def run_task(
         ...,
         "--stage",
         metavar="STAGE",
-        help="tokenize (a task's units), dedup (its hash buckets), select (its units), write (its shards), each "
-        "after every task of the stage before; finish (once, last).",
+        help="tokenize (a task's units), dedup (its groups of hash buckets), select (its units), write (its "
+        "shards), each after every task of the stage before; finish (once, last).",
     ),
     task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
     workers: int | None = typer.Option(
@@ -125,7 +125,7 @@ def run_task(
 
         render.summary(load_metadata(cfg.out), cfg.out)
         return
-    what = {"tokenize": "units tokenized", "dedup": "buckets deduplicated", "select": "units selected",
+    what = {"tokenize": "units tokenized", "dedup": "groups of buckets deduplicated", "select": "units selected",
             "write": "parts of shards and key files written"}[stage]  # fmt: skip
     render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 
@@ -149,7 +149,7 @@ def status(
     for stage, row in info["stages"].items():
         if stage == "dedup" and not info["dedup"]:
             continue
-        what = {"tokenize": "units", "dedup": "buckets", "select": "units", "write": "parts of shards"}[stage]
+        what = {"tokenize": "units", "dedup": "groups of buckets", "select": "units", "write": "parts of shards"}[stage]
         if not waiting and row.get("ready"):  # the select stage is done, but no task laid the shards out yet
             render.out.print(f"write: not started (its first task lays the shards out); run: lmshard run-task --stage "
                              f"write --task I {quoted}    # I = 0 .. {n_tasks - 1}", markup=False, soft_wrap=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LmshardError, warn
+from ..errors import ConfigError, LmshardError, warn
 from ..format import (
     METADATA_FILE,
     TOKENIZER_FILE,
@@ -73,7 +73,9 @@ from .stops import stop_point
 def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> DatasetMeta:
     """Run a prepare job and return the metadata it wrote (see staging.py for how `--out` is
     claimed, built beside, resumed and swapped). A large input read from files runs as staged
-    tasks in the worker pool instead (local_exec.py), with the same bytes.
+    tasks in the worker pool instead (local_exec.py), with the same bytes; so does a config with
+    `num_tasks` (a plan of that many tasks, every stage run here: the command line's
+    `--num-tasks N`; other executors are the command line's).
     SIGTERM ends it as Ctrl-C does (in the main thread, where SIGTERM has its default action)."""
     with sigterm_stops():
         if output_url(config.out):  # built in a local work directory, then published (output/publish.py)
@@ -84,6 +86,10 @@ def prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | Non
 
 
 def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | None) -> DatasetMeta:
+    if config.num_tasks is not None and config.executor != "local":
+        raise ConfigError(f"prepare() runs a plan of {config.num_tasks} tasks here only (executor 'local'); for "
+                          f"--executor {config.executor} run `lmshard prepare --num-tasks N --executor "
+                          f"{config.executor}`")  # fmt: skip
     started = time.time()
     paths = OutputPaths.of(config.out)
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
@@ -97,6 +103,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
             config.encoding(tokenizer.n_vocab)  # fail fast on uint16 for a larger vocabulary
         from .execution import local_exec  # (whose stages use this module)
 
+        if config.num_tasks is not None:  # a plan of that many tasks, every stage run here (--executor local)
+            return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer))
         if local_exec.use_stages(config, sources):  # every stage in the worker pool
             tasks = local_exec.TASKS_PER_WORKER * config.n_workers()  # (tasks here only size the units)
             return local_exec.run(config, tasks, None, on_progress, (sources, tokenizer), adopt=True)

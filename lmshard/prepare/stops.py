@@ -14,8 +14,8 @@ The points:
   before sending the result back;
 - `unit`: a planned run's process (a local worker or `run-task`) wrote its Nth unit's results and
   marker, before reporting it.
-- `bucket`, `select`, `part`, `piece`: the same for a dedup bucket, a selected unit, a written
-  part of a shard or key file, a sealed shard or key file (keys: their numbers);
+- `bucket`, `select`, `part`, `piece`: the same for a dedup group of buckets, a selected unit, a
+  written part of a shard or key file, a sealed shard or key file (keys: their numbers);
 - `swap`: the main process passed a step of the final swap (staging.commit). With the atomic
   exchange (`--overwrite`, `--append`): 1 after the exchange (the old dataset under the build's
   name), 2 after the old one was renamed to the trash. With two renames (no exchange): 1 between

@@ -7,19 +7,29 @@ so a bucket's work stays bounded however many tasks share a run, and the answer 
 documents repeat an earlier one) never depends on how the work was dealt. A document's bucket
 is its key modulo the bucket count (keys are xxh3-64: their low bits are uniform).
 
+**Groups.** The dedup stage's items are groups of consecutive buckets (taskplan.group_count): every
+bucket while groups × tasks stays within PAIRS (2^25), else as many groups as that allows (512
+for 65,536 tasks). A group reads one slice of each task's key file (its buckets are contiguous
+there) and writes one file of duplicates, so the dedup stage opens groups × tasks key files and
+the select stage groups × tasks files of duplicates: at most 2^25 each however many tasks a run
+has, where one item per bucket would open buckets × tasks (2.7 × 10^8 each at 4,096 buckets and
+65,536 tasks). Which documents are duplicates does not depend on the grouping.
+
 **Files** (keyfiles.py). Each tokenize task writes its documents' keys already partitioned by
-bucket into one file; bucket b reads its slice of each task's file (a few positioned reads per
-task: the files a bucket opens are the plan's tasks, never its units) and writes its
-duplicates, grouped by task, as `dedup/bucket_B.dups`, so a select task reads its own slice of
-each bucket's file the same way.
+bucket into one file; group g reads its buckets' slice of each task's file (a few positioned
+reads per task: the files a group opens are the plan's tasks, never its units) and writes its
+duplicates, grouped by task, as `dedup/group_G.dups`, so a select task reads its own slice of
+each group's file the same way.
 
 **Survivors.** Within a bucket the keys are taken in plan order (task, unit, then document),
 and the first occurrence of each key survives: the same documents a single process keeps when
-it meets them in order.
+it meets them in order. (Keys of different buckets differ, so a group resolves its buckets in
+one pass.)
 
-Memory model: a bucket holds its own keys, 16 bytes per document of the bucket plus the sort
-(np.unique), about 1/B of the run's documents; a select task holds its documents' duplicates
-(8 bytes each).
+Memory model: a group holds its buckets' keys, 16 bytes per document of the group plus the sort
+(np.unique), 1/G of the run's documents (G groups); with --near-dedup 16 more bytes per band of
+each of them (352 at the default 22 bands); a select task holds its documents' duplicates (8
+bytes each).
 """
 
 from __future__ import annotations
@@ -33,27 +43,31 @@ from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...quality.near import group_edges, unique_edges
 from ..stops import stop_point
-from .keyfiles import bucket_keys, read_group, write_partitioned
+from .keyfiles import group_keys, read_group, write_partitioned
 from .plantables import pread_all
 from .unitfiles import SECTIONS
 
 _U64 = np.dtype("<u8")
+def group_buckets(n_buckets: int, n_groups: int, group: int) -> range:
+    """The buckets of group `group`: a contiguous range."""
+    return range(group * n_buckets // n_groups, (group + 1) * n_buckets // n_groups)
 
 
-def resolve(work: Path, tasks: list[list[int]], n_buckets: int, bucket: int, exact: bool = True,
+def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, group: int, exact: bool = True,
             minhash: MinHashConfig | None = None) -> int:  # fmt: skip
-    """Find bucket `bucket`'s duplicates over every task's key file (`tasks`: the plan's unit
-    ranges) and write them with their marker (`dedup/bucket_B.dups`, `.done`); returns how many
+    """Find group `group`'s duplicates over every task's key file (`tasks`: the plan's unit
+    ranges) and write them with their marker (`dedup/group_G.dups`, `.done`); returns how many
     (skipped when already done: -1). `minhash` (--near-dedup): also its near-duplicate edges."""
     out = work / "dedup"
-    marker = out / f"bucket_{bucket:06d}.done"
+    marker = out / f"group_{group:06d}.done"
     if marker.exists():
         return -1
     writers = [t for t, (first, end) in enumerate(tasks) if end > first]
-    edges = near_edges(work, writers, bucket, minhash) if minhash is not None else 0
+    buckets = group_buckets(n_buckets, n_groups, group)
+    edges = near_edges(work, writers, buckets, group, minhash) if minhash is not None else 0
     keys, ids, owners = [], [], []
     for t in writers if exact else []:
-        k, i = bucket_keys(work, t, bucket, "exact")
+        k, i = group_keys(work, t, buckets, "exact")
         keys.append(k)
         ids.append(i)
         owners.append(np.full(len(k), t, dtype=np.int64))
@@ -62,20 +76,20 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, bucket: int, exa
     dup = np.ones(len(k), dtype=bool)
     dup[first] = False
     out.mkdir(parents=True, exist_ok=True)
-    write_partitioned(out / f"bucket_{bucket:06d}.dups", np.concatenate(owners)[dup] if owners else k[:0],
+    write_partitioned(out / f"group_{group:06d}.dups", np.concatenate(owners)[dup] if owners else k[:0],
                       np.concatenate(ids)[dup] if ids else k[:0], len(tasks))  # fmt: skip
     atomic_write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
-    stop_point("bucket", bucket)
+    stop_point("bucket", group)
     return int(dup.sum())
 
 
-def near_edges(work: Path, writers: list[int], bucket: int, minhash: MinHashConfig) -> int:
-    """The bucket's near-duplicate edges over the `near` sections of the tasks' key files
+def near_edges(work: Path, writers: list[int], buckets: range, group: int, minhash: MinHashConfig) -> int:
+    """The group's near-duplicate edges over the `near` sections of the tasks' key files
     (quality/near.py's groups; documents numbered unit << 32 | document, which is plan order),
-    written as `dedup/bucket_B.near`: (member, representative) uint64 pairs. Returns how many."""
+    written as `dedup/group_G.near`: (member, representative) uint64 pairs. Returns how many."""
     keys, ids = [], []
     for t in writers:
-        k, i = bucket_keys(work, t, bucket, "near")
+        k, i = group_keys(work, t, buckets, "near")
         keys.append(k)
         ids.append(i)
     tokenized = work / "tokenize"
@@ -83,7 +97,7 @@ def near_edges(work: Path, writers: list[int], bucket: int, minhash: MinHashConf
                               np.concatenate(ids) if ids else np.zeros(0, _U64),
                               lambda want: unit_signatures(tokenized, want, minhash.n_hashes), minhash)  # fmt: skip
     (work / "dedup").mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(work / "dedup" / f"bucket_{bucket:06d}.near",
+    atomic_write_bytes(work / "dedup" / f"group_{group:06d}.near",
                        np.stack([member, rep], axis=1).astype(_U64).tobytes())  # fmt: skip
     return len(member)
 
@@ -112,17 +126,17 @@ def _header_entry(path: Path, section: str) -> bytes:
         return f.read(8)
 
 
-def read_edges(dedup: Path, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every bucket's near-duplicate edges, each pair once: (members, representatives)."""
-    pairs = [np.fromfile(dedup / f"bucket_{b:06d}.near", dtype=_U64).reshape(-1, 2) for b in range(n_buckets)]
+def read_edges(dedup: Path, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every group's near-duplicate edges, each pair once: (members, representatives)."""
+    pairs = [np.fromfile(dedup / f"group_{g:06d}.near", dtype=_U64).reshape(-1, 2) for g in range(n_groups)]
     both = np.concatenate(pairs) if pairs else np.zeros((0, 2), _U64)
     return unique_edges(both[:, 0], both[:, 1])
 
 
-def task_duplicates(dedup: Path, n_tasks: int, n_buckets: int, task: int) -> np.ndarray:
-    """The ids (unit << 32 | document, sorted) of task `task`'s documents that some bucket found
-    repeat an earlier one: its slice of each bucket's duplicates."""
-    found = [read_group(dedup / f"bucket_{b:06d}.dups", n_tasks, task) for b in range(n_buckets)]
+def task_duplicates(dedup: Path, n_tasks: int, n_groups: int, task: int) -> np.ndarray:
+    """The ids (unit << 32 | document, sorted) of task `task`'s documents that some group found
+    repeat an earlier one: its slice of each group's duplicates."""
+    found = [read_group(dedup / f"group_{g:06d}.dups", n_tasks, task) for g in range(n_groups)]
     return np.sort(np.concatenate(found)) if found else np.zeros(0, _U64)
 
 
@@ -132,6 +146,6 @@ def unit_part(ids: np.ndarray, u: int) -> np.ndarray:
     return (ids[lo:hi] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
-def buckets_of(n_buckets: int, n_tasks: int, task: int) -> range:
-    """Task `task`'s buckets: a contiguous share (empty for some tasks when buckets < tasks)."""
-    return range(task * n_buckets // n_tasks, (task + 1) * n_buckets // n_tasks)
+def groups_of(n_groups: int, n_tasks: int, task: int) -> range:
+    """Task `task`'s dedup groups: a contiguous share (empty for some tasks when groups < tasks)."""
+    return range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks)

@@ -1,7 +1,7 @@
 """The dedup stage's inputs and outputs as one file per writer: each tokenize task's keys
-partitioned by dedup bucket, and each bucket's duplicates partitioned by task, so that a bucket
-reads one slice of one file per task and a select task one slice of one file per bucket, never
-one file per unit.
+partitioned by dedup bucket, and each dedup group's duplicates partitioned by task, so that a
+group reads one slice of one file per task and a select task one slice of one file per group,
+never one file per unit.
 
 **Task keys** (`WORK/keys/task_TTTTTT.bin`, written by tokenize task T once its units are
 done, from their data files): the magic `LMSKEYS1`, then three little-endian uint64: the
@@ -12,9 +12,9 @@ is plan order), in plan order within a bucket. `exact` holds one key per documen
 its text); `near` (--near-dedup) one per band of its MinHash signature, in the bucket of the
 key's value. Written under a temporary name, fsynced and renamed: the file is its own marker.
 
-**Bucket duplicates** (`dedup/bucket_BBBBBB.dups`, buckets.py): T+1 uint64 offsets, then the
-ids (uint64) of the bucket's duplicate documents grouped by the task that tokenized them, in
-plan order.
+**Group duplicates** (`dedup/group_GGGGGG.dups`, buckets.py): T+1 uint64 offsets, then the
+ids (uint64) of the duplicate documents of the group's buckets, grouped by the task that
+tokenized them.
 
 A partition is found with two positioned reads of 16 bytes and 8 bytes, then one read per
 array: a few reads of one open file, whatever the plan's size.
@@ -92,8 +92,9 @@ def partition(keys: np.ndarray, ids: np.ndarray, n_buckets: int) -> bytes:
     return offsets.tobytes() + keys[order].astype(_U64).tobytes() + ids[order].astype(_U64).tobytes()
 
 
-def bucket_keys(work: Path, task: int, bucket: int, section: str) -> tuple[np.ndarray, np.ndarray]:
-    """Bucket `bucket`'s (keys, ids) in task `task`'s key file, `section` exact or near."""
+def group_keys(work: Path, task: int, buckets: range, section: str) -> tuple[np.ndarray, np.ndarray]:
+    """The (keys, ids) of `buckets` (consecutive) in task `task`'s key file, `section` exact or
+    near: one slice of each array."""
     path = task_keys_path(work, task)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -101,16 +102,20 @@ def bucket_keys(work: Path, task: int, bucket: int, section: str) -> tuple[np.nd
         if head[: len(_MAGIC)] != _MAGIC:
             raise OSError(f"{path}: not a task key file")
         n_buckets, near_at, _ = np.frombuffer(head[len(_MAGIC) :], dtype=_U64).astype(int).tolist()
-        keys, ids = read_partition(fd, _HEAD if section == "exact" else near_at, n_buckets, bucket, 2)
+        keys, ids = read_partition(fd, _HEAD if section == "exact" else near_at, n_buckets, buckets.start, 2,
+                                   buckets.stop)  # fmt: skip
         return keys, ids
     finally:
         os.close(fd)
 
 
-def read_partition(fd: int, base: int, count: int, i: int, arrays: int) -> list[np.ndarray]:
-    """Partition i of a section at `base` laid out as `count`+1 uint64 offsets, then `arrays`
-    uint64 arrays of as many entries each, grouped the same way."""
-    lo, hi = np.frombuffer(pread_all(fd, 16, base + 8 * i), dtype=_U64).astype(int).tolist()
+def read_partition(fd: int, base: int, count: int, i: int, arrays: int, stop: int | None = None) -> list[np.ndarray]:
+    """Partition i (to `stop`, exclusive: partitions i..stop-1 at once) of a section at `base`
+    laid out as `count`+1 uint64 offsets, then `arrays` uint64 arrays of as many entries each,
+    grouped the same way."""
+    stop = i + 1 if stop is None else stop
+    lo = int(np.frombuffer(pread_all(fd, 8, base + 8 * i), dtype=_U64)[0])
+    hi = int(np.frombuffer(pread_all(fd, 8, base + 8 * stop), dtype=_U64)[0])
     total = int(np.frombuffer(pread_all(fd, 8, base + 8 * count), dtype=_U64)[0])
     start = base + 8 * (count + 1)
     return [np.frombuffer(pread_all(fd, 8 * (hi - lo), start + 8 * (a * total + lo)), dtype=_U64)

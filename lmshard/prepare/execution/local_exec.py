@@ -4,13 +4,13 @@ input is large enough to repay it (`use_stages`): the same stages, the same file
 bytes as on a cluster.
 
 This process claims `--out` (owners.begin) and holds the writer lock for the whole run; then it
-only schedules. Each stage's items (the units to tokenize, each task's keys to gather, the dedup buckets, the units to
-select, the parts of shards and key files to write, then the shards and key files to seal) go
-to `--workers` processes, in plan order, and the next stage starts once every item of this one
-is done. The layout (a walk over the units'
-totals) and the metadata (finish) are the only work done here: neither reads a document. A
-killed run leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop
-the workers at once (an item cut short has no marker and is redone).
+only schedules. Each stage's items (the units to tokenize, each task's keys to gather, the
+dedup groups of buckets, the units to select, the parts of shards and key files to write, then
+the shards and key files to seal) go to `--workers` processes, in plan order, and the next
+stage starts once every item of this one is done. The layout (a walk over the units' totals)
+and the metadata (finish) are the only work done here: neither reads a document. A killed run
+leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop the
+workers at once (an item cut short has no marker and is redone).
 
 Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
 layout.py, owners.py: at most one work item's tokens, or one unit's per-document arrays); this
@@ -43,7 +43,7 @@ from .unitfiles import unit_marker
 STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
-# fixed costs (its files, fsyncs, a read of each bucket) stay small.
+# fixed costs (its files, fsyncs, a read of each dedup group) stay small.
 TASKS_PER_WORKER = 2
 
 

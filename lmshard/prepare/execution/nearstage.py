@@ -1,4 +1,4 @@
-"""--near-dedup in a planned run: after the dedup stage, the clusters of every bucket's edges
+"""--near-dedup in a planned run: after the dedup stage, the clusters of every group's edges
 (quality/near.py) are found once, by the last dedup task to finish (or the first select task
 that finds them missing: every task that makes them makes the same), and written as
 `dedup/near.removed`: the removed documents' ids (unit << 32 | document, sorted, uint64), then
@@ -32,14 +32,14 @@ REMOVED = "near.removed"
 SUMMARY = "near.json"
 
 
-def ensure_clusters(work: Path, n_buckets: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
+def ensure_clusters(work: Path, n_groups: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
                     specials: int, duplicates: Callable[[int], np.ndarray] | None) -> None:  # fmt: skip
     """Find the clusters unless `dedup/near.removed` exists (see the module docstring).
     `duplicates(u)`: unit u's exact duplicates (document numbers; None: no exact dedup)."""
     dedup = work / "dedup"
     if (dedup / REMOVED).exists():
         return
-    removed, survivor = components(*read_edges(dedup, n_buckets))
+    removed, survivor = components(*read_edges(dedup, n_groups))
     tokenized = work / "tokenize"
     examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates)
     atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})

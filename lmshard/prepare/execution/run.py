@@ -31,7 +31,7 @@ from ..output.build import Totals
 from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, read_summary, task_finished, task_mark, write_summary
-from .buckets import buckets_of, resolve, task_duplicates, unit_part
+from .buckets import groups_of, resolve, task_duplicates, unit_part
 from .keyfiles import task_keys_path, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
@@ -114,7 +114,7 @@ def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: T
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")
 # Where each item's marker is: (folder in the work directory, name); "seal": a sealed piece.
-_MARKERS = {"tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "bucket_{:06d}.done"),
+_MARKERS = {"tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "group_{:06d}.done"),
             "select": ("select", "unit_{:06d}.json"), "write": ("write", "part_{:06d}.done"),
             "seal": ("write", "piece_{:06d}.json")}  # fmt: skip
 JOINS = {"tokenize": count_join, "dedup": count_join, "select": select_join, "write": count_join}
@@ -164,12 +164,12 @@ class Run:
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:
-        """Task `task`'s share of a stage: its units, its buckets, the parts of shards and key
+        """Task `task`'s share of a stage: its units, its groups of buckets, the parts of shards and key
         files from its units (finish: task 0)."""
         if stage in ("tokenize", "select"):
             return range(*self.plan["tasks"][task])
         if stage == "dedup":
-            return buckets_of(self.plan["buckets"], self.plan["n_tasks"], task) if self.bucketed else range(0)
+            return groups_of(self.plan["groups"], self.plan["n_tasks"], task) if self.bucketed else range(0)
         if stage == "write":  # parts of shards and key files: those of its units
             return self.layout()["tasks"][task]
         return range(1 if task == 0 else 0)
@@ -191,7 +191,7 @@ class Run:
     def clusters(self) -> None:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
         if self.config.near_dedup:
-            ensure_clusters(self.work, self.plan["buckets"], self.near_hashes, self.tokenizer, self.sources,
+            ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
                             self.specials, self.duplicates if self.dedup else None)  # fmt: skip
 
     def task_of(self, u: int) -> int:
@@ -203,7 +203,7 @@ class Run:
         every bucket's duplicates, read once per task (buckets.py)."""
         task = self.task_of(u)
         if self._dups is None or self._dups[0] != task:
-            found = task_duplicates(self.work / "dedup", self.plan["n_tasks"], self.plan["buckets"], task)
+            found = task_duplicates(self.work / "dedup", self.plan["n_tasks"], self.plan["groups"], task)
             self._dups = (task, found)
         return unit_part(self._dups[1], u)
 
@@ -225,7 +225,7 @@ class Run:
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
             n = {"tokenize": self.n_units, "select": self.n_units,
-                 "dedup": self.plan["buckets"] if self.bucketed else 0}.get(stage)  # fmt: skip
+                 "dedup": self.plan["groups"] if self.bucketed else 0}.get(stage)  # fmt: skip
             if n is None:
                 n = len(self.layout()["parts" if stage == "write" else "pieces"])
             items = range(n)
@@ -250,8 +250,8 @@ class Run:
         if stage in ("tokenize", "select"):
             return self.task_of
         if stage == "dedup":
-            n, tasks = self.plan["buckets"], self.plan["n_tasks"]
-            starts = [buckets_of(n, tasks, t).start for t in range(tasks)]
+            n, tasks = self.plan["groups"], self.plan["n_tasks"]
+            starts = [groups_of(n, tasks, t).start for t in range(tasks)]
             return lambda b: bisect.bisect_right(starts, b) - 1  # (an empty share starts where the next one does)
         if stage == "write":
             return self.layout().task_of_part
@@ -308,8 +308,8 @@ class Run:
         if not missing and stage == "tokenize" and self.missing("keys"):
             missing, stage = self.missing("keys"), "keys"
         if missing:
-            what = {"tokenize": "units", "keys": "tasks' key files", "dedup": "buckets", "select": "units",
-                    "write": "parts of shards"}[stage]  # fmt: skip
+            what = {"tokenize": "units", "keys": "tasks' key files", "dedup": "groups of buckets",
+                    "select": "units", "write": "parts of shards"}[stage]  # fmt: skip
             stage = "tokenize" if stage == "keys" else stage
             raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
                              f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
@@ -334,7 +334,7 @@ class Run:
         return totals
 
     def do(self, stage: str, i: int) -> bool:
-        """Item i of `stage` (a unit, a bucket, a part of a piece; "seal": a piece), skipped when
+        """Item i of `stage` (a unit, a group of buckets, a part of a piece; "seal": a piece), skipped when
         its marker exists."""
         c = self.config
         if stage == "tokenize":
@@ -344,7 +344,7 @@ class Run:
             return self.bucketed and write_task_keys(self.work, range(first, end), i, self.plan["buckets"],
                                                      self.wcfg.minhash)  # fmt: skip
         if stage == "dedup":
-            return resolve(self.work, self.plan["tasks"], self.plan["buckets"], i, self.dedup,
+            return resolve(self.work, self.plan["tasks"], self.plan["buckets"], self.plan["groups"], i, self.dedup,
                            self.wcfg.minhash) >= 0  # fmt: skip
         if stage == "select":
             self.clusters()

@@ -5,7 +5,7 @@ temporary names and a marker last, so a task killed anywhere is finished by runn
 
 1. **tokenize** (per task: its units, unitfiles.py): the same cleaning, hashing and tokenizing
    code as a local run; a unit's documents as arrays, its keys partitioned by dedup bucket.
-2. **dedup** (per task: a share of the plan's buckets, buckets.py): the documents whose key
+2. **dedup** (per task: a share of the plan's groups of buckets, buckets.py): the documents whose key
    appeared earlier in plan order.
 3. **select** (per task: its units, layout.py): each document's fate (duplicate, train, val)
    and the unit's totals; the last select task to finish lays out every shard and key file.

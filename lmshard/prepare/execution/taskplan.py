@@ -15,7 +15,9 @@ Units concatenated in plan order are exactly the input in `prepare`'s order, and
 gives a unit's work items with the lines (and line numbers: a range's first line number is found
 by the task that tokenizes it) that the single-machine plan gives, so the stages that take the
 units' documents in plan order (stages.py) see the single-machine document sequence. The plan
-also fixes the number of dedup buckets (`bucket_count`), from the input's size alone.
+also fixes the number of dedup buckets (`bucket_count`), from the input's size alone, and the
+dedup stage's items, groups of consecutive buckets (`group_count`), from the buckets and the
+task count.
 
 **Tasks.** Units are dealt to N tasks as contiguous runs balanced by bytes (a task ends at the
 first unit boundary past its share of the total), so each task reads neighbouring data. A task
@@ -60,7 +62,7 @@ from .plantables import (
 )
 
 PLAN_FILE = "plan.json"
-PLAN_VERSION = 3  # 3: the dedup stage reads per-task key files (keyfiles.py)
+PLAN_VERSION = 4  # 3: the dedup stage reads per-task key files (keyfiles.py); 4: dedup items are groups of buckets
 # A unit of a large line-based file: ~20 s of one core's tokenizing (LMSHARD_UNIT_BYTES: for benchmarks).
 UNIT_BYTES = int(os.environ.get("LMSHARD_UNIT_BYTES", 64 << 20))
 _WINDOW = 64 << 10
@@ -95,6 +97,18 @@ def bucket_count(total_bytes: int) -> int:
     """Buckets for a run over `total_bytes` of input: a power of two, one per 256 MiB, 32 to 4096."""
     want = max(1, -(-total_bytes // BYTES_PER_BUCKET))
     return min(MAX_BUCKETS, max(MIN_BUCKETS, 1 << (want - 1).bit_length()))
+
+
+PAIRS = 1 << 25  # dedup groups x tasks, at most: the files the dedup stage opens, and the select stage
+
+
+def group_count(n_buckets: int, n_tasks: int) -> int:
+    """The dedup stage's items: `n_buckets` (a power of two) while that many times `n_tasks`
+    stays within PAIRS, else the largest power of two that does (at least 1)."""
+    groups = n_buckets
+    while groups > 1 and groups * n_tasks > PAIRS:
+        groups //= 2
+    return groups
 
 
 UNITS_PER_TASK = 4  # a task gets about this many units by default: balance without tiny units
@@ -243,8 +257,9 @@ def make_plan(fingerprint: dict[str, Any], sources: list[Source], units: list[Un
               unit_bytes: int = UNIT_BYTES) -> dict[str, Any]:  # fmt: skip
     """The plan in memory: the run's fingerprint (see claim.py), the sources (with the identity
     the fingerprint gave each: its modification time or version), units and tasks."""
+    buckets = bucket_count(sum(s.size for s in sources))
     return {"version": PLAN_VERSION, "n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint,
-            "buckets": bucket_count(sum(s.size for s in sources)),
+            "buckets": buckets, "groups": group_count(buckets, n_tasks),
             "sources": [source_row(s, ident) for s, ident in zip(sources, fingerprint["sources"], strict=True)],
             "units": [[u.source, u.kind, u.start, u.end, u.nbytes] for u in units],
             "tasks": [list(r) for r in assign(units, n_tasks)]}  # fmt: skip
