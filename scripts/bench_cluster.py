@@ -48,9 +48,10 @@ exponent k (count ~ U^k between the smallest and the largest U: 0 is flat, 1 gro
 plan), and the same for bytes read; then the 1,000-node plan extrapolated (U = 262,000 units, B
 = 4,096 buckets) per shape. There a stage's per-task count is a line in U through its values at
 the smallest and largest U (from the largest; a count that shrinks is taken as flat) plus the
-bucket point's slope per bucket; a dedup task's count is its count per bucket held times the
-buckets a task holds at scale, and idle dedup tasks count as the idle one measured; run totals
-add up every task; wall times take the filesystem rates below (MDS_OPS_PER_S,
+bucket point's slope per dedup group (a plan's buckets, or groups of them where it has many
+tasks: taskplan.group_count); a dedup task's count is its count per group held times the groups
+a task holds at scale (its bytes read: the measured group's over the ratio of groups), and idle
+dedup tasks count as the idle one measured; run totals add up every task; wall times take the filesystem rates below (MDS_OPS_PER_S,
 CLIENT_OPS_PER_S, CLIENT_BYTES_PER_S) and count only metadata ops and the bytes read beyond the
 data's own (which these tiny units do not model: at scale a unit holds 21 MB). The counts and
 their ratios are measured in one run; the extrapolation and the wall times are estimates from
@@ -411,6 +412,7 @@ class Result:
     tasks: int
     buckets: int
     files: int
+    groups: int = 0  # the dedup stage's items (taskplan.group_count)
     parts: int = 0
     plan: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
@@ -464,7 +466,7 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
         raise SystemExit(f"the plan cut the input into {info['units']} units, not {units}: --unit-bytes must stay "
                          "under 64 KiB so that each generated unit is one")  # fmt: skip
     res = Result(shape.name, units, n_tasks, info["buckets"], sum(1 for p in inputs.rglob("*") if p.is_file()) - 1,
-                 plan=plan)  # fmt: skip
+                 groups=info["groups"], plan=plan)  # fmt: skip
     bulk = traced = 0.0
     for stage in STAGES:
         row = stages.status(out)["stages"][stage]
@@ -529,7 +531,8 @@ def steps(res: Result, near: bool) -> dict[str, Row]:
 
 
 def per_bucket(res: Result) -> dict[str, float]:
-    """The dedup stage's largest count per bucket held, over its measured tasks with buckets."""
+    """The dedup stage's largest count per item (group of buckets) held, over its measured tasks
+    with items."""
     busy = [m for m in res.stages["dedup"][:-1] if m.items] or [m for m in res.stages["dedup"] if m.items]
     return {k: max((m.counts[k] / m.items for m in busy), default=0.0) for k in KEYS}
 
@@ -582,7 +585,8 @@ def growth(results: list[Result], near: bool) -> list[str]:
 
 @dataclass
 class Model:
-    """A count as a line in U from its value at the largest U, plus a slope per bucket; a count
+    """A count as a line in U from its value at the largest U, plus a slope per dedup group (the
+    plan's buckets, or groups of them where a plan has many tasks: taskplan.group_count); a count
     that shrinks with U or B (another task measured, a step of a fold) is taken as flat."""
 
     at: float  # at the largest U, with the input's buckets
@@ -599,8 +603,8 @@ def fit(values: Sequence[float], results: list[Result], point: tuple[float, Resu
     """`values` at each U of `results`; `point`: the value at the bucket point (the smallest U)."""
     lo, hi = results[0], results[-1]
     per_unit = (values[-1] - values[0]) / (hi.units - lo.units) if hi.units != lo.units else 0.0
-    per_bucket = (point[0] - values[0]) / (point[1].buckets - lo.buckets) if point else 0.0
-    return Model(values[-1], max(0.0, per_unit), max(0.0, per_bucket), hi.units, hi.buckets)
+    per_bucket = (point[0] - values[0]) / (point[1].groups - lo.groups) if point else 0.0
+    return Model(values[-1], max(0.0, per_unit), max(0.0, per_bucket), hi.units, hi.groups)
 
 
 def _fit_row(results: list[Result], point: Result | None, near: bool, name: str, key: str) -> Model:
@@ -616,25 +620,31 @@ def _fit_row(results: list[Result], point: Result | None, near: bool, name: str,
 def extrapolate(shape: Shape, results: list[Result], point: Result | None, near: bool) -> list[str]:
     """The 1,000-node plan of docs/scaling.md from the fitted counts of one task shape (see the
     module docstring)."""
-    u, b = SCALE_UNITS, SCALE_BUCKETS
+    from lmshard.prepare.execution.taskplan import group_count
+
+    u = SCALE_UNITS
     n_tasks = -(-u // shape.units_per_task)
+    b = group_count(SCALE_BUCKETS, n_tasks)  # the dedup stage's items at scale
     cores = 1 if shape.workers == 1 else SCALE_CORES
-    busy = min(n_tasks, b)  # tasks holding a bucket
-    held = -(-b // n_tasks)  # the most buckets a task holds
+    busy = min(n_tasks, b)  # tasks holding a group
+    held = -(-b // n_tasks)  # the most groups a task holds
+    measured = results[-1].groups
     fitted = f"fitted from U = {results[0].units:,}..{results[-1].units:,}"
-    fitted += f", B = {results[0].buckets} and {point.buckets} at U = {point.units:,}" if point else ", no bucket point"
-    out = [f"  {n_tasks:,} tasks of {shape.units_per_task} units ({cores} core{'s' if cores > 1 else ''} each; {fitted}):",
+    fitted += f", G = {results[0].groups} and {point.groups} at U = {point.units:,}" if point else ", no bucket point"
+    out = [f"  {n_tasks:,} tasks of {shape.units_per_task} units ({cores} core{'s' if cores > 1 else ''} each; "
+           f"{SCALE_BUCKETS:,} buckets in {b:,} dedup groups; {fitted}):",
            f"    {'step':<26} {'per-task meta ops':>17} {'per-task MB read':>16} {'run meta ops':>14} {'est. wall':>10}"]  # fmt: skip
     run_meta = run_wall = 0.0
     for stage in STAGES:
         if stage == "dedup":
             pb = [per_bucket(r) for r in results]
-            bucket = {k: fit([p[k] for p in pb], results, (per_bucket(point)[k], point) if point else None)(u, b)
+            bucket = {k: fit([p[k] for p in pb], results, (per_bucket(point)[k], point) if point else None)(u, measured)
                       for k in ("meta", "read")}  # fmt: skip
+            bucket["read"] *= measured / b  # a group holds 1/G of the keys
             idle = {k: _fit_row(results, point, near, "dedup idle task", k)(u, b) for k in ("meta", "read")}
             task = {k: held * bucket[k] for k in bucket}
             total = b * bucket["meta"] + (n_tasks - busy) * idle["meta"]
-            label = f"dedup ({held:,} bucket{'s' if held > 1 else ''})"
+            label = f"dedup ({held:,} group{'s' if held > 1 else ''})"
         else:
             task = {k: _fit_row(results, point, near, f"{stage} task", k)(u, b) for k in ("meta", "read")}
             total = n_tasks * task["meta"]

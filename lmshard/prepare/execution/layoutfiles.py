@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...format import atomic_write_bytes, atomic_write_json
-from .plantables import TaskTable, _Table, read_at, task_of_unit
+from .plantables import TaskTable, _Table, task_of_unit
 
 LAYOUT_FILE = "layout.json"
 PIECES, PARTS = "layout_pieces.bin", "layout_parts.bin"
@@ -44,7 +44,7 @@ class _Rows(_Table):
         super().__init__(path, n)
 
     def _ints(self, first: int, end: int) -> np.ndarray:
-        data = read_at(self.path, (end - first) * 8 * self.width, first * 8 * self.width)
+        data = self._read((end - first) * 8 * self.width, first * 8 * self.width)
         return np.frombuffer(data, dtype=_I8).reshape(-1, self.width)
 
 
@@ -81,8 +81,8 @@ class _Grouped(_Table):
         out = []
         for g in range(first, end):
             u0, u1 = self.bounds[g] if self.bounds is not None else (g, g + 1)
-            lo, hi = np.frombuffer(read_at(offsets, 8, 8 * u0) + read_at(offsets, 8, 8 * u1), dtype=_I8).tolist()
-            out.append(np.frombuffer(read_at(self.path, 8 * (hi - lo), 8 * lo), dtype=_I8).tolist())
+            lo, hi = np.frombuffer(self._read(8, 8 * u0, offsets) + self._read(8, 8 * u1, offsets), dtype=_I8).tolist()
+            out.append(np.frombuffer(self._read(8 * (hi - lo), 8 * lo), dtype=_I8).tolist())
         return out
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -73,7 +73,7 @@ from ..stops import stop_point
 from .barrier import is_complete, task_finished
 from .layoutfiles import Layout
 from .nearstage import near_summary
-from .unitfiles import read_section, sections
+from .unitfiles import section_of, sections_of
 
 
 def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
@@ -121,40 +121,55 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
     split = _unit_split(work, u)
     chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
     files = [staging / f"{rel}.tmp" for rel in piece_files(piece)]
-    files[0].parent.mkdir(parents=True, exist_ok=True)
-    fds = [os.open(path, os.O_WRONLY | os.O_CREAT, 0o666) for path in files]  # not truncated: others write too
+    fds = [_open_for_write(path) for path in files]  # not truncated: others write too
+    data = work / "tokenize" / f"unit_{u:06d}.bin"
+    src = os.open(data, os.O_RDONLY)  # (one open of the unit's data file per part)
     try:
+        where = sections_of(src, data)
         if stream == "keys":
-            keys = read_section(work / "tokenize", u, "keys")[chosen]
+            keys = section_of(src, where, "keys")[chosen]
             _pwrite(fds[0], keys.data.cast("B"), tokens_before * 8)
         elif stream == "near":  # rows of n_hashes uint32
             h = layout["near_hashes"]
-            sigs = np.ascontiguousarray(read_section(work / "tokenize", u, "sigs").reshape(-1, h)[chosen])
+            sigs = np.ascontiguousarray(section_of(src, where, "sigs").reshape(-1, h)[chosen])
             _pwrite(fds[0], sigs.data.cast("B"), tokens_before * h * 4)
         else:  # the unit's tokens carry their separators: runs of consecutive documents are copied as they are
-            sizes = read_section(work / "tokenize", u, "lengths") + specials
-            base = sections(work / "tokenize", u)["tokens"][0]
+            sizes = section_of(src, where, "lengths") + specials
+            base = where["tokens"][0]
             starts = np.cumsum(sizes) - sizes
             mine = sizes[chosen]
             offsets = (np.cumsum(mine) + tokens_before).astype(INDEX_DTYPE)
             _pwrite(fds[1], offsets.data.cast("B"), (docs_before + 1) * 8)  # (entry 0 is the seal's)
             breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
-            with open(work / "tokenize" / f"unit_{u:06d}.bin", "rb") as tokens:
-                at = tokens_before
-                for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
-                    n = int(mine[run].sum())
-                    _copy(tokens.fileno(), fds[0], base + int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
-                    at += n
+            at = tokens_before
+            for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
+                n = int(mine[run].sum())
+                _copy(src, fds[0], base + int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
+                at += n
         for fd in fds:
             os.fsync(fd)
     finally:
+        os.close(src)
         for fd in fds:
             os.close(fd)
-    (work / "write").mkdir(exist_ok=True)
-    atomic_write_json(marker, {"piece": k})
+    try:
+        atomic_write_json(marker, {"piece": k})
+    except FileNotFoundError:  # the first part this process marks: the folder first (a stat spared per part)
+        marker.parent.mkdir(exist_ok=True)
+        atomic_write_json(marker, {"piece": k})
     _release(work, layout, u)
     stop_point("part", p)
     return True
+
+
+def _open_for_write(path: Path) -> int:
+    """`path` opened for positioned writes, created if missing (not truncated), its folder made
+    when it is missing (tried first: a request spared per part where it exists)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
 
 
 def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:

@@ -14,10 +14,10 @@ tables, each written before the head (the head's existence says the plan is comp
   only those, against the plan.
 
 `UnitTable`, `TaskTable` and `SourceTable` are read-only sequences over them (positioned
-reads of one row, a few rows cached); iterating one reads the whole table (the planner and the
-local executor, which hold the plan anyway).
+reads of one row of a file each table object opens once, a few rows cached); iterating one
+reads the whole table (the planner and the local executor, which hold the plan anyway).
 
-Memory model: a handful of rows per table and open reads; nothing grows with the plan unless
+Memory model: a handful of rows and an open file per table; nothing grows with the plan unless
 a caller iterates a whole table.
 """
 
@@ -68,23 +68,30 @@ def pread_all(fd: int, n: int, at: int) -> bytes:
     return data
 
 
-def read_at(path: Path, n: int, at: int) -> bytes:
-    """n bytes of a table at offset `at`: one open, one positioned read."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return pread_all(fd, n, at)
-    except OSError:
-        raise ConfigError(f"{path}: shorter than the plan says; delete {path.parent} and plan again") from None
-    finally:
-        os.close(fd)
-
-
 class _Table(Sequence[Any]):
     """A read-only sequence of `n` rows of a table file, read a row (or a slice) at a time."""
 
     def __init__(self, path: Path, n: int) -> None:
         self.path, self.n = path, n
         self._cache: dict[int, Any] = {}
+        self._fds: dict[Path, int] = {}
+
+    def _read(self, n: int, at: int, path: Path | None = None) -> bytes:
+        """n bytes at offset `at` of the table's file (or `path`, one beside it), each file opened
+        once per table object: a binary search, or a task's rows, are positioned reads of an open
+        file, not an open each (a metadata request on a parallel filesystem)."""
+        path = path or self.path
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        try:
+            return pread_all(fd, n, at)
+        except OSError:
+            raise ConfigError(f"{path}: shorter than the plan says; delete {path.parent} and plan again") from None
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            os.close(fd)
 
     def __len__(self) -> int:
         return self.n
@@ -121,7 +128,7 @@ class UnitTable(_Table):
     """Units as [source, kind, start, end, nbytes] (taskplan.Unit's fields)."""
 
     def _rows(self, first: int, end: int) -> list[Any]:
-        data = read_at(self.path, (end - first) * _UNIT.itemsize, first * _UNIT.itemsize)
+        data = self._read((end - first) * _UNIT.itemsize, first * _UNIT.itemsize)
         return [[int(r["source"]), KINDS[int(r["kind"])], int(r["start"]), int(r["end"]), int(r["nbytes"])]
                 for r in np.frombuffer(data, dtype=_UNIT)]  # fmt: skip
 
@@ -130,7 +137,7 @@ class TaskTable(_Table):
     """Tasks as [first unit, end unit]."""
 
     def _rows(self, first: int, end: int) -> list[Any]:
-        bounds = np.frombuffer(read_at(self.path, (end - first + 1) * 8, first * 8), dtype=_I8).tolist()
+        bounds = np.frombuffer(self._read((end - first + 1) * 8, first * 8), dtype=_I8).tolist()
         return [[bounds[k], bounds[k + 1]] for k in range(end - first)]
 
 
@@ -153,8 +160,8 @@ class SourceTable(_Table):
 
     def _rows(self, first: int, end: int) -> list[Any]:
         index = self.path.with_name(SOURCE_INDEX)
-        at = np.frombuffer(read_at(index, (end - first + 1) * 8, first * 8), dtype=_U8).astype(int).tolist()
-        text = read_at(self.path, at[-1] - at[0], at[0]).decode()
+        at = np.frombuffer(self._read((end - first + 1) * 8, first * 8, index), dtype=_U8).astype(int).tolist()
+        text = self._read(at[-1] - at[0], at[0]).decode()
         return [json.loads(line) for line in text.splitlines()]
 
 

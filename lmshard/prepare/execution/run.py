@@ -132,12 +132,20 @@ class Run:
     wcfg: WorkerConfig
     _layout: Layout | None = None
     _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
+    _paths: OutputPaths | None = None
 
     @classmethod
     def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
            adopt: bool = False) -> Run:  # fmt: skip
         plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes, loaded, adopt)
         return cls(config, plan, sources, tokenizer, work_dir(config.out), worker_config(config, sources, tokenizer))
+
+    @property
+    def paths(self) -> OutputPaths:
+        """The output's paths (a symlinked --out followed), found once per process."""
+        if self._paths is None:
+            self._paths = OutputPaths.of(self.config.out)
+        return self._paths
 
     @property
     def bos(self) -> int | None:
@@ -351,10 +359,9 @@ class Run:
             return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
                                self.specials, c.near_dedup)  # fmt: skip
         if stage == "write":
-            staging = OutputPaths.of(c.out).staging
-            return write_part(self.work, staging, self.layout(), i, self.specials)
+            return write_part(self.work, self.paths.staging, self.layout(), i, self.specials)
         if stage == "seal":
-            return seal_piece(self.work, OutputPaths.of(c.out).staging, self.layout(), i,
+            return seal_piece(self.work, self.paths.staging, self.layout(), i,
                               c.encoding(self.tokenizer.n_vocab))  # fmt: skip
         paths = OutputPaths.of(c.out)
         with WriterLock(paths):

@@ -97,7 +97,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
         stages[stage] = {"total": sum(t["items"] for t in tasks), "done": sum(t["done"] for t in tasks),
                          "tasks": tasks}  # fmt: skip
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
-            "dedup": run.bucketed, "merged": False}  # fmt: skip
+            "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False}  # fmt: skip
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:

@@ -41,6 +41,7 @@ from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
 from .linenumbers import known_first_line, tag
+from .plantables import pread_all
 from .taskplan import Unit, count_newlines, unit_items, work_dir
 
 SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs")
@@ -146,19 +147,36 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
 
 def sections(tokenized: Path, u: int) -> dict[str, tuple[int, int]]:
     """Where each section of unit u's data file is: {name: (byte offset, bytes)}."""
-    with open(tokenized / f"unit_{u:06d}.bin", "rb") as f:
-        head = f.read(_HEADER)
+    fd = os.open(tokenized / f"unit_{u:06d}.bin", os.O_RDONLY)
+    try:
+        return sections_of(fd, tokenized / f"unit_{u:06d}.bin")
+    finally:
+        os.close(fd)
+
+
+def sections_of(fd: int, path: Path) -> dict[str, tuple[int, int]]:
+    """`sections` of the unit data file open as `fd` (named `path` in an error)."""
+    head = os.pread(fd, _HEADER, 0)
     if head[:8] != _MAGIC:
-        raise OSError(f"{tokenized / f'unit_{u:06d}.bin'}: not a unit data file")
+        raise OSError(f"{path}: not a unit data file")
     at = np.frombuffer(head[8:], dtype="<u8", count=len(SECTIONS) + 1).astype(int).tolist()
     return {name: (at[i], at[i + 1] - at[i]) for i, name in enumerate(SECTIONS)}
 
 
+def section_of(fd: int, where: dict[str, tuple[int, int]], name: str) -> np.ndarray:
+    """Section `name` of the unit data file open as `fd`, whose sections are `where`."""
+    offset, nbytes = where[name]
+    return np.frombuffer(pread_all(fd, nbytes, offset), dtype=np.dtype(DTYPES[name])).copy()
+
+
 def read_section(tokenized: Path, u: int, name: str) -> np.ndarray:
-    """One of unit u's per-document arrays (lengths, keys, sources), read whole."""
-    offset, nbytes = sections(tokenized, u)[name]
-    dtype = np.dtype(DTYPES[name])
-    return np.fromfile(tokenized / f"unit_{u:06d}.bin", dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
+    """One of unit u's per-document arrays (lengths, keys, sources), read whole: one open."""
+    path = tokenized / f"unit_{u:06d}.bin"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return section_of(fd, sections_of(fd, path), name)
+    finally:
+        os.close(fd)
 
 
 def unit_marker(tokenized: Path, u: int) -> dict[str, Any]:
