@@ -381,6 +381,7 @@ class Tracer:
     roots: Roots
     env: dict[str, str]
     logs: Path
+    keep: Path | None = None
     seq: int = 0
 
     def __call__(self, args: Sequence[str], extra_env: dict[str, str] | None = None) -> Counter[str]:
@@ -394,7 +395,10 @@ class Tracer:
             raise SystemExit(f"lmshard {' '.join(args)} failed ({got.returncode}):\n{got.stderr[-3000:]}")
         with open(log, encoding="utf-8", errors="surrogateescape") as f:
             counts = count_trace(f, self.roots)
-        log.unlink()
+        if self.keep is not None:  # --keep-traces: named by what ran
+            shutil.move(log, self.keep / f"{self.seq:04d}-{Path(self.roots.run).name}-{args[0]}-{args[2] if len(args) > 2 else ''}-{args[4] if len(args) > 4 else ''}.log")
+        else:
+            log.unlink()
         return counts
 
 
@@ -454,7 +458,7 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
     run_dir.mkdir()
     out = run_dir / "out"
     roots = Roots(str(inputs), str(work_dir(out)), str(run_dir), str(root))
-    trace = Tracer(roots, env, root)
+    trace = Tracer(roots, env, root, args.keep_traces)
     n_tasks = -(-units // shape.units_per_task)
     tokens_per_unit = args.unit_bytes // 3  # pseudo-words of ~2 tokens per 6 bytes
     plan_args = ["prepare", str(inputs), "--out", str(out), "--num-tasks", str(n_tasks), "--executor", "none",
@@ -704,6 +708,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None,
                     help="where runs go (default: /dev/shm with 4 GiB free, else the temp dir)")  # fmt: skip
     ap.add_argument("--checkout", type=Path, default=None, help="run the lmshard of another checkout (PYTHONPATH)")
+    ap.add_argument("--keep-traces", type=Path, default=None, help="keep each strace log in this folder")
     args = ap.parse_args()
     if shutil.which("strace") is None:
         raise SystemExit("strace not found: install it (apt-get install strace; `make bench` does as root)")

@@ -52,21 +52,30 @@ def test_a_task_run_again_writes_the_same_summary(tmp_path, monkeypatch):
 
 
 def test_a_task_reads_at_most_a_group_per_level(tmp_path, monkeypatch):
-    """With 4,000 tasks in groups of 8 (5 levels), the task that completes the first group of
-    groups looks at no more than 8 marks on each level: counted by the marks it stats."""
-    seen: list[str] = []
-    real = barrier.Path.exists
+    """With 4,000 tasks in groups of 8 (5 levels), a task lists one folder per level it looks at
+    (never a stat per sibling) and reads marks only of the groups it completes: counted."""
+    listed: list[str] = []
+    read: list[str] = []
+    real_scandir, real_read = barrier.os.scandir, barrier.Path.read_text
 
-    def counting(path):
-        seen.append(str(path))
-        return real(path)
+    def scandir(path):
+        listed.append(str(path))
+        return real_scandir(path)
+
+    def read_text(path, *a, **k):
+        read.append(str(path))
+        return real_read(path, *a, **k)
 
     n = 4_000
     monkeypatch.setattr(barrier, "FAN_IN", 8)
-    monkeypatch.setattr(barrier.Path, "exists", counting)
+    monkeypatch.setattr(barrier.os, "scandir", scandir)
+    monkeypatch.setattr(barrier.Path, "read_text", read_text)
     for task in range(8 * 8 - 1):  # all but the last of the first 8 groups of level 0
         task_done(tmp_path, "tokenize", n, task, {"items": 1}, barrier.count_join)
-    seen.clear()
+    listed.clear(), read.clear()
+    task_done(tmp_path, "tokenize", n, 8 * 8 - 2, None, barrier.count_join)  # a task run again: its group waits
+    assert (len(listed), len(read)) == (1, 0)
+    listed.clear(), read.clear()
     task_done(tmp_path, "tokenize", n, 8 * 8 - 1, {"items": 1}, barrier.count_join)
-    assert len(widths(n)) == 5 and 8 < len(seen) <= 8 * 4  # it went up one level, reading one group per level
-    assert (tmp_path / "done" / "tokenize" / "2_000000.json").exists()
+    assert len(widths(n)) == 5 and len(listed) == 3 and len(read) == 8 * 2  # up two levels, then a group waits
+    assert (tmp_path / "done" / "tokenize" / "2_000000" / "000000.json").exists()

@@ -2,11 +2,12 @@
 the tasks themselves fold into the stage's summary.
 
 Each task that has done every item of its share of a stage writes its marker,
-`WORK/done/STAGE/0_TTTTTT.json`, holding its summary (what the stages after need from it: for
-the select stage, its units' stream totals and their accounting, layout.py). Markers are
-grouped FAN_IN at a time in task order. A task that has written its marker looks at its
-group's other markers; if every one is there, it writes the group's marker one level up, the
-children's summaries joined in task order, and looks at that group in turn. The single marker
+`WORK/done/STAGE/0_GGGGGG/TTTTTT.json`, holding its summary (what the stages after need from it:
+for the select stage, its units' stream totals and their accounting, layout.py). Markers are
+grouped FAN_IN at a time in task order, a folder per group (G: the task's number over FAN_IN).
+A task that has written its marker lists its group's folder (one request, not a stat per
+sibling); if every marker is there, it reads them and writes the group's marker one level up
+(`1_...`), the children's summaries joined in task order, and looks at that group in turn. The single marker
 at the top is the stage's summary, `WORK/done/STAGE.json`: its existence says the stage is
 complete, and the next stage's tasks read that one file instead of every item's marker.
 
@@ -17,8 +18,9 @@ the group unwritten until that task is run again or `complete` finds the stage d
 items (a run finished by another path, such as the local pool, which writes the summary at
 once).
 
-Cost per task: at most FAN_IN stats and reads per level, and ceil(log_FAN_IN(tasks)) levels:
-3 levels of 64 for 64,000 tasks, whatever the number of units.
+Cost per task: a listing per level, and ceil(log_FAN_IN(tasks)) levels (3 for 64,000 tasks);
+the task that completes a group also reads its FAN_IN markers: once per group, so about one
+read per task in all, whatever the number of units or tasks.
 
 Memory model: one group's summaries at a time (a select summary holds 6 integers per unit of
 the group, so the top one holds 6 per unit of the run: a few MB for 10^5 units).
@@ -27,6 +29,7 @@ the group, so the top one holds 6 per unit of the run: a few MB for 10^5 units).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,16 @@ def summary_path(work: Path, stage: str) -> Path:
 def _marker(work: Path, stage: str, n_tasks: int, level: int, i: int) -> Path:
     if level == len(widths(n_tasks)) - 1:
         return summary_path(work, stage)
-    return work / "done" / stage / f"{level}_{i:06d}.json"
+    return work / "done" / stage / f"{level}_{i // FAN_IN:06d}" / f"{i:06d}.json"
+
+
+def _marked(folder: Path) -> int:
+    """How many markers a group's folder holds (not the temporary files of their writes)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(1 for e in entries if not e.name.startswith("."))
+    except FileNotFoundError:
+        return 0
 
 
 def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str, Any] | None, join: Join) -> bool:
@@ -60,23 +72,27 @@ def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str
     the module docstring). True when this call wrote the stage's summary. `summary` None: the
     task's marker is written already (a task run again goes on folding)."""
     sizes = widths(n_tasks)
-    path = _marker(work, stage, n_tasks, 0, task)
     if summary is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, summary)
+        _write(_marker(work, stage, n_tasks, 0, task), summary)
     level, i = 0, task
     while level < len(sizes) - 1:
         group = i // FAN_IN
-        children = [_marker(work, stage, n_tasks, level, c) for c in range(group * FAN_IN,
-                                                                           min(sizes[level], (group + 1) * FAN_IN))]
-        if not all(c.exists() for c in children):
+        children = range(group * FAN_IN, min(sizes[level], (group + 1) * FAN_IN))
+        if len(children) > 1 and _marked(_marker(work, stage, n_tasks, level, i).parent) < len(children):
             return False  # a sibling still runs: the last of the group to finish goes up
-        joined = join([json.loads(c.read_text()) for c in children])
+        joined = join([json.loads(_marker(work, stage, n_tasks, level, c).read_text()) for c in children])
         level, i = level + 1, group
-        up = _marker(work, stage, n_tasks, level, i)
-        up.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(up, joined)
+        _write(_marker(work, stage, n_tasks, level, i), joined)
     return True
+
+
+def _write(path: Path, summary: dict[str, Any]) -> None:
+    """A marker, its folder made when missing (tried first: a request spared where it exists)."""
+    try:
+        atomic_write_json(path, summary)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, summary)
 
 
 def forget(work: Path, stage: str, n_tasks: int, task: int) -> None:
@@ -110,9 +126,7 @@ def task_finished(work: Path, stage: str, n_tasks: int, task: int) -> bool:
 
 def write_summary(work: Path, stage: str, summary: dict[str, Any]) -> None:
     """The stage's summary, written by a caller that knows every item is done."""
-    path = summary_path(work, stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, summary)
+    _write(summary_path(work, stage), summary)
 
 
 def count_join(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -218,7 +218,8 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
         return False
     piece = layout["pieces"][k]
     first, end = piece[4]
-    if not all(part_written(work, layout, p) for p in range(first, end)):
+    finished: dict[int, bool] = {}  # (a task's mark is looked at once for all its parts)
+    if not all(part_written(work, layout, p, finished) for p in range(first, end)):
         return False
     claim = work / "write" / f"piece_{k:06d}.sealing"
     claim.parent.mkdir(parents=True, exist_ok=True)
@@ -314,12 +315,17 @@ def missing_parts(work: Path, layout: Layout) -> list[int]:
     return [p for p in range(len(layout["parts"])) if not part_written(work, layout, p)]
 
 
-def part_written(work: Path, layout: Layout, p: int) -> bool:
+def part_written(work: Path, layout: Layout, p: int, finished: dict[int, bool] | None = None) -> bool:
     """Whether part p is written: its marker, or the mark of the write task that holds it (a
-    task that did its share removes its parts' markers, barrier.py)."""
+    task that did its share removes its parts' markers, barrier.py). `finished`: the tasks'
+    marks already looked at, by task."""
     if (work / "write" / f"part_{p:06d}.done").exists():
         return True
-    return task_finished(work, "write", len(layout["tasks"]), layout.task_of_part(p))
+    finished = {} if finished is None else finished
+    t = layout.task_of_part(p)
+    if t not in finished:
+        finished[t] = task_finished(work, "write", len(layout["tasks"]), t)
+    return finished[t]
 
 
 def missing_pieces(work: Path, layout: Layout) -> list[int]:
