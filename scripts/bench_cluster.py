@@ -396,7 +396,8 @@ class Tracer:
         with open(log, encoding="utf-8", errors="surrogateescape") as f:
             counts = count_trace(f, self.roots)
         if self.keep is not None:  # --keep-traces: named by what ran
-            shutil.move(log, self.keep / f"{self.seq:04d}-{Path(self.roots.run).name}-{args[0]}-{args[2] if len(args) > 2 else ''}-{args[4] if len(args) > 4 else ''}.log")
+            what = "-".join(str(a) for a in args[:5:2])
+            shutil.move(log, self.keep / f"{self.seq:04d}-{Path(self.roots.run).name}-{what}.log")
         else:
             log.unlink()
         return counts

@@ -180,7 +180,8 @@ def test_a_stage_waits_for_the_one_before_and_a_killed_task_redoes_only_its_item
     work = work_dir(config.out)  # each task removed what its mark made redundant: the finish removes little
     assert not list(work.glob("tokenize/*")) and not list(work.glob("select/*")) and not list(work.glob("keys/*"))
     assert {p.name.split("_")[0] for p in (work / "write").iterdir()} == {"piece"}
-    assert not [p for p in work.glob("done/*/0_*/*") if not p.match("done/write/*/*")]  # the next stage's tasks forgot them
+    forgotten = [p for p in work.glob("done/*/0_*/*") if not p.match("done/write/*/*")]
+    assert not forgotten  # the next stage's tasks forgot their marks
     with pytest.raises(ConfigError, match="--num-tasks was 3 and is 4 now"):
         run_task(config, 4, "tokenize", 0, _WINDOW)
     run_task(config, 3, "finish", 0, _WINDOW)
