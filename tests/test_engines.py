@@ -140,3 +140,37 @@ def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     assert _near_removed(tmp_path / "dist") > 20
+
+
+def test_slurm_append_gives_the_local_append_bytes(tmp_path):
+    """`prepare --append --num-tasks 3 --executor slurm` onto a dataset equals a local --append
+    of the same inputs onto the same dataset, byte for byte (the dataset's keys shared out to the
+    tokenize tasks, its files linked in, the new ones numbered after them)."""
+    from test_prepare import make_texts
+
+    texts = make_texts(1200, seed=5)
+    jsonl(tmp_path / "first.jsonl", texts[:500])
+    src = _corpus(tmp_path)
+    jsonl(src / "e.jsonl", texts[450:700])  # 50 repeat the dataset's documents
+    common = ["--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+        assert run("prepare", "first.jsonl", "--out", "local", *common).returncode == 0
+        shutil.copytree(tmp_path / "local", tmp_path / "dist", copy_function=os.link)
+        assert run("prepare", str(src), "--out", "local", "--append", *common).returncode == 0
+        submitted = run("prepare", str(src), "--out", "dist", "--append", *common, "--num-tasks", "3", "--executor",
+                        "slurm")  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                              env=env).stdout.strip():  # fmt: skip
+            time.sleep(0.5)
+        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
+    meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
+    assert meta["drops"]["duplicate"] >= 80 + 50 and len(meta["config"]["inputs"]) == 2
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")

@@ -485,12 +485,49 @@ def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
     assert run_task(config, 4, "tokenize", reads_b) > 0
 
 
+@pytest.mark.parametrize(("n_tasks", "keys_per_file"), [(1, None), (3, 400)])
+def test_a_planned_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks, keys_per_file):
+    """--append as planned tasks (run in reversed order) equals a local --append, byte for byte:
+    the new shards and key files numbered after the dataset's (whose files are linked in, the
+    same inodes), the documents that repeat one of the dataset's dropped (its key files shared
+    out to the tokenize tasks), the metadata over both runs."""
+    import shutil
+
+    if keys_per_file:
+        _small_key_files(monkeypatch, keys_per_file)
+    texts = make_texts(1200, seed=5)
+    first = jsonl(tmp_path / "first.jsonl", texts[:500])
+    second = _corpus(tmp_path)
+    jsonl(second / "e.jsonl", texts[450:700])  # 50 repeat the dataset's documents
+    base = prepare(PrepareConfig(inputs=[str(first)], out=str(tmp_path / "base"), workers=1, **_OPTS))
+    for name in ("local", "planned"):
+        shutil.copytree(tmp_path / "base", tmp_path / name, copy_function=os.link)
+    local = prepare(PrepareConfig(inputs=[str(second)], out=str(tmp_path / "local"), workers=1, append=True, **_OPTS))
+    config = PrepareConfig(inputs=[str(second)], out=str(tmp_path / "planned"), workers=1, append=True,
+                           unit_size=_WINDOW, **_OPTS)  # fmt: skip
+    local_exec.claim(config, n_tasks)
+    plan = load_plan(work_dir(config.out))
+    assert plan["previous"]["first"]["train"] == len(base.splits["train"].shards) > 0
+    for stage in STAGES[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task, unit_bytes=_WINDOW)
+    assert run_task(config, n_tasks, "finish", 0, unit_bytes=_WINDOW) == 1
+    assert local.drops["duplicate"] >= 80 + 50 and local.total_docs > base.total_docs
+    assert len(local.dedup.files) > 1 and len(local.splits["train"].shards) > len(base.splits["train"].shards)
+    local_files, planned = _files(tmp_path / "local"), _files(tmp_path / "planned")
+    assert local_files.keys() == planned.keys()
+    for name in local_files:
+        assert local_files[name] == planned[name], name
+    shard = base.splits["train"].shards[0].path
+    assert (tmp_path / "planned" / shard).stat().st_ino == (tmp_path / "base" / shard).stat().st_ino
+
+
 @pytest.mark.parametrize("executor", ["local", "none"])
 def test_a_refused_planned_run_leaves_nothing_behind(tmp_path, executor):
     src = jsonl(tmp_path / "a.jsonl", make_texts(20))
-    for refused in ({"max_docs": 5}, {"dedup_lines": True}):
+    for refused in ({"max_docs": 5}, {"dedup_lines": True}, {"append": True, "near_dedup": True}):
         config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "out"), num_tasks=2, executor=executor, **refused)
-        with pytest.raises(ConfigError, match="a scale-out run takes files only"):
+        with pytest.raises(ConfigError, match="a scale-out run takes files only|cannot --append with --near-dedup"):
             if executor == "local":
                 local_exec.run(config, 2)
             else:

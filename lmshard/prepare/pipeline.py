@@ -62,7 +62,7 @@ from .output.staging import (
     OutputPaths,
     WriterLock,
     commit,
-    link_or_copy,
+    link_previous,
     os_error,
     recover,
 )
@@ -139,7 +139,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
     else:
         staging.mkdir()
         if previous is not None:
-            _link_previous(previous, paths.out, staging)
+            link_previous(previous, paths.out, staging)
         write_run(staging, claim, None)
     build = Build.start(config, staging, previous, claim.checkpoint, tokenizer.n_vocab)
     tokens_before = build.totals.tokens  # the appended-to dataset's and a resumed checkpoint's
@@ -190,15 +190,6 @@ def _unresumable(sources: list[Source], staging: Path, e: KeyboardInterrupt) -> 
     if any(s.stream for s in sources):
         shutil.rmtree(staging, ignore_errors=True)
         raise Interrupted("", getattr(e, "signum", 2)) from None
-
-
-def _link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:
-    """The appended-to dataset's shards and dedup keys, hard-linked into the build: the same
-    files, never written again (copied where the filesystem has no hard links)."""
-    names = [p for s in previous.shards for p in s.files()]
-    names += [f.path for f in previous.dedup.files] if previous.dedup else []
-    for name in names:
-        link_or_copy(out / name, staging / name)
 
 
 def _save(build: Build, claim: Claim) -> None:

@@ -35,6 +35,7 @@ bytes each).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,10 +55,12 @@ def group_buckets(n_buckets: int, n_groups: int, group: int) -> range:
 
 
 def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, group: int, exact: bool = True,
-            minhash: MinHashConfig | None = None) -> int:  # fmt: skip
+            minhash: MinHashConfig | None = None, previous: Sequence[int] = ()) -> int:  # fmt: skip
     """Find group `group`'s duplicates over every task's key file (`tasks`: the plan's unit
     ranges) and write them with their marker (`dedup/group_G.dups`, `.done`); returns how many
-    (skipped when already done: -1). `minhash` (--near-dedup): also its near-duplicate edges."""
+    (skipped when already done: -1). `minhash` (--near-dedup): also its near-duplicate edges.
+    `previous` (--append): the tasks holding a share of the appended-to dataset's keys, which
+    come before every new document (and are never duplicates themselves)."""
     out = work / "dedup"
     marker = out / f"group_{group:06d}.done"
     if marker.exists():
@@ -66,6 +69,11 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, g
     buckets = group_buckets(n_buckets, n_groups, group)
     edges = near_edges(work, writers, buckets, group, minhash) if minhash is not None else 0
     keys, ids, owners = [], [], []
+    for t in previous if exact else []:
+        k, i = group_keys(work, t, buckets, "exact", previous=True)
+        keys.append(k)
+        ids.append(i)
+        owners.append(np.full(len(k), -1, dtype=np.int64))
     for t in writers if exact else []:
         k, i = group_keys(work, t, buckets, "exact")
         keys.append(k)
@@ -75,9 +83,11 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, g
     _, first = np.unique(k, return_index=True)  # np.unique's index is each key's first occurrence
     dup = np.ones(len(k), dtype=bool)
     dup[first] = False
+    owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
+    dup &= owner >= 0  # (the dataset appended to is kept whole)
     out.mkdir(parents=True, exist_ok=True)
-    write_partitioned(out / f"group_{group:06d}.dups", np.concatenate(owners)[dup] if owners else k[:0],
-                      np.concatenate(ids)[dup] if ids else k[:0], len(tasks))  # fmt: skip
+    write_partitioned(out / f"group_{group:06d}.dups", owner[dup], np.concatenate(ids)[dup] if ids else k[:0],
+                      len(tasks))  # fmt: skip
     atomic_write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
     stop_point("bucket", group)
     return int(dup.sum())

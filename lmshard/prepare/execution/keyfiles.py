@@ -12,6 +12,9 @@ is plan order), in plan order within a bucket. `exact` holds one key per documen
 its text); `near` (--near-dedup) one per band of its MinHash signature, in the bucket of the
 key's value. Written under a temporary name, fsynced and renamed: the file is its own marker.
 
+**Keys of an appended-to dataset** (`WORK/keys/previous_TTTTTT.bin`, --append): task T's
+share of the dataset's key files (every N-th from the T-th), in the same layout with ids 0.
+
 **Group duplicates** (`dedup/group_GGGGGG.dups`, buckets.py): T+1 uint64 offsets, then the
 ids (uint64) of the duplicate documents of the group's buckets, grouped by the task that
 tokenized them.
@@ -44,6 +47,11 @@ def task_keys_path(work: Path, task: int) -> Path:
     return work / "keys" / f"task_{task:06d}.bin"
 
 
+def previous_keys_path(work: Path, task: int) -> Path:
+    """Task `task`'s share of the keys of the dataset an --append extends."""
+    return work / "keys" / f"previous_{task:06d}.bin"
+
+
 def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash: MinHashConfig | None) -> bool:
     """Write task `task`'s key file from its `units`' data files, unless it exists; True when it
     ran."""
@@ -60,8 +68,27 @@ def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash
             sigs = read_section(tokenized, u, "sigs").reshape(-1, minhash.n_hashes)
             bkeys.append(band_keys(sigs, minhash).reshape(-1))
             bids.append(_ids(u, np.repeat(np.arange(len(sigs)), minhash.bands)))
-    exact = partition(_joined(keys), _joined(ids), n_buckets)
-    near = partition(_joined(bkeys), _joined(bids), n_buckets)
+    _write_keys(path, partition(_joined(keys), _joined(ids), n_buckets), partition(_joined(bkeys), _joined(bids),
+                                                                                   n_buckets), n_buckets)  # fmt: skip
+    return True
+
+
+def write_previous_keys(work: Path, dataset: Path, files: list[str], task: int, n_buckets: int) -> bool:
+    """Write task `task`'s share of an appended-to dataset's document keys (its key `files`, paths
+    relative to `dataset`) as a key file of the same layout (ids 0: these documents are never
+    duplicates, only what later ones repeat), unless it exists; True when it ran."""
+    path = previous_keys_path(work, task)
+    if path.exists():
+        return False
+    keys = _joined([np.fromfile(dataset / f, dtype=_U64) for f in files])
+    empty = np.zeros(0, _U64)
+    _write_keys(path, partition(keys, np.zeros(len(keys), _U64), n_buckets), partition(empty, empty, n_buckets),
+                n_buckets)  # fmt: skip
+    return True
+
+
+def _write_keys(path: Path, exact: bytes, near: bytes, n_buckets: int) -> None:
+    """A key file of two sections, durably (temporary name, fsync, rename: the file is its marker)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
@@ -71,7 +98,6 @@ def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return True
 
 
 def _ids(u: int, docs: np.ndarray) -> np.ndarray:
@@ -92,10 +118,11 @@ def partition(keys: np.ndarray, ids: np.ndarray, n_buckets: int) -> bytes:
     return offsets.tobytes() + keys[order].astype(_U64).tobytes() + ids[order].astype(_U64).tobytes()
 
 
-def group_keys(work: Path, task: int, buckets: range, section: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (keys, ids) of `buckets` (consecutive) in task `task`'s key file, `section` exact or
-    near: one slice of each array."""
-    path = task_keys_path(work, task)
+def group_keys(work: Path, task: int, buckets: range, section: str,
+               previous: bool = False) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The (keys, ids) of `buckets` (consecutive) in task `task`'s key file (`previous`: its share
+    of the appended-to dataset's), `section` exact or near: one slice of each array."""
+    path = previous_keys_path(work, task) if previous else task_keys_path(work, task)
     fd = os.open(path, os.O_RDONLY)
     try:
         head = pread_all(fd, _HEAD, 0)

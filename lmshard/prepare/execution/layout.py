@@ -144,9 +144,11 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray
     return lengths[split == SPLITS.index(stream)] + specials
 
 
-def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, specials: int) -> list[list[Any]]:
+def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, specials: int,
+              first: int = 0) -> list[list[Any]]:  # fmt: skip
     """A stream's pieces, [stream, number, tokens, docs, parts], as a writer filling them
-    greedily in plan order would cut them (see the module docstring). A part is the piece's
+    greedily in plan order would cut them (see the module docstring), numbered from `first`
+    (--append: after the dataset's own). A part is the piece's
     documents from one unit: [unit, first doc, end doc, tokens before it in the piece, documents
     before it, its tokens] (documents numbered among the unit's documents of the stream)."""
     pieces: list[list[Any]] = []
@@ -172,14 +174,14 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
             add(u, 0, d, t)
             continue
         if cur is None and t <= capacity:
-            cur = [stream, len(pieces), 0, 0, []]
+            cur = [stream, first + len(pieces), 0, 0, []]
             add(u, 0, d, t)
             continue
         ends = np.cumsum(stream_lengths(work, u, stream, specials))
         i = 0
         while i < d:
             if cur is None:
-                cur = [stream, len(pieces), 0, 0, []]
+                cur = [stream, first + len(pieces), 0, 0, []]
             before = int(ends[i - 1]) if i else 0
             fit = int(np.searchsorted(ends[i:], capacity - cur[2] + before, side="right"))
             if fit == 0 and cur[2] == 0:
@@ -196,25 +198,28 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
 
 
 def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]], tokens_per_shard: int,
-                specials: int, keys: bool = True, near_hashes: int = 0) -> dict[str, Any]:  # fmt: skip
+                specials: int, keys: bool = True, near_hashes: int = 0,
+                first: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
     (per task, its parts: those of the units in its range of `unit_ranges`, the plan's tasks),
     `readers` (per unit, the parts that read it). `rows`: per unit, its stream totals (the
-    select stage's summary)."""
+    select stage's summary). `first`: per stream, the number of its first file (--append: the
+    files of the dataset appended to come first)."""
     n_units = len(rows)
-    pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials)]
+    at = {s: 0 for s in STREAMS} | (first or {})
+    pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials, at[s])]
     if keys:  # (--dedup none keeps no keys)
-        found = pieces_of(work, rows, "keys", KEYS_PER_FILE, specials)
-        pieces += found or [["keys", 0, 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
+        found = pieces_of(work, rows, "keys", KEYS_PER_FILE, specials, at["keys"])
+        pieces += found or [["keys", at["keys"], 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
     if near_hashes:  # --near-dedup: the kept documents' signatures, in files of as many rows
-        pieces += pieces_of(work, rows, "near", KEYS_PER_FILE, specials) or [["near", 0, 0, 0, []]]
+        pieces += pieces_of(work, rows, "near", KEYS_PER_FILE, specials, at["near"]) or [["near", at["near"], 0, 0, []]]
     parts: list[list[Any]] = []
     for k, piece in enumerate(pieces):
-        first = len(parts)
+        start = len(parts)
         parts += [[k, *part] for part in piece[4]]
-        piece[4] = [first, len(parts)]
+        piece[4] = [start, len(parts)]
     readers: list[list[int]] = [[] for _ in range(n_units)]  # per unit: the parts that read its data
     for p, part in enumerate(parts):
         readers[part[1]].append(p)
@@ -225,12 +230,13 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
 
 
 def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[list[int]]], tokens_per_shard: int,
-                  specials: int, keys: bool = True, near_hashes: int = 0) -> Layout:  # fmt: skip
+                  specials: int, keys: bool = True, near_hashes: int = 0,
+                  first: dict[str, int] | None = None) -> Layout:  # fmt: skip
     """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
     the same) from the units' stream totals (`rows()`: the select stage's summary)."""
     if not (work / LAYOUT_FILE).exists():
         try:
-            layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes)
+            layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes, first)
         except FileNotFoundError:  # another task made it first and has begun writing (its units' files go)
             if not (work / LAYOUT_FILE).exists():
                 raise

@@ -49,14 +49,15 @@ TASKS_PER_WORKER = 2
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, files
-    only (no stdin or Hugging Face stream), none of the options the stages refuse, at least
+    only (no stdin or Hugging Face stream), none of the options the stages refuse (run.py's
+    `check_scale_out`), at least
     STAGED_BYTES of input, and no input the stages would give one worker half as much again as its
     share of (`taskplan.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
     on the benchmark corpus ×2 on 2 cores)."""
     total = sum(s.size for s in sources)
-    return (config.n_workers() > 1 and not config.dedup_lines and not config.append and not config.hf
-            and config.max_docs is None and not any(s.stream or s.fmt == "hf" for s in sources)
+    return (config.n_workers() > 1 and not config.dedup_lines and not (config.append and config.near_dedup)
+            and not config.hf and config.max_docs is None and not any(s.stream or s.fmt == "hf" for s in sources)
             and total >= STAGED_BYTES and largest_whole(sources) * config.n_workers() <= 1.5 * total)  # fmt: skip
 
 

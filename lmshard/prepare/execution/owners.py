@@ -68,9 +68,10 @@ from ..config import PrepareConfig
 from ..documents.sources import Source, note_growth
 from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim, claim_output, write_run
-from ..output.staging import OutputPaths, commit, read_run, recover
+from ..output.staging import OutputPaths, commit, link_previous, read_run, recover
 from ..stops import stop_point
 from .barrier import is_complete, task_finished
+from .layout import add_totals
 from .layoutfiles import Layout
 from .nearstage import near_summary
 from .unitfiles import section_of, sections_of
@@ -85,11 +86,13 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
         return claim
     if claim.resumed and claim.checkpoint is not None:  # a local run's build, resumed by a planned one
         shutil.rmtree(paths.staging)
-        claim = Claim(claim.fingerprint, claim.started_at)
+        claim = Claim(claim.fingerprint, claim.started_at, previous=claim.previous)
     if not claim.resumed:
         if work.exists():  # an earlier run's work, discarded with its build (--overwrite) or never claimed
             shutil.rmtree(work)
         paths.staging.mkdir()
+        if claim.previous is not None:  # --append: the dataset's files, linked in (the new ones are numbered after)
+            link_previous(claim.previous, paths.out, paths.staging)
         write_run(paths.staging, claim, None)
     return claim
 
@@ -333,10 +336,12 @@ def missing_pieces(work: Path, layout: Layout) -> list[int]:
 
 
 def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
-           sources: list[Source], tokenizer: Tokenizer) -> DatasetMeta:  # fmt: skip
+           sources: list[Source], tokenizer: Tokenizer,
+           previous: DatasetMeta | None = None) -> DatasetMeta:  # fmt: skip
     """The metadata from the units' totals (added up by the select stage's summary) and the
     pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
-    once the dataset is in place."""
+    once the dataset is in place. `previous` (--append): the dataset this run extends, whose
+    shards, key files and totals come first, as a local --append lists them."""
     from ..output.metadata import dataset_metadata
 
     for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
@@ -351,18 +356,24 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     if run is None:
         raise InputError(f"{paths.staging}: no run record; the build was not claimed by this run: start it again "
                          "with --overwrite")  # fmt: skip
-    claim = Claim(run["fingerprint"], run.get("started", time.time()))
+    claim = Claim(run["fingerprint"], run.get("started", time.time()), previous=previous)
+    base = Totals.of_dataset(previous) if previous is not None else Totals()
+    new, totals = totals, Totals.parse(base.to_json())
+    add_totals(totals, new)
     totals.examples = dict(sorted(totals.examples.items()))
     note_growth(sources, totals.per_source)
     entries = [json.loads((work / "write" / f"piece_{k:06d}.json").read_text()) for k in range(len(layout["pieces"]))]
     pieces = layout["pieces"]
-    shards = [ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] not in ("keys", "near")]
-    keys = tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True)
-                 if p[0] == "near" or p[0] == "keys" and config.dedup == "document")  # fmt: skip
-    check_not_empty(config, totals, Totals(), shards)
+    shards = [s for split in SPLITS for s in (previous.split_shards(split) if previous is not None else ())
+              + tuple(ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] == split)]
+    kept = tuple(f for f in previous.dedup.files if f.kind != "near") if previous is not None and previous.dedup else ()
+    keys = kept + tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True)
+                        if p[0] == "near" or p[0] == "keys" and config.dedup == "document")  # fmt: skip
+    check_not_empty(config, totals, base, shards)
     if config.near_dedup:
         totals.near_examples = near_summary(work)["examples"]
-    meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at)  # type: ignore[arg-type]
+    meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
+                            base.tokens)  # fmt: skip
     for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
         stray.unlink()
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)

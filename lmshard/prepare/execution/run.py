@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, InputError
-from ...format import METADATA_FILE
+from ...format import METADATA_FILE, DatasetMeta, load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source, discover
@@ -32,7 +32,7 @@ from ..output.claim import _fingerprint, bos_written, run_tokenizer
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, read_summary, task_finished, task_mark, write_summary
 from .buckets import groups_of, resolve, task_duplicates, unit_part
-from .keyfiles import task_keys_path, write_task_keys
+from .keyfiles import previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
 from .linenumbers import absolute
@@ -87,14 +87,29 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
+    if config.append:
+        wanted["previous"] = previous_of(config.out)
     return ensure_plan(work, wanted), sources, tokenizer
 
 
 def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.dedup_lines or config.hf or "-" in config.inputs or config.append or config.max_docs is not None:
-        raise ConfigError("a scale-out run takes files only, without --dedup-lines, --append or --max-docs; run "
-                          "those on one machine")  # fmt: skip
+    if config.dedup_lines or config.hf or "-" in config.inputs or config.max_docs is not None:
+        raise ConfigError("a scale-out run takes files only, without --dedup-lines or --max-docs; run those on one "
+                          "machine")  # fmt: skip
+    if config.append and config.near_dedup:
+        raise ConfigError("a scale-out run cannot --append with --near-dedup yet (the new documents are not compared "
+                          "with the dataset's signatures); run it on one machine, without --num-tasks")  # fmt: skip
+
+
+def previous_of(out: str) -> dict[str, Any]:
+    """What a plan records of the dataset an --append extends: per stream, the number its next
+    file takes, and its document key files (paths in the dataset), which the dedup stage reads."""
+    meta = load_metadata(out)
+    files = meta.dedup.files if meta.dedup else ()
+    return {"first": {"train": len(meta.split_shards("train")), "val": len(meta.split_shards("val")),
+                      "keys": sum(f.kind == "doc" for f in files), "near": sum(f.kind == "near" for f in files)},
+            "key_files": [f.path for f in files if f.kind == "doc"]}  # fmt: skip
 
 
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
@@ -147,6 +162,19 @@ class Run:
             self._paths = OutputPaths.of(self.config.out)
         return self._paths
 
+    def previous_files(self, task: int) -> list[str]:
+        """--append with dedup: task `task`'s share of the extended dataset's key files (every
+        N-th, from the task's number), which its tokenize task partitions by bucket."""
+        previous = self.plan.get("previous")
+        if not previous or not self.dedup:
+            return []
+        files: list[str] = previous["key_files"][task :: self.plan["n_tasks"]]
+        return files
+
+    def previous_meta(self) -> DatasetMeta | None:
+        """--append: the metadata of the dataset extended (still in --out until the swap)."""
+        return load_metadata(self.config.out) if self.plan.get("previous") else None
+
     @property
     def bos(self) -> int | None:
         return bos_written(self.config, self.tokenizer)
@@ -167,8 +195,9 @@ class Run:
                 self._layout = Layout(self.work, self.plan["tasks"], STREAMS)
             else:
                 rows = lambda: self.summary("select")["streams"]  # noqa: E731
+                first = (self.plan.get("previous") or {}).get("first")
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
-                                             self.specials, self.dedup, self.near_hashes)  # fmt: skip
+                                             self.specials, self.dedup, self.near_hashes, first)  # fmt: skip
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:
@@ -228,7 +257,8 @@ class Run:
             if is_complete(self.work, "tokenize"):  # (marked after its key file: removed once selected)
                 return []
             tasks = range(self.plan["n_tasks"] if self.bucketed else 0) if items is None else items
-            return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()]
+            return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()
+                    or self.previous_files(t) and not previous_keys_path(self.work, t).exists()]  # fmt: skip
         if stage == "finish":  # its one item is done once the dataset is in place
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
@@ -284,6 +314,7 @@ class Run:
             forget(w, prior, self.plan["n_tasks"], task)
         if stage == "select":
             task_keys_path(w, task).unlink(missing_ok=True)
+            previous_keys_path(w, task).unlink(missing_ok=True)
             for u in self.items("select", task):
                 (w / "tokenize" / f"unit_{u:06d}.done").unlink(missing_ok=True)
                 (w / "select" / f"unit_{u:06d}.json").unlink(missing_ok=True)
@@ -349,11 +380,15 @@ class Run:
             return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
         if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
             first, end = self.plan["tasks"][i]
-            return self.bucketed and write_task_keys(self.work, range(first, end), i, self.plan["buckets"],
-                                                     self.wcfg.minhash)  # fmt: skip
+            wrote = self.bucketed and end > first and write_task_keys(
+                self.work, range(first, end), i, self.plan["buckets"], self.wcfg.minhash)  # fmt: skip
+            if self.previous_files(i):  # --append: its share of the dataset's keys, partitioned the same way
+                wrote |= write_previous_keys(self.work, Path(c.out), self.previous_files(i), i, self.plan["buckets"])
+            return wrote
         if stage == "dedup":
+            previous = [t for t in range(self.plan["n_tasks"]) if self.previous_files(t)]
             return resolve(self.work, self.plan["tasks"], self.plan["buckets"], self.plan["groups"], i, self.dedup,
-                           self.wcfg.minhash) >= 0  # fmt: skip
+                           self.wcfg.minhash, previous) >= 0  # fmt: skip
         if stage == "select":
             self.clusters()
             return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
@@ -369,7 +404,8 @@ class Run:
             if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
                 remove_work(self.work)  # stopped after its swap: only the work folder was left
                 return True
-            finish(c, paths, self.work, self.layout(), self.totals(), self.every_source(), self.tokenizer)
+            finish(c, paths, self.work, self.layout(), self.totals(), self.every_source(), self.tokenizer,
+                   self.previous_meta())  # fmt: skip
         return True
 
     def every_source(self) -> Any:

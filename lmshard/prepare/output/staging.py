@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, LmshardError
-from ...format import IN_PROGRESS_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE
+from ...format import IN_PROGRESS_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE, DatasetMeta
 from ..stops import stop_point
 
 RUN_FILE = IN_PROGRESS_FILE  # inside the build: fingerprint + checkpoint (JSON)
@@ -373,3 +373,13 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
                     "planning": "lmshard's version or its work-item sizes"}[key]  # fmt: skip
             return f"{what} changed since the run started"
     return None
+
+
+def link_previous(previous: DatasetMeta, out: Path, staging: Path) -> None:
+    """The appended-to dataset's shards and dedup keys (a DatasetMeta's files), hard-linked into
+    the build: the same files, never written again (copied where the filesystem has no hard
+    links)."""
+    names = [p for s in previous.shards for p in s.files()]
+    names += [f.path for f in previous.dedup.files] if previous.dedup else []
+    for name in names:
+        link_or_copy(out / name, staging / name)
