@@ -47,15 +47,17 @@ its largest without, "idle", and the last); each step's metadata ops at every U 
 exponent k (count ~ U^k between the smallest and the largest U: 0 is flat, 1 grows like the
 plan), and the same for bytes read; then the 1,000-node plan extrapolated (U = 262,000 units, B
 = 4,096 buckets) per shape. There a stage's per-task count is a line in U through its values at
-the smallest and largest U (from the largest; a count that shrinks is taken as flat) plus the
-bucket point's slope per dedup group (a plan's buckets, or groups of them where it has many
-tasks: taskplan.group_count); a dedup task's count is its count per group held times the groups
-a task holds at scale (its bytes read: the measured group's over the ratio of groups), and idle
-dedup tasks count as the idle one measured; run totals add up every task; wall times take the filesystem rates below (MDS_OPS_PER_S,
-CLIENT_OPS_PER_S, CLIENT_BYTES_PER_S) and count only metadata ops and the bytes read beyond the
-data's own (which these tiny units do not model: at scale a unit holds 21 MB). The counts and
-their ratios are measured in one run; the extrapolation and the wall times are estimates from
-them and the stated rates.
+the smallest and largest U (from the largest; a count that shrinks is taken as flat; a write
+task's: its count per part, the largest over the measured tasks, times the parts per task at
+the largest U, since a write task's parts and seals vary from task to task) plus the bucket
+point's slope per dedup group (a plan's buckets, or groups of them where it has many tasks:
+taskplan.group_count); a dedup task's count is its count per group held times the groups a task
+holds at scale (its bytes read: the measured group's over the ratio of groups), and idle dedup
+tasks count as the idle one measured; run totals add up every task; wall times take the
+filesystem rates below (MDS_OPS_PER_S, CLIENT_OPS_PER_S, CLIENT_BYTES_PER_S) and count only
+metadata ops and the bytes read beyond the data's own (which these tiny units do not model: at
+scale a unit holds 21 MB). The counts and their ratios are measured in one run; the
+extrapolation and the wall times are estimates from them and the stated rates.
 
 Time on this project's 2-core machines (shared, load 3 to 5): every unmeasured task costs O(U)
 (it lists the inputs and parses the whole plan; where a stage's readiness is checked marker
@@ -526,6 +528,9 @@ def steps(res: Result, near: bool) -> dict[str, Row]:
         if idle:
             rows[f"{stage} idle task"] = (0, _max([m.counts for m in idle]))
         rows[f"{stage} last task"] = (last.items, last.counts)
+        if stage == "write":  # a write task's work is its parts (and the pieces it seals): per part, for fixed work
+            top = max(busy, key=lambda m: m.counts["meta"] / max(1, m.items))
+            rows["write task, per part"] = (1, Counter({k: round(top.counts[k] / max(1, top.items)) for k in KEYS}))
         if stage in once_steps(near):
             top = _max([m.counts for m in busy])
             once[f"{once_steps(near)[stage]} (once)"] = (None, Counter({k: max(0, last.counts[k] - top[k])
@@ -650,6 +655,11 @@ def extrapolate(shape: Shape, results: list[Result], point: Result | None, near:
             task = {k: held * bucket[k] for k in bucket}
             total = b * bucket["meta"] + (n_tasks - busy) * idle["meta"]
             label = f"dedup ({held:,} group{'s' if held > 1 else ''})"
+        elif stage == "write":  # per part (fixed work), times the parts a task holds at scale: as measured
+            parts = results[-1].parts / results[-1].tasks
+            task = {k: parts * _fit_row(results, point, near, "write task, per part", k)(u, b) for k in ("meta", "read")}
+            total = n_tasks * task["meta"]
+            label = f"write ({parts:.1f} parts)"
         else:
             task = {k: _fit_row(results, point, near, f"{stage} task", k)(u, b) for k in ("meta", "read")}
             total = n_tasks * task["meta"]
