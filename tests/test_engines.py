@@ -174,3 +174,30 @@ def test_slurm_append_gives_the_local_append_bytes(tmp_path):
     meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
     assert meta["drops"]["duplicate"] >= 80 + 50 and len(meta["config"]["inputs"]) == 2
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_slurm_run_of_a_piped_input_gives_the_one_machine_bytes(tmp_path):
+    """`... | prepare - --num-tasks 3 --executor slurm`: the planner saves stdin in the work
+    folder, the array tasks read their units of that copy, and the dataset equals a one-machine
+    prepare of the same pipe."""
+    src = _corpus(tmp_path)
+    data = b"".join(p.read_bytes() for p in sorted(src.glob("*.jsonl")))
+    common = ["-", "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+
+        def run(*args, stdin=b""):
+            return subprocess.run([*lmshard, *args], input=stdin, capture_output=True, timeout=300, cwd=tmp_path,
+                                  env=env | {"LMSHARD_UNIT_BYTES": str(1 << 16)})  # fmt: skip
+
+        assert run("prepare", *common, "--out", "local", stdin=data).returncode == 0
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "3", "--executor", "slurm", stdin=data)
+        assert submitted.returncode == 0, submitted.stderr
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                              env=env).stdout.strip():  # fmt: skip
+            time.sleep(0.5)
+        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        assert b"done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
+    assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["sources"][0]["path"] == "-"
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")

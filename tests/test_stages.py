@@ -523,11 +523,44 @@ def test_a_planned_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks, 
 
 
 @pytest.mark.parametrize("executor", ["local", "none"])
+def test_a_planned_run_of_stdin_equals_the_one_process_run(tmp_path, monkeypatch, executor):
+    """`prepare - --num-tasks 3` saves stdin in the work folder before planning, so its units
+    are cut and read like a file's by any task: the one-process bytes, the input still named
+    '-' (its bytes 0, its bad records '-:LINE'), and the saved copy gone with the work folder."""
+    texts = make_texts(900, seed=8)
+    lines = [json.dumps({"text": t}) for t in texts[:600] + texts[:50]] + ["not json", '{"oops": 1}']
+    data = "\n".join(lines + [json.dumps({"text": t}) for t in texts[600:]]) + "\n"
+    env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW)}
+    common = ["-", "--workers", "1", "--on-error", "skip", "--val-fraction", "0.1", "--tokens-per-shard", "5000"]
+
+    def run(*args):
+        return subprocess.run([*LMSHARD, "prepare", *common, *args], input=data, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, env=env)  # fmt: skip
+
+    assert run("--out", "local").returncode == 0
+    got = run("--out", "dist", "--num-tasks", "3", "--executor", executor, "--quiet")
+    assert got.returncode == 0, got.stderr
+    if executor == "none":  # tasks run elsewhere: here, in turn, from the saved copy (stdin is long gone)
+        plan = load_plan(work_dir(tmp_path / "dist"))
+        assert len(plan["units"]) > 3 and plan["sources"][0][0] == "-" and plan["sources"][0][-1]
+        monkeypatch.chdir(tmp_path)  # (the plan records --out as given: dist)
+        config, n_tasks, unit_bytes = stages_module.config_of(tmp_path / "dist")
+        for stage in STAGES:
+            for task in range(n_tasks if stage != "finish" else 1):
+                run_task(config, n_tasks, stage, task, unit_bytes)
+    meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
+    assert meta["sources"][0]["path"] == "-" and meta["sources"][0]["bytes"] == 0 and meta["drops"]["duplicate"] == 50
+    assert any(str(e).startswith("-:") for e in meta["drop_examples"].values()), meta["drop_examples"]
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+    assert not work_dir(tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("executor", ["local", "none"])
 def test_a_refused_planned_run_leaves_nothing_behind(tmp_path, executor):
     src = jsonl(tmp_path / "a.jsonl", make_texts(20))
     for refused in ({"max_docs": 5}, {"dedup_lines": True}, {"append": True, "near_dedup": True}):
         config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "out"), num_tasks=2, executor=executor, **refused)
-        with pytest.raises(ConfigError, match="a scale-out run takes files only|cannot --append with --near-dedup"):
+        with pytest.raises(ConfigError, match="a scale-out run takes files, stdin|cannot --append with --near-dedup"):
             if executor == "local":
                 local_exec.run(config, 2)
             else:

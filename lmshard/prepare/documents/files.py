@@ -60,6 +60,9 @@ class Source:
     # time) its listing gave when the run started, for --resume's fingerprint.
     url: str = field(default="", repr=False)
     version: str = ""
+    # A stream (stdin, a pipe) a planned run saved to a file of its work folder before planning:
+    # read from that file like any other, named `path` ('-') in every message, record and total.
+    spool: str = ""
 
 
 def detect(path: str, fmt_override: str | None = None) -> Source:
@@ -136,6 +139,8 @@ def open_raw(source: Source) -> Raw:
     object at its URL (`urlfile.URLInput`, up to the size recorded)."""
     if source.url:  # size 0 and no version: not recorded (a walk's sniff), or empty: its size is asked for
         return URLInput(source.url, source.path, source.size if source.size or source.version else None)
+    if source.spool:
+        return InputFile(source.spool, source.size, source.inode, lines=source.compression is None)
     if source.path == "-":
         return InputFile("-", file=sys.stdin.buffer)
     if source.stream or not source.inode:  # a pipe; or a file the run did not record (a walk's sniff)

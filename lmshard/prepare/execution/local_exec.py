@@ -81,7 +81,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
         try:
             _stages(r, on_progress)
-            return finish(config, paths, r.work, r.layout(), r.totals(), r.sources, r.tokenizer)
+            # (the inputs as found, not as read: stdin keeps its name and size 0)
+            return finish(config, paths, r.work, r.layout(), r.totals(), sources, r.tokenizer, r.previous_meta())
         except KeyboardInterrupt as e:
             raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work

@@ -11,7 +11,7 @@ tables, each written before the head (the head's existence says the plan is comp
   JSON line per input: path, format, compression, size, inode, URL (credentials and all: the
   plan is then readable by its owner only), version, and the size and modification time (ns;
   an object's version) the run's fingerprint gave it, so a task checks the inputs it reads, and
-  only those, against the plan.
+  only those, against the plan; and for stdin or a pipe, the file the planner saved it to.
 
 `UnitTable`, `TaskTable` and `SourceTable` are read-only sequences over them (positioned
 reads of one row of a file each table object opens once, a few rows cached); iterating one
@@ -156,7 +156,8 @@ def task_of_unit(tasks: Sequence[Any], u: int) -> int:
 
 class SourceTable(_Table):
     """Inputs as their rows: [path, fmt, compression, size, inode, url, version, identity's size,
-    identity's mark (modification time in ns, an object's version, or 0)]."""
+    identity's mark (modification time in ns, an object's version, or 0), spool (a stream's file
+    in the work folder, or "")]."""
 
     def _rows(self, first: int, end: int) -> list[Any]:
         index = self.path.with_name(SOURCE_INDEX)
@@ -193,7 +194,7 @@ class PlanSources(Sequence[Source]):
 
 def source_row(src: Source, identity: list[Any]) -> list[Any]:
     """A source's row, with the identity the fingerprint gave it ([path, fmt, size, mark])."""
-    return [src.path, src.fmt, src.compression, src.size, src.inode, src.url, src.version, *identity[2:4]]
+    return [src.path, src.fmt, src.compression, src.size, src.inode, src.url, src.version, *identity[2:4], src.spool]
 
 
 def identity(row: list[Any]) -> list[Any]:
@@ -203,8 +204,10 @@ def identity(row: list[Any]) -> list[Any]:
 
 def checked_source(row: list[Any], work: Path) -> Source:
     """The Source of a plan row, refused when the file changed since the plan was made."""
-    path, fmt, compression, size, inode, url, version, planned_size, mark = row
-    src = Source(path, fmt, compression, size, inode=inode, url=url, version=version)
+    path, fmt, compression, size, inode, url, version, planned_size, mark, spool = row
+    src = Source(path, fmt, compression, size, inode=inode, url=url, version=version, spool=spool)
+    if spool:  # a stream saved in the work folder: its reads check the file is the one planned
+        return src
     if url or fmt == "hf" or not isinstance(mark, int) or not mark:
         return src  # (an object's version was fixed by the listing that planned it)
     try:

@@ -16,8 +16,9 @@ task's duplicates (8 bytes each).
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ...errors import ConfigError, InputError
 from ...format import METADATA_FILE, DatasetMeta, load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
+from ..documents.files import open_raw
 from ..documents.sources import Source, discover
 from ..documents.worker import WorkerConfig, identity_of
 from ..output.build import Totals
@@ -75,6 +77,9 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         plan = load_plan(work)
         if task:
             sources = PlanSources(plan["sources"])
+        elif any(s.stream for s in sources):  # stdin or a pipe: read from where the planner saved it
+            planned = PlanSources(plan["sources"])
+            sources = [planned[i] if s.stream else s for i, s in enumerate(sources)]
         if adopt:
             n_tasks, unit_bytes = int(plan["n_tasks"]), int(plan["unit_bytes"])
         # no size asked: the plan's (sized from the inputs as they were; a changed input is the fingerprint's to name)
@@ -84,6 +89,7 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             raise ConfigError(f"{work / PLAN_FILE} was made for another run: {why}; run with the plan's options, or "
                               f"delete {work} to plan again")  # fmt: skip
         return plan, sources, tokenizer
+    sources = spool_streams(work, sources)
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
@@ -92,11 +98,39 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     return ensure_plan(work, wanted), sources, tokenizer
 
 
+def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
+    """Stdin and pipes saved, in full, to files of the work folder (`spool/input_I`), so that the
+    plan cuts them into units like files and any task on any machine reads its own; each keeps
+    its name ('-') for every message, record and total. The planner reads each stream once, in
+    8 MiB blocks."""
+    out = []
+    for i, src in enumerate(sources):
+        if not src.stream:
+            out.append(src)
+            continue
+        path = work / "spool" / f"input_{i:06d}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        raw = open_raw(src)
+        try:
+            with open(tmp, "wb") as f:
+                while block := raw.read(8 << 20):
+                    f.write(block)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            raw.close()
+        os.replace(tmp, path)
+        st = path.stat()
+        out.append(replace(src, stream=False, size=st.st_size, inode=st.st_ino, spool=str(path)))
+    return out
+
+
 def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.dedup_lines or config.hf or "-" in config.inputs or config.max_docs is not None:
-        raise ConfigError("a scale-out run takes files only, without --dedup-lines or --max-docs; run those on one "
-                          "machine")  # fmt: skip
+    if config.dedup_lines or config.hf or config.max_docs is not None:
+        raise ConfigError("a scale-out run takes files, stdin and pipes, without --dedup-lines or --max-docs; run "
+                          "those on one machine")  # fmt: skip
     if config.append and config.near_dedup:
         raise ConfigError("a scale-out run cannot --append with --near-dedup yet (the new documents are not compared "
                           "with the dataset's signatures); run it on one machine, without --num-tasks")  # fmt: skip
