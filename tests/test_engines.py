@@ -201,3 +201,32 @@ def test_slurm_run_of_a_piped_input_gives_the_one_machine_bytes(tmp_path):
         assert b"done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
     assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["sources"][0]["path"] == "-"
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_slurm_run_of_a_saved_hugging_face_dataset_gives_the_one_machine_bytes(tmp_path):
+    """`prepare --hf SAVED --num-tasks 3 --executor slurm`: each array task reads its units of
+    rows from the saved arrow files, and the dataset equals a one-machine prepare of it."""
+    import datasets
+    from test_prepare import make_texts
+
+    texts = make_texts(900, seed=6)
+    datasets.Dataset.from_dict({"text": texts[:700] + texts[:60] + texts[700:]}).save_to_disk(str(tmp_path / "saved"))
+    common = ["--hf", "saved", "--workers", "1", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                                  env=env | {"HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+
+        assert run("prepare", *common, "--out", "local").returncode == 0
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "3", "--executor", "slurm")
+        assert submitted.returncode == 0, submitted.stderr
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                              env=env).stdout.strip():  # fmt: skip
+            time.sleep(0.5)
+        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
+    assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["drops"]["duplicate"] == 60
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")

@@ -159,3 +159,42 @@ def test_truncated_data_file_mid_stream_is_a_bad_record_after_the_good_ones(tmp_
     assert last.number == len(good) + 1 and last.problem == "truncated_compression"
     where = f"a data file of --hf {tmp_path / 'd'}"
     assert last.detail == f"truncated compressed data in {where} after {len(good):,} records"
+
+
+@pytest.mark.parametrize("n_tasks", [1, 3])
+def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks):
+    """`--hf SAVED --num-tasks N`: the saved split is cut into units of rows, each task reads its
+    own rows from the memory-mapped arrow, and the dataset equals a one-process prepare of it,
+    byte for byte: duplicates across units, a null text numbered by its row, the metadata."""
+    from test_stages import _files
+
+    from lmshard.prepare.execution import local_exec, taskplan
+    from lmshard.prepare.execution.stages import STAGES, run_task
+    from lmshard.prepare.execution.taskplan import load_plan, work_dir
+
+    texts = make_texts(700, seed=4)
+    column = texts[:500] + texts[:40] + [None] + texts[500:]
+    datasets.Dataset.from_dict({"text": column}).save_to_disk(str(tmp_path / "saved"))
+    opts = dict(hf=str(tmp_path / "saved"), workers=1, val_fraction=0.1, tokens_per_shard=5_000, on_error="skip")
+    one = prepare(PrepareConfig(out=str(tmp_path / "one"), **opts))
+    config = PrepareConfig(out=str(tmp_path / "tasks"), **opts)
+    local_exec.claim(config, n_tasks)
+    plan = load_plan(work_dir(config.out))
+    rows = max(taskplan.MIN_ROWS, -(-len(column) // (4 * n_tasks)))  # 311 rows a unit for one task, 256 for 3
+    assert [u[1] for u in plan["units"]] == ["rows"] * -(-len(column) // rows) and plan["units"][-1][3] == len(column)
+    for stage in STAGES[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task)
+    run_task(config, n_tasks, "finish", 0)
+    assert one.drops["duplicate"] == 40 and one.drops["wrong_type"] == 1
+    assert ":541:" in one.drop_examples["wrong_type"]
+    assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
+
+
+def test_a_planned_run_reads_a_saved_dataset_only(local, tmp_path):
+    """A parquet directory or hub id is a stream: --num-tasks refuses it in one line, naming the fix."""
+    result = runner.invoke(app, ["prepare", "--hf", str(local / "pq"), "--out", str(tmp_path / "o"), "--num-tasks",
+                                 "2", "--workers", "1"])  # fmt: skip
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "a scale-out run reads a saved dataset (save_to_disk) by its rows" in result.output
+    assert not (tmp_path / "o").exists()

@@ -224,10 +224,37 @@ def hf_records(spec: HFSpec) -> Iterator[Record]:
     yield from example_records(iter(open_stream(spec)), spec.text_field, f"a data file of --hf {spec.dataset}")
 
 
-def example_records(examples: Iterator[dict[str, Any]], field: str, where: str) -> Iterator[Record]:
-    """Records (numbered from 1) of a `datasets` stream of examples; a compressed data file found
-    damaged mid-stream ends it with one bad record naming `where`."""
-    number = 0
+_OPENED: dict[HFSpec, Any] = {}  # a saved split, memory-mapped once per process
+
+
+def saved_split(spec: HFSpec) -> Any:
+    """The split of a `save_to_disk` dataset as a `datasets.Dataset` (memory-mapped arrow: rows
+    are read where they lie), checked as `open_stream` checks it; opened once per process."""
+    if spec not in _OPENED:
+        if spec.kind() != "saved":
+            raise ConfigError(f"--hf {spec.dataset}: a planned run (--num-tasks) reads a saved dataset (save_to_disk) "
+                              "only; save it first, or run without --num-tasks")  # fmt: skip
+        _OPENED.clear()
+        _OPENED[spec] = open_stream(spec)
+    return _OPENED[spec]
+
+
+def saved_rows(spec: HFSpec) -> int:
+    """How many rows the saved split holds."""
+    return len(saved_split(spec))
+
+
+def row_records(spec: HFSpec, start: int, end: int) -> Iterator[Record]:
+    """Records start + 1 .. end of a saved split (its rows [start, end)), numbered as
+    `hf_records` numbers them: a planned task reads its own rows."""
+    rows = saved_split(spec).select(range(start, end))
+    yield from example_records(iter(rows), spec.text_field, f"a data file of --hf {spec.dataset}", start)
+
+
+def example_records(examples: Iterator[dict[str, Any]], field: str, where: str, start: int = 0) -> Iterator[Record]:
+    """Records (numbered from `start` + 1) of a `datasets` stream of examples; a compressed data
+    file found damaged mid-stream ends it with one bad record naming `where`."""
+    number = start
     while True:
         try:
             example = next(examples, None)

@@ -57,7 +57,7 @@ class WorkItem:
 
     source: int
     seq: int
-    kind: str  # lines | records | files | parquet | arrow
+    kind: str  # lines | records | files | parquet | arrow | hf_rows
     first_line: int = 1
     payload: Any = None
     locator: int = 0

@@ -47,6 +47,7 @@ class WorkerConfig:
     # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
     expect: tuple[tuple[str, Any], ...] = ()
     minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
+    hf: Any = None  # a planned run's saved Hugging Face split (hf.HFSpec), read by row ranges
 
 
 LINE_DROP = "line:"  # a per-source count of lines a filter's edit removed, by its reason (not a document drop)
@@ -273,6 +274,10 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
         records = parse_parquet(src, item.locator, config.text_field)
     elif item.kind == "arrow":
         records = parse_arrow(src, item.locator, config.text_field)
+    elif item.kind == "hf_rows":  # rows [locator, payload) of a saved Hugging Face split
+        from .hf import row_records
+
+        records = row_records(config.hf, item.locator, item.payload)
     elif src.fmt == "text":
         records = parse_text_lines(item.payload, item.first_line, by_paragraph(config.text_mode))
     else:

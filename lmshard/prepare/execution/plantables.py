@@ -5,7 +5,7 @@ Beside `plan.json` (the head: options, counts, the fingerprint but for the input
 tables, each written before the head (the head's existence says the plan is complete):
 
 - `plan_units.bin`: one 32-byte row per unit: source (int32), kind (int32: file, range,
-  row_group), start, end, bytes accounted (int64 each), little-endian;
+  row_group, rows), start, end, bytes accounted (int64 each), little-endian;
 - `plan_tasks.bin`: N+1 int64: task t holds units [row t, row t+1);
 - `plan_sources.jsonl` and `plan_sources.idx` (one uint64 offset per line, then the end): one
   JSON line per input: path, format, compression, size, inode, URL (credentials and all: the
@@ -36,7 +36,7 @@ from ...format import atomic_write_bytes
 from ..documents.files import Source
 from ..documents.reading import read_error
 
-KINDS = ("file", "range", "row_group")
+KINDS = ("file", "range", "row_group", "rows")
 _UNIT = np.dtype([("source", "<i4"), ("kind", "<i4"), ("start", "<i8"), ("end", "<i8"), ("nbytes", "<i8")])
 _I8, _U8 = np.dtype("<i8"), np.dtype("<u8")
 UNITS, TASKS, SOURCES, SOURCE_INDEX = "plan_units.bin", "plan_tasks.bin", "plan_sources.jsonl", "plan_sources.idx"

@@ -91,7 +91,8 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         return plan, sources, tokenizer
     sources = spool_streams(work, sources)
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
-    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes)
+    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, config.hf_spec() if config.hf else None,
+                      n_tasks)  # fmt: skip
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
     if config.append:
         wanted["previous"] = previous_of(config.out)
@@ -128,9 +129,13 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
 
 def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.dedup_lines or config.hf or config.max_docs is not None:
+    if config.dedup_lines or config.max_docs is not None:
         raise ConfigError("a scale-out run takes files, stdin and pipes, without --dedup-lines or --max-docs; run "
                           "those on one machine")  # fmt: skip
+    if config.hf and (config.hf_tasks > 1 or config.hf_spec().kind() != "saved"):
+        raise ConfigError(f"--hf {config.hf}: a scale-out run reads a saved dataset (save_to_disk) by its rows, not "
+                          "a stream; save it first (or pass its data files as inputs), or run without "
+                          "--num-tasks")  # fmt: skip
     if config.append and config.near_dedup:
         raise ConfigError("a scale-out run cannot --append with --near-dedup yet (the new documents are not compared "
                           "with the dataset's signatures); run it on one machine, without --num-tasks")  # fmt: skip
@@ -147,8 +152,10 @@ def previous_of(out: str) -> dict[str, Any]:
 
 
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
-    """The run's inputs (as prepare discovers them) and tokenizer."""
+    """The run's inputs (as prepare discovers them, a saved Hugging Face split last) and tokenizer."""
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
+    if config.hf:
+        sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     return sources, run_tokenizer(config)
 
 
@@ -158,7 +165,8 @@ def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: T
                         tokenizer_backend=tokenizer.backend, separator=config.separator,
                         text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
                         expect=identity_of(tokenizer),
-                        minhash=config.minhash_config() if config.near_dedup else None)  # fmt: skip
+                        minhash=config.minhash_config() if config.near_dedup else None,
+                        hf=config.hf_spec() if config.hf else None)  # fmt: skip
 
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")

@@ -47,7 +47,7 @@ from ...remote.urls import has_credentials
 from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
 from ..documents.records import binary_record
-from ..documents.sources import BLOCK_BYTES, WorkItem, _plan_lines, plan
+from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, plan
 from ..output.staging import difference
 from .plantables import (
     SOURCES,
@@ -133,18 +133,38 @@ def largest_whole(sources: list[Source]) -> int:
                 or (s.fmt == "json" and first_byte(s) == b"[")), default=0)  # fmt: skip
 
 
-def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
-    """Every source as units, in input order (see the module docstring)."""
+def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES,
+              hf: Any = None, n_tasks: int = 1) -> list[Unit]:  # fmt: skip
+    """Every source as units, in input order (see the module docstring). `hf`: the HFSpec of a
+    saved Hugging Face split, cut into ranges of rows (sized to `n_tasks`)."""
     if unit_bytes < _WINDOW:
         raise ConfigError(f"unit_bytes={unit_bytes} is below {_WINDOW}; pass at least {_WINDOW} bytes")
     units: list[Unit] = []
     for i, src in enumerate(sources):
-        if src.stream or src.fmt == "hf":
+        if src.stream:
             name = "stdin" if src.path == "-" else src.path
             raise ConfigError(f"{name}: a scale-out run reads files that every task can open; save the input to a "
-                              "file (Hugging Face datasets: --hf-tasks)")  # fmt: skip
+                              "file")  # fmt: skip
+        if src.fmt == "hf":
+            units.extend(_cut_rows(i, hf, n_tasks))
+            continue
         units.extend(_cut(i, src, text_mode, max_chars, unit_bytes))
     return units
+
+
+MIN_ROWS, ROWS_PER_UNIT = 256, 8 * RECORDS_PER_ITEM  # a saved Hugging Face split's rows per unit, at most
+
+
+def _cut_rows(i: int, hf: Any, n_tasks: int) -> list[Unit]:
+    """A saved Hugging Face split as units of rows: about UNITS_PER_TASK per task, from MIN_ROWS
+    to ROWS_PER_UNIT rows each (the last one shorter); a unit's rows stand for its bytes when
+    tasks are balanced."""
+    from ..documents.hf import saved_rows
+
+    n = saved_rows(hf)
+    size = min(ROWS_PER_UNIT, max(MIN_ROWS, -(-n // (n_tasks * UNITS_PER_TASK))))
+    return [Unit(i, "rows", a, min(n, a + size), min(n, a + size) - a)
+            for a in range(0, n, size)] or [Unit(i, "rows", 0, 0, 0)]  # fmt: skip
 
 
 def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -> list[Unit]:
@@ -184,6 +204,10 @@ def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str,
     records, with the same line numbers, as `sources.plan` gives for the whole source."""
     if unit.kind == "row_group":
         yield WorkItem(i, unit.start, "parquet", locator=unit.start, nbytes=unit.nbytes)
+    elif unit.kind == "rows":  # a saved Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them
+        for a in range(unit.start, unit.end, RECORDS_PER_ITEM) if unit.end > unit.start else [0]:
+            yield WorkItem(i, a // RECORDS_PER_ITEM, "hf_rows", locator=a,
+                           payload=min(unit.end, a + RECORDS_PER_ITEM), nbytes=0)  # fmt: skip
     elif unit.kind == "range":
         paragraph = src.fmt == "text" and text_mode != "line"
         items = _plan_lines(i, src, paragraph, (unit.start, unit.end, unit.first_line))
