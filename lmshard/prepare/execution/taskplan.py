@@ -99,7 +99,7 @@ def bucket_count(total_bytes: int) -> int:
     return min(MAX_BUCKETS, max(MIN_BUCKETS, 1 << (want - 1).bit_length()))
 
 
-PAIRS = 1 << 25  # dedup groups x tasks, at most: the files the dedup stage opens, and the select stage
+PAIRS = 1 << 24  # dedup groups x tasks, at most: the files the dedup stage opens, and the select stage
 
 
 def group_count(n_buckets: int, n_tasks: int) -> int:
