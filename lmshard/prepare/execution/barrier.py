@@ -121,7 +121,12 @@ def read_summary(work: Path, stage: str) -> dict[str, Any]:
 
 def task_finished(work: Path, stage: str, n_tasks: int, task: int) -> bool:
     """Whether task `task` wrote its marker (or the whole stage is complete)."""
-    return is_complete(work, stage) or _marker(work, stage, n_tasks, 0, task).exists()
+    return is_complete(work, stage) or task_marked(work, stage, n_tasks, task)
+
+
+def task_marked(work: Path, stage: str, n_tasks: int, task: int) -> bool:
+    """Whether task `task`'s marker is there (a stat; not the stage's summary)."""
+    return _marker(work, stage, n_tasks, 0, task).exists()
 
 
 def write_summary(work: Path, stage: str, summary: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim, claim_output, write_run
 from ..output.staging import OutputPaths, commit, link_previous, read_run, recover
 from ..stops import stop_point
-from .barrier import is_complete, task_finished
+from .barrier import is_complete, task_finished, task_marked
 from .layout import add_totals
 from .layoutfiles import Layout
 from .nearstage import near_summary
@@ -221,8 +221,7 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
         return False
     piece = layout["pieces"][k]
     first, end = piece[4]
-    finished: dict[int, bool] = {}  # (a task's mark is looked at once for all its parts)
-    if not all(part_written(work, layout, p, finished) for p in range(first, end)):
+    if not parts_written(work, layout, range(first, end)):
         return False
     claim = work / "write" / f"piece_{k:06d}.sealing"
     claim.parent.mkdir(parents=True, exist_ok=True)
@@ -315,20 +314,24 @@ def _durable(f: Any) -> None:
 
 
 def missing_parts(work: Path, layout: Layout) -> list[int]:
-    return [p for p in range(len(layout["parts"])) if not part_written(work, layout, p)]
+    n = len(layout["tasks"])
+    return [p for p in range(len(layout["parts"])) if not (work / "write" / f"part_{p:06d}.done").exists()
+            and not task_finished(work, "write", n, layout.task_of_part(p))]  # fmt: skip
 
 
-def part_written(work: Path, layout: Layout, p: int, finished: dict[int, bool] | None = None) -> bool:
-    """Whether part p is written: its marker, or the mark of the write task that holds it (a
-    task that did its share removes its parts' markers, barrier.py). `finished`: the tasks'
-    marks already looked at, by task."""
-    if (work / "write" / f"part_{p:06d}.done").exists():
+def parts_written(work: Path, layout: Layout, parts: range) -> bool:
+    """Whether every one of `parts` is written: its write task's mark (a task that did its share
+    removes its parts' markers, barrier.py), looked at once per task, else each part's marker.
+    So a large piece (a val shard's parts come from many tasks) costs a stat or two per task
+    that wrote it, not per part."""
+    if is_complete(work, "write"):
         return True
-    finished = {} if finished is None else finished
-    t = layout.task_of_part(p)
-    if t not in finished:
-        finished[t] = task_finished(work, "write", len(layout["tasks"]), t)
-    return finished[t]
+    by_task: dict[int, list[int]] = {}
+    for p in parts:
+        by_task.setdefault(layout.task_of_part(p), []).append(p)
+    n = len(layout["tasks"])
+    return all(task_marked(work, "write", n, t) or all((work / "write" / f"part_{p:06d}.done").exists() for p in ps)
+               for t, ps in by_task.items())  # fmt: skip
 
 
 def missing_pieces(work: Path, layout: Layout) -> list[int]:
