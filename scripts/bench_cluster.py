@@ -53,7 +53,9 @@ the largest U, since a write task's parts and seals vary from task to task) plus
 point's slope per dedup group (a plan's buckets, or groups of them where it has many tasks:
 taskplan.group_count); a dedup task's count is its count per group held times the groups a task
 holds at scale (its bytes read: the measured group's over the ratio of groups), and idle dedup
-tasks count as the idle one measured; run totals add up every task; wall times take the
+tasks count as the idle one measured; run totals add up every task, each counted as the median
+measured task of its stage (the largest may have folded a group of the stage's marks, which
+happens once per 64 tasks; for the write stage, the median per part); wall times take the
 filesystem rates below (MDS_OPS_PER_S, CLIENT_OPS_PER_S, CLIENT_BYTES_PER_S) and count only
 metadata ops and the bytes read beyond the data's own (which these tiny units do not model: at
 scale a unit holds 21 MB). The counts and their ratios are measured in one run; the
@@ -529,8 +531,12 @@ def steps(res: Result, near: bool) -> dict[str, Row]:
             rows[f"{stage} idle task"] = (0, _max([m.counts for m in idle]))
         rows[f"{stage} last task"] = (last.items, last.counts)
         if stage == "write":  # a write task's work is its parts (and the pieces it seals): per part, for fixed work
-            top = max(busy, key=lambda m: m.counts["meta"] / max(1, m.items))
-            rows["write task, per part"] = (1, Counter({k: round(top.counts[k] / max(1, top.items)) for k in KEYS}))
+            per = sorted(busy, key=lambda m: m.counts["meta"] / max(1, m.items))
+            for name, m in (("write task, per part", per[-1]), ("write task, per part, median", per[len(per) // 2])):
+                rows[name] = (1, Counter({k: round(m.counts[k] / max(1, m.items)) for k in KEYS}))
+        else:  # the typical task, for a run's totals (the largest may have folded a group of marks: once per 64)
+            mid = sorted(busy, key=lambda m: m.counts["meta"])[len(busy) // 2]
+            rows[f"{stage} task, median"] = (mid.items, mid.counts)
         if stage in once_steps(near):
             top = _max([m.counts for m in busy])
             once[f"{once_steps(near)[stage]} (once)"] = (None, Counter({k: max(0, last.counts[k] - top[k])
@@ -658,11 +664,11 @@ def extrapolate(shape: Shape, results: list[Result], point: Result | None, near:
         elif stage == "write":  # per part (fixed work), times the parts a task holds at scale: as measured
             parts = results[-1].parts / results[-1].tasks
             task = {k: parts * _fit_row(results, point, near, "write task, per part", k)(u, b) for k in ("meta", "read")}
-            total = n_tasks * task["meta"]
+            total = n_tasks * parts * _fit_row(results, point, near, "write task, per part, median", "meta")(u, b)
             label = f"write ({parts:.1f} parts)"
         else:
             task = {k: _fit_row(results, point, near, f"{stage} task", k)(u, b) for k in ("meta", "read")}
-            total = n_tasks * task["meta"]
+            total = n_tasks * _fit_row(results, point, near, f"{stage} task, median", "meta")(u, b)
             label = stage
         wall = max(task["meta"] / (CLIENT_OPS_PER_S * cores) + task["read"] / CLIENT_BYTES_PER_S,
                    total / MDS_OPS_PER_S)  # fmt: skip
