@@ -32,9 +32,11 @@ from ..documents.reading import InputGone, InputReadError, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
+from .finish import finish, remove_work
 from .itempool import in_pool, item_pool
-from .owners import begin, finish, remove_work
-from .run import STAGES, Run, check_scale_out, load_run
+from .owners import begin
+from .run import STAGES, Run
+from .runplan import check_scale_out, load_run
 from .taskplan import largest_whole, work_dir
 from .unitfiles import unit_marker
 

@@ -1,11 +1,12 @@
-"""The last two stages of a planned run: each shard and key file written by its one owner, then
-the metadata; and the claim of `--out` that comes before them all.
+"""The write stage of a planned run: each shard and key file written by its owners and sealed
+once; and the claim of `--out` that comes before every stage (the finish: finish.py).
 
 **Claim** (`begin`, where the run is started: `prepare` itself, before any task). The same
 decision table as a local run (claim.py), under the writer lock: a new build gets its staging
 directory `.NAME.lmshard-partial` and run record at once, an interrupted one is resumed only with
---resume (its work folder kept), and --overwrite discards both. The tasks then write into the
-staging directory, and nothing appears at `--out` until `finish` swaps it in whole.
+--resume (its work folder kept), and --overwrite discards both; with --append the dataset's
+files are linked into the build. The tasks then write into the staging directory, and nothing
+appears at `--out` until `finish` swaps it in whole.
 
 **Write** (one per part of `layout.json`, dealt to the write tasks). A part is a shard's (or
 key file's) documents from one unit: the unit's tokens already carry the separators (EOT, and
@@ -19,24 +20,16 @@ sequential pass is a read at memory or filesystem speed, not a rewrite) and rena
 its marker `write/piece_N.json` is the shard's or key file's entry for the metadata. A write
 task seals the pieces whose last part it finished; the finish seals any left by a killed task.
 
-**Finish** (once). Puts the units' totals (added up by the select stage's summary) and the
-pieces' entries into
-`dataset_metadata.json` with the same code as a local run, swaps the build in (staging.commit)
-and removes the work folder (all but the Slurm jobs' logs, `slurm/`). It reads no document: its
-work grows with units and shards only.
-
 Memory model: a part's writer holds one unit's lengths and split (9 bytes per document) and
 its documents' offsets; tokens are copied file to file (copy_file_range, else 8 MiB at a time);
-a seal holds one 8 MiB block; finish holds the run's totals (one dict) and the pieces' entries.
+a seal holds one 8 MiB block.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,33 +40,26 @@ from ...errors import InputError
 from ...format import (
     BLOCK_TOKENS,
     INDEX_DTYPE,
-    METADATA_FILE,
     SPLITS,
     TOKEN_DTYPE,
-    TOKENIZER_FILE,
     BlockHasher,
-    DatasetMeta,
     KeyFile,
     ShardInfo,
     atomic_write_json,
     shard_paths,
     sums_path,
-    write_vocab_copy,
 )
 from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
 from ...format.sealing import seal_encoded, shard_entry
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
-from ..documents.sources import Source, note_growth
-from ..output.build import Totals, check_not_empty
+from ..documents.sources import Source
 from ..output.claim import Claim, claim_output, write_run
-from ..output.staging import OutputPaths, commit, link_previous, read_run, recover
+from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
 from .barrier import is_complete, task_finished, task_marked
-from .layout import add_totals
 from .layoutfiles import Layout
-from .nearstage import near_summary
 from .unitfiles import section_of, sections_of
 
 
@@ -338,67 +324,4 @@ def missing_pieces(work: Path, layout: Layout) -> list[int]:
     return [k for k in range(len(layout["pieces"])) if not (work / "write" / f"piece_{k:06d}.json").exists()]
 
 
-def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
-           sources: list[Source], tokenizer: Tokenizer,
-           previous: DatasetMeta | None = None) -> DatasetMeta:  # fmt: skip
-    """The metadata from the units' totals (added up by the select stage's summary) and the
-    pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
-    once the dataset is in place. `previous` (--append): the dataset this run extends, whose
-    shards, key files and totals come first, as a local --append lists them."""
-    from ..output.metadata import dataset_metadata
-
-    for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
-        seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab), take_over=True)
-    missing = [] if is_complete(work, "write") else missing_parts(work, layout)
-    if missing:
-        tasks = sorted({layout.task_of_part(p) for p in missing})
-        raise InputError(f"{len(missing)} of {len(layout['parts'])} parts of shards and key files are not written yet; "
-                         f"run the write stage of task{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} "
-                         "first")  # fmt: skip
-    run = read_run(paths.staging)
-    if run is None:
-        raise InputError(f"{paths.staging}: no run record; the build was not claimed by this run: start it again "
-                         "with --overwrite")  # fmt: skip
-    claim = Claim(run["fingerprint"], run.get("started", time.time()), previous=previous)
-    base = Totals.of_dataset(previous) if previous is not None else Totals()
-    new, totals = totals, Totals.parse(base.to_json())
-    add_totals(totals, new)
-    totals.examples = dict(sorted(totals.examples.items()))
-    note_growth(sources, totals.per_source)
-    entries = [json.loads((work / "write" / f"piece_{k:06d}.json").read_text()) for k in range(len(layout["pieces"]))]
-    pieces = layout["pieces"]
-    shards = [s for split in SPLITS for s in (previous.split_shards(split) if previous is not None else ())
-              + tuple(ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] == split)]
-    kept = tuple(f for f in previous.dedup.files if f.kind != "near") if previous is not None and previous.dedup else ()
-    keys = kept + tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True)
-                        if p[0] == "near" or p[0] == "keys" and config.dedup == "document")  # fmt: skip
-    check_not_empty(config, totals, base, shards)
-    if config.near_dedup:
-        totals.near_examples = near_summary(work)["examples"]
-    meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
-                            base.tokens)  # fmt: skip
-    for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
-        stray.unlink()
-    write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
-    atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
-    atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
-    commit(paths)
-    remove_work(work)
-    return meta
-
-
-def remove_work(work: Path) -> None:
-    """Remove a finished run's work folder, but for the Slurm jobs' logs (`slurm/`), which stay
-    for the user to read (delete them with the folder when done)."""
-    for entry in work.iterdir() if work.is_dir() else ():
-        if entry.name == "slurm":
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    if work.is_dir() and not any(work.iterdir()):
-        work.rmdir()
-
-
-__all__ = ["begin", "finish", "missing_parts", "missing_pieces", "seal_piece", "write_part"]
+__all__ = ["begin", "missing_parts", "missing_pieces", "parts_written", "seal_piece", "write_part"]

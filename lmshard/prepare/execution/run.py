@@ -1,10 +1,6 @@
 """What every stage of a planned run works from (`Run`: the plan, its inputs, the tokenizer,
-and each stage's items, markers, summaries and the steps done once), and how a process gets one
-(`plan_run`: made on the first call, validated on later ones).
-
-A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with the
-plan: its inputs are the plan's rows, each checked when the task first reads it
-(plantables.py). An item is done when its marker is there or its task's mark (barrier.py); a
+and each stage's items, markers, summaries and the steps done once; runplan.py makes or
+validates the plan). An item is done when its marker is there or its task's mark (barrier.py); a
 stage is complete when its summary is; the task that completes a stage does what follows it
 once (`Run.after`), and every task removes what its mark made redundant (`Run.tidy`).
 
@@ -16,158 +12,34 @@ task's duplicates (8 bytes each).
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, InputError
+from ...errors import InputError
 from ...format import METADATA_FILE, DatasetMeta, load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
-from ..documents.files import open_raw
-from ..documents.sources import Source, discover
-from ..documents.worker import WorkerConfig, identity_of
+from ..documents.worker import WorkerConfig
 from ..output.build import Totals
-from ..output.claim import _fingerprint, bos_written, run_tokenizer
+from ..output.claim import bos_written
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, read_summary, task_finished, task_mark, write_summary
 from .buckets import groups_of, resolve, task_duplicates, unit_part
+from .finish import finish, remove_work
 from .keyfiles import previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
 from .linenumbers import absolute
 from .nearstage import ensure_clusters
-from .owners import finish, remove_work, seal_piece, write_part
+from .owners import seal_piece, write_part
 from .plantables import PlanSources, task_of_unit
+from .runplan import load_run, plan_run, worker_config
 from .taskplan import (
-    PLAN_FILE,
-    cut_units,
-    ensure_plan,
-    load_plan,
-    make_plan,
-    plan_difference,
-    unit_size_for,
     work_dir,
 )
 from .unitfiles import tokenize_unit
-
-
-def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
-             adopt: bool = False) -> tuple[dict[str, Any], Any, Tokenizer]:  # fmt: skip
-    """The run's plan (created on the first call, validated on later ones), its sources and
-    tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks.
-    `loaded`: the sources and tokenizer, when the caller has them. `adopt`: an existing plan's
-    task count and unit size are taken (a plain prepare, whose tasks are only a unit size).
-
-    A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with
-    the plan: its sources are the plan's, each checked when the task first reads it
-    (plantables.py), so no task walks the inputs or stats those of other tasks."""
-    check_scale_out(config)
-    work = work_dir(config.out)
-    task = loaded is None and (work / PLAN_FILE).exists()
-    if task:
-        tokenizer = run_tokenizer(config)
-        fingerprint = {k: v for k, v in _fingerprint(config, [], tokenizer, None).items() if k != "sources"}
-    else:
-        sources, tokenizer = loaded or load_run(config)
-        fingerprint = _fingerprint(config, sources, tokenizer, None)
-    if (work / PLAN_FILE).exists():  # a later task: validate the plan, without cutting the inputs again
-        plan = load_plan(work)
-        if task:
-            sources = PlanSources(plan["sources"])
-        elif any(s.stream for s in sources):  # stdin or a pipe: read from where the planner saved it
-            planned = PlanSources(plan["sources"])
-            sources = [planned[i] if s.stream else s for i, s in enumerate(sources)]
-        if adopt:
-            n_tasks, unit_bytes = int(plan["n_tasks"]), int(plan["unit_bytes"])
-        # no size asked: the plan's (sized from the inputs as they were; a changed input is the fingerprint's to name)
-        unit_bytes = unit_bytes or config.unit_size or int(plan["unit_bytes"])
-        why = plan_difference(plan, {"n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint})
-        if why is not None:
-            raise ConfigError(f"{work / PLAN_FILE} was made for another run: {why}; run with the plan's options, or "
-                              f"delete {work} to plan again")  # fmt: skip
-        return plan, sources, tokenizer
-    sources = spool_streams(work, sources)
-    unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
-    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, config.hf_spec() if config.hf else None,
-                      n_tasks)  # fmt: skip
-    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
-    if config.append:
-        wanted["previous"] = previous_of(config.out)
-    return ensure_plan(work, wanted), sources, tokenizer
-
-
-def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
-    """Stdin and pipes saved, in full, to files of the work folder (`spool/input_I`), so that the
-    plan cuts them into units like files and any task on any machine reads its own; each keeps
-    its name ('-') for every message, record and total. The planner reads each stream once, in
-    8 MiB blocks."""
-    out = []
-    for i, src in enumerate(sources):
-        if not src.stream:
-            out.append(src)
-            continue
-        path = work / "spool" / f"input_{i:06d}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        raw = open_raw(src)
-        try:
-            with open(tmp, "wb") as f:
-                while block := raw.read(8 << 20):
-                    f.write(block)
-                f.flush()
-                os.fsync(f.fileno())
-        finally:
-            raw.close()
-        os.replace(tmp, path)
-        st = path.stat()
-        out.append(replace(src, stream=False, size=st.st_size, inode=st.st_ino, spool=str(path)))
-    return out
-
-
-def check_scale_out(config: PrepareConfig) -> None:
-    """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.dedup_lines or config.max_docs is not None:
-        raise ConfigError("a scale-out run takes files, stdin and pipes, without --dedup-lines or --max-docs; run "
-                          "those on one machine")  # fmt: skip
-    if config.hf and (config.hf_tasks > 1 or config.hf_spec().kind() != "saved"):
-        raise ConfigError(f"--hf {config.hf}: a scale-out run reads a saved dataset (save_to_disk) by its rows, not "
-                          "a stream; save it first (or pass its data files as inputs), or run without "
-                          "--num-tasks")  # fmt: skip
-    if config.append and config.near_dedup:
-        raise ConfigError("a scale-out run cannot --append with --near-dedup yet (the new documents are not compared "
-                          "with the dataset's signatures); run it on one machine, without --num-tasks")  # fmt: skip
-
-
-def previous_of(out: str) -> dict[str, Any]:
-    """What a plan records of the dataset an --append extends: per stream, the number its next
-    file takes, and its document key files (paths in the dataset), which the dedup stage reads."""
-    meta = load_metadata(out)
-    files = meta.dedup.files if meta.dedup else ()
-    return {"first": {"train": len(meta.split_shards("train")), "val": len(meta.split_shards("val")),
-                      "keys": sum(f.kind == "doc" for f in files), "near": sum(f.kind == "near" for f in files)},
-            "key_files": [f.path for f in files if f.kind == "doc"]}  # fmt: skip
-
-
-def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
-    """The run's inputs (as prepare discovers them, a saved Hugging Face split last) and tokenizer."""
-    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
-    if config.hf:
-        sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
-    return sources, run_tokenizer(config)
-
-
-def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: Tokenizer) -> WorkerConfig:
-    kept = sources if isinstance(sources, PlanSources) else tuple(sources)  # (a task's: read as it uses them)
-    return WorkerConfig(sources=kept, clean=config.clean_config(), tokenizer=config.tokenizer,
-                        tokenizer_backend=tokenizer.backend, separator=config.separator,
-                        text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
-                        expect=identity_of(tokenizer),
-                        minhash=config.minhash_config() if config.near_dedup else None,
-                        hf=config.hf_spec() if config.hf else None)  # fmt: skip
-
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")
 # Where each item's marker is: (folder in the work directory, name); "seal": a sealed piece.

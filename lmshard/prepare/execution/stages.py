@@ -50,7 +50,8 @@ from ..output.build import sigterm_stops
 from .barrier import is_complete, task_done, task_finished
 from .itempool import run_items
 from .layout import LAYOUT_FILE
-from .run import JOINS, STAGES, Run, check_scale_out, load_run, plan_run, worker_config
+from .run import JOINS, STAGES, Run
+from .runplan import check_scale_out, load_run, plan_run, worker_config
 from .taskplan import (
     PLAN_FILE,
     load_plan,

@@ -1,0 +1,104 @@
+"""The end of a planned run (once, after the write stage): the pieces a killed writer left
+unsealed sealed, the metadata made from the select stage's totals and the pieces' entries with
+the same code as a one-process run (after the dataset an --append extends: its shards, key
+files and totals first), the swap into --out, and the work folder removed.
+
+Memory model: the run's totals and the pieces' entries (a few hundred bytes per shard and key
+file); one 8 MiB block while sealing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from ...errors import InputError
+from ...format import (
+    METADATA_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    DatasetMeta,
+    KeyFile,
+    ShardInfo,
+    atomic_write_json,
+    write_vocab_copy,
+)
+from ...tokenizers import Tokenizer
+from ..config import PrepareConfig
+from ..documents.sources import Source, note_growth
+from ..output.build import Totals, check_not_empty
+from ..output.claim import Claim
+from ..output.staging import OutputPaths, commit, read_run
+from .barrier import is_complete
+from .layout import add_totals
+from .layoutfiles import Layout
+from .nearstage import near_summary
+from .owners import missing_parts, missing_pieces, seal_piece
+
+
+def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
+           sources: list[Source], tokenizer: Tokenizer,
+           previous: DatasetMeta | None = None) -> DatasetMeta:  # fmt: skip
+    """The metadata from the units' totals (added up by the select stage's summary) and the
+    pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
+    once the dataset is in place. `previous` (--append): the dataset this run extends, whose
+    shards, key files and totals come first, as a local --append lists them."""
+    from ..output.metadata import dataset_metadata
+
+    for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
+        seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab), take_over=True)
+    missing = [] if is_complete(work, "write") else missing_parts(work, layout)
+    if missing:
+        tasks = sorted({layout.task_of_part(p) for p in missing})
+        raise InputError(f"{len(missing)} of {len(layout['parts'])} parts of shards and key files are not written yet; "
+                         f"run the write stage of task{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} "
+                         "first")  # fmt: skip
+    run = read_run(paths.staging)
+    if run is None:
+        raise InputError(f"{paths.staging}: no run record; the build was not claimed by this run: start it again "
+                         "with --overwrite")  # fmt: skip
+    claim = Claim(run["fingerprint"], run.get("started", time.time()), previous=previous)
+    base = Totals.of_dataset(previous) if previous is not None else Totals()
+    new, totals = totals, Totals.parse(base.to_json())
+    add_totals(totals, new)
+    totals.examples = dict(sorted(totals.examples.items()))
+    note_growth(sources, totals.per_source)
+    entries = [json.loads((work / "write" / f"piece_{k:06d}.json").read_text()) for k in range(len(layout["pieces"]))]
+    pieces = layout["pieces"]
+    shards = [s for split in SPLITS for s in (previous.split_shards(split) if previous is not None else ())
+              + tuple(ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] == split)]
+    kept = tuple(f for f in previous.dedup.files if f.kind != "near") if previous is not None and previous.dedup else ()
+    keys = kept + tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True)
+                        if p[0] == "near" or p[0] == "keys" and config.dedup == "document")  # fmt: skip
+    check_not_empty(config, totals, base, shards)
+    if config.near_dedup:
+        totals.near_examples = near_summary(work)["examples"]
+    meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
+                            base.tokens)  # fmt: skip
+    for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
+        stray.unlink()
+    write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
+    atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
+    atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
+    commit(paths)
+    remove_work(work)
+    return meta
+
+
+def remove_work(work: Path) -> None:
+    """Remove a finished run's work folder, but for the Slurm jobs' logs (`slurm/`), which stay
+    for the user to read (delete them with the folder when done)."""
+    for entry in work.iterdir() if work.is_dir() else ():
+        if entry.name == "slurm":
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    if work.is_dir() and not any(work.iterdir()):
+        work.rmdir()
+
+
+__all__ = ["finish", "remove_work"]
