@@ -29,6 +29,29 @@ def test_summary_is_written_by_the_last_task_whatever_the_order(tmp_path, monkey
         assert task_finished(tmp_path, "select", n_tasks, task)
     assert read_summary(tmp_path, "select") == {"tasks": list(range(n_tasks))}  # task order, not finishing order
     assert len(widths(n_tasks)) - 1 == _levels(n_tasks, fan_in)
+    left = [p for p in (tmp_path / "done").rglob("*") if p.is_file()]
+    assert [p.name for p in left] == ["select.json"]  # each fold removed the marks it joined: none per task
+    assert all(task_finished(tmp_path, "select", n_tasks, t) for t in range(n_tasks))
+
+
+def test_a_task_whose_group_was_folded_is_finished_and_goes_on_from_the_groups_mark(tmp_path, monkeypatch):
+    """9 tasks in groups of 3: tasks 0-2 folded into group 0 (their marks removed); the task
+    that would fold the top was killed before it (its mark written, the top not). A task of a
+    folded group counts as finished; `marks` gives the group's mark for its tasks; run again,
+    task 1 goes on from its group's mark and completes the stage."""
+    monkeypatch.setattr(barrier, "FAN_IN", 3)
+    for task in range(8):
+        task_done(tmp_path, "dedup", 9, task, {"tasks": [task]}, _join)
+    barrier._write(barrier._marker(tmp_path, "dedup", 9, 0, 8), {"tasks": [8]})  # marked, then killed
+    assert not (tmp_path / "done" / "dedup" / "0_000000" / "000001.json").exists()
+    assert all(task_finished(tmp_path, "dedup", 9, t) for t in range(9)) and not is_complete(tmp_path, "dedup")
+    got = barrier.marks(tmp_path, "dedup", 9)
+    assert [(list(r), m) for r, m in got] == [([0, 1, 2], {"tasks": [0, 1, 2]}), ([3, 4, 5], {"tasks": [3, 4, 5]}),
+                                              ([6], {"tasks": [6]}), ([7], {"tasks": [7]}), ([8], {"tasks": [8]})]
+    assert not task_done(tmp_path, "dedup", 9, 1, None, _join)  # run again: up from its group's mark, to wait there
+    assert not is_complete(tmp_path, "dedup")
+    assert task_done(tmp_path, "dedup", 9, 8, None, _join)  # run again: folds group 2, then the top
+    assert read_summary(tmp_path, "dedup") == {"tasks": list(range(9))}
 
 
 def _levels(n: int, fan_in: int) -> int:
@@ -39,16 +62,19 @@ def _levels(n: int, fan_in: int) -> int:
     return levels
 
 
-def test_a_task_run_again_writes_the_same_summary(tmp_path, monkeypatch):
-    """Two tasks that both see their group complete (a task run twice, or two finishing together)
-    write the same bytes."""
+def test_two_tasks_that_finish_together_fold_once(tmp_path, monkeypatch):
+    """Tasks 0 and 1 of a group both marked before either looked (they finished together): the
+    first to look folds the group (and the stage), the second finds the group folded and
+    returns; the summary is the same as in any order, and no mark per task is left."""
     monkeypatch.setattr(barrier, "FAN_IN", 2)
-    for task in range(4):
+    for task in (2, 3):
         task_done(tmp_path, "dedup", 4, task, {"tasks": [task]}, _join)
-    first = (tmp_path / "done" / "dedup.json").read_bytes()
-    assert task_done(tmp_path, "dedup", 4, 0, {"tasks": [0]}, _join)
-    assert (tmp_path / "done" / "dedup.json").read_bytes() == first
-    assert json.loads(first) == {"tasks": [0, 1, 2, 3]}
+    for task in (0, 1):
+        barrier._write(barrier._marker(tmp_path, "dedup", 4, 0, task), {"tasks": [task]})
+    assert task_done(tmp_path, "dedup", 4, 1, None, _join)
+    assert not task_done(tmp_path, "dedup", 4, 0, None, _join)
+    assert json.loads((tmp_path / "done" / "dedup.json").read_text()) == {"tasks": [0, 1, 2, 3]}
+    assert [p.name for p in (tmp_path / "done").rglob("*.json")] == ["dedup.json"]
 
 
 def test_a_task_reads_at_most_a_group_per_level(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 from proctree import LMSHARD, finish, signal_stopped, wait_stopped
 from test_prepare import jsonl, make_texts
 
+import lmshard.prepare.execution.barrier as barrier
 import lmshard.prepare.execution.layout as layout
 import lmshard.prepare.execution.stages as stages_module
 import lmshard.prepare.output.build as build
@@ -188,15 +189,29 @@ def test_a_stage_waits_for_the_one_before_and_a_killed_task_redoes_only_its_item
     assert _files(tmp_path / "local") == _files(tmp_path / "scaled")
 
 
-def _selected(tmp_path, n_tasks):
+def _selected(tmp_path, n_tasks, killed_fold=False):
     """The corpus prepared by one process into `local`, and planned for `n_tasks` tasks into
-    `scaled` with every task of the tokenize, dedup and select stages run: its config."""
+    `scaled` with every task of the tokenize, dedup and select stages run: its config.
+    `killed_fold`: the last select task is killed as it writes the stage's summary (its mark
+    and its units' fates written, the fold of the marks not)."""
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
     config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
     local_exec.claim(config, n_tasks)
     for stage in STAGES[:3]:
         for task in range(n_tasks):
+            if killed_fold and (stage, task) == ("select", n_tasks - 1):
+                real = barrier._write
+
+                def killed(path, summary):
+                    if path.name == "select.json":
+                        raise SystemExit(9)
+                    real(path, summary)
+
+                with pytest.MonkeyPatch.context() as m, pytest.raises(SystemExit):
+                    m.setattr(barrier, "_write", killed)
+                    run_task(config, n_tasks, stage, task, _WINDOW)
+                continue
             run_task(config, n_tasks, stage, task, _WINDOW)
     return config
 
@@ -229,15 +244,14 @@ def test_a_piece_is_sealed_by_one_task_and_a_dead_sealers_claim_is_taken_over_by
 
 
 def test_a_select_stage_marked_but_not_folded_is_folded_by_the_write_tasks(tmp_path):
-    """Every select task marked its share and removed its units' markers, but the last was
-    killed before it folded the marks into the stage's summary: `status` says the write stage
+    """Every select task marked its share (the first two removed their units' markers), but the
+    last was killed as it folded the marks into the stage's summary: `status` says the write stage
     can start, a write task makes the summary from the tasks' marks, and the dataset is one
     machine's."""
-    config = _selected(tmp_path, 3)
+    config = _selected(tmp_path, 3, killed_fold=True)
     work = work_dir(config.out)
-    (work / "done" / "select.json").unlink()  # the fold that did not happen
-    (work / "layout.json").unlink()
-    assert not list(work.glob("select/*.json"))  # the units' markers are gone: only the marks remain
+    assert not (work / "done" / "select.json").exists() and not (work / "layout.json").exists()
+    assert len(list(work.glob("done/select/*/*.json"))) == 3  # the tasks' marks, not folded
     said = _cli(tmp_path)("status", "scaled").stdout
     assert "write: not started (its first task lays the shards out); run: lmshard run-task --stage write" in said, said
     for task in (2, 0, 1):

@@ -1,22 +1,26 @@
-"""When a stage of a planned run is complete, known from one file: a tree of task markers that
-the tasks themselves fold into the stage's summary.
+"""When a stage of a planned run is complete, known from one file: a tree of task markers that the
+tasks themselves fold into the stage's summary.
 
 Each task that has done every item of its share of a stage writes its marker,
-`WORK/done/STAGE/0_GGGGGG/TTTTTT.json`, holding its summary (what the stages after need from it:
-for the select stage, its units' stream totals and their accounting, layout.py). Markers are
-grouped FAN_IN at a time in task order, a folder per group (G: the task's number over FAN_IN).
-A task that has written its marker lists its group's folder (one request, not a stat per
-sibling); if every marker is there, it reads them and writes the group's marker one level up
-(`1_...`), the children's summaries joined in task order, and looks at that group in turn. The single marker
-at the top is the stage's summary, `WORK/done/STAGE.json`: its existence says the stage is
-complete, and the next stage's tasks read that one file instead of every item's marker.
+`WORK/done/STAGE/0_GGGGGG/TTTTTT.json`, holding its summary (what the stages after need from
+it: for the select stage, its units' stream totals and their accounting, layout.py). Markers
+are grouped FAN_IN at a time in task order, a folder per group (G: the task's number over
+FAN_IN). A task that has written its marker lists its group's folder (one request, not a stat
+per sibling); if every marker is there, it reads them, writes the group's marker one level up
+(`1_...`), the children's summaries joined in task order, removes the children (the group's
+marker holds them: no stage leaves a mark per task to the finish), and looks at that group in
+turn. A task's share is done when its marker or that of a group above it is there. The single
+marker at the top is the stage's summary, `WORK/done/STAGE.json`: its existence says the stage
+is complete, and the next stage's tasks read that one file instead of every item's marker.
 
 Two tasks that finish together each write their own marker before they look, so the later of
 the two writes sees both (a file created is seen by every later stat) and goes up; both may,
-and then they write the same bytes. A task killed between its marker and its group's leaves
-the group unwritten until that task is run again or `complete` finds the stage done from its
-items (a run finished by another path, such as the local pool, which writes the summary at
-once).
+and then they write the same bytes (one that finds a child gone finds the group's marker the
+other wrote before removing it, and goes on from that). A task killed between its
+marker and its group's leaves the group unwritten until a task of the group is run again (one
+whose group was folded goes on from the group's marker) or `complete`
+finds the stage done from its items (a run finished by another path, such as the local pool,
+which writes the summary at once).
 
 Cost per task: a listing per level, and ceil(log_FAN_IN(tasks)) levels (3 for 64,000 tasks);
 the task that completes a group also reads its FAN_IN markers: once per group, so about one
@@ -77,12 +81,25 @@ def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str
     level, i = 0, task
     while level < len(sizes) - 1:
         group = i // FAN_IN
-        children = range(group * FAN_IN, min(sizes[level], (group + 1) * FAN_IN))
-        if len(children) > 1 and _marked(_marker(work, stage, n_tasks, level, i).parent) < len(children):
-            return False  # a sibling still runs: the last of the group to finish goes up
-        joined = join([json.loads(_marker(work, stage, n_tasks, level, c).read_text()) for c in children])
+        children = [_marker(work, stage, n_tasks, level, c) for c in range(group * FAN_IN,
+                                                                           min(sizes[level], (group + 1) * FAN_IN))]
+        up = _marker(work, stage, n_tasks, level + 1, group)
+        if len(children) > 1 and _marked(children[0].parent) < len(children):
+            if not up.exists():
+                return False  # a sibling still runs: the last of the group to finish goes up
+            level, i = level + 1, group  # folded already (its marks removed): go on from the group's mark
+            continue
+        try:
+            joined = join([json.loads(c.read_text()) for c in children])
+        except FileNotFoundError:  # another task folded this group and removed its marks meanwhile
+            if not up.exists():
+                raise
+            level, i = level + 1, group
+            continue
+        _write(up, joined)
+        for c in children:  # folded: the group's mark holds them (the finish is left no mark per task)
+            c.unlink(missing_ok=True)
         level, i = level + 1, group
-        _write(_marker(work, stage, n_tasks, level, i), joined)
     return True
 
 
@@ -96,18 +113,35 @@ def _write(path: Path, summary: dict[str, Any]) -> None:
 
 
 def forget(work: Path, stage: str, n_tasks: int, task: int) -> None:
-    """Remove task `task`'s marker of a complete stage: the summary says it all now."""
+    """Remove task `task`'s marker of a complete stage (if a fold left it): the summary says it
+    all now."""
     if is_complete(work, stage) and len(widths(n_tasks)) > 1:
         _marker(work, stage, n_tasks, 0, task).unlink(missing_ok=True)
 
 
-def task_mark(work: Path, stage: str, n_tasks: int, task: int) -> dict[str, Any] | None:
-    """Task `task`'s mark of `stage` (its summary), or None when it has not marked its share."""
-    try:
-        mark: dict[str, Any] = json.loads(_marker(work, stage, n_tasks, 0, task).read_text())
-    except FileNotFoundError:
-        return None
-    return mark
+def marks(work: Path, stage: str, n_tasks: int) -> list[tuple[range, dict[str, Any] | None]]:
+    """The stage's marks in task order, each with the tasks it covers: a task's own, or the
+    mark of a folded group (whose tasks' marks were removed); (range(t, t + 1), None) for a task
+    with no mark. For a stage complete by its items whose summary was never folded."""
+    sizes = widths(n_tasks)
+    out: list[tuple[range, dict[str, Any] | None]] = []
+    t = 0
+    while t < n_tasks:
+        for level in range(len(sizes) - 2, -1, -1):  # the highest mark that starts at task t
+            span = FAN_IN**level
+            if t % span:
+                continue
+            try:
+                mark = json.loads(_marker(work, stage, n_tasks, level, t // span).read_text())
+            except FileNotFoundError:
+                continue
+            out.append((range(t, min(n_tasks, t + span)), mark))
+            t += span
+            break
+        else:
+            out.append((range(t, t + 1), None))
+            t += 1
+    return out
 
 
 def is_complete(work: Path, stage: str) -> bool:
@@ -125,8 +159,10 @@ def task_finished(work: Path, stage: str, n_tasks: int, task: int) -> bool:
 
 
 def task_marked(work: Path, stage: str, n_tasks: int, task: int) -> bool:
-    """Whether task `task`'s marker is there (a stat; not the stage's summary)."""
-    return _marker(work, stage, n_tasks, 0, task).exists()
+    """Whether task `task`'s marker is there, or that of a group it was folded into (a stat per
+    level, from the task's own up; not the stage's summary)."""
+    levels = len(widths(n_tasks)) - 1
+    return any(_marker(work, stage, n_tasks, level, task // FAN_IN**level).exists() for level in range(levels))
 
 
 def write_summary(work: Path, stage: str, summary: dict[str, Any]) -> None:

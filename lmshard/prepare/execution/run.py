@@ -25,7 +25,7 @@ from ..documents.worker import WorkerConfig
 from ..output.build import Totals
 from ..output.claim import bos_written
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
-from .barrier import count_join, forget, is_complete, read_summary, task_finished, task_mark, write_summary
+from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
 from .buckets import groups_of, resolve, task_duplicates, unit_part
 from .finish import finish, remove_work
 from .keyfiles import previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
@@ -272,11 +272,11 @@ class Run:
         return made
 
     def _select_made(self) -> dict[str, Any]:
-        """The select summary made from its tasks: a task's mark where it marked its share (it
-        may have removed its units' markers since), else its units' markers."""
-        n = self.plan["n_tasks"]
-        parts = [task_mark(self.work, "select", n, t) or select_summary(self.work, range(*self.plan["tasks"][t]))
-                 for t in range(n)]  # fmt: skip
+        """The select summary made from its tasks: a task's mark (or its folded group's) where it
+        marked its share (it may have removed its units' markers since), else its units'
+        markers."""
+        parts = [mark if mark is not None else select_summary(self.work, range(*self.plan["tasks"][tasks[0]]))
+                 for tasks, mark in marks(self.work, "select", self.plan["n_tasks"])]  # fmt: skip
         return select_join(parts)
 
     def totals(self) -> Totals:
