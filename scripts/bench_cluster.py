@@ -10,9 +10,12 @@ plan's --workers; 64 cores at scale, this machine's cores here). A run is `lmsha
 with U and each task's share stays fixed; then every task of every stage (tokenize, dedup,
 select, write) and the finish. A few tasks of each stage are measured (the first, the middle,
 the first with items, those with the fewest and the most items, and the last), each in a fresh
-`lmshard run-task` process under `strace -f -y`. The other tasks run first, unmeasured, in this
-process (`stages.run_task` in `--jobs` forked processes), so that the last measured task is the
-one that finishes its stage and makes the stage's once-step: the layout (select) and, with
+`lmshard run-task` process under `strace -f -y`. The measured tasks but the last run first, so
+that they are typical tasks: none of them completes a group of the stage's marks (the fold,
+which one task in 64 does) or a shard (its seal, once per shard); then the other tasks,
+unmeasured, in this process (`stages.run_task` in `--jobs` forked processes), then the last
+measured task, which finishes its stage (folds up to its summary, seals what is left) and makes
+the stage's once-step: the layout (select) and, with
 --near-dedup, the near-duplicate clusters (dedup); a once-step's counts are that task's less the
 largest other measured task's (a rough figure where a task's own items cost more than the step).
 The plan (the prepare command) and the finish are measured too.
@@ -483,15 +486,16 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
         if stage == "write":
             res.parts = int(row["total"])
         chosen = pick(items, few=args.quick)
-        t0 = time.perf_counter()
-        run_unmeasured(out, stage, [t for t in range(n_tasks) if t not in chosen], args.jobs)
-        t1 = time.perf_counter()
         cmd = lambda t: ["run-task", "--stage", stage, "--task", str(t), str(out)]  # noqa: E731
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # (tasks of one stage are independent)
-            counts = list(pool.map(lambda t: trace(cmd(t)), chosen[:-1]))
+            counts = list(pool.map(lambda t: trace(cmd(t)), chosen[:-1]))  # first: typical tasks (no fold, no seal)
+        t1 = time.perf_counter()
+        run_unmeasured(out, stage, [t for t in range(n_tasks) if t not in chosen], args.jobs)
+        t2 = time.perf_counter()
         counts.append(trace(cmd(chosen[-1])))  # the last task to finish the stage: its once-step
         res.stages[stage] = [Measured(t, items[t], c) for t, c in zip(chosen, counts, strict=True)]
-        bulk, traced = bulk + t1 - t0, traced + time.perf_counter() - t1
+        bulk, traced = bulk + t2 - t1, traced + (t1 - t0) + time.perf_counter() - t2
     res.finish = trace(["run-task", "--stage", "finish", str(out)])
     if not (out / "dataset_metadata.json").is_file():
         raise SystemExit(f"{out}: the finish left no dataset")
@@ -636,6 +640,7 @@ def _fit_row(results: list[Result], point: Result | None, near: bool, name: str,
 def extrapolate(shape: Shape, results: list[Result], point: Result | None, near: bool) -> list[str]:
     """The 1,000-node plan of docs/scaling.md from the fitted counts of one task shape (see the
     module docstring)."""
+    from lmshard.prepare.execution.barrier import FAN_IN
     from lmshard.prepare.execution.taskplan import group_count
 
     u = SCALE_UNITS
@@ -683,6 +688,11 @@ def extrapolate(shape: Shape, results: list[Result], point: Result | None, near:
         wall = meta / CLIENT_OPS_PER_S + read / CLIENT_BYTES_PER_S
         run_meta, run_wall = run_meta + meta, run_wall + wall
         out.append(f"    {name:<26} {meta:>17,.0f} {read / 1e6:>16,.1f} {meta:>14,.3g} {_dur(wall):>10}")
+    # The folds of the stages' marks, which the typical tasks measured do not do: per group of FAN_IN tasks, its
+    # marks read and removed, a listing and the group's mark written (about 2 operations per task and stage).
+    folds = 4 * -(-n_tasks // FAN_IN) * (2 * FAN_IN + 4)
+    run_meta += folds
+    out.append(f"    {'folds of marks (computed)':<26} {'':>17} {'':>16} {folds:>14,.3g} {'':>10}")
     out.append(f"    {'whole run':<26} {'':>17} {'':>16} {run_meta:>14,.3g} {_dur(run_wall):>10}")
     return out
 
