@@ -98,6 +98,9 @@ def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypa
     assert len(plan["units"]) > 5  # the large files really were cut
     b_start = min(u for u, unit in enumerate(plan["units"]) if unit[0] == 1)
     assert n_tasks == 1 or plan["tasks"][0][1] <= b_start  # a.jsonl's first texts, repeated in b.jsonl by another task
+    work = work_dir(config.out)  # the write stage's summary holds every piece's entry: the finish reads no piece file
+    entries = json.loads((work / "done" / "write.json").read_text())["pieces"]
+    assert len(entries) == len(Layout(work, plan["tasks"], STREAMS)["pieces"])
     assert run_task(config, n_tasks, "finish", 0, unit_bytes=_WINDOW) == 1
     assert not work_dir(config.out).exists()
     assert local.drops["duplicate"] >= 80 and local.drop_examples and local.splits["val"].shards

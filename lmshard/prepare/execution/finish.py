@@ -31,11 +31,11 @@ from ..documents.sources import Source, note_growth
 from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim
 from ..output.staging import OutputPaths, commit, read_run
-from .barrier import is_complete
+from .barrier import is_complete, read_summary
 from .layout import add_totals
 from .layoutfiles import Layout
 from .nearstage import near_summary
-from .owners import missing_parts, missing_pieces, seal_piece
+from .owners import missing_parts, seal_piece
 
 
 def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
@@ -47,8 +47,11 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     shards, key files and totals come first, as a local --append lists them."""
     from ..output.metadata import dataset_metadata
 
-    for k in missing_pieces(work, layout):  # written, but not sealed by a write task (one killed after its parts)
-        seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab), take_over=True)
+    sealed = read_summary(work, "write").get("pieces", {}) if is_complete(work, "write") else {}
+    for k in range(len(layout["pieces"])) if len(sealed) < len(layout["pieces"]) else ():
+        if str(k) not in sealed and not (work / "write" / f"piece_{k:06d}.json").exists():
+            # written, but not sealed by a write task (one killed after its parts)
+            seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab), take_over=True)
     missing = [] if is_complete(work, "write") else missing_parts(work, layout)
     if missing:
         tasks = sorted({layout.task_of_part(p) for p in missing})
@@ -65,7 +68,8 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     add_totals(totals, new)
     totals.examples = dict(sorted(totals.examples.items()))
     note_growth(sources, totals.per_source)
-    entries = [json.loads((work / "write" / f"piece_{k:06d}.json").read_text()) for k in range(len(layout["pieces"]))]
+    entries = [sealed.get(str(k)) or json.loads((work / "write" / f"piece_{k:06d}.json").read_text())
+               for k in range(len(layout["pieces"]))]  # (from the write stage's summary: one file for them all)
     pieces = layout["pieces"]
     shards = [s for split in SPLITS for s in (previous.split_shards(split) if previous is not None else ())
               + tuple(ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] == split)]

@@ -27,9 +27,11 @@ a seal holds one 8 MiB block.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -320,8 +322,26 @@ def parts_written(work: Path, layout: Layout, parts: range) -> bool:
                for t, ps in by_task.items())  # fmt: skip
 
 
-def missing_pieces(work: Path, layout: Layout) -> list[int]:
-    return [k for k in range(len(layout["pieces"])) if not (work / "write" / f"piece_{k:06d}.json").exists()]
+def write_join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The write stage's summary of tasks (or groups of them: barrier.py): how many parts they
+    held, and the entries of the pieces they sealed (the metadata's, by piece number), so the
+    finish reads one file, not one per shard."""
+    pieces: dict[str, Any] = {}
+    for part in parts:
+        pieces.update(part.get("pieces", {}))
+    return {"items": sum(int(p.get("items", 0)) for p in parts), "pieces": pieces}
 
 
-__all__ = ["begin", "missing_parts", "missing_pieces", "parts_written", "seal_piece", "write_part"]
+def sealed_entries(work: Path, layout: Layout, parts: Sequence[int]) -> dict[str, Any]:
+    """The entries of the sealed pieces that `parts` belong to (a write task's mark)."""
+    out: dict[str, Any] = {}
+    for k in sorted({layout["parts"][p][0] for p in parts}):
+        try:
+            out[str(k)] = json.loads((work / "write" / f"piece_{k:06d}.json").read_text())
+        except FileNotFoundError:  # sealed by another task (its mark has it), or by the finish
+            continue
+    return out
+
+
+__all__ = ["begin", "missing_parts", "parts_written", "seal_piece", "sealed_entries", "write_join",
+           "write_part"]

@@ -33,7 +33,7 @@ from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_sum
 from .layoutfiles import Layout
 from .linenumbers import absolute
 from .nearstage import ensure_clusters
-from .owners import seal_piece, write_part
+from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
 from .runplan import load_run, plan_run, worker_config
 from .taskplan import (
@@ -46,7 +46,7 @@ STAGES = ("tokenize", "dedup", "select", "write", "finish")
 _MARKERS = {"tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "group_{:06d}.done"),
             "select": ("select", "unit_{:06d}.json"), "write": ("write", "part_{:06d}.done"),
             "seal": ("write", "piece_{:06d}.json")}  # fmt: skip
-JOINS = {"tokenize": count_join, "dedup": count_join, "select": select_join, "write": count_join}
+JOINS = {"tokenize": count_join, "dedup": count_join, "select": select_join, "write": write_join}
 
 
 @dataclass
@@ -245,9 +245,13 @@ class Run:
 
     def task_summary(self, stage: str, task: int) -> dict[str, Any]:
         """What task `task` reports of its share of `stage` (barrier.py): the select stage's
-        stream totals and accounting of its units; elsewhere how many items it held."""
+        stream totals and accounting of its units; the write stage's the entries of the pieces
+        its parts belong to that are sealed; elsewhere how many items it held."""
         if stage == "select":
             return select_summary(self.work, range(*self.plan["tasks"][task]))
+        if stage == "write":
+            items = self.items(stage, task)
+            return {"items": len(items), "pieces": sealed_entries(self.work, self.layout(), items)}
         return {"items": len(self.items(stage, task))}
 
     def summary(self, stage: str, needed_by: str | None = None) -> dict[str, Any]:
