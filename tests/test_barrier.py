@@ -105,3 +105,36 @@ def test_a_task_reads_at_most_a_group_per_level(tmp_path, monkeypatch):
     task_done(tmp_path, "tokenize", n, 8 * 8 - 1, {"items": 1}, barrier.count_join)
     assert len(widths(n)) == 5 and len(listed) == 3 and len(read) == 8 * 2  # up two levels, then a group waits
     assert (tmp_path / "done" / "tokenize" / "2_000000" / "000000.json").exists()
+
+
+def test_a_task_killed_between_two_levels_of_its_fold_finishes_it_when_run_again(tmp_path, monkeypatch):
+    """8 tasks in groups of 2 (3 levels): the last task folds its group and the next level, then
+    is killed before the top (the marks below removed). Run again, it goes on from the highest
+    mark that covers it and completes the stage."""
+    monkeypatch.setattr(barrier, "FAN_IN", 2)
+    for task in range(7):
+        task_done(tmp_path, "s", 8, task, {"tasks": [task]}, _join)
+    joins = []
+
+    def killed_third(parts):
+        joins.append(1)
+        if len(joins) == 3:
+            raise KeyboardInterrupt  # killed before the fold into the top
+        return _join(parts)
+
+    with pytest.raises(KeyboardInterrupt):
+        task_done(tmp_path, "s", 8, 7, {"tasks": [7]}, killed_third)
+    assert task_finished(tmp_path, "s", 8, 7) and not is_complete(tmp_path, "s")
+    assert task_done(tmp_path, "s", 8, 7, None, _join)
+    assert read_summary(tmp_path, "s") == {"tasks": list(range(8))}
+
+
+def test_a_task_that_finds_its_group_folded_while_it_reads_does_not_fail(tmp_path, monkeypatch):
+    """Task 0 listed its full group, then another task folded the group and the level above
+    (removing the marks) before task 0 read them: task 0 returns, without an error."""
+    monkeypatch.setattr(barrier, "FAN_IN", 2)
+    for task in range(4):
+        task_done(tmp_path, "s", 4, task, {"tasks": [task]}, _join)
+    monkeypatch.setattr(barrier, "_marked", lambda folder: 2)  # the listing it saw before the marks went
+    assert not task_done(tmp_path, "s", 4, 0, None, _join)
+    assert read_summary(tmp_path, "s") == {"tasks": [0, 1, 2, 3]}

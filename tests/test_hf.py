@@ -161,11 +161,12 @@ def test_truncated_data_file_mid_stream_is_a_bad_record_after_the_good_ones(tmp_
     assert last.detail == f"truncated compressed data in {where} after {len(good):,} records"
 
 
-@pytest.mark.parametrize("n_tasks", [1, 3])
-def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks):
+@pytest.mark.parametrize(("n_tasks", "streaming"), [(1, None), (3, None), (3, True)])
+def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks, streaming):
     """`--hf SAVED --num-tasks N`: the saved split is cut into units of rows, each task reads its
-    own rows from the memory-mapped arrow, and the dataset equals a one-process prepare of it,
-    byte for byte: duplicates across units, a null text numbered by its row, the metadata."""
+    own rows from the memory-mapped arrow (--streaming or not), and the dataset equals a
+    one-process prepare of it, byte for byte: duplicates across units, a null text numbered by
+    its row, the metadata."""
     from test_stages import _files
 
     from lmshard.prepare.execution import local_exec, taskplan
@@ -175,7 +176,8 @@ def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks):
     texts = make_texts(700, seed=4)
     column = texts[:500] + texts[:40] + [None] + texts[500:]
     datasets.Dataset.from_dict({"text": column}).save_to_disk(str(tmp_path / "saved"))
-    opts = dict(hf=str(tmp_path / "saved"), workers=1, val_fraction=0.1, tokens_per_shard=5_000, on_error="skip")
+    opts = dict(hf=str(tmp_path / "saved"), workers=1, val_fraction=0.1, tokens_per_shard=5_000, on_error="skip",
+                streaming=streaming)  # fmt: skip
     one = prepare(PrepareConfig(out=str(tmp_path / "one"), **opts))
     config = PrepareConfig(out=str(tmp_path / "tasks"), **opts)
     local_exec.claim(config, n_tasks)

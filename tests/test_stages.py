@@ -500,12 +500,13 @@ def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
     assert run_task(config, 4, "tokenize", reads_b) > 0
 
 
-@pytest.mark.parametrize(("n_tasks", "keys_per_file"), [(1, None), (3, 400)])
-def test_a_planned_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks, keys_per_file):
+@pytest.mark.parametrize(("n_tasks", "keys_per_file", "encoding"), [(1, None, "uint32"), (3, 400, "uint32"),
+                                                                    (3, 400, "uint16")])  # fmt: skip
+def test_a_planned_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks, keys_per_file, encoding):
     """--append as planned tasks (run in reversed order) equals a local --append, byte for byte:
     the new shards and key files numbered after the dataset's (whose files are linked in, the
-    same inodes), the documents that repeat one of the dataset's dropped (its key files shared
-    out to the tokenize tasks), the metadata over both runs."""
+    same inodes) and in its encoding, the documents that repeat one of the dataset's dropped (its
+    key files shared out to the tokenize tasks), the metadata over both runs."""
     import shutil
 
     if keys_per_file:
@@ -514,7 +515,8 @@ def test_a_planned_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks, 
     first = jsonl(tmp_path / "first.jsonl", texts[:500])
     second = _corpus(tmp_path)
     jsonl(second / "e.jsonl", texts[450:700])  # 50 repeat the dataset's documents
-    base = prepare(PrepareConfig(inputs=[str(first)], out=str(tmp_path / "base"), workers=1, **_OPTS))
+    base = prepare(PrepareConfig(inputs=[str(first)], out=str(tmp_path / "base"), workers=1, shard_encoding=encoding,
+                                 **_OPTS))  # fmt: skip
     for name in ("local", "planned"):
         shutil.copytree(tmp_path / "base", tmp_path / name, copy_function=os.link)
     local = prepare(PrepareConfig(inputs=[str(second)], out=str(tmp_path / "local"), workers=1, append=True, **_OPTS))
@@ -568,6 +570,38 @@ def test_a_planned_run_of_stdin_equals_the_one_process_run(tmp_path, monkeypatch
     assert any(str(e).startswith("-:") for e in meta["drop_examples"].values()), meta["drop_examples"]
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     assert not work_dir(tmp_path / "dist").exists()
+
+
+def test_a_planned_run_of_a_pipe_finishes_after_the_pipe_is_gone(tmp_path):
+    """A FIFO input (as `<(...)` gives) planned for 2 tasks: saved before planning, its units
+    read from the copy, and the finish, run once the FIFO is gone (as on another node), names it
+    from the plan without looking for it: the bytes of a one-process run of the same pipe."""
+    import threading
+
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    data = "".join(json.dumps({"text": t}) + "\n" for t in make_texts(600, seed=3) + make_texts(600, seed=3)[:30])
+
+    def fed(run):
+        feeder = threading.Thread(target=lambda: fifo.write_text(data))
+        feeder.start()
+        try:
+            return run()
+        finally:
+            feeder.join()
+
+    opts = dict(inputs=[str(fifo)], workers=1, val_fraction=0.1, tokens_per_shard=5_000)
+    fed(lambda: prepare(PrepareConfig(out=str(tmp_path / "one"), **opts)))
+    config = PrepareConfig(out=str(tmp_path / "tasks"), unit_size=_WINDOW, **opts)
+    fed(lambda: local_exec.claim(config, 2))
+    assert len(load_plan(work_dir(config.out))["units"]) > 2
+    for stage in STAGES[:-1]:
+        for task in range(2):
+            run_task(config, 2, stage, task, _WINDOW)
+    fifo.unlink()
+    run_task(config, 2, "finish", 0, _WINDOW)
+    assert json.loads((tmp_path / "tasks" / "dataset_metadata.json").read_text())["drops"]["duplicate"] == 30
+    assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
 
 
 @pytest.mark.parametrize("executor", ["local", "none"])

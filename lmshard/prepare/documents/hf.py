@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -224,19 +224,22 @@ def hf_records(spec: HFSpec) -> Iterator[Record]:
     yield from example_records(iter(open_stream(spec)), spec.text_field, f"a data file of --hf {spec.dataset}")
 
 
-_OPENED: dict[HFSpec, Any] = {}  # a saved split, memory-mapped once per process
+_OPENED: dict[tuple[HFSpec, int], Any] = {}  # a saved split, memory-mapped once per process (and per save)
 
 
 def saved_split(spec: HFSpec) -> Any:
     """The split of a `save_to_disk` dataset as a `datasets.Dataset` (memory-mapped arrow: rows
-    are read where they lie), checked as `open_stream` checks it; opened once per process."""
-    if spec not in _OPENED:
-        if spec.kind() != "saved":
-            raise ConfigError(f"--hf {spec.dataset}: a planned run (--num-tasks) reads a saved dataset (save_to_disk) "
-                              "only; save it first, or run without --num-tasks")  # fmt: skip
+    are read where they lie, whatever --streaming says), checked as `open_stream` checks it;
+    opened once per process, again when the directory was saved anew."""
+    if spec.kind() != "saved":
+        raise ConfigError(f"--hf {spec.dataset}: a planned run (--num-tasks) reads a saved dataset (save_to_disk) "
+                          "only; save it first, or run without --num-tasks")  # fmt: skip
+    marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
+    key = (spec, max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0))
+    if key not in _OPENED:
         _OPENED.clear()
-        _OPENED[spec] = open_stream(spec)
-    return _OPENED[spec]
+        _OPENED[key] = open_stream(replace(spec, streaming=False))
+    return _OPENED[key]
 
 
 def saved_rows(spec: HFSpec) -> int:
@@ -247,7 +250,12 @@ def saved_rows(spec: HFSpec) -> int:
 def row_records(spec: HFSpec, start: int, end: int) -> Iterator[Record]:
     """Records start + 1 .. end of a saved split (its rows [start, end)), numbered as
     `hf_records` numbers them: a planned task reads its own rows."""
-    rows = saved_split(spec).select(range(start, end))
+    data = saved_split(spec)
+    if end > len(data):
+        raise InputError(f"--hf {spec.dataset}: holds {len(data):,} rows, fewer than when the run was planned (rows "
+                         f"{start:,}-{end:,} are gone); it was saved again: delete the run's work folder and plan "
+                         "again")  # fmt: skip
+    rows = data.select(range(start, end))
     yield from example_records(iter(rows), spec.text_field, f"a data file of --hf {spec.dataset}", start)
 
 

@@ -83,24 +83,37 @@ def task_done(work: Path, stage: str, n_tasks: int, task: int, summary: dict[str
         group = i // FAN_IN
         children = [_marker(work, stage, n_tasks, level, c) for c in range(group * FAN_IN,
                                                                            min(sizes[level], (group + 1) * FAN_IN))]
-        up = _marker(work, stage, n_tasks, level + 1, group)
         if len(children) > 1 and _marked(children[0].parent) < len(children):
-            if not up.exists():
+            above = _highest(work, stage, n_tasks, level + 1, i // FAN_IN)  # folded already, its marks removed?
+            if above is None:
                 return False  # a sibling still runs: the last of the group to finish goes up
-            level, i = level + 1, group  # folded already (its marks removed): go on from the group's mark
+            level, i = above  # go on from the highest mark that covers this task
             continue
         try:
             joined = join([json.loads(c.read_text()) for c in children])
         except FileNotFoundError:  # another task folded this group and removed its marks meanwhile
-            if not up.exists():
-                raise
-            level, i = level + 1, group
+            above = _highest(work, stage, n_tasks, level + 1, i // FAN_IN)
+            if above is None:
+                return False  # (it folded to the top: the stage is complete)
+            level, i = above
             continue
-        _write(up, joined)
+        _write(_marker(work, stage, n_tasks, level + 1, group), joined)
         for c in children:  # folded: the group's mark holds them (the finish is left no mark per task)
             c.unlink(missing_ok=True)
         level, i = level + 1, group
     return True
+
+
+def _highest(work: Path, stage: str, n_tasks: int, level: int, i: int) -> tuple[int, int] | None:
+    """The highest existing mark, below the stage's summary, of the groups above mark `i` of
+    `level` (inclusive), as (level, index); None when there is none."""
+    top = len(widths(n_tasks)) - 1
+    found = None
+    while level < top:
+        if _marker(work, stage, n_tasks, level, i).exists():
+            found = (level, i)
+        level, i = level + 1, i // FAN_IN
+    return found
 
 
 def _write(path: Path, summary: dict[str, Any]) -> None:
@@ -154,8 +167,10 @@ def read_summary(work: Path, stage: str) -> dict[str, Any]:
 
 
 def task_finished(work: Path, stage: str, n_tasks: int, task: int) -> bool:
-    """Whether task `task` wrote its marker (or the whole stage is complete)."""
-    return is_complete(work, stage) or task_marked(work, stage, n_tasks, task)
+    """Whether task `task` wrote its marker (or a group above it, or the whole stage is
+    complete), looked at from the task's own up: a fold that completes the top and removes the
+    level below meanwhile is seen either way."""
+    return task_marked(work, stage, n_tasks, task) or is_complete(work, stage)
 
 
 def task_marked(work: Path, stage: str, n_tasks: int, task: int) -> bool:

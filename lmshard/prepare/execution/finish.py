@@ -51,7 +51,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     for k in range(len(layout["pieces"])) if len(sealed) < len(layout["pieces"]) else ():
         if str(k) not in sealed and not (work / "write" / f"piece_{k:06d}.json").exists():
             # written, but not sealed by a write task (one killed after its parts)
-            seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab), take_over=True)
+            seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab, previous), take_over=True)
     missing = [] if is_complete(work, "write") else missing_parts(work, layout)
     if missing:
         tasks = sorted({layout.task_of_part(p) for p in missing})

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...format import METADATA_FILE, DatasetMeta, load_metadata
+from ...format.encoding import Encoding
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.worker import WorkerConfig
@@ -35,7 +36,7 @@ from .linenumbers import absolute
 from .nearstage import ensure_clusters
 from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
-from .runplan import load_run, plan_run, worker_config
+from .runplan import finish_sources, plan_run, worker_config
 from .taskplan import (
     work_dir,
 )
@@ -62,6 +63,7 @@ class Run:
     _layout: Layout | None = None
     _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
     _paths: OutputPaths | None = None
+    _encoding: Encoding | None = None
 
     @classmethod
     def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
@@ -88,6 +90,13 @@ class Run:
     def previous_meta(self) -> DatasetMeta | None:
         """--append: the metadata of the dataset extended (still in --out until the swap)."""
         return load_metadata(self.config.out) if self.plan.get("previous") else None
+
+    @property
+    def encoding(self) -> Encoding:
+        """The shards' encoding: the option's, or with --append the dataset's own; found once."""
+        if self._encoding is None:
+            self._encoding = self.config.encoding(self.tokenizer.n_vocab, self.previous_meta())
+        return self._encoding
 
     @property
     def bos(self) -> int | None:
@@ -314,8 +323,7 @@ class Run:
         if stage == "write":
             return write_part(self.work, self.paths.staging, self.layout(), i, self.specials)
         if stage == "seal":
-            return seal_piece(self.work, self.paths.staging, self.layout(), i,
-                              c.encoding(self.tokenizer.n_vocab))  # fmt: skip
+            return seal_piece(self.work, self.paths.staging, self.layout(), i, self.encoding)
         paths = OutputPaths.of(c.out)
         with WriterLock(paths):
             recover(paths)
@@ -332,7 +340,7 @@ class Run:
         rows of its own inputs only."""
         if not isinstance(self.sources, PlanSources):
             return self.sources
-        loaded = load_run(self.config)
+        loaded = (finish_sources(self.config, list(self.sources.table)), self.tokenizer)
         plan_run(self.config, self.plan["n_tasks"], self.plan["unit_bytes"], loaded)
         return loaded[0]
 

@@ -24,7 +24,7 @@ from ...format import load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.files import open_raw
-from ..documents.sources import Source, discover
+from ..documents.sources import Source, Sources, discover
 from ..documents.worker import WorkerConfig, identity_of
 from ..output.claim import _fingerprint, run_tokenizer
 from .plantables import PlanSources
@@ -145,6 +145,21 @@ def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
     return sources, run_tokenizer(config)
 
 
+def finish_sources(config: PrepareConfig, rows: list[list[Any]]) -> Sources:
+    """The inputs as `prepare` finds them, for the metadata (the finish, once), but a stream the
+    planner saved (stdin, a pipe) taken from the plan's rows (`rows`: every input's), never
+    looked for again: a pipe (`<(...)`, a FIFO) is gone by then, or on another machine."""
+    streams = {i: Source(row[0], row[1], row[2], 0, stream=True) for i, row in enumerate(rows) if row[9]}
+    shown = {src.path for src in streams.values()}
+    files = [spec for spec in config.inputs if spec not in shown and str(Path(spec)) not in shown]
+    found = discover(files, config.format, config.exclude, include_hidden=config.include_hidden) if files else Sources()
+    for i in sorted(streams):
+        found.insert(i, streams[i])
+    if config.hf:
+        found.append(Source(f"hf:{config.hf}", "hf", None, 0))
+    return found
+
+
 def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: Tokenizer) -> WorkerConfig:
     kept = sources if isinstance(sources, PlanSources) else tuple(sources)  # (a task's: read as it uses them)
     return WorkerConfig(sources=kept, clean=config.clean_config(), tokenizer=config.tokenizer,
@@ -155,4 +170,5 @@ def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: T
                         hf=config.hf_spec() if config.hf else None)  # fmt: skip
 
 
-__all__ = ["check_scale_out", "load_run", "plan_run", "previous_of", "spool_streams", "worker_config"]
+__all__ = ["check_scale_out", "finish_sources", "load_run", "plan_run", "previous_of", "spool_streams",
+           "worker_config"]

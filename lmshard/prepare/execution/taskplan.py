@@ -62,7 +62,7 @@ from .plantables import (
 )
 
 PLAN_FILE = "plan.json"
-PLAN_VERSION = 4  # 3: the dedup stage reads per-task key files (keyfiles.py); 4: dedup items are groups of buckets
+PLAN_VERSION = 5  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy
 # A unit of a large line-based file: ~20 s of one core's tokenizing (LMSHARD_UNIT_BYTES: for benchmarks).
 UNIT_BYTES = int(os.environ.get("LMSHARD_UNIT_BYTES", 64 << 20))
 _WINDOW = 64 << 10
