@@ -44,6 +44,15 @@ def _near_removed(root):
     return json.loads((root / "dataset_metadata.json").read_text())["drops"].get("near_duplicate", 0)
 
 
+def _drained(env, work):
+    """Wait (up to 240 s) until the cluster's queue is empty; the run's Slurm logs, joined."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                          env=env).stdout.strip():  # fmt: skip
+        time.sleep(0.5)
+    return "".join(p.read_text() for p in (work / "slurm").glob("*.log"))
+
+
 def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
     src = _near_corpus(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup"]
@@ -165,11 +174,7 @@ def test_slurm_append_gives_the_local_append_bytes(tmp_path):
         submitted = run("prepare", str(src), "--out", "dist", "--append", *common, "--num-tasks", "3", "--executor",
                         "slurm")  # fmt: skip
         assert submitted.returncode == 0, submitted.stderr
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
-                                                              env=env).stdout.strip():  # fmt: skip
-            time.sleep(0.5)
-        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        logs = _drained(env, tmp_path / ".dist.lmshard-work")
         assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
     meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
     assert meta["drops"]["duplicate"] >= 80 + 50 and len(meta["config"]["inputs"]) == 2
@@ -193,11 +198,7 @@ def test_slurm_run_of_a_piped_input_gives_the_one_machine_bytes(tmp_path):
         assert run("prepare", *common, "--out", "local", stdin=data).returncode == 0
         submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "3", "--executor", "slurm", stdin=data)
         assert submitted.returncode == 0, submitted.stderr
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
-                                                              env=env).stdout.strip():  # fmt: skip
-            time.sleep(0.5)
-        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        logs = _drained(env, tmp_path / ".dist.lmshard-work")
         assert b"done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
     assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["sources"][0]["path"] == "-"
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
@@ -222,11 +223,7 @@ def test_slurm_run_of_a_saved_hugging_face_dataset_gives_the_one_machine_bytes(t
         assert run("prepare", *common, "--out", "local").returncode == 0
         submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "3", "--executor", "slurm")
         assert submitted.returncode == 0, submitted.stderr
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
-                                                              env=env).stdout.strip():  # fmt: skip
-            time.sleep(0.5)
-        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
+        logs = _drained(env, tmp_path / ".dist.lmshard-work")
         assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
     assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["drops"]["duplicate"] == 60
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
