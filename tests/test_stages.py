@@ -539,6 +539,24 @@ def test_a_planned_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks, 
     assert (tmp_path / "planned" / shard).stat().st_ino == (tmp_path / "base" / shard).stat().st_ino
 
 
+def test_an_append_in_the_local_pool_equals_a_local_append(tmp_path):
+    """`prepare --append --num-tasks 2` run here (the local pool, as a large plain --append is):
+    the dataset's files, totals and encoding (uint16) carried as by one process."""
+    import shutil
+
+    texts = make_texts(900, seed=9)
+    first = jsonl(tmp_path / "first.jsonl", texts[:400])
+    second = jsonl(tmp_path / "second.jsonl", texts[350:900])
+    opts = dict(workers=2, val_fraction=0.1, tokens_per_shard=5_000)
+    prepare(PrepareConfig(inputs=[str(first)], out=str(tmp_path / "one"), shard_encoding="uint16", **opts))
+    shutil.copytree(tmp_path / "one", tmp_path / "pool", copy_function=os.link)
+    one = prepare(PrepareConfig(inputs=[str(second)], out=str(tmp_path / "one"), append=True, **opts))
+    pool = local_exec.run(PrepareConfig(inputs=[str(second)], out=str(tmp_path / "pool"), append=True,
+                                        unit_size=_WINDOW, **opts), 2)  # fmt: skip
+    assert one.drops["duplicate"] == 50 and pool.total_docs == one.total_docs > 850
+    assert _files(tmp_path / "one") == _files(tmp_path / "pool")
+
+
 @pytest.mark.parametrize("executor", ["local", "none"])
 def test_a_planned_run_of_stdin_equals_the_one_process_run(tmp_path, monkeypatch, executor):
     """`prepare - --num-tasks 3` saves stdin in the work folder before planning, so its units
