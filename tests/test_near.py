@@ -6,6 +6,7 @@ signatures; the clustering against a union-find written here."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -179,6 +180,39 @@ def test_append_removes_near_copies_of_the_dataset(tmp_path):
     result = runner.invoke(app, ["prepare", str(tmp_path / "new.jsonl"), "--out", str(plain), "--append",
                                  "--near-dedup"])  # fmt: skip
     assert result.exit_code != 0 and "keeps no MinHash signatures" in result.output
+
+
+@pytest.mark.parametrize("n_tasks", [1, 3])
+def test_a_planned_append_removes_near_copies_of_the_dataset_as_one_process_does(tmp_path, n_tasks):
+    """--append --near-dedup as planned tasks (in reversed order) equals a local one, byte for
+    byte: the dataset's signatures numbered before the new documents, copies of its documents
+    (and of each other) removed, an example whose survivor is in the dataset, and the signature
+    files listed as one process lists them."""
+    import shutil
+
+    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution.stages import STAGES, run_task
+
+    rng = random.Random(7)
+    old = _clustered(3, n=60)
+    copies = [" ".join(_copy(rng, d.split(), 0.8, 0.95)[0]) for d in old[:40]]
+    new = copies + _clustered(4, n=60)
+    rng.shuffle(new)
+    opts = dict(near_dedup=True, workers=1, val_fraction=0.1, tokens_per_shard=3_000)
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "old.jsonl", old))], out=str(tmp_path / "local"), **opts))
+    shutil.copytree(tmp_path / "local", tmp_path / "tasks", copy_function=os.link)
+    src = str(jsonl(tmp_path / "new.jsonl", new))
+    local = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "local"), append=True, **opts))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), append=True, unit_size=65536, **opts)
+    local_exec.claim(config, n_tasks)
+    for stage in STAGES[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task, 65536)
+    run_task(config, n_tasks, "finish", 0, 65536)
+    assert local.drops["near_duplicate"] > 40
+    assert any(e["survivor"]["source"] == "the dataset appended to" for e in local.dedup.near["examples"])
+    assert _tree(tmp_path / "tasks") == _tree(tmp_path / "local")
+    assert _meta_without_run(tmp_path / "tasks") == _meta_without_run(tmp_path / "local")
 
 
 def test_examples_pair_each_removed_document_with_its_survivor(tmp_path):

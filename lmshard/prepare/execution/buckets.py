@@ -35,7 +35,7 @@ bytes each).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,25 +49,28 @@ from .plantables import pread_all
 from .unitfiles import SECTIONS
 
 _U64 = np.dtype("<u8")
+Signatures = Callable[[np.ndarray], np.ndarray]  # documents' ids → their [n, n_hashes] signatures
 def group_buckets(n_buckets: int, n_groups: int, group: int) -> range:
     """The buckets of group `group`: a contiguous range."""
     return range(group * n_buckets // n_groups, (group + 1) * n_buckets // n_groups)
 
 
 def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, group: int, exact: bool = True,
-            minhash: MinHashConfig | None = None, previous: Sequence[int] = ()) -> int:  # fmt: skip
+            minhash: MinHashConfig | None = None, previous: Sequence[int] = (),
+            signatures: Signatures | None = None) -> int:  # fmt: skip
     """Find group `group`'s duplicates over every task's key file (`tasks`: the plan's unit
     ranges) and write them with their marker (`dedup/group_G.dups`, `.done`); returns how many
     (skipped when already done: -1). `minhash` (--near-dedup): also its near-duplicate edges.
     `previous` (--append): the tasks holding a share of the appended-to dataset's keys, which
-    come before every new document (and are never duplicates themselves)."""
+    come before every new document (and are never duplicates themselves); `signatures`: with
+    --near-dedup, the signatures of documents by id (default: the units' own)."""
     out = work / "dedup"
     marker = out / f"group_{group:06d}.done"
     if marker.exists():
         return -1
     writers = [t for t, (first, end) in enumerate(tasks) if end > first]
     buckets = group_buckets(n_buckets, n_groups, group)
-    edges = near_edges(work, writers, buckets, group, minhash) if minhash is not None else 0
+    edges = near_edges(work, writers, buckets, group, minhash, previous, signatures) if minhash is not None else 0
     keys, ids, owners = [], [], []
     for t in previous if exact else []:
         k, i = group_keys(work, t, buckets, "exact", previous=True)
@@ -93,23 +96,52 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, g
     return int(dup.sum())
 
 
-def near_edges(work: Path, writers: list[int], buckets: range, group: int, minhash: MinHashConfig) -> int:
-    """The group's near-duplicate edges over the `near` sections of the tasks' key files
+def near_edges(work: Path, writers: list[int], buckets: range, group: int, minhash: MinHashConfig,
+               previous: Sequence[int] = (), signatures: Signatures | None = None) -> int:  # fmt: skip
+    """The group's near-duplicate edges over the `near` sections of the tasks' key files (and
+    of the shares of an appended-to dataset's, whose documents are numbered first)
     (quality/near.py's groups; documents numbered unit << 32 | document, which is plan order),
     written as `dedup/group_G.near`: (member, representative) uint64 pairs. Returns how many."""
     keys, ids = [], []
+    for t in previous:
+        k, i = group_keys(work, t, buckets, "near", previous=True)
+        keys.append(k)
+        ids.append(i)
     for t in writers:
         k, i = group_keys(work, t, buckets, "near")
         keys.append(k)
         ids.append(i)
     tokenized = work / "tokenize"
+    lookup = signatures or (lambda want: unit_signatures(tokenized, want, minhash.n_hashes))
     member, rep = group_edges(np.concatenate(keys) if keys else np.zeros(0, _U64),
-                              np.concatenate(ids) if ids else np.zeros(0, _U64),
-                              lambda want: unit_signatures(tokenized, want, minhash.n_hashes), minhash)  # fmt: skip
+                              np.concatenate(ids) if ids else np.zeros(0, _U64), lookup, minhash)  # fmt: skip
     (work / "dedup").mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(work / "dedup" / f"group_{group:06d}.near",
                        np.stack([member, rep], axis=1).astype(_U64).tobytes())  # fmt: skip
     return len(member)
+
+
+def doc_signatures(tokenized: Path, ids: np.ndarray, n_hashes: int, base: int = 0, dataset: Path | None = None,
+                   files: Sequence[str] = ()) -> np.ndarray:  # fmt: skip
+    """The signatures of documents `ids` (sorted): those numbered below unit `base` are rows of an
+    appended-to dataset's signature files (`files`, in `dataset`: file << 32 | row), the others
+    the units' (base + unit) << 32 | document."""
+    out = np.empty((len(ids), n_hashes), dtype=np.uint32)
+    units = (ids >> np.uint64(32)).astype(np.int64)
+    old = units < base
+    width = 4 * n_hashes
+    for f in np.unique(units[old]).tolist():
+        assert dataset is not None
+        fd = os.open(dataset / files[f], os.O_RDONLY)
+        try:
+            for row in np.flatnonzero(units == f).tolist():
+                r = int(ids[row] & np.uint64(0xFFFFFFFF))
+                out[row] = np.frombuffer(pread_all(fd, width, r * width), dtype="<u4")
+        finally:
+            os.close(fd)
+    if (~old).any():
+        out[~old] = unit_signatures(tokenized, ids[~old] - (np.uint64(base) << np.uint64(32)), n_hashes)
+    return out
 
 
 def unit_signatures(tokenized: Path, ids: np.ndarray, n_hashes: int) -> np.ndarray:

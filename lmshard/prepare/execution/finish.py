@@ -73,9 +73,12 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     pieces = layout["pieces"]
     shards = [s for split in SPLITS for s in (previous.split_shards(split) if previous is not None else ())
               + tuple(ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] == split)]
-    kept = tuple(f for f in previous.dedup.files if f.kind != "near") if previous is not None and previous.dedup else ()
-    keys = kept + tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True)
-                        if p[0] == "near" or p[0] == "keys" and config.dedup == "document")  # fmt: skip
+    old = previous.dedup.files if previous is not None and previous.dedup else ()
+    own = {kind: tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True) if p[0] == kind)
+           for kind in ("keys", "near")}  # fmt: skip
+    # (as a local run lists them: the dataset's keys, this run's, then every signature file, the dataset's first)
+    keys = (tuple(f for f in old if f.kind != "near") + (own["keys"] if config.dedup == "document" else ())
+            + (tuple(f for f in old if f.kind == "near") if config.near_dedup else ()) + own["near"])  # fmt: skip
     check_not_empty(config, totals, base, shards)
     if config.near_dedup:
         totals.near_examples = near_summary(work)["examples"]

@@ -30,6 +30,7 @@ sort; reading holds one partition.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,9 +53,11 @@ def previous_keys_path(work: Path, task: int) -> Path:
     return work / "keys" / f"previous_{task:06d}.bin"
 
 
-def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash: MinHashConfig | None) -> bool:
+def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash: MinHashConfig | None,
+                    base: int = 0) -> bool:  # fmt: skip
     """Write task `task`'s key file from its `units`' data files, unless it exists; True when it
-    ran."""
+    ran. `base`: the near-duplicate ids' first unit number (--append --near-dedup: the dataset's
+    signature files are numbered before the run's units)."""
     path = task_keys_path(work, task)
     if path.exists():
         return False
@@ -67,23 +70,32 @@ def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash
         if minhash is not None:
             sigs = read_section(tokenized, u, "sigs").reshape(-1, minhash.n_hashes)
             bkeys.append(band_keys(sigs, minhash).reshape(-1))
-            bids.append(_ids(u, np.repeat(np.arange(len(sigs)), minhash.bands)))
+            bids.append(_ids(base + u, np.repeat(np.arange(len(sigs)), minhash.bands)))
     _write_keys(path, partition(_joined(keys), _joined(ids), n_buckets), partition(_joined(bkeys), _joined(bids),
                                                                                    n_buckets), n_buckets)  # fmt: skip
     return True
 
 
-def write_previous_keys(work: Path, dataset: Path, files: list[str], task: int, n_buckets: int) -> bool:
-    """Write task `task`'s share of an appended-to dataset's document keys (its key `files`, paths
-    relative to `dataset`) as a key file of the same layout (ids 0: these documents are never
-    duplicates, only what later ones repeat), unless it exists; True when it ran."""
+def write_previous_keys(work: Path, dataset: Path, files: list[str], task: int, n_buckets: int,
+                        near: Sequence[tuple[int, str]] = (),
+                        minhash: MinHashConfig | None = None) -> bool:  # fmt: skip
+    """Write task `task`'s share of an appended-to dataset's keys as a key file of the same layout,
+    unless it exists; True when it ran: its document keys (key `files`, paths relative to
+    `dataset`; ids 0: these documents are never duplicates, only what later ones repeat), and
+    with --near-dedup the band keys of its signature files (`near`: (number, path)), with ids
+    number << 32 | row, numbered before the run's units."""
     path = previous_keys_path(work, task)
     if path.exists():
         return False
     keys = _joined([np.fromfile(dataset / f, dtype=_U64) for f in files])
-    empty = np.zeros(0, _U64)
-    _write_keys(path, partition(keys, np.zeros(len(keys), _U64), n_buckets), partition(empty, empty, n_buckets),
-                n_buckets)  # fmt: skip
+    bkeys, bids = [], []
+    for number, rel in near:
+        assert minhash is not None
+        sigs = np.fromfile(dataset / rel, dtype="<u4").reshape(-1, minhash.n_hashes)
+        bkeys.append(band_keys(sigs, minhash).reshape(-1))
+        bids.append(_ids(number, np.repeat(np.arange(len(sigs)), minhash.bands)))
+    _write_keys(path, partition(keys, np.zeros(len(keys), _U64), n_buckets),
+                partition(_joined(bkeys), _joined(bids), n_buckets), n_buckets)  # fmt: skip
     return True
 
 

@@ -66,7 +66,7 @@ def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
 
 
 def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | None, seed: int, val_fraction: float,
-                specials: int, near_dedup: bool = False) -> bool:  # fmt: skip
+                specials: int, near_dedup: bool = False, near_base: int = 0) -> bool:  # fmt: skip
     """The select stage for unit u (see the module docstring); False when already done.
     `duplicates(u)`: the numbers of unit u's documents that repeat an earlier one (None: no
     exact deduplication)."""
@@ -80,7 +80,7 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     dup = np.zeros(n_docs, bool)
     if duplicates is not None:
         dup[duplicates(u)] = True
-    near = (unit_near(work, u, n_docs) >= 0) & ~dup if near_dedup else np.zeros(n_docs, bool)
+    near = (unit_near(work, u, n_docs, near_base) >= 0) & ~dup if near_dedup else np.zeros(n_docs, bool)
     is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
     split = np.where(dup, -1, np.where(near, -2, is_val.astype(np.int8))).astype(np.int8)
     totals, at = Totals(), 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,31 +25,54 @@ from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.near import components
 from ...tokenizers import Tokenizer
 from ..documents.sources import Source
-from .buckets import read_edges, unit_signatures
+from .buckets import doc_signatures, read_edges, unit_signatures
 from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
 
 REMOVED = "near.removed"
+
+
+@dataclass(frozen=True)
+class Previous:
+    """An appended-to dataset's signature files (paths in `dataset`, and their rows), whose
+    documents a planned run numbers file << 32 | row, before its units."""
+
+    dataset: Path
+    files: tuple[str, ...]
+    rows: tuple[int, ...]
+
+    def ordinal(self, i: int) -> int:
+        """Document i's number among the dataset's documents (as a one-process run numbers it)."""
+        f = i >> 32
+        return sum(self.rows[:f]) + (i & 0xFFFFFFFF)
 SUMMARY = "near.json"
 
 
 def ensure_clusters(work: Path, n_groups: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
-                    specials: int, duplicates: Callable[[int], np.ndarray] | None) -> None:  # fmt: skip
+                    specials: int, duplicates: Callable[[int], np.ndarray] | None, previous: Previous | None = None,
+                    ) -> None:  # fmt: skip
     """Find the clusters unless `dedup/near.removed` exists (see the module docstring).
-    `duplicates(u)`: unit u's exact duplicates (document numbers; None: no exact dedup)."""
+    `duplicates(u)`: unit u's exact duplicates (document numbers; None: no exact dedup).
+    `previous` (--append): the dataset's signature files, whose documents are numbered before
+    the run's units (file << 32 | row) and are never removed, as a local --append numbers them."""
     dedup = work / "dedup"
     if (dedup / REMOVED).exists():
         return
     removed, survivor = components(*read_edges(dedup, n_groups))
+    base = len(previous.files) if previous is not None else 0
+    new = removed >= np.uint64(base) << np.uint64(32)
+    removed, survivor = removed[new], survivor[new]
     tokenized = work / "tokenize"
-    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates)
+    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates, previous)
     atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})
     # (every task that finds them writes the same bytes: a later one's rename changes nothing)
     atomic_write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
 
 
-def unit_near(work: Path, u: int, n_docs: int) -> np.ndarray:
-    """Per document of unit u: its survivor's id, or -1 when it is kept."""
+def unit_near(work: Path, u: int, n_docs: int, base: int = 0) -> np.ndarray:
+    """Per document of unit u: its survivor's id, or -1 when it is kept (`base`: the units'
+    first id number, after an appended-to dataset's signature files)."""
+    u += base
     path = work / "dedup" / REMOVED
     near = np.full(n_docs, -1, dtype=np.int64)
     n = path.stat().st_size // 16
@@ -67,18 +91,22 @@ def near_summary(work: Path) -> dict[str, Any]:
 
 
 def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hashes: int, tokenizer: Tokenizer,
-              sources: list[Source], specials: int,
-              exact: Callable[[int], np.ndarray] | None) -> list[dict[str, Any]]:  # fmt: skip
+              sources: list[Source], specials: int, exact: Callable[[int], np.ndarray] | None,
+              previous: Previous | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The examples a one-process run gives (nearpass.py): of the first CANDIDATES removed
     documents whose key differs from their survivor's, the first NEAR_EXAMPLES that are not
     exact copies (`exact(u)`: the numbers of unit u's exact duplicates), with their survivors, as
-    short texts."""
+    short texts (a survivor in the dataset appended to: where it is in it)."""
+    base = len(previous.files) if previous is not None else 0
     keys: dict[int, np.ndarray] = {}
 
-    def key(i: int) -> int:
-        if i >> 32 not in keys:
-            keys[i >> 32] = read_section(tokenized, i >> 32, "keys")
-        return int(keys[i >> 32][i & 0xFFFFFFFF])
+    def key(i: int) -> int | None:
+        u = (i >> 32) - base
+        if u < 0:
+            return None  # (a document of the dataset appended to: a one-process run has no key for it either)
+        if u not in keys:
+            keys[u] = read_section(tokenized, u, "keys")
+        return int(keys[u][i & 0xFFFFFFFF])
 
     candidates: list[tuple[int, int]] = []
     for r, s in zip(removed.tolist(), survivor.tolist(), strict=True):
@@ -89,22 +117,30 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
     dups: dict[int, set[int]] = {}
     out: list[dict[str, Any]] = []
     for r, s in candidates:
-        if exact is not None and r >> 32 not in dups:
-            dups[r >> 32] = set(exact(r >> 32).tolist())
-        if exact is not None and r & 0xFFFFFFFF in dups[r >> 32]:
+        u = (r >> 32) - base
+        if exact is not None and u not in dups:
+            dups[u] = set(exact(u).tolist())
+        if exact is not None and r & 0xFFFFFFFF in dups[u]:
             continue  # an exact copy of an earlier document: counted with the duplicates
-        sigs = unit_signatures(tokenized, np.array(sorted({r, s}), dtype=np.uint64), n_hashes)
+        ids = np.array(sorted({r, s}), dtype=np.uint64)
+        sigs = (doc_signatures(tokenized, ids, n_hashes, base, previous.dataset, previous.files) if previous is not None
+                else unit_signatures(tokenized, ids, n_hashes))  # fmt: skip
         agree = round(float((sigs[0] == sigs[-1]).mean()), 3)
-        out.append({"removed": _document(tokenized, r, tokenizer, sources, specials),
-                    "survivor": _document(tokenized, s, tokenizer, sources, specials), "agreement": agree})  # fmt: skip
+        out.append({"removed": _document(tokenized, r, tokenizer, sources, specials, base, previous),
+                    "survivor": _document(tokenized, s, tokenizer, sources, specials, base, previous),
+                    "agreement": agree})  # fmt: skip
         if len(out) == NEAR_EXAMPLES:
             break
     return out
 
 
-def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Source], specials: int) -> dict[str, Any]:
-    """{source, text} of document i (unit << 32 | document)."""
-    u, d = i >> 32, i & 0xFFFFFFFF
+def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Source], specials: int, base: int = 0,
+              previous: Previous | None = None) -> dict[str, Any]:  # fmt: skip
+    """{source, text} of document i (unit << 32 | document); one of the dataset appended to:
+    where it is in it (its number among the dataset's documents), with no text."""
+    u, d = (i >> 32) - base, i & 0xFFFFFFFF
+    if u < 0 and previous is not None:
+        return {"source": "the dataset appended to", "document": previous.ordinal(i), "text": None}
     lengths = read_section(tokenized, u, "lengths")
     start = int(lengths[:d].sum()) + specials * d
     offset = sections(tokenized, u)["tokens"][0] + 4 * start

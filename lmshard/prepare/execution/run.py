@@ -27,13 +27,13 @@ from ..output.build import Totals
 from ..output.claim import bos_written
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
-from .buckets import groups_of, resolve, task_duplicates, unit_part
+from .buckets import doc_signatures, groups_of, resolve, task_duplicates, unit_part
 from .finish import finish, remove_work
 from .keyfiles import previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
 from .linenumbers import absolute
-from .nearstage import ensure_clusters
+from .nearstage import Previous, ensure_clusters
 from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
@@ -86,6 +86,35 @@ class Run:
             return []
         files: list[str] = previous["key_files"][task :: self.plan["n_tasks"]]
         return files
+
+    def previous_near(self, task: int) -> list[tuple[int, str]]:
+        """--append --near-dedup: task `task`'s share of the extended dataset's signature files
+        (their numbers and paths, every N-th from the task's number)."""
+        previous = self.plan.get("previous")
+        if not previous or not self.config.near_dedup:
+            return []
+        n = self.plan["n_tasks"]
+        return [(f, rel) for f, (rel, _) in enumerate(previous["near_files"]) if f % n == task]
+
+    def has_previous(self, task: int) -> bool:
+        """Whether task `task` holds a share of an extended dataset's keys or signatures."""
+        return bool(self.previous_files(task) or self.previous_near(task))
+
+    @property
+    def near_previous(self) -> Previous | None:
+        """--append --near-dedup: the extended dataset's signature files, numbered before the
+        run's units in the near-duplicate ids."""
+        previous = self.plan.get("previous")
+        if not previous or not self.config.near_dedup or not previous.get("near_files"):
+            return None
+        files = previous["near_files"]
+        return Previous(Path(self.config.out), tuple(f for f, _ in files), tuple(int(n) for _, n in files))
+
+    @property
+    def near_base(self) -> int:
+        """The near-duplicate ids' first unit number: after the extended dataset's signature files."""
+        near = self.near_previous
+        return len(near.files) if near is not None else 0
 
     def previous_meta(self) -> DatasetMeta | None:
         """--append: the metadata of the dataset extended (still in --out until the swap)."""
@@ -152,7 +181,7 @@ class Run:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
         if self.config.near_dedup:
             ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
-                            self.specials, self.duplicates if self.dedup else None)  # fmt: skip
+                            self.specials, self.duplicates if self.dedup else None, self.near_previous)  # fmt: skip
 
     def task_of(self, u: int) -> int:
         """The plan task that holds unit u."""
@@ -181,7 +210,7 @@ class Run:
                 return []
             tasks = range(self.plan["n_tasks"] if self.bucketed else 0) if items is None else items
             return [t for t in tasks if self._has_units(t) and not task_keys_path(self.work, t).exists()
-                    or self.previous_files(t) and not previous_keys_path(self.work, t).exists()]  # fmt: skip
+                    or self.has_previous(t) and not previous_keys_path(self.work, t).exists()]  # fmt: skip
         if stage == "finish":  # its one item is done once the dataset is in place
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
@@ -308,18 +337,22 @@ class Run:
         if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
             first, end = self.plan["tasks"][i]
             wrote = self.bucketed and end > first and write_task_keys(
-                self.work, range(first, end), i, self.plan["buckets"], self.wcfg.minhash)  # fmt: skip
-            if self.previous_files(i):  # --append: its share of the dataset's keys, partitioned the same way
-                wrote |= write_previous_keys(self.work, Path(c.out), self.previous_files(i), i, self.plan["buckets"])
+                self.work, range(first, end), i, self.plan["buckets"], self.wcfg.minhash, self.near_base)  # fmt: skip
+            if self.has_previous(i):  # --append: its share of the dataset's keys (and signatures), partitioned alike
+                wrote |= write_previous_keys(self.work, Path(c.out), self.previous_files(i), i, self.plan["buckets"],
+                                             self.previous_near(i), self.wcfg.minhash)  # fmt: skip
             return wrote
         if stage == "dedup":
-            previous = [t for t in range(self.plan["n_tasks"]) if self.previous_files(t)]
+            previous = [t for t in range(self.plan["n_tasks"]) if self.has_previous(t)]
+            near = self.near_previous
+            lookup = None if near is None else (lambda ids: doc_signatures(
+                self.work / "tokenize", ids, self.near_hashes, len(near.files), near.dataset, near.files))  # fmt: skip
             return resolve(self.work, self.plan["tasks"], self.plan["buckets"], self.plan["groups"], i, self.dedup,
-                           self.wcfg.minhash, previous) >= 0  # fmt: skip
+                           self.wcfg.minhash, previous, lookup) >= 0  # fmt: skip
         if stage == "select":
             self.clusters()
             return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
-                               self.specials, c.near_dedup)  # fmt: skip
+                               self.specials, c.near_dedup, self.near_base)  # fmt: skip
         if stage == "write":
             return write_part(self.work, self.paths.staging, self.layout(), i, self.specials)
         if stage == "seal":

@@ -122,19 +122,18 @@ def check_scale_out(config: PrepareConfig) -> None:
         raise ConfigError(f"--hf {config.hf}: a scale-out run reads a saved dataset (save_to_disk) by its rows, not "
                           "a stream; save it first (or pass its data files as inputs), or run without "
                           "--num-tasks")  # fmt: skip
-    if config.append and config.near_dedup:
-        raise ConfigError("a scale-out run cannot --append with --near-dedup yet (the new documents are not compared "
-                          "with the dataset's signatures); run it on one machine, without --num-tasks")  # fmt: skip
 
 
 def previous_of(out: str) -> dict[str, Any]:
     """What a plan records of the dataset an --append extends: per stream, the number its next
-    file takes, and its document key files (paths in the dataset), which the dedup stage reads."""
+    file takes, its document key files and its signature files (paths in the dataset, with their
+    rows), which the dedup stage reads."""
     meta = load_metadata(out)
     files = meta.dedup.files if meta.dedup else ()
     return {"first": {"train": len(meta.split_shards("train")), "val": len(meta.split_shards("val")),
                       "keys": sum(f.kind == "doc" for f in files), "near": sum(f.kind == "near" for f in files)},
-            "key_files": [f.path for f in files if f.kind == "doc"]}  # fmt: skip
+            "key_files": [f.path for f in files if f.kind == "doc"],
+            "near_files": [[f.path, f.n_keys] for f in files if f.kind == "near"]}  # fmt: skip
 
 
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:

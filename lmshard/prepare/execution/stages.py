@@ -23,8 +23,8 @@ one that completes the select stage lays out the shards, and the select summary 
 units' totals to the layout and the metadata. A task with several CPUs runs its items in a pool
 of its own (itempool.py). `status` reads the summaries, the finished tasks' marks, and item
 markers only of the tasks not finished. --dedup-lines, --max-docs, stdin and Hugging Face
-inputs are refused, and --append with --near-dedup; an --append's dataset keys are shared out
-to the tokenize tasks, and its files are numbered after the dataset's.
+inputs are refused; an --append's dataset keys (and signatures) are shared out to the tokenize
+tasks, and its files are numbered after the dataset's.
 
 Memory model: a task holds the plan's head and a few rows of its tables (plantables.py) and
 what its stage's items hold (see each stage's module); the task that lays out the shards holds
@@ -198,7 +198,7 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
         done = len(todo)
     else:
         done = sum(run.do(stage, i) for i in items)
-    if stage == "tokenize" and (run._has_units(task) or run.previous_files(task)):
+    if stage == "tokenize" and (run._has_units(task) or run.has_previous(task)):
         run.do("keys", task)
     if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
         for k in sorted({run.layout()["parts"][p][0] for p in items}):
