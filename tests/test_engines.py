@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -152,16 +153,21 @@ def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
 
 
 def test_slurm_append_gives_the_local_append_bytes(tmp_path):
-    """`prepare --append --num-tasks 3 --executor slurm` onto a dataset equals a local --append
-    of the same inputs onto the same dataset, byte for byte (the dataset's keys shared out to the
-    tokenize tasks, its files linked in, the new ones numbered after them)."""
+    """`prepare --append --near-dedup --num-tasks 3 --executor slurm` onto a dataset equals a
+    local --append of the same inputs onto the same dataset, byte for byte (the dataset's keys
+    and signatures shared out to the tokenize tasks, its files linked in, the new ones numbered
+    after them)."""
+    from test_near import _copy
     from test_prepare import make_texts
 
     texts = make_texts(1200, seed=5)
-    jsonl(tmp_path / "first.jsonl", texts[:500])
+    old = _clustered(23, n=60)
+    jsonl(tmp_path / "first.jsonl", texts[:500] + old)
     src = _corpus(tmp_path)
-    jsonl(src / "e.jsonl", texts[450:700])  # 50 repeat the dataset's documents
-    common = ["--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
+    rng = random.Random(2)
+    jsonl(src / "e.jsonl", texts[450:700] + [" ".join(_copy(rng, d.split(), 0.8, 0.95)[0]) for d in old[:30]])
+    common = ["--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000", "--val-fraction", "0.1",
+              "--near-dedup"]  # fmt: skip
     lmshard = [sys.executable, "-m", "lmshard"]
     with slurm_cluster() as env:
 
@@ -178,6 +184,7 @@ def test_slurm_append_gives_the_local_append_bytes(tmp_path):
         assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
     meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
     assert meta["drops"]["duplicate"] >= 80 + 50 and len(meta["config"]["inputs"]) == 2
+    assert meta["drops"]["near_duplicate"] >= 20  # (copies of the dataset's documents among them)
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
