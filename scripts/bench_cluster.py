@@ -52,8 +52,9 @@ plan), and the same for bytes read; then the 1,000-node plan extrapolated (U = 2
 = 4,096 buckets) per shape. There a stage's per-task count is a line in U through its values at
 the smallest and largest U (from the largest; a count that shrinks is taken as flat; a write
 task's: its count per part, the largest over the measured tasks, times the parts per task at
-the largest U, since a write task's parts and seals vary from task to task) plus the bucket
-point's slope per dedup group (a plan's buckets, or groups of them where it has many tasks:
+the largest U, since a write task's parts and seals vary from task to task) plus, for the steps
+that open a file per dedup group (the dedup, select and cluster tasks, the finish), the bucket
+point's slope per group (a plan's buckets, or groups of them where it has many tasks:
 taskplan.group_count); a dedup task's count is its count per group held times the groups a task
 holds at scale (its bytes read: the measured group's over the ratio of groups), and idle dedup
 tasks count as the idle one measured; run totals add up every task, each counted as the median
@@ -627,6 +628,12 @@ def fit(values: Sequence[float], results: list[Result], point: tuple[float, Resu
     return Model(values[-1], max(0.0, per_unit), max(0.0, per_bucket), hi.units, hi.groups)
 
 
+# The steps that open a file per dedup group (the groups' own, the select tasks reading each group's duplicates,
+# the clusters reading each group's edges, the finish removing them): only their counts take the slope per group
+# measured at the bucket point; for the others (tokenize, write, the layout) it would be the noise between two plans.
+PER_GROUP = ("dedup", "select", "clusters", "finish")
+
+
 def _fit_row(results: list[Result], point: Result | None, near: bool, name: str, key: str) -> Model:
     """A step's count (0 where a plan has no such row) as a Model."""
 
@@ -634,7 +641,8 @@ def _fit_row(results: list[Result], point: Result | None, near: bool, name: str,
         row = steps(r, near).get(name)
         return float(row[1][key]) if row else 0.0
 
-    return fit([value(r) for r in results], results, (value(point), point) if point else None)
+    grouped = point is not None and name.startswith(PER_GROUP)
+    return fit([value(r) for r in results], results, (value(point), point) if grouped and point else None)
 
 
 def extrapolate(shape: Shape, results: list[Result], point: Result | None, near: bool) -> list[str]:
