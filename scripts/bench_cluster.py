@@ -52,18 +52,19 @@ plan), and the same for bytes read; then the 1,000-node plan extrapolated (U = 2
 = 4,096 buckets) per shape. There a stage's per-task count is a line in U through its values at
 the smallest and largest U (from the largest; a count that shrinks is taken as flat; a write
 task's: its count per part, the largest over the measured tasks, times the parts per task at
-the largest U, since a write task's parts and seals vary from task to task) plus, for the steps
-that open a file per dedup group (the dedup, select and cluster tasks, the finish), the bucket
-point's slope per group (a plan's buckets, or groups of them where it has many tasks:
-taskplan.group_count); a dedup task's count is its count per group held times the groups a task
-holds at scale (its bytes read: the measured group's over the ratio of groups), and idle dedup
-tasks count as the idle one measured; run totals add up every task, each counted as the median
-measured task of its stage (the largest may have folded a group of the stage's marks, which
-happens once per 64 tasks; for the write stage, the median per part); wall times take the
-filesystem rates below (MDS_OPS_PER_S, CLIENT_OPS_PER_S, CLIENT_BYTES_PER_S) and count only
-metadata ops and the bytes read beyond the data's own (which these tiny units do not model: at
-scale a unit holds 21 MB). The counts and their ratios are measured in one run; the
-extrapolation and the wall times are estimates from them and the stated rates.
+the largest U, since a write task's parts and seals vary from task to task) except its
+operations on the dedup groups' files (`dedup/group_*`, counted apart), taken as so many per
+group of the largest plan times the groups at scale (a plan's buckets, or groups of them where
+it has many tasks: taskplan.group_count; the bucket point is printed to show the same per
+group); a dedup task's count is its count per group held times the groups a task holds at scale
+(its bytes read: the measured group's over the ratio of groups), and idle dedup tasks count as
+the idle one measured; run totals add up every task, each counted as the median measured task
+of its stage (the largest may have folded a group of the stage's marks, which happens once per
+64 tasks; for the write stage, the median per part); wall times take the filesystem rates below
+(MDS_OPS_PER_S, CLIENT_OPS_PER_S, CLIENT_BYTES_PER_S) and count only metadata ops and the bytes
+read beyond the data's own (which these tiny units do not model: at scale a unit holds 21 MB).
+The counts and their ratios are measured in one run; the extrapolation and the wall times are
+estimates from them and the stated rates.
 
 Time on this project's 2-core machines (shared, load 3 to 5): every unmeasured task costs O(U)
 (it lists the inputs and parses the whole plan; where a stage's readiness is checked marker
@@ -121,7 +122,7 @@ CLIENT_OPS_PER_S = 2_000
 CLIENT_BYTES_PER_S = 1e9
 
 STAGES = ("tokenize", "dedup", "select", "write")
-KEYS = ("opens", "stats", "creates", "unlinks", "lists", "read", "copied", "meta", "in_meta")
+KEYS = ("opens", "stats", "creates", "unlinks", "lists", "read", "copied", "meta", "in_meta", "group_meta")
 TRACED = ("open,openat,creat,stat,lstat,newfstatat,statx,access,faccessat,faccessat2,readlink,readlinkat,mkdir,"
           "mkdirat,link,linkat,rename,renameat,renameat2,unlink,unlinkat,rmdir,getdents64,read,pread64,readv,preadv,"
           "preadv2,mmap,copy_file_range,sendfile")  # fmt: skip
@@ -219,7 +220,7 @@ def count_trace(lines: Iterator[str], roots: Roots) -> Counter[str]:
     counts: Counter[str] = Counter()
     pending: dict[str, str] = {}
 
-    def add(area: str | None, key: str, n: int = 1, meta: bool = False) -> None:
+    def add(area: str | None, key: str, n: int = 1, meta: bool = False, path: str | None = None) -> None:
         if area is None:
             return
         counts[key] += n
@@ -227,6 +228,8 @@ def count_trace(lines: Iterator[str], roots: Roots) -> Counter[str]:
             counts["meta"] += 1
             if area == "input":
                 counts["in_meta"] += 1
+            if path is not None and os.sep + "dedup" + os.sep + "group_" in path:  # a file per dedup group
+                counts["group_meta"] += 1
 
     for raw in lines:
         pid, _, rest = raw.rstrip("\n").partition(" ")
@@ -251,7 +254,7 @@ def count_trace(lines: Iterator[str], roots: Roots) -> Counter[str]:
                 continue
             area = roots.area(_fd_path(args[at]))
             if name == "getdents64":
-                add(area, "lists", meta=True)
+                add(area, "lists", meta=True, path=_fd_path(args[at]))
             elif name == "mmap":
                 add(area, "read", int(args[1]) if args[1].isdigit() else 0)
             elif ret > 0:
@@ -274,17 +277,17 @@ def count_trace(lines: Iterator[str], roots: Roots) -> Counter[str]:
             paths = [_resolve(_fd_path(args[2]), p, roots.cwd)] if p is not None else []
         if not paths:
             continue
-        area = roots.area(paths[0])
+        area, at = roots.area(paths[0]), paths[0]
         if name in ("open", "openat", "creat"):
-            add(area, "opens", meta=True)
+            add(area, "opens", meta=True, path=at)
             if name == "creat" or (len(args) > 2 and "O_CREAT" in args[2 if name == "openat" else 1]):
                 add(area, "creates")
         elif name in _STATS:
-            add(area, "stats", meta=True)
+            add(area, "stats", meta=True, path=at)
         elif name in ("mkdir", "mkdirat", "rename", "renameat", "renameat2", "link", "linkat"):
-            add(area, "creates", meta=True)
+            add(area, "creates", meta=True, path=at)
         elif name in ("unlink", "unlinkat", "rmdir"):
-            add(area, "unlinks", meta=True)
+            add(area, "unlinks", meta=True, path=at)
     return counts
 
 
@@ -628,21 +631,21 @@ def fit(values: Sequence[float], results: list[Result], point: tuple[float, Resu
     return Model(values[-1], max(0.0, per_unit), max(0.0, per_bucket), hi.units, hi.groups)
 
 
-# The steps that open a file per dedup group (the groups' own, the select tasks reading each group's duplicates,
-# the clusters reading each group's edges, the finish removing them): only their counts take the slope per group
-# measured at the bucket point; for the others (tokenize, write, the layout) it would be the noise between two plans.
-PER_GROUP = ("dedup", "select", "clusters", "finish")
-
-
 def _fit_row(results: list[Result], point: Result | None, near: bool, name: str, key: str) -> Model:
-    """A step's count (0 where a plan has no such row) as a Model."""
+    """A step's count (0 where a plan has no such row) as a Model: its metadata operations on the
+    dedup groups' files (counted apart, `group_meta`) as so many per group of the largest plan,
+    the rest as a line in U."""
 
-    def value(r: Result) -> float:
+    def value(r: Result, k: str) -> float:
         row = steps(r, near).get(name)
-        return float(row[1][key]) if row else 0.0
+        return float(row[1][k]) if row else 0.0
 
-    grouped = point is not None and name.startswith(PER_GROUP)
-    return fit([value(r) for r in results], results, (value(point), point) if grouped and point else None)
+    if key != "meta":
+        return fit([value(r, key) for r in results], results, None)
+    rest = fit([value(r, "meta") - value(r, "group_meta") for r in results], results, None)
+    hi = results[-1]
+    per_group = value(hi, "group_meta") / max(1, hi.groups)
+    return Model(rest.at + per_group * hi.groups, rest.per_unit, per_group, rest.u0, hi.groups)
 
 
 def extrapolate(shape: Shape, results: list[Result], point: Result | None, near: bool) -> list[str]:
@@ -667,8 +670,7 @@ def extrapolate(shape: Shape, results: list[Result], point: Result | None, near:
     for stage in STAGES:
         if stage == "dedup":
             pb = [per_bucket(r) for r in results]
-            bucket = {k: fit([p[k] for p in pb], results, (per_bucket(point)[k], point) if point else None)(u, measured)
-                      for k in ("meta", "read")}  # fmt: skip
+            bucket = {k: fit([p[k] for p in pb], results, None)(u, measured) for k in ("meta", "read")}
             bucket["read"] *= measured / b  # a group holds 1/G of the keys
             idle = {k: _fit_row(results, point, near, "dedup idle task", k)(u, b) for k in ("meta", "read")}
             task = {k: held * bucket[k] for k in bucket}
