@@ -41,6 +41,7 @@ from .layout import (
     VOCAB_COPY,
     atomic_write_bytes,
     atomic_write_json,
+    in_folder,
     shard_paths,
     write_vocab_copy,
 )
@@ -61,8 +62,8 @@ __all__ = [
     "BLOCK_TOKENS", "BlockHasher", "block_damage", "check_blocks", "bytes_xxh3", "file_xxh3", "sums_path",
     "EOT_POSITIONS", "FORMAT_NAME", "FORMAT_VERSION", "IN_PROGRESS_FILE", "INDEX_DTYPE", "MAX_TOKENIZER_BYTES",
     "METADATA_FILE", "REGENERATE_HINT", "SPLITS", "TOKEN_DTYPE", "TOKENIZER_FILE", "VOCAB_COPY", "VOCAB_COPIES",
-    "atomic_write_bytes", "atomic_write_json", "shard_paths", "write_vocab_copy", "DatasetMeta", "DedupInfo",
-    "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
+    "atomic_write_bytes", "atomic_write_json", "in_folder", "shard_paths", "write_vocab_copy", "DatasetMeta",
+    "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",

@@ -18,10 +18,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 FORMAT_NAME = "lmshard"
 FORMAT_VERSION = 2  # the newest version written: 1 for uint32 shards, 2 for the other encodings
@@ -72,6 +75,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, private: bool = False) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode(), private)
+
+
+def in_folder(make: Callable[[], T], folder: Path) -> T:
+    """`make()` (a file created in `folder`), run again after making `folder` when it finds the
+    folder missing: tried first, so each of many files costs no stat or mkdir of its folder (a
+    request to a parallel filesystem's metadata servers each)."""
+    try:
+        return make()
+    except FileNotFoundError:
+        folder.mkdir(parents=True, exist_ok=True)
+        return make()
 
 
 def write_vocab_copy(directory: Path, vocab_format: str, data: bytes | None) -> None:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...format import atomic_write_json
+from ...format import atomic_write_json, in_folder
 
 FAN_IN = 64  # markers per group: a task reads at most this many per level
 Join = Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -117,12 +117,8 @@ def _highest(work: Path, stage: str, n_tasks: int, level: int, i: int) -> tuple[
 
 
 def _write(path: Path, summary: dict[str, Any]) -> None:
-    """A marker, its folder made when missing (tried first: a request spared where it exists)."""
-    try:
-        atomic_write_json(path, summary)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, summary)
+    """A marker, its folder made when missing."""
+    in_folder(lambda: atomic_write_json(path, summary), path.parent)
 
 
 def forget(work: Path, stage: str, n_tasks: int, task: int) -> None:

@@ -50,6 +50,8 @@ from .unitfiles import SECTIONS
 
 _U64 = np.dtype("<u8")
 Signatures = Callable[[np.ndarray], np.ndarray]  # documents' ids → their [n, n_hashes] signatures
+
+
 def group_buckets(n_buckets: int, n_groups: int, group: int) -> range:
     """The buckets of group `group`: a contiguous range."""
     return range(group * n_buckets // n_groups, (group + 1) * n_buckets // n_groups)
@@ -112,7 +114,7 @@ def near_edges(work: Path, writers: list[int], buckets: range, group: int, minha
         keys.append(k)
         ids.append(i)
     tokenized = work / "tokenize"
-    lookup = signatures or (lambda want: unit_signatures(tokenized, want, minhash.n_hashes))
+    lookup = signatures or (lambda want: doc_signatures(tokenized, want, minhash.n_hashes))
     member, rep = group_edges(np.concatenate(keys) if keys else np.zeros(0, _U64),
                               np.concatenate(ids) if ids else np.zeros(0, _U64), lookup, minhash)  # fmt: skip
     (work / "dedup").mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ...format import SPLITS, atomic_write_json
+from ...format import SPLITS, atomic_write_json, in_folder
 from ..documents.dedup import uniform_from_keys
 from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
@@ -48,7 +48,7 @@ from ..stops import stop_point
 from .layoutfiles import LAYOUT_FILE, Layout, write_layout
 from .nearstage import unit_near
 from .plantables import TaskTable
-from .unitfiles import read_section, section_of, sections_of, unit_marker
+from .unitfiles import read_section, read_sections, unit_marker
 
 STREAMS = (*SPLITS, "keys", "near")
 
@@ -56,13 +56,7 @@ STREAMS = (*SPLITS, "keys", "near")
 def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
     """Unit u's per-document arrays (lengths, keys, sources), read whole (20 bytes per document)
     from one open of its data file."""
-    path = tokenized / f"unit_{u:06d}.bin"
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        where = sections_of(fd, path)
-        return {name: section_of(fd, where, name) for name in ("lengths", "keys", "sources")}
-    finally:
-        os.close(fd)
+    return read_sections(tokenized, u, ("lengths", "keys", "sources"))
 
 
 def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | None, seed: int, val_fraction: float,
@@ -99,11 +93,7 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
         streams += [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
     streams += [int((split >= 0).sum()), int(tokenized_marker.get("lines", 0))]  # and its newlines: linenumbers.py
     tmp = out / f".unit_{u:06d}.split.tmp"
-    try:
-        split.tofile(tmp)
-    except FileNotFoundError:  # the first unit this process selects: the folder first (a request spared per unit)
-        out.mkdir(parents=True, exist_ok=True)
-        split.tofile(tmp)
+    in_folder(lambda: split.tofile(tmp), out)
     os.replace(tmp, out / f"unit_{u:06d}.split")
     atomic_write_json(marker, {"streams": [streams], "totals": totals.to_json()})
     stop_point("select", u)

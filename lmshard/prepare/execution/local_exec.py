@@ -51,7 +51,7 @@ TASKS_PER_WORKER = 2
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, files
-    only (no stdin or Hugging Face stream), none of the options the stages refuse (run.py's
+    only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
     `check_scale_out`), at least
     STAGED_BYTES of input, and no input the stages would give one worker half as much again as its
     share of (`taskplan.largest_whole`: a single .gz file is one unit, tokenized by one worker while the

@@ -25,7 +25,7 @@ from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.near import components
 from ...tokenizers import Tokenizer
 from ..documents.sources import Source
-from .buckets import doc_signatures, read_edges, unit_signatures
+from .buckets import doc_signatures, read_edges
 from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
 
@@ -40,6 +40,10 @@ class Previous:
     dataset: Path
     files: tuple[str, ...]
     rows: tuple[int, ...]
+
+    def signatures(self, tokenized: Path, ids: np.ndarray, n_hashes: int) -> np.ndarray:
+        """The signatures of documents `ids` (sorted), the dataset's and the run's units'."""
+        return doc_signatures(tokenized, ids, n_hashes, len(self.files), self.dataset, self.files)
 
     def ordinal(self, i: int) -> int:
         """Document i's number among the dataset's documents (as a one-process run numbers it)."""
@@ -123,8 +127,7 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
         if exact is not None and r & 0xFFFFFFFF in dups[u]:
             continue  # an exact copy of an earlier document: counted with the duplicates
         ids = np.array(sorted({r, s}), dtype=np.uint64)
-        sigs = (doc_signatures(tokenized, ids, n_hashes, base, previous.dataset, previous.files) if previous is not None
-                else unit_signatures(tokenized, ids, n_hashes))  # fmt: skip
+        sigs = previous.signatures(tokenized, ids, n_hashes) if previous else doc_signatures(tokenized, ids, n_hashes)
         agree = round(float((sigs[0] == sigs[-1]).mean()), 3)
         out.append({"removed": _document(tokenized, r, tokenizer, sources, specials, base, previous),
                     "survivor": _document(tokenized, s, tokenizer, sources, specials, base, previous),

@@ -32,6 +32,7 @@ import os
 import shutil
 import socket
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from ...format import (
     KeyFile,
     ShardInfo,
     atomic_write_json,
+    in_folder,
     shard_paths,
     sums_path,
 )
@@ -112,7 +114,8 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
     split = _unit_split(work, u)
     chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
     files = [staging / f"{rel}.tmp" for rel in piece_files(piece)]
-    fds = [_open_for_write(path) for path in files]  # not truncated: others write too
+    fds = [in_folder(partial(os.open, f, os.O_WRONLY | os.O_CREAT, 0o666), f.parent)
+           for f in files]  # not truncated: others write too
     data = work / "tokenize" / f"unit_{u:06d}.bin"
     src = os.open(data, os.O_RDONLY)  # (one open of the unit's data file per part)
     try:
@@ -143,24 +146,10 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         os.close(src)
         for fd in fds:
             os.close(fd)
-    try:
-        atomic_write_json(marker, {"piece": k})
-    except FileNotFoundError:  # the first part this process marks: the folder first (a stat spared per part)
-        marker.parent.mkdir(exist_ok=True)
-        atomic_write_json(marker, {"piece": k})
+    in_folder(lambda: atomic_write_json(marker, {"piece": k}), marker.parent)
     _release(work, layout, u)
     stop_point("part", p)
     return True
-
-
-def _open_for_write(path: Path) -> int:
-    """`path` opened for positioned writes, created if missing (not truncated), its folder made
-    when it is missing (tried first: a request spared per part where it exists)."""
-    try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
 
 
 def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:

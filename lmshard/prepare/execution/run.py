@@ -27,7 +27,7 @@ from ..output.build import Totals
 from ..output.claim import bos_written
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
-from .buckets import doc_signatures, groups_of, resolve, task_duplicates, unit_part
+from .buckets import groups_of, resolve, task_duplicates, unit_part
 from .finish import finish, remove_work
 from .keyfiles import previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
@@ -97,8 +97,17 @@ class Run:
         return [(f, rel) for f, (rel, _) in enumerate(previous["near_files"]) if f % n == task]
 
     def has_previous(self, task: int) -> bool:
-        """Whether task `task` holds a share of an extended dataset's keys or signatures."""
-        return bool(self.previous_files(task) or self.previous_near(task))
+        """Whether task `task` holds a share of an extended dataset's keys or signatures (every
+        N-th file from the task's number: the first tasks, as many as there are files)."""
+        return task < self.previous_tasks
+
+    @property
+    def previous_tasks(self) -> int:
+        """How many tasks hold a share of an extended dataset's keys or signatures."""
+        previous = self.plan.get("previous") or {}
+        files = max(len(previous.get("key_files", ())) if self.dedup else 0,
+                    len(previous.get("near_files", ())) if self.config.near_dedup else 0)  # fmt: skip
+        return min(self.plan["n_tasks"], files)
 
     @property
     def near_previous(self) -> Previous | None:
@@ -343,10 +352,10 @@ class Run:
                                              self.previous_near(i), self.wcfg.minhash)  # fmt: skip
             return wrote
         if stage == "dedup":
-            previous = [t for t in range(self.plan["n_tasks"]) if self.has_previous(t)]
+            previous = range(self.previous_tasks)
             near = self.near_previous
-            lookup = None if near is None else (lambda ids: doc_signatures(
-                self.work / "tokenize", ids, self.near_hashes, len(near.files), near.dataset, near.files))  # fmt: skip
+            tokenized, n_hashes = self.work / "tokenize", self.near_hashes
+            lookup = None if near is None else (lambda ids: near.signatures(tokenized, ids, n_hashes))
             return resolve(self.work, self.plan["tasks"], self.plan["buckets"], self.plan["groups"], i, self.dedup,
                            self.wcfg.minhash, previous, lookup) >= 0  # fmt: skip
         if stage == "select":
@@ -357,7 +366,7 @@ class Run:
             return write_part(self.work, self.paths.staging, self.layout(), i, self.specials)
         if stage == "seal":
             return seal_piece(self.work, self.paths.staging, self.layout(), i, self.encoding)
-        paths = OutputPaths.of(c.out)
+        paths = self.paths
         with WriterLock(paths):
             recover(paths)
             if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
@@ -382,7 +391,7 @@ class Run:
         for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
             if not is_complete(self.work, prior):  # one stat each, once its tasks have folded their marks
                 self.summary(prior, stage)
-        paths = OutputPaths.of(self.config.out)
+        paths = self.paths
         swapped = stage == "finish" and (paths.out / METADATA_FILE).exists() and not paths.staging.exists()
         if stage in ("write", "finish") and read_run(paths.staging) is None and not swapped:
             raise InputError(f"{self.config.out}: no build was claimed for this plan; run the `lmshard prepare ... "

@@ -171,10 +171,16 @@ def section_of(fd: int, where: dict[str, tuple[int, int]], name: str) -> np.ndar
 
 def read_section(tokenized: Path, u: int, name: str) -> np.ndarray:
     """One of unit u's per-document arrays (lengths, keys, sources), read whole: one open."""
+    return read_sections(tokenized, u, (name,))[name]
+
+
+def read_sections(tokenized: Path, u: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Sections `names` of unit u's data file, read whole from one open."""
     path = tokenized / f"unit_{u:06d}.bin"
     fd = os.open(path, os.O_RDONLY)
     try:
-        return section_of(fd, sections_of(fd, path), name)
+        where = sections_of(fd, path)
+        return {name: section_of(fd, where, name) for name in names}
     finally:
         os.close(fd)
 
