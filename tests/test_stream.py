@@ -256,7 +256,7 @@ steps = 0
 for x, y in b:
     steps += 1
 own = sum(1 for _ in lmshard.stream(sys.argv[1], epochs=1).documents(reader=2 * rank, readers=6)())
-os.write(1, (json.dumps({"rank": rank, "steps": steps, "docs": own}) + "\n").encode())  # one write: ranks share stdout
+os.write(1, (json.dumps({"rank": rank, "steps": steps, "docs": own}) + "\\n").encode())  # one write: ranks share stdout
 """
 
 
