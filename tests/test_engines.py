@@ -234,3 +234,36 @@ def test_slurm_run_of_a_saved_hugging_face_dataset_gives_the_one_machine_bytes(t
         assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
     assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["drops"]["duplicate"] == 60
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
+def test_slurm_dedup_lines_and_its_append_give_the_local_bytes(tmp_path):
+    """`prepare --dedup-lines --num-tasks 3 --executor slurm` (six arrays: the lines and linedup
+    stages first) equals a one-machine prepare, and an --append of more inputs onto it equals a
+    local --append, byte for byte (the dataset's line keys shared out to the lines tasks)."""
+    from test_stages import _boilerplate_corpus
+
+    first = _boilerplate_corpus(tmp_path / "first", seed=3, n=400)
+    second = _boilerplate_corpus(tmp_path / "second", seed=4, n=600)
+    common = ["--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000", "--val-fraction", "0.1",
+              "--dedup-lines"]  # fmt: skip
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                                  env=env | {"LMSHARD_UNIT_BYTES": str(1 << 16)})  # fmt: skip
+
+        for extra in ([], ["--append"]):
+            src = first if not extra else second
+            assert run("prepare", str(src), "--out", "local", *common, *extra).returncode == 0
+            submitted = run("prepare", str(src), "--out", "dist", *common, *extra, "--num-tasks", "3", "--executor",
+                            "slurm")  # fmt: skip
+            assert submitted.returncode == 0, submitted.stderr
+            jobs = dict(re.findall(r"(lines|linedup|tokenize|dedup|select|write|finish) \(job (\d+)\)",
+                                   submitted.stdout))  # fmt: skip
+            assert list(jobs) == ["lines", "linedup", "tokenize", "dedup", "select", "write", "finish"], submitted.stdout
+            logs = _drained(env, tmp_path / ".dist.lmshard-work")
+            assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
+            assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+    meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
+    assert meta["dedup"]["lines_removed"] > 300 and len(meta["config"]["inputs"]) == 2

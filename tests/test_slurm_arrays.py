@@ -69,7 +69,7 @@ def test_array_task_i_runs_plan_tasks_i_i_plus_k_and_so_on_each_exactly_once(tmp
         assert ran == {i: (0, list(range(i, n_tasks, k))) for i in range(k)}, stage
         assert sorted(t for _, tasks in ran.values() for t in tasks) == list(range(n_tasks))
     assert (tmp_path / ".out.lmshard-work" / "slurm" / "arrays.json").read_text() == (
-        f'{{"tasks": {n_tasks}, "array_tasks": {k}}}\n')  # fmt: skip
+        f'{{"tasks": {n_tasks}, "array_tasks": {k}, "stages": ["tokenize", "dedup", "select", "write"]}}\n')  # fmt: skip
 
 
 def test_a_failing_plan_task_fails_its_array_task_and_none_after_it_runs(tmp_path, monkeypatch):

@@ -248,3 +248,28 @@ def test_resume_after_a_kill_at_the_swap_removes_the_work_folder(tmp_path, corpu
     assert code == 0, err
     assert (out / "dataset_metadata.json").exists()
     assert not _work(out).exists()
+
+
+@pytest.mark.parametrize("stop", ["lines", "linebucket", "unit"])
+def test_a_kill_in_a_line_stage_then_resume_gives_the_one_machine_bytes(tmp_path, request, stop):
+    """--dedup-lines staged (the lines and linedup stages before tokenize): kill -9 after a
+    unit's lines are hashed, a group of line buckets resolved, or a unit tokenized with its
+    lines removed, then --resume: one process's bytes."""
+    from test_stages import _boilerplate_corpus
+
+    src = _boilerplate_corpus(tmp_path, n=1500)
+    args = [str(src), "--workers", "2", "--tokens-per-shard", "20000", "--val-fraction", "0.1", "--dedup-lines",
+            "--on-error", "skip"]  # fmt: skip
+    one = tmp_path / "one" / "o"
+    code, err = finish(_start([*args, "--out", str(one), "--workers", "1"]), 300)
+    assert code == 0, err
+    out = tmp_path / "run" / "o"
+    shape = {"lines": 6, "linebucket": 32, "unit": 6}  # (at least this many units and groups: the corpus is ~400 KiB)
+    point = f"{stop}={_pick(request, shape[stop])}"
+    where = f"killed at LMSHARD_STOP_AT={point} (LMSHARD_KILL_SEED={SEED})"
+    held, main = _held_and_killed([*args, "--out", str(out)], point, where)
+    assert held != main, f"{where}: held in the main process, not a worker"
+    work = _work(out)
+    hashed = len(list((work / "lines").glob("unit_*.bin")))
+    assert hashed >= 1 and (stop == "unit") == (work / "tokenize").exists(), where  # (in the stage named)
+    _resume_and_compare([*args, "--out", str(out)], _files(one), where)

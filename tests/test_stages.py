@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 
+import numpy as np
 import pytest
 from proctree import LMSHARD, finish, signal_stopped, wait_stopped
 from test_prepare import jsonl, make_texts
@@ -625,7 +626,7 @@ def test_a_planned_run_of_a_pipe_finishes_after_the_pipe_is_gone(tmp_path):
 @pytest.mark.parametrize("executor", ["local", "none"])
 def test_a_refused_planned_run_leaves_nothing_behind(tmp_path, executor):
     src = jsonl(tmp_path / "a.jsonl", make_texts(20))
-    for refused in ({"max_docs": 5}, {"dedup_lines": True}):
+    for refused in ({"max_docs": 5},):
         config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "out"), num_tasks=2, executor=executor, **refused)
         with pytest.raises(ConfigError, match="a scale-out run takes files, stdin"):
             if executor == "local":
@@ -665,3 +666,103 @@ def test_a_planned_run_that_keeps_nothing_equals_the_one_process_run(tmp_path):
         prepare(PrepareConfig(inputs=[str(tmp_path / "empty.jsonl")], out=str(tmp_path / name), allow_empty=True, **kw))
     assert _files(tmp_path / "one") == _files(tmp_path / "many")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl", "many", "one"]
+
+
+def _boilerplate_corpus(tmp, seed=31, n=900):
+    """Documents that share lines: a footer on every third, a header on every fifth, and lines
+    of earlier documents quoted in later ones (across files, units and tasks)."""
+    texts = make_texts(n, seed=seed)
+    for i in range(0, n, 3):
+        texts[i] += "\nShare this article with your friends\nCopyright 2024 Example Corp. All rights reserved."
+    for i in range(0, n, 5):
+        texts[i] = "Home | News | Sport | Weather\n" + texts[i]
+    for i in range(7, n, 11):
+        texts[i] += "\n" + texts[i - 7].splitlines()[-1]
+    jsonl(tmp / "lines" / "a.jsonl", texts[: n // 2])
+    jsonl(tmp / "lines" / "b.jsonl", texts[n // 2 :] + texts[:20])
+    (tmp / "lines" / "c.txt").write_text("\n\n".join(t for t in texts[100:300]) + "\n")
+    return tmp / "lines"
+
+
+@pytest.mark.parametrize(("n_tasks", "keys_per_file", "dedup"), [(1, None, "document"), (3, 300, "document"),
+                                                                 (7, 300, "none"), (3, 300, "near")])  # fmt: skip
+def test_a_planned_dedup_lines_run_equals_one_machine(tmp_path, monkeypatch, n_tasks, keys_per_file, dedup):
+    """--dedup-lines as planned tasks (the lines and linedup stages first, every stage's tasks
+    in reversed order): the same lines removed, documents kept, shards, document and line key
+    files (cut at the key file size) and metadata as one process, byte for byte; with
+    --near-dedup too (the signatures of the documents as their lines left them)."""
+    if keys_per_file:
+        _small_key_files(monkeypatch, keys_per_file)
+    src = _boilerplate_corpus(tmp_path)
+    opts = dict(_OPTS, dedup_lines=True, dedup="document" if dedup == "near" else dedup, near_dedup=dedup == "near")
+    local = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **opts))
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **opts)
+    local_exec.claim(config, n_tasks)
+    stages = stages_module.run_stages(config)
+    assert stages[:3] == ("lines", "linedup", "tokenize")
+    for stage in stages[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task, unit_bytes=_WINDOW)
+    plan = load_plan(work_dir(config.out))
+    assert len(plan["units"]) > 3  # the files really were cut
+    assert run_task(config, n_tasks, "finish", 0, unit_bytes=_WINDOW) == 1
+    assert local.dedup.lines_removed > 600  # the footers, headers and quoted lines after their first
+    lines = [f for f in local.dedup.files if f.kind == "line"]
+    assert len(lines) == (-(-sum(f.n_keys for f in lines) // keys_per_file) if keys_per_file else 1)
+    local_files, scaled = _files(tmp_path / "local"), _files(tmp_path / "scaled")
+    assert local_files.keys() == scaled.keys()
+    for name in local_files:
+        assert local_files[name] == scaled[name], name
+    unique = set()  # the line key files hold each distinct non-blank line once (a hand count from the inputs)
+    for f in lines:
+        unique.update(np.fromfile(tmp_path / "local" / f.path, dtype="<u8").tolist())
+    assert len(unique) == sum(f.n_keys for f in lines)
+
+
+@pytest.mark.parametrize("n_tasks", [1, 3])
+def test_a_planned_dedup_lines_append_equals_a_local_append(tmp_path, monkeypatch, n_tasks):
+    """--append --dedup-lines as planned tasks: the lines the dataset has seen are removed from
+    the new documents (its line key files shared out to the lines tasks), and the new line key
+    files are numbered after the dataset's, as a local --append does."""
+    import shutil
+
+    _small_key_files(monkeypatch, 200)
+    first = _boilerplate_corpus(tmp_path / "first", seed=3, n=300)
+    second = _boilerplate_corpus(tmp_path / "second", seed=4, n=600)
+    opts = dict(_OPTS, dedup_lines=True)
+    prepare(PrepareConfig(inputs=[str(first)], out=str(tmp_path / "base"), workers=1, **opts))
+    for name in ("local", "planned"):
+        shutil.copytree(tmp_path / "base", tmp_path / name, copy_function=os.link)
+    local = prepare(PrepareConfig(inputs=[str(second)], out=str(tmp_path / "local"), workers=1, append=True, **opts))
+    config = PrepareConfig(inputs=[str(second)], out=str(tmp_path / "planned"), workers=1, append=True,
+                           unit_size=_WINDOW, **opts)  # fmt: skip
+    local_exec.claim(config, n_tasks)
+    for stage in stages_module.run_stages(config)[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task, unit_bytes=_WINDOW)
+    assert run_task(config, n_tasks, "finish", 0, unit_bytes=_WINDOW) == 1
+    kinds = [f.kind for f in local.dedup.files]
+    assert kinds.count("line") > 2 and local.dedup.lines_removed > 0
+    assert _files(tmp_path / "local") == _files(tmp_path / "planned")
+
+
+def test_a_dedup_lines_run_in_the_local_pool_equals_one_process_and_status_names_its_line_stages(tmp_path):
+    """`prepare --dedup-lines --num-tasks 3 --workers 2` here (the local pool, as a large plain
+    --dedup-lines prepare runs): one process's bytes; a plan run by hand shows the line stages
+    first in `status` and in the commands `--executor none` prints."""
+    src = _boilerplate_corpus(tmp_path)
+    opts = dict(_OPTS, dedup_lines=True)
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, **opts))
+    local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "pool"), workers=2, unit_size=_WINDOW,
+                                 **opts), 3)  # fmt: skip
+    assert _files(tmp_path / "one") == _files(tmp_path / "pool")
+    cli = _cli(tmp_path)
+    planned = cli("prepare", str(src), "--out", "hand", "--dedup-lines", "--num-tasks", "2", "--executor", "none",
+                  "--val-fraction", "0.1", "--on-error", "skip")  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    said = [line.split()[3] for line in planned.stdout.splitlines() if "run-task --stage" in line]
+    assert said == ["lines", "linedup", "tokenize", "dedup", "select", "write", "finish"]
+    status = cli("status", "hand")
+    assert status.stdout.splitlines()[0].startswith("lines: 0 of 2 tasks complete"), status.stdout
+    early = cli("run-task", "--stage", "tokenize", "--task", "0", "hand")
+    assert early.returncode != 0 and "needs the lines stage complete" in early.stderr, early.stderr

@@ -20,7 +20,10 @@ import typer
 from ..errors import ConfigError
 from . import render
 
-STAGES = ("tokenize", "dedup", "select", "write", "finish")  # as lmshard.prepare.execution.stages.STAGES
+# as lmshard.prepare.execution.stages.STAGES; the first two with --dedup-lines only
+STAGES = ("lines", "linedup", "tokenize", "dedup", "select", "write", "finish")
+_WHAT = {"lines": "units", "linedup": "groups of buckets", "tokenize": "units", "dedup": "groups of buckets",
+         "select": "units", "write": "parts of shards"}  # fmt: skip
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
@@ -61,22 +64,23 @@ def planned_prepare(cfg: Any, n_tasks: int, executor: str, on_progress: Callable
     if executor == "slurm":
         from ..prepare.execution import slurm
 
-        jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args, cfg.max_jobs)
-        arrays = ", ".join(f"{stage} (job {jobs[stage]})" for stage in slurm.ARRAY_STAGES)
+        stages = slurm.array_stages(cfg.dedup_lines)
+        jobs = slurm.submit(cfg.out, n_tasks, cfg.sbatch_args, cfg.max_jobs, stages)
+        arrays = ", ".join(f"{stage} (job {jobs[stage]})" for stage in stages)
         k = jobs["array_tasks"]
         each = f" in arrays of {k} (array task i runs tasks i, i + {k}, ... in turn)" if k < n_tasks else ""
         show.print(f"submitted {n_tasks} tasks of each stage{each}: {arrays}, and the finish (job {jobs['finish']}): "
-                   f"{len(slurm.ARRAY_STAGES) * k + 1} jobs in all; follow with: lmshard status {out}", markup=False,
+                   f"{len(stages) * k + 1} jobs in all; follow with: lmshard status {out}", markup=False,
                    soft_wrap=True)  # fmt: skip
         again = "; ".join(jobs["resubmit"])
-        show.print(f"if tokenize task I fails (the later stages are then cancelled), `lmshard status {out}` "
+        show.print(f"if {stages[0]} task I fails (the later stages are then cancelled), `lmshard status {out}` "
                    f"prints what re-runs the missing tasks; for task I it is: {again}", markup=False,
                    soft_wrap=True)  # fmt: skip
         return None
     units, tasks = render.plural(len(plan["units"]), "unit"), render.plural(n_tasks, "task")
     show.print(f"planned {units} in {tasks}; run each stage's tasks, one stage after the other, then the finish:",
                markup=False, soft_wrap=True)  # fmt: skip
-    for stage in STAGES[:-1]:
+    for stage in (STAGES if cfg.dedup_lines else STAGES[2:])[:-1]:
         show.print(f"  lmshard run-task --stage {stage} --task I {out}    # I = 0 .. {n_tasks - 1}", markup=False,
                    soft_wrap=True)  # fmt: skip
     show.print(f"  lmshard run-task --stage finish {out}", markup=False, soft_wrap=True)
@@ -90,7 +94,8 @@ def run_task(
         "--stage",
         metavar="STAGE",
         help="tokenize (a task's units), dedup (its groups of hash buckets), select (its units), write (its "
-        "shards), each after every task of the stage before; finish (once, last).",
+        "shards), each after every task of the stage before; finish (once, last). With --dedup-lines, lines (a "
+        "task's units' lines hashed) and linedup (its groups of buckets) come first.",
     ),
     task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
     workers: int | None = typer.Option(
@@ -125,7 +130,8 @@ def run_task(
 
         render.summary(load_metadata(cfg.out), cfg.out)
         return
-    what = {"tokenize": "units tokenized", "dedup": "groups of buckets deduplicated", "select": "units selected",
+    what = {"lines": "units' lines hashed", "linedup": "groups of line buckets deduplicated",
+            "tokenize": "units tokenized", "dedup": "groups of buckets deduplicated", "select": "units selected",
             "write": "parts of shards and key files written"}[stage]  # fmt: skip
     render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 
@@ -149,7 +155,7 @@ def status(
     for stage, row in info["stages"].items():
         if stage == "dedup" and not info["dedup"]:
             continue
-        what = {"tokenize": "units", "dedup": "groups of buckets", "select": "units", "write": "parts of shards"}[stage]
+        what = _WHAT[stage]
         if not waiting and row.get("ready"):  # the select stage is done, but no task laid the shards out yet
             render.out.print(f"write: not started (its first task lays the shards out); run: lmshard run-task --stage "
                              f"write --task I {quoted}    # I = 0 .. {n_tasks - 1}", markup=False, soft_wrap=True)

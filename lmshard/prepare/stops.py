@@ -16,6 +16,8 @@ The points:
   marker, before reporting it.
 - `bucket`, `select`, `part`, `piece`: the same for a dedup group of buckets, a selected unit, a
   written part of a shard or key file, a sealed shard or key file (keys: their numbers);
+- `lines`, `linebucket` (--dedup-lines): the same for a unit whose lines were hashed, and a group
+  of buckets of line keys resolved;
 - `swap`: the main process passed a step of the final swap (staging.commit). With the atomic
   exchange (`--overwrite`, `--append`): 1 after the exchange (the old dataset under the build's
   name), 2 after the old one was renamed to the trash. With two renames (no exchange): 1 between

@@ -59,14 +59,15 @@ def group_buckets(n_buckets: int, n_groups: int, group: int) -> range:
 
 def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, group: int, exact: bool = True,
             minhash: MinHashConfig | None = None, previous: Sequence[int] = (),
-            signatures: Signatures | None = None) -> int:  # fmt: skip
+            signatures: Signatures | None = None, lines: bool = False) -> int:  # fmt: skip
     """Find group `group`'s duplicates over every task's key file (`tasks`: the plan's unit
     ranges) and write them with their marker (`dedup/group_G.dups`, `.done`); returns how many
     (skipped when already done: -1). `minhash` (--near-dedup): also its near-duplicate edges.
     `previous` (--append): the tasks holding a share of the appended-to dataset's keys, which
     come before every new document (and are never duplicates themselves); `signatures`: with
-    --near-dedup, the signatures of documents by id (default: the units' own)."""
-    out = work / "dedup"
+    --near-dedup, the signatures of documents by id (default: the units' own). `lines`
+    (--dedup-lines): the lines' keys instead (linestage.py), into `lines/group_G.dups`."""
+    out = work / ("lines" if lines else "dedup")
     marker = out / f"group_{group:06d}.done"
     if marker.exists():
         return -1
@@ -75,12 +76,12 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, g
     edges = near_edges(work, writers, buckets, group, minhash, previous, signatures) if minhash is not None else 0
     keys, ids, owners = [], [], []
     for t in previous if exact else []:
-        k, i = group_keys(work, t, buckets, "exact", previous=True)
+        k, i = group_keys(work, t, buckets, "exact", previous=True, lines=lines)
         keys.append(k)
         ids.append(i)
         owners.append(np.full(len(k), -1, dtype=np.int64))
     for t in writers if exact else []:
-        k, i = group_keys(work, t, buckets, "exact")
+        k, i = group_keys(work, t, buckets, "exact", lines=lines)
         keys.append(k)
         ids.append(i)
         owners.append(np.full(len(k), t, dtype=np.int64))
@@ -94,7 +95,7 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, g
     write_partitioned(out / f"group_{group:06d}.dups", owner[dup], np.concatenate(ids)[dup] if ids else k[:0],
                       len(tasks))  # fmt: skip
     atomic_write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
-    stop_point("bucket", group)
+    stop_point("linebucket" if lines else "bucket", group)
     return int(dup.sum())
 
 

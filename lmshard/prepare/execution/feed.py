@@ -43,6 +43,7 @@ from ..documents.worker import (
     share_with_forks,
 )
 from ..output.build import Build
+from ..output.rowfiles import RowFiles
 from .nearpass import attach, first_pass
 from .pool import OrderedPool, start_method
 
@@ -163,9 +164,8 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         masked: tuple[IO[bytes], list[tuple[int, int]]] | None = None  # --dedup-lines: every item's line marks
         if config.dedup_lines:
             masks = stack.enter_context(tempfile.TemporaryFile())
-            keys = stack.enter_context(open(build.root / build.line_key_path(), "wb"))
             hashes = feeder.map(process_lines, lambda it: hash_lines(it, wcfg), items())
-            index, build.line_keys = _line_masks(hashes, masks, build.line_set(), keys)
+            index = _line_masks(hashes, masks, build.line_set(), build.line_files())
             stream = _with_masks(stream, masks, index[build.items_done :])
             masked = (masks, index)
         results = feeder.map(process_item, lambda it: run_item(it, wcfg, tokenizer, sign=False), stream,
@@ -181,22 +181,20 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
 
 
 def _line_masks(hashes: Iterator[np.ndarray], out: IO[bytes], seen: KeySet,
-                keys: IO[bytes]) -> tuple[list[tuple[int, int]], int]:  # fmt: skip
+                keys: RowFiles) -> list[tuple[int, int]]:  # fmt: skip
     """Pass 1 of line dedup: in input order, mark each non-blank line kept if its text was not
     seen before (in this run or the dataset appended to); store the marks as packed bits in
-    `out` and the new lines' keys in `keys`. Returns (byte offset, lines) per item and the
-    number of new keys. Memory: the set of unique lines (≈16 bytes each), 16 bytes per item."""
-    index, new = [], 0
+    `out` and the new lines' keys in `keys`. Returns (byte offset, lines) per item. Memory: the
+    set of unique lines (≈16 bytes each), 16 bytes per item."""
+    index = []
     for h in hashes:
         fresh = seen.add_new(h)
         bits = np.packbits(fresh).tobytes()
         index.append((out.tell(), len(h)))
         out.write(bits)
-        keys.write(h[fresh].astype("<u8").tobytes())
-        new += int(fresh.sum())
-    keys.flush()
-    os.fsync(keys.fileno())
-    return index, new
+        keys.add(h[fresh])
+    keys.sync()
+    return index
 
 
 def _with_masks(items: Iterator[WorkItem], masks: IO[bytes], index: list[tuple[int, int]]) -> Iterator[WorkItem]:

@@ -75,10 +75,12 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
               + tuple(ShardInfo.parse(p[0], e) for p, e in zip(pieces, entries, strict=True) if p[0] == split)]
     old = previous.dedup.files if previous is not None and previous.dedup else ()
     own = {kind: tuple(KeyFile.parse(e) for p, e in zip(pieces, entries, strict=True) if p[0] == kind)
-           for kind in ("keys", "near")}  # fmt: skip
-    # (as a local run lists them: the dataset's keys, this run's, then every signature file, the dataset's first)
+           for kind in ("keys", "near", "lines")}  # fmt: skip
+    # (as a local run lists them: the dataset's keys, this run's document then line keys, then every signature file,
+    # the dataset's first)
     keys = (tuple(f for f in old if f.kind != "near") + (own["keys"] if config.dedup == "document" else ())
-            + (tuple(f for f in old if f.kind == "near") if config.near_dedup else ()) + own["near"])  # fmt: skip
+            + own["lines"] + (tuple(f for f in old if f.kind == "near") if config.near_dedup else ())
+            + own["near"])  # fmt: skip
     check_not_empty(config, totals, base, shards)
     if config.near_dedup:
         totals.near_examples = near_summary(work)["examples"]

@@ -58,7 +58,7 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
     """Run `items` of `stage` in `pool`; `done(stage, item)` as each batch finishes."""
     # Units one at a time (long, and the progress follows them); the small items of the later stages in a few
     # batches per worker, so that this process schedules a few dozen calls, not thousands.
-    size = 1 if stage == "tokenize" else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
+    size = 1 if stage in ("lines", "tokenize") else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
     with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
         futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
                    for k in range(0, len(items), size)}  # fmt: skip

@@ -15,6 +15,10 @@ key's value. Written under a temporary name, fsynced and renamed: the file is it
 **Keys of an appended-to dataset** (`WORK/keys/previous_TTTTTT.bin`, --append): task T's
 share of the dataset's key files (every N-th from the T-th), in the same layout with ids 0.
 
+**Line keys** (--dedup-lines, linestage.py): `WORK/keys/lines_TTTTTT.bin`, task T's lines'
+keys (ids unit << 32 | line), and `WORK/keys/prevlines_TTTTTT.bin`, its share of an
+appended-to dataset's line key files (ids 0), in the same layout with an empty `near` section.
+
 **Group duplicates** (`dedup/group_GGGGGG.dups`, buckets.py): T+1 uint64 offsets, then the
 ids (uint64) of the duplicate documents of the group's buckets, grouped by the task that
 tokenized them.
@@ -51,6 +55,16 @@ def task_keys_path(work: Path, task: int) -> Path:
 def previous_keys_path(work: Path, task: int) -> Path:
     """Task `task`'s share of the keys of the dataset an --append extends."""
     return work / "keys" / f"previous_{task:06d}.bin"
+
+
+def line_keys_path(work: Path, task: int, previous: bool = False) -> Path:
+    """Task `task`'s lines' keys (--dedup-lines; `previous`: its share of an appended-to dataset's)."""
+    return work / "keys" / f"{'prevlines' if previous else 'lines'}_{task:06d}.bin"
+
+
+def write_line_keys(path: Path, keys: np.ndarray, ids: np.ndarray, n_buckets: int) -> None:
+    """A key file of lines' keys and their ids (see the module docstring)."""
+    _write_keys(path, partition(keys.astype(_U64), ids.astype(_U64), n_buckets), b"", n_buckets)
 
 
 def write_task_keys(work: Path, units: range, task: int, n_buckets: int, minhash: MinHashConfig | None,
@@ -130,11 +144,15 @@ def partition(keys: np.ndarray, ids: np.ndarray, n_buckets: int) -> bytes:
     return offsets.tobytes() + keys[order].astype(_U64).tobytes() + ids[order].astype(_U64).tobytes()
 
 
-def group_keys(work: Path, task: int, buckets: range, section: str,
-               previous: bool = False) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def group_keys(work: Path, task: int, buckets: range, section: str, previous: bool = False,
+               lines: bool = False) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The (keys, ids) of `buckets` (consecutive) in task `task`'s key file (`previous`: its share
-    of the appended-to dataset's), `section` exact or near: one slice of each array."""
-    path = previous_keys_path(work, task) if previous else task_keys_path(work, task)
+    of the appended-to dataset's; `lines`: of lines' keys), `section` exact or near: one slice
+    of each array."""
+    if lines:
+        path = line_keys_path(work, task, previous)
+    else:
+        path = previous_keys_path(work, task) if previous else task_keys_path(work, task)
     fd = os.open(path, os.O_RDONLY)
     try:
         head = pread_all(fd, _HEAD, 0)

@@ -50,13 +50,13 @@ from .nearstage import unit_near
 from .plantables import TaskTable
 from .unitfiles import read_section, read_sections, unit_marker
 
-STREAMS = (*SPLITS, "keys", "near")
+STREAMS = (*SPLITS, "keys", "near", "lines")
 
 
 def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
-    """Unit u's per-document arrays (lengths, keys, sources), read whole (20 bytes per document)
-    from one open of its data file."""
-    return read_sections(tokenized, u, ("lengths", "keys", "sources"))
+    """Unit u's per-document arrays (lengths, keys, sources), read whole (20 bytes per document),
+    and its kept lines' keys (--dedup-lines), from one open of its data file."""
+    return read_sections(tokenized, u, ("lengths", "keys", "sources", "lines"))
 
 
 def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | None, seed: int, val_fraction: float,
@@ -92,6 +92,7 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
         mine = split == s
         streams += [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
     streams += [int((split >= 0).sum()), int(tokenized_marker.get("lines", 0))]  # and its newlines: linenumbers.py
+    streams.append(len(arrays["lines"]))  # and its lines' keys to store (--dedup-lines)
     tmp = out / f".unit_{u:06d}.split.tmp"
     in_folder(lambda: split.tofile(tmp), out)
     os.replace(tmp, out / f"unit_{u:06d}.split")
@@ -128,15 +129,20 @@ def add_totals(totals: Totals, part: Totals) -> None:
 
 
 def _stream(row: list[int], stream: str) -> tuple[int, int]:
-    """A unit's documents and tokens (keys, signatures: one per kept document) in `stream`."""
+    """A unit's documents and tokens (keys, signatures: one per kept document; line keys: one
+    per line met first) in `stream`."""
     if stream in SPLITS:
         s = SPLITS.index(stream)
         return row[2 * s], row[2 * s + 1]
+    if stream == "lines":
+        return row[6], row[6]
     return row[4], row[4]
 
 
 def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray:
     """The lengths, as written, of unit u's documents in `stream` (1 per kept document for keys)."""
+    if stream == "lines":
+        return np.ones(len(read_section(work / "tokenize", u, "lines")), dtype=np.int64)
     split = np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
     if stream in ("keys", "near"):
         return np.ones(int((split >= 0).sum()), dtype=np.int64)
@@ -198,21 +204,25 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
 
 
 def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]], tokens_per_shard: int,
-                specials: int, keys: bool = True, near_hashes: int = 0,
-                first: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
+                specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
+                lines: bool = False) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
     (per task, its parts: those of the units in its range of `unit_ranges`, the plan's tasks),
     `readers` (per unit, the parts that read it). `rows`: per unit, its stream totals (the
     select stage's summary). `first`: per stream, the number of its first file (--append: the
-    files of the dataset appended to come first)."""
+    files of the dataset appended to come first). `lines` (--dedup-lines): the line key files,
+    after the document keys."""
     n_units = len(rows)
     at = {s: 0 for s in STREAMS} | (first or {})
     pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials, at[s])]
     if keys:  # (--dedup none keeps no keys)
         found = pieces_of(work, rows, "keys", KEYS_PER_FILE, specials, at["keys"])
         pieces += found or [["keys", at["keys"], 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
+    if lines:
+        found = pieces_of(work, rows, "lines", KEYS_PER_FILE, specials, at["lines"])
+        pieces += found or [["lines", at["lines"], 0, 0, []]]  # (a local run lists its line key file, even empty)
     if near_hashes:  # --near-dedup: the kept documents' signatures, in files of as many rows
         pieces += pieces_of(work, rows, "near", KEYS_PER_FILE, specials, at["near"]) or [["near", at["near"], 0, 0, []]]
     parts: list[list[Any]] = []
@@ -230,13 +240,14 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
 
 
 def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[list[int]]], tokens_per_shard: int,
-                  specials: int, keys: bool = True, near_hashes: int = 0,
-                  first: dict[str, int] | None = None) -> Layout:  # fmt: skip
+                  specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
+                  lines: bool = False) -> Layout:  # fmt: skip
     """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
     the same) from the units' stream totals (`rows()`: the select stage's summary)."""
     if not (work / LAYOUT_FILE).exists():
         try:
-            layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes, first)
+            layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes, first,
+                                 lines)  # fmt: skip
         except FileNotFoundError:  # another task made it first and has begun writing (its units' files go)
             if not (work / LAYOUT_FILE).exists():
                 raise

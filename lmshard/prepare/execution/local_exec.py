@@ -35,7 +35,7 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
 from .finish import finish, remove_work
 from .itempool import in_pool, item_pool
 from .owners import begin
-from .run import STAGES, Run
+from .run import Run
 from .runplan import check_scale_out, load_run
 from .taskplan import largest_whole, work_dir
 from .unitfiles import unit_marker
@@ -58,7 +58,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
     on the benchmark corpus ×2 on 2 cores)."""
     total = sum(s.size for s in sources)
-    return (config.n_workers() > 1 and not config.dedup_lines and not config.hf and config.max_docs is None
+    return (config.n_workers() > 1 and not config.hf and config.max_docs is None
             and not any(s.stream or s.fmt == "hf" for s in sources)
             and total >= STAGED_BYTES and largest_whole(sources) * config.n_workers() <= 1.5 * total)  # fmt: skip
 
@@ -113,18 +113,18 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
 
 
 def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
-    todo = {stage: r.missing(stage) for stage in STAGES[:3]}
+    todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     progress = _Progress(r, on_progress)
     if workers <= 1:
-        for stage in _ORDER:
+        for stage in _order(r):
             for i in _todo(r, stage):
                 r.do(stage, i)
                 progress.done(stage, i)
             _summarize(r, stage)
         return
     with item_pool(r, workers) as pool:
-        for stage in _ORDER:
+        for stage in _order(r):
             in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
 
@@ -132,14 +132,18 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
 def _summarize(r: Run, stage: str) -> None:
     """Once a stage's items are done here, its summary (barrier.py), as its tasks would fold it:
     a resumed run, or a task run after it, then knows the stage complete from one file."""
-    done = {"keys": "tokenize", "dedup": "dedup", "select": "select", "write": "write"}.get(stage)
+    done = {"linekeys": "lines", "linedup": "linedup", "keys": "tokenize", "dedup": "dedup", "select": "select",
+            "write": "write"}.get(stage)  # fmt: skip
     if done is not None:
         r.summary(done)
 
 
-# The stages' items in order; after the units are tokenized each task's keys are gathered (keyfiles.py), after
-# the parts are written each piece is sealed.
-_ORDER = ("tokenize", "keys", *STAGES[1:-1], "seal")
+def _order(r: Run) -> tuple[str, ...]:
+    """The stages' items in order: after a task's units are hashed (--dedup-lines) or tokenized its keys are
+    gathered (keyfiles.py), after the parts are written each piece is sealed."""
+    steps = [s for stage in r.stages[:-1] for s in ((stage, "linekeys") if stage == "lines" else
+                                                     (stage, "keys") if stage == "tokenize" else (stage,))]
+    return (*steps, "seal")
 
 
 def _todo(r: Run, stage: str) -> Iterable[int]:

@@ -97,6 +97,8 @@ def piece_files(piece: list[Any]) -> list[str]:
         return [f"dedup/doc_keys_{piece[1]:06d}.u64"]
     if piece[0] == "near":
         return [f"dedup/near_sigs_{piece[1]:06d}.u32"]
+    if piece[0] == "lines":
+        return [f"dedup/line_keys_{piece[1]:06d}.u64"]
     return list(shard_paths(piece[0], piece[1]))
 
 
@@ -112,7 +114,10 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
     piece = layout["pieces"][k]
     stream = piece[0]
     split = _unit_split(work, u)
-    chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
+    if stream == "lines":  # the unit's lines met first: all of them are written, in order
+        chosen = np.arange(i0, i1)
+    else:
+        chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
     files = [staging / f"{rel}.tmp" for rel in piece_files(piece)]
     fds = [in_folder(partial(os.open, f, os.O_WRONLY | os.O_CREAT, 0o666), f.parent)
            for f in files]  # not truncated: others write too
@@ -120,8 +125,8 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
     src = os.open(data, os.O_RDONLY)  # (one open of the unit's data file per part)
     try:
         where = sections_of(src, data)
-        if stream == "keys":
-            keys = section_of(src, where, "keys")[chosen]
+        if stream in ("keys", "lines"):
+            keys = section_of(src, where, stream)[chosen]
             _pwrite(fds[0], keys.data.cast("B"), tokens_before * 8)
         elif stream == "near":  # rows of n_hashes uint32
             h = layout["near_hashes"]
@@ -213,8 +218,8 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
             f.write(f"{socket.gethostname()} {os.getpid()}\n")
     stream, number, n_tokens, n_docs = piece[:4]
     rels = piece_files(piece)
-    keyish = stream in ("keys", "near")
-    width = 8 if stream == "keys" else 4 * layout.get("near_hashes", 0)
+    keyish = stream in ("keys", "near", "lines")
+    width = 8 if stream in ("keys", "lines") else 4 * layout.get("near_hashes", 0)
     sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
     digests, sums = [], b""
     encoded = not keyish and encoding.version > 1

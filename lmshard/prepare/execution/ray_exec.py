@@ -34,7 +34,7 @@ def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None =
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'lmshard[ray]'") from None
-    from .stages import STAGES, run_task
+    from .stages import run_stages, run_task
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ours = not ray.is_initialized()
@@ -42,7 +42,7 @@ def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None =
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_stage)
-        for stage in STAGES[:-1]:  # every task of a stage before any of the next
+        for stage in run_stages(cfg)[:-1]:  # every task of a stage before any of the next
             refs = [remote.remote(stage, asdict(cfg), n_tasks, t, unit_bytes, os.getcwd()) for t in range(n_tasks)]
             try:
                 ray.get(refs)

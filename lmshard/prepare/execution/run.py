@@ -29,10 +29,12 @@ from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
 from .buckets import groups_of, resolve, task_duplicates, unit_part
 from .finish import finish, remove_work
-from .keyfiles import previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
+from .keyfiles import line_keys_path, previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
 from .linenumbers import absolute
+from .linestage import hash_unit, unit_lines_path, write_previous_lines, write_task_lines
+from .linestage import masks as unit_masks
 from .nearstage import Previous, ensure_clusters
 from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
@@ -42,12 +44,26 @@ from .taskplan import (
 )
 from .unitfiles import tokenize_unit
 
-STAGES = ("tokenize", "dedup", "select", "write", "finish")
+STAGES = ("tokenize", "dedup", "select", "write", "finish")  # a run's stages, in order
+LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, before them
 # Where each item's marker is: (folder in the work directory, name); "seal": a sealed piece.
-_MARKERS = {"tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "group_{:06d}.done"),
+_MARKERS = {"lines": ("lines", "unit_{:06d}.bin"), "linedup": ("lines", "group_{:06d}.done"),
+            "tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "group_{:06d}.done"),
             "select": ("select", "unit_{:06d}.json"), "write": ("write", "part_{:06d}.done"),
             "seal": ("write", "piece_{:06d}.json")}  # fmt: skip
-JOINS = {"tokenize": count_join, "dedup": count_join, "select": select_join, "write": write_join}
+JOINS = {
+    "lines": count_join,
+    "linedup": count_join,
+    "tokenize": count_join,
+    "dedup": count_join,
+    "select": select_join,
+    "write": write_join,
+}
+
+
+def run_stages(config: PrepareConfig) -> tuple[str, ...]:
+    """A run's stages, in order: the line stages with --dedup-lines only."""
+    return (*LINE_STAGES, *STAGES) if config.dedup_lines else STAGES
 
 
 @dataclass
@@ -62,6 +78,7 @@ class Run:
     wcfg: WorkerConfig
     _layout: Layout | None = None
     _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
+    _repeats: tuple[int, Any] | None = None  # (task, its lines met before): read once per tokenize task
     _paths: OutputPaths | None = None
     _encoding: Encoding | None = None
 
@@ -95,6 +112,24 @@ class Run:
             return []
         n = self.plan["n_tasks"]
         return [(f, rel) for f, (rel, _) in enumerate(previous["near_files"]) if f % n == task]
+
+    def previous_lines(self, task: int) -> list[str]:
+        """--append --dedup-lines: task `task`'s share of the extended dataset's line key files."""
+        previous = self.plan.get("previous")
+        if not previous or not self.config.dedup_lines:
+            return []
+        files: list[str] = previous.get("line_files", [])[task :: self.plan["n_tasks"]]
+        return files
+
+    @property
+    def previous_line_tasks(self) -> int:
+        """How many tasks hold a share of an extended dataset's line keys."""
+        previous = self.plan.get("previous") or {}
+        return min(self.plan["n_tasks"], len(previous.get("line_files", ())) if self.config.dedup_lines else 0)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return run_stages(self.config)
 
     def has_previous(self, task: int) -> bool:
         """Whether task `task` holds a share of an extended dataset's keys or signatures (every
@@ -158,14 +193,17 @@ class Run:
                 rows = lambda: self.summary("select")["streams"]  # noqa: E731
                 first = (self.plan.get("previous") or {}).get("first")
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
-                                             self.specials, self.dedup, self.near_hashes, first)  # fmt: skip
+                                             self.specials, self.dedup, self.near_hashes, first,
+                                             self.config.dedup_lines)  # fmt: skip
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:
         """Task `task`'s share of a stage: its units, its groups of buckets, the parts of shards and key
         files from its units (finish: task 0)."""
-        if stage in ("tokenize", "select"):
+        if stage in ("lines", "tokenize", "select"):
             return range(*self.plan["tasks"][task])
+        if stage == "linedup":
+            return groups_of(self.plan["groups"], self.plan["n_tasks"], task) if self.config.dedup_lines else range(0)
         if stage == "dedup":
             return groups_of(self.plan["groups"], self.plan["n_tasks"], task) if self.bucketed else range(0)
         if stage == "write":  # parts of shards and key files: those of its units
@@ -196,6 +234,15 @@ class Run:
         """The plan task that holds unit u."""
         return task_of_unit(self.plan["tasks"], u)
 
+    def line_masks(self, u: int) -> Any:
+        """--dedup-lines: unit u's items' keep-bits and its kept lines' keys (linestage.py), from
+        its task's slice of every group's repeated lines, read once per task."""
+        task = self.task_of(u)
+        if self._repeats is None or self._repeats[0] != task:
+            found = task_duplicates(self.work / "lines", self.plan["n_tasks"], self.plan["groups"], task)
+            self._repeats = (task, found)
+        return unit_masks(self.work, u, self._repeats[1])
+
     def duplicates(self, u: int) -> Any:
         """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
         every bucket's duplicates, read once per task (buckets.py)."""
@@ -214,6 +261,12 @@ class Run:
             return [-1]
         if items is None and stage in JOINS and is_complete(self.work, stage):
             return []
+        if stage == "linekeys":  # the tasks that hashed lines and have not gathered their keys
+            if is_complete(self.work, "lines"):
+                return []
+            tasks = range(self.plan["n_tasks"] if self.config.dedup_lines else 0) if items is None else items
+            return [t for t in tasks if self._has_units(t) and not line_keys_path(self.work, t).exists()
+                    or t < self.previous_line_tasks and not line_keys_path(self.work, t, True).exists()]  # fmt: skip
         if stage == "keys":  # the tasks that tokenized units and have not gathered their keys
             if is_complete(self.work, "tokenize"):  # (marked after its key file: removed once selected)
                 return []
@@ -223,7 +276,8 @@ class Run:
         if stage == "finish":  # its one item is done once the dataset is in place
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
-            n = {"tokenize": self.n_units, "select": self.n_units,
+            n = {"lines": self.n_units if self.config.dedup_lines else 0, "tokenize": self.n_units,
+                 "select": self.n_units, "linedup": self.plan["groups"] if self.config.dedup_lines else 0,
                  "dedup": self.plan["groups"] if self.bucketed else 0}.get(stage)  # fmt: skip
             if n is None:
                 n = len(self.layout()["parts" if stage == "write" else "pieces"])
@@ -246,9 +300,9 @@ class Run:
 
     def _owner(self, stage: str) -> Callable[[int], int] | None:
         """Which task holds an item of `stage` (None: sealing, which no task owns)."""
-        if stage in ("tokenize", "select"):
+        if stage in ("lines", "tokenize", "select"):
             return self.task_of
-        if stage == "dedup":
+        if stage in ("linedup", "dedup"):
             n, tasks = self.plan["groups"], self.plan["n_tasks"]
             starts = [groups_of(n, tasks, t).start for t in range(tasks)]
             return lambda b: bisect.bisect_right(starts, b) - 1  # (an empty share starts where the next one does)
@@ -271,8 +325,13 @@ class Run:
         summaries hold what they said); after the write stage, its parts' markers and its units'
         data; and its own marks of the complete stages before this one."""
         w = self.work
-        for prior in STAGES[: STAGES.index(stage)]:
+        for prior in self.stages[: self.stages.index(stage)]:
             forget(w, prior, self.plan["n_tasks"], task)
+        if stage == "tokenize" and self.config.dedup_lines:  # its lines' files: read by the stages before only
+            line_keys_path(w, task).unlink(missing_ok=True)
+            line_keys_path(w, task, previous=True).unlink(missing_ok=True)
+            for u in self.items("tokenize", task):
+                unit_lines_path(w, u).unlink(missing_ok=True)
         if stage == "select":
             task_keys_path(w, task).unlink(missing_ok=True)
             previous_keys_path(w, task).unlink(missing_ok=True)
@@ -309,12 +368,15 @@ class Run:
         if is_complete(self.work, stage):
             return read_summary(self.work, stage)
         missing = self.missing(stage)
-        if not missing and stage == "tokenize" and self.missing("keys"):
-            missing, stage = self.missing("keys"), "keys"
+        if not missing and stage in ("lines", "tokenize"):
+            gather = "linekeys" if stage == "lines" else "keys"
+            if self.missing(gather):
+                missing, stage = self.missing(gather), gather
         if missing:
-            what = {"tokenize": "units", "keys": "tasks' key files", "dedup": "groups of buckets",
+            what = {"lines": "units", "linekeys": "tasks' line key files", "linedup": "groups of buckets",
+                    "tokenize": "units", "keys": "tasks' key files", "dedup": "groups of buckets",
                     "select": "units", "write": "parts of shards"}[stage]  # fmt: skip
-            stage = "tokenize" if stage == "keys" else stage
+            stage = {"keys": "tokenize", "linekeys": "lines"}.get(stage, stage)
             raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
                              f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
                              "for its tasks first")  # fmt: skip
@@ -341,8 +403,20 @@ class Run:
         """Item i of `stage` (a unit, a group of buckets, a part of a piece; "seal": a piece), skipped when
         its marker exists."""
         c = self.config
+        if stage == "lines":
+            return hash_unit(c, self.plan, self.sources, self.wcfg, self.work, i)
+        if stage == "linekeys":  # task i's lines' keys, partitioned by bucket, once its units are hashed
+            first, end = self.plan["tasks"][i]
+            wrote = end > first and write_task_lines(self.work, range(first, end), i, self.plan["buckets"])
+            if i < self.previous_line_tasks:  # --append: its share of the dataset's line keys
+                wrote |= write_previous_lines(self.work, Path(c.out), self.previous_lines(i), i, self.plan["buckets"])
+            return wrote
+        if stage == "linedup":
+            return resolve(self.work, self.plan["tasks"], self.plan["buckets"], self.plan["groups"], i,
+                           previous=range(self.previous_line_tasks), lines=True) >= 0  # fmt: skip
         if stage == "tokenize":
-            return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i)
+            return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i,
+                                 self.line_masks if c.dedup_lines else None)  # fmt: skip
         if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
             first, end = self.plan["tasks"][i]
             wrote = self.bucketed and end > first and write_task_keys(
@@ -388,7 +462,7 @@ class Run:
 
     def ready(self, stage: str) -> None:
         """Refuse a stage whose inputs are incomplete, naming the stage to run first."""
-        for prior in STAGES[: STAGES.index(stage)]:  # the earliest incomplete stage is the one to run
+        for prior in self.stages[: self.stages.index(stage)]:  # the earliest incomplete stage is the one to run
             if not is_complete(self.work, prior):  # one stat each, once its tasks have folded their marks
                 self.summary(prior, stage)
         paths = self.paths

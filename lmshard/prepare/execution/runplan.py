@@ -115,9 +115,9 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
 
 def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.dedup_lines or config.max_docs is not None:
-        raise ConfigError("a scale-out run takes files, stdin and pipes, without --dedup-lines or --max-docs; run "
-                          "those on one machine")  # fmt: skip
+    if config.max_docs is not None:
+        raise ConfigError("a scale-out run takes files, stdin and pipes, without --max-docs; run it on one "
+                          "machine")  # fmt: skip
     if config.hf and (config.hf_tasks > 1 or config.hf_spec().kind() != "saved"):
         raise ConfigError(f"--hf {config.hf}: a scale-out run reads a saved dataset (save_to_disk) by its rows, not "
                           "a stream; save it first (or pass its data files as inputs), or run without "
@@ -131,8 +131,10 @@ def previous_of(out: str) -> dict[str, Any]:
     meta = load_metadata(out)
     files = meta.dedup.files if meta.dedup else ()
     return {"first": {"train": len(meta.split_shards("train")), "val": len(meta.split_shards("val")),
-                      "keys": sum(f.kind == "doc" for f in files), "near": sum(f.kind == "near" for f in files)},
+                      "keys": sum(f.kind == "doc" for f in files), "near": sum(f.kind == "near" for f in files),
+                      "lines": sum(f.kind == "line" for f in files)},
             "key_files": [f.path for f in files if f.kind == "doc"],
+            "line_files": [f.path for f in files if f.kind == "line"],
             "near_files": [[f.path, f.n_keys] for f in files if f.kind == "near"]}  # fmt: skip
 
 

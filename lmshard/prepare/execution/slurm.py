@@ -6,13 +6,14 @@ interpreter running this command, so the cluster's nodes must see this Python en
 the output's filesystem (as with any Slurm job).
 
 A run queues a bounded number of jobs whatever N is (every array task counts as one job toward
-the cluster's MaxJobCount and a user's MaxSubmitJobs): each of the four stages is one array of K
-array tasks, and array task I runs plan tasks I, I + K, I + 2K ... below N one after the other,
-so the run holds 4K + 1 jobs at most (the arrays and the finish). K is N, but at most what keeps
-4K + 1 within half the cluster's MaxJobCount (`scontrol show config`; the other half leaves room
-for the user's other jobs, and for a resubmission while this run's ended jobs are still counted,
-for MinJobAge), or within `--max-jobs`, never past MaxJobCount - 1 jobs nor MaxArraySize - 1
-array tasks; at least 1 (5 jobs). K is kept in `slurm/arrays.json` for `lmshard status`.
+the cluster's MaxJobCount and a user's MaxSubmitJobs): each of the four stages (six with
+--dedup-lines) is one array of K array tasks, and array task I runs plan tasks I, I + K, I + 2K
+... below N one after the other, so the run holds 4K + 1 jobs at most (6K + 1), the arrays and
+the finish. K is N, but at most what keeps that within half the cluster's MaxJobCount
+(`scontrol show config`; the other half leaves room for the user's other jobs, and for a
+resubmission while this run's ended jobs are still counted, for MinJobAge), or within
+`--max-jobs`, never past MaxJobCount - 1 jobs nor MaxArraySize - 1 array tasks; at least 1 (5
+jobs). K and the stages are kept in `slurm/arrays.json` for `lmshard status`.
 
 Each later stage's array depends on the stage before, and the finish on the write array, with
 `afterok` and `--kill-on-invalid-dep=yes`: a failing plan task fails its array task, and the
@@ -41,6 +42,12 @@ from .taskplan import work_dir
 DEFAULT_MAX_JOBS = 10_000  # Slurm's default MaxJobCount
 DEFAULT_MAX_ARRAY = 1001  # Slurm's default MaxArraySize
 ARRAY_STAGES = ("tokenize", "dedup", "select", "write")  # one array each; then the finish
+LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, two arrays before them
+
+
+def array_stages(dedup_lines: bool) -> tuple[str, ...]:
+    """A run's stages that are arrays, in order."""
+    return (*LINE_STAGES, *ARRAY_STAGES) if dedup_lines else ARRAY_STAGES
 
 # The body of a stage's script. A failing plan task ends the loop with its exit status (so the
 # array task fails and `afterok` cancels the later stages). SIGTERM (scancel, the time limit)
@@ -87,13 +94,13 @@ def cluster_limits() -> tuple[int, int]:
     return limits["MaxJobCount"], limits["MaxArraySize"]
 
 
-def array_tasks(n_tasks: int, max_jobs: int | None = None) -> int:
-    """K, the array tasks of each stage: N, or fewer so that the run's 4K + 1 jobs stay within
+def array_tasks(n_tasks: int, max_jobs: int | None = None, arrays: int = len(ARRAY_STAGES)) -> int:
+    """K, the array tasks of each stage: N, or fewer so that the run's `arrays` × K + 1 jobs stay within
     `max_jobs` (by default half the cluster's MaxJobCount) and MaxJobCount - 1 (the most slurmctld
     holds), and K within MaxArraySize - 1 (the highest array index); at least 1."""
     job_count, array_size = cluster_limits()
     budget = min(job_count // 2 if max_jobs is None else max_jobs, job_count - 1)
-    return max(1, min(n_tasks, array_size - 1, (budget - 1) // len(ARRAY_STAGES)))
+    return max(1, min(n_tasks, array_size - 1, (budget - 1) // arrays))
 
 
 def directives(sbatch_args: str | None) -> str:
@@ -108,16 +115,18 @@ def directives(sbatch_args: str | None) -> str:
     return "".join(f"#SBATCH {shlex.join(line)}\n" for line in lines)
 
 
-def write_scripts(out: str, n_tasks: int, k: int, sbatch_args: str | None = None) -> dict[str, Path]:
-    """The batch scripts, one per stage, written (again) into WORK/slurm/, and K in arrays.json."""
+def write_scripts(out: str, n_tasks: int, k: int, sbatch_args: str | None = None,
+                  arrays: tuple[str, ...] = ARRAY_STAGES) -> dict[str, Path]:  # fmt: skip
+    """The batch scripts, one per stage (`arrays`, then the finish), written (again) into
+    WORK/slurm/, and K and the stages in arrays.json."""
     d = work_dir(out) / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     python, target = shlex.quote(sys.executable), shlex.quote(os.path.abspath(out))
     cwd = os.getcwd()  # relative inputs and --out mean what they meant where the run was submitted
     scripts = {}
-    for stage in (*ARRAY_STAGES, "finish"):
+    for stage in (*arrays, "finish"):
         run = f"{python} -m lmshard run-task --stage {stage}"
-        looped = stage in ARRAY_STAGES
+        looped = stage in arrays
         log = d / (f"{stage}_%A_%a.log" if looped else f"{stage}_%j.log")
         body = LOOP.format(k=k, k2=2 * k, n=n_tasks, run=run, target=target) if looped else f"exec {run} {target}\n"
         text = (f"#!/bin/bash\n#SBATCH --job-name=lmshard-{stage}-{run_id(out)}\n#SBATCH --output={log}\n"
@@ -125,17 +134,18 @@ def write_scripts(out: str, n_tasks: int, k: int, sbatch_args: str | None = None
         path = d / f"{stage}.sbatch"
         path.write_text(text)
         scripts[stage] = path
-    (d / "arrays.json").write_text(json.dumps({"tasks": n_tasks, "array_tasks": k}) + "\n")
+    (d / "arrays.json").write_text(json.dumps({"tasks": n_tasks, "array_tasks": k, "stages": list(arrays)}) + "\n")
     return scripts
 
 
 def submitted(folder: Path) -> tuple[dict[str, Path], int] | None:
     """The scripts of a run submitted to Slurm and its K (from WORK/slurm/); None for another run."""
     try:
-        k = int(json.loads((folder / "arrays.json").read_text())["array_tasks"])
+        found = json.loads((folder / "arrays.json").read_text())
+        k, arrays = int(found["array_tasks"]), tuple(found.get("stages", ARRAY_STAGES))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return {stage: folder / f"{stage}.sbatch" for stage in (*ARRAY_STAGES, "finish")}, k
+    return {stage: folder / f"{stage}.sbatch" for stage in (*arrays, "finish")}, k
 
 
 def _ranges(numbers: list[int] | set[int], sep: str) -> str:
@@ -152,12 +162,13 @@ def _ranges(numbers: list[int] | set[int], sep: str) -> str:
 def resubmit_commands(scripts: dict[str, Path], n_tasks: int, k: int, stage: str = "tokenize",
                       tasks: list[int] | None = None) -> list[str]:  # fmt: skip
     """Shell lines that re-run the missing plan tasks `tasks` of `stage` (task I when None), then
-    every task of each later stage, then the finish, within the run's 4K + 1 jobs: plan task T is
+    every task of each later stage, then the finish, within the run's 4K + 1 (6K + 1) jobs: plan task T is
     run by array task T mod K, given the tasks as the script's arguments. Each job depends
     (afterok) on the one before, as `submit` chains them, so the lines can be pasted at once."""
     lines: list[str] = []
     after = ""
-    stages = ARRAY_STAGES[ARRAY_STAGES.index(stage) :] if stage in ARRAY_STAGES else ()
+    arrays = [s for s in scripts if s != "finish"]  # (in order: the run's array stages)
+    stages = arrays[arrays.index(stage) :] if stage in arrays else ()
     for s in stages:
         if s != stage:
             option, only = f"--array=0-{k - 1}", ""
@@ -189,24 +200,26 @@ def live_jobs(out: str) -> list[str]:
     return [line.split()[0] for line in shown.splitlines() if line.split()[-1:] and line.split()[-1].endswith(tail)]
 
 
-def submit(out: str, n_tasks: int, sbatch_args: str | None, max_jobs: int | None = None) -> dict[str, Any]:
+def submit(out: str, n_tasks: int, sbatch_args: str | None, max_jobs: int | None = None,
+           arrays: tuple[str, ...] = ARRAY_STAGES) -> dict[str, Any]:  # fmt: skip
     """Submit each stage's array of K array tasks and the finish, each after the one before;
     returns their job ids, K, the scripts and the resubmit commands for a failed tokenize task.
     Where sbatch refuses a job, the jobs this call queued are cancelled: none is left waiting
     for a stage that was never submitted."""
-    k = array_tasks(n_tasks, max_jobs)
-    scripts = write_scripts(out, n_tasks, k, sbatch_args)
+    k = array_tasks(n_tasks, max_jobs, len(arrays))
+    scripts = write_scripts(out, n_tasks, k, sbatch_args, arrays)
     extra = shlex.split(sbatch_args or "")
     jobs: dict[str, Any] = {}
     after: list[str] = []
     try:
-        for stage in (*ARRAY_STAGES, "finish"):
+        for stage in (*arrays, "finish"):
             deps = [f"--dependency=afterok:{after[0]}", "--kill-on-invalid-dep=yes"] if after else []
-            array = [f"--array=0-{k - 1}"] if stage in ARRAY_STAGES else []
+            array = [f"--array=0-{k - 1}"] if stage in arrays else []
             jobs[stage] = _sbatch([*array, *deps, *extra], scripts[stage])
             after = [jobs[stage]]
     except LmshardError:
         if jobs and shutil.which("scancel"):
             subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=60)
         raise
-    return jobs | {"array_tasks": k, "scripts": scripts, "resubmit": resubmit_commands(scripts, n_tasks, k)}
+    return jobs | {"array_tasks": k, "scripts": scripts,
+                   "resubmit": resubmit_commands(scripts, n_tasks, k, arrays[0])}  # fmt: skip

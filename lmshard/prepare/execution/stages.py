@@ -3,6 +3,8 @@
 "task i of N" scheduler. Every stage's items are idempotent: each writes its results under
 temporary names and a marker last, so a task killed anywhere is finished by running it again.
 
+0. With --dedup-lines, first **lines** (per task: its units' lines hashed) and **linedup**
+   (per group of buckets: the lines met before), linestage.py.
 1. **tokenize** (per task: its units, unitfiles.py): the same cleaning, hashing and tokenizing
    code as a local run; a unit's documents as arrays, its keys partitioned by dedup bucket.
 2. **dedup** (per task: a share of the plan's groups of buckets, buckets.py): the documents whose key
@@ -22,9 +24,9 @@ item's marker; the task that completes the dedup stage finds the near-duplicate 
 one that completes the select stage lays out the shards, and the select summary carries the
 units' totals to the layout and the metadata. A task with several CPUs runs its items in a pool
 of its own (itempool.py). `status` reads the summaries, the finished tasks' marks, and item
-markers only of the tasks not finished. --dedup-lines, --max-docs, stdin and Hugging Face
-inputs are refused; an --append's dataset keys (and signatures) are shared out to the tokenize
-tasks, and its files are numbered after the dataset's.
+markers only of the tasks not finished. --max-docs and Hugging Face streams are refused; an
+--append's dataset keys (and signatures, and line keys) are shared out to the tasks, and its
+files are numbered after the dataset's.
 
 Memory model: a task holds the plan's head and a few rows of its tables (plantables.py) and
 what its stage's items hold (see each stage's module); the task that lays out the shards holds
@@ -50,7 +52,7 @@ from ..output.build import sigterm_stops
 from .barrier import is_complete, task_done, task_finished
 from .itempool import run_items
 from .layout import LAYOUT_FILE
-from .run import JOINS, STAGES, Run
+from .run import JOINS, STAGES, Run, run_stages
 from .runplan import check_scale_out, load_run, plan_run, worker_config
 from .taskplan import (
     PLAN_FILE,
@@ -81,7 +83,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     run = Run(config, plan, [], None, work, None)  # type: ignore[arg-type]
     stages: dict[str, Any] = {}
     n_tasks = plan["n_tasks"]
-    for stage in STAGES[:-1]:
+    for stage in run.stages[:-1]:
         if stage == "write" and not (work / LAYOUT_FILE).exists():
             # not laid out yet: every write task can start once the select stage is done (the first lays it out)
             ready = not any(row["done"] < row["total"] for row in stages.values())
@@ -148,6 +150,8 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
     run = Run.of(config, n_tasks, unit_bytes)
     if not 0 <= task < run.plan["n_tasks"]:
         raise ConfigError(f"task {task} is not in [0, {run.plan['n_tasks']}); tasks are numbered from 0")
+    if stage not in run.stages:
+        raise ConfigError(f"--stage {stage}: this run's stages are {', '.join(run.stages)}")
     run.ready(stage)
     items = run.items(stage, task)
     state = run.work / "tasks" / f"{stage}_{task:06d}.json"
@@ -198,6 +202,8 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
         done = len(todo)
     else:
         done = sum(run.do(stage, i) for i in items)
+    if stage == "lines" and (run._has_units(task) or task < run.previous_line_tasks):
+        run.do("linekeys", task)
     if stage == "tokenize" and (run._has_units(task) or run.has_previous(task)):
         run.do("keys", task)
     if stage == "write":  # the pieces whose parts are all written now: the last writer seals each
@@ -211,5 +217,5 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
     return done
 
 
-__all__ = ["STAGES", "Run", "TaskStopped", "check_scale_out", "config_of", "load_run", "plan_run", "run_task",
-           "status", "worker_config"]
+__all__ = ["STAGES", "Run", "TaskStopped", "check_scale_out", "config_of", "load_run", "plan_run", "run_stages",
+           "run_task", "status", "worker_config"]

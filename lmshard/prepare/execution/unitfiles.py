@@ -6,7 +6,8 @@ the byte offset of each section, then the end, as little-endian uint64), then th
 `tokens` (uint32 of every document with its separators, EOT and BOS as the dataset holds them,
 back to back: a shard's writer copies runs of them as they are), `lengths` (int64, without the
 separators), `keys` (uint64), `sources` (int32); with --near-dedup, `sigs` (each document's
-MinHash signature, n_hashes uint32). The task that tokenized the units then gathers their keys,
+MinHash signature, n_hashes uint32); with --dedup-lines, `lines` (the keys of the unit's lines
+met first here, in order: linestage.py). The task that tokenized the units then gathers their keys,
 partitioned by dedup bucket, into one file of its own (keyfiles.py). The data file is written
 under a temporary name, fsynced and renamed; then
 `unit_NNNNNN.done` (JSON: per item its document and token counts, per-source counts, drop
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,19 +45,25 @@ from .linenumbers import known_first_line, tag
 from .plantables import pread_all
 from .taskplan import Unit, count_newlines, unit_items, work_dir
 
-SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs")
-DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4"}
-_MAGIC = b"LMSUNIT3"
+LineMasks = tuple[list[tuple[bytes, int]], np.ndarray]  # per item its lines' keep-bits and count; the kept keys
+
+SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines")
+DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4", "lines": "<u8"}
+_MAGIC = b"LMSUNIT4"
 _HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
 def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
-                  wcfg: WorkerConfig, u: int) -> bool:  # fmt: skip
-    """Tokenize unit `u` unless its marker exists; True when it ran."""
+                  wcfg: WorkerConfig, u: int,
+                  line_masks: Callable[[int], LineMasks] | None = None) -> bool:  # fmt: skip
+    """Tokenize unit `u` unless its marker exists; True when it ran. `line_masks(u)`
+    (--dedup-lines): per work item of the unit its lines' keep-bits, and the keys of the lines
+    it keeps (linestage.py)."""
     out = work_dir(config.out) / "tokenize"
     if (out / f"unit_{u:06d}.done").exists():
         return False
     out.mkdir(parents=True, exist_ok=True)
+    masks, fresh = line_masks(u) if line_masks is not None else (None, None)
     unit = load_unit(plan, u)
     base = known_first_line(out, plan, u) if unit.kind == "range" else 1
     unit = replace(unit, first_line=base or 1)  # not known yet: numbered from the unit's start (linenumbers.py)
@@ -64,8 +71,11 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
 
     def results() -> Iterator[ItemResult]:
-        for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
-                               config.max_chars):  # fmt: skip
+        items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
+                           config.max_chars)  # fmt: skip
+        if masks is not None:  # (the lines stage cut the unit into the same items)
+            items = (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))
+        for item in items:
             if item.kind == "lines" and unit.kind == "range":
                 lines["lines"] += item.payload.count(b"\n")
             r = run_item(item, wcfg, tokenizer)
@@ -74,7 +84,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
             lines["next_line"] = base + lines["lines"]
 
     try:
-        _write_unit(out, u, results(), lines, separators, wcfg.minhash)
+        _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh)
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
             unit = replace(unit, first_line=first_line(out, plan, sources[unit.source], u))
@@ -109,7 +119,8 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
 
 
 def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[str, int],
-                separators: tuple[int, str, int | None], minhash: MinHashConfig | None = None) -> None:  # fmt: skip
+                separators: tuple[int, str, int | None], minhash: MinHashConfig | None = None,
+                line_keys: np.ndarray | None = None) -> None:  # fmt: skip
     tmp = out / f".unit_{u:06d}.bin.tmp"
     table: list[dict[str, Any]] = []
     small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": []}
@@ -135,6 +146,9 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
         if minhash is not None:
             sigs = arrays["sigs"].reshape(-1, minhash.n_hashes)
             f.write(np.ascontiguousarray(sigs, dtype="<u4").tobytes())
+        starts.append(f.tell())
+        if line_keys is not None:
+            f.write(np.ascontiguousarray(line_keys, dtype="<u8").tobytes())
         starts.append(f.tell())
         f.seek(0)
         f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import InputError
-from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo, file_xxh3
+from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
@@ -121,7 +121,7 @@ class Build:
     previous_keys: tuple[KeyFile, ...]
     items_done: int = 0
     bytes_done: int = 0
-    line_keys: int | None = None  # unique lines this build found (--dedup-lines)
+    lines: RowFiles | None = None  # --dedup-lines: the keys of the unique lines this build found
     note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
     keys: RowFiles | None = None  # --dedup document: the kept documents' keys
     near: RowFiles | None = None  # --near-dedup: the kept documents' signatures
@@ -165,10 +165,12 @@ class Build:
         return (f"resuming: {own:,} documents ({self.totals.tokens - self.base.tokens:,} tokens), "
                 f"{shards:,} shards kept from the checkpoint of {at}")  # fmt: skip
 
-    def line_key_path(self) -> str:
-        """This build's file of unique lines' keys (--dedup-lines), after those of the dataset it extends."""
-        number = sum(1 for f in self.previous_keys if f.kind == "line")
-        return f"dedup/line_keys_{number:06d}.u64"
+    def line_files(self) -> RowFiles:
+        """This build's files of unique lines' keys (--dedup-lines, KEYS_PER_FILE each, in the
+        order the lines were first met), numbered after those of the dataset it extends; begun
+        anew (line dedup's first pass is repeated by a resumed run)."""
+        self.lines = RowFiles(self.root, "line_keys", KEY_DTYPE, 1, KEYS_PER_FILE, self.previous_keys, 0)
+        return self.lines
 
     def line_set(self) -> KeySet:
         """The line-dedup set seeded with the appended-to dataset's lines."""
@@ -193,16 +195,15 @@ class Build:
         files = [f for f in self.previous_keys if f.kind != "near"]
         if self.keys is not None:
             files += self.keys.close()[len(self.keys.previous) :]
-        if self.line_keys is not None:
-            rel = self.line_key_path()
-            files.append(KeyFile(path=rel, n_keys=self.line_keys, xxh3_64=file_xxh3(self.root / rel)))
+        if self.lines is not None:
+            files += self.lines.close()[len(self.lines.previous) :]
         return tuple(files) + (self.near.close() if self.near is not None else ())
 
     def abort(self) -> None:
         """Close every writer and the key files after an error, raising nothing over it."""
         for w in self.writers.values():
             w.abort()
-        for rows in (self.keys, self.near):
+        for rows in (self.keys, self.near, self.lines):
             if rows is not None:
                 rows.abort()
 
