@@ -8,7 +8,7 @@ units (the plan's --workers 1: a task runs its items in its own process), and wi
 plan's --workers; 64 cores at scale, this machine's cores here). A run is `lmshard prepare IN
 --out OUT --num-tasks N --executor none` with N = U / units per task, so the task count grows
 with U and each task's share stays fixed; then every task of every stage (tokenize, dedup,
-select, write) and the finish. A few tasks of each stage are measured (the first, the middle,
+select, write; with `--dedup-lines`, lines and linedup first) and the finish. A few tasks of each stage are measured (the first, the middle,
 the first with items, those with the fewest and the most items, and the last), each in a fresh
 `lmshard run-task` process under `strace -f -y`. The measured tasks but the last run first, so
 that they are typical tasks: none of them completes a group of the stage's marks (the fold,
@@ -122,6 +122,12 @@ CLIENT_OPS_PER_S = 2_000
 CLIENT_BYTES_PER_S = 1e9
 
 STAGES = ("tokenize", "dedup", "select", "write")
+LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, first
+
+
+def stages_of(lines: bool) -> tuple[str, ...]:
+    return (*LINE_STAGES, *STAGES) if lines else STAGES
+
 KEYS = ("opens", "stats", "creates", "unlinks", "lists", "read", "copied", "meta", "in_meta", "group_meta")
 TRACED = ("open,openat,creat,stat,lstat,newfstatat,statx,access,faccessat,faccessat2,readlink,readlinkat,mkdir,"
           "mkdirat,link,linkat,rename,renameat,renameat2,unlink,unlinkat,rmdir,getdents64,read,pread64,readv,preadv,"
@@ -141,6 +147,7 @@ runpy.run_module("lmshard", run_name="__main__", alter_sys=True)
 
 # --- counting --------------------------------------------------------------------------------
 
+_GROUP_FILE = re.compile(r"/(dedup|lines)/group_")
 _CALL = re.compile(r"^(\w+)\((.*)\) = (-?\d+|\?)")
 _FD = re.compile(r"^(?:\d+|AT_FDCWD)<(.*)>$")
 _PATH1 = {"open", "creat", "stat", "lstat", "access", "readlink", "mkdir", "unlink", "rmdir"}
@@ -228,7 +235,7 @@ def count_trace(lines: Iterator[str], roots: Roots) -> Counter[str]:
             counts["meta"] += 1
             if area == "input":
                 counts["in_meta"] += 1
-            if path is not None and os.sep + "dedup" + os.sep + "group_" in path:  # a file per dedup group
+            if path is not None and _GROUP_FILE.search(path):  # a file per dedup group (of documents or lines)
                 counts["group_meta"] += 1
 
     for raw in lines:
@@ -475,7 +482,8 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
     tokens_per_unit = args.unit_bytes // 3  # pseudo-words of ~2 tokens per 6 bytes
     plan_args = ["prepare", str(inputs), "--out", str(out), "--num-tasks", str(n_tasks), "--executor", "none",
                  "--unit-size", "64K", "--tokens-per-shard", str(UNITS_PER_SHARD * tokens_per_unit),
-                 "--workers", str(shape.workers), "--quiet", *(["--near-dedup"] if args.near_dedup else [])]  # fmt: skip
+                 "--workers", str(shape.workers), "--quiet", *(["--near-dedup"] if args.near_dedup else []),
+                 *(["--dedup-lines"] if args.dedup_lines else [])]  # fmt: skip
     plan = trace(plan_args, {"BENCH_CLUSTER_BUCKETS": str(buckets)} if buckets else None)
     info = stages.status(out)
     if info["units"] != units:
@@ -484,7 +492,7 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
     res = Result(shape.name, units, n_tasks, info["buckets"], sum(1 for p in inputs.rglob("*") if p.is_file()) - 1,
                  groups=info["groups"], plan=plan)  # fmt: skip
     bulk = traced = 0.0
-    for stage in STAGES:
+    for stage in stages_of(args.dedup_lines):
         row = stages.status(out)["stages"][stage]
         items = [t["items"] for t in row["tasks"]]
         if stage == "write":
@@ -554,10 +562,10 @@ def steps(res: Result, near: bool) -> dict[str, Row]:
     return rows
 
 
-def per_bucket(res: Result) -> dict[str, float]:
-    """The dedup stage's largest count per item (group of buckets) held, over its measured tasks
+def per_bucket(res: Result, stage: str = "dedup") -> dict[str, float]:
+    """A dedup stage's largest count per item (group of buckets) held, over its measured tasks
     with items."""
-    busy = [m for m in res.stages["dedup"][:-1] if m.items] or [m for m in res.stages["dedup"] if m.items]
+    busy = [m for m in res.stages[stage][:-1] if m.items] or [m for m in res.stages[stage] if m.items]
     return {k: max((m.counts[k] / m.items for m in busy), default=0.0) for k in KEYS}
 
 
@@ -648,7 +656,8 @@ def _fit_row(results: list[Result], point: Result | None, near: bool, name: str,
     return Model(rest.at + per_group * hi.groups, rest.per_unit, per_group, rest.u0, hi.groups)
 
 
-def extrapolate(shape: Shape, results: list[Result], point: Result | None, near: bool) -> list[str]:
+def extrapolate(shape: Shape, results: list[Result], point: Result | None, near: bool,
+                lines: bool = False) -> list[str]:  # fmt: skip
     """The 1,000-node plan of docs/scaling.md from the fitted counts of one task shape (see the
     module docstring)."""
     from lmshard.prepare.execution.barrier import FAN_IN
@@ -667,15 +676,15 @@ def extrapolate(shape: Shape, results: list[Result], point: Result | None, near:
            f"{SCALE_BUCKETS:,} buckets in {b:,} dedup groups; {fitted}):",
            f"    {'step':<26} {'per-task meta ops':>17} {'per-task MB read':>16} {'run meta ops':>14} {'est. wall':>10}"]  # fmt: skip
     run_meta = run_wall = 0.0
-    for stage in STAGES:
-        if stage == "dedup":
-            pb = [per_bucket(r) for r in results]
+    for stage in stages_of(lines):
+        if stage in ("dedup", "linedup"):
+            pb = [per_bucket(r, stage) for r in results]
             bucket = {k: fit([p[k] for p in pb], results, None)(u, measured) for k in ("meta", "read")}
             bucket["read"] *= measured / b  # a group holds 1/G of the keys
-            idle = {k: _fit_row(results, point, near, "dedup idle task", k)(u, b) for k in ("meta", "read")}
+            idle = {k: _fit_row(results, point, near, f"{stage} idle task", k)(u, b) for k in ("meta", "read")}
             task = {k: held * bucket[k] for k in bucket}
             total = b * bucket["meta"] + (n_tasks - busy) * idle["meta"]
-            label = f"dedup ({held:,} group{'s' if held > 1 else ''})"
+            label = f"{stage} ({held:,} group{'s' if held > 1 else ''})"
         elif stage == "write":  # per part (fixed work), times the parts a task holds at scale: as measured
             parts = results[-1].parts / results[-1].tasks
             task = {k: parts * _fit_row(results, point, near, "write task, per part", k)(u, b) for k in ("meta", "read")}
@@ -700,7 +709,7 @@ def extrapolate(shape: Shape, results: list[Result], point: Result | None, near:
         out.append(f"    {name:<26} {meta:>17,.0f} {read / 1e6:>16,.1f} {meta:>14,.3g} {_dur(wall):>10}")
     # The folds of the stages' marks, which the typical tasks measured do not do: per group of FAN_IN tasks, its
     # marks read and removed, a listing and the group's mark written (about 2 operations per task and stage).
-    folds = 4 * -(-n_tasks // FAN_IN) * (2 * FAN_IN + 4)
+    folds = len(stages_of(lines)) * -(-n_tasks // FAN_IN) * (2 * FAN_IN + 4)
     run_meta += folds
     out.append(f"    {'folds of marks (computed)':<26} {'':>17} {'':>16} {folds:>14,.3g} {'':>10}")
     out.append(f"    {'whole run':<26} {'':>17} {'':>16} {run_meta:>14,.3g} {_dur(run_wall):>10}")
@@ -738,6 +747,7 @@ def main() -> None:
                     help="parquet: files of --units-per-file row groups; jsonl: one file per unit")  # fmt: skip
     ap.add_argument("--units-per-file", type=int, default=100, help="--input parquet: row groups (units) per file")
     ap.add_argument("--near-dedup", action="store_true", help="plan with --near-dedup (exact dedup stays on)")
+    ap.add_argument("--dedup-lines", action="store_true", help="plan with --dedup-lines (its two stages first)")
     ap.add_argument("--bucket-point", type=int, default=None,
                     help="buckets of one more plan per shape at the smallest U (default: the largest power of two "
                          "up to its one-core task count, at least twice the input's; 0: none)")  # fmt: skip
@@ -769,7 +779,7 @@ def main() -> None:
     src = args.checkout.resolve() if args.checkout else Path(__file__).resolve().parents[1]
     print(f"{machine()}; load average (1 min) {load()}; lmshard at {revision(src)} "
           f"({Path(taskplan.__file__).parents[2]})", flush=True)  # fmt: skip
-    kind = "exact and near dedup" if args.near_dedup else "exact dedup"
+    kind = ("exact and near dedup" if args.near_dedup else "exact dedup") + (", line dedup" if args.dedup_lines else "")
     print(f"{kind}; {args.input} inputs ({args.units_per_file} units per file)" if args.input == "parquet" else
           f"{kind}; jsonl inputs (one file per unit)", flush=True)  # fmt: skip
     shapes = [Shape("one-core tasks", args.units_per_task, 1)]
@@ -814,7 +824,7 @@ def main() -> None:
     if args.quick:
         print("  (--quick: plans this small are a check of the harness; their extrapolation means little)")
     for shape, results, point in measured:
-        print("\n".join(extrapolate(shape, results, point, args.near_dedup)))
+        print("\n".join(extrapolate(shape, results, point, args.near_dedup, args.dedup_lines)))
     print(f"load average (1 min) at the end: {load()}")
 
 

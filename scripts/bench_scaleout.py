@@ -2,7 +2,7 @@
 what each stage costs.
 
 1. `lmshard prepare --workers 2` three ways: with one reading process feeding the workers (the
-   path of small inputs, streams and --dedup-lines; forced here with LMSHARD_STAGED_BYTES above
+   path of small inputs and streams; forced here with LMSHARD_STAGED_BYTES above
    the input's size), as staged tasks in the worker pool (what a plain prepare of this input
    does), and `--num-tasks 4` (the same stages, planned for 4 tasks); with `--before CHECKOUT`
    also a plain prepare of an older checkout (make one with `git worktree add /tmp/old COMMIT`;
@@ -14,7 +14,10 @@ what each stage costs.
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
 
-    python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write]
+With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
+the staged ones); its figures go to a section of their own.
+
+    python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines]
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     ap.add_argument("--before", type=Path, help="an older checkout whose plain prepare is a baseline too")
     ap.add_argument("--copies", type=int, default=2, help="copies of the corpus in the input (salted; 2: 83 MB)")
+    ap.add_argument("--dedup-lines", action="store_true", help="every run with --dedup-lines")
     args = ap.parse_args()
+    options = ["--dedup-lines"] if args.dedup_lines else []
+    stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
     compile_package()
     print(machine(), flush=True)
     started = load()
@@ -92,7 +98,7 @@ def main() -> None:
                 if kind == "reader":
                     run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)}
                 sec, _, tree = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2",
-                                                  *extra], run_env)  # fmt: skip
+                                                  *options, *extra], run_env)  # fmt: skip
                 times[kind].append((sec, tree))
                 print(f"1. {kind}: {sec:.2f} s, peak RSS of the tree {tree / 2**20:.0f} MiB", flush=True)
         same = files(t / "reader0") == files(t / "staged0") == files(t / "planned0")
@@ -104,13 +110,13 @@ def main() -> None:
               f"planned {med['planned']:.2f} s); byte-identical: {same}", flush=True)  # fmt: skip
         dist = t / "dist"
         run_measuring_rss(
-            [*LMSHARD, "prepare", str(src), "--out", str(dist), "--num-tasks", "4", "--executor", "none"], env
+            [*LMSHARD, "prepare", str(src), "--out", str(dist), "--num-tasks", "4", "--executor", "none", *options], env
         )
         work = t / ".dist.lmshard-work"
         plan = json.loads((work / "plan.json").read_text())
         plan_bytes = sum(p.stat().st_size for p in work.glob("plan*"))  # the head and its tables
         stage_rows = []
-        steps = [(stage, ["--task", str(i)]) for stage in ("tokenize", "dedup", "select", "write") for i in range(4)]
+        steps = [(stage, ["--task", str(i)]) for stage in stages for i in range(4)]
         work_bytes = 0
         for stage, task in [*steps, ("finish", [])]:
             if stage == "write" and not work_bytes:  # the work folder at its largest: the write stage deletes units
@@ -122,10 +128,11 @@ def main() -> None:
         n_units = plan["n_units"]
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
-    names = {"reader": "`prepare --workers 2`, one reading process feeding the workers",
-             "staged": "`prepare --workers 2`, staged tasks in the pool (the default for this input)",
-             "planned": "`prepare --workers 2 --num-tasks 4` (local executor)",
-             "before": f"`prepare --workers 2` at {revision(args.before) if args.before else ''}"}
+    flags = "".join(f" {o}" for o in options)
+    names = {"reader": f"`prepare --workers 2{flags}`, one reading process feeding the workers",
+             "staged": f"`prepare --workers 2{flags}`, staged tasks in the pool (the default for this input)",
+             "planned": f"`prepare --workers 2{flags} --num-tasks 4` (local executor)",
+             "before": f"`prepare --workers 2{flags}` at {revision(args.before) if args.before else ''}"}
     rows = ["| run | wall time (median of 3) | peak RSS of the process tree |", "|---|---|---|",
             *(f"| {names[k]} | {med[k]:.2f} s | {max(r for _, r in times[k]) / 2**20:.0f} MiB |" for k in times),
             f"| ratio staged / one reader | **{med['staged'] / med['reader']:.2f}** | |",
@@ -141,9 +148,9 @@ def main() -> None:
              f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
-            "`python scripts/bench_scaleout.py` (in `make bench`).", "", *rows]  # fmt: skip
+            f"`python scripts/bench_scaleout.py{flags}` (in `make bench`).", "", *rows]  # fmt: skip
     if not args.no_write:
-        update_performance_md("scale-out", "\n".join(body))
+        update_performance_md("scale-out" + (", --dedup-lines" if args.dedup_lines else ""), "\n".join(body))
 
 
 if __name__ == "__main__":

@@ -161,14 +161,14 @@ def section_workers(t: Path, env: dict[str, str], copies: int = 4) -> tuple[list
                        f"{rate / c_rate:.2f}; main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s "
                        f"({share}); peak RSS {rss}")  # fmt: skip
         print(printed[-1], flush=True)
-    # --dedup-lines reads in one process (a line's fate depends on every earlier line): its share
+    # --dedup-lines reads the input twice (its lines hashed, then tokenized without the lines met before): its share
     sec, cpu, tokens = prepare(src, t / "lines", counts[-1], env, ("--dedup-lines",))
     lines_share = 100 * cpu["main"] / cpu["children"]
-    printed.append(f"1. --dedup-lines, workers {counts[-1]} (one reading process): {tokens / sec / 1e6:.2f} M tok/s; "
+    printed.append(f"1. --dedup-lines, workers {counts[-1]}: {tokens / sec / 1e6:.2f} M tok/s; "
                    f"main process CPU {cpu['main']:.2f} s, workers {cpu['children']:.1f} s "
                    f"({lines_share:.0f}%)")  # fmt: skip
     print(printed[-1], flush=True)
-    rows += ["", f"`--dedup-lines` (read in one process, see scaling.md), {counts[-1]} workers: "
+    rows += ["", f"`--dedup-lines` (the input read twice, see scaling.md), {counts[-1]} workers: "
              f"{tokens / sec / 1e6:.2f} M tokens/s; the main process spends {lines_share:.0f}% of its workers' CPU time "
              f"({cpu['main']:.2f} s / {cpu['children']:.1f} s)."]  # fmt: skip
     return rows, printed
