@@ -261,7 +261,8 @@ def test_slurm_dedup_lines_and_its_append_give_the_local_bytes(tmp_path):
             assert submitted.returncode == 0, submitted.stderr
             jobs = dict(re.findall(r"(lines|linedup|tokenize|dedup|select|write|finish) \(job (\d+)\)",
                                    submitted.stdout))  # fmt: skip
-            assert list(jobs) == ["lines", "linedup", "tokenize", "dedup", "select", "write", "finish"], submitted.stdout
+            said = list(jobs)
+            assert said == ["lines", "linedup", "tokenize", "dedup", "select", "write", "finish"], submitted.stdout
             logs = _drained(env, tmp_path / ".dist.lmshard-work")
             assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
             assert _files(tmp_path / "local") == _files(tmp_path / "dist")

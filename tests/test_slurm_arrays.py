@@ -6,6 +6,7 @@ the Python that would run each task (it records the task, and fails the one it i
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -68,8 +69,8 @@ def test_array_task_i_runs_plan_tasks_i_i_plus_k_and_so_on_each_exactly_once(tmp
         ran = {i: _run(scripts[stage], i) for i in range(k)}
         assert ran == {i: (0, list(range(i, n_tasks, k))) for i in range(k)}, stage
         assert sorted(t for _, tasks in ran.values() for t in tasks) == list(range(n_tasks))
-    assert (tmp_path / ".out.lmshard-work" / "slurm" / "arrays.json").read_text() == (
-        f'{{"tasks": {n_tasks}, "array_tasks": {k}, "stages": ["tokenize", "dedup", "select", "write"]}}\n')  # fmt: skip
+    arrays = json.loads((tmp_path / ".out.lmshard-work" / "slurm" / "arrays.json").read_text())
+    assert arrays == {"tasks": n_tasks, "array_tasks": k, "stages": ["tokenize", "dedup", "select", "write"]}
 
 
 def test_a_failing_plan_task_fails_its_array_task_and_none_after_it_runs(tmp_path, monkeypatch):
