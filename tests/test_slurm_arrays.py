@@ -170,3 +170,23 @@ def test_a_refused_sbatch_leaves_none_of_the_runs_jobs_queued(tmp_path, monkeypa
 def test_max_jobs_below_one_job_per_stage_is_refused():
     with pytest.raises(ConfigError, match="--max-jobs 4: pass at least 5"):
         PrepareConfig(inputs=["x"], out="y", max_jobs=4)
+
+
+def test_a_dedup_lines_run_has_six_arrays_and_its_resubmit_lines_start_at_the_lines_stage(tmp_path, monkeypatch):
+    """With --dedup-lines the lines and linedup arrays come first: 6K + 1 jobs within the budget,
+    scripts for each, the stages recorded for `status`, and a failed lines task's resubmit lines
+    run every later stage after it."""
+    from lmshard.prepare.execution.slurm import array_stages, submitted
+
+    arrays = array_stages(True)
+    assert arrays == ("lines", "linedup", *ARRAY_STAGES)
+    monkeypatch.setattr(slurm, "cluster_limits", lambda: (100, 1001))
+    assert slurm.array_tasks(64, None, len(arrays)) == (50 - 1) // 6  # half of MaxJobCount, over six arrays
+    scripts = write_scripts(str(tmp_path / "out"), 10, 3, None, arrays)
+    assert list(scripts) == [*arrays, "finish"]
+    found = submitted(tmp_path / ".out.lmshard-work" / "slurm")
+    assert found is not None and list(found[0]) == list(scripts) and found[1] == 3
+    parsed = [_sbatch(line) for line in resubmit_commands(found[0], 10, 3, "lines", [4])]
+    assert [stage for _, stage, _ in parsed] == [*arrays, "finish"]
+    assert parsed[0][0] == [1] and parsed[0][2] == ["4"]  # plan task 4 runs as array task 4 mod 3
+    assert sum(max(1, len(i)) for i, _, _ in parsed) <= len(arrays) * 3 + 1
