@@ -268,3 +268,26 @@ def test_slurm_dedup_lines_and_its_append_give_the_local_bytes(tmp_path):
             assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     meta = json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())
     assert meta["dedup"]["lines_removed"] > 300 and len(meta["config"]["inputs"]) == 2
+
+
+def test_slurm_max_docs_gives_the_one_machine_bytes(tmp_path):
+    """`prepare --max-docs N --num-tasks 3 --executor slurm`: every unit tokenized and selected
+    by the arrays, the cut after the N-th kept document made by the last select task, and the
+    dataset (with its counts of what was read up to that document) equal to a one-machine run."""
+    src = _corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "20000", "--val-fraction", "0.1",
+              "--max-docs", "1234"]  # fmt: skip
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                                  env=env | {"LMSHARD_UNIT_BYTES": str(1 << 16)})  # fmt: skip
+
+        assert run("prepare", *common, "--out", "local").returncode == 0
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "3", "--executor", "slurm")
+        assert submitted.returncode == 0, submitted.stderr
+        logs = _drained(env, tmp_path / ".dist.lmshard-work")
+        assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
+    assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["n_docs"] == 1234
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")

@@ -264,6 +264,24 @@ def test_max_docs_keeps_the_first_documents_by_content(tmp_path, reference, smal
     assert_tokens_match(tmp_path / "v", texts[:max_docs], reference)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_max_docs_counts_what_was_read_up_to_the_nth_kept_document(tmp_path, workers):
+    """The records, drops and duplicates counted are those up to and including the N-th kept
+    document's record, whatever the work items (a planned run counts the same): a hand count."""
+    texts = make_texts(40, seed=13)
+    lines = []
+    for i, t in enumerate(texts):
+        lines.append(json.dumps({"text": t}))
+        lines += ["not json"] * (i % 3) + [json.dumps({"text": texts[0]})] * (i % 2)  # bad records, duplicates
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    meta = run(tmp_path, [tmp_path / "a.jsonl"], max_docs=10, on_error="skip", workers=workers)
+    # the 10th kept document is texts[9]: records up to its line, with the bad ones and the copies of texts[0] before
+    assert meta["n_docs"] == 10
+    assert meta["records_read"] == 10 + sum(i % 3 for i in range(9)) + sum(i % 2 for i in range(9))
+    assert meta["drops"]["json_error"] == sum(i % 3 for i in range(9))
+    assert meta["drops"]["duplicate"] == sum(i % 2 for i in range(9))
+
+
 def test_val_split_is_seeded(tmp_path):
     src = jsonl(tmp_path / "a.jsonl", make_texts(400))
     a = run(tmp_path, [src], out=str(tmp_path / "a"), val_fraction=0.25, seed=1)

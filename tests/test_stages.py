@@ -623,19 +623,6 @@ def test_a_planned_run_of_a_pipe_finishes_after_the_pipe_is_gone(tmp_path):
     assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
 
 
-@pytest.mark.parametrize("executor", ["local", "none"])
-def test_a_refused_planned_run_leaves_nothing_behind(tmp_path, executor):
-    src = jsonl(tmp_path / "a.jsonl", make_texts(20))
-    for refused in ({"max_docs": 5},):
-        config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "out"), num_tasks=2, executor=executor, **refused)
-        with pytest.raises(ConfigError, match="a scale-out run takes files, stdin"):
-            if executor == "local":
-                local_exec.run(config, 2)
-            else:
-                local_exec.claim(config, 2)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]
-
-
 def test_the_python_api_runs_num_tasks_as_a_plan_here_and_refuses_other_executors(tmp_path):
     """prepare(num_tasks=N) plans N tasks and runs them here, as `--num-tasks N` does; another
     executor is the command line's, refused in one line before anything is written."""
@@ -766,3 +753,32 @@ def test_a_dedup_lines_run_in_the_local_pool_equals_one_process_and_status_names
     assert status.stdout.splitlines()[0].startswith("lines: 0 of 2 tasks complete"), status.stdout
     early = cli("run-task", "--stage", "tokenize", "--task", "0", "hand")
     assert early.returncode != 0 and "needs the lines stage complete" in early.stderr, early.stderr
+
+
+@pytest.mark.parametrize(("n_tasks", "extra"), [(3, {}), (1, {}), (7, {"near_dedup": True}), (3, {"dedup_lines": True}),
+                                                (3, {"dedup": "none"})])  # fmt: skip
+def test_a_planned_max_docs_run_equals_one_machine(tmp_path, n_tasks, extra):
+    """--max-docs N as planned tasks: the first N kept documents, and the counts (records read,
+    drops, duplicates, their examples) of what a one-process run reads up to the N-th kept
+    document's record, byte for byte: N inside a unit, past a duplicate, at the last kept document,
+    and beyond the input."""
+    src = _corpus(tmp_path)
+    total = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "all"), workers=1, **_OPTS, **extra)).total_docs
+    for n in (7, 950, 1234, total, total + 5):
+        opts = dict(_OPTS, max_docs=n, **extra)
+        local = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / f"local{n}"), workers=1, **opts))
+        config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / f"planned{n}"), workers=1, unit_size=_WINDOW,
+                               **opts)  # fmt: skip
+        local_exec.claim(config, n_tasks)
+        for stage in stages_module.run_stages(config)[:-1]:
+            for task in reversed(range(n_tasks)):
+                run_task(config, n_tasks, stage, task, unit_bytes=_WINDOW)
+        assert run_task(config, n_tasks, "finish", 0, unit_bytes=_WINDOW) == 1
+        assert local.total_docs == min(n, total), n
+        local_files, planned = _files(tmp_path / f"local{n}"), _files(tmp_path / f"planned{n}")
+        assert local_files.keys() == planned.keys(), n
+        for name in local_files:
+            assert local_files[name] == planned[name], (n, name)
+    pool = local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "pool"), workers=2, unit_size=_WINDOW,
+                                        **dict(_OPTS, max_docs=950, **extra)), 3)  # (the local pool: --num-tasks 3)
+    assert pool.total_docs == min(950, total) and _files(tmp_path / "pool") == _files(tmp_path / "local950")

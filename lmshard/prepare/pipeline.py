@@ -22,6 +22,7 @@ import contextlib
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ from .config import PrepareConfig
 from .documents.dedup import uniform_from_keys
 from .documents.reading import InputGone, InputReadError, work_kept
 from .documents.sources import Source, Sources, WorkItem, discover, note_growth
-from .execution.feed import early_pool, item_results
+from .documents.worker import ItemResult
+from .execution.feed import Recount, early_pool, item_results
 from .execution.nearpass import add_examples, remove_spool
 from .execution.pool import OrderedPool, WorkerDied
 from .output.build import (
@@ -218,14 +220,20 @@ def _run(
         on_progress(progress)
         progress.note = None
     last_save = time.monotonic()
-    for result in item_results(config, sources, tokenizer, build, early):
+    recount = Recount() if config.max_docs is not None else None
+    for result in item_results(config, sources, tokenizer, build, early, recount):
         keep = seen.add_new(result.keys) if config.dedup == "document" else np.ones(len(result.keys), bool)
         dupes = ~keep
         near = None
         if result.near_of is not None:  # --near-dedup: a near-copy of an earlier document (not an exact one)
             near = keep & (result.near_of >= 0)
             keep = keep & ~near
-        keep = _limit(keep, config.max_docs, totals.docs_kept)
+        if recount is not None:
+            cut = _cut(keep, config.max_docs, totals.docs_kept)
+            if cut is not None:  # the N-th kept document is here: the item counts up to it, no further
+                result, keep, dupes = _prefix(result, recount.prefix(cut), cut), keep[:cut], dupes[:cut]
+                near = near[:cut] if near is not None else None
+            recount.items.popleft()
         account(totals, result, keep, dupes, 1 if bos is None else 2, near)
         if near is not None and near.any():
             add_examples(build, result, near)
@@ -261,14 +269,22 @@ def _run(
     return totals
 
 
-def _limit(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> np.ndarray:
-    """Keep only as many documents as --max-docs still allows (the first ones in order)."""
+def _cut(keep: np.ndarray, max_docs: int | None, kept_so_far: int) -> int | None:
+    """--max-docs: the number of the item's documents up to and including the N-th kept one,
+    when it is in this item; else None. A run so limited counts what it read up to that
+    document's record, whatever the work items (a planned run cuts the same: layout.py)."""
     if max_docs is None:
-        return keep
-    room = max(0, max_docs - kept_so_far)
+        return None
+    room = max_docs - kept_so_far
     positions = np.flatnonzero(keep)
-    if len(positions) <= room:
-        return keep
-    limited = np.zeros_like(keep)
-    limited[positions[:room]] = True
-    return limited
+    return int(positions[room - 1]) + 1 if 0 < room <= len(positions) else None
+
+
+def _prefix(result: ItemResult, read: ItemResult, docs: int) -> ItemResult:
+    """`result` cut after its first `docs` documents, with the counts of `read` (the item read
+    that far)."""
+    n_tokens = int(result.lengths[:docs].sum())
+    return replace(result, tokens=result.tokens[:n_tokens], lengths=result.lengths[:docs], keys=result.keys[:docs],
+                   doc_sources=result.doc_sources[:docs], counts=read.counts, examples=read.examples,
+                   chars=read.chars, signatures=None if result.signatures is None else result.signatures[:docs],
+                   near_of=None if result.near_of is None else result.near_of[:docs])  # fmt: skip

@@ -123,9 +123,11 @@ def process_signatures(item: WorkItem) -> ItemResult:
     return run_item(item, config, None, sign=True)
 
 
-def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, sign: bool | None = None) -> ItemResult:
+def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, sign: bool | None = None,
+             stop_after: int | None = None) -> ItemResult:  # fmt: skip
     """The item's kept documents: tokens (none without a tokenizer), keys and, when `sign` (by
-    default: when the config has a MinHash configuration), signatures."""
+    default: when the config has a MinHash configuration), signatures. `stop_after`: read no
+    record after the one that gives that many documents (--max-docs: the counts of a prefix)."""
     counts: dict[int, Counter[str]] = {}
     examples: dict[str, str] = {}
     texts: list[str] = []
@@ -162,6 +164,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         keys.append(xxhash.xxh3_64_intdigest(text.encode("utf-8")))
         texts.append(text)
         sources.append(src_index)
+        if stop_after is not None and len(keys) >= stop_after:
+            break
     signatures = None
     if config.minhash is not None and (sign if sign is not None else True):
         signatures = np.zeros((len(texts), config.minhash.n_hashes), dtype=np.uint32)

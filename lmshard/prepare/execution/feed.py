@@ -15,6 +15,7 @@ its tokens), one item when done here; with --dedup-lines, the line-key set of `_
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -133,11 +134,34 @@ def early_pool(n: int, sources: list[Source], tokenizer: Tokenizer) -> OrderedPo
         share_with_forks(None)
 
 
+class Recount:
+    """--max-docs: the work items in flight (each result's item is the first), so that the item
+    where the N-th document falls is read again up to it (`prefix`) and counted only that far.
+    Memory: the items in flight (at most 2 × workers + 2 of about 1 MiB)."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque[WorkItem] = collections.deque()
+        self.wcfg: WorkerConfig | None = None
+
+    def recorded(self, items: Iterator[WorkItem]) -> Iterator[WorkItem]:
+        for item in items:
+            self.items.append(item)
+            yield item
+
+    def prefix(self, docs: int) -> ItemResult:
+        """The current item read up to its `docs`-th document: its counts, examples and
+        characters that far (no tokens)."""
+        assert self.wcfg is not None
+        return run_item(self.items[0], self.wcfg, None, sign=False, stop_after=docs)
+
+
 def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, build: Build,
-                 early: OrderedPool[WorkItem, Any] | None = None) -> Iterator[ItemResult]:  # fmt: skip
+                 early: OrderedPool[WorkItem, Any] | None = None,
+                 recount: Recount | None = None) -> Iterator[ItemResult]:  # fmt: skip
     """Item results in plan order from the first item the build has not done. With
     --dedup-lines, a first pass over all items finds repeated lines (see `_line_masks`); a
-    resumed run repeats it (it writes nothing but masks). `early`: see `early_pool`."""
+    resumed run repeats it (it writes nothing but masks). `early`: see `early_pool`; `recount`:
+    told each item and the worker configuration (--max-docs)."""
     wcfg = WorkerConfig(
         sources=tuple(sources),
         clean=config.clean_config(),
@@ -168,6 +192,9 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
             index = _line_masks(hashes, masks, build.line_set(), build.line_files())
             stream = _with_masks(stream, masks, index[build.items_done :])
             masked = (masks, index)
+        if recount is not None:
+            recount.wcfg = wcfg
+            stream = recount.recorded(stream)
         results = feeder.map(process_item, lambda it: run_item(it, wcfg, tokenizer, sign=False), stream,
                              build.bytes_done)  # fmt: skip
         if wcfg.minhash is not None:  # a first pass signs every document, then the clusters are found

@@ -34,6 +34,7 @@ from ..output.staging import OutputPaths, commit, read_run
 from .barrier import is_complete, read_summary
 from .layout import add_totals
 from .layoutfiles import Layout
+from .maxdocs import cut_path, near_examples
 from .nearstage import near_summary
 from .owners import missing_parts, seal_piece
 
@@ -83,7 +84,11 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
             + own["near"])  # fmt: skip
     check_not_empty(config, totals, base, shards)
     if config.near_dedup:
-        totals.near_examples = near_summary(work)["examples"]
+        near = near_summary(work)
+        totals.near_examples = near["examples"]
+        if config.max_docs is not None and cut_path(work).exists():  # those a one-process run met before its cut
+            totals.near_examples = near_examples(near["examples"], near["ids"], json.loads(cut_path(work).read_text()),
+                                                 0)  # fmt: skip
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
                             base.tokens)  # fmt: skip
     for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it

@@ -67,8 +67,9 @@ def ensure_clusters(work: Path, n_groups: int, n_hashes: int, tokenizer: Tokeniz
     new = removed >= np.uint64(base) << np.uint64(32)
     removed, survivor = removed[new], survivor[new]
     tokenized = work / "tokenize"
-    examples = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates, previous)
-    atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples})
+    examples, ids = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates,
+                              previous)  # fmt: skip
+    atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples, "ids": ids})
     # (every task that finds them writes the same bytes: a later one's rename changes nothing)
     atomic_write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
 
@@ -96,11 +97,12 @@ def near_summary(work: Path) -> dict[str, Any]:
 
 def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hashes: int, tokenizer: Tokenizer,
               sources: list[Source], specials: int, exact: Callable[[int], np.ndarray] | None,
-              previous: Previous | None = None) -> list[dict[str, Any]]:  # fmt: skip
+              previous: Previous | None = None) -> tuple[list[dict[str, Any]], list[int]]:  # fmt: skip
     """The examples a one-process run gives (nearpass.py): of the first CANDIDATES removed
     documents whose key differs from their survivor's, the first NEAR_EXAMPLES that are not
     exact copies (`exact(u)`: the numbers of unit u's exact duplicates), with their survivors, as
-    short texts (a survivor in the dataset appended to: where it is in it)."""
+    short texts (a survivor in the dataset appended to: where it is in it); and the removed
+    documents' ids."""
     base = len(previous.files) if previous is not None else 0
     keys: dict[int, np.ndarray] = {}
 
@@ -120,6 +122,7 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
             candidates.append((r, s))
     dups: dict[int, set[int]] = {}
     out: list[dict[str, Any]] = []
+    shown: list[int] = []
     for r, s in candidates:
         u = (r >> 32) - base
         if exact is not None and u not in dups:
@@ -132,9 +135,10 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
         out.append({"removed": _document(tokenized, r, tokenizer, sources, specials, base, previous),
                     "survivor": _document(tokenized, s, tokenizer, sources, specials, base, previous),
                     "agreement": agree})  # fmt: skip
+        shown.append(r)
         if len(out) == NEAR_EXAMPLES:
             break
-    return out
+    return out, shown
 
 
 def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Source], specials: int, base: int = 0,

@@ -35,6 +35,7 @@ from .layoutfiles import Layout
 from .linenumbers import absolute
 from .linestage import hash_unit, unit_lines_path, write_previous_lines, write_task_lines
 from .linestage import masks as unit_masks
+from .maxdocs import ensure_cut
 from .nearstage import Previous, ensure_clusters
 from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
@@ -190,7 +191,11 @@ class Run:
             if (self.work / LAYOUT_FILE).exists():
                 self._layout = Layout(self.work, self.plan["tasks"], STREAMS)
             else:
-                rows = lambda: self.summary("select")["streams"]  # noqa: E731
+
+                def rows() -> list[list[int]]:  # (--max-docs: as the cut left them)
+                    cut = self.config.max_docs is not None
+                    return list(self.cut()["streams"] if cut else self.summary("select")["streams"])
+
                 first = (self.plan.get("previous") or {}).get("first")
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
                                              self.specials, self.dedup, self.near_hashes, first,
@@ -242,6 +247,11 @@ class Run:
             found = task_duplicates(self.work / "lines", self.plan["n_tasks"], self.plan["groups"], task)
             self._repeats = (task, found)
         return unit_masks(self.work, u, self._repeats[1])
+
+    def cut(self) -> dict[str, Any]:
+        """--max-docs: the cut after the N-th kept document (maxdocs.py), made once."""
+        return ensure_cut(self.work, self.plan, self.sources, self.wcfg, self.config, self.summary("select")["streams"],
+                          self.specials, self.line_masks if self.config.dedup_lines else None)  # fmt: skip
 
     def duplicates(self, u: int) -> Any:
         """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
@@ -327,7 +337,8 @@ class Run:
         w = self.work
         for prior in self.stages[: self.stages.index(stage)]:
             forget(w, prior, self.plan["n_tasks"], task)
-        if stage == "tokenize" and self.config.dedup_lines:  # its lines' files: read by the stages before only
+        if stage == "tokenize" and self.config.dedup_lines and self.config.max_docs is None:
+            # its lines' files: read by the stages before only (and by the --max-docs cut)
             line_keys_path(w, task).unlink(missing_ok=True)
             line_keys_path(w, task, previous=True).unlink(missing_ok=True)
             for u in self.items("tokenize", task):
@@ -337,7 +348,8 @@ class Run:
             previous_keys_path(w, task).unlink(missing_ok=True)
             for u in self.items("select", task):
                 (w / "tokenize" / f"unit_{u:06d}.done").unlink(missing_ok=True)
-                (w / "select" / f"unit_{u:06d}.json").unlink(missing_ok=True)
+                if self.config.max_docs is None:  # (the cut joins the totals of the units before it)
+                    (w / "select" / f"unit_{u:06d}.json").unlink(missing_ok=True)
         if stage == "write":
             for p in self.items("write", task):
                 (w / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
@@ -395,6 +407,8 @@ class Run:
     def totals(self) -> Totals:
         """The run's totals for the metadata, added up in plan order by the select stage."""
         summary = self.summary("select")
+        if self.config.max_docs is not None and self.cut()["totals"] is not None:
+            summary = self.cut()  # the units' totals up to the N-th kept document
         totals = Totals.parse(summary["totals"])
         totals.examples = absolute(totals.examples, self.plan, self.sources, [row[5] for row in summary["streams"]])
         return totals

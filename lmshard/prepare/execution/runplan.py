@@ -115,9 +115,6 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
 
 def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.max_docs is not None:
-        raise ConfigError("a scale-out run takes files, stdin and pipes, without --max-docs; run it on one "
-                          "machine")  # fmt: skip
     if config.hf and (config.hf_tasks > 1 or config.hf_spec().kind() != "saved"):
         raise ConfigError(f"--hf {config.hf}: a scale-out run reads a saved dataset (save_to_disk) by its rows, not "
                           "a stream; save it first (or pass its data files as inputs), or run without "

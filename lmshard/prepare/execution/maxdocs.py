@@ -1,0 +1,127 @@
+"""--max-docs in a planned run: the cut after the N-th kept document, made once the select stage
+is complete, so that the dataset is the one a one-process run writes.
+
+A one-process run stops at the N-th document that survives deduplication and counts what it
+read up to that document's record (pipeline.py). A planned run tokenizes and selects every unit
+(the units are read in parallel, before any count is known), then the task that completes the
+select stage (the one that lays out the shards) cuts, from the units' kept counts in the select
+summary:
+
+- the unit u where the N-th kept document falls: its fates after that document become `CUT`
+  (its `.split` file rewritten), and its totals are counted again by reading its work items up
+  to that document's record (the worker's `stop_after`), with its documents' fates;
+- every unit after u keeps nothing (its stream totals zeroed; its newlines and its lines' keys
+  stay: line numbers of earlier units and the line key files do not depend on the cut);
+- the run's totals are those of the units before u (their select markers, which a --max-docs
+  run keeps) and u's own.
+
+It writes `select/cut.json` (the unit, the documents kept of it, the units' stream totals after
+the cut, the run's totals) last; the layout and the finish read it instead of the select
+summary. The work is proportional to the units before the cut (a small file each) plus one
+unit read again.
+
+Memory model: the select summary's rows (7 integers per unit), one unit's per-document arrays
+(20 bytes per document) and one work item at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...format import SPLITS, atomic_write_json
+from ..documents.sources import Source
+from ..documents.worker import ItemResult, WorkerConfig, run_item
+from ..output.build import Totals, account
+from .layout import select_join, unit_arrays
+from .linenumbers import tag
+from .taskplan import unit_items
+from .unitfiles import load_unit
+
+CUT = -3  # a document after the N-th kept one: not read by a one-process run
+CUT_FILE = "cut.json"
+
+
+def cut_path(work: Path) -> Path:
+    return work / "select" / CUT_FILE
+
+
+def ensure_cut(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: WorkerConfig, config: Any,
+               rows: list[list[int]], specials: int,
+               line_masks: Callable[[int], Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The cut (see the module docstring), made unless `select/cut.json` exists (every task that
+    makes it makes the same). `rows`: the select summary's stream rows; `line_masks(u)`
+    (--dedup-lines): unit u's items' line keep-bits."""
+    path = cut_path(work)
+    if path.exists():
+        cut: dict[str, Any] = json.loads(path.read_text())
+        return cut
+    kept = np.cumsum([row[4] for row in rows])
+    at = int(np.searchsorted(kept, config.max_docs))  # the first unit whose kept documents reach N
+    if at >= len(rows):  # fewer kept documents than N: nothing to cut
+        cut = {"unit": -1, "docs": 0, "streams": rows, "totals": None}
+    else:
+        want = config.max_docs - (int(kept[at - 1]) if at else 0)
+        split_path = work / "select" / f"unit_{at:06d}.split"
+        split = np.fromfile(split_path, dtype=np.int8)
+        docs = int(np.flatnonzero(split >= 0)[want - 1]) + 1  # up to and including the N-th kept document
+        split[docs:] = CUT
+        tmp = split_path.with_name(f".{split_path.name}.tmp")
+        split.tofile(tmp)
+        os.replace(tmp, split_path)
+        own = _recount(work, plan, sources, wcfg, config, at, split, docs, specials, line_masks)
+        before = [json.loads((work / "select" / f"unit_{v:06d}.json").read_text()) for v in range(at)]
+        totals = select_join([*before, {"streams": [], "totals": own.to_json()}])["totals"]
+        lengths = unit_arrays(work / "tokenize", at)["lengths"]
+        row: list[int] = []
+        for s in range(len(SPLITS)):
+            mine = split == s
+            row += [int(mine.sum()), int(lengths[mine].sum()) + specials * int(mine.sum())]
+        row += [int((split >= 0).sum()), *rows[at][5:]]
+        after = [[0, 0, 0, 0, 0, *r[5:]] for r in rows[at + 1 :]]
+        cut = {"unit": at, "docs": docs, "streams": [*rows[:at], row, *after], "totals": totals}
+    atomic_write_json(path, cut)
+    return cut
+
+
+def _recount(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: WorkerConfig, config: Any, u: int,
+             split: np.ndarray, docs: int, specials: int,
+             line_masks: Callable[[int], Any] | None) -> Totals:  # fmt: skip
+    """Unit u's totals up to its document `docs - 1`: its work items read again (no tokenizing)
+    as the tokenize stage read them, the last one up to that document's record, each accounted
+    with its documents' fates as the select stage accounts them."""
+    unit = load_unit(plan, u)
+    arrays = unit_arrays(work / "tokenize", u)
+    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
+    if line_masks is not None:
+        items = (replace(item, line_keep=keep) for item, keep in zip(items, line_masks(u)[0], strict=True))
+    numbered = unit.kind != "range" or unit.start == 0  # else numbered from the unit's start, as when tokenized
+    totals, at = Totals(), 0
+    for item in items:
+        r = run_item(item, wcfg, None, sign=False, stop_after=docs - at)
+        d = len(r.keys)
+        fates = split[at : at + d]
+        whole = ItemResult(seq=(0, 0), tokens=np.zeros(0, np.uint32), lengths=arrays["lengths"][at : at + d],
+                           keys=arrays["keys"][at : at + d], doc_sources=arrays["sources"][at : at + d],
+                           counts=r.counts, examples=r.examples if numbered else tag(r.examples, u), chars=r.chars,
+                           nbytes=item.nbytes)  # fmt: skip
+        account(totals, whole, fates >= 0, fates == -1, specials, fates == -2)
+        at += d
+        if at >= docs:
+            break
+    return totals
+
+
+def near_examples(examples: list[dict[str, Any]], ids: list[int], cut: dict[str, Any], base: int) -> list[Any]:
+    """The near-duplicate examples a one-process run met before the cut: those whose removed
+    document (`ids`, unit << 32 | document, the units numbered from `base`) is not after it."""
+    if cut["unit"] < 0:
+        return examples
+    last = ((cut["unit"] + base) << 32) | (cut["docs"] - 1)
+    return [e for e, i in zip(examples, ids, strict=True) if i <= last]
