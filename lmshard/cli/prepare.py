@@ -175,7 +175,8 @@ def prepare(
     tokens_per_shard: int | None = _opt(OUTPUT, "N", "Tokens per shard. Default: 100,000,000.", "--tokens-per-shard"),
     shard_encoding: str | None = _opt(OUTPUT, "ENC", "How shards store tokens: uint32, uint16, packed, zstd (docs/"
                                       "format.md). Default: uint32; --append: the dataset's.", "--shard-encoding"),
-    max_docs: int | None = _opt(OUTPUT, "N", "Stop after N kept documents.", "--max-docs"),
+    max_docs: int | None = _opt(OUTPUT, "N", "Stop after N kept documents (the counts are of what was read up to the "
+                                "N-th).", "--max-docs"),
     overwrite: bool | None = _flag(
         OUTPUT, "Replace the dataset in --out; the old one stays readable until the new one is complete.", "--overwrite"
     ),  # fmt: skip

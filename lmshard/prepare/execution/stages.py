@@ -24,7 +24,7 @@ item's marker; the task that completes the dedup stage finds the near-duplicate 
 one that completes the select stage lays out the shards, and the select summary carries the
 units' totals to the layout and the metadata. A task with several CPUs runs its items in a pool
 of its own (itempool.py). `status` reads the summaries, the finished tasks' marks, and item
-markers only of the tasks not finished. --max-docs and Hugging Face streams are refused; an
+markers only of the tasks not finished. Hugging Face streams are refused (--max-docs: maxdocs.py); an
 --append's dataset keys (and signatures, and line keys) are shared out to the tasks, and its
 files are numbered after the dataset's.
 
