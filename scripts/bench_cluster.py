@@ -50,7 +50,8 @@ its largest without, "idle", and the last); each step's metadata ops at every U 
 exponent k (count ~ U^k between the smallest and the largest U: 0 is flat, 1 grows like the
 plan), and the same for bytes read; then the 1,000-node plan extrapolated (U = 262,000 units, B
 = 4,096 buckets) per shape. There a stage's per-task count is a line in U through its values at
-the smallest and largest U (from the largest; a count that shrinks is taken as flat; a write
+the smallest and largest U (from the largest; a count that shrinks, or grows by at most 10%, the
+measure of fixed work, is taken as flat; a write
 task's: its count per part, the largest over the measured tasks, times the parts per task at
 the largest U, since a write task's parts and seals vary from task to task) except its
 operations on the dedup groups' files (`dedup/group_*`, counted apart), taken as so many per
@@ -132,6 +133,9 @@ KEYS = ("opens", "stats", "creates", "unlinks", "lists", "read", "copied", "meta
 TRACED = ("open,openat,creat,stat,lstat,newfstatat,statx,access,faccessat,faccessat2,readlink,readlinkat,mkdir,"
           "mkdirat,link,linkat,rename,renameat,renameat2,unlink,unlinkat,rmdir,getdents64,read,pread64,readv,preadv,"
           "preadv2,mmap,copy_file_range,sendfile")  # fmt: skip
+# A count within this fraction of its value at the smallest U is flat (the check of fixed work per task); a
+# line through two such values would turn a task sampled with one more marker into growth with U.
+FLAT = 0.10
 UNITS_PER_SHARD = 20  # units per shard and per key file: 262,000 units / 13,000 shards at scale
 
 # Runs `python -m lmshard` in this process; with BENCH_CLUSTER_BUCKETS set, the plan gets
@@ -635,8 +639,10 @@ def fit(values: Sequence[float], results: list[Result], point: tuple[float, Resu
     """`values` at each U of `results`; `point`: the value at the bucket point (the smallest U)."""
     lo, hi = results[0], results[-1]
     per_unit = (values[-1] - values[0]) / (hi.units - lo.units) if hi.units != lo.units else 0.0
+    if values[0] > 0 and abs(values[-1] - values[0]) <= FLAT * values[0]:
+        per_unit = 0.0  # flat by the measure of fixed work (another task sampled, a folder made): not a slope
     per_bucket = (point[0] - values[0]) / (point[1].groups - lo.groups) if point else 0.0
-    return Model(values[-1], max(0.0, per_unit), max(0.0, per_bucket), hi.units, hi.groups)
+    return Model(max(values), max(0.0, per_unit), max(0.0, per_bucket), hi.units, hi.groups)
 
 
 def _fit_row(results: list[Result], point: Result | None, near: bool, name: str, key: str) -> Model:
