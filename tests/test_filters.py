@@ -87,3 +87,106 @@ def test_mistakes_are_one_line(tmp_path, corpus):
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "returned 42" in text and "return None to keep" in text, text
     assert not (tmp_path / "y" / "dataset_metadata.json").exists()
+
+
+RAISING = '''
+def boom(text):
+    if "river" in text:
+        raise ValueError("no rivers here")
+
+def two_args(text, other):
+    return None
+
+def bad_edit(text):
+    from lmshard.quality.filters import Edit
+    e = Edit(text)
+    e.removed = {"x": "not a pair"}
+    return e
+'''
+
+
+@pytest.mark.parametrize(("fn", "said"), [("boom", "raised ValueError: no rivers here"),
+                                           ("two_args", "raised TypeError"),
+                                           ("bad_edit", "returned a malformed Edit")])  # fmt: skip
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_failing_plugin_is_one_line_naming_the_filter_and_the_record(tmp_path, corpus, fn, said, workers):
+    src, texts = corpus
+    (tmp_path / "rules.py").write_text(RAISING)
+    result = CliRunner().invoke(app, ["prepare", str(src), "--out", str(tmp_path / "y"), "--filter",
+                                      f"{tmp_path / 'rules.py'}:{fn}", "--workers", workers])  # fmt: skip
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    first = 1 + next(i for i, t in enumerate(texts) if "river" in t) if fn == "boom" else 1
+    assert len(errors) == 1 and f"{src}:{first}: --filter {tmp_path / 'rules.py'}:{fn} {said}" in errors[0], lines
+
+
+def test_a_plugin_edited_after_the_run_started_is_refused_on_resume_and_by_every_task(tmp_path, corpus, monkeypatch):
+    """The plugin's source (and the Python files beside it) is in the fingerprint, the plan and
+    the metadata: a resumed run or a task after an edit is refused in one line naming the file;
+    a relative `rules.py:fn` is resolved where the run is planned, so a task started in another
+    directory with a rules.py of its own imports the planned one."""
+    from lmshard.errors import LmshardError
+    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution.stages import STAGES, run_task
+
+    src, texts = corpus
+    (tmp_path / "rules.py").write_text(FILTER_FILE)
+    monkeypatch.chdir(tmp_path)
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "planned"), filters=["rules.py:no_river"],
+                           workers=1, quiet=True, dedup="none")  # fmt: skip
+    assert config.filters == [f"{tmp_path / 'rules.py'}:no_river"]
+    local_exec.claim(config, 2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "rules.py").write_text("def no_river(text):\n    return 'everything'\n")
+    monkeypatch.chdir(elsewhere)
+    for stage in STAGES[:-1]:
+        for task in range(2):
+            run_task(config, 2, stage, task)
+    run_task(config, 2, "finish", 0)
+    meta = load_metadata(tmp_path / "planned")
+    kept = sum(1 for t in texts if "river" not in t.split()[:3])
+    assert meta.n_docs() == kept  # the planned rules.py, not the one where the tasks ran
+    path, digest = meta.config["filter_sources"][f"{tmp_path / 'rules.py'}:no_river"]
+    assert path == str(tmp_path / "rules.py") and len(digest) == 64
+    monkeypatch.chdir(tmp_path)
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "again"), filters=["rules.py:no_river"], workers=1,
+                           quiet=True, dedup="none")  # fmt: skip
+    local_exec.claim(config, 2)
+    run_task(config, 2, "tokenize", 0)
+    (tmp_path / "helper.py").write_text("X = 1\n")  # a file beside it, which it could import
+    with pytest.raises(LmshardError, match=r"the filter plugin .*rules\.py \(--filter .*\) changed since the run"):
+        run_task(config, 2, "tokenize", 1)
+    (tmp_path / "helper.py").unlink()
+    run_task(config, 2, "tokenize", 1)  # as it was: goes on
+
+
+def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus):
+    """One process: interrupted (its staging directory and run record left), the plugin edited,
+    then --resume: refused, naming the file; put back, the resume goes on."""
+    import os
+    import signal
+
+    from proctree import finish as finish_proc
+    from proctree import start_prepare, wait_stopped
+
+    src, _ = corpus
+    rules = tmp_path / "rules.py"
+    rules.write_text(FILTER_FILE)
+    args = [str(src), "--out", str(tmp_path / "o"), "--filter", f"{rules}:no_river", "--workers", "1"]
+    os.environ["LMSHARD_STOP_AT"] = "item:1"
+    try:
+        proc = start_prepare(args)
+    finally:
+        del os.environ["LMSHARD_STOP_AT"]
+    assert wait_stopped(proc) == proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    rules.write_text(FILTER_FILE.replace('"river"', '"lake"'))
+    code, err = finish_proc(start_prepare([*args, "--resume"]), 120)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(lines) == 1 and f"the filter plugin {rules}" in lines[0] and "changed" in lines[0], err
+    rules.write_text(FILTER_FILE)
+    code, err = finish_proc(start_prepare([*args, "--resume"]), 120)
+    assert code == 0, err

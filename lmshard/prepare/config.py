@@ -137,8 +137,9 @@ class PrepareConfig:
         if self.workers < 0:
             raise ConfigError("--workers must be 0 (all cores) or more")
         self.clean_config()  # validates the cleaning fields
-        from ..quality.filters import resolve
+        from ..quality.filters import absolute, resolve
 
+        self.filters = [absolute(name) for name in self.filters]  # a task started elsewhere imports the same file
         for name in self.filters:  # a filter that cannot be found fails here, not in a worker
             resolve(name)
 
@@ -208,6 +209,10 @@ class PrepareConfig:
             d.pop(transient)
         d["inputs"] = [redact(spec) if is_url(spec) else spec for spec in self.inputs]  # credentials never recorded
         d["shard_encoding"] = self.shard_encoding or (None if self.append else "uint32")  # None: the dataset's
+        from ..quality.filters import plugin_sources
+
+        if plugins := plugin_sources(self.filters):  # a plugin's code determines the bytes too
+            d["filter_sources"] = plugins
         return d
 
 

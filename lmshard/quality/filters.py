@@ -14,8 +14,19 @@ A filter is a Python callable taking the document's text and returning:
 
 NAME is a built-in filter (`BUILTIN`), a built-in taking arguments as `NAME=ARGS`
 (`WITH_ARGS`: `language=en,de:0.65`), or `module:function`, a function importable in the workers
-(a module on the Python path, or a file `path/to/module.py:function`). A filter must be a pure
-function of the text, so that a run's output does not depend on its workers or tasks.
+(a module on the Python path, or a file `path/to/module.py:function`, whose path is made
+absolute when the run is configured, so that a task started elsewhere imports the same file). A
+filter must be a pure function of the text, so that a run's output does not depend on its
+workers or tasks.
+
+**A plugin's code is part of the input** (`plugin_sources`): the path and sha256 of its source
+are in the run's fingerprint, its plan and its metadata (`config.filter_sources`), so a resumed
+run, an appended task or a planned task whose plugin changed is refused, naming the file. The
+hash covers the plugin's file and the Python files beside it (what it can import from its own
+directory); a module of an installed package is hashed alone, and what a plugin imports from
+elsewhere (installed packages, data files it reads) is not covered: pin those by version. A
+plugin that raises, or returns what a filter cannot, stops the run with one line naming the
+filter, the record and the exception (`FilterFailed`).
 
 Memory model: the filters themselves (the language model: about 110 MB per process that uses
 it); nothing per document beyond its text and one edited copy.
@@ -23,21 +34,25 @@ it); nothing per document beyond its text and one edited copy.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import os
 import re
-from collections.abc import Callable
+import sysconfig
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from .c4 import c4_quality
 from .edit import Edit
 from .gopher import gopher_quality
 from .language import language_filter
 from .repetition import fineweb_quality, gopher_repetition
 
-__all__ = ["BUILTIN", "WITH_ARGS", "Edit", "Verdict", "resolve", "run_filters"]
+__all__ = ["BUILTIN", "WITH_ARGS", "Edit", "FilterFailed", "Verdict", "absolute", "plugin_sources", "resolve",
+           "run_filters"]
 
 BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality, "gopher_repetition": gopher_repetition,
                                             "fineweb_quality": fineweb_quality, "c4": c4_quality}  # fmt: skip
@@ -45,6 +60,59 @@ BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality, "g
 WITH_ARGS: dict[str, Callable[[str, str], Callable[[str], Any]]] = {"language": language_filter}
 _REASON = re.compile(r"[A-Za-z0-9_]{1,64}")
 _loaded: dict[str, Callable[[str], Any]] = {}  # per process: each filter imported once
+
+
+class FilterFailed(Exception):
+    """A filter raised, or returned what a filter cannot: the run names the record (worker.py)."""
+
+
+def absolute(name: str) -> str:
+    """`path/to/rules.py:fn` with its path made absolute (relative to this directory); any other
+    filter name as it is."""
+    module, sep, attr = name.rpartition(":")
+    if sep and module.endswith(".py") and not os.path.isabs(module) and name.partition("=")[0] not in WITH_ARGS:
+        return f"{os.path.abspath(module)}:{attr}"
+    return name
+
+
+def plugin_sources(names: Sequence[str]) -> dict[str, list[str]]:
+    """Per `module:function` filter: [its source file, the sha256 of that file and the Python
+    files beside it] (see the module docstring); built-ins have none."""
+    out = {}
+    for name in names:
+        if name in BUILTIN or name.partition("=")[0] in WITH_ARGS or ":" not in name:
+            continue
+        path = _source_file(name.rpartition(":")[0])
+        if path is None:
+            out[name] = ["", ""]
+            continue
+        digest = hashlib.sha256()
+        beside = [] if _installed(path) else sorted(p for p in path.parent.glob("*.py") if p != path)
+        for p in [path, *beside]:
+            try:
+                data = p.read_bytes()
+            except OSError:
+                continue
+            digest.update(f"{p.name}\0{len(data)}\0".encode() + data)
+        out[name] = [str(path), digest.hexdigest()]
+    return out
+
+
+def _source_file(module: str) -> Path | None:
+    if module.endswith(".py"):
+        return Path(module).resolve() if Path(module).is_file() else None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec is not None else None
+    return Path(origin).resolve() if origin and Path(origin).is_file() else None
+
+
+def _installed(path: Path) -> bool:
+    """A file of an installed package or of the standard library (its siblings are not the plugin's)."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return any(path.is_relative_to(Path(r).resolve()) for r in roots if r)
 
 
 def resolve(name: str) -> Callable[[str], Any]:
@@ -95,14 +163,24 @@ def run_filters(names: tuple[str, ...], text: str) -> Verdict:
     first that drops it names the reason."""
     removed: dict[str, tuple[int, str]] = {}
     for name in names:
-        verdict = resolve(name)(text)
+        try:
+            verdict = resolve(name)(text)
+        except Exception as e:  # the user's code: whatever it raises (a wrong signature: TypeError)
+            raise FilterFailed(f"--filter {name} raised {type(e).__name__}: {_short(str(e))}") from None
         if verdict is None or verdict is True:
             continue
         if isinstance(verdict, Edit):
-            for reason, (n, first) in getattr(verdict, "removed", {}).items():
+            try:
+                edits = [(str(reason), int(n), str(first)) for reason, (n, first) in getattr(verdict, "removed",
+                                                                                             {}).items()]  # fmt: skip
+                edited = str(verdict)
+            except Exception as e:  # an Edit made by hand with a malformed `removed`
+                raise FilterFailed(f"--filter {name} returned a malformed Edit ({type(e).__name__}: "
+                                   f"{_short(str(e))}); its `removed` is {{reason: (lines, first line)}}") from None
+            for reason, n, first in edits:
                 before, first = removed.get(reason, (0, first))  # the first line a filter removed for it
                 removed[reason] = (before + n, first)
-            text = str(verdict)  # a plain str: what is hashed and tokenized
+            text = edited  # a plain str: what is hashed and tokenized
             if not text.strip():
                 return Verdict(None, _own_reason(name, 58) + "_empty", name)
             continue
@@ -111,10 +189,15 @@ def run_filters(names: tuple[str, ...], text: str) -> Verdict:
         if isinstance(verdict, str) and _REASON.fullmatch(verdict):
             return Verdict(None, verdict, name)
         shown = repr(verdict) if len(repr(verdict)) <= 60 else repr(verdict)[:57] + "..."
-        raise InputError(f"--filter {name}: returned {shown}; return None to keep a document, Edit(text) to keep it "
-                         "with a new text, or a reason of letters, digits and _ (such as 'too_many_links') to drop "
-                         "it")  # fmt: skip
+        raise FilterFailed(f"--filter {name} returned {shown}; return None to keep a document, Edit(text) to keep it "
+                           "with a new text, or a reason of letters, digits and _ (such as 'too_many_links') to drop "
+                           "it")  # fmt: skip
     return Verdict(text, removed=removed or None)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _own_reason(name: str, limit: int) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ...errors import TokenizerError
-from ...quality.filters import run_filters
+from ...errors import InputError, TokenizerError
+from ...quality.filters import FilterFailed, run_filters
 from ...quality.minhash import MinHashConfig, signature
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..stops import stop_point
@@ -149,7 +149,10 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
             if reason is not None:
                 record = record._replace(problem=reason, detail=drop_detail(reason, len(cleaned), config.clean))
             elif config.clean.filters and text is not None:  # the filters' edits are what is keyed and tokenized
-                text, reason, by, removed_lines = run_filters(config.clean.filters, text)
+                try:
+                    text, reason, by, removed_lines = run_filters(config.clean.filters, text)
+                except FilterFailed as e:  # the plugin's fault, named at the record it failed on
+                    raise InputError(f"{config.sources[src_index].path}:{record.number}: {e}") from None
                 if reason is not None:
                     record = record._replace(problem=reason, detail=f"dropped by --filter {by}")
                 for why, (n, first) in (removed_lines or {}).items():  # lines a kept document's filters removed
@@ -251,7 +254,10 @@ def clean_document(record: Record, clean: CleanConfig) -> tuple[str | None, str 
         return None, record.problem
     text, reason = length_filter(_clean(record.text, clean), clean)
     if reason is None and clean.filters and text is not None:
-        text, reason, _, _ = run_filters(clean.filters, text)
+        try:
+            text, reason, _, _ = run_filters(clean.filters, text)
+        except FilterFailed as e:
+            raise InputError(f"record {record.number}: {e}") from None
     return (None, reason) if reason is not None else (text, None)
 
 
