@@ -260,3 +260,18 @@ def test_an_unreadable_directory_is_named_and_a_file_inside_it_says_why(tmp_path
     code, out, err = cli("prepare", data / "locked" / "b.jsonl", "--out", tmp_path / "o2", "--workers", "1")
     said = " ".join(err.split())
     assert code == 1 and "cannot reach it (Permission denied)" in said and "no input files found" not in said, said
+
+
+def test_a_large_pretty_printed_json_gz_is_one_not_records_not_thousands_of_bad_lines(tmp_path):
+    """A .json.gz holding one pretty-printed object of several MiB (larger than what is sniffed)
+    is one `not_records` record under --on-error skip, as a small one is: not a line-by-line read
+    counting each of its 100,000 lines as a bad record."""
+    import gzip
+
+    obj = {"data": [{"text": f"document {i} " + "word " * 10, "id": i} for i in range(30_000)]}
+    with gzip.open(tmp_path / "big.json.gz", "wt") as f:
+        f.write(json.dumps(obj, indent=2))
+    write(tmp_path / "flat.json", json.dumps({"text": "a document"}))
+    summary = prepare_json([tmp_path / "big.json.gz", tmp_path / "flat.json"], tmp_path / "skip", "--on-error", "skip")
+    assert summary["n_docs"] == 1 and summary["drops"] == {"not_records": 1}, summary["drops"]
+    assert summary["records_read"] == 2

@@ -186,11 +186,17 @@ def spread_value(src: Source) -> Record | None:
         return None
     except (json.JSONDecodeError, RecursionError):
         pass
+    first = 1 + text.count("\n", 0, start)
     try:
         _, end = json.JSONDecoder().raw_decode(text, start)
-    except (json.JSONDecodeError, RecursionError):
+    except json.JSONDecodeError as e:
+        # A value still open where the sniffed bytes end (a large pretty-printed object): it spans lines past them
+        if len(text) >= SPREAD_SNIFF_BYTES and e.pos >= len(text) - TRUNCATED_SLACK and text.count("\n", start) > 1:
+            return bad(first, "not_records", f"one JSON value from line {first} running past its first "
+                                             f"{SPREAD_SNIFF_BYTES >> 20} MiB, not one record per line")  # fmt: skip
         return None
-    first = 1 + text.count("\n", 0, start)
+    except RecursionError:
+        return None
     last = first + text.count("\n", start, end)
     if last == first:
         return None
@@ -198,6 +204,7 @@ def spread_value(src: Source) -> Record | None:
 
 
 SPREAD_SNIFF_BYTES = 1 << 20  # bytes of a .json file decoded to find a first value that spans lines
+TRUNCATED_SLACK = 1 << 16  # a decoding error this close to the sniff's end is the value running past it
 
 
 def by_paragraph(text_mode: str) -> bool:
