@@ -275,3 +275,17 @@ def test_a_large_pretty_printed_json_gz_is_one_not_records_not_thousands_of_bad_
     summary = prepare_json([tmp_path / "big.json.gz", tmp_path / "flat.json"], tmp_path / "skip", "--on-error", "skip")
     assert summary["n_docs"] == 1 and summary["drops"] == {"not_records": 1}, summary["drops"]
     assert summary["records_read"] == 2
+
+
+def test_the_format_text_hint_counts_suffixes_as_suffixes_and_can_be_pasted():
+    """Many suffixes: "and those of N more suffixes", and an --exclude for every suffix that does
+    not look like text, so the advice runs as printed."""
+    from lmshard.format.skipped import SkippedInputs
+
+    text = [f".t{i}" for i in range(8)]
+    other = [f".b{i}" for i in range(6)]
+    skipped = SkippedInputs(unknown_type={s: 5 for s in text + other}, text_like=text)
+    hint = skipped.text_hint(files_read=1)
+    assert hint is not None and "the skipped .t0, .t1, .t2 files (and those of 5 more suffixes) look like text" in hint
+    assert hint.count("--exclude") == 6 and all(f"--exclude '*{s}'" in hint for s in other), hint
+    assert "more files" not in hint

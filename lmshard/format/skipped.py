@@ -50,11 +50,12 @@ class SkippedInputs:
         if not text or sum(self.unknown_type[suffix] for suffix in text) < files_read:
             return None
         names = ["suffix-less" if suffix == NO_SUFFIX else suffix for suffix in text]
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3:,} more" if len(names) > 3 else "")
+        more = len(names) - 3
+        shown = ", ".join(names[:3]) + " files" + (f" (and those of {more:,} more suffix{'es' if more > 1 else ''})"
+                                                   if more > 0 else "")  # fmt: skip
         others = [suffix for suffix in self.unknown_type if suffix not in text and suffix != NO_SUFFIX]
-        exclude = "".join(f" --exclude '*{suffix}'" for suffix in others[:3])
-        rest = f" (and --exclude for {len(others) - 3:,} more suffixes)" if len(others) > 3 else ""
-        return (f"the skipped {shown} files look like text: pass --format text{exclude}{rest} to read them (it "
+        exclude = "".join(f" --exclude '*{suffix}'" for suffix in others)  # every one: the advice can be pasted
+        return (f"the skipped {shown} look like text: pass --format text{exclude} to read them (it "
                 "reads every file as text)")  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
