@@ -133,11 +133,59 @@ def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path, 
     assert os.path.exists(out / "dataset_metadata.json")
 
 
-def test_resume_of_a_complete_run_says_so(tmp_path, corpus):
-    args = [str(corpus), "--out", str(tmp_path / "o"), "--workers", "1"]
+@pytest.mark.parametrize("staged", [False, True])
+def test_resume_of_a_complete_run_says_so_and_prints_no_summary_as_if_it_had_worked(tmp_path, corpus, staged,
+                                                                                  monkeypatch):  # fmt: skip
+    import subprocess
+
+    from proctree import LMSHARD
+
+    if staged:
+        monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+    args = [str(corpus), "--out", str(tmp_path / "o"), "--workers", "2" if staged else "1"]
     assert finish(start_prepare(args), 300)[0] == 0
     code, err = finish(start_prepare([*args, "--resume"]), 300)
     assert code == 0 and f"resuming: {tmp_path / 'o'} is already complete; nothing to do" in err.splitlines(), err
+    done = subprocess.run([*LMSHARD, "prepare", *args, "--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "already complete, nothing was done" in done.stdout, done.stdout
+    assert "records read" not in done.stdout  # no summary table, as if this run had made it
+    again = subprocess.run([*LMSHARD, "prepare", *args, "--resume", "--json"], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert '"already_complete": true' in again.stdout
+
+
+def test_a_staged_resume_says_what_the_interrupted_run_kept(tmp_path, monkeypatch):
+    """A large (staged) run killed after some units, then --resume: one line before any progress
+    says how many units (documents, tokens) it goes on from."""
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+    monkeypatch.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
+    src = jsonl(tmp_path / "big.jsonl", make_texts(6000, seed=4))
+    args = [str(src), "--out", str(tmp_path / "o"), "--workers", "2"]
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit=3")
+    _stopped_then_killed(args)
+    err = _resume(args, monkeypatch)
+    said = [line for line in err.splitlines() if line.startswith("resuming:")]
+    assert len(said) == 1 and re.match(r"resuming: \d+ of \d+ units tokenized \([\d,]+ documents, [\d,]+ tokens\) "
+                                       r"kept from the interrupted run$", said[0]), err  # fmt: skip
+    assert int(said[0].split()[1]) >= 1
+
+
+def test_an_append_summary_says_what_this_run_added(tmp_path, corpus):
+    import json
+    import subprocess
+
+    from proctree import LMSHARD
+
+    first = jsonl(tmp_path / "first.jsonl", make_texts(300, seed=41))
+    out = str(tmp_path / "o")
+    assert subprocess.run([*LMSHARD, "prepare", str(first), "--out", out], capture_output=True).returncode == 0
+    before = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
+    done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", out, "--append"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    after = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
+    docs, tokens = after["n_docs"] - before["n_docs"], after["n_tokens"] - before["n_tokens"]
+    assert done.returncode == 0 and f"appended: this run added {docs:,} docs, {tokens:,} tokens" in done.stdout, \
+        done.stdout
 
 
 def test_the_rate_of_a_resumed_run_counts_its_own_tokens(tmp_path, corpus, process_items, monkeypatch):

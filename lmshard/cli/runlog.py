@@ -28,14 +28,25 @@ class RunLog:
         self.plain = not sys.stderr.isatty()
         self.clock = clock  # seconds; a test drives its own
         self.started = clock()
+        self.found_complete = False  # --resume found the dataset complete: nothing was done
+        self.before: tuple[int, int, int] | None = None  # --append: the dataset's documents, tokens, shards before
 
     def _line(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     def start(self) -> None:
+        c = self.cfg
+        if c.append:  # what the dataset held before, so the summary can say what this run added
+            from ..format import load_metadata
+            from ..remote.urls import output_url
+
+            try:
+                meta = None if output_url(c.out) else load_metadata(c.out)
+            except Exception:  # no dataset yet, or not one: prepare says so
+                meta = None
+            self.before = (meta.total_docs, meta.total_tokens, len(meta.shards)) if meta is not None else None
         if self.cfg.quiet or not self.plain:
             return
-        c = self.cfg
         from ..remote.urls import redact  # a URL's password or signature is never printed
 
         inputs = [redact(i) for i in c.inputs[:3]] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
@@ -47,11 +58,18 @@ class RunLog:
                    f"{c.tokens_per_shard:,}" + (f", shard encoding {c.shard_encoding}" if c.shard_encoding else ""))
 
     def follow(self, job: Callable[[Callable[[Any], None]], T]) -> T:
+        def noted(show: Callable[[Any], None]) -> Callable[[Any], None]:
+            def update(p: Any) -> None:
+                self.found_complete |= bool(getattr(p, "complete", False))
+                show(p)
+
+            return update
+
         if self.cfg.quiet:
-            return job(lambda p: None)
+            return job(noted(lambda p: None))
         if self.plain:
-            return job(self._plain_progress())
-        return _progress_bar(job)
+            return job(noted(self._plain_progress()))
+        return _progress_bar(lambda callback: job(noted(callback)))
 
     def _plain_progress(self) -> Callable[[Any], None]:
         last = [self.started]
@@ -69,10 +87,29 @@ class RunLog:
         return update
 
     def done(self, meta: Any) -> None:
+        added = None
+        if self.before is not None and not self.found_complete:
+            added = {"docs": meta.total_docs - self.before[0], "tokens": meta.total_tokens - self.before[1],
+                     "shards": len(meta.shards) - self.before[2]}  # fmt: skip
         if self.cfg.json:
-            print(json.dumps(summary_json(meta, self.cfg.out)), flush=True)
-        elif not self.cfg.quiet:
-            render.summary(meta, self.cfg.out)
+            data = summary_json(meta, self.cfg.out)
+            data |= {"already_complete": True} if self.found_complete else {}
+            data |= {"appended": added} if added is not None else {}
+            print(json.dumps(data), flush=True)
+            return
+        if self.cfg.quiet:
+            return
+        if self.found_complete:
+            render.out.print(f"{self.cfg.out}: already complete, nothing was done: {plural(meta.total_docs, 'doc')}, "
+                             f"{meta.total_tokens:,} tokens in {plural(len(meta.shards), 'shard')} (its run started "
+                             f"{meta.run.started_at}); check it with: lmshard inspect {self.cfg.out}", markup=False,
+                             soft_wrap=True)  # fmt: skip
+            return
+        if added is not None:
+            render.out.print(f"appended: this run added {plural(added['docs'], 'doc')}, {added['tokens']:,} tokens, "
+                             f"{plural(added['shards'], 'shard')}; the totals below are the whole dataset's",
+                             markup=False, soft_wrap=True)  # fmt: skip
+        render.summary(meta, self.cfg.out)
         if self.plain and not self.cfg.quiet and not _same_file(sys.stdout, sys.stderr):
             self._line(done_line(meta, self.cfg.out))
 

@@ -120,7 +120,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
                 claim = claim_output(config, paths, sources, tokenizer)
                 if claim.complete is not None:  # --resume of a run that finished: nothing to do
                     if on_progress:
-                        on_progress(Progress(note=f"resuming: {paths.out} is already complete; nothing to do"))
+                        on_progress(Progress(note=f"resuming: {paths.out} is already complete; nothing to do",
+                                             complete=True))  # fmt: skip
                     return claim.complete
                 if claim.commit_pending:  # killed after the build was complete: only the swap is left
                     commit(paths)

@@ -32,6 +32,7 @@ from ..documents.reading import InputGone, InputReadError, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
+from .barrier import is_complete
 from .finish import finish, remove_work
 from .itempool import in_pool, item_pool
 from .owners import begin
@@ -75,6 +76,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         claim = begin(config, paths, sources, tokenizer, work_dir(config.out))
         if claim.complete is not None:  # (killed after its swap: only the work folder was left)
             remove_work(work_dir(config.out))
+            if on_progress is not None and config.resume:
+                on_progress(Progress(note=f"resuming: {paths.out} is already complete; nothing to do", complete=True))
             return claim.complete
         if claim.commit_pending:
             commit(paths)
@@ -82,7 +85,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             return load_metadata(paths.out)
         r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
         try:
-            _stages(r, on_progress)
+            _stages(r, on_progress, claim.resumed)
             # (the inputs as found, not as read: stdin keeps its name and size 0)
             return finish(config, paths, r.work, r.layout(), r.totals(), sources, r.tokenizer, r.previous_meta())
         except KeyboardInterrupt as e:
@@ -112,10 +115,10 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
         return claimed, Run.of(config, n_tasks, None, loaded=(sources, tokenizer)).plan
 
 
-def _stages(r: Run, on_progress: Callable[[Any], None] | None) -> None:
+def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
-    progress = _Progress(r, on_progress)
+    progress = _Progress(r, on_progress, resumed)
     if workers <= 1:
         for stage in _order(r):
             for i in _todo(r, stage):
@@ -157,7 +160,7 @@ def _todo(r: Run, stage: str) -> Iterable[int]:
 class _Progress:
     """Progress for the run log: input bytes, documents and tokens of the tokenized units."""
 
-    def __init__(self, r: Run, callback: Callable[[Any], None] | None) -> None:
+    def __init__(self, r: Run, callback: Callable[[Any], None] | None, resumed: bool = False) -> None:
         self.r, self.callback = r, callback
         self.p = Progress(bytes_total=sum(u[4] for u in r.plan["units"]))
         left = set(r.missing("tokenize"))
@@ -165,6 +168,14 @@ class _Progress:
             if u not in left:
                 self._add(u)
         self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
+        if resumed and callback is not None:  # what the interrupted run left, said before any progress
+            done = r.n_units - len(left)
+            complete = [s for s in r.stages[:-1] if s != "tokenize" and is_complete(r.work, s)]
+            stages = f"; the {', '.join(complete)} stage{'s' if len(complete) > 1 else ''} complete" if complete else ""
+            self.p.note = (f"resuming: {done:,} of {r.n_units:,} units tokenized ({self.p.docs:,} documents, "
+                           f"{self.p.tokens:,} tokens) kept from the interrupted run{stages}")  # fmt: skip
+            callback(self.p)
+            self.p.note = None
 
     def _add(self, u: int) -> None:
         try:

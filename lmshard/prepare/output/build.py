@@ -109,6 +109,7 @@ class Progress:
     bytes_at_start: int = 0  # what a resumed run had done before this process started: rates leave it out
     tokens_at_start: int = 0
     note: str | None = None  # what --resume kept (Build.resume_note), in the first call only
+    complete: bool = False  # --resume found the dataset complete: nothing was done
 
 
 @dataclass
