@@ -516,3 +516,21 @@ def test_round_trip_text_to_shards_to_decoded_text(tmp_path_factory, reference, 
     docs = read_docs(tmp / "out", "train")
     assert all(int(d[-1]) == GPT2_EOT for d in docs)
     assert [reference.decode(d[:-1].tolist()) for d in docs] == expected
+
+
+def test_an_empty_val_split_is_warned_at_prepare_and_explained_at_load(tmp_path, capsys):
+    """--val-fraction 0.001 of 50 kept documents sends none to val: prepare warns (one line), and
+    opening the val split says why and what fraction would give one."""
+    from lmshard import TokenDataset
+    from lmshard.errors import FormatError
+
+    src = jsonl(tmp_path / "a.jsonl", make_texts(50, seed=2))
+    meta = run(tmp_path, [src], val_fraction=0.001)
+    assert meta["splits"]["val"]["n_docs"] == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "val split is empty" in line]
+    assert len(warned) == 1 and "--val-fraction 0.001 of its 50 documents sent none to val" in warned[0]
+    with pytest.raises(FormatError, match=r"split 'val' holds no tokens; --val-fraction 0.001 of its 50 documents .* "
+                                          r"prepare again with --val-fraction 0.04 or more"):  # fmt: skip
+        TokenDataset(tmp_path / "out", split="val")
+    run(tmp_path, [src], out=str(tmp_path / "none"), val_fraction=0.0)
+    assert "val split is empty" not in capsys.readouterr().err  # no val split was asked for

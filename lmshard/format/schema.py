@@ -280,6 +280,17 @@ class DatasetMeta:
     def n_tokens(self, split: str | None = None) -> int:
         return sum(s.n_tokens for s in self.shards if split in (None, s.split))
 
+    def empty_split_why(self, split: str) -> str:
+        """Why a split holds nothing and what to do: for val, how --val-fraction met the documents kept."""
+        fraction = self.config.get("val_fraction")
+        if split == "val" and isinstance(fraction, int | float) and self.total_docs:
+            if not fraction:
+                return "it was prepared with --val-fraction 0 (no validation split); prepare with --val-fraction 0.01"
+            need = min(0.5, max(2 / self.total_docs, fraction))
+            return (f"--val-fraction {fraction} of its {self.total_docs:,} documents sent none to val (about "
+                    f"{fraction * self.total_docs:.2f} expected); prepare again with --val-fraction {need:.3g} or more")
+        return "prepare more data or use another split"
+
     def n_docs(self, split: str | None = None) -> int:
         return sum(s.n_docs for s in self.shards if split in (None, s.split))
 

@@ -58,7 +58,7 @@ from .output.build import (
     sigterm_stops,
 )
 from .output.claim import Claim, bos_written, claim_output, run_tokenizer, write_run
-from .output.metadata import dataset_metadata
+from .output.metadata import dataset_metadata, warn_empty_val
 from .output.staging import (
     Interrupted,
     OutputPaths,
@@ -164,6 +164,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
         commit(paths)
+        warn_empty_val(meta)
         return meta
     except Interrupted as e:
         build.abort()

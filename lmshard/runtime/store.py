@@ -368,5 +368,5 @@ def open_store(
         raise FormatError(f"{path}: no split {split!r} (splits: {', '.join(meta.splits)})")
     store = TokenStore.from_dataset(meta, split, max_open, rss_limit)
     if store.n_tokens == 0:
-        raise FormatError(f"{path}: split {split!r} holds no tokens; prepare more data or use another split")
+        raise FormatError(f"{path}: split {split!r} holds no tokens; {meta.empty_split_why(split)}")
     return meta, store

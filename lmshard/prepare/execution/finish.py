@@ -46,7 +46,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
     once the dataset is in place. `previous` (--append): the dataset this run extends, whose
     shards, key files and totals come first, as a local --append lists them."""
-    from ..output.metadata import dataset_metadata
+    from ..output.metadata import dataset_metadata, warn_empty_val
 
     sealed = read_summary(work, "write").get("pieces", {}) if is_complete(work, "write") else {}
     for k in range(len(layout["pieces"])) if len(sealed) < len(layout["pieces"]) else ():
@@ -98,6 +98,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
     commit(paths)
     remove_work(work)
+    warn_empty_val(meta)
     return meta
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
+from ...errors import warn
 from ...format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInfo, SourceInfo, SplitInfo, TokenizerInfo
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -20,6 +21,14 @@ from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
 from ..documents.worker import LINE_DROP
 from .build import NOT_DROPS, Totals
 from .claim import Claim, bos_written
+
+
+def warn_empty_val(meta: DatasetMeta) -> None:
+    """A warning when --val-fraction asked for a validation split and it came out empty (few
+    documents kept): a trainer would run without a validation loss and not say why."""
+    fraction = meta.config.get("val_fraction")
+    if fraction and meta.total_docs and not meta.n_docs("val"):
+        warn(f"the val split is empty: {meta.empty_split_why('val')}")
 
 
 def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
