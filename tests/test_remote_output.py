@@ -605,3 +605,21 @@ def test_uncommitted_shards_of_a_run_from_another_machine_are_named_as_such(s3, 
     server.client().put_object(Bucket=name, Key="ds/notes.txt", Body=b"mine")
     with pytest.raises(ConfigError, match="nothing here is known to be lmshard's; choose an empty prefix"):
         prepare(config(bucket + "/ds", inputs))
+
+
+def test_a_bucket_that_does_not_exist_is_named_by_prepare_and_by_readers(s3, inputs):
+    """prepare --out, inspect and TokenDataset on s3://nobucket/...: one line saying the bucket
+    does not exist (the real server's NoSuchBucket), not a conditional PUT's 404 or 'not a dataset'."""
+    from typer.testing import CliRunner
+
+    from lmshard import TokenDataset
+    from lmshard.cli import app
+
+    missing = "s3://no-such-bucket-here/ds"
+    with pytest.raises(LmshardError, match=r"the bucket no-such-bucket-here does not exist"):
+        prepare(config(missing, inputs))
+    with pytest.raises(LmshardError, match=r"the bucket no-such-bucket-here does not exist"):
+        TokenDataset(missing)
+    said = CliRunner().invoke(app, ["inspect", missing])
+    errors = [line for line in said.output.splitlines() if line.startswith("error:")]
+    assert said.exit_code != 0 and len(errors) == 1 and "the bucket no-such-bucket-here does not exist" in errors[0]

@@ -24,7 +24,7 @@ from ..errors import FormatError
 from ..format import METADATA_FILE, REGENERATE_HINT, DatasetMeta, parse_metadata
 from ..format.files import MAX_METADATA_BYTES
 from .objects import Remote
-from .retry import RemoteError, Retry
+from .retry import RemoteError, Retry, bucket_of
 from .urls import redact
 
 GENERATION = re.compile(r"g-[A-Za-z0-9-]{1,64}")
@@ -46,6 +46,9 @@ def read_json(remote: Remote, rel: str, limit: int = MAX_METADATA_BYTES) -> Any:
         data = remote.read(rel, limit)
     except RemoteError as e:
         if "check the URL" in str(e) and not remote.exists(rel):
+            if remote.bucket_missing():
+                raise FormatError(f"{redact(remote.url)}: the bucket {bucket_of(remote.url)} does not exist; check "
+                                  "the bucket's name in the URL") from None  # fmt: skip
             raise FormatError(f"{redact(remote.url_of(rel))}: missing; not an lmshard dataset, or not finished "
                               "(create one with `lmshard prepare --out URL`)") from None  # fmt: skip
         raise

@@ -108,6 +108,16 @@ class Remote:
 
         return bool(self._call(rel, "HEAD", probe))
 
+    def bucket_missing(self) -> bool:
+        """Whether the URL's bucket does not exist (s3://, gs://, az:// only; False when that
+        cannot be told)."""
+        if self.url.split("://", 1)[0] not in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"):
+            return False
+        try:
+            return not self.fs.exists(self.path.split("/", 1)[0])
+        except Exception:  # (no permission to look: not a verdict)
+            return False
+
     def listing(self, rel: str = "") -> dict[str, int]:
         """{relative path: size} of every object under `rel` (recursively)."""
         base = self.full(rel).rstrip("/")

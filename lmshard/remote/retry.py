@@ -82,6 +82,23 @@ def transient(e: BaseException) -> bool:
     return False
 
 
+def no_bucket(e: BaseException) -> bool:
+    """Whether the store said the URL's bucket does not exist (S3's NoSuchBucket, GCS's and
+    Azure's own words for it)."""
+    for err in chain(e):
+        if _status(err)[1] in ("NoSuchBucket", "ContainerNotFound"):
+            return True
+        text = str(err)
+        if "NoSuchBucket" in text or "specified bucket does not exist" in text or "ContainerNotFound" in text:
+            return True
+    return False
+
+
+def bucket_of(url: str) -> str:
+    """The bucket (container) of an object store URL: its host part."""
+    return url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]
+
+
 def unreached(e: BaseException) -> bool:
     """Whether a FileNotFoundError stands for a server that was not reached (its cause is a
     connection, TLS or name error), not for an object the server said is missing."""
@@ -143,6 +160,10 @@ class Retry:
             except LmshardError:
                 raise  # already one line with its fix
             except Exception as e:
+                if no_bucket(e):
+                    raise RemoteMissing(f"{redact(url)}: {what} failed: the bucket {bucket_of(url)} does not exist "
+                                        f"({describe(e)}); check the bucket's name in the URL, or create "
+                                        "it") from None  # fmt: skip
                 if not transient(e):
                     fix = fix_for(e)
                     kind = RemoteMissing if fix == MISSING_FIX else RemoteError
