@@ -77,8 +77,12 @@ def test_the_same_bytes_for_any_workers_and_tasks(tmp_path, corpus):
 def test_mistakes_are_one_line(tmp_path, corpus):
     src, _ = corpus
     (tmp_path / "myfilters.py").write_text(FILTER_FILE)
-    with pytest.raises(ConfigError, match="not a built-in filter"):
+    with pytest.raises(ConfigError, match="not a built-in filter .* did you mean gopher_quality"):
         PrepareConfig(inputs=[str(src)], out=str(tmp_path / "x"), filters=["gopher"])
+    with pytest.raises(ConfigError, match="gopher_quality takes no arguments; pass --filter gopher_quality"):
+        PrepareConfig(inputs=[str(src)], out=str(tmp_path / "x"), filters=["gopher_quality=3"])
+    with pytest.raises(ConfigError, match=r"did you mean language=\.\.\.\?"):
+        PrepareConfig(inputs=[str(src)], out=str(tmp_path / "x"), filters=["languge=en"])
     with pytest.raises(ConfigError, match="has no function 'nothing'"):
         PrepareConfig(inputs=[str(src)], out=str(tmp_path / "x"), filters=[f"{tmp_path / 'myfilters.py'}:nothing"])
     result = CliRunner().invoke(app, ["prepare", str(src), "--out", str(tmp_path / "y"), "--filter",

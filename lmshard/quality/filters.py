@@ -34,6 +34,7 @@ it); nothing per document beyond its text and one edited copy.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -143,7 +144,13 @@ def resolve(name: str) -> Callable[[str], Any]:
             raise ConfigError(f"--filter {name}: {module_name} has no function {attr!r}")
     else:
         builtins = ", ".join([*BUILTIN, *(f"{n}=..." for n in WITH_ARGS)])
-        raise ConfigError(f"--filter {name}: not a built-in filter ({builtins}) nor module:function")
+        base = name.partition("=")[0]
+        if base in BUILTIN:  # a built-in given arguments it does not take
+            raise ConfigError(f"--filter {name}: {base} takes no arguments; pass --filter {base}")
+        close = difflib.get_close_matches(base, [*BUILTIN, *WITH_ARGS], n=1, cutoff=0.5) or [
+            n for n in [*BUILTIN, *WITH_ARGS] if base and (n.startswith(base) or base.startswith(n))][:1]  # fmt: skip
+        guess = f"; did you mean {close[0]}{'=...' if close[0] in WITH_ARGS else ''}?" if close else ""
+        raise ConfigError(f"--filter {name}: not a built-in filter ({builtins}) nor module:function{guess}")
     _loaded[name] = found
     return found
 
