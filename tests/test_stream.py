@@ -187,6 +187,9 @@ def test_a_changed_world_size_or_option_is_refused_with_the_reason(corpus):
         lmshard.stream(str(root / "src")).windows(2, 16, rank=0, world_size=3).load_state_dict(state)
     with pytest.raises(ArgumentError, match="saved with seq_len=16 and this stream has seq_len=32"):
         lmshard.stream(str(root / "src")).windows(2, 32, rank=0, world_size=2).load_state_dict(state)
+    with pytest.raises(ArgumentError, match="saved on rank 0 and this stream is rank 1: each rank .* its own") as e:
+        lmshard.stream(str(root / "src")).windows(2, 16, rank=1, world_size=2).load_state_dict(state)
+    assert "pass rank=0" not in str(e.value)  # (rank 1 given rank 0's state would read rank 0's records)
 
 
 def test_a_finite_stream_on_many_ranks_needs_an_agreed_end(corpus):
@@ -205,6 +208,15 @@ def test_too_many_readers_for_the_documents_is_one_line(tmp_path):
     b = lmshard.stream(str(tmp_path / "src")).windows(1, 4, rank=4, world_size=5)
     with pytest.raises(InputError, match="reader 4 of 5 .* got no document up to epoch 0"):
         next(iter(b))
+
+
+def test_a_source_of_only_empty_documents_says_so_not_fewer_readers(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps({"text": ""}) + "\n" for _ in range(5)))
+    b = lmshard.stream(str(tmp_path / "src")).windows(1, 4)
+    with pytest.raises(InputError, match="the source gave no document: every record was empty or dropped") as e:
+        next(iter(b))
+    assert "fewer" not in str(e.value)
 
 
 def test_stdin_is_refused(tmp_path):

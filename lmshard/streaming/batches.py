@@ -284,6 +284,12 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if not isinstance(state, dict) or state.get("kind") != "lmshard.stream" or state.get("shape") != self.shape:
             raise ArgumentError(f"not the state of a {self.shape} stream of lmshard.stream; pass what this kind of "
                                 "stream's state_dict() returned")  # fmt: skip
+        if state["world_size"] == self.world_size and state["rank"] != self.rank:
+            raise ArgumentError(
+                f"the state was saved on rank {state['rank']} and this stream is rank {self.rank}: each rank owns its "
+                "own records, so each rank saves its own state_dict() and loads its own (save one per rank, e.g. "
+                f"stream_rank{{rank}}.pt); a state of rank {state['rank']} would make this rank read that rank's "
+                "records")  # fmt: skip
         for key in ("world_size", "num_workers", "rank"):
             if state[key] != getattr(self, key):
                 raise ArgumentError(

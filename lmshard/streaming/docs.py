@@ -117,6 +117,10 @@ class Documents:
             at = end
 
     def _nothing(self, epoch: int) -> str:
+        if self.consumers == 1:  # one reader read everything: there is nothing to share out
+            return ("lmshard.stream: the source gave no document: every record was empty or dropped after cleaning "
+                    "(and the filters and the split); check the text field, the filters and the split, or the "
+                    "source's contents")  # fmt: skip
         how = "whole shards" if self.whole else "records dealt round-robin"
         return (f"lmshard.stream: reader {self.consumer} of {self.consumers} (ranks × DataLoader workers, {how}) got "
                 f"no document up to epoch {epoch}; the source has too few documents (after cleaning and the split) "
