@@ -1,4 +1,4 @@
-"""lmshard: raw text to sharded uint32 token data for LLM pretraining, and a loader for it.
+"""lmshard: raw text to sharded token data for LLM pretraining, and a loader for it.
 
     from lmshard import TokenDataset
     train = TokenDataset("data/mycorpus", split="train")

@@ -31,6 +31,20 @@ def test_version_and_help():
     assert result.exit_code == 0 and "--val-fraction" in result.output
 
 
+def test_every_command_summary_in_the_help_is_a_whole_sentence():
+    """`lmshard -h` lists each command by its docstring's first line: a whole sentence (a list that
+    shows only that line never cuts one mid-way)."""
+    import re
+
+    from lmshard.cli.render import _number
+
+    for command in app.registered_commands:
+        doc = (command.callback.__doc__ or "").strip()
+        first = doc.splitlines()[0].strip() if doc else ""
+        assert re.search(r"[.)]$", first), (command.name, first)
+    assert [_number(v) for v in (3606220.0, 12.5, 0.3333, 5.0)] == ["3,606,220", "12.5", "0.333", "5"]  # no 3.6e+06
+
+
 def test_config_file_supplies_fields_and_flags_win(tmp_path):
     write(tmp_path / "a.jsonl", "".join(json.dumps({"body": f"doc {i}"}) + "\n" for i in range(30)))
     write(

@@ -25,7 +25,7 @@ from .prepare import EPILOG, ForeignSpellings, normalize_token, prepare
 from .scale import register as register_scale
 
 app = typer.Typer(
-    help="Turn raw text into sharded uint32 token data for LLM pretraining, and audit it.",
+    help="Turn raw text into sharded token data for LLM pretraining, feed it to training, and audit it.",
     # token_normalize_func: other tools' spellings of options (--tokens_per_shard, --num-proc), prepare.py
     context_settings={"help_option_names": ["-h", "--help"], "token_normalize_func": normalize_token},
     no_args_is_help=True,

@@ -131,8 +131,9 @@ def convert(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete and verified."),  # fmt: skip
 ) -> None:
-    """Rewrite a dataset with its shards in another encoding, then check every converted shard
-    against the source, token for token. Everything but the token files is copied unchanged."""
+    """Rewrite a dataset's shards in another encoding, checked token for token against the source.
+
+    Everything but the token files is copied unchanged."""
     from ..inspect.verify import bytes_per_token
     from ..interop.convert import convert_dataset
 

@@ -62,6 +62,13 @@ def listed(parts: Sequence[str]) -> Items:
     return Items([f"{p}," for p in parts[:-1]] + list(parts[-1:]), sep=" ")
 
 
+def _number(v: float) -> str:
+    """3,606,220 (never 3.60622e+06), 12.5, 0.333."""
+    if float(v).is_integer() or abs(v) >= 100:
+        return f"{round(v):,}"
+    return f"{v:.3g}"
+
+
 def summary(meta: Any, where: str) -> None:
     """The table `prepare` prints at the end, and a line per drop reason naming its files."""
     table = Table(title=f"lmshard dataset → {escape(str(where))}", show_header=False, title_justify="left")
@@ -70,7 +77,9 @@ def summary(meta: Any, where: str) -> None:
     tok = meta.tokenizer
     ids = [f"n_vocab {tok.n_vocab:,}", f"EOT {tok.eot_id}"] + ([f"BOS {tok.bos_id}"] if tok.bos_id is not None else [])
     ids = [f"{i}," for i in ids[:-1]] + [f"{ids[-1]};"]  # "gpt2 (n_vocab 50,257, EOT 50256; tiktoken)"
-    table.add_row("tokenizer", Items([tok.name, f"({ids[0]}", *ids[1:], f"{tok.backend})"], sep=" "))
+    # A long vocabulary path shows as its file's name, so the ids and the backend stay in view (the metadata has it).
+    name = tok.name if len(tok.name) <= 40 or "/" not in tok.name else ".../" + tok.name.rstrip("/").rsplit("/", 1)[-1]
+    table.add_row("tokenizer", Items([name, f"({ids[0]}", *ids[1:], f"{tok.backend})"], sep=" "))
     table.add_row("records read", f"{meta.records_read:,}")
     for split, s in meta.splits.items():
         counts = plural(s.n_docs, "doc"), plural(s.n_tokens, "token"), plural(len(s.shards), "shard")
@@ -153,7 +162,7 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         for split in meta.splits:
             counts = [meta.n_docs(split), meta.n_tokens(split), len(meta.split_shards(split))]
             table.add_row(split, Items([plural(n, w) for n, w in zip(counts, ("doc", "token", "shard"), strict=True)]))
-        stats = [f"{k} {v:,.6g}" for k, v in report.length_stats().items()]
+        stats = [f"{k} {_number(v)}" for k, v in report.length_stats().items()]
         if stats:
             table.add_row("doc length", Items([*stats[:-1], f"{stats[-1]} tokens"]))
         drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
