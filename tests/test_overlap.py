@@ -67,6 +67,8 @@ def test_exact_and_near_copies_of_another_dataset(tmp_path):
     assert report["scanned"] == 200 and report["indexed"] == 52
     kinds = {e["kind"] for e in report["examples"]}
     assert kinds == {"exact", "near"} and all(0.8 <= e["similarity"] <= 1 for e in report["examples"])
+    for e in report["examples"]:  # each side named with its dataset
+        assert e["first"].startswith(f"{train}/train/shard_") and e["second"].startswith(f"{eval_root}/train/shard_")
     text = " ".join(CliRunner().invoke(app, ["inspect", str(train), "--overlap", str(eval_root)]).output.split())
     assert "exact overlap: 10" in text and "near overlap (estimated Jaccard >= 0.8): 12" in text
 

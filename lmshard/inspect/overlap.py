@@ -169,21 +169,23 @@ def overlap(first: Side, second: Side, decoders: tuple[Any, Any], threshold: flo
         match = exact.get(key)
         if match is not None:
             result.exact += 1
-            _example(result, "exact", where, match, 1.0, text, meta_a, decoders[0])
+            _example(result, "exact", where, match, 1.0, text, meta_a, decoders[0], meta_b)
             continue
         candidates = {j for b, band in enumerate(band_keys(sig, config)[0].tolist()) for j in buckets[b].get(band, ())}
         best = max(((float((signatures[j] == sig).mean()), j) for j in candidates), default=(0.0, -1))
         if best[0] >= threshold:
             result.near += 1
-            _example(result, "near", where, places[best[1]], best[0], text, meta_a, decoders[0])
+            _example(result, "near", where, places[best[1]], best[0], text, meta_a, decoders[0], meta_b)
     return result
 
 
 def _example(result: Overlap, kind: str, where: str, other: str, similarity: float, text: str | None,
-             meta: DatasetMeta, decode: Callable[[list[int]], str]) -> None:  # fmt: skip
+             meta: DatasetMeta, decode: Callable[[list[int]], str], other_meta: DatasetMeta) -> None:  # fmt: skip
+    """An example of a match, each side named with its dataset: `DATASET/train/shard_000000:5`."""
     if sum(e["kind"] == kind for e in result.examples) < EXAMPLES:
         text = text if text is not None else text_at(meta, where, decode)
-        result.examples.append({"kind": kind, "first": where, "second": other, "similarity": round(similarity, 3),
+        result.examples.append({"kind": kind, "first": f"{meta.root}/{where}",
+                                "second": f"{other_meta.root}/{other}", "similarity": round(similarity, 3),
                                 "text": " ".join(text.split())[:SNIPPET]})  # fmt: skip
 
 
