@@ -534,3 +534,24 @@ def test_an_empty_val_split_is_warned_at_prepare_and_explained_at_load(tmp_path,
         TokenDataset(tmp_path / "out", split="val")
     run(tmp_path, [src], out=str(tmp_path / "none"), val_fraction=0.0)
     assert "val split is empty" not in capsys.readouterr().err  # no val split was asked for
+
+
+def test_a_dataset_decodes_its_own_tokens(tmp_path, reference):
+    """TokenDataset.decode / .tokenizer: the dataset's vocabulary, equal to the reference
+    library's decode of the same ids; a batch gives one string per row; an in-memory dataset,
+    which records no vocabulary, says so in one line."""
+    from lmshard import LmshardError, TokenDataset
+
+    texts = make_texts(30, seed=5)
+    src = jsonl(tmp_path / "a.jsonl", texts)
+    run(tmp_path, [src], val_fraction=0.0)
+    ds = TokenDataset(tmp_path / "out")
+    ids = ds.tokens(0, 200)
+    assert ds.decode(ids) == reference.decode(ids.tolist())
+    assert ds.decode(ids.tolist()) == reference.decode(ids.tolist())
+    batch = next(iter(ds.random_batches(3, 16, seed=1)))
+    assert ds.decode(batch.x) == [reference.decode(row.tolist()) for row in batch.x]
+    assert ds.tokenizer.eot_id == ds.eot_id
+    memory = TokenDataset.from_tokens(np.arange(5), eot_id=0, vocab_size=10)
+    with pytest.raises(LmshardError, match="no tokenizer to decode with"):
+        memory.decode([1, 2])

@@ -10,6 +10,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +41,17 @@ def require_dataset(path: Path) -> None:
 
 
 def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decoder | None:
-    """Decoding with the dataset's own vocabulary: a tiktoken one by name only (never a file the
-    metadata names), a Hugging Face one from the dataset's copy of its tokenizer.json (else from
-    where it was loaded, as `untrusted`). None when it is not available or differs from the one
-    the dataset was made with (ids are shown instead); `why` then receives the reason and the fix."""
+    """Decoding with the dataset's own vocabulary (`tokenizer_for`); None when it is not available
+    (ids are shown instead), `why` then receiving the reason and the fix."""
+    tok = tokenizer_for(meta, why)
+    return tok.decode if tok is not None else None
+
+
+def tokenizer_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Any:
+    """The dataset's own tokenizer: a tiktoken vocabulary by name only (never a file the metadata
+    names), a Hugging Face one from the dataset's copy of its tokenizer.json (else from where it
+    was loaded, as `untrusted`), a SentencePiece one from its copy. None when it is not available
+    or differs from the one the dataset was made with; `why` then receives the reason and the fix."""
     if meta is None:
         return None
     from ..tokenizers import TOKENIZER_NAMES, load_tokenizer
@@ -78,7 +86,7 @@ def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decod
         except LmshardError:
             continue
         if tok.vocab_sha256 == info.ranks_sha256:
-            return tok.decode
+            return tok
     if why is not None:
         why.append(f"token ids are shown undecoded: the {info.name} vocabulary (sha256 {info.ranks_sha256[:12]}…) "
                    f"is not available here; {fix}")  # fmt: skip

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import ArgumentError, InputError
+from ..errors import ArgumentError, InputError, LmshardError
 from ..format import SPLITS, DatasetMeta
 from ..packing.io import CACHE_DIR
 from ..remote.urls import is_url, redact
@@ -181,6 +181,37 @@ class TokenDataset:
     @property
     def n_tokens(self) -> int:
         return self.store.n_tokens
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the dataset was made with (`encode`, `decode`, `eot_id`, `n_vocab`): a
+        tiktoken vocabulary by name, else the dataset's own copy of its vocabulary file, checked
+        against the sha256 its metadata records; loaded once. LmshardError naming the fix when it
+        is not available here (not installed; an in-memory dataset has none)."""
+        found = getattr(self, "_tokenizer", None)
+        if found is None:
+            from ..inspect.audit import tokenizer_for
+
+            why: list[str] = []
+            found = tokenizer_for(self.meta, why)
+            if found is None:
+                what = why[0].removeprefix("token ids are shown undecoded: ") if why else "it is held in memory"
+                raise LmshardError(f"{self._where}: no tokenizer to decode with: {what}")
+            self._tokenizer = found
+        return found
+
+    def decode(self, ids: Any) -> Any:
+        """The text of token ids with the dataset's tokenizer: one sequence (a list, array or
+        tensor) gives a str, a batch ([B, T], such as a batch's `x`) a list of B strs. Separators
+        decode as their tokens' text (`<|endoftext|>`)."""
+        array = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids)
+        if array.ndim not in (1, 2) or array.dtype.kind not in "iu":
+            raise ArgumentError(f"decode takes token ids as one sequence or a batch [B, T], not an array of shape "
+                                f"{array.shape} and dtype {array.dtype}")  # fmt: skip
+        decode = self.tokenizer.decode
+        if array.ndim == 1:
+            return decode(array.astype(np.int64).tolist())
+        return [decode(row.astype(np.int64).tolist()) for row in array]
 
     @property
     def n_docs(self) -> int:
