@@ -43,10 +43,13 @@ sha256 (equal on all ranks after a correct run) and the row offsets it drew.
 
 Logging: a line every --log-every steps and at the last step (loss averaged over the ranks, val
 loss, mixture shares), and between those a short one (rank 0's loss) when --progress-every
-seconds (default 60) pass without a line, so a slow run still shows it is moving.
+seconds (default 60) pass without a line, so a slow run still shows it is moving. Each line ends
+with the tokens per second and the time left to --steps at this run's pace.
 
 Resuming: the data position is `batches.state_dict()`, a handful of integers saved in the
-checkpoint beside the model (see --save / --resume). This loop draws each batch just before it
+checkpoint beside the model (see --save / --resume). --steps is the run's total (nanoGPT's
+max_iters): a resumed run trains from its checkpoint's step up to it, and the learning-rate
+schedule ends there too unless --lr-horizon says otherwise. This loop draws each batch just before it
 trains on it, so no batch is in hand when it saves; a loop that draws the next batch ahead would
 save `batches.state_dict(in_hand=1)` to have that batch handed out again after resuming.
 """
@@ -168,8 +171,10 @@ class Log:
     when `every` seconds have passed since the last line. `clock` gives seconds."""
 
     def __init__(self, ranks: Ranks, start: int, tokens_per_step: int, log_every: int, every: float,
-                 mix: Mixture | None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+                 mix: Mixture | None, clock: Callable[[], float] = time.perf_counter,
+                 end: int = 0) -> None:  # fmt: skip
         self.ranks, self.start, self.tokens_per_step, self.every, self.mix = ranks, start, tokens_per_step, every, mix
+        self.end = end  # the run's last step + 1: the time left is estimated from this run's rate
         self.log_every, self.clock = log_every, clock
         self.t0 = self.last = clock()
         self.drawn = np.zeros(len(mix.names) if mix is not None else 0, dtype=np.int64)  # rows per source, this rank
@@ -180,7 +185,10 @@ class Log:
 
     def _rate(self, step: int) -> str:
         self.last = self.clock()
-        return f"{(step - self.start + 1) * self.tokens_per_step / (self.last - self.t0):,.0f} tok/s"
+        done, spent = step - self.start + 1, max(self.last - self.t0, 1e-9)
+        left = max(0, self.end - step - 1) * spent / done
+        eta = f"  ETA {int(left) // 3600}:{int(left) // 60 % 60:02d}:{int(left) % 60:02d}" if self.end else ""
+        return f"{done * self.tokens_per_step / spent:,.0f} tok/s{eta}"
 
     def line(self, step: int, loss: torch.Tensor, model: nn.Module, val: BatchStream | None) -> None:
         # one float64 all-reduce: the loss and the row counts (exact as float64 below 2**53 rows)
@@ -222,13 +230,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("dataset", nargs="?", metavar="DATASET_DIR", help="the same as --dataset_dir DIR")
     data.add_argument("--mixture", metavar="FILE", help="a TOML file of prepared datasets and their weights")
     data.add_argument("--data", metavar="CONFIG", help="a loader configuration file (TOML): data, sample shape, seed")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=300,
+                    help="train up to this optimizer step: the run's total, so a --resume goes on from its "
+                         "checkpoint's step to it (as nanoGPT's max_iters)")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=8, help="rows per rank per step")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--lr-horizon", type=int, metavar="STEPS",
-                    help="the step the cosine learning-rate decay (to lr/10) ends at (default: where this run "
-                         "ends, or the checkpoint's); fix it to the total length to --resume exactly")  # fmt: skip
+                    help="the step the cosine learning-rate decay (to lr/10) ends at (default: --steps, the "
+                         "run's total, or the checkpoint's)")  # fmt: skip
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="under torchrun, 'cuda' means cuda:LOCAL_RANK")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
@@ -338,9 +348,12 @@ def train(args: argparse.Namespace, ranks: Ranks, device: torch.device) -> dict[
         if args.lr_horizon is None:
             args.lr_horizon = ckpt.get("horizon")
     if args.lr_horizon is None:
-        args.lr_horizon = batches.step + args.steps
+        args.lr_horizon = args.steps
+    if batches.step >= args.steps and ranks.main:
+        print(f"the checkpoint is at step {batches.step}, and --steps {args.steps} is the run's total: nothing to "
+              f"train (pass a larger --steps to go on)", flush=True)  # fmt: skip
     if mix is not None and ranks.main:  # the whole run so far and to come; warns for a source past max_epochs
-        end = batches.step + args.steps
+        end = max(batches.step, args.steps)
         for r in mix.report(end, batches.global_batch_size, args.seq_len, seed=args.seed):
             print(f"  {r['source']}: weight {r['target']:.3f}, {r['epochs']:.2f} epochs by step {end}")
     if ranks.main:
@@ -362,13 +375,14 @@ def train_steps(
     mix: Mixture | None,
     val: BatchStream | None,
 ) -> list[dict[str, Any]]:
-    """args.steps optimizer steps; returns each batch's step and row offsets if --report is set."""
+    """Optimizer steps from the stream's step up to args.steps (the run's total); returns each
+    batch's step and row offsets if --report is set."""
     # gradients are averaged over the ranks in backward(), so every rank takes the same optimizer step
     step_model = DistributedDataParallel(model) if ranks.distributed else model
     first = batches.step
-    log = Log(ranks, first, batches.tokens_per_step, args.log_every, args.progress_every, mix)
+    log = Log(ranks, first, batches.tokens_per_step, args.log_every, args.progress_every, mix, end=args.steps)
     drew: list[dict[str, Any]] = []
-    for step in range(first, first + args.steps):
+    for step in range(first, args.steps):
         # a function of the step alone (so a resumed run gets the same rates): warmup, then a cosine
         # from lr to lr/10 at the horizon, and lr/10 after it (as nanoGPT's min_lr)
         decayed = min(step, args.lr_horizon) / max(args.lr_horizon, 1)
@@ -387,7 +401,7 @@ def train_steps(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        log.after(step, step == first + args.steps - 1, loss.detach(), model, val)
+        log.after(step, step == args.steps - 1, loss.detach(), model, val)
     return drew
 
 

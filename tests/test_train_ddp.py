@@ -92,14 +92,14 @@ def test_two_ranks_train_one_model_on_different_rows_and_one_process_resumes(dat
 
 
 def test_a_stopped_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(data, tmp_path):
-    """With the LR horizon fixed, 3 steps + --save, then --resume for 3 more, gives bitwise the
+    """3 steps + --save, then --resume up to --steps 6 (the total: 3 more), gives bitwise the
     weights of 6 uninterrupted steps (data position, optimizer state and LR schedule all resume)."""
     common = [sys.executable, SCRIPT, str(data), "--batch-size", str(B), "--seq-len", str(T), "--seed", str(SEED),
               "--device", "cpu", "--lr-horizon", "6", "--log-every", "100", "--progress-every", "100"]  # fmt: skip
     runs = [
         [*common, "--steps", "6", "--report", str(tmp_path / "full.json")],
         [*common, "--steps", "3", "--save", str(tmp_path / "half.pt")],
-        [*common, "--steps", "3", "--resume", str(tmp_path / "half.pt"), "--report", str(tmp_path / "res.json")],
+        [*common, "--steps", "6", "--resume", str(tmp_path / "half.pt"), "--report", str(tmp_path / "res.json")],
     ]
     for cmd in runs:
         done = launch(cmd)

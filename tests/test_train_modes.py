@@ -43,7 +43,7 @@ def test_input_file_trains_on_its_first_90_percent_evaluates_on_the_rest_and_res
     assert [line.split()[1] for line in steps] == ["0", "2"] and all("  val " in line for line in steps), steps
 
     resume = ["--resume", str(tmp_path / "ckpt.pt"), "--report", str(tmp_path / "r.json")]
-    again = launch([*common, "--steps", "2", *resume])
+    again = launch([*common, "--steps", "5", *resume])  # the total: 2 more steps
     assert again.returncode == 0, again.stderr[-2000:]
     drawn = json.loads((tmp_path / "r-rank0.json").read_text())["batches"]
     assert [b["step"] for b in drawn] == [3, 4]  # the data position came back with the model
@@ -91,6 +91,18 @@ def logged_steps(trainer, capsys, argv: list[str], seconds_per_step: float, step
         now[0] += seconds_per_step
         log.after(step, step == steps - 1, torch.tensor(4.0), model=None, val=None)
     return [int(line.split()[1]) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_the_log_gives_the_time_left_from_this_runs_pace(trainer, capsys):
+    """A driven clock: 2 s a step, 30 steps to go at step 9 of a run that ends at 40 (a resumed
+    run's earlier steps took no time of this one's): ETA 0:01:00."""
+    now = [0.0]
+    log = trainer.Log(trainer.Ranks(), 0, 512, 10, 600.0, None, clock=lambda: now[0], end=40)
+    for step in range(10):
+        now[0] += 2.0
+        log.after(step, step == 9, torch.tensor(4.0), model=None, val=None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("step     9") and lines[-1].endswith("256 tok/s  ETA 0:01:00"), lines
 
 
 def test_the_log_keeps_to_log_every_at_the_pace_of_the_demo(trainer, capsys, monkeypatch):
