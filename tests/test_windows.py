@@ -117,3 +117,18 @@ def test_too_few_windows_for_a_global_batch(data):
     ds = TokenDataset.synthetic(200, vocab_size=10).windows(T, stride=STRIDE, shift="random")
     with pytest.raises(ArgumentError, match="windows; lower batch_size"):
         ds.batch_sampler(len(ds), world_size=2, rank=0)
+
+
+def test_a_batch_reads_each_attribute_by_name_but_keys_are_the_model_inputs():
+    """batch["shift"] (a loop written for mappings) is batch.shift; keys() and model(**batch)
+    stay input_ids and labels (and what is set of cu_seqlens...); an unknown name says what reads."""
+    import numpy as np
+
+    from lmshard.runtime.batches import Batch
+
+    b = Batch(x=torch.zeros(2, 4, dtype=torch.int64), y=torch.ones(2, 4, dtype=torch.int64), step=7, shift=2,
+              offsets=np.array([0, 9]))  # fmt: skip
+    assert b["shift"] == 2 and b["step"] == 7 and b["offsets"].tolist() == [0, 9] and b["x"] is b.x
+    assert b.keys() == ["input_ids", "labels"] and "shift" not in b
+    with pytest.raises(KeyError, match="a batch reads as input_ids, labels .* shift"):
+        b["shfit"]

@@ -55,7 +55,8 @@ class Batch:
     """One batch. Unpacks as `x, y = batch` (and `batch[0]`, `batch[1]`); the rest are
     attributes. It also reads as a mapping, for loops written for Hugging Face-style batches:
     `batch["input_ids"]` (x), `batch["labels"]` (y), `"cu_seqlens" in batch`, `keys()`,
-    `items()`, `model(**batch)`. Iterating gives x and y, not the keys, so it is not a
+    `items()`, `model(**batch)`; every attribute reads by its name too (`batch["shift"]`), though
+    only the model's inputs are keys. Iterating gives x and y, not the keys, so it is not a
     `collections.abc.Mapping`.
 
     x, y: int64 [batch, seq_len] (or [batch, seq_len // shift, shift] when grouped); y[i] is
@@ -97,9 +98,13 @@ class Batch:
             return self.x
         if key == "labels":
             return self.y
-        if isinstance(key, str) and key in self.keys():
+        if isinstance(key, str) and (key in self.keys() or key in _FIELDS):  # batch["shift"] reads as batch.shift
             return getattr(self, key)
-        raise KeyError(key)
+        raise KeyError(f"{key!r}: a batch reads as {', '.join(self.keys())} (its keys) and as its attributes "
+                       f"{', '.join(_FIELDS)}")  # fmt: skip
+
+
+_FIELDS = ("x", "y", "step", "shift", "offsets", "cu_seqlens", "max_seqlen", "position_ids")
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
