@@ -49,17 +49,16 @@ REFUSED = [
     (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "meta-llama/Meta-Llama-3-8B"],
      "use --tokenizer meta-llama/Meta-Llama-3-8B"),
     (["--tokenizer-model", "meta-llama/Meta-Llama-3-8B"], "use --tokenizer meta-llama/Meta-Llama-3-8B"),
-    (["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", "tok.model"],
-     "reads no SentencePiece model file; use --tokenizer with the model's tokenizer.json"),
+    (["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", "tok.model"], "use --tokenizer tok.model"),
+    (["--tokenizer-type", "SentencePieceTokenizer"], "use --tokenizer with the model's SentencePiece .model file"),
+    (["--dtype", "int64"], "--shard-encoding uint32 (the default), uint16, packed or zstd, not int64"),
+    (["--dataset-type", "webdataset"], "--format text|jsonl|json|csv|parquet|arrow forces one"),
     (["--vocab-file", "gpt2-vocab.json", "--merge-file", "gpt2-merges.txt"], "use --tokenizer gpt2"),
     (["--vocab-file", "mine/vocab.json", "--merge-file", "mine/merges.txt"],
      "names the vocabulary with --tokenizer alone: gpt2, r50k_base"),
-    (["--tokenization", "gpt2"], "use --tokenizer gpt2"),
     (["--tokenization", "bpe"], "names the vocabulary with --tokenizer alone: gpt2, r50k_base"),
     (["--data_name", "fineweb-edu"], "use --preset fineweb-edu"),
     (["--data_name", "openwebtext"], "--hf ID for a Hugging Face dataset, or --preset NAME"),
-    (["--output_path", "data/x"], "use --out data/x"),
-    (["--tokens_per_chunk", "1024"], "use --tokens-per-shard 1024"),
     (["--validation_split_percentage", "5"], "use --val-fraction 0.05"),
     (["--split-sentences"], "--text-mode line or paragraph"),
     (["--partitions", "4"], "--workers N"),
@@ -111,6 +110,11 @@ SAME = [
     (["--input=b.txt"], ["b.txt"]),
     (["--input_files", "b.txt", "c.txt"], ["b.txt", "c.txt"]),
     (["--append-eod"], []),
+    (["--tokenization", "gpt2"], ["--tokenizer", "gpt2"]),  # the seeds' spellings: read as the option, noted
+    (["--tokens_per_chunk", "1024"], ["--tokens-per-shard", "1024"]),
+    (["--output_path", "elsewhere"], ["--out", "elsewhere"]),
+    (["--dtype", "uint16"], ["--shard-encoding", "uint16"]),
+    (["--dataset-type", "jsonl"], ["--format", "jsonl"]),
 ]  # fmt: skip
 
 
@@ -161,9 +165,17 @@ def test_an_unknown_tokenizer_names_every_kind_it_can_be(tmp_path, text):
         assert words in said, (words, said)
 
 
-def test_a_preset_name_given_to_hf_suggests_preset(tmp_path):
+def test_a_preset_name_given_to_hf_is_that_preset_with_a_note(tmp_path, monkeypatch):
+    """`--hf fineweb-edu` is `--preset fineweb-edu` (as lmshard.stream("fineweb-edu") takes it),
+    with a note; the options it gives the library are the preset's."""
+    seen = []
+    monkeypatch.setattr(config_module, "PrepareConfig", lambda **values: seen.append(values) or (_ for _ in ()).throw(
+        ConfigError("stop here")))  # fmt: skip
     code, said = _invoke(["prepare", "--hf", "fineweb-edu", "--out", str(tmp_path / "o")])
-    assert code == 1 and "--hf fineweb-edu: a preset name, not a hub id; pass --preset fineweb-edu" in said, said
+    assert code == 1 and "stop here" in said, said
+    assert "note: --hf fineweb-edu read as --preset fineweb-edu (it reads HuggingFaceFW/fineweb-edu" in said, said
+    preset = [p for p in presets() if p.name == "fineweb-edu"][0]
+    assert (seen[0]["hf"], seen[0].get("hf_config")) == (preset.hub_id, preset.config)
     assert not (tmp_path / "o").exists()
     code, listed = _invoke(["datasets"])
     assert code == 0
@@ -260,3 +272,18 @@ def test_a_gpt2_and_llama_mixture_names_the_vocabularies(tmp_path, text):
     assert f"different vocabularies: {tmp_path / 'web'} with gpt2 (50,257 ids)" in said, said
     assert f"{tmp_path / 'llama'} with {tok} ({n_llama:,} ids)" in said, said
     assert said.endswith("prepare every source with one tokenizer") and "bos_id" not in said
+
+
+def test_a_seeds_spelling_read_as_the_lmshard_option_says_so(monkeypatch):
+    """`--tokens_per_chunk 1024` (a seed's prepare command) runs as --tokens-per-shard 1024, with
+    a note naming both; a value that option would not take is answered instead (exit 2)."""
+    def capture(*, file=None, flags=None, **kw):
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(config_module, "resolve_config", capture)
+    code, said = _invoke(["prepare", "a.jsonl", "--out", "o", "--tokens_per_chunk", "1024", "--output_path", "o"])
+    assert code == 1 and "stop here" in said, said
+    assert "note: --tokens-per-chunk 1024 read as --tokens-per-shard 1024: shards of about that many tokens" in said
+    assert "note: --output-path o read as --out o" in said
+    code, said = _invoke(["prepare", "a.jsonl", "--out", "o", "--tokens_per_chunk", "lots"])
+    assert code == 2 and "--tokens-per-chunk: use --tokens-per-shard lots" in said, said

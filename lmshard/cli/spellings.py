@@ -8,6 +8,9 @@ example scripts, datatrove, and llm.c/nanoGPT-style data scripts. Each spelling 
 - `INPUT_OPTIONS`: a name for the input paths, which lmshard takes as arguments:
   `--input data.jsonl` is read as `data.jsonl` (`rewrite`).
 - `NO_OPS`: a flag that asks for what lmshard does anyway (`--append-eod`): dropped, with a note.
+- `NOTED`: another tool's option that means what an lmshard option means for the values it is
+  given here (`--tokens_per_chunk N`, `--tokenization gpt2`, `--dtype uint16`): read as that
+  option, with a note saying so (`rewrite`); any other value gets `ADVICE`.
 - `ADVICE`: no lmshard option means exactly the same; the command line refuses it with a
   one-line message giving the lmshard equivalent (`advice`), instead of click's guess at a
   similar-looking option (`--append-eod` is not `--append`).
@@ -48,6 +51,25 @@ _EOT = "lmshard appends the end-of-text token after every document by default; t
 NO_OPS = {"append-eod": _EOT, "append-eos": _EOT, "add-eos": _EOT}
 TOKENIZER_OPTIONS = ("tokenizer-type", "tokenizer-model", "tokenizer-name-or-path", "tokenizer-name", "tokenizer-path",
                      "tokenization", "vocab-file", "vocab", "merge-file")  # fmt: skip
+_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # as --format takes them (prepare/config.py)
+
+
+def _takes_tokenizer(value: str | None) -> bool:
+    """Whether --tokenizer takes `value` as it is (a vocabulary's name, file, directory or hub name)."""
+    from ..tokenizers.vocab import TOKENIZER_NAMES  # here: the command line's start stays light
+
+    return bool(value) and (value in TOKENIZER_NAMES or str(value).endswith((".json", ".tiktoken", ".model"))
+                            or "/" in str(value) or Path(str(value)).exists())  # fmt: skip
+
+
+# Another tool's option -> (lmshard's option, which of its values mean exactly that, the note said).
+NOTED: dict[str, tuple[str, Callable[[str], bool], str]] = {
+    "tokenization": ("tokenizer", _takes_tokenizer, "the vocabulary"),  # a seed's prepare command
+    "tokens-per-chunk": ("tokens-per-shard", str.isdigit, "shards of about that many tokens (documents whole)"),
+    "output-path": ("out", bool, "the dataset directory (shards, document index, metadata)"),
+    "dtype": ("shard-encoding", lambda v: v in ("uint16", "uint32"), "how the shards store token ids"),
+    "dataset-type": ("format", lambda v: v in _FORMATS, "the input files' format"),
+}
 _VOCABULARY = ("gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, a .tiktoken file (qwen:PATH, llama3:PATH "
                "for those families), a tokenizer.json, a save_pretrained directory, a cached hub name (org/name) "
                "or a SentencePiece .model file")  # fmt: skip
@@ -86,6 +108,13 @@ def rewrite(args: list[str]) -> tuple[list[str], list[str]]:
             out += args[i:]
             break
         name, value = _option(token)
+        noted = NOTED.get(name or "")
+        given = value if value is not None else (args[i + 1] if i + 1 < len(args) else None)
+        if noted is not None and given is not None and noted[1](given):
+            out += [f"--{noted[0]}", given]
+            notes.append(f"--{name} {given} read as --{noted[0]} {given}: {noted[2]}")
+            i += 1 + (value is None)
+            continue
         if name in INPUT_OPTIONS and (value is not None or i + 1 < len(args)):
             out.append(value if value is not None else args[i + 1])
             i += value is None  # the next token was its value
@@ -130,7 +159,6 @@ def advice(option: str, args: list[str]) -> str | None:
 def _tokenizer(args: list[str]) -> str:
     """The one --tokenizer value that stands for Megatron-style tokenizer options, where the
     arguments say which (a type, a model, a vocabulary file)."""
-    from ..tokenizers.vocab import TOKENIZER_NAMES  # here: the command line's start stays light
 
     kind = (value_of(args, "tokenizer-type") or "").lower()
     names = ("tokenizer-model", "tokenizer-name-or-path", "tokenizer-name", "tokenizer-path", "tokenization")
@@ -139,11 +167,10 @@ def _tokenizer(args: list[str]) -> str:
     one = "lmshard names the vocabulary with --tokenizer alone"
     if kind == "gpt2bpetokenizer" or (not kind and "gpt2" in files.lower()) or model in ("gpt2", "gpt-2"):
         return f"{one}; use --tokenizer gpt2"
-    if model.endswith(".model") or (not model and ("sentencepiece" in kind or kind.startswith("llama"))):
-        return ("lmshard reads no SentencePiece model file; use --tokenizer with the model's tokenizer.json, its "
+    if not model and ("sentencepiece" in kind or kind.startswith("llama")):
+        return (f"{one}; use --tokenizer with the model's SentencePiece .model file, its tokenizer.json, its "
                 "save_pretrained directory or its hub name (org/name)")  # fmt: skip
-    takes = model in TOKENIZER_NAMES or model.endswith((".json", ".tiktoken")) or "/" in model or Path(model).exists()
-    if model and takes:  # a value --tokenizer takes as it is
+    if model and _takes_tokenizer(model):  # a value --tokenizer takes as it is
         return f"{one}; use --tokenizer {model}"
     return f"{one}: {_VOCABULARY}"
 
@@ -217,7 +244,10 @@ ADVICE: dict[str, str | Callable[[str | None], str]] = {
     "shuffle": "lmshard keeps documents in input order; the loader samples at random (random_batches), and --seed "
     "sets the train/val split",
     "num-shards": "lmshard sizes shards by tokens; use --tokens-per-shard N",
-    "dtype": "lmshard writes uint32 token ids, which hold any vocabulary; drop the option",
+    "dtype": lambda value: ("lmshard stores token ids as --shard-encoding uint32 (the default), uint16, packed or "
+                            f"zstd, not {value or 'that'}; pass one of those"),  # fmt: skip
+    "dataset-type": lambda value: (f"lmshard detects each input's format by its name; --format {'|'.join(_FORMATS)} "
+                                   "forces one, and --hf ID reads a Hugging Face dataset"),  # fmt: skip
     "max-train-samples": lambda value: f"use --max-docs {value or 'N'} (kept documents, both splits)",
     # datatrove
     "logging-dir": "lmshard keeps a run's state beside --out (.NAME.lmshard-work); drop the option",

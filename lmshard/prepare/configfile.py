@@ -12,6 +12,7 @@ a list is expected is one item; a whole number may be written `1e8` or `100_000_
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,15 @@ def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] |
     demos = (demo, given.pop("demo", False), values.pop("demo", False))
     demo = any(demos)
     values.update(given)
+    hf = values.get("hf")
+    if not preset and isinstance(hf, str) and not Path(hf).exists():
+        from .documents.hf import PRESETS
+
+        if hf in PRESETS:  # a preset's name given to --hf, as lmshard.stream takes it: that preset
+            p = PRESETS[hf]
+            print(f"lmshard: note: --hf {hf} read as --preset {hf} (it reads {p.hub_id}"
+                  f"{f' [{p.config}]' if p.config else ''})", file=sys.stderr, flush=True)  # fmt: skip
+            preset = values.pop("hf")
     if preset:
         from .documents.hf import apply_preset
 
