@@ -127,6 +127,8 @@ def test_runtime_imports_only_format_numpy_and_torch_on_every_path():
         if not name.startswith("lmshard.runtime"):
             continue
         inner = {t for t in _imports(name, path, modules) if not t.startswith("lmshard.runtime")}
+        if name == "lmshard.runtime.dataset":  # TokenDataset.decode: the dataset's own vocabulary, on its first call
+            inner -= {"lmshard.tokenizers.of_dataset"}
         assert inner <= allowed_lmshard | remote, (name, inner - allowed_lmshard - remote)
         tree = ast.parse(path.read_text())
         top = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -78,7 +78,7 @@ def test_two_ranks_train_one_model_on_different_rows_and_one_process_resumes(dat
         assert np.array_equal(np.concatenate(mine), global_rows(data, step))
 
     # one process with the same global batch continues the run from rank 0's checkpoint
-    one = launch([sys.executable, SCRIPT, str(data), *steps, "--batch-size", str(2 * B), "--steps", "2",
+    one = launch([sys.executable, SCRIPT, str(data), *steps, "--batch-size", str(2 * B), "--steps", "5",
                   "--progress-every", "0", "--resume", str(tmp_path / "ckpt.pt"),
                   "--report", str(tmp_path / "one.json")])  # fmt: skip
     assert one.returncode == 0, one.stdout + one.stderr

@@ -23,6 +23,7 @@ from .files import (
     find_shard,
     load_metadata,
     read_document,
+    read_small,
     shard_file_sizes,
 )
 from .layout import (
@@ -66,7 +67,7 @@ __all__ = [
     "DedupInfo", "KeyFile", "RunInfo", "ShardInfo", "SourceInfo",
     "SkippedInputs", "SplitInfo",
     "TokenizerInfo",
-    "find_shard", "load_metadata", "read_document", "check_index", "check_shard_files", "dataset_file_size",
-    "dataset_files", "file_checksums", "shard_file_sizes",
+    "find_shard", "load_metadata", "read_document", "read_small", "check_index", "check_shard_files",
+    "dataset_file_size", "dataset_files", "file_checksums", "shard_file_sizes",
     "parse_metadata", "ENCODINGS", "UINT32", "Encoding", "blocks_path",
 ]  # fmt: skip

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..errors import FormatError
 from .layout import (
     IN_PROGRESS_FILE,
     INDEX_DTYPE,
+    MAX_TOKENIZER_BYTES,
     METADATA_FILE,
     REGENERATE_HINT,
     TOKENIZER_FILE,
@@ -173,3 +175,30 @@ def file_checksums(meta: DatasetMeta) -> dict[str, str]:
     sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
     sums |= {s.blocks_path: s.blocks_xxh3_64 for s in meta.shards if s.blocks_path}
     return sums | ({f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {})
+
+
+def read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:
+    """Feed `sink` the bytes of the dataset's small file `rel` (tokenizer_state.json, the
+    tokenizer.json copy) in 1 MiB blocks. FormatError unless it is a regular file inside the
+    dataset of at most MAX_TOKENIZER_BYTES, held to that again on the file opened and the bytes
+    read: someone else's dataset may swap in a FIFO or a larger file after the first check."""
+    path = root / rel
+    dataset_file_size(root, rel)  # inside the dataset (symlinks resolved), a regular file
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without waiting
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError(f"{path}: not a regular file; {REGENERATE_HINT}")
+        if info.st_size > MAX_TOKENIZER_BYTES:
+            raise _too_large(path, f"{info.st_size:,} bytes")
+        read = 0  # bytes: the file may still grow while it is read
+        while block := f.read(1 << 20):
+            read += len(block)
+            if read > MAX_TOKENIZER_BYTES:
+                raise _too_large(path, f"more than {read - len(block):,} bytes")
+            sink(block)
+
+
+def _too_large(path: Path, size: str) -> FormatError:
+    return FormatError(f"{path}: {size}, more than any tokenizer file ({MAX_TOKENIZER_BYTES >> 20} MiB); "
+                       f"not read; {REGENERATE_HINT}")  # fmt: skip

@@ -6,28 +6,20 @@ Memory model: as `verify` (one token block at a time), plus the N sampled docume
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError, LmshardError, missing_dependency
+from ..errors import ConfigError, FormatError, missing_dependency
 from ..format import (
     IN_PROGRESS_FILE,
-    MAX_TOKENIZER_BYTES,
     METADATA_FILE,
-    TOKENIZER_FILE,
-    VOCAB_COPIES,
-    VOCAB_COPY,
     DatasetMeta,
-    dataset_file_size,
     find_shard,
     read_document,
 )
-from .verify import Report, read_small
+from .verify import Report
 
 Decoder = Callable[[list[int]], str]
 
@@ -43,69 +35,10 @@ def require_dataset(path: Path) -> None:
 def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decoder | None:
     """Decoding with the dataset's own vocabulary (`tokenizer_for`); None when it is not available
     (ids are shown instead), `why` then receiving the reason and the fix."""
+    from ..tokenizers.of_dataset import tokenizer_for
+
     tok = tokenizer_for(meta, why)
     return tok.decode if tok is not None else None
-
-
-def tokenizer_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Any:
-    """The dataset's own tokenizer: a tiktoken vocabulary by name only (never a file the metadata
-    names), a Hugging Face one from the dataset's copy of its tokenizer.json (else from where it
-    was loaded, as `untrusted`), a SentencePiece one from its copy. None when it is not available
-    or differs from the one the dataset was made with; `why` then receives the reason and the fix."""
-    if meta is None:
-        return None
-    from ..tokenizers import TOKENIZER_NAMES, load_tokenizer
-
-    info = meta.tokenizer
-    if info.hugging_face:
-        # The metadata may be someone else's: names in it are loaded `untrusted` (a regular file of
-        # a tokenizer's size, alone; a hub name from the local cache only, never downloaded).
-        specs, backend = [info.name], "tokenizers"
-        with contextlib.suppress(LmshardError):  # the copy, when it is a regular file inside the dataset
-            if dataset_file_size(meta.root, VOCAB_COPY) <= MAX_TOKENIZER_BYTES:
-                specs.insert(0, str(meta.root / VOCAB_COPY))
-        fix = f"put the tokenizer.json with that sha256 back in {meta.root / VOCAB_COPY}"
-    elif info.vocab_format == "sentencepiece":  # its copy, when it is a regular file inside the dataset
-        specs, backend, copy = [], "sentencepiece", VOCAB_COPIES["sentencepiece"]
-        with contextlib.suppress(LmshardError):
-            if dataset_file_size(meta.root, copy) <= MAX_TOKENIZER_BYTES:
-                specs.append(str(meta.root / copy))
-        fix = f"put the SentencePiece model with that sha256 back in {meta.root / copy}"
-    elif info.name in TOKENIZER_NAMES:
-        specs, backend = [info.name], "tiktoken"
-        fix = f"run `lmshard tokenizer fetch {info.name}`"
-    else:  # a SentencePiece model, a qwen:/llama3: or PATH.json vocabulary: its path is not ours to read
-        # (prepare records an OpenAI .tiktoken file by the name its sha256 matched)
-        if why is not None:
-            why.append(f"token ids are shown undecoded: the dataset keeps no copy of its vocabulary file "
-                       f"({info.name}), and inspect never reads a path a dataset's metadata names")  # fmt: skip
-        return None
-    for spec in specs:
-        try:
-            tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta), untrusted=True)
-        except LmshardError:
-            continue
-        if tok.vocab_sha256 == info.ranks_sha256:
-            return tok
-    if why is not None:
-        why.append(f"token ids are shown undecoded: the {info.name} vocabulary (sha256 {info.ranks_sha256[:12]}…) "
-                   f"is not available here; {fix}")  # fmt: skip
-    return None
-
-
-def _recorded_separator(meta: DatasetMeta) -> str | None:
-    """The separator's text as tokenizer_state.json records it (a Hugging Face vocabulary may
-    have none of its own that lmshard recognises)."""
-    if not meta.tokenizer.hugging_face:
-        return None
-    data = bytearray()
-    try:
-        read_small(meta.root, TOKENIZER_FILE, data.extend)
-        state = json.loads(data.decode("utf-8"))
-        token = state.get("eot_token") if isinstance(state, dict) else None
-    except (LmshardError, OSError, ValueError, RecursionError):
-        return None
-    return token if isinstance(token, str) else None
 
 
 def top_tokens(report: Report, n: int, decode: Decoder | None) -> list[tuple[int, int, str]]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +33,6 @@ import xxhash
 from ..errors import FormatError
 from ..format import (
     INDEX_DTYPE,
-    MAX_TOKENIZER_BYTES,
-    REGENERATE_HINT,
     TOKENIZER_FILE,
     VOCAB_COPIES,
     DatasetMeta,
@@ -46,6 +42,7 @@ from ..format import (
     dataset_file_size,
     file_xxh3,
     load_metadata,
+    read_small,
 )
 from .chunks import block_size, open_tokens, read_sums, stored_chunks
 
@@ -167,33 +164,6 @@ def near_hashes(meta: DatasetMeta) -> int:
     """The values per MinHash signature of a --near-dedup dataset's signature files."""
     minhash = (meta.dedup.near or {}).get("minhash", {}) if meta.dedup else {}
     return int(minhash.get("bands", 0)) * int(minhash.get("rows", 0))
-
-
-def read_small(root: Path, rel: str, sink: Callable[[bytes], object]) -> None:
-    """Feed `sink` the bytes of the dataset's small file `rel` (tokenizer_state.json, the
-    tokenizer.json copy) in 1 MiB blocks. FormatError unless it is a regular file inside the
-    dataset of at most MAX_TOKENIZER_BYTES, held to that again on the file opened and the bytes
-    read: someone else's dataset may swap in a FIFO or a larger file after the first check."""
-    path = root / rel
-    dataset_file_size(root, rel)  # inside the dataset (symlinks resolved), a regular file
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without waiting
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FormatError(f"{path}: not a regular file; {REGENERATE_HINT}")
-        if info.st_size > MAX_TOKENIZER_BYTES:
-            raise _too_large(path, f"{info.st_size:,} bytes")
-        read = 0  # bytes: the file may still grow while it is read
-        while block := f.read(1 << 20):
-            read += len(block)
-            if read > MAX_TOKENIZER_BYTES:
-                raise _too_large(path, f"more than {read - len(block):,} bytes")
-            sink(block)
-
-
-def _too_large(path: Path, size: str) -> FormatError:
-    return FormatError(f"{path}: {size}, more than any tokenizer file ({MAX_TOKENIZER_BYTES >> 20} MiB); "
-                       f"not read; {REGENERATE_HINT}")  # fmt: skip
 
 
 def _check_tokenizer_state(meta: DatasetMeta, report: Report) -> None:

@@ -190,7 +190,7 @@ class TokenDataset:
         is not available here (not installed; an in-memory dataset has none)."""
         found = getattr(self, "_tokenizer", None)
         if found is None:
-            from ..inspect.audit import tokenizer_for
+            from ..tokenizers.of_dataset import tokenizer_for
 
             why: list[str] = []
             found = tokenizer_for(self.meta, why)

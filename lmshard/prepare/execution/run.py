@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
-from ...format import METADATA_FILE, DatasetMeta, load_metadata
+from ...format import METADATA_FILE
 from ...format.encoding import Encoding
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -27,19 +27,17 @@ from ..output.build import Totals
 from ..output.claim import bos_written
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
-from .buckets import groups_of, resolve, task_duplicates, unit_part
+from .buckets import groups_of, resolve
 from .finish import finish, remove_work
 from .keyfiles import line_keys_path, previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
 from .linenumbers import absolute
 from .linestage import hash_unit, unit_lines_path, write_previous_lines, write_task_lines
-from .linestage import masks as unit_masks
-from .maxdocs import ensure_cut
-from .nearstage import Previous, ensure_clusters
 from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
+from .stagereads import Reads
 from .taskplan import (
     work_dir,
 )
@@ -68,7 +66,7 @@ def run_stages(config: PrepareConfig) -> tuple[str, ...]:
 
 
 @dataclass
-class Run:
+class Run(Reads):
     """What every stage of a planned run works from: the plan, its inputs, the tokenizer."""
 
     config: PrepareConfig
@@ -96,74 +94,9 @@ class Run:
             self._paths = OutputPaths.of(self.config.out)
         return self._paths
 
-    def previous_files(self, task: int) -> list[str]:
-        """--append with dedup: task `task`'s share of the extended dataset's key files (every
-        N-th, from the task's number), which its tokenize task partitions by bucket."""
-        previous = self.plan.get("previous")
-        if not previous or not self.dedup:
-            return []
-        files: list[str] = previous["key_files"][task :: self.plan["n_tasks"]]
-        return files
-
-    def previous_near(self, task: int) -> list[tuple[int, str]]:
-        """--append --near-dedup: task `task`'s share of the extended dataset's signature files
-        (their numbers and paths, every N-th from the task's number)."""
-        previous = self.plan.get("previous")
-        if not previous or not self.config.near_dedup:
-            return []
-        n = self.plan["n_tasks"]
-        return [(f, rel) for f, (rel, _) in enumerate(previous["near_files"]) if f % n == task]
-
-    def previous_lines(self, task: int) -> list[str]:
-        """--append --dedup-lines: task `task`'s share of the extended dataset's line key files."""
-        previous = self.plan.get("previous")
-        if not previous or not self.config.dedup_lines:
-            return []
-        files: list[str] = previous.get("line_files", [])[task :: self.plan["n_tasks"]]
-        return files
-
-    @property
-    def previous_line_tasks(self) -> int:
-        """How many tasks hold a share of an extended dataset's line keys."""
-        previous = self.plan.get("previous") or {}
-        return min(self.plan["n_tasks"], len(previous.get("line_files", ())) if self.config.dedup_lines else 0)
-
     @property
     def stages(self) -> tuple[str, ...]:
         return run_stages(self.config)
-
-    def has_previous(self, task: int) -> bool:
-        """Whether task `task` holds a share of an extended dataset's keys or signatures (every
-        N-th file from the task's number: the first tasks, as many as there are files)."""
-        return task < self.previous_tasks
-
-    @property
-    def previous_tasks(self) -> int:
-        """How many tasks hold a share of an extended dataset's keys or signatures."""
-        previous = self.plan.get("previous") or {}
-        files = max(len(previous.get("key_files", ())) if self.dedup else 0,
-                    len(previous.get("near_files", ())) if self.config.near_dedup else 0)  # fmt: skip
-        return min(self.plan["n_tasks"], files)
-
-    @property
-    def near_previous(self) -> Previous | None:
-        """--append --near-dedup: the extended dataset's signature files, numbered before the
-        run's units in the near-duplicate ids."""
-        previous = self.plan.get("previous")
-        if not previous or not self.config.near_dedup or not previous.get("near_files"):
-            return None
-        files = previous["near_files"]
-        return Previous(Path(self.config.out), tuple(f for f, _ in files), tuple(int(n) for _, n in files))
-
-    @property
-    def near_base(self) -> int:
-        """The near-duplicate ids' first unit number: after the extended dataset's signature files."""
-        near = self.near_previous
-        return len(near.files) if near is not None else 0
-
-    def previous_meta(self) -> DatasetMeta | None:
-        """--append: the metadata of the dataset extended (still in --out until the swap)."""
-        return load_metadata(self.config.out) if self.plan.get("previous") else None
 
     @property
     def encoding(self) -> Encoding:
@@ -216,10 +149,6 @@ class Run:
         return range(1 if task == 0 else 0)
 
     @property
-    def dedup(self) -> bool:
-        return self.config.dedup == "document"
-
-    @property
     def near_hashes(self) -> int:
         """Values per MinHash signature with --near-dedup, else 0."""
         return self.config.minhash_config().n_hashes if self.config.near_dedup else 0
@@ -229,38 +158,9 @@ class Run:
         """Whether the run has a dedup stage: exact or near deduplication."""
         return self.dedup or self.config.near_dedup
 
-    def clusters(self) -> None:
-        """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
-        if self.config.near_dedup:
-            ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
-                            self.specials, self.duplicates if self.dedup else None, self.near_previous)  # fmt: skip
-
     def task_of(self, u: int) -> int:
         """The plan task that holds unit u."""
         return task_of_unit(self.plan["tasks"], u)
-
-    def line_masks(self, u: int) -> Any:
-        """--dedup-lines: unit u's items' keep-bits and its kept lines' keys (linestage.py), from
-        its task's slice of every group's repeated lines, read once per task."""
-        task = self.task_of(u)
-        if self._repeats is None or self._repeats[0] != task:
-            found = task_duplicates(self.work / "lines", self.plan["n_tasks"], self.plan["groups"], task)
-            self._repeats = (task, found)
-        return unit_masks(self.work, u, self._repeats[1])
-
-    def cut(self) -> dict[str, Any]:
-        """--max-docs: the cut after the N-th kept document (maxdocs.py), made once."""
-        return ensure_cut(self.work, self.plan, self.sources, self.wcfg, self.config, self.summary("select")["streams"],
-                          self.specials, self.line_masks if self.config.dedup_lines else None)  # fmt: skip
-
-    def duplicates(self, u: int) -> Any:
-        """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
-        every bucket's duplicates, read once per task (buckets.py)."""
-        task = self.task_of(u)
-        if self._dups is None or self._dups[0] != task:
-            found = task_duplicates(self.work / "dedup", self.plan["n_tasks"], self.plan["groups"], task)
-            self._dups = (task, found)
-        return unit_part(self._dups[1], u)
 
     def missing(self, stage: str, items: Sequence[int] | None = None) -> list[int]:
         """The items of `stage` (tokenize, dedup, select, write, seal, finish) not done yet, of

@@ -1,0 +1,73 @@
+"""What a task reads of the stages before its own (`Reads`, a part of `Run`): a unit's exact
+duplicates and its lines met before (its task's slice of every group's files, read once per
+task), the near-duplicate clusters and the --max-docs cut (each made once, by whichever task
+needs it first).
+
+Memory model: one task's duplicates or repeated lines (8 bytes each); see nearstage.py and
+maxdocs.py for the steps made once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...tokenizers import Tokenizer
+from ..documents.worker import WorkerConfig
+from .appended import Appended
+from .buckets import task_duplicates, unit_part
+from .linestage import masks as unit_masks
+from .maxdocs import ensure_cut
+from .nearstage import ensure_clusters
+
+
+class Reads(Appended):
+    """Readers of the earlier stages' results (a part of `Run`, which holds what they use)."""
+
+    work: Path
+    sources: Any
+    tokenizer: Tokenizer
+    wcfg: WorkerConfig
+    _dups: tuple[int, Any] | None
+    _repeats: tuple[int, Any] | None
+
+    if TYPE_CHECKING:  # Run's
+
+        def task_of(self, u: int) -> int: ...
+
+        def summary(self, stage: str, needed_by: str | None = None) -> dict[str, Any]: ...
+
+        @property
+        def near_hashes(self) -> int: ...
+
+        @property
+        def specials(self) -> int: ...
+
+    def clusters(self) -> None:
+        """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
+        if self.config.near_dedup:
+            ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
+                            self.specials, self.duplicates if self.dedup else None, self.near_previous)  # fmt: skip
+
+    def line_masks(self, u: int) -> Any:
+        """--dedup-lines: unit u's items' keep-bits and its kept lines' keys (linestage.py), from
+        its task's slice of every group's repeated lines, read once per task."""
+        task = self.task_of(u)
+        if self._repeats is None or self._repeats[0] != task:
+            found = task_duplicates(self.work / "lines", self.plan["n_tasks"], self.plan["groups"], task)
+            self._repeats = (task, found)
+        return unit_masks(self.work, u, self._repeats[1])
+
+    def cut(self) -> dict[str, Any]:
+        """--max-docs: the cut after the N-th kept document (maxdocs.py), made once."""
+        return ensure_cut(self.work, self.plan, self.sources, self.wcfg, self.config, self.summary("select")["streams"],
+                          self.specials, self.line_masks if self.config.dedup_lines else None)  # fmt: skip
+
+    def duplicates(self, u: int) -> Any:
+        """The numbers of unit u's documents that repeat an earlier one: from its task's slice of
+        every bucket's duplicates, read once per task (buckets.py)."""
+        task = self.task_of(u)
+        if self._dups is None or self._dups[0] != task:
+            found = task_duplicates(self.work / "dedup", self.plan["n_tasks"], self.plan["groups"], task)
+            self._dups = (task, found)
+        return unit_part(self._dups[1], u)
