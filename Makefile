@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not engines"
+	@echo "make test: every test but the real-engine ones (make test-engines); about 8 min on 2 quiet cores, counted as it goes; the 15 slowest are listed at the end"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not engines" -o console_output_style=count --durations=15
 
 # Scale-out on real engines started by the tests (a single-node Slurm cluster on loopback, a local Ray
 # cluster). Installs Debian's Slurm packages when missing (as root) and the ray extra; fails, not skips, without them.
