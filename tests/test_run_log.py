@@ -217,3 +217,22 @@ def test_the_resume_note_of_an_append_counts_only_its_own_shards(tmp_path, corpu
     ours = sum(len(w["shards"]) + (w["n_docs"] > 0) for w in writers) - old
     err = _resume(args, monkeypatch)
     assert old > 1 and ours > 0 and f", {ours} shards kept from the checkpoint" in err, (old, ours, err)
+
+
+@pytest.mark.parametrize("encoding", ["uint32", "zstd"])
+def test_the_summary_gives_the_encoding_and_the_bytes_on_disk(tmp_path, corpus, encoding):
+    import json
+    import subprocess
+
+    from proctree import LMSHARD
+
+    out = tmp_path / "o"
+    done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(out), "--shard-encoding", encoding,
+                           "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    on_disk = sum(p.stat().st_size for split in ("train", "val") for p in (out / split).glob("*") if p.is_file())
+    assert summary["encoding"] == encoding and summary["bytes_on_disk"] == on_disk > 0
+    table = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(tmp_path / "t"), "--shard-encoding",
+                            encoding], capture_output=True, text=True, timeout=300).stdout  # fmt: skip
+    assert " on disk" in table and encoding in table

@@ -62,6 +62,21 @@ def listed(parts: Sequence[str]) -> Items:
     return Items([f"{p}," for p in parts[:-1]] + list(parts[-1:]), sep=" ")
 
 
+def bytes_on_disk(meta: Any) -> int:
+    """The bytes of the dataset's shards: token files, indexes, checksums, block offsets."""
+    from ..format import shard_file_sizes
+
+    return sum(size for s in meta.shards for _, _, _, size in shard_file_sizes(s))
+
+
+def _bytes(n: int) -> str:
+    """1.2 GB, 340.5 MB, 12.0 KB, 512 bytes (powers of 1000, as `du --si` and object stores count)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return plural(n, "byte")
+
+
 def _number(v: float) -> str:
     """3,606,220 (never 3.60622e+06), 12.5, 0.333."""
     if float(v).is_integer() or abs(v) >= 100:
@@ -84,10 +99,9 @@ def summary(meta: Any, where: str) -> None:
     for split, s in meta.splits.items():
         counts = plural(s.n_docs, "doc"), plural(s.n_tokens, "token"), plural(len(s.shards), "shard")
         table.add_row(split, Items(counts))
-    if meta.encoding.version > 1:  # (uint32, the default, goes without saying)
-        from ..inspect.verify import encoding_summary
+    from ..inspect.verify import encoding_summary
 
-        table.add_row("encoding", escape(encoding_summary(meta)))
+    table.add_row("encoding", escape(f"{encoding_summary(meta)}, {_bytes(bytes_on_disk(meta))} on disk"))
     drops = {k: v for k, v in meta.drops.items() if v}
     table.add_row("dropped", listed([f"{k} {v:,}" for k, v in drops.items()]) if drops else "none")
     if meta.skipped_inputs:

@@ -148,6 +148,7 @@ def summary_json(meta: Any, where: str) -> dict[str, Any]:
             "drops": {k: v for k, v in meta.drops.items() if v}, "skipped_inputs": meta.skipped_inputs.to_json(),
             "tokenizer": {"name": tok.name, "n_vocab": tok.n_vocab, "eot_id": tok.eot_id, "bos_id": tok.bos_id,
                           "backend": tok.backend},
+            "encoding": meta.encoding.name, "bytes_on_disk": render.bytes_on_disk(meta),
             "elapsed_s": run.elapsed_s, "tokens_per_s": run.tokens_per_s, "workers": run.workers}  # fmt: skip
 
 
