@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import read_docs, write
 from faults import failing_reads, unreadable
+from test_prepare import run
 from typer.testing import CliRunner
 
 import lmshard.prepare.pipeline as pipeline
@@ -383,3 +384,28 @@ def test_an_input_gone_before_the_run_claims_out_is_the_inputs_error(tmp_path, m
     code, said = cli("prepare", str(data), "--out", str(tmp_path / "o"), "--workers", "1")
     assert code == 1 and f"{data}: this input is gone" in said and "--out" not in said.split("gone")[0], said
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text_mode", ["auto", "line", "paragraph"])
+def test_decode_errors_replace_keeps_a_file_with_a_latin1_byte(tmp_path, reference, text_mode):
+    """One Latin-1 byte (caf\\xe9) in a text file and in a JSON line: strict makes that record a
+    decode_error (the whole file, read as one document); --decode-errors replace keeps it with
+    U+FFFD for the byte (the tokens are the reference's of that text), counted per file."""
+    from lmshard import TokenDataset
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "notes.txt").write_bytes(b"A caf\xe9 on the corner.\n\nIt opens at nine.\n")
+    (tmp_path / "in" / "b.jsonl").write_bytes(b'{"text": "good line"}\n{"text": "caf\xe9 au lait"}\n')
+    strict = run(tmp_path, [tmp_path / "in"], out=str(tmp_path / "s"), on_error="skip", text_mode=text_mode,
+                 val_fraction=0.0)  # fmt: skip
+    assert strict["drops"]["decode_error"] >= 2
+    kept = run(tmp_path, [tmp_path / "in"], out=str(tmp_path / "r"), on_error="skip", text_mode=text_mode,
+               val_fraction=0.0, decode_errors="replace")  # fmt: skip
+    assert "decode_error" not in kept["drops"]
+    texts = {s["path"].rsplit("/", 1)[-1]: s.get("decode_replaced", 0) for s in kept["sources"]}
+    assert texts == {"b.jsonl": 1, "notes.txt": 1}
+    ds = TokenDataset(tmp_path / "r")
+    decoded = ds.decode(ds.tokens(0, ds.n_tokens))
+    assert "caf\ufffd au lait" in decoded and "A caf\ufffd on the corner." in decoded
+    expected = reference.encode_ordinary("caf\ufffd au lait")
+    assert any(ds.tokens(i, len(expected)).tolist() == expected for i in range(ds.n_tokens - len(expected)))

@@ -134,6 +134,9 @@ def prepare(
                                      "twice.", "--dedup-lines"),  # fmt: skip
     on_error: str | None = _opt(CLEAN, "WHAT", "A bad record: fail (stop) or skip (count it and go on). Default: "
                                 "fail.", "--on-error"),  # fmt: skip
+    decode_errors: str | None = _opt(CLEAN, "HOW", "Bytes that are not UTF-8 in text, JSON lines and whole files: "
+                                     "strict (the record is a decode_error) or replace (U+FFFD, the record kept and "
+                                     "counted). Default: strict.", "--decode-errors"),  # fmt: skip
     tokenizer: str | None = _opt(
         TOKENIZER,
         "NAME",

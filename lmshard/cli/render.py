@@ -118,6 +118,10 @@ def summary(meta: Any, where: str) -> None:
         files = escape(_by_file(meta.sources, lambda src: src.split_into_paragraphs, counts=False))
         line = f"  split into paragraphs (over --max-chars bytes) {split:,}: {files}"
         out.print(line, highlight=False, soft_wrap=True)
+    if repaired := sum(src.decode_replaced for src in meta.sources):
+        files = escape(_by_file(meta.sources, lambda src: src.decode_replaced))
+        out.print(f"  read with U+FFFD for bytes not UTF-8 (--decode-errors replace) {repaired:,}: {files}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
     if grew := sum(src.grew for src in meta.sources):
         files = escape(_by_file(meta.sources, lambda src: src.grew, counts=False))
         line = f"  grew while read (read up to their size at the start) {grew:,}: {files}"

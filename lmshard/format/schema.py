@@ -136,6 +136,7 @@ class SourceInfo:
     lines_removed: int = 0  # by --dedup-lines
     split_into_paragraphs: int = 0  # 1: a text file over --max-chars bytes, split (--text-mode auto)
     grew: int = 0  # 1: the file grew while the run read it; read up to `bytes` (its last line only if whole)
+    decode_replaced: int = 0  # records read with U+FFFD for bytes that were not UTF-8 (--decode-errors replace)
     dropped: dict[str, int] = field(default_factory=dict)  # reason → records
 
     def to_json(self) -> dict[str, Any]:
@@ -144,7 +145,7 @@ class SourceInfo:
             out["hf"] = self.hf
         out["records"], out["kept"] = self.records, self.kept
         notes = {"lines_removed": self.lines_removed, "split_into_paragraphs": self.split_into_paragraphs,
-                 "grew": self.grew}  # fmt: skip
+                 "grew": self.grew, "decode_replaced": self.decode_replaced}  # fmt: skip
         out.update({k: v for k, v in notes.items() if v})
         if self.dropped:
             out["dropped"] = self.dropped
@@ -158,7 +159,7 @@ class SourceInfo:
                    bytes=_count(raw, "bytes", 0), hf=_get(raw, "hf", dict, None), records=_count(raw, "records", 0),
                    kept=_count(raw, "kept", 0), lines_removed=_count(raw, "lines_removed", 0),
                    split_into_paragraphs=_count(raw, "split_into_paragraphs", 0), grew=_count(raw, "grew", 0),
-                   dropped=_counts(raw, "dropped"))  # fmt: skip
+                   decode_replaced=_count(raw, "decode_replaced", 0), dropped=_counts(raw, "dropped"))  # fmt: skip
 
 
 _KEY_FILE = re.compile(r"dedup/(doc|line)_keys_[0-9]{6}\.u64|dedup/near_sigs_[0-9]{6}\.u32")

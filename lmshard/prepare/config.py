@@ -22,6 +22,7 @@ from .documents.clean import CleanConfig
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
 TEXT_MODES = ("auto", "file", "line", "paragraph")
 ON_ERROR = ("fail", "skip")  # what a bad record does: stop the run, or count and skip it
+DECODE_ERRORS = ("strict", "replace")  # bytes that are not UTF-8: a decode_error record, or U+FFFD in the text
 DEDUP_MODES = ("document", "none")
 # Options that change how a run treats --out or the machine, never the output bytes.
 # (The tokenizer backend is one: every backend writes the same tokens, or it is not used.)
@@ -66,6 +67,7 @@ class PrepareConfig:
     eot_position: str = "after"
     max_docs: int | None = None
     on_error: str = "fail"
+    decode_errors: str = "strict"  # text, JSON lines, whole files: bytes that are not UTF-8 (records.py)
     workers: int = 0  # 0: one per core this process may use (available_cpus)
     overwrite: bool = False  # replace a complete dataset in --out (swapped in only when the new one is complete)
     resume: bool = False  # continue an interrupted run of the same configuration
@@ -111,6 +113,7 @@ class PrepareConfig:
 
         _choice("--tokenizer-backend", self.tokenizer_backend, BACKENDS)
         _choice("--on-error", self.on_error, ON_ERROR)
+        _choice("--decode-errors", self.decode_errors, DECODE_ERRORS)
         if self.format is not None:
             _choice("--format", self.format, INPUT_FORMATS)
         if not self.inputs and not self.hf:

@@ -39,6 +39,7 @@ class Record(NamedTuple):
     text: str | None  # None when the record was not read as a document
     problem: str | None = None  # a key of PROBLEMS (an input problem), or a drop reason such as "too_long"
     detail: str = ""  # what exactly was wrong, for the message: "invalid JSON (Expecting ',' at column 57)"
+    repaired: bool = False  # --decode-errors replace: bytes that were not UTF-8 became U+FFFD
 
 
 def bad(number: int, problem: str, detail: str) -> Record:
@@ -98,48 +99,55 @@ def damaged_record(number: int, damage: DamagedInput, done: str) -> Record:
     return bad(number, damage.problem, f"{damage.what} after {done} ({damage.offset:,} uncompressed bytes read)")
 
 
-def _decode_lines(payload: bytes, first: int) -> Iterator[tuple[int, str | None]]:
-    """Lines of `payload` as text; a line that is not valid UTF-8 comes back as None."""
+def _decode_lines(payload: bytes, first: int, replace: bool = False) -> Iterator[tuple[int, str | None, bool]]:
+    """(number, text, repaired) of the lines of `payload`; a line that is not valid UTF-8 comes
+    back as None, or with `replace` (--decode-errors replace) with U+FFFD for its bad bytes."""
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
         for k, raw in enumerate(payload.split(b"\n")):
             try:
-                yield first + k, raw.decode("utf-8")
+                yield first + k, raw.decode("utf-8"), False
             except UnicodeDecodeError:
-                yield first + k, None
+                yield first + k, (raw.decode("utf-8", errors="replace") if replace else None), replace
         return
     for k, line in enumerate(text.split("\n")):
-        yield first + k, line
+        yield first + k, line, False
 
 
-def parse_jsonl(payload: bytes, first: int, text_field: str) -> Iterator[Record]:
+def parse_jsonl(payload: bytes, first: int, text_field: str, replace: bool = False) -> Iterator[Record]:
     """The records of a block of JSON lines. With orjson installed (the `fast` extra), each line
     is parsed by it first, about twice as fast; any line it refuses (a blank line, invalid
     UTF-8 or JSON, and what only the standard parser accepts: NaN, lone surrogate escapes) and
     any record with a problem go through the standard path, so every record and message is the
-    standard parser's."""
+    standard parser's. `replace`: --decode-errors replace (a line that is not UTF-8 is read with
+    U+FFFD for its bad bytes)."""
     fast = _fast_loads()
     if fast is None:
-        yield from _parse_lines(_decode_lines(payload, first), text_field)
+        yield from _parse_lines(_decode_lines(payload, first, replace), text_field)
         return
     loads, refused = fast
     for k, raw in enumerate(payload.split(b"\n")):
         try:
             obj = loads(raw)
         except refused:
-            yield from _parse_lines(_decode_lines(raw, first + k), text_field)
+            yield from _parse_lines(_decode_lines(raw, first + k, replace), text_field)
             continue
         record = _field(obj, first + k, text_field)
         if record.problem is not None:  # as the standard parser reads it (orjson makes huge integers floats)
-            record = next(_parse_lines(_decode_lines(raw, first + k), text_field))
+            record = next(_parse_lines(_decode_lines(raw, first + k, replace), text_field))
         yield record
 
 
-def _parse_lines(lines: Iterator[tuple[int, str | None]], text_field: str) -> Iterator[Record]:
-    """The standard parser over numbered lines (None: not UTF-8); blank lines are skipped."""
+def _parse_lines(lines: Iterator[tuple[int, str | None, bool]], text_field: str) -> Iterator[Record]:
+    """The standard parser over numbered lines (None: not UTF-8); blank lines are skipped. A
+    repaired line (--decode-errors replace) is parsed as any other, and its record marked."""
     loads = json.loads
-    for number, line in lines:
+    for number, line, repaired in lines:
+        if repaired:
+            for r in _parse_lines(iter([(number, line, False)]), text_field):
+                yield r._replace(repaired=r.problem is None)
+            continue
         if line is None:
             yield bad(number, "decode_error", f"line {number} is not valid UTF-8")
             continue
@@ -203,18 +211,19 @@ def _what(value: Any) -> str:
     return next((name for kind, name in kinds if isinstance(value, kind)), f"a {type(value).__name__}")
 
 
-def parse_text_lines(payload: bytes, first: int, paragraph: bool) -> Iterator[Record]:
+def parse_text_lines(payload: bytes, first: int, paragraph: bool, replace: bool = False) -> Iterator[Record]:
+    """A text block's lines or paragraphs; `replace`: --decode-errors replace."""
     if paragraph:
-        yield from _paragraphs(payload, first)
+        yield from _paragraphs(payload, first, replace)
         return
-    for number, line in _decode_lines(payload, first):
+    for number, line, repaired in _decode_lines(payload, first, replace):
         if line is None:
             yield bad(number, "decode_error", f"line {number} is not valid UTF-8")
         elif line.strip():
-            yield Record(number, line.rstrip("\r"))
+            yield Record(number, line.rstrip("\r"), repaired=repaired)
 
 
-def _paragraphs(payload: bytes, first: int) -> Iterator[Record]:
+def _paragraphs(payload: bytes, first: int, replace: bool = False) -> Iterator[Record]:
     """Blank-line-separated paragraphs; one with invalid UTF-8 is that one bad record, not the
     whole block (bytes that are not UTF-8 survive decoding as surrogate escapes, then are found)."""
     text = payload.decode("utf-8", errors="surrogateescape")
@@ -223,7 +232,9 @@ def _paragraphs(payload: bytes, first: int) -> Iterator[Record]:
         end = m.start() if m is not None else len(text)
         para = text[pos:end].strip("\r\n")
         if para.strip():
-            if _undecodable(para):
+            if _undecodable(para) and replace:
+                yield Record(number, _replaced(para), repaired=True)
+            elif _undecodable(para):
                 yield bad(number, "decode_error", f"invalid UTF-8 in the paragraph at line {number}")
             else:
                 yield Record(number, para)
@@ -242,10 +253,11 @@ def binary_record(block: bytes) -> Record | None:
     return None if pos is None else bad(1, "binary_file", f"binary data (NUL byte at offset {pos})")
 
 
-def read_whole_file(src: Source, byte_limit: int, truncate: bool) -> Record:
+def read_whole_file(src: Source, byte_limit: int, truncate: bool, replace: bool = False) -> Record:
     """One file as one document. Reads at most `byte_limit` + 1 bytes: beyond that the file
     cannot fit `--max-chars` (a character is at most 4 bytes), so it is cut there when
-    `truncate`, and otherwise dropped with reason "too_long" (nothing more is read)."""
+    `truncate`, and otherwise dropped with reason "too_long" (nothing more is read). `replace`:
+    --decode-errors replace (bytes that are not UTF-8 read as U+FFFD, not the file dropped)."""
     try:
         data = read_prefix(src, byte_limit)
     except DamagedInput as e:
@@ -254,16 +266,29 @@ def read_whole_file(src: Source, byte_limit: int, truncate: bool) -> Record:
         return binary
     over = len(data) > byte_limit
     data = data[:byte_limit]
+    repaired = False
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        if not (over and e.start >= len(data) - 3):  # a character cut by the byte limit
+        cut = over and e.start >= len(data) - 3  # a character cut by the byte limit
+        if not cut and not replace:
             number = 1 + data[: e.start].count(b"\n")
             return bad(number, "decode_error", f"invalid UTF-8 at line {number}")
-        text = data[: e.start].decode("utf-8")
+        if cut:
+            try:
+                text = data[: e.start].decode("utf-8")
+            except UnicodeDecodeError:  # (bad bytes before the cut too)
+                text, repaired = data[: e.start].decode("utf-8", errors="replace"), True
+        else:
+            text, repaired = data.decode("utf-8", errors="replace"), True
     if over and not truncate:
         return Record(1, None, "too_long", f"over {byte_limit:,} bytes (4 per character at most), so over --max-chars")
-    return Record(1, text)
+    return Record(1, text, repaired=repaired)
+
+
+def _replaced(text: str) -> str:
+    """Text read with errors='surrogateescape', its bytes that were not UTF-8 made U+FFFD."""
+    return text.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
 
 
 def _undecodable(text: str) -> bool:

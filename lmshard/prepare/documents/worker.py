@@ -43,6 +43,7 @@ class WorkerConfig:
     text_field: str = "text"
     text_mode: str = "auto"
     on_error: str = "fail"
+    decode_errors: str = "strict"  # replace: bytes that are not UTF-8 read as U+FFFD (records.py)
     # What the main process's tokenizer is (`IDENTITY_FIELDS`): a worker that loads anything else
     # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
     expect: tuple[tuple[str, Any], ...] = ()
@@ -50,6 +51,7 @@ class WorkerConfig:
     hf: Any = None  # a planned run's saved Hugging Face split (hf.HFSpec), read by row ranges
 
 
+DECODE_REPLACED = "decode_replaced"  # a per-source count of records read with U+FFFD for bytes not UTF-8 (not a drop)
 LINE_DROP = "line:"  # a per-source count of lines a filter's edit removed, by its reason (not a document drop)
 IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id")
 
@@ -139,6 +141,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
     for src_index, record in _records(item, config):
         c = counts.setdefault(src_index, Counter())
         c["records"] += 1
+        if record.repaired:  # --decode-errors replace: kept with U+FFFD for its bad bytes
+            c[DECODE_REPLACED] += 1
         text, reason = record.text, record.problem
         if text is not None:
             cleaned = _clean(text, config.clean)
@@ -276,7 +280,8 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
     if item.kind == "files":
         limit = 4 * config.clean.max_chars
         for s in item.payload:
-            yield s, read_whole_file(config.sources[s], limit, truncate=config.clean.overlong == "truncate")
+            yield s, read_whole_file(config.sources[s], limit, truncate=config.clean.overlong == "truncate",
+                                     replace=config.decode_errors == "replace")  # fmt: skip
         return
     if item.kind == "records":
         records: Iterator[Record] = iter(item.payload)
@@ -289,8 +294,9 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
 
         records = row_records(config.hf, item.locator, item.payload)
     elif src.fmt == "text":
-        records = parse_text_lines(item.payload, item.first_line, by_paragraph(config.text_mode))
+        records = parse_text_lines(item.payload, item.first_line, by_paragraph(config.text_mode),
+                                   config.decode_errors == "replace")  # fmt: skip
     else:
-        records = parse_jsonl(item.payload, item.first_line, config.text_field)
+        records = parse_jsonl(item.payload, item.first_line, config.text_field, config.decode_errors == "replace")
     for record in records:
         yield item.source, record

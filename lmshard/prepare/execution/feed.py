@@ -171,6 +171,7 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         text_field=config.text_field,
         text_mode=config.text_mode,
         on_error=config.on_error,
+        decode_errors=config.decode_errors,
         expect=identity_of(tokenizer),
         minhash=config.minhash_config() if config.near_dedup else None,
     )

@@ -163,7 +163,7 @@ def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: T
     return WorkerConfig(sources=kept, clean=config.clean_config(), tokenizer=config.tokenizer,
                         tokenizer_backend=tokenizer.backend, separator=config.separator,
                         text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
-                        expect=identity_of(tokenizer),
+                        decode_errors=config.decode_errors, expect=identity_of(tokenizer),
                         minhash=config.minhash_config() if config.near_dedup else None,
                         hf=config.hf_spec() if config.hf else None)  # fmt: skip
 

@@ -37,7 +37,7 @@ from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
-from ..documents.worker import LINE_DROP
+from ..documents.worker import DECODE_REPLACED, LINE_DROP
 from ..stops import STOP_SIGNALS
 from .rowfiles import KEY_DTYPE, SIG_DTYPE, RowFiles, read_rows
 from .writer import ShardWriter
@@ -45,7 +45,8 @@ from .writer import ShardWriter
 if TYPE_CHECKING:
     from ..documents.worker import ItemResult
 
-NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW)  # per-source counts that are not drops
+# per-source counts that are not drops
+NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW, DECODE_REPLACED)
 # A build's document keys go to files of this many keys (128 MiB) each, so that scale-out runs
 # write them in parallel, each file by one task (docs/format.md).
 KEYS_PER_FILE = int(os.environ.get("LMSHARD_KEYS_PER_FILE", 1 << 24))

@@ -18,7 +18,7 @@ from ...format import SPLITS, DatasetMeta, DedupInfo, KeyFile, RunInfo, ShardInf
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
-from ..documents.worker import LINE_DROP
+from ..documents.worker import DECODE_REPLACED, LINE_DROP
 from .build import NOT_DROPS, Totals
 from .claim import Claim, bos_written
 
@@ -111,6 +111,7 @@ def source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo
         lines_removed=counts.get("lines_removed", 0),
         split_into_paragraphs=counts.get(SPLIT_INTO_PARAGRAPHS, 0),
         grew=counts.get(GREW, 0),
+        decode_replaced=counts.get(DECODE_REPLACED, 0),
         dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v
                  and not k.startswith(LINE_DROP)},  # fmt: skip
     )
