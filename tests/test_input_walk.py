@@ -104,7 +104,7 @@ def test_a_few_skipped_text_files_beside_many_read_ones_are_counted_without_a_wa
     for i in range(3):
         write(tmp_path / "d" / f"{i}.txt", f"note {i}")
     write(tmp_path / "d" / "index.html", "<p>one page</p>")
-    code, out, err = cli("prepare", tmp_path / "d", "--out", tmp_path / "o")
+    code, out, err = cli("prepare", tmp_path / "d", "--out", tmp_path / "o", "--val-fraction", "0")
     assert code == 0 and "warning" not in err and "hint" not in out and "1 .html (unknown type)" in out
     assert metadata(tmp_path / "o")["skipped_inputs"]["text_like"] == [".html"]
 
@@ -289,3 +289,20 @@ def test_the_format_text_hint_counts_suffixes_as_suffixes_and_can_be_pasted():
     assert hint is not None and "the skipped .t0, .t1, .t2 files (and those of 5 more suffixes) look like text" in hint
     assert hint.count("--exclude") == 6 and all(f"--exclude '*{s}'" in hint for s in other), hint
     assert "more files" not in hint
+
+
+def test_an_input_can_carry_its_own_format(tmp_path):
+    """`text:man/` reads that directory's files as text (their suffixes unknown), while a JSON
+    lines file beside it is read as JSON lines: one run, each input in its format; a path that
+    exists as written (a file named `text:x`) stays a path."""
+    write(tmp_path / "a.jsonl", "".join(json.dumps({"text": f"json doc {i}"}) + "\n" for i in range(3)))
+    for i in range(4):
+        write(tmp_path / "man" / f"page{i}.1", f"NAME\n  tool{i} - does thing {i}\n")
+    code, _, err = cli("prepare", tmp_path / "a.jsonl", tmp_path / "man", "--out", tmp_path / "plain")
+    assert code == 1 and f"or read this input alone as text: text:{tmp_path / 'man'}" in err, err
+    summary = prepare_json([tmp_path / "a.jsonl", f"text:{tmp_path / 'man'}"], tmp_path / "both")
+    assert summary["n_docs"] == 3 + 4, summary
+    meta = metadata(tmp_path / "both")
+    assert {s["format"] for s in meta["sources"]} == {"jsonl", "text"}
+    write(tmp_path / "text:odd.jsonl", json.dumps({"text": "a file with a colon in its name"}) + "\n")
+    assert prepare_json([tmp_path / "text:odd.jsonl"], tmp_path / "odd")["n_docs"] == 1  # read as JSON lines

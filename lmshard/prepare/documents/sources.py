@@ -77,29 +77,44 @@ class Sources(list[Source]):
         self.hint = hint
 
 
+FORMAT_PREFIXES = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # `FORMAT:INPUT`, as --format takes them
+
+
+def with_format(spec: str) -> tuple[str | None, str]:
+    """An input with a format of its own, `text:docs/man` or `jsonl:s3://b/x/`: (that format, the
+    input); any other input: (None, it). A path that exists as written is a path."""
+    fmt, sep, rest = spec.partition(":")
+    if sep and fmt in FORMAT_PREFIXES and rest and not os.path.exists(spec):
+        return fmt, rest
+    return None, spec
+
+
 def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None, *,
              include_hidden: bool = False) -> Sources:  # fmt: skip
     """Expand files, directories (recursively, sorted by path, by the rules of `walk.py`),
     globs, and URLs of objects, globs and prefixes (`urlwalk.py`) into sources, leaving out
     paths that match any `exclude` glob (fnmatch against the whole path or URL). An input that
-    leaves nothing to read fails, saying what was skipped."""
+    leaves nothing to read fails, saying what was skipped. An input written `FORMAT:INPUT`
+    (`with_format`) is read in that format, whatever `fmt_override` (--format) says."""
     sources: list[Source] = []
     walks: list[Walk] = []
-    rules = Rules(fmt_override, include_hidden, tuple(exclude or ()))
-    for spec in inputs:
+    for given in inputs:
+        fmt, spec = with_format(given)  # `text:DIR`: this input's own format
+        fmt = fmt or fmt_override
+        rules = Rules(fmt, include_hidden, tuple(exclude or ()))
         if spec == "-":
-            sources.append(detect("-", fmt_override))
+            sources.append(detect("-", fmt))
             continue
         if is_url(spec):  # an object, a glob's matches or a prefix's objects (urlwalk.py)
             found, listed = find_url(spec, rules)
             if not found.taken:
                 raise nothing_at_url(spec, found)
-            sources.extend(url_source(u, listed[u], fmt_override) for u in found.taken)
+            sources.extend(url_source(u, listed[u], fmt) for u in found.taken)
         else:
             found = find(spec, rules)
             if not found.taken:
                 raise nothing_to_read(spec, found)
-            sources.extend(detect(p, fmt_override) for p in found.taken)
+            sources.extend(detect(p, fmt) for p in found.taken)
         walks.append(found)
     skipped = sum((w.skipped() for w in walks), SkippedInputs())
     hint = skipped.text_hint(files_read=len(sources))

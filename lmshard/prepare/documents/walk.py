@@ -181,7 +181,10 @@ def nothing_to_read(spec: str, found: Walk) -> InputError:
         return InputError(f"{spec}: no input files found (check the path, glob or --exclude)")
     if not skipped:
         return InputError(f"{spec}: the directory holds no files (check the path)")
-    return InputError(f"{spec}: nothing to read: skipped {describe(skipped)}; {skipped_fix(skipped)}")
+    fix = skipped_fix(skipped)
+    if skipped.text_hint(files_read=0):  # the per-input form reads this one as text and leaves the others be
+        fix += f"; or read this input alone as text: text:{spec}"
+    return InputError(f"{spec}: nothing to read: skipped {describe(skipped)}; {fix}")
 
 
 def skipped_fix(skipped: SkippedInputs) -> str:
