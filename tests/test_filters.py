@@ -59,6 +59,10 @@ def test_drops_by_reason_are_the_filters_verdicts(tmp_path, corpus):
     kept = expected.pop("kept")
     assert drops == dict(expected) and meta.n_docs() == kept
     assert meta.config["filters"] == ["gopher_quality", f"{spec}:no_river", f"{spec}:loud"]
+    # each reason's characters: the documents it dropped, counted by hand (the texts are clean already)
+    river = sum(len(t) for t in texts if not reference(t) and "river" in t.split()[:3])
+    assert meta.drop_chars["mentions_river"] == river > 0
+    assert set(meta.drop_chars) == set(drops)
     assert meta.drop_examples["mentions_river"].endswith(f"dropped by --filter {spec}:no_river")
 
 

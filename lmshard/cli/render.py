@@ -110,9 +110,12 @@ def summary(meta: Any, where: str) -> None:
     rate = f"{run.tokens_per_s or 0:,.0f} tokens/s"
     table.add_row("time", listed([f"{run.elapsed_s:.1f} s", rate, plural(run.workers, "worker")]))
     out.print(table)
+    read = meta.run.input_chars + sum(meta.drop_chars.values())  # the characters of every document read
     for reason, n in drops.items():
         files = _by_file(meta.sources, functools.partial(lambda src, r: int(src.dropped.get(r, 0)), r=reason))
-        out.print(f"  {reason} {n:,}: {escape(files)}", highlight=False, soft_wrap=True)
+        share = f" ({100 * meta.drop_chars[reason] / read:.1f}% of the characters)" if meta.drop_chars.get(reason) \
+            and read else ""  # fmt: skip
+        out.print(f"  {reason} {n:,}{share}: {escape(files)}", highlight=False, soft_wrap=True)
     split = sum(src.split_into_paragraphs for src in meta.sources)
     if split:
         files = escape(_by_file(meta.sources, lambda src: src.split_into_paragraphs, counts=False))

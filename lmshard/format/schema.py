@@ -264,6 +264,7 @@ class DatasetMeta:
     drops: dict[str, int] = field(default_factory=dict)  # reason → documents dropped
     drop_examples: dict[str, str] = field(default_factory=dict)  # reason → "file:line: what"
     line_drops: dict[str, Any] = field(default_factory=dict)  # lines filters removed: reason → {lines, example}
+    drop_chars: dict[str, int] = field(default_factory=dict)  # characters of the documents dropped, by reason
     dedup: DedupInfo | None = None
     sources: tuple[SourceInfo, ...] = ()
     skipped_inputs: SkippedInputs = field(default_factory=SkippedInputs)  # what the input walk left out
@@ -312,6 +313,8 @@ class DatasetMeta:
                 "drop_examples": self.drop_examples}  # fmt: skip
         if self.line_drops:
             out["line_drops"] = self.line_drops
+        if self.drop_chars:
+            out["drop_chars"] = self.drop_chars
         if self.dedup is not None:
             out["dedup"] = self.dedup.to_json()
         out["sources"] = [s.to_json() for s in self.sources]
@@ -353,6 +356,7 @@ class DatasetMeta:
             lmshard_version=_get(raw, "lmshard_version", str, ""), records_read=_count(raw, "records_read", 0),
             drops=_counts(raw, "drops"), drop_examples=_get(raw, "drop_examples", dict, {}),
             line_drops=_line_drops(raw),
+            drop_chars=_counts(raw, "drop_chars"),
             dedup=DedupInfo.parse(raw.get("dedup")), sources=tuple(SourceInfo.parse(s) for s in sources),
             skipped_inputs=SkippedInputs.parse(raw.get("skipped_inputs")),
             config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")),

@@ -52,6 +52,7 @@ class WorkerConfig:
 
 
 DECODE_REPLACED = "decode_replaced"  # a per-source count of records read with U+FFFD for bytes not UTF-8 (not a drop)
+DROP_CHARS = "chars:"  # a per-source count of the characters of the documents dropped, by reason (not a drop)
 LINE_DROP = "line:"  # a per-source count of lines a filter's edit removed, by its reason (not a document drop)
 IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id")
 
@@ -144,8 +145,10 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         if record.repaired:  # --decode-errors replace: kept with U+FFFD for its bad bytes
             c[DECODE_REPLACED] += 1
         text, reason = record.text, record.problem
+        size = 0  # the characters of the document a drop removes (none for a record never read as one)
         if text is not None:
             cleaned = _clean(text, config.clean)
+            size = len(cleaned)
             if lines is not None:
                 cleaned, removed = lines.apply(cleaned)
                 c["lines_removed"] += removed
@@ -165,6 +168,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
                                                          f"{first[:80]!r}")  # fmt: skip
         if reason is not None:
             c[reason] += 1
+            if size:
+                c[DROP_CHARS + reason] += size
             examples.setdefault(reason, example(config.sources[src_index], record))
             continue
         assert text is not None

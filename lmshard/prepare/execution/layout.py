@@ -122,6 +122,7 @@ def add_totals(totals: Totals, part: Totals) -> None:
         setattr(totals, name, getattr(totals, name) + getattr(part, name))
     totals.drops.update(part.drops)
     totals.line_drops.update(part.line_drops)
+    totals.drop_chars.update(part.drop_chars)
     for src, counts in part.per_source.items():
         totals.per_source.setdefault(src, type(counts)()).update(counts)
     for reason, example in part.examples.items():

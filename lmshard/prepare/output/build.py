@@ -37,7 +37,7 @@ from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
 from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
-from ..documents.worker import DECODE_REPLACED, LINE_DROP
+from ..documents.worker import DECODE_REPLACED, DROP_CHARS, LINE_DROP
 from ..stops import STOP_SIGNALS
 from .rowfiles import KEY_DTYPE, SIG_DTYPE, RowFiles, read_rows
 from .writer import ShardWriter
@@ -45,8 +45,9 @@ from .writer import ShardWriter
 if TYPE_CHECKING:
     from ..documents.worker import ItemResult
 
-# per-source counts that are not drops
+# per-source counts that are not drops, and the prefixes of those kept by reason
 NOT_DROPS = ("records", "lines_removed", SPLIT_INTO_PARAGRAPHS, GREW, DECODE_REPLACED)
+NOT_REASONS = (LINE_DROP, DROP_CHARS)
 # A build's document keys go to files of this many keys (128 MiB) each, so that scale-out runs
 # write them in parallel, each file by one task (docs/format.md).
 KEYS_PER_FILE = int(os.environ.get("LMSHARD_KEYS_PER_FILE", 1 << 24))
@@ -70,13 +71,15 @@ class Totals:
     near_examples: list[dict[str, Any]] = field(default_factory=list)  # --near-dedup: removed with survivor
     near_snippets: dict[str, Any] = field(default_factory=dict)  # their texts, kept until the metadata is written
     line_drops: Counter[str] = field(default_factory=Counter)  # lines the filters' edits removed, by reason
+    drop_chars: Counter[str] = field(default_factory=Counter)  # characters of the documents dropped, by reason
 
     def to_json(self) -> dict[str, Any]:
         return {"records": self.records, "docs_kept": self.docs_kept, "tokens": self.tokens, "chars": self.chars,
                 "duplicates": self.duplicates, "drops": dict(self.drops), "examples": self.examples,
                 "per_source": {str(k): dict(v) for k, v in self.per_source.items()},
                 "lines_removed": self.lines_removed, "near_examples": self.near_examples,
-                "near_snippets": self.near_snippets, "line_drops": dict(self.line_drops)}  # fmt: skip
+                "near_snippets": self.near_snippets, "line_drops": dict(self.line_drops),
+                "drop_chars": dict(self.drop_chars)}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Totals:
@@ -84,8 +87,8 @@ class Totals:
                    duplicates=raw["duplicates"], drops=Counter(raw["drops"]), examples=dict(raw["examples"]),
                    per_source={int(k): Counter(v) for k, v in raw["per_source"].items()},
                    lines_removed=raw["lines_removed"], near_examples=list(raw.get("near_examples", [])),
-                   near_snippets=dict(raw.get("near_snippets", {})),
-                   line_drops=Counter(raw.get("line_drops", {})))  # fmt: skip
+                   near_snippets=dict(raw.get("near_snippets", {})), line_drops=Counter(raw.get("line_drops", {})),
+                   drop_chars=Counter(raw.get("drop_chars", {})))  # fmt: skip
 
     @classmethod
     def of_dataset(cls, meta: DatasetMeta) -> Totals:
@@ -95,7 +98,8 @@ class Totals:
         return cls(records=meta.records_read, docs_kept=meta.total_docs, tokens=meta.total_tokens,
                    chars=meta.run.input_chars if meta.run else 0, duplicates=meta.drops.get("duplicate", 0),
                    drops=drops, examples=examples, lines_removed=meta.dedup.lines_removed if meta.dedup else 0,
-                   line_drops=Counter({k: v["lines"] for k, v in meta.line_drops.items()}))  # fmt: skip
+                   line_drops=Counter({k: v["lines"] for k, v in meta.line_drops.items()}),
+                   drop_chars=Counter(meta.drop_chars))  # fmt: skip
 
 
 @dataclass
@@ -313,8 +317,9 @@ def account(totals: Totals, result: ItemResult, keep: np.ndarray, dupes: np.ndar
     for src, counts in result.counts.items():
         totals.per_source.setdefault(src, Counter()).update(counts)
         totals.records += counts.get("records", 0)
-        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS and not k.startswith(LINE_DROP)})
+        totals.drops.update({k: v for k, v in counts.items() if k not in NOT_DROPS and not k.startswith(NOT_REASONS)})
         totals.line_drops.update({k[len(LINE_DROP) :]: v for k, v in counts.items() if k.startswith(LINE_DROP)})
+        totals.drop_chars.update({k[len(DROP_CHARS) :]: v for k, v in counts.items() if k.startswith(DROP_CHARS)})
         totals.lines_removed += counts.get("lines_removed", 0)
     for name, mask in (("kept", keep), ("duplicate", dupes)):
         ids, n = np.unique(result.doc_sources[mask], return_counts=True)

@@ -19,7 +19,7 @@ from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
 from ..documents.worker import DECODE_REPLACED, LINE_DROP
-from .build import NOT_DROPS, Totals
+from .build import NOT_DROPS, NOT_REASONS, Totals
 from .claim import Claim, bos_written
 
 
@@ -71,6 +71,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
         drop_examples={k: v for k, v in totals.examples.items() if not k.startswith(LINE_DROP)},
         line_drops={k: {"lines": n, "example": totals.examples.get(LINE_DROP + k, "")}
                     for k, n in sorted(totals.line_drops.items())},  # fmt: skip
+        drop_chars={k: n for k, n in sorted(totals.drop_chars.items()) if n},
         dedup=DedupInfo(
             mode=config.dedup,
             key="xxh3_64 of the cleaned UTF-8 text",
@@ -113,5 +114,5 @@ def source_info(src: Source, counts: Counter[str], hf: Any = None) -> SourceInfo
         grew=counts.get(GREW, 0),
         decode_replaced=counts.get(DECODE_REPLACED, 0),
         dropped={k: v for k, v in sorted(counts.items()) if k not in (*NOT_DROPS, "kept") and v
-                 and not k.startswith(LINE_DROP)},  # fmt: skip
+                 and not k.startswith(NOT_REASONS)},  # fmt: skip
     )
