@@ -341,7 +341,9 @@ def test_summary_names_the_files_with_the_most_drops_per_reason(tmp_path):
         files.append(write(tmp_path / "data" / f"f{k}.jsonl", "\n".join(rows) + "\n"))
     code, output = prepare_cli(tmp_path / "o", *map(str, files), "--max-chars", "20", "--workers", "1")
     assert code == EXIT_OK, output
-    assert f"too_long 8: {files[2]} (3), {files[0]} (2), {files[1]} (1) and 2 more files" in output
+    # 8 of 50 characters each, of the 420 read (and the 5 kept "ok k"): 95.2% of the characters
+    assert f"too_long 8 (95.2% of the characters): {files[2]} (3), {files[0]} (2), {files[1]} (1) and 2 more " \
+           "files" in output
     assert f"empty 5: {files[0]} (1), {files[1]} (1), {files[2]} (1) and 2 more files" in output
     assert f"first too_long: {files[0]}:1: 50 characters, over --max-chars 20" in output
     assert f"first empty: {files[0]}:4: no text left after cleaning" in output

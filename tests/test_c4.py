@@ -216,6 +216,6 @@ def test_a_text_returned_without_edit_is_one_line(tmp_path, pages):
                                       f"{tmp_path / 'rules.py'}:forgot_edit", "--workers", "1"])  # fmt: skip
     text = " ".join(result.output.split())
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "forgot_edit: returned '" in text and "...; return None to keep" in text and "Edit(text)" in text, text
+    assert "forgot_edit returned '" in text and "...; return None to keep" in text and "Edit(text)" in text, text
     assert len(text.split("returned ")[1].split("; return None")[0]) <= 60  # the text, cut short
     assert not (tmp_path / "y" / "dataset_metadata.json").exists()

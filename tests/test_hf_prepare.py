@@ -266,12 +266,12 @@ def test_verify_hashes_the_copy_in_blocks_and_refuses_an_oversized_one(
     big,  # noqa: F811
     monkeypatch,
 ):
-    import lmshard.inspect.verify as verify_mod
+    import lmshard.format.files as files_mod
 
     _prepare(tmp_path, corpus, big)
     root = tmp_path / "ds"
     assert verify_dataset(root).ok
-    monkeypatch.setattr(verify_mod, "MAX_TOKENIZER_BYTES", 1000)
+    monkeypatch.setattr(files_mod, "MAX_TOKENIZER_BYTES", 1000)  # (read_small's cap)
     report = verify_dataset(root, quick=True)
     assert not report.ok and any("not read" in p.what for p in report.problems), report.problems
 

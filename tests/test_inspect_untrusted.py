@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from lmshard.cli import app
 from lmshard.errors import EXIT_CORRUPT, TokenizerError
+from lmshard.format import files as files_mod
 from lmshard.format import load_metadata
-from lmshard.inspect import verify as verify_mod
 from lmshard.inspect.audit import decoder_for
 from lmshard.inspect.verify import verify_dataset
 from lmshard.prepare import PrepareConfig, prepare
@@ -171,7 +171,7 @@ def test_an_oversized_tokenizer_state_is_one_problem_not_a_read(hf_dataset):
 def test_a_file_swapped_after_its_size_check_is_held_to_it_as_read(hf_dataset, monkeypatch, rel, swap):
     """Someone else's dataset may change under inspect: the file verify opens, not only the name
     it checked a moment earlier, must be a regular file within the tokenizer size cap."""
-    real = verify_mod.dataset_file_size
+    real = files_mod.dataset_file_size
 
     def check_then_swap(root: Path, name: str) -> int:
         size = real(root, name)
@@ -184,7 +184,7 @@ def test_a_file_swapped_after_its_size_check_is_held_to_it_as_read(hf_dataset, m
                 grow(root / rel)
         return size
 
-    monkeypatch.setattr(verify_mod, "dataset_file_size", check_then_swap)
+    monkeypatch.setattr(files_mod, "dataset_file_size", check_then_swap)  # (read_small's own check)
     with Alarm(10, f"verify reading the {swap} {rel}"):
         problems = [str(p) for p in verify_dataset(hf_dataset, quick=True).problems]
     words = "not a regular file" if swap == "fifo" else "not read"
@@ -223,9 +223,9 @@ def test_a_tokenizer_file_swapped_after_resolution_is_held_to_the_checks(hf_data
 def test_the_recorded_separator_is_read_from_the_file_opened_not_the_name_checked(hf_dataset, monkeypatch):
     """decoder_for reads the separator from tokenizer_state.json; a FIFO swapped in after its
     size check blocked it forever. Now it is refused and the vocabulary's own choice stands."""
-    from lmshard.inspect import audit
+    from lmshard.tokenizers import of_dataset
 
-    real, swapped = verify_mod.dataset_file_size, []
+    real, swapped = files_mod.dataset_file_size, []
 
     def check_then_swap(root: Path, name: str) -> int:
         size = real(root, name)
@@ -235,7 +235,7 @@ def test_the_recorded_separator_is_read_from_the_file_opened_not_the_name_checke
             os.mkfifo(root / STATE)
         return size
 
-    for module in (audit, verify_mod):  # whichever checks the name, the file is swapped after it
+    for module in (of_dataset, files_mod):  # whichever checks the name, the file is swapped after it
         monkeypatch.setattr(module, "dataset_file_size", check_then_swap)
     with Alarm(10, "reading tokenizer_state.json, a FIFO"):
         decode = decoder_for(load_metadata(hf_dataset))

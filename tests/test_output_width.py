@@ -85,7 +85,9 @@ def test_the_inspect_report_keeps_every_value_whole(work):
     report = json.loads(lmshard("inspect", "ds", "--json", cwd=work).stdout)
     text = lmshard("inspect", "ds", cwd=work).stdout
     stats = report["doc_length_tokens"]
-    on_one_line(text, *(f"{k} {v:,.6g}" for k, v in stats.items()), f"max {stats['max']:,} tokens")
+    from lmshard.cli.render import _number
+
+    on_one_line(text, *(f"{k} {_number(v)}" for k, v in stats.items()), f"max {stats['max']:,} tokens")
     on_one_line(text, *(f"{k} {v:,}" for k, v in report["drops"].items() if v), beside="│")
     for split in report["splits"].values():
         on_one_line(text, f"{split['n_docs']:,} docs", f"{split['n_tokens']:,} tokens")

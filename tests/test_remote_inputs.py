@@ -200,9 +200,9 @@ def test_a_store_gone_during_a_staged_run_keeps_the_work_for_resume(tmp_path, ht
     url = f"{http_server.url}/big.jsonl"
     real_stages = local_exec._stages
 
-    def server_gone_then_stages(r, on_progress):
+    def server_gone_then_stages(r, on_progress, *rest):
         http_server.stop()
-        real_stages(r, on_progress)
+        real_stages(r, on_progress, *rest)
 
     monkeypatch.setattr(local_exec, "_stages", server_gone_then_stages)
     out = tmp_path / "remote"

@@ -98,8 +98,8 @@ class Batch:
             return self.x
         if key == "labels":
             return self.y
-        if isinstance(key, str) and (key in self.keys() or key in _FIELDS):  # batch["shift"] reads as batch.shift
-            return getattr(self, key)
+        if isinstance(key, str) and (key in self.keys() or key in _FIELDS and getattr(self, key) is not None):
+            return getattr(self, key)  # (batch["shift"] reads as batch.shift; an unset cu_seqlens is not there)
         raise KeyError(f"{key!r}: a batch reads as {', '.join(self.keys())} (its keys) and as its attributes "
                        f"{', '.join(_FIELDS)}")  # fmt: skip
 

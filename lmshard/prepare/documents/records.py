@@ -274,11 +274,8 @@ def read_whole_file(src: Source, byte_limit: int, truncate: bool, replace: bool 
         if not cut and not replace:
             number = 1 + data[: e.start].count(b"\n")
             return bad(number, "decode_error", f"invalid UTF-8 at line {number}")
-        if cut:
-            try:
-                text = data[: e.start].decode("utf-8")
-            except UnicodeDecodeError:  # (bad bytes before the cut too)
-                text, repaired = data[: e.start].decode("utf-8", errors="replace"), True
+        if cut:  # (the first bad byte is there: what comes before it decodes)
+            text = data[: e.start].decode("utf-8")
         else:
             text, repaired = data.decode("utf-8", errors="replace"), True
     if over and not truncate:
