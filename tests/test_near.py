@@ -216,6 +216,8 @@ def test_a_planned_append_removes_near_copies_of_the_dataset_as_one_process_does
 
 
 def test_examples_pair_each_removed_document_with_its_survivor(tmp_path):
+    """One process and a planned run cut into ranges (their lines numbered from each range's
+    start, then made the file's): each example names its document's source and record."""
     docs = _clustered(2, n=60)
     src = jsonl(tmp_path / "docs.jsonl", docs)
     for name, kw in (("local", {"workers": 1}), ("tasks", {"num_tasks": 3, "unit_size": 65536, "workers": 2})):
@@ -229,6 +231,8 @@ def test_examples_pair_each_removed_document_with_its_survivor(tmp_path):
             assert any(_jaccard(docs[r].split(), docs[s].split()) >= 0.5 for r in removed for s in survivor)
             assert ex["removed"]["source"] == ex["survivor"]["source"] == str(src)
             assert ex["agreement"] >= 0.7
+            # each side names its record: the line of docs.jsonl it is on (one document a line), counted by hand
+            assert ex["removed"]["record"] - 1 in removed and ex["survivor"]["record"] - 1 in survivor, ex
 
 
 def test_minhash_option_is_checked_and_recorded(tmp_path):

@@ -289,4 +289,5 @@ def _prefix(result: ItemResult, read: ItemResult, docs: int) -> ItemResult:
     return replace(result, tokens=result.tokens[:n_tokens], lengths=result.lengths[:docs], keys=result.keys[:docs],
                    doc_sources=result.doc_sources[:docs], counts=read.counts, examples=read.examples,
                    chars=read.chars, signatures=None if result.signatures is None else result.signatures[:docs],
-                   near_of=None if result.near_of is None else result.near_of[:docs])  # fmt: skip
+                   near_of=None if result.near_of is None else result.near_of[:docs],
+                   numbers=None if result.numbers is None else result.numbers[:docs])  # fmt: skip

@@ -77,6 +77,7 @@ class ItemResult:
     signatures: np.ndarray | None = None  # --near-dedup: [documents, n_hashes] uint32 MinHash signatures
     near_of: np.ndarray | None = None  # --near-dedup, a run read here: per document its survivor's ordinal, or -1
     near_first: int = 0  # and the ordinal of its first document
+    numbers: np.ndarray | None = None  # int64: each document's record number (line or row) in its file
 
 
 _state: dict[str, object] = {}
@@ -136,6 +137,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
     texts: list[str] = []
     keys: list[int] = []
     sources: list[int] = []
+    numbers: list[int] = []
     if item.split_file:
         counts.setdefault(item.source, Counter())[SPLIT_INTO_PARAGRAPHS] += 1
     lines = _LineFilter(item.line_keep) if item.line_keep is not None else None
@@ -176,6 +178,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         keys.append(xxhash.xxh3_64_intdigest(text.encode("utf-8")))
         texts.append(text)
         sources.append(src_index)
+        numbers.append(record.number)
         if stop_after is not None and len(keys) >= stop_after:
             break
     signatures = None
@@ -202,6 +205,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         chars=sum(map(len, texts)),
         nbytes=item.nbytes,
         signatures=signatures,
+        numbers=np.array(numbers, dtype=np.int64),
     )
 
 

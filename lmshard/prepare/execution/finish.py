@@ -34,8 +34,6 @@ from ..output.staging import OutputPaths, commit, read_run
 from .barrier import is_complete, read_summary
 from .layout import add_totals
 from .layoutfiles import Layout
-from .maxdocs import cut_path, near_examples
-from .nearstage import near_summary
 from .owners import missing_parts, seal_piece
 
 
@@ -68,6 +66,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     new, totals = totals, Totals.parse(base.to_json())
     add_totals(totals, new)
     totals.examples = dict(sorted(totals.examples.items()))
+    totals.near_examples = new.near_examples  # (Run.totals: this run's, each record numbered in its file)
     note_growth(sources, totals.per_source)
     entries = [sealed.get(str(k)) or json.loads((work / "write" / f"piece_{k:06d}.json").read_text())
                for k in range(len(layout["pieces"]))]  # (from the write stage's summary: one file for them all)
@@ -83,12 +82,6 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
             + own["lines"] + (tuple(f for f in old if f.kind == "near") if config.near_dedup else ())
             + own["near"])  # fmt: skip
     check_not_empty(config, totals, base, shards)
-    if config.near_dedup:
-        near = near_summary(work)
-        totals.near_examples = near["examples"]
-        if config.max_docs is not None and cut_path(work).exists():  # those a one-process run met before its cut
-            totals.near_examples = near_examples(near["examples"], near["ids"], json.loads(cut_path(work).read_text()),
-                                                 0)  # fmt: skip
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
                             base.tokens)  # fmt: skip
     for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it

@@ -67,6 +67,14 @@ def absolute(examples: dict[str, str], plan: dict[str, Any], sources: list[Sourc
     return out
 
 
+def record_number(plan: dict[str, Any], u: int, number: int, newlines: list[int]) -> int:
+    """The number in its file of unit u's record `number` (counted from the unit's start for a
+    byte range; a whole file's or a row group's are the file's already)."""
+    if plan["units"][u][1] != "range":
+        return number
+    return _first_line(plan, u, newlines) + number - 1
+
+
 def _first_line(plan: dict[str, Any], u: int, newlines: list[int]) -> int:
     units, line = plan["units"], 1
     v = u - 1

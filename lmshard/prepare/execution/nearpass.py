@@ -114,6 +114,8 @@ def _keep_text(r: ItemResult, d: int, o: int, near: NearPass, build: Build, sour
     ends = np.cumsum(r.lengths)
     text = tokenizer.decode(r.tokens[int(ends[d] - r.lengths[d]) : int(ends[d])].tolist())
     snippets[str(o)] = {"source": sources[int(r.doc_sources[d])].path, "text": text[:SNIPPET_CHARS]}
+    if r.numbers is not None:  # its line (or row) in that file
+        snippets[str(o)]["record"] = int(r.numbers[d])
     if r.near_of is not None and r.near_of[d] >= 0:
         s = int(r.near_of[d])
         snippets[str(o)]["agreement"] = round(float((near.signatures[o] == near.signatures[s]).mean()), 3)

@@ -154,4 +154,6 @@ def _document(tokenized: Path, i: int, tokenizer: Tokenizer, sources: list[Sourc
     ids = np.fromfile(tokenized / f"unit_{u:06d}.bin", dtype="<u4", count=int(lengths[d]) + specials, offset=offset)
     ids = ids[(ids != tokenizer.eot_id) & (ids != (tokenizer.bos_id if tokenizer.bos_id is not None else -1))]
     source = sources[int(read_section(tokenized, u, "sources")[d])].path
-    return {"source": source, "text": tokenizer.decode(ids.tolist())[:SNIPPET_CHARS]}
+    # its record: [unit, number from the unit's start] until the finish makes it the file's (linenumbers.py)
+    record = [u, int(read_section(tokenized, u, "numbers")[d])]
+    return {"source": source, "text": tokenizer.decode(ids.tolist())[:SNIPPET_CHARS], "record": record}

@@ -32,8 +32,10 @@ from .finish import finish, remove_work
 from .keyfiles import line_keys_path, previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
-from .linenumbers import absolute
+from .linenumbers import absolute, record_number
 from .linestage import hash_unit, unit_lines_path, write_previous_lines, write_task_lines
+from .maxdocs import near_examples
+from .nearstage import near_summary
 from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
@@ -310,7 +312,19 @@ class Run(Reads):
         if self.config.max_docs is not None and self.cut()["totals"] is not None:
             summary = self.cut()  # the units' totals up to the N-th kept document
         totals = Totals.parse(summary["totals"])
-        totals.examples = absolute(totals.examples, self.plan, self.sources, [row[5] for row in summary["streams"]])
+        newlines = [row[5] for row in summary["streams"]]
+        totals.examples = absolute(totals.examples, self.plan, self.sources, newlines)
+        if self.config.near_dedup:
+            near = near_summary(self.work)
+            examples = near["examples"]
+            if self.config.max_docs is not None:  # those a one-process run met before its cut
+                examples = near_examples(examples, near["ids"], self.cut(), self.near_base)
+            for example in examples:  # each document's record, numbered in its file
+                for side in example.values():
+                    if isinstance(side, dict) and isinstance(side.get("record"), list):
+                        u, number = side["record"]
+                        side["record"] = record_number(self.plan, u, number, newlines)
+            totals.near_examples = examples
         return totals
 
     def do(self, stage: str, i: int) -> bool:

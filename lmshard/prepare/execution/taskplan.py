@@ -62,8 +62,8 @@ from .plantables import (
 )
 
 PLAN_FILE = "plan.json"
-PLAN_VERSION = 6  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
-# 6: line stages (--dedup-lines), a unit's kept lines in its data file
+PLAN_VERSION = 7  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
+# 6: line stages (--dedup-lines), a unit's kept lines in its data file; 7: its records' numbers
 # A unit of a large line-based file: ~20 s of one core's tokenizing (LMSHARD_UNIT_BYTES: for benchmarks).
 UNIT_BYTES = int(os.environ.get("LMSHARD_UNIT_BYTES", 64 << 20))
 _WINDOW = 64 << 10

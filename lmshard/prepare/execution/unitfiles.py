@@ -7,7 +7,9 @@ the byte offset of each section, then the end, as little-endian uint64), then th
 back to back: a shard's writer copies runs of them as they are), `lengths` (int64, without the
 separators), `keys` (uint64), `sources` (int32); with --near-dedup, `sigs` (each document's
 MinHash signature, n_hashes uint32); with --dedup-lines, `lines` (the keys of the unit's lines
-met first here, in order: linestage.py). The task that tokenized the units then gathers their keys,
+met first here, in order: linestage.py); `numbers` (int64: each document's record number, its
+line or row, counted from the unit's start for a byte range: linenumbers.py makes it absolute).
+The task that tokenized the units then gathers their keys,
 partitioned by dedup bucket, into one file of its own (keyfiles.py). The data file is written
 under a temporary name, fsynced and renamed; then
 `unit_NNNNNN.done` (JSON: per item its document and token counts, per-source counts, drop
@@ -47,9 +49,10 @@ from .taskplan import Unit, count_newlines, unit_items, work_dir
 
 LineMasks = tuple[list[tuple[bytes, int]], np.ndarray]  # per item its lines' keep-bits and count; the kept keys
 
-SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines")
-DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4", "lines": "<u8"}
-_MAGIC = b"LMSUNIT4"
+SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines", "numbers")
+DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4", "lines": "<u8",
+          "numbers": "<i8"}  # fmt: skip
+_MAGIC = b"LMSUNIT5"
 _HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
@@ -84,7 +87,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
             lines["next_line"] = base + lines["lines"]
 
     try:
-        _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh)
+        _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1)
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
             unit = replace(unit, first_line=first_line(out, plan, sources[unit.source], u))
@@ -120,10 +123,12 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
 
 def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[str, int],
                 separators: tuple[int, str, int | None], minhash: MinHashConfig | None = None,
-                line_keys: np.ndarray | None = None) -> None:  # fmt: skip
+                line_keys: np.ndarray | None = None, lines_before: int = 0) -> None:  # fmt: skip
+    """`lines_before`: what the unit's record numbers start after (its records are numbered from
+    its own start in the `numbers` section)."""
     tmp = out / f".unit_{u:06d}.bin.tmp"
     table: list[dict[str, Any]] = []
-    small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": []}
+    small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": [], "numbers": []}
     with open(tmp, "wb") as f:
         f.write(bytes(_HEADER))
         for r in results:  # tokens stream to the file; 20 bytes per document are kept for the sections after
@@ -134,6 +139,8 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
             if minhash is not None:
                 assert r.signatures is not None
                 small["sigs"].append(r.signatures)
+            if r.numbers is not None:
+                small["numbers"].append(r.numbers - lines_before)
             table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
                           "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
                           "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
@@ -149,6 +156,8 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
         starts.append(f.tell())
         if line_keys is not None:
             f.write(np.ascontiguousarray(line_keys, dtype="<u8").tobytes())
+        starts.append(f.tell())
+        f.write(arrays["numbers"].data.cast("B"))
         starts.append(f.tell())
         f.seek(0)
         f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
