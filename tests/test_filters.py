@@ -163,11 +163,30 @@ def test_a_plugin_edited_after_the_run_started_is_refused_on_resume_and_by_every
                            quiet=True, dedup="none")  # fmt: skip
     local_exec.claim(config, 2)
     run_task(config, 2, "tokenize", 0)
-    (tmp_path / "helper.py").write_text("X = 1\n")  # a file beside it, which it could import
+    (tmp_path / "train.py").write_text("X = 1\n")  # a file beside it that it does not import: no matter
+    run_task(config, 2, "tokenize", 1)
+    (tmp_path / "helper.py").write_text("X = 1\n")
+    (tmp_path / "rules.py").write_text("import helper\n" + FILTER_FILE)  # the plugin changed
     with pytest.raises(LmshardError, match=r"the filter plugin .*rules\.py \(--filter .*\) changed since the run"):
-        run_task(config, 2, "tokenize", 1)
-    (tmp_path / "helper.py").unlink()
-    run_task(config, 2, "tokenize", 1)  # as it was: goes on
+        run_task(config, 2, "dedup", 0)
+
+
+def test_a_plugins_hash_covers_the_files_of_its_directory_it_imports(tmp_path):
+    from lmshard.quality.filters import plugin_sources
+
+    (tmp_path / "rules.py").write_text("from helper import LIMIT\n\ndef keep(text):\n    return None\n")
+    (tmp_path / "helper.py").write_text("import deeper\nLIMIT = 3\n")
+    (tmp_path / "deeper.py").write_text("DEPTH = 1\n")
+    (tmp_path / "train.py").write_text("EPOCHS = 1\n")
+    name = f"{tmp_path / 'rules.py'}:keep"
+    first = plugin_sources([name])[name]
+    (tmp_path / "train.py").write_text("EPOCHS = 2\n")  # not imported: the same hash
+    assert plugin_sources([name])[name] == first
+    for imported, text in (("helper.py", "import deeper\nLIMIT = 4\n"), ("deeper.py", "DEPTH = 2\n")):
+        (tmp_path / imported).write_text(text)  # imported, directly or through helper: another hash
+        assert plugin_sources([name])[name] != first, imported
+        first = plugin_sources([name])[name]
+    assert plugin_sources(["c4", "language=en"]) == {}
 
 
 def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus):

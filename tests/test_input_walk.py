@@ -306,3 +306,21 @@ def test_an_input_can_carry_its_own_format(tmp_path):
     assert {s["format"] for s in meta["sources"]} == {"jsonl", "text"}
     write(tmp_path / "text:odd.jsonl", json.dumps({"text": "a file with a colon in its name"}) + "\n")
     assert prepare_json([tmp_path / "text:odd.jsonl"], tmp_path / "odd")["n_docs"] == 1  # read as JSON lines
+
+
+def test_a_format_prefix_keeps_an_inputs_checks_and_its_credentials_out_of_the_metadata(tmp_path):
+    """`jsonl:URL` is recorded with the URL's credentials taken out, as the bare URL is; `text:-`
+    is stdin to every check that refuses stdin (read twice, one document)."""
+    from lmshard.errors import ConfigError
+    from lmshard.prepare import PrepareConfig
+
+    url = "https://user:hunter2@example.com/x.jsonl?X-Amz-Signature=abc123"
+    for spec in (url, f"jsonl:{url}"):
+        recorded = PrepareConfig(inputs=[spec], out=str(tmp_path / "o")).recorded()["inputs"]
+        assert "hunter2" not in recorded[0] and "abc123" not in recorded[0], recorded
+    assert PrepareConfig(inputs=[f"jsonl:{url}"], out="o").recorded()["inputs"][0].startswith("jsonl:https://")
+    for options, words in (({"dedup_lines": True}, "--dedup-lines reads the input twice"),
+                           ({"near_dedup": True}, "--near-dedup reads the input twice"),
+                           ({"text_mode": "file", "format": "text"}, "--text-mode file cannot make stdin")):
+        with pytest.raises(ConfigError, match=words):
+            PrepareConfig(inputs=["text:-"], out=str(tmp_path / "o"), **options)

@@ -782,3 +782,29 @@ def test_a_planned_max_docs_run_equals_one_machine(tmp_path, n_tasks, extra):
     pool = local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "pool"), workers=2, unit_size=_WINDOW,
                                         **dict(_OPTS, max_docs=950, **extra)), 3)  # (the local pool: --num-tasks 3)
     assert pool.total_docs == min(950, total) and _files(tmp_path / "pool") == _files(tmp_path / "local950")
+
+
+def test_status_names_a_task_whose_items_are_done_but_not_its_key_file(tmp_path, monkeypatch):
+    """A lines task that hashed its units and then failed gathering their keys is not done:
+    `status` lists it (with what is missing) and the run goes on from it, not from the next stage."""
+    import lmshard.prepare.execution.run as run_module
+
+    src = _boilerplate_corpus(tmp_path)
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), workers=1, unit_size=_WINDOW, dedup_lines=True,
+                           **_OPTS)  # fmt: skip
+    local_exec.claim(config, 2)
+    run_task(config, 2, "lines", 0)
+
+    def out_of_memory(*args, **kw):
+        raise MemoryError
+
+    with monkeypatch.context() as m:
+        m.setattr(run_module, "write_task_lines", out_of_memory)
+        with pytest.raises(MemoryError):
+            run_task(config, 2, "lines", 1)
+    task = stages_module.status(config.out)["stages"]["lines"]["tasks"][1]
+    assert task["done"] == task["items"] > 0 and task.get("pending"), task
+    said = _cli(tmp_path)("status", str(tmp_path / "o")).stdout
+    assert "task 1:" in said and "its units are done, its key file is not" in said and "--stage lines --task 1" in said
+    run_task(config, 2, "lines", 1)  # run again: it gathers its keys and the stage is complete
+    assert not stages_module.status(config.out)["stages"]["lines"]["tasks"][1].get("pending")

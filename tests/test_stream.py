@@ -393,3 +393,13 @@ def test_a_finite_stream_too_small_for_one_batch_says_so(tmp_path):
     write_parts(tmp_path / "src", parts=1, per_part=2)
     with pytest.raises(InputError, match="ended before its first batch"):
         next(iter(lmshard.stream(str(tmp_path / "src"), epochs=1).windows(2, 4096)))
+
+
+def test_a_stream_takes_decode_errors_replace(tmp_path):
+    """lmshard.stream(decode_errors="replace") reads a line with a Latin-1 byte as text with
+    U+FFFD, as prepare does, where the default drops it."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_bytes(b'{"text": "caf\xe9 au lait and more words here"}\n')
+    plain = list(lmshard.stream(str(tmp_path / "src"), epochs=1, on_error="skip").documents(epochs=1)())
+    kept = list(lmshard.stream(str(tmp_path / "src"), epochs=1, decode_errors="replace").documents(epochs=1)())
+    assert plain == [] and len(kept) == 1

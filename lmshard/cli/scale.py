@@ -165,12 +165,13 @@ def status(
             render.out.print(f"{stage}: waits for the stages above", markup=False, soft_wrap=True)
             waiting = True
             continue
-        left = [t for t in row["tasks"] if t["done"] < t["items"]]
+        left = [t for t in row["tasks"] if t["done"] < t["items"] or t.get("pending")]
         render.out.print(f"{stage}: {len(row['tasks']) - len(left)} of {len(row['tasks'])} tasks complete "
                          f"({row['done']} of {row['total']} {what})", markup=False,
                          soft_wrap=True)  # fmt: skip
         for t in left:
             state = f" ({t['state']})" if t["state"] else ""
+            state += "; its units are done, its key file is not" if t.get("pending") else ""
             render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}{state}; run: lmshard run-task --stage "
                              f"{stage} --task {t['task']} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
         waiting = bool(left)

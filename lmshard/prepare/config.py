@@ -18,6 +18,7 @@ from ..format import ENCODINGS, EOT_POSITIONS, DatasetMeta, Encoding
 from ..quality.minhash import MinHashConfig
 from ..remote.urls import is_url, output_url, redact, scheme_of
 from .documents.clean import CleanConfig
+from .documents.inputspec import with_format
 
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
 TEXT_MODES = ("auto", "file", "line", "paragraph")
@@ -119,15 +120,16 @@ class PrepareConfig:
         if not self.inputs and not self.hf:
             raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
         for spec in self.inputs:
-            _check_input(spec)
+            _check_input(with_format(spec)[1])
         self._check_hf_tasks()
         if self.hf:
             self.hf_spec().kind()  # a path that names no directory fails now, not after --out is claimed
-        if "-" in self.inputs and self.format == "text" and self.text_mode == "file":
+        stdin = self.reads_stdin()
+        if stdin and self.format == "text" and self.text_mode == "file":
             raise ConfigError("--text-mode file cannot make stdin one document; pass --text-mode paragraph or line")
-        if self.dedup_lines and "-" in self.inputs:
+        if self.dedup_lines and stdin:
             raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
-        if self.minhash_config() and self.near_dedup and "-" in self.inputs:  # (the configuration is checked first)
+        if self.minhash_config() and self.near_dedup and stdin:  # (the configuration is checked first)
             raise ConfigError("--near-dedup reads the input twice, which stdin cannot do; save it to a file first")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
@@ -203,6 +205,10 @@ class PrepareConfig:
     def n_workers(self) -> int:
         return self.workers or available_cpus()
 
+    def reads_stdin(self) -> bool:
+        """Whether an input is stdin: `-`, or `FORMAT:-`."""
+        return any(with_format(spec)[1] == "-" for spec in self.inputs)
+
     def recorded(self) -> dict[str, Any]:
         """The config as stored in metadata: what determines the output bytes (not where it
         was written, the number of workers or how the run treated --out; those go to the "run"
@@ -210,13 +216,21 @@ class PrepareConfig:
         d = asdict(self)
         for transient in TRANSIENT_OPTIONS:
             d.pop(transient)
-        d["inputs"] = [redact(spec) if is_url(spec) else spec for spec in self.inputs]  # credentials never recorded
+        d["inputs"] = [_recorded_input(spec) for spec in self.inputs]  # credentials never recorded
         d["shard_encoding"] = self.shard_encoding or (None if self.append else "uint32")  # None: the dataset's
         from ..quality.filters import plugin_sources
 
         if plugins := plugin_sources(self.filters):  # a plugin's code determines the bytes too
             d["filter_sources"] = plugins
         return d
+
+
+def _recorded_input(spec: str) -> str:
+    """An input as the metadata records it: a URL's credentials taken out (`FORMAT:URL` too)."""
+    fmt, bare = with_format(spec)
+    if not is_url(bare):
+        return spec
+    return f"{fmt}:{redact(bare)}" if fmt else redact(bare)
 
 
 def _check_input(spec: str) -> None:

@@ -22,8 +22,8 @@ workers or tasks.
 **A plugin's code is part of the input** (`plugin_sources`): the path and sha256 of its source
 are in the run's fingerprint, its plan and its metadata (`config.filter_sources`), so a resumed
 run, an appended task or a planned task whose plugin changed is refused, naming the file. The
-hash covers the plugin's file and the Python files beside it (what it can import from its own
-directory); a module of an installed package is hashed alone, and what a plugin imports from
+hash covers the plugin's file and the Python files of its directory that it imports (and those
+they import); a module of an installed package is hashed alone, and what a plugin imports from
 elsewhere (installed packages, data files it reads) is not covered: pin those by version. A
 plugin that raises, or returns what a filter cannot, stops the run with one line naming the
 filter, the record and the exception (`FilterFailed`).
@@ -34,6 +34,7 @@ it); nothing per document beyond its text and one edited copy.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import importlib
@@ -88,7 +89,7 @@ def plugin_sources(names: Sequence[str]) -> dict[str, list[str]]:
             out[name] = ["", ""]
             continue
         digest = hashlib.sha256()
-        beside = [] if _installed(path) else sorted(p for p in path.parent.glob("*.py") if p != path)
+        beside = [] if _installed(path) else _imported_beside(path)
         for p in [path, *beside]:
             try:
                 data = p.read_bytes()
@@ -108,6 +109,30 @@ def _source_file(module: str) -> Path | None:
         return None
     origin = spec.origin if spec is not None else None
     return Path(origin).resolve() if origin and Path(origin).is_file() else None
+
+
+def _imported_beside(path: Path) -> list[Path]:
+    """The Python files of the plugin's own directory that it imports (`import helper`, `from
+    helper import x`, `from . import x`), and those they import in turn, sorted: what can change
+    its answers besides its own file. A file that cannot be parsed counts as importing nothing."""
+    root, found, todo = path.parent, set(), [path]
+    while todo:
+        try:
+            tree = ast.parse(todo.pop().read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names |= {node.module.split(".")[0]} if node.module else {alias.name for alias in node.names}
+        for name in names:
+            for candidate in (root / f"{name}.py", root / name / "__init__.py"):
+                if candidate.is_file() and candidate != path and candidate not in found:
+                    found.add(candidate)
+                    todo.append(candidate)
+    return sorted(found)
 
 
 def _installed(path: Path) -> bool:

@@ -59,7 +59,8 @@ class Shard:
         if self.source is not None:
             src, c = self.source, self.config
             worker = WorkerConfig(sources=(src,), clean=c.clean_config(), tokenizer=c.tokenizer,
-                                  text_field=c.text_field, text_mode=c.text_mode, on_error=c.on_error)  # fmt: skip
+                                  text_field=c.text_field, text_mode=c.text_mode, on_error=c.on_error,
+                                  decode_errors=c.decode_errors)  # fmt: skip
             n = 0
             for item in plan([src], c.text_mode, c.text_field, c.on_error, max_chars=c.max_chars):
                 for _, record in records_of(item, worker):
@@ -126,7 +127,7 @@ def _hub_like(spec: str) -> bool:
 
 def shards_of(config: PrepareConfig) -> list[Shard]:
     """The shards of a stream's inputs, in prepare's order."""
-    if "-" in config.inputs:
+    if config.reads_stdin():
         raise InputError("lmshard.stream cannot read stdin: every epoch and every resume reads the input again; "
                          "save it to a file and pass the file")  # fmt: skip
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)

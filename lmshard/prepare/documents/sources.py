@@ -34,7 +34,17 @@ from ...format import SkippedInputs
 from ...remote.urls import is_url
 from .clean import CleanConfig
 from .columnar import arrow_batches, arrow_records, open_arrow, parquet_row_groups
-from .files import MAX_RECORD_BYTES, DamagedInput, Source, detect, first_byte, fits, open_binary, read_prefix
+from .files import (
+    MAX_RECORD_BYTES,
+    DamagedInput,
+    Source,
+    detect,
+    first_byte,
+    fits,
+    open_binary,
+    read_prefix,
+)
+from .inputspec import with_format
 from .reading import InputReadError, grew
 from .records import Record, bad, binary_record, damaged_record, iter_csv, iter_json_array
 from .urlwalk import find_url, nothing_at_url, url_source
@@ -75,18 +85,6 @@ class Sources(list[Source]):
         super().__init__(sources)
         self.skipped = skipped if skipped is not None else SkippedInputs()
         self.hint = hint
-
-
-FORMAT_PREFIXES = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # `FORMAT:INPUT`, as --format takes them
-
-
-def with_format(spec: str) -> tuple[str | None, str]:
-    """An input with a format of its own, `text:docs/man` or `jsonl:s3://b/x/`: (that format, the
-    input); any other input: (None, it). A path that exists as written is a path."""
-    fmt, sep, rest = spec.partition(":")
-    if sep and fmt in FORMAT_PREFIXES and rest and not os.path.exists(spec):
-        return fmt, rest
-    return None, spec
 
 
 def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None, *,

@@ -158,15 +158,21 @@ def _todo(r: Run, stage: str) -> Iterable[int]:
 
 
 class _Progress:
-    """Progress for the run log: input bytes, documents and tokens of the tokenized units."""
+    """Progress for the run log: input bytes, documents and tokens of the tokenized units (with
+    --dedup-lines the input is read twice: its bytes count once as each unit's lines are hashed,
+    once as it is tokenized)."""
 
     def __init__(self, r: Run, callback: Callable[[Any], None] | None, resumed: bool = False) -> None:
         self.r, self.callback = r, callback
-        self.p = Progress(bytes_total=sum(u[4] for u in r.plan["units"]))
+        passes = 2 if r.config.dedup_lines else 1
+        self.p = Progress(bytes_total=passes * sum(u[4] for u in r.plan["units"]))
         left = set(r.missing("tokenize"))
+        hashed = set(range(r.n_units)) - set(r.missing("lines")) if r.config.dedup_lines else set()
         for u in range(r.n_units):
             if u not in left:
                 self._add(u)
+            if u in hashed:
+                self.p.bytes_done += r.plan["units"][u][4]
         self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
         if resumed and callback is not None:  # what the interrupted run left, said before any progress
             done = r.n_units - len(left)
@@ -188,8 +194,11 @@ class _Progress:
         self.p.chars += done.get("chars", 0)
 
     def done(self, stage: str, i: int) -> None:
-        if stage == "tokenize":
-            self._add(i)
+        if stage in ("lines", "tokenize"):
+            if stage == "lines":
+                self.p.bytes_done += self.r.plan["units"][i][4]
+            else:
+                self._add(i)
             if self.callback:
                 self.callback(self.p)
 

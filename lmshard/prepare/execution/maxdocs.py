@@ -27,7 +27,6 @@ Memory model: the select summary's rows (7 integers per unit), one unit's per-do
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -35,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from ...format import SPLITS, atomic_write_json
+from ...format import SPLITS, atomic_write_bytes, atomic_write_json
 from ..documents.sources import Source
 from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.build import Totals, account
-from .layout import select_join, unit_arrays
+from .layout import add_totals, unit_arrays
 from .linenumbers import tag
 from .taskplan import unit_items
 from .unitfiles import load_unit
@@ -72,12 +71,13 @@ def ensure_cut(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Wo
         split = np.fromfile(split_path, dtype=np.int8)
         docs = int(np.flatnonzero(split >= 0)[want - 1]) + 1  # up to and including the N-th kept document
         split[docs:] = CUT
-        tmp = split_path.with_name(f".{split_path.name}.tmp")
-        split.tofile(tmp)
-        os.replace(tmp, split_path)
+        atomic_write_bytes(split_path, split.tobytes())  # (a temporary name of its own: tasks may cut at once)
         own = _recount(work, plan, sources, wcfg, config, at, split, docs, specials, line_masks)
-        before = [json.loads((work / "select" / f"unit_{v:06d}.json").read_text()) for v in range(at)]
-        totals = select_join([*before, {"streams": [], "totals": own.to_json()}])["totals"]
+        joined = Totals()
+        for v in range(at):  # (one marker at a time)
+            add_totals(joined, Totals.parse(json.loads((work / "select" / f"unit_{v:06d}.json").read_text())["totals"]))
+        add_totals(joined, own)
+        totals = joined.to_json()
         lengths = unit_arrays(work / "tokenize", at)["lengths"]
         row: list[int] = []
         for s in range(len(SPLITS)):

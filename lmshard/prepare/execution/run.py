@@ -239,11 +239,10 @@ class Run(Reads):
         w = self.work
         for prior in self.stages[: self.stages.index(stage)]:
             forget(w, prior, self.plan["n_tasks"], task)
-        if stage == "tokenize" and self.config.dedup_lines and self.config.max_docs is None:
-            # its lines' files: read by the stages before only (and by the --max-docs cut)
+        if stage == "tokenize" and self.config.dedup_lines:  # its lines' key files: read by the linedup stage only
             line_keys_path(w, task).unlink(missing_ok=True)
             line_keys_path(w, task, previous=True).unlink(missing_ok=True)
-            for u in self.items("tokenize", task):
+            for u in self.items("tokenize", task) if self.config.max_docs is None else ():  # (the cut reads them)
                 unit_lines_path(w, u).unlink(missing_ok=True)
         if stage == "select":
             task_keys_path(w, task).unlink(missing_ok=True)

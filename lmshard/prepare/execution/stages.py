@@ -86,7 +86,8 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     for stage in run.stages[:-1]:
         if stage == "write" and not (work / LAYOUT_FILE).exists():
             # not laid out yet: every write task can start once the select stage is done (the first lays it out)
-            ready = not any(row["done"] < row["total"] for row in stages.values())
+            ready = not any(row["done"] < row["total"] or any(t.get("pending") for t in row["tasks"])
+                            for row in stages.values())  # fmt: skip
             stages[stage] = {"total": None, "done": 0, "tasks": [], "ready": ready}
             continue
         complete = is_complete(work, stage)
@@ -96,8 +97,12 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
             if complete or task_finished(work, stage, n_tasks, t):
                 tasks.append({"task": t, "items": len(items), "done": len(items), "state": None})
                 continue
-            tasks.append({"task": t, "items": len(items), "done": len(items) - len(run.missing(stage, items)),
-                          "state": _task_state(work, stage, t)})  # fmt: skip
+            entry = {"task": t, "items": len(items), "done": len(items) - len(run.missing(stage, items)),
+                     "state": _task_state(work, stage, t)}  # fmt: skip
+            gather = {"lines": "linekeys", "tokenize": "keys" if run.bucketed else None}.get(stage)
+            if gather is not None and entry["done"] == len(items) and run.missing(gather, [t]):
+                entry["pending"] = True  # its items are done, its key file is not: the task is not
+            tasks.append(entry)
         stages[stage] = {"total": sum(t["items"] for t in tasks), "done": sum(t["done"] for t in tasks),
                          "tasks": tasks}  # fmt: skip
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,

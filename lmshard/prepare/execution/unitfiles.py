@@ -38,7 +38,7 @@ from ...format import atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
-from ..documents.sources import Source
+from ..documents.sources import Source, WorkItem
 from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.claim import bos_written
 from ..output.writer import with_separators
@@ -73,12 +73,15 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     lines: dict[str, int] = {"lines": 0}  # newlines of a range, counted in the blocks it reads
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
 
-    def results() -> Iterator[ItemResult]:
+    def work_items(unit: Unit) -> Iterator[WorkItem]:
         items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
                            config.max_chars)  # fmt: skip
-        if masks is not None:  # (the lines stage cut the unit into the same items)
-            items = (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))
-        for item in items:
+        if masks is None:
+            return items
+        return (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))  # (the same items)
+
+    def results() -> Iterator[ItemResult]:
+        for item in work_items(unit):
             if item.kind == "lines" and unit.kind == "range":
                 lines["lines"] += item.payload.count(b"\n")
             r = run_item(item, wcfg, tokenizer)
@@ -90,10 +93,8 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1)
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
-            unit = replace(unit, first_line=first_line(out, plan, sources[unit.source], u))
-            for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
-                                   config.max_chars):  # fmt: skip
-                run_item(item, wcfg, tokenizer)
+            for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u))):
+                run_item(item, wcfg, tokenizer)  # (its lines removed as before: the same record fails)
         raise
     stop_point("unit", u)
     return True

@@ -353,11 +353,13 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
         if a != b:
             if key == "inputs":  # the arguments have no flag
                 return f"the inputs were {a!r} when the run started and are {b!r} now"
-            if key == "filter_sources" and started.get("config", {}).get("filters") == now["config"].get("filters"):
+            if key == "filter_sources" and started.get("config", {}).get("filters") != now["config"].get("filters"):
+                continue  # (the filters themselves differ: named next, as --filter)
+            if key == "filter_sources":
                 name = next(n for n in sorted(set(a or {}) | set(b or {})) if (a or {}).get(n) != (b or {}).get(n))
                 where = ((b or {}).get(name) or (a or {}).get(name) or [name])[0] or name
                 return (f"the filter plugin {where} (--filter {name}) changed since the run started (its source, or a "
-                        "Python file beside it); put it back as it was")  # fmt: skip
+                        "Python file of its directory that it imports); put it back as it was")  # fmt: skip
             return f"--{key.replace('_', '-')} was {a!r} when the run started and is {b!r} now"
     a_src = {s[0]: s for s in started.get("sources", [])}
     b_src = {s[0]: s for s in now.get("sources", [])}
