@@ -403,3 +403,16 @@ def test_a_stream_takes_decode_errors_replace(tmp_path):
     plain = list(lmshard.stream(str(tmp_path / "src"), epochs=1, on_error="skip").documents(epochs=1)())
     kept = list(lmshard.stream(str(tmp_path / "src"), epochs=1, decode_errors="replace").documents(epochs=1)())
     assert plain == [] and len(kept) == 1
+
+
+def test_stream_windows_are_contiguous_as_a_model_that_flattens_them_needs(corpus):
+    """nanoGPT's loss is F.cross_entropy(logits.view(-1, V), targets.view(-1)): a stream's x and
+    y are contiguous int64, as a prepared dataset's are, so view(-1) works on them as they come."""
+    import torch.nn.functional as F
+
+    root, _ = corpus
+    batch = next(iter(lmshard.stream(str(root / "src")).windows(3, 16, shift=1)))
+    assert batch.x.is_contiguous() and batch.y.is_contiguous() and batch.y.dtype == torch.int64
+    logits = torch.zeros(3, 16, 50257)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.y.view(-1), ignore_index=-1)
+    assert torch.isclose(loss, torch.log(torch.tensor(50257.0)))  # uniform logits: log V

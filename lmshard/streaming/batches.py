@@ -202,7 +202,8 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             shift, T = int(item["shift"]), self.options["seq_len"]
             rows = rows.to(dev, non_blocking=fast)
             offsets = np.full(self.batch_size, -1, dtype=np.int64)
-            return Batch(rows[:, :T], rows[:, shift : shift + T], step, shift, offsets)
+            # x and y contiguous, as a prepared dataset's are: a model may flatten them with view(-1) (nanoGPT's loss)
+            return Batch(rows[:, :T].contiguous(), rows[:, shift : shift + T].contiguous(), step, shift, offsets)
         self._packed["rows"] += self.batch_size
         self._packed["real_tokens"] += int(item["real_tokens"])
         self._packed.update(item["counts"])
