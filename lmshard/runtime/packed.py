@@ -34,6 +34,7 @@ from ..packing import io as packing_io
 from . import checks
 from .batches import resolve_rank
 from .lookahead import Lookahead
+from .packedbatch import PackedBatch
 from .sampling import step_rng
 
 IGNORE = -100
@@ -203,47 +204,6 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = Fa
     out["cu_seqlens"] = cu_all
     out["max_seqlen"] = int((cu_all[1:] - cu_all[:-1]).max())
     return out
-
-
-class PackedBatch:
-    """A batch of packed (or padded) rows: `x, y = batch` (input_ids, labels), and read as a
-    mapping: `batch["input_ids"]`, `keys()`, `items()`, `in`, `model(**batch)`. Not a dict, so a
-    DataLoader hands it over as it is (its default conversion would iterate it as a mapping)."""
-
-    def __init__(self, fields: dict[str, Any], step: int = 0) -> None:
-        self._fields, self.step = fields, step
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self._fields["input_ids"], self._fields["labels"]))
-
-    def __getitem__(self, key: str | int) -> Any:
-        if isinstance(key, str):
-            return self._fields[key]
-        return (self.x, self.y)[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._fields[key] = value
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._fields
-
-    def keys(self) -> list[str]:
-        return list(self._fields)
-
-    def items(self) -> list[tuple[str, Any]]:
-        return list(self._fields.items())
-
-    def __repr__(self) -> str:
-        shapes = {k: tuple(v.shape) if hasattr(v, "shape") else v for k, v in self._fields.items()}
-        return f"PackedBatch(step={self.step}, {shapes})"
-
-    @property
-    def x(self) -> torch.Tensor:
-        return self._fields["input_ids"]  # type: ignore[no-any-return]
-
-    @property
-    def y(self) -> torch.Tensor:
-        return self._fields["labels"]  # type: ignore[no-any-return]
 
 
 class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

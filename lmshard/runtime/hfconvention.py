@@ -1,0 +1,47 @@
+"""Batches in Hugging Face transformers' convention (`Batch.hf()`, `PackedBatch.hf()`).
+
+lmshard's `labels` (`y`) are already the next tokens: `y[t]` is what position t predicts. A
+transformers `*ForCausalLM` shifts `labels` itself (its loss is CE(logits[:, :-1], labels[:, 1:])),
+so given lmshard's `labels` it would train on the token after next, silently. `hf_fields` gives
+the other convention: `labels` are the input ids, with -100 wherever lmshard's next-token target
+is -100 (document boundaries of packed rows, padding) moved one place on, so that the model's
+own shift lands each prediction on the token lmshard's `y` holds. The loss is lmshard's next-token
+cross-entropy over positions 0 .. T-2 (the convention has no target for the last position).
+
+Packed rows keep their `position_ids`, and with `varlen=True` the document boundaries go in
+transformers' names for its flash-attention kernels (`cu_seq_lens_q`, `cu_seq_lens_k`,
+`max_length_q`, `max_length_k`). Other attention implementations (eager, sdpa) attend across the
+documents of a row unless given a mask: these names bound attention only where flash attention
+runs.
+
+Memory model: one int64 copy of the input ids for the labels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import ArgumentError
+
+
+def hf_fields(x: torch.Tensor, y: torch.Tensor, shift: int = 1, position_ids: torch.Tensor | None = None,
+              cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None,
+              varlen: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The batch's fields in transformers' convention (see the module docstring)."""
+    if shift != 1 or x.dim() != 2:
+        raise ArgumentError(f"hf(): transformers' labels predict the next token only; this batch has shift={shift} "
+                            f"and input_ids of shape {tuple(x.shape)} (make its stream with shift=1, ungrouped)")
+    labels = torch.full_like(x, -100)
+    labels[:, 1:] = torch.where(y[:, :-1] != -100, x[:, 1:], torch.full_like(x[:, 1:], -100))
+    out: dict[str, Any] = {"input_ids": x, "labels": labels}
+    if position_ids is not None:
+        out["position_ids"] = position_ids
+    if varlen:
+        if cu_seqlens is None or max_seqlen is None:
+            raise ArgumentError("hf(varlen=True): this batch has no document boundaries; ask its stream for them "
+                                "(cu_seqlens=True, or a packed stream)")  # fmt: skip
+        cu = cu_seqlens.to(torch.int32)
+        out |= {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen, "max_length_k": max_seqlen}
+    return out

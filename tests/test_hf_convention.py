@@ -1,0 +1,76 @@
+"""Batches in Hugging Face transformers' convention (`batch.hf()`), checked against real
+transformers models (tiny, random configurations: nothing is downloaded): given `batch.hf()`,
+GPT-2's and Llama's own loss equals lmshard's next-token cross-entropy computed by hand from the
+same logits, for window and packed batches; given lmshard's own keys (`model(**batch)`), it does
+not: the model shifts the labels again (the silent mistake `hf()` exists for)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmshard.errors import ArgumentError
+from lmshard.runtime import TokenDataset
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 120
+
+
+def _models() -> list[object]:
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=VOCAB - 1))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=0, eos_token_id=VOCAB - 1, pad_token_id=0))
+    return [gpt2.eval(), llama.eval()]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data():
+    return TokenDataset.synthetic(n_tokens=20_000, vocab_size=VOCAB, seed=3, doc_len=23)
+
+
+def _next_token_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """lmshard's loss by hand: position t predicts y[t]; -100 is no target; the last position
+    has none in transformers' convention, so it is left out here too."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), y[:, :-1].reshape(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("model", range(2), ids=["gpt2", "llama"])
+def test_window_batches_in_the_hf_convention_give_next_token_loss(data, model):
+    m = _models()[model]
+    batch = next(iter(data.random_batches(4, 64, seed=1)))
+    with torch.no_grad():
+        logits = m(input_ids=batch.x).logits
+        hf = m(**batch.hf()).loss
+        shifted_twice = m(**dict(batch.items())).loss
+    assert torch.isclose(hf, _next_token_ce(logits, batch.y), atol=1e-5)
+    assert not torch.isclose(shifted_twice, _next_token_ce(logits, batch.y), atol=1e-3)  # lmshard's keys: wrong
+
+
+@pytest.mark.parametrize("model", range(2), ids=["gpt2", "llama"])
+def test_packed_batches_in_the_hf_convention_mask_each_documents_first_token(data, model):
+    m = _models()[model]
+    batch = next(iter(data.packed(64, strategy="bfd").batches(2)))
+    fields = batch.hf(varlen=True)
+    x, y = batch.x, batch.y
+    assert (fields["labels"][:, 0] == -100).all()
+    starts = (batch["position_ids"] == 0)
+    assert (fields["labels"][:, 1:][starts[:, 1:]] == -100).all()  # no document predicts the next one's first token
+    assert fields["cu_seq_lens_q"].dtype == torch.int32 and fields["max_length_k"] == batch["max_seqlen"]
+    with torch.no_grad():
+        logits = m(input_ids=x, position_ids=batch["position_ids"]).logits
+        hf = m(input_ids=x, labels=fields["labels"], position_ids=batch["position_ids"]).loss
+    assert torch.isclose(hf, _next_token_ce(logits, y), atol=1e-5)
+
+
+def test_hf_refuses_what_its_convention_cannot_say(data):
+    batch = next(iter(data.random_batches(2, 32, seed=0, shift=2)))
+    with pytest.raises(ArgumentError, match="predict the next token only; this batch has shift=2"):
+        batch.hf()
+    plain = next(iter(data.random_batches(2, 32, seed=0)))
+    with pytest.raises(ArgumentError, match="no document boundaries"):
+        plain.hf(varlen=True)
