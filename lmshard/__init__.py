@@ -14,8 +14,8 @@ from typing import Any
 from .errors import LmshardError
 
 __version__ = "0.1.0"
-__all__ = ["LmshardError", "Mixture", "TokenDataset", "__version__", "load_config", "load_metadata", "stream",
-           "verify_dataset"]
+__all__ = ["LmshardError", "Mixture", "TokenDataset", "__version__", "hf_collator", "load_config", "load_metadata",
+           "stream", "verify_dataset"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import Mixture
 
         return Mixture
+    if name == "hf_collator":
+        from .runtime.hfconvention import hf_collator
+
+        return hf_collator
     if name == "load_config":
         from .loadconfig import load_config
 

@@ -74,3 +74,24 @@ def test_hf_refuses_what_its_convention_cannot_say(data):
     plain = next(iter(data.random_batches(2, 32, seed=0)))
     with pytest.raises(ArgumentError, match="no document boundaries"):
         plain.hf(varlen=True)
+
+
+def test_transformers_trainer_trains_on_windows_with_the_collator(data, tmp_path):
+    """transformers' Trainer over `ds.windows(T)` with `data_collator=lmshard.hf_collator`: 20
+    steps of a tiny GPT-2 on CPU, and the collated batch's loss is lmshard's next-token loss."""
+    import lmshard
+
+    model = _models()[0]
+    windows = data.windows(32)
+    collated = lmshard.hf_collator([windows[i] for i in range(4)])
+    x = torch.stack([torch.as_tensor(windows[i][0]) for i in range(4)])
+    y = torch.stack([torch.as_tensor(windows[i][1]) for i in range(4)])
+    with torch.no_grad():
+        assert torch.isclose(model(**collated).loss, _next_token_ce(model(input_ids=x).logits, y), atol=1e-5)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=20, per_device_train_batch_size=4,
+                                          report_to=[], use_cpu=True, save_strategy="no", logging_steps=10,
+                                          disable_tqdm=True, dataloader_num_workers=0)  # fmt: skip
+    trainer = transformers.Trainer(model=model.train(), args=args, train_dataset=windows,
+                                   data_collator=lmshard.hf_collator)  # fmt: skip
+    result = trainer.train()
+    assert trainer.state.global_step == 20 and torch.isfinite(torch.tensor(result.training_loss))

@@ -14,11 +14,16 @@ transformers' names for its flash-attention kernels (`cu_seq_lens_q`, `cu_seq_le
 documents of a row unless given a mask: these names bound attention only where flash attention
 runs.
 
+`hf_collator` is a `data_collator` for transformers' `Trainer` over `ds.windows(T)` (whose items
+are named tuples, which transformers' default collator cannot read): the windows stacked, in
+this convention.
+
 Memory model: one int64 copy of the input ids for the labels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,3 +50,14 @@ def hf_fields(x: torch.Tensor, y: torch.Tensor, shift: int = 1, position_ids: to
         cu = cu_seqlens.to(torch.int32)
         out |= {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen, "max_length_k": max_seqlen}
     return out
+
+
+def hf_collator(items: Sequence[Any]) -> dict[str, Any]:
+    """`data_collator=lmshard.hf_collator` for transformers' `Trainer(train_dataset=ds.windows(T))`:
+    the windows' input ids stacked, with their labels in transformers' convention (the input
+    ids: the model shifts them)."""
+    if not items:
+        raise ArgumentError("hf_collator: no items to collate")
+    x = torch.stack([torch.as_tensor(item[0]) for item in items]).to(torch.int64)
+    y = torch.stack([torch.as_tensor(item[1]) for item in items]).to(torch.int64)
+    return hf_fields(x, y)
