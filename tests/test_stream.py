@@ -416,3 +416,42 @@ def test_stream_windows_are_contiguous_as_a_model_that_flattens_them_needs(corpu
     logits = torch.zeros(3, 16, 50257)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.y.view(-1), ignore_index=-1)
     assert torch.isclose(loss, torch.log(torch.tensor(50257.0)))  # uniform logits: log V
+
+
+_RESUME = """
+import json, os, sys, torch, torch.distributed as dist, lmshard
+dist.init_process_group("gloo")
+rank, src, ckpt = dist.get_rank(), sys.argv[1], sys.argv[2]
+def windows():
+    return lmshard.stream(src, seed=5, shuffle_buffer=32).windows(2, 16)
+whole = [b.x.tolist() for b, _ in zip(windows(), range(6))]
+b = windows()
+for _ in zip(range(3), b):  # (range first: zip would draw a fourth batch from b before range ends)
+    pass
+state = b.state_dict(gather=True)  # every rank calls it; rank 0 holds them all and saves
+if rank == 0:
+    torch.save(state, ckpt)
+dist.barrier()
+resumed = windows()
+resumed.load_state_dict(torch.load(ckpt, weights_only=False))
+after = [b.x.tolist() for b, _ in zip(resumed, range(3))]
+os.write(1, (json.dumps({"rank": rank, "same": after == whole[3:], "ranks": len(state["ranks"])}) + "\\n").encode())
+"""
+
+
+def test_a_two_rank_stream_resumes_exactly_from_rank_0s_checkpoint(tmp_path):
+    """Real torch.distributed (gloo): every rank calls state_dict(gather=True), rank 0 alone
+    saves it (as nanoGPT saves its checkpoints), and each rank resumes from that one file with
+    exactly the batches an uninterrupted run draws next."""
+    from test_train_ddp import free_port, launch
+
+    write_parts(tmp_path / "src", parts=4, per_part=60)
+    script = tmp_path / "resume.py"
+    script.write_text(_RESUME)
+    done = launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", str(free_port()), str(script), str(tmp_path / "src"),
+                   str(tmp_path / "ckpt.pt")])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                   key=lambda r: r["rank"])  # fmt: skip
+    assert ranks == [{"rank": 0, "same": True, "ranks": 2}, {"rank": 1, "same": True, "ranks": 2}], ranks

@@ -244,9 +244,25 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             out["packs"] = rows
         return out
 
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0, gather: bool = False) -> dict[str, Any]:
         """Each reader's position after the last batch handed out, less `in_hand` batches drawn
-        but not trained on (at most 16)."""
+        but not trained on (at most 16). This rank's readers only, unless `gather`: then every
+        rank must call it at the same step (a collective over torch.distributed), and each gets
+        every rank's state, which rank 0 can save alone; `load_state_dict` takes either form."""
+        own = self._own_state(in_hand)
+        if not gather:
+            return own
+        states: list[Any] = [own]
+        if self.world_size > 1:
+            if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+                raise ArgumentError("state_dict(gather=True) on a stream of several ranks gathers over "
+                                    "torch.distributed: initialise it first (torchrun, "
+                                    "init_process_group)")  # fmt: skip
+            states = [None] * self.world_size
+            torch.distributed.all_gather_object(states, own)
+        return {"kind": "lmshard.stream.ranks", "world_size": self.world_size, "ranks": states}
+
+    def _own_state(self, in_hand: int) -> dict[str, Any]:
         in_hand = checks.nonnegative("in_hand", in_hand)
         want = self.step - in_hand
         found = next((h for h in self._history if h[0] == want), None)
@@ -282,15 +298,21 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                                 "what this stream's state_dict() returned") from None
 
     def _load(self, state: dict[str, Any]) -> None:
+        if isinstance(state, dict) and state.get("kind") == "lmshard.stream.ranks":  # state_dict(gather=True)'s
+            if state["world_size"] != self.world_size:
+                raise ArgumentError(f"the state was saved by {state['world_size']} ranks and this stream has "
+                                    f"world_size={self.world_size}: each reader owns its own records, so a stream "
+                                    "resumes only with the same world size")  # fmt: skip
+            state = state["ranks"][self.rank]
         if not isinstance(state, dict) or state.get("kind") != "lmshard.stream" or state.get("shape") != self.shape:
             raise ArgumentError(f"not the state of a {self.shape} stream of lmshard.stream; pass what this kind of "
                                 "stream's state_dict() returned")  # fmt: skip
         if state["world_size"] == self.world_size and state["rank"] != self.rank:
             raise ArgumentError(
                 f"the state was saved on rank {state['rank']} and this stream is rank {self.rank}: each rank owns its "
-                "own records, so each rank saves its own state_dict() and loads its own (save one per rank, e.g. "
-                f"stream_rank{{rank}}.pt); a state of rank {state['rank']} would make this rank read that rank's "
-                "records")  # fmt: skip
+                "own records, so each rank loads its own state: save state_dict(gather=True) on rank 0 (every rank "
+                "calls it; it holds every rank's), or one state_dict() per rank; a state of rank "
+                f"{state['rank']} would make this rank read that rank's records")  # fmt: skip
         for key in ("world_size", "num_workers", "rank"):
             if state[key] != getattr(self, key):
                 raise ArgumentError(
