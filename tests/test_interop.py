@@ -526,3 +526,71 @@ def test_a_long_document_leaves_no_tiny_llmc_file_behind_it(tmp_path):
     total = sum(sizes)
     assert total == load_metadata(tmp_path / "ds").n_tokens("train")
     assert max(sizes) > 2000 and min(sizes) > 500, sizes  # the long document's own file, then no 6-token files
+
+
+LLMC_V1 = (20240520, 1, "<u2")
+
+
+def _llmc_fineweb(out: Path, docs: list[list[int]], shard_size: int, version: tuple[int, int, str] = LLMC_V1):
+    """Shards as llm.c's dev/data/fineweb.py writes them (its write_datafile: a header of 256
+    int32, magic, version, token count; then the tokens): each document [EOT, tokens...], shards
+    of `shard_size` tokens, the first one val, a document that does not fit cut and carried on
+    into the next shard. Returns the token stream of each split."""
+    stream = np.array([t for d in docs for t in [GPT2_EOT, *d]], dtype=np.int64)
+    streams: dict[str, list[int]] = {"val": [], "train": []}
+    out.mkdir(parents=True, exist_ok=True)
+    for k, start in enumerate(range(0, len(stream), shard_size)):
+        toks = stream[start : start + shard_size]
+        split = "val" if k == 0 else "train"
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = version[0], version[1], len(toks)
+        (out / f"fineweb_{split}_{k:06d}.bin").write_bytes(header.tobytes() + toks.astype(version[2]).tobytes())
+        streams[split] += toks.tolist()
+    return streams
+
+
+@pytest.mark.parametrize(("fmt", "version"), [("llmc", (20240520, 1, "<u2")), ("llmc", (20240801, 7, "<u4")),
+                                              ("modded-nanogpt", (20240520, 1, "<u2"))])  # fmt: skip
+def test_an_llmc_or_modded_nanogpt_directory_imports_as_its_own_token_stream(tmp_path, reference, fmt, version):
+    """The imported splits are, token for token, the streams of the shards (val first, as
+    fineweb.py writes it), each document its EOT and text, with documents cut across shards
+    joined again (eot_position before)."""
+    texts = [f"document {i}: " + " ".join(["word"] * (i % 37 + 3)) for i in range(120)]
+    docs = [reference.encode_ordinary(t) for t in texts]
+    streams = _llmc_fineweb(tmp_path / "fw", docs, shard_size=700, version=version)
+    assert len(list((tmp_path / "fw").glob("*.bin"))) > 4  # several train shards, documents cut between them
+    meta = import_dataset(tmp_path / "fw", fmt, tmp_path / "ds", tokenizer="gpt2")
+    assert meta.eot_position == "before" and verify_dataset(tmp_path / "ds").ok
+    # the first train shard begins inside the document the val shard was cut in: its tail is left out
+    tail = streams["train"].index(GPT2_EOT)
+    assert tail > 0 and meta.drops == {"partial_document": 1}
+    for split, skip in (("train", tail), ("val", 0)):
+        got = [t for d in read_docs(tmp_path / "ds", split) for t in d.tolist()]
+        assert got == streams[split][skip:], split
+        assert all(d[0] == GPT2_EOT for d in read_docs(tmp_path / "ds", split))
+    train_docs = [d.tolist()[1:] for d in read_docs(tmp_path / "ds", "train")]
+    assert train_docs[1:-1] == [d for d in docs if d in train_docs[1:-1]]  # whole documents, in order
+
+
+def test_an_llmc_export_imports_back_to_the_same_documents(datasets, tmp_path):
+    """`export --to llmc` then `import --from llmc`: the same documents, in order."""
+    root = datasets["after"]
+    export_dataset(root, "llmc", tmp_path / "out", tokens_per_shard=1000, name="corpus")
+    import_dataset(tmp_path / "out", "llmc", tmp_path / "back", tokenizer="gpt2")
+    for split in ("train", "val"):
+        before = [d.tolist() for d in read_docs(root, split)]  # EOT after each document
+        after = [d.tolist() for d in read_docs(tmp_path / "back", split)]  # EOT before each one
+        assert [d[:-1] for d in before] == [d[1:] for d in after], split
+
+
+def test_an_llmc_shard_with_a_wrong_header_or_size_is_one_line(tmp_path):
+    _llmc_fineweb(tmp_path / "fw", [[1, 2, 3]] * 50, shard_size=40)
+    bad = sorted((tmp_path / "fw").glob("*_train_*.bin"))[0]
+    data = bytearray(bad.read_bytes())
+    with pytest.raises(Exception, match="truncated"):
+        bad.write_bytes(bytes(data[:-2]))
+        import_dataset(tmp_path / "fw", "llmc", tmp_path / "a", tokenizer="gpt2")
+    data[0:4] = np.int32(123).tobytes()
+    bad.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="magic 123 version 1, not a llmc shard"):
+        import_dataset(tmp_path / "fw", "llmc", tmp_path / "b", tokenizer="gpt2")

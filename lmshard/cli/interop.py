@@ -78,9 +78,10 @@ def export(
 
 def import_(
     src: Path = typer.Argument(
-        ..., metavar="SRC", help="nanogpt: a directory of train.bin (and val.bin); megatron: a prefix."
+        ..., metavar="SRC", help="nanogpt: a directory of train.bin (and val.bin); llmc, modded-nanogpt: a directory "
+        "of NAME_train_NNNNNN.bin (and NAME_val_...) shards; megatron: a prefix."
     ),
-    from_: str = typer.Option(..., "--from", metavar="FORMAT", help="nanogpt or megatron."),
+    from_: str = typer.Option(..., "--from", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt or megatron."),
     out: str = typer.Option(
         ..., "--out", "-o", metavar="DIR", help="Output dataset directory or URL (must not exist or be empty)."
     ),

@@ -1,8 +1,11 @@
-"""`lmshard import`: a nanoGPT `train.bin`/`val.bin` pair or a Megatron-LM `PREFIX.bin/.idx`
-turned into a complete lmshard dataset, so `lmshard inspect` can audit it and lmshard's loader
-can train on it.
+"""`lmshard import`: a nanoGPT `train.bin`/`val.bin` pair, a directory of llm.c or
+modded-nanogpt shards (`NAME_train_NNNNNN.bin`, `NAME_val_NNNNNN.bin`), or a Megatron-LM
+`PREFIX.bin/.idx` turned into a complete lmshard dataset, so `lmshard inspect` can audit it and
+lmshard's loader can train on it.
 
-Documents are recovered from the separators (nanoGPT: a document ends after each EOT id) or
+Documents are recovered from the separators (nanoGPT: a document ends after each EOT id; llm.c
+and modded-nanogpt: each starts with it, and a document may run on into the next shard, as
+llm.c's fineweb.py cuts them, so the dataset keeps `eot_position` "before") or
 from Megatron's document index (each document must end with the EOD id, as `--append-eod`
 writes it; an empty document, which Megatron's preprocess_data.py writes for an empty text, is
 skipped and counted as dropped "empty"). The shards are written by prepare's own `ShardWriter`, the metadata is the same
@@ -18,7 +21,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,12 +47,13 @@ from ..format.encoding import Encoding
 from ..prepare.output.writer import ShardWriter
 from ..remote.urls import local_only, output_url
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
-from .layouts import MEGATRON_HEADER, read_megatron_header
+from .layouts import LLMC_HEADER_BYTES, LLMC_HEADER_INTS, LLMC_V1, LLMC_V7, MEGATRON_HEADER, read_megatron_header
 from .output import staged_output
 from .source import Block
 
-IMPORT_FORMATS = ("nanogpt", "megatron")
+IMPORT_FORMATS = ("nanogpt", "llmc", "modded-nanogpt", "megatron")
 BLOCK_TOKENS = 1 << 24  # input tokens read at a time
+LLMC_FORMATS = ("llmc", "modded-nanogpt")  # shards of a 1 KiB header and tokens, the EOT id before each document
 TOKENS_PER_SHARD = 100_000_000  # prepare's default
 
 
@@ -95,14 +99,24 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
     with staged_output(out, force, [p for files in inputs.values() for p in files]) as staging:
         shards: list[ShardInfo] = []
         empty: dict[str, int] = {}  # split -> empty documents skipped
+        partial: dict[str, int] = {}  # split -> the tail of a document begun in the shard before it, left out
+        before = fmt in LLMC_FORMATS  # the EOT id starts each document
         for split, files in inputs.items():
-            reader = _nanogpt_blocks(files[0], eot) if fmt == "nanogpt" else _megatron_blocks(files[0], files[1])
+            reader: Iterable[Block]
+            if fmt == "nanogpt":
+                reader = _nanogpt_blocks(files[0], eot)
+            elif before:
+                reader = _LlmcBlocks(files, eot, fmt)
+            else:
+                reader = _megatron_blocks(files[0], files[1])
             writer = ShardWriter(staging, split, tokens_per_shard, encoding=encoding)
-            written, empty[split] = _write_split(writer, reader, files[0], (tok.n_vocab, eot))
+            written, empty[split] = _write_split(writer, iter(reader), files[0], (tok.n_vocab, eot), before)
             shards += written
+            partial[split] = reader.partial if isinstance(reader, _LlmcBlocks) else 0
         if not any(s.n_docs for s in shards if s.split == "train"):
             raise InputError(f"{src}: no documents to import into the train split")
-        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, empty, (tokens_per_shard, encoding), started)
+        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, (empty, partial), (tokens_per_shard, encoding),
+                         started, "before" if before else "after")  # fmt: skip
         state = tok.identity()
         state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
         write_vocab_copy(staging, tok.vocab_format, tok.vocab_bytes)
@@ -113,6 +127,13 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
 
 def _inputs(src: Path, fmt: str, val: Path | None) -> dict[str, list[Path]]:
     """split -> the input files of that split (nanoGPT: [bin]; Megatron: [bin, idx])."""
+    if fmt in LLMC_FORMATS:
+        if val is not None:
+            raise ConfigError(f"--val is for --from megatron; a {fmt} directory holds its own val shards")
+        found = {split: sorted(src.glob(f"*_{split}_*.bin")) for split in SPLITS} if src.is_dir() else {}
+        if not found.get("train"):
+            raise InputError(f"{src}: not a {fmt} data directory (no NAME_train_NNNNNN.bin in it)")
+        return {split: files for split, files in found.items() if files}
     if fmt == "nanogpt":
         if val is not None:
             raise ConfigError("--val is for --from megatron; a nanoGPT directory holds its own val.bin")
@@ -150,6 +171,55 @@ def _nanogpt_blocks(path: Path, eot: int) -> Iterator[Block]:
     if len(carry):
         raise InputError(f"{path}: the last {len(carry):,} tokens are not followed by the EOT id {eot}; "
                          "a nanoGPT file ends with one (pass --eot-id if its separator is another id)")  # fmt: skip
+
+
+class _LlmcBlocks:
+    """Documents of llm.c / modded-nanogpt shards, in file order: each starts with the EOT id,
+    and one may run on from a shard into the next (carried over). A split's first shard may
+    begin inside a document whose start fineweb.py wrote into the shard before it (the val
+    shard, before the first train shard): those tokens are left out, counted in `partial`."""
+
+    def __init__(self, files: list[Path], eot: int, fmt: str) -> None:
+        self.files, self.eot, self.fmt, self.partial = files, eot, fmt, 0
+
+    def __iter__(self) -> Iterator[Block]:
+        carry, started = np.zeros(0, TOKEN_DTYPE), False
+        for path in self.files:
+            dtype, n_tokens = _llmc_header(path, self.fmt)
+            tokens = np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(n_tokens,)) \
+                if n_tokens else np.zeros(0, dtype)  # fmt: skip
+            for start in range(0, n_tokens, BLOCK_TOKENS):
+                block = np.concatenate([carry, np.asarray(tokens[start : start + BLOCK_TOKENS], dtype=TOKEN_DTYPE)])
+                starts = np.flatnonzero(block == self.eot)
+                if not started and len(starts):  # the tail of a document begun before this split
+                    self.partial, started = int(starts[0] > 0), True
+                    block, starts = block[starts[0] :], starts - starts[0]
+                if not started:
+                    carry = np.zeros(0, TOKEN_DTYPE)
+                    continue
+                if len(starts) > 1:
+                    yield Block(block[: starts[-1]], np.diff(starts))
+                carry = block[starts[-1] :] if len(starts) else block
+        if len(carry):
+            yield Block(carry, np.array([len(carry)]))
+
+
+def _llmc_header(path: Path, fmt: str) -> tuple[np.dtype, int]:
+    """(token dtype, token count) of an llm.c shard, held to its size: llm.c's own checks."""
+    header = np.fromfile(path, dtype="<i4", count=LLMC_HEADER_INTS)
+    if len(header) < LLMC_HEADER_INTS:
+        raise InputError(f"{path}: {path.stat().st_size:,} bytes, shorter than an llm.c header (1,024)")
+    kinds: list[tuple[int, int, np.dtype]] = [LLMC_V1] if fmt == "modded-nanogpt" else [LLMC_V1, LLMC_V7]
+    kind = next((k for k in kinds if (int(header[0]), int(header[1])) == k[:2]), None)
+    if kind is None:
+        known = ", ".join(f"magic {m} version {v}" for m, v, _ in kinds)
+        raise InputError(f"{path}: magic {int(header[0])} version {int(header[1])}, not a {fmt} shard ({known})")
+    n_tokens, dtype = int(header[2]), np.dtype(kind[2])
+    if path.stat().st_size != LLMC_HEADER_BYTES + n_tokens * dtype.itemsize:
+        raise InputError(f"{path}: {path.stat().st_size:,} bytes, but its header says {n_tokens:,} {dtype.name} "
+                         f"tokens ({LLMC_HEADER_BYTES + n_tokens * dtype.itemsize:,} bytes with the header): "
+                         "truncated?")  # fmt: skip
+    return dtype, n_tokens
 
 
 def _megatron_blocks(bin_path: Path, idx_path: Path) -> Iterator[Block]:
@@ -195,12 +265,12 @@ def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarra
     return dtype, seq_starts, doc_idx
 
 
-def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path,
-                 vocab: tuple[int, int]) -> tuple[list[ShardInfo], int]:  # fmt: skip
+def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path, vocab: tuple[int, int],
+                 before: bool = False) -> tuple[list[ShardInfo], int]:  # fmt: skip
     """Documents of one split through prepare's ShardWriter (in the dataset's encoding), held
     to the vocabulary (n_vocab, eot): every id below n_vocab, the EOT id at the end of every
-    document. Empty documents (no tokens, not even the EOT id) are skipped; returns the shards
-    and how many were skipped."""
+    document (`before`: at its start). Empty documents (no tokens, not even the EOT id) are
+    skipped; returns the shards and how many were skipped."""
     (n_vocab, eot), empty = vocab, 0
     try:
         for block in reader:
@@ -212,7 +282,12 @@ def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path,
             if (top := int(block.tokens.max())) >= n_vocab:
                 raise InputError(f"{path}: token id {top} is outside the tokenizer's vocabulary ({n_vocab:,} ids); "
                                  "pass the --tokenizer the data was made with")  # fmt: skip
-            if (missing := int((block.tokens[np.cumsum(block.lengths) - 1] != eot).sum())) != 0:
+            ends = np.cumsum(block.lengths)
+            at = ends - block.lengths if before else ends - 1
+            if before and (missing := int((block.tokens[at] != eot).sum())) != 0:
+                raise InputError(f"{path}: {missing} documents do not start with the EOT id {eot} (pass the "
+                                 "separator the data uses with --eot-id)")  # fmt: skip
+            if not before and (missing := int((block.tokens[at] != eot).sum())) != 0:
                 raise InputError(f"{path}: {missing} documents do not end with the EOT id {eot} (Megatron: prepare "
                                  "with --append-eod; or pass the separator the data uses with --eot-id)")  # fmt: skip
             writer.add(block.tokens, block.lengths)
@@ -223,26 +298,33 @@ def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path,
 
 
 def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, list[Path]], shards: list[ShardInfo],
-              empty: dict[str, int], layout: tuple[int, Encoding], started: float) -> DatasetMeta:  # fmt: skip
+              left_out: tuple[dict[str, int], dict[str, int]], layout: tuple[int, Encoding], started: float,
+              eot_position: str = "after") -> DatasetMeta:  # fmt: skip
+    """`left_out`: per split, the empty documents skipped and the partial one (llm.c) left out."""
     tokens_per_shard, encoding = layout
+    empty, partial = left_out
+
+    def dropped(split: str) -> dict[str, int]:
+        return {k: v for k, v in (("empty", empty.get(split, 0)), ("partial_document", partial.get(split, 0))) if v}
+
     splits = {split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS}
     sources = tuple(SourceInfo(path=str(files[0]), format=fmt, bytes=sum(p.stat().st_size for p in files),
-                               records=splits[split].n_docs + empty[split], kept=splits[split].n_docs,
-                               dropped={"empty": empty[split]} if empty[split] else {})
+                               records=splits[split].n_docs + sum(dropped(split).values()), kept=splits[split].n_docs,
+                               dropped=dropped(split))
                     for split, files in inputs.items())  # fmt: skip
-    n_empty = sum(empty.values())
+    drops = {k: v for k, v in (("empty", sum(empty.values())), ("partial_document", sum(partial.values()))) if v}
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
     return DatasetMeta(
-        root=out, lmshard_version=__version__, eot_position="after", encoding=encoding,
+        root=out, lmshard_version=__version__, eot_position=eot_position, encoding=encoding,
         tokenizer=TokenizerInfo(name=tok.name, backend=tok.backend, n_vocab=tok.n_vocab, eot_id=eot, bos_id=None,
                                 ranks_sha256=tok.vocab_sha256, vocab_format=tok.vocab_format),
         splits=splits, total_tokens=n_tokens, total_docs=sum(s.n_docs for s in shards),
-        records_read=sum(s.n_docs for s in shards) + n_empty, drops={"empty": n_empty} if n_empty else {},
+        records_read=sum(s.n_docs for s in shards) + sum(drops.values()), drops=drops,
         dedup=DedupInfo(mode="none", key="", duplicates_removed=0, lines=False, lines_removed=0),
         sources=sources,
         config={"imported_from": fmt, "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
-                "tokenizer": tok.name, "tokens_per_shard": tokens_per_shard, "eot_position": "after"},
+                "tokenizer": tok.name, "tokens_per_shard": tokens_per_shard, "eot_position": eot_position},
         run=RunInfo(out=str(out), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                     elapsed_s=round(elapsed, 3), tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
                     python=platform.python_version(), host=platform.node()),
