@@ -594,3 +594,16 @@ def test_an_llmc_shard_with_a_wrong_header_or_size_is_one_line(tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(Exception, match="magic 123 version 1, not a llmc shard"):
         import_dataset(tmp_path / "fw", "llmc", tmp_path / "b", tokenizer="gpt2")
+
+
+def test_an_hf_export_loads_with_datasets_as_the_same_documents(datasets, tmp_path):
+    """`export --to hf`: `datasets.load_from_disk(OUT)` gives a DatasetDict whose rows are the
+    documents (input_ids, separators as the dataset holds them), split by split."""
+    hf = pytest.importorskip("datasets")
+    root = datasets["after"]
+    result = export_dataset(root, "hf", tmp_path / "out")
+    loaded = hf.load_from_disk(str(tmp_path / "out"))
+    assert set(loaded) == {"train", "validation"} and result.format == "hf"
+    for split, name in (("train", "train"), ("val", "validation")):
+        assert [row["input_ids"] for row in loaded[name]] == [d.tolist() for d in read_docs(root, split)], split
+    assert not (tmp_path / "out" / ".cache").exists()

@@ -28,7 +28,7 @@ def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) 
 def export(
     dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset written by `lmshard prepare`: a directory "
                                   "or a URL."),  # fmt: skip
-    to: str = typer.Option(..., "--to", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt or megatron."),
+    to: str = typer.Option(..., "--to", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt, megatron or hf."),
     out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="Output directory (must not exist or be empty)."),
     split: str = typer.Option(
         "all", "--split", metavar="SPLIT", help="train, val or all (every split that has documents)."

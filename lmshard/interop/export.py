@@ -1,5 +1,5 @@
 """`lmshard export`: an lmshard dataset written in the format another trainer reads (nanoGPT,
-llm.c, modded-nanogpt, Megatron-LM; the layouts are in `layouts.py`).
+llm.c, modded-nanogpt, Megatron-LM, Hugging Face `datasets`; the layouts are in `layouts.py`).
 
 The source is read, never written: checked cheaply (`source.open_source`), then streamed shard by
 shard in blocks of whole documents, each block converted (separator side, dtype) and appended to
@@ -7,7 +7,8 @@ the output files. Every file is written under a temporary name, fsynced and rena
 directory that replaces `--out` only when the export is complete (`output.staged_output`).
 
 Memory model: one block of the source (`source.BLOCK_TOKENS` tokens) and its converted copy;
-Megatron's index sections are written in place as the blocks pass, never gathered.
+Megatron's index sections are written in place as the blocks pass, never gathered; `datasets`
+writes its arrow files from a generator, a batch of rows at a time.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def _plan(to: str, meta: DatasetMeta) -> tuple[str, str, Writer]:
     if to == "llmc":
         version = LLMC_V1 if n_vocab <= UINT16_IDS else LLMC_V7
         return version[2].name, "before", lambda job: _llmc_files(job, version)
+    if to == "hf":
+        return "int32", meta.eot_position, _hf
     if n_vocab > INT32_MAX + 1:
         raise ConfigError(f"--to megatron stores int32 tokens, but the vocabulary has {n_vocab:,} ids")
     return megatron_dtype(n_vocab)[1].name, "after", _megatron
@@ -269,11 +272,40 @@ def _megatron(job: _Job) -> list[dict[str, Any]]:
     return files
 
 
+def _hf(job: _Job) -> list[dict[str, Any]]:
+    """A `datasets` DatasetDict on disk (save_to_disk): a row of `input_ids` per document."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("--to hf writes with the `datasets` library: pip install 'lmshard[hf]'") from None
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+    cache = job.root / ".cache"  # (datasets builds the arrow files here first: never in the user's cache)
+
+    def rows(split: str) -> Any:
+        for block in blocks(job.meta, split, job.meta.eot_position):
+            ends = np.cumsum(block.lengths)
+            for a, b in zip(ends - block.lengths, ends, strict=True):
+                yield {"input_ids": block.tokens[a:b].astype(np.int32)}
+
+    names = {"train": "train", "val": "validation"}
+    parts = {names[s]: datasets.Dataset.from_generator(rows, features=features, gen_kwargs={"split": s},
+                                                       cache_dir=str(cache)) for s in job.splits}  # fmt: skip
+    datasets.DatasetDict(parts).save_to_disk(str(job.root))  # (load_from_disk(OUT) reads it)
+    for part in parts.values():
+        part.cleanup_cache_files()
+    import shutil
+
+    shutil.rmtree(cache, ignore_errors=True)
+    return [{"path": names[s], "split": s, "n_docs": job.meta.n_docs(s), "n_tokens": job.meta.n_tokens(s)}
+            for s in job.splits]  # fmt: skip
+
+
 def _trainer_files(to: str, stem: str) -> re.Pattern[str]:
     """The names the target trainer reads from the output directory (its loader's glob)."""
     stem = re.escape(stem)
     return re.compile({"nanogpt": r"(train|val)\.bin|meta\.pkl",  # train.py reads meta.pkl's vocab_size
-                       "megatron": rf"{stem}_(train|val)_text_document\.(bin|idx)"}.get(to,
+                       "megatron": rf"{stem}_(train|val)_text_document\.(bin|idx)",
+                       "hf": r"dataset_dict\.json|train|validation"}.get(to,
                       rf"{stem}_(train|val)_\d{{6}}\.bin"))  # fmt: skip
 
 

@@ -18,6 +18,10 @@ Each layout was checked against the code that reads it:
   sequence byte offsets, int64 document indices (0, then the end of each document in sequences).
   `--append-eod` puts the EOD token after each document's text; the token dtype is uint16 (code
   8) for vocabularies below 65,500 ids (`DType.optimal_dtype`), else int32 (code 4).
+- Hugging Face `datasets` (`save_to_disk`, `load_from_disk`): a `DatasetDict` of splits `train`
+  and `validation`, each a row per document with one column `input_ids` (a list of int32: the
+  document's tokens with its separators, as the dataset holds them), written by `datasets`
+  itself.
 
 Memory model: constants and 1 KiB headers.
 """
@@ -30,7 +34,7 @@ import numpy as np
 
 from ..errors import InputError
 
-FORMATS = ("nanogpt", "llmc", "modded-nanogpt", "megatron")
+FORMATS = ("nanogpt", "llmc", "modded-nanogpt", "megatron", "hf")
 UINT16_IDS = 1 << 16  # a uint16 token holds ids 0 .. 65,535
 
 # llm.c: 256 int32 values before the tokens.
