@@ -1,5 +1,5 @@
-"""`lmshard export`, `lmshard import` and `lmshard convert`: the command-line edge of
-`lmshard.interop`.
+"""`lmshard export`, `lmshard import`, `lmshard convert` and `lmshard cp`: the command-line edge
+of `lmshard.interop`.
 
 Kept out of commands.py (which is near its size limit) but part of the command line: `register`
 adds the commands to the `app` commands.py builds, wrapped in its `user_errors`, so a library
@@ -19,10 +19,28 @@ from . import render
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
-    """Add `export`, `import` and `convert` to `app`."""
+    """Add `export`, `import`, `convert` and `cp` to `app`."""
     app.command("export")(user_errors()(export))
     app.command("import")(user_errors()(import_))
     app.command("convert")(user_errors()(convert))
+    app.command("cp")(user_errors()(cp))
+
+
+def cp(
+    src: str = typer.Argument(..., metavar="SRC", help="A dataset: a directory or a URL (s3://, gs://, az://...)."),
+    dst: str = typer.Argument(..., metavar="DST", help="Where the copy goes: a directory or a URL."),
+    force: bool = typer.Option(False, "--force", help="Replace a dataset already at DST (whole, or not at all)."),
+) -> None:
+    """Copy a dataset between local directories and object stores, every file checked.
+
+    Uploads commit as `prepare --out URL` does (data first, the metadata last): a reader of DST
+    sees the old dataset or the new one, never a mix."""
+    from ..interop.copy import copy_dataset
+    from ..remote.urls import redact
+
+    meta = copy_dataset(src, dst, force=force)
+    render.out.print(f"copied {meta.total_docs:,} documents, {meta.total_tokens:,} tokens ({len(meta.shards)} shards) "
+                     f"to {escape(redact(dst))}", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def export(

@@ -1,0 +1,100 @@
+"""`lmshard cp SRC DST`: a dataset copied between local directories and object stores, with the
+commit protocol of `prepare --out URL` on the way up and checked files on the way down.
+
+- **To a URL** (`publish.Publisher`): the source's files are linked (or copied) into the
+  publisher's local mirror, each held to the checksum its metadata records, then uploaded, data
+  first, with the metadata written last as the commit. A reader of DST sees the old dataset or
+  the new one, never a mix; a copy that fails or is killed leaves DST as it was (the objects it
+  uploaded are removed by the next run's claim, as after an interrupted prepare).
+- **From a URL** (`inspect.remote.download`): every file is fetched and held to its checksum,
+  into a directory beside DST that replaces it only when complete (`output.staged_output`).
+- **Local to local**: the same staged directory, each file held to its checksum.
+- URL to URL goes through a temporary local copy.
+
+An existing DST is refused unless `force`.
+
+Memory model: one file's copy or transfer at a time (streamed), and the dataset's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import ConfigError, FormatError, LmshardError
+from ..format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3, load_metadata
+from ..remote.urls import is_url, redact
+from .output import staged_output
+
+
+def copy_dataset(src: str, dst: str, *, force: bool = False) -> DatasetMeta:
+    """Copy the dataset at `src` to `dst` (local directories or URLs; see the module docstring)."""
+    if src.rstrip("/") == dst.rstrip("/"):
+        raise ConfigError(f"{redact(dst)}: the source and the destination are the same")
+    if is_url(src):
+        if is_url(dst):
+            with tempfile.TemporaryDirectory(prefix="lmshard-cp-") as tmp:
+                local = Path(tmp) / "ds"
+                _download(src, local)
+                return _upload(local, dst, force)
+        with staged_output(dst, force, []) as staging:
+            _download(src, staging)
+        return load_metadata(dst)
+    if is_url(dst):
+        return _upload(Path(src), dst, force)
+    meta = load_metadata(src)
+    with staged_output(dst, force, [Path(src)]) as staging:
+        _place(meta, Path(src), staging, link=False)
+    return load_metadata(dst)
+
+
+def _download(url: str, dest: Path) -> DatasetMeta:
+    from ..inspect.remote import download
+
+    dest.mkdir(parents=True, exist_ok=True)
+    return download(url, dest)
+
+
+def _upload(local: Path, url: str, force: bool) -> DatasetMeta:
+    from ..prepare.output.publish import Publisher
+
+    meta = load_metadata(local)
+    publisher = Publisher(url, overwrite=force, hint="pass --force to replace it", resumable=False)
+    publisher.claim()
+    try:
+        if publisher.mirror.exists():
+            shutil.rmtree(publisher.mirror)
+        _place(meta, local, publisher.mirror, link=True)
+        placed = load_metadata(publisher.mirror)
+    except LmshardError:
+        publisher.abandon()
+        raise
+    publisher.publish(placed)
+    return placed
+
+
+def _place(meta: DatasetMeta, src: Path, dest: Path, link: bool) -> None:
+    """Every file of the dataset in `dest` (hard links where `link` and possible, else copies),
+    each held to the checksum its metadata records; the metadata last."""
+    sums = file_checksums(meta)
+    for rel in dataset_files(meta):
+        if rel == METADATA_FILE:
+            continue
+        source, target = src / rel, dest / rel
+        if not source.is_file():
+            if rel in sums:
+                raise FormatError(f"{source}: missing; the dataset is not whole (run `lmshard inspect {src}`)")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if not link:
+                raise OSError
+            os.link(source, target)
+        except OSError:  # (another filesystem, or a copy asked for)
+            shutil.copyfile(source, target)
+        if rel in sums and file_xxh3(target) != sums[rel]:
+            raise FormatError(f"{source}: its checksum differs from the metadata's (damaged); run "
+                              f"`lmshard inspect {src}`")  # fmt: skip
+    shutil.copyfile(src / METADATA_FILE, dest / METADATA_FILE)
