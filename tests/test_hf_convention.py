@@ -67,13 +67,39 @@ def test_packed_batches_in_the_hf_convention_mask_each_documents_first_token(dat
     assert torch.isclose(hf, _next_token_ce(logits, y), atol=1e-5)
 
 
+@pytest.mark.parametrize("model", range(2), ids=["gpt2", "llama"])
+def test_a_packed_rows_documents_stay_apart_with_the_mask(data, model):
+    """hf(mask=True): with the 4D document mask, changing a token of one document of a packed row
+    changes no other document's logits (without it, sdpa attends across them); the loss is still
+    the next-token CE by hand, from the same logits."""
+    m = _models()[model]
+    batch = next(iter(data.packed(64, strategy="bfd").batches(2)))
+    fields = batch.hf(mask=True)
+    pos = batch["position_ids"]
+    doc = torch.cumsum((pos == 0).to(torch.int64), dim=1)
+    row, first = 0, int(doc[0].min())
+    assert int(doc[0].max()) > first  # several documents in the row
+    changed = batch.x.clone()
+    changed[row, 1] = (changed[row, 1] + 1) % VOCAB  # a token of the row's first document
+    with torch.no_grad():
+        a = m(input_ids=batch.x, position_ids=pos, attention_mask=fields["attention_mask"]).logits
+        b = m(input_ids=changed, position_ids=pos, attention_mask=fields["attention_mask"]).logits
+        plain = m(input_ids=changed, position_ids=pos).logits
+        loss = m(**fields).loss
+    others = doc[row] != first
+    assert torch.allclose(a[row][others], b[row][others], atol=1e-6)  # the other documents see nothing of it
+    assert not torch.allclose(a[row][others], plain[row][others], atol=1e-6)  # (without the mask they would)
+    assert torch.isclose(loss, _next_token_ce(a, batch.y), atol=1e-5)
+
+
 def test_hf_refuses_what_its_convention_cannot_say(data):
     batch = next(iter(data.random_batches(2, 32, seed=0, shift=2)))
     with pytest.raises(ArgumentError, match="predict the next token only; this batch has shift=2"):
         batch.hf()
     plain = next(iter(data.random_batches(2, 32, seed=0)))
-    with pytest.raises(ArgumentError, match="no document boundaries"):
-        plain.hf(varlen=True)
+    for options in ({"varlen": True}, {"mask": True}):
+        with pytest.raises(ArgumentError, match="no document boundaries"):
+            plain.hf(**options)
 
 
 def test_transformers_trainer_trains_on_windows_with_the_collator(data, tmp_path):
@@ -95,3 +121,17 @@ def test_transformers_trainer_trains_on_windows_with_the_collator(data, tmp_path
                                    data_collator=lmshard.hf_collator)  # fmt: skip
     result = trainer.train()
     assert trainer.state.global_step == 20 and torch.isfinite(torch.tensor(result.training_loss))
+
+
+def test_the_mask_of_window_batches_follows_their_document_boundaries(data):
+    """Windows with cu_seqlens: the mask lets a token see the earlier tokens of its own document
+    only, documents numbered here from the tokens themselves (a new one after each EOT id)."""
+    import numpy as np
+
+    batch = next(iter(data.random_batches(3, 48, seed=2, cu_seqlens=True)))
+    allowed = batch.hf(mask=True)["attention_mask"][:, 0].numpy()
+    x = batch.x.numpy()
+    after_eot = np.concatenate([np.zeros((3, 1), bool), x[:, :-1] == data.eot_id], axis=1)
+    doc = np.cumsum(after_eot, axis=1)
+    want = (doc[:, :, None] == doc[:, None, :]) & np.tril(np.ones((48, 48), bool))
+    assert (allowed == want).all() and after_eot.sum() > 2

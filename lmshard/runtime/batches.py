@@ -89,10 +89,11 @@ class Batch:
     def items(self) -> list[tuple[str, Any]]:
         return [(k, self[k]) for k in self.keys()]
 
-    def hf(self, varlen: bool = False) -> dict[str, Any]:
+    def hf(self, varlen: bool = False, mask: bool = False) -> dict[str, Any]:
         """The batch in Hugging Face transformers' convention, for `model(**batch.hf())`:
         `labels` are the input ids (the model shifts them), not `y` (hfconvention.py)."""
-        return hf_fields(self.x, self.y, self.shift, self.position_ids, self.cu_seqlens, self.max_seqlen, varlen)
+        return hf_fields(self.x, self.y, self.shift, self.position_ids, self.cu_seqlens, self.max_seqlen, varlen,
+                         mask)  # fmt: skip
 
     def __contains__(self, key: object) -> bool:
         return key in self.keys()

@@ -41,13 +41,13 @@ class PackedBatch:
     def items(self) -> list[tuple[str, Any]]:
         return list(self._fields.items())
 
-    def hf(self, varlen: bool = False) -> dict[str, Any]:
+    def hf(self, varlen: bool = False, mask: bool = False) -> dict[str, Any]:
         """The batch in Hugging Face transformers' convention, for `model(**batch.hf())`:
         `labels` are the input ids with -100 at each document's first token and at padding (the
         model shifts them), not lmshard's next tokens (hfconvention.py)."""
         f = self._fields
         return hf_fields(f["input_ids"], f["labels"], 1, f.get("position_ids"), f.get("cu_seqlens"),
-                         f.get("max_seqlen"), varlen)  # fmt: skip
+                         f.get("max_seqlen"), varlen, mask)  # fmt: skip
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) if hasattr(v, "shape") else v for k, v in self._fields.items()}
