@@ -607,3 +607,36 @@ def test_an_hf_export_loads_with_datasets_as_the_same_documents(datasets, tmp_pa
     for split, name in (("train", "train"), ("val", "validation")):
         assert [row["input_ids"] for row in loaded[name]] == [d.tolist() for d in read_docs(root, split)], split
     assert not (tmp_path / "out" / ".cache").exists()
+
+
+def test_cp_force_into_a_users_folder_keeps_every_file_it_does_not_replace(datasets, tmp_path):
+    """`lmshard cp DS DIR --force` where DIR is not a dataset: the user's files stay, also inside
+    folders the copy writes too (train/photo.jpg beside the new train/ shards); the copy's files
+    equal the source's."""
+    root = datasets["after"]
+    folder = tmp_path / "project"
+    write(folder / "train" / "photo.jpg", b"\xff\xd8 mine")
+    write(folder / "notes.txt", "mine")
+    refused = runner.invoke(app, ["cp", str(root), str(folder)])
+    assert refused.exit_code != 0 and "--force" in refused.output
+    result = runner.invoke(app, ["cp", str(root), str(folder), "--force"])
+    assert result.exit_code == 0, result.output
+    assert (folder / "train" / "photo.jpg").read_bytes() == b"\xff\xd8 mine"
+    assert (folder / "notes.txt").read_text() == "mine"
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert (folder / path.relative_to(root)).read_bytes() == path.read_bytes(), path
+
+
+def test_cp_of_a_dataset_missing_its_tokenizer_state_is_refused_in_one_line(datasets, tmp_path):
+    """A source without tokenizer_state.json (a file with no checksum) is not copied as if whole:
+    one line naming the file, and nothing at DST."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(datasets["after"], src)
+    (src / "tokenizer_state.json").unlink()
+    result = runner.invoke(app, ["cp", str(src), str(tmp_path / "dst")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "tokenizer_state.json: missing; the dataset is not whole" in " ".join(result.output.split())
+    assert not (tmp_path / "dst").exists()

@@ -680,3 +680,27 @@ def test_a_cp_that_fails_midway_leaves_the_old_dataset_whole(s3, inputs, tmp_pat
     assert after.config == before.config and after.shards == before.shards
     for shard in after.shards:  # the old dataset's objects, whole
         assert remote.read(shard.path) == (tmp_path / "old" / shard.path).read_bytes()
+
+
+def test_cp_to_the_url_of_an_interrupted_prepare_leaves_its_build_and_uploads(s3, inputs, tmp_path, monkeypatch):
+    """A prepare --out URL killed mid-upload, then `lmshard cp DS URL` without --force: refused in
+    one line naming prepare --resume and --force; the prepare's objects and build are untouched,
+    and its --resume then publishes the dataset it was building."""
+    from lmshard.interop.copy import copy_dataset
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    real_put = publish.Remote.put_file
+    die_in_uploads(monkeypatch, url, inputs, after=4)
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    dead_lock(server, url)
+    before = remote_tree(server, url)
+    prepare(config(str(tmp_path / "other"), inputs, val_fraction=0.3))
+    with pytest.raises(ConfigError, match=r"an interrupted prepare run of this machine left its build in .*; resume "
+                                          r"it with prepare --resume .* or pass --force to discard it"):  # fmt: skip
+        copy_dataset(str(tmp_path / "other"), url)
+    before.pop("_lmshard_writer.json")
+    assert {k: v for k, v in remote_tree(server, url).items() if k != "_lmshard_writer.json"} == before
+    prepare(config(url, inputs, resume=True))
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))

@@ -135,8 +135,11 @@ def download(url: str, dest: Path) -> DatasetMeta:
     meta, remote = open_remote(url)
     sums, sizes = file_checksums(meta), remote.listing() or _sizes(remote, meta)
     for rel in dataset_files(meta):
-        if rel == METADATA_FILE or rel not in sizes and rel not in sums:  # (a checksummed file must be there)
+        if rel == METADATA_FILE:
             continue
+        if rel not in sizes and rel not in sums:  # (a checksummed one is named by the fetch that fails)
+            raise FormatError(f"{redact(remote.url_of(rel))}: missing; the dataset is not whole (run "
+                              f"`lmshard inspect {redact(url)}`)")  # fmt: skip
         _fetch(remote, rel, dest / rel, sizes.get(rel))
         if rel in sums and file_xxh3(dest / rel) != sums[rel]:
             raise FormatError(f"{redact(remote.url_of(rel))}: its checksum differs from the metadata's (damaged); "

@@ -9,7 +9,7 @@ commit protocol of `prepare --out URL` on the way up and checked files on the wa
 - **From a URL** (`inspect.remote.download`): every file is fetched and held to its checksum,
   into a directory beside DST that replaces it only when complete (`output.staged_output`).
 - **Local to local**: the same staged directory, each file held to its checksum.
-- URL to URL goes through a temporary local copy.
+- URL to URL downloads into the upload's local mirror (one local copy), then uploads it.
 
 An existing DST is refused unless `force`.
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ConfigError, FormatError, LmshardError
+from ..errors import ConfigError, FormatError
 from ..format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3, load_metadata
 from ..remote.urls import is_url, redact
 from .output import staged_output
@@ -34,16 +34,13 @@ def copy_dataset(src: str, dst: str, *, force: bool = False) -> DatasetMeta:
     if src.rstrip("/") == dst.rstrip("/"):
         raise ConfigError(f"{redact(dst)}: the source and the destination are the same")
     if is_url(src):
-        if is_url(dst):
-            with tempfile.TemporaryDirectory(prefix="lmshard-cp-") as tmp:
-                local = Path(tmp) / "ds"
-                _download(src, local)
-                return _upload(local, dst, force)
+        if is_url(dst):  # fetched straight into the upload's local mirror: one local copy
+            return _upload(dst, force, lambda mirror: _download(src, mirror))
         with staged_output(dst, force, []) as staging:
             _download(src, staging)
         return load_metadata(dst)
     if is_url(dst):
-        return _upload(Path(src), dst, force)
+        return _upload(dst, force, lambda mirror: _place(load_metadata(src), Path(src), mirror, link=True))
     meta = load_metadata(src)
     with staged_output(dst, force, [Path(src)]) as staging:
         _place(meta, Path(src), staging, link=False)
@@ -57,18 +54,18 @@ def _download(url: str, dest: Path) -> DatasetMeta:
     return download(url, dest)
 
 
-def _upload(local: Path, url: str, force: bool) -> DatasetMeta:
+def _upload(url: str, force: bool, fill: Callable[[Path], object]) -> DatasetMeta:
+    """Publish to `url` the dataset that `fill` puts in the publisher's local mirror."""
     from ..prepare.output.publish import Publisher
 
-    meta = load_metadata(local)
     publisher = Publisher(url, overwrite=force, hint="pass --force to replace it", resumable=False)
     publisher.claim()
     try:
         if publisher.mirror.exists():
             shutil.rmtree(publisher.mirror)
-        _place(meta, local, publisher.mirror, link=True)
+        fill(publisher.mirror)
         placed = load_metadata(publisher.mirror)
-    except LmshardError:
+    except BaseException:  # (nothing uploaded yet: the prefix is left as it was, unlocked)
         publisher.abandon()
         raise
     publisher.publish(placed)
@@ -83,10 +80,8 @@ def _place(meta: DatasetMeta, src: Path, dest: Path, link: bool) -> None:
         if rel == METADATA_FILE:
             continue
         source, target = src / rel, dest / rel
-        if not source.is_file():
-            if rel in sums:
-                raise FormatError(f"{source}: missing; the dataset is not whole (run `lmshard inspect {src}`)")
-            continue
+        if not source.is_file():  # (every file the metadata names, checksummed or not: the vocabulary too)
+            raise FormatError(f"{source}: missing; the dataset is not whole (run `lmshard inspect {src}`)")
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             if not link:

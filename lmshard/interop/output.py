@@ -97,6 +97,7 @@ def _swap_in(staging: Path, target: Path, trainer_files: re.Pattern[str] | None 
         raise ConfigError(f"--out {target}: {shown} would stay beside the new files, and the trainer reads "
                           "those too; move them out of --out and run again (nothing was changed)")  # fmt: skip
     for rel in kept:
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
         carry(target / rel, staging / rel)
     _fsync_dir(staging)
     retired = target.parent / f".{target.name}.lmshard-replaced-{os.getpid()}"
@@ -114,7 +115,23 @@ def users_files(old: Path, new: Path) -> list[str]:
     ours = {PROVENANCE_FILE}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         ours |= {f["path"] for f in json.loads((old / PROVENANCE_FILE).read_text())["files"]}
-    return sorted(name for name in os.listdir(old) if name not in ours and not (new / name).exists())
+    return _not_replaced(old, new, ours, "")
+
+
+def _not_replaced(old: Path, new: Path, ours: set[str], prefix: str) -> list[str]:
+    """Entries under `old` (relative to it, from `prefix` down) that the new output does not
+    replace: a folder both hold is compared entry by entry, so a user's `train/notes.txt` stays
+    beside the new `train/` shards."""
+    kept = []
+    for name in sorted(os.listdir(old / prefix) if prefix else os.listdir(old)):
+        rel = f"{prefix}/{name}" if prefix else name
+        if rel in ours:
+            continue
+        if not (new / rel).exists() and not (new / rel).is_symlink():
+            kept.append(rel)
+        elif (old / rel).is_dir() and not (old / rel).is_symlink() and (new / rel).is_dir():
+            kept += _not_replaced(old, new, ours, rel)
+    return kept
 
 
 class TokenFile:

@@ -161,7 +161,8 @@ class Publisher:
         shutil.rmtree(self.root, ignore_errors=True)  # an earlier run's work: not resumed, so not needed
         self.root.mkdir(parents=True, exist_ok=True)
         self.journal = Journal.create(self.root / JOURNAL, {"run": run, "generation": self.generation,
-                                                            "replaces": self.replaces})  # fmt: skip
+                                                            "replaces": self.replaces,
+                                                            "resumable": self.resumable})  # fmt: skip
         if flags.append and self.previous is not None:
             self._seed_append()
 
@@ -181,8 +182,14 @@ class Publisher:
         discards it; so does deleting the build (its uploads are then removed by the next run)."""
         stale = Journal.load(self.root / JOURNAL)
         left = [p for p in self._build_paths() if p.exists()]
-        if stale is None or flags.overwrite or not self.resumable or not left:
+        if stale is None or flags.overwrite or not left:
             return
+        if not stale.state.get("resumable", True):
+            return  # an interrupted copy or import: nothing to resume, so nothing lost by clearing it
+        if not self.resumable:  # (lmshard cp, import --out URL): only a prepare can resume the build
+            raise ConfigError(f"{redact(self.url)}: an interrupted prepare run of this machine left its build in "
+                              f"{self.root}; resume it with prepare --resume (with its options), or pass --force "
+                              "to discard it")  # fmt: skip
         when = time.ctime((self.root / JOURNAL).stat().st_mtime)
         sent = f" and {len(stale.started):,} objects uploaded under {redact(self.url)}" if stale.started else ""
         drop = (f"delete {' and '.join(map(str, left))} to discard it (the next run removes its objects)"
