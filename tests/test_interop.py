@@ -531,12 +531,13 @@ def test_a_long_document_leaves_no_tiny_llmc_file_behind_it(tmp_path):
 LLMC_V1 = (20240520, 1, "<u2")
 
 
-def _llmc_fineweb(out: Path, docs: list[list[int]], shard_size: int, version: tuple[int, int, str] = LLMC_V1):
+def _llmc_fineweb(out: Path, docs: list[list[int]], shard_size: int, version: tuple[int, int, str] = LLMC_V1,
+                  sep: int = GPT2_EOT):  # fmt: skip
     """Shards as llm.c's dev/data/fineweb.py writes them (its write_datafile: a header of 256
     int32, magic, version, token count; then the tokens): each document [EOT, tokens...], shards
     of `shard_size` tokens, the first one val, a document that does not fit cut and carried on
     into the next shard. Returns the token stream of each split."""
-    stream = np.array([t for d in docs for t in [GPT2_EOT, *d]], dtype=np.int64)
+    stream = np.array([t for d in docs for t in [sep, *d]], dtype=np.int64)
     streams: dict[str, list[int]] = {"val": [], "train": []}
     out.mkdir(parents=True, exist_ok=True)
     for k, start in enumerate(range(0, len(stream), shard_size)):
@@ -640,3 +641,46 @@ def test_cp_of_a_dataset_missing_its_tokenizer_state_is_refused_in_one_line(data
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "tokenizer_state.json: missing; the dataset is not whole" in " ".join(result.output.split())
     assert not (tmp_path / "dst").exists()
+
+
+def test_llama3_llmc_shards_import_by_the_bos_that_starts_each_document(big, big_ds, tmp_path):  # noqa: F811
+    """llm.c's Llama 3 fineweb.py starts each document with <|begin_of_text|> in v7 shards: the
+    import finds the documents by it without --eot-id; lmshard's own v7 export (EOT, then BOS)
+    imports back to the source's documents; a separator that never occurs is one line naming
+    --eot-id, and a split cut before any document start counts its partial document."""
+    import tokenizers
+
+    ref = tokenizers.Tokenizer.from_file(str(big["file"]))
+    bos, eot = ref.token_to_id(BOT), ref.token_to_id(EOT)
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(300, 70_000, size=int(rng.integers(3, 40))).tolist() for _ in range(80)]
+    streams = _llmc_fineweb(tmp_path / "fw", docs, shard_size=500, version=(20240801, 7, "<u4"), sep=bos)
+    meta = import_dataset(tmp_path / "fw", "llmc", tmp_path / "ds", tokenizer=str(big["file"]))
+    assert meta.tokenizer.eot_id == bos and meta.drops == {"partial_document": 1}
+    tail = streams["train"].index(bos)
+    assert [t for d in read_docs(tmp_path / "ds", "train") for t in d.tolist()] == streams["train"][tail:]
+    export_dataset(big_ds, "llmc", tmp_path / "out", name="llama")
+    back = import_dataset(tmp_path / "out", "llmc", tmp_path / "back", tokenizer=str(big["file"]))
+    assert back.tokenizer.eot_id == eot
+    for split in ("train", "val"):
+        assert [d.tolist() for d in read_docs(tmp_path / "back", split)] == \
+            [d.tolist() for d in truth(big_ds, split, "before")], split  # fmt: skip
+    with pytest.raises(Exception, match=r"no document start \(the id 7\); pass --eot-id"):
+        import_dataset(tmp_path / "fw", "llmc", tmp_path / "none", tokenizer=str(big["file"]), eot_id=7)
+
+
+def test_an_llmc_split_before_its_first_document_start_counts_what_it_leaves_out(tmp_path, monkeypatch):
+    """Leading blocks with no separator are left out and counted (partial_document 1), even when
+    the first start is at the beginning of a later block; llm.c's starter files
+    (tiny_shakespeare_train.bin, no shard number) are found."""
+    out = tmp_path / "fw"
+    out.mkdir()
+    for name, toks in (("tiny_val.bin", [GPT2_EOT, 1, 2]), ("tiny_train.bin", [1, 2, 3, 4, 5, 6, GPT2_EOT, 7, 8])):
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = 20240520, 1, len(toks)
+        (out / name).write_bytes(header.tobytes() + np.array(toks, dtype="<u2").tobytes())
+    monkeypatch.setattr(importer, "BLOCK_TOKENS", 3)  # the first start falls at offset 0 of the third block
+    meta = import_dataset(out, "llmc", tmp_path / "ds", tokenizer="gpt2")
+    assert meta.drops == {"partial_document": 1}
+    assert [d.tolist() for d in read_docs(tmp_path / "ds", "train")] == [[GPT2_EOT, 7, 8]]
+    assert [d.tolist() for d in read_docs(tmp_path / "ds", "val")] == [[GPT2_EOT, 1, 2]]

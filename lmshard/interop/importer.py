@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, InputError, LmshardError
+from ..errors import ConfigError, InputError
 from ..format import (
     METADATA_FILE,
     SPLITS,
@@ -80,7 +80,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         try:
             meta = import_dataset(src, fmt, publisher.mirror, tokenizer=tokenizer, eot_id=eot_id, val=val,
                                   tokens_per_shard=tokens_per_shard, shard_encoding=shard_encoding)  # fmt: skip
-        except LmshardError:
+        except BaseException:  # (nothing uploaded yet: the prefix is left as it was, unlocked)
             publisher.abandon()
             raise
         publisher.publish(meta)
@@ -92,7 +92,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: must be at least 1")
     inputs = _inputs(Path(src), fmt, Path(val) if val is not None else None)
     tok = load_tokenizer(tokenizer, "tokenizers" if is_hf_spec(tokenizer) else "tiktoken")
-    eot = tok.eot_id if eot_id is None else eot_id
+    eot = _default_separator(fmt, inputs, tok) if eot_id is None else eot_id
     if not 0 <= eot < tok.n_vocab:
         raise ConfigError(f"--eot-id {eot}: not an id of the {tok.name} vocabulary (0 .. {tok.n_vocab - 1})")
     encoding = Encoding.choose(shard_encoding, tok.n_vocab)
@@ -106,7 +106,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
             if fmt == "nanogpt":
                 reader = _nanogpt_blocks(files[0], eot)
             elif before:
-                reader = _LlmcBlocks(files, eot, fmt)
+                reader = _LlmcBlocks(files, eot, fmt, split)
             else:
                 reader = _megatron_blocks(files[0], files[1])
             writer = ShardWriter(staging, split, tokens_per_shard, encoding=encoding)
@@ -114,7 +114,9 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
             shards += written
             partial[split] = reader.partial if isinstance(reader, _LlmcBlocks) else 0
         if not any(s.n_docs for s in shards if s.split == "train"):
-            raise InputError(f"{src}: no documents to import into the train split")
+            raise InputError(f"{src}: no documents to import into the train split (each document "
+                             f"{'starts' if before else 'ends'} with the id {eot}; pass --eot-id if the files use "
+                             "another)")  # fmt: skip
         meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, (empty, partial), (tokens_per_shard, encoding),
                          started, "before" if before else "after")  # fmt: skip
         state = tok.identity()
@@ -130,9 +132,10 @@ def _inputs(src: Path, fmt: str, val: Path | None) -> dict[str, list[Path]]:
     if fmt in LLMC_FORMATS:
         if val is not None:
             raise ConfigError(f"--val is for --from megatron; a {fmt} directory holds its own val shards")
-        found = {split: sorted(src.glob(f"*_{split}_*.bin")) for split in SPLITS} if src.is_dir() else {}
+        found = {split: sorted({*src.glob(f"*_{split}_*.bin"), *src.glob(f"*_{split}.bin")}) for split in SPLITS
+                 } if src.is_dir() else {}  # (llm.c's starter sets: tiny_shakespeare_train.bin)  # fmt: skip
         if not found.get("train"):
-            raise InputError(f"{src}: not a {fmt} data directory (no NAME_train_NNNNNN.bin in it)")
+            raise InputError(f"{src}: not a {fmt} data directory (no NAME_train_NNNNNN.bin or NAME_train.bin in it)")
         return {split: files for split, files in found.items() if files}
     if fmt == "nanogpt":
         if val is not None:
@@ -177,13 +180,15 @@ class _LlmcBlocks:
     """Documents of llm.c / modded-nanogpt shards, in file order: each starts with the EOT id,
     and one may run on from a shard into the next (carried over). A split's first shard may
     begin inside a document whose start fineweb.py wrote into the shard before it (the val
-    shard, before the first train shard): those tokens are left out, counted in `partial`."""
+    shard, before the first train shard): the tokens before the split's first document start
+    are left out, and `partial` is 1 when there were any. A split whose shards hold tokens but
+    no document start is refused (the separator id is not the files')."""
 
-    def __init__(self, files: list[Path], eot: int, fmt: str) -> None:
-        self.files, self.eot, self.fmt, self.partial = files, eot, fmt, 0
+    def __init__(self, files: list[Path], eot: int, fmt: str, split: str = "train") -> None:
+        self.files, self.eot, self.fmt, self.split, self.partial = files, eot, fmt, split, 0
 
     def __iter__(self) -> Iterator[Block]:
-        carry, started = np.zeros(0, TOKEN_DTYPE), False
+        carry, started, dropped = np.zeros(0, TOKEN_DTYPE), False, 0
         for path in self.files:
             dtype, n_tokens = _llmc_header(path, self.fmt)
             tokens = np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(n_tokens,)) \
@@ -192,9 +197,11 @@ class _LlmcBlocks:
                 block = np.concatenate([carry, np.asarray(tokens[start : start + BLOCK_TOKENS], dtype=TOKEN_DTYPE)])
                 starts = np.flatnonzero(block == self.eot)
                 if not started and len(starts):  # the tail of a document begun before this split
-                    self.partial, started = int(starts[0] > 0), True
+                    dropped += int(starts[0])
+                    self.partial, started = int(dropped > 0), True
                     block, starts = block[starts[0] :], starts - starts[0]
                 if not started:
+                    dropped += len(block)
                     carry = np.zeros(0, TOKEN_DTYPE)
                     continue
                 if len(starts) > 1:
@@ -202,6 +209,27 @@ class _LlmcBlocks:
                 carry = block[starts[-1] :] if len(starts) else block
         if len(carry):
             yield Block(carry, np.array([len(carry)]))
+        if not started and dropped:
+            raise InputError(f"{self.files[0]}: the {self.split} shards hold {dropped:,} tokens but no document start "
+                             f"(the id {self.eot}); pass --eot-id with the id that begins each document (llm.c's "
+                             "GPT-2 shards: 50256; Llama 3: 128000)")  # fmt: skip
+
+
+def _default_separator(fmt: str, inputs: dict[str, list[Path]], tok: Tokenizer) -> int:
+    """The separator id the input files use when --eot-id is not given. nanoGPT and Megatron:
+    the vocabulary's end of text. llm.c shards: the id their first shard (val first) begins with,
+    where that is the vocabulary's end of text or BOS (llm.c's Llama 3 fineweb.py starts each
+    document with <|begin_of_text|>; lmshard's export, with the end of text); else the end of
+    text, or the BOS in uint32 (Llama 3) shards."""
+    if fmt not in LLMC_FORMATS:
+        return int(tok.eot_id)
+    first = (inputs.get("val") or inputs["train"])[0]
+    dtype, n_tokens = _llmc_header(first, fmt)
+    if n_tokens:
+        token = int(np.fromfile(first, dtype=dtype, count=1, offset=LLMC_HEADER_BYTES)[0])
+        if token in (tok.eot_id, tok.bos_id):
+            return token
+    return int(tok.bos_id) if dtype.itemsize == 4 and tok.bos_id is not None else int(tok.eot_id)
 
 
 def _llmc_header(path: Path, fmt: str) -> tuple[np.dtype, int]:
