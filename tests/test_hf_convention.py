@@ -135,3 +135,36 @@ def test_the_mask_of_window_batches_follows_their_document_boundaries(data):
     doc = np.cumsum(after_eot, axis=1)
     want = (doc[:, :, None] == doc[:, None, :]) & np.tril(np.ones((48, 48), bool))
     assert (allowed == want).all() and after_eot.sum() > 2
+
+
+def test_the_collator_refuses_windows_whose_targets_are_not_the_next_tokens(data):
+    """ds.windows(T, shift=2) items through hf_collator: refused in one line (the model would
+    train on the next token, not what the windows hold); shift=1 windows pass."""
+    from lmshard import hf_collator
+
+    shifted = data.windows(16, shift=2)
+    with pytest.raises(ArgumentError, match="not their next tokens .*make the windows with shift=1"):
+        hf_collator([shifted[0], shifted[1]])
+    plain = data.windows(16)
+    assert torch.equal(hf_collator([plain[0], plain[1]])["input_ids"][0], torch.as_tensor(plain[0][0]).long())
+
+
+@pytest.mark.parametrize("model", range(2), ids=["gpt2", "llama"])
+def test_padded_batches_in_the_hf_convention_keep_their_padding_mask(data, model):
+    """A padded batch's hf(): its 2D attention_mask passed on (padding seen by no token), labels
+    -100 at padding; hf(mask=True) the 4D mask of one document a row, giving the same logits on
+    the tokens; the loss is the next-token CE by hand over the tokens."""
+    m = _models()[model]
+    batch = next(iter(data.padded_batches(3, 40, seed=2, pad_to_max=True)))
+    pad = batch["attention_mask"]
+    assert (pad == 0).any()  # some rows are padded
+    fields, four_d = batch.hf(), batch.hf(mask=True)
+    assert torch.equal(fields["attention_mask"], pad) and four_d["attention_mask"].dim() == 4
+    assert (fields["labels"][pad == 0] == -100).all()
+    with torch.no_grad():
+        a = m(**fields)
+        b = m(**four_d)
+    real = pad.bool()
+    assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5)
+    assert torch.isclose(a.loss, _next_token_ce(a.logits, batch.y), atol=1e-5)
+    assert torch.isclose(b.loss, a.loss, atol=1e-5)

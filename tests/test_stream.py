@@ -455,3 +455,43 @@ def test_a_two_rank_stream_resumes_exactly_from_rank_0s_checkpoint(tmp_path):
     ranks = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
                    key=lambda r: r["rank"])  # fmt: skip
     assert ranks == [{"rank": 0, "same": True, "ranks": 2}, {"rank": 1, "same": True, "ranks": 2}], ranks
+
+
+_GATHER_PEERS = """
+import json, os, sys, lmshard, torch.distributed as dist
+from lmshard.errors import LmshardError
+dist.init_process_group("gloo")
+rank, src = dist.get_rank(), sys.argv[1]
+# two tensor-parallel peers of one data-parallel rank: the same stream (rank 0 of 1) on both
+b = lmshard.stream(src, seed=5).windows(2, 16, rank=0, world_size=1)
+for _ in zip(range(3), b):
+    pass
+state = b.state_dict(gather=True)
+try:  # process 1 asks for more than the stream keeps: every process raises, none waits
+    b.state_dict(in_hand=99 if rank == 1 else 0, gather=True)
+    failed = ""
+except LmshardError as e:
+    failed = str(e)
+os.write(1, (json.dumps({"rank": rank, "ranks": [s["rank"] for s in state["ranks"]], "failed": failed}) + "\\n"
+              ).encode())
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_gather_with_peers_sharing_a_stream_rank_and_a_failing_rank(tmp_path):
+    """Real torch.distributed (gloo), 2 processes that share stream rank 0 (as tensor-parallel
+    peers do): the gathered state holds that rank once; a state that fails on process 1 is
+    raised on both processes (no hang), naming the rank."""
+    from test_train_ddp import free_port, launch
+
+    write_parts(tmp_path / "src", parts=2, per_part=40)
+    script = tmp_path / "peers.py"
+    script.write_text(_GATHER_PEERS)
+    done = launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", str(free_port()), str(script), str(tmp_path / "src")])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["rank"])  # fmt: skip
+    assert [s["ranks"] for s in said] == [[0], [0]]
+    assert all(s["failed"].startswith("state_dict(gather=True): rank 0: in_hand=99") for s in said), said

@@ -47,7 +47,7 @@ class PackedBatch:
         model shifts them), not lmshard's next tokens (hfconvention.py)."""
         f = self._fields
         return hf_fields(f["input_ids"], f["labels"], 1, f.get("position_ids"), f.get("cu_seqlens"),
-                         f.get("max_seqlen"), varlen, mask)  # fmt: skip
+                         f.get("max_seqlen"), varlen, mask, f.get("attention_mask"))  # fmt: skip
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) if hasattr(v, "shape") else v for k, v in self._fields.items()}

@@ -244,23 +244,38 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             out["packs"] = rows
         return out
 
-    def state_dict(self, in_hand: int = 0, gather: bool = False) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0, gather: bool = False, group: Any = None) -> dict[str, Any]:
         """Each reader's position after the last batch handed out, less `in_hand` batches drawn
         but not trained on (at most 16). This rank's readers only, unless `gather`: then every
-        rank must call it at the same step (a collective over torch.distributed), and each gets
-        every rank's state, which rank 0 can save alone; `load_state_dict` takes either form."""
-        own = self._own_state(in_hand)
+        process of `group` (default: all of torch.distributed's) must call it at the same step,
+        and each gets every stream rank's state, which rank 0 can save alone; `load_state_dict`
+        takes either form. Processes that share a stream rank (tensor or pipeline parallel peers
+        of one data-parallel rank) give one state; a state that cannot be made on one process
+        is raised on every process, so none waits on the others."""
         if not gather:
-            return own
-        states: list[Any] = [own]
-        if self.world_size > 1:
-            if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-                raise ArgumentError("state_dict(gather=True) on a stream of several ranks gathers over "
-                                    "torch.distributed: initialise it first (torchrun, "
-                                    "init_process_group)")  # fmt: skip
-            states = [None] * self.world_size
-            torch.distributed.all_gather_object(states, own)
-        return {"kind": "lmshard.stream.ranks", "world_size": self.world_size, "ranks": states}
+            return self._own_state(in_hand)
+        try:
+            own: dict[str, Any] = self._own_state(in_hand)
+        except LmshardError as e:
+            own = {"kind": "lmshard.stream.error", "rank": self.rank, "error": str(e)}
+        gathered: list[Any] = [own]
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            gathered = [None] * dist.get_world_size(group)
+            dist.all_gather_object(gathered, own, group=group)
+        elif self.world_size > 1:
+            raise ArgumentError("state_dict(gather=True) on a stream of several ranks gathers over "
+                                "torch.distributed: initialise it first (torchrun, init_process_group)")  # fmt: skip
+        failed = [g for g in gathered if g.get("kind") == "lmshard.stream.error"]
+        if failed:
+            raise ArgumentError(f"state_dict(gather=True): rank {failed[0]['rank']}: {failed[0]['error']}")
+        ranks = {g["rank"]: g for g in gathered}
+        if set(ranks) != set(range(self.world_size)):
+            raise ArgumentError(f"state_dict(gather=True) gathered the states of stream ranks {sorted(ranks)}, but the "
+                                f"stream has world_size={self.world_size}: pass a group that holds every "
+                                "data-parallel rank (or none: all processes)")  # fmt: skip
+        return {"kind": "lmshard.stream.ranks", "world_size": self.world_size,
+                "ranks": [ranks[r] for r in range(self.world_size)]}  # fmt: skip
 
     def _own_state(self, in_hand: int) -> dict[str, Any]:
         in_hand = checks.nonnegative("in_hand", in_hand)
@@ -303,7 +318,7 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 raise ArgumentError(f"the state was saved by {state['world_size']} ranks and this stream has "
                                     f"world_size={self.world_size}: each reader owns its own records, so a stream "
                                     "resumes only with the same world size")  # fmt: skip
-            state = state["ranks"][self.rank]
+            state = next((s for s in state["ranks"] if s["rank"] == self.rank), None)
         if not isinstance(state, dict) or state.get("kind") != "lmshard.stream" or state.get("shape") != self.shape:
             raise ArgumentError(f"not the state of a {self.shape} stream of lmshard.stream; pass what this kind of "
                                 "stream's state_dict() returned")  # fmt: skip
