@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.lmshard-setup
+INTEROP := $(VENV)/interop
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
@@ -11,11 +12,19 @@ export HF_DATASETS_OFFLINE := 1
 setup: $(STAMP)
 
 # Re-runs only when the dependencies (or these install lines) change. torch is pinned to the build on local disk: any
-# other spec would pull a multi-GB CUDA wheel.
+# other spec would pull a multi-GB CUDA wheel. The export tests read back with the real libraries: litdata (its
+# lightning-utilities, tifffile and obstore are in the test extra) without the torchvision it names, as PyPI's
+# torchvision is built for CUDA torch and breaks every import of it beside the CPU build (transformers' among them);
+# MosaicML streaming and OLMo-core, which pin numpy < 2.2 and rich < 14, in an environment of their own (INTEROP).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q "torch==2.13.0"
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[test,zstd,hf,tokenizers,sentencepiece,fast,torch,plot,s3,http,lang]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps "litdata==0.2.76"
+	test -x $(INTEROP)/bin/python || $(PYTHON) -m venv $(INTEROP)
+	$(INTEROP)/bin/python -m pip install --disable-pip-version-check -q "torch==2.13.0" "mosaicml-streaming==0.13.0" \
+	  "ai2-olmo-core==3.0.0"
+	$(INTEROP)/bin/python -m pip uninstall --disable-pip-version-check -y -q torchvision
 	$(BIN)/lmshard tokenizer fetch gpt2
 	touch $(STAMP)
 

@@ -684,3 +684,45 @@ def test_an_llmc_split_before_its_first_document_start_counts_what_it_leaves_out
     assert meta.drops == {"partial_document": 1}
     assert [d.tolist() for d in read_docs(tmp_path / "ds", "train")] == [[GPT2_EOT, 7, 8]]
     assert [d.tolist() for d in read_docs(tmp_path / "ds", "val")] == [[GPT2_EOT, 1, 2]]
+
+
+@pytest.mark.parametrize("which", ["gpt2", "big"])
+def test_a_litdata_export_reads_back_with_litdatas_tokens_loader(datasets, big_ds, which, tmp_path):
+    """`export --to litdata`: litdata's own StreamingDataset with TokensLoader (as litgpt reads
+    its pretraining data) gives, block by block, the split's documents as the dataset holds them
+    (uint16 tensors for GPT-2, int32 past 65,536 ids); with block_size=1 nothing is left out; a
+    block never spans two chunks, and every chunk holds whole documents."""
+    litdata = pytest.importorskip("litdata")
+    from litdata.streaming.item_loader import TokensLoader
+
+    root = datasets["after"] if which == "gpt2" else big_ds
+    result = runner.invoke(app, ["export", str(root), "--to", "litdata", "--out", str(tmp_path / "lit"),
+                                 "--tokens-per-shard", "600"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = load_metadata(root)
+    for split in ("train", "val"):
+        docs = truth(root, split, meta.eot_position)
+        stream = flat(docs)
+        index = json.loads((tmp_path / "lit" / split / "index.json").read_text())
+        assert len(index["chunks"]) > 1 or len(stream) <= 1200  # (chunks of about 600 tokens)
+        assert sum(c["dim"] for c in index["chunks"]) == len(stream)
+        assert sum(c["chunk_size"] for c in index["chunks"]) == len(docs)  # an item per document
+        ones = litdata.StreamingDataset(str(tmp_path / "lit" / split), item_loader=TokensLoader(block_size=1))
+        got = [ones[i] for i in range(len(ones))]
+        want_dtype = torch_dtype("uint16" if which == "gpt2" else "int32")
+        assert got[0].dtype == want_dtype and np.array_equal(np.concatenate([t.numpy() for t in got]), stream)
+        T = 33
+        blocks = litdata.StreamingDataset(str(tmp_path / "lit" / split), item_loader=TokensLoader(block_size=T))
+        chunk_starts = np.cumsum([0] + [c["dim"] for c in index["chunks"]])
+        expected = [stream[s + k * T : s + (k + 1) * T] for s, c in zip(chunk_starts, index["chunks"], strict=False)
+                    for k in range(c["dim"] // T)]  # fmt: skip
+        assert len(blocks) == len(expected)
+        assert all(np.array_equal(blocks[i].numpy(), expected[i]) for i in range(len(blocks)))
+        ends = set(np.cumsum([len(d) for d in docs]).tolist())
+        assert all(int(e) in ends for e in chunk_starts[1:])  # chunks end at document ends
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"uint16": torch.uint16, "int32": torch.int32}[name]

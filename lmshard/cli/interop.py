@@ -46,14 +46,16 @@ def cp(
 def export(
     dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset written by `lmshard prepare`: a directory "
                                   "or a URL."),  # fmt: skip
-    to: str = typer.Option(..., "--to", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt, megatron or hf."),
+    to: str = typer.Option(..., "--to", metavar="FORMAT", help="nanogpt, llmc, modded-nanogpt, megatron, hf, "
+                           "litdata, mds or olmo."),  # fmt: skip
     out: Path = typer.Option(..., "--out", "-o", metavar="DIR", help="Output directory (must not exist or be empty)."),
     split: str = typer.Option(
         "all", "--split", metavar="SPLIT", help="train, val or all (every split that has documents)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out once the new export is complete."),
     tokens_per_shard: int = typer.Option(
-        100_000_000, "--tokens-per-shard", metavar="N", help="llmc, modded-nanogpt: tokens per file (whole documents)."
+        100_000_000, "--tokens-per-shard", metavar="N", help="llmc, modded-nanogpt, olmo: tokens per file (whole "
+        "documents); litdata, mds: per chunk or shard."
     ),
     name: str | None = typer.Option(
         None,

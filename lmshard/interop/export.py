@@ -1,5 +1,6 @@
 """`lmshard export`: an lmshard dataset written in the format another trainer reads (nanoGPT,
-llm.c, modded-nanogpt, Megatron-LM, Hugging Face `datasets`; the layouts are in `layouts.py`).
+llm.c, modded-nanogpt, Megatron-LM, Hugging Face `datasets`; the layouts are in `layouts.py`; the
+streaming loaders' folder formats, litdata, MosaicML MDS and OLMo-core's, in `chunked.py`).
 
 The source is read, never written: checked cheaply (`source.open_source`), then streamed shard by
 shard in blocks of whole documents, each block converted (separator side, dtype) and appended to
@@ -28,6 +29,7 @@ from .. import __version__
 from ..errors import ConfigError
 from ..format import TOKENIZER_FILE, DatasetMeta
 from ..remote.urls import is_url, local_only, redact
+from . import chunked
 from .layouts import (
     FORMATS,
     LLMC_MAX_TOKENS,
@@ -138,6 +140,12 @@ def _plan(to: str, meta: DatasetMeta) -> tuple[str, str, Writer]:
         return version[2].name, "before", lambda job: _llmc_files(job, version)
     if to == "hf":
         return "int32", meta.eot_position, _hf
+    if to in ("litdata", "mds"):
+        dtype = chunked.token_dtype(n_vocab)
+        return ("uint16" if dtype.itemsize == 2 else "int32"), meta.eot_position, \
+            (chunked.litdata_files if to == "litdata" else chunked.mds_files)  # fmt: skip
+    if to == "olmo":
+        return ("uint16" if n_vocab <= UINT16_IDS else "uint32"), "after", chunked.olmo_files
     if n_vocab > INT32_MAX + 1:
         raise ConfigError(f"--to megatron stores int32 tokens, but the vocabulary has {n_vocab:,} ids")
     return megatron_dtype(n_vocab)[1].name, "after", _megatron
@@ -305,7 +313,9 @@ def _trainer_files(to: str, stem: str) -> re.Pattern[str]:
     stem = re.escape(stem)
     return re.compile({"nanogpt": r"(train|val)\.bin|meta\.pkl",  # train.py reads meta.pkl's vocab_size
                        "megatron": rf"{stem}_(train|val)_text_document\.(bin|idx)",
-                       "hf": r"dataset_dict\.json|train|validation"}.get(to,
+                       "hf": r"dataset_dict\.json|train|validation",
+                       "litdata": r"(train|val)(/.*)?", "mds": r"(train|val)(/.*)?",
+                       "olmo": r"(train|val)(/.*)?"}.get(to,
                       rf"{stem}_(train|val)_\d{{6}}\.bin"))  # fmt: skip
 
 
@@ -337,7 +347,9 @@ def _megatron_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
 
 def _write_provenance(job: _Job, result: ExportResult) -> None:
     """lmshard_export.json: where the files came from and what they hold (no trainer reads it)."""
-    header = {"nanogpt": None, "megatron": "MMIDIDX .idx, version 1"}.get(result.format, "llm.c 256 x int32")
+    header = {"nanogpt": None, "megatron": "MMIDIDX .idx, version 1", "hf": "datasets save_to_disk (arrow)",
+              "litdata": "litdata index.json and chunks (TokensLoader)", "mds": "MDS index.json version 2",
+              "olmo": "none (raw arrays) and dolma .csv.gz metadata"}.get(result.format, "llm.c 256 x int32")
     source = job.source or str(job.meta.root.resolve())
     record = {"format": result.format, "source": source, "lmshard_version": __version__,
               "tokenizer": job.meta.tokenizer.to_json(), "token_dtype": result.token_dtype,

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import InputError
 
-FORMATS = ("nanogpt", "llmc", "modded-nanogpt", "megatron", "hf")
+FORMATS = ("nanogpt", "llmc", "modded-nanogpt", "megatron", "hf", "litdata", "mds", "olmo")  # (last three: chunked.py)
 UINT16_IDS = 1 << 16  # a uint16 token holds ids 0 .. 65,535
 
 # llm.c: 256 int32 values before the tokens.

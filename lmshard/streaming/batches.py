@@ -318,7 +318,8 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 raise ArgumentError(f"the state was saved by {state['world_size']} ranks and this stream has "
                                     f"world_size={self.world_size}: each reader owns its own records, so a stream "
                                     "resumes only with the same world size")  # fmt: skip
-            state = next((s for s in state["ranks"] if s["rank"] == self.rank), None)
+            mine: Any = next((s for s in state["ranks"] if s["rank"] == self.rank), None)
+            state = mine  # (None: refused below, as not a state)
         if not isinstance(state, dict) or state.get("kind") != "lmshard.stream" or state.get("shape") != self.shape:
             raise ArgumentError(f"not the state of a {self.shape} stream of lmshard.stream; pass what this kind of "
                                 "stream's state_dict() returned")  # fmt: skip
