@@ -704,3 +704,33 @@ def test_cp_to_the_url_of_an_interrupted_prepare_leaves_its_build_and_uploads(s3
     prepare(config(url, inputs, resume=True))
     prepare(config(str(tmp_path / "local"), inputs))
     assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def test_a_cp_killed_mid_upload_and_run_again_sends_only_what_is_missing(s3, inputs, tmp_path, monkeypatch):
+    """`lmshard cp DIR s3://...` killed after 3 uploads (its lock left, as kill -9 leaves it),
+    then the same command again: it goes on from the journal, sending only the files not yet
+    sent, and the result equals the source file for file. A copy of another dataset there would
+    not resume it: its uploads are cleared first."""
+    from lmshard.interop.copy import copy_dataset
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    prepare(config(str(tmp_path / "local"), inputs))
+    real_put = publish.Remote.put_file
+    sent = cut_uploads(monkeypatch, after=3)
+    with pytest.raises(KeyboardInterrupt):
+        copy_dataset(str(tmp_path / "local"), url)
+    assert len(sent) == 3
+    dead_lock(server, url)
+    again: list[str] = []
+
+    def counting(self, rel, local):
+        again.append(rel)
+        return real_put(self, rel, local)
+
+    monkeypatch.setattr(publish.Remote, "put_file", counting)
+    copy_dataset(str(tmp_path / "local"), url)
+    files = [k for k in local_tree(tmp_path / "local") if k != "dataset_metadata.json"]
+    assert sorted(r.rsplit("/", 1)[-1] for r in again) == sorted(
+        f.rsplit("/", 1)[-1] for f in files if f not in sent)  # fmt: skip
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))

@@ -4,8 +4,9 @@ commit protocol of `prepare --out URL` on the way up and checked files on the wa
 - **To a URL** (`publish.Publisher`): the source's files are linked (or copied) into the
   publisher's local mirror, each held to the checksum its metadata records, then uploaded, data
   first, with the metadata written last as the commit. A reader of DST sees the old dataset or
-  the new one, never a mix; a copy that fails or is killed leaves DST as it was (the objects it
-  uploaded are removed by the next run's claim, as after an interrupted prepare).
+  the new one, never a mix; a copy that fails or is killed leaves DST as it was. The same copy
+  run again goes on from the files it sent (each held to its checksum); another copy or prepare
+  there removes what it uploaded, as after an interrupted prepare.
 - **From a URL** (`inspect.remote.download`): every file is fetched and held to its checksum,
   into a directory beside DST that replaces it only when complete (`output.staged_output`).
 - **Local to local**: the same staged directory, each file held to its checksum.
@@ -18,10 +19,13 @@ Memory model: one file's copy or transfer at a time (streamed), and the dataset'
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+import xxhash
 
 from ..errors import ConfigError, FormatError
 from ..format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3, load_metadata
@@ -35,12 +39,15 @@ def copy_dataset(src: str, dst: str, *, force: bool = False) -> DatasetMeta:
         raise ConfigError(f"{redact(dst)}: the source and the destination are the same")
     if is_url(src):
         if is_url(dst):  # fetched straight into the upload's local mirror: one local copy
-            return _upload(dst, force, lambda mirror: _download(src, mirror))
+            from ..remote.dataset import open_remote
+
+            return _upload(dst, force, _identity(open_remote(src)[0]), lambda mirror: _download(src, mirror))
         with staged_output(dst, force, []) as staging:
             _download(src, staging)
         return load_metadata(dst)
     if is_url(dst):
-        return _upload(dst, force, lambda mirror: _place(load_metadata(src), Path(src), mirror, link=True))
+        meta = load_metadata(src)
+        return _upload(dst, force, _identity(meta), lambda mirror: _place(meta, Path(src), mirror, link=True))
     meta = load_metadata(src)
     with staged_output(dst, force, [Path(src)]) as staging:
         _place(meta, Path(src), staging, link=False)
@@ -54,11 +61,20 @@ def _download(url: str, dest: Path) -> DatasetMeta:
     return download(url, dest)
 
 
-def _upload(url: str, force: bool, fill: Callable[[Path], object]) -> DatasetMeta:
-    """Publish to `url` the dataset that `fill` puts in the publisher's local mirror."""
-    from ..prepare.output.publish import Publisher
+def _identity(meta: DatasetMeta) -> str:
+    """The source dataset's identity (its metadata's digest): a copy of the same dataset to the
+    same URL, interrupted and run again, goes on from the files it sent."""
+    return xxhash.xxh3_64_hexdigest(json.dumps(meta.to_json(), sort_keys=True).encode())
 
-    publisher = Publisher(url, overwrite=force, hint="pass --force to replace it", resumable=False)
+
+def _upload(url: str, force: bool, source: str, fill: Callable[[Path], object]) -> DatasetMeta:
+    """Publish to `url` the dataset that `fill` puts in the publisher's local mirror; resume an
+    interrupted copy of the same `source` there (each file held to its checksum, so a file is
+    sent again unless the journal has it with the same bytes)."""
+    from ..prepare.output.publish import Publisher, copy_left
+
+    publisher = Publisher(url, overwrite=force, resume=copy_left(url, source), hint="pass --force to replace it",
+                          resumable=False, source=source)  # fmt: skip
     publisher.claim()
     try:
         if publisher.mirror.exists():

@@ -65,13 +65,20 @@ class _Flags:
     resume: bool
 
 
+def copy_left(url: str, source: str) -> bool:
+    """Whether an interrupted copy of `source` to `url`, from this machine, left uploads to go on
+    from (a copy run again resumes: only the files not yet sent with these bytes are sent)."""
+    stale = Journal.load(work_root(url.rstrip("/")) / JOURNAL)
+    return bool(source) and stale is not None and stale.state.get("source") == source
+
+
 class Publisher:
     """One run writing a dataset to a URL (`prepare`, `import`): the claim of the prefix, the
     uploads, the commit. Build the dataset in `mirror` between `claim()` and `publish(meta)`."""
 
     def __init__(self, url: str, *, overwrite: bool = False, append: bool = False, resume: bool = False,
                  retry: Any = None, hint: str = "pass --overwrite to replace it, --append to add to it, or --resume "
-                 "to finish an interrupted run", resumable: bool = True) -> None:  # fmt: skip
+                 "to finish an interrupted run", resumable: bool = True, source: str = "") -> None:  # fmt: skip
         output_url(url)
         self.config, self.url, self.hint = _Flags(overwrite, append, resume), url.rstrip("/"), hint
         self.replaces: dict[str, Any] | None = None  # an --overwrite's replaced dataset: its root and files
@@ -85,6 +92,7 @@ class Publisher:
         self.journal: Journal | None = None
         self.discarded: str | None = None  # what an interrupted run left that this one cleared
         self.resumable = resumable
+        self.source = source  # what a copy uploads (an identity of its source), so a copy run again resumes it
         self._stop = threading.Event()
 
     # -- claim ---------------------------------------------------------------------------------
@@ -162,7 +170,8 @@ class Publisher:
         self.root.mkdir(parents=True, exist_ok=True)
         self.journal = Journal.create(self.root / JOURNAL, {"run": run, "generation": self.generation,
                                                             "replaces": self.replaces,
-                                                            "resumable": self.resumable})  # fmt: skip
+                                                            "resumable": self.resumable,
+                                                            "source": self.source})  # fmt: skip
         if flags.append and self.previous is not None:
             self._seed_append()
 
