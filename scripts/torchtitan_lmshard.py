@@ -11,8 +11,9 @@ and `training.seq_len` set the batch, `debug.seed` the order. torchtitan checkpo
 with the model (`checkpoint.enable`): the state is lmshard's few integers per rank, and a resumed
 run draws exactly the batches an uninterrupted one would. The dataset's own vocabulary must be
 the model's (`--model.hf_assets_path` names the tokenizer torchtitan loads; the ids are already
-tokens here). Keep `training.dataloader.num_workers` at 0: the draws cost microseconds, and
-workers would each iterate the whole stream.
+tokens here). `training.dataloader` options are not used: the loader runs in the training
+process (a draw costs microseconds). torchtitan's validation (`validation.enable`) still reads
+its own Hugging Face validation set; evaluate on the dataset's val split with lmshard instead.
 
 Memory model: one batch at a time beyond the dataset's memory map (lmshard's loader).
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import struct
@@ -726,3 +727,56 @@ def torch_dtype(name: str):
     import torch
 
     return {"uint16": torch.uint16, "int32": torch.int32}[name]
+
+
+def test_a_litdata_export_under_a_launchers_environment_writes_as_one_writer(datasets, tmp_path):
+    """WORLD_SIZE / GLOBAL_RANK set (as torchrun sets them): the export still writes one
+    complete litdata dataset (litdata's writer would otherwise wait for writers that do not
+    exist), read back whole."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("litdata")
+    code = ("import sys; from lmshard.interop import export_dataset; "
+            "export_dataset(sys.argv[1], 'litdata', sys.argv[2], tokens_per_shard=600)")  # fmt: skip
+    env = {**os.environ, "WORLD_SIZE": "2", "GLOBAL_RANK": "1", "RANK": "1"}
+    done = subprocess.run([sys.executable, "-c", code, str(datasets["after"]), str(tmp_path / "lit")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    index = json.loads((tmp_path / "lit" / "train" / "index.json").read_text())
+    assert sum(c["dim"] for c in index["chunks"]) == load_metadata(datasets["after"]).n_tokens("train")
+    assert all(c["filename"].startswith("chunk-0-") for c in index["chunks"])
+
+
+def test_force_over_an_earlier_chunked_export_keeps_the_users_files_inside_its_folders(datasets, tmp_path):
+    """export --to olmo, a file of the user's put in train/, then export --to mds --force: the
+    olmo parts go (the provenance lists every file an export wrote), the user's file stays."""
+    root, out = datasets["after"], tmp_path / "x"
+    export_dataset(root, "olmo", out, tokens_per_shard=700)
+    write(out / "train" / "mine.txt", "mine")
+    export_dataset(root, "mds", out, force=True)
+    assert (out / "train" / "mine.txt").read_text() == "mine"
+    assert not list(out.rglob("part-*")) and (out / "train" / "index.json").is_file()
+    written = json.loads((out / "lmshard_export.json").read_text())["written"]
+    assert "train/index.json" in written and "train/mine.txt" not in written
+
+
+def test_olmo_export_of_a_dataset_separated_by_its_bos_needs_eod_id(big, tmp_path):  # noqa: F811
+    """A dataset imported from llm.c's Llama 3 shards is separated by <|begin_of_text|>: --to
+    olmo refuses in one line naming --eod-id (OLMo-core would read a file as one document); with
+    --eod-id set to the vocabulary's end of text, that id ends every document."""
+    import tokenizers
+
+    ref = tokenizers.Tokenizer.from_file(str(big["file"]))
+    bos, eot = ref.token_to_id(BOT), ref.token_to_id(EOT)
+    rng = np.random.default_rng(9)
+    docs = [rng.integers(300, 70_000, size=int(rng.integers(3, 30))).tolist() for _ in range(40)]
+    _llmc_fineweb(tmp_path / "fw", docs, shard_size=400, version=(20240801, 7, "<u4"), sep=bos)
+    import_dataset(tmp_path / "fw", "llmc", tmp_path / "ds", tokenizer=str(big["file"]))
+    result = runner.invoke(app, ["export", str(tmp_path / "ds"), "--to", "olmo", "--out", str(tmp_path / "o")])
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and f"pass --eod-id {eot} to write <|end_of_text|>" in said, result.output
+    export_dataset(tmp_path / "ds", "olmo", tmp_path / "o", eod_id=eot)
+    tokens = np.concatenate([np.fromfile(p, dtype="<u4") for p in sorted((tmp_path / "o" / "train").glob("*.npy"))])
+    want = [d.tolist() for d in read_docs(tmp_path / "ds", "train")]  # [BOS, text...]: BOS moved after, as EOT
+    assert tokens.tolist() == [t for d in want for t in [*d[1:], eot]]

@@ -127,3 +127,18 @@ def test_an_olmo_export_reads_back_with_olmo_core(datasets, big_ds, which, tmp_p
             per_file += [[int(a), int(b)] for a, b in zip(np.r_[0, ends[:-1]], ends, strict=True)]
         assert said[split]["scanned"] == per_file
         assert sum(len(d) for d in docs) == len(flat(docs))
+
+
+def test_an_mds_export_with_concat_tokens_reads_back_as_llm_foundry_samples(datasets, tmp_path):  # noqa: F811
+    """`--concat-tokens 64`: streaming reads samples of exactly 64 tokens that are the split's
+    concatenated documents in order, the tail shorter than a sample left out and counted."""
+    root = datasets["after"]
+    result = export_dataset(root, "mds", tmp_path / "mds", tokens_per_shard=500, concat_tokens=64)
+    said = _read(tmp_path / "mds", "mds", tmp_path)
+    meta = load_metadata(root)
+    for split in ("train", "val"):
+        stream = flat(truth(root, split, meta.eot_position))
+        whole = len(stream) // 64 * 64
+        assert said[split]["docs"] == stream[:whole].reshape(-1, 64).tolist(), split
+        entry = next(f for f in result.files if f["split"] == split)
+        assert (entry["samples"], entry["tail_left_out"]) == (whole // 64, len(stream) - whole)

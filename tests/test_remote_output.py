@@ -734,3 +734,23 @@ def test_a_cp_killed_mid_upload_and_run_again_sends_only_what_is_missing(s3, inp
     assert sorted(r.rsplit("/", 1)[-1] for r in again) == sorted(
         f.rsplit("/", 1)[-1] for f in files if f not in sent)  # fmt: skip
     assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))
+
+
+def test_prepare_resume_at_the_url_of_an_interrupted_cp_does_not_take_over_its_uploads(s3, inputs, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    """A cp killed mid-upload, then `prepare --out URL --resume`: the copy's journal is not the
+    prepare's to go on with; its uploads are cleared and the prepare publishes its own dataset."""
+    from lmshard.interop.copy import copy_dataset
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    prepare(config(str(tmp_path / "other"), inputs, val_fraction=0.3))
+    real_put = publish.Remote.put_file
+    cut_uploads(monkeypatch, after=3)
+    with pytest.raises(KeyboardInterrupt):
+        copy_dataset(str(tmp_path / "other"), url)
+    monkeypatch.setattr(publish.Remote, "put_file", real_put)
+    dead_lock(server, url)
+    prepare(config(url, inputs, resume=True))
+    prepare(config(str(tmp_path / "local"), inputs))
+    assert remote_tree(server, url) == comparable(local_tree(tmp_path / "local"))

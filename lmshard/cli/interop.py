@@ -65,11 +65,19 @@ def export(
         "name; fineweb for modded-nanogpt).",
         show_default=False,
     ),
+    concat_tokens: int | None = typer.Option(
+        None,
+        "--concat-tokens",
+        metavar="N",
+        help="mds: samples of N tokens of the concatenated documents (llm-foundry's --concat_tokens; its text "
+        "dataset cuts each sample at max_seq_len). Default: a sample per document.",
+        show_default=False,
+    ),
     eod_id: int | None = typer.Option(
         None,
         "--eod-id",
         metavar="ID",
-        help="megatron: the end-of-document id of the trainer's tokenizer, written at each document end "
+        help="megatron, olmo: the end-of-document id of the trainer's tokenizer, written at each document end "
         "(default: the dataset's separator).",
         show_default=False,
     ),
@@ -78,7 +86,7 @@ def export(
     from ..interop import export_dataset
 
     result = export_dataset(dataset, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard, name=name,
-                            eod_id=eod_id)  # fmt: skip
+                            eod_id=eod_id, concat_tokens=concat_tokens)  # fmt: skip
     n_tokens = sum(f["n_tokens"] for f in result.files)
     n_docs = sum(f["n_docs"] for f in result.files)
     render.out.print(
@@ -89,6 +97,8 @@ def export(
     )
     for f in result.files:
         line = f"  {escape(f['path'])}  {f['split']}  {f['n_tokens']:,} tokens"
+        if "samples" in f:  # (--concat-tokens)
+            line += f": {f['samples']:,} samples of {f['concat_tokens']:,}, a tail of {f['tail_left_out']:,} left out"
         render.out.print(line, highlight=False, soft_wrap=True)  # a long file name: the terminal wraps, not rich
     if result.format in ("llmc", "modded-nanogpt"):  # their loaders assert B×T+1 tokens in every file
         smallest = min(f["n_tokens"] for f in result.files)

@@ -6,10 +6,12 @@
   write them), chunks of about `--tokens-per-shard` tokens. Read with
   `StreamingDataset(OUT/train, item_loader=TokensLoader(block_size=T + 1))`.
 - **mds** (MosaicML `streaming`, llm-foundry's `StreamingTextDataset`): `OUT/train/` and
-  `OUT/val/`, each `index.json` (version 2) and `shard.NNNNN.mds`: one sample per document,
-  one column `tokens` of encoding `ndarray:uint16` (vocabularies up to 65,536 ids) or
-  `ndarray:int32`, shards of at most `--tokens-per-shard` tokens' bytes (and under 4 GiB, the
-  format's uint32 offsets), each with its xxh64 in the index (`validate_hash="xxh64"`).
+  `OUT/val/`, each `index.json` (version 2) and `shard.NNNNN.mds`: one sample per document, or
+  with `--concat-tokens N` samples of exactly N tokens of the concatenated documents (what
+  llm-foundry trains on: its text dataset cuts each sample at `max_seq_len`), one column
+  `tokens` of encoding `ndarray:uint16` (vocabularies up to 65,536 ids) or `ndarray:int32`,
+  shards of at most `--tokens-per-shard` tokens' bytes (and under 4 GiB, the format's uint32
+  offsets), each with its xxh64 in the index (`validate_hash="xxh64"`).
 - **olmo** (OLMo-core's numpy datasets, dolma's tokenizer output): `OUT/train/part-NNNNN.npy`
   and `.csv.gz` beside each: the tokens as a raw array (no `.npy` header: OLMo-core memmaps
   it), uint16 or uint32, the EOS after each document; the metadata file a row
@@ -31,7 +33,7 @@ import io
 import json
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -39,12 +41,10 @@ import xxhash
 from ..errors import ConfigError
 from .layouts import UINT16_IDS
 from .output import TokenFile
-from .source import Block, blocks
-
-if TYPE_CHECKING:
-    from .export import _Job
+from .source import Block, Job, blocks
 
 MDS_MAX_BYTES = (1 << 32) - 1  # a shard's offsets are uint32
+LITDATA_MAX_BYTES = (1 << 31) - 1  # a chunk's item offsets are uint32: chunks kept under 2 GiB
 MDS_TOKENS = "tokens"  # the column llm-foundry's StreamingTextDataset reads
 
 
@@ -53,7 +53,7 @@ def token_dtype(n_vocab: int) -> np.dtype:
     return np.dtype("<u2") if n_vocab <= UINT16_IDS else np.dtype("<i4")
 
 
-def _documents(job: _Job, split: str, side: str) -> Iterator[np.ndarray]:
+def _documents(job: Job, split: str, side: str) -> Iterator[np.ndarray]:
     """The split's documents in order, each an array of its tokens (a view into its block)."""
     dtype = token_dtype(job.meta.tokenizer.n_vocab)
     block: Block
@@ -63,32 +63,38 @@ def _documents(job: _Job, split: str, side: str) -> Iterator[np.ndarray]:
             yield tokens[a:b]
 
 
-def _entry(path: str, split: str, job: _Job) -> dict[str, Any]:
+def _entry(path: str, split: str, job: Job) -> dict[str, Any]:
     return {"path": path, "split": split, "n_tokens": job.meta.n_tokens(split), "n_docs": job.meta.n_docs(split)}
 
 
-def litdata_files(job: _Job) -> list[dict[str, Any]]:
+def litdata_files(job: Job) -> list[dict[str, Any]]:
     """Per split, a litdata dataset written by litdata's own writer (TokensLoader chunks)."""
     try:
         import torch
         from litdata.streaming.item_loader import TokensLoader
         from litdata.streaming.writer import BinaryWriter
+        from litdata.utilities.env import _DistributedEnv
     except ImportError:
         raise ConfigError("--to litdata writes with litdata's own writer: pip install litdata") from None
     itemsize = token_dtype(job.meta.tokenizer.n_vocab).itemsize
+    chunk_bytes = min(job.tokens_per_shard * itemsize, LITDATA_MAX_BYTES)
     files = []
     for split in job.splits:
         folder = job.root / split
-        writer = BinaryWriter(str(folder), chunk_bytes=job.tokens_per_shard * itemsize, item_loader=TokensLoader())
+        writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes, item_loader=TokensLoader())
+        # One writer, whatever the environment says: litdata takes its rank and world size from
+        # torch.distributed or WORLD_SIZE / GLOBAL_RANK (set under torchrun), and its merge would
+        # wait for the index files of writers that do not exist.
+        writer._distributed_env, writer._rank = _DistributedEnv(1, 0, 1), 0
         for index, doc in enumerate(_documents(job, split, job.meta.eot_position)):
             writer.add_item(index, torch.from_numpy(doc.copy()))  # (its own memory: the block is reused)
         writer.done()
-        writer.merge()
+        writer._merge_no_wait()
         files.append(_entry(split, split, job))
     return files
 
 
-def mds_files(job: _Job) -> list[dict[str, Any]]:
+def mds_files(job: Job) -> list[dict[str, Any]]:
     """Per split, an MDS dataset: `index.json` and shards of one `tokens` ndarray per document."""
     dtype = token_dtype(job.meta.tokenizer.n_vocab)
     encoding = f"ndarray:{'uint16' if dtype.itemsize == 2 else 'int32'}"
@@ -97,15 +103,36 @@ def mds_files(job: _Job) -> list[dict[str, Any]]:
     for split in job.splits:
         (job.root / split).mkdir()
         shards = _MdsShards(job.root / split, encoding, limit)
-        for doc in _documents(job, split, job.meta.eot_position):
-            shards.add(doc)
+        entry = _entry(split, split, job)
+        if job.concat_tokens:
+            entry |= _concatenated(job, split, shards)
+        else:
+            for doc in _documents(job, split, job.meta.eot_position):
+                shards.add(doc)
         shards.finish()
         index = {"shards": shards.index, "version": 2}
         out = TokenFile(job.root / split / "index.json")
         out.write(json.dumps(index, sort_keys=True).encode())
         out.close()
-        files.append(_entry(split, split, job))
+        files.append(entry)
     return files
+
+
+def _concatenated(job: Job, split: str, shards: _MdsShards) -> dict[str, Any]:
+    """Samples of exactly `concat_tokens` tokens cut from the split's documents in order (their
+    separators included), as llm-foundry's `--concat_tokens` writes them; the tail shorter than a
+    sample is left out, and counted."""
+    n, dtype = job.concat_tokens or 0, token_dtype(job.meta.tokenizer.n_vocab)
+    carry, samples = np.zeros(0, dtype), 0
+    for block in blocks(job.meta, split, job.meta.eot_position):
+        tokens = np.concatenate([carry, block.tokens.astype(dtype)])
+        whole = len(tokens) // n * n
+        for start in range(0, whole, n):
+            shards.add(tokens[start : start + n])
+        samples, carry = samples + whole // n, tokens[whole:]
+    if not samples:
+        raise ConfigError(f"--concat-tokens {n:,}: the {split} split has {len(carry):,} tokens, less than one sample")
+    return {"samples": samples, "concat_tokens": n, "tail_left_out": len(carry)}
 
 
 class _MdsShards:
@@ -162,7 +189,7 @@ class _MdsShards:
         self._samples, self._bytes = [], 0
 
 
-def olmo_files(job: _Job) -> list[dict[str, Any]]:
+def olmo_files(job: Job) -> list[dict[str, Any]]:
     """Per split, raw token arrays with the EOS after each document and dolma's metadata files."""
     files = []
     for split in job.splits:
@@ -180,7 +207,7 @@ class _OlmoParts:
     would take it past --tokens-per-shard (a longer document gets a file of its own), and its
     metadata rows are written beside it (in memory until then: ~40 bytes a document)."""
 
-    def __init__(self, job: _Job, split: str) -> None:
+    def __init__(self, job: Job, split: str) -> None:
         self.job, self.split = job, split
         self.dtype = np.dtype("<u2") if job.meta.tokenizer.n_vocab <= UINT16_IDS else np.dtype("<u4")
         self.source = os.path.basename(os.path.realpath(job.meta.root))
@@ -190,6 +217,9 @@ class _OlmoParts:
 
     def add(self, block: Block) -> None:
         tokens, lengths = block.tokens, block.lengths
+        if self.job.eod_id is not None:  # (--eod-id: written at each document end in place of the separator)
+            tokens = tokens.copy()
+            tokens[np.cumsum(lengths) - 1] = self.job.eod_id
         while len(lengths):
             ends = np.cumsum(lengths)
             fit = int(np.searchsorted(ends, self.job.tokens_per_shard - self.n_tokens, side="right"))

@@ -61,6 +61,15 @@ def _download(url: str, dest: Path) -> DatasetMeta:
     return download(url, dest)
 
 
+def copy_left(url: str, source: str) -> bool:
+    """Whether an interrupted copy of `source` to `url`, from this machine, left uploads to go on
+    from (a copy run again resumes: only the files not yet sent with these bytes are sent)."""
+    from ..prepare.output.journal import JOURNAL, Journal, work_root
+
+    stale = Journal.load(work_root(url.rstrip("/")) / JOURNAL)
+    return bool(source) and stale is not None and stale.state.get("source") == source
+
+
 def _identity(meta: DatasetMeta) -> str:
     """The source dataset's identity (its metadata's digest): a copy of the same dataset to the
     same URL, interrupted and run again, goes on from the files it sent."""
@@ -71,7 +80,7 @@ def _upload(url: str, force: bool, source: str, fill: Callable[[Path], object]) 
     """Publish to `url` the dataset that `fill` puts in the publisher's local mirror; resume an
     interrupted copy of the same `source` there (each file held to its checksum, so a file is
     sent again unless the journal has it with the same bytes)."""
-    from ..prepare.output.publish import Publisher, copy_left
+    from ..prepare.output.publish import Publisher
 
     publisher = Publisher(url, overwrite=force, resume=copy_left(url, source), hint="pass --force to replace it",
                           resumable=False, source=source)  # fmt: skip

@@ -44,7 +44,7 @@ from .layouts import (
     megatron_dtype,
 )
 from .output import PROVENANCE_FILE, TokenFile, staged_output
-from .source import Block, blocks, open_source
+from .source import Block, Job, blocks, open_source
 
 INT32_MAX = (1 << 31) - 1
 GPT2_EOT = 50256  # the id modded-nanogpt's train_gpt.py looks for at document starts
@@ -61,20 +61,10 @@ class ExportResult:
     files: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Job:
-    meta: DatasetMeta
-    splits: tuple[str, ...]
-    root: Path  # the staging directory
-    name: str
-    tokens_per_shard: int
-    eod_id: int | None = None  # Megatron: the id written at each document end, where it is not the separator
-    source: str = ""  # what the provenance names as the source (a URL); default: the dataset directory
-
-
 def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, split: str = "all",
                    force: bool = False, tokens_per_shard: int = LLMC_TOKENS_PER_SHARD,
-                   name: str | None = None, eod_id: int | None = None, source: str = "") -> ExportResult:  # fmt: skip
+                   name: str | None = None, eod_id: int | None = None, source: str = "",
+                   concat_tokens: int | None = None) -> ExportResult:  # fmt: skip
     """Write `split` (train, val or all) of the dataset at `dataset` to `out` in format `to`.
 
         export_dataset("data/mycorpus", "nanogpt", "nanoGPT/data/mycorpus")
@@ -83,8 +73,10 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
     Megatron's prefix) stem: by default the dataset directory's name (`fineweb` for
     modded-nanogpt, whose train_gpt.py globs `fineweb_train_*.bin`). `eod_id` (megatron): the
     end-of-document id the trainer's tokenizer uses, written at each document end in place of
-    the dataset's separator where the two differ. A dataset at a URL is fetched to a temporary
-    directory first (each file held to its checksum), and exported from there."""
+    the dataset's separator where the two differ (olmo too). `concat_tokens` (mds): samples of
+    that many tokens of the concatenated documents, as llm-foundry trains on. A dataset at a URL
+    is fetched to a temporary directory first (each file held to its checksum), and exported
+    from there."""
     local_only(out, "export --out")
     if is_url(str(dataset)):
         from ..inspect.remote import download
@@ -94,29 +86,33 @@ def export_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathL
             local = Path(tmp) / url.rstrip("/").rsplit("/", 1)[-1]
             download(url, local)
             return export_dataset(local, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard,
-                                  name=name, eod_id=eod_id, source=redact(url))  # fmt: skip
+                                  name=name, eod_id=eod_id, source=redact(url),
+                                  concat_tokens=concat_tokens)  # fmt: skip
     if to not in FORMATS:
         raise ConfigError(f"--to {to!r}: use one of {', '.join(FORMATS)}")
     if not 0 < tokens_per_shard <= LLMC_MAX_TOKENS:
         raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: use 1 .. {LLMC_MAX_TOKENS:,} (an int32 count)")
+    if concat_tokens is not None and (to != "mds" or concat_tokens < 1):
+        raise ConfigError(f"--concat-tokens {concat_tokens}: a sample length (1 or more) for --to mds")
     meta, splits = open_source(dataset, split)
     if not splits:
         raise ConfigError(f"{dataset}: the dataset holds no documents; nothing to export")
     dtype, eot_position, write = _plan(to, meta)
-    if eod_id is not None and to != "megatron":
-        raise ConfigError(f"--eod-id is for --to megatron; {to} finds documents by the separator the dataset has")
-    eod_id = _megatron_eod(meta, eod_id) if to == "megatron" else None
+    if eod_id is not None and to not in ("megatron", "olmo"):
+        raise ConfigError(f"--eod-id is for --to megatron and olmo; {to} finds documents by the separator the dataset "
+                          "has")  # fmt: skip
+    eod_id = _megatron_eod(meta, eod_id) if to == "megatron" else _olmo_eod(meta, eod_id) if to == "olmo" else None
     stem = name or ("fineweb" if to == "modded-nanogpt" else meta.root.resolve().name)
     result = ExportResult(Path(os.path.realpath(out)), to, dtype, eot_position)
     with staged_output(out, force, [meta.root], _trainer_files(to, stem)) as staging:
-        job = _Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard, eod_id=eod_id,
-                   source=source)  # fmt: skip
+        job = Job(meta=meta, splits=splits, root=staging, name=stem, tokens_per_shard=tokens_per_shard, eod_id=eod_id,
+                  source=source, concat_tokens=concat_tokens)  # fmt: skip
         result.files = write(job)
         _write_provenance(job, result)
     return result
 
 
-Writer = Callable[[_Job], list[dict[str, Any]]]
+Writer = Callable[[Job], list[dict[str, Any]]]
 
 
 def _plan(to: str, meta: DatasetMeta) -> tuple[str, str, Writer]:
@@ -155,7 +151,7 @@ def _entry(path: str, split: str, n_tokens: int, n_docs: int) -> dict[str, Any]:
     return {"path": path, "split": split, "n_tokens": n_tokens, "n_docs": n_docs}
 
 
-def _nanogpt(job: _Job) -> list[dict[str, Any]]:
+def _nanogpt(job: Job) -> list[dict[str, Any]]:
     """`train.bin` / `val.bin`: uint16 tokens, EOT after each document, no header."""
     files = []
     for split in job.splits:
@@ -175,7 +171,7 @@ class _LlmcShards:
     closes before a document that would take it past `capacity`), so each one starts with an
     EOT token: the document starts modded-nanogpt aligns its batches on."""
 
-    def __init__(self, job: _Job, version: tuple[int, int, np.dtype]) -> None:
+    def __init__(self, job: Job, version: tuple[int, int, np.dtype]) -> None:
         self.job, (self.magic, self.version, self.dtype) = job, version
         self.number = 0
         self.files: list[dict[str, Any]] = []
@@ -233,7 +229,7 @@ class _LlmcShards:
         self._end = self._share()
 
 
-def _llmc_files(job: _Job, version: tuple[int, int, np.dtype]) -> list[dict[str, Any]]:
+def _llmc_files(job: Job, version: tuple[int, int, np.dtype]) -> list[dict[str, Any]]:
     """llm.c / modded-nanogpt shards: 256-int32 header, then the tokens, EOT before each document."""
     shards = _LlmcShards(job, version)
     for split in sorted(job.splits, key=lambda s: s != "val"):  # val first: shard 000000, as llm.c numbers them
@@ -244,7 +240,7 @@ def _llmc_files(job: _Job, version: tuple[int, int, np.dtype]) -> list[dict[str,
     return shards.files
 
 
-def _megatron(job: _Job) -> list[dict[str, Any]]:
+def _megatron(job: Job) -> list[dict[str, Any]]:
     """Per split, Megatron's NAME_SPLIT_text_document.bin/.idx: one sequence per document,
     the EOD token after its text (`--append-eod`)."""
     code, dtype = megatron_dtype(job.meta.tokenizer.n_vocab)
@@ -280,7 +276,7 @@ def _megatron(job: _Job) -> list[dict[str, Any]]:
     return files
 
 
-def _hf(job: _Job) -> list[dict[str, Any]]:
+def _hf(job: Job) -> list[dict[str, Any]]:
     """A `datasets` DatasetDict on disk (save_to_disk): a row of `input_ids` per document."""
     try:
         import datasets
@@ -313,9 +309,10 @@ def _trainer_files(to: str, stem: str) -> re.Pattern[str]:
     stem = re.escape(stem)
     return re.compile({"nanogpt": r"(train|val)\.bin|meta\.pkl",  # train.py reads meta.pkl's vocab_size
                        "megatron": rf"{stem}_(train|val)_text_document\.(bin|idx)",
-                       "hf": r"dataset_dict\.json|train|validation",
-                       "litdata": r"(train|val)(/.*)?", "mds": r"(train|val)(/.*)?",
-                       "olmo": r"(train|val)(/.*)?"}.get(to,
+                       "hf": r"dataset_dict\.json|(train|validation)/(state\.json|dataset_info\.json|data-.*\.arrow)",
+                       "litdata": r"(train|val)/(index\.json|chunk-.*\.bin)",
+                       "mds": r"(train|val)/(index\.json|shard\.\d{5}\.mds(\.zstd)?)",
+                       "olmo": r"(train|val)/part-\d{5}\.(npy|csv\.gz)"}.get(to,
                       rf"{stem}_(train|val)_\d{{6}}\.bin"))  # fmt: skip
 
 
@@ -345,7 +342,31 @@ def _megatron_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
     return None
 
 
-def _write_provenance(job: _Job, result: ExportResult) -> None:
+def _olmo_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
+    """The id to write at document ends for OLMo-core, or None to keep the separator. OLMo-core
+    finds documents by the EOS after each (its tokenizer's eos_token_id): a dataset separated by
+    another id (llm.c's Llama 3 shards, imported: <|begin_of_text|> before each document) would
+    read as one document per file, so it is refused unless `eod_id` says which id to write."""
+    sep = meta.tokenizer.eot_id
+    if eod_id is not None:
+        if not 0 <= eod_id < meta.tokenizer.n_vocab:
+            raise ConfigError(f"--eod-id {eod_id}: not an id of the {meta.tokenizer.name} vocabulary "
+                              f"(0 .. {meta.tokenizer.n_vocab - 1})")  # fmt: skip
+        return None if eod_id == sep else eod_id
+    try:
+        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
+        name = state.get("eot_token")
+        own = state.get("special_tokens", {}).get(name) if name else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(own, int) and own != sep:
+        raise ConfigError(f"--to olmo: OLMo-core finds documents by the EOS after each, but this dataset separates "
+                          f"them with {sep}, not the vocabulary's end of text {name} ({own}); pass --eod-id {own} to "
+                          f"write {name} at each document end, or --eod-id {sep} to keep {sep}")  # fmt: skip
+    return None
+
+
+def _write_provenance(job: Job, result: ExportResult) -> None:
     """lmshard_export.json: where the files came from and what they hold (no trainer reads it)."""
     header = {"nanogpt": None, "megatron": "MMIDIDX .idx, version 1", "hf": "datasets save_to_disk (arrow)",
               "litdata": "litdata index.json and chunks (TokensLoader)", "mds": "MDS index.json version 2",
@@ -354,7 +375,8 @@ def _write_provenance(job: _Job, result: ExportResult) -> None:
     record = {"format": result.format, "source": source, "lmshard_version": __version__,
               "tokenizer": job.meta.tokenizer.to_json(), "token_dtype": result.token_dtype,
               "eot_position": result.eot_position, "header": header, "files": result.files,
-              "eod_id": job.eod_id if job.eod_id is not None else job.meta.tokenizer.eot_id}  # fmt: skip
+              "eod_id": job.eod_id if job.eod_id is not None else job.meta.tokenizer.eot_id,
+              "written": sorted(str(p.relative_to(job.root)) for p in job.root.rglob("*") if p.is_file())}  # fmt: skip
     out = TokenFile(job.root / PROVENANCE_FILE)
     out.write((json.dumps(record, indent=2) + "\n").encode())
     out.close()

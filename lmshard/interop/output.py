@@ -114,7 +114,8 @@ def users_files(old: Path, new: Path) -> list[str]:
         return [rel for rel in user_entries(old) if not (new / rel).exists() and not _BLOCKS.fullmatch(rel)]
     ours = {PROVENANCE_FILE}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-        ours |= {f["path"] for f in json.loads((old / PROVENANCE_FILE).read_text())["files"]}
+        record = json.loads((old / PROVENANCE_FILE).read_text())  # every file an export wrote (earlier: its list)
+        ours |= set(record.get("written") or [f["path"] for f in record["files"]])
     return _not_replaced(old, new, ours, "")
 
 

@@ -49,6 +49,20 @@ class Block:
     lengths: np.ndarray
 
 
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One export's work: the source, its splits, and where and how the files go."""
+
+    meta: DatasetMeta
+    splits: tuple[str, ...]
+    root: Path  # the staging directory
+    name: str
+    tokens_per_shard: int
+    eod_id: int | None = None  # the id written at each document end, where it is not the separator
+    source: str = ""  # what the provenance names as the source (a URL); default: the dataset directory
+    concat_tokens: int | None = None  # mds: samples of this many tokens of the concatenated documents
+
+
 def open_source(root: str | os.PathLike[str], split: str) -> tuple[DatasetMeta, tuple[str, ...]]:
     """The dataset's metadata, with every shard of the splits to export held to its sizes, and
     those splits: `split` itself, or for `all` every split that has documents."""

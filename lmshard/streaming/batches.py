@@ -256,8 +256,8 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             return self._own_state(in_hand)
         try:
             own: dict[str, Any] = self._own_state(in_hand)
-        except LmshardError as e:
-            own = {"kind": "lmshard.stream.error", "rank": self.rank, "error": str(e)}
+        except Exception as e:  # (any failure: gathered, so that no process waits for this one)
+            own = {"kind": "lmshard.stream.error", "rank": self.rank, "error": str(e) or type(e).__name__}
         gathered: list[Any] = [own]
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
@@ -269,7 +269,12 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         failed = [g for g in gathered if g.get("kind") == "lmshard.stream.error"]
         if failed:
             raise ArgumentError(f"state_dict(gather=True): rank {failed[0]['rank']}: {failed[0]['error']}")
-        ranks = {g["rank"]: g for g in gathered}
+        ranks: dict[int, Any] = {}
+        for g in gathered:
+            if ranks.setdefault(g["rank"], g) != g:
+                raise ArgumentError(f"state_dict(gather=True): processes that share stream rank {g['rank']} are at "
+                                    "different positions; give each data-parallel rank its own rank= (tensor and "
+                                    "pipeline peers share theirs and draw the same batches)")  # fmt: skip
         if set(ranks) != set(range(self.world_size)):
             raise ArgumentError(f"state_dict(gather=True) gathered the states of stream ranks {sorted(ranks)}, but the "
                                 f"stream has world_size={self.world_size}: pass a group that holds every "

@@ -13,9 +13,11 @@ import os
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from ...errors import ConfigError
 from ...format import atomic_write_json
 from ...remote import redact
 from ...tokenizers.vocab import cache_home
@@ -33,6 +35,27 @@ def work_root(url: str) -> Path:
     $LMSHARD_CACHE_DIR or ~/.cache/lmshard): it needs room for the dataset being built."""
     key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:20]
     return Path(os.environ.get("LMSHARD_PUBLISH_DIR") or cache_home() / "publish") / key
+
+
+def refuse_to_discard(root: Path, url: str, left: list[Path], overwrite: bool, append: bool, resumable: bool) -> None:
+    """An interrupted run of this machine left a build (`left`: its paths that exist): as for a
+    local --out, running the same command again goes no further, so hours of work are never
+    thrown away by it. --overwrite discards it; so does deleting the build (its uploads are then
+    removed by the next run). A copy's or import's leftovers have nothing to resume: cleared. A
+    copy or import (not `resumable`) is refused where a prepare left its build."""
+    stale = Journal.load(root / JOURNAL)
+    if stale is None or overwrite or not left or not stale.state.get("resumable", True):
+        return
+    if not resumable:  # (lmshard cp, import --out URL): only a prepare can resume the build
+        raise ConfigError(f"{url}: an interrupted prepare run of this machine left its build in {root}; resume it "
+                          "with prepare --resume (with its options), or pass --force to discard it")  # fmt: skip
+    when = time.ctime((root / JOURNAL).stat().st_mtime)
+    sent = f" and {len(stale.started):,} objects uploaded under {url}" if stale.started else ""
+    drop = (f"delete {' and '.join(map(str, left))} to discard it (the next run removes its objects)"
+            if append else "--overwrite to discard it")  # fmt: skip
+    raise ConfigError(f"{url}: an interrupted prepare run of this machine (started {when}) left its build in "
+                      f"{root}{sent}; pass {'--append ' if append else ''}--resume (with its options) to continue "
+                      f"it, or {drop}")  # fmt: skip
 
 
 class Journal:

@@ -50,7 +50,7 @@ from ...remote.urls import output_url
 from ..config import PrepareConfig
 from ..execution.taskplan import work_dir
 from .build import Progress
-from .journal import JOURNAL, UPLOADED, Journal, holder_state, work_root
+from .journal import JOURNAL, UPLOADED, Journal, holder_state, refuse_to_discard, work_root
 from .staging import OutputPaths
 
 LOCK_OBJECT = "_lmshard_writer.json"
@@ -63,13 +63,6 @@ class _Flags:
     overwrite: bool
     append: bool
     resume: bool
-
-
-def copy_left(url: str, source: str) -> bool:
-    """Whether an interrupted copy of `source` to `url`, from this machine, left uploads to go on
-    from (a copy run again resumes: only the files not yet sent with these bytes are sent)."""
-    stale = Journal.load(work_root(url.rstrip("/")) / JOURNAL)
-    return bool(source) and stale is not None and stale.state.get("source") == source
 
 
 class Publisher:
@@ -99,6 +92,8 @@ class Publisher:
     def claim(self) -> None:
         """Take the writer lock, read what the prefix holds, and decide where the new objects go."""
         old = Journal.load(self.root / JOURNAL) if self.config.resume else None
+        if old is not None and self.resumable and not old.state.get("resumable", True):
+            old = None  # an interrupted copy's or import's: not this run's to go on with (cleared below)
         run = old.state["run"] if old else f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
         holder = {"run": run, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         if not self.remote.create(LOCK_OBJECT, json.dumps(holder).encode()):
@@ -147,7 +142,8 @@ class Publisher:
         if flags.append and self.previous is None:
             raise ConfigError(f"{redact(self.url)}: --append: no dataset here to append to; leave --append out to "
                               "create one")  # fmt: skip
-        self._refuse_to_discard(flags)
+        left = [p for p in self._build_paths() if p.exists()]
+        refuse_to_discard(self.root, redact(self.url), left, flags.overwrite, flags.append, self.resumable)
         if self._clear_unfinished(listing):
             listing = self._listing()
         if self.previous is not None and not (flags.overwrite or flags.append):
@@ -184,28 +180,6 @@ class Publisher:
         assert self.previous_remote is not None
         where = self.previous_remote.url
         return where[len(self.url) + 1 :] if where != self.url else ""
-
-    def _refuse_to_discard(self, flags: _Flags) -> None:
-        """An interrupted run of this machine left a build: as for a local --out, running the same
-        command again goes no further, so hours of work are never thrown away by it. --overwrite
-        discards it; so does deleting the build (its uploads are then removed by the next run)."""
-        stale = Journal.load(self.root / JOURNAL)
-        left = [p for p in self._build_paths() if p.exists()]
-        if stale is None or flags.overwrite or not left:
-            return
-        if not stale.state.get("resumable", True):
-            return  # an interrupted copy or import: nothing to resume, so nothing lost by clearing it
-        if not self.resumable:  # (lmshard cp, import --out URL): only a prepare can resume the build
-            raise ConfigError(f"{redact(self.url)}: an interrupted prepare run of this machine left its build in "
-                              f"{self.root}; resume it with prepare --resume (with its options), or pass --force "
-                              "to discard it")  # fmt: skip
-        when = time.ctime((self.root / JOURNAL).stat().st_mtime)
-        sent = f" and {len(stale.started):,} objects uploaded under {redact(self.url)}" if stale.started else ""
-        drop = (f"delete {' and '.join(map(str, left))} to discard it (the next run removes its objects)"
-                if flags.append else "--overwrite to discard it")  # fmt: skip
-        raise ConfigError(f"{redact(self.url)}: an interrupted prepare run of this machine (started {when}) left its "
-                          f"build in {self.root}{sent}; pass {'--append ' if flags.append else ''}--resume (with its "
-                          f"options) to continue it, or {drop}")  # fmt: skip
 
     def _clear_unfinished(self, listing: dict[str, int]) -> bool:
         """Finish what an earlier, unfinished run to this URL from this machine left (its journal
