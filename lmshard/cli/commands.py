@@ -20,6 +20,7 @@ from rich.table import Table
 from .. import __version__
 from ..errors import EXIT_CORRUPT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, ConfigError, LmshardError
 from . import render
+from .audit import register as register_audit
 from .interop import register as register_interop
 from .prepare import EPILOG, ForeignSpellings, normalize_token, prepare
 from .scale import register as register_scale
@@ -362,6 +363,7 @@ def tokenizer_info(
 
 
 register_interop(app, user_errors)  # lmshard export / import (interop.py)
+register_audit(app, user_errors)  # lmshard trace (audit.py)
 register_scale(app, user_errors)  # lmshard run-task / status (scale.py)
 
 

@@ -199,6 +199,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         cu_seqlens: bool = False,
         grouped: bool = False,
         prefetch: bool = True,
+        data: str | None = None,
     ) -> None:
         super().__init__()
         # a TokenStore, or a mixture's MixedStore: anything that gathers rows by offset
@@ -214,6 +215,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         self.cu_seqlens = checks.flag("cu_seqlens", cu_seqlens)
         self.grouped = offsets.shift.check_grouped(grouped, self.seq_len)
         self.prefetch = checks.flag("prefetch", prefetch)
+        self.data = data  # the dataset's data_id: a state records it, and a load onto other data is refused
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
         self._ring: _Ring | None = None
@@ -253,7 +255,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again."""
         return {"kind": self.kind, "seed": self.seed, "step": checks.rewind(self.step, in_hand),
                 "seq_len": self.seq_len, "global_batch_size": self.global_batch_size, "world_size": self.world_size,
-                **self.offsets.fingerprint()}  # fmt: skip
+                **self.offsets.fingerprint(), **({"data": self.data} if self.data is not None else {})}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`, refused unless it comes from a stream that draws the same rows.
@@ -263,6 +265,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
         mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
         step = checks.state_int(dict(state), "step", low=0)
+        checks.same_data(state.get("data"), self.data)
         for key in (*required, *self.offsets.fingerprint()):
             if key not in state and key in required:
                 raise ArgumentError(f"state has no {key!r}; {checks.STATE_FIX}")
@@ -274,6 +277,22 @@ class BatchStream(torch.utils.data.IterableDataset):
         self.step = step
         self._pending = None
         self._ahead.reset()
+
+    def trace(self, step: int | None = None) -> list[list[Any]]:
+        """The documents of this rank's rows at `step` (default: the last batch handed out), as
+        `trace.DocPiece`s, row by row: each row's read of seq_len + shift tokens cut at document
+        boundaries. Closed form: nothing is drawn or read (runtime/trace.py)."""
+        from . import trace
+
+        offsets, length = self._reads(self._traced(step))
+        return trace.rows(self.store, offsets, length)
+
+    def _traced(self, step: int | None) -> int:
+        if step is None:
+            if self.step == 0:
+                raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
+            return self.step - 1
+        return checks.nonnegative("step", step)
 
     # -- producing batches -------------------------------------------------------------------
 

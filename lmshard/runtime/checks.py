@@ -120,3 +120,40 @@ def state_int(state: dict[str, Any], key: str, low: int | None = None) -> int:
     if key not in state:
         raise ArgumentError(f"state has no {key!r}; {STATE_FIX}")
     return integer(f"saved {key}", state[key], low=low, fix=STATE_FIX)
+
+
+def data_of(data: Any) -> dict[str, str]:
+    """The `data` entry of a state for a stream over `data` (a TokenDataset: its data_id)."""
+    data_id = getattr(data, "data_id", None)
+    return {"data": data_id} if isinstance(data_id, str) else {}
+
+
+def same_data(saved: Any, mine: str | None) -> None:
+    """Refuse a state saved on other data than the stream reads (`TokenDataset.data_id`): one line
+    saying what changed. A state without it (saved before states recorded it) is not checked."""
+    if saved is None or mine is None or saved == mine:
+        return
+    was, now = _data_words(saved), _data_words(mine)
+    before, after = was[2], now[2]
+    if was[1] == now[1] and isinstance(before, int) and isinstance(after, int) and after > before:
+        why = f"the split has grown by {after - before:,} tokens since (an --append?)"
+    else:
+        why = "the data changed since (a rebuild, another dataset or split)"
+    raise ArgumentError(f"cannot resume: the state was saved on {_data_text(was)}, and this stream reads "
+                        f"{_data_text(now)}: {why}; a state continues only on the data it was saved on, so resume "
+                        "on that dataset, or start this one from step 0")  # fmt: skip
+
+
+def _data_words(data_id: Any) -> tuple[str, str, int | str]:
+    """(digest, split, tokens) of a data_id ("digest:split:tokens"; in memory "name:tokens")."""
+    parts = str(data_id).rsplit(":", 2)
+    if len(parts) == 3 and parts[2].isdigit():
+        return parts[0], parts[1], int(parts[2])
+    name, _, n = str(data_id).rpartition(":")
+    return name, "", int(n) if n.isdigit() else n
+
+
+def _data_text(words: tuple[str, str, int | str]) -> str:
+    digest, split, n = words
+    size = f"{n:,} tokens" if isinstance(n, int) else str(n)
+    return f"split {split} of {size} (data {digest})" if split else f"{digest} ({size})"

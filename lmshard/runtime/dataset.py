@@ -12,6 +12,7 @@ dataset at a URL (a bounded pool of blocks) and `batches.py` (a ring of host buf
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,6 +184,17 @@ class TokenDataset:
         return self.store.n_tokens
 
     @property
+    def data_id(self) -> str:
+        """What a loader state records of the data it draws from: a digest of the split's shard
+        checksums, the split and its tokens (an in-memory dataset: its name and size). Any change
+        to the split's tokens (an --append, a rebuild, another dataset) changes it; the path, which
+        may be spelled another way, does not enter it."""
+        if self.meta is None:
+            return f"{self.path}:{self.n_tokens}"
+        sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in self.meta.split_shards(self.split))
+        return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{self.split}:{self.n_tokens}"
+
+    @property
     def tokenizer(self) -> Any:
         """The tokenizer the dataset was made with (`encode`, `decode`, `eot_id`, `n_vocab`): a
         tiktoken vocabulary by name, else the dataset's own copy of its vocabulary file, checked
@@ -256,7 +268,7 @@ class TokenDataset:
         offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank,
                            world_size=world_size, device=device, seed=seed, kind="random",
-                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch)  # fmt: skip
+                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch, data=self.data_id)  # fmt: skip
 
     def window_batches(
         self,
@@ -291,7 +303,7 @@ class TokenDataset:
         offsets = WindowOffsets(self.n_tokens, seq_len, stride, spec, batch_size * world, seed, shuffle)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
                            world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
-                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch)  # fmt: skip
+                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch, data=self.data_id)  # fmt: skip
 
     def windows(self, seq_len: int, stride: int | None = None, shift: int | str = 1,
                 grouped: bool = False) -> WindowDataset:  # fmt: skip

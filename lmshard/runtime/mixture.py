@@ -20,7 +20,6 @@ grows with the step.
 
 from __future__ import annotations
 
-import hashlib
 import numbers
 import os
 import tomllib
@@ -136,7 +135,7 @@ class Mixture:
         self.int_weights = integer_weights(self.weights)
         self.max_epochs = _positive("max_epochs", max_epochs, "pass e.g. max_epochs=4")
         same_tokenization(self.names, self.datasets)
-        self._fingerprint = [[_content_id(d), w] for d, w in zip(self.datasets, self.weights, strict=True)]
+        self._fingerprint = [[d.data_id, w] for d, w in zip(self.datasets, self.weights, strict=True)]
         self.store = MixedStore(self.datasets)
         first = self.datasets[0]
         self.eot_id, self.bos_id, self.vocab_size = first.eot_id, first.bos_id, first.vocab_size
@@ -313,13 +312,6 @@ def _weight(name: str, weight: object) -> float:
     return _positive(f"source {name}: weight", weight, "drop the source instead of giving it weight 0")
 
 
-def _content_id(d: TokenDataset) -> str:
-    if d.meta is None:  # in memory: its name and size
-        return f"{d.path}:{d.n_tokens}"
-    sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in d.meta.split_shards(d.split))
-    return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{d.split}:{d.n_tokens}"  # the split's bytes
-
-
 class MixturePackedStream(StepStream):
     """Packed batches of a mixture: row g of the run is pack m mod n of its source's order for
     that source's epoch m // n (m: the row's index within its source, n: the source's packs).
@@ -368,6 +360,10 @@ class MixturePackedStream(StepStream):
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         _, _, starts, lengths, _ = self._items(step)
         return starts, lengths
+
+    def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        _, _, starts, lengths, counts = self._items(step)
+        return starts, lengths, counts
 
     @property
     def store(self) -> Any:

@@ -248,6 +248,21 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         trained on yet, which the resumed stream hands out again (see BatchStream.state_dict)."""
         raise NotImplementedError
 
+    def trace(self, step: int | None = None) -> list[list[Any]]:
+        """The documents of this rank's rows at `step` (default: the last batch handed out), as
+        `trace.DocPiece`s, row by row (runtime/trace.py): closed form, nothing is drawn or read."""
+        from . import trace
+
+        if step is None and self.step == 0:
+            raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
+        return trace.rows(self.store, *self.trace_reads(self.step - 1 if step is None else
+                                                         checks.nonnegative("step", step)))  # fmt: skip
+
+    def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(starts, lengths, items per row or None for one a row) of this rank's rows at `step`."""
+        starts, lengths = self.reads(step)
+        return starts, lengths, None
+
     def set_epoch(self, epoch: int) -> None:
         self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
         if self._ahead is not None:
@@ -257,8 +272,12 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         """Continue from `state`, refused unless every option it records matches this stream."""
         if not isinstance(state, Mapping):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
-        for key, value in self.state_dict().items():
-            if key != "step" and state.get(key) != value:
+        mine = self.state_dict()
+        checks.same_data(state.get("data"), mine.get("data"))
+        for key, value in mine.items():
+            if key in ("shuffle",) and key not in state:
+                continue  # (recorded since: a state saved before is not checked for it)
+            if key not in ("step", "data") and state.get(key) != value:
                 saved = checks.show(state.get(key))
                 raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
                                     f"the {self.kind} stream with the saved options")  # fmt: skip
@@ -319,7 +338,8 @@ class PackedStream(StepStream):
         plan = self.packs.plan
         return {"kind": "packed", "step": checks.rewind(self.step, in_hand), "seed": self.packs.seed,
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
-                "global_batch_size": self.global_batch_size}  # fmt: skip
+                "global_batch_size": self.global_batch_size, "shuffle": self.packs.shuffle,
+                **checks.data_of(self.packs.data)}  # fmt: skip
 
     def _ids(self, step: int) -> np.ndarray:
         epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
@@ -334,6 +354,9 @@ class PackedStream(StepStream):
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         starts, lengths, _ = self.packs.items(self._ids(step))
         return starts, lengths
+
+    def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        return self.packs.items(self._ids(step))  # each row: its items one after another
 
     @property
     def store(self) -> Any:

@@ -85,7 +85,8 @@ class PaddedStream(StepStream):
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         return {"kind": "padded", "step": checks.rewind(self.step, in_hand), "seed": self.seed, "max_len": self.max_len,
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
-                "documents": len(self.items.length), "global_batch_size": self.global_batch_size}  # fmt: skip
+                "documents": len(self.items.length), "global_batch_size": self.global_batch_size,
+                **checks.data_of(self.data)}  # fmt: skip
 
     def _ids(self, step: int) -> np.ndarray:
         epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)

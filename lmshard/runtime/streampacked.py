@@ -170,12 +170,14 @@ class StreamPackedBatches:
         pk = self.packs
         return {"kind": "stream_packed", "epoch": epoch, "window": w, "pack": p, "step": step, "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size, "seq_len": pk.seq_len,
-                "buffer": pk.buffer, "seed": pk.seed, "overlong": pk.overlong, "shuffle": pk.shuffle}  # fmt: skip
+                "buffer": pk.buffer, "seed": pk.seed, "overlong": pk.overlong, "shuffle": pk.shuffle,
+                **checks.data_of(pk.data)}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = self.state_dict() if self.step == 0 else {**self.state_dict(), "step": 0}
         if not isinstance(state, dict) or state.get("kind") != "stream_packed":
             raise ArgumentError("not the state of a stream-packed stream; pass what its state_dict() returned")
+        checks.same_data(state.get("data"), mine.get("data"))
         for key in ("rank", "world_size", "batch_size", "seq_len", "buffer", "seed", "overlong", "shuffle"):
             if state.get(key) != mine[key]:
                 raise ArgumentError(f"the state was saved with {key}={state.get(key)!r} and this stream has "

@@ -149,12 +149,14 @@ class WindowBatchSampler(torch.utils.data.Sampler[list[tuple[int, int]]]):
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size,
-                "world_size": self.world_size, "windows": self.dataset.n, **self.offsets.fingerprint()}  # fmt: skip
+                "world_size": self.world_size, "windows": self.dataset.n, **self.offsets.fingerprint(),
+                **checks.data_of(self.dataset.data)}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at (epoch, step); a state from a sampler that orders windows differently is refused."""
         mine = self.state_dict()
-        differ = [k for k in mine if k not in ("epoch", "step") and k in state and state[k] != mine[k]]
+        checks.same_data(state.get("data"), mine.get("data"))
+        differ = [k for k in mine if k not in ("epoch", "step", "data") and k in state and state[k] != mine[k]]
         if differ:
             shown = ", ".join(f"{k}: saved {state[k]!r}, now {mine[k]!r}" for k in differ)
             raise ConfigError(f"this sampler orders windows differently from the saved one ({shown}); build it with "

@@ -1,0 +1,124 @@
+"""`lmshard trace`: the documents a training run's batches held, from its loader state, in closed
+form (lmshard.runtime.trace): no batch is replayed and no token is read unless `--text` asks for
+the documents' text.
+
+Kept out of commands.py (which is near its size limit): `register` adds the command to the `app`
+commands.py builds, wrapped in its `user_errors`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from . import render
+
+TEXT_CHARS = 160  # --text: the characters of each piece shown (on one line)
+
+
+def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
+    """Add `trace` to `app`."""
+    app.command("trace")(user_errors()(trace))
+
+
+def trace(
+    dataset: str = typer.Argument(..., metavar="DATASET", help="The dataset the run trained on (a directory or URL)."),
+    state: Path = typer.Option(..., "--state", metavar="FILE", help="The loader state: a JSON file, or a checkpoint "
+                               "saved with torch.save holding it (see --key)."),  # fmt: skip
+    key: str | None = typer.Option(None, "--key", metavar="KEY", help="Where the state is in a checkpoint: a key, "
+                                   "or keys joined by dots (nanoGPT: data)."),  # fmt: skip
+    steps: str | None = typer.Option(None, "--steps", metavar="A[:B]", help="The step, or steps A to B-1, to trace. "
+                                     "Default: the state's own step (the next batch it hands out)."),  # fmt: skip
+    text: bool = typer.Option(False, "--text", help="Also print the start of each piece's text."),
+    as_json: bool = typer.Option(False, "--json", help="A JSON object per step, on one line each."),
+) -> None:
+    """The documents in each row of a run's batches at the given steps: document number, shard,
+    and the tokens of it in the row, for random, window, packed and padded states."""
+    from ..errors import ArgumentError
+    from ..runtime import TokenDataset
+    from ..runtime.trace import stream_of_state
+
+    saved = _load_state(state, key)
+    split = str(saved.get("data", "::")).rsplit(":", 2)[1] or "train"  # the data_id names the split
+    data = TokenDataset(dataset, split=split)
+    stream = stream_of_state(data, saved)
+    first, last = _steps(steps, int(saved.get("step", 0)))
+    world = int(saved.get("world_size") or 1)
+    per_rank = max(1, int(saved["global_batch_size"]) // world)
+    if not 0 <= first < last:
+        raise ArgumentError(f"--steps {steps}: pass A or A:B with 0 <= A < B")
+    for step in range(first, last):
+        rows = stream.trace(step)
+        if as_json:
+            out = [{"rank": r // per_rank, "row": r % per_rank, "pieces": [_piece(p, data, text) for p in row]}
+                   for r, row in enumerate(rows)]  # fmt: skip
+            render.out.print(json.dumps({"step": step, "rows": out}), highlight=False, soft_wrap=True)
+            continue
+        render.out.print(f"step {step:,}", highlight=False)
+        for r, row in enumerate(rows):
+            shown = "; ".join(_line(p) for p in row)
+            render.out.print(f"  rank {r // per_rank} row {r % per_rank}: {escape(shown)}", highlight=False,
+                             soft_wrap=True)  # fmt: skip
+            if text:
+                for p in row:
+                    render.out.print(f"    doc {p.doc:,}: {escape(repr(_text(p, data)))}", highlight=False,
+                                     soft_wrap=True)  # fmt: skip
+
+
+def _load_state(path: Path, key: str | None) -> dict[str, Any]:
+    from ..errors import ArgumentError, InputError
+
+    if not path.is_file():
+        raise InputError(f"--state {path}: no such file")
+    try:
+        if path.suffix == ".json":
+            found: Any = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            import torch
+
+            found = torch.load(path, map_location="cpu", weights_only=True)  # (a checkpoint: tensors and dicts)
+    except Exception as e:  # (not JSON, not a checkpoint torch can read safely)
+        raise InputError(f"--state {path}: not a JSON file or a torch checkpoint ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None  # fmt: skip
+    for part in key.split(".") if key else []:
+        if not isinstance(found, dict) or part not in found:
+            keys = ", ".join(sorted(map(str, found))[:8]) if isinstance(found, dict) else type(found).__name__
+            raise ArgumentError(f"--key {key}: {part!r} is not in the checkpoint (it holds: {keys})")
+        found = found[part]
+    if not isinstance(found, dict) or "kind" not in found:
+        hint = "; pass --key with where the loader state is" if isinstance(found, dict) else ""
+        raise ArgumentError(f"--state {path}: not a loader state (no 'kind'){hint}")
+    return found
+
+
+def _steps(spec: str | None, default: int) -> tuple[int, int]:
+    from ..errors import ArgumentError
+
+    if spec is None:
+        return default, default + 1
+    a, _, b = spec.partition(":")
+    try:
+        return int(a), int(b) if b else int(a) + 1
+    except ValueError:
+        raise ArgumentError(f"--steps {spec}: pass a step (41237) or a range (41200:41300)") from None
+
+
+def _line(p: Any) -> str:
+    return f"doc {p.doc:,} ({p.shard} #{p.index:,}) tokens {p.start:,}-{p.end:,} of {p.length:,}" + (
+        f" [source {p.source}]" if p.source else "")  # fmt: skip
+
+
+def _piece(p: Any, data: Any, text: bool) -> dict[str, Any]:
+    out = p.to_json()
+    if text:
+        out["text"] = _text(p, data)
+    return out
+
+
+def _text(p: Any, data: Any) -> str:
+    return str(data.decode(data.tokens(p.offset, p.end - p.start)))[:TEXT_CHARS]

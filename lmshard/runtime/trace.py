@@ -1,0 +1,125 @@
+"""Which documents a batch holds: `stream.trace(step)` on random, window, packed and padded
+streams, in closed form (the step's reads, mapped onto the split's document index; no batch is
+drawn and no token read).
+
+A batch row reads spans of the split's token stream (a random or window row: one span of
+seq_len + shift tokens; a packed row: its items one after another; a padded row: one document,
+cut at max_len). Each span is cut at document boundaries into `DocPiece`s: the document's number
+in the split (stream order, the order `prepare` wrote them), the shard file and its number there,
+the piece's tokens within the document and where the piece sits in the row. `decode` gives the
+text of a piece with the dataset's tokenizer.
+
+Memory model: the pieces of one step's rows, and one shard's document index at a time (the
+store's own, memory-mapped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DocPiece:
+    """Part of a document in a batch row."""
+
+    doc: int  # the document's number in the split (stream order)
+    shard: str  # the shard file that holds it, relative to the dataset
+    index: int  # its number within that shard
+    start: int  # the piece is tokens [start, end) of the document (separators included)
+    end: int
+    at: int  # where the piece begins in the row's read (x is the read's first seq_len tokens)
+    length: int  # the document's tokens in all
+    offset: int = 0  # the piece's first token in the split's stream (`TokenDataset.tokens(offset, n)`)
+    source: int = 0  # a mixture's source (its position in the mixture); 0 for one dataset
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pieces(store: Any, start: int, length: int, at: int = 0) -> list[DocPiece]:
+    """The documents of tokens [start, start + length) of the split, in order, as pieces (a
+    mixture's store: of the source the address is in; a row never crosses a source)."""
+    if hasattr(store, "locate"):
+        source, local = store.locate(np.array([start]))
+        found = pieces(store.stores[int(source[0])], int(local[0]), length, at)
+        return [DocPiece(**{**p.to_json(), "source": int(source[0])}) for p in found]
+    out: list[DocPiece] = []
+    docs_before = _docs_before(store)
+    pos, end = int(start), int(start) + int(length)
+    k = store.shard_of(pos)
+    while pos < end:
+        base = int(store.starts[k])
+        idx = store.index(k)
+        i = int(np.searchsorted(idx, pos - base, side="right")) - 1
+        if i >= len(idx) - 1:  # the shard's end: the next shard's first document
+            k += 1
+            continue
+        lo, hi = base + int(idx[i]), base + int(idx[i + 1])
+        stop = min(end, hi)
+        out.append(DocPiece(doc=int(docs_before[k]) + i, shard=store.shards[k].path, index=i, start=pos - lo,
+                            end=stop - lo, at=at + pos - int(start), length=hi - lo, offset=pos))  # fmt: skip
+        pos = stop
+    return out
+
+
+def rows(store: Any, starts: np.ndarray, lengths: np.ndarray | int, counts: np.ndarray | None = None,
+         ) -> list[list[DocPiece]]:  # fmt: skip
+    """Each row's pieces: a row reads `counts[r]` spans one after another (one each when None)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), starts.shape)
+    counts = np.ones(len(starts), dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
+    out, item = [], 0
+    for n in counts.tolist():
+        row: list[DocPiece] = []
+        at = 0
+        for s, n_tokens in zip(starts[item : item + n].tolist(), lengths[item : item + n].tolist(), strict=True):
+            row += pieces(store, s, n_tokens, at)
+            at += n_tokens
+        out.append(row)
+        item += n
+    return out
+
+
+def _docs_before(store: Any) -> np.ndarray:
+    """Documents of the split before each shard (cached on the store)."""
+    found = getattr(store, "_trace_docs_before", None)
+    if found is None:
+        counts = [len(store.index(k)) - 1 for k in range(len(store.shards))]
+        found = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        store._trace_docs_before = found
+    return found
+
+
+def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
+    """The stream a `state_dict()` was saved from, over `data` (a TokenDataset), as one rank
+    holding the whole global batch (rank r's rows are rows r·B .. (r+1)·B - 1 of it), for
+    random, window, packed and padded states: what `lmshard trace` reads a state with. The
+    state's own checks apply (loaded onto the stream: other data is refused)."""
+    from ..errors import ArgumentError
+
+    if not isinstance(state, dict) or "kind" not in state:
+        raise ArgumentError("not a loader state: pass what a stream's state_dict() returned (a dict with 'kind')")
+    kind, g = str(state["kind"]), state.get("global_batch_size")
+    if not isinstance(g, int) or g < 1:
+        raise ArgumentError(f"the {kind} state has no global_batch_size; pass what a stream's state_dict() returned")
+    if kind == "random":
+        stream = data.random_batches(g, state["seq_len"], seed=state["seed"], shift=state.get("shift", 1),
+                                     doc_aligned=state.get("doc_aligned", False), rank=0, world_size=1)  # fmt: skip
+    elif kind.startswith("windows/"):
+        stream = data.window_batches(g, state["seq_len"], stride=int(kind.split("/", 1)[1]), seed=state["seed"],
+                                     shift=state.get("shift", 1), shuffle=state.get("shuffle", True), rank=0,
+                                     world_size=1)  # fmt: skip
+    elif kind == "packed":
+        stream = data.packed(state["seq_len"], strategy=state["strategy"], overlong=state["overlong"],
+                             seed=state["seed"], shuffle=state.get("shuffle", True)).batches(g, rank=0,
+                                                                                       world_size=1)  # fmt: skip
+    elif kind == "padded":
+        stream = data.padded_batches(g, state["max_len"], seed=state["seed"], group_by_length=state["group_by_length"],
+                                     mega=state["mega"], overlong=state["overlong"], rank=0, world_size=1)  # fmt: skip
+    else:
+        raise ArgumentError(f"trace reads random, window, packed and padded states; this one is {kind!r}")
+    stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state)
+    return stream
