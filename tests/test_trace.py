@@ -129,3 +129,58 @@ def test_lmshard_trace_reads_a_runs_state_from_a_checkpoint(roots, tmp_path):
     wrong = runner.invoke(app, ["trace", str(roots[0]), "--state", str(tmp_path / "ckpt.pt"), "--key", "loader"])
     said = [line for line in wrong.output.splitlines() if line.strip()]
     assert wrong.exit_code != 0 and "'loader' is not in the checkpoint (it holds: data, model)" in " ".join(said)
+
+
+@pytest.mark.parametrize("kind", ["random", "windows", "packed", "padded", "mixture"])
+def test_exposure_equals_a_count_over_the_replayed_steps(roots, kind):
+    """stream.exposure(s): per document, the rows of steps [0, s) of every rank it appeared in;
+    equal to a count made by drawing s batches on each of 2 ranks and tracing each one."""
+    a, b = TokenDataset(roots[0]), TokenDataset(roots[1])
+
+    def make(rank):
+        if kind == "random":
+            return a.random_batches(3, 40, seed=4, rank=rank, world_size=2)
+        if kind == "windows":
+            return a.window_batches(3, 40, seed=4, rank=rank, world_size=2)
+        if kind == "packed":
+            return a.packed(64, strategy="bfd").batches(3, rank=rank, world_size=2)
+        if kind == "padded":
+            return a.padded_batches(3, 48, seed=2, rank=rank, world_size=2)
+        return Mixture([(a, 0.7), (b, 0.3)]).random_batches(3, 40, seed=4, rank=rank, world_size=2)
+
+    steps = 25
+    sizes = [a.n_docs, b.n_docs] if kind == "mixture" else [a.n_docs]
+    counted = [np.zeros(n, dtype=np.int64) for n in sizes]
+    for rank in (0, 1):
+        stream = make(rank)
+        for step in range(steps):
+            next(stream)
+            for row in stream.trace(step):
+                for source, doc in {(p.source, p.doc) for p in row}:
+                    counted[source][doc] += 1
+    got = make(0).exposure(steps)
+    got = got if isinstance(got, list) else [got]
+    assert [g.tolist() for g in got] == [c.tolist() for c in counted]
+    assert sum(int(c.sum()) for c in counted) >= steps * 6  # every row holds at least one document
+
+
+def test_lmshard_trace_exposure_counts_the_steps_before_the_state(roots, tmp_path):
+    """`lmshard trace --exposure --exposure-out counts.npy --json` on a state at step 12: the
+    summary and the written counts equal stream.exposure(12), which replay checks above."""
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    ds = TokenDataset(roots[0])
+    stream = ds.random_batches(4, 32, seed=8)
+    for _ in range(12):
+        next(stream)
+    (tmp_path / "state.json").write_text(json.dumps(stream.state_dict()))
+    result = CliRunner().invoke(app, ["trace", str(roots[0]), "--state", str(tmp_path / "state.json"), "--exposure",
+                                      "--exposure-out", str(tmp_path / "counts.npy"), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.splitlines()[-1])
+    want = stream.exposure()
+    assert np.load(tmp_path / "counts.npy").tolist() == want.tolist()
+    assert summary["steps"] == 12 and summary["seen"] == int((want > 0).sum()) and summary["documents"] == ds.n_docs
+    assert summary["times"]["1"] == int((want == 1).sum()) and summary["most"][0][1] == int(want.max())

@@ -35,10 +35,16 @@ def trace(
     steps: str | None = typer.Option(None, "--steps", metavar="A[:B]", help="The step, or steps A to B-1, to trace. "
                                      "Default: the state's own step (the next batch it hands out)."),  # fmt: skip
     text: bool = typer.Option(False, "--text", help="Also print the start of each piece's text."),
+    exposure: bool = typer.Option(False, "--exposure", help="Instead: how many times each document was seen in the "
+                                  "steps before the state's (all ranks), summed up."),  # fmt: skip
+    exposure_out: Path | None = typer.Option(None, "--exposure-out", metavar="FILE.npy", help="With --exposure: also "
+                                             "write each document's count (uint32, stream order)."),  # fmt: skip
     as_json: bool = typer.Option(False, "--json", help="A JSON object per step, on one line each."),
 ) -> None:
     """The documents in each row of a run's batches at the given steps: document number, shard,
-    and the tokens of it in the row, for random, window, packed and padded states."""
+    and the tokens of it in the row, for random, window, packed and padded states; with
+    --exposure, how many times each document was seen before the state's step (--steps A: before
+    step A)."""
     from ..errors import ArgumentError
     from ..runtime import TokenDataset
     from ..runtime.trace import stream_of_state
@@ -47,6 +53,9 @@ def trace(
     split = str(saved.get("data", "::")).rsplit(":", 2)[1] or "train"  # the data_id names the split
     data = TokenDataset(dataset, split=split)
     stream = stream_of_state(data, saved)
+    if exposure or exposure_out is not None:
+        _exposure(stream, int(saved.get("step", 0)) if steps is None else _steps(steps, 0)[0], exposure_out, as_json)
+        return
     first, last = _steps(steps, int(saved.get("step", 0)))
     world = int(saved.get("world_size") or 1)
     per_rank = max(1, int(saved["global_batch_size"]) // world)
@@ -122,3 +131,29 @@ def _piece(p: Any, data: Any, text: bool) -> dict[str, Any]:
 
 def _text(p: Any, data: Any) -> str:
     return str(data.decode(data.tokens(p.offset, p.end - p.start)))[:TEXT_CHARS]
+
+
+def _exposure(stream: Any, steps: int, out: Path | None, as_json: bool) -> None:
+    """The exposure summary of steps [0, steps), and the counts written to `out`."""
+    import numpy as np
+
+    counts = np.asarray(stream.exposure(steps))
+    seen = int((counts > 0).sum())
+    top = np.argsort(-counts, kind="stable")[:5]
+    summary: dict[str, Any] = {"steps": steps, "documents": len(counts), "seen": seen,
+               "times": {"0": len(counts) - seen, "1": int((counts == 1).sum()), "2": int((counts == 2).sum()),
+                         "3+": int((counts >= 3).sum())},
+               "most": [[int(d), int(counts[d])] for d in top.tolist() if counts[d] > 0]}  # fmt: skip
+    if out is not None:
+        np.save(out, counts.astype(np.uint32))
+        summary["written"] = str(out)
+    if as_json:
+        render.out.print(json.dumps(summary), highlight=False, soft_wrap=True)
+        return
+    share = seen / len(counts) if len(counts) else 0.0
+    times = summary["times"]
+    render.out.print(f"steps 0..{steps - 1:,}: {seen:,} of {len(counts):,} documents seen ({share:.1%}); once "
+                     f"{times['1']:,}, twice {times['2']:,}, 3+ times {times['3+']:,}; most seen: "
+                     + ", ".join(f"doc {d:,} ({n:,}x)" for d, n in summary["most"])
+                     + (f"; counts written to {escape(str(out))}" if out else ""), highlight=False,
+                     soft_wrap=True)  # fmt: skip

@@ -287,6 +287,20 @@ class BatchStream(torch.utils.data.IterableDataset):
         offsets, length = self._reads(self._traced(step))
         return trace.rows(self.store, offsets, length)
 
+    def exposure(self, steps: int | None = None) -> Any:
+        """How many rows of global steps [0, steps) each document of the split appeared in, all
+        ranks together (default: the steps handed out so far), as int64 per document in stream
+        order (a mixture: one array per source). One pass over the steps' row offsets, in closed
+        form: nothing is drawn or read (runtime/trace.py)."""
+        from . import trace
+
+        n = self.step if steps is None else checks.nonnegative("steps", steps)
+        return trace.exposure(self.store, self._global_reads, n)
+
+    def _global_reads(self, step: int) -> tuple[np.ndarray, int]:
+        offsets, shift = self.offsets.rows(step, self.global_batch_size)
+        return offsets, self.seq_len + shift
+
     def _traced(self, step: int | None) -> int:
         if step is None:
             if self.step == 0:

@@ -263,6 +263,19 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         starts, lengths = self.reads(step)
         return starts, lengths, None
 
+    def exposure(self, steps: int | None = None) -> Any:
+        """How many rows of global steps [0, steps) each document of the split appeared in, all
+        ranks together (default: the steps handed out so far), as int64 per document in stream
+        order. Closed form: nothing is drawn or read (runtime/trace.py)."""
+        from . import trace
+
+        n = self.step if steps is None else checks.nonnegative("steps", steps)
+        return trace.exposure(self.store, self.global_reads, n)
+
+    def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, lengths) of every item of the global batch at `step`, all ranks."""
+        raise ArgumentError(f"exposure() of {self.kind} streams is not available; trace() each step instead")
+
     def set_epoch(self, epoch: int) -> None:
         self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
         if self._ahead is not None:
@@ -357,6 +370,12 @@ class PackedStream(StepStream):
 
     def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         return self.packs.items(self._ids(step))  # each row: its items one after another
+
+    def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        g = self.global_batch_size
+        starts, lengths, _ = self.packs.items(self.packs.order(epoch)[within * g : (within + 1) * g])
+        return starts, lengths
 
     @property
     def store(self) -> Any:

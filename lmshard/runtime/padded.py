@@ -92,6 +92,11 @@ class PaddedStream(StepStream):
         epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
         return self.order(epoch)[within][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
 
+    def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        ids = self.order(epoch)[within]
+        return self.items.start[ids], self.items.length[ids]
+
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         ids = self._ids(step)
         return self.items.start[ids], self.items.length[ids]

@@ -7,10 +7,11 @@ seq_len + shift tokens; a packed row: its items one after another; a padded row:
 cut at max_len). Each span is cut at document boundaries into `DocPiece`s: the document's number
 in the split (stream order, the order `prepare` wrote them), the shard file and its number there,
 the piece's tokens within the document and where the piece sits in the row. `decode` gives the
-text of a piece with the dataset's tokenizer.
+text of a piece with the dataset's tokenizer. `exposure` counts, per document, the rows of the
+steps before a given one that held it; `stream_of_state` rebuilds a stream from its state.
 
-Memory model: the pieces of one step's rows, and one shard's document index at a time (the
-store's own, memory-mapped).
+Memory model: trace: the pieces of one step's rows, and one shard's document index at a time
+(the store's own, memory-mapped); exposure: three int64 per document of the split.
 """
 
 from __future__ import annotations
@@ -123,3 +124,35 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
         raise ArgumentError(f"trace reads random, window, packed and padded states; this one is {kind!r}")
     stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state)
     return stream
+
+
+def exposure(store: Any, reads: Any, steps: int) -> np.ndarray | list[np.ndarray]:
+    """How many rows of global steps [0, steps) each document of the split appears in (any of its
+    tokens in a row's read), as int64 per document in stream order; `reads(step)` gives the step's
+    (starts, lengths) over the whole global batch. A mixture's store gives one array per source.
+    One pass over the steps' row offsets: no token is read. Memory: three int64 per document."""
+    stores = list(store.stores) if hasattr(store, "locate") else [store]
+    starts_of = [_doc_starts(s) for s in stores]
+    diffs = [np.zeros(len(s) + 1, dtype=np.int64) for s in starts_of]
+    for step in range(int(steps)):
+        begin, length = reads(step)
+        begin = np.asarray(begin, dtype=np.int64)
+        end = begin + np.broadcast_to(np.asarray(length, dtype=np.int64), begin.shape) - 1  # last token read
+        source = np.zeros(len(begin), dtype=np.int64)
+        if hasattr(store, "locate"):  # (a mixture: addresses within each source; a row never crosses one)
+            source, local = store.locate(begin)
+            begin, end = local, end - store.bases[source]
+        for s in np.unique(source).tolist():
+            mine = source == s
+            first = np.searchsorted(starts_of[s], begin[mine], side="right") - 1
+            last = np.searchsorted(starts_of[s], end[mine], side="right") - 1
+            np.add.at(diffs[s], first, 1)
+            np.add.at(diffs[s], last + 1, -1)
+    out = [np.cumsum(d)[:-1] for d in diffs]
+    return out if hasattr(store, "locate") else out[0]
+
+
+def _doc_starts(store: Any) -> np.ndarray:
+    """Every document's first token in the split's stream (int64, stream order)."""
+    parts = [int(store.starts[k]) + np.asarray(store.index(k)[:-1], dtype=np.int64) for k in range(len(store.shards))]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
