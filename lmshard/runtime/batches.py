@@ -30,6 +30,7 @@ from . import checks
 from .hfconvention import hf_fields
 from .lookahead import Lookahead
 from .sampling import Offsets
+from .skips import SkipSteps
 
 
 class RowStore(Protocol):
@@ -173,7 +174,7 @@ class _Ring:
         return moved
 
 
-class BatchStream(torch.utils.data.IterableDataset):
+class BatchStream(SkipSteps, torch.utils.data.IterableDataset):
     """An endless, resumable stream of batches for one rank.
 
     Use it directly (`next(stream)`: batches on `device`, next one prefetched), or hand it to a
@@ -253,9 +254,10 @@ class BatchStream(torch.utils.data.IterableDataset):
         """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order).
         `in_hand`: batches already drawn but not trained on yet (1 in a loop that draws the next
         batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again."""
-        return {"kind": self.kind, "seed": self.seed, "step": checks.rewind(self.step, in_hand),
+        return {"kind": self.kind, "seed": self.seed, "step": self._reported(checks.rewind(self.step, in_hand)),
                 "seq_len": self.seq_len, "global_batch_size": self.global_batch_size, "world_size": self.world_size,
-                **self.offsets.fingerprint(), **({"data": self.data} if self.data is not None else {})}  # fmt: skip
+                **self.offsets.fingerprint(), **({"data": self.data} if self.data is not None else {}),
+                **self._skip_state()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`, refused unless it comes from a stream that draws the same rows.
@@ -266,6 +268,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
         step = checks.state_int(dict(state), "step", low=0)
         checks.same_data(state.get("data"), self.data)
+        self._load_skips(dict(state))
         for key in (*required, *self.offsets.fingerprint()):
             if key not in state and key in required:
                 raise ArgumentError(f"state has no {key!r}; {checks.STATE_FIX}")
@@ -274,7 +277,7 @@ class BatchStream(torch.utils.data.IterableDataset):
                 raise ArgumentError(f"cannot resume: saved {key}={checks.show(state[key])}, this stream has "
                                     f"{key}={mine[key]!r}; build this stream with the saved {what} to continue that "
                                     "run")  # fmt: skip
-        self.step = step
+        self.step = self._position(step)
         self._pending = None
         self._ahead.reset()
 
@@ -294,11 +297,11 @@ class BatchStream(torch.utils.data.IterableDataset):
         form: nothing is drawn or read (runtime/trace.py)."""
         from . import trace
 
-        n = self.step if steps is None else checks.nonnegative("steps", steps)
+        n = self.step if steps is None else self._position(checks.nonnegative("steps", steps))
         return trace.exposure(self.store, self._global_reads, n)
 
-    def _global_reads(self, step: int) -> tuple[np.ndarray, int]:
-        offsets, shift = self.offsets.rows(step, self.global_batch_size)
+    def _global_reads(self, position: int) -> tuple[np.ndarray, int]:
+        offsets, shift = self.offsets.rows(self._data(position), self.global_batch_size)
         return offsets, self.seq_len + shift
 
     def _traced(self, step: int | None) -> int:
@@ -306,12 +309,12 @@ class BatchStream(torch.utils.data.IterableDataset):
             if self.step == 0:
                 raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
             return self.step - 1
-        return checks.nonnegative("step", step)
+        return self._position(checks.nonnegative("step", step))
 
     # -- producing batches -------------------------------------------------------------------
 
     def _rows(self, step: int) -> tuple[np.ndarray, int]:
-        offsets, shift = self.offsets.rows(step, self.global_batch_size)
+        offsets, shift = self.offsets.rows(self._data(step), self.global_batch_size)  # (step: a position)
         mine = offsets[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
         return mine, shift
 
@@ -337,7 +340,7 @@ class BatchStream(torch.utils.data.IterableDataset):
         if self.grouped:
             x = x.view(rows, T // shift, shift)
             y = y.view(rows, T // shift, shift)
-        batch = Batch(x, y, step, shift, offsets)
+        batch = Batch(x, y, self._reported(step), shift, offsets)
         if self.cu_seqlens:
             batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device)
         return batch
@@ -353,7 +356,7 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def cpu_batch(self, step: int) -> Batch:
         """Batch `step` for this rank, on the CPU: a pure function of (seed, step, rank)."""
-        return self._cpu_batch(checks.nonnegative("step", step))
+        return self._cpu_batch(self._position(checks.nonnegative("step", step)))
 
     def _cpu_batch(self, step: int) -> Batch:
         offsets, shift = self._rows(step)

@@ -336,15 +336,15 @@ class MixturePackedStream(StepStream):
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.sources[0].plan
-        return {"kind": self.kind, "step": checks.rewind(self.step, in_hand), "seed": self.seed,
+        return {"kind": self.kind, "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.seed,
                 "seq_len": self.seq_len, "strategy": plan.strategy, "overlong": plan.overlong,
                 "global_batch_size": self.global_batch_size, "packs": [len(p) for p in self.sources],
-                "mixture": self.mix.fingerprint()}  # fmt: skip
+                "mixture": self.mix.fingerprint(), **self._skip_state()}  # fmt: skip
 
     def _items(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(source and pack of each row; every row's items, in row order, at their addresses in
         the joint store: starts, lengths, items per row)."""
-        step = checks.nonnegative("step", step)
+        step = self._data(checks.nonnegative("step", step))
         first = step * self.global_batch_size + self.rank * self.batch_size
         source, local = self.tree.assign(np.arange(first, first + self.batch_size, dtype=np.int64))
         ids = np.empty(self.batch_size, dtype=np.int64)

@@ -36,6 +36,7 @@ from .batches import resolve_rank
 from .lookahead import Lookahead
 from .packedbatch import PackedBatch
 from .sampling import step_rng
+from .skips import SkipSteps
 
 IGNORE = -100
 _EPOCH_SALT = 0x9AC4ED
@@ -206,7 +207,7 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = Fa
     return out
 
 
-class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StepStream(SkipSteps, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """What the packed and padded streams share: a global step across epochs, `batch(step)` a
     pure function of it, resume from `state_dict()`, and DataLoader worker splitting."""
 
@@ -256,7 +257,7 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if step is None and self.step == 0:
             raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
         return trace.rows(self.store, *self.trace_reads(self.step - 1 if step is None else
-                                                         checks.nonnegative("step", step)))  # fmt: skip
+                                                         self._position(checks.nonnegative("step", step))))  # fmt: skip
 
     def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(starts, lengths, items per row or None for one a row) of this rank's rows at `step`."""
@@ -269,7 +270,7 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         order. Closed form: nothing is drawn or read (runtime/trace.py)."""
         from . import trace
 
-        n = self.step if steps is None else checks.nonnegative("steps", steps)
+        n = self.step if steps is None else self._position(checks.nonnegative("steps", steps))
         return trace.exposure(self.store, self.global_reads, n)
 
     def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,16 +286,17 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         """Continue from `state`, refused unless every option it records matches this stream."""
         if not isinstance(state, Mapping):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
+        checks.same_data(state.get("data"), self.state_dict().get("data"))
+        self._load_skips(dict(state))
         mine = self.state_dict()
-        checks.same_data(state.get("data"), mine.get("data"))
         for key, value in mine.items():
             if key in ("shuffle",) and key not in state:
                 continue  # (recorded since: a state saved before is not checked for it)
-            if key not in ("step", "data") and state.get(key) != value:
+            if key not in ("step", "data", "skips", "skip_mode") and state.get(key) != value:
                 saved = checks.show(state.get(key))
                 raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
                                     f"the {self.kind} stream with the saved options")  # fmt: skip
-        self.step = checks.state_int(dict(state), "step", low=0)
+        self.step = self._position(checks.state_int(dict(state), "step", low=0))
         if self._ahead is not None:
             self._ahead.reset()
 
@@ -302,7 +304,7 @@ class StepStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         for k, v in out.items():
             if isinstance(v, torch.Tensor):
                 out[k] = v.to(self.device)
-        out.step = step
+        out.step = self._reported(step)
         return out
 
     def __iter__(self) -> Iterator[PackedBatch]:
@@ -349,13 +351,13 @@ class PackedStream(StepStream):
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.packs.plan
-        return {"kind": "packed", "step": checks.rewind(self.step, in_hand), "seed": self.packs.seed,
+        return {"kind": "packed", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.packs.seed,
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 "global_batch_size": self.global_batch_size, "shuffle": self.packs.shuffle,
-                **checks.data_of(self.packs.data)}  # fmt: skip
+                **checks.data_of(self.packs.data), **self._skip_state()}  # fmt: skip
 
     def _ids(self, step: int) -> np.ndarray:
-        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
         first = within * self.global_batch_size + self.rank * self.batch_size
         return self.packs.order(epoch)[first : first + self.batch_size]
 
@@ -372,7 +374,7 @@ class PackedStream(StepStream):
         return self.packs.items(self._ids(step))  # each row: its items one after another
 
     def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
         g = self.global_batch_size
         starts, lengths, _ = self.packs.items(self.packs.order(epoch)[within * g : (within + 1) * g])
         return starts, lengths

@@ -83,17 +83,18 @@ class PaddedStream(StepStream):
         return batches
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
-        return {"kind": "padded", "step": checks.rewind(self.step, in_hand), "seed": self.seed, "max_len": self.max_len,
+        return {"kind": "padded", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.seed,
+                "max_len": self.max_len,
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size,
-                **checks.data_of(self.data)}  # fmt: skip
+                **checks.data_of(self.data), **self._skip_state()}  # fmt: skip
 
     def _ids(self, step: int) -> np.ndarray:
-        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
         return self.order(epoch)[within][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
 
     def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, within = divmod(checks.nonnegative("step", step), self.steps_per_epoch)
+        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
         ids = self.order(epoch)[within]
         return self.items.start[ids], self.items.length[ids]
 

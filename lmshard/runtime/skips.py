@@ -1,0 +1,93 @@
+"""Skip ranges: `stream.skip(a, b)` leaves out steps a … b−1 of a run, as a loss-spike recovery
+does (restart from a checkpoint before the spike, go past the batches around it), recorded in the
+stream's state so that it holds across restarts and world sizes.
+
+Steps are the run's step numbers (`batch.step`, the state's `step`). Two ways to skip, one per
+stream:
+
+- `mode="data"` (PaLM's "skip 200–500 data batches"): the run's steps go on one by one, and its
+  data moves past the range: step t ≥ a draws the batch the stream would have drawn at step
+  t + (b − a). Batches a … b−1 are never drawn.
+- `mode="steps"`: the run's step numbers move past the range (its schedule continues at b) and
+  its data does not: step b draws the batch the stream would have drawn at step a, step t ≥ b the
+  one of step t − (b − a). No step a … b−1 is handed out.
+
+Inside, a stream counts positions 0, 1, 2, … (the batches it hands out); a skip maps each position
+to the step it is reported as and the step whose batch it draws. Several ranges apply in order
+(each in the run's step numbers, not overlapping).
+
+Memory model: the ranges (two ints each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ArgumentError
+from . import checks
+
+MODES = ("data", "steps")
+
+
+class SkipSteps:
+    """The skip ranges of a stream (mixed into BatchStream and the packed and padded streams)."""
+
+    _skips: tuple[tuple[int, int], ...] = ()
+    _skip_mode: str = "data"
+
+    def skip(self, start: int, stop: int, mode: str = "data") -> Any:
+        """Leave out steps [start, stop) (see runtime/skips.py); returns the stream. Recorded in
+        `state_dict()`, so a resumed stream skips them too."""
+        a = checks.nonnegative("start", start)
+        b = checks.integer("stop", stop, low=a + 1, fix=f"pass a stop after start={a}")
+        if mode not in MODES:
+            raise ArgumentError(f"mode={checks.show(mode)}: pass 'data' (the run's steps go on, its data moves past "
+                                "the range) or 'steps' (its step numbers move past the range)")  # fmt: skip
+        if self._skips and mode != self._skip_mode:
+            raise ArgumentError(f"this stream skips with mode={self._skip_mode!r}; one stream skips one way")
+        if any(a < y and x < b for x, y in self._skips):
+            raise ArgumentError(f"steps [{a}, {b}) overlap a range already skipped ({list(self._skips)})")
+        self._skips, self._skip_mode = tuple(sorted((*self._skips, (a, b)))), mode
+        return self
+
+    def _data(self, position: int) -> int:
+        """The step whose batch position `position` draws."""
+        return position + self._moved(position) if self._skip_mode == "data" else position
+
+    def _reported(self, position: int) -> int:
+        """The step number position `position` is handed out as."""
+        return position if self._skip_mode == "data" else position + self._moved(position)
+
+    def _position(self, step: int) -> int:
+        """The position of the run's step `step` (a step inside a range of mode "steps": the
+        position of the range's end, the next step handed out)."""
+        if self._skip_mode == "data":
+            return step
+        moved = 0
+        for a, b in self._skips:
+            if step < a:
+                break
+            moved += min(step, b) - a
+        return step - moved
+
+    def _moved(self, position: int) -> int:
+        """How far the ranges at or before `position` (in the run's numbering) move it."""
+        moved = 0
+        for a, b in self._skips:
+            if position + (moved if self._skip_mode == "steps" else 0) < a:
+                break
+            moved += b - a
+        return moved
+
+    def _skip_state(self) -> dict[str, Any]:
+        return {"skips": [list(r) for r in self._skips], "skip_mode": self._skip_mode} if self._skips else {}
+
+    def _load_skips(self, state: dict[str, Any]) -> None:
+        """Take the state's ranges too (a stream built with them, or resumed from a state that has them)."""
+        saved = state.get("skips") or []
+        if not isinstance(saved, list) or not all(isinstance(r, list | tuple) and len(r) == 2 for r in saved):
+            raise ArgumentError(f"state['skips']={checks.show(saved)} is not a list of [start, stop]; "
+                                f"{checks.STATE_FIX}")  # fmt: skip
+        for a, b in saved:
+            if (int(a), int(b)) not in self._skips:
+                self.skip(int(a), int(b), str(state.get("skip_mode", "data")))
