@@ -400,11 +400,12 @@ def test_overwrite_leaves_no_shard_of_the_old_dataset(tmp_path):
     meta = run(tmp_path, [jsonl(tmp_path / "small.jsonl", make_texts(3))], tokens_per_shard=400, val_fraction=0.0,
                overwrite=True)  # fmt: skip
     shards = [s for split in meta["splits"].values() for s in split["shards"]]
-    listed = {s[k] for s in shards for k in ("path", "index_path", "sums_path")}
+    listed = {s[k] for s in shards for k in ("path", "index_path", "sums_path", "src_path")}
     keys = {f["path"] for f in meta["dedup"]["files"]}
     on_disk = {str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file()}
     assert on_disk == listed | keys | {"dataset_metadata.json", "tokenizer_state.json", "notes.txt"}
-    assert listed == {"train/shard_000000.bin", "train/shard_000000.idx", "train/shard_000000.sums"}
+    assert listed == {"train/shard_000000.bin", "train/shard_000000.idx", "train/shard_000000.sums",
+                      "train/shard_000000.src"}  # fmt: skip
     assert keys == {"dedup/doc_keys_000000.u64"}
     assert (tmp_path / "out" / "notes.txt").read_text() == "the user's own file"
 

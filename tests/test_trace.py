@@ -184,3 +184,38 @@ def test_lmshard_trace_exposure_counts_the_steps_before_the_state(roots, tmp_pat
     assert np.load(tmp_path / "counts.npy").tolist() == want.tolist()
     assert summary["steps"] == 12 and summary["seen"] == int((want > 0).sum()) and summary["documents"] == ds.n_docs
     assert summary["times"]["1"] == int((want == 1).sum()) and summary["most"][0][1] == int(want.max())
+
+
+def test_trace_names_each_documents_input_and_record(tmp_path):
+    """Provenance: each traced document names its input file and record (line), and that line of
+    the original input, read with json, is the document's text (the dataset's tokens decoded
+    without the separator); two inputs, on the one-process path and planned in 3 tasks."""
+    from lmshard.prepare.execution import local_exec
+
+    lines = {}
+    for name in ("one", "two"):
+        texts = [f"{name} text number {i}: " + "alpha beta " * (i % 6) + "gamma " * (i * 37 % 400)
+                 for i in range(240)]  # (larger than a unit: files cut into byte ranges)
+        write(tmp_path / "in" / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
+        lines[name] = texts
+    common = {"inputs": [str(tmp_path / "in")], "val_fraction": 0.0, "quiet": True, "tokens_per_shard": 400}
+    prepare(PrepareConfig(out=str(tmp_path / "local"), workers=1, **common))
+    from lmshard.prepare.execution.taskplan import _WINDOW
+
+    local_exec.run(PrepareConfig(out=str(tmp_path / "planned"), workers=1, unit_size=_WINDOW, **common), 3)
+    for root in ("local", "planned"):
+        ds = TokenDataset(tmp_path / root)
+        stream = ds.random_batches(4, 24, seed=2)
+        seen = 0
+        for _ in range(6):
+            next(stream)
+            for row in stream.trace():
+                for p in row:
+                    name = p.input.rsplit("/", 1)[-1].removesuffix(".jsonl")
+                    whole = ds.tokens(p.offset - p.start, p.length)[:-1]  # the document, its EOT left out
+                    assert ds.decode(whole) == lines[name][p.record - 1], (root, p)
+                    seen += 1
+        assert seen > 24
+    assert sorted((tmp_path / "local" / "train").glob("*.src")) and \
+        [p.read_bytes() for p in sorted((tmp_path / "local" / "train").glob("*.src"))] == \
+        [p.read_bytes() for p in sorted((tmp_path / "planned" / "train").glob("*.src"))]  # fmt: skip

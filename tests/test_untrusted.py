@@ -143,11 +143,14 @@ def swap(offsets: np.ndarray) -> None:
 
 
 def swap_index(ds: Path) -> None:
-    """Shard 1 gets shard 0's index, n_docs edited to fit: sizes agree, the end does not."""
+    """Shard 1 gets shard 0's index (and provenance), n_docs edited to fit: sizes agree, the end
+    does not."""
     meta = json.loads((ds / META).read_text())
     assert shard(meta, 0)["n_tokens"] != shard(meta, 1)["n_tokens"]
     set_count("n_docs", shard(meta, 0)["n_docs"])(ds)
     shutil.copy(ds / shard(meta, 0)["index_path"], ds / IDX)
+    if "src_path" in shard(meta, 0):
+        shutil.copy(ds / shard(meta, 0)["src_path"], ds / shard(meta, 1)["src_path"])
 
 
 # (id, tamper, file the messages must name, words they must hold, refused when: "open" or "index")

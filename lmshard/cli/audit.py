@@ -41,10 +41,11 @@ def trace(
                                              "write each document's count (uint32, stream order)."),  # fmt: skip
     as_json: bool = typer.Option(False, "--json", help="A JSON object per step, on one line each."),
 ) -> None:
-    """The documents in each row of a run's batches at the given steps: document number, shard,
-    and the tokens of it in the row, for random, window, packed and padded states; with
-    --exposure, how many times each document was seen before the state's step (--steps A: before
-    step A)."""
+    """The documents of a run's batches at given steps, from its loader state.
+
+    Each row's documents: number, shard, input and record, and the tokens of it in the row, for
+    random, window, packed and padded states; with --exposure, how many times each document was
+    seen before the state's step (--steps A: before step A)."""
     from ..errors import ArgumentError
     from ..runtime import TokenDataset
     from ..runtime.trace import stream_of_state
@@ -118,7 +119,8 @@ def _steps(spec: str | None, default: int) -> tuple[int, int]:
 
 
 def _line(p: Any) -> str:
-    return f"doc {p.doc:,} ({p.shard} #{p.index:,}) tokens {p.start:,}-{p.end:,} of {p.length:,}" + (
+    origin = f" from {p.input}:{p.record}" if p.input else ""
+    return f"doc {p.doc:,} ({p.shard} #{p.index:,}){origin} tokens {p.start:,}-{p.end:,} of {p.length:,}" + (
         f" [source {p.source}]" if p.source else "")  # fmt: skip
 
 
@@ -157,3 +159,35 @@ def _exposure(stream: Any, steps: int, out: Path | None, as_json: bool) -> None:
                      + ", ".join(f"doc {d:,} ({n:,}x)" for d, n in summary["most"])
                      + (f"; counts written to {escape(str(out))}" if out else ""), highlight=False,
                      soft_wrap=True)  # fmt: skip
+
+
+def diff_datasets(first: str, second: str, as_json: bool) -> int:
+    """`lmshard inspect A --diff B` (inspect/diff.py); the exit code."""
+    from ..errors import ConfigError
+    from ..format import load_metadata
+    from ..inspect import audit
+    from ..inspect.diff import diff
+
+    metas, decoders = [], []
+    for path in (first, second):
+        audit.require_dataset(Path(path))
+        meta = load_metadata(path)
+        why: list[str] = []
+        decoder = audit.decoder_for(meta, why)
+        if decoder is None:
+            what = why[0] if why else "cannot decode it"
+            raise ConfigError(f"{meta.root}: --diff compares documents' texts, and {what}")
+        metas.append(meta)
+        decoders.append(decoder)
+    result = diff(metas[0], metas[1], (decoders[0], decoders[1]))
+    if as_json:
+        render.out.print(json.dumps(result.to_json()), highlight=False, soft_wrap=True)
+        return 0
+    render.out.print(f"{escape(result.b)} against {escape(result.a)}: added {result.added:,}, removed "
+                     f"{result.removed:,}, kept {result.kept:,} documents ({result.b_documents:,} and "
+                     f"{result.a_documents:,} in all)", highlight=False, soft_wrap=True)  # fmt: skip
+    for kind, examples in result.examples.items():
+        for e in examples:
+            origin = f" from {e['input']}:{e['record']}" if "input" in e else ""
+            render.out.print(f"  {kind}: {escape(e['document'])}{escape(origin)}", highlight=False, soft_wrap=True)
+    return 0

@@ -157,6 +157,8 @@ def inspect(
     overlap: str | None = typer.Option(None, "--overlap", metavar="DATASET|splits", help="Instead: documents shared, "
                                        "exactly or nearly (MinHash), between this dataset and DATASET, or between "
                                        "its own train and val splits (docs/quality.md)."),  # fmt: skip
+    diff: str | None = typer.Option(None, "--diff", metavar="DATASET", help="Instead: the documents DATASET adds, "
+                                    "removes and keeps against this one (another version of it)."),  # fmt: skip
 ) -> None:
     """Verify a dataset against its metadata and show what is in it.
 
@@ -175,6 +177,10 @@ def inspect(
         raise typer.Exit(_packing(Path(dataset), packing, strategy, split, world_size, batch_size, as_json))
     if overlap is not None:
         raise typer.Exit(_overlap(dataset, None if overlap == "splits" else overlap, as_json))
+    if diff is not None:
+        from .audit import diff_datasets
+
+        raise typer.Exit(diff_datasets(dataset, diff, as_json))
     raise typer.Exit(_inspect(dataset if is_url(dataset) else Path(dataset), quick, as_json, sample, seed, doc, plot,
                               top))  # fmt: skip
 

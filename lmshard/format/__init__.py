@@ -46,6 +46,7 @@ from .layout import (
     shard_paths,
     write_vocab_copy,
 )
+from .provenance import SRC_DTYPE, src_path
 from .schema import (
     DatasetMeta,
     DedupInfo,
@@ -69,5 +70,5 @@ __all__ = [
     "TokenizerInfo",
     "find_shard", "load_metadata", "read_document", "read_small", "check_index", "check_shard_files",
     "dataset_file_size", "dataset_files", "file_checksums", "shard_file_sizes",
-    "parse_metadata", "ENCODINGS", "UINT32", "Encoding", "blocks_path",
+    "parse_metadata", "ENCODINGS", "UINT32", "Encoding", "blocks_path", "SRC_DTYPE", "src_path",
 ]  # fmt: skip

@@ -75,6 +75,8 @@ def _check_names(shard: Any) -> None:  # a ShardInfo (schema.py imports this mod
         raise _Invalid(f"sums path {shard.sums_path!r} is not {shard.split}/shard_NNNNNN.sums")
     if shard.blocks_path and shard.blocks_path != shard.path.removesuffix(".bin") + ".blocks":
         raise _Invalid(f"blocks path {shard.blocks_path!r} is not {shard.split}/shard_NNNNNN.blocks")
+    if shard.src_path and shard.src_path != shard.path.removesuffix(".bin") + ".src":
+        raise _Invalid(f"provenance path {shard.src_path!r} is not {shard.split}/shard_NNNNNN.src")
 
 
 def _line_drops(raw: dict[str, Any]) -> dict[str, Any]:

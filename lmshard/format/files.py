@@ -114,6 +114,8 @@ def shard_file_sizes(shard: ShardInfo) -> list[tuple[str, str, int, int]]:
         files.append((shard.sums_path, "n_tokens", shard.n_tokens, shard.sums_bytes))
     if shard.blocks_path:
         files.append((shard.blocks_path, "n_tokens", shard.n_tokens, shard.blocks_bytes))
+    if shard.src_path:
+        files.append((shard.src_path, "n_docs", shard.n_docs, shard.src_bytes))
     return files
 
 
@@ -174,6 +176,7 @@ def file_checksums(meta: DatasetMeta) -> dict[str, str]:
     sums = {s.path: s.xxh3_64 for s in meta.shards} | {s.index_path: s.index_xxh3_64 for s in meta.shards}
     sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
     sums |= {s.blocks_path: s.blocks_xxh3_64 for s in meta.shards if s.blocks_path}
+    sums |= {s.src_path: s.src_xxh3_64 for s in meta.shards if s.src_path}
     return sums | ({f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {})
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .fields import _check_names, _count, _get, _inside, _Invalid, _sums
 from .layout import INDEX_DTYPE, TOKEN_DTYPE
+from .provenance import SRC_DTYPE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +34,10 @@ class ShardInfo:
     n_bytes: int = -1
     blocks_path: str = ""
     blocks_xxh3_64: str = ""
+    # Provenance (provenance.py): each document's source and record, 12 bytes a document; empty
+    # in datasets written before it was kept.
+    src_path: str = ""
+    src_xxh3_64: str = ""
 
     @property
     def n_blocks(self) -> int:
@@ -48,10 +53,15 @@ class ShardInfo:
         """The size the block offsets file must have (8 bytes per block, and the end)."""
         return (self.n_blocks + 1) * 8 if self.blocks_path else 0
 
+    @property
+    def src_bytes(self) -> int:
+        """The size the provenance file must have (12 bytes per document)."""
+        return self.n_docs * SRC_DTYPE.itemsize if self.src_path else 0
+
     def files(self) -> tuple[str, ...]:
-        """The shard's files, relative to the dataset root: tokens, index, and sums and block
-        offsets where kept."""
-        return (self.path, self.index_path) + tuple(p for p in (self.sums_path, self.blocks_path) if p)
+        """The shard's files, relative to the dataset root: tokens, index, and sums, block
+        offsets and provenance where kept."""
+        return (self.path, self.index_path) + tuple(p for p in (self.sums_path, self.blocks_path, self.src_path) if p)
 
     @property
     def bin_bytes(self) -> int:
@@ -72,6 +82,8 @@ class ShardInfo:
             out["n_bytes"] = self.n_bytes
         if self.blocks_path:
             out |= {"blocks_path": self.blocks_path, "blocks_xxh3_64": self.blocks_xxh3_64}
+        if self.src_path:
+            out |= {"src_path": self.src_path, "src_xxh3_64": self.src_xxh3_64}
         return out
 
     @classmethod
@@ -84,6 +96,8 @@ class ShardInfo:
             if "blocks_path" in raw:
                 extra |= {"blocks_path": _inside(raw, "blocks_path"),
                           "blocks_xxh3_64": _get(raw, "blocks_xxh3_64", str)}
+            if "src_path" in raw:
+                extra |= {"src_path": _inside(raw, "src_path"), "src_xxh3_64": _get(raw, "src_xxh3_64", str)}
             shard = cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
                         n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
                         xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str),

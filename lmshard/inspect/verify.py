@@ -33,6 +33,7 @@ import xxhash
 from ..errors import FormatError
 from ..format import (
     INDEX_DTYPE,
+    SRC_DTYPE,
     TOKENIZER_FILE,
     VOCAB_COPIES,
     DatasetMeta,
@@ -258,6 +259,22 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
         problems.append(Problem(shard.path, f"{_blocks(undecodable, size, shard.n_tokens)} of {size:,} tokens: does "
                                             f"not decode as {meta.encoding.describe()} (corrupt data)"))  # fmt: skip
     problems += [Problem(shard.path, what) for what in scan.findings()]
+    if shard.src_path:
+        _check_provenance(meta, shard, problems)
+
+
+def _check_provenance(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> None:
+    """The shard's provenance file: its checksum, and every document's source an input of the
+    metadata's `sources` (12 bytes a document: read whole)."""
+    data = meta.abspath(shard.src_path).read_bytes()
+    if xxhash.xxh3_64_hexdigest(data) != shard.src_xxh3_64:
+        problems.append(Problem(shard.src_path, f"checksum {xxhash.xxh3_64_hexdigest(data)} != {shard.src_xxh3_64} in "
+                                                "metadata (corrupt data)"))  # fmt: skip
+        return
+    src = np.frombuffer(data, dtype=SRC_DTYPE)
+    if len(src) and int(src["source"].max()) >= len(meta.sources):
+        problems.append(Problem(shard.src_path, f"a document's source {int(src['source'].max())} is not one of the "
+                                                f"{len(meta.sources)} sources in the metadata"))  # fmt: skip
 
 
 def _blocks(ks: list[int], size: int, n_tokens: int) -> str:

@@ -128,6 +128,8 @@ def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding:
     """One shard in `encoding` under `staging`: its index copied (and checked), its tokens
     decoded from the source, checked, written as uint32 and sealed."""
     _copy(meta, shard.index_path, staging, shard.index_xxh3_64)
+    if shard.src_path:  # (its documents' provenance: the same documents, in the same order)
+        _copy(meta, shard.src_path, staging, shard.src_xxh3_64)
     idx = staging / shard.index_path
     check_index(meta.abspath(shard.index_path), np.fromfile(idx, dtype=INDEX_DTYPE), shard.n_tokens)
     tmp, final = Path(f"{staging / shard.path}.tmp"), staging / shard.path
@@ -142,7 +144,7 @@ def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding:
                         encoding, sealed)  # fmt: skip
     if encoding.version == 1:  # uint32: format version 1 records no token file size (it is n_tokens × 4)
         entry = dataclasses.replace(entry, n_bytes=-1)
-    return entry
+    return dataclasses.replace(entry, src_path=shard.src_path, src_xxh3_64=shard.src_xxh3_64)
 
 
 def _checked_chunks(meta: DatasetMeta, shard: ShardInfo, what: str) -> Iterator[Chunk]:

@@ -37,6 +37,7 @@ from ..format import (
     load_metadata,
     write_vocab_copy,
 )
+from ..format.provenance import records
 from ..remote.urls import output_url
 from ..tokenizers import Tokenizer
 from .config import PrepareConfig
@@ -213,7 +214,7 @@ def _run(
 ) -> Totals:
     """Stream the work items' results into the build: dedup, split, write; checkpoint every
     CHECKPOINT_SECONDS and when Ctrl-C or SIGTERM asks to stop."""
-    totals, seen, writers = build.totals, build.seen, build.writers
+    totals, seen, writers, source_base = build.totals, build.seen, build.writers, build.source_base
     bos = bos_written(config, tokenizer)
     progress = Progress(bytes_done=build.bytes_done, bytes_total=sum(s.size for s in sources), docs=totals.docs_kept,
                         tokens=totals.tokens, bytes_at_start=build.bytes_done, tokens_at_start=totals.tokens,
@@ -244,12 +245,14 @@ def _run(
         if build.near is not None and result.signatures is not None:
             build.near.add(result.signatures[keep])
         is_val = uniform_from_keys(result.keys, config.seed) < config.val_fraction
+        assert result.numbers is not None  # (every document's record: its provenance)
         for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
             if mask.any():
                 tokens, lengths = with_separators(
                     result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position, bos
                 )
-                writers[split].add(tokens, lengths)
+                writers[split].add(tokens, lengths, records(result.doc_sources[mask] + source_base,
+                                                            result.numbers[mask]))  # fmt: skip
         progress.bytes_done += result.nbytes
         build.items_done += 1
         build.bytes_done = progress.bytes_done

@@ -31,6 +31,7 @@ from .hfconvention import hf_fields
 from .lookahead import Lookahead
 from .sampling import Offsets
 from .skips import SkipSteps
+from .trace import Audited
 
 
 class RowStore(Protocol):
@@ -174,7 +175,7 @@ class _Ring:
         return moved
 
 
-class BatchStream(SkipSteps, torch.utils.data.IterableDataset):
+class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
     """An endless, resumable stream of batches for one rank.
 
     Use it directly (`next(stream)`: batches on `device`, next one prefetched), or hand it to a
@@ -281,35 +282,14 @@ class BatchStream(SkipSteps, torch.utils.data.IterableDataset):
         self._pending = None
         self._ahead.reset()
 
-    def trace(self, step: int | None = None) -> list[list[Any]]:
-        """The documents of this rank's rows at `step` (default: the last batch handed out), as
-        `trace.DocPiece`s, row by row: each row's read of seq_len + shift tokens cut at document
-        boundaries. Closed form: nothing is drawn or read (runtime/trace.py)."""
-        from . import trace
+    def trace_reads(self, position: int) -> tuple[np.ndarray, np.ndarray | int, None]:
+        """This rank's rows at `position`: their offsets, their reads' length, one span a row."""
+        offsets, length = self._reads(position)
+        return offsets, length, None
 
-        offsets, length = self._reads(self._traced(step))
-        return trace.rows(self.store, offsets, length)
-
-    def exposure(self, steps: int | None = None) -> Any:
-        """How many rows of global steps [0, steps) each document of the split appeared in, all
-        ranks together (default: the steps handed out so far), as int64 per document in stream
-        order (a mixture: one array per source). One pass over the steps' row offsets, in closed
-        form: nothing is drawn or read (runtime/trace.py)."""
-        from . import trace
-
-        n = self.step if steps is None else self._position(checks.nonnegative("steps", steps))
-        return trace.exposure(self.store, self._global_reads, n)
-
-    def _global_reads(self, position: int) -> tuple[np.ndarray, int]:
+    def global_reads(self, position: int) -> tuple[np.ndarray, int]:
         offsets, shift = self.offsets.rows(self._data(position), self.global_batch_size)
         return offsets, self.seq_len + shift
-
-    def _traced(self, step: int | None) -> int:
-        if step is None:
-            if self.step == 0:
-                raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
-            return self.step - 1
-        return self._position(checks.nonnegative("step", step))
 
     # -- producing batches -------------------------------------------------------------------
 

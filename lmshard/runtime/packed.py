@@ -37,6 +37,7 @@ from .lookahead import Lookahead
 from .packedbatch import PackedBatch
 from .sampling import step_rng
 from .skips import SkipSteps
+from .trace import Audited
 
 IGNORE = -100
 _EPOCH_SALT = 0x9AC4ED
@@ -207,7 +208,7 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = Fa
     return out
 
 
-class StepStream(SkipSteps, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """What the packed and padded streams share: a global step across epochs, `batch(step)` a
     pure function of it, resume from `state_dict()`, and DataLoader worker splitting."""
 
@@ -249,33 +250,10 @@ class StepStream(SkipSteps, torch.utils.data.IterableDataset):  # type: ignore[t
         trained on yet, which the resumed stream hands out again (see BatchStream.state_dict)."""
         raise NotImplementedError
 
-    def trace(self, step: int | None = None) -> list[list[Any]]:
-        """The documents of this rank's rows at `step` (default: the last batch handed out), as
-        `trace.DocPiece`s, row by row (runtime/trace.py): closed form, nothing is drawn or read."""
-        from . import trace
-
-        if step is None and self.step == 0:
-            raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
-        return trace.rows(self.store, *self.trace_reads(self.step - 1 if step is None else
-                                                         self._position(checks.nonnegative("step", step))))  # fmt: skip
-
     def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(starts, lengths, items per row or None for one a row) of this rank's rows at `step`."""
         starts, lengths = self.reads(step)
         return starts, lengths, None
-
-    def exposure(self, steps: int | None = None) -> Any:
-        """How many rows of global steps [0, steps) each document of the split appeared in, all
-        ranks together (default: the steps handed out so far), as int64 per document in stream
-        order. Closed form: nothing is drawn or read (runtime/trace.py)."""
-        from . import trace
-
-        n = self.step if steps is None else self._position(checks.nonnegative("steps", steps))
-        return trace.exposure(self.store, self.global_reads, n)
-
-    def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(starts, lengths) of every item of the global batch at `step`, all ranks."""
-        raise ArgumentError(f"exposure() of {self.kind} streams is not available; trace() each step instead")
 
     def set_epoch(self, epoch: int) -> None:
         self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch

@@ -155,6 +155,7 @@ class TokenStore(SplitReads):
         self._map_stored = fits  # packed, zstd: their stored bytes mapped (decoded tokens never are)
         self._spans: dict[int, _Span] = {}  # row length -> row view over all maps (mapped mode)
         self._ids: list[tuple[FileId, FileId]] | None = None  # set by from_dataset
+        self.source_names: list[str] | None = None  # the dataset's inputs (from_dataset): trace names them
 
     @classmethod
     def from_dataset(
@@ -168,6 +169,7 @@ class TokenStore(SplitReads):
         # now, so a shard opened after an --overwrite swap is refused, not read as the old one.
         store._ids = [(_file_id(os.stat(meta.root / s.path)), _file_id(os.stat(meta.root / s.index_path)))
                       for s in shards]  # fmt: skip
+        store.source_names = [s.path for s in meta.sources]  # (what trace names a document's input by)
         return store
 
     @classmethod
@@ -196,6 +198,7 @@ class TokenStore(SplitReads):
         forkserver): the copy opens its own on first read."""
         state = self.__dict__.copy()
         state["_open"], state["_spans"] = OrderedDict(), {}
+        state.pop("_trace_src", None)  # (trace's maps of the provenance files)
         return state
 
     @property

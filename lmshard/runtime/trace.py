@@ -21,6 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ArgumentError
+from ..format import SRC_DTYPE
+from . import checks
+
 
 @dataclass(frozen=True)
 class DocPiece:
@@ -35,9 +39,47 @@ class DocPiece:
     length: int  # the document's tokens in all
     offset: int = 0  # the piece's first token in the split's stream (`TokenDataset.tokens(offset, n)`)
     source: int = 0  # a mixture's source (its position in the mixture); 0 for one dataset
+    input: str = ""  # the input the document came from, as the metadata's sources name it ("": not kept)
+    record: int = -1  # its record there: a line, a row (format/provenance.py); -1: not kept
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class Audited:
+    """`trace(step)` and `exposure(steps)` of a stream (mixed into BatchStream and the packed and
+    padded streams), from its `trace_reads(position)` (this rank's rows) and
+    `global_reads(position)` (every rank's), over its `store`; steps are the run's step numbers
+    (skips.py)."""
+
+    step: int
+    store: Any
+    kind: str
+
+    def trace_reads(self, position: int) -> tuple[np.ndarray, Any, np.ndarray | None]:
+        raise NotImplementedError
+
+    def global_reads(self, position: int) -> tuple[np.ndarray, Any]:
+        raise ArgumentError(f"exposure() of {self.kind} streams is not available; trace() each step instead")
+
+    def _position(self, step: int) -> int:
+        raise NotImplementedError
+
+    def trace(self, step: int | None = None) -> list[list[DocPiece]]:
+        """The documents of this rank's rows at `step` (default: the last batch handed out), as
+        `DocPiece`s, row by row: closed form, nothing is drawn or read."""
+        if step is None and self.step == 0:
+            raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
+        position = self.step - 1 if step is None else self._position(checks.nonnegative("step", step))
+        return rows(self.store, *self.trace_reads(position))
+
+    def exposure(self, steps: int | None = None) -> Any:
+        """How many rows of steps [0, steps) each document of the split appeared in, all ranks
+        together (default: the steps handed out so far), as int64 per document in stream order (a
+        mixture of random or window rows: one array per source). Closed form: nothing is drawn or
+        read."""
+        n = self.step if steps is None else self._position(checks.nonnegative("steps", steps))
+        return exposure(self.store, self.global_reads, n)
 
 
 def pieces(store: Any, start: int, length: int, at: int = 0) -> list[DocPiece]:
@@ -60,8 +102,11 @@ def pieces(store: Any, start: int, length: int, at: int = 0) -> list[DocPiece]:
             continue
         lo, hi = base + int(idx[i]), base + int(idx[i + 1])
         stop = min(end, hi)
+        where = _provenance(store, k)
+        origin = {} if where is None else {"input": store.source_names[int(where[i]["source"])],
+                                           "record": int(where[i]["record"])}  # fmt: skip
         out.append(DocPiece(doc=int(docs_before[k]) + i, shard=store.shards[k].path, index=i, start=pos - lo,
-                            end=stop - lo, at=at + pos - int(start), length=hi - lo, offset=pos))  # fmt: skip
+                            end=stop - lo, at=at + pos - int(start), length=hi - lo, offset=pos, **origin))  # fmt: skip
         pos = stop
     return out
 
@@ -82,6 +127,19 @@ def rows(store: Any, starts: np.ndarray, lengths: np.ndarray | int, counts: np.n
         out.append(row)
         item += n
     return out
+
+
+def _provenance(store: Any, k: int) -> np.ndarray | None:
+    """Shard k's provenance records (memory-mapped, kept on the store), or None where the dataset
+    keeps none (written before it was kept, in memory, or read from a URL)."""
+    cache = store.__dict__.setdefault("_trace_src", {})
+    if k not in cache:
+        shard, root = store.shards[k], getattr(store, "root", None)
+        names = getattr(store, "source_names", None)
+        path = root / shard.src_path if shard.src_path and root is not None and names else None
+        cache[k] = np.memmap(path, dtype=SRC_DTYPE, mode="r") if path is not None and path.is_file() and \
+            shard.n_docs else None  # fmt: skip
+    return cache[k]
 
 
 def _docs_before(store: Any) -> np.ndarray:

@@ -232,12 +232,16 @@ def _paragraphs(payload: bytes, first: int, replace: bool = False) -> Iterator[R
         end = m.start() if m is not None else len(text)
         para = text[pos:end].strip("\r\n")
         if para.strip():
+            # numbered by the line of its first character that is not white space: the same line
+            # wherever a work item was cut among the blank lines before it
+            seg = text[pos:end]
+            at = number + text.count("\n", pos, pos + len(seg) - len(seg.lstrip()))
             if _undecodable(para) and replace:
-                yield Record(number, _replaced(para), repaired=True)
+                yield Record(at, _replaced(para), repaired=True)
             elif _undecodable(para):
-                yield bad(number, "decode_error", f"invalid UTF-8 in the paragraph at line {number}")
+                yield bad(at, "decode_error", f"invalid UTF-8 in the paragraph at line {at}")
             else:
-                yield Record(number, para)
+                yield Record(at, para)
         if m is not None:
             number += text.count("\n", pos, m.end())
             pos = m.end()

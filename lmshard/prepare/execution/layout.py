@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +206,7 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
 
 def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]], tokens_per_shard: int,
                 specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
-                lines: bool = False) -> dict[str, Any]:  # fmt: skip
+                lines: bool = False, units: Sequence[Any] = (), source_base: int = 0) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
@@ -214,7 +214,9 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     `readers` (per unit, the parts that read it). `rows`: per unit, its stream totals (the
     select stage's summary). `first`: per stream, the number of its first file (--append: the
     files of the dataset appended to come first). `lines` (--dedup-lines): the line key files,
-    after the document keys."""
+    after the document keys. `units` (the plan's) and `source_base` (--append: the sources of
+    the dataset appended to) give the provenance numbering: `records`, per unit what its
+    documents' record numbers are offset by (format/provenance.py), and `source_base`."""
     n_units = len(rows)
     at = {s: 0 for s in STREAMS} | (first or {})
     pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials, at[s])]
@@ -237,18 +239,33 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     # A write task writes the parts of the units its plan task tokenized: its share of the data, as in every
     # stage, whatever the shards' sizes (the many small parts of the val shards and key files spread with them).
     tasks = [[p for u in range(first, end) for p in readers[u]] for first, end in unit_ranges]
-    return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes}
+    return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes,
+            "records": record_offsets(units, [row[5] for row in rows]) if len(units) else [],
+            "source_base": source_base}  # fmt: skip
+
+
+def record_offsets(units: Sequence[Any], newlines: list[int]) -> list[int]:
+    """Per unit, what its documents' record numbers (`numbers`, counted from the unit's own start
+    for a byte range: linenumbers.py) are offset by to be numbered in their file: the newlines
+    of the ranges of the file before it. One pass over the plan's units."""
+    out, line, last = [], 1, None
+    for u, unit in enumerate(units):
+        if unit[0] != last:
+            line, last = 1, unit[0]
+        out.append(line - 1 if unit[1] == "range" else 0)
+        line += newlines[u]
+    return out
 
 
 def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[list[int]]], tokens_per_shard: int,
                   specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
-                  lines: bool = False) -> Layout:  # fmt: skip
+                  lines: bool = False, units: Sequence[Any] = (), source_base: int = 0) -> Layout:  # fmt: skip
     """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
     the same) from the units' stream totals (`rows()`: the select stage's summary)."""
     if not (work / LAYOUT_FILE).exists():
         try:
             layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes, first,
-                                 lines)  # fmt: skip
+                                 lines, units[:] if len(units) else (), source_base)  # fmt: skip
         except FileNotFoundError:  # another task made it first and has begun writing (its units' files go)
             if not (work / LAYOUT_FILE).exists():
                 raise

@@ -11,6 +11,9 @@ last, its existence says the layout is complete), little-endian int64 tables:
 - `layout_unit_parts.bin` and `layout_by_unit.bin`: U+1 offsets, then the parts grouped by the
   unit they read (in unit order). A write task's parts are those of its plan task's units: one
   slice.
+- `layout_records.bin`: per unit, what its documents' record numbers are offset by to be
+  numbered in their file (layout.record_offsets); the head holds `source_base`, the sources of
+  an appended-to dataset (provenance: format/provenance.py).
 
 Memory model: a few rows per table; nothing grows with the layout unless a caller iterates a
 whole table (the finish, once: the pieces).
@@ -32,6 +35,7 @@ from .plantables import TaskTable, _Table, task_of_unit
 LAYOUT_FILE = "layout.json"
 PIECES, PARTS = "layout_pieces.bin", "layout_parts.bin"
 UNIT_PARTS, BY_UNIT = "layout_unit_parts.bin", "layout_by_unit.bin"
+RECORDS = "layout_records.bin"  # per unit: the offset of its documents' record numbers (provenance)
 _I8 = np.dtype("<i8")
 
 
@@ -46,6 +50,13 @@ class _Rows(_Table):
     def _ints(self, first: int, end: int) -> np.ndarray:
         data = self._read((end - first) * 8 * self.width, first * 8 * self.width)
         return np.frombuffer(data, dtype=_I8).reshape(-1, self.width)
+
+
+class RecordTable(_Rows):
+    """Per unit its record-number offset (one int64)."""
+
+    def _rows(self, first: int, end: int) -> list[Any]:
+        return self._ints(first, end)[:, 0].tolist()
 
 
 class PartTable(_Rows):
@@ -99,8 +110,9 @@ def write_layout(work: Path, layout: dict[str, Any], streams: tuple[str, ...]) -
     offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(_I8)
     atomic_write_bytes(work / UNIT_PARTS, offsets.tobytes())
     atomic_write_bytes(work / BY_UNIT, np.array([p for parts in layout["readers"] for p in parts], _I8).tobytes())
+    atomic_write_bytes(work / RECORDS, np.array(layout.get("records", []), dtype=_I8).tobytes())
     head = {"pieces": len(pieces), "parts": len(layout["parts"]), "units": len(counts),
-            "near_hashes": layout["near_hashes"]}  # fmt: skip
+            "near_hashes": layout["near_hashes"], "source_base": layout.get("source_base", 0)}  # fmt: skip
     tmp = work / f".{LAYOUT_FILE}.{uuid.uuid4().hex}.tmp"  # (tasks on two hosts may share a pid)
     atomic_write_json(tmp, head)
     try:
@@ -124,6 +136,8 @@ class Layout:
             "readers": _Grouped(work / BY_UNIT, head["units"]),
             "tasks": _Grouped(work / BY_UNIT, len(tasks), tasks),
             "near_hashes": head["near_hashes"],
+            "records": RecordTable(work / RECORDS, len(layout_records(work))),
+            "source_base": head.get("source_base", 0),
         }
         self.unit_ranges = tasks
         self._task_of: dict[int, int] = {}  # part → its task, as found (a seal asks for every part of a piece)
@@ -139,3 +153,11 @@ class Layout:
         if p not in self._task_of:
             self._task_of[p] = task_of_unit(self.unit_ranges, self.tables["parts"][p][1])
         return self._task_of[p]
+
+
+def layout_records(work: Path) -> range:
+    """The rows of `layout_records.bin` (its size says how many)."""
+    try:
+        return range(os.stat(work / RECORDS).st_size // 8)
+    except FileNotFoundError:
+        return range(0)

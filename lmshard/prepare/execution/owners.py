@@ -32,6 +32,7 @@ import os
 import shutil
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from ...format import (
     BLOCK_TOKENS,
     INDEX_DTYPE,
     SPLITS,
+    SRC_DTYPE,
     TOKEN_DTYPE,
     BlockHasher,
     KeyFile,
@@ -51,10 +53,12 @@ from ...format import (
     atomic_write_json,
     in_folder,
     shard_paths,
+    src_path,
     sums_path,
 )
 from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
+from ...format.provenance import records
 from ...format.sealing import seal_encoded, shard_entry
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -92,14 +96,15 @@ def _unit_split(work: Path, u: int) -> np.ndarray:
 
 
 def piece_files(piece: list[Any]) -> list[str]:
-    """The files of a piece, relative to the dataset: a shard's .bin and .idx, or a key file."""
+    """The files of a piece, relative to the dataset: a shard's .bin, .idx and .src, or a key file."""
     if piece[0] == "keys":
         return [f"dedup/doc_keys_{piece[1]:06d}.u64"]
     if piece[0] == "near":
         return [f"dedup/near_sigs_{piece[1]:06d}.u32"]
     if piece[0] == "lines":
         return [f"dedup/line_keys_{piece[1]:06d}.u64"]
-    return list(shard_paths(piece[0], piece[1]))
+    bin_rel, idx_rel = shard_paths(piece[0], piece[1])
+    return [bin_rel, idx_rel, src_path(bin_rel)]
 
 
 def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int) -> bool:
@@ -139,6 +144,9 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
             mine = sizes[chosen]
             offsets = (np.cumsum(mine) + tokens_before).astype(INDEX_DTYPE)
             _pwrite(fds[1], offsets.data.cast("B"), (docs_before + 1) * 8)  # (entry 0 is the seal's)
+            src_records = records(section_of(src, where, "sources")[chosen] + layout["source_base"],
+                                  section_of(src, where, "numbers")[chosen] + int(layout["records"][u]))
+            _pwrite(fds[2], memoryview(src_records.tobytes()), docs_before * SRC_DTYPE.itemsize)
             breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
             at = tokens_before
             for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
@@ -220,7 +228,8 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     rels = piece_files(piece)
     keyish = stream in ("keys", "near", "lines")
     width = 8 if stream in ("keys", "lines") else 4 * layout.get("near_hashes", 0)
-    sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8]
+    sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8,
+                                                n_docs * SRC_DTYPE.itemsize]  # fmt: skip
     digests, sums = [], b""
     encoded = not keyish and encoding.version > 1
     for rel, size in zip(rels, sizes, strict=True):
@@ -257,11 +266,13 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     elif encoded:
         sealed = seal_encoded(staging / f"{rels[0]}.tmp", staging / rels[0], rels[0], encoding, n_tokens)
-        entry = shard_entry(stream, rels[0], rels[1], n_tokens, n_docs, digests[1], encoding, sealed).to_json()
+        entry = replace(shard_entry(stream, rels[0], rels[1], n_tokens, n_docs, digests[1], encoding, sealed),
+                        src_path=rels[2], src_xxh3_64=digests[2]).to_json()  # fmt: skip
     else:
         entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
                           xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
-                          block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums)).to_json()  # fmt: skip
+                          block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums), src_path=rels[2],
+                          src_xxh3_64=digests[2]).to_json()  # fmt: skip
     atomic_write_json(marker, entry)
     claim.unlink(missing_ok=True)
     stop_point("piece", k)

@@ -128,6 +128,7 @@ class Build:
     items_done: int = 0
     bytes_done: int = 0
     lines: RowFiles | None = None  # --dedup-lines: the keys of the unique lines this build found
+    source_base: int = 0  # the appended-to dataset's sources: this run's are numbered after them
     note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
     keys: RowFiles | None = None  # --dedup document: the kept documents' keys
     near: RowFiles | None = None  # --near-dedup: the kept documents' signatures
@@ -138,10 +139,12 @@ class Build:
         """A new build on top of `previous` (or nothing), or the one `checkpoint` recorded."""
         first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
         encoding = config.encoding(n_vocab, previous)
-        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding) for s in SPLITS}
+        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding, provenance=True)
+                   for s in SPLITS}  # fmt: skip
         base = Totals.of_dataset(previous) if previous else Totals()
         previous_keys = previous.dedup.files if previous and previous.dedup else ()
-        build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys)
+        build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys,
+                    source_base=len(previous.sources) if previous else 0)  # fmt: skip
         if checkpoint is not None:
             for split, state in checkpoint["writers"].items():
                 writers[split].resume(state)

@@ -24,7 +24,7 @@ from ...tokenizers.vocab import cache_home
 
 JOURNAL = "publish.json"
 # What a run uploads before its commit: shards, key files and tokenizer files, in a generation or not.
-UPLOADED = re.compile(r"(g-[^/]+/)?((train|val)/shard_[0-9]{6}\.(bin|idx|sums|blocks)|"
+UPLOADED = re.compile(r"(g-[^/]+/)?((train|val)/shard_[0-9]{6}\.(bin|idx|sums|blocks|src)|"
                       r"dedup/(doc|line)_keys_[0-9]{6}\.u64|dedup/near_sigs_[0-9]{6}\.u32|tokenizer_state\.json|tokenizer\.json|tokenizer\.model)")
 LOG_END = " ."  # ends every whole line of the upload log
 STARTED = "-"  # a log line's digest field for a PUT begun (its object may exist)

@@ -216,8 +216,9 @@ class Publisher:
             if shard is None:
                 target.write_bytes(remote.read(rel))
             else:
-                size = {shard.path: shard.bin_bytes, shard.index_path: shard.idx_bytes,
-                        shard.blocks_path: shard.blocks_bytes}.get(rel, shard.sums_bytes)  # fmt: skip
+                sizes = {shard.path: shard.bin_bytes, shard.index_path: shard.idx_bytes,
+                         shard.blocks_path: shard.blocks_bytes, shard.src_path: shard.src_bytes}  # fmt: skip
+                size = sizes.get(rel, shard.sums_bytes)
                 with open(target, "wb") as f:
                     f.truncate(size)
 
@@ -254,7 +255,7 @@ class Publisher:
             self.journal.record(rel, digest)
 
     def upload_finished(self) -> int:
-        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks` in place) and not
+        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks`, `.src` in place) and not
         yet uploaded; the number of files sent. A failure is left to the final publish, which
         sends what is missing and reports what cannot be sent."""
         assert self.journal is not None
@@ -262,8 +263,9 @@ class Publisher:
         done, sent = self.journal.uploaded.keys() | self._kept(), 0
         for sums in sorted(staging.glob("*/shard_*.sums")):
             trio = [sums.with_suffix(s) for s in (".bin", ".idx", ".sums")]
-            if sums.with_suffix(".blocks").exists():  # (a zstd shard's block offsets, written before its .bin)
-                trio.append(sums.with_suffix(".blocks"))
+            for extra in (".blocks", ".src"):  # (a zstd shard's block offsets, its provenance: before its .bin)
+                if sums.with_suffix(extra).exists():
+                    trio.append(sums.with_suffix(extra))
             rels = [str(p.relative_to(staging)) for p in trio]
             if not all(p.exists() for p in trio) or any(r in done for r in rels):
                 continue

@@ -271,7 +271,7 @@ def commit(paths: OutputPaths) -> None:
     paths.empty_trash()
 
 
-_OUR_FILE = re.compile(r"shard_[0-9]{6}\.(bin|idx|sums|blocks)(\.([0-9]+\.)?tmp)?|(doc|line)_keys_[0-9]{6}\.u64|"
+_OUR_FILE = re.compile(r"shard_[0-9]{6}\.(bin|idx|sums|blocks|src)(\.([0-9]+\.)?tmp)?|(doc|line)_keys_[0-9]{6}\.u64|"
                        r"near_sigs_[0-9]{6}\.u32")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -24,10 +25,12 @@ from ...errors import LmshardError
 from ...format import (
     BLOCK_TOKENS,
     INDEX_DTYPE,
+    SRC_DTYPE,
     TOKEN_DTYPE,
     BlockHasher,
     ShardInfo,
     shard_paths,
+    src_path,
     sums_path,
 )
 from ...format.blocks import write_sums
@@ -73,8 +76,11 @@ class ShardWriter:
     and encoded block by block as it is written (format/sealing.py's StreamEncoder)."""
 
     def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = (),
-                 encoding: Encoding = UINT32) -> None:  # fmt: skip
+                 encoding: Encoding = UINT32, provenance: bool = False) -> None:  # fmt: skip
         self.root, self.split, self.capacity, self.encoding = root, split, tokens_per_shard, encoding
+        self.provenance = provenance  # each shard's .src: its documents' sources and records (add's `src`)
+        self._src: BinaryIO | None = None
+        self._src_hash = xxhash.xxh3_64()
         self.shards: list[ShardInfo] = list(first)
         self.first = first  # the appended-to dataset's shards (not this build's)
         self._bin: BinaryIO | None = None
@@ -86,8 +92,11 @@ class ShardWriter:
         self._n_tokens = 0
         self._n_docs = 0
 
-    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """Append documents given as one flat token array (separators included) and lengths."""
+    def add(self, tokens: np.ndarray, lengths: np.ndarray, src: np.ndarray | None = None) -> None:
+        """Append documents given as one flat token array (separators included) and lengths, and
+        with `provenance` their provenance records (format/provenance.py's SRC_DTYPE)."""
+        if self.provenance != (src is not None):
+            raise LmshardError("ShardWriter.add: provenance records are given exactly when the writer keeps them")
         while len(lengths):
             ends = np.cumsum(lengths)
             fit = int(np.searchsorted(ends, self.capacity - self._n_tokens, side="right"))
@@ -97,8 +106,9 @@ class ShardWriter:
                 self._finish()
                 continue
             cut = int(ends[fit - 1])
-            self._write(tokens[:cut], ends[:fit])
+            self._write(tokens[:cut], ends[:fit], None if src is None else src[:fit])
             tokens, lengths = tokens[cut:], lengths[fit:]
+            src = None if src is None else src[fit:]
             if len(lengths):
                 self._finish()
 
@@ -111,17 +121,17 @@ class ShardWriter:
         """Close the open shard's files without finishing it (they stay for a resume). Never
         raises: it runs while an error (a full disk, an I/O error) is being reported, and a
         buffered tail that cannot be written now is cut back to the checkpoint on resume."""
-        for f in (self._bin, self._idx):
+        for f in (self._bin, self._idx, self._src):
             if f is not None:
                 close_quietly(f)
-        self._bin = self._idx = None
+        self._bin = self._idx = self._src = None
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
 
     def sync(self) -> dict[str, Any]:
         """Make everything written so far durable and return the state `resume` restores."""
-        for f in (self._bin, self._idx):
+        for f in (self._bin, self._idx, self._src):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
@@ -143,7 +153,8 @@ class ShardWriter:
         if n_docs == 0:
             return
         bin_path, idx_path = self._paths(current)
-        for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp")):
+        src = self.root / src_path(shard_paths(self.split, current)[0])
+        for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp"), (src, f"{src}.tmp")):
             if not final.exists():
                 continue
             if final == bin_path and self.encoding.version > 1:  # sealed: its uint32 tokens back
@@ -156,6 +167,8 @@ class ShardWriter:
         digests = (self._hash, self._blocks) if encoded is None else (encoded,)  # (the encoder starts over)
         self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, *digests)
         self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
+        if self.provenance:
+            self._src = _reopen(Path(f"{src}.tmp"), n_docs * SRC_DTYPE.itemsize, self._src_hash)
         self._n_tokens, self._n_docs = n_tokens, n_docs
 
     def _paths(self, index: int) -> tuple[Path, Path]:
@@ -168,9 +181,13 @@ class ShardWriter:
             self._encoder = StreamEncoder(bin_path, self.encoding)
         return self._encoder
 
-    def _write(self, tokens: np.ndarray, ends: np.ndarray) -> None:
+    def _write(self, tokens: np.ndarray, ends: np.ndarray, src: np.ndarray | None = None) -> None:
         if self._bin is None:
             self._open()
+        if self._src is not None and src is not None:
+            records = np.ascontiguousarray(src, dtype=SRC_DTYPE).tobytes()
+            self._src.write(records)
+            self._src_hash.update(records)
         assert self._bin is not None and self._idx is not None
         data = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
         raw = data.data.cast("B")  # the array's own bytes: no copy
@@ -192,6 +209,9 @@ class ShardWriter:
         self._bin = open(f"{bin_path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
         self._idx = open(f"{idx_path}.tmp", "wb")  # noqa: SIM115
         self._hash, self._idx_hash, self._blocks = xxhash.xxh3_64(), xxhash.xxh3_64(), BlockHasher()
+        if self.provenance:
+            self._src = open(f"{self.root / src_path(shard_paths(self.split, len(self.shards))[0])}.tmp", "wb")  # noqa: SIM115
+            self._src_hash = xxhash.xxh3_64()
         self._new_encoder(bin_path)
         self._n_tokens = self._n_docs = 0
         start = np.zeros(1, dtype=INDEX_DTYPE).tobytes()
@@ -201,17 +221,24 @@ class ShardWriter:
     def _finish(self) -> None:
         assert self._bin is not None and self._idx is not None
         bin_path, idx_path = self._paths(len(self.shards))
-        for f in (self._bin, self._idx):
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+        for f in (self._bin, self._idx, self._src):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
         self._bin = self._idx = None
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
+        src_rel = src_sum = ""
+        if self._src is not None:  # in place before the token file, which a resume and an upload key on
+            self._src = None
+            src_rel, src_sum = src_path(bin_rel), self._src_hash.hexdigest()
+            os.replace(f"{self.root / src_rel}.tmp", self.root / src_rel)
         if self._encoder is not None:
             os.replace(f"{idx_path}.tmp", idx_path)
             sealed, self._encoder = self._encoder.seal(bin_rel, Path(f"{bin_path}.tmp")), None
-            self.shards.append(shard_entry(self.split, bin_rel, idx_rel, self._n_tokens, self._n_docs,
-                                           self._idx_hash.hexdigest(), self.encoding, sealed))  # fmt: skip
+            entry = shard_entry(self.split, bin_rel, idx_rel, self._n_tokens, self._n_docs, self._idx_hash.hexdigest(),
+                                self.encoding, sealed)  # fmt: skip
+            self.shards.append(replace(entry, src_path=src_rel, src_xxh3_64=src_sum))
             self._n_tokens = self._n_docs = 0
             return
         sums = self._blocks.finish()
@@ -220,6 +247,8 @@ class ShardWriter:
         os.replace(f"{bin_path}.tmp", bin_path)
         self.shards.append(
             ShardInfo(
+                src_path=src_rel,
+                src_xxh3_64=src_sum,
                 split=self.split,
                 path=bin_rel,
                 index_path=idx_rel,
@@ -236,11 +265,11 @@ class ShardWriter:
 
 
 def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / .idx / .sums / .blocks (and their .tmp, .PID.tmp); None for any other file name."""
+    """N of shard_N.bin / .idx / .sums / .blocks / .src (and their .tmp, .PID.tmp); None for any other file name."""
     stem = name.removesuffix(".tmp")
     if stem.rsplit(".", 1)[-1].isdigit() and stem.count(".") > 1:
         stem = stem.rsplit(".", 1)[0]  # shard_N.sums.PID
-    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums", ".blocks")):
+    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums", ".blocks", ".src")):
         return None
     digits = stem[len("shard_") :].rsplit(".", 1)[0]
     return int(digits) if digits.isdigit() else None
