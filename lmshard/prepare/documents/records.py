@@ -224,17 +224,15 @@ def parse_text_lines(payload: bytes, first: int, paragraph: bool, replace: bool 
 
 
 def _paragraphs(payload: bytes, first: int, replace: bool = False) -> Iterator[Record]:
-    """Blank-line-separated paragraphs; one with invalid UTF-8 is that one bad record, not the
-    whole block (bytes that are not UTF-8 survive decoding as surrogate escapes, then are found)."""
+    """Blank-line-separated paragraphs, numbered by their first line of text (wherever a work item
+    was cut among the blank lines before); one with invalid UTF-8 is that one bad record, not
+    the whole block (bytes not UTF-8 survive decoding as surrogate escapes, then are found)."""
     text = payload.decode("utf-8", errors="surrogateescape")
     pos, number = 0, first
     for m in [*_PARAGRAPH.finditer(text), None]:
         end = m.start() if m is not None else len(text)
-        para = text[pos:end].strip("\r\n")
+        para, seg = text[pos:end].strip("\r\n"), text[pos:end]
         if para.strip():
-            # numbered by the line of its first character that is not white space: the same line
-            # wherever a work item was cut among the blank lines before it
-            seg = text[pos:end]
             at = number + text.count("\n", pos, pos + len(seg) - len(seg.lstrip()))
             if _undecodable(para) and replace:
                 yield Record(at, _replaced(para), repaired=True)
