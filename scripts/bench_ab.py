@@ -32,7 +32,8 @@ def run(checkout: Path, corpus: Path, out: Path, workers: int) -> float:
     cmd = [sys.executable, "-m", "lmshard", "prepare", str(corpus), "--out", str(out), "--overwrite",
            "--workers", str(workers)]  # fmt: skip
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    # run outside both checkouts: `python -m` puts the working directory ahead of PYTHONPATH
+    subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=out.parent)
     return time.perf_counter() - start
 
 
