@@ -41,3 +41,30 @@ def test_diff_of_a_dataset_and_its_append_lists_exactly_the_appended_documents(t
         assert number >= len(old)  # in a shard the append wrote
     plain = CliRunner().invoke(app, ["inspect", str(tmp_path / "b"), "--diff", str(tmp_path / "a")])
     assert plain.exit_code == 0 and "added 0, removed 45, kept 120" in " ".join(plain.output.split()), plain.output
+
+
+def test_the_lineage_lists_prepare_append_and_convert_in_order(tmp_path):
+    """run.lineage: prepare, then append, then convert, each with the dataset's documents and
+    tokens after it (equal to the metadata's totals at that point), oldest first; inspect shows
+    it; an import starts its own."""
+    from lmshard.format import load_metadata
+    from lmshard.interop import convert_dataset, export_dataset, import_dataset
+
+    write(tmp_path / "a.jsonl", _texts(80, "first"))
+    write(tmp_path / "b.jsonl", _texts(30, "second"))
+    common = {"workers": 1, "val_fraction": 0.1, "quiet": True}
+    prepare(PrepareConfig(inputs=[str(tmp_path / "a.jsonl")], out=str(tmp_path / "ds"), **common))
+    first = load_metadata(tmp_path / "ds")
+    prepare(PrepareConfig(inputs=[str(tmp_path / "b.jsonl")], out=str(tmp_path / "ds"), append=True, **common))
+    second = load_metadata(tmp_path / "ds")
+    convert_dataset(tmp_path / "ds", "uint16", tmp_path / "small")
+    third = load_metadata(tmp_path / "small")
+    steps = [(e["op"], e["docs"], e["tokens"]) for e in third.run.lineage]
+    assert steps == [("prepare", first.total_docs, first.total_tokens), ("append", second.total_docs,
+                     second.total_tokens), ("convert", second.total_docs, second.total_tokens)]  # fmt: skip
+    assert third.run.lineage[1]["inputs"] == 1 and third.run.lineage[2]["encoding"] == "uint16"
+    shown = CliRunner().invoke(app, ["inspect", str(tmp_path / "small")])
+    assert "history" in shown.output and "convert" in shown.output, shown.output
+    export_dataset(tmp_path / "ds", "nanogpt", tmp_path / "nano")
+    back = import_dataset(tmp_path / "nano", "nanogpt", tmp_path / "back", tokenizer="gpt2")
+    assert [e["op"] for e in back.run.lineage] == ["import"] and back.run.lineage[0]["from"] == "nanogpt"

@@ -189,6 +189,9 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
         table.add_row("prepare drops", listed(drops) if drops else "none")
         table.add_row("records read", f"{meta.records_read:,}")
+        if meta.run.lineage:  # what made it: prepare, append, convert, import, oldest first
+            table.add_row("history", Items([f"{e.get('op')} {str(e.get('at', ''))[:10]} ({_number(e.get('docs', 0))} "
+                                            "docs)" for e in meta.run.lineage]))  # fmt: skip
         out.print(table)
         from ..inspect import audit
 

@@ -15,7 +15,7 @@ shards on disk to it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from .layout import (
     REGENERATE_HINT,
     SPLITS,
 )
+from .runinfo import RunInfo
 from .shard import ShardInfo
 from .skipped import SkippedInputs
 
@@ -220,33 +221,6 @@ class DedupInfo:
                    lines_removed=_count(raw, "lines_removed", 0),
                    files=tuple(KeyFile.parse(f) for f in _get(raw, "files", list, [])),
                    near=_near(raw.get("near")))  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunInfo:
-    """Where, when and how fast a run went: not part of what determines the output bytes."""
-
-    workers: int = 0
-    out: str = ""
-    started_at: str = ""  # UTC, ISO 8601
-    elapsed_s: float = 0.0
-    tokens_per_s: float | None = None
-    input_chars: int = 0
-    dedup_table_bytes: int = 0
-    python: str = ""
-    host: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def parse(cls, raw: Any) -> RunInfo:
-        if not isinstance(raw, dict):
-            return cls()  # reporting only: an odd run record never makes a dataset unreadable
-        kinds = {"workers": int, "out": str, "started_at": str, "elapsed_s": (int, float),
-                 "tokens_per_s": (int, float), "input_chars": int, "dedup_table_bytes": int, "python": str,
-                 "host": str}  # fmt: skip
-        return cls(**{k: v for k, v in raw.items() if k in kinds and isinstance(v, kinds[k])})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)

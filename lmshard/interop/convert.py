@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
+from .. import __version__
 from ..errors import ConfigError, FormatError
 from ..format import (
     METADATA_FILE,
@@ -37,6 +39,7 @@ from ..format import (
     VOCAB_COPIES,
     DatasetMeta,
     Encoding,
+    RunInfo,
     ShardInfo,
     SplitInfo,
     atomic_write_json,
@@ -88,7 +91,10 @@ def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.Path
         shards = [_convert_shard(meta, shard, staging, encoding) for shard in meta.shards]
         splits = {name: SplitInfo.of(tuple(s for s in shards if s.split == name)) for name in meta.splits}
         config = {**meta.config, "shard_encoding": encoding.name} if meta.config else meta.config
-        new = dataclasses.replace(meta, root=staging, encoding=encoding, splits=splits, config=config)
+        step = {"op": "convert", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "docs": meta.total_docs,
+                "tokens": meta.total_tokens, "lmshard": __version__, "encoding": encoding.name}  # fmt: skip
+        run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step))
+        new = dataclasses.replace(meta, root=staging, encoding=encoding, splits=splits, config=config, run=run)
         for shard, converted in zip(meta.shards, shards, strict=True):
             _compare(meta, shard, new, converted)
         atomic_write_json(staging / METADATA_FILE, new.to_json())  # last: its presence means complete

@@ -355,5 +355,8 @@ def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, l
                 "tokenizer": tok.name, "tokens_per_shard": tokens_per_shard, "eot_position": eot_position},
         run=RunInfo(out=str(out), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                     elapsed_s=round(elapsed, 3), tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
-                    python=platform.python_version(), host=platform.node()),
+                    python=platform.python_version(), host=platform.node(),
+                    lineage=({"op": "import", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                              "docs": sum(s.n_docs for s in shards), "tokens": n_tokens, "lmshard": __version__,
+                              "from": fmt},)),
     )  # fmt: skip

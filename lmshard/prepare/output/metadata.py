@@ -40,6 +40,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
     make (the appended-to dataset's, a resumed checkpoint's), left out of its tokens/s."""
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at))
     drops = dict(sorted(totals.drops.items()))
     drops["duplicate"] = totals.duplicates
     hf = config.hf_spec()
@@ -89,13 +90,16 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
         run=RunInfo(
             workers=config.n_workers(),
             out=config.out,
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at)),
+            started_at=started_at,
             elapsed_s=round(elapsed, 3),
             tokens_per_s=round((totals.tokens - tokens_before) / elapsed, 1) if elapsed > 0 else None,
             input_chars=totals.chars,
             dedup_table_bytes=totals.dedup_bytes,
             python=platform.python_version(),
             host=platform.node(),
+            lineage=(*RunInfo.history(previous), {"op": "append" if previous else "prepare", "at": started_at,
+                                                  "docs": sum(s.n_docs for s in shards), "tokens": n_tokens,
+                                                  "lmshard": __version__, "inputs": len(new_sources)}),
         ),
     )
 
