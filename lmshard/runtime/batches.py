@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, ConfigError
-from . import checks
+from . import checks, growth
 from .hfconvention import hf_fields
 from .lookahead import Lookahead
-from .sampling import Offsets
+from .ring import Ring
+from .sampling import GrownOffsets, Offsets
 from .skips import SkipSteps
 from .trace import Audited
 
@@ -138,43 +139,6 @@ def _from_env(var: str, default: str) -> int:
                             f"explicitly or fix {var}") from None  # fmt: skip
 
 
-class _Ring:
-    """Host buffers reused round-robin; pinned and paired with a copy stream on CUDA."""
-
-    def __init__(self, device: torch.device, numel: int, size: int = 2) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.buffers = [torch.empty(numel, dtype=torch.int32, pin_memory=self.cuda) for _ in range(size)]
-        self.events: list[Any] = [None] * size
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.next = 0
-
-    def host(self, rows: int, cols: int) -> torch.Tensor:
-        slot = self.next
-        if self.events[slot] is not None:
-            self.events[slot].synchronize()  # its previous copy must finish before we overwrite
-        return self.buffers[slot][: rows * cols].view(rows, cols)
-
-    def send(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        slot = self.next
-        self.next = (slot + 1) % len(self.buffers)
-        if not self.cuda:
-            return host, None
-        assert self.stream is not None
-        with torch.cuda.stream(self.stream):
-            moved = host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        self.events[slot] = event
-        return moved, event
-
-    def receive(self, moved: torch.Tensor, event: Any) -> torch.Tensor:
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
-            moved.record_stream(torch.cuda.current_stream(self.device))
-        return moved
-
-
 class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
     """An endless, resumable stream of batches for one rank.
 
@@ -202,6 +166,7 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         grouped: bool = False,
         prefetch: bool = True,
         data: str | None = None,
+        dataset: Any = None,
     ) -> None:
         super().__init__()
         # a TokenStore, or a mixture's MixedStore: anything that gathers rows by offset
@@ -218,9 +183,12 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         self.grouped = offsets.shift.check_grouped(grouped, self.seq_len)
         self.prefetch = checks.flag("prefetch", prefetch)
         self.data = data  # the dataset's data_id: a state records it, and a load onto other data is refused
+        self.dataset = dataset  # the TokenDataset it reads, if one: a state saved before it grew may continue
+        self._base = offsets  # the offsets over the split as it is
+        self._grown: list[list[Any]] = []  # what a state records of the split's growths (runtime/growth.py)
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
-        self._ring: _Ring | None = None
+        self._ring: Ring | None = None
         self._scratch: np.ndarray | None = None
         self._pending: tuple[int, Any] | None = None
         self._ahead = Lookahead(store, self._reads)  # exact prefetch, for stores that fetch (remote ones)
@@ -234,7 +202,7 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
         if self.steps_per_epoch is None:
             raise ConfigError(f"{self.kind} batches have no epochs; resume them with load_state_dict")
-        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
+        self.step = self.offsets.epoch_start(checks.nonnegative("epoch", epoch))
         self._pending = None
         self._ahead.reset()
 
@@ -258,19 +226,30 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         return {"kind": self.kind, "seed": self.seed, "step": self._reported(checks.rewind(self.step, in_hand)),
                 "seq_len": self.seq_len, "global_batch_size": self.global_batch_size, "world_size": self.world_size,
                 **self.offsets.fingerprint(), **({"data": self.data} if self.data is not None else {}),
-                **self._skip_state()}  # fmt: skip
+                **({"grown": self._grown} if self._grown else {}), **self._skip_state()}  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], grown: str | None = None) -> None:
         """Continue from `state`, refused unless it comes from a stream that draws the same rows.
         A fingerprint key missing from the state (saved by lmshard 0.1 before it recorded it)
-        is not checked."""
+        is not checked. A state saved before `prepare --append` grew the split is refused unless
+        `grown="continue"`: the epoch it was in finishes on the old data, and the new documents
+        join from the next epoch (random batches: from the resumed step; runtime/growth.py)."""
         if not isinstance(state, Mapping):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
+        keep_going = growth.choice(grown)
         mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
         step = checks.state_int(dict(state), "step", low=0)
-        checks.same_data(state.get("data"), self.data)
         self._load_skips(dict(state))
+        if self.dataset is not None and self.data is not None:
+            self._regrow(dict(state), self._data(self._position(step)), keep_going)
+        elif hasattr(self.offsets, "regrow"):  # a mixture's: each source on its own
+            self._grown = self.offsets.regrow(dict(state), self._data(self._position(step)), keep_going,
+                                              self.global_batch_size)  # fmt: skip
+        else:
+            checks.same_data(state.get("data"), self.data)
         for key in (*required, *self.offsets.fingerprint()):
+            if key == "mixture" and self._grown:
+                continue  # checked source by source (regrow)
             if key not in state and key in required:
                 raise ArgumentError(f"state has no {key!r}; {checks.STATE_FIX}")
             if key in state and state[key] != mine[key]:
@@ -281,6 +260,15 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         self.step = self._position(step)
         self._pending = None
         self._ahead.reset()
+
+    def _regrow(self, state: dict[str, Any], position: int, keep_going: bool) -> None:
+        """Take the eras of the data the state's run read (runtime/growth.py)."""
+        base = self._base
+        eras, samplers, self._grown = growth.eras_for(
+            self.dataset, state, position, keep_going,
+            lambda part: base if part is None else base.over(part.n_tokens, part.shards),
+            lambda sampler: sampler.steps_per_epoch)  # fmt: skip
+        self.offsets = GrownOffsets(eras, samplers) if len(eras) > 1 else base
 
     def trace_reads(self, position: int) -> tuple[np.ndarray, np.ndarray | int, None]:
         """This rank's rows at `position`: their offsets, their reads' length, one span a row."""
@@ -357,7 +345,7 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         offsets, shift = self._rows(step)
         if self._ring is None:
             numel = self.batch_size * (self.seq_len + self._max_shift())
-            self._ring = _Ring(self.device, numel)
+            self._ring = Ring(self.device, numel)
         host = self._ring.host(len(offsets), self.seq_len + shift)
         self._ahead.before(step)
         self.store.read_rows(offsets, host.numpy().view(np.uint32), key=self._ahead.key(step))

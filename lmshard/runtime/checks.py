@@ -128,15 +128,25 @@ def data_of(data: Any) -> dict[str, str]:
     return {"data": data_id} if isinstance(data_id, str) else {}
 
 
-def same_data(saved: Any, mine: str | None) -> None:
+def same_data(saved: Any, mine: str | None, growable: bool | None = None) -> None:
     """Refuse a state saved on other data than the stream reads (`TokenDataset.data_id`): one line
-    saying what changed. A state without it (saved before states recorded it) is not checked."""
+    saying what changed. A state without it (saved before states recorded it) is not checked.
+    `growable`, for streams that can continue on a grown split (runtime/growth.py): whether the
+    saved data is the first shards of this split."""
     if saved is None or mine is None or saved == mine:
         return
     was, now = _data_words(saved), _data_words(mine)
     before, after = was[2], now[2]
-    if was[1] == now[1] and isinstance(before, int) and isinstance(after, int) and after > before:
-        why = f"the split has grown by {after - before:,} tokens since (an --append?)"
+    grew = after - before if isinstance(before, int) and isinstance(after, int) else 0
+    if growable:
+        raise ArgumentError(f"cannot resume: the state was saved on {_data_text(was)}, and the split has grown by "
+                            f"{grew:,} tokens since (an --append); pass grown='continue' to load_state_dict "
+                            "to go on with the new documents added from the next epoch (random batches: from this "
+                            "step), or start from step 0")  # fmt: skip
+    if was[1] == now[1] and grew > 0 and growable is None:
+        why = f"the split has grown by {grew:,} tokens since (an --append?)"
+    elif growable is False:
+        why = "the data changed since (a rebuild, another dataset or split; not the saved data with documents added)"
     else:
         why = "the data changed since (a rebuild, another dataset or split)"
     raise ArgumentError(f"cannot resume: the state was saved on {_data_text(was)}, and this stream reads "

@@ -268,7 +268,8 @@ class TokenDataset:
         offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank,
                            world_size=world_size, device=device, seed=seed, kind="random",
-                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch, data=self.data_id)  # fmt: skip
+                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
+                           data=self.data_id, dataset=self)  # fmt: skip
 
     def window_batches(
         self,
@@ -303,7 +304,8 @@ class TokenDataset:
         offsets = WindowOffsets(self.n_tokens, seq_len, stride, spec, batch_size * world, seed, shuffle)
         return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
                            world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
-                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch, data=self.data_id)  # fmt: skip
+                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
+                           data=self.data_id, dataset=self)  # fmt: skip
 
     def windows(self, seq_len: int, stride: int | None = None, shift: int | str = 1,
                 grouped: bool = False) -> WindowDataset:  # fmt: skip

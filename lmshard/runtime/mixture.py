@@ -26,20 +26,22 @@ import tomllib
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..errors import ArgumentError, ConfigError, InputError
+from ..errors import ArgumentError, InputError
 from ..remote.urls import is_url
-from . import checks
-from .batches import BatchStream, resolve_rank
+from . import checks, growth
+from .batches import BatchStream
 from .dataset import TokenDataset
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
-from .packed import PackedBatch, PackedDataset, PackedStream, StepStream, build_rows
 from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, recall, step_rng
 from .windows import stride_or_default
+
+if TYPE_CHECKING:
+    from .mixpacked import MixturePackedStream
 
 _SHIFT_SALT = 0x5EED5EED5EED
 _BLOCK_STEPS = 64
@@ -61,10 +63,26 @@ class MixtureOffsets(Offsets):
             None if stride is None else [count_windows(int(n), seq_len, stride, shift.max) for n in self.sizes]
         )
         self._cache: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (first step, rows, shifts, offsets)
+        # per source, the eras of a source that grew while the run went on (runtime/growth.py):
+        # (era, (its split's tokens, its windows)); none: one era, the split as it is
+        self.eras: list[list[tuple[growth.Era, Any]]] = [[] for _ in self.sizes]
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride,
                 "mixture": self.mix.fingerprint()}  # fmt: skip
+
+    def regrow(self, state: dict[str, Any], position: int, keep_going: bool, global_batch: int) -> list[list[Any]]:
+        """Take the eras of the sources that grew since the state's run began (runtime/growth.py)
+        and return what the state records of them."""
+
+        def make(s: int, part: growth.Prefix | None) -> tuple[tuple[int, int], int | None]:
+            size = int(self.sizes[s]) if part is None else part.n_tokens
+            n = None if self.stride is None else count_windows(size, self.seq_len, self.stride, self.shift.max)
+            return (size, n or 0), n
+
+        self.eras, record = growth.mixture_eras(self.mix, self.tree, state, position, keep_going, global_batch, make)
+        self._cache = []
+        return record
 
     def _shift(self, step: int) -> int:
         if self.shift.fixed is not None:
@@ -84,24 +102,32 @@ class MixtureOffsets(Offsets):
         shifts = np.array([self._shift(first + i) for i in range(n)], dtype=np.int64)
         source, local = self.tree.assign(np.arange(first * count, (first + n) * count, dtype=np.int64))
         if self.windows is None:  # all sources in one call: row m of source s is keyed (m, s)
-            high = self.sizes[source] - (self.seq_len + np.repeat(shifts, count)) + 1
+            sizes = self.sizes[source]
+            for s, eras in enumerate(self.eras):  # a source that grew: its rows before drew over less
+                for era, (size, _) in eras:
+                    sizes[(source == s) & (local >= era.start)] = size
+            high = sizes - (self.seq_len + np.repeat(shifts, count)) + 1
             out = keyed_ints(self.seed, local * len(self.sizes) + source, high)
         else:
             out = np.empty(len(source), dtype=np.int64)
             for s in np.unique(source).tolist():
-                mine = source == s
-                out[mine] = self._source_windows(s, local[mine])
+                mine = np.flatnonzero(source == s)
+                if not self.eras[s]:
+                    out[mine] = self._source_windows(s, local[mine], self.windows[s])
+                    continue
+                for where, era, (_, windows) in growth.split_by_era(self.eras[s], local[mine]):
+                    at = mine[where]
+                    out[at] = self._source_windows(s, era.local(local[at]), windows)
         return first, count, shifts, (out + self.store.bases[source]).reshape(n, count)
 
-    def _source_windows(self, s: int, m: np.ndarray) -> np.ndarray:
+    def _source_windows(self, s: int, m: np.ndarray, n: int) -> np.ndarray:
         """Window starts of rows m of source s: window m mod n of the order of epoch m // n. A
         source of few windows is used up many times in a block of steps, so its orders are
         drawn for all those epochs at once (argsort of keyed draws); a large one takes a keyed
         Feistel permutation per epoch (one or two per block). Either is a pure function of
         (seed, source, epoch): which one applies depends on n alone."""
         key = self.seed * 1_000_003 + s
-        assert self.stride is not None and self.windows is not None
-        n = self.windows[s]
+        assert self.stride is not None
         epoch, within = np.divmod(m, n)
         if n <= _SMALL_SOURCE:
             epochs, at = np.unique(epoch, return_inverse=True)
@@ -217,6 +243,8 @@ class Mixture:
             raise ArgumentError(f"packed_batches takes no {', '.join(unknown)}; its pack options are strategy, "
                                 "overlong, pad_id, mask_boundary_labels and shuffle")  # fmt: skip
         packs = [d.packed(seq_len, seed=seed, **pack_options) for d in self.datasets]
+        from .mixpacked import MixturePackedStream
+
         return MixturePackedStream(self, packs, batch_size, rank=rank, world_size=world_size, device=device,
                                    padding_free=padding_free)  # fmt: skip
 
@@ -267,6 +295,8 @@ class Mixture:
         mine = getattr(offsets, "mix", None) is self or getattr(stream, "mix", None) is self
         if not mine:
             raise ArgumentError(f"stream={checks.show(stream)} is not a stream of this mixture")
+        from .mixpacked import MixturePackedStream
+
         if isinstance(stream, MixturePackedStream):
             return self.report(stream.step, stream.global_batch_size, stream.seq_len, seed=stream.seed,
                                per_epoch=[len(p) for p in stream.sources])  # fmt: skip
@@ -310,71 +340,3 @@ def _positive(what: str, value: object, fix: str) -> float:
 
 def _weight(name: str, weight: object) -> float:
     return _positive(f"source {name}: weight", weight, "drop the source instead of giving it weight 0")
-
-
-class MixturePackedStream(StepStream):
-    """Packed batches of a mixture: row g of the run is pack m mod n of its source's order for
-    that source's epoch m // n (m: the row's index within its source, n: the source's packs).
-    Rank r takes rows [r·B, (r+1)·B) of each global batch, so every rank gets the same steps;
-    there are no global epochs. Resumes from `state_dict()` like the other streams."""
-
-    kind = "mixture/packed"
-
-    def __init__(self, mix: Mixture, sources: list[PackedDataset], batch_size: int, *, rank: int | None,
-                 world_size: int | None, device: str | torch.device, padding_free: bool) -> None:  # fmt: skip
-        self.mix, self.sources = mix, sources
-        self.seq_len, self.seed = sources[0].seq_len, sources[0].seed
-        self.batch_size = checks.positive("batch_size", batch_size)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.device = checks.device(device)
-        self.tree = RowTree(mix.int_weights, self.seed)
-        self._assembler = PackedStream(sources[0], 1, rank=0, world_size=1, padding_free=padding_free)
-        self.step = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        raise ConfigError("a mixture's sources have epochs of their own; resume with load_state_dict")
-
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
-        plan = self.sources[0].plan
-        return {"kind": self.kind, "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.seed,
-                "seq_len": self.seq_len, "strategy": plan.strategy, "overlong": plan.overlong,
-                "global_batch_size": self.global_batch_size, "packs": [len(p) for p in self.sources],
-                "mixture": self.mix.fingerprint(), **self._skip_state()}  # fmt: skip
-
-    def _items(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(source and pack of each row; every row's items, in row order, at their addresses in
-        the joint store: starts, lengths, items per row)."""
-        step = self._data(checks.nonnegative("step", step))
-        first = step * self.global_batch_size + self.rank * self.batch_size
-        source, local = self.tree.assign(np.arange(first, first + self.batch_size, dtype=np.int64))
-        ids = np.empty(self.batch_size, dtype=np.int64)
-        for s in np.unique(source).tolist():
-            mine = np.flatnonzero(source == s)
-            epoch, within = np.divmod(local[mine], len(self.sources[s]))
-            for e in np.unique(epoch).tolist():
-                ids[mine[epoch == e]] = self.sources[s].order(e)[within[epoch == e]]
-        parts = [self.sources[s].items(ids[r : r + 1]) for r, s in enumerate(source.tolist())]
-        starts = np.concatenate([p[0] + self.mix.store.bases[s] for p, s in zip(parts, source.tolist(), strict=True)])
-        return source, ids, starts, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
-
-    def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        _, _, starts, lengths, _ = self._items(step)
-        return starts, lengths
-
-    def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        _, _, starts, lengths, counts = self._items(step)
-        return starts, lengths, counts
-
-    @property
-    def store(self) -> Any:
-        return self.mix.store
-
-    def batch(self, step: int) -> PackedBatch:
-        """Batch `step` for this rank: a pure function of (weights, plans, seed, step, rank)."""
-        source, ids, starts, lengths, counts = self._items(step)
-        ref = self.sources[0]
-        rows = build_rows(starts, lengths, counts, self.seq_len, ref.pad_id, ref.mask_boundary_labels,
-                          self.mix.store.read_spans)  # fmt: skip
-        out = self._assembler.assemble(rows, ids, self.seq_len)
-        out["sources"] = source
-        return self._finish(out, step)

@@ -23,7 +23,8 @@ ids of the last two epochs used (8 bytes per pack each); a sample reads its own 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,13 +32,11 @@ import torch
 
 from ..errors import ArgumentError
 from ..packing import io as packing_io
-from . import checks
+from . import checks, growth
 from .batches import resolve_rank
-from .lookahead import Lookahead
 from .packedbatch import PackedBatch
 from .sampling import step_rng
-from .skips import SkipSteps
-from .trace import Audited
+from .stepstream import StepStream
 
 IGNORE = -100
 _EPOCH_SALT = 0x9AC4ED
@@ -85,6 +84,16 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return self.plan.n_packs
+
+    def head(self, n_docs: int) -> PackedDataset:
+        """The same packing over the split's first `n_docs` documents only (what a run drew from
+        before the split grew: runtime/growth.py); its plan is cached like any other."""
+        head = copy.copy(self)
+        plan = self.plan
+        head.plan = packing_io.cached_plan(self.data.plan_dir, self.data.store.doc_lengths()[:n_docs], self.seq_len,
+                                           plan.strategy, plan.overlong, plan.multiple)  # fmt: skip
+        head._orders = {}
+        return head
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle the packs from (seed, epoch)."""
@@ -208,103 +217,6 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = Fa
     return out
 
 
-class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """What the packed and padded streams share: a global step across epochs, `batch(step)` a
-    pure function of it, resume from `state_dict()`, and DataLoader worker splitting."""
-
-    batch_size: int
-    world_size: int
-    steps_per_epoch: int
-    step: int
-    device: torch.device
-    kind = "stream"
-    _ahead: Lookahead | None = None
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.batch_size * self.world_size
-
-    def batch(self, step: int) -> PackedBatch:
-        raise NotImplementedError
-
-    def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """What batch `step` reads: its items' starts and lengths (told to the store ahead)."""
-        raise NotImplementedError
-
-    @property
-    def store(self) -> Any:
-        raise NotImplementedError
-
-    def _served(self, step: int, stride: int = 1) -> PackedBatch:
-        """`batch(step)`, the store told the reads of the steps after it first (lookahead.py)."""
-        ahead = self._ahead
-        if ahead is None:
-            ahead = self._ahead = Lookahead(self.store, self.reads)
-        ahead.before(step, stride)
-        out = self.batch(step)
-        ahead.after(step)
-        return out
-
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
-        """A few integers and the options that fix the batches. `in_hand`: batches drawn but not
-        trained on yet, which the resumed stream hands out again (see BatchStream.state_dict)."""
-        raise NotImplementedError
-
-    def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(starts, lengths, items per row or None for one a row) of this rank's rows at `step`."""
-        starts, lengths = self.reads(step)
-        return starts, lengths, None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.step = checks.nonnegative("epoch", epoch) * self.steps_per_epoch
-        if self._ahead is not None:
-            self._ahead.reset()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from `state`, refused unless every option it records matches this stream."""
-        if not isinstance(state, Mapping):
-            raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
-        checks.same_data(state.get("data"), self.state_dict().get("data"))
-        self._load_skips(dict(state))
-        mine = self.state_dict()
-        for key, value in mine.items():
-            if key in ("shuffle",) and key not in state:
-                continue  # (recorded since: a state saved before is not checked for it)
-            if key not in ("step", "data", "skips", "skip_mode") and state.get(key) != value:
-                saved = checks.show(state.get(key))
-                raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
-                                    f"the {self.kind} stream with the saved options")  # fmt: skip
-        self.step = self._position(checks.state_int(dict(state), "step", low=0))
-        if self._ahead is not None:
-            self._ahead.reset()
-
-    def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
-        for k, v in out.items():
-            if isinstance(v, torch.Tensor):
-                out[k] = v.to(self.device)
-        out.step = self._reported(step)
-        return out
-
-    def __iter__(self) -> Iterator[PackedBatch]:
-        """Itself; inside a worker w of W of `DataLoader(stream, batch_size=None)`: steps w,
-        w+W, ... from the current step, which the loader interleaves back into step order."""
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return self
-        return self._worker_steps(info.id, info.num_workers)
-
-    def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
-        step = self.step + worker
-        while True:
-            yield self._served(step, workers)
-            step += workers
-
-    def __next__(self) -> PackedBatch:
-        out = self._served(self.step)
-        self.step += 1  # after the read: a step whose read failed is asked for again
-        return out
-
-
 class PackedStream(StepStream):
     """Epoch after epoch, step s of epoch e gives this rank packs
     order(e)[s·G + rank·B : s·G + (rank+1)·B] with G = B × world_size: every rank the same
@@ -332,29 +244,43 @@ class PackedStream(StepStream):
         return {"kind": "packed", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.packs.seed,
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 "global_batch_size": self.global_batch_size, "shuffle": self.packs.shuffle,
-                **checks.data_of(self.packs.data), **self._skip_state()}  # fmt: skip
+                **checks.data_of(self.packs.data), **self._grown_state(), **self._skip_state()}  # fmt: skip
+
+    def _dataset(self) -> Any:
+        return self.packs.data if hasattr(self.packs.data, "data_id") else None
+
+    def _over(self, part: growth.Prefix | None) -> PackedDataset:
+        return self.packs if part is None else self.packs.head(part.n_docs)
+
+    def _per_epoch(self, sampler: PackedDataset) -> int:
+        steps = len(sampler) // self.global_batch_size
+        if steps == 0:
+            raise ArgumentError(f"the split before it grew packs into {len(sampler)} packs, fewer than one global "
+                                f"batch of {self.global_batch_size}; start from step 0")  # fmt: skip
+        return steps
 
     def _ids(self, step: int) -> np.ndarray:
-        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
+        packs, epoch, within = self._epoch_of(step)
         first = within * self.global_batch_size + self.rank * self.batch_size
-        return self.packs.order(epoch)[first : first + self.batch_size]
+        return packs.order(epoch)[first : first + self.batch_size]
 
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (plan, seed, step, rank)."""
+        packs = self._epoch_of(step)[0]
         ids = self._ids(step)
-        return self._finish(self.assemble(self.packs.rows(ids), ids, self.packs.seq_len), step)
+        return self._finish(self.assemble(packs.rows(ids), ids, self.packs.seq_len), step)
 
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        starts, lengths, _ = self.packs.items(self._ids(step))
+        starts, lengths, _ = self._epoch_of(step)[0].items(self._ids(step))
         return starts, lengths
 
     def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        return self.packs.items(self._ids(step))  # each row: its items one after another
+        return self._epoch_of(step)[0].items(self._ids(step))  # each row: its items one after another
 
     def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
+        packs, epoch, within = self._epoch_of(step)
         g = self.global_batch_size
-        starts, lengths, _ = self.packs.items(self.packs.order(epoch)[within * g : (within + 1) * g])
+        starts, lengths, _ = packs.items(packs.order(epoch)[within * g : (within + 1) * g])
         return starts, lengths
 
     @property

@@ -22,6 +22,7 @@ used (8 bytes per document each); a batch reads its own tokens only.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,11 @@ import torch
 
 from ..errors import ArgumentError
 from ..packing import make_items
-from . import checks
+from . import checks, growth
 from .batches import resolve_rank
-from .packed import IGNORE, PackedBatch, StepStream
+from .packed import IGNORE, PackedBatch
 from .sampling import step_rng
+from .stepstream import StepStream
 
 _ORDER_SALT = 0x6A0B7E
 
@@ -87,15 +89,35 @@ class PaddedStream(StepStream):
                 "max_len": self.max_len,
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size,
-                **checks.data_of(self.data), **self._skip_state()}  # fmt: skip
+                **checks.data_of(self.data), **self._grown_state(), **self._skip_state()}  # fmt: skip
+
+    def _dataset(self) -> Any:
+        return self.data if hasattr(self.data, "data_id") else None
+
+    def _over(self, part: growth.Prefix | None) -> PaddedStream:
+        """Itself, or a copy that draws its epochs over the first documents of `part`."""
+        if part is None:
+            return self
+        head = copy.copy(self)
+        head.items = make_items(self.data.store.doc_lengths()[: part.n_docs], self.max_len, self.overlong)
+        head.steps_per_epoch, head._orders = len(head.items.length) // self.global_batch_size, {}
+        return head
+
+    def _per_epoch(self, sampler: PaddedStream) -> int:
+        if sampler.steps_per_epoch == 0:
+            raise ArgumentError(f"the split before it grew has {len(sampler.items.length)} documents, fewer than one "
+                                f"global batch of {self.global_batch_size}; start from step 0")  # fmt: skip
+        return sampler.steps_per_epoch
 
     def _ids(self, step: int) -> np.ndarray:
-        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
-        return self.order(epoch)[within][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        return self._global_ids(step)[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def _global_ids(self, step: int) -> np.ndarray:
+        drawer, epoch, within = self._epoch_of(step)
+        return drawer.order(epoch)[within]
 
     def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, within = divmod(self._data(checks.nonnegative("step", step)), self.steps_per_epoch)
-        ids = self.order(epoch)[within]
+        ids = self._global_ids(step)
         return self.items.start[ids], self.items.length[ids]
 
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -145,6 +145,10 @@ class DocStarts:
         self.n_docs = int(self.doc_cum[-1])
         self.doc_start = doc_start  # (shard, document in shard) -> token offset in the split
 
+    def head(self, shards: int) -> DocStarts:
+        """The same draw over the documents of the first `shards` shards only."""
+        return DocStarts(np.diff(self.doc_cum)[:shards], self.doc_start)
+
     def draw(self, rng: np.random.Generator, count: int, limit: int) -> np.ndarray:
         """`count` starts no later than `limit`."""
         out = np.empty(count, dtype=np.int64)
@@ -176,6 +180,43 @@ class Offsets(ABC):
         """What else (beside seed, seq_len and the global batch) decides the rows: a resume
         state from a stream whose fingerprint differs is refused."""
 
+    def over(self, n_tokens: int, shards: int) -> Offsets:
+        """The same sampler over the first `n_tokens` of the split (its first `shards` shards):
+        what it drew before the split grew (runtime/growth.py)."""
+        raise ConfigError(f"{type(self).__name__} cannot continue on a grown split")
+
+    def epoch_start(self, epoch: int) -> int:
+        """The first step of `epoch`."""
+        if self.steps_per_epoch is None:
+            raise ConfigError("random batches have no epochs; resume them with load_state_dict")
+        return epoch * self.steps_per_epoch
+
+
+class GrownOffsets(Offsets):
+    """Offsets over a split that grew while a run went on: each era (runtime/growth.py) draws
+    with the sampler of the data it covered, at its own step numbering (epochs numbered on)."""
+
+    def __init__(self, eras: list[Any], samplers: list[Offsets]) -> None:
+        self.eras, self.samplers = eras, samplers
+        self.starts = [e.start for e in eras]
+        last = samplers[-1]
+        self.shift, self.steps_per_epoch = last.shift, last.steps_per_epoch
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.samplers[-1].fingerprint()
+
+    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        from .growth import era_of
+
+        i = era_of(self.starts, step)
+        return self.samplers[i].rows(self.eras[i].local(step), count)
+
+    def epoch_start(self, epoch: int) -> int:
+        for era in reversed(self.eras):
+            if era.per_epoch is not None and epoch >= era.epoch:
+                return era.start + (epoch - era.epoch) * era.per_epoch
+        return super().epoch_start(epoch)
+
 
 class RandomOffsets(Offsets):
     """Uniform row starts over the concatenated split: every start that leaves room for
@@ -196,6 +237,10 @@ class RandomOffsets(Offsets):
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "doc_aligned": self.doc_starts is not None}
+
+    def over(self, n_tokens: int, shards: int) -> RandomOffsets:
+        starts = None if self.doc_starts is None else self.doc_starts.head(shards)
+        return RandomOffsets(n_tokens, self.seq_len, self.shift, self.seed, starts)
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         if self.doc_starts is None:  # the hot path: counter-based, drawn for a block of steps at once
@@ -242,10 +287,15 @@ class WindowOffsets(Offsets):
             raise ArgumentError(f"{self.n_windows} windows cannot fill one global batch of {global_batch} rows; "
                                 "lower batch_size or stride")  # fmt: skip
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, checks.flag("shuffle", shuffle)
+        self.seq_len, self.global_batch = seq_len, global_batch
         self._cache: list[tuple[int, int, int, np.ndarray]] = []  # (epoch, first step, rows, starts)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride, "shuffle": self.shuffle}
+
+    def over(self, n_tokens: int, shards: int) -> WindowOffsets:
+        return WindowOffsets(n_tokens, self.seq_len, self.stride, self.shift, self.global_batch, self.seed,
+                             self.shuffle)  # fmt: skip
 
     def _shift(self, step: int) -> int:
         if self.shift.fixed is not None:
