@@ -263,3 +263,21 @@ def test_a_packed_mixture_continues_a_grown_source_at_its_own_epoch(versions):
     half = make(new, batch=1, rank=1, world_size=2)
     half.load_state_dict(grown.state_dict())
     assert torch.equal(next(half)["input_ids"][0], grown.batch(grown.step)["input_ids"][1])
+
+
+def test_lmshard_trace_reads_a_state_saved_after_a_growth(versions):
+    """`lmshard trace` rebuilds the stream from the state: a step before the growth is traced to
+    the old run's documents, a step after it to the grown split's."""
+    from lmshard.runtime.trace import stream_of_state
+
+    old, new, _ = versions
+    run = old.packed(64, seed=1).batches(2)
+    for _ in range(3):
+        next(run)
+    grown = new.packed(64, seed=1).batches(2)
+    grown.load_state_dict(run.state_dict(), grown="continue")
+    for _ in range(run.steps_per_epoch):
+        next(grown)
+    rebuilt = stream_of_state(new, grown.state_dict())
+    assert rebuilt.trace(1) == old.packed(64, seed=1).batches(2).trace(1)
+    assert rebuilt.trace(grown.step) == grown.trace(grown.step)
