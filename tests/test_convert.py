@@ -65,11 +65,14 @@ def test_uint32_to_zstd_and_back_is_byte_identical(source, tmp_path):
     convert_dataset(source, "zstd", tmp_path / "z")
     convert_dataset(tmp_path / "z", "uint32", tmp_path / "back")
     assert files(tmp_path / "back") == files(source)
-    assert metadata(tmp_path / "back") == metadata(source)  # run record and all: only the encoding changed
-    z = metadata(tmp_path / "z")
+    back, z, first = metadata(tmp_path / "back"), metadata(tmp_path / "z"), metadata(source)
+    lineage = [entry.pop("lineage") for entry in (back["run"], z["run"], first["run"])]
+    assert back == first  # run record and all: only the encoding changed, and the lineage grew
+    assert [e["op"] for e in lineage[0]] == ["prepare", "convert", "convert"] and lineage[1] == lineage[0][:2]
+    assert [e.get("encoding") for e in lineage[0][1:]] == ["zstd", "uint32"] and lineage[0][0] == lineage[2][0]
     assert z["format_version"] == 2 and z["encoding"]["name"] == "zstd"
     assert {k: v for k, v in z.items() if k not in ("encoding", "format_version", "splits", "config")} == {
-        k: v for k, v in metadata(source).items() if k not in ("format_version", "splits", "config")}  # fmt: skip
+        k: v for k, v in first.items() if k not in ("format_version", "splits", "config")}  # fmt: skip
     # the recorded options say the new encoding (a prepare --resume of the same command recognises it)
     assert z["config"] == {**metadata(source)["config"], "shard_encoding": "zstd"}
     # the copied files are the source's, byte for byte
