@@ -35,6 +35,7 @@ from lmshard.interop.layouts import MEGATRON_HEADER
 from lmshard.prepare import PrepareConfig, prepare
 
 runner = CliRunner()
+SRC_RECORD = np.dtype([("source", "<u4"), ("record", "<u8")])  # a .src record, as docs/format.md states it
 
 
 # --- independent readers, from each format's specification ------------------------------------
@@ -572,6 +573,35 @@ def test_an_llmc_or_modded_nanogpt_directory_imports_as_its_own_token_stream(tmp
         assert all(d[0] == GPT2_EOT for d in read_docs(tmp_path / "ds", split))
     train_docs = [d.tolist()[1:] for d in read_docs(tmp_path / "ds", "train")]
     assert train_docs[1:-1] == [d for d in docs if d in train_docs[1:-1]]  # whole documents, in order
+
+
+def test_an_import_keeps_each_documents_input_and_number_there(tmp_path, reference):
+    """Provenance of an llm.c import: each document names the shard its EOT (its start) is in and
+    its number among that shard's document starts, counted here from the raw files; a nanoGPT
+    import names its .bin and the document's number in it."""
+    docs = [reference.encode_ordinary(f"doc {i}: " + "w " * (i % 23 + 2)) for i in range(90)]
+    _llmc_fineweb(tmp_path / "fw", docs, shard_size=300)
+    meta = import_dataset(tmp_path / "fw", "llmc", tmp_path / "ds", tokenizer="gpt2")
+    assert verify_dataset(tmp_path / "ds").ok
+    sources = [s.path for s in meta.sources]
+    for split in ("val", "train"):
+        files = sorted((tmp_path / "fw").glob(f"*_{split}_*.bin"))
+        starts = []  # (file, number there) of every document start of the split, in order
+        for f in files:
+            tokens = np.fromfile(f, dtype="<u2", offset=1024)
+            starts += [(str(f), j + 1) for j in range(int((tokens == GPT2_EOT).sum()))]
+        records = np.concatenate([np.fromfile(tmp_path / "ds" / sh.src_path, dtype=SRC_RECORD)
+                                  for sh in meta.split_shards(split)])  # fmt: skip
+        assert [(sources[r["source"]], int(r["record"])) for r in records] == starts, split
+    assert sum(s.kept for s in meta.sources) == meta.total_docs
+    assert len(sources) == len(list((tmp_path / "fw").iterdir()))
+    data = np.array([t for d in docs[:10] for t in [*d, GPT2_EOT]], dtype="<u2")
+    (tmp_path / "nano").mkdir()
+    data.tofile(tmp_path / "nano" / "train.bin")
+    meta = import_dataset(tmp_path / "nano", "nanogpt", tmp_path / "ds2", tokenizer="gpt2")
+    records = np.fromfile(tmp_path / "ds2" / meta.split_shards("train")[0].src_path, dtype=SRC_RECORD)
+    assert records["source"].tolist() == [0] * 10 and records["record"].tolist() == list(range(1, 11))
+    assert meta.sources[0].path.endswith("train.bin")
 
 
 def test_an_llmc_export_imports_back_to_the_same_documents(datasets, tmp_path):

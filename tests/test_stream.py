@@ -12,6 +12,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from conftest import GPT2_EOT, write
 from test_prepare import make_texts
 
 import lmshard
@@ -49,7 +50,7 @@ def all_tokens(ds: TokenDataset) -> np.ndarray:
 
 
 def epoch_tokens(stream, **kw) -> np.ndarray:
-    return np.concatenate([t for _, t in stream.documents(epochs=1, **kw)()])
+    return np.concatenate([t for _, t, _ in stream.documents(epochs=1, **kw)()])
 
 
 def test_one_epoch_in_order_equals_prepare_no_dedup_read_back(corpus):
@@ -89,14 +90,14 @@ def test_three_ranks_by_two_workers_read_disjoint_records_that_cover_the_source(
     assert stream.documents(readers=6).whole == (parts >= 6)
     seen = []
     for reader in range(6):
-        docs = [bytes(t[:-1].astype(np.uint32)) for _, t in stream.documents(reader=reader, readers=6, epochs=1)()]
+        docs = [bytes(t[:-1].astype(np.uint32)) for _, t, _ in stream.documents(reader=reader, readers=6, epochs=1)()]
         assert docs, reader
         seen += docs
     enc = lambda t: bytes(np.asarray(reference.encode_ordinary(t), dtype=np.uint32))  # noqa: E731
     want = sorted(enc(t) for t in texts)
     assert sorted(seen) == want  # every record once: disjoint, and together the source
     if parts == 2:  # round-robin: reader c holds records c, c+6, c+12... of the source
-        first = [t for _, t in stream.documents(reader=4, readers=6, epochs=1)()][:3]
+        first = [t for _, t, _ in stream.documents(reader=4, readers=6, epochs=1)()][:3]
         for k, t in enumerate(first):
             assert bytes(t[:-1].astype(np.uint32)) == enc(texts[4 + 6 * k])
 
@@ -173,8 +174,8 @@ def test_resume_with_dataloader_workers_at_an_odd_step(corpus):
 
 def test_shuffle_buffer_permutes_within_windows_and_keeps_every_document(corpus):
     root, _ = corpus
-    plain = [bytes(t) for _, t in lmshard.stream(str(root / "src")).documents(epochs=1)()]
-    mixed = [bytes(t) for _, t in lmshard.stream(str(root / "src"), shuffle_buffer=64, seed=1).documents(epochs=1)()]
+    plain = [bytes(t) for _, t, _ in lmshard.stream(str(root / "src")).documents(epochs=1)()]
+    mixed = [bytes(t) for _, t, _ in lmshard.stream(str(root / "src"), shuffle_buffer=64, seed=1).documents(epochs=1)()]
     assert sorted(plain) == sorted(mixed) and plain != mixed
 
 
@@ -247,7 +248,7 @@ def test_packed_rows_hold_each_document_once_and_report_fill(corpus):
     b = lmshard.stream(str(root / "src"), epochs=1).packed(1, 256, buffer=1000, shuffle=False)
     rows = _drain(b)
     stream = lmshard.stream(str(root / "src"))
-    docs = [t for _, t in stream.documents(epochs=1)()]
+    docs = [t for _, t, _ in stream.documents(epochs=1)()]
     segments = []
     for r in rows:
         ids, cu = r["input_ids"][0].numpy(), r["cu_seqlens"].numpy()
@@ -367,7 +368,7 @@ def test_a_parquet_directory_read_by_datasets_in_dataloader_workers_loses_nothin
     for k in range(2):
         datasets.Dataset.from_dict({"text": texts[k::2]}).to_parquet(str(tmp_path / "pq" / f"part{k}.parquet"))
     stream = lmshard.stream(hf=str(tmp_path / "pq"), epochs=1)
-    inproc = sum(len(t) for _, t in stream.documents()())
+    inproc = sum(len(t) for _, t, _ in stream.documents()())
     rows = _drain(stream.windows(1, 16, num_workers=2))
     assert inproc // 17 - 2 <= len(rows) <= inproc // 16  # both files' tokens, not one worker's share of each
 
@@ -495,3 +496,40 @@ def test_gather_with_peers_sharing_a_stream_rank_and_a_failing_rank(tmp_path):
                   key=lambda r: r["rank"])  # fmt: skip
     assert [s["ranks"] for s in said] == [[0], [0]]
     assert all(s["failed"].startswith("state_dict(gather=True): rank 0: in_hand=99") for s in said), said
+
+
+@pytest.mark.parametrize(("shape", "workers"), [("windows", 0), ("packed", 0), ("windows", 2)])
+def test_a_text_streams_batches_trace_to_their_input_lines(tmp_path, reference, shape, workers):
+    """`batches.trace()` of a text stream: every row is the concatenation of its pieces, and each
+    piece is tokens [start, end) of its input's line `record`, read back with json and encoded
+    with tiktoken's own gpt2 (plus the end of text); shuffled, several files, read by DataLoader
+    workers. A step not handed out (or too old) is one line."""
+    texts = {}
+    for name in ("a", "b", "c"):
+        texts[name] = [f"{name} line {i}: " + "word " * (i * 7 % 40 + 1) for i in range(50)]
+        write(tmp_path / "in" / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts[name]))
+    stream = lmshard.stream(str(tmp_path / "in"), shuffle_buffer=16, seed=4)
+    batches = stream.windows(3, 24, num_workers=workers) if shape == "windows" else stream.packed(3, 64)
+    it = iter(batches)
+    checked = 0
+    for _ in range(6):
+        batch = next(it)
+        rows = torch.cat([batch.x, batch.y[:, -1:]], 1) if shape == "windows" else batch["input_ids"]
+        for r, pieces in enumerate(batches.trace()):
+            at = 0
+            for p in pieces:
+                name = Path(p.input).name.removesuffix(".jsonl")
+                tokens = reference.encode_ordinary(texts[name][p.record - 1]) + [GPT2_EOT]
+                assert p.length == len(tokens) and p.at == at
+                assert rows[r, p.at : p.at + p.end - p.start].tolist() == tokens[p.start : p.end], p
+                at += p.end - p.start
+                checked += 1
+            if shape == "windows":
+                assert at == rows.shape[1]
+            else:  # the rest of a pack is padding (the end of text id)
+                assert at <= rows.shape[1] and (rows[r, at:] == GPT2_EOT).all()
+    assert checked > 18
+    assert batches.trace(batches.step - 2)
+    with pytest.raises(ArgumentError, match="a text stream traces the batches it handed out"):
+        batches.trace(batches.step + 3)
+    batches.close()

@@ -10,6 +10,8 @@ from Megatron's document index (each document must end with the EOD id, as `--ap
 writes it; an empty document, which Megatron's preprocess_data.py writes for an empty text, is
 skipped and counted as dropped "empty"). The shards are written by prepare's own `ShardWriter`, the metadata is the same
 `DatasetMeta` prepare writes, last, and the directory replaces `--out` only when complete.
+Every document's provenance (`.src`, format/provenance.py) names its input (the split's file; for
+llm.c, the shard it starts in) and its number there, from 1.
 
 Memory model: one block of BLOCK_TOKENS input tokens and its uint32 copy, a document cut by a
 block's end (carried to the next), and Megatron's sequence offsets (8 bytes per sequence, as
@@ -44,6 +46,7 @@ from ..format import (
     write_vocab_copy,
 )
 from ..format.encoding import Encoding
+from ..format.provenance import records
 from ..prepare.output.writer import ShardWriter
 from ..remote.urls import local_only, output_url
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
@@ -101,6 +104,7 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         empty: dict[str, int] = {}  # split -> empty documents skipped
         partial: dict[str, int] = {}  # split -> the tail of a document begun in the shard before it, left out
         before = fmt in LLMC_FORMATS  # the EOT id starts each document
+        kept: dict[int, int] = {}  # documents kept per input (metadata source)
         for split, files in inputs.items():
             reader: Iterable[Block]
             if fmt == "nanogpt":
@@ -109,16 +113,18 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
                 reader = _LlmcBlocks(files, eot, fmt, split)
             else:
                 reader = _megatron_blocks(files[0], files[1])
-            writer = ShardWriter(staging, split, tokens_per_shard, encoding=encoding)
-            written, empty[split] = _write_split(writer, iter(reader), files[0], (tok.n_vocab, eot), before)
+            writer = ShardWriter(staging, split, tokens_per_shard, encoding=encoding, provenance=True)
+            source = [at for at, (of, _) in enumerate(_source_files(fmt, inputs)) if of == split][0]
+            written, empty[split] = _write_split(writer, iter(reader), files[0], (tok.n_vocab, eot), before, source,
+                                                 kept)  # fmt: skip
             shards += written
             partial[split] = reader.partial if isinstance(reader, _LlmcBlocks) else 0
         if not any(s.n_docs for s in shards if s.split == "train"):
             raise InputError(f"{src}: no documents to import into the train split (each document "
                              f"{'starts' if before else 'ends'} with the id {eot}; pass --eot-id if the files use "
                              "another)")  # fmt: skip
-        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, (empty, partial), (tokens_per_shard, encoding),
-                         started, "before" if before else "after")  # fmt: skip
+        meta = _metadata(Path(out), tok, eot, fmt, inputs, shards, (empty, partial, kept),
+                         (tokens_per_shard, encoding), started, "before" if before else "after")  # fmt: skip
         state = tok.identity()
         state["eot_id"] = eot  # the separator the files use: inspect holds the two files to each other
         write_vocab_copy(staging, tok.vocab_format, tok.vocab_bytes)
@@ -147,6 +153,13 @@ def _inputs(src: Path, fmt: str, val: Path | None) -> dict[str, list[Path]]:
     if val is not None:
         found["val"] = _megatron_files(val)
     return found
+
+
+def _source_files(fmt: str, inputs: dict[str, list[Path]]) -> list[tuple[str, Path]]:
+    """The inputs the metadata lists as sources, in order, with their splits: each llm.c shard
+    (a document's provenance names the shard it starts in), else each split's file (nanoGPT's
+    .bin, Megatron's PREFIX.bin)."""
+    return [(split, p) for split, files in inputs.items() for p in (files if fmt in LLMC_FORMATS else files[:1])]
 
 
 def _megatron_files(prefix: Path) -> list[Path]:
@@ -189,7 +202,9 @@ class _LlmcBlocks:
 
     def __iter__(self) -> Iterator[Block]:
         carry, started, dropped = np.zeros(0, TOKEN_DTYPE), False, 0
-        for path in self.files:
+        carried = (0, 0)  # the carried document's file and number there
+        self.starts = [0] * len(self.files)  # document starts read in each file
+        for k, path in enumerate(self.files):
             dtype, n_tokens = _llmc_header(path, self.fmt)
             tokens = np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(n_tokens,)) \
                 if n_tokens else np.zeros(0, dtype)  # fmt: skip
@@ -204,11 +219,19 @@ class _LlmcBlocks:
                     dropped += len(block)
                     carry = np.zeros(0, TOKEN_DTYPE)
                     continue
+                fresh = starts[starts >= len(carry)] if len(carry) else starts  # documents this file starts
+                files = np.full(len(starts), k, dtype=np.int64)
+                numbers = self.starts[k] + 1 + np.arange(len(starts), dtype=np.int64) - (len(starts) - len(fresh))
+                if len(starts) > len(fresh):  # the first is the one carried in
+                    files[0], numbers[0] = carried
+                self.starts[k] += len(fresh)
                 if len(starts) > 1:
-                    yield Block(block[: starts[-1]], np.diff(starts))
+                    yield Block(block[: starts[-1]], np.diff(starts), (files[:-1], numbers[:-1]))
+                if len(starts):
+                    carried = (int(files[-1]), int(numbers[-1]))
                 carry = block[starts[-1] :] if len(starts) else block
         if len(carry):
-            yield Block(carry, np.array([len(carry)]))
+            yield Block(carry, np.array([len(carry)]), (np.array([carried[0]]), np.array([carried[1]])))
         if not started and dropped:
             raise InputError(f"{self.files[0]}: the {self.split} shards hold {dropped:,} tokens but no document start "
                              f"(the id {self.eot}); pass --eot-id with the id that begins each document (llm.c's "
@@ -294,17 +317,27 @@ def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarra
 
 
 def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path, vocab: tuple[int, int],
-                 before: bool = False) -> tuple[list[ShardInfo], int]:  # fmt: skip
+                 before: bool = False, source: int = 0,
+                 kept_by: dict[int, int] | None = None) -> tuple[list[ShardInfo], int]:  # fmt: skip
     """Documents of one split through prepare's ShardWriter (in the dataset's encoding), held
     to the vocabulary (n_vocab, eot): every id below n_vocab, the EOT id at the end of every
     document (`before`: at its start). Empty documents (no tokens, not even the EOT id) are
-    skipped; returns the shards and how many were skipped."""
-    (n_vocab, eot), empty = vocab, 0
+    skipped; returns the shards and how many were skipped. Each document's provenance record
+    names its input (`source`: the index of the split's first input file in the metadata's
+    sources, plus the block's own file index where it gives one) and the document's number in
+    it, from 1, in the input's own order (the skipped ones counted too); `kept_by` counts the
+    documents kept per source."""
+    (n_vocab, eot), empty, read = vocab, 0, 0
     try:
         for block in reader:
+            if block.origin is None:  # one input file: documents numbered as read
+                sources, numbers = np.full(len(block.lengths), source), read + 1 + np.arange(len(block.lengths))
+            else:
+                sources, numbers = source + block.origin[0], block.origin[1]
+            read += len(block.lengths)
             if not (kept := block.lengths > 0).all():
                 empty += int((~kept).sum())
-                block = Block(block.tokens, block.lengths[kept])
+                block, sources, numbers = Block(block.tokens, block.lengths[kept]), sources[kept], numbers[kept]
             if not len(block.lengths):
                 continue
             if (top := int(block.tokens.max())) >= n_vocab:
@@ -318,7 +351,10 @@ def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path, vocab
             if not before and (missing := int((block.tokens[at] != eot).sum())) != 0:
                 raise InputError(f"{path}: {missing} documents do not end with the EOT id {eot} (Megatron: prepare "
                                  "with --append-eod; or pass the separator the data uses with --eot-id)")  # fmt: skip
-            writer.add(block.tokens, block.lengths)
+            writer.add(block.tokens, block.lengths, records(sources, numbers))
+            if kept_by is not None:
+                for at, n in zip(*np.unique(sources, return_counts=True), strict=True):
+                    kept_by[int(at)] = kept_by.get(int(at), 0) + int(n)
         return writer.close(), empty
     except BaseException:
         writer.abort()
@@ -326,20 +362,24 @@ def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path, vocab
 
 
 def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, list[Path]], shards: list[ShardInfo],
-              left_out: tuple[dict[str, int], dict[str, int]], layout: tuple[int, Encoding], started: float,
-              eot_position: str = "after") -> DatasetMeta:  # fmt: skip
-    """`left_out`: per split, the empty documents skipped and the partial one (llm.c) left out."""
+              left_out: tuple[dict[str, int], dict[str, int], dict[int, int]], layout: tuple[int, Encoding],
+              started: float, eot_position: str = "after") -> DatasetMeta:  # fmt: skip
+    """`left_out`: per split, the empty documents skipped and the partial one (llm.c) left out;
+    and the documents kept per source."""
     tokens_per_shard, encoding = layout
-    empty, partial = left_out
+    empty, partial, kept = left_out
 
     def dropped(split: str) -> dict[str, int]:
         return {k: v for k, v in (("empty", empty.get(split, 0)), ("partial_document", partial.get(split, 0))) if v}
 
     splits = {split: SplitInfo.of(tuple(s for s in shards if s.split == split)) for split in SPLITS}
-    sources = tuple(SourceInfo(path=str(files[0]), format=fmt, bytes=sum(p.stat().st_size for p in files),
-                               records=splits[split].n_docs + sum(dropped(split).values()), kept=splits[split].n_docs,
-                               dropped=dropped(split))
-                    for split, files in inputs.items())  # fmt: skip
+    sources = []
+    for at, (split, path) in enumerate(_source_files(fmt, inputs)):
+        first = inputs[split][0] == path  # a split's dropped documents are its first input's
+        size = path.stat().st_size if fmt in LLMC_FORMATS else sum(p.stat().st_size for p in inputs[split])
+        lost = dropped(split) if first else {}
+        sources.append(SourceInfo(path=str(path), format=fmt, bytes=size, records=kept.get(at, 0) + sum(lost.values()),
+                                  kept=kept.get(at, 0), dropped=lost))  # fmt: skip
     drops = {k: v for k, v in (("empty", sum(empty.values())), ("partial_document", sum(partial.values()))) if v}
     elapsed = time.time() - started
     n_tokens = sum(s.n_tokens for s in shards)
@@ -350,7 +390,7 @@ def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, l
         splits=splits, total_tokens=n_tokens, total_docs=sum(s.n_docs for s in shards),
         records_read=sum(s.n_docs for s in shards) + sum(drops.values()), drops=drops,
         dedup=DedupInfo(mode="none", key="", duplicates_removed=0, lines=False, lines_removed=0),
-        sources=sources,
+        sources=tuple(sources),
         config={"imported_from": fmt, "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
                 "tokenizer": tok.name, "tokens_per_shard": tokens_per_shard, "eot_position": eot_position},
         run=RunInfo(out=str(out), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

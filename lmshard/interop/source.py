@@ -43,10 +43,13 @@ INSPECT_HINT = "run `lmshard inspect` on it, and re-run `lmshard prepare` with -
 @dataclass(frozen=True)
 class Block:
     """Whole documents back to back (`tokens`, uint32) and their lengths in tokens, separators
-    included (one EOT each, on the side the reader asked for)."""
+    included (one EOT each, on the side the reader asked for). `origin`, where a reader of
+    several files gives it: each document's file (an index into the reader's files) and its
+    number in that file, from 1 (a document that runs on into the next file is the first's)."""
 
     tokens: np.ndarray
     lengths: np.ndarray
+    origin: tuple[np.ndarray, np.ndarray] | None = None  # per document: its input file (index) and number there
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,8 @@ from ..errors import ArgumentError, InputError, LmshardError
 from ..runtime import checks
 from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
+from ..runtime.trace import DocPiece
+from .sources import shards_of
 
 HISTORY = 16
 PREFETCH = 8  # batches each DataLoader worker may have ready (2, torch's default, left workers idle 25% of the time)
@@ -78,6 +80,7 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.step, self.first, self.positions = 0, 0, [list(_START) for _ in range(self.workers)]
         self._history: collections.deque[tuple[int, list[list[int]], int]] = collections.deque(maxlen=HISTORY)
         self._history.append((0, [list(p) for p in self.positions], 0))
+        self._traces: collections.deque[tuple[int, Any]] = collections.deque(maxlen=HISTORY)  # (step, its pieces)
         self._clock, self._finished = clock, False
         self._items: Any = None  # the batches being served: a reader's generator, or the DataLoader's iterator
         self._wait = self._busy = 0.0
@@ -195,6 +198,7 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         step = self.step
         self.step += 1
         self._history.append((self.step, [list(p) for p in self.positions], self.first))
+        self._traces.append((step, item.get("trace")))
         self._check_pace()
         dev, fast = self.device, self.device.type == "cuda"
         if self.shape == "windows":
@@ -243,6 +247,26 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             out.update({k: v for k, v in self._packed.items() if k not in ("rows", "real_tokens")})
             out["packs"] = rows
         return out
+
+    def trace(self, step: int | None = None) -> list[list[DocPiece]]:
+        """The documents of each row of a batch this stream handed out (default: the last one; any
+        of the last 16), as a prepared dataset's streams trace theirs: each piece's `input` (the
+        file, or the Hugging Face shard) and `record` there (prepare's line or row number), the
+        tokens of the document it holds (`start`, `end` of `length`) and where they sit in the row
+        (`at`). A text stream's batches come from reading, not from a closed form of the step, so
+        only batches it has handed out are traced."""
+        kept = {s: pieces for s, pieces in self._traces}
+        step = self.step - 1 if step is None else checks.nonnegative("step", step)
+        if step not in kept or kept[step] is None:
+            held = f"steps {min(kept)} .. {max(kept)}" if kept else "no step yet"
+            raise ArgumentError(f"step {step}: a text stream traces the batches it handed out, of its last "
+                                f"{HISTORY} steps ({held}); call trace() right after the batch you want to know "
+                                "about")  # fmt: skip
+        shards = self.stream.shards if self.stream.shards is not None else shards_of(self.stream.config)
+        names = [s.name for s in shards]
+        return [[DocPiece(doc=-1, shard="", index=-1, start=int(a), end=int(b), at=int(at), length=int(n), offset=-1,
+                          input=names[int(shard)], record=int(record)) for shard, record, a, b, at, n in row]
+                for row in kept[step]]  # fmt: skip
 
     def state_dict(self, in_hand: int = 0, gather: bool = False, group: Any = None) -> dict[str, Any]:
         """Each reader's position after the last batch handed out, less `in_hand` batches drawn
@@ -352,6 +376,7 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.close()
         self.positions = positions
         self._history.clear()
+        self._traces.clear()
         self._history.append((self.step, [list(p) for p in self.positions], self.first))
         self._items, self._finished = None, False
 

@@ -30,6 +30,7 @@ from .sources import Shard
 
 CHUNK = 256  # documents tokenized together when there is no shuffle buffer
 _SALT = 0x5E1F
+Origin = tuple[int, int]  # a document's shard (its index in the stream's shards) and record number there
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,14 @@ class Documents:
             order = np.random.default_rng([self.seed, epoch, _SALT + 1]).permutation(n)
         return [int(i) for i in (order[self.consumer :: self.consumers] if self.whole else order)]
 
-    def __call__(self, start: DocPos = DocPos(Cursor())) -> Iterator[tuple[DocPos, np.ndarray]]:
-        """(position, tokens) of every document from `start` on."""
+    def __call__(self, start: DocPos = DocPos(Cursor())) -> Iterator[tuple[DocPos, np.ndarray, Origin]]:
+        """(position, tokens, origin) of every document from `start` on."""
         at, skip = start.window, start.k
         empty = 0  # whole epochs in a row without a document of this reader's
         seen, whole = False, at == Cursor(at.epoch) and skip == 0  # (an epoch resumed part way is not counted)
         records = self._records(at)
         while self.epochs is None or at.epoch < self.epochs:
-            texts, end = self._read(at, records)
+            texts, origins, end = self._read(at, records)
             if texts:
                 seen = True
                 tokens, lengths = self.encode(texts)
@@ -104,7 +105,7 @@ class Documents:
                     order = np.random.default_rng([self.seed, *at.ints(), _SALT]).permutation(len(texts))
                 for k in range(skip, len(texts)):
                     d = int(order[k])
-                    yield DocPos(at, k), tokens[bounds[d] : bounds[d + 1]]
+                    yield DocPos(at, k), tokens[bounds[d] : bounds[d + 1]], origins[d]
             skip = 0
             if end.epoch != at.epoch:
                 empty = 0 if seen else empty + 1 if whole else empty
@@ -126,36 +127,40 @@ class Documents:
                 f"no document up to epoch {epoch}; the source has too few documents (after cleaning and the split) "
                 "for this many readers: use fewer DataLoader workers or ranks, or more data")  # fmt: skip
 
-    def _records(self, at: Cursor) -> Iterator[tuple[str | None, Cursor]]:
+    def _records(self, at: Cursor) -> Iterator[tuple[str | None, Cursor, Origin]]:
         """Every record of this reader's part from `at` on, through the ends of epochs: its
-        cleaned text (None: dropped, or another reader's) and the position after it. One shard is
-        opened at a time and read once, however many windows it fills."""
+        cleaned text (None: dropped, or another reader's), the position after it and where it
+        came from. One shard is opened at a time and read once, however many windows it fills."""
         epoch, shard, record, dealt = at.epoch, at.shard, at.record, at.dealt
         while self.epochs is None or epoch < self.epochs:
             mine = self.mine(epoch)
             while shard < len(mine):
                 phase = (self.consumer - dealt + record) % self.consumers  # whose the shard's first record is
                 every, phase = (1, 0) if self.whole else (self.consumers, phase)
-                for text in self.shards[mine[shard]].documents(self.counts, record, every, phase):
+                for number, text in self.shards[mine[shard]].documents(self.counts, record, every, phase):
                     record += 1
                     dealt += 1
-                    yield text, Cursor(epoch, shard, record, dealt)
+                    yield text, Cursor(epoch, shard, record, dealt), (mine[shard], number)
                 shard, record = shard + 1, 0
-            yield None, Cursor(epoch + 1)  # the end of the epoch
+            yield None, Cursor(epoch + 1), (-1, -1)  # the end of the epoch
             epoch, shard, record, dealt = epoch + 1, 0, 0, 0
 
-    def _read(self, at: Cursor, records: Iterator[tuple[str | None, Cursor]]) -> tuple[list[str], Cursor]:
+    def _read(self, at: Cursor, records: Iterator[tuple[str | None, Cursor, Origin]]) -> tuple[list[str],
+                                                                                                list[Origin], Cursor]:
         """The texts of the next window (never past the end of an epoch) from `records`, which
-        stand at `at`, and where the window ends; at an epoch's end, the start of the next."""
+        stand at `at`, where each came from, and where the window ends; at an epoch's end, the
+        start of the next."""
         texts: list[str] = []
-        for text, after in records:
+        origins: list[Origin] = []
+        for text, after, origin in records:
             if after.epoch != at.epoch:
-                return texts, after
+                return texts, origins, after
             if text is not None and self._in_split(text):
                 texts.append(text)
+                origins.append(origin)
                 if len(texts) == self.window:
-                    return texts, after
-        return texts, Cursor(at.epoch + 1)
+                    return texts, origins, after
+        return texts, origins, Cursor(at.epoch + 1)
 
     def _in_split(self, text: str) -> bool:
         if not self.val_fraction:

@@ -27,7 +27,9 @@ from ..errors import InputError
 from ..packing import stream as streampack
 from ..runtime.packed import build_rows
 from ..runtime.sampling import ShiftSpec, step_rng
-from .docs import DocPos, Documents
+from .docs import DocPos, Documents, Origin
+
+Piece = tuple[int, int, int, int, int, int]  # a row's piece of a document: shard, record, start, end, at, length
 
 _SHIFT_SALT, _PACK_SALT = 0x5417, 0x9AC5
 
@@ -36,12 +38,13 @@ def window_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
                    seed: int) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Batches of [batch_size, seq_len + shift] rows from `state` = [*DocPos, offset, batch]."""
     pos, offset, n = DocPos.of(state[:5]), state[5], state[6]
-    held: list[tuple[DocPos, np.ndarray]] = []  # the documents the next row starts in, and after
+    held: list[tuple[DocPos, np.ndarray, Origin]] = []  # the documents the next row starts in, and after
     have = 0  # tokens held from `offset` on
     source = docs(pos)
     while True:
         width = seq_len + shift.draw(step_rng(seed, n, _SHIFT_SALT))
         rows = np.empty((batch_size, width), dtype=np.int64)
+        pieces: list[list[Piece]] = []
         for b in range(batch_size):
             while have < width:
                 nxt = next(source, None)
@@ -49,25 +52,28 @@ def window_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
                     return  # the last, partial batch is left out
                 held.append(nxt)
                 have += len(nxt[1]) - (offset if len(held) == 1 else 0)
-            rows[b] = _take(held, offset, width)
+            rows[b], row = _take(held, offset, width)
+            pieces.append(row)
             offset += stride
             have -= stride
             while len(held[0][1]) <= offset:
                 offset -= len(held[0][1])
                 held.pop(0)
         n += 1
-        yield {"rows": rows, "shift": width - seq_len, "state": [*held[0][0].ints(), offset, n]}
+        yield {"rows": rows, "shift": width - seq_len, "state": [*held[0][0].ints(), offset, n], "trace": pieces}
 
 
-def _take(held: list[tuple[DocPos, np.ndarray]], offset: int, width: int) -> np.ndarray:
-    parts, need = [], width
-    for k, (_, tokens) in enumerate(held):
-        piece = tokens[offset:] if k == 0 else tokens
-        parts.append(piece[:need])
+def _take(held: list[tuple[DocPos, np.ndarray, Origin]], offset: int, width: int) -> tuple[np.ndarray, list[Piece]]:
+    """The row of `width` tokens from `offset` into the held documents, and its pieces."""
+    parts, pieces, need = [], [], width
+    for k, (_, tokens, origin) in enumerate(held):
+        first = offset if k == 0 else 0
+        parts.append(tokens[first : first + need])
+        pieces.append((*origin, first, first + len(parts[-1]), width - need, len(tokens)))
         need -= len(parts[-1])
         if need == 0:
             break
-    return np.concatenate(parts)
+    return np.concatenate(parts), pieces
 
 
 def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: int, *, strategy: str, buffer: int,
@@ -79,7 +85,8 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
     source = docs(pos)
     counts: dict[str, int] = {}
     rows: list[list[np.ndarray]] = []  # the items of each row of the batch being filled
-    ahead: tuple[DocPos, np.ndarray] | None = None  # the first document of the next epoch
+    pieces: list[list[Piece]] = []  # and where each came from
+    ahead: tuple[DocPos, np.ndarray, Origin] | None = None  # the first document of the next epoch
     packed_in = pos.window.epoch  # the last epoch a window of which packed anything
     packed = unpackable = False
     while True:
@@ -97,8 +104,9 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
                 raise InputError(_unpackable(seq_len, overlong))
             return
         first = window[0][0]
-        lengths = np.array([len(t) for _, t in window], dtype=np.int64)
-        flat = np.concatenate([t for _, t in window])
+        lengths = np.array([len(t) for _, t, _ in window], dtype=np.int64)
+        flat = np.concatenate([t for _, t, _ in window])
+        ends = np.cumsum(lengths)
         plan = streampack.plan_window(lengths, seq_len, overlong, strategy)
         if plan is None:  # every document of the window dropped as overlong
             counts["dropped_documents"] = counts.get("dropped_documents", 0) + len(window) * (skip == 0)
@@ -118,11 +126,17 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
         for p in range(skip, plan.n_packs):
             starts, lens = plan.pack_items(int(order[p]))
             rows.append([flat[s : s + m] for s, m in zip(starts.tolist(), lens.tolist(), strict=True)])
+            docs = np.searchsorted(ends, starts, side="right").tolist()
+            at = (np.cumsum(lens) - lens).tolist()
+            pieces.append([(*window[d][2], s - int(ends[d] - lengths[d]), s - int(ends[d] - lengths[d]) + m, a,
+                            int(lengths[d])) for d, s, m, a in zip(docs, starts.tolist(), lens.tolist(), at,
+                                                                 strict=True)])  # fmt: skip
             if len(rows) == batch_size:
                 n += 1
                 state_after = [*first.ints(), p + 1, n] if p + 1 < plan.n_packs else [*_after(window), 0, n]
-                yield {**_fields(rows, seq_len, pad_id, mask_boundary_labels), "state": state_after, "counts": counts}
-                rows, counts = [], {}
+                yield {**_fields(rows, seq_len, pad_id, mask_boundary_labels), "state": state_after, "counts": counts,
+                       "trace": pieces}  # fmt: skip
+                rows, counts, pieces = [], {}, []
         skip = 0
 
 
@@ -131,7 +145,7 @@ def _unpackable(seq_len: int, overlong: str) -> str:
             f"overlong={overlong!r}; pass overlong='split' (or 'truncate'), or a larger seq_len")
 
 
-def _after(window: list[tuple[DocPos, np.ndarray]]) -> list[int]:
+def _after(window: list[tuple[DocPos, np.ndarray, Origin]]) -> list[int]:
     """The position of the document after the window's last (the next window's first)."""
     last = window[-1][0]
     return [*last.window.ints(), last.k + 1]

@@ -31,8 +31,9 @@ ROWS_PER_SHARD = 1 << 16  # rows of a save_to_disk dataset per shard (it has no 
 @dataclass
 class Shard:
     """One shard: `documents(skip, every, phase)` yields, for each of its records from number
-    `skip` on, the cleaned text, or None for a record dropped (counted in `counts`); records
-    whose number ≢ phase (mod every) are read but not cleaned and yield None."""
+    `skip` on, its record number (prepare's: a line or a row) and the cleaned text, or None for
+    a record dropped (counted in `counts`); records whose number ≢ phase (mod every) are read but
+    not cleaned and yield None."""
 
     name: str
     config: PrepareConfig
@@ -41,19 +42,21 @@ class Shard:
     lo: int = 0
     hi: int = 0
 
-    def documents(self, counts: Counter[str], skip: int = 0, every: int = 1, phase: int = 0) -> Iterator[str | None]:
+    def documents(self, counts: Counter[str], skip: int = 0, every: int = 1,
+                  phase: int = 0) -> Iterator[tuple[int, str | None]]:  # fmt: skip
+        """(the record's number as prepare numbers it: a line or a row, its cleaned text or None)."""
         clean = self.config.clean_config()
         number = -1
         for record in self._records(skip):
             number += 1
             if (skip + number) % every != phase:
-                yield None
+                yield record.number, None
                 continue
             counts["records"] += 1
             text, reason = clean_document(record, clean)
             if reason is not None:
                 counts[reason] += 1
-            yield text
+            yield record.number, text
 
     def _records(self, skip: int) -> Iterator[Record]:
         if self.source is not None:
