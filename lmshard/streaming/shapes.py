@@ -126,10 +126,10 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
         for p in range(skip, plan.n_packs):
             starts, lens = plan.pack_items(int(order[p]))
             rows.append([flat[s : s + m] for s, m in zip(starts.tolist(), lens.tolist(), strict=True)])
-            docs = np.searchsorted(ends, starts, side="right").tolist()
+            owner = np.searchsorted(ends, starts, side="right").tolist()  # each item's document in the window
             at = (np.cumsum(lens) - lens).tolist()
             pieces.append([(*window[d][2], s - int(ends[d] - lengths[d]), s - int(ends[d] - lengths[d]) + m, a,
-                            int(lengths[d])) for d, s, m, a in zip(docs, starts.tolist(), lens.tolist(), at,
+                            int(lengths[d])) for d, s, m, a in zip(owner, starts.tolist(), lens.tolist(), at,
                                                                  strict=True)])  # fmt: skip
             if len(rows) == batch_size:
                 n += 1
