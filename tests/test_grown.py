@@ -281,3 +281,58 @@ def test_lmshard_trace_reads_a_state_saved_after_a_growth(versions):
     rebuilt = stream_of_state(new, grown.state_dict())
     assert rebuilt.trace(1) == old.packed(64, seed=1).batches(2).trace(1)
     assert rebuilt.trace(grown.step) == grown.trace(grown.step)
+
+
+def test_a_state_saved_after_a_growth_is_refused_on_the_data_before_it(versions):
+    old, new, _ = versions
+    for make in (lambda ds: ds.window_batches(2, 32, seed=1), lambda ds: ds.packed(64, seed=1).batches(2),
+                 lambda ds: Mixture({ds: 0.5, versions[2]: 0.5}).random_batches(2, 32, seed=1)):  # fmt: skip
+        run = make(old)
+        for _ in range(3):
+            next(run)
+        grown = make(new)
+        grown.load_state_dict(run.state_dict(), grown="continue")
+        with pytest.raises(ArgumentError, match=r"went on from split train of 7,650 tokens .* onto more data"):
+            make(old).load_state_dict(grown.state_dict(), grown="continue")
+
+
+def test_a_refused_load_leaves_the_stream_as_it_was(versions):
+    """Neither the state's skip ranges nor its growth stay on a stream that refused the state."""
+    old, new, _ = versions
+    run = old.window_batches(2, 32, seed=1).skip(10, 20)
+    for _ in range(5):
+        next(run)
+    fresh = new.window_batches(2, 32, seed=1)
+    want = fresh.cpu_batch(12).x
+    with pytest.raises(ArgumentError, match="grown='continue'"):
+        fresh.load_state_dict(run.state_dict())
+    other = new.window_batches(2, 32, seed=1, shift=2)
+    with pytest.raises(ArgumentError, match="saved shift=1"):
+        other.load_state_dict(run.state_dict(), grown="continue")
+    assert "skips" not in fresh.state_dict() and "grown" not in other.state_dict()
+    assert torch.equal(fresh.cpu_batch(12).x, want) and fresh.step == 0
+    packed = new.packed(64, seed=2).batches(2)
+    with pytest.raises(ArgumentError, match="saved seed=1"):
+        packed.load_state_dict(STREAMS["packed"](old).state_dict(), grown="continue")
+    assert "grown" not in packed.state_dict()
+
+
+def test_streams_that_cannot_continue_say_so_and_in_memory_data_too(versions):
+    old, new, _ = versions
+    for make in (lambda ds: ds.packed(64, strategy="stream").batches(2), lambda ds: ds.windows(32).batch_sampler(2)):
+        with pytest.raises(ArgumentError, match="do not continue on a grown split"):
+            make(new).load_state_dict(make(old).state_dict(), grown="continue")
+    small, big = TokenDataset.synthetic(4096, doc_len=64), TokenDataset.synthetic(8192, doc_len=64)
+    with pytest.raises(ArgumentError, match="in-memory dataset .*start from step 0"):
+        big.window_batches(2, 32).load_state_dict(small.window_batches(2, 32).state_dict(), grown="continue")
+
+
+def test_trace_of_a_state_saved_before_the_growth_reads_the_grown_dataset(versions):
+    """`lmshard trace` of a checkpoint from before an --append: past steps are the old run's."""
+    from lmshard.runtime.trace import stream_of_state
+
+    old, new, _ = versions
+    run = old.window_batches(2, 32, seed=1)
+    for _ in range(6):
+        next(run)
+    assert stream_of_state(new, run.state_dict()).trace(3) == old.window_batches(2, 32, seed=1).trace(3)

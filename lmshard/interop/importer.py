@@ -157,8 +157,7 @@ def _inputs(src: Path, fmt: str, val: Path | None) -> dict[str, list[Path]]:
 
 def _source_files(fmt: str, inputs: dict[str, list[Path]]) -> list[tuple[str, Path]]:
     """The inputs the metadata lists as sources, in order, with their splits: each llm.c shard
-    (a document's provenance names the shard it starts in), else each split's file (nanoGPT's
-    .bin, Megatron's PREFIX.bin)."""
+    (a document's is the shard it starts in), else each split's file."""
     return [(split, p) for split, files in inputs.items() for p in (files if fmt in LLMC_FORMATS else files[:1])]
 
 
@@ -322,11 +321,9 @@ def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path, vocab
     """Documents of one split through prepare's ShardWriter (in the dataset's encoding), held
     to the vocabulary (n_vocab, eot): every id below n_vocab, the EOT id at the end of every
     document (`before`: at its start). Empty documents (no tokens, not even the EOT id) are
-    skipped; returns the shards and how many were skipped. Each document's provenance record
-    names its input (`source`: the index of the split's first input file in the metadata's
-    sources, plus the block's own file index where it gives one) and the document's number in
-    it, from 1, in the input's own order (the skipped ones counted too); `kept_by` counts the
-    documents kept per source."""
+    skipped; returns the shards and how many were skipped. Each document's provenance names its
+    input (`source`, the split's first in the metadata's sources, plus the block's file index)
+    and its number there, from 1, skipped ones counted; `kept_by` counts those kept per source."""
     (n_vocab, eot), empty, read = vocab, 0, 0
     try:
         for block in reader:

@@ -239,6 +239,16 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         keep_going = growth.choice(grown)
         mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
         step = checks.state_int(dict(state), "step", low=0)
+        kept = [(self, k) for k in ("_skips", "_skip_mode", "offsets", "_grown")]
+        with checks.unchanged_on_error(*kept, *([(self.offsets, "eras")] if hasattr(self.offsets, "eras") else [])):
+            self._load(dict(state), step, keep_going, mine, required)
+        self.step = self._position(step)
+        self._pending = None
+        self._ahead.reset()
+
+    def _load(self, state: dict[str, Any], step: int, keep_going: bool, mine: dict[str, Any],
+              required: tuple[str, ...]) -> None:  # fmt: skip
+        """load_state_dict's checks, and the skips and eras the state brings."""
         self._load_skips(dict(state))
         if self.dataset is not None and self.data is not None:
             self._regrow(dict(state), self._data(self._position(step)), keep_going)
@@ -257,9 +267,6 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
                 raise ArgumentError(f"cannot resume: saved {key}={checks.show(state[key])}, this stream has "
                                     f"{key}={mine[key]!r}; build this stream with the saved {what} to continue that "
                                     "run")  # fmt: skip
-        self.step = self._position(step)
-        self._pending = None
-        self._ahead.reset()
 
     def _regrow(self, state: dict[str, Any], position: int, keep_going: bool) -> None:
         """Take the eras of the data the state's run read (runtime/growth.py)."""

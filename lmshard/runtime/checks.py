@@ -9,8 +9,10 @@ Python or numpy integers; bools are refused where an int is meant (True is an in
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import reprlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -152,6 +154,36 @@ def same_data(saved: Any, mine: str | None, growable: bool | None = None) -> Non
     raise ArgumentError(f"cannot resume: the state was saved on {_data_text(was)}, and this stream reads "
                         f"{_data_text(now)}: {why}; a state continues only on the data it was saved on, so resume "
                         "on that dataset, or start this one from step 0")  # fmt: skip
+
+
+def describe_data(data_id: Any) -> str:
+    """A data_id as messages name it: "split train of 7,650 tokens (data 99f9…)"."""
+    return _data_text(_data_words(data_id))
+
+
+def cannot_grow(kind: str, saved: Any, mine: str | None, grown: Any) -> None:
+    """For streams that do not continue on a grown split: refuse other data in one line, and a
+    grown='continue' that would be needed (validated as the streams that take it do)."""
+    if grown not in (None, "refuse", "continue"):
+        raise ArgumentError(f"grown={show(grown)}: pass grown='continue' or leave it unset")
+    if grown == "continue" and saved is not None and mine is not None and saved != mine:
+        raise ArgumentError(f"cannot resume: {kind} streams do not continue on a grown split (the state was saved "
+                            f"on {describe_data(saved)}, this stream reads {describe_data(mine)}); use window, "
+                            "random, packed or padded batches for that, or start from step 0")  # fmt: skip
+    same_data(saved, mine)
+
+
+@contextlib.contextmanager
+def unchanged_on_error(*where: tuple[Any, str]) -> Iterator[None]:
+    """Put the (object, attribute) pairs back as they were if the block raises: a refused
+    `load_state_dict` leaves the stream as it was."""
+    before = [(obj, name, getattr(obj, name)) for obj, name in where]
+    try:
+        yield
+    except BaseException:
+        for obj, name, value in before:
+            setattr(obj, name, value)
+        raise
 
 
 def _data_words(data_id: Any) -> tuple[str, str, int | str]:

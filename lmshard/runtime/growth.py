@@ -80,10 +80,19 @@ def old_part(data: Any, saved_id: str, grown: bool) -> Prefix:
     """The prefix `saved_id` was, refused unless the caller asked for grown="continue" and the
     split did grow from it; one line naming what changed and the fix."""
     found = prefix(data, saved_id)
-    if found is None or not grown:
-        checks.same_data(saved_id, data.data_id, found is not None)
-    assert found is not None
-    return found
+    if found is not None and grown:
+        return found
+    prepared = getattr(data, "meta", None) is not None
+    if found is None and saved_id == data.data_id:  # a growth the state records is this whole split
+        raise ArgumentError(f"cannot resume: the state's run went on from {checks.describe_data(saved_id)} onto "
+                            "more data, and this stream reads only that; resume on the dataset the state was "
+                            "saved on")  # fmt: skip
+    if grown and not prepared:
+        raise ArgumentError(f"cannot resume: the state was saved on {checks.describe_data(saved_id)}, and this "
+                            f"in-memory dataset is {checks.describe_data(data.data_id)}; grown='continue' "
+                            "continues a prepared dataset that --append grew, so start from step 0")  # fmt: skip
+    checks.same_data(saved_id, data.data_id, (found is not None) if prepared else None)
+    raise ArgumentError(f"cannot resume on {checks.describe_data(data.data_id)}: {checks.STATE_FIX}")
 
 
 def saved_eras(state: dict[str, Any]) -> list[tuple[int, Any]]:

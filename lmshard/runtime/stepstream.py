@@ -116,9 +116,19 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
         epoch it was in finishes on the old data, the new documents join from the next one."""
         if not isinstance(state, Mapping):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
-        keep_going, data = growth.choice(grown), self._dataset()
-        self._load_skips(dict(state))
+        keep_going = growth.choice(grown)
         step = checks.state_int(dict(state), "step", low=0)
+        kept = ("_skips", "_skip_mode", "_eras", "_samplers", "_grown", *(("eras",) if hasattr(self, "eras") else ()))
+        with checks.unchanged_on_error(*[(self, k) for k in kept]):
+            self._load(state, step, keep_going)
+        self.step = self._position(step)
+        if self._ahead is not None:
+            self._ahead.reset()
+
+    def _load(self, state: Mapping[str, Any], step: int, keep_going: bool) -> None:
+        """load_state_dict's checks, and the skips and eras the state brings."""
+        data = self._dataset()
+        self._load_skips(dict(state))
         if data is None:
             if not self._regrow_sources(dict(state), self._data(self._position(step)), keep_going):
                 checks.same_data(state.get("data"), self.state_dict().get("data"))
@@ -136,9 +146,6 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
                 saved = checks.show(state.get(key))
                 raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
                                     f"the {self.kind} stream with the saved options")  # fmt: skip
-        self.step = self._position(checks.state_int(dict(state), "step", low=0))
-        if self._ahead is not None:
-            self._ahead.reset()
 
     def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
         for k, v in out.items():

@@ -173,11 +173,12 @@ class StreamPackedBatches:
                 "buffer": pk.buffer, "seed": pk.seed, "overlong": pk.overlong, "shuffle": pk.shuffle,
                 **checks.data_of(pk.data)}  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], grown: str | None = None) -> None:
+        """Continue from `state`; one saved on other data (also on this split before it grew) is refused."""
         mine = self.state_dict() if self.step == 0 else {**self.state_dict(), "step": 0}
         if not isinstance(state, dict) or state.get("kind") != "stream_packed":
             raise ArgumentError("not the state of a stream-packed stream; pass what its state_dict() returned")
-        checks.same_data(state.get("data"), mine.get("data"))
+        checks.cannot_grow("stream-packed", state.get("data"), mine.get("data"), grown)
         for key in ("rank", "world_size", "batch_size", "seq_len", "buffer", "seed", "overlong", "shuffle"):
             if state.get(key) != mine[key]:
                 raise ArgumentError(f"the state was saved with {key}={state.get(key)!r} and this stream has "

@@ -156,7 +156,8 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
     """The stream a `state_dict()` was saved from, over `data` (a TokenDataset), as one rank
     holding the whole global batch (rank r's rows are rows r·B .. (r+1)·B - 1 of it), for
     random, window, packed and padded states: what `lmshard trace` reads a state with. The
-    state's own checks apply (loaded onto the stream: other data is refused)."""
+    state's own checks apply (loaded onto the stream: other data is refused, the split grown
+    since is continued on, runtime/growth.py)."""
     from ..errors import ArgumentError
 
     if not isinstance(state, dict) or "kind" not in state:
@@ -180,7 +181,9 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
                                      mega=state["mega"], overlong=state["overlong"], rank=0, world_size=1)  # fmt: skip
     else:
         raise ArgumentError(f"trace reads random, window, packed and padded states; this one is {kind!r}")
-    stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state)
+    # grown="continue": a state saved before an --append traces on the grown split too (its past
+    # steps keep their batches; the steps after it are those a continued run draws)
+    stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state, grown="continue")
     return stream
 
 

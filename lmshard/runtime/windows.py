@@ -152,10 +152,11 @@ class WindowBatchSampler(torch.utils.data.Sampler[list[tuple[int, int]]]):
                 "world_size": self.world_size, "windows": self.dataset.n, **self.offsets.fingerprint(),
                 **checks.data_of(self.dataset.data)}  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at (epoch, step); a state from a sampler that orders windows differently is refused."""
+    def load_state_dict(self, state: dict[str, Any], grown: str | None = None) -> None:
+        """Resume at (epoch, step); a state from a sampler that orders windows differently, or
+        saved on other data (also on this split before it grew), is refused."""
         mine = self.state_dict()
-        checks.same_data(state.get("data"), mine.get("data"))
+        checks.cannot_grow("batch sampler", state.get("data"), mine.get("data"), grown)
         differ = [k for k in mine if k not in ("epoch", "step", "data") and k in state and state[k] != mine[k]]
         if differ:
             shown = ", ".join(f"{k}: saved {state[k]!r}, now {mine[k]!r}" for k in differ)
