@@ -85,11 +85,12 @@ def test_an_epoch_stream_finishes_its_epoch_on_the_old_data_then_covers_the_grow
         make(new).load_state_dict(state)
     grown = make(new)
     grown.load_state_dict(state, grown="continue")
+    assert grown.epoch == 1  # the epoch the state was in, on the old data
     assert all(torch.equal(_rows(next(grown)), r) for r in rest)
 
     # the next epoch: the grown split's own, every window / pack / document of it once
     boundary = 2 * spe
-    assert grown.step == boundary and grown.steps_per_epoch == make(new).steps_per_epoch
+    assert grown.step == boundary and grown.steps_per_epoch == make(new).steps_per_epoch and grown.epoch == 2
     seen = np.concatenate([_starts(grown, boundary + i) for i in range(grown.steps_per_epoch)])
     assert len(np.unique(seen)) == len(seen)
     if kind == "windows":
@@ -336,3 +337,16 @@ def test_trace_of_a_state_saved_before_the_growth_reads_the_grown_dataset(versio
     for _ in range(6):
         next(run)
     assert stream_of_state(new, run.state_dict()).trace(3) == old.window_batches(2, 32, seed=1).trace(3)
+
+
+def test_trace_rebuilds_a_packed_state_made_with_multiple(versions):
+    """A packed stream planned with `multiple=` records it, so `lmshard trace` rebuilds its plan."""
+    from lmshard.runtime.trace import stream_of_state
+
+    _, new, _ = versions
+    run = new.packed(64, seed=1, multiple=4).batches(2)
+    for _ in range(3):
+        next(run)
+    state = run.state_dict()
+    assert state["multiple"] == 4
+    assert stream_of_state(new, state).trace(1) == new.packed(64, seed=1, multiple=4).batches(2).trace(1)

@@ -198,6 +198,11 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         """Steps in one pass over all windows (window streams); None for random batches."""
         return self.offsets.steps_per_epoch
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the next batch (window streams, counted on across a growth); None for random batches."""
+        return self.offsets.epoch_of(self._data(self.step))
+
     def set_epoch(self, epoch: int) -> None:
         """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
         if self.steps_per_epoch is None:

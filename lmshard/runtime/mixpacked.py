@@ -39,6 +39,11 @@ class MixturePackedStream(StepStream):
         self._assembler = PackedStream(sources[0], 1, rank=0, world_size=1, padding_free=padding_free)
         self.step = 0
 
+    @property
+    def epoch(self) -> int | None:
+        """None: a mixture's sources have epochs of their own (`Mixture.stream_report`)."""
+        return None
+
     def set_epoch(self, epoch: int) -> None:
         raise ConfigError("a mixture's sources have epochs of their own; resume with load_state_dict")
 

@@ -243,6 +243,7 @@ class PackedStream(StepStream):
         plan = self.packs.plan
         return {"kind": "packed", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.packs.seed,
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
+                **({"multiple": plan.multiple} if plan.multiple != 1 else {}),
                 "global_batch_size": self.global_batch_size, "shuffle": self.packs.shuffle,
                 **checks.data_of(self.packs.data), **self._grown_state(), **self._skip_state()}  # fmt: skip
 

@@ -185,6 +185,10 @@ class Offsets(ABC):
         what it drew before the split grew (runtime/growth.py)."""
         raise ConfigError(f"{type(self).__name__} cannot continue on a grown split")
 
+    def epoch_of(self, step: int) -> int | None:
+        """The epoch step `step` belongs to (None: no epochs)."""
+        return None if self.steps_per_epoch is None else step // self.steps_per_epoch
+
     def epoch_start(self, epoch: int) -> int:
         """The first step of `epoch`."""
         if self.steps_per_epoch is None:
@@ -210,6 +214,12 @@ class GrownOffsets(Offsets):
 
         i = era_of(self.starts, step)
         return self.samplers[i].rows(self.eras[i].local(step), count)
+
+    def epoch_of(self, step: int) -> int | None:
+        from .growth import era_of
+
+        era = self.eras[era_of(self.starts, step)]
+        return None if era.per_epoch is None else era.epoch + (step - era.start) // era.per_epoch
 
     def epoch_start(self, epoch: int) -> int:
         for era in reversed(self.eras):

@@ -69,6 +69,11 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
         starts, lengths = self.reads(step)
         return starts, lengths, None
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the next batch (counted on across a growth)."""
+        return int(self._epoch_of(self.step)[1])
+
     def set_epoch(self, epoch: int) -> None:
         epoch = checks.nonnegative("epoch", epoch)
         era = next((e for e in reversed(self._eras) if epoch >= e.epoch), None)
@@ -140,7 +145,7 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
         grew = state.get("data") != mine.get("data") or state.get("mixture") != mine.get("mixture")
         sized = ("packs", "documents", "mixture") if grew else ()  # checked above; the counts follow the data
         for key, value in mine.items():
-            if key in ("shuffle",) and key not in state:
+            if key in ("shuffle", "multiple") and key not in state:
                 continue  # (recorded since: a state saved before is not checked for it)
             if key not in ("step", "data", "skips", "skip_mode", "grown", *sized) and state.get(key) != value:
                 saved = checks.show(state.get(key))

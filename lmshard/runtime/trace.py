@@ -174,8 +174,8 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
                                      world_size=1)  # fmt: skip
     elif kind == "packed":
         stream = data.packed(state["seq_len"], strategy=state["strategy"], overlong=state["overlong"],
-                             seed=state["seed"], shuffle=state.get("shuffle", True)).batches(g, rank=0,
-                                                                                       world_size=1)  # fmt: skip
+                             seed=state["seed"], shuffle=state.get("shuffle", True),
+                             multiple=state.get("multiple", 1)).batches(g, rank=0, world_size=1)  # fmt: skip
     elif kind == "padded":
         stream = data.padded_batches(g, state["max_len"], seed=state["seed"], group_by_length=state["group_by_length"],
                                      mega=state["mega"], overlong=state["overlong"], rank=0, world_size=1)  # fmt: skip
