@@ -62,6 +62,20 @@ def _row(batch, i: int) -> torch.Tensor:
     return row[: int(batch["lengths"][i])] if "lengths" in batch else row
 
 
+def _continued(make, old: TokenDataset, new: TokenDataset, steps: int):
+    """(a mixture's run on the old data after `steps` steps, its state, the stream over the grown
+    data that continued it); the state alone is refused, naming the grown source and the option."""
+    run = make(old)
+    for _ in range(steps):
+        next(run)
+    state = run.state_dict()
+    with pytest.raises(ArgumentError, match="source .*grown='continue'"):
+        make(new).load_state_dict(state)
+    grown = make(new)
+    grown.load_state_dict(state, grown="continue")
+    return run, state, grown
+
+
 def _starts(stream, step: int) -> np.ndarray:
     """The split offsets the global batch at `step` reads, sorted."""
     starts = stream.global_reads(step)[0]
@@ -186,14 +200,7 @@ def test_a_mixture_continues_each_grown_source_on_its_own(versions, stride):
     def make(ds, batch=2, **kw):
         return getattr(Mixture({ds: 0.5, other: 0.5}), kind)(batch, 32, seed=3, **extra, **kw)
 
-    run = make(old)
-    for _ in range(150):
-        next(run)
-    state = run.state_dict()
-    with pytest.raises(ArgumentError, match="source .*grown='continue'"):
-        make(new).load_state_dict(state)
-    grown = make(new)
-    grown.load_state_dict(state, grown="continue")
+    run, state, grown = _continued(make, old, new, 150)
     mix_old, mix_new = Mixture({old: 0.5, other: 0.5}), Mixture({new: 0.5, other: 0.5})
     steps = 1200
     was = [mix_old.locate(run.cpu_batch(s).offsets) for s in range(steps)]
@@ -238,14 +245,7 @@ def test_a_packed_mixture_continues_a_grown_source_at_its_own_epoch(versions):
     def make(ds, batch=2, **kw):
         return Mixture({ds: 0.5, other: 0.5}).packed_batches(batch, 64, seed=2, **kw)
 
-    run = make(old)
-    for _ in range(40):
-        next(run)
-    state = run.state_dict()
-    with pytest.raises(ArgumentError, match="source .*grown='continue'"):
-        make(new).load_state_dict(state)
-    grown = make(new)
-    grown.load_state_dict(state, grown="continue")
+    run, _, grown = _continued(make, old, new, 40)
     n_old = len(old.packed(64, seed=2))
     m0 = grown.tree.counts(40 * 2)[0]
     boundary = -(-m0 // n_old) * n_old
