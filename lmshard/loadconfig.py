@@ -4,6 +4,7 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
     seed = 1337
     split = "train"                 # optional: "train" (default) or "val"
     dataset = "data/web"            # one prepared dataset (a path relative to this file, or a URL)
+    augment = "mine:mask_some"      # optional: a hook that transforms each batch (runtime/augment.py)
 
     # or a mixture, instead of `dataset`: [[source]] tables of path and weight (max_epochs optional)
     # [[source]]
@@ -48,12 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArgumentError, ConfigError, FormatError, InputError
+from .plugins import import_callable
 from .remote.urls import is_url
 from .runtime.dataset import TokenDataset
 from .runtime.mixture import Mixture
 
 SHAPES = ("random", "windows", "packed", "padded")
-_TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing")
+_TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing", "augment")
 # The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
 _SAMPLE = {
     "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch"),
@@ -94,7 +96,7 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
         raise InputError(f'{path}: [packing] applies to shape = "packed", not {shape!r}; remove it or change the '
                          "shape")  # fmt: skip
     if "stream" in raw:
-        return _streamed(path, raw, shape, sample, packing, rank, world_size, device)
+        return _hooked(path, raw, _streamed(path, raw, shape, sample, packing, rank, world_size, device))
     _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
     data = _data(path, raw)
     _known(path, "packing.", packing, _PACKING if isinstance(data, TokenDataset) else _MIXTURE_PACKING)
@@ -104,10 +106,24 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
     options = {k: v for k, v in sample.items() if k not in ("shape", "batch_size", "seq_len")}
     process = {"rank": rank, "world_size": world_size, "device": device}
     try:
-        return data, _stream(data, shape, raw.get("seed", 0), sample["batch_size"], sample["seq_len"], options,
-                             packing, process)  # fmt: skip
+        stream = _stream(data, shape, raw.get("seed", 0), sample["batch_size"], sample["seq_len"], options, packing,
+                         process)  # fmt: skip
     except (ArgumentError, TypeError) as e:
         raise InputError(f"{path}: {e}") from None
+    return _hooked(path, raw, (data, stream))
+
+
+def _hooked(path: Path, raw: dict[str, Any], pair: tuple[Any, Any]) -> tuple[Any, Any]:
+    """(data, stream) with the file's `augment = "module:function"` hook (runtime/augment.py)."""
+    name = raw.get("augment")
+    if name is None:
+        return pair
+    if not isinstance(name, str):
+        raise InputError(f'{path}: augment = {name!r}; name the hook as augment = "module:function"')
+    try:
+        return pair[0], pair[1].augment(import_callable(name, f"{path}: augment = {name!r}"))
+    except ConfigError as e:
+        raise InputError(str(e)) from None
 
 
 def _streamed(path: Path, raw: dict[str, Any], shape: str, sample: dict[str, Any], packing: dict[str, Any],

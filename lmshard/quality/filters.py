@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
+from ..plugins import import_callable
 from .c4 import c4_quality
 from .edit import Edit
 from .gopher import gopher_quality
@@ -152,21 +153,7 @@ def resolve(name: str) -> Callable[[str], Any]:
     elif name.partition("=")[0] in WITH_ARGS:
         found = WITH_ARGS[name.partition("=")[0]](name, name.partition("=")[2])
     elif ":" in name:
-        module_name, _, attr = name.rpartition(":")
-        try:
-            if module_name.endswith(".py"):
-                spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-                if spec is None or spec.loader is None or not Path(module_name).is_file():
-                    raise ImportError(f"no file {module_name}")
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-            else:
-                module = importlib.import_module(module_name)
-        except Exception as e:  # the user's module: any error it raises while importing
-            raise ConfigError(f"--filter {name}: cannot import {module_name} ({type(e).__name__}: {e})") from None
-        found = getattr(module, attr, None)
-        if not callable(found):
-            raise ConfigError(f"--filter {name}: {module_name} has no function {attr!r}")
+        found = import_callable(name, f"--filter {name}")
     else:
         builtins = ", ".join([*BUILTIN, *(f"{n}=..." for n in WITH_ARGS)])
         base = name.partition("=")[0]

@@ -17,7 +17,6 @@ iterating besides the batches the caller holds.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,10 +26,12 @@ import torch
 
 from ..errors import ArgumentError, ConfigError
 from . import checks, growth
+from .augment import Augmented
+from .checks import resolve_rank
 from .hfconvention import hf_fields
 from .lookahead import Lookahead
 from .ring import Ring
-from .sampling import GrownOffsets, Offsets
+from .sampling import Offsets
 from .skips import SkipSteps
 from .trace import Audited
 
@@ -117,29 +118,7 @@ class Batch:
 _FIELDS = ("x", "y", "step", "shift", "offsets", "cu_seqlens", "max_seqlen", "position_ids")
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """rank/world_size from the arguments, else torchrun's environment, else (0, 1)."""
-    world = _from_env("WORLD_SIZE", "1") if world_size is None else checks.integer("world_size", world_size)
-    r = _from_env("RANK", "0") if rank is None else checks.integer("rank", rank)
-    if world < 1:
-        raise ArgumentError(f"world_size={world} must be at least 1; pass world_size=1 for a single process")
-    if not 0 <= r < world:
-        raise ArgumentError(f"rank={r} is not in [0, world_size={world}); pass a rank below world_size "
-                            "(ranks count from 0)")  # fmt: skip
-    return r, world
-
-
-def _from_env(var: str, default: str) -> int:
-    """torchrun's RANK / WORLD_SIZE, read only when the argument is None."""
-    raw = os.environ.get(var, default)
-    try:
-        return int(raw)
-    except ValueError:
-        raise ArgumentError(f"environment variable {var}={raw!r} is not an int; pass {var.lower()}=<int> "
-                            f"explicitly or fix {var}") from None  # fmt: skip
-
-
-class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
+class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset):
     """An endless, resumable stream of batches for one rank.
 
     Use it directly (`next(stream)`: batches on `device`, next one prefetched), or hand it to a
@@ -231,7 +210,8 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         return {"kind": self.kind, "seed": self.seed, "step": self._reported(checks.rewind(self.step, in_hand)),
                 "seq_len": self.seq_len, "global_batch_size": self.global_batch_size, "world_size": self.world_size,
                 **self.offsets.fingerprint(), **({"data": self.data} if self.data is not None else {}),
-                **({"grown": self._grown} if self._grown else {}), **self._skip_state()}  # fmt: skip
+                **({"grown": self._grown} if self._grown else {}), **self._skip_state(),
+                **self._augment_state()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any], grown: str | None = None) -> None:
         """Continue from `state`, refused unless it comes from a stream that draws the same rows.
@@ -254,6 +234,7 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
     def _load(self, state: dict[str, Any], step: int, keep_going: bool, mine: dict[str, Any],
               required: tuple[str, ...]) -> None:  # fmt: skip
         """load_state_dict's checks, and the skips and eras the state brings."""
+        self._check_augment(state)
         self._load_skips(dict(state))
         if self.dataset is not None and self.data is not None:
             self._regrow(dict(state), self._data(self._position(step)), keep_going)
@@ -280,7 +261,7 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
             self.dataset, state, position, keep_going,
             lambda part: base if part is None else base.over(part.n_tokens, part.shards),
             lambda sampler: sampler.steps_per_epoch)  # fmt: skip
-        self.offsets = GrownOffsets(eras, samplers) if len(eras) > 1 else base
+        self.offsets = growth.GrownOffsets(eras, samplers) if len(eras) > 1 else base
 
     def trace_reads(self, position: int) -> tuple[np.ndarray, np.ndarray | int, None]:
         """This rank's rows at `position`: their offsets, their reads' length, one span a row."""
@@ -323,7 +304,10 @@ class BatchStream(SkipSteps, Audited, torch.utils.data.IterableDataset):
         batch = Batch(x, y, self._reported(step), shift, offsets)
         if self.cu_seqlens:
             batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device)
-        return batch
+        return self._augmented(batch, batch.step)
+
+    def _augment_seed(self) -> int:
+        return self.seed
 
     def _boundaries(self, offsets: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
         T = self.seq_len

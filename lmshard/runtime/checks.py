@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import reprlib
 from collections.abc import Iterator
 from typing import Any
@@ -199,3 +200,25 @@ def _data_text(words: tuple[str, str, int | str]) -> str:
     digest, split, n = words
     size = f"{n:,} tokens" if isinstance(n, int) else str(n)
     return f"split {split} of {size} (data {digest})" if split else f"{digest} ({size})"
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """rank/world_size from the arguments, else torchrun's environment, else (0, 1)."""
+    world = _from_env("WORLD_SIZE", "1") if world_size is None else integer("world_size", world_size)
+    r = _from_env("RANK", "0") if rank is None else integer("rank", rank)
+    if world < 1:
+        raise ArgumentError(f"world_size={world} must be at least 1; pass world_size=1 for a single process")
+    if not 0 <= r < world:
+        raise ArgumentError(f"rank={r} is not in [0, world_size={world}); pass a rank below world_size "
+                            "(ranks count from 0)")  # fmt: skip
+    return r, world
+
+
+def _from_env(var: str, default: str) -> int:
+    """torchrun's RANK / WORLD_SIZE, read only when the argument is None."""
+    raw = os.environ.get(var, default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ArgumentError(f"environment variable {var}={raw!r} is not an int; pass {var.lower()}=<int> "
+                            f"explicitly or fix {var}") from None  # fmt: skip

@@ -28,8 +28,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import ArgumentError
 from . import checks
+from .sampling import Offsets
 
 CHOICES = (None, "refuse", "continue")
 
@@ -222,7 +225,33 @@ def mixture_eras(mix: Any, tree: Any, state: dict[str, Any], position: int, keep
 
 def split_by_era(eras: list[tuple[Era, Any]], m: Any) -> list[tuple[Any, Era, Any]]:
     """Rows `m` of one source (an int64 array) by era: [(where in m, era, sampler)]."""
-    import numpy as np
-
     which = np.searchsorted([e.start for e, _ in eras], m, side="right") - 1
     return [(np.flatnonzero(which == i), eras[i][0], eras[i][1]) for i in np.unique(which).tolist()]
+
+
+class GrownOffsets(Offsets):
+    """Offsets over a split that grew while a run went on: each era (runtime/growth.py) draws
+    with the sampler of the data it covered, at its own step numbering (epochs numbered on)."""
+
+    def __init__(self, eras: list[Any], samplers: list[Offsets]) -> None:
+        self.eras, self.samplers = eras, samplers
+        self.starts = [e.start for e in eras]
+        last = samplers[-1]
+        self.shift, self.steps_per_epoch = last.shift, last.steps_per_epoch
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.samplers[-1].fingerprint()
+
+    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
+        i = era_of(self.starts, step)
+        return self.samplers[i].rows(self.eras[i].local(step), count)
+
+    def epoch_of(self, step: int) -> int | None:
+        era = self.eras[era_of(self.starts, step)]
+        return None if era.per_epoch is None else era.epoch + (step - era.start) // era.per_epoch
+
+    def epoch_start(self, epoch: int) -> int:
+        for era in reversed(self.eras):
+            if era.per_epoch is not None and epoch >= era.epoch:
+                return era.start + (epoch - era.epoch) * era.per_epoch
+        return super().epoch_start(epoch)

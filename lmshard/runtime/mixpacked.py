@@ -52,7 +52,8 @@ class MixturePackedStream(StepStream):
         return {"kind": self.kind, "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.seed,
                 "seq_len": self.seq_len, "strategy": plan.strategy, "overlong": plan.overlong,
                 "global_batch_size": self.global_batch_size, "packs": [len(p) for p in self.sources],
-                "mixture": self.mix.fingerprint(), **self._grown_state(), **self._skip_state()}  # fmt: skip
+                "mixture": self.mix.fingerprint(), **self._grown_state(),
+                **self._skip_state(), **self._augment_state()}  # fmt: skip
 
     eras: list[list[tuple[growth.Era, PackedDataset]]] = []
 

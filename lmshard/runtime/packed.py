@@ -245,7 +245,8 @@ class PackedStream(StepStream):
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 **({"multiple": plan.multiple} if plan.multiple != 1 else {}),
                 "global_batch_size": self.global_batch_size, "shuffle": self.packs.shuffle,
-                **checks.data_of(self.packs.data), **self._grown_state(), **self._skip_state()}  # fmt: skip
+                **checks.data_of(self.packs.data), **self._grown_state(),
+                **self._skip_state(), **self._augment_state()}  # fmt: skip
 
     def _dataset(self) -> Any:
         return self.packs.data if hasattr(self.packs.data, "data_id") else None

@@ -89,7 +89,8 @@ class PaddedStream(StepStream):
                 "max_len": self.max_len,
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size,
-                **checks.data_of(self.data), **self._grown_state(), **self._skip_state()}  # fmt: skip
+                **checks.data_of(self.data), **self._grown_state(),
+                **self._skip_state(), **self._augment_state()}  # fmt: skip
 
     def _dataset(self) -> Any:
         return self.data if hasattr(self.data, "data_id") else None

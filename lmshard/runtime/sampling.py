@@ -196,38 +196,6 @@ class Offsets(ABC):
         return epoch * self.steps_per_epoch
 
 
-class GrownOffsets(Offsets):
-    """Offsets over a split that grew while a run went on: each era (runtime/growth.py) draws
-    with the sampler of the data it covered, at its own step numbering (epochs numbered on)."""
-
-    def __init__(self, eras: list[Any], samplers: list[Offsets]) -> None:
-        self.eras, self.samplers = eras, samplers
-        self.starts = [e.start for e in eras]
-        last = samplers[-1]
-        self.shift, self.steps_per_epoch = last.shift, last.steps_per_epoch
-
-    def fingerprint(self) -> dict[str, Any]:
-        return self.samplers[-1].fingerprint()
-
-    def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        from .growth import era_of
-
-        i = era_of(self.starts, step)
-        return self.samplers[i].rows(self.eras[i].local(step), count)
-
-    def epoch_of(self, step: int) -> int | None:
-        from .growth import era_of
-
-        era = self.eras[era_of(self.starts, step)]
-        return None if era.per_epoch is None else era.epoch + (step - era.start) // era.per_epoch
-
-    def epoch_start(self, epoch: int) -> int:
-        for era in reversed(self.eras):
-            if era.per_epoch is not None and epoch >= era.epoch:
-                return era.start + (epoch - era.epoch) * era.per_epoch
-        return super().epoch_start(epoch)
-
-
 class RandomOffsets(Offsets):
     """Uniform row starts over the concatenated split: every start that leaves room for
     seq_len + shift tokens is equally likely, so each shard is drawn in proportion to its size.

@@ -16,13 +16,14 @@ import torch
 
 from ..errors import ArgumentError
 from . import checks, growth
+from .augment import Augmented
 from .lookahead import Lookahead
 from .packedbatch import PackedBatch
 from .skips import SkipSteps
 from .trace import Audited
 
 
-class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """What the packed and padded streams share: a global step across epochs, `batch(step)` a
     pure function of it, resume from `state_dict()`, and DataLoader worker splitting."""
 
@@ -133,6 +134,7 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
     def _load(self, state: Mapping[str, Any], step: int, keep_going: bool) -> None:
         """load_state_dict's checks, and the skips and eras the state brings."""
         data = self._dataset()
+        self._check_augment(state)
         self._load_skips(dict(state))
         if data is None:
             if not self._regrow_sources(dict(state), self._data(self._position(step)), keep_going):
@@ -147,7 +149,8 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
         for key, value in mine.items():
             if key in ("shuffle", "multiple") and key not in state:
                 continue  # (recorded since: a state saved before is not checked for it)
-            if key not in ("step", "data", "skips", "skip_mode", "grown", *sized) and state.get(key) != value:
+            unchecked = ("step", "data", "skips", "skip_mode", "grown", "augment", *sized)
+            if key not in unchecked and state.get(key) != value:
                 saved = checks.show(state.get(key))
                 raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
                                     f"the {self.kind} stream with the saved options")  # fmt: skip
@@ -157,7 +160,10 @@ class StepStream(SkipSteps, Audited, torch.utils.data.IterableDataset):  # type:
             if isinstance(v, torch.Tensor):
                 out[k] = v.to(self.device)
         out.step = self._reported(step)
-        return out
+        return self._augmented(out, out.step)
+
+    def _augment_seed(self) -> int:
+        return int(self.state_dict()["seed"])
 
     def __iter__(self) -> Iterator[PackedBatch]:
         """Itself; inside a worker w of W of `DataLoader(stream, batch_size=None)`: steps w,

@@ -24,6 +24,7 @@ import xxhash
 from .. import errors
 from ..errors import ArgumentError, InputError, LmshardError
 from ..runtime import checks
+from ..runtime.augment import Augmented
 from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
 from ..runtime.trace import DocPiece
@@ -60,7 +61,7 @@ class _Readers(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             yield {"error": type(e).__name__, "message": str(e)}
 
 
-class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """The batches of one rank of a `TokenStream`: `x, y = batch` / `batch["input_ids"]`,
     `state_dict(in_hand=0)` / `load_state_dict` for exact resume, `metrics()` for what the
     stream did and whether training waited on it."""
@@ -207,14 +208,18 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             rows = rows.to(dev, non_blocking=fast)
             offsets = np.full(self.batch_size, -1, dtype=np.int64)
             # x and y contiguous, as a prepared dataset's are: a model may flatten them with view(-1) (nanoGPT's loss)
-            return Batch(rows[:, :T].contiguous(), rows[:, shift : shift + T].contiguous(), step, shift, offsets)
+            batch = Batch(rows[:, :T].contiguous(), rows[:, shift : shift + T].contiguous(), step, shift, offsets)
+            return self._augmented(batch, step)
         self._packed["rows"] += self.batch_size
         self._packed["real_tokens"] += int(item["real_tokens"])
         self._packed.update(item["counts"])
         fields: dict[str, Any] = {k: torch.as_tensor(item[k]).to(dev, non_blocking=fast)
                   for k in ("input_ids", "labels", "position_ids", "cu_seqlens")}  # fmt: skip
         fields["max_seqlen"] = int(item["max_seqlen"])
-        return PackedBatch(fields, step)
+        return self._augmented(PackedBatch(fields, step), step)
+
+    def _augment_seed(self) -> int:
+        return int(self.seed)
 
     def _check_pace(self) -> None:
         """Warn once when training spends more than a quarter of its time waiting for batches."""
@@ -328,7 +333,8 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 "shuffle_buffer": s.shuffle_buffer, "epochs": s.epochs, "split": s.split,
                 "steps_per_epoch": self.steps_per_epoch, "tokenizer": s.config.tokenizer, "inputs": inputs,
                 "hf": s.config.hf, "shards": f"{len(s.shards or [])} ({xxhash.xxh3_64_hexdigest(names.encode())})",
-                **{_RENAMED.get(k, k): getattr(s.config, k) for k in _DOCUMENT_OPTIONS}}  # fmt: skip
+                **{_RENAMED.get(k, k): getattr(s.config, k) for k in _DOCUMENT_OPTIONS},
+                "augment": self._hook_name}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()`: the same rank, world size and num_workers (each reader

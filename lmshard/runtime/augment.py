@@ -1,0 +1,84 @@
+"""Augmentation hooks: `stream.augment(fn)` transforms every batch after it is drawn.
+
+    def mask_some(batch, *, step, rank, generator):
+        drop = torch.rand(batch.x.shape, generator=generator) < 0.05
+        batch.x[drop] = 0                    # a tensor the batch owns: change it in place
+        return batch
+
+    train = ds.window_batches(16, 1024, seed=1).augment(mask_some)
+
+`fn(batch, step=, rank=, generator=)` gets the batch as the stream made it (a `Batch`, or the
+mapping of a packed or padded batch), the run's step number (`batch.step`), this rank, and a CPU
+`torch.Generator` seeded from (the stream's seed, step, rank), and returns the batch (changed in
+place, or a new one). Drawn from that generator, a transform is a pure function of the step and
+rank like the batch itself: the same for any DataLoader worker count, after a restart, and on a
+resumed run. It runs where the batch is made (in a DataLoader worker on the CPU, else in the
+training process, on the batch's device). The stream's state records the hook's name
+(`module.qualname`), and a state is refused by a stream with another hook or none. `trace` lists
+the documents drawn, before the hook.
+
+Memory model: nothing beyond what the hook allocates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ArgumentError
+from . import checks
+from .sampling import keyed_ints
+
+_SALT = 0xA0C3E7
+
+
+def name_of(fn: Callable[..., Any]) -> str:
+    """How a state records a hook: its module and qualified name."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+class Augmented:
+    """The hook of a stream (mixed into BatchStream, the packed and padded streams and a text
+    stream's batches); `_augment_seed` and `rank` come from the stream."""
+
+    rank: int
+    _hook: Callable[..., Any] | None = None
+    _hook_name: str | None = None
+
+    def augment(self, fn: Callable[..., Any] | None) -> Any:
+        """Transform every batch with `fn(batch, step=, rank=, generator=)` (see
+        runtime/augment.py; None: no hook); returns the stream."""
+        if fn is not None and not callable(fn):
+            raise ArgumentError(f"augment={checks.show(fn)} is not callable; pass a function (batch, *, step, rank, "
+                                "generator) -> batch")  # fmt: skip
+        self._hook, self._hook_name = fn, None if fn is None else name_of(fn)
+        return self
+
+    def _augment_seed(self) -> int:
+        raise NotImplementedError
+
+    def _augmented(self, batch: Any, step: int) -> Any:
+        """`batch` (of the run's step `step`) through the hook, if there is one."""
+        if self._hook is None:
+            return batch
+        key = np.array([step * 65536 + self.rank], dtype=np.uint64)
+        generator = torch.Generator().manual_seed(int(keyed_ints(self._augment_seed() ^ _SALT, key, 1 << 62)[0]))
+        out = self._hook(batch, step=step, rank=self.rank, generator=generator)
+        if out is None:
+            raise ArgumentError(f"the augment hook {self._hook_name} returned None at step {step}; return the batch "
+                                "(changed in place, or a new one)")  # fmt: skip
+        return out
+
+    def _augment_state(self) -> dict[str, Any]:
+        return {"augment": self._hook_name} if self._hook_name else {}
+
+    def _check_augment(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state saved with another hook than this stream's (or with one, without)."""
+        saved = state.get("augment")
+        if saved != self._hook_name:
+            raise ArgumentError(f"cannot resume: the state was saved with augment={saved!r}, and this stream has "
+                                f"augment={self._hook_name!r}; pass the same hook to stream.augment() to continue "
+                                "that run")  # fmt: skip
