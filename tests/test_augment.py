@@ -65,7 +65,7 @@ def test_a_hook_transforms_each_batch_as_a_function_of_step_and_rank(ds, kind):
     SEEN.clear()
     hooked = make(ds).augment(mask_some)
     got = [_x(b).clone() for b in islice(hooked, 6)]
-    assert SEEN == [(s, 0) for s in range(6)]
+    assert [(s, 0) for s in range(6)] == SEEN
     for p, g in zip(plain, got, strict=True):  # zeros where the hook drew them, the batch elsewhere
         assert torch.equal(g[g != 0], p[g != 0]) and 0 < int((g == 0).sum()) < g.numel() // 4
     # the same transformed batches from DataLoader workers, and from a resumed stream

@@ -211,3 +211,20 @@ def test_the_separator_help_says_where_prepare_writes_it(tmp_path, monkeypatch, 
         assert firsts == {(eot, bos)} and eot not in last
     words = "after each document" if position == "after" else "before it with --eot-position before"
     assert words in _option_help("separator")
+
+
+def test_an_append_keeps_the_datasets_tokens_per_shard_unless_given(tmp_path):
+    """`--append` without --tokens-per-shard cuts the new shards at the dataset's size (as it
+    keeps its encoding); the metadata records it; given, the option wins."""
+    for name, n in (("a", 300), ("b", 200)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": f"{name} {i} " + "w " * 30}) + "\n"
+                                                        for i in range(n)))  # fmt: skip
+    common = ["--out", str(tmp_path / "ds"), "--workers", "1", "--val-fraction", "0"]
+    first = runner.invoke(app, ["prepare", str(tmp_path / "a.jsonl"), *common, "--tokens-per-shard", "2000"])
+    assert first.exit_code == 0, first.output
+    result = runner.invoke(app, ["prepare", str(tmp_path / "b.jsonl"), *common, "--append"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "ds" / "dataset_metadata.json").read_text())
+    assert meta["config"]["tokens_per_shard"] == 2000
+    sizes = [s["n_tokens"] for s in meta["splits"]["train"]["shards"]]
+    assert len(sizes) > 4 and max(sizes) < 2000 + 40  # whole documents: a shard ends after the one that passes 2000

@@ -65,6 +65,8 @@ def test_the_lineage_lists_prepare_append_and_convert_in_order(tmp_path):
     assert third.run.lineage[1]["inputs"] == 1 and third.run.lineage[2]["encoding"] == "uint16"
     shown = CliRunner().invoke(app, ["inspect", str(tmp_path / "small")])
     assert "history" in shown.output and "convert" in shown.output, shown.output
+    as_json = json.loads(CliRunner().invoke(app, ["inspect", str(tmp_path / "small"), "--json"]).output)
+    assert as_json["history"] == list(third.run.lineage)
     export_dataset(tmp_path / "ds", "nanogpt", tmp_path / "nano")
     back = import_dataset(tmp_path / "nano", "nanogpt", tmp_path / "back", tokenizer="gpt2")
     assert [e["op"] for e in back.run.lineage] == ["import"] and back.run.lineage[0]["from"] == "nanogpt"

@@ -109,3 +109,31 @@ def test_trace_and_exposure_follow_the_skip(ds):
     counted = skipped.exposure(10)
     assert (counted <= full).all() and counted.sum() == sum(
         len({(p.doc) for p in row}) for t in (*range(3), *range(6, 13)) for row in plain.trace(t))  # fmt: skip
+
+
+def test_a_range_the_stream_has_handed_out_is_refused(ds):
+    """Skipping steps already drawn would rewrite what the run's past steps trained on (their
+    trace and exposure): refused; a stream loaded from the checkpoint before the range skips it."""
+    stream = ds.window_batches(4, 16, seed=3)
+    before = stream.state_dict()
+    for _ in range(10):
+        next(stream)
+    past = stream.trace(3)
+    with pytest.raises(ArgumentError, match=r"handed out steps up to 9 already.*load the checkpoint saved before "
+                                            r"step 2 first"):  # fmt: skip
+        stream.skip(2, 4)
+    assert stream.trace(3) == past and "skips" not in stream.state_dict()
+    stream.skip(10, 12)  # still to come: fine
+    again = ds.window_batches(4, 16, seed=3)
+    again.load_state_dict(before)
+    again.skip(2, 4)
+    again.load_state_dict(stream.state_dict())  # a state's ranges join, wherever the stream stands
+    assert again.state_dict()["skips"] == [[2, 4], [10, 12]]
+
+
+def test_a_skipped_step_number_is_not_traced(ds):
+    stream = ds.window_batches(4, 16, seed=3).skip(5, 9, mode="steps")
+    assert stream.trace(9) == ds.window_batches(4, 16, seed=3).trace(5)
+    with pytest.raises(ArgumentError, match=r"step 6 was skipped \(steps 5 .. 8, mode='steps'\): no batch was handed "
+                                            r"out as it; the batch after step 4 is step 9's"):  # fmt: skip
+        stream.trace(6)

@@ -219,3 +219,46 @@ def test_trace_names_each_documents_input_and_record(tmp_path):
     assert sorted((tmp_path / "local" / "train").glob("*.src")) and \
         [p.read_bytes() for p in sorted((tmp_path / "local" / "train").glob("*.src"))] == \
         [p.read_bytes() for p in sorted((tmp_path / "planned" / "train").glob("*.src"))]  # fmt: skip
+
+
+def test_the_trace_command_names_what_it_cannot_read_and_prints_skipped_steps(roots, tmp_path):
+    """A mixture's or a text stream's state is one line saying where to trace it; a step number
+    left out by a mode="steps" skip prints as skipped; --exposure takes one step, not a range."""
+    from typer.testing import CliRunner
+
+    import lmshard
+    from lmshard.cli import app
+
+    runner = CliRunner()
+    ds = TokenDataset(roots[0])
+
+    def traced(state: dict, *args: str):
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        return runner.invoke(app, ["trace", str(roots[0]), "--state", str(tmp_path / "state.json"), *args])
+
+    mix = Mixture({roots[0]: 0.5, roots[1]: 0.5}).window_batches(2, 24, seed=1)
+    said = traced(mix.state_dict())
+    assert said.exit_code != 0 and "a mixture (mixture/windows/24): trace it in Python" in " ".join(said.output.split())
+    write(tmp_path / "t.jsonl", "".join(json.dumps({"text": f"text {i} " + "w " * i}) + "\n" for i in range(60)))
+    text = lmshard.stream(str(tmp_path / "t.jsonl")).windows(2, 16)
+    next(iter(text))
+    said = traced(text.state_dict())
+    assert said.exit_code != 0 and "the state of a text stream" in " ".join(said.output.split())
+    for call in (text.exposure, lambda: text.skip(3, 5)):
+        with pytest.raises(ArgumentError, match="a text stream does not"):
+            call()
+    skipped = ds.window_batches(2, 24, seed=1).skip(3, 5, mode="steps")
+    for _ in range(7):
+        next(skipped)
+    said = traced(skipped.state_dict(), "--steps", "2:6")
+    assert [line.split(":")[0] for line in said.output.splitlines() if line.startswith("step")] == [
+        "step 2", "step 3", "step 4", "step 5"] and "step 3: skipped (steps 3 .. 4" in said.output  # fmt: skip
+    ranged = traced(skipped.state_dict(), "--exposure", "--steps", "2:6")
+    assert ranged.exit_code != 0 and "--exposure counts the steps before one step" in " ".join(ranged.output.split())
+    nothing = traced(ds.window_batches(2, 24, seed=1).state_dict(), "--exposure")
+    assert nothing.exit_code == 0 and nothing.output.startswith("before step 0 (no step yet): 0 of ")
+
+
+def test_a_datasets_tokenizer_encodes_one_text(roots, reference):
+    ds = TokenDataset(roots[0])
+    assert ds.tokenizer.encode("hello <|endoftext|> world") == reference.encode_ordinary("hello <|endoftext|> world")

@@ -55,6 +55,9 @@ def trace(
     data = TokenDataset(dataset, split=split)
     stream = stream_of_state(data, saved)
     if exposure or exposure_out is not None:
+        if steps is not None and ":" in steps:
+            raise ArgumentError(f"--steps {steps}: --exposure counts the steps before one step; pass --steps A "
+                                "(the steps before A), or leave it out (before the state's step)")  # fmt: skip
         _exposure(stream, int(saved.get("step", 0)) if steps is None else _steps(steps, 0)[0], exposure_out, as_json)
         return
     first, last = _steps(steps, int(saved.get("step", 0)))
@@ -63,6 +66,11 @@ def trace(
     if not 0 <= first < last:
         raise ArgumentError(f"--steps {steps}: pass A or A:B with 0 <= A < B")
     for step in range(first, last):
+        if (gone := stream.skipped(step)) is not None:  # a step number the run never handed out (mode "steps")
+            shown = f"skipped (steps {gone[0]} .. {gone[1] - 1}, mode 'steps'): no batch"
+            render.out.print(json.dumps({"step": step, "skipped": True}) if as_json else f"step {step:,}: {shown}",
+                             highlight=False)  # fmt: skip
+            continue
         rows = stream.trace(step)
         if as_json:
             out = [{"rank": r // per_rank, "row": r % per_rank, "pieces": [_piece(p, data, text) for p in row]}
@@ -154,9 +162,10 @@ def _exposure(stream: Any, steps: int, out: Path | None, as_json: bool) -> None:
         return
     share = seen / len(counts) if len(counts) else 0.0
     times = summary["times"]
-    render.out.print(f"steps 0..{steps - 1:,}: {seen:,} of {len(counts):,} documents seen ({share:.1%}); once "
-                     f"{times['1']:,}, twice {times['2']:,}, 3+ times {times['3+']:,}; most seen: "
-                     + ", ".join(f"doc {d:,} ({n:,}x)" for d, n in summary["most"])
+    when = f"steps 0..{steps - 1:,}" if steps else "before step 0 (no step yet)"
+    most = "; most seen: " + ", ".join(f"doc {d:,} ({n:,}x)" for d, n in summary["most"]) if summary["most"] else ""
+    render.out.print(f"{when}: {seen:,} of {len(counts):,} documents seen ({share:.1%}); once {times['1']:,}, "
+                     f"twice {times['2']:,}, 3+ times {times['3+']:,}{most}"
                      + (f"; counts written to {escape(str(out))}" if out else ""), highlight=False,
                      soft_wrap=True)  # fmt: skip
 

@@ -175,7 +175,8 @@ def prepare(
         OUTPUT, "FRACTION", "Fraction of documents in the val split. Default: 0.01.", "--val-fraction"
     ),  # fmt: skip
     seed: int | None = _opt(OUTPUT, "SEED", "Seed of the train/val split. Default: 1337.", "--seed"),
-    tokens_per_shard: int | None = _opt(OUTPUT, "N", "Tokens per shard. Default: 100,000,000.", "--tokens-per-shard"),
+    tokens_per_shard: int | None = _opt(OUTPUT, "N", "Tokens per shard. Default: 100,000,000; --append: the "
+                                        "dataset's.", "--tokens-per-shard"),
     shard_encoding: str | None = _opt(OUTPUT, "ENC", "How shards store tokens: uint32, uint16, packed, zstd (docs/"
                                       "format.md). Default: uint32; --append: the dataset's.", "--shard-encoding"),
     max_docs: int | None = _opt(OUTPUT, "N", "Stop after N kept documents (the counts are of what was read up to the "

@@ -332,6 +332,7 @@ def report_json(report: Report, top: list[tuple[int, int, str]] | None = None) -
     out["doc_length_tokens"] = report.length_stats()
     out["drops"] = meta.drops
     out["records_read"] = meta.records_read
+    out["history"] = [dict(e) for e in meta.run.lineage]  # what made it, oldest first (the metadata's run.lineage)
     if top is not None:
         out["top_tokens"] = [{"id": i, "count": c, "text": t} for i, c, t in top]
     return out

@@ -56,7 +56,24 @@ def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] |
         raise ConfigError("missing --out DIR (where to write the dataset)")
     if not values.get("inputs") and not values.get("hf"):
         raise ConfigError("name at least one input (file, directory, glob or -), or pass --hf, --preset or --demo")
+    appended = _appended_shard_size(str(values["out"])) if values.get("append") else None
+    if appended is not None and "tokens_per_shard" not in values:  # the dataset's, as its encoding is
+        values["tokens_per_shard"] = appended
     return PrepareConfig(**values)
+
+
+def _appended_shard_size(out: str) -> int | None:
+    """The --tokens-per-shard a local dataset was prepared with (None: not known here)."""
+    from ..format import load_metadata
+    from ..remote.urls import is_url
+
+    if is_url(out):
+        return None
+    try:
+        size = load_metadata(out).config.get("tokens_per_shard")
+    except Exception:  # no dataset there (yet): the run's own checks say so
+        return None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

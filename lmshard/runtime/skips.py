@@ -35,10 +35,21 @@ class SkipSteps:
     _skips: tuple[tuple[int, int], ...] = ()
     _skip_mode: str = "data"
 
+    step: int  # the stream's next position
+
     def skip(self, start: int, stop: int, mode: str = "data") -> Any:
         """Leave out steps [start, stop) (see runtime/skips.py); returns the stream. Recorded in
-        `state_dict()`, so a resumed stream skips them too."""
+        `state_dict()`, so a resumed stream skips them too. Only steps still to come: a range
+        the stream has handed out already is refused (load the checkpoint from before it first)."""
         a = checks.nonnegative("start", start)
+        now = self._reported(self.step)
+        if a < now:
+            raise ArgumentError(f"skip({a}, {stop}): this stream has handed out steps up to {now - 1} already, so "
+                                "skipping them now would change what the run's past steps say they trained on; load "
+                                f"the checkpoint saved before step {a} first (load_state_dict), then skip")  # fmt: skip
+        return self._add_skip(a, stop, mode)
+
+    def _add_skip(self, a: int, stop: int, mode: str) -> Any:
         b = checks.integer("stop", stop, low=a + 1, fix=f"pass a stop after start={a}")
         if mode not in MODES:
             raise ArgumentError(f"mode={checks.show(mode)}: pass 'data' (the run's steps go on, its data moves past "
@@ -90,4 +101,11 @@ class SkipSteps:
                                 f"{checks.STATE_FIX}")  # fmt: skip
         for a, b in saved:
             if (int(a), int(b)) not in self._skips:
-                self.skip(int(a), int(b), str(state.get("skip_mode", "data")))
+                self._add_skip(checks.nonnegative("start", a), b, str(state.get("skip_mode", "data")))
+
+    def skipped(self, step: int) -> tuple[int, int] | None:
+        """The range of mode "steps" that holds the run's step `step` (no batch was handed out as
+        it), or None."""
+        if self._skip_mode != "steps":
+            return None
+        return next(((a, b) for a, b in self._skips if a <= step < b), None)

@@ -65,11 +65,18 @@ class Audited:
     def _position(self, step: int) -> int:
         raise NotImplementedError
 
+    def skipped(self, step: int) -> tuple[int, int] | None:
+        return None
+
     def trace(self, step: int | None = None) -> list[list[DocPiece]]:
         """The documents of this rank's rows at `step` (default: the last batch handed out), as
         `DocPiece`s, row by row: closed form, nothing is drawn or read."""
         if step is None and self.step == 0:
             raise ArgumentError("trace(): no batch handed out yet; pass the step to trace")
+        if step is not None and (gone := self.skipped(checks.nonnegative("step", step))) is not None:
+            raise ArgumentError(f"step {step} was skipped (steps {gone[0]} .. {gone[1] - 1}, mode='steps'): no "
+                                f"batch was handed out as it; the batch after step {gone[0] - 1} is step "
+                                f"{gone[1]}'s")  # fmt: skip
         position = self.step - 1 if step is None else self._position(checks.nonnegative("step", step))
         return rows(self.store, *self.trace_reads(position))
 
@@ -163,6 +170,14 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
     if not isinstance(state, dict) or "kind" not in state:
         raise ArgumentError("not a loader state: pass what a stream's state_dict() returned (a dict with 'kind')")
     kind, g = str(state["kind"]), state.get("global_batch_size")
+    if kind == "lmshard.stream" or "ranks" in state:
+        raise ArgumentError("this is the state of a text stream (lmshard.stream): its batches come from reading, not "
+                            "from a closed form of the step, so it is traced in the training loop, batches.trace() "
+                            "right after a batch; prepare the data to trace any step from a state")  # fmt: skip
+    if kind.startswith("mixture/"):
+        raise ArgumentError(f"this is the state of a mixture ({kind}): trace it in Python, on the stream the run "
+                            "built (Mixture(...).window_batches(...) etc.): stream.load_state_dict(state), then "
+                            "stream.trace(step)")  # fmt: skip
     if not isinstance(g, int) or g < 1:
         raise ArgumentError(f"the {kind} state has no global_batch_size; pass what a stream's state_dict() returned")
     if kind == "random":
@@ -183,7 +198,10 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
         raise ArgumentError(f"trace reads random, window, packed and padded states; this one is {kind!r}")
     # grown="continue": a state saved before an --append traces on the grown split too (its past
     # steps keep their batches; the steps after it are those a continued run draws)
-    stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state, grown="continue")
+    try:
+        stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state, grown="continue")
+    except ArgumentError as e:
+        raise ArgumentError(str(e).replace("cannot resume:", "cannot trace the state:", 1)) from None
     return stream
 
 

@@ -253,6 +253,14 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
             out["packs"] = rows
         return out
 
+    def exposure(self, steps: int | None = None) -> Any:
+        raise ArgumentError("exposure() needs every step's batch in closed form, which a text stream does not "
+                            "have; prepare the data (lmshard prepare) to count it")  # fmt: skip
+
+    def skip(self, start: int, stop: int, mode: str = "data") -> Any:
+        raise ArgumentError("skip() needs every step's batch in closed form, which a text stream does not have; "
+                            "prepare the data (lmshard prepare), or draw and drop the batches in the loop")  # fmt: skip
+
     def trace(self, step: int | None = None) -> list[list[DocPiece]]:
         """The documents of each row of a batch this stream handed out (default: the last one; any
         of the last 16), as a prepared dataset's streams trace theirs: each piece's `input` (the

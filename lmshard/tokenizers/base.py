@@ -40,6 +40,11 @@ class Tokenizer(ABC):
         """(uint32 tokens of all texts back to back, int64 tokens per text). No special tokens
         are added, and text that looks like a special token is encoded as ordinary text."""
 
+    def encode(self, text: str) -> list[int]:
+        """The ids of one text, as `encode_batch` gives them (no special tokens, no separator)."""
+        tokens, _ = self.encode_batch([text])
+        return [int(t) for t in tokens]
+
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str: ...
 
