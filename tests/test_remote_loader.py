@@ -406,7 +406,7 @@ def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
         def __init__(self):
             self.calls, self.started, self.go = 0, threading.Event(), threading.Event()
 
-        def read(self, blocks):
+        def read(self, blocks, held=None):
             self.calls += 1
             if self.calls == 1:
                 self.started.set()
@@ -437,3 +437,22 @@ def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
     b.join(60)
     assert isinstance(results["a"], RemoteError)
     assert np.array_equal(results["b"], np.full(16, 3, dtype=np.uint32)) and reader.calls == 2
+
+
+@pytest.mark.parametrize("prefetch_steps", [0, 8])
+def test_a_pass_over_a_split_the_pool_holds_fetches_each_byte_once(s3, datasets, monkeypatch, prefetch_steps):
+    """Random batches over a split smaller than the pool: every block fetched at most once (the
+    blocks a request reads through between two it needs go into the pool too, and a block the
+    prefetch thread is fetching is waited for), so the bytes fetched are the split's at most."""
+    server, url = s3
+    ds_url = upload(server, url, datasets["one"], prefix=f"once{prefetch_steps}")
+    requests = Requests(monkeypatch)
+    remote = TokenDataset(ds_url, prefetch_steps=prefetch_steps)
+    stream = remote.random_batches(8, 256, seed=3)
+    truth = TokenDataset(datasets["one"]).random_batches(8, 256, seed=3)
+    steps = 3 * remote.n_tokens // (8 * 256)  # each token drawn about three times
+    for _ in range(steps):
+        same(next(stream), next(truth))
+    remote.store.drain()
+    size = sum((datasets["one"] / s.path).stat().st_size for s in remote.meta.split_shards("train"))
+    assert requests.bytes_of() <= size, (requests.bytes_of(), size)

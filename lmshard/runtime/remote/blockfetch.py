@@ -158,7 +158,8 @@ class Blocks:
                 self._gather(todo, held, outside)
             todo = [g for g in blocks if g not in held and g not in outside]
             if todo:
-                outside.update(self.reader.read(todo))
+                got = self.reader.read(todo)
+                outside.update((g, got[g]) for g in todo)
         except BaseException:
             self.unpin(np.array(list(held.values()), dtype=np.int64))
             raise
@@ -199,7 +200,7 @@ class Blocks:
         publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
         `outside`. On failure the slots are freed and waiters fetch again."""
         try:
-            got = self.reader.read(blocks)
+            got = self.reader.read(blocks, self._had)
             for g, s in zip(blocks, slots, strict=False):
                 tokens = got[g]
                 self.pool.slot(s, len(tokens))[...] = tokens
@@ -221,8 +222,28 @@ class Blocks:
                 self.pool.publish(g, s, pinned=held is not None)
                 if held is not None:
                     held[g] = s
+            self._keep(got, set(blocks))
             self._wake.notify_all()
         fetch.done.set()
+
+    def _had(self, block: int) -> bool:
+        """Whether the pool holds `block` or a fetch is on its way with it (read without the lock:
+        a stale answer only costs a request that reads through, or not, a block it need not)."""
+        return block in self.pool.where or block in self._loading
+
+    def _keep(self, got: dict[int, np.ndarray], asked: set[int]) -> None:
+        """(lock held) The blocks a fetch read through besides those asked for, into free slots
+        (never evicting: a block read on the way is worth less than one in use); each byte the
+        store sent is then fetched once while the pool has room."""
+        for g, tokens in got.items():
+            if g in asked or g in self.pool.where or g in self._loading:
+                continue
+            s = self.pool.take_free(g)
+            if s < 0:
+                return
+            self.pool.slot(s, len(tokens))[...] = tokens
+            self.pool.publish(g, s, pinned=False)
+            self.pool.used[s] = False  # not read yet: the first to go when the pool fills
 
     # -- exact prefetch --------------------------------------------------------------------
 

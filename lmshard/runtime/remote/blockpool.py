@@ -65,6 +65,14 @@ class BlockPool:
             self.owner[s], self.busy[s] = g, True
         return got
 
+    def take_free(self, block: int) -> int:
+        """A never-used slot, busy for `block`, or -1 when there is none (nothing is evicted)."""
+        if not self._free:
+            return -1
+        s = self._free.pop()
+        self.owner[s], self.busy[s] = block, True
+        return s
+
     def publish(self, block: int, slot: int, pinned: bool) -> None:
         """A busy slot now holds its block's verified tokens."""
         self.busy[slot] = False

@@ -11,7 +11,9 @@ stored bytes `encoding.block_span(b, ...)`: 64 KiB from b·64 KiB in uint32, 32 
 a request outside the file.
 
 A request covers a run of adjacent blocks of one shard (at most `MAX_RUN_BYTES`, 4 MiB: 64
-uint32 blocks); the runs of one call are sent concurrently (`Remote.read_ranges`). Each block's
+uint32 blocks), reading through gaps of up to `MAX_GAP_BYTES` between the blocks asked for; the
+blocks read through are checked and returned too, so that the pool keeps them and no later
+request fetches them again. The runs of one call are sent concurrently (`Remote.read_ranges`). Each block's
 stored bytes are held to its shard's block sums (format/blocks.py), then decoded; a block that
 does not match its sum, or does not decode, is a `FormatError` naming the shard's URL and the
 block. The sums file itself is fetched once per shard, on first use, and held to the metadata's
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -156,9 +158,12 @@ class BlockReader:
         check_offsets(url, offsets, int(self.base[k + 1] - self.base[k]), self.shards[k].bin_bytes)
         return offsets
 
-    def read(self, blocks: Sequence[int]) -> dict[int, np.ndarray]:
+    def read(self, blocks: Sequence[int], held: Callable[[int], bool] | None = None) -> dict[int, np.ndarray]:
         """Every block in `blocks` as uint32 tokens, checked: from the disk cache where it holds a
-        good copy, the rest fetched (and then added to the cache)."""
+        good copy, the rest fetched (and then added to the cache). The blocks a request read
+        through between two of them come back too (checked and decoded), for the pool to keep;
+        `held(block)` says which blocks are had already (in the pool, or on their way), which a
+        request does not read through."""
         wanted = sorted(set(blocks))
         self.load([self.locate(g)[0] for g in wanted])  # a cached block is held to its shard's sums
         stored: dict[int, memoryview] = {}
@@ -169,7 +174,7 @@ class BlockReader:
                 missing.append(g)
             else:
                 stored[g] = got
-        fetched = self._fetch(missing) if missing else {}
+        fetched = self._fetch(missing, held) if missing else {}
         stored.update(fetched)
         # A decompressor per call: reads run on several threads at once, and one is not thread-safe.
         decompressor = self.encoding.decompressor() if self.encoding.compressed else None
@@ -215,25 +220,28 @@ class BlockReader:
         trailer = sums[b : b + 1].tobytes() if sums is not None else _trailer(stored)
         return self._key(k), b, bytes(stored) + trailer
 
-    def runs(self, blocks: list[int]) -> list[tuple[int, int, int, int, int]]:
+    def runs(self, blocks: list[int],
+             held: Callable[[int], bool] | None = None) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
         """(shard, first block, blocks, first byte, end byte) of each request: blocks of a shard
-        at most `MAX_GAP_BYTES` apart coalesced (the blocks between are read too, checked and
-        dropped), at most MAX_RUN_BYTES per request. `blocks` is sorted, their shards loaded."""
+        at most `MAX_GAP_BYTES` apart coalesced (the blocks between are read too, checked, and
+        given to the caller as well) unless a block between is `held` already, at most
+        MAX_RUN_BYTES per request. `blocks` is sorted, their shards loaded."""
         out: list[tuple[int, int, int, int, int]] = []
         for g in blocks:
             k, b, _ = self.locate(g)
             lo, hi = self.span(k, b)
-            if out and out[-1][0] == k and lo - out[-1][4] <= MAX_GAP_BYTES and hi - out[-1][3] <= MAX_RUN_BYTES:
+            near = out and out[-1][0] == k and lo - out[-1][4] <= MAX_GAP_BYTES and hi - out[-1][3] <= MAX_RUN_BYTES
+            if near and (held is None or not any(held(h) for h in range(g - b + out[-1][1] + out[-1][2], g))):
                 _, first, _, start, _ = out[-1]
                 out[-1] = (k, first, b - first + 1, start, hi)
             else:
                 out.append((k, b, 1, lo, hi))
         return out
 
-    def _fetch(self, blocks: list[int]) -> dict[int, memoryview]:
-        """The stored bytes of `blocks` (sorted), fetched and each held to its sum."""
-        runs = self.runs(blocks)
-        wanted = set(blocks)
+    def _fetch(self, blocks: list[int], held: Callable[[int], bool] | None = None) -> dict[int, memoryview]:
+        """The stored bytes of `blocks` (sorted) and of the blocks their requests read through,
+        fetched and each held to its sum."""
+        runs = self.runs(blocks, held)
         with objects_of_an_opened_dataset():
             data = self.remote.read_ranges([self.shards[k].path for k, *_ in runs], [r[3] for r in runs],
                                            [r[4] for r in runs])  # fmt: skip
@@ -245,6 +253,5 @@ class BlockReader:
                 block = view[lo - start : hi - start]
                 if sums is not None and _sum(block) != int(sums[b + i]):
                     raise FormatError(block_damage(self.where(k), b + i, self.block_tokens))
-                if first + i in wanted:
-                    out[first + i] = block
+                out[first + i] = block
         return out
