@@ -120,9 +120,13 @@ def _hooked(path: Path, raw: dict[str, Any], pair: tuple[Any, Any]) -> tuple[Any
         return pair
     if not isinstance(name, str):
         raise InputError(f'{path}: augment = {name!r}; name the hook as augment = "module:function"')
+    module, _, function = name.rpartition(":")
+    if module.endswith(".py") and not Path(module).is_absolute():  # a file beside the configuration file
+        name = f"{path.parent / module}:{function}"
     try:
-        return pair[0], pair[1].augment(import_callable(name, f"{path}: augment = {name!r}"))
-    except ConfigError as e:
+        import_callable(name, f"{path}: augment = {raw['augment']!r}")  # (its errors name the file and key)
+        return pair[0], pair[1].augment(name)
+    except (ConfigError, ArgumentError) as e:
         raise InputError(str(e)) from None
 
 

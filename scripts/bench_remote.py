@@ -11,7 +11,8 @@ Rows, each measured in a fresh process:
 - local: the dataset directory, mapped (the figure the remote rows are compared with);
 - remote, exact prefetch, no disk cache: the time to the first batch; the first pass, while the
   pool (256 MiB by default, more than this split) fills from the server, until it holds every
-  block; then the rate from the pool alone;
+  block, and the token bytes fetched meanwhile per byte of the split (1.00: each byte once); then
+  the rate from the pool alone;
 - remote, prefetch, a pool of a quarter of the split, no disk cache: every batch needs blocks
   from the server, as on a split much larger than the pool; the rate the server allows;
 - the same without prefetch (`prefetch_steps=0`): every batch waits for its own requests;
@@ -147,6 +148,7 @@ def child(config: dict) -> dict:  # type: ignore[type-arg]
             next(stream)
             n += 1
         out["fill_s"], out["fill_batches"] = time.perf_counter() - start, n
+        out["fill_fetched"] = seen["bytes"] / (data.n_tokens * 4)  # token bytes fetched per byte of the (uint32) split
     else:
         for _ in range(20):
             next(stream)
@@ -238,7 +240,8 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
 
 def show(name: str, got: dict, local: float) -> None:  # type: ignore[type-arg]
     fill = (f"; pool filled in {got['fill_s']:.1f} s ({got['fill_batches']:.0f} batches, "
-            f"{got['fill_batches'] / got['fill_s']:.0f}/s)" if "fill_s" in got else "")  # fmt: skip
+            f"{got['fill_batches'] / got['fill_s']:.0f}/s; fetched {got.get('fill_fetched', 0):.2f}x the split)"
+            if "fill_s" in got else "")  # fmt: skip
     print(f"{name:>52}: {got['rate']:8,.0f} batches/s  ratio {got['rate'] / local:5.2f}  first batch "
           f"{got['first_batch_s'] * 1000:5.0f} ms  peak RSS {got['peak_rss_mb']:5.0f} MB  GETs/batch "
           f"{got['requests_per_batch']:5.1f} ({got['mib_per_batch']:.2f} MiB){fill}", flush=True)  # fmt: skip
@@ -257,7 +260,8 @@ def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # t
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, got in results:
-        fill = f"{got['fill_s']:.1f} s, {got['fill_batches']:.0f} batches" if "fill_s" in got else ""
+        fill = (f"{got['fill_s']:.1f} s, {got['fill_batches']:.0f} batches, {got['fill_fetched']:.2f}× the split's "
+                "bytes fetched" if "fill_s" in got else "")  # fmt: skip
         lines.append(f"| {name} | {got['rate']:,.0f} | {got['rate'] / local:.2f}× | "
                      f"{got['first_batch_s'] * 1000:.0f} ms | {fill} | {got['peak_rss_mb']:.0f} MB | "
                      f"{got['requests_per_batch']:.1f} ({got['mib_per_batch']:.2f}) |")  # fmt: skip

@@ -124,3 +124,38 @@ def test_a_loader_file_names_its_hook(ds, tmp_path):
     config.write_text(f'dataset = "{ds.path}"\naugment = "{hooks}:nothing"\n[sample]\nbatch_size = 2\nseq_len = 16\n')
     with pytest.raises(InputError, match=r"loader.toml: augment = '.*hooks.py:nothing': .* has no function 'nothing'"):
         load_config(config)
+
+
+def test_trace_reads_the_state_of_a_hooked_run(ds):
+    """A hook changes tokens, not which documents a step drew: `lmshard trace` reads its state."""
+    from lmshard.runtime.trace import stream_of_state
+
+    run = ds.window_batches(4, 32, seed=1).augment(mask_some)
+    for _ in range(3):
+        next(run)
+    assert stream_of_state(ds, run.state_dict()).trace(1) == ds.window_batches(4, 32, seed=1).trace(1)
+
+
+def test_a_hook_named_by_its_file_travels_to_workers_as_its_name(ds, tmp_path):
+    """A function loaded from a .py path cannot be pickled by reference (a spawned DataLoader
+    worker could not import it): the stream pickles its name and imports it again; a loader
+    file's relative path is read beside the file."""
+    import pickle
+
+    write(tmp_path / "conf" / "hooks.py", "def flip(batch, *, step, rank, generator):\n    batch.x[:, 0] = step + 1\n"
+                                          "    return batch\n")  # fmt: skip
+    stream = ds.window_batches(2, 16, seed=1).augment(f"{tmp_path / 'conf' / 'hooks.py'}:flip")
+    again = pickle.loads(pickle.dumps(stream))
+    assert [int(next(again).x[0, 0]) for _ in range(2)] == [1, 2]
+    (tmp_path / "conf" / "loader.toml").write_text(f'dataset = "{ds.path}"\naugment = "hooks.py:flip"\n[sample]\n'
+                                                   'shape = "windows"\nbatch_size = 2\nseq_len = 16\n')  # fmt: skip
+    assert int(next(load_config(tmp_path / "conf" / "loader.toml")).x[0, 0]) == 1
+
+
+def test_a_partial_is_named_with_its_arguments():
+    import functools
+
+    from lmshard.runtime.augment import name_of
+
+    assert name_of(functools.partial(other, rank=1)) == "test_augment.other(rank=1)"
+    assert name_of(functools.partial(other, rank=1)) != name_of(functools.partial(other, rank=2))

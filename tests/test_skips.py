@@ -126,9 +126,9 @@ def test_a_range_the_stream_has_handed_out_is_refused(ds):
     stream.skip(10, 12)  # still to come: fine
     again = ds.window_batches(4, 16, seed=3)
     again.load_state_dict(before)
-    again.skip(2, 4)
-    again.load_state_dict(stream.state_dict())  # a state's ranges join, wherever the stream stands
-    assert again.state_dict()["skips"] == [[2, 4], [10, 12]]
+    again.skip(30, 32)
+    again.load_state_dict(stream.state_dict())  # a state's ranges join the stream's ranges still to come
+    assert again.state_dict()["skips"] == [[10, 12], [30, 32]]
 
 
 def test_a_skipped_step_number_is_not_traced(ds):
@@ -137,3 +137,25 @@ def test_a_skipped_step_number_is_not_traced(ds):
     with pytest.raises(ArgumentError, match=r"step 6 was skipped \(steps 5 .. 8, mode='steps'\): no batch was handed "
                                             r"out as it; the batch after step 4 is step 9's"):  # fmt: skip
         stream.trace(6)
+
+
+def test_a_range_given_before_loading_a_later_state_is_refused(ds):
+    """skip() then load_state_dict() of a checkpoint past the range: the checkpoint's run drew
+    those steps, so the range would rewrite its past; refused, and the stream is left as it was."""
+    run = ds.window_batches(4, 16, seed=3)
+    for _ in range(20):
+        next(run)
+    fresh = ds.window_batches(4, 16, seed=3).skip(5, 10)
+    with pytest.raises(ArgumentError, match=r"skip\(5, 10\) is before this state's step 20"):
+        fresh.load_state_dict(run.state_dict())
+    assert fresh.step == 0 and fresh.state_dict()["skips"] == [[5, 10]]
+
+
+def test_a_staged_stream_skipping_from_its_next_step_draws_the_step_after_the_range(ds):
+    """A staged stream prefetches its next batch; a skip from that step on must drop it."""
+    staged = ds.window_batches(4, 16, seed=3)
+    staged.staged = True
+    for _ in range(3):
+        next(staged)
+    staged.skip(3, 10)
+    assert torch.equal(next(staged).x, ds.window_batches(4, 16, seed=3).cpu_batch(10).x)

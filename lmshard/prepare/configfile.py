@@ -67,11 +67,15 @@ def _appended_shard_size(out: str) -> int | None:
     from ..format import load_metadata
     from ..remote.urls import is_url
 
-    if is_url(out):
-        return None
     try:
-        size = load_metadata(out).config.get("tokens_per_shard")
-    except Exception:  # no dataset there (yet): the run's own checks say so
+        if is_url(out):
+            from ..remote.dataset import open_remote
+
+            meta = open_remote(out)[0]
+        else:
+            meta = load_metadata(out)
+        size = meta.config.get("tokens_per_shard")
+    except Exception:  # no dataset there (yet), or not reachable now: the run's own checks say so
         return None
     return size if isinstance(size, int) and size > 0 else None
 

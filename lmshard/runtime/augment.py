@@ -22,6 +22,7 @@ Memory model: nothing beyond what the hook allocates.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,7 +37,11 @@ _SALT = 0xA0C3E7
 
 
 def name_of(fn: Callable[..., Any]) -> str:
-    """How a state records a hook: its module and qualified name."""
+    """How a state records a hook: its module and qualified name (a `functools.partial`: its
+    function's, with the arguments it binds). Every lambda of a module shares one name."""
+    if isinstance(fn, functools.partial):
+        bound = [repr(a) for a in fn.args] + [f"{k}={v!r}" for k, v in sorted(fn.keywords.items())]
+        return f"{name_of(fn.func)}({', '.join(bound)})"
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
@@ -47,15 +52,41 @@ class Augmented:
     rank: int
     _hook: Callable[..., Any] | None = None
     _hook_name: str | None = None
+    _hook_spec: str | None = None  # "module:function" or "path.py:function": imported again when unpickled
 
-    def augment(self, fn: Callable[..., Any] | None) -> Any:
+    def augment(self, fn: Callable[..., Any] | str | None) -> Any:
         """Transform every batch with `fn(batch, step=, rank=, generator=)` (see
-        runtime/augment.py; None: no hook); returns the stream."""
+        runtime/augment.py; None: no hook), or the function a "module:function" or
+        "path/to/file.py:function" string names; returns the stream."""
+        spec = fn if isinstance(fn, str) else None
+        if spec is not None:
+            from ..errors import ConfigError
+            from ..plugins import import_callable
+
+            try:
+                fn = import_callable(spec, f"augment={spec!r}")
+            except ConfigError as e:
+                raise ArgumentError(str(e)) from None
         if fn is not None and not callable(fn):
             raise ArgumentError(f"augment={checks.show(fn)} is not callable; pass a function (batch, *, step, rank, "
                                 "generator) -> batch")  # fmt: skip
-        self._hook, self._hook_name = fn, None if fn is None else name_of(fn)
+        self._hook, self._hook_name, self._hook_spec = fn, None if fn is None else name_of(fn), spec
         return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A hook named by a string travels as the string (a function loaded from a file path
+        cannot be pickled by reference: a spawned DataLoader worker imports it again)."""
+        state = dict(self.__dict__)
+        if state.get("_hook_spec"):
+            state["_hook"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._hook is None and self._hook_spec:
+            from ..plugins import import_callable
+
+            self._hook = import_callable(self._hook_spec, f"augment={self._hook_spec!r}")
 
     def _augment_seed(self) -> int:
         raise NotImplementedError

@@ -309,6 +309,10 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
     def _augment_seed(self) -> int:
         return self.seed
 
+    def _skips_changed(self) -> None:
+        self._pending = None  # a batch staged for the next position may be another step's now
+        self._ahead.reset()
+
     def _boundaries(self, offsets: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
         T = self.seq_len
         cuts = [np.array([0], dtype=np.int64)]

@@ -49,6 +49,9 @@ class SkipSteps:
                                 f"the checkpoint saved before step {a} first (load_state_dict), then skip")  # fmt: skip
         return self._add_skip(a, stop, mode)
 
+    def _skips_changed(self) -> None:
+        """A stream that reads ahead drops what it read for the positions a new range moves."""
+
     def _add_skip(self, a: int, stop: int, mode: str) -> Any:
         b = checks.integer("stop", stop, low=a + 1, fix=f"pass a stop after start={a}")
         if mode not in MODES:
@@ -59,6 +62,7 @@ class SkipSteps:
         if any(a < y and x < b for x, y in self._skips):
             raise ArgumentError(f"steps [{a}, {b}) overlap a range already skipped ({list(self._skips)})")
         self._skips, self._skip_mode = tuple(sorted((*self._skips, (a, b)))), mode
+        self._skips_changed()
         return self
 
     def _data(self, position: int) -> int:
@@ -99,6 +103,11 @@ class SkipSteps:
         if not isinstance(saved, list) or not all(isinstance(r, list | tuple) and len(r) == 2 for r in saved):
             raise ArgumentError(f"state['skips']={checks.show(saved)} is not a list of [start, stop]; "
                                 f"{checks.STATE_FIX}")  # fmt: skip
+        at = state.get("step")
+        for a, b in self._skips:  # a range given before the load must still be to come at the state's step
+            if [a, b] not in [list(r) for r in saved] and isinstance(at, int) and a < at:
+                raise ArgumentError(f"skip({a}, {b}) is before this state's step {at}: its run drew those steps "
+                                    f"already; load the checkpoint saved before step {a}, then skip")  # fmt: skip
         for a, b in saved:
             if (int(a), int(b)) not in self._skips:
                 self._add_skip(checks.nonnegative("start", a), b, str(state.get("skip_mode", "data")))

@@ -162,6 +162,10 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         out.step = self._reported(step)
         return self._augmented(out, out.step)
 
+    def _skips_changed(self) -> None:
+        if self._ahead is not None:
+            self._ahead.reset()
+
     def _augment_seed(self) -> int:
         return int(self.state_dict()["seed"])
 

@@ -198,6 +198,7 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
         raise ArgumentError(f"trace reads random, window, packed and padded states; this one is {kind!r}")
     # grown="continue": a state saved before an --append traces on the grown split too (its past
     # steps keep their batches; the steps after it are those a continued run draws)
+    state = {k: v for k, v in state.items() if k != "augment"}  # a hook changes tokens, not which documents
     try:
         stream.load_state_dict({**state, "world_size": 1} if "world_size" in state else state, grown="continue")
     except ArgumentError as e:

@@ -92,7 +92,7 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
         self._encode = [0.0, 0]
 
     def __getstate__(self) -> dict[str, Any]:  # what a DataLoader worker needs: no iterator, no clock
-        return {**self.__dict__, "_items": None, "_clock": None}
+        return {**Augmented.__getstate__(self), "_items": None, "_clock": None}
 
     def __repr__(self) -> str:
         return (f"StreamBatches({self.stream!r}, shape={self.shape!r}, batch_size={self.batch_size}, "

@@ -200,7 +200,8 @@ class Blocks:
         publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
         `outside`. On failure the slots are freed and waiters fetch again."""
         try:
-            got = self.reader.read(blocks, self._had)
+            through: dict[int, memoryview] = {}
+            got = self.reader.read(blocks, self._had, through)
             for g, s in zip(blocks, slots, strict=False):
                 tokens = got[g]
                 self.pool.slot(s, len(tokens))[...] = tokens
@@ -222,28 +223,50 @@ class Blocks:
                 self.pool.publish(g, s, pinned=held is not None)
                 if held is not None:
                     held[g] = s
-            self._keep(got, set(blocks))
             self._wake.notify_all()
         fetch.done.set()
+        if through:
+            self._keep(through)
 
     def _had(self, block: int) -> bool:
         """Whether the pool holds `block` or a fetch is on its way with it (read without the lock:
         a stale answer only costs a request that reads through, or not, a block it need not)."""
         return block in self.pool.where or block in self._loading
 
-    def _keep(self, got: dict[int, np.ndarray], asked: set[int]) -> None:
-        """(lock held) The blocks a fetch read through besides those asked for, into free slots
-        (never evicting: a block read on the way is worth less than one in use); each byte the
-        store sent is then fetched once while the pool has room."""
-        for g, tokens in got.items():
-            if g in asked or g in self.pool.where or g in self._loading:
-                continue
-            s = self.pool.take_free(g)
-            if s < 0:
-                return
-            self.pool.slot(s, len(tokens))[...] = tokens
-            self.pool.publish(g, s, pinned=False)
-            self.pool.used[s] = False  # not read yet: the first to go when the pool fills
+    def _keep(self, through: dict[int, memoryview]) -> None:
+        """The blocks a fetch read through besides those asked for, decoded into free slots
+        (never evicting: a block read on the way is worth less than one in use), so each byte
+        the store sent is fetched once while the pool has room. A block nobody has a slot for
+        is dropped undecoded."""
+        fetch = _Fetch()  # others wait for these blocks while they are decoded, as for any fetch
+        with self._lock:
+            mine = []
+            for g in sorted(through):
+                if g in self.pool.where or g in self._loading:
+                    continue
+                s = self.pool.take_free(g)
+                if s < 0:
+                    break
+                mine.append((g, s))
+                self._loading[g] = fetch
+        done = []
+        try:
+            for g, s in mine:
+                tokens = self.reader.decode(g, through[g])
+                self.pool.slot(s, len(tokens))[...] = tokens  # busy: nobody else touches it
+                done.append((g, s))
+            self.reader.remember({g: through[g] for g, _ in done})
+        finally:
+            with self._lock:
+                for g, s in mine:
+                    self._loading.pop(g, None)
+                    if (g, s) in done:
+                        self.pool.publish(g, s, pinned=False)
+                        self.pool.used[s] = False  # not read yet: the first to go when the pool fills
+                    else:
+                        self.pool.abandon(s)
+                self._wake.notify_all()
+            fetch.done.set()
 
     # -- exact prefetch --------------------------------------------------------------------
 

@@ -11,10 +11,11 @@ stored bytes `encoding.block_span(b, ...)`: 64 KiB from b·64 KiB in uint32, 32 
 a request outside the file.
 
 A request covers a run of adjacent blocks of one shard (at most `MAX_RUN_BYTES`, 4 MiB: 64
-uint32 blocks), reading through gaps of up to `MAX_GAP_BYTES` between the blocks asked for; the
-blocks read through are checked and returned too, so that the pool keeps them and no later
-request fetches them again. The runs of one call are sent concurrently (`Remote.read_ranges`). Each block's
-stored bytes are held to its shard's block sums (format/blocks.py), then decoded; a block that
+uint32 blocks), reading through gaps of up to `MAX_GAP_BYTES` between the blocks asked for
+(unless a block in the gap is had already); the blocks read through are checked and handed back
+as stored, so that the pool keeps (and decodes) those it has room for and no later request
+fetches them again. The runs of one call are sent concurrently (`Remote.read_ranges`). Each
+block's stored bytes are held to its shard's block sums (format/blocks.py), then decoded; a block that
 does not match its sum, or does not decode, is a `FormatError` naming the shard's URL and the
 block. The sums file itself is fetched once per shard, on first use, and held to the metadata's
 `sums_xxh3_64`. A shard without sums (datasets written before them) is read in the same units
@@ -158,12 +159,13 @@ class BlockReader:
         check_offsets(url, offsets, int(self.base[k + 1] - self.base[k]), self.shards[k].bin_bytes)
         return offsets
 
-    def read(self, blocks: Sequence[int], held: Callable[[int], bool] | None = None) -> dict[int, np.ndarray]:
+    def read(self, blocks: Sequence[int], held: Callable[[int], bool] | None = None,
+             through: dict[int, memoryview] | None = None) -> dict[int, np.ndarray]:  # fmt: skip
         """Every block in `blocks` as uint32 tokens, checked: from the disk cache where it holds a
-        good copy, the rest fetched (and then added to the cache). The blocks a request read
-        through between two of them come back too (checked and decoded), for the pool to keep;
-        `held(block)` says which blocks are had already (in the pool, or on their way), which a
-        request does not read through."""
+        good copy, the rest fetched (and then added to the cache). `held(block)`: the blocks had
+        already (in the pool, or on their way), which a request does not read through; the
+        blocks it did read through between two of these are checked and their stored bytes put
+        in `through`, for the pool to keep (`decode` them)."""
         wanted = sorted(set(blocks))
         self.load([self.locate(g)[0] for g in wanted])  # a cached block is held to its shard's sums
         stored: dict[int, memoryview] = {}
@@ -175,6 +177,10 @@ class BlockReader:
             else:
                 stored[g] = got
         fetched = self._fetch(missing, held) if missing else {}
+        asked = set(wanted)
+        if through is not None:
+            through.update((g, data) for g, data in fetched.items() if g not in asked)
+        fetched = {g: data for g, data in fetched.items() if g in asked}
         stored.update(fetched)
         # A decompressor per call: reads run on several threads at once, and one is not thread-safe.
         decompressor = self.encoding.decompressor() if self.encoding.compressed else None
@@ -182,6 +188,15 @@ class BlockReader:
         if fetched and self.cache is not None:  # only blocks that decode
             self.cache.put_many([self._entry(g, data) for g, data in fetched.items()])
         return out
+
+    def decode(self, g: int, stored: memoryview) -> np.ndarray:
+        """Block g's checked stored bytes (from `read`'s `through`) as uint32 tokens."""
+        return self._decode(g, stored, self.encoding.decompressor() if self.encoding.compressed else None)
+
+    def remember(self, stored: dict[int, memoryview]) -> None:
+        """Add blocks read through (checked, decoded) to the disk cache, as fetched blocks are."""
+        if stored and self.cache is not None:
+            self.cache.put_many([self._entry(g, data) for g, data in stored.items()])
 
     def _decode(self, g: int, stored: memoryview, decompressor: Any) -> np.ndarray:
         if self.encoding.name == "uint32":
