@@ -149,6 +149,7 @@ def child(config: dict) -> dict:  # type: ignore[type-arg]
             n += 1
         out["fill_s"], out["fill_batches"] = time.perf_counter() - start, n
         out["fill_fetched"] = seen["bytes"] / (data.n_tokens * 4)  # token bytes fetched per byte of the (uint32) split
+        out["fill_requests"] = seen["requests"]
     else:
         for _ in range(20):
             next(stream)
@@ -240,7 +241,8 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
 
 def show(name: str, got: dict, local: float) -> None:  # type: ignore[type-arg]
     fill = (f"; pool filled in {got['fill_s']:.1f} s ({got['fill_batches']:.0f} batches, "
-            f"{got['fill_batches'] / got['fill_s']:.0f}/s; fetched {got.get('fill_fetched', 0):.2f}x the split)"
+            f"{got['fill_batches'] / got['fill_s']:.0f}/s; fetched {got.get('fill_fetched', 0):.2f}x the split in "
+            f"{got.get('fill_requests', 0):.0f} GETs)"
             if "fill_s" in got else "")  # fmt: skip
     print(f"{name:>52}: {got['rate']:8,.0f} batches/s  ratio {got['rate'] / local:5.2f}  first batch "
           f"{got['first_batch_s'] * 1000:5.0f} ms  peak RSS {got['peak_rss_mb']:5.0f} MB  GETs/batch "
@@ -261,7 +263,7 @@ def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # t
     ]  # fmt: skip
     for name, got in results:
         fill = (f"{got['fill_s']:.1f} s, {got['fill_batches']:.0f} batches, {got['fill_fetched']:.2f}× the split's "
-                "bytes fetched" if "fill_s" in got else "")  # fmt: skip
+                f"bytes in {got['fill_requests']:.0f} GETs" if "fill_s" in got else "")  # fmt: skip
         lines.append(f"| {name} | {got['rate']:,.0f} | {got['rate'] / local:.2f}× | "
                      f"{got['first_batch_s'] * 1000:.0f} ms | {fill} | {got['peak_rss_mb']:.0f} MB | "
                      f"{got['requests_per_batch']:.1f} ({got['mib_per_batch']:.2f}) |")  # fmt: skip
