@@ -199,9 +199,26 @@ class Blocks:
         """Fetch `blocks`, copy them into their slots (busy: nobody else touches them) and
         publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
         `outside`. On failure the slots are freed and waiters fetch again."""
+        claimed: dict[int, int] = {}  # read-through blocks this fetch brings into the pool: block -> slot
+        bringing = _Fetch()  # others wait for those as for any fetch
+
+        def claim(gs: list[int]) -> None:
+            """Free slots for the blocks the requests read through (before they are sent)."""
+            with self._lock:
+                for g in gs:
+                    if g in self.pool.where or g in self._loading:
+                        continue
+                    s = self.pool.take_free(g)
+                    if s < 0:
+                        return
+                    claimed[g], self._loading[g] = s, bringing
+
+        # The prefetch thread (held None) may read through gaps the pool's free slots can keep: a cold pass in a few
+        # large requests. A reader fetching for its own batch keeps its requests small: its batch comes first.
+        spare = 0 if held is not None else max(0, self.pool.free_count - len(blocks))
         try:
             through: dict[int, memoryview] = {}
-            got = self.reader.read(blocks, self._had, through)
+            got = self.reader.read(blocks, self._had, through, spare, claim)
             for g, s in zip(blocks, slots, strict=False):
                 tokens = got[g]
                 self.pool.slot(s, len(tokens))[...] = tokens
@@ -211,7 +228,11 @@ class Blocks:
                     self._loading.pop(g, None)
                     if s is not None:
                         self.pool.abandon(s)
+                for g, s in claimed.items():
+                    self._loading.pop(g, None)
+                    self.pool.abandon(s)
             fetch.done.set()
+            bringing.done.set()
             raise
         with self._lock:
             for g, s in itertools.zip_longest(blocks, slots):
@@ -225,48 +246,37 @@ class Blocks:
                     held[g] = s
             self._wake.notify_all()
         fetch.done.set()
-        if through:
-            self._keep(through)
+        self._keep(through, claimed, bringing)
 
     def _had(self, block: int) -> bool:
         """Whether the pool holds `block` or a fetch is on its way with it (read without the lock:
         a stale answer only costs a request that reads through, or not, a block it need not)."""
         return block in self.pool.where or block in self._loading
 
-    def _keep(self, through: dict[int, memoryview]) -> None:
-        """The blocks a fetch read through besides those asked for, decoded into free slots
-        (never evicting: a block read on the way is worth less than one in use), so each byte
-        the store sent is fetched once while the pool has room. A block nobody has a slot for
-        is dropped undecoded."""
-        fetch = _Fetch()  # others wait for these blocks while they are decoded, as for any fetch
-        with self._lock:
-            mine = []
-            for g in sorted(through):
-                if g in self.pool.where or g in self._loading:
-                    continue
-                s = self.pool.take_free(g)
-                if s < 0:
-                    break
-                mine.append((g, s))
-                self._loading[g] = fetch
-        done = []
+    def _keep(self, through: dict[int, memoryview], claimed: dict[int, int], bringing: _Fetch) -> None:
+        """The blocks a fetch read through, decoded into the free slots claimed for them before
+        the requests went out (never evicting: a block read on the way is worth less than one in
+        use), so each byte the store sent is fetched once while the pool has room. A block with
+        no slot is dropped undecoded."""
+        done: dict[int, memoryview] = {}
         try:
-            for g, s in mine:
+            for g, s in claimed.items():
                 tokens = self.reader.decode(g, through[g])
                 self.pool.slot(s, len(tokens))[...] = tokens  # busy: nobody else touches it
-                done.append((g, s))
-            self.reader.remember({g: through[g] for g, _ in done})
+                done[g] = through[g]
+            if done:
+                self.reader.remember(done)
         finally:
             with self._lock:
-                for g, s in mine:
+                for g, s in claimed.items():
                     self._loading.pop(g, None)
-                    if (g, s) in done:
+                    if g in done:
                         self.pool.publish(g, s, pinned=False)
                         self.pool.used[s] = False  # not read yet: the first to go when the pool fills
                     else:
                         self.pool.abandon(s)
                 self._wake.notify_all()
-            fetch.done.set()
+            bringing.done.set()
 
     # -- exact prefetch --------------------------------------------------------------------
 

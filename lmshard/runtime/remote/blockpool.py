@@ -65,6 +65,11 @@ class BlockPool:
             self.owner[s], self.busy[s] = g, True
         return got
 
+    @property
+    def free_count(self) -> int:
+        """Slots never used yet."""
+        return len(self._free)
+
     def take_free(self, block: int) -> int:
         """A never-used slot, busy for `block`, or -1 when there is none (nothing is evicted)."""
         if not self._free:

@@ -160,12 +160,16 @@ class BlockReader:
         return offsets
 
     def read(self, blocks: Sequence[int], held: Callable[[int], bool] | None = None,
-             through: dict[int, memoryview] | None = None) -> dict[int, np.ndarray]:  # fmt: skip
+             through: dict[int, memoryview] | None = None, spare: int = 0,
+             claim: Callable[[list[int]], None] | None = None) -> dict[int, np.ndarray]:  # fmt: skip
         """Every block in `blocks` as uint32 tokens, checked: from the disk cache where it holds a
         good copy, the rest fetched (and then added to the cache). `held(block)`: the blocks had
         already (in the pool, or on their way), which a request does not read through; the
         blocks it did read through between two of these are checked and their stored bytes put
-        in `through`, for the pool to keep (`decode` them)."""
+        in `through`, for the pool to keep (`decode` them). `spare`: how many more blocks the
+        pool has free slots for, which requests may read through across gaps of any size (up to
+        MAX_RUN_BYTES a request): a cold pass in a few large requests. `claim(blocks)` is told
+        the blocks the requests will read through before they are sent."""
         wanted = sorted(set(blocks))
         self.load([self.locate(g)[0] for g in wanted])  # a cached block is held to its shard's sums
         stored: dict[int, memoryview] = {}
@@ -176,7 +180,7 @@ class BlockReader:
                 missing.append(g)
             else:
                 stored[g] = got
-        fetched = self._fetch(missing, held) if missing else {}
+        fetched = self._fetch(missing, held, spare, claim) if missing else {}
         asked = set(wanted)
         if through is not None:
             through.update((g, data) for g, data in fetched.items() if g not in asked)
@@ -235,8 +239,8 @@ class BlockReader:
         trailer = sums[b : b + 1].tobytes() if sums is not None else _trailer(stored)
         return self._key(k), b, bytes(stored) + trailer
 
-    def runs(self, blocks: list[int],
-             held: Callable[[int], bool] | None = None) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+    def runs(self, blocks: list[int], held: Callable[[int], bool] | None = None,
+             spare: int = 0) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
         """(shard, first block, blocks, first byte, end byte) of each request: blocks of a shard
         at most `MAX_GAP_BYTES` apart coalesced (the blocks between are read too, checked, and
         given to the caller as well) unless a block between is `held` already, at most
@@ -245,18 +249,26 @@ class BlockReader:
         for g in blocks:
             k, b, _ = self.locate(g)
             lo, hi = self.span(k, b)
-            near = out and out[-1][0] == k and lo - out[-1][4] <= MAX_GAP_BYTES and hi - out[-1][3] <= MAX_RUN_BYTES
-            if near and (held is None or not any(held(h) for h in range(g - b + out[-1][1] + out[-1][2], g))):
+            fits = bool(out) and out[-1][0] == k and hi - out[-1][3] <= MAX_RUN_BYTES
+            gap = range(g - b + out[-1][1] + out[-1][2], g) if fits else range(0)
+            wide = fits and lo - out[-1][4] > MAX_GAP_BYTES
+            if fits and (not wide or len(gap) <= spare) and (held is None or not any(held(h) for h in gap)):
+                spare -= len(gap) if wide else 0
                 _, first, _, start, _ = out[-1]
                 out[-1] = (k, first, b - first + 1, start, hi)
             else:
                 out.append((k, b, 1, lo, hi))
         return out
 
-    def _fetch(self, blocks: list[int], held: Callable[[int], bool] | None = None) -> dict[int, memoryview]:
+    def _fetch(self, blocks: list[int], held: Callable[[int], bool] | None = None, spare: int = 0,
+               claim: Callable[[list[int]], None] | None = None) -> dict[int, memoryview]:  # fmt: skip
         """The stored bytes of `blocks` (sorted) and of the blocks their requests read through,
         fetched and each held to its sum."""
-        runs = self.runs(blocks, held)
+        runs = self.runs(blocks, held, spare)
+        if claim is not None:
+            asked = set(blocks)
+            claim([g for k, b, n, _, _ in runs for g in range(int(self.base[k]) + b, int(self.base[k]) + b + n)
+                   if g not in asked])  # fmt: skip
         with objects_of_an_opened_dataset():
             data = self.remote.read_ranges([self.shards[k].path for k, *_ in runs], [r[3] for r in runs],
                                            [r[4] for r in runs])  # fmt: skip
