@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArgumentError, ConfigError, FormatError, InputError
-from .plugins import import_callable
 from .remote.urls import is_url
 from .runtime.dataset import TokenDataset
 from .runtime.mixture import Mixture
@@ -124,9 +123,8 @@ def _hooked(path: Path, raw: dict[str, Any], pair: tuple[Any, Any]) -> tuple[Any
     if module.endswith(".py") and not Path(module).is_absolute():  # a file beside the configuration file
         name = f"{path.parent / module}:{function}"
     try:
-        import_callable(name, f"{path}: augment = {raw['augment']!r}")  # (its errors name the file and key)
-        return pair[0], pair[1].augment(name)
-    except (ConfigError, ArgumentError) as e:
+        return pair[0], pair[1].augment(name, what=f"{path}: augment = {raw['augment']!r}")
+    except ArgumentError as e:
         raise InputError(str(e)) from None
 
 

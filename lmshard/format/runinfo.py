@@ -7,6 +7,7 @@ Memory model: a few hundred bytes, and one entry per operation in the lineage.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -31,6 +32,13 @@ class RunInfo:
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lineage"}
         return out | ({"lineage": [dict(e) for e in self.lineage]} if self.lineage else {})
+
+    @staticmethod
+    def step(op: str, when: float, docs: int, tokens: int, version: str, **extra: Any) -> dict[str, Any]:
+        """One lineage entry: the operation, its UTC time (`when`: seconds since the epoch), the
+        dataset's documents and tokens after it, the lmshard version, and what else it records."""
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+        return {"op": op, "at": at, "docs": docs, "tokens": tokens, "lmshard": version, **extra}
 
     @staticmethod
     def history(previous: Any) -> tuple[dict[str, Any], ...]:

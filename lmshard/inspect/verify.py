@@ -267,9 +267,10 @@ def _check_provenance(meta: DatasetMeta, shard: ShardInfo, problems: list[Proble
     """The shard's provenance file: its checksum, and every document's source an input of the
     metadata's `sources` (12 bytes a document: read whole)."""
     data = meta.abspath(shard.src_path).read_bytes()
-    if xxhash.xxh3_64_hexdigest(data) != shard.src_xxh3_64:
-        problems.append(Problem(shard.src_path, f"checksum {xxhash.xxh3_64_hexdigest(data)} != {shard.src_xxh3_64} in "
-                                                "metadata (corrupt data)"))  # fmt: skip
+    digest = xxhash.xxh3_64_hexdigest(data)
+    if digest != shard.src_xxh3_64:
+        problems.append(Problem(shard.src_path, f"checksum {digest} != {shard.src_xxh3_64} in metadata (corrupt "
+                                                "data)"))  # fmt: skip
         return
     src = np.frombuffer(data, dtype=SRC_DTYPE)
     if len(src) and int(src["source"].max()) >= len(meta.sources):

@@ -97,7 +97,7 @@ def litdata_files(job: Job) -> list[dict[str, Any]]:
 def mds_files(job: Job) -> list[dict[str, Any]]:
     """Per split, an MDS dataset: `index.json` and shards of one `tokens` ndarray per document."""
     dtype = token_dtype(job.meta.tokenizer.n_vocab)
-    encoding = f"ndarray:{'uint16' if dtype.itemsize == 2 else 'int32'}"
+    encoding = f"ndarray:{dtype.name}"
     limit = min(job.tokens_per_shard * dtype.itemsize, MDS_MAX_BYTES)
     files = []
     for split in job.splits:

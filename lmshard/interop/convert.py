@@ -91,8 +91,8 @@ def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.Path
         shards = [_convert_shard(meta, shard, staging, encoding) for shard in meta.shards]
         splits = {name: SplitInfo.of(tuple(s for s in shards if s.split == name)) for name in meta.splits}
         config = {**meta.config, "shard_encoding": encoding.name} if meta.config else meta.config
-        step = {"op": "convert", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "docs": meta.total_docs,
-                "tokens": meta.total_tokens, "lmshard": __version__, "encoding": encoding.name}  # fmt: skip
+        step = RunInfo.step("convert", time.time(), meta.total_docs, meta.total_tokens, __version__,
+                            encoding=encoding.name)  # fmt: skip
         run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step))
         new = dataclasses.replace(meta, root=staging, encoding=encoding, splits=splits, config=config, run=run)
         for shard, converted in zip(meta.shards, shards, strict=True):

@@ -138,7 +138,7 @@ def _plan(to: str, meta: DatasetMeta) -> tuple[str, str, Writer]:
         return "int32", meta.eot_position, _hf
     if to in ("litdata", "mds"):
         dtype = chunked.token_dtype(n_vocab)
-        return ("uint16" if dtype.itemsize == 2 else "int32"), meta.eot_position, \
+        return dtype.name, meta.eot_position, \
             (chunked.litdata_files if to == "litdata" else chunked.mds_files)  # fmt: skip
     if to == "olmo":
         return ("uint16" if n_vocab <= UINT16_IDS else "uint32"), "after", chunked.olmo_files
@@ -324,22 +324,33 @@ def _megatron_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
     `eod_id` says which id to write."""
     sep = meta.tokenizer.eot_id
     if eod_id is not None:
-        if not 0 <= eod_id < meta.tokenizer.n_vocab:
-            raise ConfigError(f"--eod-id {eod_id}: not an id of the {meta.tokenizer.name} vocabulary "
-                              f"(0 .. {meta.tokenizer.n_vocab - 1})")  # fmt: skip
-        return None if eod_id == sep else eod_id
-    try:
-        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
-        eos = state.get("config_eos_token")
-        eos_id = state.get("special_tokens", {}).get(eos) if eos else None
-    except (OSError, ValueError, AttributeError):
-        return None
+        return _given_eod(meta, eod_id)
+    state, eos, eos_id = _special(meta, "config_eos_token")
     if isinstance(eos_id, int) and eos_id != sep:
         raise ConfigError(f"--to megatron: this dataset ends each document with {sep} ({state.get('eot_token')}), but "
                           f"Megatron's tokenizer for {meta.tokenizer.name} ends documents with its eos_token {eos} "
                           f"({eos_id}), so its end-of-document masking would never see a boundary; pass --eod-id "
                           f"{eos_id} to write {eos} at each document end, or --eod-id {sep} to keep {sep}")  # fmt: skip
     return None
+
+
+def _given_eod(meta: DatasetMeta, eod_id: int) -> int | None:
+    """--eod-id, held to the vocabulary: the id to write, or None when it is the separator."""
+    if not 0 <= eod_id < meta.tokenizer.n_vocab:
+        raise ConfigError(f"--eod-id {eod_id}: not an id of the {meta.tokenizer.name} vocabulary "
+                          f"(0 .. {meta.tokenizer.n_vocab - 1})")  # fmt: skip
+    return None if eod_id == meta.tokenizer.eot_id else eod_id
+
+
+def _special(meta: DatasetMeta, key: str) -> tuple[dict[str, Any], Any, Any]:
+    """(the dataset's tokenizer state, the token its `key` names, that token's id); empty where
+    the state cannot be read."""
+    try:
+        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
+        token = state.get(key)
+        return state, token, state.get("special_tokens", {}).get(token) if token else None
+    except (OSError, ValueError, AttributeError):
+        return {}, None, None
 
 
 def _olmo_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
@@ -349,16 +360,8 @@ def _olmo_eod(meta: DatasetMeta, eod_id: int | None) -> int | None:
     read as one document per file, so it is refused unless `eod_id` says which id to write."""
     sep = meta.tokenizer.eot_id
     if eod_id is not None:
-        if not 0 <= eod_id < meta.tokenizer.n_vocab:
-            raise ConfigError(f"--eod-id {eod_id}: not an id of the {meta.tokenizer.name} vocabulary "
-                              f"(0 .. {meta.tokenizer.n_vocab - 1})")  # fmt: skip
-        return None if eod_id == sep else eod_id
-    try:
-        state = json.loads((meta.root / TOKENIZER_FILE).read_text(encoding="utf-8"))
-        name = state.get("eot_token")
-        own = state.get("special_tokens", {}).get(name) if name else None
-    except (OSError, ValueError, AttributeError):
-        return None
+        return _given_eod(meta, eod_id)
+    _, name, own = _special(meta, "eot_token")
     if isinstance(own, int) and own != sep:
         raise ConfigError(f"--to olmo: OLMo-core finds documents by the EOS after each, but this dataset separates "
                           f"them with {sep}, not the vocabulary's end of text {name} ({own}); pass --eod-id {own} to "

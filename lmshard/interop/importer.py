@@ -202,8 +202,8 @@ class _LlmcBlocks:
     def __iter__(self) -> Iterator[Block]:
         carry, started, dropped = np.zeros(0, TOKEN_DTYPE), False, 0
         carried = (0, 0)  # the carried document's file and number there
-        self.starts = [0] * len(self.files)  # document starts read in each file
         for k, path in enumerate(self.files):
+            in_file = 0  # the documents this file has started so far
             dtype, n_tokens = _llmc_header(path, self.fmt)
             tokens = np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(n_tokens,)) \
                 if n_tokens else np.zeros(0, dtype)  # fmt: skip
@@ -218,12 +218,12 @@ class _LlmcBlocks:
                     dropped += len(block)
                     carry = np.zeros(0, TOKEN_DTYPE)
                     continue
-                fresh = starts[starts >= len(carry)] if len(carry) else starts  # documents this file starts
+                inherited = int(len(carry) > 0)  # a carry begins with its document's start: the first of `starts`
                 files = np.full(len(starts), k, dtype=np.int64)
-                numbers = self.starts[k] + 1 + np.arange(len(starts), dtype=np.int64) - (len(starts) - len(fresh))
-                if len(starts) > len(fresh):  # the first is the one carried in
+                numbers = in_file + 1 - inherited + np.arange(len(starts), dtype=np.int64)
+                if inherited:
                     files[0], numbers[0] = carried
-                self.starts[k] += len(fresh)
+                in_file += len(starts) - inherited
                 if len(starts) > 1:
                     yield Block(block[: starts[-1]], np.diff(starts), (files[:-1], numbers[:-1]))
                 if len(starts):
@@ -393,7 +393,6 @@ def _metadata(out: Path, tok: Tokenizer, eot: int, fmt: str, inputs: dict[str, l
         run=RunInfo(out=str(out), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                     elapsed_s=round(elapsed, 3), tokens_per_s=round(n_tokens / elapsed, 1) if elapsed > 0 else None,
                     python=platform.python_version(), host=platform.node(),
-                    lineage=({"op": "import", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                              "docs": sum(s.n_docs for s in shards), "tokens": n_tokens, "lmshard": __version__,
-                              "from": fmt},)),
+                    lineage=(RunInfo.step("import", started, sum(s.n_docs for s in shards), n_tokens, __version__,
+                                          **{"from": fmt}),)),
     )  # fmt: skip

@@ -47,24 +47,25 @@ def name_of(fn: Callable[..., Any]) -> str:
 
 class Augmented:
     """The hook of a stream (mixed into BatchStream, the packed and padded streams and a text
-    stream's batches); `_augment_seed` and `rank` come from the stream."""
+    stream's batches); `seed` and `rank` come from the stream."""
 
     rank: int
     _hook: Callable[..., Any] | None = None
     _hook_name: str | None = None
     _hook_spec: str | None = None  # "module:function" or "path.py:function": imported again when unpickled
 
-    def augment(self, fn: Callable[..., Any] | str | None) -> Any:
+    def augment(self, fn: Callable[..., Any] | str | None, what: str | None = None) -> Any:
         """Transform every batch with `fn(batch, step=, rank=, generator=)` (see
         runtime/augment.py; None: no hook), or the function a "module:function" or
-        "path/to/file.py:function" string names; returns the stream."""
+        "path/to/file.py:function" string names; returns the stream. `what`: how an import
+        error names the hook (default: augment='...')."""
         spec = fn if isinstance(fn, str) else None
         if spec is not None:
             from ..errors import ConfigError
             from ..plugins import import_callable
 
             try:
-                fn = import_callable(spec, f"augment={spec!r}")
+                fn = import_callable(spec, what or f"augment={spec!r}")
             except ConfigError as e:
                 raise ArgumentError(str(e)) from None
         if fn is not None and not callable(fn):
@@ -88,15 +89,13 @@ class Augmented:
 
             self._hook = import_callable(self._hook_spec, f"augment={self._hook_spec!r}")
 
-    def _augment_seed(self) -> int:
-        raise NotImplementedError
-
     def _augmented(self, batch: Any, step: int) -> Any:
         """`batch` (of the run's step `step`) through the hook, if there is one."""
         if self._hook is None:
             return batch
         key = np.array([step * 65536 + self.rank], dtype=np.uint64)
-        generator = torch.Generator().manual_seed(int(keyed_ints(self._augment_seed() ^ _SALT, key, 1 << 62)[0]))
+        seed = int(self.seed)  # type: ignore[attr-defined]  # (every stream has one: attribute or property)
+        generator = torch.Generator().manual_seed(int(keyed_ints(seed ^ _SALT, key, 1 << 62)[0]))
         out = self._hook(batch, step=step, rank=self.rank, generator=generator)
         if out is None:
             raise ArgumentError(f"the augment hook {self._hook_name} returned None at step {step}; return the batch "

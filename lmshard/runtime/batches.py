@@ -306,9 +306,6 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
             batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device)
         return self._augmented(batch, batch.step)
 
-    def _augment_seed(self) -> int:
-        return self.seed
-
     def _skips_changed(self) -> None:
         self._pending = None  # a batch staged for the next position may be another step's now
         self._ahead.reset()

@@ -24,6 +24,7 @@ its own pack plan for packed streams: 16 bytes per document, as any plan).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -139,10 +140,15 @@ class Era:
 
 def era_of(starts: list[int], position: int) -> int:
     """The index of the era (by its start) that `position` falls in."""
-    i = 0
-    while i + 1 < len(starts) and starts[i + 1] <= position:
-        i += 1
-    return i
+    return max(0, bisect.bisect_right(starts, position) - 1)
+
+
+def epoch_start(eras: list[Era], epoch: int) -> int | None:
+    """The first position of `epoch` in the era that holds it; None where no era has epochs."""
+    for era in reversed(eras):
+        if era.per_epoch is not None and epoch >= era.epoch:
+            return era.start + (epoch - era.epoch) * era.per_epoch
+    return None
 
 
 def eras_for(data: Any, state: dict[str, Any], position: int, grown: bool, make: Any,
@@ -251,7 +257,5 @@ class GrownOffsets(Offsets):
         return None if era.per_epoch is None else era.epoch + (step - era.start) // era.per_epoch
 
     def epoch_start(self, epoch: int) -> int:
-        for era in reversed(self.eras):
-            if era.per_epoch is not None and epoch >= era.epoch:
-                return era.start + (epoch - era.epoch) * era.per_epoch
-        return super().epoch_start(epoch)
+        found = epoch_start(self.eras, epoch)
+        return super().epoch_start(epoch) if found is None else found

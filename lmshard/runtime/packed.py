@@ -239,6 +239,10 @@ class PackedStream(StepStream):
 
     kind = "packed"
 
+    @property
+    def seed(self) -> int:
+        return self.packs.seed
+
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.packs.plan
         return {"kind": "packed", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.packs.seed,

@@ -77,9 +77,8 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
 
     def set_epoch(self, epoch: int) -> None:
         epoch = checks.nonnegative("epoch", epoch)
-        era = next((e for e in reversed(self._eras) if epoch >= e.epoch), None)
-        within = epoch * self.steps_per_epoch if era is None else (epoch - era.epoch) * (era.per_epoch or 0)
-        self.step = within + (0 if era is None else era.start)
+        found = growth.epoch_start(self._eras, epoch)
+        self.step = epoch * self.steps_per_epoch if found is None else found
         if self._ahead is not None:
             self._ahead.reset()
 
@@ -165,9 +164,6 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
     def _skips_changed(self) -> None:
         if self._ahead is not None:
             self._ahead.reset()
-
-    def _augment_seed(self) -> int:
-        return int(self.state_dict()["seed"])
 
     def __iter__(self) -> Iterator[PackedBatch]:
         """Itself; inside a worker w of W of `DataLoader(stream, batch_size=None)`: steps w,

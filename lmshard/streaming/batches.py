@@ -218,9 +218,6 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
         fields["max_seqlen"] = int(item["max_seqlen"])
         return self._augmented(PackedBatch(fields, step), step)
 
-    def _augment_seed(self) -> int:
-        return int(self.seed)
-
     def _check_pace(self) -> None:
         """Warn once when training spends more than a quarter of its time waiting for batches."""
         total = self._wait + self._busy

@@ -97,9 +97,9 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
             dedup_table_bytes=totals.dedup_bytes,
             python=platform.python_version(),
             host=platform.node(),
-            lineage=(*RunInfo.history(previous), {"op": "append" if previous else "prepare", "at": started_at,
-                                                  "docs": sum(s.n_docs for s in shards), "tokens": n_tokens,
-                                                  "lmshard": __version__, "inputs": len(new_sources)}),
+            lineage=(*RunInfo.history(previous), RunInfo.step("append" if previous else "prepare", claim.started_at,
+                                                              sum(s.n_docs for s in shards), n_tokens, __version__,
+                                                              inputs=len(new_sources))),
         ),
     )
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, LmshardError, warn
-from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3
+from ...format import METADATA_FILE, DatasetMeta, dataset_files, file_checksums, file_xxh3, shard_file_sizes
 from ...remote import Remote, RemoteError, redact
 from ...remote.dataset import open_remote
 from ...remote.urls import output_url
@@ -216,9 +216,7 @@ class Publisher:
             if shard is None:
                 target.write_bytes(remote.read(rel))
             else:
-                sizes = {shard.path: shard.bin_bytes, shard.index_path: shard.idx_bytes,
-                         shard.blocks_path: shard.blocks_bytes, shard.src_path: shard.src_bytes}  # fmt: skip
-                size = sizes.get(rel, shard.sums_bytes)
+                size = next(expected for path, _, _, expected in shard_file_sizes(shard) if path == rel)
                 with open(target, "wb") as f:
                     f.truncate(size)
 
