@@ -99,8 +99,19 @@ def test_world_size_4_state_resumes_at_world_size_2(ds):
     for s in two:
         s.load_state_dict(state)
     assert np.array_equal(np.concatenate([next(s).offsets for s in two]), expected)
+    # row order (the default): another global batch continues the run's rows from the saved step
+    rows = np.concatenate([next(TokenDataset(ds).random_batches(8, 16, seed=4, order="rows")).offsets
+                           for _ in range(1)])  # fmt: skip
+    whole = TokenDataset(ds).random_batches(6, 16, seed=4)
+    wider = [next(whole).offsets for _ in range(6)]  # rows 0..35 of the same run
+    three = TokenDataset(ds).random_batches(3, 16, seed=4, world_size=2)
+    three.load_state_dict(state)  # saved after 3 steps of 8 rows: rows 24.. come next
+    assert np.array_equal(next(three).offsets, np.concatenate(wider)[24:27])
+    assert rows.tolist() == np.concatenate(wider)[:8].tolist()
+    stepwise = [TokenDataset(ds).random_batches(2, 16, seed=4, rank=r, world_size=4, order="steps") for r in range(4)]
     with pytest.raises(ArgumentError, match="global_batch_size"):
-        TokenDataset(ds).random_batches(3, 16, seed=4, world_size=2).load_state_dict(state)
+        TokenDataset(ds).random_batches(3, 16, seed=4, world_size=2, order="steps").load_state_dict(
+            stepwise[0].state_dict())
 
 
 def test_resume_in_a_new_process(ds, tmp_path):
@@ -129,11 +140,16 @@ def test_resume_refuses_another_seed_kind_or_seq_len(ds):
     others = {
         "seed": data.random_batches(4, 32, seed=6),
         "kind": data.window_batches(4, 32, seed=5),
-        "seq_len": data.random_batches(4, 16, seed=5),
     }
     for key, other in others.items():
         with pytest.raises(ArgumentError, match=f"cannot resume: saved {key}="):
             other.load_state_dict(state)
+    stepwise = data.random_batches(4, 32, seed=5, order="steps").state_dict()
+    with pytest.raises(ArgumentError, match="cannot resume: saved seq_len="):
+        data.random_batches(4, 16, seed=5, order="steps").load_state_dict(stepwise)
+    shorter = data.random_batches(4, 16, seed=5)  # row order: the run goes on with rows of 16 tokens
+    shorter.load_state_dict(state)
+    assert shorter.state_dict()["schedule"] == [[0, 4, 32], [3, 4, 16]] and next(shorter).x.shape == (4, 16)
     windows = data.window_batches(4, 32, stride=32, seed=5).state_dict()
     with pytest.raises(ArgumentError, match="saved kind='windows/32'"):
         data.window_batches(4, 32, stride=16, seed=5).load_state_dict(windows)

@@ -17,7 +17,7 @@ iterating besides the batches the caller holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +32,8 @@ from .hfconvention import hf_fields
 from .lookahead import Lookahead
 from .ring import Ring
 from .sampling import Offsets
+from .schedule import Phase, Schedule
+from .schedule import resolve as resolve_schedule
 from .skips import SkipSteps
 from .trace import Audited
 
@@ -134,8 +136,11 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         store: RowStore,
         offsets: Offsets,
         *,
-        batch_size: int,
-        seq_len: int,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
+        schedule: Any = None,
+        make: Callable[[int, str], Offsets] | None = None,
+        order_given: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         device: str | torch.device = "cpu",
@@ -154,12 +159,24 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
             raise ArgumentError(f"{got}: not a TokenStore and Offsets; build streams with TokenDataset.random_batches "
                                 "or window_batches")  # fmt: skip
         self.store, self.offsets = store, offsets
-        self.batch_size, self.seq_len = checks.positive("batch_size", batch_size), checks.positive("seq_len", seq_len)
         self.seed, self.kind = checks.seed(seed), str(kind)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        # the run's global batch and seq_len at each step (runtime/schedule.py); one phase without a schedule
+        self.schedule = self._given = resolve_schedule(schedule, batch_size, seq_len, self.world_size)
+        self._scheduled = not self.schedule.constant_shape  # one shape: a resume may change it
+        if self.schedule.phases[0].seq_len != getattr(offsets, "seq_len", self.schedule.phases[0].seq_len):
+            raise ArgumentError("offsets are drawn for another seq_len than the schedule's first; build streams with "
+                                "TokenDataset.random_batches or window_batches")  # fmt: skip
+        if not self.schedule.constant_shape and offsets.order != "rows":
+            raise ArgumentError("a schedule needs order='rows' (row g of the run drawn from (seed, g), whatever the "
+                                "batch size); pass order='rows'")  # fmt: skip
+        self._make, self._order_given = make, order_given  # (seq_len, order) -> the offsets of another seq_len
+        self._lens: dict[int, Offsets] = {}
         self.device = checks.device(device)
         self.cu_seqlens = checks.flag("cu_seqlens", cu_seqlens)
-        self.grouped = offsets.shift.check_grouped(grouped, self.seq_len)
+        self.grouped = checks.flag("grouped", grouped)
+        for T in self.schedule.seq_lens:
+            self._offsets(T).shift.check_grouped(self.grouped, T)
         self.prefetch = checks.flag("prefetch", prefetch)
         self.data = data  # the dataset's data_id: a state records it, and a load onto other data is refused
         self.dataset = dataset  # the TokenDataset it reads, if one: a state saved before it grew may continue
@@ -168,36 +185,89 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
         self._ring: Ring | None = None
+        self._ring_for: Schedule | None = None
         self._scratch: np.ndarray | None = None
         self._pending: tuple[int, Any] | None = None
         self._ahead = Lookahead(store, self._reads)  # exact prefetch, for stores that fetch (remote ones)
 
     @property
+    def order(self) -> str:
+        """"rows": row g of the run is drawn from (seed, g), at any batch size; "steps": a
+        step's rows from (seed, step), and window epochs of whole steps."""
+        return self.offsets.order
+
+    def _phase(self, position: int) -> Phase:
+        return self.schedule.phase(self._data(position))
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per step on this rank, at the next step (a schedule's global batch / world_size)."""
+        return self._phase(self.step).global_batch // self.world_size
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per row at the next step."""
+        return self._phase(self.step).seq_len
+
+    def _offsets(self, seq_len: int) -> Offsets:
+        """The offsets of rows of `seq_len` tokens."""
+        if seq_len == self.schedule.phases[0].seq_len:
+            return self.offsets
+        if seq_len not in self._lens:
+            if self._make is None:
+                raise ConfigError(f"this stream cannot draw rows of {seq_len} tokens; build it with "
+                                  "TokenDataset.random_batches or window_batches")  # fmt: skip
+            self._lens[seq_len] = self._make(seq_len, self.order)
+        return self._lens[seq_len]
+
+    @property
     def steps_per_epoch(self) -> int | None:
-        """Steps in one pass over all windows (window streams); None for random batches."""
-        return self.offsets.steps_per_epoch
+        """Steps in one pass over all windows (window streams; in row order, whole steps at the
+        next step's batch size, as an epoch's end may fall inside a step); None for random batches."""
+        if self.order == "steps":
+            return self.offsets.steps_per_epoch
+        n = self._offsets(self.seq_len).n_rows
+        return None if n is None else n // self.global_batch_size
 
     @property
     def epoch(self) -> int | None:
-        """The epoch of the next batch (window streams, counted on across a growth); None for random batches."""
-        return self.offsets.epoch_of(self._data(self.step))
+        """The epoch of the next batch's first row (window streams, counted on across a growth);
+        None for random batches."""
+        if self.order == "steps":
+            return self.offsets.epoch_of(self._data(self.step))
+        n = self._offsets(self.seq_len).n_rows
+        return None if n is None else self.schedule.rows_of_len(self._data(self.step)) // n
 
     def set_epoch(self, epoch: int) -> None:
-        """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch)."""
+        """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch).
+        In row order: the first step whose rows all belong to `epoch` or later."""
         if self.steps_per_epoch is None:
             raise ConfigError(f"{self.kind} batches have no epochs; resume them with load_state_dict")
-        self.step = self.offsets.epoch_start(checks.nonnegative("epoch", epoch))
+        epoch = checks.nonnegative("epoch", epoch)
+        if self.order == "steps":
+            self.step = self.offsets.epoch_start(epoch)
+        elif not self.schedule.constant_shape:
+            raise ConfigError("set_epoch needs one batch shape; a scheduled stream resumes with load_state_dict")
+        else:
+            n, g = self._offsets(self.seq_len).n_rows or 0, self.global_batch_size
+            self.step = -(-epoch * n // g)
         self._pending = None
         self._ahead.reset()
 
     @property
     def global_batch_size(self) -> int:
-        """Rows per optimizer step across all ranks (batch_size × world_size)."""
-        return self.batch_size * self.world_size
+        """Rows per optimizer step across all ranks at the next step (batch_size × world_size)."""
+        return self._phase(self.step).global_batch
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step across all ranks at the next step."""
         return self.global_batch_size * self.seq_len
+
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens (seq_len a row, all ranks) of the steps handed out so far."""
+        return self.schedule.tokens_before(self._data(self.step))
 
     def __repr__(self) -> str:
         return (f"BatchStream({self.kind}, batch_size={self.batch_size}, seq_len={self.seq_len}, rank={self.rank}/"
@@ -207,28 +277,41 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order).
         `in_hand`: batches already drawn but not trained on yet (1 in a loop that draws the next
         batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again."""
-        return {"kind": self.kind, "seed": self.seed, "step": self._reported(checks.rewind(self.step, in_hand)),
-                "seq_len": self.seq_len, "global_batch_size": self.global_batch_size, "world_size": self.world_size,
+        step = checks.rewind(self.step, in_hand)
+        phase = self._phase(step)
+        return {"kind": self.kind, "seed": self.seed, "step": self._reported(step), "order": self.order,
+                "seq_len": phase.seq_len, "global_batch_size": phase.global_batch, "world_size": self.world_size,
+                **({"schedule": self.schedule.record()} if not self.schedule.constant_shape else {}),
                 **self.offsets.fingerprint(), **({"data": self.data} if self.data is not None else {}),
                 **({"grown": self._grown} if self._grown else {}), **self._skip_state(),
                 **self._augment_state()}  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any], grown: str | None = None) -> None:
+    def load_state_dict(self, state: dict[str, Any], grown: str | None = None, from_step: int | None = None) -> None:
         """Continue from `state`, refused unless it comes from a stream that draws the same rows.
         A fingerprint key missing from the state (saved by lmshard 0.1 before it recorded it)
         is not checked. A state saved before `prepare --append` grew the split is refused unless
         `grown="continue"`: the epoch it was in finishes on the old data, and the new documents
-        join from the next epoch (random batches: from the resumed step; runtime/growth.py)."""
+        join from the next epoch (random batches: from the resumed step; runtime/growth.py).
+
+        In row order the batch shape may change: a stream built with another batch_size, seq_len
+        or world size continues the saved run's rows from its step with its own shape (the
+        state keeps the past's schedule). A stream built with a schedule other than the saved
+        one is refused unless `from_step` (at or after the saved step) says where the new one
+        takes over; the saved one holds before it. A state saved in the other order is loaded
+        in its order when the stream was built without `order=` (states of lmshard before 0.3
+        are in step order)."""
         if not isinstance(state, Mapping):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
         keep_going = growth.choice(grown)
-        mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
         step = checks.state_int(dict(state), "step", low=0)
-        kept = [(self, k) for k in ("_skips", "_skip_mode", "offsets", "_grown")]
+        kept = [(self, k) for k in ("_skips", "_skip_mode", "offsets", "_grown", "schedule", "_lens")]
         with checks.unchanged_on_error(*kept, *([(self.offsets, "eras")] if hasattr(self.offsets, "eras") else [])):
+            self._load_order(dict(state))
+            self._load_schedule(dict(state), step, from_step)
+            mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
             self._load(dict(state), step, keep_going, mine, required)
         self.step = self._position(step)
-        self._pending = None
+        self._pending, self._scratch = None, None
         self._ahead.reset()
 
     def _load(self, state: dict[str, Any], step: int, keep_going: bool, mine: dict[str, Any],
@@ -240,12 +323,14 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
             self._regrow(dict(state), self._data(self._position(step)), keep_going)
         elif hasattr(self.offsets, "regrow"):  # a mixture's: each source on its own
             self._grown = self.offsets.regrow(dict(state), self._data(self._position(step)), keep_going,
-                                              self.global_batch_size)  # fmt: skip
+                                              self.schedule.first_row)  # fmt: skip
         else:
             checks.same_data(state.get("data"), self.data)
         for key in (*required, *self.offsets.fingerprint()):
             if key == "mixture" and self._grown:
                 continue  # checked source by source (regrow)
+            if key in ("seq_len", "global_batch_size") and self.order == "rows":
+                continue  # the schedule (_load_schedule)
             if key not in state and key in required:
                 raise ArgumentError(f"state has no {key!r}; {checks.STATE_FIX}")
             if key in state and state[key] != mine[key]:
@@ -254,6 +339,48 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
                                     f"{key}={mine[key]!r}; build this stream with the saved {what} to continue that "
                                     "run")  # fmt: skip
 
+    def _load_order(self, state: dict[str, Any]) -> None:
+        """The state's order: adopted by a stream built without `order=`, else it must be this one."""
+        saved = state.get("order", "steps")  # states saved before row order existed drew by step
+        if saved == self.order or self.kind.startswith("mixture/") or state.get("kind") != self.kind:
+            return  # a mixture draws the same rows in either order; another kind is refused by _load
+        if saved not in ("rows", "steps"):
+            raise ArgumentError(f"state['order']={checks.show(saved)} is neither 'rows' nor 'steps'; {checks.STATE_FIX}")
+        if self._order_given or self._make is None or not self.schedule.constant_shape:
+            raise ArgumentError(f"cannot resume: the state was drawn in order={saved!r} and this stream draws in "
+                                f"order={self.order!r}; build the stream with order={saved!r} to continue that run")  # fmt: skip
+        T = self.schedule.phases[0].seq_len
+        self.offsets, self._lens = self._make(T, saved), {}
+        self._base = self.offsets
+
+    def _load_schedule(self, state: dict[str, Any], step: int, from_step: int | None) -> None:
+        """The schedule the resumed stream follows (see load_state_dict)."""
+        if "schedule" in state:
+            saved = Schedule(state["schedule"])
+        elif "seq_len" in state and "global_batch_size" in state:
+            saved = Schedule.constant(state["global_batch_size"], state["seq_len"])
+        else:
+            return  # refused by _load (a required key is missing)
+        if self.order == "steps":
+            return  # one shape, checked by _load
+        at = self._data(self._position(step))
+        if from_step is not None:
+            from_step = checks.integer("from_step", from_step, low=step,
+                                       fix=f"pass a from_step at or after the state's step {step}: the steps before it "
+                                           "have been trained on")  # fmt: skip
+            effective = saved.splice(self._given, self._data(self._position(from_step)))
+        elif saved == self._given:
+            effective = saved
+        elif not self._scheduled:  # one shape given: it holds from the resumed step on
+            effective = saved.splice(self._given, at)
+        else:
+            differ = saved.first_difference(self._given)
+            raise ArgumentError(f"cannot resume: the state's schedule {saved.record()} and this stream's "
+                                f"{self._given.record()} differ from step {differ}; build the stream with the saved "
+                                "schedule, or pass from_step=S to follow the new one from step S on")  # fmt: skip
+        effective.per_rank(self.world_size)
+        self.schedule = effective
+
     def _regrow(self, state: dict[str, Any], position: int, keep_going: bool) -> None:
         """Take the eras of the data the state's run read (runtime/growth.py)."""
         base = self._base
@@ -261,6 +388,11 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
             self.dataset, state, position, keep_going,
             lambda part: base if part is None else base.over(part.n_tokens, part.shards),
             lambda sampler: sampler.steps_per_epoch)  # fmt: skip
+        if len(eras) > 1 and self.order == "rows" and base.n_rows is not None:
+            raise ArgumentError("cannot continue window batches in row order on a grown split; resume the run in "
+                                "order='steps', or start from step 0")  # fmt: skip
+        if len(eras) > 1 and len(self.schedule.seq_lens) > 1:
+            raise ArgumentError("cannot continue a schedule of several seq_lens on a grown split; start from step 0")
         self.offsets = growth.GrownOffsets(eras, samplers) if len(eras) > 1 else base
 
     def trace_reads(self, position: int) -> tuple[np.ndarray, np.ndarray | int, None]:
@@ -269,25 +401,38 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         return offsets, length, None
 
     def global_reads(self, position: int) -> tuple[np.ndarray, int]:
-        offsets, shift = self.offsets.rows(self._data(position), self.global_batch_size)
-        return offsets, self.seq_len + shift
+        offsets, shift, seq_len = self._global_rows(position)
+        return offsets, seq_len + shift
 
     # -- producing batches -------------------------------------------------------------------
 
-    def _rows(self, step: int) -> tuple[np.ndarray, int]:
-        offsets, shift = self.offsets.rows(self._data(step), self.global_batch_size)  # (step: a position)
-        mine = offsets[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-        return mine, shift
+    def _global_rows(self, position: int) -> tuple[np.ndarray, int, int]:
+        """Every rank's rows at `position`: offsets, the step's shift, its seq_len."""
+        d = self._data(position)
+        phase = self.schedule.phase(d)
+        offsets = self._offsets(phase.seq_len)
+        if offsets.order == "steps":
+            rows, shift = offsets.rows(d, phase.global_batch)
+        else:
+            first = self.schedule.rows_of_len(d) if offsets.by_len else self.schedule.first_row(d)
+            rows, shift = offsets.rows_at(d, first, phase.global_batch, self.schedule.steps_in_phase(d))
+        return rows, shift, phase.seq_len
+
+    def _rows(self, step: int) -> tuple[np.ndarray, int, int]:
+        """This rank's rows at position `step`: offsets, shift, seq_len."""
+        offsets, shift, seq_len = self._global_rows(step)
+        b = len(offsets) // self.world_size
+        return offsets[self.rank * b : (self.rank + 1) * b], shift, seq_len
 
     def _reads(self, step: int) -> tuple[np.ndarray, int]:
         """What step `step` reads on this rank: its row offsets and the tokens per row."""
-        offsets, shift = self._rows(step)
-        return offsets, self.seq_len + shift
+        offsets, shift, seq_len = self._rows(step)
+        return offsets, seq_len + shift
 
-    def _finish(self, buf: torch.Tensor, step: int, offsets: np.ndarray, shift: int) -> Batch:
-        """x, y from buf ([rows, seq_len + shift] int32, host or device): one widening copy of
-        an overlapping [2, rows, seq_len] view into a new int64 tensor whose halves are x, y."""
-        rows, T = len(offsets), self.seq_len
+    def _finish(self, buf: torch.Tensor, step: int, offsets: np.ndarray, shift: int, T: int) -> Batch:
+        """x, y from buf ([rows, T + shift] int32, host or device): one widening copy of an
+        overlapping [2, rows, T] view into a new int64 tensor whose halves are x, y."""
+        rows = len(offsets)
         pair = torch.empty((2, rows, T), dtype=torch.int64, device=buf.device)
         rows_view = buf.as_strided((2, rows, T), (shift, buf.stride(0), 1))
         if pair.device.type != "cpu":
@@ -303,15 +448,14 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
             y = y.view(rows, T // shift, shift)
         batch = Batch(x, y, self._reported(step), shift, offsets)
         if self.cu_seqlens:
-            batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device)
+            batch.cu_seqlens, batch.max_seqlen = self._boundaries(offsets, x.device, T)
         return self._augmented(batch, batch.step)
 
     def _skips_changed(self) -> None:
         self._pending = None  # a batch staged for the next position may be another step's now
         self._ahead.reset()
 
-    def _boundaries(self, offsets: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
-        T = self.seq_len
+    def _boundaries(self, offsets: np.ndarray, device: torch.device, T: int) -> tuple[torch.Tensor, int]:
         cuts = [np.array([0], dtype=np.int64)]
         for r, o in enumerate(offsets.tolist()):
             inside = self.store.doc_starts_in(o, o + T) - o
@@ -324,11 +468,11 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         return self._cpu_batch(self._position(checks.nonnegative("step", step)))
 
     def _cpu_batch(self, step: int) -> Batch:
-        offsets, shift = self._rows(step)
+        offsets, shift, T = self._rows(step)
         if self._scratch is None:  # rows read (not gathered from a map) land here; never handed out
-            self._scratch = np.empty(self.batch_size * (self.seq_len + self._max_shift()), dtype=np.uint32)
-        rows = self.store.gather(offsets, self.seq_len + shift, self._scratch, key=self._ahead.key(step))
-        return self._finish(torch.from_numpy(rows.view(np.int32)), step, offsets, shift)
+            self._scratch = np.empty(self._most_tokens(), dtype=np.uint32)
+        rows = self.store.gather(offsets, T + shift, self._scratch, key=self._ahead.key(step))
+        return self._finish(torch.from_numpy(rows.view(np.int32)), step, offsets, shift, T)
 
     def _served(self, step: int, stride: int = 1) -> Batch:
         """`_cpu_batch(step)` as the next of a sequence of steps `stride` apart: the store is
@@ -339,19 +483,20 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         return batch
 
     def _submit(self, step: int) -> tuple[int, Any]:
-        offsets, shift = self._rows(step)
-        if self._ring is None:
-            numel = self.batch_size * (self.seq_len + self._max_shift())
-            self._ring = Ring(self.device, numel)
-        host = self._ring.host(len(offsets), self.seq_len + shift)
+        offsets, shift, T = self._rows(step)
+        if self._ring is None or self._ring_for != self.schedule:
+            self._ring, self._ring_for = Ring(self.device, self._most_tokens()), self.schedule
+        host = self._ring.host(len(offsets), T + shift)
         self._ahead.before(step)
         self.store.read_rows(offsets, host.numpy().view(np.uint32), key=self._ahead.key(step))
         self._ahead.after(step)
         moved, event = self._ring.send(host)
-        return step, (moved, event, offsets, shift)
+        return step, (moved, event, offsets, shift, T)
 
-    def _max_shift(self) -> int:
-        return self.offsets.shift.max
+    def _most_tokens(self) -> int:
+        """The most tokens one step reads on this rank, over the whole schedule."""
+        return max(p.global_batch // self.world_size * (p.seq_len + self._offsets(p.seq_len).shift.max)
+                   for p in self.schedule.phases)  # fmt: skip
 
     def __next__(self) -> Batch:
         if not self.staged:
@@ -360,10 +505,10 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
             return batch
         if self._pending is None or self._pending[0] != self.step:
             self._pending = self._submit(self.step)
-        step, (moved, event, offsets, shift) = self._pending
+        step, (moved, event, offsets, shift, T) = self._pending
         assert self._ring is not None
         buf = self._ring.receive(moved, event)
-        batch = self._finish(buf, step, offsets, shift)
+        batch = self._finish(buf, step, offsets, shift, T)
         self.step += 1
         self._pending = self._submit(self.step) if self.prefetch else None
         return batch

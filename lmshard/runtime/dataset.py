@@ -12,6 +12,7 @@ dataset at a URL (a bounded pool of blocks) and `batches.py` (a ring of host buf
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -27,6 +28,8 @@ from ..remote.urls import is_url, redact
 from . import checks
 from .batches import BatchStream, resolve_rank
 from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
+from .schedule import Schedule, parse_order
+from .schedule import resolve as resolve_schedule
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
 from .windows import WindowDataset, stride_or_default
 
@@ -241,8 +244,8 @@ class TokenDataset:
 
     def random_batches(
         self,
-        batch_size: int,
-        seq_len: int,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
         *,
         seed: int = 0,
         shift: int | str = 1,
@@ -253,6 +256,8 @@ class TokenDataset:
         cu_seqlens: bool = False,
         grouped: bool = False,
         prefetch: bool = True,
+        schedule: Any = None,
+        order: str | None = None,
     ) -> BatchStream:
         """An endless stream of batches at random offsets (see `BatchStream`).
 
@@ -260,21 +265,25 @@ class TokenDataset:
         seq_len drawn per batch, shared by its rows, returned as `batch.shift`; `grouped`
         reshapes x and y to [batch, seq_len // shift, shift]. doc_aligned: every row starts at a
         document start. cu_seqlens: add document boundaries for varlen attention. prefetch: on
-        CUDA, start the next batch's host-to-device copy before returning the current one."""
-        spec = ShiftSpec.parse(shift, seq_len)
-        checks.fits(self._where, self.n_tokens, seq_len, spec.max)
+        CUDA, start the next batch's host-to-device copy before returning the current one.
+        schedule: [(step, global_batch_size, seq_len), ...] instead of batch_size and seq_len
+        (runtime/schedule.py). order: "rows" (the default: row g of the run is drawn from
+        (seed, g), so every batch size reads the same rows) or "steps" (as lmshard 0.2 drew)."""
+        world = resolve_rank(rank, world_size)[1]
+        plan = resolve_schedule(schedule, batch_size, seq_len, world)
+        order_, given = parse_order(order, "rows")
         doc_aligned = checks.flag("doc_aligned", doc_aligned)
         starts = DocStarts(self.store.doc_counts, self.store.doc_start) if doc_aligned else None
-        offsets = RandomOffsets(self.n_tokens, seq_len, spec, seed, starts)
-        return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank,
-                           world_size=world_size, device=device, seed=seed, kind="random",
-                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
+        make = functools.partial(_random_offsets, self, shift, seed, starts)
+        return BatchStream(self.store, make(plan.phases[0].seq_len, order_), schedule=plan, make=make,
+                           order_given=given, rank=rank, world_size=world_size, device=device, seed=seed,
+                           kind="random", cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
                            data=self.data_id, dataset=self)  # fmt: skip
 
     def window_batches(
         self,
-        batch_size: int,
-        seq_len: int,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
         *,
         stride: int | None = None,
         shift: int | str = 1,
@@ -286,26 +295,28 @@ class TokenDataset:
         cu_seqlens: bool = False,
         grouped: bool = False,
         prefetch: bool = True,
+        schedule: Any = None,
+        order: str | None = None,
     ) -> BatchStream:
         """Sliding windows (start i·stride of the concatenated split) in batches, epoch after
         epoch; `stream.set_epoch(e)` jumps to epoch e, whose order is reshuffled from (seed, e).
-        Every rank gets the same number of steps per epoch (a last partial global batch is dropped).
+        order="steps" (the default without a schedule): every epoch is whole steps, the same on
+        every rank (a last partial global batch is dropped). order="rows" (the default with a
+        schedule): the run's row g is window g mod n of epoch g // n, so no window is dropped and
+        every batch size reads the same windows in the same order; an epoch may end inside a
+        step. A schedule's seq_len phases each draw the windows of their length (stride: the
+        given one, else the length), whose epochs go on where that length's last phase stopped.
         shift and grouped as in `random_batches`: with shift="random" each step draws a proper
         divisor of seq_len, and windows are counted with the largest one."""
-        batch_size = checks.positive("batch_size", batch_size)
-        spec = ShiftSpec.parse(shift, seq_len)
-        stride = stride_or_default(stride, seq_len)
         rank_, world = resolve_rank(rank, world_size)
-        n = self._check_windows(seq_len, stride, spec)
-        if n < batch_size * world:
-            raise ArgumentError(f"batch_size={batch_size} × world_size={world} = {batch_size * world} rows per global "
-                                f"batch, but {self._where} has {n} windows (seq_len {seq_len} + shift {spec.max} at "
-                                f"stride {stride}); lower batch_size or stride")  # fmt: skip
-        offsets = WindowOffsets(self.n_tokens, seq_len, stride, spec, batch_size * world, seed, shuffle)
-        return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, rank=rank_,
-                           world_size=world, device=device, seed=seed, kind=f"windows/{stride}",
-                           cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
-                           data=self.data_id, dataset=self)  # fmt: skip
+        plan = resolve_schedule(schedule, batch_size, seq_len, world)
+        order_, given = parse_order(order, "rows" if schedule is not None else "steps")
+        first = plan.phases[0]
+        make = functools.partial(_window_offsets, self, plan, world, stride, shift, seed, shuffle)
+        kind = f"windows/{stride_or_default(stride, first.seq_len)}"
+        return BatchStream(self.store, make(first.seq_len, order_), schedule=plan, make=make, order_given=given,
+                           rank=rank_, world_size=world, device=device, seed=seed, kind=kind, cu_seqlens=cu_seqlens,
+                           grouped=grouped, prefetch=prefetch, data=self.data_id, dataset=self)  # fmt: skip
 
     def windows(self, seq_len: int, stride: int | None = None, shift: int | str = 1,
                 grouped: bool = False) -> WindowDataset:  # fmt: skip
@@ -339,6 +350,28 @@ class TokenDataset:
         """How many windows the split holds: at least one, or an error naming the sizes."""
         checks.fits(self._where, self.n_tokens, seq_len, spec.max)
         return count_windows(self.n_tokens, seq_len, stride, spec.max)
+
+
+def _random_offsets(data: TokenDataset, shift: int | str, seed: int, starts: DocStarts | None, T: int,
+                    order: str) -> RandomOffsets:  # fmt: skip
+    """A random stream's offsets for rows of T tokens."""
+    spec = ShiftSpec.parse(shift, T)
+    checks.fits(data._where, data.n_tokens, T, spec.max)
+    return RandomOffsets(data.n_tokens, T, spec, seed, starts, order)
+
+
+def _window_offsets(data: TokenDataset, plan: Schedule, world: int, stride: int | None, shift: int | str, seed: int,
+                    shuffle: bool, T: int, order: str) -> WindowOffsets:  # fmt: skip
+    """A window stream's offsets for windows of T tokens (stride: the given one, else T)."""
+    spec = ShiftSpec.parse(shift, T)
+    step = stride_or_default(stride, T)
+    n = data._check_windows(T, step, spec)
+    g = max(p.global_batch for p in plan.phases if p.seq_len == T)
+    if order == "steps" and n < g:
+        raise ArgumentError(f"batch_size={g // world} × world_size={world} = {g} rows per global batch, but "
+                            f"{data._where} has {n} windows (seq_len {T} + shift {spec.max} at stride {step}); lower "
+                            "batch_size or stride")  # fmt: skip
+    return WindowOffsets(data.n_tokens, T, step, spec, g, seed, shuffle, order)
 
 
 def _ids(name: str, values: object, one: bool = False) -> np.ndarray:

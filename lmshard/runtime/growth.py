@@ -189,7 +189,7 @@ def eras_for(data: Any, state: dict[str, Any], position: int, grown: bool, make:
     return eras, samplers, record
 
 
-def mixture_eras(mix: Any, tree: Any, state: dict[str, Any], position: int, keep_going: bool, global_batch: int,
+def mixture_eras(mix: Any, tree: Any, state: dict[str, Any], position: int, keep_going: bool, rows_before: Any,
                  make: Any) -> tuple[list[list[tuple[Era, Any]]], list[list[Any]]]:  # fmt: skip
     """The eras of each source of a mixture stream resumed from `state` at data position
     `position`, in the source's own rows (m: the row's index among the source's rows, from the
@@ -197,7 +197,7 @@ def mixture_eras(mix: Any, tree: Any, state: dict[str, Any], position: int, keep
     what the state records). `make(source, part)` gives (sampler, rows per epoch or None) over
     a Prefix of the source (None: all of it). A source's era ends at the resumed row (no epochs)
     or at its next epoch boundary. The weights must be the saved ones; a new growth needs
-    `keep_going`."""
+    `keep_going`. `rows_before(position)`: the run's rows before a position."""
     saved, mine = state.get("mixture"), mix.fingerprint()
     eras: list[list[tuple[Era, Any]]] = [[] for _ in mix.datasets]
     if saved is None:
@@ -219,7 +219,7 @@ def mixture_eras(mix: Any, tree: Any, state: dict[str, Any], position: int, keep
                 raise ArgumentError(f"mixture source {mix.names[s]}: {e}") from None
             sampler, n = make(s, part)
             era = Era(start, epoch, n)
-            m = tree.counts(at * global_batch)[s]  # the source's rows before the growth took effect
+            m = tree.counts(rows_before(at))[s]  # the source's rows before the growth took effect
             end = max(start, m if n is None else epoch_end(m, start, n))
             eras[s].append((era, sampler))
             start, epoch = end, era.next_epoch(end)
@@ -244,6 +244,7 @@ class GrownOffsets(Offsets):
         self.starts = [e.start for e in eras]
         last = samplers[-1]
         self.shift, self.steps_per_epoch = last.shift, last.steps_per_epoch
+        self.order, self.by_len, self.n_rows = last.order, last.by_len, last.n_rows
 
     def fingerprint(self) -> dict[str, Any]:
         return self.samplers[-1].fingerprint()
@@ -251,6 +252,12 @@ class GrownOffsets(Offsets):
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         i = era_of(self.starts, step)
         return self.samplers[i].rows(self.eras[i].local(step), count)
+
+    def rows_at(self, step: int, first: int, count: int, run: int | None = None) -> tuple[np.ndarray, int]:
+        i = era_of(self.starts, step)  # (row order: random rows, whose eras have no epochs)
+        if i + 1 < len(self.starts):
+            run = min(run or self.starts[i + 1] - step, self.starts[i + 1] - step)
+        return self.samplers[i].rows_at(step, first, count, run)
 
     def epoch_of(self, step: int) -> int | None:
         era = self.eras[era_of(self.starts, step)]

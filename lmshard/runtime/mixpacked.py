@@ -65,7 +65,7 @@ class MixturePackedStream(StepStream):
             return packs, len(packs)
 
         self.eras, self._grown = growth.mixture_eras(self.mix, self.tree, state, position, keep_going,
-                                                     self.global_batch_size, make)  # fmt: skip
+                                                     lambda at: at * self.global_batch_size, make)  # fmt: skip
         self.eras = self.eras if any(self.eras) else []
         return True
 

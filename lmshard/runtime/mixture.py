@@ -37,7 +37,7 @@ from . import checks, growth
 from .batches import BatchStream
 from .dataset import TokenDataset
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
-from .sampling import Offsets, ShiftSpec, count_windows, feistel_permute, keyed_ints, recall, step_rng
+from .sampling import Offsets, ShiftSpec, holds_rows, count_windows, feistel_permute, keyed_ints, recall, step_rng
 from .windows import stride_or_default
 
 if TYPE_CHECKING:
@@ -53,8 +53,10 @@ class MixtureOffsets(Offsets):
     offsets, or windows with per-source epochs). The shift is drawn per step, shared by all."""
 
     steps_per_epoch = None
+    order = "rows"  # the same rows in either order: row g of the run is drawn from (seed, g)
 
     def __init__(self, mix: Mixture, seq_len: int, shift: ShiftSpec, seed: int, stride: int | None) -> None:
+        self.by_len = stride is not None  # a source's windows of one length go on through the other lengths' phases
         self.mix, self.seq_len, self.shift, self.seed, self.stride = mix, seq_len, shift, seed, stride
         self.tree = RowTree(mix.int_weights, seed)
         self.store = mix.store
@@ -62,7 +64,7 @@ class MixtureOffsets(Offsets):
         self.windows = (
             None if stride is None else [count_windows(int(n), seq_len, stride, shift.max) for n in self.sizes]
         )
-        self._cache: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (first step, rows, shifts, offsets)
+        self._cache: list[Any] = []  # (first step, first row, rows a step, shifts, offsets)
         # per source, the eras of a source that grew while the run went on (runtime/growth.py):
         # (era, (its split's tokens, its windows)); none: one era, the split as it is
         self.eras: list[list[tuple[growth.Era, Any]]] = [[] for _ in self.sizes]
@@ -71,7 +73,7 @@ class MixtureOffsets(Offsets):
         return {"shift": self.shift.describe(), "stride": self.stride,
                 "mixture": self.mix.fingerprint()}  # fmt: skip
 
-    def regrow(self, state: dict[str, Any], position: int, keep_going: bool, global_batch: int) -> list[list[Any]]:
+    def regrow(self, state: dict[str, Any], position: int, keep_going: bool, rows_before: Any) -> list[list[Any]]:
         """Take the eras of the sources that grew since the state's run began (runtime/growth.py)
         and return what the state records of them."""
 
@@ -80,7 +82,7 @@ class MixtureOffsets(Offsets):
             n = None if self.stride is None else count_windows(size, self.seq_len, self.stride, self.shift.max)
             return (size, n or 0), n
 
-        self.eras, record = growth.mixture_eras(self.mix, self.tree, state, position, keep_going, global_batch, make)
+        self.eras, record = growth.mixture_eras(self.mix, self.tree, state, position, keep_going, rows_before, make)
         self._cache = []
         return record
 
@@ -90,17 +92,20 @@ class MixtureOffsets(Offsets):
         return int(step_rng(self.seed ^ _SHIFT_SALT, step).choice(self.shift.choices))
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
-        # Steps are drawn a block at a time (as RandomOffsets does): the tree and the keyed draw
-        # are a dozen numpy calls whose fixed cost dominates one batch. A step's rows do not
-        # depend on the block it was drawn in.
-        n = max(1, min(_BLOCK_STEPS, (1 << 16) // count))
-        c = recall(self._cache, lambda c: c[1] == count and c[0] <= step < c[0] + len(c[2]),
-                   lambda: self._block(step - step % n, n, count))  # fmt: skip
-        return c[3][step - c[0]], int(c[2][step - c[0]])
+        return self.rows_at(step, step * count, count)
 
-    def _block(self, first: int, n: int, count: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-        shifts = np.array([self._shift(first + i) for i in range(n)], dtype=np.int64)
-        source, local = self.tree.assign(np.arange(first * count, (first + n) * count, dtype=np.int64))
+    def rows_at(self, step: int, first: int, count: int, run: int | None = None) -> tuple[np.ndarray, int]:
+        # Steps are drawn a block at a time (as RandomOffsets does): the tree and the keyed draw
+        # are a dozen numpy calls whose fixed cost dominates one batch. A row's offset depends on
+        # the row alone (and its step's shift), not on the block it was drawn in.
+        c = recall(self._cache, lambda c: holds_rows(c, step, first, count),
+                   lambda: self._block(step, first, count, run))  # fmt: skip
+        return c[4][step - c[0]], int(c[3][step - c[0]])
+
+    def _block(self, step: int, first: int, count: int, run: int | None) -> tuple[Any, ...]:
+        n = max(1, min(_BLOCK_STEPS, (1 << 16) // count, run or _BLOCK_STEPS))
+        shifts = np.array([self._shift(step + i) for i in range(n)], dtype=np.int64)
+        source, local = self.tree.assign(np.arange(first, first + n * count, dtype=np.int64))
         if self.windows is None:  # all sources in one call: row m of source s is keyed (m, s)
             sizes = self.sizes[source]
             for s, eras in enumerate(self.eras):  # a source that grew: its rows before drew over less
@@ -118,7 +123,7 @@ class MixtureOffsets(Offsets):
                 for where, era, (_, windows) in growth.split_by_era(self.eras[s], local[mine]):
                     at = mine[where]
                     out[at] = self._source_windows(s, era.local(local[at]), windows)
-        return first, count, shifts, (out + self.store.bases[source]).reshape(n, count)
+        return step, first, count, shifts, (out + self.store.bases[source]).reshape(n, count)
 
     def _source_windows(self, s: int, m: np.ndarray, n: int) -> np.ndarray:
         """Window starts of rows m of source s: window m mod n of the order of epoch m // n. A

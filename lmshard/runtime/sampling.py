@@ -149,6 +149,23 @@ class DocStarts:
         """The same draw over the documents of the first `shards` shards only."""
         return DocStarts(np.diff(self.doc_cum)[:shards], self.doc_start)
 
+    def draw_rows(self, seed: int, rows: np.ndarray, limits: np.ndarray) -> np.ndarray:
+        """The start of each global row in `rows` (row order): a document drawn from
+        (seed, row, attempt), redrawn while its start is past the row's limit."""
+        out = np.full(len(rows), -1, dtype=np.int64)
+        pending = np.arange(len(rows))
+        for attempt in range(1000):
+            if not len(pending):
+                return out
+            g = keyed_ints(seed ^ _DOC_SALT, rows[pending] * 1024 + attempt, self.n_docs)
+            k = np.searchsorted(self.doc_cum, g, side="right") - 1
+            starts = np.array([self.doc_start(int(a), int(b)) for a, b in zip(k, g - self.doc_cum[k], strict=True)],
+                              dtype=np.int64)  # fmt: skip
+            ok = starts <= limits[pending]
+            out[pending[ok]] = starts[ok]
+            pending = pending[~ok]
+        raise ConfigError("no document start leaves room for seq_len tokens; lower seq_len")
+
     def draw(self, rng: np.random.Generator, count: int, limit: int) -> np.ndarray:
         """`count` starts no later than `limit`."""
         out = np.empty(count, dtype=np.int64)
@@ -166,10 +183,18 @@ class DocStarts:
 
 
 class Offsets(ABC):
-    """Where the rows of a step start: the one interface `BatchStream` draws from."""
+    """Where the rows of a step start: the one interface `BatchStream` draws from.
+
+    Two orders. "steps" (`rows`): a step's rows are drawn from (seed, step), so they depend on
+    the global batch. "rows" (`rows_at`): the run's row g is drawn from (seed, g), whatever step
+    it falls in, so runs at any batch size, or a batch-size schedule, read one sequence of rows
+    (runtime/schedule.py)."""
 
     shift: ShiftSpec  # the label shift(s) rows are read for
     steps_per_epoch: int | None  # steps in one pass over the data, or None (no epochs)
+    order: str = "steps"
+    by_len: bool = False  # rows numbered among the rows of their own seq_len (windows)
+    n_rows: int | None = None  # rows (windows) in one epoch, in row order; None: no epochs
 
     @abstractmethod
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
@@ -179,6 +204,12 @@ class Offsets(ABC):
     def fingerprint(self) -> dict[str, Any]:
         """What else (beside seed, seq_len and the global batch) decides the rows: a resume
         state from a stream whose fingerprint differs is refused."""
+
+    def rows_at(self, step: int, first: int, count: int, run: int | None = None) -> tuple[np.ndarray, int]:
+        """Row order: the offsets of the run's rows [first, first + count), drawn at step `step`
+        (whose shift they share); `run`: steps from `step` on that draw `count` rows each, the
+        next one from first + count (None: all), so they may be drawn at once."""
+        raise ConfigError(f"{type(self).__name__} draws in step order only")
 
     def over(self, n_tokens: int, shards: int) -> Offsets:
         """The same sampler over the first `n_tokens` of the split (its first `shards` shards):
@@ -204,21 +235,48 @@ class RandomOffsets(Offsets):
     steps_per_epoch = None
 
     def __init__(self, n_tokens: int, seq_len: int, shift: ShiftSpec, seed: int,
-                 doc_starts: DocStarts | None = None) -> None:  # fmt: skip
+                 doc_starts: DocStarts | None = None, order: str = "steps") -> None:  # fmt: skip
         n_tokens, seq_len = checks.nonnegative("n_tokens", n_tokens), checks.positive("seq_len", seq_len)
+        self.order = order
         seed = checks.seed(seed)
         _check_shift(shift)
         checks.fits("the split", n_tokens, seq_len, shift.max)
         self.n_tokens, self.seq_len, self.shift, self.seed = n_tokens, seq_len, shift, seed
         self.doc_starts = doc_starts
-        self._cache: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (first step, rows, shifts, offsets)
+        self._cache: list[Any] = []  # blocks of steps drawn: (first step, rows, shifts, offsets), or row blocks
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "doc_aligned": self.doc_starts is not None}
 
     def over(self, n_tokens: int, shards: int) -> RandomOffsets:
         starts = None if self.doc_starts is None else self.doc_starts.head(shards)
-        return RandomOffsets(n_tokens, self.seq_len, self.shift, self.seed, starts)
+        return RandomOffsets(n_tokens, self.seq_len, self.shift, self.seed, starts, self.order)
+
+    def rows_at(self, step: int, first: int, count: int, run: int | None = None) -> tuple[np.ndarray, int]:
+        c = recall(self._cache, lambda c: holds_rows(c, step, first, count),
+                   lambda: self._row_block(step, first, count, run))  # fmt: skip
+        return c[4][step - c[0]], int(c[3][step - c[0]])
+
+    def _row_block(self, step: int, first: int, count: int, run: int | None) -> tuple[int, int, int, np.ndarray,
+                                                                                      np.ndarray]:  # fmt: skip
+        """Rows of the steps [step, step + n), row g keyed (seed, g): (step, first row, rows a
+        step, shifts, offsets)."""
+        n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count, run or _BLOCK_STEPS))
+        shifts = self._shifts(step, n)
+        rows = np.arange(first, first + n * count, dtype=np.int64)
+        limits = self.n_tokens - (self.seq_len + np.repeat(shifts, count))  # each row's last valid start
+        if self.doc_starts is None:
+            offsets = keyed_ints(self.seed, rows, limits + 1)
+        else:
+            offsets = self.doc_starts.draw_rows(self.seed, rows, limits)
+        return step, first, count, shifts, offsets.reshape(n, count)
+
+    def _shifts(self, first: int, n: int) -> np.ndarray:
+        """The shifts of steps [first, first + n): each a pure function of (seed, step)."""
+        if self.shift.fixed is not None:
+            return np.full(n, self.shift.fixed, dtype=np.int64)
+        picks = counter_block(self.seed ^ _SHIFT_SALT, first, n, 1, len(self.shift.choices))[:, 0]
+        return np.asarray(self.shift.choices, dtype=np.int64)[picks]
 
     def rows(self, step: int, count: int) -> tuple[np.ndarray, int]:
         if self.doc_starts is None:  # the hot path: counter-based, drawn for a block of steps at once
@@ -235,16 +293,18 @@ class RandomOffsets(Offsets):
         belongs to one block whatever step a stream starts (or resumes) at."""
         n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count))
         first = step - step % n
-        if self.shift.fixed is not None:
-            shifts = np.full(n, self.shift.fixed, dtype=np.int64)
-        else:
-            picks = counter_block(self.seed ^ _SHIFT_SALT, first, n, 1, len(self.shift.choices))[:, 0]
-            shifts = np.asarray(self.shift.choices, dtype=np.int64)[picks]
+        shifts = self._shifts(first, n)
         offsets = counter_block(self.seed, first, n, count, self.n_tokens - (self.seq_len + shifts) + 1)
         return first, count, shifts, offsets
 
 
 _SHIFT_SALT = 0x5EED5EED5EED
+_DOC_SALT = 0xD0C5D0C5D0C5
+
+
+def holds_rows(c: tuple[Any, ...], step: int, first: int, count: int) -> bool:
+    """Whether a row block (step, first row, rows a step, ..., offsets) holds `step`'s rows."""
+    return c[2] == count and c[0] <= step < c[0] + len(c[-1]) and first == c[1] + (step - c[0]) * count
 
 
 class WindowOffsets(Offsets):
@@ -253,27 +313,50 @@ class WindowOffsets(Offsets):
     step draws: with shift="random" every window has room for any label span, and each step
     draws its shift from (seed, step), shared by all its rows and ranks, as random batches do."""
 
+    by_len = True
+
     def __init__(self, n_tokens: int, seq_len: int, stride: int, shift: ShiftSpec, global_batch: int, seed: int,
-                 shuffle: bool) -> None:  # fmt: skip
+                 shuffle: bool, order: str = "steps") -> None:  # fmt: skip
         _check_shift(shift)
+        self.order = order
         global_batch, seed = checks.positive("global_batch", global_batch), checks.seed(seed)
         stride = checks.positive("stride", stride)  # a Python int: the resume state must be JSON
-        self.n_windows = count_windows(n_tokens, seq_len, stride, shift.max)
+        self.n_windows = self.n_rows = count_windows(n_tokens, seq_len, stride, shift.max)
         checks.fits("the split", n_tokens, seq_len, shift.max)
         self.steps_per_epoch: int = self.n_windows // global_batch
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0 and (order == "steps" or self.n_windows == 0):
             raise ArgumentError(f"{self.n_windows} windows cannot fill one global batch of {global_batch} rows; "
                                 "lower batch_size or stride")  # fmt: skip
         self.stride, self.shift, self.seed, self.shuffle = stride, shift, seed, checks.flag("shuffle", shuffle)
         self.seq_len, self.global_batch = seq_len, global_batch
-        self._cache: list[tuple[int, int, int, np.ndarray]] = []  # (epoch, first step, rows, starts)
+        self._cache: list[Any] = []  # (epoch, first step, rows, starts), or row blocks
 
     def fingerprint(self) -> dict[str, Any]:
         return {"shift": self.shift.describe(), "stride": self.stride, "shuffle": self.shuffle}
 
     def over(self, n_tokens: int, shards: int) -> WindowOffsets:
         return WindowOffsets(n_tokens, self.seq_len, self.stride, self.shift, self.global_batch, self.seed,
-                             self.shuffle)  # fmt: skip
+                             self.shuffle, self.order)  # fmt: skip
+
+    def rows_at(self, step: int, first: int, count: int, run: int | None = None) -> tuple[np.ndarray, int]:
+        """Row g (among the rows of this seq_len) is window g mod n of epoch g // n: epochs
+        follow one another with no window dropped, an epoch's end may fall inside a step."""
+        c = recall(self._cache, lambda c: holds_rows(c, step, first, count),
+                   lambda: self._row_block(step, first, count, run))  # fmt: skip
+        return c[4][step - c[0]], self._shift(step)
+
+    def _row_block(self, step: int, first: int, count: int, run: int | None) -> tuple[Any, ...]:
+        n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count, run or _BLOCK_STEPS))
+        epoch, within = np.divmod(np.arange(first, first + n * count, dtype=np.int64), self.n_windows)
+        if not self.shuffle:
+            starts = within * self.stride
+        else:
+            starts = np.empty(len(within), dtype=np.int64)
+            for e in np.unique(epoch).tolist():
+                mine = epoch == e
+                key = int(step_rng(self.seed, e, 2).integers(2**32))
+                starts[mine] = feistel_permute(within[mine], self.n_windows, key=key) * self.stride
+        return step, first, count, None, starts.reshape(n, count)
 
     def _shift(self, step: int) -> int:
         if self.shift.fixed is not None:
