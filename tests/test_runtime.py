@@ -111,7 +111,8 @@ def test_world_size_4_state_resumes_at_world_size_2(ds):
     stepwise = [TokenDataset(ds).random_batches(2, 16, seed=4, rank=r, world_size=4, order="steps") for r in range(4)]
     with pytest.raises(ArgumentError, match="global_batch_size"):
         TokenDataset(ds).random_batches(3, 16, seed=4, world_size=2, order="steps").load_state_dict(
-            stepwise[0].state_dict())
+            stepwise[0].state_dict()
+        )
 
 
 def test_resume_in_a_new_process(ds, tmp_path):
@@ -472,7 +473,8 @@ def test_x_and_y_are_contiguous_int64(ds):
 def test_offsets_drawn_in_blocks_equal_the_per_step_formula(ds):
     """Offsets are drawn for many steps at once; each step's rows must still be the pure
     per-step function, whatever step the stream starts at and whatever the row count."""
-    from lmshard.runtime.sampling import _SHIFT_SALT, RandomOffsets, ShiftSpec, counter_ints
+    from lmshard.runtime.keyed import counter_ints
+    from lmshard.runtime.sampling import _SHIFT_SALT, RandomOffsets, ShiftSpec
 
     n, T = 100_000, 24
     for count, spec in ((3, ShiftSpec.parse(1, T)), (5000, ShiftSpec.parse("random", T))):

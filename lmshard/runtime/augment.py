@@ -31,7 +31,7 @@ import torch
 
 from ..errors import ArgumentError
 from . import checks
-from .sampling import keyed_ints
+from .keyed import keyed_ints
 
 _SALT = 0xA0C3E7
 

@@ -18,109 +18,26 @@ iterating besides the batches the caller holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import ArgumentError, ConfigError
+from ..errors import ArgumentError
 from . import checks, growth
 from .augment import Augmented
+from .batch import Batch, RowStore
 from .checks import resolve_rank
-from .hfconvention import hf_fields
 from .lookahead import Lookahead
 from .ring import Ring
 from .sampling import Offsets
-from .schedule import Phase, Schedule
+from .schedule import Schedule, Scheduled
 from .schedule import resolve as resolve_schedule
 from .skips import SkipSteps
 from .trace import Audited
 
 
-class RowStore(Protocol):
-    """What a batch stream reads rows through: a `TokenStore`, or a mixture's `MixedStore`."""
-
-    n_tokens: int
-
-    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None,
-               key: Any = None) -> np.ndarray: ...  # fmt: skip
-
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray, key: Any = None) -> None: ...
-
-    def doc_starts_in(self, lo: int, hi: int) -> np.ndarray: ...
-
-    def announce(self, key: Any, parts: list[tuple[np.ndarray, np.ndarray | int]]) -> None: ...
-
-    def release(self, key: Any) -> None: ...
-
-    def release_owner(self, owner: int) -> None: ...
-
-
-@dataclass
-class Batch:
-    """One batch. Unpacks as `x, y = batch` (and `batch[0]`, `batch[1]`); the rest are
-    attributes. It also reads as a mapping, for loops written for Hugging Face-style batches:
-    `batch["input_ids"]` (x), `batch["labels"]` (y), `"cu_seqlens" in batch`, `keys()`,
-    `items()`, `model(**batch)`; every attribute reads by its name too (`batch["shift"]`), though
-    only the model's inputs are keys. Iterating gives x and y, not the keys, so it is not a
-    `collections.abc.Mapping`.
-
-    x, y: int64 [batch, seq_len] (or [batch, seq_len // shift, shift] when grouped); y[i] is
-    the token `shift` positions after x[i]. offsets: each row's start in the split's token
-    stream. cu_seqlens / max_seqlen: document boundaries of x flattened over the batch (int32,
-    flash-attention varlen style), when requested; position_ids where a stream provides them."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    step: int
-    shift: int
-    offsets: np.ndarray
-    cu_seqlens: torch.Tensor | None = None
-    max_seqlen: int | None = None
-    position_ids: torch.Tensor | None = None
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter((self.x, self.y))
-
-    def __len__(self) -> int:
-        return 2
-
-    def keys(self) -> list[str]:
-        """The mapping's keys: input_ids, labels, and those of cu_seqlens, max_seqlen and
-        position_ids that are set."""
-        extra = [k for k in ("position_ids", "cu_seqlens", "max_seqlen") if getattr(self, k) is not None]
-        return ["input_ids", "labels", *extra]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self[k]) for k in self.keys()]
-
-    def hf(self, varlen: bool = False, mask: bool = False) -> dict[str, Any]:
-        """The batch in Hugging Face transformers' convention, for `model(**batch.hf())`:
-        `labels` are the input ids (the model shifts them), not `y` (hfconvention.py)."""
-        return hf_fields(self.x, self.y, self.shift, self.position_ids, self.cu_seqlens, self.max_seqlen, varlen,
-                         mask)  # fmt: skip
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.keys()
-
-    def __getitem__(self, key: int | str) -> Any:
-        if isinstance(key, int) and not isinstance(key, bool):
-            return (self.x, self.y)[key]
-        if key == "input_ids":
-            return self.x
-        if key == "labels":
-            return self.y
-        if isinstance(key, str) and (key in self.keys() or key in _FIELDS and getattr(self, key) is not None):
-            return getattr(self, key)  # (batch["shift"] reads as batch.shift; an unset cu_seqlens is not there)
-        raise KeyError(f"{key!r}: a batch reads as {', '.join(self.keys())} (its keys) and as its attributes "
-                       f"{', '.join(_FIELDS)}")  # fmt: skip
-
-
-_FIELDS = ("x", "y", "step", "shift", "offsets", "cu_seqlens", "max_seqlen", "position_ids")
-
-
-class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset):
+class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.IterableDataset):
     """An endless, resumable stream of batches for one rank.
 
     Use it directly (`next(stream)`: batches on `device`, next one prefetched), or hand it to a
@@ -189,85 +106,6 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         self._scratch: np.ndarray | None = None
         self._pending: tuple[int, Any] | None = None
         self._ahead = Lookahead(store, self._reads)  # exact prefetch, for stores that fetch (remote ones)
-
-    @property
-    def order(self) -> str:
-        """"rows": row g of the run is drawn from (seed, g), at any batch size; "steps": a
-        step's rows from (seed, step), and window epochs of whole steps."""
-        return self.offsets.order
-
-    def _phase(self, position: int) -> Phase:
-        return self.schedule.phase(self._data(position))
-
-    @property
-    def batch_size(self) -> int:
-        """Rows per step on this rank, at the next step (a schedule's global batch / world_size)."""
-        return self._phase(self.step).global_batch // self.world_size
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens per row at the next step."""
-        return self._phase(self.step).seq_len
-
-    def _offsets(self, seq_len: int) -> Offsets:
-        """The offsets of rows of `seq_len` tokens."""
-        if seq_len == self.schedule.phases[0].seq_len:
-            return self.offsets
-        if seq_len not in self._lens:
-            if self._make is None:
-                raise ConfigError(f"this stream cannot draw rows of {seq_len} tokens; build it with "
-                                  "TokenDataset.random_batches or window_batches")  # fmt: skip
-            self._lens[seq_len] = self._make(seq_len, self.order)
-        return self._lens[seq_len]
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Steps in one pass over all windows (window streams; in row order, whole steps at the
-        next step's batch size, as an epoch's end may fall inside a step); None for random batches."""
-        if self.order == "steps":
-            return self.offsets.steps_per_epoch
-        n = self._offsets(self.seq_len).n_rows
-        return None if n is None else n // self.global_batch_size
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch of the next batch's first row (window streams, counted on across a growth);
-        None for random batches."""
-        if self.order == "steps":
-            return self.offsets.epoch_of(self._data(self.step))
-        n = self._offsets(self.seq_len).n_rows
-        return None if n is None else self.schedule.rows_of_len(self._data(self.step)) // n
-
-    def set_epoch(self, epoch: int) -> None:
-        """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch).
-        In row order: the first step whose rows all belong to `epoch` or later."""
-        if self.steps_per_epoch is None:
-            raise ConfigError(f"{self.kind} batches have no epochs; resume them with load_state_dict")
-        epoch = checks.nonnegative("epoch", epoch)
-        if self.order == "steps":
-            self.step = self.offsets.epoch_start(epoch)
-        elif not self.schedule.constant_shape:
-            raise ConfigError("set_epoch needs one batch shape; a scheduled stream resumes with load_state_dict")
-        else:
-            n, g = self._offsets(self.seq_len).n_rows or 0, self.global_batch_size
-            self.step = -(-epoch * n // g)
-        self._pending = None
-        self._ahead.reset()
-
-    @property
-    def global_batch_size(self) -> int:
-        """Rows per optimizer step across all ranks at the next step (batch_size × world_size)."""
-        return self._phase(self.step).global_batch
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens per optimizer step across all ranks at the next step."""
-        return self.global_batch_size * self.seq_len
-
-    @property
-    def tokens_seen(self) -> int:
-        """Tokens (seq_len a row, all ranks) of the steps handed out so far."""
-        return self.schedule.tokens_before(self._data(self.step))
 
     def __repr__(self) -> str:
         return (f"BatchStream({self.kind}, batch_size={self.batch_size}, seq_len={self.seq_len}, rank={self.rank}/"
@@ -339,48 +177,6 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
                                     f"{key}={mine[key]!r}; build this stream with the saved {what} to continue that "
                                     "run")  # fmt: skip
 
-    def _load_order(self, state: dict[str, Any]) -> None:
-        """The state's order: adopted by a stream built without `order=`, else it must be this one."""
-        saved = state.get("order", "steps")  # states saved before row order existed drew by step
-        if saved == self.order or self.kind.startswith("mixture/") or state.get("kind") != self.kind:
-            return  # a mixture draws the same rows in either order; another kind is refused by _load
-        if saved not in ("rows", "steps"):
-            raise ArgumentError(f"state['order']={checks.show(saved)} is neither 'rows' nor 'steps'; {checks.STATE_FIX}")
-        if self._order_given or self._make is None or not self.schedule.constant_shape:
-            raise ArgumentError(f"cannot resume: the state was drawn in order={saved!r} and this stream draws in "
-                                f"order={self.order!r}; build the stream with order={saved!r} to continue that run")  # fmt: skip
-        T = self.schedule.phases[0].seq_len
-        self.offsets, self._lens = self._make(T, saved), {}
-        self._base = self.offsets
-
-    def _load_schedule(self, state: dict[str, Any], step: int, from_step: int | None) -> None:
-        """The schedule the resumed stream follows (see load_state_dict)."""
-        if "schedule" in state:
-            saved = Schedule(state["schedule"])
-        elif "seq_len" in state and "global_batch_size" in state:
-            saved = Schedule.constant(state["global_batch_size"], state["seq_len"])
-        else:
-            return  # refused by _load (a required key is missing)
-        if self.order == "steps":
-            return  # one shape, checked by _load
-        at = self._data(self._position(step))
-        if from_step is not None:
-            from_step = checks.integer("from_step", from_step, low=step,
-                                       fix=f"pass a from_step at or after the state's step {step}: the steps before it "
-                                           "have been trained on")  # fmt: skip
-            effective = saved.splice(self._given, self._data(self._position(from_step)))
-        elif saved == self._given:
-            effective = saved
-        elif not self._scheduled:  # one shape given: it holds from the resumed step on
-            effective = saved.splice(self._given, at)
-        else:
-            differ = saved.first_difference(self._given)
-            raise ArgumentError(f"cannot resume: the state's schedule {saved.record()} and this stream's "
-                                f"{self._given.record()} differ from step {differ}; build the stream with the saved "
-                                "schedule, or pass from_step=S to follow the new one from step S on")  # fmt: skip
-        effective.per_rank(self.world_size)
-        self.schedule = effective
-
     def _regrow(self, state: dict[str, Any], position: int, keep_going: bool) -> None:
         """Take the eras of the data the state's run read (runtime/growth.py)."""
         base = self._base
@@ -405,18 +201,6 @@ class BatchStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDatase
         return offsets, seq_len + shift
 
     # -- producing batches -------------------------------------------------------------------
-
-    def _global_rows(self, position: int) -> tuple[np.ndarray, int, int]:
-        """Every rank's rows at `position`: offsets, the step's shift, its seq_len."""
-        d = self._data(position)
-        phase = self.schedule.phase(d)
-        offsets = self._offsets(phase.seq_len)
-        if offsets.order == "steps":
-            rows, shift = offsets.rows(d, phase.global_batch)
-        else:
-            first = self.schedule.rows_of_len(d) if offsets.by_len else self.schedule.first_row(d)
-            rows, shift = offsets.rows_at(d, first, phase.global_batch, self.schedule.steps_in_phase(d))
-        return rows, shift, phase.seq_len
 
     def _rows(self, step: int) -> tuple[np.ndarray, int, int]:
         """This rank's rows at position `step`: offsets, shift, seq_len."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from .sampling import keyed_ints
+from .keyed import keyed_ints
 from .span import _Span, widened
 
 if TYPE_CHECKING:

@@ -36,8 +36,9 @@ from ..remote.urls import is_url
 from . import checks, growth
 from .batches import BatchStream
 from .dataset import TokenDataset
+from .keyed import feistel_permute, keyed_ints, step_rng
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
-from .sampling import Offsets, ShiftSpec, holds_rows, count_windows, feistel_permute, keyed_ints, recall, step_rng
+from .sampling import Offsets, ShiftSpec, count_windows, holds_rows, recall
 from .windows import stride_or_default
 
 if TYPE_CHECKING:

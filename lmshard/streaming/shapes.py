@@ -25,8 +25,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..packing import stream as streampack
+from ..runtime.keyed import step_rng
 from ..runtime.packed import build_rows
-from ..runtime.sampling import ShiftSpec, step_rng
+from ..runtime.sampling import ShiftSpec
 from .docs import DocPos, Documents, Origin
 
 Piece = tuple[int, int, int, int, int, int]  # a row's piece of a document: shard, record, start, end, at, length
