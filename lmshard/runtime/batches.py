@@ -31,8 +31,9 @@ from .checks import resolve_rank
 from .lookahead import Lookahead
 from .ring import Ring
 from .sampling import Offsets
-from .schedule import Schedule, Scheduled
+from .schedule import Schedule
 from .schedule import resolve as resolve_schedule
+from .scheduled import Scheduled
 from .skips import SkipSteps
 from .trace import Audited
 

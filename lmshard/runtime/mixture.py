@@ -20,6 +20,7 @@ grows with the step.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import tomllib
@@ -34,11 +35,13 @@ import torch
 from ..errors import ArgumentError, InputError
 from ..remote.urls import is_url
 from . import checks, growth
-from .batches import BatchStream
+from .batches import BatchStream, resolve_rank
 from .dataset import TokenDataset
 from .keyed import feistel_permute, keyed_ints, step_rng
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
 from .sampling import Offsets, ShiftSpec, count_windows, holds_rows, recall
+from .schedule import parse_order
+from .schedule import resolve as resolve_schedule
 from .windows import stride_or_default
 
 if TYPE_CHECKING:
@@ -208,33 +211,37 @@ class Mixture:
         shown = ", ".join(f"{n}: {w:.4g}" for n, w in zip(self.names, self.weights, strict=True))
         return f"Mixture({{{shown}}})"
 
-    def random_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, shift: int | str = 1,
-                       **options: Any) -> BatchStream:  # fmt: skip
-        """As `TokenDataset.random_batches` (rank, world_size, device, cu_seqlens, grouped,
-        prefetch), each row from the source the mixture assigns it to."""
-        return self._stream(batch_size, seq_len, seed, shift, None, options)
-
-    _OPTIONS = ("rank", "world_size", "device", "cu_seqlens", "grouped", "prefetch")
-
-    def window_batches(self, batch_size: int, seq_len: int, *, stride: int | None = None, seed: int = 0,
+    def random_batches(self, batch_size: int | None = None, seq_len: int | None = None, *, seed: int = 0,
                        shift: int | str = 1, **options: Any) -> BatchStream:  # fmt: skip
-        """Sliding windows of each source, each visited once per epoch of that source, in an
-        order reshuffled per source epoch; options as `random_batches`."""
-        return self._stream(batch_size, seq_len, seed, shift, stride_or_default(stride, seq_len), options)
+        """As `TokenDataset.random_batches` (rank, world_size, device, cu_seqlens, grouped,
+        prefetch, schedule), each row from the source the mixture assigns it to. A mixture
+        draws in row order: row g of the run comes from (seed, g) at any batch size."""
+        return self._stream(batch_size, seq_len, seed, shift, False, None, options)
 
-    def _stream(self, batch_size: int, seq_len: int, seed: int, shift: int | str, stride: int | None,
-                options: dict[str, Any]) -> BatchStream:  # fmt: skip
+    _OPTIONS = ("rank", "world_size", "device", "cu_seqlens", "grouped", "prefetch", "schedule", "order")
+
+    def window_batches(self, batch_size: int | None = None, seq_len: int | None = None, *, stride: int | None = None,
+                       seed: int = 0, shift: int | str = 1, **options: Any) -> BatchStream:  # fmt: skip
+        """Sliding windows of each source, each visited once per epoch of that source, in an
+        order reshuffled per source epoch; options as `random_batches`. Under a schedule each
+        seq_len draws its own windows (stride: the given one, else the length), whose source
+        epochs go on where that length's last phase stopped."""
+        return self._stream(batch_size, seq_len, seed, shift, True, stride, options)
+
+    def _stream(self, batch_size: int | None, seq_len: int | None, seed: int, shift: int | str, windows: bool,
+                stride: int | None, options: dict[str, Any]) -> BatchStream:  # fmt: skip
         unknown = sorted(set(options) - set(self._OPTIONS))
         if unknown:
             raise ArgumentError(f"a mixture's batches take no {', '.join(unknown)}; the options are seed, shift, "
                                 f"{', '.join(self._OPTIONS)} (and stride for windows)")  # fmt: skip
-        spec = ShiftSpec.parse(shift, seq_len)
-        seed = checks.seed(seed)
-        for name, data in zip(self.names, self.datasets, strict=True):
-            checks.fits(f"source {name}", data.n_tokens, seq_len, spec.max)
-        offsets = MixtureOffsets(self, seq_len, spec, seed, stride)
-        kind = "mixture/random" if stride is None else f"mixture/windows/{stride}"
-        return BatchStream(self.store, offsets, batch_size=batch_size, seq_len=seq_len, seed=seed, kind=kind,
+        schedule, order = options.pop("schedule", None), options.pop("order", None)
+        parse_order(order, "rows")  # either order draws the same rows for a mixture
+        plan = resolve_schedule(schedule, batch_size, seq_len, resolve_rank(options.get("rank"),
+                                                                             options.get("world_size"))[1])  # fmt: skip
+        make = functools.partial(_mixture_offsets, self, shift, checks.seed(seed), windows, stride)
+        offsets = make(plan.phases[0].seq_len, "rows")
+        kind = f"mixture/windows/{offsets.stride}" if windows else "mixture/random"
+        return BatchStream(self.store, offsets, schedule=plan, make=make, seed=seed, kind=kind,
                            **options)  # fmt: skip
 
     def packed_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, rank: int | None = None,
@@ -309,6 +316,16 @@ class Mixture:
         assert isinstance(offsets, MixtureOffsets)
         return self.report(stream.step, stream.global_batch_size, stream.seq_len, offsets.stride, offsets.seed,
                            offsets.shift.max)  # fmt: skip
+
+
+def _mixture_offsets(mix: Mixture, shift: int | str, seed: int, windows: bool, stride: int | None, T: int,
+                     order: str) -> MixtureOffsets:  # fmt: skip
+    """A mixture stream's offsets for rows of T tokens: random rows, or windows (stride: the given one, else T)."""
+    spec = ShiftSpec.parse(shift, T)
+    step = stride_or_default(stride, T) if windows else None
+    for name, data in zip(mix.names, mix.datasets, strict=True):
+        checks.fits(f"source {name}", data.n_tokens, T, spec.max)
+    return MixtureOffsets(mix, T, spec, seed, step)
 
 
 def _name(source: Any) -> str:

@@ -24,21 +24,24 @@ ids of the last two epochs used (8 bytes per pack each); a sample reads its own 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ConfigError
 from ..packing import io as packing_io
 from . import checks, growth
 from .batches import resolve_rank
-from .packedbatch import PackedBatch
+from .packedbatch import PackedBatch, collate_packed
 from .sampling import step_rng
+from .schedule import parse_order, resumed
+from .schedule import resolve as resolve_schedule
 from .stepstream import StepStream
 
 IGNORE = -100
+__all__ = ["IGNORE", "PackedDataset", "PackedStream", "build_rows", "collate_packed"]
 _EPOCH_SALT = 0x9AC4ED
 
 
@@ -140,11 +143,12 @@ class PackedDataset(torch.utils.data.Dataset):
         take = np.repeat(plan.ptr[packs] - first_of_row, counts) + np.arange(int(counts.sum()))
         return plan.start[take], plan.length[take], counts
 
-    def batches(self, batch_size: int, *, rank: int | None = None, world_size: int | None = None,
-                device: str | torch.device = "cpu", padding_free: bool = False) -> PackedStream:  # fmt: skip
+    def batches(self, batch_size: int | None = None, *, rank: int | None = None, world_size: int | None = None,
+                device: str | torch.device = "cpu", padding_free: bool = False, schedule: Any = None,
+                order: str | None = None) -> PackedStream:  # fmt: skip
         """A resumable stream of collated batches for one rank (see `PackedStream`)."""
         return PackedStream(self, batch_size, rank=rank, world_size=world_size, device=device,
-                            padding_free=padding_free)  # fmt: skip
+                            padding_free=padding_free, schedule=schedule, order=order)  # fmt: skip
 
 
 def build_rows(starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, T: int, pad_id: int,
@@ -186,52 +190,37 @@ def build_rows(starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, T: i
             "segments": segments}  # fmt: skip
 
 
-def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = False) -> dict[str, Any]:
-    """Samples of a PackedDataset as one batch: input_ids/labels/position_ids [B, seq_len] and
-    the segments of the batch flattened into one cu_seqlens (int32) with its max_seqlen.
-    padding_free: only each sample's real tokens, concatenated into one [1, total] row (the
-    shape of Hugging Face's DataCollatorWithFlattening), its segments in cu_seqlens."""
-    if not samples:
-        raise ArgumentError("collate_packed got no samples; pass at least one")
-    cus, at = [torch.zeros(1, dtype=torch.int32)], 0
-    keys = ("input_ids", "labels", "position_ids")
-    if padding_free:
-        parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
-        for s in samples:
-            n = int(s["length"])
-            for k in keys:
-                parts[k].append(s[k][:n])
-            cu = s["cu_seqlens"]
-            cu = cu[cu <= n] if int(cu[-1]) != n else cu
-            cus.append(cu[1:] + at)
-            at += n
-        out: dict[str, Any] = {k: torch.cat(v).unsqueeze(0) for k, v in parts.items()}
-    else:
-        out = {k: torch.stack([s[k] for s in samples]) for k in keys}
-        for s in samples:
-            cus.append(s["cu_seqlens"][1:] + at)
-            at += len(s["input_ids"])
-    cu_all = torch.cat(cus)
-    out["cu_seqlens"] = cu_all
-    out["max_seqlen"] = int((cu_all[1:] - cu_all[:-1]).max())
-    return out
-
-
 class PackedStream(StepStream):
     """Epoch after epoch, step s of epoch e gives this rank packs
     order(e)[s·G + rank·B : s·G + (rank+1)·B] with G = B × world_size: every rank the same
     steps per epoch (len // G; exact when the plan was made with multiple=G), no pack twice in an
-    epoch. `state_dict()` is a few integers; `load_state_dict()` continues exactly."""
+    epoch. `state_dict()` is a few integers; `load_state_dict()` continues exactly.
 
-    def __init__(self, packs: PackedDataset, batch_size: int, *, rank: int | None = None,
-                 world_size: int | None = None, device: str | torch.device = "cpu",
-                 padding_free: bool = False) -> None:  # fmt: skip
-        self.packs, self.batch_size = packs, checks.positive("batch_size", batch_size)
+    order="rows" (the default with a schedule of batch sizes, runtime/schedule.py): the run's
+    row g is pack order(g // n)[g mod n] of the n packs, whatever the batch size, so every batch
+    size reads the same packs in the same order and a batch-size change on resume continues them
+    (an epoch may end inside a step; no pack is left out). The rows are the plan's seq_len."""
+
+    def __init__(self, packs: PackedDataset, batch_size: int | None = None, *, rank: int | None = None,
+                 world_size: int | None = None, device: str | torch.device = "cpu", padding_free: bool = False,
+                 schedule: Any = None, order: str | None = None) -> None:  # fmt: skip
+        self.packs = packs
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.device, self.padding_free = checks.device(device), checks.flag("padding_free", padding_free)
-        g = self.batch_size * self.world_size
+        T = packs.seq_len
+        self.schedule = self._given = resolve_schedule(schedule, batch_size, None if schedule is not None else T,
+                                                       self.world_size)  # fmt: skip
+        if self.schedule.seq_lens != [T]:
+            raise ArgumentError(f"schedule seq_lens {self.schedule.seq_lens}: a packed stream's rows are its plan's "
+                                f"seq_len {T}; pack once per length, or use random or window batches for a "
+                                "seq_len schedule")  # fmt: skip
+        self._scheduled = not self.schedule.constant_shape
+        self.order, self._order_given = parse_order(order, "rows" if self._scheduled else "steps")
+        if self._scheduled and self.order != "rows":
+            raise ArgumentError("a schedule needs order='rows'; pass order='rows'")
+        g = self.schedule.phases[0].global_batch
         self.steps_per_epoch = len(packs) // g
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0 and self.order == "steps":
             raise ArgumentError(f"{len(packs)} packs cannot fill one global batch of {g} (batch_size × world_size); "
                                 "lower batch_size or seq_len")  # fmt: skip
         self.left_over = len(packs) % g
@@ -243,12 +232,68 @@ class PackedStream(StepStream):
     def seed(self) -> int:
         return self.packs.seed
 
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        """Rows per step on this rank at the next step."""
+        return self.schedule.phase(self._data(self.step)).global_batch // self.world_size
+
+    @property
+    def epoch(self) -> int | None:
+        if self.order == "steps":
+            return super().epoch
+        return self.schedule.first_row(self._data(self.step)) // len(self.packs)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to the first step of `epoch`; in row order, the first step whose rows all belong to it or later."""
+        if self.order == "steps":
+            return super().set_epoch(epoch)
+        if self._scheduled:
+            raise ConfigError("set_epoch needs one batch size; a scheduled stream resumes with load_state_dict")
+        self.step = -(-checks.nonnegative("epoch", epoch) * len(self.packs) // self.global_batch_size)
+        if self._ahead is not None:
+            self._ahead.reset()
+
+    def _row_ids(self, first: int, count: int) -> np.ndarray:
+        """Row order: the packs of the run's rows [first, first + count)."""
+        epoch, within = np.divmod(np.arange(first, first + count, dtype=np.int64), len(self.packs))
+        out = np.empty(count, dtype=np.int64)
+        for e in np.unique(epoch).tolist():
+            mine = epoch == e
+            out[mine] = self.packs.order(e)[within[mine]]
+        return out
+
+    def _load(self, state: Mapping[str, Any], step: int, keep_going: bool, from_step: int | None = None) -> None:
+        state = dict(state)
+        saved = state.get("order", "steps")  # states saved before row order existed drew by step
+        if saved != self.order and saved in ("rows", "steps") and state.get("kind") == self.kind:
+            if self._order_given or self._scheduled:
+                raise ArgumentError(f"cannot resume: the state was drawn in order={saved!r} and this stream in "
+                                    f"order={self.order!r}; build the stream with order={saved!r}")  # fmt: skip
+            self.order = saved
+        if self.order == "rows":
+            found = resumed(state, self._given, self._scheduled, step, from_step,
+                            lambda s: self._data(self._position(s)), self.world_size)  # fmt: skip
+            self.schedule = found or self.schedule
+            mine = self.state_dict()
+            state.pop("schedule", None)  # checked by `resumed`
+            state.update({k: mine[k] for k in ("global_batch_size", "schedule") if k in mine})
+        elif from_step is not None:
+            raise ArgumentError("from_step= moves a row-order stream onto a new schedule; this stream draws by step")
+        state["order"] = saved
+        super()._load(state, step, keep_going)
+        if self.order == "rows" and self._eras:
+            raise ArgumentError("cannot continue packed batches in row order on a grown split; resume in "
+                                "order='steps', or start from step 0")  # fmt: skip
+
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.packs.plan
-        return {"kind": "packed", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.packs.seed,
+        step = checks.rewind(self.step, in_hand)
+        return {"kind": "packed", "step": self._reported(step), "seed": self.packs.seed, "order": self.order,
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 **({"multiple": plan.multiple} if plan.multiple != 1 else {}),
-                "global_batch_size": self.global_batch_size, "shuffle": self.packs.shuffle,
+                "global_batch_size": self.schedule.phase(self._data(step)).global_batch,
+                **({"schedule": self.schedule.record()} if not self.schedule.constant_shape else {}),
+                "shuffle": self.packs.shuffle,
                 **checks.data_of(self.packs.data), **self._grown_state(),
                 **self._skip_state(), **self._augment_state()}  # fmt: skip
 
@@ -266,24 +311,37 @@ class PackedStream(StepStream):
         return steps
 
     def _ids(self, step: int) -> np.ndarray:
+        if self.order == "rows":
+            d = self._data(checks.nonnegative("step", step))
+            b = self.schedule.phase(d).global_batch // self.world_size
+            return self._row_ids(self.schedule.first_row(d) + self.rank * b, b)
         packs, epoch, within = self._epoch_of(step)
         first = within * self.global_batch_size + self.rank * self.batch_size
         return packs.order(epoch)[first : first + self.batch_size]
 
+    def _sampler(self, step: int) -> PackedDataset:
+        """The plan step `step` draws from (in step order, an era's over a split that grew)."""
+        return self.packs if self.order == "rows" else self._epoch_of(step)[0]
+
     def batch(self, step: int) -> PackedBatch:
         """Batch `step` for this rank: a pure function of (plan, seed, step, rank)."""
-        packs = self._epoch_of(step)[0]
+        packs = self._sampler(step)
         ids = self._ids(step)
         return self._finish(self.assemble(packs.rows(ids), ids, self.packs.seq_len), step)
 
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        starts, lengths, _ = self._epoch_of(step)[0].items(self._ids(step))
+        starts, lengths, _ = self._sampler(step).items(self._ids(step))
         return starts, lengths
 
     def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        return self._epoch_of(step)[0].items(self._ids(step))  # each row: its items one after another
+        return self._sampler(step).items(self._ids(step))  # each row: its items one after another
 
     def global_reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.order == "rows":
+            d = self._data(checks.nonnegative("step", step))
+            starts, lengths, _ = self.packs.items(self._row_ids(self.schedule.first_row(d),
+                                                                self.schedule.phase(d).global_batch))  # fmt: skip
+            return starts, lengths
         packs, epoch, within = self._epoch_of(step)
         g = self.global_batch_size
         starts, lengths, _ = packs.items(packs.order(epoch)[within * g : (within + 1) * g])

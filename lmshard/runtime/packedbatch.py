@@ -1,15 +1,17 @@
-"""`PackedBatch`: a batch of packed (or padded) rows, read as a pair and as a mapping.
+"""`PackedBatch`: a batch of packed (or padded) rows, read as a pair and as a mapping; and
+`collate_packed`, which makes one from a PackedDataset's samples.
 
 Memory model: the batch's tensors, held as given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..errors import ArgumentError
 from .hfconvention import hf_fields
 
 
@@ -60,3 +62,34 @@ class PackedBatch:
     @property
     def y(self) -> torch.Tensor:
         return self._fields["labels"]  # type: ignore[no-any-return]
+
+
+def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = False) -> dict[str, Any]:
+    """Samples of a PackedDataset as one batch: input_ids/labels/position_ids [B, seq_len] and
+    the segments of the batch flattened into one cu_seqlens (int32) with its max_seqlen.
+    padding_free: only each sample's real tokens, concatenated into one [1, total] row (the
+    shape of Hugging Face's DataCollatorWithFlattening), its segments in cu_seqlens."""
+    if not samples:
+        raise ArgumentError("collate_packed got no samples; pass at least one")
+    cus, at = [torch.zeros(1, dtype=torch.int32)], 0
+    keys = ("input_ids", "labels", "position_ids")
+    if padding_free:
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+        for s in samples:
+            n = int(s["length"])
+            for k in keys:
+                parts[k].append(s[k][:n])
+            cu = s["cu_seqlens"]
+            cu = cu[cu <= n] if int(cu[-1]) != n else cu
+            cus.append(cu[1:] + at)
+            at += n
+        out: dict[str, Any] = {k: torch.cat(v).unsqueeze(0) for k, v in parts.items()}
+    else:
+        out = {k: torch.stack([s[k] for s in samples]) for k in keys}
+        for s in samples:
+            cus.append(s["cu_seqlens"][1:] + at)
+            at += len(s["input_ids"])
+    cu_all = torch.cat(cus)
+    out["cu_seqlens"] = cu_all
+    out["max_seqlen"] = int((cu_all[1:] - cu_all[:-1]).max())
+    return out

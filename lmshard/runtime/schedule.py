@@ -23,11 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ..errors import ArgumentError, ConfigError
+from ..errors import ArgumentError
 from . import checks
-from .sampling import Offsets
 
 ORDERS = ("rows", "steps")
 _FIX = ("pass schedule=[(step, global_batch_size, seq_len), ...] starting at step 0, or dicts with "
@@ -202,6 +199,38 @@ class Schedule:
                                     f"are multiples of {world_size}")  # fmt: skip
 
 
+def resumed(state: dict[str, Any], given: Schedule, scheduled: bool, step: int, from_step: int | None,
+            data_position: Any, world_size: int) -> Schedule | None:  # fmt: skip
+    """The schedule a row-order stream built with `given` (`scheduled`: several phases, not one
+    shape) follows when it resumes `state` at its `step`: the saved one if it is the same; the
+    saved past, then `given` from `from_step` (at or after `step`) on; for one shape given, the
+    saved past and that shape from `step` on. Anything else is refused in one line. None: the
+    state records no shape (refused by the caller's checks). `data_position(step)`: the data
+    position a step draws (skips)."""
+    if "schedule" in state:
+        saved = Schedule(state["schedule"])
+    elif "seq_len" in state and "global_batch_size" in state:
+        saved = Schedule.constant(state["global_batch_size"], state["seq_len"])
+    else:
+        return None
+    if from_step is not None:
+        from_step = checks.integer("from_step", from_step, low=step,
+                                   fix=f"pass a from_step at or after the state's step {step}: the steps before it "
+                                       "have been trained on")  # fmt: skip
+        effective = saved.splice(given, data_position(from_step))
+    elif saved == given:
+        effective = saved
+    elif not scheduled:  # one shape given: it holds from the resumed step on
+        effective = saved.splice(given, data_position(step))
+    else:
+        differ = saved.first_difference(given)
+        raise ArgumentError(f"cannot resume: the state's schedule {saved.record()} and this stream's {given.record()} "
+                            f"differ from step {differ}; build the stream with the saved schedule, or pass "
+                            "from_step=S to follow the new one from step S on")  # fmt: skip
+    effective.per_rank(world_size)
+    return effective
+
+
 def parse_order(order: object, default: str) -> tuple[str, bool]:
     """(the order, whether it was given): None takes `default`."""
     if order is None:
@@ -227,163 +256,3 @@ def resolve(schedule: object, batch_size: object, seq_len: object, world_size: i
     made = schedule if isinstance(schedule, Schedule) else Schedule(schedule)  # type: ignore[arg-type]
     made.per_rank(world_size)
     return made
-
-
-class Scheduled:
-    """A batch stream's shape at each step, and where its rows come from: the schedule's
-    phases, the offsets of each seq_len, row or step order (mixed into `BatchStream`)."""
-
-    schedule: Schedule  # the one the stream follows (a resumed run's past, then what it was built with)
-    _given: Schedule  # the one it was built with
-    _scheduled: bool  # built with several phases (not one batch shape)
-    _make: Any  # (seq_len, order) -> the offsets of rows of that length
-    _order_given: bool
-    _lens: dict[int, Offsets]
-    offsets: Offsets
-    _base: Offsets
-    world_size: int
-    kind: str
-    step: int
-    _pending: Any
-    _ahead: Any
-
-    def _data(self, position: int) -> int:
-        raise NotImplementedError  # SkipSteps
-
-    def _position(self, step: int) -> int:
-        raise NotImplementedError  # SkipSteps
-
-    @property
-    def order(self) -> str:
-        """ "rows": row g of the run is drawn from (seed, g), at any batch size; "steps": a
-        step's rows from (seed, step), and window epochs of whole steps."""
-        return self.offsets.order
-
-    def _phase(self, position: int) -> Phase:
-        return self.schedule.phase(self._data(position))
-
-    @property
-    def batch_size(self) -> int:
-        """Rows per step on this rank, at the next step (a schedule's global batch / world_size)."""
-        return self._phase(self.step).global_batch // self.world_size
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens per row at the next step."""
-        return self._phase(self.step).seq_len
-
-    def _offsets(self, seq_len: int) -> Offsets:
-        """The offsets of rows of `seq_len` tokens."""
-        if seq_len == self.schedule.phases[0].seq_len:
-            return self.offsets
-        if seq_len not in self._lens:
-            if self._make is None:
-                raise ConfigError(f"this stream cannot draw rows of {seq_len} tokens; build it with "
-                                  "TokenDataset.random_batches or window_batches")  # fmt: skip
-            self._lens[seq_len] = self._make(seq_len, self.order)
-        return self._lens[seq_len]
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Steps in one pass over all windows (window streams; in row order, whole steps at the
-        next step's batch size, as an epoch's end may fall inside a step); None for random batches."""
-        if self.order == "steps":
-            return self.offsets.steps_per_epoch
-        n = self._offsets(self.seq_len).n_rows
-        return None if n is None else n // self.global_batch_size
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch of the next batch's first row (window streams, counted on across a growth);
-        None for random batches."""
-        if self.order == "steps":
-            return self.offsets.epoch_of(self._data(self.step))
-        n = self._offsets(self.seq_len).n_rows
-        return None if n is None else self.schedule.rows_of_len(self._data(self.step)) // n
-
-    def set_epoch(self, epoch: int) -> None:
-        """Jump to the first step of `epoch` (window streams); its order comes from (seed, epoch).
-        In row order: the first step whose rows all belong to `epoch` or later."""
-        if self.steps_per_epoch is None:
-            raise ConfigError(f"{self.kind} batches have no epochs; resume them with load_state_dict")
-        epoch = checks.nonnegative("epoch", epoch)
-        if self.order == "steps":
-            self.step = self.offsets.epoch_start(epoch)
-        elif not self.schedule.constant_shape:
-            raise ConfigError("set_epoch needs one batch shape; a scheduled stream resumes with load_state_dict")
-        else:
-            n, g = self._offsets(self.seq_len).n_rows or 0, self.global_batch_size
-            self.step = -(-epoch * n // g)
-        self._pending = None
-        self._ahead.reset()
-
-    @property
-    def global_batch_size(self) -> int:
-        """Rows per optimizer step across all ranks at the next step (batch_size × world_size)."""
-        return self._phase(self.step).global_batch
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens per optimizer step across all ranks at the next step."""
-        return self.global_batch_size * self.seq_len
-
-    @property
-    def tokens_seen(self) -> int:
-        """Tokens (seq_len a row, all ranks) of the steps handed out so far."""
-        return self.schedule.tokens_before(self._data(self.step))
-
-    def _load_order(self, state: dict[str, Any]) -> None:
-        """The state's order: adopted by a stream built without `order=`, else it must be this one."""
-        saved = state.get("order", "steps")  # states saved before row order existed drew by step
-        if saved == self.order or self.kind.startswith("mixture/") or state.get("kind") != self.kind:
-            return  # a mixture draws the same rows in either order; another kind is refused by _load
-        if saved not in ("rows", "steps"):
-            raise ArgumentError(f"state['order']={checks.show(saved)} is neither 'rows' nor 'steps'; "
-                                f"{checks.STATE_FIX}")  # fmt: skip
-        if self._order_given or self._make is None or not self.schedule.constant_shape:
-            raise ArgumentError(f"cannot resume: the state was drawn in order={saved!r} and this stream draws in "
-                                f"order={self.order!r}; build the stream with order={saved!r} to continue that "
-                                "run")  # fmt: skip
-        T = self.schedule.phases[0].seq_len
-        self.offsets, self._lens = self._make(T, saved), {}
-        self._base = self.offsets
-
-    def _load_schedule(self, state: dict[str, Any], step: int, from_step: int | None) -> None:
-        """The schedule the resumed stream follows (see load_state_dict)."""
-        if "schedule" in state:
-            saved = Schedule(state["schedule"])
-        elif "seq_len" in state and "global_batch_size" in state:
-            saved = Schedule.constant(state["global_batch_size"], state["seq_len"])
-        else:
-            return  # refused by _load (a required key is missing)
-        if self.order == "steps":
-            return  # one shape, checked by _load
-        at = self._data(self._position(step))
-        if from_step is not None:
-            from_step = checks.integer("from_step", from_step, low=step,
-                                       fix=f"pass a from_step at or after the state's step {step}: the steps before it "
-                                           "have been trained on")  # fmt: skip
-            effective = saved.splice(self._given, self._data(self._position(from_step)))
-        elif saved == self._given:
-            effective = saved
-        elif not self._scheduled:  # one shape given: it holds from the resumed step on
-            effective = saved.splice(self._given, at)
-        else:
-            differ = saved.first_difference(self._given)
-            raise ArgumentError(f"cannot resume: the state's schedule {saved.record()} and this stream's "
-                                f"{self._given.record()} differ from step {differ}; build the stream with the saved "
-                                "schedule, or pass from_step=S to follow the new one from step S on")  # fmt: skip
-        effective.per_rank(self.world_size)
-        self.schedule = effective
-
-    def _global_rows(self, position: int) -> tuple[np.ndarray, int, int]:
-        """Every rank's rows at `position`: offsets, the step's shift, its seq_len."""
-        d = self._data(position)
-        phase = self.schedule.phase(d)
-        offsets = self._offsets(phase.seq_len)
-        if offsets.order == "steps":
-            rows, shift = offsets.rows(d, phase.global_batch)
-        else:
-            first = self.schedule.rows_of_len(d) if offsets.by_len else self.schedule.first_row(d)
-            rows, shift = offsets.rows_at(d, first, phase.global_batch, self.schedule.steps_in_phase(d))
-        return rows, shift, phase.seq_len

@@ -115,17 +115,24 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
     def _grown_state(self) -> dict[str, Any]:
         return {"grown": self._grown} if self._grown else {}
 
-    def load_state_dict(self, state: Mapping[str, Any], grown: str | None = None) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], grown: str | None = None, from_step: int | None = None) -> None:
         """Continue from `state`, refused unless every option it records matches this stream.
         `grown="continue"` continues a state saved before `prepare --append` grew the split: the
-        epoch it was in finishes on the old data, the new documents join from the next one."""
+        epoch it was in finishes on the old data, the new documents join from the next one.
+        `from_step`: where a row-order stream's new schedule takes over (see BatchStream)."""
         if not isinstance(state, Mapping):
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
         keep_going = growth.choice(grown)
         step = checks.state_int(dict(state), "step", low=0)
-        kept = ("_skips", "_skip_mode", "_eras", "_samplers", "_grown", *(("eras",) if hasattr(self, "eras") else ()))
+        kept = ("_skips", "_skip_mode", "_eras", "_samplers", "_grown", *(("eras",) if hasattr(self, "eras") else ()),
+                *(k for k in ("order", "schedule") if k in vars(self)))  # fmt: skip
         with checks.unchanged_on_error(*[(self, k) for k in kept]):
-            self._load(state, step, keep_going)
+            if from_step is None:
+                self._load(state, step, keep_going)
+            elif "schedule" not in vars(self):
+                raise ArgumentError(f"from_step={checks.show(from_step)}: this {self.kind} stream has no schedule")
+            else:
+                self._load(state, step, keep_going, from_step)  # type: ignore[call-arg]
         self.step = self._position(step)
         if self._ahead is not None:
             self._ahead.reset()
