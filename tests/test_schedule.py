@@ -228,3 +228,21 @@ def test_a_changed_schedule_is_refused_or_taken_from_a_stated_step(tokens):
     assert moved.state_dict()["schedule"] == [[0, 8, 32], [3, 32, 32], [6, 64, 64], [7, 32, 32], [8, 16, 64]]
     # the rows go on from where step 6 left them: step 7 begins at row 3·8 + 3·32 + 64 of the run
     assert got[2] == _ledger(_data(tokens).random_batches(schedule=[(0, 184, 32), (1, 32, 32)], seed=4), 2)[1]
+
+
+@pytest.mark.parametrize("kind", ["random", "windows", "packed"])
+def test_trace_rebuilds_a_scheduled_run_from_its_state(kind, tokens):
+    """What `lmshard trace` reads a state with draws the steps the scheduled run drew."""
+    from lmshard.runtime.trace import stream_of_state
+
+    data = _data(tokens)
+    if kind == "packed":
+        run = data.packed(64, seed=3).batches(schedule=[(0, 4, 64), (2, 8, 64)])
+    elif kind == "windows":
+        run = data.window_batches(schedule=SCHEDULE, seed=2)
+    else:
+        run = data.random_batches(schedule=SCHEDULE, seed=2)
+    traced = [run.trace(step) for step in range(4) if next(run) is not None]
+    rebuilt = stream_of_state(data, run.state_dict())
+    assert [rebuilt.trace(step) for step in range(4)] == traced
+    assert "auto" in run.state_dict()["kind"] if kind == "windows" else True

@@ -313,7 +313,8 @@ class TokenDataset:
         order_, given = parse_order(order, "rows" if schedule is not None else "steps")
         first = plan.phases[0]
         make = functools.partial(_window_offsets, self, plan, world, stride, shift, seed, shuffle)
-        kind = f"windows/{stride_or_default(stride, first.seq_len)}"
+        several = stride is None and len(plan.seq_lens) > 1  # each length at its own stride
+        kind = "windows/auto" if several else f"windows/{stride_or_default(stride, first.seq_len)}"
         return BatchStream(self.store, make(first.seq_len, order_), schedule=plan, make=make, order_given=given,
                            rank=rank_, world_size=world, device=device, seed=seed, kind=kind, cu_seqlens=cu_seqlens,
                            grouped=grouped, prefetch=prefetch, data=self.data_id, dataset=self)  # fmt: skip

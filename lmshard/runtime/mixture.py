@@ -240,7 +240,8 @@ class Mixture:
                                                                              options.get("world_size"))[1])  # fmt: skip
         make = functools.partial(_mixture_offsets, self, shift, checks.seed(seed), windows, stride)
         offsets = make(plan.phases[0].seq_len, "rows")
-        kind = f"mixture/windows/{offsets.stride}" if windows else "mixture/random"
+        several = stride is None and len(plan.seq_lens) > 1  # each length at its own stride
+        kind = "mixture/random" if not windows else "mixture/windows/" + ("auto" if several else str(offsets.stride))
         return BatchStream(self.store, offsets, schedule=plan, make=make, seed=seed, kind=kind,
                            **options)  # fmt: skip
 

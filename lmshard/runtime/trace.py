@@ -180,17 +180,22 @@ def stream_of_state(data: Any, state: dict[str, Any]) -> Any:
                             "stream.trace(step)")  # fmt: skip
     if not isinstance(g, int) or g < 1:
         raise ArgumentError(f"the {kind} state has no global_batch_size; pass what a stream's state_dict() returned")
+    # the run's shape: its schedule, else one batch shape; and the order it drew in
+    shape = {"schedule": state["schedule"]} if "schedule" in state else {"batch_size": g, "seq_len": state["seq_len"]}
+    order = {"order": state.get("order", "steps"), "rank": 0, "world_size": 1}
     if kind == "random":
-        stream = data.random_batches(g, state["seq_len"], seed=state["seed"], shift=state.get("shift", 1),
-                                     doc_aligned=state.get("doc_aligned", False), rank=0, world_size=1)  # fmt: skip
+        stream = data.random_batches(**shape, seed=state["seed"], shift=state.get("shift", 1),
+                                     doc_aligned=state.get("doc_aligned", False), **order)  # fmt: skip
     elif kind.startswith("windows/"):
-        stream = data.window_batches(g, state["seq_len"], stride=int(kind.split("/", 1)[1]), seed=state["seed"],
-                                     shift=state.get("shift", 1), shuffle=state.get("shuffle", True), rank=0,
-                                     world_size=1)  # fmt: skip
+        stride = kind.split("/", 1)[1]
+        stream = data.window_batches(**shape, stride=None if stride == "auto" else int(stride), seed=state["seed"],
+                                     shift=state.get("shift", 1), shuffle=state.get("shuffle", True),
+                                     **order)  # fmt: skip
     elif kind == "packed":
+        packed_shape = {"schedule": state["schedule"]} if "schedule" in state else {"batch_size": g}
         stream = data.packed(state["seq_len"], strategy=state["strategy"], overlong=state["overlong"],
                              seed=state["seed"], shuffle=state.get("shuffle", True),
-                             multiple=state.get("multiple", 1)).batches(g, rank=0, world_size=1)  # fmt: skip
+                             multiple=state.get("multiple", 1)).batches(**packed_shape, **order)  # fmt: skip
     elif kind == "padded":
         stream = data.padded_batches(g, state["max_len"], seed=state["seed"], group_by_length=state["group_by_length"],
                                      mega=state["mega"], overlong=state["overlong"], rank=0, world_size=1)  # fmt: skip
