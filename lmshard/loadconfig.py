@@ -15,6 +15,10 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
     shape = "random"                # random | windows | packed | padded
     batch_size = 8                  # rows per rank per step
     seq_len = 1024                  # padded: the longest row (max_len)
+    # or, for random, windows and packed: a schedule of global batch sizes and seq_lens
+    # (runtime/schedule.py) instead of batch_size (and seq_len, except packed):
+    # schedule = [[0, 64, 1024], [2000, 256, 1024], [8000, 512, 2048]]   # [step, global batch, seq_len]
+    # order = "rows"                # row order (the default for random and for a schedule) or "steps"
     # random: shift, doc_aligned, cu_seqlens, grouped; windows: stride, shuffle, shift, cu_seqlens,
     # grouped; packed: padding_free; padded: group_by_length, overlong, pad_to_max, pad_id
 
@@ -57,9 +61,9 @@ SHAPES = ("random", "windows", "packed", "padded")
 _TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing", "augment")
 # The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
 _SAMPLE = {
-    "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch"),
-    "windows": ("seq_len", "stride", "shuffle", "shift", "cu_seqlens", "grouped", "prefetch"),
-    "packed": ("seq_len", "padding_free"),
+    "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch", "schedule", "order"),
+    "windows": ("seq_len", "stride", "shuffle", "shift", "cu_seqlens", "grouped", "prefetch", "schedule", "order"),
+    "packed": ("seq_len", "padding_free", "schedule", "order"),
     "padded": ("seq_len", "group_by_length", "mega", "overlong", "pad_to_max", "pad_id"),
 }
 _PACKING = ("strategy", "overlong", "multiple", "pad_id", "mask_boundary_labels", "shuffle", "buffer")
@@ -99,14 +103,20 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
     _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
     data = _data(path, raw)
     _known(path, "packing.", packing, _PACKING if isinstance(data, TokenDataset) else _MIXTURE_PACKING)
-    for key in ("batch_size", "seq_len"):
+    scheduled = "schedule" in sample  # its phases give the batch sizes (and seq_lens, but packs keep the plan's)
+    needed = ("seq_len",) if shape == "packed" else ()
+    for key in needed if scheduled else ("batch_size", "seq_len"):
         if key not in sample:
             raise InputError(f"{path}: [sample] needs {key} (rows per rank per step, tokens per row)")
+    for key in ("batch_size", *(() if needed else ("seq_len",))) if scheduled else ():
+        if key in sample:
+            raise InputError(f"{path}: [sample] has a schedule and {key}; the schedule's phases give the "
+                             f"(global) batch sizes and seq_lens, so remove {key}")  # fmt: skip
     options = {k: v for k, v in sample.items() if k not in ("shape", "batch_size", "seq_len")}
     process = {"rank": rank, "world_size": world_size, "device": device}
     try:
-        stream = _stream(data, shape, raw.get("seed", 0), sample["batch_size"], sample["seq_len"], options, packing,
-                         process)  # fmt: skip
+        stream = _stream(data, shape, raw.get("seed", 0), sample.get("batch_size"), sample.get("seq_len"), options,
+                         packing, process)  # fmt: skip
     except (ArgumentError, TypeError) as e:
         raise InputError(f"{path}: {e}") from None
     return _hooked(path, raw, (data, stream))

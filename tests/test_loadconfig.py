@@ -50,6 +50,13 @@ def _equal(a, b, steps: int = 12) -> None:
      lambda d: d.packed(256, seed=7, strategy="greedy").batches(2, padding_free=True)),
     ('shape = "padded"\nbatch_size = 4\nseq_len = 300\ngroup_by_length = false',
      lambda d: d.padded_batches(4, 300, seed=7, group_by_length=False)),
+    ('schedule = [[0, 2, 64], [3, 4, 64], {step = 6, batch_size = 8, seq_len = 128}]',
+     lambda d: d.random_batches(schedule=[(0, 2, 64), (3, 4, 64), (6, 8, 128)], seed=7)),
+    ('shape = "windows"\norder = "rows"\nschedule = [{tokens = 0, batch_size = 2, seq_len = 64}, '
+     '{tokens = 400, batch_size = 6, seq_len = 64}]',
+     lambda d: d.window_batches(schedule=[(0, 2, 64), (4, 6, 64)], seed=7, order="rows")),
+    ('shape = "packed"\nseq_len = 256\nschedule = [[0, 2, 256], [4, 4, 256]]',
+     lambda d: d.packed(256, seed=7).batches(schedule=[(0, 2, 256), (4, 4, 256)])),
 ])  # fmt: skip
 def test_each_shape_is_the_api_calls_stream(data, sample, truth):
     root, web, _ = data
@@ -85,6 +92,9 @@ def test_a_mixture_split_and_the_process_arguments(data):
     ('[[source]]\npath = "../data/web"\nweight = 1\n[sample]\nshape = "padded"\nbatch_size = 2\nseq_len = 8',
      'shape = "padded" reads one dataset'),
     ('dataset = "../data/web"\n[sample\nbatch_size = 2', "cannot read the loader configuration"),
+    ('dataset = "../data/web"\n[sample]\nbatch_size = 2\nschedule = [[0, 2, 8]]', "has a schedule and batch_size"),
+    ('dataset = "../data/web"\n[sample]\nschedule = [[2, 2, 8]]', "schedule phase 1 starts at step 2"),
+    ('dataset = "../data/web"\n[sample]\norder = "epochs"\nbatch_size = 2\nseq_len = 8', "order='epochs'"),
 ])  # fmt: skip
 def test_mistakes_are_one_line_naming_the_file(data, text, words):
     root, _, _ = data
