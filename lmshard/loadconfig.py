@@ -10,6 +10,9 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
     # [[source]]
     # path = "data/web"
     # weight = 0.7
+    # or [[source]] tables of path only, and a curriculum (runtime/curriculum.py): weights by token position
+    # curriculum = [[0, [0.9, 0.1]], [2e9, [0.3, 0.7]]]
+    # ramp = "linear"               # or "step"
 
     [sample]
     shape = "random"                # random | windows | packed | padded
@@ -58,7 +61,8 @@ from .runtime.dataset import TokenDataset
 from .runtime.mixture import Mixture
 
 SHAPES = ("random", "windows", "packed", "padded")
-_TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing", "augment")
+_TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing", "augment", "curriculum",
+        "ramp")
 # The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
 _SAMPLE = {
     "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch", "schedule", "order"),
@@ -216,6 +220,9 @@ def _data(path: Path, raw: dict[str, Any]) -> Any:
         raise InputError(f"{path}: max_epochs applies to a mixture ([[source]] tables); remove it")
     else:
         max_epochs = 4.0
+    curriculum = {k: raw[k] for k in ("curriculum", "ramp") if k in raw}
+    if curriculum and "source" not in raw:
+        raise InputError(f"{path}: {next(iter(curriculum))} applies to a mixture ([[source]] tables); remove it")
     try:
         if "dataset" in raw:
             return TokenDataset(_where(path, raw["dataset"], "dataset"), split=split)
@@ -224,11 +231,13 @@ def _data(path: Path, raw: dict[str, Any]) -> Any:
             raise InputError(f'{path}: [[source]] tables, one per dataset: path = "data/web", weight = 0.7')
         pairs = []
         for i, entry in enumerate(entries):
-            _known(path, f"source[{i + 1}].", entry, ("path", "weight"))
-            if "weight" not in entry:
+            _known(path, f"source[{i + 1}].", entry, ("path",) if "curriculum" in curriculum else ("path", "weight"))
+            if "weight" not in entry and "curriculum" not in curriculum:
                 raise InputError(f"{path}: source {i + 1} needs a weight")
-            pairs.append((_where(path, entry.get("path"), f"source {i + 1}'s path"), entry["weight"]))
-        return Mixture(pairs, split=split, max_epochs=max_epochs)
+            pairs.append((_where(path, entry.get("path"), f"source {i + 1}'s path"), entry.get("weight")))
+        if "curriculum" in curriculum:  # the knots give the weights
+            return Mixture([p for p, _ in pairs], split=split, max_epochs=max_epochs, **curriculum)
+        return Mixture(pairs, split=split, max_epochs=max_epochs, **curriculum)
     except (ArgumentError, FormatError) as e:  # a dataset that is not there, or not whole
         raise InputError(f"{path}: {e}") from None
 

@@ -75,6 +75,19 @@ def test_a_mixture_split_and_the_process_arguments(data):
     _equal(lmshard.load_config(write(conf, packed)), mix.packed_batches(4, 128, seed=3, shuffle=False))
 
 
+
+def test_a_curriculum_and_a_schedule_from_the_file(data):
+    root, web, code = data
+    conf = _config(root, 'seed = 3\nmax_epochs = 50\ncurriculum = [[0, [0.9, 0.1]], [2e4, [0.3, 0.7]]]\n'
+                         'ramp = "step"\n[[source]]\npath = "../data/web"\n[[source]]\npath = "../data/code"\n'
+                         '[sample]\nschedule = [[0, 4, 32], [5, 8, 32]]\n')  # fmt: skip
+    mix = Mixture([str(web), str(code)], max_epochs=50, curriculum=[(0, [0.9, 0.1]), (20_000, [0.3, 0.7])],
+                  ramp="step")  # fmt: skip
+    _equal(lmshard.load_config(conf), mix.random_batches(schedule=[(0, 4, 32), (5, 8, 32)], seed=3))
+    with pytest.raises(InputError, match=r"unknown key 'weight' in \[source\[2\]\]; it takes path"):
+        lmshard.load_config(write(conf, conf.read_text().replace('code"\n', 'code"\nweight = 1\n')))
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ('dataset = "../data/web"\ncolour = 1\n[sample]\nbatch_size = 2\nseq_len = 8',
      "unknown key 'colour' in the top level; it takes seed, split, dataset"),

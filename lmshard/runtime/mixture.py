@@ -36,6 +36,7 @@ from ..errors import ArgumentError, InputError
 from ..remote.urls import is_url
 from . import checks, growth
 from .batches import BatchStream, resolve_rank
+from .curriculum import Curriculum, CurriculumTree
 from .dataset import TokenDataset
 from .keyed import feistel_permute, keyed_ints, step_rng
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
@@ -62,7 +63,8 @@ class MixtureOffsets(Offsets):
     def __init__(self, mix: Mixture, seq_len: int, shift: ShiftSpec, seed: int, stride: int | None) -> None:
         self.by_len = stride is not None  # a source's windows of one length go on through the other lengths' phases
         self.mix, self.seq_len, self.shift, self.seed, self.stride = mix, seq_len, shift, seed, stride
-        self.tree = RowTree(mix.int_weights, seed)
+        self.tree: Any = RowTree(mix.int_weights, seed) if mix.curriculum is None else \
+            CurriculumTree(mix.curriculum, seq_len, seed)  # fmt: skip
         self.store = mix.store
         self.sizes = np.array([d.n_tokens for d in mix.datasets], dtype=np.int64)
         self.windows = (
@@ -74,8 +76,8 @@ class MixtureOffsets(Offsets):
         self.eras: list[list[tuple[growth.Era, Any]]] = [[] for _ in self.sizes]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"shift": self.shift.describe(), "stride": self.stride,
-                "mixture": self.mix.fingerprint()}  # fmt: skip
+        return {"shift": self.shift.describe(), "stride": self.stride, "mixture": self.mix.fingerprint(),
+                "curriculum": None if self.mix.curriculum is None else self.mix.curriculum.record()}  # fmt: skip
 
     def regrow(self, state: dict[str, Any], position: int, keep_going: bool, rows_before: Any) -> list[list[Any]]:
         """Take the eras of the sources that grew since the state's run began (runtime/growth.py)
@@ -153,10 +155,20 @@ class MixtureOffsets(Offsets):
 class Mixture:
     """Several datasets drawn at token weights (normalised to sum to 1). `sources` maps a
     dataset path (or an open `TokenDataset`) to its weight; every source must share one
-    tokenizer identity. `max_epochs`: `report()` warns when a run would repeat a source more."""
+    tokenizer identity. `max_epochs`: `report()` warns when a run would repeat a source more.
 
-    def __init__(self, sources: Mapping[Any, float] | Iterable[tuple[Any, float]], split: str = "train",
-                 max_epochs: float = 4.0) -> None:  # fmt: skip
+    `curriculum=[(tokens, weights), ...]` (runtime/curriculum.py): weights that change with the
+    run's token position, ramping linearly between knots (`ramp="step"`: held until the next);
+    `sources` is then a list of paths or datasets, and a knot's weights a list in their order
+    or a dict by path. Random and window batches draw it, at one seq_len."""
+
+    def __init__(self, sources: Mapping[Any, float] | Iterable[Any], split: str = "train",
+                 max_epochs: float = 4.0, curriculum: Any = None, ramp: str = "linear") -> None:  # fmt: skip
+        if curriculum is not None:
+            if isinstance(sources, Mapping | str | os.PathLike):
+                raise ArgumentError("with a curriculum, pass the sources as a list of paths or datasets: the "
+                                    "curriculum's knots give their weights")  # fmt: skip
+            sources = [(s, 1.0) for s in sources]
         pairs = _pairs(sources)
         if not pairs:
             raise ArgumentError("a mixture needs at least one source; pass {path: weight, ...}")
@@ -170,6 +182,12 @@ class Mixture:
         self.int_weights = integer_weights(self.weights)
         self.max_epochs = _positive("max_epochs", max_epochs, "pass e.g. max_epochs=4")
         same_tokenization(self.names, self.datasets)
+        self._fingerprint = [[d.data_id, w] for d, w in zip(self.datasets, self.weights, strict=True)]
+        self.curriculum: Curriculum | None = None
+        if curriculum is not None:
+            self.curriculum = Curriculum(curriculum, len(self.datasets), ramp, self.names)
+            self.weights = self.curriculum.knots[0][1]  # (as shown and reported: the weights at token 0)
+            self.int_weights = integer_weights(self.weights)
         self._fingerprint = [[d.data_id, w] for d, w in zip(self.datasets, self.weights, strict=True)]
         self.store = MixedStore(self.datasets)
         first = self.datasets[0]
@@ -238,7 +256,11 @@ class Mixture:
         parse_order(order, "rows")  # either order draws the same rows for a mixture
         plan = resolve_schedule(schedule, batch_size, seq_len, resolve_rank(options.get("rank"),
                                                                              options.get("world_size"))[1])  # fmt: skip
-        make = functools.partial(_mixture_offsets, self, shift, checks.seed(seed), windows, stride)
+        if self.curriculum is not None and len(plan.seq_lens) > 1:
+            raise ArgumentError("a curriculum's token positions are rows of one seq_len; schedule the batch size "
+                                "only, at one seq_len")  # fmt: skip
+        make = functools.partial(_mixture_offsets, self, shift, checks.seed(seed), windows, stride,
+                                 plan.phases[0].seq_len)  # fmt: skip
         offsets = make(plan.phases[0].seq_len, "rows")
         several = stride is None and len(plan.seq_lens) > 1  # each length at its own stride
         kind = "mixture/random" if not windows else "mixture/windows/" + ("auto" if several else str(offsets.stride))
@@ -252,6 +274,9 @@ class Mixture:
         pad_id, mask_boundary_labels, shuffle), each row a pack of the source the mixture assigns
         it to; weights count rows of seq_len tokens (padding included). Each source's packs are
         reshuffled each time they are used up; `batch["sources"]` names each row's source."""
+        if self.curriculum is not None:
+            raise ArgumentError("a curriculum draws random or window batches (row g of the run at its token "
+                                "position); packed mixtures take fixed weights")  # fmt: skip
         unknown = sorted(set(pack_options) - {"strategy", "overlong", "pad_id", "mask_boundary_labels", "shuffle"})
         if unknown:
             raise ArgumentError(f"packed_batches takes no {', '.join(unknown)}; its pack options are strategy, "
@@ -281,7 +306,9 @@ class Mixture:
         for each source the run would repeat more than `max_epochs` times."""
         steps, gbs = checks.nonnegative("steps", steps), checks.positive("global_batch_size", global_batch_size)
         seq_len = checks.positive("seq_len", seq_len)
-        rows = RowTree(self.int_weights, checks.seed(seed)).counts(steps * gbs)
+        tree = RowTree(self.int_weights, checks.seed(seed)) if self.curriculum is None else \
+            CurriculumTree(self.curriculum, seq_len, checks.seed(seed))  # fmt: skip
+        rows = tree.counts(steps * gbs)
         out = []
         if per_epoch is not None and (not isinstance(per_epoch, list | tuple) or len(per_epoch) != len(rows)
                                       or not all(checks.is_int(n) and n >= 1 for n in per_epoch)):  # fmt: skip
@@ -319,9 +346,12 @@ class Mixture:
                            offsets.shift.max)  # fmt: skip
 
 
-def _mixture_offsets(mix: Mixture, shift: int | str, seed: int, windows: bool, stride: int | None, T: int,
+def _mixture_offsets(mix: Mixture, shift: int | str, seed: int, windows: bool, stride: int | None, first: int, T: int,
                      order: str) -> MixtureOffsets:  # fmt: skip
     """A mixture stream's offsets for rows of T tokens: random rows, or windows (stride: the given one, else T)."""
+    if mix.curriculum is not None and first != T:
+        raise ArgumentError(f"a curriculum's token positions are rows of one seq_len ({first}); this stream cannot "
+                            f"go on with rows of {T}")  # fmt: skip
     spec = ShiftSpec.parse(shift, T)
     step = stride_or_default(stride, T) if windows else None
     for name, data in zip(mix.names, mix.datasets, strict=True):
