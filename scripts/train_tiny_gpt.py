@@ -46,6 +46,14 @@ loss, mixture shares), and between those a short one (rank 0's loss) when --prog
 seconds (default 60) pass without a line, so a slow run still shows it is moving. Each line ends
 with the tokens per second and the time left to --steps at this run's pace.
 
+Schedules: --schedule FILE (TOML) ramps the batch size and the row length during the run,
+
+    schedule = [[0, 8, 32], [100, 32, 32], [200, 32, 64]]    # [step, global batch, seq_len]
+
+in row order: no row is skipped or repeated where the shape changes, and --resume continues at any
+world size (docs/loader.md, "Schedules"). A --mixture file's curriculum (weights by token
+position) is drawn the same way; the log shows each source's observed share against its weight now.
+
 Resuming: the data position is `batches.state_dict()`, a handful of integers saved in the
 checkpoint beside the model (see --save / --resume). --steps is the run's total (nanoGPT's
 max_iters): a resumed run trains from its checkpoint's step up to it, and the learning-rate
@@ -63,6 +71,7 @@ import math
 import os
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,6 +85,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmshard import LmshardError, Mixture, TokenDataset
 from lmshard.runtime import BatchStream
+from lmshard.runtime.schedule import Schedule
 
 VAL_FRACTION = 0.1  # of an --input_file's tokens, held out (its end) for the val loss
 
@@ -170,14 +180,16 @@ class Log:
     sums the mixture's row counts over the ranks); `progress` prints a short line from rank 0
     when `every` seconds have passed since the last line. `clock` gives seconds."""
 
-    def __init__(self, ranks: Ranks, start: int, tokens_per_step: int, log_every: int, every: float,
+    def __init__(self, ranks: Ranks, start: int, tokens_before: Callable[[int], int], log_every: int, every: float,
                  mix: Mixture | None, clock: Callable[[], float] = time.perf_counter,
                  end: int = 0) -> None:  # fmt: skip
-        self.ranks, self.start, self.tokens_per_step, self.every, self.mix = ranks, start, tokens_per_step, every, mix
+        # tokens_before(step): the run's tokens (all ranks) before a step, which a schedule changes step by step
+        self.ranks, self.start, self.tokens_before, self.every, self.mix = ranks, start, tokens_before, every, mix
         self.end = end  # the run's last step + 1: the time left is estimated from this run's rate
         self.log_every, self.clock = log_every, clock
         self.t0 = self.last = clock()
         self.drawn = np.zeros(len(mix.names) if mix is not None else 0, dtype=np.int64)  # rows per source, this rank
+        self.weights_now: Callable[[int], list[float]] | None = None  # a curriculum's weights at a step
 
     def count(self, offsets: np.ndarray) -> None:
         if self.mix is not None:
@@ -188,7 +200,8 @@ class Log:
         done, spent = step - self.start + 1, max(self.last - self.t0, 1e-9)
         left = max(0, self.end - step - 1) * spent / done
         eta = f"  ETA {int(left) // 3600}:{int(left) // 60 % 60:02d}:{int(left) % 60:02d}" if self.end else ""
-        return f"{done * self.tokens_per_step / spent:,.0f} tok/s{eta}"
+        tokens = self.tokens_before(step + 1) - self.tokens_before(self.start)
+        return f"{tokens / spent:,.0f} tok/s{eta}"
 
     def line(self, step: int, loss: torch.Tensor, model: nn.Module, val: BatchStream | None) -> None:
         # one float64 all-reduce: the loss and the row counts (exact as float64 below 2**53 rows)
@@ -201,8 +214,9 @@ class Log:
         extra = f"  val {evaluate(model, val):.3f}" if val is not None else ""
         if self.mix is not None:
             shares = totals[1:].numpy() / totals[1:].sum().item()
+            weights = self.mix.weights if self.weights_now is None else self.weights_now(step)
             extra += "  " + " ".join(
-                f"{n}={o:.3f}/{w:.3f}" for n, o, w in zip(self.mix.names, shares, self.mix.weights, strict=True)
+                f"{n}={o:.3f}/{w:.3f}" for n, o, w in zip(self.mix.names, shares, weights, strict=True)
             )
         mean = totals[0].item() / self.ranks.world_size
         print(f"step {step:5d}  loss {mean:.3f}{extra}  {self._rate(step)}", flush=True)
@@ -235,6 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "checkpoint's step to it (as nanoGPT's max_iters)")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=8, help="rows per rank per step")
     ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--schedule", metavar="FILE",
+                    help="a TOML file: schedule = [[step, global batch, seq_len], ...], instead of --batch-size and "
+                         "--seq-len (docs/loader.md, Schedules)")  # fmt: skip
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--lr-horizon", type=int, metavar="STEPS",
                     help="the step the cosine learning-rate decay (to lr/10) ends at (default: --steps, the "
@@ -297,12 +314,34 @@ def open_data(
         train = TokenDataset(args.dataset_dir, split="train")
         if ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
             held = TokenDataset(args.dataset_dir, split="val")
-    batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=device)
+    if args.schedule:
+        plan = read_schedule(args.schedule)
+        batches = train.random_batches(schedule=plan, seed=args.seed, device=device)
+        args.batch_size, args.seq_len = batches.batch_size, plan.max_seq_len  # (the model's context, val rows)
+    else:
+        batches = train.random_batches(args.batch_size, args.seq_len, seed=args.seed, device=device)
     val = None
     if ranks.main and held is not None and held.n_tokens > args.seq_len + 1:
         # only rank 0 evaluates, so it reads every validation row itself
         val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
     return mix, train, batches, val
+
+
+def read_schedule(path: str) -> Schedule:
+    """--schedule FILE: `schedule = [[step, global batch, seq_len], ...]` (or tables with tokens)."""
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise LmshardError(f"{path}: cannot read the schedule ({e}); write schedule = [[0, 8, 64], [200, 32, 64]]"
+                           ) from None
+    unknown = sorted(set(raw) - {"schedule"})
+    if unknown or "schedule" not in raw:
+        raise LmshardError(f"{path}: a schedule file holds schedule = [[step, global batch, seq_len], ...] only"
+                           + (f" (not {unknown[0]!r})" if unknown else ""))  # fmt: skip
+    try:
+        return Schedule(raw["schedule"])
+    except LmshardError as e:
+        raise LmshardError(f"{path}: {e}") from None
 
 
 def config_data(
@@ -317,6 +356,8 @@ def config_data(
         raise LmshardError(f"{args.data}: this script trains on random or windows samples (x, y); packed and padded "
                            "rows need a model that takes position_ids and masked labels")  # fmt: skip
     args.batch_size, args.seq_len, args.seed = batches.batch_size, batches.seq_len, batches.seed
+    if isinstance(batches, BatchStream):  # the model's context: the longest row of the file's schedule
+        args.seq_len = batches.schedule.max_seq_len
     mix = train if isinstance(train, Mixture) else None
     val = None
     meta = getattr(train, "meta", None)  # (a [stream] has no val split on disk)
@@ -354,11 +395,14 @@ def train(args: argparse.Namespace, ranks: Ranks, device: torch.device) -> dict[
               f"train (pass a larger --steps to go on)", flush=True)  # fmt: skip
     if mix is not None and ranks.main:  # the whole run so far and to come; warns for a source past max_epochs
         end = max(batches.step, args.steps)
-        for r in mix.report(end, batches.global_batch_size, args.seq_len, seed=args.seed):
+        rows = batches.schedule.first_row(end)  # (the run's rows up to `end`, whatever its schedule)
+        for r in mix.report(1, max(rows, 1), batches.seq_len, seed=args.seed):
             print(f"  {r['source']}: weight {r['target']:.3f}, {r['epochs']:.2f} epochs by step {end}")
     if ranks.main:
         where = f"  ({ranks.world_size} processes, {dist.get_backend()})" if ranks.distributed else ""
-        print(f"{data}\n{batches}  ({batches.tokens_per_step:,} tokens/step){where}", flush=True)
+        shape = (f"schedule {batches.schedule.record()}" if not batches.schedule.constant_shape
+                 else f"{batches.tokens_per_step:,} tokens/step")  # fmt: skip
+        print(f"{data}\n{batches}  ({shape}){where}", flush=True)
     report = {"rank": ranks.rank, "world_size": ranks.world_size, "initial_sha256": params_sha256(model)}
     drew = train_steps(args, ranks, model, opt, batches, mix, val)
     if args.save and ranks.main:
@@ -380,7 +424,12 @@ def train_steps(
     # gradients are averaged over the ranks in backward(), so every rank takes the same optimizer step
     step_model = DistributedDataParallel(model) if ranks.distributed else model
     first = batches.step
-    log = Log(ranks, first, batches.tokens_per_step, args.log_every, args.progress_every, mix, end=args.steps)
+    log = Log(ranks, first, batches.schedule.tokens_before, args.log_every, args.progress_every, mix, end=args.steps)
+    if mix is not None and mix.curriculum is not None:
+        curriculum, seq_len = mix.curriculum, batches.seq_len
+        log.weights_now = lambda step: curriculum.weights(  # the weights of the step's first row
+            np.array([batches.schedule.first_row(step)]), np.array([batches.schedule.first_row(step) + 1]),
+            seq_len)[0].tolist()  # fmt: skip
     drew: list[dict[str, Any]] = []
     for step in range(first, args.steps):
         # a function of the step alone (so a resumed run gets the same rates): warmup, then a cosine

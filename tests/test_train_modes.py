@@ -86,7 +86,8 @@ def logged_steps(trainer, capsys, argv: list[str], seconds_per_step: float, step
     """The steps that print a line in a run of `steps` steps at the given pace (a simulated clock)."""
     args = trainer.parse_args(argv)
     now = [0.0]
-    log = trainer.Log(trainer.Ranks(), 0, 512, args.log_every, args.progress_every, None, clock=lambda: now[0])
+    log = trainer.Log(trainer.Ranks(), 0, lambda step: 512 * step, args.log_every, args.progress_every, None,
+                      clock=lambda: now[0])  # fmt: skip
     for step in range(steps):
         now[0] += seconds_per_step
         log.after(step, step == steps - 1, torch.tensor(4.0), model=None, val=None)
@@ -97,7 +98,7 @@ def test_the_log_gives_the_time_left_from_this_runs_pace(trainer, capsys):
     """A driven clock: 2 s a step, 30 steps to go at step 9 of a run that ends at 40 (a resumed
     run's earlier steps took no time of this one's): ETA 0:01:00."""
     now = [0.0]
-    log = trainer.Log(trainer.Ranks(), 0, 512, 10, 600.0, None, clock=lambda: now[0], end=40)
+    log = trainer.Log(trainer.Ranks(), 0, lambda step: 512 * step, 10, 600.0, None, clock=lambda: now[0], end=40)
     for step in range(10):
         now[0] += 2.0
         log.after(step, step == 9, torch.tensor(4.0), model=None, val=None)
@@ -141,3 +142,30 @@ def test_a_loader_configuration_file_sets_the_data_and_the_rows(tmp_path):
     packed = launch([sys.executable, str(SCRIPT), "--data", str(conf), "--steps", "1", "--device", "cpu"])
     assert packed.returncode == 1 and packed.stderr.count("\n") == 1, packed.stderr
     assert "trains on random or windows samples" in packed.stderr
+
+
+def test_a_schedule_file_ramps_the_batch_and_the_rows_and_resumes_on_it(tmp_path):
+    """--schedule FILE: each step draws its phase's rows (the truth: the scheduled stream opened
+    here), and a run saved mid-phase and resumed draws the uninterrupted run's rows."""
+    from lmshard import TokenDataset
+    from lmshard.prepare import PrepareConfig, prepare
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_texts(200, seed=5)), encoding="utf-8")
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), val_fraction=0.1))
+    plan = [[0, 2, 16], [3, 4, 16], [5, 4, 32]]
+    (tmp_path / "s.toml").write_text(f"schedule = {plan}\n")
+    common = [sys.executable, str(SCRIPT), str(tmp_path / "ds"), "--schedule", str(tmp_path / "s.toml"), "--device", "cpu",
+              "--log-every", "2"]  # fmt: skip
+    first = launch([*common, "--steps", "4", "--save", str(tmp_path / "ck.pt"), "--report", str(tmp_path / "a.json")])
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = launch([*common, "--steps", "7", "--resume", str(tmp_path / "ck.pt"), "--report", str(tmp_path / "b.json")])
+    assert again.returncode == 0, again.stderr[-2000:]
+    reports = [json.loads((tmp_path / f"{name}-rank0.json").read_text())["batches"] for name in ("a", "b")]
+    drawn = [b["offsets"] for report in reports for b in report]
+    truth = TokenDataset(tmp_path / "ds").random_batches(schedule=plan, seed=1337)
+    assert drawn == [next(truth).offsets.tolist() for _ in range(7)]
+    assert [len(d) for d in drawn] == [2, 2, 2, 4, 4, 4, 4]
+    (tmp_path / "bad.toml").write_text("schedule = [[3, 2, 16]]\n")
+    bad = launch([*common[:3], "--schedule", str(tmp_path / "bad.toml"), "--steps", "1"])
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "starts at step 3" in bad.stderr, bad.stderr
