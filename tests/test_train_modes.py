@@ -155,8 +155,8 @@ def test_a_schedule_file_ramps_the_batch_and_the_rows_and_resumes_on_it(tmp_path
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), val_fraction=0.1))
     plan = [[0, 2, 16], [3, 4, 16], [5, 4, 32]]
     (tmp_path / "s.toml").write_text(f"schedule = {plan}\n")
-    common = [sys.executable, str(SCRIPT), str(tmp_path / "ds"), "--schedule", str(tmp_path / "s.toml"), "--device", "cpu",
-              "--log-every", "2"]  # fmt: skip
+    common = [sys.executable, str(SCRIPT), str(tmp_path / "ds"), "--schedule", str(tmp_path / "s.toml"), "--device",
+              "cpu", "--log-every", "2"]  # fmt: skip
     first = launch([*common, "--steps", "4", "--save", str(tmp_path / "ck.pt"), "--report", str(tmp_path / "a.json")])
     assert first.returncode == 0, first.stderr[-2000:]
     again = launch([*common, "--steps", "7", "--resume", str(tmp_path / "ck.pt"), "--report", str(tmp_path / "b.json")])
