@@ -3,6 +3,8 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
 
     seed = 1337
     split = "train"                 # optional: "train" (default) or "val"
+    # val_fraction = 0.01           # optional: a load-time split of a dataset prepared without val
+    # split_seed = 0                #   (runtime/subset.py); split = "val" reads the held-out side
     dataset = "data/web"            # one prepared dataset (a path relative to this file, or a URL)
     augment = "mine:mask_some"      # optional: a hook that transforms each batch (runtime/augment.py)
 
@@ -62,7 +64,7 @@ from .runtime.mixture import Mixture
 
 SHAPES = ("random", "windows", "packed", "padded")
 _TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing", "augment", "curriculum",
-        "ramp")
+        "ramp", "val_fraction", "split_seed")
 # The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
 _SAMPLE = {
     "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch", "schedule", "order"),
@@ -224,8 +226,11 @@ def _data(path: Path, raw: dict[str, Any]) -> Any:
     if curriculum and "source" not in raw:
         raise InputError(f"{path}: {next(iter(curriculum))} applies to a mixture ([[source]] tables); remove it")
     try:
+        carve = {k: raw[k] for k in ("val_fraction", "split_seed") if k in raw}  # a load-time split (runtime/subset.py)
+        if carve and "dataset" not in raw:
+            raise InputError(f"{path}: {next(iter(carve))} splits one dataset (dataset = PATH); remove it")
         if "dataset" in raw:
-            return TokenDataset(_where(path, raw["dataset"], "dataset"), split=split)
+            return TokenDataset(_where(path, raw["dataset"], "dataset"), split=split, **carve)
         entries = raw["source"]
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
             raise InputError(f'{path}: [[source]] tables, one per dataset: path = "data/web", weight = 0.7')

@@ -31,6 +31,7 @@ from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_
 from .schedule import Schedule, parse_order
 from .schedule import resolve as resolve_schedule
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
+from .subset import carve
 from .windows import WindowDataset, stride_or_default
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class TokenDataset:
         prefetch_steps: int | None = None,
         storage_options: dict[str, Any] | None = None,
         retry: Any = None,
+        val_fraction: float | None = None,
+        split_seed: int = 0,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise ArgumentError(f"path={checks.show(path)} is not a path; pass the dataset directory as a str or Path")
@@ -81,13 +84,14 @@ class TokenDataset:
         remote = {"cache_dir": cache_dir, "cache_limit": cache_limit, "pool_limit": pool_limit,
                   "prefetch_steps": prefetch_steps, "storage_options": storage_options, "retry": retry}  # fmt: skip
         self.meta: DatasetMeta | None
-        self.store: TokenStore | RemoteStore
+        self.store: TokenStore | RemoteStore  # (or a load-time split's SubsetStore over one)
         self.plan_dir: Path | None  # where packing plans are cached (packing/io.py: cached_plan)
         self.split = split
+        opened = split if val_fraction is None else "train"  # a load-time split carves the train split
         if is_url(path):
             from .remote.store import open_remote_store
 
-            self.meta, self.store, self.plan_dir = open_remote_store(str(path), split, max_open_shards, **remote)
+            self.meta, self.store, self.plan_dir = open_remote_store(str(path), opened, max_open_shards, **remote)
             self.path: Path | str = redact(str(path))
         else:
             if "://" in str(path):  # a URL of a scheme lmshard does not read: not a local directory named 'ftp:'
@@ -97,8 +101,12 @@ class TokenDataset:
             if given:
                 raise ArgumentError(f"{given[0]}= applies to datasets at a URL (s3://, gs://, https://...); drop it "
                                     f"for the local dataset {path}")  # fmt: skip
-            self.meta, self.store = open_store(path, split, max_open_shards, rss_limit)
+            self.meta, self.store = open_store(path, opened, max_open_shards, rss_limit)
             self.path, self.plan_dir = Path(path), Path(path) / CACHE_DIR
+        self._carved = ""  # a load-time split: how (its data_id says it)
+        if val_fraction is not None:
+            side = carve(self.meta, self.store, split, val_fraction, split_seed, f"the dataset {self.path}")
+            self.store, self._carved = side, f"@{side.fraction:g}/{side.seed}"  # type: ignore[assignment]
         self.eot_id = self.meta.tokenizer.eot_id
         self.bos_id = self.meta.tokenizer.bos_id  # before each document, or None when none was written
         self.vocab_size = self.meta.tokenizer.n_vocab
@@ -194,8 +202,10 @@ class TokenDataset:
         may be spelled another way, does not enter it."""
         if self.meta is None:
             return f"{self.path}:{self.n_tokens}"
-        sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in self.meta.split_shards(self.split))
-        return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{self.split}:{self.n_tokens}"
+        carved = getattr(self, "_carved", "")  # a load-time split's side of the train split (runtime/subset.py)
+        sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in self.meta.split_shards("train" if carved else
+                                                                                          self.split))  # fmt: skip
+        return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{self.split}{carved}:{self.n_tokens}"
 
     @property
     def tokenizer(self) -> Any:

@@ -96,6 +96,12 @@ def pieces(store: Any, start: int, length: int, at: int = 0) -> list[DocPiece]:
         source, local = store.locate(np.array([start]))
         found = pieces(store.stores[int(source[0])], int(local[0]), length, at)
         return [DocPiece(**{**p.to_json(), "source": int(source[0])}) for p in found]
+    if hasattr(store, "spans") and hasattr(store, "base"):  # a load-time split: its pieces of the split
+        found, at_ = [], at
+        for base_start, n in store.spans(int(start), int(length)):
+            found += pieces(store.base, base_start, n, at_)
+            at_ += n
+        return found
     out: list[DocPiece] = []
     docs_before = _docs_before(store)
     pos, end = int(start), int(start) + int(length)

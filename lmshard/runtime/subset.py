@@ -1,0 +1,157 @@
+"""Load-time splits: `TokenDataset(path, split="val", val_fraction=0.01, split_seed=0)` carves a
+validation part out of a dataset prepared without one (and split="train" the rest of it).
+
+**Which side a document is on.** Document d of the prepared train split (its number in the
+split, from 0) is held out when keyed(split_seed, d) < val_fraction × 2**32: a pure function of
+the document's number and the seed, so every process agrees, the two sides are disjoint and
+together the whole split, and a dataset grown by `prepare --append` (its old shards kept first,
+unchanged) keeps every old document on its side.
+
+**The tokens.** A side's documents, in split order, laid end to end (`SubsetStore`): shard k of
+the side holds the chosen documents of shard k of the split, so rows, windows and packs are drawn
+from that stream with every sampler lmshard has. A row is read piece by piece (a piece per
+document it touches) from the split's own store: slower than the prepared split's one gather per
+batch, which `prepare --val-fraction` gives. `trace` names each piece's document of the split.
+
+A dataset that already has a val split is refused: its train and val are separate already, and
+a second split of the train part would be another one.
+
+Memory model: per shard of the split, its chosen documents and tokens (two integers), and for the
+last 16 shards read, their chosen documents' starts (16 bytes a document).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError
+from . import checks
+from .keyed import keyed_ints
+from .reads import SplitReads
+
+_SALT = 0x5A11D
+_KEEP = 16  # shards whose document maps are kept
+
+
+def held_out(seed: int, docs: np.ndarray, fraction: float) -> np.ndarray:
+    """Whether each document (its number in the split) is on the val side."""
+    return keyed_ints(seed ^ _SALT, docs, 1 << 32) < int(round(fraction * (1 << 32)))
+
+
+def check_fraction(value: object) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1
+    if not ok:
+        raise ArgumentError(f"val_fraction={checks.show(value)} must be a number between 0 and 1 (the share of "
+                            "documents held out), e.g. val_fraction=0.01")  # fmt: skip
+    return float(value)  # type: ignore[arg-type]
+
+
+class SubsetStore(SplitReads):
+    """One side of a load-time split of `base` (a store of the prepared train split)."""
+
+    def __init__(self, base: Any, side: str, fraction: float, seed: int) -> None:
+        self.base, self.side, self.fraction, self.seed = base, side, fraction, seed
+        self.val = side == "val"
+        counts, sizes, before, first = [], [], [], 0
+        for k in range(len(base.shards)):  # each shard's document index, read once (no token is read)
+            chosen, lengths = self._chosen(k, first)
+            counts.append(len(chosen))
+            sizes.append(int(lengths.sum()))
+            before.append(first)
+            first += len(base.index(k)) - 1
+        self._docs_before_shard = before  # the split's documents before each of its shards
+        keep = [k for k, n in enumerate(sizes) if n]
+        self.real = keep  # shard of the side -> shard of the split
+        self.shards = [base.shards[k] for k in keep]
+        self.doc_counts = np.array([counts[k] for k in keep], dtype=np.int64)
+        self.sizes = np.array([sizes[k] for k in keep], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.n_tokens, self.n_docs = int(self.starts[-1]), int(self.doc_counts.sum())
+        self.source_names = getattr(base, "source_names", None)
+        self.mapped = False
+        self._maps: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def _chosen(self, k: int, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """Split shard k's documents on this side (their numbers in the shard) and their lengths."""
+        idx = np.asarray(self.base.index(k), dtype=np.int64)
+        n = len(idx) - 1
+        out = held_out(self.seed, np.arange(first, first + n, dtype=np.int64), self.fraction)
+        mine = np.flatnonzero(out if self.val else ~out)
+        return mine, idx[mine + 1] - idx[mine]
+
+    def _map(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Side shard j: (its documents' starts in the split, its index: cumulative lengths from 0)."""
+        found = self._maps.get(j)
+        if found is None:
+            k = self.real[j]
+            chosen, lengths = self._chosen(k, self._docs_before_shard[k])
+            idx = np.asarray(self.base.index(k), dtype=np.int64)
+            found = (int(self.base.starts[k]) + idx[chosen], np.concatenate([[0], np.cumsum(lengths)]))
+            self._maps[j] = found
+            while len(self._maps) > _KEEP:
+                self._maps.popitem(last=False)
+        else:
+            self._maps.move_to_end(j)
+        return found
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": OrderedDict()}
+
+    def index(self, k: int) -> np.ndarray:
+        return self._map(k)[1]
+
+    def spans(self, offset: int, length: int) -> list[tuple[int, int]]:
+        """[(offset in the split, tokens)] that tokens [offset, offset + length) of this side are."""
+        out: list[tuple[int, int]] = []
+        j = self.shard_of(offset)
+        local, left = offset - int(self.starts[j]), length
+        while left > 0:
+            starts, idx = self._map(j)
+            d = int(np.searchsorted(idx, local, side="right")) - 1
+            while left > 0 and d < len(starts):
+                take = min(left, int(idx[d + 1]) - local)
+                out.append((int(starts[d]) + local - int(idx[d]), take))
+                left, local, d = left - take, local + take, d + 1
+            j, local = j + 1, 0
+        return out
+
+    def read_into(self, offset: int, out: np.ndarray) -> None:
+        at = 0
+        for start, n in self.spans(offset, len(out)):
+            self.base.read_into(start, out[at : at + n])
+            at += n
+
+    def gather(self, offsets: np.ndarray, length: int, scratch: np.ndarray | None = None,
+               key: Any = None) -> np.ndarray:  # fmt: skip
+        n = len(offsets) * length
+        if scratch is not None and len(scratch) >= n:
+            out = scratch[:n].reshape(len(offsets), length)
+        else:
+            out = np.empty((len(offsets), length), dtype=np.uint32)
+        self.read_rows(offsets, out)
+        return out
+
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray, key: Any = None) -> None:
+        for r, o in enumerate(np.asarray(offsets).tolist()):
+            self.read_into(int(o), out[r])
+
+    def doc_start(self, k: int, i: int) -> int:
+        return int(self.starts[k]) + int(self.index(k)[i])
+
+
+def carve(meta: Any, store: Any, split: str, fraction: object, seed: object, where: str) -> SubsetStore:
+    """The `split` side of a load-time split of `store` (the prepared train split), refused when
+    the dataset has a val split already."""
+    fraction, seed = check_fraction(fraction), checks.seed(seed)
+    if meta is not None and "val" in meta.splits and meta.n_tokens("val"):
+        raise ArgumentError(f"{where} has a val split already ({meta.n_tokens('val'):,} tokens, prepared with "
+                            "--val-fraction); load split='val' as it is, without val_fraction (a split of the train "
+                            "part would hold out other documents)")  # fmt: skip
+    made = SubsetStore(store, split, fraction, seed)
+    if not made.n_tokens:
+        raise ArgumentError(f"val_fraction={fraction} leaves the {split} side of {where} without a document; pass "
+                            "a fraction that holds out some documents and keeps some")  # fmt: skip
+    return made
