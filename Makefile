@@ -54,6 +54,7 @@ DATATROVE := $(VENV)/bench-datatrove
 bench: setup
 	$(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_loader.py
+	$(BIN)/python scripts/bench_schedule.py
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_packing.py
 	$(BIN)/python scripts/bench_scaleout.py

@@ -213,6 +213,9 @@ class RandomOffsets(Offsets):
         n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count, run or _BLOCK_STEPS))
         shifts = self._shifts(step, n)
         rows = np.arange(first, first + n * count, dtype=np.int64)
+        if self.doc_starts is None and self.shift.fixed is not None:  # one range for every row
+            offsets = keyed_ints(self.seed, rows, self.n_tokens - (self.seq_len + self.shift.fixed) + 1)
+            return step, first, count, shifts, offsets.reshape(n, count)
         limits = self.n_tokens - (self.seq_len + np.repeat(shifts, count))  # each row's last valid start
         if self.doc_starts is None:
             offsets = keyed_ints(self.seed, rows, limits + 1)

@@ -66,6 +66,8 @@ class Schedule:
             self._add(step, g, t)
         self._steps = [p.step for p in self.phases]
         self._rows = [p.row for p in self.phases]
+        self._last = 0
+        self._lens = sorted({p.seq_len for p in self.phases})
 
     def _add(self, step: int, g: int, t: int) -> None:
         if self.phases and (g, t) == (self.phases[-1].global_batch, self.phases[-1].seq_len):
@@ -138,10 +140,24 @@ class Schedule:
 
     @property
     def seq_lens(self) -> list[int]:
-        return sorted({p.seq_len for p in self.phases})
+        return self._lens
 
     def phase(self, step: int) -> Phase:
-        return self.phases[bisect.bisect_right(self._steps, step) - 1]
+        return self.phases[self._index(step)]
+
+    def _index(self, step: int) -> int:
+        """The phase of `step` (the last one found is tried first: a stream asks step after step)."""
+        i = self._last
+        if not (self._steps[i] <= step and (i + 1 == len(self._steps) or step < self._steps[i + 1])):
+            i = self._last = bisect.bisect_right(self._steps, step) - 1
+        return i
+
+    def locate(self, step: int) -> tuple[Phase, int, int | None]:
+        """(the phase of `step`, the rows before it, steps left in the phase or None in the last)."""
+        i = self._index(step)
+        p = self.phases[i]
+        left = None if i + 1 == len(self.phases) else self.phases[i + 1].step - step
+        return p, p.row + (step - p.step) * p.global_batch, left
 
     def first_row(self, step: int) -> int:
         """Rows the run draws before step `step`."""

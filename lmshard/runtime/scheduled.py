@@ -147,11 +147,18 @@ class Scheduled:
     def _global_rows(self, position: int) -> tuple[np.ndarray, int, int]:
         """Every rank's rows at `position`: offsets, the step's shift, its seq_len."""
         d = self._data(position)
-        phase = self.schedule.phase(d)
+        schedule = self.schedule
+        if schedule.constant_shape:  # (the common case, without the phase lookups)
+            phase, offsets = schedule.phases[0], self.offsets
+            if offsets.order == "rows":
+                rows, shift = offsets.rows_at(d, d * phase.global_batch, phase.global_batch)
+                return rows, shift, phase.seq_len
+        phase, first, left = schedule.locate(d)
         offsets = self._offsets(phase.seq_len)
         if offsets.order == "steps":
             rows, shift = offsets.rows(d, phase.global_batch)
         else:
-            first = self.schedule.rows_of_len(d) if offsets.by_len else self.schedule.first_row(d)
-            rows, shift = offsets.rows_at(d, first, phase.global_batch, self.schedule.steps_in_phase(d))
+            if offsets.by_len and len(schedule.seq_lens) > 1:
+                first = schedule.rows_of_len(d)
+            rows, shift = offsets.rows_at(d, first, phase.global_batch, left)
         return rows, shift, phase.seq_len
