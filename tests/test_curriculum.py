@@ -101,7 +101,6 @@ def test_a_changed_curriculum_or_a_fixed_mixture_state_is_refused(pair):
     (lambda p: Mixture({p[0]: 1, p[1]: 1}, curriculum=[(0, [1, 1])]), "pass the sources as a list"),
     (lambda p: Mixture(list(p), curriculum=[(0, [1, 1])], ramp="cosine"), "ramp='cosine'"),
     (lambda p: Mixture(list(p), curriculum=[]), "has no knot"),
-    (lambda p: Mixture(list(p), curriculum=[(0, [1, 1])]).packed_batches(2, 64), "packed mixtures take fixed"),
     (lambda p: Mixture(list(p), curriculum=[(0, [1, 1])]).random_batches(schedule=[(0, 8, 8), (4, 8, 16)]),
      "rows of one seq_len"),
 ])  # fmt: skip
@@ -125,3 +124,13 @@ def test_three_sources_are_within_one_row_per_tree_level(pair):
         error = (got[1000:] - got[:-1000]) - (target[1000:] - target[:-1000])
         assert np.abs(error).max() <= 2.01  # two levels of the tree: one row each
     assert (source[50_000:] == 1).all()  # past the last knot (row 50,000): only the second source
+
+
+def test_a_packed_mixture_follows_the_curriculum(pair):
+    """Packs of 64 tokens: a step knot at 64,000 tokens is row 1,000; rows before it come from
+    source A only, rows from it on from B only (the row's source is read off its tokens)."""
+    mix = Mixture(list(pair), curriculum=[(0, [1, 0]), (64_000, [0, 1])], ramp="step", max_epochs=1e9)
+    stream = mix.packed_batches(100, 64, seed=1)
+    sources = np.concatenate([next(stream)["sources"] for _ in range(20)])
+    tokens = [int(b) for b in sources]
+    assert tokens[:1000] == [0] * 1000 and tokens[1000:] == [1] * 1000

@@ -246,3 +246,22 @@ def test_trace_rebuilds_a_scheduled_run_from_its_state(kind, tokens):
     rebuilt = stream_of_state(data, run.state_dict())
     assert [rebuilt.trace(step) for step in range(4)] == traced
     assert "auto" in run.state_dict()["kind"] if kind == "windows" else True
+
+
+def test_a_packed_mixture_draws_the_same_packs_at_any_batch_size_and_resumes_on_a_schedule():
+    mix = _mixture()
+    small, large = mix.packed_batches(4, 64, seed=2), mix.packed_batches(16, 64, seed=2)
+
+    def rows(batch) -> list[tuple[int, int]]:
+        return list(zip(batch["sources"].tolist(), batch["packs"].tolist(), strict=True))
+
+    assert [r for _ in range(12) for r in rows(next(small))] == [r for _ in range(3) for r in rows(next(large))]
+    plan = [(0, 4, 64), (2, 8, 64), (5, 16, 64)]
+    whole = [rows(next(s)) for s in [mix.packed_batches(schedule=plan, seed=2)] for _ in range(8)]
+    first = mix.packed_batches(schedule=plan, seed=2)
+    got = [rows(next(first)) for _ in range(3)]
+    two = [mix.packed_batches(schedule=plan, seed=2, rank=r, world_size=2) for r in range(2)]
+    for s in two:
+        s.load_state_dict(first.state_dict())
+    got += [rows(next(two[0])) + rows(next(two[1])) for _ in range(5)]
+    assert got == whole and [len(g) for g in got] == [4, 4, 8, 8, 8, 16, 16, 16]

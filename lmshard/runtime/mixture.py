@@ -41,7 +41,7 @@ from .dataset import TokenDataset
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
 from .mixoffsets import MixtureOffsets
 from .sampling import ShiftSpec, count_windows
-from .schedule import parse_order
+from .schedule import Schedule, parse_order
 from .schedule import resolve as resolve_schedule
 from .windows import stride_or_default
 
@@ -172,25 +172,30 @@ class Mixture:
         return BatchStream(self.store, offsets, schedule=plan, make=make, seed=seed, kind=kind,
                            **options)  # fmt: skip
 
-    def packed_batches(self, batch_size: int, seq_len: int, *, seed: int = 0, rank: int | None = None,
-                       world_size: int | None = None, device: str | torch.device = "cpu", padding_free: bool = False,
+    def packed_batches(self, batch_size: int | None = None, seq_len: int | None = None, *, seed: int = 0,
+                       rank: int | None = None, world_size: int | None = None, device: str | torch.device = "cpu",
+                       padding_free: bool = False, schedule: Any = None, order: str | None = None,
                        **pack_options: Any) -> MixturePackedStream:  # fmt: skip
         """Batches of whole-document packs (`TokenDataset.packed` options: strategy, overlong,
         pad_id, mask_boundary_labels, shuffle), each row a pack of the source the mixture assigns
         it to; weights count rows of seq_len tokens (padding included). Each source's packs are
-        reshuffled each time they are used up; `batch["sources"]` names each row's source."""
-        if self.curriculum is not None:
-            raise ArgumentError("a curriculum draws random or window batches (row g of the run at its token "
-                                "position); packed mixtures take fixed weights")  # fmt: skip
+        reshuffled each time they are used up; `batch["sources"]` names each row's source.
+        `schedule`: global batch sizes by step, at one seq_len (the packs')."""
         unknown = sorted(set(pack_options) - {"strategy", "overlong", "pad_id", "mask_boundary_labels", "shuffle"})
         if unknown:
             raise ArgumentError(f"packed_batches takes no {', '.join(unknown)}; its pack options are strategy, "
                                 "overlong, pad_id, mask_boundary_labels and shuffle")  # fmt: skip
+        parse_order(order, "rows")  # either order draws the same rows for a mixture
+        if seq_len is None and schedule is not None:
+            lengths = Schedule(schedule).seq_lens
+            seq_len = lengths[0] if len(lengths) == 1 else None
+        if seq_len is None:
+            raise ArgumentError("packed_batches needs seq_len (the packs' length), or a schedule of one seq_len")
         packs = [d.packed(seq_len, seed=seed, **pack_options) for d in self.datasets]
         from .mixpacked import MixturePackedStream
 
         return MixturePackedStream(self, packs, batch_size, rank=rank, world_size=world_size, device=device,
-                                   padding_free=padding_free)  # fmt: skip
+                                   padding_free=padding_free, schedule=schedule)  # fmt: skip
 
     def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, offset in that source's split) of each of a batch's `offsets`."""

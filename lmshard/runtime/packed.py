@@ -36,7 +36,7 @@ from . import checks, growth
 from .batches import resolve_rank
 from .packedbatch import PackedBatch, collate_packed
 from .sampling import step_rng
-from .schedule import parse_order, resumed
+from .schedule import parse_order
 from .schedule import resolve as resolve_schedule
 from .stepstream import StepStream
 
@@ -271,12 +271,7 @@ class PackedStream(StepStream):
                                     f"order={self.order!r}; build the stream with order={saved!r}")  # fmt: skip
             self.order = saved
         if self.order == "rows":
-            found = resumed(state, self._given, self._scheduled, step, from_step,
-                            lambda s: self._data(self._position(s)), self.world_size)  # fmt: skip
-            self.schedule = found or self.schedule
-            mine = self.state_dict()
-            state.pop("schedule", None)  # checked by `resumed`
-            state.update({k: mine[k] for k in ("global_batch_size", "schedule") if k in mine})
+            self._resume_shape(state, step, from_step)
         elif from_step is not None:
             raise ArgumentError("from_step= moves a row-order stream onto a new schedule; this stream draws by step")
         state["order"] = saved

@@ -19,6 +19,7 @@ from . import checks, growth
 from .augment import Augmented
 from .lookahead import Lookahead
 from .packedbatch import PackedBatch
+from .schedule import resumed
 from .skips import SkipSteps
 from .trace import Audited
 
@@ -34,6 +35,9 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
     device: torch.device
     kind = "stream"
     _ahead: Lookahead | None = None
+    schedule: Any  # (row-order streams: packed, packed mixtures) the run's batch sizes by step
+    _given: Any
+    _scheduled: bool
 
     @property
     def global_batch_size(self) -> int:
@@ -160,6 +164,16 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
                 saved = checks.show(state.get(key))
                 raise ArgumentError(f"cannot resume: saved {key}={saved}, this stream has {key}={value!r}; build "
                                     f"the {self.kind} stream with the saved options")  # fmt: skip
+
+    def _resume_shape(self, state: dict[str, Any], step: int, from_step: int | None) -> None:
+        """Row order: take the schedule the resumed run follows (schedule.resumed), and put this
+        stream's shape keys in `state`, checked there, so that the option checks pass over them."""
+        found = resumed(state, self._given, self._scheduled, step, from_step, lambda s: self._data(self._position(s)),
+                        self.world_size)  # fmt: skip
+        self.schedule = found or self.schedule
+        mine = self.state_dict()
+        state.pop("schedule", None)
+        state.update({k: mine[k] for k in ("global_batch_size", "schedule") if k in mine})
 
     def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
         for k, v in out.items():
