@@ -77,7 +77,7 @@ _PACKING = ("strategy", "overlong", "multiple", "pad_id", "mask_boundary_labels"
 _STREAM = ("inputs", "hf", "hf_config", "hf_split", "tokenizer", "shuffle_buffer", "epochs", "val_fraction",
            "split_seed", "text_field", "text_mode", "format", "min_chars", "max_chars", "normalize", "byte_exact",
            "bos", "on_error", "num_workers", "steps_per_epoch")
-_STREAM_SAMPLE = {"windows": ("seq_len", "stride", "shift"), "packed": ("seq_len",)}
+_STREAM_SAMPLE = {"windows": ("seq_len", "stride", "shift", "schedule"), "packed": ("seq_len", "schedule")}
 _STREAM_PACKING = ("strategy", "buffer", "overlong", "pad_id", "mask_boundary_labels", "shuffle")
 _MIXTURE_PACKING = ("strategy", "overlong", "pad_id", "mask_boundary_labels", "shuffle")
 
@@ -167,7 +167,7 @@ def _streamed(path: Path, raw: dict[str, Any], shape: str, sample: dict[str, Any
         raise InputError(f'{path}: [stream] inputs must be a path or a list of them (inputs = ["web/*.jsonl"])')
     if inputs is None and "hf" not in opts:
         raise InputError(f'{path}: [stream] needs inputs = [...] (files, directories, a hub id or a preset) or hf')
-    for key in ("batch_size", "seq_len"):
+    for key in ("batch_size", "seq_len") if "schedule" not in sample else ():
         if key not in sample:
             raise InputError(f"{path}: [sample] needs {key} (rows per rank per step, tokens per row)")
     try:
@@ -175,7 +175,7 @@ def _streamed(path: Path, raw: dict[str, Any], shape: str, sample: dict[str, Any
                            split=raw.get("split", "train"), **opts)  # fmt: skip
         rest = {k: v for k, v in sample.items() if k not in ("shape", "batch_size", "seq_len")}
         call = data.windows if shape == "windows" else data.packed
-        return data, call(sample["batch_size"], sample["seq_len"], **rest, **packing, **loader, rank=rank,
+        return data, call(sample.get("batch_size"), sample.get("seq_len"), **rest, **packing, **loader, rank=rank,
                           world_size=world_size, device=device)  # fmt: skip
     except (ArgumentError, ConfigError, TypeError) as e:
         raise InputError(f"{path}: {e}") from None

@@ -144,6 +144,10 @@ overlong = "truncate"
     windows = _config(tmp_path, '[stream]\ninputs = "text"\n[sample]\nshape = "windows"\nbatch_size = 3\nseq_len = 32\n'
                                 'stride = 16\n')  # fmt: skip
     _equal(lmshard.load_config(windows), lmshard.stream(str(tmp_path / "conf" / "text")).windows(3, 32, stride=16))
+    ramp = _config(tmp_path, '[stream]\ninputs = "text"\n[sample]\nshape = "windows"\n'
+                             'schedule = [[0, 2, 32], [3, 4, 48]]\n')  # fmt: skip
+    _equal(lmshard.load_config(ramp), lmshard.stream(str(tmp_path / "conf" / "text")).windows(
+        schedule=[(0, 2, 32), (3, 4, 48)]), steps=6)  # fmt: skip
 
 
 def test_stream_packing_of_a_dataset_from_the_file(data):

@@ -11,6 +11,7 @@ for `state_dict(in_hand=)`; each reader's own is in shapes.py and docs.py.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import time
 from collections import Counter
@@ -27,7 +28,10 @@ from ..runtime import checks
 from ..runtime.augment import Augmented
 from ..runtime.batches import Batch, resolve_rank
 from ..runtime.packed import PackedBatch
+from ..runtime.schedule import Schedule
 from ..runtime.trace import DocPiece
+from .gather import gather_states
+from .shapes import reader_sizes
 from .sources import shards_of
 
 HISTORY = 16
@@ -67,12 +71,17 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
     stream did and whether training waited on it."""
 
     def __init__(self, stream: Any, shape: str, options: dict[str, Any], make: Callable[..., Iterator[Any]],
-                 batch_size: int, *, rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
-                 device: str | torch.device = "cpu", steps_per_epoch: int | None = None,
-                 mp_context: str | None = None, clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+                 batch_size: int | None, *, rank: int | None = None, world_size: int | None = None,
+                 num_workers: int = 0, device: str | torch.device = "cpu", steps_per_epoch: int | None = None,
+                 mp_context: str | None = None, clock: Callable[[], float] = time.perf_counter,
+                 schedule: Schedule | None = None) -> None:  # fmt: skip
         self.stream, self.shape, self.options, self._make = stream, shape, options, make
-        self.batch_size = checks.positive("batch_size", batch_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        # a schedule's global batch sizes and seq_lens by step (runtime/schedule.py); None: one shape
+        self.schedule = schedule
+        self._rows = None if schedule is not None else checks.positive("batch_size", batch_size)
+        if schedule is not None:
+            schedule.per_rank(self.world_size)
         self.num_workers = checks.nonnegative("num_workers", num_workers)
         self.workers = max(1, self.num_workers)
         self.device = checks.device(device)
@@ -99,12 +108,21 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
                 f"rank={self.rank}/{self.world_size}, num_workers={self.num_workers}, step={self.step})")  # fmt: skip
 
     @property
+    def batch_size(self) -> int:
+        """Rows per step on this rank, at the next step."""
+        if self.schedule is None:
+            assert self._rows is not None
+            return self._rows
+        return self.schedule.phase(self.step).global_batch // self.world_size
+
+    @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.world_size
 
     @property
     def seq_len(self) -> int:
-        return int(self.options["seq_len"])
+        """Tokens per row, at the next step."""
+        return int(self.options["seq_len"]) if self.schedule is None else self.schedule.phase(self.step).seq_len
 
     @property
     def seed(self) -> int:
@@ -120,7 +138,9 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
         epochs = None if self.steps_per_epoch is not None else self.stream.epochs
         docs = self.stream.documents(reader=self.rank * self.workers + local, readers=readers, epochs=epochs)
         seconds, tokens = self.stream.encode_seconds, self.stream.encoded_tokens
-        for item in self._make(docs, list(self.positions[local])):
+        sizes = None if self.schedule is None else functools.partial(reader_sizes, self.schedule, self.workers, local,
+                                                                      self.world_size)  # fmt: skip
+        for item in self._make(docs, list(self.positions[local]), **({"sizes": sizes} if sizes else {})):
             item["reader"], item["records"] = local, dict(docs.counts)
             item["encode"] = (self.stream.encode_seconds - seconds, self.stream.encoded_tokens - tokens)
             seconds, tokens = self.stream.encode_seconds, self.stream.encoded_tokens
@@ -204,13 +224,14 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
         dev, fast = self.device, self.device.type == "cuda"
         if self.shape == "windows":
             rows = torch.as_tensor(item["rows"])
-            shift, T = int(item["shift"]), self.options["seq_len"]
+            shift = int(item["shift"])
+            T = rows.shape[1] - shift  # (the step's seq_len)
             rows = rows.to(dev, non_blocking=fast)
-            offsets = np.full(self.batch_size, -1, dtype=np.int64)
+            offsets = np.full(len(rows), -1, dtype=np.int64)
             # x and y contiguous, as a prepared dataset's are: a model may flatten them with view(-1) (nanoGPT's loss)
             batch = Batch(rows[:, :T].contiguous(), rows[:, shift : shift + T].contiguous(), step, shift, offsets)
             return self._augmented(batch, step)
-        self._packed["rows"] += self.batch_size
+        self._packed["rows"] += len(item["input_ids"])
         self._packed["real_tokens"] += int(item["real_tokens"])
         self._packed.update(item["counts"])
         fields: dict[str, Any] = {k: torch.as_tensor(item[k]).to(dev, non_blocking=fast)
@@ -292,29 +313,7 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
             own: dict[str, Any] = self._own_state(in_hand)
         except Exception as e:  # (any failure: gathered, so that no process waits for this one)
             own = {"kind": "lmshard.stream.error", "rank": self.rank, "error": str(e) or type(e).__name__}
-        gathered: list[Any] = [own]
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            gathered = [None] * dist.get_world_size(group)
-            dist.all_gather_object(gathered, own, group=group)
-        elif self.world_size > 1:
-            raise ArgumentError("state_dict(gather=True) on a stream of several ranks gathers over "
-                                "torch.distributed: initialise it first (torchrun, init_process_group)")  # fmt: skip
-        failed = [g for g in gathered if g.get("kind") == "lmshard.stream.error"]
-        if failed:
-            raise ArgumentError(f"state_dict(gather=True): rank {failed[0]['rank']}: {failed[0]['error']}")
-        ranks: dict[int, Any] = {}
-        for g in gathered:
-            if ranks.setdefault(g["rank"], g) != g:
-                raise ArgumentError(f"state_dict(gather=True): processes that share stream rank {g['rank']} are at "
-                                    "different positions; give each data-parallel rank its own rank= (tensor and "
-                                    "pipeline peers share theirs and draw the same batches)")  # fmt: skip
-        if set(ranks) != set(range(self.world_size)):
-            raise ArgumentError(f"state_dict(gather=True) gathered the states of stream ranks {sorted(ranks)}, but the "
-                                f"stream has world_size={self.world_size}: pass a group that holds every "
-                                "data-parallel rank (or none: all processes)")  # fmt: skip
-        return {"kind": "lmshard.stream.ranks", "world_size": self.world_size,
-                "ranks": [ranks[r] for r in range(self.world_size)]}  # fmt: skip
+        return gather_states(own, self.world_size, group)
 
     def _own_state(self, in_hand: int) -> dict[str, Any]:
         in_hand = checks.nonnegative("in_hand", in_hand)
@@ -334,7 +333,7 @@ class StreamBatches(Augmented, torch.utils.data.IterableDataset):  # type: ignor
         names = "\n".join(shard.name for shard in s.shards or [])
         inputs = [i if "://" in i or not os.path.exists(os.path.dirname(i) or ".") else os.path.abspath(i)
                   for i in s.config.inputs]  # fmt: skip
-        return {**{k: v for k, v in self.options.items()}, "batch_size": self.batch_size, "seed": s.seed,
+        return {**{k: v for k, v in self.options.items()}, "batch_size": self._rows, "seed": s.seed,
                 "shuffle_buffer": s.shuffle_buffer, "epochs": s.epochs, "split": s.split,
                 "steps_per_epoch": self.steps_per_epoch, "tokenizer": s.config.tokenizer, "inputs": inputs,
                 "hf": s.config.hf, "shards": f"{len(s.shards or [])} ({xxhash.xxh3_64_hexdigest(names.encode())})",

@@ -18,7 +18,7 @@ documents and their tokens; plus the `docs.Documents` window beneath.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,25 +28,34 @@ from ..packing import stream as streampack
 from ..runtime.keyed import step_rng
 from ..runtime.packed import build_rows
 from ..runtime.sampling import ShiftSpec
+from ..runtime.schedule import Schedule
 from .docs import DocPos, Documents, Origin
 
+Sizes = Callable[[int], tuple[int, int]]  # a reader's batch number -> (rows, seq_len), under a schedule
 Piece = tuple[int, int, int, int, int, int]  # a row's piece of a document: shard, record, start, end, at, length
 
 _SHIFT_SALT, _PACK_SALT = 0x5417, 0x9AC5
 
 
-def window_batches(docs: Documents, state: list[int], batch_size: int, seq_len: int, stride: int, shift: ShiftSpec,
-                   seed: int) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """Batches of [batch_size, seq_len + shift] rows from `state` = [*DocPos, offset, batch]."""
+def window_batches(docs: Documents, state: list[int], batch_size: int, seq_len: int, stride: int | None,
+                   shift: ShiftSpec, seed: int, sizes: Sizes | None = None,
+                   shift_arg: int | str = 1) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Batches of [batch_size, seq_len + shift] rows from `state` = [*DocPos, offset, batch].
+    `sizes(batch)`: (rows, seq_len) of the reader's batch number `batch` under a schedule, each
+    length's shift parsed from `shift_arg` and its rows `stride` apart (None: its length)."""
     pos, offset, n = DocPos.of(state[:5]), state[5], state[6]
     held: list[tuple[DocPos, np.ndarray, Origin]] = []  # the documents the next row starts in, and after
     have = 0  # tokens held from `offset` on
     source = docs(pos)
+    specs = {seq_len: shift}
     while True:
-        width = seq_len + shift.draw(step_rng(seed, n, _SHIFT_SALT))
-        rows = np.empty((batch_size, width), dtype=np.int64)
+        count, T = (batch_size, seq_len) if sizes is None else sizes(n)
+        spec = specs[T] if T in specs else specs.setdefault(T, ShiftSpec.parse(shift_arg, T))
+        step = stride or T
+        width = T + spec.draw(step_rng(seed, n, _SHIFT_SALT))
+        rows = np.empty((count, width), dtype=np.int64)
         pieces: list[list[Piece]] = []
-        for b in range(batch_size):
+        for b in range(count):
             while have < width:
                 nxt = next(source, None)
                 if nxt is None:
@@ -55,13 +64,13 @@ def window_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
                 have += len(nxt[1]) - (offset if len(held) == 1 else 0)
             rows[b], row = _take(held, offset, width)
             pieces.append(row)
-            offset += stride
-            have -= stride
+            offset += step
+            have -= step
             while len(held[0][1]) <= offset:
                 offset -= len(held[0][1])
                 held.pop(0)
         n += 1
-        yield {"rows": rows, "shift": width - seq_len, "state": [*held[0][0].ints(), offset, n], "trace": pieces}
+        yield {"rows": rows, "shift": width - T, "state": [*held[0][0].ints(), offset, n], "trace": pieces}
 
 
 def _take(held: list[tuple[DocPos, np.ndarray, Origin]], offset: int, width: int) -> tuple[np.ndarray, list[Piece]]:
@@ -78,8 +87,8 @@ def _take(held: list[tuple[DocPos, np.ndarray, Origin]], offset: int, width: int
 
 
 def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: int, *, strategy: str, buffer: int,
-                   overlong: str, pad_id: int, mask_boundary_labels: bool, shuffle: bool,
-                   seed: int) -> Iterator[dict[str, Any]]:  # fmt: skip
+                   overlong: str, pad_id: int, mask_boundary_labels: bool, shuffle: bool, seed: int,
+                   sizes: Sizes | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Batches of packed rows from `state` = [*DocPos of the window's first document, packs handed
     out of that window, batch]. Each batch carries its rows' fields and what the packer did."""
     pos, skip, n = DocPos.of(state[:5]), state[5], state[6]
@@ -132,7 +141,7 @@ def packed_batches(docs: Documents, state: list[int], batch_size: int, seq_len: 
             pieces.append([(*window[d][2], s - int(ends[d] - lengths[d]), s - int(ends[d] - lengths[d]) + m, a,
                             int(lengths[d])) for d, s, m, a in zip(owner, starts.tolist(), lens.tolist(), at,
                                                                  strict=True)])  # fmt: skip
-            if len(rows) == batch_size:
+            if len(rows) == (batch_size if sizes is None else sizes(n)[0]):
                 n += 1
                 state_after = [*first.ints(), p + 1, n] if p + 1 < plan.n_packs else [*_after(window), 0, n]
                 yield {**_fields(rows, seq_len, pad_id, mask_boundary_labels), "state": state_after, "counts": counts,
@@ -168,3 +177,10 @@ def _fields(rows: list[list[np.ndarray]], seq_len: int, pad_id: int, mask: bool)
     cu = np.concatenate(cus).astype(np.int32)
     return {"input_ids": built["input_ids"], "labels": built["labels"], "position_ids": built["position_ids"],
             "cu_seqlens": cu, "max_seqlen": int(np.diff(cu).max()), "real_tokens": int(lengths.sum())}  # fmt: skip
+
+
+def reader_sizes(schedule: Schedule, workers: int, reader: int, world_size: int, n: int) -> tuple[int, int]:
+    """(rows, seq_len) of a reader's batch number n: reader r of a rank's W serves its steps
+    r, r + W, r + 2W, ... (the DataLoader takes its workers in turn), so its batch n is step n·W + r."""
+    phase = schedule.phase(n * workers + reader)
+    return phase.global_batch // world_size, phase.seq_len

@@ -36,6 +36,7 @@ from ..prepare.output.claim import bos_written
 from ..prepare.output.writer import with_separators
 from ..runtime import checks
 from ..runtime.sampling import ShiftSpec
+from ..runtime.schedule import Schedule
 from ..tokenizers import is_hf_spec, load_tokenizer
 from ..tokenizers.splintr_backend import pool_lost
 from .batches import StreamBatches
@@ -117,25 +118,33 @@ class TokenStream:
         if self._tokenizer is not None:
             self._tokenizer.use_threads(n)
 
-    def windows(self, batch_size: int, seq_len: int, *, stride: int | None = None, shift: int | str = 1,
-                **loader: Any) -> StreamBatches:  # fmt: skip
+    def windows(self, batch_size: int | None = None, seq_len: int | None = None, *, stride: int | None = None,
+                shift: int | str = 1, schedule: Any = None, **loader: Any) -> StreamBatches:  # fmt: skip
         """Contiguous windows of the token stream: rows of seq_len tokens, each `stride` (default
-        seq_len) after the last, labels `shift` ahead (an int, or 'random')."""
-        seq_len = checks.positive("seq_len", seq_len)
-        stride = seq_len if stride is None else checks.integer("stride", stride, low=1, high=seq_len)
+        seq_len) after the last, labels `shift` ahead (an int, or 'random'). `schedule`: global
+        batch sizes and seq_lens by step (runtime/schedule.py) instead of batch_size and seq_len:
+        each reader's windows go on, one after another, whatever the step's shape."""
+        plan, batch_size, seq_len = _shape(schedule, batch_size, seq_len, several_lengths=True)
+        if stride is not None:
+            stride = checks.integer("stride", stride, low=1, high=min(plan.seq_lens) if plan else seq_len)
+        elif plan is None:
+            stride = seq_len
         spec = ShiftSpec.parse(shift, seq_len)
-        opts = {"seq_len": seq_len, "stride": stride, "shift": shift}
+        opts = {"seq_len": seq_len, "stride": stride, "shift": shift, **({"schedule": plan.record()} if plan else {})}
         make = functools.partial(window_batches, batch_size=batch_size, seq_len=seq_len, stride=stride, shift=spec,
-                                 seed=self.seed)  # fmt: skip
-        return _batches(self, "windows", opts, make, batch_size, loader)
+                                 seed=self.seed, shift_arg=shift)  # fmt: skip
+        return _batches(self, "windows", opts, make, batch_size, loader, plan)
 
-    def packed(self, batch_size: int, seq_len: int, *, strategy: str = "bfd", buffer: int = 1000,
-               overlong: str = "split", pad_id: int | None = None, mask_boundary_labels: bool = True,
-               shuffle: bool = True, **loader: Any) -> StreamBatches:  # fmt: skip
+    def packed(self, batch_size: int | None = None, seq_len: int | None = None, *, strategy: str = "bfd",
+               buffer: int = 1000, overlong: str = "split", pad_id: int | None = None,
+               mask_boundary_labels: bool = True, shuffle: bool = True, schedule: Any = None,
+               **loader: Any) -> StreamBatches:  # fmt: skip
         """Packed rows from an online packer: `strategy` ('bfd': best fit within each buffer of
         `buffer` documents; 'greedy': next fit, in order) over the documents as they come,
         overlong ones split, truncated or dropped. Batches as `TokenDataset.packed(...).batches`
-        gives them (input_ids, labels, position_ids, cu_seqlens, max_seqlen)."""
+        gives them (input_ids, labels, position_ids, cu_seqlens, max_seqlen). `schedule`: global
+        batch sizes by step, at one seq_len (pass seq_len too, or a schedule of one length)."""
+        plan, batch_size, seq_len = _shape(schedule, batch_size, seq_len, several_lengths=False)
         seq_len, buffer = checks.positive("seq_len", seq_len), checks.positive("buffer", buffer)
         if strategy not in ("bfd", "greedy"):
             raise ArgumentError(f"strategy={checks.show(strategy)}: a stream packs with 'bfd' (best fit in each "
@@ -146,23 +155,41 @@ class TokenStream:
         pad = self.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=self.vocab_size - 1)
         mask, shuf = checks.flag("mask_boundary_labels", mask_boundary_labels), checks.flag("shuffle", shuffle)
         opts = {"seq_len": seq_len, "strategy": strategy, "buffer": buffer, "overlong": overlong, "pad_id": pad,
-                "mask_boundary_labels": mask, "shuffle": shuf}  # fmt: skip
+                "mask_boundary_labels": mask, "shuffle": shuf, **({"schedule": plan.record()} if plan else {})}
         make = functools.partial(packed_batches, batch_size=batch_size, seq_len=seq_len, strategy=strategy,
                                  buffer=buffer, overlong=overlong, pad_id=pad, mask_boundary_labels=mask,
                                  shuffle=shuf, seed=self.seed)  # fmt: skip
-        return _batches(self, "packed", opts, make, batch_size, loader)
+        return _batches(self, "packed", opts, make, batch_size, loader, plan)
 
 
 _LOADER = ("rank", "world_size", "num_workers", "device", "steps_per_epoch", "mp_context", "clock")
 
 
-def _batches(stream: TokenStream, shape: str, opts: dict[str, Any], make: Any, batch_size: int,
-             loader: dict[str, Any]) -> StreamBatches:  # fmt: skip
+def _batches(stream: TokenStream, shape: str, opts: dict[str, Any], make: Any, batch_size: int | None,
+             loader: dict[str, Any], plan: Schedule | None) -> StreamBatches:  # fmt: skip
     if unknown := sorted(set(loader) - set(_LOADER)):
         mine = ", ".join(opts)
         raise ArgumentError(f"{shape}() takes no option {unknown[0]!r}; it takes {mine} and the loader's "
                             f"{', '.join(_LOADER[:5])}")  # fmt: skip
-    return StreamBatches(stream, shape, opts, make, batch_size, **loader)
+    return StreamBatches(stream, shape, opts, make, batch_size, schedule=plan, **loader)
+
+
+def _shape(schedule: Any, batch_size: Any, seq_len: Any, several_lengths: bool) -> tuple[Schedule | None, Any, Any]:
+    """(the schedule or None, batch_size, seq_len): a schedule in place of batch_size (and of
+    seq_len, which a packed stream may give too, equal to the schedule's one length)."""
+    if schedule is None:
+        if batch_size is None or seq_len is None:
+            missing = "batch_size" if batch_size is None else "seq_len"
+            raise ArgumentError(f"{missing}=None: pass batch_size and seq_len, each an int, or schedule=[(step, "
+                                "global_batch_size, seq_len), ...]")  # fmt: skip
+        return None, checks.positive("batch_size", batch_size), seq_len
+    plan = schedule if isinstance(schedule, Schedule) else Schedule(schedule)
+    if batch_size is not None or (seq_len is not None and several_lengths):
+        raise ArgumentError("pass batch_size and seq_len, or a schedule (whose batch sizes are global), not both")
+    if not several_lengths and plan.seq_lens != [seq_len if seq_len is not None else plan.seq_lens[0]]:
+        raise ArgumentError(f"schedule seq_lens {plan.seq_lens}: a stream's packs have one seq_len; schedule the "
+                            "batch size only")  # fmt: skip
+    return plan, None, plan.phases[0].seq_len
 
 
 def _load_here(spec: str, backend: str, separator: str | None) -> Any:
