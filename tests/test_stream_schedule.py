@@ -43,7 +43,7 @@ def test_a_scheduled_stream_resumes_onto_the_uninterrupted_run(corpus, workers):
     for shape in ("windows", "packed"):
         plan = PLAN if shape == "windows" else [(0, 2, 64), (4, 3, 64)]
 
-        def make():  # noqa: ANN202
+        def make(shape=shape, plan=plan):  # noqa: ANN202
             s = lmshard.stream(str(root / "src"), shuffle_buffer=20, seed=3)
             return getattr(s, shape)(schedule=plan, num_workers=workers)
 
