@@ -134,3 +134,25 @@ def test_a_packed_mixture_follows_the_curriculum(pair):
     sources = np.concatenate([next(stream)["sources"] for _ in range(20)])
     tokens = [int(b) for b in sources]
     assert tokens[:1000] == [0] * 1000 and tokens[1000:] == [1] * 1000
+
+
+def test_one_knot_knots_on_the_grid_and_tiny_weights(pair):
+    """A curriculum of one knot, knots on exact multiples of 64 rows, and a weight of 1e-7 (drawn at
+    its size: no row in 10^6)."""
+    from lmshard.runtime.curriculum import Curriculum, CurriculumTree
+
+    assert next(Mixture(list(pair), curriculum=[(0, [0.9, 0.1])]).random_batches(8, T)).x.shape == (8, T)
+    on_grid = CurriculumTree(Curriculum([(0, [0.9, 0.1]), (T * 640, [0.5, 0.5])], 2, ramp="step"), T, 0)
+    source, _ = on_grid.assign(np.arange(2000))
+    assert abs(int((source[:640] == 1).sum()) - 64) <= 1 and abs(int((source[640:] == 1).sum()) - 680) <= 1
+    tiny = CurriculumTree(Curriculum([(0, [1 - 1e-7, 1e-7])], 2), T, 0)
+    assert tiny.counts(1_000_000)[1] <= 1
+
+
+def test_a_curriculum_resumed_at_another_seq_len_is_refused(pair):
+    mix = Mixture(list(pair), curriculum=CURRICULUM)
+    run = mix.random_batches(8, 32, seed=1)
+    for _ in range(10):
+        next(run)
+    with pytest.raises(ArgumentError, match="rows of one seq_len"):
+        mix.random_batches(8, 64, seed=1).load_state_dict(run.state_dict())

@@ -265,3 +265,88 @@ def test_a_packed_mixture_draws_the_same_packs_at_any_batch_size_and_resumes_on_
         s.load_state_dict(first.state_dict())
     got += [rows(next(two[0])) + rows(next(two[1])) for _ in range(5)]
     assert got == whole and [len(g) for g in got] == [4, 4, 8, 8, 8, 16, 16, 16]
+
+
+def test_a_skipped_range_and_a_new_batch_size_on_resume_leave_no_row_out(tokens):
+    """Steps 2..4 skipped (mode "data"), the run resumed at step 6 with twice the batch: the next
+    step starts at the run's row 9 × 8 (data step 9), as the uninterrupted run's ledger has it."""
+    run = _data(tokens).random_batches(8, 32, seed=5).skip(2, 5)
+    for _ in range(6):
+        next(run)
+    wider = _data(tokens).random_batches(16, 32, seed=5)
+    wider.load_state_dict(run.state_dict())
+    rows = [o for s in [_data(tokens).random_batches(8, 32, seed=5)] for _ in range(12) for o in next(s).offsets]
+    assert next(wider).offsets.tolist() == [int(o) for o in rows[72:88]]
+    assert wider.state_dict()["schedule"] == [[0, 8, 32], [9, 16, 32]]
+    packs = _data(tokens).packed(64, seed=3)
+    p = packs.batches(4, order="rows").skip(1, 3)
+    for _ in range(3):
+        next(p)
+    q = packs.batches(8, order="rows")
+    q.load_state_dict(p.state_dict())
+    truth = packs.batches(4, order="rows")
+    order = [int(i) for _ in range(10) for i in next(truth)["packs"]]
+    assert next(q)["packs"].tolist() == order[20:28]  # data step 5 of 4 packs: packs 20 ..
+
+
+def test_after_a_new_seq_len_on_resume_the_past_traces_as_it_was(tokens):
+    run = _data(tokens).random_batches(8, 32, seed=3)
+    first = run.trace(0) if next(run) is not None else None
+    for _ in range(3):
+        next(run)
+    longer = _data(tokens).random_batches(8, 64, seed=3)
+    longer.load_state_dict(run.state_dict())
+    assert longer.trace(0) == first and next(longer).x.shape == (8, 64)
+    w = _data(tokens).window_batches(schedule=[(0, 8, 32), (2, 8, 48)], stride=16, seed=1)
+    for _ in range(4):
+        next(w)
+    one = _data(tokens).window_batches(8, 64, stride=16, order="rows", seed=1)  # a length the run never drew
+    one.load_state_dict(w.state_dict())
+    assert next(one).x.shape == (8, 64)
+
+
+def test_random_shifts_keep_row_order_at_any_batch_size(tokens):
+    a = _data(tokens).random_batches(16, 32, shift="random", seed=2)
+    b = _data(tokens).random_batches(64, 32, shift="random", seed=2)
+    small = [o for _ in range(8) for o in next(a).offsets.tolist()]
+    assert small == [o for _ in range(2) for o in next(b).offsets.tolist()]
+
+
+def test_phases_out_of_order_are_refused_even_where_one_changes_nothing():
+    with pytest.raises(ArgumentError, match="phase 3 starts at step 3, not after phase 2's step 5"):
+        Schedule([(0, 8, 32), (5, 8, 32), (3, 16, 32)])
+    with pytest.raises(ArgumentError, match="phase 3 starts at 500 tokens, not after the phase before it"):
+        Schedule([{"tokens": 0, "batch_size": 8, "seq_len": 32}, {"tokens": 1000, "batch_size": 16, "seq_len": 32},
+                  {"tokens": 500, "batch_size": 4, "seq_len": 32}])  # fmt: skip
+
+
+def test_lmshard_trace_names_each_steps_ranks_under_a_schedule(tmp_path):
+    """The CLI traces a scheduled state of 4 ranks: step 0 (8 rows) is 2 rows a rank, step 3 (32) 8."""
+    import json
+
+    from test_prepare import jsonl, make_texts
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+    from lmshard.prepare import PrepareConfig, prepare
+
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "a.jsonl", make_texts(300, seed=2)))], out=str(tmp_path / "d"),
+                          workers=1, val_fraction=0))  # fmt: skip
+    stream = TokenDataset(tmp_path / "d").random_batches(schedule=[(0, 8, 16), (3, 32, 16)], rank=0, world_size=4)
+    for _ in range(4):
+        next(stream)
+    (tmp_path / "s.json").write_text(json.dumps(stream.state_dict()))
+    out = CliRunner().invoke(app, ["trace", str(tmp_path / "d"), "--state", str(tmp_path / "s.json"), "--steps", "0:4",
+                                   "--json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    steps = [json.loads(line) for line in out.output.splitlines()]
+    assert [[r["rank"] for r in s["rows"]] for s in steps][0] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [r["rank"] for r in steps[3]["rows"]] == [k // 8 for k in range(32)]
+    val = TokenDataset(tmp_path / "d", "val", val_fraction=0.2, split_seed=1).random_batches(2, 16, seed=1)
+    next(val)
+    (tmp_path / "v.json").write_text(json.dumps(val.state_dict()))
+    out = CliRunner().invoke(app, ["trace", str(tmp_path / "d"), "--state", str(tmp_path / "v.json"), "--steps", "0",
+                                   "--json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    docs = [p["doc"] for r in json.loads(out.output)["rows"] for p in r["pieces"]]
+    assert docs == [p.doc for row in val.trace(0) for p in row]

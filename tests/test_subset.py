@@ -136,3 +136,17 @@ def test_a_loader_file_names_a_load_time_split(ds, tmp_path):
     got = lmshard.load_config(conf)
     truth = TokenDataset(ds, "val", val_fraction=0.1, split_seed=4).random_batches(2, 16, seed=2)
     assert got.state_dict() == truth.state_dict() and torch.equal(next(got).x, next(truth).x)
+
+
+def test_a_run_on_a_load_time_split_does_not_continue_on_a_grown_dataset(tmp_path):
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "a.jsonl", make_texts(300, seed=1)))], out=str(tmp_path / "d"),
+                          **COMMON))  # fmt: skip
+    run = TokenDataset(tmp_path / "d", "val", val_fraction=0.2).random_batches(2, 16, seed=1)
+    next(run)
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "b.jsonl", make_texts(100, seed=9)))], out=str(tmp_path / "d"),
+                          append=True, **COMMON))  # fmt: skip
+    for grown in (None, "continue"):
+        with pytest.raises(ArgumentError, match="continues only on the data it was saved on") as caught:
+            TokenDataset(tmp_path / "d", "val", val_fraction=0.2).random_batches(2, 16, seed=1).load_state_dict(
+                run.state_dict(), grown=grown)
+        assert "\n" not in str(caught.value)

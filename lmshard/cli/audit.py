@@ -52,7 +52,12 @@ def trace(
 
     saved = _load_state(state, key)
     split = str(saved.get("data", "::")).rsplit(":", 2)[1] or "train"  # the data_id names the split
-    data = TokenDataset(dataset, split=split)
+    carve: dict[str, Any] = {}
+    if "@" in split:  # a load-time split: split@fraction/seed (runtime/subset.py)
+        split, how = split.split("@", 1)
+        fraction, _, seed = how.partition("/")
+        carve = {"val_fraction": float(fraction), "split_seed": int(seed or 0)}
+    data = TokenDataset(dataset, split=split, **carve)
     stream = stream_of_state(data, saved)
     if exposure or exposure_out is not None:
         if steps is not None and ":" in steps:
@@ -61,8 +66,7 @@ def trace(
         _exposure(stream, int(saved.get("step", 0)) if steps is None else _steps(steps, 0)[0], exposure_out, as_json)
         return
     first, last = _steps(steps, int(saved.get("step", 0)))
-    world = int(saved.get("world_size") or 1)
-    per_rank = max(1, int(saved["global_batch_size"]) // world)
+    world = int(saved.get("world_size") or 1)  # (each step's rows split over the ranks: its own batch size)
     if not 0 <= first < last:
         raise ArgumentError(f"--steps {steps}: pass A or A:B with 0 <= A < B")
     for step in range(first, last):
@@ -72,6 +76,7 @@ def trace(
                              highlight=False)  # fmt: skip
             continue
         rows = stream.trace(step)
+        per_rank = max(1, len(rows) // world)
         if as_json:
             out = [{"rank": r // per_rank, "row": r % per_rank, "pieces": [_piece(p, data, text) for p in row]}
                    for r, row in enumerate(rows)]  # fmt: skip

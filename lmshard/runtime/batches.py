@@ -77,6 +77,7 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
             raise ArgumentError(f"{got}: not a TokenStore and Offsets; build streams with TokenDataset.random_batches "
                                 "or window_batches")  # fmt: skip
         self.store, self.offsets = store, offsets
+        self._base = offsets  # the offsets over the split as it is (for the seq_len the stream was built with)
         self.seed, self.kind = checks.seed(seed), str(kind)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         # the run's global batch and seq_len at each step (runtime/schedule.py); one phase without a schedule
@@ -98,7 +99,6 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
         self.prefetch = checks.flag("prefetch", prefetch)
         self.data = data  # the dataset's data_id: a state records it, and a load onto other data is refused
         self.dataset = dataset  # the TokenDataset it reads, if one: a state saved before it grew may continue
-        self._base = offsets  # the offsets over the split as it is
         self._grown: list[list[Any]] = []  # what a state records of the split's growths (runtime/growth.py)
         self.step = 0  # the next step to hand out
         self.staged = self.device.type != "cpu"
@@ -146,6 +146,7 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
         kept = [(self, k) for k in ("_skips", "_skip_mode", "offsets", "_grown", "schedule", "_lens")]
         with checks.unchanged_on_error(*kept, *([(self.offsets, "eras")] if hasattr(self.offsets, "eras") else [])):
             self._load_order(dict(state))
+            self._load_skips(dict(state))  # (before the schedule: a step's data position counts them)
             self._load_schedule(dict(state), step, from_step)
             mine, required = self.state_dict(), ("kind", "seed", "seq_len", "global_batch_size")
             self._load(dict(state), step, keep_going, mine, required)
@@ -163,6 +164,9 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
         elif hasattr(self.offsets, "regrow"):  # a mixture's: each source on its own
             self._grown = self.offsets.regrow(dict(state), self._data(self._position(step)), keep_going,
                                               self.schedule.first_row)  # fmt: skip
+            if self._grown and len(self.schedule.seq_lens) > 1:
+                raise ArgumentError("cannot continue a schedule of several seq_lens on a grown mixture source; "
+                                    "continue on the data the state was saved on, or start from step 0")  # fmt: skip
         else:
             checks.same_data(state.get("data"), self.data)
         for key in (*required, *self.offsets.fingerprint()):
@@ -186,8 +190,9 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
             lambda part: base if part is None else base.over(part.n_tokens, part.shards),
             lambda sampler: sampler.steps_per_epoch)  # fmt: skip
         if len(eras) > 1 and self.order == "rows" and base.n_rows is not None:
-            raise ArgumentError("cannot continue window batches in row order on a grown split; resume the run in "
-                                "order='steps', or start from step 0")  # fmt: skip
+            raise ArgumentError("cannot continue window batches in row order on a grown split (their epochs end "
+                                "inside steps); continue on the data the state was saved on, or start a new run "
+                                "on the grown split")  # fmt: skip
         if len(eras) > 1 and len(self.schedule.seq_lens) > 1:
             raise ArgumentError("cannot continue a schedule of several seq_lens on a grown split; start from step 0")
         self.offsets = growth.GrownOffsets(eras, samplers) if len(eras) > 1 else base

@@ -11,24 +11,23 @@ last they hold. A row's position is the run's tokens before it (seq_len a row).
 **Which source a row comes from** (`CurriculumTree`, the same interface as `mixing.RowTree`).
 The run's rows are cut into segments of R = 64 rows (and at each knot's row: the first row that
 starts at or after its token), each with the average weights of its rows (for a linear ramp,
-the weights at its middle). A binary tree over the sources splits each node's rows
-between its halves: the node's j-th row goes left when floor(acc + r'·ρ + p) steps up, where ρ is
-the left half's share of the node's weight in that segment (0, 1, or at least 2**-16 away from
-both), r' the row's
-place among the node's rows in the segment, acc the node's left target summed over the earlier
-segments (in float64, always added in the same order, so every process gets the same bits) and p
-a phase drawn from the seed. Each step is 0 or 1 row, so any k consecutive rows of a node give
-its left half within one row of its target share; with two sources every window of rows is
-within one row of the schedule's integral. A row's source and its index among the source's rows
-are a pure function of (curriculum, seed, row): a resumed run, at any batch size or world size,
-draws what the uninterrupted one drew.
+the weights at its middle). A binary tree over the sources splits each node's rows between its
+halves: the node's j-th row goes left when floor(A + r'·ρ + p) steps up, where ρ is the left
+half's share of the node's weight in that segment, r' the row's place among the node's rows in
+the segment, A the node's left target summed over the earlier segments and p a phase drawn from
+the seed, all counted in integers of 2**-40 of a row (exact: every process gets the same rows,
+and a share as small as 1e-12 is drawn at its size). Each step is 0 or 1 row, so any k
+consecutive rows of a node give its left half within one row of its target share; with two
+sources every window of rows is within one row of the schedule's integral. A row's source and
+its index among the source's rows are a pure function of (curriculum, seed, row): a resumed run,
+at any batch size or world size, draws what the uninterrupted one drew.
 
 The sums over earlier segments are computed once per chunk of 4,096 segments and kept at chunk
 starts, so a stream that resumes at row g adds up g / 64 numbers once (a few milliseconds per
 10^8 rows).
 
-Memory model: per tree node, one float per chunk reached (262,144 rows) and 4,096 × 3 numbers
-for each of the last chunks used (up to three).
+Memory model: per tree node, two integers per chunk reached (262,144 rows) and 4,096 × 4 for
+each of the last chunks used (up to three).
 """
 
 from __future__ import annotations
@@ -46,7 +45,8 @@ from .keyed import keyed_ints
 RAMPS = ("linear", "step")
 SEGMENT = 64  # rows with one set of weights
 CHUNK = 4096  # segments whose sums are computed at once
-_EDGE = 2.0**-16  # how close to 0 or 1 a share may come without being 0 or 1
+_BITS = 40
+_ONE = 1 << _BITS  # shares and targets are counted in 2**-40 of a row: exact integer arithmetic
 
 
 class Curriculum:
@@ -139,22 +139,25 @@ class CurriculumTree:
                 self.nodes.append((lo, mid, hi))
                 todo += [(lo, mid), (mid, hi)]
         self.n_sources = n
-        self.phase = np.array([keyed_ints(seed, np.array([lo * 4096 + hi]), 1 << 20)[0] / float(1 << 20)
-                               for lo, _, hi in self.nodes])  # fmt: skip
+        self.phase = np.array([keyed_ints(seed, np.array([lo * 4096 + hi]), _ONE)[0] for lo, _, hi in self.nodes],
+                              dtype=np.int64)  # fmt: skip
         # segments: every SEGMENT rows, and also at each knot's row, so that a segment lies between two knots
         knots = curriculum.knot_rows(seq_len)
         self._extra = np.unique(knots[knots % SEGMENT != 0])  # knot rows off the grid
         self._extra_at = self._extra // SEGMENT + 1 + np.arange(len(self._extra))  # their segments' numbers
-        self._starts = [np.zeros(len(self.nodes))]  # per chunk reached: each node's acc at its first segment
-        self._chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        zero = np.zeros(len(self.nodes), dtype=np.int64)
+        self._starts = [(zero, zero)]  # per chunk reached: each node's target at its first segment (whole, part)
+        self._chunks: dict[int, tuple[np.ndarray, ...]] = {}
 
-    def _chunk(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Chunk c's [nodes, CHUNK + 1] acc and node rows at each segment start, and [nodes, CHUNK] shares."""
+    def _chunk(self, c: int) -> tuple[np.ndarray, ...]:
+        """Chunk c's [nodes, CHUNK + 1] targets (whole rows, and parts of 2**-40) and node rows at
+        each segment start, and [nodes, CHUNK] shares (in 2**-40)."""
         found = self._chunks.get(c)
         if found is not None:
             return found
         while len(self._starts) <= c:  # the sums up to chunk c, once
-            self._starts.append(self._compute(len(self._starts) - 1)[0][:, -1].copy())
+            whole, part, _, _ = self._compute(len(self._starts) - 1)
+            self._starts.append((whole[:, -1].copy(), part[:, -1].copy()))
         out = self._compute(c)
         self._chunks = {k: v for k, v in self._chunks.items() if k == c - 1 or k == c + 1}
         self._chunks[c] = out
@@ -162,6 +165,9 @@ class CurriculumTree:
 
     def _segment_start(self, i: np.ndarray) -> np.ndarray:
         """The first row of segments i."""
+        out = i * SEGMENT
+        if not len(self._extra_at):
+            return out
         at = np.searchsorted(self._extra_at, i)  # off-grid starts before segment i
         hit = (at < len(self._extra_at)) & (self._extra_at[np.minimum(at, len(self._extra_at) - 1)] == i)
         out = (i - at) * SEGMENT
@@ -173,28 +179,28 @@ class CurriculumTree:
         """The segment each row lies in."""
         return rows // SEGMENT + np.searchsorted(self._extra, rows, side="right")
 
-    def _compute(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _compute(self, c: int) -> tuple[np.ndarray, ...]:
         bounds = self._segment_start(np.arange(c * CHUNK, (c + 1) * CHUNK + 1, dtype=np.int64))  # rows at each start
         w = self.curriculum.weights(bounds[:-1], bounds[1:], self.seq_len)
-        acc0 = self._starts[c]
+        whole0, part0 = self._starts[c]
         k = len(self.nodes)
-        acc = np.empty((k, CHUNK + 1))
+        whole = np.empty((k, CHUNK + 1), dtype=np.int64)
+        part = np.empty((k, CHUNK + 1), dtype=np.int64)
         rows = np.empty((k, CHUNK + 1), dtype=np.int64)
-        share = np.empty((k, CHUNK))
+        share = np.empty((k, CHUNK), dtype=np.int64)
         rows_of: dict[tuple[int, int], np.ndarray] = {(0, self.n_sources): bounds}
         for v, (lo, mid, hi) in enumerate(self.nodes):
             node_rows = rows_of[lo, hi]
-            whole = w[:, lo:hi].sum(axis=1)
-            rho = np.divide(w[:, lo:mid].sum(axis=1), whole, out=np.full(CHUNK, 0.5), where=whole > 0)
-            # a share within 2**-16 of 0 or 1 (but not 0 or 1) is held that far inside, so that float64's rounding
-            # never makes one row's step 2 rows (it is below 2**-19 for any run under 2**33 rows)
-            rho = np.where((rho > 0) & (rho < _EDGE), _EDGE, np.where((rho < 1) & (rho > 1 - _EDGE), 1 - _EDGE, rho))
-            steps = np.diff(node_rows).astype(np.float64) * rho
-            acc[v] = np.add.accumulate(np.concatenate([[acc0[v]], steps]))
-            rows[v], share[v] = node_rows, rho
-            left = np.floor(acc[v] + self.phase[v]).astype(np.int64)
+            total = w[:, lo:hi].sum(axis=1)
+            rho = np.divide(w[:, lo:mid].sum(axis=1), total, out=np.full(CHUNK, 0.5), where=total > 0)
+            share[v] = np.round(rho * _ONE).astype(np.int64)  # the left half's share, in 2**-40
+            # the target in 2**-40 of a row: at most 64 rows × 2**40 a segment, 2**58 a chunk (int64 holds it)
+            run = part0[v] + np.concatenate([[0], np.cumsum(np.diff(node_rows) * share[v])])
+            whole[v], part[v] = whole0[v] + (run >> _BITS), run & (_ONE - 1)
+            rows[v] = node_rows
+            left = whole[v] + ((part[v] + self.phase[v]) >> _BITS)
             rows_of[lo, mid], rows_of[mid, hi] = left, node_rows - left
-        return acc, rows, share
+        return whole, part, rows, share
 
     def assign(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(rows, dtype=np.int64)
@@ -203,31 +209,31 @@ class CurriculumTree:
         local = rows.copy()
         for c in np.unique(seg // CHUNK).tolist():
             at = np.flatnonzero(seg // CHUNK == c)
-            acc, node_rows, share = self._chunk(c)
-            self._walk(0, self.n_sources, at, seg[at] - c * CHUNK, source, local, acc, node_rows, share)
+            self._walk(0, self.n_sources, at, seg[at] - c * CHUNK, source, local, self._chunk(c))
         return source, local
 
     def _walk(self, lo: int, hi: int, at: np.ndarray, s: np.ndarray, source: np.ndarray, local: np.ndarray,
-              acc: np.ndarray, node_rows: np.ndarray, share: np.ndarray) -> None:  # fmt: skip
+              chunk: tuple[np.ndarray, ...]) -> None:  # fmt: skip
         if hi - lo == 1:
             source[at] = lo
             return
+        whole, part, node_rows, share = chunk
         v = self._index[lo, hi]
         mid = self.nodes[v][1]
         j = local[at]
-        r = (j - node_rows[v, s]).astype(np.float64)
-        before = np.floor(acc[v, s] + r * share[v, s] + self.phase[v]).astype(np.int64)
-        after = np.floor(acc[v, s] + (r + 1) * share[v, s] + self.phase[v]).astype(np.int64)
+        r = j - node_rows[v, s]  # the row's place among the node's rows of its segment (< 64)
+        before = whole[v, s] + ((part[v, s] + r * share[v, s] + self.phase[v]) >> _BITS)
+        after = whole[v, s] + ((part[v, s] + (r + 1) * share[v, s] + self.phase[v]) >> _BITS)
         left = after > before
         local[at] = np.where(left, before, j - before)
-        self._walk(lo, mid, at[left], s[left], source, local, acc, node_rows, share)
-        self._walk(mid, hi, at[~left], s[~left], source, local, acc, node_rows, share)
+        self._walk(lo, mid, at[left], s[left], source, local, chunk)
+        self._walk(mid, hi, at[~left], s[~left], source, local, chunk)
 
     def counts(self, n: int) -> list[int]:
         """Each source's rows among the run's first n rows."""
         n = checks.nonnegative("n", n)
         c, s = divmod(int(self._segment_of(np.array([n]))[0]), CHUNK)
-        acc, node_rows, share = self._chunk(c)
+        whole, part, node_rows, share = self._chunk(c)
         out = [0] * self.n_sources
 
         def walk(lo: int, hi: int, j: int) -> None:
@@ -235,8 +241,8 @@ class CurriculumTree:
                 out[lo] = j
                 return
             v = self._index[lo, hi]
-            r = float(j - int(node_rows[v, s]))
-            left = int(np.floor(acc[v, s] + r * share[v, s] + self.phase[v]))
+            r = j - int(node_rows[v, s])
+            left = int(whole[v, s]) + ((int(part[v, s]) + r * int(share[v, s]) + int(self.phase[v])) >> _BITS)
             walk(lo, self.nodes[v][1], left)
             walk(self.nodes[v][1], hi, j - left)
 

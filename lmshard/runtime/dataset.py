@@ -377,7 +377,7 @@ def _window_offsets(data: TokenDataset, plan: Schedule, world: int, stride: int 
     spec = ShiftSpec.parse(shift, T)
     step = stride_or_default(stride, T)
     n = data._check_windows(T, step, spec)
-    g = max(p.global_batch for p in plan.phases if p.seq_len == T)
+    g = max((p.global_batch for p in plan.phases if p.seq_len == T), default=plan.max_batch)
     if order == "steps" and n < g:
         raise ArgumentError(f"batch_size={g // world} × world_size={world} = {g} rows per global batch, but "
                             f"{data._where} has {n} windows (seq_len {T} + shift {spec.max} at stride {step}); lower "

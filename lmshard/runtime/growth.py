@@ -83,6 +83,11 @@ def prefix(data: Any, saved_id: str) -> Prefix | None:
 def old_part(data: Any, saved_id: str, grown: bool) -> Prefix:
     """The prefix `saved_id` was, refused unless the caller asked for grown="continue" and the
     split did grow from it; one line naming what changed and the fix."""
+    if getattr(data, "_carved", "") and saved_id != data.data_id:  # a load-time split (runtime/subset.py)
+        raise ArgumentError(f"cannot resume: the state was saved on {checks.describe_data(saved_id)}, and this "
+                            f"load-time split is of {checks.describe_data(data.data_id)}; a run on a load-time "
+                            "split continues only on the data it was saved on (an --append adds documents to both "
+                            "sides): start a new run, or prepare the data with --val-fraction")  # fmt: skip
     found = prefix(data, saved_id)
     if found is not None and grown:
         return found
@@ -244,7 +249,7 @@ class GrownOffsets(Offsets):
         self.starts = [e.start for e in eras]
         last = samplers[-1]
         self.shift, self.steps_per_epoch = last.shift, last.steps_per_epoch
-        self.order, self.by_len, self.n_rows = last.order, last.by_len, last.n_rows
+        self.order, self.by_len, self.n_rows, self.seq_len = last.order, last.by_len, last.n_rows, last.seq_len
 
     def fingerprint(self) -> dict[str, Any]:
         return self.samplers[-1].fingerprint()

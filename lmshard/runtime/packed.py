@@ -271,14 +271,16 @@ class PackedStream(StepStream):
                                     f"order={self.order!r}; build the stream with order={saved!r}")  # fmt: skip
             self.order = saved
         if self.order == "rows":
+            self._load_skips(state)  # (before the schedule: a step's data position counts them)
             self._resume_shape(state, step, from_step)
         elif from_step is not None:
             raise ArgumentError("from_step= moves a row-order stream onto a new schedule; this stream draws by step")
         state["order"] = saved
         super()._load(state, step, keep_going)
         if self.order == "rows" and self._eras:
-            raise ArgumentError("cannot continue packed batches in row order on a grown split; resume in "
-                                "order='steps', or start from step 0")  # fmt: skip
+            raise ArgumentError("cannot continue packed batches in row order on a grown split (their epochs end "
+                                "inside steps); continue on the data the state was saved on, or start a new run "
+                                "on the grown split")  # fmt: skip
 
     def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
         plan = self.packs.plan

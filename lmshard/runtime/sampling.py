@@ -140,6 +140,7 @@ class Offsets(ABC):
     (runtime/schedule.py)."""
 
     shift: ShiftSpec  # the label shift(s) rows are read for
+    seq_len: int  # the rows' length (without the shift)
     steps_per_epoch: int | None  # steps in one pass over the data, or None (no epochs)
     order: str = "steps"
     by_len: bool = False  # rows numbered among the rows of their own seq_len (windows)
@@ -213,14 +214,12 @@ class RandomOffsets(Offsets):
         n = max(1, min(_BLOCK_STEPS, _BLOCK_ROWS // count, run or _BLOCK_STEPS))
         shifts = self._shifts(step, n)
         rows = np.arange(first, first + n * count, dtype=np.int64)
-        if self.doc_starts is None and self.shift.fixed is not None:  # one range for every row
-            offsets = keyed_ints(self.seed, rows, self.n_tokens - (self.seq_len + self.shift.fixed) + 1)
-            return step, first, count, shifts, offsets.reshape(n, count)
-        limits = self.n_tokens - (self.seq_len + np.repeat(shifts, count))  # each row's last valid start
+        # one range for every row, room for the largest shift: a row's draw does not depend on its step's shift
+        limit = self.n_tokens - (self.seq_len + self.shift.max)
         if self.doc_starts is None:
-            offsets = keyed_ints(self.seed, rows, limits + 1)
+            offsets = keyed_ints(self.seed, rows, limit + 1)
         else:
-            offsets = self.doc_starts.draw_rows(self.seed, rows, limits)
+            offsets = self.doc_starts.draw_rows(self.seed, rows, np.full(len(rows), limit))
         return step, first, count, shifts, offsets.reshape(n, count)
 
     def _shifts(self, first: int, n: int) -> np.ndarray:

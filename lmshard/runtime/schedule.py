@@ -54,15 +54,17 @@ class Schedule:
         if not entries:
             raise ArgumentError(f"schedule=[] has no phase; {_FIX}")
         self.phases: list[Phase] = []
+        self._entry_step = 0  # the step of the last phase listed (one that changes nothing is merged)
         for i, entry in enumerate(entries):
             step, g, t = self._entry(i, entry)
             if i == 0 and step != 0:
                 raise ArgumentError(f"schedule phase 1 starts at step {step}; the first phase starts at step 0 (or "
                                     "tokens 0)")  # fmt: skip
-            if self.phases and step <= self.phases[-1].step:
+            if i and step <= self._entry_step:
                 raise ArgumentError(f"schedule phase {i + 1} starts at step {step}, not after phase {i}'s step "
-                                    f"{self.phases[-1].step}; list the phases in order, each at a later "
+                                    f"{self._entry_step}; list the phases in order, each at a later "
                                     "step")  # fmt: skip
+            self._entry_step = step
             self._add(step, g, t)
         self._steps = [p.step for p in self.phases]
         self._rows = [p.row for p in self.phases]
@@ -107,7 +109,11 @@ class Schedule:
             return tokens  # 0 for a valid first phase; anything else is refused by the caller
         last = self.phases[-1]
         per_step = last.global_batch * last.seq_len
-        return last.step + max(1, math.ceil((tokens - last.tokens) / per_step))
+        before = last.tokens + (self._entry_step - last.step) * per_step  # where the phase listed before starts
+        if tokens <= before:
+            raise ArgumentError(f"{where} starts at {tokens:,} tokens, not after the phase before it (at {before:,} "
+                                "tokens); list the phases in order")  # fmt: skip
+        return last.step + math.ceil((tokens - last.tokens) / per_step)
 
     @classmethod
     def constant(cls, global_batch: int, seq_len: int) -> Schedule:

@@ -63,7 +63,7 @@ class Scheduled:
 
     def _offsets(self, seq_len: int) -> Offsets:
         """The offsets of rows of `seq_len` tokens."""
-        if seq_len == self.schedule.phases[0].seq_len:
+        if seq_len == self._base.seq_len:  # (the length the stream was built for)
             return self.offsets
         if seq_len not in self._lens:
             if self._make is None:
@@ -143,6 +143,8 @@ class Scheduled:
             found = resumed(state, self._given, self._scheduled, step, from_step,
                             lambda s: self._data(self._position(s)), self.world_size)  # fmt: skip
             self.schedule = found or self.schedule
+            for T in self.schedule.seq_lens:  # a length this stream cannot draw is refused now, not mid-run
+                self._offsets(T)
 
     def _global_rows(self, position: int) -> tuple[np.ndarray, int, int]:
         """Every rank's rows at `position`: offsets, the step's shift, its seq_len."""
