@@ -144,28 +144,29 @@ def test_a_loader_configuration_file_sets_the_data_and_the_rows(tmp_path):
     assert "trains on random or windows samples" in packed.stderr
 
 
-def test_a_schedule_file_ramps_the_batch_and_the_rows_and_resumes_on_it(tmp_path):
+def test_a_schedule_file_ramps_the_batch_and_the_rows_and_resumes_on_it(trainer, tmp_path, capsys, monkeypatch):
     """--schedule FILE: each step draws its phase's rows (the truth: the scheduled stream opened
     here), and a run saved mid-phase and resumed draws the uninterrupted run's rows."""
     from lmshard import TokenDataset
+    from lmshard.errors import LmshardError
     from lmshard.prepare import PrepareConfig, prepare
 
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_texts(200, seed=5)), encoding="utf-8")
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), val_fraction=0.1))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), val_fraction=0.1, quiet=True))
     plan = [[0, 2, 16], [3, 4, 16], [5, 4, 32]]
     (tmp_path / "s.toml").write_text(f"schedule = {plan}\n")
-    common = [sys.executable, str(SCRIPT), str(tmp_path / "ds"), "--schedule", str(tmp_path / "s.toml"), "--device",
-              "cpu", "--log-every", "2"]  # fmt: skip
-    first = launch([*common, "--steps", "4", "--save", str(tmp_path / "ck.pt"), "--report", str(tmp_path / "a.json")])
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = launch([*common, "--steps", "7", "--resume", str(tmp_path / "ck.pt"), "--report", str(tmp_path / "b.json")])
-    assert again.returncode == 0, again.stderr[-2000:]
-    reports = [json.loads((tmp_path / f"{name}-rank0.json").read_text())["batches"] for name in ("a", "b")]
-    drawn = [b["offsets"] for report in reports for b in report]
+    common = [str(tmp_path / "ds"), "--schedule", str(tmp_path / "s.toml"), "--device", "cpu", "--log-every", "2"]
+    first = trainer.train(trainer.parse_args([*common, "--steps", "4", "--save", str(tmp_path / "ck.pt"),
+                                              "--report", "r"]), trainer.Ranks(), torch.device("cpu"))  # fmt: skip
+    again = trainer.train(trainer.parse_args([*common, "--steps", "7", "--resume", str(tmp_path / "ck.pt"),
+                                              "--report", "r"]), trainer.Ranks(), torch.device("cpu"))  # fmt: skip
+    drawn = [b["offsets"] for b in first["batches"] + again["batches"]]
     truth = TokenDataset(tmp_path / "ds").random_batches(schedule=plan, seed=1337)
     assert drawn == [next(truth).offsets.tolist() for _ in range(7)]
     assert [len(d) for d in drawn] == [2, 2, 2, 4, 4, 4, 4]
+    assert "schedule [[0, 2, 16], [3, 4, 16], [5, 4, 32]]" in capsys.readouterr().out
     (tmp_path / "bad.toml").write_text("schedule = [[3, 2, 16]]\n")
-    bad = launch([*common[:3], "--schedule", str(tmp_path / "bad.toml"), "--steps", "1"])
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "starts at step 3" in bad.stderr, bad.stderr
+    with pytest.raises(LmshardError, match="starts at step 3"):
+        trainer.read_schedule(str(tmp_path / "bad.toml"))
