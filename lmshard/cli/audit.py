@@ -205,3 +205,28 @@ def diff_datasets(first: str, second: str, as_json: bool) -> int:
             origin = f" from {e['input']}:{e['record']}" if "input" in e else ""
             render.out.print(f"  {kind}: {escape(e['document'])}{escape(origin)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def decontamination(dataset: Path, benchmarks: list[str], as_json: bool) -> int:
+    """`inspect DATASET --decontaminate FILE`: what prepare --decontaminate would remove (inspect/decon.py)."""
+    from ..errors import ConfigError
+    from ..format import load_metadata
+    from ..inspect import audit, decon
+
+    audit.require_dataset(dataset)
+    meta, why = load_metadata(dataset), list[str]()
+    decoder = audit.decoder_for(meta, why)
+    if decoder is None:
+        raise ConfigError(f"{dataset}: --decontaminate compares texts, and {why[0] if why else 'cannot decode it'}")
+    said = decon.report(meta, benchmarks, decoder)
+    if as_json:
+        render.out.print_json(data=said)
+        return 0
+    render.out.print(f"{escape(str(dataset))}: {said['documents']:,} documents against {said['grams']:,} benchmark "
+              f"{said['n']}-grams", highlight=False, soft_wrap=True)  # fmt: skip
+    for name, splits in said["contaminated"].items():
+        shown = ", ".join(f"{split} {n:,}" for split, n in splits.items()) or "none"
+        render.out.print(f"  {escape(name)}: {shown}", highlight=False)
+    for e in said["examples"]:
+        render.out.print(f"  {e['document']} ({e['benchmark']}): {escape(e['text'])}", highlight=False, soft_wrap=True)
+    return 0

@@ -159,6 +159,9 @@ def inspect(
                                        "its own train and val splits (docs/quality.md)."),  # fmt: skip
     diff: str | None = typer.Option(None, "--diff", metavar="DATASET", help="Instead: the documents DATASET adds, "
                                     "removes and keeps against this one (another version of it)."),  # fmt: skip
+    decontaminate: list[str] = typer.Option([], "--decontaminate", metavar="FILE", help="Instead: the documents "
+                                            "that share an n-gram with these benchmarks, per split, as prepare "
+                                            "--decontaminate would remove them (repeatable)."),  # fmt: skip
 ) -> None:
     """Verify a dataset against its metadata and show what is in it.
 
@@ -181,6 +184,10 @@ def inspect(
         from .audit import diff_datasets
 
         raise typer.Exit(diff_datasets(dataset, diff, as_json))
+    if decontaminate:
+        from .audit import decontamination
+
+        raise typer.Exit(decontamination(Path(dataset), decontaminate, as_json))
     raise typer.Exit(_inspect(dataset if is_url(dataset) else Path(dataset), quick, as_json, sample, seed, doc, plot,
                               top))  # fmt: skip
 

@@ -132,6 +132,13 @@ def prepare(
                                "threshold T. Default: 5:22x5:0.7.", "--minhash"),  # fmt: skip
     dedup_lines: bool | None = _flag(CLEAN, "Also drop non-blank lines seen before (boilerplate); reads the input "
                                      "twice.", "--dedup-lines"),  # fmt: skip
+    decontaminate: list[str] | None = _opt(CLEAN, "FILE", "Drop documents that share a 13-word n-gram (or hold a whole "
+                                           "item of 8+ words) with a benchmark: JSONL, parquet or text, NAME=FILE "
+                                           "to name it (repeatable; docs/quality.md).", "--decontaminate"),
+    decontaminate_n: int | None = _opt(CLEAN, "N", "Words in a --decontaminate n-gram. Default: 13.",
+                                       "--decontaminate-n"),
+    decontaminate_lines: bool | None = _flag(CLEAN, "--decontaminate removes the matching lines, not the document.",
+                                             "--decontaminate-lines"),  # fmt: skip
     on_error: str | None = _opt(CLEAN, "WHAT", "A bad record: fail (stop) or skip (count it and go on). Default: "
                                 "fail.", "--on-error"),  # fmt: skip
     decode_errors: str | None = _opt(CLEAN, "HOW", "Bytes that are not UTF-8 in text, JSON lines and whole files: "

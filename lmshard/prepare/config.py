@@ -44,6 +44,9 @@ class PrepareConfig:
     inputs: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
     filters: list[str] = field(default_factory=list)  # --filter: document filters, in order (quality/filters.py)
+    decontaminate: list[str] = field(default_factory=list)  # benchmark files, PATH or NAME=PATH (quality/decon.py)
+    decontaminate_n: int = 13  # words in a matching n-gram
+    decontaminate_lines: bool = False  # remove the matching lines, not the document
     include_hidden: bool = False  # a directory walk also reads hidden files and directories (.git, .venv)
     tokenizer: str = "gpt2"
     tokenizer_backend: str = "auto"  # auto, tiktoken, splintr (tiktoken vocabularies) or tokenizers
@@ -145,8 +148,9 @@ class PrepareConfig:
         from ..quality.filters import absolute, resolve
 
         self.filters = [absolute(name) for name in self.filters]  # a task started elsewhere imports the same file
-        for name in self.filters:  # a filter that cannot be found fails here, not in a worker
-            resolve(name)
+        self.decontaminate = [_absolute_benchmark(spec) for spec in self.decontaminate]
+        for name in self.clean_config().filters:  # a filter that cannot be found fails here, not in a worker; the
+            resolve(name)  # benchmarks' index is built here once, before the workers fork
 
     def _check_types(self) -> None:
         """Every field has its annotated type (as `resolve_config` makes sure for flags and
@@ -179,8 +183,13 @@ class PrepareConfig:
             min_chars=self.min_chars,
             max_chars=self.max_chars,
             overlong=self.overlong,
-            filters=tuple(self.filters),
+            filters=tuple(self.filters) + ((self.decon_filter(),) if self.decontaminate else ()),
         )
+
+    def decon_filter(self) -> str:
+        """--decontaminate as the last filter (quality/filters.py: decontaminate=N:MODE:FILES)."""
+        mode = "lines" if self.decontaminate_lines else "documents"
+        return f"decontaminate={self.decontaminate_n}:{mode}:{'|'.join(self.decontaminate)}"
 
     def hf_spec(self) -> Any:
         if not self.hf:
@@ -222,7 +231,19 @@ class PrepareConfig:
 
         if plugins := plugin_sources(self.filters):  # a plugin's code determines the bytes too
             d["filter_sources"] = plugins
+        if self.decontaminate:  # and so do the benchmarks' bytes
+            from ..quality.decon import benchmark_sources
+
+            d["decontaminate_sources"] = benchmark_sources(self.decontaminate)
         return d
+
+
+def _absolute_benchmark(spec: str) -> str:
+    """A --decontaminate PATH or NAME=PATH with its path made absolute (every task reads the same file)."""
+    name, sep, path = spec.partition("=")
+    if sep and re.fullmatch(r"[A-Za-z0-9_]+", name):
+        return f"{name}={os.path.abspath(path)}"
+    return os.path.abspath(spec)
 
 
 def _recorded_input(spec: str) -> str:

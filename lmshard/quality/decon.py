@@ -3,14 +3,17 @@
 **Benchmarks.** Each file is one benchmark, named by its stem (or `NAME=PATH`): JSONL or parquet
 records, every string field of which (and every list of strings, joined) is an item, or plain
 text, one item per non-empty line. Items are normalised to words: Unicode NFKC, lowercase, runs
-of letters and digits (so whitespace, case and punctuation do not hide a copy).
+of ASCII letters and digits and of other characters outside ASCII (so whitespace, case and ASCII
+punctuation do not hide a copy).
 
 **A match.** A document is contaminated when it shares an n-gram of words (n = 13 by default)
 with an item, or holds a whole item of 8 to n − 1 words (short questions, answers, one-line
 items). Items under 8 words are not matched: such runs of words occur in ordinary text. The index
 holds a 64-bit hash of every n-gram of every item (and of each short item, by its length), in
 sorted arrays; a document's n-grams are hashed with numpy (polynomials modulo 2**64 over its
-words' bytes, then over its words) and looked up with one `searchsorted` per length. The index is built
+words' bytes, then over its words), passed through a bitmap of the index's hashes, and the few
+that pass looked up with `searchsorted`; short items are found by their first 8 words, then
+checked whole. The index is built
 once per process: in the one that configures a run, before its workers fork, so they share it.
 
 **What is removed.** The document (its reason `contaminated_<benchmark>`, the first benchmark
@@ -38,14 +41,14 @@ from .edit import Edit
 
 SHORTEST = 8  # words: a shorter item is not matched
 MODES = ("documents", "lines")
-_WORD = re.compile(r"[^\W_]+")
-_NONWORD = re.compile(r"[\W_]+")
+_WORD = re.compile("[a-z0-9\u0080-\U0010ffff]+")
 _ODD = np.uint64(0x9E3779B97F4A7C15)  # the polynomial's base (odd, so invertible modulo 2**64)
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 def words(text: str) -> list[str]:
-    """The normalised words of `text`: what an item or a document is compared by."""
+    """The normalised words of `text`, what an item or a document is compared by: after NFKC and
+    lowercasing, runs of ASCII letters and digits and of characters outside ASCII."""
     return _WORD.findall(unicodedata.normalize("NFKC", text).lower())
 
 
@@ -71,14 +74,17 @@ def _runs(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
         return (prefix[ends] - prefix[starts]) * down[starts]
 
 
+_WORD_BYTE = np.zeros(256, dtype=bool)  # a-z, 0-9, and every byte of a character outside ASCII
+_WORD_BYTE[[*range(ord("a"), ord("z") + 1), *range(ord("0"), ord("9") + 1), *range(128, 256)]] = True
+
+
 def word_hashes(text: str) -> np.ndarray:
     """A 64-bit hash of each normalised word of `text` (the words of `words`), in numpy: a
     polynomial over the word's UTF-8 bytes, then mixed (splitmix64's finaliser)."""
-    norm = _NONWORD.sub(" ", unicodedata.normalize("NFKC", text).lower())
-    b = np.frombuffer(norm.encode("utf-8"), dtype=np.uint8)
+    b = np.frombuffer(unicodedata.normalize("NFKC", text).lower().encode("utf-8", "replace"), dtype=np.uint8)
     if not len(b):
         return np.zeros(0, dtype=np.uint64)
-    letter = b != 32
+    letter = _WORD_BYTE[b]
     edges = np.diff(np.concatenate([[False], letter, [False]]).astype(np.int8))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     z = _runs(b.astype(np.uint64) + np.uint64(1), starts, ends)
@@ -104,13 +110,36 @@ class Benchmark:
     items: list[str]
 
 
-def read_benchmark(spec: str) -> Benchmark:
-    """`PATH` or `NAME=PATH`: its items (see the module docstring); ConfigError, one line, for a
-    file that cannot be read or holds no item."""
+def name_and_path(spec: str) -> tuple[str, str]:
+    """`NAME=PATH`, or `PATH` named by its file's stem."""
     name, sep, path = spec.partition("=")
     if not sep or not _NAME.fullmatch(name):
         name, path = Path(spec).name.split(".")[0], spec
-    name = "_".join(_NAME.findall(name)) or "benchmark"
+    return "_".join(_NAME.findall(name)) or "benchmark", path
+
+
+def benchmark_sources(specs: list[str]) -> dict[str, list[str]]:
+    """What a run's metadata records of its benchmarks: per name, the file and the sha256 of its bytes."""
+    out = {}
+    for spec in specs:
+        name, path = name_and_path(spec)
+        try:
+            out[name] = [path, file_sha256(path)]
+        except OSError as e:
+            raise ConfigError(f"--decontaminate {spec}: cannot read it ({e})") from None
+    return out
+
+
+def from_filter(name: str, args: str) -> Decontaminator:
+    """The filter `decontaminate=N:MODE:FILE|FILE...` that `prepare --decontaminate` adds."""
+    n, mode, files = args.split(":", 2)
+    return Decontaminator(files.split("|"), int(n), mode)
+
+
+def read_benchmark(spec: str) -> Benchmark:
+    """`PATH` or `NAME=PATH`: its items (see the module docstring); ConfigError, one line, for a
+    file that cannot be read or holds no item."""
+    name, path = name_and_path(spec)
     p = Path(path)
     try:
         if p.suffix == ".parquet":
@@ -193,25 +222,54 @@ class Decontaminator:
             order = np.argsort(keys, kind="stable")
             self.index[size] = (keys[order], owner[order])
         self.grams = sum(len(k) for k, _ in self.index.values())
+        # A short item (fewer than n words) is found by its first SHORTEST words, then checked whole; a
+        # bit per hash value (of the n-grams and those first words) skips most lookups.
+        self.short = sorted(size for size in self.index if size < n)
+        firsts = [grams(word_hashes(i), SHORTEST)[:1] for b in self.benchmarks for i in b.items
+                  if SHORTEST <= len(word_hashes(i)) < n]  # fmt: skip
+        self.firsts = np.unique(np.concatenate(firsts)) if firsts else np.zeros(0, dtype=np.uint64)
+        every = np.concatenate([self.index[n][0] if n in self.index else np.zeros(0, np.uint64), self.firsts])
+        self._bits = max(16, min(30, int(len(every) * 16).bit_length()))
+        self._seen = np.zeros(1 << (self._bits - 3), dtype=np.uint8)
+        where = every >> np.uint64(64 - self._bits)
+        np.bitwise_or.at(self._seen, (where >> np.uint64(3)).astype(np.int64),
+                         (np.uint8(1) << (where & np.uint64(7)).astype(np.uint8)))  # fmt: skip
+
+    def _maybe(self, g: np.ndarray) -> np.ndarray:
+        """Where `g` may be in the index (no false negative; few false positives)."""
+        where = g >> np.uint64(64 - self._bits)
+        return np.flatnonzero(self._seen[(where >> np.uint64(3)).astype(np.int64)] >> (where & np.uint64(7)).astype(
+            np.uint8) & 1)  # fmt: skip
+
+    @staticmethod
+    def _find(keys: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """The positions in `keys` (sorted) of the values of `g` that are there, else -1."""
+        at = np.minimum(np.searchsorted(keys, g), max(len(keys) - 1, 0))
+        return np.where(keys[at] == g, at, -1) if len(keys) else np.full(len(g), -1)
 
     def matches(self, text: str) -> int | None:
         """The first benchmark (by number) that `text` shares an n-gram or a whole short item with, or None."""
         hashes = word_hashes(text)
         if len(hashes) < SHORTEST:
             return None
-        hit: int | None = None
-        for size, (keys, owner) in self.index.items():
-            g = grams(hashes, size)
-            if not len(g):
-                continue
-            at = np.searchsorted(keys, g)
-            inside = at < len(keys)
-            ok = np.zeros(len(g), dtype=bool)
-            ok[inside] = keys[at[inside]] == g[inside]
-            if ok.any():
-                b = int(owner[at[ok]].min())
-                hit = b if hit is None else min(hit, b)
-        return hit
+        found: list[int] = []
+        if self.n in self.index and len(hashes) >= self.n:
+            g = grams(hashes, self.n)
+            maybe = self._maybe(g)
+            keys, owner = self.index[self.n]
+            at = self._find(keys, g[maybe])
+            found += owner[at[at >= 0]].tolist()
+        if self.short:
+            g = grams(hashes, SHORTEST)
+            maybe = self._maybe(g)
+            starts = maybe[self._find(self.firsts, g[maybe]) >= 0]
+            for size in self.short:  # (few starts: the rare places a short item's first words are)
+                fits = starts[starts + size <= len(hashes)]
+                if len(fits):
+                    keys, owner = self.index[size]
+                    at = self._find(keys, _runs(hashes, fits, fits + size))
+                    found += owner[at[at >= 0]].tolist()
+        return min(found) if found else None
 
     def reason(self, b: int) -> str:
         return f"contaminated_{self.benchmarks[b].name}"[:64]
@@ -231,6 +289,3 @@ class Decontaminator:
                                         next(line for line, v in zip(lines, verdicts, strict=True) if v is not None))}
         return Edit("\n".join(kept), removed)
 
-    def sources(self) -> dict[str, list[str]]:
-        """What a run's metadata records: per benchmark, its file and the sha256 of its bytes."""
-        return {b.name: [b.path, file_sha256(b.path)] for b in self.benchmarks}

@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 from ..errors import ConfigError
 from ..plugins import import_callable
 from .c4 import c4_quality
+from .decon import from_filter as decon_filter
 from .edit import Edit
 from .gopher import gopher_quality
 from .language import language_filter
@@ -60,7 +61,8 @@ __all__ = ["BUILTIN", "WITH_ARGS", "Edit", "FilterFailed", "Verdict", "absolute"
 BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality, "gopher_repetition": gopher_repetition,
                                             "fineweb_quality": fineweb_quality, "c4": c4_quality}  # fmt: skip
 # NAME=ARGS: each takes the name as given (for its messages) and the text after "=", and returns the filter.
-WITH_ARGS: dict[str, Callable[[str, str], Callable[[str], Any]]] = {"language": language_filter}
+WITH_ARGS: dict[str, Callable[[str, str], Callable[[str], Any]]] = {"language": language_filter,
+                                                                    "decontaminate": decon_filter}  # fmt: skip
 _REASON = re.compile(r"[A-Za-z0-9_]{1,64}")
 _loaded: dict[str, Callable[[str], Any]] = {}  # per process: each filter imported once
 

@@ -163,7 +163,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
                 except FilterFailed as e:  # the plugin's fault, named at the record it failed on
                     raise InputError(f"{config.sources[src_index].path}:{record.number}: {e}") from None
                 if reason is not None:
-                    record = record._replace(problem=reason, detail=f"dropped by --filter {by}")
+                    record = record._replace(problem=reason, detail=_dropped_by(by))
                 for why, (n, first) in (removed_lines or {}).items():  # lines a kept document's filters removed
                     c[LINE_DROP + why] += n
                     examples.setdefault(LINE_DROP + why, f"{config.sources[src_index].path}:{record.number}: "
@@ -309,3 +309,10 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
         records = parse_jsonl(item.payload, item.first_line, config.text_field, config.decode_errors == "replace")
     for record in records:
         yield item.source, record
+
+
+def _dropped_by(name: str | None) -> str:
+    """What dropped a document, as the user asked for it: --filter NAME, or --decontaminate FILES."""
+    if name and name.startswith("decontaminate="):
+        return f"dropped by --decontaminate {name.split(':', 2)[2].replace('|', ' ')}"
+    return f"dropped by --filter {name}"
