@@ -55,6 +55,7 @@ bench: setup
 	$(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_schedule.py
+	$(BIN)/python scripts/bench_decon.py
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_packing.py
 	$(BIN)/python scripts/bench_scaleout.py

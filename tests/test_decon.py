@@ -139,3 +139,16 @@ def test_inspect_reports_what_prepare_would_remove_and_changes_nothing(planted, 
         "quiz": sum(t == "quiz" for t in truth), "arith": sum(t == "math" for t in truth)}  # fmt: skip
     assert found["documents"] == len(docs) and set(found["contaminated"]["quiz"]) == {"train", "val"}
     assert before == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+
+
+def test_a_changed_benchmark_file_stops_a_resume_in_one_line(planted, tmp_path):
+    from lmshard.prepare.output.staging import difference
+
+    root, src, _, _ = planted
+    bench = tmp_path / "quiz.jsonl"
+    bench.write_text((root / "quiz.jsonl").read_text())
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), decontaminate=[str(bench)])
+    started = {"config": config.recorded()}
+    bench.write_text((root / "quiz.jsonl").read_text().replace("Which", "What", 1))
+    said = difference(started, {"config": config.recorded()})
+    assert said == f"the benchmark {bench} (--decontaminate) changed since the run started; put it back as it was"

@@ -360,6 +360,10 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
                 where = ((b or {}).get(name) or (a or {}).get(name) or [name])[0] or name
                 return (f"the filter plugin {where} (--filter {name}) changed since the run started (its source, or a "
                         "Python file of its directory that it imports); put it back as it was")  # fmt: skip
+            if key == "decontaminate_sources" and a and b and set(a) == set(b):
+                name = next(n for n in sorted(a) if a[n] != b[n])
+                return (f"the benchmark {b[name][0]} (--decontaminate) changed since the run started; put it back "
+                        "as it was")  # fmt: skip
             return f"--{key.replace('_', '-')} was {a!r} when the run started and is {b!r} now"
     a_src = {s[0]: s for s in started.get("sources", [])}
     b_src = {s[0]: s for s in now.get("sources", [])}
