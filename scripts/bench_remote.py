@@ -19,6 +19,13 @@ Rows, each measured in a fresh process:
 - remote, disk cache warm (filled by an earlier process, as a second epoch is), pool of a quarter
   of the split: pool misses are read from the local disk, checked, instead of the server.
 
+Cold start against a peer, on the same server: a fresh process, nothing cached, from its first
+import to its first batch and to its 450th (B=32 rows of T+1 tokens, shuffled): lmshard's random
+batches against litdata's StreamingDataset with TokensLoader over `export --to litdata`'s chunks
+(as litgpt reads pretraining data). litdata reads S3 through obstore, which refuses plain http;
+its child process lets it (`allow_http`) for the loopback server, and changes nothing else.
+(mosaic streaming's MDS export holds whole documents, not rows of T tokens: no row of its own.)
+
     python scripts/bench_remote.py [--seconds 3] [--no-write]
 """
 
@@ -31,11 +38,13 @@ import os
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import load, machine, require_corpus, update_performance_md  # noqa: E402
@@ -166,8 +175,39 @@ def child(config: dict) -> dict:  # type: ignore[type-arg]
     return out
 
 
+def cold(config: dict) -> dict:  # type: ignore[type-arg]
+    """A cold reader: seconds from the first import to the first batch and to batch 450."""
+    start = time.perf_counter()
+    peer = config.get("peer")
+    if peer == "litdata":
+        import obstore.store as ost
+
+        plain = ost.S3Store  # litdata builds obstore's store without allow_http: the loopback server is http
+        ost.S3Store = lambda *a, **k: plain(*a, **{**k, "client_options": {"allow_http": True}})
+        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata.streaming.item_loader import TokensLoader
+
+        lit = StreamingDataset(config["path"], item_loader=TokensLoader(block_size=T + 1), shuffle=True,
+                               cache_dir=config["cache"], storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+        batches: Any = iter(StreamingDataLoader(lit, batch_size=B, num_workers=0))
+    else:
+        from lmshard import TokenDataset
+
+        seen = count_requests()
+        batches = TokenDataset(config["path"]).random_batches(B, T, seed=1)
+    next(batches)
+    out = {"first_batch_s": time.perf_counter() - start}
+    for _ in range(449):
+        next(batches)
+    out["batches_450_s"] = time.perf_counter() - start
+    if peer is None:
+        out["requests"] = seen["requests"]
+    return out
+
+
 def measure(config: dict, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(config)], env={**os.environ, **env},
+    python = config.pop("python", sys.executable)
+    done = subprocess.run([python, __file__, "--child", json.dumps(config)], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=1800)  # fmt: skip
     if done.returncode:
         raise SystemExit(f"reader {config} failed:\n{done.stderr}")
@@ -230,6 +270,22 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
             got = measure(config, env)
             results.append((name, got))
             show(name, got, results[0][1]["rate"])
+        from lmshard.interop.export import export_dataset
+
+        export_dataset(str(local), "litdata", str(work / "lit"), tokens_per_shard=SHARD_TOKENS)
+        lit = upload(env, work / "lit", "lit")
+        readers = (("cold: lmshard, random batches", {"cold": True, "path": url}),
+                   ("cold: litdata, TokensLoader", {"cold": True, "path": f"{lit}/train", "peer": "litdata"}))
+        rounds: dict[str, list[dict]] = {name: [] for name, _ in readers}  # type: ignore[type-arg]
+        for k in range(3):  # alternated rounds, each reader in a fresh process with a fresh cache: medians
+            for name, config in readers:
+                rounds[name].append(measure({**config, "cache": str(work / f"lit-cache-{k}")}, env))
+        for name, got_all in rounds.items():
+            got = {key: statistics.median(g[key] for g in got_all) for key in got_all[0]}
+            results.append((name, got))
+            print(f"{name:>52}: first batch {got['first_batch_s']:.2f} s, 450 batches {got['batches_450_s']:.2f} s"
+                  + (f" ({got['requests']:.0f} GETs)" if "requests" in got else "") + " (medians of 3)",
+                  flush=True)  # fmt: skip
         again = measure(rows[0][1], env)  # local again: the machine's load may have moved meanwhile
         show("local (mapped), again", again, results[0][1]["rate"])
         results.append(("local (mapped), again", again))
@@ -261,12 +317,20 @@ def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # t
         "| token GETs per batch (MiB) |",
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
+    cold = [(name, got) for name, got in results if "batches_450_s" in got]
+    results = [(name, got) for name, got in results if "batches_450_s" not in got]
     for name, got in results:
         fill = (f"{got['fill_s']:.1f} s, {got['fill_batches']:.0f} batches, {got['fill_fetched']:.2f}× the split's "
                 f"bytes in {got['fill_requests']:.0f} GETs" if "fill_s" in got else "")  # fmt: skip
         lines.append(f"| {name} | {got['rate']:,.0f} | {got['rate'] / local:.2f}× | "
                      f"{got['first_batch_s'] * 1000:.0f} ms | {fill} | {got['peak_rss_mb']:.0f} MB | "
                      f"{got['requests_per_batch']:.1f} ({got['mib_per_batch']:.2f}) |")  # fmt: skip
+    if cold:
+        lines += ["", "Cold start, from the first import (torch's included, in both), nothing cached (B=32, T=1024, "
+                  "shuffled; medians of 3 alternated rounds):", "",
+                  "| reader | first batch | 450 batches |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {name.removeprefix('cold: ')} | {got['first_batch_s']:.2f} s | {got['batches_450_s']:.2f} s |"
+                  for name, got in cold]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -277,7 +341,8 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+        config = json.loads(args.child)
+        print(json.dumps(cold(config) if config.get("cold") else child(config)))
         return
     if not MOTO.exists():
         raise SystemExit(f"{MOTO} not found: pip install 'moto[server]' into this environment")
