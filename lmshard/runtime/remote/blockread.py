@@ -10,7 +10,7 @@ stored bytes `encoding.block_span(b, ...)`: 64 KiB from b·64 KiB in uint32, 32 
 `blocks_xxh3_64` and checked to run from 0 to the token file's size, so an offset never points
 a request outside the file.
 
-A request covers a run of adjacent blocks of one shard (at most `MAX_RUN_BYTES`, 4 MiB: 64
+A request covers a run of adjacent blocks of one shard (at most `MAX_RUN_BYTES`, 16 MiB: 256
 uint32 blocks), reading through gaps of up to `MAX_GAP_BYTES` between the blocks asked for
 (unless a block in the gap is had already); the blocks read through are checked and handed back
 as stored, so that the pool keeps (and decodes) those it has room for and no later request
@@ -50,7 +50,7 @@ from ...remote import Remote, redact
 from ...remote.retry import MISSING_FIX, RemoteMissing
 from .diskcache import TRAILER, DiskCache
 
-MAX_RUN_BYTES = 4 << 20  # stored bytes per request (at least one block): 64 uint32 blocks
+MAX_RUN_BYTES = 16 << 20  # stored bytes per request (at least one block): 256 uint32 blocks
 MAX_GAP_BYTES = 256 << 10  # unneeded stored bytes a request may read through to join two runs: 4 uint32 blocks
 
 
