@@ -213,12 +213,9 @@ class Blocks:
                         return
                     claimed[g], self._loading[g] = s, bringing
 
-        # The prefetch thread (held None) may read through gaps the pool's free slots can keep: a cold pass in a few
-        # large requests. A reader fetching for its own batch keeps its requests small (its batch comes first),
-        # unless most of the pool is still free: then the first batches read on as the prefetch would.
-        free = self.pool.free_count
-        cold = free * 2 > self.pool.n
-        spare = max(0, free - len(blocks)) if held is None or cold else 0
+        free = self.pool.free_count  # the prefetch thread (held None), and a reader while most of the pool is free,
+        # read through gaps the free slots can keep (a cold pass in few large requests); else a reader's stay small
+        spare = max(0, free - len(blocks)) if held is None or free * 2 > self.pool.n else 0
         try:
             through: dict[int, memoryview] = {}
             got = self.reader.read(blocks, self._had, through, spare, claim)
