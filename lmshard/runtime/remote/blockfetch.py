@@ -213,9 +213,9 @@ class Blocks:
                         return
                     claimed[g], self._loading[g] = s, bringing
 
-        free = self.pool.free_count  # the prefetch thread (held None), and a reader while most of the pool is free,
-        # read through gaps the free slots can keep (a cold pass in few large requests); else a reader's stay small
-        spare = max(0, free - len(blocks)) if held is None or free * 2 > self.pool.n else 0
+        # The prefetch thread (held None) may read through gaps the pool's free slots can keep: a cold pass in a few
+        # large requests. A reader fetching for its own batch keeps its requests small: its batch comes first.
+        spare = 0 if held is not None else max(0, self.pool.free_count - len(blocks))
         try:
             through: dict[int, memoryview] = {}
             got = self.reader.read(blocks, self._had, through, spare, claim)
