@@ -138,6 +138,11 @@ def test_inspect_reports_what_prepare_would_remove_and_changes_nothing(planted, 
     assert {k: sum(v.values()) for k, v in found["contaminated"].items()} == {
         "quiz": sum(t == "quiz" for t in truth), "arith": sum(t == "math" for t in truth)}  # fmt: skip
     assert found["documents"] == len(docs) and set(found["contaminated"]["quiz"]) == {"train", "val"}
+    records = [json.loads(line) for line in (root / "quiz.jsonl").read_text().splitlines()]
+    items = [r[k] for r in records for k in ("question", "answer")]
+    items += (root / "math.txt").read_text().splitlines()
+    for e in found["examples"]:  # each example names the item the document shares its words with
+        assert any(item.startswith(e["item"]) for item in items), e
     assert before == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
 
 

@@ -228,5 +228,6 @@ def decontamination(dataset: Path, benchmarks: list[str], as_json: bool) -> int:
         shown = ", ".join(f"{split} {n:,}" for split, n in splits.items()) or "none"
         render.out.print(f"  {escape(name)}: {shown}", highlight=False)
     for e in said["examples"]:
-        render.out.print(f"  {e['document']} ({e['benchmark']}): {escape(e['text'])}", highlight=False, soft_wrap=True)
+        render.out.print(f"  {e['document']} ({e['benchmark']}): {escape(e['text'])}\n    item: {escape(e['item'])}",
+                         highlight=False, soft_wrap=True)  # fmt: skip
     return 0

@@ -18,7 +18,8 @@ from .overlap import SNIPPET, documents
 
 def report(meta: DatasetMeta, benchmarks: list[str], decode: Callable[[list[int]], str], n: int = 13,
            examples: int = 3) -> dict[str, Any]:  # fmt: skip
-    """{dataset, n, documents, contaminated: {benchmark: {split: count}}, examples: [...]}."""
+    """{dataset, n, documents, contaminated: {benchmark: {split: count}}, examples: [{document,
+    benchmark, text, item}]}."""
     decon = Decontaminator(benchmarks, n)
     counts: dict[str, dict[str, int]] = {b.name: {} for b in decon.benchmarks}
     shown: list[dict[str, str]] = []
@@ -26,12 +27,12 @@ def report(meta: DatasetMeta, benchmarks: list[str], decode: Callable[[list[int]
     for split in meta.splits:
         for where, text in documents(meta, (split,), decode):
             scanned += 1
-            b = decon.matches(text)
-            if b is None:
+            found = decon.match(text)
+            if found is None:
                 continue
-            name = decon.benchmarks[b].name
+            name = decon.benchmarks[found[0]].name
             counts[name][split] = counts[name].get(split, 0) + 1
-            if len(shown) < examples:
-                shown.append({"document": where, "benchmark": name, "text": text[:SNIPPET]})
+            if len(shown) < examples:  # the document, and the item it shares words with
+                shown.append({"document": where, "benchmark": name, "text": text[:SNIPPET], "item": found[1][:SNIPPET]})
     return {"dataset": str(meta.root), "n": n, "documents": scanned, "grams": decon.grams, "contaminated": counts,
             "examples": shown}

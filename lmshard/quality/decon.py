@@ -208,17 +208,19 @@ class Decontaminator:
                               "NAME=PATH")  # fmt: skip
         # per length (n, and each short item's), sorted hashes and the benchmark each came from
         found: dict[int, list[tuple[np.ndarray, int]]] = {}
+        self.items: list[tuple[int, str]] = []  # per indexed item: (its benchmark, its text)
         for b, bench in enumerate(self.benchmarks):
             for item in bench.items:
                 hashes = word_hashes(item)
                 if len(hashes) < SHORTEST:
                     continue
                 size = min(len(hashes), n)
-                found.setdefault(size, []).append((grams(hashes, size), b))
+                found.setdefault(size, []).append((grams(hashes, size), len(self.items)))
+                self.items.append((b, item))
         self.index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for size, parts in found.items():
             keys = np.concatenate([g for g, _ in parts])
-            owner = np.concatenate([np.full(len(g), b, dtype=np.int32) for g, b in parts])
+            owner = np.concatenate([np.full(len(g), i, dtype=np.int64) for g, i in parts])  # the item of each hash
             order = np.argsort(keys, kind="stable")
             self.index[size] = (keys[order], owner[order])
         self.grams = sum(len(k) for k, _ in self.index.values())
@@ -249,6 +251,11 @@ class Decontaminator:
 
     def matches(self, text: str) -> int | None:
         """The first benchmark (by number) that `text` shares an n-gram or a whole short item with, or None."""
+        found = self.match(text)
+        return None if found is None else found[0]
+
+    def match(self, text: str) -> tuple[int, str] | None:
+        """(the first benchmark `text` matches, the text of an item of it that it matches), or None."""
         hashes = word_hashes(text)
         if len(hashes) < SHORTEST:
             return None
@@ -269,7 +276,7 @@ class Decontaminator:
                     keys, owner = self.index[size]
                     at = self._find(keys, _runs(hashes, fits, fits + size))
                     found += owner[at[at >= 0]].tolist()
-        return min(found) if found else None
+        return min((self.items[i] for i in found), key=lambda bi: bi[0]) if found else None
 
     def reason(self, b: int) -> str:
         return f"contaminated_{self.benchmarks[b].name}"[:64]
