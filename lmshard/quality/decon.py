@@ -209,6 +209,7 @@ class Decontaminator:
         # per length (n, and each short item's), sorted hashes and the benchmark each came from
         found: dict[int, list[tuple[np.ndarray, int]]] = {}
         self.items: list[tuple[int, str]] = []  # per indexed item: (its benchmark, its text)
+        firsts = []  # the hash of the first SHORTEST words of each short item
         for b, bench in enumerate(self.benchmarks):
             for item in bench.items:
                 hashes = word_hashes(item)
@@ -217,6 +218,8 @@ class Decontaminator:
                 size = min(len(hashes), n)
                 found.setdefault(size, []).append((grams(hashes, size), len(self.items)))
                 self.items.append((b, item))
+                if size < n:
+                    firsts.append(grams(hashes[:SHORTEST], SHORTEST))
         self.index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for size, parts in found.items():
             keys = np.concatenate([g for g, _ in parts])
@@ -227,8 +230,6 @@ class Decontaminator:
         # A short item (fewer than n words) is found by its first SHORTEST words, then checked whole; a
         # bit per hash value (of the n-grams and those first words) skips most lookups.
         self.short = sorted(size for size in self.index if size < n)
-        firsts = [grams(word_hashes(i), SHORTEST)[:1] for b in self.benchmarks for i in b.items
-                  if SHORTEST <= len(word_hashes(i)) < n]  # fmt: skip
         self.firsts = np.unique(np.concatenate(firsts)) if firsts else np.zeros(0, dtype=np.uint64)
         every = np.concatenate([self.index[n][0] if n in self.index else np.zeros(0, np.uint64), self.firsts])
         self._bits = max(16, min(30, int(len(every) * 16).bit_length()))

@@ -156,9 +156,8 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
 
     def _load(self, state: dict[str, Any], step: int, keep_going: bool, mine: dict[str, Any],
               required: tuple[str, ...]) -> None:  # fmt: skip
-        """load_state_dict's checks, and the skips and eras the state brings."""
+        """load_state_dict's checks, and the eras the state brings (its skips are loaded already)."""
         self._check_augment(state)
-        self._load_skips(dict(state))
         if self.dataset is not None and self.data is not None:
             self._regrow(dict(state), self._data(self._position(step)), keep_going)
         elif hasattr(self.offsets, "regrow"):  # a mixture's: each source on its own

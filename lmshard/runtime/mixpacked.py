@@ -57,7 +57,6 @@ class MixturePackedStream(StepStream):
 
     def _load(self, state: Any, step: int, keep_going: bool, from_step: int | None = None) -> None:
         state = dict(state)
-        self._load_skips(state)  # (before the schedule: a step's data position counts them)
         self._resume_shape(state, step, from_step)
         state.setdefault("order", "rows")  # (states saved before it was recorded drew the same rows)
         super()._load(state, step, keep_going)

@@ -271,7 +271,6 @@ class PackedStream(StepStream):
                                     f"order={self.order!r}; build the stream with order={saved!r}")  # fmt: skip
             self.order = saved
         if self.order == "rows":
-            self._load_skips(state)  # (before the schedule: a step's data position counts them)
             self._resume_shape(state, step, from_step)
         elif from_step is not None:
             raise ArgumentError("from_step= moves a row-order stream onto a new schedule; this stream draws by step")

@@ -67,7 +67,6 @@ class Schedule:
             self._entry_step = step
             self._add(step, g, t)
         self._steps = [p.step for p in self.phases]
-        self._rows = [p.row for p in self.phases]
         self._last = 0
         self._lens = sorted({p.seq_len for p in self.phases})
 
@@ -175,11 +174,6 @@ class Schedule:
         p = self.phase(step)
         return p.tokens + (step - p.step) * p.global_batch * p.seq_len
 
-    def step_of_row(self, row: int) -> int:
-        """The step that draws row `row`."""
-        p = self.phases[bisect.bisect_right(self._rows, row) - 1]
-        return p.step + (row - p.row) // p.global_batch
-
     def rows_of_len(self, step: int) -> int:
         """Rows of step `step`'s seq_len drawn before it: where that length's own sequence is."""
         me = self.phase(step)
@@ -190,11 +184,6 @@ class Schedule:
             if p.seq_len == me.seq_len:
                 before += (self.phases[i + 1].step - p.step) * p.global_batch
         return before + (step - me.step) * me.global_batch
-
-    def steps_in_phase(self, step: int) -> int | None:
-        """Steps from `step` to the end of its phase (None: the last phase, no end)."""
-        i = bisect.bisect_right(self._steps, step)
-        return None if i == len(self.phases) else self.phases[i].step - step
 
     def splice(self, later: Schedule, from_step: int) -> Schedule:
         """This schedule before `from_step`, `later` from it on."""

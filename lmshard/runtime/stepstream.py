@@ -131,6 +131,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         kept = ("_skips", "_skip_mode", "_eras", "_samplers", "_grown", *(("eras",) if hasattr(self, "eras") else ()),
                 *(k for k in ("order", "schedule") if k in vars(self)))  # fmt: skip
         with checks.unchanged_on_error(*[(self, k) for k in kept]):
+            self._load_skips(dict(state))  # (first: a step's data position, which a schedule reads, counts them)
             if from_step is None:
                 self._load(state, step, keep_going)
             elif "schedule" not in vars(self):
@@ -142,10 +143,9 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
             self._ahead.reset()
 
     def _load(self, state: Mapping[str, Any], step: int, keep_going: bool) -> None:
-        """load_state_dict's checks, and the skips and eras the state brings."""
+        """load_state_dict's checks, and the eras the state brings (its skips are loaded already)."""
         data = self._dataset()
         self._check_augment(state)
-        self._load_skips(dict(state))
         if data is None:
             if not self._regrow_sources(dict(state), self._data(self._position(step)), keep_going):
                 checks.same_data(state.get("data"), self.state_dict().get("data"))
