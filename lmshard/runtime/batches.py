@@ -29,6 +29,7 @@ from .augment import Augmented
 from .batch import Batch, RowStore
 from .checks import resolve_rank
 from .lookahead import Lookahead
+from .resident import Resident, no_workers, stream_device
 from .ring import Ring
 from .sampling import Offsets
 from .schedule import Schedule
@@ -46,7 +47,9 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
     the CPU and the loader interleaves them back into step order, so the sequence is the same
     for any W. `state_dict()` is a few integers; `load_state_dict()` continues the same stream,
     also at another world size if the global batch size is unchanged. `staged` (default: on
-    for non-CPU devices) routes batches through the ring of pinned host buffers.
+    for non-CPU devices) routes batches through the ring of pinned host buffers. Over a
+    `resident` split (runtime/resident.py) the rows are gathered on the device itself, the
+    same batches; `device` defaults to the resident copy's, else the CPU.
     """
 
     def __init__(
@@ -61,7 +64,8 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
         order_given: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
+        resident: Resident | None = None,
         seed: int,
         kind: str,
         cu_seqlens: bool = False,
@@ -91,7 +95,8 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
                                 "batch size); pass order='rows'")  # fmt: skip
         self._make, self._order_given = make, order_given  # (seq_len, order) -> the offsets of another seq_len
         self._lens: dict[int, Offsets] = {}
-        self.device = checks.device(device)
+        self._res = resident  # the split on the device (runtime/resident.py): batches gathered there
+        self.device = stream_device(device, resident, "this split")
         self.cu_seqlens = checks.flag("cu_seqlens", cu_seqlens)
         self.grouped = checks.flag("grouped", grouped)
         for T in self.schedule.seq_lens:
@@ -231,6 +236,11 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
             # intra-op threads, and on a machine whose cores are busy with other work it waits
             # milliseconds for the second one (2 cores: ~3 ms per batch on average instead of ~30 us).
             np.copyto(pair.numpy(), rows_view.numpy())
+        return self._batch(pair, step, offsets, shift, T)
+
+    def _batch(self, pair: torch.Tensor, step: int, offsets: np.ndarray, shift: int, T: int) -> Batch:
+        """The batch of x, y = pair[0], pair[1] ([2, rows, T] int64), with what the stream adds."""
+        rows = len(offsets)
         x, y = pair[0], pair[1]
         if self.grouped:
             x = x.view(rows, T // shift, shift)
@@ -288,6 +298,11 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
                    for p in self.schedule.phases)  # fmt: skip
 
     def __next__(self) -> Batch:
+        if self._res is not None:
+            offsets, shift, T = self._rows(self.step)
+            batch = self._batch(self._res.pair(offsets, shift, T), self.step, offsets, shift, T)
+            self.step += 1
+            return batch
         if not self.staged:
             batch = self._served(self.step)
             self.step += 1  # after the read: a step whose read failed is asked for again
@@ -304,6 +319,7 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
+        no_workers(self._res)
         if info is None:
             return self
         return self._worker_steps(info.id, info.num_workers)

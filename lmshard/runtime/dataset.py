@@ -27,12 +27,13 @@ from ..packing.io import CACHE_DIR
 from ..remote.urls import is_url, redact
 from . import checks
 from .batches import BatchStream, resolve_rank
-from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets, count_windows
-from .schedule import Schedule, parse_order
+from .resident import Resident, place
+from .sampling import DocStarts, ShiftSpec, count_windows
+from .schedule import parse_order
 from .schedule import resolve as resolve_schedule
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
 from .subset import carve
-from .windows import WindowDataset, stride_or_default
+from .windows import WindowDataset, random_offsets, stride_or_default, window_offsets
 
 if TYPE_CHECKING:
     from .remote.store import RemoteStore
@@ -54,7 +55,12 @@ class TokenDataset:
     process); streams fetch the blocks of their next `prefetch_steps` steps (default 8) on a
     background thread. `cache_dir` with `cache_limit` (bytes) keeps checked blocks on local disk
     for later epochs. `storage_options` go to the fsspec filesystem; `retry` (a
-    `lmshard.remote.Retry`) sets the backoff and attempts of every request."""
+    `lmshard.remote.Retry`) sets the backoff and attempts of every request.
+
+    `device`: its streams' default device. With `resident=True` (or "auto": when it fits) the
+    split is uploaded there once, in its stored width, and batches are gathered on the device,
+    the same batches as the host path's (runtime/resident.py); `resident_budget` is the fraction
+    of the device's free memory it may take."""
 
     def __init__(
         self,
@@ -71,6 +77,9 @@ class TokenDataset:
         retry: Any = None,
         val_fraction: float | None = None,
         split_seed: int = 0,
+        device: str | torch.device | None = None,
+        resident: bool | str = False,
+        resident_budget: float = 0.5,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise ArgumentError(f"path={checks.show(path)} is not a path; pass the dataset directory as a str or Path")
@@ -110,6 +119,8 @@ class TokenDataset:
         self.eot_id = self.meta.tokenizer.eot_id
         self.bos_id = self.meta.tokenizer.bos_id  # before each document, or None when none was written
         self.vocab_size = self.meta.tokenizer.n_vocab
+        self.device = device  # its streams' default device
+        self.resident: Resident | None = place(self.store, device, resident, resident_budget, self._where)
 
     @classmethod
     def _from_store(cls, store: TokenStore, eot_id: int, vocab_size: int, name: str) -> TokenDataset:
@@ -117,6 +128,14 @@ class TokenDataset:
         self.meta, self.store, self.path, self.split = None, store, Path(name), "memory"
         self.plan_dir = None  # in memory: plans are not cached
         self.eot_id, self.vocab_size, self.bos_id = eot_id, vocab_size, None
+        self.device, self.resident = None, None
+        return self
+
+    def make_resident(self, device: str | torch.device, resident: bool | str = True,
+                      budget: float = 0.5) -> TokenDataset:  # fmt: skip
+        """Upload the split to `device` as `TokenDataset(..., device=, resident=, resident_budget=)`
+        does, for a dataset built in memory (`from_tokens`, `synthetic`); returns the dataset."""
+        self.device, self.resident = device, place(self.store, device, resident, budget, self._where)
         return self
 
     @classmethod
@@ -261,7 +280,7 @@ class TokenDataset:
         shift: int | str = 1,
         rank: int | None = None,
         world_size: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         doc_aligned: bool = False,
         cu_seqlens: bool = False,
         grouped: bool = False,
@@ -284,11 +303,11 @@ class TokenDataset:
         order_, given = parse_order(order, "rows")
         doc_aligned = checks.flag("doc_aligned", doc_aligned)
         starts = DocStarts(self.store.doc_counts, self.store.doc_start) if doc_aligned else None
-        make = functools.partial(_random_offsets, self, shift, seed, starts)
+        make = functools.partial(random_offsets, self, shift, seed, starts)
         return BatchStream(self.store, make(plan.phases[0].seq_len, order_), schedule=plan, make=make,
-                           order_given=given, rank=rank, world_size=world_size, device=device, seed=seed,
-                           kind="random", cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
-                           data=self.data_id, dataset=self)  # fmt: skip
+                           order_given=given, rank=rank, world_size=world_size, device=self._device(device),
+                           resident=self.resident, seed=seed, kind="random", cu_seqlens=cu_seqlens,
+                           grouped=grouped, prefetch=prefetch, data=self.data_id, dataset=self)  # fmt: skip
 
     def window_batches(
         self,
@@ -301,7 +320,7 @@ class TokenDataset:
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         cu_seqlens: bool = False,
         grouped: bool = False,
         prefetch: bool = True,
@@ -322,12 +341,13 @@ class TokenDataset:
         plan = resolve_schedule(schedule, batch_size, seq_len, world)
         order_, given = parse_order(order, "rows" if schedule is not None else "steps")
         first = plan.phases[0]
-        make = functools.partial(_window_offsets, self, plan, world, stride, shift, seed, shuffle)
+        make = functools.partial(window_offsets, self, plan, world, stride, shift, seed, shuffle)
         several = stride is None and len(plan.seq_lens) > 1  # each length at its own stride
         kind = "windows/auto" if several else f"windows/{stride_or_default(stride, first.seq_len)}"
         return BatchStream(self.store, make(first.seq_len, order_), schedule=plan, make=make, order_given=given,
-                           rank=rank_, world_size=world, device=device, seed=seed, kind=kind, cu_seqlens=cu_seqlens,
-                           grouped=grouped, prefetch=prefetch, data=self.data_id, dataset=self)  # fmt: skip
+                           rank=rank_, world_size=world, device=self._device(device), seed=seed, kind=kind,
+                           resident=self.resident, cu_seqlens=cu_seqlens, grouped=grouped, prefetch=prefetch,
+                           data=self.data_id, dataset=self)  # fmt: skip
 
     def windows(self, seq_len: int, stride: int | None = None, shift: int | str = 1,
                 grouped: bool = False) -> WindowDataset:  # fmt: skip
@@ -357,32 +377,14 @@ class TokenDataset:
 
         return PaddedStream(self, batch_size, max_len, **options)
 
+    def _device(self, device: str | torch.device | None) -> str | torch.device | None:
+        """A stream's device: the given one, else the dataset's (its resident copy's)."""
+        return self.device if device is None else device
+
     def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
         """How many windows the split holds: at least one, or an error naming the sizes."""
         checks.fits(self._where, self.n_tokens, seq_len, spec.max)
         return count_windows(self.n_tokens, seq_len, stride, spec.max)
-
-
-def _random_offsets(data: TokenDataset, shift: int | str, seed: int, starts: DocStarts | None, T: int,
-                    order: str) -> RandomOffsets:  # fmt: skip
-    """A random stream's offsets for rows of T tokens."""
-    spec = ShiftSpec.parse(shift, T)
-    checks.fits(data._where, data.n_tokens, T, spec.max)
-    return RandomOffsets(data.n_tokens, T, spec, seed, starts, order)
-
-
-def _window_offsets(data: TokenDataset, plan: Schedule, world: int, stride: int | None, shift: int | str, seed: int,
-                    shuffle: bool, T: int, order: str) -> WindowOffsets:  # fmt: skip
-    """A window stream's offsets for windows of T tokens (stride: the given one, else T)."""
-    spec = ShiftSpec.parse(shift, T)
-    step = stride_or_default(stride, T)
-    n = data._check_windows(T, step, spec)
-    g = max((p.global_batch for p in plan.phases if p.seq_len == T), default=plan.max_batch)
-    if order == "steps" and n < g:
-        raise ArgumentError(f"batch_size={g // world} × world_size={world} = {g} rows per global batch, but "
-                            f"{data._where} has {n} windows (seq_len {T} + shift {spec.max} at stride {step}); lower "
-                            "batch_size or stride")  # fmt: skip
-    return WindowOffsets(data.n_tokens, T, step, spec, g, seed, shuffle, order)
 
 
 def _ids(name: str, values: object, one: bool = False) -> np.ndarray:

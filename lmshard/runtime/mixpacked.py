@@ -17,7 +17,8 @@ from . import checks, growth
 from .batches import resolve_rank
 from .curriculum import CurriculumTree
 from .mixing import RowTree
-from .packed import PackedBatch, PackedDataset, PackedStream, build_rows
+from .packed import IGNORE, PackedBatch, PackedDataset, PackedStream, build_rows
+from .resident import stream_device
 from .schedule import resolve as resolve_schedule
 from .stepstream import StepStream
 
@@ -33,7 +34,7 @@ class MixturePackedStream(StepStream):
     kind = "mixture/packed"
 
     def __init__(self, mix: Any, sources: list[PackedDataset], batch_size: int | None, *, rank: int | None,
-                 world_size: int | None, device: str | torch.device, padding_free: bool,
+                 world_size: int | None, device: str | torch.device | None, padding_free: bool,
                  schedule: Any = None) -> None:  # fmt: skip
         self.mix, self.sources = mix, sources
         self.seq_len, self.seed = sources[0].seq_len, sources[0].seed
@@ -44,7 +45,8 @@ class MixturePackedStream(StepStream):
             raise ArgumentError(f"schedule seq_lens {self.schedule.seq_lens}: packed rows are their plans' seq_len "
                                 f"{self.seq_len}; schedule the batch size only")  # fmt: skip
         self._scheduled = not self.schedule.constant_shape
-        self.device = checks.device(device)
+        self._res = mix.resident  # the mixture on the device: rows built there
+        self.device = stream_device(mix.device if device is None else device, self._res, "this mixture")
         self.tree: Any = RowTree(mix.int_weights, self.seed) if mix.curriculum is None else \
             CurriculumTree(mix.curriculum, self.seq_len, self.seed)  # fmt: skip
         self._assembler = PackedStream(sources[0], 1, rank=0, world_size=1, padding_free=padding_free)
@@ -135,8 +137,12 @@ class MixturePackedStream(StepStream):
         """Batch `step` for this rank: a pure function of (weights, plans, seed, step, rank)."""
         source, ids, starts, lengths, counts = self._items(step)
         ref = self.sources[0]
-        rows = build_rows(starts, lengths, counts, self.seq_len, ref.pad_id, ref.mask_boundary_labels,
-                          self.mix.store.read_spans)  # fmt: skip
+        if self._res is None:
+            rows = build_rows(starts, lengths, counts, self.seq_len, ref.pad_id, ref.mask_boundary_labels,
+                              self.mix.store.read_spans)  # fmt: skip
+        else:
+            rows = self._res.packed_rows(starts, lengths, counts, self.seq_len, ref.pad_id, ref.mask_boundary_labels,
+                                         IGNORE)  # fmt: skip
         out = self._assembler.assemble(rows, ids, self.seq_len)
         out["sources"] = source
         return self._finish(out, step)

@@ -40,6 +40,7 @@ from .curriculum import Curriculum, CurriculumTree
 from .dataset import TokenDataset
 from .mixing import MixedStore, RowTree, integer_weights, same_tokenization
 from .mixoffsets import MixtureOffsets
+from .resident import place
 from .sampling import ShiftSpec, count_windows
 from .schedule import Schedule, parse_order
 from .schedule import resolve as resolve_schedule
@@ -56,10 +57,15 @@ class Mixture:
     `curriculum=[(tokens, weights), ...]` (runtime/curriculum.py): weights that change with the
     run's token position, ramping linearly between knots (`ramp="step"`: held until the next);
     `sources` is then a list of paths or datasets, and a knot's weights a list in their order
-    or a dict by path. Random and window batches draw it, at one seq_len."""
+    or a dict by path. Random and window batches draw it, at one seq_len.
+
+    `device`, `resident`, `resident_budget`: as `TokenDataset`'s; a resident mixture holds one
+    copy of all its sources on the device (open the sources themselves without resident=)."""
 
     def __init__(self, sources: Mapping[Any, float] | Iterable[Any], split: str = "train",
-                 max_epochs: float = 4.0, curriculum: Any = None, ramp: str = "linear") -> None:  # fmt: skip
+                 max_epochs: float = 4.0, curriculum: Any = None, ramp: str = "linear", *,
+                 device: str | torch.device | None = None, resident: bool | str = False,
+                 resident_budget: float = 0.5) -> None:  # fmt: skip
         if curriculum is not None:
             if isinstance(sources, Mapping | str | os.PathLike):
                 raise ArgumentError("with a curriculum, pass the sources as a list of paths or datasets: the "
@@ -86,6 +92,8 @@ class Mixture:
             self.int_weights = integer_weights(self.weights)
         self._fingerprint = [[d.data_id, w] for d, w in zip(self.datasets, self.weights, strict=True)]
         self.store = MixedStore(self.datasets)
+        self.device = device  # its streams' default device; resident: one copy of every source there
+        self.resident = place(self.store, device, resident, resident_budget, "this mixture")
         first = self.datasets[0]
         self.eot_id, self.bos_id, self.vocab_size = first.eot_id, first.bos_id, first.vocab_size
 
@@ -169,11 +177,12 @@ class Mixture:
         offsets = make(plan.phases[0].seq_len, "rows")
         several = stride is None and len(plan.seq_lens) > 1  # each length at its own stride
         kind = "mixture/random" if not windows else "mixture/windows/" + ("auto" if several else str(offsets.stride))
+        options["device"] = self.device if options.get("device") is None else options["device"]
         return BatchStream(self.store, offsets, schedule=plan, make=make, seed=seed, kind=kind,
-                           **options)  # fmt: skip
+                           resident=self.resident, **options)  # fmt: skip
 
     def packed_batches(self, batch_size: int | None = None, seq_len: int | None = None, *, seed: int = 0,
-                       rank: int | None = None, world_size: int | None = None, device: str | torch.device = "cpu",
+                       rank: int | None = None, world_size: int | None = None, device: str | torch.device | None = None,
                        padding_free: bool = False, schedule: Any = None, order: str | None = None,
                        **pack_options: Any) -> MixturePackedStream:  # fmt: skip
         """Batches of whole-document packs (`TokenDataset.packed` options: strategy, overlong,

@@ -35,6 +35,7 @@ from ..packing import io as packing_io
 from . import checks, growth
 from .batches import resolve_rank
 from .packedbatch import PackedBatch, collate_packed
+from .resident import stream_device
 from .sampling import step_rng
 from .schedule import parse_order
 from .schedule import resolve as resolve_schedule
@@ -144,7 +145,7 @@ class PackedDataset(torch.utils.data.Dataset):
         return plan.start[take], plan.length[take], counts
 
     def batches(self, batch_size: int | None = None, *, rank: int | None = None, world_size: int | None = None,
-                device: str | torch.device = "cpu", padding_free: bool = False, schedule: Any = None,
+                device: str | torch.device | None = None, padding_free: bool = False, schedule: Any = None,
                 order: str | None = None) -> PackedStream:  # fmt: skip
         """A resumable stream of collated batches for one rank (see `PackedStream`)."""
         return PackedStream(self, batch_size, rank=rank, world_size=world_size, device=device,
@@ -202,11 +203,14 @@ class PackedStream(StepStream):
     (an epoch may end inside a step; no pack is left out). The rows are the plan's seq_len."""
 
     def __init__(self, packs: PackedDataset, batch_size: int | None = None, *, rank: int | None = None,
-                 world_size: int | None = None, device: str | torch.device = "cpu", padding_free: bool = False,
-                 schedule: Any = None, order: str | None = None) -> None:  # fmt: skip
+                 world_size: int | None = None, device: str | torch.device | None = None,
+                 padding_free: bool = False, schedule: Any = None, order: str | None = None) -> None:  # fmt: skip
         self.packs = packs
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.device, self.padding_free = checks.device(device), checks.flag("padding_free", padding_free)
+        self._res = getattr(packs.data, "resident", None)  # the split on the device: rows built there
+        self.device = stream_device(getattr(packs.data, "device", None) if device is None else device, self._res,
+                                    "this split")  # fmt: skip
+        self.padding_free = checks.flag("padding_free", padding_free)
         T = packs.seq_len
         self.schedule = self._given = resolve_schedule(schedule, batch_size, None if schedule is not None else T,
                                                        self.world_size)  # fmt: skip
@@ -323,7 +327,11 @@ class PackedStream(StepStream):
         """Batch `step` for this rank: a pure function of (plan, seed, step, rank)."""
         packs = self._sampler(step)
         ids = self._ids(step)
-        return self._finish(self.assemble(packs.rows(ids), ids, self.packs.seq_len), step)
+        if self._res is None:
+            return self._finish(self.assemble(packs.rows(ids), ids, self.packs.seq_len), step)
+        rows = self._res.packed_rows(*packs.items(ids), packs.seq_len, packs.pad_id, packs.mask_boundary_labels,
+                                     IGNORE)  # fmt: skip
+        return self._finish(self.assemble(rows, ids, packs.seq_len), step)
 
     def reads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         starts, lengths, _ = self._sampler(step).items(self._ids(step))
@@ -351,8 +359,12 @@ class PackedStream(StepStream):
         """A batch from `PackedDataset.rows` output: padded [B, T] rows with cu_seqlens over
         them (padding as a segment of its own), or with `padding_free` one [1, real tokens] row."""
         keys = ("input_ids", "labels", "position_ids")
-        if self.padding_free:
-            keep = (torch.arange(T)[None, :] < torch.from_numpy(rows["length"])[:, None]).flatten()
+        if self.padding_free:  # each row's first length tokens, gathered where the rows are
+            device, lengths = rows["input_ids"].device, np.asarray(rows["length"], dtype=np.int64)
+            base = torch.from_numpy(np.arange(len(lengths)) * T - (np.cumsum(lengths) - lengths)).to(device)
+            total = int(lengths.sum())
+            keep = torch.repeat_interleave(base, torch.from_numpy(lengths).to(device), output_size=total)
+            keep += torch.arange(total, device=device)
             out = PackedBatch({k: rows[k].flatten()[keep].unsqueeze(0) for k in keys})
             bounds = [
                 seg if seg[-1] == n else seg[:-1] for seg, n in zip(rows["segments"], rows["length"], strict=True)

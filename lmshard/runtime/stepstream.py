@@ -19,6 +19,7 @@ from . import checks, growth
 from .augment import Augmented
 from .lookahead import Lookahead
 from .packedbatch import PackedBatch
+from .resident import no_workers
 from .schedule import resumed
 from .skips import SkipSteps
 from .trace import Audited
@@ -190,6 +191,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         """Itself; inside a worker w of W of `DataLoader(stream, batch_size=None)`: steps w,
         w+W, ... from the current step, which the loader interleaves back into step order."""
         info = torch.utils.data.get_worker_info()
+        no_workers(getattr(self, "_res", None))
         if info is None:
             return self
         return self._worker_steps(info.id, info.num_workers)

@@ -23,7 +23,8 @@ import torch
 from ..errors import ArgumentError, ConfigError
 from . import checks
 from .batches import resolve_rank
-from .sampling import ShiftSpec, WindowOffsets
+from .sampling import DocStarts, RandomOffsets, ShiftSpec, WindowOffsets
+from .schedule import Schedule
 
 
 class _Pair(NamedTuple):
@@ -167,3 +168,25 @@ class WindowBatchSampler(torch.utils.data.Sampler[list[tuple[int, int]]]):
             raise ConfigError(f"step {step} is past the {len(self)} steps of an epoch; pass a state saved by this "
                               "sampler")  # fmt: skip
         self.epoch, self.step = epoch, step
+
+
+def random_offsets(data: Any, shift: int | str, seed: int, starts: DocStarts | None, T: int,
+                   order: str) -> RandomOffsets:  # fmt: skip
+    """A random stream's offsets for rows of T tokens."""
+    spec = ShiftSpec.parse(shift, T)
+    checks.fits(data._where, data.n_tokens, T, spec.max)
+    return RandomOffsets(data.n_tokens, T, spec, seed, starts, order)
+
+
+def window_offsets(data: Any, plan: Schedule, world: int, stride: int | None, shift: int | str, seed: int,
+                   shuffle: bool, T: int, order: str) -> WindowOffsets:  # fmt: skip
+    """A window stream's offsets for windows of T tokens (stride: the given one, else T)."""
+    spec = ShiftSpec.parse(shift, T)
+    step = stride_or_default(stride, T)
+    n = data._check_windows(T, step, spec)
+    g = max((p.global_batch for p in plan.phases if p.seq_len == T), default=plan.max_batch)
+    if order == "steps" and n < g:
+        raise ArgumentError(f"batch_size={g // world} × world_size={world} = {g} rows per global batch, but "
+                            f"{data._where} has {n} windows (seq_len {T} + shift {spec.max} at stride {step}); lower "
+                            "batch_size or stride")  # fmt: skip
+    return WindowOffsets(data.n_tokens, T, step, spec, g, seed, shuffle, order)
