@@ -83,14 +83,15 @@ _MIXTURE_PACKING = ("strategy", "overlong", "pad_id", "mask_boundary_labels", "s
 
 
 def load_config(path: str | os.PathLike[str], *, rank: int | None = None, world_size: int | None = None,
-                device: Any = "cpu") -> Any:  # fmt: skip
+                device: Any = "cpu", resident: bool | str = False) -> Any:  # fmt: skip
     """The stream a loader configuration file describes (see the module docstring), for this
-    rank of `world_size` (torchrun's RANK and WORLD_SIZE when None) on `device`."""
-    return open_config(path, rank=rank, world_size=world_size, device=device)[1]
+    rank of `world_size` (torchrun's RANK and WORLD_SIZE when None) on `device`; `resident`
+    (True or "auto") uploads the dataset or mixture there (runtime/resident.py)."""
+    return open_config(path, rank=rank, world_size=world_size, device=device, resident=resident)[1]
 
 
 def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_size: int | None = None,
-                device: Any = "cpu") -> tuple[Any, Any]:  # fmt: skip
+                device: Any = "cpu", resident: bool | str = False) -> tuple[Any, Any]:  # fmt: skip
     """(the TokenDataset or Mixture the file names, its stream): `load_config` with the data too,
     for a loop that needs its vocabulary size or its val split."""
     path = Path(path)
@@ -107,7 +108,7 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
     if "stream" in raw:
         return _hooked(path, raw, _streamed(path, raw, shape, sample, packing, rank, world_size, device))
     _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
-    data = _data(path, raw)
+    data = _data(path, raw, {"device": device, "resident": resident} if resident is not False else {})
     _known(path, "packing.", packing, _PACKING if isinstance(data, TokenDataset) else _MIXTURE_PACKING)
     scheduled = "schedule" in sample  # its phases give the batch sizes (and seq_lens, but packs keep the plan's)
     needed = ("seq_len",) if shape == "packed" else ()
@@ -210,7 +211,7 @@ def _stream(data: Any, shape: str, seed: Any, batch_size: Any, seq_len: Any, opt
     return data.padded_batches(batch_size, seq_len, seed=seed, **options, **process)
 
 
-def _data(path: Path, raw: dict[str, Any]) -> Any:
+def _data(path: Path, raw: dict[str, Any], placed: dict[str, Any]) -> Any:
     """The TokenDataset (`dataset = PATH`) or Mixture (`[[source]]` tables) the file names."""
     split = raw.get("split", "train")
     if ("dataset" in raw) == ("source" in raw):
@@ -230,7 +231,7 @@ def _data(path: Path, raw: dict[str, Any]) -> Any:
         if carve and "dataset" not in raw:
             raise InputError(f"{path}: {next(iter(carve))} splits one dataset (dataset = PATH); remove it")
         if "dataset" in raw:
-            return TokenDataset(_where(path, raw["dataset"], "dataset"), split=split, **carve)
+            return TokenDataset(_where(path, raw["dataset"], "dataset"), split=split, **carve, **placed)
         entries = raw["source"]
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
             raise InputError(f'{path}: [[source]] tables, one per dataset: path = "data/web", weight = 0.7')
@@ -241,8 +242,8 @@ def _data(path: Path, raw: dict[str, Any]) -> Any:
                 raise InputError(f"{path}: source {i + 1} needs a weight")
             pairs.append((_where(path, entry.get("path"), f"source {i + 1}'s path"), entry.get("weight")))
         if "curriculum" in curriculum:  # the knots give the weights
-            return Mixture([p for p, _ in pairs], split=split, max_epochs=max_epochs, **curriculum)
-        return Mixture(pairs, split=split, max_epochs=max_epochs, **curriculum)
+            return Mixture([p for p, _ in pairs], split=split, max_epochs=max_epochs, **curriculum, **placed)
+        return Mixture(pairs, split=split, max_epochs=max_epochs, **curriculum, **placed)
     except (ArgumentError, FormatError) as e:  # a dataset that is not there, or not whole
         raise InputError(f"{path}: {e}") from None
 

@@ -9,7 +9,8 @@ which is what any split over 100 M tokens looks like. Beside each row, the memor
 offsets drawn beforehand, one gather of the rows from each mapped shard and one widening copy
 into int64 x and y, with no loader logic at all; its ratio to the baseline bounds what any
 numpy/torch loader can reach. Also: time to first batch on a dataset of 1,000 small shards, and
-RSS while reading 2 GB of tokens (ours vs a persistent np.memmap, the nanoGPT#287 pattern).
+RSS while reading 2 GB of tokens (ours vs a persistent np.memmap, the nanoGPT#287 pattern), and
+the device table of scripts/bench_device.py (host path, resident path and their floors).
 
     python scripts/bench_loader.py [--seconds 2] [--no-write]
 """
@@ -28,6 +29,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_device import device_rows, prepared  # noqa: E402
+from bench_device import report as device_report  # noqa: E402
 from benchlib import load, machine, update_performance_md, write_repeated  # noqa: E402
 
 from lmshard import TokenDataset  # noqa: E402
@@ -255,8 +258,12 @@ def main() -> None:
         print(f"time to first batch, {n_shards} shards: {first * 1000:.0f} ms")
         data.store.close()  # measure each RSS reader from scratch
         rss = rss_rows(one)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # batches on the device
+        roots, on_device = prepared(Path(tmp) / "device", 16_500_000)
+        device_table = device_report(device_rows(roots, args.seconds, device), device, on_device)
     if not args.no_write:
         update_performance_md("loader", report(setup, loads, rows, n_shards, first, rss))
+        update_performance_md("batches on the device", device_table)
 
 
 def report(setup: str, loads: str, rows: list[tuple], n_shards: int, first: float, rss: list[tuple]) -> str:  # type: ignore[type-arg]

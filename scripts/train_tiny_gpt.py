@@ -258,6 +258,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "run's total, or the checkpoint's)")  # fmt: skip
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="under torchrun, 'cuda' means cuda:LOCAL_RANK")  # fmt: skip
+    ap.add_argument("--resident", choices=("off", "auto", "on"), default="off",
+                    help="upload the train split to the device and gather batches there (a dataset or --data; "
+                         "auto: when it fits half the free device memory)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--progress-every", type=float, default=60.0, metavar="SECONDS",
@@ -311,7 +314,7 @@ def open_data(
     elif args.input_file:
         train, held = text_splits(args.input_file)
     else:
-        train = TokenDataset(args.dataset_dir, split="train")
+        train = TokenDataset(args.dataset_dir, split="train", device=device, resident=resident_mode(args))
         if ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
             held = TokenDataset(args.dataset_dir, split="val")
     if args.schedule:
@@ -325,6 +328,11 @@ def open_data(
         # only rank 0 evaluates, so it reads every validation row itself
         val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
     return mix, train, batches, val
+
+
+def resident_mode(args: argparse.Namespace) -> bool | str:
+    """--resident: the train split uploaded to the device, batches gathered there."""
+    return {"off": False, "auto": "auto", "on": True}[args.resident]
 
 
 def read_schedule(path: str) -> Schedule:
@@ -351,7 +359,7 @@ def config_data(
     batch size and row length (and the val rows, from a dataset's val split, the same shape)."""
     from lmshard.loadconfig import open_config
 
-    train, batches = open_config(args.data, device=device)
+    train, batches = open_config(args.data, device=device, resident=resident_mode(args))
     if not isinstance(batches, BatchStream) and getattr(batches, "shape", None) != "windows":
         raise LmshardError(f"{args.data}: this script trains on random or windows samples (x, y); packed and padded "
                            "rows need a model that takes position_ids and masked labels")  # fmt: skip

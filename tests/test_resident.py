@@ -237,3 +237,17 @@ def test_a_stream_on_another_device_or_in_workers_is_refused():
     host, _ = _pair()
     _same(iter(host.random_batches(2, 16)), iter(torch.utils.data.DataLoader(res.random_batches(2, 16),
                                                                              batch_size=None)), 5)  # fmt: skip
+
+
+def test_a_loader_configuration_file_opens_its_data_resident(tmp_path, gpt2_sets):  # noqa: F811
+    from lmshard.loadconfig import open_config
+
+    conf = tmp_path / "loader.toml"
+    conf.write_text(f'seed = 4\ndataset = "{gpt2_sets["uint16"]}"\n[sample]\nbatch_size = 4\nseq_len = 64\n')
+    data, stream = open_config(conf, device="cpu", resident=True)
+    assert data.resident is not None and data.resident.layout == "uint16"
+    _same(TokenDataset(gpt2_sets["uint16"]).random_batches(4, 64, seed=4), stream, 20)
+    conf.write_text(f'[[source]]\npath = "{gpt2_sets["uint16"]}"\nweight = 1\n[sample]\nbatch_size = 2\nseq_len = 32\n')
+    mix, _ = open_config(conf, device="cpu", resident="auto")
+    assert mix.resident is not None
+    assert open_config(conf, device="cpu")[0].resident is None

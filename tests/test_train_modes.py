@@ -170,3 +170,22 @@ def test_a_schedule_file_ramps_the_batch_and_the_rows_and_resumes_on_it(trainer,
     (tmp_path / "bad.toml").write_text("schedule = [[3, 2, 16]]\n")
     with pytest.raises(LmshardError, match="starts at step 3"):
         trainer.read_schedule(str(tmp_path / "bad.toml"))
+
+
+def test_resident_training_draws_the_host_runs_batches(trainer, tmp_path, monkeypatch):
+    """--resident on: the train split on the device (here the CPU); the run draws the rows of a
+    run without it, and ends with the same weights (the same batches through the same model)."""
+    from lmshard.prepare import PrepareConfig, prepare
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_texts(200, seed=5)), encoding="utf-8")
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "ds"), val_fraction=0.1, shard_encoding="uint16",
+                          quiet=True))  # fmt: skip
+    runs = {}
+    for mode in ("off", "on"):
+        args = trainer.parse_args([str(tmp_path / "ds"), "--steps", "4", "--device", "cpu", "--log-every", "1",
+                                   "--resident", mode, "--report", "r"])  # fmt: skip
+        runs[mode] = trainer.train(args, trainer.Ranks(), torch.device("cpu"))
+    assert [b["offsets"] for b in runs["on"]["batches"]] == [b["offsets"] for b in runs["off"]["batches"]]
+    assert runs["on"]["final_sha256"] == runs["off"]["final_sha256"]  # the same weights at the end
