@@ -2,7 +2,7 @@
 nanoGPT's get_batch, against the floors of the two ways a batch can reach the device, in one
 run. Run by scripts/bench_loader.py (`make bench`), or alone:
 
-    python scripts/bench_device.py [--seconds 2] [--tokens 20000000]
+    python scripts/bench_device.py [--seconds 2] [--tokens 16500000] [--no-write]
 
 For B×T of 16×1024 and 64×2048, on a split stored as uint32 and as uint16, µs per batch of:
 - nanoGPT get_batch: a fresh np.memmap per call, per-row astype(int64), torch.stack, then (on
@@ -15,7 +15,7 @@ For B×T of 16×1024 and 64×2048, on a split stored as uint32 and as uint16, µ
 - host-gather floor: the host path's host work alone (offsets and the rows copied into a reused
   int32 buffer), which bounds it with the copy: max(host gather, pinned copy);
 - resident-gather floor: x and y gathered and widened from a split already on the device with
-  offsets already there (`data[off[:, None] + arange(T)]`), nothing else.
+  offsets already there (`data.take(off[:, None] + arange(T))`), nothing else.
 On the CPU (no GPU here) the device is the CPU: the copy floor does not apply and the
 resident path's tensors are CPU tensors; on a GPU every figure includes waiting for the device
 (a synchronize after each timed loop).
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine, write_repeated  # noqa: E402
+from benchlib import machine, update_performance_md, write_repeated  # noqa: E402
 
 from lmshard import TokenDataset  # noqa: E402
 from lmshard.interop.convert import convert_dataset  # noqa: E402
@@ -104,7 +104,7 @@ def gather_floor(data: TokenDataset, B: int, T: int, device: torch.device) -> Ca
     def gather() -> tuple[torch.Tensor, torch.Tensor]:
         at["i"] = (at["i"] + 1) % len(offsets)
         idx = offsets[at["i"]][:, None] + cols
-        x, y = tokens[idx].long(), tokens[idx + 1].long()
+        x, y = tokens.take(idx).long(), tokens.take(idx + 1).long()
         if mask:
             x &= 0xFFFF
             y &= 0xFFFF
@@ -179,13 +179,17 @@ def prepared(tmp: Path, tokens: int) -> tuple[dict[str, Path], str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--tokens", type=float, default=20e6, help="about how many tokens the split holds")
+    ap.add_argument("--tokens", type=float, default=16.5e6, help="about how many tokens the split holds")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not update docs/performance.md")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         roots, setup = prepared(Path(tmp), int(args.tokens))
         print(f"{machine()}\ndevice: {device}; data: {setup}", flush=True)
-        print(report(device_rows(roots, args.seconds, device), device, setup))
+        table = report(device_rows(roots, args.seconds, device), device, setup)
+    print(table)
+    if not args.no_write:
+        update_performance_md("batches on the device", table)
 
 
 if __name__ == "__main__":

@@ -251,3 +251,12 @@ def test_a_loader_configuration_file_opens_its_data_resident(tmp_path, gpt2_sets
     mix, _ = open_config(conf, device="cpu", resident="auto")
     assert mix.resident is not None
     assert open_config(conf, device="cpu")[0].resident is None
+
+
+def test_padded_and_stream_packed_batches_of_a_resident_split_come_from_the_host_path():
+    host, res = _pair()
+    _same(host.padded_batches(4, 300), res.padded_batches(4, 300), 20)
+    a, b = (d.packed(256, strategy="stream", buffer=64).batches(4) for d in (host, res))
+    for _ in range(20):
+        p, q = next(a), next(b)
+        assert all(torch.equal(p[k], q[k]) for k in ("input_ids", "labels", "position_ids", "cu_seqlens"))

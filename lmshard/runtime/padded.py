@@ -44,14 +44,14 @@ class PaddedStream(StepStream):
 
     def __init__(self, data: Any, batch_size: int, max_len: int, *, seed: int = 0, group_by_length: bool = True,
                  mega: int = 50, overlong: str = "truncate", pad_id: int | None = None, rank: int | None = None,
-                 world_size: int | None = None, device: str | torch.device = "cpu",
+                 world_size: int | None = None, device: str | torch.device | None = None,
                  pad_to_max: bool = False) -> None:  # fmt: skip
         self.data = data
         self.batch_size, self.max_len = checks.positive("batch_size", batch_size), checks.positive("max_len", max_len)
         self.seed, self.group_by_length = checks.seed(seed), checks.flag("group_by_length", group_by_length)
         self.mega, self.pad_to_max = checks.positive("mega", mega), checks.flag("pad_to_max", pad_to_max)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.device = checks.device(device)
+        self.device = checks.device((getattr(data, "device", None) or "cpu") if device is None else device)
         high = data.vocab_size - 1
         self.pad_id = data.eot_id if pad_id is None else checks.integer("pad_id", pad_id, low=0, high=high)
         self.overlong = overlong

@@ -117,15 +117,15 @@ class Resident:
     def take(self, at: torch.Tensor) -> torch.Tensor:
         """Token ids (int64, the shape of `at`) at the addresses `at` (int64, on the device).
         uint32 ids of 2**31 and above read as negative, as the host path's int32 view does."""
+        # (`take`: one gather kernel on CUDA, and on the CPU several times faster than indexing)
         if self.layout == "uint32":
-            return self.data[at].to(torch.int64)
+            return self.data.take(at).to(torch.int64)
         if self.layout == "uint16":
-            out = self.data[at].to(torch.int64)
-            return out.bitwise_and_(0xFFFF)
+            return self.data.take(at).to(torch.int64).bitwise_and_(0xFFFF)
         pos = at * self.bits  # LSB first: token i is bits [i·b, (i+1)·b) of the stream (format/bitpack.py)
         word = pos >> 5
-        low = self.data[word].to(torch.int64).bitwise_and_(0xFFFFFFFF)
-        high = self.data[word + 1].to(torch.int64).bitwise_and_(0x7FFFFFFF)  # (bit 63 is never one of ours)
+        low = self.data.take(word).to(torch.int64).bitwise_and_(0xFFFFFFFF)
+        high = self.data.take(word + 1).to(torch.int64).bitwise_and_(0x7FFFFFFF)  # (bit 63 is never one of ours)
         return ((high << 32) | low).bitwise_right_shift_(pos & 31).bitwise_and_((1 << self.bits) - 1)
 
     def send(self, values: np.ndarray) -> torch.Tensor:

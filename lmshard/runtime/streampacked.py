@@ -78,7 +78,7 @@ class StreamPacked:
         return plan, glob[doc] + (plan.start - local[doc])
 
     def batches(self, batch_size: int, *, rank: int | None = None, world_size: int | None = None,
-                device: str | torch.device = "cpu") -> StreamPackedBatches:  # fmt: skip
+                device: str | torch.device | None = None) -> StreamPackedBatches:  # fmt: skip
         return StreamPackedBatches(self, batch_size, rank=rank, world_size=world_size, device=device)
 
 
@@ -87,14 +87,15 @@ class StreamPackedBatches:
     `load_state_dict` resume exactly; `metrics()` is the fill of the packs served."""
 
     def __init__(self, packs: StreamPacked, batch_size: int, *, rank: int | None = None,
-                 world_size: int | None = None, device: str | torch.device = "cpu") -> None:  # fmt: skip
+                 world_size: int | None = None, device: str | torch.device | None = None) -> None:  # fmt: skip
         self.packs, self.batch_size = packs, checks.positive("batch_size", batch_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         if packs.layout.n_blocks < self.world_size:
             raise ArgumentError(f"strategy='stream' gives each rank whole blocks of {streampack.BLOCK_DOCS:,} "
                                 f"documents, and this split has {packs.layout.n_blocks} for {self.world_size} ranks; "
                                 "use fewer ranks, or strategy='bfd' (a plan of the whole split)")  # fmt: skip
-        self.device = checks.device(device)
+        data_device = getattr(packs.data, "device", None) or "cpu"  # the dataset's (a resident one's)
+        self.device = checks.device(data_device if device is None else device)
         self.epoch = self.w = self.p = self.step = 0
         self._history: collections.deque[tuple[int, int, int, int]] = collections.deque([(0, 0, 0, 0)], HISTORY)
         self._cached: tuple[tuple[int, int], Any] | None = None
