@@ -456,3 +456,22 @@ def test_a_pass_over_a_split_the_pool_holds_fetches_each_byte_once(s3, datasets,
     remote.store.drain()
     size = sum((datasets["one"] / s.path).stat().st_size for s in remote.meta.split_shards("train"))
     assert requests.bytes_of() <= size, (requests.bytes_of(), size)
+
+
+def test_a_resident_remote_split_is_fetched_once_and_draws_with_no_request(s3, datasets, monkeypatch):
+    """resident=True on a dataset at a URL: the upload reads each token byte once, and the
+    batches after it send no request at all, equal to the local dataset's."""
+    server, url = s3
+    local_path = datasets["many"]
+    at = upload(server, url, local_path)
+    requests = Requests(monkeypatch)
+    remote = TokenDataset(at, device="cpu", resident=True)
+    local = TokenDataset(local_path)
+    assert remote.resident.n_tokens == local.n_tokens
+    assert requests.bytes_of() == sum((local_path / s.path).stat().st_size for s in local.store.shards)
+    before = len(requests.calls)
+    for make in (lambda d: d.random_batches(8, 300, seed=3), lambda d: d.packed(512, seed=1).batches(4)):
+        a, b = make(local), make(remote)
+        for _ in range(20):
+            same(next(a), next(b))
+    assert len(requests.calls) == before
