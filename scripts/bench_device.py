@@ -144,6 +144,14 @@ def device_rows(roots: dict[str, Path], seconds: float, device: torch.device) ->
     return rows
 
 
+def _copy_cells(us: dict[str, float], cuda: bool) -> tuple[str, str]:
+    """The pinned-copy floor and host / max(host gather, copy): only on CUDA (on the CPU there
+    is no copy, and the host path also widens to int64, which its host gather floor does not)."""
+    if not cuda:
+        return "—", "—"
+    return f"{us['copy']:.0f}", f"{us['host'] / max(us['host gather'], us['copy']):.2f}×"
+
+
 def report(rows: list[tuple], device: torch.device, setup: str) -> str:  # type: ignore[type-arg]
     cuda = device.type == "cuda"
     return "\n".join([
@@ -154,14 +162,14 @@ def report(rows: list[tuple], device: torch.device, setup: str) -> str:  # type:
         "| resident-gather floor | resident / its floor | host / max(host gather, copy) |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *[f"| {s} | {e} | {u['nanogpt']:.0f} | {u['host']:.0f} | **{u['resident']:.0f}** | "
-          f"{u['copy']:.0f} | {u['host gather']:.0f} | {u['gather']:.0f} | {u['resident'] / u['gather']:.2f}× | "
-          f"{u['host'] / (max(u['host gather'], u['copy']) if cuda else u['host gather']):.2f}× |"
-          for s, e, u in rows], "",
+          f"{_copy_cells(u, cuda)[0]} | {u['host gather']:.0f} | {u['gather']:.0f} | "
+          f"{u['resident'] / u['gather']:.2f}× | {_copy_cells(u, cuda)[1]} |" for s, e, u in rows], "",
         "Resident path: `TokenDataset(path, device=..., resident=True)` (runtime/resident.py): the host draws the "
         "offsets, the device gathers and widens; the same batches as the host path. Host path: rows gathered on "
         "the host into pinned buffers and copied on a side stream (on the CPU: gathered and widened there). "
-        + ("" if cuda else "On the CPU the pinned-copy floor does not apply (nan) and the resident path runs torch "
-           "gathers on CPU tensors: its figures here are for comparison only, the path is meant for a GPU."),
+        + ("" if cuda else "On the CPU there is no copy (—), the host path also widens to int64 (so it is not "
+           "compared with its host-gather floor), and the resident path runs torch gathers on CPU tensors: there the "
+           "host path is the faster one, and the resident path is meant for a GPU."),
     ])  # fmt: skip
 
 
