@@ -106,6 +106,9 @@ def open_config(path: str | os.PathLike[str], *, rank: int | None = None, world_
         raise InputError(f'{path}: [packing] applies to shape = "packed", not {shape!r}; remove it or change the '
                          "shape")  # fmt: skip
     if "stream" in raw:
+        if resident is not False:
+            raise ArgumentError(f"resident={resident!r}: {path} reads a [stream] of text, tokenized as it trains, "
+                                "which has no split to upload; drop resident=, or prepare the data first")  # fmt: skip
         return _hooked(path, raw, _streamed(path, raw, shape, sample, packing, rank, world_size, device))
     _known(path, "sample.", sample, ("shape", "batch_size", *_SAMPLE[shape]))
     data = _data(path, raw, {"device": device, "resident": resident} if resident is not False else {})

@@ -259,8 +259,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="under torchrun, 'cuda' means cuda:LOCAL_RANK")  # fmt: skip
     ap.add_argument("--resident", choices=("off", "auto", "on"), default="off",
-                    help="upload the train split to the device and gather batches there (a dataset or --data; "
-                         "auto: when it fits half the free device memory)")  # fmt: skip
+                    help="upload the train data to the device and gather batches there (a dataset, --mixture or "
+                         "--data; auto: when it fits half the free device memory)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--progress-every", type=float, default=60.0, metavar="SECONDS",
@@ -310,7 +310,7 @@ def open_data(
     if args.data:
         return config_data(args, ranks, device)
     if args.mixture:
-        mix = train = Mixture.from_file(args.mixture)
+        mix = train = Mixture.from_file(args.mixture, device=device, resident=resident_mode(args))
     elif args.input_file:
         train, held = text_splits(args.input_file)
     else:

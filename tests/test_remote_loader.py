@@ -470,8 +470,17 @@ def test_a_resident_remote_split_is_fetched_once_and_draws_with_no_request(s3, d
     assert remote.resident.n_tokens == local.n_tokens
     assert requests.bytes_of() == sum((local_path / s.path).stat().st_size for s in local.store.shards)
     before = len(requests.calls)
-    for make in (lambda d: d.random_batches(8, 300, seed=3), lambda d: d.packed(512, seed=1).batches(4)):
+    for make in (lambda d: d.random_batches(8, 300, seed=3), lambda d: d.packed(512, seed=1).batches(4),
+                 lambda d: d.packed(300, strategy="greedy").batches(3, padding_free=True)):  # fmt: skip
         a, b = make(local), make(remote)
+        for _ in range(20):
+            same(next(a), next(b))
+    assert len(requests.calls) == before
+    # a pool far smaller than the split: the batches still come from the device copy alone
+    small = TokenDataset(at, device="cpu", resident=True, pool_limit=4 * BLOCK_BYTES)
+    before = len(requests.calls)
+    for make in (lambda d: d.window_batches(4, 700, seed=1), lambda d: d.packed(512, seed=2).batches(4)):
+        a, b = make(local), make(small)
         for _ in range(20):
             same(next(a), next(b))
     assert len(requests.calls) == before

@@ -260,3 +260,44 @@ def test_padded_and_stream_packed_batches_of_a_resident_split_come_from_the_host
     for _ in range(20):
         p, q = next(a), next(b)
         assert all(torch.equal(p[k], q[k]) for k in ("input_ids", "labels", "position_ids", "cu_seqlens"))
+
+
+@pytest.mark.parametrize("mode", [0.0, 1.0, np.False_, np.True_, "on", None])
+def test_only_true_false_and_auto_choose_residence(mode):
+    with pytest.raises(ArgumentError, match="pass True") as e:
+        TokenDataset.synthetic(1000).make_resident("cpu", mode)
+    assert "\n" not in str(e.value)
+
+
+def test_a_resident_stream_is_never_pickled_into_a_worker():
+    import pickle
+
+    _, res = _pair()
+    stream = res.random_batches(2, 16)
+    for thing in (stream, res, res.packed(64).batches(2)):
+        with pytest.raises(ArgumentError, match="iterate it in the training process") as e:
+            pickle.dumps(thing)
+        assert "\n" not in str(e.value)
+
+
+def test_the_streams_default_device_is_the_copys_own_spelling():
+    data = TokenDataset.synthetic(1000).make_resident(torch.device("cpu"))
+    assert data.device == data.resident.device == torch.device("cpu")
+    host = TokenDataset.synthetic(1000).make_resident("cpu", False)
+    assert host.resident is None and host.random_batches(2, 16).device == torch.device("cpu")
+
+
+def test_a_mixture_file_and_a_text_stream_config(tmp_path, gpt2_sets):  # noqa: F811
+    from lmshard.loadconfig import open_config
+
+    (tmp_path / "mix.toml").write_text(f'[[source]]\npath = "{gpt2_sets["uint16"]}"\nweight = 1\n')
+    mix = Mixture.from_file(tmp_path / "mix.toml", device="cpu", resident=True)
+    assert mix.resident.layout == "uint16"
+    with pytest.raises(ArgumentError, match="takes no seed="):
+        Mixture.from_file(tmp_path / "mix.toml", seed=1)
+    conf = tmp_path / "stream.toml"
+    conf.write_text('[stream]\ninputs = ["a.txt"]\ntokenizer = "gpt2"\n[sample]\nshape = "windows"\nbatch_size = 2\n'
+                    "seq_len = 16\n")  # fmt: skip
+    with pytest.raises(ArgumentError, match="no split to upload") as e:
+        open_config(conf, device="cpu", resident=True)
+    assert "\n" not in str(e.value)

@@ -260,7 +260,8 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
             inside = self.store.doc_starts_in(o, o + T) - o
             cuts.append(r * T + np.concatenate([inside, [T]]))
         cu = np.concatenate(cuts)
-        return torch.from_numpy(cu.astype(np.int32)).to(device), int(np.diff(cu).max())
+        host = torch.from_numpy(cu.astype(np.int32))
+        return (host.to(device) if self._res is None else self._res.send(host)), int(np.diff(cu).max())
 
     def cpu_batch(self, step: int) -> Batch:
         """Batch `step` for this rank, on the CPU: a pure function of (seed, step, rank)."""

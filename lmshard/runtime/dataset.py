@@ -119,8 +119,8 @@ class TokenDataset:
         self.eot_id = self.meta.tokenizer.eot_id
         self.bos_id = self.meta.tokenizer.bos_id  # before each document, or None when none was written
         self.vocab_size = self.meta.tokenizer.n_vocab
-        self.device = device  # its streams' default device
         self.resident: Resident | None = place(self.store, device, resident, resident_budget, self._where)
+        self.device = device if self.resident is None else self.resident.device  # its streams' default device
 
     @classmethod
     def _from_store(cls, store: TokenStore, eot_id: int, vocab_size: int, name: str) -> TokenDataset:
@@ -132,10 +132,11 @@ class TokenDataset:
         return self
 
     def make_resident(self, device: str | torch.device, resident: bool | str = True,
-                      budget: float = 0.5) -> TokenDataset:  # fmt: skip
+                      resident_budget: float = 0.5) -> TokenDataset:  # fmt: skip
         """Upload the split to `device` as `TokenDataset(..., device=, resident=, resident_budget=)`
         does, for a dataset built in memory (`from_tokens`, `synthetic`); returns the dataset."""
-        self.device, self.resident = device, place(self.store, device, resident, budget, self._where)
+        self.resident = place(self.store, device, resident, resident_budget, self._where)
+        self.device = device if self.resident is None else self.resident.device
         return self
 
     @classmethod

@@ -92,8 +92,8 @@ class Mixture:
             self.int_weights = integer_weights(self.weights)
         self._fingerprint = [[d.data_id, w] for d, w in zip(self.datasets, self.weights, strict=True)]
         self.store = MixedStore(self.datasets)
-        self.device = device  # its streams' default device; resident: one copy of every source there
-        self.resident = place(self.store, device, resident, resident_budget, "this mixture")
+        self.resident = place(self.store, device, resident, resident_budget, "this mixture")  # every source's
+        self.device = device if self.resident is None else self.resident.device  # its streams' default device
         first = self.datasets[0]
         self.eot_id, self.bos_id, self.vocab_size = first.eot_id, first.bos_id, first.vocab_size
 
@@ -103,10 +103,14 @@ class Mixture:
         return self._fingerprint
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> Mixture:
+    def from_file(cls, path: str | os.PathLike[str], **placed: Any) -> Mixture:
         """A mixture from a TOML file: optional `split` and `max_epochs`, and one `[[source]]`
         table per source with `path` (relative to the file, or a URL) and `weight`; or, with
-        `curriculum` (and `ramp`), tables of `path` only."""
+        `curriculum` (and `ramp`), tables of `path` only. `placed`: device, resident and
+        resident_budget, as the constructor takes them."""
+        unknown = sorted(set(placed) - {"device", "resident", "resident_budget"})
+        if unknown:
+            raise ArgumentError(f"from_file takes no {unknown[0]}=; it takes device=, resident= and resident_budget=")
         path = Path(path)
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -129,7 +133,7 @@ class Mixture:
                 raise InputError(f"{path}: source {i + 1} needs a path (a string) and a weight")
             at = entry["path"] if is_url(entry["path"]) else path.parent / entry["path"]
             pairs.append((at, entry.get("weight")))
-        options = {"split": raw.get("split", "train"), "max_epochs": raw.get("max_epochs", 4.0)}
+        options = {"split": raw.get("split", "train"), "max_epochs": raw.get("max_epochs", 4.0), **placed}
         if knots:
             try:
                 return cls([p for p, _ in pairs], curriculum=raw["curriculum"], ramp=raw.get("ramp", "linear"),

@@ -35,7 +35,7 @@ from ..packing import io as packing_io
 from . import checks, growth
 from .batches import resolve_rank
 from .packedbatch import PackedBatch, collate_packed
-from .resident import stream_device
+from .resident import send, stream_device
 from .sampling import step_rng
 from .schedule import parse_order
 from .schedule import resolve as resolve_schedule
@@ -361,9 +361,10 @@ class PackedStream(StepStream):
         keys = ("input_ids", "labels", "position_ids")
         if self.padding_free:  # each row's first length tokens, gathered where the rows are
             device, lengths = rows["input_ids"].device, np.asarray(rows["length"], dtype=np.int64)
-            base = torch.from_numpy(np.arange(len(lengths)) * T - (np.cumsum(lengths) - lengths)).to(device)
+            base = np.arange(len(lengths)) * T - (np.cumsum(lengths) - lengths)
+            sent = send(np.concatenate([base, lengths]), device)  # (where the rows are: no wait on CUDA)
             total = int(lengths.sum())
-            keep = torch.repeat_interleave(base, torch.from_numpy(lengths).to(device), output_size=total)
+            keep = torch.repeat_interleave(sent[: len(base)], sent[len(base) :], output_size=total)
             keep += torch.arange(total, device=device)
             out = PackedBatch({k: rows[k].flatten()[keep].unsqueeze(0) for k in keys})
             bounds = [

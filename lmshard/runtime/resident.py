@@ -38,7 +38,6 @@ from ..format.bitpack import pack
 from . import checks
 
 CHUNK = 1 << 22  # tokens uploaded at a time: a multiple of 32, so each packed chunk starts on a word
-MODES = (True, False, "auto")
 
 
 def _bits(store: Any) -> int:
@@ -128,12 +127,12 @@ class Resident:
         high = self.data.take(word + 1).to(torch.int64).bitwise_and_(0x7FFFFFFF)  # (bit 63 is never one of ours)
         return ((high << 32) | low).bitwise_right_shift_(pos & 31).bitwise_and_((1 << self.bits) - 1)
 
-    def send(self, values: np.ndarray) -> torch.Tensor:
-        """A host int64 array on the device: from pinned memory, without a wait, on CUDA."""
-        host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+    def send(self, values: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return send(values, self.device)
+
+    def __reduce__(self) -> Any:
+        """Never pickled: a resident stream draws in the training process (see `no_workers`)."""
+        raise ArgumentError(_WORKERS)
 
     def pair(self, offsets: np.ndarray, shift: int, T: int) -> torch.Tensor:
         """[2, rows, T] int64: x (the T tokens at each offset) and y (the same, `shift` on)."""
@@ -179,6 +178,16 @@ class Resident:
                 "position_ids": position.view(n_rows, T), "length": real, "segments": segments}  # fmt: skip
 
 
+def send(values: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host array (int64 unless a tensor) on `device`: on CUDA from pinned memory, without a
+    wait for the work queued on the device (a plain copy would wait for the training step)."""
+    host = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(values,
+                                                                                                  dtype=np.int64))
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _read(store: Any, offset: int, out: np.ndarray) -> None:
     """`store.read_into`, split at a mixture's source boundaries (a read stays inside one)."""
     bases = getattr(store, "bases", None)
@@ -195,7 +204,7 @@ def _read(store: Any, offset: int, out: np.ndarray) -> None:
 
 def place(store: Any, device: Any, mode: Any, budget: Any, where: str) -> Resident | None:
     """The resident copy `mode` asks for (None: the host path), or a one-line refusal."""
-    if mode not in MODES or isinstance(mode, int) and not isinstance(mode, bool):
+    if not (mode is True or mode is False or isinstance(mode, str) and mode == "auto"):
         raise ArgumentError(f"resident={checks.show(mode)}: pass True (upload, or refuse when it does not fit), "
                             "'auto' (upload when it fits) or False")  # fmt: skip
     if not isinstance(budget, int | float) or isinstance(budget, bool) or not 0 < budget <= 1:
@@ -239,5 +248,8 @@ def stream_device(device: Any, resident: Resident | None, where: str) -> torch.d
 def no_workers(resident: Resident | None) -> None:
     """A resident stream's batches are made on the device by the training process itself."""
     if resident is not None and torch.utils.data.get_worker_info() is not None:
-        raise ArgumentError("this stream draws on the device from a resident split; iterate it in the training "
-                            "process (next(stream), or a DataLoader(stream, batch_size=None) without workers)")
+        raise ArgumentError(_WORKERS)
+
+
+_WORKERS = ("this stream draws on the device from a resident split; iterate it in the training process (next(stream), "
+            "or a DataLoader(stream, batch_size=None) without workers)")

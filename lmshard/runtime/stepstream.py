@@ -56,7 +56,10 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         raise NotImplementedError
 
     def _served(self, step: int, stride: int = 1) -> PackedBatch:
-        """`batch(step)`, the store told the reads of the steps after it first (lookahead.py)."""
+        """`batch(step)`, the store told the reads of the steps after it first (lookahead.py);
+        over a resident split (runtime/resident.py) nothing is read from the store."""
+        if getattr(self, "_res", None) is not None:
+            return self.batch(step)
         ahead = self._ahead
         if ahead is None:
             ahead = self._ahead = Lookahead(self.store, self.reads)
@@ -177,9 +180,10 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         state.update({k: mine[k] for k in ("global_batch_size", "schedule") if k in mine})
 
     def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
+        res = getattr(self, "_res", None)
         for k, v in out.items():
-            if isinstance(v, torch.Tensor):
-                out[k] = v.to(self.device)
+            if isinstance(v, torch.Tensor) and v.device != self.device:  # (a resident copy's: without a wait)
+                out[k] = v.to(self.device) if res is None else res.send(v)
         out.step = self._reported(step)
         return self._augmented(out, out.step)
 
