@@ -53,6 +53,11 @@ class Tokenizer(ABC):
         from prepare's main process inherits its tokenizer, loaded for the main process's
         threads, and sets 1. Backends without a thread pool (tiktoken) ignore it."""
 
+    def load_for_forks(self) -> None:  # noqa: B027  (a no-op for backends that load everything up front)
+        """Load now what this process's first encode would load, so that workers forked after
+        it share it (copy-on-write) instead of each loading its own. Only where loading starts
+        no thread: the caller checks that it may still fork."""
+
     def special_identity(self) -> dict[str, Any]:
         """The identity fields every backend records alike: name, backend, size, separator, BOS
         and the vocabulary's hash (under the schema's key `ranks_sha256`)."""

@@ -26,23 +26,22 @@ runs one tokenizer per worker process, so `threads=1` (the default) switches the
 never starts it; `threads=0` (all cores) or N > 1 suit a single worker. Both variables are set
 around each encode call only, so the caller's process keeps its own settings.
 
-Memory model: the tokenizer.json text and its parsed JSON while loading (a few times the file,
-about 10-50 MB for a 128k vocabulary), then the Rust vocabulary (about the file's size) and the
-file's bytes (kept for the dataset's copy, so it is the file that was hashed); when accelerated,
-splintr's tables for the same vocabulary too (about the file's size again); during
-`encode_batch` one batch's Encoding objects and Python id lists (about 40 bytes a token, 12 MB
-for a 1 MiB work item) and the uint32 result (4 bytes a token).
+Memory model: the file's bytes (kept for the dataset's copy, so it is the file that was
+hashed). Its parsed JSON (a few times the file) and the Rust vocabulary (about the file's size)
+only once something needs them: the first load of a file (its facts are then remembered,
+hf_cache.py), the gate, a decode, a text routed to `tokenizers`. When accelerated, splintr's
+tables (17 MB for Llama 3 in the ranks form, hf_ranks.py; about 76 MB read from its
+tokenizer.json). During `encode_batch` through `tokenizers`, one batch's Encoding objects and
+Python id lists (about 40 bytes a token) and the uint32 result (4 bytes a token).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import hashlib
 import json
 import os
-import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,9 @@ import numpy as np
 
 from ..errors import TokenizerError, missing_dependency
 from ..format import TOKEN_DTYPE
+from . import hf_cache
 from .base import Tokenizer, flatten, utf8_safe
+from .hf_cache import newer_code_points
 from .hf_resolve import Source, read_untrusted, resolve
 
 # Document end-of-text tokens of well-known families: GPT-2/NeoX/Qwen/StarCoder, Llama 3,
@@ -124,23 +125,6 @@ def _template_bos(node: Any) -> str | None:
     return None
 
 
-@functools.cache
-def newer_code_points() -> np.ndarray:
-    """A bool per code point: unassigned in this Python's Unicode tables (`unicodedata`), so
-    possibly assigned, composed or classed differently by a library with newer ones (private
-    use planes excluded). Planes 4-13 hold no character in any Unicode version yet: all of them
-    count as unassigned without asking. About 0.07 s once per process, 1.1 MB."""
-    table = np.zeros(0x110000, dtype=bool)
-    table[0x40000:0xE0000] = True
-    # Surrogates: splintr is given the repaired text (a pair written as two code points becomes
-    # the character it spells), which this table would not see; `tokenizers` repairs it itself.
-    table[0xD800:0xE000] = True
-    for c in (*range(0x40000), *range(0xE0000, 0xF0000)):
-        if unicodedata.category(chr(c)) == "Cn":
-            table[c] = True
-    return table
-
-
 def _code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
@@ -167,36 +151,80 @@ class HFTokenizer(Tokenizer):
         self._fast_load: Callable[[], Any] | None = None  # loads splintr's encoder of this file (`accelerate`)
         self._fast: Any = None  # that encoder, loaded at this process's first encode
         self._fast_version: str | None = None
+        self.splintr_form: str | None = None  # set by `accelerate`
         self.source: Source = resolve(spec, untrusted=untrusted)
         self.vocab_file = self.source.tokenizer_json
-        self.vocab_bytes, self.vocab_sha256, self._json = self._read(self.vocab_file, untrusted)
-        try:
-            self._tok = tokenizers.Tokenizer.from_str(self.vocab_bytes.decode("utf-8"))
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # serde's message as a bare Exception, or a Rust panic (PanicException)
-            raise TokenizerError(f"{self.vocab_file}: not a tokenizer.json this tokenizers version can load "
-                                 f"({str(e).splitlines()[0][:200]})") from None  # fmt: skip
-        # Text such as "<|endoftext|>" inside a document is ordinary text, never the special id;
-        # truncation or padding saved in the file (fine-tune exports) would cut or pad documents.
-        self._tok.encode_special_tokens = True
-        self._tok.no_truncation()
-        self._tok.no_padding()
+        self.vocab_bytes = self._read(self.vocab_file, untrusted)
+        self.vocab_sha256 = hashlib.sha256(self.vocab_bytes).hexdigest()
+        # The parsed file and the `tokenizers` object, each made when first needed (a text
+        # routed to `tokenizers`, a decode, the gate): a dict shared with `reference()`'s copy.
+        self._lazy: dict[str, Any] = {}
         self._version = tokenizers.__version__
         self._threads = threads
         self._set_threads(threads)
-        self._specials = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        # Known from an earlier load of this file (hf_cache.py), or computed now (the file checked)
+        known = hf_cache.facts((self.vocab_sha256, self._version, hf_cache.source_sha256(__file__)), self._facts)
+        self._specials: dict[str, int] = dict(known["specials"])
+        self.n_vocab, self._template, self._model_type = known["n_vocab"], known["template"], known["model"]
         self._choose_specials(_read_configs(self.source.configs), separator)
 
+    def _facts(self) -> dict[str, Any]:
+        """What the rest of this class needs of the vocabulary, read from the file itself."""
+        parsed, tok = self._json, self._tok
+        model = parsed.get("model")
+        return {"specials": {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special},
+                "n_vocab": max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1,
+                "template": _template_bos(parsed.get("post_processor")),
+                "model": model.get("type") if isinstance(model, dict) else None}  # fmt: skip
+
+    @property
+    def _json(self) -> dict[str, Any]:
+        """The file's JSON, parsed and checked when first asked for."""
+        if "json" not in self._lazy:
+            self._lazy["json"] = self._parse(self.vocab_file, self.vocab_bytes)
+        return self._lazy["json"]
+
+    @property
+    def _tok(self) -> Any:
+        """The `tokenizers` object of the file, built when first asked for."""
+        if "tok" not in self._lazy:
+            import tokenizers
+
+            self._json  # noqa: B018  (the file checked first: its error is the clearer one)
+            try:
+                tok = tokenizers.Tokenizer.from_str(self.vocab_bytes.decode("utf-8"))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # serde's message as a bare Exception, or a Rust panic (PanicException)
+                raise TokenizerError(f"{self.vocab_file}: not a tokenizer.json this tokenizers version can load "
+                                     f"({str(e).splitlines()[0][:200]})") from None  # fmt: skip
+            # Text such as "<|endoftext|>" inside a document is ordinary text, never the special
+            # id; truncation or padding saved in the file (fine-tune exports) would cut or pad.
+            tok.encode_special_tokens = True
+            tok.no_truncation()
+            tok.no_padding()
+            self._lazy["tok"] = tok
+        return self._lazy["tok"]
+
+    @_tok.setter
+    def _tok(self, value: Any) -> None:
+        self._lazy["tok"] = value
+
+    def release(self) -> None:
+        """Drop the parsed file (before forking workers: they need splintr's copy only)."""
+        self._lazy.pop("json", None)
+
     @staticmethod
-    def _read(path: Path, untrusted: bool = False) -> tuple[bytes, str, dict[str, Any]]:
-        """(the file's bytes, their sha256, the parsed JSON)."""
+    def _read(path: Path, untrusted: bool) -> bytes:
         try:
-            data = read_untrusted(path) if untrusted else path.read_bytes()
-            parsed = json.loads(data.decode("utf-8"))
+            return read_untrusted(path) if untrusted else path.read_bytes()
         except OSError as e:
             raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
+
+    @staticmethod
+    def _parse(path: Path, data: bytes) -> dict[str, Any]:
+        try:
+            parsed = json.loads(data.decode("utf-8"))
         except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, an int of 4,300+ digits, deep nesting
             why = str(e)[:200] or type(e).__name__
             raise TokenizerError(f"{path}: not a JSON tokenizer file ({why}); pass a tokenizer.json "
@@ -204,20 +232,28 @@ class HFTokenizer(Tokenizer):
         if not isinstance(parsed, dict) or "model" not in parsed:
             raise TokenizerError(f"{path}: not a tokenizer.json (no \"model\" section); pass a tokenizer.json "
                                  "written by the tokenizers library or save_pretrained")  # fmt: skip
-        return data, hashlib.sha256(data).hexdigest(), parsed
+        return parsed
 
-    def accelerate(self, load: Callable[[], Any], version: str) -> None:
+    def accelerate(self, load: Callable[[], Any], version: str, form: str = "json") -> None:
         """Encode with the splintr encoder `load()` returns (its reader of this file, admitted by
         the gate) from now on. It is loaded at this process's first encode, not here: splintr's
         reader starts a thread pool, and a process that runs threads cannot fork its workers
         (`pool.start_method`), which then load the vocabulary again."""
         self._fast_load, self._fast, self._fast_version, self.backend = load, None, version, "splintr"
+        self.splintr_form = form  # how splintr reads the file: its ranks table or its tokenizer.json
         self.route(())  # the table built now, so that forked workers inherit it
+
+    def load_for_forks(self) -> None:
+        """splintr's encoder loaded now (its loader starts no thread; `early_pool` checks), for
+        forked workers to share, as a tiktoken vocabulary's is (`Tokenizer.load_for_forks`)."""
+        if self._fast_load is not None and self._fast is None:
+            self._fast = self._fast_load()
 
     def reference(self) -> HFTokenizer:
         """This tokenizer encoding through `tokenizers`: the gate's reference, sharing the vocabulary."""
         ref = copy.copy(self)
         ref._fast_load, ref._fast, ref._fast_version, ref.backend = None, None, None, "tokenizers"
+        ref.splintr_form = None
         return ref
 
     def use_threads(self, threads: int) -> None:
@@ -237,7 +273,7 @@ class HFTokenizer(Tokenizer):
         self.eot_token, self.eot_id = eot, self._specials[eot]
         eos = _token_text(config.get("eos_token"))  # what trainers that load this config (Megatron) end documents with
         self.config_eos_token = eos if eos in self._specials else None
-        template = _template_bos(self._json.get("post_processor"))
+        template = self._template
         if "bos_token" in config:  # the config decides, null included (Qwen has no BOS)
             bos = _token_text(config["bos_token"])
         elif template is not None:
@@ -351,14 +387,14 @@ class HFTokenizer(Tokenizer):
         return self._tok.id_to_token(token)
 
     def identity(self) -> dict[str, Any]:
-        model = self._json.get("model")
         return {
             **self.special_identity(),
             "eot_source": self.eot_source,
             "config_eos_token": self.config_eos_token,
-            "model": model.get("type") if isinstance(model, dict) else None,
+            "model": self._model_type,
             "special_tokens": dict(sorted(self._specials.items(), key=lambda kv: kv[1])),
             "source": self.source.describe(),
             "tokenizers_version": self._version,
-            **({"splintr_version": self._fast_version} if self._fast_load is not None else {}),
+            **({"splintr_version": self._fast_version, "splintr_form": self.splintr_form}
+               if self._fast_load is not None else {}),
         }

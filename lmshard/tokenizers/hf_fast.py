@@ -19,7 +19,7 @@ The gate for a tokenizer.json has two parts, both against `tokenizers`, id for i
    order and compositions, NFKC, letter and punctuation classes) a probe differs. Those code
    points (none for Llama 3, DeepSeek, Mistral or Gemma; 98 for Qwen's NFC) are remembered with
    the pass, and any text holding one is encoded by `tokenizers`, as is any text holding a code
-   point Python's tables leave unassigned (`hf_backend.newer_code_points`), and the empty text.
+   point Python's tables leave unassigned (`hf_cache.newer_code_points`), and the empty text.
    More than `MAX_ROUTED` of them and the gate fails.
 2. The sample (`hf_sample`), with that routing in place: `gate.sample()` (the tiktoken gate's
    hard text) less its code point texts, the empty text, and, built from the vocabulary itself,
@@ -46,9 +46,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import TokenizerError
+from . import hf_cache
 from .base import Tokenizer
 from .gate import FAST_EXTRA, check_exact, code_point_texts, pass_record, recall, remember, sample
 from .hf_backend import HFTokenizer
+from .hf_ranks import decode_form, encode_form, ranks_form
 
 # Blocks whose letters Unicode 15 and 16 added (Kawi, Nag Mundari, Cyrillic Extended-D, Arabic
 # Extended-C, Devanagari Extended-A, Kaktovik numerals, CJK Extension H; Garay, Todhri,
@@ -147,18 +149,39 @@ SUPPORT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("base.py", "hf_bac
                                                                "splintr_backend.py", "hf_fast.py"))  # fmt: skip
 
 
-def _loader(tok: HFTokenizer, copy: Callable[[dict[str, Any]], bytes]) -> Callable[[], Any]:
-    """What loads splintr's encoder of the tokenizer's file (see `HFTokenizer.accelerate`)."""
+def _loader(tok: HFTokenizer, form: str) -> Callable[[], Any]:
+    """What loads splintr's encoder of the tokenizer's file (see `HFTokenizer.accelerate`): from
+    its ranks table (`form` "ranks": hf_ranks.py, remembered per file by hf_cache.py) or its
+    tokenizer.json copy ("json", made once in this process, before its workers fork)."""
 
     def load() -> Any:
         import splintr
 
-        return splintr.from_json_bytes(copy(tok._json))
+        if form == "ranks":
+            found = _ranks(tok)
+            assert found is not None
+            return splintr.Tokenizer.from_bytes(found[1], found[0], {})
+        return splintr.from_json_bytes(_json_copy(tok))
 
     return load
 
 
-def _admit(fast: HFTokenizer, tok: HFTokenizer) -> str | None:
+def _json_copy(tok: HFTokenizer) -> bytes:
+    if "splintr_json" not in tok._lazy:
+        tok._lazy["splintr_json"] = splintr_copy(tok._json)
+    return tok._lazy["splintr_json"]
+
+
+def _ranks(tok: HFTokenizer) -> tuple[str, bytes] | None:
+    """The file's ranks form, when it has one (hf_ranks.py); remembered either way."""
+    if "ranks" not in tok._lazy:
+        code = hf_cache.source_sha256(Path(__file__).with_name("hf_ranks.py")), hf_cache.source_sha256(__file__)
+        tok._lazy["ranks"] = decode_form(hf_cache.payload(("ranks", tok.vocab_sha256, *code),
+                                                          lambda: encode_form(ranks_form(tok._json))))  # fmt: skip
+    return tok._lazy["ranks"]
+
+
+def _admit(fast: HFTokenizer, tok: HFTokenizer, record: dict[str, str], **stored: Any) -> str | None:
     """The gate (see the module docstring): None when `fast`, routing the code points where it
     differs, gives `tok`'s ids on the whole sample; the pass is then remembered with them."""
     try:
@@ -174,8 +197,17 @@ def _admit(fast: HFTokenizer, tok: HFTokenizer) -> str | None:
     labels, texts = zip(*hf_sample(tok), strict=True)
     problem = check_exact(fast, tok, texts, labels)
     if problem is None:
-        remember(pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES), routed=routed)
+        remember(record, routed=routed, **stored)
     return problem
+
+
+def _ready(fast: HFTokenizer, tok: HFTokenizer, form: str) -> HFTokenizer:
+    """`fast`, with what splintr loads made (so forked workers inherit it, not the JSON) and
+    the parsed file dropped: a forked worker inherits nothing it does not use."""
+    if form == "json":
+        _json_copy(tok)
+    tok.release()
+    return fast
 
 
 def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | None = None, gated: bool = False,
@@ -193,19 +225,31 @@ def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | Non
         if backend == "splintr":
             raise TokenizerError(FAST_EXTRA) from None
         return tok
-    fast = tok.reference()
-    fast.accelerate(_loader(tok, splintr_copy), getattr(splintr, "__version__", "unknown"))
-    record = pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES)
-    stored = recall(record)
-    if stored is not None:  # passed before: with the code points it routes to tokenizers
-        fast.route(stored.get("routed") or ())
-        return fast
-    if gated:  # admitted in this run, but the pass was not remembered (a read-only cache)
+    fast, version = tok.reference(), getattr(splintr, "__version__", "unknown")
+    forms = ("ranks", "json") if _ranks(tok) is not None else ("json",)  # the faster first, if the file has it
+    records, stored = {}, {}
+    for form in forms:
+        fast.accelerate(_loader(tok, form), version, form)
+        records[form] = {**pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES), "splintr_form": form}
+        stored[form] = recall(records[form])
+    if stored.get("ranks") is None and (stored["json"] or {}).get("ranks_failed"):
+        forms = ("json",)  # the ranks failed the gate where the file's copy passed it: not tried again
+    for form in forms:
+        if stored[form] is not None:  # passed before: with the code points it routes to tokenizers
+            fast.accelerate(_loader(tok, form), version, form)
+            fast.route(stored[form].get("routed") or ())
+            return _ready(fast, tok, form)
+    if gated:  # admitted in this run, but not remembered (a read-only cache; a worker of another form is refused)
+        fast.accelerate(_loader(tok, forms[0]), version, forms[0])
         fast.route(differing_points(fast, tok))
-        return fast
-    problem = _admit(fast, tok)
-    if problem is None:
-        return fast
+        return _ready(fast, tok, forms[0])
+    failed: dict[str, str] = {}  # (a failure alone is never remembered: only beside the pass of another form)
+    for form in forms:
+        fast.accelerate(_loader(tok, form), version, form)
+        problem = _admit(fast, tok, records[form], **({"ranks_failed": failed["ranks"]} if failed else {}))
+        if problem is None:
+            return _ready(fast, tok, form)
+        failed[form] = problem
     if backend == "splintr":
         raise TokenizerError(f"--tokenizer-backend splintr is not exact for {spec} here ({problem}); "
                              "use --tokenizer-backend tokenizers or auto")  # fmt: skip

@@ -54,11 +54,11 @@ class WorkerConfig:
 DECODE_REPLACED = "decode_replaced"  # a per-source count of records read with U+FFFD for bytes not UTF-8 (not a drop)
 DROP_CHARS = "chars:"  # a per-source count of the characters of the documents dropped, by reason (not a drop)
 LINE_DROP = "line:"  # a per-source count of lines a filter's edit removed, by its reason (not a document drop)
-IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id")
+IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id", "splintr_form")
 
 
 def identity_of(tokenizer: Tokenizer) -> tuple[tuple[str, Any], ...]:
-    return tuple((name, getattr(tokenizer, name)) for name in IDENTITY_FIELDS)
+    return tuple((name, getattr(tokenizer, name, None)) for name in IDENTITY_FIELDS)
 
 
 @dataclass

@@ -127,6 +127,9 @@ def early_pool(n: int, sources: list[Source], tokenizer: Tokenizer) -> OrderedPo
         return None
     if start_method() != "fork":
         return None
+    tokenizer.load_for_forks()  # (splintr's tables of a tokenizer.json: shared, not loaded per worker)
+    if start_method() != "fork":  # the load started a thread after all: spawned workers load their own
+        return None
     share_with_forks(tokenizer)
     try:
         return OrderedPool(n, start="fork")

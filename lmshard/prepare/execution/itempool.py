@@ -38,7 +38,9 @@ _here: dict[str, Any] = {}  # what forked workers inherit: the run
 @contextlib.contextmanager
 def item_pool(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
-    method = start_method()  # fork only where it is safe: then the workers inherit the tokenizer
+    if start_method() == "fork":  # splintr's tables of a tokenizer.json, shared by the forks, not loaded by each
+        r.tokenizer.load_for_forks()
+    method = start_method()  # fork only where it is safe (still, after that load): the workers inherit the tokenizer
     _here["run"] = r
     start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,

@@ -1,0 +1,130 @@
+"""What loading a Hugging Face tokenizer.json computes, remembered per file so that the next run
+starts without computing it: the vocabulary's facts (its special tokens, size, the token its
+post-processor puts first, its model type), its ranks form for splintr (hf_ranks.py) and the
+table of code points this Python's Unicode tables leave unassigned (`newer_code_points`).
+
+With them a run's process tree neither parses the file's JSON nor builds the `tokenizers`
+object unless a text needs it (one the gate routes to `tokenizers`, a decode): prepare's
+workers load only splintr's tables, from the remembered ranks.
+
+Entries live beside the gate's passes, in `$LMSHARD_CACHE_DIR/hf` (default `~/.cache/lmshard/hf`), named by the sha256
+of everything they depend on: the file's sha256, the `tokenizers` version and the sha256 of the
+source that computes them. A missing, unreadable or damaged entry is computed again; a cache
+that cannot be written costs the next run the time, never a different result.
+
+Memory model: one entry at a time (the facts: a few KB; the ranks: about a fifth of the file;
+the table: 139 KB packed).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import gate
+
+
+def _entry(kind: str, *parts: str) -> Path:
+    key = hashlib.sha256("\0".join((kind, *parts)).encode()).hexdigest()
+    return gate.gate_dir().parent / "hf" / f"{kind}-{key[:32]}"
+
+
+def source_sha256(path: str | os.PathLike[str]) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    """`data` at `path`, whole or not at all (a temporary file renamed); OSError ignored."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _stored(path: Path) -> bytes | None:
+    """An entry's payload after its own sha256 line, or None if it is missing or damaged."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    head, _, body = raw.partition(b"\n")
+    return body if head == hashlib.sha256(body).hexdigest().encode() else None
+
+
+def _store(path: Path, body: bytes) -> None:
+    _write(path, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+
+def facts(parts: tuple[str, ...], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The vocabulary's facts under `parts` (file sha256, tokenizers version, code sha256),
+    remembered, or `compute()`d and remembered."""
+    path = _entry("facts", *parts)
+    body = _stored(path)
+    if body is not None:
+        try:
+            found = json.loads(body)
+        except ValueError:
+            found = None
+        if isinstance(found, dict):
+            return found
+    found = compute()
+    _store(path, json.dumps(found, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+    return found
+
+
+def payload(parts: tuple[str, ...], compute: Callable[[], bytes]) -> bytes:
+    """Bytes under `parts` (what they are, the file's sha256, the sha256 of the code that makes
+    them), remembered, or `compute()`d and remembered."""
+    path = _entry("bytes", *parts)
+    body = _stored(path)
+    if body is None:
+        body = compute()
+        _store(path, body)
+    return body
+
+
+def bool_table(parts: tuple[str, ...], size: int, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """A bool array of `size` under `parts`, remembered packed, or `compute()`d and remembered."""
+    path = _entry("table", *parts)
+    body = _stored(path)
+    if body is not None and len(body) == (size + 7) // 8:
+        return np.unpackbits(np.frombuffer(body, dtype=np.uint8), count=size).astype(bool)
+    table = compute()
+    _store(path, np.packbits(table).tobytes())
+    return table
+
+
+@functools.cache
+def newer_code_points() -> np.ndarray:
+    """A bool per code point: unassigned in this Python's Unicode tables (`unicodedata`), so
+    possibly assigned, composed or classed differently by a library with newer ones (private
+    use planes excluded). Planes 4-13 hold no character in any Unicode version yet: all of them
+    count as unassigned without asking. About 0.1 s to compute, remembered per Unicode version
+    (hf_cache.py); 1.1 MB."""
+    parts = (unicodedata.unidata_version, source_sha256(__file__))
+    return bool_table(parts, 0x110000, _unassigned)
+
+
+def _unassigned() -> np.ndarray:
+    table = np.zeros(0x110000, dtype=bool)
+    table[0x40000:0xE0000] = True
+    # Surrogates: splintr is given the repaired text (a pair written as two code points becomes
+    # the character it spells), which this table would not see; `tokenizers` repairs it itself.
+    table[0xD800:0xE000] = True
+    for c in (*range(0x40000), *range(0xE0000, 0xF0000)):
+        if unicodedata.category(chr(c)) == "Cn":
+            table[c] = True
+    return table
