@@ -57,6 +57,7 @@ bench: setup
 	$(BIN)/python scripts/bench_schedule.py
 	$(BIN)/python scripts/bench_decon.py
 	$(BIN)/python scripts/bench_tokenizers.py
+	$(BIN)/python scripts/bench_llama.py
 	$(BIN)/python scripts/bench_packing.py
 	$(BIN)/python scripts/bench_scaleout.py
 	$(BIN)/python scripts/bench_scaleout.py --dedup-lines
