@@ -24,15 +24,36 @@ from lmshard.tokenizers.hf_ranks import BYTE_LEVEL_PATTERN, ranks_form
 TEXTS = vocab_shapes.local_documents()[:80]
 
 
-def test_which_shapes_have_a_ranks_form(shape_files):  # noqa: F811
+def every_cut_listed(path, out):
+    """The tokenizer.json at `path` with every cut of every token into two tokens of its
+    vocabulary listed as a merge, ordered by the ranks of the token made and of its parts: what
+    converting a tiktoken vocabulary writes (Llama 3's file is so)."""
+    parsed = json.loads(path.read_bytes())
+    vocab = parsed["model"]["vocab"]
+    cuts = {(t[:k], t[k:]) for t in vocab for k in range(1, len(t)) if t[:k] in vocab and t[k:] in vocab}
+    parsed["model"]["merges"] = [[a, b] for a, b in sorted(cuts, key=lambda c: (vocab[c[0] + c[1]], vocab[c[0]],
+                                                                                 vocab[c[1]]))]  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(parsed, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def converted(shape_files, tmp_path_factory):  # noqa: F811
+    """Llama 3's shape as a converted tiktoken vocabulary (`every_cut_listed`)."""
+    return every_cut_listed(shape_files("llama3"), tmp_path_factory.mktemp("converted") / "tokenizer.json")
+
+
+def test_which_shapes_have_a_ranks_form(shape_files, converted):  # noqa: F811
     """Byte-level BPEs that emit whole pieces found in the vocabulary, with an explicit split
-    pattern, no normalizer and no ordinary added token (Llama 3's shape); not BLOOM's (it merges
-    every piece), Qwen's or NeoX's (NFC), DeepSeek's (several splits), StarCoder's and Falcon's
-    (digit and punctuation pre-tokenizers), CLIP's (a word suffix), the SentencePiece shapes
-    (byte fallback) or BERT (WordPiece)."""
+    pattern, no normalizer, no ordinary added token and every cut of a token listed as a merge
+    (Llama 3's shape, converted as tiktoken vocabularies are); none of the shapes as trained
+    here (their merges leave cuts out: a ranks table would merge them, `tokenizers` does not)."""
     found = {k for k in vocab_shapes.SHAPES if ranks_form(json.loads(shape_files(k).read_bytes())) is not None}
-    assert found == {"llama3"}
-    bloom = json.loads(shape_files("bloom").read_bytes())
+    assert found == set()
+    assert ranks_form(json.loads(converted.read_bytes())) is not None
+    bloom = json.loads(every_cut_listed(shape_files("bloom"), converted.parent / "bloom.json").read_bytes())
+    assert ranks_form(bloom) is None  # it merges every piece, even one found whole
     bloom["model"]["ignore_merges"] = True
     assert ranks_form(bloom) is not None  # (its only reason)
 
@@ -45,15 +66,14 @@ def _gpt2_style(tmp_path):
     tok.train_from_iterator(iter(vocab_shapes.training_texts()), trainers.BpeTrainer(
         vocab_size=vocab_shapes.VOCAB_SIZE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=["<|endoftext|>"], show_progress=False))  # fmt: skip
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    tok.save(str(tmp_path / "trained.json"))
+    return every_cut_listed(tmp_path / "trained.json", tmp_path / "tokenizer.json")
 
 
-def test_the_ranks_table_is_the_vocabulary_in_bytes(tmp_path, shape_files):  # noqa: F811
+def test_the_ranks_table_is_the_vocabulary_in_bytes(tmp_path, converted):
     """Each line is a token's bytes (base64) and its id; the bytes, decoded by the file's own
     ByteLevel decoder where they are whole UTF-8, are the token's text."""
-    for path, pattern in ((_gpt2_style(tmp_path), BYTE_LEVEL_PATTERN), (shape_files("llama3"), None)):
+    for path, pattern in ((_gpt2_style(tmp_path), BYTE_LEVEL_PATTERN), (converted, None)):
         parsed = json.loads(path.read_bytes())
         found = ranks_form(parsed)
         assert found is not None
@@ -78,9 +98,9 @@ def test_the_ranks_table_is_the_vocabulary_in_bytes(tmp_path, shape_files):  # n
 
 @pytest.mark.parametrize("change", ["normalizer", "ordinary added token", "merges out of rank order",
                                     "byte fallback", "prefix space", "dropout", "not BPE",
-                                    "merges every piece"])  # fmt: skip
-def test_a_file_its_ranks_cannot_express_has_no_ranks_form(shape_files, change):  # noqa: F811
-    parsed = json.loads(shape_files("llama3").read_bytes())
+                                    "merges every piece", "a cut not listed"])  # fmt: skip
+def test_a_file_its_ranks_cannot_express_has_no_ranks_form(converted, change):
+    parsed = json.loads(converted.read_bytes())
     assert ranks_form(parsed) is not None
     if change == "normalizer":
         parsed["normalizer"] = {"type": "NFC"}
@@ -97,24 +117,27 @@ def test_a_file_its_ranks_cannot_express_has_no_ranks_form(shape_files, change):
         parsed["model"]["dropout"] = 0.1
     elif change == "merges every piece":
         parsed["model"]["ignore_merges"] = False
+    elif change == "a cut not listed":
+        merges = parsed["model"]["merges"]
+        del merges[len(merges) // 2]
     else:
         parsed["model"]["type"] = "WordPiece"
     assert ranks_form(parsed) is None
 
 
 @pytest.mark.parametrize("kind", ["llama3", "gpt2-style"])
-def test_the_ranks_form_passes_the_gate_and_gives_the_truths_ids(kind, tmp_path, shape_files, gate_dir):  # noqa: F811
-    path = _gpt2_style(tmp_path) if kind == "gpt2-style" else shape_files(kind)
+def test_the_ranks_form_passes_the_gate_and_gives_the_truths_ids(kind, tmp_path, converted, gate_dir):  # noqa: F811
+    path = _gpt2_style(tmp_path) if kind == "gpt2-style" else converted
     tok = load_tokenizer(str(path), "auto", warn=pytest.fail)
     assert isinstance(tok, HFTokenizer) and tok.backend == "splintr" and tok.splintr_form == "ranks"
     assert tok.identity()["splintr_form"] == "ranks"
     assert_same_ids(tok, path, TEXTS)
 
 
-def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(shape_files, gate_dir, monkeypatch):  # noqa: F811
+def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(converted, gate_dir, monkeypatch):  # noqa: F811
     """Two ranks swapped in the table: the gate fails the ranks form, splintr reads the
     tokenizer.json itself (exact, no warning), and the next load goes there without the gate."""
-    path = shape_files("llama3")
+    path = converted
     real = hf_fast.ranks_form
 
     def swapped(parsed):
@@ -133,15 +156,15 @@ def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(shape_fi
     tok = load_tokenizer(str(path), "auto", warn=pytest.fail)
     assert gates == ["ranks", "json"] and tok.backend == "splintr" and tok.splintr_form == "json"
     assert_same_ids(tok, path, TEXTS)
-    stored = [json.loads(p.read_text()) for p in gate_dir.iterdir()]
+    stored = [json.loads(p.read_text()) for p in gate_dir.glob("*.json")]
     assert len(stored) == 1 and stored[0]["splintr_form"] == "json" and "token" in stored[0]["ranks_failed"]
     again = load_tokenizer(str(path), "auto", warn=pytest.fail)
     assert gates == ["ranks", "json"] and again.splintr_form == "json"  # no gate the second time
     assert_same_ids(again, path, TEXTS)
 
 
-def test_a_second_load_parses_nothing_until_a_decode_asks(shape_files, gate_dir):  # noqa: F811
-    path = shape_files("llama3")
+def test_a_second_load_parses_nothing_until_a_decode_asks(converted, gate_dir):  # noqa: F811
+    path = converted
     first = load_tokenizer(str(path), "auto", warn=pytest.fail)
     second = load_tokenizer(str(path), "auto", warn=pytest.fail)
     assert "tok" not in second._lazy and "json" not in second._lazy  # neither the parsed JSON nor tokenizers'
@@ -154,13 +177,13 @@ def test_a_second_load_parses_nothing_until_a_decode_asks(shape_files, gate_dir)
     assert second.decode(ids) == "Hello world" and "tok" in second._lazy
 
 
-def test_damaged_remembered_entries_are_made_again(shape_files, gate_dir):  # noqa: F811
-    path = shape_files("llama3")
+def test_damaged_remembered_entries_are_made_again(converted, gate_dir):  # noqa: F811
+    path = converted
     first = load_tokenizer(str(path), "auto", warn=pytest.fail)
     hf_cache.newer_code_points.cache_clear()  # (computed once per process: here into this test's directory)
     table = hf_cache.newer_code_points()
     assert np.array_equal(table, hf_cache._unassigned())
-    entries = list((gate.gate_dir().parent / "hf").iterdir())
+    entries = list((gate.gate_dir() / "hf").iterdir())
     assert {e.name.split("-")[0] for e in entries} == {"facts", "bytes", "table"}
     for entry in entries:
         entry.write_bytes(entry.read_bytes()[:-3] + b"zzz")  # each entry's own sha256 no longer matches
@@ -169,3 +192,15 @@ def test_damaged_remembered_entries_are_made_again(shape_files, gate_dir):  # no
     assert_same_ids(again, path, TEXTS)
     hf_cache.newer_code_points.cache_clear()
     assert np.array_equal(hf_cache.newer_code_points(), table)
+
+
+def test_a_worker_takes_the_form_its_run_admitted(converted, gate_dir, monkeypatch):  # noqa: F811
+    """With a cache that remembers nothing (read-only), a worker (gated=True) is told the form
+    the run's gate admitted and loads that one, running no gate."""
+    monkeypatch.setattr(gate, "remember", lambda *a, **k: None)
+    monkeypatch.setattr(hf_fast, "remember", lambda *a, **k: None)
+    monkeypatch.setattr(hf_fast, "_admit", lambda *a, **k: pytest.fail("a worker ran the gate"))
+    for form in ("json", "ranks"):
+        tok = load_tokenizer(str(converted), "auto", gated=True, splintr_form=form, warn=pytest.fail)
+        assert tok.splintr_form == form
+        assert_same_ids(tok, converted, TEXTS)

@@ -46,6 +46,7 @@ def load_tokenizer(
     gated: bool = False,
     threads: int = 1,
     untrusted: bool = False,
+    splintr_form: str | None = None,
 ) -> Tokenizer:
     """The backend for a `--tokenizer` value. Raises `TokenizerError`, naming the command that
     installs it, when the vocabulary is missing. `separator` names the special token written
@@ -55,7 +56,8 @@ def load_tokenizer(
     `threads`: how many threads a backend with its own thread pool (splintr, tokenizers) may use
     in this process: 1 in each of prepare's workers, which are the parallelism; tiktoken's
     per-text encode takes one thread whatever this says. `untrusted`: the spec was read from a
-    dataset's metadata (see `hf_resolve.resolve`)."""
+    dataset's metadata (see `hf_resolve.resolve`). `splintr_form`: with `gated`, how the run's
+    splintr read a tokenizer.json ("ranks" or "json", `hf_fast`)."""
     if backend not in BACKENDS:
         raise TokenizerError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if spec.endswith(".model") and split_spec(spec) is None and not Path(spec).exists():  # a path, not a hub name
@@ -77,7 +79,7 @@ def load_tokenizer(
         from .hf_fast import accelerated_hf
 
         return accelerated_hf(spec, backend=backend, warn=warn, gated=gated, threads=threads, separator=separator,
-                              untrusted=untrusted)  # fmt: skip
+                              untrusted=untrusted, form_of_run=splintr_form)  # fmt: skip
     if backend == "tokenizers":
         raise TokenizerError(f"{spec} is a tiktoken vocabulary; use --tokenizer-backend tiktoken, splintr or auto")
     if separator not in (None, "<|endoftext|>") and not is_ranks_spec(spec):

@@ -190,12 +190,12 @@ class HFTokenizer(Tokenizer):
         if "tok" not in self._lazy:
             import tokenizers
 
-            self._json  # noqa: B018  (the file checked first: its error is the clearer one)
             try:
                 tok = tokenizers.Tokenizer.from_str(self.vocab_bytes.decode("utf-8"))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # serde's message as a bare Exception, or a Rust panic (PanicException)
+                self._parse(self.vocab_file, self.vocab_bytes)  # not JSON, or no model: that error is the clearer one
                 raise TokenizerError(f"{self.vocab_file}: not a tokenizer.json this tokenizers version can load "
                                      f"({str(e).splitlines()[0][:200]})") from None  # fmt: skip
             # Text such as "<|endoftext|>" inside a document is ordinary text, never the special

@@ -7,7 +7,8 @@ With them a run's process tree neither parses the file's JSON nor builds the `to
 object unless a text needs it (one the gate routes to `tokenizers`, a decode): prepare's
 workers load only splintr's tables, from the remembered ranks.
 
-Entries live beside the gate's passes, in `$LMSHARD_CACHE_DIR/hf` (default `~/.cache/lmshard/hf`), named by the sha256
+Entries live with the gate's passes, in `$LMSHARD_CACHE_DIR/gate/hf` (default
+`~/.cache/lmshard/gate/hf`), named by the sha256
 of everything they depend on: the file's sha256, the `tokenizers` version and the sha256 of the
 source that computes them. A missing, unreadable or damaged entry is computed again; a cache
 that cannot be written costs the next run the time, never a different result.
@@ -18,6 +19,7 @@ the table: 139 KB packed).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -35,7 +37,7 @@ from . import gate
 
 def _entry(kind: str, *parts: str) -> Path:
     key = hashlib.sha256("\0".join((kind, *parts)).encode()).hexdigest()
-    return gate.gate_dir().parent / "hf" / f"{kind}-{key[:32]}"
+    return gate.gate_dir() / "hf" / f"{kind}-{key[:32]}"
 
 
 def source_sha256(path: str | os.PathLike[str]) -> str:
@@ -44,6 +46,7 @@ def source_sha256(path: str | os.PathLike[str]) -> str:
 
 def _write(path: Path, data: bytes) -> None:
     """`data` at `path`, whole or not at all (a temporary file renamed); OSError ignored."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
@@ -51,7 +54,9 @@ def _write(path: Path, data: bytes) -> None:
             f.write(data)
         os.replace(tmp, path)
     except OSError:
-        pass
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _stored(path: Path) -> bytes | None:

@@ -36,6 +36,7 @@ tokenizer as `hf_backend` says (both libraries' tables for the vocabulary).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import unicodedata
 from collections.abc import Callable
@@ -146,7 +147,8 @@ def hf_sample(reference: Tokenizer) -> list[tuple[str, str]]:
 # Modules whose code decides what the gate compares: the reference, the surrogate repair and
 # interface, the shared splintr encode call, and this file (the copy and the sample).
 SUPPORT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("base.py", "hf_backend.py", "hf_resolve.py",
-                                                               "splintr_backend.py", "hf_fast.py"))  # fmt: skip
+                                                               "splintr_backend.py", "hf_fast.py", "hf_ranks.py",
+                                                               "hf_cache.py"))  # fmt: skip
 
 
 def _loader(tok: HFTokenizer, form: str) -> Callable[[], Any]:
@@ -166,17 +168,22 @@ def _loader(tok: HFTokenizer, form: str) -> Callable[[], Any]:
     return load
 
 
+def _code() -> tuple[str, ...]:
+    return tuple(hf_cache.source_sha256(Path(__file__).with_name(n)) for n in ("hf_fast.py", "hf_ranks.py"))
+
+
 def _json_copy(tok: HFTokenizer) -> bytes:
+    """splintr's copy of the file (`splintr_copy`): remembered per file, made once per process."""
     if "splintr_json" not in tok._lazy:
-        tok._lazy["splintr_json"] = splintr_copy(tok._json)
+        tok._lazy["splintr_json"] = hf_cache.payload(("json", tok.vocab_sha256, *_code()),
+                                                     lambda: splintr_copy(tok._json))  # fmt: skip
     return tok._lazy["splintr_json"]
 
 
 def _ranks(tok: HFTokenizer) -> tuple[str, bytes] | None:
     """The file's ranks form, when it has one (hf_ranks.py); remembered either way."""
     if "ranks" not in tok._lazy:
-        code = hf_cache.source_sha256(Path(__file__).with_name("hf_ranks.py")), hf_cache.source_sha256(__file__)
-        tok._lazy["ranks"] = decode_form(hf_cache.payload(("ranks", tok.vocab_sha256, *code),
+        tok._lazy["ranks"] = decode_form(hf_cache.payload(("ranks", tok.vocab_sha256, *_code()),
                                                           lambda: encode_form(ranks_form(tok._json))))  # fmt: skip
     return tok._lazy["ranks"]
 
@@ -211,11 +218,13 @@ def _ready(fast: HFTokenizer, tok: HFTokenizer, form: str) -> HFTokenizer:
 
 
 def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | None = None, gated: bool = False,
-                   threads: int = 1, separator: str | None = None, untrusted: bool = False) -> Tokenizer:  # fmt: skip
+                   threads: int = 1, separator: str | None = None, untrusted: bool = False,
+                   form_of_run: str | None = None) -> Tokenizer:  # fmt: skip
     """The tokenizer.json `spec` encoded by splintr when it is installed and exact on the gate's
     sample (`backend` "auto" or "splintr"), else by `tokenizers`: for "auto" silently when splintr
     is not installed, through `warn` (naming the first differing token) when it is not exact;
-    "splintr" raises instead. `gated=True` trusts a gate this run passed (prepare's workers)."""
+    "splintr" raises instead. `gated=True` trusts a gate this run passed (prepare's workers), in
+    the form `form_of_run` ("ranks" or "json") that gate admitted when the caller knows it."""
     tok = HFTokenizer(spec, separator=separator, threads=threads, untrusted=untrusted)
     if backend == "tokenizers":
         return tok
@@ -231,9 +240,13 @@ def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | Non
     for form in forms:
         fast.accelerate(_loader(tok, form), version, form)
         records[form] = {**pass_record(fast, ("splintr", "tokenizers"), SUPPORT_SOURCES), "splintr_form": form}
+        if form == "ranks":  # (what splintr loads, itself: a pass holds for this table only)
+            records[form]["ranks_sha256"] = hashlib.sha256(encode_form(_ranks(tok))).hexdigest()
         stored[form] = recall(records[form])
     if stored.get("ranks") is None and (stored["json"] or {}).get("ranks_failed"):
         forms = ("json",)  # the ranks failed the gate where the file's copy passed it: not tried again
+    if gated and form_of_run in forms:
+        forms = (form_of_run,)  # the form the run's own gate admitted
     for form in forms:
         if stored[form] is not None:  # passed before: with the code points it routes to tokenizers
             fast.accelerate(_loader(tok, form), version, form)

@@ -8,10 +8,13 @@ emits a piece found whole in the vocabulary without merging it (`ignore_merges`,
 does: Llama 3), with no dropout, no subword prefix or suffix and no byte fallback, no normalizer, a byte-level
 pre-tokenizer whose split pattern is explicit (Llama 3: a Split regex then ByteLevel without its
 own regex; GPT-2 style: ByteLevel with its regex), no ordinary added tokens (special ones are
-left out as `hf_fast.splintr_copy` leaves them: lmshard encodes their text as text), and merges
-in the order of the ranks of the tokens they make, so that merging by merge order is merging by
-rank. Whatever qualifies is still admitted only through the exactness gate (hf_fast.py), id for
-id against `tokenizers`; a file that fails it there is read by splintr's tokenizer.json reader.
+left out as `hf_fast.splintr_copy` leaves them: lmshard encodes their text as text), merges in
+the order of the ranks of the tokens they make (merging by merge order is merging by rank), and
+every way of cutting a token into two tokens of the vocabulary listed as a merge: a ranks table
+merges any adjacent pair whose bytes make a token, `tokenizers` only the listed ones. This is
+what converting a tiktoken vocabulary to a tokenizer.json writes (Llama 3's: every cut listed).
+Whatever qualifies is still admitted only through the exactness gate (hf_fast.py), id for id
+against `tokenizers`; a file that fails it there is read by splintr's tokenizer.json reader.
 
 Memory model: the ranks table (about a fifth of the file) while it is built and loaded.
 """
@@ -71,7 +74,10 @@ def ranks_form(parsed: dict[str, Any]) -> tuple[str, bytes] | None:
         return None
     pattern = _pattern(parsed.get("pre_tokenizer"))
     vocab = model.get("vocab")
-    if pattern is None or not isinstance(vocab, dict) or not _merges_follow_ranks(model.get("merges"), vocab):
+    if pattern is None or not isinstance(vocab, dict):
+        return None
+    merges = _merge_pairs(model.get("merges"))
+    if merges is None or not _merges_follow_ranks(merges, vocab) or not _every_cut_listed(set(merges), vocab):
         return None
     decoder = _byte_decoder()
     lines = []
@@ -82,20 +88,38 @@ def ranks_form(parsed: dict[str, Any]) -> tuple[str, bytes] | None:
     return pattern, b"".join(lines)
 
 
-def _merges_follow_ranks(merges: Any, vocab: dict[str, Any]) -> bool:
-    """Each merge makes a token of a rank no lower than the merge before it makes (several
-    merges may make one token: Llama 3's make 128k tokens with 280k merges)."""
+def _merge_pairs(merges: Any) -> list[tuple[str, str]] | None:
+    """The merges as (left, right) pairs ("a b" strings or [a, b] lists), None if malformed."""
     if not isinstance(merges, list):
-        return False
-    last = -1
+        return None
+    pairs = []
     for merge in merges:
         pair = merge.split(" ", 1) if isinstance(merge, str) else merge
-        if not isinstance(pair, list) or len(pair) != 2:
-            return False
-        rank = vocab.get(f"{pair[0]}{pair[1]}")
+        if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
+            return None
+        pairs.append((pair[0], pair[1]))
+    return pairs
+
+
+def _merges_follow_ranks(merges: list[tuple[str, str]], vocab: dict[str, Any]) -> bool:
+    """Each merge makes a token of a rank no lower than the merge before it makes (several
+    merges may make one token: Llama 3's make 128k tokens with 280k merges)."""
+    last = -1
+    for left, right in merges:
+        rank = vocab.get(left + right)
         if not isinstance(rank, int) or rank < last:
             return False
         last = rank
+    return True
+
+
+def _every_cut_listed(merges: set[tuple[str, str]], vocab: dict[str, Any]) -> bool:
+    """Every cut of every token into two tokens of the vocabulary is a listed merge."""
+    for token in vocab:
+        for k in range(1, len(token)):
+            left, right = token[:k], token[k:]
+            if left in vocab and right in vocab and (left, right) not in merges:
+                return False
     return True
 
 

@@ -101,7 +101,7 @@ def init_worker(config: WorkerConfig) -> None:
         tokenizer = inherited
     else:
         tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator,
-                                   gated=True)  # fmt: skip
+                                   gated=True, splintr_form=dict(config.expect).get("splintr_form"))  # fmt: skip
     for (name, want), (_, got) in zip(config.expect, identity_of(tokenizer), strict=False):
         if got != want:
             raise TokenizerError(f"{config.tokenizer}: a worker process loaded a different tokenizer than the main "
