@@ -204,3 +204,22 @@ def test_a_worker_takes_the_form_its_run_admitted(converted, gate_dir, monkeypat
         tok = load_tokenizer(str(converted), "auto", gated=True, splintr_form=form, warn=pytest.fail)
         assert tok.splintr_form == form
         assert_same_ids(tok, converted, TEXTS)
+
+
+def test_a_merge_met_only_inside_a_longer_piece_is_caught(shape_files, tmp_path, gate_dir):  # noqa: F811
+    """A token added with a merge of its own ("Ġh" + "ard" = "Ġhard"): ignore_merges looks every
+    vocabulary word up whole, so only the sample's words run on into a letter ("Ġhardq") reach
+    the merge, where splintr and `tokenizers` part ways (" harder"): caught, and the file falls
+    back to `tokenizers`."""
+    parsed = json.loads(shape_files("llama3").read_bytes())
+    vocab = parsed["model"]["vocab"]
+    assert "Ġh" in vocab and "ard" in vocab and "Ġhard" not in vocab
+    vocab["Ġhard"] = 1 + max([*vocab.values(), *(t["id"] for t in parsed["added_tokens"])])
+    parsed["model"]["merges"].append(["Ġh", "ard"])
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(parsed, ensure_ascii=False), encoding="utf-8")
+    warnings: list[str] = []
+    tok = load_tokenizer(str(path), "auto", warn=warnings.append)
+    assert tok.backend == "tokenizers"
+    assert len(warnings) == 1 and "each run on into a letter" in warnings[0], warnings
+    assert_same_ids(tok, path, [" harder", *TEXTS])

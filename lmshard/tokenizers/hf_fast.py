@@ -24,8 +24,9 @@ The gate for a tokenizer.json has two parts, both against `tokenizers`, id for i
 2. The sample (`hf_sample`), with that routing in place: `gate.sample()` (the tiktoken gate's
    hard text) less its code point texts, the empty text, and, built from the vocabulary itself,
    every added and special token's text (alone, between letters and doubled), letters of blocks
-   Unicode 15 and 16 added, and every token of the vocabulary, decoded, as words of a text: a
-   merge that differs between the two encoders is met at the token it builds.
+   Unicode 15 and 16 added, and every token of the vocabulary, decoded, as words of a text, and
+   again each run on into a letter: a merge that differs between the two encoders is met at the
+   token it builds, also where whole pieces are looked up before any merge (`ignore_merges`).
 
 About 1.5 MB of text for a 128k vocabulary, checked once per installation (1.5-7 s) and
 remembered as the tiktoken gate is (`gate.remember`, `gate.recall`).
@@ -139,8 +140,12 @@ def hf_sample(reference: Tokenizer) -> list[tuple[str, str]]:
     ids = sorted(set(tok.get_vocab(with_added_tokens=False).values()))
     words = tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
     for k in range(0, len(words), _VOCAB_WORDS):
-        texts.append((f"vocabulary tokens {k:,}-{min(k + _VOCAB_WORDS, len(words)) - 1:,}",
-                      " ".join(words[k : k + _VOCAB_WORDS])))  # fmt: skip
+        part = words[k : k + _VOCAB_WORDS]
+        label = f"vocabulary tokens {k:,}-{min(k + _VOCAB_WORDS, len(words)) - 1:,}"
+        texts.append((label, " ".join(part)))
+        # each run on into a letter: a piece the vocabulary does not hold whole, so that its
+        # merges are what encodes it even where whole pieces are looked up first (ignore_merges)
+        texts.append((label + ", each run on into a letter", " ".join(w + "q" for w in part)))
     return texts
 
 
