@@ -184,7 +184,7 @@ def test_resident_training_draws_the_host_runs_batches(trainer, tmp_path, monkey
                           quiet=True))  # fmt: skip
     runs = {}
     for mode in ("off", "on"):
-        args = trainer.parse_args([str(tmp_path / "ds"), "--steps", "4", "--device", "cpu", "--log-every", "1",
+        args = trainer.parse_args([str(tmp_path / "ds"), "--steps", "3", "--device", "cpu", "--log-every", "100",
                                    "--resident", mode, "--report", "r"])  # fmt: skip
         runs[mode] = trainer.train(args, trainer.Ranks(), torch.device("cpu"))
     assert [b["offsets"] for b in runs["on"]["batches"]] == [b["offsets"] for b in runs["off"]["batches"]]
