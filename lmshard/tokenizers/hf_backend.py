@@ -181,6 +181,7 @@ class HFTokenizer(Tokenizer):
     def _json(self) -> dict[str, Any]:
         """The file's JSON, parsed and checked when first asked for."""
         if "json" not in self._lazy:
+            assert self.vocab_file is not None and self.vocab_bytes is not None
             self._lazy["json"] = self._parse(self.vocab_file, self.vocab_bytes)
         return self._lazy["json"]
 
@@ -190,12 +191,14 @@ class HFTokenizer(Tokenizer):
         if "tok" not in self._lazy:
             import tokenizers
 
+            path, data = self.vocab_file, self.vocab_bytes
+            assert path is not None and data is not None
             try:
-                tok = tokenizers.Tokenizer.from_str(self.vocab_bytes.decode("utf-8"))
+                tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # serde's message as a bare Exception, or a Rust panic (PanicException)
-                self._parse(self.vocab_file, self.vocab_bytes)  # not JSON, or no model: that error is the clearer one
+                self._parse(path, data)  # not JSON, or no model: that error is the clearer one
                 raise TokenizerError(f"{self.vocab_file}: not a tokenizer.json this tokenizers version can load "
                                      f"({str(e).splitlines()[0][:200]})") from None  # fmt: skip
             # Text such as "<|endoftext|>" inside a document is ordinary text, never the special
@@ -205,10 +208,6 @@ class HFTokenizer(Tokenizer):
             tok.no_padding()
             self._lazy["tok"] = tok
         return self._lazy["tok"]
-
-    @_tok.setter
-    def _tok(self, value: Any) -> None:
-        self._lazy["tok"] = value
 
     def release(self) -> None:
         """Drop the parsed file (before forking workers: they need splintr's copy only)."""

@@ -240,7 +240,7 @@ def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | Non
             raise TokenizerError(FAST_EXTRA) from None
         return tok
     fast, version = tok.reference(), getattr(splintr, "__version__", "unknown")
-    forms = ("ranks", "json") if _ranks(tok) is not None else ("json",)  # the faster first, if the file has it
+    forms: tuple[str, ...] = ("ranks", "json") if _ranks(tok) is not None else ("json",)  # the faster first
     records, stored = {}, {}
     for form in forms:
         fast.accelerate(_loader(tok, form), version, form)
@@ -251,11 +251,12 @@ def accelerated_hf(spec: str, *, backend: str, warn: Callable[[str], None] | Non
     if stored.get("ranks") is None and (stored["json"] or {}).get("ranks_failed"):
         forms = ("json",)  # the ranks failed the gate where the file's copy passed it: not tried again
     if gated and form_of_run in forms:
-        forms = (form_of_run,)  # the form the run's own gate admitted
+        forms = tuple(f for f in forms if f == form_of_run)  # the form the run's own gate admitted
     for form in forms:
-        if stored[form] is not None:  # passed before: with the code points it routes to tokenizers
+        found = stored[form]
+        if found is not None:  # passed before: with the code points it routes to tokenizers
             fast.accelerate(_loader(tok, form), version, form)
-            fast.route(stored[form].get("routed") or ())
+            fast.route(found.get("routed") or ())
             return _ready(fast, tok, form)
     if gated:  # admitted in this run, but not remembered (a read-only cache; a worker of another form is refused)
         fast.accelerate(_loader(tok, forms[0]), version, forms[0])
