@@ -27,13 +27,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tokenizers import ENV, LMSHARD, REAL_VOCABULARIES, prepare, raw_rate, real_vocabulary, write_jsonl  # noqa: E402
-from benchlib import load, load_texts, machine, update_performance_md  # noqa: E402
+from benchlib import load, load_texts, machine, run_measuring_memory, update_performance_md  # noqa: E402
 
 
 def texts_of(mb: float) -> list[str]:
@@ -46,51 +45,10 @@ def texts_of(mb: float) -> list[str]:
     return out
 
 
-def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    found, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        found.append(p)
-        stack.extend(children.get(p, []))
-    return found
-
-
-def _kb(path: str, field: str) -> int:
-    try:
-        with open(path) as f:
-            return next(int(line.split()[1]) for line in f if line.startswith(field))
-    except (OSError, StopIteration):
-        return 0
-
-
 def tree_memory(cmd: list[str]) -> tuple[float, float]:
     """(peak summed VmRSS, peak summed PSS) in MB of a command's process tree."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peaks = [0, 0]
-
-    def sample() -> None:
-        while proc.poll() is None:
-            pids = _tree(proc.pid)
-            rss = sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
-            pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
-            peaks[0], peaks[1] = max(peaks[0], rss), max(peaks[1], pss)
-            time.sleep(0.05)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    _, err = proc.communicate()
-    t.join()
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
-    return peaks[0] / 1024, peaks[1] / 1024
+    _, _, rss, pss = run_measuring_memory(cmd, env=ENV)
+    return rss / 2**20, pss / 2**20
 
 
 def wall(cmd: list[str]) -> float:

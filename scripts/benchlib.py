@@ -61,8 +61,17 @@ def write_repeated(path: Path, copies: int) -> Path:
     return path
 
 
-def _tree_rss(pid: int) -> tuple[int, int]:
-    """(RSS of pid, RSS of pid and all its descendants) in bytes, from /proc."""
+def _pss(pid: int) -> int:
+    """A process's PSS in bytes: its pages, each shared one split between its sharers."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def _tree_rss(pid: int, pss: bool = False) -> tuple[int, int, int]:
+    """(RSS of pid, RSS of pid and all its descendants, their PSS with `pss`, else 0) in bytes, from /proc."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -75,24 +84,34 @@ def _tree_rss(pid: int) -> tuple[int, int]:
             rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, IndexError, ValueError):
             continue
-    total, stack = 0, [pid]
+    total, shared, stack = 0, 0, [pid]
     while stack:
         p = stack.pop()
         total += rss.get(p, 0)
+        shared += _pss(p) if pss else 0
         stack.extend(children.get(p, []))
-    return rss.get(pid, 0), total
+    return rss.get(pid, 0), total, shared
 
 
 def run_measuring_rss(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
     """Run a command; return (seconds, peak RSS of the main process, peak RSS of its tree)."""
+    seconds, main, tree, _ = run_measuring_memory(cmd, env, pss=False)
+    return seconds, main, tree
+
+
+def run_measuring_memory(cmd: list[str], env: dict[str, str] | None = None,
+                         pss: bool = True) -> tuple[float, int, int, int]:  # fmt: skip
+    """Run a command; return (seconds, peak RSS of the main process, peak of its tree's summed
+    RSS (each process counts the pages it shares: an upper bound), peak of its tree's PSS (0
+    without `pss`)), sampled every 50 ms."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peaks = [0, 0]
+    peaks = [0, 0, 0]
 
     def sample() -> None:
         while proc.poll() is None:
-            main, tree = _tree_rss(proc.pid)
-            peaks[0], peaks[1] = max(peaks[0], main), max(peaks[1], tree)
+            now = _tree_rss(proc.pid, pss)
+            peaks[:] = [max(a, b) for a, b in zip(peaks, now, strict=True)]
             time.sleep(0.05)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -101,7 +120,7 @@ def run_measuring_rss(cmd: list[str], env: dict[str, str] | None = None) -> tupl
     t.join()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
-    return time.perf_counter() - start, peaks[0], peaks[1]
+    return time.perf_counter() - start, peaks[0], peaks[1], peaks[2]
 
 
 def machine() -> str:
