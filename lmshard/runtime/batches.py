@@ -8,11 +8,14 @@ On CUDA (or whenever `staged` is set, which is how the test suite runs this path
 a ring of pinned host buffers is allocated once; each batch is read into one, copied with
 `non_blocking=True` on a side stream, and widened on the device; the next batch's host copy is
 started before the current batch is returned (`prefetch`).
+Over a resident split (runtime/resident.py) only the rows' offsets leave the host: the device
+gathers x and y from its copy of the split and widens them there.
 
 Memory model: on CUDA, `ring` host buffers of batch_size × (seq_len + max shift) int32; on the
 CPU one uint32 gather per batch, freed when the batch is built (or, where rows are read rather
-than gathered from a map, one scratch buffer of that size, reused). Nothing accumulates while
-iterating besides the batches the caller holds.
+than gathered from a map, one scratch buffer of that size, reused); over a resident split, the
+batch's index and output tensors on the device. Nothing accumulates while iterating besides the
+batches the caller holds.
 """
 
 from __future__ import annotations
