@@ -34,7 +34,7 @@ from ..errors import ArgumentError, ConfigError
 from ..packing import io as packing_io
 from . import checks, growth
 from .batches import resolve_rank
-from .packedbatch import PackedBatch, collate_packed
+from .packedbatch import PackedBatch, collate_packed, row_segments
 from .resident import send, stream_device
 from .sampling import step_rng
 from .schedule import parse_order
@@ -182,10 +182,7 @@ def build_rows(starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray, T: i
     seg_start[padded * T + real[padded]] = padded * T + real[padded]  # the padding is a segment too
     np.maximum.accumulate(seg_start, out=seg_start)
     position = np.arange(len(ids), dtype=np.int64) - seg_start
-    segments = []
-    for r in range(n_rows):
-        mine = np.concatenate([[0], np.cumsum(lengths[row == r])])
-        segments.append((np.append(mine, T) if real[r] < T else mine).astype(np.int32))
+    segments = row_segments(lengths, counts, real, T)
     return {"input_ids": torch.from_numpy(ids.reshape(n_rows, T)), "labels": torch.from_numpy(label_rows),
             "position_ids": torch.from_numpy(position.reshape(n_rows, T)), "length": real,
             "segments": segments}  # fmt: skip

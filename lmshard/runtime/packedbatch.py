@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import ArgumentError
@@ -92,4 +93,15 @@ def collate_packed(samples: Sequence[Mapping[str, Any]], padding_free: bool = Fa
     cu_all = torch.cat(cus)
     out["cu_seqlens"] = cu_all
     out["max_seqlen"] = int((cu_all[1:] - cu_all[:-1]).max())
+    return out
+
+
+def row_segments(lengths: np.ndarray, counts: np.ndarray, real: np.ndarray, T: int) -> list[np.ndarray]:
+    """Each row's segment boundaries (int32): 0 and its items' running lengths (`counts` items
+    a row, in row order), then T when padding fills the row's end (`real` tokens < T)."""
+    out = []
+    for mine, used in zip(np.split(np.asarray(lengths), np.cumsum(counts)[:-1]), np.asarray(real).tolist(),
+                          strict=True):  # fmt: skip
+        cuts = np.concatenate([[0], np.cumsum(mine)])
+        out.append((np.append(cuts, T) if used < T else cuts).astype(np.int32))
     return out

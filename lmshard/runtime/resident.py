@@ -36,6 +36,7 @@ import torch
 from ..errors import ArgumentError
 from ..format.bitpack import pack
 from . import checks
+from .packedbatch import row_segments
 
 CHUNK = 1 << 22  # tokens uploaded at a time: a multiple of 32, so each packed chunk starts on a word
 
@@ -170,10 +171,7 @@ class Resident:
         row_of, col = p // T, p % T
         labels.masked_fill_(col >= real_d[row_of], ignore)
         position = torch.where(inside, off, col - real_d[row_of])
-        segments = []
-        for r in range(n_rows):
-            mine = np.concatenate([[0], np.cumsum(lengths[row == r])])
-            segments.append((np.append(mine, T) if real[r] < T else mine).astype(np.int32))
+        segments = row_segments(lengths, counts, real, T)
         return {"input_ids": ids.view(n_rows, T), "labels": labels.view(n_rows, T),
                 "position_ids": position.view(n_rows, T), "length": real, "segments": segments}  # fmt: skip
 
