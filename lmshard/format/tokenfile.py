@@ -199,9 +199,14 @@ class TokenFile:
         reach = np.arange(int((last - first).max()) + 1)
         needed = np.unique(np.minimum(first[:, None] + reach, last[:, None])).tolist()
         sizes = [self.block_tokens(b) * enc.width for b in needed]
+        if self._bytes is not None and self.offsets is not None:  # mapped: each frame a slice of the map
+            spans = self.offsets[np.asarray(needed)[:, None] + [0, 1]].tolist()
+            frames = [self._bytes[lo:hi] for lo, hi in spans]
+        else:
+            frames = [self.stored_block(b) for b in needed]
         try:  # every block once, in order, into one buffer of narrow ids (no cache: random rows rarely meet)
-            raw = b"".join([self._decompressor.decompress(self.stored_block(b), max_output_size=n)
-                            for b, n in zip(needed, sizes, strict=True)])  # fmt: skip
+            decompress = self._decompressor.decompress
+            raw = b"".join([decompress(f, max_output_size=n) for f, n in zip(frames, sizes, strict=True)])
         except Exception:  # (a damaged frame: found and named below)
             raw = b""
         if len(raw) != sum(sizes):  # block by block: a damaged one is named, one without a content size decodes
