@@ -201,7 +201,7 @@ class TokenFile:
         sizes = [self.block_tokens(b) * enc.width for b in needed]
         if self._bytes is not None and self.offsets is not None:  # mapped: each frame a slice of the map
             spans = self.offsets[np.asarray(needed)[:, None] + [0, 1]].tolist()
-            frames = [self._bytes[lo:hi] for lo, hi in spans]
+            frames: list[bytes | memoryview] = [self._bytes[lo:hi] for lo, hi in spans]
         else:
             frames = [self.stored_block(b) for b in needed]
         try:  # every block once, in order, into one buffer of narrow ids (no cache: random rows rarely meet)
