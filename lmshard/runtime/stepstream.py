@@ -36,6 +36,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
     device: torch.device
     kind = "stream"
     _ahead: Lookahead | None = None
+    _res: Any = None  # the split on the device (runtime/resident.py), for streams that build rows there
     schedule: Any  # (row-order streams: packed, packed mixtures) the run's batch sizes by step
     _given: Any
     _scheduled: bool
@@ -58,7 +59,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
     def _served(self, step: int, stride: int = 1) -> PackedBatch:
         """`batch(step)`, the store told the reads of the steps after it first (lookahead.py);
         over a resident split (runtime/resident.py) nothing is read from the store."""
-        if getattr(self, "_res", None) is not None:
+        if self._res is not None:
             return self.batch(step)
         ahead = self._ahead
         if ahead is None:
@@ -180,10 +181,9 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         state.update({k: mine[k] for k in ("global_batch_size", "schedule") if k in mine})
 
     def _finish(self, out: PackedBatch, step: int) -> PackedBatch:
-        res = getattr(self, "_res", None)
         for k, v in out.items():
             if isinstance(v, torch.Tensor) and v.device != self.device:  # (a resident copy's: without a wait)
-                out[k] = v.to(self.device) if res is None else res.send(v)
+                out[k] = v.to(self.device) if self._res is None else self._res.send(v)
         out.step = self._reported(step)
         return self._augmented(out, out.step)
 
@@ -195,7 +195,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         """Itself; inside a worker w of W of `DataLoader(stream, batch_size=None)`: steps w,
         w+W, ... from the current step, which the loader interleaves back into step order."""
         info = torch.utils.data.get_worker_info()
-        no_workers(getattr(self, "_res", None))
+        no_workers(self._res)
         if info is None:
             return self
         return self._worker_steps(info.id, info.num_workers)

@@ -24,7 +24,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..format import atomic_write_bytes
 from . import gate
 
 
@@ -40,76 +40,56 @@ def _entry(kind: str, *parts: str) -> Path:
     return gate.gate_dir() / "hf" / f"{kind}-{key[:32]}"
 
 
+@functools.cache
 def source_sha256(path: str | os.PathLike[str]) -> str:
+    """A source file's sha256, read once per process (what an entry's key names of its code)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _write(path: Path, data: bytes) -> None:
-    """`data` at `path`, whole or not at all (a temporary file renamed); OSError ignored."""
-    tmp = None
+def _remembered(kind: str, parts: tuple[str, ...], compute: Callable[[], bytes],
+                usable: Callable[[bytes], bool] = lambda body: True) -> bytes:  # fmt: skip
+    """The entry's bytes (stored after their own sha256 line) when whole and `usable`, else
+    `compute()`d and stored, whole or not at all (a cache that cannot be written is left be)."""
+    path = _entry(kind, *parts)
     try:
+        head, _, body = path.read_bytes().partition(b"\n")
+        if head == hashlib.sha256(body).hexdigest().encode() and usable(body):
+            return body
+    except OSError:
+        pass
+    body = compute()
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        atomic_write_bytes(path, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    return body
 
 
-def _stored(path: Path) -> bytes | None:
-    """An entry's payload after its own sha256 line, or None if it is missing or damaged."""
+def _json_object(body: bytes) -> bool:
     try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    head, _, body = raw.partition(b"\n")
-    return body if head == hashlib.sha256(body).hexdigest().encode() else None
-
-
-def _store(path: Path, body: bytes) -> None:
-    _write(path, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        return isinstance(json.loads(body), dict)
+    except ValueError:
+        return False
 
 
 def facts(parts: tuple[str, ...], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The vocabulary's facts under `parts` (file sha256, tokenizers version, code sha256),
     remembered, or `compute()`d and remembered."""
-    path = _entry("facts", *parts)
-    body = _stored(path)
-    if body is not None:
-        try:
-            found = json.loads(body)
-        except ValueError:
-            found = None
-        if isinstance(found, dict):
-            return found
-    found = compute()
-    _store(path, json.dumps(found, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-    return found
+    body = _remembered("facts", parts, lambda: json.dumps(compute(), ensure_ascii=False, sort_keys=True).encode(),
+                       _json_object)  # fmt: skip
+    return dict(json.loads(body))
 
 
 def payload(parts: tuple[str, ...], compute: Callable[[], bytes]) -> bytes:
     """Bytes under `parts` (what they are, the file's sha256, the sha256 of the code that makes
     them), remembered, or `compute()`d and remembered."""
-    path = _entry("bytes", *parts)
-    body = _stored(path)
-    if body is None:
-        body = compute()
-        _store(path, body)
-    return body
+    return _remembered("bytes", parts, compute)
 
 
 def bool_table(parts: tuple[str, ...], size: int, compute: Callable[[], np.ndarray]) -> np.ndarray:
     """A bool array of `size` under `parts`, remembered packed, or `compute()`d and remembered."""
-    path = _entry("table", *parts)
-    body = _stored(path)
-    if body is not None and len(body) == (size + 7) // 8:
-        return np.unpackbits(np.frombuffer(body, dtype=np.uint8), count=size).astype(bool)
-    table = compute()
-    _store(path, np.packbits(table).tobytes())
-    return table
+    body = _remembered("table", parts, lambda: np.packbits(compute()).tobytes(),
+                       lambda body: len(body) == (size + 7) // 8)  # fmt: skip
+    return np.unpackbits(np.frombuffer(body, dtype=np.uint8), count=size).astype(bool)
 
 
 @functools.cache

@@ -45,8 +45,9 @@ from ..documents.worker import (
 )
 from ..output.build import Build
 from ..output.rowfiles import RowFiles
+from .itempool import start_sharing
 from .nearpass import attach, first_pass
-from .pool import OrderedPool, start_method
+from .pool import OrderedPool
 
 T = TypeVar("T")
 # What starting the pool costs, in seconds of this process's own work it must save to pay off
@@ -125,10 +126,7 @@ def early_pool(n: int, sources: list[Source], tokenizer: Tokenizer) -> OrderedPo
     total = input_bytes(sources)
     if n < 2 or (total is not None and total < EARLY_POOL_BYTES and POOL_START_SECONDS > 0):
         return None
-    if start_method() != "fork":
-        return None
-    tokenizer.load_for_forks()  # (splintr's tables of a tokenizer.json: shared, not loaded per worker)
-    if start_method() != "fork":  # the load started a thread after all: spawned workers load their own
+    if start_sharing(tokenizer) != "fork":
         return None
     share_with_forks(tokenizer)
     try:

@@ -35,12 +35,19 @@ BATCHES_PER_WORKER = 2  # the later stages' items go to the workers in this many
 _here: dict[str, Any] = {}  # what forked workers inherit: the run
 
 
+def start_sharing(tokenizer: Any) -> str:
+    """`start_method()`, after the tokenizer loaded for the forks what its first encode would
+    (`Tokenizer.load_for_forks`: splintr's tables of a tokenizer.json) where they will fork:
+    checked again after it, in case the load started a thread (then they are spawned)."""
+    if start_method() == "fork":
+        tokenizer.load_for_forks()
+    return start_method()
+
+
 @contextlib.contextmanager
 def item_pool(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
-    if start_method() == "fork":  # splintr's tables of a tokenizer.json, shared by the forks, not loaded by each
-        r.tokenizer.load_for_forks()
-    method = start_method()  # fork only where it is safe (still, after that load): the workers inherit the tokenizer
+    method = start_sharing(r.tokenizer)  # fork only where it is safe: then the workers inherit the tokenizer
     _here["run"] = r
     start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
