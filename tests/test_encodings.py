@@ -62,7 +62,8 @@ def _check_decodes(sets: dict[str, Path], encoding: str) -> None:
     ref, root = load_metadata(sets["uint32"]), load_metadata(sets[encoding])
     assert root.encoding.name == encoding and ref.encoding.name == "uint32"
     raw = json.loads((sets[encoding] / "dataset_metadata.json").read_text())
-    assert raw["format_version"] == 2 and raw["encoding"]["name"] == encoding
+    # (zstd with the dictionary it trains is version 3)
+    assert raw["format_version"] == (3 if "dictionary" in raw["encoding"] else 2) and raw["encoding"]["name"] == encoding
     assert json.loads((sets["uint32"] / "dataset_metadata.json").read_text())["format_version"] == 1
     assert [s.n_tokens for s in root.shards] == [s.n_tokens for s in ref.shards] and len(ref.shards) > 2
     rng = np.random.default_rng(0)
@@ -247,8 +248,9 @@ def test_a_damaged_zstd_block_stops_the_loader_naming_shard_and_block(tmp_path):
         ds.store.read_rows(starts, np.empty((1, 100), np.uint32))
 
 
-def test_version_2_metadata_is_held_to_its_encoding(gpt2_sets, tmp_path):
+def test_version_2_and_3_metadata_is_held_to_its_encoding(gpt2_sets, tmp_path):
     raw = json.loads((gpt2_sets["zstd"] / "dataset_metadata.json").read_text())
+    assert raw["format_version"] == 3 and "dictionary" in raw["encoding"]
 
     def refused(edit, match: str) -> None:
         doc = json.loads(json.dumps(raw))
@@ -264,8 +266,13 @@ def test_version_2_metadata_is_held_to_its_encoding(gpt2_sets, tmp_path):
     refused(lambda d: shard(d).pop("blocks_path"), "'blocks_path' is missing")
     refused(lambda d: shard(d).pop("sums_path"), "'sums_path' is missing")
     refused(lambda d: d.update(format_version=1), "belong to format version 2")
-    refused(lambda d: d["encoding"].update(name="uint32"), "format version 2 with encoding 'uint32'")
-    refused(lambda d: d.update(format_version=3), "this lmshard reads 1 and 2")
+    refused(lambda d: d["encoding"].update(name="uint32"), "format version 3 with encoding 'uint32'")
+    refused(lambda d: d["encoding"].pop("dictionary"), "format version 3 with encoding 'zstd'")
+    refused(lambda d: d.update(format_version=2), "format version 2 with encoding 'zstd'")
+    refused(lambda d: d.update(format_version=4), "this lmshard reads 1 to 3")
+    refused(lambda d: d["encoding"]["dictionary"].update(sha256="0" * 64), "does not match its size and sha256")
+    refused(lambda d: d["encoding"]["dictionary"].update(base64="*"), "is not base64")
+    refused(lambda d: d["encoding"].update(dictionary=[]), "'dictionary' is not an object")
     refused(lambda d: d["encoding"].update(name="lz9"), "not one of uint32, uint16, packed, zstd")
     refused(lambda d: d["encoding"].update(width=1), "'width' 1 cannot hold")
     refused(lambda d: d.update(dtype="uint16"), "is not uint32/little")
@@ -323,10 +330,11 @@ def test_a_frame_header_claiming_a_huge_size_is_named_not_a_memory_error(tmp_pat
     data[int(offsets[2]) + 4] ^= 0x80  # the frame header's descriptor: an 8-byte content size follows
     (out / shard.path).write_bytes(bytes(data))
     ds = TokenDataset(out)
+    every = ds.meta.encoding.block_tokens
     with pytest.raises(FormatError, match=r"block 2 \(tokens"):
-        ds.tokens(2 * 1024 + 10, 50)
+        ds.tokens(2 * every + 10, 50)
     with pytest.raises(FormatError, match=r"block 2 \(tokens"):
-        ds.store.read_rows(np.array([2 * 1024 + 10, 5]), np.empty((2, 100), np.uint32))
+        ds.store.read_rows(np.array([2 * every + 10, 5]), np.empty((2, 100), np.uint32))
     code, text = _cli("inspect", str(out))
     assert code == 3 and "block 2" in text, text
 

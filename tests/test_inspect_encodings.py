@@ -9,6 +9,7 @@ each id `width` little-endian bytes), and each block's xxh3-64 computed here.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -58,8 +59,12 @@ def decode_file(root: Path, entry: dict, encoding: dict | None) -> np.ndarray:
 
     offsets = np.fromfile(root / entry["blocks_path"], dtype="<u8")
     width, parts = encoding["width"], []
+    # format version 3: every frame compressed with the dictionary the metadata holds (base64)
+    held = encoding.get("dictionary")
+    dictionary = zstandard.ZstdCompressionDict(base64.b64decode(held["base64"])) if held else None
     for lo, hi in zip(offsets[:-1], offsets[1:], strict=True):
-        data = np.frombuffer(zstandard.ZstdDecompressor().decompress(raw[lo:hi]), dtype=np.uint8).reshape(-1, width)
+        frame = zstandard.ZstdDecompressor(dict_data=dictionary).decompress(raw[lo:hi])
+        data = np.frombuffer(frame, dtype=np.uint8).reshape(-1, width)
         wide = np.zeros((len(data), 4), dtype=np.uint8)
         wide[:, :width] = data
         parts.append(wide.view("<u4").reshape(-1))
@@ -121,7 +126,7 @@ def test_every_encoding_decodes_to_the_uint32_tokens_and_verifies(gpt2, name):
     root, meta = gpt2[name], metadata(gpt2[name])
     encoding = meta.get("encoding")
     assert (encoding or {"name": "uint32"})["name"] == name
-    assert meta["format_version"] == (1 if name == "uint32" else 2)
+    assert meta["format_version"] == (1 if name == "uint32" else 3 if name == "zstd" else 2)
     truth = {s["path"]: np.fromfile(gpt2["uint32"] / s["path"], dtype="<u4") for s in shard_entries(gpt2["uint32"])}
     for entry in shard_entries(root):
         assert np.array_equal(decode_file(root, entry, encoding), truth[entry["path"]]), entry["path"]

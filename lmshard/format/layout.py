@@ -27,7 +27,7 @@ import numpy as np
 T = TypeVar("T")
 
 FORMAT_NAME = "lmshard"
-FORMAT_VERSION = 2  # the newest version written: 1 for uint32 shards, 2 for the other encodings
+FORMAT_VERSION = 3  # the newest version written: 1 for uint32 shards, 3 for zstd with a dictionary, else 2
 TOKEN_DTYPE = np.dtype("<u4")  # uint32 holds any vocabulary up to 4.29e9 ids; no uint16 overflow
 INDEX_DTYPE = np.dtype("<u8")  # document start offsets in tokens, plus the shard's end
 METADATA_FILE = "dataset_metadata.json"

@@ -300,12 +300,13 @@ class DatasetMeta:
     def parse(cls, root: Path, raw: dict[str, Any]) -> DatasetMeta:
         """Validate a metadata mapping (see the module docstring for what is strict)."""
         version = _get(raw, "format_version", int)
-        if version not in (1, FORMAT_VERSION):
-            raise _Invalid(f"format version {version!r}, this lmshard reads 1 and {FORMAT_VERSION}")
+        if version not in range(1, FORMAT_VERSION + 1):
+            raise _Invalid(f"format version {version!r}, this lmshard reads 1 to {FORMAT_VERSION}")
         tokenizer = TokenizerInfo.parse(raw.get("tokenizer"))
         encoding = Encoding.parse(raw.get("encoding"), tokenizer.n_vocab) if version > 1 else UINT32
         if encoding.version != version:
-            raise _Invalid(f"format version {version} with encoding {encoding.name!r} (uint32 is version 1)")
+            raise _Invalid(f"format version {version} with encoding {encoding.name!r} (uint32 is version 1, zstd "
+                           "with a dictionary 3)")  # fmt: skip
         if raw.get("dtype") != encoding.dtype or raw.get("byte_order") != BYTE_ORDER:
             raise _Invalid(f"dtype {raw.get('dtype')!r}/{raw.get('byte_order')!r} is not "
                            f"{encoding.dtype}/{BYTE_ORDER}")  # fmt: skip

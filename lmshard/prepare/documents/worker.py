@@ -278,6 +278,12 @@ def records_of(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Reco
     return _records(item, config)
 
 
+def parsed_records(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]]:
+    """(source index, record) for every record of the item as parsed, before --on-error settles a
+    bad one (a bad record has no text)."""
+    return _parsed(item, config)
+
+
 def _records(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]]:
     """(source index, settled record) for every record of the item, in input order."""
     for s, record in _parsed(item, config):

@@ -30,6 +30,7 @@ from ..config import PrepareConfig
 from ..documents.sources import Source, note_growth
 from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim
+from ..output.dictfile import DICT_FILE, run_encoding
 from ..output.staging import OutputPaths, commit, read_run
 from .barrier import is_complete, read_summary
 from .layout import add_totals
@@ -50,7 +51,8 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     for k in range(len(layout["pieces"])) if len(sealed) < len(layout["pieces"]) else ():
         if str(k) not in sealed and not (work / "write" / f"piece_{k:06d}.json").exists():
             # written, but not sealed by a write task (one killed after its parts)
-            seal_piece(work, paths.staging, layout, k, config.encoding(tokenizer.n_vocab, previous), take_over=True)
+            seal_piece(work, paths.staging, layout, k, run_encoding(config, tokenizer.n_vocab, previous, paths.staging),
+                       take_over=True)  # fmt: skip
     missing = [] if is_complete(work, "write") else missing_parts(work, layout)
     if missing:
         tasks = sorted({layout.task_of_part(p) for p in missing})
@@ -89,6 +91,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
+    (paths.staging / DICT_FILE).unlink(missing_ok=True)  # (the metadata holds it)
     commit(paths)
     remove_work(work)
     warn_empty_val(meta)

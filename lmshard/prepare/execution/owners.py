@@ -64,10 +64,12 @@ from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source
 from ..output.claim import Claim, claim_output, write_run
+from ..output.dictfile import make as make_dictionary
 from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
 from .barrier import is_complete, task_finished, task_marked
 from .layoutfiles import Layout
+from .runplan import worker_config
 from .unitfiles import section_of, sections_of
 
 
@@ -88,6 +90,8 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
         if claim.previous is not None:  # --append: the dataset's files, linked in (the new ones are numbered after)
             link_previous(claim.previous, paths.out, paths.staging)
         write_run(paths.staging, claim, None)
+        if claim.previous is None:
+            make_dictionary(config, paths.staging, sources, tokenizer, worker_config(config, sources, tokenizer))
     return claim
 
 

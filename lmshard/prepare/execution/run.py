@@ -12,6 +12,7 @@ task's duplicates (8 bytes each).
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..config import PrepareConfig
 from ..documents.worker import WorkerConfig
 from ..output.build import Totals
 from ..output.claim import bos_written
+from ..output.dictfile import run_encoding
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
 from .buckets import groups_of, resolve
@@ -81,7 +83,6 @@ class Run(Reads):
     _dups: tuple[int, Any] | None = None  # (task, its documents' duplicates): read once per select task
     _repeats: tuple[int, Any] | None = None  # (task, its lines met before): read once per tokenize task
     _paths: OutputPaths | None = None
-    _encoding: Encoding | None = None
 
     @classmethod
     def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
@@ -100,12 +101,10 @@ class Run(Reads):
     def stages(self) -> tuple[str, ...]:
         return run_stages(self.config)
 
-    @property
+    @functools.cached_property
     def encoding(self) -> Encoding:
         """The shards' encoding: the option's, or with --append the dataset's own; found once."""
-        if self._encoding is None:
-            self._encoding = self.config.encoding(self.tokenizer.n_vocab, self.previous_meta())
-        return self._encoding
+        return run_encoding(self.config, self.tokenizer.n_vocab, self.previous_meta(), self.paths.staging)
 
     @property
     def bos(self) -> int | None:

@@ -39,6 +39,7 @@ from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
 from ..documents.worker import DECODE_REPLACED, DROP_CHARS, LINE_DROP
 from ..stops import STOP_SIGNALS
+from .dictfile import run_encoding
 from .rowfiles import KEY_DTYPE, SIG_DTYPE, RowFiles, read_rows
 from .writer import ShardWriter
 
@@ -138,7 +139,7 @@ class Build:
               checkpoint: dict[str, Any] | None, n_vocab: int) -> Build:  # fmt: skip
         """A new build on top of `previous` (or nothing), or the one `checkpoint` recorded."""
         first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
-        encoding = config.encoding(n_vocab, previous)
+        encoding = run_encoding(config, n_vocab, previous, root)
         writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding, provenance=True)
                    for s in SPLITS}  # fmt: skip
         base = Totals.of_dataset(previous) if previous else Totals()

@@ -21,6 +21,8 @@ from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS, Source, Sources
 from ..documents.worker import DECODE_REPLACED, LINE_DROP
 from .build import NOT_DROPS, NOT_REASONS, Totals
 from .claim import Claim, bos_written
+from .dictfile import run_encoding
+from .staging import OutputPaths
 
 
 def warn_empty_val(meta: DatasetMeta) -> None:
@@ -48,7 +50,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
     previous = claim.previous
     if previous is not None:
         recorded["inputs"] = [*previous.config.get("inputs", []), *recorded["inputs"]]
-    encoding = config.encoding(tokenizer.n_vocab, previous)
+    encoding = run_encoding(config, tokenizer.n_vocab, previous, OutputPaths.of(config.out).staging)
     recorded["shard_encoding"] = encoding.name  # (after --append: the dataset's, which the run kept)
     new_sources = tuple(source_info(s, totals.per_source.get(i, Counter()), hf) for i, s in enumerate(sources))
     return DatasetMeta(
