@@ -161,6 +161,9 @@ def convert(
                             "empty)."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete and verified."),  # fmt: skip
+    dictionary: bool = typer.Option(True, "--dictionary/--no-dictionary", help="zstd: compress every frame with a "
+                                    "dictionary trained from the train split (the default; smaller), or without one "
+                                    "(as lmshard wrote zstd before format version 3)."),  # fmt: skip
 ) -> None:
     """Rewrite a dataset's shards in another encoding, checked token for token against the source.
 
@@ -168,7 +171,7 @@ def convert(
     from ..inspect.verify import bytes_per_token
     from ..interop.convert import convert_dataset
 
-    result = convert_dataset(dataset, to, out, overwrite=overwrite)
+    result = convert_dataset(dataset, to, out, overwrite=overwrite, dictionary=dictionary)
     meta, source = result.meta, result.source
     before, after = bytes_per_token(source) or 0, bytes_per_token(meta) or 0
     render.out.print(

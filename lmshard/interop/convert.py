@@ -50,6 +50,7 @@ from ..format import (
     file_xxh3,
     load_metadata,
 )
+from ..format.dictionary import spread, train
 from ..format.layout import INDEX_DTYPE, TOKEN_DTYPE
 from ..format.sealing import seal_encoded, shard_entry
 from ..format.tokenfile import TokenFile
@@ -69,8 +70,11 @@ class ConvertResult:
 
 
 def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *,
-                    overwrite: bool = False) -> ConvertResult:  # fmt: skip
+                    overwrite: bool = False, dictionary: bool = True) -> ConvertResult:  # fmt: skip
     """Write the dataset at `dataset` to `out` with its shards in encoding `to`, verified.
+    zstd frames are compressed with a dictionary trained from the train split's tokens (evenly
+    spaced runs of it: format/dictionary.py), or without one when `dictionary` is False (as
+    datasets before format version 3 were).
 
         convert_dataset("data/owt", "zstd", "data/owt_zstd")
 
@@ -83,7 +87,7 @@ def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.Path
     if not Path(dataset).is_dir():
         raise ConfigError(f"{dataset}: no such directory")
     meta = load_metadata(dataset)
-    encoding = _target(to, meta)
+    encoding = _target(to, meta, dictionary)
     for shard in meta.shards:
         check_shard_files(meta.root, shard)
     with staged_output(out, overwrite, [meta.root], flag="--overwrite") as staging:
@@ -102,9 +106,20 @@ def convert_dataset(dataset: str | os.PathLike[str], to: str, out: str | os.Path
     return ConvertResult(dataclasses.replace(new, root=Path(os.path.realpath(out))), meta)
 
 
-def _target(to: str, meta: DatasetMeta) -> Encoding:
-    """The encoding `to` for the dataset's vocabulary; ConfigError naming --to."""
-    return Encoding.choose(to, meta.tokenizer.n_vocab, flag="--to")
+def _target(to: str, meta: DatasetMeta, dictionary: bool) -> Encoding:
+    """The encoding `to` for the dataset's vocabulary, zstd with its dictionary; ConfigError
+    naming --to."""
+    encoding = Encoding.choose(to, meta.tokenizer.n_vocab, flag="--to")
+    if not encoding.compressed or not dictionary:
+        return encoding
+    train_tokens = sum(s.n_tokens for s in meta.split_shards("train"))
+    sample = np.zeros(0, np.uint32)
+    if train_tokens:
+        from ..runtime.dataset import TokenDataset
+
+        ds = TokenDataset(meta.root, "train")
+        sample = np.concatenate([np.asarray(ds.tokens(offset, n), np.uint32) for offset, n in spread(ds.n_tokens)])
+    return encoding.with_dictionary(train(sample, encoding))
 
 
 def _copy_small_files(meta: DatasetMeta, staging: Path) -> None:
