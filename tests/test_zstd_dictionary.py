@@ -65,7 +65,7 @@ def test_training_is_deterministic_across_processes():
 def test_spread_runs_are_evenly_spaced_and_inside_the_stream():
     runs = spread(10_000_000)
     assert len(runs) == 16 and runs[0][0] == 0 and runs[-1][0] + runs[-1][1] == 10_000_000
-    assert all(b[0] - a[0] == pytest.approx((10_000_000 - runs[0][1]) / 15, abs=1) for a, b in zip(runs, runs[1:]))
+    assert all(b[0] - a[0] == pytest.approx((10_000_000 - runs[0][1]) / 15, abs=1) for a, b in zip(runs, runs[1:], strict=False))
     assert spread(1000) == [(0, 1000)] and spread(0) == []
 
 
@@ -101,15 +101,17 @@ def test_a_version_2_dataset_reads_and_is_extended_as_it_is(tmp_path, corpus, mo
         m.setattr(dictfile, "train", lambda tokens, encoding: None)
         old = _prepare(tmp_path / "old", corpus[:2])
     raw = _raw(old)
-    assert raw["format_version"] == 2 and "dictionary" not in raw["encoding"] and raw["encoding"]["block_tokens"] == 1024
+    assert raw["format_version"] == 2 and "dictionary" not in raw["encoding"]
+    assert raw["encoding"]["block_tokens"] == 1024
     truth = _prepare(tmp_path / "truth", corpus, None)
     prepare(PrepareConfig(inputs=[str(corpus[2])], out=str(old), append=True, workers=2, val_fraction=0.1,
                           tokens_per_shard=40_000, quiet=True))  # fmt: skip
     assert _raw(old)["encoding"] == raw["encoding"] and _raw(old)["format_version"] == 2
     for split in ("train", "val"):
         assert np.array_equal(_tokens(old, split), _tokens(truth, split))
-    from lmshard.cli import app
     from typer.testing import CliRunner
+
+    from lmshard.cli import app
 
     result = CliRunner().invoke(app, ["inspect", str(old)])
     assert result.exit_code == 0 and "verified" in result.output, result.output
@@ -131,8 +133,8 @@ def test_small_and_stdin_inputs_have_no_dictionary(tmp_path, corpus):
     assert _raw(out)["format_version"] == 2 and "dictionary" not in _raw(out)["encoding"]
     assert np.array_equal(_tokens(out), _tokens(_prepare(tmp_path / "tiny32", [tiny], None)))
     exe = Path(sys.executable).with_name("lmshard")
-    piped = subprocess.run([str(exe), "prepare", "-", "--out", str(tmp_path / "piped"), "--shard-encoding", "zstd",
-                            "--quiet"], input=corpus[0].read_text(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    args = [str(exe), "prepare", "-", "--out", str(tmp_path / "piped"), "--shard-encoding", "zstd", "--quiet"]
+    piped = subprocess.run(args, input=corpus[0].read_text(), capture_output=True, text=True, timeout=300)
     assert piped.returncode == 0, piped.stderr
     assert "dictionary" not in _raw(tmp_path / "piped")["encoding"]  # stdin is read once: not sampled
 
