@@ -79,7 +79,7 @@ def test_every_executor_trains_the_same_dictionary_and_writes_the_same_bytes(tmp
     tasks = _prepare(tmp_path / "tasks", corpus, num_tasks=3)
     raw = _raw(one)
     assert raw["format_version"] == 3 and raw["encoding"]["dictionary"]["bytes"] > 0
-    assert raw["encoding"]["block_tokens"] == 4096 and raw["encoding"]["level"] == 6
+    assert raw["encoding"]["block_tokens"] == 3072 and raw["encoding"]["level"] == 6
     for other in (pool, tasks):
         assert _raw(other)["encoding"] == raw["encoding"]
         for shard in load_metadata(one).shards:

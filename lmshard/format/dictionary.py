@@ -21,7 +21,7 @@ from .encoding import Encoding, _zstd
 DICT_BYTES = 64 << 10  # measured: 64 KiB is within 0.5% of 112 KiB on the corpus, and half the metadata
 SAMPLE_RATIO = 16  # sample bytes per dictionary byte: a smaller sample trains a smaller dictionary
 MIN_DICT_BYTES = 4 << 10  # below this (a sample under 64 KiB), no dictionary
-SAMPLE_TOKENS = 1 << 20  # a sample's tokens (2 MiB of frames for GPT-2: 32 sample bytes per dictionary byte)
+SAMPLE_TOKENS = 1 << 19  # a sample's tokens (1 MiB of frames for GPT-2: 16 sample bytes per dictionary byte)
 SPREAD_POINTS = 16  # a sample of a token stream: this many runs at evenly spaced offsets
 
 

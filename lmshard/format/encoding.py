@@ -40,10 +40,11 @@ from .blocks import BLOCK_TOKENS
 from .fields import _count, _get, _Invalid
 
 NAMES = ("uint32", "uint16", "packed", "zstd")
-# Chosen by measurement with a dictionary (docs/performance.md, "shard encodings"): 4,096-token
-# frames at level 6 are 0.71 bytes per GPT-2 token on the benchmark corpus, and a random
-# 32 x 1024 batch decodes about 40 of them. (Datasets written before dictionaries: 1,024 at 3.)
-ZSTD_BLOCK_TOKENS = 4096
+# Chosen by measurement with a dictionary (docs/performance.md, "shard encodings"): 3,072-token
+# frames at level 6 are 0.72 bytes per GPT-2 token on the benchmark corpus, and a random
+# 32 x 1024 batch decodes about 43 of them in well under a millisecond; 4,096 tokens save 1%
+# more and decode a quarter more bytes per row. (Datasets before dictionaries: 1,024 at level 3.)
+ZSTD_BLOCK_TOKENS = 3072
 ZSTD_LEVEL = 6
 OFFSETS_DTYPE = np.dtype("<u8")  # the .blocks file: n_blocks + 1 byte offsets
 

@@ -34,7 +34,7 @@ from ..documents.worker import WorkerConfig, clean_document, parsed_records
 
 DICT_FILE = ".zstd_dictionary"  # in the staging directory while the build runs (empty: none was trained)
 SAMPLE_POINTS = 16
-POINT_BYTES = 256 << 10
+POINT_BYTES = 128 << 10
 SPAN_BYTES = 32 << 20
 
 
