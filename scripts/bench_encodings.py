@@ -7,10 +7,15 @@ Every speed is a ratio to uint32 measured in the same run:
    sorted by path: local, offline and the same on every machine), for GPT-2 and a 128k-id
    vocabulary (Llama 3's tokenizer.json from a package on the index, pinned by sha256; skipped,
    with the reason, when it cannot be had).
-2. The zstd parameters: block size × level, each dataset written with the format's own sealing,
-   bytes per token and the time to decode the rows of a random B=32 × T=1024 batch (every
-   block the rows touch, once) on the shared corpus: what the default (1,024-token blocks,
-   level 3) was chosen from.
+2. The zstd parameters: block size × level × dictionary (none, or the dataset's trained from
+   evenly spaced runs of its tokens, as `convert` trains it), each written with the format's
+   own sealing, bytes per token and the time to decode the rows of a random B=32 × T=1024 batch
+   (every block the rows touch, once) on the shared corpus: what the default (3,072-token
+   blocks, level 6, a dictionary) was chosen from. Then the same tokens in the whole-shard
+   codecs of two peers, on the same documents: mosaic streaming's MDSWriter with
+   `compression="zstd"` (in the interop environment) and litdata's BinaryWriter with
+   `compression="zstd"` (chunks of 64 MB), against lmshard's zstd, whose every row stays
+   randomly readable.
 3. Loader batches/s of each encoding against uint32, B=32, T=1024 and B=8, T=4096 random
    batches, on the corpus repeated 4 times (65 M tokens): mapped (the default for a split of
    at most 1 GiB) and read mode (`rss_limit=0`: what a split over 1 GiB, i.e. any pretraining
@@ -24,8 +29,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +47,7 @@ from benchlib import load, machine, require_corpus, update_performance_md, write
 
 from lmshard import TokenDataset  # noqa: E402
 from lmshard.format import Encoding, load_metadata  # noqa: E402
+from lmshard.format.dictionary import SAMPLE_TOKENS, spread, train  # noqa: E402
 from lmshard.format.sealing import seal_encoded, shard_entry  # noqa: E402
 from lmshard.format.tokenfile import TokenFile  # noqa: E402
 from lmshard.prepare import PrepareConfig, prepare  # noqa: E402
@@ -93,47 +102,136 @@ def section_sizes(tmp: Path, vocabularies: list[tuple[str, str]], corpora: dict[
             ratio = (sizes["zstd"] or 0) / (sizes["packed"] or 1)
             print(f"1. {label}, {name}: {cells}", flush=True)
             rows.append(f"| {label} | {name} | {cells} | **{ratio:.2f}** |")
-    return ["Bytes per token of the shard files (`.bin`; the block sums and offsets add 16 bytes per 1,024-token "
-            "zstd block, 0.016 B/token, and 8 bytes per 16,384 tokens for the others).", "", *rows]
+    return ["Bytes per token of the shard files (`.bin`; the block sums and offsets add 16 bytes per 3,072-token "
+            "zstd block, 0.005 B/token, and 8 bytes per 16,384 tokens for the others; zstd's 64 KiB dictionary is in "
+            "the metadata).", "", *rows]
 
 
 def section_zstd(tmp: Path, root: Path) -> list[str]:
-    """Block size × level on the uint32 dataset `root`'s first train shard."""
+    """Block size × level × dictionary on the uint32 dataset `root`'s first train shard."""
     meta = load_metadata(root)
     shard = max(meta.split_shards("train"), key=lambda s: s.n_tokens)
     plain = root / shard.path
+    tokens = np.fromfile(plain, dtype="<u4")
+    sample = np.concatenate([tokens[offset : offset + n] for offset, n in spread(len(tokens))])
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, shard.n_tokens - 1025, 32) for _ in range(200)]
-    rows = ["| block tokens | level | bytes/token | decode a B=32 × T=1024 batch (µs) | encode (M tokens/s) |",
-            "|---|---|---|---|---|"]  # fmt: skip
-    for block in (512, 1024, 2048, 4096, 16384):
-        for level in (1, 3, 9):
-            enc = dataclasses.replace(Encoding.choose("zstd", meta.tokenizer.n_vocab), block_tokens=block, level=level)
-            tmp_bin = tmp / "u32.tmp"
-            tmp_bin.write_bytes(plain.read_bytes())
-            (tmp / "train").mkdir(exist_ok=True)
+    rows = ["| block tokens | level | dictionary | bytes/token | decode a B=32 × T=1024 batch (µs) | encode (M tokens/s) |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for block, level, with_dict in itertools.product((1024, 2048, 3072, 4096, 16384), (3, 6, 9), (False, True)):
+        enc = dataclasses.replace(Encoding.choose("zstd", meta.tokenizer.n_vocab), block_tokens=block, level=level)
+        if with_dict:
+            enc = enc.with_dictionary(train(sample, enc))
+        tmp_bin = tmp / "u32.tmp"
+        tmp_bin.write_bytes(plain.read_bytes())
+        (tmp / "train").mkdir(exist_ok=True)
+        started = time.perf_counter()
+        sealed = seal_encoded(tmp_bin, tmp / "train" / "shard_000000.bin", "train/shard_000000.bin", enc,
+                              shard.n_tokens)  # fmt: skip
+        encode = shard.n_tokens / (time.perf_counter() - started) / 1e6
+        info = shard_entry("train", "train/shard_000000.bin", "train/shard_000000.idx", shard.n_tokens,
+                           shard.n_docs, "", enc, sealed)  # fmt: skip
+        f = TokenFile(tmp, info, enc, mapped=True)
+        for starts in batches[:5]:
+            f.read_rows(starts, 1025)
+        best = float("inf")
+        for _ in range(2):
             started = time.perf_counter()
-            sealed = seal_encoded(tmp_bin, tmp / "train" / "shard_000000.bin", "train/shard_000000.bin", enc,
-                                  shard.n_tokens)  # fmt: skip
-            encode = shard.n_tokens / (time.perf_counter() - started) / 1e6
-            info = shard_entry("train", "train/shard_000000.bin", "train/shard_000000.idx", shard.n_tokens,
-                               shard.n_docs, "", enc, sealed)  # fmt: skip
-            f = TokenFile(tmp, info, enc, mapped=True)
-            for starts in batches[:5]:
+            for starts in batches:
                 f.read_rows(starts, 1025)
-            best = float("inf")
-            for _ in range(2):
-                started = time.perf_counter()
-                for starts in batches:
-                    f.read_rows(starts, 1025)
-                best = min(best, (time.perf_counter() - started) / len(batches))
-            f.close()
-            size = sealed.n_bytes / shard.n_tokens
-            print(f"2. block {block} level {level}: {size:.3f} B/token, {best * 1e6:.0f} us/batch, "
-                  f"encode {encode:.1f} M tokens/s", flush=True)  # fmt: skip
-            rows.append(f"| {block:,} | {level} | {size:.3f} | {best * 1e6:.0f} | {encode:.1f} |")
+            best = min(best, (time.perf_counter() - started) / len(batches))
+        f.close()
+        size = sealed.n_bytes / shard.n_tokens
+        kib = f"{len(enc.dictionary) >> 10} KiB" if enc.dictionary else "none"
+        print(f"2. block {block} level {level} dictionary {kib}: {size:.3f} B/token, {best * 1e6:.0f} us/batch, "
+              f"encode {encode:.1f} M tokens/s", flush=True)  # fmt: skip
+        rows.append(f"| {block:,} | {level} | {kib} | {size:.3f} | {best * 1e6:.0f} | {encode:.1f} |")
     return [f"The shared corpus, GPT-2 ({shard.n_tokens:,} tokens), one shard sealed per setting; a batch decodes each "
-            "block its 32 random rows touch once (from the mapped file: no read calls).", "", *rows]
+            "block its 32 random rows touch once (from the mapped file: no read calls). The dictionary is trained from "
+            f"{SAMPLE_TOKENS:,} tokens in 16 evenly spaced runs (format/dictionary.py); its bytes are not counted "
+            "here (64 KiB: 0.004 bytes per token of this shard).", "", *rows]
+
+
+_MDS = """
+import json, sys
+import numpy as np
+from streaming import MDSWriter
+tokens, lengths, out = np.load(sys.argv[1]), np.load(sys.argv[2]), sys.argv[3]
+with MDSWriter(out=out, columns={"tokens": "ndarray:uint16"}, compression="zstd") as w:
+    at = 0
+    for n in lengths.tolist():
+        w.write({"tokens": tokens[at : at + n]})
+        at += n
+"""
+
+
+def _litdata_zstd() -> None:
+    """litdata's `compression="zstd"` (each chunk one zstd frame at level 4: its ZSTDCompressor(4))
+    with the `zstd` module it imports answered by `zstandard` (the same libzstd), which the
+    project has: litdata's own writer then writes its compressed chunks."""
+    import types
+
+    import litdata.streaming.compression as compression
+    import zstandard
+
+    shim = types.SimpleNamespace(compress=lambda data, level: zstandard.ZstdCompressor(level=level).compress(data),
+                                 decompress=lambda data: zstandard.ZstdDecompressor().decompress(data))  # fmt: skip
+    zstd = compression.ZSTDCompressor.__new__(compression.ZSTDCompressor)  # (its __init__ asks for the module)
+    zstd.level, zstd.extension, zstd._zstd = 4, "zstd", shim
+    compression._COMPRESSORS.setdefault("zstd", zstd)
+
+
+def section_peers(tmp: Path, zstd_root: Path) -> list[str]:
+    """lmshard's zstd (with and without its dictionary) against two peers' whole-shard zstd, on
+    the same documents' tokens (the train split of the corpus, GPT-2)."""
+    from litdata.streaming.writer import BinaryWriter
+
+    meta = load_metadata(zstd_root)
+    ds = TokenDataset(zstd_root)
+    tokens = np.asarray(ds.tokens(0, ds.n_tokens)).astype(np.uint16)
+    lengths = np.concatenate([np.diff(np.fromfile(zstd_root / s.index_path, dtype="<u8")) for s in
+                              meta.split_shards("train")])  # fmt: skip
+    assert lengths.sum() == len(tokens)
+    np.save(tmp / "tokens.npy", tokens)
+    np.save(tmp / "lengths.npy", lengths)
+    stub = tmp / "placeholder"  # mosaic streaming imports torchvision at its top; the bench reads no image
+    for rel, text in {"torchvision/__init__.py": "", "torchvision/datasets.py": "class VisionDataset: pass\n"
+                      "class CIFAR10: pass\n", "torchvision/transforms/__init__.py": "",
+                      "torchvision/transforms/functional.py": "def to_tensor(x): raise NotImplementedError\n"}.items():  # fmt: skip
+        (stub / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stub / rel).write_text(text)
+    sizes: dict[str, float | None] = {}
+    interop = Path(sys.prefix) / "interop" / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run([str(interop), "-c", _MDS, str(tmp / "tokens.npy"), str(tmp / "lengths.npy"),
+                           str(tmp / "mds")], env={**env, "PYTHONPATH": str(stub)}, capture_output=True, text=True)  # fmt: skip
+    sizes["mosaic streaming MDS, zstd (whole 64 MB shards, level 3)"] = (
+        sum(p.stat().st_size for p in (tmp / "mds").glob("shard.*.mds.zstd")) / len(tokens)
+        if done.returncode == 0 else None)  # fmt: skip
+    if done.returncode:
+        print(f"   MDS: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+    _litdata_zstd()
+    writer = BinaryWriter(str(tmp / "litdata"), chunk_bytes="64MB", compression="zstd")
+    at = 0
+    for i, n in enumerate(lengths.tolist()):
+        writer.add_item(i, tokens[at : at + n])
+        at += n
+    writer.done()
+    sizes["litdata, zstd (64 MB chunks, level 4)"] = sum(p.stat().st_size for p in (tmp / "litdata").glob("*.bin")) / len(tokens)
+    ours = sum(s.bin_bytes for s in meta.split_shards("train")) / len(tokens)
+    plain = tmp / "plain_zstd"
+    from lmshard.interop.convert import convert_dataset
+
+    convert_dataset(zstd_root, "zstd", plain, dictionary=False)
+    without = sum(s.bin_bytes for s in load_metadata(plain).split_shards("train")) / len(tokens)
+    rows = ["| shards | bytes/token | lmshard zstd ÷ it |", "|---|---|---|",
+            f"| lmshard zstd: {meta.encoding.describe()}, every row randomly readable | {ours:.3f} | **1.00** |",
+            f"| lmshard zstd without the dictionary | {without:.3f} | **{ours / without:.2f}** |"]  # fmt: skip
+    for name, size in sizes.items():
+        rows.append(f"| {name} | " + ("failed" if size is None else f"{size:.3f} | **{ours / size:.2f}**") + " |")
+    print("2b. " + "; ".join(r for r in rows[2:]), flush=True)
+    return [f"The corpus' train split ({len(tokens):,} GPT-2 tokens in {len(lengths):,} documents, as uint16), written "
+            "by each tool; the shard files' bytes only.", "", *rows]
 
 
 def _rate(it, seconds: float) -> float:  # type: ignore[no-untyped-def]
@@ -173,12 +271,12 @@ def section_loader(tmp: Path, src: Path, seconds: float, tokenizer: str = "gpt2"
             "tensors), best of 2 alternated timings.", "", *rows], speed
 
 
-ZSTD_NOTE = ("A zstd batch decodes every 1,024-token frame its rows touch (B=32 × T=1,024: about 64 frames, 4-8 µs "
-             "each on this machine, in zstd's C code) where a uint32 batch is a gather at about 2 ns a token, so zstd "
-             "serves several times fewer batches a second: still 1,000-2,500 a second, far more than a GPU step "
-             "consumes. A packed batch of 8, 16 or 32 bits is read as plain integers; other widths (17 bits) unpack "
-             "one word per token. The uint32 figures are for a split held in the page cache: a zstd split needs "
-             "a quarter of the memory to stay there.")
+ZSTD_NOTE = ("A zstd batch decodes every 3,072-token frame its rows touch (B=32 × T=1,024: about 43 frames, 12-18 µs "
+             "each on this machine, in zstd's C code, with the dataset's dictionary) where a uint32 batch is a gather "
+             "at about 2 ns a token, so zstd serves several times fewer batches a second: still over 1,000 a second, "
+             "far more than a GPU step consumes. A packed batch of 8, 16 or 32 bits is read as plain integers; other "
+             "widths (17 bits) unpack one word per token. The uint32 figures are for a split held in the page cache: "
+             "a zstd split needs a fifth of the memory to stay there.")
 
 
 def main() -> None:
@@ -200,6 +298,9 @@ def main() -> None:
         _prepare([require_corpus()], tmp / "plain", "uint32", "gpt2")
         (tmp / "z").mkdir()
         zstd = section_zstd(tmp / "z", tmp / "plain")
+        _prepare([require_corpus()], tmp / "zstd", "zstd", "gpt2")
+        (tmp / "peers").mkdir()
+        peers = section_peers(tmp / "peers", tmp / "zstd")
         four = write_repeated(tmp / "x4.jsonl.gz", 4)
         loader, speed = section_loader(tmp, four, args.seconds)
         if llama is not None:  # 17 bits per packed token, 3-byte ids in zstd frames
@@ -212,7 +313,8 @@ def main() -> None:
     prep += [f"| {e} | {speed[e]:,.0f} | **{speed[e] / speed['uint32']:.2f}** |" for e in ENCODINGS]
     print("4. prepare: " + ", ".join(f"{e} {speed[e]:,.0f}" for e in ENCODINGS), flush=True)
     body = [f"{machine()}, load {load()} at the end. `python scripts/bench_encodings.py`.", "",
-            "### bytes per token", "", *sizes, "", "### zstd block size and level", "", *zstd, "",
+            "### bytes per token", "", *sizes, "", "### zstd block size, level and dictionary", "", *zstd, "",
+            "### zstd against whole-shard codecs", "", *peers, "",
             "### loader", "", *loader, "", ZSTD_NOTE, "", "### prepare", "",
             "The best tokens/s of two runs per encoding (the corpus ×4 and ×2), 2 workers.", "", *prep]  # fmt: skip
     print("\n".join(body))

@@ -32,7 +32,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import compile_package, load, machine, require_corpus, run_measuring_rss, update_performance_md  # noqa: E402
+from benchlib import (  # noqa: E402
+    compile_package,
+    load,
+    machine,
+    require_corpus,
+    run_measuring_io,
+    run_measuring_rss,
+    update_performance_md,
+)
 
 LMSHARD = [sys.executable, "-m", "lmshard"]
 UNIT = 8 << 20
@@ -101,6 +109,15 @@ def main() -> None:
                                                   *options, *extra], run_env)  # fmt: skip
                 times[kind].append((sec, tree))
                 print(f"1. {kind}: {sec:.2f} s, peak RSS of the tree {tree / 2**20:.0f} MiB", flush=True)
+        io = {}  # one more run of each, for its file I/O (no sampling thread reading /proc meanwhile)
+        for kind in ("reader", "staged", "planned"):
+            extra = ["--num-tasks", "4"] if kind == "planned" else []
+            run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)} if kind == "reader" else env
+            io[kind] = run_measuring_io([*LMSHARD, "prepare", str(src), "--out", str(t / f"io_{kind}"), "--workers", "2",
+                                         *options, *extra], run_env)  # fmt: skip
+            print(f"1. {kind} I/O: " + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in io[kind].items()
+                                                 if "char" in k or "bytes" in k), flush=True)  # fmt: skip
+        input_bytes = src.stat().st_size
         same = files(t / "reader0") == files(t / "staged0") == files(t / "planned0")
         meta = json.loads((t / "reader0" / "dataset_metadata.json").read_text())
         tokens = meta["n_tokens"]
@@ -135,7 +152,13 @@ def main() -> None:
              "before": f"`prepare --workers 2{flags}` at {revision(args.before) if args.before else ''}"}
     rows = ["| run | wall time (median of 3) | peak RSS of the process tree |", "|---|---|---|",
             *(f"| {names[k]} | {med[k]:.2f} s | {max(r for _, r in times[k]) / 2**20:.0f} MiB |" for k in times),
-            f"| ratio staged / one reader | **{med['staged'] / med['reader']:.2f}** | |",
+            f"| ratio staged / one reader | **{med['staged'] / med['reader']:.2f}** | |", "",
+            "Bytes per token of each run's file I/O, its workers included (`/proc/self/io` of the process that "
+            f"waited for it; {input_bytes / tokens:.2f} bytes of input per token): read and written through system "
+            "calls, and dirtied for the storage less what was removed before it got there.", "",
+            "| run | read | written | to the storage |", "|---|---|---|---|",
+            *(f"| {names[k]} | {io[k]['rchar'] / tokens:.2f} | {io[k]['wchar'] / tokens:.2f} | "
+              f"{(io[k]['write_bytes'] - io[k]['cancelled_write_bytes']) / tokens:.2f} |" for k in io), "",
             *([f"| ratio staged / before | **{med['staged'] / med['before']:.2f}** | |"] if args.before else []), "",
             f"Outputs byte-identical (metadata apart from its run record): **{same}**. "
             f"{tokens:,} tokens, {n_units} units of {UNIT >> 20} MiB.", "",

@@ -123,6 +123,23 @@ def run_measuring_memory(cmd: list[str], env: dict[str, str] | None = None,
     return time.perf_counter() - start, peaks[0], peaks[1], peaks[2]
 
 
+def _io() -> dict[str, int]:
+    with open("/proc/self/io", encoding="ascii") as f:
+        return {key: int(value) for key, value in (line.split(":") for line in f)}
+
+
+def run_measuring_io(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, int]:
+    """Run a command to its end; the I/O of its whole process tree (Linux's /proc/self/io: the
+    kernel adds a reaped child's counters to its parent's, so a command's workers count when the
+    command waited for them): `rchar`/`wchar`, bytes through read and write calls (not through a
+    memory map), `write_bytes`, bytes dirtied for the storage, and `cancelled_write_bytes`, those
+    of files removed before they reached it."""
+    before = _io()
+    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    after = _io()
+    return {key: after[key] - before[key] for key in before}
+
+
 def machine() -> str:
     cpu = "unknown cpu"
     try:

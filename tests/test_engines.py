@@ -55,8 +55,9 @@ def _drained(env, work):
 
 
 def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
+    """(zstd: the login node trains the dictionary, every write task on the cluster compresses with it)"""
     src = _near_corpus(tmp_path)
-    common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup"]
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup", "--shard-encoding", "zstd"]
     lmshard = [sys.executable, "-m", "lmshard"]
     with slurm_cluster() as env:
 
@@ -85,6 +86,7 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
         assert "done: the dataset is complete" in run("status", "dist").stdout
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     assert _near_removed(tmp_path / "dist") > 20
+    assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["encoding"]["dictionary"]["bytes"]
 
 
 @pytest.mark.parametrize(("job_count", "max_jobs", "k"), [(8, [], 1), (10, ["--max-jobs", "9"], 2)])
