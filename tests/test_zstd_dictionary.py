@@ -162,3 +162,15 @@ def test_convert_adds_or_drops_the_dictionary(tmp_path, corpus):
         assert np.array_equal(_tokens(tmp_path / root), _tokens(plain))
     size = {r: sum(s.n_bytes for s in load_metadata(tmp_path / r).shards) for r in ("z", "z0")}
     assert size["z"] < size["z0"]
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_frame_ids_widen_to_what_the_bytes_say(width):
+    rng = np.random.default_rng(width)
+    ids = rng.integers(0, 1 << (8 * width), 1001, dtype=np.uint64)
+    raw = b"".join(int(i).to_bytes(width, "little") for i in ids)
+    from lmshard.format.encoding import widen
+
+    got = widen(np.frombuffer(raw, dtype=np.uint8), width)
+    assert got.dtype == np.uint32 and got.tolist() == ids.tolist()
+    assert widen(np.zeros(0, np.uint8), width).tolist() == []

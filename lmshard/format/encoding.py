@@ -258,6 +258,11 @@ def widen(raw: np.ndarray, width: int) -> np.ndarray:
         return raw.view("<u4").astype(np.uint32)
     if width == 2:
         return raw.view("<u2").astype(np.uint32)
+    if width == 3:  # each id read as the 4 bytes from its first (one spare byte at the end), the 4th masked off
+        padded = np.empty(len(raw) + 1, dtype=np.uint8)
+        padded[:-1], padded[-1] = raw, 0
+        words = np.ndarray((len(raw) // 3,), dtype="<u4", buffer=padded, strides=(3,))
+        return (words & np.uint32(0xFFFFFF)).astype(np.uint32, copy=False)
     out = np.zeros((len(raw) // width, 4), dtype=np.uint8)
     out[:, :width] = raw.reshape(-1, width)
     return out.view("<u4").reshape(-1).astype(np.uint32, copy=False)
