@@ -155,10 +155,12 @@ def main() -> None:
             f"| ratio staged / one reader | **{med['staged'] / med['reader']:.2f}** | |", "",
             "Bytes per token of each run's file I/O, its workers included (`/proc/self/io` of the process that "
             f"waited for it; {input_bytes / tokens:.2f} bytes of input per token): read and written through system "
-            "calls, and dirtied for the storage less what was removed before it got there.", "",
+            "calls (the pipes between the processes included: the one-reading path sends every token from a worker "
+            "to the writing process), and dirtied for the storage less what was removed before it got there "
+            "(files: the shards, and on the staged path each unit's tokens first).", "",
             "| run | read | written | to the storage |", "|---|---|---|---|",
             *(f"| {names[k]} | {io[k]['rchar'] / tokens:.2f} | {io[k]['wchar'] / tokens:.2f} | "
-              f"{(io[k]['write_bytes'] - io[k]['cancelled_write_bytes']) / tokens:.2f} |" for k in io), "",
+              f"{(io[k]['write_bytes'] - io[k]['cancelled_write_bytes']) / tokens:.2f} |" for k in io),
             *([f"| ratio staged / before | **{med['staged'] / med['before']:.2f}** | |"] if args.before else []), "",
             f"Outputs byte-identical (metadata apart from its run record): **{same}**. "
             f"{tokens:,} tokens, {n_units} units of {UNIT >> 20} MiB.", "",
