@@ -372,7 +372,7 @@ def test_unreadable_tokenizer_state_is_a_problem_not_a_crash(dataset, content):
 @pytest.mark.parametrize(
     "change,words",
     [
-        (lambda m: m.update(format_version=3), "format version 3"),
+        (lambda m: m.update(format_version=4), "format version 4"),
         (lambda m: m.update(dtype="uint16"), "'uint16'"),
         (lambda m: m.update(byte_order="big"), "'big'"),
         (lambda m: m.update(eot_position="middle"), "eot_position 'middle'"),
