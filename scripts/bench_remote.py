@@ -12,7 +12,7 @@ Rows, each measured in a fresh process:
 - remote, exact prefetch, no disk cache: the time to the first batch; the first pass, while the
   pool (256 MiB by default, more than this split) fills from the server, until it holds every
   block, and the token bytes fetched meanwhile per byte of the split (1.00: each byte once); then
-  the rate from the pool alone;
+  the rate from the pool alone; the same without prefetch;
 - remote, prefetch, a pool of a quarter of the split, no disk cache: every batch needs blocks
   from the server, as on a split much larger than the pool; the rate the server allows;
 - the same without prefetch (`prefetch_steps=0`): every batch waits for its own requests;
@@ -250,6 +250,7 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
         cache = str(work / "cache")
         rows = [("local (mapped)", {**base, "path": str(local)})]
         rows.append(("remote, prefetch, no disk cache", {**base, "path": url, "fill": True}))
+        rows.append(("remote, no prefetch, no disk cache", {**base, "path": url, "fill": True, "prefetch_steps": 0}))
         rows.append((f"remote, prefetch, pool {quarter >> 20} MiB (1/4 of the split)",
                      {**base, "path": url, "pool_limit": quarter}))  # fmt: skip
         rows.append((f"remote, no prefetch, pool {quarter >> 20} MiB", {**base, "path": url, "pool_limit": quarter,
