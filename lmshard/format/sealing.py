@@ -30,7 +30,7 @@ from .encoding import OFFSETS_DTYPE, Encoding, blocks_path, widen
 from .layout import TOKEN_DTYPE
 from .shard import ShardInfo
 
-CHUNK_TOKENS = 1 << 20  # a multiple of every encoding's block size
+CHUNK_TOKENS = 1 << 20  # tokens read at a time (the encoder carries a block that two reads split)
 FRAMES_AT_ONCE = 256  # zstd blocks compressed together, in parallel
 
 
