@@ -174,3 +174,81 @@ def test_frame_ids_widen_to_what_the_bytes_say(width):
     got = widen(np.frombuffer(raw, dtype=np.uint8), width)
     assert got.dtype == np.uint32 and got.tolist() == ids.tolist()
     assert widen(np.zeros(0, np.uint8), width).tolist() == []
+
+
+@pytest.mark.parametrize("num_tasks", [None, 2])
+def test_a_stop_while_the_dictionary_trains_leaves_nothing(tmp_path, corpus, monkeypatch, num_tasks):
+    import lmshard.prepare.output.dictfile as dictfile
+
+    def stopped(tokens, encoding):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dictfile, "train", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        _prepare(tmp_path / "ds", corpus, num_tasks=num_tasks)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in {c.name for c in corpus}) == []
+    monkeypatch.undo()
+    _prepare(tmp_path / "ds", corpus, num_tasks=num_tasks)  # a plain run again, as if nothing happened
+    assert _raw(tmp_path / "ds")["format_version"] == 3
+
+
+def _config(inputs: list[Path], **kw) -> tuple[PrepareConfig, list, object, object]:
+    from lmshard.prepare.documents.sources import discover
+    from lmshard.prepare.execution.runplan import worker_config
+    from lmshard.prepare.output.claim import run_tokenizer
+
+    config = PrepareConfig(inputs=[str(p) for p in inputs], out="unused", shard_encoding="zstd", **kw)
+    tokenizer = run_tokenizer(config)
+    sources = discover(config.inputs, config.format)
+    return config, sources, tokenizer, worker_config(config, sources, tokenizer)
+
+
+def test_the_sample_comes_from_every_file_and_stays_bounded(tmp_path):
+    from lmshard.prepare.output.dictfile import POINT_BYTES, SAMPLE_POINTS, sample_tokens
+
+    words = ["alpha", "bravo", "charlie"]
+    files = []
+    for i, word in enumerate(words):  # three files, each of one word: the sample holds each
+        files.append(jsonl(tmp_path / f"f{i}.jsonl", [f"{word} " * 400 + str(n) for n in range(300)]))
+    config, sources, tokenizer, wcfg = _config(files)
+    sample = sample_tokens(config, sources, tokenizer, wcfg)
+    text = tokenizer.decode(sample.tolist())
+    assert all(word in text for word in words), {w: text.count(w) for w in words}
+    big = []  # whole-file text documents of 1 MiB each: the sample keeps POINT_BYTES characters a point
+    for i in range(20):
+        (tmp_path / "big").mkdir(exist_ok=True)
+        big.append(tmp_path / "big" / f"doc{i:02d}.txt")
+        big[-1].write_text(("word%d " % i) * (1 << 18))
+    config, sources, tokenizer, wcfg = _config(big, text_mode="file", max_chars=1 << 22)
+    sample = sample_tokens(config, sources, tokenizer, wcfg)
+    assert 0 < len(sample) <= SAMPLE_POINTS * POINT_BYTES  # (a token holds a character at least)
+
+
+def test_records_parsed_by_the_planner_are_sampled_from_a_bounded_start(tmp_path, monkeypatch):
+    """A CSV's items (2,048 records each) have no byte sizes: the sample reads MAX_ITEMS of them."""
+    import lmshard.prepare.output.dictfile as dictfile
+
+    path = tmp_path / "big.csv"
+    path.write_text("text\n" + "".join(f"row {n} of the table\n" for n in range(200_000)))
+    config, sources, tokenizer, wcfg = _config([path])
+    seen = []
+    real = dictfile.plan
+
+    def counted(*args, **kwargs):
+        for item in real(*args, **kwargs):
+            seen.append(item)
+            yield item
+
+    monkeypatch.setattr(dictfile, "plan", counted)
+    assert len(dictfile.sample_tokens(config, sources, tokenizer, wcfg))
+    assert len(seen) <= dictfile.MAX_ITEMS < 200_000 // 2048
+
+
+def test_the_swap_and_a_recovery_remove_the_build_dictionary(tmp_path, corpus):
+    from lmshard.prepare.output.staging import DICT_FILE as NAME
+    from lmshard.prepare.output.staging import OutputPaths, recover
+
+    out = _prepare(tmp_path / "ds", corpus[:1])
+    (out / NAME).write_bytes(b"left by a kill after the swap")
+    recover(OutputPaths.of(out))
+    assert not (out / NAME).exists() and _raw(out)["format_version"] == 3

@@ -10,7 +10,7 @@
   as one zstd frame with its own checksum, independently of every other block. The `.blocks`
   file beside the shard holds the byte offset of each frame, so a row decodes only the frames
   it touches. A dataset may carry one zstd dictionary (format version 3), trained at prepare
-  time from a sample of its tokens (`prepare/output/zdict.py`) and stored in the metadata
+  time from a sample of its tokens (`prepare/output/dictfile.py`) and stored in the metadata
   (base64, with its sha256): every frame is compressed with it, which makes small frames nearly
   as small as a whole shard compressed at once (docs/performance.md, "shard encodings").
 

@@ -60,8 +60,7 @@ from .output.build import (
     sigterm_stops,
 )
 from .output.claim import Claim, bos_written, claim_output, run_tokenizer, write_run
-from .output.dictfile import DICT_FILE
-from .output.dictfile import make as make_dictionary
+from .output.dictfile import keep, trained
 from .output.metadata import dataset_metadata, warn_empty_val
 from .output.staging import (
     Interrupted,
@@ -144,12 +143,13 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         for stray in [*staging.glob(".*.tmp"), *staging.glob("*/shard_*.bin.*.tmp")]:
             stray.unlink()
     else:
+        wcfg = worker_config(config, sources, tokenizer)
+        dictionary = None if previous else trained(config, sources, tokenizer, wcfg)  # (a stop here leaves nothing)
         staging.mkdir()
         if previous is not None:
             link_previous(previous, paths.out, staging)
+        keep(staging, dictionary)
         write_run(staging, claim, None)
-        if previous is None:
-            make_dictionary(config, staging, sources, tokenizer, worker_config(config, sources, tokenizer))
     build = Build.start(config, staging, previous, claim.checkpoint, tokenizer.n_vocab)
     tokens_before = build.totals.tokens  # the appended-to dataset's and a resumed checkpoint's
     if claim.resumed:
@@ -169,7 +169,6 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, started, tokens_before)
         atomic_write_json(staging / TOKENIZER_FILE, tokenizer.identity())
         atomic_write_json(staging / METADATA_FILE, meta.to_json())
-        (staging / DICT_FILE).unlink(missing_ok=True)  # (the metadata holds it)
         commit(paths)
         warn_empty_val(meta)
         return meta

@@ -30,7 +30,7 @@ from ..config import PrepareConfig
 from ..documents.sources import Source, note_growth
 from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim
-from ..output.dictfile import DICT_FILE, run_encoding
+from ..output.dictfile import run_encoding
 from ..output.staging import OutputPaths, commit, read_run
 from .barrier import is_complete, read_summary
 from .layout import add_totals
@@ -91,7 +91,6 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
-    (paths.staging / DICT_FILE).unlink(missing_ok=True)  # (the metadata holds it)
     commit(paths)
     remove_work(work)
     warn_empty_val(meta)

@@ -64,7 +64,7 @@ from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source
 from ..output.claim import Claim, claim_output, write_run
-from ..output.dictfile import make as make_dictionary
+from ..output.dictfile import keep, trained
 from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
 from .barrier import is_complete, task_finished, task_marked
@@ -86,12 +86,13 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     if not claim.resumed:
         if work.exists():  # an earlier run's work, discarded with its build (--overwrite) or never claimed
             shutil.rmtree(work)
+        dictionary = None if claim.previous else trained(config, sources, tokenizer,
+                                                         worker_config(config, sources, tokenizer))  # fmt: skip
         paths.staging.mkdir()
         if claim.previous is not None:  # --append: the dataset's files, linked in (the new ones are numbered after)
             link_previous(claim.previous, paths.out, paths.staging)
+        keep(paths.staging, dictionary)
         write_run(paths.staging, claim, None)
-        if claim.previous is None:
-            make_dictionary(config, paths.staging, sources, tokenizer, worker_config(config, sources, tokenizer))
     return claim
 
 

@@ -1,23 +1,26 @@
 """The zstd dictionary of a dataset being prepared (format/dictionary.py): trained once, when
-the build is claimed, from a sample of the inputs, and kept in the build's staging directory
-(`DICT_FILE`) for every writer of the run (the one process, or each task of a planned run: they
-all write into the staging directory) and for a `--resume`; the metadata stores it, and the
-file goes before the dataset is swapped in. `--append` keeps the dataset's own encoding and
-dictionary (or none).
+the build is claimed (before its staging directory exists: a stop meanwhile leaves nothing), from
+a sample of the inputs, and kept in the build's staging directory (`DICT_FILE`) for every writer
+of the run (the one process, or each task of a planned run: they all write into the staging
+directory) and for a `--resume`; the metadata stores it, and the swap removes the file.
+`--append` keeps the dataset's own encoding and dictionary (or none).
 
 The sample is read from the inputs as found, in input order, so every executor, task count
 and worker count trains the same dictionary: up to `SAMPLE_POINTS` evenly spaced input files
 (not stdin, pipes or Hugging Face streams, which are read once), and in each file evenly spaced
-points of its first `SPAN_BYTES`, where the records of `POINT_BYTES` of input are cleaned and
-filtered as the run does it (dropped records are left out) and tokenized. A record the run
-would refuse is skipped here: the run names it.
+points of its first `SPAN_BYTES` (at most `MAX_ITEMS` of the planner's work items), where
+`POINT_BYTES` characters of records, from the start of the work item the point falls in, are
+cleaned and filtered as the run does it (dropped records are left out) and tokenized. A record
+the run would refuse is skipped here: the run names it. The work items are the planner's, so
+`LMSHARD_BLOCK_BYTES` (a testing knob, in the fingerprint) moves the points.
 
-Memory model: one work item of the planner at a time (≈1 MiB), and the sample's tokens (about
-`SAMPLE_POINTS × POINT_BYTES / 4` tokens).
+Memory model: one work item of the planner at a time (≈1 MiB, or 2,048 parsed records), and the
+sample: at most `SAMPLE_POINTS × POINT_BYTES` characters (2 MiB) and their tokens.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,11 +34,12 @@ from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.sources import Source, plan
 from ..documents.worker import WorkerConfig, clean_document, parsed_records
+from .staging import DICT_FILE
 
-DICT_FILE = ".zstd_dictionary"  # in the staging directory while the build runs (empty: none was trained)
 SAMPLE_POINTS = 16
 POINT_BYTES = 128 << 10
 SPAN_BYTES = 32 << 20
+MAX_ITEMS = 32
 
 
 def run_encoding(config: PrepareConfig, n_vocab: int, previous: DatasetMeta | None, staging: Path) -> Encoding:
@@ -52,20 +56,28 @@ def run_encoding(config: PrepareConfig, n_vocab: int, previous: DatasetMeta | No
     return encoding.with_dictionary(data or None)
 
 
-def make(config: PrepareConfig, staging: Path, sources: list[Source], tokenizer: Tokenizer, wcfg: WorkerConfig) -> None:
-    """Train a new zstd build's dictionary and keep it in `staging` (nothing for another encoding)."""
+def trained(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, wcfg: WorkerConfig) -> bytes | None:
+    """A new zstd build's dictionary (b"": a sample too small for one), trained before the build
+    exists, so that a stop while it trains leaves nothing behind; None for another encoding."""
     encoding = config.encoding(tokenizer.n_vocab)
-    if encoding.compressed:
-        atomic_write_bytes(staging / DICT_FILE, train(sample_tokens(config, sources, tokenizer, wcfg), encoding) or b"")
+    if not encoding.compressed:
+        return None
+    return train(sample_tokens(config, sources, tokenizer, wcfg), encoding) or b""
+
+
+def keep(staging: Path, data: bytes | None) -> None:
+    """Keep a new build's dictionary (`trained`) in its staging directory, before its run record."""
+    if data is not None:
+        atomic_write_bytes(staging / DICT_FILE, data)
 
 
 def sample_tokens(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer, wcfg: WorkerConfig) -> np.ndarray:
     """The tokens of the sample described in the module docstring, in input order."""
     files = [i for i, s in enumerate(sources) if not s.stream and s.fmt != "hf"]
-    chosen = sorted({files[j * len(files) // SAMPLE_POINTS] for j in range(min(SAMPLE_POINTS, len(files)))})
+    n = min(SAMPLE_POINTS, len(files))
     texts: list[str] = []
-    for i in chosen:
-        texts += _point_texts(config, sources[i], wcfg, max(1, SAMPLE_POINTS // len(chosen)))
+    for i in [files[j * len(files) // n] for j in range(n)]:
+        texts += _point_texts(config, sources[i], wcfg, SAMPLE_POINTS // n)
     if not texts:
         return np.zeros(0, np.uint32)
     tokens, _ = tokenizer.encode_batch(texts)
@@ -73,25 +85,30 @@ def sample_tokens(config: PrepareConfig, sources: list[Source], tokenizer: Token
 
 
 def _point_texts(config: PrepareConfig, src: Source, wcfg: WorkerConfig, points: int) -> list[str]:
-    """The cleaned texts at `points` evenly spaced points of the first SPAN_BYTES of `src`."""
+    """The cleaned texts at `points` evenly spaced points of the first SPAN_BYTES of `src`
+    (POINT_BYTES characters each, from the start of the work item a point falls in), reading at
+    most MAX_ITEMS of its work items (formats parsed in the planning process give items without
+    sizes)."""
     one = replace(wcfg, sources=(src,))
     span = min(src.size, SPAN_BYTES)
     targets = [k * span // points for k in range(points)]
     texts: list[str] = []
     offset = 0
-    for item in plan([src], config.text_mode, config.text_field, config.on_error, max_chars=config.max_chars):
+    items = plan([src], config.text_mode, config.text_field, config.on_error, max_chars=config.max_chars)
+    for item in itertools.islice(items, MAX_ITEMS):
         end = offset + max(item.nbytes, 1)
-        if targets and targets[0] < end:
-            texts += _first_texts(item, one)
-            targets = [t for t in targets if t >= end]
+        here = sum(1 for t in targets if t < end)
+        if here:
+            texts += _first_texts(item, one, here * POINT_BYTES)
+            targets = targets[here:]
         if not targets:
             break
         offset = end
     return texts
 
 
-def _first_texts(item: object, wcfg: WorkerConfig) -> list[str]:
-    """The cleaned texts of the item's first records, up to POINT_BYTES characters."""
+def _first_texts(item: object, wcfg: WorkerConfig, budget: int) -> list[str]:
+    """The cleaned texts of the item's first records, up to `budget` characters in all."""
     texts, size = [], 0
     for _, record in parsed_records(item, wcfg):  # type: ignore[arg-type]
         try:
@@ -99,8 +116,8 @@ def _first_texts(item: object, wcfg: WorkerConfig) -> list[str]:
         except LmshardError:  # (a filter that fails: the run names the record)
             continue
         if text:
-            texts.append(text)
-            size += len(text)
-            if size >= POINT_BYTES:
+            texts.append(text[: budget - size])
+            size += len(texts[-1])
+            if size >= budget:
                 break
     return texts

@@ -42,7 +42,8 @@ from ..stops import stop_point
 
 RUN_FILE = IN_PROGRESS_FILE  # inside the build: fingerprint + checkpoint (JSON)
 RUN_VERSION = 1
-_OURS = {METADATA_FILE, TOKENIZER_FILE, IN_PROGRESS_FILE, "dedup", *SPLITS}  # what a dataset directory holds
+DICT_FILE = ".zstd_dictionary"  # inside a zstd build: its dictionary for every writer (dictfile.py), until the swap
+_OURS = {METADATA_FILE, TOKENIZER_FILE, IN_PROGRESS_FILE, DICT_FILE, "dedup", *SPLITS}  # what a dataset directory holds
 
 
 class Interrupted(KeyboardInterrupt):
@@ -238,7 +239,8 @@ def recover(paths: OutputPaths) -> None:
     if paths.retired.exists():
         os.rename(paths.retired, paths.trash())
     if paths.out.is_dir() and (paths.out / METADATA_FILE).exists():
-        (paths.out / RUN_FILE).unlink(missing_ok=True)  # a swapped-in build's record, left by a kill
+        for left in (RUN_FILE, DICT_FILE):  # a swapped-in build's record and dictionary, left by a kill
+            (paths.out / left).unlink(missing_ok=True)
     if paths.staging.is_dir() and read_run(paths.staging) is None:
         os.rename(paths.staging, paths.trash())  # an old dataset moved aside by a swap, or a build that never began
     paths.empty_trash()
@@ -267,6 +269,7 @@ def commit(paths: OutputPaths) -> None:
     stop_point("swap")  # swapped; the build's run record and the trash are still there
     _fsync_dir(out.parent)
     (out / RUN_FILE).unlink(missing_ok=True)
+    (out / DICT_FILE).unlink(missing_ok=True)  # (the metadata holds it)
     _fsync_dir(out)
     paths.empty_trash()
 

@@ -213,9 +213,9 @@ class Blocks:
                         return
                     claimed[g], self._loading[g] = s, bringing
 
-        # Requests read through gaps the pool's never-used slots can keep, for a reader as for the prefetch thread: a
-        # cold pass in a few large requests (without prefetch: 106 GETs, not 866, for the benchmark's first pass).
-        spare = max(0, self.pool.free_count - len(blocks))
+        # The prefetch thread (held None) may read through gaps the pool's free slots can keep: a cold pass in a few
+        # large requests. A reader fetching for its own batch keeps its requests small: its batch comes first.
+        spare = 0 if held is not None else max(0, self.pool.free_count - len(blocks))
         try:
             through: dict[int, memoryview] = {}
             got = self.reader.read(blocks, self._had, through, spare, claim)
