@@ -51,7 +51,8 @@ from .urlwalk import find_url, nothing_at_url, url_source
 from .walk import Rules, Walk, describe, find, nothing_to_read
 
 # Bytes of input per work item for line-based formats (4 MiB: +130 MB peak RSS, no faster). The output does not
-# depend on it; LMSHARD_BLOCK_BYTES sets it for fault tests and benchmarks.
+# depend on it but for a zstd dataset's dictionary, sampled by work item (output/dictfile.py); LMSHARD_BLOCK_BYTES
+# sets it for fault tests and benchmarks, and is in the fingerprint.
 BLOCK_BYTES = int(os.environ.get("LMSHARD_BLOCK_BYTES", 1 << 20))
 FILES_PER_ITEM = 256  # small whole-text files are grouped to amortise inter-process overhead
 RECORDS_PER_ITEM = 2048  # records per item for formats parsed in the planning process
