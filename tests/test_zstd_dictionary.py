@@ -218,7 +218,7 @@ def test_the_sample_comes_from_every_file_and_stays_bounded(tmp_path):
     for i in range(20):
         (tmp_path / "big").mkdir(exist_ok=True)
         big.append(tmp_path / "big" / f"doc{i:02d}.txt")
-        big[-1].write_text(("word%d " % i) * (1 << 18))
+        big[-1].write_text(f"word{i} " * (1 << 18))
     config, sources, tokenizer, wcfg = _config(big, text_mode="file", max_chars=1 << 22)
     sample = sample_tokens(config, sources, tokenizer, wcfg)
     assert 0 < len(sample) <= SAMPLE_POINTS * POINT_BYTES  # (a token holds a character at least)
