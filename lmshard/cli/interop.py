@@ -1,4 +1,4 @@
-"""`lmshard export`, `lmshard import`, `lmshard convert` and `lmshard cp`: the command-line edge
+"""`lmshard export`, `import`, `convert`, `retokenize` and `cp`: the command-line edge
 of `lmshard.interop`.
 
 Kept out of commands.py (which is near its size limit) but part of the command line: `register`
@@ -19,11 +19,12 @@ from . import render
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
-    """Add `export`, `import`, `convert` and `cp` to `app`."""
+    """Add `export`, `import`, `convert`, `retokenize` and `cp` to `app`."""
     app.command("export")(user_errors()(export))
     app.command("import")(user_errors()(import_))
     app.command("convert")(user_errors()(convert))
     app.command("cp")(user_errors()(cp))
+    app.command("retokenize")(user_errors()(retokenize))
 
 
 def cp(
@@ -178,6 +179,38 @@ def convert(
         f"converted {render.plural(len(meta.shards), 'shard')} ({meta.total_tokens:,} tokens) from "
         f"{escape(source.encoding.describe())} to {escape(meta.encoding.describe())}, {before:g} → {after:g} bytes "
         f"per token, into {escape(str(meta.root))}; every shard verified against the source",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def retokenize(
+    dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset directory written by lmshard."),
+    tokenizer: str = typer.Option(..., "--tokenizer", metavar="NAME", help="The new vocabulary, as for prepare: a "
+                                  "tiktoken name, a tokenizer.json, a hub name (docs/tokenizers.md)."),  # fmt: skip
+    out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be "
+                            "empty)."),  # fmt: skip
+    shard_encoding: str | None = typer.Option(None, "--shard-encoding", metavar="ENC", help="uint32, uint16, packed "
+                                              "or zstd [the dataset's own]."),  # fmt: skip
+    tokens_per_shard: int | None = typer.Option(None, "--tokens-per-shard", metavar="N", help="[the dataset's]"),
+    tokenizer_backend: str = typer.Option("auto", "--tokenizer-backend", metavar="NAME", help="As for prepare."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
+                                   "complete."),  # fmt: skip
+) -> None:
+    """Encode a dataset's documents with another tokenizer, as a fresh prepare would.
+
+    The same documents in the same order and splits, with their provenance and dedup keys;
+    byte-level vocabularies only (docs/cli.md)."""
+    from ..interop.retokenize import retokenize_dataset
+
+    result = retokenize_dataset(dataset, tokenizer, out, tokenizer_backend=tokenizer_backend,
+                                shard_encoding=shard_encoding, tokens_per_shard=tokens_per_shard,
+                                overwrite=overwrite)  # fmt: skip
+    meta, source = result.meta, result.source
+    render.out.print(
+        f"retokenized {meta.total_docs:,} documents from {escape(source.tokenizer.name)} ({source.total_tokens:,} "
+        f"tokens) to {escape(meta.tokenizer.name)} ({meta.total_tokens:,} tokens, "
+        f"{render.plural(len(meta.shards), 'shard')}) into {escape(str(meta.root))}",
         highlight=False,
         soft_wrap=True,
     )

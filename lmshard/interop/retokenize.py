@@ -1,0 +1,209 @@
+"""`lmshard retokenize`: a dataset's documents in another vocabulary, without preparing it again.
+
+Every document of every split is decoded with the dataset's own tokenizer and encoded with the
+new one, in the same order and the same split, with its provenance record, and written with the
+new vocabulary's separators (its EOT on the dataset's side, and a BOS where `--bos` (recorded)
+asks for one: auto, when the new tokenizer's configuration adds one). What does not depend on
+the vocabulary is kept: the dedup key files (hashes of the cleaned text) and signatures are copied
+byte for byte, so `--append`, `inspect --overlap` and resumable loaders work on the result as on
+a fresh prepare; the counts of what was read and dropped are the source's. So a retokenized
+dataset holds, document for document, what `prepare` with the new tokenizer would write from
+the same inputs; only the shard boundaries move (tokens per shard count the new tokens).
+
+Decoding must give back the text that was encoded. It does for byte-level vocabularies (every
+tiktoken vocabulary; a tokenizer.json with a ByteLevel decoder and no normalizer, as GPT-2's,
+Llama 3's and Qwen's are); a vocabulary that normalizes text (SentencePiece, a tokenizer.json
+with a normalizer) is refused in one line saying why (prepare from the source text then). As a
+check of the dataset itself, the first `CHECKED_DOCS` documents of each split are encoded again
+with its own tokenizer, and a document that does not give back its tokens refuses the run.
+
+Positions: document i of a split is document i of the same split in the result (its tokens
+start at the new index's offset i), so a run stopped at a document goes on at the same document:
+`same_document(old, new, split, token)` maps a token position.
+
+The result is built beside `--out` and replaces it only when complete (`output.staged_output`),
+in the source's shard encoding (`shard_encoding` to choose another; zstd frames without a
+dictionary, which `lmshard convert --to zstd` adds).
+
+Memory model: one block of the source's documents (`source.blocks`, at most BLOCK_TOKENS
+tokens) with its texts and new tokens, and the shard writers' buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ConfigError, FormatError
+from ..format import (
+    INDEX_DTYPE,
+    METADATA_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    DatasetMeta,
+    Encoding,
+    RunInfo,
+    ShardInfo,
+    SplitInfo,
+    TokenizerInfo,
+    atomic_write_json,
+    load_metadata,
+    write_vocab_copy,
+)
+from ..format.provenance import SRC_DTYPE
+from ..prepare.config import PrepareConfig
+from ..tokenizers import Tokenizer
+from .convert import _copy
+from .output import staged_output
+from .source import blocks, open_source
+
+CHECKED_DOCS = 256  # documents of each split decoded and encoded again with the dataset's tokenizer first
+BLOCK_TOKENS = 1 << 22  # source tokens decoded and encoded at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class RetokenizeResult:
+    meta: DatasetMeta  # the new dataset's (root: --out)
+    source: DatasetMeta
+
+
+def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
+                       tokenizer_backend: str = "auto", shard_encoding: str | None = None,
+                       tokens_per_shard: int | None = None, overwrite: bool = False) -> RetokenizeResult:  # fmt: skip
+    """Write `dataset`'s documents encoded with `tokenizer` to `out` (module docstring).
+
+        retokenize_dataset("data/owt", "meta-llama/Llama-3.2-1B", "data/owt_llama")
+    """
+    from ..prepare.output.claim import bos_written, run_tokenizer
+    from ..prepare.output.writer import ShardWriter, with_separators
+    from ..tokenizers.of_dataset import tokenizer_for
+
+    meta, splits = open_source(dataset, "all")
+    why: list[str] = []
+    old = tokenizer_for(meta, why)
+    if old is None:
+        raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
+    if (lossy := _lossy(old)) is not None:
+        raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its "
+                          f"documents were made from ({lossy}); prepare the new dataset from the source text "
+                          "instead")  # fmt: skip
+    recorded = meta.config or {}
+    config = PrepareConfig(inputs=[str(dataset)], out=str(out), tokenizer=tokenizer,
+                           tokenizer_backend=tokenizer_backend, separator=recorded.get("separator"),
+                           bos=recorded.get("bos", "auto"), eot_position=meta.eot_position,
+                           shard_encoding=shard_encoding or meta.encoding.name,
+                           tokens_per_shard=tokens_per_shard or int(recorded.get("tokens_per_shard") or 100_000_000))
+    new = run_tokenizer(config)
+    encoding = config.encoding(new.n_vocab)  # (uint16 for a larger vocabulary: refused naming --shard-encoding)
+    bos = bos_written(config, new)
+    specials = 1 if meta.tokenizer.bos_id is None else 2  # what each stored document holds besides its text
+    with staged_output(out, overwrite, [meta.root], flag="--overwrite") as staging:
+        shards = []
+        for split in splits:
+            _check_round_trip(meta, split, old, specials)
+            writer = ShardWriter(staging, split, config.tokens_per_shard, encoding=encoding, provenance=True)
+            src = _provenance(meta, split)
+            done = 0
+            for block in blocks(meta, split, "after", BLOCK_TOKENS):
+                texts = _texts(block.tokens, block.lengths, old, specials)
+                tokens, lengths = new.encode_batch(texts)
+                tokens, lengths = with_separators(tokens, lengths, np.ones(len(lengths), bool), new.eot_id,
+                                                  meta.eot_position, bos)  # fmt: skip
+                writer.add(tokens, lengths, src[done : done + len(texts)])
+                done += len(texts)
+            shards += writer.close()
+        for key_file in meta.dedup.files if meta.dedup else ():  # (of the text: the same for any vocabulary)
+            _copy(meta, key_file.path, staging, key_file.xxh3_64)
+        write_vocab_copy(staging, new.vocab_format, new.vocab_bytes)
+        atomic_write_json(staging / TOKENIZER_FILE, new.identity())
+        result = _metadata(meta, staging, config, new, bos, encoding, tuple(shards))
+        atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete
+        load_metadata(staging)  # the metadata as any reader will parse it
+    return RetokenizeResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), meta)
+
+
+def _lossy(old: Tokenizer) -> str | None:
+    """Why decoding with `old` may not give back the text it encoded, or None: tiktoken
+    vocabularies and byte-level tokenizer.json ones (a ByteLevel decoder, no normalizer) do."""
+    if old.vocab_format == "tiktoken":
+        return None
+    if old.vocab_format != "tokenizer.json" or old.vocab_bytes is None:
+        return f"a {old.vocab_format} vocabulary normalizes text"
+    spec = json.loads(old.vocab_bytes)
+    if spec.get("normalizer"):
+        return f"its normalizer ({spec['normalizer'].get('type')}) changes the text before it is encoded"
+    if (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        return "its decoder is not byte-level"
+    return None
+
+
+def _texts(tokens: np.ndarray, lengths: np.ndarray, old: Tokenizer, specials: int) -> list[str]:
+    """Each document's text: its tokens without the BOS before them and the EOT after, decoded."""
+    ends = np.cumsum(lengths)
+    first = 1 if specials == 2 else 0
+    return [old.decode(tokens[end - n + first : end - 1].tolist()) for end, n in zip(ends, lengths, strict=True)]
+
+
+def _check_round_trip(meta: DatasetMeta, split: str, old: Tokenizer, specials: int) -> None:
+    """The split's first CHECKED_DOCS documents decode to text the dataset's tokenizer encodes
+    back to the same tokens; ConfigError naming the first that does not."""
+    block = next(blocks(meta, split, "after", BLOCK_TOKENS), None)
+    if block is None:
+        return
+    ends = np.cumsum(block.lengths)[:CHECKED_DOCS]
+    texts = _texts(block.tokens, block.lengths, old, specials)[:CHECKED_DOCS]
+    for d, (end, n, text) in enumerate(zip(ends.tolist(), block.lengths.tolist(), texts, strict=False)):
+        if old.encode(text) != block.tokens[end - n + specials - 1 : end - 1].tolist():
+            raise ConfigError(f"{meta.root}: {split} document {d + 1} does not decode to the text it was made from "
+                              f"(the {meta.tokenizer.name} vocabulary does not round-trip: it normalizes text); "
+                              "prepare the new dataset from the source text instead")  # fmt: skip
+
+
+def _provenance(meta: DatasetMeta, split: str) -> np.ndarray:
+    """The split's documents' provenance records, in order (every shard's .src)."""
+    parts = []
+    for shard in meta.split_shards(split):
+        if not shard.src_path:
+            raise FormatError(f"{meta.root}: {shard.path} has no provenance file (a dataset written before "
+                              "lmshard kept them); prepare the new dataset from the source text instead")  # fmt: skip
+        parts.append(np.fromfile(meta.abspath(shard.src_path), dtype=SRC_DTYPE, count=shard.n_docs))
+    return np.concatenate(parts) if parts else np.zeros(0, SRC_DTYPE)
+
+
+def _metadata(meta: DatasetMeta, staging: Path, config: PrepareConfig, new: Tokenizer, bos: int | None,
+              encoding: Encoding, shards: tuple[ShardInfo, ...]) -> DatasetMeta:  # fmt: skip
+    tokenizer = TokenizerInfo(name=new.name, backend=new.backend, n_vocab=new.n_vocab, eot_id=new.eot_id, bos_id=bos,
+                              ranks_sha256=new.vocab_sha256, vocab_format=new.vocab_format)  # fmt: skip
+    splits = {name: SplitInfo.of(tuple(s for s in shards if s.split == name)) for name in SPLITS}
+    recorded = {**(meta.config or {}), "tokenizer": new.name, "shard_encoding": encoding.name,
+                "tokens_per_shard": config.tokens_per_shard}  # fmt: skip
+    step = RunInfo.step("retokenize", time.time(), meta.total_docs, sum(s.n_tokens for s in shards), __version__,
+                        tokenizer=new.name, source=str(meta.root))  # fmt: skip
+    run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step))
+    return dataclasses.replace(meta, root=staging, tokenizer=tokenizer, encoding=encoding, splits=splits,
+                               total_tokens=sum(s.n_tokens for s in shards), config=recorded, run=run,
+                               lmshard_version=__version__)  # fmt: skip
+
+
+def same_document(old: DatasetMeta, new: DatasetMeta, split: str, token: int) -> int:
+    """The position in `new` (a retokenized `old`) of the start of the document of `split` that
+    holds token `token` of `old`: where a run stopped inside a document goes on."""
+    starts_old = _starts(old, split)
+    d = int(np.searchsorted(starts_old, token, side="right")) - 1
+    return int(_starts(new, split)[d])
+
+
+def _starts(meta: DatasetMeta, split: str) -> np.ndarray:
+    """Each document's first token in the split's concatenated shards."""
+    out, base = [], 0
+    for shard in meta.split_shards(split):
+        offsets = np.fromfile(meta.abspath(shard.index_path), dtype=INDEX_DTYPE).astype(np.int64)
+        out.append(offsets[:-1] + base)
+        base += shard.n_tokens
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
