@@ -54,7 +54,11 @@ def inputs(tmp_path_factory):
 
 def test_retokenize_equals_a_fresh_prepare_with_the_new_vocabulary(tmp_path, inputs, big):  # noqa: F811
     source = _prepare(tmp_path / "gpt2", inputs)
-    result = retokenize_dataset(source, str(big["file"]), tmp_path / "re", shard_encoding="uint32")
+    result = retokenize_dataset(source, str(big["file"]), tmp_path / "re", shard_encoding="uint32", workers=3)
+    one = retokenize_dataset(source, str(big["file"]), tmp_path / "one", shard_encoding="uint32", workers=1).meta
+    for shard in one.shards:  # the same bytes for any number of workers
+        for f in shard.files():
+            assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "re" / f).read_bytes(), f
     fresh = _prepare(tmp_path / "fresh", inputs, tokenizer=str(big["file"]))
     re_meta, fresh_meta = load_metadata(tmp_path / "re"), load_metadata(fresh)
     assert re_meta.tokenizer == fresh_meta.tokenizer and re_meta.tokenizer.bos_id is not None  # (BOS: auto)

@@ -194,6 +194,8 @@ def retokenize(
                                               "or zstd [the dataset's own]."),  # fmt: skip
     tokens_per_shard: int | None = typer.Option(None, "--tokens-per-shard", metavar="N", help="[the dataset's]"),
     tokenizer_backend: str = typer.Option("auto", "--tokenizer-backend", metavar="NAME", help="As for prepare."),
+    workers: int | None = typer.Option(None, "--workers", "-w", metavar="N", help="Processes that decode and encode "
+                                       "[the CPUs available]; the same bytes for any number."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
 ) -> None:
@@ -205,7 +207,7 @@ def retokenize(
 
     result = retokenize_dataset(dataset, tokenizer, out, tokenizer_backend=tokenizer_backend,
                                 shard_encoding=shard_encoding, tokens_per_shard=tokens_per_shard,
-                                overwrite=overwrite)  # fmt: skip
+                                overwrite=overwrite, workers=workers)  # fmt: skip
     meta, source = result.meta, result.source
     render.out.print(
         f"retokenized {meta.total_docs:,} documents from {escape(source.tokenizer.name)} ({source.total_tokens:,} "

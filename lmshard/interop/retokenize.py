@@ -25,17 +25,24 @@ The result is built beside `--out` and replaces it only when complete (`output.s
 in the source's shard encoding (`shard_encoding` to choose another; zstd frames without a
 dictionary, which `lmshard convert --to zstd` adds).
 
-Memory model: one block of the source's documents (`source.blocks`, at most BLOCK_TOKENS
-tokens) with its texts and new tokens, and the shard writers' buffers.
+Documents are decoded and encoded by `workers` processes (default: the CPUs available, as for
+prepare), a block of about BLOCK_TOKENS source tokens at a time, handed back in order, so the
+result does not depend on their number; this process reads the source and writes the shards.
+
+Memory model: at most 2 × workers blocks in flight (BLOCK_TOKENS source tokens each, with their
+texts and new tokens), each worker's two vocabularies, and the shard writers' buffers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,10 +68,10 @@ from ..prepare.config import PrepareConfig
 from ..tokenizers import Tokenizer
 from .convert import _copy
 from .output import staged_output
-from .source import blocks, open_source
+from .source import Block, blocks, open_source
 
 CHECKED_DOCS = 256  # documents of each split decoded and encoded again with the dataset's tokenizer first
-BLOCK_TOKENS = 1 << 22  # source tokens decoded and encoded at a time
+BLOCK_TOKENS = 1 << 20  # source tokens decoded and encoded at a time (a worker's task)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +82,15 @@ class RetokenizeResult:
 
 def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
                        tokenizer_backend: str = "auto", shard_encoding: str | None = None,
-                       tokens_per_shard: int | None = None, overwrite: bool = False) -> RetokenizeResult:  # fmt: skip
+                       tokens_per_shard: int | None = None, overwrite: bool = False,
+                       workers: int | None = None) -> RetokenizeResult:  # fmt: skip
     """Write `dataset`'s documents encoded with `tokenizer` to `out` (module docstring).
 
         retokenize_dataset("data/owt", "meta-llama/Llama-3.2-1B", "data/owt_llama")
     """
+    from ..prepare.execution.pool import OrderedPool, start_method
     from ..prepare.output.claim import bos_written, run_tokenizer
-    from ..prepare.output.writer import ShardWriter, with_separators
+    from ..prepare.output.writer import ShardWriter
     from ..tokenizers.of_dataset import tokenizer_for
 
     meta, splits = open_source(dataset, "all")
@@ -98,25 +107,31 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
                            tokenizer_backend=tokenizer_backend, separator=recorded.get("separator"),
                            bos=recorded.get("bos", "auto"), eot_position=meta.eot_position,
                            shard_encoding=shard_encoding or meta.encoding.name,
-                           tokens_per_shard=tokens_per_shard or int(recorded.get("tokens_per_shard") or 100_000_000))
+                           tokens_per_shard=tokens_per_shard or int(recorded.get("tokens_per_shard") or 100_000_000),
+                           workers=workers or 0)  # fmt: skip
     new = run_tokenizer(config)
     encoding = config.encoding(new.n_vocab)  # (uint16 for a larger vocabulary: refused naming --shard-encoding)
     bos = bos_written(config, new)
     specials = 1 if meta.tokenizer.bos_id is None else 2  # what each stored document holds besides its text
-    with staged_output(out, overwrite, [meta.root], flag="--overwrite") as staging:
+    n = config.n_workers()
+    with contextlib.ExitStack() as stack:
+        staging = stack.enter_context(staged_output(out, overwrite, [meta.root], flag="--overwrite"))
+        if n > 1:  # workers decode and encode blocks of documents; this process reads and writes them, in order
+            arg = (str(meta.root), config, specials, bos)
+            pool: OrderedPool[Block, Any] = stack.enter_context(OrderedPool(n, _start, arg, start=start_method()))
+            encoded: Callable[[Iterator[Block]], Iterator[Any]] = lambda bs: pool.imap(_encode, bs, 2 * n)  # noqa: E731
+        else:
+            _here.update(old=old, new=new, specials=specials, bos=bos, position=meta.eot_position)
+            encoded = lambda bs: map(_encode, bs)  # noqa: E731
         shards = []
         for split in splits:
             _check_round_trip(meta, split, old, specials)
             writer = ShardWriter(staging, split, config.tokens_per_shard, encoding=encoding, provenance=True)
             src = _provenance(meta, split)
             done = 0
-            for block in blocks(meta, split, "after", BLOCK_TOKENS):
-                texts = _texts(block.tokens, block.lengths, old, specials)
-                tokens, lengths = new.encode_batch(texts)
-                tokens, lengths = with_separators(tokens, lengths, np.ones(len(lengths), bool), new.eot_id,
-                                                  meta.eot_position, bos)  # fmt: skip
-                writer.add(tokens, lengths, src[done : done + len(texts)])
-                done += len(texts)
+            for tokens, lengths in encoded(blocks(meta, split, "after", BLOCK_TOKENS)):
+                writer.add(tokens, lengths, src[done : done + len(lengths)])
+                done += len(lengths)
             shards += writer.close()
         for key_file in meta.dedup.files if meta.dedup else ():  # (of the text: the same for any vocabulary)
             _copy(meta, key_file.path, staging, key_file.xxh3_64)
@@ -126,6 +141,32 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
         atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete
         load_metadata(staging)  # the metadata as any reader will parse it
     return RetokenizeResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), meta)
+
+
+_here: dict[str, Any] = {}  # the tokenizers and separators of the process that encodes (`_start`)
+
+
+def _start(arg: tuple[str, PrepareConfig, int, int | None]) -> None:
+    """A worker: load the dataset's tokenizer and the new one (one thread each: the workers are the
+    parallelism)."""
+    from ..prepare.output.claim import run_tokenizer
+    from ..tokenizers.of_dataset import tokenizer_for
+
+    root, config, specials, bos = arg
+    meta = load_metadata(root)
+    new = run_tokenizer(config)
+    new.use_threads(1)
+    _here.update(old=tokenizer_for(meta), new=new, specials=specials, bos=bos, position=meta.eot_position)
+
+
+def _encode(block: Block) -> tuple[np.ndarray, np.ndarray]:
+    """A block of the source's documents in the new vocabulary: its tokens and lengths, separators
+    included."""
+    from ..prepare.output.writer import with_separators
+
+    new = _here["new"]
+    tokens, lengths = new.encode_batch(_texts(block.tokens, block.lengths, _here["old"], _here["specials"]))
+    return with_separators(tokens, lengths, np.ones(len(lengths), bool), new.eot_id, _here["position"], _here["bos"])
 
 
 def _lossy(old: Tokenizer) -> str | None:
