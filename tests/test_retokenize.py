@@ -16,7 +16,7 @@ from tokenizers import AddedToken, normalizers
 from typer.testing import CliRunner
 
 from lmshard.cli import app
-from lmshard.errors import ConfigError
+from lmshard.errors import ArgumentError, ConfigError, FormatError
 from lmshard.format import INDEX_DTYPE, load_metadata
 from lmshard.format.provenance import SRC_DTYPE
 from lmshard.interop.retokenize import retokenize_dataset, same_document
@@ -102,3 +102,39 @@ def test_a_vocabulary_that_normalizes_text_is_refused(tmp_path, inputs):
         retokenize_dataset(source, "gpt2", tmp_path / "re")
     assert not (tmp_path / "re").exists()
     assert json.loads((source / "dataset_metadata.json").read_text())["tokenizer"]["vocab_format"] == "tokenizer.json"
+
+
+def test_a_document_that_does_not_round_trip_is_named(tmp_path):
+    """Tokens no tokenizer would have made from their text ("a" "b" where GPT-2 has "ab"), imported
+    from a nanoGPT file: the text decodes, but encodes back to other tokens."""
+    from lmshard.interop.importer import import_dataset
+
+    ab = [64, 65]  # 'a', 'b'
+    docs = [[314, 716, 257, 3797, 13, 50256]] * 3 + [ab + [50256]]  # the fourth document is the odd one
+    (tmp_path / "nano").mkdir()
+    (tmp_path / "nano" / "train.bin").write_bytes(np.array(sum(docs, []), dtype="<u2").tobytes())
+    import_dataset(tmp_path / "nano", "nanogpt", tmp_path / "imported", tokenizer="gpt2")
+    with pytest.raises(ConfigError, match="train document 4 does not decode to the text it was made from"):
+        retokenize_dataset(tmp_path / "imported", "gpt2", tmp_path / "re", workers=1)
+    assert not (tmp_path / "re").exists()
+
+
+def test_damage_ordinary_added_tokens_separators_and_positions(tmp_path, inputs, big):  # noqa: F811
+    source = _prepare(tmp_path / "src", inputs, separator="<|endoftext|>")  # (GPT-2's own, spelled out)
+    retokenize_dataset(source, str(big["file"]), tmp_path / "ok", shard_encoding="uint32")  # the new one's own EOT
+    meta = load_metadata(source)
+    with pytest.raises(ArgumentError, match="token 10,000,000 is not in the train split"):
+        same_document(meta, load_metadata(tmp_path / "ok"), "train", 10_000_000)
+    shard = meta.split_shards("train")[0]
+    data = bytearray((source / shard.path).read_bytes())
+    data[40] ^= 1  # one token changed: the block no longer matches its sum
+    (source / shard.path).write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="block 0"):
+        retokenize_dataset(source, "gpt2", tmp_path / "re")
+    assert not (tmp_path / "re").exists()
+    tok = tokenizers.Tokenizer.from_file(str(big["file"]))
+    tok.add_tokens([AddedToken("naïve")])  # an ordinary added token: matched in text
+    tok.save(str(tmp_path / "added.json"))
+    with_added = _prepare(tmp_path / "added", inputs[:1], tokenizer=str(tmp_path / "added.json"))
+    with pytest.raises(ConfigError, match="its ordinary added tokens \\('naïve'\\) are matched in text"):
+        retokenize_dataset(with_added, "gpt2", tmp_path / "re")

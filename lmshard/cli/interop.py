@@ -194,8 +194,12 @@ def retokenize(
                                               "or zstd [the dataset's own]."),  # fmt: skip
     tokens_per_shard: int | None = typer.Option(None, "--tokens-per-shard", metavar="N", help="[the dataset's]"),
     tokenizer_backend: str = typer.Option("auto", "--tokenizer-backend", metavar="NAME", help="As for prepare."),
-    workers: int | None = typer.Option(None, "--workers", "-w", metavar="N", help="Processes that decode and encode "
-                                       "[the CPUs available]; the same bytes for any number."),  # fmt: skip
+    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Processes that decode and encode [the "
+                                       "CPUs available]; the same bytes for any number."),  # fmt: skip
+    separator: str | None = typer.Option(None, "--separator", metavar="TOKEN", help="The new vocabulary's document "
+                                         "separator, as for prepare [its end-of-text token]."),  # fmt: skip
+    bos: str | None = typer.Option(None, "--bos", metavar="auto|yes|no", help="A BOS before each document, as for "
+                                   "prepare [the dataset's setting]."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
 ) -> None:
@@ -207,7 +211,7 @@ def retokenize(
 
     result = retokenize_dataset(dataset, tokenizer, out, tokenizer_backend=tokenizer_backend,
                                 shard_encoding=shard_encoding, tokens_per_shard=tokens_per_shard,
-                                overwrite=overwrite, workers=workers)  # fmt: skip
+                                overwrite=overwrite, workers=workers, separator=separator, bos=bos)  # fmt: skip
     meta, source = result.meta, result.source
     render.out.print(
         f"retokenized {meta.total_docs:,} documents from {escape(source.tokenizer.name)} ({source.total_tokens:,} "

@@ -10,12 +10,12 @@ a fresh prepare; the counts of what was read and dropped are the source's. So a 
 dataset holds, document for document, what `prepare` with the new tokenizer would write from
 the same inputs; only the shard boundaries move (tokens per shard count the new tokens).
 
-Decoding must give back the text that was encoded. It does for byte-level vocabularies (every
-tiktoken vocabulary; a tokenizer.json with a ByteLevel decoder and no normalizer, as GPT-2's,
-Llama 3's and Qwen's are); a vocabulary that normalizes text (SentencePiece, a tokenizer.json
-with a normalizer) is refused in one line saying why (prepare from the source text then). As a
-check of the dataset itself, the first `CHECKED_DOCS` documents of each split are encoded again
-with its own tokenizer, and a document that does not give back its tokens refuses the run.
+Decoding must give back the text that was encoded. It does for byte-level vocabularies (tiktoken
+vocabularies by name; a tokenizer.json with a ByteLevel decoder, no ordinary added tokens and no
+normalizer but NFC on text prepare made NFC); others are refused in one line saying why (prepare
+from the source text then). Every document's text is also encoded back with the dataset's own
+vocabulary and must give its stored tokens, and every block of the source is held to its
+checksums as it is read (convert's checks), so nothing damaged or not round-tripping is written.
 
 Positions: document i of a split is document i of the same split in the result (its tokens
 start at the new index's offset i), so a run stopped at a document goes on at the same document:
@@ -30,7 +30,8 @@ prepare), a block of about BLOCK_TOKENS source tokens at a time, handed back in 
 result does not depend on their number; this process reads the source and writes the shards.
 
 Memory model: at most 2 × workers blocks in flight (BLOCK_TOKENS source tokens each, with their
-texts and new tokens), each worker's two vocabularies, and the shard writers' buffers.
+texts and new tokens), each worker's two vocabularies, one source shard's provenance records
+(12 bytes a document) and the shard writers' buffers.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, FormatError
+from ..errors import ArgumentError, ConfigError, FormatError
 from ..format import (
     INDEX_DTYPE,
     METADATA_FILE,
@@ -60,15 +61,16 @@ from ..format import (
     SplitInfo,
     TokenizerInfo,
     atomic_write_json,
+    file_xxh3,
     load_metadata,
     write_vocab_copy,
 )
 from ..format.provenance import SRC_DTYPE
 from ..prepare.config import PrepareConfig
 from ..tokenizers import Tokenizer
-from .convert import _copy
+from .convert import _checked_chunks, _copy
 from .output import staged_output
-from .source import Block, blocks, open_source
+from .source import Block, _shard_blocks, open_source
 
 CHECKED_DOCS = 256  # documents of each split decoded and encoded again with the dataset's tokenizer first
 BLOCK_TOKENS = 1 << 20  # source tokens decoded and encoded at a time (a worker's task)
@@ -82,62 +84,70 @@ class RetokenizeResult:
 
 def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
                        tokenizer_backend: str = "auto", shard_encoding: str | None = None,
-                       tokens_per_shard: int | None = None, overwrite: bool = False,
-                       workers: int | None = None) -> RetokenizeResult:  # fmt: skip
+                       tokens_per_shard: int | None = None, overwrite: bool = False, workers: int | None = None,
+                       separator: str | None = None, bos: str | None = None) -> RetokenizeResult:  # fmt: skip
     """Write `dataset`'s documents encoded with `tokenizer` to `out` (module docstring).
 
         retokenize_dataset("data/owt", "meta-llama/Llama-3.2-1B", "data/owt_llama")
     """
     from ..prepare.execution.pool import OrderedPool, start_method
+    from ..prepare.output.build import sigterm_stops
     from ..prepare.output.claim import bos_written, run_tokenizer
     from ..prepare.output.writer import ShardWriter
     from ..tokenizers.of_dataset import tokenizer_for
+
+    if tokens_per_shard is not None and tokens_per_shard < 1:
+        raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: must be at least 1")
 
     meta, splits = open_source(dataset, "all")
     why: list[str] = []
     old = tokenizer_for(meta, why)
     if old is None:
         raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
-    if (lossy := _lossy(old)) is not None:
+    if (lossy := _lossy(old, meta)) is not None:
         raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its "
                           f"documents were made from ({lossy}); prepare the new dataset from the source text "
                           "instead")  # fmt: skip
     recorded = meta.config or {}
     config = PrepareConfig(inputs=[str(dataset)], out=str(out), tokenizer=tokenizer,
-                           tokenizer_backend=tokenizer_backend, separator=recorded.get("separator"),
-                           bos=recorded.get("bos", "auto"), eot_position=meta.eot_position,
+                           tokenizer_backend=tokenizer_backend, separator=separator,
+                           bos=bos or recorded.get("bos", "auto"), eot_position=meta.eot_position,
                            shard_encoding=shard_encoding or meta.encoding.name,
                            tokens_per_shard=tokens_per_shard or int(recorded.get("tokens_per_shard") or 100_000_000),
                            workers=workers or 0)  # fmt: skip
     new = run_tokenizer(config)
     encoding = config.encoding(new.n_vocab)  # (uint16 for a larger vocabulary: refused naming --shard-encoding)
-    bos = bos_written(config, new)
+    written_bos = bos_written(config, new)
     specials = 1 if meta.tokenizer.bos_id is None else 2  # what each stored document holds besides its text
     n = config.n_workers()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_stops())  # (SIGTERM as Ctrl-C: the staging directory is removed)
         staging = stack.enter_context(staged_output(out, overwrite, [meta.root], flag="--overwrite"))
         if n > 1:  # workers decode and encode blocks of documents; this process reads and writes them, in order
-            arg = (str(meta.root), config, specials, bos)
-            pool: OrderedPool[Block, Any] = stack.enter_context(OrderedPool(n, _start, arg, start=start_method()))
-            encoded: Callable[[Iterator[Block]], Iterator[Any]] = lambda bs: pool.imap(_encode, bs, 2 * n)  # noqa: E731
+            arg = (str(meta.root), config, specials, written_bos)
+            pool: OrderedPool[Any, Any] = stack.enter_context(OrderedPool(n, _start, arg, start=start_method()))
+            encoded: Callable[[Iterator[Any]], Iterator[Any]] = lambda bs: pool.imap(_encode, bs, 2 * n)  # noqa: E731
         else:
-            _here.update(old=old, new=new, specials=specials, bos=bos, position=meta.eot_position)
+            _here.update(old=old, new=new, specials=specials, bos=written_bos, position=meta.eot_position)
             encoded = lambda bs: map(_encode, bs)  # noqa: E731
         shards = []
         for split in splits:
-            _check_round_trip(meta, split, old, specials)
             writer = ShardWriter(staging, split, config.tokens_per_shard, encoding=encoding, provenance=True)
-            src = _provenance(meta, split)
-            done = 0
-            for tokens, lengths in encoded(blocks(meta, split, "after", BLOCK_TOKENS)):
-                writer.add(tokens, lengths, src[done : done + len(lengths)])
-                done += len(lengths)
+            first = 0  # the split's documents before the shard
+            for shard in meta.split_shards(split):
+                if shard.n_docs:
+                    _check_source(meta, shard)
+                    src, done = _provenance(meta, shard), 0
+                    for tokens, lengths in encoded(_numbered(meta, shard, split, first)):
+                        writer.add(tokens, lengths, src[done : done + len(lengths)])
+                        done += len(lengths)
+                first += shard.n_docs
             shards += writer.close()
         for key_file in meta.dedup.files if meta.dedup else ():  # (of the text: the same for any vocabulary)
             _copy(meta, key_file.path, staging, key_file.xxh3_64)
         write_vocab_copy(staging, new.vocab_format, new.vocab_bytes)
         atomic_write_json(staging / TOKENIZER_FILE, new.identity())
-        result = _metadata(meta, staging, config, new, bos, encoding, tuple(shards))
+        result = _metadata(meta, staging, config, new, written_bos, encoding, tuple(shards))
         atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete
         load_metadata(staging)  # the metadata as any reader will parse it
     return RetokenizeResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), meta)
@@ -159,28 +169,61 @@ def _start(arg: tuple[str, PrepareConfig, int, int | None]) -> None:
     _here.update(old=tokenizer_for(meta), new=new, specials=specials, bos=bos, position=meta.eot_position)
 
 
-def _encode(block: Block) -> tuple[np.ndarray, np.ndarray]:
+def _numbered(meta: DatasetMeta, shard: ShardInfo, split: str, first: int) -> Iterator[tuple[str, int, Block]]:
+    """The shard's blocks of documents, each with its split and the number there of its first
+    document (`first`: the split's documents before the shard), for a message."""
+    for block in _shard_blocks(meta, shard, "after", BLOCK_TOKENS):
+        yield split, first, block
+        first += len(block.lengths)
+
+
+def _encode(work: tuple[str, int, Block]) -> tuple[np.ndarray, np.ndarray]:
     """A block of the source's documents in the new vocabulary: its tokens and lengths, separators
-    included."""
+    included. Each document's text is held to its tokens first: the dataset's own tokenizer
+    encodes it back to them, else the run stops naming the document (it does not round-trip)."""
     from ..prepare.output.writer import with_separators
 
-    new = _here["new"]
-    tokens, lengths = new.encode_batch(_texts(block.tokens, block.lengths, _here["old"], _here["specials"]))
+    split, first, block = work
+    old, new, specials = _here["old"], _here["new"], _here["specials"]
+    texts = _texts(block.tokens, block.lengths, old, specials)
+    again, again_lengths = old.encode_batch(texts)
+    keep = np.ones(len(block.tokens), bool)  # the stored tokens of the texts: without the separators
+    ends = np.cumsum(block.lengths)
+    keep[ends - 1] = False
+    if specials == 2:
+        keep[ends - block.lengths] = False
+    stored = block.tokens[keep]
+    if not np.array_equal(again_lengths, block.lengths - specials) or not np.array_equal(again, stored):
+        d = _first_mismatch(again, again_lengths, stored, block.lengths - specials)
+        raise ConfigError(f"{split} document {first + d + 1} does not decode to the text it was made from (its "
+                          f"vocabulary does not round-trip it); prepare the new dataset from the source text "
+                          "instead")  # fmt: skip
+    tokens, lengths = new.encode_batch(texts)
     return with_separators(tokens, lengths, np.ones(len(lengths), bool), new.eot_id, _here["position"], _here["bos"])
 
 
-def _lossy(old: Tokenizer) -> str | None:
+def _first_mismatch(a: np.ndarray, a_lengths: np.ndarray, b: np.ndarray, b_lengths: np.ndarray) -> int:
+    a_parts, b_parts = np.split(a, np.cumsum(a_lengths)[:-1]), np.split(b, np.cumsum(b_lengths)[:-1])
+    return next(d for d, (x, y) in enumerate(zip(a_parts, b_parts, strict=True)) if not np.array_equal(x, y))
+
+
+def _lossy(old: Tokenizer, meta: DatasetMeta) -> str | None:
     """Why decoding with `old` may not give back the text it encoded, or None: tiktoken
-    vocabularies and byte-level tokenizer.json ones (a ByteLevel decoder, no normalizer) do."""
+    vocabularies and byte-level tokenizer.json ones (a ByteLevel decoder; no normalizer, or NFC
+    on text prepare made NFC already; no ordinary added tokens, which are matched in text and
+    decode as their content) do."""
     if old.vocab_format == "tiktoken":
         return None
     if old.vocab_format != "tokenizer.json" or old.vocab_bytes is None:
         return f"a {old.vocab_format} vocabulary normalizes text"
     spec = json.loads(old.vocab_bytes)
-    if spec.get("normalizer"):
-        return f"its normalizer ({spec['normalizer'].get('type')}) changes the text before it is encoded"
+    normalizer = (spec.get("normalizer") or {}).get("type")
+    if normalizer and not (normalizer == "NFC" and (meta.config or {}).get("normalize", "nfc") == "nfc"):
+        return f"its normalizer ({normalizer}) changes the text before it is encoded"
     if (spec.get("decoder") or {}).get("type") != "ByteLevel":
         return "its decoder is not byte-level"
+    if ordinary := [t.get("content") for t in spec.get("added_tokens") or () if not t.get("special")]:
+        return f"its ordinary added tokens ({', '.join(map(repr, ordinary[:3]))}) are matched in text"
     return None
 
 
@@ -191,30 +234,24 @@ def _texts(tokens: np.ndarray, lengths: np.ndarray, old: Tokenizer, specials: in
     return [old.decode(tokens[end - n + first : end - 1].tolist()) for end, n in zip(ends, lengths, strict=True)]
 
 
-def _check_round_trip(meta: DatasetMeta, split: str, old: Tokenizer, specials: int) -> None:
-    """The split's first CHECKED_DOCS documents decode to text the dataset's tokenizer encodes
-    back to the same tokens; ConfigError naming the first that does not."""
-    block = next(blocks(meta, split, "after", BLOCK_TOKENS), None)
-    if block is None:
-        return
-    ends = np.cumsum(block.lengths)[:CHECKED_DOCS]
-    texts = _texts(block.tokens, block.lengths, old, specials)[:CHECKED_DOCS]
-    for d, (end, n, text) in enumerate(zip(ends.tolist(), block.lengths.tolist(), texts, strict=False)):
-        if old.encode(text) != block.tokens[end - n + specials - 1 : end - 1].tolist():
-            raise ConfigError(f"{meta.root}: {split} document {d + 1} does not decode to the text it was made from "
-                              f"(the {meta.tokenizer.name} vocabulary does not round-trip: it normalizes text); "
-                              "prepare the new dataset from the source text instead")  # fmt: skip
+def _check_source(meta: DatasetMeta, shard: ShardInfo) -> None:
+    """The shard's stored bytes held to their block sums and checksum, its ids below n_vocab
+    (convert's checks: a damaged source is refused, never re-encoded into a dataset that
+    verifies)."""
+    for _ in _checked_chunks(meta, shard, "the dataset"):
+        pass
 
 
-def _provenance(meta: DatasetMeta, split: str) -> np.ndarray:
-    """The split's documents' provenance records, in order (every shard's .src)."""
-    parts = []
-    for shard in meta.split_shards(split):
-        if not shard.src_path:
-            raise FormatError(f"{meta.root}: {shard.path} has no provenance file (a dataset written before "
-                              "lmshard kept them); prepare the new dataset from the source text instead")  # fmt: skip
-        parts.append(np.fromfile(meta.abspath(shard.src_path), dtype=SRC_DTYPE, count=shard.n_docs))
-    return np.concatenate(parts) if parts else np.zeros(0, SRC_DTYPE)
+def _provenance(meta: DatasetMeta, shard: ShardInfo) -> np.ndarray:
+    """The shard's documents' provenance records (its .src, held to its checksum)."""
+    if not shard.src_path:
+        raise FormatError(f"{meta.root}: {shard.path} has no provenance file (a dataset written before lmshard kept "
+                          "them); prepare the new dataset from the source text instead")  # fmt: skip
+    path = meta.abspath(shard.src_path)
+    if (digest := file_xxh3(path)) != shard.src_xxh3_64:
+        raise FormatError(f"{path}: checksum {digest} != {shard.src_xxh3_64} in the metadata (damaged); run `lmshard "
+                          "inspect` on the dataset")  # fmt: skip
+    return np.fromfile(path, dtype=SRC_DTYPE, count=shard.n_docs)
 
 
 def _metadata(meta: DatasetMeta, staging: Path, config: PrepareConfig, new: Tokenizer, bos: int | None,
@@ -225,8 +262,9 @@ def _metadata(meta: DatasetMeta, staging: Path, config: PrepareConfig, new: Toke
     recorded = {**(meta.config or {}), "tokenizer": new.name, "shard_encoding": encoding.name,
                 "tokens_per_shard": config.tokens_per_shard}  # fmt: skip
     step = RunInfo.step("retokenize", time.time(), meta.total_docs, sum(s.n_tokens for s in shards), __version__,
-                        tokenizer=new.name, source=str(meta.root))  # fmt: skip
-    run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step))
+                        tokenizer=new.name, source=os.path.realpath(meta.root))  # fmt: skip
+    run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step), out=str(config.out),
+                              workers=config.n_workers(), tokens_per_s=None, elapsed_s=0.0)  # fmt: skip
     return dataclasses.replace(meta, root=staging, tokenizer=tokenizer, encoding=encoding, splits=splits,
                                total_tokens=sum(s.n_tokens for s in shards), config=recorded, run=run,
                                lmshard_version=__version__)  # fmt: skip
@@ -235,9 +273,13 @@ def _metadata(meta: DatasetMeta, staging: Path, config: PrepareConfig, new: Toke
 def same_document(old: DatasetMeta, new: DatasetMeta, split: str, token: int) -> int:
     """The position in `new` (a retokenized `old`) of the start of the document of `split` that
     holds token `token` of `old`: where a run stopped inside a document goes on."""
-    starts_old = _starts(old, split)
-    d = int(np.searchsorted(starts_old, token, side="right")) - 1
-    return int(_starts(new, split)[d])
+    starts_old, starts_new = _starts(old, split), _starts(new, split)
+    if len(starts_old) != len(starts_new):
+        raise ArgumentError(f"the {split} splits hold {len(starts_old):,} and {len(starts_new):,} documents: the "
+                            "second dataset is not the first retokenized")  # fmt: skip
+    if not 0 <= token < old.n_tokens(split):
+        raise ArgumentError(f"token {token:,} is not in the {split} split (0 .. {old.n_tokens(split) - 1:,})")
+    return int(starts_new[int(np.searchsorted(starts_old, token, side="right")) - 1])
 
 
 def _starts(meta: DatasetMeta, split: str) -> np.ndarray:
