@@ -154,12 +154,16 @@ def import_(
     )
 
 
+# The source and destination of convert and retokenize.
+_DATASET = typer.Argument(..., metavar="DATASET", help="A dataset directory written by lmshard.")
+_OUT = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be empty).")
+
+
 def convert(
-    dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset directory written by lmshard."),
+    dataset: str = _DATASET,
     to: str = typer.Option(..., "--to", metavar="ENC", help="The new shard encoding: uint32, uint16, packed or zstd "
                            "(docs/format.md)."),  # fmt: skip
-    out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be "
-                            "empty)."),  # fmt: skip
+    out: str = _OUT,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete and verified."),  # fmt: skip
     dictionary: bool = typer.Option(True, "--dictionary/--no-dictionary", help="zstd: compress every frame with a "
@@ -185,11 +189,10 @@ def convert(
 
 
 def retokenize(
-    dataset: str = typer.Argument(..., metavar="DATASET", help="A dataset directory written by lmshard."),
+    dataset: str = _DATASET,
     tokenizer: str = typer.Option(..., "--tokenizer", metavar="NAME", help="The new vocabulary, as for prepare: a "
                                   "tiktoken name, a tokenizer.json, a hub name (docs/tokenizers.md)."),  # fmt: skip
-    out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory (must not exist or be "
-                            "empty)."),  # fmt: skip
+    out: str = _OUT,
     shard_encoding: str | None = typer.Option(None, "--shard-encoding", metavar="ENC", help="uint32, uint16, packed "
                                               "or zstd [the dataset's own]."),  # fmt: skip
     tokens_per_shard: int | None = typer.Option(None, "--tokens-per-shard", metavar="N", help="[the dataset's]"),
