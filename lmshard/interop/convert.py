@@ -130,12 +130,12 @@ def _copy_small_files(meta: DatasetMeta, staging: Path) -> None:
     if copy is not None and (meta.root / copy).exists():
         rels.append(copy)
     for rel in rels:
-        _copy(meta, rel, staging)
+        copy_checked(meta, rel, staging)
     for key_file in meta.dedup.files if meta.dedup else ():
-        _copy(meta, key_file.path, staging, key_file.xxh3_64)
+        copy_checked(meta, key_file.path, staging, key_file.xxh3_64)
 
 
-def _copy(meta: DatasetMeta, rel: str, staging: Path, xxh3_64: str = "") -> None:
+def copy_checked(meta: DatasetMeta, rel: str, staging: Path, xxh3_64: str = "") -> None:
     dataset_file_size(meta.root, rel)  # a regular file inside the dataset (symlinks resolved)
     dest = staging / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -148,14 +148,14 @@ def _copy(meta: DatasetMeta, rel: str, staging: Path, xxh3_64: str = "") -> None
 def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding: Encoding) -> ShardInfo:
     """One shard in `encoding` under `staging`: its index copied (and checked), its tokens
     decoded from the source, checked, written as uint32 and sealed."""
-    _copy(meta, shard.index_path, staging, shard.index_xxh3_64)
+    copy_checked(meta, shard.index_path, staging, shard.index_xxh3_64)
     if shard.src_path:  # (its documents' provenance: the same documents, in the same order)
-        _copy(meta, shard.src_path, staging, shard.src_xxh3_64)
+        copy_checked(meta, shard.src_path, staging, shard.src_xxh3_64)
     idx = staging / shard.index_path
     check_index(meta.abspath(shard.index_path), np.fromfile(idx, dtype=INDEX_DTYPE), shard.n_tokens)
     tmp, final = Path(f"{staging / shard.path}.tmp"), staging / shard.path
     with open(tmp, "wb") as f:
-        for chunk in _checked_chunks(meta, shard, "the source"):
+        for chunk in checked_chunks(meta, shard, "the source"):
             for _, tokens in chunk.runs:
                 f.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).data)
         f.flush()
@@ -168,7 +168,7 @@ def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding:
     return dataclasses.replace(entry, src_path=shard.src_path, src_xxh3_64=shard.src_xxh3_64)
 
 
-def _checked_chunks(meta: DatasetMeta, shard: ShardInfo, what: str) -> Iterator[Chunk]:
+def checked_chunks(meta: DatasetMeta, shard: ShardInfo, what: str) -> Iterator[Chunk]:
     """The shard's chunks (inspect/chunks.py), every block held to its sums and decoded, every
     id below n_vocab and, once read through, the whole file held to its checksum; FormatError
     naming the shard and the block. `what`: the dataset, as the error names it."""
@@ -198,7 +198,7 @@ def _compare(source: DatasetMeta, shard: ShardInfo, new: DatasetMeta, converted:
     check_shard_files(new.root, converted)
     original = TokenFile(source.root, shard, source.encoding, cache_blocks=0)
     try:
-        for chunk in _checked_chunks(new, converted, "the converted shard"):
+        for chunk in checked_chunks(new, converted, "the converted shard"):
             for start, tokens in chunk.runs:
                 if not np.array_equal(tokens, expected := original.read(start, start + len(tokens))):
                     at = start + int(np.flatnonzero(tokens != expected)[0])

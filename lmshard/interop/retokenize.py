@@ -68,9 +68,9 @@ from ..format import (
 from ..format.provenance import SRC_DTYPE
 from ..prepare.config import PrepareConfig
 from ..tokenizers import Tokenizer
-from .convert import _checked_chunks, _copy
+from .convert import checked_chunks, copy_checked
 from .output import staged_output
-from .source import Block, _shard_blocks, open_source
+from .source import Block, open_source, shard_blocks
 
 CHECKED_DOCS = 256  # documents of each split decoded and encoded again with the dataset's tokenizer first
 BLOCK_TOKENS = 1 << 20  # source tokens decoded and encoded at a time (a worker's task)
@@ -144,7 +144,7 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
                 first += shard.n_docs
             shards += writer.close()
         for key_file in meta.dedup.files if meta.dedup else ():  # (of the text: the same for any vocabulary)
-            _copy(meta, key_file.path, staging, key_file.xxh3_64)
+            copy_checked(meta, key_file.path, staging, key_file.xxh3_64)
         write_vocab_copy(staging, new.vocab_format, new.vocab_bytes)
         atomic_write_json(staging / TOKENIZER_FILE, new.identity())
         result = _metadata(meta, staging, config, new, written_bos, encoding, tuple(shards))
@@ -172,7 +172,7 @@ def _start(arg: tuple[str, PrepareConfig, int, int | None]) -> None:
 def _numbered(meta: DatasetMeta, shard: ShardInfo, split: str, first: int) -> Iterator[tuple[str, int, Block]]:
     """The shard's blocks of documents, each with its split and the number there of its first
     document (`first`: the split's documents before the shard), for a message."""
-    for block in _shard_blocks(meta, shard, "after", BLOCK_TOKENS):
+    for block in shard_blocks(meta, shard, "after", BLOCK_TOKENS):
         yield split, first, block
         first += len(block.lengths)
 
@@ -238,7 +238,7 @@ def _check_source(meta: DatasetMeta, shard: ShardInfo) -> None:
     """The shard's stored bytes held to their block sums and checksum, its ids below n_vocab
     (convert's checks: a damaged source is refused, never re-encoded into a dataset that
     verifies)."""
-    for _ in _checked_chunks(meta, shard, "the dataset"):
+    for _ in checked_chunks(meta, shard, "the dataset"):
         pass
 
 

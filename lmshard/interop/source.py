@@ -93,10 +93,10 @@ def blocks(meta: DatasetMeta, split: str, eot_position: str, block_tokens: int |
     size = block_tokens or BLOCK_TOKENS
     for shard in meta.split_shards(split):
         if shard.n_docs:
-            yield from _shard_blocks(meta, shard, eot_position, size)
+            yield from shard_blocks(meta, shard, eot_position, size)
 
 
-def _shard_blocks(meta: DatasetMeta, shard: ShardInfo, eot_position: str, size: int) -> Iterator[Block]:
+def shard_blocks(meta: DatasetMeta, shard: ShardInfo, eot_position: str, size: int) -> Iterator[Block]:
     idx_path = meta.abspath(shard.index_path)
     offsets = np.fromfile(idx_path, dtype=INDEX_DTYPE)  # its size was checked against n_docs
     check_index(idx_path, offsets, shard.n_tokens)
