@@ -121,6 +121,10 @@ def prepare(
     filter: list[str] | None = _opt(CLEAN, "NAME", "Drop (or edit) documents by a filter, counted by reason: "
                                     "gopher_quality, gopher_repetition, fineweb_quality, c4, language=en[,de][:0.5] "
                                     "or module:function (repeatable; docs/quality.md).", "--filter"),
+    attribute: list[str] | None = _opt(CLEAN, "NAME", "Keep scores per document beside the shards instead of "
+                                       "dropping by them, for TokenDataset(where=...): length, gopher_quality, "
+                                       "gopher_repetition, fineweb_quality, language or module:function[=a,b] "
+                                       "(repeatable; docs/quality.md).", "--attribute"),
     overlong: str | None = _opt(CLEAN, "WHAT", "drop or truncate documents over --max-chars. Default: drop.",
                                 "--overlong"),  # fmt: skip
     dedup: str | None = _opt(CLEAN, "MODE", "document (exact, xxh3-64 of the cleaned text) or none. Default: "

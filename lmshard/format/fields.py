@@ -77,6 +77,8 @@ def _check_names(shard: Any) -> None:  # a ShardInfo (schema.py imports this mod
         raise _Invalid(f"blocks path {shard.blocks_path!r} is not {shard.split}/shard_NNNNNN.blocks")
     if shard.src_path and shard.src_path != shard.path.removesuffix(".bin") + ".src":
         raise _Invalid(f"provenance path {shard.src_path!r} is not {shard.split}/shard_NNNNNN.src")
+    if shard.attr_path and shard.attr_path != shard.path.removesuffix(".bin") + ".attr":
+        raise _Invalid(f"attribute path {shard.attr_path!r} is not {shard.split}/shard_NNNNNN.attr")
 
 
 def _line_drops(raw: dict[str, Any]) -> dict[str, Any]:

@@ -116,6 +116,8 @@ def shard_file_sizes(shard: ShardInfo) -> list[tuple[str, str, int, int]]:
         files.append((shard.blocks_path, "n_tokens", shard.n_tokens, shard.blocks_bytes))
     if shard.src_path:
         files.append((shard.src_path, "n_docs", shard.n_docs, shard.src_bytes))
+    if shard.attr_path:
+        files.append((shard.attr_path, "n_docs", shard.n_docs, shard.attr_bytes))
     return files
 
 
@@ -177,6 +179,7 @@ def file_checksums(meta: DatasetMeta) -> dict[str, str]:
     sums |= {s.sums_path: s.sums_xxh3_64 for s in meta.shards if s.sums_path}
     sums |= {s.blocks_path: s.blocks_xxh3_64 for s in meta.shards if s.blocks_path}
     sums |= {s.src_path: s.src_xxh3_64 for s in meta.shards if s.src_path}
+    sums |= {s.attr_path: s.attr_xxh3_64 for s in meta.shards if s.attr_path}
     return sums | ({f.path: f.xxh3_64 for f in meta.dedup.files} if meta.dedup else {})
 
 

@@ -15,11 +15,12 @@ shards on disk to it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
+from .attributes import AttrField, parse_schema, row_dtype
 from .encoding import UINT32, Encoding
 from .fields import _count, _counts, _get, _Invalid, _line_drops, _near
 from .layout import (
@@ -245,6 +246,7 @@ class DatasetMeta:
     config: dict[str, Any] = field(default_factory=dict)  # the options that determine the bytes
     run: RunInfo = field(default_factory=RunInfo)
     encoding: Encoding = UINT32  # how the token files store tokens (encoding.py; uint32: format version 1)
+    attributes: tuple[AttrField, ...] = ()  # --attribute: each document's record, in every shard's .attr
 
     @property
     def shards(self) -> tuple[ShardInfo, ...]:
@@ -291,6 +293,8 @@ class DatasetMeta:
             out["drop_chars"] = self.drop_chars
         if self.dedup is not None:
             out["dedup"] = self.dedup.to_json()
+        if self.attributes:
+            out["attributes"] = [f.to_json() for f in self.attributes]
         out["sources"] = [s.to_json() for s in self.sources]
         out["skipped_inputs"] = self.skipped_inputs.to_json()
         out["config"], out["run"] = self.config, self.run.to_json()
@@ -325,6 +329,8 @@ class DatasetMeta:
             raise _Invalid("a shard is listed twice")
         for shard in every.shards:
             _check_encoded(shard, encoding)
+        attributes = parse_schema(raw.get("attributes"))
+        parsed = {name: _with_attributes(split, attributes) for name, split in parsed.items()}
         return cls(
             root=root, tokenizer=tokenizer, eot_position=raw["eot_position"], encoding=encoding,
             splits=parsed, total_tokens=every.n_tokens, total_docs=every.n_docs,
@@ -334,8 +340,22 @@ class DatasetMeta:
             drop_chars=_counts(raw, "drop_chars"),
             dedup=DedupInfo.parse(raw.get("dedup")), sources=tuple(SourceInfo.parse(s) for s in sources),
             skipped_inputs=SkippedInputs.parse(raw.get("skipped_inputs")),
-            config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")),
+            config=_get(raw, "config", dict, {}), run=RunInfo.parse(raw.get("run")), attributes=attributes,
         )  # fmt: skip
+
+
+def _with_attributes(split: SplitInfo, attributes: tuple[AttrField, ...]) -> SplitInfo:
+    """The split's shards held to the attribute schema (every shard has its file exactly when
+    there is one), each given its record's width."""
+    width = row_dtype(attributes).itemsize if attributes else 0
+    for shard in split.shards:
+        if bool(shard.attr_path) != bool(attributes):
+            has = "has" if shard.attr_path else "has no"
+            raise _Invalid(f"shard entry {shard.path!r} {has} 'attr_path' but the dataset "
+                           f"{'keeps' if attributes else 'keeps no'} attributes")  # fmt: skip
+    if not width:
+        return split
+    return replace(split, shards=tuple(replace(s, attr_width=width) for s in split.shards))
 
 
 def _check_encoded(shard: ShardInfo, encoding: Encoding) -> None:

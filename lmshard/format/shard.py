@@ -5,7 +5,7 @@ Memory model: a few hundred bytes per shard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import _check_names, _count, _get, _inside, _Invalid, _sums
@@ -38,6 +38,12 @@ class ShardInfo:
     # in datasets written before it was kept.
     src_path: str = ""
     src_xxh3_64: str = ""
+    # Attributes (attributes.py): each document's record of the metadata's `attributes`, in a
+    # dataset prepared with --attribute. `attr_width` (bytes a record) is the schema's, set when
+    # the metadata is parsed, not stored with the shard.
+    attr_path: str = ""
+    attr_xxh3_64: str = ""
+    attr_width: int = field(default=0, compare=False)
 
     @property
     def n_blocks(self) -> int:
@@ -58,10 +64,16 @@ class ShardInfo:
         """The size the provenance file must have (12 bytes per document)."""
         return self.n_docs * SRC_DTYPE.itemsize if self.src_path else 0
 
+    @property
+    def attr_bytes(self) -> int:
+        """The size the attribute file must have (a record per document)."""
+        return self.n_docs * self.attr_width if self.attr_path else 0
+
     def files(self) -> tuple[str, ...]:
         """The shard's files, relative to the dataset root: tokens, index, and sums, block
-        offsets and provenance where kept."""
-        return (self.path, self.index_path) + tuple(p for p in (self.sums_path, self.blocks_path, self.src_path) if p)
+        offsets, provenance and attributes where kept."""
+        extra = (self.sums_path, self.blocks_path, self.src_path, self.attr_path)
+        return (self.path, self.index_path) + tuple(p for p in extra if p)
 
     @property
     def bin_bytes(self) -> int:
@@ -84,6 +96,8 @@ class ShardInfo:
             out |= {"blocks_path": self.blocks_path, "blocks_xxh3_64": self.blocks_xxh3_64}
         if self.src_path:
             out |= {"src_path": self.src_path, "src_xxh3_64": self.src_xxh3_64}
+        if self.attr_path:
+            out |= {"attr_path": self.attr_path, "attr_xxh3_64": self.attr_xxh3_64}
         return out
 
     @classmethod
@@ -98,6 +112,8 @@ class ShardInfo:
                           "blocks_xxh3_64": _get(raw, "blocks_xxh3_64", str)}
             if "src_path" in raw:
                 extra |= {"src_path": _inside(raw, "src_path"), "src_xxh3_64": _get(raw, "src_xxh3_64", str)}
+            if "attr_path" in raw:
+                extra |= {"attr_path": _inside(raw, "attr_path"), "attr_xxh3_64": _get(raw, "attr_xxh3_64", str)}
             shard = cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
                         n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
                         xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str),

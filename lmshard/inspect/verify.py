@@ -45,6 +45,7 @@ from ..format import (
     load_metadata,
     read_small,
 )
+from ..format.attributes import row_dtype
 from .chunks import block_size, open_tokens, read_sums, stored_chunks
 
 BLOCK_TOKENS = 16 << 20
@@ -261,6 +262,8 @@ def _check_shard_content(meta: DatasetMeta, shard: ShardInfo, offsets: np.ndarra
     problems += [Problem(shard.path, what) for what in scan.findings()]
     if shard.src_path:
         _check_provenance(meta, shard, problems)
+    if shard.attr_path:
+        _check_attributes(meta, shard, problems)
 
 
 def _check_provenance(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> None:
@@ -276,6 +279,22 @@ def _check_provenance(meta: DatasetMeta, shard: ShardInfo, problems: list[Proble
     if len(src) and int(src["source"].max()) >= len(meta.sources):
         problems.append(Problem(shard.src_path, f"a document's source {int(src['source'].max())} is not one of the "
                                                 f"{len(meta.sources)} sources in the metadata"))  # fmt: skip
+
+
+def _check_attributes(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> None:
+    """The shard's attribute file: its checksum, and every category an index of its labels
+    (one record a document: read whole)."""
+    data = meta.abspath(shard.attr_path).read_bytes()
+    digest = xxhash.xxh3_64_hexdigest(data)
+    if digest != shard.attr_xxh3_64:
+        problems.append(Problem(shard.attr_path, f"checksum {digest} != {shard.attr_xxh3_64} in metadata (corrupt "
+                                                 "data)"))  # fmt: skip
+        return
+    rows = np.frombuffer(data, dtype=row_dtype(meta.attributes))
+    for f in meta.attributes:
+        if f.dtype == "category" and len(rows) and int(rows[f.name].max()) >= len(f.labels):
+            problems.append(Problem(shard.attr_path, f"a document's {f.name} {int(rows[f.name].max())} is not one of "
+                                                     f"the {len(f.labels)} labels in the metadata"))  # fmt: skip
 
 
 def _blocks(ks: list[int], size: int, n_tokens: int) -> str:

@@ -44,6 +44,7 @@ class PrepareConfig:
     inputs: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # globs of input paths to leave out
     filters: list[str] = field(default_factory=list)  # --filter: document filters, in order (quality/filters.py)
+    attributes: list[str] = field(default_factory=list)  # --attribute: scores kept per document (quality/scores.py)
     decontaminate: list[str] = field(default_factory=list)  # benchmark files, PATH or NAME=PATH (quality/decon.py)
     decontaminate_n: int = 13  # words in a matching n-gram
     decontaminate_lines: bool = False  # remove the matching lines, not the document
@@ -149,6 +150,11 @@ class PrepareConfig:
 
         self.filters = [absolute(name) for name in self.filters]  # a task started elsewhere imports the same file
         self.decontaminate = [_absolute_benchmark(spec) for spec in self.decontaminate]
+        self.attributes = [absolute(name) for name in self.attributes]
+        if self.attributes:  # a scorer that cannot be found fails here, not in a worker
+            from ..quality.scores import Scorer
+
+            Scorer(self.attributes)
         for name in self.clean_config().filters:  # a filter that cannot be found fails here, not in a worker; the
             resolve(name)  # benchmarks' index is built here once, before the workers fork
 
@@ -185,6 +191,18 @@ class PrepareConfig:
             overlong=self.overlong,
             filters=tuple(self.filters) + ((self.decon_filter(),) if self.decontaminate else ()),
         )
+
+    def attribute_fields(self) -> tuple[Any, ...]:
+        """--attribute's columns (format/attributes.py's AttrField), in order; () without it."""
+        from ..quality.scores import schema
+
+        return schema(self.attributes) if self.attributes else ()
+
+    def attr_width(self) -> int:
+        """The bytes of a document's attribute record (0: no --attribute)."""
+        from ..format.attributes import row_dtype
+
+        return row_dtype(self.attribute_fields()).itemsize if self.attributes else 0
 
     def decon_filter(self) -> str:
         """--decontaminate as the last filter (quality/filters.py: decontaminate=N:MODE:FILES)."""
@@ -231,6 +249,8 @@ class PrepareConfig:
 
         if plugins := plugin_sources(self.filters):  # a plugin's code determines the bytes too
             d["filter_sources"] = plugins
+        if plugins := plugin_sources([name.partition("=")[0] for name in self.attributes]):
+            d["attribute_sources"] = plugins
         if self.decontaminate:  # and so do the benchmarks' bytes
             from ..quality.decon import benchmark_sources
 
@@ -277,6 +297,7 @@ ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "no_dedup": ("dedup", lambda v: "none" if v else "document"),
     "no_streaming": ("streaming", lambda v: not v),
     "filter": ("filters", lambda v: v),
+    "attribute": ("attributes", lambda v: v),
 }
 # Options that steer resolution itself rather than naming a field.
 META_OPTIONS: dict[str, Any] = {"preset": str | None, "demo": bool}

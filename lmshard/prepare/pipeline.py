@@ -256,8 +256,8 @@ def _run(
                 tokens, lengths = with_separators(
                     result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position, bos
                 )
-                writers[split].add(tokens, lengths, records(result.doc_sources[mask] + source_base,
-                                                            result.numbers[mask]))  # fmt: skip
+                writers[split].add(tokens, lengths, records(result.doc_sources[mask] + source_base, result.numbers[mask]),
+                                   None if result.attrs is None else result.attrs[mask])  # fmt: skip
         progress.bytes_done += result.nbytes
         build.items_done += 1
         build.bytes_done = progress.bytes_done
@@ -298,4 +298,5 @@ def _prefix(result: ItemResult, read: ItemResult, docs: int) -> ItemResult:
                    doc_sources=result.doc_sources[:docs], counts=read.counts, examples=read.examples,
                    chars=read.chars, signatures=None if result.signatures is None else result.signatures[:docs],
                    near_of=None if result.near_of is None else result.near_of[:docs],
-                   numbers=None if result.numbers is None else result.numbers[:docs])  # fmt: skip
+                   numbers=None if result.numbers is None else result.numbers[:docs],
+                   attrs=None if result.attrs is None else result.attrs[:docs])  # fmt: skip

@@ -22,6 +22,7 @@ import xxhash
 from ...errors import InputError, TokenizerError
 from ...quality.filters import FilterFailed, run_filters
 from ...quality.minhash import MinHashConfig, signature
+from ...quality.scores import ScoreFailed, Scorer
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..stops import stop_point
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
@@ -49,6 +50,7 @@ class WorkerConfig:
     expect: tuple[tuple[str, Any], ...] = ()
     minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
     hf: Any = None  # a planned run's saved Hugging Face split (hf.HFSpec), read by row ranges
+    attributes: tuple[str, ...] = ()  # --attribute: each kept document's scores (quality/scores.py)
 
 
 DECODE_REPLACED = "decode_replaced"  # a per-source count of records read with U+FFFD for bytes not UTF-8 (not a drop)
@@ -78,9 +80,10 @@ class ItemResult:
     near_of: np.ndarray | None = None  # --near-dedup, a run read here: per document its survivor's ordinal, or -1
     near_first: int = 0  # and the ordinal of its first document
     numbers: np.ndarray | None = None  # int64: each document's record number (line or row) in its file
+    attrs: np.ndarray | None = None  # --attribute: each document's record (format/attributes.py's row_dtype)
 
 
-_state: dict[str, object] = {}
+_state: dict[Any, object] = {}
 
 
 def share_with_forks(tokenizer: Tokenizer | None) -> None:
@@ -186,6 +189,13 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         signatures = np.zeros((len(texts), config.minhash.n_hashes), dtype=np.uint32)
         for d, text in enumerate(texts):
             signatures[d] = signature(text, config.minhash)
+    attrs = None
+    if config.attributes and tokenizer is not None:  # (not in --near-dedup's signing pass)
+        try:
+            attrs = scorer(config.attributes).rows(texts)
+        except ScoreFailed as e:  # the plugin's fault, named at the record it failed on
+            d = next(i for i, t in enumerate(texts) if not _scores(config.attributes, t))
+            raise InputError(f"{config.sources[sources[d]].path}:{numbers[d]}: {e}") from None
     if tokenizer is None:
         tokens, lengths = np.zeros(0, np.uint16), np.zeros(len(texts), np.int64)
     else:
@@ -206,7 +216,24 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         nbytes=item.nbytes,
         signatures=signatures,
         numbers=np.array(numbers, dtype=np.int64),
+        attrs=attrs,
     )
+
+
+def scorer(specs: tuple[str, ...]) -> Scorer:
+    """This process's scorer of `specs` (plugins imported once)."""
+    found = _state.get(("scorer", specs))
+    if not isinstance(found, Scorer):
+        found = _state[("scorer", specs)] = Scorer(specs)  # type: ignore[index]
+    return found
+
+
+def _scores(specs: tuple[str, ...], text: str) -> bool:
+    try:
+        scorer(specs).row(text)
+    except ScoreFailed:
+        return False
+    return True
 
 
 def _clean(text: str, clean: CleanConfig) -> str:

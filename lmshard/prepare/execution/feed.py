@@ -175,6 +175,7 @@ def item_results(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         decode_errors=config.decode_errors,
         expect=identity_of(tokenizer),
         minhash=config.minhash_config() if config.near_dedup else None,
+        attributes=tuple(config.attributes),
     )
 
     def items(skip: int = 0) -> Iterator[WorkItem]:

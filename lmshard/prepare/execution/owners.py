@@ -56,6 +56,7 @@ from ...format import (
     src_path,
     sums_path,
 )
+from ...format.attributes import attr_path
 from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
 from ...format.provenance import records
@@ -100,8 +101,9 @@ def _unit_split(work: Path, u: int) -> np.ndarray:
     return np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
 
 
-def piece_files(piece: list[Any]) -> list[str]:
-    """The files of a piece, relative to the dataset: a shard's .bin, .idx and .src, or a key file."""
+def piece_files(piece: list[Any], attrs: bool = False) -> list[str]:
+    """The files of a piece, relative to the dataset: a shard's .bin, .idx and .src (and with
+    `attrs` its .attr), or a key file."""
     if piece[0] == "keys":
         return [f"dedup/doc_keys_{piece[1]:06d}.u64"]
     if piece[0] == "near":
@@ -109,7 +111,7 @@ def piece_files(piece: list[Any]) -> list[str]:
     if piece[0] == "lines":
         return [f"dedup/line_keys_{piece[1]:06d}.u64"]
     bin_rel, idx_rel = shard_paths(piece[0], piece[1])
-    return [bin_rel, idx_rel, src_path(bin_rel)]
+    return [bin_rel, idx_rel, src_path(bin_rel)] + ([attr_path(bin_rel)] if attrs else [])
 
 
 def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int) -> bool:
@@ -128,7 +130,8 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         chosen = np.arange(i0, i1)
     else:
         chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
-    files = [staging / f"{rel}.tmp" for rel in piece_files(piece)]
+    width = layout["attr_width"]
+    files = [staging / f"{rel}.tmp" for rel in piece_files(piece, bool(width))]
     fds = [in_folder(partial(os.open, f, os.O_WRONLY | os.O_CREAT, 0o666), f.parent)
            for f in files]  # not truncated: others write too
     data = work / "tokenize" / f"unit_{u:06d}.bin"
@@ -152,6 +155,9 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
             src_records = records(section_of(src, where, "sources")[chosen] + layout["source_base"],
                                   section_of(src, where, "numbers")[chosen] + int(layout["records"][u]))
             _pwrite(fds[2], memoryview(src_records.tobytes()), docs_before * SRC_DTYPE.itemsize)
+            if width:  # (each document's attribute record, as its unit holds it)
+                rows = section_of(src, where, "attrs").reshape(-1, width)[chosen]
+                _pwrite(fds[3], memoryview(np.ascontiguousarray(rows).tobytes()), docs_before * width)
             breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
             at = tokens_before
             for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
@@ -230,11 +236,12 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
         with os.fdopen(fd, "w") as f:
             f.write(f"{socket.gethostname()} {os.getpid()}\n")
     stream, number, n_tokens, n_docs = piece[:4]
-    rels = piece_files(piece)
+    attrs = layout["attr_width"]
+    rels = piece_files(piece, bool(attrs))
     keyish = stream in ("keys", "near", "lines")
     width = 8 if stream in ("keys", "lines") else 4 * layout.get("near_hashes", 0)
     sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8,
-                                                n_docs * SRC_DTYPE.itemsize]  # fmt: skip
+                                                n_docs * SRC_DTYPE.itemsize] + ([n_docs * attrs] if attrs else [])  # fmt: skip
     digests, sums = [], b""
     encoded = not keyish and encoding.version > 1
     for rel, size in zip(rels, sizes, strict=True):
@@ -267,17 +274,18 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
             os.replace(staging / f"{rel}.tmp", staging / rel)
+    per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3]} if attrs and not keyish else {}
     if keyish:
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     elif encoded:
         sealed = seal_encoded(staging / f"{rels[0]}.tmp", staging / rels[0], rels[0], encoding, n_tokens)
         entry = replace(shard_entry(stream, rels[0], rels[1], n_tokens, n_docs, digests[1], encoding, sealed),
-                        src_path=rels[2], src_xxh3_64=digests[2]).to_json()  # fmt: skip
+                        src_path=rels[2], src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
     else:
         entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
                           xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
                           block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums), src_path=rels[2],
-                          src_xxh3_64=digests[2]).to_json()  # fmt: skip
+                          src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
     atomic_write_json(marker, entry)
     claim.unlink(missing_ok=True)
     stop_point("piece", k)

@@ -134,7 +134,8 @@ class Run(Reads):
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
                                              self.specials, self.dedup, self.near_hashes, first,
                                              self.config.dedup_lines, self.plan["units"],
-                                             len(getattr(self.previous_meta(), "sources", ())))  # fmt: skip
+                                             len(getattr(self.previous_meta(), "sources", ())),
+                                             self.config.attr_width())  # fmt: skip
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:

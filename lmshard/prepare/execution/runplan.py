@@ -165,7 +165,8 @@ def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: T
                         text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
                         decode_errors=config.decode_errors, expect=identity_of(tokenizer),
                         minhash=config.minhash_config() if config.near_dedup else None,
-                        hf=config.hf_spec() if config.hf else None)  # fmt: skip
+                        hf=config.hf_spec() if config.hf else None,
+                        attributes=tuple(config.attributes))  # fmt: skip
 
 
 __all__ = ["check_scale_out", "finish_sources", "load_run", "plan_run", "previous_of", "spool_streams",

@@ -8,7 +8,8 @@ back to back: a shard's writer copies runs of them as they are), `lengths` (int6
 separators), `keys` (uint64), `sources` (int32); with --near-dedup, `sigs` (each document's
 MinHash signature, n_hashes uint32); with --dedup-lines, `lines` (the keys of the unit's lines
 met first here, in order: linestage.py); `numbers` (int64: each document's record number, its
-line or row, counted from the unit's start for a byte range: linenumbers.py makes it absolute).
+line or row, counted from the unit's start for a byte range: linenumbers.py makes it absolute);
+with --attribute, `attrs` (each document's attribute record, format/attributes.py).
 The task that tokenized the units then gathers their keys,
 partitioned by dedup bucket, into one file of its own (keyfiles.py). The data file is written
 under a temporary name, fsynced and renamed; then
@@ -49,10 +50,10 @@ from .taskplan import Unit, count_newlines, unit_items, work_dir
 
 LineMasks = tuple[list[tuple[bytes, int]], np.ndarray]  # per item its lines' keep-bits and count; the kept keys
 
-SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines", "numbers")
+SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines", "numbers", "attrs")
 DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4", "lines": "<u8",
-          "numbers": "<i8"}  # fmt: skip
-_MAGIC = b"LMSUNIT5"
+          "numbers": "<i8", "attrs": "u1"}  # fmt: skip
+_MAGIC = b"LMSUNIT6"
 _HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
@@ -129,7 +130,8 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
     its own start in the `numbers` section)."""
     tmp = out / f".unit_{u:06d}.bin.tmp"
     table: list[dict[str, Any]] = []
-    small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": [], "numbers": []}
+    small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": [], "numbers": [],
+                                          "attrs": []}  # fmt: skip
     with open(tmp, "wb") as f:
         f.write(bytes(_HEADER))
         for r in results:  # tokens stream to the file; 20 bytes per document are kept for the sections after
@@ -142,6 +144,8 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
                 small["sigs"].append(r.signatures)
             if r.numbers is not None:
                 small["numbers"].append(r.numbers - lines_before)
+            if r.attrs is not None:
+                small["attrs"].append(np.frombuffer(np.ascontiguousarray(r.attrs).tobytes(), np.uint8))
             table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
                           "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
                           "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
@@ -159,6 +163,8 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
             f.write(np.ascontiguousarray(line_keys, dtype="<u8").tobytes())
         starts.append(f.tell())
         f.write(arrays["numbers"].data.cast("B"))
+        starts.append(f.tell())
+        f.write(arrays["attrs"].data.cast("B"))
         starts.append(f.tell())
         f.seek(0)
         f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())

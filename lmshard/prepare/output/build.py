@@ -34,6 +34,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
+from ...format.attributes import row_dtype
 from ..config import PrepareConfig
 from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
@@ -140,8 +141,10 @@ class Build:
         """A new build on top of `previous` (or nothing), or the one `checkpoint` recorded."""
         first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
         encoding = run_encoding(config, n_vocab, previous, root)
-        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding, provenance=True)
-                   for s in SPLITS}  # fmt: skip
+        fields = config.attribute_fields()
+        rows = row_dtype(fields) if fields else None
+        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding, provenance=True,
+                                  attributes=rows) for s in SPLITS}  # fmt: skip
         base = Totals.of_dataset(previous) if previous else Totals()
         previous_keys = previous.dedup.files if previous and previous.dedup else ()
         build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys,

@@ -244,6 +244,12 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
                               f"run has {ours[key]!r}; pass the dataset's value so old and new documents are "
                               "treated alike")  # fmt: skip
     config.encoding(tokenizer.n_vocab, meta)  # the dataset's own encoding, or a one-line refusal
+    kept = [(f.name, f.dtype, f.labels) for f in meta.attributes]
+    if kept != [(f.name, f.dtype, f.labels) for f in config.attribute_fields()]:
+        given = " ".join(f"--attribute {b}" for b in dict.fromkeys(f.by for f in meta.attributes)) or "no --attribute"
+        raise ConfigError(f"{out}: --append: the dataset keeps the attributes of {given} and this run would keep "
+                          f"{' '.join(config.attributes) or 'none'}; pass the same so every document has the same "
+                          "columns")  # fmt: skip
     dedup = meta.dedup
     if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
         raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "

@@ -89,6 +89,7 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
         skipped_inputs=previous.skipped_inputs + sources.skipped if previous else sources.skipped,
         config=recorded,
         encoding=encoding,
+        attributes=config.attribute_fields(),
         run=RunInfo(
             workers=config.n_workers(),
             out=config.out,

@@ -356,13 +356,14 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
         if a != b:
             if key == "inputs":  # the arguments have no flag
                 return f"the inputs were {a!r} when the run started and are {b!r} now"
-            if key == "filter_sources" and started.get("config", {}).get("filters") != now["config"].get("filters"):
+            flag = {"filter_sources": "filter", "attribute_sources": "attribute"}.get(key)
+            if flag and started.get("config", {}).get(f"{flag}s") != now["config"].get(f"{flag}s"):
                 continue  # (the filters themselves differ: named next, as --filter)
-            if key == "filter_sources":
+            if flag:
                 name = next(n for n in sorted(set(a or {}) | set(b or {})) if (a or {}).get(n) != (b or {}).get(n))
                 where = ((b or {}).get(name) or (a or {}).get(name) or [name])[0] or name
-                return (f"the filter plugin {where} (--filter {name}) changed since the run started (its source, or a "
-                        "Python file of its directory that it imports); put it back as it was")  # fmt: skip
+                return (f"the {flag} plugin {where} (--{flag} {name}) changed since the run started (its source, or "
+                        "a Python file of its directory that it imports); put it back as it was")  # fmt: skip
             if key == "decontaminate_sources" and a and b and set(a) == set(b):
                 name = next(n for n in sorted(a) if a[n] != b[n])
                 return (f"the benchmark {b[name][0]} (--decontaminate) changed since the run started; put it back "

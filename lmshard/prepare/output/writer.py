@@ -33,6 +33,7 @@ from ...format import (
     src_path,
     sums_path,
 )
+from ...format.attributes import attr_path
 from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
 from ...format.sealing import StreamEncoder, reopen_sealed, shard_entry
@@ -76,11 +77,14 @@ class ShardWriter:
     and encoded block by block as it is written (format/sealing.py's StreamEncoder)."""
 
     def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = (),
-                 encoding: Encoding = UINT32, provenance: bool = False) -> None:  # fmt: skip
+                 encoding: Encoding = UINT32, provenance: bool = False,
+                 attributes: np.dtype | None = None) -> None:  # fmt: skip
         self.root, self.split, self.capacity, self.encoding = root, split, tokens_per_shard, encoding
         self.provenance = provenance  # each shard's .src: its documents' sources and records (add's `src`)
-        self._src: BinaryIO | None = None
-        self._src_hash = xxhash.xxh3_64()
+        self.attributes = attributes  # each shard's .attr: its documents' attribute records (add's `attrs`)
+        self._docs = [_PerDoc("src", src_path, SRC_DTYPE)] if provenance else []
+        if attributes is not None:
+            self._docs.append(_PerDoc("attr", attr_path, attributes))
         self.shards: list[ShardInfo] = list(first)
         self.first = first  # the appended-to dataset's shards (not this build's)
         self._bin: BinaryIO | None = None
@@ -92,11 +96,14 @@ class ShardWriter:
         self._n_tokens = 0
         self._n_docs = 0
 
-    def add(self, tokens: np.ndarray, lengths: np.ndarray, src: np.ndarray | None = None) -> None:
+    def add(self, tokens: np.ndarray, lengths: np.ndarray, src: np.ndarray | None = None,
+            attrs: np.ndarray | None = None) -> None:  # fmt: skip
         """Append documents given as one flat token array (separators included) and lengths, and
-        with `provenance` their provenance records (format/provenance.py's SRC_DTYPE)."""
-        if self.provenance != (src is not None):
-            raise LmshardError("ShardWriter.add: provenance records are given exactly when the writer keeps them")
+        with `provenance` their provenance records (format/provenance.py's SRC_DTYPE), with
+        `attributes` their attribute records."""
+        if self.provenance != (src is not None) or (self.attributes is not None) != (attrs is not None):
+            raise LmshardError("ShardWriter.add: provenance and attribute records are given exactly when the writer "
+                               "keeps them")  # fmt: skip
         while len(lengths):
             ends = np.cumsum(lengths)
             fit = int(np.searchsorted(ends, self.capacity - self._n_tokens, side="right"))
@@ -106,9 +113,10 @@ class ShardWriter:
                 self._finish()
                 continue
             cut = int(ends[fit - 1])
-            self._write(tokens[:cut], ends[:fit], None if src is None else src[:fit])
+            self._write(tokens[:cut], ends[:fit], None if src is None else src[:fit],
+                        None if attrs is None else attrs[:fit])  # fmt: skip
             tokens, lengths = tokens[cut:], lengths[fit:]
-            src = None if src is None else src[fit:]
+            src, attrs = None if src is None else src[fit:], None if attrs is None else attrs[fit:]
             if len(lengths):
                 self._finish()
 
@@ -121,17 +129,19 @@ class ShardWriter:
         """Close the open shard's files without finishing it (they stay for a resume). Never
         raises: it runs while an error (a full disk, an I/O error) is being reported, and a
         buffered tail that cannot be written now is cut back to the checkpoint on resume."""
-        for f in (self._bin, self._idx, self._src):
+        for f in (self._bin, self._idx, *(d.file for d in self._docs)):
             if f is not None:
                 close_quietly(f)
-        self._bin = self._idx = self._src = None
+        self._bin = self._idx = None
+        for d in self._docs:
+            d.file = None
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
 
     def sync(self) -> dict[str, Any]:
         """Make everything written so far durable and return the state `resume` restores."""
-        for f in (self._bin, self._idx, self._src):
+        for f in (self._bin, self._idx, *(d.file for d in self._docs)):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
@@ -153,8 +163,9 @@ class ShardWriter:
         if n_docs == 0:
             return
         bin_path, idx_path = self._paths(current)
-        src = self.root / src_path(shard_paths(self.split, current)[0])
-        for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp"), (src, f"{src}.tmp")):
+        per_doc = [self.root / d.rel(shard_paths(self.split, current)[0]) for d in self._docs]
+        for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp"),
+                           *((p, f"{p}.tmp") for p in per_doc)):  # fmt: skip
             if not final.exists():
                 continue
             if final == bin_path and self.encoding.version > 1:  # sealed: its uint32 tokens back
@@ -167,8 +178,9 @@ class ShardWriter:
         digests = (self._hash, self._blocks) if encoded is None else (encoded,)  # (the encoder starts over)
         self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, *digests)
         self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
-        if self.provenance:
-            self._src = _reopen(Path(f"{src}.tmp"), n_docs * SRC_DTYPE.itemsize, self._src_hash)
+        for d, p in zip(self._docs, per_doc, strict=True):
+            d.hash = xxhash.xxh3_64()
+            d.file = _reopen(Path(f"{p}.tmp"), n_docs * d.dtype.itemsize, d.hash)
         self._n_tokens, self._n_docs = n_tokens, n_docs
 
     def _paths(self, index: int) -> tuple[Path, Path]:
@@ -181,13 +193,12 @@ class ShardWriter:
             self._encoder = StreamEncoder(bin_path, self.encoding)
         return self._encoder
 
-    def _write(self, tokens: np.ndarray, ends: np.ndarray, src: np.ndarray | None = None) -> None:
+    def _write(self, tokens: np.ndarray, ends: np.ndarray, src: np.ndarray | None = None,
+               attrs: np.ndarray | None = None) -> None:  # fmt: skip
         if self._bin is None:
             self._open()
-        if self._src is not None and src is not None:
-            records = np.ascontiguousarray(src, dtype=SRC_DTYPE).tobytes()
-            self._src.write(records)
-            self._src_hash.update(records)
+        for d in self._docs:
+            d.write(src if d.name == "src" else attrs)
         assert self._bin is not None and self._idx is not None
         data = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
         raw = data.data.cast("B")  # the array's own bytes: no copy
@@ -209,9 +220,8 @@ class ShardWriter:
         self._bin = open(f"{bin_path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
         self._idx = open(f"{idx_path}.tmp", "wb")  # noqa: SIM115
         self._hash, self._idx_hash, self._blocks = xxhash.xxh3_64(), xxhash.xxh3_64(), BlockHasher()
-        if self.provenance:
-            self._src = open(f"{self.root / src_path(shard_paths(self.split, len(self.shards))[0])}.tmp", "wb")  # noqa: SIM115
-            self._src_hash = xxhash.xxh3_64()
+        for d in self._docs:
+            d.open(self.root / d.rel(shard_paths(self.split, len(self.shards))[0]))
         self._new_encoder(bin_path)
         self._n_tokens = self._n_docs = 0
         start = np.zeros(1, dtype=INDEX_DTYPE).tobytes()
@@ -221,24 +231,24 @@ class ShardWriter:
     def _finish(self) -> None:
         assert self._bin is not None and self._idx is not None
         bin_path, idx_path = self._paths(len(self.shards))
-        for f in (self._bin, self._idx, self._src):
+        for f in (self._bin, self._idx, *(d.file for d in self._docs)):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
         self._bin = self._idx = None
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
-        src_rel = src_sum = ""
-        if self._src is not None:  # in place before the token file, which a resume and an upload key on
-            self._src = None
-            src_rel, src_sum = src_path(bin_rel), self._src_hash.hexdigest()
-            os.replace(f"{self.root / src_rel}.tmp", self.root / src_rel)
+        files: dict[str, str] = {}
+        for d in self._docs:  # in place before the token file, which a resume and an upload key on
+            d.file, rel = None, d.rel(bin_rel)
+            files |= {f"{d.name}_path": rel, f"{d.name}_xxh3_64": d.hash.hexdigest()}
+            os.replace(f"{self.root / rel}.tmp", self.root / rel)
         if self._encoder is not None:
             os.replace(f"{idx_path}.tmp", idx_path)
             sealed, self._encoder = self._encoder.seal(bin_rel, Path(f"{bin_path}.tmp")), None
             entry = shard_entry(self.split, bin_rel, idx_rel, self._n_tokens, self._n_docs, self._idx_hash.hexdigest(),
                                 self.encoding, sealed)  # fmt: skip
-            self.shards.append(replace(entry, src_path=src_rel, src_xxh3_64=src_sum))
+            self.shards.append(replace(entry, **files))
             self._n_tokens = self._n_docs = 0
             return
         sums = self._blocks.finish()
@@ -247,8 +257,7 @@ class ShardWriter:
         os.replace(f"{bin_path}.tmp", bin_path)
         self.shards.append(
             ShardInfo(
-                src_path=src_rel,
-                src_xxh3_64=src_sum,
+                **files,
                 split=self.split,
                 path=bin_rel,
                 index_path=idx_rel,
@@ -265,14 +274,32 @@ class ShardWriter:
 
 
 def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / .idx / .sums / .blocks / .src (and their .tmp, .PID.tmp); None for any other file name."""
+    """N of shard_N.bin / .idx / .sums / .blocks / .src / .attr (and their .tmp, .PID.tmp); None for any other file name."""
     stem = name.removesuffix(".tmp")
     if stem.rsplit(".", 1)[-1].isdigit() and stem.count(".") > 1:
         stem = stem.rsplit(".", 1)[0]  # shard_N.sums.PID
-    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums", ".blocks", ".src")):
+    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums", ".blocks", ".src", ".attr")):
         return None
     digits = stem[len("shard_") :].rsplit(".", 1)[0]
     return int(digits) if digits.isdigit() else None
+
+
+class _PerDoc:
+    """A shard's file of fixed-width records, one per document (`.src`, `.attr`), and its xxh3-64."""
+
+    def __init__(self, name: str, rel: Any, dtype: np.dtype) -> None:
+        self.name, self.rel, self.dtype = name, rel, dtype
+        self.file: BinaryIO | None = None
+        self.hash = xxhash.xxh3_64()
+
+    def open(self, path: Path) -> None:
+        self.file, self.hash = open(f"{path}.tmp", "wb"), xxhash.xxh3_64()  # noqa: SIM115 (closed by the writer)
+
+    def write(self, rows: np.ndarray | None) -> None:
+        assert self.file is not None and rows is not None
+        data = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
+        self.file.write(data)
+        self.hash.update(data)
 
 
 def close_quietly(f: IO[bytes]) -> None:
