@@ -256,8 +256,8 @@ def _run(
                 tokens, lengths = with_separators(
                     result.tokens, result.lengths, mask, tokenizer.eot_id, config.eot_position, bos
                 )
-                writers[split].add(tokens, lengths, records(result.doc_sources[mask] + source_base, result.numbers[mask]),
-                                   None if result.attrs is None else result.attrs[mask])  # fmt: skip
+                src = records(result.doc_sources[mask] + source_base, result.numbers[mask])
+                writers[split].add(tokens, lengths, src, None if result.attrs is None else result.attrs[mask])
         progress.bytes_done += result.nbytes
         build.items_done += 1
         build.bytes_done = progress.bytes_done

@@ -5,8 +5,10 @@ time (`TokenDataset(..., where=...)`) and tuned without preparing again.
 | NAME | columns |
 |---|---|
 | `length` | `chars`, `words`, `lines` (uint32: characters, words as gopher.py splits them, non-blank lines) |
-| `gopher_quality` | `gopher_word_count` (uint32), `gopher_word_length`, `gopher_symbols`, `gopher_bullets`, `gopher_ellipsis_lines`, `gopher_alphabetic`, `gopher_stop_words` (uint32) |
-| `gopher_repetition` | `gopher_dup_paragraphs`, `gopher_dup_paragraph_chars`, `gopher_dup_lines`, `gopher_dup_line_chars`, `gopher_top_2gram` … `_4gram`, `gopher_dup_5gram` … `_10gram` |
+| `gopher_quality` | `gopher_word_count`, `gopher_word_length`, `gopher_symbols`, `gopher_bullets`, |
+| | `gopher_ellipsis_lines`, `gopher_alphabetic`, `gopher_stop_words` (the counts uint32) |
+| `gopher_repetition` | `gopher_dup_paragraphs`, `gopher_dup_paragraph_chars`, `gopher_dup_lines`, |
+| | `gopher_dup_line_chars`, `gopher_top_2gram` … `_4gram`, `gopher_dup_5gram` … `_10gram` |
 | `fineweb_quality` | `fineweb_line_punctuation`, `fineweb_short_lines`, `fineweb_dup_line_chars`, `fineweb_newlines` |
 | `language` | `language` (category: the most likely language's code), `language_score` (its probability) |
 | `module:function` | one float32 column named after the function: it returns a number (None: NaN) |
@@ -113,8 +115,8 @@ def _cols(names: Sequence[str], dtype: str = "float32") -> list[tuple[str, str]]
 BUILTIN: dict[str, tuple[Callable[[], list[tuple[str, str]]], Callable[[str], list[float]]]] = {
     "length": (lambda: _cols(("chars", "words", "lines"), "uint32"), _length),
     "gopher_quality": (lambda: [("gopher_word_count", "uint32"), *_cols(("gopher_word_length", "gopher_symbols",
-                       "gopher_bullets", "gopher_ellipsis_lines", "gopher_alphabetic")), ("gopher_stop_words", "uint32")],
-                       _gopher),
+                       "gopher_bullets", "gopher_ellipsis_lines", "gopher_alphabetic")),
+                       ("gopher_stop_words", "uint32")], _gopher),
     "gopher_repetition": (lambda: _cols(("gopher_dup_paragraphs", "gopher_dup_paragraph_chars", "gopher_dup_lines",
                           "gopher_dup_line_chars", *(f"gopher_top_{n}gram" for n in _TOP),
                           *(f"gopher_dup_{n}gram" for n in _DUP))), _repetition),

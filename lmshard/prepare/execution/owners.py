@@ -241,7 +241,7 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     keyish = stream in ("keys", "near", "lines")
     width = 8 if stream in ("keys", "lines") else 4 * layout.get("near_hashes", 0)
     sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8,
-                                                n_docs * SRC_DTYPE.itemsize] + ([n_docs * attrs] if attrs else [])  # fmt: skip
+                                                n_docs * SRC_DTYPE.itemsize, n_docs * attrs][: len(rels)]  # fmt: skip
     digests, sums = [], b""
     encoded = not keyish and encoding.version > 1
     for rel, size in zip(rels, sizes, strict=True):

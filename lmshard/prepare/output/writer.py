@@ -274,7 +274,8 @@ class ShardWriter:
 
 
 def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / .idx / .sums / .blocks / .src / .attr (and their .tmp, .PID.tmp); None for any other file name."""
+    """N of shard_N.bin / .idx / .sums / .blocks / .src / .attr (and their .tmp, .PID.tmp); None for any other
+    file name."""
     stem = name.removesuffix(".tmp")
     if stem.rsplit(".", 1)[-1].isdigit() and stem.count(".") > 1:
         stem = stem.rsplit(".", 1)[0]  # shard_N.sums.PID
