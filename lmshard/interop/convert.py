@@ -151,6 +151,8 @@ def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding:
     copy_checked(meta, shard.index_path, staging, shard.index_xxh3_64)
     if shard.src_path:  # (its documents' provenance: the same documents, in the same order)
         copy_checked(meta, shard.src_path, staging, shard.src_xxh3_64)
+    if shard.attr_path:  # (and their attributes)
+        copy_checked(meta, shard.attr_path, staging, shard.attr_xxh3_64)
     idx = staging / shard.index_path
     check_index(meta.abspath(shard.index_path), np.fromfile(idx, dtype=INDEX_DTYPE), shard.n_tokens)
     tmp, final = Path(f"{staging / shard.path}.tmp"), staging / shard.path
@@ -165,7 +167,9 @@ def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding:
                         encoding, sealed)  # fmt: skip
     if encoding.version == 1:  # uint32: format version 1 records no token file size (it is n_tokens × 4)
         entry = dataclasses.replace(entry, n_bytes=-1)
-    return dataclasses.replace(entry, src_path=shard.src_path, src_xxh3_64=shard.src_xxh3_64)
+    return dataclasses.replace(entry, src_path=shard.src_path, src_xxh3_64=shard.src_xxh3_64,
+                               attr_path=shard.attr_path, attr_xxh3_64=shard.attr_xxh3_64,
+                               attr_width=shard.attr_width)  # fmt: skip
 
 
 def checked_chunks(meta: DatasetMeta, shard: ShardInfo, what: str) -> Iterator[Chunk]:

@@ -65,6 +65,7 @@ from ..format import (
     load_metadata,
     write_vocab_copy,
 )
+from ..format.attributes import row_dtype
 from ..format.provenance import SRC_DTYPE
 from ..prepare.config import PrepareConfig
 from ..tokenizers import Tokenizer
@@ -132,14 +133,18 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
             encoded = lambda bs: map(_encode, bs)  # noqa: E731
         shards = []
         for split in splits:
-            writer = ShardWriter(staging, split, config.tokens_per_shard, encoding=encoding, provenance=True)
+            rows = row_dtype(meta.attributes) if meta.attributes else None  # (kept as they are, as .src is)
+            writer = ShardWriter(staging, split, config.tokens_per_shard, encoding=encoding, provenance=True,
+                                 attributes=rows)  # fmt: skip
             first = 0  # the split's documents before the shard
             for shard in meta.split_shards(split):
                 if shard.n_docs:
                     _check_source(meta, shard)
-                    src, done = _provenance(meta, shard), 0
+                    src, done = _per_doc(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE), 0
+                    attrs = _per_doc(meta, shard, shard.attr_path, shard.attr_xxh3_64, rows) if rows else None
                     for tokens, lengths in encoded(_numbered(meta, shard, split, first)):
-                        writer.add(tokens, lengths, src[done : done + len(lengths)])
+                        writer.add(tokens, lengths, src[done : done + len(lengths)],
+                                   None if attrs is None else attrs[done : done + len(lengths)])  # fmt: skip
                         done += len(lengths)
                 first += shard.n_docs
             shards += writer.close()
@@ -242,16 +247,16 @@ def _check_source(meta: DatasetMeta, shard: ShardInfo) -> None:
         pass
 
 
-def _provenance(meta: DatasetMeta, shard: ShardInfo) -> np.ndarray:
-    """The shard's documents' provenance records (its .src, held to its checksum)."""
-    if not shard.src_path:
+def _per_doc(meta: DatasetMeta, shard: ShardInfo, rel: str, xxh3_64: str, dtype: Any) -> np.ndarray:
+    """The shard's documents' provenance (its .src) or attribute (.attr) records, held to their checksum."""
+    if not rel:
         raise FormatError(f"{meta.root}: {shard.path} has no provenance file (a dataset written before lmshard kept "
                           "them); prepare the new dataset from the source text instead")  # fmt: skip
-    path = meta.abspath(shard.src_path)
-    if (digest := file_xxh3(path)) != shard.src_xxh3_64:
-        raise FormatError(f"{path}: checksum {digest} != {shard.src_xxh3_64} in the metadata (damaged); run `lmshard "
+    path = meta.abspath(rel)
+    if (digest := file_xxh3(path)) != xxh3_64:
+        raise FormatError(f"{path}: checksum {digest} != {xxh3_64} in the metadata (damaged); run `lmshard "
                           "inspect` on the dataset")  # fmt: skip
-    return np.fromfile(path, dtype=SRC_DTYPE, count=shard.n_docs)
+    return np.fromfile(path, dtype=dtype, count=shard.n_docs)
 
 
 def _metadata(meta: DatasetMeta, staging: Path, config: PrepareConfig, new: Tokenizer, bos: int | None,

@@ -32,7 +32,7 @@ from .sampling import DocStarts, ShiftSpec, count_windows
 from .schedule import parse_order
 from .schedule import resolve as resolve_schedule
 from .store import DEFAULT_RSS_LIMIT, TokenStore, open_store
-from .subset import carve
+from .subset import restrict
 from .windows import WindowDataset, random_offsets, stride_or_default, window_offsets
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ class TokenDataset:
     `device`: its streams' default device. With `resident=True` (or "auto": when it fits) the
     split is uploaded there once, in its stored width, and batches are gathered on the device,
     the same batches as the host path's (runtime/resident.py); `resident_budget` is the fraction
-    of the device's free memory it may take."""
+    of the device's free memory it may take. `val_fraction`, `split_seed`: a load-time split
+    (runtime/subset.py); `where`: only the documents whose attributes pass (runtime/where.py)."""
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class TokenDataset:
         retry: Any = None,
         val_fraction: float | None = None,
         split_seed: int = 0,
+        where: str | None = None,
         device: str | torch.device | None = None,
         resident: bool | str = False,
         resident_budget: float = 0.5,
@@ -112,10 +114,8 @@ class TokenDataset:
                                     f"for the local dataset {path}")  # fmt: skip
             self.meta, self.store = open_store(path, opened, max_open_shards, rss_limit)
             self.path, self.plan_dir = Path(path), Path(path) / CACHE_DIR
-        self._carved = ""  # a load-time split: how (its data_id says it)
-        if val_fraction is not None:
-            side = carve(self.meta, self.store, split, val_fraction, split_seed, f"the dataset {self.path}")
-            self.store, self._carved = side, f"@{side.fraction:g}/{side.seed}"  # type: ignore[assignment]
+        self.store, self._carved = restrict(self.meta, self.store, split, val_fraction, split_seed, where,
+                                            f"the dataset {self.path}")  # (a subset: its data_id says how)
         self.eot_id = self.meta.tokenizer.eot_id
         self.bos_id = self.meta.tokenizer.bos_id  # before each document, or None when none was written
         self.vocab_size = self.meta.tokenizer.n_vocab
@@ -222,9 +222,9 @@ class TokenDataset:
         may be spelled another way, does not enter it."""
         if self.meta is None:
             return f"{self.path}:{self.n_tokens}"
-        carved = getattr(self, "_carved", "")  # a load-time split's side of the train split (runtime/subset.py)
-        sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" for s in self.meta.split_shards("train" if carved else
-                                                                                          self.split))  # fmt: skip
+        carved = getattr(self, "_carved", "")  # a load-time split (@), a where= (?): runtime/subset.py
+        sums = ",".join(f"{s.xxh3_64}/{s.index_xxh3_64}" + (f"/{s.attr_xxh3_64}" if "?" in carved else "")
+                        for s in self.meta.split_shards("train" if carved.startswith("@") else self.split))
         return f"{hashlib.sha256(sums.encode()).hexdigest()[:16]}:{self.split}{carved}:{self.n_tokens}"
 
     @property

@@ -284,7 +284,7 @@ def _mixture_offsets(mix: Mixture, shift: int | str, seed: int, windows: bool, s
 
 def _name(source: Any) -> str:
     if isinstance(source, TokenDataset):
-        return str(source.path)
+        return str(source.path) + getattr(source, "_carved", "")  # (a load-time subset: how it was chosen)
     if not isinstance(source, str | os.PathLike):
         raise ArgumentError(f"source {checks.show(source)} is neither a dataset path nor a TokenDataset")
     return str(source)

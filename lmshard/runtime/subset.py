@@ -1,5 +1,7 @@
-"""Load-time splits: `TokenDataset(path, split="val", val_fraction=0.01, split_seed=0)` carves a
-validation part out of a dataset prepared without one (and split="train" the rest of it).
+"""Load-time subsets of a split: `TokenDataset(path, split="val", val_fraction=0.01, split_seed=0)`
+carves a validation part out of a dataset prepared without one (and split="train" the rest of
+it); `TokenDataset(path, where="...")` keeps the documents whose attributes pass (where.py). The
+two combine: a side of the load-time split, restricted by `where`.
 
 **Which side a document is on.** Document d of the prepared train split (its number in the
 split, from 0) is held out when keyed(split_seed, d) < val_fraction × 2**32: a pure function of
@@ -7,8 +9,8 @@ the document's number and the seed, so every process agrees, the two sides are d
 together the whole split, and a dataset grown by `prepare --append` (its old shards kept first,
 unchanged) keeps every old document on its side.
 
-**The tokens.** A side's documents, in split order, laid end to end (`SubsetStore`): shard k of
-the side holds the chosen documents of shard k of the split, so rows, windows and packs are drawn
+**The tokens.** A subset's documents, in split order, laid end to end (`SubsetStore`): shard k of
+the subset holds the chosen documents of shard k of the split, so rows, windows and packs are drawn
 from that stream with every sampler lmshard has. A row is read piece by piece (a piece per
 document it touches) from the split's own store: slower than the prepared split's one gather per
 batch, which `prepare --val-fraction` gives. `trace` names each piece's document of the split.
@@ -17,7 +19,8 @@ A dataset that already has a val split is refused: its train and val are separat
 a second split of the train part would be another one.
 
 Memory model: per shard of the split, its chosen documents and tokens (two integers), and for the
-last 16 shards read, their chosen documents' starts (16 bytes a document).
+last 16 shards read, their chosen documents' starts (16 bytes a document); with `where`, one bit
+per document of the split (where.py).
 """
 
 from __future__ import annotations
@@ -49,12 +52,33 @@ def check_fraction(value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
-class SubsetStore(SplitReads):
-    """One side of a load-time split of `base` (a store of the prepared train split)."""
+class HeldOut:
+    """A load-time split's side, as a `SubsetStore` pick: shard k's documents on it."""
 
-    def __init__(self, base: Any, side: str, fraction: float, seed: int) -> None:
-        self.base, self.side, self.fraction, self.seed = base, side, fraction, seed
-        self.val = side == "val"
+    def __init__(self, side: str, fraction: float, seed: int) -> None:
+        self.side, self.fraction, self.seed = side, fraction, seed
+
+    def __call__(self, k: int, first: int, n: int) -> np.ndarray:
+        out = held_out(self.seed, np.arange(first, first + n, dtype=np.int64), self.fraction)
+        return out if self.side == "val" else ~out
+
+
+class Both:
+    """Two picks at once: the documents both choose."""
+
+    def __init__(self, *picks: Any) -> None:
+        self.picks = picks
+
+    def __call__(self, k: int, first: int, n: int) -> np.ndarray:
+        return np.logical_and.reduce([pick(k, first, n) for pick in self.picks])
+
+
+class SubsetStore(SplitReads):
+    """The documents of `base` (a store of a prepared split) that `pick(k, first, n)` chooses: a
+    bool per document of shard k, which holds n documents after the split's `first`."""
+
+    def __init__(self, base: Any, pick: Any) -> None:
+        self.base, self.pick = base, pick
         counts, sizes, before, first = [], [], [], 0
         for k in range(len(base.shards)):  # each shard's document index, read once (no token is read)
             chosen, lengths = self._chosen(k, first)
@@ -77,9 +101,7 @@ class SubsetStore(SplitReads):
     def _chosen(self, k: int, first: int) -> tuple[np.ndarray, np.ndarray]:
         """Split shard k's documents on this side (their numbers in the shard) and their lengths."""
         idx = np.asarray(self.base.index(k), dtype=np.int64)
-        n = len(idx) - 1
-        out = held_out(self.seed, np.arange(first, first + n, dtype=np.int64), self.fraction)
-        mine = np.flatnonzero(out if self.val else ~out)
+        mine = np.flatnonzero(self.pick(k, first, len(idx) - 1))
         return mine, idx[mine + 1] - idx[mine]
 
     def _map(self, j: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,16 +164,34 @@ class SubsetStore(SplitReads):
         return int(self.starts[k]) + int(self.index(k)[i])
 
 
-def carve(meta: Any, store: Any, split: str, fraction: object, seed: object, where: str) -> SubsetStore:
-    """The `split` side of a load-time split of `store` (the prepared train split), refused when
-    the dataset has a val split already."""
-    fraction, seed = check_fraction(fraction), checks.seed(seed)
-    if meta is not None and "val" in meta.splits and meta.n_tokens("val"):
-        raise ArgumentError(f"{where} has a val split already ({meta.n_tokens('val'):,} tokens, prepared with "
-                            "--val-fraction); load split='val' as it is, without val_fraction (a split of the train "
-                            "part would hold out other documents)")  # fmt: skip
-    made = SubsetStore(store, split, fraction, seed)
+def restrict(meta: Any, store: Any, split: str, fraction: object, seed: object, where: object,
+             name: str) -> tuple[Any, str]:  # fmt: skip
+    """(the store, what its data_id adds) of `split` of the dataset `name` as loaded: `store`
+    itself, or with `val_fraction` a side of a load-time split of it (the prepared train split;
+    refused when the dataset has a val split already), with `where` its documents that pass."""
+    picks, tag = [], ""
+    if fraction is not None:
+        fraction, seed = check_fraction(fraction), checks.seed(seed)
+        if meta is not None and "val" in meta.splits and meta.n_tokens("val"):
+            raise ArgumentError(f"{name} has a val split already ({meta.n_tokens('val'):,} tokens, prepared with "
+                                "--val-fraction); load split='val' as it is, without val_fraction (a split of the "
+                                "train part would hold out other documents)")  # fmt: skip
+        picks.append(HeldOut(split, fraction, seed))
+        tag = f"@{fraction:g}/{seed}"
+    if where is not None:
+        from .where import Selected, Where
+
+        if meta is None or not meta.attributes:
+            raise ArgumentError(f"where= needs attributes, and {name} keeps none; prepare it with --attribute (e.g. "
+                                "--attribute fineweb_quality)")  # fmt: skip
+        chosen = Where(where, meta.attributes)  # type: ignore[arg-type]
+        picks.append(Selected(store, chosen))
+        tag += f"?{chosen.text}"
+    if not picks:
+        return store, ""
+    made = SubsetStore(store, picks[0] if len(picks) == 1 else Both(*picks))
     if not made.n_tokens:
-        raise ArgumentError(f"val_fraction={fraction} leaves the {split} side of {where} without a document; pass "
-                            "a fraction that holds out some documents and keeps some")  # fmt: skip
-    return made
+        what = f"val_fraction={fraction}" if where is None else f"where={where!r}"
+        raise ArgumentError(f"{what} leaves the {split} split of {name} without a document; pass one that keeps "
+                            "some")  # fmt: skip
+    return made, tag

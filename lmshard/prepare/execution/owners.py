@@ -274,7 +274,7 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
             os.replace(staging / f"{rel}.tmp", staging / rel)
-    per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3]} if attrs and not keyish else {}
+    per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3], "attr_width": attrs} if attrs and not keyish else {}
     if keyish:
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     elif encoded:

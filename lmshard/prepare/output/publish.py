@@ -253,7 +253,7 @@ class Publisher:
             self.journal.record(rel, digest)
 
     def upload_finished(self) -> int:
-        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks`, `.src` in place) and not
+        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks`, `.src`, `.attr` in place) and not
         yet uploaded; the number of files sent. A failure is left to the final publish, which
         sends what is missing and reports what cannot be sent."""
         assert self.journal is not None
@@ -261,7 +261,7 @@ class Publisher:
         done, sent = self.journal.uploaded.keys() | self._kept(), 0
         for sums in sorted(staging.glob("*/shard_*.sums")):
             trio = [sums.with_suffix(s) for s in (".bin", ".idx", ".sums")]
-            for extra in (".blocks", ".src"):  # (a zstd shard's block offsets, its provenance: before its .bin)
+            for extra in (".blocks", ".src", ".attr"):  # (zstd block offsets, provenance, attributes: before .bin)
                 if sums.with_suffix(extra).exists():
                     trio.append(sums.with_suffix(extra))
             rels = [str(p.relative_to(staging)) for p in trio]

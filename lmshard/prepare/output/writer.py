@@ -242,6 +242,7 @@ class ShardWriter:
         for d in self._docs:  # in place before the token file, which a resume and an upload key on
             d.file, rel = None, d.rel(bin_rel)
             files |= {f"{d.name}_path": rel, f"{d.name}_xxh3_64": d.hash.hexdigest()}
+            files |= {"attr_width": d.dtype.itemsize} if d.name == "attr" else {}
             os.replace(f"{self.root / rel}.tmp", self.root / rel)
         if self._encoder is not None:
             os.replace(f"{idx_path}.tmp", idx_path)
