@@ -151,7 +151,7 @@ def inspect(
         help="With --packing: bfd, first_fit, window_N, greedy or stream_N (packed as read, "
         "N documents at a time; repeatable; default: all, with stream_10000).",
     ),
-    split: str = typer.Option("train", "--split", metavar="SPLIT", help="With --packing: the split to plan."),
+    split: str = typer.Option("train", "--split", metavar="SPLIT", help="With --packing or --attribute: the split."),
     world_size: int = typer.Option(1, "--world-size", metavar="N", help="With --packing: ranks, for steps per rank."),
     batch_size: int = typer.Option(1, "--batch-size", metavar="N", help="With --packing: rows per rank per step."),
     overlap: str | None = typer.Option(None, "--overlap", metavar="DATASET|splits", help="Instead: documents shared, "
@@ -162,6 +162,9 @@ def inspect(
     decontaminate: list[str] = typer.Option([], "--decontaminate", metavar="FILE", help="Instead: the documents "
                                             "that share an n-gram with these benchmarks, per split, as prepare "
                                             "--decontaminate would remove them (repeatable)."),  # fmt: skip
+    attribute: list[str] = typer.Option([], "--attribute", metavar="NAME", help="Instead: the distribution of "
+                                        "these attributes (prepare --attribute; all: every one) over --split, "
+                                        "to choose a where= threshold (repeatable)."),  # fmt: skip
 ) -> None:
     """Verify a dataset against its metadata and show what is in it.
 
@@ -184,6 +187,8 @@ def inspect(
         from .audit import diff_datasets
 
         raise typer.Exit(diff_datasets(dataset, diff, as_json))
+    if attribute:
+        raise typer.Exit(_attributes(dataset, attribute, split, as_json))
     if decontaminate:
         from .audit import decontamination
 
@@ -220,6 +225,23 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
         out.print_json(data={"dataset": str(dataset), "split": split, "seq_len": seq_len, "strategies": rows})
         return EXIT_OK
     render.packing(rows, f"{dataset} [{split}], seq_len {seq_len}")
+    return EXIT_OK
+
+
+def _attributes(dataset: str, names: list[str], split: str, as_json: bool) -> int:
+    from ..format import load_metadata
+    from ..inspect import audit
+    from ..inspect.attributes import distributions
+    from ..remote import is_url
+
+    if is_url(dataset):
+        raise ConfigError("--attribute reads a local dataset; run it on a local copy (`lmshard cp URL DIR`)")
+    audit.require_dataset(Path(dataset))
+    found = distributions(load_metadata(Path(dataset)), names, split)
+    if as_json:
+        out.print_json(data={"dataset": dataset, "split": split, "attributes": found})
+    else:
+        render.attributes(found, f"{dataset} [{split}]")
     return EXIT_OK
 
 

@@ -198,13 +198,7 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         hist = audit.length_histogram(report)
         if hist:
             out.print("[bold]document lengths[/] (tokens, log2 buckets)")
-            most = max(c for _, c in hist)
-            label_w = max(15, *(len(label) for label, _ in hist))
-            # bars of up to 40 cells, fewer where the widest label and count would not fit beside them
-            bar_w = max(10, min(40, out.width - label_w - len(f"{most:,}") - 4))
-            for label, count in hist:
-                bar = "█" * max(1, round(bar_w * count / most)) if count else ""
-                out.print(f"  {label:>{label_w}} {bar:<{bar_w}} {count:,}", highlight=False, soft_wrap=True)
+            _bars([(label, count, f"{count:,}") for label, count in hist])
         if top_tokens:
             title = Text("most frequent tokens:", style="bold")
             out.print(Items([title, *(f"{t!r}×{c:,}" for _, c, t in top_tokens)]))
@@ -214,6 +208,42 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         out.print(f"[green]OK[/]: {plural(report.shards_checked, 'shard')} verified ({what})")
     else:
         _problems(report)
+
+
+def _bars(rows: Sequence[tuple[str, int, str]]) -> None:
+    """A text histogram: per row its label, a bar as long as its count is against the largest,
+    and what to print after it."""
+    most = max(c for _, c, _ in rows) or 1
+    label_w = max(15, *(len(label) for label, _, _ in rows))
+    # bars of up to 40 cells, fewer where the widest label and count would not fit beside them
+    bar_w = max(10, min(40, out.width - label_w - max(len(s) for _, _, s in rows) - 4))
+    for label, count, shown in rows:
+        bar = "█" * max(1, round(bar_w * count / most)) if count else ""
+        out.print(f"  {label:>{label_w}} {bar:<{bar_w}} {shown}", highlight=False, soft_wrap=True)
+
+
+def attributes(found: list[dict[str, Any]], title: str) -> None:
+    """`inspect --attribute`: per attribute a line of its statistics and its histogram."""
+    out.print(f"[bold]attributes of {escape(title)}[/] (documents; % of the split's tokens)")
+    for a in found:
+        head = f"[bold]{a['name']}[/] ({a['dtype']}, --attribute {escape(a['by'])}): {a['docs']:,} docs"
+        if a["dtype"] == "category":
+            out.print(head, highlight=False)
+            shown = a["labels"][:10]
+            rest = a["labels"][10:]
+            rows = [(x["label"], x["docs"], f"{x['docs']:,}  {100 * x['token_share']:.1f}%") for x in shown]
+            if rest:
+                rows.append((f"{len(rest)} others", sum(x["docs"] for x in rest),
+                             f"{sum(x['docs'] for x in rest):,}  {100 * sum(x['token_share'] for x in rest):.1f}%"))
+            _bars(rows)
+            continue
+        if a["min"] is None:
+            out.print(f"{head}, every one NaN", highlight=False)
+            continue
+        out.print(f"{head}, {a['nan']:,} NaN, min {a['min']:.4g}  mean {a['mean']:.4g}  max {a['max']:.4g}",
+                  highlight=False)  # fmt: skip
+        _bars([(f"{b['from']:.4g} – {b['to']:.4g}", b["docs"], f"{b['docs']:,}  {100 * b['token_share']:.1f}%")
+               for b in a.get("histogram", [])])  # fmt: skip
 
 
 def documents(report: Any, doc: tuple[str, int, str], samples: list[tuple[str, int, str]]) -> None:

@@ -123,15 +123,21 @@ class Mixture:
             raise InputError(f'{path}: no [[source]] tables; add one per dataset: path = "data/web", weight = 0.7')
         knots = "curriculum" in raw  # then the sources have no weight: the knots give them
         unknown = sorted(set(raw) - {"split", "max_epochs", "source", "curriculum", "ramp"})
-        unknown += sorted(f"source.{k}" for e in entries for k in set(e) - ({"path"} if knots else {"path", "weight"}))
+        unknown += sorted(f"source.{k}" for e in entries for k in set(e) - ({"path", "where"} if knots else
+                                                                            {"path", "weight", "where"}))  # fmt: skip
         if unknown:
             raise InputError(f"{path}: unknown key {unknown[0]!r}; a mixture file has split, max_epochs and [[source]] "
-                             "tables of path and weight (or of path, with curriculum and ramp)")  # fmt: skip
+                             "tables of path, weight and where (or of path, with curriculum and ramp)")  # fmt: skip
         pairs = []
         for i, entry in enumerate(entries):
             if not isinstance(entry.get("path"), str) or ("weight" not in entry and not knots):
                 raise InputError(f"{path}: source {i + 1} needs a path (a string) and a weight")
-            at = entry["path"] if is_url(entry["path"]) else path.parent / entry["path"]
+            at: Any = entry["path"] if is_url(entry["path"]) else path.parent / entry["path"]
+            if "where" in entry:  # (a source's documents whose attributes pass: runtime/where.py)
+                try:
+                    at = TokenDataset(at, raw.get("split", "train"), where=entry["where"])
+                except ArgumentError as e:
+                    raise InputError(f"{path}: source {i + 1}: {e}") from None
             pairs.append((at, entry.get("weight")))
         options = {"split": raw.get("split", "train"), "max_epochs": raw.get("max_epochs", 4.0), **placed}
         if knots:
@@ -141,6 +147,22 @@ class Mixture:
             except ArgumentError as e:
                 raise InputError(f"{path}: {e}") from None
         return cls(pairs, **options)
+
+    @classmethod
+    def by_attribute(cls, path: str | os.PathLike[str], attribute: str, *, edges: Any = None, weights: Any = None,
+                     weight: Any = None, bins: int = 16, split: str = "train", max_epochs: float = 4.0,
+                     **options: Any) -> Mixture:  # fmt: skip
+        """One dataset's documents mixed by one attribute (runtime/attrmix.py): buckets cut at
+        `edges` drawn at `weights` (one more than edges), or soft sampling: documents drawn in
+        proportion to `weight(value)` × their tokens, resolved over `bins` buckets. `options`
+        go to each bucket's TokenDataset (storage_options=, cache_dir=...)."""
+        from .attrmix import bucket_sources, soft_sources
+
+        if (weight is None) == (edges is None) or (edges is None) != (weights is None):
+            raise ArgumentError("by_attribute takes edges= with weights= (buckets), or weight= (soft sampling)")
+        pairs = (bucket_sources(path, attribute, edges, weights, split, options) if weight is None else
+                 soft_sources(path, attribute, weight, bins, split, options))  # fmt: skip
+        return cls(pairs, split=split, max_epochs=max_epochs)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{n}: {w:.4g}" for n, w in zip(self.names, self.weights, strict=True))

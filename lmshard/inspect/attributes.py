@@ -1,0 +1,104 @@
+"""`lmshard inspect DS --attribute NAME`: the distribution of per-document attributes
+(`prepare --attribute`, format/attributes.py) over a split, to choose a `where=` threshold.
+
+For a number: its documents, how many are NaN, min, mean and max, and a histogram of `bins`
+equal-width buckets from min to max (documents and their share of the split's tokens per
+bucket). For a category: documents and tokens per label, most documents first.
+
+Memory model: two passes over the split's attribute files, one shard's file and index at a
+time; per attribute, its histogram (or a count per label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError
+from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta, file_xxh3
+from ..format.attributes import AttrField, row_dtype
+
+BINS = 10
+
+
+def chosen(meta: DatasetMeta, names: Sequence[str]) -> list[AttrField]:
+    """The attributes `names` asks for (`all`: every one); ConfigError naming what the dataset has."""
+    fields = {f.name: f for f in meta.attributes}
+    if not fields:
+        raise ConfigError(f"{meta.root}: keeps no attributes (prepared without --attribute); prepare it with "
+                          "--attribute NAME (docs/quality.md)")  # fmt: skip
+    if "all" in names:
+        return list(fields.values())
+    missing = [n for n in names if n not in fields]
+    if missing:
+        raise ConfigError(f"--attribute {missing[0]}: {meta.root} has no such attribute; it has "
+                          f"{', '.join(fields)} (or pass all)")  # fmt: skip
+    return [fields[n] for n in dict.fromkeys(names)]
+
+
+def _shards(meta: DatasetMeta, split: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(attribute records, token counts) of each document of each shard of `split`, checked."""
+    dtype = row_dtype(meta.attributes)
+    for shard in meta.split_shards(split):
+        if not shard.n_docs:
+            continue
+        path = meta.abspath(shard.attr_path)
+        if file_xxh3(path) != shard.attr_xxh3_64:
+            raise FormatError(f"{path}: does not match its 'attr_xxh3_64' in the metadata; {REGENERATE_HINT}")
+        index = np.fromfile(meta.abspath(shard.index_path), dtype=INDEX_DTYPE).astype(np.int64)
+        yield np.fromfile(path, dtype=dtype, count=shard.n_docs), np.diff(index)
+
+
+def distributions(meta: DatasetMeta, names: Sequence[str], split: str, bins: int = BINS) -> list[dict[str, Any]]:
+    """Per attribute asked for, its distribution over `split` (see the module docstring)."""
+    fields = chosen(meta, names)
+    if split not in meta.splits or not meta.n_docs(split):
+        raise ConfigError(f"{meta.root}: its {split} split holds no document; pass --split train or val")
+    total = meta.n_tokens(split)
+    out: list[dict[str, Any]] = []
+    stats = {f.name: {"docs": 0, "nan": 0, "min": np.inf, "max": -np.inf, "sum": 0.0} for f in fields}
+    labels = {f.name: np.zeros((len(f.labels), 2), np.int64) for f in fields if f.dtype == "category"}
+    for rows, tokens in _shards(meta, split):  # pass 1: the ranges (and the categories' counts)
+        for f in fields:
+            s = stats[f.name]
+            s["docs"] += len(rows)
+            if f.dtype == "category":
+                np.add.at(labels[f.name], rows[f.name].astype(np.int64), np.stack([np.ones(len(rows), np.int64),
+                                                                                  tokens], axis=1))  # fmt: skip
+                continue
+            v = rows[f.name].astype(np.float64)
+            ok = np.isfinite(v)
+            s["nan"] += int((~ok).sum())
+            if ok.any():
+                s["min"], s["max"] = min(s["min"], float(v[ok].min())), max(s["max"], float(v[ok].max()))
+                s["sum"] += float(v[ok].sum())
+    edges = {f.name: np.linspace(stats[f.name]["min"], stats[f.name]["max"], bins + 1) for f in fields
+             if f.dtype != "category" and np.isfinite(stats[f.name]["min"])}  # fmt: skip
+    counts = {name: np.zeros((bins, 2), np.int64) for name in edges}
+    for rows, tokens in _shards(meta, split) if edges else ():  # pass 2: the histograms
+        for name, cut in edges.items():
+            v = rows[name].astype(np.float64)
+            ok = np.isfinite(v)
+            at = np.clip(np.searchsorted(cut, v[ok], side="right") - 1, 0, bins - 1)
+            np.add.at(counts[name], at, np.stack([np.ones(len(at), np.int64), tokens[ok]], axis=1))
+    for f in fields:
+        s = stats[f.name]
+        entry: dict[str, Any] = {"name": f.name, "dtype": f.dtype, "by": f.by, "docs": s["docs"]}
+        if f.dtype == "category":
+            order = np.argsort(-labels[f.name][:, 0], kind="stable")
+            entry["labels"] = [{"label": f.labels[i], "docs": int(labels[f.name][i, 0]),
+                                "token_share": float(labels[f.name][i, 1] / total)}
+                               for i in order if labels[f.name][i, 0]]  # fmt: skip
+        else:
+            known = s["docs"] - s["nan"]
+            entry |= {"nan": s["nan"], "min": s["min"] if known else None, "max": s["max"] if known else None,
+                      "mean": s["sum"] / known if known else None}  # fmt: skip
+            if f.name in edges:
+                cut = edges[f.name]
+                entry["histogram"] = [{"from": float(cut[i]), "to": float(cut[i + 1]), "docs": int(c[0]),
+                                       "token_share": float(c[1] / total)}
+                                      for i, c in enumerate(counts[f.name])]  # fmt: skip
+        out.append(entry)
+    return out

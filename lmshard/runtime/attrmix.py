@@ -1,0 +1,95 @@
+"""Mixtures over one attribute of one dataset (`Mixture.by_attribute`): quality buckets as
+sources with weights, and soft sampling by a weight of the attribute.
+
+**Buckets.** `edges=[e1, ..., ek]` cut the attribute into k + 1 buckets: below e1, [e1, e2), ...,
+at or above ek. Each bucket is a `TokenDataset(path, where=...)` (where.py) and `weights` its
+token share in the mixture, held as every mixture holds its weights (mixing.py).
+
+**Soft sampling.** `weight=f` (a numpy-vectorized function of the attribute's values, such as
+`lambda q: q ** 2`) draws documents in proportion to f(value) × their tokens, up to the
+resolution of `bins`: the attribute's range is cut into `bins` equal-width buckets, and each
+bucket's share is the exact sum of f(value) × tokens over its documents (read from the
+attribute files and indexes). Within a bucket, documents are drawn in proportion to their tokens.
+Documents whose value is NaN are never drawn, nor are those of a bucket whose weights are all 0.
+
+Memory model: two passes over the split's attribute files and indexes, one shard at a time;
+the mixture's buckets are datasets with their own selections (one bit per document each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError
+from .dataset import TokenDataset
+from .where import attribute_rows
+
+
+def _numeric(data: TokenDataset, attribute: str) -> Any:
+    fields = data.meta.attributes if data.meta is not None else ()
+    found = next((f for f in fields if f.name == attribute), None)
+    if found is None:
+        have = ", ".join(f.name for f in fields) or "none (prepared without --attribute)"
+        raise ArgumentError(f"the dataset {data.path} has no attribute {attribute!r}; its attributes: {have}")
+    if found.dtype == "category":
+        raise ArgumentError(f"{attribute} is a category; bucket it with where= (e.g. {attribute} == 'en') and pass "
+                            "the datasets to Mixture")  # fmt: skip
+    return found
+
+
+def bucket_sources(path: Any, attribute: str, edges: Sequence[float], weights: Sequence[float], split: str,
+                   options: dict[str, Any]) -> list[tuple[TokenDataset, float]]:  # fmt: skip
+    """[(bucket dataset, weight)] of `edges` (see the module docstring)."""
+    cuts = [float(e) for e in edges]
+    if not cuts or any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)):
+        raise ArgumentError(f"edges={list(edges)!r} must be one or more increasing numbers (k edges make k + 1 "
+                            "buckets)")  # fmt: skip
+    if len(weights) != len(cuts) + 1:
+        raise ArgumentError(f"{len(cuts)} edges make {len(cuts) + 1} buckets, and {len(weights)} weights were "
+                            "given; pass one weight per bucket")  # fmt: skip
+    _numeric(TokenDataset(path, split, **options), attribute)
+    wheres = [f"{attribute} < {cuts[0]!r}"]
+    wheres += [f"{lo!r} <= {attribute} < {hi!r}" for lo, hi in zip(cuts, cuts[1:], strict=False)]
+    wheres.append(f"{attribute} >= {cuts[-1]!r}")
+    return [(TokenDataset(path, split, where=w, **options), weight)
+            for w, weight in zip(wheres, weights, strict=True) if weight]  # fmt: skip
+
+
+def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any], bins: int, split: str,
+                 options: dict[str, Any]) -> list[tuple[TokenDataset, float]]:  # fmt: skip
+    """[(bucket dataset, the exact mass of f × tokens over its documents)] (see the module docstring)."""
+    if not isinstance(bins, int) or isinstance(bins, bool) or not 1 <= bins <= 4096:
+        raise ArgumentError(f"bins={bins!r} must be an int from 1 to 4096")
+    if not callable(weight):
+        raise ArgumentError("weight= is a function of the attribute's values (a numpy array), e.g. lambda q: q ** 2")
+    data = TokenDataset(path, split, **options)
+    field = _numeric(data, attribute)
+    store, fields = data.store, data.meta.attributes  # type: ignore[union-attr]
+    lo, hi, shards = np.inf, -np.inf, range(len(store.shards))
+    for k in shards:  # pass 1: the range of the values
+        values = attribute_rows(store, k, fields)[field.name].astype(np.float64)
+        values = values[np.isfinite(values)]
+        if len(values):
+            lo, hi = min(lo, float(values.min())), max(hi, float(values.max()))
+    if not np.isfinite(lo):
+        raise ArgumentError(f"{attribute} has no value that is a number in {data.path}; nothing can be drawn")
+    edges = np.linspace(lo, hi, bins + 1)[1:-1] if hi > lo else np.zeros(0)
+    mass = np.zeros(len(edges) + 1)
+    for k in shards:  # pass 2: f(value) × tokens, summed per bucket
+        values = attribute_rows(store, k, fields)[field.name].astype(np.float64)
+        lengths = np.diff(np.asarray(store.index(k), dtype=np.int64))
+        ok = np.isfinite(values)
+        with np.errstate(all="ignore"):
+            w = np.broadcast_to(np.asarray(weight(values[ok]), dtype=np.float64), (int(ok.sum()),))
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise ArgumentError(f"weight= gave {w[~np.isfinite(w) | (w < 0)][0]!r} for a value of {attribute}; "
+                                "a weight is a finite number >= 0")  # fmt: skip
+        np.add.at(mass, np.searchsorted(edges, values[ok], side="right"), w * lengths[ok])
+    if not mass.sum():
+        raise ArgumentError(f"weight= is 0 for every document of {data.path}; nothing can be drawn")
+    if not len(edges):
+        return [(TokenDataset(path, split, where=f"{attribute} == {lo!r}", **options), 1.0)]
+    return bucket_sources(path, attribute, edges.tolist(), mass.tolist(), split, options)
