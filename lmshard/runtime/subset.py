@@ -169,7 +169,8 @@ def restrict(meta: Any, store: Any, split: str, fraction: object, seed: object, 
     """(the store, what its data_id adds) of `split` of the dataset `name` as loaded: `store`
     itself, or with `val_fraction` a side of a load-time split of it (the prepared train split;
     refused when the dataset has a val split already), with `where` its documents that pass."""
-    picks, tag = [], ""
+    picks: list[Any] = []
+    tag = ""
     if fraction is not None:
         fraction, seed = check_fraction(fraction), checks.seed(seed)
         if meta is not None and "val" in meta.splits and meta.n_tokens("val"):

@@ -131,9 +131,9 @@ class Where:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, str):
                 raise self._fail(f"{node.value!r} is a label; compare a category attribute with it")
-            return float(node.value)
-        if isinstance(node, ast.Compare | ast.BoolOp) or (isinstance(node, ast.UnaryOp) and isinstance(node.op,
-                                                                                                     ast.Not)):  # fmt: skip
+            return float(node.value)  # type: ignore[arg-type]
+        if isinstance(node, ast.Compare | ast.BoolOp) or (isinstance(node, ast.UnaryOp) and
+                                                           isinstance(node.op, ast.Not)):  # fmt: skip
             raise self._fail(f"{ast.unparse(node)} is a condition where a number is needed")
         if isinstance(node, ast.Tuple | ast.List):
             raise self._fail(f"{ast.unparse(node)} is a list; use it after in / not in")
@@ -212,8 +212,8 @@ class Selected:
 
     def __init__(self, store: Any, where: Where) -> None:
         self.where = where
-        self.bits = [np.packbits(where.mask(attribute_rows(store, k, where.fields)))
-                     if store.shards[k].n_docs else np.zeros(0, np.uint8) for k in range(len(store.shards))]  # fmt: skip
+        self.bits = [np.packbits(where.mask(attribute_rows(store, k, where.fields))) if store.shards[k].n_docs
+                     else np.zeros(0, np.uint8) for k in range(len(store.shards))]  # fmt: skip
 
     def __call__(self, k: int, first: int, n: int) -> np.ndarray:
         return np.unpackbits(self.bits[k], count=n).astype(bool)

@@ -142,9 +142,8 @@ class Build:
         first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
         encoding = run_encoding(config, n_vocab, previous, root)
         fields = config.attribute_fields()
-        rows = row_dtype(fields) if fields else None
         writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding, provenance=True,
-                                  attributes=rows) for s in SPLITS}  # fmt: skip
+                                  attributes=row_dtype(fields) if fields else None) for s in SPLITS}  # fmt: skip
         base = Totals.of_dataset(previous) if previous else Totals()
         previous_keys = previous.dedup.files if previous and previous.dedup else ()
         build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys,

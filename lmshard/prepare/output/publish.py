@@ -253,8 +253,8 @@ class Publisher:
             self.journal.record(rel, digest)
 
     def upload_finished(self) -> int:
-        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks`, `.src`, `.attr` in place) and not
-        yet uploaded; the number of files sent. A failure is left to the final publish, which
+        """Upload the shards the build has finished (`.bin`, `.idx`, `.sums`, `.blocks`, `.src`, `.attr` in
+        place) and not yet uploaded; the number of files sent. A failure is left to the final publish, which
         sends what is missing and reports what cannot be sent."""
         assert self.journal is not None
         staging = OutputPaths.of(str(self.mirror)).staging

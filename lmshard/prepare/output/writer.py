@@ -238,7 +238,7 @@ class ShardWriter:
                 f.close()
         self._bin = self._idx = None
         bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
-        files: dict[str, str] = {}
+        files: dict[str, Any] = {}
         for d in self._docs:  # in place before the token file, which a resume and an upload key on
             d.file, rel = None, d.rel(bin_rel)
             files |= {f"{d.name}_path": rel, f"{d.name}_xxh3_64": d.hash.hexdigest()}
