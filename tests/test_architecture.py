@@ -121,7 +121,7 @@ def test_runtime_imports_only_format_numpy_and_torch_on_every_path():
     for planner in sorted(packing):
         assert _imports(planner, modules[planner], modules) <= allowed_lmshard | packing, planner
     allowed_lmshard |= packing | {"lmshard.format.blocks", "lmshard.format.encoding", "lmshard.format.tokenfile",
-                                  "lmshard.format.bitpack"}  # (numpy; zstandard for zstd shards)
+                                  "lmshard.format.bitpack", "lmshard.format.attributes"}  # (numpy; zstandard for zstd)
     allowed_lmshard |= {"lmshard.plugins"}  # a hook named as module:function: importlib and errors only
     assert _imports("lmshard.plugins", modules["lmshard.plugins"], modules) <= {"lmshard.errors"}
     remote = {n for n in modules if n.startswith("lmshard.remote")}  # the object-store client: remote datasets only

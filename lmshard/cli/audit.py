@@ -231,3 +231,22 @@ def decontamination(dataset: Path, benchmarks: list[str], as_json: bool) -> int:
         render.out.print(f"  {e['document']} ({e['benchmark']}): {escape(e['text'])}\n    item: {escape(e['item'])}",
                          highlight=False, soft_wrap=True)  # fmt: skip
     return 0
+
+
+def attribute_distributions(dataset: str, names: list[str], split: str, as_json: bool) -> int:
+    """`inspect DATASET --attribute NAME`: the attributes' distributions over a split (inspect/attributes.py)."""
+    from ..errors import ConfigError
+    from ..format import load_metadata
+    from ..inspect import audit
+    from ..inspect.attributes import distributions
+    from ..remote import is_url
+
+    if is_url(dataset):
+        raise ConfigError("--attribute reads a local dataset; run it on a local copy (`lmshard cp URL DIR`)")
+    audit.require_dataset(Path(dataset))
+    found = distributions(load_metadata(Path(dataset)), names, split)
+    if as_json:
+        render.out.print_json(data={"dataset": dataset, "split": split, "attributes": found})
+    else:
+        render.attributes(found, f"{dataset} [{split}]")
+    return 0

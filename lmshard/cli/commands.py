@@ -188,7 +188,9 @@ def inspect(
 
         raise typer.Exit(diff_datasets(dataset, diff, as_json))
     if attribute:
-        raise typer.Exit(_attributes(dataset, attribute, split, as_json))
+        from .audit import attribute_distributions
+
+        raise typer.Exit(attribute_distributions(dataset, attribute, split, as_json))
     if decontaminate:
         from .audit import decontamination
 
@@ -225,23 +227,6 @@ def _packing(dataset: Path, seq_len: int, strategies: list[str], split: str, wor
         out.print_json(data={"dataset": str(dataset), "split": split, "seq_len": seq_len, "strategies": rows})
         return EXIT_OK
     render.packing(rows, f"{dataset} [{split}], seq_len {seq_len}")
-    return EXIT_OK
-
-
-def _attributes(dataset: str, names: list[str], split: str, as_json: bool) -> int:
-    from ..format import load_metadata
-    from ..inspect import audit
-    from ..inspect.attributes import distributions
-    from ..remote import is_url
-
-    if is_url(dataset):
-        raise ConfigError("--attribute reads a local dataset; run it on a local copy (`lmshard cp URL DIR`)")
-    audit.require_dataset(Path(dataset))
-    found = distributions(load_metadata(Path(dataset)), names, split)
-    if as_json:
-        out.print_json(data={"dataset": dataset, "split": split, "attributes": found})
-    else:
-        render.attributes(found, f"{dataset} [{split}]")
     return EXIT_OK
 
 
