@@ -76,7 +76,9 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
             lo, hi = min(lo, float(values.min())), max(hi, float(values.max()))
     if not np.isfinite(lo):
         raise ArgumentError(f"{attribute} has no value that is a number in {data.path}; nothing can be drawn")
-    edges = np.linspace(lo, hi, bins + 1)[1:-1] if hi > lo else np.zeros(0)
+    # (edges a float32 column holds exactly: where= compares it in float32, and each document lands where counted)
+    edges = np.unique(np.linspace(lo, hi, bins + 1)[1:-1].astype(np.float32).astype(np.float64)) if hi > lo else \
+        np.zeros(0)  # fmt: skip
     mass = np.zeros(len(edges) + 1)
     for k in shards:  # pass 2: f(value) × tokens, summed per bucket
         values = attribute_rows(store, k, fields)[field.name].astype(np.float64)

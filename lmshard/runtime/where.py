@@ -8,7 +8,7 @@ comparisons (`<`, `<=`, `>`, `>=`, `==`, `!=`, chained as in `0.2 < x <= 0.5`), 
 a list, `and`, `or`, `not`, parentheses, and arithmetic between columns (`+ - * /`). A category
 compares with its labels as strings (`language in ('en', 'de')`); a label the column does not
 have is refused, as is a name the dataset has no column for. A NaN (a ratio over nothing) passes
-no comparison. Parsed with Python's `ast`, evaluated on numpy columns: never `eval`.
+no comparison. A float32 column is compared in float32: `x <= 0.1` keeps a stored 0.1. Parsed with Python's `ast`, evaluated on numpy columns: never `eval`.
 
 Memory model: per shard, its attribute file while its selection is computed (a record per
 document); the selection kept is one bit per document of the split (`np.packbits`).
@@ -127,7 +127,8 @@ class Where:
             f = self.columns[node.id]
             if f.dtype == "category":
                 raise self._fail(f"{f.name} is a category; compare it with its labels (== 'x', in ('x', 'y'))")
-            return rows[f.name].astype(np.float64)
+            column = rows[f.name]  # float32 compared in float32 (a number written in the condition is rounded to it)
+            return column.astype(np.int64) if f.dtype == "uint32" else column  # (uint32 arithmetic would wrap)
         if isinstance(node, ast.Constant):
             if isinstance(node.value, str):
                 raise self._fail(f"{node.value!r} is a label; compare a category attribute with it")
