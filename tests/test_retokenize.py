@@ -40,9 +40,12 @@ def _documents(root, split):
     return docs
 
 
-def _records(root, split):
+def _records(root, split, kind="src"):
+    """The split's provenance records (or with kind="attr", its attribute records), read with numpy."""
     meta = load_metadata(root)
-    return np.concatenate([np.fromfile(root / s.src_path, dtype=SRC_DTYPE) for s in meta.split_shards(split)])
+    dtype = SRC_DTYPE if kind == "src" else np.dtype([("chars", "<u4"), ("words", "<u4"), ("lines", "<u4")])
+    return np.concatenate([np.fromfile(root / (s.src_path if kind == "src" else s.attr_path), dtype=dtype)
+                           for s in meta.split_shards(split)])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +56,13 @@ def inputs(tmp_path_factory):
 
 
 def test_retokenize_equals_a_fresh_prepare_with_the_new_vocabulary(tmp_path, inputs, big):  # noqa: F811
-    source = _prepare(tmp_path / "gpt2", inputs)
+    source = _prepare(tmp_path / "gpt2", inputs, attributes=["length"])
     result = retokenize_dataset(source, str(big["file"]), tmp_path / "re", shard_encoding="uint32", workers=3)
     one = retokenize_dataset(source, str(big["file"]), tmp_path / "one", shard_encoding="uint32", workers=1).meta
     for shard in one.shards:  # the same bytes for any number of workers
         for f in shard.files():
             assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "re" / f).read_bytes(), f
-    fresh = _prepare(tmp_path / "fresh", inputs, tokenizer=str(big["file"]))
+    fresh = _prepare(tmp_path / "fresh", inputs, tokenizer=str(big["file"]), attributes=["length"])
     re_meta, fresh_meta = load_metadata(tmp_path / "re"), load_metadata(fresh)
     assert re_meta.tokenizer == fresh_meta.tokenizer and re_meta.tokenizer.bos_id is not None  # (BOS: auto)
     for split in ("train", "val"):
@@ -67,6 +70,7 @@ def test_retokenize_equals_a_fresh_prepare_with_the_new_vocabulary(tmp_path, inp
         assert len(got) == len(want) == load_metadata(source).n_docs(split) > 0
         assert got == want  # every document's tokens, separators included, in order
         assert np.array_equal(_records(tmp_path / "re", split), _records(fresh, split))
+        assert np.array_equal(_records(tmp_path / "re", split, "attr"), _records(fresh, split, "attr"))  # (kept)
     for key_file in fresh_meta.dedup.files:  # keys of the text: the same files
         assert (tmp_path / "re" / key_file.path).read_bytes() == (fresh / key_file.path).read_bytes()
     assert re_meta.drops == fresh_meta.drops and re_meta.records_read == fresh_meta.records_read
