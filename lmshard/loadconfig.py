@@ -5,6 +5,7 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
     split = "train"                 # optional: "train" (default) or "val"
     # val_fraction = 0.01           # optional: a load-time split of a dataset prepared without val
     # split_seed = 0                #   (runtime/subset.py); split = "val" reads the held-out side
+    # where = "fineweb_short_lines < 0.5"  # optional: only documents whose attributes pass (runtime/where.py)
     dataset = "data/web"            # one prepared dataset (a path relative to this file, or a URL)
     augment = "mine:mask_some"      # optional: a hook that transforms each batch (runtime/augment.py)
 
@@ -12,6 +13,7 @@ read by `lmshard.load_config(path)`, which returns the stream a training loop dr
     # [[source]]
     # path = "data/web"
     # weight = 0.7
+    # where = "words > 100"         # optional, per source (a bucket of a dataset by its attributes)
     # or [[source]] tables of path only, and a curriculum (runtime/curriculum.py): weights by token position
     # curriculum = [[0, [0.9, 0.1]], [2e9, [0.3, 0.7]]]
     # ramp = "linear"               # or "step"
@@ -64,7 +66,7 @@ from .runtime.mixture import Mixture
 
 SHAPES = ("random", "windows", "packed", "padded")
 _TOP = ("seed", "split", "dataset", "source", "stream", "max_epochs", "sample", "packing", "augment", "curriculum",
-        "ramp", "val_fraction", "split_seed")
+        "ramp", "val_fraction", "split_seed", "where")
 # The keys of [sample] each shape takes, besides shape and batch_size (and seq_len).
 _SAMPLE = {
     "random": ("seq_len", "shift", "doc_aligned", "cu_seqlens", "grouped", "prefetch", "schedule", "order"),
@@ -230,7 +232,7 @@ def _data(path: Path, raw: dict[str, Any], placed: dict[str, Any]) -> Any:
     if curriculum and "source" not in raw:
         raise InputError(f"{path}: {next(iter(curriculum))} applies to a mixture ([[source]] tables); remove it")
     try:
-        carve = {k: raw[k] for k in ("val_fraction", "split_seed") if k in raw}  # a load-time split (runtime/subset.py)
+        carve = {k: raw[k] for k in ("val_fraction", "split_seed", "where") if k in raw}  # a subset (runtime/subset.py)
         if carve and "dataset" not in raw:
             raise InputError(f"{path}: {next(iter(carve))} splits one dataset (dataset = PATH); remove it")
         if "dataset" in raw:
@@ -240,10 +242,14 @@ def _data(path: Path, raw: dict[str, Any], placed: dict[str, Any]) -> Any:
             raise InputError(f'{path}: [[source]] tables, one per dataset: path = "data/web", weight = 0.7')
         pairs = []
         for i, entry in enumerate(entries):
-            _known(path, f"source[{i + 1}].", entry, ("path",) if "curriculum" in curriculum else ("path", "weight"))
+            _known(path, f"source[{i + 1}].", entry, ("path", "where") if "curriculum" in curriculum else
+                   ("path", "weight", "where"))  # fmt: skip
             if "weight" not in entry and "curriculum" not in curriculum:
                 raise InputError(f"{path}: source {i + 1} needs a weight")
-            pairs.append((_where(path, entry.get("path"), f"source {i + 1}'s path"), entry.get("weight")))
+            at: Any = _where(path, entry.get("path"), f"source {i + 1}'s path")
+            if "where" in entry:  # (a source's documents whose attributes pass)
+                at = TokenDataset(at, split=split, where=entry["where"])
+            pairs.append((at, entry.get("weight")))
         if "curriculum" in curriculum:  # the knots give the weights
             return Mixture([p for p, _ in pairs], split=split, max_epochs=max_epochs, **curriculum, **placed)
         return Mixture(pairs, split=split, max_epochs=max_epochs, **curriculum, **placed)

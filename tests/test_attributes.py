@@ -21,7 +21,8 @@ from lmshard.errors import ArgumentError, ConfigError, InputError
 from lmshard.format import load_metadata
 from lmshard.prepare import PrepareConfig, prepare
 
-VOCAB = "the be to of and that have with river stone light cloud paper window garden music".split()
+VOCAB = ["the", "be", "to", "of", "and", "that", "have", "with", "river", "stone", "light", "cloud", "paper",
+         "window", "garden", "music"]  # fmt: skip
 DTYPES = {"float32": "<f4", "uint32": "<u4", "category": "<u2"}
 
 
@@ -217,8 +218,8 @@ def broken(text):
 
 
 def test_plugin_scorers_and_their_code_in_the_fingerprint(tmp_path, reference):
-    from lmshard.prepare.output.claim import _fingerprint
     from lmshard.prepare.documents.sources import discover
+    from lmshard.prepare.output.claim import _fingerprint
     from lmshard.prepare.output.staging import difference
     from lmshard.tokenizers import load_tokenizer
 

@@ -8,7 +8,8 @@ comparisons (`<`, `<=`, `>`, `>=`, `==`, `!=`, chained as in `0.2 < x <= 0.5`), 
 a list, `and`, `or`, `not`, parentheses, and arithmetic between columns (`+ - * /`). A category
 compares with its labels as strings (`language in ('en', 'de')`); a label the column does not
 have is refused, as is a name the dataset has no column for. A NaN (a ratio over nothing) passes
-no comparison. A float32 column is compared in float32: `x <= 0.1` keeps a stored 0.1. Parsed with Python's `ast`, evaluated on numpy columns: never `eval`.
+no comparison. A float32 column is compared in float32: `x <= 0.1` keeps a stored 0.1. Parsed
+with Python's `ast`, evaluated on numpy columns: never `eval`.
 
 Memory model: per shard, its attribute file while its selection is computed (a record per
 document); the selection kept is one bit per document of the split (`np.packbits`).
