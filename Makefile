@@ -56,6 +56,7 @@ bench: setup
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_schedule.py
 	$(BIN)/python scripts/bench_decon.py
+	$(BIN)/python scripts/bench_attributes.py
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_llama.py
 	$(BIN)/python scripts/bench_packing.py

@@ -332,6 +332,11 @@ def test_where_on_a_dataset_at_a_url(scored, s3):
     local = TokenDataset(out, where="words > 20 and gopher_symbols < 0.05")
     assert remote.n_tokens == local.n_tokens and remote.data_id == local.data_id
     assert np.array_equal(remote.tokens(0, remote.n_tokens), local.tokens(0, local.n_tokens))
+    src, _ = scored  # prepared straight to the bucket: the .attr files are published with the shards
+    direct = _prepare(f"{url}/direct", src, attributes=["length"], tokens_per_shard=20_000, val_fraction=0.1)
+    assert TokenDataset(direct, where="words > 20").n_tokens == local.__class__(out, where="words > 20").n_tokens
+    done = CliRunner().invoke(app, ["inspect", str(direct)])
+    assert done.exit_code == 0, done.output
 
 
 def test_an_interrupted_run_resumes_to_the_same_attributes(scored, tmp_path, monkeypatch):
