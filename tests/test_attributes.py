@@ -59,8 +59,15 @@ def _rows(root: Path, split: str = "train") -> tuple[np.ndarray, list[np.ndarray
     meta = json.loads((root / "dataset_metadata.json").read_text())
     dtype = np.dtype([(a["name"], DTYPES[a["dtype"]]) for a in meta["attributes"]])
     rows, docs = [], []
-    for shard in meta["splits"][split]["shards"]:
-        rows.append(np.fromfile(root / shard["attr_path"], dtype=dtype))
+    for shard in meta["splits"][split]["shards"]:  # the columns one after another (docs/format.md)
+        data, n, at = (root / shard["attr_path"]).read_bytes(), shard["n_docs"], 0
+        assert len(data) == n * dtype.itemsize
+        part = np.zeros(n, dtype)
+        for name in dtype.names:
+            kind = dtype.fields[name][0]
+            part[name] = np.frombuffer(data, dtype=kind, count=n, offset=at)
+            at += n * kind.itemsize
+        rows.append(part)
         index = np.fromfile(root / shard["index_path"], dtype="<u8").astype(np.int64)
         tokens = np.fromfile(root / shard["path"], dtype="<u4")
         docs += [tokens[a:b] for a, b in zip(index[:-1], index[1:], strict=True)]
@@ -275,13 +282,15 @@ def test_verify_convert_and_a_damaged_file(scored, tmp_path):
     assert runner.invoke(app, ["convert", str(copy), "--to", "zstd", "--out", str(converted)]).exit_code == 0
     assert np.array_equal(_rows(converted)[0], _rows(out)[0])
     assert TokenDataset(converted, where="words > 20").n_tokens == TokenDataset(out, where="words > 20").n_tokens
-    attr = next((copy / "train").glob("*.attr"))
+    shard = load_metadata(copy).split_shards("train")[0]
+    attr = copy / shard.attr_path
     data = bytearray(attr.read_bytes())
-    data[5] ^= 0xFF
+    data[shard.n_docs * 4 + 1] ^= 0xFF  # a byte of the second column, `words`
     attr.write_bytes(bytes(data))
     done = runner.invoke(app, ["inspect", str(copy)])
-    assert done.exit_code == 3 and f"{attr.relative_to(copy)}: checksum" in done.output
-    with pytest.raises(Exception, match="attr_xxh3_64"):
+    assert done.exit_code == 3 and f"{shard.attr_path}: checksum" in done.output
+    assert TokenDataset(copy, where="chars > 20").n_tokens  # a reader of another column reads on
+    with pytest.raises(Exception, match="column words does not match"):
         TokenDataset(copy, where="words > 20")
 
 
@@ -361,3 +370,53 @@ def test_an_interrupted_run_resumes_to_the_same_attributes(scored, tmp_path, mon
     assert code == 0, err
     for rel in sorted(p.relative_to(out) for p in out.rglob("shard_*")):
         assert (tmp_path / "r" / rel).read_bytes() == (out / rel).read_bytes(), rel
+
+
+def test_a_writer_resumed_after_a_shard_it_finished_writes_the_same_columns(tmp_path, monkeypatch):
+    """The checkpoint is taken mid-shard, the shard is then finished (its columns written out) and
+    the run killed: the resumed writer takes the records back from the columns and goes on."""
+    from lmshard.format.attributes import AttrField, row_dtype
+    from lmshard.prepare.output.writer import ShardWriter
+
+    fields = (AttrField("a", "float32"), AttrField("b", "category", "x", ("p", "q")), AttrField("c", "uint32"))
+    dtype = row_dtype(fields)
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(12):
+        lengths = rng.integers(2, 40, 20)
+        rows = np.zeros(20, dtype)
+        rows["a"], rows["b"], rows["c"] = rng.random(20), rng.integers(0, 2, 20), rng.integers(0, 9, 20)
+        src = np.zeros(20, dtype=[("source", "<u4"), ("record", "<u8")])
+        batches.append((rng.integers(0, 50000, int(lengths.sum())).astype(np.uint32), lengths, src, rows))
+
+    def run(root, stop=None):
+        w = ShardWriter(root, "train", 1500, provenance=True, attributes=dtype)
+        state = None
+        for i, (tokens, lengths, src, rows) in enumerate(batches):
+            if i == stop:
+                return w, state
+            w.add(tokens, lengths, src, rows)
+            if i == 3:
+                state = w.sync()
+        return w.close(), state
+
+    whole, _ = run(tmp_path / "whole")
+    cut, state = run(tmp_path / "cut", stop=9)  # shards finished after the checkpoint at batch 3
+    assert len(cut.shards) > len(state["shards"])
+    cut.abort()
+    from lmshard.prepare.output import writer
+
+    taken = []
+    monkeypatch.setattr(writer._Columns, "reopen", lambda self, final, rows, f=writer._Columns.reopen:
+                        taken.append(final.name) or f(self, final, rows))  # fmt: skip
+    again = ShardWriter(tmp_path / "cut", "train", 1500, provenance=True, attributes=dtype)
+    again.resume(state)
+    for tokens, lengths, src, rows in batches[4:]:
+        again.add(tokens, lengths, src, rows)
+    assert again.close() == whole and taken  # (the columns taken back into records)
+    for shard in whole:
+        assert (tmp_path / "cut" / shard.attr_path).read_bytes() == (tmp_path / "whole" / shard.attr_path).read_bytes()
+    expected = np.concatenate([b[3] for b in batches])
+    got = np.concatenate([np.frombuffer((tmp_path / "whole" / s.attr_path).read_bytes()[: s.n_docs * 4], "<f4")
+                          for s in whole])  # fmt: skip
+    assert np.array_equal(got, expected["a"])  # column a first, in document order

@@ -43,9 +43,11 @@ def _documents(root, split):
 def _records(root, split, kind="src"):
     """The split's provenance records (or with kind="attr", its attribute records), read with numpy."""
     meta = load_metadata(root)
-    dtype = SRC_DTYPE if kind == "src" else np.dtype([("chars", "<u4"), ("words", "<u4"), ("lines", "<u4")])
-    return np.concatenate([np.fromfile(root / (s.src_path if kind == "src" else s.attr_path), dtype=dtype)
-                           for s in meta.split_shards(split)])  # fmt: skip
+    if kind == "src":
+        return np.concatenate([np.fromfile(root / s.src_path, dtype=SRC_DTYPE) for s in meta.split_shards(split)])
+    # (attributes: `length`'s three uint32 columns, one after another in each file)
+    return np.concatenate([np.fromfile(root / s.attr_path, dtype="<u4").reshape(3, -1).T for s in
+                           meta.split_shards(split)])  # fmt: skip
 
 
 @pytest.fixture(scope="module")

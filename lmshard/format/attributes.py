@@ -12,24 +12,31 @@ column order, and for a category `"labels"`:
 `by` names the `--attribute` that made the column. Names are identifiers (letters, digits, `_`,
 not starting with a digit), unique in a dataset.
 
-**The file** `shard_N.attr`, beside the shard's `.bin`, `.idx` and `.src`: one fixed-width
-record per document in the shard's document order, the columns packed back to back,
-little-endian, no padding (`row_dtype`). Its size is `n_docs` × the row's bytes and its xxh3-64
-is the shard entry's `attr_xxh3_64`, like every other file of the shard. A dataset prepared
-without `--attribute` has no schema and no such files, and reads as before.
+**The file** `shard_N.attr`, beside the shard's `.bin`, `.idx` and `.src`: the columns one after
+the other in schema order, each its documents' values in the shard's document order,
+little-endian, no padding. Column c starts at `n_docs` × (the bytes of a value of each column
+before it), so a reader of one column reads `n_docs` × its width from there and nothing else.
+The file's size is `n_docs` × the bytes of one document's values (`row_dtype`); the shard entry
+records its xxh3-64 (`attr_xxh3_64`) and each column's (`attr_column_xxh3_64`), so a column read
+alone is checked alone. A dataset prepared without `--attribute` has no schema and no such
+files, and reads as before.
 
-Memory model: the schema (a few hundred bytes); `row_dtype` is a numpy dtype.
+Memory model: the schema (a few hundred bytes); the helpers hold the columns or records given.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 
+from ..errors import FormatError
 from .fields import _get, _Invalid
+from .layout import REGENERATE_HINT
 
 DTYPES = {"float32": "<f4", "uint32": "<u4", "category": "<u2"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -70,6 +77,65 @@ class AttrField:
 def row_dtype(fields: tuple[AttrField, ...]) -> np.dtype:
     """The packed record of one document's attributes."""
     return np.dtype([(f.name, DTYPES[f.dtype]) for f in fields])
+
+
+def spans(fields: tuple[AttrField, ...], n_docs: int) -> dict[str, tuple[int, int]]:
+    """Where each column is in a shard's attribute file of `n_docs` documents: {name: (offset, bytes)}."""
+    out, at = {}, 0
+    for f in fields:
+        size = n_docs * np.dtype(DTYPES[f.dtype]).itemsize
+        out[f.name] = (at, size)
+        at += size
+    return out
+
+
+def to_rows(data: bytes, dtype: np.dtype, n_docs: int) -> np.ndarray:
+    """The records (of `row_dtype`) of an attribute file's bytes: the inverse of `to_columns`."""
+    rows, at = np.zeros(n_docs, dtype=dtype), 0
+    for name in dtype.names or ():
+        kind = dtype.fields[name][0]  # type: ignore[index]
+        rows[name] = np.frombuffer(data, dtype=kind, count=n_docs, offset=at)
+        at += n_docs * kind.itemsize
+    return rows
+
+
+class Columns(dict):  # type: ignore[type-arg]
+    """Some attribute columns of a shard, by name; its length is the shard's documents."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def read_columns(read: Callable[[int, int], bytes], shard: Any, fields: tuple[AttrField, ...],
+                 names: Sequence[str], where: str) -> Columns:  # fmt: skip
+    """The columns `names` of `shard`'s attribute file, each read alone (`read(offset, size)`: its
+    bytes there) and held to its own xxh3-64 in the metadata; FormatError naming `where` (the file)."""
+    at, out = spans(fields, shard.n_docs), Columns(shard.n_docs)
+    for c, f in enumerate(fields):
+        if f.name in names:
+            offset, size = at[f.name]
+            data = read(offset, size) if size else b""
+            if len(data) != size or xxhash.xxh3_64_hexdigest(data) != shard.attr_column_xxh3_64[c]:
+                raise FormatError(f"{where}: column {f.name} does not match its size and checksum in the metadata "
+                                  f"('attr_column_xxh3_64'); {REGENERATE_HINT}")  # fmt: skip
+            out[f.name] = np.frombuffer(data, dtype=DTYPES[f.dtype])
+    return out
+
+
+def local_columns(root: Any, shard: Any, fields: tuple[AttrField, ...], names: Sequence[str]) -> Columns:
+    """`read_columns` of a shard in the dataset directory `root` (a Path)."""
+    path = root / shard.attr_path
+    with open(path, "rb") as f:
+
+        def read(offset: int, size: int) -> bytes:
+            f.seek(offset)
+            return f.read(size)
+
+        return read_columns(read, shard, fields, names, str(path))
 
 
 def attr_path(bin_rel: str) -> str:

@@ -353,6 +353,9 @@ def _with_attributes(split: SplitInfo, attributes: tuple[AttrField, ...]) -> Spl
             has = "has" if shard.attr_path else "has no"
             raise _Invalid(f"shard entry {shard.path!r} {has} 'attr_path' but the dataset "
                            f"{'keeps' if attributes else 'keeps no'} attributes")  # fmt: skip
+        if shard.attr_path and len(shard.attr_column_xxh3_64) != len(attributes):
+            raise _Invalid(f"shard entry {shard.path!r} has {len(shard.attr_column_xxh3_64)} column checksums for "
+                           f"{len(attributes)} attributes")  # fmt: skip
     if not width:
         return split
     return replace(split, shards=tuple(replace(s, attr_width=width) for s in split.shards))

@@ -43,6 +43,7 @@ class ShardInfo:
     # the metadata is parsed, not stored with the shard.
     attr_path: str = ""
     attr_xxh3_64: str = ""
+    attr_column_xxh3_64: tuple[str, ...] = ()  # each column's, in schema order (a column read alone)
     attr_width: int = field(default=0, compare=False)
 
     @property
@@ -97,7 +98,8 @@ class ShardInfo:
         if self.src_path:
             out |= {"src_path": self.src_path, "src_xxh3_64": self.src_xxh3_64}
         if self.attr_path:
-            out |= {"attr_path": self.attr_path, "attr_xxh3_64": self.attr_xxh3_64}
+            out |= {"attr_path": self.attr_path, "attr_xxh3_64": self.attr_xxh3_64,
+                    "attr_column_xxh3_64": list(self.attr_column_xxh3_64)}  # fmt: skip
         return out
 
     @classmethod
@@ -113,7 +115,11 @@ class ShardInfo:
             if "src_path" in raw:
                 extra |= {"src_path": _inside(raw, "src_path"), "src_xxh3_64": _get(raw, "src_xxh3_64", str)}
             if "attr_path" in raw:
-                extra |= {"attr_path": _inside(raw, "attr_path"), "attr_xxh3_64": _get(raw, "attr_xxh3_64", str)}
+                columns = _get(raw, "attr_column_xxh3_64", list)
+                if not all(isinstance(c, str) for c in columns):
+                    raise _Invalid("'attr_column_xxh3_64' is not a list of checksums")
+                extra |= {"attr_path": _inside(raw, "attr_path"), "attr_xxh3_64": _get(raw, "attr_xxh3_64", str),
+                          "attr_column_xxh3_64": tuple(columns)}  # fmt: skip
             shard = cls(split=split, path=_inside(raw, "path"), index_path=_inside(raw, "index_path"),
                         n_tokens=_count(raw, "n_tokens"), n_docs=_count(raw, "n_docs"),
                         xxh3_64=_get(raw, "xxh3_64", str), index_xxh3_64=_get(raw, "index_xxh3_64", str),

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
-from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta, file_xxh3
-from ..format.attributes import AttrField, row_dtype
+from ..errors import ConfigError
+from ..format import INDEX_DTYPE, DatasetMeta
+from ..format.attributes import AttrField, local_columns
 
 BINS = 10
 
@@ -38,17 +38,12 @@ def chosen(meta: DatasetMeta, names: Sequence[str]) -> list[AttrField]:
     return [fields[n] for n in dict.fromkeys(names)]
 
 
-def _shards(meta: DatasetMeta, split: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(attribute records, token counts) of each document of each shard of `split`, checked."""
-    dtype = row_dtype(meta.attributes)
+def _shards(meta: DatasetMeta, split: str, names: list[str]) -> Iterator[tuple[Any, np.ndarray]]:
+    """(the columns `names`, token counts) of each document of each shard of `split`, checked."""
     for shard in meta.split_shards(split):
-        if not shard.n_docs:
-            continue
-        path = meta.abspath(shard.attr_path)
-        if file_xxh3(path) != shard.attr_xxh3_64:
-            raise FormatError(f"{path}: does not match its 'attr_xxh3_64' in the metadata; {REGENERATE_HINT}")
-        index = np.fromfile(meta.abspath(shard.index_path), dtype=INDEX_DTYPE).astype(np.int64)
-        yield np.fromfile(path, dtype=dtype, count=shard.n_docs), np.diff(index)
+        if shard.n_docs:
+            index = np.fromfile(meta.abspath(shard.index_path), dtype=INDEX_DTYPE).astype(np.int64)
+            yield local_columns(meta.root, shard, meta.attributes, names), np.diff(index)
 
 
 def distributions(meta: DatasetMeta, names: Sequence[str], split: str, bins: int = BINS) -> list[dict[str, Any]]:
@@ -56,11 +51,11 @@ def distributions(meta: DatasetMeta, names: Sequence[str], split: str, bins: int
     fields = chosen(meta, names)
     if split not in meta.splits or not meta.n_docs(split):
         raise ConfigError(f"{meta.root}: its {split} split holds no document; pass --split train or val")
-    total = meta.n_tokens(split)
+    total, names_of = meta.n_tokens(split), [f.name for f in fields]
     out: list[dict[str, Any]] = []
     stats = {f.name: {"docs": 0, "nan": 0, "min": np.inf, "max": -np.inf, "sum": 0.0} for f in fields}
     labels = {f.name: np.zeros((len(f.labels), 2), np.int64) for f in fields if f.dtype == "category"}
-    for rows, tokens in _shards(meta, split):  # pass 1: the ranges (and the categories' counts)
+    for rows, tokens in _shards(meta, split, names_of):  # pass 1: the ranges (and the categories' counts)
         for f in fields:
             s = stats[f.name]
             s["docs"] += len(rows)
@@ -77,7 +72,7 @@ def distributions(meta: DatasetMeta, names: Sequence[str], split: str, bins: int
     edges = {f.name: np.linspace(stats[f.name]["min"], stats[f.name]["max"], bins + 1) for f in fields
              if f.dtype != "category" and np.isfinite(stats[f.name]["min"])}  # fmt: skip
     counts = {name: np.zeros((bins, 2), np.int64) for name in edges}
-    for rows, tokens in _shards(meta, split) if edges else ():  # pass 2: the histograms
+    for rows, tokens in _shards(meta, split, list(edges)) if edges else ():  # pass 2: the histograms
         for name, cut in edges.items():
             v = rows[name].astype(np.float64)
             ok = np.isfinite(v)

@@ -45,7 +45,7 @@ from ..format import (
     load_metadata,
     read_small,
 )
-from ..format.attributes import row_dtype
+from ..format.attributes import row_dtype, spans, to_rows
 from .chunks import block_size, open_tokens, read_sums, stored_chunks
 
 BLOCK_TOKENS = 16 << 20
@@ -282,15 +282,17 @@ def _check_provenance(meta: DatasetMeta, shard: ShardInfo, problems: list[Proble
 
 
 def _check_attributes(meta: DatasetMeta, shard: ShardInfo, problems: list[Problem]) -> None:
-    """The shard's attribute file: its checksum, and every category an index of its labels
-    (one record a document: read whole)."""
+    """The shard's attribute file: its checksum and each column's, and every category an index of
+    its labels (a record a document: read whole)."""
     data = meta.abspath(shard.attr_path).read_bytes()
     digest = xxhash.xxh3_64_hexdigest(data)
-    if digest != shard.attr_xxh3_64:
-        problems.append(Problem(shard.attr_path, f"checksum {digest} != {shard.attr_xxh3_64} in metadata (corrupt "
-                                                 "data)"))  # fmt: skip
+    at = spans(meta.attributes, shard.n_docs)
+    sums = [xxhash.xxh3_64_hexdigest(data[a : a + n]) for a, n in at.values()]
+    if digest != shard.attr_xxh3_64 or sums != list(shard.attr_column_xxh3_64):
+        problems.append(Problem(shard.attr_path, f"checksum {digest} != {shard.attr_xxh3_64} in metadata, or a "
+                                                 "column's differs from its 'attr_column_xxh3_64' (corrupt data)"))
         return
-    rows = np.frombuffer(data, dtype=row_dtype(meta.attributes))
+    rows = to_rows(data, row_dtype(meta.attributes), shard.n_docs)
     for f in meta.attributes:
         if f.dtype == "category" and len(rows) and int(rows[f.name].max()) >= len(f.labels):
             problems.append(Problem(shard.attr_path, f"a document's {f.name} {int(rows[f.name].max())} is not one of "

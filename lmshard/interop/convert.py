@@ -169,6 +169,7 @@ def _convert_shard(meta: DatasetMeta, shard: ShardInfo, staging: Path, encoding:
         entry = dataclasses.replace(entry, n_bytes=-1)
     return dataclasses.replace(entry, src_path=shard.src_path, src_xxh3_64=shard.src_xxh3_64,
                                attr_path=shard.attr_path, attr_xxh3_64=shard.attr_xxh3_64,
+                               attr_column_xxh3_64=shard.attr_column_xxh3_64,
                                attr_width=shard.attr_width)  # fmt: skip
 
 

@@ -65,7 +65,7 @@ from ..format import (
     load_metadata,
     write_vocab_copy,
 )
-from ..format.attributes import row_dtype
+from ..format.attributes import row_dtype, to_rows
 from ..format.provenance import SRC_DTYPE
 from ..prepare.config import PrepareConfig
 from ..tokenizers import Tokenizer
@@ -141,7 +141,8 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
                 if shard.n_docs:
                     _check_source(meta, shard)
                     src, done = _per_doc(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE), 0
-                    attrs = _per_doc(meta, shard, shard.attr_path, shard.attr_xxh3_64, rows) if rows else None
+                    attrs = None if rows is None else to_rows(_per_doc(meta, shard, shard.attr_path, shard.attr_xxh3_64,
+                                                                       "u1").tobytes(), rows, shard.n_docs)  # fmt: skip
                     for tokens, lengths in encoded(_numbered(meta, shard, split, first)):
                         writer.add(tokens, lengths, src[done : done + len(lengths)],
                                    None if attrs is None else attrs[done : done + len(lengths)])  # fmt: skip
@@ -256,7 +257,7 @@ def _per_doc(meta: DatasetMeta, shard: ShardInfo, rel: str, xxh3_64: str, dtype:
     if (digest := file_xxh3(path)) != xxh3_64:
         raise FormatError(f"{path}: checksum {digest} != {xxh3_64} in the metadata (damaged); run `lmshard "
                           "inspect` on the dataset")  # fmt: skip
-    return np.fromfile(path, dtype=dtype, count=shard.n_docs)
+    return np.fromfile(path, dtype=dtype)
 
 
 def _metadata(meta: DatasetMeta, staging: Path, config: PrepareConfig, new: Tokenizer, bos: int | None,

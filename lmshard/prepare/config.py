@@ -198,11 +198,12 @@ class PrepareConfig:
 
         return schema(self.attributes) if self.attributes else ()
 
-    def attr_width(self) -> int:
-        """The bytes of a document's attribute record (0: no --attribute)."""
+    def attr_columns(self) -> list[int]:
+        """The bytes of a value of each --attribute column, in order ([]: none)."""
         from ..format.attributes import row_dtype
 
-        return row_dtype(self.attribute_fields()).itemsize if self.attributes else 0
+        dtype = row_dtype(self.attribute_fields())
+        return [dtype.fields[name][0].itemsize for name in dtype.names or ()]  # type: ignore[index]
 
     def decon_filter(self) -> str:
         """--decontaminate as the last filter (quality/filters.py: decontaminate=N:MODE:FILES)."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from .dataset import TokenDataset
-from .where import attribute_rows
+from .where import attribute_columns
 
 
 def _numeric(data: TokenDataset, attribute: str) -> Any:
@@ -70,7 +70,7 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
     store, fields = data.store, data.meta.attributes  # type: ignore[union-attr]
     lo, hi, shards = np.inf, -np.inf, range(len(store.shards))
     for k in shards:  # pass 1: the range of the values
-        values = attribute_rows(store, k, fields)[field.name].astype(np.float64)
+        values = attribute_columns(store, k, fields, [field.name])[field.name].astype(np.float64)
         values = values[np.isfinite(values)]
         if len(values):
             lo, hi = min(lo, float(values.min())), max(hi, float(values.max()))
@@ -81,7 +81,7 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
         np.zeros(0)  # fmt: skip
     mass = np.zeros(len(edges) + 1)
     for k in shards:  # pass 2: f(value) × tokens, summed per bucket
-        values = attribute_rows(store, k, fields)[field.name].astype(np.float64)
+        values = attribute_columns(store, k, fields, [field.name])[field.name].astype(np.float64)
         lengths = np.diff(np.asarray(store.index(k), dtype=np.int64))
         ok = np.isfinite(values)
         with np.errstate(all="ignore"):

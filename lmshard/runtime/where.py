@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, FormatError
-from ..format import REGENERATE_HINT, bytes_xxh3
-from ..format.attributes import AttrField, row_dtype
+from ..format.attributes import AttrField, Columns, local_columns, read_columns
+from ..remote.urls import redact
 
 _COMPARE = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal,
             ast.Eq: np.equal, ast.NotEq: np.not_equal}  # fmt: skip
@@ -95,8 +95,8 @@ class Where:
             raise self._fail(f"{ast.unparse(node)} is a value, not a condition; compare it, e.g. "
                              f"{ast.unparse(node)} > 0.5")  # fmt: skip
 
-    def mask(self, rows: np.ndarray) -> np.ndarray:
-        """True for each record of `rows` (a shard's attribute records) that passes."""
+    def mask(self, rows: Any) -> np.ndarray:
+        """True for each document of `rows` (a shard's attribute columns, or records) that passes."""
         with np.errstate(divide="ignore", invalid="ignore"):
             out = self._eval(self.tree, rows)
         return np.broadcast_to(np.asarray(out, dtype=bool), (len(rows),)).copy()
@@ -186,26 +186,22 @@ class Where:
         return float(value)
 
 
-def attribute_rows(store: Any, k: int, fields: Sequence[AttrField]) -> np.ndarray:
-    """Shard k's attribute records, read whole (from a local directory or a URL) and held to the
-    metadata's size and xxh3-64."""
+def attribute_columns(store: Any, k: int, fields: Sequence[AttrField], names: Sequence[str]) -> Columns:
+    """The columns `names` of shard k's attribute file (format/attributes.py), each read alone: a
+    ranged read at a URL, a seek and a read on disk."""
     shard = store.shards[k]
     if not shard.attr_path:
         raise FormatError(f"{shard.path}: no attribute file; the dataset keeps no attributes")
     remote = getattr(store, "remote", None)
-    if remote is not None:
-        from ..remote.urls import redact
-        from .remote.blockread import objects_of_an_opened_dataset
+    if remote is None:
+        return local_columns(store.root, shard, tuple(fields), names)
+    from .remote.blockread import objects_of_an_opened_dataset
 
-        where = redact(remote.url_of(shard.attr_path))
+    def read(offset: int, size: int) -> bytes:
         with objects_of_an_opened_dataset():
-            data = remote.read_range(shard.attr_path, 0, shard.attr_bytes) if shard.attr_bytes else b""
-    else:
-        where = str(store.root / shard.attr_path)
-        data = (store.root / shard.attr_path).read_bytes()
-    if len(data) != shard.attr_bytes or bytes_xxh3(data) != shard.attr_xxh3_64:
-        raise FormatError(f"{where}: does not match the size and 'attr_xxh3_64' of its metadata; {REGENERATE_HINT}")
-    return np.frombuffer(data, dtype=row_dtype(tuple(fields)))
+            return bytes(remote.read_range(shard.attr_path, offset, offset + size))
+
+    return read_columns(read, shard, tuple(fields), names, redact(remote.url_of(shard.attr_path)))
 
 
 class Selected:
@@ -214,7 +210,8 @@ class Selected:
 
     def __init__(self, store: Any, where: Where) -> None:
         self.where = where
-        self.bits = [np.packbits(where.mask(attribute_rows(store, k, where.fields))) if store.shards[k].n_docs
+        self.bits = [np.packbits(where.mask(attribute_columns(store, k, where.fields, where.used)))
+                     if store.shards[k].n_docs
                      else np.zeros(0, np.uint8) for k in range(len(store.shards))]  # fmt: skip
 
     def __call__(self, k: int, first: int, n: int) -> np.ndarray:

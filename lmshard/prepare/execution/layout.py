@@ -207,7 +207,7 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
 def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]], tokens_per_shard: int,
                 specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
                 lines: bool = False, units: Sequence[Any] = (), source_base: int = 0,
-                attr_width: int = 0) -> dict[str, Any]:  # fmt: skip
+                attr_columns: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
@@ -218,7 +218,7 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     after the document keys. `units` (the plan's) and `source_base` (--append: the sources of
     the dataset appended to) give the provenance numbering: `records`, per unit what its
     documents' record numbers are offset by (format/provenance.py), and `source_base`.
-    `attr_width` (--attribute): the bytes of a document's attribute record (0: none kept)."""
+    `attr_columns` (--attribute): the bytes of a value of each attribute column (none: none kept)."""
     n_units = len(rows)
     at = {s: 0 for s in STREAMS} | (first or {})
     pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials, at[s])]
@@ -243,7 +243,7 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     tasks = [[p for u in range(first, end) for p in readers[u]] for first, end in unit_ranges]
     return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes,
             "records": record_offsets(units, [row[5] for row in rows]) if len(units) else [],
-            "source_base": source_base, "attr_width": attr_width}  # fmt: skip
+            "source_base": source_base, "attr_columns": list(attr_columns)}  # fmt: skip
 
 
 def record_offsets(units: Sequence[Any], newlines: list[int]) -> list[int]:
@@ -262,13 +262,13 @@ def record_offsets(units: Sequence[Any], newlines: list[int]) -> list[int]:
 def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[list[int]]], tokens_per_shard: int,
                   specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
                   lines: bool = False, units: Sequence[Any] = (), source_base: int = 0,
-                  attr_width: int = 0) -> Layout:  # fmt: skip
+                  attr_columns: Sequence[int] = ()) -> Layout:  # fmt: skip
     """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
     the same) from the units' stream totals (`rows()`: the select stage's summary)."""
     if not (work / LAYOUT_FILE).exists():
         try:
             layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes, first,
-                                 lines, units[:] if len(units) else (), source_base, attr_width)  # fmt: skip
+                                 lines, units[:] if len(units) else (), source_base, attr_columns)  # fmt: skip
         except FileNotFoundError:  # another task made it first and has begun writing (its units' files go)
             if not (work / LAYOUT_FILE).exists():
                 raise

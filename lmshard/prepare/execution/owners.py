@@ -130,8 +130,8 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         chosen = np.arange(i0, i1)
     else:
         chosen = np.flatnonzero(split >= 0 if stream in ("keys", "near") else split == SPLITS.index(stream))[i0:i1]
-    width = layout["attr_width"]
-    files = [staging / f"{rel}.tmp" for rel in piece_files(piece, bool(width))]
+    columns = layout["attr_columns"]
+    files = [staging / f"{rel}.tmp" for rel in piece_files(piece, bool(columns))]
     fds = [in_folder(partial(os.open, f, os.O_WRONLY | os.O_CREAT, 0o666), f.parent)
            for f in files]  # not truncated: others write too
     data = work / "tokenize" / f"unit_{u:06d}.bin"
@@ -155,9 +155,12 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
             src_records = records(section_of(src, where, "sources")[chosen] + layout["source_base"],
                                   section_of(src, where, "numbers")[chosen] + int(layout["records"][u]))
             _pwrite(fds[2], memoryview(src_records.tobytes()), docs_before * SRC_DTYPE.itemsize)
-            if width:  # (each document's attribute record, as its unit holds it)
-                rows = section_of(src, where, "attrs").reshape(-1, width)[chosen]
-                _pwrite(fds[3], memoryview(np.ascontiguousarray(rows).tobytes()), docs_before * width)
+            if columns:  # each document's attribute values, into each column of the file (format/attributes.py)
+                rows, at = section_of(src, where, "attrs").reshape(-1, sum(columns))[chosen], 0
+                for w in columns:
+                    _pwrite(fds[3], memoryview(np.ascontiguousarray(rows[:, at : at + w]).tobytes()),
+                            piece[3] * at + docs_before * w)  # fmt: skip
+                    at += w
             breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
             at = tokens_before
             for run in np.split(np.arange(len(chosen)), breaks) if len(chosen) else ():
@@ -236,7 +239,8 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
         with os.fdopen(fd, "w") as f:
             f.write(f"{socket.gethostname()} {os.getpid()}\n")
     stream, number, n_tokens, n_docs = piece[:4]
-    attrs = layout["attr_width"]
+    columns = layout["attr_columns"]
+    attrs = sum(columns)
     rels = piece_files(piece, bool(attrs))
     keyish = stream in ("keys", "near", "lines")
     width = 8 if stream in ("keys", "lines") else 4 * layout.get("near_hashes", 0)
@@ -274,7 +278,10 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
             os.replace(staging / f"{rel}.tmp", staging / rel)
-    per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3], "attr_width": attrs} if attrs and not keyish else {}
+    per_doc: dict[str, Any] = {}
+    if attrs and not keyish:  # (and each column's checksum, for a reader of one column)
+        per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3], "attr_width": attrs,
+                   "attr_column_xxh3_64": _column_sums(staging / rels[3], columns, n_docs)}  # fmt: skip
     if keyish:
         entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
     elif encoded:
@@ -290,6 +297,22 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     claim.unlink(missing_ok=True)
     stop_point("piece", k)
     return True
+
+
+def _column_sums(path: Path, columns: list[int], n_docs: int) -> tuple[str, ...]:
+    """The xxh3-64 of each column of a sealed attribute file (`columns`: a value's bytes in each)."""
+    out = []
+    with open(path, "rb") as f:
+        for w in columns:  # (the file is the columns back to back: read in order, 8 MiB at a time)
+            digest, left = xxhash.xxh3_64(), n_docs * w
+            while left:
+                block = f.read(min(left, 8 << 20))
+                if not block:
+                    raise OSError(f"{path}: shorter than its {n_docs} documents' attributes")
+                digest.update(block)
+                left -= len(block)
+            out.append(digest.hexdigest())
+    return tuple(out)
 
 
 def _check_dead(claim: Path, k: int) -> None:

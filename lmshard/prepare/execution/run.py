@@ -135,7 +135,7 @@ class Run(Reads):
                                              self.specials, self.dedup, self.near_hashes, first,
                                              self.config.dedup_lines, self.plan["units"],
                                              len(getattr(self.previous_meta(), "sources", ())),
-                                             self.config.attr_width())  # fmt: skip
+                                             self.config.attr_columns())  # fmt: skip
         return self._layout
 
     def items(self, stage: str, task: int) -> Sequence[int]:

@@ -33,7 +33,7 @@ from ...format import (
     src_path,
     sums_path,
 )
-from ...format.attributes import attr_path
+from ...format.attributes import attr_path, to_rows
 from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
 from ...format.sealing import StreamEncoder, reopen_sealed, shard_entry
@@ -84,7 +84,7 @@ class ShardWriter:
         self.attributes = attributes  # each shard's .attr: its documents' attribute records (add's `attrs`)
         self._docs = [_PerDoc("src", src_path, SRC_DTYPE)] if provenance else []
         if attributes is not None:
-            self._docs.append(_PerDoc("attr", attr_path, attributes))
+            self._docs.append(_Columns("attr", attr_path, attributes))
         self.shards: list[ShardInfo] = list(first)
         self.first = first  # the appended-to dataset's shards (not this build's)
         self._bin: BinaryIO | None = None
@@ -164,14 +164,16 @@ class ShardWriter:
             return
         bin_path, idx_path = self._paths(current)
         per_doc = [self.root / d.rel(shard_paths(self.split, current)[0]) for d in self._docs]
-        for final, tmp in ((bin_path, f"{bin_path}.tmp"), (idx_path, f"{idx_path}.tmp"),
-                           *((p, f"{p}.tmp") for p in per_doc)):  # fmt: skip
+        for final, tmp, doc in ((bin_path, f"{bin_path}.tmp", None), (idx_path, f"{idx_path}.tmp", None),
+                                *((p, f"{p}.tmp", d) for p, d in zip(per_doc, self._docs, strict=True))):  # fmt: skip
             if not final.exists():
                 continue
             if final == bin_path and self.encoding.version > 1:  # sealed: its uint32 tokens back
                 if not Path(tmp).exists():  # (removed only once the sealed file was in place)
                     reopen_sealed(final, self.encoding, n_tokens, Path(tmp))
                 final.unlink()
+            elif isinstance(doc, _Columns):  # written by columns: its records back
+                doc.reopen(final, Path(tmp))
             else:
                 os.replace(final, tmp)  # finished after the checkpoint: reopen it
         encoded = self._new_encoder(bin_path)
@@ -241,9 +243,7 @@ class ShardWriter:
         files: dict[str, Any] = {}
         for d in self._docs:  # in place before the token file, which a resume and an upload key on
             d.file, rel = None, d.rel(bin_rel)
-            files |= {f"{d.name}_path": rel, f"{d.name}_xxh3_64": d.hash.hexdigest()}
-            files |= {"attr_width": d.dtype.itemsize} if d.name == "attr" else {}
-            os.replace(f"{self.root / rel}.tmp", self.root / rel)
+            files |= {f"{d.name}_path": rel, **d.seal(self.root / rel, self._n_docs)}
         if self._encoder is not None:
             os.replace(f"{idx_path}.tmp", idx_path)
             sealed, self._encoder = self._encoder.seal(bin_rel, Path(f"{bin_path}.tmp")), None
@@ -302,6 +302,49 @@ class _PerDoc:
         data = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
         self.file.write(data)
         self.hash.update(data)
+
+    def seal(self, final: Path, n_docs: int) -> dict[str, Any]:
+        """Put the finished file (closed and durable) in place; its entry's checksum fields."""
+        os.replace(f"{final}.tmp", final)
+        return {f"{self.name}_xxh3_64": self.hash.hexdigest()}
+
+
+class _Columns(_PerDoc):
+    """A shard's attribute file (format/attributes.py): records stream to `.attr.tmp` as documents
+    come, as `.src`'s do (what a resume cuts back), and the finished shard's are written out a
+    column at a time, 1 Mi records read at a time, each column hashed."""
+
+    def seal(self, final: Path, n_docs: int) -> dict[str, Any]:
+        rows, out = Path(f"{final}.tmp"), Path(f"{final}.{os.getpid()}.tmp")
+        whole, columns = xxhash.xxh3_64(), []
+        with open(rows, "rb") as src, open(out, "wb") as dst:
+            for name in self.dtype.names or ():
+                column = xxhash.xxh3_64()
+                src.seek(0)
+                for first in range(0, n_docs, 1 << 20):
+                    data = np.fromfile(src, dtype=self.dtype, count=min(1 << 20, n_docs - first))
+                    values = np.ascontiguousarray(data[name]).tobytes()
+                    dst.write(values)
+                    whole.update(values)
+                    column.update(values)
+                columns.append(column.hexdigest())
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(out, final)
+        rows.unlink()
+        return {"attr_xxh3_64": whole.hexdigest(), "attr_column_xxh3_64": tuple(columns),
+                "attr_width": self.dtype.itemsize}  # fmt: skip
+
+    def reopen(self, final: Path, rows: Path) -> None:
+        """A shard finished after the checkpoint: its records back in `rows` (unless still there:
+        they are removed only once the columns are in place), the column file removed."""
+        if not rows.exists():
+            data = final.read_bytes()
+            with open(rows, "wb") as f:
+                f.write(to_rows(data, self.dtype, len(data) // self.dtype.itemsize).tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+        final.unlink()
 
 
 def close_quietly(f: IO[bytes]) -> None:
