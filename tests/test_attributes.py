@@ -171,6 +171,16 @@ def test_where_draws_only_passing_documents_and_their_tokens(scored):
         for row in x.numpy().astype(np.uint32):
             assert text.find(row.tobytes()) % 4 == 0
     assert data.data_id != TokenDataset(out).data_id != TokenDataset(out, where="words > 21").data_id
+    # the rows' token share: a row starts in a document as often as its tokens' share of the selection
+    kept = [(r, len(d)) for r, d in zip(rows, docs, strict=True) if r["fineweb_short_lines"] < np.float32(0.5) and
+            r["words"] > 20]  # fmt: skip
+    starts = np.cumsum([0] + [n for _, n in kept])
+    long_docs = np.array([r["words"] > 60 for r, _ in kept])
+    share = sum(n for (r, n), big in zip(kept, long_docs, strict=True) if big) / starts[-1]
+    stream = data.random_batches(8, 32, seed=11)
+    offsets = np.concatenate([stream.global_reads(step)[0] for step in range(2000)])
+    in_long = long_docs[np.searchsorted(starts, offsets, side="right") - 1]
+    assert 0.05 < share < 0.95 and abs(in_long.mean() - share) < 0.02, (in_long.mean(), share)
 
 
 def test_where_with_a_load_time_split_and_on_val(scored):
