@@ -241,7 +241,7 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     from lmshard.errors import LmshardError
     from lmshard.prepare.output.writer import ShardWriter
 
-    def full(self, tokens, ends, src=None):
+    def full(self, tokens, ends, src=None, attrs=None):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "train" / "shard_000000.bin.tmp"))
 
     monkeypatch.setattr(ShardWriter, "_write", full)

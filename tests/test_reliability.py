@@ -67,11 +67,11 @@ def fail_at_write(monkeypatch, n: int, error: BaseException) -> None:
     writing; `monkeypatch.undo()` or a new setattr restores it."""
     real_add, calls = ShardWriter.add, {"n": 0}
 
-    def add(self, tokens, lengths, src=None):
+    def add(self, tokens, lengths, src=None, attrs=None):
         calls["n"] += 1
         if calls["n"] == n:
             raise error
-        return real_add(self, tokens, lengths, src)
+        return real_add(self, tokens, lengths, src, attrs)
 
     monkeypatch.setattr(ShardWriter, "add", add)
 

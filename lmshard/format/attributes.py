@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from ..errors import FormatError
+from .blocks import bytes_xxh3
 from .fields import _get, _Invalid
 from .layout import REGENERATE_HINT
 
@@ -119,7 +119,7 @@ def read_columns(read: Callable[[int, int], bytes], shard: Any, fields: tuple[At
         if f.name in names:
             offset, size = at[f.name]
             data = read(offset, size) if size else b""
-            if len(data) != size or xxhash.xxh3_64_hexdigest(data) != shard.attr_column_xxh3_64[c]:
+            if len(data) != size or bytes_xxh3(data) != shard.attr_column_xxh3_64[c]:
                 raise FormatError(f"{where}: column {f.name} does not match its size and checksum in the metadata "
                                   f"('attr_column_xxh3_64'); {REGENERATE_HINT}")  # fmt: skip
             out[f.name] = np.frombuffer(data, dtype=DTYPES[f.dtype])

@@ -191,8 +191,10 @@ def restrict(meta: Any, store: Any, split: str, fraction: object, seed: object, 
     if not picks:
         return store, ""
     made = SubsetStore(store, picks[0] if len(picks) == 1 else Both(*picks))
+    if not made.n_tokens and where is None:
+        raise ArgumentError(f"val_fraction={fraction} leaves the {split} side of {name} without a document; pass "
+                            "a fraction that holds out some documents and keeps some")  # fmt: skip
     if not made.n_tokens:
-        what = f"val_fraction={fraction}" if where is None else f"where={where!r}"
-        raise ArgumentError(f"{what} leaves the {split} split of {name} without a document; pass one that keeps "
-                            "some")  # fmt: skip
+        raise ArgumentError(f"where={where!r} leaves the {split} split of {name} without a document; pass a "
+                            "condition some of its documents pass")  # fmt: skip
     return made, tag
