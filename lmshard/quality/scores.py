@@ -27,6 +27,7 @@ process) when `language` is asked for.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -97,9 +98,13 @@ def _fineweb(text: str) -> list[float]:
 def _language(text: str) -> list[float]:
     from .language import identifier
 
-    model = identifier()
-    code, score = model.classify(text)
-    return [_labels().index(code), float(score)]
+    code, score = identifier().classify(text)
+    return [_codes()[code], float(score)]
+
+
+@functools.cache
+def _codes() -> dict[str, int]:
+    return {label: i for i, label in enumerate(_labels())}
 
 
 def _labels() -> list[str]:
@@ -190,10 +195,6 @@ class Scorer:
                 raise ScoreFailed(f"--attribute {spec} raised {type(e).__name__}: {str(e)[:160]}") from None
             values.extend(_plugin_values(spec, got, cols))
         return tuple(values)
-
-    def rows(self, texts: Sequence[str]) -> np.ndarray:
-        """The records of `texts`, in order."""
-        return np.array([self.row(t) for t in texts], dtype=self.dtype) if texts else np.zeros(0, self.dtype)
 
 
 def _number(spec: str, value: Any) -> float:

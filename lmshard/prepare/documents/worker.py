@@ -191,11 +191,13 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
             signatures[d] = signature(text, config.minhash)
     attrs = None
     if config.attributes and tokenizer is not None:  # (not in --near-dedup's signing pass)
-        try:
-            attrs = scorer(config.attributes).rows(texts)
-        except ScoreFailed as e:  # the plugin's fault, named at the record it failed on
-            d = next(i for i, t in enumerate(texts) if not _scores(config.attributes, t))
-            raise InputError(f"{config.sources[sources[d]].path}:{numbers[d]}: {e}") from None
+        scores, rows = scorer(config.attributes), []
+        for d, text in enumerate(texts):
+            try:
+                rows.append(scores.row(text))
+            except ScoreFailed as e:  # the plugin's fault, named at the record it failed on
+                raise InputError(f"{config.sources[sources[d]].path}:{numbers[d]}: {e}") from None
+        attrs = np.array(rows, dtype=scores.dtype)
     if tokenizer is None:
         tokens, lengths = np.zeros(0, np.uint16), np.zeros(len(texts), np.int64)
     else:
@@ -226,14 +228,6 @@ def scorer(specs: tuple[str, ...]) -> Scorer:
     if not isinstance(found, Scorer):
         found = _state[("scorer", specs)] = Scorer(specs)  # type: ignore[index]
     return found
-
-
-def _scores(specs: tuple[str, ...], text: str) -> bool:
-    try:
-        scorer(specs).row(text)
-    except ScoreFailed:
-        return False
-    return True
 
 
 def _clean(text: str, clean: CleanConfig) -> str:
