@@ -257,6 +257,9 @@ def test_plugin_scorers_and_their_code_in_the_fingerprint(tmp_path, reference):
     before = fp()
     plugin.write_text(PLUGIN.replace('"river"', '"stone"'))
     assert "the attribute plugin" in (difference(before, fp()) or "")
+    more = _write(tmp_path / "more.jsonl", _texts(20, seed=9))
+    with pytest.raises(ConfigError, match=r"--append: the scorer .*scores\.py.* changed"):
+        _prepare(out, more, append=True, attributes=[f"{plugin}:quality", f"{plugin}:pair=a,b"], val_fraction=0)
     with pytest.raises(InputError, match=r"d\.jsonl:\d+: --attribute .*broken returned str"):
         _prepare(tmp_path / "bad", src, attributes=[f"{plugin}:broken"])
     with pytest.raises(ConfigError, match="not a built-in scorer"):
@@ -336,7 +339,8 @@ def test_mixture_buckets_hold_their_weights(scored):
     soft = Mixture.by_attribute(out, "words", weight=lambda w: w.astype(float) ** 2, bins=4)
     lo, hi = int(rows["words"].min()), int(rows["words"].max())
     edge = float(np.float32(lo + (hi - lo) / 4))  # four equal-width bins from the smallest value to the largest
-    assert len(soft.datasets) == 4 and soft.names[0].endswith(f"?words < {edge!r}")
+    assert len(soft.datasets) == 4 and soft.names[0].endswith(f"?{float(lo)!r} <= words < {edge!r}")
+    assert soft.names[-1].endswith(f" <= words <= {float(hi)!r}")
     mass = [float(r["words"]) ** 2 * len(d) for r, d in zip(rows, docs, strict=True)]  # w² × tokens, per document
     first = sum(m for m, r in zip(mass, rows, strict=True) if r["words"] < edge) / sum(mass)
     assert abs(soft.weights[0] - first) < 1e-9
@@ -430,3 +434,39 @@ def test_a_writer_resumed_after_a_shard_it_finished_writes_the_same_columns(tmp_
     got = np.concatenate([np.frombuffer((tmp_path / "whole" / s.attr_path).read_bytes()[: s.n_docs * 4], "<f4")
                           for s in whole])  # fmt: skip
     assert np.array_equal(got, expected["a"])  # column a first, in document order
+
+
+def test_where_edge_cases_nan_and_hostile_conditions(tmp_path):
+    plugin = tmp_path / "odd.py"
+    plugin.write_text("def s(text):\n    return None if 'river' in text else len(text) / 10\n")
+    texts = [f"the river {i}" for i in range(10)] + [f"a stone and the light {i}" * (i + 1) for i in range(30)]
+    out = _prepare(tmp_path / "ds", _write(tmp_path / "o.jsonl", texts), attributes=[f"{plugin}:s"], val_fraction=0)
+    rows, docs = _rows(out)
+    nan = np.isnan(rows["s"])
+    assert nan.sum() == 10
+    count = lambda where: TokenDataset(out, where=where).n_docs  # noqa: E731
+    some = float(rows["s"][~nan][3])
+    assert count(f"s != {some!r}") == int((~nan).sum()) - int((rows["s"] == np.float32(some)).sum())
+    assert count(f"s in ({some!r},)") == count(f"s == {some!r}") == int((rows["s"] == np.float32(some)).sum())
+    assert count(f"s not in ({some!r},)") == count(f"s != {some!r}")  # NaN passes neither
+    assert count(f"not s == {some!r}") == len(rows) - int((rows["s"] == np.float32(some)).sum())  # it passes `not`
+    assert count("-s < -1") == int((rows["s"] > 1).sum())
+    for bad in ("-(s < 1) < 0", "s" + " + s" * 500 + " > 1", "not " * 1200 + "s > 1", "s < " + "9" * 400,
+                "s > 1 or (" * 200 + "s > 2" + ")" * 200, "s.real > 1", "(lambda: 1)() > 0"):  # fmt: skip
+        with pytest.raises(ArgumentError):
+            TokenDataset(out, where=bad)
+    for edges, weights in (([float("nan")], [1, 1]), (["a"], [1, 1]), (5, [1]), ([1, 2], [1])):
+        with pytest.raises(ArgumentError):
+            Mixture.by_attribute(out, "s", edges=edges, weights=weights)
+    with pytest.raises(ArgumentError, match="no where="):
+        Mixture.by_attribute(out, "s", weight=lambda v: v, where="s > 1")
+    with pytest.raises(ArgumentError, match="weight= failed"):
+        Mixture.by_attribute(out, "s", weight=lambda v: "x")
+    one = Mixture.by_attribute(out, "s", weight=lambda v: v + 1, bins=1)
+    assert one.datasets[0].n_docs == int((~nan).sum())
+    keyword = tmp_path / "kw.py"
+    keyword.write_text("def k(text):\n    return {'not': 1, 'ok': 10 ** 400}\n")
+    with pytest.raises(ConfigError, match="not a Python keyword"):
+        PrepareConfig(inputs=[str(tmp_path / "o.jsonl")], out=str(tmp_path / "x"), attributes=[f"{keyword}:k=not"])
+    with pytest.raises(InputError, match="past the range"):
+        _prepare(tmp_path / "big", tmp_path / "o.jsonl", attributes=[f"{keyword}:k=ok"])

@@ -10,7 +10,7 @@ column order, and for a category `"labels"`:
     category  uint16, an index into `labels` (the language a model found, say)
 
 `by` names the `--attribute` that made the column. Names are identifiers (letters, digits, `_`,
-not starting with a digit), unique in a dataset.
+not starting with a digit, not a Python keyword), unique in a dataset.
 
 **The file** `shard_N.attr`, beside the shard's `.bin`, `.idx` and `.src`: the columns one after
 the other in schema order, each its documents' values in the shard's document order,
@@ -26,6 +26,7 @@ Memory model: the schema (a few hundred bytes); the helpers hold the columns or 
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,12 @@ from .layout import REGENERATE_HINT
 
 DTYPES = {"float32": "<f4", "uint32": "<u4", "category": "<u2"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def is_name(name: str) -> bool:
+    """An attribute name: an identifier of at most 64 characters that is not a Python keyword
+    (a `where=` condition names it as a Python expression does)."""
+    return bool(NAME.fullmatch(name)) and not keyword.iskeyword(name) and name not in ("True", "False", "None")
 MAX_LABELS = 1 << 16
 
 
@@ -63,7 +70,7 @@ class AttrField:
         if not isinstance(raw, dict):
             raise _Invalid("an entry of 'attributes' is not an object")
         name, dtype = _get(raw, "name", str), _get(raw, "dtype", str)
-        if not NAME.fullmatch(name):
+        if not is_name(name):
             raise _Invalid(f"attribute name {name!r} is not an identifier")
         if dtype not in DTYPES:
             raise _Invalid(f"attribute {name!r} has dtype {dtype!r}, not one of {', '.join(DTYPES)}")
@@ -129,7 +136,11 @@ def read_columns(read: Callable[[int, int], bytes], shard: Any, fields: tuple[At
 def local_columns(root: Any, shard: Any, fields: tuple[AttrField, ...], names: Sequence[str]) -> Columns:
     """`read_columns` of a shard in the dataset directory `root` (a Path)."""
     path = root / shard.attr_path
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as e:
+        raise FormatError(f"{path}: cannot be read ({e.strerror}); {REGENERATE_HINT}") from None
+    with f:
 
         def read(offset: int, size: int) -> bytes:
             f.seek(offset)

@@ -1,7 +1,7 @@
 """`lmshard inspect DS --attribute NAME`: the distribution of per-document attributes
 (`prepare --attribute`, format/attributes.py) over a split, to choose a `where=` threshold.
 
-For a number: its documents, how many are NaN, min, mean and max, and a histogram of `bins`
+For a number: its documents, how many are NaN (or infinite), min, mean and max of the others, and a histogram of `bins`
 equal-width buckets from min to max (documents and their share of the split's tokens per
 bucket). For a category: documents and tokens per label, most documents first.
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..format import INDEX_DTYPE, DatasetMeta
+from ..errors import ConfigError, FormatError
+from ..format import INDEX_DTYPE, REGENERATE_HINT, DatasetMeta
 from ..format.attributes import AttrField, local_columns
 
 BINS = 10
@@ -60,8 +60,11 @@ def distributions(meta: DatasetMeta, names: Sequence[str], split: str, bins: int
             s = stats[f.name]
             s["docs"] += len(rows)
             if f.dtype == "category":
-                np.add.at(labels[f.name], rows[f.name].astype(np.int64), np.stack([np.ones(len(rows), np.int64),
-                                                                                  tokens], axis=1))  # fmt: skip
+                codes = rows[f.name].astype(np.int64)
+                if len(codes) and int(codes.max()) >= len(f.labels):
+                    raise FormatError(f"{meta.root}: a document's {f.name} is {int(codes.max())}, not one of its "
+                                      f"{len(f.labels)} labels; run `lmshard inspect` on it; {REGENERATE_HINT}")
+                np.add.at(labels[f.name], codes, np.stack([np.ones(len(rows), np.int64), tokens], axis=1))
                 continue
             v = rows[f.name].astype(np.float64)
             ok = np.isfinite(v)

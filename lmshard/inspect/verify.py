@@ -14,8 +14,8 @@ Memory model: one chunk of BLOCK_TOKENS tokens (64 MiB decoded, and its stored b
 one shard's index, a token histogram of n_vocab int64 counters (none above MAX_COUNTED_VOCAB
 ids), and document lengths (uint32, sampled down to at most MAX_LENGTHS values for statistics),
 and tokenizer_state.json (a few KB; refused above MAX_TOKENIZER_BYTES, as the tokenizer.json
-copy, which is hashed in 1 MiB blocks). `quick` reads no token data at all: sizes and indexes
-only.
+copy, which is hashed in 1 MiB blocks), one shard's provenance file and attribute file (twice:
+its bytes and its records). `quick` reads no token data at all: sizes and indexes only.
 """
 
 from __future__ import annotations

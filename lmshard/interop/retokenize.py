@@ -31,7 +31,8 @@ result does not depend on their number; this process reads the source and writes
 
 Memory model: at most 2 × workers blocks in flight (BLOCK_TOKENS source tokens each, with their
 texts and new tokens), each worker's two vocabularies, one source shard's provenance records
-(12 bytes a document) and the shard writers' buffers.
+(12 bytes a document) and attribute records (twice: the file's bytes and the records) and the
+shard writers' buffers.
 """
 
 from __future__ import annotations

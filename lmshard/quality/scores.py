@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..format.attributes import NAME, AttrField, row_dtype
+from ..format.attributes import AttrField, is_name, row_dtype
 from ..plugins import import_callable
 from .gopher import BULLETS, ELLIPSES, STOP_WORDS, split_words
 from .repetition import TERMINAL, _duplicates, _NGrams, _repeated_ngram_chars, _top_ngram_chars
@@ -136,9 +136,10 @@ def _plugin_names(spec: str) -> tuple[str, tuple[str, ...]]:
     target, _, names = spec.partition("=")
     cols = tuple(n.strip() for n in names.split(",")) if names else (target.rpartition(":")[2],)
     for col in cols:
-        if not NAME.fullmatch(col):
+        if not is_name(col):
             raise ConfigError(f"--attribute {spec}: {col!r} is not an attribute name (letters, digits and _, not "
-                              "starting with a digit); name the columns as module:function=a,b")  # fmt: skip
+                              "starting with a digit, not a Python keyword); name the columns as "
+                              "module:function=a,b")  # fmt: skip
     return target, cols
 
 
@@ -201,7 +202,11 @@ def _number(spec: str, value: Any) -> float:
     if value is None:
         return _NAN
     if isinstance(value, int | float | np.integer | np.floating):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # (an int past the float range)
+            raise ScoreFailed(f"--attribute {spec} returned {str(value)[:40]}..., past the range of a number it "
+                              "can keep (float32)") from None
     raise ScoreFailed(f"--attribute {spec} returned {type(value).__name__} {str(value)[:40]!r}; a scorer returns a "
                       "number (None: not known)")  # fmt: skip
 

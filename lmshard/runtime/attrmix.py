@@ -10,7 +10,8 @@ token share in the mixture, held as every mixture holds its weights (mixing.py).
 resolution of `bins`: the attribute's range is cut into `bins` equal-width buckets, and each
 bucket's share is the exact sum of f(value) × tokens over its documents (read from the
 attribute files and indexes). Within a bucket, documents are drawn in proportion to their tokens.
-Documents whose value is NaN are never drawn, nor are those of a bucket whose weights are all 0.
+Documents whose value is NaN or infinite are never drawn, nor are those of a bucket whose
+weights are all 0.
 
 Memory model: two passes over the split's attribute files and indexes, one shard at a time;
 the mixture's buckets are datasets with their own selections (one bit per document each).
@@ -43,10 +44,11 @@ def _numeric(data: TokenDataset, attribute: str) -> Any:
 def bucket_sources(path: Any, attribute: str, edges: Sequence[float], weights: Sequence[float], split: str,
                    options: dict[str, Any]) -> list[tuple[TokenDataset, float]]:  # fmt: skip
     """[(bucket dataset, weight)] of `edges` (see the module docstring)."""
-    cuts = [float(e) for e in edges]
+    cuts = _numbers("edges", edges)
     if not cuts or any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)):
-        raise ArgumentError(f"edges={list(edges)!r} must be one or more increasing numbers (k edges make k + 1 "
+        raise ArgumentError(f"edges={edges!r} must be one or more increasing numbers (k edges make k + 1 "
                             "buckets)")  # fmt: skip
+    weights = _numbers("weights", weights)
     if len(weights) != len(cuts) + 1:
         raise ArgumentError(f"{len(cuts)} edges make {len(cuts) + 1} buckets, and {len(weights)} weights were "
                             "given; pass one weight per bucket")  # fmt: skip
@@ -56,6 +58,25 @@ def bucket_sources(path: Any, attribute: str, edges: Sequence[float], weights: S
     wheres.append(f"{attribute} >= {cuts[-1]!r}")
     return [(TokenDataset(path, split, where=w, **options), weight)
             for w, weight in zip(wheres, weights, strict=True) if weight]  # fmt: skip
+
+
+def _numbers(name: str, values: Any) -> list[float]:
+    """`values` as finite floats, or a one-line ArgumentError."""
+    try:
+        out = [float(v) for v in values if not isinstance(v, bool | str)]
+        if len(out) == len(values) and all(np.isfinite(out)):
+            return out
+    except (TypeError, ValueError):
+        pass
+    raise ArgumentError(f"{name}={values!r} must be a list of finite numbers")
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """The TokenDataset options a bucket takes: not its own selection."""
+    for key in ("where", "val_fraction"):
+        if key in options:
+            raise ArgumentError(f"by_attribute takes no {key}= (each bucket is a selection of the split by the "
+                                "attribute); open the datasets with where= yourself and pass them to Mixture")
 
 
 def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any], bins: int, split: str,
@@ -77,21 +98,27 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
     if not np.isfinite(lo):
         raise ArgumentError(f"{attribute} has no value that is a number in {data.path}; nothing can be drawn")
     # (edges a float32 column holds exactly: where= compares it in float32, and each document lands where counted)
-    edges = np.unique(np.linspace(lo, hi, bins + 1)[1:-1].astype(np.float32).astype(np.float64)) if hi > lo else \
-        np.zeros(0)  # fmt: skip
+    edges = np.unique(np.linspace(lo, hi, bins + 1)[1:-1].astype(np.float32).astype(np.float64))
+    edges = edges[(edges > lo) & (edges < hi)]
     mass = np.zeros(len(edges) + 1)
     for k in shards:  # pass 2: f(value) × tokens, summed per bucket
         values = attribute_columns(store, k, fields, [field.name])[field.name].astype(np.float64)
         lengths = np.diff(np.asarray(store.index(k), dtype=np.int64))
         ok = np.isfinite(values)
-        with np.errstate(all="ignore"):
-            w = np.broadcast_to(np.asarray(weight(values[ok]), dtype=np.float64), (int(ok.sum()),))
+        try:
+            with np.errstate(all="ignore"):
+                w = np.broadcast_to(np.asarray(weight(values[ok]), dtype=np.float64), (int(ok.sum()),))
+        except Exception as e:  # the user's function: whatever it raises or returns
+            raise ArgumentError(f"weight= failed on the values of {attribute} ({type(e).__name__}: {e}); it takes "
+                                "a numpy array and returns one weight per value, e.g. lambda q: q ** 2") from None
         if not np.isfinite(w).all() or (w < 0).any():
             raise ArgumentError(f"weight= gave {w[~np.isfinite(w) | (w < 0)][0]!r} for a value of {attribute}; "
                                 "a weight is a finite number >= 0")  # fmt: skip
         np.add.at(mass, np.searchsorted(edges, values[ok], side="right"), w * lengths[ok])
     if not mass.sum():
         raise ArgumentError(f"weight= is 0 for every document of {data.path}; nothing can be drawn")
-    if not len(edges):
-        return [(TokenDataset(path, split, where=f"{attribute} == {lo!r}", **options), 1.0)]
-    return bucket_sources(path, attribute, edges.tolist(), mass.tolist(), split, options)
+    bounds = [lo, *edges.tolist(), hi]  # (bounded: a NaN or infinite value is in no bucket, as in no mass)
+    wheres = [f"{a!r} <= {attribute} < {b!r}" for a, b in zip(bounds[:-2], bounds[1:-1], strict=True)]
+    wheres.append(f"{bounds[-2]!r} <= {attribute} <= {hi!r}")
+    return [(TokenDataset(path, split, where=w, **options), m)
+            for w, m in zip(wheres, mass.tolist(), strict=True) if m]  # fmt: skip

@@ -156,8 +156,9 @@ class Mixture:
         `edges` drawn at `weights` (one more than edges), or soft sampling: documents drawn in
         proportion to `weight(value)` × their tokens, resolved over `bins` buckets. `options`
         go to each bucket's TokenDataset (storage_options=, cache_dir=...)."""
-        from .attrmix import bucket_sources, soft_sources
+        from .attrmix import bucket_sources, check_options, soft_sources
 
+        check_options(options)
         if (weight is None) == (edges is None) or (edges is None) != (weights is None):
             raise ArgumentError("by_attribute takes edges= with weights= (buckets), or weight= (soft sampling)")
         pairs = (bucket_sources(path, attribute, edges, weights, split, options) if weight is None else

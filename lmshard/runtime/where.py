@@ -8,11 +8,13 @@ comparisons (`<`, `<=`, `>`, `>=`, `==`, `!=`, chained as in `0.2 < x <= 0.5`), 
 a list, `and`, `or`, `not`, parentheses, and arithmetic between columns (`+ - * /`). A category
 compares with its labels as strings (`language in ('en', 'de')`); a label the column does not
 have is refused, as is a name the dataset has no column for. A NaN (a ratio over nothing) passes
-no comparison. A float32 column is compared in float32: `x <= 0.1` keeps a stored 0.1. Parsed
-with Python's `ast`, evaluated on numpy columns: never `eval`.
+no comparison, `!=` and `not in` included (and so passes `not` of one: `not x > 0.3` keeps
+it). A float32 column is compared in float32: `x <= 0.1` keeps a stored 0.1. Parsed with
+Python's `ast` (at most 10,000 characters, 64 levels deep), evaluated on numpy columns: never
+`eval`.
 
-Memory model: per shard, its attribute file while its selection is computed (a record per
-document); the selection kept is one bit per document of the split (`np.packbits`).
+Memory model: per shard, the columns it names while its selection is computed (their values);
+the selection kept is one bit per document of the split (`np.packbits`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from ..remote.urls import redact
 _COMPARE = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal,
             ast.Eq: np.equal, ast.NotEq: np.not_equal}  # fmt: skip
 _ARITH = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.divide}
+_MAX_CHARS, _MAX_DEPTH = 10_000, 64
+
+
+def _nan(value: Any) -> Any:
+    return np.isnan(value) if np.asarray(value).dtype.kind == "f" else False
 
 
 class Where:
@@ -43,13 +50,17 @@ class Where:
                                 "where=\"fineweb_short_lines < 0.5\"")  # fmt: skip
         self.text, self.fields = text.strip(), tuple(fields)
         self.columns = {f.name: f for f in self.fields}
+        if len(self.text) > _MAX_CHARS:
+            raise self._fail(f"{len(self.text):,} characters; a condition is at most {_MAX_CHARS:,}")
         try:
             self.tree = ast.parse(self.text, mode="eval").body
         except SyntaxError as e:
             raise ArgumentError(f"where={self.text!r} does not parse ({e.msg}); write a condition such as "
                                 "\"quality > 0.7 and language == 'en'\"") from None  # fmt: skip
+        except (RecursionError, MemoryError, ValueError):
+            raise self._fail("nested too deeply to read; write a flatter condition") from None
         self.used: list[str] = []
-        self._check(self.tree)
+        self._check(self.tree, 0)
         self._check_bool(self.tree)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -61,8 +72,10 @@ class Where:
     def _fail(self, what: str) -> ArgumentError:
         return ArgumentError(f"where={self.text!r}: {what}")
 
-    def _check(self, node: ast.AST) -> None:
+    def _check(self, node: ast.AST, depth: int) -> None:
         """Refuse anything but the grammar of the module docstring, naming it."""
+        if depth > _MAX_DEPTH:
+            raise self._fail(f"nested more than {_MAX_DEPTH} levels deep; write a flatter condition")
         if isinstance(node, ast.Name):
             if node.id not in self.columns:
                 close = difflib.get_close_matches(node.id, list(self.columns), n=1)
@@ -74,6 +87,8 @@ class Where:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or not isinstance(node.value, int | float | str):
                 raise self._fail(f"{node.value!r} is not a number or a label")
+            if isinstance(node.value, int) and abs(node.value) > 1 << 64:
+                raise self._fail(f"{ast.unparse(node)[:40]}... is too large a number")
             return
         allowed = (ast.BoolOp, ast.UnaryOp, ast.Compare, ast.BinOp, ast.Tuple, ast.List, ast.And, ast.Or, ast.Not,
                    ast.USub, ast.UAdd, *_COMPARE, *_ARITH, ast.In, ast.NotIn, ast.Load)  # fmt: skip
@@ -82,7 +97,7 @@ class Where:
                              "allowed; use attribute names, numbers, labels in quotes, comparisons, in, and, or, "
                              "not, + - * /")  # fmt: skip
         for child in ast.iter_child_nodes(node):
-            self._check(child)
+            self._check(child, depth + 1)
 
     def _check_bool(self, node: ast.AST) -> None:
         """The expression as a whole (and each operand of and/or/not) is a condition, not a value."""
@@ -97,7 +112,7 @@ class Where:
 
     def mask(self, rows: Any) -> np.ndarray:
         """True for each document of `rows` (a shard's attribute columns, or records) that passes."""
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(all="ignore"):
             out = self._eval(self.tree, rows)
         return np.broadcast_to(np.asarray(out, dtype=bool), (len(rows),)).copy()
 
@@ -109,10 +124,11 @@ class Where:
             for p in parts[1:]:
                 out = combine(out, p)
             return out
-        if isinstance(node, ast.UnaryOp):
-            value = self._eval(node.operand, rows)
-            return np.logical_not(value) if isinstance(node.op, ast.Not) else (-value if isinstance(node.op, ast.USub)
-                                                                               else value)  # fmt: skip
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return np.logical_not(self._eval(node.operand, rows))
+        if isinstance(node, ast.UnaryOp):  # (a sign: of a number, never of a condition)
+            value = self._number(node.operand, rows)
+            return -value if isinstance(node.op, ast.USub) else value
         if isinstance(node, ast.BinOp):
             return _ARITH[type(node.op)](self._number(node.left, rows), self._number(node.right, rows))
         if isinstance(node, ast.Compare):
@@ -150,8 +166,9 @@ class Where:
                                  "in ('en', 'de')")  # fmt: skip
             values = [self._code(category, v) if category else self._constant(v) for v in right.elts]
             column = self._column(left, rows, category)
-            found = np.isin(column, np.array(values)) if values else np.zeros(len(rows), bool)
-            return ~found if isinstance(op, ast.NotIn) else found
+            kind = column.dtype if isinstance(column, np.ndarray) and column.dtype.kind == "f" else None
+            found = np.isin(column, np.array(values, dtype=kind)) if values else np.zeros(len(rows), bool)
+            return ~found & ~_nan(column) if isinstance(op, ast.NotIn) else found  # (NaN passes no comparison)
         if category is not None:
             if not isinstance(op, ast.Eq | ast.NotEq):
                 raise self._fail(f"{category.name} is a category: compare it with == or !=, or use in")
@@ -159,7 +176,9 @@ class Where:
             column = self._column(name, rows, category)
             code = self._code(category, label)
             return column == code if isinstance(op, ast.Eq) else column != code
-        return _COMPARE[type(op)](self._number(left, rows), self._number(right, rows))
+        a, b = self._number(left, rows), self._number(right, rows)
+        out = _COMPARE[type(op)](a, b)
+        return out & ~_nan(a) & ~_nan(b) if isinstance(op, ast.NotEq) else out  # (NaN passes no comparison)
 
     def _column(self, node: ast.AST, rows: np.ndarray, category: AttrField | None) -> Any:
         if category is not None:

@@ -20,9 +20,9 @@ sequential pass is a read at memory or filesystem speed, not a rewrite) and rena
 its marker `write/piece_N.json` is the shard's or key file's entry for the metadata. A write
 task seals the pieces whose last part it finished; the finish seals any left by a killed task.
 
-Memory model: a part's writer holds one unit's lengths and split (9 bytes per document) and
-its documents' offsets; tokens are copied file to file (copy_file_range, else 8 MiB at a time);
-a seal holds one 8 MiB block.
+Memory model: a part's writer holds one unit's lengths and split (9 bytes per document), its
+documents' offsets and with --attribute the unit's attribute records; tokens are copied file to
+file (copy_file_range, else 8 MiB at a time); a seal holds one 8 MiB block.
 """
 
 from __future__ import annotations

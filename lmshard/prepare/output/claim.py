@@ -250,6 +250,11 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
         raise ConfigError(f"{out}: --append: the dataset keeps the attributes of {given} and this run would keep "
                           f"{' '.join(config.attributes) or 'none'}; pass the same so every document has the same "
                           "columns")  # fmt: skip
+    then, now = meta.config.get("attribute_sources") or {}, ours.get("attribute_sources") or {}
+    if changed := [name for name in now if then.get(name) != now[name]]:  # a scorer's code: the old scores' meaning
+        raise ConfigError(f"{out}: --append: the scorer {now[changed[0]][0] or changed[0]} (--attribute "
+                          f"{changed[0]}) changed since the dataset was prepared, so old and new documents would be "
+                          "scored differently; put it back as it was, or prepare the dataset again")  # fmt: skip
     dedup = meta.dedup
     if config.dedup == "document" and (dedup is None or not any(f.kind == "doc" for f in dedup.files)):
         raise ConfigError(f"{out}: --append: the dataset keeps no dedup keys (prepared by an older lmshard), "

@@ -7,7 +7,9 @@ complete, with its xxh3-64 and its per-block sums (`format/blocks.py`, written b
 would take it past `tokens_per_shard`, and a single document longer than that gets a shard of
 its own, so every shard's document index is self-contained.
 
-Memory model: one incoming batch; tokens and offsets go straight to the files.
+Memory model: one incoming batch; tokens and offsets go straight to the files. With attributes,
+64 Ki of a shard's records when it finishes (its columns are written), and a shard's attribute
+file when a resume reopens a shard finished after its checkpoint.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ...format import (
     sums_path,
 )
 from ...format.attributes import attr_path, to_rows
-from ...format.blocks import write_sums
+from ...format.blocks import file_xxh3, write_sums
 from ...format.encoding import UINT32, Encoding
 from ...format.sealing import StreamEncoder, reopen_sealed, shard_entry
 
@@ -286,6 +288,9 @@ def _shard_number(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
+_PIECE = 1 << 16  # attribute records read at a time when a shard's columns are written
+
+
 class _PerDoc:
     """A shard's file of fixed-width records, one per document (`.src`, `.attr`), and its xxh3-64."""
 
@@ -311,33 +316,36 @@ class _PerDoc:
 
 class _Columns(_PerDoc):
     """A shard's attribute file (format/attributes.py): records stream to `.attr.tmp` as documents
-    come, as `.src`'s do (what a resume cuts back), and the finished shard's are written out a
-    column at a time, 1 Mi records read at a time, each column hashed."""
+    come, as `.src`'s do (what a resume cuts back); the finished shard's records are read once,
+    64 Ki at a time, each piece of each column written at its place and hashed, then the file
+    hashed whole."""
 
     def seal(self, final: Path, n_docs: int) -> dict[str, Any]:
         rows, out = Path(f"{final}.tmp"), Path(f"{final}.{os.getpid()}.tmp")
-        whole, columns = xxhash.xxh3_64(), []
+        names = self.dtype.names or ()
+        widths = [self.dtype.fields[name][0].itemsize for name in names]  # type: ignore[index]
+        starts = [n_docs * sum(widths[:c]) for c in range(len(names))]
+        columns = [xxhash.xxh3_64() for _ in names]
         with open(rows, "rb") as src, open(out, "wb") as dst:
-            for name in self.dtype.names or ():
-                column = xxhash.xxh3_64()
-                src.seek(0)
-                for first in range(0, n_docs, 1 << 20):
-                    data = np.fromfile(src, dtype=self.dtype, count=min(1 << 20, n_docs - first))
+            for first in range(0, n_docs, _PIECE):
+                data = np.fromfile(src, dtype=self.dtype, count=min(_PIECE, n_docs - first))
+                for c, name in enumerate(names):
                     values = np.ascontiguousarray(data[name]).tobytes()
+                    dst.seek(starts[c] + first * widths[c])
                     dst.write(values)
-                    whole.update(values)
-                    column.update(values)
-                columns.append(column.hexdigest())
+                    columns[c].update(values)
             dst.flush()
             os.fsync(dst.fileno())
+        whole = file_xxh3(out)
         os.replace(out, final)
         rows.unlink()
-        return {"attr_xxh3_64": whole.hexdigest(), "attr_column_xxh3_64": tuple(columns),
+        return {"attr_xxh3_64": whole, "attr_column_xxh3_64": tuple(c.hexdigest() for c in columns),
                 "attr_width": self.dtype.itemsize}  # fmt: skip
 
     def reopen(self, final: Path, rows: Path) -> None:
         """A shard finished after the checkpoint: its records back in `rows` (unless still there:
-        they are removed only once the columns are in place), the column file removed."""
+        they are removed only once the columns are in place), the column file removed. Reads the
+        column file whole (a resume's once: the records of one shard)."""
         if not rows.exists():
             data = final.read_bytes()
             with open(rows, "wb") as f:
