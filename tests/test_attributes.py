@@ -470,3 +470,34 @@ def test_where_edge_cases_nan_and_hostile_conditions(tmp_path):
         PrepareConfig(inputs=[str(tmp_path / "o.jsonl")], out=str(tmp_path / "x"), attributes=[f"{keyword}:k=not"])
     with pytest.raises(InputError, match="past the range"):
         _prepare(tmp_path / "big", tmp_path / "o.jsonl", attributes=[f"{keyword}:k=ok"])
+
+
+def test_trace_and_resume_of_a_where_state(scored, tmp_path):
+    _, out = scored
+    stream = TokenDataset(out, where="fineweb_short_lines < 0.5 and words > 20").random_batches(2, 64, seed=3)
+    next(iter(stream))
+    state = stream.state_dict()
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    done = CliRunner().invoke(app, ["trace", str(out), "--state", str(tmp_path / "state.json"), "--json"])
+    assert done.exit_code == 0, done.output
+    same = TokenDataset(out, where="(fineweb_short_lines<0.5) and (words>20)").random_batches(2, 64, seed=3)
+    same.load_state_dict(state)  # the same condition, written otherwise
+    other = TokenDataset(out, where="fineweb_short_lines < 0.6 and words > 20").random_batches(2, 64, seed=3)
+    with pytest.raises(ArgumentError, match="continues only on the selection it was saved on"):
+        other.load_state_dict(state)
+
+
+def test_inspect_names_infinities_and_expands_a_scorer(tmp_path):
+    plugin = tmp_path / "ppl.py"
+    plugin.write_text("def ppl(text):\n    return float('inf') if 'river' in text else len(text)\n")
+    texts = [f"the river {i}" for i in range(7)] + [f"a stone {i}" for i in range(13)]
+    out = _prepare(tmp_path / "ds", _write(tmp_path / "p.jsonl", texts), attributes=[f"{plugin}:ppl", "length"],
+                   val_fraction=0)  # fmt: skip
+    done = CliRunner().invoke(app, ["inspect", str(out), "--attribute", "length", "--attribute", "ppl", "--json"])
+    assert done.exit_code == 0, done.output
+    found = {a["name"]: a for a in json.loads(done.output)["attributes"]}
+    assert sorted(found) == ["chars", "lines", "ppl", "words"]  # (length: its three columns)
+    assert found["ppl"]["inf"] == 7 and found["ppl"]["nan"] == 0 and found["ppl"]["max"] < 100
+    assert TokenDataset(out, where="ppl > 100").n_docs == 7
+    with pytest.raises(ConfigError, match="not an attribute name"):
+        PrepareConfig(inputs=[str(tmp_path / "p.jsonl")], out=str(tmp_path / "x"), attributes=[f"{plugin}:ppl="])

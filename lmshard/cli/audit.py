@@ -48,15 +48,18 @@ def trace(
     seen before the state's step (--steps A: before step A)."""
     from ..errors import ArgumentError
     from ..runtime import TokenDataset
+    from ..runtime.checks import data_split
     from ..runtime.trace import stream_of_state
 
     saved = _load_state(state, key)
-    split = str(saved.get("data", "::")).rsplit(":", 2)[1] or "train"  # the data_id names the split
+    split = data_split(saved.get("data", "")) or "train"  # the data_id names the split
     carve: dict[str, Any] = {}
+    if "?" in split:  # a where= selection: split?condition
+        split, carve["where"] = split.split("?", 1)
     if "@" in split:  # a load-time split: split@fraction/seed (runtime/subset.py)
         split, how = split.split("@", 1)
         fraction, _, seed = how.partition("/")
-        carve = {"val_fraction": float(fraction), "split_seed": int(seed or 0)}
+        carve |= {"val_fraction": float(fraction), "split_seed": int(seed or 0)}
     data = TokenDataset(dataset, split=split, **carve)
     stream = stream_of_state(data, saved)
     if exposure or exposure_out is not None:

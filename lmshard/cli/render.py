@@ -102,6 +102,8 @@ def summary(meta: Any, where: str) -> None:
     from ..inspect.verify import encoding_summary
 
     table.add_row("encoding", escape(f"{encoding_summary(meta)}, {_bytes(bytes_on_disk(meta))} on disk"))
+    if meta.attributes:
+        table.add_row("attributes", attributes_row(meta))
     drops = {k: v for k, v in meta.drops.items() if v}
     table.add_row("dropped", listed([f"{k} {v:,}" for k, v in drops.items()]) if drops else "none")
     if meta.skipped_inputs:
@@ -180,6 +182,8 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
         from ..inspect.verify import encoding_summary
 
         table.add_row("encoding", escape(encoding_summary(meta)))
+        if meta.attributes:
+            table.add_row("attributes", attributes_row(meta))
         for split in meta.splits:
             counts = [meta.n_docs(split), meta.n_tokens(split), len(meta.split_shards(split))]
             table.add_row(split, Items([plural(n, w) for n, w in zip(counts, ("doc", "token", "shard"), strict=True)]))
@@ -224,7 +228,8 @@ def _bars(rows: Sequence[tuple[str, int, str]]) -> None:
 
 def attributes(found: list[dict[str, Any]], title: str) -> None:
     """`inspect --attribute`: per attribute a line of its statistics and its histogram."""
-    out.print(f"[bold]attributes of {escape(title)}[/] (documents; % of the split's tokens)")
+    out.print(f"[bold]attributes of {escape(title)}[/] (documents; % of the split's tokens; ≥: % in the documents "
+              "at or above the bucket)")  # fmt: skip
     for a in found:
         head = f"[bold]{a['name']}[/] ({a['dtype']}, --attribute {escape(a['by'])}): {a['docs']:,} docs"
         if a["dtype"] == "category":
@@ -237,13 +242,32 @@ def attributes(found: list[dict[str, Any]], title: str) -> None:
                              f"{sum(x['docs'] for x in rest):,}  {100 * sum(x['token_share'] for x in rest):.1f}%"))
             _bars(rows)
             continue
+        odd = ", ".join(f"{a[k]:,} {name}" for k, name in (("nan", "NaN"), ("inf", "infinite")) if a[k])
         if a["min"] is None:
-            out.print(f"{head}, every one NaN", highlight=False)
+            out.print(f"{head}, none a finite number ({odd})", highlight=False)
             continue
-        out.print(f"{head}, {a['nan']:,} NaN, min {a['min']:.4g}  mean {a['mean']:.4g}  max {a['max']:.4g}",
-                  highlight=False)  # fmt: skip
-        _bars([(f"{b['from']:.4g} – {b['to']:.4g}", b["docs"], f"{b['docs']:,}  {100 * b['token_share']:.1f}%")
-               for b in a.get("histogram", [])])  # fmt: skip
+        out.print(f"{head}{', ' + odd if odd else ''}, min {_value(a['min'])}  mean {_value(a['mean'])}  max "
+                  f"{_value(a['max'])}", highlight=False)  # fmt: skip
+        whole = a["dtype"] == "uint32"  # (counts: buckets of whole numbers, a .. b)
+        _bars([(_bucket(b["from"], b["to"], whole), b["docs"], f"{b['docs']:,}  {100 * b['token_share']:.1f}%  "
+                f"≥ {100 * b['at_or_above']:.1f}%") for b in a.get("histogram", [])])  # fmt: skip
+
+
+def attributes_row(meta: Any) -> str:
+    """The dataset's attributes in a table row: how many columns, and the --attribute that made them."""
+    made = ", ".join(dict.fromkeys(f.by for f in meta.attributes))
+    return escape(f"{plural(len(meta.attributes), 'column')} by --attribute {made} (inspect --attribute NAME)")
+
+
+def _value(x: float) -> str:
+    """A statistic as a person reads it: 213,600 (not 2.136e+05), 0.4375, 3.2e-07."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:.4g}"
+
+
+def _bucket(a: float, b: float, whole: bool) -> str:
+    if whole:
+        return _value(a) if b - a <= 1 else f"{_value(a)} – {_value(b - 1)}"
+    return f"{_value(a)} – {_value(b)}"
 
 
 def documents(report: Any, doc: tuple[str, int, str], samples: list[tuple[str, int, str]]) -> None:

@@ -133,8 +133,8 @@ BUILTIN: dict[str, tuple[Callable[[], list[tuple[str, str]]], Callable[[str], li
 
 def _plugin_names(spec: str) -> tuple[str, tuple[str, ...]]:
     """(module:function, its column names) of a plugin scorer."""
-    target, _, names = spec.partition("=")
-    cols = tuple(n.strip() for n in names.split(",")) if names else (target.rpartition(":")[2],)
+    target, eq, names = spec.partition("=")
+    cols = tuple(n.strip() for n in names.split(",")) if eq else (target.rpartition(":")[2],)
     for col in cols:
         if not is_name(col):
             raise ConfigError(f"--attribute {spec}: {col!r} is not an attribute name (letters, digits and _, not "

@@ -56,8 +56,15 @@ def bucket_sources(path: Any, attribute: str, edges: Sequence[float], weights: S
     wheres = [f"{attribute} < {cuts[0]!r}"]
     wheres += [f"{lo!r} <= {attribute} < {hi!r}" for lo, hi in zip(cuts, cuts[1:], strict=False)]
     wheres.append(f"{attribute} >= {cuts[-1]!r}")
-    return [(TokenDataset(path, split, where=w, **options), weight)
-            for w, weight in zip(wheres, weights, strict=True) if weight]  # fmt: skip
+    out = []
+    for i, (where, weight) in enumerate(zip(wheres, weights, strict=True)):
+        if weight:
+            try:
+                out.append((TokenDataset(path, split, where=where, **options), weight))
+            except ArgumentError:
+                raise ArgumentError(f"bucket {i + 1} of {len(wheres)} ({where}) holds no document of {path}; give it "
+                                    "weight 0 or move the edges") from None  # fmt: skip
+    return out
 
 
 def _numbers(name: str, values: Any) -> list[float]:

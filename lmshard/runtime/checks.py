@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import re
 import reprlib
 from collections.abc import Iterator
 from typing import Any
@@ -188,17 +189,26 @@ def unchanged_on_error(*where: tuple[Any, str]) -> Iterator[None]:
 
 
 def _data_words(data_id: Any) -> tuple[str, str, int | str]:
-    """(digest, split, tokens) of a data_id ("digest:split:tokens"; in memory "name:tokens")."""
-    parts = str(data_id).rsplit(":", 2)
-    if len(parts) == 3 and parts[2].isdigit():
-        return parts[0], parts[1], int(parts[2])
+    """(digest, split, tokens) of a data_id ("digest:split:tokens", where the split may hold a
+    load-time split's "@fraction/seed" and a where= condition after "?", colons included; in
+    memory "name:tokens")."""
+    digest, _, rest = str(data_id).partition(":")
+    split, _, n = rest.rpartition(":")
+    if re.fullmatch(r"[0-9a-f]{16}", digest) and split and n.isdigit():
+        return digest, split, int(n)
     name, _, n = str(data_id).rpartition(":")
     return name, "", int(n) if n.isdigit() else n
+
+
+def data_split(data_id: Any) -> str:
+    """The split part of a data_id ("train", "val@0.01/0", "train?words > 20"); "" in memory."""
+    return _data_words(data_id)[1]
 
 
 def _data_text(words: tuple[str, str, int | str]) -> str:
     digest, split, n = words
     size = f"{n:,} tokens" if isinstance(n, int) else str(n)
+    split = split.replace("?", " where ", 1)  # (a where= selection)
     return f"split {split} of {size} (data {digest})" if split else f"{digest} ({size})"
 
 

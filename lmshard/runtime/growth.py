@@ -84,6 +84,11 @@ def old_part(data: Any, saved_id: str, grown: bool) -> Prefix:
     """The prefix `saved_id` was, refused unless the caller asked for grown="continue" and the
     split did grow from it; one line naming what changed and the fix."""
     if getattr(data, "_carved", "") and saved_id != data.data_id:  # a load-time split (runtime/subset.py)
+        if "?" in checks.data_split(data.data_id) + checks.data_split(saved_id):  # a where= selection
+            raise ArgumentError(f"cannot resume: the state was saved on {checks.describe_data(saved_id)}, and this "
+                                f"stream reads {checks.describe_data(data.data_id)}; a run on a where= selection "
+                                "continues only on the selection it was saved on: open the dataset with the same "
+                                "where= (and attributes), or start a new run")  # fmt: skip
         raise ArgumentError(f"cannot resume: the state was saved on {checks.describe_data(saved_id)}, and this "
                             f"load-time split is of {checks.describe_data(data.data_id)}; a run on a load-time "
                             "split continues only on the data it was saved on (an --append adds documents to both "

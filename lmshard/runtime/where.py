@@ -62,6 +62,7 @@ class Where:
         self.used: list[str] = []
         self._check(self.tree, 0)
         self._check_bool(self.tree)
+        self.text = ast.unparse(self.tree)  # (one spelling of a condition: spaces and parentheses aside)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"text": self.text, "fields": self.fields}
@@ -107,8 +108,8 @@ class Where:
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             self._check_bool(node.operand)
         elif not isinstance(node, ast.Compare):
-            raise self._fail(f"{ast.unparse(node)} is a value, not a condition; compare it, e.g. "
-                             f"{ast.unparse(node)} > 0.5")  # fmt: skip
+            example = f"; compare it, e.g. {ast.unparse(node)} > 0.5" if isinstance(node, ast.Name) else ""
+            raise self._fail(f"{ast.unparse(node)} is a value, not a condition{example}")
 
     def mask(self, rows: Any) -> np.ndarray:
         """True for each document of `rows` (a shard's attribute columns, or records) that passes."""
@@ -192,7 +193,8 @@ class Where:
             raise self._fail(f"{category.name} is a category; compare it with a label in quotes, e.g. "
                              f"{category.name} == {category.labels[0]!r}")  # fmt: skip
         if node.value not in category.labels:
-            close = difflib.get_close_matches(node.value, category.labels, n=3)
+            same = [x for x in category.labels if x.lower() == node.value.lower()]  # (EN for en)
+            close = same or difflib.get_close_matches(node.value, category.labels, n=3)
             hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
             raise self._fail(f"{category.name} has no label {node.value!r}; {hint}it has {len(category.labels)} "
                              f"labels, listed in the metadata's attributes")  # fmt: skip

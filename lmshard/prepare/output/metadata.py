@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokeniz
     reproduces the same token stream in one run. `tokens_before`: the tokens this process did not
     make (the appended-to dataset's, a resumed checkpoint's), left out of its tokens/s."""
     elapsed = time.time() - started
+    width = sum(config.attr_columns())  # (a shard entry read back from a marker knows no record width)
+    shards = [replace(s, attr_width=width) if s.attr_path else s for s in shards]
     n_tokens = sum(s.n_tokens for s in shards)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.started_at))
     drops = dict(sorted(totals.drops.items()))
