@@ -232,3 +232,15 @@ def _from_env(var: str, default: str) -> int:
     except ValueError:
         raise ArgumentError(f"environment variable {var}={raw!r} is not an int; pass {var.lower()}=<int> "
                             f"explicitly or fix {var}") from None  # fmt: skip
+
+
+def ids(name: str, values: object, one: bool = False) -> np.ndarray:
+    """`values` as a one-dimensional integer array (no float or bool: a cast would truncate)."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ArgumentError(f"{name} has shape {array.shape}; pass a one-dimensional array of integers")
+    if array.dtype.kind not in "iu":
+        raise ArgumentError(f"{name} has dtype {array.dtype}; pass integer {'token ids' if one else 'lengths'}")
+    if one and array.size == 0:
+        raise ArgumentError(f"{name} is empty; pass at least one token")
+    return array

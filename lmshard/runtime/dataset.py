@@ -148,13 +148,13 @@ class TokenDataset:
         vocab_size = checks.integer("vocab_size", vocab_size, low=1, high=2**32)
         eot_id = checks.integer("eot_id", eot_id, low=0, high=vocab_size - 1,
                                 fix=f"pass an eot_id below vocab_size={vocab_size}")  # fmt: skip
-        tokens = _ids("tokens", tokens, one=True)
+        tokens = checks.ids("tokens", tokens, one=True)
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab_size:
             raise ArgumentError(f"tokens holds {lo if lo < 0 else hi}; pass token ids in [0, vocab_size) = "
                                 f"[0, {vocab_size})")  # fmt: skip
         tokens = np.ascontiguousarray(tokens, dtype=np.uint32)
-        lengths = np.array([len(tokens)]) if doc_lengths is None else _ids("doc_lengths", doc_lengths)
+        lengths = np.array([len(tokens)]) if doc_lengths is None else checks.ids("doc_lengths", doc_lengths)
         if int(lengths.sum()) != len(tokens) or (lengths <= 0).any():
             raise ArgumentError(f"doc_lengths must be positive and sum to the {len(tokens)} tokens (they sum to "
                                 f"{int(lengths.sum())}); pass one length per document, EOTs included")  # fmt: skip
@@ -382,19 +382,19 @@ class TokenDataset:
         """A stream's device: the given one, else the dataset's (its resident copy's)."""
         return self.device if device is None else device
 
+    def val_streams(self, tokens: int, seq_len: int, *, batch_size: int = 8, by: str | None = "input",
+                    device: str | torch.device | None = None) -> dict[str, Any]:  # fmt: skip
+        """One fixed evaluation stream per domain of this val split (by its inputs, a category
+        attribute, or None: the split as one), `tokens` tokens each at most (runtime/valstreams.py)."""
+        if self.split != "val":
+            raise ArgumentError(f"val_streams reads a val split; open it with TokenDataset({str(self.path)!r}, "
+                                "split='val')")  # fmt: skip
+        from .valstreams import streams
+
+        return streams(self, tokens, seq_len, batch_size, by, self._device(device))
+
     def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
         """How many windows the split holds: at least one, or an error naming the sizes."""
         checks.fits(self._where, self.n_tokens, seq_len, spec.max)
         return count_windows(self.n_tokens, seq_len, stride, spec.max)
 
-
-def _ids(name: str, values: object, one: bool = False) -> np.ndarray:
-    """`values` as a one-dimensional integer array (no float or bool: a cast would truncate)."""
-    array = np.asarray(values)
-    if array.ndim != 1:
-        raise ArgumentError(f"{name} has shape {array.shape}; pass a one-dimensional array of integers")
-    if array.dtype.kind not in "iu":
-        raise ArgumentError(f"{name} has dtype {array.dtype}; pass integer {'token ids' if one else 'lengths'}")
-    if one and array.size == 0:
-        raise ArgumentError(f"{name} is empty; pass at least one token")
-    return array

@@ -165,6 +165,20 @@ class Mixture:
                  soft_sources(path, attribute, weight, bins, split, options))  # fmt: skip
         return cls(pairs, split=split, max_epochs=max_epochs)
 
+    def val_streams(self, tokens: int, seq_len: int, *, batch_size: int = 8, by: str | None = None,
+                    device: str | torch.device | None = None) -> dict[str, Any]:  # fmt: skip
+        """One fixed evaluation stream per source, from its val split (as the source is chosen: a
+        where= source's documents that pass); with `by` ("input" or a category attribute) one per
+        domain of each, named "source/domain" (runtime/valstreams.py). A source given as an open
+        TokenDataset is read again from its path, with the default options."""
+        from .valstreams import val_of
+
+        out: dict[str, Any] = {}
+        for name, data in zip(self.names, self.datasets, strict=True):
+            found = val_of(data).val_streams(tokens, seq_len, batch_size=batch_size, by=by, device=device)
+            out |= {name if by is None else f"{name}/{domain}": stream for domain, stream in found.items()}
+        return out
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{n}: {w:.4g}" for n, w in zip(self.names, self.weights, strict=True))
         return f"Mixture({{{shown}}})"
