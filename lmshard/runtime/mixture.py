@@ -171,11 +171,9 @@ class Mixture:
         where= source's documents that pass); with `by` ("input" or a category attribute) one per
         domain of each, named "source/domain" (runtime/valstreams.py). A source given as an open
         TokenDataset is read again from its path, with the default options."""
-        from .valstreams import val_of
-
         out: dict[str, Any] = {}
         for name, data in zip(self.names, self.datasets, strict=True):
-            found = val_of(data).val_streams(tokens, seq_len, batch_size=batch_size, by=by, device=device)
+            found = _val_of(data).val_streams(tokens, seq_len, batch_size=batch_size, by=by, device=device)
             out |= {name if by is None else f"{name}/{domain}": stream for domain, stream in found.items()}
         return out
 
@@ -317,6 +315,20 @@ def _mixture_offsets(mix: Mixture, shift: int | str, seed: int, windows: bool, s
     for name, data in zip(mix.names, mix.datasets, strict=True):
         checks.fits(f"source {name}", data.n_tokens, T, spec.max)
     return MixtureOffsets(mix, T, spec, seed, step)
+
+
+def _val_of(data: Any) -> Any:
+    """The val split of the dataset `data` (a TokenDataset) reads, opened as it is (a load-time
+    split's val side, a where= selection of it)."""
+    if data.split == "val":
+        return data
+    tag, options = getattr(data, "_carved", ""), {}
+    if "?" in tag:
+        tag, options["where"] = tag.split("?", 1)
+    if tag.startswith("@"):
+        fraction, _, seed = tag[1:].partition("/")
+        options |= {"val_fraction": float(fraction), "split_seed": int(seed or 0)}
+    return TokenDataset(data.path, "val", **options)
 
 
 def _name(source: Any) -> str:

@@ -129,22 +129,6 @@ def _sources(store: Any, k: int) -> np.ndarray:
     return np.frombuffer(data, dtype=SRC_DTYPE)["source"].astype(np.int64)
 
 
-def val_of(data: Any) -> Any:
-    """The val split of the dataset `data` (a TokenDataset) reads, opened as it is (a load-time
-    split's val side, a where= selection of it)."""
-    if data.split == "val":
-        return data
-    from .dataset import TokenDataset
-
-    tag, options = getattr(data, "_carved", ""), {}
-    if "?" in tag:
-        tag, options["where"] = tag.split("?", 1)
-    if tag.startswith("@"):
-        fraction, _, seed = tag[1:].partition("/")
-        options |= {"val_fraction": float(fraction), "split_seed": int(seed or 0)}
-    return TokenDataset(data.path, "val", **options)
-
-
 def _warn_overlap(data: Any) -> None:
     """Say once when the val split may share documents with train (see the module docstring)."""
     meta = data.meta
