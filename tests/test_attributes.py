@@ -501,3 +501,33 @@ def test_inspect_names_infinities_and_expands_a_scorer(tmp_path):
     assert TokenDataset(out, where="ppl > 100").n_docs == 7
     with pytest.raises(ConfigError, match="not an attribute name"):
         PrepareConfig(inputs=[str(tmp_path / "p.jsonl")], out=str(tmp_path / "x"), attributes=[f"{plugin}:ppl="])
+
+
+def test_score_adds_columns_as_prepare_would_have(scored, tmp_path):
+    src, out = scored
+    plain = _prepare(tmp_path / "plain", src, attributes=["length"], tokens_per_shard=20_000, val_fraction=0.1)
+    from lmshard.interop.score import score_dataset
+
+    result = score_dataset(plain, ["gopher_quality", "gopher_repetition", "fineweb_quality"], tmp_path / "s1",
+                           workers=1)  # fmt: skip
+    done = CliRunner().invoke(app, ["score", str(plain), "--attribute", "gopher_quality", "--attribute",
+                                    "gopher_repetition", "--attribute", "fineweb_quality", "--out",
+                                    str(tmp_path / "s2"), "--workers", "2"])  # fmt: skip
+    assert done.exit_code == 0 and "new columns" in done.output, done.output
+    assert result.added[0] == "gopher_word_count" and len(result.added) == 24
+    for rel in sorted(p.relative_to(out) for p in out.rglob("shard_*")):  # prepare's, with all four scorers
+        assert (tmp_path / "s1" / rel).read_bytes() == (out / rel).read_bytes(), rel
+        assert (tmp_path / "s2" / rel).read_bytes() == (out / rel).read_bytes(), rel
+    meta = load_metadata(tmp_path / "s1")
+    assert meta.attributes == load_metadata(out).attributes
+    assert meta.run.lineage[-1]["op"] == "score"
+    assert CliRunner().invoke(app, ["inspect", str(tmp_path / "s1")]).exit_code == 0
+    assert TokenDataset(tmp_path / "s1", where="fineweb_short_lines < 0.5").n_tokens == \
+        TokenDataset(out, where="fineweb_short_lines < 0.5").n_tokens  # fmt: skip
+    with pytest.raises(ConfigError, match="has an attribute 'chars' already"):
+        score_dataset(plain, ["length"], tmp_path / "s3")
+    with pytest.raises(ConfigError, match="is the dataset being scored"):
+        score_dataset(plain, ["fineweb_quality"], plain)
+    with pytest.raises(ConfigError, match="not a built-in scorer"):
+        score_dataset(plain, ["fineweb"], tmp_path / "s4")
+    assert not (tmp_path / "s3").exists() and not (tmp_path / "s4").exists()

@@ -1,4 +1,4 @@
-"""`lmshard export`, `import`, `convert`, `retokenize` and `cp`: the command-line edge
+"""`lmshard export`, `import`, `convert`, `retokenize`, `score` and `cp`: the command-line edge
 of `lmshard.interop`.
 
 Kept out of commands.py (which is near its size limit) but part of the command line: `register`
@@ -19,12 +19,13 @@ from . import render
 
 
 def register(app: typer.Typer, user_errors: Callable[[], Callable[[Any], Any]]) -> None:
-    """Add `export`, `import`, `convert`, `retokenize` and `cp` to `app`."""
+    """Add `export`, `import`, `convert`, `retokenize`, `score` and `cp` to `app`."""
     app.command("export")(user_errors()(export))
     app.command("import")(user_errors()(import_))
     app.command("convert")(user_errors()(convert))
     app.command("cp")(user_errors()(cp))
     app.command("retokenize")(user_errors()(retokenize))
+    app.command("score")(user_errors()(score))
 
 
 def cp(
@@ -223,3 +224,26 @@ def retokenize(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def score(
+    dataset: str = _DATASET,
+    attribute: list[str] = typer.Option(..., "--attribute", metavar="NAME", help="A scorer, as for prepare "
+                                        "--attribute: length, gopher_quality, gopher_repetition, fineweb_quality, "
+                                        "language or module:function[=a,b] (repeatable)."),  # fmt: skip
+    out: str = _OUT,
+    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Processes that decode and score [the "
+                                       "CPUs available]; the same bytes for any number."),  # fmt: skip
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
+                                   "complete."),  # fmt: skip
+) -> None:
+    """Add attributes to a dataset's documents without preparing it again (docs/quality.md).
+
+    Each document is decoded (byte-level vocabularies only) and scored as prepare --attribute
+    would; every other file is the source's."""
+    from ..interop.score import score_dataset
+
+    result = score_dataset(dataset, attribute, out, overwrite=overwrite, workers=workers)
+    render.out.print(f"scored {result.meta.total_docs:,} documents into {escape(str(result.meta.root))}: "
+                     f"{render.plural(len(result.added), 'new column')} ({escape(', '.join(result.added))})",
+                     highlight=False, soft_wrap=True)  # fmt: skip

@@ -106,9 +106,9 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
     old = tokenizer_for(meta, why)
     if old is None:
         raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
-    if (lossy := _lossy(old, meta)) is not None:
+    if (why_not := lossy(old, meta)) is not None:
         raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its "
-                          f"documents were made from ({lossy}); prepare the new dataset from the source text "
+                          f"documents were made from ({why_not}); prepare the new dataset from the source text "
                           "instead")  # fmt: skip
     recorded = meta.config or {}
     config = PrepareConfig(inputs=[str(dataset)], out=str(out), tokenizer=tokenizer,
@@ -141,10 +141,9 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
             for shard in meta.split_shards(split):
                 if shard.n_docs:
                     _check_source(meta, shard)
-                    src, done = _per_doc(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE), 0
-                    attrs = None if rows is None else to_rows(_per_doc(meta, shard, shard.attr_path, shard.attr_xxh3_64,
-                                                                       "u1").tobytes(), rows, shard.n_docs)  # fmt: skip
-                    for tokens, lengths in encoded(_numbered(meta, shard, split, first)):
+                    src, done = per_doc_records(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE), 0
+                    attrs = None if rows is None else attribute_records(meta, shard)
+                    for tokens, lengths in encoded(numbered_blocks(meta, shard, split, first)):
                         writer.add(tokens, lengths, src[done : done + len(lengths)],
                                    None if attrs is None else attrs[done : done + len(lengths)])  # fmt: skip
                         done += len(lengths)
@@ -176,7 +175,7 @@ def _start(arg: tuple[str, PrepareConfig, int, int | None]) -> None:
     _here.update(old=tokenizer_for(meta), new=new, specials=specials, bos=bos, position=meta.eot_position)
 
 
-def _numbered(meta: DatasetMeta, shard: ShardInfo, split: str, first: int) -> Iterator[tuple[str, int, Block]]:
+def numbered_blocks(meta: DatasetMeta, shard: ShardInfo, split: str, first: int) -> Iterator[tuple[str, int, Block]]:
     """The shard's blocks of documents, each with its split and the number there of its first
     document (`first`: the split's documents before the shard), for a message."""
     for block in shard_blocks(meta, shard, "after", BLOCK_TOKENS):
@@ -191,7 +190,15 @@ def _encode(work: tuple[str, int, Block]) -> tuple[np.ndarray, np.ndarray]:
     from ..prepare.output.writer import with_separators
 
     split, first, block = work
-    old, new, specials = _here["old"], _here["new"], _here["specials"]
+    new = _here["new"]
+    texts = checked_texts(split, first, block, _here["old"], _here["specials"], "prepare the new dataset")
+    tokens, lengths = new.encode_batch(texts)
+    return with_separators(tokens, lengths, np.ones(len(lengths), bool), new.eot_id, _here["position"], _here["bos"])
+
+
+def checked_texts(split: str, first: int, block: Block, old: Tokenizer, specials: int, instead: str) -> list[str]:
+    """The texts of a block of documents, each held to its tokens: the dataset's own tokenizer
+    encodes it back to them, else ConfigError naming the document (`instead`: what to do)."""
     texts = _texts(block.tokens, block.lengths, old, specials)
     again, again_lengths = old.encode_batch(texts)
     keep = np.ones(len(block.tokens), bool)  # the stored tokens of the texts: without the separators
@@ -203,10 +210,8 @@ def _encode(work: tuple[str, int, Block]) -> tuple[np.ndarray, np.ndarray]:
     if not np.array_equal(again_lengths, block.lengths - specials) or not np.array_equal(again, stored):
         d = _first_mismatch(again, again_lengths, stored, block.lengths - specials)
         raise ConfigError(f"{split} document {first + d + 1} does not decode to the text it was made from (its "
-                          f"vocabulary does not round-trip it); prepare the new dataset from the source text "
-                          "instead")  # fmt: skip
-    tokens, lengths = new.encode_batch(texts)
-    return with_separators(tokens, lengths, np.ones(len(lengths), bool), new.eot_id, _here["position"], _here["bos"])
+                          f"vocabulary does not round-trip it); {instead} from the source text instead")  # fmt: skip
+    return texts
 
 
 def _first_mismatch(a: np.ndarray, a_lengths: np.ndarray, b: np.ndarray, b_lengths: np.ndarray) -> int:
@@ -214,7 +219,7 @@ def _first_mismatch(a: np.ndarray, a_lengths: np.ndarray, b: np.ndarray, b_lengt
     return next(d for d, (x, y) in enumerate(zip(a_parts, b_parts, strict=True)) if not np.array_equal(x, y))
 
 
-def _lossy(old: Tokenizer, meta: DatasetMeta) -> str | None:
+def lossy(old: Tokenizer, meta: DatasetMeta) -> str | None:
     """Why decoding with `old` may not give back the text it encoded, or None: tiktoken
     vocabularies and byte-level tokenizer.json ones (a ByteLevel decoder; no normalizer, or NFC
     on text prepare made NFC already; no ordinary added tokens, which are matched in text and
@@ -249,7 +254,13 @@ def _check_source(meta: DatasetMeta, shard: ShardInfo) -> None:
         pass
 
 
-def _per_doc(meta: DatasetMeta, shard: ShardInfo, rel: str, xxh3_64: str, dtype: Any) -> np.ndarray:
+def attribute_records(meta: DatasetMeta, shard: ShardInfo) -> np.ndarray:
+    """The shard's documents' attribute records (its .attr, held to its checksum)."""
+    data = per_doc_records(meta, shard, shard.attr_path, shard.attr_xxh3_64, "u1").tobytes()
+    return to_rows(data, row_dtype(meta.attributes), shard.n_docs)
+
+
+def per_doc_records(meta: DatasetMeta, shard: ShardInfo, rel: str, xxh3_64: str, dtype: Any) -> np.ndarray:
     """The shard's documents' provenance (its .src) or attribute (.attr) records, held to their checksum."""
     if not rel:
         raise FormatError(f"{meta.root}: {shard.path} has no provenance file (a dataset written before lmshard kept "

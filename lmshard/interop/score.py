@@ -1,0 +1,182 @@
+"""`lmshard score`: new attributes for a dataset's documents (a new classifier's score, a
+statistic forgotten at prepare time), without preparing it again.
+
+Every document is decoded with the dataset's own tokenizer, held to its stored tokens (encoded
+back, it must give them: retokenize.py's check, so only byte-level vocabularies qualify), and
+scored by the `--attribute` scorers (quality/scores.py) on that text: the text prepare kept, so
+the columns are what `prepare --attribute` would have written. The new columns follow the
+dataset's own (names must not repeat one); every other file is the source's, hard-linked where
+the filesystem allows (else copied), and the metadata records the columns, the scorers (with
+their plugins' code hashes, as prepare does) and a `score` step in the dataset's history.
+
+The result is built beside `--out` and replaces it only when complete (`output.staged_output`);
+`--out` may not be the source itself (nothing of the source is touched).
+
+Documents are decoded and scored by `workers` processes (default: the CPUs available), a block
+of about BLOCK_TOKENS tokens at a time, handed back in order, so the result does not depend on
+their number.
+
+Memory model: at most 2 × workers blocks in flight (their tokens and texts), each worker's
+tokenizer and scorers, and one shard's attribute records (old and new) while its file is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from .. import __version__
+from ..errors import ConfigError
+from ..format import METADATA_FILE, DatasetMeta, RunInfo, ShardInfo, SplitInfo, atomic_write_json, load_metadata
+from ..format.attributes import attr_path, row_dtype
+from ..format.files import dataset_files
+from .output import staged_output
+from .retokenize import attribute_records, checked_texts, lossy, numbered_blocks
+from .source import open_source
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreResult:
+    meta: DatasetMeta  # the new dataset's (root: --out)
+    added: tuple[str, ...]  # the new columns
+
+
+def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: str | os.PathLike[str], *,
+                  overwrite: bool = False, workers: int | None = None) -> ScoreResult:  # fmt: skip
+    """Write `dataset` with the attributes `attributes` added to `out` (module docstring).
+
+        score_dataset("data/web", ["fineweb_quality", "classifier.py:edu=edu_score"], "data/web_scored")
+    """
+    from ..prepare.execution.pool import OrderedPool, start_method
+    from ..prepare.output.build import sigterm_stops
+    from ..quality.filters import absolute, plugin_sources
+    from ..quality.scores import Scorer
+    from ..tokenizers.of_dataset import tokenizer_for
+
+    if not attributes:
+        raise ConfigError("score needs at least one --attribute NAME (docs/quality.md)")
+    specs = [absolute(name) for name in attributes]  # (a plugin imported by path in every worker)
+    scorer = Scorer(specs)
+    meta, _ = open_source(dataset, "all")
+    if os.path.realpath(out) == os.path.realpath(meta.root):
+        raise ConfigError(f"{out}: is the dataset being scored; pass another --out (it replaces nothing of the source)")
+    clash = [f.name for f in scorer.fields if f.name in {g.name for g in meta.attributes}]
+    if clash:
+        raise ConfigError(f"{dataset} has an attribute {clash[0]!r} already; score only new columns (a plugin's "
+                          "columns can be named: module:function=a,b)")  # fmt: skip
+    why: list[str] = []
+    old = tokenizer_for(meta, why)
+    if old is None:
+        raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
+    if (why_not := lossy(old, meta)) is not None:
+        raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its documents "
+                          f"were made from ({why_not}); prepare the dataset again with these --attribute")  # fmt: skip
+    fields = (*meta.attributes, *scorer.fields)
+    specials = 1 if meta.tokenizer.bos_id is None else 2
+    n = workers or len(os.sched_getaffinity(0))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_stops())  # (SIGTERM as Ctrl-C: the staging directory is removed)
+        staging = stack.enter_context(staged_output(out, overwrite, [meta.root], flag="--overwrite"))
+        if n > 1:
+            pool: Any = stack.enter_context(OrderedPool(n, _start, (str(meta.root), specs), start=start_method()))
+            scored: Callable[[Iterator[Any]], Iterator[Any]] = lambda bs: pool.imap(_score, bs, 2 * n)  # noqa: E731
+        else:
+            _here.update(old=old, scorer=scorer, specials=specials)
+            scored = lambda bs: map(_score, bs)  # noqa: E731
+        splits = {}
+        for split, info in meta.splits.items():
+            shards, first = [], 0
+            for shard in info.shards:
+                rows = np.zeros(shard.n_docs, dtype=row_dtype(fields))
+                if meta.attributes and shard.n_docs:
+                    kept = attribute_records(meta, shard)
+                    for f in meta.attributes:
+                        rows[f.name] = kept[f.name]
+                done = 0
+                for new in scored(numbered_blocks(meta, shard, split, first)) if shard.n_docs else ():
+                    for f in scorer.fields:
+                        rows[f.name][done : done + len(new)] = new[f.name]
+                    done += len(new)
+                shards.append(_write_columns(staging, shard, rows))
+                first += shard.n_docs
+            splits[split] = SplitInfo.of(tuple(shards))
+        for rel in dataset_files(meta):  # every other file as it is
+            if rel != METADATA_FILE and not rel.endswith(".attr"):
+                _link(meta.root / rel, staging / rel)
+        config = {**(meta.config or {}), "attributes": [*(meta.config or {}).get("attributes", []), *specs]}
+        if plugins := plugin_sources([name.partition("=")[0] for name in config["attributes"]]):
+            config["attribute_sources"] = plugins
+        step = RunInfo.step("score", time.time(), meta.total_docs, meta.total_tokens, __version__,
+                            attributes=list(attributes), source=os.path.realpath(meta.root))  # fmt: skip
+        run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step), out=str(out))
+        result = dataclasses.replace(meta, root=staging, splits=splits, attributes=fields, config=config, run=run,
+                                     lmshard_version=__version__)  # fmt: skip
+        atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete
+        load_metadata(staging)  # the metadata as any reader will parse it
+    added = tuple(f.name for f in scorer.fields)
+    return ScoreResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), added)
+
+
+def _write_columns(staging: Path, shard: ShardInfo, rows: np.ndarray) -> ShardInfo:
+    """Shard `shard`'s attribute file of `rows` under `staging` (format/attributes.py): its entry."""
+    rel = attr_path(shard.path)
+    path = staging / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    whole, columns = xxhash.xxh3_64(), []
+    with open(f"{path}.tmp", "wb") as f:
+        for name in rows.dtype.names or ():
+            data = np.ascontiguousarray(rows[name]).tobytes()
+            f.write(data)
+            whole.update(data)
+            columns.append(xxhash.xxh3_64_hexdigest(data))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{path}.tmp", path)
+    return dataclasses.replace(shard, attr_path=rel, attr_xxh3_64=whole.hexdigest(),
+                               attr_column_xxh3_64=tuple(columns), attr_width=rows.dtype.itemsize)  # fmt: skip
+
+
+def _link(src: Path, dst: Path) -> None:
+    from ..prepare.output.staging import link_or_copy
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    link_or_copy(src, dst)
+
+
+_here: dict[str, Any] = {}  # the tokenizer and scorers of the process that scores (`_start`)
+
+
+def _start(arg: tuple[str, list[str]]) -> None:
+    """A worker: the dataset's tokenizer (one thread: the workers are the parallelism) and the scorers."""
+    from ..quality.scores import Scorer
+    from ..tokenizers.of_dataset import tokenizer_for
+
+    root, specs = arg
+    meta = load_metadata(root)
+    old = tokenizer_for(meta)
+    assert old is not None  # (the main process loaded it before starting the workers)
+    old.use_threads(1)
+    _here.update(old=old, scorer=Scorer(specs), specials=1 if meta.tokenizer.bos_id is None else 2)
+
+
+def _score(work: tuple[str, int, Any]) -> np.ndarray:
+    """A block of documents' new attribute records (each document's text held to its tokens first)."""
+    from ..quality.scores import ScoreFailed
+
+    split, first, block = work
+    texts = checked_texts(split, first, block, _here["old"], _here["specials"], "prepare the dataset")
+    scorer, rows = _here["scorer"], []
+    for d, text in enumerate(texts):
+        try:
+            rows.append(scorer.row(text))
+        except ScoreFailed as e:  # the plugin's fault, named at the document it failed on
+            raise ConfigError(f"{split} document {first + d + 1}: {e}") from None
+    return np.array(rows, dtype=scorer.dtype)
