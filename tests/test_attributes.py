@@ -458,8 +458,14 @@ def test_where_edge_cases_nan_and_hostile_conditions(tmp_path):
     for edges, weights in (([float("nan")], [1, 1]), (["a"], [1, 1]), (5, [1]), ([1, 2], [1])):
         with pytest.raises(ArgumentError):
             Mixture.by_attribute(out, "s", edges=edges, weights=weights)
-    with pytest.raises(ArgumentError, match="no where="):
-        Mixture.by_attribute(out, "s", weight=lambda v: v, where="s > 1")
+    with pytest.raises(ArgumentError, match="no val_fraction="):
+        Mixture.by_attribute(out, "s", weight=lambda v: v, val_fraction=0.1)
+    within = Mixture.by_attribute(out, "s", weight=lambda v: v * 0 + 1, bins=3, where="s > 5")
+    assert sum(d.n_docs for d in within.datasets) == int((rows["s"] > 5).sum())  # (only those, each in one bucket)
+    assert all(d.n_tokens for d in within.datasets) and abs(sum(within.weights) - 1) < 1e-9
+    buckets = Mixture.by_attribute(out, "s", edges=[8.0], weights=[1, 1], where="s > 5")
+    assert [d.n_docs for d in buckets.datasets] == [int(((rows["s"] > 5) & (rows["s"] < 8)).sum()),
+                                                    int((rows["s"] >= 8).sum())]  # fmt: skip
     with pytest.raises(ArgumentError, match="weight= failed"):
         Mixture.by_attribute(out, "s", weight=lambda v: "x")
     one = Mixture.by_attribute(out, "s", weight=lambda v: v + 1, bins=1)

@@ -13,6 +13,9 @@ attribute files and indexes). Within a bucket, documents are drawn in proportion
 Documents whose value is NaN or infinite are never drawn, nor are those of a bucket whose
 weights are all 0.
 
+**Within a selection.** `where=` restricts every bucket (and, with `weight=`, the mass) to the
+documents that pass it: English documents weighted by quality, say.
+
 Memory model: two passes over the split's attribute files and indexes, one shard at a time;
 the mixture's buckets are datasets with their own selections (one bit per document each).
 """
@@ -26,7 +29,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from .dataset import TokenDataset
-from .where import attribute_columns
+from .where import Where, attribute_columns
 
 
 def _numeric(data: TokenDataset, attribute: str) -> Any:
@@ -52,10 +55,13 @@ def bucket_sources(path: Any, attribute: str, edges: Sequence[float], weights: S
     if len(weights) != len(cuts) + 1:
         raise ArgumentError(f"{len(cuts)} edges make {len(cuts) + 1} buckets, and {len(weights)} weights were "
                             "given; pass one weight per bucket")  # fmt: skip
+    options = dict(options)
+    base = options.pop("where", None)
     _numeric(TokenDataset(path, split, **options), attribute)
     wheres = [f"{attribute} < {cuts[0]!r}"]
     wheres += [f"{lo!r} <= {attribute} < {hi!r}" for lo, hi in zip(cuts, cuts[1:], strict=False)]
     wheres.append(f"{attribute} >= {cuts[-1]!r}")
+    wheres = [_and(base, w) for w in wheres]
     out = []
     for i, (where, weight) in enumerate(zip(wheres, weights, strict=True)):
         if weight:
@@ -79,11 +85,15 @@ def _numbers(name: str, values: Any) -> list[float]:
 
 
 def check_options(options: dict[str, Any]) -> None:
-    """The TokenDataset options a bucket takes: not its own selection."""
-    for key in ("where", "val_fraction"):
-        if key in options:
-            raise ArgumentError(f"by_attribute takes no {key}= (each bucket is a selection of the split by the "
-                                "attribute); open the datasets with where= yourself and pass them to Mixture")
+    """The TokenDataset options a bucket takes: not a load-time split."""
+    if "val_fraction" in options:
+        raise ArgumentError("by_attribute takes no val_fraction= (its buckets are selections of a prepared split); "
+                            "open the datasets yourself and pass them to Mixture")  # fmt: skip
+
+
+def _and(base: str | None, condition: str) -> str:
+    """A bucket's condition within the documents `where=` chose (none: all)."""
+    return condition if base is None else f"({base}) and ({condition})"
 
 
 def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any], bins: int, split: str,
@@ -93,12 +103,21 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
         raise ArgumentError(f"bins={bins!r} must be an int from 1 to 4096")
     if not callable(weight):
         raise ArgumentError("weight= is a function of the attribute's values (a numpy array), e.g. lambda q: q ** 2")
+    options = dict(options)
+    base = options.pop("where", None)
     data = TokenDataset(path, split, **options)
     field = _numeric(data, attribute)
     store, fields = data.store, data.meta.attributes  # type: ignore[union-attr]
+    chosen = Where(base, fields) if base is not None else None
+
+    def values_of(k: int) -> np.ndarray:  # shard k's values, NaN where `where=` leaves the document out
+        columns = attribute_columns(store, k, fields, [field.name, *(chosen.used if chosen else [])])
+        values = columns[field.name].astype(np.float64)
+        return values if chosen is None else np.where(chosen.mask(columns), values, np.nan)
+
     lo, hi, shards = np.inf, -np.inf, range(len(store.shards))
     for k in shards:  # pass 1: the range of the values
-        values = attribute_columns(store, k, fields, [field.name])[field.name].astype(np.float64)
+        values = values_of(k)
         values = values[np.isfinite(values)]
         if len(values):
             lo, hi = min(lo, float(values.min())), max(hi, float(values.max()))
@@ -109,7 +128,7 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
     edges = edges[(edges > lo) & (edges < hi)]
     mass = np.zeros(len(edges) + 1)
     for k in shards:  # pass 2: f(value) × tokens, summed per bucket
-        values = attribute_columns(store, k, fields, [field.name])[field.name].astype(np.float64)
+        values = values_of(k)
         lengths = np.diff(np.asarray(store.index(k), dtype=np.int64))
         ok = np.isfinite(values)
         try:
@@ -126,6 +145,6 @@ def soft_sources(path: Any, attribute: str, weight: Callable[[np.ndarray], Any],
         raise ArgumentError(f"weight= is 0 for every document of {data.path}; nothing can be drawn")
     bounds = [lo, *edges.tolist(), hi]  # (bounded: a NaN or infinite value is in no bucket, as in no mass)
     wheres = [f"{a!r} <= {attribute} < {b!r}" for a, b in zip(bounds[:-2], bounds[1:-1], strict=True)]
-    wheres.append(f"{bounds[-2]!r} <= {attribute} <= {hi!r}")
+    wheres = [_and(base, w) for w in [*wheres, f"{bounds[-2]!r} <= {attribute} <= {hi!r}"]]
     return [(TokenDataset(path, split, where=w, **options), m)
             for w, m in zip(wheres, mass.tolist(), strict=True) if m]  # fmt: skip

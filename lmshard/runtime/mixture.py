@@ -154,8 +154,9 @@ class Mixture:
                      **options: Any) -> Mixture:  # fmt: skip
         """One dataset's documents mixed by one attribute (runtime/attrmix.py): buckets cut at
         `edges` drawn at `weights` (one more than edges), or soft sampling: documents drawn in
-        proportion to `weight(value)` × their tokens, resolved over `bins` buckets. `options`
-        go to each bucket's TokenDataset (storage_options=, cache_dir=...)."""
+        proportion to `weight(value)` × their tokens, resolved over `bins` buckets. `where=`:
+        within the documents that pass it. Other `options` go to each bucket's TokenDataset
+        (storage_options=, cache_dir=...)."""
         from .attrmix import bucket_sources, check_options, soft_sources
 
         check_options(options)
