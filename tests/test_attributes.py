@@ -537,3 +537,19 @@ def test_score_adds_columns_as_prepare_would_have(scored, tmp_path):
     with pytest.raises(ConfigError, match="not a built-in scorer"):
         score_dataset(plain, ["fineweb"], tmp_path / "s4")
     assert not (tmp_path / "s3").exists() and not (tmp_path / "s4").exists()
+
+
+def test_score_keeps_the_hashes_of_the_scorers_it_did_not_run(tmp_path):
+    from lmshard.interop.score import score_dataset
+
+    plugin = tmp_path / "p1.py"
+    plugin.write_text("def f(text):\n    return len(text)\n")
+    src = _write(tmp_path / "d.jsonl", _texts(60, seed=6))
+    out = _prepare(tmp_path / "ds", src, attributes=[f"{plugin}:f"], val_fraction=0)
+    before = load_metadata(out).config["attribute_sources"]
+    plugin.write_text("def f(text):\n    return 2 * len(text)\n")  # changed since: its scores are the old code's
+    scored = score_dataset(out, ["length"], tmp_path / "scored", workers=1).meta
+    assert scored.config["attribute_sources"] == before
+    with pytest.raises(ConfigError, match="changed since the dataset was prepared"):
+        _prepare(tmp_path / "scored", _write(tmp_path / "e.jsonl", _texts(10, seed=7)), append=True, val_fraction=0,
+                 attributes=[f"{plugin}:f", "length"])  # fmt: skip

@@ -144,3 +144,40 @@ def test_one_stream_per_label_of_a_category(tmp_path):
     for label, stream in streams.items():
         tokens = np.concatenate([d for d, c in zip(docs, codes, strict=True) if labels[c] == label])
         assert stream.windows == (len(tokens) - 1) // 8
+
+
+def test_selections_repeated_inputs_short_domains_and_mixture_sources(domains, tmp_path):
+    near, _, inputs = domains
+    empty = tmp_path / "noval"  # no val split: a load-time one carves it
+    prepare(PrepareConfig(inputs=inputs, out=str(empty), val_fraction=0, workers=1, quiet=True))
+    fraction = 0.051332367258146404
+    carved = TokenDataset(empty, "train", val_fraction=fraction, split_seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a load-time split warns: held out by number)
+        side = TokenDataset(empty, "val", val_fraction=fraction, split_seed=3)
+        mix = Mixture([(carved, 1.0), (str(near), 1.0)])
+        mixed = mix.val_streams(tokens=10**9, seq_len=8)
+        per_input = side.val_streams(tokens=10**9, seq_len=8)
+    # a load-time split's val side, reopened from the mixture's train side: exactly that side
+    assert mixed[mix.names[0]].store.n_tokens == side.n_tokens
+    assert side.n_tokens + carved.n_tokens == TokenDataset(empty).n_tokens
+    assert sorted(per_input) == sorted(inputs)  # (by input, within the side)
+    assert sum(s.store.n_tokens for s in per_input.values()) == side.n_tokens
+    x, y = next(iter(TokenDataset(near, "val").val_streams(tokens=100, seq_len=8, by=None)["val"]))
+    assert y.view(-1).shape == (len(y) * 8,) and x.is_contiguous()  # (as a loss's targets.view(-1) needs)
+    short = TokenDataset(near, "val").val_streams(tokens=10**9, seq_len=10**6)
+    assert short == {}  # every domain too short for one window: none
+    # two inputs of one path (the file replaced, then appended): told apart
+    path = tmp_path / "x.jsonl"
+    rng = random.Random(8)
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs("first", 200, rng)))
+    out = tmp_path / "again"
+    prepare(PrepareConfig(inputs=[str(path)], out=str(out), val_fraction=0.2, near_dedup=True, workers=1, quiet=True))
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs("second", 200, rng)))
+    prepare(PrepareConfig(inputs=[str(path)], out=str(out), val_fraction=0.2, near_dedup=True, workers=1, quiet=True,
+                          append=True))  # fmt: skip
+    names = sorted(TokenDataset(out, "val").val_streams(tokens=10**9, seq_len=8))
+    assert names == [f"{path}#1", f"{path}#2"]
+    with pytest.warns(UserWarning, match="no val stream"):
+        got = Mixture({str(empty): 0.5, str(near): 0.5}).val_streams(tokens=100, seq_len=8)
+    assert list(got) == [str(near)]

@@ -112,11 +112,14 @@ def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: s
             if rel != METADATA_FILE and not rel.endswith(".attr"):
                 _link(meta.root / rel, staging / rel)
         config = {**(meta.config or {}), "attributes": [*(meta.config or {}).get("attributes", []), *specs]}
-        if plugins := plugin_sources([name.partition("=")[0] for name in config["attributes"]]):
+        # (the source's scorers as they were when it was made: their hashes are not taken again)
+        if plugins := {**plugin_sources([name.partition("=")[0] for name in specs]),
+                       **(meta.config or {}).get("attribute_sources", {})}:  # fmt: skip
             config["attribute_sources"] = plugins
         step = RunInfo.step("score", time.time(), meta.total_docs, meta.total_tokens, __version__,
                             attributes=list(attributes), source=os.path.realpath(meta.root))  # fmt: skip
-        run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step), out=str(out))
+        run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step), out=os.path.realpath(out),
+                                  workers=n, tokens_per_s=None, elapsed_s=0.0)  # fmt: skip
         result = dataclasses.replace(meta, root=staging, splits=splits, attributes=fields, config=config, run=run,
                                      lmshard_version=__version__)  # fmt: skip
         atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import ArgumentError, InputError
+from ..errors import ArgumentError, InputError, LmshardError
 from ..remote.urls import is_url
 from . import checks
 from .batches import BatchStream, resolve_rank
@@ -75,6 +75,7 @@ class Mixture:
         if not pairs:
             raise ArgumentError("a mixture needs at least one source; pass {path: weight, ...}")
         self.datasets = [s if isinstance(s, TokenDataset) else TokenDataset(s, split) for s, _ in pairs]
+        self._given = [None if isinstance(s, TokenDataset) else s for s, _ in pairs]  # (a path as given: val_streams)
         names = [_name(s) for s, _ in pairs]
         self.names = [f"{n}#{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]  # for reports
         raw = [_weight(name, w) for name, (_, w) in zip(self.names, pairs, strict=True)]
@@ -171,11 +172,22 @@ class Mixture:
         """One fixed evaluation stream per source, from its val split (as the source is chosen: a
         where= source's documents that pass); with `by` ("input" or a category attribute) one per
         domain of each, named "source/domain" (runtime/valstreams.py). A source given as an open
-        TokenDataset is read again from its path, with the default options."""
+        TokenDataset of another split is read again from its path with the default options (pass
+        its val split, opened as it needs, to evaluate it otherwise); a source without val
+        documents is left out, with a warning."""
         out: dict[str, Any] = {}
-        for name, data in zip(self.names, self.datasets, strict=True):
-            found = _val_of(data).val_streams(tokens, seq_len, batch_size=batch_size, by=by, device=device)
+        for name, data, given in zip(self.names, self.datasets, self._given, strict=True):
+            try:
+                val = TokenDataset(given, "val") if given is not None else _val_of(data)
+                found = val.val_streams(tokens, seq_len, batch_size=batch_size, by=by,
+                                        device=self.device if device is None else device)  # fmt: skip
+            except LmshardError as e:
+                warnings.warn(f"mixture source {name}: no val stream ({e})", stacklevel=2)
+                continue
             out |= {name if by is None else f"{name}/{domain}": stream for domain, stream in found.items()}
+        if not out:
+            raise ArgumentError("no source of the mixture has a val stream (see the warnings); prepare with "
+                                "--val-fraction, or open the val splits yourself")  # fmt: skip
         return out
 
     def __repr__(self) -> str:

@@ -178,7 +178,7 @@ def restrict(meta: Any, store: Any, split: str, fraction: object, seed: object, 
                                 "--val-fraction); load split='val' as it is, without val_fraction (a split of the "
                                 "train part would hold out other documents)")  # fmt: skip
         picks.append(HeldOut(split, fraction, seed))
-        tag = f"@{fraction:g}/{seed}"
+        tag = f"@{fraction!r}/{seed}"  # (exactly: a val side reopened from it is the same side)
     if where is not None:
         from .where import Selected, Where
 

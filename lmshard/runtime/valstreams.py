@@ -10,16 +10,20 @@ attribute (`prepare --attribute`, such as `language`); `by=None`: the whole spli
 `seq_len` + 1 tokens at stride `seq_len` (x and y, shifted by one), up to `tokens` tokens:
 `len(stream)` batches of at most `batch_size` rows, the last one shorter, the same batches on
 every call and in every process (no randomness: each window is read once). A domain with fewer
-val tokens gives what it has (`stream.tokens` says how many).
+val tokens gives what it has (`stream.tokens` says how many); one too short for a window is left
+out. A dataset opened with `val_fraction=` or `where=` gives its domains' documents on that side
+or in that selection. Inputs of the same path are told apart as `path#N` (N: the input's number).
 
 **Disjoint from train.** The val split's documents are those prepare held out, after its
 deduplication over both splits: no val document's text equals a train document's, and with
 `--near-dedup` none is a near-copy of one (MinHash, at its threshold). A dataset prepared with
-`--dedup none`, or without `--near-dedup`, may hold such pairs: the streams warn once, and
-`lmshard inspect DATASET --overlap splits` counts them.
+`--dedup none`, or without `--near-dedup`, may hold such pairs, as may a load-time split
+(`val_fraction=`, held out by number): the streams warn once, and `lmshard inspect DATASET
+--overlap splits` counts them.
 
 Memory model: per domain, its documents' selection (one bit per document of the split,
-runtime/subset.py); a batch at a time.
+runtime/subset.py; opening reads the split's document indexes once per domain); a batch at a
+time.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 from ..errors import ArgumentError, FormatError
 from ..format import REGENERATE_HINT, SRC_DTYPE, bytes_xxh3
 from . import checks
-from .subset import SubsetStore
+from .subset import Both, SubsetStore
 
 
 class ValStream:
@@ -57,7 +61,7 @@ class ValStream:
         for first in range(0, self.windows, self.batch_size):
             offsets = np.arange(first, min(self.windows, first + self.batch_size), dtype=np.int64) * self.seq_len
             rows = torch.from_numpy(self.store.gather(offsets, self.seq_len + 1).astype(np.int64))
-            x, y = rows[:, :-1], rows[:, 1:]
+            x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
             yield (x.to(self.device), y.to(self.device)) if self.device is not None else (x, y)
 
 
@@ -79,27 +83,32 @@ def streams(data: Any, tokens: object, seq_len: object, batch_size: object, by: 
     batch_size = checks.positive("batch_size", batch_size)
     _warn_overlap(data)
     if by is None:
-        return {data.split: ValStream(data.split, data.store, tokens, seq_len, batch_size, device)}
-    names, codes = _codes(data, by)
-    out = {}
-    for code, name in enumerate(names):
-        if any((c == code).any() for c in codes):
-            store = SubsetStore(data.store, _Domain(codes, code))
-            out[name] = ValStream(name, store, tokens, seq_len, batch_size, device)
-    return out
+        found = {data.split: ValStream(data.split, data.store, tokens, seq_len, batch_size, device)}
+    else:
+        store = data.store  # (a load-time split or a where= selection: its documents of each domain)
+        base, prior = (store.base, store.pick) if isinstance(store, SubsetStore) else (store, None)
+        names, codes = _codes(data, base, by)
+        found = {}
+        for code, name in enumerate(names):
+            if any((c == code).any() for c in codes):
+                pick = _Domain(codes, code) if prior is None else Both(prior, _Domain(codes, code))
+                found[name] = ValStream(name, SubsetStore(base, pick), tokens, seq_len, batch_size, device)
+    return {name: stream for name, stream in found.items() if stream.windows}  # (too short for a window: none)
 
 
-def _codes(data: Any, by: object) -> tuple[list[str], list[np.ndarray]]:
-    """(the domains' names, per shard of the split each document's domain number)."""
-    meta, store = data.meta, data.store
-    if meta is None or isinstance(store, SubsetStore):
-        raise ArgumentError(f"val_streams(by={by!r}) reads a prepared val split's files; open the dataset "
-                            "without val_fraction= or where= (or pass by=None)")  # fmt: skip
+def _codes(data: Any, store: Any, by: object) -> tuple[list[str], list[np.ndarray]]:
+    """(the domains' names, per shard of `store`, the prepared split, each document's domain number)."""
+    meta = data.meta
+    if meta is None:
+        raise ArgumentError(f"val_streams(by={by!r}) reads a prepared split's files; pass by=None for a dataset in "
+                            "memory")  # fmt: skip
     if by == "input":
         if not all(s.src_path for s in store.shards):
             raise ArgumentError(f"{data.path} keeps no provenance (prepared by an older lmshard), so its documents' "
                                 "inputs are not known; pass by=None, or prepare it again")  # fmt: skip
-        return [s.path for s in meta.sources], [_sources(store, k) for k in range(len(store.shards))]
+        paths = [s.path for s in meta.sources]  # (an input read twice, an appended file of the same name: #2)
+        names = [p if paths.count(p) == 1 else f"{p}#{i + 1}" for i, p in enumerate(paths)]
+        return names, [_sources(store, k) for k in range(len(store.shards))]
     field = next((f for f in meta.attributes if f.name == by and f.dtype == "category"), None)
     if field is None:
         have = [f.name for f in meta.attributes if f.dtype == "category"]
@@ -132,9 +141,14 @@ def _sources(store: Any, k: int) -> np.ndarray:
 def _warn_overlap(data: Any) -> None:
     """Say once when the val split may share documents with train (see the module docstring)."""
     meta = data.meta
-    if meta is None or meta.dedup is None:
+    if meta is None:
         return
-    why = "with --dedup none" if meta.dedup.mode == "none" else "" if meta.dedup.near else "without --near-dedup"
+    if "@" in getattr(data, "_carved", ""):  # (held out by number, not by text)
+        why, what = "is a load-time split", "copies"
+    elif meta.dedup is None or meta.dedup.mode == "none":
+        why, what = "was prepared without deduplication", "copies"
+    else:
+        why, what = ("", "") if meta.dedup.near else ("was prepared without --near-dedup", "near-copies")
     if why:
-        warnings.warn(f"{data.path} was prepared {why}: its val documents may have near-copies in train; "
-                      "`lmshard inspect DATASET --overlap splits` counts them", stacklevel=4)  # fmt: skip
+        warnings.warn(f"{data.path} {why}: its val documents may have {what} in train; `lmshard inspect DATASET "
+                      "--overlap splits` counts them", stacklevel=4)  # fmt: skip
