@@ -195,15 +195,15 @@ def retokenize(
                                   "tiktoken name, a tokenizer.json, a hub name (docs/tokenizers.md)."),  # fmt: skip
     out: str = _OUT,
     shard_encoding: str | None = typer.Option(None, "--shard-encoding", metavar="ENC", help="uint32, uint16, packed "
-                                              "or zstd [the dataset's own]."),  # fmt: skip
-    tokens_per_shard: int | None = typer.Option(None, "--tokens-per-shard", metavar="N", help="[the dataset's]"),
+                                              "or zstd \\[the dataset's own]."),  # fmt: skip
+    tokens_per_shard: int | None = typer.Option(None, "--tokens-per-shard", metavar="N", help="\\[the dataset's]"),
     tokenizer_backend: str = typer.Option("auto", "--tokenizer-backend", metavar="NAME", help="As for prepare."),
-    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Processes that decode and encode [the "
+    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Processes that decode and encode \\[the "
                                        "CPUs available]; the same bytes for any number."),  # fmt: skip
     separator: str | None = typer.Option(None, "--separator", metavar="TOKEN", help="The new vocabulary's document "
-                                         "separator, as for prepare [its end-of-text token]."),  # fmt: skip
+                                         "separator, as for prepare \\[its end-of-text token]."),  # fmt: skip
     bos: str | None = typer.Option(None, "--bos", metavar="auto|yes|no", help="A BOS before each document, as for "
-                                   "prepare [the dataset's setting]."),  # fmt: skip
+                                   "prepare \\[the dataset's setting]."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
 ) -> None:
@@ -232,15 +232,14 @@ def score(
                                         "--attribute: length, gopher_quality, gopher_repetition, fineweb_quality, "
                                         "language or module:function[=a,b] (repeatable)."),  # fmt: skip
     out: str = _OUT,
-    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Processes that decode and score [the "
+    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Processes that decode and score \\[the "
                                        "CPUs available]; the same bytes for any number."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
 ) -> None:
     """Add attributes to a dataset's documents without preparing it again (docs/quality.md).
 
-    Each document is decoded (byte-level vocabularies only) and scored as prepare --attribute
-    would; every other file is the source's."""
+    Scored as prepare --attribute would (byte-level vocabularies); the other files are the source's."""
     from ..interop.score import score_dataset
 
     result = score_dataset(dataset, attribute, out, overwrite=overwrite, workers=workers)
