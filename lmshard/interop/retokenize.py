@@ -96,20 +96,12 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
     from ..prepare.output.build import sigterm_stops
     from ..prepare.output.claim import bos_written, run_tokenizer
     from ..prepare.output.writer import ShardWriter
-    from ..tokenizers.of_dataset import tokenizer_for
 
     if tokens_per_shard is not None and tokens_per_shard < 1:
         raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: must be at least 1")
 
     meta, splits = open_source(dataset, "all")
-    why: list[str] = []
-    old = tokenizer_for(meta, why)
-    if old is None:
-        raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
-    if (why_not := lossy(old, meta)) is not None:
-        raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its "
-                          f"documents were made from ({why_not}); prepare the new dataset from the source text "
-                          "instead")  # fmt: skip
+    old = decoder(dataset, meta, "prepare the new dataset from the source text instead")
     recorded = meta.config or {}
     config = PrepareConfig(inputs=[str(dataset)], out=str(out), tokenizer=tokenizer,
                            tokenizer_backend=tokenizer_backend, separator=separator,
@@ -217,6 +209,21 @@ def checked_texts(split: str, first: int, block: Block, old: Tokenizer, specials
 def _first_mismatch(a: np.ndarray, a_lengths: np.ndarray, b: np.ndarray, b_lengths: np.ndarray) -> int:
     a_parts, b_parts = np.split(a, np.cumsum(a_lengths)[:-1]), np.split(b, np.cumsum(b_lengths)[:-1])
     return next(d for d, (x, y) in enumerate(zip(a_parts, b_parts, strict=True)) if not np.array_equal(x, y))
+
+
+def decoder(dataset: Any, meta: DatasetMeta, instead: str) -> Tokenizer:
+    """The dataset's own tokenizer, which must give back the text its documents were made from;
+    ConfigError saying why not and what to do `instead`."""
+    from ..tokenizers.of_dataset import tokenizer_for
+
+    why: list[str] = []
+    old = tokenizer_for(meta, why)
+    if old is None:
+        raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
+    if (why_not := lossy(old, meta)) is not None:
+        raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its documents "
+                          f"were made from ({why_not}); {instead}")  # fmt: skip
+    return old
 
 
 def lossy(old: Tokenizer, meta: DatasetMeta) -> str | None:

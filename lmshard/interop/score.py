@@ -39,7 +39,7 @@ from ..format import METADATA_FILE, DatasetMeta, RunInfo, ShardInfo, SplitInfo, 
 from ..format.attributes import attr_path, row_dtype
 from ..format.files import dataset_files
 from .output import staged_output
-from .retokenize import attribute_records, checked_texts, lossy, numbered_blocks
+from .retokenize import attribute_records, checked_texts, decoder, numbered_blocks
 from .source import open_source
 
 
@@ -59,7 +59,6 @@ def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: s
     from ..prepare.output.build import sigterm_stops
     from ..quality.filters import absolute, plugin_sources
     from ..quality.scores import Scorer
-    from ..tokenizers.of_dataset import tokenizer_for
 
     if not attributes:
         raise ConfigError("score needs at least one --attribute NAME (docs/quality.md)")
@@ -72,13 +71,7 @@ def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: s
     if clash:
         raise ConfigError(f"{dataset} has an attribute {clash[0]!r} already; score only new columns (a plugin's "
                           "columns can be named: module:function=a,b)")  # fmt: skip
-    why: list[str] = []
-    old = tokenizer_for(meta, why)
-    if old is None:
-        raise ConfigError(f"{dataset}: cannot decode its documents: {' '.join(why)}")
-    if (why_not := lossy(old, meta)) is not None:
-        raise ConfigError(f"{dataset}: its {meta.tokenizer.name} vocabulary cannot give back the text its documents "
-                          f"were made from ({why_not}); prepare the dataset again with these --attribute")  # fmt: skip
+    old = decoder(dataset, meta, "prepare the dataset again with these --attribute")
     fields = (*meta.attributes, *scorer.fields)
     specials = 1 if meta.tokenizer.bos_id is None else 2
     n = workers or len(os.sched_getaffinity(0))
