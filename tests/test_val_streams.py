@@ -181,3 +181,26 @@ def test_selections_repeated_inputs_short_domains_and_mixture_sources(domains, t
     with pytest.warns(UserWarning, match="no val stream"):
         got = Mixture({str(empty): 0.5, str(near): 0.5}).val_streams(tokens=100, seq_len=8)
     assert list(got) == [str(near)]
+
+
+def test_a_domain_reads_only_the_indexes_of_the_shards_that_hold_it(tmp_path, monkeypatch):
+    rng = random.Random(4)
+    inputs = []
+    for i in range(6):  # six inputs, one after another in the val split's shards
+        path = tmp_path / f"in{i}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs(f"input{i}", 60, rng)))
+        inputs.append(str(path))
+    out = tmp_path / "ds"
+    prepare(PrepareConfig(inputs=inputs, out=str(out), val_fraction=0.5, workers=1, quiet=True, near_dedup=True,
+                          tokens_per_shard=3000))  # fmt: skip
+    val = TokenDataset(out, "val")
+    assert len(val.store.shards) >= 4
+    reads: list[int] = []
+    real = type(val.store).index
+    monkeypatch.setattr(type(val.store), "index", lambda self, k: reads.append(k) or real(self, k))
+    streams = val.val_streams(tokens=10**9, seq_len=8)
+    assert sorted(streams) == inputs
+    src = [np.fromfile(out / s.src_path, dtype=[("source", "<u4"), ("record", "<u8")])["source"]
+           for s in load_metadata(out).split_shards("val")]  # fmt: skip
+    holding = sum(len(np.unique(s)) for s in src)  # (shard, domain) pairs: what opening may read
+    assert len(reads) == holding < len(inputs) * len(src)

@@ -72,6 +72,10 @@ class Both:
     def __call__(self, k: int, first: int, n: int) -> np.ndarray:
         return np.logical_and.reduce([pick(k, first, n) for pick in self.picks])
 
+    def absent(self, k: int) -> bool:
+        """Whether a pick knows shard k has none of its documents (its index then goes unread)."""
+        return any(getattr(pick, "absent", lambda _: False)(k) for pick in self.picks)
+
 
 class SubsetStore(SplitReads):
     """The documents of `base` (a store of a prepared split) that `pick(k, first, n)` chooses: a
@@ -80,12 +84,13 @@ class SubsetStore(SplitReads):
     def __init__(self, base: Any, pick: Any) -> None:
         self.base, self.pick = base, pick
         counts, sizes, before, first = [], [], [], 0
+        absent = getattr(pick, "absent", None)  # (a pick that knows a shard has none of its documents)
         for k in range(len(base.shards)):  # each shard's document index, read once (no token is read)
-            chosen, lengths = self._chosen(k, first)
+            chosen, lengths = self._chosen(k, first) if absent is None or not absent(k) else ((), np.zeros(0))
             counts.append(len(chosen))
             sizes.append(int(lengths.sum()))
             before.append(first)
-            first += len(base.index(k)) - 1
+            first += base.shards[k].n_docs
         self._docs_before_shard = before  # the split's documents before each of its shards
         keep = [k for k, n in enumerate(sizes) if n]
         self.real = keep  # shard of the side -> shard of the split

@@ -21,9 +21,9 @@ deduplication over both splits: no val document's text equals a train document's
 (`val_fraction=`, held out by number): the streams warn once, and `lmshard inspect DATASET
 --overlap splits` counts them.
 
-Memory model: per domain, its documents' selection (one bit per document of the split,
-runtime/subset.py; opening reads the split's document indexes once per domain); a batch at a
-time.
+Memory model: per domain, its documents' selection (one bit per document of the shards that
+hold some of them; opening reads those shards' document indexes, so a domain in a few shards
+costs a few shards); a batch at a time.
 """
 
 from __future__ import annotations
@@ -68,11 +68,15 @@ class ValStream:
 class _Domain:
     """A `SubsetStore` pick: the documents of one domain (a code per document of each shard)."""
 
-    def __init__(self, codes: list[np.ndarray], code: int) -> None:
-        self.bits = [np.packbits(c == code) for c in codes]
+    def __init__(self, codes: list[np.ndarray], code: int, shards: np.ndarray) -> None:
+        self.shards = set(shards.tolist())  # the shards that hold some of its documents
+        self.bits = {k: np.packbits(codes[k] == code) for k in self.shards}
+
+    def absent(self, k: int) -> bool:
+        return k not in self.shards
 
     def __call__(self, k: int, first: int, n: int) -> np.ndarray:
-        return np.unpackbits(self.bits[k], count=n).astype(bool)
+        return np.unpackbits(self.bits[k], count=n).astype(bool) if k in self.bits else np.zeros(n, bool)
 
 
 def streams(data: Any, tokens: object, seq_len: object, batch_size: object, by: object,
@@ -88,11 +92,15 @@ def streams(data: Any, tokens: object, seq_len: object, batch_size: object, by: 
         store = data.store  # (a load-time split or a where= selection: its documents of each domain)
         base, prior = (store.base, store.pick) if isinstance(store, SubsetStore) else (store, None)
         names, codes = _codes(data, base, by)
+        where: dict[int, list[int]] = {}  # each domain's shards (one pass over the codes)
+        for k, c in enumerate(codes):
+            for code in np.unique(c).tolist():
+                where.setdefault(code, []).append(k)
         found = {}
-        for code, name in enumerate(names):
-            if any((c == code).any() for c in codes):
-                pick = _Domain(codes, code) if prior is None else Both(prior, _Domain(codes, code))
-                found[name] = ValStream(name, SubsetStore(base, pick), tokens, seq_len, batch_size, device)
+        for code, shards in sorted(where.items()):
+            domain = _Domain(codes, code, np.array(shards))
+            pick = domain if prior is None else Both(prior, domain)
+            found[names[code]] = ValStream(names[code], SubsetStore(base, pick), tokens, seq_len, batch_size, device)
     return {name: stream for name, stream in found.items() if stream.windows}  # (too short for a window: none)
 
 
