@@ -553,3 +553,15 @@ def test_score_keeps_the_hashes_of_the_scorers_it_did_not_run(tmp_path):
     with pytest.raises(ConfigError, match="changed since the dataset was prepared"):
         _prepare(tmp_path / "scored", _write(tmp_path / "e.jsonl", _texts(10, seed=7)), append=True, val_fraction=0,
                  attributes=[f"{plugin}:f", "length"])  # fmt: skip
+
+
+def test_the_attribute_values_of_a_split_and_of_a_selection(scored):
+    _, out = scored
+    rows, _ = _rows(out)
+    assert np.array_equal(TokenDataset(out).attribute("words"), rows["words"])
+    chosen = TokenDataset(out, where="fineweb_short_lines < 0.5 and words > 20")
+    passing = (rows["fineweb_short_lines"] < np.float32(0.5)) & (rows["words"] > 20)
+    assert np.array_equal(chosen.attribute("gopher_symbols"), rows["gopher_symbols"][passing], equal_nan=True)
+    assert "where='fineweb_short_lines < 0.5 and words > 20'" in repr(chosen)
+    with pytest.raises(ArgumentError, match="no attribute 'nope'"):
+        chosen.attribute("nope")

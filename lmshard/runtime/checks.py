@@ -244,3 +244,4 @@ def ids(name: str, values: object, one: bool = False) -> np.ndarray:
     if one and array.size == 0:
         raise ArgumentError(f"{name} is empty; pass at least one token")
     return array
+

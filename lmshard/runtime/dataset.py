@@ -27,6 +27,7 @@ from ..packing.io import CACHE_DIR
 from ..remote.urls import is_url, redact
 from . import checks
 from .batches import BatchStream, resolve_rank
+from .memory import in_memory
 from .resident import Resident, place
 from .sampling import DocStarts, ShiftSpec, count_windows
 from .schedule import parse_order
@@ -145,23 +146,8 @@ class TokenDataset:
         """A dataset held in memory, from token ids of any tokenizer: `doc_lengths` gives the
         tokens of each document (separators included) in order; None makes it one document.
         Memory: one uint32 copy of `tokens` (none if it is already contiguous uint32)."""
-        vocab_size = checks.integer("vocab_size", vocab_size, low=1, high=2**32)
-        eot_id = checks.integer("eot_id", eot_id, low=0, high=vocab_size - 1,
-                                fix=f"pass an eot_id below vocab_size={vocab_size}")  # fmt: skip
-        tokens = checks.ids("tokens", tokens, one=True)
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= vocab_size:
-            raise ArgumentError(f"tokens holds {lo if lo < 0 else hi}; pass token ids in [0, vocab_size) = "
-                                f"[0, {vocab_size})")  # fmt: skip
-        tokens = np.ascontiguousarray(tokens, dtype=np.uint32)
-        lengths = np.array([len(tokens)]) if doc_lengths is None else checks.ids("doc_lengths", doc_lengths)
-        if int(lengths.sum()) != len(tokens) or (lengths <= 0).any():
-            raise ArgumentError(f"doc_lengths must be positive and sum to the {len(tokens)} tokens (they sum to "
-                                f"{int(lengths.sum())}); pass one length per document, EOTs included")  # fmt: skip
-        lengths = lengths.astype(np.int64)
-        name = str(name)
-        index = np.concatenate([[0], np.cumsum(lengths)])
-        return cls._from_store(TokenStore.from_arrays(tokens, index), eot_id, vocab_size, name)
+        store, eot_id, vocab_size = in_memory(tokens, doc_lengths, eot_id, vocab_size)
+        return cls._from_store(store, eot_id, vocab_size, str(name))
 
     @classmethod
     def from_text(cls, path: str | os.PathLike[str], tokenizer: Any) -> TokenDataset:
@@ -208,7 +194,10 @@ class TokenDataset:
         return f"split {self.split!r} of {self.path}" if self.meta is not None else f"in-memory dataset {self.path}"
 
     def __repr__(self) -> str:
-        return f"TokenDataset({str(self.path)!r}, split={self.split!r}, tokens={self.n_tokens:,}, docs={self.n_docs:,})"
+        where = getattr(self, "_carved", "").partition("?")[2]  # (a where= selection: its condition)
+        shown = f", where={where!r}" if where else ""
+        return f"TokenDataset({str(self.path)!r}, split={self.split!r}{shown}, tokens={self.n_tokens:,}, " \
+               f"docs={self.n_docs:,})"  # fmt: skip
 
     @property
     def n_tokens(self) -> int:
@@ -392,6 +381,14 @@ class TokenDataset:
         from .valstreams import streams
 
         return streams(self, tokens, seq_len, batch_size, by, self._device(device))
+
+    def attribute(self, name: str) -> np.ndarray:
+        """Attribute `name` (prepare --attribute) of each of this split's documents, in order (of
+        a where= or load-time selection, its documents); a category's values index its labels
+        in `meta.attributes`. Memory: the column (4 bytes a document; 2 for a category)."""
+        from .where import attribute_values
+
+        return attribute_values(self, name)
 
     def _check_windows(self, seq_len: int, stride: int, spec: ShiftSpec) -> int:
         """How many windows the split holds: at least one, or an error naming the sizes."""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, FormatError
-from ..format.attributes import AttrField, Columns, local_columns, read_columns
+from ..format.attributes import DTYPES, AttrField, Columns, local_columns, read_columns
 from ..remote.urls import redact
 
 _COMPARE = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal,
@@ -237,3 +237,21 @@ class Selected:
 
     def __call__(self, k: int, first: int, n: int) -> np.ndarray:
         return np.unpackbits(self.bits[k], count=n).astype(bool)
+
+
+def attribute_values(data: Any, name: str) -> np.ndarray:
+    """`TokenDataset.attribute`: the column `name` of the documents `data` holds, in order."""
+    fields = data.meta.attributes if data.meta is not None else ()
+    if name not in {f.name for f in fields}:
+        have = ", ".join(f.name for f in fields) or "none (prepared without --attribute)"
+        raise ArgumentError(f"{data.path} has no attribute {name!r}; its attributes: {have}")
+    store = data.store  # (a subset's documents: its pick over the prepared split, runtime/subset.py)
+    base, pick = (store.base, store.pick) if hasattr(store, "pick") else (store, None)
+    out, first = [], 0
+    for k, shard in enumerate(base.shards):
+        if shard.n_docs and (pick is None or not getattr(pick, "absent", lambda _: False)(k)):
+            values = attribute_columns(base, k, fields, [name])[name]
+            out.append(values if pick is None else values[pick(k, first, shard.n_docs)])
+        first += shard.n_docs
+    kind = next(f.dtype for f in fields if f.name == name)
+    return np.concatenate(out) if out else np.zeros(0, dtype=DTYPES[kind])
