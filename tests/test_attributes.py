@@ -565,3 +565,23 @@ def test_the_attribute_values_of_a_split_and_of_a_selection(scored):
     assert "where='fineweb_short_lines < 0.5 and words > 20'" in repr(chosen)
     with pytest.raises(ArgumentError, match="no attribute 'nope'"):
         chosen.attribute("nope")
+
+
+def test_a_selection_in_dataloader_workers(scored):
+    """A where= stream pickled into DataLoader workers (spawned: the selection travels as its
+    condition and bits) gives the batches the main process would."""
+    import pickle
+
+    import torch
+
+    _, out = scored
+    data = TokenDataset(out, where="fineweb_short_lines < 0.5 and words > 20")
+    copy = pickle.loads(pickle.dumps(data.store))
+    offsets = np.array([0, 1234, data.n_tokens - 40])
+    assert np.array_equal(copy.gather(offsets, 32), data.store.gather(offsets, 32))
+    stream = data.random_batches(4, 32, seed=5)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    truth = data.random_batches(4, 32, seed=5)
+    for (x, y), _ in zip(loader, range(6), strict=False):
+        want = next(truth)
+        assert torch.equal(x, want[0]) and torch.equal(y, want[1])
