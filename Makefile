@@ -47,7 +47,7 @@ lint: setup
 	$(BIN)/mypy
 
 # bench_cluster.py counts each task's file operations under strace, which is installed (as root) when missing.
-# bench_minhash.py times datatrove's MinHash in a virtual environment of its own, so the project's stays as pinned;
+# bench_minhash.py and bench_decon.py run datatrove in a virtual environment of its own, so the project's stays as pinned;
 # when datatrove cannot be installed, the benchmark says so and measures lmshard alone.
 DATATROVE := $(VENV)/bench-datatrove
 
@@ -55,7 +55,6 @@ bench: setup
 	$(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_schedule.py
-	$(BIN)/python scripts/bench_decon.py
 	$(BIN)/python scripts/bench_attributes.py
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_llama.py
@@ -70,6 +69,7 @@ bench: setup
 	test -x $(DATATROVE)/bin/python || { $(BIN)/python -m venv $(DATATROVE) && $(DATATROVE)/bin/python -m pip install \
 	  --disable-pip-version-check -q "datatrove==0.10.1" "spacy==3.8.18" "xxhash<4" regex tokenizers; } || rm -rf $(DATATROVE)
 	$(BIN)/python scripts/bench_minhash.py --datatrove-python $(DATATROVE)/bin/python
+	$(BIN)/python scripts/bench_decon.py --datatrove-python $(DATATROVE)/bin/python
 	$(BIN)/python scripts/bench_near_clusters.py
 
 demo: setup

@@ -8,7 +8,14 @@ punctuation changed. Prints recall per kind, false positives on the clean docume
 clean document shares a 13-gram with an item: often a real repeat in web text, shown), the
 index's build time, and prepare's tokens/s with and without --decontaminate in the same run.
 
-    python scripts/bench_decon.py [--no-write]
+Against datatrove's n-gram decontamination (`NGramsDecontFilter`, its default configuration:
+12-grams of its normalised words, an item's n-grams as the "answer"), on the same items and
+documents, in a virtual environment of its own (`--datatrove-python`; `make bench` makes one):
+recall per kind, false positives, and how fast each checks text on one core. datatrove builds
+its index from lighteval's task registry, which reaches the hub; here its indexer's own
+`compute_hashes` hashes the items and the index file is written as its indexer writes it.
+
+    python scripts/bench_decon.py [--no-write] [--datatrove-python PATH]
 """
 
 from __future__ import annotations
@@ -17,10 +24,59 @@ import argparse
 import json
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+DEFAULT_DATATROVE = Path(__file__).resolve().parents[1] / ".venv" / "bench-datatrove" / "bin" / "python"
+
+
+def datatrove_worker(folder: Path) -> None:
+    """datatrove's side, under its own interpreter (imports no lmshard): index the items of
+    `folder/items.json`, check every document of `folder/docs.json` ({kind: [texts]}), print JSON."""
+    import os
+    from importlib.metadata import version
+
+    import numpy as np
+    from datatrove.data import Document
+    from datatrove.pipeline.decont import NGramsDecontConfig, NGramsDecontFilter, NGramsDecontIndexer
+
+    items, docs = json.loads((folder / "items.json").read_text()), json.loads((folder / "docs.json").read_text())
+    config = NGramsDecontConfig()  # (its defaults: 12-grams, an item indexed as an answer)
+    NGramsDecontIndexer._requires_dependencies = []  # (lighteval: only for its run(), which reaches the hub)
+    started = time.perf_counter()
+    indexer = NGramsDecontIndexer(str(folder / "index"), config=config)
+    hashes = {h for item in items for h in indexer.compute_hashes(item)}
+    os.makedirs(folder / "index", exist_ok=True)
+    np.array(sorted(hashes), dtype=config.hash_config.np_descr).tofile(folder / "index" / "bench.index.hashes")
+    built = time.perf_counter() - started
+    check = NGramsDecontFilter(str(folder / "index"), config=config)
+    check.filter(Document(text="a first document loads the index and the word tokenizer", id="warm"))
+    out: dict[str, object] = {"version": version("datatrove"), "grams": len(hashes), "built": built, "n": 12}
+    for kind, texts in docs.items():
+        t0 = time.perf_counter()
+        flagged = [check.filter(Document(text=t, id=str(i))) is not True for i, t in enumerate(texts)]
+        out[kind] = {"flagged": sum(flagged), "docs": len(texts), "seconds": time.perf_counter() - t0}
+    print(json.dumps(out), flush=True)
+
+
+def run_datatrove(python: Path, folder: Path, items: list[str], docs: dict[str, list[str]]) -> tuple[dict, str]:
+    """datatrove's results on the same items and documents, or {} and why not."""
+    if not python.is_file():
+        return {}, f"datatrove not measured: no interpreter at {python} (`make bench` makes one; or --datatrove-python)"
+    (folder / "items.json").write_text(json.dumps(items))
+    (folder / "docs.json").write_text(json.dumps(docs))
+    done = subprocess.run([str(python), __file__, "--datatrove-worker", str(folder)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {}, f"datatrove not measured: its worker failed ({done.stderr.strip().splitlines()[-1:]})"
+    return json.loads(done.stdout.strip().splitlines()[-1]), ""
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--datatrove-worker"]:
+    datatrove_worker(Path(sys.argv[2]))
+    sys.exit(0)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import load, load_texts, machine, update_performance_md  # noqa: E402
@@ -32,6 +88,7 @@ from lmshard.quality.decon import Decontaminator  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--datatrove-python", type=Path, default=DEFAULT_DATATROVE)
     args = ap.parse_args()
     texts = load_texts()
     rng = random.Random(0)
@@ -58,13 +115,15 @@ def main() -> None:
             "reformatted (case, spaces, punctuation)": lambda i, t: t + " " + re.sub(
                 " ", lambda m: rng.choice(["  ", "\n", " , ", " "]), questions[i % len(questions)].upper()),
         }  # fmt: skip
-        rows = []
+        rows, planted = [], {}
         for name, plant in kinds.items():
             docs = [plant(i, clean[i]) for i in range(1000)]  # (items cycle when the corpus gives fewer)
+            planted[name] = docs
             rows.append((name, sum(decon.matches(d) is not None for d in docs) / len(docs)))
         t0 = time.perf_counter()
         flagged = [t for t in clean if decon.matches(t) is not None]
         check = time.perf_counter() - t0
+        theirs, why_not = run_datatrove(args.datatrove_python, root, questions + answers, {**planted, "clean": clean})
         mb = sum(len(t.encode()) for t in clean) / 1e6
         src = root / "clean.jsonl"
         src.write_text("".join(json.dumps({"text": t}) + "\n" for t in clean))
@@ -85,6 +144,21 @@ def main() -> None:
     print(f"index: {decon.grams:,} n-grams built in {built:.2f} s; check: {mb / check:.1f} MB/s of text on one core")
     print(f"prepare, one worker: {rates['with']:,.0f} tokens/s with --decontaminate, {rates['without']:,.0f} without "
           f"({rates['with'] / rates['without']:.2f}x)")  # fmt: skip
+    versus = ""
+    if theirs:
+        lines = [f"| {name} | {recall:.4f} | {theirs[name]['flagged'] / theirs[name]['docs']:.4f} |"
+                 for name, recall in rows]  # fmt: skip
+        fp = theirs["clean"]["flagged"]
+        rate = mb / theirs["clean"]["seconds"]
+        versus = ("\n\nAgainst datatrove " + theirs["version"] + "'s `NGramsDecontFilter` (its defaults: 12-grams of its "
+                  "normalised words; its indexer's `compute_hashes` over the same items), on the same documents:\n\n"
+                  "| planted | lmshard recall | datatrove recall |\n|---|---:|---:|\n" + "\n".join(lines) +
+                  f"\n\nFalse positives: lmshard {len(flagged)}, datatrove {fp} of {len(clean):,} clean records. "
+                  f"Checking text, one core: lmshard {mb / check:.1f} MB/s, datatrove {rate:.1f} MB/s "
+                  f"({mb / check / rate:.1f}x); index: lmshard {built:.2f} s, datatrove {theirs['built']:.2f} s.")  # fmt: skip
+        print(versus.strip())
+    else:
+        print(why_not)
     if not args.no_write:
         body = (f"Machine: {machine()}; load {load()}. `python scripts/bench_decon.py`: 1,000 questions and 300 "
                 "answers cut from held-out records of the shared corpus, planted into 1,000 copies of clean records "
@@ -92,7 +166,7 @@ def main() -> None:
                 + f"\nFalse positives: {len(flagged)} of {len(clean):,} clean records ({len(flagged) / len(clean):.3%})."
                 f" Index: {decon.grams:,} n-grams in {built:.2f} s; checking runs at {mb / check:.1f} MB/s of text "
                 f"per core. prepare (one worker, best of 3): {rates['with'] / rates['without']:.2f}x the tokens/s "
-                "without --decontaminate.\n")  # fmt: skip
+                "without --decontaminate." + versus + "\n")  # fmt: skip
         update_performance_md("Decontamination", body)
 
 
