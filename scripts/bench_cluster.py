@@ -83,7 +83,8 @@ its file (deleted after), holding only the calls another thread left unfinished.
 go under `--dir` (/dev/shm with 4 GiB free: the counts do not depend on the disk) and are removed
 when their plan is done; the inputs stay until the end.
 
-    python scripts/bench_cluster.py [--quick] [--units 1000,4000,16000] [--near-dedup] [--checkout DIR]
+    python scripts/bench_cluster.py [--quick] [--units 1000,4000,16000] [--near-dedup] [--attribute NAME]
+        [--checkout DIR]
 """
 
 from __future__ import annotations
@@ -487,7 +488,8 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
     plan_args = ["prepare", str(inputs), "--out", str(out), "--num-tasks", str(n_tasks), "--executor", "none",
                  "--unit-size", "64K", "--tokens-per-shard", str(UNITS_PER_SHARD * tokens_per_unit),
                  "--workers", str(shape.workers), "--quiet", *(["--near-dedup"] if args.near_dedup else []),
-                 *(["--dedup-lines"] if args.dedup_lines else [])]  # fmt: skip
+                 *(["--dedup-lines"] if args.dedup_lines else []),
+                 *(a for name in args.attribute for a in ("--attribute", name))]  # fmt: skip
     plan = trace(plan_args, {"BENCH_CLUSTER_BUCKETS": str(buckets)} if buckets else None)
     info = stages.status(out)
     if info["units"] != units:
@@ -754,6 +756,7 @@ def main() -> None:
     ap.add_argument("--units-per-file", type=int, default=100, help="--input parquet: row groups (units) per file")
     ap.add_argument("--near-dedup", action="store_true", help="plan with --near-dedup (exact dedup stays on)")
     ap.add_argument("--dedup-lines", action="store_true", help="plan with --dedup-lines (its two stages first)")
+    ap.add_argument("--attribute", action="append", default=[], help="plan with --attribute NAME (repeatable)")
     ap.add_argument("--bucket-point", type=int, default=None,
                     help="buckets of one more plan per shape at the smallest U (default: the largest power of two "
                          "up to its one-core task count, at least twice the input's; 0: none)")  # fmt: skip
@@ -786,6 +789,7 @@ def main() -> None:
     print(f"{machine()}; load average (1 min) {load()}; lmshard at {revision(src)} "
           f"({Path(taskplan.__file__).parents[2]})", flush=True)  # fmt: skip
     kind = ("exact and near dedup" if args.near_dedup else "exact dedup") + (", line dedup" if args.dedup_lines else "")
+    kind += "".join(f", --attribute {name}" for name in args.attribute)
     print(f"{kind}; {args.input} inputs ({args.units_per_file} units per file)" if args.input == "parquet" else
           f"{kind}; jsonl inputs (one file per unit)", flush=True)  # fmt: skip
     shapes = [Shape("one-core tasks", args.units_per_task, 1)]
