@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from .. import __version__
 from ..errors import ConfigError
@@ -123,21 +122,11 @@ def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: s
 
 def _write_columns(staging: Path, shard: ShardInfo, rows: np.ndarray) -> ShardInfo:
     """Shard `shard`'s attribute file of `rows` under `staging` (format/attributes.py): its entry."""
+    from ..prepare.output.writer import write_attributes
+
     rel = attr_path(shard.path)
-    path = staging / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    whole, columns = xxhash.xxh3_64(), []
-    with open(f"{path}.tmp", "wb") as f:
-        for name in rows.dtype.names or ():
-            data = np.ascontiguousarray(rows[name]).tobytes()
-            f.write(data)
-            whole.update(data)
-            columns.append(xxhash.xxh3_64_hexdigest(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f"{path}.tmp", path)
-    return dataclasses.replace(shard, attr_path=rel, attr_xxh3_64=whole.hexdigest(),
-                               attr_column_xxh3_64=tuple(columns), attr_width=rows.dtype.itemsize)  # fmt: skip
+    (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(shard, attr_path=rel, **write_attributes(staging / rel, rows))
 
 
 def _link(src: Path, dst: Path) -> None:

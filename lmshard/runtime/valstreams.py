@@ -132,14 +132,9 @@ def _codes(data: Any, store: Any, by: object) -> tuple[list[str], list[np.ndarra
 def _sources(store: Any, k: int) -> np.ndarray:
     """Shard k's documents' input numbers (its .src, held to its checksum)."""
     shard = store.shards[k]
-    remote = getattr(store, "remote", None)
-    if remote is not None:
-        from .remote.blockread import objects_of_an_opened_dataset
+    from .where import read_part
 
-        with objects_of_an_opened_dataset():
-            data = bytes(remote.read_range(shard.src_path, 0, shard.src_bytes)) if shard.src_bytes else b""
-    else:
-        data = (store.root / shard.src_path).read_bytes()
+    data = read_part(store, shard.src_path, 0, shard.src_bytes)
     if len(data) != shard.src_bytes or bytes_xxh3(data) != shard.src_xxh3_64:
         raise FormatError(f"{shard.src_path}: does not match its size and 'src_xxh3_64' in the metadata; "
                           f"{REGENERATE_HINT}")  # fmt: skip

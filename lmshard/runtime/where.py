@@ -214,15 +214,24 @@ def attribute_columns(store: Any, k: int, fields: Sequence[AttrField], names: Se
     if not shard.attr_path:
         raise FormatError(f"{shard.path}: no attribute file; the dataset keeps no attributes")
     remote = getattr(store, "remote", None)
-    if remote is None:
+    if remote is None:  # (one open for all the columns)
         return local_columns(store.root, shard, tuple(fields), names)
+    return read_columns(lambda offset, size: read_part(store, shard.attr_path, offset, size), shard, tuple(fields),
+                        names, redact(remote.url_of(shard.attr_path)))  # fmt: skip
+
+
+def read_part(store: Any, rel: str, offset: int, size: int) -> bytes:
+    """Bytes [offset, offset + size) of the dataset's file `rel` (a shard's .src or .attr): a
+    ranged read at a URL, a seek and a read on disk. The caller holds them to their checksum."""
+    remote = getattr(store, "remote", None)
+    if remote is None:
+        with open(store.root / rel, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
     from .remote.blockread import objects_of_an_opened_dataset
 
-    def read(offset: int, size: int) -> bytes:
-        with objects_of_an_opened_dataset():
-            return bytes(remote.read_range(shard.attr_path, offset, offset + size))
-
-    return read_columns(read, shard, tuple(fields), names, redact(remote.url_of(shard.attr_path)))
+    with objects_of_an_opened_dataset():
+        return bytes(remote.read_range(rel, offset, offset + size)) if size else b""
 
 
 class Selected:

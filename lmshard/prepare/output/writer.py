@@ -291,6 +291,14 @@ def _shard_number(name: str) -> int | None:
 _PIECE = 1 << 16  # attribute records read at a time when a shard's columns are written
 
 
+def write_attributes(final: Path, rows: np.ndarray) -> dict[str, Any]:
+    """A shard's attribute file of `rows` (its documents' records, in order) at `final`, written
+    as the writer writes one: its entry's attr_ fields."""
+    with open(f"{final}.tmp", "wb") as f:
+        f.write(np.ascontiguousarray(rows).tobytes())
+    return _Columns("attr", attr_path, rows.dtype).seal(final, len(rows))
+
+
 class _PerDoc:
     """A shard's file of fixed-width records, one per document (`.src`, `.attr`), and its xxh3-64."""
 
@@ -319,6 +327,10 @@ class _Columns(_PerDoc):
     come, as `.src`'s do (what a resume cuts back); the finished shard's records are read once,
     64 Ki at a time, each piece of each column written at its place and hashed, then the file
     hashed whole."""
+
+    def write(self, rows: np.ndarray | None) -> None:
+        assert self.file is not None and rows is not None  # (not hashed: the seal hashes the columns)
+        self.file.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
 
     def seal(self, final: Path, n_docs: int) -> dict[str, Any]:
         rows, out = Path(f"{final}.tmp"), Path(f"{final}.{os.getpid()}.tmp")
