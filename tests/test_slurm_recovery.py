@@ -267,7 +267,7 @@ def test_scancelled_task_is_recorded_stopped_and_prepare_resume_finishes(slurm):
     same `prepare` again with --resume resubmits every stage and gives the one-machine bytes."""
     root, env, local = slurm
     out, work = "dist_stopped", root / ".dist_stopped.lmshard-work"
-    jobs = _submit(root, env, out, "unit=5")
+    jobs = _submit(root, env, out, "unit=5!")  # woken by scancel's SIGCONT, it waits for the SIGTERM
     tok = jobs["tokenize"]
     pid = _stopped(work, "tokenize", 1)
     text, _ = _status(root, env, out)

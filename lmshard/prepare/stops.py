@@ -4,7 +4,9 @@ it there whatever the machine's speed.
 `LMSHARD_STOP_AT=POINT:N` (several separated by commas) makes a process that passes POINT for
 the Nth time send itself SIGSTOP; `POINT=K` stops the one process that passes POINT for the
 work item or unit numbered K (where several workers count passes of their own, only one of them
-handles K). The test sees it stopped (state T in /proc), sends the signal it is testing
+handles K). A trailing `!` (`unit=5!`) makes the woken process wait for a signal handler to run
+(signal.pause) before it goes on: scancel wakes a task with SIGCONT before it sends SIGTERM, and
+a task going on at once could do more work in between. The test sees it stopped (state T in /proc), sends the signal it is testing
 (SIGKILL, SIGINT, SIGTERM...) and, for a catchable one, SIGCONT. A run without the variable
 pays one dictionary lookup per point passed.
 
@@ -37,12 +39,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops a run: Ctrl-C, and 
 _passed: Counter[str] = Counter()
 
 
-def _wanted() -> list[tuple[str, str, int]]:
+def _wanted() -> list[tuple[str, str, int, bool]]:
     wanted = []
     for part in filter(None, os.environ.get("LMSHARD_STOP_AT", "").split(",")):
         how = "=" if "=" in part else ":"
-        point, _, n = part.partition(how)
-        wanted.append((point.strip(), how, int(n or 1)))
+        point, _, n = part.strip().partition(how)
+        wait = n.endswith("!")
+        wanted.append((point.strip(), how, int(n.rstrip("!") or 1), wait))
     return wanted
 
 
@@ -52,6 +55,8 @@ def stop_point(point: str, key: int | None = None) -> None:
     if "LMSHARD_STOP_AT" not in os.environ:
         return
     _passed[point] += 1
-    for name, how, n in _wanted():
+    for name, how, n, wait in _wanted():
         if name == point and n == (_passed[point] if how == ":" else key):
             os.kill(os.getpid(), signal.SIGSTOP)
+            if wait:
+                signal.pause()
