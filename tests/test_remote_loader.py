@@ -228,11 +228,22 @@ def test_damaged_block_is_named_without_reading_the_shard(s3, datasets, monkeypa
     with pytest.raises(FormatError, match=block):
         remote.tokens(20 * BLOCK_TOKENS + 100, 50)
     assert requests.bytes_of() == 2 * BLOCK_BYTES  # block 0, then block 20
-    stream = TokenDataset(ds_url).window_batches(2, 1000, shuffle=False)  # reads the shard in order
+    before = requests.bytes_of()
+    small = TokenDataset(ds_url, pool_limit=8 * BLOCK_BYTES)  # a pool smaller than the shard
+    stream = small.window_batches(2, 1000, shuffle=False)  # reads the shard in order
     with pytest.raises(FormatError, match=block):
         for _ in range(1000):
             next(stream)
-    assert requests.bytes_of() < size  # the shard was never read whole
+    assert requests.bytes_of() - before < size  # the shard was never read whole
+    # A pool that holds the split: the first round reads it whole, the damaged block is left out
+    # of the pool, and only a reader that needs it fetches it again, and names it.
+    before = requests.bytes_of()
+    stream = TokenDataset(ds_url).window_batches(2, 1000, shuffle=False)
+    with pytest.raises(FormatError, match=block):
+        for _ in range(1000):
+            next(stream)
+    fetched = requests.bytes_of() - before  # the shard once, and block 20 again by each that needed it
+    assert size < fetched <= size + 4 * BLOCK_BYTES, (fetched, size)
 
 
 def _cache_bytes(cache: Path) -> int:
@@ -406,7 +417,7 @@ def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
         def __init__(self):
             self.calls, self.started, self.go = 0, threading.Event(), threading.Event()
 
-        def read(self, blocks, held=None, through=None, spare=0, claim=None):
+        def read(self, blocks, held=None, through=None, spare=0, claim=None, rest=()):
             self.calls += 1
             if self.calls == 1:
                 self.started.set()
@@ -443,7 +454,8 @@ def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
 def test_a_pass_over_a_split_the_pool_holds_fetches_each_byte_once(s3, datasets, monkeypatch, prefetch_steps):
     """Random batches over a split smaller than the pool: every block fetched at most once (the
     blocks a request reads through between two it needs go into the pool too, and a block the
-    prefetch thread is fetching is waited for), so the bytes fetched are the split's at most."""
+    prefetch thread is fetching is waited for), so the bytes fetched are the split's at most.
+    With prefetch, the first round reads the whole split in requests of up to 16 MiB."""
     server, url = s3
     ds_url = upload(server, url, datasets["one"], prefix=f"once{prefetch_steps}")
     requests = Requests(monkeypatch)
@@ -456,6 +468,8 @@ def test_a_pass_over_a_split_the_pool_holds_fetches_each_byte_once(s3, datasets,
     remote.store.drain()
     size = sum((datasets["one"] / s.path).stat().st_size for s in remote.meta.split_shards("train"))
     assert requests.bytes_of() <= size, (requests.bytes_of(), size)
+    if prefetch_steps:  # the first round read the split whole: one request for its one shard of 2 MiB
+        assert [(r, n) for r, n, _ in requests.calls if r.endswith(".bin")] == [("train/shard_000000.bin", size)]
 
 
 def test_a_resident_remote_split_is_fetched_once_and_draws_with_no_request(s3, datasets, monkeypatch):

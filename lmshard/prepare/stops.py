@@ -2,13 +2,13 @@
 it there whatever the machine's speed.
 
 `LMSHARD_STOP_AT=POINT:N` (several separated by commas) makes a process that passes POINT for
-the Nth time send itself SIGSTOP; `POINT=K` stops the one process that passes POINT for the
-work item or unit numbered K (where several workers count passes of their own, only one of them
+the Nth time send itself SIGSTOP; `POINT=K` stops the one process that passes POINT for the work
+item or unit numbered K (where several workers count passes of their own, only one of them
 handles K). A trailing `!` (`unit=5!`) makes the woken process wait for a signal handler to run
 (signal.pause) before it goes on: scancel wakes a task with SIGCONT before it sends SIGTERM, and
-a task going on at once could do more work in between. The test sees it stopped (state T in /proc), sends the signal it is testing
-(SIGKILL, SIGINT, SIGTERM...) and, for a catchable one, SIGCONT. A run without the variable
-pays one dictionary lookup per point passed.
+a task going on at once could do more work in between. The test sees it stopped (state T in
+/proc), sends the signal it is testing (SIGKILL, SIGINT, SIGTERM...) and, for a catchable one,
+SIGCONT. A run without the variable pays one dictionary lookup per point passed.
 
 The points:
 - `item`: the main process merged its Nth work item (checkpoint taken where one was due);

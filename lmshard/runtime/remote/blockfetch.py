@@ -6,17 +6,20 @@ at once; those another thread is fetching are waited for; the rest are fetched o
 dataset's encoding). A block the pool has no room for (every slot pinned) is read into memory
 of its own for this call, so a reader never waits for room and the pool never deadlocks.
 
-**Exact prefetch.** A stream knows the rows of its next steps, so it `announce`s them (a key
-and the blocks they touch) as it serves earlier ones, and `release`s a step once served. The
-pool's blocks of an announced step are pinned at once; the rest are queued for a background
-thread, which fetches the queue in order, a round of blocks of up to `ROUND_TOKENS` tokens at a
-time sent concurrently (runs of adjacent blocks coalesced, `blockread.py`), and pins them for
-their step. It only takes slots that are free or evictable (not pinned, not being filled); when
-the pool has none left it waits for a release, and the steps it did not reach are fetched by
-the reader when it gets there. A fetch that fails (on the background thread or another
-reader's) is not kept: a reader that was waiting on it fetches the blocks itself, so the error a
-reader raises is always one of its own requests (a prefetch that failed a moment before the
-store came back never fails a batch).
+**Exact prefetch.** A stream knows the rows of its next steps, so it `announce`s them (a key and
+the blocks they touch) as it serves earlier ones, and `release`s a step once served. The pool's
+blocks of an announced step are pinned at once; the rest are queued for a background thread,
+which fetches the queue in order, a round of blocks of up to `ROUND_TOKENS` tokens at a time
+sent concurrently (runs of adjacent blocks coalesced, `blockread.py`), and pins them for their
+step. When the pool's free slots can hold every block of the split it does not have, the first
+round reads the whole split (`_rest`): a cold pass in a few large requests. The round for the
+first announced steps is claimed by `announce` itself, so a reader asking for them next waits
+for it instead of fetching its rows apart. The thread only takes slots that are free or
+evictable (not pinned, not being filled); when the pool has none left it waits for a release,
+and the steps it did not reach are fetched by the reader when it gets there. A fetch that fails
+(on the background thread or another reader's) is not kept: a reader that was waiting on it
+fetches the blocks itself, so the error a reader raises is always one of its own requests (a
+prefetch that failed a moment before the store came back never fails a batch).
 
 After a fork (DataLoader workers) or in an unpickled copy, the pool, the thread and the
 connections are built again on first use: nothing is shared between processes but the disk
@@ -42,39 +45,13 @@ import numpy as np
 from ...errors import LmshardError
 from .blockpool import BlockPool
 from .blockread import BlockReader
+from .steps import Fetch, Step
 
 ROUND_TOKENS = 1 << 22  # tokens fetched per background round: 256 blocks, 16 MiB of uint32
 _IDLE_SECONDS = 1.0  # how often an idle fetch thread checks that its pool still exists
 
 
-class _Fetch:
-    """Blocks being fetched by one thread: the others wait on `done`."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
-class _Step:
-    """Announced steps: their blocks, the slot pinned for each so far (-1: not yet), and all of
-    them once every block is pinned."""
-
-    __slots__ = ("blocks", "slots", "held", "live")
-
-    def __init__(self, blocks: list[int]) -> None:
-        self.blocks, self.live = blocks, True
-        self.slots = np.full(len(blocks), -1, dtype=np.int64)
-        self.held: np.ndarray | None = None
-
-    def pin(self, pool: BlockPool) -> None:
-        """(lock held) Pin the step's blocks the pool holds now and were not pinned for it yet."""
-        found = np.array(pool.lookup(self.blocks), dtype=np.int64)
-        new = (self.slots < 0) & (found >= 0)
-        pool.pin(found[new])
-        self.slots[new] = found[new]
-        if (self.slots >= 0).all():
-            self.held = self.slots
+_Round = tuple[list[Step], list[int], list[int], Fetch, list[int]]  # steps, blocks, slots, fetch, rest
 
 
 class Blocks:
@@ -88,9 +65,10 @@ class Blocks:
         self.round_blocks = max(1, ROUND_TOKENS // self.reader.block_tokens)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._loading: dict[int, _Fetch] = {}
-        self._steps: dict[Any, _Step] = {}
-        self._queue: deque[_Step] = deque()
+        self._loading: dict[int, Fetch] = {}
+        self._steps: dict[Any, Step] = {}
+        self._queue: deque[Step] = deque()
+        self._ready: deque[_Round] = deque()  # rounds claimed by `announce`, for the fetch thread to send
         self._thread: threading.Thread | None = None
         self._rounds = 0  # background rounds in flight
         self._stalled = False  # the next queued step waits for room in the pool
@@ -187,20 +165,21 @@ class Blocks:
             # have failed a moment before the store came back.
             f.done.wait()
 
-    def _claim(self, blocks: list[int]) -> tuple[_Fetch, list[int]]:
+    def _claim(self, blocks: list[int]) -> tuple[Fetch, list[int]]:
         """(lock held) Slots for `blocks` (maybe fewer), marked as being fetched by this thread."""
-        fetch = _Fetch()
+        fetch = Fetch()
         for g in blocks:
             self._loading[g] = fetch
         return fetch, self.pool.reserve(blocks)
 
-    def _fill(self, blocks: list[int], slots: list[int], fetch: _Fetch, held: dict[int, int] | None,
-              outside: dict[int, np.ndarray] | None) -> None:  # fmt: skip
+    def _fill(self, blocks: list[int], slots: list[int], fetch: Fetch, held: dict[int, int] | None,
+              outside: dict[int, np.ndarray] | None, rest: list[int] | None = None) -> None:  # fmt: skip
         """Fetch `blocks`, copy them into their slots (busy: nobody else touches them) and
         publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
-        `outside`. On failure the slots are freed and waiters fetch again."""
+        `outside`; `rest` is read through where it can be kept. On failure the slots are freed
+        and waiters fetch again."""
         claimed: dict[int, int] = {}  # read-through blocks this fetch brings into the pool: block -> slot
-        bringing = _Fetch()  # others wait for those as for any fetch
+        bringing = Fetch()  # others wait for those as for any fetch
 
         def claim(gs: list[int]) -> None:
             """Free slots for the blocks the requests read through (before they are sent)."""
@@ -218,7 +197,7 @@ class Blocks:
         spare = 0 if held is not None else max(0, self.pool.free_count - len(blocks))
         try:
             through: dict[int, memoryview] = {}
-            got = self.reader.read(blocks, self._had, through, spare, claim)
+            got = self.reader.read(blocks, self._had, through, spare, claim, rest or ())
             for g, s in zip(blocks, slots, strict=False):
                 tokens = got[g]
                 self.pool.slot(s, len(tokens))[...] = tokens
@@ -253,7 +232,7 @@ class Blocks:
         a stale answer only costs a request that reads through, or not, a block it need not)."""
         return block in self.pool.where or block in self._loading
 
-    def _keep(self, through: dict[int, memoryview], claimed: dict[int, int], bringing: _Fetch) -> None:
+    def _keep(self, through: dict[int, memoryview], claimed: dict[int, int], bringing: Fetch) -> None:
         """The blocks a fetch read through, decoded into the free slots claimed for them before
         the requests went out (never evicting: a block read on the way is worth less than one in
         use), so each byte the store sent is fetched once while the pool has room. A block with
@@ -261,6 +240,8 @@ class Blocks:
         done: dict[int, memoryview] = {}
         try:
             for g, s in claimed.items():
+                if g not in through:
+                    continue  # read through but damaged: dropped, fetched again by whoever needs it
                 tokens = self.reader.decode(g, through[g])
                 self.pool.slot(s, len(tokens))[...] = tokens  # busy: nobody else touches it
                 done[g] = through[g]
@@ -283,13 +264,17 @@ class Blocks:
     def announce(self, key: Any, blocks: list[int]) -> None:
         """The blocks coming steps will read: pin the pool's now, queue the rest."""
         self._check_process()
-        step = _Step(blocks)
+        step = Step(blocks)
         with self._wake:
             self.release_locked(key)
             self._steps[key] = step
             step.pin(self.pool)
             if step.held is None and self.pool.n:
                 self._queue.append(step)
+                if not self._rounds:  # claimed here, so a reader asking for them now waits for this round
+                    work = self._next_round()
+                    if work is not None:
+                        self._ready.append(work)
                 self._ensure_thread()
                 self._wake.notify_all()
 
@@ -351,23 +336,36 @@ class Blocks:
             taken += 1
         return taken, wanted
 
-    def _next_round(self) -> tuple[list[_Step], list[int], list[int], _Fetch] | None:
-        """(lock held) The steps of the next round, the blocks to fetch for them and their slots;
-        None when there is nothing to do now."""
+    def _next_round(self) -> _Round | None:
+        """(lock held) The steps of the next round, the blocks to fetch for them, their slots and
+        the rest of the split to read through (`_rest`); None when there is nothing to do now."""
         taken, wanted = self._plan()
         if not taken:
             return None
         steps = [step for step in (self._queue.popleft() for _ in range(taken)) if step.live]
         self._rounds += 1
         fetch, slots = self._claim(wanted)
-        return steps, wanted, slots, fetch
+        return steps, wanted, slots, fetch, self._rest(wanted) if wanted else []
 
-    def _round(self, work: tuple[list[_Step], list[int], list[int], _Fetch]) -> None:
-        steps, wanted, slots, fetch = work
+    def _rest(self, wanted: list[int]) -> list[int]:
+        """(lock held) Every other block of the split that the pool does not hold and nobody is
+        fetching, when the pool's free slots can take them all besides `wanted`; else none. A
+        split that fits in the pool is then read whole by the first round, its requests reading
+        through these as through gaps (runs of up to MAX_RUN_BYTES): a cold pass of random steps
+        in a few large requests, each byte once, where it would need every block anyway."""
+        total = int(self.reader.base[-1])
+        rest = total - len(self.pool.where) - len(self._loading) - len(wanted)
+        if rest <= 0 or rest > self.pool.free_count - len(wanted):
+            return []
+        skip = set(wanted)
+        return [g for g in range(total) if g not in self.pool.where and g not in self._loading and g not in skip]
+
+    def _round(self, work: _Round) -> None:
+        steps, wanted, slots, fetch, rest = work
         try:
             if wanted:
                 with contextlib.suppress(LmshardError):  # a reader that needs these blocks fetches them itself
-                    self._fill(wanted, slots, fetch, None, None)
+                    self._fill(wanted, slots, fetch, None, None, rest)
         finally:
             with self._wake:
                 for step in steps:
@@ -386,7 +384,7 @@ def _prefetch(ref: weakref.ref[Blocks]) -> None:
         with blocks._wake:
             if blocks._closed:
                 return
-            work = blocks._next_round()
+            work = blocks._ready.popleft() if blocks._ready else blocks._next_round()
             if work is None:
                 blocks._wake.wait(_IDLE_SECONDS)
         if work is not None:

@@ -161,7 +161,8 @@ class BlockReader:
 
     def read(self, blocks: Sequence[int], held: Callable[[int], bool] | None = None,
              through: dict[int, memoryview] | None = None, spare: int = 0,
-             claim: Callable[[list[int]], None] | None = None) -> dict[int, np.ndarray]:  # fmt: skip
+             claim: Callable[[list[int]], None] | None = None,
+             rest: Sequence[int] = ()) -> dict[int, np.ndarray]:  # fmt: skip
         """Every block in `blocks` as uint32 tokens, checked: from the disk cache where it holds a
         good copy, the rest fetched (and then added to the cache). `held(block)`: the blocks had
         already (in the pool, or on their way), which a request does not read through; the
@@ -169,9 +170,11 @@ class BlockReader:
         in `through`, for the pool to keep (`decode` them). `spare`: how many more blocks the
         pool has free slots for, which requests may read through across gaps of any size (up to
         MAX_RUN_BYTES a request): a cold pass in a few large requests. `claim(blocks)` is told
-        the blocks the requests will read through before they are sent."""
+        the blocks the requests will read through before they are sent. `rest`: more blocks to
+        read through as if they were in gaps (those not in the disk cache). A block read through
+        that does not match its sum is left out of `through`, not an error of this call."""
         wanted = sorted(set(blocks))
-        self.load([self.locate(g)[0] for g in wanted])  # a cached block is held to its shard's sums
+        self.load([self.locate(g)[0] for g in wanted] + [self.locate(g)[0] for g in rest])
         stored: dict[int, memoryview] = {}
         missing = []
         for g in wanted:
@@ -180,8 +183,9 @@ class BlockReader:
                 missing.append(g)
             else:
                 stored[g] = got
-        fetched = self._fetch(missing, held, spare, claim) if missing else {}
         asked = set(wanted)
+        rest = [g for g in rest if g not in asked and not self._in_cache(g)]
+        fetched = self._fetch(sorted(missing + rest), asked, held, spare, claim) if missing else {}
         if through is not None:
             through.update((g, data) for g, data in fetched.items() if g not in asked)
         fetched = {g: data for g, data in fetched.items() if g in asked}
@@ -208,6 +212,13 @@ class BlockReader:
         k, b, n = self.locate(g)
         where = partial(block_where, self.where(k), b, self.block_tokens)  # made only for an error
         return self.encoding.decode(stored, n, where, decompressor)
+
+    def _in_cache(self, g: int) -> bool:
+        """Whether the disk cache has a file for block g (unchecked: a read checks it)."""
+        if self.cache is None:
+            return False
+        k, b, _ = self.locate(g)
+        return self.cache.has(self._key(k), b)
 
     def _key(self, k: int) -> str:
         return f"{self.shards[k].xxh3_64}-{self.block_tokens}"
@@ -260,13 +271,12 @@ class BlockReader:
                 out.append((k, b, 1, lo, hi))
         return out
 
-    def _fetch(self, blocks: list[int], held: Callable[[int], bool] | None = None, spare: int = 0,
+    def _fetch(self, blocks: list[int], asked: set[int], held: Callable[[int], bool] | None = None, spare: int = 0,
                claim: Callable[[list[int]], None] | None = None) -> dict[int, memoryview]:  # fmt: skip
         """The stored bytes of `blocks` (sorted) and of the blocks their requests read through,
-        fetched and each held to its sum."""
+        fetched and each held to its sum (a damaged one not `asked` for is left out)."""
         runs = self.runs(blocks, held, spare)
         if claim is not None:
-            asked = set(blocks)
             claim([g for k, b, n, _, _ in runs for g in range(int(self.base[k]) + b, int(self.base[k]) + b + n)
                    if g not in asked])  # fmt: skip
         with objects_of_an_opened_dataset():
@@ -279,6 +289,8 @@ class BlockReader:
                 lo, hi = self.span(k, b + i)
                 block = view[lo - start : hi - start]
                 if sums is not None and _sum(block) != int(sums[b + i]):
+                    if first + i not in asked:
+                        continue
                     raise FormatError(block_damage(self.where(k), b + i, self.block_tokens))
                 out[first + i] = block
         return out

@@ -92,6 +92,10 @@ class DiskCache:
             os.close(fd)
         return data
 
+    def has(self, key: str, block: int) -> bool:
+        """Whether a block's file is there (one stat; its bytes are checked when read)."""
+        return os.path.exists(f"{self.root}/{key}/{block}.blk")
+
     def discard(self, key: str, block: int) -> None:
         """Remove a block's file (found damaged)."""
         with contextlib.suppress(OSError), self._locked():
