@@ -51,6 +51,7 @@ from benchlib import load, machine, require_corpus, update_performance_md  # noq
 
 B, T = 32, 1024
 SHARD_TOKENS = 4_000_000
+ROUNDS = 7  # alternated cold rounds per reader (medians)
 MOTO = Path(sys.executable).with_name("moto_server")
 BUCKET = "lmshard-bench"
 KEY_ID, SECRET = "bench-key-id", "bench-secret-key"
@@ -278,14 +279,14 @@ def run(seconds: float, work: Path) -> tuple[str, list[tuple[str, dict]]]:  # ty
         readers = (("cold: lmshard, random batches", {"cold": True, "path": url}),
                    ("cold: litdata, TokensLoader", {"cold": True, "path": f"{lit}/train", "peer": "litdata"}))
         rounds: dict[str, list[dict]] = {name: [] for name, _ in readers}  # type: ignore[type-arg]
-        for k in range(3):  # alternated rounds, each reader in a fresh process with a fresh cache: medians
+        for k in range(ROUNDS):  # alternated rounds, each reader in a fresh process with a fresh cache: medians
             for name, config in readers:
                 rounds[name].append(measure({**config, "cache": str(work / f"lit-cache-{k}")}, env))
         for name, got_all in rounds.items():
             got = {key: statistics.median(g[key] for g in got_all) for key in got_all[0]}
             results.append((name, got))
             print(f"{name:>52}: first batch {got['first_batch_s']:.2f} s, 450 batches {got['batches_450_s']:.2f} s"
-                  + (f" ({got['requests']:.0f} GETs)" if "requests" in got else "") + " (medians of 3)",
+                  + (f" ({got['requests']:.0f} GETs)" if "requests" in got else "") + f" (medians of {ROUNDS})",
                   flush=True)  # fmt: skip
         again = measure(rows[0][1], env)  # local again: the machine's load may have moved meanwhile
         show("local (mapped), again", again, results[0][1]["rate"])
@@ -328,7 +329,7 @@ def report(setup: str, loads: str, results: list[tuple[str, dict]]) -> str:  # t
                      f"{got['requests_per_batch']:.1f} ({got['mib_per_batch']:.2f}) |")  # fmt: skip
     if cold:
         lines += ["", "Cold start, from the first import (torch's included, in both), nothing cached (B=32, T=1024, "
-                  "shuffled; medians of 3 alternated rounds):", "",
+                  f"shuffled; medians of {ROUNDS} alternated rounds):", "",
                   "| reader | first batch | 450 batches |", "|---|---|---|"]  # fmt: skip
         lines += [f"| {name.removeprefix('cold: ')} | {got['first_batch_s']:.2f} s | {got['batches_450_s']:.2f} s |"
                   for name, got in cold]  # fmt: skip
