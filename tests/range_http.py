@@ -1,5 +1,9 @@
 """A static file server with HTTP byte ranges (single ranges, as fsspec asks for), for the tests:
-`python range_http.py DIRECTORY PORT`. Serves HEAD with Content-Length and Accept-Ranges."""
+`python range_http.py DIRECTORY PORT`. Serves HEAD with Content-Length and Accept-Ranges.
+
+Faults and a log a test asks for with files of its own in DIRECTORY: a GET of `F` answers 503
+once while `F.503` exists (which it removes), and every GET is appended to `.requests` (the
+path and the Range header, one line each) while that file exists."""
 
 from __future__ import annotations
 
@@ -34,6 +38,14 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         path = self._file()
+        log = Path(".requests")
+        if log.exists():
+            with log.open("a") as f:
+                f.write(f"{self.path} {self.headers.get('Range', '')}\n")
+        if path is not None and path.with_name(path.name + ".503").exists():
+            path.with_name(path.name + ".503").unlink()
+            self.send_error(503)
+            return
         if path is None:
             self.send_error(404)
             return

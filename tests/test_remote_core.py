@@ -90,6 +90,22 @@ def test_http_ranges(http_server):
     assert r.read("f.txt") == b"0123456789" * 10
 
 
+def test_a_retry_asks_again_only_for_the_ranges_that_failed(http_server):
+    """One of three ranges gets a 503: the next attempt asks for that one alone (the server's own
+    log of GETs), and every range comes back whole."""
+    root = http_server.root
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (root / name).write_bytes(bytes(range(256)) * 4)
+    (root / "b.bin.503").write_bytes(b"")
+    (root / ".requests").write_text("")
+    clock = Clock()
+    r = Remote(http_server.url, retry=Retry(attempts=3, sleep=clock, clock=clock.now))
+    got = r.read_ranges(["a.bin", "b.bin", "c.bin"], [0, 10, 1000], [100, 20, 1024])
+    assert got == [(bytes(range(256)) * 4)[a:b] for a, b in ((0, 100), (10, 20), (1000, 1024))]
+    asked = sorted(line.split()[0] for line in (root / ".requests").read_text().splitlines())
+    assert asked == ["/a.bin", "/b.bin", "/b.bin", "/c.bin"] and len(clock.waits) == 1
+
+
 def test_storage_options_merge_with_the_defaults(monkeypatch):
     from lmshard.remote.urls import _merged, _single_attempt
 

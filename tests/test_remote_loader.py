@@ -417,7 +417,7 @@ def test_a_reader_waiting_on_a_fetch_that_fails_fetches_the_blocks_itself():
         def __init__(self):
             self.calls, self.started, self.go = 0, threading.Event(), threading.Event()
 
-        def read(self, blocks, held=None, through=None, spare=0, claim=None, rest=()):
+        def read(self, blocks, held=None, through=None, spare=0, claim=None, rest=(), lenient=False):
             self.calls += 1
             if self.calls == 1:
                 self.started.set()

@@ -72,21 +72,31 @@ class Remote:
         return bytes(self._call(rel, f"GET bytes {start}-{end - 1}", get))
 
     def read_ranges(self, rels: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
-        """Several ranges at once, sent concurrently; each must come back whole."""
+        """Several ranges at once, sent concurrently; each must come back whole. An attempt after
+        a failure asks again only for the ranges that did not come back."""
         if not rels:
             return []
         paths = [self.full(r) for r in rels]
+        got: dict[int, bytes] = {}
 
         def fetch() -> list[bytes]:
-            got = self.fs.cat_ranges(paths, list(starts), list(ends), on_error="raise")
-            for data, a, b, rel in zip(got, starts, ends, rels, strict=True):
-                if isinstance(data, BaseException):
-                    raise data
-                if len(data) > b - a:
-                    raise ranges_ignored(self.url_of(rel), len(data), b - a)
-                if len(data) != b - a:
-                    raise ConnectionError(f"short read: {len(data)} of {b - a} bytes")
-            return [bytes(d) for d in got]
+            todo = [i for i in range(len(rels)) if i not in got]
+            data = self.fs.cat_ranges([paths[i] for i in todo], [starts[i] for i in todo], [ends[i] for i in todo],
+                                      on_error="return")  # fmt: skip
+            failed: BaseException | None = None
+            for i, d in zip(todo, data, strict=True):
+                a, b = starts[i], ends[i]
+                if isinstance(d, BaseException):
+                    failed = failed or d
+                elif len(d) > b - a:
+                    raise ranges_ignored(self.url_of(rels[i]), len(d), b - a)
+                elif len(d) != b - a:
+                    failed = failed or ConnectionError(f"short read: {len(d)} of {b - a} bytes")
+                else:
+                    got[i] = bytes(d)
+            if failed is not None:
+                raise failed
+            return [got[i] for i in range(len(rels))]
 
         others = len(set(rels)) - 1  # the error names the first object, and counts the others
         what = f"GET {len(rels)} range" + ("s" if len(rels) != 1 else "") + (

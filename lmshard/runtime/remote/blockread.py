@@ -161,8 +161,8 @@ class BlockReader:
 
     def read(self, blocks: Sequence[int], held: Callable[[int], bool] | None = None,
              through: dict[int, memoryview] | None = None, spare: int = 0,
-             claim: Callable[[list[int]], None] | None = None,
-             rest: Sequence[int] = ()) -> dict[int, np.ndarray]:  # fmt: skip
+             claim: Callable[[list[int]], None] | None = None, rest: Sequence[int] = (),
+             lenient: bool = False) -> dict[int, np.ndarray]:  # fmt: skip
         """Every block in `blocks` as uint32 tokens, checked: from the disk cache where it holds a
         good copy, the rest fetched (and then added to the cache). `held(block)`: the blocks had
         already (in the pool, or on their way), which a request does not read through; the
@@ -171,8 +171,9 @@ class BlockReader:
         pool has free slots for, which requests may read through across gaps of any size (up to
         MAX_RUN_BYTES a request): a cold pass in a few large requests. `claim(blocks)` is told
         the blocks the requests will read through before they are sent. `rest`: more blocks to
-        read through as if they were in gaps (those not in the disk cache). A block read through
-        that does not match its sum is left out of `through`, not an error of this call."""
+        read through as if they were in gaps (those not in the disk cache, which no request reads
+        through). A block read through that does not match its sum is left out of `through`, not
+        an error of this call; `lenient`: so is a block of `blocks` (left out of the result)."""
         wanted = sorted(set(blocks))
         self.load([self.locate(g)[0] for g in wanted] + [self.locate(g)[0] for g in rest])
         stored: dict[int, memoryview] = {}
@@ -184,8 +185,14 @@ class BlockReader:
             else:
                 stored[g] = got
         asked = set(wanted)
-        rest = [g for g in rest if g not in asked and not self._in_cache(g)]
-        fetched = self._fetch(sorted(missing + rest), asked, held, spare, claim) if missing else {}
+        if rest:
+            fetch = [g for g in rest if g not in asked and not self._in_cache(g)]
+            cached = set(rest) - set(fetch) - asked
+            if cached:
+                had = held
+                held = lambda g: g in cached or (had is not None and had(g))  # noqa: E731
+            spare, rest = max(0, spare - len(fetch)), fetch
+        fetched = self._fetch(sorted(missing + list(rest)), asked, held, spare, claim, lenient) if missing else {}
         if through is not None:
             through.update((g, data) for g, data in fetched.items() if g not in asked)
         fetched = {g: data for g, data in fetched.items() if g in asked}
@@ -272,9 +279,11 @@ class BlockReader:
         return out
 
     def _fetch(self, blocks: list[int], asked: set[int], held: Callable[[int], bool] | None = None, spare: int = 0,
-               claim: Callable[[list[int]], None] | None = None) -> dict[int, memoryview]:  # fmt: skip
+               claim: Callable[[list[int]], None] | None = None,
+               lenient: bool = False) -> dict[int, memoryview]:  # fmt: skip
         """The stored bytes of `blocks` (sorted) and of the blocks their requests read through,
-        fetched and each held to its sum (a damaged one not `asked` for is left out)."""
+        fetched and each held to its sum (a damaged one not `asked` for, or any with `lenient`,
+        is left out)."""
         runs = self.runs(blocks, held, spare)
         if claim is not None:
             claim([g for k, b, n, _, _ in runs for g in range(int(self.base[k]) + b, int(self.base[k]) + b + n)
@@ -289,7 +298,7 @@ class BlockReader:
                 lo, hi = self.span(k, b + i)
                 block = view[lo - start : hi - start]
                 if sums is not None and _sum(block) != int(sums[b + i]):
-                    if first + i not in asked:
+                    if lenient or first + i not in asked:
                         continue
                     raise FormatError(block_damage(self.where(k), b + i, self.block_tokens))
                 out[first + i] = block
