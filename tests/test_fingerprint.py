@@ -27,7 +27,8 @@ OTHER = {"inputs": None, "exclude": ["*.md"], "filters": ["c4"], "include_hidden
          "seed": 7, "tokens_per_shard": 1000, "shard_encoding": "uint16", "eot_position": "before", "max_docs": 10,
          "on_error": "skip", "decode_errors": "replace", "hf": None, "hf_config": "x", "hf_split": "test",
          "streaming": True, "revision": "main", "hf_task": None, "hf_tasks": None, "decontaminate": None,
-         "decontaminate_n": 10, "decontaminate_lines": True, "attributes": ["length"]}  # fmt: skip
+         "decontaminate_n": 10, "decontaminate_lines": True, "attributes": ["length"],
+         "val_by": None, "val_tokens": None}  # fmt: skip (--val-by with --val-tokens: tests/test_val_by.py)
 
 
 def _tiny_vocabulary(path, words="hello world the cat"):

@@ -66,6 +66,8 @@ class PrepareConfig:
     near_dedup: bool = False  # also drop near-duplicates (MinHash, quality/near.py)
     minhash: str = "5:22x5:0.7"  # --near-dedup's shingles:bands x rows:threshold (quality/minhash.py)
     val_fraction: float = 0.01
+    val_by: str | None = None  # "input": a val part of each input, of about val_tokens (execution/valby.py)
+    val_tokens: int = 0
     seed: int = 1337
     tokens_per_shard: int = 100_000_000
     shard_encoding: str | None = None  # format/encoding.py; None: uint32, or with --append the dataset's
@@ -137,6 +139,7 @@ class PrepareConfig:
             raise ConfigError("--near-dedup reads the input twice, which stdin cannot do; save it to a file first")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
+        self._check_val_by()
         if self.tokens_per_shard < 1:
             raise ConfigError("--tokens-per-shard must be at least 1")
         if self.max_docs is not None and self.max_docs < 1:
@@ -233,6 +236,18 @@ class PrepareConfig:
     def n_workers(self) -> int:
         return self.workers or available_cpus()
 
+    def _check_val_by(self) -> None:
+        if self.val_by is None:
+            if self.val_tokens:
+                raise ConfigError(f"--val-tokens {self.val_tokens} without --val-by; pass --val-by input too")
+            return
+        _choice("--val-by", self.val_by, ("input",))
+        if self.val_tokens < 1:
+            raise ConfigError("--val-by input needs --val-tokens N, the tokens of each input's val part (e.g. 1M)")
+        if self.val_fraction or self.append or self.max_docs is not None:
+            raise ConfigError("--val-by input holds out --val-tokens of each input: pass --val-fraction 0, and no "
+                              "--append or --max-docs")  # fmt: skip
+
     def reads_stdin(self) -> bool:
         """Whether an input is stdin: `-`, or `FORMAT:-`."""
         return any(with_format(spec)[1] == "-" for spec in self.inputs)
@@ -246,6 +261,8 @@ class PrepareConfig:
             d.pop(transient)
         d["inputs"] = [_recorded_input(spec) for spec in self.inputs]  # credentials never recorded
         d["shard_encoding"] = self.shard_encoding or (None if self.append else "uint32")  # None: the dataset's
+        if self.val_by is None:  # (recorded only when used)
+            del d["val_by"], d["val_tokens"]
         from ..quality.filters import plugin_sources
 
         if plugins := plugin_sources(self.filters):  # a plugin's code determines the bytes too

@@ -56,6 +56,8 @@ def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] |
         raise ConfigError("missing --out DIR (where to write the dataset)")
     if not values.get("inputs") and not values.get("hf"):
         raise ConfigError("name at least one input (file, directory, glob or -), or pass --hf, --preset or --demo")
+    if values.get("val_by") and "val_fraction" not in values:  # --val-tokens of each input instead
+        values["val_fraction"] = 0.0
     appended = _appended_shard_size(str(values["out"])) if values.get("append") else None
     if appended is not None and "tokens_per_shard" not in values:  # the dataset's, as its encoding is
         values["tokens_per_shard"] = appended

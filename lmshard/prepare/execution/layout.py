@@ -45,6 +45,7 @@ from ..documents.dedup import uniform_from_keys
 from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
 from ..stops import stop_point
+from . import valby
 from .layoutfiles import LAYOUT_FILE, Layout, write_layout
 from .nearstage import unit_near
 from .plantables import TaskTable
@@ -60,10 +61,10 @@ def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
 
 
 def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | None, seed: int, val_fraction: float,
-                specials: int, near_dedup: bool = False, near_base: int = 0) -> bool:  # fmt: skip
+                specials: int, near_dedup: bool = False, near_base: int = 0, val_tokens: int = 0) -> bool:  # fmt: skip
     """The select stage for unit u (see the module docstring); False when already done.
     `duplicates(u)`: the numbers of unit u's documents that repeat an earlier one (None: no
-    exact deduplication)."""
+    exact deduplication). `val_tokens` (--val-by input): val is chosen later (valby.py)."""
     out = work / "select"
     marker = out / f"unit_{u:06d}.json"
     if marker.exists():
@@ -75,7 +76,8 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     if duplicates is not None:
         dup[duplicates(u)] = True
     near = (unit_near(work, u, n_docs, near_base) >= 0) & ~dup if near_dedup else np.zeros(n_docs, bool)
-    is_val = uniform_from_keys(arrays["keys"], seed) < val_fraction
+    draws = uniform_from_keys(arrays["keys"], seed)
+    is_val = draws < val_fraction
     split = np.where(dup, -1, np.where(near, -2, is_val.astype(np.int8))).astype(np.int8)
     totals, at = Totals(), 0
     tokenized_marker = unit_marker(tokenized, u)
@@ -96,7 +98,11 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     tmp = out / f".unit_{u:06d}.split.tmp"
     in_folder(lambda: split.tofile(tmp), out)
     os.replace(tmp, out / f"unit_{u:06d}.split")
-    atomic_write_json(marker, {"streams": [streams], "totals": totals.to_json()})
+    summary = {"streams": [streams], "totals": totals.to_json()}
+    if val_tokens:
+        written = arrays["lengths"].astype(np.int64) + specials
+        summary["val"] = valby.candidates(draws, written, arrays["sources"], split == 0, u, val_tokens)
+    atomic_write_json(marker, summary)
     stop_point("select", u)
     return True
 
@@ -107,7 +113,10 @@ def select_join(parts: list[dict[str, Any]]) -> dict[str, Any]:
     totals = Totals()
     for part in parts:
         add_totals(totals, Totals.parse(part["totals"]))
-    return {"streams": [row for part in parts for row in part["streams"]], "totals": totals.to_json()}
+    out = {"streams": [row for part in parts for row in part["streams"]], "totals": totals.to_json()}
+    if val := [part["val"] for part in parts if "val" in part]:
+        out["val"] = valby.join(val)
+    return out
 
 
 def select_summary(work: Path, units: range) -> dict[str, Any]:
@@ -144,7 +153,7 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray
     """The lengths, as written, of unit u's documents in `stream` (1 per kept document for keys)."""
     if stream == "lines":
         return np.ones(len(read_section(work / "tokenize", u, "lines")), dtype=np.int64)
-    split = np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
+    split = valby.unit_split(work, u)
     if stream in ("keys", "near"):
         return np.ones(int((split >= 0).sum()), dtype=np.int64)
     lengths = read_section(work / "tokenize", u, "lengths")

@@ -58,6 +58,12 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     share of (`taskplan.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
     on the benchmark corpus ×2 on 2 cores)."""
+    streams = [s.path for s in sources if s.stream or (s.fmt == "hf" and config.hf_spec().kind() != "saved")]
+    if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
+        if streams:
+            raise ConfigError(f"--val-by input: {streams[0]} is read once, as a stream, and --val-by needs the "
+                              "stages; save it to a file (a saved Hugging Face dataset: save_to_disk) first")  # fmt: skip
+        return True
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None
             and not any(s.stream or s.fmt == "hf" for s in sources)

@@ -68,6 +68,7 @@ from ..output.claim import Claim, claim_output, write_run
 from ..output.dictfile import keep, trained
 from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
+from . import valby
 from .barrier import is_complete, task_finished, task_marked
 from .layoutfiles import Layout
 from .runplan import worker_config
@@ -98,7 +99,7 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
 
 
 def _unit_split(work: Path, u: int) -> np.ndarray:
-    return np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
+    return valby.unit_split(work, u)
 
 
 def piece_files(piece: list[Any], attrs: bool = False) -> list[str]:

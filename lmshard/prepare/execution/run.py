@@ -42,10 +42,9 @@ from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
 from .stagereads import Reads
-from .taskplan import (
-    work_dir,
-)
+from .taskplan import work_dir
 from .unitfiles import tokenize_unit
+from .valby import val_rows
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")  # a run's stages, in order
 LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, before them
@@ -54,14 +53,8 @@ _MARKERS = {"lines": ("lines", "unit_{:06d}.bin"), "linedup": ("lines", "group_{
             "tokenize": ("tokenize", "unit_{:06d}.done"), "dedup": ("dedup", "group_{:06d}.done"),
             "select": ("select", "unit_{:06d}.json"), "write": ("write", "part_{:06d}.done"),
             "seal": ("write", "piece_{:06d}.json")}  # fmt: skip
-JOINS = {
-    "lines": count_join,
-    "linedup": count_join,
-    "tokenize": count_join,
-    "dedup": count_join,
-    "select": select_join,
-    "write": write_join,
-}
+JOINS = {"lines": count_join, "linedup": count_join, "tokenize": count_join, "dedup": count_join,
+         "select": select_join, "write": write_join}  # fmt: skip
 
 
 def run_stages(config: PrepareConfig) -> tuple[str, ...]:
@@ -126,9 +119,11 @@ class Run(Reads):
                 self._layout = Layout(self.work, self.plan["tasks"], STREAMS)
             else:
 
-                def rows() -> list[list[int]]:  # (--max-docs: as the cut left them)
-                    cut = self.config.max_docs is not None
-                    return list(self.cut()["streams"] if cut else self.summary("select")["streams"])
+                def rows() -> list[list[int]]:  # (--max-docs: as the cut left them; --val-by: valby.py)
+                    made = self.summary("select")
+                    if "val" in made:
+                        return val_rows(self.work, made, self.config.seed)
+                    return list(self.cut()["streams"] if self.config.max_docs is not None else made["streams"])
 
                 first = (self.plan.get("previous") or {}).get("first")
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,
@@ -363,7 +358,7 @@ class Run(Reads):
         if stage == "select":
             self.clusters()
             return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
-                               self.specials, c.near_dedup, self.near_base)  # fmt: skip
+                               self.specials, c.near_dedup, self.near_base, c.val_tokens)  # fmt: skip
         if stage == "write":
             return write_part(self.work, self.paths.staging, self.layout(), i, self.specials)
         if stage == "seal":

@@ -1,0 +1,147 @@
+"""`prepare --val-by input --val-tokens N` (prepare/execution/valby.py): each input's val part is
+its documents of smallest keyed draw until N tokens (at most half the input's), checked against
+the shards' own bytes (numpy over .bin/.idx/.src) and a hand-made draw of every document; the
+same bytes for any worker count and task count, and per-input val streams disjoint from train."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+from conftest import write
+
+from lmshard import TokenDataset
+from lmshard.errors import ConfigError
+from lmshard.format import INDEX_DTYPE, SRC_DTYPE, load_metadata
+from lmshard.format.provenance import src_path
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.documents.dedup import uniform_from_keys
+from lmshard.prepare.documents.sources import discover
+from lmshard.prepare.output.claim import _fingerprint
+from lmshard.prepare.output.staging import difference
+from lmshard.tokenizers import load_tokenizer
+
+BUDGET = 3_000
+
+
+def _inputs(root: Path) -> list[Path]:
+    """Three inputs: large, middling, and small (under twice the budget: half of it goes to val)."""
+    out = []
+    for name, n in (("big", 300), ("mid", 120), ("small", 12)):
+        texts = [f"{name} record {i}: " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(20 + i * 13 % 90))
+                 for i in range(n)]  # fmt: skip
+        out.append(write(root / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts)))
+    return out
+
+
+def _docs(path: Path, split: str) -> list[tuple[int, np.ndarray]]:
+    """(input number, tokens as written) of every document of a split, from the files' bytes."""
+    meta, out = load_metadata(path), []
+    for shard in meta.split_shards(split):
+        tokens = np.fromfile(path / shard.path, dtype="<u4")
+        starts = np.fromfile(path / shard.index_path, dtype=INDEX_DTYPE)
+        src = np.fromfile(path / src_path(shard.path), dtype=SRC_DTYPE)
+        out += [(int(src["source"][d]), tokens[starts[d] : starts[d + 1]]) for d in range(len(src))]
+    return out
+
+
+def _prepare(root: Path, name: str, **options) -> Path:
+    out = root / name
+    prepare(PrepareConfig(inputs=[str(p) for p in _inputs(root)], out=str(out), tokenizer="gpt2", val_fraction=0,
+                          val_by="input", val_tokens=BUDGET, tokens_per_shard=5_000, **options))  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("valby")
+    return root, _prepare(root, "one", workers=1)
+
+
+def test_each_input_holds_out_its_smallest_draws_up_to_the_budget(made, reference):
+    """Per input: val is exactly the documents of smallest draw (the xxh3-64 of the text, as dedup
+    keys it) whose tokens first reach min(budget, half the input's), the one reaching it included."""
+    root, path = made
+    enc = reference
+
+    split_of = {}
+    by_input: dict[int, list[tuple[float, int, bytes]]] = {}
+    for split in ("train", "val"):
+        for source, tokens in _docs(path, split):
+            text = enc.decode(tokens[tokens != enc.eot_token].tolist())
+            key = np.array([xxhash.xxh3_64_intdigest(text.encode())], dtype=np.uint64)
+            draw = float(uniform_from_keys(key, 1337)[0])
+            by_input.setdefault(source, []).append((draw, len(tokens), text.encode()))
+            split_of[(source, text)] = split
+    assert sorted(by_input) == [0, 1, 2]
+    for source, docs in by_input.items():
+        docs.sort()
+        budget = min(BUDGET, sum(n for _, n, _ in docs) // 2)
+        cum, chosen = 0, 0
+        while cum < budget:
+            cum += docs[chosen][1]
+            chosen += 1
+        val = {text for _, _, text in docs[:chosen]}
+        got = {text.encode() for (s, text), split in split_of.items() if s == source and split == "val"}
+        assert got == val, (source, len(got), len(val))
+        assert sum(n for _, n, t in docs if t in val) >= budget > sum(n for _, n, _ in docs[: chosen - 1])
+    small = sum(n for _, n, _ in by_input[2])
+    assert small < 2 * BUDGET and 0 < sum(n for _, n, t in by_input[2] if split_of[(2, t.decode())] == "val") < small
+
+
+def test_the_same_bytes_for_any_worker_and_task_count(made, tmp_path):
+    root, one = made
+    files = {p.relative_to(one): p.read_bytes() for p in sorted(one.rglob("*")) if p.is_file() and
+             p.name != "dataset_metadata.json"}  # fmt: skip
+    for name, options in (("two", {"workers": 2}), ("tasks", {"workers": 1, "num_tasks": 3})):
+        other = _prepare(root, name, **options)
+        assert {p.relative_to(other): p.read_bytes() for p in sorted(other.rglob("*"))
+                if p.is_file() and p.name != "dataset_metadata.json"} == files, name  # fmt: skip
+        assert load_metadata(other).config == load_metadata(one).config
+
+
+def test_val_streams_per_input_are_disjoint_from_train(made):
+    root, path = made
+    val = TokenDataset(path, "val")
+    streams = val.val_streams(tokens=BUDGET, seq_len=64, batch_size=4, by="input")
+    assert sorted(Path(name).name for name in streams) == ["big.jsonl", "mid.jsonl", "small.jsonl"]
+    assert all(s.tokens > BUDGET - 64 for name, s in streams.items() if "small" not in name)  # each a full budget
+    train = {tokens.tobytes() for _, tokens in _docs(path, "train")}
+    assert not any(tokens.tobytes() in train for _, tokens in _docs(path, "val"))
+
+
+def test_refusals(tmp_path):
+    src = _inputs(tmp_path)[0]
+    base = {"inputs": [str(src)], "out": str(tmp_path / "o"), "tokenizer": "gpt2"}
+    with pytest.raises(ConfigError, match="pass --val-fraction 0"):
+        PrepareConfig(**base, val_by="input", val_tokens=10)  # (its default fraction, 0.01)
+    with pytest.raises(ConfigError, match="needs --val-tokens"):
+        PrepareConfig(**base, val_by="input", val_fraction=0)
+    with pytest.raises(ConfigError, match="no --append or --max-docs"):
+        PrepareConfig(**base, val_by="input", val_tokens=10, val_fraction=0, max_docs=5)
+    with pytest.raises(ConfigError, match="without --val-by"):
+        PrepareConfig(**base, val_tokens=10)
+    done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", "-", "--out", str(tmp_path / "p"),
+                           "--val-by", "input", "--val-tokens", "100"], input=src.read_text(), text=True,
+                          capture_output=True)  # fmt: skip
+    assert done.returncode != 0 and "--val-by input: " in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_budget_is_in_the_fingerprint(tmp_path):
+    """A resume with another --val-tokens, or without --val-by, is refused naming the option."""
+    src = _inputs(tmp_path)[2]
+
+    def fingerprint(**options):
+        config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), **options)
+        return _fingerprint(config, discover(config.inputs), load_tokenizer(config.tokenizer), None)
+
+    by = fingerprint(val_by="input", val_tokens=100, val_fraction=0)
+    assert "--val-tokens was 100 when the run started and is 200 now" in difference(
+        by, fingerprint(val_by="input", val_tokens=200, val_fraction=0))
+    assert "--val-by was 'input' when the run started and is None now" in difference(by, fingerprint())
