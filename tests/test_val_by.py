@@ -108,7 +108,8 @@ def test_the_same_bytes_for_any_worker_and_task_count(made, tmp_path):
 def test_val_streams_per_input_are_disjoint_from_train(made):
     root, path = made
     val = TokenDataset(path, "val")
-    streams = val.val_streams(tokens=BUDGET, seq_len=64, batch_size=4, by="input")
+    with pytest.warns(UserWarning, match="without --near-dedup"):  # (exact copies only are removed here)
+        streams = val.val_streams(tokens=BUDGET, seq_len=64, batch_size=4, by="input")
     assert sorted(Path(name).name for name in streams) == ["big.jsonl", "mid.jsonl", "small.jsonl"]
     assert all(s.tokens > BUDGET - 64 for name, s in streams.items() if "small" not in name)  # each a full budget
     train = {tokens.tobytes() for _, tokens in _docs(path, "train")}

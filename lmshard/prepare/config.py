@@ -243,7 +243,7 @@ class PrepareConfig:
             return
         _choice("--val-by", self.val_by, ("input",))
         if self.val_tokens < 1:
-            raise ConfigError("--val-by input needs --val-tokens N, the tokens of each input's val part (e.g. 1M)")
+            raise ConfigError("--val-by input needs --val-tokens N, the tokens of each input's val part (e.g. 1000000)")
         if self.val_fraction or self.append or self.max_docs is not None:
             raise ConfigError("--val-by input holds out --val-tokens of each input: pass --val-fraction 0, and no "
                               "--append or --max-docs")  # fmt: skip

@@ -149,11 +149,12 @@ def _stream(row: list[int], stream: str) -> tuple[int, int]:
     return row[4], row[4]
 
 
-def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray:
-    """The lengths, as written, of unit u's documents in `stream` (1 per kept document for keys)."""
+def stream_lengths(work: Path, u: int, stream: str, specials: int, val_by: dict[str, Any] | None = None) -> np.ndarray:
+    """The lengths, as written, of unit u's documents in `stream` (1 per kept document for keys);
+    `val_by`: --val-by's thresholds (valby.py)."""
     if stream == "lines":
         return np.ones(len(read_section(work / "tokenize", u, "lines")), dtype=np.int64)
-    split = valby.unit_split(work, u)
+    split = valby.unit_split(work, u, val_by)
     if stream in ("keys", "near"):
         return np.ones(int((split >= 0).sum()), dtype=np.int64)
     lengths = read_section(work / "tokenize", u, "lengths")
@@ -161,7 +162,7 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int) -> np.ndarray
 
 
 def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, specials: int,
-              first: int = 0) -> list[list[Any]]:  # fmt: skip
+              first: int = 0, val_by: dict[str, Any] | None = None) -> list[list[Any]]:  # fmt: skip
     """A stream's pieces, [stream, number, tokens, docs, parts], as a writer filling them
     greedily in plan order would cut them (see the module docstring), numbered from `first`
     (--append: after the dataset's own). A part is the piece's
@@ -193,7 +194,7 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
             cur = [stream, first + len(pieces), 0, 0, []]
             add(u, 0, d, t)
             continue
-        ends = np.cumsum(stream_lengths(work, u, stream, specials))
+        ends = np.cumsum(stream_lengths(work, u, stream, specials, val_by))
         i = 0
         while i < d:
             if cur is None:
@@ -216,7 +217,7 @@ def pieces_of(work: Path, rows: list[list[int]], stream: str, capacity: int, spe
 def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]], tokens_per_shard: int,
                 specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
                 lines: bool = False, units: Sequence[Any] = (), source_base: int = 0,
-                attr_columns: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
+                attr_columns: Sequence[int] = (), val_by: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every piece of the dataset and its parts, and each write task's share of the parts (see
     the module docstring): `pieces` [stream, number, tokens, docs, [first part, end part]],
     `parts` [piece, unit, first doc, end doc, tokens before, documents before, tokens], `tasks`
@@ -227,10 +228,11 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     after the document keys. `units` (the plan's) and `source_base` (--append: the sources of
     the dataset appended to) give the provenance numbering: `records`, per unit what its
     documents' record numbers are offset by (format/provenance.py), and `source_base`.
-    `attr_columns` (--attribute): the bytes of a value of each attribute column (none: none kept)."""
+    `attr_columns` (--attribute): the bytes of a value of each attribute column (none: none kept).
+    `val_by`: --val-by's thresholds (valby.py), kept in the layout for the write stage."""
     n_units = len(rows)
     at = {s: 0 for s in STREAMS} | (first or {})
-    pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials, at[s])]
+    pieces = [p for s in SPLITS for p in pieces_of(work, rows, s, tokens_per_shard, specials, at[s], val_by)]
     if keys:  # (--dedup none keeps no keys)
         found = pieces_of(work, rows, "keys", KEYS_PER_FILE, specials, at["keys"])
         pieces += found or [["keys", at["keys"], 0, 0, []]]  # a run that keeps nothing lists its (empty) key file
@@ -252,7 +254,7 @@ def make_layout(work: Path, unit_ranges: list[list[int]], rows: list[list[int]],
     tasks = [[p for u in range(first, end) for p in readers[u]] for first, end in unit_ranges]
     return {"pieces": pieces, "parts": parts, "tasks": tasks, "readers": readers, "near_hashes": near_hashes,
             "records": record_offsets(units, [row[5] for row in rows]) if len(units) else [],
-            "source_base": source_base, "attr_columns": list(attr_columns)}  # fmt: skip
+            "source_base": source_base, "attr_columns": list(attr_columns), "val_by": val_by}  # fmt: skip
 
 
 def record_offsets(units: Sequence[Any], newlines: list[int]) -> list[int]:
@@ -268,16 +270,19 @@ def record_offsets(units: Sequence[Any], newlines: list[int]) -> list[int]:
     return out
 
 
-def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], list[list[int]]], tokens_per_shard: int,
+def ensure_layout(work: Path, unit_ranges: TaskTable, rows: Callable[[], tuple[list[list[int]], dict[str, Any] | None]],
+                  tokens_per_shard: int,
                   specials: int, keys: bool = True, near_hashes: int = 0, first: dict[str, int] | None = None,
                   lines: bool = False, units: Sequence[Any] = (), source_base: int = 0,
                   attr_columns: Sequence[int] = ()) -> Layout:  # fmt: skip
     """The layout in `work` (layoutfiles.py), made if absent (every task that makes one makes
-    the same) from the units' stream totals (`rows()`: the select stage's summary)."""
+    the same) from the units' stream totals and --val-by's thresholds (`rows()`: from the select
+    stage's summary)."""
     if not (work / LAYOUT_FILE).exists():
         try:
-            layout = make_layout(work, list(unit_ranges), rows(), tokens_per_shard, specials, keys, near_hashes, first,
-                                 lines, units[:] if len(units) else (), source_base, attr_columns)  # fmt: skip
+            made, val_by = rows()
+            layout = make_layout(work, list(unit_ranges), made, tokens_per_shard, specials, keys, near_hashes, first,
+                                 lines, units[:] if len(units) else (), source_base, attr_columns, val_by)  # fmt: skip
         except FileNotFoundError:  # another task made it first and has begun writing (its units' files go)
             if not (work / LAYOUT_FILE).exists():
                 raise

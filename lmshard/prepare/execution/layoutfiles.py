@@ -113,7 +113,7 @@ def write_layout(work: Path, layout: dict[str, Any], streams: tuple[str, ...]) -
     atomic_write_bytes(work / RECORDS, np.array(layout.get("records", []), dtype=_I8).tobytes())
     head = {"pieces": len(pieces), "parts": len(layout["parts"]), "units": len(counts),
             "near_hashes": layout["near_hashes"], "source_base": layout.get("source_base", 0),
-            "attr_columns": layout.get("attr_columns", [])}  # fmt: skip
+            "attr_columns": layout.get("attr_columns", []), "val_by": layout.get("val_by")}  # fmt: skip
     tmp = work / f".{LAYOUT_FILE}.{uuid.uuid4().hex}.tmp"  # (tasks on two hosts may share a pid)
     atomic_write_json(tmp, head)
     try:
@@ -140,6 +140,7 @@ class Layout:
             "records": RecordTable(work / RECORDS, len(layout_records(work))),
             "source_base": head.get("source_base", 0),
             "attr_columns": head.get("attr_columns", []),
+            "val_by": head.get("val_by"),  # --val-by: its thresholds (valby.py)
         }
         self.unit_ranges = tasks
         self._task_of: dict[int, int] = {}  # part → its task, as found (a seal asks for every part of a piece)

@@ -62,7 +62,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         if streams:
             raise ConfigError(f"--val-by input: {streams[0]} is read once, as a stream, and --val-by needs the "
-                              "stages; save it to a file (a saved Hugging Face dataset: save_to_disk) first")  # fmt: skip
+                              "stages; save it to a file (a Hugging Face dataset: save_to_disk) first")  # fmt: skip
         return True
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None

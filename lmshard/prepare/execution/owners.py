@@ -98,8 +98,8 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     return claim
 
 
-def _unit_split(work: Path, u: int) -> np.ndarray:
-    return valby.unit_split(work, u)
+def _unit_split(work: Path, u: int, layout: Layout) -> np.ndarray:
+    return valby.unit_split(work, u, layout.get("val_by"))
 
 
 def piece_files(piece: list[Any], attrs: bool = False) -> list[str]:
@@ -126,7 +126,7 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         return False
     piece = layout["pieces"][k]
     stream = piece[0]
-    split = _unit_split(work, u)
+    split = _unit_split(work, u, layout)
     if stream == "lines":  # the unit's lines met first: all of them are written, in order
         chosen = np.arange(i0, i1)
     else:

@@ -119,11 +119,11 @@ class Run(Reads):
                 self._layout = Layout(self.work, self.plan["tasks"], STREAMS)
             else:
 
-                def rows() -> list[list[int]]:  # (--max-docs: as the cut left them; --val-by: valby.py)
+                def rows() -> tuple[list[list[int]], dict[str, Any] | None]:  # (--max-docs: as the cut left them)
                     made = self.summary("select")
-                    if "val" in made:
-                        return val_rows(self.work, made, self.config.seed)
-                    return list(self.cut()["streams"] if self.config.max_docs is not None else made["streams"])
+                    if "val" in made:  # --val-by: valby.py
+                        return val_rows(made, self.config.seed)
+                    return list(self.cut()["streams"] if self.config.max_docs is not None else made["streams"]), None
 
                 first = (self.plan.get("previous") or {}).get("first")
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,

@@ -15,9 +15,9 @@ it in its input, and so in its unit, hold fewer tokens than the budget). The fol
 summaries (barrier.py, `layout.select_join`) adds the tokens and keeps, per input, the first
 candidates of the union until --val-tokens, the same test. The task that makes the layout reads
 the thresholds off the top summary (`thresholds`), moves the chosen documents from train to val
-in their units' rows (`move_rows`) and writes the thresholds beside the units' splits; every
-reader of a unit's split (`unit_split`: the layout's lengths, the write stage's parts) marks a
-train document of input i with u <= t_i as val, from the unit's keys and inputs.
+in their units' rows (`move_rows`) and keeps the thresholds in the layout; every reader of a
+unit's split (`unit_split`: the layout's lengths, the write stage's parts) marks a train
+document of input i with u <= t_i as val, from the unit's keys and inputs.
 
 Memory model: per unit, and per summary, each input's candidates (four numbers each: about
 --val-tokens over the mean document's tokens of them) and tokens; the thresholds, one float per
@@ -26,18 +26,13 @@ input, held once per process.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...format import atomic_write_json
 from ..documents.dedup import uniform_from_keys
 from .unitfiles import read_sections
-
-THRESHOLDS = "val_thresholds.json"  # in the work folder's select/
-_held: dict[str, tuple[int, dict[int, float]]] = {}  # the thresholds file last read (by path, inode, mtime)
 
 
 def _prefix(docs: list[list[Any]], budget: int) -> list[list[Any]]:
@@ -99,31 +94,20 @@ def move_rows(rows: list[list[int]], val: dict[str, Any], limits: dict[int, floa
     return rows
 
 
-def val_rows(work: Path, summary: dict[str, Any], seed: int) -> list[list[int]]:
-    """The units' stream rows of a --val-by run's select summary, its val chosen; the thresholds
-    written for the readers of the units' splits (every task that makes the layout writes the
-    same)."""
+def val_rows(summary: dict[str, Any], seed: int) -> tuple[list[list[int]], dict[str, Any]]:
+    """The units' stream rows of a --val-by run's select summary, its val chosen, and what the
+    layout keeps for the readers of the units' splits (`unit_split`): the seed and thresholds."""
     limits = thresholds(summary["val"])
-    atomic_write_json(work / "select" / THRESHOLDS, {"seed": seed, "inputs": {str(i): t for i, t in limits.items()}})
-    return move_rows(summary["streams"], summary["val"], limits)
+    rows = move_rows(summary["streams"], summary["val"], limits)
+    return rows, {"seed": seed, "inputs": {str(i): t for i, t in limits.items()}}
 
 
-def unit_split(work: Path, u: int) -> np.ndarray:
+def unit_split(work: Path, u: int, val_by: dict[str, Any] | None) -> np.ndarray:
     """Unit u's split (layout.py: one int8 per document, 0 train, 1 val, negative dropped), with
-    `--val-by`'s thresholds applied where the run has them."""
+    `--val-by`'s thresholds (`val_rows`' second value, kept in the layout) applied."""
     split = np.fromfile(work / "select" / f"unit_{u:06d}.split", dtype=np.int8)
-    path = work / "select" / THRESHOLDS
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return split
-    key = f"{path}:{st.st_ino}:{st.st_mtime_ns}"  # (a run made again in the same folder writes a new file)
-    if key not in _held:
-        raw = json.loads(path.read_text())
-        _held.clear()
-        _held[key] = (int(raw["seed"]), {int(i): float(t) for i, t in raw["inputs"].items()})
-    seed, limits = _held[key]
-    if limits:
+    if val_by and val_by["inputs"]:
+        seed, limits = int(val_by["seed"]), {int(i): float(t) for i, t in val_by["inputs"].items()}
         arrays = read_sections(work / "tokenize", u, ("keys", "sources"))
         draws = uniform_from_keys(arrays["keys"], seed)
         table = np.full(int(arrays["sources"].max(initial=0)) + 1, -1.0)
