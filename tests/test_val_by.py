@@ -30,11 +30,14 @@ BUDGET = 3_000
 
 
 def _inputs(root: Path) -> list[Path]:
-    """Three inputs: large, middling, and small (under twice the budget: half of it goes to val)."""
+    """Four inputs: large; middling, with one record repeated 12 times (equal draws under --dedup
+    none); small (under twice the budget: its cap is half of it); and one document."""
     out = []
-    for name, n in (("big", 300), ("mid", 120), ("small", 12)):
+    for name, n in (("big", 300), ("mid", 120), ("small", 12), ("one", 1)):
         texts = [f"{name} record {i}: " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(20 + i * 13 % 90))
                  for i in range(n)]  # fmt: skip
+        if name == "mid":
+            texts += [texts[5]] * 11
         out.append(write(root / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts)))
     return out
 
@@ -63,35 +66,60 @@ def made(tmp_path_factory):
     return root, _prepare(root, "one", workers=1)
 
 
-def test_each_input_holds_out_its_smallest_draws_up_to_the_budget(made, reference):
-    """Per input: val is exactly the documents of smallest draw (the xxh3-64 of the text, as dedup
-    keys it) whose tokens first reach min(budget, half the input's), the one reaching it included."""
-    root, path = made
-    enc = reference
+def _expected(docs: list[tuple[float, int, bytes]], budget: int) -> set[bytes]:
+    """The rule, by hand: groups of equal draw in order until --val-tokens is reached, none that
+    would take val past half the input's tokens."""
+    docs, half = sorted(docs), sum(n for _, n, _ in docs) // 2
+    groups: list[list[tuple[float, int, bytes]]] = []
+    for doc in docs:
+        if groups and groups[-1][0][0] == doc[0]:
+            groups[-1].append(doc)
+        else:
+            groups.append([doc])
+    chosen: set[bytes] = set()
+    total = 0
+    for group in groups:
+        if total >= budget or total + sum(n for _, n, _ in group) > half:
+            break
+        total += sum(n for _, n, _ in group)
+        chosen |= {text for _, _, text in group}
+    return chosen
 
-    split_of = {}
-    by_input: dict[int, list[tuple[float, int, bytes]]] = {}
+
+def _check_rule(path: Path, enc, budget: int) -> dict[int, tuple[int, int]]:
+    """Per input, its val and train tokens, once its val is checked to be the rule's."""
+    split_of, by_input = {}, {}
     for split in ("train", "val"):
         for source, tokens in _docs(path, split):
             text = enc.decode(tokens[tokens != enc.eot_token].tolist())
             key = np.array([xxhash.xxh3_64_intdigest(text.encode())], dtype=np.uint64)
             draw = float(uniform_from_keys(key, 1337)[0])
             by_input.setdefault(source, []).append((draw, len(tokens), text.encode()))
-            split_of[(source, text)] = split
-    assert sorted(by_input) == [0, 1, 2]
+            split_of.setdefault((source, text.encode()), set()).add(split)
+    out = {}
     for source, docs in by_input.items():
-        docs.sort()
-        budget = min(BUDGET, sum(n for _, n, _ in docs) // 2)
-        cum, chosen = 0, 0
-        while cum < budget:
-            cum += docs[chosen][1]
-            chosen += 1
-        val = {text for _, _, text in docs[:chosen]}
-        got = {text.encode() for (s, text), split in split_of.items() if s == source and split == "val"}
+        val = _expected(docs, budget)
+        got = {text for (s, text), splits in split_of.items() if s == source and "val" in splits}
         assert got == val, (source, len(got), len(val))
-        assert sum(n for _, n, t in docs if t in val) >= budget > sum(n for _, n, _ in docs[: chosen - 1])
-    small = sum(n for _, n, _ in by_input[2])
-    assert small < 2 * BUDGET and 0 < sum(n for _, n, t in by_input[2] if split_of[(2, t.decode())] == "val") < small
+        assert all(split_of[(source, text)] == {"val"} for text in val)  # copies of a text go together
+        out[source] = (sum(n for _, n, t in docs if t in val), sum(n for _, n, t in docs if t not in val))
+    return out
+
+
+def test_each_input_holds_out_its_smallest_draws_up_to_the_budget(made, reference):
+    """Per input: val is the documents of smallest draw (the xxh3-64 of the text, as dedup keys
+    it), whose tokens first reach the budget, never past half the input's; with --dedup none, a
+    record's copies (equal draws) go together; an input of one document keeps it in train."""
+    root, path = made
+    tokens = _check_rule(path, reference, BUDGET)
+    assert sorted(tokens) == [0, 1, 2, 3]
+    assert tokens[0][0] >= BUDGET and tokens[1][0] >= BUDGET  # the budget, reached
+    assert 0 < tokens[2][0] <= tokens[2][1] < 2 * BUDGET  # a small input: at most half
+    assert tokens[3][0] == 0 and tokens[3][1] > 0  # one document: no val
+    copies = _check_rule(_prepare(root, "copies", workers=2, dedup="none"), reference, BUDGET)
+    assert copies[1] != tokens[1]  # (the repeated record is kept 12 times)
+    near = _check_rule(_prepare(root, "near", workers=2, near_dedup=True), reference, BUDGET)  # (survivors only)
+    assert near[0][0] + near[0][1] < tokens[0][0] + tokens[0][1] and near[0][0] > 0
 
 
 def test_the_same_bytes_for_any_worker_and_task_count(made, tmp_path):
@@ -116,7 +144,7 @@ def test_val_streams_per_input_are_disjoint_from_train(made):
     assert not any(tokens.tobytes() in train for _, tokens in _docs(path, "val"))
 
 
-def test_refusals(tmp_path):
+def test_refusals_and_stdin(tmp_path):
     src = _inputs(tmp_path)[0]
     base = {"inputs": [str(src)], "out": str(tmp_path / "o"), "tokenizer": "gpt2"}
     with pytest.raises(ConfigError, match="pass --val-fraction 0"):
@@ -127,11 +155,31 @@ def test_refusals(tmp_path):
         PrepareConfig(**base, val_by="input", val_tokens=10, val_fraction=0, max_docs=5)
     with pytest.raises(ConfigError, match="without --val-by"):
         PrepareConfig(**base, val_tokens=10)
-    done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", "-", "--out", str(tmp_path / "p"),
-                           "--val-by", "input", "--val-tokens", "100"], input=src.read_text(), text=True,
+    lmshard = [sys.executable, "-m", "lmshard", "prepare"]
+    done = subprocess.run([*lmshard, "-", "--out", str(tmp_path / "p"), "--val-by", "input", "--val-tokens", "500"],
+                          input=src.read_text(), text=True, capture_output=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr  # stdin, spooled, as --num-tasks takes it
+    val = load_metadata(tmp_path / "p").n_tokens("val")
+    assert 500 <= val <= load_metadata(tmp_path / "p").n_tokens("train")
+    hub = tmp_path / "hub"
+    write(hub / "data.jsonl", src.read_text())
+    done = subprocess.run([*lmshard, "--hf", str(hub), "--out", str(tmp_path / "h"), "--val-by", "input",
+                           "--val-tokens", "500"], text=True, capture_output=True)  # fmt: skip
+    assert done.returncode != 0 and "is a stream, read once" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([*lmshard, str(src), "--out", str(tmp_path / "p"), "--append"], text=True,
                           capture_output=True)  # fmt: skip
-    assert done.returncode != 0 and "--val-by input: " in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert not (tmp_path / "p").exists()
+    assert done.returncode != 0 and "which an --append cannot extend" in done.stderr, done.stderr
+
+
+def test_inspect_reads_the_splits_of_a_val_by_dataset(made):
+    """inspect --overlap splits: no document of val in train (its splits read from the documents)."""
+    _, path = made
+    done = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(path), "--overlap", "splits", "--json"],
+                          text=True, capture_output=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    train, val = load_metadata(path).n_docs("train"), load_metadata(path).n_docs("val")
+    assert (report["scanned"], report["indexed"], report["exact"]) == (train, val, 0)
 
 
 def test_the_budget_is_in_the_fingerprint(tmp_path):

@@ -54,7 +54,8 @@ class RunLog:
         tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
         tasks += f", dedup {c.dedup}" + (f" + near {c.minhash}" if c.near_dedup else "")
         self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
-                   f"{tasks}, val-fraction {c.val_fraction}, tokens-per-shard "
+                   f"{tasks}, " + (f"val-by {c.val_by} ({c.val_tokens:,} tokens each)" if c.val_by else
+                                   f"val-fraction {c.val_fraction}") + ", tokens-per-shard "
                    f"{c.tokens_per_shard:,}" + (f", shard encoding {c.shard_encoding}" if c.shard_encoding else ""))
 
     def follow(self, job: Callable[[Callable[[Any], None]], T]) -> T:

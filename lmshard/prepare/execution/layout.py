@@ -154,7 +154,7 @@ def stream_lengths(work: Path, u: int, stream: str, specials: int, val_by: dict[
     `val_by`: --val-by's thresholds (valby.py)."""
     if stream == "lines":
         return np.ones(len(read_section(work / "tokenize", u, "lines")), dtype=np.int64)
-    split = valby.unit_split(work, u, val_by)
+    split = valby.unit_split(work, u, val_by if stream in SPLITS else None)
     if stream in ("keys", "near"):
         return np.ones(int((split >= 0).sum()), dtype=np.int64)
     lengths = read_section(work / "tokenize", u, "lengths")

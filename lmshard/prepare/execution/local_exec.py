@@ -58,11 +58,10 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     share of (`taskplan.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
     on the benchmark corpus ×2 on 2 cores)."""
-    streams = [s.path for s in sources if s.stream or (s.fmt == "hf" and config.hf_spec().kind() != "saved")]
-    if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
-        if streams:
-            raise ConfigError(f"--val-by input: {streams[0]} is read once, as a stream, and --val-by needs the "
-                              "stages; save it to a file (a Hugging Face dataset: save_to_disk) first")  # fmt: skip
+    if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py; stdin is spooled)
+        if config.hf and config.hf_spec().kind() != "saved":
+            raise ConfigError(f"--val-by input: --hf {config.hf} is a stream, read once, and --val-by needs the "
+                              "stages; save it first (save_to_disk), or pass its data files as inputs")  # fmt: skip
         return True
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None

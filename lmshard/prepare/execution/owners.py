@@ -98,8 +98,9 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     return claim
 
 
-def _unit_split(work: Path, u: int, layout: Layout) -> np.ndarray:
-    return valby.unit_split(work, u, layout.get("val_by"))
+def _unit_split(work: Path, u: int, layout: Layout | None) -> np.ndarray:
+    """Unit u's split; with the layout (a part of shards), --val-by's val marked (valby.py)."""
+    return valby.unit_split(work, u, layout.get("val_by") if layout is not None else None)
 
 
 def piece_files(piece: list[Any], attrs: bool = False) -> list[str]:
@@ -126,7 +127,7 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         return False
     piece = layout["pieces"][k]
     stream = piece[0]
-    split = _unit_split(work, u, layout)
+    split = _unit_split(work, u, layout if stream in SPLITS else None)
     if stream == "lines":  # the unit's lines met first: all of them are written, in order
         chosen = np.arange(i0, i1)
     else:

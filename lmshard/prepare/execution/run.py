@@ -120,10 +120,10 @@ class Run(Reads):
             else:
 
                 def rows() -> tuple[list[list[int]], dict[str, Any] | None]:  # (--max-docs: as the cut left them)
-                    made = self.summary("select")
-                    if "val" in made:  # --val-by: valby.py
-                        return val_rows(made, self.config.seed)
-                    return list(self.cut()["streams"] if self.config.max_docs is not None else made["streams"]), None
+                    if self.config.val_by:  # valby.py
+                        return val_rows(self.summary("select"), self.config.seed)
+                    cut = self.config.max_docs is not None
+                    return list(self.cut()["streams"] if cut else self.summary("select")["streams"]), None
 
                 first = (self.plan.get("previous") or {}).get("first")
                 self._layout = ensure_layout(self.work, self.plan["tasks"], rows, self.config.tokens_per_shard,

@@ -237,6 +237,10 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
                           f"{tok.bos_id} and this run would write EOT {eot} and BOS {bos} (the tokenizer's "
                           "configuration changed?); pass --separator/--bos to match")  # fmt: skip
     ours = config.recorded()
+    if meta.config.get("val_by"):  # (an --append with --val-by is refused by the config)
+        raise ConfigError(f"{out}: --append: the dataset holds out --val-tokens of each input (--val-by "
+                          f"{meta.config['val_by']}), which an --append cannot extend; prepare it again with the new "
+                          "inputs")  # fmt: skip
     for key in _APPEND_MUST_MATCH:
         if key in meta.config and meta.config[key] != ours[key]:
             flag = "--no-normalize" if key == "byte_exact" else f"--{key.replace('_', '-')}"
