@@ -84,7 +84,7 @@ go under `--dir` (/dev/shm with 4 GiB free: the counts do not depend on the disk
 when their plan is done; the inputs stay until the end.
 
     python scripts/bench_cluster.py [--quick] [--units 1000,4000,16000] [--near-dedup] [--attribute NAME]
-        [--checkout DIR]
+        [--val-tokens N] [--checkout DIR]
 """
 
 from __future__ import annotations
@@ -489,7 +489,8 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
                  "--unit-size", "64K", "--tokens-per-shard", str(UNITS_PER_SHARD * tokens_per_unit),
                  "--workers", str(shape.workers), "--quiet", *(["--near-dedup"] if args.near_dedup else []),
                  *(["--dedup-lines"] if args.dedup_lines else []),
-                 *(a for name in args.attribute for a in ("--attribute", name))]  # fmt: skip
+                 *(a for name in args.attribute for a in ("--attribute", name)),
+                 *(["--val-by", "input", "--val-tokens", str(args.val_tokens)] if args.val_tokens else [])]  # fmt: skip
     plan = trace(plan_args, {"BENCH_CLUSTER_BUCKETS": str(buckets)} if buckets else None)
     info = stages.status(out)
     if info["units"] != units:
@@ -757,6 +758,7 @@ def main() -> None:
     ap.add_argument("--near-dedup", action="store_true", help="plan with --near-dedup (exact dedup stays on)")
     ap.add_argument("--dedup-lines", action="store_true", help="plan with --dedup-lines (its two stages first)")
     ap.add_argument("--attribute", action="append", default=[], help="plan with --attribute NAME (repeatable)")
+    ap.add_argument("--val-tokens", type=int, default=0, help="plan with --val-by input --val-tokens N")
     ap.add_argument("--bucket-point", type=int, default=None,
                     help="buckets of one more plan per shape at the smallest U (default: the largest power of two "
                          "up to its one-core task count, at least twice the input's; 0: none)")  # fmt: skip
@@ -790,6 +792,7 @@ def main() -> None:
           f"({Path(taskplan.__file__).parents[2]})", flush=True)  # fmt: skip
     kind = ("exact and near dedup" if args.near_dedup else "exact dedup") + (", line dedup" if args.dedup_lines else "")
     kind += "".join(f", --attribute {name}" for name in args.attribute)
+    kind += f", --val-by input --val-tokens {args.val_tokens:,}" if args.val_tokens else ""
     print(f"{kind}; {args.input} inputs ({args.units_per_file} units per file)" if args.input == "parquet" else
           f"{kind}; jsonl inputs (one file per unit)", flush=True)  # fmt: skip
     shapes = [Shape("one-core tasks", args.units_per_task, 1)]
