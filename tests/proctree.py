@@ -94,14 +94,37 @@ def kill_group(pgid: int) -> None:
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int | None, str]:
     """(exit code, stderr) of a run; None if it did not end in `timeout` seconds, after which
-    its whole process group has been killed, so a hang never outlives the test."""
+    its whole process group has been killed, so a hang never outlives the test. The stderr of
+    a hung run ends with where each of its processes was (`describe_group`)."""
     try:
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, err
     except subprocess.TimeoutExpired:
+        where = describe_group(proc.pid)
         kill_group(proc.pid)
         _, err = proc.communicate()
-        return None, err
+        return None, f"{err}\n{where}"
+
+
+def describe_group(pgid: int) -> str:
+    """For a hang's report: each live process of the group, its parent, state, the kernel
+    function it waits in, and its threads' states (Linux /proc; what cannot be read is left
+    out)."""
+    lines = ["the run's processes when it was called hung (pid ppid state wchan threads):"]
+    for pid in sorted(group_members(pgid)):
+        fields = _stat(pid) or ["?", "?"]
+        wchan = ""
+        with contextlib.suppress(OSError):
+            wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        threads = []
+        with contextlib.suppress(OSError):
+            for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                    tw = Path(f"/proc/{pid}/task/{tid}/wchan").read_text().strip()
+                    threads.append(f"{tid}:{stat[0]}:{tw}")
+        lines.append(f"  {pid} {fields[1]} {fields[0]} {wchan or '-'} {' '.join(threads)}")
+    return "\n".join(lines)
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
