@@ -77,9 +77,8 @@ def _stored(meta: DatasetMeta) -> tuple[np.ndarray, Callable[[int], str]] | None
     dedup = meta.dedup
     files = [f for f in dedup.files if f.kind == "doc"] if dedup and dedup.mode == "document" else []
     seed, val_fraction = meta.config.get("seed"), meta.config.get("val_fraction")
-    if not files or sum(f.n_keys for f in files) != meta.total_docs or seed is None or val_fraction is None:
-        return None
-    if meta.config.get("val_by"):  # its split is not the fraction's draw (valby.py): read from the documents
+    if (not files or sum(f.n_keys for f in files) != meta.total_docs or seed is None or val_fraction is None
+            or meta.config.get("val_by")):  # (--val-by's split is not the fraction's draw: read from the documents)
         return None
     keys = np.concatenate([np.fromfile(meta.abspath(f.path), dtype="<u8") for f in files])
     split_of = np.where(uniform_from_keys(keys, int(seed)) < float(val_fraction), 1, 0)

@@ -98,11 +98,6 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     return claim
 
 
-def _unit_split(work: Path, u: int, layout: Layout | None) -> np.ndarray:
-    """Unit u's split; with the layout (a part of shards), --val-by's val marked (valby.py)."""
-    return valby.unit_split(work, u, layout.get("val_by") if layout is not None else None)
-
-
 def piece_files(piece: list[Any], attrs: bool = False) -> list[str]:
     """The files of a piece, relative to the dataset: a shard's .bin, .idx and .src (and with
     `attrs` its .attr), or a key file."""
@@ -127,7 +122,7 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         return False
     piece = layout["pieces"][k]
     stream = piece[0]
-    split = _unit_split(work, u, layout if stream in SPLITS else None)
+    split = valby.unit_split(work, u, layout.get("val_by") if stream in SPLITS else None)  # (--val-by's val marked)
     if stream == "lines":  # the unit's lines met first: all of them are written, in order
         chosen = np.arange(i0, i1)
     else:

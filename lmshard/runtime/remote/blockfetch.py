@@ -25,6 +25,7 @@ import itertools
 import os
 import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -159,7 +160,7 @@ class Blocks(Prefetch):
         return fetch, self.pool.reserve(blocks)
 
     def _fill(self, blocks: list[int], slots: list[int], fetch: Fetch, held: dict[int, int] | None,
-              outside: dict[int, np.ndarray] | None, rest: list[int] | None = None) -> None:  # fmt: skip
+              outside: dict[int, np.ndarray] | None, rest: Sequence[int] = ()) -> None:  # fmt: skip
         """Fetch `blocks`, copy them into their slots (busy: nobody else touches them) and
         publish them; pinned for the caller when `held` is given. Blocks beyond `slots` go to
         `outside`; `rest` is read through where it can be kept. On failure the slots are freed
@@ -185,7 +186,7 @@ class Blocks(Prefetch):
             through: dict[int, memoryview] = {}
             # The prefetch thread leaves out a block that fails its check (a reader that needs it fetches it and
             # names it): the rest of the round, maybe the whole split, is kept.
-            got = self.reader.read(blocks, self._had, through, spare, claim, rest or (), lenient=held is None)
+            got = self.reader.read(blocks, self._had, through, spare, claim, rest, lenient=held is None)
             for g, s in zip(blocks, slots, strict=False):
                 if g in got:
                     tokens = got[g]

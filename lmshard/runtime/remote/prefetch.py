@@ -33,6 +33,7 @@ import contextlib
 import threading
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class Prefetch:
         raise NotImplementedError
 
     def _fill(self, blocks: list[int], slots: list[int], fetch: Fetch, held: dict[int, int] | None,
-              outside: dict[int, np.ndarray] | None, rest: list[int] | None = None) -> None:  # fmt: skip
+              outside: dict[int, np.ndarray] | None, rest: Sequence[int] = ()) -> None:  # fmt: skip
         raise NotImplementedError
 
     def _drop_ready(self) -> None:
