@@ -185,10 +185,11 @@ def prepare(
     val_fraction: float | None = _opt(
         OUTPUT, "FRACTION", "Fraction of documents in the val split. Default: 0.01.", "--val-fraction"
     ),  # fmt: skip
-    val_by: str | None = _opt(OUTPUT, "input", "A val part of each input file (a domain), of --val-tokens each, "
-                              "instead of --val-fraction (docs/quality.md).", "--val-by"),
-    val_tokens: int | None = _opt(OUTPUT, "N", "With --val-by: the tokens of each input's val part (at most half "
-                                  "of the input's).", "--val-tokens"),
+    val_by: str | None = _opt(OUTPUT, "input|FIELD", "A val part of each domain, of --val-tokens each, instead of "
+                              "--val-fraction: each input file, or each value of a record field (a.b: nested), "
+                              "kept as a category attribute (docs/quality.md).", "--val-by"),
+    val_tokens: int | None = _opt(OUTPUT, "N", "With --val-by: the tokens of each domain's val part (at most half "
+                                  "of the domain's).", "--val-tokens"),
     seed: int | None = _opt(OUTPUT, "SEED", "Seed of the train/val split. Default: 1337.", "--seed"),
     tokens_per_shard: int | None = _opt(OUTPUT, "N", "Tokens per shard. Default: 100,000,000; --append: the "
                                         "dataset's.", "--tokens-per-shard"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,7 +66,7 @@ class PrepareConfig:
     near_dedup: bool = False  # also drop near-duplicates (MinHash, quality/near.py)
     minhash: str = "5:22x5:0.7"  # --near-dedup's shingles:bands x rows:threshold (quality/minhash.py)
     val_fraction: float = 0.01
-    val_by: str | None = None  # "input": a val part of each input, of about val_tokens (execution/valby.py)
+    val_by: str | None = None  # "input" or a record field: a val part of each domain of val_tokens (execution/valby.py)
     val_tokens: int = 0
     seed: int = 1337
     tokens_per_shard: int = 100_000_000
@@ -195,11 +195,17 @@ class PrepareConfig:
             filters=tuple(self.filters) + ((self.decon_filter(),) if self.decontaminate else ()),
         )
 
-    def attribute_fields(self) -> tuple[Any, ...]:
-        """--attribute's columns (format/attributes.py's AttrField), in order; () without it."""
+    def attribute_fields(self, labels: Sequence[str] = ("",)) -> tuple[Any, ...]:
+        """--attribute's columns (format/attributes.py's AttrField), in order, then --val-by
+        FIELD's (its `labels`: the domains found); () without either."""
         from ..quality.scores import schema
 
-        return schema(self.attributes) if self.attributes else ()
+        own = schema(self.attributes) if self.attributes else ()
+        if self.val_by in (None, "input"):
+            return own
+        from .execution.valby import domain_attr
+
+        return (*own, domain_attr(self.val_by, labels))
 
     def attr_columns(self) -> list[int]:
         """The bytes of a value of each --attribute column, in order ([]: none)."""
@@ -237,16 +243,10 @@ class PrepareConfig:
         return self.workers or available_cpus()
 
     def _check_val_by(self) -> None:
-        if self.val_by is None:
-            if self.val_tokens:
-                raise ConfigError(f"--val-tokens {self.val_tokens} without --val-by; pass --val-by input too")
-            return
-        _choice("--val-by", self.val_by, ("input",))
-        if self.val_tokens < 1:
-            raise ConfigError("--val-by input needs --val-tokens N, the tokens of each input's val part (e.g. 1000000)")
-        if self.val_fraction or self.append or self.max_docs is not None:
-            raise ConfigError("--val-by input holds out --val-tokens of each input: pass --val-fraction 0, and no "
-                              "--append or --max-docs")  # fmt: skip
+        if self.val_by is not None or self.val_tokens:
+            from .execution.valby import check_options
+
+            check_options(self)
 
     def reads_stdin(self) -> bool:
         """Whether an input is stdin: `-`, or `FORMAT:-`."""

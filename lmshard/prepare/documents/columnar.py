@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import InputError, LmshardError
 from .files import Source, open_raw, rewound
 from .reading import cannot_stream, read_error
-from .records import Record, typed_text
+from .records import Record, typed_text, with_domain
 
 
 def open_arrow(src: Source) -> Any:
@@ -90,10 +90,34 @@ def _column(table: Any, src: Source, text_field: str) -> list[Any]:
     return table.column(text_field).to_pylist()
 
 
-def _values(values: list[Any], first: int, text_field: str) -> Iterator[Record]:
-    """The records of a column whose first value is record number `first` (1-based)."""
+def _records(table: Any, src: Source, first: int, text_field: str) -> Iterator[Record]:
+    """The records of a table (a row group, a record batch) whose first row is record number
+    `first` (1-based); with --val-by FIELD, each with its domain (records.with_domain): the
+    column of FIELD's name, or of its first part (a struct holding the rest)."""
+    values = _column(table, src, text_field)
+    domain = getattr(text_field, "domain", None)
+    if domain is None:
+        for k, value in enumerate(values):
+            yield typed_text(first + k, value, text_field)
+        return
+    name = _domain_column(table.schema.names, domain)
+    rows = table.column(name).to_pylist() if name is not None else [None] * len(values)
     for k, value in enumerate(values):
-        yield typed_text(first + k, value, text_field)
+        yield with_domain(typed_text(first + k, value, text_field), {} if name is None else {name: rows[k]},
+                          text_field)  # fmt: skip
+
+
+def _domain_column(names: list[str], domain: str) -> str | None:
+    """The column that holds the domain field `domain` (None: none does)."""
+    root = domain.split(".")[0]
+    return domain if domain in names else root if root in names else None
+
+
+def _read_columns(names: list[str], text_field: str) -> list[str]:
+    """The columns to read for `text_field` (records.RecordFields: and the domain's)."""
+    domain = getattr(text_field, "domain", None)
+    extra = _domain_column(names, domain) if domain is not None else None
+    return [text_field] + ([extra] if extra is not None and extra != text_field else [])
 
 
 def parse_parquet(src: Source, row_group: int, text_field: str) -> Iterator[Record]:
@@ -101,13 +125,13 @@ def parse_parquet(src: Source, row_group: int, text_field: str) -> Iterator[Reco
     first = 1 + sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
     if text_field not in pf.schema_arrow.names:
         _column(pf.schema_arrow.empty_table(), src, text_field)
-    yield from _values(_column(_row_group(pf, src, row_group, text_field), src, text_field), first, text_field)
+    yield from _records(_row_group(pf, src, row_group, text_field), src, first, text_field)
 
 
 def _row_group(pf: Any, src: Source, row_group: int, text_field: str) -> Any:
     """The text column of one row group; damaged data is the input's error, naming the row group."""
     try:
-        return pf.read_row_group(row_group, columns=[text_field])
+        return pf.read_row_group(row_group, columns=_read_columns(pf.schema_arrow.names, text_field))
     except (MemoryError, LmshardError):
         raise  # the machine's limit, or the input's read error (a URL), not the file's fault
     except OSError as e:
@@ -127,7 +151,7 @@ def arrow_records(src: Source, text_field: str) -> Iterator[Record]:
     order, rather than once per batch)."""
     first = 1
     for rb in arrow_batches(open_arrow(src)):
-        yield from _values(_column(rb, src, text_field), first, text_field)
+        yield from _records(rb, src, first, text_field)
         first += rb.num_rows
 
 
@@ -135,6 +159,6 @@ def parse_arrow(src: Source, batch: int, text_field: str) -> Iterator[Record]:
     first = 1
     for b, rb in enumerate(arrow_batches(open_arrow(src))):
         if b == batch:
-            yield from _values(_column(rb, src, text_field), first, text_field)
+            yield from _records(rb, src, first, text_field)
             return
         first += rb.num_rows

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from ...errors import ConfigError, InputError, missing_dependency
 from .files import DECOMPRESSION_ERRORS, damage_kind
-from .records import Record, bad, typed_text
+from .records import Record, bad, typed_text, with_domain
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def example_records(examples: Iterator[dict[str, Any]], field: str, where: str, 
             return
         number += 1
         if field in example:  # a null or a number is `wrong_type`, as in files
-            yield typed_text(number, example[field], field)
+            yield with_domain(typed_text(number, example[field], field), example, field)
         else:
             yield bad(number, "missing_field", f"no field '{field}' (fields: {', '.join(list(example)[:8])})")
 

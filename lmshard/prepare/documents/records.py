@@ -10,26 +10,19 @@ Memory model: one work item's records (≤ ~1 MiB of text, or one row group / re
 
 from __future__ import annotations
 
-import codecs
-import csv
 import json
 import re
-import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from ...errors import InputError
 from .files import (
-    MAX_RECORD_BYTES,
-    SNIFF_BYTES,
     DamagedInput,
     Source,
     nul_offset,
-    open_binary,
     read_prefix,
-    text_stream,
 )
-from .reading import Headed, changed, foreign_encoding, grew, reencode_fix
+from .reading import foreign_encoding, reencode_fix
 
 
 class Record(NamedTuple):
@@ -40,6 +33,7 @@ class Record(NamedTuple):
     problem: str | None = None  # a key of PROBLEMS (an input problem), or a drop reason such as "too_long"
     detail: str = ""  # what exactly was wrong, for the message: "invalid JSON (Expecting ',' at column 57)"
     repaired: bool = False  # --decode-errors replace: bytes that were not UTF-8 became U+FFFD
+    domain: str | None = None  # --val-by FIELD: the value of that field, as text (`with_domain`)
 
 
 def bad(number: int, problem: str, detail: str) -> Record:
@@ -55,6 +49,8 @@ PROBLEMS = {
     "not_records": "a .json file holds an array of records ([{...}, {...}]) or JSON lines (one object per line)",
     "missing_field": "name the right field with --text-field",
     "wrong_type": "make the field a string in every record, or name the text field with --text-field",
+    "missing_domain": "give every record the field, or name the domain field with --val-by (a nested one as a.b)",
+    "wrong_domain": "make the field a string or a number in every record",
     "wrong_encoding": "re-encode it as UTF-8",  # a UTF-16/32 file; `settle` gives the command for it
     "binary_file": "remove the file from the inputs",
     "truncated_compression": "re-download or re-create the file",  # the data ends before its end marker
@@ -192,7 +188,52 @@ def _field(obj: Any, number: int, text_field: str) -> Record:
     if text_field not in obj:
         keys = ", ".join(list(obj)[:8])
         return bad(number, "missing_field", f"no field '{text_field}' (fields: {keys})")
-    return typed_text(number, obj[text_field], text_field)
+    return with_domain(typed_text(number, obj[text_field], text_field), obj, text_field)
+
+
+class RecordFields(str):
+    """The text field's name (a str, so every parser takes it where it takes --text-field's
+    name) and the name of the field that holds each record's domain (`prepare --val-by FIELD`):
+    a top-level field, or a nested one as `a.b` (a top-level field of that exact name first)."""
+
+    domain: str
+
+    def __new__(cls, text_field: str, domain: str) -> RecordFields:
+        made = super().__new__(cls, text_field)
+        made.domain = domain
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickled to the workers with their configuration)
+        return (RecordFields, (str(self), self.domain))
+
+
+def record_fields(text_field: str, val_by: str | None) -> str:
+    """What the parsers read of each record: the text field, and with `--val-by FIELD` its domain."""
+    return RecordFields(text_field, val_by) if val_by not in (None, "input") else text_field
+
+
+def with_domain(record: Record, obj: Any, fields: str) -> Record:
+    """`record`, read from the mapping `obj`, with its domain when `fields` names a domain field
+    (`RecordFields`): the field's value as text (a string as it is, a number as JSON writes it),
+    or the problem of a record without one."""
+    name = getattr(fields, "domain", None)
+    if name is None or record.problem is not None:
+        return record
+    value = obj.get(name, _MISSING) if isinstance(obj, dict) else _MISSING
+    if value is _MISSING and "." in name:
+        value = obj
+        for part in name.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+    if value is _MISSING:
+        return bad(record.number, "missing_domain", f"no field '{name}' (--val-by {name})")
+    if isinstance(value, str):
+        return record._replace(domain=value)
+    if isinstance(value, bool | int | float):
+        return record._replace(domain=json.dumps(value))
+    return bad(record.number, "wrong_domain", f"field '{name}' (--val-by) is {_what(value)}, not a string or number")
+
+
+_MISSING = object()
 
 
 def typed_text(number: int, value: Any, text_field: str) -> Record:
@@ -293,108 +334,3 @@ def _replaced(text: str) -> str:
 def _undecodable(text: str) -> bool:
     """Text read with errors='surrogateescape' carries bytes that were not UTF-8 as U+DC80-DCFF."""
     return not text.isascii() and _ESCAPED.search(text) is not None
-
-
-def iter_csv(src: Source, text_field: str) -> Iterator[Record]:
-    """CSV rows (quoted fields may span lines, so CSV is parsed here rather than split by bytes)."""
-    stream, raw = text_stream(src)
-    stream.reconfigure(errors="surrogateescape")
-    csv.field_size_limit(min(MAX_RECORD_BYTES, sys.maxsize))
-    reader = csv.DictReader(stream)
-    try:
-        if (wrong := binary_record(cast(Headed, stream.buffer).peek(SNIFF_BYTES))) is not None:
-            yield wrong
-            return
-        if reader.fieldnames is None:
-            return
-        if text_field not in reader.fieldnames:
-            raise InputError(
-                f"{src.path}: no column '{text_field}' (columns: "
-                f"{', '.join(reader.fieldnames[:12])}); name the text column with --text-field"
-            )
-        for row in reader:
-            yield _csv_record(row, reader.line_num, text_field)
-    except DamagedInput as e:
-        yield damaged_record(reader.line_num + 1, e, f"{reader.line_num:,} lines")
-    except csv.Error as e:
-        raise InputError(f"{src.path}:{reader.line_num}: malformed CSV ({e}); fix the file") from None
-    finally:
-        raw.close()
-
-
-def _csv_record(row: dict[str, Any], number: int, text_field: str) -> Record:
-    text = row.get(text_field)
-    if not isinstance(text, str):
-        return bad(number, "missing_field", f"no field '{text_field}' in this row")
-    if _undecodable(text):
-        return bad(number, "decode_error", f"line {number} is not valid UTF-8")
-    return Record(number, text)
-
-
-def iter_json_array(src: Source, text_field: str) -> Iterator[Record]:
-    """Objects of a `.json` file holding one array (`first_byte(src) == b"["`), decoded
-    incrementally: never the whole file, at most one element plus one block in memory."""
-    stream, raw = open_binary(src)
-    blocks = _text_blocks(stream)
-    decoder = json.JSONDecoder()
-    number, line, buf, pos = 0, 1, "", 0  # records read; the line at `pos` in `buf`
-    try:
-        while not buf.strip(_JSON_SPACE):
-            more = next(blocks, None)
-            if more is None:
-                return
-            buf += more
-        pos = _JSON_GAP.match(buf).end()  # type: ignore[union-attr]
-        if not buf.startswith("[", pos):  # only stdin is not sniffed (files of JSON lines are planned as such)
-            raise InputError(f"{src.path}: not a JSON array (--format json); for JSON lines pass --format jsonl")
-        line, pos = line + buf.count("\n", 0, pos), pos + 1
-        while True:
-            gap = _JSON_GAP_OR_COMMA.match(buf, pos).end()  # type: ignore[union-attr]
-            line, pos = line + buf.count("\n", pos, gap), gap
-            if buf.startswith("]", pos):
-                return
-            try:
-                obj, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError as e:
-                more = next(blocks, None) if len(buf) - pos <= MAX_RECORD_BYTES else None
-                if more is None:
-                    raise _bad_element(src, number + 1, line + buf.count("\n", pos, e.pos), buf[pos:], e) from None
-                buf, pos = buf[pos:] + more, 0
-                continue
-            number += 1
-            line, pos = line + buf.count("\n", pos, end), end
-            record = _field(obj, number, text_field)
-            if record.text is not None and _undecodable(record.text):
-                record = bad(number, "decode_error", f"record {number} is not valid UTF-8")
-            yield record
-    except DamagedInput as e:
-        yield damaged_record(number + 1, e, f"{number:,} records")
-    finally:
-        raw.close()
-
-
-_JSON_SPACE = " \t\r\n\ufeff"  # JSON whitespace, and a byte-order mark before the array
-_JSON_GAP = re.compile(f"[{_JSON_SPACE}]*")
-_JSON_GAP_OR_COMMA = re.compile(f"[{_JSON_SPACE},]*")
-
-
-def _text_blocks(stream: Any) -> Iterator[str]:
-    """A binary stream as text blocks; bytes that are not UTF-8 survive as surrogate escapes."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-    while block := stream.read(1 << 20):
-        yield decoder.decode(block)
-    yield decoder.decode(b"", final=True)
-
-
-def _bad_element(src: Source, number: int, line: int, rest: str, e: json.JSONDecodeError) -> InputError:
-    """An element that is not JSON ends the array for any --on-error: after it, nothing says
-    where the next element starts. In a file still being written, the element the parser
-    stopped at may be the one cut at the size the file had when the run started: said so."""
-    if src.inode and grew(src.path, src.size, src.inode):
-        return changed(src.path, f"it grew past the {src.size:,} bytes it held when the run started, and its "
-                                 "JSON array is not closed there")  # fmt: skip
-    why = "the file ends before the array is closed" if not rest.strip() else f"invalid JSON ({json_problem(e)})"
-    return InputError(
-        f"{src.path}:{line}: record {number}: {why}; fix the file, or convert it to JSON lines (one object "
-        "per line). --on-error skip cannot skip it: a JSON array cannot be read past a bad element"
-    )

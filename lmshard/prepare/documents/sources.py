@@ -46,7 +46,8 @@ from .files import (
 )
 from .inputspec import with_format
 from .reading import InputReadError, grew
-from .records import Record, bad, binary_record, damaged_record, iter_csv, iter_json_array
+from .records import Record, bad, binary_record, damaged_record
+from .streamed import iter_csv, iter_json_array
 from .urlwalk import find_url, nothing_at_url, url_source
 from .walk import Rules, Walk, describe, find, nothing_to_read
 

@@ -81,6 +81,7 @@ class ItemResult:
     near_first: int = 0  # and the ordinal of its first document
     numbers: np.ndarray | None = None  # int64: each document's record number (line or row) in its file
     attrs: np.ndarray | None = None  # --attribute: each document's record (format/attributes.py's row_dtype)
+    domains: list[str] | None = None  # --val-by FIELD: each document's domain, the value of that field
 
 
 _state: dict[Any, object] = {}
@@ -141,6 +142,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
     keys: list[int] = []
     sources: list[int] = []
     numbers: list[int] = []
+    domain_field = getattr(config.text_field, "domain", None)  # --val-by FIELD (records.RecordFields)
+    domains: list[str] = []
     if item.split_file:
         counts.setdefault(item.source, Counter())[SPLIT_INTO_PARAGRAPHS] += 1
     lines = _LineFilter(item.line_keep) if item.line_keep is not None else None
@@ -182,6 +185,12 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         texts.append(text)
         sources.append(src_index)
         numbers.append(record.number)
+        if domain_field is not None:
+            if record.domain is None:  # (plain text, or a file read as one document: no fields)
+                raise InputError(f"{config.sources[src_index].path}: --val-by {domain_field}: its records have no "
+                                 "fields; --val-by FIELD reads JSON, CSV, parquet, arrow or Hugging Face records "
+                                 "(use --val-by input for a val part of each file)")  # fmt: skip
+            domains.append(record.domain)
         if stop_after is not None and len(keys) >= stop_after:
             break
     signatures = None
@@ -219,6 +228,7 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
         signatures=signatures,
         numbers=np.array(numbers, dtype=np.int64),
         attrs=attrs,
+        domains=domains if domain_field is not None else None,
     )
 
 

@@ -57,14 +57,16 @@ STREAMS = (*SPLITS, "keys", "near", "lines")
 def unit_arrays(tokenized: Path, u: int) -> dict[str, np.ndarray]:
     """Unit u's per-document arrays (lengths, keys, sources), read whole (20 bytes per document),
     and its kept lines' keys (--dedup-lines), from one open of its data file."""
-    return read_sections(tokenized, u, ("lengths", "keys", "sources", "lines"))
+    return read_sections(tokenized, u, ("lengths", "keys", "sources", "lines", "domains"))
 
 
 def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | None, seed: int, val_fraction: float,
-                specials: int, near_dedup: bool = False, near_base: int = 0, val_tokens: int = 0) -> bool:  # fmt: skip
+                specials: int, near_dedup: bool = False, near_base: int = 0, val_tokens: int = 0,
+                val_field: str | None = None) -> bool:  # fmt: skip
     """The select stage for unit u (see the module docstring); False when already done.
     `duplicates(u)`: the numbers of unit u's documents that repeat an earlier one (None: no
-    exact deduplication). `val_tokens` (--val-by input): val is chosen later (valby.py)."""
+    exact deduplication). `val_tokens` (--val-by; `val_field`: a record field's): val is chosen
+    later (valby.py)."""
     out = work / "select"
     marker = out / f"unit_{u:06d}.json"
     if marker.exists():
@@ -101,7 +103,9 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     summary = {"streams": [streams], "totals": totals.to_json()}
     if val_tokens:
         written = arrays["lengths"].astype(np.int64) + specials
-        summary["val"] = valby.candidates(draws, written, arrays["sources"], split == 0, u, val_tokens)
+        groups = arrays["domains"] if val_field is not None else arrays["sources"]
+        summary["val"] = valby.candidates(draws, written, groups, split == 0, u, val_tokens, val_field,
+                                          tokenized_marker.get("labels", []))  # fmt: skip
     atomic_write_json(marker, summary)
     stop_point("select", u)
     return True

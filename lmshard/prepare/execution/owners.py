@@ -153,7 +153,7 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
                                   section_of(src, where, "numbers")[chosen] + int(layout["records"][u]))
             _pwrite(fds[2], memoryview(src_records.tobytes()), docs_before * SRC_DTYPE.itemsize)
             if columns:  # each document's attribute values, into each column of the file (format/attributes.py)
-                rows, at = section_of(src, where, "attrs").reshape(-1, sum(columns))[chosen], 0
+                rows, at = valby.attr_rows(partial(section_of, src, where), chosen, columns, layout.get("val_by")), 0
                 for w in columns:
                     _pwrite(fds[3], memoryview(np.ascontiguousarray(rows[:, at : at + w]).tobytes()),
                             piece[3] * at + docs_before * w)  # fmt: skip

@@ -44,7 +44,7 @@ from .runplan import finish_sources, plan_run, worker_config
 from .stagereads import Reads
 from .taskplan import work_dir
 from .unitfiles import tokenize_unit
-from .valby import val_rows
+from .valby import field_of, val_rows
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")  # a run's stages, in order
 LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, before them
@@ -121,7 +121,7 @@ class Run(Reads):
 
                 def rows() -> tuple[list[list[int]], dict[str, Any] | None]:  # (--max-docs: as the cut left them)
                     if self.config.val_by:  # valby.py
-                        return val_rows(self.summary("select"), self.config.seed)
+                        return val_rows(self.summary("select"), self.config.seed, self.config.val_by)
                     cut = self.config.max_docs is not None
                     return list(self.cut()["streams"] if cut else self.summary("select")["streams"]), None
 
@@ -358,7 +358,8 @@ class Run(Reads):
         if stage == "select":
             self.clusters()
             return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
-                               self.specials, c.near_dedup, self.near_base, c.val_tokens)  # fmt: skip
+                               self.specials, c.near_dedup, self.near_base, c.val_tokens,
+                               field_of(c.val_by))  # fmt: skip
         if stage == "write":
             return write_part(self.work, self.paths.staging, self.layout(), i, self.specials)
         if stage == "seal":

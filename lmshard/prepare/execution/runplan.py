@@ -24,6 +24,7 @@ from ...format import load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.files import open_raw
+from ..documents.records import record_fields
 from ..documents.sources import Source, Sources, discover
 from ..documents.worker import WorkerConfig, identity_of
 from ..output.claim import _fingerprint, run_tokenizer
@@ -160,12 +161,13 @@ def finish_sources(config: PrepareConfig, rows: list[list[Any]]) -> Sources:
 
 def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: Tokenizer) -> WorkerConfig:
     kept = sources if isinstance(sources, PlanSources) else tuple(sources)  # (a task's: read as it uses them)
+    fields = record_fields(config.text_field, config.val_by)  # (and --val-by FIELD's domain: records.py)
     return WorkerConfig(sources=kept, clean=config.clean_config(), tokenizer=config.tokenizer,
                         tokenizer_backend=tokenizer.backend, separator=config.separator,
-                        text_field=config.text_field, text_mode=config.text_mode, on_error=config.on_error,
+                        text_field=fields, text_mode=config.text_mode, on_error=config.on_error,
                         decode_errors=config.decode_errors, expect=identity_of(tokenizer),
                         minhash=config.minhash_config() if config.near_dedup else None,
-                        hf=config.hf_spec() if config.hf else None,
+                        hf=replace(config.hf_spec(), text_field=fields) if config.hf else None,
                         attributes=tuple(config.attributes))  # fmt: skip
 
 

@@ -9,7 +9,8 @@ separators), `keys` (uint64), `sources` (int32); with --near-dedup, `sigs` (each
 MinHash signature, n_hashes uint32); with --dedup-lines, `lines` (the keys of the unit's lines
 met first here, in order: linestage.py); `numbers` (int64: each document's record number, its
 line or row, counted from the unit's start for a byte range: linenumbers.py makes it absolute);
-with --attribute, `attrs` (each document's attribute record, format/attributes.py).
+with --attribute, `attrs` (each document's attribute record, format/attributes.py); with
+--val-by FIELD, `domains` (each document's domain, the xxh3-64 of its label: valby.py).
 The task that tokenized the units then gathers their keys,
 partitioned by dedup bucket, into one file of its own (keyfiles.py). The data file is written
 under a temporary name, fsynced and renamed; then
@@ -39,21 +40,23 @@ from ...format import atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
+from ..documents.records import record_fields
 from ..documents.sources import Source, WorkItem
 from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
+from . import valby
 from .linenumbers import known_first_line, tag
 from .plantables import pread_all
 from .taskplan import Unit, count_newlines, unit_items, work_dir
 
 LineMasks = tuple[list[tuple[bytes, int]], np.ndarray]  # per item its lines' keep-bits and count; the kept keys
 
-SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines", "numbers", "attrs")
+SECTIONS = ("tokens", "lengths", "keys", "sources", "sigs", "lines", "numbers", "attrs", "domains")
 DTYPES = {"tokens": "<u4", "lengths": "<i8", "keys": "<u8", "sources": "<i4", "sigs": "<u4", "lines": "<u8",
-          "numbers": "<i8", "attrs": "u1"}  # fmt: skip
-_MAGIC = b"LMSUNIT6"
+          "numbers": "<i8", "attrs": "u1", "domains": "<u8"}  # fmt: skip
+_MAGIC = b"LMSUNIT7"
 _HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
@@ -75,8 +78,8 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
 
     def work_items(unit: Unit) -> Iterator[WorkItem]:
-        items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
-                           config.max_chars)  # fmt: skip
+        items = unit_items(unit.source, sources[unit.source], unit, config.text_mode,
+                           record_fields(config.text_field, config.val_by), config.max_chars)  # fmt: skip
         if masks is None:
             return items
         return (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))  # (the same items)
@@ -91,7 +94,8 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
             lines["next_line"] = base + lines["lines"]
 
     try:
-        _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1)
+        _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1,
+                    valby.field_of(config.val_by))  # fmt: skip
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
             for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u))):
@@ -125,13 +129,15 @@ def load_unit(plan: dict[str, Any], u: int) -> Unit:
 
 def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[str, int],
                 separators: tuple[int, str, int | None], minhash: MinHashConfig | None = None,
-                line_keys: np.ndarray | None = None, lines_before: int = 0) -> None:  # fmt: skip
+                line_keys: np.ndarray | None = None, lines_before: int = 0,
+                field: str | None = None) -> None:  # fmt: skip
     """`lines_before`: what the unit's record numbers start after (its records are numbered from
-    its own start in the `numbers` section)."""
+    its own start in the `numbers` section); `field`: --val-by FIELD's (its documents' domains)."""
     tmp = out / f".unit_{u:06d}.bin.tmp"
     table: list[dict[str, Any]] = []
     small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": [], "numbers": [],
-                                          "attrs": []}  # fmt: skip
+                                          "attrs": [], "domains": []}  # fmt: skip
+    labels: set[str] = set()  # --val-by FIELD: the unit's domains
     with open(tmp, "wb") as f:
         f.write(bytes(_HEADER))
         for r in results:  # tokens stream to the file; 20 bytes per document are kept for the sections after
@@ -146,6 +152,10 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
                 small["numbers"].append(r.numbers - lines_before)
             if r.attrs is not None:
                 small["attrs"].append(np.frombuffer(np.ascontiguousarray(r.attrs).tobytes(), np.uint8))
+            if r.domains is not None:
+                small["domains"].append(valby.label_keys(r.domains))
+                labels.update(r.domains)
+                valby.check_labels(labels, field, f"unit {u}")
             table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
                           "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
                           "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
@@ -166,13 +176,16 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
         starts.append(f.tell())
         f.write(arrays["attrs"].data.cast("B"))
         starts.append(f.tell())
+        f.write(arrays["domains"].data.cast("B"))
+        starts.append(f.tell())
         f.seek(0)
         f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out / f"unit_{u:06d}.bin")
     totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
-    atomic_write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, "table": table})
+    domains = {"labels": sorted(labels)} if small["domains"] else {}
+    atomic_write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, **domains, "table": table})
 
 
 def sections(tokenized: Path, u: int) -> dict[str, tuple[int, int]]:
