@@ -123,6 +123,7 @@ MDS_OPS_PER_S = 50_000
 CLIENT_OPS_PER_S = 2_000
 CLIENT_BYTES_PER_S = 1e9
 
+DOMAINS = ("web", "books", "code", "papers", "forums", "news", "wiki", "law")  # --val-by domain: the field's values
 STAGES = ("tokenize", "dedup", "select", "write")
 LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, first
 
@@ -332,7 +333,7 @@ def _texts(rng: random.Random, n: int, words: int, pool: list[str]) -> list[str]
 
 def make_inputs(root: Path, units: int, kind: str, per_file: int, docs: int, unit_bytes: int) -> Path:
     """U units of generated text under root (see the module docstring); reused when present."""
-    done = root / ".complete"
+    done = root / ".complete-domains"  # (inputs of a checkout that wrote no domain field are made again)
     if done.exists():
         return root
     shutil.rmtree(root, ignore_errors=True)
@@ -345,13 +346,15 @@ def make_inputs(root: Path, units: int, kind: str, per_file: int, docs: int, uni
 
         for f in range(-(-units // per_file)):
             n = min(per_file, units - f * per_file)
-            table = pa.table({"text": _texts(rng, n * docs, words, pool)})
+            texts = _texts(rng, n * docs, words, pool)
+            table = pa.table({"text": texts, "domain": [DOMAINS[k % len(DOMAINS)] for k in range(len(texts))]})
             pq.write_table(table, root / f"part-{f:05d}.parquet", row_group_size=docs)
     else:
         for u in range(units):
             sub = root / f"{u // 1000:04d}"
             sub.mkdir(exist_ok=True)
-            lines = [json.dumps({"text": t}) for t in _texts(rng, docs, words, pool)]
+            lines = [json.dumps({"text": t, "domain": DOMAINS[k % len(DOMAINS)]})
+                     for k, t in enumerate(_texts(rng, docs, words, pool))]  # fmt: skip
             (sub / f"unit-{u:06d}.jsonl").write_text("\n".join(lines) + "\n")
     done.touch()
     return root
@@ -490,7 +493,7 @@ def run_plan(args: argparse.Namespace, shape: Shape, units: int, buckets: int | 
                  "--workers", str(shape.workers), "--quiet", *(["--near-dedup"] if args.near_dedup else []),
                  *(["--dedup-lines"] if args.dedup_lines else []),
                  *(a for name in args.attribute for a in ("--attribute", name)),
-                 *(["--val-by", "input", "--val-tokens", str(args.val_tokens)] if args.val_tokens else [])]  # fmt: skip
+                 *(["--val-by", args.val_by, "--val-tokens", str(args.val_tokens)] if args.val_tokens else [])]  # fmt: skip
     plan = trace(plan_args, {"BENCH_CLUSTER_BUCKETS": str(buckets)} if buckets else None)
     info = stages.status(out)
     if info["units"] != units:
@@ -758,7 +761,10 @@ def main() -> None:
     ap.add_argument("--near-dedup", action="store_true", help="plan with --near-dedup (exact dedup stays on)")
     ap.add_argument("--dedup-lines", action="store_true", help="plan with --dedup-lines (its two stages first)")
     ap.add_argument("--attribute", action="append", default=[], help="plan with --attribute NAME (repeatable)")
-    ap.add_argument("--val-tokens", type=int, default=0, help="plan with --val-by input --val-tokens N")
+    ap.add_argument("--val-tokens", type=int, default=0, help="plan with --val-by VAL_BY --val-tokens N")
+    ap.add_argument("--val-by", default="input", choices=("input", "domain"),
+                    help="with --val-tokens: a val part of each input, or of each value of the inputs' `domain` "
+                         f"field ({len(DOMAINS)} values, every unit holding each)")  # fmt: skip
     ap.add_argument("--bucket-point", type=int, default=None,
                     help="buckets of one more plan per shape at the smallest U (default: the largest power of two "
                          "up to its one-core task count, at least twice the input's; 0: none)")  # fmt: skip
@@ -792,7 +798,7 @@ def main() -> None:
           f"({Path(taskplan.__file__).parents[2]})", flush=True)  # fmt: skip
     kind = ("exact and near dedup" if args.near_dedup else "exact dedup") + (", line dedup" if args.dedup_lines else "")
     kind += "".join(f", --attribute {name}" for name in args.attribute)
-    kind += f", --val-by input --val-tokens {args.val_tokens:,}" if args.val_tokens else ""
+    kind += f", --val-by {args.val_by} --val-tokens {args.val_tokens:,}" if args.val_tokens else ""
     print(f"{kind}; {args.input} inputs ({args.units_per_file} units per file)" if args.input == "parquet" else
           f"{kind}; jsonl inputs (one file per unit)", flush=True)  # fmt: skip
     shapes = [Shape("one-core tasks", args.units_per_task, 1)]

@@ -22,9 +22,8 @@ from conftest import write
 from lmshard import TokenDataset
 from lmshard.errors import ConfigError
 from lmshard.format import INDEX_DTYPE, load_metadata
-from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare import PrepareConfig, domains, prepare
 from lmshard.prepare.documents.dedup import uniform_from_keys
-from lmshard.prepare.execution import valby
 
 BUDGET = 2_000
 DOMAINS = ("wiki", "code", "news", "7")  # (the last one written as the number 7)
@@ -91,7 +90,7 @@ def _expected(docs: list[tuple[float, int, str]], budget: int) -> set[str]:
     """The rule by hand (texts are distinct here): in order of draw until the budget is reached,
     none that would take val past half the domain's tokens."""
     docs, half, total, chosen = sorted(docs), sum(n for _, n, _ in docs) // 2, 0, set()
-    for draw, n, text in docs:
+    for _, n, text in docs:
         if total >= budget or total + n > half:
             break
         total, chosen = total + n, chosen | {text}
@@ -147,8 +146,8 @@ def test_val_streams_and_where_by_the_field(made):
 
 
 def test_records_without_the_field_and_plain_text(tmp_path):
-    src = write(tmp_path / "x.jsonl", "".join(json.dumps({"text": _text("x", i), "meta": {"src": "a"}}) + "\n"
-                                              for i in range(30)) + json.dumps({"text": "no domain here"}) + "\n")  # fmt: skip
+    lines = [json.dumps({"text": _text("x", i), "meta": {"src": "a"}}) for i in range(30)]
+    src = write(tmp_path / "x.jsonl", "\n".join([*lines, json.dumps({"text": "no domain here"})]) + "\n")
     lmshard = [sys.executable, "-m", "lmshard", "prepare", str(src), "--val-by", "meta.src", "--val-tokens", "100",
                "--val-fraction", "0"]  # fmt: skip
     done = subprocess.run([*lmshard, "--out", str(tmp_path / "o")], text=True, capture_output=True)
@@ -170,9 +169,9 @@ def test_options_refused_and_too_many_values(tmp_path, monkeypatch):
             "val_fraction": 0, "val_tokens": 10}  # fmt: skip
     with pytest.raises(ConfigError, match="the attribute 'chars', which an --attribute makes too"):
         PrepareConfig(**base, val_by="stats.chars", attributes=["length"])
-    assert valby.attribute_name("meta.pile_set_name") == "pile_set_name"
-    assert valby.attribute_name("source-name") == "source_name" and valby.attribute_name("class") == "class_"
+    assert domains.attribute_name("meta.pile_set_name") == "pile_set_name"
+    assert domains.attribute_name("source-name") == "source_name" and domains.attribute_name("class") == "class_"
     write(tmp_path / "x.jsonl", "".join(json.dumps({"text": _text("y", i), "id": i}) + "\n" for i in range(40)))
-    monkeypatch.setattr(valby, "MAX_LABELS", 16)  # (the workers are forked: they see it)
+    monkeypatch.setattr(domains, "MAX_LABELS", 16)  # (the workers are forked: they see it)
     with pytest.raises(Exception, match="--val-by id: more than 16 distinct values"):
         prepare(PrepareConfig(**base, val_by="id", workers=1))

@@ -231,7 +231,7 @@ def attributes(found: list[dict[str, Any]], title: str) -> None:
     out.print(f"[bold]attributes of {escape(title)}[/] (documents; % of the split's tokens; ≥: % in the documents "
               "at or above the bucket)")  # fmt: skip
     for a in found:
-        head = f"[bold]{a['name']}[/] ({a['dtype']}, --attribute {escape(a['by'])}): {a['docs']:,} docs"
+        head = f"[bold]{a['name']}[/] ({a['dtype']}, {escape(_made_by(a['by']))}): {a['docs']:,} docs"
         if a["dtype"] == "category":
             out.print(head, highlight=False)
             shown = a["labels"][:10]
@@ -254,9 +254,15 @@ def attributes(found: list[dict[str, Any]], title: str) -> None:
 
 
 def attributes_row(meta: Any) -> str:
-    """The dataset's attributes in a table row: how many columns, and the --attribute that made them."""
-    made = ", ".join(dict.fromkeys(f.by for f in meta.attributes))
-    return escape(f"{plural(len(meta.attributes), 'column')} by --attribute {made} (inspect --attribute NAME)")
+    """The dataset's attributes in a table row: how many columns, and the options that made them
+    (`--attribute NAME`, or `--val-by FIELD` for its domains)."""
+    made = ", ".join(dict.fromkeys(_made_by(f.by) for f in meta.attributes))
+    return escape(f"{plural(len(meta.attributes), 'column')} by {made} (inspect --attribute NAME)")
+
+
+def _made_by(by: str) -> str:
+    """The option that made an attribute: `--attribute NAME`, or `--val-by FIELD` as recorded."""
+    return by if by.startswith("--") else f"--attribute {by}"
 
 
 def _value(x: float) -> str:

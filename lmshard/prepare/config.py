@@ -203,7 +203,7 @@ class PrepareConfig:
         own = schema(self.attributes) if self.attributes else ()
         if self.val_by in (None, "input"):
             return own
-        from .execution.valby import domain_attr
+        from .domains import domain_attr
 
         return (*own, domain_attr(self.val_by, labels))
 
@@ -244,7 +244,7 @@ class PrepareConfig:
 
     def _check_val_by(self) -> None:
         if self.val_by is not None or self.val_tokens:
-            from .execution.valby import check_options
+            from .domains import check_options
 
             check_options(self)
 

@@ -60,8 +60,9 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     on the benchmark corpus ×2 on 2 cores)."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py; stdin is spooled)
         if config.hf and config.hf_spec().kind() != "saved":
-            raise ConfigError(f"--val-by {config.val_by}: --hf {config.hf} is a stream, read once, and --val-by needs the "
-                              "stages; save it first (save_to_disk), or pass its data files as inputs")  # fmt: skip
+            raise ConfigError(f"--val-by {config.val_by}: --hf {config.hf} is a stream, read once, and --val-by "
+                              "needs the stages; save it first (save_to_disk), or pass its data files as "
+                              "inputs")  # fmt: skip
         return True
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None

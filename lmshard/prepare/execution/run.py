@@ -24,6 +24,7 @@ from ...format.encoding import Encoding
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.worker import WorkerConfig
+from ..domains import field_of
 from ..output.build import Totals
 from ..output.claim import bos_written
 from ..output.dictfile import run_encoding
@@ -44,7 +45,7 @@ from .runplan import finish_sources, plan_run, worker_config
 from .stagereads import Reads
 from .taskplan import work_dir
 from .unitfiles import tokenize_unit
-from .valby import field_of, val_rows
+from .valby import val_rows
 
 STAGES = ("tokenize", "dedup", "select", "write", "finish")  # a run's stages, in order
 LINE_STAGES = ("lines", "linedup")  # with --dedup-lines, before them

@@ -43,10 +43,10 @@ from ..config import PrepareConfig
 from ..documents.records import record_fields
 from ..documents.sources import Source, WorkItem
 from ..documents.worker import ItemResult, WorkerConfig, run_item
+from ..domains import check_labels, field_of, label_keys
 from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
-from . import valby
 from .linenumbers import known_first_line, tag
 from .plantables import pread_all
 from .taskplan import Unit, count_newlines, unit_items, work_dir
@@ -95,7 +95,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
 
     try:
         _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1,
-                    valby.field_of(config.val_by))  # fmt: skip
+                    field_of(config.val_by))  # fmt: skip
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
             for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u))):
@@ -153,9 +153,9 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
             if r.attrs is not None:
                 small["attrs"].append(np.frombuffer(np.ascontiguousarray(r.attrs).tobytes(), np.uint8))
             if r.domains is not None:
-                small["domains"].append(valby.label_keys(r.domains))
+                small["domains"].append(label_keys(r.domains))
                 labels.update(r.domains)
-                valby.check_labels(labels, field, f"unit {u}")
+                check_labels(labels, field, f"unit {u}")
             table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
                           "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
                           "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip

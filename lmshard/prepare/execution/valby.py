@@ -39,79 +39,19 @@ values (a category's labels), counted in each unit and each fold.
 from __future__ import annotations
 
 import base64
-import keyword
-import re
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from ...errors import ConfigError, InputError
-from ...format.attributes import MAX_LABELS, AttrField, is_name
+from ...errors import InputError
 from ..documents.dedup import uniform_from_keys
+from ..domains import check_labels, field_of, label_keys
 from . import unitfiles
 
 _table: list[Any] = [None, None]  # the thresholds last made a table (unit_split), and the table
 _codes: list[Any] = [None, None]  # the labels last made a table (`domain_codes`), and the table
-
-
-def field_of(val_by: str | None) -> str | None:
-    """The record field --val-by names (None: by input, or no --val-by)."""
-    return None if val_by in (None, "input") else val_by
-
-
-def attribute_name(field: str) -> str:
-    """The category attribute that keeps a field's domains: the field's last part, made an
-    identifier (`meta.pile_set_name` → `pile_set_name`, `source-name` → `source_name`)."""
-    name = re.sub(r"[^A-Za-z0-9_]", "_", field.split(".")[-1])[:64] or "domain"
-    return name if is_name(name) else f"_{name}"[:64] if not keyword.iskeyword(name) else f"{name}_"
-
-
-def domain_attr(val_by: str | None, labels: Sequence[str]) -> AttrField | None:
-    """The category column of --val-by FIELD's domains (None: no field)."""
-    field = field_of(val_by)
-    return None if field is None else AttrField(attribute_name(field), "category", f"--val-by {field}", tuple(labels))
-
-
-def check_options(config: Any) -> None:
-    """What --val-by and --val-tokens refuse (PrepareConfig's check), in one line."""
-    if config.val_by is None:
-        if config.val_tokens:
-            raise ConfigError(f"--val-tokens {config.val_tokens} without --val-by; pass --val-by input (or a "
-                              "record field) too")  # fmt: skip
-        return
-    if not config.val_by.strip():
-        raise ConfigError("--val-by takes input (a val part of each input file) or a record field's name")
-    if config.val_tokens < 1:
-        raise ConfigError(f"--val-by {config.val_by} needs --val-tokens N, the tokens of each domain's val part "
-                          "(e.g. 1000000)")  # fmt: skip
-    if config.val_fraction or config.append or config.max_docs is not None:
-        raise ConfigError(f"--val-by {config.val_by} holds out --val-tokens of each domain: pass --val-fraction 0, "
-                          "and no --append or --max-docs")  # fmt: skip
-    field = field_of(config.val_by)
-    if field is not None and config.attributes:
-        from ...quality.scores import schema
-
-        name = attribute_name(field)
-        if any(f.name == name for f in schema(config.attributes)):
-            raise ConfigError(f"--val-by {field} keeps each document's domain as the attribute {name!r}, which an "
-                              "--attribute makes too; name that scorer's columns otherwise "
-                              "(module:function=a,b)")  # fmt: skip
-
-
-def label_keys(labels: Sequence[str]) -> np.ndarray:
-    """Each label's key (the xxh3-64 of its UTF-8 bytes): a document's domain as a unit stores it."""
-    return np.array([xxhash.xxh3_64_intdigest(x.encode("utf-8", "surrogatepass")) for x in labels], dtype="<u8")
-
-
-def check_labels(labels: Sized, field: str | None, where: str) -> None:
-    """A field's distinct values, at most a category's 65,536."""
-    if field is not None and len(labels) > MAX_LABELS:
-        raise InputError(f"--val-by {field}: more than {MAX_LABELS:,} distinct values in {where}; --val-by names a "
-                         "field of few values (a source's or a domain's name), not one of each record's "
-                         "own")  # fmt: skip
 
 
 def _pack(docs: np.ndarray) -> str:
@@ -178,7 +118,7 @@ def thresholds(val: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def move_rows(rows: list[list[int]], val: dict[str, Any], limits: dict[int, float]) -> list[list[int]]:
+def move_rows(rows: list[list[int]], val: dict[str, Any], limits: dict[str, float]) -> list[list[int]]:
     """The units' stream rows (layout.py: train docs, tokens, val docs, tokens, ...) with the
     chosen documents moved from train to val."""
     rows = [list(row) for row in rows]
