@@ -175,3 +175,26 @@ def test_options_refused_and_too_many_values(tmp_path, monkeypatch):
     monkeypatch.setattr(domains, "MAX_LABELS", 16)  # (the workers are forked: they see it)
     with pytest.raises(Exception, match="--val-by id: more than 16 distinct values"):
         prepare(PrepareConfig(**base, val_by="id", workers=1))
+
+
+def test_arrow_and_a_saved_hugging_face_dataset(tmp_path, reference):
+    """The field read from an arrow file's column and a saved Hugging Face dataset's rows: each
+    document's stored label is its row's (a number as JSON writes it)."""
+    import datasets
+
+    rows = [(_text("h", i), ["x", "y", 3][i % 3]) for i in range(90)]
+    datasets.Dataset.from_dict({"text": [t for t, _ in rows], "meta": [{"src": str(d)} for _, d in rows]}
+                               ).save_to_disk(str(tmp_path / "saved"))  # fmt: skip
+    arrow = tmp_path / "a.arrow"
+    table = pa.table({"text": [_text("r", i) for i in range(60)], "src": [i % 2 for i in range(60)]})
+    with pa.ipc.new_file(arrow, table.schema) as w:
+        w.write_table(table, max_chunksize=16)
+    expected = {t: str(d) for t, d in rows} | {_text("r", i): str(i % 2) for i in range(60)}
+    for name, options in (("hf", {"hf": str(tmp_path / "saved"), "val_by": "meta.src"}),
+                          ("arrow", {"inputs": [str(arrow)], "val_by": "src"})):  # fmt: skip
+        out = tmp_path / name
+        prepare(PrepareConfig(out=str(out), tokenizer="gpt2", val_fraction=0, val_tokens=300, workers=2, **options))
+        docs = _docs(out, "train") + _docs(out, "val")
+        assert len(docs) == (90 if name == "hf" else 60) and load_metadata(out).n_tokens("val") >= 300
+        for label, tokens in docs:
+            assert label == expected[reference.decode(tokens[tokens != reference.eot_token].tolist())]
