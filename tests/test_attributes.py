@@ -236,8 +236,7 @@ def broken(text):
 
 def test_plugin_scorers_and_their_code_in_the_fingerprint(tmp_path, reference):
     from lmshard.prepare.documents.sources import discover
-    from lmshard.prepare.output.claim import _fingerprint
-    from lmshard.prepare.output.staging import difference
+    from lmshard.prepare.output.claim import _fingerprint, difference
     from lmshard.tokenizers import load_tokenizer
 
     plugin = tmp_path / "scores.py"

@@ -147,7 +147,7 @@ def test_inspect_reports_what_prepare_would_remove_and_changes_nothing(planted, 
 
 
 def test_a_changed_benchmark_file_stops_a_resume_in_one_line(planted, tmp_path):
-    from lmshard.prepare.output.staging import difference
+    from lmshard.prepare.output.claim import difference
 
     root, src, _, _ = planted
     bench = tmp_path / "quiz.jsonl"

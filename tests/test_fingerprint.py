@@ -15,8 +15,7 @@ from test_prepare import jsonl, make_texts
 from lmshard.prepare import PrepareConfig
 from lmshard.prepare.config import TRANSIENT_OPTIONS
 from lmshard.prepare.documents.sources import discover
-from lmshard.prepare.output.claim import _fingerprint
-from lmshard.prepare.output.staging import difference
+from lmshard.prepare.output.claim import _fingerprint, difference
 from lmshard.tokenizers import load_tokenizer
 
 # A value other than the default for every recorded option (valid with the base configuration).

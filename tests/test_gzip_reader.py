@@ -9,7 +9,8 @@ import zlib
 
 import pytest
 
-from lmshard.prepare.documents.files import DamagedInput, _gzip_reader, detect, open_binary
+from lmshard.prepare.documents.decompress import DamagedInput, _gzip_reader
+from lmshard.prepare.documents.files import detect, open_binary
 
 pytest.importorskip("isal", reason="the fast gzip reader is in the `fast` extra")
 

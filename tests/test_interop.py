@@ -24,7 +24,7 @@ from conftest import GPT2_EOT, read_docs, write
 from test_hf_tokenizer import BOT, EOT, big  # noqa: F401  (big: the module-scoped >65,536-id vocabulary)
 from typer.testing import CliRunner
 
-import lmshard.interop.importer as importer
+import lmshard.interop.foreign as foreign
 import lmshard.interop.source as source
 from lmshard.cli import app
 from lmshard.errors import ConfigError
@@ -140,7 +140,7 @@ def big_ds(big, tmp_path_factory):  # noqa: F811
 def small_blocks(monkeypatch):
     """Blocks of ~50 tokens, so every export crosses many block boundaries."""
     monkeypatch.setattr(source, "BLOCK_TOKENS", 50)
-    monkeypatch.setattr(importer, "BLOCK_TOKENS", 37)
+    monkeypatch.setattr(foreign, "BLOCK_TOKENS", 37)
 
 
 def truth(root: Path, split: str, want: str) -> list[np.ndarray]:
@@ -405,7 +405,7 @@ def write_megatron(prefix: Path, docs: list[list[list[int]]]) -> None:
 def test_megatron_empty_documents_are_skipped_and_counted(tmp_path, monkeypatch):
     """preprocess_data.py writes an empty text as a document of no sequence (a sequence of no
     token is the same document): the import skips it and says how many it skipped."""
-    monkeypatch.setattr(importer, "BLOCK_TOKENS", 1)  # one document a block: some blocks hold only an empty one
+    monkeypatch.setattr(foreign, "BLOCK_TOKENS", 1)  # one document a block: some blocks hold only an empty one
     e = GPT2_EOT
     write_megatron(tmp_path / "t", [[[10, 11, e]], [], [[12], [13, e]], [[]], [[14, e]]])
     write_megatron(tmp_path / "v", [[], [[15, e]]])
@@ -710,7 +710,7 @@ def test_an_llmc_split_before_its_first_document_start_counts_what_it_leaves_out
         header = np.zeros(256, dtype=np.int32)
         header[:3] = 20240520, 1, len(toks)
         (out / name).write_bytes(header.tobytes() + np.array(toks, dtype="<u2").tobytes())
-    monkeypatch.setattr(importer, "BLOCK_TOKENS", 3)  # the first start falls at offset 0 of the third block
+    monkeypatch.setattr(foreign, "BLOCK_TOKENS", 3)  # the first start falls at offset 0 of the third block
     meta = import_dataset(out, "llmc", tmp_path / "ds", tokenizer="gpt2")
     assert meta.drops == {"partial_document": 1}
     assert [d.tolist() for d in read_docs(tmp_path / "ds", "train")] == [[GPT2_EOT, 7, 8]]

@@ -22,8 +22,7 @@ from lmshard.format.provenance import src_path
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.documents.dedup import uniform_from_keys
 from lmshard.prepare.documents.sources import discover
-from lmshard.prepare.output.claim import _fingerprint
-from lmshard.prepare.output.staging import difference
+from lmshard.prepare.output.claim import _fingerprint, difference
 from lmshard.tokenizers import load_tokenizer
 
 BUDGET = 3_000

@@ -248,8 +248,8 @@ def prepare(
     flags = dict(locals())  # every option by its name, None where not given
     flags["json"] = flags.pop("json_")
     from ..prepare import prepare as run_prepare
-    from ..prepare.config import parse_size
     from ..prepare.configfile import resolve_config
+    from ..prepare.values import parse_size
 
     flags["unit_size"] = parse_size("--unit-size", unit_size) if unit_size is not None else None
     cfg = resolve_config(file=flags.pop("config"), flags=flags)

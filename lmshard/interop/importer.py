@@ -13,9 +13,10 @@ skipped and counted as dropped "empty"). The shards are written by prepare's own
 Every document's provenance (`.src`, format/provenance.py) names its input (the split's file; for
 llm.c, the shard it starts in) and its number there, from 1.
 
-Memory model: one block of BLOCK_TOKENS input tokens and its uint32 copy, a document cut by a
-block's end (carried to the next), and Megatron's sequence offsets (8 bytes per sequence, as
-Megatron's own reader maps them).
+The input files are read by foreign.py, a block of whole documents at a time.
+
+Memory model: foreign.py's (one block of input tokens and its uint32 copy, a document cut by a
+block's end, Megatron's sequence offsets) and the shard writer's buffers.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ..errors import ConfigError, InputError
 from ..format import (
     METADATA_FILE,
     SPLITS,
-    TOKEN_DTYPE,
     TOKENIZER_FILE,
     DatasetMeta,
     DedupInfo,
@@ -50,12 +50,12 @@ from ..format.provenance import records
 from ..prepare.output.writer import ShardWriter
 from ..remote.urls import local_only, output_url
 from ..tokenizers import Tokenizer, is_hf_spec, load_tokenizer
-from .layouts import LLMC_HEADER_BYTES, LLMC_HEADER_INTS, LLMC_V1, LLMC_V7, MEGATRON_HEADER, read_megatron_header
+from .foreign import LlmcBlocks, llmc_header, megatron_blocks, megatron_files, nanogpt_blocks
+from .layouts import LLMC_HEADER_BYTES
 from .output import staged_output
 from .source import Block
 
 IMPORT_FORMATS = ("nanogpt", "llmc", "modded-nanogpt", "megatron")
-BLOCK_TOKENS = 1 << 24  # input tokens read at a time
 LLMC_FORMATS = ("llmc", "modded-nanogpt")  # shards of a 1 KiB header and tokens, the EOT id before each document
 TOKENS_PER_SHARD = 100_000_000  # prepare's default
 
@@ -108,17 +108,17 @@ def import_dataset(src: str | os.PathLike[str], fmt: str, out: str | os.PathLike
         for split, files in inputs.items():
             reader: Iterable[Block]
             if fmt == "nanogpt":
-                reader = _nanogpt_blocks(files[0], eot)
+                reader = nanogpt_blocks(files[0], eot)
             elif before:
-                reader = _LlmcBlocks(files, eot, fmt, split)
+                reader = LlmcBlocks(files, eot, fmt, split)
             else:
-                reader = _megatron_blocks(files[0], files[1])
+                reader = megatron_blocks(files[0], files[1])
             writer = ShardWriter(staging, split, tokens_per_shard, encoding=encoding, provenance=True)
             source = [at for at, (of, _) in enumerate(_source_files(fmt, inputs)) if of == split][0]
             written, empty[split] = _write_split(writer, iter(reader), files[0], (tok.n_vocab, eot), before, source,
                                                  kept)  # fmt: skip
             shards += written
-            partial[split] = reader.partial if isinstance(reader, _LlmcBlocks) else 0
+            partial[split] = reader.partial if isinstance(reader, LlmcBlocks) else 0
         if not any(s.n_docs for s in shards if s.split == "train"):
             raise InputError(f"{src}: no documents to import into the train split (each document "
                              f"{'starts' if before else 'ends'} with the id {eot}; pass --eot-id if the files use "
@@ -149,9 +149,9 @@ def _inputs(src: Path, fmt: str, val: Path | None) -> dict[str, list[Path]]:
         if not src.is_dir() or not (src / "train.bin").is_file():
             raise InputError(f"{src}: not a nanoGPT data directory (no train.bin in it)")
         return {split: [src / f"{split}.bin"] for split in SPLITS if (src / f"{split}.bin").is_file()}
-    found = {"train": _megatron_files(src)}
+    found = {"train": megatron_files(src)}
     if val is not None:
-        found["val"] = _megatron_files(val)
+        found["val"] = megatron_files(val)
     return found
 
 
@@ -159,82 +159,6 @@ def _source_files(fmt: str, inputs: dict[str, list[Path]]) -> list[tuple[str, Pa
     """The inputs the metadata lists as sources, in order, with their splits: each llm.c shard
     (a document's is the shard it starts in), else each split's file."""
     return [(split, p) for split, files in inputs.items() for p in (files if fmt in LLMC_FORMATS else files[:1])]
-
-
-def _megatron_files(prefix: Path) -> list[Path]:
-    stem = prefix.with_suffix("") if prefix.suffix in (".bin", ".idx") else prefix
-    files = [stem.with_name(stem.name + ".bin"), stem.with_name(stem.name + ".idx")]
-    for path in files:
-        if not path.is_file():
-            raise InputError(f"{path}: no such file (a Megatron dataset is PREFIX.bin and PREFIX.idx)")
-    return files
-
-
-def _nanogpt_blocks(path: Path, eot: int) -> Iterator[Block]:
-    """Documents of a nanoGPT uint16 token file: each ends right after an EOT id."""
-    size = path.stat().st_size
-    if size % 2:
-        raise InputError(f"{path}: {size:,} bytes, not a whole number of uint16 tokens (truncated?)")
-    tokens = np.memmap(path, dtype="<u2", mode="r") if size else np.zeros(0, "<u2")
-    carry = np.zeros(0, TOKEN_DTYPE)  # the start of a document the previous block cut
-    for start in range(0, len(tokens), BLOCK_TOKENS):
-        block = np.concatenate([carry, np.asarray(tokens[start : start + BLOCK_TOKENS], dtype=TOKEN_DTYPE)])
-        ends = np.flatnonzero(block == eot) + 1
-        if len(ends):
-            yield Block(block[: ends[-1]], np.diff(ends, prepend=0))
-        carry = block[ends[-1] :] if len(ends) else block
-    if len(carry):
-        raise InputError(f"{path}: the last {len(carry):,} tokens are not followed by the EOT id {eot}; "
-                         "a nanoGPT file ends with one (pass --eot-id if its separator is another id)")  # fmt: skip
-
-
-class _LlmcBlocks:
-    """Documents of llm.c / modded-nanogpt shards, in file order: each starts with the EOT id,
-    and one may run on from a shard into the next (carried over). A split's first shard may
-    begin inside a document whose start fineweb.py wrote into the shard before it (the val
-    shard, before the first train shard): the tokens before the split's first document start
-    are left out, and `partial` is 1 when there were any. A split whose shards hold tokens but
-    no document start is refused (the separator id is not the files')."""
-
-    def __init__(self, files: list[Path], eot: int, fmt: str, split: str = "train") -> None:
-        self.files, self.eot, self.fmt, self.split, self.partial = files, eot, fmt, split, 0
-
-    def __iter__(self) -> Iterator[Block]:
-        carry, started, dropped = np.zeros(0, TOKEN_DTYPE), False, 0
-        carried = (0, 0)  # the carried document's file and number there
-        for k, path in enumerate(self.files):
-            in_file = 0  # the documents this file has started so far
-            dtype, n_tokens = _llmc_header(path, self.fmt)
-            tokens = np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(n_tokens,)) \
-                if n_tokens else np.zeros(0, dtype)  # fmt: skip
-            for start in range(0, n_tokens, BLOCK_TOKENS):
-                block = np.concatenate([carry, np.asarray(tokens[start : start + BLOCK_TOKENS], dtype=TOKEN_DTYPE)])
-                starts = np.flatnonzero(block == self.eot)
-                if not started and len(starts):  # the tail of a document begun before this split
-                    dropped += int(starts[0])
-                    self.partial, started = int(dropped > 0), True
-                    block, starts = block[starts[0] :], starts - starts[0]
-                if not started:
-                    dropped += len(block)
-                    carry = np.zeros(0, TOKEN_DTYPE)
-                    continue
-                inherited = int(len(carry) > 0)  # a carry begins with its document's start: the first of `starts`
-                files = np.full(len(starts), k, dtype=np.int64)
-                numbers = in_file + 1 - inherited + np.arange(len(starts), dtype=np.int64)
-                if inherited:
-                    files[0], numbers[0] = carried
-                in_file += len(starts) - inherited
-                if len(starts) > 1:
-                    yield Block(block[: starts[-1]], np.diff(starts), (files[:-1], numbers[:-1]))
-                if len(starts):
-                    carried = (int(files[-1]), int(numbers[-1]))
-                carry = block[starts[-1] :] if len(starts) else block
-        if len(carry):
-            yield Block(carry, np.array([len(carry)]), (np.array([carried[0]]), np.array([carried[1]])))
-        if not started and dropped:
-            raise InputError(f"{self.files[0]}: the {self.split} shards hold {dropped:,} tokens but no document start "
-                             f"(the id {self.eot}); pass --eot-id with the id that begins each document (llm.c's "
-                             "GPT-2 shards: 50256; Llama 3: 128000)")  # fmt: skip
 
 
 def _default_separator(fmt: str, inputs: dict[str, list[Path]], tok: Tokenizer) -> int:
@@ -246,73 +170,12 @@ def _default_separator(fmt: str, inputs: dict[str, list[Path]], tok: Tokenizer) 
     if fmt not in LLMC_FORMATS:
         return int(tok.eot_id)
     first = (inputs.get("val") or inputs["train"])[0]
-    dtype, n_tokens = _llmc_header(first, fmt)
+    dtype, n_tokens = llmc_header(first, fmt)
     if n_tokens:
         token = int(np.fromfile(first, dtype=dtype, count=1, offset=LLMC_HEADER_BYTES)[0])
         if token in (tok.eot_id, tok.bos_id):
             return token
     return int(tok.bos_id) if dtype.itemsize == 4 and tok.bos_id is not None else int(tok.eot_id)
-
-
-def _llmc_header(path: Path, fmt: str) -> tuple[np.dtype, int]:
-    """(token dtype, token count) of an llm.c shard, held to its size: llm.c's own checks."""
-    header = np.fromfile(path, dtype="<i4", count=LLMC_HEADER_INTS)
-    if len(header) < LLMC_HEADER_INTS:
-        raise InputError(f"{path}: {path.stat().st_size:,} bytes, shorter than an llm.c header (1,024)")
-    kinds: list[tuple[int, int, np.dtype]] = [LLMC_V1] if fmt == "modded-nanogpt" else [LLMC_V1, LLMC_V7]
-    kind = next((k for k in kinds if (int(header[0]), int(header[1])) == k[:2]), None)
-    if kind is None:
-        known = ", ".join(f"magic {m} version {v}" for m, v, _ in kinds)
-        raise InputError(f"{path}: magic {int(header[0])} version {int(header[1])}, not a {fmt} shard ({known})")
-    n_tokens, dtype = int(header[2]), np.dtype(kind[2])
-    if path.stat().st_size != LLMC_HEADER_BYTES + n_tokens * dtype.itemsize:
-        raise InputError(f"{path}: {path.stat().st_size:,} bytes, but its header says {n_tokens:,} {dtype.name} "
-                         f"tokens ({LLMC_HEADER_BYTES + n_tokens * dtype.itemsize:,} bytes with the header): "
-                         "truncated?")  # fmt: skip
-    return dtype, n_tokens
-
-
-def _megatron_blocks(bin_path: Path, idx_path: Path) -> Iterator[Block]:
-    """Documents of a Megatron IndexedDataset, each the concatenation of its sequences."""
-    dtype, seq_starts, doc_idx = _megatron_index(bin_path, idx_path)
-    starts = seq_starts[doc_idx]  # token offset of each document's start, and the end
-    tokens = np.memmap(bin_path, dtype=dtype, mode="r") if seq_starts[-1] else np.zeros(0, dtype)
-    first, n_docs = 0, len(starts) - 1
-    while first < n_docs:
-        last = int(np.searchsorted(starts, starts[first] + BLOCK_TOKENS, side="right")) - 1
-        last = min(max(last, first + 1), n_docs)
-        ends = starts[first : last + 1] - starts[first]
-        block = np.asarray(tokens[starts[first] : starts[last]])
-        if len(block) and (int(block.min()) < 0):
-            raise InputError(f"{bin_path}: negative token id {int(block.min())}")
-        yield Block(block.astype(TOKEN_DTYPE), np.diff(ends))  # empty documents (length 0) included
-        first = last
-
-
-def _megatron_index(bin_path: Path, idx_path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray]:
-    """(token dtype, token offset of each sequence plus the end, document indices), every
-    count held to the file sizes before an array is sized by it."""
-    with open(idx_path, "rb") as f:
-        dtype, n_seq, n_doc_idx = read_megatron_header(str(idx_path), f.read(MEGATRON_HEADER.size))
-    expected = MEGATRON_HEADER.size + 12 * n_seq + 8 * n_doc_idx
-    if (size := idx_path.stat().st_size) != expected:
-        extra = " (multimodal sequence modes are not supported)" if size == expected + n_seq else ""
-        raise InputError(f"{idx_path}: {size:,} bytes, but its header's counts ({n_seq:,} sequences, {n_doc_idx:,} "
-                         f"document indices) mean {expected:,}{extra}")  # fmt: skip
-    at = MEGATRON_HEADER.size
-    lengths = np.fromfile(idx_path, dtype="<i4", count=n_seq, offset=at).astype(np.int64)
-    pointers = np.fromfile(idx_path, dtype="<i8", count=n_seq, offset=at + 4 * n_seq)
-    doc_idx = np.fromfile(idx_path, dtype="<i8", count=n_doc_idx, offset=at + 12 * n_seq)
-    seq_starts = np.concatenate([[0], np.cumsum(lengths)])
-    if (lengths < 0).any() or not np.array_equal(pointers, seq_starts[:-1] * dtype.itemsize):
-        raise InputError(f"{idx_path}: sequence lengths and byte pointers do not describe one contiguous .bin")
-    if bin_path.stat().st_size != int(seq_starts[-1]) * dtype.itemsize:
-        raise InputError(f"{bin_path}: {bin_path.stat().st_size:,} bytes, but {idx_path.name} describes "
-                         f"{int(seq_starts[-1]):,} {dtype.name} tokens ({int(seq_starts[-1]) * dtype.itemsize:,} "
-                         "bytes): truncated or not its .bin")  # fmt: skip
-    if not len(doc_idx) or doc_idx[0] != 0 or doc_idx[-1] != n_seq or (np.diff(doc_idx) < 0).any():
-        raise InputError(f"{idx_path}: document indices do not run from 0 up to the sequence count {n_seq}")
-    return dtype, seq_starts, doc_idx
 
 
 def _write_split(writer: ShardWriter, reader: Iterator[Block], path: Path, vocab: tuple[int, int],

@@ -7,7 +7,8 @@ Three rooms, and the run that ties them together:
 - `output/`: the output's durability (the claim of `--out`, staging and swap, the build, the writers);
 - `pipeline`: the run: a large input as staged tasks in the worker pool, anything else read in
   this process and written as it goes; `config`: `PrepareConfig` and `resolve_config` (flags >
-  config file > preset > demo defaults); `stops`: stop points for fault tests.
+  config file > preset > demo defaults), with `values` (option values checked as their types) and
+  `domains` (what --val-by names as a domain); `stops`: stop points for fault tests.
 
     from lmshard.prepare import PrepareConfig, prepare
     meta = prepare(PrepareConfig(inputs=["corpus/"], out="data/corpus"))

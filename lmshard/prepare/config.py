@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..quality.minhash import MinHashConfig
 from ..remote.urls import is_url, output_url, redact, scheme_of
 from .documents.clean import CleanConfig
 from .documents.inputspec import with_format
+from .values import checked, choice
 
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
 TEXT_MODES = ("auto", "file", "line", "paragraph")
@@ -100,8 +101,8 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         self._check_types()
         output_url(self.out)  # a URL of a scheme datasets cannot be written to: refused, not made a directory
-        _choice("--text-mode", self.text_mode, TEXT_MODES)
-        _choice("--executor", self.executor, EXECUTORS)
+        choice("--text-mode", self.text_mode, TEXT_MODES)
+        choice("--executor", self.executor, EXECUTORS)
         if not self.log_interval >= 0:  # 0: a line after every work item
             raise ConfigError(f"--log-interval {self.log_interval}: pass a number of seconds, 0 or more")
         if self.num_tasks is not None and self.num_tasks < 1:
@@ -111,18 +112,18 @@ class PrepareConfig:
                               "and the finish)")  # fmt: skip
         if self.unit_size is not None and self.unit_size < MIN_UNIT_BYTES:
             raise ConfigError(f"--unit-size {self.unit_size}: pass at least {MIN_UNIT_BYTES:,} bytes (64K)")
-        _choice("--dedup", self.dedup, DEDUP_MODES)
-        _choice("--eot-position", self.eot_position, EOT_POSITIONS)
+        choice("--dedup", self.dedup, DEDUP_MODES)
+        choice("--eot-position", self.eot_position, EOT_POSITIONS)
         if self.shard_encoding is not None:
-            _choice("--shard-encoding", self.shard_encoding, ENCODINGS)
-        _choice("--bos", self.bos, BOS_MODES)
+            choice("--shard-encoding", self.shard_encoding, ENCODINGS)
+        choice("--bos", self.bos, BOS_MODES)
         from ..tokenizers import BACKENDS
 
-        _choice("--tokenizer-backend", self.tokenizer_backend, BACKENDS)
-        _choice("--on-error", self.on_error, ON_ERROR)
-        _choice("--decode-errors", self.decode_errors, DECODE_ERRORS)
+        choice("--tokenizer-backend", self.tokenizer_backend, BACKENDS)
+        choice("--on-error", self.on_error, ON_ERROR)
+        choice("--decode-errors", self.decode_errors, DECODE_ERRORS)
         if self.format is not None:
-            _choice("--format", self.format, INPUT_FORMATS)
+            choice("--format", self.format, INPUT_FORMATS)
         if not self.inputs and not self.hf:
             raise ConfigError("no inputs: name files, directories or globs (or - for stdin), or pass --hf")
         for spec in self.inputs:
@@ -166,7 +167,7 @@ class PrepareConfig:
         files), so a library caller's `max_chars="10"` fails here, not deep in a worker."""
         for name, expected in _field_types().items():
             value = getattr(self, name)
-            setattr(self, name, _checked(name, value, expected, "PrepareConfig field", parse_strings=False))
+            setattr(self, name, checked(name, value, expected, "PrepareConfig field", parse_strings=False))
 
     def _check_hf_tasks(self) -> None:
         from .documents.hf import check_task_split
@@ -303,11 +304,6 @@ def _check_input(spec: str) -> None:
                       f"{spec.split(':', 1)[0]}://; copy the files to one of those or to local disk")  # fmt: skip
 
 
-def _choice(flag: str, value: str, allowed: Iterable[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{flag} must be one of {', '.join(allowed)} (got {value!r})")
-
-
 # CLI options whose name is not a PrepareConfig field: option → (field, value transform).
 ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "split": ("hf_split", lambda v: v),
@@ -325,56 +321,6 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(PrepareConfig)
 
 
-def _checked(key: str, value: Any, expected: Any, where: str, parse_strings: bool = True) -> Any:
-    """`value` as the type a field expects, or a one-line ConfigError. A number may be written
-    as a string ("1e8", "100_000_000", as config files do) only when `parse_strings`."""
-    args = typing.get_args(expected)
-    if type(None) in args:
-        if value is None:
-            return None
-        expected = next(a for a in args if a is not type(None))
-    if typing.get_origin(expected) is list:
-        items = [value] if isinstance(value, str) else value
-        if isinstance(items, list) and all(isinstance(v, str) for v in items):
-            return list(items)
-        return _bad(key, value, "a list of strings (or one string)", where)
-    if expected is bool:
-        return value if isinstance(value, bool) else _bad(key, value, "true or false", where)
-    if not parse_strings and isinstance(value, str) and expected in (int, float):
-        return _bad(key, value, "a whole number" if expected is int else "a number", where)
-    if expected is int:
-        number = _number(value)
-        if isinstance(number, int) or (isinstance(number, float) and number.is_integer()):
-            return int(number)
-        return _bad(key, value, "a whole number", where)
-    if expected is float:
-        number = _number(value)
-        try:
-            return float(number) if number is not None else _bad(key, value, "a number", where)
-        except OverflowError:
-            return _bad(key, value, "a number", where)
-    if expected is str:
-        return value if isinstance(value, str) else _bad(key, value, "a string", where)
-    raise AssertionError(f"no check for the type of {key}: {expected}")
-
-
-def _number(value: Any) -> int | float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return value
-    if isinstance(value, str):
-        try:
-            return float(value) if any(c in value for c in ".eE") else int(value, 10)
-        except (ValueError, OverflowError):
-            return None
-    return None
-
-
-def _bad(key: str, value: Any, expected: str, where: str) -> Any:
-    raise ConfigError(f"{where} {key!r} must be {expected} (got {value!r})")
-
-
 def available_cpus() -> int:
     """The cores this process may use: what the scheduler granted (`SLURM_CPUS_PER_TASK`), else its
     CPU affinity (taskset, a cgroup cpuset, a container), else the machine's count. A task given
@@ -386,14 +332,3 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity API (macOS)
         return os.cpu_count() or 1
-
-
-def parse_size(option: str, text: str) -> int:
-    """Bytes from `65536`, `64K`, `8M`, `1G` (powers of 1024)."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    number, unit = text.strip().upper().rstrip("IB") or "0", ""
-    if number[-1:] in "KMG":
-        number, unit = number[:-1], number[-1]
-    if not number.isdigit():
-        raise ConfigError(f"{option} {text}: pass a size in bytes, or with K, M or G (64K, 8M, 1G)")
-    return int(number) * units[unit]

@@ -20,7 +20,8 @@ from typing import Any
 from ..errors import ConfigError
 
 # .txt/.md: auto (a document per file up to --max-chars bytes, else per paragraph), file, line, paragraph
-from .config import ALIASES, META_OPTIONS, PrepareConfig, _checked, _field_types
+from .config import ALIASES, META_OPTIONS, PrepareConfig, _field_types
+from .values import checked
 
 
 def resolve_config(*, file: str | Path | None = None, flags: Mapping[str, Any] | None = None,
@@ -123,11 +124,11 @@ def canonical(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""
             raise ConfigError(f"{where} {key!r} is not a prepare option{hint}")
         if name in META_OPTIONS:
-            out[name] = _checked(key, value, META_OPTIONS[name], where)
+            out[name] = checked(key, value, META_OPTIONS[name], where)
         elif name in ALIASES:
             target, transform = ALIASES[name]
             alias_type = bool if name.startswith("no_") else hints[target]
-            out[target] = transform(_checked(key, value, alias_type, where))
+            out[target] = transform(checked(key, value, alias_type, where))
         else:
-            out[name] = _checked(key, value, hints[name], where)
+            out[name] = checked(key, value, hints[name], where)
     return out

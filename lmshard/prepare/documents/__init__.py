@@ -1,6 +1,7 @@
-"""The per-document pipeline: what an input is and how it is read (`files`, `reading`, `walk`;
-for objects at URLs `urlwalk`, `urlfile`), inputs as an ordered stream of work items
-(`sources`), bytes as records (`records`, `columnar`, `hf`), cleaning and filters (`clean`), the
+"""The per-document pipeline: what an input is and how it is read (`files`, `reading`, `walk`,
+`decompress`; for objects at URLs `urlwalk`, `urlfile`), inputs as an ordered stream of work
+items (`sources`), bytes as records (`records`; `streamed` for CSV and JSON arrays, `columnar`,
+`hf`), cleaning and filters (`clean`), the
 dedup key set and the seeded split (`dedup`), and a worker's whole path for one item: parse →
 clean → key → tokenize (`worker`).
 

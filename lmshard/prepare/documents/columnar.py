@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import InputError, LmshardError
-from .files import Source, open_raw, rewound
+from .decompress import rewound
+from .files import Source, open_raw
 from .reading import cannot_stream, read_error
 from .records import Record, typed_text, with_domain
 

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...errors import ConfigError, InputError, missing_dependency
-from .files import DECOMPRESSION_ERRORS, damage_kind
+from .decompress import DECOMPRESSION_ERRORS, damage_kind
 from .records import Record, bad, typed_text, with_domain
 
 

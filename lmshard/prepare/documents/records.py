@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from ...errors import InputError
+from .decompress import DamagedInput
 from .files import (
-    DamagedInput,
     Source,
     nul_offset,
     read_prefix,

@@ -34,9 +34,9 @@ from ...format import SkippedInputs
 from ...remote.urls import is_url
 from .clean import CleanConfig
 from .columnar import arrow_batches, arrow_records, open_arrow, parquet_row_groups
+from .decompress import DamagedInput
 from .files import (
     MAX_RECORD_BYTES,
-    DamagedInput,
     Source,
     detect,
     first_byte,

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from ...errors import InputError
-from .files import MAX_RECORD_BYTES, SNIFF_BYTES, DamagedInput, Source, open_binary, text_stream
+from .decompress import DamagedInput
+from .files import MAX_RECORD_BYTES, SNIFF_BYTES, Source, open_binary, text_stream
 from .reading import Headed, changed, grew
 from .records import Record, _field, _undecodable, bad, binary_record, damaged_record, json_problem, with_domain
 

@@ -48,7 +48,7 @@ from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
 from ..documents.records import binary_record
 from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, plan
-from ..output.staging import difference
+from ..output.claim import difference
 from .plantables import (
     SOURCES,
     TASKS,

@@ -1,6 +1,6 @@
 """How a run uses `--out`: the one decision table for a new build, a resumed one, an append,
 an overwrite, or a refusal with the fix; and the fingerprint a resumed run must share with the
-interrupted one.
+interrupted one (`difference` names, in the user's words, the first way two differ).
 
 | --out holds          | pending build | no flag  | --resume                | --overwrite      | --append          |
 |----------------------|---------------|----------|-------------------------|------------------|-------------------|
@@ -32,7 +32,7 @@ from ..config import PrepareConfig
 from ..documents import sources as sources_mod
 from ..documents.reading import read_error
 from ..documents.sources import Source
-from .staging import RUN_FILE, RUN_VERSION, OutputPaths, difference, inside, kind_of_output, read_run
+from .staging import RUN_FILE, RUN_VERSION, OutputPaths, inside, kind_of_output, read_run
 
 
 @dataclass
@@ -166,6 +166,50 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
           "tokenizer": tokenizer.vocab_sha256, "specials": specials, "appending_to": appended,
           "planning": planning}  # fmt: skip
     return dict(json.loads(json.dumps(fp)))
+
+
+def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The first way two run fingerprints differ, in the user's words; None when they match."""
+    if bool(started.get("appending_to")) != bool(now.get("appending_to")):
+        return "the interrupted run was " + ("an --append; pass --append" if started.get("appending_to") else
+                                             "not an --append; leave --append out")  # fmt: skip
+    for key in sorted(set(started.get("config", {})) | set(now.get("config", {}))):
+        a, b = started.get("config", {}).get(key), now.get("config", {}).get(key)
+        if a != b:
+            if key == "inputs":  # the arguments have no flag
+                return f"the inputs were {a!r} when the run started and are {b!r} now"
+            flag = {"filter_sources": "filter", "attribute_sources": "attribute"}.get(key)
+            if flag and started.get("config", {}).get(f"{flag}s") != now["config"].get(f"{flag}s"):
+                continue  # (the filters themselves differ: named next, as --filter)
+            if flag:
+                name = next(n for n in sorted(set(a or {}) | set(b or {})) if (a or {}).get(n) != (b or {}).get(n))
+                where = ((b or {}).get(name) or (a or {}).get(name) or [name])[0] or name
+                return (f"the {flag} plugin {where} (--{flag} {name}) changed since the run started (its source, or "
+                        "a Python file of its directory that it imports); put it back as it was")  # fmt: skip
+            if key == "decontaminate_sources" and a and b and set(a) == set(b):
+                name = next(n for n in sorted(a) if a[n] != b[n])
+                return (f"the benchmark {b[name][0]} (--decontaminate) changed since the run started; put it back "
+                        "as it was")  # fmt: skip
+            return f"--{key.replace('_', '-')} was {a!r} when the run started and is {b!r} now"
+    a_src = {s[0]: s for s in started.get("sources", [])}
+    b_src = {s[0]: s for s in now.get("sources", [])}
+    for path in a_src.keys() - b_src.keys():
+        return f"input {path} was read by the run and is not an input now"
+    for path in b_src.keys() - a_src.keys():
+        return f"input {path} was not an input when the run started"
+    for path, was in a_src.items():
+        if was != b_src[path]:
+            what = "size or ETag" if "://" in str(path) else "size or modification time"
+            return f"input {path} changed since the run started ({what})"
+    if [s[0] for s in started.get("sources", [])] != [s[0] for s in now.get("sources", [])]:
+        return "the inputs are in a different order than when the run started"
+    for key in ("tokenizer", "appending_to", "format", "planning"):
+        if started.get(key) != now.get(key):
+            what = {"tokenizer": "the tokenizer's vocabulary", "appending_to": "the dataset being appended to",
+                    "format": "the lmshard version's output format",
+                    "planning": "lmshard's version or its work-item sizes"}[key]  # fmt: skip
+            return f"{what} changed since the run started"
+    return None
 
 
 def _capped(out: Path) -> bool:
