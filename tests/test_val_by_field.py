@@ -161,7 +161,7 @@ def test_records_without_the_field_and_plain_text(tmp_path):
     done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", str(text), "--out", str(tmp_path / "t"),
                            "--val-by", "src", "--val-tokens", "10", "--val-fraction", "0"], text=True,
                           capture_output=True)  # fmt: skip
-    assert done.returncode != 0 and "its records have no fields" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode != 0 and "plain text has no fields" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_options_refused_and_too_many_values(tmp_path, monkeypatch):
@@ -198,3 +198,66 @@ def test_arrow_and_a_saved_hugging_face_dataset(tmp_path, reference):
         assert len(docs) == (90 if name == "hf" else 60) and load_metadata(out).n_tokens("val") >= 300
         for label, tokens in docs:
             assert label == expected[reference.decode(tokens[tokens != reference.eot_token].tolist())]
+
+
+def _kept_texts(path: Path, enc) -> list[str]:
+    return sorted(enc.decode(t[t != enc.eot_token].tolist()) for split in ("train", "val") for _, t in _docs(path, split))
+
+
+def test_line_dedup_reads_the_records_the_tokenize_stage_reads(tmp_path, reference):
+    """--dedup-lines with records skipped for their domain: the kept text is the same whether
+    the records come as JSON lines, CSV or a JSON array (the lines stage skips the same records)."""
+    rows = [(f"line one {i}\nSHARED LINE everywhere\nunique line {i} beta", None if i % 7 == 3 else "ab"[i % 2])
+            for i in range(40)]  # fmt: skip
+    write(tmp_path / "r.jsonl", "".join(json.dumps({"text": t} | ({"src": d} if d else {})) + "\n" for t, d in rows))
+    with open(tmp_path / "r.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "src"])
+        w.writerows([(t, d) if d else (t,) for t, d in rows])
+    write(tmp_path / "r.json", json.dumps([{"text": t} | ({"src": d} if d else {}) for t, d in rows]))
+    kept = {}
+    for name in ("r.jsonl", "r.csv", "r.json"):
+        out = tmp_path / f"out_{name}"
+        prepare(PrepareConfig(inputs=[str(tmp_path / name)], out=str(out), tokenizer="gpt2", val_fraction=0,
+                              val_by="src", val_tokens=30, dedup_lines=True, on_error="skip", workers=1))  # fmt: skip
+        kept[name] = _kept_texts(out, reference)
+        assert load_metadata(out).drops["missing_domain"] == 6
+    assert kept["r.jsonl"] == kept["r.csv"] == kept["r.json"]
+    assert sum("SHARED LINE" in t for t in kept["r.jsonl"]) == 1 and len(kept["r.jsonl"]) == 34
+
+
+def test_labels_are_exact_and_any_text_a_label_can_be(tmp_path, reference):
+    """Integers past 64 bits stay distinct labels (JSON lines parsed fast or not); a label that
+    is rich markup is printed as it is; a field named `input` is kept as `input_`."""
+    big = 18446744073709551616
+    lines = [json.dumps({"text": _text("n", i), "meta": {"input": big + i % 2 if i % 3 else "[/]"}}) for i in range(60)]
+    src = write(tmp_path / "n.jsonl", "\n".join(lines) + "\n")
+    out = tmp_path / "n"
+    prepare(PrepareConfig(inputs=[str(src)], out=str(out), tokenizer="gpt2", val_fraction=0, val_by="meta.input",
+                          val_tokens=100, workers=1))  # fmt: skip
+    (field,) = load_metadata(out).attributes
+    assert (field.name, field.labels) == ("input_", (str(big), str(big + 1), "[/]"))
+    with pytest.warns(UserWarning, match="without --near-dedup"):
+        streams = TokenDataset(out, "val").val_streams(tokens=100, seq_len=16, batch_size=2, by="input_")
+    assert sorted(streams) == sorted(field.labels)
+    done = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(out), "--attribute", "input_"],
+                          text=True, capture_output=True)  # fmt: skip
+    assert done.returncode == 0 and "[/]" in done.stdout, done.stderr
+
+
+def test_an_empty_run_and_a_plain_text_input_among_records(tmp_path):
+    """--allow-empty with every record skipped writes a dataset that loads; a .txt input, even
+    an empty one, is refused before anything is read."""
+    src = write(tmp_path / "x.csv", "text\n" + "".join(f"record {i}\n" for i in range(5)))
+    out = tmp_path / "e"
+    prepare(PrepareConfig(inputs=[str(src)], out=str(out), tokenizer="gpt2", val_fraction=0, val_by="src",
+                          val_tokens=10, on_error="skip", allow_empty=True, workers=1))  # fmt: skip
+    assert load_metadata(out).drops["missing_domain"] == 5 and load_metadata(out).n_tokens("train") == 0
+    done = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(out)], text=True,
+                          capture_output=True)  # fmt: skip
+    assert done.returncode == 0 and "CORRUPT" not in done.stdout + done.stderr, done.stdout + done.stderr
+    empty = write(tmp_path / "empty.txt", "")
+    with pytest.raises(ConfigError, match="empty.txt: --val-by src: plain text has no fields"):
+        prepare(PrepareConfig(inputs=[str(src), str(empty)], out=str(tmp_path / "t"), tokenizer="gpt2",
+                              val_fraction=0, val_by="src", val_tokens=10))  # fmt: skip
+    assert not (tmp_path / "t").exists()

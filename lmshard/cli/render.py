@@ -223,7 +223,7 @@ def _bars(rows: Sequence[tuple[str, int, str]]) -> None:
     bar_w = max(10, min(40, out.width - label_w - max(len(s) for _, _, s in rows) - 4))
     for label, count, shown in rows:
         bar = "█" * max(1, round(bar_w * count / most)) if count else ""
-        out.print(f"  {label:>{label_w}} {bar:<{bar_w}} {shown}", highlight=False, soft_wrap=True)
+        out.print(f"  {label:>{label_w}} {bar:<{bar_w}} {shown}", highlight=False, soft_wrap=True, markup=False)
 
 
 def attributes(found: list[dict[str, Any]], title: str) -> None:
@@ -236,7 +236,7 @@ def attributes(found: list[dict[str, Any]], title: str) -> None:
             out.print(head, highlight=False)
             shown = a["labels"][:10]
             rest = a["labels"][10:]
-            rows = [(x["label"], x["docs"], f"{x['docs']:,}  {100 * x['token_share']:.1f}%") for x in shown]
+            rows = [(x["label"] or "''", x["docs"], f"{x['docs']:,}  {100 * x['token_share']:.1f}%") for x in shown]
             if rest:
                 rows.append((f"{len(rest)} others", sum(x["docs"] for x in rest),
                              f"{sum(x['docs'] for x in rest):,}  {100 * sum(x['token_share'] for x in rest):.1f}%"))

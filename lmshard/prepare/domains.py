@@ -27,9 +27,14 @@ def field_of(val_by: str | None) -> str | None:
 
 def attribute_name(field: str) -> str:
     """The category attribute that keeps a field's domains: the field's last part, made an
-    identifier (`meta.pile_set_name` → `pile_set_name`, `source-name` → `source_name`)."""
-    name = re.sub(r"[^A-Za-z0-9_]", "_", field.split(".")[-1])[:64] or "domain"
-    return name if is_name(name) else f"_{name}"[:64] if not keyword.iskeyword(name) else f"{name}_"
+    identifier (`meta.pile_set_name` → `pile_set_name`; other characters become `_`:
+    `source-name` → `source_name`; `_` before a leading digit, after a Python keyword (`class_`)
+    and after `input`, which `val_streams(by="input")` reads as the input files; `domain` for
+    an empty name)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", field.split(".")[-1])[:63] or "domain"
+    if name == "input":  # (val_streams(by="input") means each input file)
+        return "input_"
+    return name if is_name(name) else f"_{name}" if not keyword.iskeyword(name) else f"{name}_"
 
 
 def domain_attr(val_by: str | None, labels: Sequence[str]) -> AttrField | None:
@@ -75,3 +80,14 @@ def check_labels(labels: Sized, field: str | None, where: str) -> None:
         raise InputError(f"--val-by {field}: more than {MAX_LABELS:,} distinct values in {where}; --val-by names a "
                          "field of few values (a source's or a domain's name), not one of each record's "
                          "own")  # fmt: skip
+
+
+def check_sources(config: Any, sources: Sequence[Any]) -> None:
+    """Inputs that --val-by FIELD cannot read a field of (plain text), refused in one line
+    before anything is claimed or planned."""
+    field = field_of(config.val_by)
+    text = next((s for s in sources if s.fmt == "text"), None) if field is not None else None
+    if text is not None:
+        raise ConfigError(f"{text.path}: --val-by {field}: plain text has no fields; --val-by FIELD reads JSON, "
+                          "CSV, parquet, arrow or Hugging Face records (use --val-by input for a val part of each "
+                          "file)")  # fmt: skip

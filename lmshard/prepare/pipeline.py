@@ -45,6 +45,7 @@ from .documents.dedup import uniform_from_keys
 from .documents.reading import InputGone, InputReadError, work_kept
 from .documents.sources import Source, Sources, WorkItem, discover, note_growth
 from .documents.worker import ItemResult
+from .domains import check_sources
 from .execution.feed import Recount, early_pool, item_results
 from .execution.nearpass import add_examples, remove_spool
 from .execution.pool import OrderedPool, WorkerDied
@@ -102,6 +103,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         warn(sources.hint)
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
+    check_sources(config, sources)  # (--val-by FIELD: inputs with fields)
     with contextlib.ExitStack() as stack:
         tokenizer = run_tokenizer(config)  # fail fast on a missing vocabulary
         if not config.append:

@@ -130,7 +130,9 @@ def parse_jsonl(payload: bytes, first: int, text_field: str, replace: bool = Fal
             yield from _parse_lines(_decode_lines(raw, first + k, replace), text_field)
             continue
         record = _field(obj, first + k, text_field)
-        if record.problem is not None:  # as the standard parser reads it (orjson makes huge integers floats)
+        domain = getattr(text_field, "domain", None)
+        # As the standard parser reads it: a record with a problem, or a float domain (orjson makes huge ints floats)
+        if record.problem is not None or (domain is not None and isinstance(domain_value(obj, domain), float)):
             record = next(_parse_lines(_decode_lines(raw, first + k, replace), text_field))
         yield record
 
@@ -215,25 +217,36 @@ def record_fields(text_field: str, val_by: str | None) -> str:
 def with_domain(record: Record, obj: Any, fields: str) -> Record:
     """`record`, read from the mapping `obj`, with its domain when `fields` names a domain field
     (`RecordFields`): the field's value as text (a string as it is, a number as JSON writes it),
-    or the problem of a record without one."""
+    or the problem of a record without one (a missing field, null, a list or an object, or text
+    that is not valid Unicode)."""
     name = getattr(fields, "domain", None)
     if name is None or record.problem is not None:
         return record
-    value = obj.get(name, _MISSING) if isinstance(obj, dict) else _MISSING
-    if value is _MISSING and "." in name:
-        value = obj
-        for part in name.split("."):
-            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+    value = domain_value(obj, name)
     if value is _MISSING:
         return bad(record.number, "missing_domain", f"no field '{name}' (--val-by {name})")
     if isinstance(value, str):
+        if _SURROGATE.search(value) is not None:  # (bytes that are not UTF-8, or a lone surrogate's escape)
+            return bad(record.number, "wrong_domain", f"field '{name}' (--val-by) is not valid UTF-8 text")
         return record._replace(domain=value)
     if isinstance(value, bool | int | float):
         return record._replace(domain=json.dumps(value))
     return bad(record.number, "wrong_domain", f"field '{name}' (--val-by) is {_what(value)}, not a string or number")
 
 
+def domain_value(obj: Any, name: str) -> Any:
+    """The value of the field `name` in `obj`: a top-level field of that exact name, else the
+    nested field `a.b`; `_MISSING` when there is none."""
+    value = obj.get(name, _MISSING) if isinstance(obj, dict) else _MISSING
+    if value is _MISSING and "." in name:
+        value = obj
+        for part in name.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+    return value
+
+
 _MISSING = object()
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def typed_text(number: int, value: Any, text_field: str) -> Record:

@@ -55,7 +55,7 @@ def _csv_record(row: dict[str, Any], number: int, text_field: str) -> Record:
         return bad(number, "missing_field", f"no field '{text_field}' in this row")
     if _undecodable(text):
         return bad(number, "decode_error", f"line {number} is not valid UTF-8")
-    return with_domain(Record(number, text), row, text_field)
+    return with_domain(Record(number, text), {k: v for k, v in row.items() if v is not None}, text_field)
 
 
 def iter_json_array(src: Source, text_field: str) -> Iterator[Record]:

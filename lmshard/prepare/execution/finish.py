@@ -88,7 +88,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
                             base.tokens)  # fmt: skip
     if "labels" in (layout.get("val_by") or {}):  # --val-by FIELD: its category column's labels (valby.py)
-        meta = replace(meta, attributes=config.attribute_fields(layout["val_by"]["labels"]))
+        meta = replace(meta, attributes=config.attribute_fields(layout["val_by"]["labels"] or [""]))  # (none: empty)
     for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
         stray.unlink()
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)

@@ -37,6 +37,7 @@ import numpy as np
 
 from ...errors import InputError
 from ..config import PrepareConfig
+from ..documents.records import record_fields
 from ..documents.sources import Source
 from ..documents.worker import WorkerConfig, hash_lines
 from ..stops import stop_point
@@ -61,15 +62,16 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
         return False
     unit = load_unit(plan, u)
     counts, hashes = [], []
+    fields = record_fields(config.text_field, config.val_by)  # (the records the tokenize stage reads, and skips)
     try:
-        for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field,
+        for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, fields,
                                config.max_chars):  # fmt: skip
             h = hash_lines(item, wcfg)
             counts.append(len(h))
             hashes.append(h)
     except InputError:  # stopping: named at its absolute line, as the tokenize stage names it
         numbered = replace(unit, first_line=first_line(work / "tokenize", plan, sources[unit.source], u))
-        for item in unit_items(unit.source, sources[unit.source], numbered, config.text_mode, config.text_field,
+        for item in unit_items(unit.source, sources[unit.source], numbered, config.text_mode, fields,
                                config.max_chars):  # fmt: skip
             hash_lines(item, wcfg)
         raise

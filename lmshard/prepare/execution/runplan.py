@@ -27,6 +27,7 @@ from ..documents.files import open_raw
 from ..documents.records import record_fields
 from ..documents.sources import Source, Sources, discover
 from ..documents.worker import WorkerConfig, identity_of
+from ..domains import check_sources
 from ..output.claim import _fingerprint, run_tokenizer
 from .plantables import PlanSources
 from .taskplan import (
@@ -141,6 +142,7 @@ def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
+    check_sources(config, sources)  # (--val-by FIELD: inputs with fields)
     return sources, run_tokenizer(config)
 
 

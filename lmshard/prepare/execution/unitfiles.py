@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import InputError, LmshardError
 from ...format import atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
@@ -201,7 +201,8 @@ def sections_of(fd: int, path: Path) -> dict[str, tuple[int, int]]:
     """`sections` of the unit data file open as `fd` (named `path` in an error)."""
     head = os.pread(fd, _HEADER, 0)
     if head[:8] != _MAGIC:
-        raise OSError(f"{path}: not a unit data file")
+        raise LmshardError(f"{path}: not a unit data file of this lmshard version (the run was started by another); "
+                          "finish it with the version that started it, or start again with --overwrite")  # fmt: skip
     at = np.frombuffer(head[8:], dtype="<u8", count=len(SECTIONS) + 1).astype(int).tolist()
     return {name: (at[i], at[i + 1] - at[i]) for i, name in enumerate(SECTIONS)}
 
