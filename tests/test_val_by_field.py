@@ -201,7 +201,8 @@ def test_arrow_and_a_saved_hugging_face_dataset(tmp_path, reference):
 
 
 def _kept_texts(path: Path, enc) -> list[str]:
-    return sorted(enc.decode(t[t != enc.eot_token].tolist()) for split in ("train", "val") for _, t in _docs(path, split))
+    docs = _docs(path, "train") + _docs(path, "val")
+    return sorted(enc.decode(t[t != enc.eot_token].tolist()) for _, t in docs)
 
 
 def test_line_dedup_reads_the_records_the_tokenize_stage_reads(tmp_path, reference):
