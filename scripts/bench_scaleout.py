@@ -9,7 +9,8 @@ what each stage costs.
    PYTHONPATH pins it). Rotated, 3 runs each, on the shared corpus written twice (salted) as
    uncompressed JSON lines with 8 MiB units (LMSHARD_UNIT_BYTES) so that it is cut into ranges.
    Prints the ratios of median wall times and whether the outputs are byte-identical (metadata
-   apart from its run record).
+   apart from its run record); and, from one more run of the first two through a wrapper
+   (benchlib.WRAPPER), the CPU time of the main process against its workers'.
 2. One task of each stage run alone (`lmshard run-task`): wall time, peak RSS, tokens per
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
@@ -37,6 +38,7 @@ from benchlib import (  # noqa: E402
     load,
     machine,
     require_corpus,
+    run_measuring_cpu,
     run_measuring_io,
     run_measuring_rss,
     update_performance_md,
@@ -117,6 +119,13 @@ def main() -> None:
                                          *options, *extra], run_env)  # fmt: skip
             print(f"1. {kind} I/O: " + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in io[kind].items()
                                                  if "char" in k or "bytes" in k), flush=True)  # fmt: skip
+        cpu = {}  # and one through a wrapper, for the CPU time of the main process against its workers'
+        for kind in ("reader", "staged"):
+            run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)} if kind == "reader" else env
+            _, cpu[kind] = run_measuring_cpu(["prepare", str(src), "--out", str(t / f"cpu_{kind}"), "--workers", "2",
+                                              "--quiet", *options], run_env, t / f"cpu_{kind}.json")  # fmt: skip
+            print(f"1. {kind} CPU: main process {cpu[kind]['main']:.2f} s, its workers {cpu[kind]['children']:.2f} s "
+                  f"({100 * cpu[kind]['main'] / cpu[kind]['children']:.1f}%)", flush=True)  # fmt: skip
         input_bytes = src.stat().st_size
         same = files(t / "reader0") == files(t / "staged0") == files(t / "planned0")
         meta = json.loads((t / "reader0" / "dataset_metadata.json").read_text())
@@ -153,6 +162,10 @@ def main() -> None:
     rows = ["| run | wall time (median of 3) | peak RSS of the process tree |", "|---|---|---|",
             *(f"| {names[k]} | {med[k]:.2f} s | {max(r for _, r in times[k]) / 2**20:.0f} MiB |" for k in times),
             f"| ratio staged / one reader | **{med['staged'] / med['reader']:.2f}** | |", "",
+            "CPU time of the main process against its workers' (one more run each, `getrusage` of the process and "
+            "of its reaped children):", "", "| run | main process | workers | share |", "|---|---|---|---|",
+            *(f"| {names[k]} | {cpu[k]['main']:.2f} s | {cpu[k]['children']:.2f} s | "
+              f"**{100 * cpu[k]['main'] / cpu[k]['children']:.1f}%** |" for k in cpu), "",
             "Bytes per token of each run's file I/O, its workers included (`/proc/self/io` of the process that "
             f"waited for it; {input_bytes / tokens:.2f} bytes of input per token): read and written through system "
             "calls (the pipes between the processes included: the one-reading path sends every token from a worker "
@@ -172,8 +185,10 @@ def main() -> None:
              f"options included). Work directory at its largest (before the write stage): {work_bytes / tokens:.2f} bytes "
              f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
+    copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
-            f"`python scripts/bench_scaleout.py{flags}` (in `make bench`).", "", *rows]  # fmt: skip
+            f"`python scripts/bench_scaleout.py{flags}{copies}` (in `make bench` without --copies: the corpus "
+            f"twice; here {input_bytes / 1e9:.2f} GB of input).", "", *rows]  # fmt: skip
     if not args.no_write:
         update_performance_md("scale-out" + (", --dedup-lines" if args.dedup_lines else ""), "\n".join(body))
 

@@ -34,7 +34,7 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchlib import compile_package, load, load_texts, machine, update_performance_md
+from benchlib import WRAPPER, compile_package, load, load_texts, machine, update_performance_md
 
 from lmshard.prepare.config import available_cpus  # the cores prepare's --workers 0 would use
 
@@ -42,26 +42,6 @@ LMSHARD = [sys.executable, "-m", "lmshard"]
 BATCH_CHARS = 1 << 20  # characters per encode_batch call in the ceiling, about a work item's text
 UNIT = 8 << 20  # bytes per unit of a planned run (LMSHARD_UNIT_BYTES): several units per corpus copy
 
-# Runs lmshard's command line in this process, then writes the CPU seconds of this process and
-# of its reaped children (the workers) to the file named by $RUSAGE_OUT.
-WRAPPER = """
-import json, os, resource, sys
-from lmshard.cli import main
-sys.argv[0] = "lmshard"
-try:
-    main()
-except SystemExit as e:
-    code = e.code
-else:
-    code = 0
-me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-# VmHWM: this process's own peak since exec (ru_maxrss starts from the RSS of the process it was forked from)
-hwm = next((int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")), me.ru_maxrss)
-with open(os.environ["RUSAGE_OUT"], "w") as f:
-    json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
-               "main_rss_mb": hwm / 1024, "child_rss_mb": kids.ru_maxrss / 1024}, f)
-sys.exit(code)
-"""
 
 
 def write_corpus(path: Path, copies: int) -> tuple[Path, list[str]]:

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,36 @@ CORPUS = Path(
         "LMSHARD_BENCH_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus" / "linux-docs.jsonl.gz"
     )
 )
+
+
+# Runs lmshard's command line in this process, then writes the CPU seconds of this process and
+# of its reaped children (the workers) to the file named by $RUSAGE_OUT.
+WRAPPER = """
+import json, os, resource, sys
+from lmshard.cli import main
+sys.argv[0] = "lmshard"
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+# VmHWM: this process's own peak since exec (ru_maxrss starts from the RSS of the process it was forked from)
+hwm = next((int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")), me.ru_maxrss)
+with open(os.environ["RUSAGE_OUT"], "w") as f:
+    json.dump({"main": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
+               "main_rss_mb": hwm / 1024, "child_rss_mb": kids.ru_maxrss / 1024}, f)
+sys.exit(code)
+"""
+
+
+def run_measuring_cpu(args: list[str], env: dict[str, str], usage: Path) -> tuple[float, dict[str, float]]:
+    """(wall seconds, WRAPPER's figures) of `lmshard ARGS` run through WRAPPER."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", WRAPPER, *args], check=True, env=env | {"RUSAGE_OUT": str(usage)},
+                   capture_output=True)  # fmt: skip
+    return time.perf_counter() - start, json.loads(usage.read_text())
 
 
 def compile_package() -> None:
