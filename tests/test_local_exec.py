@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from proctree import finish, signal_stopped, start_prepare, wait_for_workers, wait_gone, wait_stopped
@@ -193,3 +194,48 @@ def test_progress_follows_each_unit_as_it_finishes_not_the_whole_stage():
     first.set_result(None)
     waiter.join(60)
     assert reported == [1, 0] and not waiter.is_alive()
+
+
+# Imported first by every Python process whose path holds its folder (the workers, however
+# started, too): os.fsync records the path of each file it syncs to the file named by $SYNCED.
+_RECORDING = """
+import os
+real = os.fsync
+def fsync(fd):
+    with open(os.environ["SYNCED"], "a") as f:
+        f.write(os.readlink(f"/proc/self/fd/{fd}") + "\\n")
+    real(fd)
+os.fsync = fsync
+"""
+
+
+def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
+    """The local executor leaves the work folder's data files unsynced (volatile.py: each unit's
+    tokens and split, each task's keys; its next attempt reads them from the page cache) but
+    syncs every shard of the dataset; a task of another executor (`run-task`, here the tokenize
+    task of a plan for `--executor none`) syncs its unit files, which another machine may read."""
+    import subprocess
+    import sys
+
+    synced = tmp_path / "synced.txt"
+    (tmp_path / "site" / "sitecustomize.py").parent.mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_RECORDING)
+    path = os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = os.environ | {"SYNCED": str(synced), "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    lmshard = [sys.executable, "-m", "lmshard"]
+    out = tmp_path / "o"
+    subprocess.run([*lmshard, "prepare", *_args(corpus, out)[:-2], "--quiet"], env=env, check=True)
+    paths = synced.read_text().splitlines()
+    work = [p for p in paths if ".lmshard-work" in p]
+    data = [p for p in work if p.endswith((".bin.tmp", ".split.tmp")) and ("/tokenize/" in p or "/keys/" in p
+                                                                          or "/select/" in p)]  # fmt: skip
+    assert any("/tokenize/.unit_" in p for p in work) and data == []  # (markers synced, data not)
+    shards = {p.relative_to(out).as_posix() for p in out.rglob("shard_*.bin")}
+    assert shards and all(any(f"lmshard-partial/{s}" in p for p in paths) for s in shards)  # (written, then sealed)
+    synced.unlink()
+    planned = tmp_path / "p"
+    subprocess.run([*lmshard, "prepare", *_args(corpus, planned)[:-2], "--executor", "none", "--quiet"], env=env,
+                   check=True)  # fmt: skip
+    subprocess.run([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", str(planned)], env=env, check=True)
+    units = [p for p in synced.read_text().splitlines() if "/tokenize/.unit_" in p and p.endswith(".bin.tmp")]
+    assert len(units) == len(list((planned.parent / ".p.lmshard-work" / "tokenize").glob("unit_*.bin"))) > 0

@@ -273,3 +273,26 @@ def test_a_kill_in_a_line_stage_then_resume_gives_the_one_machine_bytes(tmp_path
     hashed = len(list((work / "lines").glob("unit_*.bin")))
     assert hashed >= 1 and (stop == "unit") == (work / "tokenize").exists(), where  # (in the stage named)
     _resume_and_compare([*args, "--out", str(out)], _files(one), where)
+
+
+def test_work_left_unsynced_before_a_restart_is_discarded_and_the_run_starts_over(tmp_path, corpus, one_machine):
+    """A local run writes its work files without syncing them and records the boot it ran in
+    (volatile.py). Killed in its select stage, then resumed as if the machine had restarted since
+    (the boot recorded made another one), with a unit file cut short as a crash could leave it:
+    the resumed run discards the work and the build, says so, never reads the cut file, and ends
+    with the one-machine bytes."""
+    out = tmp_path / "run" / "o"
+    where = "killed at LMSHARD_STOP_AT=select=0, the boot it recorded made another"
+    args = _args(corpus, out)
+    _held_and_killed(args, "select=0", where)
+    mark = _work(out) / "volatile.json"
+    assert json.loads(mark.read_text()) == {"boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
+    mark.write_text(json.dumps({"boot_id": "an earlier boot"}))
+    unit = _work(out) / "tokenize" / "unit_000000.bin"
+    unit.write_bytes(unit.read_bytes()[:100])
+    code, err = finish(_start([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert "wrote it without syncing before this machine restarted; it is discarded and the run starts over" in err
+    got = _files(out)
+    assert sorted(got) == sorted(one_machine) and [n for n in got if got[n] != one_machine[n]] == [], where
+    assert not _work(out).exists() and not _partial(out).exists()

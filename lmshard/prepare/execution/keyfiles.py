@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ...quality.minhash import MinHashConfig, band_keys
+from . import volatile
 from .plantables import pread_all
 from .unitfiles import read_section
 
@@ -122,7 +123,7 @@ def _write_keys(path: Path, exact: bytes, near: bytes, n_buckets: int) -> None:
         f.write(exact)
         f.write(near)
         f.flush()
-        os.fsync(f.fileno())
+        volatile.sync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -45,7 +45,7 @@ from ..documents.dedup import uniform_from_keys
 from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
 from ..stops import stop_point
-from . import valby
+from . import valby, volatile
 from .layoutfiles import LAYOUT_FILE, Layout, write_layout
 from .nearstage import unit_near
 from .plantables import TaskTable
@@ -98,7 +98,7 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     streams += [int((split >= 0).sum()), int(tokenized_marker.get("lines", 0))]  # and its newlines: linenumbers.py
     streams.append(len(arrays["lines"]))  # and its lines' keys to store (--dedup-lines)
     tmp = out / f".unit_{u:06d}.split.tmp"
-    in_folder(lambda: split.tofile(tmp), out)
+    in_folder(lambda: _write_synced(tmp, split.tobytes()), out)
     os.replace(tmp, out / f"unit_{u:06d}.split")
     summary = {"streams": [streams], "totals": totals.to_json()}
     if val_tokens:
@@ -109,6 +109,14 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     atomic_write_json(marker, summary)
     stop_point("select", u)
     return True
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """A work file written and synced (volatile.py), before the marker that names it done."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        volatile.sync(f.fileno())
 
 
 def select_join(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from ..documents.records import record_fields
 from ..documents.sources import Source
 from ..documents.worker import WorkerConfig, hash_lines
 from ..stops import stop_point
+from . import volatile
 from .buckets import unit_part
 from .keyfiles import line_keys_path, write_line_keys
 from .taskplan import unit_items
@@ -81,7 +82,7 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
         f.write(_MAGIC + np.array([len(counts), *counts], dtype=_U64).tobytes())
         f.write(np.concatenate(hashes).astype(_U64).tobytes() if hashes else b"")
         f.flush()
-        os.fsync(f.fileno())
+        volatile.sync(f.fileno())
     os.replace(tmp, path)
     stop_point("lines", u)
     return True

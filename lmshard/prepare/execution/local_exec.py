@@ -32,6 +32,7 @@ from ..documents.reading import InputGone, InputReadError, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
+from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
 from .itempool import in_pool, item_pool
@@ -91,7 +92,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             return load_metadata(paths.out)
         r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
         try:
-            _stages(r, on_progress, claim.resumed)
+            with volatile.local_run(r.work):  # every task runs here: work files unsynced (volatile.py)
+                _stages(r, on_progress, claim.resumed)
             # (the inputs as found, not as read: stdin keeps its name and size 0)
             return finish(config, paths, r.work, r.layout(), r.totals(), sources, r.tokenizer, r.previous_meta())
         except KeyboardInterrupt as e:

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ...errors import InputError
+from ...errors import InputError, warn
 from ...format import (
     BLOCK_TOKENS,
     INDEX_DTYPE,
@@ -68,7 +68,7 @@ from ..output.claim import Claim, claim_output, write_run
 from ..output.dictfile import keep, trained
 from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
-from . import valby
+from . import valby, volatile
 from .barrier import is_complete, task_finished, task_marked
 from .layoutfiles import Layout
 from .runplan import worker_config
@@ -77,8 +77,14 @@ from .unitfiles import section_of, sections_of
 
 def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
           work: Path) -> Claim:  # fmt: skip
-    """Claim --out for a planned run (under the caller's writer lock): see the module docstring."""
+    """Claim --out for a planned run (under the caller's writer lock): see the module docstring.
+    A local run's work left unsynced before the machine restarted is discarded first (volatile.py)."""
     recover(paths)
+    if volatile.stale(work):
+        warn(f"{work}: a local run wrote it without syncing before this machine restarted; it is discarded and the "
+             "run starts over")  # fmt: skip
+        shutil.rmtree(work)
+        shutil.rmtree(paths.staging, ignore_errors=True)
     claim = claim_output(config, paths, sources, tokenizer)
     if claim.complete is not None or claim.commit_pending:
         return claim

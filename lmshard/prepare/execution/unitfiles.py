@@ -13,7 +13,7 @@ with --attribute, `attrs` (each document's attribute record, format/attributes.p
 --val-by FIELD, `domains` (each document's domain, the xxh3-64 of its label: valby.py).
 The task that tokenized the units then gathers their keys,
 partitioned by dedup bucket, into one file of its own (keyfiles.py). The data file is written
-under a temporary name, fsynced and renamed; then
+under a temporary name, fsynced (but on the local executor: volatile.py) and renamed; then
 `unit_NNNNNN.done` (JSON: per item its document and token counts, per-source counts, drop
 examples, characters and bytes; the unit's totals; for a byte range, where the next range's line
 numbers begin), so a unit is complete exactly when its marker exists, and a killed task is
@@ -47,6 +47,7 @@ from ..domains import check_labels, field_of, label_keys
 from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
+from . import volatile
 from .linenumbers import known_first_line, tag
 from .plantables import pread_all
 from .taskplan import Unit, count_newlines, unit_items, work_dir
@@ -181,7 +182,7 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
         f.seek(0)
         f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
         f.flush()
-        os.fsync(f.fileno())
+        volatile.sync(f.fileno())
     os.replace(tmp, out / f"unit_{u:06d}.bin")
     totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
     domains = {"labels": sorted(labels)} if small["domains"] else {}
