@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from proctree import finish, signal_stopped, start_prepare, wait_for_workers, wait_gone, wait_stopped
