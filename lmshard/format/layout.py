@@ -53,11 +53,13 @@ def shard_paths(split: str, index: int) -> tuple[str, str]:
     return f"{stem}.bin", f"{stem}.idx"
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool = False) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool = False,
+                       sync: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """Write `data` to a temporary file beside `path`, fsync it, then rename it into place.
 
     A reader sees either the old file or the whole new one, never a torn write. `private`: readable
-    by its owner only (a file that holds credentials), whatever the umask.
+    by its owner only (a file that holds credentials), whatever the umask. `sync`: what syncs the
+    file instead of os.fsync (a planned run's work file: prepare/execution/volatile.py).
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -66,15 +68,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool 
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            (sync or os.fsync)(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, private: bool = False) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode(), private)
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, private: bool = False,
+                      sync: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode(), private, sync)
 
 
 def in_folder(make: Callable[[], T], folder: Path) -> T:

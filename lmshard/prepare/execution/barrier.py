@@ -38,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...format import atomic_write_json, in_folder
+from ...format import in_folder
+from . import volatile
 
 FAN_IN = 64  # markers per group: a task reads at most this many per level
 Join = Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -118,7 +119,7 @@ def _highest(work: Path, stage: str, n_tasks: int, level: int, i: int) -> tuple[
 
 def _write(path: Path, summary: dict[str, Any]) -> None:
     """A marker, its folder made when missing."""
-    in_folder(lambda: atomic_write_json(path, summary), path.parent)
+    in_folder(lambda: volatile.write_json(path, summary), path.parent)
 
 
 def forget(work: Path, stage: str, n_tasks: int, task: int) -> None:

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...quality.near import group_edges, unique_edges
 from ..stops import stop_point
+from . import volatile
 from .keyfiles import group_keys, read_group, write_partitioned
 from .plantables import pread_all
 from .unitfiles import SECTIONS
@@ -94,7 +94,7 @@ def resolve(work: Path, tasks: list[list[int]], n_buckets: int, n_groups: int, g
     out.mkdir(parents=True, exist_ok=True)
     write_partitioned(out / f"group_{group:06d}.dups", owner[dup], np.concatenate(ids)[dup] if ids else k[:0],
                       len(tasks))  # fmt: skip
-    atomic_write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
+    volatile.write_json(marker, {"duplicates": int(dup.sum()), "near_edges": edges})
     stop_point("linebucket" if lines else "bucket", group)
     return int(dup.sum())
 
@@ -119,7 +119,7 @@ def near_edges(work: Path, writers: list[int], buckets: range, group: int, minha
     member, rep = group_edges(np.concatenate(keys) if keys else np.zeros(0, _U64),
                               np.concatenate(ids) if ids else np.zeros(0, _U64), lookup, minhash)  # fmt: skip
     (work / "dedup").mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(work / "dedup" / f"group_{group:06d}.near",
+    volatile.write_bytes(work / "dedup" / f"group_{group:06d}.near",
                        np.stack([member, rep], axis=1).astype(_U64).tobytes())  # fmt: skip
     return len(member)
 

@@ -189,7 +189,7 @@ def write_partitioned(path: Path, groups: np.ndarray, values: np.ndarray, count:
     with open(tmp, "wb") as f:
         f.write(offsets.tobytes() + values.astype(_U64).tobytes())
         f.flush()
-        os.fsync(f.fileno())
+        volatile.sync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ...format import SPLITS, atomic_write_json, in_folder
+from ...format import SPLITS, in_folder
 from ..documents.dedup import uniform_from_keys
 from ..documents.worker import ItemResult
 from ..output.build import KEYS_PER_FILE, Totals, account
@@ -106,7 +106,7 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
         groups = arrays["domains"] if val_field is not None else arrays["sources"]
         summary["val"] = valby.candidates(draws, written, groups, split == 0, u, val_tokens, val_field,
                                           tokenized_marker.get("labels", []))  # fmt: skip
-    atomic_write_json(marker, summary)
+    volatile.write_json(marker, summary)
     stop_point("select", u)
     return True
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ...format import atomic_write_bytes, atomic_write_json
+from . import volatile
 from .plantables import TaskTable, _Table, task_of_unit
 
 LAYOUT_FILE = "layout.json"
@@ -104,18 +104,18 @@ def write_layout(work: Path, layout: dict[str, Any], streams: tuple[str, ...]) -
     """The layout's tables, then its head (linked into place: every task that makes one makes
     the same, and the first to link it wins)."""
     pieces = [[streams.index(p[0]), p[1], p[2], p[3], *p[4]] for p in layout["pieces"]]
-    atomic_write_bytes(work / PIECES, np.array(pieces, dtype=_I8).reshape(-1, 6).tobytes())
-    atomic_write_bytes(work / PARTS, np.array(layout["parts"], dtype=_I8).reshape(-1, 7).tobytes())
+    volatile.write_bytes(work / PIECES, np.array(pieces, dtype=_I8).reshape(-1, 6).tobytes())
+    volatile.write_bytes(work / PARTS, np.array(layout["parts"], dtype=_I8).reshape(-1, 7).tobytes())
     counts = [len(parts) for parts in layout["readers"]]
     offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(_I8)
-    atomic_write_bytes(work / UNIT_PARTS, offsets.tobytes())
-    atomic_write_bytes(work / BY_UNIT, np.array([p for parts in layout["readers"] for p in parts], _I8).tobytes())
-    atomic_write_bytes(work / RECORDS, np.array(layout.get("records", []), dtype=_I8).tobytes())
+    volatile.write_bytes(work / UNIT_PARTS, offsets.tobytes())
+    volatile.write_bytes(work / BY_UNIT, np.array([p for parts in layout["readers"] for p in parts], _I8).tobytes())
+    volatile.write_bytes(work / RECORDS, np.array(layout.get("records", []), dtype=_I8).tobytes())
     head = {"pieces": len(pieces), "parts": len(layout["parts"]), "units": len(counts),
             "near_hashes": layout["near_hashes"], "source_base": layout.get("source_base", 0),
             "attr_columns": layout.get("attr_columns", []), "val_by": layout.get("val_by")}  # fmt: skip
     tmp = work / f".{LAYOUT_FILE}.{uuid.uuid4().hex}.tmp"  # (tasks on two hosts may share a pid)
-    atomic_write_json(tmp, head)
+    volatile.write_json(tmp, head)
     try:
         os.link(tmp, work / LAYOUT_FILE)
     except FileExistsError:

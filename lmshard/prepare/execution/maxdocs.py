@@ -34,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from ...format import SPLITS, atomic_write_bytes, atomic_write_json
+from ...format import SPLITS
 from ..documents.sources import Source
 from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.build import Totals, account
+from . import volatile
 from .layout import add_totals, unit_arrays
 from .linenumbers import tag
 from .taskplan import unit_items
@@ -71,7 +72,7 @@ def ensure_cut(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Wo
         split = np.fromfile(split_path, dtype=np.int8)
         docs = int(np.flatnonzero(split >= 0)[want - 1]) + 1  # up to and including the N-th kept document
         split[docs:] = CUT
-        atomic_write_bytes(split_path, split.tobytes())  # (a temporary name of its own: tasks may cut at once)
+        volatile.write_bytes(split_path, split.tobytes())  # (a temporary name of its own: tasks may cut at once)
         own = _recount(work, plan, sources, wcfg, config, at, split, docs, specials, line_masks)
         joined = Totals()
         for v in range(at):  # (one marker at a time)
@@ -86,7 +87,7 @@ def ensure_cut(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Wo
         row += [int((split >= 0).sum()), *rows[at][5:]]
         after = [[0, 0, 0, 0, 0, *r[5:]] for r in rows[at + 1 :]]
         cut = {"unit": at, "docs": docs, "streams": [*rows[:at], row, *after], "totals": totals}
-    atomic_write_json(path, cut)
+    volatile.write_json(path, cut)
     return cut
 
 

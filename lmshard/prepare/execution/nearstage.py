@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ...format import atomic_write_bytes, atomic_write_json
 from ...quality.near import components
 from ...tokenizers import Tokenizer
 from ..documents.sources import Source
+from . import volatile
 from .buckets import doc_signatures, read_edges
 from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
@@ -69,9 +69,9 @@ def ensure_clusters(work: Path, n_groups: int, n_hashes: int, tokenizer: Tokeniz
     tokenized = work / "tokenize"
     examples, ids = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates,
                               previous)  # fmt: skip
-    atomic_write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples, "ids": ids})
+    volatile.write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples, "ids": ids})
     # (every task that finds them writes the same bytes: a later one's rename changes nothing)
-    atomic_write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
+    volatile.write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
 
 
 def unit_near(work: Path, u: int, n_docs: int, base: int = 0) -> np.ndarray:

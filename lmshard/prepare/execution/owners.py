@@ -50,7 +50,6 @@ from ...format import (
     BlockHasher,
     KeyFile,
     ShardInfo,
-    atomic_write_json,
     in_folder,
     shard_paths,
     src_path,
@@ -176,7 +175,7 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
         os.close(src)
         for fd in fds:
             os.close(fd)
-    in_folder(lambda: atomic_write_json(marker, {"piece": k}), marker.parent)
+    in_folder(lambda: volatile.write_json(marker, {"piece": k}), marker.parent)
     _release(work, layout, u)
     stop_point("part", p)
     return True
@@ -296,7 +295,7 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
                           xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
                           block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums), src_path=rels[2],
                           src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
-    atomic_write_json(marker, entry)
+    volatile.write_json(marker, entry)
     claim.unlink(missing_ok=True)
     stop_point("piece", k)
     return True

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError, LmshardError
-from ...format import atomic_write_json
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -186,7 +185,7 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
     os.replace(tmp, out / f"unit_{u:06d}.bin")
     totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
     domains = {"labels": sorted(labels)} if small["domains"] else {}
-    atomic_write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, **domains, "table": table})
+    volatile.write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, **domains, "table": table})
 
 
 def sections(tokenized: Path, u: int) -> dict[str, tuple[int, int]]:

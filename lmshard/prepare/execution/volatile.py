@@ -12,9 +12,10 @@ written bytes that were never synced, and a marker written after them may surviv
 
 So a local run records the boot it ran in (Linux's boot id) in its work folder before it starts
 its tasks (`local_run`), and sets LMSHARD_VOLATILE_WORK for them (the workers inherit it); `sync`
-then skips the fsync of a work file. A later attempt that finds the work folder written in an
-earlier boot (`stale`) discards it, and the build beside `--out`, and starts over rather than
-read a file the crash may have cut. Where the boot id cannot be read, every file is synced. The
+then skips the fsync of a work file (its data, and its markers and summaries: `write_json`,
+`write_bytes`). A later attempt that finds the work folder written in an earlier boot (`stale`)
+discards it, and the build beside `--out`, and starts over rather than read a file the crash may
+have cut. Where the boot id cannot be read, every file is synced. The
 dataset's own files (shards, key files, metadata) are synced as always, and the tasks of other
 executors (Slurm, Ray, run-task) sync everything: another machine may read their files.
 
@@ -28,6 +29,9 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from ...format import atomic_write_bytes, atomic_write_json
 
 ENV = "LMSHARD_VOLATILE_WORK"
 MARK = "volatile.json"  # in the work folder: {"boot_id": the boot a local run wrote it in}
@@ -47,6 +51,16 @@ def sync(fd: int) -> None:
     """fsync a work file, unless this process runs a task of a local run (see the module docstring)."""
     if os.environ.get(ENV) != "1":
         os.fsync(fd)
+
+
+def write_bytes(path: Path, data: bytes, private: bool = False) -> None:
+    """A work file written atomically (format's `atomic_write_bytes`), synced by `sync`."""
+    atomic_write_bytes(path, data, private, sync)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """A work file of JSON written atomically, synced by `sync` (a marker, a summary)."""
+    atomic_write_json(path, obj, sync=sync)
 
 
 @contextlib.contextmanager
@@ -85,4 +99,4 @@ def stale(work: Path) -> bool:
     return recorded != boot_id()
 
 
-__all__ = ["local_run", "stale", "sync"]
+__all__ = ["local_run", "stale", "sync", "write_bytes", "write_json"]
