@@ -110,6 +110,7 @@ def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, one_m
     assert "Traceback" not in err, err
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
     assert wait_gone(workers, timeout=60.0) == []
+    assert not (_work(out) / "volatile.json").exists()  # (a worker died; the run stopped and made its work durable)
     _finish_and_compare(corpus, out, one_machine)
 
 
@@ -138,6 +139,7 @@ def test_a_stop_signal_to_the_group_stops_the_run_and_resume_finishes(tmp_path, 
     assert status == code and words in err and "--resume" in err, err
     assert "Traceback" not in err and "out-of-memory" not in err and "KeyboardInterrupt" not in err, err
     assert wait_gone(workers, timeout=60.0) == []
+    assert not (_work(out) / "volatile.json").exists()  # its work made durable on the way out: any machine resumes it
     _finish_and_compare(corpus, out, one_machine)
 
 

@@ -20,6 +20,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -277,22 +279,56 @@ def test_a_kill_in_a_line_stage_then_resume_gives_the_one_machine_bytes(tmp_path
 
 def test_work_left_unsynced_before_a_restart_is_discarded_and_the_run_starts_over(tmp_path, corpus, one_machine):
     """A local run writes its work files without syncing them and records the boot it ran in
-    (volatile.py). Killed in its select stage, then resumed as if the machine had restarted since
-    (the boot recorded made another one), with a unit file cut short as a crash could leave it:
-    the resumed run discards the work and the build, says so, never reads the cut file, and ends
-    with the one-machine bytes."""
+    (volatile.py). Killed in its select stage (SIGKILL: nothing made durable), then looked at as if
+    the machine had restarted since (the boot recorded made another one), with a unit file cut
+    short as a crash could leave it: `status` says the work cannot be trusted, `run-task` refuses
+    it in one line, and `--resume` discards the work and the build, says so, never reads the cut
+    file, and ends with the one-machine bytes."""
     out = tmp_path / "run" / "o"
     where = "killed at LMSHARD_STOP_AT=select=0, the boot it recorded made another"
     args = _args(corpus, out)
     _held_and_killed(args, "select=0", where)
     mark = _work(out) / "volatile.json"
-    assert json.loads(mark.read_text()) == {"boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
-    mark.write_text(json.dumps({"boot_id": "an earlier boot"}))
+    recorded = json.loads(mark.read_text())
+    assert recorded["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    mark.write_text(json.dumps(recorded | {"boot_id": "an earlier boot"}))
     unit = _work(out) / "tokenize" / "unit_000000.bin"
     unit.write_bytes(unit.read_bytes()[:100])
+    lmshard = [sys.executable, "-m", "lmshard"]
+    shown = subprocess.run([*lmshard, "status", str(out)], text=True, capture_output=True)
+    assert shown.returncode == 0 and "stale: a local run left its work unsynced before this machine restarted" in \
+        shown.stdout and "run-task" not in shown.stdout, shown.stdout + shown.stderr  # fmt: skip
+    task = subprocess.run([*lmshard, "run-task", "--stage", "select", "--task", "0", str(out)], text=True,
+                          capture_output=True)  # fmt: skip
+    assert task.returncode != 0 and "cannot be trusted" in task.stderr and "Traceback" not in task.stderr, task.stderr
     code, err = finish(_start([*args, "--resume"]), 300)
     assert code == 0, err
-    assert "wrote it without syncing before this machine restarted; it is discarded and the run starts over" in err
+    assert "a local run left it unsynced before this machine restarted; it is discarded and the run starts over" in err
     got = _files(out)
     assert sorted(got) == sorted(one_machine) and [n for n in got if got[n] != one_machine[n]] == [], where
     assert not _work(out).exists() and not _partial(out).exists()
+
+
+def test_a_claim_for_other_machines_makes_a_local_runs_work_durable(tmp_path, corpus, one_machine):
+    """A local run killed outright leaves its work unsynced (its mark kept); resumed as a plan
+    whose tasks run elsewhere (`--executor none`), the claim syncs the work and drops the mark,
+    so `run-task` on any machine may go on with it, and the run ends with the one-machine bytes."""
+    out = tmp_path / "run" / "o"
+    args = _args(corpus, out)
+    _held_and_killed(args, "select=0", "killed at LMSHARD_STOP_AT=select=0")
+    mark = _work(out) / "volatile.json"
+    assert mark.exists()
+    n_tasks = json.loads((_work(out) / "plan.json").read_text())["n_tasks"]
+    code, err = finish(_start([*args, "--num-tasks", str(n_tasks), "--executor", "none", "--resume"]), 120)
+    assert code == 0, err
+    assert not mark.exists() and "discarded" not in err
+    lmshard = [sys.executable, "-m", "lmshard"]
+    for stage in ("select", "write"):
+        for task in range(n_tasks):
+            done = subprocess.run([*lmshard, "run-task", "--stage", stage, "--task", str(task), str(out)], text=True,
+                                  capture_output=True)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+    done = subprocess.run([*lmshard, "run-task", "--stage", "finish", str(out)], text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    got = _files(out)
+    assert sorted(got) == sorted(one_machine) and [n for n in got if got[n] != one_machine[n]] == []

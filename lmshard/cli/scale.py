@@ -150,6 +150,11 @@ def status(
         render.out.print(f"done: the dataset is complete; check it with: lmshard inspect {quoted}", markup=False,
                          soft_wrap=True)  # fmt: skip
         return
+    if info.get("stale"):  # (volatile.py)
+        render.out.print(f"stale: a local run left its work unsynced {info['stale']}; its files cannot be trusted: "
+                         f"`lmshard prepare ... --out {quoted} --resume` discards them and starts over", markup=False,
+                         soft_wrap=True)  # fmt: skip
+        return
     waiting, first_left = False, None
     n_tasks = len(info["stages"]["tokenize"]["tasks"])
     for stage, row in info["stages"].items():

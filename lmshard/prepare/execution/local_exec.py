@@ -114,6 +114,7 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
     with WriterLock(paths):
         sources, tokenizer = load_run(config)
         claimed = begin(config, paths, sources, tokenizer, work_dir(config.out))
+        volatile.settle(work_dir(config.out))  # a local run's work, made durable for the tasks of other machines
         if claimed.commit_pending:  # killed after the metadata, before the swap: only the swap is left
             commit(paths)
             claimed.complete = load_metadata(paths.out)

@@ -44,6 +44,7 @@ from ...errors import InputError, warn
 from ...format import (
     BLOCK_TOKENS,
     INDEX_DTYPE,
+    METADATA_FILE,
     SPLITS,
     SRC_DTYPE,
     TOKEN_DTYPE,
@@ -79,11 +80,12 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     """Claim --out for a planned run (under the caller's writer lock): see the module docstring.
     A local run's work left unsynced before the machine restarted is discarded first (volatile.py)."""
     recover(paths)
-    if volatile.stale(work):
-        warn(f"{work}: a local run wrote it without syncing before this machine restarted; it is discarded and the "
-             "run starts over")  # fmt: skip
+    why = volatile.stale(work)
+    if why is not None:
+        warn(f"{work}: a local run left it unsynced {why}; it is discarded and the run starts over")
         shutil.rmtree(work)
-        shutil.rmtree(paths.staging, ignore_errors=True)
+        if not (paths.staging / METADATA_FILE).exists():  # (a complete build, synced, is only waiting for its swap)
+            shutil.rmtree(paths.staging, ignore_errors=True)
     claim = claim_output(config, paths, sources, tokenizer)
     if claim.complete is not None or claim.commit_pending:
         return claim

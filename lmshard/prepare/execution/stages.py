@@ -49,6 +49,7 @@ from ...format import METADATA_FILE, atomic_write_json
 from ..config import PrepareConfig
 from ..documents.reading import InputGone
 from ..output.build import sigterm_stops
+from . import volatile
 from .barrier import is_complete, task_done, task_finished
 from .itempool import run_items
 from .layout import LAYOUT_FILE
@@ -106,7 +107,8 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
         stages[stage] = {"total": sum(t["items"] for t in tasks), "done": sum(t["done"] for t in tasks),
                          "tasks": tasks}  # fmt: skip
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
-            "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False}  # fmt: skip
+            "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False,
+            "stale": volatile.stale(work)}  # fmt: skip
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:
@@ -152,6 +154,10 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
     """Run task `task` of `stage` (skipping items already done); returns how many it did. While it
     runs, `WORK/tasks/STAGE_NNNNNN.json` records its host, pid and start; a task that raises
     records the error there (what `status` shows), one that finishes removes it."""
+    why = volatile.stale(work_dir(config.out))
+    if why is not None:
+        raise ConfigError(f"{work_dir(config.out)}: a local run left it unsynced {why}, so its files cannot be "
+                          "trusted; run `lmshard prepare ... --resume`, which discards it and starts over")  # fmt: skip
     run = Run.of(config, n_tasks, unit_bytes)
     if not 0 <= task < run.plan["n_tasks"]:
         raise ConfigError(f"task {task} is not in [0, {run.plan['n_tasks']}); tasks are numbered from 0")

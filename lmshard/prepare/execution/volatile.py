@@ -10,14 +10,23 @@ the worker pool, `--num-tasks N` without another executor), no sync is needed: a
 next attempt reads it. Only a crash of the machine itself (power loss, a kernel panic) loses
 written bytes that were never synced, and a marker written after them may survive it.
 
-So a local run records the boot it ran in (Linux's boot id) in its work folder before it starts
-its tasks (`local_run`), and sets LMSHARD_VOLATILE_WORK for them (the workers inherit it); `sync`
-then skips the fsync of a work file (its data, and its markers and summaries: `write_json`,
-`write_bytes`). A later attempt that finds the work folder written in an earlier boot (`stale`)
-discards it, and the build beside `--out`, and starts over rather than read a file the crash may
-have cut. Where the boot id cannot be read, every file is synced. The
-dataset's own files (shards, key files, metadata) are synced as always, and the tasks of other
-executors (Slurm, Ray, run-task) sync everything: another machine may read their files.
+So a local run records the boot it ran in (Linux's boot id) and its host in its work folder
+before it starts its tasks (`local_run`), and sets LMSHARD_VOLATILE_WORK for them (the workers
+inherit it); `sync` then skips the fsync of a work file (its data, and its markers, summaries and
+layout: `write_json`, `write_bytes`). This holds only where nothing but a crash of this machine
+loses written bytes: a local filesystem (`LOCAL_FILESYSTEMS`); on a network or FUSE filesystem,
+or where the boot id cannot be read, every file is synced as before.
+
+Whatever reads the work folder next checks the mark (`stale`): a claim of `--out` (`prepare`,
+with any executor) finding it written in an earlier boot, or on another machine, discards the
+work folder (and the build beside `--out`, unless the build is complete) and starts over rather
+than read a file a crash may have cut; `run-task` refuses it and `status` says so. A run that
+stops but lives (Ctrl-C, SIGTERM, an error) makes its work durable on the way out (`settle`: one
+sync of the filesystem, then the mark removed), and so does a claim that hands the work to other
+executors, so nothing is discarded that was saved: only a run killed outright (SIGKILL, the OOM
+killer) and resumed on another machine or after a restart starts over. The dataset's own files
+(shards, key files, metadata) are synced as always, and the tasks of other executors (Slurm,
+Ray, run-task) sync everything: another machine may read their files.
 
 Memory model: none.
 """
@@ -25,17 +34,23 @@ Memory model: none.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ...format import atomic_write_bytes, atomic_write_json
 
-ENV = "LMSHARD_VOLATILE_WORK"
-MARK = "volatile.json"  # in the work folder: {"boot_id": the boot a local run wrote it in}
+ENV = "LMSHARD_VOLATILE_WORK"  # set for the tasks of a local run (internal: not an option)
+MARK = "volatile.json"  # in the work folder: {"boot_id", "host"} of the local run that left files unsynced
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# Filesystems whose written bytes only a crash of this machine loses: a network or FUSE filesystem
+# (NFS, Lustre, GPFS, CephFS, ...) can lose a client's cached writes otherwise, so runs there sync.
+LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs", "jfs", "tmpfs", "ramfs",
+                     "overlay"}  # fmt: skip
 
 
 def boot_id() -> str | None:
@@ -45,6 +60,19 @@ def boot_id() -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
+
+
+def filesystem(path: Path) -> str | None:
+    """The type of the filesystem `path` is on (/proc/self/mounts: the longest mount point above
+    it), or None where it cannot be told."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) > 2]
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    found = [(m, kind) for m, kind in mounts if real == m or real.startswith(m.rstrip("/") + "/")]
+    return max(found, key=lambda x: len(x[0]))[1] if found else None
 
 
 def sync(fd: int) -> None:
@@ -65,24 +93,24 @@ def write_json(path: Path, obj: Any) -> None:
 
 @contextlib.contextmanager
 def local_run(work: Path) -> Iterator[None]:
-    """Run the stages of a local run: its boot recorded in `work`, and work files unsynced."""
+    """Run the stages of a local run: its boot recorded in `work`, and work files unsynced, where
+    the boot can be read and `work` is on a local filesystem. A run that stops but lives (Ctrl-C,
+    SIGTERM, an error) makes its work durable first (`settle`): any machine may resume it."""
     boot = boot_id()
-    if boot is None:
+    work.mkdir(parents=True, exist_ok=True)
+    if boot is None or filesystem(work) not in LOCAL_FILESYSTEMS:
         yield
         return
-    work.mkdir(parents=True, exist_ok=True)
-    mark = work / MARK
-    if not mark.exists():
-        tmp = work / f".{MARK}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"boot_id": boot}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, mark)
+    if not (work / MARK).exists():
+        atomic_write_json(work / MARK, {"boot_id": boot, "host": socket.gethostname()})
     before = os.environ.get(ENV)
     os.environ[ENV] = "1"
     try:
         yield
+    except BaseException:
+        os.environ.pop(ENV, None)
+        settle(work)
+        raise
     finally:
         if before is None:
             os.environ.pop(ENV, None)
@@ -90,13 +118,50 @@ def local_run(work: Path) -> Iterator[None]:
             os.environ[ENV] = before
 
 
-def stale(work: Path) -> bool:
-    """Whether `work` holds files a local run left unsynced in an earlier boot of this machine."""
+def settle(work: Path) -> None:
+    """Make a local run's unsynced work durable (a sync of its filesystem), then drop its mark:
+    from then on any executor on any machine may go on with it. Nothing to do without a mark."""
+    mark = work / MARK
+    if not mark.exists():
+        return
+    fd = os.open(work, os.O_RDONLY)
     try:
-        recorded = json.loads((work / MARK).read_text()).get("boot_id")
-    except (OSError, ValueError, AttributeError):
-        return (work / MARK).exists()  # (unreadable: cut by a crash as well)
-    return recorded != boot_id()
+        if _LIBC is None or _LIBC.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+    mark.unlink()
+    fd = os.open(work, os.O_RDONLY)  # (the mark's removal durable too)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-__all__ = ["local_run", "stale", "sync", "write_bytes", "write_json"]
+def stale(work: Path) -> str | None:
+    """Why `work` cannot be trusted: a local run left its files unsynced in an earlier boot of
+    this machine, or on another machine (a description for the message); None when it can."""
+    try:
+        recorded = json.loads((work / MARK).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "before a crash (its mark is unreadable)"
+    if not isinstance(recorded, dict):
+        return "before a crash (its mark is unreadable)"
+    if recorded.get("host") not in (None, socket.gethostname()):
+        return f"on another machine ({recorded.get('host')})"
+    return "before this machine restarted" if recorded.get("boot_id") != boot_id() else None
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+__all__ = ["local_run", "settle", "stale", "sync", "write_bytes", "write_json"]
