@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 from conftest import write
+from test_stages import _files
 
 from lmshard import TokenDataset
 from lmshard.errors import ConfigError
@@ -120,13 +121,9 @@ def test_each_domain_holds_out_its_smallest_draws_and_keeps_its_label(made, refe
 
 def test_the_same_bytes_for_any_worker_and_task_count(made):
     root, one = made
-    files = {p.relative_to(one): p.read_bytes() for p in sorted(one.rglob("*")) if p.is_file() and
-             p.name != "dataset_metadata.json"}  # fmt: skip
+    files = _files(one)  # (the metadata but its run record too)
     for name, options in (("two", {"workers": 2}), ("tasks", {"workers": 1, "num_tasks": 3})):
-        other = _prepare(root, name, **options)
-        assert {p.relative_to(other): p.read_bytes() for p in sorted(other.rglob("*"))
-                if p.is_file() and p.name != "dataset_metadata.json"} == files, name  # fmt: skip
-        assert load_metadata(other).attributes == load_metadata(one).attributes
+        assert _files(_prepare(root, name, **options)) == files, name
 
 
 def test_val_streams_and_where_by_the_field(made):
