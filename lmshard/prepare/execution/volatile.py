@@ -108,7 +108,6 @@ def local_run(work: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        os.environ.pop(ENV, None)
         settle(work)
         raise
     finally:
@@ -126,14 +125,11 @@ def settle(work: Path) -> None:
         return
     fd = os.open(work, os.O_RDONLY)
     try:
-        if _LIBC is None or _LIBC.syncfs(fd) != 0:
+        syncfs = getattr(ctypes.CDLL(None), "syncfs", None)  # (Linux: this filesystem only)
+        if syncfs is None or syncfs(fd) != 0:
             os.sync()
-    finally:
-        os.close(fd)
-    mark.unlink()
-    fd = os.open(work, os.O_RDONLY)  # (the mark's removal durable too)
-    try:
-        os.fsync(fd)
+        mark.unlink()
+        os.fsync(fd)  # (the mark's removal durable too)
     finally:
         os.close(fd)
 
@@ -152,16 +148,6 @@ def stale(work: Path) -> str | None:
     if recorded.get("host") not in (None, socket.gethostname()):
         return f"on another machine ({recorded.get('host')})"
     return "before this machine restarted" if recorded.get("boot_id") != boot_id() else None
-
-
-def _libc() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
 
 
 __all__ = ["local_run", "settle", "stale", "sync", "write_bytes", "write_json"]
