@@ -17,7 +17,8 @@ under a temporary name, fsynced (but on the local executor: volatile.py) and ren
 `unit_NNNNNN.done` (JSON: per item its document and token counts, per-source counts, drop
 examples, characters and bytes; the unit's totals; for a byte range, where the next range's line
 numbers begin), so a unit is complete exactly when its marker exists, and a killed task is
-finished by running it again (done units are skipped). Two files and two fsyncs per unit.
+finished by running it again (done units are skipped). Two files and two fsyncs per unit (none on
+the local executor).
 
 Memory model: one work item's result at a time (≈1 MiB of text and its tokens) and the unit's
 per-document arrays (20 bytes per document; with --near-dedup 4 × n_hashes more) until they are
