@@ -97,15 +97,11 @@ def _records(table: Any, src: Source, first: int, text_field: str) -> Iterator[R
     column of FIELD's name, or of its first part (a struct holding the rest)."""
     values = _column(table, src, text_field)
     domain = getattr(text_field, "domain", None)
-    if domain is None:
-        for k, value in enumerate(values):
-            yield typed_text(first + k, value, text_field)
-        return
-    name = _domain_column(table.schema.names, domain)
-    rows = table.column(name).to_pylist() if name is not None else [None] * len(values)
+    name = _domain_column(table.schema.names, domain) if domain is not None else None
+    rows = table.column(name).to_pylist() if name is not None else None
     for k, value in enumerate(values):
-        yield with_domain(typed_text(first + k, value, text_field), {} if name is None else {name: rows[k]},
-                          text_field)  # fmt: skip
+        record = typed_text(first + k, value, text_field)
+        yield record if domain is None else with_domain(record, {name: rows[k]} if rows is not None else {}, text_field)
 
 
 def _domain_column(names: list[str], domain: str) -> str | None:

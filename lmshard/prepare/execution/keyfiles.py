@@ -182,15 +182,10 @@ def read_partition(fd: int, base: int, count: int, i: int, arrays: int, stop: in
 
 def write_partitioned(path: Path, groups: np.ndarray, values: np.ndarray, count: int) -> None:
     """`values` (uint64, in order) with their group numbers (increasing, < `count`) as a file
-    of `count`+1 offsets then the values, durably (temporary name, fsync, rename)."""
+    of `count`+1 offsets then the values, atomically (volatile.write_bytes)."""
     offsets = np.zeros(count + 1, dtype=_U64)
     np.cumsum(np.bincount(groups.astype(np.int64), minlength=count), out=offsets[1:])
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(offsets.tobytes() + values.astype(_U64).tobytes())
-        f.flush()
-        volatile.sync(f.fileno())
-    os.replace(tmp, path)
+    volatile.write_bytes(path, offsets.tobytes() + values.astype(_U64).tobytes())
 
 
 def read_group(path: Path, count: int, i: int) -> np.ndarray:

@@ -32,7 +32,6 @@ unit's lengths at a time, and the pieces (a few dozen bytes each).
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -97,9 +96,7 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
         streams += [int(mine.sum()), int(arrays["lengths"][mine].sum()) + specials * int(mine.sum())]
     streams += [int((split >= 0).sum()), int(tokenized_marker.get("lines", 0))]  # and its newlines: linenumbers.py
     streams.append(len(arrays["lines"]))  # and its lines' keys to store (--dedup-lines)
-    tmp = out / f".unit_{u:06d}.split.tmp"
-    in_folder(lambda: _write_synced(tmp, split.tobytes()), out)
-    os.replace(tmp, out / f"unit_{u:06d}.split")
+    in_folder(lambda: volatile.write_bytes(out / f"unit_{u:06d}.split", split.tobytes()), out)
     summary = {"streams": [streams], "totals": totals.to_json()}
     if val_tokens:
         written = arrays["lengths"].astype(np.int64) + specials
@@ -109,14 +106,6 @@ def select_unit(work: Path, u: int, duplicates: Callable[[int], np.ndarray] | No
     volatile.write_json(marker, summary)
     stop_point("select", u)
     return True
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    """A work file written and synced (volatile.py), before the marker that names it done."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        volatile.sync(f.fileno())
 
 
 def select_join(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from ..domains import check_labels, field_of, label_keys
 from . import unitfiles
 
 _table: list[Any] = [None, None]  # the thresholds last made a table (unit_split), and the table
-_codes: list[Any] = [None, None]  # the labels last made a table (`domain_codes`), and the table
+_codes: list[Any] = [None, None]  # the labels last made a table (`_labels`), and the table
 
 
 def _pack(docs: np.ndarray) -> str:
@@ -173,27 +173,38 @@ def _input_limits(val_by: dict[str, Any], sources: np.ndarray) -> np.ndarray:
 
 def _domain_limits(val_by: dict[str, Any], domains: np.ndarray) -> np.ndarray:
     """Each document's threshold by its domain's key (-1: its domain has no val)."""
-    if _table[0] is not val_by:
-        labels = list(val_by["domains"])
-        keys = label_keys(labels)
-        order = np.argsort(keys)
-        _table[:] = [val_by, (keys[order], np.array([val_by["domains"][x] for x in labels])[order])]
-    keys, limits = _table[1]
-    at = np.minimum(np.searchsorted(keys, domains), len(keys) - 1)
-    return np.where(keys[at] == domains, limits[at], -1.0)
+    places, limits = _places(val_by, domains), _labels(val_by)[2]
+    return np.where(places >= 0, limits[places], -1.0)
 
 
 def domain_codes(val_by: dict[str, Any], domains: np.ndarray) -> np.ndarray:
     """Each document's domain as its category code (uint16: its label's place in the layout's
     sorted labels), from its key."""
+    places = _places(val_by, domains)
+    assert (places >= 0).all()  # (every written document's domain is a label)
+    return places.astype("<u2")
+
+
+def _places(val_by: dict[str, Any], domains: np.ndarray) -> np.ndarray:
+    """Each domain key's label, as its place in the layout's labels (-1: none of them: a domain
+    whose every document was dropped)."""
+    keys, order, _ = _labels(val_by)
+    if not len(keys):
+        return np.full(len(domains), -1)
+    at = np.minimum(np.searchsorted(keys, domains), len(keys) - 1)
+    return np.where(keys[at] == domains, order[at], -1)
+
+
+def _labels(val_by: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labels' keys sorted, the place of each in the labels, and each label's threshold (-1:
+    no val); made once per layout and process."""
     if _codes[0] is not val_by:
-        keys = label_keys(val_by["labels"])
+        labels = val_by["labels"]
+        keys = label_keys(labels)
         order = np.argsort(keys)
-        _codes[:] = [val_by, (keys[order], order.astype("<u2"))]
-    keys, codes = _codes[1]
-    at = np.searchsorted(keys, domains)
-    assert len(domains) == 0 or (at.max() < len(keys) and (keys[at] == domains).all())  # (every written domain)
-    return codes[at]
+        limits = np.array([float(val_by["domains"].get(x, -1.0)) for x in labels], dtype=np.float64)
+        _codes[:] = [val_by, (keys[order], order, limits)]
+    return _codes[1]  # type: ignore[no-any-return]
 
 
 def attr_rows(section: Callable[[str], np.ndarray], chosen: np.ndarray, columns: Sequence[int],
