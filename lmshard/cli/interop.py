@@ -206,6 +206,16 @@ def retokenize(
                                    "prepare \\[the dataset's setting]."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
+    num_tasks: int | None = typer.Option(None, "--num-tasks", metavar="N", help="Plan it as N tasks of two stages "
+                                         "(a task per source shard at most), the same bytes (docs/quality.md)."),
+    executor: str = typer.Option("local", "--executor", metavar="NAME", help="With --num-tasks: local (run here), "
+                                 "none (print the commands), slurm, ray."),  # fmt: skip
+    sbatch_args: str | None = typer.Option(None, "--sbatch-args", metavar="ARGS", help="--executor slurm: added to "
+                                           "every sbatch (partition, time...)."),  # fmt: skip
+    max_jobs: int | None = typer.Option(None, "--max-jobs", metavar="N", help="--executor slurm: the most jobs queued "
+                                        "at once \\[half the cluster's MaxJobCount]."),  # fmt: skip
+    ray_address: str | None = typer.Option(None, "--ray-address", metavar="ADDR", help="--executor ray: the cluster "
+                                           "to join (auto, host:port) \\[a local one]."),  # fmt: skip
 ) -> None:
     """Encode a dataset's documents with another tokenizer, as a fresh prepare would.
 
@@ -213,6 +223,20 @@ def retokenize(
     byte-level vocabularies only (docs/cli.md)."""
     from ..interop.retokenize import retokenize_dataset
 
+    if num_tasks is not None:
+        from ..interop import retokengines
+
+        options = {"tokenizer": tokenizer, "tokenizer_backend": tokenizer_backend, "shard_encoding": shard_encoding,
+                   "tokens_per_shard": tokens_per_shard, "separator": separator, "bos": bos}  # fmt: skip
+        done = retokengines.planned(dataset, out, num_tasks, executor, options, overwrite=overwrite, workers=workers,
+                                    sbatch_args=sbatch_args, max_jobs=max_jobs, ray_address=ray_address,
+                                    say=lambda line: render.out.print(line, markup=False, soft_wrap=True))  # fmt: skip
+        if done is not None:
+            render.out.print(f"retokenized {done.total_docs:,} documents to {escape(done.tokenizer.name)} "
+                             f"({done.total_tokens:,} tokens, {render.plural(len(done.shards), 'shard')}) in "
+                             f"{render.plural(num_tasks, 'task')} into {escape(str(out))}", highlight=False,
+                             soft_wrap=True)  # fmt: skip
+        return
     result = retokenize_dataset(dataset, tokenizer, out, tokenizer_backend=tokenizer_backend,
                                 shard_encoding=shard_encoding, tokens_per_shard=tokens_per_shard,
                                 overwrite=overwrite, workers=workers, separator=separator, bos=bos)  # fmt: skip

@@ -111,10 +111,19 @@ def run_task(
     from ..remote.urls import local_only
 
     local_only(out, "run-task")
-    if stage not in STAGES:
-        raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: pass 1 or more")
+    from ..interop import retoktasks
+
+    if retoktasks.planned(out):  # a planned retokenize (`lmshard retokenize --num-tasks`)
+        if stage != "finish" and task is None:
+            raise ConfigError(f"--stage {stage} needs --task I")
+        done = retoktasks.Tasks.of(out, workers or 0).run(stage, task or 0)
+        said = {"encode": "source shards encoded", "write": "shards written", "finish": "shards in the dataset"}
+        render.err.print(f"{stage} task {task or 0}: {done} {said.get(stage, 'items')}", markup=False, soft_wrap=True)
+        return
+    if stage not in STAGES:
+        raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
     cfg, n_tasks, unit_bytes = stages.config_of(out)
     if workers is not None:
         cfg = dataclasses.replace(cfg, workers=workers)
@@ -144,6 +153,11 @@ def status(
     from ..remote.urls import local_only
 
     local_only(out, "status")
+    from ..interop import retoktasks
+
+    if retoktasks.planned(out):
+        _retokenize_status(out, retoktasks.status(out))
+        return
     info = stages.status(out)
     quoted = shlex.quote(str(out))
     if info["merged"]:
@@ -186,6 +200,29 @@ def status(
     else:
         render.out.print(f"finish: not run; run: lmshard run-task --stage finish {quoted}", markup=False,
                          soft_wrap=True)  # fmt: skip
+    _slurm_advice(out, info, first_left)
+
+
+def _retokenize_status(out: Path, info: dict[str, Any]) -> None:
+    """A planned retokenize's progress: each stage's tasks complete, and what runs what is missing."""
+    quoted = shlex.quote(str(out))
+    waiting, first_left = False, None
+    for stage, row in info["stages"].items():
+        if waiting or row["total"] is None:
+            render.out.print(f"{stage}: waits for the stage above", markup=False, soft_wrap=True)
+            waiting = True
+            continue
+        left = [t for t in row["tasks"] if t["done"] < t["items"]]
+        render.out.print(f"{stage}: {len(row['tasks']) - len(left)} of {len(row['tasks'])} tasks complete "
+                         f"({row['done']} of {row['total']} {'source shards' if stage == 'encode' else 'shards'})",
+                         markup=False, soft_wrap=True)  # fmt: skip
+        for t in left:
+            render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}; run: lmshard run-task --stage {stage} "
+                             f"--task {t['task']} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
+        waiting = bool(left)
+        first_left = first_left or ((stage, [t["task"] for t in left]) if left else None)
+    render.out.print("finish: waits for the stages above" if waiting else f"finish: not run; run: lmshard run-task "
+                     f"--stage finish {quoted}", markup=False, soft_wrap=True)  # fmt: skip
     _slurm_advice(out, info, first_left)
 
 

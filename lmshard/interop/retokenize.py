@@ -84,22 +84,56 @@ class RetokenizeResult:
     source: DatasetMeta
 
 
-def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
-                       tokenizer_backend: str = "auto", shard_encoding: str | None = None,
-                       tokens_per_shard: int | None = None, overwrite: bool = False, workers: int | None = None,
-                       separator: str | None = None, bos: str | None = None) -> RetokenizeResult:  # fmt: skip
-    """Write `dataset`'s documents encoded with `tokenizer` to `out` (module docstring).
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a retokenize works from, in one process or in each task (retoktasks.py)."""
 
-        retokenize_dataset("data/owt", "meta-llama/Llama-3.2-1B", "data/owt_llama")
-    """
-    from ..prepare.execution.pool import OrderedPool, start_method
-    from ..prepare.output.build import sigterm_stops
+    meta: DatasetMeta  # the source's
+    splits: tuple[str, ...]
+    old: Tokenizer  # the source's vocabulary, which gives back its documents' text
+    config: PrepareConfig  # the new dataset's options (inputs: the source)
+    new: Tokenizer
+    encoding: Encoding
+    bos: int | None  # the BOS written before each text, or None
+    specials: int  # what each stored source document holds besides its text (EOT, and a BOS)
+
+    def units(self) -> list[tuple[str, int, ShardInfo]]:
+        """The source's shards that hold documents, in order (train's, then val's), each with its
+        split and the split's documents before it."""
+        out = []
+        for split in self.splits:
+            first = 0
+            for shard in self.meta.split_shards(split):
+                if shard.n_docs:
+                    out.append((split, first, shard))
+                first += shard.n_docs
+        return out
+
+    def rows(self) -> np.dtype | None:
+        """The attribute records' dtype (kept as they are, as .src is), or None without attributes."""
+        return row_dtype(self.meta.attributes) if self.meta.attributes else None
+
+    def writer(self, root: Path, split: str, number: int = 0) -> Any:
+        """A ShardWriter of `split` under `root` in the new encoding, from shard `number` on."""
+        from ..prepare.output.writer import ShardWriter
+
+        return ShardWriter(root, split, self.config.tokens_per_shard, encoding=self.encoding, provenance=True,
+                           attributes=self.rows(), number=number)  # fmt: skip
+
+    def encode_here(self) -> None:
+        """Make this process one that encodes (`_encode`) with the tokenizers loaded here."""
+        _here.update(old=self.old, new=self.new, specials=self.specials, bos=self.bos,
+                     position=self.meta.eot_position)  # fmt: skip
+
+
+def setup(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
+          tokenizer_backend: str = "auto", shard_encoding: str | None = None, tokens_per_shard: int | None = None,
+          workers: int | None = None, separator: str | None = None, bos: str | None = None) -> Setup:  # fmt: skip
+    """The source, checked to give back its text, and the new vocabulary and options."""
     from ..prepare.output.claim import bos_written, run_tokenizer
-    from ..prepare.output.writer import ShardWriter
 
     if tokens_per_shard is not None and tokens_per_shard < 1:
         raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: must be at least 1")
-
     meta, splits = open_source(dataset, "all")
     old = decoder(dataset, meta, "prepare the new dataset from the source text instead")
     recorded = meta.config or {}
@@ -111,44 +145,77 @@ def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str
                            workers=workers or 0)  # fmt: skip
     new = run_tokenizer(config)
     encoding = config.encoding(new.n_vocab)  # (uint16 for a larger vocabulary: refused naming --shard-encoding)
-    written_bos = bos_written(config, new)
-    specials = 1 if meta.tokenizer.bos_id is None else 2  # what each stored document holds besides its text
-    n = config.n_workers()
+    specials = 1 if meta.tokenizer.bos_id is None else 2
+    return Setup(meta, splits, old, config, new, encoding, bos_written(config, new), specials)
+
+
+def retokenize_dataset(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
+                       tokenizer_backend: str = "auto", shard_encoding: str | None = None,
+                       tokens_per_shard: int | None = None, overwrite: bool = False, workers: int | None = None,
+                       separator: str | None = None, bos: str | None = None) -> RetokenizeResult:  # fmt: skip
+    """Write `dataset`'s documents encoded with `tokenizer` to `out` (module docstring).
+
+        retokenize_dataset("data/owt", "meta-llama/Llama-3.2-1B", "data/owt_llama")
+    """
+    from ..prepare.output.build import sigterm_stops
+
+    s = setup(dataset, tokenizer, out, tokenizer_backend=tokenizer_backend, shard_encoding=shard_encoding,
+              tokens_per_shard=tokens_per_shard, workers=workers, separator=separator, bos=bos)  # fmt: skip
+    meta = s.meta
+    n = s.config.n_workers()
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_stops())  # (SIGTERM as Ctrl-C: the staging directory is removed)
         staging = stack.enter_context(staged_output(out, overwrite, [meta.root], flag="--overwrite"))
-        if n > 1:  # workers decode and encode blocks of documents; this process reads and writes them, in order
-            arg = (str(meta.root), config, specials, written_bos)
-            pool: OrderedPool[Any, Any] = stack.enter_context(OrderedPool(n, _start, arg, start=start_method()))
-            encoded: Callable[[Iterator[Any]], Iterator[Any]] = lambda bs: pool.imap(_encode, bs, 2 * n)  # noqa: E731
-        else:
-            _here.update(old=old, new=new, specials=specials, bos=written_bos, position=meta.eot_position)
-            encoded = lambda bs: map(_encode, bs)  # noqa: E731
+        encoded = stack.enter_context(encoder(s, n))
         shards = []
-        for split in splits:
-            rows = row_dtype(meta.attributes) if meta.attributes else None  # (kept as they are, as .src is)
-            writer = ShardWriter(staging, split, config.tokens_per_shard, encoding=encoding, provenance=True,
-                                 attributes=rows)  # fmt: skip
-            first = 0  # the split's documents before the shard
-            for shard in meta.split_shards(split):
-                if shard.n_docs:
-                    _check_source(meta, shard)
-                    src, done = per_doc_records(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE), 0
-                    attrs = None if rows is None else attribute_records(meta, shard)
-                    for tokens, lengths in encoded(numbered_blocks(meta, shard, split, first)):
-                        writer.add(tokens, lengths, src[done : done + len(lengths)],
-                                   None if attrs is None else attrs[done : done + len(lengths)])  # fmt: skip
-                        done += len(lengths)
-                first += shard.n_docs
+        for split in s.splits:
+            writer = s.writer(staging, split)
+            for _, first, shard in (u for u in s.units() if u[0] == split):
+                add_shard(s, writer, shard, encoded(numbered_blocks(meta, shard, split, first)))
             shards += writer.close()
         for key_file in meta.dedup.files if meta.dedup else ():  # (of the text: the same for any vocabulary)
             copy_checked(meta, key_file.path, staging, key_file.xxh3_64)
-        write_vocab_copy(staging, new.vocab_format, new.vocab_bytes)
-        atomic_write_json(staging / TOKENIZER_FILE, new.identity())
-        result = _metadata(meta, staging, config, new, written_bos, encoding, tuple(shards))
-        atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete
-        load_metadata(staging)  # the metadata as any reader will parse it
+        result = write_metadata(s, staging, tuple(shards))
     return RetokenizeResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), meta)
+
+
+@contextlib.contextmanager
+def encoder(s: Setup, n: int) -> Iterator[Callable[[Iterator[Any]], Iterator[tuple[np.ndarray, np.ndarray]]]]:
+    """A function from numbered blocks to their documents in the new vocabulary, in order:
+    encoded by `n` worker processes (a block each at a time), or here when n is 1."""
+    from ..prepare.execution.pool import OrderedPool, start_method
+
+    if n <= 1:
+        s.encode_here()
+        yield lambda blocks: map(_encode, blocks)
+        return
+    pool: OrderedPool[Any, Any] = OrderedPool(n, _start, (str(s.meta.root), s.config, s.specials, s.bos),
+                                              start=start_method())  # fmt: skip
+    with pool:
+        yield lambda blocks: pool.imap(_encode, blocks, 2 * n)
+
+
+def add_shard(s: Setup, writer: Any, shard: ShardInfo, encoded: Iterator[tuple[np.ndarray, np.ndarray]]) -> None:
+    """A source shard's documents, encoded, added to `writer` with their provenance and
+    attribute records; the shard's stored bytes held to their checksums first."""
+    _check_source(s.meta, shard)
+    src, done = per_doc_records(s.meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE), 0
+    attrs = None if s.rows() is None else attribute_records(s.meta, shard)
+    for tokens, lengths in encoded:
+        writer.add(tokens, lengths, src[done : done + len(lengths)],
+                   None if attrs is None else attrs[done : done + len(lengths)])  # fmt: skip
+        done += len(lengths)
+
+
+def write_metadata(s: Setup, staging: Path, shards: tuple[ShardInfo, ...]) -> DatasetMeta:
+    """The new dataset's vocabulary copy, tokenizer state and metadata (last: its presence means
+    complete), parsed back as any reader will."""
+    write_vocab_copy(staging, s.new.vocab_format, s.new.vocab_bytes)
+    atomic_write_json(staging / TOKENIZER_FILE, s.new.identity())
+    result = _metadata(s.meta, staging, s.config, s.new, s.bos, s.encoding, shards)
+    atomic_write_json(staging / METADATA_FILE, result.to_json())
+    load_metadata(staging)  # the metadata as any reader will parse it
+    return result
 
 
 _here: dict[str, Any] = {}  # the tokenizers and separators of the process that encodes (`_start`)

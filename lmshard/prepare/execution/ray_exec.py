@@ -11,6 +11,7 @@ Needs Ray: `pip install 'lmshard[ray]'`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -30,29 +31,37 @@ def _stage(stage: str, config: dict[str, Any], n_tasks: int, task: int, unit_byt
 def run(cfg: PrepareConfig, n_tasks: int, unit_bytes: int, address: str | None = None) -> Any:
     """Every stage's tasks on Ray, stage after stage, then the finish here; returns the dataset's
     metadata."""
+    from .stages import run_stages, run_task
+
+    each_stage(run_stages(cfg)[:-1], n_tasks, _stage, (asdict(cfg), n_tasks), (unit_bytes, os.getcwd()), address)
+    run_task(cfg, n_tasks, "finish", 0, unit_bytes)
+    from ...format import load_metadata
+
+    return load_metadata(cfg.out)
+
+
+def each_stage(stages: Sequence[str], n_tasks: int, fn: Callable[..., Any], head: tuple[Any, ...],
+               tail: tuple[Any, ...], address: str | None = None) -> None:  # fmt: skip
+    """`fn(stage, *head, task, *tail)` for every task of each stage, as Ray core tasks (one CPU
+    each, retried MAX_RETRIES times where a worker dies), every task of a stage before any of the
+    next; LmshardError with a failed task's own message."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'lmshard[ray]'") from None
-    from .stages import run_stages, run_task
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ours = not ray.is_initialized()
     if ours:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_stage)
-        for stage in run_stages(cfg)[:-1]:  # every task of a stage before any of the next
-            refs = [remote.remote(stage, asdict(cfg), n_tasks, t, unit_bytes, os.getcwd()) for t in range(n_tasks)]
+        remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(fn)
+        for stage in stages:
+            refs = [remote.remote(stage, *head, t, *tail) for t in range(n_tasks)]
             try:
                 ray.get(refs)
             except ray.exceptions.RayTaskError as e:  # the task's own error (bad input...): its message
                 cause = e.cause if isinstance(e.cause, LmshardError) else e
                 raise LmshardError(f"a Ray {stage} task failed: {cause}") from None
-        run_task(cfg, n_tasks, "finish", 0, unit_bytes)
-        from ...format import load_metadata
-
-        return load_metadata(cfg.out)
     finally:
         if ours:
             ray.shutdown()

@@ -80,8 +80,9 @@ class ShardWriter:
 
     def __init__(self, root: Path, split: str, tokens_per_shard: int, first: tuple[ShardInfo, ...] = (),
                  encoding: Encoding = UINT32, provenance: bool = False,
-                 attributes: np.dtype | None = None) -> None:  # fmt: skip
+                 attributes: np.dtype | None = None, number: int = 0) -> None:  # fmt: skip
         self.root, self.split, self.capacity, self.encoding = root, split, tokens_per_shard, encoding
+        self.number = number  # the first shard's number after `first` (a planned retokenize's write task: its own)
         self.provenance = provenance  # each shard's .src: its documents' sources and records (add's `src`)
         self.attributes = attributes  # each shard's .attr: its documents' attribute records (add's `attrs`)
         self._docs = [_PerDoc("src", src_path, SRC_DTYPE)] if provenance else []
@@ -187,6 +188,10 @@ class ShardWriter:
             d.file = _reopen(Path(f"{p}.tmp"), n_docs * d.dtype.itemsize, d.hash)
         self._n_tokens, self._n_docs = n_tokens, n_docs
 
+    def _next(self) -> int:
+        """The number of the shard open or about to open."""
+        return self.number + len(self.shards)
+
     def _paths(self, index: int) -> tuple[Path, Path]:
         bin_rel, idx_rel = shard_paths(self.split, index)
         return self.root / bin_rel, self.root / idx_rel
@@ -219,13 +224,13 @@ class ShardWriter:
         self._n_docs += len(ends)
 
     def _open(self) -> None:
-        bin_path, idx_path = self._paths(len(self.shards))
+        bin_path, idx_path = self._paths(self._next())
         bin_path.parent.mkdir(parents=True, exist_ok=True)
         self._bin = open(f"{bin_path}.tmp", "wb")  # noqa: SIM115 (closed in _finish/abort)
         self._idx = open(f"{idx_path}.tmp", "wb")  # noqa: SIM115
         self._hash, self._idx_hash, self._blocks = xxhash.xxh3_64(), xxhash.xxh3_64(), BlockHasher()
         for d in self._docs:
-            d.open(self.root / d.rel(shard_paths(self.split, len(self.shards))[0]))
+            d.open(self.root / d.rel(shard_paths(self.split, self._next())[0]))
         self._new_encoder(bin_path)
         self._n_tokens = self._n_docs = 0
         start = np.zeros(1, dtype=INDEX_DTYPE).tobytes()
@@ -234,14 +239,14 @@ class ShardWriter:
 
     def _finish(self) -> None:
         assert self._bin is not None and self._idx is not None
-        bin_path, idx_path = self._paths(len(self.shards))
+        bin_path, idx_path = self._paths(self._next())
         for f in (self._bin, self._idx, *(d.file for d in self._docs)):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
         self._bin = self._idx = None
-        bin_rel, idx_rel = shard_paths(self.split, len(self.shards))
+        bin_rel, idx_rel = shard_paths(self.split, self._next())
         files: dict[str, Any] = {}
         for d in self._docs:  # in place before the token file, which a resume and an upload key on
             d.file, rel = None, d.rel(bin_rel)

@@ -1,0 +1,364 @@
+"""`lmshard retokenize --num-tasks N`: a retokenize as N tasks of two stages and a finish, on any
+engine (the local pool, Slurm arrays, Ray, or `lmshard run-task` under any "task i of N"
+scheduler), writing the bytes a one-process retokenize writes.
+
+**Plan.** `plan` checks the source and the new vocabulary as a one-process run does, claims
+`--out` (refused when it is not empty, without --overwrite), and writes `retokenize.json` into
+the work folder beside `--out` (`.NAME.lmshard-work`, as a planned prepare's): the options, the
+task count, the xxh3-64 of the source's metadata and the new vocabulary's sha256. A unit is one
+source shard that holds documents, in order (train's, then val's); task t has units
+[t·U/N, (t+1)·U/N). Planned again with the same options, a run goes on from what is done; with
+others, or after the source or the vocabulary file changed, every task refuses in one line
+naming what changed.
+
+1. **encode** (per task: its units): each source shard held to its checksums and decoded,
+   every document's text held to its stored tokens, encoded with the new vocabulary (in a pool
+   of the task's own with `--workers`), its tokens with separators written to
+   `encode/unit_U.tokens` and its lengths to `unit_U.lengths`, then `unit_U.json` (docs, tokens:
+   the unit's marker) last. The tasks fold their units' rows into the stage's summary
+   (prepare's barrier.py), and the task that completes it lays out the shards: per split, each
+   closes before a document that would take it past --tokens-per-shard (ShardWriter's rule), found
+   from the units' totals, opening only the units a boundary falls in. `layout.i64` holds a row
+   per new shard (split, number, first unit and document, last unit and end document).
+2. **write** (per task: its share of the new shards, and of the source's key files, copied and
+   checked): each shard written whole by one task from the units' files, with the source's
+   provenance and attribute records, into `build/`; its entry (`write/piece_P.json`) last.
+3. **finish** (once): the metadata from the write stage's summary (the entries), then `build/`
+   swapped into `--out` (an old one renamed aside first, removed last) and the work folder removed.
+
+Every item writes under a temporary name and its marker last, so a task killed anywhere is
+finished by running it again; a task checks that the stage before it is complete from one file.
+
+Cost per task: the plan and the source's metadata (about 300 bytes per source shard) read once;
+an encode task reads its shards and writes 12 bytes per new token and document; a write task
+reads its shards' tokens (4 bytes each) and records and the layout rows of its shards; the finish
+reads one summary (an entry per new shard) and removes the work folder.
+
+Memory model, per task: an encode task holds one shard's index and up to 2 × workers blocks
+(the one-process run's); a write task one unit's lengths, tokens read as they are written (one
+part at a time) and one source shard's provenance and attribute records; the task that lays out
+the shards, the units' rows (2 integers each) and one unit's lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..format import METADATA_FILE, SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, file_xxh3
+from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
+from ..prepare.execution.taskplan import work_dir
+from .convert import copy_checked
+from .output import _check_out, _swap_in
+from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, setup, write_metadata
+
+PLAN_FILE = "retokenize.json"
+STAGES = ("encode", "write", "finish")
+LAYOUT_FILE = "layout.i64"  # a row per new shard: split, number, first unit, its first doc, last unit, end doc
+OPTIONS = ("tokenizer", "tokenizer_backend", "shard_encoding", "tokens_per_shard", "separator", "bos")
+VERSION = 1
+
+
+def planned(out: str | os.PathLike[str]) -> bool:
+    """Whether `out`'s work folder holds a planned retokenize."""
+    return (work_dir(out) / PLAN_FILE).is_file()
+
+
+def plan(dataset: str | os.PathLike[str], out: str | os.PathLike[str], n_tasks: int, *, overwrite: bool = False,
+         **options: Any) -> Tasks:  # fmt: skip
+    """Check the source and the vocabulary, claim `out` and write the plan (module docstring);
+    the same plan again goes on from what is done. `options`: OPTIONS, as retokenize_dataset takes."""
+    if n_tasks < 1:
+        raise ConfigError(f"--num-tasks {n_tasks}: pass 1 or more")
+    given: dict[str, Any] = {k: options[k] for k in OPTIONS[1:] if options.get(k) is not None}
+    s = setup(dataset, options["tokenizer"], out, workers=1, **given)
+    target = Path(os.path.realpath(out))
+    work = work_dir(target)
+    if (work / "plan.json").exists():
+        raise ConfigError(f"{work}: holds a planned prepare of {target}; finish it (lmshard status {target}) or "
+                          "choose another --out")  # fmt: skip
+    head = {"version": VERSION, "dataset": os.path.realpath(s.meta.root), "n_tasks": n_tasks, "overwrite": overwrite,
+            "source": file_xxh3(s.meta.root / METADATA_FILE), "vocabulary": s.new.vocab_sha256,
+            "options": {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}}  # fmt: skip
+    if (work / PLAN_FILE).is_file():
+        _same(head, json.loads((work / PLAN_FILE).read_text()), work)
+        return Tasks(work, head, s)
+    _check_out(target, overwrite, [s.meta.root], "--overwrite")
+    (work / "build").mkdir(parents=True, exist_ok=True)
+    atomic_write_json(work / PLAN_FILE, head)
+    return Tasks(work, head, s)
+
+
+def _same(head: dict[str, Any], found: dict[str, Any], work: Path) -> None:
+    """Refuse, naming what changed, a plan that differs from the one in `work`."""
+    again = f"run the first command again to finish it, or remove {work} to start over"
+    for key, what in (("dataset", "the source dataset"), ("source", "the source's metadata (changed since)"),
+                      ("vocabulary", "the new vocabulary's file"), ("n_tasks", "--num-tasks")):  # fmt: skip
+        if found.get(key) != head[key]:
+            raise ConfigError(f"{work}: a retokenize was planned there with another {what}; {again}")
+    for key, value in head["options"].items():
+        if found.get("options", {}).get(key) != value:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{work}: a retokenize was planned there with {flag} {found['options'].get(key)} "
+                              f"(now {value}); {again}")  # fmt: skip
+
+
+@dataclasses.dataclass
+class Tasks:
+    """A planned retokenize: what every task works from."""
+
+    work: Path
+    head: dict[str, Any]
+    s: Setup
+
+    @classmethod
+    def of(cls, out: str | os.PathLike[str], workers: int = 1) -> Tasks:
+        """The plan in `out`'s work folder, held to the source and the vocabulary it was made with."""
+        work = work_dir(os.path.realpath(out))
+        try:
+            head = json.loads((work / PLAN_FILE).read_text())
+        except FileNotFoundError:
+            raise InputError(f"{out}: no retokenize is planned there (its work folder {work} has no "
+                             f"{PLAN_FILE})") from None  # fmt: skip
+        if head.get("version") != VERSION:
+            raise InputError(f"{work}: planned by another lmshard version; remove it and plan again")
+        options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
+        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers, **options)
+        if file_xxh3(s.meta.root / METADATA_FILE) != head["source"]:
+            raise ConfigError(f"{head['dataset']}: the source dataset changed since the retokenize was planned; "
+                              f"remove {work} and plan again")  # fmt: skip
+        if s.new.vocab_sha256 != head["vocabulary"]:
+            raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary file changed since the retokenize was "
+                              f"planned; restore it, or remove {work} and plan again")  # fmt: skip
+        return cls(work, head, s)
+
+    @property
+    def n_tasks(self) -> int:
+        return int(self.head["n_tasks"])
+
+    def share(self, n_items: int, task: int) -> range:
+        """Task `task`'s items of `n_items`: a contiguous range, as even as can be."""
+        return range(task * n_items // self.n_tasks, (task + 1) * n_items // self.n_tasks)
+
+    def run(self, stage: str, task: int) -> int:
+        """Task `task` of `stage` (its items with a marker skipped); how many items it did."""
+        if stage not in STAGES:
+            raise ConfigError(f"--stage {stage}: a retokenize's stages are {', '.join(STAGES)}")
+        if not 0 <= task < self.n_tasks:
+            raise ConfigError(f"task {task} is not in [0, {self.n_tasks}); tasks are numbered from 0")
+        if stage == "finish":
+            return self.finish()
+        before = STAGES[STAGES.index(stage) - 1] if stage != "encode" else None
+        if before is not None and not is_complete(self.work, before):
+            raise ConfigError(f"--stage {stage}: the {before} stage is not complete; run every {before} task first "
+                              f"(lmshard status {self.head_out()})")  # fmt: skip
+        if task_finished(self.work, stage, self.n_tasks, task):  # (a task run again: its marker folded, or folded now)
+            if not is_complete(self.work, stage) and task_done(self.work, stage, self.n_tasks, task, None, _join):
+                self._after(stage)
+            return 0
+        summary = self.encode(task) if stage == "encode" else self.write(task)
+        if task_done(self.work, stage, self.n_tasks, task, summary, _join):
+            self._after(stage)
+        return len(summary["rows"])
+
+    def _after(self, stage: str) -> None:
+        """What the task that completes `stage` does once: after the encode stage, the layout."""
+        if stage == "encode":
+            self.lay_out()
+
+    def head_out(self) -> str:
+        return str(self.work.parent / self.work.name.removeprefix(".").removesuffix(".lmshard-work"))
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def encode(self, task: int) -> dict[str, Any]:
+        units = self.s.units()
+        rows = []
+        folder = self.work / "encode"
+        folder.mkdir(exist_ok=True)
+        with encoder(self.s, self.s.config.n_workers()) as encoded:
+            for u in self.share(len(units), task):
+                marker = folder / f"unit_{u:06d}.json"
+                if not marker.exists():
+                    split, first, shard = units[u]
+                    row = _encode_unit(self.s, shard, folder / f"unit_{u:06d}",
+                                       encoded(numbered_blocks(self.s.meta, shard, split, first)))  # fmt: skip
+                    atomic_write_json(marker, row)
+                rows.append(json.loads(marker.read_text()))
+        return {"rows": [[r["docs"], r["tokens"]] for r in rows]}
+
+    def lay_out(self) -> None:
+        """The new shards' rows (module docstring), written once the encode stage is complete."""
+        rows = read_summary(self.work, "encode")["rows"]
+        units = self.s.units()
+        capacity = self.s.config.tokens_per_shard
+        pieces: list[list[int]] = []
+        for code, split in enumerate(SPLITS):
+            mine = [u for u, unit in enumerate(units) if unit[0] == split]
+            number, start, filled = 0, None, 0  # the open shard's number, first (unit, doc), tokens
+            for u in mine:
+                docs, tokens = rows[u]
+                if start is None:
+                    start = (u, 0)
+                if filled + tokens <= capacity:  # the rest of the unit fits in the open shard
+                    filled += tokens
+                    continue
+                lengths, d = np.fromfile(self.work / "encode" / f"unit_{u:06d}.lengths", dtype=np.int64), 0
+                while d < docs:
+                    ends = np.cumsum(lengths[d:])
+                    fit = int(np.searchsorted(ends, capacity - filled, side="right"))
+                    if fit == 0 and filled == 0:
+                        fit = 1  # a document longer than a shard gets a shard of its own
+                    if fit == 0 or d + fit < docs:  # the shard closes before document d + fit
+                        d += fit
+                        filled += int(ends[fit - 1]) if fit else 0
+                        pieces.append([code, number, *start, u, d])
+                        number, start, filled = number + 1, (u, d), 0
+                    else:
+                        filled += int(ends[-1])
+                        d = docs
+            if start is not None:
+                pieces.append([code, number, *start, mine[-1], rows[mine[-1]][0]])
+        _atomic_bytes(self.work / LAYOUT_FILE, np.asarray(pieces, dtype="<i8").reshape(-1, 6).tobytes())
+
+    # -- write ---------------------------------------------------------------------------------
+
+    def write(self, task: int) -> dict[str, Any]:
+        if not (self.work / LAYOUT_FILE).exists():  # the task that completed the encode stage stopped before it
+            self.lay_out()
+        table = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8").reshape(-1, 6)
+        folder = self.work / "write"
+        folder.mkdir(exist_ok=True)
+        keys = self.s.meta.dedup.files if self.s.meta.dedup else ()
+        for k in self.share(len(keys), task):  # (of the text: the same for any vocabulary)
+            copy_checked(self.s.meta, keys[k].path, self.work / "build", keys[k].xxh3_64)
+        entries = []
+        records = _Records(self.s)
+        for p in self.share(len(table), task):
+            marker = folder / f"piece_{p:06d}.json"
+            if not marker.exists():
+                atomic_write_json(marker, self._write_piece(table[p], records).to_json())
+            entries.append([SPLITS[int(table[p][0])], json.loads(marker.read_text())])
+        return {"rows": entries}
+
+    def _write_piece(self, row: np.ndarray, records: _Records) -> ShardInfo:
+        code, number, u0, d0, u1, d1 = (int(x) for x in row)
+        writer = self.s.writer(self.work / "build", SPLITS[code], number)
+        units = self.s.units()
+        for u in range(u0, u1 + 1):
+            lo, hi = d0 if u == u0 else 0, d1 if u == u1 else units[u][2].n_docs
+            if hi <= lo:
+                continue
+            base = self.work / "encode" / f"unit_{u:06d}"
+            lengths = np.fromfile(f"{base}.lengths", dtype=np.int64)
+            starts = np.concatenate([[0], np.cumsum(lengths)])
+            tokens = np.fromfile(f"{base}.tokens", dtype=TOKEN_DTYPE, count=int(starts[hi] - starts[lo]),
+                                 offset=int(starts[lo]) * TOKEN_DTYPE.itemsize)  # fmt: skip
+            src, attrs = records.of(u, units[u][2])
+            writer.add(tokens, lengths[lo:hi], src[lo:hi], None if attrs is None else attrs[lo:hi])
+        shards = writer.close()
+        if len(shards) != 1:
+            raise InputError(f"{self.work}: shard {number} of {SPLITS[code]} came out as {len(shards)} shards, not as "
+                             "laid out; remove the work folder and plan again")  # fmt: skip
+        return shards[0]
+
+    # -- finish --------------------------------------------------------------------------------
+
+    def finish(self) -> int:
+        target = Path(self.head_out())
+        build = self.work / "build"
+        if not build.is_dir() and (target / METADATA_FILE).is_file():  # swapped in by a finish stopped after
+            shutil.rmtree(self.work, ignore_errors=True)
+            return 0
+        if not is_complete(self.work, "write"):
+            raise ConfigError(f"--stage finish: the write stage is not complete; run every write task first "
+                              f"(lmshard status {target})")  # fmt: skip
+        shards = tuple(ShardInfo.parse(split, entry) for split, entry in read_summary(self.work, "write")["rows"])
+        if not (build / METADATA_FILE).is_file():
+            write_metadata(self.s, build, shards)
+        _check_out(target, bool(self.head["overwrite"]), [self.s.meta.root], "--overwrite")
+        _swap_in(build, target)
+        shutil.rmtree(self.work, ignore_errors=True)
+        return len(shards)
+
+
+class _Records:
+    """The provenance and attribute records of the source shard last asked for (a write task's
+    parts come unit after unit)."""
+
+    def __init__(self, s: Setup) -> None:
+        self.s, self.unit = s, -1
+        self.held: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0), None)
+
+    def of(self, u: int, shard: ShardInfo) -> tuple[np.ndarray, np.ndarray | None]:
+        from ..format.provenance import SRC_DTYPE
+
+        if u != self.unit:
+            src = per_doc_records(self.s.meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE)
+            self.unit, self.held = u, (src, None if self.s.rows() is None else attribute_records(self.s.meta, shard))
+        return self.held
+
+
+def _encode_unit(s: Setup, shard: ShardInfo, base: Path, encoded: Any) -> dict[str, int]:
+    """A source shard's documents encoded into `base`.tokens and `base`.lengths; its row."""
+    from .retokenize import _check_source
+
+    _check_source(s.meta, shard)
+    lengths = []
+    with open(f"{base}.tokens.tmp", "wb") as f:
+        for tokens, lens in encoded:
+            f.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes())
+            lengths.append(lens)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{base}.tokens.tmp", f"{base}.tokens")
+    joined = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
+    _atomic_bytes(Path(f"{base}.lengths"), joined.tobytes())
+    if len(joined) != shard.n_docs:
+        raise InputError(f"{s.meta.abspath(shard.path)}: {len(joined)} documents read, {shard.n_docs} in the metadata")
+    return {"docs": len(joined), "tokens": int(joined.sum())}
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stage's summary: its tasks' rows, in task order."""
+    return {"rows": [row for part in parts for row in part["rows"]]}
+
+
+def status(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Per stage: its items done of its items, per task too (from a listing of the stage's
+    folder while it runs; from its summary once complete); None before the layout is made."""
+    t = Tasks.of(out)
+    totals = {"encode": len(t.s.units())}
+    if (t.work / LAYOUT_FILE).exists():
+        totals["write"] = (t.work / LAYOUT_FILE).stat().st_size // 48
+    stages: dict[str, Any] = {}
+    for stage, prefix in (("encode", "unit_"), ("write", "piece_")):
+        total = totals.get(stage)
+        if total is None:
+            stages[stage] = {"total": None, "done": 0, "tasks": []}
+            continue
+        complete = is_complete(t.work, stage)
+        names = set() if complete or not (t.work / stage).is_dir() else set(os.listdir(t.work / stage))
+        tasks = []
+        for task in range(t.n_tasks):
+            items = t.share(total, task)
+            done = len(items) if complete else sum(f"{prefix}{i:06d}.json" in names for i in items)
+            tasks.append({"task": task, "items": len(items), "done": done})
+        stages[stage] = {"total": total, "done": sum(x["done"] for x in tasks), "tasks": tasks}
+    return {"stages": stages}

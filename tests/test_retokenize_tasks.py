@@ -1,0 +1,160 @@
+"""`lmshard retokenize --num-tasks N`: a GPT-2 dataset of many shards retokenized to a
+Llama-3-like vocabulary as planned tasks (stages run in any task order, by hand through
+`run-task`, in the local pool) writes byte for byte the files a one-process retokenize writes;
+a stage run before the one it needs, a changed source and other options are refused in one line,
+and a task stopped midway is finished by running it again."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from test_hf_tokenizer import big  # noqa: F401  (module fixture: the big vocabulary)
+from test_prepare import jsonl, make_texts
+from test_retokenize import _prepare
+from typer.testing import CliRunner
+
+from lmshard.cli import app
+from lmshard.errors import ConfigError
+from lmshard.format import load_metadata
+from lmshard.interop import retoktasks
+from lmshard.interop.retokenize import retokenize_dataset
+from lmshard.prepare.execution.taskplan import work_dir
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A GPT-2 dataset in shards of at most 6,000 tokens, with an attribute and a val split."""
+    tmp = tmp_path_factory.mktemp("retok_tasks")
+    texts = make_texts(900, seed=43)
+    inputs = [jsonl(tmp / "a.jsonl", texts[:500] + texts[:30]), jsonl(tmp / "b.jsonl", texts[500:])]
+    root = _prepare(tmp / "gpt2", inputs, attributes=["length"], tokens_per_shard=6_000)
+    meta = load_metadata(root)
+    assert len(meta.split_shards("train")) > 8 and meta.n_docs("val") > 0
+    return root
+
+
+def _files(root):
+    """Every file under `root` with its bytes; the metadata without its run record (how it ran)."""
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.name == "dataset_metadata.json":
+            meta = json.loads(data)
+            assert meta["run"]["lineage"][-1]["op"] == "retokenize"
+            del meta["run"]  # (where and when it ran)
+            data = json.dumps(meta, sort_keys=True).encode()
+        out[str(path.relative_to(root))] = data
+    return out
+
+
+@pytest.fixture(scope="module")
+def one(source, big, tmp_path_factory):  # noqa: F811
+    """The one-process retokenize the planned runs must equal, in shards of at most 5,000 tokens."""
+    out = tmp_path_factory.mktemp("one") / "one"
+    retokenize_dataset(source, str(big["file"]), out, tokens_per_shard=5_000, workers=1)
+    return _files(out)
+
+
+def _by_hand(source, out, n, big, order=reversed):  # noqa: F811
+    retoktasks.plan(source, out, n, tokenizer=str(big["file"]), tokens_per_shard=5_000)
+    for stage in ("encode", "write"):
+        for task in order(range(n)):
+            retoktasks.Tasks.of(out).run(stage, task)
+    retoktasks.Tasks.of(out).run("finish", 0)
+    assert not work_dir(out).exists()
+    return _files(out)
+
+
+@pytest.mark.parametrize("n", [1, 4, 13])
+def test_planned_tasks_in_any_order_write_the_one_process_bytes(tmp_path, source, one, big, n):  # noqa: F811
+    got = _by_hand(source, tmp_path / "re", n, big)
+    assert got.keys() == one.keys()
+    assert [f for f in one if got[f] != one[f]] == []
+    meta = load_metadata(tmp_path / "re")
+    assert len(meta.split_shards("train")) > 8 and meta.lmshard_version
+    assert {s.n_docs for s in meta.shards} != {1}  # (shards of several documents, cut inside source shards)
+
+
+def test_a_document_longer_than_a_shard_gets_its_own_in_tasks_too(tmp_path, source, big):  # noqa: F811
+    retokenize_dataset(source, str(big["file"]), tmp_path / "one", tokens_per_shard=300, workers=1)
+    want = _files(tmp_path / "one")
+    meta = load_metadata(tmp_path / "one")
+    assert any(s.n_docs == 1 and s.n_tokens > 300 for s in meta.shards)  # (the case this test is about)
+    assert any(s.n_docs > 1 for s in meta.shards)
+    retoktasks.plan(source, tmp_path / "re", 5, tokenizer=str(big["file"]), tokens_per_shard=300)
+    for stage in ("encode", "write", "finish"):
+        for task in range(5 if stage != "finish" else 1):
+            retoktasks.Tasks.of(tmp_path / "re").run(stage, task)
+    assert _files(tmp_path / "re") == want
+
+
+def test_run_task_by_hand_status_and_refusals(tmp_path, source, one, big):  # noqa: F811
+    out = tmp_path / "re"
+    runner = CliRunner()
+    planned = runner.invoke(app, ["retokenize", str(source), "--tokenizer", str(big["file"]), "--out", str(out),
+                                  "--tokens-per-shard", "5000", "--num-tasks", "3", "--executor", "none"])  # fmt: skip
+    assert planned.exit_code == 0, planned.output
+    assert f"lmshard run-task --stage encode --task I {out}" in planned.output and not out.exists()
+    early = runner.invoke(app, ["run-task", "--stage", "write", "--task", "0", str(out)])
+    assert early.exit_code == 1 and "the encode stage is not complete" in early.output, early.output
+    assert "Traceback" not in early.output
+    for task in (2, 0):
+        done = runner.invoke(app, ["run-task", "--stage", "encode", "--task", str(task), str(out), "--workers", "2"])
+        assert done.exit_code == 0, done.output
+    shown = runner.invoke(app, ["status", str(out)])
+    assert shown.exit_code == 0 and "encode: 2 of 3 tasks complete" in shown.output, shown.output
+    assert f"run: lmshard run-task --stage encode --task 1 {out}" in shown.output
+    again = runner.invoke(app, ["retokenize", str(source), "--tokenizer", str(big["file"]), "--out", str(out),
+                                "--tokens-per-shard", "4000", "--num-tasks", "3", "--executor", "none"])  # fmt: skip
+    assert again.exit_code == 1 and "--tokens-per-shard 5000 (now 4000)" in again.output, again.output
+    for stage, tasks in (("encode", [1, 1]), ("write", [0, 1, 2, 0])):  # (a task run again does nothing more)
+        for task in tasks:
+            done = runner.invoke(app, ["run-task", "--stage", stage, "--task", str(task), str(out)])
+            assert done.exit_code == 0, done.output
+    assert "finish: not run" in runner.invoke(app, ["status", str(out)]).output
+    done = runner.invoke(app, ["run-task", "--stage", "finish", str(out)])
+    assert done.exit_code == 0, done.output
+    assert _files(out) == one and not work_dir(out).exists()
+
+
+def test_the_local_executor_and_a_task_stopped_midway(tmp_path, source, one, big):  # noqa: F811
+    out = tmp_path / "re"
+    retoktasks.plan(source, out, 4, tokenizer=str(big["file"]), tokens_per_shard=5_000)
+    tasks = retoktasks.Tasks.of(out)
+    tasks.run("encode", 1)
+    # as if task 1 had been killed writing its last unit: its marker and the unit's are not there yet
+    units = list(tasks.share(len(tasks.s.units()), 1))
+    folder = work_dir(out) / "encode"
+    (folder / f"unit_{units[-1]:06d}.json").unlink()
+    (folder / f"unit_{units[-1]:06d}.lengths").unlink()
+    with open(folder / f"unit_{units[-1]:06d}.tokens.tmp", "wb") as f:
+        f.write(b"\xff" * 1000)  # a half-written file of the killed task
+    marks = list((work_dir(out) / "done" / "encode").rglob("*.json"))
+    assert len(marks) == 1
+    marks[0].unlink()
+    done = CliRunner().invoke(app, ["retokenize", str(source), "--tokenizer", str(big["file"]), "--out", str(out),
+                                    "--tokens-per-shard", "5000", "--num-tasks", "4", "--workers", "2"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "in 4 tasks" in done.output
+    assert _files(out) == one
+
+
+def test_a_changed_source_or_a_full_out_is_refused(tmp_path, source, big):  # noqa: F811
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not empty; pass --overwrite"):
+        retoktasks.plan(source, tmp_path / "full", 2, tokenizer=str(big["file"]))
+    assert not work_dir(tmp_path / "full").exists()
+    copy = tmp_path / "src"
+    os.system(f"cp -r {source} {copy}")
+    retoktasks.plan(copy, tmp_path / "re", 2, tokenizer=str(big["file"]))
+    meta = json.loads((copy / "dataset_metadata.json").read_text())
+    meta["config"]["seed"] = 7  # the source rewritten since the plan
+    (copy / "dataset_metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="the source dataset changed since the retokenize was planned"):
+        retoktasks.Tasks.of(tmp_path / "re").run("encode", 0)
+    assert not (work_dir(tmp_path / "re") / "encode").exists()  # (nothing encoded)
+    assert np.fromfile(copy / load_metadata(copy).shards[0].path, dtype="<u4").size > 0  # (the source untouched)
