@@ -84,9 +84,10 @@ def plan(dataset: str | os.PathLike[str], out: str | os.PathLike[str], n_tasks: 
     if (work / "plan.json").exists():
         raise ConfigError(f"{work}: holds a planned prepare of {target}; finish it (lmshard status {target}) or "
                           "choose another --out")  # fmt: skip
+    resolved = {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}
     head = {"version": VERSION, "dataset": os.path.realpath(s.meta.root), "n_tasks": n_tasks, "overwrite": overwrite,
             "source": file_xxh3(s.meta.root / METADATA_FILE), "vocabulary": s.new.vocab_sha256,
-            "options": {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}}  # fmt: skip
+            "options": resolved}  # fmt: skip
     if (work / PLAN_FILE).is_file():
         _same(head, json.loads((work / PLAN_FILE).read_text()), work)
         return Tasks(work, head, s)
@@ -275,7 +276,7 @@ class Tasks:
         target = Path(self.head_out())
         build = self.work / "build"
         if not build.is_dir() and (target / METADATA_FILE).is_file():  # swapped in by a finish stopped after
-            shutil.rmtree(self.work, ignore_errors=True)
+            self._remove()
             return 0
         if not is_complete(self.work, "write"):
             raise ConfigError(f"--stage finish: the write stage is not complete; run every write task first "
@@ -285,8 +286,20 @@ class Tasks:
             write_metadata(self.s, build, shards)
         _check_out(target, bool(self.head["overwrite"]), [self.s.meta.root], "--overwrite")
         _swap_in(build, target)
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._remove()
         return len(shards)
+
+    def _remove(self) -> None:
+        """The work folder removed, the plan last (a finish stopped meanwhile is run again), but
+        for the Slurm jobs' logs (`slurm/`), which stay for the user to read."""
+        for entry in self.work.iterdir() if self.work.is_dir() else ():
+            if entry.is_dir() and entry.name != "slurm":
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name != PLAN_FILE and entry.is_file():
+                entry.unlink(missing_ok=True)
+        (self.work / PLAN_FILE).unlink(missing_ok=True)
+        if self.work.is_dir() and not any(self.work.iterdir()):
+            self.work.rmdir()
 
 
 class _Records:
