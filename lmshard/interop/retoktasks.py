@@ -43,6 +43,7 @@ the shards, the units' rows (2 integers each) and one unit's lengths.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -52,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..format import METADATA_FILE, SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, file_xxh3
+from ..format import METADATA_FILE, SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, check_shard_files, file_xxh3
 from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
 from ..prepare.execution.taskplan import work_dir
 from .convert import copy_checked
@@ -62,6 +63,7 @@ from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_
 PLAN_FILE = "retokenize.json"
 STAGES = ("encode", "write", "finish")
 LAYOUT_FILE = "layout.i64"  # a row per new shard: split, number, first unit, its first doc, last unit, end doc
+ROW_BYTES = 6 * 8
 OPTIONS = ("tokenizer", "tokenizer_backend", "shard_encoding", "tokens_per_shard", "separator", "bos")
 VERSION = 1
 
@@ -131,7 +133,8 @@ class Tasks:
         if head.get("version") != VERSION:
             raise InputError(f"{work}: planned by another lmshard version; remove it and plan again")
         options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
-        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers, **options)
+        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers,
+                  every_shard=False, **options)  # (a task checks the shards it reads)
         if file_xxh3(s.meta.root / METADATA_FILE) != head["source"]:
             raise ConfigError(f"{head['dataset']}: the source dataset changed since the retokenize was planned; "
                               f"remove {work} and plan again")  # fmt: skip
@@ -139,6 +142,12 @@ class Tasks:
             raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary file changed since the retokenize was "
                               f"planned; restore it, or remove {work} and plan again")  # fmt: skip
         return cls(work, head, s)
+
+    @functools.cached_property
+    def units(self) -> list[tuple[str, int, ShardInfo]]:
+        """The source's shards that hold documents, in order, each with its split and the split's
+        documents before it (Setup.units)."""
+        return self.s.units()
 
     @property
     def n_tasks(self) -> int:
@@ -180,7 +189,7 @@ class Tasks:
     # -- encode --------------------------------------------------------------------------------
 
     def encode(self, task: int) -> dict[str, Any]:
-        units = self.s.units()
+        units = self.units
         rows = []
         folder = self.work / "encode"
         folder.mkdir(exist_ok=True)
@@ -198,7 +207,7 @@ class Tasks:
     def lay_out(self) -> None:
         """The new shards' rows (module docstring), written once the encode stage is complete."""
         rows = read_summary(self.work, "encode")["rows"]
-        units = self.s.units()
+        units = self.units
         capacity = self.s.config.tokens_per_shard
         pieces: list[list[int]] = []
         for code, split in enumerate(SPLITS):
@@ -234,7 +243,10 @@ class Tasks:
     def write(self, task: int) -> dict[str, Any]:
         if not (self.work / LAYOUT_FILE).exists():  # the task that completed the encode stage stopped before it
             self.lay_out()
-        table = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8").reshape(-1, 6)
+        n_pieces = (self.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
+        mine = self.share(n_pieces, task)
+        table = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8", count=6 * len(mine),
+                            offset=mine.start * ROW_BYTES).reshape(-1, 6)  # (its own rows only)
         folder = self.work / "write"
         folder.mkdir(exist_ok=True)
         keys = self.s.meta.dedup.files if self.s.meta.dedup else ()
@@ -242,17 +254,17 @@ class Tasks:
             copy_checked(self.s.meta, keys[k].path, self.work / "build", keys[k].xxh3_64)
         entries = []
         records = _Records(self.s)
-        for p in self.share(len(table), task):
+        for p, row in zip(mine, table, strict=True):
             marker = folder / f"piece_{p:06d}.json"
             if not marker.exists():
-                atomic_write_json(marker, self._write_piece(table[p], records).to_json())
-            entries.append([SPLITS[int(table[p][0])], json.loads(marker.read_text())])
+                atomic_write_json(marker, self._write_piece(row, records).to_json())
+            entries.append([SPLITS[int(row[0])], json.loads(marker.read_text())])
         return {"rows": entries}
 
     def _write_piece(self, row: np.ndarray, records: _Records) -> ShardInfo:
         code, number, u0, d0, u1, d1 = (int(x) for x in row)
         writer = self.s.writer(self.work / "build", SPLITS[code], number)
-        units = self.s.units()
+        units = self.units
         for u in range(u0, u1 + 1):
             lo, hi = d0 if u == u0 else 0, d1 if u == u1 else units[u][2].n_docs
             if hi <= lo:
@@ -323,6 +335,7 @@ def _encode_unit(s: Setup, shard: ShardInfo, base: Path, encoded: Any) -> dict[s
     """A source shard's documents encoded into `base`.tokens and `base`.lengths; its row."""
     from .retokenize import _check_source
 
+    check_shard_files(s.meta.root, shard)
     _check_source(s.meta, shard)
     lengths = []
     with open(f"{base}.tokens.tmp", "wb") as f:
@@ -357,9 +370,9 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Per stage: its items done of its items, per task too (from a listing of the stage's
     folder while it runs; from its summary once complete); None before the layout is made."""
     t = Tasks.of(out)
-    totals = {"encode": len(t.s.units())}
+    totals = {"encode": len(t.units)}
     if (t.work / LAYOUT_FILE).exists():
-        totals["write"] = (t.work / LAYOUT_FILE).stat().st_size // 48
+        totals["write"] = (t.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
     stages: dict[str, Any] = {}
     for stage, prefix in (("encode", "unit_"), ("write", "piece_")):
         total = totals.get(stage)
