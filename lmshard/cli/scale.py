@@ -95,7 +95,8 @@ def run_task(
         metavar="STAGE",
         help="tokenize (a task's units), dedup (its groups of hash buckets), select (its units), write (its "
         "shards), each after every task of the stage before; finish (once, last). With --dedup-lines, lines (a "
-        "task's units' lines hashed) and linedup (its groups of buckets) come first.",
+        "task's units' lines hashed) and linedup (its groups of buckets) come first. A planned retokenize: encode "
+        "(a task's source shards), write (its new shards), finish.",
     ),
     task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
     workers: int | None = typer.Option(
@@ -106,7 +107,7 @@ def run_task(
         "SLURM_CPUS_PER_TASK, else its CPU affinity). A task of a 64-core node runs its items 64 at a time.",
     ),
 ) -> None:
-    """Run one stage of one task of a planned scale-out prepare (see `prepare --num-tasks`)."""
+    """Run one stage of one task of a planned scale-out prepare or retokenize (`--num-tasks`)."""
     from ..prepare.execution import stages
     from ..remote.urls import local_only
 
@@ -148,7 +149,7 @@ def run_task(
 def status(
     out: Path = typer.Argument(..., metavar="DIR", help="The output dataset directory of a planned run."),
 ) -> None:
-    """Progress of a planned scale-out prepare: each stage's tasks done, and what to run next."""
+    """Progress of a planned scale-out prepare or retokenize: each stage's tasks done, and what to run next."""
     from ..prepare.execution import stages
     from ..remote.urls import local_only
 

@@ -28,6 +28,7 @@ dictionary, which `lmshard convert --to zstd` adds).
 Documents are decoded and encoded by `workers` processes (default: the CPUs available, as for
 prepare), a block of about BLOCK_TOKENS source tokens at a time, handed back in order, so the
 result does not depend on their number; this process reads the source and writes the shards.
+`--num-tasks N` runs the same steps as planned tasks on any engine, the same bytes (retoktasks.py).
 
 Memory model: at most 2 × workers blocks in flight (BLOCK_TOKENS source tokens each, with their
 texts and new tokens), each worker's two vocabularies, one source shard's provenance records
