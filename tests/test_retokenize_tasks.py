@@ -126,7 +126,7 @@ def test_the_local_executor_and_a_task_stopped_midway(tmp_path, source, one, big
     tasks = retoktasks.Tasks.of(out)
     tasks.run("encode", 1)
     # as if task 1 had been killed writing its last unit: its marker and the unit's are not there yet
-    units = list(tasks.share(len(tasks.s.units()), 1))
+    units = list(tasks.share(tasks.n_units, 1))
     folder = work_dir(out) / "encode"
     (folder / f"unit_{units[-1]:06d}.json").unlink()
     (folder / f"unit_{units[-1]:06d}.lengths").unlink()

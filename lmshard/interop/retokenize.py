@@ -130,18 +130,17 @@ class Setup:
 def setup(dataset: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
           tokenizer_backend: str = "auto", shard_encoding: str | None = None, tokens_per_shard: int | None = None,
           workers: int | None = None, separator: str | None = None, bos: str | None = None,
-          every_shard: bool = True) -> Setup:  # fmt: skip
-    """The source, checked to give back its text (`every_shard`: its shards' files held to their
-    sizes, else only its metadata read: a task checks the shards it reads), and the new
+          meta: DatasetMeta | None = None) -> Setup:  # fmt: skip
+    """The source, checked to give back its text (its metadata read and every shard's files held
+    to their sizes; or `meta` as given: a task's, which checks the shards it reads), and the new
     vocabulary and options."""
     from ..prepare.output.claim import bos_written, run_tokenizer
 
     if tokens_per_shard is not None and tokens_per_shard < 1:
         raise ConfigError(f"--tokens-per-shard {tokens_per_shard}: must be at least 1")
-    if every_shard:
+    if meta is None:
         meta, splits = open_source(dataset, "all")
     else:
-        meta = load_metadata(dataset)
         splits = tuple(split for split in SPLITS if meta.n_docs(split))
     old = decoder(dataset, meta, "prepare the new dataset from the source text instead")
     recorded = meta.config or {}

@@ -43,7 +43,6 @@ the shards, the units' rows (2 integers each) and one unit's lengths.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import shutil
@@ -53,7 +52,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..format import METADATA_FILE, SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, check_shard_files, file_xxh3
+from ..format import (
+    METADATA_FILE,
+    SPLITS,
+    TOKEN_DTYPE,
+    ShardInfo,
+    atomic_write_json,
+    check_shard_files,
+    load_metadata,
+    parse_metadata,
+)
+from ..format.attributes import row_dtype
 from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
 from ..prepare.execution.taskplan import work_dir
 from .convert import copy_checked
@@ -61,6 +70,7 @@ from .output import _check_out, _swap_in
 from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, setup, write_metadata
 
 PLAN_FILE = "retokenize.json"
+SOURCE_FILE = "source.json"  # the source's metadata without its shards, key files and inputs
 STAGES = ("encode", "write", "finish")
 LAYOUT_FILE = "layout.i64"  # a row per new shard: split, number, first unit, its first doc, last unit, end doc
 ROW_BYTES = 6 * 8
@@ -87,16 +97,51 @@ def plan(dataset: str | os.PathLike[str], out: str | os.PathLike[str], n_tasks: 
         raise ConfigError(f"{work}: holds a planned prepare of {target}; finish it (lmshard status {target}) or "
                           "choose another --out")  # fmt: skip
     resolved = {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}
+    units, keys = s.units(), s.meta.dedup.files if s.meta.dedup else ()
     head = {"version": VERSION, "dataset": os.path.realpath(s.meta.root), "n_tasks": n_tasks, "overwrite": overwrite,
-            "source": file_xxh3(s.meta.root / METADATA_FILE), "vocabulary": s.new.vocab_sha256,
-            "options": resolved}  # fmt: skip
+            "source": _stamp(s.meta.root), "vocabulary": s.new.vocab_sha256, "options": resolved,
+            "units": len(units), "keys": len(keys)}  # fmt: skip
     if (work / PLAN_FILE).is_file():
         _same(head, json.loads((work / PLAN_FILE).read_text()), work)
         return Tasks(work, head, s)
     _check_out(target, overwrite, [s.meta.root], "--overwrite")
     (work / "build").mkdir(parents=True, exist_ok=True)
-    atomic_write_json(work / PLAN_FILE, head)
+    write_table(work / "units", [{"split": split, "first": first, "shard": shard.to_json()}
+                                 for split, first, shard in units])  # fmt: skip
+    write_table(work / "keys", [k.to_json() for k in keys])
+    source = s.meta.to_json() | {"splits": {}, "n_tokens": 0, "n_docs": 0, "sources": []}  # (what every task needs)
+    if s.meta.dedup:
+        source["dedup"] = source["dedup"] | {"files": []}
+    atomic_write_json(work / SOURCE_FILE, source)
+    atomic_write_json(work / PLAN_FILE, head)  # last: the plan is complete
     return Tasks(work, head, s)
+
+
+def _stamp(root: Path) -> list[int]:
+    """What changes when the source's metadata is written again: its inode, size and time."""
+    info = os.stat(root / METADATA_FILE)
+    return [info.st_ino, info.st_size, info.st_mtime_ns]
+
+
+def write_table(base: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows as JSON lines in `base`.jsonl, and their byte offsets (uint64, one more than the rows)
+    in `base`.off, so a task reads only its own rows (`read_rows`)."""
+    lines = [json.dumps(row, separators=(",", ":")).encode() + b"\n" for row in rows]
+    offsets = np.zeros(len(lines) + 1, dtype="<u8")
+    np.cumsum([len(line) for line in lines], out=offsets[1:])
+    _atomic_bytes(base.with_suffix(".jsonl"), b"".join(lines))
+    _atomic_bytes(base.with_suffix(".off"), offsets.tobytes())
+
+
+def read_rows(base: Path, rows: range) -> list[Any]:
+    """Rows `rows` of a table `write_table` wrote: two reads, of their offsets and their lines."""
+    if not rows:
+        return []
+    offsets = np.fromfile(base.with_suffix(".off"), dtype="<u8", count=len(rows) + 1, offset=rows.start * 8)
+    with open(base.with_suffix(".jsonl"), "rb") as f:
+        f.seek(int(offsets[0]))
+        data = f.read(int(offsets[-1] - offsets[0]))
+    return [json.loads(line) for line in data.splitlines()]
 
 
 def _same(head: dict[str, Any], found: dict[str, Any], work: Path) -> None:
@@ -132,22 +177,32 @@ class Tasks:
                              f"{PLAN_FILE})") from None  # fmt: skip
         if head.get("version") != VERSION:
             raise InputError(f"{work}: planned by another lmshard version; remove it and plan again")
-        options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
-        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers,
-                  every_shard=False, **options)  # (a task checks the shards it reads)
-        if file_xxh3(s.meta.root / METADATA_FILE) != head["source"]:
+        if _stamp(Path(head["dataset"])) != head["source"]:
             raise ConfigError(f"{head['dataset']}: the source dataset changed since the retokenize was planned; "
                               f"remove {work} and plan again")  # fmt: skip
+        options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
+        meta = parse_metadata(Path(head["dataset"]), json.loads((work / SOURCE_FILE).read_text()))
+        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers, meta=meta,
+                  **options)  # (the source without its shards: a task reads its own rows of the units)  # fmt: skip
         if s.new.vocab_sha256 != head["vocabulary"]:
             raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary file changed since the retokenize was "
                               f"planned; restore it, or remove {work} and plan again")  # fmt: skip
         return cls(work, head, s)
 
-    @functools.cached_property
-    def units(self) -> list[tuple[str, int, ShardInfo]]:
-        """The source's shards that hold documents, in order, each with its split and the split's
-        documents before it (Setup.units)."""
-        return self.s.units()
+    def units(self, rows: range) -> list[tuple[str, int, ShardInfo]]:
+        """Units `rows`: source shards that hold documents, each with its split and the split's
+        documents before it (Setup.units), read from the plan's table."""
+        width = row_dtype(self.s.meta.attributes).itemsize if self.s.meta.attributes else 0
+        return [(row["split"], row["first"], dataclasses.replace(ShardInfo.parse(row["split"], row["shard"]),
+                                                                 attr_width=width))
+                for row in read_rows(self.work / "units", rows)]  # fmt: skip
+
+    def unit(self, u: int) -> ShardInfo:
+        return self.units(range(u, u + 1))[0][2]
+
+    @property
+    def n_units(self) -> int:
+        return int(self.head["units"])
 
     @property
     def n_tasks(self) -> int:
@@ -189,32 +244,30 @@ class Tasks:
     # -- encode --------------------------------------------------------------------------------
 
     def encode(self, task: int) -> dict[str, Any]:
-        units = self.units
+        mine = self.share(self.n_units, task)
         rows = []
         folder = self.work / "encode"
         folder.mkdir(exist_ok=True)
         with encoder(self.s, self.s.config.n_workers()) as encoded:
-            for u in self.share(len(units), task):
+            for u, (split, first, shard) in zip(mine, self.units(mine), strict=True):
                 marker = folder / f"unit_{u:06d}.json"
                 if not marker.exists():
-                    split, first, shard = units[u]
                     row = _encode_unit(self.s, shard, folder / f"unit_{u:06d}",
                                        encoded(numbered_blocks(self.s.meta, shard, split, first)))  # fmt: skip
                     atomic_write_json(marker, row)
-                rows.append(json.loads(marker.read_text()))
-        return {"rows": [[r["docs"], r["tokens"]] for r in rows]}
+                rows.append([SPLITS.index(split), *json.loads(marker.read_text()).values()])
+        return {"rows": rows}
 
     def lay_out(self) -> None:
         """The new shards' rows (module docstring), written once the encode stage is complete."""
-        rows = read_summary(self.work, "encode")["rows"]
-        units = self.units
+        rows = read_summary(self.work, "encode")["rows"]  # per unit: split, documents, tokens
         capacity = self.s.config.tokens_per_shard
         pieces: list[list[int]] = []
-        for code, split in enumerate(SPLITS):
-            mine = [u for u, unit in enumerate(units) if unit[0] == split]
+        for code in range(len(SPLITS)):
+            mine = [u for u, row in enumerate(rows) if row[0] == code]
             number, start, filled = 0, None, 0  # the open shard's number, first (unit, doc), tokens
             for u in mine:
-                docs, tokens = rows[u]
+                _, docs, tokens = rows[u]
                 if start is None:
                     start = (u, 0)
                 if filled + tokens <= capacity:  # the rest of the unit fits in the open shard
@@ -228,14 +281,13 @@ class Tasks:
                         fit = 1  # a document longer than a shard gets a shard of its own
                     if fit == 0 or d + fit < docs:  # the shard closes before document d + fit
                         d += fit
-                        filled += int(ends[fit - 1]) if fit else 0
                         pieces.append([code, number, *start, u, d])
                         number, start, filled = number + 1, (u, d), 0
                     else:
                         filled += int(ends[-1])
                         d = docs
             if start is not None:
-                pieces.append([code, number, *start, mine[-1], rows[mine[-1]][0]])
+                pieces.append([code, number, *start, mine[-1], rows[mine[-1]][1]])
         _atomic_bytes(self.work / LAYOUT_FILE, np.asarray(pieces, dtype="<i8").reshape(-1, 6).tobytes())
 
     # -- write ---------------------------------------------------------------------------------
@@ -249,11 +301,10 @@ class Tasks:
                             offset=mine.start * ROW_BYTES).reshape(-1, 6)  # (its own rows only)
         folder = self.work / "write"
         folder.mkdir(exist_ok=True)
-        keys = self.s.meta.dedup.files if self.s.meta.dedup else ()
-        for k in self.share(len(keys), task):  # (of the text: the same for any vocabulary)
-            copy_checked(self.s.meta, keys[k].path, self.work / "build", keys[k].xxh3_64)
+        for key in read_rows(self.work / "keys", self.share(int(self.head["keys"]), task)):
+            copy_checked(self.s.meta, key["path"], self.work / "build", key["xxh3_64"])  # (of the text: any vocabulary)
         entries = []
-        records = _Records(self.s)
+        records = _Records(self)
         for p, row in zip(mine, table, strict=True):
             marker = folder / f"piece_{p:06d}.json"
             if not marker.exists():
@@ -264,17 +315,16 @@ class Tasks:
     def _write_piece(self, row: np.ndarray, records: _Records) -> ShardInfo:
         code, number, u0, d0, u1, d1 = (int(x) for x in row)
         writer = self.s.writer(self.work / "build", SPLITS[code], number)
-        units = self.units
         for u in range(u0, u1 + 1):
-            lo, hi = d0 if u == u0 else 0, d1 if u == u1 else units[u][2].n_docs
-            if hi <= lo:
-                continue
+            if u == u1 and d1 == 0:
+                continue  # (the shard closed before the unit's first document)
             base = self.work / "encode" / f"unit_{u:06d}"
             lengths = np.fromfile(f"{base}.lengths", dtype=np.int64)
+            lo, hi = d0 if u == u0 else 0, d1 if u == u1 else len(lengths)
             starts = np.concatenate([[0], np.cumsum(lengths)])
             tokens = np.fromfile(f"{base}.tokens", dtype=TOKEN_DTYPE, count=int(starts[hi] - starts[lo]),
                                  offset=int(starts[lo]) * TOKEN_DTYPE.itemsize)  # fmt: skip
-            src, attrs = records.of(u, units[u][2])
+            src, attrs = records.of(u)
             writer.add(tokens, lengths[lo:hi], src[lo:hi], None if attrs is None else attrs[lo:hi])
         shards = writer.close()
         if len(shards) != 1:
@@ -294,8 +344,8 @@ class Tasks:
             raise ConfigError(f"--stage finish: the write stage is not complete; run every write task first "
                               f"(lmshard status {target})")  # fmt: skip
         shards = tuple(ShardInfo.parse(split, entry) for split, entry in read_summary(self.work, "write")["rows"])
-        if not (build / METADATA_FILE).is_file():
-            write_metadata(self.s, build, shards)
+        if not (build / METADATA_FILE).is_file():  # (the source's whole metadata: its counts, keys, sources)
+            write_metadata(dataclasses.replace(self.s, meta=load_metadata(self.head["dataset"])), build, shards)
         _check_out(target, bool(self.head["overwrite"]), [self.s.meta.root], "--overwrite")
         _swap_in(build, target)
         self._remove()
@@ -318,16 +368,17 @@ class _Records:
     """The provenance and attribute records of the source shard last asked for (a write task's
     parts come unit after unit)."""
 
-    def __init__(self, s: Setup) -> None:
-        self.s, self.unit = s, -1
+    def __init__(self, tasks: Tasks) -> None:
+        self.tasks, self.unit = tasks, -1
         self.held: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0), None)
 
-    def of(self, u: int, shard: ShardInfo) -> tuple[np.ndarray, np.ndarray | None]:
+    def of(self, u: int) -> tuple[np.ndarray, np.ndarray | None]:
         from ..format.provenance import SRC_DTYPE
 
         if u != self.unit:
-            src = per_doc_records(self.s.meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE)
-            self.unit, self.held = u, (src, None if self.s.rows() is None else attribute_records(self.s.meta, shard))
+            meta, shard = self.tasks.s.meta, self.tasks.unit(u)
+            src = per_doc_records(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE)
+            self.unit, self.held = u, (src, None if not meta.attributes else attribute_records(meta, shard))
         return self.held
 
 
@@ -370,7 +421,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Per stage: its items done of its items, per task too (from a listing of the stage's
     folder while it runs; from its summary once complete); None before the layout is made."""
     t = Tasks.of(out)
-    totals = {"encode": len(t.units)}
+    totals = {"encode": t.n_units}
     if (t.work / LAYOUT_FILE).exists():
         totals["write"] = (t.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
     stages: dict[str, Any] = {}
