@@ -114,9 +114,9 @@ def run_task(
     local_only(out, "run-task")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: pass 1 or more")
-    from ..interop import retoktasks
+    from ..interop import retokplan, retoktasks
 
-    if retoktasks.planned(out):  # a planned retokenize (`lmshard retokenize --num-tasks`)
+    if retokplan.planned(out):  # a planned retokenize (`lmshard retokenize --num-tasks`)
         if stage != "finish" and task is None:
             raise ConfigError(f"--stage {stage} needs --task I")
         done = retoktasks.Tasks.of(out, workers or 0).run(stage, task or 0)
@@ -154,9 +154,9 @@ def status(
     from ..remote.urls import local_only
 
     local_only(out, "status")
-    from ..interop import retoktasks
+    from ..interop import retokplan, retoktasks
 
-    if retoktasks.planned(out):
+    if retokplan.planned(out):
         _retokenize_status(out, retoktasks.status(out))
         return
     info = stages.status(out)

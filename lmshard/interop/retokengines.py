@@ -14,7 +14,8 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-from .retoktasks import STAGES, Tasks, plan
+from .retokplan import plan
+from .retoktasks import STAGES, Tasks
 
 _held: dict[str, Tasks] = {}  # a local worker's plan, loaded once (`_load`)
 

@@ -2,14 +2,10 @@
 engine (the local pool, Slurm arrays, Ray, or `lmshard run-task` under any "task i of N"
 scheduler), writing the bytes a one-process retokenize writes.
 
-**Plan.** `plan` checks the source and the new vocabulary as a one-process run does, claims
-`--out` (refused when it is not empty, without --overwrite), and writes `retokenize.json` into
-the work folder beside `--out` (`.NAME.lmshard-work`, as a planned prepare's): the options, the
-task count, the xxh3-64 of the source's metadata and the new vocabulary's sha256. A unit is one
-source shard that holds documents, in order (train's, then val's); task t has units
-[t·U/N, (t+1)·U/N). Planned again with the same options, a run goes on from what is done; with
-others, or after the source or the vocabulary file changed, every task refuses in one line
-naming what changed.
+**Plan** (retokplan.py, once): the source and the vocabulary checked, `--out` claimed, and in the
+work folder beside it tables of the source's shards (the units: one per shard that holds
+documents, in order, train's then val's) and key files, from which task t reads only its own
+rows: units [t·U/N, (t+1)·U/N).
 
 1. **encode** (per task: its units): each source shard held to its checksums and decoded,
    every document's text held to its stored tokens, encoded with the new vocabulary (in a pool
@@ -29,10 +25,13 @@ naming what changed.
 Every item writes under a temporary name and its marker last, so a task killed anywhere is
 finished by running it again; a task checks that the stage before it is complete from one file.
 
-Cost per task: the plan and the source's metadata (about 300 bytes per source shard) read once;
-an encode task reads its shards and writes 12 bytes per new token and document; a write task
-reads its shards' tokens (4 bytes each) and records and the layout rows of its shards; the finish
-reads one summary (an entry per new shard) and removes the work folder.
+Cost per task, whatever the plan's size (scripts/bench_retokenize_tasks.py counts it): the
+plan's head and the source's head, its own rows of the tables; an encode task reads its shards
+and writes 4 bytes per new token and 8 per document; a write task reads the layout rows of its
+shards, the encoded tokens, lengths and records they hold, and writes the shards. Once-steps:
+the plan (the source's metadata, a row per source shard), the layout (the stage's summary, 3
+integers per source shard, and the lengths of the shards a boundary falls in), and the finish
+(the source's metadata, the write summary, an entry per new shard; the work folder removed).
 
 Memory model, per task: an encode task holds one shard's index and up to 2 × workers blocks
 (the one-process run's); a write task one unit's lengths, tokens read as they are written (one
@@ -60,102 +59,17 @@ from ..format import (
     atomic_write_json,
     check_shard_files,
     load_metadata,
-    parse_metadata,
 )
 from ..format.attributes import row_dtype
 from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
-from ..prepare.execution.taskplan import work_dir
 from .convert import copy_checked
 from .output import _check_out, _swap_in
-from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, setup, write_metadata
+from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, write_metadata
+from .retokplan import PLAN_FILE, atomic_bytes, load, read_rows
 
-PLAN_FILE = "retokenize.json"
-SOURCE_FILE = "source.json"  # the source's metadata without its shards, key files and inputs
 STAGES = ("encode", "write", "finish")
 LAYOUT_FILE = "layout.i64"  # a row per new shard: split, number, first unit, its first doc, last unit, end doc
 ROW_BYTES = 6 * 8
-OPTIONS = ("tokenizer", "tokenizer_backend", "shard_encoding", "tokens_per_shard", "separator", "bos")
-VERSION = 1
-
-
-def planned(out: str | os.PathLike[str]) -> bool:
-    """Whether `out`'s work folder holds a planned retokenize."""
-    return (work_dir(out) / PLAN_FILE).is_file()
-
-
-def plan(dataset: str | os.PathLike[str], out: str | os.PathLike[str], n_tasks: int, *, overwrite: bool = False,
-         **options: Any) -> Tasks:  # fmt: skip
-    """Check the source and the vocabulary, claim `out` and write the plan (module docstring);
-    the same plan again goes on from what is done. `options`: OPTIONS, as retokenize_dataset takes."""
-    if n_tasks < 1:
-        raise ConfigError(f"--num-tasks {n_tasks}: pass 1 or more")
-    given: dict[str, Any] = {k: options[k] for k in OPTIONS[1:] if options.get(k) is not None}
-    s = setup(dataset, options["tokenizer"], out, workers=1, **given)
-    target = Path(os.path.realpath(out))
-    work = work_dir(target)
-    if (work / "plan.json").exists():
-        raise ConfigError(f"{work}: holds a planned prepare of {target}; finish it (lmshard status {target}) or "
-                          "choose another --out")  # fmt: skip
-    resolved = {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}
-    units, keys = s.units(), s.meta.dedup.files if s.meta.dedup else ()
-    head = {"version": VERSION, "dataset": os.path.realpath(s.meta.root), "n_tasks": n_tasks, "overwrite": overwrite,
-            "source": _stamp(s.meta.root), "vocabulary": s.new.vocab_sha256, "options": resolved,
-            "units": len(units), "keys": len(keys)}  # fmt: skip
-    if (work / PLAN_FILE).is_file():
-        _same(head, json.loads((work / PLAN_FILE).read_text()), work)
-        return Tasks(work, head, s)
-    _check_out(target, overwrite, [s.meta.root], "--overwrite")
-    (work / "build").mkdir(parents=True, exist_ok=True)
-    write_table(work / "units", [{"split": split, "first": first, "shard": shard.to_json()}
-                                 for split, first, shard in units])  # fmt: skip
-    write_table(work / "keys", [k.to_json() for k in keys])
-    source = s.meta.to_json() | {"splits": {}, "n_tokens": 0, "n_docs": 0, "sources": []}  # (what every task needs)
-    if s.meta.dedup:
-        source["dedup"] = source["dedup"] | {"files": []}
-    atomic_write_json(work / SOURCE_FILE, source)
-    atomic_write_json(work / PLAN_FILE, head)  # last: the plan is complete
-    return Tasks(work, head, s)
-
-
-def _stamp(root: Path) -> list[int]:
-    """What changes when the source's metadata is written again: its inode, size and time."""
-    info = os.stat(root / METADATA_FILE)
-    return [info.st_ino, info.st_size, info.st_mtime_ns]
-
-
-def write_table(base: Path, rows: list[dict[str, Any]]) -> None:
-    """Rows as JSON lines in `base`.jsonl, and their byte offsets (uint64, one more than the rows)
-    in `base`.off, so a task reads only its own rows (`read_rows`)."""
-    lines = [json.dumps(row, separators=(",", ":")).encode() + b"\n" for row in rows]
-    offsets = np.zeros(len(lines) + 1, dtype="<u8")
-    np.cumsum([len(line) for line in lines], out=offsets[1:])
-    _atomic_bytes(base.with_suffix(".jsonl"), b"".join(lines))
-    _atomic_bytes(base.with_suffix(".off"), offsets.tobytes())
-
-
-def read_rows(base: Path, rows: range) -> list[Any]:
-    """Rows `rows` of a table `write_table` wrote: two reads, of their offsets and their lines."""
-    if not rows:
-        return []
-    offsets = np.fromfile(base.with_suffix(".off"), dtype="<u8", count=len(rows) + 1, offset=rows.start * 8)
-    with open(base.with_suffix(".jsonl"), "rb") as f:
-        f.seek(int(offsets[0]))
-        data = f.read(int(offsets[-1] - offsets[0]))
-    return [json.loads(line) for line in data.splitlines()]
-
-
-def _same(head: dict[str, Any], found: dict[str, Any], work: Path) -> None:
-    """Refuse, naming what changed, a plan that differs from the one in `work`."""
-    again = f"run the first command again to finish it, or remove {work} to start over"
-    for key, what in (("dataset", "the source dataset"), ("source", "the source's metadata (changed since)"),
-                      ("vocabulary", "the new vocabulary's file"), ("n_tasks", "--num-tasks")):  # fmt: skip
-        if found.get(key) != head[key]:
-            raise ConfigError(f"{work}: a retokenize was planned there with another {what}; {again}")
-    for key, value in head["options"].items():
-        if found.get("options", {}).get(key) != value:
-            flag = "--" + key.replace("_", "-")
-            raise ConfigError(f"{work}: a retokenize was planned there with {flag} {found['options'].get(key)} "
-                              f"(now {value}); {again}")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -169,25 +83,7 @@ class Tasks:
     @classmethod
     def of(cls, out: str | os.PathLike[str], workers: int = 1) -> Tasks:
         """The plan in `out`'s work folder, held to the source and the vocabulary it was made with."""
-        work = work_dir(os.path.realpath(out))
-        try:
-            head = json.loads((work / PLAN_FILE).read_text())
-        except FileNotFoundError:
-            raise InputError(f"{out}: no retokenize is planned there (its work folder {work} has no "
-                             f"{PLAN_FILE})") from None  # fmt: skip
-        if head.get("version") != VERSION:
-            raise InputError(f"{work}: planned by another lmshard version; remove it and plan again")
-        if _stamp(Path(head["dataset"])) != head["source"]:
-            raise ConfigError(f"{head['dataset']}: the source dataset changed since the retokenize was planned; "
-                              f"remove {work} and plan again")  # fmt: skip
-        options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
-        meta = parse_metadata(Path(head["dataset"]), json.loads((work / SOURCE_FILE).read_text()))
-        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers, meta=meta,
-                  **options)  # (the source without its shards: a task reads its own rows of the units)  # fmt: skip
-        if s.new.vocab_sha256 != head["vocabulary"]:
-            raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary file changed since the retokenize was "
-                              f"planned; restore it, or remove {work} and plan again")  # fmt: skip
-        return cls(work, head, s)
+        return cls(*load(out, workers))
 
     def units(self, rows: range) -> list[tuple[str, int, ShardInfo]]:
         """Units `rows`: source shards that hold documents, each with its split and the split's
@@ -288,7 +184,7 @@ class Tasks:
                         d = docs
             if start is not None:
                 pieces.append([code, number, *start, mine[-1], rows[mine[-1]][1]])
-        _atomic_bytes(self.work / LAYOUT_FILE, np.asarray(pieces, dtype="<i8").reshape(-1, 6).tobytes())
+        atomic_bytes(self.work / LAYOUT_FILE, np.asarray(pieces, dtype="<i8").reshape(-1, 6).tobytes())
 
     # -- write ---------------------------------------------------------------------------------
 
@@ -397,20 +293,10 @@ def _encode_unit(s: Setup, shard: ShardInfo, base: Path, encoded: Any) -> dict[s
         os.fsync(f.fileno())
     os.replace(f"{base}.tokens.tmp", f"{base}.tokens")
     joined = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
-    _atomic_bytes(Path(f"{base}.lengths"), joined.tobytes())
+    atomic_bytes(Path(f"{base}.lengths"), joined.tobytes())
     if len(joined) != shard.n_docs:
         raise InputError(f"{s.meta.abspath(shard.path)}: {len(joined)} documents read, {shard.n_docs} in the metadata")
     return {"docs": len(joined), "tokens": int(joined.sum())}
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """A stage's summary: its tasks' rows, in task order."""
