@@ -189,6 +189,23 @@ def convert(
     )
 
 
+# Scale-out, for retokenize and score (interop/rewriteengines.py).
+_NUM_TASKS = typer.Option(None, "--num-tasks", metavar="N", help="Plan it as N tasks (a source shard is a task's "
+                          "unit of work), the same bytes (docs/scaling.md).")  # fmt: skip
+_EXECUTOR = typer.Option("local", "--executor", metavar="NAME", help="With --num-tasks: local (run here), none (print "
+                         "the commands), slurm, ray.")  # fmt: skip
+_SBATCH_ARGS = typer.Option(None, "--sbatch-args", metavar="ARGS", help="--executor slurm: added to every sbatch "
+                            "(partition, time...).")  # fmt: skip
+_MAX_JOBS = typer.Option(None, "--max-jobs", metavar="N", help="--executor slurm: the most jobs queued at once \\[half "
+                         "the cluster's MaxJobCount].")  # fmt: skip
+_RAY_ADDRESS = typer.Option(None, "--ray-address", metavar="ADDR", help="--executor ray: the cluster to join (auto, "
+                            "host:port) \\[a local one].")  # fmt: skip
+
+
+def _say(line: str) -> None:
+    render.out.print(line, markup=False, soft_wrap=True)
+
+
 def retokenize(
     dataset: str = _DATASET,
     tokenizer: str = typer.Option(..., "--tokenizer", metavar="NAME", help="The new vocabulary, as for prepare: a "
@@ -206,16 +223,11 @@ def retokenize(
                                    "prepare \\[the dataset's setting]."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
-    num_tasks: int | None = typer.Option(None, "--num-tasks", metavar="N", help="Plan it as N tasks of two stages "
-                                         "(a task per source shard at most), the same bytes (docs/quality.md)."),
-    executor: str = typer.Option("local", "--executor", metavar="NAME", help="With --num-tasks: local (run here), "
-                                 "none (print the commands), slurm, ray."),  # fmt: skip
-    sbatch_args: str | None = typer.Option(None, "--sbatch-args", metavar="ARGS", help="--executor slurm: added to "
-                                           "every sbatch (partition, time...)."),  # fmt: skip
-    max_jobs: int | None = typer.Option(None, "--max-jobs", metavar="N", help="--executor slurm: the most jobs queued "
-                                        "at once \\[half the cluster's MaxJobCount]."),  # fmt: skip
-    ray_address: str | None = typer.Option(None, "--ray-address", metavar="ADDR", help="--executor ray: the cluster "
-                                           "to join (auto, host:port) \\[a local one]."),  # fmt: skip
+    num_tasks: int | None = _NUM_TASKS,
+    executor: str = _EXECUTOR,
+    sbatch_args: str | None = _SBATCH_ARGS,
+    max_jobs: int | None = _MAX_JOBS,
+    ray_address: str | None = _RAY_ADDRESS,
 ) -> None:
     """Encode a dataset's documents with another tokenizer, as a fresh prepare would.
 
@@ -224,13 +236,14 @@ def retokenize(
     from ..interop.retokenize import retokenize_dataset
 
     if num_tasks is not None:
-        from ..interop import retokengines
+        from ..interop import retoktasks, rewriteengines
 
-        options = {"tokenizer": tokenizer, "tokenizer_backend": tokenizer_backend, "shard_encoding": shard_encoding,
-                   "tokens_per_shard": tokens_per_shard, "separator": separator, "bos": bos}  # fmt: skip
-        done = retokengines.planned(dataset, out, num_tasks, executor, options, overwrite=overwrite, workers=workers,
-                                    sbatch_args=sbatch_args, max_jobs=max_jobs, ray_address=ray_address,
-                                    say=lambda line: render.out.print(line, markup=False, soft_wrap=True))  # fmt: skip
+        rewriteengines.check(out, executor, max_jobs)
+        retoktasks.plan(dataset, out, num_tasks, overwrite=overwrite, tokenizer=tokenizer,
+                        tokenizer_backend=tokenizer_backend, shard_encoding=shard_encoding,
+                        tokens_per_shard=tokens_per_shard, separator=separator, bos=bos)  # fmt: skip
+        done = rewriteengines.run(out, executor, workers=workers, sbatch_args=sbatch_args, max_jobs=max_jobs,
+                                  ray_address=ray_address, say=_say)  # fmt: skip
         if done is not None:
             render.out.print(f"retokenized {done.total_docs:,} documents to {escape(done.tokenizer.name)} "
                              f"({done.total_tokens:,} tokens, {render.plural(len(done.shards), 'shard')}) in "
@@ -260,12 +273,28 @@ def score(
                                        "CPUs available]; the same bytes for any number."),  # fmt: skip
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out once the new dataset is "
                                    "complete."),  # fmt: skip
+    num_tasks: int | None = _NUM_TASKS,
+    executor: str = _EXECUTOR,
+    sbatch_args: str | None = _SBATCH_ARGS,
+    max_jobs: int | None = _MAX_JOBS,
+    ray_address: str | None = _RAY_ADDRESS,
 ) -> None:
     """Add attributes to a dataset's documents without preparing it again (docs/quality.md).
 
     Scored as prepare --attribute would (byte-level vocabularies); the other files are the source's."""
     from ..interop.score import score_dataset
 
+    if num_tasks is not None:
+        from ..interop import rewriteengines, scoretasks
+
+        rewriteengines.check(out, executor, max_jobs)
+        scoretasks.plan(dataset, attribute, out, num_tasks, overwrite=overwrite)
+        done = rewriteengines.run(out, executor, workers=workers, sbatch_args=sbatch_args, max_jobs=max_jobs,
+                                  ray_address=ray_address, say=_say)  # fmt: skip
+        if done is not None:
+            render.out.print(f"scored {done.total_docs:,} documents in {render.plural(num_tasks, 'task')} into "
+                             f"{escape(str(out))}", highlight=False, soft_wrap=True)  # fmt: skip
+        return
     result = score_dataset(dataset, attribute, out, overwrite=overwrite, workers=workers)
     render.out.print(f"scored {result.meta.total_docs:,} documents into {escape(str(result.meta.root))}: "
                      f"{render.plural(len(result.added), 'new column')} ({escape(', '.join(result.added))})",

@@ -96,7 +96,8 @@ def run_task(
         help="tokenize (a task's units), dedup (its groups of hash buckets), select (its units), write (its "
         "shards), each after every task of the stage before; finish (once, last). With --dedup-lines, lines (a "
         "task's units' lines hashed) and linedup (its groups of buckets) come first. A planned retokenize: encode "
-        "(a task's source shards), write (its new shards), finish.",
+        "(a task's source shards), write (its new shards), finish; a planned score: score (a task's source "
+        "shards), finish.",
     ),
     task: int | None = typer.Option(None, "--task", metavar="I", help="The task to run (0-based; all but finish)."),
     workers: int | None = typer.Option(
@@ -114,13 +115,14 @@ def run_task(
     local_only(out, "run-task")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: pass 1 or more")
-    from ..interop import retokplan, retoktasks
+    from ..interop import rewrite, rewriteengines
 
-    if retokplan.planned(out):  # a planned retokenize (`lmshard retokenize --num-tasks`)
+    if rewrite.planned(out):  # a planned retokenize or score (`--num-tasks`)
         if stage != "finish" and task is None:
             raise ConfigError(f"--stage {stage} needs --task I")
-        done = retoktasks.Tasks.of(out, workers or 0).run(stage, task or 0)
-        said = {"encode": "source shards encoded", "write": "shards written", "finish": "shards in the dataset"}
+        done = rewriteengines.tasks_for(out, workers or 0).run(stage, task or 0)
+        said = {"encode": "source shards encoded", "write": "shards written", "score": "source shards scored",
+                "finish": "shards in the dataset"}  # fmt: skip
         render.err.print(f"{stage} task {task or 0}: {done} {said.get(stage, 'items')}", markup=False, soft_wrap=True)
         return
     if stage not in STAGES:
@@ -154,10 +156,10 @@ def status(
     from ..remote.urls import local_only
 
     local_only(out, "status")
-    from ..interop import retokplan, retoktasks
+    from ..interop import rewrite, rewriteengines
 
-    if retokplan.planned(out):
-        _retokenize_status(out, retoktasks.status(out))
+    if rewrite.planned(out):
+        _rewrite_status(out, rewriteengines.tasks_for(out).status())
         return
     info = stages.status(out)
     quoted = shlex.quote(str(out))
@@ -204,8 +206,8 @@ def status(
     _slurm_advice(out, info, first_left)
 
 
-def _retokenize_status(out: Path, info: dict[str, Any]) -> None:
-    """A planned retokenize's progress: each stage's tasks complete, and what runs what is missing."""
+def _rewrite_status(out: Path, info: dict[str, Any]) -> None:
+    """A planned retokenize's or score's progress: each stage's tasks complete, and what runs what is missing."""
     quoted = shlex.quote(str(out))
     waiting, first_left = False, None
     for stage, row in info["stages"].items():
@@ -215,7 +217,7 @@ def _retokenize_status(out: Path, info: dict[str, Any]) -> None:
             continue
         left = [t for t in row["tasks"] if t["done"] < t["items"]]
         render.out.print(f"{stage}: {len(row['tasks']) - len(left)} of {len(row['tasks'])} tasks complete "
-                         f"({row['done']} of {row['total']} {'source shards' if stage == 'encode' else 'shards'})",
+                         f"({row['done']} of {row['total']} {'shards' if stage == 'write' else 'source shards'})",
                          markup=False, soft_wrap=True)  # fmt: skip
         for t in left:
             render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}; run: lmshard run-task --stage {stage} "

@@ -2,10 +2,10 @@
 engine (the local pool, Slurm arrays, Ray, or `lmshard run-task` under any "task i of N"
 scheduler), writing the bytes a one-process retokenize writes.
 
-**Plan** (retokplan.py, once): the source and the vocabulary checked, `--out` claimed, and in the
-work folder beside it tables of the source's shards (the units: one per shard that holds
-documents, in order, train's then val's) and key files, from which task t reads only its own
-rows: units [t·U/N, (t+1)·U/N).
+**Plan** (`plan`, once): the source and the vocabulary checked as a one-process run checks them,
+`--out` claimed, and the plan written (rewrite.py: the units are the source's shards that hold
+documents, in order, train's then val's; the head records the options and the new vocabulary's
+sha256, which every task holds its vocabulary to). Task t has units [t·U/N, (t+1)·U/N).
 
 1. **encode** (per task: its units): each source shard held to its checksums and decoded,
    every document's text held to its stored tokens, encoded with the new vocabulary (in a pool
@@ -23,7 +23,8 @@ rows: units [t·U/N, (t+1)·U/N).
    swapped into `--out` (an old one renamed aside first, removed last) and the work folder removed.
 
 Every item writes under a temporary name and its marker last, so a task killed anywhere is
-finished by running it again; a task checks that the stage before it is complete from one file.
+finished by running it again; a task checks that the stage before it is complete from one file
+(rewrite.py's `Planned.run`).
 
 Cost per task, whatever the plan's size (scripts/bench_retokenize_tasks.py counts it): the
 plan's head and the source's head, its own rows of the tables; an encode task reads its shards
@@ -44,98 +45,71 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..format import (
-    METADATA_FILE,
-    SPLITS,
-    TOKEN_DTYPE,
-    ShardInfo,
-    atomic_write_json,
-    check_shard_files,
-    load_metadata,
-)
-from ..format.attributes import row_dtype
-from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
+from ..format import SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, check_shard_files, load_metadata
+from ..prepare.execution.barrier import read_summary
+from ..prepare.execution.taskplan import work_dir
 from .convert import copy_checked
-from .output import _check_out, _swap_in
-from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, write_metadata
-from .retokplan import PLAN_FILE, atomic_bytes, load, read_rows
+from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, setup, write_metadata
+from .rewrite import Planned, atomic_bytes, claim, read_head
 
-STAGES = ("encode", "write", "finish")
 LAYOUT_FILE = "layout.i64"  # a row per new shard: split, number, first unit, its first doc, last unit, end doc
 ROW_BYTES = 6 * 8
+OPTIONS = ("tokenizer", "tokenizer_backend", "shard_encoding", "tokens_per_shard", "separator", "bos")
+
+
+def plan(dataset: str | os.PathLike[str], out: str | os.PathLike[str], n_tasks: int, *, overwrite: bool = False,
+         **options: Any) -> None:  # fmt: skip
+    """Check the source and the vocabulary, claim `out` and write the plan (module docstring);
+    the same plan again goes on from what is done. `options`: OPTIONS, as retokenize_dataset takes."""
+    if n_tasks < 1:
+        raise ConfigError(f"--num-tasks {n_tasks}: pass 1 or more")
+    given: dict[str, Any] = {k: options[k] for k in OPTIONS[1:] if options.get(k) is not None}
+    s = setup(dataset, options["tokenizer"], out, workers=1, **given)
+    resolved = {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}
+    target = Path(os.path.realpath(out))
+    head = {"kind": "retokenize", "n_tasks": n_tasks, "overwrite": overwrite, "vocabulary": s.new.vocab_sha256,
+            "options": resolved}  # fmt: skip
+    claim(work_dir(target), head, s.meta, s.units(), target, overwrite)
 
 
 @dataclasses.dataclass
-class Tasks:
+class Tasks(Planned):
     """A planned retokenize: what every task works from."""
 
-    work: Path
-    head: dict[str, Any]
-    s: Setup
+    STAGES: ClassVar[tuple[str, ...]] = ("encode", "write", "finish")
+    MARKERS: ClassVar[dict[str, str]] = {"encode": "unit_{:06d}.json", "write": "piece_{:06d}.json"}
+    s: Setup  # the source and the new vocabulary
 
     @classmethod
     def of(cls, out: str | os.PathLike[str], workers: int = 1) -> Tasks:
-        """The plan in `out`'s work folder, held to the source and the vocabulary it was made with."""
-        return cls(*load(out, workers))
-
-    def units(self, rows: range) -> list[tuple[str, int, ShardInfo]]:
-        """Units `rows`: source shards that hold documents, each with its split and the split's
-        documents before it (Setup.units), read from the plan's table."""
-        width = row_dtype(self.s.meta.attributes).itemsize if self.s.meta.attributes else 0
-        return [(row["split"], row["first"], dataclasses.replace(ShardInfo.parse(row["split"], row["shard"]),
-                                                                 attr_width=width))
-                for row in read_rows(self.work / "units", rows)]  # fmt: skip
+        """The plan in `out`'s work folder, held to the source and the vocabulary it was made with
+        (`workers`: processes that encode a task's blocks)."""
+        work, head, meta = read_head(out, "retokenize")
+        options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
+        s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers, meta=meta,
+                  **options)  # fmt: skip
+        if s.new.vocab_sha256 != head["vocabulary"]:
+            raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary file changed since the retokenize was "
+                              f"planned; restore it, or remove {work} and plan again")  # fmt: skip
+        return cls(work, head, meta, s)
 
     def unit(self, u: int) -> ShardInfo:
         return self.units(range(u, u + 1))[0][2]
 
-    @property
-    def n_units(self) -> int:
-        return int(self.head["units"])
-
-    @property
-    def n_tasks(self) -> int:
-        return int(self.head["n_tasks"])
-
-    def share(self, n_items: int, task: int) -> range:
-        """Task `task`'s items of `n_items`: a contiguous range, as even as can be."""
-        return range(task * n_items // self.n_tasks, (task + 1) * n_items // self.n_tasks)
-
-    def run(self, stage: str, task: int) -> int:
-        """Task `task` of `stage` (its items with a marker skipped); how many items it did."""
-        if stage not in STAGES:
-            raise ConfigError(f"--stage {stage}: a retokenize's stages are {', '.join(STAGES)}")
-        if not 0 <= task < self.n_tasks:
-            raise ConfigError(f"task {task} is not in [0, {self.n_tasks}); tasks are numbered from 0")
-        if stage == "finish":
-            return self.finish()
-        before = STAGES[STAGES.index(stage) - 1] if stage != "encode" else None
-        if before is not None and not is_complete(self.work, before):
-            raise ConfigError(f"--stage {stage}: the {before} stage is not complete; run every {before} task first "
-                              f"(lmshard status {self.head_out()})")  # fmt: skip
-        if task_finished(self.work, stage, self.n_tasks, task):  # (a task run again: its marker folded, or folded now)
-            if not is_complete(self.work, stage) and task_done(self.work, stage, self.n_tasks, task, None, _join):
-                self._after(stage)
-            return 0
-        summary = self.encode(task) if stage == "encode" else self.write(task)
-        if task_done(self.work, stage, self.n_tasks, task, summary, _join):
-            self._after(stage)
-        return len(summary["rows"])
-
-    def _after(self, stage: str) -> None:
-        """What the task that completes `stage` does once: after the encode stage, the layout."""
+    def after(self, stage: str) -> None:
+        """After the encode stage, the layout (once, by the task that completes it)."""
         if stage == "encode":
             self.lay_out()
 
-    def head_out(self) -> str:
-        return str(self.work.parent / self.work.name.removeprefix(".").removesuffix(".lmshard-work"))
+    def totals(self) -> dict[str, int | None]:
+        layout = self.work / LAYOUT_FILE
+        return {"encode": self.n_units, "write": layout.stat().st_size // ROW_BYTES if layout.exists() else None}
 
     # -- encode --------------------------------------------------------------------------------
 
@@ -143,13 +117,12 @@ class Tasks:
         mine = self.share(self.n_units, task)
         rows = []
         folder = self.work / "encode"
-        folder.mkdir(exist_ok=True)
         with encoder(self.s, self.s.config.n_workers()) as encoded:
             for u, (split, first, shard) in zip(mine, self.units(mine), strict=True):
                 marker = folder / f"unit_{u:06d}.json"
                 if not marker.exists():
                     row = _encode_unit(self.s, shard, folder / f"unit_{u:06d}",
-                                       encoded(numbered_blocks(self.s.meta, shard, split, first)))  # fmt: skip
+                                       encoded(numbered_blocks(self.meta, shard, split, first)))  # fmt: skip
                     atomic_write_json(marker, row)
                 rows.append([SPLITS.index(split), *json.loads(marker.read_text()).values()])
         return {"rows": rows}
@@ -196,9 +169,8 @@ class Tasks:
         table = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8", count=6 * len(mine),
                             offset=mine.start * ROW_BYTES).reshape(-1, 6)  # (its own rows only)
         folder = self.work / "write"
-        folder.mkdir(exist_ok=True)
-        for key in read_rows(self.work / "keys", self.share(int(self.head["keys"]), task)):
-            copy_checked(self.s.meta, key["path"], self.work / "build", key["xxh3_64"])  # (of the text: any vocabulary)
+        for key in self.keys(task):
+            copy_checked(self.meta, key["path"], self.work / "build", key["xxh3_64"])  # (of the text: any vocabulary)
         entries = []
         records = _Records(self)
         for p, row in zip(mine, table, strict=True):
@@ -230,34 +202,12 @@ class Tasks:
 
     # -- finish --------------------------------------------------------------------------------
 
-    def finish(self) -> int:
-        target = Path(self.head_out())
-        build = self.work / "build"
-        if not build.is_dir() and (target / METADATA_FILE).is_file():  # swapped in by a finish stopped after
-            self._remove()
-            return 0
-        if not is_complete(self.work, "write"):
-            raise ConfigError(f"--stage finish: the write stage is not complete; run every write task first "
-                              f"(lmshard status {target})")  # fmt: skip
-        shards = tuple(ShardInfo.parse(split, entry) for split, entry in read_summary(self.work, "write")["rows"])
-        if not (build / METADATA_FILE).is_file():  # (the source's whole metadata: its counts, keys, sources)
-            write_metadata(dataclasses.replace(self.s, meta=load_metadata(self.head["dataset"])), build, shards)
-        _check_out(target, bool(self.head["overwrite"]), [self.s.meta.root], "--overwrite")
-        _swap_in(build, target)
-        self._remove()
+    def metadata(self, build: Path, rows: list[Any]) -> int:
+        """The vocabulary, tokenizer state and metadata, from the source's whole metadata (its
+        counts, keys and inputs) and the write stage's entries."""
+        shards = tuple(ShardInfo.parse(split, entry) for split, entry in rows)
+        write_metadata(dataclasses.replace(self.s, meta=load_metadata(self.head["dataset"])), build, shards)
         return len(shards)
-
-    def _remove(self) -> None:
-        """The work folder removed, the plan last (a finish stopped meanwhile is run again), but
-        for the Slurm jobs' logs (`slurm/`), which stay for the user to read."""
-        for entry in self.work.iterdir() if self.work.is_dir() else ():
-            if entry.is_dir() and entry.name != "slurm":
-                shutil.rmtree(entry, ignore_errors=True)
-            elif entry.name != PLAN_FILE and entry.is_file():
-                entry.unlink(missing_ok=True)
-        (self.work / PLAN_FILE).unlink(missing_ok=True)
-        if self.work.is_dir() and not any(self.work.iterdir()):
-            self.work.rmdir()
 
 
 class _Records:
@@ -272,7 +222,7 @@ class _Records:
         from ..format.provenance import SRC_DTYPE
 
         if u != self.unit:
-            meta, shard = self.tasks.s.meta, self.tasks.unit(u)
+            meta, shard = self.tasks.meta, self.tasks.unit(u)
             src = per_doc_records(meta, shard, shard.src_path, shard.src_xxh3_64, SRC_DTYPE)
             self.unit, self.held = u, (src, None if not meta.attributes else attribute_records(meta, shard))
         return self.held
@@ -297,31 +247,3 @@ def _encode_unit(s: Setup, shard: ShardInfo, base: Path, encoded: Any) -> dict[s
     if len(joined) != shard.n_docs:
         raise InputError(f"{s.meta.abspath(shard.path)}: {len(joined)} documents read, {shard.n_docs} in the metadata")
     return {"docs": len(joined), "tokens": int(joined.sum())}
-
-def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """A stage's summary: its tasks' rows, in task order."""
-    return {"rows": [row for part in parts for row in part["rows"]]}
-
-
-def status(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Per stage: its items done of its items, per task too (from a listing of the stage's
-    folder while it runs; from its summary once complete); None before the layout is made."""
-    t = Tasks.of(out)
-    totals = {"encode": t.n_units}
-    if (t.work / LAYOUT_FILE).exists():
-        totals["write"] = (t.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
-    stages: dict[str, Any] = {}
-    for stage, prefix in (("encode", "unit_"), ("write", "piece_")):
-        total = totals.get(stage)
-        if total is None:
-            stages[stage] = {"total": None, "done": 0, "tasks": []}
-            continue
-        complete = is_complete(t.work, stage)
-        names = set() if complete or not (t.work / stage).is_dir() else set(os.listdir(t.work / stage))
-        tasks = []
-        for task in range(t.n_tasks):
-            items = t.share(total, task)
-            done = len(items) if complete else sum(f"{prefix}{i:06d}.json" in names for i in items)
-            tasks.append({"task": task, "items": len(items), "done": done})
-        stages[stage] = {"total": total, "done": sum(x["done"] for x in tasks), "tasks": tasks}
-    return {"stages": stages}

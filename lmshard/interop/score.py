@@ -54,9 +54,35 @@ def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: s
 
         score_dataset("data/web", ["fineweb_quality", "classifier.py:edu=edu_score"], "data/web_scored")
     """
-    from ..prepare.execution.pool import OrderedPool, start_method
     from ..prepare.output.build import sigterm_stops
-    from ..quality.filters import absolute, plugin_sources
+
+    meta, specs, scorer = checked(dataset, attributes, out)
+    n = workers or len(os.sched_getaffinity(0))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_stops())  # (SIGTERM as Ctrl-C: the staging directory is removed)
+        staging = stack.enter_context(staged_output(out, overwrite, [meta.root], flag="--overwrite"))
+        scored = stack.enter_context(scoring(meta, specs, scorer, n))
+        splits = {}
+        for split, info in meta.splits.items():
+            shards, first = [], 0
+            for shard in info.shards:
+                shards.append(score_shard(meta, scorer, staging, split, first, shard, scored))
+                first += shard.n_docs
+            splits[split] = SplitInfo.of(tuple(shards))
+        for rel in dataset_files(meta):  # every other file as it is
+            if rel != METADATA_FILE and not rel.endswith(".attr"):
+                link_file(meta.root / rel, staging / rel)
+        result = write_metadata(meta, (attributes, specs), scorer, staging, splits, os.path.realpath(out), n)
+    added = tuple(f.name for f in scorer.fields)
+    return ScoreResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), added)
+
+
+def checked(dataset: str | os.PathLike[str], attributes: list[str],
+            out: str | os.PathLike[str]) -> tuple[DatasetMeta, list[str], Any]:  # fmt: skip
+    """The source (every shard's files held to their sizes, its vocabulary one that gives back
+    its text), the scorers' specs (plugins by absolute path) and the Scorer; ConfigError for a
+    column the source has, or `out` being the source."""
+    from ..quality.filters import absolute
     from ..quality.scores import Scorer
 
     if not attributes:
@@ -70,54 +96,64 @@ def score_dataset(dataset: str | os.PathLike[str], attributes: list[str], out: s
     if clash:
         raise ConfigError(f"{dataset} has an attribute {clash[0]!r} already; score only new columns (a plugin's "
                           "columns can be named: module:function=a,b)")  # fmt: skip
-    old = decoder(dataset, meta, "prepare the dataset again with these --attribute")
-    fields = (*meta.attributes, *scorer.fields)
-    specials = 1 if meta.tokenizer.bos_id is None else 2
-    n = workers or len(os.sched_getaffinity(0))
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(sigterm_stops())  # (SIGTERM as Ctrl-C: the staging directory is removed)
-        staging = stack.enter_context(staged_output(out, overwrite, [meta.root], flag="--overwrite"))
-        if n > 1:
-            pool: Any = stack.enter_context(OrderedPool(n, _start, (str(meta.root), specs), start=start_method()))
-            scored: Callable[[Iterator[Any]], Iterator[Any]] = lambda bs: pool.imap(_score, bs, 2 * n)  # noqa: E731
-        else:
-            _here.update(old=old, scorer=scorer, specials=specials)
-            scored = lambda bs: map(_score, bs)  # noqa: E731
-        splits = {}
-        for split, info in meta.splits.items():
-            shards, first = [], 0
-            for shard in info.shards:
-                rows = np.zeros(shard.n_docs, dtype=row_dtype(fields))
-                if meta.attributes and shard.n_docs:
-                    kept = attribute_records(meta, shard)
-                    for f in meta.attributes:
-                        rows[f.name] = kept[f.name]
-                done = 0
-                for new in scored(numbered_blocks(meta, shard, split, first)) if shard.n_docs else ():
-                    for f in scorer.fields:
-                        rows[f.name][done : done + len(new)] = new[f.name]
-                    done += len(new)
-                shards.append(_write_columns(staging, shard, rows))
-                first += shard.n_docs
-            splits[split] = SplitInfo.of(tuple(shards))
-        for rel in dataset_files(meta):  # every other file as it is
-            if rel != METADATA_FILE and not rel.endswith(".attr"):
-                _link(meta.root / rel, staging / rel)
-        config = {**(meta.config or {}), "attributes": [*(meta.config or {}).get("attributes", []), *specs]}
-        # (the source's scorers as they were when it was made: their hashes are not taken again)
-        if plugins := {**plugin_sources([name.partition("=")[0] for name in specs]),
-                       **(meta.config or {}).get("attribute_sources", {})}:  # fmt: skip
-            config["attribute_sources"] = plugins
-        step = RunInfo.step("score", time.time(), meta.total_docs, meta.total_tokens, __version__,
-                            attributes=list(attributes), source=os.path.realpath(meta.root))  # fmt: skip
-        run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step), out=os.path.realpath(out),
-                                  workers=n, tokens_per_s=None, elapsed_s=0.0)  # fmt: skip
-        result = dataclasses.replace(meta, root=staging, splits=splits, attributes=fields, config=config, run=run,
-                                     lmshard_version=__version__)  # fmt: skip
-        atomic_write_json(staging / METADATA_FILE, result.to_json())  # last: its presence means complete
-        load_metadata(staging)  # the metadata as any reader will parse it
-    added = tuple(f.name for f in scorer.fields)
-    return ScoreResult(dataclasses.replace(result, root=Path(os.path.realpath(out))), added)
+    decoder(dataset, meta, "prepare the dataset again with these --attribute")
+    return meta, specs, scorer
+
+
+@contextlib.contextmanager
+def scoring(meta: DatasetMeta, specs: list[str], scorer: Any, n: int) -> Iterator[Callable[[Iterator[Any]],
+                                                                                         Iterator[np.ndarray]]]:
+    """A function from numbered blocks to their documents' new attribute records, in order:
+    scored by `n` worker processes (a block each at a time), or here when n is 1."""
+    from ..prepare.execution.pool import OrderedPool, start_method
+    from ..tokenizers.of_dataset import tokenizer_for
+
+    if n <= 1:
+        _here.update(old=tokenizer_for(meta), scorer=scorer, specials=1 if meta.tokenizer.bos_id is None else 2)
+        yield lambda blocks: map(_score, blocks)
+        return
+    pool: OrderedPool[Any, Any] = OrderedPool(n, _start, (str(meta.root), specs), start=start_method())
+    with pool:
+        yield lambda blocks: pool.imap(_score, blocks, 2 * n)
+
+
+def score_shard(meta: DatasetMeta, scorer: Any, staging: Path, split: str, first: int, shard: ShardInfo,
+                scored: Callable[[Iterator[Any]], Iterator[np.ndarray]]) -> ShardInfo:  # fmt: skip
+    """A shard's attribute file with the new columns after its own, written under `staging`: its entry."""
+    rows = np.zeros(shard.n_docs, dtype=row_dtype((*meta.attributes, *scorer.fields)))
+    if meta.attributes and shard.n_docs:
+        kept = attribute_records(meta, shard)
+        for f in meta.attributes:
+            rows[f.name] = kept[f.name]
+    done = 0
+    for new in scored(numbered_blocks(meta, shard, split, first)) if shard.n_docs else ():
+        for f in scorer.fields:
+            rows[f.name][done : done + len(new)] = new[f.name]
+        done += len(new)
+    return _write_columns(staging, shard, rows)
+
+
+def write_metadata(meta: DatasetMeta, given: tuple[list[str], list[str]], scorer: Any, staging: Path,
+                   splits: dict[str, SplitInfo], out: str, workers: int) -> DatasetMeta:  # fmt: skip
+    """The new dataset's metadata (last: its presence means complete), parsed back as any reader
+    will. `given`: the scorers as given (the step in its history names them so) and their specs."""
+    attributes, specs = given
+    from ..quality.filters import plugin_sources
+
+    config = {**(meta.config or {}), "attributes": [*(meta.config or {}).get("attributes", []), *specs]}
+    # (the source's scorers as they were when it was made: their hashes are not taken again)
+    if plugins := {**plugin_sources([name.partition("=")[0] for name in specs]),
+                   **(meta.config or {}).get("attribute_sources", {})}:  # fmt: skip
+        config["attribute_sources"] = plugins
+    step = RunInfo.step("score", time.time(), meta.total_docs, meta.total_tokens, __version__,
+                        attributes=list(attributes), source=os.path.realpath(meta.root))  # fmt: skip
+    run = dataclasses.replace(meta.run, lineage=(*RunInfo.history(meta), step), out=out, workers=workers,
+                              tokens_per_s=None, elapsed_s=0.0)  # fmt: skip
+    result = dataclasses.replace(meta, root=staging, splits=splits, attributes=(*meta.attributes, *scorer.fields),
+                                 config=config, run=run, lmshard_version=__version__)  # fmt: skip
+    atomic_write_json(staging / METADATA_FILE, result.to_json())
+    load_metadata(staging)
+    return result
 
 
 def _write_columns(staging: Path, shard: ShardInfo, rows: np.ndarray) -> ShardInfo:
@@ -129,7 +165,7 @@ def _write_columns(staging: Path, shard: ShardInfo, rows: np.ndarray) -> ShardIn
     return dataclasses.replace(shard, attr_path=rel, **write_attributes(staging / rel, rows))
 
 
-def _link(src: Path, dst: Path) -> None:
+def link_file(src: Path, dst: Path) -> None:
     from ..prepare.output.staging import link_or_copy
 
     dst.parent.mkdir(parents=True, exist_ok=True)

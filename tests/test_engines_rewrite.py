@@ -1,6 +1,6 @@
-"""`lmshard retokenize --num-tasks N` on real engines started here (tests/engines.py): Slurm job
-arrays on a cluster that holds fewer jobs than the run has tasks, and a local Ray cluster joined
-by address, each writing the bytes of a one-process retokenize. Run by `make test-engines`."""
+"""`lmshard retokenize|score --num-tasks N` on real engines started here (tests/engines.py): Slurm
+job arrays on a cluster that holds fewer jobs than the run has tasks, and a local Ray cluster
+joined by address, each writing the bytes of a one-process run. Run by `make test-engines`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from test_hf_tokenizer import big  # noqa: F401  (module fixture: the big vocabu
 from test_retokenize_tasks import _files, source  # noqa: F401  (module fixture: a GPT-2 dataset of many shards)
 
 from lmshard.interop.retokenize import retokenize_dataset
+from lmshard.interop.score import score_dataset
 
 pytestmark = [pytest.mark.engines]
 LMSHARD = [sys.executable, "-m", "lmshard"]
@@ -27,8 +28,22 @@ def _args(source, big, out):  # noqa: F811
             "--num-tasks", "5", "--workers", "1"]  # fmt: skip
 
 
-@pytest.mark.skipif(not slurm_available() and not os.environ.get("LMSHARD_REQUIRE_ENGINES"),
-                    reason="Slurm is not installed: run `make test-engines`")  # fmt: skip
+SLURM = pytest.mark.skipif(not slurm_available() and not os.environ.get("LMSHARD_REQUIRE_ENGINES"),
+                           reason="Slurm is not installed: run `make test-engines`")  # fmt: skip
+
+
+def _finished(env, tmp_path, out):
+    """Wait (up to 240 s) for the cluster's queue to empty; the run's Slurm logs, joined."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                                                          env=env).stdout.strip():  # fmt: skip
+        time.sleep(0.5)
+    logs = "".join(p.read_text() for p in (tmp_path / f".{out}.lmshard-work" / "slurm").glob("*.log"))
+    assert (tmp_path / out / "dataset_metadata.json").exists(), logs[-3000:]
+    return logs
+
+
+@SLURM
 def test_slurm_arrays_within_the_cluster_s_job_limit_give_the_one_process_bytes(tmp_path, source, big):  # noqa: F811
     """5 tasks on a cluster of MaxJobCount=8: one array task per stage runs all five in turn
     (3 jobs: the two arrays and the finish)."""
@@ -38,18 +53,27 @@ def test_slurm_arrays_within_the_cluster_s_job_limit_give_the_one_process_bytes(
                               text=True, timeout=300, cwd=tmp_path, env=env)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "submitted 5 tasks of each stage: encode (job" in done.stdout, done.stdout
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
-                                                              env=env).stdout.strip():  # fmt: skip
-            time.sleep(0.5)
-        logs = "".join(p.read_text() for p in (tmp_path / ".dist.lmshard-work" / "slurm").glob("*.log"))
-        assert (tmp_path / "dist" / "dataset_metadata.json").exists(), logs[-3000:]
+        logs = _finished(env, tmp_path, "dist")
         known = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True, env=env).stdout
         assert len(known.splitlines()) == 3, known  # the two arrays of one array task each, and the finish
         assert all(f"{stage} task {t}: " in logs for stage in ("encode", "write") for t in range(5)), logs
         assert sorted(p.name for p in (tmp_path / ".dist.lmshard-work").iterdir()) == ["slurm"]  # (its logs only)
         shown = subprocess.run([*LMSHARD, "status", "dist"], capture_output=True, text=True, cwd=tmp_path, env=env)
         assert "done: the dataset is complete" in shown.stdout, shown.stdout + shown.stderr
+    assert _files(tmp_path / "dist") == _files(tmp_path / "one")
+
+
+@SLURM
+def test_slurm_score_gives_the_one_process_bytes(tmp_path, source):  # noqa: F811
+    score_dataset(source, ["fineweb_quality"], tmp_path / "one", workers=1)
+    with slurm_cluster() as env:
+        done = subprocess.run([*LMSHARD, "score", str(source), "--attribute", "fineweb_quality", "--out", "dist",
+                               "--num-tasks", "3", "--workers", "1", "--executor", "slurm"], capture_output=True,
+                              text=True, timeout=300, cwd=tmp_path, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "submitted 3 tasks of each stage: score (job" in done.stdout, done.stdout
+        logs = _finished(env, tmp_path, "dist")
+        assert all(f"score task {t}: " in logs for t in range(3)), logs
     assert _files(tmp_path / "dist") == _files(tmp_path / "one")
 
 
