@@ -77,16 +77,24 @@ def test_planned_tasks_in_any_order_write_the_one_process_bytes(tmp_path, source
     assert {s.n_docs for s in meta.shards} != {1}  # (shards of several documents, cut inside source shards)
 
 
-def test_a_document_longer_than_a_shard_gets_its_own_in_tasks_too(tmp_path, source, big):  # noqa: F811
-    retokenize_dataset(source, str(big["file"]), tmp_path / "one", tokens_per_shard=300, workers=1)
+def test_documents_longer_than_a_shard_get_their_own_in_tasks_too(tmp_path, big):  # noqa: F811
+    """Two documents of some 4,000 tokens among short ones, in shards of 1,500: each long one
+    gets a shard of its own, whichever source shard and task it comes from."""
+    texts = make_texts(120, seed=5)
+    texts[30] = texts[90] = " ".join(texts[:60])  # (the same text twice: one is a duplicate, dropped)
+    texts[70] = " ".join(texts[60:120:2][::-1])
+    source = _prepare(tmp_path / "gpt2", [jsonl(tmp_path / "a.jsonl", texts)], tokens_per_shard=3_000)
+    assert len(load_metadata(source).shards) > 4
+    retokenize_dataset(source, str(big["file"]), tmp_path / "one", tokens_per_shard=1_500, workers=1)
     want = _files(tmp_path / "one")
     meta = load_metadata(tmp_path / "one")
-    assert any(s.n_docs == 1 and s.n_tokens > 300 for s in meta.shards)  # (the case this test is about)
+    assert sum(s.n_docs == 1 and s.n_tokens > 1_500 for s in meta.shards) == 2  # (the case this test is about)
     assert any(s.n_docs > 1 for s in meta.shards)
-    retoktasks.plan(source, tmp_path / "re", 5, tokenizer=str(big["file"]), tokens_per_shard=300)
+    retoktasks.plan(source, tmp_path / "re", 5, tokenizer=str(big["file"]), tokens_per_shard=1_500)
+    tasks = retoktasks.Tasks.of(tmp_path / "re")
     for stage in ("encode", "write", "finish"):
         for task in range(5 if stage != "finish" else 1):
-            retoktasks.Tasks.of(tmp_path / "re").run(stage, task)
+            tasks.run(stage, task)
     assert _files(tmp_path / "re") == want
 
 
@@ -147,6 +155,12 @@ def test_a_changed_source_or_a_full_out_is_refused(tmp_path, source, big):  # no
     with pytest.raises(ConfigError, match="exists and is not empty; pass --overwrite"):
         retoktasks.plan(source, tmp_path / "full", 2, tokenizer=str(big["file"]))
     assert not work_dir(tmp_path / "full").exists()
+    retoktasks.plan(source, tmp_path / "full", 2, tokenizer=str(big["file"]), overwrite=True)
+    tasks = retoktasks.Tasks.of(tmp_path / "full")
+    for stage, task in (("encode", 0), ("encode", 1), ("write", 0), ("write", 1), ("finish", 0)):
+        tasks.run(stage, task)
+    assert (tmp_path / "full" / "notes.txt").read_text() == "mine"  # (not lmshard's: kept beside the new dataset)
+    assert load_metadata(tmp_path / "full").n_docs() == load_metadata(source).n_docs()
     copy = tmp_path / "src"
     os.system(f"cp -r {source} {copy}")
     retoktasks.plan(copy, tmp_path / "re", 2, tokenizer=str(big["file"]))
