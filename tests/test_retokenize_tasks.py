@@ -17,7 +17,7 @@ from test_retokenize import _prepare
 from typer.testing import CliRunner
 
 from lmshard.cli import app
-from lmshard.errors import ConfigError
+from lmshard.errors import ConfigError, InputError
 from lmshard.format import load_metadata
 from lmshard.interop import retoktasks
 from lmshard.interop.retokenize import retokenize_dataset
@@ -77,9 +77,10 @@ def test_planned_tasks_in_any_order_write_the_one_process_bytes(tmp_path, source
     assert {s.n_docs for s in meta.shards} != {1}  # (shards of several documents, cut inside source shards)
 
 
-def test_documents_longer_than_a_shard_get_their_own_in_tasks_too(tmp_path, big):  # noqa: F811
+def test_documents_longer_than_a_shard_get_their_own_in_tasks_too(tmp_path, big, monkeypatch):  # noqa: F811
     """Two documents of some 4,000 tokens among short ones, in shards of 1,500: each long one
-    gets a shard of its own, whichever source shard and task it comes from."""
+    gets a shard of its own, whichever source shard and task it comes from. (The vocabulary is
+    named by a relative path where the plan is made; the tasks run elsewhere.)"""
     texts = make_texts(120, seed=5)
     texts[30] = texts[90] = " ".join(texts[:60])  # (the same text twice: one is a duplicate, dropped)
     texts[70] = " ".join(texts[60:120:2][::-1])
@@ -90,7 +91,9 @@ def test_documents_longer_than_a_shard_get_their_own_in_tasks_too(tmp_path, big)
     meta = load_metadata(tmp_path / "one")
     assert sum(s.n_docs == 1 and s.n_tokens > 1_500 for s in meta.shards) == 2  # (the case this test is about)
     assert any(s.n_docs > 1 for s in meta.shards)
-    retoktasks.plan(source, tmp_path / "re", 5, tokenizer=str(big["file"]), tokens_per_shard=1_500)
+    monkeypatch.chdir(big["file"].parent)
+    retoktasks.plan(source, tmp_path / "re", 5, tokenizer=big["file"].name, tokens_per_shard=1_500)
+    monkeypatch.chdir(tmp_path)
     tasks = retoktasks.Tasks.of(tmp_path / "re")
     for stage in ("encode", "write", "finish"):
         for task in range(5 if stage != "finish" else 1):
@@ -169,5 +172,10 @@ def test_a_changed_source_or_a_full_out_is_refused(tmp_path, source, big):  # no
     (copy / "dataset_metadata.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="the source dataset changed since the retokenize was planned"):
         retoktasks.Tasks.of(tmp_path / "re").run("encode", 0)
+    retoktasks.plan(source, tmp_path / "other", 2, tokenizer=str(big["file"]))
+    head_file = work_dir(tmp_path / "other") / "rewrite.json"
+    head_file.write_text(json.dumps(json.loads(head_file.read_text()) | {"lmshard": "0.0.1"}))
+    with pytest.raises(InputError, match="planned by lmshard 0.0.1 \\(this is "):
+        retoktasks.Tasks.of(tmp_path / "other")
     assert not (work_dir(tmp_path / "re") / "encode").exists()  # (nothing encoded)
     assert np.fromfile(copy / load_metadata(copy).shards[0].path, dtype="<u4").size > 0  # (the source untouched)

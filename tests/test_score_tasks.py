@@ -88,3 +88,50 @@ def test_by_hand_the_local_pool_and_a_changed_plugin(tmp_path, source, one):
     assert again.exit_code == 1 and "a score was planned there with --attribute" in again.output, again.output
     head = json.loads((work_dir(tmp_path / "changed") / "rewrite.json").read_text())
     assert head["kind"] == "score" and head["units"] == len(load_metadata(source[0]).shards)
+
+
+def test_a_task_or_a_finish_stopped_anywhere_is_finished_by_running_it_again(tmp_path, source, one, monkeypatch):
+    """A score task stopped after linking its shards' files (before its marker), a stray
+    temporary file of a killed writer, a finish stopped right after the swap, and one stopped
+    while removing its work folder: each run again ends with the one-process bytes."""
+    from lmshard.interop import rewrite
+
+    out = tmp_path / "again"
+    scoretasks.plan(source[0], source[1], out, 2, overwrite=True)
+    work = work_dir(out)
+    rewriteengines.tasks_for(out).run("score", 0)
+    for marker in [*(work / "done").rglob("*.json"), *(work / "score").glob("unit_*.json")]:
+        marker.unlink()  # (its links and attribute files are in the build already)
+    for task in (0, 1):
+        rewriteengines.tasks_for(out).run("score", task)
+    (work / "build" / "train" / "shard_000000.attr.4242.tmp").write_bytes(b"half")  # a killed writer's
+    out.mkdir()
+    (out / "dataset_metadata.json").write_text("{}")  # an old dataset at --out, replaced (--overwrite)
+
+    def stopped(_work):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rewrite, "remove_work", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        rewriteengines.tasks_for(out).run("finish", 0)
+    monkeypatch.undo()
+    assert _files(out) == one  # (swapped in: complete)
+    (work / "source.json").unlink()  # as if the removal had stopped halfway
+    shown = CliRunner().invoke(app, ["status", str(out)])
+    assert "done: the dataset is complete" in shown.output, shown.output
+    done = CliRunner().invoke(app, ["run-task", "--stage", "finish", str(out)])
+    assert done.exit_code == 0, done.output
+    assert _files(out) == one and not work.exists()
+
+
+def test_a_symlinked_out(tmp_path, source, one):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    attrs = [x for a in source[1] for x in ("--attribute", a)]
+    done = CliRunner().invoke(app, ["score", str(source[0]), *attrs, "--out", str(tmp_path / "link" / "ds"),
+                                    "--num-tasks", "2", "--executor", "none"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    for stage, task in (("score", 0), ("score", 1), ("finish", 0)):
+        ran = CliRunner().invoke(app, ["run-task", "--stage", stage, "--task", str(task), str(tmp_path / "link/ds")])
+        assert ran.exit_code == 0, ran.output
+    assert _files(tmp_path / "real" / "ds") == one

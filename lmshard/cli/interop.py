@@ -238,7 +238,7 @@ def retokenize(
     if num_tasks is not None:
         from ..interop import retoktasks, rewriteengines
 
-        rewriteengines.check(out, executor, max_jobs)
+        out = rewriteengines.check(out, executor, max_jobs, 2)
         retoktasks.plan(dataset, out, num_tasks, overwrite=overwrite, tokenizer=tokenizer,
                         tokenizer_backend=tokenizer_backend, shard_encoding=shard_encoding,
                         tokens_per_shard=tokens_per_shard, separator=separator, bos=bos)  # fmt: skip
@@ -287,7 +287,7 @@ def score(
     if num_tasks is not None:
         from ..interop import rewriteengines, scoretasks
 
-        rewriteengines.check(out, executor, max_jobs)
+        out = rewriteengines.check(out, executor, max_jobs, 1)
         scoretasks.plan(dataset, attribute, out, num_tasks, overwrite=overwrite)
         done = rewriteengines.run(out, executor, workers=workers, sbatch_args=sbatch_args, max_jobs=max_jobs,
                                   ray_address=ray_address, say=_say)  # fmt: skip

@@ -10,6 +10,7 @@ STAGE --task I OUT` for each stage and task, then `lmshard run-task --stage fini
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -105,7 +106,8 @@ def run_task(
         "--workers",
         metavar="N",
         help="Processes for the task's items (default: the plan's --workers, else the CPUs granted to this task: "
-        "SLURM_CPUS_PER_TASK, else its CPU affinity). A task of a 64-core node runs its items 64 at a time.",
+        "SLURM_CPUS_PER_TASK, else its CPU affinity). A task of a 64-core node runs its items 64 at a time; a "
+        "planned retokenize's or score's task takes its shards one at a time, each in blocks over N processes.",
     ),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare or retokenize (`--num-tasks`)."""
@@ -118,6 +120,11 @@ def run_task(
     from ..interop import rewrite, rewriteengines
 
     if rewrite.planned(out):  # a planned retokenize or score (`--num-tasks`)
+        if stage == "finish" and rewrite.swapped(out):  # complete; a finish stopped while removing its work folder
+            rewrite.remove_work(rewrite.work_dir(os.path.realpath(out)))
+            render.err.print("finish: the dataset was complete; what was left of its work folder is removed",
+                             markup=False, soft_wrap=True)  # fmt: skip
+            return
         if stage != "finish" and task is None:
             raise ConfigError(f"--stage {stage} needs --task I")
         done = rewriteengines.tasks_for(out, workers or 0).run(stage, task or 0)
@@ -158,8 +165,13 @@ def status(
     local_only(out, "status")
     from ..interop import rewrite, rewriteengines
 
+    if rewrite.swapped(out):  # complete; a finish stopped while removing its work folder
+        quoted = shlex.quote(str(out))
+        render.out.print(f"done: the dataset is complete (`lmshard run-task --stage finish {quoted}` removes what is "
+                         "left of its work folder)", markup=False, soft_wrap=True)  # fmt: skip
+        return
     if rewrite.planned(out):
-        _rewrite_status(out, rewriteengines.tasks_for(out).status())
+        _rewrite_status(out, rewriteengines.progress(out))
         return
     info = stages.status(out)
     quoted = shlex.quote(str(out))

@@ -196,7 +196,8 @@ def encoder(s: Setup, n: int) -> Iterator[Callable[[Iterator[Any]], Iterator[tup
         s.encode_here()
         yield lambda blocks: map(_encode, blocks)
         return
-    pool: OrderedPool[Any, Any] = OrderedPool(n, _start, (str(s.meta.root), s.config, s.specials, s.bos),
+    head = dataclasses.replace(s.meta, splits={}, sources=())  # (what a worker needs: not the shards)
+    pool: OrderedPool[Any, Any] = OrderedPool(n, _start, (head, s.config, s.specials, s.bos),
                                               start=start_method())  # fmt: skip
     with pool:
         yield lambda blocks: pool.imap(_encode, blocks, 2 * n)
@@ -228,14 +229,13 @@ def write_metadata(s: Setup, staging: Path, shards: tuple[ShardInfo, ...]) -> Da
 _here: dict[str, Any] = {}  # the tokenizers and separators of the process that encodes (`_start`)
 
 
-def _start(arg: tuple[str, PrepareConfig, int, int | None]) -> None:
+def _start(arg: tuple[DatasetMeta, PrepareConfig, int, int | None]) -> None:
     """A worker: load the dataset's tokenizer and the new one (one thread each: the workers are the
     parallelism)."""
     from ..prepare.output.claim import run_tokenizer
     from ..tokenizers.of_dataset import tokenizer_for
 
-    root, config, specials, bos = arg
-    meta = load_metadata(root)
+    meta, config, specials, bos = arg
     new = run_tokenizer(config)
     new.use_threads(1)
     _here.update(old=tokenizer_for(meta), new=new, specials=specials, bos=bos, position=meta.eot_position)

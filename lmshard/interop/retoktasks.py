@@ -71,11 +71,19 @@ def plan(dataset: str | os.PathLike[str], out: str | os.PathLike[str], n_tasks: 
         raise ConfigError(f"--num-tasks {n_tasks}: pass 1 or more")
     given: dict[str, Any] = {k: options[k] for k in OPTIONS[1:] if options.get(k) is not None}
     s = setup(dataset, options["tokenizer"], out, workers=1, **given)
-    resolved = {"tokenizer": options["tokenizer"], **{k: getattr(s.config, k) for k in OPTIONS[1:]}}
+    tokenizer = options["tokenizer"]  # a file or folder by its absolute path: a task may start elsewhere
+    resolved = {"tokenizer": os.path.abspath(tokenizer) if os.path.exists(tokenizer) else tokenizer,
+                **{k: getattr(s.config, k) for k in OPTIONS[1:]}}  # fmt: skip
     target = Path(os.path.realpath(out))
-    head = {"kind": "retokenize", "n_tasks": n_tasks, "overwrite": overwrite, "vocabulary": s.new.vocab_sha256,
+    head = {"kind": "retokenize", "n_tasks": n_tasks, "overwrite": overwrite, "vocabulary": _vocabulary(s),
             "options": resolved}  # fmt: skip
     claim(work_dir(target), head, s.meta, s.units(), target, overwrite)
+
+
+def _vocabulary(s: Setup) -> list[Any]:
+    """What pins the new vocabulary's bytes: its file's sha256, and its separators as resolved (a
+    tokenizer's configuration can change them under the same file)."""
+    return [s.new.vocab_sha256, s.new.eot_id, s.bos]
 
 
 @dataclasses.dataclass
@@ -94,9 +102,10 @@ class Tasks(Planned):
         options = {k: v for k, v in head["options"].items() if v is not None and k != "tokenizer"}
         s = setup(head["dataset"], head["options"]["tokenizer"], os.path.realpath(out), workers=workers, meta=meta,
                   **options)  # fmt: skip
-        if s.new.vocab_sha256 != head["vocabulary"]:
-            raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary file changed since the retokenize was "
-                              f"planned; restore it, or remove {work} and plan again")  # fmt: skip
+        if _vocabulary(s) != head["vocabulary"]:
+            raise ConfigError(f"{head['options']['tokenizer']}: the vocabulary (its file, or its end-of-text or BOS "
+                              f"token) changed since the retokenize was planned; restore it, or remove {work} and "
+                              "plan again")  # fmt: skip
         return cls(work, head, meta, s)
 
     def unit(self, u: int) -> ShardInfo:
@@ -117,7 +126,8 @@ class Tasks(Planned):
         mine = self.share(self.n_units, task)
         rows = []
         folder = self.work / "encode"
-        with encoder(self.s, self.s.config.n_workers()) as encoded:
+        todo = any(not (folder / f"unit_{u:06d}.json").exists() for u in mine)  # (else no pool is started)
+        with encoder(self.s, self.s.config.n_workers() if todo else 1) as encoded:
             for u, (split, first, shard) in zip(mine, self.units(mine), strict=True):
                 marker = folder / f"unit_{u:06d}.json"
                 if not marker.exists():
@@ -142,10 +152,11 @@ class Tasks(Planned):
                 if filled + tokens <= capacity:  # the rest of the unit fits in the open shard
                     filled += tokens
                     continue
-                lengths, d = np.fromfile(self.work / "encode" / f"unit_{u:06d}.lengths", dtype=np.int64), 0
+                ends = np.cumsum(np.fromfile(self.work / "encode" / f"unit_{u:06d}.lengths", dtype=np.int64))
+                d = 0
                 while d < docs:
-                    ends = np.cumsum(lengths[d:])
-                    fit = int(np.searchsorted(ends, capacity - filled, side="right"))
+                    before = int(ends[d - 1]) if d else 0  # (the unit's tokens before document d)
+                    fit = int(np.searchsorted(ends[d:], before + capacity - filled, side="right"))
                     if fit == 0 and filled == 0:
                         fit = 1  # a document longer than a shard gets a shard of its own
                     if fit == 0 or d + fit < docs:  # the shard closes before document d + fit
@@ -153,7 +164,7 @@ class Tasks(Planned):
                         pieces.append([code, number, *start, u, d])
                         number, start, filled = number + 1, (u, d), 0
                     else:
-                        filled += int(ends[-1])
+                        filled += int(ends[-1]) - before
                         d = docs
             if start is not None:
                 pieces.append([code, number, *start, mine[-1], rows[mine[-1]][1]])
@@ -234,14 +245,14 @@ def _encode_unit(s: Setup, shard: ShardInfo, base: Path, encoded: Any) -> dict[s
 
     check_shard_files(s.meta.root, shard)
     _check_source(s.meta, shard)
-    lengths = []
-    with open(f"{base}.tokens.tmp", "wb") as f:
+    lengths, tmp = [], f"{base}.tokens.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
         for tokens, lens in encoded:
             f.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes())
             lengths.append(lens)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(f"{base}.tokens.tmp", f"{base}.tokens")
+    os.replace(tmp, f"{base}.tokens")
     joined = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
     atomic_bytes(Path(f"{base}.lengths"), joined.tobytes())
     if len(joined) != shard.n_docs:

@@ -8,16 +8,20 @@ tasks share.
 row per source shard: its split, the split's documents before it, its entry) and `keys` (the
 source's key files); the source's metadata without its shards, key files and inputs
 (`source.json`: what every task needs of it); and last `rewrite.json`, the head: what kind of
-run, its options, the task count, and the source metadata's inode, size and time, which every
-task holds the source to (one stat). Planned again with the same options, a run goes on from
+run, its options, the task count, the lmshard version (a task of another refuses: its bytes
+could differ), and the source metadata's inode, size and time, which every task holds the source
+to (one stat). Planned again with the same options, a run goes on from
 what is done; with others, every task refuses in one line naming what changed.
 
 **The tasks** (`Planned.run`): task t of a stage has items [t·n/N, (t+1)·n/N) of the stage's n;
 an item writes under temporary names and its marker last, so a task killed anywhere is finished
 by running it again. A task folds its summary into the stage's (prepare's barrier.py); the next
-stage's tasks check that one file. The finish (once) writes the metadata into `build/`, swaps
-it into `--out` (an old one renamed aside first, removed last) and removes the work folder but
-for the Slurm jobs' logs, the head last.
+stage's tasks check that one file. Temporary files are named by the process that writes them
+(two tasks may write the same work file at once: the same bytes). The finish (once) removes the
+build's temporary files (a killed writer's), writes the metadata into `build/`, swaps it into
+`--out` (an old one renamed aside first, removed last) and removes the work folder but for the
+Slurm jobs' logs, the source's head and then the head last. A finish run again after the swap
+(the build gone, the dataset in place: `swapped`) only finishes that removal.
 
 Memory model: a task holds the head, the source's head and the rows it reads; see each run's
 module for its items.
@@ -34,6 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import __version__
 from ..errors import ConfigError, InputError
 from ..format import METADATA_FILE, DatasetMeta, ShardInfo, atomic_write_json, parse_metadata
 from ..format.attributes import row_dtype
@@ -49,9 +54,32 @@ VERSION = 1
 def planned(out: str | os.PathLike[str]) -> str | None:
     """The kind of the planned rewrite in `out`'s work folder (retokenize, score), or None."""
     try:
-        return str(json.loads((work_dir(out) / HEAD_FILE).read_text())["kind"])
+        return str(json.loads((work_dir(os.path.realpath(out)) / HEAD_FILE).read_text())["kind"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def swapped(out: str | os.PathLike[str]) -> bool:
+    """Whether the rewrite planned for `out` is in place already: its head is there, its build is
+    not, and `out` holds a dataset (a finish stopped after the swap; its work folder is left)."""
+    work = work_dir(os.path.realpath(out))
+    return (work / HEAD_FILE).is_file() and not (work / "build").is_dir() and (Path(out) / METADATA_FILE).is_file()
+
+
+def remove_work(work: Path) -> None:
+    """A finished rewrite's work folder removed, but for the Slurm jobs' logs (`slurm/`), which
+    stay for the user to read; the source's head and then the plan's head last, so a removal
+    stopped midway is finished by running the finish (or the command) again."""
+    last = (SOURCE_FILE, HEAD_FILE)
+    for entry in work.iterdir() if work.is_dir() else ():
+        if entry.is_dir() and entry.name != "slurm":
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name not in last and entry.is_file():
+            entry.unlink(missing_ok=True)
+    for name in last:
+        (work / name).unlink(missing_ok=True)
+    if work.is_dir() and not any(work.iterdir()):
+        work.rmdir()
 
 
 def claim(work: Path, head: dict[str, Any], meta: DatasetMeta, units: list[tuple[str, int, ShardInfo]],
@@ -62,13 +90,17 @@ def claim(work: Path, head: dict[str, Any], meta: DatasetMeta, units: list[tuple
     if (work / "plan.json").exists():
         raise ConfigError(f"{work}: holds a planned prepare of {target}; finish it (lmshard status {target}) or "
                           "choose another --out")  # fmt: skip
-    head = {"version": VERSION, "dataset": os.path.realpath(meta.root), "source": stamp(meta.root),
-            "units": len(units), "keys": len(meta.dedup.files) if meta.dedup else 0} | head  # fmt: skip
+    head = {"version": VERSION, "lmshard": __version__, "dataset": os.path.realpath(meta.root),
+            "source": stamp(meta.root), "units": len(units), "keys": len(meta.dedup.files) if meta.dedup else 0,
+            } | head  # fmt: skip
+    if swapped(target):  # an earlier run, complete but for its work folder
+        remove_work(work)
     if (work / HEAD_FILE).is_file():
         _same(head, json.loads((work / HEAD_FILE).read_text()), work)
         return True
     _check_out(target, bool(head.get("overwrite")), [meta.root], "--overwrite")
     (work / "build").mkdir(parents=True, exist_ok=True)
+    (work / "slurm" / "arrays.json").unlink(missing_ok=True)  # (an earlier run's submission: not this one's)
     write_table(work / "units", [{"split": split, "first": first, "shard": shard.to_json()}
                                  for split, first, shard in units])  # fmt: skip
     write_table(work / "keys", [k.to_json() for k in meta.dedup.files] if meta.dedup else [])
@@ -83,8 +115,9 @@ def claim(work: Path, head: dict[str, Any], meta: DatasetMeta, units: list[tuple
 def _same(head: dict[str, Any], found: dict[str, Any], work: Path) -> None:
     """Refuse, naming what changed, a plan that differs from the one in `work`."""
     again = f"run the first command again to finish it, or remove {work} to start over"
-    what = {"kind": "command", "dataset": "source dataset", "source": "source's metadata (changed since)",
-            "vocabulary": "new vocabulary's file", "n_tasks": "--num-tasks"}  # fmt: skip
+    what = {"kind": "command", "lmshard": "lmshard version", "dataset": "source dataset",
+            "source": "source's metadata (changed since)", "vocabulary": "new vocabulary (its file, or its "
+            "separators)", "n_tasks": "--num-tasks", "overwrite": "--overwrite"}  # fmt: skip
     for key, value in head.items():
         if key == "options":
             for option, given in value.items():
@@ -104,8 +137,10 @@ def read_head(out: str | os.PathLike[str], kind: str) -> tuple[Path, dict[str, A
         head = json.loads((work / HEAD_FILE).read_text())
     except FileNotFoundError:
         raise InputError(f"{out}: no {kind} is planned there (its work folder {work} has no {HEAD_FILE})") from None
-    if head.get("version") != VERSION or head.get("kind") != kind:
-        raise InputError(f"{work}: holds a {head.get('kind')} planned by another lmshard; remove it and plan again")
+    if head.get("version") != VERSION or head.get("kind") != kind or head.get("lmshard") != __version__:
+        raise InputError(f"{work}: holds a {head.get('kind')} planned by lmshard {head.get('lmshard')} (this is "
+                         f"{__version__}), whose tasks could write other bytes; run it with that version, or remove "
+                         "the folder and plan again")  # fmt: skip
     if stamp(Path(head["dataset"])) != head["source"]:
         raise ConfigError(f"{head['dataset']}: the source dataset changed since the {kind} was planned; remove {work} "
                           "and plan again")  # fmt: skip
@@ -140,8 +175,9 @@ def read_rows(base: Path, rows: range) -> list[Any]:
 
 
 def atomic_bytes(path: Path, data: bytes) -> None:
-    """`data` written to `path` whole or not at all: a temporary file, fsynced, renamed."""
-    tmp = path.with_name(path.name + ".tmp")
+    """`data` written to `path` whole or not at all: a temporary file (named by the process: two
+    tasks may write the same file at once, with the same bytes), fsynced, renamed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -199,10 +235,10 @@ class Planned:
             raise ConfigError(f"task {task} is not in [0, {self.n_tasks}); tasks are numbered from 0")
         index = self.STAGES.index(stage)
         before = self.STAGES[index - 1] if index else None
+        if stage == "finish" and swapped(self.out()):  # swapped in by a finish stopped after
+            remove_work(self.work)
+            return 0
         if before is not None and not is_complete(self.work, before):
-            if stage == "finish" and (self.out() / METADATA_FILE).is_file() and not (self.work / "build").is_dir():
-                self.remove()  # swapped in by a finish stopped after
-                return 0
             raise ConfigError(f"--stage {stage}: the {before} stage is not complete; run every {before} task first "
                               f"(lmshard status {self.out()})")  # fmt: skip
         if stage == "finish":
@@ -231,24 +267,14 @@ class Planned:
 
     def finish(self, rows: list[Any]) -> int:
         build = self.work / "build"
+        for stray in build.rglob("*.tmp"):  # a killed item's temporary files (named by its pid): not the dataset's
+            stray.unlink()
         if not (build / METADATA_FILE).is_file():
             self.metadata(build, rows)
         _check_out(self.out(), bool(self.head.get("overwrite")), [self.meta.root], "--overwrite")
         _swap_in(build, self.out())
-        self.remove()
+        remove_work(self.work)
         return len(rows)
-
-    def remove(self) -> None:
-        """The work folder removed, the head last (a finish stopped meanwhile is run again), but
-        for the Slurm jobs' logs (`slurm/`), which stay for the user to read."""
-        for entry in self.work.iterdir() if self.work.is_dir() else ():
-            if entry.is_dir() and entry.name != "slurm":
-                shutil.rmtree(entry, ignore_errors=True)
-            elif entry.name != HEAD_FILE and entry.is_file():
-                entry.unlink(missing_ok=True)
-        (self.work / HEAD_FILE).unlink(missing_ok=True)
-        if self.work.is_dir() and not any(self.work.iterdir()):
-            self.work.rmdir()
 
     def status(self) -> dict[str, Any]:
         """Per stage: its items done of its items, per task too (a listing of the stage's folder

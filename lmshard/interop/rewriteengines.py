@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, InputError
-from .rewrite import Planned, planned
+from .rewrite import Planned, planned, read_head
 
 EXECUTORS = ("local", "none", "slurm", "ray")
 _held: dict[str, Planned] = {}  # a local worker's plan, loaded once (`_load`)
@@ -31,6 +31,21 @@ def tasks_for(out: str | os.PathLike[str], workers: int = 1) -> Planned:
     if kind is None:
         raise InputError(f"{out}: no retokenize or score is planned there")
     return Tasks.of(out, workers) if kind == "retokenize" else ScoreTasks.of(out, workers)
+
+
+def progress(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """The planned rewrite's progress (`Planned.status`), from its head and work folder alone:
+    neither vocabulary nor scorer is loaded."""
+    from .retoktasks import Tasks
+    from .scoretasks import ScoreTasks
+
+    kind = planned(out)
+    if kind is None:
+        raise InputError(f"{out}: no retokenize or score is planned there")
+    cls: type[Planned] = Tasks if kind == "retokenize" else ScoreTasks
+    bare = cls.__new__(cls)  # (the fields status reads: the work folder, the head, the source's head)
+    Planned.__init__(bare, *read_head(out, kind))
+    return bare.status()
 
 
 def _load(out: str) -> None:
@@ -80,15 +95,18 @@ def run_ray(out: str | os.PathLike[str], address: str | None = None) -> Any:
     return load_metadata(out)
 
 
-def check(out: str, executor: str, max_jobs: int | None) -> None:
-    """Refuse, before planning, what no engine can run."""
+def check(out: str, executor: str, max_jobs: int | None, arrays: int) -> str:
+    """Refuse, before planning, what no engine can run (`arrays`: the run's stages before the
+    finish); the output's real path, which the plan and every task name it by."""
     from ..remote.urls import local_only
 
     if executor not in EXECUTORS:
         raise ConfigError(f"--executor {executor}: pass one of {', '.join(EXECUTORS)}")
-    if max_jobs is not None and max_jobs < 3:
-        raise ConfigError(f"--max-jobs {max_jobs}: a run queues at least 3 jobs (its arrays and the finish)")
+    if max_jobs is not None and max_jobs < arrays + 1:
+        raise ConfigError(f"--max-jobs {max_jobs}: this run queues at least {arrays + 1} jobs (an array per stage "
+                          "and the finish)")  # fmt: skip
     local_only(out, "--num-tasks")
+    return os.path.realpath(out)
 
 
 def run(out: str, executor: str, *, workers: int | None, sbatch_args: str | None, max_jobs: int | None,

@@ -112,7 +112,8 @@ def scoring(meta: DatasetMeta, specs: list[str], scorer: Any, n: int) -> Iterato
         _here.update(old=tokenizer_for(meta), scorer=scorer, specials=1 if meta.tokenizer.bos_id is None else 2)
         yield lambda blocks: map(_score, blocks)
         return
-    pool: OrderedPool[Any, Any] = OrderedPool(n, _start, (str(meta.root), specs), start=start_method())
+    head = dataclasses.replace(meta, splits={}, sources=())  # (what a worker needs: not the shards)
+    pool: OrderedPool[Any, Any] = OrderedPool(n, _start, (head, specs), start=start_method())
     with pool:
         yield lambda blocks: pool.imap(_score, blocks, 2 * n)
 
@@ -166,22 +167,24 @@ def _write_columns(staging: Path, shard: ShardInfo, rows: np.ndarray) -> ShardIn
 
 
 def link_file(src: Path, dst: Path) -> None:
+    """`dst` (in a build of lmshard's own) as a hard link to `src`, or a copy; one a stopped run
+    left there is replaced."""
     from ..prepare.output.staging import link_or_copy
 
     dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.unlink(missing_ok=True)
     link_or_copy(src, dst)
 
 
 _here: dict[str, Any] = {}  # the tokenizer and scorers of the process that scores (`_start`)
 
 
-def _start(arg: tuple[str, list[str]]) -> None:
+def _start(arg: tuple[DatasetMeta, list[str]]) -> None:
     """A worker: the dataset's tokenizer (one thread: the workers are the parallelism) and the scorers."""
     from ..quality.scores import Scorer
     from ..tokenizers.of_dataset import tokenizer_for
 
-    root, specs = arg
-    meta = load_metadata(root)
+    meta, specs = arg
     old = tokenizer_for(meta)
     assert old is not None  # (the main process loaded it before starting the workers)
     old.use_threads(1)

@@ -55,7 +55,7 @@ def plan(dataset: str | os.PathLike[str], attributes: list[str], out: str | os.P
     target = Path(os.path.realpath(out))
     head = {"kind": "score", "n_tasks": n_tasks, "overwrite": overwrite, "attributes": list(attributes),
             "specs": specs, "plugins": plugin_sources([name.partition("=")[0] for name in specs]),
-            "options": {"attribute": ",".join(attributes)}}  # fmt: skip
+            "options": {"attribute": ",".join(specs)}}  # fmt: skip
     claim(work_dir(target), head, meta, units, target, overwrite)
 
 
@@ -86,7 +86,8 @@ class ScoreTasks(Planned):
         build, folder, rows = self.work / "build", self.work / "score", []
         for key in self.keys(task):  # (of the text: the same with any attributes)
             link_file(self.meta.root / key["path"], build / key["path"])
-        with scoring(self.meta, self.head["specs"], self.scorer, self.workers) as scored:
+        todo = any(not (folder / f"unit_{u:06d}.json").exists() for u in mine)  # (else no pool is started)
+        with scoring(self.meta, self.head["specs"], self.scorer, self.workers if todo else 1) as scored:
             for u, (split, first, shard) in zip(mine, self.units(mine), strict=True):
                 marker = folder / f"unit_{u:06d}.json"
                 if not marker.exists():
