@@ -62,7 +62,8 @@ bench: setup
 	$(BIN)/python scripts/bench_scaleout.py
 	$(BIN)/python scripts/bench_scaleout.py --dedup-lines
 	$(BIN)/python scripts/bench_scaling.py
-	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends strace; }; $(BIN)/python scripts/bench_cluster.py && $(BIN)/python scripts/bench_cluster.py --dedup-lines
+	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends strace; }; $(BIN)/python scripts/bench_cluster.py && $(BIN)/python scripts/bench_cluster.py --dedup-lines && $(BIN)/python scripts/bench_retokenize_tasks.py
+	$(BIN)/python scripts/bench_retokenize_tasks.py --speed
 	$(BIN)/python scripts/bench_remote.py
 	$(BIN)/python scripts/bench_stream.py
 	$(BIN)/python scripts/bench_encodings.py
