@@ -29,10 +29,12 @@ finished by running it again; a task checks that the stage before it is complete
 Cost per task, whatever the plan's size (scripts/bench_retokenize_tasks.py counts it): the
 plan's head and the source's head, its own rows of the tables; an encode task reads its shards
 and writes 4 bytes per new token and 8 per document; a write task reads the layout rows of its
-shards, the encoded tokens, lengths and records they hold, and writes the shards. Once-steps:
-the plan (the source's metadata, a row per source shard), the layout (the stage's summary, 3
-integers per source shard, and the lengths of the shards a boundary falls in), and the finish
-(the source's metadata, the write summary, an entry per new shard; the work folder removed).
+shards, the encoded tokens, lengths and records they hold, and writes the shards; then removes
+its items' markers and the encoded units only its shards read (`tidy`). Once-steps: the plan
+(the source's metadata, a row per source shard), the layout (the stage's summary, 3 integers per
+source shard, and the lengths of the shards a boundary falls in), and the finish (the source's
+metadata, the write summary, an entry per new shard; what is left of the work folder: a few
+files per task).
 
 Memory model, per task: an encode task holds one shard's index and up to 2 × workers blocks
 (the one-process run's); a write task one unit's lengths, tokens read as they are written (one
@@ -115,6 +117,28 @@ class Tasks(Planned):
         """After the encode stage, the layout (once, by the task that completes it)."""
         if stage == "encode":
             self.lay_out()
+
+    def tidy(self, stage: str, task: int) -> None:
+        """As every rewrite's (its items' markers), and after the write stage the encoded units
+        only this task's shards read (a unit read by a neighbour's shard too is left to the finish)."""
+        super().tidy(stage, task)
+        if stage != "write":
+            return
+        n_pieces = (self.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
+        mine = self.share(n_pieces, task)
+        if not mine:
+            return
+        lo, hi = max(0, mine.start - 1), min(n_pieces, mine.stop + 1)  # with a neighbour's shard each side
+        rows = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8", count=6 * (hi - lo), offset=lo * ROW_BYTES)
+        rows = rows.reshape(-1, 6)
+        first, last = int(rows[mine.start - lo][2]), int(rows[mine.stop - 1 - lo][4])
+        if lo < mine.start and int(rows[0][4]) == first:
+            first += 1  # (the shard before ends in it)
+        if hi > mine.stop and int(rows[-1][2]) == last:
+            last -= 1  # (the shard after starts in it)
+        for u in range(first, last + 1):
+            for suffix in ("tokens", "lengths"):
+                (self.work / "encode" / f"unit_{u:06d}.{suffix}").unlink(missing_ok=True)
 
     def totals(self) -> dict[str, int | None]:
         layout = self.work / LAYOUT_FILE

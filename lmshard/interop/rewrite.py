@@ -16,7 +16,9 @@ what is done; with others, every task refuses in one line naming what changed.
 **The tasks** (`Planned.run`): task t of a stage has items [t·n/N, (t+1)·n/N) of the stage's n;
 an item writes under temporary names and its marker last, so a task killed anywhere is finished
 by running it again. A task folds its summary into the stage's (prepare's barrier.py); the next
-stage's tasks check that one file. Temporary files are named by the process that writes them
+stage's tasks check that one file. A task then removes what its mark makes redundant (`tidy`:
+its items' markers; a retokenize's write task, the encoded units only its shards read), so the
+finish is left a few files per task, not per shard. Temporary files are named by the process that writes them
 (two tasks may write the same work file at once: the same bytes). The finish (once) removes the
 build's temporary files (a killed writer's), writes the metadata into `build/`, swaps it into
 `--out` (an old one renamed aside first, removed last) and removes the work folder but for the
@@ -246,12 +248,21 @@ class Planned:
         if task_finished(self.work, stage, self.n_tasks, task):  # (a task run again: its marker folded, or folded now)
             if not is_complete(self.work, stage) and task_done(self.work, stage, self.n_tasks, task, None, join_rows):
                 self.after(stage)
+            self.tidy(stage, task)
             return 0
         (self.work / stage).mkdir(exist_ok=True)
         summary = getattr(self, stage)(task)
         if task_done(self.work, stage, self.n_tasks, task, summary, join_rows):
             self.after(stage)
+        self.tidy(stage, task)
         return len(summary["rows"])
+
+    def tidy(self, stage: str, task: int) -> None:
+        """What task `task`'s mark of `stage` makes redundant, removed by the task: its items'
+        markers (the mark holds their rows), so the finish is left a few files per task."""
+        total = self.totals()[stage]
+        for i in self.share(total or 0, task):
+            (self.work / stage / self.MARKERS[stage].format(i)).unlink(missing_ok=True)
 
     def after(self, stage: str) -> None:
         """What the task that completes `stage` does once (nothing, unless a run says otherwise)."""
@@ -277,8 +288,8 @@ class Planned:
         return len(rows)
 
     def status(self) -> dict[str, Any]:
-        """Per stage: its items done of its items, per task too (a listing of the stage's folder
-        while it runs; its summary once complete)."""
+        """Per stage: its items done of its items, per task too (a finished task's from its mark;
+        another's from a listing of the stage's folder; all from the summary once complete)."""
         stages: dict[str, Any] = {}
         for stage, total in self.totals().items():
             if total is None:
@@ -289,7 +300,8 @@ class Planned:
             tasks = []
             for task in range(self.n_tasks):
                 items = self.share(total, task)
-                done = len(items) if complete else sum(self.MARKERS[stage].format(i) in names for i in items)
+                finished = complete or task_finished(self.work, stage, self.n_tasks, task)
+                done = len(items) if finished else sum(self.MARKERS[stage].format(i) in names for i in items)
                 tasks.append({"task": task, "items": len(items), "done": done})
             stages[stage] = {"total": total, "done": sum(x["done"] for x in tasks), "tasks": tasks}
         return {"stages": stages}
