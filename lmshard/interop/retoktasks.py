@@ -124,13 +124,12 @@ class Tasks(Planned):
         super().tidy(stage, task)
         if stage != "write":
             return
-        n_pieces = (self.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
+        n_pieces = self.n_pieces()
         mine = self.share(n_pieces, task)
         if not mine:
             return
         lo, hi = max(0, mine.start - 1), min(n_pieces, mine.stop + 1)  # with a neighbour's shard each side
-        rows = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8", count=6 * (hi - lo), offset=lo * ROW_BYTES)
-        rows = rows.reshape(-1, 6)
+        rows = self.pieces(range(lo, hi))
         first, last = int(rows[mine.start - lo][2]), int(rows[mine.stop - 1 - lo][4])
         if lo < mine.start and int(rows[0][4]) == first:
             first += 1  # (the shard before ends in it)
@@ -141,8 +140,16 @@ class Tasks(Planned):
                 (self.work / "encode" / f"unit_{u:06d}.{suffix}").unlink(missing_ok=True)
 
     def totals(self) -> dict[str, int | None]:
-        layout = self.work / LAYOUT_FILE
-        return {"encode": self.n_units, "write": layout.stat().st_size // ROW_BYTES if layout.exists() else None}
+        return {"encode": self.n_units, "write": self.n_pieces() if (self.work / LAYOUT_FILE).exists() else None}
+
+    def n_pieces(self) -> int:
+        """The new shards, from the layout's size."""
+        return (self.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
+
+    def pieces(self, rows: range) -> np.ndarray:
+        """Rows `rows` of the layout (6 integers each), read alone."""
+        return np.fromfile(self.work / LAYOUT_FILE, dtype="<i8", count=6 * len(rows),
+                           offset=rows.start * ROW_BYTES).reshape(-1, 6)  # fmt: skip
 
     # -- encode --------------------------------------------------------------------------------
 
@@ -199,10 +206,8 @@ class Tasks(Planned):
     def write(self, task: int) -> dict[str, Any]:
         if not (self.work / LAYOUT_FILE).exists():  # the task that completed the encode stage stopped before it
             self.lay_out()
-        n_pieces = (self.work / LAYOUT_FILE).stat().st_size // ROW_BYTES
-        mine = self.share(n_pieces, task)
-        table = np.fromfile(self.work / LAYOUT_FILE, dtype="<i8", count=6 * len(mine),
-                            offset=mine.start * ROW_BYTES).reshape(-1, 6)  # (its own rows only)
+        mine = self.share(self.n_pieces(), task)
+        table = self.pieces(mine)
         folder = self.work / "write"
         for key in self.keys(task):
             copy_checked(self.meta, key["path"], self.work / "build", key["xxh3_64"])  # (of the text: any vocabulary)
