@@ -4,9 +4,11 @@ it there whatever the machine's speed.
 `LMSHARD_STOP_AT=POINT:N` (several separated by commas) makes a process that passes POINT for
 the Nth time send itself SIGSTOP; `POINT=K` stops the one process that passes POINT for the work
 item or unit numbered K (where several workers count passes of their own, only one of them
-handles K). A trailing `!` (`unit=5!`) makes the woken process wait for a signal handler to run
-(signal.pause) before it goes on: scancel wakes a task with SIGCONT before it sends SIGTERM, and
-a task going on at once could do more work in between. The test sees it stopped (state T in
+handles K). A trailing `!` (`unit=5!`) makes the woken process wait for a stop signal (SIGINT, SIGTERM)
+before it goes on, then handle it as it would have: scancel wakes a task with SIGCONT before it
+sends SIGTERM, and a task going on at once could do more work in between. The stop signals are
+blocked from before the process stops itself, so one that arrives while it is stopped or waking
+is kept for the wait (signal.pause could miss it and wait forever). The test sees it stopped (state T in
 /proc), sends the signal it is testing (SIGKILL, SIGINT, SIGTERM...) and, for a catchable one,
 SIGCONT. A run without the variable pays one dictionary lookup per point passed.
 
@@ -57,6 +59,12 @@ def stop_point(point: str, key: int | None = None) -> None:
     _passed[point] += 1
     for name, how, n, wait in _wanted():
         if name == point and n == (_passed[point] if how == ":" else key):
+            if wait:
+                signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             os.kill(os.getpid(), signal.SIGSTOP)
             if wait:
-                signal.pause()
+                try:
+                    got = signal.sigwait(STOP_SIGNALS)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+                signal.raise_signal(got)  # (its handler runs now: the run stops as that signal stops it)
