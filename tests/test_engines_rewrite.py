@@ -5,6 +5,7 @@ joined by address, each writing the bytes of a one-process run. Run by `make tes
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,14 +33,15 @@ SLURM = pytest.mark.skipif(not slurm_available() and not os.environ.get("LMSHARD
                            reason="Slurm is not installed: run `make test-engines`")  # fmt: skip
 
 
-def _finished(env, tmp_path, out):
-    """Wait (up to 240 s) for the cluster's queue to empty; the run's Slurm logs, joined."""
+def _finished(env, tmp_path, out, complete=True):
+    """Wait (up to 240 s) for the cluster's queue to empty; the run's Slurm logs, joined; whether
+    the dataset is there is `complete`."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], capture_output=True, text=True,
                                                           env=env).stdout.strip():  # fmt: skip
         time.sleep(0.5)
     logs = "".join(p.read_text() for p in (tmp_path / f".{out}.lmshard-work" / "slurm").glob("*.log"))
-    assert (tmp_path / out / "dataset_metadata.json").exists(), logs[-3000:]
+    assert (tmp_path / out / "dataset_metadata.json").exists() == complete, logs[-3000:]
     return logs
 
 
@@ -92,4 +94,37 @@ def test_ray_tasks_give_the_one_process_bytes(tmp_path, source, big):  # noqa: F
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+    assert _files(tmp_path / "dist") == _files(tmp_path / "one")
+
+
+@SLURM
+def test_a_failed_slurm_score_task_is_shown_and_rerun_alone_by_the_status_lines(tmp_path, source):  # noqa: F811
+    """A plugin scorer that fails on one document while FAIL_SCORE is set (sbatch exports it): that
+    task fails and Slurm cancels the finish; `status` names the task, its host, pid and error, and
+    prints the sbatch lines that re-run it and the finish, which (without FAIL_SCORE) give the
+    one-process bytes. The plugin's code is the same both times, as the plan requires."""
+    from test_prepare import make_texts
+
+    marker = " ".join(make_texts(900, seed=43)[0].split()[2:8])  # (words of the source's first document)
+    plugin = tmp_path / "flaky.py"
+    plugin.write_text(f"import os\n\ndef f(text):\n    if os.environ.get('FAIL_SCORE') and {marker!r} in text:\n"
+                      "        raise ValueError('planted failure')\n    return len(text)\n")  # fmt: skip
+    score_dataset(source, [f"{plugin}:f"], tmp_path / "one", workers=1)
+    with slurm_cluster() as env:
+        done = subprocess.run([*LMSHARD, "score", str(source), "--attribute", f"{plugin}:f", "--out", "dist",
+                               "--num-tasks", "3", "--workers", "1", "--executor", "slurm"], capture_output=True,
+                              text=True, timeout=300, cwd=tmp_path, env=env | {"FAIL_SCORE": "1"})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        _finished(env, tmp_path, "dist", complete=False)
+        shown = subprocess.run([*LMSHARD, "status", "dist"], capture_output=True, text=True, cwd=tmp_path, env=env)
+        text = " ".join(shown.stdout.split())
+        assert "score: 2 of 3 tasks complete" in text, text
+        assert re.search(r"task \d: \d+ of \d+ \(failed on \S+ \(pid \d+\): ConfigError: (train|val) document \d+: "
+                         r"[^;]*planted failure", text), text
+        lines = [line.strip() for line in shown.stdout.splitlines() if line.strip().startswith(("j1=", "sbatch "))]
+        assert len(lines) == 2 and "--array=" in lines[0] and "finish.sbatch" in lines[1], shown.stdout
+        rerun = subprocess.run(["bash", "-euc", "\n".join(lines)], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+        assert rerun.returncode == 0, rerun.stderr
+        _finished(env, tmp_path, "dist")
     assert _files(tmp_path / "dist") == _files(tmp_path / "one")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 
 import numpy as np
 import pytest
@@ -182,3 +184,37 @@ def test_a_changed_source_or_a_full_out_is_refused(tmp_path, source, big):  # no
         retoktasks.Tasks.of(tmp_path / "other")
     assert not (work_dir(tmp_path / "re") / "encode").exists()  # (nothing encoded)
     assert np.fromfile(copy / load_metadata(copy).shards[0].path, dtype="<u4").size > 0  # (the source untouched)
+
+
+def test_a_task_stopped_by_sigterm_is_shown_stopped_and_run_again(tmp_path, source, one, big):  # noqa: F811
+    """`run-task` stopped at its second source shard (LMSHARD_STOP_AT) and sent SIGTERM, as a
+    scheduler's time limit sends it: it exits 143, `status` shows it stopped by SIGTERM with the
+    shard it finished, and the same command again finishes it; the one-process bytes."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "re"
+    retoktasks.plan(source, out, 2, tokenizer=str(big["file"]), tokens_per_shard=5_000)
+    cmd = [sys.executable, "-m", "lmshard", "run-task", "--stage", "encode", "--task", "0", str(out), "--workers", "1"]
+    child = subprocess.Popen(cmd, cwd=tmp_path, env=os.environ | {"LMSHARD_STOP_AT": "unit=1!"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120  # a timeout, never a condition
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+            time.sleep(0.02)
+        child.send_signal(signal.SIGTERM)
+        child.send_signal(signal.SIGCONT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 143 and "stopped: encode task 0 stopped by SIGTERM" in err, err
+    shown = CliRunner().invoke(app, ["status", str(out)])
+    assert re.search(r"task 0: 2 of \d+ \(stopped on \S+ \(pid \d+\) by SIGTERM\); run: lmshard run-task --stage "
+                     r"encode --task 0", " ".join(shown.output.split())), shown.output  # fmt: skip
+    tasks = retoktasks.Tasks.of(out)
+    for stage, task in (("encode", 0), ("encode", 1), ("write", 0), ("write", 1), ("finish", 0)):
+        tasks.run(stage, task)
+    assert _files(out) == one

@@ -110,7 +110,7 @@ def run_task(
         "planned retokenize's or score's task takes its shards one at a time, each in blocks over N processes.",
     ),
 ) -> None:
-    """Run one stage of one task of a planned scale-out prepare or retokenize (`--num-tasks`)."""
+    """Run one stage of one task of a planned scale-out prepare, retokenize or score (`--num-tasks`)."""
     from ..prepare.execution import stages
     from ..remote.urls import local_only
 
@@ -127,7 +127,11 @@ def run_task(
             return
         if stage != "finish" and task is None:
             raise ConfigError(f"--stage {stage} needs --task I")
-        done = rewriteengines.tasks_for(out, workers or 0).run(stage, task or 0)
+        try:
+            done = rewriteengines.tasks_for(out, workers or 0).run(stage, task or 0)
+        except stages.TaskStopped as e:  # scancel or a time limit: exit as a signal's death reads (128 + signum)
+            render.err.print(f"stopped: {e}", markup=False, soft_wrap=True)
+            raise typer.Exit(128 + e.signum) from None
         said = {"encode": "source shards encoded", "write": "shards written", "score": "source shards scored",
                 "finish": "shards in the dataset"}  # fmt: skip
         render.err.print(f"{stage} task {task or 0}: {done} {said.get(stage, 'items')}", markup=False, soft_wrap=True)
@@ -232,8 +236,9 @@ def _rewrite_status(out: Path, info: dict[str, Any]) -> None:
                          f"({row['done']} of {row['total']} {'shards' if stage == 'write' else 'source shards'})",
                          markup=False, soft_wrap=True)  # fmt: skip
         for t in left:
-            render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}; run: lmshard run-task --stage {stage} "
-                             f"--task {t['task']} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
+            state = f" ({t['state']})" if t.get("state") else ""
+            render.out.print(f"  task {t['task']}: {t['done']} of {t['items']}{state}; run: lmshard run-task --stage "
+                             f"{stage} --task {t['task']} {quoted}", markup=False, soft_wrap=True)  # fmt: skip
         waiting = bool(left)
         first_left = first_left or ((stage, [t["task"] for t in left]) if left else None)
     render.out.print("finish: waits for the stages above" if waiting else f"finish: not run; run: lmshard run-task "

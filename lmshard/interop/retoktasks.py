@@ -56,6 +56,7 @@ from ..errors import ConfigError, InputError
 from ..format import SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, check_shard_files, load_metadata
 from ..prepare.execution.barrier import read_summary
 from ..prepare.execution.taskplan import work_dir
+from ..prepare.stops import stop_point
 from .convert import copy_checked
 from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, setup, write_metadata
 from .rewrite import Planned, atomic_bytes, claim, read_head
@@ -165,6 +166,7 @@ class Tasks(Planned):
                     row = _encode_unit(self.s, shard, folder / f"unit_{u:06d}",
                                        encoded(numbered_blocks(self.meta, shard, split, first)))  # fmt: skip
                     atomic_write_json(marker, row)
+                    stop_point("unit", u)
                 rows.append([SPLITS.index(split), *json.loads(marker.read_text()).values()])
         return {"rows": rows}
 
@@ -217,6 +219,7 @@ class Tasks(Planned):
             marker = folder / f"piece_{p:06d}.json"
             if not marker.exists():
                 atomic_write_json(marker, self._write_piece(row, records).to_json())
+                stop_point("piece", p)
             entries.append([SPLITS[int(row[0])], json.loads(marker.read_text())])
         return {"rows": entries}
 

@@ -35,6 +35,9 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
+import socket
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,6 +48,7 @@ from ..errors import ConfigError, InputError
 from ..format import METADATA_FILE, DatasetMeta, ShardInfo, atomic_write_json, parse_metadata
 from ..format.attributes import row_dtype
 from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
+from ..prepare.execution.stages import _task_state
 from ..prepare.execution.taskplan import work_dir
 from .output import _check_out, _swap_in
 
@@ -250,11 +254,35 @@ class Planned:
                 self.after(stage)
             self.tidy(stage, task)
             return 0
-        (self.work / stage).mkdir(exist_ok=True)
-        summary = getattr(self, stage)(task)
-        if task_done(self.work, stage, self.n_tasks, task, summary, join_rows):
-            self.after(stage)
-        self.tidy(stage, task)
+        return self._recorded(stage, task)
+
+    def _recorded(self, stage: str, task: int) -> int:
+        """Task `task`'s share of `stage`, its state in `WORK/tasks/STAGE_NNNNNN.json` while it runs
+        (running; stopped by a signal; failed, with the error) for `status`, as a planned
+        prepare's task records it (stages.run_task); removed once it is done."""
+        from ..prepare.execution.stages import TaskStopped
+        from ..prepare.output.build import sigterm_stops
+
+        state = self.work / "tasks" / f"{stage}_{task:06d}.json"
+        state.parent.mkdir(exist_ok=True)
+        who = {"host": socket.gethostname(), "pid": os.getpid()}
+        atomic_write_json(state, {"state": "running", **who, "started": time.time()})
+        try:
+            with sigterm_stops():
+                (self.work / stage).mkdir(exist_ok=True)
+                summary = getattr(self, stage)(task)
+                if task_done(self.work, stage, self.n_tasks, task, summary, join_rows):
+                    self.after(stage)
+                self.tidy(stage, task)
+        except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: what it finished is kept
+            signum = getattr(e, "signum", signal.SIGINT)
+            atomic_write_json(state, {"state": "stopped", **who, "signal": signal.Signals(signum).name})
+            raise TaskStopped(f"{stage} task {task} stopped by {signal.Signals(signum).name}; what it finished is "
+                              "kept: run it again to finish it", signum) from None  # fmt: skip
+        except BaseException as e:
+            atomic_write_json(state, {"state": "failed", **who, "error": f"{type(e).__name__}: {e}"[:500]})
+            raise
+        state.unlink(missing_ok=True)
         return len(summary["rows"])
 
     def tidy(self, stage: str, task: int) -> None:
@@ -302,6 +330,7 @@ class Planned:
                 items = self.share(total, task)
                 finished = complete or task_finished(self.work, stage, self.n_tasks, task)
                 done = len(items) if finished else sum(self.MARKERS[stage].format(i) in names for i in items)
-                tasks.append({"task": task, "items": len(items), "done": done})
+                tasks.append({"task": task, "items": len(items), "done": done,
+                              "state": None if finished else _task_state(self.work, stage, task)})  # fmt: skip
             stages[stage] = {"total": total, "done": sum(x["done"] for x in tasks), "tasks": tasks}
         return {"stages": stages}

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..format import METADATA_FILE, ShardInfo, SplitInfo, atomic_write_json, check_shard_files, load_metadata
 from ..format.files import dataset_files
 from ..prepare.execution.taskplan import work_dir
+from ..prepare.stops import stop_point
 from .retokenize import decoder
 from .rewrite import Planned, claim, read_head
 from .score import checked, link_file, score_shard, scoring, write_metadata
@@ -97,6 +98,7 @@ class ScoreTasks(Planned):
                         if not rel.endswith(".attr"):
                             link_file(self.meta.root / rel, build / rel)
                     atomic_write_json(marker, entry.to_json())
+                    stop_point("unit", u)
                 rows.append([split, json.loads(marker.read_text())])
         return {"rows": rows}
 

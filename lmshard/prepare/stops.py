@@ -17,9 +17,10 @@ The points:
 - `worker-item`: a worker tokenized its Nth work item (key: the item number in the first input),
   before sending the result back;
 - `unit`: a planned run's process (a local worker or `run-task`) wrote its Nth unit's results and
-  marker, before reporting it.
+  marker, before reporting it (a planned retokenize or score: its source shard numbered N);
 - `bucket`, `select`, `part`, `piece`: the same for a dedup group of buckets, a selected unit, a
-  written part of a shard or key file, a sealed shard or key file (keys: their numbers);
+  written part of a shard or key file, a sealed shard or key file (keys: their numbers; a planned
+  retokenize's written shard: its number in the layout);
 - `lines`, `linebucket` (--dedup-lines): the same for a unit whose lines were hashed, and a group
   of buckets of line keys resolved;
 - `swap`: the main process passed a step of the final swap (staging.commit). With the atomic
