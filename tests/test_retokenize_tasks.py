@@ -218,3 +218,34 @@ def test_a_task_stopped_by_sigterm_is_shown_stopped_and_run_again(tmp_path, sour
     for stage, task in (("encode", 0), ("encode", 1), ("write", 0), ("write", 1), ("finish", 0)):
         tasks.run(stage, task)
     assert _files(out) == one
+
+
+def test_the_local_executor_stopped_by_sigterm_dies_of_it_and_the_command_again_finishes(tmp_path, source, one,
+                                                                                          big):  # noqa: F811
+    """`retokenize --num-tasks 2` on the local pool with one worker runs its tasks in this
+    process: SIGTERM (a scheduler's) ends it as it ends any command, and the same command again
+    goes on from what is done."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "lmshard", "retokenize", str(source), "--tokenizer", str(big["file"]), "--out",
+           str(tmp_path / "re"), "--tokens-per-shard", "5000", "--num-tasks", "2", "--workers", "1"]  # fmt: skip
+    child = subprocess.Popen(cmd, cwd=tmp_path, env=os.environ | {"LMSHARD_STOP_AT": "unit=3!"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120  # a timeout, never a condition
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+            time.sleep(0.02)
+        child.send_signal(signal.SIGTERM)
+        child.send_signal(signal.SIGCONT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGTERM and "error" not in err, (child.returncode, err)
+    assert not (tmp_path / "re").exists() and not list((work_dir(tmp_path / "re") / "tasks").glob("*"))
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert _files(tmp_path / "re") == one

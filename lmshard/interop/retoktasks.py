@@ -207,7 +207,11 @@ class Tasks(Planned):
 
     def write(self, task: int) -> dict[str, Any]:
         if not (self.work / LAYOUT_FILE).exists():  # the task that completed the encode stage stopped before it
-            self.lay_out()
+            try:
+                self.lay_out()
+            except FileNotFoundError:  # a unit tidied away: another task laid it out and wrote its shards meanwhile
+                if not (self.work / LAYOUT_FILE).exists():
+                    raise
         mine = self.share(self.n_pieces(), task)
         table = self.pieces(mine)
         folder = self.work / "write"

@@ -233,8 +233,10 @@ class Planned:
     def out(self) -> Path:
         return self.work.parent / self.work.name.removeprefix(".").removesuffix(".lmshard-work")
 
-    def run(self, stage: str, task: int) -> int:
-        """Task `task` of `stage` (its items with a marker skipped); how many items it did."""
+    def run(self, stage: str, task: int, record: bool = True) -> int:
+        """Task `task` of `stage` (its items with a marker skipped); how many items it did.
+        `record`: its state kept for `status` while it runs (`_recorded`; not for the local pool's
+        tasks, which its own process stops and reports)."""
         if stage not in self.STAGES:
             raise ConfigError(f"--stage {stage}: a {self.head['kind']}'s stages are {', '.join(self.STAGES)}")
         if not 0 <= task < self.n_tasks:
@@ -253,8 +255,19 @@ class Planned:
             if not is_complete(self.work, stage) and task_done(self.work, stage, self.n_tasks, task, None, join_rows):
                 self.after(stage)
             self.tidy(stage, task)
+            (self.work / "tasks" / f"{stage}_{task:06d}.json").unlink(missing_ok=True)  # (a state left by a stop)
             return 0
-        return self._recorded(stage, task)
+        return self._recorded(stage, task) if record else self._share(stage, task)
+
+    def _share(self, stage: str, task: int) -> int:
+        """Task `task`'s items of `stage`, then its mark (folded into the stage's summary: the task
+        that completes it does `after`) and its tidying; how many items it did."""
+        (self.work / stage).mkdir(exist_ok=True)
+        summary = getattr(self, stage)(task)
+        if task_done(self.work, stage, self.n_tasks, task, summary, join_rows):
+            self.after(stage)
+        self.tidy(stage, task)
+        return len(summary["rows"])
 
     def _recorded(self, stage: str, task: int) -> int:
         """Task `task`'s share of `stage`, its state in `WORK/tasks/STAGE_NNNNNN.json` while it runs
@@ -269,11 +282,7 @@ class Planned:
         atomic_write_json(state, {"state": "running", **who, "started": time.time()})
         try:
             with sigterm_stops():
-                (self.work / stage).mkdir(exist_ok=True)
-                summary = getattr(self, stage)(task)
-                if task_done(self.work, stage, self.n_tasks, task, summary, join_rows):
-                    self.after(stage)
-                self.tidy(stage, task)
+                done = self._share(stage, task)
         except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: what it finished is kept
             signum = getattr(e, "signum", signal.SIGINT)
             atomic_write_json(state, {"state": "stopped", **who, "signal": signal.Signals(signum).name})
@@ -283,7 +292,7 @@ class Planned:
             atomic_write_json(state, {"state": "failed", **who, "error": f"{type(e).__name__}: {e}"[:500]})
             raise
         state.unlink(missing_ok=True)
-        return len(summary["rows"])
+        return done
 
     def tidy(self, stage: str, task: int) -> None:
         """What task `task`'s mark of `stage` makes redundant, removed by the task: its items'

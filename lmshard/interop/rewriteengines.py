@@ -53,7 +53,7 @@ def _load(out: str) -> None:
 
 
 def _task(work: tuple[str, int]) -> int:
-    return _held["tasks"].run(*work)
+    return _held["tasks"].run(*work, record=False)
 
 
 def run_local(out: str | os.PathLike[str], workers: int) -> Any:
@@ -68,7 +68,7 @@ def run_local(out: str | os.PathLike[str], workers: int) -> Any:
         items = [(stage, t) for t in range(tasks.n_tasks)]
         if n == 1:
             for item in items:
-                tasks.run(*item)
+                tasks.run(*item, record=False)
             continue
         pool: OrderedPool[Any, Any] = OrderedPool(n, _load, os.path.realpath(out), start=start_method())
         with pool:
