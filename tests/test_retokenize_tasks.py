@@ -190,27 +190,13 @@ def test_a_task_stopped_by_sigterm_is_shown_stopped_and_run_again(tmp_path, sour
     """`run-task` stopped at its second source shard (LMSHARD_STOP_AT) and sent SIGTERM, as a
     scheduler's time limit sends it: it exits 143, `status` shows it stopped by SIGTERM with the
     shard it finished, and the same command again finishes it; the one-process bytes."""
-    import signal
-    import subprocess
     import sys
-    from pathlib import Path
 
     out = tmp_path / "re"
     retoktasks.plan(source, out, 2, tokenizer=str(big["file"]), tokens_per_shard=5_000)
     cmd = [sys.executable, "-m", "lmshard", "run-task", "--stage", "encode", "--task", "0", str(out), "--workers", "1"]
-    child = subprocess.Popen(cmd, cwd=tmp_path, env=os.environ | {"LMSHARD_STOP_AT": "unit=1!"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120  # a timeout, never a condition
-        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-            assert time.monotonic() < deadline and child.poll() is None, child.communicate()
-            time.sleep(0.02)
-        child.send_signal(signal.SIGTERM)
-        child.send_signal(signal.SIGCONT)
-        _, err = child.communicate(timeout=120)
-    finally:
-        child.kill()
-    assert child.returncode == 143 and "stopped: encode task 0 stopped by SIGTERM" in err, err
+    returncode, err = _terminated_at(cmd, tmp_path, "unit=1!")
+    assert returncode == 143 and "stopped: encode task 0 stopped by SIGTERM" in err, err
     shown = CliRunner().invoke(app, ["status", str(out)])
     assert re.search(r"task 0: 2 of \d+ \(stopped on \S+ \(pid \d+\) by SIGTERM\); run: lmshard run-task --stage "
                      r"encode --task 0", " ".join(shown.output.split())), shown.output  # fmt: skip
@@ -228,12 +214,26 @@ def test_the_local_executor_stopped_by_sigterm_dies_of_it_and_the_command_again_
     import signal
     import subprocess
     import sys
-    from pathlib import Path
 
     cmd = [sys.executable, "-m", "lmshard", "retokenize", str(source), "--tokenizer", str(big["file"]), "--out",
            str(tmp_path / "re"), "--tokens-per-shard", "5000", "--num-tasks", "2", "--workers", "1"]  # fmt: skip
-    child = subprocess.Popen(cmd, cwd=tmp_path, env=os.environ | {"LMSHARD_STOP_AT": "unit=3!"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    returncode, err = _terminated_at(cmd, tmp_path, "unit=3!")
+    assert returncode == -signal.SIGTERM and "error" not in err, (returncode, err)
+    assert not (tmp_path / "re").exists() and not list((work_dir(tmp_path / "re") / "tasks").glob("*"))
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert _files(tmp_path / "re") == one
+
+
+def _terminated_at(cmd, cwd, stop_at):
+    """`cmd` run until it stops itself at `stop_at` (LMSHARD_STOP_AT), then sent SIGTERM and
+    woken, as a scheduler's time limit stops a task: its exit status and stderr."""
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    child = subprocess.Popen(cmd, cwd=cwd, env=os.environ | {"LMSHARD_STOP_AT": stop_at}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120  # a timeout, never a condition
         while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
@@ -244,8 +244,4 @@ def test_the_local_executor_stopped_by_sigterm_dies_of_it_and_the_command_again_
         _, err = child.communicate(timeout=120)
     finally:
         child.kill()
-    assert child.returncode == -signal.SIGTERM and "error" not in err, (child.returncode, err)
-    assert not (tmp_path / "re").exists() and not list((work_dir(tmp_path / "re") / "tasks").glob("*"))
-    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert _files(tmp_path / "re") == one
+    return child.returncode, err
