@@ -99,6 +99,7 @@ def main() -> None:
         t = Path(tmp)
         src = corpus(t / "corpus.jsonl", args.copies)
         kinds = ["reader", "staged", "planned"] + (["before"] if args.before else [])
+        reader_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)}  # (one reader: the stages never chosen)
         times: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
         for i in range(3):
             for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
@@ -106,7 +107,7 @@ def main() -> None:
                 extra = ["--num-tasks", "4"] if kind == "planned" else []
                 run_env = env | {"PYTHONPATH": str(args.before.resolve())} if kind == "before" else env
                 if kind == "reader":
-                    run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)}
+                    run_env = reader_env
                 sec, _, tree = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2",
                                                   *options, *extra], run_env)  # fmt: skip
                 times[kind].append((sec, tree))
@@ -114,14 +115,14 @@ def main() -> None:
         io = {}  # one more run of each, for its file I/O (no sampling thread reading /proc meanwhile)
         for kind in ("reader", "staged", "planned"):
             extra = ["--num-tasks", "4"] if kind == "planned" else []
-            run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)} if kind == "reader" else env
+            run_env = reader_env if kind == "reader" else env
             io[kind] = run_measuring_io([*LMSHARD, "prepare", str(src), "--out", str(t / f"io_{kind}"), "--workers", "2",
                                          *options, *extra], run_env)  # fmt: skip
             print(f"1. {kind} I/O: " + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in io[kind].items()
                                                  if "char" in k or "bytes" in k), flush=True)  # fmt: skip
         cpu = {}  # and one through a wrapper, for the CPU time of the main process against its workers'
         for kind in ("reader", "staged"):
-            run_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)} if kind == "reader" else env
+            run_env = reader_env if kind == "reader" else env
             _, cpu[kind] = run_measuring_cpu(["prepare", str(src), "--out", str(t / f"cpu_{kind}"), "--workers", "2",
                                               "--quiet", *options], run_env, t / f"cpu_{kind}.json")  # fmt: skip
             print(f"1. {kind} CPU: main process {cpu[kind]['main']:.2f} s, its workers {cpu[kind]['children']:.2f} s "

@@ -34,7 +34,7 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchlib import WRAPPER, compile_package, load, load_texts, machine, update_performance_md
+from benchlib import WRAPPER, compile_package, load, load_texts, machine, run_measuring_cpu, update_performance_md
 
 from lmshard.prepare.config import available_cpus  # the cores prepare's --workers 0 would use
 
@@ -110,12 +110,8 @@ def run_task(args: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one `lmshard run-task`; its peak RSS goes to PEAK."""
     usage = Path(tempfile.mktemp(suffix=".rusage.json"))
     os.sync()  # as on a node of its own: no other task's writes left to flush when this one fsyncs its own
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", WRAPPER, *args], check=True, env=env | {"RUSAGE_OUT": str(usage)},
-                   capture_output=True)  # fmt: skip
-    sec = time.perf_counter() - start
+    sec, used = run_measuring_cpu(args, env, usage)
     stage = args[args.index("--stage") + 1]
-    used = json.loads(usage.read_text())
     PEAK[stage] = max(PEAK.get(stage, 0.0), used["main_rss_mb"])
     usage.unlink()
     return sec, used["main"] + used["children"]

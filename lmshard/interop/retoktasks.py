@@ -53,13 +53,21 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..format import SPLITS, TOKEN_DTYPE, ShardInfo, atomic_write_json, check_shard_files, load_metadata
+from ..format import (
+    SPLITS,
+    TOKEN_DTYPE,
+    ShardInfo,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_shard_files,
+    load_metadata,
+)
 from ..prepare.execution.barrier import read_summary
 from ..prepare.execution.taskplan import work_dir
 from ..prepare.stops import stop_point
 from .convert import copy_checked
 from .retokenize import Setup, attribute_records, encoder, numbered_blocks, per_doc_records, setup, write_metadata
-from .rewrite import Planned, atomic_bytes, claim, read_head
+from .rewrite import Planned, claim, read_head
 
 LAYOUT_FILE = "layout.i64"  # a row per new shard: split, number, first unit, its first doc, last unit, end doc
 ROW_BYTES = 6 * 8
@@ -201,7 +209,7 @@ class Tasks(Planned):
                         d = docs
             if start is not None:
                 pieces.append([code, number, *start, mine[-1], rows[mine[-1]][1]])
-        atomic_bytes(self.work / LAYOUT_FILE, np.asarray(pieces, dtype="<i8").reshape(-1, 6).tobytes())
+        atomic_write_bytes(self.work / LAYOUT_FILE, np.asarray(pieces, dtype="<i8").reshape(-1, 6).tobytes())
 
     # -- write ---------------------------------------------------------------------------------
 
@@ -290,7 +298,7 @@ def _encode_unit(s: Setup, shard: ShardInfo, base: Path, encoded: Any) -> dict[s
         os.fsync(f.fileno())
     os.replace(tmp, f"{base}.tokens")
     joined = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
-    atomic_bytes(Path(f"{base}.lengths"), joined.tobytes())
+    atomic_write_bytes(Path(f"{base}.lengths"), joined.tobytes())
     if len(joined) != shard.n_docs:
         raise InputError(f"{s.meta.abspath(shard.path)}: {len(joined)} documents read, {shard.n_docs} in the metadata")
     return {"docs": len(joined), "tokens": int(joined.sum())}

@@ -18,7 +18,7 @@ an item writes under temporary names and its marker last, so a task killed anywh
 by running it again. A task folds its summary into the stage's (prepare's barrier.py); the next
 stage's tasks check that one file. A task then removes what its mark makes redundant (`tidy`:
 its items' markers; a retokenize's write task, the encoded units only its shards read), so the
-finish is left a few files per task, not per shard. Temporary files are named by the process that writes them
+finish is left a few files per task, not per shard. Temporary files have names of their own
 (two tasks may write the same work file at once: the same bytes). The finish (once) removes the
 build's temporary files (a killed writer's), writes the metadata into `build/`, swaps it into
 `--out` (an old one renamed aside first, removed last) and removes the work folder but for the
@@ -34,10 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import signal
-import socket
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,9 +41,10 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ConfigError, InputError
-from ..format import METADATA_FILE, DatasetMeta, ShardInfo, atomic_write_json, parse_metadata
+from ..format import METADATA_FILE, DatasetMeta, ShardInfo, atomic_write_bytes, atomic_write_json, parse_metadata
 from ..format.attributes import row_dtype
 from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
+from ..prepare.execution.finish import remove_work as remove_run_work
 from ..prepare.execution.stages import _task_state
 from ..prepare.execution.taskplan import work_dir
 from .output import _check_out, _swap_in
@@ -73,19 +70,10 @@ def swapped(out: str | os.PathLike[str]) -> bool:
 
 
 def remove_work(work: Path) -> None:
-    """A finished rewrite's work folder removed, but for the Slurm jobs' logs (`slurm/`), which
-    stay for the user to read; the source's head and then the plan's head last, so a removal
-    stopped midway is finished by running the finish (or the command) again."""
-    last = (SOURCE_FILE, HEAD_FILE)
-    for entry in work.iterdir() if work.is_dir() else ():
-        if entry.is_dir() and entry.name != "slurm":
-            shutil.rmtree(entry, ignore_errors=True)
-        elif entry.name not in last and entry.is_file():
-            entry.unlink(missing_ok=True)
-    for name in last:
-        (work / name).unlink(missing_ok=True)
-    if work.is_dir() and not any(work.iterdir()):
-        work.rmdir()
+    """A finished rewrite's work folder removed (prepare's `remove_work`: the Slurm jobs' logs
+    stay), the source's head and then the plan's head last, so a removal stopped midway is
+    finished by running the finish (or the command) again."""
+    remove_run_work(work, (SOURCE_FILE, HEAD_FILE))
 
 
 def claim(work: Path, head: dict[str, Any], meta: DatasetMeta, units: list[tuple[str, int, ShardInfo]],
@@ -165,8 +153,8 @@ def write_table(base: Path, rows: list[dict[str, Any]]) -> None:
     lines = [json.dumps(row, separators=(",", ":")).encode() + b"\n" for row in rows]
     offsets = np.zeros(len(lines) + 1, dtype="<u8")
     np.cumsum([len(line) for line in lines], out=offsets[1:])
-    atomic_bytes(base.with_suffix(".jsonl"), b"".join(lines))
-    atomic_bytes(base.with_suffix(".off"), offsets.tobytes())
+    atomic_write_bytes(base.with_suffix(".jsonl"), b"".join(lines))
+    atomic_write_bytes(base.with_suffix(".off"), offsets.tobytes())
 
 
 def read_rows(base: Path, rows: range) -> list[Any]:
@@ -178,17 +166,6 @@ def read_rows(base: Path, rows: range) -> list[Any]:
         f.seek(int(offsets[0]))
         data = f.read(int(offsets[-1] - offsets[0]))
     return [json.loads(line) for line in data.splitlines()]
-
-
-def atomic_bytes(path: Path, data: bytes) -> None:
-    """`data` written to `path` whole or not at all: a temporary file (named by the process: two
-    tasks may write the same file at once, with the same bytes), fsynced, renamed."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def join_rows(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -270,29 +247,15 @@ class Planned:
         return len(summary["rows"])
 
     def _recorded(self, stage: str, task: int) -> int:
-        """Task `task`'s share of `stage`, its state in `WORK/tasks/STAGE_NNNNNN.json` while it runs
-        (running; stopped by a signal; failed, with the error) for `status`, as a planned
-        prepare's task records it (stages.run_task); removed once it is done."""
-        from ..prepare.execution.stages import TaskStopped
-        from ..prepare.output.build import sigterm_stops
+        """Task `task`'s share of `stage`, its state recorded for `status` as a planned prepare's
+        task records it (stages.recorded)."""
+        from ..prepare.execution.stages import recorded
 
-        state = self.work / "tasks" / f"{stage}_{task:06d}.json"
-        state.parent.mkdir(exist_ok=True)
-        who = {"host": socket.gethostname(), "pid": os.getpid()}
-        atomic_write_json(state, {"state": "running", **who, "started": time.time()})
-        try:
-            with sigterm_stops():
-                done = self._share(stage, task)
-        except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: what it finished is kept
-            signum = getattr(e, "signum", signal.SIGINT)
-            atomic_write_json(state, {"state": "stopped", **who, "signal": signal.Signals(signum).name})
-            raise TaskStopped(f"{stage} task {task} stopped by {signal.Signals(signum).name}; what it finished is "
-                              "kept: run it again to finish it", signum) from None  # fmt: skip
-        except BaseException as e:
-            atomic_write_json(state, {"state": "failed", **who, "error": f"{type(e).__name__}: {e}"[:500]})
-            raise
-        state.unlink(missing_ok=True)
-        return done
+        def stopped(name: str) -> str:
+            return f"{stage} task {task} stopped by {name}; what it finished is kept: run it again to finish it"
+
+        with recorded(self.work, stage, task, stopped):
+            return self._share(stage, task)
 
     def tidy(self, stage: str, task: int) -> None:
         """What task `task`'s mark of `stage` makes redundant, removed by the task: its items'

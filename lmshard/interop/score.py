@@ -171,9 +171,8 @@ def link_file(src: Path, dst: Path) -> None:
     left there is replaced."""
     from ..prepare.output.staging import link_or_copy
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
     dst.unlink(missing_ok=True)
-    link_or_copy(src, dst)
+    link_or_copy(src, dst)  # (its folder made where missing)
 
 
 _here: dict[str, Any] = {}  # the tokenizer and scorers of the process that scores (`_start`)

@@ -32,6 +32,12 @@ _C1_BYTES = re.compile(rb"\xc2[\x80-\x9f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def has_surrogate(text: str) -> bool:
+    """Whether `text` holds a surrogate code point: a byte that was not UTF-8, read with
+    errors='surrogateescape', or a lone surrogate's JSON escape (neither is valid Unicode text)."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
 @dataclass(frozen=True, kw_only=True)
 class CleanConfig:
     normalize: str = "nfc"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from ...errors import InputError
+from .clean import has_surrogate
 from .decompress import DamagedInput
 from .files import (
     Source,
@@ -123,6 +124,7 @@ def parse_jsonl(payload: bytes, first: int, text_field: str, replace: bool = Fal
         yield from _parse_lines(_decode_lines(payload, first, replace), text_field)
         return
     loads, refused = fast
+    domain = getattr(text_field, "domain", None)
     for k, raw in enumerate(payload.split(b"\n")):
         try:
             obj = loads(raw)
@@ -130,7 +132,6 @@ def parse_jsonl(payload: bytes, first: int, text_field: str, replace: bool = Fal
             yield from _parse_lines(_decode_lines(raw, first + k, replace), text_field)
             continue
         record = _field(obj, first + k, text_field)
-        domain = getattr(text_field, "domain", None)
         # As the standard parser reads it: a record with a problem, or a float domain (orjson makes huge ints floats)
         if record.problem is not None or (domain is not None and isinstance(domain_value(obj, domain), float)):
             record = next(_parse_lines(_decode_lines(raw, first + k, replace), text_field))
@@ -226,7 +227,7 @@ def with_domain(record: Record, obj: Any, fields: str) -> Record:
     if value is _MISSING:
         return bad(record.number, "missing_domain", f"no field '{name}' (--val-by {name})")
     if isinstance(value, str):
-        if _SURROGATE.search(value) is not None:  # (bytes that are not UTF-8, or a lone surrogate's escape)
+        if has_surrogate(value):
             return bad(record.number, "wrong_domain", f"field '{name}' (--val-by) is not valid UTF-8 text")
         return record._replace(domain=value)
     if isinstance(value, bool | int | float):
@@ -246,7 +247,6 @@ def domain_value(obj: Any, name: str) -> Any:
 
 
 _MISSING = object()
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def typed_text(number: int, value: Any, text_field: str) -> Record:

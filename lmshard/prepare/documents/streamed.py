@@ -55,6 +55,8 @@ def _csv_record(row: dict[str, Any], number: int, text_field: str) -> Record:
         return bad(number, "missing_field", f"no field '{text_field}' in this row")
     if _undecodable(text):
         return bad(number, "decode_error", f"line {number} is not valid UTF-8")
+    if getattr(text_field, "domain", None) is None:  # (no --val-by FIELD: the row's other fields are not read)
+        return Record(number, text)
     return with_domain(Record(number, text), {k: v for k, v in row.items() if v is not None}, text_field)
 
 

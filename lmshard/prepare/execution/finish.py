@@ -100,16 +100,19 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     return meta
 
 
-def remove_work(work: Path) -> None:
+def remove_work(work: Path, last: tuple[str, ...] = ()) -> None:
     """Remove a finished run's work folder, but for the Slurm jobs' logs (`slurm/`), which stay
-    for the user to read (delete them with the folder when done)."""
+    for the user to read (delete them with the folder when done); the files `last` after the
+    rest, in that order (what a removal stopped midway needs to be run again)."""
     for entry in work.iterdir() if work.is_dir() else ():
-        if entry.name == "slurm":
+        if entry.name == "slurm" or entry.name in last:
             continue
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+    for name in last:
+        (work / name).unlink(missing_ok=True)
     if work.is_dir() and not any(work.iterdir()):
         work.rmdir()
 

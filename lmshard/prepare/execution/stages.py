@@ -35,12 +35,13 @@ the select summary (6 integers per unit); status holds one entry per task and st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,31 +166,41 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
         raise ConfigError(f"--stage {stage}: this run's stages are {', '.join(run.stages)}")
     run.ready(stage)
     items = run.items(stage, task)
-    state = run.work / "tasks" / f"{stage}_{task:06d}.json"
+    def stopped(name: str) -> str:
+        finished = len(items) - len(run.missing(stage, items))
+        return (f"{stage} task {task} stopped by {name} with {finished} of {len(items)} done; they are kept: run "
+                "the same command again to finish it")  # fmt: skip
+
+    with recorded(run.work, stage, task, stopped):
+        return _share(run, stage, task, items)
+
+
+@contextlib.contextmanager
+def recorded(work: Path, stage: str, task: int, stopped: Callable[[str], str]) -> Iterator[None]:
+    """Task `task` of `stage` run in the block, its state in `WORK/tasks/STAGE_NNNNNN.json` for
+    `status`: its host, pid and start while it runs; stopped by a signal (SIGTERM: scancel, a time
+    limit; Ctrl-C), raised as TaskStopped with the message `stopped(signal name)` gives; failed,
+    with the error; removed once the block is done. Any task of a planned run: a prepare's
+    (`run_task`), a retokenize's or a score's (interop/rewrite.py)."""
+    state = work / "tasks" / f"{stage}_{task:06d}.json"
     state.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(state, {"state": "running", "host": socket.gethostname(), "pid": os.getpid(),
-                              "started": time.time()})  # fmt: skip
-    done = 0
+    who = {"host": socket.gethostname(), "pid": os.getpid()}
+    atomic_write_json(state, {"state": "running", **who, "started": time.time()})
     try:
         with sigterm_stops():
-            done = _share(run, stage, task, items)
-    except KeyboardInterrupt as e:  # SIGTERM (scancel, a time limit) or Ctrl-C: recorded as stopped, not running
-        name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
-        atomic_write_json(state, {"state": "stopped", "host": socket.gethostname(), "pid": os.getpid(),
-                                  "signal": name})  # fmt: skip
-        finished = len(items) - len(run.missing(stage, items))
-        raise TaskStopped(f"{stage} task {task} stopped by {name} with {finished} of {len(items)} done; they are "
-                          "kept: run the same command again to finish it",
-                          getattr(e, "signum", signal.SIGINT)) from None  # fmt: skip
+            yield
+    except KeyboardInterrupt as e:  # recorded as stopped, not running: nothing wrong with the task itself
+        signum = getattr(e, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
+        atomic_write_json(state, {"state": "stopped", **who, "signal": name})
+        raise TaskStopped(stopped(name), signum) from None
     except BaseException as e:
         if isinstance(e, InputGone):  # a task goes on from its markers when run again (a prepare: with --resume)
             e = InputGone(str(e).replace("run the same command with --resume", "run this task again (a whole "
                                          "run: the same prepare with --resume)"))  # fmt: skip
-        atomic_write_json(state, {"state": "failed", "host": socket.gethostname(), "pid": os.getpid(),
-                                  "error": f"{type(e).__name__}: {e}"[:500]})  # fmt: skip
+        atomic_write_json(state, {"state": "failed", **who, "error": f"{type(e).__name__}: {e}"[:500]})
         raise e from None
     state.unlink(missing_ok=True)
-    return done
 
 
 def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:

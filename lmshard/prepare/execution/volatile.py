@@ -81,9 +81,9 @@ def sync(fd: int) -> None:
         os.fsync(fd)
 
 
-def write_bytes(path: Path, data: bytes, private: bool = False) -> None:
+def write_bytes(path: Path, data: bytes) -> None:
     """A work file written atomically (format's `atomic_write_bytes`), synced by `sync`."""
-    atomic_write_bytes(path, data, private, sync)
+    atomic_write_bytes(path, data, sync=sync)
 
 
 def write_json(path: Path, obj: Any) -> None:
