@@ -319,12 +319,16 @@ def test_text_mode_file_drops_an_oversize_file_and_names_it(tmp_path):
     assert f"first too_long: {big}:1: over 4,000 bytes" in output
 
 
-def test_stdin_text_is_paragraphs_by_default_and_file_mode_is_refused(tmp_path, reference):
+@pytest.mark.parametrize("planned", [[], ["--num-tasks", "2"]])
+def test_stdin_text_is_paragraphs_by_default_and_file_mode_is_refused(tmp_path, reference, planned):
+    """Read as it comes or saved first by a planned run, stdin is never one document."""
     text = "first paragraph\nstill first\n\nsecond paragraph\n"
     result = runner.invoke(app, ["prepare", "-", "--format", "text", "--out", str(tmp_path / "o"),
-                                 "--val-fraction", "0", "--workers", "1"], input=text)  # fmt: skip
+                                 "--val-fraction", "0", "--workers", "1", *planned], input=text)  # fmt: skip
     assert result.exit_code == EXIT_OK, result.output
     assert kept(tmp_path / "o") == encoded(reference, ["first paragraph\nstill first", "second paragraph"])
+    meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
+    assert not meta["sources"][0].get("split_into_paragraphs"), meta["sources"]
     result = runner.invoke(app, ["prepare", "-", "--format", "text", "--text-mode", "file",
                                  "--out", str(tmp_path / "p")], input=text)  # fmt: skip
     assert result.exit_code == EXIT_ERROR and "--text-mode paragraph or line" in result.output

@@ -61,6 +61,12 @@ class Source:
     # read from that file like any other, named `path` ('-') in every message, record and total.
     spool: str = ""
 
+    @property
+    def piped(self) -> bool:
+        """stdin or a pipe, read as it comes or from the file a planned run saved it to: its text
+        is never one document whatever its size (--text-mode auto splits it into paragraphs)."""
+        return self.stream or bool(self.spool)
+
 
 def detect(path: str, fmt_override: str | None = None) -> Source:
     """Work out format and compression from the file name (`name.jsonl.gz` etc.)."""

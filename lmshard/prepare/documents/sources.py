@@ -153,7 +153,7 @@ def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str =
 def _whole_file(src: Source, text_mode: str, max_chars: int) -> bool:
     """Whether a source is read as one document: a text file in file mode, or in auto mode when
     it holds at most `max_chars` bytes (so at most that many characters). stdin or a pipe never is."""
-    if src.fmt != "text" or src.stream:
+    if src.fmt != "text" or src.piped:
         return False
     return text_mode == "file" or (text_mode == "auto" and fits(src, max_chars))
 
@@ -175,7 +175,7 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) 
         yield from _batch_records(i, src, iter_json_array(src, text_field))
     elif src.fmt == "json" and (spread := spread_value(src)) is not None:  # neither an array nor JSON lines
         yield WorkItem(i, 0, "records", payload=[spread], nbytes=src.size)
-    elif src.fmt == "text" and text_mode == "auto" and not src.stream:
+    elif src.fmt == "text" and text_mode == "auto" and not src.piped:
         items = _plan_lines(i, src, paragraph=True)
         first = next(items, None)
         if first is not None:

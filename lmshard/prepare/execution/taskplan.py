@@ -177,7 +177,7 @@ def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -
         return whole
     if src.fmt == "json" and first_byte(src) == b"[":  # a JSON array: parsed as a whole
         return whole
-    if src.fmt == "text" and (text_mode == "file" or (text_mode == "auto" and src.size <= max_chars)):
+    if src.fmt == "text" and (text_mode == "file" or (text_mode == "auto" and src.size <= max_chars and not src.piped)):
         return whole  # one document
     with open_raw(src) as f:
         if binary_record(f.read(BLOCK_BYTES)) is not None:  # one "binary_file" record, as prepare reads it
@@ -214,7 +214,7 @@ def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str,
         items = _plan_lines(i, src, paragraph, (unit.start, unit.end, unit.first_line))
         first = next(items, None)
         if first is not None:  # --text-mode auto counts a file it splits into paragraphs once
-            auto = unit.start == 0 and src.fmt == "text" and text_mode == "auto"
+            auto = unit.start == 0 and src.fmt == "text" and text_mode == "auto" and not src.piped
             yield replace(first, split_file=auto and first.kind == "lines")
             yield from items
     else:
