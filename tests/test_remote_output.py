@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,6 +256,38 @@ def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items)
     prepare(config(url, inputs, tokens_per_shard=3000))
     assert seen["sent"] and "dataset_metadata.json" not in seen["objects"]
     assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
+
+
+def test_shards_go_up_while_a_planned_build_writes(s3, inputs, monkeypatch):
+    """A planned run (every stage here, one worker): once its write stage has sealed a few
+    shards, the watcher's pass (called here at that exact point) uploads them, before the
+    dataset is committed; the dataset equals a local one."""
+    from lmshard.prepare.execution import owners
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    seen: dict[str, object] = {}
+    real_watch, real_stop = publish.Publisher.watch, owners.stop_point
+
+    def watch(self):
+        seen["publisher"] = self
+        return real_watch(self)
+
+    def at_piece(point, key=None):
+        real_stop(point, key)
+        seen[point] = seen.get(point, 0) + 1
+        if point == "piece" and seen[point] == 4:
+            seen["sent"] = seen["publisher"].upload_finished()
+            seen["objects"] = set(remote_tree(server, url))
+
+    monkeypatch.setattr(publish.Publisher, "watch", watch)
+    monkeypatch.setattr(owners, "stop_point", at_piece)
+    prepare(config(url, inputs, tokens_per_shard=3000, num_tasks=3))
+    assert seen["piece"] > 4 and seen["sent"] and "dataset_metadata.json" not in seen["objects"]
+    assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
+    monkeypatch.undo()
+    prepare(config(str(Path(inputs).parent / "local"), inputs, tokens_per_shard=3000))
+    assert remote_tree(server, url) == comparable(local_tree(Path(inputs).parent / "local"))
 
 
 def die_in_uploads(monkeypatch, url, src, after: int, **options) -> list[str]:

@@ -91,8 +91,10 @@ def test_every_executor_trains_the_same_dictionary_and_writes_the_same_bytes(tmp
         assert np.array_equal(_tokens(one, split), _tokens(truth, split))
 
 
-def test_a_version_2_dataset_reads_and_is_extended_as_it_is(tmp_path, corpus, monkeypatch):
-    """What lmshard wrote before dictionaries: 1,024-token frames at level 3, no dictionary."""
+@pytest.mark.parametrize("num_tasks", [None, 2])
+def test_a_version_2_dataset_reads_and_is_extended_as_it_is(tmp_path, corpus, monkeypatch, num_tasks):
+    """What lmshard wrote before dictionaries: 1,024-token frames at level 3, no dictionary;
+    extended in one process and by a planned run alike."""
     import lmshard.format.encoding as encoding_module
     import lmshard.prepare.output.dictfile as dictfile
 
@@ -100,13 +102,13 @@ def test_a_version_2_dataset_reads_and_is_extended_as_it_is(tmp_path, corpus, mo
         m.setattr(encoding_module, "ZSTD_BLOCK_TOKENS", 1024)
         m.setattr(encoding_module, "ZSTD_LEVEL", 3)
         m.setattr(dictfile, "train", lambda tokens, encoding: None)
-        old = _prepare(tmp_path / "old", corpus[:2])
+        old = _prepare(tmp_path / "old", corpus[:2], workers=1)  # (in this process: the patches hold)
     raw = _raw(old)
     assert raw["format_version"] == 2 and "dictionary" not in raw["encoding"]
     assert raw["encoding"]["block_tokens"] == 1024
     truth = _prepare(tmp_path / "truth", corpus, None)
     prepare(PrepareConfig(inputs=[str(corpus[2])], out=str(old), append=True, workers=2, val_fraction=0.1,
-                          tokens_per_shard=40_000, quiet=True))  # fmt: skip
+                          tokens_per_shard=40_000, quiet=True, num_tasks=num_tasks))  # fmt: skip
     assert _raw(old)["encoding"] == raw["encoding"] and _raw(old)["format_version"] == 2
     for split in ("train", "val"):
         assert np.array_equal(_tokens(old, split), _tokens(truth, split))
