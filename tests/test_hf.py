@@ -193,10 +193,43 @@ def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks, 
     assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
 
 
-def test_a_planned_run_reads_a_saved_dataset_only(local, tmp_path):
-    """A parquet directory or hub id is a stream: --num-tasks refuses it in one line, naming the fix."""
+@pytest.mark.parametrize("n_tasks", [1, 2, 5])
+def test_a_stream_as_planned_tasks_is_cut_into_its_shards_and_equals_one_process(tmp_path, n_tasks):
+    """`--hf DIR --num-tasks N` of a directory of data files (streamed as a hub id is): a unit
+    per shard (data file), each numbered from its own start until the finish, and the dataset
+    equals a one-process prepare of the stream, byte for byte: duplicates across shards, a null
+    text in a later shard named at its record in the stream, provenance, the metadata."""
+    from test_stages import _files
+
+    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution.stages import STAGES, run_task
+    from lmshard.prepare.execution.taskplan import load_plan, work_dir
+
+    texts = make_texts(400, seed=9)
+    files = [texts[:120], texts[120:200] + texts[:30], [*texts[200:260], None, *texts[260:330]], texts[330:]]
+    (tmp_path / "pq" / "data").mkdir(parents=True)
+    for k, column in enumerate(files):
+        path = tmp_path / "pq" / "data" / f"train-{k:05d}-of-{len(files):05d}.parquet"
+        datasets.Dataset.from_dict({"text": column}).to_parquet(str(path))
+    opts = dict(hf=str(tmp_path / "pq"), workers=1, val_fraction=0.1, tokens_per_shard=5_000, on_error="skip")
+    one = prepare(PrepareConfig(out=str(tmp_path / "one"), **opts))
+    assert one.drops["duplicate"] == 30 and one.drops["wrong_type"] == 1
+    assert ":291:" in one.drop_examples["wrong_type"]  # (120 + 110 + 61: the record in the stream)
+    config = PrepareConfig(out=str(tmp_path / "tasks"), **opts)
+    local_exec.claim(config, n_tasks)
+    plan = load_plan(work_dir(config.out))
+    assert [u[1:4] for u in plan["units"]] == [["shard", k, len(files)] for k in range(len(files))]
+    for stage in STAGES[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task)
+    run_task(config, n_tasks, "finish", 0)
+    assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
+
+
+def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
+    """--hf-tasks (separate datasets) and --num-tasks (one dataset) are refused together in one line."""
     result = runner.invoke(app, ["prepare", "--hf", str(local / "pq"), "--out", str(tmp_path / "o"), "--num-tasks",
-                                 "2", "--workers", "1"])  # fmt: skip
+                                 "2", "--hf-tasks", "2", "--hf-task", "0", "--workers", "1"])  # fmt: skip
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
-    assert "a scale-out run reads a saved dataset (save_to_disk) by its rows" in result.output
+    assert "--hf-tasks splits a stream into separate datasets; a planned run" in " ".join(result.output.split())
     assert not (tmp_path / "o").exists()

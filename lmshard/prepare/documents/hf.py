@@ -8,6 +8,10 @@ falls back to example-level splitting when the stream has fewer shards than task
 one-file dataset), where `IterableDataset.shard()` fails (datatrove#308). `trust_remote_code`
 is never passed.
 
+A planned run (`--num-tasks`) reads a saved split by its rows (`row_records`), and a stream (a
+hub id, a directory of data files) by its shards, one unit each (`stream_shards`,
+`shard_records`): the stream's data files, whose records in shard order are the stream's.
+
 Memory model: streaming reads one record batch at a time; `save_to_disk` datasets are
 memory-mapped arrow. Nothing holds the dataset.
 """
@@ -257,6 +261,37 @@ def row_records(spec: HFSpec, start: int, end: int) -> Iterator[Record]:
                          "again")  # fmt: skip
     rows = data.select(range(start, end))
     yield from example_records(iter(rows), spec.text_field, f"a data file of --hf {spec.dataset}", start)
+
+
+_STREAMS: dict[HFSpec, Any] = {}  # a stream, opened once per process (its data files resolved once)
+
+
+def _stream(spec: HFSpec) -> Any:
+    spec = replace(spec, streaming=True)  # (a planned run streams whatever --streaming says: the same records)
+    if spec not in _STREAMS:
+        _STREAMS.clear()
+        _STREAMS[spec] = open_stream(spec)
+    return _STREAMS[spec]
+
+
+def stream_shards(spec: HFSpec) -> int:
+    """How many shards (data files) the stream of a hub id or a directory of data files has,
+    for a planned run's units."""
+    if spec.tasks > 1:
+        raise ConfigError(f"--hf {spec.dataset}: --hf-tasks splits a stream into separate datasets; a planned run "
+                          "(--num-tasks) splits it by its shards into one dataset: pass one or the other")  # fmt: skip
+    return int(_stream(spec).n_shards)
+
+
+def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0) -> Iterator[Record]:
+    """The records of shard `index` of the stream's `n_shards` (as planned), numbered from
+    `start` + 1; a stream that has another number of shards now is refused in one line."""
+    data = _stream(spec)
+    if data.n_shards != n_shards:
+        raise InputError(f"--hf {spec.dataset}: has {data.n_shards:,} data files, not the {n_shards:,} of when "
+                         "the run was planned; delete the run's work folder and plan again (or pin its --revision)")
+    shard = data.shard(num_shards=n_shards, index=index, contiguous=True)
+    yield from example_records(iter(shard), spec.text_field, f"a data file of --hf {spec.dataset}", start)
 
 
 def example_records(examples: Iterator[dict[str, Any]], field: str, where: str, start: int = 0) -> Iterator[Record]:

@@ -162,17 +162,17 @@ def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) 
     if src.fmt == "hf":
         from .hf import hf_records
 
-        yield from _batch_records(i, src, hf_records(hf))
+        yield from batch_records(i, src, hf_records(hf))
     elif src.fmt == "parquet":
         yield from _plan_parquet(i, src)
     elif src.fmt == "arrow" and src.url:  # read once, here: an IPC stream is only read in order
-        yield from _batch_records(i, src, arrow_records(src, text_field))
+        yield from batch_records(i, src, arrow_records(src, text_field))
     elif src.fmt == "arrow":
         yield from _plan_arrow(i, src)
     elif src.fmt == "csv":
-        yield from _batch_records(i, src, iter_csv(src, text_field))
+        yield from batch_records(i, src, iter_csv(src, text_field))
     elif src.fmt == "json" and (src.stream or first_byte(src) == b"["):  # a stream cannot be sniffed, then read
-        yield from _batch_records(i, src, iter_json_array(src, text_field))
+        yield from batch_records(i, src, iter_json_array(src, text_field))
     elif src.fmt == "json" and (spread := spread_value(src)) is not None:  # neither an array nor JSON lines
         yield WorkItem(i, 0, "records", payload=[spread], nbytes=src.size)
     elif src.fmt == "text" and text_mode == "auto" and not src.piped:
@@ -284,7 +284,7 @@ def _last_boundary(data: bytes, paragraph: bool) -> int:
     return cut + 1 if cut >= 0 else -1
 
 
-def _batch_records(i: int, src: Source, records: Iterator[Record]) -> Iterator[WorkItem]:
+def batch_records(i: int, src: Source, records: Iterator[Record]) -> Iterator[WorkItem]:
     """Group records, bad ones included, into items of RECORDS_PER_ITEM."""
     batch: list[Record] = []
     seq = 0

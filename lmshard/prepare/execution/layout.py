@@ -46,6 +46,7 @@ from ..output.build import KEYS_PER_FILE, Totals, account
 from ..stops import stop_point
 from . import valby, volatile
 from .layoutfiles import LAYOUT_FILE, Layout, write_layout
+from .linenumbers import RELATIVE
 from .nearstage import unit_near
 from .plantables import TaskTable
 from .unitfiles import read_section, read_sections, unit_marker
@@ -266,7 +267,7 @@ def record_offsets(units: Sequence[Any], newlines: list[int]) -> list[int]:
     for u, unit in enumerate(units):
         if unit[0] != last:
             line, last = 1, unit[0]
-        out.append(line - 1 if unit[1] == "range" else 0)
+        out.append(line - 1 if unit[1] in RELATIVE else 0)
         line += newlines[u]
     return out
 

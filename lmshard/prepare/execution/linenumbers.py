@@ -16,6 +16,11 @@ all of it (m/2 times the input over the run). Instead a range is numbered from w
   newlines before it then (reading outside its units only on the way to a failure), and is
   read again with that first line, so the message is the one a one-process run gives.
 
+A Hugging Face stream's shard (a unit of a stream, taskplan.py) is numbered the same way, its
+records standing for lines: the first shard's first record is 1, another's is known from the
+previous shard's marker or else counted from its own start, and its marker records how many
+records it held.
+
 Memory model: nothing beyond the per-unit newline counts of the select summary (one integer per
 unit).
 """
@@ -30,17 +35,18 @@ from typing import Any
 from ..documents.sources import Source
 
 _TAG = "\x00"  # starts an example numbered relative to its unit's start: TAG unit TAG message
+RELATIVE = ("range", "shard")  # the kinds of unit numbered from their own start until the finish
 
 
 def known_first_line(tokenized: Path, plan: dict[str, Any], u: int) -> int | None:
-    """The number of range unit u's first line when it is known without reading the file: 1
-    for the file's first range, else from the previous range's marker when that range is done;
-    None when it is not known yet."""
+    """The number of range unit u's first line (shard unit u's first record) when it is known
+    without reading the file: 1 for the file's first range (the stream's first shard), else from
+    the previous unit's marker when that unit is done; None when it is not known yet."""
     units = plan["units"]
     if units[u][2] == 0:
         return 1
     v = u - 1
-    if v < 0 or units[v][0] != units[u][0] or units[v][1] != "range":
+    if v < 0 or units[v][0] != units[u][0] or units[v][1] != units[u][1]:
         return None
     try:
         return int(json.loads((tokenized / f"unit_{v:06d}.done").read_text())["next_line"])
@@ -69,8 +75,8 @@ def absolute(examples: dict[str, str], plan: dict[str, Any], sources: list[Sourc
 
 def record_number(plan: dict[str, Any], u: int, number: int, newlines: list[int]) -> int:
     """The number in its file of unit u's record `number` (counted from the unit's start for a
-    byte range; a whole file's or a row group's are the file's already)."""
-    if plan["units"][u][1] != "range":
+    byte range or a stream's shard; a whole file's or a row group's are the file's already)."""
+    if plan["units"][u][1] not in RELATIVE:
         return number
     return _first_line(plan, u, newlines) + number - 1
 

@@ -40,7 +40,7 @@ from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.build import Totals, account
 from . import volatile
 from .layout import add_totals, unit_arrays
-from .linenumbers import tag
+from .linenumbers import RELATIVE, tag
 from .taskplan import unit_items
 from .unitfiles import load_unit
 
@@ -99,10 +99,11 @@ def _recount(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Work
     with its documents' fates as the select stage accounts them."""
     unit = load_unit(plan, u)
     arrays = unit_arrays(work / "tokenize", u)
-    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars)
+    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars,
+                       wcfg.hf)  # fmt: skip
     if line_masks is not None:
         items = (replace(item, line_keep=keep) for item, keep in zip(items, line_masks(u)[0], strict=True))
-    numbered = unit.kind != "range" or unit.start == 0  # else numbered from the unit's start, as when tokenized
+    numbered = unit.kind not in RELATIVE or unit.start == 0  # else numbered from the unit's start, as when tokenized
     totals, at = Totals(), 0
     for item in items:
         r = run_item(item, wcfg, None, sign=False, stop_after=docs - at)

@@ -117,10 +117,9 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
 
 def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.hf and (config.hf_tasks > 1 or config.hf_spec().kind() != "saved"):
-        raise ConfigError(f"--hf {config.hf}: a scale-out run reads a saved dataset (save_to_disk) by its rows, not "
-                          "a stream; save it first (or pass its data files as inputs), or run without "
-                          "--num-tasks")  # fmt: skip
+    if config.hf and config.hf_tasks > 1:
+        raise ConfigError(f"--hf {config.hf}: --hf-tasks splits a stream into separate datasets; a planned run "
+                          "(--num-tasks) splits it by its shards into one dataset: pass one or the other")  # fmt: skip
 
 
 def previous_of(out: str) -> dict[str, Any]:

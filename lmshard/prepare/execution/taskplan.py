@@ -46,8 +46,9 @@ from ...format import atomic_write_json
 from ...remote.urls import has_credentials
 from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
+from ..documents.hf import saved_rows, shard_records, stream_shards
 from ..documents.records import binary_record
-from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, plan
+from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, batch_records, plan
 from ..output.claim import difference
 from .plantables import (
     SOURCES,
@@ -72,10 +73,11 @@ _LINE_FORMATS = ("jsonl", "text")
 
 @dataclass(frozen=True)
 class Unit:
-    """Part of one source: the whole file, the bytes [start, end), or parquet row group `start`."""
+    """Part of one source: the whole file, the bytes [start, end), parquet row group `start`, a
+    saved Hugging Face split's rows [start, end), or shard `start` of a stream's `end` shards."""
 
     source: int
-    kind: str  # file | range | row_group
+    kind: str  # file | range | row_group | rows | shard
     start: int
     end: int
     nbytes: int  # input bytes it accounts for, for balancing
@@ -137,7 +139,8 @@ def largest_whole(sources: list[Source]) -> int:
 def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES,
               hf: Any = None, n_tasks: int = 1) -> list[Unit]:  # fmt: skip
     """Every source as units, in input order (see the module docstring). `hf`: the HFSpec of a
-    saved Hugging Face split, cut into ranges of rows (sized to `n_tasks`)."""
+    Hugging Face source: a saved split cut into ranges of rows (sized to `n_tasks`), a stream
+    into its shards."""
     if unit_bytes < _WINDOW:
         raise ConfigError(f"unit_bytes={unit_bytes} is below {_WINDOW}; pass at least {_WINDOW} bytes")
     units: list[Unit] = []
@@ -147,7 +150,7 @@ def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes:
             raise ConfigError(f"{name}: a scale-out run reads files that every task can open; save the input to a "
                               "file")  # fmt: skip
         if src.fmt == "hf":
-            units.extend(_cut_rows(i, hf, n_tasks))
+            units.extend(_cut_rows(i, hf, n_tasks) if hf.kind() == "saved" else _cut_shards(i, hf))
             continue
         units.extend(_cut(i, src, text_mode, max_chars, unit_bytes))
     return units
@@ -160,12 +163,18 @@ def _cut_rows(i: int, hf: Any, n_tasks: int) -> list[Unit]:
     """A saved Hugging Face split as units of rows: about UNITS_PER_TASK per task, from MIN_ROWS
     to ROWS_PER_UNIT rows each (the last one shorter); a unit's rows stand for its bytes when
     tasks are balanced."""
-    from ..documents.hf import saved_rows
-
     n = saved_rows(hf)
     size = min(ROWS_PER_UNIT, max(MIN_ROWS, -(-n // (n_tasks * UNITS_PER_TASK))))
     return [Unit(i, "rows", a, min(n, a + size), min(n, a + size) - a)
             for a in range(0, n, size)] or [Unit(i, "rows", 0, 0, 0)]  # fmt: skip
+
+
+def _cut_shards(i: int, hf: Any) -> list[Unit]:
+    """A Hugging Face stream (a hub id, a directory of data files) as a unit per shard (data
+    file), numbered relative to its start as a byte range is (linenumbers.py); each stands for
+    one byte of input when tasks are balanced (their sizes are not known before they are read)."""
+    n = stream_shards(hf)
+    return [Unit(i, "shard", s, n, 1, 1 if s == 0 else 0) for s in range(n)]
 
 
 def _cut(i: int, src: Source, text_mode: str, max_chars: int, unit_bytes: int) -> list[Unit]:
@@ -200,10 +209,14 @@ def count_newlines(src: Source, start: int, end: int) -> int:
     return n
 
 
-def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str, max_chars: int) -> Iterator[WorkItem]:
+def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str, max_chars: int,
+               hf: Any = None) -> Iterator[WorkItem]:  # fmt: skip
     """The work items of one unit: concatenated over a source's units in plan order, the same
-    records, with the same line numbers, as `sources.plan` gives for the whole source."""
-    if unit.kind == "row_group":
+    records, with the same line numbers, as `sources.plan` gives for the whole source (`hf`: the
+    HFSpec of a Hugging Face source, with the fields its records keep)."""
+    if unit.kind == "shard":  # a stream's shard, its records batched here as `plan` batches the stream's
+        yield from batch_records(i, src, shard_records(hf, unit.start, unit.end, max(unit.first_line, 1) - 1))
+    elif unit.kind == "row_group":
         yield WorkItem(i, unit.start, "parquet", locator=unit.start, nbytes=unit.nbytes)
     elif unit.kind == "rows":  # a saved Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them
         for a in range(unit.start, unit.end, RECORDS_PER_ITEM) if unit.end > unit.start else [0]:

@@ -40,6 +40,7 @@ from ...errors import InputError, LmshardError
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
+from ..documents.hf import shard_records
 from ..documents.records import record_fields
 from ..documents.sources import Source, WorkItem
 from ..documents.worker import ItemResult, WorkerConfig, run_item
@@ -48,7 +49,7 @@ from ..output.claim import bos_written
 from ..output.writer import with_separators
 from ..stops import stop_point
 from . import volatile
-from .linenumbers import known_first_line, tag
+from .linenumbers import RELATIVE, known_first_line, tag
 from .plantables import pread_all
 from .taskplan import Unit, count_newlines, unit_items, work_dir
 
@@ -73,14 +74,15 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     out.mkdir(parents=True, exist_ok=True)
     masks, fresh = line_masks(u) if line_masks is not None else (None, None)
     unit = load_unit(plan, u)
-    base = known_first_line(out, plan, u) if unit.kind == "range" else 1
+    relative = unit.kind in RELATIVE
+    base = known_first_line(out, plan, u) if relative else 1
     unit = replace(unit, first_line=base or 1)  # not known yet: numbered from the unit's start (linenumbers.py)
-    lines: dict[str, int] = {"lines": 0}  # newlines of a range, counted in the blocks it reads
+    lines: dict[str, int] = {"lines": 0}  # newlines of a range (counted in the blocks it reads), records of a shard
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
 
     def work_items(unit: Unit) -> Iterator[WorkItem]:
         items = unit_items(unit.source, sources[unit.source], unit, config.text_mode,
-                           record_fields(config.text_field, config.val_by), config.max_chars)  # fmt: skip
+                           record_fields(config.text_field, config.val_by), config.max_chars, wcfg.hf)  # fmt: skip
         if masks is None:
             return items
         return (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))  # (the same items)
@@ -89,9 +91,11 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         for item in work_items(unit):
             if item.kind == "lines" and unit.kind == "range":
                 lines["lines"] += item.payload.count(b"\n")
+            elif unit.kind == "shard":
+                lines["lines"] += len(item.payload)
             r = run_item(item, wcfg, tokenizer)
             yield r if base is not None else replace(r, examples=tag(r.examples, u))
-        if unit.kind == "range" and base is not None:  # where the next range's lines begin
+        if relative and base is not None:  # where the next range's lines (or shard's records) begin
             lines["next_line"] = base + lines["lines"]
 
     try:
@@ -99,29 +103,35 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
                     field_of(config.val_by))  # fmt: skip
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
-            for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u))):
+            for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u, wcfg.hf))):
                 run_item(item, wcfg, tokenizer)  # (its lines removed as before: the same record fails)
         raise
     stop_point("unit", u)
     return True
 
 
-def first_line(tokenized: Path, plan: dict[str, Any], src: Source, u: int) -> int:
-    """The number of range unit u's first line in its file: counted on from the nearest earlier
-    range of the same file already tokenized (its marker records where the next one begins),
-    else from the file's start. Only for a unit that stops the run (linenumbers.py): a run that
-    goes on never reads outside its units."""
+def first_line(tokenized: Path, plan: dict[str, Any], src: Source, u: int, hf: Any = None) -> int:
+    """The number of range unit u's first line in its file (of shard unit u's first record in
+    its stream): counted on from the nearest earlier unit of the same source already tokenized
+    (its marker records where the next one begins), else from the source's start. Only for a unit
+    that stops the run (linenumbers.py): a run that goes on never reads outside its units."""
     units = plan["units"]
     start = units[u][2]
+
+    def count(a: int, b: int) -> int:  # newlines in bytes [a, b), or records in shards [a, b)
+        if units[u][1] == "shard":
+            return sum(1 for s in range(a, b) for _ in shard_records(hf, s, units[u][3]))
+        return count_newlines(src, a, b)
+
     for v in range(u - 1, -1, -1):
-        if units[v][0] != units[u][0] or units[v][1] != "range":
+        if units[v][0] != units[u][0] or units[v][1] != units[u][1]:
             break
         try:
             line = int(json.loads((tokenized / f"unit_{v:06d}.done").read_text())["next_line"])
         except (OSError, ValueError, KeyError):
             continue
-        return line + count_newlines(src, units[v][3], start)
-    return 1 + count_newlines(src, 0, start)
+        return line + count(units[v][3] if units[u][1] == "range" else units[v][2] + 1, start)
+    return 1 + count(0, start)
 
 
 def load_unit(plan: dict[str, Any], u: int) -> Unit:
