@@ -213,15 +213,24 @@ def test_slurm_run_of_a_piped_input_gives_the_one_machine_bytes(tmp_path):
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
-def test_slurm_run_of_a_saved_hugging_face_dataset_gives_the_one_machine_bytes(tmp_path):
-    """`prepare --hf SAVED --num-tasks 3 --executor slurm`: each array task reads its units of
-    rows from the saved arrow files, and the dataset equals a one-machine prepare of it."""
+@pytest.mark.parametrize("kind", ["saved", "stream"])
+def test_slurm_run_of_a_hugging_face_dataset_gives_the_one_machine_bytes(tmp_path, kind):
+    """`prepare --hf DIR --num-tasks 3 --executor slurm`: each array task reads its units of rows
+    from the saved arrow files, or its shards of a stream (a directory of 4 data files), and the
+    dataset equals a one-machine prepare of it."""
     import datasets
     from test_prepare import make_texts
 
     texts = make_texts(900, seed=6)
-    datasets.Dataset.from_dict({"text": texts[:700] + texts[:60] + texts[700:]}).save_to_disk(str(tmp_path / "saved"))
-    common = ["--hf", "saved", "--workers", "1", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
+    column = texts[:700] + texts[:60] + texts[700:]
+    if kind == "saved":
+        datasets.Dataset.from_dict({"text": column}).save_to_disk(str(tmp_path / kind))
+    else:
+        (tmp_path / kind / "data").mkdir(parents=True)
+        for k in range(4):
+            datasets.Dataset.from_dict({"text": column[k * 240 : (k + 1) * 240]}).to_parquet(
+                str(tmp_path / kind / "data" / f"train-{k:05d}-of-00004.parquet"))
+    common = ["--hf", kind, "--workers", "1", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
     lmshard = [sys.executable, "-m", "lmshard"]
     with slurm_cluster() as env:
 
