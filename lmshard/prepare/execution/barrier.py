@@ -185,3 +185,14 @@ def write_summary(work: Path, stage: str, summary: dict[str, Any]) -> None:
 def count_join(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary of stages whose tasks report only how many items they hold."""
     return {"items": sum(int(p.get("items", 0)) for p in parts)}
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs on this host (a killed process not yet reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False  # gone (or no /proc: then nothing tells it apart, and the claim is taken over)
+    except IndexError:
+        return True
+    return state not in ("Z", "X")

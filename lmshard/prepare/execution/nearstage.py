@@ -14,7 +14,7 @@ document) and decode up to 2 × NEAR_EXAMPLES short documents.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from ...tokenizers import Tokenizer
 from ..documents.sources import Source
 from . import volatile
 from .buckets import doc_signatures, read_edges
+from .nearparts import PARTS, decide, result_path, take_part
 from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
 
@@ -54,22 +55,33 @@ SUMMARY = "near.json"
 
 def ensure_clusters(work: Path, n_groups: int, n_hashes: int, tokenizer: Tokenizer, sources: list[Source],
                     specials: int, duplicates: Callable[[int], np.ndarray] | None, previous: Previous | None = None,
-                    ) -> None:  # fmt: skip
+                    tasks: tuple[int, int, int | None] = (1, 0, None)) -> None:  # fmt: skip
     """Find the clusters unless `dedup/near.removed` exists (see the module docstring).
     `duplicates(u)`: unit u's exact duplicates (document numbers; None: no exact dedup).
     `previous` (--append): the dataset's signature files, whose documents are numbered before
-    the run's units (file << 32 | row) and are never removed, as a local --append numbers them."""
+    the run's units (file << 32 | row) and are never removed, as a local --append numbers them.
+    `tasks`: the run's tasks and units, and the select task asking (None: the task that completes
+    the dedup stage, or a process that schedules): edges too many for one task are found over
+    parts by the select tasks together (nearparts.py)."""
     dedup = work / "dedup"
-    if (dedup / REMOVED).exists():
+    if (dedup / REMOVED).exists() or (dedup / PARTS / "plan.json").exists() and (dedup / SUMMARY).exists():
+        return
+    base = len(previous.files) if previous is not None else 0
+    n_tasks, n_units, helper = tasks
+    tokenized = work / "tokenize"
+
+    def summarize(pairs: Iterable[tuple[int, int]], count: int) -> None:
+        examples, ids = _examples(tokenized, pairs, n_hashes, tokenizer, sources, specials, duplicates, previous)
+        volatile.write_json(dedup / SUMMARY, {"removed": count, "examples": examples, "ids": ids})
+
+    if decide(dedup, n_groups, n_tasks, base + n_units) > 1:
+        if helper is not None:
+            take_part(dedup, n_groups, helper, base, (dedup / SUMMARY).exists, summarize)
         return
     removed, survivor = components(*read_edges(dedup, n_groups))
-    base = len(previous.files) if previous is not None else 0
     new = removed >= np.uint64(base) << np.uint64(32)
     removed, survivor = removed[new], survivor[new]
-    tokenized = work / "tokenize"
-    examples, ids = _examples(tokenized, removed, survivor, n_hashes, tokenizer, sources, specials, duplicates,
-                              previous)  # fmt: skip
-    volatile.write_json(dedup / SUMMARY, {"removed": len(removed), "examples": examples, "ids": ids})
+    summarize(zip(removed.tolist(), survivor.tolist(), strict=True), len(removed))
     # (every task that finds them writes the same bytes: a later one's rename changes nothing)
     volatile.write_bytes(dedup / REMOVED, removed.astype("<u8").tobytes() + survivor.astype("<u8").tobytes())
 
@@ -79,6 +91,8 @@ def unit_near(work: Path, u: int, n_docs: int, base: int = 0) -> np.ndarray:
     first id number, after an appended-to dataset's signature files)."""
     u += base
     path = work / "dedup" / REMOVED
+    if not path.exists() and (work / "dedup" / PARTS / "plan.json").exists():  # found over parts
+        path = result_path(work / "dedup", u)
     near = np.full(n_docs, -1, dtype=np.int64)
     n = path.stat().st_size // 16
     if n == 0:
@@ -95,11 +109,12 @@ def near_summary(work: Path) -> dict[str, Any]:
     return summary
 
 
-def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hashes: int, tokenizer: Tokenizer,
+def _examples(tokenized: Path, pairs: Iterable[tuple[int, int]], n_hashes: int, tokenizer: Tokenizer,
               sources: list[Source], specials: int, exact: Callable[[int], np.ndarray] | None,
               previous: Previous | None = None) -> tuple[list[dict[str, Any]], list[int]]:  # fmt: skip
     """The examples a one-process run gives (nearpass.py): of the first CANDIDATES removed
-    documents whose key differs from their survivor's, the first NEAR_EXAMPLES that are not
+    documents (`pairs`: the removed and their survivors, in id order) whose key differs from
+    their survivor's, the first NEAR_EXAMPLES that are not
     exact copies (`exact(u)`: the numbers of unit u's exact duplicates), with their survivors, as
     short texts (a survivor in the dataset appended to: where it is in it); and the removed
     documents' ids."""
@@ -115,7 +130,7 @@ def _examples(tokenized: Path, removed: np.ndarray, survivor: np.ndarray, n_hash
         return int(keys[u][i & 0xFFFFFFFF])
 
     candidates: list[tuple[int, int]] = []
-    for r, s in zip(removed.tolist(), survivor.tolist(), strict=True):
+    for r, s in pairs:
         if len(candidates) == CANDIDATES:
             break
         if key(r) != key(s):

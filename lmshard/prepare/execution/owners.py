@@ -69,7 +69,7 @@ from ..output.dictfile import keep, trained
 from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
 from . import valby, volatile
-from .barrier import is_complete, task_finished, task_marked
+from .barrier import is_complete, running, task_finished, task_marked
 from .layoutfiles import Layout
 from .runplan import worker_config
 from .unitfiles import section_of, sections_of
@@ -325,20 +325,9 @@ def _check_dead(claim: Path, k: int) -> None:
         host, pid = claim.read_text().split()
     except (OSError, ValueError):
         return
-    if host == socket.gethostname() and int(pid) != os.getpid() and _running(int(pid)):
+    if host == socket.gethostname() and int(pid) != os.getpid() and running(int(pid)):
         raise InputError(f"piece {k} of the dataset is being sealed by pid {pid} on this host; let its write task end, "
                          "then run the finish again")  # fmt: skip
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` runs on this host (a killed process not yet reaped does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False  # gone (or no /proc: then nothing tells it apart, and the claim is taken over)
-    except IndexError:
-        return True
-    return state not in ("Z", "X")
 
 
 def _durable(f: Any) -> None:

@@ -357,7 +357,7 @@ class Run(Reads):
             return resolve(self.work, self.plan["tasks"], self.plan["buckets"], self.plan["groups"], i, self.dedup,
                            self.wcfg.minhash, previous, lookup) >= 0  # fmt: skip
         if stage == "select":
-            self.clusters()
+            self.clusters(self.task_of(i))
             return select_unit(self.work, i, self.duplicates if self.dedup else None, c.seed, c.val_fraction,
                                self.specials, c.near_dedup, self.near_base, c.val_tokens,
                                field_of(c.val_by))  # fmt: skip

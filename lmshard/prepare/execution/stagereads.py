@@ -43,11 +43,16 @@ class Reads(Appended):
         @property
         def specials(self) -> int: ...
 
-    def clusters(self) -> None:
-        """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py)."""
+        @property
+        def n_units(self) -> int: ...
+
+    def clusters(self, helper: int | None = None) -> None:
+        """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py), or
+        over parts by the select stage's tasks together, `helper` being this one (nearparts.py)."""
         if self.config.near_dedup:
             ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
-                            self.specials, self.duplicates if self.dedup else None, self.near_previous)  # fmt: skip
+                            self.specials, self.duplicates if self.dedup else None, self.near_previous,
+                            (self.plan["n_tasks"], self.n_units, helper))  # fmt: skip
 
     def line_masks(self, u: int) -> Any:
         """--dedup-lines: unit u's items' keep-bits and its kept lines' keys (linestage.py), from

@@ -217,7 +217,7 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
     if workers > 1 and stage != "finish":  # a task with many cores: its items in a pool of its own
         todo = run.missing(stage, items)
         if stage == "select" and todo:  # once here, before the workers fork: they inherit both
-            run.clusters()
+            run.clusters(task)
             if run.dedup:
                 run.duplicates(todo[0])
         run_items(run, stage, todo, workers)

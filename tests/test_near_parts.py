@@ -1,0 +1,137 @@
+"""--near-dedup whose edges are too many for one task: the clusters found over parts by the
+select stage's tasks together (prepare/execution/nearparts.py), held to a one-process run's
+bytes: tasks one after another, at once in separate processes, after a claimant died, and for
+an --append; the edges per part made tiny here so that a small corpus needs several parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+from test_near import _clustered, _copy, _meta_without_run, _tree
+from test_prepare import jsonl
+
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.execution import local_exec, nearparts
+from lmshard.prepare.execution.stages import STAGES, run_task
+from lmshard.prepare.execution.taskplan import work_dir
+
+OPTS = dict(near_dedup=True, workers=1, val_fraction=0.1, tokens_per_shard=3_000)
+
+
+@pytest.fixture
+def tiny_parts(monkeypatch):
+    """A part holds 40 edges (spawned processes read it from the environment)."""
+    monkeypatch.setattr(nearparts, "EDGES_PER_PART", 40)
+    monkeypatch.setenv("LMSHARD_NEAR_EDGES_PER_PART", "40")
+
+
+def _stages(config, n_tasks, select=None, order=reversed):
+    """Every stage's tasks here, in `order`; `select(config)` runs the select stage instead.
+    Returns the parts the clusters were found over."""
+    local_exec.claim(config, n_tasks)
+    parts = None
+    for stage in STAGES[:-1]:
+        if stage == "select" and select is not None:
+            select(config)
+        else:
+            for task in order(range(n_tasks)):
+                run_task(config, n_tasks, stage, task, 65536)
+        if stage == "select":
+            parts = json.loads((work_dir(config.out) / "dedup" / nearparts.PARTS_FILE).read_text())["parts"]
+    run_task(config, n_tasks, "finish", 0, 65536)
+    return parts
+
+
+def _same(a, b):
+    assert _tree(a) == _tree(b)
+    assert _meta_without_run(a) == _meta_without_run(b)
+
+
+@pytest.mark.parametrize("n_tasks", [3, 7])
+def test_parts_found_by_tasks_one_after_another_equal_one_process(tmp_path, tiny_parts, n_tasks):
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
+    one = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    assert _stages(config, n_tasks) == n_tasks  # (more than 40 edges a task)
+    assert one.drops["near_duplicate"] > 40 and one.dedup.near["examples"]
+    _same(tmp_path / "tasks", tmp_path / "one")
+
+
+def test_parts_found_by_select_tasks_at_once_in_processes_equal_one_process(tmp_path, tiny_parts):
+    """Five select tasks started together as `lmshard run-task` processes: they claim the
+    rounds' items, wait for each other, and the dataset equals one process's."""
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(12)))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+
+    def together(config):
+        procs = [subprocess.Popen([sys.executable, "-m", "lmshard", "run-task", "--stage", "select", "--task", str(t),
+                                   config.out], stderr=subprocess.PIPE, text=True)
+                 for t in range(5)]  # fmt: skip
+        errors = [p.communicate(timeout=300)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 5, errors
+
+    assert _stages(config, 5, together) == 5
+    _same(tmp_path / "tasks", tmp_path / "one")
+
+
+@pytest.mark.parametrize("claimant", ["dead here", "another host"])
+def test_an_item_claimed_by_a_dead_or_silent_task_is_taken_over(tmp_path, tiny_parts, monkeypatch, claimant):
+    """A scatter item claimed by a process that died on this host is taken over at once; one
+    claimed on another host, once the claim is STALE_SECONDS old (0 here)."""
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    if claimant == "dead here":
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        holder = f"{socket.gethostname()} {int(gone.stdout)}"
+    else:
+        holder = "elsewhere.example 4242"
+        monkeypatch.setattr(nearparts, "STALE_SECONDS", 0.0)
+    parts_dir = work_dir(config.out) / "dedup" / nearparts.PARTS
+
+    def select(config):
+        assert (parts_dir / "plan.json").exists()  # (made by the dedup stage's last task)
+        (parts_dir / "msgs_0000_0_000001.bin.claim").write_text(holder + "\n")
+        for task in range(3):
+            run_task(config, 3, "select", task, 65536)
+
+    assert _stages(config, 3, select) == 3
+    _same(tmp_path / "tasks", tmp_path / "one")
+
+
+def test_a_planned_append_over_parts_equals_one_process(tmp_path, tiny_parts):
+    """The appended-to dataset's documents are numbered first and never removed, over parts too."""
+    rng = random.Random(7)
+    old = _clustered(3, n=60)
+    new = [" ".join(_copy(rng, d.split(), 0.8, 0.95)[0]) for d in old[:40]] + _clustered(4, n=60)
+    rng.shuffle(new)
+    prepare(PrepareConfig(inputs=[str(jsonl(tmp_path / "old.jsonl", old))], out=str(tmp_path / "local"), **OPTS))
+    shutil.copytree(tmp_path / "local", tmp_path / "tasks", copy_function=os.link)
+    src = str(jsonl(tmp_path / "new.jsonl", new))
+    local = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "local"), append=True, **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), append=True, unit_size=65536, **OPTS)
+    assert _stages(config, 3) == 3
+    assert local.drops["near_duplicate"] > 40
+    _same(tmp_path / "tasks", tmp_path / "local")
+
+
+def test_a_local_pool_finds_parts_in_its_workers(tmp_path, tiny_parts, monkeypatch):
+    """`prepare --num-tasks 4 --workers 2`: the pool's workers take part in the rounds."""
+    from lmshard.prepare.execution import nearstage
+
+    decided = []
+    monkeypatch.setattr(nearstage, "decide", lambda *a: decided.append(nearparts.decide(*a)) or decided[-1])
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "pool"), **(OPTS | {"workers": 2}), num_tasks=4,
+                          unit_size=65536))  # fmt: skip
+    assert decided and decided[-1] == 4  # (in this process, which schedules: the workers found them)
+    _same(tmp_path / "pool", tmp_path / "one")
