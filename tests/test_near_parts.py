@@ -27,9 +27,10 @@ OPTS = dict(near_dedup=True, workers=1, val_fraction=0.1, tokens_per_shard=3_000
 
 @pytest.fixture
 def tiny_parts(monkeypatch):
-    """A part holds 40 edges (spawned processes read it from the environment)."""
-    monkeypatch.setattr(nearparts, "EDGES_PER_PART", 40)
-    monkeypatch.setenv("LMSHARD_NEAR_EDGES_PER_PART", "40")
+    """A part holds 8 edges (spawned processes read it from the environment), and one task at
+    most 48."""
+    monkeypatch.setattr(nearparts, "EDGES_PER_PART", 8)
+    monkeypatch.setenv("LMSHARD_NEAR_EDGES_PER_PART", "8")
 
 
 def _stages(config, n_tasks, select=None, order=reversed):
@@ -59,7 +60,7 @@ def test_parts_found_by_tasks_one_after_another_equal_one_process(tmp_path, tiny
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
     one = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
     config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
-    assert _stages(config, n_tasks) == n_tasks  # (more than 40 edges a task)
+    assert _stages(config, n_tasks) == n_tasks  # (more than 8 edges a task)
     assert one.drops["near_duplicate"] > 40 and one.dedup.near["examples"]
     _same(tmp_path / "tasks", tmp_path / "one")
 
@@ -135,3 +136,50 @@ def test_a_local_pool_finds_parts_in_its_workers(tmp_path, tiny_parts, monkeypat
                           unit_size=65536))  # fmt: skip
     assert decided and decided[-1] == 4  # (in this process, which schedules: the workers found them)
     _same(tmp_path / "pool", tmp_path / "one")
+
+
+def test_a_select_task_killed_in_the_rounds_is_taken_over_and_the_run_ends_as_one_process(tmp_path, tiny_parts):
+    """`run-task --stage select` SIGKILLed while it holds a claimed item of the rounds (its 4th):
+    the other tasks take the item over, and the same task run again finishes its units."""
+    from proctree import wait_stopped
+
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(13)))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+
+    def killed_then_rest(config):
+        proc = subprocess.Popen([sys.executable, "-m", "lmshard", "run-task", "--stage", "select", "--task", "0",
+                                 config.out], env=os.environ | {"LMSHARD_STOP_AT": "round:4"},
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        held = wait_stopped(proc)
+        assert held == proc.pid, proc.communicate()[1]
+        os.kill(proc.pid, 9)
+        proc.wait()
+        claims = list((work_dir(config.out) / "dedup" / nearparts.PARTS).glob("*.claim"))
+        assert claims and not (work_dir(config.out) / "dedup" / "near.json").exists()
+        for task in (2, 1, 0):
+            run_task(config, 3, "select", task, 65536)
+
+    assert _stages(config, 3, killed_then_rest) == 3
+    _same(tmp_path / "tasks", tmp_path / "one")
+
+
+def test_the_part_count_follows_the_edges(tmp_path, monkeypatch):
+    """One task up to ONE_TASK parts' worth of edges; beyond, a part per EDGES_PER_PART edges,
+    at most the tasks and the fan-in; decided once (a second call reads it back)."""
+    import numpy as np
+
+    monkeypatch.setattr(nearparts, "EDGES_PER_PART", 10)
+
+    def parts(edges, n_tasks, groups=4):
+        dedup = tmp_path / f"d{edges}_{n_tasks}"
+        dedup.mkdir()
+        for g in range(groups):
+            share = edges * (g + 1) // groups - edges * g // groups
+            np.zeros(2 * share, dtype="<u8").tofile(dedup / f"group_{g:06d}.near")
+        first = nearparts.decide(dedup, groups, n_tasks, 8)
+        assert nearparts.decide(dedup, groups, n_tasks, 8) == first
+        assert (dedup / nearparts.PARTS / "plan.json").exists() == (first > 1)
+        return first
+
+    assert [parts(60, 16), parts(61, 16), parts(200, 16), parts(200, 5), parts(10_000, 1_000)] == [1, 7, 16, 5, 64]

@@ -21,6 +21,8 @@ The points:
 - `bucket`, `select`, `part`, `piece`: the same for a dedup group of buckets, a selected unit, a
   written part of a shard or key file, a sealed shard or key file (keys: their numbers; a planned
   retokenize's written shard: its number in the layout);
+- `round` (--near-dedup over parts, nearparts.py): a select task claimed its Nth item of the
+  rounds that find the clusters, before doing it;
 - `lines`, `linebucket` (--dedup-lines): the same for a unit whose lines were hashed, and a group
   of buckets of line keys resolved;
 - `swap`: the main process passed a step of the final swap (staging.commit). With the atomic

@@ -2,9 +2,12 @@
 parts (quality/clusterparts.py) by the select stage's tasks together, each holding one part.
 
 **How many parts.** The task that completes the dedup stage counts the edges its groups found
-(the sizes of their `.near` files) and writes `dedup/parts.json`: P = the edges over
-EDGES_PER_PART, rounded up, at most the run's tasks and clusterparts' fan-in (64: one hop, so no
-routing phase). With P = 1 that task finds the clusters itself, in one process (nearstage.py).
+(the sizes of their `.near` files) and writes `dedup/parts.json`. Up to ONE_TASK × EDGES_PER_PART
+edges (6 × 8 Mi: about 3.5 GB at the one-process algorithm's 70 bytes per edge) that task finds
+the clusters itself, in one process (nearstage.py): P = 1. Beyond, P = the edges over
+EDGES_PER_PART, rounded up (a part's rounds hold about 6 times as much per edge as the one-process
+algorithm, and take about 70 times its CPU: docs/performance.md), at most the run's tasks and
+clusterparts' fan-in (64: one hop, so no routing phase).
 With P > 1 it writes the parts' plan (P ranges of whole units, `clusterparts.unit_bounds`) and
 leaves the rest to the select stage's tasks, which all need the clusters.
 
@@ -29,7 +32,8 @@ summary `dedup/near.json` as nearstage writes it, by the task that completes the
 
 Memory model, per task: a part's share of the rounds (clusterparts: about 330 to 420 bytes per
 edge of its part at the peak, measured), so at most about EDGES_PER_PART × 420 bytes (3.5 GB);
-the scatter, its share of the groups' edges (16 bytes each).
+the scatter, its share of the groups' edges (16 bytes each). Beyond 64 parts' worth of edges (5 × 10^8
+with the default) the parts grow instead.
 """
 
 from __future__ import annotations
@@ -48,9 +52,11 @@ import numpy as np
 from ...format import atomic_write_bytes, atomic_write_json
 from ...quality import clusterparts
 from ...quality.near import unique_edges
+from ..stops import stop_point
 from .barrier import running
 
 EDGES_PER_PART = int(os.environ.get("LMSHARD_NEAR_EDGES_PER_PART", 8 << 20))
+ONE_TASK = 6  # parts' worth of edges that one task clusters alone, in the same memory
 STALE_SECONDS = float(os.environ.get("LMSHARD_NEAR_STALE_SECONDS", 300))
 PARTS, PARTS_FILE = "parts", "parts.json"
 _U64 = np.dtype("<u8")
@@ -65,7 +71,7 @@ def decide(dedup: Path, n_groups: int, n_tasks: int, n_units: int) -> int:
     if path.exists():
         return int(json.loads(path.read_text())["parts"])
     edges = sum((dedup / f"group_{g:06d}.near").stat().st_size // 16 for g in range(n_groups))
-    parts = max(1, min(n_tasks, clusterparts.FAN_IN, -(-edges // EDGES_PER_PART)))
+    parts = 1 if edges <= ONE_TASK * EDGES_PER_PART else min(n_tasks, clusterparts.FAN_IN, -(-edges // EDGES_PER_PART))
     if parts > 1:
         clusterparts.make_plan(dedup / PARTS, parts, clusterparts.unit_bounds(n_units, parts))
     atomic_write_json(path, {"parts": parts, "edges": edges})  # (last: the plan is whole once this says so)
@@ -182,8 +188,9 @@ def _stale(claim: Path) -> bool:
 
 
 def _do(marker: Path, do: Callable[[int], Any], i: int) -> None:
-    """Item i; one that another task completed meanwhile (and whose inputs the rounds have since
-    removed) is left to it."""
+    """Item i, claimed; one that another task completed meanwhile (and whose inputs the rounds
+    have since removed) is left to it."""
+    stop_point("round")
     try:
         do(i)
     except FileNotFoundError:
