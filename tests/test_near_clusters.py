@@ -202,3 +202,19 @@ def test_each_task_reads_at_most_radix_message_files_and_only_its_messages(tmp_p
         quiet = quiet + 1 if clusterparts.quiet(tmp_path, step, parts) else 0
     results = [clusterparts.part_result(tmp_path, step, j) for j in range(parts)]
     _check(child, parent, np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results]))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 1000])
+def test_distinct_equals_np_unique(n):
+    """quality/sets.distinct, which replaces np.unique of integers, against np.unique itself:
+    repeats, the extremes of uint64, a 2-D array read flat, other integer types."""
+    from lmshard.quality.sets import distinct
+
+    rng = np.random.default_rng(n)
+    values = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+    values[: n // 3] = values[n // 3 : 2 * (n // 3)]  # (repeats)
+    if n:
+        values[0] = np.uint64(2**64 - 1)
+    for a in (values, values.reshape(-1, 1), (values >> np.uint64(40)).astype(np.int64), values.astype(np.uint32)):
+        got = distinct(a)
+        assert got.dtype == a.dtype and np.array_equal(got, np.unique(a))

@@ -69,6 +69,7 @@ import numpy as np
 
 from ..format import atomic_write_bytes, atomic_write_json
 from .clusters import least_labels
+from .sets import distinct
 
 FAN_IN = 64  # files a task reads per hop, at most
 MESSAGE = np.dtype([("dest", "<u4"), ("kind", "<u4"), ("a", "<u8"), ("b", "<u8")])
@@ -122,7 +123,7 @@ def unit_bounds(n_units: int, parts: int) -> np.ndarray:
 
 def id_bounds(ids: np.ndarray, parts: int) -> np.ndarray:
     """Bounds that cut the distinct `ids` into P ranges of about equal counts."""
-    ids = np.unique(np.asarray(ids, dtype=np.uint64))
+    ids = distinct(np.asarray(ids, dtype=np.uint64))
     if not len(ids):
         return np.zeros(parts - 1, dtype=np.uint64)
     return ids[np.arange(1, parts) * len(ids) // parts]
@@ -136,7 +137,7 @@ def scatter(work: Path, position: int, child: np.ndarray, parent: np.ndarray) ->
     later, earlier = np.maximum(child, parent), np.minimum(child, parent)
     live = later != earlier  # a self-loop joins nothing
     later, earlier = later[live], earlier[live]
-    ends = np.unique(earlier)
+    ends = distinct(earlier)
     out = np.concatenate([_messages(plan.owner(later), EDGE, later, earlier),
                           _messages(plan.owner(ends), CAND, ends, ends)])  # fmt: skip
     _send(work, plan, 0, 0, position, out)
@@ -205,7 +206,7 @@ def _answers(inbox: np.ndarray, nodes: np.ndarray, label: np.ndarray) -> np.ndar
 def _requests(plan: Plan, part: int, earlier: np.ndarray, label: np.ndarray) -> np.ndarray:
     """REQ for each other part's node this part needs the label of: its edges' earlier ends and
     its nodes' labels."""
-    wanted = np.unique(np.concatenate([earlier, label]))
+    wanted = distinct(np.concatenate([earlier, label]))
     whose = plan.owner(wanted)
     other = whose != part
     return _messages(whose[other], REQ, wanted[other], np.full(int(other.sum()), part, dtype=np.uint64))

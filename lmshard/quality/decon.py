@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .edit import Edit
+from .sets import distinct
 
 SHORTEST = 8  # words: a shorter item is not matched
 MODES = ("documents", "lines")
@@ -230,7 +231,7 @@ class Decontaminator:
         # A short item (fewer than n words) is found by its first SHORTEST words, then checked whole; a
         # bit per hash value (of the n-grams and those first words) skips most lookups.
         self.short = sorted(size for size in self.index if size < n)
-        self.firsts = np.unique(np.concatenate(firsts)) if firsts else np.zeros(0, dtype=np.uint64)
+        self.firsts = distinct(np.concatenate(firsts)) if firsts else np.zeros(0, dtype=np.uint64)
         every = np.concatenate([self.index[n][0] if n in self.index else np.zeros(0, np.uint64), self.firsts])
         self._bits = max(16, min(30, int(len(every) * 16).bit_length()))
         self._seen = np.zeros(1 << (self._bits - 3), dtype=np.uint8)

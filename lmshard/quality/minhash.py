@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from .sets import distinct
+
 MAX_BLOCK = 1 << 20  # uint64 values per [hashes, shingles] block (8 MiB)
 _PUNCTUATION = re.compile(r"[^\w\s]|_", re.UNICODE)
 _DIGIT = re.compile(r"\d")
@@ -171,7 +173,7 @@ def shingles(text: str, n_grams: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         for j in range(n):  # h = sum of word_j * K^(n-1-j), wrapping: the order of the words counts
             combined = combined * np.uint64(0x100000001B3) + hashes[j : len(hashes) - n + 1 + j]
-    return np.unique(combined)
+    return distinct(combined)
 
 
 def signature(text: str, config: MinHashConfig = MinHashConfig()) -> np.ndarray:

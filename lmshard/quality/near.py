@@ -39,6 +39,7 @@ import numpy as np
 
 from .clusters import components as components  # (also imported from here by the dedup stage)
 from .minhash import MinHashConfig, band_key
+from .sets import distinct
 
 MAX_REPRESENTATIVES = 64  # per group: bounds the checks of a group of unrelated documents that share a key
 
@@ -62,7 +63,7 @@ def group_edges(keys: np.ndarray, ids: np.ndarray, signatures_of: Callable[[np.n
     starts, ends = starts[big], ends[big]
     if not len(starts):
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    wanted = np.unique(i[in_group])
+    wanted = distinct(i[in_group])
     sigs = np.asarray(signatures_of(wanted))
     need = config.agree_at_least
     members: list[int] = []
