@@ -19,8 +19,13 @@ them to the dedup stage.
    task after task in this process through files: supersteps, messages per edge, CPU seconds
    of all tasks, and the largest peak of one task (tracemalloc around each call) per edge of a
    part (m / P).
+4. Over parts of a fixed size (--edges-per-part, 125,000: 8 parts of the smallest graph, 32 of
+   4× it), as a planned run cuts them (fan-in 64): the time split over tasks (each phase's
+   longest task, added up: every part's task on a core of its own) and all tasks' CPU, and
+   their ratios between the sizes.
 
     python scripts/bench_near_clusters.py [--no-write] [--repeats 3] [--sizes 1000000 4000000] [--parts 8 64]
+        [--edges-per-part 125000]
 """
 
 from __future__ import annotations
@@ -190,11 +195,14 @@ def section_memory(graphs: dict[int, tuple[np.ndarray, np.ndarray]]) -> list[str
     return rows
 
 
-def _task(peaks: list[int], call, *args) -> int:  # type: ignore[no-untyped-def]
-    """Run one task's call, recording its peak of traced allocations."""
+def _task(peaks: list[int], call, *args, cpu: list[float] | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Run one task's call, recording its peak of traced allocations (and its CPU seconds in `cpu`)."""
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
+    t = time.process_time()
     out = call(*args)
+    if cpu is not None:
+        cpu.append(time.process_time() - t)
     peaks.append(tracemalloc.get_traced_memory()[1] - base)
     return out
 
@@ -205,26 +213,35 @@ def run_parts(child: np.ndarray, parent: np.ndarray, parts: int, fan_in: int, wo
 
     plan = make_plan(work, parts, clusterparts.id_bounds(np.concatenate([child, parent]), parts), fan_in)
     peaks: list[int] = []
+    longest = 0.0  # the phases' longest tasks, added up: the time with every part's task running at once
     sent = 0
     t0 = time.process_time()
     tracemalloc.start()
+    cpu: list[float] = []
     for s, (c, p) in enumerate(zip(np.array_split(child, parts), np.array_split(parent, parts), strict=True)):
-        sent += _task(peaks, scatter, work, s, c, p)
+        sent += _task(peaks, scatter, work, s, c, p, cpu=cpu)
+    longest += max(cpu)
     step, quiet_run = 0, 0
     while quiet_run < 2:
         for hop in range(1, plan.levels):
+            cpu = []
             for q in range(plan.positions):
-                _task(peaks, route, work, step, hop, q)
+                _task(peaks, route, work, step, hop, q, cpu=cpu)
+            longest += max(cpu)
         step += 1
+        cpu = []
         for j in range(parts):
-            _task(peaks, superstep, work, step, j)
+            _task(peaks, superstep, work, step, j, cpu=cpu)
             sent += json.loads((work / f"changed_{step:04d}_{j:06d}.json").read_text())["sent"]
+        longest += max(cpu)
         remove_step(work, step - 1)
         quiet_run = quiet_run + 1 if quiet(work, step, parts) else 0
     tracemalloc.stop()
-    results = [part_result(work, step, j) for j in range(parts)]
+    cpu = []
+    results = [_task(peaks, part_result, work, step, j, cpu=cpu) for j in range(parts)]
+    longest += max(cpu)
     removed = np.concatenate([r[0] for r in results])
-    return {"steps": step, "seconds": time.process_time() - t0, "peak": max(peaks), "sent": sent,
+    return {"steps": step, "seconds": time.process_time() - t0, "peak": max(peaks), "sent": sent, "longest": longest,
             "equal": bool(np.array_equal(removed, components(child, parent)[0]))}  # fmt: skip
 
 
@@ -244,6 +261,27 @@ def section_parts(child: np.ndarray, parent: np.ndarray, part_counts: list[int],
     return rows
 
 
+def section_scaled(graphs: dict[int, tuple[np.ndarray, np.ndarray]], per_part: int) -> list[str]:
+    """The parts at a fixed number of edges per part (as a planned run cuts them): the time
+    split over tasks (each phase's longest task, added up) and all tasks' CPU, per size."""
+    rows = ["| edges | parts | supersteps | split over tasks: seconds | all tasks: CPU seconds | largest task peak | "
+            "result equal |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    got = {}
+    for m, (child, parent) in sorted(graphs.items()):
+        parts = max(1, m // per_part)
+        with tempfile.TemporaryDirectory() as d:
+            got[m] = run_parts(child, parent, parts, clusterparts.FAN_IN, Path(d))
+        print(f"4. {m:,} edges over {parts} parts: {got[m]['longest']:.2f} s split over tasks, {got[m]['seconds']:.1f} "
+              f"s in all, equal {got[m]['equal']}", flush=True)  # fmt: skip
+        rows.append(f"| {m:,} | {parts} | {got[m]['steps']} | {got[m]['longest']:.2f} | {got[m]['seconds']:.1f} | "
+                    f"{got[m]['peak'] / 1e6:.1f} MB | {got[m]['equal']} |")  # fmt: skip
+    small, big = min(got), max(got)
+    if big > small:
+        rows += ["", f"{big // small}× the edges: **{got[big]['longest'] / got[small]['longest']:.2f}×** the time split "
+                 f"over tasks, {got[big]['seconds'] / got[small]['seconds']:.2f}× the CPU of all tasks."]  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/performance.md alone")
@@ -251,6 +289,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000], help="edges per graph")
     parser.add_argument("--parts", type=int, nargs="+", default=[8, 64], help="part counts for section 3")
     parser.add_argument("--fan-in", type=int, default=8, help="message files a task reads per hop, in section 3")
+    parser.add_argument("--edges-per-part", type=int, default=125_000, help="edges per part, in section 4")
     parser.add_argument("--rss-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_worker:
@@ -260,6 +299,7 @@ def main() -> None:
     times, _ = section_time(graphs, args.repeats)
     memory = section_memory(graphs)
     parts = section_parts(*graphs[min(graphs)], args.parts, args.fan_in)
+    scaled = section_scaled(graphs, args.edges_per_part)
     small = min(graphs)
     body = [f"{machine()}; load average (1 min) {load()} at the end. Command: `make bench` "
             "(`python scripts/bench_near_clusters.py`).", "",
@@ -273,7 +313,11 @@ def main() -> None:
             "with the edges loaded.", "", *memory, "",
             f"### over parts ({small:,} edges)", "", "Every task run in this process, one after another, through "
             f"the files (fan-in {args.fan_in}); a task's peak is its traced allocations during its call.", "",
-            *parts]  # fmt: skip
+            *parts, "", f"### over parts of {args.edges_per_part:,} edges each", "",
+            "As a planned run cuts them (prepare/execution/nearparts.py: a part per EDGES_PER_PART edges, fan-in 64): "
+            "every task run in this process, one after another; the time split over tasks is each phase's longest "
+            "task's CPU seconds, added up (the time with every part's task on a core of its own), beside all the "
+            "tasks' CPU.", "", *scaled]  # fmt: skip
     if not args.no_write:
         update_performance_md("near-duplicate clusters (scripts/bench_near_clusters.py)", "\n".join(body))
     print("\n".join(body))

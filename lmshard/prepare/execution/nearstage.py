@@ -3,7 +3,9 @@
 that finds them missing: every task that makes them makes the same), and written as
 `dedup/near.removed`: the removed documents' ids (unit << 32 | document, sorted, uint64), then
 each one's survivor's id; `dedup/near.json` holds their count and examples. The select stage
-reads one unit's slice of it.
+reads one unit's slice of it. Edges too many for one task in that memory are found over parts by
+the select stage's tasks together instead (nearparts.py), each part's result a file of the same
+form, of which a unit's part is read.
 
 Memory model: the clusters hold about 70 bytes per distinct edge at their peak (about one edge
 per near-duplicate document; quality/clusters.py); a unit's slice is two binary searches in the
