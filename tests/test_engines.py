@@ -89,6 +89,29 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
     assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["encoding"]["dictionary"]["bytes"]
 
 
+def test_slurm_near_duplicate_clusters_over_parts_give_the_one_machine_bytes(tmp_path):
+    """--near-dedup whose edges exceed what one task clusters (a part of one edge here, so 5
+    parts for the 5 tasks): the select array's 5 tasks find the clusters together on the cluster."""
+    src = _near_corpus(tmp_path)
+    common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup"]
+    lmshard = [sys.executable, "-m", "lmshard"]
+    with slurm_cluster() as env:
+        env = env | {"LMSHARD_NEAR_EDGES_PER_PART": "1"}  # (sbatch passes the environment on to the jobs)
+
+        def run(*args):
+            return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+        assert run("prepare", *common, "--out", "local").returncode == 0
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "5", "--executor", "slurm")
+        assert submitted.returncode == 0, submitted.stderr
+        logs = _drained(env, tmp_path / ".dist.lmshard-work")
+        assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
+    said = "the near-duplicate clusters found over 5 parts with the other select tasks"
+    assert " ".join(logs.split()).count(said) == 5, logs[-3000:]  # (every select task's last line)
+    assert _near_removed(tmp_path / "dist") > 20
+    assert _files(tmp_path / "local") == _files(tmp_path / "dist")
+
+
 @pytest.mark.parametrize(("job_count", "max_jobs", "k"), [(8, [], 1), (10, ["--max-jobs", "9"], 2)])
 def test_slurm_run_of_more_tasks_than_the_cluster_holds_jobs_gives_the_one_machine_bytes(tmp_path, job_count,
                                                                                          max_jobs, k):  # fmt: skip

@@ -111,7 +111,8 @@ def run_task(
     ),
 ) -> None:
     """Run one stage of one task of a planned scale-out prepare, retokenize or score (`--num-tasks`)."""
-    from ..prepare.execution import stages
+    from ..prepare.execution import nearparts, stages
+    from ..prepare.execution.taskplan import work_dir
     from ..remote.urls import local_only
 
     local_only(out, "run-task")
@@ -156,6 +157,8 @@ def run_task(
     what = {"lines": "units' lines hashed", "linedup": "groups of line buckets deduplicated",
             "tokenize": "units tokenized", "dedup": "groups of buckets deduplicated", "select": "units selected",
             "write": "parts of shards and key files written"}[stage]  # fmt: skip
+    if stage == "select" and (parts := nearparts.parts_of(work_dir(cfg.out))) > 1:
+        what += f", the near-duplicate clusters found over {parts} parts with the other select tasks"
     render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 
 

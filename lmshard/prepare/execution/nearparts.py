@@ -78,6 +78,14 @@ def decide(dedup: Path, n_groups: int, n_tasks: int, n_units: int) -> int:
     return parts
 
 
+def parts_of(work: Path) -> int:
+    """The parts a run's clusters were found over (1: by one task, or not decided yet)."""
+    try:
+        return int(json.loads((work / "dedup" / PARTS_FILE).read_text())["parts"])
+    except (OSError, ValueError, KeyError):
+        return 1
+
+
 def result_path(dedup: Path, id_unit: int) -> Path:
     """The result file of the part that holds unit `id_unit`'s ids (numbered as the ids are)."""
     folder = dedup / PARTS
