@@ -90,8 +90,8 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
 
 
 def test_slurm_near_duplicate_clusters_over_parts_give_the_one_machine_bytes(tmp_path):
-    """--near-dedup whose edges exceed what one task clusters (a part of one edge here, so 5
-    parts for the 5 tasks): the select array's 5 tasks find the clusters together on the cluster."""
+    """--near-dedup whose edges exceed what one task clusters (a part of one edge here, so 7
+    parts for the 7 tasks): the select array's 7 tasks find the clusters together on the cluster."""
     src = _near_corpus(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip", "--near-dedup"]
     lmshard = [sys.executable, "-m", "lmshard"]
@@ -102,12 +102,12 @@ def test_slurm_near_duplicate_clusters_over_parts_give_the_one_machine_bytes(tmp
             return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
 
         assert run("prepare", *common, "--out", "local").returncode == 0
-        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "5", "--executor", "slurm")
+        submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "7", "--executor", "slurm")
         assert submitted.returncode == 0, submitted.stderr
         logs = _drained(env, tmp_path / ".dist.lmshard-work")
         assert "done: the dataset is complete" in run("status", "dist").stdout, logs[-3000:]
-    said = "the near-duplicate clusters found over 5 parts with the other select tasks"
-    assert " ".join(logs.split()).count(said) == 5, logs[-3000:]  # (every select task's last line)
+    said = "the near-duplicate clusters found over 7 parts with the other select tasks"
+    assert " ".join(logs.split()).count(said) == 7, logs[-3000:]  # (every select task's last line)
     assert _near_removed(tmp_path / "dist") > 20
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 

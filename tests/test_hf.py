@@ -161,6 +161,30 @@ def test_truncated_data_file_mid_stream_is_a_bad_record_after_the_good_ones(tmp_
     assert last.detail == f"truncated compressed data in {where} after {len(good):,} records"
 
 
+def test_a_data_file_damaged_midway_ends_its_shard_only_read_whole_or_by_shards(tmp_path):
+    """A stream of three data files, the middle one truncated past its first 10 MB chunk: read in
+    one process, its shard ends with one bad record and the third shard goes on; each shard read
+    alone (as a planned run's unit, numbered from where the one before ends) gives the same
+    records, numbers and messages."""
+    from lmshard.prepare.documents.hf import shard_records
+
+    data = tmp_path / "d" / "data"
+    jsonl(data / "train-00000-of-00003.jsonl", [f"first {i}" for i in range(50)])
+    _truncated_jsonl_gz(data / "train-00001-of-00003.jsonl.gz", 60_000)
+    jsonl(data / "train-00002-of-00003.jsonl", [f"third {i}" for i in range(40)])
+    spec = HFSpec(dataset=str(tmp_path / "d"))
+    whole = list(hf_records(spec))
+    by_shard, start = [], 0
+    for s in range(3):
+        by_shard += list(shard_records(spec, s, 3, start))
+        start = by_shard[-1].number
+    assert whole == by_shard
+    bad = [r for r in whole if r.problem]
+    assert len(bad) == 1 and whole[-1].text == "third 39" and whole[-1].number == len(whole)
+    where = f"data file 2 of 3 of --hf {tmp_path / 'd'}"
+    assert bad[0].detail == f"truncated compressed data in {where} after {bad[0].number - 51:,} records"
+
+
 @pytest.mark.parametrize(("n_tasks", "streaming"), [(1, None), (3, None), (3, True)])
 def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks, streaming):
     """`--hf SAVED --num-tasks N`: the saved split is cut into units of rows, each task reads its
@@ -233,3 +257,19 @@ def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert "--hf-tasks splits a stream into separate datasets; a planned run" in " ".join(result.output.split())
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sources_bytes_size_a_plans_dedup_buckets(tmp_path, monkeypatch):
+    """A directory's files' bytes; a hub stream's as its card states them, else 1 GiB per data
+    file (the stream of a local directory stands in for the hub's here: no card, 3 files)."""
+    from lmshard.prepare.documents import hf
+    from lmshard.prepare.execution.taskplan import bucket_count
+
+    data = tmp_path / "d" / "data"
+    for k in range(3):
+        jsonl(data / f"train-{k:05d}-of-00003.jsonl", [f"file {k} row {i}" for i in range(20)])
+    spec = HFSpec(dataset=str(tmp_path / "d"))
+    assert hf.source_bytes(spec) == sum(p.stat().st_size for p in data.iterdir())
+    hf.stream_shards(spec)  # (opened now: the stream a "hub" id reads below, from this process's cache)
+    monkeypatch.setattr(HFSpec, "kind", lambda self: "hub")
+    assert hf.source_bytes(spec) == 3 << 30 and bucket_count(3 << 30) == 32 and bucket_count(2000 << 30) == 4096

@@ -1,7 +1,8 @@
 """--near-dedup whose edges are too many for one task: the clusters found over parts by the
 select stage's tasks together (prepare/execution/nearparts.py), held to a one-process run's
 bytes: tasks one after another, at once in separate processes, after a claimant died, and for
-an --append; the edges per part made tiny here so that a small corpus needs several parts."""
+an --append; the edges per part made tiny here so that a small corpus needs several parts (7
+at least: fewer would hold more than one task)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _same(a, b):
     assert _meta_without_run(a) == _meta_without_run(b)
 
 
-@pytest.mark.parametrize("n_tasks", [3, 7])
+@pytest.mark.parametrize("n_tasks", [7, 9])
 def test_parts_found_by_tasks_one_after_another_equal_one_process(tmp_path, tiny_parts, n_tasks):
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
     one = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
@@ -66,7 +67,7 @@ def test_parts_found_by_tasks_one_after_another_equal_one_process(tmp_path, tiny
 
 
 def test_parts_found_by_select_tasks_at_once_in_processes_equal_one_process(tmp_path, tiny_parts):
-    """Five select tasks started together as `lmshard run-task` processes: they claim the
+    """Seven select tasks started together as `lmshard run-task` processes: they claim the
     rounds' items, wait for each other, and the dataset equals one process's."""
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(12)))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
@@ -75,11 +76,12 @@ def test_parts_found_by_select_tasks_at_once_in_processes_equal_one_process(tmp_
     def together(config):
         procs = [subprocess.Popen([sys.executable, "-m", "lmshard", "run-task", "--stage", "select", "--task", str(t),
                                    config.out], stderr=subprocess.PIPE, text=True)
-                 for t in range(5)]  # fmt: skip
+                 for t in range(7)]  # fmt: skip
         errors = [p.communicate(timeout=300)[1] for p in procs]
-        assert [p.returncode for p in procs] == [0] * 5, errors
+        assert [p.returncode for p in procs] == [0] * 7, errors
+        assert all("clusters found over 7 parts" in " ".join(e.split()) for e in errors), errors
 
-    assert _stages(config, 5, together) == 5
+    assert _stages(config, 7, together) == 7
     _same(tmp_path / "tasks", tmp_path / "one")
 
 
@@ -100,11 +102,12 @@ def test_an_item_claimed_by_a_dead_or_silent_task_is_taken_over(tmp_path, tiny_p
 
     def select(config):
         assert (parts_dir / "plan.json").exists()  # (made by the dedup stage's last task)
-        (parts_dir / "msgs_0000_0_000001.bin.claim").write_text(holder + "\n")
-        for task in range(3):
-            run_task(config, 3, "select", task, 65536)
+        claim = nearparts.scatter_marker(parts_dir, 1).with_suffix(".done.claim")
+        claim.write_text(holder + "\n")
+        for task in range(7):
+            run_task(config, 7, "select", task, 65536)
 
-    assert _stages(config, 3, select) == 3
+    assert _stages(config, 7, select) == 7
     _same(tmp_path / "tasks", tmp_path / "one")
 
 
@@ -119,22 +122,23 @@ def test_a_planned_append_over_parts_equals_one_process(tmp_path, tiny_parts):
     src = str(jsonl(tmp_path / "new.jsonl", new))
     local = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "local"), append=True, **OPTS))
     config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), append=True, unit_size=65536, **OPTS)
-    assert _stages(config, 3) == 3
+    assert _stages(config, 7) == 7
     assert local.drops["near_duplicate"] > 40
     _same(tmp_path / "tasks", tmp_path / "local")
 
 
-def test_a_local_pool_finds_parts_in_its_workers(tmp_path, tiny_parts, monkeypatch):
-    """`prepare --num-tasks 4 --workers 2`: the pool's workers take part in the rounds."""
+def test_a_run_on_one_machine_finds_them_in_one_task(tmp_path, tiny_parts, monkeypatch):
+    """`prepare --num-tasks 8 --workers 2` (the local executor): its tasks share one machine's
+    memory, so however many edges, one task finds the clusters."""
     from lmshard.prepare.execution import nearstage
 
     decided = []
     monkeypatch.setattr(nearstage, "decide", lambda *a: decided.append(nearparts.decide(*a)) or decided[-1])
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
-    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "pool"), **(OPTS | {"workers": 2}), num_tasks=4,
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "pool"), **(OPTS | {"workers": 2}), num_tasks=8,
                           unit_size=65536))  # fmt: skip
-    assert decided and decided[-1] == 4  # (in this process, which schedules: the workers found them)
+    assert decided == [1]
     _same(tmp_path / "pool", tmp_path / "one")
 
 
@@ -157,16 +161,17 @@ def test_a_select_task_killed_in_the_rounds_is_taken_over_and_the_run_ends_as_on
         proc.wait()
         claims = list((work_dir(config.out) / "dedup" / nearparts.PARTS).glob("*.claim"))
         assert claims and not (work_dir(config.out) / "dedup" / "near.json").exists()
-        for task in (2, 1, 0):
-            run_task(config, 3, "select", task, 65536)
+        for task in (6, 5, 4, 3, 2, 1, 0):
+            run_task(config, 7, "select", task, 65536)
 
-    assert _stages(config, 3, killed_then_rest) == 3
+    assert _stages(config, 7, killed_then_rest) == 7
     _same(tmp_path / "tasks", tmp_path / "one")
 
 
 def test_the_part_count_follows_the_edges(tmp_path, monkeypatch):
     """One task up to ONE_TASK parts' worth of edges; beyond, a part per EDGES_PER_PART edges,
-    at most the tasks and the fan-in; decided once (a second call reads it back)."""
+    at most the tasks and the fan-in, unless that leaves ONE_TASK parts or fewer (each would hold
+    more than one task); decided once (a second call reads it back)."""
     import numpy as np
 
     monkeypatch.setattr(nearparts, "EDGES_PER_PART", 10)
@@ -182,4 +187,37 @@ def test_the_part_count_follows_the_edges(tmp_path, monkeypatch):
         assert (dedup / nearparts.PARTS / "plan.json").exists() == (first > 1)
         return first
 
-    assert [parts(60, 16), parts(61, 16), parts(200, 16), parts(200, 5), parts(10_000, 1_000)] == [1, 7, 16, 5, 64]
+    assert [parts(60, 16), parts(61, 16), parts(200, 16), parts(200, 6), parts(200, 7), parts(10_000, 1_000)] == [
+        1, 7, 16, 1, 7, 64]
+
+
+def test_a_task_that_comes_late_passes_the_phases_done_without_redoing_them(tmp_path, tiny_parts, monkeypatch):
+    """A select task that arrives when the rounds are over but the summary is not written (it
+    went here): it redoes no scatter and no superstep (their markers stay when their messages
+    go), only the summary, which comes out the same."""
+    from lmshard.prepare.execution.run import Run
+    from lmshard.quality import clusterparts
+
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+
+    def late(config):
+        for task in range(7):
+            run_task(config, 7, "select", task, 65536)
+        summary = work_dir(config.out) / "dedup" / "near.json"
+        written = summary.read_bytes()
+        summary.unlink()
+
+        def redone(*args):
+            raise AssertionError("a phase done was redone")
+
+        with monkeypatch.context() as m:
+            m.setattr(clusterparts, "scatter", redone)
+            m.setattr(clusterparts, "superstep", redone)
+            m.setattr(nearparts, "STALE_SECONDS", 0.0)  # (it joins the rounds at once: nothing moves)
+            Run.of(config, 7, 65536).clusters(helper=9)
+        assert summary.read_bytes() == written
+
+    assert _stages(config, 7, late) == 7
+    _same(tmp_path / "tasks", tmp_path / "one")

@@ -223,9 +223,28 @@ def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
 
 
 def hf_records(spec: HFSpec) -> Iterator[Record]:
-    """Every example of this task's part of the stream, numbered from 1. A compressed data file
-    that `datasets` finds damaged mid-stream ends the stream with one bad record."""
-    yield from example_records(iter(open_stream(spec)), spec.text_field, f"a data file of --hf {spec.dataset}")
+    """Every example of this task's part of the stream, numbered from 1. A stream of several
+    shards (data files) is read shard after shard, as a planned run reads them: a compressed
+    data file that `datasets` finds damaged midway ends its shard with one bad record, and the
+    next shard goes on."""
+    data = open_stream(spec)
+    n = data.n_shards if spec.tasks == 1 and hasattr(data, "n_shards") else 1
+    if n <= 1:
+        yield from example_records(iter(data), spec.text_field, _where(spec, 0, 1))
+        return
+    number = 0
+    for s in range(n):
+        shard = data.shard(num_shards=n, index=s, contiguous=True)
+        for record in example_records(iter(shard), spec.text_field, _where(spec, s, n), number):
+            number = record.number
+            yield record
+
+
+def _where(spec: HFSpec, index: int, n_shards: int) -> str:
+    """Shard `index` of a stream's `n_shards`, as a message names it."""
+    if n_shards == 1:
+        return f"a data file of --hf {spec.dataset}"
+    return f"data file {index + 1:,} of {n_shards:,} of --hf {spec.dataset}"
 
 
 _OPENED: dict[tuple[HFSpec, int], Any] = {}  # a saved split, memory-mapped once per process (and per save)
@@ -283,6 +302,17 @@ def stream_shards(spec: HFSpec) -> int:
     return int(_stream(spec).n_shards)
 
 
+def source_bytes(spec: HFSpec) -> int:
+    """About how many bytes a Hugging Face source holds, for a plan's dedup buckets (its records'
+    sizes are not known before they are read): the files of a local or saved directory; a hub
+    dataset's size as its card states it, else 1 GiB per data file."""
+    if spec.kind() != "hub":
+        return sum(p.stat().st_size for p in Path(spec.dataset).rglob("*") if p.is_file())
+    info = getattr(_stream(spec), "info", None)
+    stated = getattr(info, "dataset_size", None) or getattr(info, "download_size", None)
+    return int(stated) if stated else stream_shards(spec) << 30
+
+
 def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0) -> Iterator[Record]:
     """The records of shard `index` of the stream's `n_shards` (as planned), numbered from
     `start` + 1; a stream that has another number of shards now is refused in one line."""
@@ -291,19 +321,20 @@ def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0) -> It
         raise InputError(f"--hf {spec.dataset}: has {data.n_shards:,} data files, not the {n_shards:,} of when "
                          "the run was planned; delete the run's work folder and plan again (or pin its --revision)")
     shard = data.shard(num_shards=n_shards, index=index, contiguous=True)
-    yield from example_records(iter(shard), spec.text_field, f"a data file of --hf {spec.dataset}", start)
+    yield from example_records(iter(shard), spec.text_field, _where(spec, index, n_shards), start)
 
 
 def example_records(examples: Iterator[dict[str, Any]], field: str, where: str, start: int = 0) -> Iterator[Record]:
     """Records (numbered from `start` + 1) of a `datasets` stream of examples; a compressed data
-    file found damaged mid-stream ends it with one bad record naming `where`."""
+    file found damaged mid-stream ends it with one bad record naming `where` and how many of
+    these examples came before."""
     number = start
     while True:
         try:
             example = next(examples, None)
         except DECOMPRESSION_ERRORS as e:
             problem, what = damage_kind(e, "compressed")
-            yield bad(number + 1, problem, f"{what} in {where} after {number:,} records")
+            yield bad(number + 1, problem, f"{what} in {where} after {number - start:,} records")
             return
         if example is None:
             return

@@ -6,8 +6,10 @@ parts (quality/clusterparts.py) by the select stage's tasks together, each holdi
 edges (6 × 8 Mi: about 3.5 GB at the one-process algorithm's 70 bytes per edge) that task finds
 the clusters itself, in one process (nearstage.py): P = 1. Beyond, P = the edges over
 EDGES_PER_PART, rounded up (a part's rounds hold about 6 times as much per edge as the one-process
-algorithm, and take about 70 times its CPU: docs/performance.md), at most the run's tasks and
-clusterparts' fan-in (64: one hop, so no routing phase).
+algorithm, and take about 40 times its CPU: docs/performance.md), at most the run's tasks and
+clusterparts' fan-in (64: one hop, so no routing phase); fewer than 7 parts would hold more than
+one task, so then one task finds them. A run on one machine (the local executor, which passes
+one task here) always finds them in one task: its parts would share the machine's memory.
 With P > 1 it writes the parts' plan (P ranges of whole units, `clusterparts.unit_bounds`) and
 leaves the rest to the select stage's tasks, which all need the clusters.
 
@@ -25,8 +27,10 @@ has not started); else it waits on the summary only (one file, read less and les
 joins if the rounds have not moved for STALE_SECONDS (a cluster with fewer free slots than P).
 
 **Files**, in `WORK/dedup/parts/`: clusterparts' (`plan.json`, `bounds.u64`, the supersteps'
-files, the superstep before the last removed as each completes), `progress.json` (the phase
-reached), `result_J.u64` (part J's removed ids, those of the appended-to dataset left out,
+messages and labels, the superstep before the last removed as each completes; its markers
+`changed_K_J.json` kept, as are `scattered_S.done` and `routed_K_H_Q.done`, so a task that comes
+late passes the phases done without redoing them), claims (`MARKER.claim`), `progress.json` (the
+phase reached), `result_J.u64` (part J's removed ids, those of the appended-to dataset left out,
 sorted, then their survivors: as `dedup/near.removed`), `result_J.json` (their count); the
 summary `dedup/near.json` as nearstage writes it, by the task that completes the results.
 
@@ -71,7 +75,9 @@ def decide(dedup: Path, n_groups: int, n_tasks: int, n_units: int) -> int:
     if path.exists():
         return int(json.loads(path.read_text())["parts"])
     edges = sum((dedup / f"group_{g:06d}.near").stat().st_size // 16 for g in range(n_groups))
-    parts = 1 if edges <= ONE_TASK * EDGES_PER_PART else min(n_tasks, clusterparts.FAN_IN, -(-edges // EDGES_PER_PART))
+    parts = min(n_tasks, clusterparts.FAN_IN, -(-edges // EDGES_PER_PART))
+    if parts <= ONE_TASK:  # (a part holds about 6 times as much per edge: fewer parts would hold more than one task)
+        parts = 1
     if parts > 1:
         clusterparts.make_plan(dedup / PARTS, parts, clusterparts.unit_bounds(n_units, parts))
     atomic_write_json(path, {"parts": parts, "edges": edges})  # (last: the plan is whole once this says so)
@@ -102,17 +108,25 @@ def take_part(dedup: Path, n_groups: int, me: int, base: int, done: Callable[[],
     folder = dedup / PARTS
     plan = clusterparts.load_plan(folder)
     p = plan.parts
-    scattered = partial(_msgs, folder, 0, 0)
-    if me >= p and _started(scattered(me % p)) and not _waited(folder, done):
+    if me >= p and _started(scatter_marker(folder, me % p)) and not _waited(folder, done):
         return
     phase = _Phase(folder, me)
     shares = [range(s * n_groups // p, (s + 1) * n_groups // p) for s in range(p)]
-    phase.run("scatter", range(p), scattered, lambda s: clusterparts.scatter(folder, s, *_edges(dedup, shares[s])))
+
+    def scatter(s: int) -> None:
+        clusterparts.scatter(folder, s, *_edges(dedup, shares[s]))
+        _mark(scatter_marker(folder, s))
+
+    def route(step: int, hop: int, q: int) -> None:
+        clusterparts.route(folder, step, hop, q)
+        _mark(_route_marker(folder, step, hop, q))
+
+    phase.run("scatter", range(p), partial(scatter_marker, folder), scatter)
     step, quiet_run = 0, 0
     while quiet_run < 2:
         for hop in range(1, plan.levels):
-            phase.run(f"route {step} {hop}", range(plan.positions), partial(_msgs, folder, step, hop),
-                      partial(clusterparts.route, folder, step, hop))  # fmt: skip
+            phase.run(f"route {step} {hop}", range(plan.positions), partial(_route_marker, folder, step, hop),
+                      partial(route, step, hop))  # fmt: skip
         step += 1
         phase.run(f"superstep {step}", range(p), partial(_changed, folder, step),
                   partial(clusterparts.superstep, folder, step))  # fmt: skip
@@ -139,7 +153,7 @@ class _Phase:
         delay = 0.01
         while left := [i for i in order if not marker(i).exists()]:
             for i in left:
-                if _stale(_claim_path(marker(i))):
+                if _stale(_claim_path(marker(i))) and not marker(i).exists():
                     _claim(marker(i), take_over=True)
                     _do(marker(i), do, i)
             time.sleep(delay if any(not marker(i).exists() for i in left) else 0)
@@ -147,9 +161,17 @@ class _Phase:
         atomic_write_json(self.folder / "progress.json", {"phase": name})
 
 
-def _msgs(folder: Path, step: int, hop: int, position: int) -> Path:
-    """Superstep `step`'s messages after `hop` hops at `position` (clusterparts' name for them)."""
-    return folder / f"msgs_{step:04d}_{hop}_{position:06d}.bin"
+def scatter_marker(folder: Path, share: int) -> Path:
+    """The marker of the scatter's share `share` (kept when its messages go)."""
+    return folder / f"scattered_{share:06d}.done"
+
+
+def _route_marker(folder: Path, step: int, hop: int, position: int) -> Path:
+    return folder / f"routed_{step:04d}_{hop}_{position:06d}.done"
+
+
+def _mark(marker: Path) -> None:
+    atomic_write_bytes(marker, b"")
 
 
 def _changed(folder: Path, step: int, part: int) -> Path:
@@ -183,15 +205,20 @@ def _started(marker: Path) -> bool:
 
 
 def _stale(claim: Path) -> bool:
-    """Whether a claim is to be taken over: its process died (on this host), it is older than
-    STALE_SECONDS (another host's), or it is gone (its item done, or never claimed)."""
+    """Whether a claim is to be taken over: it is gone (never claimed), its process is this one
+    (an earlier attempt that failed) or died (on this host), or it is older than STALE_SECONDS
+    (held by a process stopped, or on another host; one cut short before it named its holder)."""
     try:
-        host, pid = claim.read_text().split()
         age = time.time() - claim.stat().st_mtime
-    except (OSError, ValueError):
+        text = claim.read_text()
+    except OSError:
         return True
-    if host == socket.gethostname():
-        return int(pid) != os.getpid() and not running(int(pid))
+    try:
+        host, pid = text.split()
+    except ValueError:
+        return age >= STALE_SECONDS  # (being written by its claimant, or never will be)
+    if host == socket.gethostname() and (int(pid) == os.getpid() or not running(int(pid))):
+        return True
     return age >= STALE_SECONDS
 
 

@@ -1,7 +1,8 @@
 """How a process gets a planned run's plan, inputs and tokenizer (`plan_run`: the plan made on
 the first call, validated on later ones), and what a plan can take (`check_scale_out`): files,
 stdin and pipes (saved to the work folder first, `spool_streams`), a saved Hugging Face split
-(cut into rows), and the dataset an --append extends (`previous_of`).
+(cut into rows) or stream (cut into its data files), and the dataset an --append extends
+(`previous_of`).
 
 A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with the
 plan: its inputs are the plan's rows, each checked when the task first reads it
@@ -79,9 +80,9 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         return plan, sources, tokenizer
     sources = spool_streams(work, sources)
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
-    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, config.hf_spec() if config.hf else None,
-                      n_tasks)  # fmt: skip
-    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes) | {"prepare": asdict(config)}
+    hf = config.hf_spec() if config.hf else None
+    units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, hf, n_tasks)
+    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes, hf) | {"prepare": asdict(config)}
     if config.append:
         wanted["previous"] = previous_of(config.out)
     return ensure_plan(work, wanted), sources, tokenizer

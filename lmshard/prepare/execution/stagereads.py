@@ -46,13 +46,15 @@ class Reads(Appended):
         @property
         def n_units(self) -> int: ...
 
-    def clusters(self, helper: int | None = None) -> None:
+    def clusters(self, helper: int | None = None, one_machine: bool = False) -> None:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py), or
-        over parts by the select stage's tasks together, `helper` being this one (nearparts.py)."""
+        over parts by the select stage's tasks together, `helper` being this one (nearparts.py);
+        `one_machine`: every task runs on this machine (the local executor), so one finds them."""
         if self.config.near_dedup:
+            tasks = 1 if one_machine else self.plan["n_tasks"]
             ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
                             self.specials, self.duplicates if self.dedup else None, self.near_previous,
-                            (self.plan["n_tasks"], self.n_units, helper))  # fmt: skip
+                            (tasks, self.n_units, helper))  # fmt: skip
 
     def line_masks(self, u: int) -> Any:
         """--dedup-lines: unit u's items' keep-bits and its kept lines' keys (linestage.py), from

@@ -20,11 +20,13 @@ temporary names and a marker last, so a task killed anywhere is finished by runn
 its state (running, stopped by a signal, failed) for `status`. A task that has done its share
 marks it, and the tasks fold their marks into one summary per stage (barrier.py): a task checks
 that the stages before it are complete by reading their summaries (a stat each), never every
-item's marker; the task that completes the dedup stage finds the near-duplicate clusters, the
+item's marker; the task that completes the dedup stage finds the near-duplicate clusters (or,
+for edges too many for one task, the select tasks find them together: nearparts.py), the
 one that completes the select stage lays out the shards, and the select summary carries the
 units' totals to the layout and the metadata. A task with several CPUs runs its items in a pool
 of its own (itempool.py). `status` reads the summaries, the finished tasks' marks, and item
-markers only of the tasks not finished. Hugging Face streams are refused (--max-docs: maxdocs.py); an
+markers only of the tasks not finished. A Hugging Face stream is a unit per data file
+(taskplan.py; --max-docs: maxdocs.py); an
 --append's dataset keys (and signatures, and line keys) are shared out to the tasks, and its
 files are numbered after the dataset's.
 

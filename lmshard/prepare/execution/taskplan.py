@@ -46,7 +46,7 @@ from ...format import atomic_write_json
 from ...remote.urls import has_credentials
 from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
-from ..documents.hf import saved_rows, shard_records, stream_shards
+from ..documents.hf import saved_rows, shard_records, source_bytes, stream_shards
 from ..documents.records import binary_record
 from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, batch_records, plan
 from ..output.claim import difference
@@ -292,10 +292,11 @@ def assign(units: list[Unit], n_tasks: int) -> list[tuple[int, int]]:
 
 
 def make_plan(fingerprint: dict[str, Any], sources: list[Source], units: list[Unit], n_tasks: int,
-              unit_bytes: int = UNIT_BYTES) -> dict[str, Any]:  # fmt: skip
+              unit_bytes: int = UNIT_BYTES, hf: Any = None) -> dict[str, Any]:  # fmt: skip
     """The plan in memory: the run's fingerprint (see claim.py), the sources (with the identity
-    the fingerprint gave each: its modification time or version), units and tasks."""
-    buckets = bucket_count(sum(s.size for s in sources))
+    the fingerprint gave each: its modification time or version), units and tasks; the dedup
+    buckets sized to the inputs' bytes (`hf`: a Hugging Face source's HFSpec, whose are guessed)."""
+    buckets = bucket_count(sum(s.size for s in sources) + (source_bytes(hf) if hf is not None else 0))
     return {"version": PLAN_VERSION, "n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint,
             "buckets": buckets, "groups": group_count(buckets, n_tasks),
             "sources": [source_row(s, ident) for s, ident in zip(sources, fingerprint["sources"], strict=True)],
