@@ -230,58 +230,48 @@ def test_scale_out_tasks_publish_the_same_objects(s3, inputs, tmp_path):
     assert result.exit_code == 1 and "--executor slurm" in result.output and "Traceback" not in result.output
 
 
-def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items):
-    """At the 40th work item, shards finished so far are uploaded (the watcher's pass, called
-    here at that exact point instead of on its clock), before the dataset is committed."""
-    from lmshard.prepare import pipeline
-
-    server, bucket = s3
-    url = bucket + "/ds"
+def _upload_at(monkeypatch, module, point: str, nth: int, server, url) -> dict[str, object]:
+    """At the `nth` pass of stop point `point` (through `module`'s stop_point), the watcher's pass
+    (called there instead of on its clock): what it sent, and the objects there then."""
     seen: dict[str, object] = {}
-    real_watch, real_stop = publish.Publisher.watch, pipeline.stop_point
+    real_watch, real_stop = publish.Publisher.watch, module.stop_point
 
     def watch(self):
         seen["publisher"] = self
         return real_watch(self)
 
-    def at_item(point, key=None):
-        real_stop(point, key)
-        seen[point] = seen.get(point, 0) + 1
-        if point == "item" and seen[point] == 40:
+    def at(name, key=None):
+        real_stop(name, key)
+        seen[name] = seen.get(name, 0) + 1
+        if name == point and seen[name] == nth:
             seen["sent"] = seen["publisher"].upload_finished()
             seen["objects"] = set(remote_tree(server, url))
 
     monkeypatch.setattr(publish.Publisher, "watch", watch)
-    monkeypatch.setattr(pipeline, "stop_point", at_item)
+    monkeypatch.setattr(module, "stop_point", at)
+    return seen
+
+
+def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items):
+    """At the 40th work item, shards finished so far are uploaded, before the dataset is committed."""
+    from lmshard.prepare import pipeline
+
+    server, bucket = s3
+    url = bucket + "/ds"
+    seen = _upload_at(monkeypatch, pipeline, "item", 40, server, url)
     prepare(config(url, inputs, tokens_per_shard=3000))
     assert seen["sent"] and "dataset_metadata.json" not in seen["objects"]
     assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
 
 
 def test_shards_go_up_while_a_planned_build_writes(s3, inputs, monkeypatch):
-    """A planned run (every stage here, one worker): once its write stage has sealed a few
-    shards, the watcher's pass (called here at that exact point) uploads them, before the
-    dataset is committed; the dataset equals a local one."""
+    """A planned run (every stage here, one worker): once its write stage has sealed 4 shards or
+    key files, they are uploaded, before the dataset is committed; the dataset equals a local one."""
     from lmshard.prepare.execution import owners
 
     server, bucket = s3
     url = bucket + "/ds"
-    seen: dict[str, object] = {}
-    real_watch, real_stop = publish.Publisher.watch, owners.stop_point
-
-    def watch(self):
-        seen["publisher"] = self
-        return real_watch(self)
-
-    def at_piece(point, key=None):
-        real_stop(point, key)
-        seen[point] = seen.get(point, 0) + 1
-        if point == "piece" and seen[point] == 4:
-            seen["sent"] = seen["publisher"].upload_finished()
-            seen["objects"] = set(remote_tree(server, url))
-
-    monkeypatch.setattr(publish.Publisher, "watch", watch)
-    monkeypatch.setattr(owners, "stop_point", at_piece)
+    seen = _upload_at(monkeypatch, owners, "piece", 4, server, url)
     prepare(config(url, inputs, tokens_per_shard=3000, num_tasks=3))
     assert seen["piece"] > 4 and seen["sent"] and "dataset_metadata.json" not in seen["objects"]
     assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
