@@ -161,6 +161,8 @@ def test_a_select_task_killed_in_the_rounds_is_taken_over_and_the_run_ends_as_on
         proc.wait()
         claims = list((work_dir(config.out) / "dedup" / nearparts.PARTS).glob("*.claim"))
         assert claims and not (work_dir(config.out) / "dedup" / "near.json").exists()
+        shown = subprocess.run([sys.executable, "-m", "lmshard", "status", config.out], capture_output=True, text=True)
+        assert "near-duplicate clusters over 7 parts: being found; last phase done: " in shown.stdout, shown.stdout
         for task in (6, 5, 4, 3, 2, 1, 0):
             run_task(config, 7, "select", task, 65536)
 

@@ -210,6 +210,10 @@ def status(
         render.out.print(f"{stage}: {len(row['tasks']) - len(left)} of {len(row['tasks'])} tasks complete "
                          f"({row['done']} of {row['total']} {what})", markup=False,
                          soft_wrap=True)  # fmt: skip
+        if stage == "select" and (near := info.get("rounds")):  # found by the select tasks together (nearparts.py)
+            at = "found" if near["done"] else f"being found; last phase done: {near['phase'] or 'none'}"
+            render.out.print(f"  near-duplicate clusters over {near['parts']} parts: {at}", markup=False,
+                             soft_wrap=True)  # fmt: skip
         for t in left:
             state = f" ({t['state']})" if t["state"] else ""
             state += "; its units are done, its key file is not" if t.get("pending") else ""

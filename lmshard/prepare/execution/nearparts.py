@@ -92,6 +92,19 @@ def parts_of(work: Path) -> int:
         return 1
 
 
+def rounds(work: Path) -> dict[str, Any] | None:
+    """For `status`, a run's clusters over parts: the parts, the last phase a task completed
+    (None: not begun), whether the summary is written; None for clusters found by one task."""
+    parts = parts_of(work)
+    if parts == 1:
+        return None
+    try:
+        phase = json.loads((work / "dedup" / PARTS / "progress.json").read_text())["phase"]
+    except (OSError, ValueError, KeyError):
+        phase = None
+    return {"parts": parts, "phase": phase, "done": (work / "dedup" / "near.json").exists()}
+
+
 def result_path(dedup: Path, id_unit: int) -> Path:
     """The result file of the part that holds unit `id_unit`'s ids (numbered as the ids are)."""
     folder = dedup / PARTS

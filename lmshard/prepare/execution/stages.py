@@ -56,6 +56,7 @@ from . import volatile
 from .barrier import is_complete, task_done, task_finished
 from .itempool import run_items
 from .layout import LAYOUT_FILE
+from .nearparts import rounds
 from .run import JOINS, STAGES, Run, run_stages
 from .runplan import check_scale_out, load_run, plan_run, worker_config
 from .taskplan import (
@@ -111,7 +112,7 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
                          "tasks": tasks}  # fmt: skip
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False,
-            "stale": volatile.stale(work)}  # fmt: skip
+            "stale": volatile.stale(work), "rounds": rounds(work) if config.near_dedup else None}  # fmt: skip
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:
