@@ -62,6 +62,7 @@ from .barrier import running
 EDGES_PER_PART = int(os.environ.get("LMSHARD_NEAR_EDGES_PER_PART", 8 << 20))
 ONE_TASK = 6  # parts' worth of edges that one task clusters alone, in the same memory
 STALE_SECONDS = float(os.environ.get("LMSHARD_NEAR_STALE_SECONDS", 300))
+CLAIMS_SECONDS = 10.0  # how often a waiting task looks at the claims of the items not done
 PARTS, PARTS_FILE = "parts", "parts.json"
 _U64 = np.dtype("<u8")
 
@@ -159,18 +160,29 @@ class _Phase:
         self.folder, self.me = folder, me
 
     def run(self, name: str, items: Sequence[int], marker: Callable[[int], Path], do: Callable[[int], Any]) -> None:
+        """The phase's items: this task's first, then any unclaimed; then, until every marker is
+        there, a stat of the first item not done per look (its markers come in any order, so the
+        look moves on past each one there), and every CLAIMS_SECONDS a look at the claims of those
+        not done, to take over a stale one (see the module docstring)."""
         order = [items[(self.me + k) % len(items)] for k in range(len(items))]
         for i in order:
             if not marker(i).exists() and _claim(marker(i)):
                 _do(marker(i), do, i)
-        delay = 0.01
-        while left := [i for i in order if not marker(i).exists()]:
-            for i in left:
-                if _stale(_claim_path(marker(i))) and not marker(i).exists():
-                    _claim(marker(i), take_over=True)
-                    _do(marker(i), do, i)
-            time.sleep(delay if any(not marker(i).exists() for i in left) else 0)
-            delay = min(1.0, delay * 2)
+        left, delay, claims_seen = [i for i in order if not marker(i).exists()], 0.01, None
+        while left:
+            if marker(left[0]).exists():
+                left.pop(0)
+                continue
+            if claims_seen is None or time.monotonic() - claims_seen >= CLAIMS_SECONDS:
+                left = [i for i in left if not marker(i).exists()]
+                for i in left:
+                    if _stale(_claim_path(marker(i))) and not marker(i).exists():
+                        _claim(marker(i), take_over=True)
+                        _do(marker(i), do, i)
+                claims_seen = time.monotonic()
+                continue
+            time.sleep(delay)
+            delay = min(2.0, delay * 2)
         atomic_write_json(self.folder / "progress.json", {"phase": name})
 
 
