@@ -24,6 +24,7 @@ from lmshard.prepare.execution.stages import STAGES, run_task
 from lmshard.prepare.execution.taskplan import work_dir
 
 OPTS = dict(near_dedup=True, workers=1, val_fraction=0.1, tokens_per_shard=3_000)
+TASKS = dict(executor="none", unit_size=65536)  # (planned for tasks that run anywhere)
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def _same(a, b):
 def test_parts_found_by_tasks_one_after_another_equal_one_process(tmp_path, tiny_parts, n_tasks):
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
     one = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
-    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), **TASKS, **OPTS)
     assert _stages(config, n_tasks) == n_tasks  # (more than 8 edges a task)
     assert one.drops["near_duplicate"] > 40 and one.dedup.near["examples"]
     _same(tmp_path / "tasks", tmp_path / "one")
@@ -71,7 +72,7 @@ def test_parts_found_by_select_tasks_at_once_in_processes_equal_one_process(tmp_
     rounds' items, wait for each other, and the dataset equals one process's."""
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(12)))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
-    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), **TASKS, **OPTS)
 
     def together(config):
         procs = [subprocess.Popen([sys.executable, "-m", "lmshard", "run-task", "--stage", "select", "--task", str(t),
@@ -91,7 +92,7 @@ def test_an_item_claimed_by_a_dead_or_silent_task_is_taken_over(tmp_path, tiny_p
     claimed on another host, once the claim is STALE_SECONDS old (0 here)."""
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
-    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), **TASKS, **OPTS)
     if claimant == "dead here":
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
         holder = f"{socket.gethostname()} {int(gone.stdout)}"
@@ -121,7 +122,7 @@ def test_a_planned_append_over_parts_equals_one_process(tmp_path, tiny_parts):
     shutil.copytree(tmp_path / "local", tmp_path / "tasks", copy_function=os.link)
     src = str(jsonl(tmp_path / "new.jsonl", new))
     local = prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "local"), append=True, **OPTS))
-    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), append=True, unit_size=65536, **OPTS)
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), append=True, **TASKS, **OPTS)
     assert _stages(config, 7) == 7
     assert local.drops["near_duplicate"] > 40
     _same(tmp_path / "tasks", tmp_path / "local")
@@ -149,7 +150,7 @@ def test_a_select_task_killed_in_the_rounds_is_taken_over_and_the_run_ends_as_on
 
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(13)))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
-    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), **TASKS, **OPTS)
 
     def killed_then_rest(config):
         proc = subprocess.Popen([sys.executable, "-m", "lmshard", "run-task", "--stage", "select", "--task", "0",
@@ -202,7 +203,7 @@ def test_a_task_that_comes_late_passes_the_phases_done_without_redoing_them(tmp_
 
     src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
-    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), unit_size=65536, **OPTS)
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), **TASKS, **OPTS)
 
     def late(config):
         for task in range(7):
@@ -222,4 +223,15 @@ def test_a_task_that_comes_late_passes_the_phases_done_without_redoing_them(tmp_
         assert summary.read_bytes() == written
 
     assert _stages(config, 7, late) == 7
+    _same(tmp_path / "tasks", tmp_path / "one")
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_tasks_of_an_executor_on_one_machine_find_them_in_one_task(tmp_path, tiny_parts, executor):
+    """Tasks planned for the local executor, or for a Ray instance the run starts on this machine
+    (no --ray-address), share its memory: one task finds the clusters, whatever the edges."""
+    src = str(jsonl(tmp_path / "docs.jsonl", _clustered(11)))
+    prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
+    config = PrepareConfig(inputs=[src], out=str(tmp_path / "tasks"), executor=executor, unit_size=65536, **OPTS)
+    assert _stages(config, 7) == 1
     _same(tmp_path / "tasks", tmp_path / "one")

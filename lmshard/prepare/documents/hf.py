@@ -304,10 +304,13 @@ def stream_shards(spec: HFSpec) -> int:
 
 def source_bytes(spec: HFSpec) -> int:
     """About how many bytes a Hugging Face source holds, for a plan's dedup buckets (its records'
-    sizes are not known before they are read): the files of a local or saved directory; a hub
-    dataset's size as its card states it, else 1 GiB per data file."""
+    sizes are not known before they are read): the files of a local or saved directory (not in
+    hidden folders: a clone's .git, a cache); a hub dataset's size as its card states it, else
+    1 GiB per data file."""
     if spec.kind() != "hub":
-        return sum(p.stat().st_size for p in Path(spec.dataset).rglob("*") if p.is_file())
+        root = Path(spec.dataset)
+        return sum(p.stat().st_size for p in root.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))  # fmt: skip
     info = getattr(_stream(spec), "info", None)
     stated = getattr(info, "dataset_size", None) or getattr(info, "download_size", None)
     return int(stated) if stated else stream_shards(spec) << 30

@@ -8,8 +8,9 @@ the clusters itself, in one process (nearstage.py): P = 1. Beyond, P = the edges
 EDGES_PER_PART, rounded up (a part's rounds hold about 6 times as much per edge as the one-process
 algorithm, and take about 40 times its CPU: docs/performance.md), at most the run's tasks and
 clusterparts' fan-in (64: one hop, so no routing phase); fewer than 7 parts would hold more than
-one task, so then one task finds them. A run on one machine (the local executor, which passes
-one task here) always finds them in one task: its parts would share the machine's memory.
+one task, so then one task finds them. A run on one machine (the local executor, a Ray instance the run
+started: one task is passed here) always finds them in one task: its parts would share the
+machine's memory.
 With P > 1 it writes the parts' plan (P ranges of whole units, `clusterparts.unit_bounds`) and
 leaves the rest to the select stage's tasks, which all need the clusters.
 
@@ -165,9 +166,11 @@ class _Phase:
         look moves on past each one there), and every CLAIMS_SECONDS a look at the claims of those
         not done, to take over a stale one (see the module docstring)."""
         order = [items[(self.me + k) % len(items)] for k in range(len(items))]
+        did = False
         for i in order:
             if not marker(i).exists() and _claim(marker(i)):
                 _do(marker(i), do, i)
+                did = True
         left, delay, claims_seen = [i for i in order if not marker(i).exists()], 0.01, None
         while left:
             if marker(left[0]).exists():
@@ -179,11 +182,13 @@ class _Phase:
                     if _stale(_claim_path(marker(i))) and not marker(i).exists():
                         _claim(marker(i), take_over=True)
                         _do(marker(i), do, i)
+                        did = True
                 claims_seen = time.monotonic()
                 continue
             time.sleep(delay)
             delay = min(2.0, delay * 2)
-        atomic_write_json(self.folder / "progress.json", {"phase": name})
+        if did:  # (a task that passes phases done, coming late, leaves the progress as it is)
+            atomic_write_json(self.folder / "progress.json", {"phase": name})
 
 
 def scatter_marker(folder: Path, share: int) -> Path:
