@@ -279,7 +279,7 @@ def row_records(spec: HFSpec, start: int, end: int) -> Iterator[Record]:
                          f"{start:,}-{end:,} are gone); it was saved again: delete the run's work folder and plan "
                          "again")  # fmt: skip
     rows = data.select(range(start, end))
-    yield from example_records(iter(rows), spec.text_field, f"a data file of --hf {spec.dataset}", start)
+    yield from example_records(iter(rows), spec.text_field, _where(spec, 0, 1), start)
 
 
 _STREAMS: dict[HFSpec, Any] = {}  # a stream, opened once per process (its data files resolved once)

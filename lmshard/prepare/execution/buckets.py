@@ -35,7 +35,7 @@ bytes each).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -171,9 +171,9 @@ def _header_entry(path: Path, section: str) -> bytes:
         return f.read(8)
 
 
-def read_edges(dedup: Path, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every group's near-duplicate edges, each pair once: (members, representatives)."""
-    pairs = [np.fromfile(dedup / f"group_{g:06d}.near", dtype=_U64).reshape(-1, 2) for g in range(n_groups)]
+def read_edges(dedup: Path, groups: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The near-duplicate edges of `groups`, each pair once: (members, representatives)."""
+    pairs = [np.fromfile(dedup / f"group_{g:06d}.near", dtype=_U64).reshape(-1, 2) for g in groups]
     both = np.concatenate(pairs) if pairs else np.zeros((0, 2), _U64)
     return unique_edges(both[:, 0], both[:, 1])
 

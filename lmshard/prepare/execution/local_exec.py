@@ -156,7 +156,7 @@ def _order(r: Run) -> tuple[str, ...]:
 
 def _todo(r: Run, stage: str) -> Iterable[int]:
     if stage == "select":
-        r.clusters(one_machine=True)  # --near-dedup: found here, once, from the dedup stage's edges
+        r.clusters()  # --near-dedup: found here, once, from the dedup stage's edges
     if stage == "write":
         r.layout()  # laid out here, once: a walk over the units' totals
     return r.missing(stage)

@@ -8,11 +8,11 @@ the clusters itself, in one process (nearstage.py): P = 1. Beyond, P = the edges
 EDGES_PER_PART, rounded up (a part's rounds hold about 6 times as much per edge as the one-process
 algorithm, and take about 40 times its CPU: docs/performance.md), at most the run's tasks and
 clusterparts' fan-in (64: one hop, so no routing phase); fewer than 7 parts would hold more than
-one task, so then one task finds them. A run on one machine (the local executor, a Ray instance the run
-started: one task is passed here) always finds them in one task: its parts would share the
-machine's memory.
-With P > 1 it writes the parts' plan (P ranges of whole units, `clusterparts.unit_bounds`) and
-leaves the rest to the select stage's tasks, which all need the clusters.
+one task, so then one task finds them. A run on one machine (the local executor, a Ray
+instance the run started: its plan's executor says so, and one task is passed here) always finds
+them in one task: its parts would share the machine's memory. With P > 1 it writes the parts'
+plan (P ranges of whole units, `clusterparts.unit_bounds`) and leaves the rest to the select
+stage's tasks, which all need the clusters.
 
 **The rounds.** Each select task takes part before it selects: the scatter (share s: the dedup
 groups [s·G/P, (s+1)·G/P)), then superstep after superstep of the P parts until two are quiet,
@@ -56,9 +56,9 @@ import numpy as np
 
 from ...format import atomic_write_bytes, atomic_write_json
 from ...quality import clusterparts
-from ...quality.near import unique_edges
 from ..stops import stop_point
 from .barrier import running
+from .buckets import read_edges
 
 EDGES_PER_PART = int(os.environ.get("LMSHARD_NEAR_EDGES_PER_PART", 8 << 20))
 ONE_TASK = 6  # parts' worth of edges that one task clusters alone, in the same memory
@@ -129,7 +129,7 @@ def take_part(dedup: Path, n_groups: int, me: int, base: int, done: Callable[[],
     shares = [range(s * n_groups // p, (s + 1) * n_groups // p) for s in range(p)]
 
     def scatter(s: int) -> None:
-        clusterparts.scatter(folder, s, *_edges(dedup, shares[s]))
+        clusterparts.scatter(folder, s, *read_edges(dedup, shares[s]))
         _mark(scatter_marker(folder, s))
 
     def route(step: int, hop: int, q: int) -> None:
@@ -280,13 +280,6 @@ def _waited(folder: Path, done: Callable[[], bool]) -> bool:
         time.sleep(delay)
         delay = min(5.0, delay * 2)
     return False
-
-
-def _edges(dedup: Path, groups: range) -> tuple[np.ndarray, np.ndarray]:
-    """The near-duplicate edges of `groups` (their `.near` files), each pair once."""
-    pairs = [np.fromfile(dedup / f"group_{g:06d}.near", dtype=_U64).reshape(-1, 2) for g in groups]
-    both = np.concatenate(pairs) if pairs else np.zeros((0, 2), _U64)
-    return unique_edges(both[:, 0], both[:, 1])
 
 
 def _result(folder: Path, step: int, part: int, base: int) -> None:

@@ -80,7 +80,7 @@ def ensure_clusters(work: Path, n_groups: int, n_hashes: int, tokenizer: Tokeniz
         if helper is not None:
             take_part(dedup, n_groups, helper, base, (dedup / SUMMARY).exists, summarize)
         return
-    removed, survivor = components(*read_edges(dedup, n_groups))
+    removed, survivor = components(*read_edges(dedup, range(n_groups)))
     new = removed >= np.uint64(base) << np.uint64(32)
     removed, survivor = removed[new], survivor[new]
     summarize(zip(removed.tolist(), survivor.tolist(), strict=True), len(removed))

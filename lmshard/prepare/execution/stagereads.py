@@ -46,14 +46,14 @@ class Reads(Appended):
         @property
         def n_units(self) -> int: ...
 
-    def clusters(self, helper: int | None = None, one_machine: bool = False) -> None:
+    def clusters(self, helper: int | None = None) -> None:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py), or
-        over parts by the select stage's tasks together, `helper` being this one (nearparts.py);
-        `one_machine`: every task runs on this machine (the local executor, a Ray instance it
-        started), so one finds them: parts there would share its memory."""
+        over parts by the select stage's tasks together, `helper` being this one (nearparts.py).
+        A run whose tasks all run on this machine (the local executor, a Ray instance it starts)
+        has one task find them: parts there would share its memory."""
         if self.config.near_dedup:
             c = self.config
-            one_machine = one_machine or c.executor == "local" or (c.executor == "ray" and not c.ray_address)
+            one_machine = c.executor == "local" or (c.executor == "ray" and not c.ray_address)
             tasks = 1 if one_machine else self.plan["n_tasks"]
             ensure_clusters(self.work, self.plan["groups"], self.near_hashes, self.tokenizer, self.sources,
                             self.specials, self.duplicates if self.dedup else None, self.near_previous,
