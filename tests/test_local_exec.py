@@ -116,7 +116,6 @@ def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, one_m
 
 @pytest.mark.parametrize(("sig", "code", "words", "stage"),
                          [(signal.SIGTERM, 143, "terminated (SIGTERM)", "tokenize"),
-                          (signal.SIGINT, 130, "interrupted", "tokenize"),
                           (signal.SIGINT, 130, "interrupted", "dedup"),
                           (signal.SIGTERM, 143, "terminated (SIGTERM)", "select"),
                           (signal.SIGINT, 130, "interrupted", "write"),

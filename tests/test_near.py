@@ -123,6 +123,8 @@ def test_survivors_are_the_same_for_any_workers_and_tasks(tmp_path, monkeypatch,
                      "t1": {"num_tasks": 1, "workers": 2}, "t3": {"num_tasks": 3, "workers": 3, "unit_size": 65536},
                      "t7": {"num_tasks": 7, "workers": 2, "unit_size": 65536},
                      "t7g": {"num_tasks": 7, "workers": 2, "unit_size": 65536}}.items():  # fmt: skip
+        if shard_tokens > 3_000 and name not in ("w1", "w3", "t7g"):  # (one shard: the runs that differ most)
+            continue
         out = tmp_path / name
         with monkeypatch.context() as m:
             if name == "t7g":
