@@ -77,16 +77,22 @@ def _small_key_files(monkeypatch, n):
 _OPTS = dict(val_fraction=0.1, tokens_per_shard=5_000, on_error="skip")
 
 
-@pytest.mark.parametrize(("n_tasks", "keys_per_file", "groups"), [(1, None, 32), (3, 400, 32), (7, 400, 32),
-                                                                  (7, 400, 4)])  # fmt: skip
-def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypatch, n_tasks, keys_per_file, groups):
+@pytest.mark.parametrize(("n_tasks", "keys_per_file", "groups", "pairs"),
+                         [(1, None, 1, None), (3, 400, 4, None), (7, 400, 32, None), (7, 400, 4, 4 * 7)])  # fmt: skip
+def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypatch, n_tasks, keys_per_file, groups,
+                                                              pairs):  # fmt: skip
     """Every task of every stage, in reversed task order, then the finish: the one-machine
     bytes, with files cut into units, duplicates across units and tasks, shards of 5,000 tokens
     (c.txt is one document longer than that), when asked several dedup key files, and the 32
-    dedup buckets resolved one per item or in groups (as a plan of many tasks groups them)."""
+    dedup buckets resolved in one group (one task, one worker), a group per task, one per item
+    (as a plan of many processes has them), or in fewer groups (as a plan of very many tasks)."""
     if keys_per_file:
         _small_key_files(monkeypatch, keys_per_file)
-    monkeypatch.setattr(taskplan, "PAIRS", groups * n_tasks)
+    if pairs is not None:
+        monkeypatch.setattr(taskplan, "PAIRS", pairs)
+    if groups == 32:  # (tasks of many workers each)
+        real = taskplan.group_count
+        monkeypatch.setattr(taskplan, "group_count", lambda b, t, size, processes: real(b, t, size, processes * 8))
     src = _corpus(tmp_path)
     local = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
     config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, LmshardError, warn
+from ..errors import ConfigError, LmshardError
 from ..format import (
     METADATA_FILE,
     TOKENIZER_FILE,
@@ -43,13 +43,12 @@ from ..tokenizers import Tokenizer
 from .config import PrepareConfig
 from .documents.dedup import uniform_from_keys
 from .documents.reading import InputGone, InputReadError, work_kept
-from .documents.sources import Source, Sources, WorkItem, discover, note_growth
+from .documents.sources import Source, Sources, WorkItem, note_growth
 from .documents.worker import ItemResult
-from .domains import check_sources
 from .execution.feed import Recount, early_pool, item_results
 from .execution.nearpass import add_examples, remove_spool
 from .execution.pool import OrderedPool, WorkerDied
-from .execution.runplan import worker_config
+from .execution.runplan import load_run, worker_config
 from .output.build import (
     CHECKPOINT_SECONDS,
     Build,
@@ -60,7 +59,7 @@ from .output.build import (
     check_not_empty,
     sigterm_stops,
 )
-from .output.claim import Claim, bos_written, claim_output, run_tokenizer, write_run
+from .output.claim import Claim, bos_written, claim_output, write_run
 from .output.dictfile import keep, trained
 from .output.metadata import dataset_metadata, warn_empty_val
 from .output.staging import (
@@ -98,14 +97,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
                           f"{config.executor}`")  # fmt: skip
     started = time.time()
     paths = OutputPaths.of(config.out)
-    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
-    if sources.hint:
-        warn(sources.hint)
-    if config.hf:
-        sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
-    check_sources(config, sources)  # (--val-by FIELD: inputs with fields)
     with contextlib.ExitStack() as stack:
-        tokenizer = run_tokenizer(config)  # fail fast on a missing vocabulary
+        sources, tokenizer = load_run(config)  # (fails fast on a missing vocabulary)
         if not config.append:
             config.encoding(tokenizer.n_vocab)  # fail fast on uint16 for a larger vocabulary
         from .execution import local_exec  # (whose stages use this module)

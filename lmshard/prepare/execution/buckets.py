@@ -7,13 +7,15 @@ so a bucket's work stays bounded however many tasks share a run, and the answer 
 documents repeat an earlier one) never depends on how the work was dealt. A document's bucket
 is its key modulo the bucket count (keys are xxh3-64: their low bits are uniform).
 
-**Groups.** The dedup stage's items are groups of consecutive buckets (taskplan.group_count):
-every bucket while groups × tasks stays within PAIRS (2^24), else as many groups as that allows
-(256 for 65,536 tasks). A group reads one slice of each task's key file (its buckets are
-contiguous there) and writes one file of duplicates, so the dedup stage opens groups × tasks key
-files and the select stage groups × tasks files of duplicates: at most 2^24 each however many
-tasks a run has, where one item per bucket would open buckets × tasks (2.7 × 10^8 each at 4,096
-buckets and 65,536 tasks). Which documents are duplicates does not depend on the grouping.
+**Groups.** The dedup stage's items are groups of consecutive buckets (taskplan.group_count): as
+many as the run's processes (tasks × workers) or one per 256 MiB of input, whichever is more, up
+to every bucket, while groups × tasks stays within PAIRS (2^24), else as many groups as that
+allows (256 for 65,536 tasks). A run in one process resolves a small input in one group. A
+group reads one slice of each task's key file (its buckets are contiguous there) and writes one
+file of duplicates, so the dedup stage opens groups × tasks key files and the select stage
+groups × tasks files of duplicates: at most 2^24 each however many tasks a run has, where one
+item per bucket would open buckets × tasks (2.7 × 10^8 each at 4,096 buckets and 65,536
+tasks). Which documents are duplicates does not depend on the grouping.
 
 **Files** (keyfiles.py). Each tokenize task writes its documents' keys already partitioned by
 bucket into one file; group g reads its buckets' slice of each task's file (a few positioned
@@ -27,9 +29,9 @@ it meets them in order. (Keys of different buckets differ, so a group resolves i
 one pass.)
 
 Memory model: a group holds its buckets' keys, 16 bytes per document of the group plus the sort
-(np.unique), 1/G of the run's documents (G groups); with --near-dedup 16 more bytes per band of
-each of them (352 at the default 22 bands); a select task holds its documents' duplicates (8
-bytes each).
+(np.unique), 1/G of the run's documents (G groups: one per 256 MiB of input or more, below the
+PAIRS cap); with --near-dedup 16 more bytes per band of each of them (352 at the default 22
+bands); a select task holds its documents' duplicates (8 bytes each).
 """
 
 from __future__ import annotations

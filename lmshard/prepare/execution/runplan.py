@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, warn
 from ...format import load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -82,7 +82,8 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     hf = config.hf_spec() if config.hf else None
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, hf, n_tasks)
-    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes, hf) | {"prepare": asdict(config)}
+    wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes, hf, config.n_workers())
+    wanted["prepare"] = asdict(config)
     if config.append:
         wanted["previous"] = previous_of(config.out)
     return ensure_plan(work, wanted), sources, tokenizer
@@ -138,8 +139,12 @@ def previous_of(out: str) -> dict[str, Any]:
 
 
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
-    """The run's inputs (as prepare discovers them, a saved Hugging Face split last) and tokenizer."""
+    """The run's inputs (as prepare discovers them, a saved Hugging Face split last) and tokenizer,
+    the one walk of the inputs of every run, in one process or planned: its hint about skipped
+    files that look like text is said here."""
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
+    if sources.hint:
+        warn(sources.hint)
     if config.hf:
         sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     check_sources(config, sources)  # (--val-by FIELD: inputs with fields)

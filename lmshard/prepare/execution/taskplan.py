@@ -16,8 +16,8 @@ gives a unit's work items with the lines (and line numbers: a range's first line
 by the task that tokenizes it) that the single-machine plan gives, so the stages that take the
 units' documents in plan order (stages.py) see the single-machine document sequence. The plan
 also fixes the number of dedup buckets (`bucket_count`), from the input's size alone, and the
-dedup stage's items, groups of consecutive buckets (`group_count`), from the buckets and the
-task count.
+dedup stage's items, groups of consecutive buckets (`group_count`), from the buckets, the input's
+size and the processes that share them.
 
 **Tasks.** Units are dealt to N tasks as contiguous runs balanced by bytes (a task ends at the
 first unit boundary past its share of the total), so each task reads neighbouring data. A task
@@ -105,10 +105,16 @@ def bucket_count(total_bytes: int) -> int:
 PAIRS = 1 << 24  # dedup groups x tasks, at most: the files the dedup stage opens, and the select stage
 
 
-def group_count(n_buckets: int, n_tasks: int) -> int:
-    """The dedup stage's items: `n_buckets` (a power of two) while that many times `n_tasks`
-    stays within PAIRS, else the largest power of two that does (at least 1)."""
-    groups = n_buckets
+def group_count(n_buckets: int, n_tasks: int, total_bytes: int | None = None, processes: int | None = None) -> int:
+    """The dedup stage's items: a power of two, as many as the processes that can share them
+    (`processes`: the tasks times each task's workers) or one per BYTES_PER_BUCKET of input,
+    whichever is more, at most `n_buckets`; and at most PAIRS / `n_tasks`. A group holds
+    what a bucket of a run that size holds, so a run in one process resolves a small input in one
+    group (one read of its key file), where a run of many processes gets one group each.
+    Without the input's size and processes: every bucket a group."""
+    want = n_buckets if total_bytes is None or processes is None else \
+        max(1, processes, -(-total_bytes // BYTES_PER_BUCKET))
+    groups = min(n_buckets, 1 << (want - 1).bit_length())
     while groups > 1 and groups * n_tasks > PAIRS:
         groups //= 2
     return groups
@@ -292,13 +298,15 @@ def assign(units: list[Unit], n_tasks: int) -> list[tuple[int, int]]:
 
 
 def make_plan(fingerprint: dict[str, Any], sources: list[Source], units: list[Unit], n_tasks: int,
-              unit_bytes: int = UNIT_BYTES, hf: Any = None) -> dict[str, Any]:  # fmt: skip
+              unit_bytes: int = UNIT_BYTES, hf: Any = None, workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """The plan in memory: the run's fingerprint (see claim.py), the sources (with the identity
     the fingerprint gave each: its modification time or version), units and tasks; the dedup
-    buckets sized to the inputs' bytes (`hf`: a Hugging Face source's HFSpec, whose are guessed)."""
-    buckets = bucket_count(sum(s.size for s in sources) + (source_bytes(hf) if hf is not None else 0))
+    buckets sized to the inputs' bytes (`hf`: a Hugging Face source's HFSpec, whose are guessed),
+    and their groups to the bytes and the processes (`workers` per task)."""
+    total = sum(s.size for s in sources) + (source_bytes(hf) if hf is not None else 0)
+    buckets = bucket_count(total)
     return {"version": PLAN_VERSION, "n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint,
-            "buckets": buckets, "groups": group_count(buckets, n_tasks),
+            "buckets": buckets, "groups": group_count(buckets, n_tasks, total, n_tasks * workers),
             "sources": [source_row(s, ident) for s, ident in zip(sources, fingerprint["sources"], strict=True)],
             "units": [[u.source, u.kind, u.start, u.end, u.nbytes] for u in units],
             "tasks": [list(r) for r in assign(units, n_tasks)]}  # fmt: skip
