@@ -250,6 +250,35 @@ def test_a_stream_as_planned_tasks_is_cut_into_its_shards_and_equals_one_process
     assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
 
 
+def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path):
+    """The plan records which data files a stream was planned with (their names; a hub dataset's
+    name the commit `datasets` resolved them at): a task that finds another set of as many (a
+    revision pushed meanwhile; here a file renamed) is refused in one line before it reads a
+    record, and goes on once the planned files are back."""
+    from lmshard.errors import InputError
+    from lmshard.prepare.documents import hf
+    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution.stages import run_task
+
+    data = tmp_path / "pq" / "data"
+    data.mkdir(parents=True)
+    for k in range(3):
+        column = make_texts(30, seed=k)
+        datasets.Dataset.from_dict({"text": column}).to_parquet(str(data / f"train-{k:05d}-of-00003.parquet"))
+    config = PrepareConfig(out=str(tmp_path / "tasks"), hf=str(tmp_path / "pq"), workers=1)
+    local_exec.claim(config, 3)
+    assert run_task(config, 3, "tokenize", 0) == 1
+    planned, renamed = data / "train-00002-of-00003.parquet", data / "train-00002-of-00003-new.parquet"
+    planned.rename(renamed)
+    hf._STREAMS.clear()  # (as another process opens the stream)
+    with pytest.raises(InputError, match="its data files are not the ones the run was planned with") as e:
+        run_task(config, 3, "tokenize", 1)
+    assert "\n" not in str(e.value) and "--revision" in str(e.value)
+    renamed.rename(planned)
+    hf._STREAMS.clear()
+    assert run_task(config, 3, "tokenize", 1) == 1
+
+
 def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
     """--hf-tasks (separate datasets) and --num-tasks (one dataset) are refused together in one line."""
     result = runner.invoke(app, ["prepare", "--hf", str(local / "pq"), "--out", str(tmp_path / "o"), "--num-tasks",

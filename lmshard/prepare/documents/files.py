@@ -54,7 +54,8 @@ class Source:
     inode: int = 0  # the file's inode when the run started (0: not recorded): reading checks it is the same file
     # An object at a URL: `url` opens it (credentials and all), `path` is that URL redacted, the
     # name every message, record and fingerprint shows; `version` is the ETag (or modification
-    # time) its listing gave when the run started, for --resume's fingerprint.
+    # time) its listing gave when the run started, for --resume's fingerprint; a Hugging Face
+    # stream's, in a plan: which data files it was planned with (hf.stream_mark).
     url: str = field(default="", repr=False)
     version: str = ""
     # A stream (stdin, a pipe) a planned run saved to a file of its work folder before planning:

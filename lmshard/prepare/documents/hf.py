@@ -18,6 +18,7 @@ memory-mapped arrow. Nothing holds the dataset.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from collections.abc import Iterator
@@ -316,13 +317,27 @@ def source_bytes(spec: HFSpec) -> int:
     return int(stated) if stated else stream_shards(spec) << 30
 
 
-def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0) -> Iterator[Record]:
+def stream_mark(spec: HFSpec) -> str:
+    """Which data files the stream reads, as a digest of their names: a hub dataset's name the
+    commit `datasets` resolved them at (`hf://datasets/ID@SHA/...`), so a revision pushed
+    after a planned run's planning changes it, as does a data file added, removed or renamed in a
+    directory (one rewritten in place under its name does not). "" where `datasets` does not say."""
+    files = getattr(getattr(_stream(spec), "_ex_iterable", None), "kwargs", {}).get("files")
+    return hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:16] if files else ""
+
+
+def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0, mark: str | None = None) -> Iterator[Record]:
     """The records of shard `index` of the stream's `n_shards` (as planned), numbered from
-    `start` + 1; a stream that has another number of shards now is refused in one line."""
+    `start` + 1; a stream that has another number of shards now, or other data files than the
+    planned ones (`mark`: their `stream_mark`), is refused in one line."""
     data = _stream(spec)
     if data.n_shards != n_shards:
         raise InputError(f"--hf {spec.dataset}: has {data.n_shards:,} data files, not the {n_shards:,} of when "
                          "the run was planned; delete the run's work folder and plan again (or pin its --revision)")
+    if mark and stream_mark(spec) not in ("", mark):
+        raise InputError(f"--hf {spec.dataset}: its data files are not the ones the run was planned with (a new "
+                         "revision, or files renamed); delete the run's work folder and plan again (or pin its "
+                         "--revision)")  # fmt: skip
     shard = data.shard(num_shards=n_shards, index=index, contiguous=True)
     yield from example_records(iter(shard), spec.text_field, _where(spec, index, n_shards), start)
 

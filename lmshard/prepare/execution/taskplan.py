@@ -221,7 +221,8 @@ def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str,
     records, with the same line numbers, as `sources.plan` gives for the whole source (`hf`: the
     HFSpec of a Hugging Face source, with the fields its records keep)."""
     if unit.kind == "shard":  # a stream's shard, its records batched here as `plan` batches the stream's
-        yield from batch_records(i, src, shard_records(hf, unit.start, unit.end, max(unit.first_line, 1) - 1))
+        yield from batch_records(i, src, shard_records(hf, unit.start, unit.end, max(unit.first_line, 1) - 1,
+                                                       src.version))  # fmt: skip
     elif unit.kind == "row_group":
         yield WorkItem(i, unit.start, "parquet", locator=unit.start, nbytes=unit.nbytes)
     elif unit.kind == "rows":  # a saved Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them
