@@ -13,13 +13,12 @@ key file's) documents from one unit: the unit's tokens already carry the separat
 BOS with --bos) exactly as a local run writes them, so its writer copies each run of
 consecutive kept documents from the unit's token file into the shard's temporary `.bin.tmp`
 at the part's place (the layout knows the tokens and documents before it), writes their
-offsets into `.idx.tmp`, syncs them (but in a local run, whose seal syncs each file whole:
-volatile.py), then its marker `write/part_N.done`. Many tasks write one large shard at once.
-**Seal**: once every part of a piece is written, the piece is cut to its size, made durable,
-hashed start to end (xxh3-64 cannot be combined from pieces, so the one sequential pass is a
-read at memory or filesystem speed, not a rewrite) and renamed into place; its marker
-`write/piece_N.json` is the shard's or key file's entry for the metadata. A write task seals
-the pieces whose last part it finished; the finish seals any left by a killed task.
+offsets into `.idx.tmp`, then its marker `write/part_N.done`. Many tasks write one
+large shard at once. **Seal**: once every part of a piece is written, the piece is cut to its
+size, made durable, hashed start to end (xxh3-64 cannot be combined from pieces, so the one
+sequential pass is a read at memory or filesystem speed, not a rewrite) and renamed into place;
+its marker `write/piece_N.json` is the shard's or key file's entry for the metadata. A write
+task seals the pieces whose last part it finished; the finish seals any left by a killed task.
 
 Memory model: a part's writer holds one unit's lengths and split (9 bytes per document), its
 documents' offsets and with --attribute the unit's attribute records; tokens are copied file to
@@ -172,8 +171,8 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
                 n = int(mine[run].sum())
                 _copy(src, fds[0], base + int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
                 at += n
-        for fd in fds:  # (a local run's: left to the seal, which syncs each file whole; volatile.py)
-            volatile.sync(fd)
+        for fd in fds:
+            os.fsync(fd)
     finally:
         os.close(src)
         for fd in fds:
