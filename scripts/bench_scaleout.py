@@ -14,6 +14,10 @@ what each stage costs.
 2. One task of each stage run alone (`lmshard run-task`): wall time, peak RSS, tokens per
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
+3. Small inputs (the corpus's first 100 KB, 1 MB and 8 MB), whose plain prepare keeps the
+   one-process start: the command's wall time (its start included) in one process and as the
+   stages, with 1 worker (the stages in-process: `--num-tasks 1`) and with 2 (the pool,
+   LMSHARD_STAGED_BYTES=0), medians of 5 rotated runs, and the ratios.
 
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
@@ -80,6 +84,38 @@ def files(root: Path) -> dict[str, bytes]:
                 data = json.dumps(meta, sort_keys=True).encode()
             out[p.relative_to(root).as_posix()] = data
     return out
+
+
+SMALL = (100_000, 1_000_000, 8_000_000)  # bytes of input (section 3)
+
+
+def small_inputs(t: Path) -> list[str]:
+    """Section 3: the rows of its table."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    kinds = {"one process, 1 worker": (["--workers", "1"], {}),
+             "stages in-process (`--num-tasks 1`), 1 worker": (["--workers", "1", "--num-tasks", "1"], {}),
+             "one process, 2 workers": (["--workers", "2"], {}),
+             "stages in the pool, 2 workers": (["--workers", "2"], {"LMSHARD_STAGED_BYTES": "0"})}  # fmt: skip
+    with gzip.open(require_corpus(), "rb") as f:
+        head = f.read(max(SMALL) + (1 << 20))
+    rows = ["| input | " + " | ".join(kinds) + " | stages / one process, 1 worker; 2 workers |",
+            "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
+    for size in SMALL:
+        src = t / f"small_{size}.jsonl"
+        src.write_bytes(head[: head.rindex(b"\n", 0, size) + 1])
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        names = list(kinds)
+        for i in range(5):
+            for kind in names[i % len(names) :] + names[: i % len(names)]:
+                extra, more = kinds[kind]
+                out = t / f"small_out_{size}_{i}_{names.index(kind)}"
+                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), *extra], env | more)
+                times[kind].append(sec)
+        med = [statistics.median(times[k]) for k in names]
+        rows.append(f"| {src.stat().st_size / 1e6:.1f} MB | " + " | ".join(f"{m:.2f} s" for m in med) +
+                    f" | **{med[1] / med[0]:.2f}**; **{med[3] / med[2]:.2f}** |")  # fmt: skip
+        print(f"3. {size:,} bytes: " + ", ".join(f"{k} {m:.3f} s" for k, m in zip(names, med, strict=True)), flush=True)
+    return rows
 
 
 def main() -> None:
@@ -153,6 +189,7 @@ def main() -> None:
             stage_rows.append((stage, " ".join(task), sec, main_rss))
             print(f"2. {stage} {' '.join(task)}: {sec:.2f} s, peak RSS {main_rss / 2**20:.0f} MiB", flush=True)
         n_units = plan["n_units"]
+        small = small_inputs(t) if not args.dedup_lines else []
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
     flags = "".join(f" {o}" for o in options)
@@ -186,6 +223,9 @@ def main() -> None:
              f"options included). Work directory at its largest (before the write stage): {work_bytes / tokens:.2f} bytes "
              f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
+    if small:
+        rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start: the "
+                 "command's wall time, its start included (medians of 5 rotated runs):", "", *small]  # fmt: skip
     copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
             f"`python scripts/bench_scaleout.py{flags}{copies}` (in `make bench` without --copies: the corpus "
