@@ -56,8 +56,8 @@ task's: its count per part, the largest over the measured tasks, times the parts
 the largest U, since a write task's parts and seals vary from task to task) except its
 operations on the dedup groups' files (`dedup/group_*`, counted apart), taken as so many per
 group of the largest plan times the groups at scale (a plan's buckets, or groups of them where
-it has many tasks: taskplan.group_count; the bucket point is printed to show the same per
-group); a dedup task's count is its count per group held times the groups a task holds at scale
+it has many tasks: taskplan.group_count, whose plans here group every bucket as a plan at scale
+does, whatever their size; the bucket point is printed to show the same per group); a dedup task's count is its count per group held times the groups a task holds at scale
 (its bytes read: the measured group's over the ratio of groups), and idle dedup tasks count as
 the idle one measured; run totals add up every task, each counted as the median measured task
 of its stage (the largest may have folded a group of the stage's marks, which happens once per
@@ -140,12 +140,17 @@ TRACED = ("open,openat,creat,stat,lstat,newfstatat,statx,access,faccessat,facces
 FLAT = 0.10
 UNITS_PER_SHARD = 20  # units per shard and per key file: 262,000 units / 13,000 shards at scale
 
-# Runs `python -m lmshard` in this process; with BENCH_CLUSTER_BUCKETS set, the plan gets
-# that many dedup buckets (no option sets them: they follow the input's size).
+# Runs `python -m lmshard` in this process. A plan groups its dedup buckets as a plan at scale does
+# (every bucket a group, below the 2^24 cap: taskplan.group_count without the input's size and
+# processes), not as few as these tiny inputs and few processes would get, so that the count per group
+# is measured at the same grouping at every U; with BENCH_CLUSTER_BUCKETS set, the plan gets that many
+# dedup buckets (no option sets them: they follow the input's size).
 WRAPPER = """
 import os, runpy
+from lmshard.prepare.execution import taskplan
+grouped = taskplan.group_count
+taskplan.group_count = lambda n_buckets, n_tasks, *sized: grouped(n_buckets, n_tasks)
 if os.environ.get("BENCH_CLUSTER_BUCKETS"):
-    from lmshard.prepare.execution import taskplan
     taskplan.bucket_count = lambda total_bytes: int(os.environ["BENCH_CLUSTER_BUCKETS"])
 runpy.run_module("lmshard", run_name="__main__", alter_sys=True)
 """

@@ -250,11 +250,15 @@ def test_a_stream_as_planned_tasks_is_cut_into_its_shards_and_equals_one_process
     assert _files(tmp_path / "one") == _files(tmp_path / "tasks")
 
 
-def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path):
-    """The plan records which data files a stream was planned with (their names; a hub dataset's
-    name the commit `datasets` resolved them at): a task that finds another set of as many (a
-    revision pushed meanwhile; here a file renamed) is refused in one line before it reads a
-    record, and goes on once the planned files are back."""
+@pytest.mark.parametrize("ext", ["parquet", "jsonl"])
+def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ext):
+    """The plan records which data files a stream was planned with (their names, relative to a
+    directory; a hub dataset's name the commit `datasets` resolved them at): a task that finds
+    another set of as many (a revision pushed meanwhile; here a file renamed) is refused in one
+    line before it reads a record, and goes on once the planned files are back. The record is the
+    same in every process, wherever the directory is."""
+    import shutil
+
     from lmshard.errors import InputError
     from lmshard.prepare.documents import hf
     from lmshard.prepare.execution import local_exec
@@ -263,12 +267,19 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path):
     data = tmp_path / "pq" / "data"
     data.mkdir(parents=True)
     for k in range(3):
-        column = make_texts(30, seed=k)
-        datasets.Dataset.from_dict({"text": column}).to_parquet(str(data / f"train-{k:05d}-of-00003.parquet"))
+        column, path = make_texts(30, seed=k), data / f"train-{k:05d}-of-00003.{ext}"
+        if ext == "parquet":
+            datasets.Dataset.from_dict({"text": column}).to_parquet(str(path))
+        else:
+            jsonl(path, column)
+    mark = hf.stream_mark(HFSpec(dataset=str(tmp_path / "pq")))
+    shutil.copytree(tmp_path / "pq", tmp_path / "elsewhere")
+    hf._STREAMS.clear()
+    assert len(mark) == 16 and hf.stream_mark(HFSpec(dataset=str(tmp_path / "elsewhere"))) == mark
     config = PrepareConfig(out=str(tmp_path / "tasks"), hf=str(tmp_path / "pq"), workers=1)
     local_exec.claim(config, 3)
     assert run_task(config, 3, "tokenize", 0) == 1
-    planned, renamed = data / "train-00002-of-00003.parquet", data / "train-00002-of-00003-new.parquet"
+    planned, renamed = data / f"train-00002-of-00003.{ext}", data / f"train-00002-of-00003-new.{ext}"
     planned.rename(renamed)
     hf._STREAMS.clear()  # (as another process opens the stream)
     with pytest.raises(InputError, match="its data files are not the ones the run was planned with") as e:

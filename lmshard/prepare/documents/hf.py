@@ -321,9 +321,17 @@ def stream_mark(spec: HFSpec) -> str:
     """Which data files the stream reads, as a digest of their names: a hub dataset's name the
     commit `datasets` resolved them at (`hf://datasets/ID@SHA/...`), so a revision pushed
     after a planned run's planning changes it, as does a data file added, removed or renamed in a
-    directory (one rewritten in place under its name does not). "" where `datasets` does not say."""
-    files = getattr(getattr(_stream(spec), "_ex_iterable", None), "kwargs", {}).get("files")
-    return hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:16] if files else ""
+    directory (its names taken relative to it; one rewritten in place under its own name does not).
+    "" where `datasets` does not list them as names (its releases before 5 hold parquet's as lazy
+    iterables): no check then."""
+    kwargs = getattr(getattr(_stream(spec), "_ex_iterable", None), "kwargs", None) or {}
+    lists = (kwargs.get(k) for k in ("files", "base_files"))  # (parquet's; json, csv and text's)
+    files = next((f for f in lists if isinstance(f, list) and f and all(isinstance(n, str) for n in f)), None)
+    if files is None:
+        return ""
+    root = "" if spec.kind() == "hub" else os.path.abspath(spec.dataset) + os.sep
+    names = [n[len(root) :] if root and n.startswith(root) else n for n in files]
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
 def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0, mark: str | None = None) -> Iterator[Record]:

@@ -67,9 +67,9 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         plan = load_plan(work)
         if task:
             sources = PlanSources(plan["sources"])
-        elif any(s.stream for s in sources):  # stdin or a pipe: read from where the planner saved it
-            planned = PlanSources(plan["sources"])
-            sources = [planned[i] if s.stream else s for i, s in enumerate(sources)]
+        elif any(s.stream or s.fmt == "hf" for s in sources):  # stdin or a pipe: read from where the planner
+            planned = PlanSources(plan["sources"])  # saved it; a Hugging Face stream: with the data files planned
+            sources = [planned[i] if s.stream or s.fmt == "hf" else s for i, s in enumerate(sources)]
         if adopt:
             n_tasks, unit_bytes = int(plan["n_tasks"]), int(plan["unit_bytes"])
         # no size asked: the plan's (sized from the inputs as they were; a changed input is the fingerprint's to name)

@@ -108,10 +108,10 @@ PAIRS = 1 << 24  # dedup groups x tasks, at most: the files the dedup stage open
 def group_count(n_buckets: int, n_tasks: int, total_bytes: int | None = None, processes: int | None = None) -> int:
     """The dedup stage's items: a power of two, as many as the processes that can share them
     (`processes`: the tasks times each task's workers) or one per BYTES_PER_BUCKET of input,
-    whichever is more, at most `n_buckets`; and at most PAIRS / `n_tasks`. A group holds
-    what a bucket of a run that size holds, so a run in one process resolves a small input in one
-    group (one read of its key file), where a run of many processes gets one group each.
-    Without the input's size and processes: every bucket a group."""
+    whichever is more, at most `n_buckets`; and at most PAIRS / `n_tasks`. So a group holds the
+    keys of at most BYTES_PER_BUCKET of input below those caps, a run in one process resolves a
+    small input in one group (one read of its key file), and a run of many processes gets a group
+    for each. Without the input's size and processes: every bucket a group (as at scale)."""
     want = n_buckets if total_bytes is None or processes is None else \
         max(1, processes, -(-total_bytes // BYTES_PER_BUCKET))
     groups = min(n_buckets, 1 << (want - 1).bit_length())
