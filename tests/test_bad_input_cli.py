@@ -367,24 +367,24 @@ def test_too_short_example_names_file_and_line(tmp_path):
 
 
 def test_os_error_escaping_prepare_is_one_line(tmp_path, monkeypatch):
-    import lmshard.prepare.pipeline as pipeline
+    import lmshard.prepare.execution.runplan as runplan  # (the walk of the inputs every prepare takes)
 
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "secret"))
 
-    monkeypatch.setattr(pipeline, "discover", denied)
+    monkeypatch.setattr(runplan, "discover", denied)
     code, message = prepare_cli(tmp_path / "o", str(tmp_path))
     assert code == EXIT_ERROR
     assert message.endswith(f"error: {tmp_path / 'secret'}: Permission denied; check its permissions"), message
 
 
 def test_eof_error_escaping_prepare_is_one_line_not_aborted(tmp_path, monkeypatch):
-    import lmshard.prepare.pipeline as pipeline
+    import lmshard.prepare.execution.runplan as runplan
 
     def ended(*args, **kwargs):
         raise EOFError("Ran out of input")
 
-    monkeypatch.setattr(pipeline, "discover", ended)
+    monkeypatch.setattr(runplan, "discover", ended)
     code, message = prepare_cli(tmp_path / "o", str(tmp_path))
     assert code == EXIT_ERROR and "error: the input ended unexpectedly (Ran out of input)" in message, message
 

@@ -23,6 +23,7 @@ from faults import failing_reads, unreadable
 from test_prepare import run
 from typer.testing import CliRunner
 
+import lmshard.prepare.execution.runplan as runplan
 import lmshard.prepare.pipeline as pipeline
 from lmshard.cli import app
 from lmshard.errors import ConfigError, InputError
@@ -214,14 +215,14 @@ def test_what_a_pipe_cannot_do_is_refused_naming_it(tmp_path, name, options, wor
 
 def after_discovery(monkeypatch, change) -> None:
     """Call `change()` once prepare has recorded its inputs (paths, sizes), before it reads any."""
-    discover = pipeline.discover
+    discover = runplan.discover  # (the walk of the inputs every prepare takes)
 
     def discover_then_change(*args, **kwargs):
         found = discover(*args, **kwargs)
         change()
         return found
 
-    monkeypatch.setattr(pipeline, "discover", discover_then_change)
+    monkeypatch.setattr(runplan, "discover", discover_then_change)
 
 
 def append(path: Path, data: str | bytes) -> None:
