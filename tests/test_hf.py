@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 
@@ -285,9 +286,13 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
     with pytest.raises(InputError, match="its data files are not the ones the run was planned with") as e:
         run_task(config, 3, "tokenize", 1)
     assert "\n" not in str(e.value) and "--revision" in str(e.value)
+    resumed = dataclasses.replace(config, resume=True)  # a local run resumed: its stream as planned, checked too
+    with pytest.raises(InputError, match="its data files are not the ones the run was planned with"):
+        local_exec.run(resumed, 3)
     renamed.rename(planned)
     hf._STREAMS.clear()
     assert run_task(config, 3, "tokenize", 1) == 1
+    assert local_exec.run(resumed, 3).total_docs == 90
 
 
 def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
