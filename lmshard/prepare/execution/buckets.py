@@ -30,8 +30,8 @@ one pass.)
 
 Memory model: a group holds its buckets' keys, 16 bytes per document of the group plus the sort
 (np.unique), 1/G of the run's documents (G groups: one per 256 MiB of input or more, below the
-4,096 buckets and the PAIRS cap); with --near-dedup 16 more bytes per band of each of them (352 at the default 22
-bands); a select task holds its documents' duplicates (8 bytes each).
+4,096 buckets and the PAIRS cap); with --near-dedup 16 more bytes per band of each of them (352
+at the default 22 bands); a select task holds its documents' duplicates (8 bytes each).
 """
 
 from __future__ import annotations
