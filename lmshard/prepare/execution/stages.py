@@ -53,7 +53,7 @@ from ..config import PrepareConfig
 from ..documents.reading import InputGone
 from ..output.build import sigterm_stops
 from . import volatile
-from .barrier import is_complete, task_done, task_finished
+from .barrier import is_complete, running, task_done, task_finished
 from .itempool import run_items
 from .layout import LAYOUT_FILE
 from .nearparts import rounds
@@ -128,19 +128,9 @@ def _task_state(work: Path, stage: str, task: int) -> str | None:
         return f"failed on {where}): {state.get('error')}"
     if state.get("state") == "stopped":  # scancel, a time limit, Ctrl-C: nothing wrong with the task itself
         return f"stopped on {where}) by {state.get('signal')}"
-    if state.get("host") == socket.gethostname() and not _alive(int(state.get("pid", 0))):
+    if state.get("host") == socket.gethostname() and not running(int(state.get("pid", 0))):
         return f"died on {where} gone: killed?)"
     return f"running on {where})"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
 
 
 class TaskStopped(LmshardError):
