@@ -58,6 +58,14 @@ def _cli(cwd, **extra):
                                         env=env)  # fmt: skip
 
 
+def _here(monkeypatch, cwd):
+    """`run_task(stage, task)` in this process for the plan `prepare --out dist` made in `cwd`
+    (the plan names --out as the command line gave it: run from there)."""
+    monkeypatch.chdir(cwd)
+    config, n_tasks, unit_bytes = stages_module.config_of("dist")
+    return lambda stage, task: run_task(config, n_tasks, stage, task, unit_bytes)
+
+
 def _hold(cwd, args, stop_at):
     """`lmshard ARGS` in a session of its own, stopped by itself at LMSHARD_STOP_AT=stop_at."""
     env = os.environ | {"LMSHARD_UNIT_BYTES": str(_WINDOW), "LMSHARD_STOP_AT": stop_at}
@@ -307,11 +315,10 @@ def test_the_command_line_plans_runs_every_stage_reports_status_and_finishes(tmp
     assert early.returncode == 1 and "Traceback" not in early.stderr, early.stderr
     assert len(early.stderr.strip().splitlines()) == 1 and "the finish stage needs the" in early.stderr, early.stderr
     assert run("run-task", "--stage", "tokenize", "--task", "0", "dist").returncode == 0
-    monkeypatch.chdir(tmp_path)  # (the plan names --out as the command line gave it)
-    cfg, n_tasks, unit_bytes = stages_module.config_of("dist")  # (3 of each stage's tasks run here)
+    here = _here(monkeypatch, tmp_path)  # (3 of each stage's tasks run in this process)
     for stage in STAGES[1:-1]:
         for task in (2, 0, 3):
-            run_task(cfg, n_tasks, stage, task, unit_bytes)
+            here(stage, task)
         assert run("run-task", "--stage", stage, "--task", "1", "dist").returncode == 0
         assert f"{stage}: 4 of 4 tasks complete" in run("status", "dist").stdout
     assert "finish: not run; run: lmshard run-task --stage finish dist" in run("status", "dist").stdout
@@ -407,12 +414,11 @@ def test_a_task_killed_or_stopped_midway_is_named_by_status_and_its_rerun_comple
         assert f"task 0: 3 of {end - first} (stopped on " in shown and f"(pid {proc.pid}) by SIGTERM" in shown
     redo = run("run-task", "--stage", "tokenize", "--task", "0", "dist")
     assert redo.returncode == 0 and f"tokenize task 0: {end - first - 3} units tokenized" in redo.stderr, redo.stderr
-    monkeypatch.chdir(tmp_path)  # (the plan names --out as the command line gave it)
-    cfg, n_tasks, unit_bytes = stages_module.config_of("dist")
+    here = _here(monkeypatch, tmp_path)
     for stage in STAGES[1:-1]:
         for task in (1, 0):
-            run_task(cfg, n_tasks, stage, task, unit_bytes)
-    assert run_task(cfg, n_tasks, "finish", 0, unit_bytes) == 1
+            here(stage, task)
+    assert here("finish", 0) == 1
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
@@ -425,11 +431,10 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
     common = [str(src), "--workers", "1", "--on-error", "skip", "--tokens-per-shard", "5000"]
     assert run("prepare", *common, "--out", "local").returncode == 0
     assert run("prepare", *common, "--out", "dist", "--num-tasks", "2", "--executor", "none").returncode == 0
-    monkeypatch.chdir(tmp_path)  # (the plan names --out as the command line gave it)
-    cfg, n_tasks, unit_bytes = stages_module.config_of("dist")
+    here = _here(monkeypatch, tmp_path)
     for stage in STAGES[:3]:
         for task in (0, 1):
-            run_task(cfg, n_tasks, stage, task, unit_bytes)
+            here(stage, task)
     work = work_dir(tmp_path / "dist")
     n = len(Layout(work, load_plan(work)["tasks"], STREAMS)["tasks"][0])
     assert n > 3
