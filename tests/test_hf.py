@@ -260,7 +260,7 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
     same in every process, wherever the directory is."""
     import shutil
 
-    from lmshard.errors import InputError
+    from lmshard.errors import ConfigError, InputError
     from lmshard.prepare.documents import hf
     from lmshard.prepare.execution import local_exec
     from lmshard.prepare.execution.stages import run_task
@@ -286,13 +286,68 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
     with pytest.raises(InputError, match="its data files are not the ones the run was planned with") as e:
         run_task(config, 3, "tokenize", 1)
     assert "\n" not in str(e.value) and "--revision" in str(e.value)
-    resumed = dataclasses.replace(config, resume=True)  # a local run resumed: its stream as planned, checked too
-    with pytest.raises(InputError, match="its data files are not the ones the run was planned with"):
+    resumed = dataclasses.replace(config, resume=True)  # a local run resumed: refused as it claims --out
+    with pytest.raises(ConfigError, match="changed since the run started \\(its data files"):
         local_exec.run(resumed, 3)
     renamed.rename(planned)
     hf._STREAMS.clear()
     assert run_task(config, 3, "tokenize", 1) == 1
     assert local_exec.run(resumed, 3).total_docs == 90
+
+
+@pytest.mark.parametrize("kind", ["parquet", "saved"])
+def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monkeypatch, kind):
+    """A run in one process records its Hugging Face input's data files too (hf.resume_mark):
+    the names of a stream's, the save of a saved dataset. A --resume after a data file was
+    renamed (as a new revision renames them) or the dataset was saved again is refused in one
+    line naming the input, before anything is read; with the files back it goes on and ends as
+    an uninterrupted run does."""
+    from lmshard.errors import ConfigError
+    from lmshard.prepare import pipeline
+    from lmshard.prepare.documents import hf, sources
+    from lmshard.prepare.output.staging import Interrupted
+
+    texts = [make_texts(30, seed=k) for k in range(3)]
+    data = tmp_path / "ds" / "data"
+    if kind == "parquet":
+        data.mkdir(parents=True)
+        for k in range(3):
+            datasets.Dataset.from_dict({"text": texts[k]}).to_parquet(str(data / f"train-{k:05d}-of-00003.parquet"))
+    else:
+        datasets.Dataset.from_dict({"text": sum(texts, [])}).save_to_disk(str(tmp_path / "ds"))
+    monkeypatch.setattr(sources, "RECORDS_PER_ITEM", 10)  # (several work items, as the resumed run plans them)
+    real_stop = pipeline.stop_point
+
+    def ctrl_c(point: str, key: int | None = None) -> None:  # Ctrl-C once the first work item is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "stop_point", ctrl_c)
+    config = PrepareConfig(out=str(tmp_path / "o"), hf=str(tmp_path / "ds"), workers=1, val_fraction=0)
+    with pytest.raises(Interrupted):
+        prepare(config)
+    monkeypatch.setattr(pipeline, "stop_point", real_stop)
+    resumed = dataclasses.replace(config, resume=True)
+    if kind == "parquet":
+        planned, renamed = data / "train-00002-of-00003.parquet", data / "train-00002-of-00003-new.parquet"
+        planned.rename(renamed)
+    else:
+        datasets.Dataset.from_dict({"text": sum(texts, [])[::-1]}).save_to_disk(str(tmp_path / "ds2"))
+        (tmp_path / "ds").rename(tmp_path / "ds1")
+        (tmp_path / "ds2").rename(tmp_path / "ds")
+    hf._STREAMS.clear()
+    with pytest.raises(ConfigError) as e:
+        prepare(resumed)
+    said = str(e.value)
+    assert f"input hf:{tmp_path / 'ds'} changed since the run started (its data files" in said and "\n" not in said
+    if kind == "parquet":
+        renamed.rename(planned)
+    else:
+        (tmp_path / "ds").rename(tmp_path / "ds2")
+        (tmp_path / "ds1").rename(tmp_path / "ds")
+    hf._STREAMS.clear()
+    assert prepare(resumed).total_docs == 90
+    prepare(dataclasses.replace(config, out=str(tmp_path / "whole")))
+    assert tokens_of(tmp_path / "o") == tokens_of(tmp_path / "whole")
 
 
 def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):

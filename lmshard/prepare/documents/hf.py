@@ -334,6 +334,16 @@ def stream_mark(spec: HFSpec) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
+def resume_mark(spec: HFSpec) -> str:
+    """What a resumed run in one process must find as the interrupted one found it: a saved
+    dataset's save (the modification time of its state files, as `saved_split` keys it), or the
+    data files of the whole stream (`stream_mark`, whatever part --hf-tasks reads)."""
+    if spec.kind() == "saved":
+        marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
+        return str(max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0))
+    return stream_mark(replace(spec, task=0, tasks=1))
+
+
 def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0, mark: str | None = None) -> Iterator[Record]:
     """The records of shard `index` of the stream's `n_shards` (as planned), numbered from
     `start` + 1; a stream that has another number of shards now, or other data files than the

@@ -30,6 +30,7 @@ from ...format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, atomic_write_j
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..config import PrepareConfig
 from ..documents import sources as sources_mod
+from ..documents.hf import resume_mark
 from ..documents.reading import read_error
 from ..documents.sources import Source
 from .staging import RUN_FILE, RUN_VERSION, OutputPaths, inside, kind_of_output, read_run
@@ -137,12 +138,15 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
                  appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
     """What a resumed run must share with the interrupted one: the options that shape the output,
     each input's identity (path, size, modification time; for an object at a URL, its redacted
-    URL, size and the ETag or modification time its listing gave), the vocabulary, and the
+    URL, size and the ETag or modification time its listing gave; for a Hugging Face dataset,
+    `hf.resume_mark`), the vocabulary, and the
     dataset being appended to. JSON-shaped, so it compares equal after a round trip through the
     run record."""
 
     def identity(src: Source) -> list[Any]:
-        if src.fmt == "hf" or src.stream:
+        if src.fmt == "hf":  # its data files (a stream's names; a saved dataset's save)
+            return [src.path, src.fmt, src.size, resume_mark(config.hf_spec())]
+        if src.stream:
             return [src.path, src.fmt, src.size, 0]
         if src.url:  # found by a listing when the run started: no request here
             return [src.path, src.fmt, src.size, src.version]
@@ -199,6 +203,9 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
         return f"input {path} was not an input when the run started"
     for path, was in a_src.items():
         if was != b_src[path]:
+            if was[1] == "hf":
+                return (f"input {path} changed since the run started (its data files: a new revision, files added, "
+                        "removed or renamed, or the dataset saved again); put it back as it was, or pin --revision")
             what = "size or ETag" if "://" in str(path) else "size or modification time"
             return f"input {path} changed since the run started ({what})"
     if [s[0] for s in started.get("sources", [])] != [s[0] for s in now.get("sources", [])]:
