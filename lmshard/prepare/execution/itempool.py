@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,24 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
     _wait(futures, stage, done)
 
 
+def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int,
+                  done: Callable[[str, int], None], enough: Callable[[], bool]) -> list[int]:  # fmt: skip
+    """Run `items` of `stage` in plan order, `workers` at a time, until `enough()` (asked as each
+    finishes: `done(stage, item)` first); the items in progress then are finished. Returns those
+    never started."""
+    left, running = items[::-1], dict[Future[None], int]()
+    while running or (left and not enough()):
+        with stop_signals_ignored():
+            while left and len(running) < workers and not enough():
+                i = left.pop()
+                running[pool.submit(_items, stage, [i])] = i
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for f in finished:
+            _result(f, stage)
+            done(stage, running.pop(f))
+    return left[::-1]
+
+
 def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
     """Items of one stage in a pool of `workers` processes: one task of a planned run that
     holds many cores (a node of a cluster, `run-task` with the CPUs the scheduler granted)."""
@@ -83,16 +101,20 @@ def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
 
 def _wait(futures: dict[Future[None], list[int]], stage: str, done: Callable[[str, int], None] | None) -> None:
     for f in as_completed(futures):  # each as it finishes: the progress line follows the units
-        try:
-            f.result()  # a worker's error is raised here
-        except BrokenProcessPool:
-            why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
-                   "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
-                   "memory ran out)")  # fmt: skip
-            raise WorkerDied(why) from None
+        _result(f, stage)
         if done is not None:
             for i in futures[f]:
                 done(stage, i)
+
+
+def _result(f: Future[None], stage: str) -> None:
+    try:
+        f.result()  # a worker's error is raised here
+    except BrokenProcessPool:
+        why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
+               "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
+               "memory ran out)")  # fmt: skip
+        raise WorkerDied(why) from None
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -35,12 +35,13 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import in_pool, item_pool
+from .itempool import in_pool, in_pool_until, item_pool
+from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
 from .runplan import check_scale_out, load_run
 from .taskplan import largest_whole, work_dir
-from .unitfiles import unit_marker
+from .unitfiles import skip_unit, unit_marker
 
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
 # one process reading and writing while workers tokenize starts faster).
@@ -124,17 +125,43 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     progress = _Progress(r, on_progress, resumed)
+    c = r.config
+    early = None  # --max-docs: the units after those that hold N kept documents are not read
+    if c.max_docs is not None and not c.near_dedup:
+        early = EarlyStop(r.work, c.max_docs, r.dedup, set(range(r.n_units)) - set(todo["tokenize"]))
+
+    def done(stage: str, i: int) -> None:
+        progress.done(stage, i)
+        if stage == "tokenize" and early is not None:
+            early.done(i)
+
     if workers <= 1:
         for stage in _order(r):
-            for i in _todo(r, stage):
+            items = list(_todo(r, stage))
+            for k, i in enumerate(items):
+                if stage == "tokenize" and early is not None and early.enough:
+                    _skip(r, items[k:], progress)
+                    break
                 r.do(stage, i)
-                progress.done(stage, i)
+                done(stage, i)
             _summarize(r, stage)
         return
     with item_pool(r, workers) as pool:
         for stage in _order(r):
-            in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
+            if stage == "tokenize" and early is not None:
+                _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough),
+                      progress)  # fmt: skip
+            else:
+                in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
+
+
+def _skip(r: Run, units: list[int], progress: _Progress) -> None:
+    """--max-docs: the units left once the units before hold N kept documents, written as units
+    of no documents without reading them (maxdocs.EarlyStop)."""
+    for u in units:
+        skip_unit(r.config, r.tokenizer, r.wcfg, u, r.line_masks if r.config.dedup_lines else None)
+        progress.done("tokenize", u)
 
 
 def _summarize(r: Run, stage: str) -> None:

@@ -27,7 +27,7 @@ Memory model: the select summary's rows (7 integers per unit), one unit's per-do
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ...format import SPLITS
+from ..documents.dedup import KeySet
 from ..documents.sources import Source
 from ..documents.worker import ItemResult, WorkerConfig, run_item
 from ..output.build import Totals, account
@@ -42,7 +43,7 @@ from . import volatile
 from .layout import add_totals, unit_arrays
 from .linenumbers import RELATIVE, tag
 from .taskplan import unit_items
-from .unitfiles import load_unit
+from .unitfiles import load_unit, read_section
 
 CUT = -3  # a document after the N-th kept one: not read by a one-process run
 CUT_FILE = "cut.json"
@@ -118,6 +119,43 @@ def _recount(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Work
         if at >= docs:
             break
     return totals
+
+
+class EarlyStop:
+    """--max-docs on one machine (local_exec.py): the units are tokenized in plan order, a few at
+    a time, until those done from the first on hold N kept documents; the units not started by
+    then are written as units of no documents without being read (unitfiles.skip_unit). The
+    dataset is the one of a run that tokenized every unit: whether a document is kept depends on
+    the units before it only (its key met earlier or not), and every unit after the one that
+    holds the N-th kept document keeps nothing (the cut above). Counted as the select stage keeps
+    them: a document whose key is new (with --dedup none, every one). Not with --near-dedup,
+    where a cluster can join two documents through a later one: every unit is read.
+
+    Memory model: the keys of the kept documents counted so far (≈16 bytes each, as a
+    one-process run's dedup set) and the numbers of the units done out of order."""
+
+    def __init__(self, work: Path, max_docs: int, dedup: bool, done: Iterable[int]) -> None:
+        self.tokenized, self.want = work / "tokenize", max_docs
+        self.seen = KeySet() if dedup else None
+        self.kept = self.next = 0  # kept documents of the units before `next`, all done
+        self.ready = set(done)
+        self._advance()
+
+    @property
+    def enough(self) -> bool:
+        return self.kept >= self.want
+
+    def done(self, u: int) -> None:
+        """Unit u is tokenized."""
+        self.ready.add(u)
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.next in self.ready and not self.enough:
+            keys = read_section(self.tokenized, self.next, "keys")
+            self.kept += int(self.seen.add_new(keys).sum()) if self.seen is not None else len(keys)
+            self.ready.discard(self.next)
+            self.next += 1
 
 
 def near_examples(examples: list[dict[str, Any]], ids: list[int], cut: dict[str, Any], base: int) -> list[Any]:

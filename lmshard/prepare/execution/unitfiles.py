@@ -110,6 +110,19 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     return True
 
 
+def skip_unit(config: PrepareConfig, tokenizer: Tokenizer, wcfg: WorkerConfig, u: int,
+              line_masks: Callable[[int], LineMasks] | None = None) -> None:  # fmt: skip
+    """Unit u's results as a unit of no documents, written without reading it: a --max-docs run
+    on one machine that has its N documents in the units before (maxdocs.EarlyStop). With
+    --dedup-lines the keys of the lines met first in it are kept (the dataset's line key files
+    hold every line hashed)."""
+    out = work_dir(config.out) / "tokenize"
+    out.mkdir(parents=True, exist_ok=True)
+    fresh = line_masks(u)[1] if line_masks is not None else None
+    separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
+    _write_unit(out, u, iter(()), {"lines": 0, "skipped": 1}, separators, wcfg.minhash, fresh)
+
+
 def first_line(tokenized: Path, plan: dict[str, Any], src: Source, u: int, hf: Any = None) -> int:
     """The number of range unit u's first line in its file (of shard unit u's first record in
     its stream): counted on from the nearest earlier unit of the same source already tokenized

@@ -1,0 +1,115 @@
+"""--max-docs N on one machine (the local executor: `prepare --num-tasks N`, and the stages of a
+plain prepare) reads its units in plan order and stops once the units from the first on hold N
+kept documents: the units after are never read (written as units of no documents), and the
+dataset is the one a one-process run writes, byte for byte. The truth for "which units must be
+read" is a hand count over the input file: each unit's lines (its byte range in the plan), a
+text kept when not met before."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from test_prepare import jsonl, make_texts
+from test_stages import _files
+
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.execution import local_exec, unitfiles
+from lmshard.prepare.execution.taskplan import load_plan
+from lmshard.prepare.output.staging import Interrupted
+
+UNIT = 64 << 10
+OPTS = dict(val_fraction=0.1, tokens_per_shard=5_000)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """4,500 documents in one file (about 25 units), 500 of them repeats of earlier ones."""
+    texts = make_texts(4000, seed=5)
+    return jsonl(tmp_path_factory.mktemp("early") / "a.jsonl", texts[:1500] + texts[200:700] + texts[1500:])
+
+
+def _markers(monkeypatch) -> dict:
+    """The run's plan and tokenize markers, read as its finish starts (the finish removes them)."""
+    seen: dict = {}
+    real = local_exec.finish
+
+    def finish(config, paths, work, *rest):
+        seen["units"] = list(load_plan(work)["units"])
+        done = (work / "tokenize").glob("unit_*.done")
+        seen["markers"] = {int(p.name[5:11]): json.loads(p.read_text()) for p in done}
+        return real(config, paths, work, *rest)
+
+    monkeypatch.setattr(local_exec, "finish", finish)
+    return seen
+
+
+def _last_needed(path, units, n: int, dedup: bool) -> int:
+    """By hand: the unit that holds the N-th kept document (the last if none does)."""
+    data, met, kept = path.read_bytes(), set(), 0
+    for u, (_, kind, start, end, *_) in enumerate(units):
+        assert kind == "range"
+        for line in data[start:end].splitlines():
+            text = json.loads(line)["text"]
+            kept += not dedup or text not in met
+            met.add(text)
+        if kept >= n:
+            return u
+    return len(units) - 1
+
+
+@pytest.mark.parametrize(("workers", "extra"), [(1, {}), (1, {"dedup": "none"}), (2, {}), (1, {"dedup_lines": True}),
+                                                (1, {"near_dedup": True})])  # fmt: skip
+def test_a_max_docs_run_on_one_machine_reads_no_unit_after_the_nth_kept_document(tmp_path, monkeypatch, corpus,
+                                                                                 workers, extra):  # fmt: skip
+    """In one process exactly the units up to the one that holds the N-th kept document are read
+    (N before the repeats and past them); in the pool at least those, and none after them is read
+    that was not started before it (the workers finish the units they hold); with --near-dedup
+    every unit. The bytes are one process's."""
+    for n in (700, 1700) if not extra.get("near_dedup") else (1700,):
+        opts = dict(OPTS, max_docs=n, **extra)
+        one = prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / f"one{n}"), workers=1, **opts))
+        seen = _markers(monkeypatch)
+        config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / f"planned{n}"), workers=workers,
+                               unit_size=UNIT, **opts)  # fmt: skip
+        assert local_exec.run(config, 3).total_docs == one.total_docs == n
+        assert _files(tmp_path / f"planned{n}") == _files(tmp_path / f"one{n}"), n
+        read = sorted(u for u, m in seen["markers"].items() if not m.get("skipped"))
+        skipped = sorted(u for u, m in seen["markers"].items() if m.get("skipped"))
+        assert sorted(read + skipped) == list(range(len(seen["units"]))) and len(seen["units"]) > 20
+        if extra.get("near_dedup"):
+            assert skipped == []
+            continue
+        if extra.get("dedup_lines"):  # (lines removed change what a document is: no hand count)
+            assert read and skipped and read == list(range(read[-1] + 1)), (n, read)
+            continue
+        last = _last_needed(corpus, seen["units"], n, extra.get("dedup") != "none")
+        assert last < len(seen["units"]) - 2
+        if workers == 1:
+            assert read == list(range(last + 1)), (n, last, read)
+        else:
+            assert set(range(last + 1)) <= set(read) and skipped and min(skipped) > last, (n, last, read)
+
+
+def test_a_max_docs_run_stopped_midway_resumes_to_the_same_bytes(tmp_path, monkeypatch, corpus):
+    """Stopped (Ctrl-C) after its second unit, the run resumed counts the units done before it
+    and stops reading where an uninterrupted run stops: the same units read, the same bytes."""
+    opts = dict(OPTS, max_docs=1700)
+    prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "one"), workers=1, **opts))
+    real_stop = unitfiles.stop_point
+
+    def ctrl_c(point: str, key: int | None = None) -> None:
+        if point == "unit" and key == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(unitfiles, "stop_point", ctrl_c)
+    config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "o"), workers=1, unit_size=UNIT, **opts)
+    with pytest.raises(Interrupted):
+        local_exec.run(config, 3)
+    monkeypatch.setattr(unitfiles, "stop_point", real_stop)
+    seen = _markers(monkeypatch)
+    assert local_exec.run(replace(config, resume=True), 3).total_docs == 1700
+    assert _files(tmp_path / "o") == _files(tmp_path / "one")
+    last = _last_needed(corpus, seen["units"], 1700, True)
+    assert sorted(u for u, m in seen["markers"].items() if not m.get("skipped")) == list(range(last + 1))
