@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,14 +171,65 @@ def test_a_pipe_is_read_as_stdin_is(tmp_path, kind):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
-def test_a_pipe_that_fails_offers_no_resume_and_keeps_nothing(tmp_path, monkeypatch, small_items):
+@pytest.mark.parametrize("planned", [[], ["--num-tasks", "2"]], ids=["one process", "planned"])
+def test_a_pipe_that_fails_offers_no_resume_and_keeps_nothing(tmp_path, monkeypatch, small_items, planned):
+    """In one process, and in a planned run as it saves the pipe for its tasks (its spool)."""
     path = _pipe(tmp_path, "fifo", lines(300).encode())
     failing_reads(monkeypatch, "in.jsonl", after=5000)
-    code, text = cli("prepare", path, "--out", str(tmp_path / "out"), "--workers", "1")
+    code, text = cli("prepare", path, "--out", str(tmp_path / "out"), "--workers", "1", *planned)
     assert code == 1
     assert f"{path}:" in text and "Input/output error" in text and "Illegal seek" not in text
     assert f"nothing was kept (a run reading the pipe {path} cannot be resumed)" in text and "--resume" not in text
-    assert not (tmp_path / ".out.lmshard-partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_a_planned_run_reading_a_pipe_resumes_from_its_saved_copy(tmp_path, monkeypatch):
+    """A planned run saves its pipe before it plans (its spool): stopped after that, it keeps
+    its work, and --resume goes on from the saved copy, never reading the pipe again (a pipe
+    fed nothing stands in for it), to the documents of the same input read from a file."""
+    from lmshard.prepare.execution import local_exec, unitfiles
+    from lmshard.prepare.output.staging import Interrupted
+
+    data = lines(500)
+    path = _pipe(tmp_path, "fifo", data.encode())
+    real_stop = unitfiles.stop_point
+
+    def ctrl_c(point: str, key: int | None = None) -> None:  # Ctrl-C once its one unit is tokenized
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(unitfiles, "stop_point", ctrl_c)
+    config = PrepareConfig(inputs=[path], out=str(tmp_path / "out"), workers=1)
+    with pytest.raises(Interrupted, match="kept in"):
+        local_exec.run(config, 2)
+    monkeypatch.setattr(unitfiles, "stop_point", real_stop)
+    _feed(path, b"", readers=0)
+    assert local_exec.run(replace(config, resume=True), 2).total_docs == 500
+    assert docs(tmp_path / "out") == reference_docs(tmp_path, "in.jsonl", data)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_a_planned_run_interrupted_while_it_saves_a_pipe_offers_no_resume(tmp_path, monkeypatch):
+    """Ctrl-C while a planned run saves its pipe (before it is planned): exit 130, no --resume
+    offered, nothing left beside --out."""
+    path = _pipe(tmp_path, "fifo", lines(20).encode())
+
+    class CtrlC:  # the pipe's reader, stopped after its first read
+        def __init__(self, raw):
+            self.raw = raw
+
+        def read(self, n):
+            self.raw.read(n)
+            raise KeyboardInterrupt
+
+        def close(self):
+            self.raw.close()
+
+    real_open = runplan.open_raw
+    monkeypatch.setattr(runplan, "open_raw", lambda src: CtrlC(real_open(src)))
+    code, text = cli("prepare", path, "--out", str(tmp_path / "out"), "--workers", "1", "--num-tasks", "2")
+    assert code == 130 and "--resume" not in text, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")

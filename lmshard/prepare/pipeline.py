@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, LmshardError
+from ..errors import ConfigError
 from ..format import (
     METADATA_FILE,
     TOKENIZER_FILE,
@@ -42,7 +42,7 @@ from ..remote.urls import output_url
 from ..tokenizers import Tokenizer
 from .config import PrepareConfig
 from .documents.dedup import uniform_from_keys
-from .documents.reading import InputGone, InputReadError, work_kept
+from .documents.reading import InputGone, InputReadError, nothing_kept, work_kept
 from .documents.sources import Source, Sources, WorkItem, note_growth
 from .documents.worker import ItemResult
 from .execution.feed import Recount, early_pool, item_results
@@ -180,8 +180,7 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         what = os_error(e, paths.out) if isinstance(e, OSError) else e
         if stream := next((s for s in sources if s.stream), None):  # read once: nothing to resume
             shutil.rmtree(staging, ignore_errors=True)
-            name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
-            raise LmshardError(f"{what}; nothing was kept (a run reading {name} cannot be resumed)") from None
+            raise nothing_kept(what, stream.path) from None
         raise work_kept(what, kept, isinstance(e, InputGone)) from None
     except BaseException:
         build.abort()

@@ -62,6 +62,13 @@ class InputGone(InputReadError):
     start again."""
 
 
+def nothing_kept(what: object, stream_path: str) -> LmshardError:
+    """A run reading stdin or a pipe (`stream_path`) stopped by `what`: the stream was read once,
+    so nothing of the run is kept and no --resume is offered."""
+    name = "stdin" if stream_path == "-" else f"the pipe {stream_path}"
+    return LmshardError(f"{what}; nothing was kept (a run reading {name} cannot be resumed)")
+
+
 def work_kept(what: object, kept: str, gone: bool) -> LmshardError:
     """A run stopped by a machine or store that failed, not by its input: `what` went wrong, and
     `kept` says where its work is; an input gone (`gone`) says itself when --resume can go on."""

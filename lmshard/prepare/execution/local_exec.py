@@ -28,10 +28,10 @@ from ...errors import ConfigError, InputError
 from ...format import load_metadata
 from ...remote.retry import RemoteError
 from ..config import PrepareConfig
-from ..documents.reading import InputGone, InputReadError, work_kept
+from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
-from ..output.staging import Interrupted, OutputPaths, WriterLock, commit
+from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_error
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
@@ -40,7 +40,7 @@ from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
 from .runplan import check_scale_out, load_run
-from .taskplan import largest_whole, work_dir
+from .taskplan import PLAN_FILE, largest_whole, work_dir
 from .unitfiles import skip_unit, unit_marker
 
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
@@ -87,7 +87,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             commit(paths)
             remove_work(work_dir(config.out))
             return load_metadata(paths.out)
-        r = Run.of(config, n_tasks, unit_bytes, loaded=(sources, tokenizer), adopt=adopt)
+        r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
         try:
             with volatile.local_run(r.work):  # every task runs here: work files unsynced (volatile.py)
                 _stages(r, on_progress, claim.resumed)
@@ -118,7 +118,26 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
         if claimed.complete is not None:
             remove_work(work_dir(config.out))
             return claimed, {}
-        return claimed, Run.of(config, n_tasks, None, loaded=(sources, tokenizer)).plan
+        return claimed, _planned(config, n_tasks, None, (sources, tokenizer)).plan
+
+
+def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded: Any, adopt: bool = False) -> Run:
+    """The run, planned once its streams are saved (runplan.spool_streams). Stdin or a pipe is
+    read once: one that fails or is stopped before the plan is made leaves nothing (the claim and
+    the work folder removed), and no --resume is offered, as in one process."""
+    try:
+        return Run.of(config, n_tasks, unit_bytes, loaded=loaded, adopt=adopt)
+    except BaseException as e:
+        stream, paths = next((s for s in loaded[0] if s.stream), None), OutputPaths.of(config.out)
+        if stream is None or (work_dir(config.out) / PLAN_FILE).exists():
+            raise
+        shutil.rmtree(paths.staging, ignore_errors=True)
+        shutil.rmtree(work_dir(config.out), ignore_errors=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted("", getattr(e, "signum", 2)) from None
+        if isinstance(e, OSError | InputReadError):
+            raise nothing_kept(os_error(e, paths.out) if isinstance(e, OSError) else e, stream.path) from None
+        raise
 
 
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:

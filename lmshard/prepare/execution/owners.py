@@ -72,6 +72,7 @@ from . import valby, volatile
 from .barrier import is_complete, running, task_finished, task_marked
 from .layoutfiles import Layout
 from .runplan import worker_config
+from .taskplan import PLAN_FILE
 from .unitfiles import section_of, sections_of
 
 
@@ -86,7 +87,7 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
         shutil.rmtree(work)
         if not (paths.staging / METADATA_FILE).exists():  # (a complete build, synced, is only waiting for its swap)
             shutil.rmtree(paths.staging, ignore_errors=True)
-    claim = claim_output(config, paths, sources, tokenizer)
+    claim = claim_output(config, paths, sources, tokenizer, spooled=(work / PLAN_FILE).exists())
     if claim.complete is not None or claim.commit_pending:
         return claim
     if claim.resumed and claim.checkpoint is not None:  # a local run's build, resumed by a planned one

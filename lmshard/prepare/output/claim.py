@@ -50,8 +50,11 @@ class Claim:
     commit_pending: bool = False  # the build finished (metadata written) but was not swapped in yet
 
 
-def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer) -> Claim:
-    """Decide what this run does with --out and any interrupted build, or refuse with the fix."""
+def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
+                 spooled: bool = False) -> Claim:  # fmt: skip
+    """Decide what this run does with --out and any interrupted build, or refuse with the fix.
+    `spooled`: a planned run whose plan holds its stdin or pipes as they were read (its spool),
+    which a --resume reads again instead of them."""
     out = paths.out
     _refuse_for_pipes(config, sources)
     kind, foreign = kind_of_output(out)
@@ -71,7 +74,7 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     run = read_run(paths.staging)
     if run is not None:
         if config.resume:
-            if stream := next((s for s in sources if s.stream), None):
+            if not spooled and (stream := next((s for s in sources if s.stream), None)):
                 name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
                 raise ConfigError(f"--resume cannot re-read {name}; save the input to a file and run again")
             diff = difference(run.get("fingerprint", {}), fingerprint)
