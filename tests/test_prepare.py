@@ -492,11 +492,6 @@ def test_line_dedup_across_many_work_items(tmp_path, reference, small_items):
     assert_tokens_match(tmp_path / "out", [t for t in expected if t], reference)
 
 
-def test_line_dedup_refuses_stdin():
-    with pytest.raises(ConfigError, match="stdin"):
-        PrepareConfig(inputs=["-"], out="x", dedup_lines=True)
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=12))
 @example(["\x1f"])  # cleans to nothing

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 import lmshard.prepare.execution.runplan as runplan
 import lmshard.prepare.pipeline as pipeline
 from lmshard.cli import app
-from lmshard.errors import ConfigError, InputError
+from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.documents.files import detect
 from lmshard.prepare.documents.reading import InputReadError
@@ -245,21 +245,53 @@ def test_an_interrupted_pipe_run_offers_no_resume(tmp_path, monkeypatch):
     assert not (tmp_path / ".out.lmshard-partial").exists()
 
 
+def _one_pass_input(name: str) -> bytes:
+    """Input bytes for what one pass over a pipe cannot do: a parquet file; lines with repeats."""
+    if name.endswith(".parquet"):
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"text": [f"row {i} " + "word " * (i % 5 + 1) for i in range(300)]}), buffer)
+        return buffer.getvalue()
+    if name.endswith(".txt"):
+        return "".join(f"paragraph {i % 40}\nline {i}\n\n" for i in range(200)).encode()
+    return (lines(150) + lines(150, tag="again") + lines(100)).encode()
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
-@pytest.mark.parametrize(("name", "options", "words"), [
-    ("in.parquet", {}, "a pipe, and a parquet file is read by seeking, which a pipe cannot do; save it to a file"),
-    ("in.jsonl", {"dedup_lines": True}, "a pipe, and --dedup-lines reads the input twice"),
-    ("in.jsonl", {"near_dedup": True}, "a pipe, and --near-dedup reads the input twice"),
-    ("in.txt", {"text_mode": "file"}, "a pipe, and --text-mode file cannot make a pipe one document"),
-])  # fmt: skip
-def test_what_a_pipe_cannot_do_is_refused_naming_it(tmp_path, name, options, words):
+@pytest.mark.parametrize(("name", "options"), [("in.parquet", {}), ("in.jsonl", {"dedup_lines": True}),
+                                               ("in.jsonl", {"near_dedup": True}), ("in.txt", {"text_mode": "file"})])
+def test_what_one_pass_over_a_pipe_cannot_do_runs_on_a_saved_copy(tmp_path, name, options):
+    """A pipe that one pass cannot read as asked (parquet is read by seeking, --dedup-lines and
+    --near-dedup read the input twice, --text-mode file makes it one document): a plain prepare
+    saves it first and runs the stages on the copy (local_exec.use_stages), reading the pipe
+    once, to the documents of the same bytes read from a file."""
+    data = _one_pass_input(name)
     path = tmp_path / name
     os.mkfifo(path)
-    _feed(str(path), b"", readers=0)  # a writer for whatever opens the pipe: a second reader must not hang
-    with pytest.raises((InputError, ConfigError)) as e:
-        prepare(PrepareConfig(inputs=[str(path)], out=str(tmp_path / "out"), workers=1, **options))
-    assert str(e.value).startswith(f"{path}: {words}")
-    assert not (tmp_path / ".out.lmshard-partial").exists()
+    _feed(str(path), data)  # (one reader: a second open of the pipe would wait for ever)
+    prepare(PrepareConfig(inputs=[str(path)], out=str(tmp_path / "out"), workers=1, **options))
+    assert docs(tmp_path / "out") == reference_docs(tmp_path, name, data, **options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, "out", "reference"]
+
+
+@pytest.mark.parametrize("options", [["--dedup-lines"], ["--near-dedup"], ["--text-mode", "file"]])
+def test_what_one_pass_over_stdin_cannot_do_runs_on_a_saved_copy(tmp_path, options):
+    """The same for stdin (`-`; `text:-` for text): --dedup-lines, --near-dedup and --text-mode
+    file, once refused for it."""
+    name = "in.txt" if "file" in options else "in.jsonl"
+    data = _one_pass_input(name)
+    stdin = "text:-" if "file" in options else "-"
+    result = runner.invoke(app, ["prepare", stdin, "--out", str(tmp_path / "out"), "--workers", "1", *options],
+                           input=data)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    kw = {"dedup_lines": "--dedup-lines" in options, "near_dedup": "--near-dedup" in options}
+    if "file" in options:
+        kw.update(format="text", text_mode="file")
+    assert docs(tmp_path / "out") == reference_docs(tmp_path, name, data, **kw)
 
 
 # --- item 5: inputs that change while being read ------------------------------------------------------

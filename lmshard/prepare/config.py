@@ -131,13 +131,7 @@ class PrepareConfig:
         self._check_hf_tasks()
         if self.hf:
             self.hf_spec().kind()  # a path that names no directory fails now, not after --out is claimed
-        stdin = self.reads_stdin()
-        if stdin and self.format == "text" and self.text_mode == "file":
-            raise ConfigError("--text-mode file cannot make stdin one document; pass --text-mode paragraph or line")
-        if self.dedup_lines and stdin:
-            raise ConfigError("--dedup-lines reads the input twice, which stdin cannot do; save it to a file first")
-        if self.minhash_config() and self.near_dedup and stdin:  # (the configuration is checked first)
-            raise ConfigError("--near-dedup reads the input twice, which stdin cannot do; save it to a file first")
+        self.minhash_config()  # a malformed --minhash fails now, before --out is claimed
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("--val-fraction must be in [0, 1)")
         self._check_val_by()

@@ -59,7 +59,7 @@ from .output.build import (
     check_not_empty,
     sigterm_stops,
 )
-from .output.claim import Claim, bos_written, claim_output, write_run
+from .output.claim import Claim, bos_written, claim_output, refuse_for_streams, write_run
 from .output.dictfile import keep, trained
 from .output.metadata import dataset_metadata, warn_empty_val
 from .output.staging import (
@@ -108,6 +108,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         if local_exec.use_stages(config, sources):  # every stage in the worker pool
             tasks = local_exec.TASKS_PER_WORKER * config.n_workers()  # (tasks here only size the units)
             return local_exec.run(config, tasks, None, on_progress, (sources, tokenizer), adopt=True)
+        refuse_for_streams(config, sources)  # (what one pass over stdin or a pipe cannot do)
         # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
         early = early_pool(config.n_workers(), sources, tokenizer)
         if early is not None:

@@ -41,16 +41,17 @@ def open_arrow(src: Source) -> Any:
 
 
 def _seekable(src: Source) -> Any:
-    """The path of a parquet or arrow file, refused for a pipe and checked to be the file the
-    run recorded (not replaced, not shrunk); for an object at a URL, the object opened
-    (`urlfile.URLInput`: pyarrow reads what it needs of it in ranged requests)."""
+    """The path of a parquet or arrow file (of a pipe a planned run saved: its copy), refused for
+    a pipe and checked to be the file the run recorded (not replaced, not shrunk); for an object
+    at a URL, the object opened (`urlfile.URLInput`: pyarrow reads what it needs of it in ranged
+    requests)."""
     if src.stream:
         raise cannot_stream(src.path, src.fmt)
     if src.url:
         return open_raw(src)
     if src.inode:
         open_raw(src).close()
-    return src.path
+    return src.spool or src.path  # (a pipe a planned run saved: its copy)
 
 
 def arrow_batches(reader: Any) -> Iterator[Any]:

@@ -151,11 +151,12 @@ def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str =
 
 
 def _whole_file(src: Source, text_mode: str, max_chars: int) -> bool:
-    """Whether a source is read as one document: a text file in file mode, or in auto mode when
-    it holds at most `max_chars` bytes (so at most that many characters). stdin or a pipe never is."""
-    if src.fmt != "text" or src.piped:
+    """Whether a source is read as one document: a text file in file mode (stdin or a pipe too,
+    once a planned run saved it), or in auto mode when it holds at most `max_chars` bytes (so at
+    most that many characters), never for stdin or a pipe."""
+    if src.fmt != "text" or src.stream:
         return False
-    return text_mode == "file" or (text_mode == "auto" and fits(src, max_chars))
+    return text_mode == "file" or (text_mode == "auto" and not src.piped and fits(src, max_chars))
 
 
 def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) -> Iterator[WorkItem]:

@@ -50,6 +50,7 @@ STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
 # fixed costs (its files, fsyncs, a read of each dedup group) stay small.
 TASKS_PER_WORKER = 2
+SEEKED = ("parquet", "arrow")  # formats read by seeking, which a pipe cannot do
 
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
@@ -59,9 +60,16 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     STAGED_BYTES of input, and no input the stages would give one worker half as much again as its
     share of (`taskplan.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
-    on the benchmark corpus ×2 on 2 cores)."""
+    on the benchmark corpus ×2 on 2 cores). And always with --val-by, and for stdin or a pipe
+    that one pass cannot read as asked (--dedup-lines and --near-dedup read the input twice,
+    parquet and arrow by seeking, --text-mode file makes it one document): the stages save it
+    first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
+    if config.hf_tasks == 1 and any(s.stream and (config.dedup_lines or config.near_dedup or s.fmt in SEEKED or
+                                                  (s.fmt == "text" and config.text_mode == "file"))
+                                    for s in sources):  # fmt: skip
+        return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None
             and not any(s.stream or s.fmt == "hf" for s in sources)

@@ -56,7 +56,6 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     `spooled`: a planned run whose plan holds its stdin or pipes as they were read (its spool),
     which a --resume reads again instead of them."""
     out = paths.out
-    _refuse_for_pipes(config, sources)
     kind, foreign = kind_of_output(out)
     if kind == "file":
         raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
@@ -118,19 +117,22 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     return Claim(fingerprint, time.time(), previous=previous)
 
 
-def _refuse_for_pipes(config: PrepareConfig, sources: list[Source]) -> None:
-    """What a pipe given as an input (a FIFO, `<(...)`) cannot do, as config.py refuses it for
-    stdin: be read twice (--dedup-lines, --near-dedup), or be made one document (--text-mode file)."""
+def refuse_for_streams(config: PrepareConfig, sources: list[Source]) -> None:
+    """What one pass over stdin or a pipe (a FIFO, `<(...)`) cannot do, for a run in one process
+    (a planned run saves them first: local_exec.use_stages sends such a run there, but with
+    --hf-tasks): be read twice (--dedup-lines, --near-dedup), or be made one document
+    (--text-mode file)."""
     for src in sources:
-        if not src.stream or src.path == "-":
+        if not src.stream:
             continue
+        name = "stdin" if src.path == "-" else f"{src.path}: a pipe"
         if config.dedup_lines or config.near_dedup:
             flag = "--dedup-lines" if config.dedup_lines else "--near-dedup"
-            raise ConfigError(f"{src.path}: a pipe, and {flag} reads the input twice, which a pipe cannot do; "
+            raise ConfigError(f"{name}, and {flag} reads the input twice, which one pass cannot do (with --hf-tasks); "
                               "save it to a file first")  # fmt: skip
         if src.fmt == "text" and config.text_mode == "file":
-            raise ConfigError(f"{src.path}: a pipe, and --text-mode file cannot make a pipe one document; pass "
-                              "--text-mode paragraph or line")  # fmt: skip
+            raise ConfigError(f"{name}, and --text-mode file cannot make it one document in one pass (with "
+                              "--hf-tasks); pass --text-mode paragraph or line")  # fmt: skip
 
 
 def _when(t: Any) -> str:
