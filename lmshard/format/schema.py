@@ -264,9 +264,11 @@ class DatasetMeta:
         if split == "val" and isinstance(fraction, int | float) and self.total_docs:
             if not fraction:
                 return "it was prepared with --val-fraction 0 (no validation split); prepare with --val-fraction 0.01"
-            need = min(0.5, max(2 / self.total_docs, fraction))
+            # each document goes to val with probability f (its key and --seed): none of n does with (1 - f)^n
+            need = min(0.5, max(1 - 0.01 ** (1 / self.total_docs), 1.5 * fraction))  # under 1%, and more than now
             return (f"--val-fraction {fraction} of its {self.total_docs:,} documents sent none to val (about "
-                    f"{fraction * self.total_docs:.2f} expected); prepare again with --val-fraction {need:.3g} or more")
+                    f"{fraction * self.total_docs:.2f} expected); prepare again with --val-fraction {need:.2g} or more "
+                    "(an empty val split is then under 1% likely), or with another --seed")
         return "prepare more data or use another split"
 
     def n_docs(self, split: str | None = None) -> int:
