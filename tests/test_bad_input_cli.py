@@ -320,8 +320,9 @@ def test_text_mode_file_drops_an_oversize_file_and_names_it(tmp_path):
 
 
 @pytest.mark.parametrize("planned", [[], ["--num-tasks", "2"]])
-def test_stdin_text_is_paragraphs_by_default_and_file_mode_is_refused(tmp_path, reference, planned):
-    """Read as it comes or saved first by a planned run, stdin is never one document."""
+def test_stdin_text_is_paragraphs_by_default_and_one_document_in_file_mode(tmp_path, reference, planned):
+    """Read as it comes or saved first by a planned run, stdin is paragraphs unless --text-mode
+    file asks for one document (which runs planned, on the saved copy: as a file in file mode)."""
     text = "first paragraph\nstill first\n\nsecond paragraph\n"
     result = runner.invoke(app, ["prepare", "-", "--format", "text", "--out", str(tmp_path / "o"),
                                  "--val-fraction", "0", "--workers", "1", *planned], input=text)  # fmt: skip
@@ -329,9 +330,14 @@ def test_stdin_text_is_paragraphs_by_default_and_file_mode_is_refused(tmp_path, 
     assert kept(tmp_path / "o") == encoded(reference, ["first paragraph\nstill first", "second paragraph"])
     meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
     assert not meta["sources"][0].get("split_into_paragraphs"), meta["sources"]
-    result = runner.invoke(app, ["prepare", "-", "--format", "text", "--text-mode", "file",
-                                 "--out", str(tmp_path / "p")], input=text)  # fmt: skip
-    assert result.exit_code == EXIT_ERROR and "--text-mode paragraph or line" in result.output
+    result = runner.invoke(app, ["prepare", "-", "--format", "text", "--text-mode", "file", "--val-fraction", "0",
+                                 "--out", str(tmp_path / "p"), "--workers", "1", *planned], input=text)  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.output
+    (tmp_path / "t.txt").write_text(text)
+    result = runner.invoke(app, ["prepare", str(tmp_path / "t.txt"), "--text-mode", "file", "--val-fraction", "0",
+                                 "--out", str(tmp_path / "f"), "--workers", "1"])  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.output
+    assert kept(tmp_path / "p") == kept(tmp_path / "f") and len(kept(tmp_path / "p")) == 1
 
 
 # ---------------------------------------------------------------------------------------------
