@@ -106,7 +106,9 @@ def test_a_killed_worker_is_one_line_and_resume_finishes(tmp_path, corpus, one_m
     os.kill(held, signal.SIGKILL)
     code, err = finish(proc, 120)
     assert code == 1, err
-    assert f"a worker process died during the {stage} stage" in err and "--resume" in err, err
+    said = " ".join(err.split())
+    assert (f"a worker process (pid {held}) was killed by SIGKILL (as the out-of-memory killer does) during the "
+            f"{stage} stage" in said and "--resume" in said), err
     assert "Traceback" not in err, err
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
     assert wait_gone(workers, timeout=60.0) == []

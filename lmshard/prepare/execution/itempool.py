@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import LmshardError
 from ..config import PrepareConfig
 from ..stops import STOP_SIGNALS
-from .pool import WorkerDied, start_method, stop_signals_ignored
+from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
 
 if TYPE_CHECKING:
     from .run import Run
@@ -71,7 +71,7 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
     with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
         futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
                    for k in range(0, len(items), size)}  # fmt: skip
-    _wait(futures, stage, done)
+    _wait(pool, futures, stage, done)
 
 
 def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int,
@@ -87,7 +87,7 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
                 running[pool.submit(_items, stage, [i])] = i
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for f in finished:
-            _result(f, stage)
+            _result(f, stage, pool)
             done(stage, running.pop(f))
     return left[::-1]
 
@@ -99,22 +99,38 @@ def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
         in_pool(pool, stage, items, workers)
 
 
-def _wait(futures: dict[Future[None], list[int]], stage: str, done: Callable[[str, int], None] | None) -> None:
+def _wait(pool: ProcessPoolExecutor, futures: dict[Future[None], list[int]], stage: str,
+          done: Callable[[str, int], None] | None) -> None:  # fmt: skip
     for f in as_completed(futures):  # each as it finishes: the progress line follows the units
-        _result(f, stage)
+        _result(f, stage, pool)
         if done is not None:
             for i in futures[f]:
                 done(stage, i)
 
 
-def _result(f: Future[None], stage: str) -> None:
+def _result(f: Future[None], stage: str, pool: ProcessPoolExecutor) -> None:
     try:
         f.result()  # a worker's error is raised here
     except BrokenProcessPool:
-        why = (f"a worker process died during the {stage} stage (killed, as the out-of-memory killer does?); "
-               "the work it finished is kept: re-run the same command with --resume (with fewer --workers if "
-               "memory ran out)")  # fmt: skip
+        why = (f"a worker process {_died(pool)} during the {stage} stage; the work it finished is kept: re-run the "
+               "same command with --resume (with fewer --workers if memory ran out)")  # fmt: skip
         raise WorkerDied(why) from None
+
+
+def _died(pool: ProcessPoolExecutor) -> str:
+    """How the worker that broke `pool` ended, in pool.py's words (its pid, the signal that
+    killed it), when its exit status says: the pool ends the others with SIGTERM after it."""
+    procs = list((pool._processes or {}).values())
+    ended: list[tuple[int | None, int]] = []
+    for _ in range(20):  # (the pool's own thread reaps them too: the code can show a moment later)
+        ended = [(p.pid, p.exitcode) for p in procs if p.exitcode]
+        if any(code != -signal.SIGTERM for _, code in ended):
+            break
+        time.sleep(0.05)
+    first = next((e for e in ended if e[1] != -signal.SIGTERM), ended[0] if ended else None)
+    if first is None:
+        return "died (killed, as the out-of-memory killer does?)"
+    return f"(pid {first[0]}) {how_ended(first[1])}"
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -280,7 +280,7 @@ class OrderedPool(Generic[T, R]):
                 self._ready[k] = self._ready[k] or seq == READY
         proc = self._procs[k]
         proc.join(1.0)  # the pipe can report the death a moment before the exit code exists
-        return WorkerDied(f"worker process {k} (pid {proc.pid}) {_how(proc.exitcode)}; if it ran out of memory, "
+        return WorkerDied(f"worker process {k} (pid {proc.pid}) {how_ended(proc.exitcode)}; if it ran out of memory, "
                           "lower --workers or --max-chars")  # fmt: skip
 
 
@@ -317,7 +317,8 @@ def _widen(*conns: Connection) -> None:
                 continue
 
 
-def _how(exitcode: int | None) -> str:
+def how_ended(exitcode: int | None) -> str:
+    """How a worker process ended, from its exit status: the signal that killed it, or its code."""
     if exitcode is None:
         return "stopped answering"
     if exitcode < 0:
