@@ -194,7 +194,7 @@ def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks, 
     its row, the metadata."""
     from test_stages import _files
 
-    from lmshard.prepare.execution import local_exec, taskplan
+    from lmshard.prepare.execution import local_exec, units
     from lmshard.prepare.execution.stages import STAGES, run_task
     from lmshard.prepare.execution.taskplan import load_plan, work_dir
 
@@ -207,7 +207,7 @@ def test_a_saved_dataset_as_planned_tasks_equals_one_process(tmp_path, n_tasks, 
     config = PrepareConfig(out=str(tmp_path / "tasks"), **opts)
     local_exec.claim(config, n_tasks)
     plan = load_plan(work_dir(config.out))
-    rows = max(taskplan.MIN_ROWS, -(-len(column) // (4 * n_tasks)))  # 311 rows a unit for one task, 256 for 3
+    rows = max(units.MIN_ROWS, -(-len(column) // (4 * n_tasks)))  # 311 rows a unit for one task, 256 for 3
     assert [u[1] for u in plan["units"]] == ["rows"] * -(-len(column) // rows) and plan["units"][-1][3] == len(column)
     for stage in STAGES[:-1]:
         for task in reversed(range(n_tasks)):

@@ -16,7 +16,7 @@ from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.execution import local_exec
 from lmshard.prepare.execution.stages import STAGES, plan_run, run_task
-from lmshard.prepare.execution.taskplan import _WINDOW
+from lmshard.prepare.execution.units import _WINDOW
 
 _OPTS = dict(val_fraction=0.1, tokens_per_shard=20_000, workers=1)
 

@@ -378,7 +378,7 @@ def test_a_file_that_shrank_or_was_replaced_is_one_line_naming_it(tmp_path, monk
 def test_a_partial_record_at_the_size_recorded_is_never_a_bad_line_in_a_scale_out_unit(tmp_path, monkeypatch):
     """The last unit of a cut file ends at the recorded size: a growing file's half-written last
     record is left out there too."""
-    from lmshard.prepare.execution.taskplan import cut_units, unit_items
+    from lmshard.prepare.execution.units import cut_units, unit_items
 
     path = write(tmp_path / "a.jsonl", lines(3000) + '{"text": "half')
     src = detect(str(path))
@@ -416,7 +416,7 @@ def test_a_half_written_record_across_the_last_read_is_left_out(tmp_path, monkey
 
 
 def test_a_half_written_record_across_a_units_last_read_is_left_out(tmp_path, small_items):
-    from lmshard.prepare.execution.taskplan import cut_units, unit_items
+    from lmshard.prepare.execution.units import cut_units, unit_items
 
     half = '{"text": "' + "half " * 500  # longer than a 2 KiB read: whatever the unit's start, it spans two
     path = write(tmp_path / "a.jsonl", lines(3000) + half)

@@ -29,7 +29,8 @@ from lmshard.prepare.documents.sources import discover, plan
 from lmshard.prepare.documents.urlfile import URLInput
 from lmshard.prepare.execution import local_exec
 from lmshard.prepare.execution.stages import STAGES, run_task
-from lmshard.prepare.execution.taskplan import _WINDOW, load_plan, work_dir
+from lmshard.prepare.execution.taskplan import load_plan, work_dir
+from lmshard.prepare.execution.units import _WINDOW
 from lmshard.remote import Retry
 
 runner = CliRunner()

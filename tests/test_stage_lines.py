@@ -11,7 +11,7 @@ import pytest
 from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.execution.local_exec import run
-from lmshard.prepare.execution.taskplan import _WINDOW
+from lmshard.prepare.execution.units import _WINDOW
 
 
 def _input(tmp_path, bad_at: int):

@@ -25,7 +25,8 @@ from lmshard.prepare.execution import local_exec, taskplan
 from lmshard.prepare.execution.layout import STREAMS
 from lmshard.prepare.execution.layoutfiles import Layout
 from lmshard.prepare.execution.stages import STAGES, Run, plan_run, run_task
-from lmshard.prepare.execution.taskplan import _WINDOW, load_plan, work_dir
+from lmshard.prepare.execution.taskplan import load_plan, work_dir
+from lmshard.prepare.execution.units import _WINDOW
 
 
 def _corpus(tmp):
@@ -473,9 +474,9 @@ def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(t
 def test_units_are_sized_to_the_task_count_and_unit_size_is_an_option(tmp_path, monkeypatch):
     """8 tasks over a few MB each get units (64 MiB units would give one task everything); an
     explicit --unit-size is the plan's; the output is one machine's bytes either way."""
-    import lmshard.prepare.execution.taskplan as taskplan
+    import lmshard.prepare.execution.units as units
 
-    monkeypatch.setattr(taskplan, "UNIT_BYTES", 64 << 20)  # the default, whatever LMSHARD_UNIT_BYTES says
+    monkeypatch.setattr(units, "UNIT_BYTES", 64 << 20)  # the default, whatever LMSHARD_UNIT_BYTES says
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(12_000, seed=9))
     size = src.stat().st_size
     plan, _, _ = plan_run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "p8"), workers=1), 8)

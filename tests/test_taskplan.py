@@ -12,17 +12,8 @@ from conftest import write
 
 from lmshard.errors import ConfigError
 from lmshard.prepare.documents.files import detect
-from lmshard.prepare.execution.taskplan import (
-    _WINDOW,
-    Unit,
-    assign,
-    cut_units,
-    ensure_plan,
-    load_plan,
-    make_plan,
-    units_of,
-    work_dir,
-)
+from lmshard.prepare.execution.taskplan import assign, ensure_plan, load_plan, make_plan, units_of, work_dir
+from lmshard.prepare.execution.units import _WINDOW, Unit, cut_units
 
 U = _WINDOW  # the smallest unit size: small files still get several units
 
@@ -136,7 +127,7 @@ def _lined(units, sources):
     """The units with the first line numbers their tasks find (planning leaves later ones 0)."""
     from dataclasses import replace
 
-    from lmshard.prepare.execution.taskplan import count_newlines
+    from lmshard.prepare.execution.units import count_newlines
 
     assert all((u.first_line == 0) == (u.kind == "range" and u.start > 0) for u in units)
     return [replace(u, first_line=1 + count_newlines(sources[u.source], 0, u.start)) if u.first_line == 0 else u
@@ -157,7 +148,7 @@ def test_unit_items_carry_the_same_numbered_lines_as_the_whole_file(tmp_path, mo
     """Cut into units, a file gives prepare's workers exactly the lines (and line numbers) of
     the single-machine plan; --text-mode auto marks the file as split into paragraphs once."""
     from lmshard.prepare.documents.sources import plan
-    from lmshard.prepare.execution.taskplan import unit_items
+    from lmshard.prepare.execution.units import unit_items
 
     rng = np.random.default_rng(7)
     if mode == "jsonl":
@@ -187,7 +178,7 @@ def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
     others at their record boundary; together they are the file's records, numbered as in the
     single-machine plan."""
     from lmshard.prepare.documents.sources import plan
-    from lmshard.prepare.execution.taskplan import unit_items
+    from lmshard.prepare.execution.units import unit_items
 
     data = _jsonl(400, 3)
     src = detect(str(write(tmp_path / "a.jsonl", b"\xef\xbb\xbf" + data)))
@@ -200,7 +191,7 @@ def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
 
 
 def test_a_utf16_file_stays_one_unit_read_as_one_wrong_encoding_record(tmp_path):
-    from lmshard.prepare.execution.taskplan import unit_items
+    from lmshard.prepare.execution.units import unit_items
 
     src = detect(str(write(tmp_path / "a.jsonl", _jsonl(400, 4).decode().encode("utf-16"))))
     units = cut_units([src], "auto", 1000, U)

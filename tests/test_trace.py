@@ -200,7 +200,7 @@ def test_trace_names_each_documents_input_and_record(tmp_path):
         lines[name] = texts
     common = {"inputs": [str(tmp_path / "in")], "val_fraction": 0.0, "quiet": True, "tokens_per_shard": 400}
     prepare(PrepareConfig(out=str(tmp_path / "local"), workers=1, **common))
-    from lmshard.prepare.execution.taskplan import _WINDOW
+    from lmshard.prepare.execution.units import _WINDOW
 
     local_exec.run(PrepareConfig(out=str(tmp_path / "planned"), workers=1, unit_size=_WINDOW, **common), 3)
     for root in ("local", "planned"):

@@ -32,7 +32,7 @@ TRANSIENT_OPTIONS = ("out", "workers", "overwrite", "resume", "append", "allow_e
                      "num_tasks", "unit_size", "executor", "sbatch_args", "max_jobs", "ray_address",
                      "log_interval", "quiet", "json")  # fmt: skip
 EXECUTORS = ("local", "none", "slurm", "ray")  # scale-out executors (prepare/execution/stages.py)
-MIN_UNIT_BYTES = 64 << 10  # the smallest unit a plan cuts (taskplan.py reads a window of this size at each cut)
+MIN_UNIT_BYTES = 64 << 10  # the smallest unit a plan cuts (units.py reads a window of this size at each cut)
 BOS_MODES = ("auto", "yes", "no")  # a BOS token before each document: as the tokenizer does, always, never
 INPUT_FORMATS = ("text", "jsonl", "json", "csv", "parquet", "arrow")  # what --format can force
 
@@ -89,7 +89,7 @@ class PrepareConfig:
     hf_task: int = 0  # this task's part of the stream, of hf_tasks parts
     hf_tasks: int = 1
     num_tasks: int | None = None  # scale-out: plan the run as this many tasks (stages.py); None: one fused run
-    unit_size: int | None = None  # scale-out: bytes of input per unit; None: sized to the task count (taskplan.py)
+    unit_size: int | None = None  # scale-out: bytes of input per unit; None: sized to the task count (units.py)
     executor: str = "local"  # with num_tasks: local (run every stage here), none (print the commands), slurm
     sbatch_args: str | None = None  # --executor slurm: added to every sbatch call (partition, time, mem, account)
     max_jobs: int | None = None  # --executor slurm: the most jobs the run queues at once; None: half MaxJobCount

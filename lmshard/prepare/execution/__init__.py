@@ -1,4 +1,4 @@
-"""How a run is executed, at every scale: the plan (`taskplan`: units, tasks, dedup buckets),
+"""How a run is executed, at every scale: the plan (`units`: the inputs cut; `taskplan`: tasks, dedup buckets),
 the stages and their tasks (`stages`: tokenize, dedup, select, write, finish; `unitfiles`,
 `buckets`, `layout` for what each stage writes and reads), and the engines that run them: the
 local worker pool (`local_exec`), Slurm arrays (`slurm`), Ray (`ray_exec`), and `lmshard

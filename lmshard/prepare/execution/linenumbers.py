@@ -1,6 +1,6 @@
 """Line numbers in a planned run without reading outside a task's units.
 
-A byte range of a large file (a unit, taskplan.py) starts at a line whose number depends on
+A byte range of a large file (a unit, units.py) starts at a line whose number depends on
 every newline before it. Tasks start together, so the ranges before a task's own are usually not
 tokenized yet; counting those newlines would make the last task of a file cut in m read about
 all of it (m/2 times the input over the run). Instead a range is numbered from what is known:
@@ -16,7 +16,7 @@ all of it (m/2 times the input over the run). Instead a range is numbered from w
   newlines before it then (reading outside its units only on the way to a failure), and is
   read again with that first line, so the message is the one a one-process run gives.
 
-A Hugging Face stream's shard (a unit of a stream, taskplan.py) is numbered the same way, its
+A Hugging Face stream's shard (a unit of a stream, units.py) is numbered the same way, its
 records standing for lines: the first shard's first record is 1, another's is known from the
 previous shard's marker or else counted from its own start, and its marker records how many
 records it held.

@@ -44,8 +44,8 @@ from ..stops import stop_point
 from . import volatile
 from .buckets import unit_part
 from .keyfiles import line_keys_path, write_line_keys
-from .taskplan import unit_items
 from .unitfiles import first_line, load_unit
+from .units import unit_items
 
 _MAGIC = b"LMSLINE1"
 _U64 = np.dtype("<u8")

@@ -40,8 +40,9 @@ from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
 from .runplan import check_scale_out, load_run
-from .taskplan import PLAN_FILE, largest_whole, work_dir
+from .taskplan import PLAN_FILE, work_dir
 from .unitfiles import skip_unit, unit_marker
+from .units import largest_whole
 
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
 # one process reading and writing while workers tokenize starts faster).
@@ -58,7 +59,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
     `check_scale_out`), at least
     STAGED_BYTES of input, and no input the stages would give one worker half as much again as its
-    share of (`taskplan.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
+    share of (`units.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
     on the benchmark corpus ×2 on 2 cores). And always with --val-by, and for stdin or a pipe
     that one pass cannot read as asked (--dedup-lines and --near-dedup read the input twice,

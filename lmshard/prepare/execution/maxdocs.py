@@ -42,8 +42,8 @@ from ..output.build import Totals, account
 from . import volatile
 from .layout import add_totals, unit_arrays
 from .linenumbers import RELATIVE, tag
-from .taskplan import unit_items
 from .unitfiles import load_unit, read_section
+from .units import unit_items
 
 CUT = -3  # a document after the N-th kept one: not read by a one-process run
 CUT_FILE = "cut.json"

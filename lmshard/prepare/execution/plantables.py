@@ -125,7 +125,7 @@ class _Table(Sequence[Any]):
 
 
 class UnitTable(_Table):
-    """Units as [source, kind, start, end, nbytes] (taskplan.Unit's fields)."""
+    """Units as [source, kind, start, end, nbytes] (units.Unit's fields)."""
 
     def _rows(self, first: int, end: int) -> list[Any]:
         data = self._read((end - first) * _UNIT.itemsize, first * _UNIT.itemsize)

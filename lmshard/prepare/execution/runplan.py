@@ -32,16 +32,8 @@ from ..documents.worker import WorkerConfig, identity_of
 from ..domains import check_sources
 from ..output.claim import _fingerprint, run_tokenizer
 from .plantables import PlanSources
-from .taskplan import (
-    PLAN_FILE,
-    cut_units,
-    ensure_plan,
-    load_plan,
-    make_plan,
-    plan_difference,
-    unit_size_for,
-    work_dir,
-)
+from .taskplan import PLAN_FILE, ensure_plan, load_plan, make_plan, plan_difference, work_dir
+from .units import cut_units, unit_size_for
 
 
 def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,

@@ -26,7 +26,7 @@ one that completes the select stage lays out the shards, and the select summary 
 units' totals to the layout and the metadata. A task with several CPUs runs its items in a pool
 of its own (itempool.py). `status` reads the summaries, the finished tasks' marks, and item
 markers only of the tasks not finished. A Hugging Face stream is a unit per data file
-(taskplan.py; --max-docs: maxdocs.py); an
+(units.py; --max-docs: maxdocs.py); an
 --append's dataset keys (and signatures, and line keys) are shared out to the tasks, and its
 files are numbered after the dataset's.
 

@@ -51,7 +51,8 @@ from ..stops import stop_point
 from . import volatile
 from .linenumbers import RELATIVE, known_first_line, tag
 from .plantables import pread_all
-from .taskplan import Unit, count_newlines, unit_items, work_dir
+from .taskplan import work_dir
+from .units import Unit, count_newlines, unit_items
 
 LineMasks = tuple[list[tuple[bytes, int]], np.ndarray]  # per item its lines' keep-bits and count; the kept keys
 
