@@ -154,8 +154,10 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     progress = _Progress(r, on_progress, resumed)
     c = r.config
-    early = None  # --max-docs: the units after those that hold N kept documents are not read
-    if c.max_docs is not None and not c.near_dedup:
+    # --max-docs: the units after those that hold N kept documents are not read (while any is left to
+    # tokenize: once the stage is complete, the write stage removes the units' files as it copies them)
+    early = None
+    if c.max_docs is not None and not c.near_dedup and todo["tokenize"]:
         early = EarlyStop(r.work, c.max_docs, r.dedup, set(range(r.n_units)) - set(todo["tokenize"]))
 
     def done(stage: str, i: int) -> None:
