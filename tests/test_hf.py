@@ -350,6 +350,20 @@ def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monk
     assert tokens_of(tmp_path / "o") == tokens_of(tmp_path / "whole")
 
 
+def test_a_data_file_list_one_side_could_not_name_is_not_compared():
+    """hf.resume_mark is "" where the stream cannot be listed (`--streaming false` offline, from
+    the cache; `datasets` before 5): a resume then compares the rest of the input's identity only."""
+    from lmshard.prepare.output.claim import difference
+
+    def fingerprint(mark: str) -> dict:
+        return {"sources": [["hf:/d", "hf", 0, mark]]}
+
+    assert difference(fingerprint("abc"), fingerprint("")) is None
+    assert difference(fingerprint(""), fingerprint("abc")) is None
+    assert "input hf:/d changed since the run started (its data files" in difference(fingerprint("abc"),
+                                                                                     fingerprint("abd"))
+
+
 def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
     """--hf-tasks (separate datasets) and --num-tasks (one dataset) are refused together in one line."""
     result = runner.invoke(app, ["prepare", "--hf", str(local / "pq"), "--out", str(tmp_path / "o"), "--num-tasks",

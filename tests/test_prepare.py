@@ -534,6 +534,24 @@ def test_an_empty_val_split_is_warned_at_prepare_and_explained_at_load(tmp_path,
     assert "val split is empty" not in capsys.readouterr().err  # no val split was asked for
 
 
+@pytest.mark.parametrize(("n", "advised"), [(6, None), (7, 0.49), (30, 0.15)])
+def test_the_advised_val_fraction_makes_an_empty_val_split_under_1_percent_likely(tmp_path, n, advised):
+    """The fraction advised for an empty val split, rounded up (never down) to two figures:
+    (1 - f)^n under 1% (7 documents: 0.51^7 = 0.9%; 30: 0.85^30 = 0.8%); for 6 documents none
+    under 0.5 is, and the advice is more data."""
+    from lmshard import TokenDataset
+    from lmshard.errors import FormatError
+
+    run(tmp_path, [jsonl(tmp_path / "a.jsonl", make_texts(n, seed=3))], val_fraction=0.001)
+    with pytest.raises(FormatError) as e:
+        TokenDataset(tmp_path / "out", split="val")
+    if advised is None:
+        assert "too few documents for a val split by fraction: prepare more data" in str(e.value)
+        return
+    assert f"prepare again with --val-fraction {advised} or more" in str(e.value)
+    assert (1 - advised) ** n < 0.01 < (1 - (advised - 0.01)) ** n  # the smallest two-figure fraction that does
+
+
 def test_a_dataset_decodes_its_own_tokens(tmp_path, reference):
     """TokenDataset.decode / .tokenizer: the dataset's vocabulary, equal to the reference
     library's decode of the same ids; a batch gives one string per row; an in-memory dataset,

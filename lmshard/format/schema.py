@@ -14,6 +14,7 @@ shards on disk to it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -265,10 +266,15 @@ class DatasetMeta:
             if not fraction:
                 return "it was prepared with --val-fraction 0 (no validation split); prepare with --val-fraction 0.01"
             # each document goes to val with probability f (its key and --seed): none of n does with (1 - f)^n
-            need = min(0.5, max(1 - 0.01 ** (1 / self.total_docs), 1.5 * fraction))  # under 1%, and more than now
-            return (f"--val-fraction {fraction} of its {self.total_docs:,} documents sent none to val (about "
-                    f"{fraction * self.total_docs:.2f} expected); prepare again with --val-fraction {need:.2g} or more "
-                    "(an empty val split is then under 1% likely), or with another --seed")
+            need = max(1 - 0.01 ** (1 / self.total_docs), 1.5 * fraction)  # under 1%, and more than now
+            scale = 10 ** (1 - math.floor(math.log10(need)))  # rounded up to two significant figures
+            need = math.ceil(need * scale) / scale
+            said = (f"--val-fraction {fraction} of its {self.total_docs:,} documents sent none to val (about "
+                    f"{fraction * self.total_docs:.2f} expected)")
+            if need > 0.5:
+                return f"{said}; too few documents for a val split by fraction: prepare more data, or another --seed"
+            return (f"{said}; prepare again with --val-fraction {need:g} or more (an empty val split is then under "
+                    "1% likely), or with another --seed")
         return "prepare more data or use another split"
 
     def n_docs(self, split: str | None = None) -> int:

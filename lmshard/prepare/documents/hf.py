@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ...errors import ConfigError, InputError, missing_dependency
+from ...errors import ConfigError, InputError, LmshardError, missing_dependency
 from .decompress import DECOMPRESSION_ERRORS, damage_kind
 from .records import Record, bad, typed_text, with_domain
 
@@ -228,7 +228,7 @@ def hf_records(spec: HFSpec) -> Iterator[Record]:
     shards (data files) is read shard after shard, as a planned run reads them: a compressed
     data file that `datasets` finds damaged midway ends its shard with one bad record, and the
     next shard goes on."""
-    data = open_stream(spec)
+    data = open_stream(spec) if spec.streaming is False else _stream(spec)
     n = data.n_shards if spec.tasks == 1 and hasattr(data, "n_shards") else 1
     if n <= 1:
         yield from example_records(iter(data), spec.text_field, _where(spec, 0, 1))
@@ -341,7 +341,10 @@ def resume_mark(spec: HFSpec) -> str:
     if spec.kind() == "saved":
         marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
         return str(max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0))
-    return stream_mark(replace(spec, task=0, tasks=1))
+    try:
+        return stream_mark(replace(spec, task=0, tasks=1))  # (the stream hf_records reads: opened once)
+    except LmshardError:  # not to be opened as a stream here (--streaming false, offline, from the cache)
+        return ""  # nothing to compare: no check, as where `datasets` lists no names
 
 
 def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0, mark: str | None = None) -> Iterator[Record]:

@@ -128,11 +128,12 @@ def refuse_for_streams(config: PrepareConfig, sources: list[Source]) -> None:
         name = "stdin" if src.path == "-" else f"{src.path}: a pipe"
         if config.dedup_lines or config.near_dedup:
             flag = "--dedup-lines" if config.dedup_lines else "--near-dedup"
-            raise ConfigError(f"{name}, and {flag} reads the input twice, which one pass cannot do (with --hf-tasks); "
-                              "save it to a file first")  # fmt: skip
+            raise ConfigError(f"{name}, and {flag} reads the input twice, which a run with --hf-tasks (one pass "
+                              "over its inputs) cannot do; drop --hf-tasks, or save the input to a file")  # fmt: skip
         if src.fmt == "text" and config.text_mode == "file":
-            raise ConfigError(f"{name}, and --text-mode file cannot make it one document in one pass (with "
-                              "--hf-tasks); pass --text-mode paragraph or line")  # fmt: skip
+            raise ConfigError(f"{name}, and --text-mode file cannot make it one document in a run with --hf-tasks "
+                              "(one pass over its inputs); drop --hf-tasks, or pass --text-mode paragraph or "
+                              "line")  # fmt: skip
 
 
 def _when(t: Any) -> str:
@@ -207,10 +208,13 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
     for path in b_src.keys() - a_src.keys():
         return f"input {path} was not an input when the run started"
     for path, was in a_src.items():
-        if was != b_src[path]:
+        found = b_src[path]
+        if was[1] == "hf" and "" in (was[3], found[3]):  # data files one side could not name (hf.resume_mark)
+            was, found = was[:3], found[:3]
+        if was != found:
             if was[1] == "hf":
                 return (f"input {path} changed since the run started (its data files: a new revision, files added, "
-                        "removed or renamed, or the dataset saved again); put it back as it was, or pin --revision")
+                        "removed or renamed, or the dataset saved again)")
             what = "size or ETag" if "://" in str(path) else "size or modification time"
             return f"input {path} changed since the run started ({what})"
     if [s[0] for s in started.get("sources", [])] != [s[0] for s in now.get("sources", [])]:
