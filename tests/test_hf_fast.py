@@ -32,7 +32,7 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from lmshard.errors import TokenizerError
 from lmshard.format import load_metadata
 from lmshard.format.fields import _Invalid
-from lmshard.format.schema import TokenizerInfo
+from lmshard.format.parts import TokenizerInfo
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.tokenizers import gate, hf_fast, load_tokenizer
 from lmshard.tokenizers.base import utf8_safe

@@ -527,7 +527,7 @@ def test_an_empty_val_split_is_warned_at_prepare_and_explained_at_load(tmp_path,
     assert len(warned) == 1 and "--val-fraction 0.001 of its 50 documents sent none to val" in warned[0]
     with pytest.raises(FormatError, match=r"split 'val' holds no tokens; --val-fraction 0.001 of its 50 documents .* "
                                           r"prepare again with --val-fraction 0.088 or more \(an empty val split is "
-                                          r"then under 1% likely\), or with another --seed"):  # fmt: skip
+                                          r"then under 1% likely\), or another --seed"):  # fmt: skip
         TokenDataset(tmp_path / "out", split="val")
     assert run(tmp_path, [src], out=str(tmp_path / "advised"), val_fraction=0.088)["splits"]["val"]["n_docs"] > 0
     run(tmp_path, [src], out=str(tmp_path / "none"), val_fraction=0.0)

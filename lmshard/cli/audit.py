@@ -2,8 +2,7 @@
 form (lmshard.runtime.trace): no batch is replayed and no token is read unless `--text` asks for
 the documents' text.
 
-Kept out of commands.py (which is near its size limit): `register` adds the command to the `app`
-commands.py builds, wrapped in its `user_errors`.
+`register` adds the command to the `app` commands.py builds, wrapped in its `user_errors`.
 """
 
 from __future__ import annotations

@@ -46,17 +46,10 @@ from .layout import (
     shard_paths,
     write_vocab_copy,
 )
+from .parts import DedupInfo, KeyFile, SourceInfo, SplitInfo, TokenizerInfo
 from .provenance import SRC_DTYPE, src_path
-from .schema import (
-    DatasetMeta,
-    DedupInfo,
-    KeyFile,
-    RunInfo,
-    SourceInfo,
-    SplitInfo,
-    TokenizerInfo,
-    parse_metadata,
-)
+from .runinfo import RunInfo
+from .schema import DatasetMeta, parse_metadata
 from .shard import ShardInfo
 from .skipped import SkippedInputs
 
