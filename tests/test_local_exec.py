@@ -189,7 +189,7 @@ def test_progress_follows_each_unit_as_it_finishes_not_the_whole_stage():
         reported.append(i)
         seen_one.set()
 
-    waiter = threading.Thread(target=itempool._wait, args=(futures, "tokenize", done))
+    waiter = threading.Thread(target=itempool._wait, args=(None, futures, "tokenize", done))  # (no pool: none breaks)
     waiter.start()
     second.set_result(None)
     assert seen_one.wait(60)  # an event, not a clock: unit 1 was reported while unit 0 runs

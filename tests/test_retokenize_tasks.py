@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from proctree import _tgkill
 from test_hf_tokenizer import big  # noqa: F401  (module fixture: the big vocabulary)
 from test_prepare import jsonl, make_texts
 from test_retokenize import _prepare
@@ -239,7 +240,10 @@ def _terminated_at(cmd, cwd, stop_at):
         while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
             assert time.monotonic() < deadline and child.poll() is None, child.communicate()
             time.sleep(0.02)
-        child.send_signal(signal.SIGTERM)
+        # To its main thread, which waits for it: a process-directed signal may be taken by another of its
+        # threads (a tokenizer's), and the main thread would wait for ever (proctree.signal_stopped)
+        if not _tgkill(child.pid, child.pid, signal.SIGTERM):
+            child.send_signal(signal.SIGTERM)
         child.send_signal(signal.SIGCONT)
         _, err = child.communicate(timeout=120)
     finally:
