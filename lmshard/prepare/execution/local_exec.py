@@ -12,9 +12,14 @@ and the metadata (finish) are the only work done here: neither reads a document.
 leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop the
 workers at once (an item cut short has no marker and is redone).
 
+With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops once
+the units from the first on hold N kept documents (maxdocs.EarlyStop): the units left are
+written empty, never read.
+
 Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
 layout.py, owners.py: at most one work item's tokens, or one unit's per-document arrays); this
-process holds the plan, the layout and one future per item of the current stage.
+process holds the plan, the layout and one future per item of the current stage (with
+--max-docs, the keys of the kept documents counted so far: ≈16 bytes each).
 """
 
 from __future__ import annotations
