@@ -19,6 +19,10 @@ what each stage costs.
    stages, with 1 worker (the stages in-process: `--num-tasks 1`) and with 2 (the pool,
    LMSHARD_STAGED_BYTES=0), medians of 5 rotated runs, and the ratios.
 
+4. `--max-docs 2000` on the same input and `--workers 2`: planned (`--num-tasks 4`, whose
+   tokenize stage stops once the units from the first hold 2,000 kept documents) and in one
+   process, medians of 3 rotated runs, against the whole planned run of section 1.
+
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
 
@@ -118,6 +122,28 @@ def small_inputs(t: Path) -> list[str]:
     return rows
 
 
+MAX_DOCS = 2000  # section 4
+
+
+def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], whole: float) -> list[str]:
+    """Section 4: --max-docs planned (its early stop) and in one process, against `whole` (the
+    median wall time of the whole planned run)."""
+    kinds = {"planned (`--num-tasks 4`)": ["--num-tasks", "4"], "one process": []}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    names = list(kinds)
+    for i in range(3):
+        for kind in names[i % 2 :] + names[: i % 2]:
+            out = t / f"maxdocs_{i}_{names.index(kind)}"
+            sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2",
+                                           "--max-docs", str(MAX_DOCS), *options, *kinds[kind]], env)  # fmt: skip
+            times[kind].append(sec)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"4. --max-docs {MAX_DOCS}: " + ", ".join(f"{k} {m:.2f} s" for k, m in med.items()) +
+          f"; the whole planned run {whole:.2f} s", flush=True)  # fmt: skip
+    return [f"| `--max-docs {MAX_DOCS}` | wall time (median of 3) | against the whole planned run |", "|---|---|---|",
+            *(f"| {k} | {m:.2f} s | {m / whole:.2f} |" for k, m in med.items())]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
@@ -190,6 +216,7 @@ def main() -> None:
             print(f"2. {stage} {' '.join(task)}: {sec:.2f} s, peak RSS {main_rss / 2**20:.0f} MiB", flush=True)
         n_units = plan["n_units"]
         small = small_inputs(t) if not args.dedup_lines else []
+        capped = max_docs_rows(t, src, env, options, med["planned"])
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
     flags = "".join(f" {o}" for o in options)
@@ -226,6 +253,9 @@ def main() -> None:
     if small:
         rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start: the "
                  "command's wall time, its start included (medians of 5 rotated runs):", "", *small]  # fmt: skip
+    rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the planned run's tokenize stage stops once the "
+             "units from the first hold that many kept documents; one process stops within a work item.", "",
+             *capped]  # fmt: skip
     copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
             f"`python scripts/bench_scaleout.py{flags}{copies}` (in `make bench` without --copies: the corpus "
