@@ -36,13 +36,18 @@ def corpus(tmp_path_factory):
     return jsonl(tmp / "in" / "a.jsonl", make_texts(6000, seed=8) + make_texts(200, seed=8))  # 200 duplicates
 
 
-def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path, corpus):
-    """`lmshard prepare ... 2> log`: plain lines, no escape codes. `--log-interval 0` logs after
-    every work item, and 64 KiB items cut the 2.2 MB input into ~35: the number of progress lines
-    depends on the input alone, never on how fast the machine is."""
+@pytest.mark.parametrize("staged", [False, True], ids=["one process", "stages"])
+def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path, corpus, staged):
+    """`lmshard prepare ... 2> log`: plain lines, no escape codes, in one process and as the
+    stages in the pool (the path of a large input: forced here). `--log-interval 0` logs after
+    every work item (64 KiB items) or unit (64 KiB units), which cut the 2.2 MB input into ~35:
+    the number of progress lines depends on the input alone, never on how fast the machine is."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_BLOCK_BYTES": str(64 << 10)}
+    if staged:
+        env |= {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_UNIT_BYTES": str(64 << 10)}
+    workers = "2" if staged else "1"
     with open(tmp_path / "log", "w") as log:
-        done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(tmp_path / "o"), "--workers", "1",
+        done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(tmp_path / "o"), "--workers", workers,
                                "--log-interval", "0"], stdout=subprocess.PIPE, stderr=log, text=True,
                               timeout=300, env=env)  # fmt: skip
     assert done.returncode == 0
@@ -50,9 +55,10 @@ def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path
     lines = text.splitlines()
     meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
     assert not ESCAPE.search(text), repr(text[:500])
-    assert lines[0].startswith(f"lmshard prepare: {corpus} -> {tmp_path / 'o'}; tokenizer gpt2, 1 worker,"), lines[0]
+    said = "2 workers" if staged else "1 worker"
+    assert lines[0].startswith(f"lmshard prepare: {corpus} -> {tmp_path / 'o'}; tokenizer gpt2, {said},"), lines[0]
     progress = [line for line in lines if line.startswith("prepare: ")]
-    assert len(progress) >= corpus.stat().st_size // (64 << 10), text  # one line per work item
+    assert len(progress) >= corpus.stat().st_size // (64 << 10), text  # one line per work item, or unit
     assert all(
         re.search(r"MB( of .*%\))? read, [\d,]+ docs?, [\d,]+ tokens, [\d.]+ M tokens/s", p) for p in progress
     ), progress
