@@ -99,7 +99,8 @@ def small_inputs(t: Path) -> list[str]:
     kinds = {"one process, 1 worker": (["--workers", "1"], {}),
              "stages in-process (`--num-tasks 1`), 1 worker": (["--workers", "1", "--num-tasks", "1"], {}),
              "one process, 2 workers": (["--workers", "2"], {}),
-             "stages in the pool, 2 workers": (["--workers", "2"], {"LMSHARD_STAGED_BYTES": "0"})}  # fmt: skip
+             "stages in the pool, 2 workers": (["--workers", "2"], {"LMSHARD_STAGED_BYTES": "0",
+                                                                    "LMSHARD_POOL_BYTES": "0"})}  # fmt: skip
     with gzip.open(require_corpus(), "rb") as f:
         head = f.read(max(SMALL) + (1 << 20))
     rows = ["| input | " + " | ".join(kinds) + " | stages / one process, 1 worker; 2 workers |",

@@ -241,3 +241,27 @@ def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
     subprocess.run([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", str(planned)], env=env, check=True)
     units = [p for p in synced.read_text().splitlines() if "/tokenize/.unit_" in p and p.endswith(".bin.tmp")]
     assert len(units) == len(list((planned.parent / ".p.lmshard-work" / "tokenize").glob("unit_*.bin"))) > 0
+
+
+def test_a_small_input_goes_through_its_stages_in_this_process_whatever_the_workers(tmp_path, monkeypatch):
+    """Below LMSHARD_POOL_BYTES (4 MiB) of input the local executor starts no pool: the pool's
+    start costs more than its workers save there (bench_scaleout.py, section 3). The same bytes
+    as one process either way; with the threshold at 0 the pool is used."""
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import itempool, local_exec
+
+    src = jsonl(tmp_path / "a.jsonl", make_texts(3000, seed=5))
+    assert src.stat().st_size < local_exec.POOL_BYTES == 4 << 20
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, val_fraction=0.1))
+    real, pools = itempool.item_pool, []
+
+    def counted(r, workers):
+        pools.append(workers)
+        return real(r, workers)
+
+    monkeypatch.setattr(local_exec, "item_pool", counted)
+    local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "here"), workers=2, val_fraction=0.1), 3)
+    assert pools == [] and _files(tmp_path / "here") == _files(tmp_path / "one")
+    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "pool"), workers=2, val_fraction=0.1), 3)
+    assert pools == [2] and _files(tmp_path / "pool") == _files(tmp_path / "one")

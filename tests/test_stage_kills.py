@@ -36,10 +36,11 @@ STOPS = {"tokenize": "unit", "dedup": "bucket", "select": "select", "write": "pa
 @pytest.fixture(scope="module", autouse=True)
 def staged_env():
     """Small units (64 KiB: the corpus is cut into dozens), and the staged path for a plain
-    prepare with several workers however small its input."""
+    prepare with several workers, in the pool, however small its input."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
         mp.setenv("LMSHARD_STAGED_BYTES", "0")
+        mp.setenv("LMSHARD_POOL_BYTES", "0")
         mp.delenv("LMSHARD_STOP_AT", raising=False)
         yield
 

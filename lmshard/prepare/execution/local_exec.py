@@ -12,7 +12,8 @@ and the metadata (finish) are the only work done here: neither reads a document.
 leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop the
 workers at once (an item cut short has no marker and is redone).
 
-With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops once
+Below POOL_BYTES of input (files, whose size is known) every item runs in this process, whatever
+--workers says. With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops once
 the units from the first on hold N kept documents (maxdocs.EarlyStop): the units left are
 written empty, never read.
 
@@ -56,6 +57,10 @@ STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
 # fixed costs (its files, fsyncs, a read of each dedup group) stay small.
 TASKS_PER_WORKER = 2
+# A run of less input than this goes through its stages in this process whatever --workers says: the
+# pool's start (forking the workers, a round trip per item) costs more than they save (bench_scaleout.py,
+# section 3: at 1 MB the stages in a pool of 2 took 1.24x their time in one process; at 8 MB, as long).
+POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
 SEEKED = ("parquet", "arrow")  # formats read by seeking, which a pipe cannot do
 
 
@@ -157,6 +162,9 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
+    units = r.plan["units"]
+    if all(u[1] in ("file", "range", "row_group") for u in units) and sum(u[4] for u in units) < POOL_BYTES:
+        workers = 1  # a small input, of known size (a stream's shards and a saved split's rows are not bytes)
     progress = _Progress(r, on_progress, resumed)
     c = r.config
     # --max-docs: the units after those that hold N kept documents are not read (while any is left to
