@@ -37,6 +37,7 @@ from ..config import PrepareConfig
 from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
+from ..output.claim import needs_a_copy
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_error
 from . import volatile
 from .barrier import is_complete
@@ -61,7 +62,6 @@ TASKS_PER_WORKER = 2
 # pool's start (forking the workers, a round trip per item) costs more than they save (bench_scaleout.py,
 # section 3: at 1 MB the stages in a pool of 2 took 1.24x their time in one process; at 8 MB, as long).
 POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
-SEEKED = ("parquet", "arrow")  # formats read by seeking, which a pipe cannot do
 
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
@@ -72,14 +72,11 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     share of (`units.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
     others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
     on the benchmark corpus ×2 on 2 cores). And always with --val-by, and for stdin or a pipe
-    that one pass cannot read as asked (--dedup-lines and --near-dedup read the input twice,
-    parquet and arrow by seeking, --text-mode file makes it one document): the stages save it
-    first (runplan.spool_streams) and read the copy."""
+    that one pass cannot read as asked (claim.needs_a_copy): the stages save it first
+    (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
-    if config.hf_tasks == 1 and any(s.stream and (config.dedup_lines or config.near_dedup or s.fmt in SEEKED or
-                                                  (s.fmt == "text" and config.text_mode == "file"))
-                                    for s in sources):  # fmt: skip
+    if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None

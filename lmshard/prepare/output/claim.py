@@ -117,13 +117,23 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     return Claim(fingerprint, time.time(), previous=previous)
 
 
+SEEKED = ("parquet", "arrow")  # formats read by seeking, which a pipe cannot do
+
+
+def needs_a_copy(config: PrepareConfig, src: Source) -> bool:
+    """Whether `src` is stdin or a pipe (a FIFO, `<(...)`) that one pass cannot read as this run
+    asks: read twice (--dedup-lines, --near-dedup), by seeking (parquet, arrow), or made one
+    document (--text-mode file). A planned run saves it first and reads the copy
+    (local_exec.use_stages sends such a run there); one process refuses it."""
+    return src.stream and (config.dedup_lines or config.near_dedup or src.fmt in SEEKED
+                           or (src.fmt == "text" and config.text_mode == "file"))  # fmt: skip
+
+
 def refuse_for_streams(config: PrepareConfig, sources: list[Source]) -> None:
-    """What one pass over stdin or a pipe (a FIFO, `<(...)`) cannot do, for a run in one process
-    (a planned run saves them first: local_exec.use_stages sends such a run there, but with
-    --hf-tasks): be read twice (--dedup-lines, --near-dedup), or be made one document
-    (--text-mode file)."""
+    """`needs_a_copy`'s streams, for a run in one process (only with --hf-tasks): refused in one
+    line (parquet and arrow where they are read: columnar.py)."""
     for src in sources:
-        if not src.stream:
+        if not needs_a_copy(config, src):
             continue
         name = "stdin" if src.path == "-" else f"{src.path}: a pipe"
         if config.dedup_lines or config.near_dedup:
