@@ -385,7 +385,7 @@ def test_a_partial_record_at_the_size_recorded_is_never_a_bad_line_in_a_scale_ou
     append(path, ' a record"}\n')
     units = cut_units([src], "auto", 1000, 64 << 10)
     assert len(units) >= 2
-    payload = b"".join(it.payload for u in units for it in unit_items(0, src, u, "auto", "text", 1000))
+    payload = b"".join(it.payload for u in units for it in unit_items([src], u, "auto", "text", 1000))
     assert payload == lines(3000).encode()
 
 
@@ -424,7 +424,7 @@ def test_a_half_written_record_across_a_units_last_read_is_left_out(tmp_path, sm
     append(path, 'and the rest"}\n')
     units = cut_units([src], "auto", 1000, 64 << 10)
     assert len(units) >= 2
-    payload = b"".join(it.payload for u in units for it in unit_items(0, src, u, "auto", "text", 1000))
+    payload = b"".join(it.payload for u in units for it in unit_items([src], u, "auto", "text", 1000))
     assert payload == lines(3000).encode()
 
 

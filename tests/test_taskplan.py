@@ -57,11 +57,53 @@ def test_what_is_not_cut(tmp_path):
     array = detect(str(write(tmp_path / "c.json", b"[" + b",".join([b'{"text": "x"}'] * 20000) + b"]")))
     whole_text = detect(str(write(tmp_path / "d.txt", b"word " * 100_000)))  # text mode file: one document
     units = cut_units([gz, small, array, whole_text], "file", 1000, U)
-    assert [(u.source, u.kind) for u in units] == [(0, "file"), (1, "file"), (2, "file"), (3, "file")]
+    # each whole; the two small ones share a unit (units of several files)
+    assert [(u.source, u.kind, u.start, u.end) for u in units] == [
+        (0, "files", 0, 2), (2, "file", 0, array.size), (3, "file", 0, whole_text.size)]  # fmt: skip
+    assert gz.size + small.size <= U < min(array.size, whole_text.size)
     one_long_line = detect(str(write(tmp_path / "e.jsonl", b'{"text": "' + b"x" * 300_000 + b'"}\n')))
     assert [u.kind for u in cut_units([one_long_line], "auto", 1000, U)] == ["range"]
     with pytest.raises(ConfigError, match="stdin"):
         cut_units([detect("-")], "auto", 1000, U)
+
+
+def test_consecutive_small_files_share_units_up_to_the_unit_size(tmp_path):
+    """A directory of many small files is a few units, each of consecutive whole files up to the
+    unit size in all; a file that is cut (or too large to share) ends the run; one small file
+    alone stays a `file` unit. Their items are `plan`'s for the same files."""
+    from lmshard.prepare.documents.sources import plan
+    from lmshard.prepare.execution.units import unit_items
+
+    rng = np.random.default_rng(11)
+    smalls = [detect(str(write(tmp_path / f"a{i:03d}.txt", b"word %d " % i * int(k))))
+              for i, k in enumerate(rng.integers(100, 2000, size=120))]  # fmt: skip
+    big = detect(str(write(tmp_path / "b.jsonl", _jsonl(200, 12))))
+    tail = [detect(str(write(tmp_path / "c.jsonl", _jsonl(3, 13))))]
+    sources = [*smalls, big, *tail]
+    units = cut_units(sources, "auto", 100_000, U)
+    groups = [u for u in units if u.kind == "files"]
+    assert 2 <= len(groups) < 120 // 4  # (1-8 KB files into 64 KiB units)
+    assert [u.source for u in groups] == [u.start for u in groups]
+    assert groups[0].start == 0 and groups[-1].end == 120  # they tile the small files, in order
+    assert all(a.end == b.start for a, b in zip(groups, groups[1:], strict=False))
+    assert all(u.nbytes == sum(s.size for s in sources[u.start : u.end]) <= U for u in groups)
+    assert all(u.nbytes + sources[u.end].size > U for u in groups[:-1])  # each as full as the next file allows
+    assert [u.kind for u in units[len(groups):]] == ["range"] * (len(units) - len(groups) - 1) + ["file"]
+    cut = [it for u in units for it in unit_items(sources, u, "auto", "text", 100_000)]
+    whole = list(plan(sources, "auto", "text", max_chars=100_000))
+    assert any(it.kind == "files" and it.source > 0 for it in cut)  # (whole files, numbered as in the input)
+    assert _documents(cut, sources) == _documents(whole, sources)
+
+
+def _documents(items: list, sources: list) -> list:
+    """The records the items stand for: each whole file's path, each line's bytes."""
+    out = []
+    for it in items:
+        if it.kind == "files":
+            out += [sources[s].path for s in it.payload]
+        else:
+            out += [(sources[it.source].path, line) for line in it.payload.splitlines()]
+    return out
 
 
 def test_parquet_row_groups_are_units(tmp_path):
@@ -161,8 +203,7 @@ def test_unit_items_carry_the_same_numbered_lines_as_the_whole_file(tmp_path, mo
     units = cut_units(sources, text_mode, 1000, U)
     assert sum(u.source == 1 for u in units) > 3
     whole = list(plan(sources, text_mode, "text", max_chars=1000))
-    cut = [it for u in _lined(units, sources) for it in unit_items(u.source, sources[u.source], u, text_mode, "text",
-                                                                   1000)]  # fmt: skip
+    cut = [it for u in _lined(units, sources) for it in unit_items(sources, u, text_mode, "text", 1000)]
     assert _numbered(cut) == _numbered(whole)
     assert [it.split_file for it in cut].count(True) == [it.split_file for it in whole].count(True)
     assert sum(it.nbytes for it in cut if it.source == 1) == len(data)
@@ -184,7 +225,7 @@ def test_a_byte_order_mark_is_taken_off_the_first_unit_only(tmp_path):
     src = detect(str(write(tmp_path / "a.jsonl", b"\xef\xbb\xbf" + data)))
     units = cut_units([src], "auto", 1000, U)
     assert len(units) > 3 and units[0].start == 0
-    cut = [it for u in _lined(units, [src]) for it in unit_items(0, src, u, "auto", "text", 1000)]
+    cut = [it for u in _lined(units, [src]) for it in unit_items([src], u, "auto", "text", 1000)]
     assert b"".join(it.payload for it in cut) == data
     assert _numbered(cut) == _numbered(list(plan([src], "auto", "text", max_chars=1000)))
     assert sum(it.nbytes for it in cut) == len(data) + 3
@@ -196,7 +237,7 @@ def test_a_utf16_file_stays_one_unit_read_as_one_wrong_encoding_record(tmp_path)
     src = detect(str(write(tmp_path / "a.jsonl", _jsonl(400, 4).decode().encode("utf-16"))))
     units = cut_units([src], "auto", 1000, U)
     assert [u.kind for u in units] == ["file"]
-    (item,) = unit_items(0, src, units[0], "auto", "text", 1000)
+    (item,) = unit_items([src], units[0], "auto", "text", 1000)
     assert [r.problem for r in item.payload] == ["wrong_encoding"]
 
 

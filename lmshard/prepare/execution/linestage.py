@@ -65,14 +65,14 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
     counts, hashes = [], []
     fields = record_fields(config.text_field, config.val_by)  # (the records the tokenize stage reads, and skips)
     try:
-        for item in unit_items(unit.source, sources[unit.source], unit, config.text_mode, fields,
+        for item in unit_items(sources, unit, config.text_mode, fields,
                                config.max_chars, wcfg.hf):  # fmt: skip
             h = hash_lines(item, wcfg)
             counts.append(len(h))
             hashes.append(h)
     except InputError:  # stopping: named at its absolute line, as the tokenize stage names it
         numbered = replace(unit, first_line=first_line(work / "tokenize", plan, sources[unit.source], u, wcfg.hf))
-        for item in unit_items(unit.source, sources[unit.source], numbered, config.text_mode, fields,
+        for item in unit_items(sources, numbered, config.text_mode, fields,
                                config.max_chars, wcfg.hf):  # fmt: skip
             hash_lines(item, wcfg)
         raise

@@ -160,7 +160,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     units = r.plan["units"]
-    if all(u[1] in ("file", "range", "row_group") for u in units) and sum(u[4] for u in units) < POOL_BYTES:
+    if all(u[1] in ("file", "range", "row_group", "files") for u in units) and sum(u[4] for u in units) < POOL_BYTES:
         workers = 1  # a small input, of known size (a stream's shards and a saved split's rows are not bytes)
     progress = _Progress(r, on_progress, resumed)
     c = r.config

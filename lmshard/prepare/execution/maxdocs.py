@@ -100,7 +100,7 @@ def _recount(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Work
     with its documents' fates as the select stage accounts them."""
     unit = load_unit(plan, u)
     arrays = unit_arrays(work / "tokenize", u)
-    items = unit_items(unit.source, sources[unit.source], unit, config.text_mode, config.text_field, config.max_chars,
+    items = unit_items(sources, unit, config.text_mode, config.text_field, config.max_chars,
                        wcfg.hf)  # fmt: skip
     if line_masks is not None:
         items = (replace(item, line_keep=keep) for item, keep in zip(items, line_masks(u)[0], strict=True))

@@ -36,7 +36,7 @@ from ...format import atomic_write_bytes
 from ..documents.files import Source
 from ..documents.reading import read_error
 
-KINDS = ("file", "range", "row_group", "rows", "shard")
+KINDS = ("file", "range", "row_group", "rows", "shard", "files")
 _UNIT = np.dtype([("source", "<i4"), ("kind", "<i4"), ("start", "<i8"), ("end", "<i8"), ("nbytes", "<i8")])
 _I8, _U8 = np.dtype("<i8"), np.dtype("<u8")
 UNITS, TASKS, SOURCES, SOURCE_INDEX = "plan_units.bin", "plan_tasks.bin", "plan_sources.jsonl", "plan_sources.idx"

@@ -44,8 +44,9 @@ from .plantables import (
 from .units import UNIT_BYTES, Unit
 
 PLAN_FILE = "plan.json"
-PLAN_VERSION = 7  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
-# 6: line stages (--dedup-lines), a unit's kept lines in its data file; 7: its records' numbers
+PLAN_VERSION = 8  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
+# 6: line stages (--dedup-lines), a unit's kept lines in its data file; 7: its records' numbers; 8: units of
+# several small files
 def work_dir(out: str | os.PathLike[str]) -> Path:
     """Where a scale-out run keeps its plan, the tasks' outputs and markers: `.NAME.lmshard-work`
     beside the output, as the build's `.NAME.lmshard-partial`, so `NAME` only ever holds a

@@ -82,7 +82,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
 
     def work_items(unit: Unit) -> Iterator[WorkItem]:
-        items = unit_items(unit.source, sources[unit.source], unit, config.text_mode,
+        items = unit_items(sources, unit, config.text_mode,
                            record_fields(config.text_field, config.val_by), config.max_chars, wcfg.hf)  # fmt: skip
         if masks is None:
             return items

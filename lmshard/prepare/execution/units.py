@@ -7,7 +7,10 @@
   KB at each multiple of `unit_bytes`, never the whole file;
 - a parquet file into its row groups; a saved Hugging Face split into ranges of rows; a
   Hugging Face stream into its shards (data files);
-- anything else (compressed files, CSV, JSON arrays, arrow, small files) is one unit.
+- anything else (compressed files, CSV, JSON arrays, arrow, small files) is one unit; and
+  consecutive files smaller than `unit_bytes` are one unit together (kind `files`), up to
+  `unit_bytes` in all, so that a directory of many small files is not as many units, each with
+  its own work files in every stage.
 
 Units concatenated in plan order are exactly the input in `prepare`'s order, and `unit_items`
 gives a unit's work items with the lines (and line numbers: a range's first line number is found
@@ -21,7 +24,7 @@ Memory model: one entry per unit (a few dozen bytes); a 64 KiB read window while
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,10 +44,11 @@ _LINE_FORMATS = ("jsonl", "text")
 @dataclass(frozen=True)
 class Unit:
     """Part of one source: the whole file, the bytes [start, end), parquet row group `start`, a
-    saved Hugging Face split's rows [start, end), or shard `start` of a stream's `end` shards."""
+    saved Hugging Face split's rows [start, end), or shard `start` of a stream's `end` shards;
+    or whole sources [start, end) (`files`: `source` is the first)."""
 
     source: int
-    kind: str  # file | range | row_group | rows | shard
+    kind: str  # file | range | row_group | rows | shard | files
     start: int
     end: int
     nbytes: int  # input bytes it accounts for, for balancing
@@ -90,7 +94,32 @@ def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes:
             units.extend(_cut_rows(i, hf, n_tasks) if hf.kind() == "saved" else _cut_shards(i, hf))
             continue
         units.extend(_cut(i, src, text_mode, max_chars, unit_bytes))
-    return units
+    return _grouped(units, unit_bytes)
+
+
+def _grouped(units: list[Unit], unit_bytes: int) -> list[Unit]:
+    """Runs of consecutive whole files, each smaller than `unit_bytes`, as units of several
+    files, up to `unit_bytes` in all (one file alone stays a `file` unit)."""
+    out: list[Unit] = []
+    run: list[Unit] = []
+
+    def close() -> None:
+        if len(run) > 1:
+            out.append(Unit(run[0].source, "files", run[0].source, run[-1].source + 1, sum(u.nbytes for u in run)))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for unit in units:
+        small = unit.kind == "file" and unit.nbytes < unit_bytes
+        if not small or (run and sum(u.nbytes for u in run) + unit.nbytes > unit_bytes):
+            close()
+        if small:
+            run.append(unit)
+        else:
+            out.append(unit)
+    close()
+    return out
 
 
 MIN_ROWS, ROWS_PER_UNIT = 256, 8 * RECORDS_PER_ITEM  # a saved Hugging Face split's rows per unit, at most
@@ -146,11 +175,12 @@ def count_newlines(src: Source, start: int, end: int) -> int:
     return n
 
 
-def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str, max_chars: int,
+def unit_items(sources: Sequence[Source], unit: Unit, text_mode: str, text_field: str, max_chars: int,
                hf: Any = None) -> Iterator[WorkItem]:  # fmt: skip
     """The work items of one unit: concatenated over a source's units in plan order, the same
     records, with the same line numbers, as `sources.plan` gives for the whole source (`hf`: the
     HFSpec of a Hugging Face source, with the fields its records keep)."""
+    i, src = unit.source, sources[unit.source]
     if unit.kind == "shard":  # a stream's shard, its records batched here as `plan` batches the stream's
         yield from batch_records(i, src, shard_records(hf, unit.start, unit.end, max(unit.first_line, 1) - 1,
                                                        src.version))  # fmt: skip
@@ -168,9 +198,11 @@ def unit_items(i: int, src: Source, unit: Unit, text_mode: str, text_field: str,
             auto = unit.start == 0 and src.fmt == "text" and text_mode == "auto" and not src.piped
             yield replace(first, split_file=auto and first.kind == "lines")
             yield from items
-    else:
-        for item in plan([src], text_mode, text_field, max_chars=max_chars):  # source 0 of one: renumbered
-            yield replace(item, source=i, payload=[i] if item.kind == "files" else item.payload)
+    else:  # whole files: their sources renumbered from the unit's first
+        first, end = (unit.start, unit.end) if unit.kind == "files" else (i, i + 1)
+        for item in plan(list(sources[first:end]), text_mode, text_field, max_chars=max_chars):
+            yield replace(item, source=item.source + first,
+                          payload=[s + first for s in item.payload] if item.kind == "files" else item.payload)
 
 
 def _boundaries(src: Source, unit_bytes: int, paragraph: bool) -> list[int]:
