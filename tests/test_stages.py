@@ -128,6 +128,42 @@ def test_every_stage_as_tasks_in_any_order_equals_one_machine(tmp_path, monkeypa
         assert local_files[name] == scaled[name], name
 
 
+def test_many_small_files_share_units_and_equal_one_machine(tmp_path):
+    """A directory of many small files (whole text documents, JSON lines with a bad record, gzip,
+    duplicates across files) around a large file that is cut: consecutive small files share a
+    unit (so far fewer units than files), and every stage's tasks, in reversed order, give the
+    one-machine bytes, drop examples named at their file and line included."""
+    texts = make_texts(600, seed=31)
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(120):
+        (root / f"a{i:03d}.txt").write_text(" ".join([texts[i % 100]] * 8))  # 20 duplicates across files, units
+    for i in range(30):
+        jsonl(root / f"b{i:03d}.jsonl", texts[100 + 3 * i : 103 + 3 * i])
+    (root / "b007.jsonl").write_text('{"text": "fine"}\n{"oops": 1}\nnot json\n')
+    jsonl(root / "c.jsonl", texts[200:] * 2)  # cut into ranges
+    import gzip
+
+    for i in range(20):
+        (root / f"d{i:03d}.jsonl.gz").write_bytes(gzip.compress(json.dumps({"text": texts[i]}).encode() + b"\n"))
+    local = prepare(PrepareConfig(inputs=[str(root)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    config = PrepareConfig(inputs=[str(root)], out=str(tmp_path / "scaled"), workers=1, unit_size=_WINDOW, **_OPTS)
+    local_exec.claim(config, 3)
+    plan = load_plan(work_dir(config.out))
+    kinds = [unit[1] for unit in plan["units"]]
+    assert kinds.count("files") >= 3 and "range" in kinds and len(kinds) < 60  # (191 files)
+    assert plan["units"][1][1] == "files" and plan["units"][1][0] > 0  # (whole text files after the first unit's)
+    for stage in STAGES[:-1]:
+        for task in reversed(range(3)):
+            run_task(config, 3, stage, task, unit_bytes=_WINDOW)
+    assert run_task(config, 3, "finish", 0, unit_bytes=_WINDOW) == 1
+    assert local.drops["duplicate"] >= 20 and any("b007.jsonl:2" in e for e in local.drop_examples.values())
+    local_files, scaled = _files(tmp_path / "local"), _files(tmp_path / "scaled")
+    assert local_files.keys() == scaled.keys()
+    for name in local_files:
+        assert local_files[name] == scaled[name], name
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, monkeypatch, workers):
     """A plain prepare at or above LMSHARD_STAGED_BYTES with several workers runs the staged
