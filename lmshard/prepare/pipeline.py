@@ -106,8 +106,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         if config.num_tasks is not None:  # a plan of that many tasks, every stage run here (--executor local)
             return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer))
         if local_exec.use_stages(config, sources):  # every stage in the worker pool
-            tasks = local_exec.TASKS_PER_WORKER * config.n_workers()  # (tasks here only size the units)
-            return local_exec.run(config, tasks, None, on_progress, (sources, tokenizer), adopt=True)
+            tasks, unit_bytes = local_exec.plain_plan(config, sources)  # (tasks here only size the units)
+            return local_exec.run(config, tasks, unit_bytes, on_progress, (sources, tokenizer), adopt=True)
         refuse_for_streams(config, sources)  # (what one pass over stdin or a pipe cannot do)
         # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
         early = early_pool(config.n_workers(), sources, tokenizer)

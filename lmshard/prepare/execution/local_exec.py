@@ -84,6 +84,22 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
             and total >= STAGED_BYTES and largest_whole(sources) * config.n_workers() <= 1.5 * total)  # fmt: skip
 
 
+def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
+    """The tasks and unit size a plain prepare plans (its tasks only size the units): 2 tasks of
+    4 units per worker; but below POOL_BYTES of files, which run in this process, one unit of
+    up to POOL_BYTES (small files share it, units.py): each unit costs its work files in every
+    stage, and here no worker waits for another. --unit-size decides where it is given."""
+    if config.unit_size is None and _in_process(sources):
+        return 1, max(POOL_BYTES, 64 << 10)
+    return TASKS_PER_WORKER * config.n_workers(), None
+
+
+def _in_process(sources: list[Source]) -> bool:
+    """Less than POOL_BYTES of input whose size is known: files (not a stream, a Hugging Face
+    dataset)."""
+    return all(not s.stream and s.fmt != "hf" for s in sources) and sum(s.size for s in sources) < POOL_BYTES
+
+
 def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         on_progress: Callable[[Any], None] | None = None, loaded: Any = None, adopt: bool = False) -> Any:  # fmt: skip
     """Claim --out, run every stage here, swap the dataset in; returns its metadata. `loaded`:
