@@ -265,3 +265,32 @@ def test_a_small_input_goes_through_its_stages_in_this_process_whatever_the_work
     monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
     local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "pool"), workers=2, val_fraction=0.1), 3)
     assert pools == [2] and _files(tmp_path / "pool") == _files(tmp_path / "one")
+
+
+def test_a_plain_prepare_of_a_small_input_on_its_stages_plans_one_unit(tmp_path, monkeypatch):
+    """A plain prepare whose stages run in this process (less than 4 MiB of files; here with
+    --val-by, which only the stages do) plans one task of one unit of up to 4 MiB, its many
+    small files sharing it, where the plan sized to the workers had a unit per file; --unit-size
+    still decides where it is given. The bytes are the same either way."""
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import run as run_module
+
+    root = tmp_path / "in"
+    texts = make_texts(200, seed=9)
+    for i, text in enumerate(texts):
+        jsonl(root / f"{i:03d}.jsonl", [text])
+    plans = []
+    real = run_module.Run.of.__func__
+
+    def seen(cls, config, n_tasks, unit_bytes=None, **kw):
+        r = real(cls, config, n_tasks, unit_bytes, **kw)
+        plans.append((r.plan["n_tasks"], [u[1] for u in r.plan["units"]]))
+        return r
+
+    monkeypatch.setattr(run_module.Run, "of", classmethod(seen))
+    options = dict(workers=2, val_by="input", val_tokens=20, val_fraction=0.0)
+    prepare(PrepareConfig(inputs=[str(root)], out=str(tmp_path / "one"), **options))
+    assert plans == [(1, ["files"])]
+    prepare(PrepareConfig(inputs=[str(root)], out=str(tmp_path / "sized"), unit_size=64 << 10, **options))
+    assert plans[1][0] == 2 * 2 and set(plans[1][1]) == {"files"} and len(plans[1][1]) > 1  # (units of 64 KiB)
+    assert _files(tmp_path / "one") == _files(tmp_path / "sized")
