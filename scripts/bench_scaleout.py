@@ -14,10 +14,12 @@ what each stage costs.
 2. One task of each stage run alone (`lmshard run-task`): wall time, peak RSS, tokens per
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
-3. Small inputs (the corpus's first 100 KB, 1 MB and 8 MB), whose plain prepare keeps the
-   one-process start: the command's wall time (its start included) in one process and as the
-   stages, with 1 worker (the stages in-process: `--num-tasks 1`) and with 2 (the pool,
-   LMSHARD_STAGED_BYTES=0), medians of 5 rotated runs, and the ratios.
+3. Small inputs (the corpus's first 100 KB, 1 MB and 8 MB, and a directory of 300 small text
+   files, 1 MB), whose plain prepare keeps the one-process start: the command's wall time (its
+   start included), `--workers 2`, in one process, as the stages of a plain prepare
+   (LMSHARD_STAGED_BYTES=0: in this process below 4 MiB, one unit, the files sharing it; the
+   pool above) and as the stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 7 rotated
+   runs, and the ratios.
 
 4. `--max-docs 2000` on the same input and `--workers 2`: planned (`--num-tasks 4`, whose
    tokenize stage stops once the units from the first hold 2,000 kept documents) and in one
@@ -26,7 +28,7 @@ what each stage costs.
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
 
-    python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines]
+    python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
 """
 
 from __future__ import annotations
@@ -91,35 +93,43 @@ def files(root: Path) -> dict[str, bytes]:
 
 
 SMALL = (100_000, 1_000_000, 8_000_000)  # bytes of input (section 3)
+SMALL_FILES = 300  # files of a directory of small text files (section 3), 1 MB in all
 
 
 def small_inputs(t: Path) -> list[str]:
     """Section 3: the rows of its table."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    kinds = {"one process, 1 worker": (["--workers", "1"], {}),
-             "stages in-process (`--num-tasks 1`), 1 worker": (["--workers", "1", "--num-tasks", "1"], {}),
-             "one process, 2 workers": (["--workers", "2"], {}),
-             "stages in the pool, 2 workers": (["--workers", "2"], {"LMSHARD_STAGED_BYTES": "0",
-                                                                    "LMSHARD_POOL_BYTES": "0"})}  # fmt: skip
+    kinds = {"one process": {},
+             "the stages of a plain prepare": {"LMSHARD_STAGED_BYTES": "0"},
+             "the stages in the pool": {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_POOL_BYTES": "0"}}  # fmt: skip
     with gzip.open(require_corpus(), "rb") as f:
         head = f.read(max(SMALL) + (1 << 20))
-    rows = ["| input | " + " | ".join(kinds) + " | stages / one process, 1 worker; 2 workers |",
+    rows = ["| input (`--workers 2`) | " + " | ".join(kinds) + " | the stages / one process: plain; the pool |",
             "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
+    inputs = []
     for size in SMALL:
         src = t / f"small_{size}.jsonl"
         src.write_bytes(head[: head.rindex(b"\n", 0, size) + 1])
+        inputs.append((src, f"{src.stat().st_size / 1e6:.1f} MB"))
+    files = t / "small_files"
+    files.mkdir(exist_ok=True)
+    texts = [json.loads(line)["text"] for line in head.splitlines()[:-1]]
+    for k in range(SMALL_FILES):
+        (files / f"{k:04d}.txt").write_text(texts[k % len(texts)][: 1_000_000 // SMALL_FILES])
+    inputs.append((files, f"{SMALL_FILES} files, {sum(p.stat().st_size for p in files.iterdir()) / 1e6:.1f} MB"))
+    names = list(kinds)
+    for src, label in inputs:
         times: dict[str, list[float]] = {k: [] for k in kinds}
-        names = list(kinds)
-        for i in range(5):
+        for i in range(7):
             for kind in names[i % len(names) :] + names[: i % len(names)]:
-                extra, more = kinds[kind]
-                out = t / f"small_out_{size}_{i}_{names.index(kind)}"
-                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), *extra], env | more)
+                out = t / f"small_out_{src.name}_{i}_{names.index(kind)}"
+                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2"],
+                                              env | kinds[kind])  # fmt: skip
                 times[kind].append(sec)
         med = [statistics.median(times[k]) for k in names]
-        rows.append(f"| {src.stat().st_size / 1e6:.1f} MB | " + " | ".join(f"{m:.2f} s" for m in med) +
-                    f" | **{med[1] / med[0]:.2f}**; **{med[3] / med[2]:.2f}** |")  # fmt: skip
-        print(f"3. {size:,} bytes: " + ", ".join(f"{k} {m:.3f} s" for k, m in zip(names, med, strict=True)), flush=True)
+        rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) +
+                    f" | **{med[1] / med[0]:.2f}**; **{med[2] / med[0]:.2f}** |")  # fmt: skip
+        print(f"3. {label}: " + ", ".join(f"{k} {m:.3f} s" for k, m in zip(names, med, strict=True)), flush=True)
     return rows
 
 
@@ -151,6 +161,7 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="an older checkout whose plain prepare is a baseline too")
     ap.add_argument("--copies", type=int, default=2, help="copies of the corpus in the input (salted; 2: 83 MB)")
     ap.add_argument("--dedup-lines", action="store_true", help="every run with --dedup-lines")
+    ap.add_argument("--small-only", action="store_true", help="section 3 only, printed (docs/ unchanged)")
     args = ap.parse_args()
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
@@ -158,6 +169,10 @@ def main() -> None:
     print(machine(), flush=True)
     started = load()
     env = {**os.environ, "LMSHARD_UNIT_BYTES": str(UNIT), "HF_HUB_OFFLINE": "1"}
+    if args.small_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(small_inputs(Path(tmp))))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         src = corpus(t / "corpus.jsonl", args.copies)
@@ -253,7 +268,7 @@ def main() -> None:
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     if small:
         rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start: the "
-                 "command's wall time, its start included (medians of 5 rotated runs):", "", *small]  # fmt: skip
+                 "command's wall time, its start included (medians of 7 rotated runs):", "", *small]  # fmt: skip
     rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the planned run's tokenize stage stops once the "
              "units from the first hold that many kept documents; one process stops within a work item.", "",
              *capped]  # fmt: skip
