@@ -27,6 +27,7 @@ from ...errors import LmshardError
 from ..config import PrepareConfig
 from ..stops import STOP_SIGNALS
 from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
+from .unitfiles import Abandoned
 
 if TYPE_CHECKING:
     from .run import Run
@@ -75,21 +76,28 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
 
 
 def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int,
-                  done: Callable[[str, int], None], enough: Callable[[], bool]) -> list[int]:  # fmt: skip
+                  done: Callable[[str, int], None], enough: Callable[[], bool],
+                  stop_for: Callable[[int], Any]) -> list[int]:  # fmt: skip
     """Run `items` of `stage` in plan order, `workers` at a time, until `enough()` (asked as each
-    finishes: `done(stage, item)` first); the items in progress then are finished. Returns those
-    never started."""
-    left, running = items[::-1], dict[Future[None], int]()
+    finishes: `done(stage, item)` first), each given `stop_for(item)` (unitfiles.tokenize_unit);
+    the items in progress then finish or are given up (unitfiles.Abandoned). Returns those never
+    started or given up, in order."""
+    left, running, given_up = items[::-1], dict[Future[None], int](), list[int]()
     while running or (left and not enough()):
         with stop_signals_ignored():
             while left and len(running) < workers and not enough():
                 i = left.pop()
-                running[pool.submit(_items, stage, [i])] = i
+                running[pool.submit(_items, stage, [i], stop_for(i))] = i
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for f in finished:
-            _result(f, stage, pool)
-            done(stage, running.pop(f))
-    return left[::-1]
+            i = running.pop(f)
+            try:
+                _result(f, stage, pool)
+            except Abandoned:
+                given_up.append(i)
+                continue
+            done(stage, i)
+    return sorted(given_up + left)
 
 
 def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
@@ -165,9 +173,9 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
     os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
 
 
-def _items(stage: str, items: list[int]) -> None:
+def _items(stage: str, items: list[int], stop: Any = None) -> None:
     if "failed" in _here:
         raise _here["failed"]
     run: Run = _here["run"]
     for i in items:
-        run.do(stage, i)
+        run.do(stage, i, stop)

@@ -190,6 +190,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
         progress.done(stage, i)
         if stage == "tokenize" and early is not None:
             early.done(i)
+            early.mark()  # (once N are counted, the units in progress in the pool are given up)
 
     if workers <= 1:
         for stage in _order(r):
@@ -198,15 +199,15 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 if stage == "tokenize" and early is not None and early.enough:
                     _skip(r, items[k:], progress)
                     break
-                r.do(stage, i)
+                r.do(stage, i, early.stop_for(i) if stage == "tokenize" and early is not None else None)
                 done(stage, i)
             _summarize(r, stage)
         return
     with item_pool(r, workers) as pool:
         for stage in _order(r):
             if stage == "tokenize" and early is not None:
-                _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough),
-                      progress)  # fmt: skip
+                _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough,
+                                       early.stop_for), progress)  # fmt: skip
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)

@@ -26,6 +26,7 @@ Memory model: the select summary's rows (7 integers per unit), one unit's per-do
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -131,8 +132,15 @@ class EarlyStop:
     them: a document whose key is new (with --dedup none, every one). Not with --near-dedup,
     where a cluster can join two documents through a later one: every unit is read.
 
+    Within a unit too (`stop_for`): the unit started once every unit before it is done knows
+    how many kept documents it lacks, and the keys before it, so it ends after the work item
+    that holds the N-th (one process stops there too); the units started after it are given up
+    between two items once the N are counted (`ENOUGH`, a file the workers look for): they come
+    after the cut, and are written as units of no documents.
+
     Memory model: the keys of the kept documents counted so far (≈16 bytes each, as a
-    one-process run's dedup set) and the numbers of the units done out of order."""
+    one-process run's dedup set; a copy of them goes with the unit that can stop within) and
+    the numbers of the units done out of order."""
 
     def __init__(self, work: Path, max_docs: int, dedup: bool, done: Iterable[int]) -> None:
         self.tokenized, self.want = work / "tokenize", max_docs
@@ -145,6 +153,21 @@ class EarlyStop:
     def enough(self) -> bool:
         return self.kept >= self.want
 
+    @property
+    def flag(self) -> Path:
+        return self.tokenized / ENOUGH
+
+    def stop_for(self, u: int) -> UnitStop:
+        """Unit u's stop: within it when every unit before it is done, else only given up."""
+        if u != self.next:
+            return UnitStop(None, None, self.flag)
+        return UnitStop(self.want - self.kept, copy.deepcopy(self.seen), self.flag)
+
+    def mark(self) -> None:
+        """Once N kept documents are counted: the units in progress are given up (`ENOUGH`)."""
+        if self.enough and not self.flag.exists():
+            volatile.write_bytes(self.flag, b"")
+
     def done(self, u: int) -> None:
         """Unit u is tokenized."""
         self.ready.add(u)
@@ -156,6 +179,28 @@ class EarlyStop:
             self.kept += int(self.seen.add_new(keys).sum()) if self.seen is not None else len(keys)
             self.ready.discard(self.next)
             self.next += 1
+
+
+ENOUGH = "enough"  # in the tokenize folder of a local --max-docs run: its N kept documents are counted
+
+
+class UnitStop:
+    """What a unit of a local --max-docs run stops at (unitfiles.tokenize_unit): `enough(keys)`
+    after each work item, True once the unit holds `room` new documents (keys not in `seen`, the
+    kept keys before it, nor earlier in the unit; every document without dedup); never when
+    `room` is None. `abandoned()`: the run has its N documents (its `flag` file exists)."""
+
+    def __init__(self, room: int | None, seen: KeySet | None, flag: Path) -> None:
+        self.room, self.seen, self.flag = room, seen, flag
+
+    def enough(self, keys: np.ndarray) -> bool:
+        if self.room is None:
+            return False
+        self.room -= int(self.seen.add_new(keys).sum()) if self.seen is not None else len(keys)
+        return self.room <= 0
+
+    def abandoned(self) -> bool:
+        return self.flag.exists()
 
 
 def near_examples(examples: list[dict[str, Any]], ids: list[int], cut: dict[str, Any], base: int) -> list[Any]:

@@ -63,12 +63,18 @@ _MAGIC = b"LMSUNIT7"
 _HEADER = 8 + 8 * (len(SECTIONS) + 1)  # the magic, then where each section starts, then the end
 
 
+class Abandoned(Exception):
+    """A unit given up between two of its work items (`stop.abandoned()`): nothing of it written."""
+
+
 def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
-                  wcfg: WorkerConfig, u: int,
-                  line_masks: Callable[[int], LineMasks] | None = None) -> bool:  # fmt: skip
+                  wcfg: WorkerConfig, u: int, line_masks: Callable[[int], LineMasks] | None = None,
+                  stop: Any = None) -> bool:  # fmt: skip
     """Tokenize unit `u` unless its marker exists; True when it ran. `line_masks(u)`
     (--dedup-lines): per work item of the unit its lines' keep-bits, and the keys of the lines
-    it keeps (linestage.py)."""
+    it keeps (linestage.py). `stop` (--max-docs on one machine, maxdocs.UnitStop): the unit
+    ends after the work item where `stop.enough(keys)` says so (its marker says `stopped`), and
+    is given up (Abandoned) before any item once `stop.abandoned()`."""
     out = work_dir(config.out) / "tokenize"
     if (out / f"unit_{u:06d}.done").exists():
         return False
@@ -90,18 +96,26 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
 
     def results() -> Iterator[ItemResult]:
         for item in work_items(unit):
+            if stop is not None and stop.abandoned():
+                raise Abandoned(u)
             if item.kind == "lines" and unit.kind == "range":
                 lines["lines"] += item.payload.count(b"\n")
             elif unit.kind == "shard":
                 lines["lines"] += len(item.payload)
             r = run_item(item, wcfg, tokenizer)
             yield r if base is not None else replace(r, examples=tag(r.examples, u))
+            if stop is not None and stop.enough(r.keys):  # (the rest of the unit is after the N-th kept document)
+                lines["stopped"] = 1
+                return
         if relative and base is not None:  # where the next range's lines (or shard's records) begin
             lines["next_line"] = base + lines["lines"]
 
     try:
         _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1,
                     field_of(config.val_by))  # fmt: skip
+    except Abandoned:
+        (out / f".unit_{u:06d}.bin.tmp").unlink(missing_ok=True)
+        raise
     except InputError:
         if base is None:  # stopping: named at its absolute line, as a one-process run names it
             for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u, wcfg.hf))):

@@ -199,10 +199,10 @@ def unit_items(sources: Sequence[Source], unit: Unit, text_mode: str, text_field
             yield replace(first, split_file=auto and first.kind == "lines")
             yield from items
     else:  # whole files: their sources renumbered from the unit's first
-        first, end = (unit.start, unit.end) if unit.kind == "files" else (i, i + 1)
-        for item in plan(list(sources[first:end]), text_mode, text_field, max_chars=max_chars):
-            yield replace(item, source=item.source + first,
-                          payload=[s + first for s in item.payload] if item.kind == "files" else item.payload)
+        a, b = (unit.start, unit.end) if unit.kind == "files" else (i, i + 1)
+        for item in plan(list(sources[a:b]), text_mode, text_field, max_chars=max_chars):
+            yield replace(item, source=item.source + a,
+                          payload=[s + a for s in item.payload] if item.kind == "files" else item.payload)
 
 
 def _boundaries(src: Source, unit_bytes: int, paragraph: bool) -> list[int]:
