@@ -44,7 +44,7 @@ def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path
     the number of progress lines depends on the input alone, never on how fast the machine is."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_BLOCK_BYTES": str(64 << 10)}
     if staged:
-        env |= {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_UNIT_BYTES": str(64 << 10)}
+        env |= {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_POOL_BYTES": "0", "LMSHARD_UNIT_BYTES": str(64 << 10)}
     workers = "2" if staged else "1"
     with open(tmp_path / "log", "w") as log:
         done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(tmp_path / "o"), "--workers", workers,
