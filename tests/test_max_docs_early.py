@@ -129,3 +129,58 @@ def test_a_max_docs_run_stopped_in_any_stage_resumes_to_the_same_bytes(tmp_path,
     if point == "unit":
         last = _last_needed(corpus, seen["units"], 1700, True)
         assert sorted(u for u, m in seen["markers"].items() if not m.get("skipped")) == list(range(last + 1))
+
+
+@pytest.mark.parametrize("dedup", ["document", "none"])
+def test_the_unit_that_holds_the_nth_kept_document_is_read_only_up_to_its_work_item(tmp_path, monkeypatch, corpus,
+                                                                                      small_items, dedup):  # fmt: skip
+    """One unit (the whole file), tokenized in this process: it ends after the work item that
+    holds the N-th kept document, as one process does (its marker says `stopped`), and the bytes
+    are one process's. The truth is a hand count of the file's lines in order: the items before
+    the last hold fewer than N kept documents, all of them N or more."""
+    opts = dict(OPTS, max_docs=700, dedup=dedup)
+    prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "one"), workers=1, **opts))
+    seen = _markers(monkeypatch)
+    config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "o"), workers=1, unit_size=64 << 20, **opts)
+    assert local_exec.run(config, 1).total_docs == 700
+    assert _files(tmp_path / "o") == _files(tmp_path / "one")
+    assert len(seen["units"]) == 1 and seen["markers"][0]["stopped"] == 1
+    per_item = [row["docs"] for row in seen["markers"][0]["table"]]
+    met, kept = set(), []  # kept documents after each of the file's lines, by hand
+    for line in corpus.read_bytes().splitlines():
+        text = json.loads(line)["text"]
+        kept.append((kept[-1] if kept else 0) + (dedup == "none" or text not in met))
+        met.add(text)
+    read = sum(per_item)
+    assert len(per_item) > 3 and read < len(kept)  # (items of 2 KiB: the unit is read in part)
+    assert kept[read - per_item[-1] - 1] < 700 <= kept[read - 1]
+
+
+def test_a_unit_given_up_writes_nothing_and_the_pool_gives_up_the_units_after_the_cut(tmp_path, monkeypatch, corpus):
+    """A unit whose stop says the run has its N documents (maxdocs.ENOUGH) is given up before
+    its first work item and leaves no file (unitfiles.Abandoned). In the pool the first unit,
+    which holds the N-th kept document, is told to stop within (it is started with nothing
+    before it: its one work item here); the units after it are given up, or finish if they were
+    quicker, and count as units of no documents: the bytes are one process's."""
+    from lmshard.prepare.execution.maxdocs import ENOUGH, UnitStop
+    from lmshard.prepare.execution.run import Run
+
+    opts = dict(OPTS, max_docs=100)
+    config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "given"), workers=1, unit_size=UNIT, **opts)
+    r = Run.of(config, 3)
+    flag = r.work / "tokenize" / ENOUGH
+    flag.parent.mkdir(parents=True)
+    flag.write_bytes(b"")
+    with pytest.raises(unitfiles.Abandoned):
+        r.do("tokenize", 2, UnitStop(None, None, flag))
+    assert sorted(p.name for p in flag.parent.iterdir()) == [ENOUGH]
+    prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "one"), workers=1, **opts))
+    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    seen = _markers(monkeypatch)
+    config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "pool"), workers=2, unit_size=UNIT, **opts)
+    assert local_exec.run(config, 3).total_docs == 100
+    assert _files(tmp_path / "pool") == _files(tmp_path / "one")
+    assert _last_needed(corpus, seen["units"], 100, True) == 0
+    first = seen["markers"][0]
+    assert first["stopped"] == 1 and first["docs"] >= 100
+    assert sorted(seen["markers"]) == list(range(len(seen["units"])))
