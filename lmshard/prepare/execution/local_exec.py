@@ -14,7 +14,8 @@ workers at once (an item cut short has no marker and is redone).
 
 Below POOL_BYTES of input (files, whose size is known) every item runs in this process, whatever
 --workers says. With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops once
-the units from the first on hold N kept documents (maxdocs.EarlyStop): the units left are
+the units from the first on hold N kept documents (maxdocs.EarlyStop): the unit that holds the
+N-th stops after its work item, those in progress after it are given up, and the units left are
 written empty, never read.
 
 Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
