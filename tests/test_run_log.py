@@ -158,6 +158,7 @@ def test_a_staged_resume_says_what_the_interrupted_run_kept(tmp_path, monkeypatc
     """A large (staged) run killed after some units, then --resume: one line before any progress
     says how many units (documents, tokens) it goes on from."""
     monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+    monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")  # (the path of a large input: units sized to the workers)
     monkeypatch.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
     src = jsonl(tmp_path / "big.jsonl", make_texts(6000, seed=4))
     args = [str(src), "--out", str(tmp_path / "o"), "--workers", "2"]
