@@ -87,9 +87,25 @@ def _run(feeder: Feeder, items, wcfg, tok, delay: float = 0.0):
     return [(r.seq, r.tokens.tolist(), r.lengths.tolist()) for r in feeder.map(process_item, local, iter(items))]
 
 
+class _Clock:
+    """A clock that advances `step` seconds each time it is read: each item done here takes one
+    step, however fast or loaded the machine is."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step / 2
+        return self.now
+
+
 def test_a_small_input_never_starts_the_pool(setup, monkeypatch):
+    """At 1 KiB per ms (each item of ~1 KiB takes 1 ms on the clock driven here) the ~45 KB left
+    take far less than the pool's start (POOL_START_SECONDS): the pool is never started."""
     sources, wcfg, tok = setup
     items = _items(sources, monkeypatch)
+    monkeypatch.setattr(feed, "time", _Clock(0.001))
+    assert sum(i.nbytes for i in items) / 1024 * 0.001 < feed.POOL_START_SECONDS
     with contextlib.ExitStack() as stack:
         feeder = Feeder(2, wcfg, stack, bytes_total=sum(s.size for s in sources))
         results = _run(feeder, items, wcfg, tok)
