@@ -44,6 +44,7 @@ from ..stops import stop_point
 from . import volatile
 from .buckets import unit_part
 from .keyfiles import line_keys_path, write_line_keys
+from .linenumbers import RELATIVE
 from .unitfiles import first_line, load_unit
 from .units import unit_items
 
@@ -71,6 +72,8 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
             counts.append(len(h))
             hashes.append(h)
     except InputError:  # stopping: named at its absolute line, as the tokenize stage names it
+        if unit.kind not in RELATIVE:  # (numbered from its file's start already)
+            raise
         numbered = replace(unit, first_line=first_line(work / "tokenize", plan, sources[unit.source], u, wcfg.hf))
         for item in unit_items(sources, numbered, config.text_mode, fields,
                                config.max_chars, wcfg.hf):  # fmt: skip

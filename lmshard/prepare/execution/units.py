@@ -102,20 +102,24 @@ def _grouped(units: list[Unit], unit_bytes: int) -> list[Unit]:
     files, up to `unit_bytes` in all (one file alone stays a `file` unit)."""
     out: list[Unit] = []
     run: list[Unit] = []
+    size = 0  # the run's bytes
 
     def close() -> None:
+        nonlocal size
         if len(run) > 1:
-            out.append(Unit(run[0].source, "files", run[0].source, run[-1].source + 1, sum(u.nbytes for u in run)))
+            out.append(Unit(run[0].source, "files", run[0].source, run[-1].source + 1, size))
         else:
             out.extend(run)
         run.clear()
+        size = 0
 
     for unit in units:
         small = unit.kind == "file" and unit.nbytes < unit_bytes
-        if not small or (run and sum(u.nbytes for u in run) + unit.nbytes > unit_bytes):
+        if not small or (run and size + unit.nbytes > unit_bytes):
             close()
         if small:
             run.append(unit)
+            size += unit.nbytes
         else:
             out.append(unit)
     close()
