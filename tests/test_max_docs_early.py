@@ -184,3 +184,30 @@ def test_a_unit_given_up_writes_nothing_and_the_pool_gives_up_the_units_after_th
     first = seen["markers"][0]
     assert first["stopped"] == 1 and first["docs"] >= 100
     assert sorted(seen["markers"]) == list(range(len(seen["units"])))
+
+
+def test_a_bad_record_past_the_nth_kept_document_in_a_unit_started_early_is_never_an_error(tmp_path):
+    """In the pool the second unit starts with the first (before it knows how many documents it
+    lacks): the bad record on its 60th line, past the 5th kept document, fails it, as one process
+    never reads so far. Its error waits for the first unit; then it runs again knowing it lacks 4,
+    stops before that line, and the run ends as one process ends, byte for byte. Items of 2 KiB,
+    so that one process stops before the bad line too."""
+    import subprocess
+
+    from proctree import LMSHARD
+
+    texts = make_texts(500, seed=2)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text(json.dumps({"text": texts[0]}) + "\n")
+    lines = [json.dumps({"text": t}) for t in texts[1:400]]
+    lines[59] = "{not json"
+    (tmp_path / "in" / "b.jsonl").write_text("\n".join(lines) + "\n")
+    env = {**__import__("os").environ, "LMSHARD_BLOCK_BYTES": "2048", "LMSHARD_POOL_BYTES": "0"}
+    for name, extra in (("one", ["--workers", "1"]), ("pool", ["--workers", "2", "--num-tasks", "2", "--unit-size",
+                                                                "64K"])):  # fmt: skip
+        done = subprocess.run([*LMSHARD, "prepare", str(tmp_path / "in"), "--out", str(tmp_path / name), "--max-docs",
+                               "5", "--val-fraction", "0", *extra], capture_output=True, text=True, env=env,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert _files(tmp_path / "pool") == _files(tmp_path / "one")
+    assert json.loads((tmp_path / "one" / "dataset_metadata.json").read_text())["n_docs"] == 5

@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
-from ...errors import LmshardError
+from ...errors import InputError, LmshardError
 from ..config import PrepareConfig
 from ..stops import STOP_SIGNALS
 from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
@@ -79,16 +79,29 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
                   done: Callable[[str, int], None], enough: Callable[[], bool],
                   stop_for: Callable[[int], Any]) -> list[int]:  # fmt: skip
     """Run `items` of `stage` in plan order, `workers` at a time, until `enough()` (asked as each
-    finishes: `done(stage, item)` first), each given `stop_for(item)` (unitfiles.tokenize_unit);
-    the items in progress then finish or are given up (unitfiles.Abandoned). Returns those never
-    started or given up, in order."""
+    finishes: `done(stage, item)` first), each given `stop_for(item)` (maxdocs.UnitStop: with a
+    `room` when every item before it is done); the items in progress then finish or are given up
+    (unitfiles.Abandoned). Returns those never started or given up, in order.
+
+    An item started without a room that fails on its input (InputError: a bad record, a file
+    gone) may have read past the N-th kept document, where one process never reads: its error
+    waits until the items before it are done. If they hold N by then, it is given up; else it runs
+    again with its room, and only an error before its N-th is raised."""
     left, running, given_up = items[::-1], dict[Future[None], int](), list[int]()
-    while running or (left and not enough()):
+    failed: dict[int, InputError] = {}
+    roomed: set[int] = set()
+
+    def submit(i: int, stop: Any) -> None:
+        if stop.room is not None:
+            roomed.add(i)
+        running[pool.submit(_items, stage, [i], stop)] = i
+
+    while running or failed or (left and not enough()):
         with stop_signals_ignored():
             while left and len(running) < workers and not enough():
                 i = left.pop()
-                running[pool.submit(_items, stage, [i], stop_for(i))] = i
-        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                submit(i, stop_for(i))
+        finished = wait(running, return_when=FIRST_COMPLETED)[0] if running else set()
         for f in finished:
             i = running.pop(f)
             try:
@@ -96,7 +109,21 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
             except Abandoned:
                 given_up.append(i)
                 continue
+            except InputError as e:
+                if i in roomed:
+                    raise
+                failed[i] = e
+                continue
             done(stage, i)
+        for i in sorted(failed):  # the first one failed; the others wait for it
+            if enough():
+                given_up += list(failed)
+                failed.clear()
+            elif (stop := stop_for(i)).room is not None:
+                del failed[i]
+                with stop_signals_ignored():
+                    submit(i, stop)
+            break
     return sorted(given_up + left)
 
 

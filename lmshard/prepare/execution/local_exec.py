@@ -187,10 +187,10 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     if c.max_docs is not None and not c.near_dedup and todo["tokenize"]:
         early = EarlyStop(r.work, c.max_docs, r.dedup, set(range(r.n_units)) - set(todo["tokenize"]))
 
-    def done(stage: str, i: int) -> None:
+    def done(stage: str, i: int, counted: Any = None) -> None:
         progress.done(stage, i)
         if stage == "tokenize" and early is not None:
-            early.done(i)
+            early.done(i, counted)
             early.mark()  # (once N are counted, the units in progress in the pool are given up)
 
     if workers <= 1:
@@ -200,8 +200,9 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 if stage == "tokenize" and early is not None and early.enough:
                     _skip(r, items[k:], progress)
                     break
-                r.do(stage, i, early.stop_for(i) if stage == "tokenize" and early is not None else None)
-                done(stage, i)
+                stop = early.stop_for(i, here=True) if stage == "tokenize" and early is not None else None
+                ran = r.do(stage, i, stop)
+                done(stage, i, stop if ran else None)
             _summarize(r, stage)
         return
     with item_pool(r, workers) as pool:

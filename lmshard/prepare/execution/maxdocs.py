@@ -157,20 +157,26 @@ class EarlyStop:
     def flag(self) -> Path:
         return self.tokenized / ENOUGH
 
-    def stop_for(self, u: int) -> UnitStop:
-        """Unit u's stop: within it when every unit before it is done, else only given up."""
+    def stop_for(self, u: int, here: bool = False) -> UnitStop:
+        """Unit u's stop: within it when every unit before it is done, else only given up.
+        `here`: tokenized in this process, next, counting into the kept keys themselves (`done`
+        then takes its count); else with a copy of them (to a worker)."""
         if u != self.next:
             return UnitStop(None, None, self.flag)
-        return UnitStop(self.want - self.kept, copy.deepcopy(self.seen), self.flag)
+        return UnitStop(self.want - self.kept, self.seen if here else copy.deepcopy(self.seen), self.flag)
 
     def mark(self) -> None:
         """Once N kept documents are counted: the units in progress are given up (`ENOUGH`)."""
         if self.enough and not self.flag.exists():
             volatile.write_bytes(self.flag, b"")
 
-    def done(self, u: int) -> None:
-        """Unit u is tokenized."""
-        self.ready.add(u)
+    def done(self, u: int, counted: UnitStop | None = None) -> None:
+        """Unit u is tokenized (`counted`: by the stop that counted its keys into ours, here)."""
+        if counted is not None and counted.seen is self.seen and u == self.next and counted.room is not None:
+            self.kept += counted.counted
+            self.next += 1
+        else:
+            self.ready.add(u)
         self._advance()
 
     def _advance(self) -> None:
@@ -192,11 +198,14 @@ class UnitStop:
 
     def __init__(self, room: int | None, seen: KeySet | None, flag: Path) -> None:
         self.room, self.seen, self.flag = room, seen, flag
+        self.counted = 0  # new documents counted
 
     def enough(self, keys: np.ndarray) -> bool:
         if self.room is None:
             return False
-        self.room -= int(self.seen.add_new(keys).sum()) if self.seen is not None else len(keys)
+        new = int(self.seen.add_new(keys).sum()) if self.seen is not None else len(keys)
+        self.counted += new
+        self.room -= new
         return self.room <= 0
 
     def abandoned(self) -> bool:
