@@ -139,8 +139,9 @@ class EarlyStop:
     after the cut, and are written as units of no documents.
 
     Memory model: the keys of the kept documents counted so far (≈16 bytes each, as a
-    one-process run's dedup set; a copy of them goes with the unit that can stop within) and
-    the numbers of the units done out of order."""
+    one-process run's dedup set; in the pool a copy of them goes to the worker of each unit that
+    can stop within: ≈16 bytes × N, once per such unit) and the numbers of the units done out of
+    order."""
 
     def __init__(self, work: Path, max_docs: int, dedup: bool, done: Iterable[int]) -> None:
         self.tokenized, self.want = work / "tokenize", max_docs
