@@ -270,7 +270,8 @@ def main() -> None:
         rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start: the "
                  "command's wall time, its start included (medians of 7 rotated runs):", "", *small]  # fmt: skip
     rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the planned run's tokenize stage stops once the "
-             "units from the first hold that many kept documents; one process stops within a work item.", "",
+             "units from the first hold that many kept documents, the unit that holds the last of them after its work "
+             "item, as one process does.", "",
              *capped]  # fmt: skip
     copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
