@@ -87,8 +87,10 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """A work file of JSON written atomically, synced by `sync` (a marker, a summary)."""
-    atomic_write_json(path, obj, sync=sync)
+    """A work file of JSON written atomically, synced by `sync` (a marker, a summary). Compact:
+    indented JSON is encoded in Python, not C, and a summary of a run of 40,000 small files (a
+    count per input) took ten times as long to write."""
+    atomic_write_bytes(path, json.dumps(obj, separators=(",", ":")).encode() + b"\n", sync=sync)
 
 
 @contextlib.contextmanager
