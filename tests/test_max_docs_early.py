@@ -211,3 +211,34 @@ def test_a_bad_record_past_the_nth_kept_document_in_a_unit_started_early_is_neve
         assert done.returncode == 0, done.stderr
     assert _files(tmp_path / "pool") == _files(tmp_path / "one")
     assert json.loads((tmp_path / "one" / "dataset_metadata.json").read_text())["n_docs"] == 5
+
+
+def test_an_input_changed_past_the_nth_kept_document_is_never_read_as_in_one_process(tmp_path, monkeypatch):
+    """The second unit (the first range of b.jsonl) starts in the pool with the first, which
+    holds the 5 documents; b.jsonl changed after the plan was made, so that unit fails (the plan
+    refuses a changed input). Its error waits, and is dropped once the first unit holds the N:
+    one process never opens b.jsonl either. The bytes are one process's."""
+    (tmp_path / "in").mkdir()
+    jsonl(tmp_path / "in" / "a.jsonl", make_texts(10, seed=3))
+    b = jsonl(tmp_path / "in" / "b.jsonl", make_texts(400, seed=4))
+    assert b.stat().st_size > UNIT
+    opts = dict(OPTS, max_docs=5, val_fraction=0.0)
+    prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "one"), workers=1, **opts))
+    real = local_exec._planned
+
+    def planned(*args, **kwargs):
+        r = real(*args, **kwargs)
+        with open(b, "a") as f:
+            f.write(json.dumps({"text": "written after the plan"}) + "\n")
+        return r
+
+    monkeypatch.setattr(local_exec, "_planned", planned)
+    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    seen = _markers(monkeypatch)
+    config = PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "pool"), workers=2, unit_size=UNIT, **opts)
+    assert local_exec.run(config, 2).total_docs == 5
+    one, pool = _files(tmp_path / "one"), _files(tmp_path / "pool")
+    meta = json.loads(pool.pop("dataset_metadata.json"))
+    assert meta["sources"][1].pop("grew") == 1  # (it did grow while the run was going: said as one process says it)
+    assert json.loads(one.pop("dataset_metadata.json")) == meta and pool == one
+    assert [u[1] for u in seen["units"][:2]] == ["file", "range"] and seen["markers"][1].get("skipped") == 1

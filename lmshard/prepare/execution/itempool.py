@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InputError, LmshardError
+from ...errors import ConfigError, InputError, LmshardError
 from ..config import PrepareConfig
 from ..stops import STOP_SIGNALS
 from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
@@ -84,11 +84,12 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
     (unitfiles.Abandoned). Returns those never started or given up, in order.
 
     An item started without a room that fails on its input (InputError: a bad record, a file
-    gone) may have read past the N-th kept document, where one process never reads: its error
-    waits until the items before it are done. If they hold N by then, it is given up; else it runs
-    again with its room, and only an error before its N-th is raised."""
+    gone; ConfigError: a file changed since the plan) may have read past the N-th kept document,
+    where one process never reads: its error waits until the items before it are done. If they
+    hold N by then, it is given up; else it runs again with its room, and only an error before
+    its N-th is raised."""
     left, running, given_up = items[::-1], dict[Future[None], int](), list[int]()
-    failed: dict[int, InputError] = {}
+    failed: dict[int, LmshardError] = {}
     roomed: set[int] = set()
 
     def submit(i: int, stop: Any) -> None:
@@ -109,7 +110,7 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
             except Abandoned:
                 given_up.append(i)
                 continue
-            except InputError as e:
+            except (InputError, ConfigError) as e:
                 if i in roomed:
                     raise
                 failed[i] = e
@@ -123,6 +124,8 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
                 del failed[i]
                 with stop_signals_ignored():
                     submit(i, stop)
+            elif not running and not left:  # (nothing before it left to run: it cannot wait for anything)
+                raise failed[i]
             break
     return sorted(given_up + left)
 
