@@ -79,9 +79,8 @@ def _items(sources, monkeypatch):
     return list(plan(sources, "auto", "text"))
 
 
-def _run(feeder: Feeder, items, wcfg, tok, delay: float = 0.0):
+def _run(feeder: Feeder, items, wcfg, tok):
     def local(item):
-        time.sleep(delay)  # a slow main process, so the pool gets ready mid-stream
         return run_item(item, wcfg, tok)
 
     return [(r.seq, r.tokens.tolist(), r.lengths.tolist()) for r in feeder.map(process_item, local, iter(items))]
@@ -115,15 +114,28 @@ def test_a_small_input_never_starts_the_pool(setup, monkeypatch):
 
 def test_a_large_input_starts_the_pool_and_results_stay_in_order(setup, monkeypatch):
     """Pretend the input is huge: after the first item the estimate says a pool pays off; the
-    slow main process does items until both workers are ready, then the pool does the rest."""
+    main process does items until both workers are ready, then the pool does the rest. Here the
+    workers say they are not ready for 5 items (then this waits for them, however long they
+    take): 6 items here, the rest in the pool, in order."""
     sources, wcfg, tok = setup
     items = _items(sources, monkeypatch)
+    real_ready, asked = feed.OrderedPool.ready, []
+
+    def ready(pool) -> bool:
+        asked.append(1)
+        if len(asked) <= 5:
+            return False
+        while not real_ready(pool):  # (a wait for the workers, not a condition on how fast they are)
+            time.sleep(0.01)
+        return True
+
+    monkeypatch.setattr(feed.OrderedPool, "ready", ready)
     with contextlib.ExitStack() as stack:
         expected = _run(Feeder(1, wcfg, stack, 0), items, wcfg, tok)
         feeder = Feeder(2, wcfg, stack, bytes_total=1 << 40)
-        got = _run(feeder, items, wcfg, tok, delay=0.1)
+        got = _run(feeder, items, wcfg, tok)
         assert feeder.pool is not None and feeder.parallel, "the pool never took over"
-        assert 0 < feeder.bytes_here < sum(i.nbytes for i in items), "items were done on both sides"
+        assert feeder.bytes_here == sum(i.nbytes for i in items[:6]) and len(items) > 6  # items done on both sides
     assert got == expected
 
 
@@ -178,7 +190,8 @@ def test_items_of_unknown_size_start_the_pool_once_this_process_spent_long_enoug
     with contextlib.ExitStack() as stack:
         expected = _run(Feeder(1, wcfg, stack, src.stat().st_size), items, wcfg, tok)
         feeder = Feeder(2, wcfg, stack, bytes_total=src.stat().st_size)
-        got = _run(feeder, items, wcfg, tok, delay=0.1)
+        monkeypatch.setattr(feed, "time", _Clock(0.1))  # each item done here takes 0.1 s on this clock
+        got = _run(feeder, items, wcfg, tok)
         assert feeder.pool is not None, "the pool never started"
     assert got == expected
 
