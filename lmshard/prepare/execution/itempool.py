@@ -116,7 +116,8 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
                 failed[i] = e
                 continue
             done(stage, i)
-        for i in sorted(failed):  # the first one failed; the others wait for it
+        if failed:  # the first one failed; the others wait for it
+            i = min(failed)
             if enough():
                 given_up += list(failed)
                 failed.clear()
@@ -126,7 +127,6 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
                     submit(i, stop)
             elif not running and not left:  # (nothing before it left to run: it cannot wait for anything)
                 raise failed[i]
-            break
     return sorted(given_up + left)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from ...errors import ConfigError, InputError
 from ...format import load_metadata
 from ...remote.retry import RemoteError
-from ..config import PrepareConfig
+from ..config import MIN_UNIT_BYTES, PrepareConfig
 from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
@@ -91,14 +91,20 @@ def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int |
     up to POOL_BYTES (small files share it, units.py): each unit costs its work files in every
     stage, and here no worker waits for another. --unit-size decides where it is given."""
     if config.unit_size is None and _in_process(sources):
-        return 1, max(POOL_BYTES, 64 << 10)
+        return 1, max(POOL_BYTES, MIN_UNIT_BYTES)
     return TASKS_PER_WORKER * config.n_workers(), None
 
 
 def _in_process(sources: list[Source]) -> bool:
     """Less than POOL_BYTES of input whose size is known: files (not a stream, a Hugging Face
-    dataset)."""
+    dataset). `_small_plan` is the same rule on a plan's units."""
     return all(not s.stream and s.fmt != "hf" for s in sources) and sum(s.size for s in sources) < POOL_BYTES
+
+
+def _small_plan(units: Any) -> bool:
+    """Less than POOL_BYTES of input in units of known size (a stream's shards and a saved
+    split's rows are not bytes): `_in_process` on a plan, as a resumed or `--num-tasks` run has it."""
+    return all(u[1] in ("file", "range", "row_group", "files") for u in units) and sum(u[4] for u in units) < POOL_BYTES
 
 
 def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
@@ -176,9 +182,8 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
-    units = r.plan["units"]
-    if all(u[1] in ("file", "range", "row_group", "files") for u in units) and sum(u[4] for u in units) < POOL_BYTES:
-        workers = 1  # a small input, of known size (a stream's shards and a saved split's rows are not bytes)
+    if _small_plan(r.plan["units"]):
+        workers = 1
     progress = _Progress(r, on_progress, resumed)
     c = r.config
     # --max-docs: the units after those that hold N kept documents are not read (while any is left to

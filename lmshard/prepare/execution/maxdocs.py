@@ -173,7 +173,7 @@ class EarlyStop:
 
     def done(self, u: int, counted: UnitStop | None = None) -> None:
         """Unit u is tokenized (`counted`: by the stop that counted its keys into ours, here)."""
-        if counted is not None and counted.seen is self.seen and u == self.next and counted.room is not None:
+        if counted is not None and counted.room is not None and u == self.next:
             self.kept += counted.counted
             self.next += 1
         else:
