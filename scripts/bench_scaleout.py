@@ -24,11 +24,15 @@ what each stage costs.
 4. `--max-docs 2000` on the same input and `--workers 2`: planned (`--num-tasks 4`, whose
    tokenize stage stops once the units from the first hold 2,000 kept documents) and in one
    process, medians of 3 rotated runs, against the whole planned run of section 1.
+5. The same input as one .gz file (one unit), `--workers 2`: one reading process against a
+   plain prepare (the stages: the main process reads the unit, every worker tokenizes its work
+   items), medians of 3 rotated runs, and whether the outputs are byte-identical.
 
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
 
     python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
+        [--compressed-only]
 """
 
 from __future__ import annotations
@@ -136,6 +140,32 @@ def small_inputs(t: Path) -> list[str]:
 MAX_DOCS = 2000  # section 4
 
 
+def compressed_rows(t: Path, src: Path) -> list[str]:
+    """Section 5: the input as one .gz file (one unit): one reading process against a plain
+    prepare (the stages: the unit read in the main process, its work items tokenized by every
+    worker), `--workers 2`, medians of 3 rotated runs, and whether the outputs are identical."""
+    gz = t / "corpus.jsonl.gz"
+    with open(src, "rb") as f, gzip.open(gz, "wb", compresslevel=1) as out:
+        out.write(f.read())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    kinds = {"one reading process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "a plain prepare (the stages)": {}}
+    names, times = list(kinds), {k: list[float]() for k in kinds}
+    for i in range(3):
+        for kind in names[i % 2 :] + names[: i % 2]:
+            out = t / f"gz_{i}_{names.index(kind)}"
+            sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(gz), "--out", str(out), "--workers", "2"],
+                                          env | kinds[kind])  # fmt: skip
+            times[kind].append(sec)
+    med = [statistics.median(times[k]) for k in names]
+    same = files(t / "gz_0_0") == files(t / "gz_0_1")
+    print(f"5. one .gz file ({gz.stat().st_size / 1e6:.0f} MB): " + ", ".join(f"{k} {m:.2f} s" for k, m in
+          zip(names, med, strict=True)) + f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
+    return [f"| one .gz file, {gz.stat().st_size / 1e6:.0f} MB (`--workers 2`) | wall time (median of 3) |",
+            "|---|---|", *(f"| {k} | {m:.2f} s |" for k, m in zip(names, med, strict=True)),
+            f"| ratio the stages / one reading process | **{med[1] / med[0]:.2f}** |", "",
+            f"Outputs byte-identical: **{same}**."]  # fmt: skip
+
+
 def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], whole: float) -> list[str]:
     """Section 4: --max-docs planned (its early stop) and in one process, against `whole` (the
     median wall time of the whole planned run)."""
@@ -162,6 +192,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=2, help="copies of the corpus in the input (salted; 2: 83 MB)")
     ap.add_argument("--dedup-lines", action="store_true", help="every run with --dedup-lines")
     ap.add_argument("--small-only", action="store_true", help="section 3 only, printed (docs/ unchanged)")
+    ap.add_argument("--compressed-only", action="store_true", help="section 5 only, printed (docs/ unchanged)")
     args = ap.parse_args()
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
@@ -172,6 +203,10 @@ def main() -> None:
     if args.small_only:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(small_inputs(Path(tmp))))
+        return
+    if args.compressed_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(compressed_rows(Path(tmp), corpus(Path(tmp) / "corpus.jsonl", args.copies))))
         return
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -233,6 +268,7 @@ def main() -> None:
         n_units = plan["n_units"]
         small = small_inputs(t) if not args.dedup_lines else []
         capped = max_docs_rows(t, src, env, options, med["planned"])
+        compressed = compressed_rows(t, src) if not args.dedup_lines else []
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
     flags = "".join(f" {o}" for o in options)
@@ -273,6 +309,9 @@ def main() -> None:
              "units from the first hold that many kept documents, the unit that holds the last of them after its work "
              "item, as one process does.", "",
              *capped]  # fmt: skip
+    if compressed:
+        rows += ["", "The same input as one .gz file, which is one unit: the main process reads it and every worker "
+                 "tokenizes its work items.", "", *compressed]  # fmt: skip
     copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
             f"`python scripts/bench_scaleout.py{flags}{copies}` (in `make bench` without --copies: the corpus "

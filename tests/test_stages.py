@@ -183,28 +183,52 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
 
 
-@pytest.mark.parametrize(("files", "staged"), [(1, False), (2, True)])
-def test_a_compressed_input_larger_than_a_workers_share_stays_on_the_one_reader_path(tmp_path, monkeypatch, files,
-                                                                                      staged):  # fmt: skip
-    """A .gz file is one unit, which the stages give to one worker while the others wait: one
-    .gz file with 2 workers runs the one-reader path (every worker tokenizes it), two of equal
-    size run the stages. The bytes are one machine's either way."""
+def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_path, monkeypatch):
+    """A .gz file is one unit: one .gz file with 2 workers (a plain prepare, a task of 2 cores) is
+    read in the main process and its work items tokenized in the pool (none here, in the unit's
+    own code), in order: the bytes are one machine's."""
     import gzip
 
-    texts = make_texts(1200, seed=5)
+    import lmshard.prepare.documents.sources as sources
+    import lmshard.prepare.execution.unitfiles as unitfiles
+
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)  # work items of 4 KiB: many in the file
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 12))  # (as workers started afresh read it)
     src = tmp_path / "in"
     src.mkdir()
-    for i in range(files):
-        part = texts[i::files]
-        (src / f"part{i}.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n"
-                                                                      for t in part).encode(), mtime=0))  # fmt: skip
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
+    (src / "part.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n"
+                                                              for t in make_texts(1200, seed=5)).encode(), mtime=0))  # fmt: skip
+    items = []
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS), items.append)
+    assert len(items) >= 8  # (one progress call per item)
     monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    spreads, do = [], Run.do
+    monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (
+        spreads.append(i) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+    monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("an item tokenized by the reader"))
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "two"), workers=2, **_OPTS))
-    assert bool(calls) == staged
+    assert calls and spreads == [0]
     assert _files(tmp_path / "local") == _files(tmp_path / "two")
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "task"), workers=2, **_OPTS)
+    local_exec.claim(config, 1)  # a task of a node's cores (`run-task --workers 2`) spreads its one unit too
+    for stage in STAGES:
+        run_task(config, 1, stage, 0)
+    assert spreads == [0, 0] and _files(tmp_path / "local") == _files(tmp_path / "task")
+
+
+@pytest.mark.parametrize(("sizes", "workers", "large"), [([100], 2, [0]), ([50, 50], 2, []), ([60, 20, 20], 2, []),
+                                                         ([80, 10, 10], 2, [0]), ([30, 30, 20, 20], 4, []),
+                                                         ([5, 90, 5], 4, [1]), ([100], 1, [])])  # fmt: skip
+def test_a_unit_is_spread_over_the_workers_when_larger_than_half_again_a_share(sizes, workers, large):
+    from types import SimpleNamespace
+
+    from lmshard.prepare.execution.itempool import large_units
+
+    r = SimpleNamespace(plan={"units": [(0, "file", 0, 0, n) for n in sizes]})
+    assert large_units(r, list(range(len(sizes))), workers) == large
 
 
 def test_a_stage_waits_for_the_one_before_and_a_killed_task_redoes_only_its_item(tmp_path):

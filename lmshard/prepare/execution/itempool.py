@@ -18,13 +18,16 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import ConfigError, InputError, LmshardError
 from ..config import PrepareConfig
+from ..documents.sources import WorkItem
+from ..documents.worker import ItemResult, run_item
 from ..stops import STOP_SIGNALS
 from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned
@@ -32,6 +35,7 @@ from .unitfiles import Abandoned
 if TYPE_CHECKING:
     from .run import Run
 
+T = TypeVar("T")
 BATCHES_PER_WORKER = 2  # the later stages' items go to the workers in this many batches each
 _here: dict[str, Any] = {}  # what forked workers inherit: the run
 
@@ -130,11 +134,52 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
     return sorted(given_up + left)
 
 
+def tokenize_in_pool(pool: ProcessPoolExecutor, r: Run, units: list[int], workers: int,
+                     done: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
+    """The tokenize stage's `units` in `pool`. A unit larger than half again a worker's share of
+    them (a compressed file is one unit whatever its size) would keep one worker busy while the
+    others wait: each such unit is read here, first, and its work items tokenized by every worker
+    (`spread`), as one reading process does; then the others, a unit per worker."""
+    large = large_units(r, units, workers)
+    for u in large:
+        r.do("tokenize", u, spread=spread(pool, workers))
+        if done is not None:
+            done("tokenize", u)
+    in_pool(pool, "tokenize", [u for u in units if u not in set(large)], workers, done)
+
+
+def large_units(r: Run, units: list[int], workers: int) -> list[int]:
+    """The units of `units` that `tokenize_in_pool` spreads over `workers`: larger than half again
+    a worker's share."""
+    share = sum(r.plan["units"][u][4] for u in units) / workers
+    return [u for u in units if r.plan["units"][u][4] > 1.5 * share]
+
+
+def spread(pool: ProcessPoolExecutor, workers: int) -> Callable[[Iterator[WorkItem]], Iterator[ItemResult]]:
+    """Work items tokenized by `pool`'s workers, their results in order; at most `2 × workers + 2`
+    in flight (each ≈1 MiB of text and its tokens)."""
+
+    def results(items: Iterator[WorkItem]) -> Iterator[ItemResult]:
+        window: deque[Future[ItemResult]] = deque()
+        for item in items:
+            with stop_signals_ignored():  # (the pool starts its workers as items are submitted)
+                window.append(pool.submit(_tokenized, item))
+            if len(window) > 2 * workers + 1:
+                yield _result(window.popleft(), "tokenize", pool)
+        while window:
+            yield _result(window.popleft(), "tokenize", pool)
+
+    return results
+
+
 def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
     """Items of one stage in a pool of `workers` processes: one task of a planned run that
     holds many cores (a node of a cluster, `run-task` with the CPUs the scheduler granted)."""
     with item_pool(r, workers) as pool:
-        in_pool(pool, stage, items, workers)
+        if stage == "tokenize":
+            tokenize_in_pool(pool, r, items, workers)
+        else:
+            in_pool(pool, stage, items, workers)
 
 
 def _wait(pool: ProcessPoolExecutor, futures: dict[Future[None], list[int]], stage: str,
@@ -146,9 +191,9 @@ def _wait(pool: ProcessPoolExecutor, futures: dict[Future[None], list[int]], sta
                 done(stage, i)
 
 
-def _result(f: Future[None], stage: str, pool: ProcessPoolExecutor) -> None:
+def _result(f: Future[T], stage: str, pool: ProcessPoolExecutor) -> T:
     try:
-        f.result()  # a worker's error is raised here
+        return f.result()  # a worker's error is raised here
     except BrokenProcessPool:
         why = (f"a worker process {_died(pool)} during the {stage} stage; the work it finished is kept: re-run the "
                "same command with --resume (with fewer --workers if memory ran out)")  # fmt: skip
@@ -201,6 +246,13 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
     while os.getppid() == parent:
         time.sleep(every)
     os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
+
+
+def _tokenized(item: WorkItem) -> ItemResult:
+    if "failed" in _here:
+        raise _here["failed"]
+    run: Run = _here["run"]
+    return run_item(item, run.wcfg, run.tokenizer)
 
 
 def _items(stage: str, items: list[int], stop: Any = None) -> None:

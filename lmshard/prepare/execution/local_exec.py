@@ -43,14 +43,13 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_er
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import in_pool, in_pool_until, item_pool
+from .itempool import in_pool, in_pool_until, item_pool, large_units, tokenize_in_pool
 from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
 from .runplan import check_scale_out, load_run
 from .taskplan import PLAN_FILE, work_dir
 from .unitfiles import skip_unit, unit_marker
-from .units import largest_whole
 
 # A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
 # one process reading and writing while workers tokenize starts faster).
@@ -68,13 +67,10 @@ POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, files
     only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
-    `check_scale_out`), at least
-    STAGED_BYTES of input, and no input the stages would give one worker half as much again as its
-    share of (`units.largest_whole`: a single .gz file is one unit, tokenized by one worker while the
-    others wait, where the one-reader path tokenizes it on every worker: 1.7× faster measured
-    on the benchmark corpus ×2 on 2 cores). And always with --val-by, and for stdin or a pipe
-    that one pass cannot read as asked (claim.needs_a_copy): the stages save it first
-    (runplan.spool_streams) and read the copy."""
+    `check_scale_out`), at least STAGED_BYTES of input (a unit larger than a worker's share, as
+    a large .gz file is, is read here and tokenized by every worker: itempool.tokenize_in_pool).
+    And always with --val-by, and for stdin or a pipe that one pass cannot read as asked
+    (claim.needs_a_copy): the stages save it first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
     if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
@@ -82,7 +78,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None
             and not any(s.stream or s.fmt == "hf" for s in sources)
-            and total >= STAGED_BYTES and largest_whole(sources) * config.n_workers() <= 1.5 * total)  # fmt: skip
+            and total >= STAGED_BYTES)  # fmt: skip
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
@@ -182,6 +178,8 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
+    if large_units(r, todo["tokenize"], r.config.n_workers()):  # (its work items go to every worker)
+        workers = r.config.n_workers()
     if _small_plan(r.plan["units"]):
         workers = 1
     progress = _Progress(r, on_progress, resumed)
@@ -215,6 +213,8 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             if stage == "tokenize" and early is not None:
                 _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough,
                                        early.stop_for), progress)  # fmt: skip
+            elif stage == "tokenize":
+                tokenize_in_pool(pool, r, list(_todo(r, stage)), workers, progress.done)
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)

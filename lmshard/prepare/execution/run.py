@@ -323,9 +323,9 @@ class Run(Reads):
             totals.near_examples = examples
         return totals
 
-    def do(self, stage: str, i: int, stop: Any = None) -> bool:
+    def do(self, stage: str, i: int, stop: Any = None, spread: Any = None) -> bool:
         """Item i of `stage` (a unit, a group of buckets, a part of a piece; "seal": a piece), skipped when
-        its marker exists (`stop`: a unit's, unitfiles.tokenize_unit)."""
+        its marker exists (`stop`, `spread`: a unit's, unitfiles.tokenize_unit)."""
         c = self.config
         if stage == "lines":
             return hash_unit(c, self.plan, self.sources, self.wcfg, self.work, i)
@@ -340,7 +340,7 @@ class Run(Reads):
                            previous=range(self.previous_line_tasks), lines=True) >= 0  # fmt: skip
         if stage == "tokenize":
             return tokenize_unit(c, self.plan, self.sources, self.tokenizer, self.wcfg, i,
-                                 self.line_masks if c.dedup_lines else None, stop)  # fmt: skip
+                                 self.line_masks if c.dedup_lines else None, stop, spread)  # fmt: skip
         if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
             first, end = self.plan["tasks"][i]
             wrote = self.bucketed and end > first and write_task_keys(

@@ -54,7 +54,7 @@ from ..documents.reading import InputGone
 from ..output.build import sigterm_stops
 from . import volatile
 from .barrier import is_complete, running, task_done, task_finished
-from .itempool import run_items
+from .itempool import large_units, run_items
 from .layout import LAYOUT_FILE
 from .nearparts import rounds
 from .run import JOINS, STAGES, Run, run_stages
@@ -207,6 +207,8 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
             run.after(stage)
         return 0
     workers = min(run.config.n_workers(), len(items))
+    if stage == "tokenize" and large_units(run, list(items), run.config.n_workers()):  # (read here, its items spread)
+        workers = run.config.n_workers()
     if workers > 1 and stage != "finish":  # a task with many cores: its items in a pool of its own
         todo = run.missing(stage, items)
         if stage == "select" and todo:  # once here, before the workers fork: they inherit both

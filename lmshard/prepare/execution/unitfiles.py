@@ -69,12 +69,16 @@ class Abandoned(Exception):
 
 def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
                   wcfg: WorkerConfig, u: int, line_masks: Callable[[int], LineMasks] | None = None,
-                  stop: Any = None) -> bool:  # fmt: skip
+                  stop: Any = None, spread: Callable[[Iterator[WorkItem]], Iterator[ItemResult]] | None = None,
+                  ) -> bool:  # fmt: skip
     """Tokenize unit `u` unless its marker exists; True when it ran. `line_masks(u)`
     (--dedup-lines): per work item of the unit its lines' keep-bits, and the keys of the lines
     it keeps (linestage.py). `stop` (--max-docs on one machine, maxdocs.UnitStop): the unit
     ends after the work item where `stop.enough(keys)` says so (its marker says `stopped`), and
-    is given up (Abandoned) before any item once `stop.abandoned()`."""
+    is given up (Abandoned) before any item once `stop.abandoned()`. `spread`: the unit's
+    work items read here and tokenized elsewhere (itempool.spread: by every worker of a pool),
+    their results in order; else each is tokenized here as it is read."""
+    assert stop is None or spread is None  # (a stop acts between two items: none may be read ahead)
     out = work_dir(config.out) / "tokenize"
     if (out / f"unit_{u:06d}.done").exists():
         return False
@@ -94,7 +98,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
             return items
         return (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))  # (the same items)
 
-    def results() -> Iterator[ItemResult]:
+    def read() -> Iterator[WorkItem]:
         for item in work_items(unit):
             if stop is not None and stop.abandoned():
                 raise Abandoned(u)
@@ -102,7 +106,11 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
                 lines["lines"] += item.payload.count(b"\n")
             elif unit.kind == "shard":
                 lines["lines"] += len(item.payload)
-            r = run_item(item, wcfg, tokenizer)
+            yield item
+
+    def results() -> Iterator[ItemResult]:
+        tokenized = spread(read()) if spread is not None else (run_item(item, wcfg, tokenizer) for item in read())
+        for r in tokenized:
             yield r if base is not None else replace(r, examples=tag(r.examples, u))
             if stop is not None and stop.enough(r.keys):  # (the rest of the unit is after the N-th kept document)
                 lines["stopped"] = 1

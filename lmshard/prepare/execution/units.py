@@ -69,14 +69,6 @@ def unit_size_for(sources: list[Source], n_tasks: int, requested: int | None = N
     return max(_WINDOW, min(UNIT_BYTES, -(-total // (n_tasks * UNITS_PER_TASK))))
 
 
-def largest_whole(sources: list[Source]) -> int:
-    """Bytes of the largest input that is one unit whatever its size (a compressed file, CSV, a
-    JSON array, arrow; `_cut`), from names, sizes and a JSON file's first byte: staged tasks
-    cannot spread it."""
-    return max((s.size for s in sources if s.compression is not None or s.fmt not in (*_LINE_FORMATS, "json", "parquet")
-                or (s.fmt == "json" and first_byte(s) == b"[")), default=0)  # fmt: skip
-
-
 def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES,
               hf: Any = None, n_tasks: int = 1) -> list[Unit]:  # fmt: skip
     """Every source as units, in input order (see the module docstring). `hf`: the HFSpec of a
