@@ -294,3 +294,36 @@ def test_a_plain_prepare_of_a_small_input_on_its_stages_plans_one_unit(tmp_path,
     prepare(PrepareConfig(inputs=[str(root)], out=str(tmp_path / "sized"), unit_size=64 << 10, **options))
     assert plans[1][0] == 2 * 2 and set(plans[1][1]) == {"files"} and len(plans[1][1]) > 1  # (units of 64 KiB)
     assert _files(tmp_path / "one") == _files(tmp_path / "sized")
+
+
+def test_a_worker_killed_while_a_unit_is_spread_is_one_line_and_resume_finishes(tmp_path, monkeypatch):
+    """One .gz file (one unit) read by the main process, its work items tokenized by both
+    workers (itempool.spread): a worker killed after its 2nd item is one line naming the
+    tokenize stage, and --resume finishes with one machine's bytes."""
+    import gzip
+
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in make_texts(3000, seed=8)).encode(),
+                                  mtime=0))  # fmt: skip
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 14))  # many work items
+    one = tmp_path / "one"
+    code, err = finish(start_prepare([str(src), "--out", str(one), "--workers", "1"]), 300)
+    assert code == 0, err
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+    monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "worker-item:2")  # each worker stops after its 2nd item
+    out, args = tmp_path / "o", [str(src), "--out", str(tmp_path / "o"), "--workers", "2"]
+    proc = start_prepare(args)
+    workers = wait_for_workers(proc, 2)
+    held = wait_stopped(proc)
+    assert held in workers, "the run ended before its stop point"
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    os.kill(held, signal.SIGKILL)
+    code, err = finish(proc, 120)
+    said = " ".join(err.split())
+    assert code == 1 and "Traceback" not in err, err
+    assert f"a worker process (pid {held}) was killed by SIGKILL" in said and "tokenize stage" in said, err
+    assert wait_gone(workers, timeout=60.0) == []
+    code, err = finish(start_prepare([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert _files(out) == _files(one)

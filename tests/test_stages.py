@@ -183,10 +183,13 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
 
 
-def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("start", "options"), [("auto", {}), ("spawn", {"near_dedup": True}),
+                                               ("auto", {"dedup_lines": True})])  # fmt: skip
+def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_path, monkeypatch, start, options):
     """A .gz file is one unit: one .gz file with 2 workers (a plain prepare, a task of 2 cores) is
     read in the main process and its work items tokenized in the pool (none here, in the unit's
-    own code), in order: the bytes are one machine's."""
+    own code), in order: the bytes are one machine's, with forked or spawned workers, with
+    near-duplicates and with repeated lines removed."""
     import gzip
 
     import lmshard.prepare.documents.sources as sources
@@ -194,12 +197,13 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)  # work items of 4 KiB: many in the file
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 12))  # (as workers started afresh read it)
+    monkeypatch.setenv("LMSHARD_WORKER_START", start)
     src = tmp_path / "in"
     src.mkdir()
-    (src / "part.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n"
-                                                              for t in make_texts(1200, seed=5)).encode(), mtime=0))  # fmt: skip
+    text = "".join(json.dumps({"text": t}) + "\n" for t in make_texts(1200, seed=5))
+    (src / "part.jsonl.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
     items = []
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS), items.append)
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **options, **_OPTS), items.append)
     assert len(items) >= 8  # (one progress call per item)
     monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
     monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
@@ -209,12 +213,14 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (
         spreads.append(i) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
     monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("an item tokenized by the reader"))
-    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "two"), workers=2, **_OPTS))
+    steps = []
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "two"), workers=2, **options, **_OPTS), steps.append)
     assert calls and spreads == [0]
+    assert len(steps) >= 8 and steps[-1].bytes_done == steps[-1].bytes_total  # the progress follows the items
     assert _files(tmp_path / "local") == _files(tmp_path / "two")
-    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "task"), workers=2, **_OPTS)
+    config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "task"), workers=2, **options, **_OPTS)
     local_exec.claim(config, 1)  # a task of a node's cores (`run-task --workers 2`) spreads its one unit too
-    for stage in STAGES:
+    for stage in Run.of(config, 1).stages:
         run_task(config, 1, stage, 0)
     assert spreads == [0, 0] and _files(tmp_path / "local") == _files(tmp_path / "task")
 
@@ -229,6 +235,8 @@ def test_a_unit_is_spread_over_the_workers_when_larger_than_half_again_a_share(s
 
     r = SimpleNamespace(plan={"units": [(0, "file", 0, 0, n) for n in sizes]})
     assert large_units(r, list(range(len(sizes))), workers) == large
+    streamed = SimpleNamespace(plan={"units": [(0, "shard", 0, 1, 1), *r.plan["units"]]})
+    assert large_units(streamed, list(range(len(sizes) + 1)), workers) == []  # (a stream's shards: not bytes)
 
 
 def test_a_stage_waits_for_the_one_before_and_a_killed_task_redoes_only_its_item(tmp_path):

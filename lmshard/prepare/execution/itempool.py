@@ -7,7 +7,9 @@ started and given the run's configuration to load it themselves. They ignore Ctr
 marker and is redone), and exit when that process dies.
 
 Memory model: each worker holds what its stage's item holds (see each stage's module); the
-owner holds one future per batch of items of the current stage.
+owner holds one future per batch of items of the current stage, and while it reads a unit
+spread over the workers (`tokenize_in_pool`), at most 2 × workers + 2 work items and their
+results (≈1 MiB of text and its tokens each) and the unit's per-document arrays.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from ...errors import ConfigError, InputError, LmshardError
 from ..config import PrepareConfig
 from ..documents.sources import WorkItem
 from ..documents.worker import ItemResult, run_item
-from ..stops import STOP_SIGNALS
-from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
+from ..stops import STOP_SIGNALS, stop_point
+from .pool import WorkerDied, WorkerStartFailed, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned
 
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
     # batches per worker, so that this process schedules a few dozen calls, not thousands.
     size = 1 if stage in ("lines", "tokenize") else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
     with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
-        futures = {pool.submit(_items, stage, items[k : k + size]): items[k : k + size]
+        futures = {_submit(pool, stage, _items, stage, items[k : k + size]): items[k : k + size]
                    for k in range(0, len(items), size)}  # fmt: skip
     _wait(pool, futures, stage, done)
 
@@ -99,7 +101,7 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
     def submit(i: int, stop: Any) -> None:
         if stop.room is not None:
             roomed.add(i)
-        running[pool.submit(_items, stage, [i], stop)] = i
+        running[_submit(pool, stage, _items, stage, [i], stop)] = i
 
     while running or failed or (left and not enough()):
         with stop_signals_ignored():
@@ -135,39 +137,69 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
 
 
 def tokenize_in_pool(pool: ProcessPoolExecutor, r: Run, units: list[int], workers: int,
-                     done: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
+                     done: Callable[[str, int], None] | None = None,
+                     step: Callable[[ItemResult], None] | None = None) -> None:  # fmt: skip
     """The tokenize stage's `units` in `pool`. A unit larger than half again a worker's share of
     them (a compressed file is one unit whatever its size) would keep one worker busy while the
     others wait: each such unit is read here, first, and its work items tokenized by every worker
-    (`spread`), as one reading process does; then the others, a unit per worker."""
+    (`spread`; `step(result)` as each comes back), as one reading process does; then the others,
+    a unit per worker."""
     large = large_units(r, units, workers)
+    if large:
+        started(pool, workers, "tokenize")
     for u in large:
-        r.do("tokenize", u, spread=spread(pool, workers))
+        r.do("tokenize", u, spread=spread(pool, workers, step))
         if done is not None:
             done("tokenize", u)
     in_pool(pool, "tokenize", [u for u in units if u not in set(large)], workers, done)
 
 
+SIZED = ("file", "range", "row_group", "files")  # units whose `nbytes` are bytes of input
+
+
 def large_units(r: Run, units: list[int], workers: int) -> list[int]:
     """The units of `units` that `tokenize_in_pool` spreads over `workers`: larger than half again
-    a worker's share."""
+    a worker's share (of bytes as planned: a compressed file's are its compressed bytes). None
+    of a plan whose units are not sized in bytes (a Hugging Face stream's shards, a saved
+    dataset's rows): those are streamed by several workers at once."""
+    if any(r.plan["units"][u][1] not in SIZED for u in units):
+        return []
     share = sum(r.plan["units"][u][4] for u in units) / workers
     return [u for u in units if r.plan["units"][u][4] > 1.5 * share]
 
 
-def spread(pool: ProcessPoolExecutor, workers: int) -> Callable[[Iterator[WorkItem]], Iterator[ItemResult]]:
-    """Work items tokenized by `pool`'s workers, their results in order; at most `2 × workers + 2`
-    in flight (each ≈1 MiB of text and its tokens)."""
+def started(pool: ProcessPoolExecutor, workers: int, stage: str) -> None:
+    """The pool's workers started now, if they are not yet (a pool starts them as items are
+    submitted), with Ctrl-C and SIGTERM ignored as they start: forked before this process opens
+    an input (whose reader may start threads), and any that failed to load the run said here."""
+    with stop_signals_ignored():
+        ready = [_submit(pool, stage, _ready) for _ in range(workers)]
+    for f in ready:
+        _result(f, stage, pool)
+
+
+Spread = Callable[[Iterator[WorkItem]], Iterator[ItemResult]]  # work items in, their results out, in order
+
+
+def spread(pool: ProcessPoolExecutor, workers: int, step: Callable[[ItemResult], None] | None = None) -> Spread:
+    """Work items tokenized by `pool`'s workers (`started`), their results in order; at most
+    `2 × workers + 2` in flight (each ≈1 MiB of text and its tokens)."""
 
     def results(items: Iterator[WorkItem]) -> Iterator[ItemResult]:
         window: deque[Future[ItemResult]] = deque()
+
+        def take() -> ItemResult:
+            result = _result(window.popleft(), "tokenize", pool)
+            if step is not None:
+                step(result)
+            return result
+
         for item in items:
-            with stop_signals_ignored():  # (the pool starts its workers as items are submitted)
-                window.append(pool.submit(_tokenized, item))
+            window.append(_submit(pool, "tokenize", _tokenized, item))
             if len(window) > 2 * workers + 1:
-                yield _result(window.popleft(), "tokenize", pool)
+                yield take()
         while window:
-            yield _result(window.popleft(), "tokenize", pool)
+            yield take()
 
     return results
 
@@ -191,13 +223,23 @@ def _wait(pool: ProcessPoolExecutor, futures: dict[Future[None], list[int]], sta
                 done(stage, i)
 
 
+def _submit(pool: ProcessPoolExecutor, stage: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+    try:
+        return pool.submit(fn, *args)  # (refused once a worker died)
+    except BrokenProcessPool:
+        raise _broken(pool, stage) from None
+
+
 def _result(f: Future[T], stage: str, pool: ProcessPoolExecutor) -> T:
     try:
         return f.result()  # a worker's error is raised here
     except BrokenProcessPool:
-        why = (f"a worker process {_died(pool)} during the {stage} stage; the work it finished is kept: re-run the "
-               "same command with --resume (with fewer --workers if memory ran out)")  # fmt: skip
-        raise WorkerDied(why) from None
+        raise _broken(pool, stage) from None
+
+
+def _broken(pool: ProcessPoolExecutor, stage: str) -> WorkerDied:
+    return WorkerDied(f"a worker process {_died(pool)} during the {stage} stage; the work it finished is kept: "
+                      "re-run the same command with --resume (with fewer --workers if memory ran out)")
 
 
 def _died(pool: ProcessPoolExecutor) -> str:
@@ -248,11 +290,18 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
     os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
 
 
-def _tokenized(item: WorkItem) -> ItemResult:
+def _ready() -> None:
     if "failed" in _here:
         raise _here["failed"]
+
+
+def _tokenized(item: WorkItem) -> ItemResult:
+    if "failed" in _here:  # (not an error of the unit's input: the unit's own error path must not take it)
+        raise WorkerStartFailed(str(_here["failed"]))
     run: Run = _here["run"]
-    return run_item(item, run.wcfg, run.tokenizer)
+    result = run_item(item, run.wcfg, run.tokenizer)
+    stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input
+    return result
 
 
 def _items(stage: str, items: list[int], stop: Any = None) -> None:

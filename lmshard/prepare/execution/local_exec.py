@@ -8,7 +8,9 @@ only schedules. Each stage's items (the units to tokenize, each task's keys to g
 dedup groups of buckets, the units to select, the parts of shards and key files to write, then
 the shards and key files to seal) go to `--workers` processes, in plan order, and the next
 stage starts once every item of this one is done. The layout (a walk over the units' totals)
-and the metadata (finish) are the only work done here: neither reads a document. A killed run
+and the metadata (finish) are the only other work done here: neither reads a document. A unit
+larger than half again a worker's share (one large compressed file, which no plan cuts) is
+read here, its work items tokenized by every worker (itempool.tokenize_in_pool). A killed run
 leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop the
 workers at once (an item cut short has no marker and is redone).
 
@@ -21,7 +23,9 @@ written empty, never read.
 Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
 layout.py, owners.py: at most one work item's tokens, or one unit's per-document arrays); this
 process holds the plan, the layout and one future per item of the current stage (with
---max-docs, the keys of the kept documents counted so far: ≈16 bytes each).
+--max-docs, the keys of the kept documents counted so far: ≈16 bytes each); while it reads a
+unit spread over the workers, at most 2 × workers + 2 work items and their results (≈1 MiB of
+text and its tokens each) and the unit's per-document arrays (≈20 bytes a document).
 """
 
 from __future__ import annotations
@@ -67,8 +71,9 @@ POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, files
     only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
-    `check_scale_out`), at least STAGED_BYTES of input (a unit larger than a worker's share, as
-    a large .gz file is, is read here and tokenized by every worker: itempool.tokenize_in_pool).
+    `check_scale_out`), at least STAGED_BYTES of input (a unit larger than half again a worker's
+    share, as a large .gz file is, is read here and tokenized by every worker:
+    itempool.tokenize_in_pool).
     And always with --val-by, and for stdin or a pipe that one pass cannot read as asked
     (claim.needs_a_copy): the stages save it first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
@@ -178,8 +183,8 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
-    if large_units(r, todo["tokenize"], r.config.n_workers()):  # (its work items go to every worker)
-        workers = r.config.n_workers()
+    if r.config.max_docs is None and large_units(r, todo["tokenize"], r.config.n_workers()):
+        workers = r.config.n_workers()  # (its work items go to every worker)
     if _small_plan(r.plan["units"]):
         workers = 1
     progress = _Progress(r, on_progress, resumed)
@@ -214,7 +219,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough,
                                        early.stop_for), progress)  # fmt: skip
             elif stage == "tokenize":
-                tokenize_in_pool(pool, r, list(_todo(r, stage)), workers, progress.done)
+                tokenize_in_pool(pool, r, list(_todo(r, stage)), workers, progress.done, progress.step)
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
@@ -260,6 +265,7 @@ class _Progress:
 
     def __init__(self, r: Run, callback: Callable[[Any], None] | None, resumed: bool = False) -> None:
         self.r, self.callback = r, callback
+        self.partial = [0, 0, 0, 0]  # bytes, documents, tokens, characters of the unit being spread
         passes = 2 if r.config.dedup_lines else 1
         self.p = Progress(bytes_total=passes * sum(u[4] for u in r.plan["units"]))
         left = set(r.missing("tokenize"))
@@ -279,15 +285,29 @@ class _Progress:
             callback(self.p)
             self.p.note = None
 
+    def step(self, result: Any) -> None:
+        """A work item of a unit spread over the workers (itempool.tokenize_in_pool): counted
+        now, and replaced by the unit's own counts once it is done."""
+        counts = (result.nbytes, len(result.lengths), int(result.lengths.sum()), result.chars)
+        self.partial = [a + b for a, b in zip(self.partial, counts, strict=True)]
+        self._count(*counts)
+        if self.callback:
+            self.callback(self.p)
+
+    def _count(self, nbytes: int, docs: int, tokens: int, chars: int) -> None:
+        self.p.bytes_done += nbytes
+        self.p.docs += docs
+        self.p.tokens += tokens
+        self.p.chars += chars
+
     def _add(self, u: int) -> None:
+        self._count(*(-n for n in self.partial))  # (a spread unit's items, counted as they came)
+        self.partial = [0, 0, 0, 0]
         try:
             done = unit_marker(self.r.work / "tokenize", u)
         except (OSError, ValueError):
             done = {}
-        self.p.bytes_done += self.r.plan["units"][u][4]
-        self.p.docs += done.get("docs", 0)
-        self.p.tokens += done.get("tokens", 0)
-        self.p.chars += done.get("chars", 0)
+        self._count(self.r.plan["units"][u][4], done.get("docs", 0), done.get("tokens", 0), done.get("chars", 0))
 
     def done(self, stage: str, i: int) -> None:
         if stage in ("lines", "tokenize"):

@@ -20,9 +20,10 @@ numbers begin), so a unit is complete exactly when its marker exists, and a kill
 finished by running it again (done units are skipped). Two files and two fsyncs per unit (none on
 the local executor).
 
-Memory model: one work item's result at a time (≈1 MiB of text and its tokens) and the unit's
-per-document arrays (20 bytes per document; with --near-dedup 4 × n_hashes more) until they are
-written after its tokens.
+Memory model: one work item's result at a time (≈1 MiB of text and its tokens; a unit spread
+over a pool's workers: what `spread` holds in flight, itempool.py) and the unit's per-document
+arrays (20 bytes per document; with --near-dedup 4 × n_hashes more) until they are written after
+its tokens.
 """
 
 from __future__ import annotations
