@@ -193,6 +193,7 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     import gzip
 
     import lmshard.prepare.documents.sources as sources
+    import lmshard.prepare.execution.linestage as linestage
     import lmshard.prepare.execution.unitfiles as unitfiles
 
     monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)  # work items of 4 KiB: many in the file
@@ -211,18 +212,20 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     spreads, do = [], Run.do
     monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (
-        spreads.append(i) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+        spreads.append(stage) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+    spread_stages = ["lines", "tokenize"] if options.get("dedup_lines") else ["tokenize"]  # (of the one unit, 0)
     monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("an item tokenized by the reader"))
+    monkeypatch.setattr(linestage, "hash_lines", lambda *a: pytest.fail("an item hashed by the reader"))
     steps = []
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "two"), workers=2, **options, **_OPTS), steps.append)
-    assert calls and spreads == [0]
+    assert calls and spreads == spread_stages
     assert len(steps) >= 8 and steps[-1].bytes_done == steps[-1].bytes_total  # the progress follows the items
     assert _files(tmp_path / "local") == _files(tmp_path / "two")
     config = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "task"), workers=2, **options, **_OPTS)
     local_exec.claim(config, 1)  # a task of a node's cores (`run-task --workers 2`) spreads its one unit too
     for stage in Run.of(config, 1).stages:
         run_task(config, 1, stage, 0)
-    assert spreads == [0, 0] and _files(tmp_path / "local") == _files(tmp_path / "task")
+    assert spreads == spread_stages * 2 and _files(tmp_path / "local") == _files(tmp_path / "task")
 
 
 @pytest.mark.parametrize(("sizes", "workers", "large"), [([100], 2, [0]), ([50, 50], 2, []), ([60, 20, 20], 2, []),

@@ -8,7 +8,7 @@ marker and is redone), and exit when that process dies.
 
 Memory model: each worker holds what its stage's item holds (see each stage's module); the
 owner holds one future per batch of items of the current stage, and while it reads a unit
-spread over the workers (`tokenize_in_pool`), at most 2 × workers + 2 work items and their
+spread over the workers (`units_in_pool`), at most 2 × workers + 2 work items and their
 results (≈1 MiB of text and its tokens each) and the unit's per-document arrays.
 """
 
@@ -26,10 +26,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from ...errors import ConfigError, InputError, LmshardError
 from ..config import PrepareConfig
 from ..documents.sources import WorkItem
-from ..documents.worker import ItemResult, run_item
+from ..documents.worker import ItemResult, hash_lines, run_item
 from ..stops import STOP_SIGNALS, stop_point
 from .pool import WorkerDied, WorkerStartFailed, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned
@@ -136,29 +138,29 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
     return sorted(given_up + left)
 
 
-def tokenize_in_pool(pool: ProcessPoolExecutor, r: Run, units: list[int], workers: int,
-                     done: Callable[[str, int], None] | None = None,
-                     step: Callable[[ItemResult], None] | None = None) -> None:  # fmt: skip
-    """The tokenize stage's `units` in `pool`. A unit larger than half again a worker's share of
-    them (a compressed file is one unit whatever its size) would keep one worker busy while the
-    others wait: each such unit is read here, first, and its work items tokenized by every worker
-    (`spread`; `step(result)` as each comes back), as one reading process does; then the others,
-    a unit per worker."""
+def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int], workers: int,
+                  done: Callable[[str, int], None] | None = None,
+                  step: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+    """The `units` of the lines or the tokenize stage in `pool`. A unit larger than half again a
+    worker's share of them (a compressed file is one unit whatever its size) would keep one
+    worker busy while the others wait: each such unit is read here, first, and its work items
+    hashed or tokenized by every worker (`spread`; `step(result)` as each comes back), as one
+    reading process does; then the others, a unit per worker."""
     large = large_units(r, units, workers)
     if large:
-        started(pool, workers, "tokenize")
+        started(pool, workers, stage)
     for u in large:
-        r.do("tokenize", u, spread=spread(pool, workers, step))
+        r.do(stage, u, spread=spread(pool, workers, stage, step))
         if done is not None:
-            done("tokenize", u)
-    in_pool(pool, "tokenize", [u for u in units if u not in set(large)], workers, done)
+            done(stage, u)
+    in_pool(pool, stage, [u for u in units if u not in set(large)], workers, done)
 
 
 SIZED = ("file", "range", "row_group", "files")  # units whose `nbytes` are bytes of input
 
 
 def large_units(r: Run, units: list[int], workers: int) -> list[int]:
-    """The units of `units` that `tokenize_in_pool` spreads over `workers`: larger than half again
+    """The units of `units` that `units_in_pool` spreads over `workers`: larger than half again
     a worker's share (of bytes as planned: a compressed file's are its compressed bytes). None
     of a plan whose units are not sized in bytes (a Hugging Face stream's shards, a saved
     dataset's rows): those are streamed by several workers at once."""
@@ -178,24 +180,27 @@ def started(pool: ProcessPoolExecutor, workers: int, stage: str) -> None:
         _result(f, stage, pool)
 
 
-Spread = Callable[[Iterator[WorkItem]], Iterator[ItemResult]]  # work items in, their results out, in order
+Spread = Callable[[Iterator[WorkItem]], Iterator[Any]]  # work items in, their results out, in order
 
 
-def spread(pool: ProcessPoolExecutor, workers: int, step: Callable[[ItemResult], None] | None = None) -> Spread:
-    """Work items tokenized by `pool`'s workers (`started`), their results in order; at most
-    `2 × workers + 2` in flight (each ≈1 MiB of text and its tokens)."""
+def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
+           step: Callable[[Any], None] | None = None) -> Spread:  # fmt: skip
+    """Work items tokenized (the lines stage: their lines hashed) by `pool`'s workers
+    (`started`), their results in order; at most `2 × workers + 2` in flight (each ≈1 MiB of
+    text and its tokens)."""
+    fn = _hashed if stage == "lines" else _tokenized
 
-    def results(items: Iterator[WorkItem]) -> Iterator[ItemResult]:
-        window: deque[Future[ItemResult]] = deque()
+    def results(items: Iterator[WorkItem]) -> Iterator[Any]:
+        window: deque[Future[Any]] = deque()
 
-        def take() -> ItemResult:
-            result = _result(window.popleft(), "tokenize", pool)
+        def take() -> Any:
+            result = _result(window.popleft(), stage, pool)
             if step is not None:
                 step(result)
             return result
 
         for item in items:
-            window.append(_submit(pool, "tokenize", _tokenized, item))
+            window.append(_submit(pool, stage, fn, item))
             if len(window) > 2 * workers + 1:
                 yield take()
         while window:
@@ -208,8 +213,8 @@ def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
     """Items of one stage in a pool of `workers` processes: one task of a planned run that
     holds many cores (a node of a cluster, `run-task` with the CPUs the scheduler granted)."""
     with item_pool(r, workers) as pool:
-        if stage == "tokenize":
-            tokenize_in_pool(pool, r, items, workers)
+        if stage in ("lines", "tokenize"):
+            units_in_pool(pool, r, stage, items, workers)
         else:
             in_pool(pool, stage, items, workers)
 
@@ -293,6 +298,12 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
 def _ready() -> None:
     if "failed" in _here:
         raise _here["failed"]
+
+
+def _hashed(item: WorkItem) -> np.ndarray:
+    if "failed" in _here:
+        raise WorkerStartFailed(str(_here["failed"]))
+    return hash_lines(item, _here["run"].wcfg)
 
 
 def _tokenized(item: WorkItem) -> ItemResult:

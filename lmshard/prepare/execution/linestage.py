@@ -29,6 +29,7 @@ lines that repeat (8 bytes each).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 from ...errors import InputError
 from ..config import PrepareConfig
 from ..documents.records import record_fields
-from ..documents.sources import Source
+from ..documents.sources import Source, WorkItem
 from ..documents.worker import WorkerConfig, hash_lines
 from ..stops import stop_point
 from . import volatile
@@ -57,8 +58,9 @@ def unit_lines_path(work: Path, u: int) -> Path:
 
 
 def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], wcfg: WorkerConfig, work: Path,
-              u: int) -> bool:  # fmt: skip
-    """The lines stage for unit u (see the module docstring); False when already done."""
+              u: int, spread: Callable[[Iterator[WorkItem]], Iterator[np.ndarray]] | None = None) -> bool:  # fmt: skip
+    """The lines stage for unit u (see the module docstring); False when already done. `spread`:
+    the unit's work items read here and hashed elsewhere (itempool.spread), in order."""
     path = unit_lines_path(work, u)
     if path.exists():
         return False
@@ -66,9 +68,8 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
     counts, hashes = [], []
     fields = record_fields(config.text_field, config.val_by)  # (the records the tokenize stage reads, and skips)
     try:
-        for item in unit_items(sources, unit, config.text_mode, fields,
-                               config.max_chars, wcfg.hf):  # fmt: skip
-            h = hash_lines(item, wcfg)
+        items = unit_items(sources, unit, config.text_mode, fields, config.max_chars, wcfg.hf)
+        for h in spread(items) if spread is not None else (hash_lines(item, wcfg) for item in items):
             counts.append(len(h))
             hashes.append(h)
     except InputError:  # stopping: named at its absolute line, as the tokenize stage names it

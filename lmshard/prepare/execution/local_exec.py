@@ -10,7 +10,7 @@ the shards and key files to seal) go to `--workers` processes, in plan order, an
 stage starts once every item of this one is done. The layout (a walk over the units' totals)
 and the metadata (finish) are the only other work done here: neither reads a document. A unit
 larger than half again a worker's share (one large compressed file, which no plan cuts) is
-read here, its work items tokenized by every worker (itempool.tokenize_in_pool). A killed run
+read here, its work items tokenized by every worker (itempool.units_in_pool). A killed run
 leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop the
 workers at once (an item cut short has no marker and is redone).
 
@@ -47,7 +47,7 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_er
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import in_pool, in_pool_until, item_pool, large_units, tokenize_in_pool
+from .itempool import in_pool, in_pool_until, item_pool, large_units, units_in_pool
 from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
@@ -73,7 +73,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
     `check_scale_out`), at least STAGED_BYTES of input (a unit larger than half again a worker's
     share, as a large .gz file is, is read here and tokenized by every worker:
-    itempool.tokenize_in_pool).
+    itempool.units_in_pool).
     And always with --val-by, and for stdin or a pipe that one pass cannot read as asked
     (claim.needs_a_copy): the stages save it first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
@@ -183,7 +183,8 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
-    if r.config.max_docs is None and large_units(r, todo["tokenize"], r.config.n_workers()):
+    if r.config.max_docs is None and any(large_units(r, todo.get(s, []), r.config.n_workers())
+                                         for s in ("lines", "tokenize")):  # fmt: skip
         workers = r.config.n_workers()  # (its work items go to every worker)
     if _small_plan(r.plan["units"]):
         workers = 1
@@ -218,8 +219,9 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             if stage == "tokenize" and early is not None:
                 _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough,
                                        early.stop_for), progress)  # fmt: skip
-            elif stage == "tokenize":
-                tokenize_in_pool(pool, r, list(_todo(r, stage)), workers, progress.done, progress.step)
+            elif stage in ("lines", "tokenize"):
+                step = progress.step if stage == "tokenize" else None
+                units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step)
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
@@ -286,7 +288,7 @@ class _Progress:
             self.p.note = None
 
     def step(self, result: Any) -> None:
-        """A work item of a unit spread over the workers (itempool.tokenize_in_pool): counted
+        """A work item of a unit spread over the workers (itempool.units_in_pool): counted
         now, and replaced by the unit's own counts once it is done."""
         counts = (result.nbytes, len(result.lengths), int(result.lengths.sum()), result.chars)
         self.partial = [a + b for a, b in zip(self.partial, counts, strict=True)]

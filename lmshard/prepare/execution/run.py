@@ -328,7 +328,7 @@ class Run(Reads):
         its marker exists (`stop`, `spread`: a unit's, unitfiles.tokenize_unit)."""
         c = self.config
         if stage == "lines":
-            return hash_unit(c, self.plan, self.sources, self.wcfg, self.work, i)
+            return hash_unit(c, self.plan, self.sources, self.wcfg, self.work, i, spread)
         if stage == "linekeys":  # task i's lines' keys, partitioned by bucket, once its units are hashed
             first, end = self.plan["tasks"][i]
             wrote = end > first and write_task_lines(self.work, range(first, end), i, self.plan["buckets"])

@@ -207,7 +207,7 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
             run.after(stage)
         return 0
     workers = min(run.config.n_workers(), len(items))
-    if stage == "tokenize" and large_units(run, list(items), run.config.n_workers()):  # (read here, its items spread)
+    if stage in ("lines", "tokenize") and large_units(run, list(items), run.config.n_workers()):  # (items spread)
         workers = run.config.n_workers()
     if workers > 1 and stage != "finish":  # a task with many cores: its items in a pool of its own
         todo = run.missing(stage, items)
