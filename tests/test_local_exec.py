@@ -9,6 +9,7 @@ marker."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -327,3 +328,33 @@ def test_a_worker_killed_while_a_unit_is_spread_is_one_line_and_resume_finishes(
     code, err = finish(start_prepare([*args, "--resume"]), 300)
     assert code == 0, err
     assert _files(out) == _files(one)
+
+
+@pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "no space left on the device"),
+                                             (errno.EDQUOT, "no space left on the device"),
+                                             (errno.EIO, "Input/output error")])  # fmt: skip
+def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes(tmp_path, monkeypatch, code, words):
+    """A device that fills up or fails while the stages write their work files: one line naming
+    the fault and --resume (the work kept, as a run read in one process says it), and once
+    space is back --resume ends with one machine's bytes."""
+    from faults import full_disk
+
+    from lmshard.errors import LmshardError
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import local_exec, unitfiles
+
+    src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(2000, seed=6))  # (~2 MB: the stages run in this process)
+    options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken"}
+    prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    device = full_disk(monkeypatch, [unitfiles], budget=400_000, code=code)  # (the units' token files)
+    out = tmp_path / "o"
+    with pytest.raises(LmshardError) as e:
+        prepare(PrepareConfig(out=str(out), **options))
+    message = str(e.value)
+    assert words in message and "run the same command with --resume" in message and "\n" not in message, message
+    assert device.failures >= 1 and _work(out).exists()
+    monkeypatch.undo()  # space is back
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    prepare(PrepareConfig(out=str(out), resume=True, **options))
+    assert _files(out) == _files(tmp_path / "one")
