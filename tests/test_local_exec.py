@@ -358,3 +358,24 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
     prepare(PrepareConfig(out=str(out), resume=True, **options))
     assert _files(out) == _files(tmp_path / "one")
+
+
+def test_a_staged_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, corpus, one_machine, monkeypatch):
+    """A job started in the background (SIGINT ignored, as a shell does) is not stopped by the
+    terminal's Ctrl-C to its group, with a worker held on a unit: the run goes on to one
+    machine's bytes (its pool's workers ignore it too)."""
+    import subprocess
+
+    from proctree import LMSHARD
+
+    out = tmp_path / "o"
+    monkeypatch.setenv("LMSHARD_STOP_AT", HELD["tokenize"])
+    proc = subprocess.Popen([*LMSHARD, "prepare", *_args(corpus, out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+    _held_midway(out, proc)
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    signal_stopped(proc.pid, signal.SIGINT)
+    code, err = finish(proc, 300)
+    assert code == 0, err
+    assert _files(out) == one_machine
