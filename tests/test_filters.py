@@ -189,9 +189,11 @@ def test_a_plugins_hash_covers_the_files_of_its_directory_it_imports(tmp_path):
     assert plugin_sources(["c4", "language=en"]) == {}
 
 
-def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus):
-    """One process: interrupted (its staging directory and run record left), the plugin edited,
-    then --resume: refused, naming the file; put back, the resume goes on."""
+@pytest.mark.parametrize("stages", [False, True])
+def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus, monkeypatch, stages):
+    """One process, or the stages in the pool (a worker held after its first unit): interrupted
+    (its work left), the plugin edited, then --resume: refused, naming the file; put back, the
+    resume goes on."""
     import os
     import signal
 
@@ -201,15 +203,20 @@ def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus
     src, _ = corpus
     rules = tmp_path / "rules.py"
     rules.write_text(FILTER_FILE)
-    args = [str(src), "--out", str(tmp_path / "o"), "--filter", f"{rules}:no_river", "--workers", "1"]
-    os.environ["LMSHARD_STOP_AT"] = "item:1"
+    workers = ["--workers", "2", "--unit-size", "64K"] if stages else ["--workers", "1"]
+    args = [str(src), "--out", str(tmp_path / "o"), "--filter", f"{rules}:no_river", *workers]
+    if stages:
+        monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+        monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
+    os.environ["LMSHARD_STOP_AT"] = "unit:1" if stages else "item:1"
     try:
         proc = start_prepare(args)
     finally:
         del os.environ["LMSHARD_STOP_AT"]
-    assert wait_stopped(proc) == proc.pid
+    assert wait_stopped(proc) is not None
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
+    assert (tmp_path / ".o.lmshard-work").exists() == stages
     rules.write_text(FILTER_FILE.replace('"river"', '"lake"'))
     code, err = finish_proc(start_prepare([*args, "--resume"]), 120)
     lines = [line for line in err.splitlines() if line.startswith("error:")]
