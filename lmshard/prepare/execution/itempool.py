@@ -68,7 +68,7 @@ def item_pool(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
         raise
     finally:
         _here.clear()
-    pool.shutdown(wait=True)
+    _stop_workers(pool)  # every item done, the workers idle: ended at once (an orderly exit waits ≈50 ms for them)
 
 
 def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int,
