@@ -73,17 +73,16 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
     `check_scale_out`), at least STAGED_BYTES of input (a unit larger than half again a worker's
     share, as a large .gz file is, is read here and tokenized by every worker:
-    itempool.units_in_pool).
-    And always with --val-by, and for stdin or a pipe that one pass cannot read as asked
-    (claim.needs_a_copy): the stages save it first (runplan.spool_streams) and read the copy."""
+    itempool.units_in_pool). And always with --val-by, and for stdin or a pipe that one pass
+    cannot read as asked (claim.needs_a_copy): the stages save it first (runplan.spool_streams)
+    and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
     if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
     total = sum(s.size for s in sources)
     return (config.n_workers() > 1 and not config.hf and config.max_docs is None
-            and not any(s.stream or s.fmt == "hf" for s in sources)
-            and total >= STAGED_BYTES)  # fmt: skip
+            and not any(s.stream or s.fmt == "hf" for s in sources) and total >= STAGED_BYTES)  # fmt: skip
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
