@@ -353,6 +353,7 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
         prepare(PrepareConfig(out=str(out), **options))
     message = str(e.value)
     assert words in message and "run the same command with --resume" in message and "\n" not in message, message
+    assert "another --out" not in message and "re-run" not in message, message  # (one fix: --resume)
     assert device.failures >= 1 and _work(out).exists()
     monkeypatch.undo()  # space is back
     monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
@@ -380,30 +381,3 @@ def test_a_staged_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, corpus, on
     assert code == 0, err
     assert _files(out) == one_machine
 
-
-def test_a_written_part_is_synced_unless_a_local_run_only_starts_its_writeback(tmp_path, monkeypatch):
-    """A write task's part of a shard: fsynced (another machine's seal may read it), but in a
-    local run's task its writeback is only started (Linux's sync_file_range; the seal, here,
-    syncs the piece before its rename); where that call fails, fsynced."""
-    import sys
-
-    from lmshard.prepare.execution import volatile
-
-    synced = []
-    monkeypatch.setattr(volatile.os, "fsync", synced.append)
-    with open(tmp_path / "part", "wb") as f:
-        f.write(b"x" * 100_000)
-        f.flush()
-        monkeypatch.delenv(volatile.ENV, raising=False)
-        volatile.part_written(f.fileno())
-        assert synced == [f.fileno()]
-        monkeypatch.setenv(volatile.ENV, "1")
-        volatile.part_written(f.fileno())
-        assert synced == ([f.fileno()] if sys.platform == "linux" else [f.fileno()] * 2)
-    r, w = os.pipe()  # (no writeback for a pipe: the call fails, and the part is fsynced)
-    try:
-        volatile.part_written(r)
-        assert synced[-1] == r
-    finally:
-        os.close(r)
-        os.close(w)

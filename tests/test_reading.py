@@ -112,6 +112,13 @@ def test_an_os_error_is_blamed_on_out_only_when_it_is_the_outputs(tmp_path):
         f"{tmp_path / '.ds.lmshard-partial' / 'y'}: Permission denied; choose an --out in a directory you can write",
     ]
     assert str(os_error(OSError(28, "No space left on device"), out)).startswith(f"{out}: no space left on the device")
+    # Where the work is kept for a --resume (the caller says so), the fix is that, not another --out.
+    assert [str(os_error(e, out, resumable=True)) for e in denied[1:]] == [
+        f"{out / 'train' / 'x'}: Permission denied; make it writable",
+        f"{tmp_path / '.ds.lmshard-partial' / 'y'}: Permission denied; make it writable",
+    ]
+    assert str(os_error(OSError(28, "No space left on device"), out, resumable=True)) == (
+        f"{out}: no space left on the device; free space")
 
 
 def _read_whole(src):  # runs in the worker process

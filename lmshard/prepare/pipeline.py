@@ -178,10 +178,10 @@ def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenize
         raise Interrupted(f"{kept} (up to its last checkpoint)", getattr(e, "signum", 2)) from None
     except (WorkerDied, OSError, MemoryError, InputReadError) as e:  # the machine failed, not the input: keep the work
         build.abort()
-        what = os_error(e, paths.out) if isinstance(e, OSError) else e
         if stream := next((s for s in sources if s.stream), None):  # read once: nothing to resume
             shutil.rmtree(staging, ignore_errors=True)
-            raise nothing_kept(what, stream.path) from None
+            raise nothing_kept(os_error(e, paths.out) if isinstance(e, OSError) else e, stream.path) from None
+        what = os_error(e, paths.out, resumable=True) if isinstance(e, OSError) else e
         raise work_kept(what, kept, isinstance(e, InputGone)) from None
     except BaseException:
         build.abort()

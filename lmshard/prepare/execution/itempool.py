@@ -33,7 +33,7 @@ from ..config import PrepareConfig
 from ..documents.sources import WorkItem
 from ..documents.worker import ItemResult, hash_lines, run_item
 from ..stops import STOP_SIGNALS, stop_point
-from .pool import WorkerDied, WorkerStartFailed, how_ended, start_method, stop_signals_ignored
+from .pool import WorkerDied, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned
 
 if TYPE_CHECKING:
@@ -173,7 +173,8 @@ def large_units(r: Run, units: list[int], workers: int) -> list[int]:
 def started(pool: ProcessPoolExecutor, workers: int, stage: str) -> None:
     """The pool's workers started now, if they are not yet (a pool starts them as items are
     submitted), with Ctrl-C and SIGTERM ignored as they start: forked before this process opens
-    an input (whose reader may start threads), and any that failed to load the run said here."""
+    an input (whose reader may start threads). A worker that could not load the run (spawned:
+    a store that stopped answering) says so at the first item it takes, here or later."""
     with stop_signals_ignored():
         ready = [_submit(pool, stage, _ready) for _ in range(workers)]
     for f in ready:
@@ -301,14 +302,12 @@ def _ready() -> None:
 
 
 def _hashed(item: WorkItem) -> np.ndarray:
-    if "failed" in _here:
-        raise WorkerStartFailed(str(_here["failed"]))
+    _ready()
     return hash_lines(item, _here["run"].wcfg)
 
 
 def _tokenized(item: WorkItem) -> ItemResult:
-    if "failed" in _here:  # (not an error of the unit's input: the unit's own error path must not take it)
-        raise WorkerStartFailed(str(_here["failed"]))
+    _ready()
     run: Run = _here["run"]
     result = run_item(item, run.wcfg, run.tokenizer)
     stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input

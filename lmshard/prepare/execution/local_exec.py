@@ -137,7 +137,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work
             raise work_kept(e, f"the work done so far is kept in {r.work}", isinstance(e, InputGone)) from None
         except OSError as e:  # a full disk, a failing device (in a worker or here): keep the work
-            raise work_kept(os_error(e, paths.out), f"the work done so far is kept in {r.work}", False) from None
+            raise work_kept(os_error(e, paths.out, resumable=True), f"the work done so far is kept in {r.work}",
+                            False) from None  # fmt: skip
         except (InputError, ConfigError):  # the input or an option is at fault: nothing worth resuming
             shutil.rmtree(paths.staging, ignore_errors=True)
             shutil.rmtree(r.work, ignore_errors=True)

@@ -172,8 +172,12 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
                 n = int(mine[run].sum())
                 _copy(src, fds[0], base + int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
                 at += n
+        # Synced in a local run too, before its marker: the unit's data is deleted once its parts are written, so a
+        # device that fails must fail here, where the part is redone. It also keeps the shards' dirty pages few, so
+        # the kernel's writeback does not flush the unit files the run deletes soon after (4.0 bytes a token to the
+        # storage; 4.5-6.6 without, on 1.11 GB).
         for fd in fds:
-            volatile.part_written(fd)
+            os.fsync(fd)
     finally:
         os.close(src)
         for fd in fds:

@@ -81,31 +81,6 @@ def sync(fd: int) -> None:
         os.fsync(fd)
 
 
-def part_written(fd: int) -> None:
-    """A part of a shard or key file, written by the write stage: synced, but in a task of a
-    local run (whose seal syncs each piece before it is renamed into place, on this machine)
-    its writeback only started (Linux's sync_file_range), without waiting for the disk. Either
-    way the shards' dirty pages stay few, so the kernel's writeback does not flush the unit files
-    the run deletes soon after (1.11 GB of text: 4.0 bytes a token to the storage; 4.5-6.6 with
-    no writeback until the seal)."""
-    if os.environ.get(ENV) != "1" or _WRITEBACK is None or _WRITEBACK(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
-        os.fsync(fd)
-
-
-def _writeback() -> Any:
-    try:
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):  # not Linux
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return call
-
-
-_SYNC_FILE_RANGE_WRITE = 2  # start writing the range's dirty pages, and return
-_WRITEBACK = _writeback()
-
-
 def write_bytes(path: Path, data: bytes) -> None:
     """A work file written atomically (format's `atomic_write_bytes`), synced by `sync`."""
     atomic_write_bytes(path, data, sync=sync)

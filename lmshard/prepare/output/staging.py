@@ -157,17 +157,22 @@ def _read_text(fd: int) -> str:
         return ""
 
 
-def os_error(e: OSError, out: Path) -> LmshardError:
+def os_error(e: OSError, out: Path, resumable: bool = False) -> LmshardError:
     """An operating-system failure of the output side as a one-line message naming the file and
     the fix (the readers name an input's own failures: `reading.InputReadError`). A failure
     naming no file is a write's: the output's. One naming a file outside the output gets no
-    advice about --out."""
+    advice about --out. `resumable`: the work is kept for a --resume, which the caller says, so
+    the fix stops short of starting again elsewhere."""
     where = e.filename or out
     if e.filename is not None and not _is_output(os.fsdecode(e.filename), out):
         return LmshardError(f"{where}: {e.strerror or e}")
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if resumable:
+            return LmshardError(f"{where}: no space left on the device; free space")
         return LmshardError(f"{where}: no space left on the device; free space (or choose another --out) and re-run")
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if resumable:
+            return LmshardError(f"{where}: {e.strerror}; make it writable")
         return LmshardError(f"{where}: {e.strerror}; choose an --out in a directory you can write")
     if e.errno == errno.ENOTDIR:
         return LmshardError(f"{where}: a part of the --out path is a file, not a directory; choose another --out")
