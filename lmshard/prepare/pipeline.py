@@ -46,9 +46,11 @@ from .documents.reading import InputGone, InputReadError, nothing_kept, work_kep
 from .documents.sources import Source, Sources, WorkItem, note_growth
 from .documents.worker import ItemResult
 from .execution.feed import Recount, early_pool, item_results
+from .execution.finish import remove_work
 from .execution.nearpass import add_examples, remove_spool
 from .execution.pool import OrderedPool, WorkerDied
 from .execution.runplan import load_run, worker_config
+from .execution.taskplan import PLAN_FILE, work_dir
 from .output.build import (
     CHECKPOINT_SECONDS,
     Build,
@@ -104,10 +106,13 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         from .execution import local_exec  # (whose stages use this module)
 
         if config.num_tasks is not None:  # a plan of that many tasks, every stage run here (--executor local)
-            return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer))
-        if local_exec.use_stages(config, sources):  # every stage in the worker pool
+            return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer), started=started)
+        # Every stage in the worker pool; and a --resume of a run the stages left (its plan is there), whatever
+        # --workers and the input's size would choose now: their work is theirs to go on with.
+        if local_exec.use_stages(config, sources) or (config.resume and (work_dir(config.out) / PLAN_FILE).exists()):
             tasks, unit_bytes = local_exec.plain_plan(config, sources)  # (tasks here only size the units)
-            return local_exec.run(config, tasks, unit_bytes, on_progress, (sources, tokenizer), adopt=True)
+            return local_exec.run(config, tasks, unit_bytes, on_progress, (sources, tokenizer), adopt=True,
+                                  started=started)  # fmt: skip
         refuse_for_streams(config, sources)  # (what one pass over stdin or a pipe cannot do)
         # Workers forked now, while this process runs one thread, inherit the tokenizer (feed.early_pool).
         early = early_pool(config.n_workers(), sources, tokenizer)
@@ -125,6 +130,8 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
                 if claim.commit_pending:  # killed after the build was complete: only the swap is left
                     commit(paths)
                     return load_metadata(paths.out)
+                if not claim.resumed:  # (--overwrite discarded a build the stages left: their work folder goes too)
+                    remove_work(work_dir(config.out))
                 return _build(config, paths, sources, tokenizer, claim, on_progress, started, early)
         except OSError as e:
             raise os_error(e, paths.out) from None

@@ -40,12 +40,15 @@ from .owners import missing_parts, seal_piece
 
 
 def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
-           sources: list[Source], tokenizer: Tokenizer,
-           previous: DatasetMeta | None = None) -> DatasetMeta:  # fmt: skip
+           sources: list[Source], tokenizer: Tokenizer, previous: DatasetMeta | None = None,
+           attempt: tuple[float, int] | None = None) -> DatasetMeta:  # fmt: skip
     """The metadata from the units' totals (added up by the select stage's summary) and the
     pieces' entries, then the swap (under the caller's writer lock); the work folder is removed
     once the dataset is in place. `previous` (--append): the dataset this run extends, whose
-    shards, key files and totals come first, as a local --append lists them."""
+    shards, key files and totals come first, as a local --append lists them. `attempt`: when
+    this process ran every stage (a local run), its start and the tokens it found done (a
+    resumed run's), so the run's time and rate are its own, as a run read in one process counts
+    them; else (tasks on a cluster) from the claim on, every token counted."""
     from ..output.metadata import dataset_metadata, warn_empty_val
 
     sealed = read_summary(work, "write").get("pieces", {}) if is_complete(work, "write") else {}
@@ -85,11 +88,12 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
             + own["lines"] + (tuple(f for f in old if f.kind == "near") if config.near_dedup else ())
             + own["near"])  # fmt: skip
     check_not_empty(config, totals, base, shards)
-    meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, claim.started_at,  # type: ignore[arg-type]
-                            base.tokens)  # fmt: skip
+    started, done_before = attempt or (claim.started_at, 0)
+    meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, started,  # type: ignore[arg-type]
+                            base.tokens + done_before)  # fmt: skip
     if "labels" in (layout.get("val_by") or {}):  # --val-by FIELD: its category column's labels (valby.py)
         meta = replace(meta, attributes=config.attribute_fields(layout["val_by"]["labels"] or [""]))  # (none: empty)
-    for stray in paths.staging.glob("*/shard_*.tmp"):  # every piece is sealed: a sealer killed mid-write left it
+    for stray in strays(paths.staging):  # every piece is sealed: a sealer or a write killed midway left it
         stray.unlink()
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
@@ -98,6 +102,16 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     remove_work(work)
     warn_empty_val(meta)
     return meta
+
+
+def strays(staging: Path) -> list[Path]:
+    """The temporary files a killed run's writes can leave in a build whose pieces are all
+    sealed: an atomic write's (`.NAME.*.tmp`, in the build or a split's folder), a piece's file
+    being written or sealed (`shard_*.tmp`, a key file's `*_NNNNNN.*.tmp` in dedup/). Only
+    names lmshard writes: the files of an appended-to dataset linked in are never among them."""
+    found = [*staging.glob(".*.tmp"), *staging.glob("*/.*.tmp"), *staging.glob("*/shard_*.tmp")]
+    found += [p for kind in ("doc_keys", "near_sigs", "line_keys") for p in staging.glob(f"dedup/{kind}_*.tmp")]
+    return sorted(set(found))
 
 
 def remove_work(work: Path, last: tuple[str, ...] = ()) -> None:
@@ -117,4 +131,4 @@ def remove_work(work: Path, last: tuple[str, ...] = ()) -> None:
         work.rmdir()
 
 
-__all__ = ["finish", "remove_work"]
+__all__ = ["finish", "remove_work", "strays"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -108,10 +109,13 @@ def _small_plan(units: Any) -> bool:
 
 
 def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
-        on_progress: Callable[[Any], None] | None = None, loaded: Any = None, adopt: bool = False) -> Any:  # fmt: skip
+        on_progress: Callable[[Any], None] | None = None, loaded: Any = None, adopt: bool = False,
+        started: float | None = None) -> Any:  # fmt: skip
     """Claim --out, run every stage here, swap the dataset in; returns its metadata. `loaded`:
     the sources and tokenizer when the caller has them; `adopt`: a resumed plain prepare goes on
-    with the plan it made (sized to the --workers it had), whatever --workers is now."""
+    with the plan it made (sized to the --workers it had), whatever --workers is now; `started`:
+    when the command started (its time and rate in the metadata are this attempt's)."""
+    started = time.time() if started is None else started
     paths = OutputPaths.of(config.out)
     check_scale_out(config)  # before --out is claimed: a refused run leaves nothing behind
     with sigterm_stops(), WriterLock(paths):
@@ -129,9 +133,11 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
         try:
             with volatile.local_run(r.work):  # every task runs here: work files unsynced (volatile.py)
-                _stages(r, on_progress, claim.resumed)
+                progress = _stages(r, on_progress, claim.resumed)
+            totals = r.totals()  # (the rate counts the tokens of the units tokenized now: a resumed run's own)
+            attempt = (started, max(0, totals.tokens - progress.own_tokens()))
             # (the inputs as found, not as read: stdin keeps its name and size 0)
-            return finish(config, paths, r.work, r.layout(), r.totals(), sources, r.tokenizer, r.previous_meta())
+            return finish(config, paths, r.work, r.layout(), totals, sources, r.tokenizer, r.previous_meta(), attempt)
         except KeyboardInterrupt as e:
             raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work
@@ -182,7 +188,7 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
         raise
 
 
-def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> None:
+def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> _Progress:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     if r.config.max_docs is None and any(large_units(r, todo.get(s, []), r.config.n_workers())
@@ -215,7 +221,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 ran = r.do(stage, i, stop)
                 done(stage, i, stop if ran else None)
             _summarize(r, stage)
-        return
+        return progress
     with item_pool(r, workers) as pool:
         for stage in _order(r):
             if stage == "tokenize" and early is not None:
@@ -227,6 +233,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
+    return progress
 
 
 def _skip(r: Run, units: list[int], progress: _Progress) -> None:
@@ -280,6 +287,7 @@ class _Progress:
             if u in hashed:
                 self.p.bytes_done += r.plan["units"][u][4]
         self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
+        self.docs_at_start = self.p.docs
         if resumed and callback is not None:  # what the interrupted run left, said before any progress
             done = r.n_units - len(left)
             complete = [s for s in r.stages[:-1] if s != "tokenize" and is_complete(r.work, s)]
@@ -288,6 +296,10 @@ class _Progress:
                            f"{self.p.tokens:,} tokens) kept from the interrupted run{stages}")  # fmt: skip
             callback(self.p)
             self.p.note = None
+
+    def own_tokens(self) -> int:
+        """The tokens of the units tokenized by this run (not found done), their separators included."""
+        return self.p.tokens - self.p.tokens_at_start + self.r.specials * (self.p.docs - self.docs_at_start)
 
     def step(self, result: Any) -> None:
         """A work item of a unit spread over the workers (itempool.units_in_pool): counted
