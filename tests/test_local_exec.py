@@ -427,3 +427,29 @@ def test_an_overwrite_read_in_one_process_removes_the_work_the_stages_left(tmp_p
     code, err = finish(start_prepare([*args, "--workers", "1", "--overwrite"]), 300)
     assert code == 0, err
     assert _files(out) == one_machine and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+def test_an_input_gone_before_the_plan_says_the_work_is_kept(tmp_path, monkeypatch):
+    """An input moved away after the stages claimed --out, before they planned: one line naming it
+    and that the work is kept; put back, --resume ends with one machine's bytes."""
+    from lmshard.errors import LmshardError
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import local_exec
+
+    inputs = tmp_path / "in"
+    jsonl(inputs / "a.jsonl", make_texts(300, seed=1))
+    b = jsonl(inputs / "b.jsonl", make_texts(300, seed=2))
+    options = {"inputs": [str(inputs)], "workers": 2, "tokenizer_backend": "tiktoken"}
+    prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    real = local_exec.begin
+    monkeypatch.setattr(local_exec, "begin", lambda *a, **k: (real(*a, **k), b.rename(tmp_path / "away"))[0])
+    out = tmp_path / "o"
+    with pytest.raises(LmshardError) as e:
+        prepare(PrepareConfig(out=str(out), **options))
+    said = str(e.value)
+    assert f"{b}: this input is gone" in said and f"the work done so far is kept in {_work(out)}" in said, said
+    monkeypatch.setattr(local_exec, "begin", real)
+    (tmp_path / "away").rename(b)
+    prepare(PrepareConfig(out=str(out), resume=True, **options))
+    assert _files(out) == _files(tmp_path / "one")

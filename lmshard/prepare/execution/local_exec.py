@@ -130,7 +130,11 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             commit(paths)
             remove_work(work_dir(config.out))
             return load_metadata(paths.out)
-        r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
+        try:
+            r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
+        except (InputReadError, RemoteError) as e:  # (an input gone since the claim: the claim is kept)
+            kept = f"the work done so far is kept in {work_dir(config.out)}"
+            raise work_kept(e, kept, isinstance(e, InputGone)) from None
         try:
             with volatile.local_run(r.work):  # every task runs here: work files unsynced (volatile.py)
                 progress = _stages(r, on_progress, claim.resumed)
