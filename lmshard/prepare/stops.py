@@ -8,7 +8,9 @@ handles K). A trailing `!` (`unit=5!`) makes the woken process wait for a stop s
 before it goes on, then handle it as it would have: scancel wakes a task with SIGCONT before it
 sends SIGTERM, and a task going on at once could do more work in between. The stop signals are
 blocked from before the process stops itself, so one that arrives while it is stopped or waking
-is kept for the wait (signal.pause could miss it and wait forever). The test sees it stopped (state T in
+is kept for the wait (signal.pause could miss it and wait forever). They are blocked in the
+thread that stops only: one that another thread of the process takes (a native library's) runs
+its handler there, which the wait, in steps of 50 ms, lets through. The test sees it stopped (state T in
 /proc), sends the signal it is testing (SIGKILL, SIGINT, SIGTERM...) and, for a catchable one,
 SIGCONT. A run without the variable pays one dictionary lookup per point passed.
 
@@ -67,7 +69,10 @@ def stop_point(point: str, key: int | None = None) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
             if wait:
                 try:
-                    got = signal.sigwait(STOP_SIGNALS)
+                    got = None
+                    while got is None:  # (in steps: a signal another thread of the process took runs its handler
+                        info = signal.sigtimedwait(STOP_SIGNALS, 0.05)  # here, between two, and ends the wait)
+                        got = info.si_signo if info is not None else None
                 finally:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
                 signal.raise_signal(got)  # (its handler runs now: the run stops as that signal stops it)
