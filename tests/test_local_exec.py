@@ -383,20 +383,27 @@ def test_a_staged_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, corpus, on
 
 
 
-def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_path, corpus, one_machine, monkeypatch):
-    """A plain prepare on the stages killed in its write stage, resumed with --workers 1 (which
-    alone would read in one process): it goes on with the stages' work rather than start over;
-    temporary files a killed write left in the build are not shipped; no work folder stays; the
-    run's time and rate are the resumed run's own (no unit left to tokenize: 0 tokens/s)."""
+def _plain_staged_killed(tmp_path, corpus, monkeypatch, stop):
+    """A plain prepare of `corpus` into tmp_path/o on the stages (2 workers), SIGKILLed with its
+    group once a process of it stopped at `stop`; its --out and arguments but --workers."""
     monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
     out = tmp_path / "o"
     args = [str(corpus), "--out", str(out), "--tokenizer-backend", "tiktoken"]
-    monkeypatch.setenv("LMSHARD_STOP_AT", HELD["write"])
+    monkeypatch.setenv("LMSHARD_STOP_AT", stop)
     proc = start_prepare([*args, "--workers", "2"])
     assert wait_stopped(proc) is not None, "the run ended before its stop point"
     monkeypatch.delenv("LMSHARD_STOP_AT")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
+    return out, args
+
+
+def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_path, corpus, one_machine, monkeypatch):
+    """A plain prepare on the stages killed in its write stage, resumed with --workers 1 (which
+    alone would read in one process): it goes on with the stages' work rather than start over;
+    temporary files a killed write left in the build are not shipped; no work folder stays; the
+    run's time and rate are the resumed run's own (no unit left to tokenize: 0 tokens/s)."""
+    out, args = _plain_staged_killed(tmp_path, corpus, monkeypatch, HELD["write"])
     staging = tmp_path / ".o.lmshard-partial"
     for stray in (".dataset_metadata.json.k3j2.tmp", "train/.shard_000000.idx.ab12.tmp"):  # (atomic writes cut short)
         (staging / stray).write_text("{")
@@ -414,15 +421,7 @@ def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_
 def test_an_overwrite_read_in_one_process_removes_the_work_the_stages_left(tmp_path, corpus, one_machine, monkeypatch):
     """A plain prepare on the stages killed midway, then --overwrite with --workers 1 (read in one
     process): the stages' work folder goes with their build."""
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
-    out = tmp_path / "o"
-    args = [str(corpus), "--out", str(out), "--tokenizer-backend", "tiktoken"]
-    monkeypatch.setenv("LMSHARD_STOP_AT", HELD["select"])
-    proc = start_prepare([*args, "--workers", "2"])
-    assert wait_stopped(proc) is not None, "the run ended before its stop point"
-    monkeypatch.delenv("LMSHARD_STOP_AT")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    out, args = _plain_staged_killed(tmp_path, corpus, monkeypatch, HELD["select"])
     assert _work(out).exists()
     code, err = finish(start_prepare([*args, "--workers", "1", "--overwrite"]), 300)
     assert code == 0, err
