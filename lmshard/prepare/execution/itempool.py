@@ -153,7 +153,8 @@ def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int
         r.do(stage, u, spread=spread(pool, workers, stage, step))
         if done is not None:
             done(stage, u)
-    in_pool(pool, stage, [u for u in units if u not in set(large)], workers, done)
+    spread_here = set(large)
+    in_pool(pool, stage, [u for u in units if u not in spread_here], workers, done)
 
 
 SIZED = ("file", "range", "row_group", "files")  # units whose `nbytes` are bytes of input

@@ -48,7 +48,7 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_er
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import in_pool, in_pool_until, item_pool, large_units, units_in_pool
+from .itempool import SIZED, in_pool, in_pool_until, item_pool, large_units, units_in_pool
 from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
@@ -105,7 +105,7 @@ def _in_process(sources: list[Source]) -> bool:
 def _small_plan(units: Any) -> bool:
     """Less than POOL_BYTES of input in units of known size (a stream's shards and a saved
     split's rows are not bytes): `_in_process` on a plan, as a resumed or `--num-tasks` run has it."""
-    return all(u[1] in ("file", "range", "row_group", "files") for u in units) and sum(u[4] for u in units) < POOL_BYTES
+    return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < POOL_BYTES
 
 
 def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
@@ -130,10 +130,10 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             commit(paths)
             remove_work(work_dir(config.out))
             return load_metadata(paths.out)
+        kept = f"the work done so far is kept in {work_dir(config.out)}"
         try:
             r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
         except (InputReadError, RemoteError) as e:  # (an input gone since the claim: the claim is kept)
-            kept = f"the work done so far is kept in {work_dir(config.out)}"
             raise work_kept(e, kept, isinstance(e, InputGone)) from None
         try:
             with volatile.local_run(r.work):  # every task runs here: work files unsynced (volatile.py)
@@ -143,12 +143,11 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             # (the inputs as found, not as read: stdin keeps its name and size 0)
             return finish(config, paths, r.work, r.layout(), totals, sources, r.tokenizer, r.previous_meta(), attempt)
         except KeyboardInterrupt as e:
-            raise Interrupted(f"the work done so far is kept in {r.work}", getattr(e, "signum", 2)) from None
+            raise Interrupted(kept, getattr(e, "signum", 2)) from None
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work
-            raise work_kept(e, f"the work done so far is kept in {r.work}", isinstance(e, InputGone)) from None
+            raise work_kept(e, kept, isinstance(e, InputGone)) from None
         except OSError as e:  # a full disk, a failing device (in a worker or here): keep the work
-            raise work_kept(os_error(e, paths.out, resumable=True), f"the work done so far is kept in {r.work}",
-                            False) from None  # fmt: skip
+            raise work_kept(os_error(e, paths.out, resumable=True), kept, False) from None
         except (InputError, ConfigError):  # the input or an option is at fault: nothing worth resuming
             shutil.rmtree(paths.staging, ignore_errors=True)
             shutil.rmtree(r.work, ignore_errors=True)
