@@ -1,6 +1,7 @@
 """--max-docs N on one machine (the local executor: `prepare --num-tasks N`, and the stages of a
 plain prepare) reads its units in plan order and stops once the units from the first on hold N
-kept documents: the units after are never read (written as units of no documents), and the
+kept documents: the units after are never read (no stage writes a file for them; with
+--dedup-lines they are written as units of no documents that keep their lines' keys), and the
 dataset is the one a one-process run writes, byte for byte. The truth for "which units must be
 read" is a hand count over the input file: each unit's lines (its byte range in the plan), a
 text kept when not met before."""
@@ -8,6 +9,7 @@ text kept when not met before."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -31,7 +33,8 @@ def corpus(tmp_path_factory):
 
 
 def _markers(monkeypatch) -> dict:
-    """The run's plan and tokenize markers, read as its finish starts (the finish removes them)."""
+    """The run's plan, tokenize markers and the units any work file is named after, read as its
+    finish starts (the finish removes them)."""
     seen: dict = {}
     real = local_exec.finish
 
@@ -39,6 +42,8 @@ def _markers(monkeypatch) -> dict:
         seen["units"] = list(load_plan(work)["units"])
         done = (work / "tokenize").glob("unit_*.done")
         seen["markers"] = {int(p.name[5:11]): json.loads(p.read_text()) for p in done}
+        named = (re.match(r"\.?unit_(\d{6})\.", p.name) for p in work.rglob("*"))
+        seen["named"] = {int(m[1]) for m in named if m}
         return real(config, paths, work, *rest)
 
     monkeypatch.setattr(local_exec, "finish", finish)
@@ -75,21 +80,23 @@ def test_a_max_docs_run_on_one_machine_reads_no_unit_after_the_nth_kept_document
                                unit_size=UNIT, **opts)  # fmt: skip
         assert local_exec.run(config, 3).total_docs == one.total_docs == n
         assert _files(tmp_path / f"planned{n}") == _files(tmp_path / f"one{n}"), n
+        units = list(range(len(seen["units"])))
         read = sorted(u for u, m in seen["markers"].items() if not m.get("skipped"))
-        skipped = sorted(u for u, m in seen["markers"].items() if m.get("skipped"))
-        assert sorted(read + skipped) == list(range(len(seen["units"]))) and len(seen["units"]) > 20
+        skipped = sorted(u for u, m in seen["markers"].items() if m.get("skipped"))  # (--dedup-lines only)
+        never = sorted(set(units) - set(read) - set(skipped))  # no work file in any stage is named after these
+        assert len(units) > 20 and not set(never) & seen["named"] and (skipped == [] or never == []), n
         if extra.get("near_dedup"):
-            assert skipped == []
+            assert read == units
             continue
         if extra.get("dedup_lines"):  # (lines removed change what a document is: no hand count)
-            assert read and skipped and read == list(range(read[-1] + 1)), (n, read)
+            assert read and skipped and read + skipped == units and read == list(range(read[-1] + 1)), (n, read)
             continue
         last = _last_needed(corpus, seen["units"], n, extra.get("dedup") != "none")
-        assert last < len(seen["units"]) - 2
+        assert last < len(units) - 2 and skipped == []
         if workers == 1:
-            assert read == list(range(last + 1)), (n, last, read)
+            assert read == list(range(last + 1)) and never == units[last + 1 :], (n, last, read)
         else:  # (how many units after it the other worker started depends on the machine)
-            assert set(range(last + 1)) <= set(read) and all(u > last for u in skipped), (n, last, read)
+            assert set(range(last + 1)) <= set(read) and all(u > last for u in never), (n, last, read)
 
 
 @pytest.mark.parametrize("point", ["unit", "part", "piece"])
@@ -161,7 +168,7 @@ def test_a_unit_given_up_writes_nothing_and_the_pool_gives_up_the_units_after_th
     its first work item and leaves no file (unitfiles.Abandoned). In the pool the first unit,
     which holds the N-th kept document, is told to stop within (it is started with nothing
     before it: its one work item here); the units after it are given up, or finish if they were
-    quicker, and count as units of no documents: the bytes are one process's."""
+    quicker, and those not finished have no file in any stage: the bytes are one process's."""
     from lmshard.prepare.execution.maxdocs import ENOUGH, UnitStop
     from lmshard.prepare.execution.run import Run
 
@@ -183,7 +190,8 @@ def test_a_unit_given_up_writes_nothing_and_the_pool_gives_up_the_units_after_th
     assert _last_needed(corpus, seen["units"], 100, True) == 0
     first = seen["markers"][0]
     assert first["stopped"] == 1 and first["docs"] >= 100
-    assert sorted(seen["markers"]) == list(range(len(seen["units"])))
+    never = set(range(len(seen["units"]))) - set(seen["markers"])
+    assert len(never) > 20 and not never & seen["named"]
 
 
 def test_a_bad_record_past_the_nth_kept_document_in_a_unit_started_early_is_never_an_error(tmp_path):
@@ -241,4 +249,4 @@ def test_an_input_changed_past_the_nth_kept_document_is_never_read_as_in_one_pro
     meta = json.loads(pool.pop("dataset_metadata.json"))
     assert meta["sources"][1].pop("grew") == 1  # (it did grow while the run was going: said as one process says it)
     assert json.loads(one.pop("dataset_metadata.json")) == meta and pool == one
-    assert [u[1] for u in seen["units"][:2]] == ["file", "range"] and seen["markers"][1].get("skipped") == 1
+    assert [u[1] for u in seen["units"][:2]] == ["file", "range"] and 1 not in seen["named"]

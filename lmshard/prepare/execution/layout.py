@@ -121,9 +121,12 @@ def select_join(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def select_summary(work: Path, units: range) -> dict[str, Any]:
-    """The select summary of `units`, from their markers."""
-    return select_join([json.loads((work / "select" / f"unit_{u:06d}.json").read_text()) for u in units])
+def select_summary(work: Path, units: range, unread: int | None = None) -> dict[str, Any]:
+    """The select summary of `units`, from their markers; from unit `unread` on (--max-docs:
+    units never read, maxdocs.unread_from) without: each kept nothing."""
+    nothing = {"streams": [[0] * (2 * len(SPLITS) + 3)], "totals": Totals().to_json()}
+    return select_join([json.loads((work / "select" / f"unit_{u:06d}.json").read_text())
+                        if unread is None or u < unread else nothing for u in units])  # fmt: skip
 
 
 def add_totals(totals: Totals, part: Totals) -> None:

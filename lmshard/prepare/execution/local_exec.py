@@ -240,11 +240,14 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
 
 
 def _skip(r: Run, units: list[int], progress: _Progress) -> None:
-    """--max-docs: the units left once the units before hold N kept documents, written as units
-    of no documents without reading them (maxdocs.EarlyStop)."""
+    """--max-docs: the units left once the units before hold N kept documents, never read
+    (maxdocs.EarlyStop): no stage writes a file for them (`Run.unread`), but with --dedup-lines,
+    where they are written as units of no documents that keep their lines' keys."""
+    unread = r.unread
     for u in units:
-        skip_unit(r.config, r.tokenizer, r.wcfg, u, r.line_masks if r.config.dedup_lines else None)
-        progress.done("tokenize", u)
+        if u < unread:
+            skip_unit(r.config, r.tokenizer, r.wcfg, u, r.line_masks)
+        progress.done("tokenize", u, read=u < unread)
 
 
 def _summarize(r: Run, stage: str) -> None:
@@ -284,9 +287,10 @@ class _Progress:
         self.p = Progress(bytes_total=passes * sum(u[4] for u in r.plan["units"]))
         left = set(r.missing("tokenize"))
         hashed = set(range(r.n_units)) - set(r.missing("lines")) if r.config.dedup_lines else set()
+        unread = r.unread
         for u in range(r.n_units):
             if u not in left:
-                self._add(u)
+                self._add(u, u < unread)
             if u in hashed:
                 self.p.bytes_done += r.plan["units"][u][4]
         self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
@@ -319,21 +323,22 @@ class _Progress:
         self.p.tokens += tokens
         self.p.chars += chars
 
-    def _add(self, u: int) -> None:
+    def _add(self, u: int, read: bool = True) -> None:
+        """Unit u tokenized, or never read (--max-docs: no marker to read)."""
         self._count(*(-n for n in self.partial))  # (a spread unit's items, counted as they came)
         self.partial = [0, 0, 0, 0]
         try:
-            done = unit_marker(self.r.work / "tokenize", u)
+            done = unit_marker(self.r.work / "tokenize", u) if read else {}
         except (OSError, ValueError):
             done = {}
         self._count(self.r.plan["units"][u][4], done.get("docs", 0), done.get("tokens", 0), done.get("chars", 0))
 
-    def done(self, stage: str, i: int) -> None:
+    def done(self, stage: str, i: int, read: bool = True) -> None:
         if stage in ("lines", "tokenize"):
             if stage == "lines":
                 self.p.bytes_done += self.r.plan["units"][i][4]
             else:
-                self._add(i)
+                self._add(i, read)
             if self.callback:
                 self.callback(self.p)
 

@@ -50,6 +50,15 @@ CUT = -3  # a document after the N-th kept one: not read by a one-process run
 CUT_FILE = "cut.json"
 
 
+def unread_from(work: Path) -> int | None:
+    """The first unit a local --max-docs run never read (`EarlyStop`: the one after the unit
+    that holds the N-th kept document), as its `ENOUGH` file says; None before it is written."""
+    try:
+        return int(json.loads((work / "tokenize" / ENOUGH).read_text())["from"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def cut_path(work: Path) -> Path:
     return work / "select" / CUT_FILE
 
@@ -167,9 +176,10 @@ class EarlyStop:
         return UnitStop(self.want - self.kept, self.seen if here else copy.deepcopy(self.seen), self.flag)
 
     def mark(self) -> None:
-        """Once N kept documents are counted: the units in progress are given up (`ENOUGH`)."""
+        """Once N kept documents are counted: the units in progress are given up (`ENOUGH`), and
+        every unit from the one after the N-th kept document's is never read (`unread_from`)."""
         if self.enough and not self.flag.exists():
-            volatile.write_bytes(self.flag, b"")
+            volatile.write_json(self.flag, {"from": self.next})
 
     def done(self, u: int, counted: UnitStop | None = None) -> None:
         """Unit u is tokenized (`counted`: by the stop that counted its keys into ours, here)."""

@@ -185,9 +185,10 @@ class Run(Reads):
         if stage == "finish":  # its one item is done once the dataset is in place
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
-            n = {"lines": self.n_units if self.config.dedup_lines else 0, "tokenize": self.n_units,
-                 "select": self.n_units, "linedup": self.plan["groups"] if self.config.dedup_lines else 0,
-                 "dedup": self.plan["groups"] if self.bucketed else 0}.get(stage)  # fmt: skip
+            n = self.unread if stage in ("tokenize", "select") else {  # (--max-docs: the units never read have none)
+                "lines": self.n_units if self.config.dedup_lines else 0,
+                "linedup": self.plan["groups"] if self.config.dedup_lines else 0,
+                "dedup": self.plan["groups"] if self.bucketed else 0}.get(stage)  # fmt: skip
             if n is None:
                 n = len(self.layout()["parts" if stage == "write" else "pieces"])
             items = range(n)
@@ -264,7 +265,7 @@ class Run(Reads):
         stream totals and accounting of its units; the write stage's the entries of the pieces
         its parts belong to that are sealed; elsewhere how many items it held."""
         if stage == "select":
-            return select_summary(self.work, range(*self.plan["tasks"][task]))
+            return select_summary(self.work, range(*self.plan["tasks"][task]), self.unread)
         if stage == "write":
             items = self.items(stage, task)
             return {"items": len(items), "pieces": sealed_entries(self.work, self.layout(), items)}
@@ -298,7 +299,8 @@ class Run(Reads):
         """The select summary made from its tasks: a task's mark (or its folded group's) where it
         marked its share (it may have removed its units' markers since), else its units'
         markers."""
-        parts = [mark if mark is not None else select_summary(self.work, range(*self.plan["tasks"][tasks[0]]))
+        unread = self.unread
+        parts = [mark if mark is not None else select_summary(self.work, range(*self.plan["tasks"][tasks[0]]), unread)
                  for tasks, mark in marks(self.work, "select", self.plan["n_tasks"])]  # fmt: skip
         return select_join(parts)
 
@@ -343,8 +345,9 @@ class Run(Reads):
                                  self.line_masks if c.dedup_lines else None, stop, spread)  # fmt: skip
         if stage == "keys":  # task i's keys, partitioned by bucket, once its units are tokenized
             first, end = self.plan["tasks"][i]
+            units = range(first, min(end, self.unread))  # (--max-docs: the units never read have no keys)
             wrote = self.bucketed and end > first and write_task_keys(
-                self.work, range(first, end), i, self.plan["buckets"], self.wcfg.minhash, self.near_base)  # fmt: skip
+                self.work, units, i, self.plan["buckets"], self.wcfg.minhash, self.near_base)  # fmt: skip
             if self.has_previous(i):  # --append: its share of the dataset's keys (and signatures), partitioned alike
                 wrote |= write_previous_keys(self.work, Path(c.out), self.previous_files(i), i, self.plan["buckets"],
                                              self.previous_near(i), self.wcfg.minhash)  # fmt: skip

@@ -17,7 +17,7 @@ from ..documents.worker import WorkerConfig
 from .appended import Appended
 from .buckets import task_duplicates, unit_part
 from .linestage import masks as unit_masks
-from .maxdocs import ensure_cut
+from .maxdocs import ensure_cut, unread_from
 from .nearstage import ensure_clusters
 
 
@@ -72,6 +72,16 @@ class Reads(Appended):
         """--max-docs: the cut after the N-th kept document (maxdocs.py), made once."""
         return ensure_cut(self.work, self.plan, self.sources, self.wcfg, self.config, self.summary("select")["streams"],
                           self.specials, self.line_masks if self.config.dedup_lines else None)  # fmt: skip
+
+    @property
+    def unread(self) -> int:
+        """--max-docs on one machine: the first of the units never read, once the units before
+        hold the N kept documents (maxdocs.unread_from): from it on no unit has files, and each
+        keeps nothing. Else the number of units (one file read when --max-docs is set)."""
+        if self.config.max_docs is None or self.config.dedup_lines:  # (--dedup-lines: unitfiles.skip_unit)
+            return self.n_units
+        found = unread_from(self.work)
+        return self.n_units if found is None else found
 
     def duplicates(self, u: int) -> Any:
         """The numbers of unit u's documents that repeat an earlier one: from its task's slice of

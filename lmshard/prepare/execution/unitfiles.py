@@ -122,11 +122,9 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     try:
         _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1,
                     field_of(config.val_by))  # fmt: skip
-    except Abandoned:
-        (out / f".unit_{u:06d}.bin.tmp").unlink(missing_ok=True)
-        raise
-    except InputError:
-        if base is None:  # stopping: named at its absolute line, as a one-process run names it
+    except BaseException as e:
+        (out / f".unit_{u:06d}.bin.tmp").unlink(missing_ok=True)  # (a unit given up or failed leaves no file)
+        if isinstance(e, InputError) and base is None:  # stopping: named at its absolute line, as one process names it
             for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u, wcfg.hf))):
                 run_item(item, wcfg, tokenizer)  # (its lines removed as before: the same record fails)
         raise
@@ -135,14 +133,14 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
 
 
 def skip_unit(config: PrepareConfig, tokenizer: Tokenizer, wcfg: WorkerConfig, u: int,
-              line_masks: Callable[[int], LineMasks] | None = None) -> None:  # fmt: skip
-    """Unit u's results as a unit of no documents, written without reading it: a --max-docs run
-    on one machine that has its N documents in the units before (maxdocs.EarlyStop). With
-    --dedup-lines the keys of the lines met first in it are kept (the dataset's line key files
-    hold every line hashed)."""
+              line_masks: Callable[[int], LineMasks]) -> None:  # fmt: skip
+    """Unit u's results as a unit of no documents that keeps the keys of the lines met first in
+    it, written without reading it: a --max-docs --dedup-lines run on one machine that has its N
+    documents in the units before (maxdocs.EarlyStop; the dataset's line key files hold every
+    line hashed). Without --dedup-lines such a unit has no files (`Run.unread`)."""
     out = work_dir(config.out) / "tokenize"
     out.mkdir(parents=True, exist_ok=True)
-    fresh = line_masks(u)[1] if line_masks is not None else None
+    fresh = line_masks(u)[1]
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
     _write_unit(out, u, iter(()), {"lines": 0, "skipped": 1}, separators, wcfg.minhash, fresh)
 
