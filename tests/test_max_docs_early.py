@@ -8,6 +8,7 @@ text kept when not met before."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import replace
@@ -250,3 +251,48 @@ def test_an_input_changed_past_the_nth_kept_document_is_never_read_as_in_one_pro
     assert meta["sources"][1].pop("grew") == 1  # (it did grow while the run was going: said as one process says it)
     assert json.loads(one.pop("dataset_metadata.json")) == meta and pool == one
     assert [u[1] for u in seen["units"][:2]] == ["file", "range"] and 1 not in seen["named"]
+
+
+def test_a_compressed_file_is_read_here_and_tokenized_by_every_worker_up_to_the_nth_kept_document(
+        tmp_path, monkeypatch):  # fmt: skip
+    """A .gz file is one unit, larger than a worker's share: once the unit before it is done (by
+    a worker), it is read in the main process and its work items of 4 KiB tokenized in the pool
+    (none by the reader), and it stops after the item that holds the N-th kept document, as one
+    process does (its marker says `stopped`). A bad record 2 to 4 items after that one is read
+    ahead by the pool's window, and is no error, as in one process. The bytes are one process's."""
+    import gzip
+
+    import lmshard.prepare.documents.sources as sources
+    from lmshard.prepare.execution import itempool
+    from lmshard.prepare.execution.run import Run
+
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)  # work items of 4 KiB: many in the file
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 12))  # (as workers started afresh read it)
+    (tmp_path / "in").mkdir()
+    jsonl(tmp_path / "in" / "a.jsonl", make_texts(10, seed=3))
+    lines = [json.dumps({"text": t}) + "\n" for t in make_texts(3000, seed=4)]
+    n = 300  # the 290th line of the .gz holds the N-th kept document (the texts are distinct)
+    offsets = [0, *itertools.accumulate(len(line) for line in lines)]
+    bad = next(i for i, at in enumerate(offsets) if at >= offsets[n - 10] + (10 << 10))
+    assert offsets[bad] < offsets[n - 10] + (14 << 10)  # 2 to 4 items of 4 KiB after the N-th document's
+    lines[bad] = "{not json\n"
+    (tmp_path / "in" / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
+    opts = dict(OPTS, max_docs=n)
+    one = prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "one"), workers=1, **opts))
+    assert one.total_docs == n
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    spreads, do = [], Run.do
+    monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (spreads.append(
+        (stage, i, stop is not None)) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+    monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("an item tokenized by the reader"))
+    submitted, submit = [], itempool._submit  # (the work items handed to the pool)
+    monkeypatch.setattr(itempool, "_submit", lambda pool, stage, fn, *args: submitted.extend(
+        getattr(a, "payload", b"") for a in args) or submit(pool, stage, fn, *args))  # fmt: skip
+    seen = _markers(monkeypatch)
+    assert prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "two"), workers=2, unit_size=UNIT,
+                                 **opts)).total_docs == n  # fmt: skip
+    assert spreads == [("tokenize", 1, True)] and [u[1] for u in seen["units"]] == ["file", "file"]
+    assert seen["markers"][0]["docs"] == 10 and seen["markers"][1]["stopped"] == 1
+    assert n - 10 <= seen["markers"][1]["docs"] < bad and any(b"{not json" in p for p in submitted)  # (read ahead)
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")

@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -85,11 +85,14 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
 
 def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: int,
                   done: Callable[[str, int], None], enough: Callable[[], bool],
-                  stop_for: Callable[[int], Any]) -> list[int]:  # fmt: skip
+                  stop_for: Callable[[int], Any], here: Callable[[int], None] | None = None,
+                  large: Collection[int] = ()) -> list[int]:  # fmt: skip
     """Run `items` of `stage` in plan order, `workers` at a time, until `enough()` (asked as each
     finishes: `done(stage, item)` first), each given `stop_for(item)` (maxdocs.UnitStop: with a
     `room` when every item before it is done); the items in progress then finish or are given up
-    (unitfiles.Abandoned). Returns those never started or given up, in order.
+    (unitfiles.Abandoned). Returns those never started or given up, in order. An item of `large`
+    (`large_units`) waits until every item before it is done, then `here(item)` runs it (read in
+    this process, its work items spread over the workers, with its room: it calls `done`).
 
     An item started without a room that fails on its input (InputError: a bad record, a file
     gone; ConfigError: a file changed since the plan) may have read past the N-th kept document,
@@ -107,9 +110,13 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
 
     while running or failed or (left and not enough()):
         with stop_signals_ignored():
-            while left and len(running) < workers and not enough():
+            while left and len(running) < workers and not enough() and left[-1] not in large:
                 i = left.pop()
                 submit(i, stop_for(i))
+        if left and left[-1] in large and not (running or failed or enough()):
+            assert here is not None
+            here(left.pop())  # (every item before it is done)
+            continue
         finished = wait(running, return_when=FIRST_COMPLETED)[0] if running else set()
         for f in finished:
             i = running.pop(f)

@@ -48,7 +48,7 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_er
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import SIZED, in_pool, in_pool_until, item_pool, large_units, units_in_pool
+from .itempool import SIZED, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
 from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
@@ -82,8 +82,8 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
     total = sum(s.size for s in sources)
-    return (config.n_workers() > 1 and not config.hf and config.max_docs is None
-            and not any(s.stream or s.fmt == "hf" for s in sources) and total >= STAGED_BYTES)  # fmt: skip
+    return (config.n_workers() > 1 and not config.hf and not any(s.stream or s.fmt == "hf" for s in sources)
+            and total >= STAGED_BYTES)  # fmt: skip
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
@@ -194,8 +194,7 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> _Progress:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
-    if r.config.max_docs is None and any(large_units(r, todo.get(s, []), r.config.n_workers())
-                                         for s in ("lines", "tokenize")):  # fmt: skip
+    if any(large_units(r, todo.get(s, []), r.config.n_workers()) for s in ("lines", "tokenize")):
         workers = r.config.n_workers()  # (its work items go to every worker)
     if _small_plan(r.plan["units"]):
         workers = 1
@@ -228,8 +227,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     with item_pool(r, workers) as pool:
         for stage in _order(r):
             if stage == "tokenize" and early is not None:
-                _skip(r, in_pool_until(pool, stage, list(_todo(r, stage)), workers, done, lambda: early.enough,
-                                       early.stop_for), progress)  # fmt: skip
+                _skip(r, _until_enough(r, pool, workers, early, progress.step, done), progress)
             elif stage in ("lines", "tokenize"):
                 step = progress.step if stage == "tokenize" else None
                 units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step)
@@ -237,6 +235,26 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
     return progress
+
+
+def _until_enough(r: Run, pool: Any, workers: int, early: EarlyStop, step: Callable[[Any], None],
+                  done: Callable[..., None]) -> list[int]:  # fmt: skip
+    """--max-docs in the pool: the tokenize stage's units until those from the first on hold N
+    kept documents (itempool.in_pool_until); returns the units left. A unit larger than half
+    again a worker's share (a compressed file) is read here once every unit before it is done,
+    its work items tokenized by every worker (`spread`), and stops after the item that holds the
+    N-th kept document, as one reading process does."""
+    units = list(_todo(r, "tokenize"))
+    large = large_units(r, units, workers)
+    if large:
+        started(pool, workers, "tokenize")  # (forked before this process reads)
+
+    def here(u: int) -> None:
+        stop = early.stop_for(u, here=True)
+        ran = r.do("tokenize", u, stop, spread(pool, workers, "tokenize", step))
+        done("tokenize", u, stop if ran else None)
+
+    return in_pool_until(pool, "tokenize", units, workers, done, lambda: early.enough, early.stop_for, here, set(large))
 
 
 def _skip(r: Run, units: list[int], progress: _Progress) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -78,8 +79,9 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     ends after the work item where `stop.enough(keys)` says so (its marker says `stopped`), and
     is given up (Abandoned) before any item once `stop.abandoned()`. `spread`: the unit's
     work items read here and tokenized elsewhere (itempool.spread: by every worker of a pool),
-    their results in order; else each is tokenized here as it is read."""
-    assert stop is None or spread is None  # (a stop acts between two items: none may be read ahead)
+    their results in order; else each is tokenized here as it is read. A stop acts on the
+    results in order: the items read ahead after the one it ends at count for nothing (their
+    errors are not raised), as in one reading process."""
     out = work_dir(config.out) / "tokenize"
     if (out / f"unit_{u:06d}.done").exists():
         return False
@@ -90,6 +92,7 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     base = known_first_line(out, plan, u) if relative else 1
     unit = replace(unit, first_line=base or 1)  # not known yet: numbered from the unit's start (linenumbers.py)
     lines: dict[str, int] = {"lines": 0}  # newlines of a range (counted in the blocks it reads), records of a shard
+    pending: deque[int] = deque()  # the newlines (records) of each item read, counted as its result is taken
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
 
     def work_items(unit: Unit) -> Iterator[WorkItem]:
@@ -103,15 +106,14 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
         for item in work_items(unit):
             if stop is not None and stop.abandoned():
                 raise Abandoned(u)
-            if item.kind == "lines" and unit.kind == "range":
-                lines["lines"] += item.payload.count(b"\n")
-            elif unit.kind == "shard":
-                lines["lines"] += len(item.payload)
+            ranged = item.kind == "lines" and unit.kind == "range"
+            pending.append(item.payload.count(b"\n") if ranged else len(item.payload) if unit.kind == "shard" else 0)
             yield item
 
     def results() -> Iterator[ItemResult]:
         tokenized = spread(read()) if spread is not None else (run_item(item, wcfg, tokenizer) for item in read())
         for r in tokenized:
+            lines["lines"] += pending.popleft()
             yield r if base is not None else replace(r, examples=tag(r.examples, u))
             if stop is not None and stop.enough(r.keys):  # (the rest of the unit is after the N-th kept document)
                 lines["stopped"] = 1
