@@ -21,9 +21,12 @@ what each stage costs.
    pool above) and as the stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 7 rotated
    runs, and the ratios.
 
-4. `--max-docs 2000` on the same input and `--workers 2`: planned (`--num-tasks 4`, whose
-   tokenize stage stops once the units from the first hold 2,000 kept documents) and in one
-   process, medians of 3 rotated runs, against the whole planned run of section 1.
+4. `--max-docs 2000` on the same input and `--workers 2`: in one reading process, as a plain
+   prepare and planned (`--num-tasks 4`): the stages tokenize the units in order and stop once
+   those from the first hold 2,000 kept documents; then on the input as one .gz file, in one
+   reading process and as a plain prepare (the main process reads the unit, every worker
+   tokenizes its items, up to the one that holds the 2,000th). Medians of 3 rotated runs,
+   against one reading process and the whole planned run of section 1, and byte identity.
 5. The same input as one .gz file (one unit), `--workers 2`: one reading process against a
    plain prepare (the stages: the main process reads the unit, every worker tokenizes its work
    items), medians of 3 rotated runs, and whether the outputs are byte-identical.
@@ -32,7 +35,7 @@ With `--dedup-lines`, every run removes repeated lines too (the two line stages 
 the staged ones); its figures go to a section of their own.
 
     python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
-        [--compressed-only]
+        [--compressed-only] [--max-docs-only]
 """
 
 from __future__ import annotations
@@ -144,9 +147,7 @@ def compressed_rows(t: Path, src: Path) -> list[str]:
     """Section 5: the input as one .gz file (one unit): one reading process against a plain
     prepare (the stages: the unit read in the main process, its work items tokenized by every
     worker), `--workers 2`, medians of 3 rotated runs, and whether the outputs are identical."""
-    gz = t / "corpus.jsonl.gz"
-    with open(src, "rb") as f, gzip.open(gz, "wb", compresslevel=1) as out:
-        out.write(f.read())
+    gz = gzipped(t, src)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     kinds = {"one reading process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "a plain prepare (the stages)": {}}
     names, times = list(kinds), {k: list[float]() for k in kinds}
@@ -166,23 +167,47 @@ def compressed_rows(t: Path, src: Path) -> list[str]:
             f"Outputs byte-identical: **{same}**."]  # fmt: skip
 
 
-def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], whole: float) -> list[str]:
-    """Section 4: --max-docs planned (its early stop) and in one process, against `whole` (the
-    median wall time of the whole planned run)."""
-    kinds = {"planned (`--num-tasks 4`)": ["--num-tasks", "4"], "one process": []}
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    names = list(kinds)
+def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], whole: float | None) -> list[str]:
+    """Section 4: --max-docs in one reading process, as a plain prepare (the stages: the units
+    tokenized in order until N kept documents are counted) and planned (`--num-tasks 4`), then on
+    the input as one .gz file (one unit, read in the main process, its work items tokenized by
+    every worker) in one reading process and as a plain prepare; medians of 3 rotated runs,
+    against `whole` (the median wall time of the whole planned run), and byte identity."""
+    one = {"LMSHARD_STAGED_BYTES": str(1 << 50)}  # (one reader: the stages never chosen)
+    gz = gzipped(t, src)
+    kinds = {"one reading process": (src, one, []), "a plain prepare (the stages)": (src, {}, []),
+             "planned (`--num-tasks 4`)": (src, {}, ["--num-tasks", "4"]),
+             "one .gz file, one reading process": (gz, one, []),
+             "one .gz file, a plain prepare (the stages)": (gz, {}, [])}  # fmt: skip
+    names, times = list(kinds), {k: list[float]() for k in kinds}
     for i in range(3):
-        for kind in names[i % 2 :] + names[: i % 2]:
-            out = t / f"maxdocs_{i}_{names.index(kind)}"
-            sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2",
-                                           "--max-docs", str(MAX_DOCS), *options, *kinds[kind]], env)  # fmt: skip
+        for kind in names[i % len(names) :] + names[: i % len(names)]:
+            path, extra_env, extra = kinds[kind]
+            sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(path), "--out", str(t / f"maxdocs_{i}_{names.index(kind)}"),
+                                           "--workers", "2", "--max-docs", str(MAX_DOCS), *options, *extra],
+                                          env | extra_env)  # fmt: skip
             times[kind].append(sec)
     med = {k: statistics.median(v) for k, v in times.items()}
+    out = [files(t / f"maxdocs_0_{k}") for k in range(len(names))]
+    same = out[0] == out[1] == out[2] and out[3] == out[4]
     print(f"4. --max-docs {MAX_DOCS}: " + ", ".join(f"{k} {m:.2f} s" for k, m in med.items()) +
-          f"; the whole planned run {whole:.2f} s", flush=True)  # fmt: skip
-    return [f"| `--max-docs {MAX_DOCS}` | wall time (median of 3) | against the whole planned run |", "|---|---|---|",
-            *(f"| {k} | {m:.2f} s | {m / whole:.2f} |" for k, m in med.items())]  # fmt: skip
+          (f"; the whole planned run {whole:.2f} s" if whole else "") + f"; byte-identical: {same}", flush=True)  # fmt: skip
+    against = "" if whole is None else " against the whole planned run |"
+    rows = [f"| `--max-docs {MAX_DOCS}` (`--workers 2`) | wall time (median of 3) | against one reading process |{against}",
+            "|---|---|---|" + ("---|" if whole else "")]  # fmt: skip
+    for k, m in med.items():
+        base = med["one .gz file, one reading process" if "gz" in k else "one reading process"]
+        rows.append(f"| {k} | {m:.2f} s | **{m / base:.2f}** |" + (f" {m / whole:.2f} |" if whole else ""))
+    return [*rows, "", f"Outputs byte-identical, for each input: **{same}**."]
+
+
+def gzipped(t: Path, src: Path) -> Path:
+    """`src` as one .gz file in `t` (made once)."""
+    gz = t / "corpus.jsonl.gz"
+    if not gz.exists():
+        with open(src, "rb") as f, gzip.open(gz, "wb", compresslevel=1) as out:
+            out.write(f.read())
+    return gz
 
 
 def main() -> None:
@@ -193,6 +218,7 @@ def main() -> None:
     ap.add_argument("--dedup-lines", action="store_true", help="every run with --dedup-lines")
     ap.add_argument("--small-only", action="store_true", help="section 3 only, printed (docs/ unchanged)")
     ap.add_argument("--compressed-only", action="store_true", help="section 5 only, printed (docs/ unchanged)")
+    ap.add_argument("--max-docs-only", action="store_true", help="section 4 only, printed (docs/ unchanged)")
     args = ap.parse_args()
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
@@ -203,6 +229,11 @@ def main() -> None:
     if args.small_only:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(small_inputs(Path(tmp))))
+        return
+    if args.max_docs_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(max_docs_rows(Path(tmp), corpus(Path(tmp) / "corpus.jsonl", args.copies), env, options,
+                                           None)))  # fmt: skip
         return
     if args.compressed_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -305,7 +336,7 @@ def main() -> None:
     if small:
         rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start: the "
                  "command's wall time, its start included (medians of 7 rotated runs):", "", *small]  # fmt: skip
-    rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the planned run's tokenize stage stops once the "
+    rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the stages' tokenize stage stops once the "
              "units from the first hold that many kept documents, the unit that holds the last of them after its work "
              "item, as one process does.", "",
              *capped]  # fmt: skip

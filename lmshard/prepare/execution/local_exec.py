@@ -18,7 +18,8 @@ Below POOL_BYTES of input (files, whose size is known) every item runs in this p
 --workers says. With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops once
 the units from the first on hold N kept documents (maxdocs.EarlyStop): the unit that holds the
 N-th stops after its work item, those in progress after it are given up, and the units left are
-written empty, never read.
+never read, and have no file in any stage (`Run.unread`). A unit larger than half again a
+worker's share is read here once every unit before it is done, and its items spread.
 
 Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
 layout.py, owners.py: at most one work item's tokens, or one unit's per-document arrays); this

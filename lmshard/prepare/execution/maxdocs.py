@@ -134,7 +134,8 @@ def _recount(work: Path, plan: dict[str, Any], sources: list[Source], wcfg: Work
 class EarlyStop:
     """--max-docs on one machine (local_exec.py): the units are tokenized in plan order, a few at
     a time, until those done from the first on hold N kept documents; the units not started by
-    then are written as units of no documents without being read (unitfiles.skip_unit). The
+    then are never read, and no stage writes a file for them (`unread_from`; with --dedup-lines
+    they are written as units of no documents that keep their lines' keys: unitfiles.skip_unit). The
     dataset is the one of a run that tokenized every unit: whether a document is kept depends on
     the units before it only (its key met earlier or not), and every unit after the one that
     holds the N-th kept document keeps nothing (the cut above). Counted as the select stage keeps
@@ -145,7 +146,7 @@ class EarlyStop:
     how many kept documents it lacks, and the keys before it, so it ends after the work item
     that holds the N-th (one process stops there too); the units started after it are given up
     between two items once the N are counted (`ENOUGH`, a file the workers look for): they come
-    after the cut, and are written as units of no documents.
+    after the cut, and keep nothing.
 
     Memory model: the keys of the kept documents counted so far (≈16 bytes each, as a
     one-process run's dedup set; in the pool a copy of them goes to the worker of each unit that
