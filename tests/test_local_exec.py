@@ -216,7 +216,8 @@ os.fsync = fsync
 def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
     """The local executor's tasks leave the work folder's files unsynced (volatile.py: each unit's
     tokens and split, each task's keys, every marker and summary; its next attempt reads them
-    from the page cache) but sync every shard of the dataset; a task of another executor (`run-task`, here the tokenize
+    from the page cache) but sync every shard of the dataset, and each of its folders before the swap (the
+    shards' names renamed into them); a task of another executor (`run-task`, here the tokenize
     task of a plan for `--executor none`) syncs its unit files, which another machine may read."""
     import subprocess
     import sys
@@ -235,6 +236,9 @@ def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
     assert planned and [n for n in planned if not n.startswith((".plan", "..plan.json", ".volatile.json"))] == []
     shards = {p.relative_to(out).as_posix() for p in out.rglob("shard_*.bin")}
     assert shards and all(any(f"lmshard-partial/{s}" in p for p in paths) for s in shards)  # (written, then sealed)
+    folders = {p.name for p in out.iterdir() if p.is_dir()}  # their names renamed into place, made durable
+    assert {"train", "val", "dedup"} <= folders and all(any(p.endswith(f"lmshard-partial/{d}") for p in paths)
+                                                       for d in folders)  # fmt: skip
     synced.unlink()
     planned = tmp_path / "p"
     subprocess.run([*lmshard, "prepare", *_args(corpus, planned)[:-2], "--executor", "none", "--quiet"], env=env,
