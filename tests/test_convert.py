@@ -250,3 +250,19 @@ def test_import_refuses_uint16_for_a_large_vocabulary(big, tmp_path):  # noqa: F
     with pytest.raises(ConfigError, match="--shard-encoding uint16 holds ids up to 65,535"):
         import_dataset(nano, "nanogpt", tmp_path / "o", tokenizer=str(big["file"]), shard_encoding="uint16")
     assert not (tmp_path / "o").exists()
+
+
+def test_every_folder_of_a_converted_dataset_is_synced_before_the_swap(source, tmp_path, monkeypatch):
+    """The names renamed into each of the new dataset's folders (train/, val/, dedup/) are made
+    durable, the deepest first, before it replaces --out: a power loss after the swap leaves no
+    shard under its temporary name."""
+    import lmshard.interop.output as output
+
+    synced, real = [], output._fsync_dir
+    monkeypatch.setattr(output, "_fsync_dir", lambda path: synced.append(Path(path)) or real(path))
+    convert_dataset(source, "zstd", tmp_path / "z")
+    folders = sorted(p.relative_to(tmp_path / "z") for p in (tmp_path / "z").rglob("*") if p.is_dir())
+    assert {"train", "val"} <= {str(f) for f in folders}
+    staging = next(p for p in synced if p.parent == tmp_path and p.name.startswith(".z.lmshard-interop"))
+    staged = [p.relative_to(staging) for p in synced if p.is_relative_to(staging)]  # (the build's folders, in order)
+    assert staged[-1] == Path(".") and sorted(set(staged) - {Path(".")}) == folders

@@ -44,6 +44,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(path: Path) -> None:
+    """The names in every folder of `path` made durable, the deepest first (files renamed into
+    a subfolder, as a split's shards are)."""
+    for root, _, _ in os.walk(path, topdown=False):
+        _fsync_dir(Path(root))
+
+
 def _check_out(out: Path, force: bool, sources: list[Path], flag: str) -> None:
     for src in sources:
         real = Path(os.path.realpath(src))
@@ -72,7 +79,7 @@ def staged_output(out: str | os.PathLike[str], force: bool, sources: list[Path],
     staging.mkdir()
     try:
         yield staging
-        _fsync_dir(staging)
+        _fsync_tree(staging)
         _swap_in(staging, target, trainer_files)
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
@@ -99,7 +106,7 @@ def _swap_in(staging: Path, target: Path, trainer_files: re.Pattern[str] | None 
     for rel in kept:
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
         carry(target / rel, staging / rel)
-    _fsync_dir(staging)
+    _fsync_tree(staging)
     retired = target.parent / f".{target.name}.lmshard-replaced-{os.getpid()}"
     os.replace(target, retired)
     os.replace(staging, target)
