@@ -334,13 +334,30 @@ def test_a_worker_killed_while_a_unit_is_spread_is_one_line_and_resume_finishes(
     assert _files(out) == _files(one)
 
 
-@pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "no space left on the device"),
-                                             (errno.EDQUOT, "no space left on the device"),
-                                             (errno.EIO, "Input/output error")])  # fmt: skip
-def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes(tmp_path, monkeypatch, code, words):
-    """A device that fills up or fails while the stages write their work files: one line naming
-    the fault and --resume (the work kept, as a run read in one process says it), and once
-    space is back --resume ends with one machine's bytes."""
+# Imported first by every Python process whose path holds its folder (a spawned worker): where
+# $LMSHARD_TEST_DISK is "ERRNO BYTES", the files the tokenize stage writes go to a device that
+# fails with ERRNO after BYTES (faults.py).
+_FULL_DISK = """
+import os
+if os.environ.get("LMSHARD_TEST_DISK"):
+    from types import SimpleNamespace
+    from faults import full_disk
+    import lmshard.prepare.execution.unitfiles as unitfiles
+    code, budget = map(int, os.environ["LMSHARD_TEST_DISK"].split())
+    full_disk(SimpleNamespace(setattr=lambda *a, **k: setattr(*a[:3])), [unitfiles], budget, code)
+"""
+
+
+@pytest.mark.parametrize(("code", "words", "pool"), [(errno.ENOSPC, "no space left on the device", False),
+                                                     (errno.EDQUOT, "no space left on the device", False),
+                                                     (errno.EIO, "Input/output error", False),
+                                                     (errno.ENOSPC, "no space left on the device", True)])  # fmt: skip
+def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes(tmp_path, monkeypatch, code, words,
+                                                                                pool):  # fmt: skip
+    """A device that fills up or fails while the stages write their work files, in this process
+    or in a worker of the pool (forked: the fault goes with it): one line naming the fault and
+    --resume (the work kept, as a run read in one process says it), and once space is back
+    --resume ends with one machine's bytes."""
     from faults import full_disk
 
     from lmshard.errors import LmshardError
@@ -351,6 +368,13 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken"}
     prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
     monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    if pool:  # workers started afresh (spawned: this process runs threads) fill their disk at start-up
+        monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(_FULL_DISK)
+        path = [str(tmp_path / "site"), str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+        monkeypatch.setenv("LMSHARD_TEST_DISK", f"{code} 400000")
     device = full_disk(monkeypatch, [unitfiles], budget=400_000, code=code)  # (the units' token files)
     out = tmp_path / "o"
     with pytest.raises(LmshardError) as e:
@@ -358,7 +382,8 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     message = str(e.value)
     assert words in message and "run the same command with --resume" in message and "\n" not in message, message
     assert "another --out" not in message and "re-run" not in message, message  # (one fix: --resume)
-    assert device.failures >= 1 and _work(out).exists()
+    assert (device.failures >= 1) != pool and _work(out).exists()  # (in the pool: a worker's device filled)
+    assert "worker" not in message  # (the fault, not a worker's death or bug)
     monkeypatch.undo()  # space is back
     monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
     prepare(PrepareConfig(out=str(out), resume=True, **options))
