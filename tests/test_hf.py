@@ -387,3 +387,46 @@ def test_a_sources_bytes_size_a_plans_dedup_buckets(tmp_path, monkeypatch):
     hf.stream_shards(spec)  # (opened now: the stream a "hub" id reads below, from this process's cache)
     monkeypatch.setattr(HFSpec, "kind", lambda self: "hub")
     assert hf.source_bytes(spec) == 3 << 30 and bucket_count(3 << 30) == 32 and bucket_count(2000 << 30) == 4096
+
+
+@pytest.mark.parametrize(("kind", "max_docs"), [("parquet", None), ("saved", None), ("parquet", 150)])
+def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_here(tmp_path, monkeypatch, kind,
+                                                                                  max_docs):  # fmt: skip
+    """A plain `prepare --hf` with 2 workers runs the stages from LMSHARD_STAGED_BYTES of its
+    files on disk (below, one process): this process, which opened the dataset, reads every
+    unit (a data file of a stream, rows of a saved dataset) and the workers tokenize its work
+    items (none in a unit's own code); a worker would open the dataset again. The dataset equals
+    a one-process prepare of it, byte for byte (duplicates across units, a null text named at
+    its record; with --max-docs, stopped in the second data file)."""
+    from test_stages import _files
+
+    from lmshard.prepare.execution import local_exec, unitfiles
+    from lmshard.prepare.execution.run import Run
+
+    texts = make_texts(400, seed=9)
+    files = [texts[:120], texts[120:200] + texts[:30], [*texts[200:260], None, *texts[260:330]], texts[330:]]
+    if kind == "parquet":
+        (tmp_path / "ds" / "data").mkdir(parents=True)
+        for k, column in enumerate(files):
+            path = tmp_path / "ds" / "data" / f"train-{k:05d}-of-{len(files):05d}.parquet"
+            datasets.Dataset.from_dict({"text": column}).to_parquet(str(path))
+    else:
+        datasets.Dataset.from_dict({"text": sum(files, [])}).save_to_disk(str(tmp_path / "ds"))
+    opts = dict(hf=str(tmp_path / "ds"), val_fraction=0.1, tokens_per_shard=5_000, on_error="skip", max_docs=max_docs)
+    one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **opts))
+    assert one.drops["duplicate"] == (0 if max_docs else 30) and one.total_docs == (max_docs or 400)
+    runs, real = [], local_exec.run
+    monkeypatch.setattr(local_exec, "run", lambda *a, **k: runs.append(a[1]) or real(*a, **k))
+    spreads, do = [], Run.do
+    monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (
+        spreads.append(i) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+    monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("a unit tokenized in its own code"))
+    size = sum(p.stat().st_size for p in (tmp_path / "ds").rglob("*") if p.is_file())
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", size + 1)
+    prepare(PrepareConfig(out=str(tmp_path / "below"), workers=2, **opts))
+    assert runs == [] and spreads == []
+    monkeypatch.setattr(local_exec, "STAGED_BYTES", size)
+    prepare(PrepareConfig(out=str(tmp_path / "two"), workers=2, **opts))
+    n_units = len(files) if kind == "parquet" else 2  # (a saved dataset of 431 rows: units of 256 rows)
+    assert runs and spreads == list(range(2 if max_docs else n_units))  # (--max-docs: none read after the 2nd)
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")

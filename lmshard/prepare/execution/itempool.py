@@ -57,7 +57,7 @@ def start_sharing(tokenizer: Any) -> str:
 def item_pool(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
     method = start_sharing(r.tokenizer)  # fork only where it is safe: then the workers inherit the tokenizer
-    _here["run"] = r
+    _here["run"], _here["forked"] = r, method == "fork"
     start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
                                initargs=start)  # fmt: skip
@@ -147,13 +147,13 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
 
 def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int], workers: int,
                   done: Callable[[str, int], None] | None = None,
-                  step: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+                  step: Callable[[Any], None] | None = None, local: bool = False) -> None:  # fmt: skip
     """The `units` of the lines or the tokenize stage in `pool`. A unit larger than half again a
     worker's share of them (a compressed file is one unit whatever its size) would keep one
     worker busy while the others wait: each such unit is read here, first, and its work items
     hashed or tokenized by every worker (`spread`; `step(result)` as each comes back), as one
     reading process does; then the others, a unit per worker."""
-    large = large_units(r, units, workers)
+    large = large_units(r, units, workers, local)
     if large:
         started(pool, workers, stage)
     for u in large:
@@ -167,13 +167,13 @@ def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int
 SIZED = ("file", "range", "row_group", "files")  # units whose `nbytes` are bytes of input
 
 
-def large_units(r: Run, units: list[int], workers: int) -> list[int]:
+def large_units(r: Run, units: list[int], workers: int, local: bool = False) -> list[int]:
     """The units of `units` that `units_in_pool` spreads over `workers`: larger than half again
     a worker's share (of bytes as planned: a compressed file's are its compressed bytes). None
     of a plan whose units are not sized in bytes (a Hugging Face stream's shards, a saved
     dataset's rows): those are streamed by several workers at once."""
     if any(r.plan["units"][u][1] not in SIZED for u in units):
-        return []
+        return list(units) if local and workers > 1 else []
     share = sum(r.plan["units"][u][4] for u in units) / workers
     return [u for u in units if r.plan["units"][u][4] > 1.5 * share]
 
@@ -181,11 +181,12 @@ def large_units(r: Run, units: list[int], workers: int) -> list[int]:
 def started(pool: ProcessPoolExecutor, workers: int, stage: str) -> None:
     """The pool's workers started now, if they are not yet (a pool starts them as items are
     submitted), with Ctrl-C and SIGTERM ignored as they start: forked before this process opens
-    an input (whose reader may start threads). A worker that could not load the run (spawned:
-    a store that stopped answering) says so at the first item it takes, here or later."""
+    an input (whose reader may start threads). Spawned ones (this process runs threads: it
+    opened a Hugging Face dataset, say) load the run while this process goes on reading; one
+    that could not (a store that stopped answering) says so at the first item it takes."""
     with stop_signals_ignored():
-        ready = [_submit(pool, stage, _ready) for _ in range(workers)]
-    for f in ready:
+        ready = _here["ready"] = [_submit(pool, stage, _ready) for _ in range(workers)]
+    for f in ready if _here.get("forked") else ():
         _result(f, stage, pool)
 
 
@@ -196,7 +197,8 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
            step: Callable[[Any], None] | None = None) -> Spread:  # fmt: skip
     """Work items tokenized (the lines stage: their lines hashed) by `pool`'s workers
     (`started`), their results in order; at most `2 × workers + 2` in flight (each ≈1 MiB of
-    text and its tokens)."""
+    text and its tokens). While spawned workers are still loading the run, the items are
+    tokenized here, as one reading process does before its pool is up."""
     fn = _hashed if stage == "lines" else _tokenized
 
     def results(items: Iterator[WorkItem]) -> Iterator[Any]:
@@ -209,7 +211,7 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
             return result
 
         for item in items:
-            window.append(_submit(pool, stage, fn, item))
+            window.append(_submit(pool, stage, fn, item) if _workers_ready() else _run_here(fn, item))
             if len(window) > 2 * workers + 1:
                 yield take()
         while window:
@@ -242,6 +244,21 @@ def _submit(pool: ProcessPoolExecutor, stage: str, fn: Callable[..., T], *args: 
         return pool.submit(fn, *args)  # (refused once a worker died)
     except BrokenProcessPool:
         raise _broken(pool, stage) from None
+
+
+def _workers_ready() -> bool:
+    """Whether the workers `started` started are ready for items (forked ones always are)."""
+    return all(f.done() for f in _here.get("ready", ()))
+
+
+def _run_here(fn: Callable[[WorkItem], T], item: WorkItem) -> Future[T]:
+    """fn(item) run in this process, as a done future (its error raised where its result is taken)."""
+    done: Future[T] = Future()
+    try:
+        done.set_result(fn(item))
+    except Exception as e:
+        done.set_exception(e)
+    return done
 
 
 def _result(f: Future[T], stage: str, pool: ProcessPoolExecutor) -> T:

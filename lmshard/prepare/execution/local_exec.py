@@ -31,10 +31,12 @@ text and its tokens each) and the unit's per-document arrays (≈20 bytes a docu
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, InputError
@@ -71,20 +73,30 @@ POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
 
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
-    """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, files
-    only (no stdin or Hugging Face stream), none of the options the stages refuse (runplan.py's
-    `check_scale_out`), at least STAGED_BYTES of input (a unit larger than half again a worker's
-    share, as a large .gz file is, is read here and tokenized by every worker:
-    itempool.units_in_pool). And always with --val-by, and for stdin or a pipe that one pass
-    cannot read as asked (claim.needs_a_copy): the stages save it first (runplan.spool_streams)
-    and read the copy."""
+    """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, no
+    stdin or pipe, none of the options the stages refuse (runplan.py's `check_scale_out`), at
+    least STAGED_BYTES of input (a unit larger than half again a worker's share, as a large .gz
+    file is, is read here and tokenized by every worker: itempool.units_in_pool; so is every
+    unit of a Hugging Face dataset, which this process has open, its size counted as its data
+    files' on disk, a hub stream's as unknown, so large). And always with --val-by, and for
+    stdin or a pipe that one pass cannot read as asked (claim.needs_a_copy): the stages save it
+    first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
     if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
-    total = sum(s.size for s in sources)
-    return (config.n_workers() > 1 and not config.hf and not any(s.stream or s.fmt == "hf" for s in sources)
-            and total >= STAGED_BYTES)  # fmt: skip
+    total = sum(s.size for s in sources) + (_hf_bytes(config.hf) if config.hf else 0)
+    streamed = any(s.stream for s in sources)
+    return config.n_workers() > 1 and config.hf_tasks == 1 and not streamed and total >= STAGED_BYTES
+
+
+def _hf_bytes(hf: str) -> float:
+    """The bytes of a Hugging Face dataset's files on disk (a saved dataset, a directory of data
+    files: one listing); a hub id's are not known here (infinite)."""
+    root = Path(hf)
+    if not root.is_dir():
+        return math.inf
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(root) for f in names)
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
@@ -195,7 +207,7 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> _Progress:
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
-    if any(large_units(r, todo.get(s, []), r.config.n_workers()) for s in ("lines", "tokenize")):
+    if any(large_units(r, todo.get(s, []), r.config.n_workers(), True) for s in ("lines", "tokenize")):
         workers = r.config.n_workers()  # (its work items go to every worker)
     if _small_plan(r.plan["units"]):
         workers = 1
@@ -231,7 +243,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 _skip(r, _until_enough(r, pool, workers, early, progress.step, done), progress)
             elif stage in ("lines", "tokenize"):
                 step = progress.step if stage == "tokenize" else None
-                units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step)
+                units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step, True)
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
@@ -246,7 +258,7 @@ def _until_enough(r: Run, pool: Any, workers: int, early: EarlyStop, step: Calla
     its work items tokenized by every worker (`spread`), and stops after the item that holds the
     N-th kept document, as one reading process does."""
     units = list(_todo(r, "tokenize"))
-    large = large_units(r, units, workers)
+    large = large_units(r, units, workers, True)
     if large:
         started(pool, workers, "tokenize")  # (forked before this process reads)
 
