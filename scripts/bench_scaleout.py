@@ -30,12 +30,15 @@ what each stage costs.
 5. The same input as one .gz file (one unit), `--workers 2`: one reading process against a
    plain prepare (the stages: the main process reads the unit, every worker tokenizes its work
    items), medians of 3 rotated runs, and whether the outputs are byte-identical.
+6. The same input as a Hugging Face dataset of 8 parquet data files (`--hf DIR`), and its first
+   2 MB as 2 files: one reading process against the stages (the main process, which has the
+   dataset open, reads every data file; the workers tokenize), the same way.
 
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
 
     python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
-        [--compressed-only] [--max-docs-only]
+        [--compressed-only] [--max-docs-only] [--hf-only]
 """
 
 from __future__ import annotations
@@ -201,6 +204,51 @@ def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], w
     return [*rows, "", f"Outputs byte-identical, for each input: **{same}**."]
 
 
+def hf_rows(t: Path, src: Path) -> list[str]:
+    """Section 6: the input as a directory of 8 parquet data files (`--hf DIR`, streamed as a hub
+    dataset is), and its first 2 MB as 2 files: one reading process against the stages (this
+    process reads every data file, the workers tokenize), `--workers 2`, medians of 3 rotated
+    runs, and whether the outputs are byte-identical."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [json.loads(line)["text"] for line in src.read_text(encoding="utf-8").splitlines()]
+    head, size = [], 0
+    for text in texts:  # (the first 2 MB)
+        head.append(text)
+        size += len(text)
+        if size > 2 << 20:
+            break
+    dirs = {}
+    for name, rows, n in (("large", texts, 8), ("small", head, 2)):
+        (t / f"hf_{name}" / "data").mkdir(parents=True)
+        for k in range(n):
+            part = rows[k * len(rows) // n : (k + 1) * len(rows) // n]
+            pq.write_table(pa.table({"text": part}), t / f"hf_{name}" / "data" / f"train-{k:05d}-of-{n:05d}.parquet")
+        dirs[name] = t / f"hf_{name}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    kinds = {"one reading process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "the stages": {"LMSHARD_STAGED_BYTES": "0"}}
+    rows_out = ["| `--hf DIR` (`--workers 2`) | one reading process | the stages | the stages / one process |",
+                "|---|---|---|---|"]  # fmt: skip
+    for name, path in dirs.items():
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        names = list(kinds)
+        for i in range(3):
+            for kind in names[i % 2 :] + names[: i % 2]:
+                out = t / f"hf_out_{name}_{i}_{names.index(kind)}"
+                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", "--hf", str(path), "--out", str(out), "--workers",
+                                               "2"], env | kinds[kind])  # fmt: skip
+                times[kind].append(sec)
+        med = [statistics.median(times[k]) for k in names]
+        same = files(t / f"hf_out_{name}_0_0") == files(t / f"hf_out_{name}_0_1")
+        mb = sum(p.stat().st_size for p in path.rglob("*.parquet")) / 1e6
+        print(f"6. --hf, {name} ({mb:.1f} MB of parquet): " + ", ".join(f"{k} {m:.2f} s" for k, m in
+              zip(names, med, strict=True)) + f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
+        rows_out.append(f"| {len(list(path.rglob('*.parquet')))} data files, {mb:.1f} MB of parquet | {med[0]:.2f} s "
+                        f"| {med[1]:.2f} s | **{med[1] / med[0]:.2f}**{'' if same else ' (outputs differ)'} |")  # fmt: skip
+    return rows_out
+
+
 def gzipped(t: Path, src: Path) -> Path:
     """`src` as one .gz file in `t` (made once)."""
     gz = t / "corpus.jsonl.gz"
@@ -219,6 +267,7 @@ def main() -> None:
     ap.add_argument("--small-only", action="store_true", help="section 3 only, printed (docs/ unchanged)")
     ap.add_argument("--compressed-only", action="store_true", help="section 5 only, printed (docs/ unchanged)")
     ap.add_argument("--max-docs-only", action="store_true", help="section 4 only, printed (docs/ unchanged)")
+    ap.add_argument("--hf-only", action="store_true", help="section 6 only, printed (docs/ unchanged)")
     args = ap.parse_args()
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
@@ -229,6 +278,10 @@ def main() -> None:
     if args.small_only:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(small_inputs(Path(tmp))))
+        return
+    if args.hf_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(hf_rows(Path(tmp), corpus(Path(tmp) / "corpus.jsonl", args.copies))))
         return
     if args.max_docs_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -300,6 +353,7 @@ def main() -> None:
         small = small_inputs(t) if not args.dedup_lines else []
         capped = max_docs_rows(t, src, env, options, med["planned"])
         compressed = compressed_rows(t, src) if not args.dedup_lines else []
+        streamed = hf_rows(t, src) if not args.dedup_lines else []
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
     flags = "".join(f" {o}" for o in options)
@@ -343,6 +397,10 @@ def main() -> None:
     if compressed:
         rows += ["", "The same input as one .gz file, which is one unit: the main process reads it and every worker "
                  "tokenizes its work items.", "", *compressed]  # fmt: skip
+    if streamed:
+        rows += ["", "The same input as a Hugging Face dataset of parquet data files (`--hf DIR`), and its first 2 MB: "
+                 "the stages' main process reads every data file and the workers tokenize its work items.", "",
+                 *streamed]  # fmt: skip
     copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
             f"`python scripts/bench_scaleout.py{flags}{copies}` (in `make bench` without --copies: the corpus "

@@ -430,3 +430,36 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     n_units = len(files) if kind == "parquet" else 2  # (a saved dataset of 431 rows: units of 256 rows)
     assert runs and spreads == list(range(2 if max_docs else n_units))  # (--max-docs: none read after the 2nd)
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
+
+
+def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path):
+    """`lmshard prepare --hf DIR --workers 2` on the stages (LMSHARD_STAGED_BYTES=0): opening
+    a Hugging Face dataset starts threads in the process, after which workers can only be
+    spawned (a new interpreter each, ≈0.5 s of a core); the workers are forked before the claim
+    opens it and build their run from the plan at their first item. No interpreter but the
+    command's starts (each records its start through a sitecustomize), and the dataset equals a
+    one-process prepare's, byte for byte."""
+    import os
+    import subprocess
+    import sys
+
+    from test_stages import _files
+
+    texts = make_texts(400, seed=9)
+    (tmp_path / "ds" / "data").mkdir(parents=True)
+    for k in range(4):
+        path = tmp_path / "ds" / "data" / f"train-{k:05d}-of-00004.parquet"
+        datasets.Dataset.from_dict({"text": texts[k * 100 : (k + 1) * 100] + texts[:10]}).to_parquet(str(path))
+    prepare(PrepareConfig(out=str(tmp_path / "one"), hf=str(tmp_path / "ds"), workers=1, val_fraction=0.1))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import os\nif os.environ.get('STARTED'):\n    open(os.environ['STARTED'], 'a').write(f'{os.getpid()}\\n')\n")
+    path = os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "STARTED": str(tmp_path / "started"), "LMSHARD_STAGED_BYTES": "0",
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", "--hf", str(tmp_path / "ds"), "--out",
+                           str(tmp_path / "two"), "--workers", "2", "--val-fraction", "0.1", "--quiet"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len((tmp_path / "started").read_text().split()) == 1  # (spawned workers: 3)
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")

@@ -260,9 +260,9 @@ def test_a_small_input_goes_through_its_stages_in_this_process_whatever_the_work
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, val_fraction=0.1))
     real, pools = itempool.item_pool, []
 
-    def counted(r, workers):
+    def counted(r, workers, early=None):
         pools.append(workers)
-        return real(r, workers)
+        return real(r, workers, early)
 
     monkeypatch.setattr(local_exec, "item_pool", counted)
     local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "here"), workers=2, val_fraction=0.1), 3)

@@ -54,8 +54,39 @@ def start_sharing(tokenizer: Any) -> str:
 
 
 @contextlib.contextmanager
-def item_pool(r: Run, workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of `workers` processes that run items of `r`; stopped at once on an error or a stop."""
+def early_pool(workers: int, tokenizer: Any, make: Callable[[], Run]) -> Iterator[ProcessPoolExecutor | None]:
+    """`workers` processes forked now, before the run is planned, where forking is safe (None
+    where it is not): for a run whose planning starts threads in this process (it opens a
+    Hugging Face dataset), after which its workers could only be spawned, each importing and
+    loading again (≈0.5 s of a core). They inherit `tokenizer` and build the run with `make()`
+    at their first item (the plan's head: `Run.of` as a task). Stopped when the block ends."""
+    if start_sharing(tokenizer) != "fork":
+        yield None
+        return
+    _here["make"] = make
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_detach)
+    try:
+        with stop_signals_ignored():
+            ready = [_submit(pool, "tokenize", _ready) for _ in range(workers)]  # (forked now, all of them)
+        for f in ready:
+            _result(f, "tokenize", pool)
+        yield pool
+    finally:
+        _here.pop("make", None)
+        _stop_workers(pool)
+
+
+@contextlib.contextmanager
+def item_pool(r: Run, workers: int, early: ProcessPoolExecutor | None = None) -> Iterator[ProcessPoolExecutor]:
+    """A pool of `workers` processes that run items of `r` (or `early`'s, of as many, which stops
+    them); stopped at once on an error or a stop."""
+    if early is not None:
+        _here["run"], _here["forked"] = r, True
+        try:
+            yield early
+        finally:
+            _here.pop("run", None)
+        return
     method = start_sharing(r.tokenizer)  # fork only where it is safe: then the workers inherit the tokenizer
     _here["run"], _here["forked"] = r, method == "fork"
     start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
@@ -301,11 +332,8 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 def _start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
     """Worker initializer: the parent's run (plan, sources, tokenizer) when forked (one thread
-    each), else loaded here. A worker whose parent dies (kill -9, the OOM killer) exits: its
-    siblings hold the task queue open, so it would otherwise wait for a task forever."""
-    for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM to the process group are the parent's to handle: it stops us
-        signal.signal(sig, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    each), else loaded here."""
+    _detach()
     if forked and "run" in _here:
         _here["run"].tokenizer.use_threads(1)
         return
@@ -313,6 +341,16 @@ def _start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_b
         _here["run"] = make(config, n_tasks, unit_bytes)
     except LmshardError as e:  # (a store that stopped answering): raised by the first item, not a broken pool
         _here["failed"] = e
+
+
+def _detach() -> None:
+    """A worker ignores Ctrl-C and SIGTERM to the process group (the parent's to handle: it
+    stops the workers), and exits when its parent dies (kill -9, the OOM killer): its siblings
+    hold the task queue open, so it would otherwise wait for a task forever. An `early_pool`'s
+    worker initializer: its run is built at its first item (`_run`)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 
 def _exit_with_parent(parent: int, every: float = 0.5) -> None:
@@ -326,22 +364,27 @@ def _ready() -> None:
         raise _here["failed"]
 
 
-def _hashed(item: WorkItem) -> np.ndarray:
+def _run() -> Run:
+    """This worker's run: inherited, loaded at its start, or (an `early_pool`'s) built now."""
     _ready()
-    return hash_lines(item, _here["run"].wcfg)
+    if "run" not in _here:
+        _here["run"] = run = _here.pop("make")()
+        run.tokenizer.use_threads(1)
+    return _here["run"]  # type: ignore[no-any-return]
+
+
+def _hashed(item: WorkItem) -> np.ndarray:
+    return hash_lines(item, _run().wcfg)
 
 
 def _tokenized(item: WorkItem) -> ItemResult:
-    _ready()
-    run: Run = _here["run"]
+    run = _run()
     result = run_item(item, run.wcfg, run.tokenizer)
     stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input
     return result
 
 
 def _items(stage: str, items: list[int], stop: Any = None) -> None:
-    if "failed" in _here:
-        raise _here["failed"]
-    run: Run = _here["run"]
+    run = _run()
     for i in items:
         run.do(stage, i, stop)

@@ -31,6 +31,8 @@ text and its tokens each) and the unit's per-document arrays (≈20 bytes a docu
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import shutil
@@ -51,7 +53,7 @@ from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_er
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import SIZED, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
+from .itempool import SIZED, early_pool, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
 from .maxdocs import EarlyStop
 from .owners import begin
 from .run import Run
@@ -131,8 +133,12 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     started = time.time() if started is None else started
     paths = OutputPaths.of(config.out)
     check_scale_out(config)  # before --out is claimed: a refused run leaves nothing behind
-    with sigterm_stops(), WriterLock(paths):
+    with sigterm_stops(), WriterLock(paths), contextlib.ExitStack() as stack:
         sources, tokenizer = loaded or load_run(config)
+        early = None  # a Hugging Face dataset: opened by the claim and the plan, which start threads; fork first
+        if config.n_workers() > 1 and any(s.fmt == "hf" for s in sources):
+            make = functools.partial(Run.of, config, n_tasks, unit_bytes, adopt=True, tokenizer=tokenizer)
+            early = stack.enter_context(early_pool(config.n_workers(), tokenizer, make))
         claim = begin(config, paths, sources, tokenizer, work_dir(config.out))
         if claim.complete is not None:  # (killed after its swap: only the work folder was left)
             remove_work(work_dir(config.out))
@@ -150,7 +156,7 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             raise work_kept(e, kept, isinstance(e, InputGone)) from None
         try:
             with volatile.local_run(r.work):  # every task runs here: work files unsynced (volatile.py)
-                progress = _stages(r, on_progress, claim.resumed)
+                progress = _stages(r, on_progress, claim.resumed, early)
             totals = r.totals()  # (the rate counts the tokens of the units tokenized now: a resumed run's own)
             attempt = (started, max(0, totals.tokens - progress.own_tokens()))
             # (the inputs as found, not as read: stdin keeps its name and size 0)
@@ -204,7 +210,8 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
         raise
 
 
-def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False) -> _Progress:
+def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False, pool: Any = None) -> _Progress:
+    """Every stage's items not done yet, in this process or a pool (`pool`: forked already)."""
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     if any(large_units(r, todo.get(s, []), r.config.n_workers(), True) for s in ("lines", "tokenize")):
@@ -237,7 +244,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 done(stage, i, stop if ran else None)
             _summarize(r, stage)
         return progress
-    with item_pool(r, workers) as pool:
+    with item_pool(r, workers, pool) as pool:
         for stage in _order(r):
             if stage == "tokenize" and early is not None:
                 _skip(r, _until_enough(r, pool, workers, early, progress.step, done), progress)

@@ -80,8 +80,8 @@ class Run(Reads):
 
     @classmethod
     def of(cls, config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
-           adopt: bool = False) -> Run:  # fmt: skip
-        plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes, loaded, adopt)
+           adopt: bool = False, tokenizer: Tokenizer | None = None) -> Run:  # fmt: skip
+        plan, sources, tokenizer = plan_run(config, n_tasks, unit_bytes, loaded, adopt, tokenizer)
         return cls(config, plan, sources, tokenizer, work_dir(config.out), worker_config(config, sources, tokenizer))
 
     @property

@@ -37,11 +37,13 @@ from .units import cut_units, unit_size_for
 
 
 def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None, loaded: Any = None,
-             adopt: bool = False) -> tuple[dict[str, Any], Any, Tokenizer]:  # fmt: skip
+             adopt: bool = False, tokenizer: Tokenizer | None = None,
+             ) -> tuple[dict[str, Any], Any, Tokenizer]:  # fmt: skip
     """The run's plan (created on the first call, validated on later ones), its sources and
     tokenizer. `unit_bytes`: the plan's unit size; None: --unit-size, else sized to the tasks.
     `loaded`: the sources and tokenizer, when the caller has them. `adopt`: an existing plan's
     task count and unit size are taken (a plain prepare, whose tasks are only a unit size).
+    `tokenizer`: a task's, loaded already (a worker forked before the plan was made).
 
     A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with
     the plan: its sources are the plan's, each checked when the task first reads it
@@ -50,7 +52,7 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     work = work_dir(config.out)
     task = loaded is None and (work / PLAN_FILE).exists()
     if task:
-        tokenizer = run_tokenizer(config)
+        tokenizer = tokenizer or run_tokenizer(config)
         fingerprint = {k: v for k, v in _fingerprint(config, [], tokenizer, None).items() if k != "sources"}
     else:
         sources, tokenizer = loaded or load_run(config)
