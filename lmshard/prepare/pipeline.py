@@ -1,9 +1,9 @@
 """`lmshard prepare`: sources → clean → dedup → tokenize → shards + metadata.
 
-Two ways to the same bytes. A large input read from files (local_exec.use_stages) runs as the
-staged tasks of a planned run in the worker pool (local_exec.py, stages.py): this process only
-schedules. Everything else (small inputs, which start fastest this way; stdin, pipes and
-Hugging Face streams, read once; --max-docs, which stops at its N-th document) runs here: one process
+Two ways to the same bytes. A large input (local_exec.use_stages: files, a Hugging Face
+dataset) runs as the staged tasks of a planned run in the worker pool (local_exec.py,
+stages.py). Everything else (small inputs, which start fastest this way; stdin and pipes, read
+once) runs here: one process
 plans work items and writes; N worker processes parse, clean, hash and tokenize items; results
 come back in item order (`Pool.imap`), so dedup survivors, the train/val split and every output
 byte are the same for any number of workers.
