@@ -481,3 +481,23 @@ def test_an_input_gone_before_the_plan_says_the_work_is_kept(tmp_path, monkeypat
     (tmp_path / "away").rename(b)
     prepare(PrepareConfig(out=str(out), resume=True, **options))
     assert _files(out) == _files(tmp_path / "one")
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_GETPIPE_SZ"), reason="pipe sizes are Linux's")
+def test_the_stages_pool_moves_a_work_item_and_its_tokens_in_one_pipe_write(tmp_path):
+    """The pool's task and result pipes are widened, as the one-reading pool's are (a spread
+    unit's items and their tokens, ≈1 MiB each, each cross in one write, not in 64 KiB pieces
+    that each wait for this process's GIL): their capacity, read from the kernel, is at least
+    1 MiB, where a pipe starts at 64 KiB."""
+    import fcntl
+
+    from lmshard.prepare import PrepareConfig
+    from lmshard.prepare.execution import itempool
+    from lmshard.prepare.execution.run import Run
+
+    src = jsonl(tmp_path / "a.jsonl", make_texts(50, seed=1))
+    r = Run.of(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), workers=2), 1)
+    with itempool.item_pool(r, 2) as pool:
+        pipes = [pool._call_queue._reader, pool._result_queue._reader]
+        assert all(fcntl.fcntl(p.fileno(), fcntl.F_GETPIPE_SZ) >= 1 << 20 for p in pipes)
+        itempool.started(pool, 2, "tokenize")  # (and the workers start and answer through them)
