@@ -12,6 +12,7 @@ import itertools
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from test_prepare import jsonl, make_texts
@@ -49,6 +50,13 @@ def _markers(monkeypatch) -> dict:
 
     monkeypatch.setattr(local_exec, "finish", finish)
     return seen
+
+
+def load_plan_units(config) -> list:
+    """The units a plan for `config` (3 tasks) cuts, planned in a folder of their own."""
+    from lmshard.prepare.execution.run import Run
+
+    return list(Run.of(replace(config, out=str(Path(config.out).parent / "planned_units")), 3).plan["units"])
 
 
 def _last_needed(path, units, n: int, dedup: bool) -> int:
@@ -100,12 +108,13 @@ def test_a_max_docs_run_on_one_machine_reads_no_unit_after_the_nth_kept_document
             assert set(range(last + 1)) <= set(read) and all(u > last for u in never), (n, last, read)
 
 
-@pytest.mark.parametrize("point", ["unit", "part", "piece"])
-def test_a_max_docs_run_stopped_in_any_stage_resumes_to_the_same_bytes(tmp_path, monkeypatch, corpus, point):
-    """Stopped (Ctrl-C) after its second unit is tokenized, or late in the write stage (its
-    last part written, its first shard sealed: the units' files already removed), the run
-    resumed ends with one process's bytes; resumed from the tokenize stage it counts the units
-    done before and stops reading where an uninterrupted run stops."""
+@pytest.mark.parametrize(("point", "when"), [("unit", 2), ("unit", "needed"), ("part", "last"), ("piece", 1)])
+def test_a_max_docs_run_stopped_in_any_stage_resumes_to_the_same_bytes(tmp_path, monkeypatch, corpus, point, when):
+    """Stopped (Ctrl-C) after its second unit is tokenized, after the unit that holds the N-th
+    kept document (before the run could say the units after it are never read), or late in the
+    write stage (its last part written, its first shard sealed: the units' files already
+    removed), the run resumed ends with one process's bytes; resumed from the tokenize stage it
+    counts the units done before and reads no unit after that one."""
     from lmshard.prepare.execution import owners
 
     opts = dict(OPTS, max_docs=1700)
@@ -122,11 +131,13 @@ def test_a_max_docs_run_stopped_in_any_stage_resumes_to_the_same_bytes(tmp_path,
         return stop
 
     config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "o"), workers=1, unit_size=UNIT, **opts)
-    n = {"unit": 2, "piece": 1}.get(point)
-    if n is None:  # the last part: counted in a run that goes through
+    n = when
+    if when == "last":  # the last part: counted in a run that goes through
         monkeypatch.setattr(module, "stop_point", ctrl_c_at(0))
         local_exec.run(replace(config, out=str(tmp_path / "count")), 3)
         n, passes[:] = passes.count("part"), []
+    if when == "needed":  # the unit that holds the N-th kept document (one process: units in plan order)
+        n = _last_needed(corpus, load_plan_units(config), 1700, True) + 1
     monkeypatch.setattr(module, "stop_point", ctrl_c_at(n))
     with pytest.raises(Interrupted):
         local_exec.run(config, 3)

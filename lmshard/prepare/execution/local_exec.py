@@ -212,6 +212,13 @@ def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded
 
 def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = False, pool: Any = None) -> _Progress:
     """Every stage's items not done yet, in this process or a pool (`pool`: forked already)."""
+    c = r.config
+    # --max-docs: the units after those that hold N kept documents are not read (while any is left to
+    # tokenize: once the stage is complete, the write stage removes the units' files as it copies them)
+    early = None
+    if c.max_docs is not None and not c.near_dedup and (left := r.missing("tokenize")):
+        early = EarlyStop(r.work, c.max_docs, r.dedup, set(range(r.n_units)) - set(left))
+        early.mark()  # (a resumed run may count its N from the units done before: those after are never read)
     todo = {stage: r.missing(stage) for stage in r.stages[:3]}
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     if any(large_units(r, todo.get(s, []), r.config.n_workers(), True) for s in ("lines", "tokenize")):
@@ -219,12 +226,6 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     if _small_plan(r.plan["units"]):
         workers = 1
     progress = _Progress(r, on_progress, resumed)
-    c = r.config
-    # --max-docs: the units after those that hold N kept documents are not read (while any is left to
-    # tokenize: once the stage is complete, the write stage removes the units' files as it copies them)
-    early = None
-    if c.max_docs is not None and not c.near_dedup and todo["tokenize"]:
-        early = EarlyStop(r.work, c.max_docs, r.dedup, set(range(r.n_units)) - set(todo["tokenize"]))
 
     def done(stage: str, i: int, counted: Any = None) -> None:
         progress.done(stage, i)
@@ -281,11 +282,10 @@ def _skip(r: Run, units: list[int], progress: _Progress) -> None:
     """--max-docs: the units left once the units before hold N kept documents, never read
     (maxdocs.EarlyStop): no stage writes a file for them (`Run.unread`), but with --dedup-lines,
     where they are written as units of no documents that keep their lines' keys."""
-    unread = r.unread
     for u in units:
-        if u < unread:
+        if r.config.dedup_lines:
             skip_unit(r.config, r.tokenizer, r.wcfg, u, r.line_masks)
-        progress.done("tokenize", u, read=u < unread)
+        progress.done("tokenize", u, read=r.config.dedup_lines)
 
 
 def _summarize(r: Run, stage: str) -> None:

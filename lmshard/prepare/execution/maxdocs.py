@@ -178,8 +178,10 @@ class EarlyStop:
 
     def mark(self) -> None:
         """Once N kept documents are counted: the units in progress are given up (`ENOUGH`), and
-        every unit from the one after the N-th kept document's is never read (`unread_from`)."""
-        if self.enough and not self.flag.exists():
+        every unit from the one after the N-th kept document's is never read (`unread_from`).
+        Also when they were counted before it could say so (a resumed run, stopped between the
+        last unit it needed and this mark; or one whose `ENOUGH` named no unit)."""
+        if self.enough and unread_from(self.tokenized.parent) is None:
             volatile.write_json(self.flag, {"from": self.next})
 
     def done(self, u: int, counted: UnitStop | None = None) -> None:
