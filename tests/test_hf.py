@@ -438,11 +438,13 @@ def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path)
     spawned (a new interpreter each, ≈0.5 s of a core); the workers are forked before the claim
     opens it and build their run from the plan at their first item. No interpreter but the
     command's starts (each records its start through a sitecustomize), and the dataset equals a
-    one-process prepare's, byte for byte."""
+    one-process prepare's, byte for byte. Their work files are left unsynced, as a local run's
+    (volatile.py: a worker forked before the run marked its work folder finds the mark)."""
     import os
     import subprocess
     import sys
 
+    from test_local_exec import _RECORDING
     from test_stages import _files
 
     texts = make_texts(400, seed=9)
@@ -452,14 +454,16 @@ def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path)
         datasets.Dataset.from_dict({"text": texts[k * 100 : (k + 1) * 100] + texts[:10]}).to_parquet(str(path))
     prepare(PrepareConfig(out=str(tmp_path / "one"), hf=str(tmp_path / "ds"), workers=1, val_fraction=0.1))
     (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(
-        "import os\nif os.environ.get('STARTED'):\n    open(os.environ['STARTED'], 'a').write(f'{os.getpid()}\\n')\n")
+    started = "\nif os.environ.get('STARTED'):\n    open(os.environ['STARTED'], 'a').write(f'{os.getpid()}\\n')\n"
+    (tmp_path / "site" / "sitecustomize.py").write_text(_RECORDING + started)
     path = os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "STARTED": str(tmp_path / "started"), "LMSHARD_STAGED_BYTES": "0",
-           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+           "HF_HUB_OFFLINE": "1", "SYNCED": str(tmp_path / "synced")}  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", "--hf", str(tmp_path / "ds"), "--out",
                            str(tmp_path / "two"), "--workers", "2", "--val-fraction", "0.1", "--quiet"], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert len((tmp_path / "started").read_text().split()) == 1  # (spawned workers: 3)
+    work = [p.rsplit("/", 1)[-1] for p in (tmp_path / "synced").read_text().splitlines() if ".lmshard-work" in p]
+    assert [n for n in work if not n.startswith((".plan", "..plan.json", ".volatile.json"))] == [], work
     assert _files(tmp_path / "two") == _files(tmp_path / "one")

@@ -33,6 +33,7 @@ from ..config import PrepareConfig
 from ..documents.sources import WorkItem
 from ..documents.worker import ItemResult, hash_lines, run_item
 from ..stops import STOP_SIGNALS, stop_point
+from . import volatile
 from .pool import WorkerDied, _widen, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned
 
@@ -375,11 +376,14 @@ def _ready() -> None:
 
 
 def _run() -> Run:
-    """This worker's run: inherited, loaded at its start, or (an `early_pool`'s) built now."""
+    """This worker's run: inherited, loaded at its start, or (an `early_pool`'s) built now, its
+    work files unsynced as the run's (volatile.inherit)."""
     _ready()
     if "run" not in _here:
-        _here["run"] = run = _here.pop("make")()
+        run = _here["make"]()  # (one that fails is tried again by the next item: its own error)
         run.tokenizer.use_threads(1)
+        volatile.inherit(run.work)
+        _here["run"] = run
     return _here["run"]  # type: ignore[no-any-return]
 
 

@@ -12,10 +12,11 @@ written bytes that were never synced, and a marker written after them may surviv
 
 So a local run records the boot it ran in (Linux's boot id) and its host in its work folder
 before it starts its tasks (`local_run`), and sets LMSHARD_VOLATILE_WORK for them (the workers
-inherit it); `sync` then skips the fsync of a work file (its data, and its markers, summaries and
-layout: `write_json`, `write_bytes`). This holds only where nothing but a crash of this machine
-loses written bytes: a local filesystem (`LOCAL_FILESYSTEMS`); on a network or FUSE filesystem,
-or where the boot id cannot be read, every file is synced as before.
+inherit it; those forked before it, `inherit`); `sync` then skips the fsync of a work file
+(its data, and its markers, summaries and layout: `write_json`, `write_bytes`). This holds only
+where nothing but a crash of this machine loses written bytes: a local filesystem
+(`LOCAL_FILESYSTEMS`); on a network or FUSE filesystem, or where the boot id cannot be read,
+every file is synced as before.
 
 Whatever reads the work folder next checks the mark (`stale`): a claim of `--out` (`prepare`,
 with any executor) finding it written in an earlier boot, or on another machine, discards the
@@ -119,6 +120,13 @@ def local_run(work: Path) -> Iterator[None]:
             os.environ[ENV] = before
 
 
+def inherit(work: Path) -> None:
+    """In a worker forked before its run's `local_run` began (itempool.early_pool): leave work
+    files unsynced as the run's other processes do, when `work` holds this boot's mark."""
+    if (work / MARK).exists() and stale(work) is None:
+        os.environ[ENV] = "1"
+
+
 def settle(work: Path) -> None:
     """Make a local run's unsynced work durable (a sync of its filesystem), then drop its mark:
     from then on any executor on any machine may go on with it. Nothing to do without a mark."""
@@ -152,4 +160,4 @@ def stale(work: Path) -> str | None:
     return "before this machine restarted" if recorded.get("boot_id") != boot_id() else None
 
 
-__all__ = ["local_run", "settle", "stale", "sync", "write_bytes", "write_json"]
+__all__ = ["inherit", "local_run", "settle", "stale", "sync", "write_bytes", "write_json"]
