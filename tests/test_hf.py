@@ -467,3 +467,30 @@ def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path)
     work = [p.rsplit("/", 1)[-1] for p in (tmp_path / "synced").read_text().splitlines() if ".lmshard-work" in p]
     assert [n for n in work if not n.startswith((".plan", "..plan.json", ".volatile.json"))] == [], work
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
+
+
+def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path, monkeypatch):
+    """With 2 workers: a hub stream always (its size is not known before it is read); a directory
+    of data files or a saved dataset from LMSHARD_STAGED_BYTES of its files, counted by hand
+    (hidden folders, a clone's .git, not counted); never what --no-streaming downloads and
+    caches through `datasets` (the stages stream), but a saved dataset; never with 1 worker."""
+    from lmshard.prepare.documents.sources import Source
+    from lmshard.prepare.execution import local_exec
+
+    (tmp_path / "pq" / "data").mkdir(parents=True)
+    datasets.Dataset.from_dict({"text": make_texts(50, seed=1)}).to_parquet(str(tmp_path / "pq" / "data" / "a.parquet"))
+    (tmp_path / "pq" / ".git").mkdir()
+    (tmp_path / "pq" / ".git" / "pack").write_bytes(b"x" * 100_000)
+    datasets.Dataset.from_dict({"text": make_texts(50, seed=2)}).save_to_disk(str(tmp_path / "saved"))
+
+    def staged(hf: str, **options) -> bool:
+        config = PrepareConfig(out=str(tmp_path / "o"), hf=hf, **{"workers": 2, **options})
+        return local_exec.use_stages(config, [Source(f"hf:{hf}", "hf", None, 0)])
+
+    assert staged("org/name") and not staged("org/name", streaming=False) and not staged("org/name", workers=1)
+    for name in ("pq", "saved"):
+        size = sum(p.stat().st_size for p in (tmp_path / name).rglob("*") if p.is_file() and ".git" not in p.parts)
+        monkeypatch.setattr(local_exec, "STAGED_BYTES", size + 1)
+        assert not staged(str(tmp_path / name))
+        monkeypatch.setattr(local_exec, "STAGED_BYTES", size)
+        assert staged(str(tmp_path / name)) and staged(str(tmp_path / name), streaming=False) == (name == "saved")

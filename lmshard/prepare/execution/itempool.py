@@ -85,8 +85,12 @@ def item_pool(r: Run, workers: int, early: ProcessPoolExecutor | None = None) ->
         _here["run"], _here["forked"] = r, True
         try:
             yield early
+        except BaseException:  # (as below: the items in progress are not waited for)
+            _stop_workers(early)
+            raise
         finally:
-            _here.pop("run", None)
+            for key in ("run", "forked", "ready"):
+                _here.pop(key, None)
         return
     method = start_sharing(r.tokenizer)  # fork only where it is safe: then the workers inherit the tokenizer
     _here["run"], _here["forked"] = r, method == "fork"

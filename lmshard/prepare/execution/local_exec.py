@@ -38,13 +38,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, InputError
 from ...format import load_metadata
 from ...remote.retry import RemoteError
 from ..config import MIN_UNIT_BYTES, PrepareConfig
+from ..documents.hf import source_bytes
 from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
 from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
@@ -87,18 +87,21 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
     if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
-    total = sum(s.size for s in sources) + (_hf_bytes(config.hf) if config.hf else 0)
+    total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
     streamed = any(s.stream for s in sources)
     return config.n_workers() > 1 and config.hf_tasks == 1 and not streamed and total >= STAGED_BYTES
 
 
-def _hf_bytes(hf: str) -> float:
+def _hf_bytes(config: PrepareConfig) -> float:
     """The bytes of a Hugging Face dataset's files on disk (a saved dataset, a directory of data
-    files: one listing); a hub id's are not known here (infinite)."""
-    root = Path(hf)
-    if not root.is_dir():
-        return math.inf
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(root) for f in names)
+    files: one listing, hf.source_bytes); a hub stream's are not known here (infinite). A
+    dataset downloaded and cached through `datasets` (--no-streaming), which the stages would
+    stream, is read in one process (0)."""
+    spec = config.hf_spec()
+    kind = spec.kind()
+    if config.streaming is False and kind != "saved":
+        return 0
+    return math.inf if kind == "hub" else source_bytes(spec)
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
