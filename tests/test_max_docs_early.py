@@ -307,3 +307,24 @@ def test_a_compressed_file_is_read_here_and_tokenized_by_every_worker_up_to_the_
     assert seen["markers"][0]["docs"] == 10 and seen["markers"][1]["stopped"] == 1
     assert n - 10 <= seen["markers"][1]["docs"] < bad and any(b"{not json" in p for p in submitted)  # (read ahead)
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
+
+
+def test_units_from_the_first_never_read_count_as_done_for_every_caller(tmp_path, corpus):
+    """Once `tokenize/enough` names the first unit never read, the tokenize and select stages
+    list no unit from it on as missing, whether asked for all their units (a run) or for a
+    task's (`status`, `run-task`); before it, every unit is missing."""
+    import json as json_
+
+    from lmshard.prepare.execution.maxdocs import ENOUGH
+    from lmshard.prepare.execution.run import Run
+
+    config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "o"), workers=1, unit_size=UNIT, **OPTS,
+                           max_docs=100)  # fmt: skip
+    r = Run.of(config, 3)
+    units = list(range(r.n_units))
+    assert r.missing("tokenize") == units == r.missing("select", range(r.n_units)) and len(units) > 10
+    (r.work / "tokenize").mkdir(parents=True, exist_ok=True)
+    (r.work / "tokenize" / ENOUGH).write_text(json_.dumps({"from": 5}))
+    for stage in ("tokenize", "select"):
+        assert r.missing(stage) == r.missing(stage, range(r.n_units)) == units[:5]
+        assert r.missing(stage, range(3, 9)) == [3, 4]

@@ -185,13 +185,12 @@ class Run(Reads):
         if stage == "finish":  # its one item is done once the dataset is in place
             return [] if (Path(self.config.out) / METADATA_FILE).exists() else list(items or range(1))
         if items is None:
-            n = self.unread if stage in ("tokenize", "select") else {  # (--max-docs: the units never read have none)
-                "lines": self.n_units if self.config.dedup_lines else 0,
-                "linedup": self.plan["groups"] if self.config.dedup_lines else 0,
-                "dedup": self.plan["groups"] if self.bucketed else 0}.get(stage)  # fmt: skip
-            if n is None:
-                n = len(self.layout()["parts" if stage == "write" else "pieces"])
-            items = range(n)
+            n = {"lines": self.n_units if self.config.dedup_lines else 0, "tokenize": self.n_units,
+                 "select": self.n_units, "linedup": self.plan["groups"] if self.config.dedup_lines else 0,
+                 "dedup": self.plan["groups"] if self.bucketed else 0}.get(stage)  # fmt: skip
+            items = range(len(self.layout()["parts" if stage == "write" else "pieces"]) if n is None else n)
+        if stage in ("tokenize", "select") and (end := self.unread) < self.n_units:
+            items = [i for i in items if i < end]  # (--max-docs: the units never read have none)
         folder, name = _MARKERS[stage]
         owner = self._owner(stage)
         finished: dict[int, bool] = {}
