@@ -3,5 +3,5 @@ the stages and their tasks (`stages`: tokenize, dedup, select, write, finish; `u
 `buckets`, `layout` for what each stage writes and reads), and the engines that run them: the
 local worker pool (`local_exec`), Slurm arrays (`slurm`), Ray (`ray_exec`), and `lmshard
 run-task`/`status` for any scheduler. `pool` and `feed` are the worker pool of a run that reads
-in one process (small inputs, streams).
+in one process (small inputs, stdin or a pipe read once).
 """

@@ -4,7 +4,7 @@ executor's workers (local_exec.py), and those of a task with several CPUs (stage
 Workers are forked where that is safe (they inherit the run: plan, inputs, tokenizer), else
 started and given the run's configuration to load it themselves. They ignore Ctrl-C and SIGTERM
 (the process that owns the pool stops them at once, killing an item in progress, which has no
-marker and is redone), and exit when that process dies.
+marker and is redone), and exit when that process dies. What a worker runs is poolworker.py.
 
 Memory model: each worker holds what its stage's item holds (see each stage's module); the
 owner holds one future per batch of items of the current stage, and while it reads a unit
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
@@ -26,14 +24,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
 from ...errors import ConfigError, InputError, LmshardError
-from ..config import PrepareConfig
 from ..documents.sources import WorkItem
-from ..documents.worker import ItemResult, hash_lines, run_item
-from ..stops import STOP_SIGNALS, stop_point
-from . import volatile
+from . import poolworker as worker
 from .pool import WorkerDied, _widen, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned
 
@@ -42,7 +35,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 BATCHES_PER_WORKER = 2  # the later stages' items go to the workers in this many batches each
-_here: dict[str, Any] = {}  # what forked workers inherit: the run
 
 
 def start_sharing(tokenizer: Any) -> str:
@@ -64,16 +56,17 @@ def early_pool(workers: int, tokenizer: Any, make: Callable[[], Run]) -> Iterato
     if start_sharing(tokenizer) != "fork":
         yield None
         return
-    _here["make"] = make
-    pool = _widened(ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_detach))
+    worker.here["make"] = make
+    forks = multiprocessing.get_context("fork")
+    pool = _widened(ProcessPoolExecutor(workers, mp_context=forks, initializer=worker.detach))
     try:
         with stop_signals_ignored():
-            ready = [_submit(pool, "tokenize", _ready) for _ in range(workers)]  # (forked now, all of them)
+            ready = [_submit(pool, "tokenize", worker.ready) for _ in range(workers)]  # (forked now, all of them)
         for f in ready:
             _result(f, "tokenize", pool)
         yield pool
     finally:
-        _here.pop("make", None)
+        worker.here.pop("make", None)
         _stop_workers(pool)
 
 
@@ -82,7 +75,7 @@ def item_pool(r: Run, workers: int, early: ProcessPoolExecutor | None = None) ->
     """A pool of `workers` processes that run items of `r` (or `early`'s, of as many, which stops
     them); stopped at once on an error or a stop."""
     if early is not None:
-        _here["run"], _here["forked"] = r, True
+        worker.here["run"], worker.here["forked"] = r, True
         try:
             yield early
         except BaseException:  # (as below: the items in progress are not waited for)
@@ -90,20 +83,20 @@ def item_pool(r: Run, workers: int, early: ProcessPoolExecutor | None = None) ->
             raise
         finally:
             for key in ("run", "forked", "ready"):
-                _here.pop(key, None)
+                worker.here.pop(key, None)
         return
     method = start_sharing(r.tokenizer)  # fork only where it is safe: then the workers inherit the tokenizer
-    _here["run"], _here["forked"] = r, method == "fork"
+    worker.here["run"], worker.here["forked"] = r, method == "fork"
     start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
-    pool = _widened(ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start,
-                                        initargs=start))  # fmt: skip
+    context = multiprocessing.get_context(method)
+    pool = _widened(ProcessPoolExecutor(workers, mp_context=context, initializer=worker.start, initargs=start))
     try:
         yield pool
     except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error: the items in progress are not waited for
         _stop_workers(pool)
         raise
     finally:
-        _here.clear()
+        worker.here.clear()
     _stop_workers(pool)  # every item done, the workers idle: ended at once (an orderly exit waits ≈50 ms for them)
 
 
@@ -124,7 +117,7 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
     # batches per worker, so that this process schedules a few dozen calls, not thousands.
     size = 1 if stage in ("lines", "tokenize") else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
     with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
-        futures = {_submit(pool, stage, _items, stage, items[k : k + size]): items[k : k + size]
+        futures = {_submit(pool, stage, worker.items, stage, items[k : k + size]): items[k : k + size]
                    for k in range(0, len(items), size)}  # fmt: skip
     _wait(pool, futures, stage, done)
 
@@ -152,7 +145,7 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
     def submit(i: int, stop: Any) -> None:
         if stop.room is not None:
             roomed.add(i)
-        running[_submit(pool, stage, _items, stage, [i], stop)] = i
+        running[_submit(pool, stage, worker.items, stage, [i], stop)] = i
 
     while running or failed or (left and not enough()):
         with stop_signals_ignored():
@@ -231,8 +224,8 @@ def started(pool: ProcessPoolExecutor, workers: int, stage: str) -> None:
     opened a Hugging Face dataset, say) load the run while this process goes on reading; one
     that could not (a store that stopped answering) says so at the first item it takes."""
     with stop_signals_ignored():
-        ready = _here["ready"] = [_submit(pool, stage, _ready) for _ in range(workers)]
-    for f in ready if _here.get("forked") else ():
+        ready = worker.here["ready"] = [_submit(pool, stage, worker.ready) for _ in range(workers)]
+    for f in ready if worker.here.get("forked") else ():
         _result(f, stage, pool)
 
 
@@ -245,7 +238,8 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
     (`started`), their results in order; at most `2 × workers + 2` in flight (each ≈1 MiB of
     text and its tokens). While spawned workers are still loading the run, the items are
     tokenized here, as one reading process does before its pool is up."""
-    fn = _hashed if stage == "lines" else _tokenized
+    fn = worker.hashed if stage == "lines" else worker.tokenized
+    local = worker.hashed if stage == "lines" else worker.tokenize  # (in this process: no worker's stop point)
 
     def results(items: Iterator[WorkItem]) -> Iterator[Any]:
         window: deque[Future[Any]] = deque()
@@ -257,7 +251,7 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
             return result
 
         for item in items:
-            window.append(_submit(pool, stage, fn, item) if _workers_ready() else _run_here(fn, item))
+            window.append(_submit(pool, stage, fn, item) if _workers_ready() else _run_here(local, item))
             if len(window) > 2 * workers + 1:
                 yield take()
         while window:
@@ -294,7 +288,7 @@ def _submit(pool: ProcessPoolExecutor, stage: str, fn: Callable[..., T], *args: 
 
 def _workers_ready() -> bool:
     """Whether the workers `started` started are ready for items (forked ones always are)."""
-    return all(f.done() for f in _here.get("ready", ()))
+    return all(f.done() for f in worker.here.get("ready", ()))
 
 
 def _run_here(fn: Callable[[WorkItem], T], item: WorkItem) -> Future[T]:
@@ -343,66 +337,3 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     # Then the pool's own thread finds them dead and closes its queues (its way out of a broken
     # pool), so nothing writes to a closed pipe as this process exits.
     pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
-    """Worker initializer: the parent's run (plan, sources, tokenizer) when forked (one thread
-    each), else loaded here."""
-    _detach()
-    if forked and "run" in _here:
-        _here["run"].tokenizer.use_threads(1)
-        return
-    try:
-        _here["run"] = make(config, n_tasks, unit_bytes)
-    except LmshardError as e:  # (a store that stopped answering): raised by the first item, not a broken pool
-        _here["failed"] = e
-
-
-def _detach() -> None:
-    """A worker ignores Ctrl-C and SIGTERM to the process group (the parent's to handle: it
-    stops the workers), and exits when its parent dies (kill -9, the OOM killer): its siblings
-    hold the task queue open, so it would otherwise wait for a task forever. An `early_pool`'s
-    worker initializer: its run is built at its first item (`_run`)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-
-
-def _exit_with_parent(parent: int, every: float = 0.5) -> None:
-    while os.getppid() == parent:
-        time.sleep(every)
-    os._exit(1)  # the item in progress stays unfinished (no marker): a re-run redoes it
-
-
-def _ready() -> None:
-    if "failed" in _here:
-        raise _here["failed"]
-
-
-def _run() -> Run:
-    """This worker's run: inherited, loaded at its start, or (an `early_pool`'s) built now, its
-    work files unsynced as the run's (volatile.inherit)."""
-    _ready()
-    if "run" not in _here:
-        run = _here["make"]()  # (one that fails is tried again by the next item: its own error)
-        run.tokenizer.use_threads(1)
-        volatile.inherit(run.work)
-        _here["run"] = run
-    return _here["run"]  # type: ignore[no-any-return]
-
-
-def _hashed(item: WorkItem) -> np.ndarray:
-    return hash_lines(item, _run().wcfg)
-
-
-def _tokenized(item: WorkItem) -> ItemResult:
-    run = _run()
-    result = run_item(item, run.wcfg, run.tokenizer)
-    stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input
-    return result
-
-
-def _items(stage: str, items: list[int], stop: Any = None) -> None:
-    run = _run()
-    for i in items:
-        run.do(stage, i, stop)

@@ -89,7 +89,8 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
     total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
     streamed = any(s.stream for s in sources)
-    return config.n_workers() > 1 and config.hf_tasks == 1 and not streamed and total >= STAGED_BYTES
+    signed = config.max_docs is not None and config.near_dedup  # (one process signs all, tokenizes N: the stages all)
+    return config.n_workers() > 1 and config.hf_tasks == 1 and not streamed and not signed and total >= STAGED_BYTES
 
 
 def _hf_bytes(config: PrepareConfig) -> float:

@@ -1,8 +1,9 @@
-"""--near-dedup in a run read in one process (small inputs, Hugging Face streams, --append,
---max-docs): a first pass over every work item computes each kept document's MinHash signature
-in the workers and spools them to the build (`.near_signatures.u32.tmp`, after the signatures of
-a dataset appended to); the clusters are found over the spool (quality/near.py), and the second
-pass, which tokenizes, gets each document's survivor (`ItemResult.near_of`) and signature.
+"""--near-dedup in a run read in one process (small inputs, stdin or a pipe read once, a small
+--append, --max-docs with --near-dedup): a first pass over every work item computes each kept
+document's MinHash signature in the workers and spools them to the build
+(`.near_signatures.u32.tmp`, after the signatures of a dataset appended to); the clusters are
+found over the spool (quality/near.py), and the second pass, which tokenizes, gets each
+document's survivor (`ItemResult.near_of`) and signature.
 
 Documents are numbered in plan order (the dataset appended to first), so the survivor of a
 cluster is its first document, as in a planned run. A resumed run repeats the first pass: it

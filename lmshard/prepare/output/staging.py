@@ -257,10 +257,8 @@ def commit(paths: OutputPaths) -> None:
     kind, _ = kind_of_output(out)
     for rel in user_entries(out):  # the user's own files in the dataset move with it (hard links)
         carry(out / rel, staging / rel)
-    for entry in os.scandir(staging):  # the shards' and key files' names in their folders, then the folders'
-        if entry.is_dir(follow_symlinks=False):
-            _fsync_dir(Path(entry.path))
-    _fsync_dir(staging)
+    for folder, _, _ in os.walk(staging, topdown=False):  # every folder's names (the shards', the key files',
+        _fsync_dir(Path(folder))  # a user's own in theirs), the deepest first, the build's own last
     if kind == "empty":
         out.rmdir()  # (a kill here: --out is missing and the build complete; --resume renames it)
     if kind in ("missing", "empty"):
