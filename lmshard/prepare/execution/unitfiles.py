@@ -82,56 +82,89 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     their results in order; else each is tokenized here as it is read. A stop acts on the
     results in order: the items read ahead after the one it ends at count for nothing (their
     errors are not raised), as in one reading process."""
+    unit = open_unit(config, plan, sources, tokenizer, wcfg, u, line_masks, stop)
+    if unit is None:
+        return False
+    items = unit.items()
+    unit.write(spread(items) if spread is not None else (run_item(item, wcfg, tokenizer) for item in items))
+    return True
+
+
+def open_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
+              wcfg: WorkerConfig, u: int, line_masks: Callable[[int], LineMasks] | None = None,
+              stop: Any = None) -> UnitRead | None:  # fmt: skip
+    """Unit `u` opened to be tokenized (`tokenize_unit`), or None when its marker exists."""
     out = work_dir(config.out) / "tokenize"
     if (out / f"unit_{u:06d}.done").exists():
-        return False
+        return None
     out.mkdir(parents=True, exist_ok=True)
-    masks, fresh = line_masks(u) if line_masks is not None else (None, None)
-    unit = load_unit(plan, u)
-    relative = unit.kind in RELATIVE
-    base = known_first_line(out, plan, u) if relative else 1
-    unit = replace(unit, first_line=base or 1)  # not known yet: numbered from the unit's start (linenumbers.py)
-    lines: dict[str, int] = {"lines": 0}  # newlines of a range (counted in the blocks it reads), records of a shard
-    pending: deque[int] = deque()  # the newlines (records) of each item read, counted as its result is taken
-    separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
+    return UnitRead(config, plan, sources, tokenizer, wcfg, u, out, line_masks, stop)
 
-    def work_items(unit: Unit) -> Iterator[WorkItem]:
-        items = unit_items(sources, unit, config.text_mode,
-                           record_fields(config.text_field, config.val_by), config.max_chars, wcfg.hf)  # fmt: skip
-        if masks is None:
+
+class UnitRead:
+    """A unit being tokenized: its work items as they are read (`items`), each one's newlines
+    (a shard's records) counted as its result is taken; `write(results)`, the results in order,
+    writes its data file and then its marker. Where its first line is not known when it is
+    opened (the unit before it not done), its records are numbered from its own start
+    (linenumbers.py)."""
+
+    def __init__(self, config: PrepareConfig, plan: dict[str, Any], sources: list[Source], tokenizer: Tokenizer,
+                 wcfg: WorkerConfig, u: int, out: Path, line_masks: Callable[[int], LineMasks] | None,
+                 stop: Any) -> None:  # fmt: skip
+        self.config, self.plan, self.sources, self.tokenizer, self.wcfg = config, plan, sources, tokenizer, wcfg
+        self.u, self.out, self.stop = u, out, stop
+        masks: Any = line_masks(u) if line_masks is not None else (None, None)
+        self.masks, self.fresh = masks
+        unit = load_unit(plan, u)
+        self.relative = unit.kind in RELATIVE
+        self.base = known_first_line(out, plan, u) if self.relative else 1
+        self.unit = replace(unit, first_line=self.base or 1)  # not known yet: numbered from the unit's start
+        self.lines: dict[str, int] = {"lines": 0}  # newlines of a range (counted in its blocks), records of a shard
+        self.pending: deque[int] = deque()  # the newlines (records) of each item read, counted as its result is taken
+
+    def _work_items(self, unit: Unit) -> Iterator[WorkItem]:
+        c = self.config
+        items = unit_items(self.sources, unit, c.text_mode, record_fields(c.text_field, c.val_by), c.max_chars,
+                           self.wcfg.hf)  # fmt: skip
+        if self.masks is None:
             return items
-        return (replace(item, line_keep=keep) for item, keep in zip(items, masks, strict=True))  # (the same items)
+        return (replace(item, line_keep=keep) for item, keep in zip(items, self.masks, strict=True))  # (the same)
 
-    def read() -> Iterator[WorkItem]:
-        for item in work_items(unit):
-            if stop is not None and stop.abandoned():
-                raise Abandoned(u)
+    def items(self) -> Iterator[WorkItem]:
+        unit = self.unit
+        for item in self._work_items(unit):
+            if self.stop is not None and self.stop.abandoned():
+                raise Abandoned(self.u)
             ranged = item.kind == "lines" and unit.kind == "range"
-            pending.append(item.payload.count(b"\n") if ranged else len(item.payload) if unit.kind == "shard" else 0)
+            self.pending.append(item.payload.count(b"\n") if ranged else len(item.payload) if unit.kind == "shard"
+                                else 0)  # fmt: skip
             yield item
 
-    def results() -> Iterator[ItemResult]:
-        tokenized = spread(read()) if spread is not None else (run_item(item, wcfg, tokenizer) for item in read())
+    def _results(self, tokenized: Iterator[ItemResult]) -> Iterator[ItemResult]:
+        base, stop, lines = self.base, self.stop, self.lines
         for r in tokenized:
-            lines["lines"] += pending.popleft()
-            yield r if base is not None else replace(r, examples=tag(r.examples, u))
+            lines["lines"] += self.pending.popleft()
+            yield r if base is not None else replace(r, examples=tag(r.examples, self.u))
             if stop is not None and stop.enough(r.keys):  # (the rest of the unit is after the N-th kept document)
                 lines["stopped"] = 1
                 return
-        if relative and base is not None:  # where the next range's lines (or shard's records) begin
+        if self.relative and base is not None:  # where the next range's lines (or shard's records) begin
             lines["next_line"] = base + lines["lines"]
 
-    try:
-        _write_unit(out, u, results(), lines, separators, wcfg.minhash, fresh, (base or 1) - 1,
-                    field_of(config.val_by))  # fmt: skip
-    except BaseException as e:
-        (out / f".unit_{u:06d}.bin.tmp").unlink(missing_ok=True)  # (a unit given up or failed leaves no file)
-        if isinstance(e, InputError) and base is None:  # stopping: named at its absolute line, as one process names it
-            for item in work_items(replace(unit, first_line=first_line(out, plan, sources[unit.source], u, wcfg.hf))):
-                run_item(item, wcfg, tokenizer)  # (its lines removed as before: the same record fails)
-        raise
-    stop_point("unit", u)
-    return True
+    def write(self, tokenized: Iterator[ItemResult]) -> None:
+        c, out, u, base, unit = self.config, self.out, self.u, self.base, self.unit
+        separators = (self.tokenizer.eot_id, c.eot_position, bos_written(c, self.tokenizer))
+        try:
+            _write_unit(out, u, self._results(tokenized), self.lines, separators, self.wcfg.minhash, self.fresh,
+                        (base or 1) - 1, field_of(c.val_by))  # fmt: skip
+        except BaseException as e:
+            (out / f".unit_{u:06d}.bin.tmp").unlink(missing_ok=True)  # (a unit given up or failed leaves no file)
+            if isinstance(e, InputError) and base is None:  # stopping: named at its absolute line, as one process does
+                line = first_line(out, self.plan, self.sources[unit.source], u, self.wcfg.hf)
+                for item in self._work_items(replace(unit, first_line=line)):
+                    run_item(item, self.wcfg, self.tokenizer)  # (its lines removed as before: the same record fails)
+            raise
+        stop_point("unit", u)
 
 
 def skip_unit(config: PrepareConfig, tokenizer: Tokenizer, wcfg: WorkerConfig, u: int,
