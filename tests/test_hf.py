@@ -395,12 +395,14 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     """A plain `prepare --hf` with 2 workers runs the stages from LMSHARD_STAGED_BYTES of its
     files on disk (below, one process): this process, which opened the dataset, reads every
     unit (a data file of a stream, rows of a saved dataset) and the workers tokenize its work
-    items (none in a unit's own code); a worker would open the dataset again. The dataset equals
-    a one-process prepare of it, byte for byte (duplicates across units, a null text named at
+    items (none in a unit's own code); a worker would open the dataset again. The units go out
+    in one window, which holds the items of two units at once (the next one's go out while the
+    last results of the one before come back; not with --max-docs). The dataset equals a
+    one-process prepare of it, byte for byte (duplicates across units, a null text named at
     its record; with --max-docs, stopped in the second data file)."""
     from test_stages import _files
 
-    from lmshard.prepare.execution import local_exec, unitfiles
+    from lmshard.prepare.execution import itempool, local_exec, unitfiles
     from lmshard.prepare.execution.run import Run
 
     texts = make_texts(400, seed=9)
@@ -417,10 +419,14 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     assert one.drops["duplicate"] == (0 if max_docs else 30) and one.total_docs == (max_docs or 400)
     runs, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: runs.append(a[1]) or real(*a, **k))
-    spreads, do = [], Run.do
+    spreads, do, chained = [], Run.do, itempool._Chain.results
     monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (
         spreads.append(i) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+    monkeypatch.setattr(itempool._Chain, "results", lambda chain, u: spreads.append(u) or chained(chain, u))
     monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("a unit tokenized in its own code"))
+    at_once, fill = [0], itempool._Chain._fill  # (the most units whose items were in the window together)
+    monkeypatch.setattr(itempool._Chain, "_fill", lambda chain: fill(chain) or at_once.append(
+        len({u for u, _ in chain.window})))  # fmt: skip
     size = sum(p.stat().st_size for p in (tmp_path / "ds").rglob("*") if p.is_file())
     monkeypatch.setattr(local_exec, "STAGED_BYTES", size + 1)
     prepare(PrepareConfig(out=str(tmp_path / "below"), workers=2, **opts))
@@ -429,6 +435,7 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     prepare(PrepareConfig(out=str(tmp_path / "two"), workers=2, **opts))
     n_units = len(files) if kind == "parquet" else 2  # (a saved dataset of 431 rows: units of 256 rows)
     assert runs and spreads == list(range(2 if max_docs else n_units))  # (--max-docs: none read after the 2nd)
+    assert (max(at_once) >= 2) if not max_docs else at_once == [0]  # (--max-docs: a unit at a time, its stop)
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
 
 

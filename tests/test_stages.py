@@ -193,6 +193,7 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     import gzip
 
     import lmshard.prepare.documents.sources as sources
+    import lmshard.prepare.execution.itempool as itempool
     import lmshard.prepare.execution.linestage as linestage
     import lmshard.prepare.execution.unitfiles as unitfiles
 
@@ -210,9 +211,10 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    spreads, do = [], Run.do
+    spreads, do, chained = [], Run.do, itempool._Chain.results
     monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (
         spreads.append(stage) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip
+    monkeypatch.setattr(itempool._Chain, "results", lambda chain, u: spreads.append("tokenize") or chained(chain, u))
     spread_stages = ["lines", "tokenize"] if options.get("dedup_lines") else ["tokenize"]  # (of the one unit, 0)
     monkeypatch.setattr(unitfiles, "run_item", lambda *a: pytest.fail("an item tokenized by the reader"))
     monkeypatch.setattr(linestage, "hash_lines", lambda *a: pytest.fail("an item hashed by the reader"))

@@ -28,7 +28,7 @@ from ...errors import ConfigError, InputError, LmshardError
 from ..documents.sources import WorkItem
 from . import poolworker as worker
 from .pool import WorkerDied, _widen, how_ended, start_method, stop_signals_ignored
-from .unitfiles import Abandoned
+from .unitfiles import Abandoned, open_unit
 
 if TYPE_CHECKING:
     from .run import Run
@@ -195,7 +195,15 @@ def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int
     large = large_units(r, units, workers, local)
     if large:
         started(pool, workers, stage)
-    for u in large:
+    if stage == "tokenize":  # (one window over the units: the next one's items go out as this one's come back)
+        masks = r.line_masks if r.config.dedup_lines else None
+        opened = ((u, open_unit(r.config, r.plan, r.sources, r.tokenizer, r.wcfg, u, masks)) for u in large)
+        chain = _Chain(pool, workers, step, ((u, unit) for u, unit in opened if unit is not None))
+        for u, unit in chain.units():
+            unit.write(chain.results(u))
+            if done is not None:
+                done(stage, u)
+    for u in large if stage != "tokenize" else ():
         r.do(stage, u, spread=spread(pool, workers, stage, step))
         if done is not None:
             done(stage, u)
@@ -258,6 +266,55 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
             yield take()
 
     return results
+
+
+class _Chain:
+    """The work items of consecutive units spread over the pool in one window of `2 × workers
+    + 2` (`spread`'s): the next unit is opened and its items go out while the last results of
+    the one before come back, so no unit waits for the window to drain (a Hugging Face dataset
+    of small data files holds a few items a unit). `units()`: each unit opened, in order;
+    `results(u)`: unit u's results, in order, to be taken before the next unit's."""
+
+    def __init__(self, pool: ProcessPoolExecutor, workers: int, step: Callable[[Any], None] | None,
+                 opened: Iterator[tuple[int, Any]]) -> None:  # fmt: skip
+        self.pool, self.limit, self.step, self.opened = pool, 2 * workers + 2, step, opened
+        self.ready: deque[tuple[int, Any]] = deque()  # units opened, their results not taken yet
+        self.reading: tuple[int, Iterator[WorkItem]] | None = None
+        self.window: deque[tuple[int, Future[Any]]] = deque()
+
+    def _fill(self) -> None:
+        while len(self.window) < self.limit:
+            if self.reading is None:
+                nxt = next(self.opened, None)
+                if nxt is None:
+                    return
+                self.ready.append(nxt)
+                self.reading = (nxt[0], nxt[1].items())
+            item = next(self.reading[1], None)
+            if item is None:
+                self.reading = None
+                continue
+            ready = _workers_ready()
+            self.window.append((self.reading[0], _submit(self.pool, "tokenize", worker.tokenized, item) if ready
+                                else _run_here(worker.tokenize, item)))  # fmt: skip
+
+    def units(self) -> Iterator[tuple[int, Any]]:
+        while True:
+            if not self.ready:
+                self._fill()
+                if not self.ready:
+                    return
+            yield self.ready.popleft()
+
+    def results(self, u: int) -> Iterator[Any]:
+        while True:
+            self._fill()
+            if not self.window or self.window[0][0] != u:
+                return
+            result = _result(self.window.popleft()[1], "tokenize", self.pool)
+            if self.step is not None:
+                self.step(result)
+            yield result
 
 
 def run_items(r: Run, stage: str, items: list[int], workers: int) -> None:
