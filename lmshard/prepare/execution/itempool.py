@@ -7,9 +7,11 @@ started and given the run's configuration to load it themselves. They ignore Ctr
 marker and is redone), and exit when that process dies. What a worker runs is poolworker.py.
 
 Memory model: each worker holds what its stage's item holds (see each stage's module); the
-owner holds one future per batch of items of the current stage, and while it reads a unit
+owner holds one future per batch of items of the current stage, and while it reads units
 spread over the workers (`units_in_pool`), at most 2 × workers + 2 work items and their
-results (≈1 MiB of text and its tokens each) and the unit's per-document arrays.
+results (≈1 MiB of text and its tokens each, over the units they come from: each one's line
+counts, and with --dedup-lines its kept lines' keys) and the per-document arrays of the unit
+being written.
 """
 
 from __future__ import annotations
