@@ -205,10 +205,11 @@ def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int
             unit.write(chain.results(u))
             if done is not None:
                 done(stage, u)
-    for u in large if stage != "tokenize" else ():
-        r.do(stage, u, spread=spread(pool, workers, stage, step))
-        if done is not None:
-            done(stage, u)
+    else:
+        for u in large:
+            r.do(stage, u, spread=spread(pool, workers, stage, step))
+            if done is not None:
+                done(stage, u)
     spread_here = set(large)
     in_pool(pool, stage, [u for u in units if u not in spread_here], workers, done)
 
@@ -248,8 +249,6 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
     (`started`), their results in order; at most `2 × workers + 2` in flight (each ≈1 MiB of
     text and its tokens). While spawned workers are still loading the run, the items are
     tokenized here, as one reading process does before its pool is up."""
-    fn = worker.hashed if stage == "lines" else worker.tokenized
-    local = worker.hashed if stage == "lines" else worker.tokenize  # (in this process: no worker's stop point)
 
     def results(items: Iterator[WorkItem]) -> Iterator[Any]:
         window: deque[Future[Any]] = deque()
@@ -261,7 +260,7 @@ def spread(pool: ProcessPoolExecutor, workers: int, stage: str = "tokenize",
             return result
 
         for item in items:
-            window.append(_submit(pool, stage, fn, item) if _workers_ready() else _run_here(local, item))
+            window.append(_send(pool, stage, item))
             if len(window) > 2 * workers + 1:
                 yield take()
         while window:
@@ -296,9 +295,7 @@ class _Chain:
             if item is None:
                 self.reading = None
                 continue
-            ready = _workers_ready()
-            self.window.append((self.reading[0], _submit(self.pool, "tokenize", worker.tokenized, item) if ready
-                                else _run_here(worker.tokenize, item)))  # fmt: skip
+            self.window.append((self.reading[0], _send(self.pool, "tokenize", item)))
 
     def units(self) -> Iterator[tuple[int, Any]]:
         while True:
@@ -345,16 +342,15 @@ def _submit(pool: ProcessPoolExecutor, stage: str, fn: Callable[..., T], *args: 
         raise _broken(pool, stage) from None
 
 
-def _workers_ready() -> bool:
-    """Whether the workers `started` started are ready for items (forked ones always are)."""
-    return all(f.done() for f in worker.here.get("ready", ()))
-
-
-def _run_here(fn: Callable[[WorkItem], T], item: WorkItem) -> Future[T]:
-    """fn(item) run in this process, as a done future (its error raised where its result is taken)."""
-    done: Future[T] = Future()
+def _send(pool: ProcessPoolExecutor, stage: str, item: WorkItem) -> Future[Any]:
+    """A spread work item tokenized (the lines stage: its lines hashed) by a worker; while the
+    workers `started` started are not all ready (spawned ones load the run first), here, as a
+    done future (no worker's stop point; its error raised where its result is taken)."""
+    if all(f.done() for f in worker.here.get("ready", ())):  # (forked ones always are)
+        return _submit(pool, stage, worker.hashed if stage == "lines" else worker.tokenized, item)
+    done: Future[Any] = Future()
     try:
-        done.set_result(fn(item))
+        done.set_result(worker.hashed(item) if stage == "lines" else worker.tokenize(item))
     except Exception as e:
         done.set_exception(e)
     return done
