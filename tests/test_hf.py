@@ -402,7 +402,7 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     its record; with --max-docs, stopped in the second data file)."""
     from test_stages import _files
 
-    from lmshard.prepare.execution import itempool, local_exec, unitfiles
+    from lmshard.prepare.execution import itempool, local_exec, plainplan, unitfiles
     from lmshard.prepare.execution.run import Run
 
     texts = make_texts(400, seed=9)
@@ -428,10 +428,10 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     monkeypatch.setattr(itempool._Chain, "_fill", lambda chain: fill(chain) or at_once.append(
         len({u for u, _ in chain.window})))  # fmt: skip
     size = sum(p.stat().st_size for p in (tmp_path / "ds").rglob("*") if p.is_file())
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", size + 1)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", size + 1)
     prepare(PrepareConfig(out=str(tmp_path / "below"), workers=2, **opts))
     assert runs == [] and spreads == []
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", size)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", size)
     prepare(PrepareConfig(out=str(tmp_path / "two"), workers=2, **opts))
     n_units = len(files) if kind == "parquet" else 2  # (a saved dataset of 431 rows: units of 256 rows)
     assert runs and spreads == list(range(2 if max_docs else n_units))  # (--max-docs: none read after the 2nd)
@@ -482,7 +482,7 @@ def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path
     (hidden folders, a clone's .git, not counted); never what --no-streaming downloads and
     caches through `datasets` (the stages stream), but a saved dataset; never with 1 worker."""
     from lmshard.prepare.documents.sources import Source
-    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution import plainplan
 
     (tmp_path / "pq" / "data").mkdir(parents=True)
     datasets.Dataset.from_dict({"text": make_texts(50, seed=1)}).to_parquet(str(tmp_path / "pq" / "data" / "a.parquet"))
@@ -492,12 +492,12 @@ def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path
 
     def staged(hf: str, **options) -> bool:
         config = PrepareConfig(out=str(tmp_path / "o"), hf=hf, **{"workers": 2, **options})
-        return local_exec.use_stages(config, [Source(f"hf:{hf}", "hf", None, 0)])
+        return plainplan.use_stages(config, [Source(f"hf:{hf}", "hf", None, 0)])
 
     assert staged("org/name") and not staged("org/name", streaming=False) and not staged("org/name", workers=1)
     for name in ("pq", "saved"):
         size = sum(p.stat().st_size for p in (tmp_path / name).rglob("*") if p.is_file() and ".git" not in p.parts)
-        monkeypatch.setattr(local_exec, "STAGED_BYTES", size + 1)
+        monkeypatch.setattr(plainplan, "STAGED_BYTES", size + 1)
         assert not staged(str(tmp_path / name))
-        monkeypatch.setattr(local_exec, "STAGED_BYTES", size)
+        monkeypatch.setattr(plainplan, "STAGED_BYTES", size)
         assert staged(str(tmp_path / name)) and staged(str(tmp_path / name), streaming=False) == (name == "saved")

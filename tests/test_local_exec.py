@@ -253,10 +253,10 @@ def test_a_small_input_goes_through_its_stages_in_this_process_whatever_the_work
     start costs more than its workers save there (bench_scaleout.py, section 3). The same bytes
     as one process either way; with the threshold at 0 the pool is used."""
     from lmshard.prepare import PrepareConfig, prepare
-    from lmshard.prepare.execution import itempool, local_exec
+    from lmshard.prepare.execution import itempool, local_exec, plainplan
 
     src = jsonl(tmp_path / "a.jsonl", make_texts(3000, seed=5))
-    assert src.stat().st_size < local_exec.POOL_BYTES == 4 << 20
+    assert src.stat().st_size < plainplan.POOL_BYTES == 4 << 20
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "one"), workers=1, val_fraction=0.1))
     real, pools = itempool.item_pool, []
 
@@ -267,7 +267,7 @@ def test_a_small_input_goes_through_its_stages_in_this_process_whatever_the_work
     monkeypatch.setattr(local_exec, "item_pool", counted)
     local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "here"), workers=2, val_fraction=0.1), 3)
     assert pools == [] and _files(tmp_path / "here") == _files(tmp_path / "one")
-    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     local_exec.run(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "pool"), workers=2, val_fraction=0.1), 3)
     assert pools == [2] and _files(tmp_path / "pool") == _files(tmp_path / "one")
 
@@ -362,14 +362,14 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
 
     from lmshard.errors import LmshardError
     from lmshard.prepare import PrepareConfig, prepare
-    from lmshard.prepare.execution import local_exec, unitfiles
+    from lmshard.prepare.execution import plainplan, unitfiles
 
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(2000, seed=6))  # (~2 MB: the stages run in this process)
     options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken"}
     prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     if pool:  # workers started afresh (spawned: this process runs threads) fill their disk at start-up
-        monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+        monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
         (tmp_path / "site").mkdir()
         (tmp_path / "site" / "sitecustomize.py").write_text(_FULL_DISK)
         path = [str(tmp_path / "site"), str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -385,7 +385,7 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     assert (device.failures >= 1) != pool and _work(out).exists()  # (in the pool: a worker's device filled)
     assert "worker" not in message  # (the fault, not a worker's death or bug)
     monkeypatch.undo()  # space is back
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     prepare(PrepareConfig(out=str(out), resume=True, **options))
     assert _files(out) == _files(tmp_path / "one")
 
@@ -462,14 +462,14 @@ def test_an_input_gone_before_the_plan_says_the_work_is_kept(tmp_path, monkeypat
     and that the work is kept; put back, --resume ends with one machine's bytes."""
     from lmshard.errors import LmshardError
     from lmshard.prepare import PrepareConfig, prepare
-    from lmshard.prepare.execution import local_exec
+    from lmshard.prepare.execution import local_exec, plainplan
 
     inputs = tmp_path / "in"
     jsonl(inputs / "a.jsonl", make_texts(300, seed=1))
     b = jsonl(inputs / "b.jsonl", make_texts(300, seed=2))
     options = {"inputs": [str(inputs)], "workers": 2, "tokenizer_backend": "tiktoken"}
     prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     real = local_exec.begin
     monkeypatch.setattr(local_exec, "begin", lambda *a, **k: (real(*a, **k), b.rename(tmp_path / "away"))[0])
     out = tmp_path / "o"

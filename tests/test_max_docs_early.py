@@ -19,7 +19,7 @@ from test_prepare import jsonl, make_texts
 from test_stages import _files
 
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.execution import local_exec, unitfiles
+from lmshard.prepare.execution import local_exec, plainplan, unitfiles
 from lmshard.prepare.execution.taskplan import load_plan
 from lmshard.prepare.output.staging import Interrupted
 
@@ -194,7 +194,7 @@ def test_a_unit_given_up_writes_nothing_and_the_pool_gives_up_the_units_after_th
         r.do("tokenize", 2, UnitStop(None, None, flag))
     assert sorted(p.name for p in flag.parent.iterdir()) == [ENOUGH]
     prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "one"), workers=1, **opts))
-    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     seen = _markers(monkeypatch)
     config = PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "pool"), workers=2, unit_size=UNIT, **opts)
     assert local_exec.run(config, 3).total_docs == 100
@@ -253,7 +253,7 @@ def test_an_input_changed_past_the_nth_kept_document_is_never_read_as_in_one_pro
         return r
 
     monkeypatch.setattr(local_exec, "_planned", planned)
-    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     seen = _markers(monkeypatch)
     config = PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "pool"), workers=2, unit_size=UNIT, **opts)
     assert local_exec.run(config, 2).total_docs == 5
@@ -291,8 +291,8 @@ def test_a_compressed_file_is_read_here_and_tokenized_by_every_worker_up_to_the_
     opts = dict(OPTS, max_docs=n)
     one = prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "one"), workers=1, **opts))
     assert one.total_docs == n
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
-    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     spreads, do = [], Run.do
     monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (spreads.append(
         (stage, i, stop is not None)) if spread is not None else None) or do(r, stage, i, stop, spread))  # fmt: skip

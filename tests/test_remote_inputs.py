@@ -27,7 +27,7 @@ from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.documents.reading import InputReadError
 from lmshard.prepare.documents.sources import discover, plan
 from lmshard.prepare.documents.urlfile import URLInput
-from lmshard.prepare.execution import local_exec
+from lmshard.prepare.execution import local_exec, plainplan
 from lmshard.prepare.execution.stages import STAGES, run_task
 from lmshard.prepare.execution.taskplan import load_plan, work_dir
 from lmshard.prepare.execution.units import _WINDOW
@@ -171,7 +171,7 @@ def test_a_large_line_file_is_planned_in_byte_ranges_as_a_local_one_is(tmp_path,
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 8192)
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "8192")  # for spawned workers (fsspec's thread rules out fork)
     if staged:
-        monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+        monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     server, bucket = s3
     local = _big_jsonl(tmp_path / "in")
     url = _upload(server, bucket, "in", local)
@@ -195,7 +195,7 @@ def test_a_store_gone_during_a_staged_run_keeps_the_work_for_resume(tmp_path, ht
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 8192)
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "8192")
     monkeypatch.setenv("LMSHARD_REMOTE_ATTEMPTS", "1")  # the spawned workers' budget: no backoff to wait out
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     local = _big_jsonl(tmp_path / "in")
     (http_server.root / "big.jsonl").write_bytes((local / "big.jsonl").read_bytes())
     url = f"{http_server.url}/big.jsonl"

@@ -21,7 +21,7 @@ import lmshard.prepare.execution.stages as stages_module
 import lmshard.prepare.output.build as build
 from lmshard.errors import ConfigError, InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.execution import local_exec, taskplan
+from lmshard.prepare.execution import local_exec, plainplan, taskplan
 from lmshard.prepare.execution.layout import STREAMS
 from lmshard.prepare.execution.layoutfiles import Layout
 from lmshard.prepare.execution.stages import STAGES, Run, plan_run, run_task
@@ -172,12 +172,12 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     _small_key_files(monkeypatch, 500)
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
-    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)  # (a large input: in the pool, 4 units per worker)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)  # (a large input: in the pool, 4 units per worker)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "staged"), workers=workers, **_OPTS))
-    assert calls == ([local_exec.TASKS_PER_WORKER * workers] if workers > 1 else [])
+    assert calls == ([plainplan.TASKS_PER_WORKER * workers] if workers > 1 else [])
     assert (meta.run.dedup_table_bytes == 0) == (workers > 1)  # the in-process run holds a key set
     assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
@@ -207,8 +207,8 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     items = []
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **options, **_OPTS), items.append)
     assert len(items) >= 8  # (one progress call per item)
-    monkeypatch.setattr(local_exec, "STAGED_BYTES", 0)
-    monkeypatch.setattr(local_exec, "POOL_BYTES", 0)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     spreads, do, chained = [], Run.do, itempool._Chain.results

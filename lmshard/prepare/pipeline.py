@@ -1,9 +1,9 @@
 """`lmshard prepare`: sources → clean → dedup → tokenize → shards + metadata.
 
-Two ways to the same bytes. A large input (local_exec.use_stages: files, a Hugging Face
-dataset) runs as the staged tasks of a planned run in the worker pool (local_exec.py,
-stages.py). Everything else (small inputs, which start fastest this way; stdin and pipes, read
-once) runs here: one process
+Two ways to the same bytes. A large input (execution/plainplan.use_stages: 16 MiB of files or
+more, a Hugging Face dataset) runs as the staged tasks of a planned run (local_exec.py,
+stages.py), in the worker pool or, with one worker, in this process. Everything else (small
+inputs, which start fastest this way; stdin and pipes, read once) runs here: one process
 plans work items and writes; N worker processes parse, clean, hash and tokenize items; results
 come back in item order (`Pool.imap`), so dedup survivors, the train/val split and every output
 byte are the same for any number of workers.
@@ -103,14 +103,14 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         sources, tokenizer = load_run(config)  # (fails fast on a missing vocabulary)
         if not config.append:
             config.encoding(tokenizer.n_vocab)  # fail fast on uint16 for a larger vocabulary
-        from .execution import local_exec  # (whose stages use this module)
+        from .execution import local_exec, plainplan  # (whose stages use this module)
 
         if config.num_tasks is not None:  # a plan of that many tasks, every stage run here (--executor local)
             return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer), started=started)
         # Every stage in the worker pool; and a --resume of a run the stages left (its plan is there), whatever
         # --workers and the input's size would choose now: their work is theirs to go on with.
-        if local_exec.use_stages(config, sources) or (config.resume and (work_dir(config.out) / PLAN_FILE).exists()):
-            tasks, unit_bytes = local_exec.plain_plan(config, sources)  # (tasks here only size the units)
+        if plainplan.use_stages(config, sources) or (config.resume and (work_dir(config.out) / PLAN_FILE).exists()):
+            tasks, unit_bytes = plainplan.plain_plan(config, sources)  # (tasks here only size the units)
             return local_exec.run(config, tasks, unit_bytes, on_progress, (sources, tokenizer), adopt=True,
                                   started=started)  # fmt: skip
         refuse_for_streams(config, sources)  # (what one pass over stdin or a pipe cannot do)

@@ -1,9 +1,9 @@
 """The local executor: every stage of a planned run (stages.py) in a pool of worker processes on
 this machine. It runs `prepare --num-tasks N` without `--executor`, and a plain `prepare` whose
-input is large enough to repay it (`use_stages`): the same stages, the same files and the same
+input is large enough to repay it (plainplan.py): the same stages, the same files and the same
 bytes as on a cluster.
 
-This process claims `--out` (owners.begin) and holds the writer lock for the whole run; then it
+This process claims `--out` (planclaim.begin) and holds the writer lock for the whole run; then it
 only schedules. Each stage's items (the units to tokenize, each task's keys to gather, the
 dedup groups of buckets, the units to select, the parts of shards and key files to write, then
 the shards and key files to seal) go to `--workers` processes, in plan order, and the next
@@ -14,11 +14,12 @@ read here, its work items tokenized by every worker (itempool.units_in_pool). A 
 leaves its items' markers, so `--resume` skips what was done; Ctrl-C or SIGTERM stop the
 workers at once (an item cut short has no marker and is redone).
 
-Below POOL_BYTES of input (files, whose size is known) every item runs in this process, whatever
---workers says. With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops once
-the units from the first on hold N kept documents (maxdocs.EarlyStop): the unit that holds the
-N-th stops after its work item, those in progress after it are given up, and the units left are
-never read, and have no file in any stage (`Run.unread`). A unit larger than half again a
+Below POOL_BYTES of input (files, whose size is known) and with one worker every item runs in
+this process; so do the items after tokenizing of a plan of one unit (every worker tokenized it).
+With --max-docs the tokenize stage goes in plan order, `--workers` units at a time, and stops
+once the units from the first on hold N kept documents (maxdocs.EarlyStop): the unit that holds
+the N-th stops after its work item, those in progress after it are given up, and the units left
+are never read, and have no file in any stage (`Run.unread`). A unit larger than half again a
 worker's share is read here once every unit before it is done, and its items spread.
 
 Memory model: each worker holds what its stage's item holds (unitfiles.py, buckets.py,
@@ -33,8 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -43,88 +42,21 @@ from typing import Any
 from ...errors import ConfigError, InputError
 from ...format import load_metadata
 from ...remote.retry import RemoteError
-from ..config import MIN_UNIT_BYTES, PrepareConfig
-from ..documents.hf import source_bytes
+from ..config import PrepareConfig
 from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
-from ..documents.sources import Source
 from ..output.build import Progress, sigterm_stops
-from ..output.claim import needs_a_copy
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_error
 from . import volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
-from .itempool import SIZED, early_pool, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
+from .itempool import early_pool, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
 from .maxdocs import EarlyStop
-from .owners import begin
+from .plainplan import small_plan
+from .planclaim import begin
 from .run import Run
 from .runplan import check_scale_out, load_run
 from .taskplan import PLAN_FILE, work_dir
 from .unitfiles import skip_unit, unit_marker
-
-# A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
-# one process reading and writing while workers tokenize starts faster).
-STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
-# A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
-# last unit to finish leaves the others idle for a short time, and few enough that each unit's
-# fixed costs (its files, fsyncs, a read of each dedup group) stay small.
-TASKS_PER_WORKER = 2
-# A run of less input than this goes through its stages in this process whatever --workers says: the
-# pool's start (forking the workers, a round trip per item) costs more than they save (bench_scaleout.py,
-# section 3: at 1 MB the stages in a pool of 2 took 1.24x their time in one process; at 8 MB, as long).
-POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
-
-
-def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
-    """Whether a plain `prepare` runs as staged tasks in the worker pool: several workers, no
-    stdin or pipe, none of the options the stages refuse (runplan.py's `check_scale_out`), at
-    least STAGED_BYTES of input (a unit larger than half again a worker's share, as a large .gz
-    file is, is read here and tokenized by every worker: itempool.units_in_pool; so is every
-    unit of a Hugging Face dataset, which this process has open, its size counted as its data
-    files' on disk, a hub stream's as unknown, so large). And always with --val-by, and for
-    stdin or a pipe that one pass cannot read as asked (claim.needs_a_copy): the stages save it
-    first (runplan.spool_streams) and read the copy."""
-    if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
-        return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
-    if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
-        return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
-    total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
-    streamed = any(s.stream for s in sources)
-    signed = config.max_docs is not None and config.near_dedup  # (one process signs all, tokenizes N: the stages all)
-    return config.n_workers() > 1 and config.hf_tasks == 1 and not streamed and not signed and total >= STAGED_BYTES
-
-
-def _hf_bytes(config: PrepareConfig) -> float:
-    """The bytes of a Hugging Face dataset's files on disk (a saved dataset, a directory of data
-    files: one listing, hf.source_bytes); a hub stream's are not known here (infinite). A
-    dataset downloaded and cached through `datasets` (--no-streaming), which the stages would
-    stream, is read in one process (0)."""
-    spec = config.hf_spec()
-    kind = spec.kind()
-    if config.streaming is False and kind != "saved":
-        return 0
-    return math.inf if kind == "hub" else source_bytes(spec)
-
-
-def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
-    """The tasks and unit size a plain prepare plans (its tasks only size the units): 2 tasks of
-    4 units per worker; but below POOL_BYTES of files, which run in this process, one unit of
-    up to POOL_BYTES (small files share it, units.py): each unit costs its work files in every
-    stage, and here no worker waits for another. --unit-size decides where it is given."""
-    if config.unit_size is None and _in_process(sources):
-        return 1, max(POOL_BYTES, MIN_UNIT_BYTES)
-    return TASKS_PER_WORKER * config.n_workers(), None
-
-
-def _in_process(sources: list[Source]) -> bool:
-    """Less than POOL_BYTES of input whose size is known: files (not a stream, a Hugging Face
-    dataset). `_small_plan` is the same rule on a plan's units."""
-    return all(not s.stream and s.fmt != "hf" for s in sources) and sum(s.size for s in sources) < POOL_BYTES
-
-
-def _small_plan(units: Any) -> bool:
-    """Less than POOL_BYTES of input in units of known size (a stream's shards and a saved
-    split's rows are not bytes): `_in_process` on a plan, as a resumed or `--num-tasks` run has it."""
-    return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < POOL_BYTES
 
 
 def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
@@ -227,7 +159,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     workers = min(r.config.n_workers(), max(len(t) for t in todo.values()) or 1)
     if any(large_units(r, todo.get(s, []), r.config.n_workers(), True) for s in ("lines", "tokenize")):
         workers = r.config.n_workers()  # (its work items go to every worker)
-    if _small_plan(r.plan["units"]):
+    if small_plan(r.plan["units"]):
         workers = 1
     progress = _Progress(r, on_progress, resumed)
 
@@ -256,6 +188,10 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             elif stage in ("lines", "tokenize"):
                 step = progress.step if stage == "tokenize" else None
                 units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step, True)
+            elif r.n_units == 1:  # (one unit, which every worker tokenized: its few items cost less here than a
+                for i in _todo(r, stage):  # round trip to a worker each)
+                    r.do(stage, i)
+                    progress.done(stage, i)
             else:
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)

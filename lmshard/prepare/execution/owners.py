@@ -1,12 +1,5 @@
 """The write stage of a planned run: each shard and key file written by its owners and sealed
-once; and the claim of `--out` that comes before every stage (the finish: finish.py).
-
-**Claim** (`begin`, where the run is started: `prepare` itself, before any task). The same
-decision table as a local run (claim.py), under the writer lock: a new build gets its staging
-directory `.NAME.lmshard-partial` and run record at once, an interrupted one is resumed only with
---resume (its work folder kept), and --overwrite discards both; with --append the dataset's
-files are linked into the build. The tasks then write into the staging directory, and nothing
-appears at `--out` until `finish` swaps it in whole.
+once (the claim of `--out` before every stage: planclaim.py; the finish: finish.py).
 
 **Write** (one per part of `layout.json`, dealt to the write tasks). A part is a shard's (or
 key file's) documents from one unit: the unit's tokens already carry the separators (EOT, and
@@ -29,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 from collections.abc import Sequence
 from dataclasses import replace
@@ -40,11 +32,10 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ...errors import InputError, warn
+from ...errors import InputError
 from ...format import (
     BLOCK_TOKENS,
     INDEX_DTYPE,
-    METADATA_FILE,
     SPLITS,
     SRC_DTYPE,
     TOKEN_DTYPE,
@@ -61,49 +52,15 @@ from ...format.blocks import write_sums
 from ...format.encoding import UINT32, Encoding
 from ...format.provenance import records
 from ...format.sealing import seal_encoded, shard_entry
-from ...tokenizers import Tokenizer
-from ..config import PrepareConfig
-from ..documents.sources import Source
-from ..output.claim import Claim, claim_output, write_run
-from ..output.dictfile import keep, trained
-from ..output.staging import OutputPaths, link_previous, recover
 from ..stops import stop_point
 from . import valby, volatile
 from .barrier import is_complete, running, task_finished, task_marked
 from .layoutfiles import Layout
-from .runplan import worker_config
-from .taskplan import PLAN_FILE
 from .unitfiles import section_of, sections_of
 
-
-def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], tokenizer: Tokenizer,
-          work: Path) -> Claim:  # fmt: skip
-    """Claim --out for a planned run (under the caller's writer lock): see the module docstring.
-    A local run's work left unsynced before the machine restarted is discarded first (volatile.py)."""
-    recover(paths)
-    why = volatile.stale(work)
-    if why is not None:
-        warn(f"{work}: a local run left it unsynced {why}; it is discarded and the run starts over")
-        shutil.rmtree(work)
-        if not (paths.staging / METADATA_FILE).exists():  # (a complete build, synced, is only waiting for its swap)
-            shutil.rmtree(paths.staging, ignore_errors=True)
-    claim = claim_output(config, paths, sources, tokenizer, spooled=(work / PLAN_FILE).exists())
-    if claim.complete is not None or claim.commit_pending:
-        return claim
-    if claim.resumed and claim.checkpoint is not None:  # a local run's build, resumed by a planned one
-        shutil.rmtree(paths.staging)
-        claim = Claim(claim.fingerprint, claim.started_at, previous=claim.previous)
-    if not claim.resumed:
-        if work.exists():  # an earlier run's work, discarded with its build (--overwrite) or never claimed
-            shutil.rmtree(work)
-        dictionary = None if claim.previous else trained(config, sources, tokenizer,
-                                                         worker_config(config, sources, tokenizer))  # fmt: skip
-        paths.staging.mkdir()
-        if claim.previous is not None:  # --append: the dataset's files, linked in (the new ones are numbered after)
-            link_previous(claim.previous, paths.out, paths.staging)
-        keep(paths.staging, dictionary)
-        write_run(paths.staging, claim, None)
-    return claim
+# A local run whose shards hold fewer bytes than this syncs each shard's files once, at its seal,
+# not at each part as well (`parts_synced`): far below any machine's writeback threshold.
+SYNCED_PARTS_BYTES = 256 << 20
 
 
 def piece_files(piece: list[Any], attrs: bool = False) -> list[str]:
@@ -172,20 +129,34 @@ def write_part(work: Path, staging: Path, layout: Layout, p: int, specials: int)
                 n = int(mine[run].sum())
                 _copy(src, fds[0], base + int(starts[chosen[run[0]]]) * 4, at * 4, n * 4)
                 at += n
-        # Synced in a local run too, before its marker: the unit's data is deleted once its parts are written, so a
-        # device that fails must fail here, where the part is redone. It also keeps the shards' dirty pages few, so
-        # the kernel's writeback does not flush the unit files the run deletes soon after (4.0 bytes a token to the
-        # storage; 4.5-6.6 without, on 1.11 GB).
-        for fd in fds:
-            os.fsync(fd)
+        synced = parts_synced(layout)
+        if synced:  # (else the seal's sync makes them durable, and the unit's data waits for it: `parts_synced`)
+            for fd in fds:
+                os.fsync(fd)
     finally:
         os.close(src)
         for fd in fds:
             os.close(fd)
     in_folder(lambda: volatile.write_json(marker, {"piece": k}), marker.parent)
-    _release(work, layout, u)
+    if synced:
+        _release(work, layout, u)
     stop_point("part", p)
     return True
+
+
+def parts_synced(layout: Layout) -> bool:
+    """Whether a part is synced before its marker, and its unit's data deleted once every part
+    that reads it is written. So it is wherever tasks of other machines read the work, and in a
+    local run whose shards hold SYNCED_PARTS_BYTES or more: there the unit's data goes as the
+    write stage goes, and the part's sync keeps the shards' dirty pages few, so the kernel's
+    writeback does not flush unit files the run deletes soon after (4.0 bytes a token to the
+    storage; 4.5-6.6 without, on 1.11 GB). A smaller local run leaves its parts to the seal's
+    one sync of each file (a sync of each part's files cost about 6% of a 12 MB run): each
+    unit's data is then deleted once every piece its parts are in is sealed, and a seal whose
+    sync fails removes its parts' markers, so that a resumed run writes them again from it."""
+    if not volatile.active():
+        return True
+    return sum(int(piece[2]) for piece in layout["pieces"] if piece[0] in SPLITS) * 4 >= SYNCED_PARTS_BYTES
 
 
 def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
@@ -203,12 +174,14 @@ def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
         at, to, n = at + done, to + done, n - done
 
 
-def _release(work: Path, layout: Layout, u: int) -> None:
+def _release(work: Path, layout: Layout, u: int, sealed: bool = False) -> None:
     """Delete unit u's data once every part that reads it is written (whoever writes the last
     one sees every marker: each part writes its own before it looks), so the work folder shrinks
-    as the write stage goes and the finish removes only markers."""
+    as the write stage goes and the finish removes only markers; with `sealed`, once every piece
+    those parts are in is sealed (`parts_synced`: whoever seals the last sees every marker)."""
     readers = layout["readers"][u] if u < len(layout["readers"]) else []
-    if all((work / "write" / f"part_{p:06d}.done").exists() for p in readers):
+    done = [f"piece_{layout['parts'][p][0]:06d}.json" if sealed else f"part_{p:06d}.done" for p in readers]
+    if all((work / "write" / name).exists() for name in done):
         (work / "tokenize" / f"unit_{u:06d}.bin").unlink(missing_ok=True)
         (work / "select" / f"unit_{u:06d}.split").unlink(missing_ok=True)
 
@@ -255,8 +228,46 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     width = 8 if stream in ("keys", "lines") else 4 * layout.get("near_hashes", 0)
     sizes = [n_tokens * width] if keyish else [n_tokens * TOKEN_DTYPE.itemsize, (n_docs + 1) * 8,
                                                 n_docs * SRC_DTYPE.itemsize, n_docs * attrs][: len(rels)]  # fmt: skip
-    digests, sums = [], b""
     encoded = not keyish and encoding.version > 1
+    try:
+        digests, sums = _seal_files(staging, rels, sizes, encoded)
+    except OSError:  # (a sync that failed: the parts' bytes may be lost with it, unless each part was synced)
+        if not parts_synced(layout):
+            for p in range(first, end):
+                (work / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
+            claim.unlink(missing_ok=True)
+        raise
+    for rel in reversed(rels):  # the index before the tokens, as a local run renames them
+        if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
+            os.replace(staging / f"{rel}.tmp", staging / rel)
+    per_doc: dict[str, Any] = {}
+    if attrs and not keyish:  # (and each column's checksum, for a reader of one column)
+        per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3], "attr_width": attrs,
+                   "attr_column_xxh3_64": _column_sums(staging / rels[3], columns, n_docs)}  # fmt: skip
+    if keyish:
+        entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
+    elif encoded:
+        sealed = seal_encoded(staging / f"{rels[0]}.tmp", staging / rels[0], rels[0], encoding, n_tokens)
+        entry = replace(shard_entry(stream, rels[0], rels[1], n_tokens, n_docs, digests[1], encoding, sealed),
+                        src_path=rels[2], src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
+    else:
+        entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
+                          xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
+                          block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums), src_path=rels[2],
+                          src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
+    volatile.write_json(marker, entry)
+    claim.unlink(missing_ok=True)
+    for u in sorted({layout["parts"][p][1] for p in range(first, end)}):
+        _release(work, layout, u, sealed=True)  # (left by parts not synced on their own: `parts_synced`)
+    stop_point("piece", k)
+    return True
+
+
+def _seal_files(staging: Path, rels: list[str], sizes: list[int], encoded: bool) -> tuple[list[str], bytes]:
+    """A piece's files cut to their sizes, made durable and hashed start to end (a shard's
+    block sums written beside it): their digests, and the tokens' block sums. An encoded
+    shard's uint32 file is only cut and synced (sealed from it after)."""
+    digests, sums = [], b""
     for rel, size in zip(rels, sizes, strict=True):
         tmp = staging / f"{rel}.tmp"
         if encoded and rel.endswith(".bin"):  # sealed below, from its uint32 file cut to size
@@ -284,28 +295,7 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
             if rel.endswith(".bin"):
                 sums = blocks.finish()
                 write_sums(staging / sums_path(rel), sums)
-    for rel in reversed(rels):  # the index before the tokens, as a local run renames them
-        if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
-            os.replace(staging / f"{rel}.tmp", staging / rel)
-    per_doc: dict[str, Any] = {}
-    if attrs and not keyish:  # (and each column's checksum, for a reader of one column)
-        per_doc = {"attr_path": rels[3], "attr_xxh3_64": digests[3], "attr_width": attrs,
-                   "attr_column_xxh3_64": _column_sums(staging / rels[3], columns, n_docs)}  # fmt: skip
-    if keyish:
-        entry: dict[str, Any] = KeyFile(path=rels[0], n_keys=n_tokens, xxh3_64=digests[0]).to_json()
-    elif encoded:
-        sealed = seal_encoded(staging / f"{rels[0]}.tmp", staging / rels[0], rels[0], encoding, n_tokens)
-        entry = replace(shard_entry(stream, rels[0], rels[1], n_tokens, n_docs, digests[1], encoding, sealed),
-                        src_path=rels[2], src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
-    else:
-        entry = ShardInfo(split=stream, path=rels[0], index_path=rels[1], n_tokens=n_tokens, n_docs=n_docs,
-                          xxh3_64=digests[0], index_xxh3_64=digests[1], sums_path=sums_path(rels[0]),
-                          block_tokens=BLOCK_TOKENS, sums_xxh3_64=xxhash.xxh3_64_hexdigest(sums), src_path=rels[2],
-                          src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
-    volatile.write_json(marker, entry)
-    claim.unlink(missing_ok=True)
-    stop_point("piece", k)
-    return True
+    return digests, sums
 
 
 def _column_sums(path: Path, columns: list[int], n_docs: int) -> tuple[str, ...]:
@@ -382,5 +372,5 @@ def sealed_entries(work: Path, layout: Layout, parts: Sequence[int]) -> dict[str
     return out
 
 
-__all__ = ["begin", "missing_parts", "parts_written", "seal_piece", "sealed_entries", "write_join",
+__all__ = ["missing_parts", "parts_written", "seal_piece", "sealed_entries", "write_join",
            "write_part"]

@@ -76,9 +76,14 @@ def filesystem(path: Path) -> str | None:
     return max(found, key=lambda x: len(x[0]))[1] if found else None
 
 
+def active() -> bool:
+    """Whether this process runs a task of a local run (its work files unsynced)."""
+    return os.environ.get(ENV) == "1"
+
+
 def sync(fd: int) -> None:
     """fsync a work file, unless this process runs a task of a local run (see the module docstring)."""
-    if os.environ.get(ENV) != "1":
+    if not active():
         os.fsync(fd)
 
 

@@ -124,7 +124,7 @@ def needs_a_copy(config: PrepareConfig, src: Source) -> bool:
     """Whether `src` is stdin or a pipe (a FIFO, `<(...)`) that one pass cannot read as this run
     asks: read twice (--dedup-lines, --near-dedup), by seeking (parquet, arrow), or made one
     document (--text-mode file). A planned run saves it first and reads the copy
-    (local_exec.use_stages sends such a run there); one process refuses it."""
+    (plainplan.use_stages sends such a run there); one process refuses it."""
     return src.stream and (config.dedup_lines or config.near_dedup or src.fmt in SEEKED
                            or (src.fmt == "text" and config.text_mode == "file"))  # fmt: skip
 

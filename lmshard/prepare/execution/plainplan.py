@@ -1,0 +1,95 @@
+"""What a plain `prepare` (no --num-tasks) runs and plans: the staged tasks (local_exec.py) or
+one reading process (pipeline.py), `use_stages`; the plan's tasks and unit size, `plain_plan`;
+whether its items run in this process or the worker pool, `small_plan`. Each is measured by
+scripts/bench_scaleout.py (sections 1 and 3) and its figures are in docs/scaling.md.
+
+Memory model: none (the inputs' sizes, one listing of a Hugging Face dataset's files).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from ..config import MIN_UNIT_BYTES, PrepareConfig
+from ..documents.hf import source_bytes
+from ..documents.sources import Source
+from ..output.claim import needs_a_copy
+from .itempool import SIZED
+from .units import UNIT_BYTES
+
+# A plain `prepare` runs its stages in the worker pool from this many bytes of input on (below,
+# one process reading and writing while workers tokenize starts faster).
+STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
+# A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
+# last unit to finish leaves the others idle for a short time, and few enough that each unit's
+# fixed costs (its files, fsyncs, a read of each dedup group) stay small.
+TASKS_PER_WORKER = 2
+# A run of less input than this goes through its stages in this process whatever --workers says: the
+# pool's start (forking the workers, a round trip per item) costs more than they save (bench_scaleout.py,
+# section 3: at 1 MB the stages in a pool of 2 took 1.24x their time in one process; at 8 MB, as long).
+POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
+
+
+def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
+    """Whether a plain `prepare` runs as staged tasks (in the worker pool, or here with one
+    worker: units of up to UNIT_BYTES, `plain_plan`; 1.02x one reading process's time on 44 MB,
+    where each part's sync made it 1.13x: owners.parts_synced): no stdin or pipe, none of the
+    options the stages refuse (runplan.py's `check_scale_out`), at least STAGED_BYTES of input
+    (a unit larger than half again a worker's share, as a large .gz file is, is read here and
+    tokenized by every worker: itempool.units_in_pool; so is every unit of a Hugging Face
+    dataset, which this process has open, its size counted as its data files' on disk, a hub
+    stream's as unknown, so large). And always with --val-by, and for stdin or a pipe that one
+    pass cannot read as asked (claim.needs_a_copy): the stages save it first
+    (runplan.spool_streams) and read the copy."""
+    if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
+        return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
+    if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
+        return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
+    total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
+    streamed = any(s.stream for s in sources)
+    signed = config.max_docs is not None and config.near_dedup  # (one process signs all, tokenizes N: the stages all)
+    return config.hf_tasks == 1 and not streamed and not signed and total >= STAGED_BYTES
+
+
+def _hf_bytes(config: PrepareConfig) -> float:
+    """The bytes of a Hugging Face dataset's files on disk (a saved dataset, a directory of data
+    files: one listing, hf.source_bytes); a hub stream's are not known here (infinite). A
+    dataset downloaded and cached through `datasets` (--no-streaming), which the stages would
+    stream, is read in one process (0)."""
+    spec = config.hf_spec()
+    kind = spec.kind()
+    if config.streaming is False and kind != "saved":
+        return 0
+    return math.inf if kind == "hub" else source_bytes(spec)
+
+
+def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
+    """The tasks and unit size a plain prepare plans (its tasks only size the units): 2 tasks of
+    4 units per worker, so that no worker waits long for the last; but units of up to
+    UNIT_BYTES where no worker waits for another: with one worker (every unit in this
+    process), and below STAGED_BYTES of files, whose one unit the workers tokenize together
+    (itempool.units_in_pool); below POOL_BYTES, which run here, one unit (small files share it,
+    units.py). Each unit costs its work files in every stage (at 12 MB with 2 workers, 16 units
+    took 1.19x one reading process's time, one unit 1.07x). --unit-size decides where given."""
+    if config.unit_size is None and _sized_below(sources, POOL_BYTES):
+        return 1, max(POOL_BYTES, MIN_UNIT_BYTES)
+    if config.unit_size is None and (config.n_workers() == 1 or _sized_below(sources, STAGED_BYTES)):
+        return 1, UNIT_BYTES
+    return TASKS_PER_WORKER * config.n_workers(), None
+
+
+def _sized_below(sources: list[Source], limit: int) -> bool:
+    """Less than `limit` bytes of input whose size is known: files (not a stream, a Hugging Face
+    dataset). `small_plan` is the rule on a plan's units, below POOL_BYTES."""
+    return all(not s.stream and s.fmt != "hf" for s in sources) and sum(s.size for s in sources) < limit
+
+
+def small_plan(units: Any) -> bool:
+    """Less than POOL_BYTES of input in units of known size (a stream's shards and a saved
+    split's rows are not bytes): `_sized_below` POOL_BYTES on a plan, as a resumed or `--num-tasks` run has it."""
+    return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < POOL_BYTES
+
+
+__all__ = ["POOL_BYTES", "STAGED_BYTES", "TASKS_PER_WORKER", "plain_plan", "small_plan", "use_stages"]
