@@ -477,10 +477,11 @@ def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path)
 
 
 def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path, monkeypatch):
-    """With 2 workers: a hub stream always (its size is not known before it is read); a directory
-    of data files or a saved dataset from LMSHARD_STAGED_BYTES of its files, counted by hand
-    (hidden folders, a clone's .git, not counted); never what --no-streaming downloads and
-    caches through `datasets` (the stages stream), but a saved dataset; never with 1 worker."""
+    """A hub stream always (its size is not known before it is read), with 2 workers or 1 (the
+    stages then run in this process); a directory of data files or a saved dataset from
+    LMSHARD_STAGED_BYTES of its files, counted by hand (hidden folders, a clone's .git, not
+    counted); never what --no-streaming downloads and caches through `datasets` (the stages
+    stream), but a saved dataset."""
     from lmshard.prepare.documents.sources import Source
     from lmshard.prepare.execution import plainplan
 
@@ -494,7 +495,7 @@ def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path
         config = PrepareConfig(out=str(tmp_path / "o"), hf=hf, **{"workers": 2, **options})
         return plainplan.use_stages(config, [Source(f"hf:{hf}", "hf", None, 0)])
 
-    assert staged("org/name") and not staged("org/name", streaming=False) and not staged("org/name", workers=1)
+    assert staged("org/name") and not staged("org/name", streaming=False) and staged("org/name", workers=1)
     for name in ("pq", "saved"):
         size = sum(p.stat().st_size for p in (tmp_path / name).rglob("*") if p.is_file() and ".git" not in p.parts)
         monkeypatch.setattr(plainplan, "STAGED_BYTES", size + 1)

@@ -390,6 +390,77 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     assert _files(out) == _files(tmp_path / "one")
 
 
+def _small_run(tmp_path, monkeypatch):
+    """A plain prepare of 2 MB, in units of 256 KiB: read in one process into `one`, then the
+    options that run it on the stages in this process."""
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import plainplan
+
+    src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(2000, seed=6))
+    options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken", "unit_size": 256 << 10}
+    prepare(PrepareConfig(out=str(tmp_path / "one"), **options))
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    return options
+
+
+def test_a_small_local_run_syncs_each_shard_file_once_at_its_seal(tmp_path, monkeypatch):
+    """A local run whose shards hold less than owners.SYNCED_PARTS_BYTES leaves its parts to the
+    seal: each file of the dataset is synced once. One that syncs its parts (a larger run, a
+    cluster's tasks) syncs a shard's file at each part written into it and at its seal. Their
+    bytes are the same."""
+    from collections import Counter
+
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import owners
+
+    options = _small_run(tmp_path, monkeypatch)
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    counts = {}
+    for name, floor in (("once", owners.SYNCED_PARTS_BYTES), ("parts", 0)):
+        monkeypatch.setattr(owners, "SYNCED_PARTS_BYTES", floor)
+        synced.clear()
+        prepare(PrepareConfig(out=str(tmp_path / name), **options))
+        build = f".{name}.lmshard-partial"
+        counts[name] = Counter(p.split(build)[1] for p in synced if build in p)
+    train = "/train/shard_000000.bin.tmp"
+    assert set(counts["once"].values()) == {1} and counts["once"][train] == 1, counts["once"]
+    assert counts["parts"][train] >= 3, counts["parts"]  # (several units' parts, then the seal)
+    assert _files(tmp_path / "once") == _files(tmp_path / "parts") == _files(tmp_path / "one")
+
+
+def test_a_seal_whose_sync_fails_keeps_the_units_and_resume_writes_its_parts_again(tmp_path, monkeypatch):
+    """A small local run's parts are not synced on their own: when the sync of a shard at its
+    seal fails (EIO; the device may have dropped the pages it could not write: here the file is
+    cut to nothing), the run stops in one line naming --resume, the units' data is still there,
+    and the resumed run writes the shard's parts again from it: one process's bytes."""
+    from lmshard.errors import LmshardError
+    from lmshard.prepare import PrepareConfig, prepare
+    from lmshard.prepare.execution import owners
+
+    options = _small_run(tmp_path, monkeypatch)
+    real = owners._durable
+
+    def failing(f):
+        if f.name.endswith("train/shard_000000.bin.tmp"):
+            os.ftruncate(f.fileno(), 0)  # (what a failed writeback may leave)
+            raise OSError(errno.EIO, "Input/output error")
+        real(f)
+
+    monkeypatch.setattr(owners, "_durable", failing)
+    out = tmp_path / "o"
+    with pytest.raises(LmshardError) as e:
+        prepare(PrepareConfig(out=str(out), **options))
+    message = str(e.value)
+    assert "Input/output error" in message and "run the same command with --resume" in message, message
+    tokenized = _work(out) / "tokenize"
+    units = sorted(p.stem for p in tokenized.glob("unit_*.done"))
+    assert len(units) >= 2 and sorted(p.stem for p in tokenized.glob("unit_*.bin")) == units  # (none released)
+    monkeypatch.setattr(owners, "_durable", real)
+    prepare(PrepareConfig(out=str(out), resume=True, **options))
+    assert _files(out) == _files(tmp_path / "one")
+
+
 def test_a_staged_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, corpus, one_machine, monkeypatch):
     """A job started in the background (SIGINT ignored, as a shell does) is not stopped by the
     terminal's Ctrl-C to its group, with a worker held on a unit: the run goes on to one

@@ -166,9 +166,10 @@ def test_many_small_files_share_units_and_equal_one_machine(tmp_path):
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, monkeypatch, workers):
-    """A plain prepare at or above LMSHARD_STAGED_BYTES with several workers runs the staged
-    pipeline (no in-memory dedup table) and writes the in-process bytes; one worker stays in
-    process. The work folder is gone afterwards."""
+    """A plain prepare at or above LMSHARD_STAGED_BYTES runs the staged pipeline (no in-memory
+    dedup table) and writes the bytes of one reading process: with several workers in the pool,
+    planned 2 tasks of 4 units per worker; with one in this process, in units of up to 64 MiB.
+    The work folder is gone afterwards."""
     _small_key_files(monkeypatch, 500)
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
@@ -177,8 +178,8 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "staged"), workers=workers, **_OPTS))
-    assert calls == ([plainplan.TASKS_PER_WORKER * workers] if workers > 1 else [])
-    assert (meta.run.dedup_table_bytes == 0) == (workers > 1)  # the in-process run holds a key set
+    assert calls == [plainplan.TASKS_PER_WORKER * workers if workers > 1 else 1]
+    assert meta.run.dedup_table_bytes == 0  # (one reading process holds a key set)
     assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
 

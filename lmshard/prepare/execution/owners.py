@@ -54,7 +54,7 @@ from ...format.provenance import records
 from ...format.sealing import seal_encoded, shard_entry
 from ..stops import stop_point
 from . import valby, volatile
-from .barrier import is_complete, running, task_finished, task_marked
+from .barrier import is_complete, running, summary_path, task_finished, task_marked
 from .layoutfiles import Layout
 from .unitfiles import section_of, sections_of
 
@@ -153,7 +153,8 @@ def parts_synced(layout: Layout) -> bool:
     storage; 4.5-6.6 without, on 1.11 GB). A smaller local run leaves its parts to the seal's
     one sync of each file (a sync of each part's files cost about 6% of a 12 MB run): each
     unit's data is then deleted once every piece its parts are in is sealed, and a seal whose
-    sync fails removes its parts' markers, so that a resumed run writes them again from it."""
+    sync fails removes its parts' markers (and the write stage's summary), so that a resumed
+    run writes them again from it."""
     if not volatile.active():
         return True
     return sum(int(piece[2]) for piece in layout["pieces"] if piece[0] in SPLITS) * 4 >= SYNCED_PARTS_BYTES
@@ -232,7 +233,8 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     try:
         digests, sums = _seal_files(staging, rels, sizes, encoded)
     except OSError:  # (a sync that failed: the parts' bytes may be lost with it, unless each part was synced)
-        if not parts_synced(layout):
+        if not parts_synced(layout):  # (the write stage no longer complete: a resumed run writes them again)
+            summary_path(work, "write").unlink(missing_ok=True)
             for p in range(first, end):
                 (work / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
             claim.unlink(missing_ok=True)
