@@ -17,9 +17,11 @@ what each stage costs.
 3. Small inputs (the corpus's first 100 KB, 1 MB and 8 MB, and a directory of 300 small text
    files, 1 MB), whose plain prepare keeps the one-process start: the command's wall time (its
    start included), `--workers 2`, in one process, as the stages of a plain prepare
-   (LMSHARD_STAGED_BYTES=0: in this process below 4 MiB, one unit, the files sharing it; the
-   pool above) and as the stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 7 rotated
-   runs, and the ratios.
+   (LMSHARD_STAGED_BYTES=0: in this process below 4 MiB, one unit, the files sharing it; one
+   unit tokenized by the pool above) and as the stages in the pool (LMSHARD_POOL_BYTES=0 too),
+   medians of 7 rotated runs, and the ratios. Then `--workers 1` on the corpus's first 20 MB
+   and all of it (44 MB), which a plain prepare runs on the stages in its main process: one
+   reading process against them, medians of 5 rotated runs, and byte identity.
 
 4. `--max-docs 2000` on the same input and `--workers 2`: in one reading process, as a plain
    prepare and planned (`--num-tasks 4`): the stages tokenize the units in order and stop once
@@ -140,6 +142,40 @@ def small_inputs(t: Path) -> list[str]:
         rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) +
                     f" | **{med[1] / med[0]:.2f}**; **{med[2] / med[0]:.2f}** |")  # fmt: skip
         print(f"3. {label}: " + ", ".join(f"{k} {m:.3f} s" for k, m in zip(names, med, strict=True)), flush=True)
+    return rows
+
+
+ONE_WORKER = (20_000_000, None)  # bytes of input (section 3, --workers 1): the corpus's first 20 MB, all of it
+
+
+def one_worker_rows(t: Path) -> list[str]:
+    """Section 3, with one worker: one reading process against the stages (a plain prepare of
+    16 MiB or more: in the main process, units of up to 64 MiB), medians of 5 rotated runs."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    kinds = {"one process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "the stages (a plain prepare)": {}}
+    whole = corpus(t / "one_worker_all.jsonl", 1)
+    rows = ["| input (`--workers 1`) | " + " | ".join(kinds) + " | the stages / one process | byte-identical |",
+            "|---" * (len(kinds) + 3) + "|"]  # fmt: skip
+    for size in ONE_WORKER:
+        src = whole
+        if size is not None:
+            head = whole.read_bytes()[: size + (1 << 20)]
+            src = t / f"one_worker_{size}.jsonl"
+            src.write_bytes(head[: head.rindex(b"\n", 0, size) + 1])
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        names = list(kinds)
+        for i in range(5):
+            for kind in names[i % len(names) :] + names[: i % len(names)]:
+                out = t / f"w1_{src.name}_{i}_{names.index(kind)}"
+                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "1"],
+                                              env | kinds[kind])  # fmt: skip
+                times[kind].append(sec)
+        med = [statistics.median(times[k]) for k in names]
+        same = files(t / f"w1_{src.name}_0_0") == files(t / f"w1_{src.name}_0_1")
+        label = f"{src.stat().st_size / 1e6:.1f} MB"
+        rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) + f" | **{med[1] / med[0]:.2f}** | {same} |")
+        print(f"3. --workers 1, {label}: " + ", ".join(f"{k} {m:.3f} s" for k, m in zip(names, med, strict=True)) +
+              f"; byte-identical: {same}", flush=True)  # fmt: skip
     return rows
 
 
@@ -277,7 +313,7 @@ def main() -> None:
     env = {**os.environ, "LMSHARD_UNIT_BYTES": str(UNIT), "HF_HUB_OFFLINE": "1"}
     if args.small_only:
         with tempfile.TemporaryDirectory() as tmp:
-            print("\n".join(small_inputs(Path(tmp))))
+            print("\n".join(small_inputs(Path(tmp)) + [""] + one_worker_rows(Path(tmp))))
         return
     if args.hf_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -350,7 +386,8 @@ def main() -> None:
             stage_rows.append((stage, " ".join(task), sec, main_rss))
             print(f"2. {stage} {' '.join(task)}: {sec:.2f} s, peak RSS {main_rss / 2**20:.0f} MiB", flush=True)
         n_units = plan["n_units"]
-        small = small_inputs(t) if not args.dedup_lines else []
+        small = small_inputs(t) + ["", "With one worker, from 16 MiB (medians of 5 rotated runs):", ""] + \
+            one_worker_rows(t) if not args.dedup_lines else []  # fmt: skip
         capped = max_docs_rows(t, src, env, options, med["planned"])
         compressed = compressed_rows(t, src) if not args.dedup_lines else []
         streamed = hf_rows(t, src) if not args.dedup_lines else []
