@@ -34,8 +34,9 @@ POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks (in the worker pool, or here with one
-    worker: units of up to UNIT_BYTES, `plain_plan`; 1.02x one reading process's time on 44 MB,
-    where each part's sync made it 1.13x: owners.parts_synced): no stdin or pipe, none of the
+    worker: units of up to UNIT_BYTES, `plain_plan`; 1.00-1.04x one reading process's time on
+    20-46 MB, where 8 units and each part's sync made it 1.13x: owners.parts_synced): no stdin
+    or pipe, none of the
     options the stages refuse (runplan.py's `check_scale_out`), at least STAGED_BYTES of input
     (a unit larger than half again a worker's share, as a large .gz file is, is read here and
     tokenized by every worker: itempool.units_in_pool; so is every unit of a Hugging Face
