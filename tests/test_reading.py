@@ -285,6 +285,33 @@ def test_what_one_pass_over_a_pipe_cannot_do_runs_on_a_saved_copy(tmp_path, name
     assert sorted(p.name for p in tmp_path.iterdir()) == [name, "out", "reference"]
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_a_local_run_saves_a_pipe_unsynced_and_a_claim_for_other_machines_syncs_it(tmp_path, monkeypatch):
+    """The copy of a pipe is a work file: a run whose stages all run here leaves it unsynced (its
+    boot recorded first, volatile.py), as its other work files; a claim that hands the plan to
+    other machines (`--executor none`) syncs it. The local run ends with the documents of the
+    same bytes read from a file."""
+    from lmshard.prepare.execution import local_exec
+
+    data = _one_pass_input("in.jsonl")
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    for out in ("local", "claimed"):
+        path = tmp_path / f"{out}.jsonl"
+        os.mkfifo(path)
+        _feed(str(path), data)
+        config = PrepareConfig(inputs=[str(path)], out=str(tmp_path / out), workers=1, dedup_lines=True)
+        synced.clear()
+        if out == "local":
+            prepare(config)
+            assert docs(tmp_path / out) == reference_docs(tmp_path, "in.jsonl", data, dedup_lines=True)
+        else:
+            local_exec.claim(config, 2)
+        spooled = [p for p in synced if "/spool/" in p]
+        assert spooled == ([] if out == "local" else [str(tmp_path / f".{out}.lmshard-work" / "spool" /
+                                                          ".input_000000.tmp")]), synced  # fmt: skip
+
+
 @pytest.mark.parametrize("options", [["--dedup-lines"], ["--near-dedup"], ["--text-mode", "file"]])
 def test_what_one_pass_over_stdin_cannot_do_runs_on_a_saved_copy(tmp_path, options):
     """The same for stdin (`-`; `text:-` for text): --dedup-lines, --near-dedup and --text-mode

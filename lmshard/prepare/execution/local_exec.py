@@ -87,7 +87,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             return load_metadata(paths.out)
         kept = f"the work done so far is kept in {work_dir(config.out)}"
         try:
-            r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
+            with volatile.local_run(work_dir(config.out)):  # (stdin saved unsynced too: its boot recorded first)
+                r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
         except (InputReadError, RemoteError) as e:  # (an input gone since the claim: the claim is kept)
             raise work_kept(e, kept, isinstance(e, InputGone)) from None
         try:

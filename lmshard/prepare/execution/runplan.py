@@ -31,6 +31,7 @@ from ..documents.sources import Source, Sources, discover
 from ..documents.worker import WorkerConfig, identity_of
 from ..domains import check_sources
 from ..output.claim import _fingerprint, run_tokenizer
+from . import volatile
 from .plantables import PlanSources
 from .taskplan import PLAN_FILE, ensure_plan, load_plan, make_plan, plan_difference, work_dir
 from .units import cut_units, unit_size_for
@@ -90,7 +91,8 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
     """Stdin and pipes saved, in full, to files of the work folder (`spool/input_I`), so that the
     plan cuts them into units like files and any task on any machine reads its own; each keeps
     its name ('-') for every message, record and total. The planner reads each stream once, in
-    8 MiB blocks."""
+    8 MiB blocks. A local run leaves the copy unsynced, as its other work files (an fsync of
+    44 MB cost 0.1 s, a tenth of the run)."""
     out = []
     for i, src in enumerate(sources):
         if not src.stream:
@@ -105,7 +107,7 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
                 while block := raw.read(8 << 20):
                     f.write(block)
                 f.flush()
-                os.fsync(f.fileno())
+                volatile.sync(f.fileno())  # (not in a local run: its boot is recorded first, volatile.py)
         finally:
             raw.close()
         os.replace(tmp, path)
