@@ -35,12 +35,15 @@ what each stage costs.
 6. The same input as a Hugging Face dataset of 8 parquet data files (`--hf DIR`), and its first
    2 MB as 2 files: one reading process against the stages (the main process, which has the
    dataset open, reads every data file; the workers tokenize), the same way.
+7. The corpus once (44 MB) through a pipe, `--workers 2`: read in one pass (what a plain prepare
+   of stdin does) against the stages on the copy the planner saves first (`--num-tasks 4`),
+   medians of 5 rotated runs, and byte identity.
 
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
 
     python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
-        [--compressed-only] [--max-docs-only] [--hf-only]
+        [--compressed-only] [--max-docs-only] [--hf-only] [--stdin-only]
 """
 
 from __future__ import annotations
@@ -285,6 +288,31 @@ def hf_rows(t: Path, src: Path) -> list[str]:
     return rows_out
 
 
+def stdin_rows(t: Path) -> list[str]:
+    """Section 7: the corpus once (44 MB) through a pipe (`cat FILE | lmshard prepare -`),
+    `--workers 2`: read in one pass against the stages on its saved copy (`--num-tasks 4`: 16
+    units, as a plain prepare plans them), medians of 5 rotated runs, and byte identity."""
+    src = corpus(t / "stdin.jsonl", 1)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    kinds = {"one pass": [], "the stages on its saved copy": ["--num-tasks", "4"]}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    names = list(kinds)
+    for i in range(5):
+        for kind in names[i % 2 :] + names[: i % 2]:
+            out = t / f"stdin_out_{i}_{names.index(kind)}"
+            line = " ".join([*LMSHARD, "prepare", "-", "--out", str(out), "--workers", "2", *kinds[kind]])
+            sec, _, _ = run_measuring_rss(["sh", "-c", f"cat {src} | {line}"], env)
+            times[kind].append(sec)
+    med = [statistics.median(times[k]) for k in names]
+    same = files(t / "stdin_out_0_0") == files(t / "stdin_out_0_1")
+    mb = src.stat().st_size / 1e6
+    print(f"7. stdin, {mb:.1f} MB: " + ", ".join(f"{k} {m:.2f} s" for k, m in zip(names, med, strict=True)) +
+          f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
+    return ["| a pipe (`--workers 2`) | " + " | ".join(kinds) + " | the stages / one pass |", "|---|---|---|---|",
+            f"| {mb:.1f} MB | " + " | ".join(f"{m:.2f} s" for m in med) +
+            f" | **{med[1] / med[0]:.2f}**{'' if same else ' (outputs differ)'} |"]  # fmt: skip
+
+
 def gzipped(t: Path, src: Path) -> Path:
     """`src` as one .gz file in `t` (made once)."""
     gz = t / "corpus.jsonl.gz"
@@ -304,6 +332,7 @@ def main() -> None:
     ap.add_argument("--compressed-only", action="store_true", help="section 5 only, printed (docs/ unchanged)")
     ap.add_argument("--max-docs-only", action="store_true", help="section 4 only, printed (docs/ unchanged)")
     ap.add_argument("--hf-only", action="store_true", help="section 6 only, printed (docs/ unchanged)")
+    ap.add_argument("--stdin-only", action="store_true", help="section 7 only, printed (docs/ unchanged)")
     args = ap.parse_args()
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
@@ -314,6 +343,10 @@ def main() -> None:
     if args.small_only:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(small_inputs(Path(tmp)) + [""] + one_worker_rows(Path(tmp))))
+        return
+    if args.stdin_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(stdin_rows(Path(tmp))))
         return
     if args.hf_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -391,6 +424,7 @@ def main() -> None:
         capped = max_docs_rows(t, src, env, options, med["planned"])
         compressed = compressed_rows(t, src) if not args.dedup_lines else []
         streamed = hf_rows(t, src) if not args.dedup_lines else []
+        piped = stdin_rows(t) if not args.dedup_lines else []
     tok = [r for r in stage_rows if r[0] == "tokenize"]
     per_task_tokens = tokens / 4
     flags = "".join(f" {o}" for o in options)
@@ -438,6 +472,9 @@ def main() -> None:
         rows += ["", "The same input as a Hugging Face dataset of parquet data files (`--hf DIR`), and its first 2 MB: "
                  "the stages' main process reads every data file and the workers tokenize its work items.", "",
                  *streamed]  # fmt: skip
+    if piped:
+        rows += ["", "The corpus once through a pipe: read in one pass, against the stages on the copy the planner "
+                 "saves first.", "", *piped]  # fmt: skip
     copies = f" --copies {args.copies}" if args.copies != 2 else ""
     body = [f"Machine: {machine()}; load average (1 min) {started} at the start, {load()} at the end. Command: "
             f"`python scripts/bench_scaleout.py{flags}{copies}` (in `make bench` without --copies: the corpus "
