@@ -20,7 +20,7 @@ what each stage costs.
    (LMSHARD_STAGED_BYTES=0: in this process below 4 MiB, one unit, the files sharing it; one
    unit tokenized by the pool above) and as the stages in the pool (LMSHARD_POOL_BYTES=0 too),
    medians of 7 rotated runs, and the ratios. Then `--workers 1` on the corpus's first 20 MB
-   and all of it (44 MB), which a plain prepare runs on the stages in its main process: one
+   and all of it (46 MB), which a plain prepare runs on the stages in its main process: one
    reading process against them, medians of 5 rotated runs, and byte identity.
 
 4. `--max-docs 2000` on the same input and `--workers 2`: in one reading process, as a plain
@@ -35,7 +35,7 @@ what each stage costs.
 6. The same input as a Hugging Face dataset of 8 parquet data files (`--hf DIR`), and its first
    2 MB as 2 files: one reading process against the stages (the main process, which has the
    dataset open, reads every data file; the workers tokenize), the same way.
-7. The corpus once (44 MB) through a pipe, `--workers 2`: read in one pass (what a plain prepare
+7. The corpus once (46 MB) through a pipe, `--workers 2`: read in one pass (what a plain prepare
    of stdin does) against the stages on the copy the planner saves first (`--num-tasks 4`),
    medians of 5 rotated runs, and byte identity.
 
@@ -55,6 +55,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -107,6 +108,20 @@ def files(root: Path) -> dict[str, bytes]:
     return out
 
 
+def rotated(kinds: dict[str, tuple[list[str], dict[str, str]]], runs: int, out: Callable[[int, int], Path]) -> list[float]:
+    """Each kind's command and environment run `runs` times, the kinds in rotated order (its
+    output `out(run, kind's index)`, put for `{out}` in the command); each kind's median
+    seconds, in order."""
+    names = list(kinds)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(runs):
+        for kind in names[i % len(names) :] + names[: i % len(names)]:
+            cmd, env = kinds[kind]
+            dest = str(out(i, names.index(kind)))
+            times[kind].append(run_measuring_rss([a.replace("{out}", dest) for a in cmd], env)[0])
+    return [statistics.median(times[k]) for k in names]
+
+
 SMALL = (100_000, 1_000_000, 8_000_000)  # bytes of input (section 3)
 SMALL_FILES = 300  # files of a directory of small text files (section 3), 1 MB in all
 
@@ -134,14 +149,9 @@ def small_inputs(t: Path) -> list[str]:
     inputs.append((files, f"{SMALL_FILES} files, {sum(p.stat().st_size for p in files.iterdir()) / 1e6:.1f} MB"))
     names = list(kinds)
     for src, label in inputs:
-        times: dict[str, list[float]] = {k: [] for k in kinds}
-        for i in range(7):
-            for kind in names[i % len(names) :] + names[: i % len(names)]:
-                out = t / f"small_out_{src.name}_{i}_{names.index(kind)}"
-                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "2"],
-                                              env | kinds[kind])  # fmt: skip
-                times[kind].append(sec)
-        med = [statistics.median(times[k]) for k in names]
+        cmd = [*LMSHARD, "prepare", str(src), "--out", "{out}", "--workers", "2"]
+        med = rotated({k: (cmd, env | kinds[k]) for k in names}, 7,
+                      lambda i, k, src=src: t / f"small_out_{src.name}_{i}_{k}")  # fmt: skip
         rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) +
                     f" | **{med[1] / med[0]:.2f}**; **{med[2] / med[0]:.2f}** |")  # fmt: skip
         print(f"3. {label}: " + ", ".join(f"{k} {m:.3f} s" for k, m in zip(names, med, strict=True)), flush=True)
@@ -165,15 +175,9 @@ def one_worker_rows(t: Path) -> list[str]:
             head = whole.read_bytes()[: size + (1 << 20)]
             src = t / f"one_worker_{size}.jsonl"
             src.write_bytes(head[: head.rindex(b"\n", 0, size) + 1])
-        times: dict[str, list[float]] = {k: [] for k in kinds}
         names = list(kinds)
-        for i in range(5):
-            for kind in names[i % len(names) :] + names[: i % len(names)]:
-                out = t / f"w1_{src.name}_{i}_{names.index(kind)}"
-                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(src), "--out", str(out), "--workers", "1"],
-                                              env | kinds[kind])  # fmt: skip
-                times[kind].append(sec)
-        med = [statistics.median(times[k]) for k in names]
+        cmd = [*LMSHARD, "prepare", str(src), "--out", "{out}", "--workers", "1"]
+        med = rotated({k: (cmd, env | kinds[k]) for k in names}, 5, lambda i, k, src=src: t / f"w1_{src.name}_{i}_{k}")
         same = files(t / f"w1_{src.name}_0_0") == files(t / f"w1_{src.name}_0_1")
         label = f"{src.stat().st_size / 1e6:.1f} MB"
         rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) + f" | **{med[1] / med[0]:.2f}** | {same} |")
@@ -192,14 +196,9 @@ def compressed_rows(t: Path, src: Path) -> list[str]:
     gz = gzipped(t, src)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     kinds = {"one reading process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "a plain prepare (the stages)": {}}
-    names, times = list(kinds), {k: list[float]() for k in kinds}
-    for i in range(3):
-        for kind in names[i % 2 :] + names[: i % 2]:
-            out = t / f"gz_{i}_{names.index(kind)}"
-            sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(gz), "--out", str(out), "--workers", "2"],
-                                          env | kinds[kind])  # fmt: skip
-            times[kind].append(sec)
-    med = [statistics.median(times[k]) for k in names]
+    names = list(kinds)
+    cmd = [*LMSHARD, "prepare", str(gz), "--out", "{out}", "--workers", "2"]
+    med = rotated({k: (cmd, env | kinds[k]) for k in names}, 3, lambda i, k: t / f"gz_{i}_{k}")
     same = files(t / "gz_0_0") == files(t / "gz_0_1")
     print(f"5. one .gz file ({gz.stat().st_size / 1e6:.0f} MB): " + ", ".join(f"{k} {m:.2f} s" for k, m in
           zip(names, med, strict=True)) + f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
@@ -221,15 +220,10 @@ def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], w
              "planned (`--num-tasks 4`)": (src, {}, ["--num-tasks", "4"]),
              "one .gz file, one reading process": (gz, one, []),
              "one .gz file, a plain prepare (the stages)": (gz, {}, [])}  # fmt: skip
-    names, times = list(kinds), {k: list[float]() for k in kinds}
-    for i in range(3):
-        for kind in names[i % len(names) :] + names[: i % len(names)]:
-            path, extra_env, extra = kinds[kind]
-            sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", str(path), "--out", str(t / f"maxdocs_{i}_{names.index(kind)}"),
-                                           "--workers", "2", "--max-docs", str(MAX_DOCS), *options, *extra],
-                                          env | extra_env)  # fmt: skip
-            times[kind].append(sec)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    names = list(kinds)
+    runs = {k: ([*LMSHARD, "prepare", str(path), "--out", "{out}", "--workers", "2", "--max-docs", str(MAX_DOCS),
+                 *options, *extra], env | extra_env) for k, (path, extra_env, extra) in kinds.items()}  # fmt: skip
+    med = dict(zip(names, rotated(runs, 3, lambda i, k: t / f"maxdocs_{i}_{k}"), strict=True))
     out = [files(t / f"maxdocs_0_{k}") for k in range(len(names))]
     same = out[0] == out[1] == out[2] and out[3] == out[4]
     print(f"4. --max-docs {MAX_DOCS}: " + ", ".join(f"{k} {m:.2f} s" for k, m in med.items()) +
@@ -270,15 +264,9 @@ def hf_rows(t: Path, src: Path) -> list[str]:
     rows_out = ["| `--hf DIR` (`--workers 2`) | one reading process | the stages | the stages / one process |",
                 "|---|---|---|---|"]  # fmt: skip
     for name, path in dirs.items():
-        times: dict[str, list[float]] = {k: [] for k in kinds}
         names = list(kinds)
-        for i in range(3):
-            for kind in names[i % 2 :] + names[: i % 2]:
-                out = t / f"hf_out_{name}_{i}_{names.index(kind)}"
-                sec, _, _ = run_measuring_rss([*LMSHARD, "prepare", "--hf", str(path), "--out", str(out), "--workers",
-                                               "2"], env | kinds[kind])  # fmt: skip
-                times[kind].append(sec)
-        med = [statistics.median(times[k]) for k in names]
+        cmd = [*LMSHARD, "prepare", "--hf", str(path), "--out", "{out}", "--workers", "2"]
+        med = rotated({k: (cmd, env | kinds[k]) for k in names}, 3, lambda i, k, name=name: t / f"hf_out_{name}_{i}_{k}")
         same = files(t / f"hf_out_{name}_0_0") == files(t / f"hf_out_{name}_0_1")
         mb = sum(p.stat().st_size for p in path.rglob("*.parquet")) / 1e6
         print(f"6. --hf, {name} ({mb:.1f} MB of parquet): " + ", ".join(f"{k} {m:.2f} s" for k, m in
@@ -289,21 +277,16 @@ def hf_rows(t: Path, src: Path) -> list[str]:
 
 
 def stdin_rows(t: Path) -> list[str]:
-    """Section 7: the corpus once (44 MB) through a pipe (`cat FILE | lmshard prepare -`),
+    """Section 7: the corpus once (46 MB) through a pipe (`cat FILE | lmshard prepare -`),
     `--workers 2`: read in one pass against the stages on its saved copy (`--num-tasks 4`: 16
     units, as a plain prepare plans them), medians of 5 rotated runs, and byte identity."""
     src = corpus(t / "stdin.jsonl", 1)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     kinds = {"one pass": [], "the stages on its saved copy": ["--num-tasks", "4"]}
-    times: dict[str, list[float]] = {k: [] for k in kinds}
     names = list(kinds)
-    for i in range(5):
-        for kind in names[i % 2 :] + names[: i % 2]:
-            out = t / f"stdin_out_{i}_{names.index(kind)}"
-            line = " ".join([*LMSHARD, "prepare", "-", "--out", str(out), "--workers", "2", *kinds[kind]])
-            sec, _, _ = run_measuring_rss(["sh", "-c", f"cat {src} | {line}"], env)
-            times[kind].append(sec)
-    med = [statistics.median(times[k]) for k in names]
+    line = " ".join([*LMSHARD, "prepare", "-", "--out", "{out}", "--workers", "2"])
+    runs = {k: (["sh", "-c", f"cat {src} | {line} {' '.join(extra)}"], env) for k, extra in kinds.items()}
+    med = rotated(runs, 5, lambda i, k: t / f"stdin_out_{i}_{k}")
     same = files(t / "stdin_out_0_0") == files(t / "stdin_out_0_1")
     mb = src.stat().st_size / 1e6
     print(f"7. stdin, {mb:.1f} MB: " + ", ".join(f"{k} {m:.2f} s" for k, m in zip(names, med, strict=True)) +

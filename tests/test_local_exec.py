@@ -429,11 +429,14 @@ def test_a_small_local_run_syncs_each_shard_file_once_at_its_seal(tmp_path, monk
     assert _files(tmp_path / "once") == _files(tmp_path / "parts") == _files(tmp_path / "one")
 
 
-def test_a_seal_whose_sync_fails_keeps_the_units_and_resume_writes_its_parts_again(tmp_path, monkeypatch):
-    """A small local run's parts are not synced on their own: when the sync of a shard at its
+@pytest.mark.parametrize("failing", ["train/shard_000000.bin.tmp", "dedup/doc_keys_000000.u64.tmp"])
+def test_a_seal_whose_sync_fails_keeps_the_units_and_resume_writes_its_parts_again(tmp_path, monkeypatch, failing):
+    """A small local run's parts are not synced on their own: when the sync of a piece at its
     seal fails (EIO; the device may have dropped the pages it could not write: here the file is
     cut to nothing), the run stops in one line naming --resume, the units' data is still there,
-    and the resumed run writes the shard's parts again from it: one process's bytes."""
+    and the resumed run writes the piece's parts again from it: one process's bytes. The first
+    piece sealed (the train shard), and the key file, which every unit has a part in, sealed
+    after the shards."""
     from lmshard.errors import LmshardError
     from lmshard.prepare import PrepareConfig, prepare
     from lmshard.prepare.execution import owners
@@ -441,13 +444,13 @@ def test_a_seal_whose_sync_fails_keeps_the_units_and_resume_writes_its_parts_aga
     options = _small_run(tmp_path, monkeypatch)
     real = owners._durable
 
-    def failing(f):
-        if f.name.endswith("train/shard_000000.bin.tmp"):
+    def fail_at(f):
+        if f.name.endswith(failing):
             os.ftruncate(f.fileno(), 0)  # (what a failed writeback may leave)
             raise OSError(errno.EIO, "Input/output error")
         real(f)
 
-    monkeypatch.setattr(owners, "_durable", failing)
+    monkeypatch.setattr(owners, "_durable", fail_at)
     out = tmp_path / "o"
     with pytest.raises(LmshardError) as e:
         prepare(PrepareConfig(out=str(out), **options))
@@ -456,6 +459,9 @@ def test_a_seal_whose_sync_fails_keeps_the_units_and_resume_writes_its_parts_aga
     tokenized = _work(out) / "tokenize"
     units = sorted(p.stem for p in tokenized.glob("unit_*.done"))
     assert len(units) >= 2 and sorted(p.stem for p in tokenized.glob("unit_*.bin")) == units  # (none released)
+    shards = {p.relative_to(_work(out).parent / ".o.lmshard-partial").as_posix()
+              for p in (_work(out).parent / ".o.lmshard-partial").rglob("shard_*.bin")}  # (those sealed)
+    assert shards == (set() if failing.startswith("train") else {"train/shard_000000.bin", "val/shard_000000.bin"})
     monkeypatch.setattr(owners, "_durable", real)
     prepare(PrepareConfig(out=str(out), resume=True, **options))
     assert _files(out) == _files(tmp_path / "one")
@@ -499,14 +505,15 @@ def _plain_staged_killed(tmp_path, corpus, monkeypatch, stop):
 
 
 def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_path, corpus, one_machine, monkeypatch):
-    """A plain prepare on the stages killed in its write stage, resumed with --workers 1 (which
-    alone would read in one process): it goes on with the stages' work rather than start over;
-    temporary files a killed write left in the build are not shipped; no work folder stays; the
-    run's time and rate are the resumed run's own (no unit left to tokenize: 0 tokens/s)."""
+    """A plain prepare on the stages killed in its write stage, resumed with --workers 1 on an
+    input that alone would read in one process: it goes on with the stages' work rather than
+    start over; temporary files a killed write left in the build are not shipped; no work folder
+    stays; the run's time and rate are the resumed run's own (no unit left to tokenize: 0 tokens/s)."""
     out, args = _plain_staged_killed(tmp_path, corpus, monkeypatch, HELD["write"])
     staging = tmp_path / ".o.lmshard-partial"
     for stray in (".dataset_metadata.json.k3j2.tmp", "train/.shard_000000.idx.ab12.tmp"):  # (atomic writes cut short)
         (staging / stray).write_text("{")
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))  # (one worker on this input: one reading process)
     began = time.time()
     code, err = finish(start_prepare([*args, "--workers", "1", "--resume"]), 300)
     took = time.time() - began
@@ -523,6 +530,7 @@ def test_an_overwrite_read_in_one_process_removes_the_work_the_stages_left(tmp_p
     process): the stages' work folder goes with their build."""
     out, args = _plain_staged_killed(tmp_path, corpus, monkeypatch, HELD["select"])
     assert _work(out).exists()
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))  # (one worker on this input: one reading process)
     code, err = finish(start_prepare([*args, "--workers", "1", "--overwrite"]), 300)
     assert code == 0, err
     assert _files(out) == one_machine and sorted(p.name for p in tmp_path.iterdir()) == ["o"]

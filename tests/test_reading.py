@@ -274,7 +274,7 @@ def _one_pass_input(name: str) -> bytes:
 def test_what_one_pass_over_a_pipe_cannot_do_runs_on_a_saved_copy(tmp_path, name, options):
     """A pipe that one pass cannot read as asked (parquet is read by seeking, --dedup-lines and
     --near-dedup read the input twice, --text-mode file makes it one document): a plain prepare
-    saves it first and runs the stages on the copy (local_exec.use_stages), reading the pipe
+    saves it first and runs the stages on the copy (plainplan.use_stages), reading the pipe
     once, to the documents of the same bytes read from a file."""
     data = _one_pass_input(name)
     path = tmp_path / name

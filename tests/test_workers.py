@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,10 +238,19 @@ def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, monkeypatch,
         victim = workers[0] if when == "start" else wait_stopped(proc)
         assert victim in workers, "prepare ended before the kill"
         os.kill(victim, sig)
-        for pid in [victim, *workers]:  # a stopped process takes a catchable signal once continued; the
-            with contextlib.suppress(ProcessLookupError):  # other worker, also held at its Nth item, goes on (held,
-                os.kill(pid, signal.SIGCONT)  # its full task pipe would block this process's next write to it)
-        code, err = finish(proc, RUN_TIMEOUT)
+        held = threading.Event()  # (set once the run ended)
+
+        def go_on() -> None:  # a stopped process takes a catchable signal once continued; the other worker, held
+            while not held.wait(0.05):  # at its own Nth item now or later, goes on (held, its full task pipe would
+                for pid in workers:  # block this process's next write to it)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+
+        threading.Thread(target=go_on, daemon=True).start()
+        try:
+            code, err = finish(proc, RUN_TIMEOUT)
+        finally:
+            held.set()
     finally:
         finish(proc, 1)
     _assert_clean_failure(code, err, out)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ...format import SPLITS
 from . import volatile
 from .plantables import TaskTable, _Table, task_of_unit
 
@@ -113,7 +114,8 @@ def write_layout(work: Path, layout: dict[str, Any], streams: tuple[str, ...]) -
     volatile.write_bytes(work / RECORDS, np.array(layout.get("records", []), dtype=_I8).tobytes())
     head = {"pieces": len(pieces), "parts": len(layout["parts"]), "units": len(counts),
             "near_hashes": layout["near_hashes"], "source_base": layout.get("source_base", 0),
-            "attr_columns": layout.get("attr_columns", []), "val_by": layout.get("val_by")}  # fmt: skip
+            "attr_columns": layout.get("attr_columns", []), "val_by": layout.get("val_by"),
+            "tokens": sum(int(p[2]) for p in layout["pieces"] if p[0] in SPLITS)}  # fmt: skip
     tmp = work / f".{LAYOUT_FILE}.{uuid.uuid4().hex}.tmp"  # (tasks on two hosts may share a pid)
     volatile.write_json(tmp, head)
     try:
@@ -141,6 +143,7 @@ class Layout:
             "source_base": head.get("source_base", 0),
             "attr_columns": head.get("attr_columns", []),
             "val_by": head.get("val_by"),  # --val-by: its thresholds (valby.py)
+            "tokens": head.get("tokens"),  # the shards' (None in a layout made before it was recorded)
         }
         self.unit_ranges = tasks
         self._task_of: dict[int, int] = {}  # part → its task, as found (a seal asks for every part of a piece)

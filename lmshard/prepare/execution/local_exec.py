@@ -46,7 +46,7 @@ from ..config import PrepareConfig
 from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_error
-from . import volatile
+from . import plainplan, volatile
 from .barrier import is_complete
 from .finish import finish, remove_work
 from .itempool import early_pool, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
@@ -87,7 +87,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             return load_metadata(paths.out)
         kept = f"the work done so far is kept in {work_dir(config.out)}"
         try:
-            with volatile.local_run(work_dir(config.out)):  # (stdin saved unsynced too: its boot recorded first)
+            streams = any(s.stream for s in sources)  # (saved unsynced, as the work files: the boot recorded first)
+            with volatile.local_run(work_dir(config.out)) if streams else contextlib.nullcontext():
                 r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
         except (InputReadError, RemoteError) as e:  # (an input gone since the claim: the claim is kept)
             raise work_kept(e, kept, isinstance(e, InputGone)) from None
@@ -189,8 +190,8 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             elif stage in ("lines", "tokenize"):
                 step = progress.step if stage == "tokenize" else None
                 units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step, True)
-            elif r.n_units == 1:  # (one unit, which every worker tokenized: its few items cost less here than a
-                for i in _todo(r, stage):  # round trip to a worker each)
+            elif r.n_units == 1 and small_plan(r.plan["units"], plainplan.STAGED_BYTES):  # (one small unit, which
+                for i in _todo(r, stage):  # every worker tokenized: its few items cost less here than a round trip)
                     r.do(stage, i)
                     progress.done(stage, i)
             else:

@@ -153,11 +153,10 @@ def parts_synced(layout: Layout) -> bool:
     storage; 4.5-6.6 without, on 1.11 GB). A smaller local run leaves its parts to the seal's
     one sync of each file (a sync of each part's files cost about 6% of a 12 MB run): each
     unit's data is then deleted once every piece its parts are in is sealed, and a seal whose
-    sync fails removes its parts' markers (and the write stage's summary), so that a resumed
-    run writes them again from it."""
-    if not volatile.active():
-        return True
-    return sum(int(piece[2]) for piece in layout["pieces"] if piece[0] in SPLITS) * 4 >= SYNCED_PARTS_BYTES
+    sync fails removes its parts' markers (`_unwrite`), so that a resumed run writes them again
+    from it. Decided from the layout's head, the same in every process of the run."""
+    tokens = layout.get("tokens")  # (the layout's head: every process of the run reads the same)
+    return not volatile.active() or tokens is None or tokens * 4 >= SYNCED_PARTS_BYTES
 
 
 def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
@@ -173,6 +172,18 @@ def _copy(src: int, dst: int, at: int, to: int, n: int) -> None:
         if done == 0:
             raise OSError(f"unexpected end of a unit's token file ({n} bytes short)")
         at, to, n = at + done, to + done, n - done
+
+
+def _unwrite(work: Path, layout: Layout, parts: range) -> None:
+    """After a seal's failed sync: the markers of its parts whose unit's data is still here
+    removed (and the write stage's summary), so that a resumed run writes them again. A unit's
+    data is deleted only once its parts are durable (synced on their own, or sealed), so a
+    part whose unit is gone needs nothing; one whose unit is here may not have been synced
+    (`parts_synced`), whatever this process's mode: a run may change executors midway."""
+    summary_path(work, "write").unlink(missing_ok=True)
+    for p in parts:
+        if (work / "tokenize" / f"unit_{layout['parts'][p][1]:06d}.bin").exists():
+            (work / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
 
 
 def _release(work: Path, layout: Layout, u: int, sealed: bool = False) -> None:
@@ -232,12 +243,9 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
     encoded = not keyish and encoding.version > 1
     try:
         digests, sums = _seal_files(staging, rels, sizes, encoded)
-    except OSError:  # (a sync that failed: the parts' bytes may be lost with it, unless each part was synced)
-        if not parts_synced(layout):  # (the write stage no longer complete: a resumed run writes them again)
-            summary_path(work, "write").unlink(missing_ok=True)
-            for p in range(first, end):
-                (work / "write" / f"part_{p:06d}.done").unlink(missing_ok=True)
-            claim.unlink(missing_ok=True)
+    except OSError:  # a sync that failed: the bytes of parts not synced on their own may be lost with it
+        _unwrite(work, layout, range(first, end))
+        claim.unlink(missing_ok=True)
         raise
     for rel in reversed(rels):  # the index before the tokens, as a local run renames them
         if (staging / f"{rel}.tmp").exists() and not (encoded and rel.endswith(".bin")):
@@ -259,8 +267,9 @@ def seal_piece(work: Path, staging: Path, layout: Layout, k: int, encoding: Enco
                           src_xxh3_64=digests[2], **per_doc).to_json()  # fmt: skip
     volatile.write_json(marker, entry)
     claim.unlink(missing_ok=True)
-    for u in sorted({layout["parts"][p][1] for p in range(first, end)}):
-        _release(work, layout, u, sealed=True)  # (left by parts not synced on their own: `parts_synced`)
+    if not parts_synced(layout):  # (else each unit's data went once its parts were written)
+        for u in sorted({layout["parts"][p][1] for p in range(first, end)}):
+            _release(work, layout, u, sealed=True)
     stop_point("piece", k)
     return True
 

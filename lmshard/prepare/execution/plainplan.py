@@ -36,12 +36,11 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks (in the worker pool, or here with one
     worker: units of up to UNIT_BYTES, `plain_plan`; 1.00-1.04x one reading process's time on
     20-46 MB, where 8 units and each part's sync made it 1.13x: owners.parts_synced): no stdin
-    or pipe, none of the
-    options the stages refuse (runplan.py's `check_scale_out`), at least STAGED_BYTES of input
-    (a unit larger than half again a worker's share, as a large .gz file is, is read here and
-    tokenized by every worker: itempool.units_in_pool; so is every unit of a Hugging Face
-    dataset, which this process has open, its size counted as its data files' on disk, a hub
-    stream's as unknown, so large). And always with --val-by, and for stdin or a pipe that one
+    or pipe, none of the options the stages refuse (runplan.py's `check_scale_out`), at least
+    STAGED_BYTES of input (a unit larger than half again a worker's share, as a large .gz file
+    is, is read here and tokenized by every worker: itempool.units_in_pool; so is every unit of
+    a Hugging Face dataset, which this process has open, its size counted as its data files' on
+    disk, a hub stream's as unknown, so large). And always with --val-by, and for stdin or a pipe that one
     pass cannot read as asked (claim.needs_a_copy): the stages save it first
     (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
@@ -87,10 +86,11 @@ def _sized_below(sources: list[Source], limit: int) -> bool:
     return all(not s.stream and s.fmt != "hf" for s in sources) and sum(s.size for s in sources) < limit
 
 
-def small_plan(units: Any) -> bool:
-    """Less than POOL_BYTES of input in units of known size (a stream's shards and a saved
-    split's rows are not bytes): `_sized_below` POOL_BYTES on a plan, as a resumed or `--num-tasks` run has it."""
-    return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < POOL_BYTES
+def small_plan(units: Any, limit: int | None = None) -> bool:
+    """Less than `limit` (POOL_BYTES) of input in units of known size (a stream's shards and a
+    saved split's rows are not bytes): `_sized_below` on a plan, as a resumed or `--num-tasks`
+    run has it."""
+    return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < (POOL_BYTES if limit is None else limit)
 
 
 __all__ = ["POOL_BYTES", "STAGED_BYTES", "TASKS_PER_WORKER", "plain_plan", "small_plan", "use_stages"]

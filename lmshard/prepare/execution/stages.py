@@ -11,9 +11,9 @@ temporary names and a marker last, so a task killed anywhere is finished by runn
    appeared earlier in plan order.
 3. **select** (per task: its units, layout.py): each document's fate (duplicate, train, val)
    and the unit's totals; the last select task to finish lays out every shard and key file.
-4. **write** (per task: a share of the layout's pieces, owners.py): each shard and key file
-   written start to end by its one owner.
-5. **finish** (once, owners.py): the metadata from the units' totals and the pieces' entries,
+4. **write** (per task: the parts of the layout that read its units, owners.py): each shard's
+   and key file's documents from one unit copied into place; each shard and key file sealed once.
+5. **finish** (once, finish.py): the metadata from the units' totals and the pieces' entries,
    the swap into `--out`, the work folder removed.
 
 `Run` (run.py) is what every stage works from; `run_task` runs one task of one stage, recording

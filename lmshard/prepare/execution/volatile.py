@@ -116,7 +116,8 @@ def local_run(work: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        settle(work)
+        with contextlib.suppress(OSError):  # (a sync that fails keeps the mark: the work stays this machine's)
+            settle(work)
         raise
     finally:
         if before is None:
@@ -134,15 +135,19 @@ def inherit(work: Path) -> None:
 
 def settle(work: Path) -> None:
     """Make a local run's unsynced work durable (a sync of its filesystem), then drop its mark:
-    from then on any executor on any machine may go on with it. Nothing to do without a mark."""
+    from then on any executor on any machine may go on with it. Nothing to do without a mark; a
+    sync that fails raises (OSError) and keeps the mark."""
     mark = work / MARK
     if not mark.exists():
         return
     fd = os.open(work, os.O_RDONLY)
     try:
-        syncfs = getattr(ctypes.CDLL(None), "syncfs", None)  # (Linux: this filesystem only)
-        if syncfs is None or syncfs(fd) != 0:
+        syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)  # (Linux: this filesystem only)
+        if syncfs is None:
             os.sync()
+        elif syncfs(fd) != 0:  # (a write the device failed: the mark stays, the work is not trusted elsewhere)
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), str(work))
         mark.unlink()
         os.fsync(fd)  # (the mark's removal durable too)
     finally:
