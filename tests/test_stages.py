@@ -164,21 +164,27 @@ def test_many_small_files_share_units_and_equal_one_machine(tmp_path):
         assert local_files[name] == scaled[name], name
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, monkeypatch, workers):
+@pytest.mark.parametrize(("workers", "large"), [(1, True), (2, True), (3, True), (2, False)])
+def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, monkeypatch, workers, large):
     """A plain prepare at or above LMSHARD_STAGED_BYTES runs the staged pipeline (no in-memory
     dedup table) and writes the bytes of one reading process: with several workers in the pool,
-    planned 2 tasks of 4 units per worker; with one in this process, in units of up to 64 MiB.
-    The work folder is gone afterwards."""
+    planned 2 tasks of 4 units per worker, but one unit below ONE_UNIT_BYTES (every worker
+    tokenizes it); with one worker in this process, in units of up to 64 MiB (one here). The
+    work folder is gone afterwards."""
     _small_key_files(monkeypatch, 500)
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
     monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
-    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)  # (a large input: in the pool, 4 units per worker)
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)  # (in the pool)
+    if large:
+        monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    units, stages = [], local_exec._stages
+    monkeypatch.setattr(local_exec, "_stages", lambda r, *a, **k: units.append(r.n_units) or stages(r, *a, **k))
     meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "staged"), workers=workers, **_OPTS))
-    assert calls == [plainplan.TASKS_PER_WORKER * workers if workers > 1 else 1]
+    assert calls == [plainplan.TASKS_PER_WORKER * workers if workers > 1 and large else 1]
+    assert (units == [1]) == (workers == 1 or not large) and units[0] >= 1, units
     assert meta.run.dedup_table_bytes == 0  # (one reading process holds a key set)
     assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")

@@ -190,7 +190,7 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             elif stage in ("lines", "tokenize"):
                 step = progress.step if stage == "tokenize" else None
                 units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step, True)
-            elif r.n_units == 1 and small_plan(r.plan["units"], plainplan.STAGED_BYTES):  # (one small unit, which
+            elif r.n_units == 1 and small_plan(r.plan["units"], plainplan.ONE_UNIT_BYTES):  # (one small unit, which
                 for i in _todo(r, stage):  # every worker tokenized: its few items cost less here than a round trip)
                     r.do(stage, i)
                     progress.done(stage, i)

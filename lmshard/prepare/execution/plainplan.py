@@ -30,6 +30,10 @@ TASKS_PER_WORKER = 2
 # pool's start (forking the workers, a round trip per item) costs more than they save (bench_scaleout.py,
 # section 3: at 1 MB the stages in a pool of 2 took 1.24x their time in one process; at 8 MB, as long).
 POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
+# Below this many bytes of files, a plain prepare on the stages with several workers plans one unit,
+# which the main process reads and every worker tokenizes (16 units took 1.19x one reading process's
+# time at 12 MB, one unit 1.07x), and runs the few items of its later stages itself.
+ONE_UNIT_BYTES = 16 << 20
 
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
@@ -69,13 +73,13 @@ def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int |
     """The tasks and unit size a plain prepare plans (its tasks only size the units): 2 tasks of
     4 units per worker, so that no worker waits long for the last; but units of up to
     UNIT_BYTES where no worker waits for another: with one worker (every unit in this
-    process), and below STAGED_BYTES of files, whose one unit the workers tokenize together
+    process), and below ONE_UNIT_BYTES of files, whose one unit the workers tokenize together
     (itempool.units_in_pool); below POOL_BYTES, which run here, one unit (small files share it,
     units.py). Each unit costs its work files in every stage (at 12 MB with 2 workers, 16 units
     took 1.19x one reading process's time, one unit 1.07x). --unit-size decides where given."""
     if config.unit_size is None and _sized_below(sources, POOL_BYTES):
         return 1, max(POOL_BYTES, MIN_UNIT_BYTES)
-    if config.unit_size is None and (config.n_workers() == 1 or _sized_below(sources, STAGED_BYTES)):
+    if config.unit_size is None and (config.n_workers() == 1 or _sized_below(sources, ONE_UNIT_BYTES)):
         return 1, UNIT_BYTES
     return TASKS_PER_WORKER * config.n_workers(), None
 
@@ -93,4 +97,4 @@ def small_plan(units: Any, limit: int | None = None) -> bool:
     return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < (POOL_BYTES if limit is None else limit)
 
 
-__all__ = ["POOL_BYTES", "STAGED_BYTES", "TASKS_PER_WORKER", "plain_plan", "small_plan", "use_stages"]
+__all__ = ["ONE_UNIT_BYTES", "POOL_BYTES", "STAGED_BYTES", "TASKS_PER_WORKER", "plain_plan", "small_plan", "use_stages"]
