@@ -370,6 +370,7 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     if pool:  # workers started afresh (spawned: this process runs threads) fill their disk at start-up
         monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
+        monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)  # (units sized to the workers: each written by one)
         (tmp_path / "site").mkdir()
         (tmp_path / "site" / "sitecustomize.py").write_text(_FULL_DISK)
         path = [str(tmp_path / "site"), str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]

@@ -2,7 +2,12 @@
 whole until the new one is complete, one writer per --out, --append equals one run over both
 input sets, and a run that keeps nothing fails. The independent truth is a run that was never
 interrupted (compared file by file, metadata apart from its "run" record) and numpy reading the
-raw shards."""
+raw shards.
+
+Every run here is read in one process (`one_reading_process`), the path of inputs under 4 MiB,
+of stdin and pipes, and of `--max-docs --near-dedup`, whatever its size: its checkpoints, stop
+points (`item:N`) and notes. The staged path's own kills and resumes are in test_stage_kills.py
+and test_local_exec.py."""
 
 from __future__ import annotations
 
@@ -45,6 +50,15 @@ def corpus(path: Path, n: int, seed: int, dupes_of: list[str] | None = None) -> 
         for t in texts:
             f.write(json.dumps({"text": t}) + "\n")
     return texts
+
+
+@pytest.fixture(autouse=True)
+def one_reading_process(monkeypatch):
+    """The inputs here (4.4 MB) read in one process, here and in the runs started as processes."""
+    from lmshard.prepare.execution import plainplan
+
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 50)
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ def staged_env():
         mp.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
         mp.setenv("LMSHARD_STAGED_BYTES", "0")
         mp.setenv("LMSHARD_POOL_BYTES", "0")
+        mp.setenv("LMSHARD_ONE_UNIT_BYTES", "0")  # (units sized to the workers, not one for every worker)
         mp.delenv("LMSHARD_STOP_AT", raising=False)
         yield
 
