@@ -148,10 +148,11 @@ def run_measuring_memory(cmd: list[str], env: dict[str, str] | None = None,
     t = threading.Thread(target=sample, daemon=True)
     t.start()
     _, err = proc.communicate()
+    seconds = time.perf_counter() - start  # (before the sampler's last sleep: its 50 ms are not the command's)
     t.join()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
-    return time.perf_counter() - start, peaks[0], peaks[1], peaks[2]
+    return seconds, peaks[0], peaks[1], peaks[2]
 
 
 def _io() -> dict[str, int]:
