@@ -159,7 +159,7 @@ def small_inputs(t: Path) -> list[str]:
     return rows
 
 
-ONE_WORKER = (8_000_000, 20_000_000, None)  # bytes of input (section 3, --workers 1): the corpus's first, all of it
+ONE_WORKER = (8_000_000, 20_000_000, None)  # section 3, --workers 1: the corpus's first 8 and 20 MB, all of it
 
 
 def one_worker_rows(t: Path) -> list[str]:
@@ -403,7 +403,7 @@ def main() -> None:
             stage_rows.append((stage, " ".join(task), sec, main_rss))
             print(f"2. {stage} {' '.join(task)}: {sec:.2f} s, peak RSS {main_rss / 2**20:.0f} MiB", flush=True)
         n_units = plan["n_units"]
-        small = small_inputs(t) + ["", "With one worker, from 16 MiB (medians of 5 rotated runs):", ""] + \
+        small = small_inputs(t) + ["", "With one worker (a plain prepare on the stages from 16 MiB; medians of 5 rotated runs):", ""] + \
             one_worker_rows(t) if not args.dedup_lines else []  # fmt: skip
         capped = max_docs_rows(t, src, env, options, med["planned"])
         compressed = compressed_rows(t, src) if not args.dedup_lines else []
@@ -443,7 +443,7 @@ def main() -> None:
              f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     if small:
-        rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start: the "
+        rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start below 4 MiB: the "
                  "command's wall time, its start included (medians of 7 rotated runs):", "", *small]  # fmt: skip
     rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the stages' tokenize stage stops once the "
              "units from the first hold that many kept documents, the unit that holds the last of them after its work "

@@ -180,11 +180,13 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
         monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    units, stages = [], local_exec._stages
+    units, stages, pooled, in_pool = [], local_exec._stages, [], local_exec.in_pool
     monkeypatch.setattr(local_exec, "_stages", lambda r, *a, **k: units.append(r.n_units) or stages(r, *a, **k))
+    monkeypatch.setattr(local_exec, "in_pool", lambda pool, stage, *a: pooled.append(stage) or in_pool(pool, stage, *a))
     meta = prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "staged"), workers=workers, **_OPTS))
     assert calls == [plainplan.TASKS_PER_WORKER * workers if workers > 1 and large else 1]
     assert (units == [1]) == (workers == 1 or not large) and units[0] >= 1, units
+    assert pooled == ([] if workers == 1 or not large else ["keys", "dedup", "select", "write", "seal"]), pooled
     assert meta.run.dedup_table_bytes == 0  # (one reading process holds a key set)
     assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
@@ -216,6 +218,7 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     assert len(items) >= 8  # (one progress call per item)
     monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
+    monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)  # (as a large .gz file: its later stages in the pool too)
     calls, real = [], local_exec.run
     monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     spreads, do, chained = [], Run.do, itempool._Chain.results

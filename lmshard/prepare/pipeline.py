@@ -71,6 +71,7 @@ from .output.staging import (
     commit,
     link_previous,
     os_error,
+    read_run,
     recover,
 )
 from .output.writer import with_separators
@@ -108,8 +109,10 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         if config.num_tasks is not None:  # a plan of that many tasks, every stage run here (--executor local)
             return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer), started=started)
         # Every stage in the worker pool; and a --resume of a run the stages left (its plan is there), whatever
-        # --workers and the input's size would choose now: their work is theirs to go on with.
-        if plainplan.use_stages(config, sources) or (config.resume and (work_dir(config.out) / PLAN_FILE).exists()):
+        # --workers and the input's size would choose now: their work is theirs to go on with. So is a build one
+        # process left with a checkpoint (one worker reads up to 4x as much in one process: another count may not).
+        planned = config.resume and (work_dir(config.out) / PLAN_FILE).exists()
+        if planned or (plainplan.use_stages(config, sources) and not (config.resume and _checkpointed(paths))):
             tasks, unit_bytes = plainplan.plain_plan(config, sources)  # (tasks here only size the units)
             return local_exec.run(config, tasks, unit_bytes, on_progress, (sources, tokenizer), adopt=True,
                                   started=started)  # fmt: skip
@@ -135,6 +138,12 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
                 return _build(config, paths, sources, tokenizer, claim, on_progress, started, early)
         except OSError as e:
             raise os_error(e, paths.out) from None
+
+
+def _checkpointed(paths: OutputPaths) -> bool:
+    """Whether --out has a build one reading process left with a checkpoint, which --resume goes on with."""
+    run = read_run(paths.staging)
+    return run is not None and run.get("checkpoint") is not None
 
 
 def _build(config: PrepareConfig, paths: OutputPaths, sources: Sources, tokenizer: Tokenizer, claim: Claim,
