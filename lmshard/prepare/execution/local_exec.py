@@ -163,6 +163,8 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
         workers = r.config.n_workers()  # (its work items go to every worker)
     if small_plan(r.plan["units"]):
         workers = 1
+    # One small unit, which every worker tokenized: its later stages' few items cost less here than a round trip each
+    later_here = r.n_units == 1 and small_plan(r.plan["units"], plainplan.ONE_UNIT_BYTES)
     progress = _Progress(r, on_progress, resumed)
 
     def done(stage: str, i: int, counted: Any = None) -> None:
@@ -190,8 +192,8 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
             elif stage in ("lines", "tokenize"):
                 step = progress.step if stage == "tokenize" else None
                 units_in_pool(pool, r, stage, list(_todo(r, stage)), workers, progress.done, step, True)
-            elif r.n_units == 1 and small_plan(r.plan["units"], plainplan.ONE_UNIT_BYTES):  # (one small unit, which
-                for i in _todo(r, stage):  # every worker tokenized: its few items cost less here than a round trip)
+            elif later_here:
+                for i in _todo(r, stage):
                     r.do(stage, i)
                     progress.done(stage, i)
             else:
