@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from lmshard.cli import app
 from lmshard.errors import InputError
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.documents.hf import PRESETS, HFSpec, hf_records
+from lmshard.prepare.documents.hf import PRESETS, HFSpec
+from lmshard.prepare.documents.hfread import hf_records
 
 runner = CliRunner()
 
@@ -167,7 +168,7 @@ def test_a_data_file_damaged_midway_ends_its_shard_only_read_whole_or_by_shards(
     one process, its shard ends with one bad record and the third shard goes on; each shard read
     alone (as a planned run's unit, numbered from where the one before ends) gives the same
     records, numbers and messages."""
-    from lmshard.prepare.documents.hf import shard_records
+    from lmshard.prepare.documents.hfread import shard_records
 
     data = tmp_path / "d" / "data"
     jsonl(data / "train-00000-of-00003.jsonl", [f"first {i}" for i in range(50)])
@@ -261,7 +262,7 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
     import shutil
 
     from lmshard.errors import ConfigError, InputError
-    from lmshard.prepare.documents import hf
+    from lmshard.prepare.documents import hfread
     from lmshard.prepare.execution import local_exec
     from lmshard.prepare.execution.stages import run_task
 
@@ -273,16 +274,16 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
             datasets.Dataset.from_dict({"text": column}).to_parquet(str(path))
         else:
             jsonl(path, column)
-    mark = hf.stream_mark(HFSpec(dataset=str(tmp_path / "pq")))
+    mark = hfread.stream_mark(HFSpec(dataset=str(tmp_path / "pq")))
     shutil.copytree(tmp_path / "pq", tmp_path / "elsewhere")
-    hf._STREAMS.clear()
-    assert len(mark) == 16 and hf.stream_mark(HFSpec(dataset=str(tmp_path / "elsewhere"))) == mark
+    hfread._STREAMS.clear()
+    assert len(mark) == 16 and hfread.stream_mark(HFSpec(dataset=str(tmp_path / "elsewhere"))) == mark
     config = PrepareConfig(out=str(tmp_path / "tasks"), hf=str(tmp_path / "pq"), workers=1)
     local_exec.claim(config, 3)
     assert run_task(config, 3, "tokenize", 0) == 1
     planned, renamed = data / f"train-00002-of-00003.{ext}", data / f"train-00002-of-00003-new.{ext}"
     planned.rename(renamed)
-    hf._STREAMS.clear()  # (as another process opens the stream)
+    hfread._STREAMS.clear()  # (as another process opens the stream)
     with pytest.raises(InputError, match="its data files are not the ones the run was planned with") as e:
         run_task(config, 3, "tokenize", 1)
     assert "\n" not in str(e.value) and "--revision" in str(e.value)
@@ -290,21 +291,21 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
     with pytest.raises(ConfigError, match="changed since the run started \\(its data files"):
         local_exec.run(resumed, 3)
     renamed.rename(planned)
-    hf._STREAMS.clear()
+    hfread._STREAMS.clear()
     assert run_task(config, 3, "tokenize", 1) == 1
     assert local_exec.run(resumed, 3).total_docs == 90
 
 
 @pytest.mark.parametrize("kind", ["parquet", "saved"])
 def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monkeypatch, kind):
-    """A run in one process records its Hugging Face input's data files too (hf.resume_mark):
+    """A run in one process records its Hugging Face input's data files too (hfread.resume_mark):
     the names of a stream's, the save of a saved dataset. A --resume after a data file was
     renamed (as a new revision renames them) or the dataset was saved again is refused in one
     line naming the input, before anything is read; with the files back it goes on and ends as
     an uninterrupted run does."""
     from lmshard.errors import ConfigError
     from lmshard.prepare import pipeline
-    from lmshard.prepare.documents import hf, sources
+    from lmshard.prepare.documents import hfread, sources
     from lmshard.prepare.output.staging import Interrupted
 
     texts = [make_texts(30, seed=k) for k in range(3)]
@@ -334,7 +335,7 @@ def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monk
         datasets.Dataset.from_dict({"text": sum(texts, [])[::-1]}).save_to_disk(str(tmp_path / "ds2"))
         (tmp_path / "ds").rename(tmp_path / "ds1")
         (tmp_path / "ds2").rename(tmp_path / "ds")
-    hf._STREAMS.clear()
+    hfread._STREAMS.clear()
     with pytest.raises(ConfigError) as e:
         prepare(resumed)
     said = str(e.value)
@@ -344,15 +345,15 @@ def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monk
     else:
         (tmp_path / "ds").rename(tmp_path / "ds2")
         (tmp_path / "ds1").rename(tmp_path / "ds")
-    hf._STREAMS.clear()
+    hfread._STREAMS.clear()
     assert prepare(resumed).total_docs == 90
     prepare(dataclasses.replace(config, out=str(tmp_path / "whole")))
     assert tokens_of(tmp_path / "o") == tokens_of(tmp_path / "whole")
 
 
 def test_a_data_file_list_one_side_could_not_name_is_not_compared():
-    """hf.resume_mark is "" where the stream cannot be listed (`--streaming false` offline, from
-    the cache; `datasets` before 5): a resume then compares the rest of the input's identity only."""
+    """hfread.resume_mark is "" where the stream cannot be listed (offline; `datasets` before 5):
+    a resume then compares the rest of the input's identity only."""
     from lmshard.prepare.output.claim import difference
 
     def fingerprint(mark: str) -> dict:
@@ -376,17 +377,17 @@ def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
 def test_a_sources_bytes_size_a_plans_dedup_buckets(tmp_path, monkeypatch):
     """A directory's files' bytes; a hub stream's as its card states them, else 1 GiB per data
     file (the stream of a local directory stands in for the hub's here: no card, 3 files)."""
-    from lmshard.prepare.documents import hf
+    from lmshard.prepare.documents import hfread
     from lmshard.prepare.execution.taskplan import bucket_count
 
     data = tmp_path / "d" / "data"
     for k in range(3):
         jsonl(data / f"train-{k:05d}-of-00003.jsonl", [f"file {k} row {i}" for i in range(20)])
     spec = HFSpec(dataset=str(tmp_path / "d"))
-    assert hf.source_bytes(spec) == sum(p.stat().st_size for p in data.iterdir())
-    hf.stream_shards(spec)  # (opened now: the stream a "hub" id reads below, from this process's cache)
+    assert hfread.source_bytes(spec) == sum(p.stat().st_size for p in data.iterdir())
+    hfread.stream_shards(spec)  # (opened now: the stream a "hub" id reads below, from this process's cache)
     monkeypatch.setattr(HFSpec, "kind", lambda self: "hub")
-    assert hf.source_bytes(spec) == 3 << 30 and bucket_count(3 << 30) == 32 and bucket_count(2000 << 30) == 4096
+    assert hfread.source_bytes(spec) == 3 << 30 and bucket_count(3 << 30) == 32 and bucket_count(2000 << 30) == 4096
 
 
 @pytest.mark.parametrize(("kind", "max_docs"), [("parquet", None), ("saved", None), ("parquet", 150)])
@@ -480,8 +481,8 @@ def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path
     """A hub stream always (its size is not known before it is read), with 2 workers or 1 (the
     stages then run in this process); a directory of data files or a saved dataset from
     LMSHARD_STAGED_BYTES of its files, counted by hand (hidden folders, a clone's .git, not
-    counted); never what --no-streaming downloads and caches through `datasets` (the stages
-    stream), but a saved dataset."""
+    counted), streamed or downloaded through `datasets` (--no-streaming: read by rows of the copy);
+    a hub dataset downloaded always (its size is not known before it is)."""
     from lmshard.prepare.documents.sources import Source
     from lmshard.prepare.execution import plainplan
 
@@ -495,10 +496,10 @@ def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path
         config = PrepareConfig(out=str(tmp_path / "o"), hf=hf, **{"workers": 2, **options})
         return plainplan.use_stages(config, [Source(f"hf:{hf}", "hf", None, 0)])
 
-    assert staged("org/name") and not staged("org/name", streaming=False) and staged("org/name", workers=1)
+    assert staged("org/name") and staged("org/name", streaming=False) and staged("org/name", workers=1)
     for name in ("pq", "saved"):
         size = sum(p.stat().st_size for p in (tmp_path / name).rglob("*") if p.is_file() and ".git" not in p.parts)
         monkeypatch.setattr(plainplan, "STAGED_BYTES", size + 1)
-        assert not staged(str(tmp_path / name))
+        assert not staged(str(tmp_path / name)) and not staged(str(tmp_path / name), streaming=False)
         monkeypatch.setattr(plainplan, "STAGED_BYTES", size)
-        assert staged(str(tmp_path / name)) and staged(str(tmp_path / name), streaming=False) == (name == "saved")
+        assert staged(str(tmp_path / name)) and staged(str(tmp_path / name), streaming=False)

@@ -55,7 +55,7 @@ class Source:
     # An object at a URL: `url` opens it (credentials and all), `path` is that URL redacted, the
     # name every message, record and fingerprint shows; `version` is the ETag (or modification
     # time) its listing gave when the run started, for --resume's fingerprint; a Hugging Face
-    # stream's, in a plan: which data files it was planned with (hf.stream_mark).
+    # stream's, in a plan: which data files it was planned with (hfread.stream_mark).
     url: str = field(default="", repr=False)
     version: str = ""
     # A stream (stdin, a pipe) a planned run saved to a file of its work folder before planning:

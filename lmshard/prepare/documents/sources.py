@@ -161,7 +161,7 @@ def _whole_file(src: Source, text_mode: str, max_chars: int) -> bool:
 
 def _plan_source(i: int, src: Source, text_mode: str, text_field: str, hf: Any) -> Iterator[WorkItem]:
     if src.fmt == "hf":
-        from .hf import hf_records
+        from .hfread import hf_records
 
         yield from batch_records(i, src, hf_records(hf))
     elif src.fmt == "parquet":

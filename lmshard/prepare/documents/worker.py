@@ -335,10 +335,10 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
         records = parse_parquet(src, item.locator, config.text_field)
     elif item.kind == "arrow":
         records = parse_arrow(src, item.locator, config.text_field)
-    elif item.kind == "hf_rows":  # rows [locator, payload) of a saved Hugging Face split
-        from .hf import row_records
+    elif item.kind == "hf_rows":  # rows [locator, payload) of a mapped Hugging Face split
+        from .hfread import row_records
 
-        records = row_records(config.hf, item.locator, item.payload)
+        records = row_records(config.hf, item.locator, item.payload, src.version or "")
     elif src.fmt == "text":
         records = parse_text_lines(item.payload, item.first_line, by_paragraph(config.text_mode),
                                    config.decode_errors == "replace")  # fmt: skip

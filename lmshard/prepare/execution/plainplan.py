@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from ..config import MIN_UNIT_BYTES, PrepareConfig
-from ..documents.hf import source_bytes
+from ..documents.hfread import source_bytes
 from ..documents.sources import Source
 from ..output.claim import needs_a_copy
 from .itempool import SIZED
@@ -62,14 +62,10 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
 
 def _hf_bytes(config: PrepareConfig) -> float:
     """The bytes of a Hugging Face dataset's files on disk (a saved dataset, a directory of data
-    files: one listing, hf.source_bytes); a hub stream's are not known here (infinite). A
-    dataset downloaded and cached through `datasets` (--no-streaming), which the stages would
-    stream, is read in one process (0)."""
+    files: one listing, hfread.source_bytes); a hub dataset's are not known here (infinite),
+    streamed or downloaded (--no-streaming: read by rows of its copy, as a saved one is)."""
     spec = config.hf_spec()
-    kind = spec.kind()
-    if config.streaming is False and kind != "saved":
-        return 0
-    return math.inf if kind == "hub" else source_bytes(spec)
+    return math.inf if spec.kind() == "hub" else source_bytes(spec)
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:

@@ -25,7 +25,7 @@ from ...format import load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.files import open_raw
-from ..documents.hf import stream_mark
+from ..documents.hfread import mapped, mapped_mark, stream_mark
 from ..documents.records import record_fields
 from ..documents.sources import Source, Sources, discover
 from ..documents.worker import WorkerConfig, identity_of
@@ -77,8 +77,9 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     sources = spool_streams(work, sources)
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)
     hf = config.hf_spec() if config.hf else None
-    if hf is not None and hf.kind() != "saved":  # a stream: the data files its tasks must find (hf.stream_mark)
-        sources = [replace(s, version=stream_mark(hf)) if s.fmt == "hf" else s for s in sources]
+    if hf is not None:  # the data files a stream's tasks must find, or the downloaded copy (hfread.py's marks)
+        mark = mapped_mark(hf) if mapped(hf) else stream_mark(hf)
+        sources = [replace(s, version=mark) if s.fmt == "hf" else s for s in sources]
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, hf, n_tasks)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes, hf, config.n_workers())
     wanted["prepare"] = asdict(config)

@@ -28,7 +28,7 @@ from ...errors import ConfigError, InputError
 from ...format import atomic_write_json
 from ...remote.urls import has_credentials
 from ..documents.files import Source
-from ..documents.hf import source_bytes
+from ..documents.hfread import source_bytes
 from ..output.claim import difference
 from .plantables import (
     SOURCES,

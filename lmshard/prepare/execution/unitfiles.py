@@ -42,7 +42,7 @@ from ...errors import InputError, LmshardError
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
-from ..documents.hf import shard_records
+from ..documents.hfread import shard_records
 from ..documents.records import record_fields
 from ..documents.sources import Source, WorkItem
 from ..documents.worker import ItemResult, WorkerConfig, run_item

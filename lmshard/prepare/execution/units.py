@@ -31,7 +31,7 @@ from typing import Any
 from ...errors import ConfigError
 from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
-from ..documents.hf import saved_rows, shard_records, stream_shards
+from ..documents.hfread import mapped, mapped_rows, shard_records, stream_shards
 from ..documents.records import binary_record
 from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, batch_records, plan
 
@@ -83,7 +83,7 @@ def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes:
             raise ConfigError(f"{name}: a scale-out run reads files that every task can open; save the input to a "
                               "file")  # fmt: skip
         if src.fmt == "hf":
-            units.extend(_cut_rows(i, hf, n_tasks) if hf.kind() == "saved" else _cut_shards(i, hf))
+            units.extend(_cut_rows(i, hf, n_tasks) if mapped(hf) else _cut_shards(i, hf))
             continue
         units.extend(_cut(i, src, text_mode, max_chars, unit_bytes))
     return _grouped(units, unit_bytes)
@@ -122,10 +122,10 @@ MIN_ROWS, ROWS_PER_UNIT = 256, 8 * RECORDS_PER_ITEM  # a saved Hugging Face spli
 
 
 def _cut_rows(i: int, hf: Any, n_tasks: int) -> list[Unit]:
-    """A saved Hugging Face split as units of rows: about UNITS_PER_TASK per task, from MIN_ROWS
-    to ROWS_PER_UNIT rows each (the last one shorter); a unit's rows stand for its bytes when
-    tasks are balanced."""
-    n = saved_rows(hf)
+    """A mapped Hugging Face split (saved, or downloaded with --no-streaming) as units of rows:
+    about UNITS_PER_TASK per task, from MIN_ROWS to ROWS_PER_UNIT rows each (the last one
+    shorter); a unit's rows stand for its bytes when tasks are balanced."""
+    n = mapped_rows(hf)
     size = min(ROWS_PER_UNIT, max(MIN_ROWS, -(-n // (n_tasks * UNITS_PER_TASK))))
     return [Unit(i, "rows", a, min(n, a + size), min(n, a + size) - a)
             for a in range(0, n, size)] or [Unit(i, "rows", 0, 0, 0)]  # fmt: skip
@@ -182,7 +182,7 @@ def unit_items(sources: Sequence[Source], unit: Unit, text_mode: str, text_field
                                                        src.version))  # fmt: skip
     elif unit.kind == "row_group":
         yield WorkItem(i, unit.start, "parquet", locator=unit.start, nbytes=unit.nbytes)
-    elif unit.kind == "rows":  # a saved Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them
+    elif unit.kind == "rows":  # a mapped Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them
         for a in range(unit.start, unit.end, RECORDS_PER_ITEM) if unit.end > unit.start else [0]:
             yield WorkItem(i, a // RECORDS_PER_ITEM, "hf_rows", locator=a,
                            payload=min(unit.end, a + RECORDS_PER_ITEM), nbytes=0)  # fmt: skip

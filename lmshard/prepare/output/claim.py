@@ -30,7 +30,7 @@ from ...format import FORMAT_VERSION, METADATA_FILE, DatasetMeta, atomic_write_j
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..config import PrepareConfig
 from ..documents import sources as sources_mod
-from ..documents.hf import resume_mark
+from ..documents.hfread import resume_mark
 from ..documents.reading import read_error
 from ..documents.sources import Source
 from .staging import RUN_FILE, RUN_VERSION, OutputPaths, inside, kind_of_output, read_run
@@ -155,7 +155,7 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
     """What a resumed run must share with the interrupted one: the options that shape the output,
     each input's identity (path, size, modification time; for an object at a URL, its redacted
     URL, size and the ETag or modification time its listing gave; for a Hugging Face dataset,
-    `hf.resume_mark`), the vocabulary, and the
+    `hfread.resume_mark`), the vocabulary, and the
     dataset being appended to. JSON-shaped, so it compares equal after a round trip through the
     run record."""
 
@@ -219,7 +219,7 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
         return f"input {path} was not an input when the run started"
     for path, was in a_src.items():
         found = b_src[path]
-        if was[1] == "hf" and "" in (was[3], found[3]):  # data files one side could not name (hf.resume_mark)
+        if was[1] == "hf" and "" in (was[3], found[3]):  # data files one side could not name (hfread.resume_mark)
             was, found = was[:3], found[:3]
         if was != found:
             if was[1] == "hf":

@@ -1,0 +1,132 @@
+"""`--hf ... --no-streaming`: the split `datasets` downloads (or converts) into its cache, read by
+rows as a saved dataset is (hfread.mapped_split): a plain prepare runs it on the stages, a planned
+run (--num-tasks) cuts it into units of rows, and both equal a one-process run of it, byte for
+byte. A task or a --resume that finds another copy (its data files changed) is refused in one
+line. The cache of `datasets` is a folder of each test's own (HF_DATASETS_CACHE)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+from test_prepare import make_texts
+from test_stages import _files
+
+from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.execution import local_exec, plainplan
+
+datasets = pytest.importorskip("datasets")
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    """3 parquet data files (duplicates across them, a null text in the second), and a cache of
+    `datasets` of this test's own."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    texts = make_texts(600, seed=8)
+    files = [texts[:200], texts[200:400] + texts[:30] + [None], texts[400:]]
+    (tmp_path / "pq" / "data").mkdir(parents=True)
+    for k, column in enumerate(files):
+        path = tmp_path / "pq" / "data" / f"train-{k:05d}-of-00003.parquet"
+        datasets.Dataset.from_dict({"text": column}).to_parquet(str(path))
+    return tmp_path / "pq"
+
+
+def _options(data, **more):
+    return {"hf": str(data), "streaming": False, "val_fraction": 0.1, "tokens_per_shard": 5_000, "on_error": "skip",
+            **more}
+
+
+def _units(monkeypatch) -> list:
+    """The kinds of the units of each run planned from now on."""
+    from lmshard.prepare.execution import units
+
+    kinds: list = []
+    real = units.cut_units
+
+    def cut(*args, **kwargs):
+        out = real(*args, **kwargs)
+        kinds.append([u.kind for u in out])
+        return out
+
+    monkeypatch.setattr(units, "cut_units", cut)
+    from lmshard.prepare.execution import runplan
+
+    monkeypatch.setattr(runplan, "cut_units", cut)
+    return kinds
+
+
+def test_a_plain_prepare_runs_the_downloaded_copy_on_the_stages_by_rows(tmp_path, monkeypatch, data):
+    """With 2 workers, from STAGED_BYTES of data files: the stages, in units of rows of the
+    cached copy (read by every worker), and the bytes of one reading process; the records are
+    those of the stream too (its tokens)."""
+    from test_hf import tokens_of
+
+    kinds = _units(monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(plainplan, "STAGED_BYTES", 1 << 40)  # (one reading process)
+        one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=2, **_options(data)))
+    assert kinds == []
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    staged = prepare(PrepareConfig(out=str(tmp_path / "staged"), workers=2, **_options(data)))
+    assert len(kinds) == 1 and set(kinds[0]) == {"rows"}, kinds
+    assert one.drops["duplicate"] == 30 and one.drops["wrong_type"] == 1 and staged.total_docs == one.total_docs
+    assert _files(tmp_path / "staged") == _files(tmp_path / "one")
+    prepare(PrepareConfig(out=str(tmp_path / "streamed"), workers=2, **_options(data, streaming=None)))
+    assert kinds[-1] == ["shard"] * 3
+    assert tokens_of(tmp_path / "streamed") == tokens_of(tmp_path / "one")
+
+
+@pytest.mark.parametrize("n_tasks", [1, 3])
+def test_a_planned_run_cuts_the_downloaded_copy_into_rows_and_equals_one_process(tmp_path, monkeypatch, data,
+                                                                                n_tasks):  # fmt: skip
+    """`--num-tasks N --no-streaming`: the planner downloads the split, the plan's units are its
+    rows, every task reads its own from the cached copy; the dataset is one process's."""
+    from lmshard.prepare.execution.plantables import PlanSources
+    from lmshard.prepare.execution.stages import STAGES, run_task
+    from lmshard.prepare.execution.taskplan import load_plan, work_dir
+
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 40)
+    prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
+    config = PrepareConfig(out=str(tmp_path / "tasks"), workers=1, **_options(data))
+    local_exec.claim(config, n_tasks)
+    plan = load_plan(work_dir(config.out))
+    assert {u[1] for u in plan["units"]} == {"rows"} and plan["units"][-1][3] == 631
+    assert len(PlanSources(plan["sources"])[0].version) == 16  # (the copy's fingerprint: hfread.mapped_mark)
+    for stage in STAGES[:-1]:
+        for task in reversed(range(n_tasks)):
+            run_task(config, n_tasks, stage, task)
+    run_task(config, n_tasks, "finish", 0)
+    assert _files(tmp_path / "tasks") == _files(tmp_path / "one")
+
+
+def test_a_task_or_a_resume_that_finds_another_copy_is_refused(tmp_path, monkeypatch, data):
+    """A data file rewritten after planning: `datasets` makes another copy (another fingerprint),
+    and the next task is refused in one line before it reads a row, as is a --resume of a plain
+    prepare; with the file back both go on and end as one process does."""
+    from lmshard.errors import ConfigError, InputError
+    from lmshard.prepare.documents import hfread
+    from lmshard.prepare.execution.stages import run_task
+
+    first = data / "data" / "train-00000-of-00003.parquet"
+    kept, st = first.read_bytes(), first.stat()
+    config = PrepareConfig(out=str(tmp_path / "tasks"), workers=1, **_options(data))
+    local_exec.claim(config, 3)
+    assert run_task(config, 3, "tokenize", 0) >= 1
+    datasets.Dataset.from_dict({"text": make_texts(200, seed=9)}).to_parquet(str(first))
+    hfread._OPENED.clear()  # (as another process opens the split)
+    with pytest.raises(InputError, match="the copy `datasets` loads now is not the one the run was planned") as e:
+        run_task(config, 3, "tokenize", 1)
+    assert "\n" not in str(e.value) and "--revision" in str(e.value)
+    resumed = dataclasses.replace(config, resume=True)
+    with pytest.raises(ConfigError, match=f"input hf:{data} changed since the run started"):
+        local_exec.run(resumed, 3)
+    first.write_bytes(kept)
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))  # (the file as it was: `datasets` keys its copy by both)
+    hfread._OPENED.clear()
+    assert local_exec.run(resumed, 3).total_docs > 0
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 40)
+    prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
+    assert _files(tmp_path / "tasks") == _files(tmp_path / "one")
