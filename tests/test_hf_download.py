@@ -130,3 +130,27 @@ def test_a_task_or_a_resume_that_finds_another_copy_is_refused(tmp_path, monkeyp
     monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 40)
     prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
     assert _files(tmp_path / "tasks") == _files(tmp_path / "one")
+
+
+@pytest.mark.parametrize("kind", ["saved", "downloaded"])
+def test_a_part_of_a_mapped_split_runs_on_the_stages_and_a_streams_in_one_process(tmp_path, monkeypatch, data, kind):
+    """`--hf-tasks 3 --hf-task 1` of a saved or downloaded split: part 1 of 3 of its rows
+    (`split_dataset_by_node`: contiguous rows), on the stages in units of its rows, equals one
+    reading process's part, byte for byte (the part recorded in the metadata); of a stream it
+    stays in one process (a stream of fewer data files than parts is split example by example)."""
+    kinds = _units(monkeypatch)
+    if kind == "saved":
+        whole = datasets.load_dataset(str(data), split="train", streaming=False)
+        whole.save_to_disk(str(tmp_path / "saved"))
+    options = _options(tmp_path / "saved" if kind == "saved" else data, hf_tasks=3, hf_task=1)
+    with monkeypatch.context() as m:
+        m.setattr(plainplan, "STAGED_BYTES", 1 << 40)
+        one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=2, **options))
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    prepare(PrepareConfig(out=str(tmp_path / "staged"), workers=2, **options))
+    assert len(kinds) == 1 and set(kinds[0]) == {"rows"}
+    assert one.total_docs == 210  # (rows 211-420 of 631)
+    assert _files(tmp_path / "staged") == _files(tmp_path / "one")
+    streamed = _options(data, streaming=None, hf_tasks=3, hf_task=1)  # (the data files streamed)
+    assert prepare(PrepareConfig(out=str(tmp_path / "part_of_stream"), workers=2, **streamed)).total_docs > 0
+    assert len(kinds) == 1

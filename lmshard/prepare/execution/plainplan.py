@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from ..config import MIN_UNIT_BYTES, PrepareConfig
-from ..documents.hfread import source_bytes
+from ..documents.hfread import mapped, source_bytes
 from ..documents.sources import Source
 from ..output.claim import needs_a_copy
 from .itempool import SIZED
@@ -51,13 +51,14 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     the stages save it first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
         return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
-    if config.hf_tasks == 1 and any(needs_a_copy(config, s) for s in sources):
+    parts = config.hf_tasks == 1 or mapped(config.hf_spec())  # (--hf-tasks: rows of a mapped split only)
+    if parts and any(needs_a_copy(config, s) for s in sources):
         return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
     total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
     streamed = any(s.stream for s in sources)
     signed = config.max_docs is not None and config.near_dedup  # (one process signs all, tokenizes N: the stages all)
     floor = STAGED_BYTES if config.n_workers() > 1 else 4 * STAGED_BYTES
-    return config.hf_tasks == 1 and not streamed and not signed and total >= floor
+    return parts and not streamed and not signed and total >= floor
 
 
 def _hf_bytes(config: PrepareConfig) -> float:

@@ -118,8 +118,9 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
 
 
 def check_scale_out(config: PrepareConfig) -> None:
-    """Refuse, before anything is claimed, what a planned run cannot do."""
-    if config.hf and config.hf_tasks > 1:
+    """Refuse, before anything is claimed, what a planned run cannot do: --hf-tasks with
+    --num-tasks, or of a stream (a plain prepare runs part I of a mapped split, its rows, planned)."""
+    if config.hf and config.hf_tasks > 1 and (config.num_tasks is not None or not mapped(config.hf_spec())):
         raise ConfigError(f"--hf {config.hf}: --hf-tasks splits a stream into separate datasets; a planned run "
                           "(--num-tasks) splits it by its shards into one dataset: pass one or the other")  # fmt: skip
 
