@@ -116,16 +116,16 @@ def test_a_task_or_a_resume_that_finds_another_copy_is_refused(tmp_path, monkeyp
     local_exec.claim(config, 3)
     assert run_task(config, 3, "tokenize", 0) >= 1
     datasets.Dataset.from_dict({"text": make_texts(200, seed=9)}).to_parquet(str(first))
-    hfread._OPENED.clear()  # (as another process opens the split)
+    resumed = dataclasses.replace(config, resume=True)
+    with pytest.raises(ConfigError, match=f"input hf:{data} changed since the run started"):
+        local_exec.run(resumed, 3)  # (in this process, which opened the copy before: a run opens it again)
     with pytest.raises(InputError, match="the copy `datasets` loads now is not the one the run was planned") as e:
         run_task(config, 3, "tokenize", 1)
     assert "\n" not in str(e.value) and "--revision" in str(e.value)
-    resumed = dataclasses.replace(config, resume=True)
-    with pytest.raises(ConfigError, match=f"input hf:{data} changed since the run started"):
-        local_exec.run(resumed, 3)
     first.write_bytes(kept)
     os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))  # (the file as it was: `datasets` keys its copy by both)
-    hfread._OPENED.clear()
+    hfread.forget()  # (as another process opens the split)
+    assert run_task(config, 3, "tokenize", 1) >= 1
     assert local_exec.run(resumed, 3).total_docs > 0
     monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 40)
     prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
@@ -138,6 +138,8 @@ def test_a_part_of_a_mapped_split_runs_on_the_stages_and_a_streams_in_one_proces
     (`split_dataset_by_node`: contiguous rows), on the stages in units of its rows, equals one
     reading process's part, byte for byte (the part recorded in the metadata); of a stream it
     stays in one process (a stream of fewer data files than parts is split example by example)."""
+    from lmshard.errors import ConfigError
+
     kinds = _units(monkeypatch)
     if kind == "saved":
         whole = datasets.load_dataset(str(data), split="train", streaming=False)
@@ -151,6 +153,32 @@ def test_a_part_of_a_mapped_split_runs_on_the_stages_and_a_streams_in_one_proces
     assert len(kinds) == 1 and set(kinds[0]) == {"rows"}
     assert one.total_docs == 210  # (rows 211-420 of 631)
     assert _files(tmp_path / "staged") == _files(tmp_path / "one")
-    streamed = _options(data, streaming=None, hf_tasks=3, hf_task=1)  # (the data files streamed)
-    assert prepare(PrepareConfig(out=str(tmp_path / "part_of_stream"), workers=2, **streamed)).total_docs > 0
+    streamed = _options(data, streaming=None, hf_tasks=3, hf_task=1)  # (the data files streamed: the second file)
+    assert prepare(PrepareConfig(out=str(tmp_path / "part_of_stream"), workers=2, **streamed)).total_docs == 230
     assert len(kinds) == 1
+    with pytest.raises(ConfigError, match="--hf-tasks makes part I of N a dataset of its own, and --num-tasks"):
+        prepare(PrepareConfig(out=str(tmp_path / "planned"), workers=1, num_tasks=2, **options))
+    assert not (tmp_path / "planned").exists()
+
+
+def test_a_second_run_in_one_process_sees_a_data_file_changed_since_the_first(tmp_path, monkeypatch, data):
+    """prepare() twice in one Python process, a data file rewritten between: the second run
+    opens the copy again (runplan.load_run, hfread.forget) and writes the new records."""
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    first = prepare(PrepareConfig(out=str(tmp_path / "a"), workers=1, **_options(data)))
+    datasets.Dataset.from_dict({"text": make_texts(50, seed=9)}).to_parquet(str(data / "data" /
+                                                                              "train-00000-of-00003.parquet"))
+    second = prepare(PrepareConfig(out=str(tmp_path / "b"), workers=1, **_options(data)))
+    assert first.total_docs == 600 and second.total_docs == 600 - 200 + 50 + 30  # (the 30 repeats now kept)
+
+
+def test_a_hub_ids_downloaded_copy_sizes_the_plan_by_its_arrow_tables(tmp_path, monkeypatch, data):
+    """A hub id's size with --no-streaming: its copy's arrow tables (a local directory's copy
+    stands in for the hub's here), where a stream's is its card's, else 1 GiB per data file."""
+    from lmshard.prepare.documents import hfread
+    from lmshard.prepare.documents.hf import HFSpec
+
+    spec = HFSpec(dataset=str(data), streaming=False)
+    table = hfread.mapped_split(spec).data
+    monkeypatch.setattr(HFSpec, "kind", lambda self: "hub")
+    assert hfread.source_bytes(spec) == table.nbytes > 100_000

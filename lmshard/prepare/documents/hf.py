@@ -1,8 +1,9 @@
-"""Hugging Face datasets as prepare inputs: hub ids (streamed), `save_to_disk` directories, and
-local directories of parquet/jsonl files the `datasets` library can stream; named presets.
+"""Hugging Face datasets as prepare inputs: hub ids (streamed, or downloaded with
+--no-streaming), `save_to_disk` directories, and local directories of parquet/jsonl files the
+`datasets` library can read; named presets.
 
-Records are read in the planning process and batched into work items like CSV rows, so the
-same cleaning, dedup, tokenization and shard writing apply. A stream can be split across N
+Records are batched into work items like CSV rows, so the same cleaning, dedup, tokenization
+and shard writing apply. A stream can be split across N
 tasks (`--hf-tasks N --hf-task I`) with `datasets.distributed.split_dataset_by_node`, which
 falls back to example-level splitting when the stream has fewer shards than tasks (a
 one-file dataset), where `IterableDataset.shard()` fails (datatrove#308). `trust_remote_code`

@@ -47,7 +47,15 @@ def _where(spec: HFSpec, index: int, n_shards: int) -> str:
     return f"data file {index + 1:,} of {n_shards:,} of --hf {spec.dataset}"
 
 
-_OPENED: dict[tuple[HFSpec, int], Any] = {}  # a mapped split, opened once per process (and per save)
+_OPENED: dict[tuple[HFSpec, int], Any] = {}  # the mapped splits of this process's run (and per save)
+
+
+def forget() -> None:
+    """Drop the splits and streams this process opened: a new run (its walk of the inputs,
+    runplan.load_run) opens them again, so a data file changed since an earlier run of this
+    process is seen; a task opens each once, as it starts."""
+    _OPENED.clear()
+    _STREAMS.clear()
 
 
 def mapped(spec: HFSpec) -> bool:
@@ -69,8 +77,7 @@ def mapped_split(spec: HFSpec) -> Any:
     marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
     saved = spec.kind() == "saved"
     key = (spec, max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0) if saved else 0)
-    if key not in _OPENED:
-        _OPENED.clear()
+    if key not in _OPENED:  # (a whole split and its --hf-tasks part both stay open: forget() bounds them)
         _OPENED[key] = open_stream(replace(spec, streaming=False))
     return _OPENED[key]
 
@@ -130,7 +137,7 @@ def source_bytes(spec: HFSpec) -> int:
     hidden folders: a clone's .git, a cache); a hub dataset's downloaded copy's arrow files
     (--no-streaming); a streamed one's size as its card states it, else 1 GiB per data file."""
     if spec.kind() == "hub" and mapped(spec):
-        return sum(os.path.getsize(f["filename"]) for f in mapped_split(spec).cache_files)
+        return int(mapped_split(spec).data.nbytes)  # (its arrow tables, mapped or in memory)
     if spec.kind() != "hub":
         root = Path(spec.dataset)
         return sum(p.stat().st_size for p in root.rglob("*")

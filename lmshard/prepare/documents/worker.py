@@ -49,7 +49,7 @@ class WorkerConfig:
     # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
     expect: tuple[tuple[str, Any], ...] = ()
     minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
-    hf: Any = None  # a planned run's saved Hugging Face split (hf.HFSpec), read by row ranges
+    hf: Any = None  # a planned run's saved or downloaded Hugging Face split (hf.HFSpec), read by row ranges
     attributes: tuple[str, ...] = ()  # --attribute: each kept document's scores (quality/scores.py)
 
 

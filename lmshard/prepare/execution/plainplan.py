@@ -92,7 +92,7 @@ def _sized_below(sources: list[Source], limit: int) -> bool:
 
 def small_plan(units: Any, limit: int | None = None) -> bool:
     """Less than `limit` (POOL_BYTES) of input in units of known size (a stream's shards and a
-    saved split's rows are not bytes): `_sized_below` on a plan, as a resumed or `--num-tasks`
+    saved or downloaded split's rows are not bytes): `_sized_below` on a plan, as a resumed or `--num-tasks`
     run has it."""
     return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < (POOL_BYTES if limit is None else limit)
 

@@ -1,7 +1,8 @@
 """How a process gets a planned run's plan, inputs and tokenizer (`plan_run`: the plan made on
 the first call, validated on later ones), and what a plan can take (`check_scale_out`): files,
-stdin and pipes (saved to the work folder first, `spool_streams`), a saved Hugging Face split
-(cut into rows) or stream (cut into its data files), and the dataset an --append extends
+stdin and pipes (saved to the work folder first, `spool_streams`), a saved or downloaded
+Hugging Face split (cut into rows) or a stream (cut into its data files), and the dataset an
+--append extends
 (`previous_of`).
 
 A task (a plan exists, nothing loaded) reads the plan's head and nothing that grows with the
@@ -25,7 +26,7 @@ from ...format import load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.files import open_raw
-from ..documents.hfread import mapped, mapped_mark, stream_mark
+from ..documents.hfread import forget, mapped, mapped_mark, stream_mark
 from ..documents.records import record_fields
 from ..documents.sources import Source, Sources, discover
 from ..documents.worker import WorkerConfig, identity_of
@@ -121,8 +122,10 @@ def check_scale_out(config: PrepareConfig) -> None:
     """Refuse, before anything is claimed, what a planned run cannot do: --hf-tasks with
     --num-tasks, or of a stream (a plain prepare runs part I of a mapped split, its rows, planned)."""
     if config.hf and config.hf_tasks > 1 and (config.num_tasks is not None or not mapped(config.hf_spec())):
-        raise ConfigError(f"--hf {config.hf}: --hf-tasks splits a stream into separate datasets; a planned run "
-                          "(--num-tasks) splits it by its shards into one dataset: pass one or the other")  # fmt: skip
+        planned = "--num-tasks" if config.num_tasks is not None else "--val-by"  # (--val-by: the stages only)
+        raise ConfigError(f"--hf {config.hf}: --hf-tasks makes part I of N a dataset of its own, and {planned} plans "
+                          "one dataset of the whole (a stream by its shards, a saved or downloaded split by its "
+                          "rows): pass one or the other")  # fmt: skip
 
 
 def previous_of(out: str) -> dict[str, Any]:
@@ -140,9 +143,11 @@ def previous_of(out: str) -> dict[str, Any]:
 
 
 def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
-    """The run's inputs (as prepare discovers them, a saved Hugging Face split last) and tokenizer,
+    """The run's inputs (as prepare discovers them, a Hugging Face dataset last) and tokenizer,
     the one walk of the inputs of every run, in one process or planned: its hint about skipped
-    files that look like text is said here."""
+    files that look like text is said here. A Hugging Face dataset this process opened for an
+    earlier run is opened again (a data file may have changed since: hfread.forget)."""
+    forget()
     sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
     if sources.hint:
         warn(sources.hint)

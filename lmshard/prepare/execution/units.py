@@ -5,8 +5,8 @@
   --text-mode auto splits into paragraphs) larger than `unit_bytes` into byte ranges that start
   just past a record boundary (a newline; a blank line for paragraphs), found by reading a few
   KB at each multiple of `unit_bytes`, never the whole file;
-- a parquet file into its row groups; a saved Hugging Face split into ranges of rows; a
-  Hugging Face stream into its shards (data files);
+- a parquet file into its row groups; a saved or downloaded (--no-streaming) Hugging Face
+  split into ranges of rows; a Hugging Face stream into its shards (data files);
 - anything else (compressed files, CSV, JSON arrays, arrow, small files) is one unit; and
   consecutive files smaller than `unit_bytes` are one unit together (kind `files`), up to
   `unit_bytes` in all, so that a directory of many small files is not as many units, each with
@@ -44,7 +44,7 @@ _LINE_FORMATS = ("jsonl", "text")
 @dataclass(frozen=True)
 class Unit:
     """Part of one source: the whole file, the bytes [start, end), parquet row group `start`, a
-    saved Hugging Face split's rows [start, end), or shard `start` of a stream's `end` shards;
+    saved or downloaded Hugging Face split's rows [start, end), or shard `start` of a stream's `end` shards;
     or whole sources [start, end) (`files`: `source` is the first)."""
 
     source: int
@@ -72,8 +72,8 @@ def unit_size_for(sources: list[Source], n_tasks: int, requested: int | None = N
 def cut_units(sources: list[Source], text_mode: str, max_chars: int, unit_bytes: int = UNIT_BYTES,
               hf: Any = None, n_tasks: int = 1) -> list[Unit]:  # fmt: skip
     """Every source as units, in input order (see the module docstring). `hf`: the HFSpec of a
-    Hugging Face source: a saved split cut into ranges of rows (sized to `n_tasks`), a stream
-    into its shards."""
+    Hugging Face source: a saved or downloaded split cut into ranges of rows (sized to
+    `n_tasks`), a stream into its shards."""
     if unit_bytes < _WINDOW:
         raise ConfigError(f"unit_bytes={unit_bytes} is below {_WINDOW}; pass at least {_WINDOW} bytes")
     units: list[Unit] = []

@@ -14,6 +14,7 @@ Memory model: the fingerprint (one small entry per input file).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -69,20 +70,22 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     if config.append and (config.max_docs is not None or (appending and _capped(out))):
         raise ConfigError(f"{out}: --append cannot extend a run limited by --max-docs (its stream has no "
                           "well-defined continuation); prepare the whole input without --max-docs")  # fmt: skip
-    fingerprint = _fingerprint(config, sources, tokenizer, out / METADATA_FILE if appending else None)
+    # (found once, after the refusals that need none: a downloaded Hugging Face split's identity downloads it)
+    fingerprint = functools.cache(lambda: _fingerprint(config, sources, tokenizer,
+                                                       out / METADATA_FILE if appending else None))  # fmt: skip
     run = read_run(paths.staging)
     if run is not None:
         if config.resume:
             if not spooled and (stream := next((s for s in sources if s.stream), None)):
                 name = "stdin" if stream.path == "-" else f"the pipe {stream.path}"
                 raise ConfigError(f"--resume cannot re-read {name}; save the input to a file and run again")
-            diff = difference(run.get("fingerprint", {}), fingerprint)
+            diff = difference(run.get("fingerprint", {}), fingerprint())
             if diff:
                 raise ConfigError(f"{out}: cannot resume: {diff}; pass the same options and inputs, "
                                   "or --overwrite to discard the interrupted run and start again")  # fmt: skip
             previous = _appendable(out, config, tokenizer) if appending else None
             built = (paths.staging / METADATA_FILE).exists()
-            return Claim(fingerprint, run.get("started", time.time()), run.get("checkpoint"), previous,
+            return Claim(fingerprint(), run.get("started", time.time()), run.get("checkpoint"), previous,
                          resumed=True, commit_pending=built)  # fmt: skip
         was_append = bool(run.get("fingerprint", {}).get("appending_to"))
         if not config.overwrite or was_append:
@@ -98,7 +101,7 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     previous = None
     if kind == "dataset":
         if config.resume and _already_done(out, config, sources):
-            return Claim(fingerprint, time.time(), complete=load_metadata(out))
+            return Claim(fingerprint(), time.time(), complete=load_metadata(out))
         if config.resume and not (config.append or config.overwrite):
             raise ConfigError(f"{out}: cannot resume: the dataset there is built already, {_made_with(out, config)}; "
                               "pass the options and inputs it was made with to find it complete, --overwrite to "
@@ -114,7 +117,7 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
         )
     elif config.append:
         raise ConfigError(f"{out}: no dataset to append to; run without --append to create it")
-    return Claim(fingerprint, time.time(), previous=previous)
+    return Claim(fingerprint(), time.time(), previous=previous)
 
 
 SEEKED = ("parquet", "arrow")  # formats read by seeking, which a pipe cannot do
