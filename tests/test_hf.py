@@ -370,7 +370,8 @@ def test_a_stream_split_into_datasets_is_not_planned_too(local, tmp_path):
     result = runner.invoke(app, ["prepare", "--hf", str(local / "pq"), "--out", str(tmp_path / "o"), "--num-tasks",
                                  "2", "--hf-tasks", "2", "--hf-task", "0", "--workers", "1"])  # fmt: skip
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
-    assert "--hf-tasks splits a stream into separate datasets; a planned run" in " ".join(result.output.split())
+    assert "--hf-tasks makes part I of N a dataset of its own, and --num-tasks plans one dataset of the whole" in (
+        " ".join(result.output.split()))
     assert not (tmp_path / "o").exists()
 
 

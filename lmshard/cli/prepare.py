@@ -105,7 +105,7 @@ def prepare(
     hf_config: str | None = _opt(HF, "NAME", "Configuration (subset) of the --hf dataset.", "--hf-config"),
     split: str | None = _opt(HF, "SPLIT", "Split of the --hf dataset to read. Default: train.", "--split"),
     streaming: bool | None = _flag(HF, "Stream --hf (the default for hub ids and data files).", "--streaming"),
-    no_streaming: bool | None = _flag(HF, "Download --hf into the datasets cache; read that copy by rows.", "--no-streaming"),
+    no_streaming: bool | None = _flag(HF, "Download --hf to the datasets cache, read by rows.", "--no-streaming"),
     revision: str | None = _opt(HF, "REV", "Hub revision of --hf: branch, tag or commit.", "--revision"),
     hf_task: int | None = _opt(HF, "I", "This task's part of the --hf stream (from 0), of --hf-tasks.", "--hf-task"),
     hf_tasks: int | None = _opt(HF, "N", "Split the --hf stream into N disjoint parts. Default: 1.", "--hf-tasks"),

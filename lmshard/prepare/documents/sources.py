@@ -69,7 +69,7 @@ class WorkItem:
 
     source: int
     seq: int
-    kind: str  # lines | records | files | parquet | arrow | hf_rows
+    kind: str  # lines | records | files | parquet | arrow
     first_line: int = 1
     payload: Any = None
     locator: int = 0

@@ -49,7 +49,7 @@ class WorkerConfig:
     # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
     expect: tuple[tuple[str, Any], ...] = ()
     minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
-    hf: Any = None  # a planned run's saved or downloaded Hugging Face split (hf.HFSpec), read by row ranges
+    hf: Any = None  # a planned run's Hugging Face dataset (hf.HFSpec), opened by the process reading its units
     attributes: tuple[str, ...] = ()  # --attribute: each kept document's scores (quality/scores.py)
 
 
@@ -335,10 +335,6 @@ def _parsed(item: WorkItem, config: WorkerConfig) -> Iterator[tuple[int, Record]
         records = parse_parquet(src, item.locator, config.text_field)
     elif item.kind == "arrow":
         records = parse_arrow(src, item.locator, config.text_field)
-    elif item.kind == "hf_rows":  # rows [locator, payload) of a mapped Hugging Face split
-        from .hfread import row_records
-
-        records = row_records(config.hf, item.locator, item.payload, src.version or "")
     elif src.fmt == "text":
         records = parse_text_lines(item.payload, item.first_line, by_paragraph(config.text_mode),
                                    config.decode_errors == "replace")  # fmt: skip

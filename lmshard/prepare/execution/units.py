@@ -31,7 +31,7 @@ from typing import Any
 from ...errors import ConfigError
 from ..documents.columnar import parquet_row_groups
 from ..documents.files import Source, first_byte, open_raw
-from ..documents.hfread import mapped, mapped_rows, shard_records, stream_shards
+from ..documents.hfread import mapped, mapped_rows, row_records, shard_records, stream_shards
 from ..documents.records import binary_record
 from ..documents.sources import BLOCK_BYTES, RECORDS_PER_ITEM, WorkItem, _plan_lines, batch_records, plan
 
@@ -182,10 +182,11 @@ def unit_items(sources: Sequence[Source], unit: Unit, text_mode: str, text_field
                                                        src.version))  # fmt: skip
     elif unit.kind == "row_group":
         yield WorkItem(i, unit.start, "parquet", locator=unit.start, nbytes=unit.nbytes)
-    elif unit.kind == "rows":  # a mapped Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them
-        for a in range(unit.start, unit.end, RECORDS_PER_ITEM) if unit.end > unit.start else [0]:
-            yield WorkItem(i, a // RECORDS_PER_ITEM, "hf_rows", locator=a,
-                           payload=min(unit.end, a + RECORDS_PER_ITEM), nbytes=0)  # fmt: skip
+    elif unit.kind == "rows":  # a mapped Hugging Face split: items of RECORDS_PER_ITEM rows, as `plan` batches them,
+        for a in range(unit.start, unit.end, RECORDS_PER_ITEM) if unit.end > unit.start else [0]:  # read here
+            b = min(unit.end, a + RECORDS_PER_ITEM)
+            yield WorkItem(i, a // RECORDS_PER_ITEM, "records", payload=list(row_records(hf, a, b, src.version)),
+                           nbytes=0)  # fmt: skip
     elif unit.kind == "range":
         paragraph = src.fmt == "text" and text_mode != "line"
         items = _plan_lines(i, src, paragraph, (unit.start, unit.end, unit.first_line))
