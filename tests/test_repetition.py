@@ -106,10 +106,10 @@ def _document(rng):
 def test_gopher_repetition_counts_equal_the_reference():
     rng = random.Random(4)
     docs = [_document(rng) for _ in range(2500)]
-    ours, theirs = Counter(map(gopher_repetition, docs)), Counter(map(ref_repetition, docs))
-    assert ours == theirs
+    mine = [gopher_repetition(d) for d in docs]
+    assert mine == [ref_repetition(d) for d in docs]  # (document by document)
+    ours = Counter(mine)
     assert len(ours) >= 8 and ours[None] >= 50, ours
-    assert all(gopher_repetition(d) == ref_repetition(d) for d in docs)
 
 
 def _fineweb_document(rng):
