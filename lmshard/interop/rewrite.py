@@ -44,8 +44,8 @@ from ..errors import ConfigError, InputError
 from ..format import METADATA_FILE, DatasetMeta, ShardInfo, atomic_write_bytes, atomic_write_json, parse_metadata
 from ..format.attributes import row_dtype
 from ..prepare.execution.barrier import is_complete, read_summary, task_done, task_finished
-from ..prepare.execution.finish import remove_work as remove_run_work
 from ..prepare.execution.stages import _task_state
+from ..prepare.execution.taskplan import remove_work as remove_run_work
 from ..prepare.execution.taskplan import work_dir
 from .output import _check_out, _swap_in
 

@@ -46,11 +46,10 @@ from .documents.reading import InputGone, InputReadError, nothing_kept, work_kep
 from .documents.sources import Source, Sources, WorkItem, note_growth
 from .documents.worker import ItemResult
 from .execution.feed import Recount, early_pool, item_results
-from .execution.finish import remove_work
 from .execution.nearpass import add_examples, remove_spool
 from .execution.pool import OrderedPool, WorkerDied
 from .execution.runplan import load_run, worker_config
-from .execution.taskplan import PLAN_FILE, work_dir
+from .execution.taskplan import PLAN_FILE, remove_work, work_dir
 from .output.build import (
     CHECKPOINT_SECONDS,
     Build,
@@ -104,15 +103,19 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         sources, tokenizer = load_run(config)  # (fails fast on a missing vocabulary)
         if not config.append:
             config.encoding(tokenizer.n_vocab)  # fail fast on uint16 for a larger vocabulary
-        from .execution import local_exec, plainplan  # (whose stages use this module)
+        from .execution import plainplan
 
-        if config.num_tasks is not None:  # a plan of that many tasks, every stage run here (--executor local)
-            return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer), started=started)
-        # Every stage in the worker pool; and a --resume of a run the stages left (its plan is there), whatever
-        # --workers and the input's size would choose now: their work is theirs to go on with. So is a build one
-        # process left with a checkpoint (one worker reads up to 4x as much in one process: another count may not).
-        planned = config.resume and (work_dir(config.out) / PLAN_FILE).exists()
+        # --num-tasks: a plan of that many tasks, every stage run here (--executor local). Else every stage in the
+        # worker pool; and a --resume of a run the stages left (its plan is there), whatever --workers and the
+        # input's size would choose now: their work is theirs to go on with. So is a build one process left with a
+        # checkpoint (one worker reads up to 4x as much in one process: another count may not).
+        planned = config.num_tasks is not None or (config.resume and (work_dir(config.out) / PLAN_FILE).exists())
         if planned or (plainplan.use_stages(config, sources) and not (config.resume and _checkpointed(paths))):
+            from .execution import local_exec  # (here: its stages use this module; a small run imports none of them)
+
+            if config.num_tasks is not None:
+                return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer),
+                                      started=started)  # fmt: skip
             tasks, unit_bytes = plainplan.plain_plan(config, sources)  # (tasks here only size the units)
             return local_exec.run(config, tasks, unit_bytes, on_progress, (sources, tokenizer), adopt=True,
                                   started=started)  # fmt: skip

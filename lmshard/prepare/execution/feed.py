@@ -45,7 +45,6 @@ from ..documents.worker import (
 )
 from ..output.build import Build
 from ..output.rowfiles import RowFiles
-from .itempool import start_sharing
 from .nearpass import attach, first_pass
 from .pool import OrderedPool
 
@@ -126,6 +125,8 @@ def early_pool(n: int, sources: list[Source], tokenizer: Tokenizer) -> OrderedPo
     total = input_bytes(sources)
     if n < 2 or (total is not None and total < EARLY_POOL_BYTES and POOL_START_SECONDS > 0):
         return None
+    from .itempool import start_sharing  # (here: a small run imports none of the stages' machinery)
+
     if start_sharing(tokenizer) != "fork":
         return None
     share_with_forks(tokenizer)

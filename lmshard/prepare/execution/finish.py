@@ -10,7 +10,6 @@ file); one 8 MiB block while sealing.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +36,7 @@ from .barrier import is_complete, read_summary
 from .layout import add_totals
 from .layoutfiles import Layout
 from .owners import missing_parts, seal_piece
+from .taskplan import remove_work
 
 
 def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout, totals: Totals,
@@ -114,21 +114,4 @@ def strays(staging: Path) -> list[Path]:
     return sorted(set(found))
 
 
-def remove_work(work: Path, last: tuple[str, ...] = ()) -> None:
-    """Remove a finished run's work folder, but for the Slurm jobs' logs (`slurm/`), which stay
-    for the user to read (delete them with the folder when done); the files `last` after the
-    rest, in that order (what a removal stopped midway needs to be run again)."""
-    for entry in work.iterdir() if work.is_dir() else ():
-        if entry.name == "slurm" or entry.name in last:
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    for name in last:
-        (work / name).unlink(missing_ok=True)
-    if work.is_dir() and not any(work.iterdir()):
-        work.rmdir()
-
-
-__all__ = ["finish", "remove_work", "strays"]
+__all__ = ["finish", "strays"]

@@ -31,6 +31,7 @@ from ..documents.sources import WorkItem
 from . import poolworker as worker
 from .pool import WorkerDied, _widen, how_ended, start_method, stop_signals_ignored
 from .unitfiles import Abandoned, open_unit
+from .units import SIZED
 
 if TYPE_CHECKING:
     from .run import Run
@@ -214,7 +215,6 @@ def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int
     in_pool(pool, stage, [u for u in units if u not in spread_here], workers, done)
 
 
-SIZED = ("file", "range", "row_group", "files")  # units whose `nbytes` are bytes of input
 
 
 def large_units(r: Run, units: list[int], workers: int, local: bool = False) -> list[int]:

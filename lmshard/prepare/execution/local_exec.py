@@ -48,14 +48,14 @@ from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_error
 from . import plainplan, volatile
 from .barrier import is_complete
-from .finish import finish, remove_work
+from .finish import finish
 from .itempool import early_pool, in_pool, in_pool_until, item_pool, large_units, spread, started, units_in_pool
 from .maxdocs import EarlyStop
 from .plainplan import small_plan
 from .planclaim import begin
 from .run import Run
 from .runplan import check_scale_out, load_run
-from .taskplan import PLAN_FILE, work_dir
+from .taskplan import PLAN_FILE, remove_work, work_dir
 from .unitfiles import skip_unit, unit_marker
 
 

@@ -16,8 +16,7 @@ from ..config import MIN_UNIT_BYTES, PrepareConfig
 from ..documents.hfread import mapped, source_bytes
 from ..documents.sources import Source
 from ..output.claim import needs_a_copy
-from .itempool import SIZED
-from .units import UNIT_BYTES
+from .units import SIZED, UNIT_BYTES
 
 # A plain `prepare` with several workers runs its stages from this many bytes of input on (below,
 # one process reading and writing while workers tokenize starts faster: bench_scaleout.py, section

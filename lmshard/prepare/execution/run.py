@@ -31,7 +31,7 @@ from ..output.dictfile import run_encoding
 from ..output.staging import OutputPaths, WriterLock, read_run, recover
 from .barrier import count_join, forget, is_complete, marks, read_summary, task_finished, write_summary
 from .buckets import groups_of, resolve
-from .finish import finish, remove_work
+from .finish import finish
 from .keyfiles import line_keys_path, previous_keys_path, task_keys_path, write_previous_keys, write_task_keys
 from .layout import LAYOUT_FILE, STREAMS, ensure_layout, select_join, select_summary, select_unit
 from .layoutfiles import Layout
@@ -43,7 +43,7 @@ from .owners import seal_piece, sealed_entries, write_join, write_part
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
 from .stagereads import Reads
-from .taskplan import work_dir
+from .taskplan import remove_work, work_dir
 from .unitfiles import tokenize_unit
 from .valby import val_rows
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,20 @@ def describe(plan: dict[str, Any]) -> dict[str, Any]:
     per_task = [sum(u[4] for u in plan["units"][a:b]) for a, b in plan["tasks"]]
     return {"units": len(plan["units"]), "tasks": plan["n_tasks"], "bytes": sum(per_task),
             "task_bytes_min": min(per_task), "task_bytes_max": max(per_task)}  # fmt: skip
+
+
+def remove_work(work: Path, last: tuple[str, ...] = ()) -> None:
+    """Remove a finished run's work folder, but for the Slurm jobs' logs (`slurm/`), which stay
+    for the user to read (delete them with the folder when done); the files `last` after the
+    rest, in that order (what a removal stopped midway needs to be run again)."""
+    for entry in work.iterdir() if work.is_dir() else ():
+        if entry.name == "slurm" or entry.name in last:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    for name in last:
+        (work / name).unlink(missing_ok=True)
+    if work.is_dir() and not any(work.iterdir()):
+        work.rmdir()

@@ -118,6 +118,7 @@ def _grouped(units: list[Unit], unit_bytes: int) -> list[Unit]:
     return out
 
 
+SIZED = ("file", "range", "row_group", "files")  # the kinds of unit whose `nbytes` are bytes of input
 MIN_ROWS, ROWS_PER_UNIT = 256, 8 * RECORDS_PER_ITEM  # a saved Hugging Face split's rows per unit, at most
 
 
