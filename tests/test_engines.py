@@ -236,10 +236,11 @@ def test_slurm_run_of_a_piped_input_gives_the_one_machine_bytes(tmp_path):
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
-@pytest.mark.parametrize("kind", ["saved", "stream"])
+@pytest.mark.parametrize("kind", ["saved", "stream", "downloaded"])
 def test_slurm_run_of_a_hugging_face_dataset_gives_the_one_machine_bytes(tmp_path, kind):
     """`prepare --hf DIR --num-tasks 3 --executor slurm`: each array task reads its units of rows
-    from the saved arrow files, or its shards of a stream (a directory of 4 data files), and the
+    from the saved arrow files, or its shards of a stream (a directory of 4 data files), or with
+    --no-streaming its rows of the copy `datasets` made in its cache (one every job sees), and the
     dataset equals a one-machine prepare of it."""
     import datasets
     from test_prepare import make_texts
@@ -249,17 +250,21 @@ def test_slurm_run_of_a_hugging_face_dataset_gives_the_one_machine_bytes(tmp_pat
     if kind == "saved":
         datasets.Dataset.from_dict({"text": column}).save_to_disk(str(tmp_path / kind))
     else:
-        (tmp_path / kind / "data").mkdir(parents=True)
+        (tmp_path / "stream" / "data").mkdir(parents=True)
         for k in range(4):
             datasets.Dataset.from_dict({"text": column[k * 240 : (k + 1) * 240]}).to_parquet(
-                str(tmp_path / kind / "data" / f"train-{k:05d}-of-00004.parquet"))
+                str(tmp_path / "stream" / "data" / f"train-{k:05d}-of-00004.parquet"))
     common = ["--hf", kind, "--workers", "1", "--tokens-per-shard", "20000", "--val-fraction", "0.1"]
+    if kind == "downloaded":
+        (tmp_path / "stream").rename(tmp_path / kind)
+        common.append("--no-streaming")
     lmshard = [sys.executable, "-m", "lmshard"]
     with slurm_cluster() as env:
 
         def run(*args):
+            offline = {"HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
             return subprocess.run([*lmshard, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                                  env=env | {"HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+                                  env=env | offline)  # fmt: skip
 
         assert run("prepare", *common, "--out", "local").returncode == 0
         submitted = run("prepare", *common, "--out", "dist", "--num-tasks", "3", "--executor", "slurm")
