@@ -285,24 +285,36 @@ def hf_rows(t: Path, src: Path) -> list[str]:
     return rows_out
 
 
+# A producer that writes FILE to stdout at about RATE MB/s, as a download piped in does.
+PACED = ("import sys, time\nrate, start = float(sys.argv[2]) * 1e6, time.perf_counter()\nsent = 0\n"
+         "with open(sys.argv[1], 'rb') as f:\n    while block := f.read(1 << 20):\n"
+         "        sys.stdout.buffer.write(block)\n        sent += len(block)\n"
+         "        time.sleep(max(0.0, sent / rate - (time.perf_counter() - start)))\n")
+
+
 def stdin_rows(t: Path) -> list[str]:
-    """Section 7: the corpus once (46 MB) through a pipe (`cat FILE | lmshard prepare -`),
-    `--workers 2`: read in one pass against the stages on its saved copy (`--num-tasks 4`: 16
-    units, as a plain prepare plans them), medians of 5 rotated runs, and byte identity."""
+    """Section 7: the corpus once (46 MB) through a pipe (`cat FILE | lmshard prepare -`), and
+    from a producer of 40 MB/s (as a download is), `--workers 2`: read in one pass against the
+    stages on its saved copy (`--num-tasks 4`: 16 units, as a plain prepare plans them), medians
+    of 5 rotated runs, and byte identity."""
     src = corpus(t / "stdin.jsonl", 1)
+    (t / "paced.py").write_text(PACED)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     kinds = {"one pass": [], "the stages on its saved copy": ["--num-tasks", "4"]}
     names = list(kinds)
     line = " ".join([*LMSHARD, "prepare", "-", "--out", "{out}", "--workers", "2"])
-    runs = {k: (["sh", "-c", f"cat {src} | {line} {' '.join(extra)}"], env) for k, extra in kinds.items()}
-    med = rotated(runs, 5, lambda i, k: t / f"stdin_out_{i}_{k}")
-    same = files(t / "stdin_out_0_0") == files(t / "stdin_out_0_1")
+    rows = ["| a pipe (`--workers 2`) | " + " | ".join(kinds) + " | the stages / one pass |", "|---|---|---|---|"]
     mb = src.stat().st_size / 1e6
-    print(f"7. stdin, {mb:.1f} MB: " + ", ".join(f"{k} {m:.2f} s" for k, m in zip(names, med, strict=True)) +
-          f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
-    return ["| a pipe (`--workers 2`) | " + " | ".join(kinds) + " | the stages / one pass |", "|---|---|---|---|",
-            f"| {mb:.1f} MB | " + " | ".join(f"{m:.2f} s" for m in med) +
-            f" | **{med[1] / med[0]:.2f}**{'' if same else ' (outputs differ)'} |"]  # fmt: skip
+    for tag, label, producer in (("cat", f"{mb:.1f} MB, `cat`", f"cat {src}"),
+                                 ("paced", f"{mb:.1f} MB at 40 MB/s", f"{sys.executable} {t / 'paced.py'} {src} 40")):
+        runs = {k: (["sh", "-c", f"{producer} | {line} {' '.join(extra)}"], env) for k, extra in kinds.items()}
+        med = rotated(runs, 5, lambda i, k, tag=tag: t / f"stdin_out_{tag}_{i}_{k}")
+        same = files(t / f"stdin_out_{tag}_0_0") == files(t / f"stdin_out_{tag}_0_1")
+        print(f"7. stdin, {label}: " + ", ".join(f"{k} {m:.2f} s" for k, m in zip(names, med, strict=True)) +
+              f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
+        rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) +
+                    f" | **{med[1] / med[0]:.2f}**{'' if same else ' (outputs differ)'} |")  # fmt: skip
+    return rows
 
 
 def gzipped(t: Path, src: Path) -> Path:
