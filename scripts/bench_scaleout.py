@@ -243,8 +243,8 @@ def hf_rows(t: Path, src: Path) -> list[str]:
     dataset is), and its first 2 MB as 2 files: one reading process against the stages (this
     process reads every data file, the workers tokenize), `--workers 2`, medians of 3 rotated
     runs, and whether the outputs are byte-identical; and the 8 files with `--no-streaming`,
-    from the copy `datasets` made in its cache before the timed runs (the stages' workers read
-    their rows from it)."""
+    from the copy `datasets` made in its cache before the timed runs (the stages' main process
+    reads its rows, the workers tokenize)."""
     import subprocess
 
     import pyarrow as pa

@@ -240,7 +240,7 @@ def test_slurm_run_of_a_piped_input_gives_the_one_machine_bytes(tmp_path):
 def test_slurm_run_of_a_hugging_face_dataset_gives_the_one_machine_bytes(tmp_path, kind):
     """`prepare --hf DIR --num-tasks 3 --executor slurm`: each array task reads its units of rows
     from the saved arrow files, or its shards of a stream (a directory of 4 data files), or with
-    --no-streaming its rows of the copy `datasets` made in its cache (one every job sees), and the
+    --no-streaming its rows of the copy `datasets` made in its cache (this machine's), and the
     dataset equals a one-machine prepare of it."""
     import datasets
     from test_prepare import make_texts

@@ -111,7 +111,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         # checkpoint (one worker reads up to 4x as much in one process: another count may not).
         planned = config.num_tasks is not None or (config.resume and (work_dir(config.out) / PLAN_FILE).exists())
         if planned or (plainplan.use_stages(config, sources) and not (config.resume and _checkpointed(paths))):
-            from .execution import local_exec  # (here: its stages use this module; a small run imports none of them)
+            from .execution import local_exec  # (here: a small run imports none of the stages' modules)
 
             if config.num_tasks is not None:
                 return local_exec.run(config, config.num_tasks, None, on_progress, (sources, tokenizer),

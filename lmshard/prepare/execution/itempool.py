@@ -9,7 +9,8 @@ marker and is redone), and exit when that process dies. What a worker runs is po
 Memory model: each worker holds what its stage's item holds (see each stage's module); the
 owner holds one future per batch of items of the current stage, and while it reads units
 spread over the workers (`units_in_pool`), at most 2 × workers + 2 work items and their
-results (≈1 MiB of text and its tokens each, over the units they come from: each one's line
+results (≈1 MiB of text and its tokens each; a Hugging Face dataset's, RECORDS_PER_ITEM
+records each, whatever their size; over the units they come from: each one's line
 counts, and with --dedup-lines its kept lines' keys) and the per-document arrays of the unit
 being written.
 """
@@ -213,8 +214,6 @@ def units_in_pool(pool: ProcessPoolExecutor, r: Run, stage: str, units: list[int
                 done(stage, u)
     spread_here = set(large)
     in_pool(pool, stage, [u for u in units if u not in spread_here], workers, done)
-
-
 
 
 def large_units(r: Run, units: list[int], workers: int, local: bool = False) -> list[int]:

@@ -12,7 +12,7 @@ may be empty when there are fewer units than tasks.
 **Persistence.** `ensure_plan` writes `plan.json` into the work directory once (a temporary file
 hard-linked into place, so two tasks starting together cannot both create it) and validates it
 on every later call: another configuration, input set, vocabulary or task count is refused,
-naming the difference.
+naming the difference. `remove_work` removes a finished run's work folder.
 
 Memory model: one entry per unit (a few dozen bytes).
 """
