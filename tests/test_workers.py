@@ -314,3 +314,37 @@ def test_killed_prepare_leaves_no_worker_behind(tmp_path, corpus, monkeypatch, w
     finally:
         finish(proc, 1)
     assert all(not alive(w) for w in workers) and workers_of(proc.pid) == []
+
+
+def _child_that_ignores_stop_signals() -> None:
+    from lmshard.prepare.stops import ignore_stop_signals
+
+    ignore_stop_signals()
+    os.kill(os.getpid(), signal.SIGTERM)  # (ignored: it goes on)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(7)
+
+
+def test_a_stop_signal_while_a_worker_starts_is_held_for_the_parent_not_lost():
+    """SIGINT and SIGTERM are ignored while a worker starts (`stop_signals_ignored`: the child
+    cannot die of a group's Ctrl-C before it is set up). One that reaches the parent then is
+    taken by the parent's own handler once it is back, where it used to be lost (the run went on
+    to the end); the child, set up, ignores both."""
+    import multiprocessing
+
+    from lmshard.prepare.stops import stop_signals_ignored
+
+    taken: list[int] = []
+    old = signal.signal(signal.SIGTERM, lambda sig, frame: taken.append(sig))
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_signals_ignored():
+            child = multiprocessing.get_context("fork").Process(target=_child_that_ignores_stop_signals)
+            child.start()
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert taken == []  # (held meanwhile)
+        child.join(60)
+        assert child.exitcode == 7 and taken == [signal.SIGTERM]
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # (nothing left blocked here)
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -33,14 +33,20 @@ The points:
   them (`--out` missing), 2 after the second, 3 after the trash rename. A new `--out`: 1 after its
   rename. The last pass is before the run record in the dataset is removed and the trash emptied.
 
+The stop signals themselves (`STOP_SIGNALS`) are the main process's to handle: a worker ignores
+them (`ignore_stop_signals`), and starts ignoring them (`stop_signals_ignored`, around its start).
+
 Memory model: one counter per point.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 from collections import Counter
+from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops a run: Ctrl-C, and SIGTERM (kill, a scheduler)
 _passed: Counter[str] = Counter()
@@ -76,3 +82,34 @@ def stop_point(point: str, key: int | None = None) -> None:
                 finally:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
                 signal.raise_signal(got)  # (its handler runs now: the run stops as that signal stops it)
+
+
+@contextlib.contextmanager
+def stop_signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored around a process start, so the child inherits "ignored"
+    through fork and exec and cannot die of a Ctrl-C, or of a scheduler's SIGTERM to the whole
+    process group, while it imports, before `_worker_main` runs. The parent's own handlers come
+    back at once (in the main thread only, where handlers live). Meanwhile the signals are also
+    blocked, so one sent to the parent then is held (Linux keeps a blocked signal pending though
+    its action is to ignore it) and taken by the parent's own handler once it is back, where
+    ignoring it alone would lose it: a Ctrl-C while the pool starts a worker stopped nothing.
+    The child starts with them blocked too (`ignore_stop_signals` lets them go)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a signal held meanwhile is taken now)
+
+
+def ignore_stop_signals() -> None:
+    """In a worker: Ctrl-C and SIGTERM ignored (the parent's to handle: it stops the workers),
+    and no longer blocked, as `stop_signals_ignored` started the worker."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import ConfigError, InputError, LmshardError
 from ..documents.sources import WorkItem
+from ..stops import stop_signals_ignored
 from . import poolworker as worker
-from .pool import WorkerDied, _widen, how_ended, start_method, stop_signals_ignored
+from .pool import WorkerDied, _widen, how_ended, start_method
 from .unitfiles import Abandoned, open_unit
 from .units import SIZED
 

@@ -42,7 +42,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
 
 from ...errors import LmshardError
-from ..stops import STOP_SIGNALS
+from ..stops import ignore_stop_signals, stop_signals_ignored
 
 try:
     import fcntl
@@ -284,23 +284,6 @@ class OrderedPool(Generic[T, R]):
                           "lower --workers or --max-chars")  # fmt: skip
 
 
-@contextlib.contextmanager
-def stop_signals_ignored() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored around a process start, so the child inherits "ignored"
-    through fork and exec and cannot die of a Ctrl-C, or of a scheduler's SIGTERM to the whole
-    process group, while it imports, before `_worker_main` runs. The parent's own handlers come
-    back at once (in the main thread only, where handlers live)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-
-
 def _widen(*conns: Connection) -> None:
     """Pipes of PIPE_BYTES where the system allows (Linux: up to /proc/sys/fs/pipe-max-size,
     1 MiB by default): a 1 MiB work item or result then crosses in one write instead of sixteen
@@ -335,8 +318,7 @@ def _worker_main(tasks: Connection, results: Connection, initializer: Callable[[
                  others: tuple[Connection, ...] = ()) -> None:  # fmt: skip
     """A worker's whole life: start the task reader, initialise (with what the first message
     brings, when the pool was started without an initializer), then answer tasks in order."""
-    for sig in STOP_SIGNALS:  # Ctrl-C and SIGTERM are the parent's to handle: it stops us
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()  # Ctrl-C and SIGTERM are the parent's to handle: it stops us
     for conn in others:
         conn.close()
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()

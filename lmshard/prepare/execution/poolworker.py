@@ -10,7 +10,6 @@ the item in hand holds (see each stage's module).
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from ...errors import LmshardError
 from ..config import PrepareConfig
 from ..documents.sources import WorkItem
 from ..documents.worker import ItemResult, hash_lines, run_item
-from ..stops import STOP_SIGNALS, stop_point
+from ..stops import ignore_stop_signals, stop_point
 from . import volatile
 
 if TYPE_CHECKING:
@@ -49,8 +48,7 @@ def detach() -> None:
     stops the workers), and exits when its parent dies (kill -9, the OOM killer): its siblings
     hold the task queue open, so it would otherwise wait for a task forever. An itempool.early_pool's
     worker initializer: its run is built at its first item (`worker_run`)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 
