@@ -325,26 +325,49 @@ def _child_that_ignores_stop_signals() -> None:
     os._exit(7)
 
 
-def test_a_stop_signal_while_a_worker_starts_is_held_for_the_parent_not_lost():
-    """SIGINT and SIGTERM are ignored while a worker starts (`stop_signals_ignored`: the child
-    cannot die of a group's Ctrl-C before it is set up). One that reaches the parent then is
-    taken by the parent's own handler once it is back, where it used to be lost (the run went on
-    to the end); the child, set up, ignores both."""
+@pytest.mark.parametrize("to", ["main thread", "process"])
+def test_a_stop_signal_while_a_worker_starts_is_held_for_the_parent_not_lost(to):
+    """SIGINT and SIGTERM are held while a worker starts (`stop_signals_held`: the child cannot
+    die of a group's Ctrl-C before it is set up). One that reaches the parent then, sent to its
+    main thread or to the process (which another of its threads may take), is taken by the
+    parent's own handler once it is back, where ignoring them lost it (the run went on to the
+    end); the child, set up, ignores both."""
     import multiprocessing
 
-    from lmshard.prepare.stops import stop_signals_ignored
+    from lmshard.prepare.stops import stop_signals_held
 
     taken: list[int] = []
     old = signal.signal(signal.SIGTERM, lambda sig, frame: taken.append(sig))
+    release, ticks = threading.Event(), [0]
+
+    def tick() -> None:  # a thread that does not block them: the kernel takes one sent to the process there
+        while not release.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    other = threading.Thread(target=tick)
+    other.start()
+
+    def send(sig: int) -> None:
+        if to == "main thread":
+            signal.pthread_kill(threading.main_thread().ident, sig)
+        else:
+            os.kill(os.getpid(), sig)
+
     try:
-        with pytest.raises(KeyboardInterrupt), stop_signals_ignored():
+        with pytest.raises(KeyboardInterrupt), stop_signals_held():
             child = multiprocessing.get_context("fork").Process(target=_child_that_ignores_stop_signals)
             child.start()
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGTERM)
+            send(signal.SIGINT)
+            send(signal.SIGTERM)
+            seen = ticks[0]
+            while ticks[0] < seen + 2:  # (the other thread has been back from the kernel since: it took them)
+                time.sleep(0.001)
             assert taken == []  # (held meanwhile)
         child.join(60)
         assert child.exitcode == 7 and taken == [signal.SIGTERM]
         assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # (nothing left blocked here)
     finally:
+        release.set()
+        other.join()
         signal.signal(signal.SIGTERM, old)

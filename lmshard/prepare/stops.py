@@ -34,7 +34,7 @@ The points:
   rename. The last pass is before the run record in the dataset is removed and the trash emptied.
 
 The stop signals themselves (`STOP_SIGNALS`) are the main process's to handle: a worker ignores
-them (`ignore_stop_signals`), and starts ignoring them (`stop_signals_ignored`, around its start).
+them (`ignore_stop_signals`), and starts with them held (`stop_signals_held`, around its start).
 
 Memory model: one counter per point.
 """
@@ -85,31 +85,33 @@ def stop_point(point: str, key: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def stop_signals_ignored() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored around a process start, so the child inherits "ignored"
-    through fork and exec and cannot die of a Ctrl-C, or of a scheduler's SIGTERM to the whole
-    process group, while it imports, before `_worker_main` runs. The parent's own handlers come
-    back at once (in the main thread only, where handlers live). Meanwhile the signals are also
-    blocked, so one sent to the parent then is held (Linux keeps a blocked signal pending though
-    its action is to ignore it) and taken by the parent's own handler once it is back, where
-    ignoring it alone would lose it: a Ctrl-C while the pool starts a worker stopped nothing.
-    The child starts with them blocked too (`ignore_stop_signals` lets them go)."""
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held around a process start (in the main thread, where handlers live):
+    blocked, so the child starts with them blocked through fork and exec and cannot die of a
+    Ctrl-C, or of a scheduler's SIGTERM to the whole process group, while it imports, before it
+    ignores them (`ignore_stop_signals`); and in this process recorded by a handler of their own
+    (another thread may take one sent to the process), then taken by its own handlers once they
+    are back. Ignoring them meanwhile, as this once did, lost them: a Ctrl-C while the pool
+    started a worker stopped nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held: list[int] = []
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    old = {sig: signal.signal(sig, lambda sig, frame: held.append(sig)) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
         for sig, handler in old.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a signal held meanwhile is taken now)
+        for again in dict.fromkeys(held):  # (one another thread took: sent again, for the handlers that are back)
+            signal.pthread_kill(threading.main_thread().ident or 0, again)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (every one held is taken now)
 
 
 def ignore_stop_signals() -> None:
     """In a worker: Ctrl-C and SIGTERM ignored (the parent's to handle: it stops the workers),
-    and no longer blocked, as `stop_signals_ignored` started the worker."""
+    and no longer blocked, as `stop_signals_held` started the worker."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import ConfigError, InputError, LmshardError
 from ..documents.sources import WorkItem
-from ..stops import stop_signals_ignored
+from ..stops import stop_signals_held
 from . import poolworker as worker
 from .pool import WorkerDied, _widen, how_ended, start_method
 from .unitfiles import Abandoned, open_unit
@@ -65,7 +65,7 @@ def early_pool(workers: int, tokenizer: Any, make: Callable[[], Run]) -> Iterato
     forks = multiprocessing.get_context("fork")
     pool = _widened(ProcessPoolExecutor(workers, mp_context=forks, initializer=worker.detach))
     try:
-        with stop_signals_ignored():
+        with stop_signals_held():
             ready = [_submit(pool, "tokenize", worker.ready) for _ in range(workers)]  # (forked now, all of them)
         for f in ready:
             _result(f, "tokenize", pool)
@@ -121,7 +121,7 @@ def in_pool(pool: ProcessPoolExecutor, stage: str, items: list[int], workers: in
     # Units one at a time (long, and the progress follows them); the small items of the later stages in a few
     # batches per worker, so that this process schedules a few dozen calls, not thousands.
     size = 1 if stage in ("lines", "tokenize") else max(1, -(-len(items) // (BATCHES_PER_WORKER * workers)))
-    with stop_signals_ignored():  # workers started now ignore Ctrl-C and SIGTERM: this process stops them
+    with stop_signals_held():  # workers started now cannot die of Ctrl-C or SIGTERM: this process stops them
         futures = {_submit(pool, stage, worker.items, stage, items[k : k + size]): items[k : k + size]
                    for k in range(0, len(items), size)}  # fmt: skip
     _wait(pool, futures, stage, done)
@@ -153,7 +153,7 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
         running[_submit(pool, stage, worker.items, stage, [i], stop)] = i
 
     while running or failed or (left and not enough()):
-        with stop_signals_ignored():
+        with stop_signals_held():
             while left and len(running) < workers and not enough() and left[-1] not in large:
                 i = left.pop()
                 submit(i, stop_for(i))
@@ -182,7 +182,7 @@ def in_pool_until(pool: ProcessPoolExecutor, stage: str, items: list[int], worke
                 failed.clear()
             elif (stop := stop_for(i)).room is not None:
                 del failed[i]
-                with stop_signals_ignored():
+                with stop_signals_held():
                     submit(i, stop)
             elif not running and not left:  # (nothing before it left to run: it cannot wait for anything)
                 raise failed[i]
@@ -234,7 +234,7 @@ def started(pool: ProcessPoolExecutor, workers: int, stage: str) -> None:
     an input (whose reader may start threads). Spawned ones (this process runs threads: it
     opened a Hugging Face dataset, say) load the run while this process goes on reading; one
     that could not (a store that stopped answering) says so at the first item it takes."""
-    with stop_signals_ignored():
+    with stop_signals_held():
         ready = worker.here["ready"] = [_submit(pool, stage, worker.ready) for _ in range(workers)]
     for f in ready if worker.here.get("forked") else ():
         _result(f, stage, pool)

@@ -42,7 +42,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
 
 from ...errors import LmshardError
-from ..stops import ignore_stop_signals, stop_signals_ignored
+from ..stops import ignore_stop_signals, stop_signals_held
 
 try:
     import fcntl
@@ -123,7 +123,7 @@ class OrderedPool(Generic[T, R]):
                 others = (*self._tasks, *self._results, task_w, result_r) if start == "fork" else ()
                 proc = ctx.Process(target=_worker_main, args=(task_r, result_w, initializer, arg, others),
                                    daemon=True)  # fmt: skip
-                with stop_signals_ignored():  # the child starts ignoring them: they are the parent's to handle
+                with stop_signals_held():  # the child cannot die of them: they are the parent's to handle
                     proc.start()
                 # Drop our copies of the worker's ends: the worker's death must read as end-of-file here.
                 task_r.close()
