@@ -29,11 +29,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # Two pytest processes (pytest-xdist), each taking whole test files, so that module fixtures are built once: the
-# suite is mostly one busy process at a time (its subprocesses aside), and halves its time on two cores. The files
-# go out in collection order, the longest first (tests/conftest.py), not by their number of tests.
+# suite is mostly one busy process at a time (its subprocesses aside), and halves its time on two cores.
 test: setup
 	@echo "make test: every test but the real-engine ones (make test-engines); about 7 min on 2 quiet cores, in two processes, counted as it goes; the 15 slowest are listed at the end"
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not engines" -n 2 --dist loadfile --no-loadscope-reorder -o console_output_style=count --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not engines" -n 2 --dist loadfile -o console_output_style=count --durations=15
 
 # Scale-out on real engines started by the tests (a single-node Slurm cluster on loopback, a local Ray
 # cluster). Installs Debian's Slurm packages when missing (as root) and the ray extra; fails, not skips, without them.

@@ -145,16 +145,3 @@ def http_server(tmp_path):
     yield server
     server.stop()
 
-
-# The test files that take longest (`make test --durations`, summed per file), run first: `make test`
-# hands whole files to its two processes (pytest-xdist --dist loadfile --no-loadscope-reorder) in
-# collection order, so a long file collected last would run alone at the end. Order only: a file
-# missing here only runs later.
-LONGEST_FIRST = ("test_hf_fast", "test_stages", "test_local_exec", "test_reliability", "test_remote_loader",
-                 "test_stage_kills", "test_remote_output", "test_train_modes", "test_near", "test_near_parts",
-                 "test_train_ddp", "test_stream", "test_hf_ranks")  # fmt: skip
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.path)).stem, len(rank)))  # (stable: each file's order kept)
