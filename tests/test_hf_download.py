@@ -40,19 +40,16 @@ def _options(data, **more):
 
 
 def _units(monkeypatch) -> list:
-    """The kinds of the units of each run planned from now on."""
-    from lmshard.prepare.execution import units
+    """The kinds of the units of each run planned from now on (runplan.plan_run cuts them)."""
+    from lmshard.prepare.execution import runplan
 
     kinds: list = []
-    real = units.cut_units
+    real = runplan.cut_units
 
     def cut(*args, **kwargs):
         out = real(*args, **kwargs)
         kinds.append([u.kind for u in out])
         return out
-
-    monkeypatch.setattr(units, "cut_units", cut)
-    from lmshard.prepare.execution import runplan
 
     monkeypatch.setattr(runplan, "cut_units", cut)
     return kinds

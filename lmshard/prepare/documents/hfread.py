@@ -74,12 +74,19 @@ def mapped_split(spec: HFSpec) -> Any:
     if not mapped(spec):
         raise ConfigError(f"--hf {spec.dataset}: read by rows only when saved (save_to_disk) or downloaded "
                           "(--no-streaming); a stream is read by its shards")  # fmt: skip
-    marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
-    saved = spec.kind() == "saved"
-    key = (spec, max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0) if saved else 0)
+    key = (spec, _saved_at(spec))
     if key not in _OPENED:  # (a whole split and its --hf-tasks part both stay open: forget() bounds them)
         _OPENED[key] = open_stream(replace(spec, streaming=False))
     return _OPENED[key]
+
+
+def _saved_at(spec: HFSpec) -> int:
+    """When a `save_to_disk` directory was saved (its state files' latest modification, in ns);
+    0 for any other split."""
+    if spec.kind() != "saved":
+        return 0
+    marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
+    return max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0)
 
 
 def mapped_rows(spec: HFSpec) -> int:
@@ -99,7 +106,7 @@ def row_records(spec: HFSpec, start: int, end: int, mark: str = "") -> Iterator[
     `hf_records` numbers them: a planned task reads its own rows. `mark`: the downloaded copy
     the run was planned with (`mapped_mark`); another one is refused in one line."""
     data = mapped_split(spec)
-    if mark and mapped_mark(spec) != mark:
+    if mark and str(data._fingerprint) != mark:  # (a saved split's mark is "": its save is the run's identity)
         raise InputError(f"--hf {spec.dataset}: the copy `datasets` loads now is not the one the run was planned "
                          "with (another revision downloaded, or its data files changed); delete the run's work "
                          "folder and plan again (or pin its --revision)")  # fmt: skip
@@ -170,8 +177,7 @@ def resume_mark(spec: HFSpec) -> str:
     of the whole split (`mapped_mark`), or the data files of the whole stream (`stream_mark`),
     whatever part --hf-tasks reads."""
     if spec.kind() == "saved":
-        marks = [Path(spec.dataset) / name for name in ("dataset_dict.json", "state.json")]
-        return str(max((m.stat().st_mtime_ns for m in marks if m.exists()), default=0))
+        return str(_saved_at(spec))
     if mapped(spec):
         return mapped_mark(replace(spec, task=0, tasks=1))
     try:
