@@ -1,0 +1,286 @@
+"""What a user relies on when a run is cut short, on the staged path (local_exec.py: the path
+of every input of 4 MiB or more): the dataset an `--append` or an `--overwrite` would replace
+stays whole while it is killed, a second writer of the same --out is refused, a read error or a
+full disk in the write stage is one line that keeps the work, a --resume refuses a changed option
+or input, and a kill then --resume gives the bytes of one uninterrupted process with
+`--near-dedup`, a zstd encoding and per-document attributes too.
+
+The references are written by one reading process (pipeline.py: these inputs are small), so each
+comparison is across the two paths. The runs started as processes take the stages in the pool
+with small units (64 KiB) whatever their size; a kill lands at a stop point (stops.py), never
+where the machine's speed puts it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+
+import pytest
+from proctree import finish, group_members, start_prepare, wait_gone, wait_stopped
+from test_prepare import jsonl, make_texts
+from test_stages import _files
+
+from lmshard.errors import ConfigError, LmshardError
+from lmshard.prepare import PrepareConfig, prepare
+
+STAGED = {"LMSHARD_UNIT_BYTES": str(64 << 10), "LMSHARD_STAGED_BYTES": "0", "LMSHARD_POOL_BYTES": "0",
+          "LMSHARD_ONE_UNIT_BYTES": "0"}  # fmt: skip
+OPTS = {"workers": 2, "tokenizer_backend": "tiktoken", "tokens_per_shard": 20_000, "val_fraction": 0.05}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Two inputs of ~0.6 MB (about ten units each), sharing documents."""
+    src = tmp_path_factory.mktemp("safety")
+    texts = make_texts(1800, seed=11)
+    return jsonl(src / "a.jsonl", texts[:1000] + texts[:50]), jsonl(src / "b.jsonl", texts[950:])
+
+
+def _args(inputs, out, *extra):
+    return [*map(str, inputs), "--out", str(out), "--workers", "2", "--tokenizer-backend", "tiktoken",
+            "--tokens-per-shard", "20000", "--val-fraction", "0.05", *extra]  # fmt: skip
+
+
+def _one(inputs, out, **kw):
+    """The dataset as one reading process writes it (these inputs are below the stages' size)."""
+    return prepare(PrepareConfig(inputs=[str(p) for p in inputs], out=str(out), **OPTS | kw))
+
+
+def _staged(args, stop=None):
+    """`lmshard prepare ARGS` on the stages, in a process group of its own; `stop`: LMSHARD_STOP_AT."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in STAGED.items():
+            mp.setenv(name, value)
+        mp.delenv("LMSHARD_STOP_AT", raising=False)
+        if stop is not None:
+            mp.setenv("LMSHARD_STOP_AT", stop)
+        return start_prepare(args)
+
+
+def _held(args, stop):
+    """A staged run stopped at `stop` (by one of its workers, or its main process)."""
+    proc = _staged(args, stop)
+    if wait_stopped(proc) is None:
+        code, err = finish(proc, 60)
+        pytest.fail(f"the run ended (exit {code}) before LMSHARD_STOP_AT={stop}: {err}")
+    return proc
+
+
+def _signal_group(proc, sig):
+    """`sig` to every process of the run's group, which goes on from its stop point; waits for it."""
+    members = group_members(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+        os.killpg(proc.pid, signal.SIGCONT)
+    code, err = finish(proc, 120)
+    assert wait_gone(members, timeout=60.0) == []  # (the timeout only guards a hang)
+    return code, err
+
+
+def _beside(out):
+    return sorted(n for n in os.listdir(out.parent) if n != out.name and not n.endswith(".lmshard-lock"))
+
+
+def _one_line_error(err):
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("lmshard prepare:")]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("stop", ["part=2", "piece=1"], ids=["write", "seal"])
+def test_a_killed_append_leaves_the_dataset_whole_and_resume_equals_one_process(tmp_path, corpus, stop):
+    """kill -9 of a staged `--append` while it writes or seals the new shards: the dataset it
+    extends is byte-for-byte as before, a plain `--append` again is refused with one line naming
+    --resume, and `--append --resume` ends with the bytes one process's --append writes."""
+    a, b = corpus
+    base, one, out = tmp_path / "base", tmp_path / "one", tmp_path / "run" / "ds"
+    _one([a], base)
+    shutil.copytree(base, one)
+    _one([b], one, append=True)
+    shutil.copytree(base, out)
+    args = _args([b], out, "--append")
+    proc = _held(args, stop)
+    code, _ = _signal_group(proc, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert _files(out) == _files(base), "the dataset an --append extends changed before the swap"
+    code, err = finish(_staged(args), 120)
+    assert code == 1 and "--append --resume" in _one_line_error(err), err
+    assert _files(out) == _files(base)
+    code, err = finish(_staged([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert _files(out) == _files(one)
+    assert _beside(out) == [], "the run's work or build was left beside the dataset"
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_an_interrupted_overwrite_leaves_the_old_dataset_whole(tmp_path, corpus, how):
+    """An `--overwrite` on the stages stopped midway through writing the new shards (kill -9, or
+    Ctrl-C to the group): the old dataset is untouched; the next `--overwrite` discards what the
+    stopped one left and swaps in one process's bytes, leaving nothing beside."""
+    a, b = corpus
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    _one([a, b], one)
+    _one([b], out)
+    before = _files(out)
+    args = _args([a, b], out, "--overwrite")
+    proc = _held(args, "part=3")
+    partial = out.parent / f".{out.name}.lmshard-partial"
+    assert any(partial.glob("train/shard_*")), "no new shard was being written"
+    code, err = _signal_group(proc, how)
+    assert code == (-signal.SIGKILL if how == signal.SIGKILL else 130), err
+    assert _files(out) == before, "the old dataset changed before the swap"
+    code, err = finish(_staged(args), 300)
+    assert code == 0, err
+    assert _files(out) == _files(one) and _beside(out) == []
+
+
+def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(tmp_path, corpus):
+    """While a staged run writes --out (held, with its workers), another prepare of the same --out
+    (plain, --resume or --overwrite) is refused naming the writer's pid and changes nothing; once
+    the writer is killed (its lock file left), --resume takes the lock over and finishes."""
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    _one(corpus, one)
+    args = _args(corpus, out)
+    first = _held(args, "unit=3")
+    os.killpg(first.pid, signal.SIGSTOP)  # (its main process and workers: none goes on)
+    work = out.parent / f".{out.name}.lmshard-work"
+    seen = sorted(p.as_posix() for p in work.rglob("*"))
+    for extra in ([], ["--resume"], ["--overwrite"]):
+        code, err = finish(_staged([*args, *extra]), 60)
+        line = _one_line_error(err)
+        assert code == 1 and "another prepare is writing it" in line and f"pid {first.pid}" in line, err
+    assert first.poll() is None and sorted(p.as_posix() for p in work.rglob("*")) == seen
+    _signal_group(first, signal.SIGKILL)
+    assert (out.parent / f".{out.name}.lmshard-lock").exists(), "a kill -9 leaves the lock file behind"
+    code, err = finish(_staged([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert _files(out) == _files(one)
+
+
+@pytest.fixture
+def stages_here(monkeypatch):
+    """A plain prepare of these inputs on its stages, every item in this process (so a fault
+    patched here reaches it); 64 KiB units."""
+    from lmshard.prepare.execution import plainplan, units
+
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    monkeypatch.setattr(units, "UNIT_BYTES", 64 << 10)
+    monkeypatch.setattr(plainplan, "plain_plan", lambda config, sources: (1, 64 << 10))
+
+
+def test_a_read_error_names_the_input_and_its_line_and_keeps_the_work(tmp_path, monkeypatch, corpus, stages_here):
+    """A disk that fails under an input while the tokenize stage reads a unit of it: one line
+    naming the input, the unit's first line (where the block that failed starts) and --resume
+    (the work kept); once the disk is back, --resume ends with one process's bytes."""
+    from faults import failing_reads
+
+    from lmshard.prepare.execution.run import Run
+
+    a, _ = corpus
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    _one([a], one)
+    unit = 3 << 16  # (unit 3 starts on the first line at or after 192 KiB)
+    real = Run.do
+    with monkeypatch.context() as m:
+
+        def do(r, stage, i, *x, **k):
+            if stage == "tokenize" and i == 3:  # (the plan read the input whole: the disk fails from here on)
+                failing_reads(m, "a.jsonl", after=unit + 20_000)
+            return real(r, stage, i, *x, **k)
+
+        m.setattr(Run, "do", do)
+        with pytest.raises(LmshardError) as e:
+            _one([a], out)
+    message = str(e.value)
+    assert "\n" not in message and "after 216,608 bytes (Input/output error)" in message, message
+    assert "run the same command with --resume" in message, message
+    number = int(message.split(f"{a}:")[1].split(":")[0])
+    data = a.read_bytes()
+    first = sum(len(line) for line in data.splitlines(keepends=True)[: number - 1])  # (where that line starts)
+    assert unit <= first < unit + 4096 and data[first - 1 : first] == b"\n", (message, first)
+    assert any((out.parent / f".{out.name}.lmshard-work" / "tokenize").glob("unit_*.done")), "the work was not kept"
+    _one([a], out, resume=True)
+    assert _files(out) == _files(one)
+
+
+def test_a_full_disk_in_the_write_stage_is_one_line_and_resume_finishes(tmp_path, monkeypatch, corpus, stages_here):
+    """The device fills up while the write stage copies the units' tokens into the shards: one
+    line naming the fault and --resume; once space is back, --resume ends with one process's
+    bytes, nothing left beside."""
+    from lmshard.prepare.execution import owners
+
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    _one(corpus, one)
+    calls = {"n": 0}
+    real = owners._pwrite
+
+    def fill(fd, data, at):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data, at)
+
+    with monkeypatch.context() as m:
+        m.setattr(owners, "_pwrite", fill)
+        m.setattr(owners, "_copy", lambda src, dst, at, to, n: fill(dst, os.pread(src, n, at), to))
+        with pytest.raises(LmshardError) as e:
+            _one(corpus, out)
+    message = str(e.value)
+    assert "no space left on the device" in message and "--resume" in message and "\n" not in message, message
+    assert calls["n"] > 3 and not out.exists()
+    _one(corpus, out, resume=True)
+    assert _files(out) == _files(one) and _beside(out) == []
+
+
+def test_a_resume_refuses_a_changed_option_or_input_in_one_line(tmp_path, monkeypatch, corpus, stages_here):
+    """A staged run stopped in its select stage (Ctrl-C), then --resume with another option or
+    with an input changed since: refused in one line naming what changed, the work kept; the same
+    command then goes on to one process's bytes."""
+    from lmshard.prepare.execution.run import Run
+
+    a, b = corpus
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    b2 = tmp_path / "in" / "b.jsonl"
+    b2.parent.mkdir()
+    shutil.copy(b, b2)
+    _one([a, b2], one)
+    real = Run.do
+    with monkeypatch.context() as m:
+        m.setattr(Run, "do", lambda r, stage, *x, **k: (_ for _ in ()).throw(KeyboardInterrupt()) if stage == "select"
+                  else real(r, stage, *x, **k))  # fmt: skip
+        with pytest.raises(KeyboardInterrupt, match="the work done so far is kept in"):
+            _one([a, b2], out)
+    work = out.parent / f".{out.name}.lmshard-work"
+    assert (work / "done" / "dedup.json").exists()
+    with pytest.raises(ConfigError, match="seed") as e:
+        _one([a, b2], out, resume=True, seed=7)
+    assert "\n" not in str(e.value)
+    data, st = b2.read_bytes(), b2.stat()
+    b2.write_bytes(data.replace(b"a", b"e", 1))
+    with pytest.raises(ConfigError, match=f"input {b2} changed since the run started") as e:
+        _one([a, b2], out, resume=True)
+    assert "\n" not in str(e.value)
+    b2.write_bytes(data)  # put back as it was, its modification time too
+    os.utime(b2, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _one([a, b2], out, resume=True)
+    assert _files(out) == _files(one)
+
+
+@pytest.mark.parametrize("extra", [["--near-dedup"], ["--shard-encoding", "zstd"],
+                                   ["--attribute", "length", "--attribute", "gopher_quality"]],
+                         ids=["near", "zstd", "attributes"])  # fmt: skip
+def test_a_kill_then_resume_gives_one_process_bytes_with_near_dedup_zstd_and_attributes(tmp_path, corpus, extra):
+    """kill -9 while the write stage copies the new shards (near-duplicates found, zstd frames
+    being encoded, attribute columns written), then --resume: one process's bytes."""
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    code, err = finish(start_prepare(_args(corpus, one, "--workers", "1", *extra)), 300)
+    assert code == 0, err
+    args = _args(corpus, out, *extra)
+    code, _ = _signal_group(_held(args, "part=2"), signal.SIGKILL)
+    assert code == -signal.SIGKILL and not out.exists()
+    code, err = finish(_staged([*args, "--resume"]), 300)
+    assert code == 0, err
+    assert _files(out) == _files(one) and _beside(out) == []
