@@ -17,6 +17,7 @@ import errno
 import os
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 from proctree import finish, group_members, start_prepare, wait_gone, wait_stopped
@@ -284,3 +285,62 @@ def test_a_kill_then_resume_gives_one_process_bytes_with_near_dedup_zstd_and_att
     code, err = finish(_staged([*args, "--resume"]), 300)
     assert code == 0, err
     assert _files(out) == _files(one) and _beside(out) == []
+
+
+def test_user_files_in_a_dataset_survive_an_overwrite_and_an_append_on_the_stages(tmp_path, corpus, stages_here):
+    """Files a user put in the dataset (a card, notes, files in its split and dedup folders) are
+    carried over by a staged --overwrite and a staged --append: lmshard deletes only what it wrote."""
+    a, b = corpus
+    out = tmp_path / "ds"
+    _one([a], out)
+    mine = {"README.md": "my card", "notes/n.txt": "mine", "train/NOTES.txt": "about train",
+            "dedup/mine/x": "kept", "val/.hidden": "h"}  # fmt: skip
+    for rel, text in mine.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    _one([a, b], out, overwrite=True)
+    _one([b], out, append=True, allow_empty=True)
+    assert {rel: (out / rel).read_text() for rel in mine} == mine
+
+
+@pytest.mark.parametrize("then", ["put back", "left out"])
+def test_an_input_gone_mid_run_on_the_stages_says_how_to_go_on_either_way(tmp_path, monkeypatch, corpus, stages_here,
+                                                                          then):  # fmt: skip
+    """An input moved away after the plan was made, before the tokenize stage reads it: one line
+    naming it and both ways on (the work kept); put back, --resume finishes; left out, --resume
+    is refused naming it and --overwrite starts again. Each ends with one process's bytes."""
+    from lmshard.prepare.execution.run import Run
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    _, b = (Path(shutil.copy(p, inputs / p.name)) for p in corpus)
+    moved = tmp_path / "b.moved"
+    out = tmp_path / "run" / "ds"
+    real = Run.do
+
+    def do(r, stage, i, *x, **k):
+        if stage == "tokenize" and b.exists():
+            b.rename(moved)
+        return real(r, stage, i, *x, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Run, "do", do)
+        with pytest.raises(LmshardError) as e:
+            _one([inputs], out)
+    message = str(e.value)
+    assert message.startswith(f"{b}: this input is gone (No such file or directory)") and "\n" not in message, message
+    assert "put it back and run the same command with --resume" in message and "--overwrite" in message, message
+    assert "kept in" in message and _work(out).exists(), message
+    if then == "put back":
+        moved.rename(b)
+        _one([inputs], out, resume=True)
+    else:
+        with pytest.raises(ConfigError, match=f"cannot resume: input {b} was read by the run and is not an input now"):
+            _one([inputs], out, resume=True)
+        _one([inputs], out, overwrite=True)
+    _one([inputs], tmp_path / "one")  # (the inputs as they are now: b back, or left out)
+    assert _files(out) == _files(tmp_path / "one") and not _work(out).exists()
+
+
+def _work(out):
+    return out.parent / f".{out.name}.lmshard-work"
