@@ -214,11 +214,12 @@ os.fsync = fsync
 
 
 def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
-    """The local executor's tasks leave the work folder's files unsynced (volatile.py: each unit's
-    tokens and split, each task's keys, every marker and summary; its next attempt reads them
+    """The local executor's tasks leave the work folder's files unsynced (volatile.py: the plan,
+    each unit's tokens and split, each task's keys, every marker and summary; its next attempt reads them
     from the page cache) but sync every shard of the dataset, and each of its folders before the swap (the
-    shards' names renamed into them); a task of another executor (`run-task`, here the tokenize
-    task of a plan for `--executor none`) syncs its unit files, which another machine may read."""
+    shards' names renamed into them); a plan for other executors (`--executor none`) is synced,
+    and so are the unit files of its tasks (`run-task`, here the tokenize task): another machine
+    may read them."""
     import subprocess
     import sys
 
@@ -232,8 +233,7 @@ def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
     subprocess.run([*lmshard, "prepare", *_args(corpus, out)[:-2], "--quiet"], env=env, check=True)
     paths = synced.read_text().splitlines()
     work = [p for p in paths if ".lmshard-work" in p]
-    planned = [Path(p).name for p in work]  # only what the run wrote before its tasks: the plan, its boot
-    assert planned and [n for n in planned if not n.startswith((".plan", "..plan.json", ".volatile.json"))] == []
+    assert [Path(p).name.lstrip(".").split(".")[0] for p in work] == ["volatile"]  # its boot, first (not its plan)
     shards = {p.relative_to(out).as_posix() for p in out.rglob("shard_*.bin")}
     assert shards and all(any(f"lmshard-partial/{s}" in p for p in paths) for s in shards)  # (written, then sealed)
     folders = {p.name for p in out.iterdir() if p.is_dir()}  # their names renamed into place, made durable
@@ -243,6 +243,8 @@ def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
     planned = tmp_path / "p"
     subprocess.run([*lmshard, "prepare", *_args(corpus, planned)[:-2], "--executor", "none", "--quiet"], env=env,
                    check=True)  # fmt: skip
+    tables = {Path(p).name.lstrip(".").split(".")[0] for p in synced.read_text().splitlines() if ".p.lmshard-work" in p}
+    assert tables == {"plan_units", "plan_tasks", "plan_sources", "plan"}  # (the plan, for tasks of any machine)
     subprocess.run([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", str(planned)], env=env, check=True)
     units = [p for p in synced.read_text().splitlines() if "/tokenize/.unit_" in p and p.endswith(".bin.tmp")]
     assert len(units) == len(list((planned.parent / ".p.lmshard-work" / "tokenize").glob("unit_*.bin"))) > 0

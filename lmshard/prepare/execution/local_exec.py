@@ -86,9 +86,8 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             remove_work(work_dir(config.out))
             return load_metadata(paths.out)
         kept = f"the work done so far is kept in {work_dir(config.out)}"
-        try:
-            streams = any(s.stream for s in sources)  # (saved unsynced, as the work files: the boot recorded first)
-            with volatile.local_run(work_dir(config.out)) if streams else contextlib.nullcontext():
+        try:  # (the plan and a stream's saved copy unsynced, as the work files: the boot recorded first)
+            with volatile.local_run(work_dir(config.out)):
                 r = _planned(config, n_tasks, unit_bytes, (sources, tokenizer), adopt)
         except (InputReadError, RemoteError) as e:  # (an input gone since the claim: the claim is kept)
             raise work_kept(e, kept, isinstance(e, InputGone)) from None

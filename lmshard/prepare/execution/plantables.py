@@ -35,6 +35,7 @@ from ...errors import ConfigError
 from ...format import atomic_write_bytes
 from ..documents.files import Source
 from ..documents.reading import read_error
+from . import volatile
 
 KINDS = ("file", "range", "row_group", "rows", "shard", "files")
 _UNIT = np.dtype([("source", "<i4"), ("kind", "<i4"), ("start", "<i8"), ("end", "<i8"), ("nbytes", "<i8")])
@@ -44,17 +45,18 @@ UNITS, TASKS, SOURCES, SOURCE_INDEX = "plan_units.bin", "plan_tasks.bin", "plan_
 
 def write_tables(work: Path, units: list[list[Any]], tasks: list[list[int]], sources: list[list[Any]],
                  private: bool) -> None:  # fmt: skip
-    """The three tables, durably (each renamed into place whole)."""
+    """The three tables, each renamed into place whole; synced, but in a local run (volatile.py:
+    its boot recorded first, as for its other work files)."""
     rows = np.zeros(len(units), dtype=_UNIT)
     for i, (source, kind, start, end, nbytes) in enumerate(units):
         rows[i] = (source, KINDS.index(kind), start, end, nbytes)
-    atomic_write_bytes(work / UNITS, rows.tobytes(), private)
+    atomic_write_bytes(work / UNITS, rows.tobytes(), private, volatile.sync)
     bounds = [first for first, _ in tasks] + [tasks[-1][1] if tasks else 0]
-    atomic_write_bytes(work / TASKS, np.array(bounds, dtype=_I8).tobytes(), private)
+    atomic_write_bytes(work / TASKS, np.array(bounds, dtype=_I8).tobytes(), private, volatile.sync)
     lines = [(json.dumps(s) + "\n").encode() for s in sources]
     offsets = np.concatenate([[0], np.cumsum([len(line) for line in lines], dtype=np.int64)]).astype(_U8)
-    atomic_write_bytes(work / SOURCES, b"".join(lines), private)
-    atomic_write_bytes(work / SOURCE_INDEX, offsets.tobytes(), private)
+    atomic_write_bytes(work / SOURCES, b"".join(lines), private, volatile.sync)
+    atomic_write_bytes(work / SOURCE_INDEX, offsets.tobytes(), private, volatile.sync)
 
 
 def pread_all(fd: int, n: int, at: int) -> bytes:

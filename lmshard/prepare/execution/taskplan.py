@@ -31,6 +31,7 @@ from ...remote.urls import has_credentials
 from ..documents.files import Source
 from ..documents.hfread import source_bytes
 from ..output.claim import difference
+from . import volatile
 from .plantables import (
     SOURCES,
     TASKS,
@@ -140,7 +141,7 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
         inputs = [str(i) for i in plan.get("prepare", {}).get("inputs", [])] + [str(s[5]) for s in plan["sources"]]
         private = any(has_credentials(i) for i in inputs)
         write_tables(work, plan["units"], plan["tasks"], plan["sources"], private)  # (before the head: its marker)
-        atomic_write_json(tmp, _head(plan), private=private)
+        atomic_write_json(tmp, _head(plan), private=private, sync=volatile.sync)
         try:
             os.link(tmp, path)  # fails if another task created it first: then validate theirs
         except FileExistsError:

@@ -11,9 +11,10 @@ next attempt reads it. Only a crash of the machine itself (power loss, a kernel 
 written bytes that were never synced, and a marker written after them may survive it.
 
 So a local run records the boot it ran in (Linux's boot id) and its host in its work folder
-before it starts its tasks (`local_run`), and sets LMSHARD_VOLATILE_WORK for them (the workers
-inherit it; those forked before it, `inherit`); `sync` then skips the fsync of a work file
-(its data, and its markers, summaries and layout: `write_json`, `write_bytes`). This holds only
+before it plans (`local_run`), and sets LMSHARD_VOLATILE_WORK for its planning and its tasks
+(the workers inherit it; those forked before it, `inherit`); `sync` then skips the fsync of a
+work file (its plan and its tables, a stream's saved copy, each unit's data, and its markers,
+summaries and layout: `write_json`, `write_bytes`). This holds only
 where nothing but a crash of this machine loses written bytes: a local filesystem
 (`LOCAL_FILESYSTEMS`); on a network or FUSE filesystem, or where the boot id cannot be read,
 every file is synced as before.
