@@ -179,3 +179,59 @@ def test_a_hub_ids_downloaded_copy_sizes_the_plan_by_its_arrow_tables(tmp_path, 
     table = hfread.mapped_split(spec).data
     monkeypatch.setattr(HFSpec, "kind", lambda self: "hub")
     assert hfread.source_bytes(spec) == table.nbytes > 100_000
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_copy(data, name="lmshard-test/tiny", commit=COMMIT):
+    """The copy `datasets` leaves in its cache when it downloads hub id `name` at `commit`: built
+    here by `datasets` itself from the parquet files (its parquet builder, as for a hub dataset
+    of parquet files), then placed where the hub download puts it (OWNER___NAME/CONFIG/VERSION/
+    COMMIT, its arrow files and info named after the dataset)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    built = datasets.load_dataset(str(data), split="train")
+    owner, repo = name.split("/")
+    copy = Path(datasets.config.HF_DATASETS_CACHE) / f"{owner}___{repo}" / "default" / "0.0.0" / commit
+    shutil.copytree(Path(built.cache_files[0]["filename"]).parent, copy)
+    for f in copy.glob("*-train*.arrow"):
+        f.rename(copy / (repo + f.name[f.name.index("-train") :]))
+    info = json.loads((copy / "dataset_info.json").read_text())
+    (copy / "dataset_info.json").write_text(json.dumps(info | {"config_name": "default", "dataset_name": repo}))
+
+
+def test_offline_a_hub_ids_cached_copy_is_read_and_a_revision_must_name_its_commit(tmp_path, monkeypatch, data):
+    """With HF_HUB_OFFLINE set (a cluster's compute nodes), `--hf OWNER/NAME --no-streaming` reads
+    the copy `datasets` cached when it downloaded it: in one process and as planned tasks, the
+    bytes of the same rows read from the data files. A --revision must name the copy's commit;
+    another commit, a branch name (which cannot be resolved offline) or an id with no copy cached
+    is refused in one line; a stream still needs the hub."""
+    from test_hf import tokens_of
+
+    from lmshard.errors import InputError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _hub_copy(data)
+    hub = {"hf": "lmshard-test/tiny"}
+    prepare(PrepareConfig(out=str(tmp_path / "files"), workers=1, **_options(data)))
+    prepare(PrepareConfig(out=str(tmp_path / "hub"), workers=1, **_options(data) | hub))
+    assert tokens_of(tmp_path / "hub") == tokens_of(tmp_path / "files")
+    config = PrepareConfig(out=str(tmp_path / "tasks"), workers=1, num_tasks=2, **_options(data) | hub)
+    local_exec.run(config, 2)
+    assert _files(tmp_path / "tasks") == _files(tmp_path / "hub")
+    prepare(PrepareConfig(out=str(tmp_path / "pinned"), workers=1, revision=COMMIT[:12], **_options(data) | hub))
+    assert tokens_of(tmp_path / "pinned") == tokens_of(tmp_path / "files")
+    refusals = {"f" * 40: f"the copy `datasets` cached is of commit {COMMIT}, not --revision {'f' * 40}",
+                "main": "--revision main cannot be matched to the copy `datasets` cached"}  # fmt: skip
+    for revision, words in refusals.items():
+        with pytest.raises(InputError, match="HF_HUB_OFFLINE is set") as e:
+            prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, revision=revision, **_options(data) | hub))
+        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(InputError, match="and `datasets` has no copy of it cached") as e:
+        prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, **_options(data) | {"hf": "lmshard-test/other"}))
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="cannot reach the Hugging Face hub"):
+        prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, **_options(data) | hub | {"streaming": None}))

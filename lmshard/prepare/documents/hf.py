@@ -18,6 +18,7 @@ memory-mapped arrow. Nothing holds the dataset.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -141,11 +142,19 @@ def _datasets() -> Any:
     return datasets
 
 
+def _offline() -> str | None:
+    """The variable that puts `datasets` offline (it then reads a hub id from its cache), if set."""
+    return next((v for v in _OFFLINE if os.environ.get(v, "0").lower() in ("1", "true", "yes", "on")), None)
+
+
+_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def _hub_reachable(timeout: float = 5.0) -> str | None:
     """None if the hub answers a TCP connect, else why not (so an offline run fails fast
     instead of waiting on the library's retries)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        return "HF_HUB_OFFLINE is set"
+    if (variable := _offline()) is not None:
+        return f"{variable} is set"
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
@@ -155,10 +164,35 @@ def _hub_reachable(timeout: float = 5.0) -> str | None:
 
 
 def _offline_error(spec: HFSpec, why: str) -> InputError:
+    cached = "" if spec.streaming is not False or _offline() else (
+        "; to read the copy `datasets` cached (--no-streaming), set HF_HUB_OFFLINE=1")  # fmt: skip
     return InputError(
-        f"--hf {spec.dataset}: cannot reach the Hugging Face hub ({why}); on a connected machine save it "
+        f"--hf {spec.dataset}: cannot reach the Hugging Face hub ({why}){cached}; on a connected machine save it "
         "with `datasets` (save_to_disk) or download its parquet files, then pass that directory to --hf"
     )
+
+
+def _cached_copy(ds_lib: Any, spec: HFSpec, why: str) -> Any:
+    """Offline (HF_HUB_OFFLINE), a hub id's split with --no-streaming: the copy `datasets` cached
+    when it downloaded it (its latest, as `datasets` reads it offline), which a --revision must
+    name by its commit (or the commit's start): the copy's folder is named after the commit it was
+    downloaded at."""
+    pinned = spec.revision
+    if pinned is not None and not re.fullmatch(r"[0-9a-f]{7,40}", pinned):
+        raise InputError(f"--hf {spec.dataset}: offline ({why}), --revision {pinned} cannot be matched to the copy "
+                         "`datasets` cached; pass the commit it names (its hex digits), or run where the hub is "
+                         "reachable")  # fmt: skip
+    try:
+        data = ds_lib.load_dataset(spec.dataset, spec.config, split=spec.split, streaming=False)
+    except Exception as e:  # (none cached, another config or split only: the library raises many types)
+        raise InputError(f"--hf {spec.dataset}: offline ({why}), and `datasets` has no copy of it cached "
+                         f"({str(e).splitlines()[0]}); download it once on a connected machine (prepare "
+                         "--no-streaming, or datasets.load_dataset) into the same HF_HOME") from None  # fmt: skip
+    commit = Path(data.cache_files[0]["filename"]).parent.name if data.cache_files else None
+    if pinned is not None and not (commit or "").startswith(pinned):
+        raise InputError(f"--hf {spec.dataset}: offline ({why}), the copy `datasets` cached is of commit {commit}, "
+                         f"not --revision {pinned}; download that revision on a connected machine")  # fmt: skip
+    return data
 
 
 def open_stream(spec: HFSpec) -> Any:
@@ -168,6 +202,8 @@ def open_stream(spec: HFSpec) -> Any:
     if kind == "hub":
         try:
             data = _load(ds_lib, spec, spec.streaming is not False)
+        except InputError:
+            raise
         except Exception as e:  # offline, unknown id, gated: the library raises many types
             why = _hub_reachable(timeout=2.0)
             raise (
@@ -217,7 +253,9 @@ def _saved_split(data: Any, ds_lib: Any, spec: HFSpec) -> Any:
 
 def _load(ds_lib: Any, spec: HFSpec, streaming: bool) -> Any:
     if spec.kind() == "hub" and (why := _hub_reachable()) is not None:
-        raise _offline_error(spec, why)
+        if streaming or _offline() is None:  # (a stream needs the hub; unreachable, fail fast but say how to go on)
+            raise _offline_error(spec, why)
+        return _cached_copy(ds_lib, spec, why)
     return ds_lib.load_dataset(spec.dataset, spec.config, split=spec.split, streaming=streaming, revision=spec.revision)
 
 
