@@ -15,13 +15,13 @@ what each stage costs.
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
 3. Small inputs (the corpus's first 100 KB, 1 MB and 8 MB, and a directory of 300 small text
-   files, 1 MB), whose plain prepare keeps the one-process start below 4 MiB: the command's
+   files, 1 MB), whose plain prepare keeps the one-process start below 16 MiB: the command's
    wall time (its start included), `--workers 2`, in one process (LMSHARD_STAGED_BYTES above
    the input's size), as the stages of a plain prepare (LMSHARD_STAGED_BYTES=0: in this process
    below 4 MiB, one unit, the files sharing it; one unit tokenized by the pool above) and as the
    stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 7 rotated runs, and the ratios.
    Then `--workers 1` on the corpus's first 8 MB and 20 MB and all of it (46 MB), which a plain
-   prepare runs on the stages in its main process from 16 MiB: one reading process against the
+   prepare runs on the stages (in its main process) from 16 MiB: one reading process against the
    stages, medians of 5 rotated runs, and byte identity.
 
 4. `--max-docs 2000` on the same input and `--workers 2`: in one reading process, as a plain
@@ -463,7 +463,7 @@ def main() -> None:
              f"per token, {work_files} files ({work_files / n_units:.1f} per unit). "
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     if small:
-        rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start below 4 MiB: the "
+        rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start below 16 MiB: the "
                  "command's wall time, its start included (medians of 7 rotated runs):", "", *small]  # fmt: skip
     rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the stages' tokenize stage stops once the "
              "units from the first hold that many kept documents, the unit that holds the last of them after its work "

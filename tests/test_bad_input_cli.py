@@ -269,10 +269,14 @@ def test_no_eof_error_escapes_from_a_compressed_csv_header(tmp_path):
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
-def test_auto_splits_a_text_file_over_max_chars_into_paragraphs(tmp_path, reference, workers):
+def test_auto_splits_a_text_file_over_max_chars_into_paragraphs(tmp_path, monkeypatch, reference, workers):
     """A file over the default --max-chars (10 MB) is paragraphs, counted and named; a small
-    file beside it stays one document. Read in one process (one worker, below 16 MiB) and on
-    the stages (2 workers, from 4 MiB)."""
+    file beside it stays one document. Read in one process (one worker: below 16 MiB) and on
+    the stages (2 workers, the stages taken from 4 MiB here)."""
+    from lmshard.prepare.execution import plainplan
+
+    if workers == "2":
+        monkeypatch.setattr(plainplan, "STAGED_BYTES", 4 << 20)
     paragraphs = [t + "\n" + t[::-1] for t in texts(36_000, seed=5)]
     big = write(tmp_path / "big.txt", "\n\n".join(paragraphs) + "\n")
     assert big.stat().st_size > 10_000_000

@@ -192,6 +192,26 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
 
 
+def test_a_plain_prepare_takes_the_stages_from_16_mib_with_any_workers(tmp_path):
+    """Below 16 MiB of files (ONE_UNIT_BYTES: where the stages would plan the one unit that every
+    worker tokenizes, one reading process's parallelism plus their hand-off) a plain prepare reads
+    in one process, with 1 or 8 workers; from 16 MiB it runs the stages. A stream stays in one
+    pass and `--max-docs --near-dedup` in one process, whatever their size."""
+    from lmshard.prepare.documents.files import Source
+
+    assert plainplan.STAGED_BYTES == plainplan.ONE_UNIT_BYTES == 16 << 20  # (the defaults: no LMSHARD_* here)
+
+    def staged(size, **kw):
+        config = PrepareConfig(inputs=["a.jsonl"], out=str(tmp_path / "o"), **kw)
+        return plainplan.use_stages(config, [Source("a.jsonl", "jsonl", None, size // 2)] * 2)
+
+    for workers in (1, 8):
+        assert not staged((16 << 20) - 2, workers=workers) and staged(16 << 20, workers=workers)
+    assert not staged(1 << 30, max_docs=10, near_dedup=True)
+    config = PrepareConfig(inputs=["-"], out=str(tmp_path / "o"))
+    assert not plainplan.use_stages(config, [Source("-", "jsonl", None, 1 << 30, stream=True)])
+
+
 @pytest.mark.parametrize(("start", "options"), [("auto", {}), ("spawn", {"near_dedup": True}),
                                                ("auto", {"dedup_lines": True})])  # fmt: skip
 def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_path, monkeypatch, start, options):

@@ -1,7 +1,7 @@
 """`lmshard prepare`: sources → clean → dedup → tokenize → shards + metadata.
 
-Two ways to the same bytes. A large input (execution/plainplan.use_stages: 4 MiB of files or
-more, 16 MiB with one worker, a Hugging Face dataset) runs as the staged tasks of a planned run (local_exec.py,
+Two ways to the same bytes. A large input (execution/plainplan.use_stages: 16 MiB of files or
+more, a Hugging Face dataset) runs as the staged tasks of a planned run (local_exec.py,
 stages.py), in the worker pool or, with one worker, in this process. Everything else (small
 inputs, which start fastest this way; stdin and pipes, read once) runs here: one process
 plans work items and writes; N worker processes parse, clean, hash and tokenize items; results

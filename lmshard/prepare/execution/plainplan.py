@@ -18,11 +18,13 @@ from ..documents.sources import Source
 from ..output.claim import needs_a_copy
 from .units import SIZED, UNIT_BYTES
 
-# A plain `prepare` with several workers runs its stages from this many bytes of input on (below,
-# one process reading and writing while workers tokenize starts faster: bench_scaleout.py, section
-# 3); with one worker from 4x as many (16 MiB), where the stages' fixed costs are not hidden by the
-# pool's start (1.05-1.07x one reading process's time at 8-12 MB, 1.00-1.04x from 20 MB).
-STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 4 << 20))
+# A plain `prepare` runs its stages from this many bytes of input on, with any --workers. Below it
+# the stages would plan one unit (ONE_UNIT_BYTES), which the main process reads and every worker
+# tokenizes: the parallelism of one reading process, plus the stages' hand-off (the unit's file, then
+# a second pass to copy and seal the shards), so one reading process is faster there on any number
+# of cores (bench_scaleout.py, section 3, and docs/scaling.md: 1.06-1.17x its time at 0.1-16 MB with
+# 2 workers, 1.01x at 32 MB; 20 alternated runs).
+STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
 # fixed costs (its files, fsyncs, a read of each dedup group) stay small.
@@ -45,7 +47,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     STAGED_BYTES of input (a unit larger than half again a worker's share, as a large .gz file
     is, is read here and tokenized by every worker: itempool.units_in_pool; so is every unit of
     a Hugging Face dataset, which this process has open, its size counted as its data files' on
-    disk, a hub stream's as unknown, so large), 4x as much with one worker. And always with
+    disk, a hub stream's as unknown, so large), with any --workers. And always with
     --val-by, and for stdin or a pipe that one pass cannot read as asked (claim.needs_a_copy):
     the stages save it first (runplan.spool_streams) and read the copy."""
     if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
@@ -56,8 +58,7 @@ def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
     streamed = any(s.stream for s in sources)
     signed = config.max_docs is not None and config.near_dedup  # (one process signs all, tokenizes N: the stages all)
-    floor = STAGED_BYTES if config.n_workers() > 1 else 4 * STAGED_BYTES
-    return parts and not streamed and not signed and total >= floor
+    return parts and not streamed and not signed and total >= STAGED_BYTES
 
 
 def _hf_bytes(config: PrepareConfig) -> float:
