@@ -14,12 +14,12 @@ what each stage costs.
 2. One task of each stage run alone (`lmshard run-task`): wall time, peak RSS, tokens per
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
-3. Small inputs (the corpus's first 100 KB, 1 MB and 8 MB, and a directory of 300 small text
-   files, 1 MB), whose plain prepare keeps the one-process start below 16 MiB: the command's
+3. Small inputs (the corpus's first 100 KB, 1, 8, 16 and 32 MB, and a directory of 300 small
+   text files, 1 MB), whose plain prepare keeps the one-process start below 16 MiB: the command's
    wall time (its start included), `--workers 2`, in one process (LMSHARD_STAGED_BYTES above
    the input's size), as the stages of a plain prepare (LMSHARD_STAGED_BYTES=0: in this process
    below 4 MiB, one unit, the files sharing it; one unit tokenized by the pool above) and as the
-   stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 7 rotated runs, and the ratios.
+   stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 15 rotated runs, and the ratios.
    Then `--workers 1` on the corpus's first 8 MB and 20 MB and all of it (46 MB), which a plain
    prepare runs on the stages (in its main process) from 16 MiB: one reading process against the
    stages, medians of 5 rotated runs, and byte identity.
@@ -123,7 +123,8 @@ def rotated(kinds: dict[str, tuple[list[str], dict[str, str]]], runs: int, out: 
     return [statistics.median(times[k]) for k in names]
 
 
-SMALL = (100_000, 1_000_000, 8_000_000)  # bytes of input (section 3)
+SMALL = (100_000, 1_000_000, 8_000_000, 16_000_000, 32_000_000)  # bytes of input (section 3)
+SMALL_RUNS = 15  # rotated runs per figure: tens of milliseconds apart, on a machine noisy by as much
 SMALL_FILES = 300  # files of a directory of small text files (section 3), 1 MB in all
 
 
@@ -151,7 +152,7 @@ def small_inputs(t: Path) -> list[str]:
     names = list(kinds)
     for src, label in inputs:
         cmd = [*LMSHARD, "prepare", str(src), "--out", "{out}", "--workers", "2"]
-        med = rotated({k: (cmd, env | kinds[k]) for k in names}, 7,
+        med = rotated({k: (cmd, env | kinds[k]) for k in names}, SMALL_RUNS,
                       lambda i, k, src=src: t / f"small_out_{src.name}_{i}_{k}")  # fmt: skip
         rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) +
                     f" | **{med[1] / med[0]:.2f}**; **{med[2] / med[0]:.2f}** |")  # fmt: skip
@@ -464,7 +465,7 @@ def main() -> None:
              f"Tokenize tasks: {statistics.median(s for _, _, s, _ in tok):.2f} s median."]  # fmt: skip
     if small:
         rows += ["", "Small inputs (the corpus's first bytes), whose plain prepare keeps the one-process start below 16 MiB: the "
-                 "command's wall time, its start included (medians of 7 rotated runs):", "", *small]  # fmt: skip
+                 "command's wall time, its start included (medians of 15 rotated runs):", "", *small]  # fmt: skip
     rows += ["", f"`--max-docs {MAX_DOCS}` on the same input: the stages' tokenize stage stops once the "
              "units from the first hold that many kept documents, the unit that holds the last of them after its work "
              "item, as one process does.", "",

@@ -206,9 +206,10 @@ def _hub_copy(data, name="lmshard-test/tiny", commit=COMMIT):
 def test_offline_a_hub_ids_cached_copy_is_read_and_a_revision_must_name_its_commit(tmp_path, monkeypatch, data):
     """With HF_HUB_OFFLINE set (a cluster's compute nodes), `--hf OWNER/NAME --no-streaming` reads
     the copy `datasets` cached when it downloaded it: in one process and as planned tasks, the
-    bytes of the same rows read from the data files. A --revision must name the copy's commit;
-    another commit, a branch name (which cannot be resolved offline) or an id with no copy cached
-    is refused in one line; a stream still needs the hub."""
+    bytes of the same rows read from the data files (planned offline too: the planner and every
+    task read the copy). A --revision must name the copy's commit; another commit, a branch name
+    (which cannot be resolved offline) or an id with no copy cached is refused in one line naming
+    the fix; a stream still needs the hub, and its refusal says --no-streaming reads the copy."""
     from test_hf import tokens_of
 
     from lmshard.errors import InputError
@@ -222,16 +223,17 @@ def test_offline_a_hub_ids_cached_copy_is_read_and_a_revision_must_name_its_comm
     config = PrepareConfig(out=str(tmp_path / "tasks"), workers=1, num_tasks=2, **_options(data) | hub)
     local_exec.run(config, 2)
     assert _files(tmp_path / "tasks") == _files(tmp_path / "hub")
-    prepare(PrepareConfig(out=str(tmp_path / "pinned"), workers=1, revision=COMMIT[:12], **_options(data) | hub))
+    pinned = COMMIT[:12].upper()  # (the start of the commit, in either case)
+    prepare(PrepareConfig(out=str(tmp_path / "pinned"), workers=1, revision=pinned, **_options(data) | hub))
     assert tokens_of(tmp_path / "pinned") == tokens_of(tmp_path / "files")
-    refusals = {"f" * 40: f"the copy `datasets` cached is of commit {COMMIT}, not --revision {'f' * 40}",
-                "main": "--revision main cannot be matched to the copy `datasets` cached"}  # fmt: skip
-    for revision, words in refusals.items():
+    for revision in ("f" * 40, "main"):  # (another commit; a branch, which cannot be resolved offline)
         with pytest.raises(InputError, match="HF_HUB_OFFLINE is set") as e:
             prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, revision=revision, **_options(data) | hub))
-        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
-    with pytest.raises(InputError, match="and `datasets` has no copy of it cached") as e:
+        words = f"of commit {COMMIT}, which --revision {revision} does not name"
+        assert words in str(e.value) and f"pass --revision {COMMIT} to read it" in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="cannot load the copy `datasets` cached") as e:
         prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, **_options(data) | {"hf": "lmshard-test/other"}))
     assert "\n" not in str(e.value)
-    with pytest.raises(InputError, match="cannot reach the Hugging Face hub"):
+    with pytest.raises(InputError, match="cannot reach the Hugging Face hub.*with --no-streaming, the copy"):
         prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, **_options(data) | hub | {"streaming": None}))

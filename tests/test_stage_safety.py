@@ -1,5 +1,5 @@
 """What a user relies on when a run is cut short, on the staged path (local_exec.py: the path
-of every input of 4 MiB or more): the dataset an `--append` or an `--overwrite` would replace
+of every input of 16 MiB or more): the dataset an `--append` or an `--overwrite` would replace
 stays whole while it is killed, a second writer of the same --out is refused, a read error or a
 full disk in the write stage is one line that keeps the work, a --resume refuses a changed option
 or input, and a kill then --resume gives the bytes of one uninterrupted process with
@@ -287,12 +287,17 @@ def test_a_kill_then_resume_gives_one_process_bytes_with_near_dedup_zstd_and_att
     assert _files(out) == _files(one) and _beside(out) == []
 
 
-def test_user_files_in_a_dataset_survive_an_overwrite_and_an_append_on_the_stages(tmp_path, corpus, stages_here):
+def test_user_files_in_a_dataset_survive_an_overwrite_and_an_append_on_the_stages(tmp_path, monkeypatch, corpus,
+                                                                                 stages_here):  # fmt: skip
     """Files a user put in the dataset (a card, notes, files in its split and dedup folders) are
     carried over by a staged --overwrite and a staged --append: lmshard deletes only what it wrote."""
+    from lmshard.prepare.execution import local_exec
+
     a, b = corpus
     out = tmp_path / "ds"
     _one([a], out)
+    runs, real = [], local_exec.run
+    monkeypatch.setattr(local_exec, "run", lambda *x, **k: runs.append(x[0].append) or real(*x, **k))
     mine = {"README.md": "my card", "notes/n.txt": "mine", "train/NOTES.txt": "about train",
             "dedup/mine/x": "kept", "val/.hidden": "h"}  # fmt: skip
     for rel, text in mine.items():
@@ -300,6 +305,7 @@ def test_user_files_in_a_dataset_survive_an_overwrite_and_an_append_on_the_stage
         (out / rel).write_text(text)
     _one([a, b], out, overwrite=True)
     _one([b], out, append=True, allow_empty=True)
+    assert runs == [False, True], runs  # (both on the stages)
     assert {rel: (out / rel).read_text() for rel in mine} == mine
 
 

@@ -192,14 +192,16 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
 
 
-def test_a_plain_prepare_takes_the_stages_from_16_mib_with_any_workers(tmp_path):
+def test_a_plain_prepare_takes_the_stages_from_16_mib_with_any_workers(tmp_path, monkeypatch):
     """Below 16 MiB of files (ONE_UNIT_BYTES: where the stages would plan the one unit that every
     worker tokenizes, one reading process's parallelism plus their hand-off) a plain prepare reads
     in one process, with 1 or 8 workers; from 16 MiB it runs the stages. A stream stays in one
     pass and `--max-docs --near-dedup` in one process, whatever their size."""
     from lmshard.prepare.documents.files import Source
 
-    assert plainplan.STAGED_BYTES == plainplan.ONE_UNIT_BYTES == 16 << 20  # (the defaults: no LMSHARD_* here)
+    if "LMSHARD_STAGED_BYTES" not in os.environ and "LMSHARD_ONE_UNIT_BYTES" not in os.environ:
+        assert plainplan.STAGED_BYTES == plainplan.ONE_UNIT_BYTES == 16 << 20  # (the defaults)
+    monkeypatch.setattr(plainplan, "STAGED_BYTES", 16 << 20)
 
     def staged(size, **kw):
         config = PrepareConfig(inputs=["a.jsonl"], out=str(tmp_path / "o"), **kw)

@@ -108,7 +108,7 @@ def _prepare(config: PrepareConfig, on_progress: Callable[[Progress], None] | No
         # --num-tasks: a plan of that many tasks, every stage run here (--executor local). Else every stage in the
         # worker pool; and a --resume of a run the stages left (its plan is there), whatever --workers and the
         # input's size would choose now: their work is theirs to go on with. So is a build one process left with a
-        # checkpoint (one worker reads up to 4x as much in one process: another count may not).
+        # checkpoint (read in one process when it started: another LMSHARD_STAGED_BYTES, or version, may not).
         planned = config.num_tasks is not None or (config.resume and (work_dir(config.out) / PLAN_FILE).exists())
         if planned or (plainplan.use_stages(config, sources) and not (config.resume and _checkpointed(paths))):
             from .execution import local_exec  # (here: a small run imports none of the stages' modules)

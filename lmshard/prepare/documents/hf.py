@@ -164,34 +164,41 @@ def _hub_reachable(timeout: float = 5.0) -> str | None:
 
 
 def _offline_error(spec: HFSpec, why: str) -> InputError:
-    cached = "" if spec.streaming is not False or _offline() else (
-        "; to read the copy `datasets` cached (--no-streaming), set HF_HUB_OFFLINE=1")  # fmt: skip
+    if spec.streaming is False:  # (offline it would have read the cached copy: only unreachable comes here)
+        cached = "; to read the copy `datasets` cached, set HF_HUB_OFFLINE=1"
+    else:
+        cached = "; with --no-streaming, the copy `datasets` cached is read" if _offline() else ""
     return InputError(
         f"--hf {spec.dataset}: cannot reach the Hugging Face hub ({why}){cached}; on a connected machine save it "
         "with `datasets` (save_to_disk) or download its parquet files, then pass that directory to --hf"
     )
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
 def _cached_copy(ds_lib: Any, spec: HFSpec, why: str) -> Any:
     """Offline (HF_HUB_OFFLINE), a hub id's split with --no-streaming: the copy `datasets` cached
-    when it downloaded it (its latest, as `datasets` reads it offline), which a --revision must
-    name by its commit (or the commit's start): the copy's folder is named after the commit it was
-    downloaded at."""
-    pinned = spec.revision
-    if pinned is not None and not re.fullmatch(r"[0-9a-f]{7,40}", pinned):
-        raise InputError(f"--hf {spec.dataset}: offline ({why}), --revision {pinned} cannot be matched to the copy "
-                         "`datasets` cached; pass the commit it names (its hex digits), or run where the hub is "
-                         "reachable")  # fmt: skip
+    when it downloaded it (offline, `datasets` reads the copy downloaded last), which a
+    --revision must name by its commit (or the commit's start): the copy's folder is named after
+    the commit it was downloaded at, and a branch or tag cannot be resolved without the hub."""
     try:
         data = ds_lib.load_dataset(spec.dataset, spec.config, split=spec.split, streaming=False)
-    except Exception as e:  # (none cached, another config or split only: the library raises many types)
-        raise InputError(f"--hf {spec.dataset}: offline ({why}), and `datasets` has no copy of it cached "
-                         f"({str(e).splitlines()[0]}); download it once on a connected machine (prepare "
-                         "--no-streaming, or datasets.load_dataset) into the same HF_HOME") from None  # fmt: skip
-    commit = Path(data.cache_files[0]["filename"]).parent.name if data.cache_files else None
-    if pinned is not None and not (commit or "").startswith(pinned):
-        raise InputError(f"--hf {spec.dataset}: offline ({why}), the copy `datasets` cached is of commit {commit}, "
-                         f"not --revision {pinned}; download that revision on a connected machine")  # fmt: skip
+    except Exception as e:  # (none cached, several configurations, another split: the library raises many types)
+        what = _first_line(e)
+        fix = ("pass --hf-config to name one" if "multiple" in what and "configurations" in what else
+               "download it once on a connected machine (prepare --no-streaming, or datasets.load_dataset) into "
+               "the same HF_HOME")  # fmt: skip
+        raise InputError(f"--hf {spec.dataset}: offline ({why}), cannot load the copy `datasets` cached ({what}); "
+                         f"{fix}") from None  # fmt: skip
+    pinned = None if spec.revision is None else spec.revision.lower()
+    commit = Path(data.cache_files[0]["filename"]).parent.name if data.cache_files else "an unknown commit"
+    if pinned is not None and not (re.fullmatch(r"[0-9a-f]{7,40}", pinned) and commit.startswith(pinned)):
+        raise InputError(f"--hf {spec.dataset}: offline ({why}), `datasets` reads the copy it downloaded last, of "
+                         f"commit {commit}, which --revision {spec.revision} does not name (a branch or tag cannot "
+                         f"be resolved offline); pass --revision {commit} to read it, or download that revision "
+                         "on a connected machine")  # fmt: skip
     return data
 
 
@@ -207,7 +214,7 @@ def open_stream(spec: HFSpec) -> Any:
         except Exception as e:  # offline, unknown id, gated: the library raises many types
             why = _hub_reachable(timeout=2.0)
             raise (
-                _offline_error(spec, why) if why else InputError(f"--hf {spec.dataset}: {str(e).splitlines()[0]}")
+                _offline_error(spec, why) if why else InputError(f"--hf {spec.dataset}: {_first_line(e)}")
             ) from None
     elif kind == "saved":
         data = _saved_split(ds_lib.load_from_disk(spec.dataset), ds_lib, spec)
@@ -221,7 +228,7 @@ def open_stream(spec: HFSpec) -> Any:
             raise InputError(f"--hf {spec.dataset}: {what} in a data file; re-download or re-create it") from None
         except Exception as e:
             raise InputError(
-                f"--hf {spec.dataset}: not a dataset directory `datasets` can read ({str(e).splitlines()[0]})"
+                f"--hf {spec.dataset}: not a dataset directory `datasets` can read ({_first_line(e)})"
             ) from None
     if spec.text_field not in (data.column_names or [spec.text_field]):
         fields = ", ".join(data.column_names)

@@ -22,8 +22,8 @@ from .units import SIZED, UNIT_BYTES
 # the stages would plan one unit (ONE_UNIT_BYTES), which the main process reads and every worker
 # tokenizes: the parallelism of one reading process, plus the stages' hand-off (the unit's file, then
 # a second pass to copy and seal the shards), so one reading process is faster there on any number
-# of cores (bench_scaleout.py, section 3, and docs/scaling.md: 1.06-1.17x its time at 0.1-16 MB with
-# 2 workers, 1.01x at 32 MB; 20 alternated runs).
+# of cores (bench_scaleout.py, section 3, in docs/scaling.md: 1.04-1.11x its time at 0.1-16 MB with
+# 2 workers, 15 rotated runs; an A/B of 20 alternated runs, 1.06-1.17x).
 STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
@@ -41,8 +41,9 @@ ONE_UNIT_BYTES = int(os.environ.get("LMSHARD_ONE_UNIT_BYTES", 16 << 20))
 
 def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
     """Whether a plain `prepare` runs as staged tasks (in the worker pool, or here with one
-    worker: units of up to UNIT_BYTES, `plain_plan`; 1.00-1.04x one reading process's time on
-    20-46 MB, where 8 units and each part's sync made it 1.13x: owners.parts_synced): no stdin
+    worker: units of up to UNIT_BYTES, `plain_plan`; 0.96-1.23x one reading process's time on
+    20-46 MB over several runs, where 8 units and each part's sync made it 1.13x:
+    owners.parts_synced): no stdin
     or pipe, none of the options the stages refuse (runplan.py's `check_scale_out`), at least
     STAGED_BYTES of input (a unit larger than half again a worker's share, as a large .gz file
     is, is read here and tokenized by every worker: itempool.units_in_pool; so is every unit of

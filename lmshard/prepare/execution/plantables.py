@@ -45,8 +45,9 @@ UNITS, TASKS, SOURCES, SOURCE_INDEX = "plan_units.bin", "plan_tasks.bin", "plan_
 
 def write_tables(work: Path, units: list[list[Any]], tasks: list[list[int]], sources: list[list[Any]],
                  private: bool) -> None:  # fmt: skip
-    """The three tables, each renamed into place whole; synced, but in a local run (volatile.py:
-    its boot recorded first, as for its other work files)."""
+    """The three tables (the sources' in two files, lines and their offsets), each renamed into
+    place whole; synced except in a local run (volatile.py: its boot recorded first, as for its
+    other work files)."""
     rows = np.zeros(len(units), dtype=_UNIT)
     for i, (source, kind, start, end, nbytes) in enumerate(units):
         rows[i] = (source, KINDS.index(kind), start, end, nbytes)

@@ -102,7 +102,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 @contextlib.contextmanager
 def local_run(work: Path) -> Iterator[None]:
-    """Run the stages of a local run: its boot recorded in `work`, and work files unsynced, where
+    """Plan or run the stages of a local run: its boot recorded in `work`, and work files unsynced, where
     the boot can be read and `work` is on a local filesystem. A run that stops but lives (Ctrl-C,
     SIGTERM, an error) makes its work durable first (`settle`): any machine may resume it."""
     boot = boot_id()
