@@ -270,9 +270,10 @@ def test_a_resume_refuses_a_changed_option_or_input_in_one_line(tmp_path, monkey
     assert _files(out) == _files(one)
 
 
-@pytest.mark.parametrize("extra", [["--near-dedup"], ["--shard-encoding", "zstd"],
-                                   ["--attribute", "length", "--attribute", "gopher_quality"]],
-                         ids=["near", "zstd", "attributes"])  # fmt: skip
+ZSTD_ATTRIBUTES = ["--shard-encoding", "zstd", "--attribute", "length", "--attribute", "gopher_quality"]
+
+
+@pytest.mark.parametrize("extra", [["--near-dedup"], ZSTD_ATTRIBUTES], ids=["near", "zstd-attributes"])
 def test_a_kill_then_resume_gives_one_process_bytes_with_near_dedup_zstd_and_attributes(tmp_path, corpus, extra):
     """kill -9 while the write stage copies the new shards (near-duplicates found, zstd frames
     being encoded, attribute columns written), then --resume: one process's bytes."""
