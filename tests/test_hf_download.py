@@ -236,4 +236,7 @@ def test_offline_a_hub_ids_cached_copy_is_read_and_a_revision_must_name_its_comm
         prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, **_options(data) | {"hf": "lmshard-test/other"}))
     assert "\n" not in str(e.value)
     with pytest.raises(InputError, match="cannot reach the Hugging Face hub.*with --no-streaming, the copy"):
-        prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, **_options(data) | hub | {"streaming": None}))
+        prepare(PrepareConfig(out=str(tmp_path / "s"), workers=1, **_options(data) | hub | {"streaming": None}))
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.")]  # (nothing left to refuse a next run)
+    prepare(PrepareConfig(out=str(tmp_path / "s"), workers=1, **_options(data) | hub))  # (the fix it names)
+    assert tokens_of(tmp_path / "s") == tokens_of(tmp_path / "files")

@@ -190,4 +190,6 @@ def test_the_budget_is_in_the_fingerprint(tmp_path):
     by = fingerprint(val_by="input", val_tokens=100, val_fraction=0)
     assert "--val-tokens was 100 when the run started and is 200 now" in difference(
         by, fingerprint(val_by="input", val_tokens=200, val_fraction=0))
-    assert "--val-by was 'input' when the run started and is None now" in difference(by, fingerprint())
+    assert "--val-by was 'input' when the run started and is not given now" in difference(by, fingerprint())
+    assert "--near-dedup was off when the run started and is on now" in difference(  # (in words, not False/True)
+        fingerprint(), fingerprint(near_dedup=True))

@@ -131,15 +131,20 @@ def claim(config: PrepareConfig, n_tasks: int) -> tuple[Any, dict[str, Any]]:
 def _planned(config: PrepareConfig, n_tasks: int, unit_bytes: int | None, loaded: Any, adopt: bool = False) -> Run:
     """The run, planned once its streams are saved (runplan.spool_streams). Stdin or a pipe is
     read once: one that fails or is stopped before the plan is made leaves nothing (the claim and
-    the work folder removed), and no --resume is offered, as in one process."""
+    the work folder removed), and no --resume is offered, as in one process. Neither does an input
+    found at fault before the plan (a Hugging Face id that cannot be opened): the next run starts
+    afresh, as after any input error."""
     try:
         return Run.of(config, n_tasks, unit_bytes, loaded=loaded, adopt=adopt)
     except BaseException as e:
         stream, paths = next((s for s in loaded[0] if s.stream), None), OutputPaths.of(config.out)
-        if stream is None or (work_dir(config.out) / PLAN_FILE).exists():
+        at_fault = isinstance(e, InputError) and not isinstance(e, InputReadError)  # (not the machine's)
+        if (stream is None and not at_fault) or (work_dir(config.out) / PLAN_FILE).exists():
             raise
         shutil.rmtree(paths.staging, ignore_errors=True)
         shutil.rmtree(work_dir(config.out), ignore_errors=True)
+        if stream is None:
+            raise
         if isinstance(e, KeyboardInterrupt):
             raise Interrupted("", getattr(e, "signum", 2)) from None
         if isinstance(e, OSError | InputReadError):

@@ -191,6 +191,12 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
     return dict(json.loads(json.dumps(fp)))
 
 
+def _shown(value: Any) -> str:
+    """An option's value as a user would say it: on, off, not given, or the value."""
+    return {True: "on", False: "off", None: "not given"}.get(value, repr(value)) if isinstance(value, bool | None) \
+        else repr(value)  # fmt: skip
+
+
 def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first way two run fingerprints differ, in the user's words; None when they match."""
     if bool(started.get("appending_to")) != bool(now.get("appending_to")):
@@ -213,7 +219,7 @@ def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
                 name = next(n for n in sorted(a) if a[n] != b[n])
                 return (f"the benchmark {b[name][0]} (--decontaminate) changed since the run started; put it back "
                         "as it was")  # fmt: skip
-            return f"--{key.replace('_', '-')} was {a!r} when the run started and is {b!r} now"
+            return f"--{key.replace('_', '-')} was {_shown(a)} when the run started and is {_shown(b)} now"
     a_src = {s[0]: s for s in started.get("sources", [])}
     b_src = {s[0]: s for s in now.get("sources", [])}
     for path in a_src.keys() - b_src.keys():
