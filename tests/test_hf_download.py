@@ -240,3 +240,23 @@ def test_offline_a_hub_ids_cached_copy_is_read_and_a_revision_must_name_its_comm
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.")]  # (nothing left to refuse a next run)
     prepare(PrepareConfig(out=str(tmp_path / "s"), workers=1, **_options(data) | hub))  # (the fix it names)
     assert tokens_of(tmp_path / "s") == tokens_of(tmp_path / "files")
+
+
+def test_the_command_line_keeps_datasets_own_notes_and_progress_bars_off_a_quiet_run(tmp_path, monkeypatch, data):
+    """`lmshard prepare --hf ... --quiet` with stderr to a file: nothing on it but lmshard's (here,
+    nothing), neither the progress bar `datasets` draws when it converts data files into its cache
+    (control codes in a log) nor its notes when it reads a cached hub copy offline."""
+    import subprocess
+    import sys
+
+    _hub_copy(data)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "fresh")}  # (converted anew)
+    for hf in (str(data), "lmshard-test/tiny"):
+        if hf == "lmshard-test/tiny":
+            env["HF_DATASETS_CACHE"] = str(tmp_path / "cache")  # (the hub copy's cache)
+        out = tmp_path / f"o{len(hf)}"
+        args = ["--hf", hf, "--no-streaming", "--out", str(out), "--on-error", "skip", "--quiet"]
+        done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", *args], env=env, text=True,
+                              capture_output=True)  # fmt: skip
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert (out / "dataset_metadata.json").exists()

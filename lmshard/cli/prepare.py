@@ -17,6 +17,7 @@ datasets) for `--workers`, `--json-keys` (Megatron-LM) for `--text-field`, `--ma
 from __future__ import annotations
 
 import json
+import os
 import sys
 from importlib import import_module
 from typing import Any, TypeVar
@@ -256,6 +257,7 @@ def prepare(
     if workers == 0 and not cfg.quiet:  # documented, but 0 means "in this process" to a torch DataLoader
         print(f"note: --workers 0 means one worker process per core this job may use: {cfg.n_workers()} here",
               file=sys.stderr)  # fmt: skip
+    quiet_library(cfg.quiet)
     log = RunLog(cfg)
     log.start()
     n_tasks = cfg.num_tasks
@@ -273,3 +275,13 @@ def prepare(
         info = stages.status(cfg.out)
         print(json.dumps({"out": cfg.out, "executor": cfg.executor, "n_tasks": n_tasks, "units": info["units"],
                           "merged": info["merged"], "follow": f"lmshard status {cfg.out}"}), flush=True)  # fmt: skip
+
+
+def quiet_library(quiet: bool | None) -> None:
+    """`datasets` (a --hf input) speaks on stderr for itself: its notes (offline, "Using the latest
+    cached version...") are not the run's, and its progress bars are control codes in a log and
+    noise under --quiet. Set for this process and its workers, unless the user set them."""
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    if quiet or not sys.stderr.isatty():
+        for name in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+            os.environ.setdefault(name, "1")
