@@ -624,6 +624,11 @@ def test_an_input_changed_after_planning_is_named_not_the_unit_size(tmp_path):
         plan_run(config, 4, loaded=local_exec.load_run(config))
     assert "unit size" not in str(e.value) and "a.jsonl" in str(e.value), str(e.value)
     assert run_task(config, 4, "tokenize", reads_b) > 0
+    st = other.stat()
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # (touched: the same size, modified since)
+    with pytest.raises(ConfigError, match=r"b\.jsonl changed after the run was planned \(the same size, modified"):
+        run_task(config, 4, "tokenize", next(t for t in range(4) if t not in (reads_a, reads_b) and
+                                             plan["units"][plan["tasks"][t][1] - 1][0] == 1))  # (another that reads b)
 
 
 @pytest.mark.parametrize(("n_tasks", "keys_per_file", "encoding"), [(1, None, "uint32"), (3, 400, "uint32"),

@@ -218,6 +218,8 @@ def checked_source(row: list[Any], work: Path) -> Source:
     except OSError as e:  # gone or unreadable since it was planned: the input's error, as a reader names it
         raise read_error(path, e) from None
     if (st.st_size, st.st_mtime_ns) != (planned_size, mark):
-        raise ConfigError(f"{path} changed after the run was planned (size {planned_size:,} then, {st.st_size:,} now); "
-                          f"restore it, or delete {work} to plan again")  # fmt: skip
+        what = (f"size {planned_size:,} then, {st.st_size:,} now" if st.st_size != planned_size else
+                "the same size, modified since")  # fmt: skip
+        raise ConfigError(f"{path} changed after the run was planned ({what}); restore it (its contents and "
+                          f"modification time), or delete {work} to plan again")  # fmt: skip
     return src
