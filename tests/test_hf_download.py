@@ -226,10 +226,12 @@ def test_offline_a_hub_ids_cached_copy_is_read_and_a_revision_must_name_its_comm
     pinned = COMMIT[:12].upper()  # (the start of the commit, in either case)
     prepare(PrepareConfig(out=str(tmp_path / "pinned"), workers=1, revision=pinned, **_options(data) | hub))
     assert tokens_of(tmp_path / "pinned") == tokens_of(tmp_path / "files")
-    for revision in ("f" * 40, "main"):  # (another commit; a branch, which cannot be resolved offline)
+    refusals = {"f" * 40: "another commit", "main": "a branch or tag cannot be resolved offline",
+                COMMIT[:6]: "a commit is named by 7 or more of its hex digits"}  # fmt: skip
+    for revision, why in refusals.items():
         with pytest.raises(InputError, match="HF_HUB_OFFLINE is set") as e:
             prepare(PrepareConfig(out=str(tmp_path / "r"), workers=1, revision=revision, **_options(data) | hub))
-        words = f"of commit {COMMIT}, which --revision {revision} does not name"
+        words = f"of commit {COMMIT}, which --revision {revision} does not name ({why})"
         assert words in str(e.value) and f"pass --revision {COMMIT} to read it" in str(e.value), str(e.value)
         assert "\n" not in str(e.value)
     with pytest.raises(InputError, match="cannot load the copy `datasets` cached") as e:

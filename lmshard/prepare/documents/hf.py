@@ -195,10 +195,13 @@ def _cached_copy(ds_lib: Any, spec: HFSpec, why: str) -> Any:
     pinned = None if spec.revision is None else spec.revision.lower()
     commit = Path(data.cache_files[0]["filename"]).parent.name if data.cache_files else "an unknown commit"
     if pinned is not None and not (re.fullmatch(r"[0-9a-f]{7,40}", pinned) and commit.startswith(pinned)):
+        hexed = re.fullmatch(r"[0-9a-f]+", pinned)
+        why_not = ("a branch or tag cannot be resolved offline" if not hexed else
+                   "a commit is named by 7 or more of its hex digits" if len(pinned) < 7 else "another commit")
         raise InputError(f"--hf {spec.dataset}: offline ({why}), `datasets` reads the copy it downloaded last, of "
-                         f"commit {commit}, which --revision {spec.revision} does not name (a branch or tag cannot "
-                         f"be resolved offline); pass --revision {commit} to read it, or download that revision "
-                         "on a connected machine")  # fmt: skip
+                         f"commit {commit}, which --revision {spec.revision} does not name ({why_not}); pass "
+                         f"--revision {commit} to read it, or download that revision where the hub is "
+                         "reachable")  # fmt: skip
     return data
 
 
