@@ -221,7 +221,7 @@ def test_a_sums_file_cut_short_by_a_kill_is_not_left_in_the_dataset(tmp_path, mo
 
 def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, process_items, inputs, reference):
     monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only Ctrl-C checkpoints
-    out = tmp_path / "ds"
+    out = tmp_path / ("a_dataset_with_a_long_name_" * 3 + "ds")  # (its path longer than a terminal's 80 columns)
     staging = OutputPaths.of(str(out)).staging
     stop_at(monkeypatch, "item:5")
     proc = start_prepare(cli(out, inputs[0]))
@@ -230,7 +230,8 @@ def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, proce
     signal_stopped(proc.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
     code, err = finish(proc, 60)
     assert code == 130 and "Traceback" not in err, err
-    assert "interrupted" in err and "saved in" in err
+    said = next(line for line in err.splitlines() if line.startswith("interrupted: "))
+    assert f"saved in {staging}; continue with:" in said, err  # (one line, whatever its length: a log is copied)
     command = err.strip().splitlines()[-1]
     assert command.startswith("lmshard prepare ") and command.endswith("--resume")
     checkpoint = json.loads((staging / "_PREPARE_IN_PROGRESS").read_text())["checkpoint"]

@@ -63,10 +63,11 @@ def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
                 kept, signum = getattr(e, "kept", None), getattr(e, "signum", signal.SIGINT)
                 what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
                 if kept:
-                    err.print(f"[bold red]{what}[/]: {escape(kept)}; continue with:", highlight=False)
+                    err.print(f"[bold red]{what}[/]: {escape(kept)}; continue with:", highlight=False, soft_wrap=True)
                     err.print(escape(_resume_command()), highlight=False, soft_wrap=True)
                 else:
-                    err.print(f"[bold red]{what}[/]: nothing was left that looks complete")
+                    err.print(f"[bold red]{what}[/]: nothing was kept to go on from; run the command again",
+                              highlight=False, soft_wrap=True)  # fmt: skip
                 raise typer.Exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED) from None
 
         return inner  # type: ignore[return-value]

@@ -286,8 +286,8 @@ def _run(
         stop_point("item")  # (before the signal check: a test's signal to a held run is acted on at this item)
         if interrupt.asked:
             save()
-            raise Interrupted(f"stopped after {build.items_done:,} work items; the work done is saved in {build.root}",
-                              interrupt.signum)  # fmt: skip
+            items = f"{build.items_done:,} work item{'' if build.items_done == 1 else 's'}"
+            raise Interrupted(f"stopped after {items}; the work done is saved in {build.root}", interrupt.signum)
     totals.examples = dict(sorted(totals.examples.items()))
     totals.dedup_bytes = seen.nbytes
     return totals
