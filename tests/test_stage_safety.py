@@ -351,3 +351,43 @@ def test_an_input_gone_mid_run_on_the_stages_says_how_to_go_on_either_way(tmp_pa
 
 def _work(out):
     return out.parent / f".{out.name}.lmshard-work"
+
+
+def test_status_says_how_an_unplanned_or_local_run_goes_on(tmp_path, monkeypatch, corpus, stages_here):
+    """`lmshard status` of: a directory with nothing of a run (one line, exit 1); a run's work
+    folder passed for its dataset (names the dataset); a build one reading process left (its
+    own command with --resume); a staged local run stopped midway (its command with --resume,
+    then the tasks left)."""
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+    from lmshard.prepare.execution import plainplan
+    from lmshard.prepare.execution.run import Run
+    from lmshard.prepare.output.writer import ShardWriter
+
+    def status(path):
+        done = CliRunner().invoke(app, ["status", str(path)])
+        return done.exit_code, " ".join(done.output.split())
+
+    code, said = status(tmp_path / "none")
+    assert code == 1 and f"{tmp_path / 'none'}: no dataset, build or plan of a prepare run is there" in said, said
+    staged, one = tmp_path / "staged", tmp_path / "one"
+    real = Run.do
+    with monkeypatch.context() as m:
+        m.setattr(Run, "do", lambda r, stage, *x, **k: (_ for _ in ()).throw(KeyboardInterrupt()) if stage == "select"
+                  else real(r, stage, *x, **k))  # fmt: skip
+        with pytest.raises(KeyboardInterrupt):
+            _one(corpus, staged)
+    code, said = status(staged)
+    assert code == 0 and said.startswith(f"a local run: `lmshard prepare ... --out {staged} --resume`"), said
+    assert "run: lmshard run-task --stage select" in said, said
+    code, said = status(_work(staged))
+    assert code == 1 and f"is a run's work folder; pass its dataset's directory: lmshard status {staged}" in said, said
+    with monkeypatch.context() as m:
+        m.setattr(plainplan, "STAGED_BYTES", 1 << 50)  # (one reading process)
+        m.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            _one(corpus, one)
+    code, said = status(one)
+    assert code == 0 and said.startswith("interrupted: a run read in one process left its build in") and \
+        f"--out {one} --resume" in said, said  # fmt: skip

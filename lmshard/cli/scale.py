@@ -180,6 +180,7 @@ def status(
     if rewrite.planned(out):
         _rewrite_status(out, rewriteengines.progress(out))
         return
+    _unplanned(out)
     info = stages.status(out)
     quoted = shlex.quote(str(out))
     if info["merged"]:
@@ -191,6 +192,9 @@ def status(
                          f"`lmshard prepare ... --out {quoted} --resume` discards them and starts over", markup=False,
                          soft_wrap=True)  # fmt: skip
         return
+    if info["local"]:  # (a plain prepare, or --num-tasks run here: its own command goes on with every stage)
+        render.out.print(f"a local run: `lmshard prepare ... --out {quoted} --resume` (its command, with --resume) "
+                         "goes on with every stage; or run the tasks left as below", markup=False, soft_wrap=True)
     waiting, first_left = False, None
     n_tasks = len(info["stages"]["tokenize"]["tasks"])
     for stage, row in info["stages"].items():
@@ -276,3 +280,28 @@ def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[i
                      markup=False, soft_wrap=True)  # fmt: skip
     for line in lines:
         render.out.print(f"  {line}", markup=False, soft_wrap=True)
+
+
+def _unplanned(out: Path) -> None:
+    """`status` of a directory with no plan beside it: a run's work or build folder passed for
+    its dataset, a build one reading process left (its own --resume goes on with it), or
+    nothing of a prepare run at all, each said in one line."""
+    from ..format import METADATA_FILE
+    from ..prepare.execution.taskplan import PLAN_FILE, work_dir
+    from ..prepare.output.staging import OutputPaths, read_run
+
+    if (work_dir(out) / PLAN_FILE).exists() or (out / METADATA_FILE).exists():
+        return
+    for suffix in (".lmshard-work", ".lmshard-partial"):
+        if out.name.startswith(".") and out.name.endswith(suffix):
+            dataset = out.parent / out.name[1 : -len(suffix)]
+            raise ConfigError(f"{out} is a run's {suffix[9:]} folder; pass its dataset's directory: lmshard status "
+                              f"{shlex.quote(str(dataset))}")  # fmt: skip
+    staging = OutputPaths.of(str(out)).staging
+    if read_run(staging) is not None:
+        render.out.print(f"interrupted: a run read in one process left its build in {staging}; `lmshard prepare ... "
+                         f"--out {shlex.quote(str(out))} --resume` (its command, with --resume) goes on with it",
+                         markup=False, soft_wrap=True)  # fmt: skip
+        raise typer.Exit(0)
+    raise ConfigError(f"{out}: no dataset, build or plan of a prepare run is there; `lmshard prepare INPUTS --out "
+                      f"{shlex.quote(str(out))}` makes one")  # fmt: skip

@@ -112,7 +112,8 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
                          "tasks": tasks}  # fmt: skip
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False,
-            "stale": volatile.stale(work), "rounds": rounds(work) if config.near_dedup else None}  # fmt: skip
+            "stale": volatile.stale(work), "rounds": rounds(work) if config.near_dedup else None,
+            "local": config.num_tasks is None or config.executor == "local"}  # fmt: skip
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:
