@@ -132,10 +132,24 @@ def test_quick_reads_no_token_data(dataset, monkeypatch):
 
 
 def test_usage_errors_exit_1(tmp_path):
-    result = runner.invoke(app, ["inspect", str(tmp_path / "missing")])
-    assert result.exit_code == 1 and "no such directory" in result.output
-    result = runner.invoke(app, ["inspect", str(tmp_path)])
-    assert result.exit_code == 1 and "not an lmshard dataset" in result.output
+    """Each in one line naming what is there and what to run: nothing, a directory of other
+    files, a file (an input, say), a build a prepare run left unfinished beside its --out, or
+    that build itself."""
+
+    def said(path):
+        result = runner.invoke(app, ["inspect", str(path)])
+        assert result.exit_code == 1, result.output
+        return " ".join(result.output.split())
+
+    assert "no such directory" in said(tmp_path / "missing")
+    assert "not an lmshard dataset" in said(tmp_path)
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    assert f"a file, not a dataset directory; `lmshard prepare {tmp_path / 'a.jsonl'} --out DIR`" in said(
+        tmp_path / "a.jsonl")
+    build = tmp_path / ".ds.lmshard-partial"
+    build.mkdir()
+    assert f"not there yet: a prepare run left its build in {build}" in said(tmp_path / "ds")
+    assert f"is the unfinished build of {tmp_path / 'ds'}" in said(build)
 
 
 def test_sample_and_doc_decode_real_text(dataset, reference):

@@ -25,8 +25,20 @@ Decoder = Callable[[list[int]], str]
 
 
 def require_dataset(path: Path) -> None:
-    """A usage error (exit 1) unless `path` is at least meant to be a dataset."""
+    """A usage error (exit 1) unless `path` is at least meant to be a dataset: one line naming
+    what is there instead (a file, an unfinished build, nothing) and what to run."""
+    name, suffix = path.name, ".lmshard-partial"
+    if name.startswith(".") and name.endswith(suffix) and path.is_dir():  # a build beside its --out
+        dataset = path.parent / name[1 : -len(suffix)]
+        raise ConfigError(f"{path} is the unfinished build of {dataset}: the `lmshard prepare ... --out {dataset}` "
+                          "that made it finishes it with --resume; inspect the dataset then")  # fmt: skip
+    if path.is_file():
+        raise ConfigError(f"{path}: a file, not a dataset directory; `lmshard prepare {path} --out DIR` makes one")
     if not path.is_dir():
+        build = path.parent / f".{name}{suffix}"
+        if build.is_dir():
+            raise ConfigError(f"{path}: not there yet: a prepare run left its build in {build}; the same "
+                              f"`lmshard prepare ... --out {path}` with --resume finishes it")  # fmt: skip
         raise ConfigError(f"{path}: no such directory")
     if not (path / METADATA_FILE).exists() and not (path / IN_PROGRESS_FILE).exists():
         raise ConfigError(f"{path}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
