@@ -526,6 +526,8 @@ def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # (no work folder, no build left beside it)
     run = json.loads((out / "dataset_metadata.json").read_text())["run"]
     assert run["elapsed_s"] <= took and run["tokens_per_s"] == 0.0, run
+    done = next(line for line in err.splitlines() if line.startswith("done: "))
+    assert done.endswith("s, no tokens made by this run (all were before it)"), done  # (not "0 tokens/s")
 
 
 def test_an_overwrite_read_in_one_process_removes_the_work_the_stages_left(tmp_path, corpus, one_machine, monkeypatch):

@@ -160,8 +160,9 @@ def done_line(meta: Any, where: str) -> str:
     drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
     if meta.skipped_inputs:
         drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
-    return (f"done: {where}: {splits}; dropped {drops}; {data['elapsed_s']:.1f} s, "
-            f"{data['tokens_per_s'] or 0:,.0f} tokens/s")  # fmt: skip
+    rate = data["tokens_per_s"]  # (this attempt's: a resume whose tokens were all made before has none)
+    speed = f"{rate:,.0f} tokens/s" if rate else "no tokens made by this run (all were before it)"
+    return f"done: {where}: {splits}; dropped {drops}; {data['elapsed_s']:.1f} s, {speed}"
 
 
 def _same_file(a: Any, b: Any) -> bool:
