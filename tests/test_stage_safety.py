@@ -391,3 +391,34 @@ def test_status_says_how_an_unplanned_or_local_run_goes_on(tmp_path, monkeypatch
     code, said = status(one)
     assert code == 0 and said.startswith("interrupted: a run read in one process left its build in") and \
         f"--out {one} --resume" in said, said  # fmt: skip
+
+
+def test_a_task_of_a_complete_run_has_nothing_to_do_and_a_finish_removes_leftovers(tmp_path, corpus):
+    """A job run again once the dataset is complete (a retried array task, a finish a scheduler
+    restarts) exits 0 saying there is nothing to do; a finish also removes what a finish stopped
+    midway left of the work folder. `--task` with the finish stage, which runs once, is refused;
+    so is `--executor` without `--num-tasks`, which would have run the whole prepare here."""
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    def cli(*args):
+        done = CliRunner().invoke(app, [*map(str, args)])
+        return done.exit_code, " ".join(done.output.split())
+
+    out = tmp_path / "run" / "ds"
+    code, said = cli("prepare", *corpus, "--out", out, "--num-tasks", "2", "--tokenizer-backend", "tiktoken", "-q")
+    assert code == 0 and (out / "dataset_metadata.json").exists(), said
+    before = _files(out)
+    assert cli("run-task", "--stage", "tokenize", "--task", "1", out) == (
+        0, "tokenize task 1: the dataset is complete; nothing to do")
+    _work(out).mkdir()
+    (_work(out) / "layout.json").write_text("{}")  # (a finish killed while removing the work folder)
+    assert cli("run-task", "--stage", "finish", out) == (
+        0, "finish: the dataset is complete; nothing to do; what was left of its work folder is removed")
+    assert not _work(out).exists() and _files(out) == before
+    code, said = cli("run-task", "--stage", "finish", "--task", "1", out)
+    assert code == 1 and said == "error: --stage finish runs once, for the whole run: leave --task out", said
+    code, said = cli("prepare", *corpus, "--out", tmp_path / "elsewhere", "--executor", "none")
+    assert code == 1 and "--executor none runs a plan of tasks: pass --num-tasks N" in said, said
+    assert not (tmp_path / "elsewhere").exists()

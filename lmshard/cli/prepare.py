@@ -248,12 +248,16 @@ def prepare(
     """Tokenize text into a sharded dataset (train/val, document index, metadata)."""
     flags = dict(locals())  # every option by its name, None where not given
     flags["json"] = flags.pop("json_")
+    from ..errors import ConfigError
     from ..prepare import prepare as run_prepare
     from ..prepare.configfile import resolve_config
     from ..prepare.values import parse_size
 
     flags["unit_size"] = parse_size("--unit-size", unit_size) if unit_size is not None else None
     cfg = resolve_config(file=flags.pop("config"), flags=flags)
+    if cfg.num_tasks is None and cfg.executor != "local":  # (else the whole prepare would run here, unasked)
+        raise ConfigError(f"--executor {cfg.executor} runs a plan of tasks: pass --num-tasks N (without it, prepare "
+                          "runs here)")  # fmt: skip
     if workers == 0 and not cfg.quiet:  # documented, but 0 means "in this process" to a torch DataLoader
         print(f"note: --workers 0 means one worker process per core this job may use: {cfg.n_workers()} here",
               file=sys.stderr)  # fmt: skip

@@ -139,6 +139,10 @@ def run_task(
         return
     if stage not in STAGES:
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
+    if stage == "finish" and task not in (None, 0):
+        raise ConfigError("--stage finish runs once, for the whole run: leave --task out")
+    if _complete(out, stage, task):
+        return
     cfg, n_tasks, unit_bytes = stages.config_of(out)
     if workers is not None:
         cfg = dataclasses.replace(cfg, workers=workers)
@@ -305,3 +309,22 @@ def _unplanned(out: Path) -> None:
         raise typer.Exit(0)
     raise ConfigError(f"{out}: no dataset, build or plan of a prepare run is there; `lmshard prepare INPUTS --out "
                       f"{shlex.quote(str(out))}` makes one")  # fmt: skip
+
+
+def _complete(out: Path, stage: str, task: int | None) -> bool:
+    """A task of a run whose dataset is complete (its plan gone with the work folder): a job run
+    again, a retried finish, has nothing to do, and says so (exit 0); a finish removes what a
+    finish stopped midway left of the work folder."""
+    from ..format import METADATA_FILE
+    from ..prepare.execution.taskplan import PLAN_FILE, remove_work, work_dir
+
+    work = work_dir(out)
+    if (work / PLAN_FILE).exists() or not (out / METADATA_FILE).exists():
+        return False
+    left = stage == "finish" and work.is_dir() and any(e.name != "slurm" for e in work.iterdir())  # (logs stay)
+    if left:
+        remove_work(work)
+    which = "finish" if stage == "finish" else f"{stage} task {task}"
+    render.err.print(f"{which}: the dataset is complete; nothing to do" + ("; what was left of its work folder is "
+                     "removed" if left else ""), markup=False, soft_wrap=True)  # fmt: skip
+    return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,18 +279,18 @@ class Run(Reads):
         if is_complete(self.work, stage):
             return read_summary(self.work, stage)
         missing = self.missing(stage)
-        if not missing and stage in ("lines", "tokenize"):
-            gather = "linekeys" if stage == "lines" else "keys"
-            if self.missing(gather):
-                missing, stage = self.missing(gather), gather
+        gather = "linekeys" if stage == "lines" else "keys"
+        if not missing and stage in ("lines", "tokenize") and self.missing(gather):
+            missing, stage = self.missing(gather), gather
         if missing:
             what = {"lines": "units", "linekeys": "tasks' line key files", "linedup": "groups of buckets",
                     "tokenize": "units", "keys": "tasks' key files", "dedup": "groups of buckets",
                     "select": "units", "write": "parts of shards"}[stage]  # fmt: skip
+            named, out = self.tasks_left(stage, missing), shlex.quote(str(self.config.out))
             stage = {"keys": "tokenize", "linekeys": "lines"}.get(stage, stage)
             raise InputError(f"the {needed_by or 'next'} stage needs the {stage} stage complete; {len(missing)} "
-                             f"{what} are not done (first: {missing[0]}); run `lmshard run-task --stage {stage}` "
-                             "for its tasks first")  # fmt: skip
+                             f"{what} are not done (tasks {named}); run `lmshard run-task --stage {stage} --task I "
+                             f"{out}` for each (`lmshard status {out}` lists them)")  # fmt: skip
         made = self._select_made() if stage == "select" else {"items": -1}
         write_summary(self.work, stage, made)
         return made

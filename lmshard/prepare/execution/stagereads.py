@@ -9,6 +9,7 @@ maxdocs.py for the steps made once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,18 @@ class Reads(Appended):
 
         @property
         def n_units(self) -> int: ...
+
+        plan: dict[str, Any]
+
+        def items(self, stage: str, task: int) -> Sequence[int]: ...
+
+    def tasks_left(self, stage: str, missing: list[int]) -> str:
+        """The first tasks (up to 5) whose items of `stage` are among `missing`, for a refusal to
+        name: a scan of the plan's tasks, made only then (a key file's items are its tasks)."""
+        left = set(missing)
+        tasks = missing[:5] if stage in ("keys", "linekeys") else [
+            t for t in range(self.plan["n_tasks"]) if left.intersection(self.items(stage, t))][:5]  # fmt: skip
+        return ", ".join(map(str, tasks)) + (", ..." if len(tasks) == 5 else "")
 
     def clusters(self, helper: int | None = None) -> None:
         """--near-dedup: the clusters of the dedup stage's edges, found once (nearstage.py), or
