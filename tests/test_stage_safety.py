@@ -17,6 +17,7 @@ import errno
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -422,3 +423,35 @@ def test_a_task_of_a_complete_run_has_nothing_to_do_and_a_finish_removes_leftove
     code, said = cli("prepare", *corpus, "--out", tmp_path / "elsewhere", "--executor", "none")
     assert code == 1 and "--executor none runs a plan of tasks: pass --num-tasks N" in said, said
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_planned_stdin_run_killed_while_saving_its_copy_says_to_start_again(tmp_path, corpus):
+    """kill -9 of a planned run while it saves stdin (held open here, so it is mid-copy): nothing
+    can be resumed (stdin cannot be read again), so `status` and a run into the same --out say to
+    run again with --overwrite (not --resume, which cannot re-read stdin), and that works."""
+    import subprocess
+    import sys
+
+    from proctree import LMSHARD
+
+    a, _ = corpus
+    out = tmp_path / "run" / "ds"
+    args = ["-", "--out", str(out), "--num-tasks", "2", "--executor", "none", "--tokenizer-backend", "tiktoken"]
+    proc = subprocess.Popen([*LMSHARD, "prepare", *args], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(a.read_bytes()[:100_000])
+    proc.stdin.flush()
+    copy = _work(out) / "spool" / ".input_000000.tmp"
+    while not copy.exists() and proc.poll() is None:  # (until the copy has begun: stdin stays open, so it waits)
+        time.sleep(0.01)
+    _signal_group(proc, signal.SIGKILL)
+    lmshard = [sys.executable, "-m", "lmshard"]
+    said = subprocess.run([*lmshard, "status", str(out)], text=True, capture_output=True)
+    assert said.returncode == 0 and "a run that read stdin or a pipe left nothing to go on from" in said.stdout and \
+        "again with --overwrite" in said.stdout, said.stdout + said.stderr  # fmt: skip
+    again = subprocess.run([*lmshard, "prepare", *args], input=a.read_bytes(), capture_output=True)
+    assert again.returncode == 1 and b"read stdin or a pipe, which cannot be read again" in again.stderr and \
+        b"pass --overwrite to discard it and run again" in again.stderr, again.stderr  # fmt: skip
+    done = subprocess.run([*lmshard, "prepare", *args, "--overwrite"], input=a.read_bytes(), capture_output=True)
+    assert done.returncode == 0 and (_work(out) / "plan.json").exists(), done.stderr

@@ -292,6 +292,7 @@ def _unplanned(out: Path) -> None:
     nothing of a prepare run at all, each said in one line."""
     from ..format import METADATA_FILE
     from ..prepare.execution.taskplan import PLAN_FILE, work_dir
+    from ..prepare.output.claim import read_once
     from ..prepare.output.staging import OutputPaths, read_run
 
     if (work_dir(out) / PLAN_FILE).exists() or (out / METADATA_FILE).exists():
@@ -302,10 +303,13 @@ def _unplanned(out: Path) -> None:
             raise ConfigError(f"{out} is a run's {suffix[9:]} folder; pass its dataset's directory: lmshard status "
                               f"{shlex.quote(str(dataset))}")  # fmt: skip
     staging = OutputPaths.of(str(out)).staging
-    if read_run(staging) is not None:
-        render.out.print(f"interrupted: a run read in one process left its build in {staging}; `lmshard prepare ... "
-                         f"--out {shlex.quote(str(out))} --resume` (its command, with --resume) goes on with it",
-                         markup=False, soft_wrap=True)  # fmt: skip
+    if (run := read_run(staging)) is not None:
+        quoted = shlex.quote(str(out))
+        once = f"a run that read stdin or a pipe left nothing to go on from in {staging}: run its command again with "
+        said = once + "--overwrite" if read_once(run, out) else (
+            f"a run read in one process left its build in {staging}; `lmshard prepare ... --out {quoted} --resume` "
+            "(its command, with --resume) goes on with it")  # fmt: skip
+        render.out.print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(0)
     raise ConfigError(f"{out}: no dataset, build or plan of a prepare run is there; `lmshard prepare INPUTS --out "
                       f"{shlex.quote(str(out))}` makes one")  # fmt: skip

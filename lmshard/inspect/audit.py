@@ -31,14 +31,16 @@ def require_dataset(path: Path) -> None:
     if name.startswith(".") and name.endswith(suffix) and path.is_dir():  # a build beside its --out
         dataset = path.parent / name[1 : -len(suffix)]
         raise ConfigError(f"{path} is the unfinished build of {dataset}: the `lmshard prepare ... --out {dataset}` "
-                          "that made it finishes it with --resume; inspect the dataset then")  # fmt: skip
+                          f"that made it finishes it with --resume (`lmshard status {dataset}` says how it goes on); "
+                          "inspect the dataset then")  # fmt: skip
     if path.is_file():
         raise ConfigError(f"{path}: a file, not a dataset directory; `lmshard prepare {path} --out DIR` makes one")
     if not path.is_dir():
         build = path.parent / f".{name}{suffix}"
         if build.is_dir():
             raise ConfigError(f"{path}: not there yet: a prepare run left its build in {build}; the same "
-                              f"`lmshard prepare ... --out {path}` with --resume finishes it")  # fmt: skip
+                              f"`lmshard prepare ... --out {path}` with --resume finishes it (`lmshard status "
+                              f"{path}` says how it goes on)")  # fmt: skip
         raise ConfigError(f"{path}: no such directory")
     if not (path / METADATA_FILE).exists() and not (path / IN_PROGRESS_FILE).exists():
         raise ConfigError(f"{path}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")

@@ -92,6 +92,10 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
             when = _when(run.get("started"))
             how = "--append --resume" if was_append else "--resume"
             drop = f"delete {paths.staging}" if was_append else "pass --overwrite"
+            if read_once(run, out):
+                raise ConfigError(f"{out}: an interrupted prepare run (started {when}) read stdin or a pipe, which "
+                                  f"cannot be read again, and left nothing to go on from in {paths.staging}; "
+                                  f"{drop} to discard it and run again")  # fmt: skip
             raise ConfigError(f"{out}: an interrupted prepare run (started {when}) left its work in "
                               f"{paths.staging}; pass {how} to continue it, or {drop} to discard it")  # fmt: skip
         shutil.rmtree(paths.staging)
@@ -189,6 +193,14 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
           "tokenizer": tokenizer.vocab_sha256, "specials": specials, "appending_to": appended,
           "planning": planning}  # fmt: skip
     return dict(json.loads(json.dumps(fp)))
+
+
+def read_once(run: dict[str, Any], out: str | os.PathLike[str]) -> bool:
+    """Whether an interrupted run (its run record) read stdin or a pipe and left no plan beside
+    `out` (in `.NAME.lmshard-work`): nothing of it can be resumed (a planned run reads the copy it
+    saved only once planned)."""
+    streamed = any(s[1] != "hf" and s[3] == 0 and s[2] == 0 for s in run.get("fingerprint", {}).get("sources", []))
+    return streamed and not (Path(out).parent / f".{Path(out).name}.lmshard-work" / "plan.json").exists()
 
 
 def _shown(value: Any) -> str:
