@@ -372,6 +372,8 @@ def test_status_says_how_an_unplanned_or_local_run_goes_on(tmp_path, monkeypatch
 
     code, said = status(tmp_path / "none")
     assert code == 1 and f"{tmp_path / 'none'}: no dataset, build or plan of a prepare run is there" in said, said
+    code, said = status(corpus[0])
+    assert code == 1 and f"{corpus[0]}: a file, not a dataset directory" in said, said
     staged, one = tmp_path / "staged", tmp_path / "one"
     real = Run.do
     with monkeypatch.context() as m:
@@ -384,6 +386,9 @@ def test_status_says_how_an_unplanned_or_local_run_goes_on(tmp_path, monkeypatch
     assert "run: lmshard run-task --stage select" in said, said
     code, said = status(_work(staged))
     assert code == 1 and f"is a run's work folder; pass its dataset's directory: lmshard status {staged}" in said, said
+    _one(corpus, tmp_path / "full")
+    code, said = status(tmp_path / "full" / "train")
+    assert code == 1 and f"a folder inside the dataset {tmp_path / 'full'}; pass that" in said, said
     with monkeypatch.context() as m:
         m.setattr(plainplan, "STAGED_BYTES", 1 << 50)  # (one reading process)
         m.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))

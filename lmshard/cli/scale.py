@@ -311,6 +311,12 @@ def _unplanned(out: Path) -> None:
             "(its command, with --resume) goes on with it")  # fmt: skip
         render.out.print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(0)
+    if out.is_file() or out.name.endswith(".lmshard-lock"):
+        raise ConfigError(f"{out}: a file, not a dataset directory; pass the --out of a prepare run")
+    inside = next((p for p in out.resolve().parents if (p / METADATA_FILE).exists()), None)
+    if inside is not None:
+        raise ConfigError(f"{out}: a folder inside the dataset {inside}; pass that: lmshard status "
+                          f"{shlex.quote(str(inside))}")  # fmt: skip
     raise ConfigError(f"{out}: no dataset, build or plan of a prepare run is there; `lmshard prepare INPUTS --out "
                       f"{shlex.quote(str(out))}` makes one")  # fmt: skip
 
