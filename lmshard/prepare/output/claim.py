@@ -205,8 +205,9 @@ def read_once(run: dict[str, Any], out: str | os.PathLike[str]) -> bool:
 
 def _shown(value: Any) -> str:
     """An option's value as a user would say it: on, off, not given, or the value."""
-    return {True: "on", False: "off", None: "not given"}.get(value, repr(value)) if isinstance(value, bool | None) \
-        else repr(value)  # fmt: skip
+    if value is None:
+        return "not given"
+    return ("on" if value else "off") if isinstance(value, bool) else repr(value)
 
 
 def difference(started: dict[str, Any], now: dict[str, Any]) -> str | None:
