@@ -246,7 +246,7 @@ def test_a_local_run_syncs_its_dataset_but_not_its_work_files(tmp_path, corpus):
     tables = {Path(p).name.lstrip(".").split(".")[0] for p in synced.read_text().splitlines() if ".p.lmshard-work" in p}
     assert tables == {"plan_units", "plan_tasks", "plan_sources", "plan"}  # (the plan, for tasks of any machine)
     subprocess.run([*lmshard, "run-task", "--stage", "tokenize", "--task", "0", str(planned)], env=env, check=True)
-    units = [p for p in synced.read_text().splitlines() if "/tokenize/.unit_" in p and p.endswith(".bin.tmp")]
+    units = [p for p in synced.read_text().splitlines() if "/tokenize/.unit_" in p and ".bin." in p]
     assert len(units) == len(list((planned.parent / ".p.lmshard-work" / "tokenize").glob("unit_*.bin"))) > 0
 
 
@@ -344,9 +344,9 @@ import os
 if os.environ.get("LMSHARD_TEST_DISK"):
     from types import SimpleNamespace
     from faults import full_disk
-    import lmshard.prepare.execution.unitfiles as unitfiles
+    import lmshard.format.layout as layout
     code, budget = map(int, os.environ["LMSHARD_TEST_DISK"].split())
-    full_disk(SimpleNamespace(setattr=lambda *a, **k: setattr(*a[:3])), [unitfiles], budget, code)
+    full_disk(SimpleNamespace(setattr=lambda *a, **k: setattr(*a[:3])), [layout], budget, code)
 """
 
 
@@ -363,8 +363,9 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     from faults import full_disk
 
     from lmshard.errors import LmshardError
+    from lmshard.format import layout
     from lmshard.prepare import PrepareConfig, prepare
-    from lmshard.prepare.execution import plainplan, unitfiles
+    from lmshard.prepare.execution import plainplan
 
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(2000, seed=6))  # (~2 MB: the stages run in this process)
     options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken"}
@@ -378,7 +379,7 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
         path = [str(tmp_path / "site"), str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
         monkeypatch.setenv("LMSHARD_TEST_DISK", f"{code} 400000")
-    device = full_disk(monkeypatch, [unitfiles], budget=400_000, code=code)  # (the units' token files)
+    device = full_disk(monkeypatch, [layout], budget=400_000, code=code)  # (the units' token and key files)
     out = tmp_path / "o"
     with pytest.raises(LmshardError) as e:
         prepare(PrepareConfig(out=str(out), **options))

@@ -307,9 +307,10 @@ def test_a_local_run_saves_a_pipe_unsynced_and_a_claim_for_other_machines_syncs_
             assert docs(tmp_path / out) == reference_docs(tmp_path, "in.jsonl", data, dedup_lines=True)
         else:
             local_exec.claim(config, 2)
-        spooled = [p for p in synced if "/spool/" in p]
-        assert spooled == ([] if out == "local" else [str(tmp_path / f".{out}.lmshard-work" / "spool" /
-                                                          ".input_000000.tmp")]), synced  # fmt: skip
+        spooled = [Path(p) for p in synced if "/spool/" in p]
+        spool = tmp_path / f".{out}.lmshard-work" / "spool"
+        assert [(p.parent, p.name.split(".")[1]) for p in spooled] == ([] if out == "local" else [
+            (spool, "input_000000")]), synced  # fmt: skip
 
 
 @pytest.mark.parametrize("options", [["--dedup-lines"], ["--near-dedup"], ["--text-mode", "file"]])

@@ -447,9 +447,9 @@ def test_a_planned_stdin_run_killed_while_saving_its_copy_says_to_start_again(tm
     assert proc.stdin is not None
     proc.stdin.write(a.read_bytes()[:100_000])
     proc.stdin.flush()
-    copy = _work(out) / "spool" / ".input_000000.tmp"
-    while not copy.exists() and proc.poll() is None:  # (until the copy has begun: stdin stays open, so it waits)
-        time.sleep(0.01)
+    spool = _work(out) / "spool"
+    while not (spool.is_dir() and list(spool.glob(".input_000000.*.tmp"))) and proc.poll() is None:
+        time.sleep(0.01)  # (until the copy has begun: stdin stays open, so it waits)
     _signal_group(proc, signal.SIGKILL)
     lmshard = [sys.executable, "-m", "lmshard"]
     said = subprocess.run([*lmshard, "status", str(out)], text=True, capture_output=True)
@@ -460,3 +460,40 @@ def test_a_planned_stdin_run_killed_while_saving_its_copy_says_to_start_again(tm
         b"pass --overwrite to discard it and run again" in again.stderr, again.stderr  # fmt: skip
     done = subprocess.run([*lmshard, "prepare", *args, "--overwrite"], input=a.read_bytes(), capture_output=True)
     assert done.returncode == 0 and (_work(out) / "plan.json").exists(), done.stderr
+
+
+def test_two_copies_of_one_task_at_once_both_succeed_and_the_run_equals_one_process(tmp_path, corpus):
+    """A task run twice at once (a requeued array job while the first still runs, a user's
+    second `run-task`): the first copy held midway through its unit's file while the second
+    writes the whole unit, then let go on. Each writes a file of its own and renames it into
+    place (one temporary name shared: the second truncated the file the first was writing, and
+    the first's rename failed), so both succeed and the run ends with one process's bytes."""
+    import subprocess
+    import sys
+
+    a, _ = corpus
+    out, one = tmp_path / "run" / "ds", tmp_path / "one"
+    _one([a], one, workers=1)
+    lmshard = [sys.executable, "-m", "lmshard"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_BLOCK_BYTES": str(64 << 10)}  # (items of 64 KiB)
+    opts = ["--tokenizer-backend", "tiktoken", "--tokens-per-shard", "20000", "--val-fraction", "0.05"]
+    plan = subprocess.run([*lmshard, "prepare", str(a), "--out", str(out), "--num-tasks", "1", "--unit-size", "4M",
+                           "--executor", "none", *opts], env=env, capture_output=True, text=True)  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    task = [*lmshard, "run-task", "--stage", "tokenize", "--task", "0", str(out)]
+    held = {**env, "LMSHARD_STOP_AT": "worker-item=3"}
+    first = subprocess.Popen([*task, "--workers", "2"], env=held, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # fmt: skip
+    assert wait_stopped(first) is not None, finish(first, 60)
+    assert list((_work(out) / "tokenize").glob(".unit_000000.*.tmp")), "the first copy is not midway through its unit"
+    second = subprocess.run([*task, "--workers", "1"], env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    os.killpg(first.pid, signal.SIGCONT)
+    code, err = finish(first, 120)
+    assert code == 0, err
+    for stage in ("dedup", "select", "write", "finish"):
+        which = ["--task", "0"] if stage != "finish" else []
+        done = subprocess.run([*lmshard, "run-task", "--stage", stage, *which, str(out)], env=env, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert _files(out) == _files(one)

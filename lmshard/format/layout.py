@@ -15,12 +15,13 @@ Memory model: nothing here holds more than the bytes it is asked to write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
@@ -72,6 +73,25 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool 
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, sync: Callable[[int], None] = os.fsync) -> Iterator[BinaryIO]:
+    """A file written under a temporary name beside `path` that no other writer uses
+    (`.NAME.PID-RANDOM.tmp`), then flushed, synced by `sync` and renamed to `path`; removed if
+    the block raises. Two copies of one task (a requeued job while the first still runs, on any
+    host) each write a file of their own and rename it into place, where one name shared would
+    have one truncate the file the other is writing."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            sync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...format import atomic_file
 from ...quality.minhash import MinHashConfig, band_keys
 from . import volatile
 from .plantables import pread_all
@@ -117,14 +118,10 @@ def write_previous_keys(work: Path, dataset: Path, files: list[str], task: int, 
 def _write_keys(path: Path, exact: bytes, near: bytes, n_buckets: int) -> None:
     """A key file of two sections, durably (temporary name, fsync, rename: the file is its marker)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path, volatile.sync) as f:
         f.write(_MAGIC + np.array([n_buckets, _HEAD + len(exact), _HEAD + len(exact) + len(near)], _U64).tobytes())
         f.write(exact)
         f.write(near)
-        f.flush()
-        volatile.sync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _ids(u: int, docs: np.ndarray) -> np.ndarray:

@@ -28,7 +28,6 @@ lines that repeat (8 bytes each).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
+from ...format import atomic_file
 from ..config import PrepareConfig
 from ..documents.records import record_fields
 from ..documents.sources import Source, WorkItem
@@ -81,13 +81,9 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
             hash_lines(item, wcfg)
         raise
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path, volatile.sync) as f:
         f.write(_MAGIC + np.array([len(counts), *counts], dtype=_U64).tobytes())
         f.write(np.concatenate(hashes).astype(_U64).tobytes() if hashes else b"")
-        f.flush()
-        volatile.sync(f.fileno())
-    os.replace(tmp, path)
     stop_point("lines", u)
     return True
 

@@ -15,14 +15,13 @@ Source and unit (about 300 bytes per unit); a stream is copied in 8 MiB blocks.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, warn
-from ...format import load_metadata
+from ...format import atomic_file, load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
 from ..documents.files import open_raw
@@ -102,17 +101,13 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
             continue
         path = work / "spool" / f"input_{i:06d}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
         raw = open_raw(src)
-        try:
-            with open(tmp, "wb") as f:
+        try:  # (synced by volatile.sync: not in a local run, whose boot is recorded first, volatile.py)
+            with atomic_file(path, volatile.sync) as f:
                 while block := raw.read(8 << 20):
                     f.write(block)
-                f.flush()
-                volatile.sync(f.fileno())  # (not in a local run: its boot is recorded first, volatile.py)
         finally:
             raw.close()
-        os.replace(tmp, path)
         st = path.stat()
         out.append(replace(src, stream=False, size=st.st_size, inode=st.st_ino, spool=str(path)))
     return out

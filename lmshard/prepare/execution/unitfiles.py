@@ -34,11 +34,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...errors import InputError, LmshardError
+from ...format import atomic_file
 from ...quality.minhash import MinHashConfig
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -158,7 +159,6 @@ class UnitRead:
             _write_unit(out, u, self._results(tokenized), self.lines, separators, self.wcfg.minhash, self.fresh,
                         (base or 1) - 1, field_of(c.val_by))  # fmt: skip
         except BaseException as e:
-            (out / f".unit_{u:06d}.bin.tmp").unlink(missing_ok=True)  # (a unit given up or failed leaves no file)
             if isinstance(e, InputError) and base is None:  # stopping: named at its absolute line, as one process does
                 line = first_line(out, self.plan, self.sources[unit.source], u, self.wcfg.hf)
                 for item in self._work_items(replace(unit, first_line=line)):
@@ -214,59 +214,65 @@ def _write_unit(out: Path, u: int, results: Iterator[ItemResult], lines: dict[st
                 field: str | None = None) -> None:  # fmt: skip
     """`lines_before`: what the unit's record numbers start after (its records are numbered from
     its own start in the `numbers` section); `field`: --val-by FIELD's (its documents' domains)."""
-    tmp = out / f".unit_{u:06d}.bin.tmp"
+    # (a unit given up or failed leaves no file; a copy of the task running at once writes a file of its own)
+    with atomic_file(out / f"unit_{u:06d}.bin", volatile.sync) as f:
+        table, labels = _unit_data(f, u, results, separators, minhash, line_keys, lines_before, field)
+    totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
+    domains = {"labels": sorted(labels)} if labels is not None else {}
+    volatile.write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, **domains, "table": table})
+
+
+def _unit_data(f: BinaryIO, u: int, results: Iterator[ItemResult], separators: tuple[int, str, int | None],
+               minhash: MinHashConfig | None, line_keys: np.ndarray | None, lines_before: int,
+               field: str | None) -> tuple[list[dict[str, Any]], set[str] | None]:  # fmt: skip
+    """Unit u's data file written to `f`: its item table, and its domains (None without
+    --val-by FIELD's)."""
     table: list[dict[str, Any]] = []
     small: dict[str, list[np.ndarray]] = {"lengths": [], "keys": [], "sources": [], "sigs": [], "numbers": [],
                                           "attrs": [], "domains": []}  # fmt: skip
     labels: set[str] = set()  # --val-by FIELD: the unit's domains
-    with open(tmp, "wb") as f:
-        f.write(bytes(_HEADER))
-        for r in results:  # tokens stream to the file; 20 bytes per document are kept for the sections after
-            tokens, _ = with_separators(r.tokens, r.lengths, np.ones(len(r.lengths), bool), *separators)
-            f.write(np.ascontiguousarray(tokens, dtype="<u4").data.cast("B"))
-            for name, array in (("lengths", r.lengths), ("keys", r.keys), ("sources", r.doc_sources)):
-                small[name].append(np.asarray(array, dtype=DTYPES[name]))
-            if minhash is not None:
-                assert r.signatures is not None
-                small["sigs"].append(r.signatures)
-            if r.numbers is not None:
-                small["numbers"].append(r.numbers - lines_before)
-            if r.attrs is not None:
-                small["attrs"].append(np.frombuffer(np.ascontiguousarray(r.attrs).tobytes(), np.uint8))
-            if r.domains is not None:
-                small["domains"].append(label_keys(r.domains))
-                labels.update(r.domains)
-                check_labels(labels, field, f"unit {u}")
-            table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
-                          "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
-                          "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
-        starts = [_HEADER]
-        arrays = {name: np.concatenate(parts) if parts else np.zeros(0, DTYPES[name]) for name, parts in small.items()}
-        for name in SECTIONS[1:4]:
-            starts.append(f.tell())
-            f.write(arrays[name].data.cast("B"))
-        starts.append(f.tell())
+    f.write(bytes(_HEADER))
+    for r in results:  # tokens stream to the file; 20 bytes per document are kept for the sections after
+        tokens, _ = with_separators(r.tokens, r.lengths, np.ones(len(r.lengths), bool), *separators)
+        f.write(np.ascontiguousarray(tokens, dtype="<u4").data.cast("B"))
+        for name, array in (("lengths", r.lengths), ("keys", r.keys), ("sources", r.doc_sources)):
+            small[name].append(np.asarray(array, dtype=DTYPES[name]))
         if minhash is not None:
-            sigs = arrays["sigs"].reshape(-1, minhash.n_hashes)
-            f.write(np.ascontiguousarray(sigs, dtype="<u4").tobytes())
+            assert r.signatures is not None
+            small["sigs"].append(r.signatures)
+        if r.numbers is not None:
+            small["numbers"].append(r.numbers - lines_before)
+        if r.attrs is not None:
+            small["attrs"].append(np.frombuffer(np.ascontiguousarray(r.attrs).tobytes(), np.uint8))
+        if r.domains is not None:
+            small["domains"].append(label_keys(r.domains))
+            labels.update(r.domains)
+            check_labels(labels, field, f"unit {u}")
+        table.append({"docs": len(r.lengths), "tokens": int(r.lengths.sum()), "chars": r.chars,
+                      "nbytes": r.nbytes, "seq": list(r.seq), "examples": r.examples,
+                      "counts": {str(k): dict(v) for k, v in r.counts.items()}})  # fmt: skip
+    starts = [_HEADER]
+    arrays = {name: np.concatenate(parts) if parts else np.zeros(0, DTYPES[name]) for name, parts in small.items()}
+    for name in SECTIONS[1:4]:
         starts.append(f.tell())
-        if line_keys is not None:
-            f.write(np.ascontiguousarray(line_keys, dtype="<u8").tobytes())
-        starts.append(f.tell())
-        f.write(arrays["numbers"].data.cast("B"))
-        starts.append(f.tell())
-        f.write(arrays["attrs"].data.cast("B"))
-        starts.append(f.tell())
-        f.write(arrays["domains"].data.cast("B"))
-        starts.append(f.tell())
-        f.seek(0)
-        f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
-        f.flush()
-        volatile.sync(f.fileno())
-    os.replace(tmp, out / f"unit_{u:06d}.bin")
-    totals = {name: sum(row[name] for row in table) for name in ("docs", "tokens", "chars")}
-    domains = {"labels": sorted(labels)} if small["domains"] else {}
-    volatile.write_json(out / f"unit_{u:06d}.done", {"items": len(table), **totals, **lines, **domains, "table": table})
+        f.write(arrays[name].data.cast("B"))
+    starts.append(f.tell())
+    if minhash is not None:
+        sigs = arrays["sigs"].reshape(-1, minhash.n_hashes)
+        f.write(np.ascontiguousarray(sigs, dtype="<u4").tobytes())
+    starts.append(f.tell())
+    if line_keys is not None:
+        f.write(np.ascontiguousarray(line_keys, dtype="<u8").tobytes())
+    starts.append(f.tell())
+    f.write(arrays["numbers"].data.cast("B"))
+    starts.append(f.tell())
+    f.write(arrays["attrs"].data.cast("B"))
+    starts.append(f.tell())
+    f.write(arrays["domains"].data.cast("B"))
+    starts.append(f.tell())
+    f.seek(0)
+    f.write(_MAGIC + np.array(starts, dtype="<u8").tobytes())
+    return table, labels if small["domains"] else None
 
 
 def sections(tokenized: Path, u: int) -> dict[str, tuple[int, int]]:
