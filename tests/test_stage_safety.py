@@ -497,3 +497,43 @@ def test_two_copies_of_one_task_at_once_both_succeed_and_the_run_equals_one_proc
                               text=True)  # fmt: skip
         assert done.returncode == 0, done.stderr
     assert _files(out) == _files(one)
+
+
+def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_over(tmp_path, corpus):
+    """An interrupted planned --append is refused with the advice to delete its build and its work
+    folder to discard it. A user who deletes the build only (the advice before named it alone) is
+    told by `status` and by any `run-task` (not just the write stage's, after every stage before
+    it ran for nothing) that no build is claimed; the same prepare command then starts over and
+    ends with one process's --append."""
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    def cli(*args):
+        done = CliRunner().invoke(app, [*map(str, args)])
+        return done.exit_code, " ".join(done.output.split())
+
+    a, b = corpus
+    base, one, out = tmp_path / "base", tmp_path / "one", tmp_path / "run" / "ds"
+    _one([a], base)
+    shutil.copytree(base, one)
+    _one([b], one, append=True)
+    shutil.copytree(base, out)
+    plan = ["prepare", *_args([b], out, "--append", "--num-tasks", "2", "--executor", "none"), "-q"]
+    assert cli(*plan)[0] == 0
+    code, said = cli(*plan)
+    partial = out.parent / ".ds.lmshard-partial"
+    assert code == 1 and f"delete {partial} and {_work(out)} to discard it" in said, said
+    shutil.rmtree(partial)
+    missing = f"no build is claimed for this plan ({partial} is missing)"
+    code, said = cli("status", out)
+    assert code == 0 and said.startswith("unclaimed:") and missing in said and "run-task" not in said, said
+    code, said = cli("run-task", "--stage", "tokenize", "--task", "0", out)
+    assert code == 1 and missing in said and "run the same `lmshard prepare` command again to start over" in said
+    assert not (_work(out) / "tokenize").exists(), "a task ran on a plan with no build"
+    assert cli(*plan)[0] == 0
+    for stage in ("tokenize", "dedup", "select", "write"):
+        for task in (0, 1):
+            assert cli("run-task", "--stage", stage, "--task", task, out)[0] == 0
+    assert cli("run-task", "--stage", "finish", out)[0] == 0
+    assert _files(out) == _files(one) and _beside(out) == []

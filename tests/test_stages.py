@@ -391,7 +391,7 @@ def test_the_write_stage_needs_a_claimed_build(tmp_path):
     for stage in STAGES[:3]:
         run_task(config, 2, stage, 0, _WINDOW)
         run_task(config, 2, stage, 1, _WINDOW)
-    with pytest.raises(InputError, match="no build was claimed for this plan"):
+    with pytest.raises(InputError, match="no build is claimed for this plan"):
         run_task(config, 2, "write", 0, _WINDOW)
     assert not (tmp_path / "scaled").exists() and not (tmp_path / ".scaled.lmshard-partial").exists()
 

@@ -144,6 +144,8 @@ def run_task(
     if _complete(out, stage, task):
         return
     cfg, n_tasks, unit_bytes = stages.config_of(out)
+    if stage != "finish":  # (the finish of a run stopped after its swap has no build left: it removes the rest)
+        stages.check_claimed(cfg)
     if workers is not None:
         cfg = dataclasses.replace(cfg, workers=workers)
     if stage != "finish" and task is None:
@@ -195,6 +197,9 @@ def status(
         render.out.print(f"stale: a local run left its work unsynced {info['stale']}; its files cannot be trusted: "
                          f"`lmshard prepare ... --out {quoted} --resume` discards them and starts over", markup=False,
                          soft_wrap=True)  # fmt: skip
+        return
+    if info.get("unclaimed"):
+        render.out.print(f"unclaimed: {info['unclaimed']}", markup=False, soft_wrap=True)
         return
     if info["local"]:  # (a plain prepare, or --num-tasks run here: its own command goes on with every stage)
         render.out.print(f"a local run: `lmshard prepare ... --out {quoted} --resume` (its command, with --resume) "

@@ -60,5 +60,13 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     return claim
 
 
+def unclaimed(config: PrepareConfig, paths: OutputPaths, work: Path) -> str:
+    """Why a task of the plan in `work` cannot run, its build folder being gone (deleted, as an
+    interrupted --append's refusal says to discard it, or a prepare stopped between its plan and
+    its claim): one line, naming both ways on. The same command claims --out afresh and, its
+    build being new, discards the plan's work and plans again (`begin`)."""
+    return (f"{config.out}: no build is claimed for this plan ({paths.staging} is missing); run the same `lmshard "
+            f"prepare` command again to start over (it discards this plan's work), or delete {work}")
 
-__all__ = ["begin"]
+
+__all__ = ["begin", "unclaimed"]

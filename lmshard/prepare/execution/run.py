@@ -41,6 +41,7 @@ from .linestage import hash_unit, unit_lines_path, write_previous_lines, write_t
 from .maxdocs import near_examples
 from .nearstage import near_summary
 from .owners import seal_piece, sealed_entries, write_join, write_part
+from .planclaim import unclaimed
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
 from .stagereads import Reads
@@ -393,8 +394,6 @@ class Run(Reads):
         for prior in self.stages[: self.stages.index(stage)]:  # the earliest incomplete stage is the one to run
             if not is_complete(self.work, prior):  # one stat each, once its tasks have folded their marks
                 self.summary(prior, stage)
-        paths = self.paths
-        swapped = stage == "finish" and (paths.out / METADATA_FILE).exists() and not paths.staging.exists()
-        if stage in ("write", "finish") and read_run(paths.staging) is None and not swapped:
-            raise InputError(f"{self.config.out}: no build was claimed for this plan; run the `lmshard prepare ... "
-                             "--num-tasks N` command again (with --resume) to claim it")  # fmt: skip
+        swapped = stage == "finish" and (self.paths.out / METADATA_FILE).exists() and not self.paths.staging.exists()
+        if stage in ("write", "finish") and read_run(self.paths.staging) is None and not swapped:
+            raise InputError(unclaimed(self.config, self.paths, self.work))

@@ -52,11 +52,13 @@ from ...format import METADATA_FILE, atomic_write_json
 from ..config import PrepareConfig
 from ..documents.reading import InputGone
 from ..output.build import sigterm_stops
+from ..output.staging import OutputPaths, read_run
 from . import volatile
 from .barrier import is_complete, running, task_done, task_finished
 from .itempool import large_units, run_items
 from .layout import LAYOUT_FILE
 from .nearparts import rounds
+from .planclaim import unclaimed
 from .run import JOINS, STAGES, Run, run_stages
 from .runplan import check_scale_out, load_run, plan_run, worker_config
 from .taskplan import (
@@ -74,6 +76,16 @@ def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
     if not isinstance(stored, dict):
         raise InputError(f"{work_dir(out)}: the plan records no prepare options; plan again with this lmshard")
     return PrepareConfig(**stored), int(plan["n_tasks"]), int(plan["unit_bytes"])
+
+
+def check_claimed(config: PrepareConfig) -> None:
+    """Refuse a task of a plan whose build is gone: `run-task` of a plan that `prepare` made and
+    claimed, its build folder deleted since (as an interrupted --append's refusal says to discard
+    it), which would otherwise run every stage up to the write (the first to need the build). One
+    read of the build's run record."""
+    paths = OutputPaths.of(config.out)
+    if read_run(paths.staging) is None:
+        raise InputError(unclaimed(config, paths, work_dir(config.out)))
 
 
 def status(out: str | os.PathLike[str]) -> dict[str, Any]:
@@ -113,7 +125,18 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False,
             "stale": volatile.stale(work), "rounds": rounds(work) if config.near_dedup else None,
+            "unclaimed": _unclaimed(config, stages),
             "local": config.num_tasks is None or config.executor == "local"}  # fmt: skip
+
+
+def _unclaimed(config: PrepareConfig, stages: dict[str, Any]) -> str | None:
+    """Why the plan's tasks cannot run (`check_claimed`), unless its finish was stopped after the
+    swap (every stage done, the dataset in place: the finish removes what is left)."""
+    paths = OutputPaths.of(config.out)
+    done = all(row["total"] is not None and row["done"] == row["total"] for row in stages.values())
+    if read_run(paths.staging) is not None or (done and (paths.out / METADATA_FILE).exists()):
+        return None
+    return unclaimed(config, paths, work_dir(config.out))
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:

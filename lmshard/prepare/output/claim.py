@@ -91,7 +91,9 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
         if not config.overwrite or was_append:
             when = _when(run.get("started"))
             how = "--append --resume" if was_append else "--resume"
-            drop = f"delete {paths.staging}" if was_append else "pass --overwrite"
+            work = _work_of(out)  # (a planned run's plan and tasks' work: discarded with the build)
+            drop = f"delete {paths.staging}" + (f" and {work}" if work.exists() else "") if was_append else \
+                "pass --overwrite"  # fmt: skip
             if read_once(run, out):
                 raise ConfigError(f"{out}: an interrupted prepare run (started {when}) read stdin or a pipe, which "
                                   f"cannot be read again, and left nothing to go on from in {paths.staging}; "
@@ -200,7 +202,12 @@ def read_once(run: dict[str, Any], out: str | os.PathLike[str]) -> bool:
     `out` (in `.NAME.lmshard-work`): nothing of it can be resumed (a planned run reads the copy it
     saved only once planned)."""
     streamed = any(s[1] != "hf" and s[3] == 0 and s[2] == 0 for s in run.get("fingerprint", {}).get("sources", []))
-    return streamed and not (Path(out).parent / f".{Path(out).name}.lmshard-work" / "plan.json").exists()
+    return streamed and not (_work_of(out) / "plan.json").exists()
+
+
+def _work_of(out: str | os.PathLike[str]) -> Path:
+    """A planned run's work folder (execution/taskplan.work_dir)."""
+    return Path(out).parent / f".{Path(out).name}.lmshard-work"
 
 
 def _shown(value: Any) -> str:
