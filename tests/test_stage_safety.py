@@ -537,3 +537,27 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
             assert cli("run-task", "--stage", stage, "--task", task, out)[0] == 0
     assert cli("run-task", "--stage", "finish", out)[0] == 0
     assert _files(out) == _files(one) and _beside(out) == []
+
+
+def test_a_run_planned_for_other_machines_is_waiting_not_interrupted(tmp_path, corpus):
+    """A second prepare into the --out of a run planned with `--executor none` (its tasks not run
+    yet) is refused saying the plan waits for its tasks (not that a run was interrupted), naming
+    `status`, --resume and --overwrite; --resume then runs its tasks here, with one process's bytes."""
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    def cli(*args):
+        done = CliRunner().invoke(app, [*map(str, args)])
+        return done.exit_code, " ".join(done.output.split())
+
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    _one(corpus, one)
+    assert cli("prepare", *_args(corpus, out, "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
+    code, said = cli("prepare", *_args(corpus, out), "-q")
+    assert code == 1 and "a run planned for --executor none" in said and "is waiting for its tasks" in said, said
+    assert f"`lmshard status {out}` lists those left; pass --resume to go on with it" in said, said
+    assert "or pass --overwrite to discard it" in said and "interrupted" not in said, said
+    code, said = cli("prepare", *_args(corpus, out, "--resume"), "-q")
+    assert code == 0, said
+    assert _files(out) == _files(one) and _beside(out) == []

@@ -297,7 +297,7 @@ def _unplanned(out: Path) -> None:
     nothing of a prepare run at all, each said in one line."""
     from ..format import METADATA_FILE
     from ..prepare.execution.taskplan import PLAN_FILE, work_dir
-    from ..prepare.output.claim import read_once
+    from ..prepare.output.leftrun import read_once
     from ..prepare.output.staging import OutputPaths, read_run
 
     if (work_dir(out) / PLAN_FILE).exists() or (out / METADATA_FILE).exists():

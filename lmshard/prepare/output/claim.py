@@ -34,6 +34,7 @@ from ..documents import sources as sources_mod
 from ..documents.hfread import resume_mark
 from ..documents.reading import read_error
 from ..documents.sources import Source
+from .leftrun import left_unfinished
 from .staging import RUN_FILE, RUN_VERSION, OutputPaths, inside, kind_of_output, read_run
 
 
@@ -89,17 +90,7 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
                          resumed=True, commit_pending=built)  # fmt: skip
         was_append = bool(run.get("fingerprint", {}).get("appending_to"))
         if not config.overwrite or was_append:
-            when = _when(run.get("started"))
-            how = "--append --resume" if was_append else "--resume"
-            work = _work_of(out)  # (a planned run's plan and tasks' work: discarded with the build)
-            drop = f"delete {paths.staging}" + (f" and {work}" if work.exists() else "") if was_append else \
-                "pass --overwrite"  # fmt: skip
-            if read_once(run, out):
-                raise ConfigError(f"{out}: an interrupted prepare run (started {when}) read stdin or a pipe, which "
-                                  f"cannot be read again, and left nothing to go on from in {paths.staging}; "
-                                  f"{drop} to discard it and run again")  # fmt: skip
-            raise ConfigError(f"{out}: an interrupted prepare run (started {when}) left its work in "
-                              f"{paths.staging}; pass {how} to continue it, or {drop} to discard it")  # fmt: skip
+            raise left_unfinished(run, out, paths.staging, was_append)
         shutil.rmtree(paths.staging)
     if kind == "foreign":
         listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
@@ -155,10 +146,6 @@ def refuse_for_streams(config: PrepareConfig, sources: list[Source]) -> None:
                               "line")  # fmt: skip
 
 
-def _when(t: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "at an unknown time"
-
-
 def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
                  appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
     """What a resumed run must share with the interrupted one: the options that shape the output,
@@ -195,19 +182,6 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
           "tokenizer": tokenizer.vocab_sha256, "specials": specials, "appending_to": appended,
           "planning": planning}  # fmt: skip
     return dict(json.loads(json.dumps(fp)))
-
-
-def read_once(run: dict[str, Any], out: str | os.PathLike[str]) -> bool:
-    """Whether an interrupted run (its run record) read stdin or a pipe and left no plan beside
-    `out` (in `.NAME.lmshard-work`): nothing of it can be resumed (a planned run reads the copy it
-    saved only once planned)."""
-    streamed = any(s[1] != "hf" and s[3] == 0 and s[2] == 0 for s in run.get("fingerprint", {}).get("sources", []))
-    return streamed and not (_work_of(out) / "plan.json").exists()
-
-
-def _work_of(out: str | os.PathLike[str]) -> Path:
-    """A planned run's work folder (execution/taskplan.work_dir)."""
-    return Path(out).parent / f".{Path(out).name}.lmshard-work"
 
 
 def _shown(value: Any) -> str:
