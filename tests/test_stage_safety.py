@@ -504,10 +504,11 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
     folder to discard it. A user who deletes the build only (the advice before named it alone) is
     told by `status` and by any `run-task` (not just the write stage's, after every stage before
     it ran for nothing) that no build is claimed; the same prepare command then starts over and
-    ends with one process's --append."""
+    ends with one process's --append, its finish saying what it added."""
     from typer.testing import CliRunner
 
     from lmshard.cli import app
+    from lmshard.format import load_metadata
 
     def cli(*args):
         done = CliRunner().invoke(app, [*map(str, args)])
@@ -535,7 +536,9 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
     for stage in ("tokenize", "dedup", "select", "write"):
         for task in (0, 1):
             assert cli("run-task", "--stage", stage, "--task", task, out)[0] == 0
-    assert cli("run-task", "--stage", "finish", out)[0] == 0
+    code, said = cli("run-task", "--stage", "finish", out)
+    added = load_metadata(one).total_docs - load_metadata(base).total_docs  # (what one process's --append added)
+    assert code == 0 and f"appended: this run added {added:,} docs" in said, said  # (as that --append says)
     assert _files(out) == _files(one) and _beside(out) == []
 
 

@@ -37,14 +37,7 @@ class RunLog:
     def start(self) -> None:
         c = self.cfg
         if c.append:  # what the dataset held before, so the summary can say what this run added
-            from ..format import load_metadata
-            from ..remote.urls import output_url
-
-            try:
-                meta = None if output_url(c.out) else load_metadata(c.out)
-            except Exception:  # no dataset yet, or not one: prepare says so
-                meta = None
-            self.before = (meta.total_docs, meta.total_tokens, len(meta.shards)) if meta is not None else None
+            self.before = dataset_counts(c.out)
         if self.cfg.quiet or not self.plain:
             return
         from ..remote.urls import redact  # a URL's password or signature is never printed
@@ -88,10 +81,7 @@ class RunLog:
         return update
 
     def done(self, meta: Any) -> None:
-        added = None
-        if self.before is not None and not self.found_complete:
-            added = {"docs": meta.total_docs - self.before[0], "tokens": meta.total_tokens - self.before[1],
-                     "shards": len(meta.shards) - self.before[2]}  # fmt: skip
+        added = added_by(meta, self.before) if self.before is not None and not self.found_complete else None
         if self.cfg.json:
             data = summary_json(meta, self.cfg.out)
             data |= {"already_complete": True} if self.found_complete else {}
@@ -107,12 +97,35 @@ class RunLog:
                              soft_wrap=True)  # fmt: skip
             return
         if added is not None:
-            render.out.print(f"appended: this run added {plural(added['docs'], 'doc')}, {added['tokens']:,} tokens, "
-                             f"{plural(added['shards'], 'shard')}; the totals below are the whole dataset's",
-                             markup=False, soft_wrap=True)  # fmt: skip
+            appended_line(added)
         render.summary(meta, self.cfg.out)
         if self.plain and not self.cfg.quiet and not _same_file(sys.stdout, sys.stderr):
             self._line(done_line(meta, self.cfg.out))
+
+
+def dataset_counts(out: str) -> tuple[int, int, int] | None:
+    """The documents, tokens and shards of the dataset in `out` (None: none there, or at a URL),
+    for the line that says what an --append added."""
+    from ..format import load_metadata
+    from ..remote.urls import output_url
+
+    try:
+        meta = None if output_url(out) else load_metadata(out)
+    except Exception:  # no dataset yet, or not one: prepare says so
+        return None
+    return (meta.total_docs, meta.total_tokens, len(meta.shards)) if meta is not None else None
+
+
+def added_by(meta: Any, before: tuple[int, int, int]) -> dict[str, int]:
+    return {"docs": meta.total_docs - before[0], "tokens": meta.total_tokens - before[1],
+            "shards": len(meta.shards) - before[2]}  # fmt: skip
+
+
+def appended_line(added: dict[str, int]) -> None:
+    """What an --append added (`added_by`), before the summary of the whole dataset."""
+    render.out.print(f"appended: this run added {plural(added['docs'], 'doc')}, {added['tokens']:,} tokens, "
+                     f"{plural(added['shards'], 'shard')}; the totals below are the whole dataset's", markup=False,
+                     soft_wrap=True)  # fmt: skip
 
 
 def progress_line(p: Any, elapsed: float) -> str:

@@ -150,6 +150,12 @@ def run_task(
         cfg = dataclasses.replace(cfg, workers=workers)
     if stage != "finish" and task is None:
         raise ConfigError(f"--stage {stage} needs --task I, I in 0 .. {n_tasks - 1}")
+    from ..prepare.output.staging import OutputPaths
+    from . import runlog
+
+    # an --append's finish says what it added, as its prepare would (not a finish stopped after the swap: no build)
+    before = runlog.dataset_counts(cfg.out) if stage == "finish" and cfg.append and \
+        OutputPaths.of(cfg.out).staging.exists() else None  # fmt: skip
     try:
         done = stages.run_task(cfg, n_tasks, stage, task or 0, unit_bytes)
     except stages.TaskStopped as e:  # scancel or a time limit: exit as a signal's death reads (128 + signum)
@@ -158,7 +164,10 @@ def run_task(
     if stage == "finish":
         from ..format import load_metadata
 
-        render.summary(load_metadata(cfg.out), cfg.out)
+        meta = load_metadata(cfg.out)
+        if before is not None:
+            runlog.appended_line(runlog.added_by(meta, before))
+        render.summary(meta, cfg.out)
         return
     what = {"lines": "units' lines hashed", "linedup": "groups of line buckets deduplicated",
             "tokenize": "units tokenized", "dedup": "groups of buckets deduplicated", "select": "units selected",
