@@ -504,7 +504,8 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
     folder to discard it. A user who deletes the build only (the advice before named it alone) is
     told by `status` and by any `run-task` (not just the write stage's, after every stage before
     it ran for nothing) that no build is claimed; the same prepare command then starts over and
-    ends with one process's --append, its finish saying what it added."""
+    ends with one process's --append, its finish saying what it added (and no tokens/s: the time
+    from its claim held the gaps between the tasks run by hand)."""
     from typer.testing import CliRunner
 
     from lmshard.cli import app
@@ -539,6 +540,7 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
     code, said = cli("run-task", "--stage", "finish", out)
     added = load_metadata(one).total_docs - load_metadata(base).total_docs  # (what one process's --append added)
     assert code == 0 and f"appended: this run added {added:,} docs" in said, said  # (as that --append says)
+    assert "no rate: its tasks ran apart" in said and load_metadata(out).run.tokens_per_s is None  # (idle gaps)
     assert _files(out) == _files(one) and _beside(out) == []
 
 
