@@ -109,7 +109,7 @@ def summary(meta: Any, where: str) -> None:
     if meta.skipped_inputs:
         table.add_row("skipped", listed(skipped_parts(meta.skipped_inputs)))
     run = meta.run
-    rate = f"{run.tokens_per_s:,.0f} tokens/s" if run.tokens_per_s else "no rate: its tasks ran apart"
+    rate = f"{run.tokens_per_s:,.0f} tokens/s" if run.tokens_per_s is not None else "no rate: its tasks ran apart"
     table.add_row("time", listed([f"{run.elapsed_s:.1f} s", rate, plural(run.workers, "worker")]))
     out.print(table)
     read = meta.run.input_chars + sum(meta.drop_chars.values())  # the characters of every document read
