@@ -171,6 +171,27 @@ def test_a_staged_resume_says_what_the_interrupted_run_kept(tmp_path, monkeypatc
     assert int(said[0].split()[1]) >= 1
 
 
+def test_a_staged_resume_counts_what_it_kept_as_the_dataset_counts(tmp_path, monkeypatch):
+    """Killed once every unit is tokenized (its select stage held): the resume line's documents
+    and tokens are the whole input's, so with nothing dropped they equal the finished dataset's
+    (its tokens with each document's EOT, as every count of a dataset has them)."""
+    import json
+
+    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+    monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
+    monkeypatch.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
+    src = jsonl(tmp_path / "big.jsonl", make_texts(3000, seed=4))
+    args = [str(src), "--out", str(tmp_path / "o"), "--workers", "2", "--no-dedup"]
+    monkeypatch.setenv("LMSHARD_STOP_AT", "select=0")
+    _stopped_then_killed(args)
+    err = _resume(args, monkeypatch)
+    said = [line for line in err.splitlines() if line.startswith("resuming:")]
+    meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
+    assert not any(meta["drops"].values()), meta["drops"]
+    docs, tokens = meta["n_docs"], meta["n_tokens"]
+    assert len(said) == 1 and f"units tokenized ({docs:,} documents, {tokens:,} tokens)" in said[0], (said, err)
+
+
 def test_an_append_summary_says_what_this_run_added(tmp_path, corpus):
     import json
     import subprocess

@@ -285,8 +285,9 @@ class _Progress:
             done = r.n_units - len(left)
             complete = [s for s in r.stages[:-1] if s != "tokenize" and is_complete(r.work, s)]
             stages = f"; the {', '.join(complete)} stage{'s' if len(complete) > 1 else ''} complete" if complete else ""
+            tokens = self.p.tokens + r.specials * self.p.docs  # (their separators included, as a dataset counts)
             self.p.note = (f"resuming: {done:,} of {r.n_units:,} units tokenized ({self.p.docs:,} documents, "
-                           f"{self.p.tokens:,} tokens) kept from the interrupted run{stages}")  # fmt: skip
+                           f"{tokens:,} tokens) kept from the interrupted run{stages}")  # fmt: skip
             callback(self.p)
             self.p.note = None
 
