@@ -210,6 +210,26 @@ def test_an_append_summary_says_what_this_run_added(tmp_path, corpus):
         done.stdout
 
 
+def test_a_ctrl_c_while_the_summary_prints_exits_0_saying_the_dataset_is_complete(tmp_path, corpus, monkeypatch):
+    """Ctrl-C once the dataset is in place, while the summary prints (Python's handler raises
+    KeyboardInterrupt there): nothing is lost, so the run exits 0 and says the dataset is complete,
+    not "interrupted: nothing was kept" with the exit of a stopped run."""
+    from typer.testing import CliRunner
+
+    import lmshard.cli.render as render
+    from lmshard.cli import app
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(render, "summary", ctrl_c)
+    out = tmp_path / "o"
+    done = CliRunner().invoke(app, ["prepare", str(corpus), "--out", str(out), "--tokenizer-backend", "tiktoken"])
+    said = " ".join(done.output.split())
+    assert done.exit_code == 0 and f"interrupted: {out} was complete already" in said, said
+    assert "nothing was kept" not in said and (out / "dataset_metadata.json").exists()
+
+
 def test_the_rate_of_a_resumed_run_counts_its_own_tokens(tmp_path, corpus, process_items, monkeypatch):
     """The metadata's tokens/s (and the done line's) is this run's tokens over this run's time,
     not the checkpoint's tokens as well: below the whole dataset's tokens over this run's time."""

@@ -272,7 +272,11 @@ def prepare(
     else:
         meta = log.follow(lambda callback: run_prepare(cfg, callback))
     if meta is not None:
-        log.done(meta)
+        try:
+            log.done(meta)
+        except KeyboardInterrupt:  # (Ctrl-C while the summary prints: the dataset is in place, nothing is lost)
+            print(f"interrupted: {cfg.out} was complete already; check it with: lmshard inspect {cfg.out}",
+                  file=sys.stderr)  # fmt: skip
     elif cfg.json:  # planned here, run elsewhere: what was planned, and where to follow it
         from ..prepare.execution import stages
 
