@@ -86,6 +86,28 @@ def _beside(out):
     return sorted(n for n in os.listdir(out.parent) if n != out.name and not n.endswith(".lmshard-lock"))
 
 
+def _cli(*args):
+    """`lmshard ARGS` in this process: its exit code and its output as one line."""
+    from typer.testing import CliRunner
+
+    from lmshard.cli import app
+
+    done = CliRunner().invoke(app, [*map(str, args)])
+    return done.exit_code, " ".join(done.output.split())
+
+
+def _appending(tmp_path, corpus):
+    """A dataset of input a at `base` and at `out` (to append b to), and `one`: b appended to it
+    by one process."""
+    a, b = corpus
+    base, one, out = tmp_path / "base", tmp_path / "one", tmp_path / "run" / "ds"
+    _one([a], base)
+    shutil.copytree(base, one)
+    _one([b], one, append=True)
+    shutil.copytree(base, out)
+    return base, one, out
+
+
 def _one_line_error(err):
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("lmshard prepare:")]
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
@@ -97,12 +119,8 @@ def test_a_killed_append_leaves_the_dataset_whole_and_resume_equals_one_process(
     """kill -9 of a staged `--append` while it writes or seals the new shards: the dataset it
     extends is byte-for-byte as before, a plain `--append` again is refused with one line naming
     --resume, and `--append --resume` ends with the bytes one process's --append writes."""
-    a, b = corpus
-    base, one, out = tmp_path / "base", tmp_path / "one", tmp_path / "run" / "ds"
-    _one([a], base)
-    shutil.copytree(base, one)
-    _one([b], one, append=True)
-    shutil.copytree(base, out)
+    _, b = corpus
+    base, one, out = _appending(tmp_path, corpus)
     args = _args([b], out, "--append")
     proc = _held(args, stop)
     code, _ = _signal_group(proc, signal.SIGKILL)
@@ -359,16 +377,12 @@ def test_status_says_how_an_unplanned_or_local_run_goes_on(tmp_path, monkeypatch
     folder passed for its dataset (names the dataset); a build one reading process left (its
     own command with --resume); a staged local run stopped midway (its command with --resume,
     then the tasks left)."""
-    from typer.testing import CliRunner
-
-    from lmshard.cli import app
     from lmshard.prepare.execution import plainplan
     from lmshard.prepare.execution.run import Run
     from lmshard.prepare.output.writer import ShardWriter
 
     def status(path):
-        done = CliRunner().invoke(app, ["status", str(path)])
-        return done.exit_code, " ".join(done.output.split())
+        return _cli("status", path)
 
     code, said = status(tmp_path / "none")
     assert code == 1 and f"{tmp_path / 'none'}: no dataset, build or plan of a prepare run is there" in said, said
@@ -404,28 +418,20 @@ def test_a_task_of_a_complete_run_has_nothing_to_do_and_a_finish_removes_leftove
     restarts) exits 0 saying there is nothing to do; a finish also removes what a finish stopped
     midway left of the work folder. `--task` with the finish stage, which runs once, is refused;
     so is `--executor` without `--num-tasks`, which would have run the whole prepare here."""
-    from typer.testing import CliRunner
-
-    from lmshard.cli import app
-
-    def cli(*args):
-        done = CliRunner().invoke(app, [*map(str, args)])
-        return done.exit_code, " ".join(done.output.split())
-
     out = tmp_path / "run" / "ds"
-    code, said = cli("prepare", *corpus, "--out", out, "--num-tasks", "2", "--tokenizer-backend", "tiktoken", "-q")
+    code, said = _cli("prepare", *corpus, "--out", out, "--num-tasks", "2", "--tokenizer-backend", "tiktoken", "-q")
     assert code == 0 and (out / "dataset_metadata.json").exists(), said
     before = _files(out)
-    assert cli("run-task", "--stage", "tokenize", "--task", "1", out) == (
+    assert _cli("run-task", "--stage", "tokenize", "--task", "1", out) == (
         0, "tokenize task 1: the dataset is complete; nothing to do")
     _work(out).mkdir()
     (_work(out) / "layout.json").write_text("{}")  # (a finish killed while removing the work folder)
-    assert cli("run-task", "--stage", "finish", out) == (
+    assert _cli("run-task", "--stage", "finish", out) == (
         0, "finish: the dataset is complete; nothing to do; what was left of its work folder is removed")
     assert not _work(out).exists() and _files(out) == before
-    code, said = cli("run-task", "--stage", "finish", "--task", "1", out)
+    code, said = _cli("run-task", "--stage", "finish", "--task", "1", out)
     assert code == 1 and said == "error: --stage finish runs once, for the whole run: leave --task out", said
-    code, said = cli("prepare", *corpus, "--out", tmp_path / "elsewhere", "--executor", "none")
+    code, said = _cli("prepare", *corpus, "--out", tmp_path / "elsewhere", "--executor", "none")
     assert code == 1 and "--executor none runs a plan of tasks: pass --num-tasks N" in said, said
     assert not (tmp_path / "elsewhere").exists()
 
@@ -506,38 +512,27 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
     it ran for nothing) that no build is claimed; the same prepare command then starts over and
     ends with one process's --append, its finish saying what it added (and no tokens/s: the time
     from its claim held the gaps between the tasks run by hand)."""
-    from typer.testing import CliRunner
-
-    from lmshard.cli import app
     from lmshard.format import load_metadata
 
-    def cli(*args):
-        done = CliRunner().invoke(app, [*map(str, args)])
-        return done.exit_code, " ".join(done.output.split())
-
-    a, b = corpus
-    base, one, out = tmp_path / "base", tmp_path / "one", tmp_path / "run" / "ds"
-    _one([a], base)
-    shutil.copytree(base, one)
-    _one([b], one, append=True)
-    shutil.copytree(base, out)
+    _, b = corpus
+    base, one, out = _appending(tmp_path, corpus)
     plan = ["prepare", *_args([b], out, "--append", "--num-tasks", "2", "--executor", "none"), "-q"]
-    assert cli(*plan)[0] == 0
-    code, said = cli(*plan)
+    assert _cli(*plan)[0] == 0
+    code, said = _cli(*plan)
     partial = out.parent / ".ds.lmshard-partial"
     assert code == 1 and f"delete {partial} and {_work(out)} to discard it" in said, said
     shutil.rmtree(partial)
     missing = f"no build is claimed for this plan ({partial} is missing)"
-    code, said = cli("status", out)
+    code, said = _cli("status", out)
     assert code == 0 and said.startswith("unclaimed:") and missing in said and "run-task" not in said, said
-    code, said = cli("run-task", "--stage", "tokenize", "--task", "0", out)
+    code, said = _cli("run-task", "--stage", "tokenize", "--task", "0", out)
     assert code == 1 and missing in said and "run the same `lmshard prepare` command again to start over" in said
     assert not (_work(out) / "tokenize").exists(), "a task ran on a plan with no build"
-    assert cli(*plan)[0] == 0
+    assert _cli(*plan)[0] == 0
     for stage in ("tokenize", "dedup", "select", "write"):
         for task in (0, 1):
-            assert cli("run-task", "--stage", stage, "--task", task, out)[0] == 0
-    code, said = cli("run-task", "--stage", "finish", out)
+            assert _cli("run-task", "--stage", stage, "--task", task, out)[0] == 0
+    code, said = _cli("run-task", "--stage", "finish", out)
     added = load_metadata(one).total_docs - load_metadata(base).total_docs  # (what one process's --append added)
     assert code == 0 and f"appended: this run added {added:,} docs" in said, said  # (as that --append says)
     assert "no rate: its tasks ran apart" in said and load_metadata(out).run.tokens_per_s is None  # (idle gaps)
@@ -548,21 +543,13 @@ def test_a_run_planned_for_other_machines_is_waiting_not_interrupted(tmp_path, c
     """A second prepare into the --out of a run planned with `--executor none` (its tasks not run
     yet) is refused saying the plan waits for its tasks (not that a run was interrupted), naming
     `status`, --resume and --overwrite; --resume then runs its tasks here, with one process's bytes."""
-    from typer.testing import CliRunner
-
-    from lmshard.cli import app
-
-    def cli(*args):
-        done = CliRunner().invoke(app, [*map(str, args)])
-        return done.exit_code, " ".join(done.output.split())
-
     one, out = tmp_path / "one", tmp_path / "run" / "ds"
     _one(corpus, one)
-    assert cli("prepare", *_args(corpus, out, "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
-    code, said = cli("prepare", *_args(corpus, out), "-q")
+    assert _cli("prepare", *_args(corpus, out, "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
+    code, said = _cli("prepare", *_args(corpus, out), "-q")
     assert code == 1 and "a run planned for --executor none" in said and "is waiting for its tasks" in said, said
     assert f"`lmshard status {out}` lists those left; pass --resume to go on with it" in said, said
     assert "or pass --overwrite to discard it" in said and "interrupted" not in said, said
-    code, said = cli("prepare", *_args(corpus, out, "--resume"), "-q")
+    code, said = _cli("prepare", *_args(corpus, out, "--resume"), "-q")
     assert code == 0, said
     assert _files(out) == _files(one) and _beside(out) == []
