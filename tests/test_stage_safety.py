@@ -553,3 +553,22 @@ def test_a_run_planned_for_other_machines_is_waiting_not_interrupted(tmp_path, c
     code, said = _cli("prepare", *_args(corpus, out, "--resume"), "-q")
     assert code == 0, said
     assert _files(out) == _files(one) and _beside(out) == []
+
+
+def test_a_planned_append_whose_build_was_deleted_after_its_write_is_not_taken_for_done(tmp_path, corpus):
+    """The build of a planned --append deleted once its write stage is done: the dataset at --out
+    (there from the start) does not make the finish take the run for one stopped after its swap.
+    `status` and the finish say no build is claimed; the dataset is left as it was, and the work
+    too. A finish stopped after a real swap (killed there) is still finished by the next one."""
+    _, b = corpus
+    base, _, out = _appending(tmp_path, corpus)
+    plan = ["prepare", *_args([b], out, "--append", "--num-tasks", "1", "--executor", "none"), "-q"]
+    assert _cli(*plan)[0] == 0
+    for stage in ("tokenize", "dedup", "select", "write"):
+        assert _cli("run-task", "--stage", stage, "--task", 0, out)[0] == 0
+    shutil.rmtree(out.parent / ".ds.lmshard-partial")
+    code, said = _cli("status", out)
+    assert code == 0 and said.startswith("unclaimed:"), said
+    code, said = _cli("run-task", "--stage", "finish", out)
+    assert code == 1 and "no build is claimed for this plan" in said, said
+    assert _files(out) == _files(base) and (_work(out) / "plan.json").exists()

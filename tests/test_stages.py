@@ -559,7 +559,7 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
 
 def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(tmp_path):
     """SIGTERM to the finish just after the build was renamed to --out: its command, run again,
-    completes the run (removes the work folder), and `status` then says done."""
+    completes the run (removes the work folder); `status` says done before and after."""
     src = _corpus(tmp_path)
     run = _cli(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip"]
@@ -571,6 +571,7 @@ def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(t
     signal_stopped(proc.pid, signal.SIGTERM)
     code, err = finish(proc, 120)
     assert code == 143 and "Traceback" not in err, err
+    assert run("status", "dist").stdout.startswith("done: the dataset is complete")  # (its mark, written before)
     again = run("run-task", "--stage", "finish", "dist")
     assert again.returncode == 0, again.stderr
     assert run("status", "dist").stdout.startswith("done: the dataset is complete")

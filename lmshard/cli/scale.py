@@ -340,14 +340,17 @@ def _complete(out: Path, stage: str, task: int | None) -> bool:
     again, a retried finish, has nothing to do, and says so (exit 0); a finish removes what a
     finish stopped midway left of the work folder."""
     from ..format import METADATA_FILE
-    from ..prepare.execution.taskplan import PLAN_FILE, remove_work, work_dir
+    from ..prepare.execution.taskplan import PLAN_FILE, SWAPPED_FILE, remove_work, swapped, work_dir
+    from ..prepare.output.staging import OutputPaths
 
     work = work_dir(out)
-    if (work / PLAN_FILE).exists() or not (out / METADATA_FILE).exists():
+    if (work / PLAN_FILE).exists() and (stage == "finish" or not swapped(work, OutputPaths.of(str(out)).staging)):
+        return False  # (a finish stopped after its swap: finished by the finish, which removes its record first)
+    if not (out / METADATA_FILE).exists():
         return False
     left = stage == "finish" and work.is_dir() and any(e.name != "slurm" for e in work.iterdir())  # (logs stay)
     if left:
-        remove_work(work)
+        remove_work(work, (PLAN_FILE, SWAPPED_FILE))
     which = "finish" if stage == "finish" else f"{stage} task {task}"
     render.err.print(f"{which}: the dataset is complete; nothing to do" + ("; what was left of its work folder is "
                      "removed" if left else ""), markup=False, soft_wrap=True)  # fmt: skip

@@ -45,7 +45,7 @@ from .planclaim import unclaimed
 from .plantables import PlanSources, task_of_unit
 from .runplan import finish_sources, plan_run, worker_config
 from .stagereads import Reads
-from .taskplan import remove_work, work_dir
+from .taskplan import PLAN_FILE, SWAPPED_FILE, remove_work, swapped, work_dir
 from .unitfiles import tokenize_unit
 from .valby import val_rows
 
@@ -372,8 +372,8 @@ class Run(Reads):
         paths = self.paths
         with WriterLock(paths):
             recover(paths)
-            if read_run(paths.staging) is None and (paths.out / METADATA_FILE).exists():
-                remove_work(self.work)  # stopped after its swap: only the work folder was left
+            if swapped(self.work, paths.staging):
+                remove_work(self.work, (PLAN_FILE, SWAPPED_FILE))  # stopped after its swap: only the work was left
                 return True
             finish(c, paths, self.work, self.layout(), self.totals(), self.every_source(), self.tokenizer,
                    self.previous_meta())  # fmt: skip
@@ -394,6 +394,6 @@ class Run(Reads):
         for prior in self.stages[: self.stages.index(stage)]:  # the earliest incomplete stage is the one to run
             if not is_complete(self.work, prior):  # one stat each, once its tasks have folded their marks
                 self.summary(prior, stage)
-        swapped = stage == "finish" and (self.paths.out / METADATA_FILE).exists() and not self.paths.staging.exists()
-        if stage in ("write", "finish") and read_run(self.paths.staging) is None and not swapped:
+        done = stage == "finish" and swapped(self.work, self.paths.staging)
+        if stage in ("write", "finish") and read_run(self.paths.staging) is None and not done:
             raise InputError(unclaimed(self.config, self.paths, self.work))

@@ -64,6 +64,7 @@ from .runplan import check_scale_out, load_run, plan_run, worker_config
 from .taskplan import (
     PLAN_FILE,
     load_plan,
+    swapped,
     work_dir,
 )
 
@@ -93,7 +94,8 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     complete. A complete stage is known from its summary (barrier.py), a finished task from its
     marker; only the items of unfinished tasks are looked at one by one."""
     work = work_dir(out)
-    if not (work / PLAN_FILE).exists() and (Path(out) / METADATA_FILE).exists():
+    if (not (work / PLAN_FILE).exists() and (Path(out) / METADATA_FILE).exists()) or \
+            swapped(work, OutputPaths.of(str(out)).staging):  # fmt: skip
         return {"merged": True, "stages": {}}  # complete: the work folder goes once the dataset is in place
     plan = load_plan(work)
     config = PrepareConfig(**plan["prepare"])
@@ -125,18 +127,14 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False,
             "stale": volatile.stale(work), "rounds": rounds(work) if config.near_dedup else None,
-            "unclaimed": _unclaimed(config, stages),
+            "unclaimed": _unclaimed(config),
             "local": config.num_tasks is None or config.executor == "local"}  # fmt: skip
 
 
-def _unclaimed(config: PrepareConfig, stages: dict[str, Any]) -> str | None:
-    """Why the plan's tasks cannot run (`check_claimed`), unless its finish was stopped after the
-    swap (every stage done, the dataset in place: the finish removes what is left)."""
+def _unclaimed(config: PrepareConfig) -> str | None:
+    """Why the plan's tasks cannot run (`check_claimed`); None while its build is there."""
     paths = OutputPaths.of(config.out)
-    done = all(row["total"] is not None and row["done"] == row["total"] for row in stages.values())
-    if read_run(paths.staging) is not None or (done and (paths.out / METADATA_FILE).exists()):
-        return None
-    return unclaimed(config, paths, work_dir(config.out))
+    return None if read_run(paths.staging) is not None else unclaimed(config, paths, work_dir(config.out))
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:

@@ -46,6 +46,7 @@ from .plantables import (
 from .units import UNIT_BYTES, Unit
 
 PLAN_FILE = "plan.json"
+SWAPPED_FILE = "swapped"  # a planned run's finish: written before the swap, removed last (`swapped`)
 PLAN_VERSION = 8  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
 # 6: line stages (--dedup-lines), a unit's kept lines in its data file; 7: its records' numbers; 8: units of
 # several small files
@@ -201,6 +202,14 @@ def describe(plan: dict[str, Any]) -> dict[str, Any]:
     per_task = [sum(u[4] for u in plan["units"][a:b]) for a, b in plan["tasks"]]
     return {"units": len(plan["units"]), "tasks": plan["n_tasks"], "bytes": sum(per_task),
             "task_bytes_min": min(per_task), "task_bytes_max": max(per_task)}  # fmt: skip
+
+
+def swapped(work: Path, staging: Path) -> bool:
+    """Whether the run planned in `work` has its dataset swapped in: its finish left its mark
+    (`SWAPPED_FILE`, written before the swap, removed last with the work folder) and its build is
+    gone. A dataset at --out alone proves nothing: an --append's or --overwrite's is there from
+    the start, and its build may have been deleted to discard the run."""
+    return (work / SWAPPED_FILE).exists() and not staging.exists()
 
 
 def remove_work(work: Path, last: tuple[str, ...] = ()) -> None:
