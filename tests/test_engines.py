@@ -84,6 +84,9 @@ def test_slurm_arrays_give_the_one_machine_bytes(tmp_path):
             assert len(list(slurm.glob(f"{stage}_*.log"))) == 5, stage
         assert len(list(slurm.glob("finish_*.log"))) == 1
         assert "done: the dataset is complete" in run("status", "dist").stdout
+        finished = " ".join(next(slurm.glob("finish_*.log")).read_text().split())
+        assert "no rate: its tasks ran apart" in finished, finished  # (its time from the claim held the queue)
+    assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["run"]["tokens_per_s"] is None
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     assert _near_removed(tmp_path / "dist") > 20
     assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["encoding"]["dictionary"]["bytes"]
@@ -175,6 +178,9 @@ def test_ray_tasks_give_the_one_machine_bytes(tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
     assert _near_removed(tmp_path / "dist") > 20
+    # (its driver ran the stages back to back: a rate from its claim, not the null of tasks run apart)
+    assert json.loads((tmp_path / "dist" / "dataset_metadata.json").read_text())["run"]["tokens_per_s"] > 0
+    assert "tokens/s" in run.stdout and "no rate" not in run.stdout + run.stderr, run.stdout
 
 
 def test_slurm_append_gives_the_local_append_bytes(tmp_path):

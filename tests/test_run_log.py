@@ -12,7 +12,7 @@ from proctree import finish, kill_group, start_prepare, wait_stopped
 from test_prepare import jsonl, make_texts
 from test_stages import _files
 
-from lmshard.cli.runlog import RunLog, progress_line
+from lmshard.cli.runlog import RunLog, done_line, progress_line
 from lmshard.prepare.output.staging import OutputPaths, read_run
 from lmshard.prepare.pipeline import Progress
 
@@ -228,6 +228,21 @@ def test_a_ctrl_c_while_the_summary_prints_exits_0_saying_the_dataset_is_complet
     said = " ".join(done.output.split())
     assert done.exit_code == 0 and f"interrupted: {out} was complete already" in said, said
     assert "nothing was kept" not in said and (out / "dataset_metadata.json").exists()
+
+
+def test_the_done_line_of_a_run_without_a_rate_says_why(tmp_path, corpus):
+    """A dataset whose planned tasks ran apart records no tokens/s (null): its done line says so,
+    not that the run made no tokens; a recorded 0 (a resume with nothing left) says that."""
+    import dataclasses
+
+    from lmshard.format import load_metadata
+    from lmshard.prepare import PrepareConfig, prepare
+
+    prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "o"), workers=1))
+    meta = load_metadata(tmp_path / "o")
+    for rate, said in ((None, "no rate: its tasks ran apart"), (0.0, "no tokens made by this run (all were before it)")):
+        line = done_line(dataclasses.replace(meta, run=dataclasses.replace(meta.run, tokens_per_s=rate)), "o")
+        assert line.endswith(f" s, {said}"), line
 
 
 def test_the_rate_of_a_resumed_run_counts_its_own_tokens(tmp_path, corpus, process_items, monkeypatch):

@@ -174,7 +174,8 @@ def done_line(meta: Any, where: str) -> str:
     if meta.skipped_inputs:
         drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
     rate = data["tokens_per_s"]  # (this attempt's: a resume whose tokens were all made before has none)
-    speed = f"{rate:,.0f} tokens/s" if rate else "no tokens made by this run (all were before it)"
+    speed = f"{rate:,.0f} tokens/s" if rate else "no rate: its tasks ran apart" if rate is None else \
+        "no tokens made by this run (all were before it)"  # fmt: skip
     return f"done: {where}: {splits}; dropped {drops}; {data['elapsed_s']:.1f} s, {speed}"
 
 

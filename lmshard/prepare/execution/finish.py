@@ -49,7 +49,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     shards, key files and totals come first, as a local --append lists them. `attempt`: when
     this process ran every stage (a local run), its start and the tokens it found done (a
     resumed run's), so the run's time and rate are its own, as a run read in one process counts
-    them; else (tasks run apart: on a cluster, by hand) its time from the claim on and no rate."""
+    them; else its time from the claim on, and no rate where the tasks ran apart (Slurm, by hand)."""
     from ..output.metadata import dataset_metadata, warn_empty_val
 
     sealed = read_summary(work, "write").get("pieces", {}) if is_complete(work, "write") else {}
@@ -92,8 +92,9 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     started, done_before = attempt or (claim.started_at, 0)
     meta = dataset_metadata(config, sources, tokenizer, shards, totals, claim, keys, started,  # type: ignore[arg-type]
                             base.tokens + done_before)  # fmt: skip
-    if attempt is None:  # tasks run apart (run-task, Slurm, Ray): its time from claim to finish held queues and idle
-        meta = replace(meta, run=replace(meta.run, tokens_per_s=None))  # gaps, so no rate is recorded
+    if attempt is None and config.executor != "ray":  # tasks run apart (run-task, Slurm): its time from the claim
+        meta = replace(meta, run=replace(meta.run, tokens_per_s=None))  # held queues and idle gaps: no rate
+    # (a Ray run's driver runs its stages back to back, then this finish: its time from the claim is its own)
     if "labels" in (layout.get("val_by") or {}):  # --val-by FIELD: its category column's labels (valby.py)
         meta = replace(meta, attributes=config.attribute_fields(layout["val_by"]["labels"] or [""]))  # (none: empty)
     for stray in strays(paths.staging):  # every piece is sealed: a sealer or a write killed midway left it
