@@ -539,12 +539,18 @@ def test_a_planned_append_whose_build_was_deleted_refuses_its_tasks_and_starts_o
     assert _files(out) == _files(one) and _beside(out) == []
 
 
-def test_a_run_planned_for_other_machines_is_waiting_not_interrupted(tmp_path, corpus):
+@pytest.mark.parametrize("linked", [False, True], ids=["dir", "symlink"])
+def test_a_run_planned_for_other_machines_is_waiting_not_interrupted(tmp_path, corpus, linked):
     """A second prepare into the --out of a run planned with `--executor none` (its tasks not run
     yet) is refused saying the plan waits for its tasks (not that a run was interrupted), naming
-    `status`, --resume and --overwrite; --resume then runs its tasks here, with one process's bytes."""
+    `status`, --resume and --overwrite; --resume then runs its tasks here, with one process's bytes.
+    Through a symbolic link as --out too (the build is beside its target, the work folder beside it)."""
     one, out = tmp_path / "one", tmp_path / "run" / "ds"
     _one(corpus, one)
+    if linked:
+        (tmp_path / "real").mkdir()
+        out.parent.mkdir()
+        out.symlink_to(tmp_path / "real")
     assert _cli("prepare", *_args(corpus, out, "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
     code, said = _cli("prepare", *_args(corpus, out), "-q")
     assert code == 1 and "a run planned for --executor none" in said and "is waiting for its tasks" in said, said

@@ -90,7 +90,7 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
                          resumed=True, commit_pending=built)  # fmt: skip
         was_append = bool(run.get("fingerprint", {}).get("appending_to"))
         if not config.overwrite or was_append:
-            raise left_unfinished(run, out, paths.staging, was_append)
+            raise left_unfinished(run, Path(config.out), paths.staging, was_append)  # (--out as given: its work folder)
         shutil.rmtree(paths.staging)
     if kind == "foreign":
         listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,8 @@ def left_unfinished(run: dict[str, Any], out: Path, staging: Path, was_append: b
                            "again")  # fmt: skip
     if (executor := _planned_elsewhere(out)) is not None:  # not interrupted: waiting for its tasks
         return ConfigError(f"{out}: a run planned for --executor {executor} (started {when}) is waiting for its "
-                           f"tasks; `lmshard status {out}` lists those left; pass {how} to go on with it (without "
-                           f"--executor: its tasks run here), or {drop} to discard it")  # fmt: skip
+                           f"tasks; `lmshard status {shlex.quote(str(out))}` lists those left; pass {how} to go on "
+                           f"with it (without --executor: its tasks run here), or {drop} to discard it")  # fmt: skip
     return ConfigError(f"{out}: an interrupted prepare run (started {when}) left its work in {staging}; pass {how} to "
                        f"continue it, or {drop} to discard it")  # fmt: skip
 
@@ -47,13 +48,14 @@ def read_once(run: dict[str, Any], out: str | os.PathLike[str]) -> bool:
 
 
 def _planned_elsewhere(out: str | os.PathLike[str]) -> str | None:
-    """The executor a plan beside `out` was made for, when its tasks run elsewhere (none, slurm,
-    ray: `prepare --num-tasks N --executor E`); None for a local run's or no plan."""
+    """The executor a plan beside `out` was made for, when its tasks run apart from the command
+    that planned it (none, slurm: `prepare --num-tasks N --executor E`); None for no plan, or a
+    plan whose command runs its tasks (local, ray: a plan left by one was interrupted)."""
     try:
         executor = json.loads((_work_of(out) / "plan.json").read_text())["prepare"].get("executor")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return executor if executor in ("none", "slurm", "ray") else None
+    return executor if executor in ("none", "slurm") else None
 
 
 def _work_of(out: str | os.PathLike[str]) -> Path:
