@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import types
 
 import pytest
@@ -174,7 +175,9 @@ def test_a_staged_resume_says_what_the_interrupted_run_kept(tmp_path, monkeypatc
 def test_a_staged_resume_counts_what_it_kept_as_the_dataset_counts(tmp_path, monkeypatch):
     """Killed once every unit is tokenized (its select stage held): the resume line's documents
     and tokens are the whole input's, so with nothing dropped they equal the finished dataset's
-    (its tokens with each document's EOT, as every count of a dataset has them)."""
+    (its tokens with each document's EOT, as every count of a dataset has them). Killed midway
+    through the tokenize stage: the progress lines after the note count on from it and end at
+    the dataset's tokens."""
     import json
 
     monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
@@ -190,6 +193,13 @@ def test_a_staged_resume_counts_what_it_kept_as_the_dataset_counts(tmp_path, mon
     assert not any(meta["drops"].values()), meta["drops"]
     docs, tokens = meta["n_docs"], meta["n_tokens"]
     assert len(said) == 1 and f"units tokenized ({docs:,} documents, {tokens:,} tokens)" in said[0], (said, err)
+    shutil.rmtree(tmp_path / "o")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit=3")
+    _stopped_then_killed(args)
+    err = _resume(args, monkeypatch)
+    lines = [line for line in err.splitlines() if line.startswith(("resuming:", "prepare:"))]
+    counted = [int(m.group(1).replace(",", "")) for line in lines if (m := re.search(r"[(,] ([\d,]+) tokens", line))]
+    assert len(counted) > 2 and counted == sorted(counted) and counted[-1] == tokens, lines  # (as the note counts)
 
 
 def test_an_append_summary_says_what_this_run_added(tmp_path, corpus):
@@ -240,7 +250,8 @@ def test_the_done_line_of_a_run_without_a_rate_says_why(tmp_path, corpus):
 
     prepare(PrepareConfig(inputs=[str(corpus)], out=str(tmp_path / "o"), workers=1))
     meta = load_metadata(tmp_path / "o")
-    for rate, said in ((None, "no rate: its tasks ran apart"), (0.0, "no tokens made by this run (all were before it)")):
+    for rate, said in ((None, "no rate: its tasks ran apart"),
+                       (0.0, "no tokens made by this run (all were before it)")):  # fmt: skip
         line = done_line(dataclasses.replace(meta, run=dataclasses.replace(meta.run, tokens_per_s=rate)), "o")
         assert line.endswith(f" s, {said}"), line
 

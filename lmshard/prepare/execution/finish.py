@@ -32,7 +32,6 @@ from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim
 from ..output.dictfile import run_encoding
 from ..output.staging import OutputPaths, commit, read_run
-from . import volatile
 from .barrier import is_complete, read_summary
 from .layout import add_totals
 from .layoutfiles import Layout
@@ -102,7 +101,7 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
-    volatile.write_json(work / SWAPPED_FILE, {"at": time.time()})  # (with the build gone: swapped, `swapped`)
+    (work / SWAPPED_FILE).touch()  # (with the build gone: swapped, taskplan.swapped; its name alone is the mark)
     commit(paths)
     remove_work(work, (PLAN_FILE, SWAPPED_FILE))  # (the plan, then the mark, last: a removal stopped midway is
     # finished by the finish, which finds the mark; `status` and every task find the dataset complete)

@@ -280,20 +280,18 @@ class _Progress:
             if u in hashed:
                 self.p.bytes_done += r.plan["units"][u][4]
         self.p.bytes_at_start, self.p.tokens_at_start = self.p.bytes_done, self.p.tokens
-        self.docs_at_start = self.p.docs
         if resumed and callback is not None:  # what the interrupted run left, said before any progress
             done = r.n_units - len(left)
             complete = [s for s in r.stages[:-1] if s != "tokenize" and is_complete(r.work, s)]
             stages = f"; the {', '.join(complete)} stage{'s' if len(complete) > 1 else ''} complete" if complete else ""
-            tokens = self.p.tokens + r.specials * self.p.docs  # (their separators included, as a dataset counts)
             self.p.note = (f"resuming: {done:,} of {r.n_units:,} units tokenized ({self.p.docs:,} documents, "
-                           f"{tokens:,} tokens) kept from the interrupted run{stages}")  # fmt: skip
+                           f"{self.p.tokens:,} tokens) kept from the interrupted run{stages}")  # fmt: skip
             callback(self.p)
             self.p.note = None
 
     def own_tokens(self) -> int:
         """The tokens of the units tokenized by this run (not found done), their separators included."""
-        return self.p.tokens - self.p.tokens_at_start + self.r.specials * (self.p.docs - self.docs_at_start)
+        return self.p.tokens - self.p.tokens_at_start
 
     def step(self, result: Any) -> None:
         """A work item of a unit spread over the workers (itempool.units_in_pool): counted
@@ -305,9 +303,11 @@ class _Progress:
             self.callback(self.p)
 
     def _count(self, nbytes: int, docs: int, tokens: int, chars: int) -> None:
+        """Counted with each document's separators (EOT, and BOS), as a dataset and one reading
+        process count tokens: the progress, the resume note and the rate agree."""
         self.p.bytes_done += nbytes
         self.p.docs += docs
-        self.p.tokens += tokens
+        self.p.tokens += tokens + self.r.specials * docs
         self.p.chars += chars
 
     def _add(self, u: int, read: bool = True) -> None:

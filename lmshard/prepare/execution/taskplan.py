@@ -46,7 +46,7 @@ from .plantables import (
 from .units import UNIT_BYTES, Unit
 
 PLAN_FILE = "plan.json"
-SWAPPED_FILE = "swapped"  # a planned run's finish: written before the swap, removed last (`swapped`)
+SWAPPED_FILE = "swapped"  # a planned run's finish: created (empty) before the swap, removed last (`swapped`)
 PLAN_VERSION = 8  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
 # 6: line stages (--dedup-lines), a unit's kept lines in its data file; 7: its records' numbers; 8: units of
 # several small files
