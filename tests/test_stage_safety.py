@@ -468,12 +468,16 @@ def test_a_planned_stdin_run_killed_while_saving_its_copy_says_to_start_again(tm
     assert done.returncode == 0 and (_work(out) / "plan.json").exists(), done.stderr
 
 
-def test_two_copies_of_one_task_at_once_both_succeed_and_the_run_equals_one_process(tmp_path, corpus):
+@pytest.mark.parametrize("killed", [False, True], ids=["at-once", "killed"])
+def test_two_copies_of_one_task_both_succeed_and_leave_no_temporary_file(tmp_path, corpus, killed):
     """A task run twice at once (a requeued array job while the first still runs, a user's
     second `run-task`): the first copy held midway through its unit's file while the second
-    writes the whole unit, then let go on. Each writes a file of its own and renames it into
-    place (one temporary name shared: the second truncated the file the first was writing, and
-    the first's rename failed), so both succeed and the run ends with one process's bytes."""
+    writes the whole unit, then let go on. The second writes a file of its own (the first holds
+    this host's name for it) and both rename theirs into place: one name shared had the second
+    truncate the file the first was writing, and the first's rename failed. Or the first killed
+    there (kill -9: a node lost, the out-of-memory killer): the task run again writes over what it
+    left (a name of each writer's own would have left it beside until the finish, a unit's size
+    per kill). Either way no temporary file is left and the run ends with one process's bytes."""
     import subprocess
     import sys
 
@@ -491,12 +495,18 @@ def test_two_copies_of_one_task_at_once_both_succeed_and_the_run_equals_one_proc
     first = subprocess.Popen([*task, "--workers", "2"], env=held, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)  # fmt: skip
     assert wait_stopped(first) is not None, finish(first, 60)
-    assert list((_work(out) / "tokenize").glob(".unit_000000.*.tmp")), "the first copy is not midway through its unit"
+    tokenized = _work(out) / "tokenize"
+    assert list(tokenized.glob(".unit_000000.*.tmp")), "the first copy is not midway through its unit"
+    if killed:
+        code, _ = _signal_group(first, signal.SIGKILL)
+        assert code == -signal.SIGKILL
     second = subprocess.run([*task, "--workers", "1"], env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
-    os.killpg(first.pid, signal.SIGCONT)
-    code, err = finish(first, 120)
-    assert code == 0, err
+    if not killed:
+        os.killpg(first.pid, signal.SIGCONT)
+        code, err = finish(first, 120)
+        assert code == 0, err
+    assert sorted(p.name for p in tokenized.iterdir()) == ["unit_000000.bin", "unit_000000.done"]
     for stage in ("dedup", "select", "write", "finish"):
         which = ["--task", "0"] if stage != "finish" else []
         done = subprocess.run([*lmshard, "run-task", "--stage", stage, *which, str(out)], env=env, capture_output=True,

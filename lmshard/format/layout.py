@@ -16,8 +16,10 @@ Memory model: nothing here holds more than the bytes it is asked to write.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -78,21 +80,47 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool 
 
 @contextlib.contextmanager
 def atomic_file(path: Path, sync: Callable[[int], None] = os.fsync) -> Iterator[BinaryIO]:
-    """A file written under a temporary name beside `path` that no other writer uses
-    (`.NAME.PID-RANDOM.tmp`), then flushed, synced by `sync` and renamed to `path`; removed if
-    the block raises. Two copies of one task (a requeued job while the first still runs, on any
-    host) each write a file of their own and rename it into place, where one name shared would
-    have one truncate the file the other is writing."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
+    """A file written under a temporary name beside `path`, then flushed, synced by `sync` and
+    renamed to `path`; removed if the block raises. The name is this host's (`.NAME.HOST.tmp`,
+    locked while it is written, `_host_tmp`), so a task run again after a kill overwrites what the
+    killed one left instead of leaving it beside; where a live writer of this host holds it, one of
+    this process's own (`.NAME.PID-RANDOM.tmp`). Two copies of one task running at once (a requeued
+    job while the first still runs, on this host or another) each write a file of their own and
+    rename it into place: one name shared would have one truncate the file the other is writing."""
+    f = _host_tmp(path)
+    if f is None:
+        f = open(path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"), "wb")  # noqa: SIM115
+    tmp = Path(f.name)
+    with f:  # (the lock held until the file is renamed or removed)
+        try:
             yield f
             f.flush()
             sync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def _host_tmp(path: Path) -> BinaryIO | None:
+    """`.NAME.HOST.tmp` beside `path`, open, emptied and locked (flock) for this process; None
+    where a live process holds its lock (or the filesystem has no flock). The lock is taken on the
+    file the name leads to after it is held (checked by inode): a writer renames its file into
+    place only while it holds the lock, so the file locked here is never the one it renamed."""
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.tmp")
+    for _ in range(3):
+        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o666))
+        f = open(tmp, "r+b")  # noqa: SIM115 (closed by atomic_file)
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(f.fileno()).st_ino == os.stat(tmp).st_ino:
+                f.truncate(0)  # (what a killed writer left)
+                return f
+        except OSError:  # held by a live writer of this host, or no flock: a name of this process's own
+            f.close()
+            return None
+        f.close()  # renamed into place by the writer that held it a moment ago: again
+    return None
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, private: bool = False,
