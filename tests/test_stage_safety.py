@@ -588,3 +588,30 @@ def test_a_planned_append_whose_build_was_deleted_after_its_write_is_not_taken_f
     code, said = _cli("run-task", "--stage", "finish", out)
     assert code == 1 and "no build is claimed for this plan" in said, said
     assert _files(out) == _files(base) and (_work(out) / "plan.json").exists()
+
+
+def test_ctrl_c_while_a_finished_run_removes_its_work_folder_loses_nothing(tmp_path, monkeypatch, corpus,
+                                                                           stages_here):  # fmt: skip
+    """Ctrl-C (KeyboardInterrupt, as Python's handler raises it) while the finish removes the work
+    folder, the dataset already swapped in: the run returns its dataset (not "interrupted: work
+    kept"), `status` says it is complete, and the same prepare with --resume removes what is left."""
+    from lmshard.format import load_metadata
+    from lmshard.prepare.execution import finish as finish_module
+
+    one, out = tmp_path / "one", tmp_path / "run" / "ds"
+    _one(corpus, one)
+
+    def ctrl_c(work, last=()):
+        if (work / "done").is_dir():
+            shutil.rmtree(work / "done")  # (part of it removed, then the interrupt)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(finish_module, "remove_work", ctrl_c)
+        meta = _one(corpus, out)
+    assert meta.total_tokens == load_metadata(one).total_tokens and _files(out) == _files(one)
+    assert _work(out).is_dir() and (_work(out) / "plan.json").exists()  # (left: the interrupt came first)
+    code, said = _cli("status", out)
+    assert code == 0 and said.startswith("done: the dataset is complete"), said
+    _one(corpus, out, resume=True)
+    assert not _work(out).exists() and _files(out) == _files(one)

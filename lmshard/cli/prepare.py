@@ -275,8 +275,10 @@ def prepare(
         try:
             log.done(meta)
         except KeyboardInterrupt:  # (Ctrl-C while the summary prints: the dataset is in place, nothing is lost)
-            print(f"interrupted: {cfg.out} was complete already; check it with: lmshard inspect {cfg.out}",
-                  file=sys.stderr)  # fmt: skip
+            from ..remote.urls import redact
+
+            print(f"interrupted: {redact(cfg.out)} was complete already; check it with: lmshard inspect "
+                  f"{redact(cfg.out)}", file=sys.stderr)  # fmt: skip
     elif cfg.json:  # planned here, run elsewhere: what was planned, and where to follow it
         from ..prepare.execution import stages
 

@@ -145,7 +145,7 @@ def run_task(
         return
     cfg, n_tasks, unit_bytes = stages.config_of(out)
     if stage != "finish":  # (the finish of a run stopped after its swap has no build left: it removes the rest)
-        stages.check_claimed(cfg)
+        stages.check_claimed(out)
     if workers is not None:
         cfg = dataclasses.replace(cfg, workers=workers)
     if stage != "finish" and task is None:

@@ -9,6 +9,7 @@ file); one 8 MiB block while sealing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import replace
@@ -103,8 +104,12 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
     (work / SWAPPED_FILE).touch()  # (with the build gone: swapped, taskplan.swapped; its name alone is the mark)
     commit(paths)
-    remove_work(work, (PLAN_FILE, SWAPPED_FILE))  # (the plan, then the mark, last: a removal stopped midway is
-    # finished by the finish, which finds the mark; `status` and every task find the dataset complete)
+    # Ctrl-C or SIGTERM once the dataset is in place loses nothing: the run is done, and what is left of the work
+    # folder goes with the next finish or the same prepare with --resume (the plan, then the mark, removed last:
+    # a removal stopped midway is finished by the finish, which finds the mark; `status` and every task find the
+    # dataset complete)
+    with contextlib.suppress(KeyboardInterrupt):
+        remove_work(work, (PLAN_FILE, SWAPPED_FILE))
     warn_empty_val(meta)
     return meta
 

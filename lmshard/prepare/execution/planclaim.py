@@ -14,6 +14,7 @@ dictionary (dictfile.py), when one is asked for.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -60,13 +61,14 @@ def begin(config: PrepareConfig, paths: OutputPaths, sources: list[Source], toke
     return claim
 
 
-def unclaimed(config: PrepareConfig, paths: OutputPaths, work: Path) -> str:
+def unclaimed(out: str | os.PathLike[str], paths: OutputPaths, work: Path) -> str:
     """Why a task of the plan in `work` cannot run, its build folder being gone (deleted, as an
     interrupted --append's refusal says to discard it, or a prepare stopped between its plan and
     its claim): one line, naming both ways on. The same command claims --out afresh and, its
     build being new, discards the plan's work and plans again (`begin`)."""
-    return (f"{config.out}: no build is claimed for this plan ({paths.staging} is missing); run the same `lmshard "
-            f"prepare` command again to start over (it discards this plan's work), or delete {work}")
+    why = "has no run record" if paths.staging.exists() else "is missing"  # (a claim killed before its record)
+    return (f"{out}: no build is claimed for this plan ({paths.staging} {why}); run the same `lmshard prepare` "
+            f"command again to start over (it discards this plan's work), or delete {work}")
 
 
 __all__ = ["begin", "unclaimed"]

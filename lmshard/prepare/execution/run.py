@@ -396,4 +396,4 @@ class Run(Reads):
                 self.summary(prior, stage)
         done = stage == "finish" and swapped(self.work, self.paths.staging)
         if stage in ("write", "finish") and read_run(self.paths.staging) is None and not done:
-            raise InputError(unclaimed(self.config, self.paths, self.work))
+            raise InputError(unclaimed(self.config.out, self.paths, self.work))

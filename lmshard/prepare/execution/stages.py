@@ -79,14 +79,13 @@ def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
     return PrepareConfig(**stored), int(plan["n_tasks"]), int(plan["unit_bytes"])
 
 
-def check_claimed(config: PrepareConfig) -> None:
+def check_claimed(out: str | os.PathLike[str]) -> None:
     """Refuse a task of a plan whose build is gone: `run-task` of a plan that `prepare` made and
     claimed, its build folder deleted since (as an interrupted --append's refusal says to discard
     it), which would otherwise run every stage up to the write (the first to need the build). One
-    read of the build's run record."""
-    paths = OutputPaths.of(config.out)
-    if read_run(paths.staging) is None:
-        raise InputError(unclaimed(config, paths, work_dir(config.out)))
+    read of the build's run record, found from `out` as given (the plan may record a relative one)."""
+    if (why := _unclaimed(out)) is not None:
+        raise InputError(why)
 
 
 def status(out: str | os.PathLike[str]) -> dict[str, Any]:
@@ -127,14 +126,14 @@ def status(out: str | os.PathLike[str]) -> dict[str, Any]:
     return {"stages": stages, "units": len(plan["units"]), "buckets": plan["buckets"] if run.bucketed else 0,
             "groups": plan["groups"] if run.bucketed else 0, "dedup": run.bucketed, "merged": False,
             "stale": volatile.stale(work), "rounds": rounds(work) if config.near_dedup else None,
-            "unclaimed": _unclaimed(config),
+            "unclaimed": _unclaimed(out),
             "local": config.num_tasks is None or config.executor == "local"}  # fmt: skip
 
 
-def _unclaimed(config: PrepareConfig) -> str | None:
+def _unclaimed(out: str | os.PathLike[str]) -> str | None:
     """Why the plan's tasks cannot run (`check_claimed`); None while its build is there."""
-    paths = OutputPaths.of(config.out)
-    return None if read_run(paths.staging) is not None else unclaimed(config, paths, work_dir(config.out))
+    paths = OutputPaths.of(str(out))
+    return None if read_run(paths.staging) is not None else unclaimed(out, paths, work_dir(out))
 
 
 def _task_state(work: Path, stage: str, task: int) -> str | None:
