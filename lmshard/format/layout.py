@@ -87,10 +87,12 @@ def atomic_file(path: Path, sync: Callable[[int], None] = os.fsync) -> Iterator[
     this process's own (`.NAME.PID-RANDOM.tmp`). Two copies of one task running at once (a requeued
     job while the first still runs, on this host or another) each write a file of their own and
     rename it into place: one name shared would have one truncate the file the other is writing."""
-    f = _host_tmp(path)
-    if f is None:
-        f = open(path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"), "wb")  # noqa: SIM115
-    tmp = Path(f.name)
+    held = _host_tmp(path)
+    if held is None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+        f: BinaryIO = open(tmp, "wb")  # noqa: SIM115
+    else:
+        f, tmp = held
     with f:  # (the lock held until the file is renamed or removed)
         try:
             yield f
@@ -102,20 +104,20 @@ def atomic_file(path: Path, sync: Callable[[int], None] = os.fsync) -> Iterator[
             raise
 
 
-def _host_tmp(path: Path) -> BinaryIO | None:
-    """`.NAME.HOST.tmp` beside `path`, open, emptied and locked (flock) for this process; None
-    where a live process holds its lock (or the filesystem has no flock). The lock is taken on the
-    file the name leads to after it is held (checked by inode): a writer renames its file into
-    place only while it holds the lock, so the file locked here is never the one it renamed."""
+def _host_tmp(path: Path) -> tuple[BinaryIO, Path] | None:
+    """`.NAME.HOST.tmp` beside `path`, open, emptied and locked (flock) for this process, with
+    its name; None where a live process holds its lock (or the filesystem has no flock). The lock
+    is taken on the file the name leads to after it is held (checked by inode): a writer renames
+    its file into place only while it holds the lock, so the file locked here is never the one it
+    renamed. One open, one stat and the rename: a file costs one stat more than a name of its own."""
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.tmp")
     for _ in range(3):
-        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o666))
-        f = open(tmp, "r+b")  # noqa: SIM115 (closed by atomic_file)
+        f = open(os.open(tmp, os.O_CREAT | os.O_RDWR, 0o666), "r+b")  # noqa: SIM115 (closed by atomic_file)
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(f.fileno()).st_ino == os.stat(tmp).st_ino:
                 f.truncate(0)  # (what a killed writer left)
-                return f
+                return f, tmp
         except OSError:  # held by a live writer of this host, or no flock: a name of this process's own
             f.close()
             return None
