@@ -86,8 +86,13 @@ def atomic_file(path: Path, sync: Callable[[int], None] = os.fsync) -> Iterator[
     killed one left instead of leaving it beside; where a live writer of this host holds it, one of
     this process's own (`.NAME.PID-RANDOM.tmp`). Two copies of one task running at once (a requeued
     job while the first still runs, on this host or another) each write a file of their own and
-    rename it into place: one name shared would have one truncate the file the other is writing."""
-    held = _host_tmp(path)
+    rename it into place: one name shared would have one truncate the file the other is writing.
+    Its folder is made where it is missing (a file whose folder is there costs no lookup for it)."""
+    try:
+        held = _host_tmp(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = _host_tmp(path)
     if held is None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
         f: BinaryIO = open(tmp, "wb")  # noqa: SIM115

@@ -117,7 +117,6 @@ def write_previous_keys(work: Path, dataset: Path, files: list[str], task: int, 
 
 def _write_keys(path: Path, exact: bytes, near: bytes, n_buckets: int) -> None:
     """A key file of two sections, durably (temporary name, fsync, rename: the file is its marker)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, volatile.sync) as f:
         f.write(_MAGIC + np.array([n_buckets, _HEAD + len(exact), _HEAD + len(exact) + len(near)], _U64).tobytes())
         f.write(exact)

@@ -80,7 +80,6 @@ def hash_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
                                config.max_chars, wcfg.hf):  # fmt: skip
             hash_lines(item, wcfg)
         raise
-    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, volatile.sync) as f:
         f.write(_MAGIC + np.array([len(counts), *counts], dtype=_U64).tobytes())
         f.write(np.concatenate(hashes).astype(_U64).tobytes() if hashes else b"")

@@ -98,7 +98,6 @@ def open_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Source]
     out = work_dir(config.out) / "tokenize"
     if (out / f"unit_{u:06d}.done").exists():
         return None
-    out.mkdir(parents=True, exist_ok=True)
     return UnitRead(config, plan, sources, tokenizer, wcfg, u, out, line_masks, stop)
 
 
@@ -174,7 +173,6 @@ def skip_unit(config: PrepareConfig, tokenizer: Tokenizer, wcfg: WorkerConfig, u
     documents in the units before (maxdocs.EarlyStop; the dataset's line key files hold every
     line hashed). Without --dedup-lines such a unit has no files (`Run.unread`)."""
     out = work_dir(config.out) / "tokenize"
-    out.mkdir(parents=True, exist_ok=True)
     fresh = line_masks(u)[1]
     separators = (tokenizer.eot_id, config.eot_position, bos_written(config, tokenizer))
     _write_unit(out, u, iter(()), {"lines": 0, "skipped": 1}, separators, wcfg.minhash, fresh)
