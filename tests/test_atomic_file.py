@@ -11,11 +11,20 @@ from lmshard.format import atomic_file
 
 
 def test_a_file_whose_folder_is_missing_is_written_and_its_folder_made(tmp_path):
-    path = tmp_path / "work" / "lines" / "unit_000000.bin"
+    path = tmp_path / "lines" / "unit_000000.bin"
     with atomic_file(path) as f:
         f.write(b"abc")
     assert path.read_bytes() == b"abc"
     assert [p.name for p in path.parent.iterdir()] == ["unit_000000.bin"]  # (no temporary file left)
+
+
+def test_a_file_whose_folder_above_is_gone_fails_and_makes_nothing(tmp_path):
+    """A task still running when the finish removed the work folder: its unit's file fails to be
+    written, and the work folder is not made again beside the finished dataset."""
+    work = tmp_path / ".ds.lmshard-work"
+    with pytest.raises(FileNotFoundError), atomic_file(work / "tokenize" / "unit_000000.bin") as f:
+        f.write(b"abc")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_whose_folder_is_there_makes_no_folder(tmp_path, monkeypatch):

@@ -87,12 +87,10 @@ def atomic_file(path: Path, sync: Callable[[int], None] = os.fsync) -> Iterator[
     this process's own (`.NAME.PID-RANDOM.tmp`). Two copies of one task running at once (a requeued
     job while the first still runs, on this host or another) each write a file of their own and
     rename it into place: one name shared would have one truncate the file the other is writing.
-    Its folder is made where it is missing (a file whose folder is there costs no lookup for it)."""
-    try:
-        held = _host_tmp(path)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        held = _host_tmp(path)
+    Its folder is made where it is missing (a file whose folder is there costs no lookup for it),
+    not the folder above: a task still running when the finish removed the work folder fails
+    there instead of making the work folder again."""
+    held = in_folder(lambda: _host_tmp(path), path.parent, parents=False)
     if held is None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
         f: BinaryIO = open(tmp, "wb")  # noqa: SIM115
@@ -135,14 +133,15 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, private: bool = Fa
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode(), private, sync)
 
 
-def in_folder(make: Callable[[], T], folder: Path) -> T:
+def in_folder(make: Callable[[], T], folder: Path, parents: bool = True) -> T:
     """`make()` (a file created in `folder`), run again after making `folder` when it finds the
     folder missing: tried first, so each of many files costs no stat or mkdir of its folder (a
-    request to a parallel filesystem's metadata servers each)."""
+    request to a parallel filesystem's metadata servers each). `parents=False`: `folder` only,
+    its parent missing is an error."""
     try:
         return make()
     except FileNotFoundError:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=parents, exist_ok=True)
         return make()
 
 

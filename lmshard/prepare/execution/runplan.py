@@ -100,6 +100,7 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
             out.append(src)
             continue
         path = work / "spool" / f"input_{i:06d}"
+        path.parent.mkdir(parents=True, exist_ok=True)  # (the work folder too: planned before it is made)
         raw = open_raw(src)
         try:  # (synced by volatile.sync: not in a local run, whose boot is recorded first, volatile.py)
             with atomic_file(path, volatile.sync) as f:
