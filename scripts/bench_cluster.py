@@ -159,7 +159,7 @@ runpy.run_module("lmshard", run_name="__main__", alter_sys=True)
 # --- counting --------------------------------------------------------------------------------
 
 _GROUP_FILE = re.compile(r"/(dedup|lines)/group_")
-_CALL = re.compile(r"^(\w+)\((.*)\) = (-?\d+|\?)")
+_CALL = re.compile(r"^(\w+)\((.*)\)\s+=\s+(-?\d+|\?)")  # (a resumed call is padded: ")      = 3")
 _FD = re.compile(r"^(?:\d+|AT_FDCWD)<(.*)>$")
 _PATH1 = {"open", "creat", "stat", "lstat", "access", "readlink", "mkdir", "unlink", "rmdir"}
 _AT1 = {"openat", "newfstatat", "statx", "faccessat", "faccessat2", "readlinkat", "mkdirat", "unlinkat"}
