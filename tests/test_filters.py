@@ -224,3 +224,31 @@ def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus
     rules.write_text(FILTER_FILE)
     code, err = finish_proc(start_prepare([*args, "--resume"]), 120)
     assert code == 0, err
+
+
+def test_a_run_imports_only_the_filters_and_scorers_it_names(tmp_path):
+    """The built-in filters and scorers are imported when a run names them, not at every
+    prepare's start: a plain run's process has none of their modules; one with --filter c4
+    --attribute length has c4's and the scorers', and still no other filter's (sys.modules of a
+    fresh interpreter that runs prepare)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    rng = random.Random(3)
+    src = jsonl(tmp_path / "in.jsonl", [_document(rng) for _ in range(20)])
+    probe = ("import json, sys; from lmshard.prepare import PrepareConfig, prepare; "
+             "prepare(PrepareConfig(**json.loads(sys.argv[1]))); "
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lmshard.quality'))))")  # fmt: skip
+    optional = {f"lmshard.quality.{m}" for m in ("c4", "gopher", "repetition", "language", "decon", "scores")}
+
+    def loaded(name: str, **kw) -> set[str]:
+        cfg = {"inputs": [str(src)], "out": str(tmp_path / name), "workers": 1, "val_fraction": 0.0, **kw}
+        done = subprocess.run([sys.executable, "-c", probe, json.dumps(cfg)], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)  # fmt: skip
+        return set(json.loads(done.stdout.splitlines()[-1])) & optional
+
+    assert loaded("plain") == set()
+    named = loaded("named", filters=["c4"], attributes=["length"], allow_empty=True)
+    assert named == {f"lmshard.quality.{m}" for m in ("c4", "scores", "gopher", "repetition")}  # (the scorers' own)

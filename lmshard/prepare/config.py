@@ -193,9 +193,11 @@ class PrepareConfig:
     def attribute_fields(self, labels: Sequence[str] = ("",)) -> tuple[Any, ...]:
         """--attribute's columns (format/attributes.py's AttrField), in order, then --val-by
         FIELD's (its `labels`: the domains found); () without either."""
-        from ..quality.scores import schema
+        own: tuple[Any, ...] = ()
+        if self.attributes:  # (a run without --attribute imports no scorer)
+            from ..quality.scores import schema
 
-        own = schema(self.attributes) if self.attributes else ()
+            own = tuple(schema(self.attributes))
         if self.val_by in (None, "input"):
             return own
         from .domains import domain_attr

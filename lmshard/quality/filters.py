@@ -34,35 +34,29 @@ it); nothing per document beyond its text and one edited copy.
 
 from __future__ import annotations
 
-import ast
-import difflib
 import hashlib
 import importlib
 import importlib.util
 import os
 import re
-import sysconfig
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
 from ..plugins import import_callable
-from .c4 import c4_quality
-from .decon import from_filter as decon_filter
 from .edit import Edit
-from .gopher import gopher_quality
-from .language import language_filter
-from .repetition import fineweb_quality, gopher_repetition
 
 __all__ = ["BUILTIN", "WITH_ARGS", "Edit", "FilterFailed", "Verdict", "absolute", "plugin_sources", "resolve",
            "run_filters"]
 
-BUILTIN: dict[str, Callable[[str], Any]] = {"gopher_quality": gopher_quality, "gopher_repetition": gopher_repetition,
-                                            "fineweb_quality": fineweb_quality, "c4": c4_quality}  # fmt: skip
+# Each built-in as `module:function` of this package, imported when a run first uses it: a run
+# without --filter imports none of them (their imports and tables cost every prepare's start).
+BUILTIN: dict[str, str] = {"gopher_quality": "gopher:gopher_quality",
+                           "gopher_repetition": "repetition:gopher_repetition",
+                           "fineweb_quality": "repetition:fineweb_quality", "c4": "c4:c4_quality"}  # fmt: skip
 # NAME=ARGS: each takes the name as given (for its messages) and the text after "=", and returns the filter.
-WITH_ARGS: dict[str, Callable[[str, str], Callable[[str], Any]]] = {"language": language_filter,
-                                                                    "decontaminate": decon_filter}  # fmt: skip
+WITH_ARGS: dict[str, str] = {"language": "language:language_filter", "decontaminate": "decon:from_filter"}
 _REASON = re.compile(r"[A-Za-z0-9_]{1,64}")
 _loaded: dict[str, Callable[[str], Any]] = {}  # per process: each filter imported once
 
@@ -118,6 +112,8 @@ def _imported_beside(path: Path) -> list[Path]:
     """The Python files of the plugin's own directory that it imports (`import helper`, `from
     helper import x`, `from . import x`), and those they import in turn, sorted: what can change
     its answers besides its own file. A file that cannot be parsed counts as importing nothing."""
+    import ast
+
     root, found, todo = path.parent, set(), [path]
     while todo:
         try:
@@ -140,6 +136,8 @@ def _imported_beside(path: Path) -> list[Path]:
 
 def _installed(path: Path) -> bool:
     """A file of an installed package or of the standard library (its siblings are not the plugin's)."""
+    import sysconfig
+
     roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
     return any(path.is_relative_to(Path(r).resolve()) for r in roots if r)
 
@@ -151,9 +149,9 @@ def resolve(name: str) -> Callable[[str], Any]:
     if found is not None:
         return found
     if name in BUILTIN:
-        found = BUILTIN[name]
+        found = _builtin(BUILTIN[name])
     elif name.partition("=")[0] in WITH_ARGS:
-        found = WITH_ARGS[name.partition("=")[0]](name, name.partition("=")[2])
+        found = _builtin(WITH_ARGS[name.partition("=")[0]])(name, name.partition("=")[2])
     elif ":" in name:
         found = import_callable(name, f"--filter {name}")
     else:
@@ -161,12 +159,20 @@ def resolve(name: str) -> Callable[[str], Any]:
         base = name.partition("=")[0]
         if base in BUILTIN:  # a built-in given arguments it does not take
             raise ConfigError(f"--filter {name}: {base} takes no arguments; pass --filter {base}")
+        import difflib
+
         close = difflib.get_close_matches(base, [*BUILTIN, *WITH_ARGS], n=1, cutoff=0.5) or [
             n for n in [*BUILTIN, *WITH_ARGS] if base and (n.startswith(base) or base.startswith(n))][:1]  # fmt: skip
         guess = f"; did you mean {close[0]}{'=...' if close[0] in WITH_ARGS else ''}?" if close else ""
         raise ConfigError(f"--filter {name}: not a built-in filter ({builtins}) nor module:function{guess}")
     _loaded[name] = found
     return found
+
+
+def _builtin(spec: str) -> Any:
+    """A built-in filter (or the maker of one) from its `module:function` in this package."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
 
 
 class Verdict(NamedTuple):

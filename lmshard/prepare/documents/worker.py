@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
@@ -22,7 +22,6 @@ import xxhash
 from ...errors import InputError, TokenizerError
 from ...quality.filters import FilterFailed, run_filters
 from ...quality.minhash import MinHashConfig, signature
-from ...quality.scores import ScoreFailed, Scorer
 from ...tokenizers import Tokenizer, load_tokenizer
 from ..stops import stop_point
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
@@ -30,6 +29,9 @@ from .columnar import parse_arrow, parse_parquet
 from .files import Source
 from .records import Record, example, parse_jsonl, parse_text_lines, read_whole_file, settle
 from .sources import SPLIT_INTO_PARAGRAPHS, WorkItem, by_paragraph
+
+if TYPE_CHECKING:
+    from ...quality.scores import Scorer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +202,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
             signatures[d] = signature(text, config.minhash)
     attrs = None
     if config.attributes and tokenizer is not None:  # (not in --near-dedup's signing pass)
+        from ...quality.scores import ScoreFailed  # (a run without --attribute imports no scorer)
+
         scores, rows = scorer(config.attributes), []
         for d, text in enumerate(texts):
             try:
@@ -234,6 +238,8 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
 
 def scorer(specs: tuple[str, ...]) -> Scorer:
     """This process's scorer of `specs` (plugins imported once)."""
+    from ...quality.scores import Scorer
+
     found = _state.get(("scorer", specs))
     if not isinstance(found, Scorer):
         found = _state[("scorer", specs)] = Scorer(specs)  # type: ignore[index]
