@@ -120,6 +120,15 @@ def _ended(env: dict[str, str], *jobs: str) -> bool:
     return all(rec["JobState"] in ENDED for job in jobs for rec in _jobs(env, job).values())
 
 
+def _again(root: Path, env: dict[str, str], out: str) -> str:
+    """The planned run's own prepare command run again without --resume: refused (exit 1) in one
+    line, which it returns."""
+    done = subprocess.run([*LMSHARD, "prepare", *COMMON, "--out", out, *SUBMIT], cwd=root, capture_output=True,
+                          text=True, timeout=300, env=env | UNIT_BYTES)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    return " ".join(done.stderr.split())
+
+
 def _submit(root: Path, env: dict[str, str], out: str, stop_at: str) -> dict[str, str]:
     """`prepare --executor slurm` with LMSHARD_STOP_AT=stop_at in the environment the arrays
     inherit (sbatch exports it); returns each stage's job id, each job named after the run. It
@@ -273,8 +282,13 @@ def test_scancelled_task_is_recorded_stopped_and_prepare_resume_finishes(slurm):
     text, _ = _status(root, env, out)
     assert f"task 1: 2 of 5 (running on {os.uname().nodename} (pid {pid}))" in text, text
     _still_queued(root, env, out, jobs, f"{tok}_1")
+    said = _again(root, env, out)  # the same prepare without --resume, while the run's jobs are queued
+    assert "is waiting for its tasks" in said and "--resume" in said, said
     subprocess.run(["scancel", f"{tok}_1"], env=env, check=True, timeout=60)
     _later_stages_cancelled(env, jobs)
+    _until("squeue to list none of the run's jobs", lambda: not _queued(env, _run_id(root, out)), 60)
+    said = _again(root, env, out)  # and once none is left
+    assert "has no job queued or running" in said and "waiting" not in said and "--resume" in said, said
     task1 = _jobs(env, tok)["1"]
     assert (task1["JobState"], task1["ExitCode"]) == ("CANCELLED", "143:0"), task1
     log = (work / "slurm" / f"tokenize_{tok}_1.log").read_text()

@@ -280,6 +280,7 @@ def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[i
     of the earliest incomplete stage, then every later stage and the finish."""
     from ..prepare.execution import slurm
     from ..prepare.execution.taskplan import work_dir
+    from ..prepare.slurmjobs import live_jobs
 
     found = slurm.submitted(work_dir(out) / "slurm")
     if found is None:
@@ -288,7 +289,7 @@ def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[i
     stage, tasks = first_left or ("finish", [])
     n_tasks = len(next(iter(info["stages"].values()))["tasks"])
     lines = slurm.resubmit_commands(scripts, n_tasks, k, stage, tasks)
-    live = slurm.live_jobs(str(out))
+    live = live_jobs(str(out))
     if live:
         render.out.print(f"on Slurm: {len(live)} jobs of this run are still queued or running ({', '.join(live[:8])}"
                          f"{' ...' if len(live) > 8 else ''}); run `lmshard status` again once they have ended",

@@ -26,7 +26,6 @@ then runs only those of its tasks, and only the array tasks that have one are su
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, LmshardError
+from ..slurmjobs import run_id
 from .taskplan import work_dir
 
 DEFAULT_MAX_JOBS = 10_000  # Slurm's default MaxJobCount
@@ -183,21 +183,6 @@ def resubmit_commands(scripts: dict[str, Path], n_tasks: int, k: int, stage: str
 
 def _after(jobs: list[str]) -> str:
     return f"--dependency=afterok:{':'.join('$' + j for j in jobs)} --kill-on-invalid-dep=yes " if jobs else ""
-
-
-def run_id(out: str) -> str:
-    """A short name for the run in its jobs' names (`lmshard-STAGE-ID`), from the output's path."""
-    return hashlib.sha1(os.path.realpath(out).encode()).hexdigest()[:8]
-
-
-def live_jobs(out: str) -> list[str]:
-    """This run's jobs still queued or running (ids), from squeue; [] where squeue is missing."""
-    found = shutil.which("squeue")
-    if found is None:
-        return []
-    shown = subprocess.run([found, "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=60).stdout
-    tail = f"-{run_id(out)}"
-    return [line.split()[0] for line in shown.splitlines() if line.split()[-1:] and line.split()[-1].endswith(tail)]
 
 
 def submit(out: str, n_tasks: int, sbatch_args: str | None, max_jobs: int | None = None,

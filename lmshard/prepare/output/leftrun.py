@@ -1,9 +1,9 @@
 """What an unfinished run left beside --out says to the next run that finds it (its refusal,
 `left_unfinished`) and to `lmshard status` (`read_once`): interrupted, and resumed with --resume;
 read from stdin or a pipe, so nothing can be resumed; or planned for tasks that run elsewhere and
-waiting for them.
+waiting for them (on Slurm, while squeue lists a job of the run; with none left, it says so).
 
-Memory model: a run record and a plan's head (small JSON files).
+Memory model: a run record and a plan's head (small JSON files); squeue's listing, on Slurm.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ..slurmjobs import live_jobs
 
 
 def left_unfinished(run: dict[str, Any], out: Path, staging: Path, was_append: bool) -> ConfigError:
@@ -32,9 +33,15 @@ def left_unfinished(run: dict[str, Any], out: Path, staging: Path, was_append: b
                            f"read again, and left nothing to go on from in {staging}; {drop} to discard it and run "
                            "again")  # fmt: skip
     if (executor := _planned_elsewhere(out)) is not None:  # not interrupted: waiting for its tasks
+        status = f"lmshard status {shlex.quote(str(out))}"
+        if executor == "slurm" and live_jobs(str(out)) == []:  # (squeue answered: none of the run's jobs is left)
+            return ConfigError(f"{out}: a run planned for --executor slurm (started {when}) has no job queued or "
+                               f"running (cancelled, failed, or ended with tasks left); `{status}` lists the tasks "
+                               f"left and the sbatch lines that run them; pass {how} to go on with it (without "
+                               f"--executor: its tasks run here), or {drop} to discard it")  # fmt: skip
         return ConfigError(f"{out}: a run planned for --executor {executor} (started {when}) is waiting for its "
-                           f"tasks; `lmshard status {shlex.quote(str(out))}` lists those left; pass {how} to go on "
-                           f"with it (without --executor: its tasks run here), or {drop} to discard it")  # fmt: skip
+                           f"tasks; `{status}` lists those left; pass {how} to go on with it (without --executor: its "
+                           f"tasks run here), or {drop} to discard it")  # fmt: skip
     return ConfigError(f"{out}: an interrupted prepare run (started {when}) left its work in {staging}; pass {how} to "
                        f"continue it, or {drop} to discard it")  # fmt: skip
 
