@@ -30,7 +30,7 @@ from proctree import LMSHARD, finish, kill_group, signal_stopped, start_prepare,
 import lmshard.prepare.output.build as build_mod
 import lmshard.prepare.output.writer as writer_mod
 from lmshard.errors import ConfigError, InputError, LmshardError
-from lmshard.format import METADATA_FILE
+from lmshard.format import METADATA_FILE, load_metadata
 from lmshard.prepare import PrepareConfig, prepare
 from lmshard.prepare.output import staging as staging_mod
 from lmshard.prepare.output.build import StopOnSignal, Stopped
@@ -637,7 +637,9 @@ def test_append_of_known_documents_only_adds_nothing_and_says_so(tmp_path, input
     "option, words",
     [
         ({"normalize": "nfkc"}, "--normalize 'nfc'"),
-        ({"byte_exact": True}, "--no-normalize False"),
+        ({"byte_exact": True}, "prepared without --no-normalize and this run with it"),
+        ({"filters": ["gopher_repetition"]}, "filtered with no --filter and this run's would be with --filter "
+                                             "gopher_repetition"),
         ({"seed": 7}, "--seed 1337"),
         ({"dedup": "none"}, "--dedup 'document'"),
         ({"eot_position": "before"}, "--eot-position 'after'"),
@@ -651,6 +653,30 @@ def test_append_refuses_different_cleaning(tmp_path, inputs, option, words):
         run(out, inputs[0][1:], append=True, **option)
     assert words in str(e.value)
     assert snapshot(out) == before
+
+
+def test_append_refuses_other_filters_or_a_filters_changed_code(tmp_path, inputs):
+    """The documents of a dataset and those appended to it go through the same --filter, in the
+    same order, with the same plugin code: a dataset filtered is refused an --append without its
+    filter or with another order, and one whose plugin file was edited since."""
+    rules = tmp_path / "rules.py"
+    rules.write_text("def keep(text):\n    return None\n")
+    out, both = tmp_path / "ds", ["gopher_repetition", f"{rules}:keep"]
+    run(out, inputs[0][:1], filters=both)
+    before = snapshot(out)
+    for filters, words in (([], "this run's would be with no --filter"),
+                           (both[::-1], f"this run's would be with --filter {rules}:keep --filter gopher_repetition")):
+        with pytest.raises(ConfigError, match="--append") as e:
+            run(out, inputs[0][1:], append=True, filters=filters)
+        assert f"filtered with --filter gopher_repetition --filter {rules}:keep and" in str(e.value), e.value
+        assert words in str(e.value), e.value
+    rules.write_text("def keep(text):\n    return 'other'\n")
+    with pytest.raises(ConfigError, match=f"--append: {rules} \\(--filter {rules}:keep\\) changed since"):
+        run(out, inputs[0][1:], append=True, filters=both)
+    assert snapshot(out) == before
+    rules.write_text("def keep(text):\n    return None\n")
+    run(out, inputs[0][1:], append=True, filters=both)
+    assert load_metadata(out).config["filters"] == both
 
 
 def test_append_takes_the_same_vocabulary_under_another_name(tmp_path, inputs):

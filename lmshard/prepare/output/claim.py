@@ -317,9 +317,12 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
     for key in _APPEND_MUST_MATCH:
         if key in meta.config and meta.config[key] != ours[key]:
             flag = "--no-normalize" if key == "byte_exact" else f"--{key.replace('_', '-')}"
-            raise ConfigError(f"{out}: --append: the dataset was prepared with {flag} {meta.config[key]!r} and this "
-                              f"run has {ours[key]!r}; pass the dataset's value so old and new documents are "
-                              "treated alike")  # fmt: skip
+            then, now = meta.config[key], ours[key]
+            said = (f"{'with' if then else 'without'} {flag} and this run {'without' if then else 'with'} it"
+                    if isinstance(then, bool) else f"with {flag} {then!r} and this run has {now!r}")  # fmt: skip
+            raise ConfigError(f"{out}: --append: the dataset was prepared {said}; pass the dataset's value so old and "
+                              "new documents are treated alike")  # fmt: skip
+    _same_filters(out, meta.config, ours)
     config.encoding(tokenizer.n_vocab, meta)  # the dataset's own encoding, or a one-line refusal
     kept = [(f.name, f.dtype, f.labels) for f in meta.attributes]
     if kept != [(f.name, f.dtype, f.labels) for f in config.attribute_fields()]:
@@ -344,6 +347,29 @@ def _appendable(out: Path, config: PrepareConfig, tokenizer: Tokenizer) -> Datas
         raise ConfigError(f"{out}: --append: the dataset was prepared with --near-dedup --minhash {_spec(near)}; pass "
                           "the same so new documents are checked against it")  # fmt: skip
     return meta
+
+
+def _same_filters(out: Path, then: dict[str, Any], now: dict[str, Any]) -> None:
+    """--append: the dataset's documents went through the same --filter and --decontaminate, in
+    the same order, as this run's will (a dataset recorded before either had none), and their
+    code and benchmarks are as they were."""
+    def given(config: dict[str, Any]) -> str:
+        flags = [f"--filter {f}" for f in config.get("filters") or ()]
+        flags += [f"--decontaminate {b}" for b in config.get("decontaminate") or ()]
+        if config.get("decontaminate"):
+            flags += [f"--decontaminate-n {config.get('decontaminate_n')}",
+                      f"--decontaminate-lines {config.get('decontaminate_lines')}"]  # fmt: skip
+        return " ".join(flags) or "no --filter"
+
+    if given(then) != given(now):
+        raise ConfigError(f"{out}: --append: the dataset's documents were filtered with {given(then)} and this run's "
+                          f"would be with {given(now)}; pass the same so old and new documents are treated alike")
+    for key, flag in (("filter_sources", "--filter"), ("decontaminate_sources", "--decontaminate")):
+        old, new = then.get(key) or {}, now.get(key) or {}
+        if changed := [name for name in new if name in old and old[name] != new[name]]:
+            raise ConfigError(f"{out}: --append: {new[changed[0]][0] or changed[0]} ({flag} {changed[0]}) changed "
+                              "since the dataset was prepared, so old and new documents would be filtered "
+                              "differently; put it back as it was, or prepare the dataset again")  # fmt: skip
 
 
 def _spec(minhash: dict[str, Any]) -> str:
