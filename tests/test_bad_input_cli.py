@@ -432,6 +432,37 @@ def test_stdin_that_is_not_json_lines_says_how_to_pass_text(tmp_path):
     assert "--format text" in message and "--text-mode line or paragraph" in message
 
 
+@pytest.mark.parametrize("planned", [[], ["--num-tasks", "2"]])
+def test_compressed_data_on_stdin_or_under_a_plain_name_says_how_to_read_it(tmp_path, planned):
+    """gzip, zstd, xz and bzip2 data read as it is (piped in, or a file without its suffix) is
+    named by its magic bytes, with the fix: decompress it before the pipe, or name the file with
+    the suffix prepare decompresses (it was "binary data (NUL byte...)": remove the file)."""
+    import zstandard
+
+    data = ('{"text": "a document about rivers and the sea"}\n' * 50).encode()
+    packed = {"gzip": (gzip.compress(data), ".gz", "zcat"), "xz": (lzma.compress(data), ".xz", "xzcat"),
+              "zstd": (zstandard.ZstdCompressor().compress(data), ".zst", "zstdcat"),
+              "bzip2": (bz2.compress(data), ".bz2", "bzcat")}  # fmt: skip
+    for codec, (raw, suffix, tool) in packed.items():
+        out = str(tmp_path / f"o_{codec}")
+        result = runner.invoke(app, ["prepare", "-", "--out", out, "--workers", "1", *planned], input=raw)
+        message = " ".join(result.output.split())
+        assert result.exit_code == EXIT_ERROR and "Traceback" not in result.output, result.output
+        assert f"-:1: {codec}-compressed data, read as it is; decompress it before the pipe ({tool} FILE{suffix} |" \
+            in message, message
+        src = tmp_path / f"{codec}.jsonl"  # (the suffix says plain JSON lines)
+        src.write_bytes(raw)
+        result = runner.invoke(app, ["prepare", str(src), "--out", out, "--workers", "1", *planned])
+        message = " ".join(result.output.split())
+        assert result.exit_code == EXIT_ERROR, result.output
+        assert f"{src}:1: {codec}-compressed data, read as it is; name the file with the suffix {suffix}" in message
+    plain = tmp_path / "BZh.jsonl"  # text that starts as bzip2 data does is text
+    plain.write_text('{"text": "BZh9 is how a bzip2 file starts, and this is a sentence"}\n')
+    result = runner.invoke(app, ["prepare", str(plain), "--out", str(tmp_path / "plain"), "--workers", "1",
+                                 "--val-fraction", "0", *planned])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--hf", "./typo_dir"], "--hf ./typo_dir: no such directory"),
     (["--hf", "~/nowhere/data"], "--hf ~/nowhere/data: no such directory"),

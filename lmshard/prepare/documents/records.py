@@ -76,6 +76,11 @@ def settle(src: Source, record: Record, on_error: str) -> Record:
         fix = PROBLEMS[record.problem]
         if record.problem == "wrong_encoding":  # its detail starts with the encoding's name
             fix = reencode_fix(src.path, detail.split(" ", 1)[0], src.compression is not None)
+        elif record.problem == "binary_file" and (codec := detail.partition("-compressed ")[0]) in COMPRESSED:
+            _, suffix, tool = COMPRESSED[codec]
+            fix = (f"decompress it before the pipe ({tool} FILE{suffix} | lmshard prepare - ...)" if src.piped else
+                   f"name the file with the suffix {suffix}, which prepare reads decompressed, or decompress it "
+                   f"({tool})")  # fmt: skip
         elif src.path == "-" and record.problem in ("json_error", "not_an_object"):
             fix = f"{fix} ({STDIN_HINT})"
         elif src.fmt == "json" and record.problem in ("json_error", "not_an_object"):  # a .json read as JSON lines
@@ -299,12 +304,22 @@ def _paragraphs(payload: bytes, first: int, replace: bool = False) -> Iterator[R
             pos = m.end()
 
 
+# Compressed data read as it is (stdin, a pipe, a file without its compression's suffix): the
+# magic bytes it starts with, the suffix that has prepare decompress a file, the tool that does.
+COMPRESSED = {"gzip": (b"\x1f\x8b\x08", ".gz", "zcat"), "zstd": (b"\x28\xb5\x2f\xfd", ".zst", "zstdcat"),
+              "xz": (b"\xfd7zXZ\x00", ".xz", "xzcat"), "bzip2": (b"BZh", ".bz2", "bzcat")}  # fmt: skip
+
+
 def binary_record(block: bytes) -> Record | None:
     """The problem record for a file whose first block is not UTF-8 text: "wrong_encoding" for
-    UTF-16 or UTF-32 text, "binary_file" for a NUL byte in its sniffed prefix."""
+    UTF-16 or UTF-32 text, "binary_file" for compressed data (named by its magic bytes) or a NUL
+    byte in its sniffed prefix."""
     if (encoding := foreign_encoding(block)) is not None:
         name, how = encoding
         return bad(1, "wrong_encoding", f"{name} text ({how}), not UTF-8")
+    for codec, (magic, _, _) in COMPRESSED.items():  # (bzip2: "BZh", a level digit, then its block's magic)
+        if block.startswith(magic) and (codec != "bzip2" or block[3:10][:1].isdigit() and block[4:10] == b"1AY&SY"):
+            return bad(1, "binary_file", f"{codec}-compressed data, read as it is")
     pos = nul_offset(block)
     return None if pos is None else bad(1, "binary_file", f"binary data (NUL byte at offset {pos})")
 
