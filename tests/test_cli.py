@@ -228,3 +228,25 @@ def test_an_append_keeps_the_datasets_tokens_per_shard_unless_given(tmp_path):
     assert meta["config"]["tokens_per_shard"] == 2000
     sizes = [s["n_tokens"] for s in meta["splits"]["train"]["shards"]]
     assert len(sizes) > 4 and max(sizes) < 2000 + 40  # whole documents: a shard ends after the one that passes 2000
+
+
+def test_lines_removed_by_dedup_lines_are_said_wherever_drops_are(tmp_path):
+    """--dedup-lines takes lines out of kept documents: the start line names it, and the summary,
+    the done line, --json and inspect count them (a hand count), where a run that only removes
+    lines said "dropped none" and nothing more."""
+    texts = [f"Copyright (c) Example Corp.\nreal text {i}\nshared footer line" for i in range(30)]
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    removed = 2 * 29  # the boilerplate and the footer, met before in every document but the first
+    out = str(tmp_path / "ds")
+    result = runner.invoke(app, ["prepare", str(src), "--out", out, "--dedup-lines", "--workers", "1"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "dedup document + lines," in said, said
+    assert f"lines removed by --dedup-lines (each line met before) {removed:,}: {src} ({removed:,})" in said, said
+    assert f"dropped none; lines removed duplicate_line {removed:,};" in said, said
+    result = runner.invoke(app, ["prepare", str(src), "--out", out, "--dedup-lines", "--workers", "1", "--json",
+                                 "--overwrite"])  # fmt: skip
+    assert json.loads(result.stdout.strip().splitlines()[-1])["lines_removed"] == {"duplicate_line": removed}
+    result = runner.invoke(app, ["inspect", out])
+    assert result.exit_code == 0 and f"lines removed │ duplicate_line {removed:,}" in result.output, result.output

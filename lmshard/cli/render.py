@@ -131,6 +131,10 @@ def summary(meta: Any, where: str) -> None:
         files = escape(_by_file(meta.sources, lambda src: src.grew, counts=False))
         line = f"  grew while read (read up to their size at the start) {grew:,}: {files}"
         out.print(line, highlight=False, soft_wrap=True)
+    if meta.dedup is not None and meta.dedup.lines_removed:
+        files = escape(_by_file(meta.sources, lambda src: src.lines_removed))
+        out.print(f"  lines removed by --dedup-lines (each line met before) {meta.dedup.lines_removed:,}: {files}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
     if meta.line_drops:
         lines = ", ".join(f"{reason} {entry['lines']:,}" for reason, entry in meta.line_drops.items())
         out.print(f"  lines removed by --filter: {escape(lines)}", highlight=False, soft_wrap=True)
@@ -192,6 +196,10 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
             table.add_row("doc length", Items([*stats[:-1], f"{stats[-1]} tokens"]))
         drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
         table.add_row("prepare drops", listed(drops) if drops else "none")
+        lines = ([f"duplicate_line {meta.dedup.lines_removed:,}"] if meta.dedup and meta.dedup.lines_removed else []) \
+            + [f"{reason} {entry['lines']:,}" for reason, entry in meta.line_drops.items()]  # fmt: skip
+        if lines:  # (taken out of kept documents: --dedup-lines, a --filter's edits)
+            table.add_row("lines removed", listed(lines))
         table.add_row("records read", f"{meta.records_read:,}")
         if meta.run.lineage:  # what made it: prepare, append, convert, import, oldest first
             table.add_row("history", Items([f"{e.get('op')} {str(e.get('at', ''))[:10]} ({_number(e.get('docs', 0))} "

@@ -45,7 +45,8 @@ class RunLog:
         inputs = [redact(i) for i in c.inputs[:3]] + ([f"(+{len(c.inputs) - 3} more)"] if len(c.inputs) > 3 else [])
         source = " ".join(inputs) or f"hf:{c.hf}"
         tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
-        tasks += f", dedup {c.dedup}" + (f" + near {c.minhash}" if c.near_dedup else "")
+        tasks += f", dedup {c.dedup}" + (" + lines" if c.dedup_lines else "") + \
+            (f" + near {c.minhash}" if c.near_dedup else "")  # fmt: skip
         self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
                    f"{tasks}, " + (f"val-by {c.val_by} ({c.val_tokens:,} tokens each)" if c.val_by else
                                    f"val-fraction {c.val_fraction}") + ", tokens-per-shard "
@@ -159,11 +160,19 @@ def summary_json(meta: Any, where: str) -> dict[str, Any]:
     run = meta.run
     return {"out": where, "records_read": meta.records_read, "n_docs": sum(s["docs"] for s in splits.values()),
             "n_tokens": sum(s["tokens"] for s in splits.values()), "splits": splits,
-            "drops": {k: v for k, v in meta.drops.items() if v}, "skipped_inputs": meta.skipped_inputs.to_json(),
+            "drops": {k: v for k, v in meta.drops.items() if v}, "lines_removed": _lines_removed(meta),
+            "skipped_inputs": meta.skipped_inputs.to_json(),
             "tokenizer": {"name": tok.name, "n_vocab": tok.n_vocab, "eot_id": tok.eot_id, "bos_id": tok.bos_id,
                           "backend": tok.backend},
             "encoding": meta.encoding.name, "bytes_on_disk": render.bytes_on_disk(meta),
             "elapsed_s": run.elapsed_s, "tokens_per_s": run.tokens_per_s, "workers": run.workers}  # fmt: skip
+
+
+def _lines_removed(meta: Any) -> dict[str, int]:
+    """Lines taken out of kept documents, by what took them: --dedup-lines (`duplicate_line`:
+    each line met before) and each --filter's reason."""
+    found = {"duplicate_line": meta.dedup.lines_removed} if meta.dedup is not None and meta.dedup.lines_removed else {}
+    return found | {reason: entry["lines"] for reason, entry in meta.line_drops.items()}
 
 
 def done_line(meta: Any, where: str) -> str:
@@ -171,6 +180,8 @@ def done_line(meta: Any, where: str) -> str:
     splits = "; ".join(f"{name} {plural(s['docs'], 'doc')}, {s['tokens']:,} tokens, {plural(s['shards'], 'shard')}"
                        for name, s in data["splits"].items())  # fmt: skip
     drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
+    if lines := data["lines_removed"]:
+        drops += f"; lines removed {', '.join(f'{k} {v:,}' for k, v in lines.items())}"
     if meta.skipped_inputs:
         drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
     rate = data["tokens_per_s"]  # (this attempt's: a resume whose tokens were all made before has none)
