@@ -193,3 +193,19 @@ def test_the_budget_is_in_the_fingerprint(tmp_path):
     assert "--val-by was 'input' when the run started and is not given now" in difference(by, fingerprint())
     assert "--near-dedup was off when the run started and is on now" in difference(  # (in words, not False/True)
         fingerprint(), fingerprint(near_dedup=True))
+
+
+def test_inputs_of_one_document_each_warn_that_the_val_split_is_empty(tmp_path, capsys):
+    """Text files of one document each: no input can lend a document to val (a domain keeps half
+    its tokens in train), so val is empty, and the run says so and how to get one, as an empty
+    --val-fraction split does; inputs of several documents get no warning."""
+    files = [write(tmp_path / "in" / f"f{i}.txt", f"document {i} " + "word " * (30 + i)) for i in range(5)]
+    out = tmp_path / "one_each"
+    prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(out), val_fraction=0, val_by="input",
+                          val_tokens=200, workers=1))  # fmt: skip
+    assert load_metadata(out).n_docs("val") == 0 and load_metadata(out).n_docs("train") == len(files)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the val split is empty: --val-by input found no input file of more than one document" in err, err
+    assert "--text-mode paragraph" in err
+    _prepare(tmp_path, "several")
+    assert "the val split is empty" not in capsys.readouterr().err

@@ -27,11 +27,17 @@ from .staging import OutputPaths
 
 
 def warn_empty_val(meta: DatasetMeta) -> None:
-    """A warning when --val-fraction asked for a validation split and it came out empty (few
-    documents kept): a trainer would run without a validation loss and not say why."""
-    fraction = meta.config.get("val_fraction")
+    """A warning when --val-fraction or --val-by asked for a validation split and it came out
+    empty (few documents kept, domains of one document each): a trainer would run without a
+    validation loss and not say why."""
+    fraction, by = meta.config.get("val_fraction"), meta.config.get("val_by")
     if fraction and meta.total_docs and not meta.n_docs("val"):
         warn(f"the val split is empty: {meta.empty_split_why('val')}")
+    elif by and meta.total_docs and not meta.n_docs("val"):  # (--val-by: a domain keeps half its tokens in train)
+        domain = "input file" if by == "input" else f"value of {by}"
+        warn(f"the val split is empty: --val-by {by} found no {domain} of more than one document, and a domain keeps "
+             "at least half its tokens in train (one document: none to val); give each domain several documents "
+             "(--text-mode paragraph splits a text file into its paragraphs), or use --val-fraction")  # fmt: skip
 
 
 def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
