@@ -317,6 +317,11 @@ def open_data(
         train = TokenDataset(args.dataset_dir, split="train", device=device, resident=resident_mode(args))
         if ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
             held = TokenDataset(args.dataset_dir, split="val")
+        elif ranks.main and train.meta is not None:  # (said, not silently trained without a val loss)
+            print(f"note: {args.dataset_dir} has no val split longer than --seq-len ({train.meta.n_tokens('val'):,} "
+                  "tokens), so no val loss is logged; prepare it with a val split (a single text file: "
+                  "--text-mode paragraph, so its paragraphs are documents; else a larger --val-fraction)",
+                  flush=True)  # fmt: skip
     if args.schedule:
         plan = read_schedule(args.schedule)
         batches = train.random_batches(schedule=plan, seed=args.seed, device=device)

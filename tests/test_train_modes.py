@@ -189,3 +189,25 @@ def test_resident_training_draws_the_host_runs_batches(trainer, tmp_path, monkey
         runs[mode] = trainer.train(args, trainer.Ranks(), torch.device("cpu"))
     assert [b["offsets"] for b in runs["on"]["batches"]] == [b["offsets"] for b in runs["off"]["batches"]]
     assert runs["on"]["final_sha256"] == runs["off"]["final_sha256"]  # the same weights at the end
+
+
+def test_a_dataset_without_a_val_split_is_said_not_trained_on_silently(trainer, tmp_path, capsys):
+    """`--dataset_dir` of a dataset whose val split is empty (one text file read whole: one
+    document, none to val) trains without a val loss and says so once, naming the fix; one with a
+    val split says nothing of it."""
+    from lmshard.prepare import PrepareConfig, prepare
+
+    text = tmp_path / "input.txt"
+    text.write_text("\n\n".join(f"Paragraph {i}: " + "the river runs to the sea. " * 12 for i in range(300)))
+    for name, mode in (("whole", "auto"), ("paragraphs", "paragraph")):
+        prepare(PrepareConfig(inputs=[str(text)], out=str(tmp_path / name), text_mode=mode, val_fraction=0.1,
+                              workers=1, allow_empty=True))  # fmt: skip
+        capsys.readouterr()
+        args = trainer.parse_args([str(tmp_path / name), "--steps", "1", "--device", "cpu", "--seq-len", "32"])
+        *_, val = trainer.open_data(args, trainer.Ranks(), torch.device("cpu"))
+        out = capsys.readouterr().out
+        if name == "whole":
+            assert val is None and f"note: {tmp_path / name} has no val split longer than --seq-len (0 tokens)" in out
+            assert "--text-mode paragraph" in out
+        else:
+            assert val is not None and "note:" not in out, out
