@@ -521,6 +521,9 @@ def test_a_task_killed_or_stopped_midway_is_named_by_status_and_its_rerun_comple
         assert f"task 0: 3 of {end - first} (stopped on " in shown and f"(pid {proc.pid}) by SIGTERM" in shown
     redo = run("run-task", "--stage", "tokenize", "--task", "0", "dist")
     assert redo.returncode == 0 and f"tokenize task 0: {end - first - 3} units tokenized" in redo.stderr, redo.stderr
+    again = run("run-task", "--stage", "tokenize", "--task", "0", "dist")  # (a retried job: nothing left)
+    said = f"tokenize task 0: nothing to do, its {end - first} units were done before"
+    assert again.returncode == 0 and said in again.stderr, again.stderr
     here = _here(monkeypatch, tmp_path)
     for stage in STAGES[1:-1]:
         for task in (1, 0):

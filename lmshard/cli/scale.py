@@ -174,6 +174,11 @@ def run_task(
             "write": "parts of shards and key files written"}[stage]  # fmt: skip
     if stage == "select" and (parts := nearparts.parts_of(work_dir(cfg.out))) > 1:
         what += f", the near-duplicate clusters found over {parts} parts with the other select tasks"
+    if done == 0 and (total := stages.task_items(cfg, n_tasks, stage, task or 0, unit_bytes)):
+        noun = "parts" if stage == "write" else "groups" if stage in ("dedup", "linedup") else "units"
+        render.err.print(f"{stage} task {task}: nothing to do, its {total:,} {noun} were done before", markup=False,
+                         soft_wrap=True)  # fmt: skip
+        return
     render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 
 

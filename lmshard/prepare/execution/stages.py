@@ -182,11 +182,16 @@ def run_task(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_by
     items = run.items(stage, task)
     def stopped(name: str) -> str:
         finished = len(items) - len(run.missing(stage, items))
-        return (f"{stage} task {task} stopped by {name} with {finished} of {len(items)} done; they are kept: run "
-                "the same command again to finish it")  # fmt: skip
+        kept = f"{finished} of {len(items)} done, which are kept" if finished else f"none of its {len(items)} done"
+        return f"{stage} task {task} stopped by {name} with {kept}: run the same command again to finish it"
 
     with recorded(run.work, stage, task, stopped):
         return _share(run, stage, task, items)
+
+
+def task_items(config: PrepareConfig, n_tasks: int, stage: str, task: int, unit_bytes: int | None = None) -> int:
+    """How many items task `task` of `stage` has (done or not): what `run-task` says it ran them of."""
+    return len(Run.of(config, n_tasks, unit_bytes).items(stage, task))
 
 
 @contextlib.contextmanager
