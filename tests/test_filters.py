@@ -252,3 +252,13 @@ def test_a_run_imports_only_the_filters_and_scorers_it_names(tmp_path):
     assert loaded("plain") == set()
     named = loaded("named", filters=["c4"], attributes=["length"], allow_empty=True)
     assert named == {f"lmshard.quality.{m}" for m in ("c4", "scores", "gopher", "repetition")}  # (the scorers' own)
+
+
+def test_the_start_line_names_the_filters(tmp_path, corpus):
+    """The run's first line names its --filter steps in order (a plugin by its file's name)."""
+    src, _ = corpus
+    (tmp_path / "myfilters.py").write_text(FILTER_FILE)
+    result = CliRunner().invoke(app, ["prepare", str(src), "--out", str(tmp_path / "ds"), "--workers", "1",
+                                      "--filter", "gopher_quality", "--filter", f"{tmp_path / 'myfilters.py'}:loud"])
+    first = result.output.splitlines()[0]
+    assert result.exit_code == 0 and ", filter gopher_quality myfilters.py:loud," in first, first

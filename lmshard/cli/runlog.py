@@ -47,6 +47,8 @@ class RunLog:
         tasks = f", {c.num_tasks} tasks ({c.executor})" if c.num_tasks else ""
         tasks += f", dedup {c.dedup}" + (" + lines" if c.dedup_lines else "") + \
             (f" + near {c.minhash}" if c.near_dedup else "")  # fmt: skip
+        if c.filters:  # (a plugin by its file's name: the path is in the metadata)
+            tasks += f", filter {' '.join(f.rpartition('/')[2] for f in c.filters)}"
         self._line(f"lmshard prepare: {source} -> {c.out}; tokenizer {c.tokenizer}, {plural(c.n_workers(), 'worker')}"
                    f"{tasks}, " + (f"val-by {c.val_by} ({c.val_tokens:,} tokens each)" if c.val_by else
                                    f"val-fraction {c.val_fraction}") + ", tokens-per-shard "
