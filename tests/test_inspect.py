@@ -106,6 +106,18 @@ def test_corruption_exits_2_and_names_the_shard(dataset, corrupt):
     assert all("lmshard prepare" in p for p in report["problems"])
 
 
+def test_the_figures_of_a_damaged_dataset_say_they_are_of_the_shards_read(dataset):
+    """inspect of a dataset with a shard missing still shows its length figures and top tokens,
+    labelled as those of the shards it could read; a sound dataset's are not labelled."""
+    whole = runner.invoke(app, ["inspect", str(dataset)])
+    assert whole.exit_code == 0 and "doc length " in whole.output and "of the shards read" not in whole.output
+    delete(dataset)
+    result = runner.invoke(app, ["inspect", str(dataset)])
+    assert result.exit_code == EXIT_CORRUPT, result.output
+    assert "doc length (of the shards read)" in result.output, result.output
+    assert "most frequent tokens (of the shards read):" in result.output, result.output
+
+
 def test_quick_skips_checksums_but_catches_structure(dataset):
     flip_byte(dataset)
     assert inspect_json(dataset, "--quick")[0] == 0  # a flipped byte needs the checksum

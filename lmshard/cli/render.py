@@ -192,8 +192,9 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
             counts = [meta.n_docs(split), meta.n_tokens(split), len(meta.split_shards(split))]
             table.add_row(split, Items([plural(n, w) for n, w in zip(counts, ("doc", "token", "shard"), strict=True)]))
         stats = [f"{k} {_number(v)}" for k, v in report.length_stats().items()]
+        partial = "" if report.ok else " (of the shards read)"  # (a damaged dataset's figures: not the whole)
         if stats:
-            table.add_row("doc length", Items([*stats[:-1], f"{stats[-1]} tokens"]))
+            table.add_row(f"doc length{partial}", Items([*stats[:-1], f"{stats[-1]} tokens"]))
         drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
         table.add_row("prepare drops", listed(drops) if drops else "none")
         lines = ([f"duplicate_line {meta.dedup.lines_removed:,}"] if meta.dedup and meta.dedup.lines_removed else []) \
@@ -209,10 +210,10 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
 
         hist = audit.length_histogram(report)
         if hist:
-            out.print("[bold]document lengths[/] (tokens, log2 buckets)")
+            out.print(f"[bold]document lengths[/] (tokens, log2 buckets{partial.replace(' (', ', ').rstrip(')')})")
             _bars([(label, count, f"{count:,}") for label, count in hist])
         if top_tokens:
-            title = Text("most frequent tokens:", style="bold")
+            title = Text(f"most frequent tokens{partial}:", style="bold")
             out.print(Items([title, *(f"{t!r}×{c:,}" for _, c, t in top_tokens)]))
     _samples(samples)
     if report.ok:
