@@ -12,7 +12,7 @@ def main() -> None:
     try:
         from .cli import main as run
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+        sys.stderr.write("interrupted: before the command started, nothing was done\n")
         raise SystemExit(130) from None
     run()
 

@@ -250,3 +250,21 @@ def test_lines_removed_by_dedup_lines_are_said_wherever_drops_are(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1])["lines_removed"] == {"duplicate_line": removed}
     result = runner.invoke(app, ["inspect", out])
     assert result.exit_code == 0 and f"lines removed │ duplicate_line {removed:,}" in result.output, result.output
+
+
+def test_a_ctrl_c_before_the_command_starts_says_nothing_was_done(monkeypatch, capsys):
+    """Ctrl-C while the command line is still importing (before any command runs): exit 130 and
+    one line saying nothing was done, where it said only 'interrupted'."""
+    import types
+
+    import lmshard.__main__ as entry
+
+    class Importing(types.ModuleType):
+        def __getattr__(self, name: str):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "lmshard.cli", Importing("lmshard.cli"))
+    with pytest.raises(SystemExit) as stop:
+        entry.main()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "interrupted: before the command started, nothing was done\n"
