@@ -137,17 +137,37 @@ def test_the_ranks_form_passes_the_gate_and_gives_the_truths_ids(kind, tmp_path,
 def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(converted, gate_dir, monkeypatch):  # noqa: F811
     """Two ranks swapped in the table: the gate fails the ranks form, splintr reads the
     tokenizer.json itself (exact, no warning), and the next load goes there without the gate."""
+    import splintr
+
     path = converted
     real = hf_fast.ranks_form
 
-    def swapped(parsed):
-        pattern, table = real(parsed)
+    def swap(table: bytes, rank: int) -> bytes:
         lines = table.split(b"\n")
         by_rank = {int(line.split(b" ")[1]): i for i, line in enumerate(lines) if line}
-        a, b = by_rank[300], by_rank[301]  # two early merges: tokens every text is made of
+        a, b = by_rank[rank], by_rank[rank + 1]
         ra, rb = lines[a].split(b" "), lines[b].split(b" ")
         lines[a], lines[b] = ra[0] + b" " + rb[1], rb[0] + b" " + ra[1]
-        return pattern, b"\n".join(lines)
+        return b"\n".join(lines)
+
+    # Two early merges (tokens every text is made of) whose swap changes the tokens of some ASCII
+    # text of the gate's sample but of no code point's probe (where the gate would route that
+    # code point to `tokenizers` rather than fail), found with splintr itself: which pairs do
+    # depends on the vocabulary trained here (from the repository's docs).
+    pattern, table = real(json.loads(path.read_bytes()))
+    texts = [text for _, text in gate.sample() if text.isascii()]
+    probes = [hf_fast._probe(c) for c in hf_fast.probe_points()]
+
+    def encoded(ranks: bytes) -> tuple[list[list[int]], list[list[int]]]:
+        enc = splintr.Tokenizer.from_bytes(ranks, pattern, {})
+        return enc.encode_batch(texts), enc.encode_batch(probes)
+
+    want = encoded(table)
+    rank = next(r for r in range(300, 2000) if (got := encoded(swap(table, r)))[0] != want[0] and got[1] == want[1])
+
+    def swapped(parsed):
+        found_pattern, found = real(parsed)
+        return found_pattern, swap(found, rank)
 
     monkeypatch.setattr(hf_fast, "ranks_form", swapped)
     gates = []
