@@ -456,6 +456,12 @@ def test_compressed_data_on_stdin_or_under_a_plain_name_says_how_to_read_it(tmp_
         message = " ".join(result.output.split())
         assert result.exit_code == EXIT_ERROR, result.output
         assert f"{src}:1: {codec}-compressed data, read as it is; name the file with the suffix {suffix}" in message
+    twice = tmp_path / "twice.jsonl.gz"  # (read decompressed once by its suffix: gzip data still)
+    twice.write_bytes(gzip.compress(packed["gzip"][0]))
+    result = runner.invoke(app, ["prepare", str(twice), "--out", str(tmp_path / "o_twice"), "--workers", "1", *planned])
+    message = " ".join(result.output.split())
+    assert result.exit_code == EXIT_ERROR and f"{twice}:1: gzip-compressed data once decompressed (compressed " \
+        "twice); decompress it once (zcat)" in message, message
     plain = tmp_path / "BZh.jsonl"  # text that starts as bzip2 data does is text
     plain.write_text('{"text": "BZh9 is how a bzip2 file starts, and this is a sentence"}\n')
     result = runner.invoke(app, ["prepare", str(plain), "--out", str(tmp_path / "plain"), "--workers", "1",

@@ -244,12 +244,12 @@ def test_lines_removed_by_dedup_lines_are_said_wherever_drops_are(tmp_path):
     assert result.exit_code == 0, result.output
     assert "dedup document + lines," in said and "filter" not in said.split(";")[0], said
     assert f"lines removed by --dedup-lines (each line met before) {removed:,}: {src} ({removed:,})" in said, said
-    assert f"dropped none; lines removed duplicate_line {removed:,};" in said, said
+    assert f"dropped none; lines removed --dedup-lines {removed:,};" in said, said
     result = runner.invoke(app, ["prepare", str(src), "--out", out, "--dedup-lines", "--workers", "1", "--json",
                                  "--overwrite"])  # fmt: skip
-    assert json.loads(result.stdout.strip().splitlines()[-1])["lines_removed"] == {"duplicate_line": removed}
+    assert json.loads(result.stdout.strip().splitlines()[-1])["lines_removed"] == {"dedup_lines": removed}
     result = runner.invoke(app, ["inspect", out])
-    assert result.exit_code == 0 and f"lines removed │ duplicate_line {removed:,}" in result.output, result.output
+    assert result.exit_code == 0 and f"lines removed │ --dedup-lines {removed:,}" in result.output, result.output
 
 
 def test_a_ctrl_c_before_the_command_starts_says_nothing_was_done(monkeypatch, capsys):

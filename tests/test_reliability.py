@@ -638,8 +638,8 @@ def test_append_of_known_documents_only_adds_nothing_and_says_so(tmp_path, input
     [
         ({"normalize": "nfkc"}, "--normalize 'nfc'"),
         ({"byte_exact": True}, "prepared without --no-normalize and this run with it"),
-        ({"filters": ["gopher_repetition"]}, "filtered with no --filter and this run's would be with --filter "
-                                             "gopher_repetition"),
+        ({"filters": ["gopher_repetition"]}, "filtered with no --filter or --decontaminate and this run's would be "
+                                             "with --filter gopher_repetition"),
         ({"seed": 7}, "--seed 1337"),
         ({"dedup": "none"}, "--dedup 'document'"),
         ({"eot_position": "before"}, "--eot-position 'after'"),
@@ -664,7 +664,7 @@ def test_append_refuses_other_filters_or_a_filters_changed_code(tmp_path, inputs
     out, both = tmp_path / "ds", ["gopher_repetition", f"{rules}:keep"]
     run(out, inputs[0][:1], filters=both)
     before = snapshot(out)
-    for filters, words in (([], "this run's would be with no --filter"),
+    for filters, words in (([], "this run's would be with no --filter or --decontaminate"),
                            (both[::-1], f"this run's would be with --filter {rules}:keep --filter gopher_repetition")):
         with pytest.raises(ConfigError, match="--append") as e:
             run(out, inputs[0][1:], append=True, filters=filters)
@@ -677,6 +677,24 @@ def test_append_refuses_other_filters_or_a_filters_changed_code(tmp_path, inputs
     rules.write_text("def keep(text):\n    return None\n")
     run(out, inputs[0][1:], append=True, filters=both)
     assert load_metadata(out).config["filters"] == both
+
+
+def test_append_refuses_other_decontamination_or_a_changed_benchmark(tmp_path, inputs):
+    """--decontaminate is filtering too: an --append that removes lines where the dataset removed
+    documents is refused naming the switch as it is typed, and so is one whose benchmark file
+    changed since (named by its path)."""
+    bench = tmp_path / "bench.txt"
+    bench.write_text("one two three four five six seven eight nine ten eleven twelve thirteen fourteen\n")
+    out = tmp_path / "ds"
+    run(out, inputs[0][:1], decontaminate=[str(bench)])
+    with pytest.raises(ConfigError, match="--append") as e:
+        run(out, inputs[0][1:], append=True, decontaminate=[str(bench)], decontaminate_lines=True)
+    said = str(e.value)
+    assert f"--decontaminate {bench} --decontaminate-n 13 and this run's would be with --decontaminate {bench} " \
+        "--decontaminate-n 13 --decontaminate-lines;" in said and "False" not in said, said
+    bench.write_text("fifteen sixteen seventeen eighteen nineteen twenty twentyone twentytwo twentythree\n")
+    with pytest.raises(ConfigError, match=f"--append: {bench} \\(a --decontaminate file\\) changed since"):
+        run(out, inputs[0][1:], append=True, decontaminate=[str(bench)])
 
 
 def test_append_takes_the_same_vocabulary_under_another_name(tmp_path, inputs):

@@ -288,7 +288,8 @@ def test_scancelled_task_is_recorded_stopped_and_prepare_resume_finishes(slurm):
     _later_stages_cancelled(env, jobs)
     _until("squeue to list none of the run's jobs", lambda: not _queued(env, _run_id(root, out)), 60)
     said = _again(root, env, out)  # and once none is left
-    assert "has no job queued or running" in said and "waiting" not in said and "--resume" in said, said
+    assert "has no job that squeue here lists as queued or running" in said and "waiting" not in said, said
+    assert "--resume" in said, said
     task1 = _jobs(env, tok)["1"]
     assert (task1["JobState"], task1["ExitCode"]) == ("CANCELLED", "143:0"), task1
     log = (work / "slurm" / f"tokenize_{tok}_1.log").read_text()

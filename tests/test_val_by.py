@@ -205,7 +205,29 @@ def test_inputs_of_one_document_each_warn_that_the_val_split_is_empty(tmp_path, 
                           val_tokens=200, workers=1))  # fmt: skip
     assert load_metadata(out).n_docs("val") == 0 and load_metadata(out).n_docs("train") == len(files)
     err = " ".join(capsys.readouterr().err.split())
-    assert "the val split is empty: --val-by input found no input file of more than one document" in err, err
+    assert "the val split is empty: --val-by input: no input file has more than one document" in err, err
     assert "--text-mode paragraph" in err
     _prepare(tmp_path, "several")
     assert "the val split is empty" not in capsys.readouterr().err
+
+
+def test_domains_whose_first_drawn_document_is_most_of_them_warn_with_that_reason(tmp_path, capsys):
+    """Inputs of two documents, one long and one short: where every input draws its long one
+    first, val is empty (a domain keeps half its tokens in train), and the warning says that,
+    not that the inputs have one document each (the first seed that gives it, found by trying)."""
+    for i in range(2):
+        write(tmp_path / "in" / f"f{i}.jsonl", json.dumps({"text": f"long {i} " + "word " * 300}) + "\n" +
+              json.dumps({"text": f"short one {i}"}) + "\n")  # fmt: skip
+    for seed in range(40):
+        out = tmp_path / f"s{seed}"
+        prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(out), val_fraction=0, val_by="input",
+                              val_tokens=1000, workers=1, seed=seed))  # fmt: skip
+        err = " ".join(capsys.readouterr().err.split())
+        if load_metadata(out).n_docs("val") == 0:
+            break
+        assert "the val split is empty" not in err, err
+    else:
+        pytest.fail("no seed drew the long document first in both inputs")
+    assert "the val split is empty: --val-by input: every domain keeps at least half its tokens in train, and in " \
+        "each the first document drawn holds more than half" in err, err
+    assert "--text-mode paragraph" not in err

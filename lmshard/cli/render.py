@@ -192,12 +192,15 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
             counts = [meta.n_docs(split), meta.n_tokens(split), len(meta.split_shards(split))]
             table.add_row(split, Items([plural(n, w) for n, w in zip(counts, ("doc", "token", "shard"), strict=True)]))
         stats = [f"{k} {_number(v)}" for k, v in report.length_stats().items()]
-        partial = "" if report.ok else " (of the shards read)"  # (a damaged dataset's figures: not the whole)
+        damaged = {p.where for p in report.problems}  # (a shard missing or damaged: its figures are not all there)
+        whole = sum(map(len, report.lengths.values())) == len(meta.shards) and \
+            not any(s.path in w for s in meta.shards for w in damaged)  # fmt: skip
+        partial = "" if whole else " (of the shards read)"
         if stats:
             table.add_row(f"doc length{partial}", Items([*stats[:-1], f"{stats[-1]} tokens"]))
         drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
         table.add_row("prepare drops", listed(drops) if drops else "none")
-        lines = ([f"duplicate_line {meta.dedup.lines_removed:,}"] if meta.dedup and meta.dedup.lines_removed else []) \
+        lines = ([f"--dedup-lines {meta.dedup.lines_removed:,}"] if meta.dedup and meta.dedup.lines_removed else []) \
             + [f"{reason} {entry['lines']:,}" for reason, entry in meta.line_drops.items()]  # fmt: skip
         if lines:  # (taken out of kept documents: --dedup-lines, a --filter's edits)
             table.add_row("lines removed", listed(lines))

@@ -170,11 +170,15 @@ def summary_json(meta: Any, where: str) -> dict[str, Any]:
             "elapsed_s": run.elapsed_s, "tokens_per_s": run.tokens_per_s, "workers": run.workers}  # fmt: skip
 
 
-def _lines_removed(meta: Any) -> dict[str, int]:
-    """Lines taken out of kept documents, by what took them: --dedup-lines (`duplicate_line`:
-    each line met before) and each --filter's reason."""
-    found = {"duplicate_line": meta.dedup.lines_removed} if meta.dedup is not None and meta.dedup.lines_removed else {}
-    return found | {reason: entry["lines"] for reason, entry in meta.line_drops.items()}
+def _lines_removed(meta: Any) -> dict[str, Any]:
+    """Lines taken out of kept documents: by --dedup-lines (`dedup_lines`: each line met before)
+    and by each --filter reason (`filters`); {} when none was."""
+    found: dict[str, Any] = {}
+    if meta.dedup is not None and meta.dedup.lines_removed:
+        found["dedup_lines"] = meta.dedup.lines_removed
+    if meta.line_drops:
+        found["filters"] = {reason: entry["lines"] for reason, entry in meta.line_drops.items()}
+    return found
 
 
 def done_line(meta: Any, where: str) -> str:
@@ -183,7 +187,9 @@ def done_line(meta: Any, where: str) -> str:
                        for name, s in data["splits"].items())  # fmt: skip
     drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
     if lines := data["lines_removed"]:
-        drops += f"; lines removed {', '.join(f'{k} {v:,}' for k, v in lines.items())}"
+        said = ([f"--dedup-lines {lines['dedup_lines']:,}"] if "dedup_lines" in lines else []) + \
+            [f"{k} {v:,}" for k, v in lines.get("filters", {}).items()]  # fmt: skip
+        drops += f"; lines removed {', '.join(said)}"
     if meta.skipped_inputs:
         drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
     rate = data["tokens_per_s"]  # (this attempt's: a resume whose tokens were all made before has none)

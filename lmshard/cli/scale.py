@@ -176,8 +176,8 @@ def run_task(
         what += f", the near-duplicate clusters found over {parts} parts with the other select tasks"
     if done == 0 and (total := stages.task_items(cfg, n_tasks, stage, task or 0, unit_bytes)):
         noun = "parts" if stage == "write" else "groups" if stage in ("dedup", "linedup") else "units"
-        render.err.print(f"{stage} task {task}: nothing to do, its {total:,} {noun} were done before", markup=False,
-                         soft_wrap=True)  # fmt: skip
+        its = f"its {total:,} {noun} were" if total > 1 else f"its one {noun[:-1]} was"
+        render.err.print(f"{stage} task {task}: nothing to do, {its} done before", markup=False, soft_wrap=True)
         return
     render.err.print(f"{stage} task {task}: {done} {what}", markup=False, soft_wrap=True)
 

@@ -78,9 +78,14 @@ def settle(src: Source, record: Record, on_error: str) -> Record:
             fix = reencode_fix(src.path, detail.split(" ", 1)[0], src.compression is not None)
         elif record.problem == "binary_file" and (codec := detail.partition("-compressed ")[0]) in COMPRESSED:
             _, suffix, tool = COMPRESSED[codec]
-            fix = (f"decompress it before the pipe ({tool} FILE{suffix} | lmshard prepare - ...)" if src.piped else
-                   f"name the file with the suffix {suffix}, which prepare reads decompressed, or decompress it "
-                   f"({tool})")  # fmt: skip
+            if src.compression is not None:  # (decompressed once by its suffix: compressed twice)
+                detail = f"{codec}-compressed data once decompressed (compressed twice)"
+                fix = f"decompress it once ({tool}) and name the file for what is left"
+            elif src.piped:
+                fix = f"decompress it before the pipe ({tool} FILE{suffix} | lmshard prepare - ...)"
+            else:
+                fix = f"name the file with the suffix {suffix}, which prepare reads decompressed, or decompress it " \
+                    f"({tool})"  # fmt: skip
         elif src.path == "-" and record.problem in ("json_error", "not_an_object"):
             fix = f"{fix} ({STDIN_HINT})"
         elif src.fmt == "json" and record.problem in ("json_error", "not_an_object"):  # a .json read as JSON lines

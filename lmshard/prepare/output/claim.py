@@ -357,19 +357,20 @@ def _same_filters(out: Path, then: dict[str, Any], now: dict[str, Any]) -> None:
         flags = [f"--filter {f}" for f in config.get("filters") or ()]
         flags += [f"--decontaminate {b}" for b in config.get("decontaminate") or ()]
         if config.get("decontaminate"):
-            flags += [f"--decontaminate-n {config.get('decontaminate_n')}",
-                      f"--decontaminate-lines {config.get('decontaminate_lines')}"]  # fmt: skip
-        return " ".join(flags) or "no --filter"
+            flags += [f"--decontaminate-n {config.get('decontaminate_n')}"]
+            flags += ["--decontaminate-lines"] if config.get("decontaminate_lines") else []
+        return " ".join(flags) or "no --filter or --decontaminate"
 
     if given(then) != given(now):
         raise ConfigError(f"{out}: --append: the dataset's documents were filtered with {given(then)} and this run's "
                           f"would be with {given(now)}; pass the same so old and new documents are treated alike")
-    for key, flag in (("filter_sources", "--filter"), ("decontaminate_sources", "--decontaminate")):
+    for key, what in (("filter_sources", "--filter {name}"), ("decontaminate_sources", "a --decontaminate file")):
         old, new = then.get(key) or {}, now.get(key) or {}
         if changed := [name for name in new if name in old and old[name] != new[name]]:
-            raise ConfigError(f"{out}: --append: {new[changed[0]][0] or changed[0]} ({flag} {changed[0]}) changed "
-                              "since the dataset was prepared, so old and new documents would be filtered "
-                              "differently; put it back as it was, or prepare the dataset again")  # fmt: skip
+            name = changed[0]
+            raise ConfigError(f"{out}: --append: {new[name][0] or name} ({what.format(name=name)}) changed since "
+                              "the dataset was prepared, so old and new documents would be filtered differently; "
+                              "put it back as it was, or prepare the dataset again")  # fmt: skip
 
 
 def _spec(minhash: dict[str, Any]) -> str:

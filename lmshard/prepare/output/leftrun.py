@@ -35,10 +35,11 @@ def left_unfinished(run: dict[str, Any], out: Path, staging: Path, was_append: b
     if (executor := _planned_elsewhere(out)) is not None:  # not interrupted: waiting for its tasks
         status = f"lmshard status {shlex.quote(str(out))}"
         if executor == "slurm" and live_jobs(str(out)) == []:  # (squeue answered: none of the run's jobs is left)
-            return ConfigError(f"{out}: a run planned for --executor slurm (started {when}) has no job queued or "
-                               f"running (cancelled, failed, or ended with tasks left); `{status}` lists the tasks "
-                               f"left and the sbatch lines that run them; pass {how} to go on with it (without "
-                               f"--executor: its tasks run here), or {drop} to discard it")  # fmt: skip
+            return ConfigError(f"{out}: a run planned for --executor slurm (started {when}) has no job that squeue "
+                               "here lists as queued or running (cancelled, failed, ended with tasks left, or on "
+                               f"another cluster); `{status}` lists the tasks left and the sbatch lines that run them; "
+                               f"pass {how} to go on with it (without --executor: its tasks run here), or {drop} to "
+                               "discard it")  # fmt: skip
         return ConfigError(f"{out}: a run planned for --executor {executor} (started {when}) is waiting for its "
                            f"tasks; `{status}` lists those left; pass {how} to go on with it (without --executor: its "
                            f"tasks run here), or {drop} to discard it")  # fmt: skip

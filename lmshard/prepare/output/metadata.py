@@ -34,10 +34,13 @@ def warn_empty_val(meta: DatasetMeta) -> None:
     if fraction and meta.total_docs and not meta.n_docs("val"):
         warn(f"the val split is empty: {meta.empty_split_why('val')}")
     elif by and meta.total_docs and not meta.n_docs("val"):  # (--val-by: a domain keeps half its tokens in train)
-        domain = "input file" if by == "input" else f"value of {by}"
-        warn(f"the val split is empty: --val-by {by} found no {domain} of more than one document, and a domain keeps "
-             "at least half its tokens in train (one document: none to val); give each domain several documents "
-             "(--text-mode paragraph splits a text file into its paragraphs), or use --val-fraction")  # fmt: skip
+        why = ("every domain keeps at least half its tokens in train, and in each the first document drawn holds more "
+               "than half; give the domains more documents, or use --val-fraction")  # fmt: skip
+        if by == "input" and all(src.kept <= 1 for src in meta.sources):  # (a field's domains are not counted here)
+            why = ("no input file has more than one document, and a domain keeps at least half its tokens in train; "
+                   "give each input several documents (--text-mode paragraph splits a text file into its "
+                   "paragraphs), or use --val-fraction")  # fmt: skip
+        warn(f"the val split is empty: --val-by {by}: {why}")
 
 
 def dataset_metadata(config: PrepareConfig, sources: Sources, tokenizer: Tokenizer, shards: list[ShardInfo],
