@@ -111,6 +111,13 @@ def test_the_figures_of_a_damaged_dataset_say_they_are_of_the_shards_read(datase
     labelled as those of the shards it could read; a sound dataset's are not labelled."""
     whole = runner.invoke(app, ["inspect", str(dataset)])
     assert whole.exit_code == 0 and "doc length " in whole.output and "of the shards read" not in whole.output
+    keys = next((dataset / "dedup").glob("doc_keys_*.u64"))  # a damaged key file: every shard still read whole
+    good = keys.read_bytes()
+    keys.write_bytes(bytes([good[0] ^ 1]) + good[1:])
+    result = runner.invoke(app, ["inspect", str(dataset)])
+    assert result.exit_code == EXIT_CORRUPT and "doc length " in result.output, result.output
+    assert "of the shards read" not in result.output, result.output
+    keys.write_bytes(good)
     delete(dataset)
     result = runner.invoke(app, ["inspect", str(dataset)])
     assert result.exit_code == EXIT_CORRUPT, result.output
