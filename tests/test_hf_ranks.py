@@ -134,9 +134,13 @@ def test_the_ranks_form_passes_the_gate_and_gives_the_truths_ids(kind, tmp_path,
     assert_same_ids(tok, path, TEXTS)
 
 
-def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(converted, gate_dir, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("seen", ["on the sample", "on an ASCII probe"])
+def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(converted, gate_dir, monkeypatch,  # noqa: F811
+                                                                        seen):
     """Two ranks swapped in the table: the gate fails the ranks form, splintr reads the
-    tokenizer.json itself (exact, no warning), and the next load goes there without the gate."""
+    tokenizer.json itself (exact, no warning), and the next load goes there without the gate.
+    Whether the swap shows on the sample only, or on the probe of an ASCII letter too (which the
+    gate never routes to `tokenizers`: both classify ASCII alike, so it is the table's fault)."""
     import splintr
 
     path = converted
@@ -151,19 +155,25 @@ def test_a_ranks_table_that_differs_is_caught_and_the_file_read_instead(converte
         return b"\n".join(lines)
 
     # Two early merges (tokens every text is made of) whose swap changes the tokens of some ASCII
-    # text of the gate's sample but of no code point's probe (where the gate would route that
-    # code point to `tokenizers` rather than fail), found with splintr itself: which pairs do
-    # depends on the vocabulary trained here (from the repository's docs).
+    # text of the gate's sample but of no code point's probe, or of an ASCII letter's probe, found
+    # with splintr itself: which pairs do depends on the vocabulary trained here (from the
+    # repository's docs).
     pattern, table = real(json.loads(path.read_bytes()))
     texts = [text for _, text in gate.sample() if text.isascii()]
     probes = [hf_fast._probe(c) for c in hf_fast.probe_points()]
+    ascii_probes = [hf_fast._probe(c) for c in range(0x80)]
 
-    def encoded(ranks: bytes) -> tuple[list[list[int]], list[list[int]]]:
+    def encoded(ranks: bytes) -> tuple[list[list[int]], ...]:
         enc = splintr.Tokenizer.from_bytes(ranks, pattern, {})
-        return enc.encode_batch(texts), enc.encode_batch(probes)
+        return enc.encode_batch(texts), enc.encode_batch(probes), enc.encode_batch(ascii_probes)
+
+    def fits(got: tuple[list[list[int]], ...]) -> bool:
+        if seen == "on the sample":
+            return got[0] != want[0] and got[1] == want[1]
+        return got[2] != want[2]
 
     want = encoded(table)
-    rank = next(r for r in range(300, 2000) if (got := encoded(swap(table, r)))[0] != want[0] and got[1] == want[1])
+    rank = next(r for r in range(300, 2000) if fits(encoded(swap(table, r))))
 
     def swapped(parsed):
         found_pattern, found = real(parsed)
