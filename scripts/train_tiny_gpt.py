@@ -315,13 +315,8 @@ def open_data(
         train, held = text_splits(args.input_file)
     else:
         train = TokenDataset(args.dataset_dir, split="train", device=device, resident=resident_mode(args))
-        if ranks.main and train.meta is not None and train.meta.n_tokens("val") > args.seq_len + 1:
+        if ranks.main and train.meta is not None and train.meta.n_tokens("val"):
             held = TokenDataset(args.dataset_dir, split="val")
-        elif ranks.main and train.meta is not None:  # (said, not silently trained without a val loss)
-            print(f"note: {args.dataset_dir} has no val split longer than --seq-len ({train.meta.n_tokens('val'):,} "
-                  "tokens), so no val loss is logged; prepare it with a val split (a single text file: "
-                  "--text-mode paragraph, so its paragraphs are documents; else a larger --val-fraction)",
-                  flush=True)  # fmt: skip
     if args.schedule:
         plan = read_schedule(args.schedule)
         batches = train.random_batches(schedule=plan, seed=args.seed, device=device)
@@ -332,6 +327,11 @@ def open_data(
     if ranks.main and held is not None and held.n_tokens > args.seq_len + 1:
         # only rank 0 evaluates, so it reads every validation row itself
         val = held.random_batches(args.batch_size, args.seq_len, seed=0, rank=0, world_size=1, device=device)
+    elif ranks.main and args.dataset_dir and not args.mixture:  # (said, not silently trained without a val loss)
+        print(f"note: {args.dataset_dir} has no val split longer than a row ({held.n_tokens if held else 0:,} tokens, "
+              f"rows of {args.seq_len}), so no val loss is logged; prepare it with a val split (a single text file: "
+              "--text-mode paragraph, so its paragraphs are documents; else a larger --val-fraction)",
+              flush=True)  # fmt: skip
     return mix, train, batches, val
 
 

@@ -207,7 +207,8 @@ def test_a_dataset_without_a_val_split_is_said_not_trained_on_silently(trainer, 
         *_, val = trainer.open_data(args, trainer.Ranks(), torch.device("cpu"))
         out = capsys.readouterr().out
         if name == "whole":
-            assert val is None and f"note: {tmp_path / name} has no val split longer than --seq-len (0 tokens)" in out
+            assert val is None and f"note: {tmp_path / name} has no val split longer than a row (0 tokens, rows of " \
+                "32)" in out, out
             assert "--text-mode paragraph" in out
         else:
             assert val is not None and "note:" not in out, out
