@@ -146,6 +146,13 @@ def summary(meta: Any, where: str) -> None:
         out.print(f"  hint: {escape(hint)}", highlight=False, soft_wrap=True)
 
 
+def lines_removed(meta: Any) -> list[str]:
+    """The lines taken out of kept documents, by what took them: ["--dedup-lines 4,719",
+    "c4_end_mark 25,536"] (--dedup-lines, then each --filter reason); [] when none was."""
+    found = [f"--dedup-lines {meta.dedup.lines_removed:,}"] if meta.dedup and meta.dedup.lines_removed else []
+    return found + [f"{reason} {entry['lines']:,}" for reason, entry in meta.line_drops.items()]
+
+
 def skipped_parts(skipped: Any, top: int = 3) -> list[str]:
     """What the input walk left out: ["17,867 .1.gz", "3 .png (unknown type)", "2 hidden dirs"]."""
     ranked = list(skipped.unknown_type.items())  # most first, as recorded
@@ -200,9 +207,7 @@ def report(report: Any, top_tokens: list[tuple[int, int, str]], samples: list[tu
             table.add_row(f"doc length{partial}", Items([*stats[:-1], f"{stats[-1]} tokens"]))
         drops = [f"{k} {v:,}" for k, v in meta.drops.items() if v]
         table.add_row("prepare drops", listed(drops) if drops else "none")
-        lines = ([f"--dedup-lines {meta.dedup.lines_removed:,}"] if meta.dedup and meta.dedup.lines_removed else []) \
-            + [f"{reason} {entry['lines']:,}" for reason, entry in meta.line_drops.items()]  # fmt: skip
-        if lines:  # (taken out of kept documents: --dedup-lines, a --filter's edits)
+        if lines := lines_removed(meta):
             table.add_row("lines removed", listed(lines))
         table.add_row("records read", f"{meta.records_read:,}")
         if meta.run.lineage:  # what made it: prepare, append, convert, import, oldest first

@@ -186,10 +186,8 @@ def done_line(meta: Any, where: str) -> str:
     splits = "; ".join(f"{name} {plural(s['docs'], 'doc')}, {s['tokens']:,} tokens, {plural(s['shards'], 'shard')}"
                        for name, s in data["splits"].items())  # fmt: skip
     drops = ", ".join(f"{k} {v:,}" for k, v in data["drops"].items()) or "none"
-    if lines := data["lines_removed"]:
-        said = ([f"--dedup-lines {lines['dedup_lines']:,}"] if "dedup_lines" in lines else []) + \
-            [f"{k} {v:,}" for k, v in lines.get("filters", {}).items()]  # fmt: skip
-        drops += f"; lines removed {', '.join(said)}"
+    if lines := render.lines_removed(meta):
+        drops += f"; lines removed {', '.join(lines)}"
     if meta.skipped_inputs:
         drops += f"; skipped {', '.join(render.skipped_parts(meta.skipped_inputs))}"
     rate = data["tokens_per_s"]  # (this attempt's: a resume whose tokens were all made before has none)
