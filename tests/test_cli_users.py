@@ -36,16 +36,19 @@ def corpus(tmp_path_factory):
     return jsonl(tmp / "in" / "a.jsonl", make_texts(6000, seed=8) + make_texts(200, seed=8))  # 200 duplicates
 
 
-@pytest.mark.parametrize("staged", [False, True], ids=["one process", "stages"])
+@pytest.mark.parametrize("staged", ["", "pool", "here"], ids=["one process", "stages", "stages here"])
 def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path, corpus, staged):
-    """`lmshard prepare ... 2> log`: plain lines, no escape codes, in one process and as the
-    stages in the pool (the path of a large input: forced here). `--log-interval 0` logs after
-    every work item (64 KiB items) or unit (64 KiB units), which cut the 2.2 MB input into ~35:
-    the number of progress lines depends on the input alone, never on how fast the machine is."""
+    """`lmshard prepare ... 2> log`: plain lines, no escape codes, in one process, as the stages
+    in the pool (the path of a large input: forced here), and as the stages in this process (one
+    worker: one unit of the whole input). `--log-interval 0` logs after every work item (64 KiB
+    items) or unit (64 KiB units), which cut the 2.2 MB input into ~35: the number of progress
+    lines depends on the input alone, never on how fast the machine is."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_BLOCK_BYTES": str(64 << 10)}
-    if staged:
+    if staged == "pool":
         env |= {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_POOL_BYTES": "0", "LMSHARD_UNIT_BYTES": str(64 << 10)}
-    workers = "2" if staged else "1"
+    if staged == "here":  # (its one unit's work items counted as they are tokenized)
+        env |= {"LMSHARD_STAGED_BYTES": "0"}
+    workers = "2" if staged == "pool" else "1"
     with open(tmp_path / "log", "w") as log:
         done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(tmp_path / "o"), "--workers", workers,
                                "--log-interval", "0"], stdout=subprocess.PIPE, stderr=log, text=True,
@@ -55,7 +58,7 @@ def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path
     lines = text.splitlines()
     meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
     assert not ESCAPE.search(text), repr(text[:500])
-    said = "2 workers" if staged else "1 worker"
+    said = "2 workers" if staged == "pool" else "1 worker"
     assert lines[0].startswith(f"lmshard prepare: {corpus} -> {tmp_path / 'o'}; tokenizer gpt2, {said},"), lines[0]
     progress = [line for line in lines if line.startswith("prepare: ")]
     assert len(progress) >= corpus.stat().st_size // (64 << 10), text  # one line per work item, or unit

@@ -36,7 +36,7 @@ import contextlib
 import functools
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ...errors import ConfigError, InputError
@@ -44,6 +44,8 @@ from ...format import load_metadata
 from ...remote.retry import RemoteError
 from ..config import PrepareConfig
 from ..documents.reading import InputGone, InputReadError, nothing_kept, work_kept
+from ..documents.sources import WorkItem
+from ..documents.worker import ItemResult, run_item
 from ..output.build import Progress, sigterm_stops
 from ..output.staging import Interrupted, OutputPaths, WriterLock, commit, os_error
 from . import plainplan, volatile
@@ -180,12 +182,13 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
     if workers <= 1:
         for stage in _order(r):
             items = list(_todo(r, stage))
+            here = _counted(r, progress.step) if stage == "tokenize" and on_progress is not None else None
             for k, i in enumerate(items):
                 if stage == "tokenize" and early is not None and early.enough:
                     _skip(r, items[k:], progress)
                     break
                 stop = early.stop_for(i, here=True) if stage == "tokenize" and early is not None else None
-                ran = r.do(stage, i, stop)
+                ran = r.do(stage, i, stop, here)
                 done(stage, i, stop if ran else None)
             _summarize(r, stage)
         return progress
@@ -204,6 +207,20 @@ def _stages(r: Run, on_progress: Callable[[Any], None] | None, resumed: bool = F
                 in_pool(pool, stage, list(_todo(r, stage)), workers, progress.done)
             _summarize(r, stage)
     return progress
+
+
+def _counted(r: Run, step: Callable[[Any], None]) -> Callable[[Iterator[WorkItem]], Iterator[ItemResult]]:
+    """A unit's work items tokenized in this process, each counted as it is done (`step`: its
+    counts until the unit is done, then the unit's own), so that a run of units as large as
+    UNIT_BYTES in this process shows progress as one reading process does, item by item."""
+
+    def tokenized(items: Iterator[WorkItem]) -> Iterator[ItemResult]:
+        for item in items:
+            result = run_item(item, r.wcfg, r.tokenizer)
+            step(result)
+            yield result
+
+    return tokenized
 
 
 def _until_enough(r: Run, pool: Any, workers: int, early: EarlyStop, step: Callable[[Any], None],

@@ -78,9 +78,10 @@ def tokenize_unit(config: PrepareConfig, plan: dict[str, Any], sources: list[Sou
     (--dedup-lines): per work item of the unit its lines' keep-bits, and the keys of the lines
     it keeps (linestage.py). `stop` (--max-docs on one machine, maxdocs.UnitStop): the unit
     ends after the work item where `stop.enough(keys)` says so (its marker says `stopped`), and
-    is given up (Abandoned) before any item once `stop.abandoned()`. `spread`: the unit's
-    work items read here and tokenized elsewhere (itempool.spread: by every worker of a pool),
-    their results in order; else each is tokenized here as it is read. A stop acts on the
+    is given up (Abandoned) before any item once `stop.abandoned()`. `spread`: how the unit's
+    work items, read here, are tokenized, their results in order (itempool.spread: by every
+    worker of a pool; local_exec: here, each counted for the progress as it is done); else each
+    is tokenized here as it is read. A stop acts on the
     results in order: the items read ahead after the one it ends at count for nothing (their
     errors are not raised), as in one reading process."""
     unit = open_unit(config, plan, sources, tokenizer, wcfg, u, line_masks, stop)
