@@ -615,3 +615,33 @@ def test_ctrl_c_while_a_finished_run_removes_its_work_folder_loses_nothing(tmp_p
     assert code == 0 and said.startswith("done: the dataset is complete"), said
     _one(corpus, out, resume=True)
     assert not _work(out).exists() and _files(out) == _files(one)
+
+
+def test_a_task_run_by_hand_elsewhere_reads_and_writes_where_the_run_was_planned(tmp_path, corpus, monkeypatch):
+    """A plan made with a relative --out and input: `run-task` from another directory, given the
+    output's path from there, works where the planner meant (as a Slurm array's --chdir does),
+    leaves nothing where it was started, and the dataset is the plain run's; once the planning
+    directory is gone (moved), a task is refused in one line naming it."""
+    where, elsewhere = tmp_path / "planned", tmp_path / "elsewhere"
+    where.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(corpus[0], where / "a.jsonl")
+    monkeypatch.chdir(where)
+    assert _cli("prepare", *_args(["a.jsonl"], "rp", "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
+    _one(["a.jsonl"], where / "one")
+    for stage in ("tokenize", "dedup", "select", "write", "finish"):
+        for task in (0, 1) if stage != "finish" else (None,):
+            monkeypatch.chdir(elsewhere)  # (a task moves this process to the planning directory)
+            code, said = _cli("run-task", "--stage", stage, *(("--task", task) if task is not None else ()),
+                              "../planned/rp")  # fmt: skip
+            assert code == 0 and "error" not in said, said
+    assert not list(elsewhere.iterdir())
+    assert _files(where / "rp") == _files(where / "one")
+    monkeypatch.chdir(where)
+    assert _cli("prepare", *_args(["a.jsonl"], "again", "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
+    where.rename(tmp_path / "moved")
+    monkeypatch.chdir(elsewhere)
+    code, said = _cli("run-task", "--stage", "tokenize", "--task", 0, "../moved/again")
+    assert code == 1 and f"the run was planned in {where}, which this machine does not have, and its --out again " \
+        "is relative to it" in said, said  # fmt: skip
+    assert not list(elsewhere.iterdir())

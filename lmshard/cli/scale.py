@@ -141,6 +141,7 @@ def run_task(
         raise ConfigError(f"--stage {stage}: pass one of {', '.join(STAGES)}")
     if stage == "finish" and task not in (None, 0):
         raise ConfigError("--stage finish runs once, for the whole run: leave --task out")
+    out = stages.planned_here(out)  # (relative inputs and --out: from where the run was planned)
     if _complete(out, stage, task):
         return
     cfg, n_tasks, unit_bytes = stages.config_of(out)

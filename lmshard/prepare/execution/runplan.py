@@ -15,6 +15,7 @@ Source and unit (about 300 bytes per unit); a stream is copied in 8 MiB blocks.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -83,6 +84,7 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
     units = cut_units(sources, config.text_mode, config.max_chars, unit_bytes, hf, n_tasks)
     wanted = make_plan(fingerprint, sources, units, n_tasks, unit_bytes, hf, config.n_workers())
     wanted["prepare"] = asdict(config)
+    wanted["cwd"] = os.getcwd()  # what relative inputs and --out mean (a task run by hand elsewhere moves there)
     if config.append:
         wanted["previous"] = previous_of(config.out)
     return ensure_plan(work, wanted), sources, tokenizer

@@ -49,6 +49,7 @@ from typing import Any
 
 from ...errors import ConfigError, InputError, LmshardError
 from ...format import METADATA_FILE, atomic_write_json
+from ...remote.urls import is_url
 from ..config import PrepareConfig
 from ..documents.reading import InputGone
 from ..output.build import sigterm_stops
@@ -77,6 +78,36 @@ def config_of(out: str | os.PathLike[str]) -> tuple[PrepareConfig, int, int]:
     if not isinstance(stored, dict):
         raise InputError(f"{work_dir(out)}: the plan records no prepare options; plan again with this lmshard")
     return PrepareConfig(**stored), int(plan["n_tasks"]), int(plan["unit_bytes"])
+
+
+def planned_here(out: str | os.PathLike[str]) -> Path:
+    """A task run by hand (`run-task`) from any directory: this process moves to the directory the
+    run was planned in, where its relative inputs and --out mean what they meant (as a Slurm
+    array's --chdir and a Ray task do); returns `out` as a path that holds from there. Refused in
+    one line where that directory is not on this machine and the plan has relative paths, or
+    where `out` is not the output the plan was made for (moved since)."""
+    given = Path(os.path.abspath(out))
+    try:
+        head = json.loads((work_dir(given) / PLAN_FILE).read_text())
+        cwd, config = head.get("cwd"), head["prepare"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return given  # no plan (or not a readable one): config_of says so
+    if not cwd or cwd == os.getcwd():
+        return given
+    if not os.path.isdir(cwd):
+        paths = [("--out", config.get("out", "")), *(("input", p) for p in config.get("inputs", []))]
+        relative = [f"{what} {p}" for what, p in paths if p != "-" and not is_url(p) and not os.path.isabs(p)]
+        if relative:
+            raise ConfigError(f"{out}: the run was planned in {cwd}, which this machine does not have, and its "
+                              f"{relative[0]} is relative to it; run the task where that directory is, or plan again "
+                              "with absolute paths")  # fmt: skip
+        return given
+    os.chdir(cwd)
+    planned = os.path.realpath(config.get("out", ""))
+    if planned != os.path.realpath(given):
+        raise ConfigError(f"{out}: its plan was made for --out {config.get('out')} (from {cwd}), which is "
+                          f"{planned}; run the task on that directory, or plan again")  # fmt: skip
+    return given
 
 
 def check_claimed(out: str | os.PathLike[str]) -> None:
@@ -260,5 +291,5 @@ def _share(run: Run, stage: str, task: int, items: Sequence[int]) -> int:
     return done
 
 
-__all__ = ["STAGES", "Run", "TaskStopped", "check_scale_out", "config_of", "load_run", "plan_run", "run_stages",
-           "run_task", "status", "worker_config"]
+__all__ = ["STAGES", "Run", "TaskStopped", "check_scale_out", "config_of", "load_run", "plan_run", "planned_here",
+           "run_stages", "run_task", "status", "worker_config"]
