@@ -645,3 +645,36 @@ def test_a_task_run_by_hand_elsewhere_reads_and_writes_where_the_run_was_planned
     assert code == 1 and f"the run was planned in {where}, which this machine does not have, and its --out again " \
         "is relative to it" in said, said  # fmt: skip
     assert not list(elsewhere.iterdir())
+
+
+def test_an_input_changed_after_the_plan_names_the_way_to_plan_again_and_it_works(tmp_path, corpus):
+    """A task finds its input changed since the plan: the refusal says to restore it or to run the
+    same prepare with --overwrite, which discards the plan and its build and plans again (deleting
+    the work folder alone would leave the build, and the next prepare would ask for --resume); an
+    --append's names the two folders to delete, as --overwrite would replace the dataset."""
+    src = tmp_path / "a.jsonl"
+    shutil.copy(corpus[0], src)
+    out = tmp_path / "o"
+    plan = ["prepare", *_args([src], out, "--num-tasks", "2", "--executor", "none"), "-q"]
+    assert _cli(*plan)[0] == 0
+    with open(src, "a") as f:
+        f.write('{"text": "one more document"}\n')
+    code, said = _cli("run-task", "--stage", "tokenize", "--task", 0, out)
+    assert code == 1 and "changed after the run was planned" in said, said
+    assert said.endswith("or run the same prepare with --overwrite to discard this run and plan again"), said
+    assert _cli(*plan, "--overwrite")[0] == 0
+    for stage in ("tokenize", "dedup", "select", "write", "finish"):
+        for task in (0, 1) if stage != "finish" else (None,):
+            assert _cli("run-task", "--stage", stage, *(("--task", task) if task is not None else ()), out)[0] == 0
+    _one([src], tmp_path / "one")
+    assert _files(out) == _files(tmp_path / "one")
+    base, b = tmp_path / "base", tmp_path / "b.jsonl"
+    shutil.copy(corpus[1], b)
+    _one([corpus[0]], base)
+    assert _cli("prepare", *_args([b], base, "--append", "--num-tasks", "2", "--executor", "none"), "-q")[0] == 0
+    with open(b, "a") as f:
+        f.write('{"text": "one more document"}\n')
+    code, said = _cli("run-task", "--stage", "tokenize", "--task", 0, base)
+    assert code == 1 and said.endswith(f"or delete {tmp_path / '.base.lmshard-partial'} and "
+                                       f"{tmp_path / '.base.lmshard-work'} to discard this --append run and plan "
+                                       "again"), said  # fmt: skip

@@ -90,7 +90,9 @@ class _Table(Sequence[Any]):
         try:
             return pread_all(fd, n, at)
         except OSError:
-            raise ConfigError(f"{path}: shorter than the plan says; delete {path.parent} and plan again") from None
+            from .taskplan import start_again  # (it reads the plan's head: taskplan reads these tables)
+
+            raise ConfigError(f"{path}: shorter than the plan says; {start_again(path.parent)}") from None
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
@@ -218,8 +220,10 @@ def checked_source(row: list[Any], work: Path) -> Source:
     except OSError as e:  # gone or unreadable since it was planned: the input's error, as a reader names it
         raise read_error(path, e) from None
     if (st.st_size, st.st_mtime_ns) != (planned_size, mark):
+        from .taskplan import start_again  # (it reads the plan's head: taskplan reads these tables)
+
         what = (f"size {planned_size:,} then, {st.st_size:,} now" if st.st_size != planned_size else
                 "the same size, modified since")  # fmt: skip
         raise ConfigError(f"{path} changed after the run was planned ({what}); restore it (its contents and "
-                          f"modification time), or delete {work} to plan again")  # fmt: skip
+                          f"modification time), or {start_again(work)}")  # fmt: skip
     return src

@@ -34,7 +34,7 @@ from ..domains import check_sources
 from ..output.claim import _fingerprint, run_tokenizer
 from . import volatile
 from .plantables import PlanSources
-from .taskplan import PLAN_FILE, ensure_plan, load_plan, make_plan, plan_difference, work_dir
+from .taskplan import PLAN_FILE, ensure_plan, load_plan, make_plan, plan_difference, start_again, work_dir
 from .units import cut_units, unit_size_for
 
 
@@ -73,7 +73,7 @@ def plan_run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
         why = plan_difference(plan, {"n_tasks": n_tasks, "unit_bytes": unit_bytes, "fingerprint": fingerprint})
         if why is not None:
             raise ConfigError(f"{work / PLAN_FILE} was made for another run: {why}; run with the plan's options, or "
-                              f"delete {work} to plan again")  # fmt: skip
+                              f"{start_again(work)}")  # fmt: skip
         return plan, sources, tokenizer
     sources = spool_streams(work, sources)
     unit_bytes = unit_bytes or unit_size_for(sources, n_tasks, config.unit_size)

@@ -58,6 +58,20 @@ def work_dir(out: str | os.PathLike[str]) -> Path:
     return out.parent / f".{out.name}.lmshard-work"
 
 
+def start_again(work: Path) -> str:
+    """How to discard a planned run and plan again (its build beside `work` goes with it, or the
+    next prepare finds it and asks for --resume): the same prepare with --overwrite; an
+    --append's, whose --overwrite would replace the dataset appended to, by deleting both."""
+    try:
+        append = bool(json.loads((work / PLAN_FILE).read_text())["prepare"].get("append"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        append = False
+    if append:
+        build = work.with_name(work.name.removesuffix(".lmshard-work") + ".lmshard-partial")
+        return f"delete {build} and {work} to discard this --append run and plan again"
+    return "run the same prepare with --overwrite to discard this run and plan again"
+
+
 MIN_BUCKETS, MAX_BUCKETS = 32, 4096  # dedup buckets (buckets.py)
 BYTES_PER_BUCKET = 256 << 20
 
@@ -152,8 +166,8 @@ def ensure_plan(work: Path, plan: dict[str, Any]) -> dict[str, Any]:
     existing = load_plan(work)
     why = plan_difference(existing, plan)
     if why is not None:
-        raise ConfigError(f"{path} was made for another run: {why}; run with the plan's options, or delete {work} "
-                          "to plan again")  # fmt: skip
+        raise ConfigError(f"{path} was made for another run: {why}; run with the plan's options, or "
+                          f"{start_again(work)}")  # fmt: skip
     return existing
 
 
@@ -165,10 +179,10 @@ def load_plan(work: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise InputError(f"{path}: no plan; run `lmshard prepare ... --num-tasks N` first") from None
     except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not a readable plan ({e}); delete {work} and plan again") from None
+        raise InputError(f"{path}: not a readable plan ({e}); {start_again(work)}") from None
     if not isinstance(plan, dict) or plan.get("version") != PLAN_VERSION:
         raise InputError(f"{path}: plan version {plan.get('version') if isinstance(plan, dict) else None!r} is not "
-                         f"{PLAN_VERSION}; delete {work} and plan again with this lmshard")  # fmt: skip
+                         f"{PLAN_VERSION} (made by another lmshard); {start_again(work)}")  # fmt: skip
     plan["units"] = UnitTable(work / UNITS, plan["n_units"])
     plan["tasks"] = TaskTable(work / TASKS, plan["n_tasks"])
     plan["sources"] = SourceTable(work / SOURCES, plan["n_sources"])
