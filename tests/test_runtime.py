@@ -337,6 +337,34 @@ def test_dataloader_workers_keep_the_global_order(ds):
         assert got == expected
 
 
+def test_a_stream_served_by_dataloader_workers_saves_the_state_after_the_last_batch(ds):
+    """DataLoader workers hand the batches out in their own processes, so the stream here does
+    not move: a plain state_dict() is refused saying so (never the stale step 0, which would
+    train on the same batches again), and state_dict(after=batch) resumes exactly at the batch
+    after it; once a state is loaded here, the stream counts here again."""
+    def make():
+        return TokenDataset(ds).random_batches(4, 32, seed=8)
+
+    stream = make()
+    loader = iter(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2))
+    for _ in range(5):
+        last = next(loader)
+    del loader
+    with pytest.raises(ArgumentError, match=r"handed out by DataLoader workers.*state_dict\(after=batch\)"):
+        stream.state_dict()
+    state = stream.state_dict(after=last)
+    assert state["step"] == last.step + 1 == 5 and stream.state_dict(after=last.step) == state
+    with pytest.raises(ArgumentError, match="pass after= alone"):
+        stream.state_dict(in_hand=1, after=last)
+    ref, again = make(), make()
+    expected = [next(ref).offsets.tolist() for _ in range(8)][5:]
+    again.load_state_dict(state)
+    assert [next(again).offsets.tolist() for _ in range(3)] == expected
+    stream.load_state_dict(state)
+    next(stream)
+    assert stream.state_dict()["step"] == 6 and make().state_dict()["step"] == 0
+
+
 def test_doc_aligned_rows_start_at_documents(ds):
     ref = stream_of(ds)
     stream = TokenDataset(ds).random_batches(16, 32, seed=6, doc_aligned=True)

@@ -38,11 +38,12 @@ from .sampling import Offsets
 from .schedule import Schedule
 from .schedule import resolve as resolve_schedule
 from .scheduled import Scheduled
+from .served import WorkerServed
 from .skips import SkipSteps
 from .trace import Audited
 
 
-class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.IterableDataset):
+class BatchStream(SkipSteps, WorkerServed, Scheduled, Audited, Augmented, torch.utils.data.IterableDataset):
     """An endless, resumable stream of batches for one rank.
 
     Use it directly (`next(stream)`: batches on `device`, next one prefetched), or hand it to a
@@ -120,11 +121,13 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
         return (f"BatchStream({self.kind}, batch_size={self.batch_size}, seq_len={self.seq_len}, rank={self.rank}/"
                 f"{self.world_size}, global_batch_size={self.global_batch_size}, step={self.step})")  # fmt: skip
 
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0, after: Any = None) -> dict[str, Any]:
         """A few integers (and the offsets' fingerprint: shift, doc alignment, stride, order).
         `in_hand`: batches already drawn but not trained on yet (1 in a loop that draws the next
-        batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again."""
-        step = checks.rewind(self.step, in_hand)
+        batch before it checkpoints, as nanoGPT's does): the resumed stream hands them out again.
+        `after`: the last batch trained on (or its step), for a stream served by DataLoader
+        workers, whose count does not move in this process (runtime/served.py)."""
+        step = self._resumes_at(in_hand, after)
         phase = self._phase(step)
         return {"kind": self.kind, "seed": self.seed, "step": self._reported(step), "order": self.order,
                 "seq_len": phase.seq_len, "global_batch_size": phase.global_batch, "world_size": self.world_size,
@@ -151,8 +154,10 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
             raise ArgumentError(f"state={checks.show(state)} is not a dict; {checks.STATE_FIX}")
         keep_going = growth.choice(grown)
         step = checks.state_int(dict(state), "step", low=0)
-        kept = [(self, k) for k in ("_skips", "_skip_mode", "offsets", "_grown", "schedule", "_lens")]
-        with checks.unchanged_on_error(*kept, *([(self.offsets, "eras")] if hasattr(self.offsets, "eras") else [])):
+        names = ("_skips", "_skip_mode", "offsets", "_grown", "schedule", "_lens")
+        kept: list[tuple[Any, str]] = [(self, k) for k in names]
+        kept += [(self.offsets, "eras")] if hasattr(self.offsets, "eras") else []
+        with self._loading(), checks.unchanged_on_error(*kept):
             self._load_order(dict(state))
             self._load_skips(dict(state))  # (before the schedule: a step's data position counts them)
             self._load_schedule(dict(state), step, from_step)
@@ -329,6 +334,7 @@ class BatchStream(SkipSteps, Scheduled, Audited, Augmented, torch.utils.data.Ite
         return self._worker_steps(info.id, info.num_workers)
 
     def _worker_steps(self, worker: int, workers: int) -> Iterator[Batch]:
+        self._worker_started()
         step = self.step + worker
         while True:
             yield self._served(step, workers)

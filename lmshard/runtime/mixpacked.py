@@ -71,9 +71,9 @@ class MixturePackedStream(StepStream):
     def set_epoch(self, epoch: int) -> None:
         raise ConfigError("a mixture's sources have epochs of their own; resume with load_state_dict")
 
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0, after: Any = None) -> dict[str, Any]:
         plan = self.sources[0].plan
-        step = checks.rewind(self.step, in_hand)
+        step = self._resumes_at(in_hand, after)
         return {"kind": self.kind, "step": self._reported(step), "seed": self.seed, "order": "rows",
                 "seq_len": self.seq_len, "strategy": plan.strategy, "overlong": plan.overlong,
                 "global_batch_size": self.schedule.phase(self._data(step)).global_batch,

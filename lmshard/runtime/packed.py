@@ -282,9 +282,9 @@ class PackedStream(StepStream):
                                 "inside steps); continue on the data the state was saved on, or start a new run "
                                 "on the grown split")  # fmt: skip
 
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0, after: Any = None) -> dict[str, Any]:
         plan = self.packs.plan
-        step = checks.rewind(self.step, in_hand)
+        step = self._resumes_at(in_hand, after)
         return {"kind": "packed", "step": self._reported(step), "seed": self.packs.seed, "order": self.order,
                 "seq_len": plan.seq_len, "strategy": plan.strategy, "overlong": plan.overlong, "packs": plan.n_packs,
                 **({"multiple": plan.multiple} if plan.multiple != 1 else {}),

@@ -84,8 +84,8 @@ class PaddedStream(StepStream):
         self._orders = {**dict(list(self._orders.items())[-1:]), epoch: batches}
         return batches
 
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
-        return {"kind": "padded", "step": self._reported(checks.rewind(self.step, in_hand)), "seed": self.seed,
+    def state_dict(self, in_hand: int = 0, after: Any = None) -> dict[str, Any]:
+        return {"kind": "padded", "step": self._reported(self._resumes_at(in_hand, after)), "seed": self.seed,
                 "max_len": self.max_len,
                 "group_by_length": self.group_by_length, "mega": self.mega, "overlong": self.overlong,
                 "documents": len(self.items.length), "global_batch_size": self.global_batch_size,

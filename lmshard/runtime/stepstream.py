@@ -21,11 +21,12 @@ from .lookahead import Lookahead
 from .packedbatch import PackedBatch
 from .resident import no_workers
 from .schedule import resumed
+from .served import WorkerServed
 from .skips import SkipSteps
 from .trace import Audited
 
 
-class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StepStream(SkipSteps, WorkerServed, Audited, Augmented, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """What the packed and padded streams share: a global step across epochs, `batch(step)` a
     pure function of it, resume from `state_dict()`, and DataLoader worker splitting."""
 
@@ -69,9 +70,10 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         ahead.after(step)
         return out
 
-    def state_dict(self, in_hand: int = 0) -> dict[str, Any]:
+    def state_dict(self, in_hand: int = 0, after: Any = None) -> dict[str, Any]:
         """A few integers and the options that fix the batches. `in_hand`: batches drawn but not
-        trained on yet, which the resumed stream hands out again (see BatchStream.state_dict)."""
+        trained on yet, which the resumed stream hands out again; `after`: the last batch trained
+        on, served by DataLoader workers (see BatchStream.state_dict)."""
         raise NotImplementedError
 
     def trace_reads(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -135,7 +137,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         step = checks.state_int(dict(state), "step", low=0)
         kept = ("_skips", "_skip_mode", "_eras", "_samplers", "_grown", *(("eras",) if hasattr(self, "eras") else ()),
                 *(k for k in ("order", "schedule") if k in vars(self)))  # fmt: skip
-        with checks.unchanged_on_error(*[(self, k) for k in kept]):
+        with self._loading(), checks.unchanged_on_error(*[(self, k) for k in kept]):
             self._load_skips(dict(state))  # (first: a step's data position, which a schedule reads, counts them)
             if from_step is None:
                 self._load(state, step, keep_going)
@@ -201,6 +203,7 @@ class StepStream(SkipSteps, Audited, Augmented, torch.utils.data.IterableDataset
         return self._worker_steps(info.id, info.num_workers)
 
     def _worker_steps(self, worker: int, workers: int) -> Iterator[PackedBatch]:
+        self._worker_started()
         step = self.step + worker
         while True:
             yield self._served(step, workers)
