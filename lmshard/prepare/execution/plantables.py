@@ -41,6 +41,7 @@ KINDS = ("file", "range", "row_group", "rows", "shard", "files")
 _UNIT = np.dtype([("source", "<i4"), ("kind", "<i4"), ("start", "<i8"), ("end", "<i8"), ("nbytes", "<i8")])
 _I8, _U8 = np.dtype("<i8"), np.dtype("<u8")
 UNITS, TASKS, SOURCES, SOURCE_INDEX = "plan_units.bin", "plan_tasks.bin", "plan_sources.jsonl", "plan_sources.idx"
+PLAN_FILE = "plan.json"  # the plan's head (taskplan.py), written after these tables
 
 
 def write_tables(work: Path, units: list[list[Any]], tasks: list[list[int]], sources: list[list[Any]],
@@ -58,6 +59,20 @@ def write_tables(work: Path, units: list[list[Any]], tasks: list[list[int]], sou
     offsets = np.concatenate([[0], np.cumsum([len(line) for line in lines], dtype=np.int64)]).astype(_U8)
     atomic_write_bytes(work / SOURCES, b"".join(lines), private, volatile.sync)
     atomic_write_bytes(work / SOURCE_INDEX, offsets.tobytes(), private, volatile.sync)
+
+
+def start_again(work: Path) -> str:
+    """How to discard a planned run and plan again (its build beside `work` goes with it, or the
+    next prepare finds it and asks for --resume): the same prepare with --overwrite; an
+    --append's, whose --overwrite would replace the dataset appended to, by deleting both."""
+    try:
+        append = bool(json.loads((work / PLAN_FILE).read_text())["prepare"].get("append"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        append = False
+    if append:
+        build = work.with_name(work.name.removesuffix(".lmshard-work") + ".lmshard-partial")
+        return f"delete {build} and {work} to discard this --append run and plan again"
+    return "run the same prepare with --overwrite to discard this run and plan again"
 
 
 def pread_all(fd: int, n: int, at: int) -> bytes:
@@ -90,9 +105,7 @@ class _Table(Sequence[Any]):
         try:
             return pread_all(fd, n, at)
         except OSError:
-            from .taskplan import start_again  # (it reads the plan's head: taskplan reads these tables)
-
-            raise ConfigError(f"{path}: shorter than the plan says; {start_again(path.parent)}") from None
+                raise ConfigError(f"{path}: shorter than the plan says; {start_again(path.parent)}") from None
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
@@ -220,8 +233,6 @@ def checked_source(row: list[Any], work: Path) -> Source:
     except OSError as e:  # gone or unreadable since it was planned: the input's error, as a reader names it
         raise read_error(path, e) from None
     if (st.st_size, st.st_mtime_ns) != (planned_size, mark):
-        from .taskplan import start_again  # (it reads the plan's head: taskplan reads these tables)
-
         what = (f"size {planned_size:,} then, {st.st_size:,} now" if st.st_size != planned_size else
                 "the same size, modified since")  # fmt: skip
         raise ConfigError(f"{path} changed after the run was planned ({what}); restore it (its contents and "

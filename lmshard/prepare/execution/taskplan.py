@@ -33,6 +33,7 @@ from ..documents.hfread import source_bytes
 from ..output.claim import difference
 from . import volatile
 from .plantables import (
+    PLAN_FILE,
     SOURCES,
     TASKS,
     UNITS,
@@ -41,11 +42,11 @@ from .plantables import (
     UnitTable,
     identity,
     source_row,
+    start_again,
     write_tables,
 )
 from .units import UNIT_BYTES, Unit
 
-PLAN_FILE = "plan.json"
 SWAPPED_FILE = "swapped"  # a planned run's finish: created (empty) before the swap, removed last (`swapped`)
 PLAN_VERSION = 8  # 3: per-task key files (keyfiles.py); 4: dedup items are groups of buckets; 5: a stream's copy;
 # 6: line stages (--dedup-lines), a unit's kept lines in its data file; 7: its records' numbers; 8: units of
@@ -56,20 +57,6 @@ def work_dir(out: str | os.PathLike[str]) -> Path:
     complete dataset."""
     out = Path(out)
     return out.parent / f".{out.name}.lmshard-work"
-
-
-def start_again(work: Path) -> str:
-    """How to discard a planned run and plan again (its build beside `work` goes with it, or the
-    next prepare finds it and asks for --resume): the same prepare with --overwrite; an
-    --append's, whose --overwrite would replace the dataset appended to, by deleting both."""
-    try:
-        append = bool(json.loads((work / PLAN_FILE).read_text())["prepare"].get("append"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        append = False
-    if append:
-        build = work.with_name(work.name.removesuffix(".lmshard-work") + ".lmshard-partial")
-        return f"delete {build} and {work} to discard this --append run and plan again"
-    return "run the same prepare with --overwrite to discard this run and plan again"
 
 
 MIN_BUCKETS, MAX_BUCKETS = 32, 4096  # dedup buckets (buckets.py)
