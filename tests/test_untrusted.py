@@ -101,6 +101,12 @@ def listed_twice(meta: dict) -> None:
         entry["n_docs"] += shard(meta)["n_docs"]
 
 
+def reordered(meta: dict) -> None:
+    """The train stream's first two shards swapped: every count still adds up."""
+    shards = meta["splits"]["train"]["shards"]
+    shards[0], shards[1] = shards[1], shards[0]
+
+
 def resize(rel: str, delta: int) -> Callable[[Path], None]:
     def tamper(ds: Path) -> None:
         data = (ds / rel).read_bytes()
@@ -168,7 +174,9 @@ CASES = [
      ["'val/shard_000001.bin'", "not train/shard_NNNNNN.bin"], "open"),
     ("index-of-another-shard", set_shard(index_path="train/shard_000002.idx"), META,
      ["'train/shard_000002.idx'", "not train/shard_NNNNNN.bin and .idx"], "open"),
-    ("shard-listed-twice", edit(listed_twice), META, ["listed twice"], "open"),
+    ("shard-listed-twice", edit(listed_twice), META, ["'train/shard_000001.bin'", "listed in order"], "open"),
+    ("shards-reordered", edit(reordered), META, ["shard entry 0 is 'train/shard_000001.bin', not "
+                                                 "'train/shard_000000.bin'", "listed in order"], "open"),
     ("n_docs-negative", set_shard(n_docs=-1), META, ["'n_docs' is negative"], "open"),
     ("n_tokens-float", set_shard(n_tokens=12.0), META, ["'n_tokens' is float, not int"], "open"),
     ("n_tokens-bool", set_shard(n_tokens=True), META, ["'n_tokens' is bool, not int"], "open"),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import _count, _counts, _get, _Invalid, _near
+from .layout import shard_paths
 from .shard import ShardInfo
 
 VOCAB_FORMATS = ("tiktoken", "tokenizer.json", "sentencepiece")
@@ -87,6 +88,10 @@ class SplitInfo:
         if not isinstance(raw, dict) or not isinstance(raw.get("shards", []), list):
             raise _Invalid(f"split '{name}' is not an object with a list of shards")
         split = cls.of(tuple(ShardInfo.parse(name, s) for s in raw.get("shards", [])))
+        for i, shard in enumerate(split.shards):  # the stream's order is the shards' numbers: no entry moved or gone
+            if shard.path != shard_paths(name, i)[0]:
+                raise _Invalid(f"split {name}: shard entry {i} is {shard.path!r}, not {shard_paths(name, i)[0]!r} "
+                               "(a split's shards are listed in order, numbered from 0)")  # fmt: skip
         _check_total(raw, split, f"split {name}: ", "sum of its shards")
         return split
 
