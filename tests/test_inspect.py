@@ -181,6 +181,20 @@ def test_sample_and_doc_decode_real_text(dataset, reference):
     assert result.exit_code == 1 and "no document 99999" in result.output
 
 
+def test_doc_to_a_file_saves_the_documents_text_exactly(dataset, reference):
+    """`inspect --doc SHARD:I > doc.txt`: the document's own text, byte for byte (no separator
+    decoded after it, no newline added), its name and length on stderr."""
+    import subprocess
+    import sys
+
+    first = read_docs(dataset, "train")[0]
+    done = subprocess.run([sys.executable, "-m", "lmshard", "inspect", str(dataset), "--doc", "train/shard_000000:0"],
+                          capture_output=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert first[-1] == GPT2_EOT and done.stdout == reference.decode(first[:-1].tolist()).encode()
+    assert f"train/shard_000000:0 ({len(first):,} tokens)" in done.stderr.decode()
+
+
 def test_unfinished_run_is_reported(dataset):
     (dataset / "dataset_metadata.json").unlink()
     (dataset / "_PREPARE_IN_PROGRESS").write_text("{}")

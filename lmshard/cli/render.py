@@ -294,13 +294,15 @@ def _bucket(a: float, b: float, whole: bool) -> str:
 
 
 def documents(report: Any, doc: tuple[str, int, str], samples: list[tuple[str, int, str]]) -> None:
-    """`inspect --doc`: the document's whole text alone on stdout (its name and length go to
-    stderr), then any --sample documents; the report only when the dataset is corrupt."""
+    """`inspect --doc`: the document's whole text alone on stdout, without its separators (its
+    name and length go to stderr), then any --sample documents; the report only when the dataset
+    is corrupt."""
     where, n, text = doc
     err.print(f"{where} ({plural(n, 'token')})", highlight=False, soft_wrap=True)
     if out.is_terminal:  # the dataset may be someone else's: a terminal would act on its control codes
         text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
-    out.file.write(text if text.endswith("\n") else text + "\n")  # as decoded: no wrapping, markup or emoji
+        text = text if text.endswith("\n") else text + "\n"  # (the prompt on a line of its own)
+    out.file.write(text)  # as decoded: no wrapping, markup or emoji; in a file, the document's text exactly
     out.file.flush()
     _samples(samples)
     if not report.ok:

@@ -93,7 +93,18 @@ def one_document(meta: DatasetMeta, spec: str, decode: Decoder | None) -> tuple[
         raise ConfigError(f"--doc {spec!r}: expected SHARD:I, e.g. train/shard_000000:5")
     shard = find_shard(meta, name)
     tokens = read_document(meta, shard, int(index))
-    return f"{name}:{index}", len(tokens), _text(tokens, decode)
+    return f"{name}:{index}", len(tokens), _text(_own(meta, tokens), decode)
+
+
+def _own(meta: DatasetMeta, tokens: np.ndarray) -> np.ndarray:
+    """A document's own tokens: its separators (the EOT after or before it, the BOS before its
+    text) left out, so that `--doc` gives the text that was prepared."""
+    eot, bos = meta.tokenizer.eot_id, meta.tokenizer.bos_id
+    if meta.eot_position == "after" and len(tokens) and tokens[-1] == eot:
+        tokens = tokens[:-1]
+    elif meta.eot_position != "after" and len(tokens) and tokens[0] == eot:
+        tokens = tokens[1:]
+    return tokens[1:] if bos is not None and len(tokens) and tokens[0] == bos else tokens
 
 
 def length_histogram(report: Report) -> list[tuple[str, int]]:
