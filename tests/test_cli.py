@@ -171,6 +171,10 @@ def test_config_edge_cases_are_one_line_or_accepted(tmp_path):
     write(tmp_path / "dup.yaml", "inputs: [a]\nout: o\ntext-field: a\ntext_field: b\n")
     with pytest.raises(ConfigError, match="'text_field' sets the same option as 'text-field'"):
         resolve_config(file=tmp_path / "dup.yaml")
+    agreed = resolve_config(flags={"inputs": ["a"], "out": "o", "dedup": "none", "no_dedup": True})
+    assert agreed.dedup == "none"  # two spellings of one value: given twice, not in conflict
+    with pytest.raises(ConfigError, match="option --no-dedup sets the same option as --dedup, to another value"):
+        resolve_config(flags={"inputs": ["a"], "out": "o", "dedup": "document", "no_dedup": True})
     write(tmp_path / "d.yaml", "demo: false\npreset: pile\n")
     cfg = resolve_config(file=tmp_path / "d.yaml", flags={"demo": True, "preset": "fineweb-edu", "out": "o"})
     assert cfg.hf == "HuggingFaceFW/fineweb-edu" and cfg.inputs  # the flags' preset, and the demo inputs

@@ -113,22 +113,25 @@ def canonical(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     known = sorted({*hints, *META_OPTIONS, *ALIASES})
     out: dict[str, Any] = {}
     origin: dict[str, str] = {}  # field → the key that set it
+    def said(key: str) -> str:  # a flag as typed on the command line, a key as written in the file
+        return "--" + key.replace("_", "-") if where == "option" else repr(key)
+
     for key, value in raw.items():
         name = str(key).replace("-", "_")
         target = ALIASES[name][0] if name in ALIASES else name
-        if target in origin:
-            raise ConfigError(f"{where} {key!r} sets the same option as {origin[target]!r}; keep one of them")
-        origin[target] = str(key)
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""
             raise ConfigError(f"{where} {key!r} is not a prepare option{hint}")
         if name in META_OPTIONS:
-            out[name] = checked(key, value, META_OPTIONS[name], where)
+            found = checked(key, value, META_OPTIONS[name], where)
         elif name in ALIASES:
-            target, transform = ALIASES[name]
             alias_type = bool if name.startswith("no_") else hints[target]
-            out[target] = transform(checked(key, value, alias_type, where))
+            found = ALIASES[name][1](checked(key, value, alias_type, where))
         else:
-            out[name] = checked(key, value, hints[name], where)
+            found = checked(key, value, hints[name], where)
+        if target in origin and out[target] != found:  # (two spellings that agree are one option given twice)
+            raise ConfigError(f"{where} {said(str(key))} sets the same option as {said(origin[target])}, to another "
+                              "value; keep one of them")  # fmt: skip
+        origin[target], out[target] = str(key), found
     return out
