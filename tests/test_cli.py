@@ -148,6 +148,23 @@ def test_bad_option_value_is_one_line(tmp_path):
     assert result.exit_code == 1 and "--on-error must be one of fail, skip" in result.output
 
 
+def test_an_option_that_would_do_nothing_is_one_line(tmp_path):
+    """Options that have no effect in the combination given are refused, not ignored: the line
+    names the option and what it needs. Nothing is read or written (the inputs do not exist)."""
+    cases = [
+        (["prepare", "a.jsonl", "--out", "o", "--decontaminate-lines"],
+         "--decontaminate-lines removes the lines that match a --decontaminate benchmark, and none is given"),
+        (["convert", "ds", "--to", "uint16", "--no-dictionary", "--out", "c"],
+         "--no-dictionary: only zstd shards have a dictionary, and --to uint16 writes none"),
+        (["inspect", "ds", "--sample", "-1"], "--sample -1: pass the number of documents to decode, 0 or more"),
+    ]  # fmt: skip
+    for args, said in cases:
+        result = runner.invoke(app, [*args[:1], *(str(tmp_path / a) if a in ("a.jsonl", "o", "ds", "c") else a
+                                                  for a in args[1:])])  # fmt: skip
+        assert result.exit_code == 1 and said in " ".join(result.output.split()), result.output
+    assert not list(tmp_path.iterdir())
+
+
 def test_console_script_end_to_end_with_stdin(tmp_path, reference):
     """The installed `lmshard` command, run as a user would, reading JSON lines from stdin."""
     lines = "".join(json.dumps({"text": f"stdin document {i} ünïcode"}) + "\n" for i in range(50))

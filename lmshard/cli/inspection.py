@@ -76,6 +76,8 @@ def inspect(
     2 a malformed command line, 3 the dataset is corrupt."""
     from ..remote import is_url, redact
 
+    if sample < 0:
+        raise ConfigError(f"--sample {sample}: pass the number of documents to decode, 0 or more")
     if is_url(dataset):
         from ..remote.dataset import open_remote
 

@@ -177,6 +177,10 @@ def convert(
     from ..inspect.verify import bytes_per_token
     from ..interop.convert import convert_dataset
 
+    if not dictionary and to != "zstd":
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--no-dictionary: only zstd shards have a dictionary, and --to {to} writes none; drop it")
     result = convert_dataset(dataset, to, out, overwrite=overwrite, dictionary=dictionary)
     meta, source = result.meta, result.source
     before, after = bytes_per_token(source) or 0, bytes_per_token(meta) or 0

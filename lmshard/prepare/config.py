@@ -141,6 +141,9 @@ class PrepareConfig:
             raise ConfigError("--max-docs must be at least 1")
         if self.append and self.overwrite:
             raise ConfigError("--append adds to the dataset in --out and --overwrite replaces it; pass one of them")
+        if self.decontaminate_lines and not self.decontaminate:
+            raise ConfigError("--decontaminate-lines removes the lines that match a --decontaminate benchmark, and "
+                              "none is given; pass --decontaminate FILE, or drop --decontaminate-lines")  # fmt: skip
         if self.workers < 0:
             raise ConfigError("--workers must be 0 (all cores) or more")
         self.clean_config()  # validates the cleaning fields
