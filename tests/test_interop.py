@@ -641,6 +641,28 @@ def test_an_hf_export_loads_with_datasets_as_the_same_documents(datasets, tmp_pa
     assert not (tmp_path / "out" / ".cache").exists()
 
 
+def test_an_export_logged_to_a_file_holds_its_own_lines_only(datasets, tmp_path):
+    """`export --to hf 2> log`: `datasets`' progress bars and notes stay out of the log; a
+    nanoGPT export of a dataset without a val split says there is no val.bin to evaluate on."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("datasets")
+    with open(tmp_path / "log", "w") as log:
+        done = subprocess.run([sys.executable, "-m", "lmshard", "export", str(datasets["after"]), "--to", "hf",
+                               "--out", str(tmp_path / "hf")], stdout=subprocess.PIPE, stderr=log, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 0 and b"exported 300 documents" in done.stdout
+    assert (tmp_path / "log").read_text() == ""
+    src = write(tmp_path / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in _texts(20)))
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "trainonly"), workers=1, val_fraction=0))
+    result = runner.invoke(app, ["export", str(tmp_path / "trainonly"), "--to", "nanogpt", "--out",
+                                 str(tmp_path / "nano")])  # fmt: skip
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "no val split, so there is no val.bin, which nanoGPT's train.py" in said, said
+    assert sorted(p.name for p in (tmp_path / "nano").iterdir() if p.suffix == ".bin") == ["train.bin"]
+
+
 def test_cp_force_into_a_users_folder_keeps_every_file_it_does_not_replace(datasets, tmp_path):
     """`lmshard cp DS DIR --force` where DIR is not a dataset: the user's files stay, also inside
     folders the copy writes too (train/photo.jpg beside the new train/ shards); the copy's files

@@ -86,7 +86,9 @@ def export(
 ) -> None:
     """Write a dataset in the format another trainer reads (docs/interop.md)."""
     from ..interop import export_dataset
+    from .prepare import quiet_library
 
+    quiet_library(False)  # (hf, mds: `datasets`' notes and progress bars are not the export's, in a log)
     result = export_dataset(dataset, to, out, split=split, force=force, tokens_per_shard=tokens_per_shard, name=name,
                             eod_id=eod_id, concat_tokens=concat_tokens)  # fmt: skip
     n_tokens = sum(f["n_tokens"] for f in result.files)
@@ -102,6 +104,10 @@ def export(
         if "samples" in f:  # (--concat-tokens)
             line += f": {f['samples']:,} samples of {f['concat_tokens']:,}, a tail of {f['tail_left_out']:,} left out"
         render.out.print(line, highlight=False, soft_wrap=True)  # a long file name: the terminal wraps, not rich
+    if result.format == "nanogpt" and split == "all" and not any(f["split"] == "val" for f in result.files):
+        render.err.print("note: the dataset has no val split, so there is no val.bin, which nanoGPT's train.py "
+                         "evaluates on; prepare it with --val-fraction above 0 for one", markup=False,
+                         soft_wrap=True)  # fmt: skip
     if result.format in ("llmc", "modded-nanogpt"):  # their loaders assert B×T+1 tokens in every file
         smallest = min(f["n_tokens"] for f in result.files)
         render.out.print(f"the smallest file holds {smallest:,} tokens: train and evaluate with B×T of at most "
