@@ -58,7 +58,11 @@ def test_every_option_is_recorded_or_transient():
 @pytest.mark.parametrize("option", [k for k, v in OTHER.items() if v is not None])
 def test_a_changed_recorded_option_changes_the_fingerprint_and_is_named(tmp_path, option):
     src = jsonl(tmp_path / "a.jsonl", make_texts(5))
-    base = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"))
+    bench = []
+    if option == "decontaminate_lines":  # (it needs a benchmark to match lines against)
+        bench = [str(jsonl(tmp_path / "quiz.jsonl", ["a benchmark question of more than thirteen words, to be "
+                                                     "matched against the documents as they are read"]))]  # fmt: skip
+    base = PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), decontaminate=bench)
     value = _tiny_vocabulary(tmp_path / "tok.json") if option == "tokenizer" else OTHER[option]
     changed = dataclasses.replace(base, **{option: value})
     said = difference(_fp(base), _fp(changed))

@@ -87,6 +87,24 @@ def test_another_dataset_of_the_same_size_is_named_as_changed(tmp_path):
         two.window_batches(2, 16).load_state_dict(state)
 
 
+def test_a_state_on_the_same_tokens_in_another_encoding_names_the_conversion(tmp_path):
+    """A state saved on a dataset, loaded on its `lmshard convert` copy (the same tokens, other
+    shard bytes): refused, naming the encoding and the way back, which resumes."""
+    from lmshard.interop.convert import convert_dataset
+
+    write(tmp_path / "a.jsonl", _texts(120, "x"))
+    prepare(PrepareConfig(inputs=[str(tmp_path / "a.jsonl")], out=str(tmp_path / "ds"), workers=1,
+                          val_fraction=0.0, quiet=True))  # fmt: skip
+    convert_dataset(tmp_path / "ds", "uint16", tmp_path / "u16")
+    convert_dataset(tmp_path / "u16", "uint32", tmp_path / "back")
+    stream = TokenDataset(tmp_path / "ds").random_batches(2, 16, seed=1)
+    next(stream)
+    state = stream.state_dict()
+    with pytest.raises(ArgumentError, match="the same tokens in another shard encoding: `lmshard convert` it back"):
+        TokenDataset(tmp_path / "u16").random_batches(2, 16, seed=1).load_state_dict(state)
+    TokenDataset(tmp_path / "back").random_batches(2, 16, seed=1).load_state_dict(state)
+
+
 def test_a_packed_state_records_its_shuffle(grown):
     """A packed stream's state records shuffle: a state of an unshuffled stream is refused by a
     shuffled one (their packs come in other orders); a state saved before it was recorded loads."""

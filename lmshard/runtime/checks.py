@@ -149,6 +149,9 @@ def same_data(saved: Any, mine: str | None, growable: bool | None = None) -> Non
                             "step), or start from step 0")  # fmt: skip
     if was[1] == now[1] and grew > 0 and growable is None:
         why = f"the split has grown by {grew:,} tokens since (an --append?)"
+    elif was[1] and was[1] == now[1] and before == after:  # (its checksums are of the shards' stored bytes)
+        why = ("the data changed since (a rebuild of as many tokens, or the same tokens in another shard encoding: "
+               "`lmshard convert` it back to the one it was saved on)")  # fmt: skip
     elif growable is False:
         why = "the data changed since (a rebuild, another dataset or split; not the saved data with documents added)"
     else:
