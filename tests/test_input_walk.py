@@ -319,3 +319,35 @@ def test_a_format_prefix_keeps_an_inputs_checks_and_its_credentials_out_of_the_m
         assert "hunter2" not in recorded[0] and "abc123" not in recorded[0], recorded
     assert PrepareConfig(inputs=[f"jsonl:{url}"], out="o").recorded()["inputs"][0].startswith("jsonl:https://")
 
+
+
+def test_a_quoted_glob_walks_the_directories_it_matches_as_the_shell_would(tmp_path):
+    """`prepare 'g/*'`: a directory the glob matches is walked, as one named on the command line
+    (the shell's expansion of the same glob gives the same dataset), not dropped unsaid."""
+    write(tmp_path / "g" / "a.jsonl", '{"text": "top"}\n')
+    write(tmp_path / "g" / "sub" / "c.jsonl", '{"text": "in sub"}\n')
+    write(tmp_path / "g" / "sub" / "deeper" / "d.jsonl", '{"text": "deeper"}\n')
+    quoted = prepare_json([tmp_path / "g" / "*"], tmp_path / "quoted")
+    expanded = prepare_json(sorted((tmp_path / "g").iterdir()), tmp_path / "expanded")
+    assert quoted["n_docs"] == expanded["n_docs"] == 3
+    assert [d.tolist() for d in read_docs(tmp_path / "quoted", "train")] == \
+        [d.tolist() for d in read_docs(tmp_path / "expanded", "train")]  # fmt: skip
+
+
+def test_exclude_leaves_out_a_named_file_counted_and_says_when_it_matched_nothing(tmp_path):
+    """A file named on the command line that --exclude matches is left out and counted (as a
+    shell-expanded `DIR/* --exclude '*.png'` needs), not an error; every input left out is one;
+    a pattern that matched no file (a directory's bare path) is said, with the way to write it."""
+    a = write(tmp_path / "t" / "a.jsonl", '{"text": "kept"}\n')
+    b = write(tmp_path / "t" / "b.txt", "left out\n")
+    write(tmp_path / "t" / "sub" / "c.jsonl", '{"text": "under sub"}\n')
+    summary = prepare_json([a, b], tmp_path / "o1", "--exclude", "*.txt")
+    assert summary["n_docs"] == 1 and summary["skipped_inputs"]["excluded"] == 1, summary
+    code, _, stderr = cli("prepare", b, "--out", tmp_path / "o2", "--exclude", "*.txt")
+    assert code == 1 and f"{b}: --exclude leaves out every input file named; nothing to read" in stderr, stderr
+    code, _, stderr = cli("prepare", tmp_path / "t", "--out", tmp_path / "o3", "--exclude", str(tmp_path / "t" / "sub"),
+                          "--val-fraction", "0")  # fmt: skip
+    assert code == 0 and f"--exclude {tmp_path / 't' / 'sub'} matched no input file" in stderr, stderr
+    assert "DIR/* leaves a directory out" in stderr
+    summary = prepare_json([tmp_path / "t"], tmp_path / "o4", "--exclude", f"{tmp_path / 't' / 'sub'}/*")
+    assert summary["n_docs"] == 2 and summary["skipped_inputs"]["excluded"] == 1, summary

@@ -112,18 +112,30 @@ def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[s
             sources.extend(url_source(u, listed[u], fmt) for u in found.taken)
         else:
             found = find(spec, rules)
-            if not found.taken:
+            if not found.taken and not _all_excluded(spec, found):
                 raise nothing_to_read(spec, found)
             sources.extend(detect(p, fmt) for p in found.taken)
         walks.append(found)
+    if not sources and walks:  # (every input a file or glob that --exclude left out, counted)
+        raise InputError(f"{inputs[0]}: --exclude leaves out every input file named; nothing to read")
     skipped = sum((w.skipped() for w in walks), SkippedInputs())
     hint = skipped.text_hint(files_read=len(sources))
     warnings = [f"skipped {describe(skipped)}; {hint}"] if hint else []
+    matched = set().union(*(w.matched for w in walks))
+    for pattern in [p for p in exclude or () if p not in matched]:  # matched against each file's whole path
+        warnings.append(f"--exclude {pattern} matched no input file (a pattern is matched against each file's "
+                        "whole path as found: DIR/* leaves a directory out, */NAME a file by its name)")  # fmt: skip
     if unreadable := [d for w in walks for d in w.unreadable]:  # a whole directory of data left out: say which
         more = skipped.unreadable_dirs - len(unreadable[:3])
         warnings.append(f"could not list {', '.join(unreadable[:3])}{f' and {more} more' if more > 0 else ''}; "
                         "their files are not read: fix the permissions, or --exclude them")  # fmt: skip
     return Sources(sources, skipped, "; ".join(warnings) or None)
+
+
+def _all_excluded(spec: str, found: Any) -> bool:
+    """Whether `spec`, a local file or glob (not a directory, whose emptiness is worth an error),
+    named only files that --exclude left out: counted, not an error."""
+    return found.excluded > 0 and not found.unknown and not found.hidden_files and not os.path.isdir(spec)
 
 
 def plan(sources: list[Source], text_mode: str, text_field: str, on_error: str = "fail", hf: Any = None,

@@ -60,9 +60,6 @@ class Rules:
     include_hidden: bool = False
     exclude: tuple[str, ...] = ()
 
-    def excludes(self, path: str) -> bool:
-        return any(fnmatch.fnmatch(path, pattern) for pattern in self.exclude)
-
 
 @dataclass
 class Walk:
@@ -78,6 +75,7 @@ class Walk:
     excluded: int = 0
     unreadable_dirs: int = 0
     unreadable: list[str] = field(default_factory=list)  # the first few directories it could not list
+    matched: set[str] = field(default_factory=set)  # the --exclude patterns that left a file out
 
     def skipped(self) -> SkippedInputs:
         """The counts as the metadata records them; sniffs the samples of each skipped suffix."""
@@ -111,7 +109,7 @@ class Walk:
             self.hidden_files += 1
         elif not regular():
             pass  # a FIFO, socket or dangling link: nothing a walk should open
-        elif self.rules.excludes(shown(path)):
+        elif self._excluded(shown(path)):
             self.excluded += 1
         elif known_type(PurePosixPath(name), self.rules.fmt_override):
             self.taken.append(path)
@@ -123,9 +121,29 @@ class Walk:
 
     def take(self, paths: list[str]) -> Walk:
         """Take named files (a file itself, a glob's matches), leaving out the excluded ones."""
-        self.taken = [p for p in paths if not self.rules.excludes(shown(p))]
+        self.taken = [p for p in paths if not self._excluded(shown(p))]
         self.excluded = len(paths) - len(self.taken)
         return self
+
+    def _excluded(self, path: str) -> bool:
+        """Whether an --exclude pattern matches `path` (each that does is recorded)."""
+        hits = [pattern for pattern in self.rules.exclude if fnmatch.fnmatch(path, pattern)]
+        self.matched.update(hits)
+        return bool(hits)
+
+    def absorb(self, other: Walk) -> None:
+        """Add the walk of a directory a glob matched: its files and its counts."""
+        self.taken += other.taken
+        self.unknown += other.unknown
+        for suffix, paths in other.samples.items():
+            self.samples[suffix] = (self.samples.get(suffix, []) + paths)[:SNIFF_FILES]
+        self.hidden_files += other.hidden_files
+        self.hidden_dirs += other.hidden_dirs
+        self.lmshard += other.lmshard
+        self.excluded += other.excluded
+        self.unreadable_dirs += other.unreadable_dirs
+        self.unreadable = (self.unreadable + other.unreadable)[:3]
+        self.matched |= other.matched
 
 
 def shown(path: str) -> str:
@@ -134,13 +152,18 @@ def shown(path: str) -> str:
 
 
 def find(spec: str, rules: Rules) -> Walk:
-    """The files `spec` names: a directory's walk, a file itself, or a glob's matches (sorted)."""
+    """The files `spec` names: a directory's walk, a file itself, or a glob's matches (sorted by
+    path; a directory it matches walked, as one named on the command line is)."""
     if os.path.isdir(spec):
         return walk(spec, rules)
     if os.path.exists(spec):
         return Walk(rules).take([spec])
-    matches = glob.glob(spec, recursive=True, include_hidden=rules.include_hidden)
-    return Walk(rules).take(sorted(p for p in matches if os.path.isfile(p)))
+    matches = sorted(glob.glob(spec, recursive=True, include_hidden=rules.include_hidden))
+    found = Walk(rules).take([p for p in matches if os.path.isfile(p)])
+    for directory in (p for p in matches if os.path.isdir(p)):
+        found.absorb(walk(directory, rules))
+    found.taken.sort()
+    return found
 
 
 def walk(root: str, rules: Rules) -> Walk:
