@@ -529,3 +529,24 @@ def test_decode_errors_replace_keeps_a_file_with_a_latin1_byte(tmp_path, referen
     assert "caf\ufffd au lait" in decoded and "A caf\ufffd on the corner." in decoded
     expected = reference.encode_ordinary("caf\ufffd au lait")
     assert any(ds.tokens(i, len(expected)).tolist() == expected for i in range(ds.n_tokens - len(expected)))
+
+
+def test_a_csv_rows_record_is_the_line_it_starts_on(tmp_path, reference):
+    """A CSV row's record number (its `.src` entry) is the line it starts on, as `sed -n Np`
+    finds it: a quoted value over several lines, a blank line between rows, a short and a long
+    row; a header without the text column names the columns as written (a tab shown as \\t)."""
+    import numpy as np
+
+    from lmshard.format.provenance import SRC_DTYPE
+
+    src = write(tmp_path / "a.csv", 'id,text\n1,"first\nrow of two lines"\n2,second\n\n3,"third"\n4\n5,fifth,extra\n')
+    prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "o"), workers=1, val_fraction=0.0, on_error="skip"))
+    meta = json.loads((tmp_path / "o" / "dataset_metadata.json").read_text())
+    shard = meta["splits"]["train"]["shards"][0]
+    records = np.fromfile(tmp_path / "o" / shard["src_path"], dtype=SRC_DTYPE)["record"].tolist()
+    texts = [reference.decode(d[:-1].tolist()) for d in read_docs(tmp_path / "o", "train")]
+    assert texts == ["first\nrow of two lines", "second", "third", "fifth"] and records == [2, 4, 6, 8]
+    assert meta["drops"]["missing_field"] == 1  # the row "4" (line 7): no text value
+    tabs = write(tmp_path / "b.csv", "id\ttext\n1\thello\n")
+    with pytest.raises(InputError, match=r"no column 'text' \(columns: 'id\\ttext'\)"):
+        prepare(PrepareConfig(inputs=[str(tabs)], out=str(tmp_path / "o2"), workers=1))

@@ -23,24 +23,35 @@ from .records import Record, _field, _undecodable, bad, binary_record, damaged_r
 
 
 def iter_csv(src: Source, text_field: str) -> Iterator[Record]:
-    """CSV rows (quoted fields may span lines, so CSV is parsed here rather than split by bytes)."""
+    """CSV rows (quoted fields may span lines, so CSV is parsed here rather than split by bytes),
+    each numbered by the line it starts on. A row is a dict as csv.DictReader makes it (the header's
+    names; missing values None, extra ones a list under None); a blank line is no row."""
     stream, raw = text_stream(src)
     stream.reconfigure(errors="surrogateescape")
     csv.field_size_limit(min(MAX_RECORD_BYTES, sys.maxsize))
-    reader = csv.DictReader(stream)
+    reader = csv.reader(stream)
     try:
         if (wrong := binary_record(cast(Headed, stream.buffer).peek(SNIFF_BYTES))) is not None:
             yield wrong
             return
-        if reader.fieldnames is None:
+        header = next(reader, None)
+        if header is None:
             return
-        if text_field not in reader.fieldnames:
+        if text_field not in header:
             raise InputError(
                 f"{src.path}: no column '{text_field}' (columns: "
-                f"{', '.join(reader.fieldnames[:12])}); name the text column with --text-field"
+                f"{', '.join(repr(name) for name in header[:12])}); name the text column with --text-field"
             )
-        for row in reader:
-            yield _csv_record(row, reader.line_num, text_field)
+        end = reader.line_num
+        for values in reader:
+            start, end = end + 1, reader.line_num  # (a quoted value may run over lines: the row's first)
+            if not values:
+                continue
+            row: dict[Any, Any] = dict(zip(header, values, strict=False))  # (a short or long row: below)
+            if len(values) > len(header):
+                row[None] = values[len(header):]
+            row.update((name, None) for name in header[len(values):])
+            yield _csv_record(row, start, text_field)
     except DamagedInput as e:
         yield damaged_record(reader.line_num + 1, e, f"{reader.line_num:,} lines")
     except csv.Error as e:
@@ -49,7 +60,7 @@ def iter_csv(src: Source, text_field: str) -> Iterator[Record]:
         raw.close()
 
 
-def _csv_record(row: dict[str, Any], number: int, text_field: str) -> Record:
+def _csv_record(row: dict[Any, Any], number: int, text_field: str) -> Record:
     text = row.get(text_field)
     if not isinstance(text, str):
         return bad(number, "missing_field", f"no field '{text_field}' in this row")
