@@ -149,6 +149,15 @@ def test_a_tiktoken_dataset_naming_a_file_never_reads_it(gpt2_dataset, tmp_path)
         assert result.exit_code == 0 and "token ids are shown undecoded" in result.output, result.output
 
 
+def test_a_recorded_vocabulary_sha256_not_the_named_ones_says_so_not_fetch(gpt2_dataset):
+    """The metadata names gpt2 with another sha256 than gpt2's: ids are shown undecoded, saying
+    the vocabulary here differs from the recorded one, not to fetch what is already here."""
+    set_tokenizer(gpt2_dataset, ranks_sha256="0" * 64)
+    decode, why, _ = traced_decoder(gpt2_dataset)
+    assert decode is None and "the gpt2 vocabulary here has sha256" in why[0], why
+    assert "not the 000000000000… the metadata records" in why[0] and "tokenizer fetch" not in why[0], why
+
+
 def grow(path: Path, extra: int = 300 << 20) -> None:
     """Make `path` `extra` bytes longer (NULs, sparse: no disk used)."""
     with open(path, "r+b") as f:

@@ -58,6 +58,7 @@ def tokenizer_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Any
             why.append(f"token ids are shown undecoded: the dataset keeps no copy of its vocabulary file "
                        f"({info.name}), and inspect never reads a path a dataset's metadata names")  # fmt: skip
         return None
+    other = None  # the sha256 of a vocabulary of that name found here, when it is not the recorded one
     for spec in specs:
         try:
             tok = load_tokenizer(spec, backend, separator=_recorded_separator(meta), untrusted=True)
@@ -65,7 +66,12 @@ def tokenizer_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Any
             continue
         if tok.vocab_sha256 == info.ranks_sha256:
             return tok
-    if why is not None:
+        other = other or tok.vocab_sha256
+    if why is not None and other is not None and backend == "tiktoken":  # (fetching it again cannot help)
+        why.append(f"token ids are shown undecoded: the {info.name} vocabulary here has sha256 {other[:12]}…, not "
+                   f"the {info.ranks_sha256[:12]}… the metadata records (made with another vocabulary of that "
+                   "name, or the metadata was edited)")  # fmt: skip
+    elif why is not None:
         why.append(f"token ids are shown undecoded: the {info.name} vocabulary (sha256 {info.ranks_sha256[:12]}…) "
                    f"is not available here; {fix}")  # fmt: skip
     return None
