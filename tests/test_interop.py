@@ -663,6 +663,19 @@ def test_an_export_logged_to_a_file_holds_its_own_lines_only(datasets, tmp_path)
     assert sorted(p.name for p in (tmp_path / "nano").iterdir() if p.suffix == ".bin") == ["train.bin"]
 
 
+def test_inspect_of_an_export_gives_the_import_that_reads_it_back(datasets, tmp_path):
+    """`inspect` of an export directory says what it is and the import command, which works."""
+    export_dataset(datasets["after"], "nanogpt", tmp_path / "nano")
+    result = runner.invoke(app, ["inspect", str(tmp_path / "nano")])
+    said = " ".join(result.output.split())
+    command = f"lmshard import {tmp_path / 'nano'} --from nanogpt --tokenizer gpt2 --out DIR"
+    assert result.exit_code == 1 and f"an export for nanogpt of the dataset {datasets['after']}" in said, said
+    assert command in said, said
+    result = runner.invoke(app, command.replace("DIR", str(tmp_path / "back")).split()[1:])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["inspect", str(tmp_path / "back")]).exit_code == 0
+
+
 def test_cp_force_into_a_users_folder_keeps_every_file_it_does_not_replace(datasets, tmp_path):
     """`lmshard cp DS DIR --force` where DIR is not a dataset: the user's files stay, also inside
     folders the copy writes too (train/photo.jpg beside the new train/ shards); the copy's files

@@ -6,6 +6,7 @@ Memory model: as `verify` (one token block at a time), plus the N sampled docume
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +44,29 @@ def require_dataset(path: Path) -> None:
                               f"{path}` says how it goes on)")  # fmt: skip
         raise ConfigError(f"{path}: no such directory")
     if not (path / METADATA_FILE).exists() and not (path / IN_PROGRESS_FILE).exists():
+        if (export := _export_record(path)) is not None:
+            raise ConfigError(f"{path}: {export}")
         raise ConfigError(f"{path}: no {METADATA_FILE}; not an lmshard dataset (create one with `lmshard prepare`)")
+
+
+def _export_record(path: Path) -> str | None:
+    """What an export directory is (its `lmshard_export.json`, interop/output.py's PROVENANCE_FILE,
+    read when small) and how to read it back, or None when `path` holds none."""
+    record = path / "lmshard_export.json"
+    try:
+        if record.stat().st_size > 1 << 20:
+            return None
+        data = json.loads(record.read_text())
+        fmt, name, source = str(data["format"]), str(data["tokenizer"]["name"]), str(data.get("source", "?"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    from ..remote.urls import redact
+
+    what = f"an export for {fmt} of the dataset {redact(source)}, not an lmshard dataset"
+    if fmt in ("nanogpt", "llmc", "modded-nanogpt", "megatron"):
+        src = f"{path}/PREFIX" if fmt == "megatron" else str(path)
+        return f"{what}; `lmshard import {src} --from {fmt} --tokenizer {name} --out DIR` reads it back into one"
+    return f"{what}; inspect that dataset"
 
 
 def decoder_for(meta: DatasetMeta | None, why: list[str] | None = None) -> Decoder | None:
