@@ -478,3 +478,23 @@ def test_packing_report_plans_from_the_raw_index(dataset):
     assert text.exit_code == 0 and "greedy" in text.stdout and "bfd" not in text.stdout
     bad = runner.invoke(app, ["inspect", str(dataset), "--packing", "64", "--strategy", "best"])
     assert bad.exit_code == 1 and "not a packing strategy" in bad.output
+
+
+def test_a_shard_entry_dropped_from_the_metadata_is_a_problem(dataset):
+    """The last train shard's entry removed, every total lowered to match: the metadata is
+    consistent, but the shard's file is still there and a reader would leave its documents out.
+    Inspect names the file (a structure check: --quick finds it too)."""
+    def drop(meta):
+        train = meta["splits"]["train"]
+        last = train["shards"].pop()
+        for entry in (train, meta):
+            entry["n_tokens"] -= last["n_tokens"]
+            entry["n_docs"] -= last["n_docs"]
+
+    n = len(json.loads((dataset / "dataset_metadata.json").read_text())["splits"]["train"]["shards"])
+    edit_meta(dataset, drop)
+    for flags in ((), ("--quick",)):
+        code, report = inspect_json(dataset, *flags)
+        assert code == EXIT_CORRUPT and len(report["problems"]) == 1, report
+        assert f"train/shard_{n - 1:06d}.bin: a shard file the metadata does not list (1 such file in train/, " \
+            f"which lists {n - 1} shards)" in report["problems"][0], report  # fmt: skip

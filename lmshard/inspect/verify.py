@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ import xxhash
 from ..errors import FormatError
 from ..format import (
     INDEX_DTYPE,
+    SPLITS,
     SRC_DTYPE,
     TOKENIZER_FILE,
     VOCAB_COPIES,
@@ -52,6 +55,7 @@ BLOCK_TOKENS = 16 << 20
 MAX_LENGTHS = 16_000_000
 MAX_COUNTED_VOCAB = 1 << 24  # ids: a histogram of 128 MiB; a larger n_vocab gets no top-token counts
 FIX_SHARD = "re-run `lmshard prepare` with --overwrite to rebuild the dataset"
+_SHARD_FILE = re.compile(r"shard_(\d{6,12})\.bin")  # (layout.shard_paths)
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,25 @@ def verify_dataset(
         verify_shard(meta, shard, report)
         if on_shard:
             on_shard(shard)
+    _unlisted_shards(meta, report)
     return report
+
+
+def _unlisted_shards(meta: DatasetMeta, report: Report) -> None:
+    """A split's shard files past those its metadata lists: entries dropped from the metadata (its
+    counts made to match), whose documents a reader would silently leave out. One listing of
+    each split's folder."""
+    for split in SPLITS:
+        listed = len(meta.split_shards(split))
+        try:
+            names = os.listdir(meta.root / split)
+        except OSError:
+            continue
+        extra = sorted(n for n in names if (m := _SHARD_FILE.fullmatch(n)) and int(m.group(1)) >= listed)
+        if extra:
+            report.problems.append(Problem(f"{meta.root / split / extra[0]}", f"a shard file the metadata does not "
+                                           f"list ({len(extra)} such file{'s' if len(extra) > 1 else ''} in "
+                                           f"{split}/, which lists {listed} shards): its documents are not read"))
 
 
 def start_report(meta: DatasetMeta, report: Report) -> None:
