@@ -409,8 +409,12 @@ def test_status_says_how_an_unplanned_or_local_run_goes_on(tmp_path, monkeypatch
         with pytest.raises(KeyboardInterrupt):
             _one(corpus, one)
     code, said = status(one)
-    assert code == 0 and said.startswith("interrupted: a run read in one process left its build in") and \
+    assert code == 0 and said.startswith("interrupted: a prepare run left its build in") and \
         f"--out {one} --resume" in said, said  # fmt: skip
+    shutil.rmtree(_work(staged))  # a planned run's work folder deleted by hand: its build is said alike
+    code, said = status(staged)
+    assert code == 0 and said.startswith("interrupted: a prepare run left its build in") and \
+        "with no plan beside it (read in one process, or its work folder deleted)" in said, said  # fmt: skip
 
 
 def test_a_task_of_a_complete_run_has_nothing_to_do_and_a_finish_removes_leftovers(tmp_path, corpus):

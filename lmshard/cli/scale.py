@@ -313,7 +313,7 @@ def _slurm_advice(out: Path, info: dict[str, Any], first_left: tuple[str, list[i
 
 def _unplanned(out: Path) -> None:
     """`status` of a directory with no plan beside it: a run's work or build folder passed for
-    its dataset, a build one reading process left (its own --resume goes on with it), or
+    its dataset, a build with no plan (its own --resume goes on with it), or
     nothing of a prepare run at all, each said in one line."""
     from ..format import METADATA_FILE
     from ..prepare.execution.taskplan import PLAN_FILE, work_dir
@@ -332,8 +332,9 @@ def _unplanned(out: Path) -> None:
         quoted = shlex.quote(str(out))
         once = f"a run that read stdin or a pipe left nothing to go on from in {staging}: run its command again with "
         said = once + "--overwrite" if read_once(run, out) else (
-            f"a run read in one process left its build in {staging}; `lmshard prepare ... --out {quoted} --resume` "
-            "(its command, with --resume) goes on with it")  # fmt: skip
+            f"a prepare run left its build in {staging}, with no plan beside it (read in one process, or its work "
+            f"folder deleted); `lmshard prepare ... --out {quoted} --resume` (its command, with --resume) goes on "
+            "with it")  # fmt: skip
         render.out.print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(0)
     if out.is_file() or out.name.endswith(".lmshard-lock"):
