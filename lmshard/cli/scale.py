@@ -170,13 +170,13 @@ def run_task(
             runlog.appended_line(runlog.added_by(meta, before))
         render.summary(meta, cfg.out)
         return
-    what = {"lines": "units' lines hashed", "linedup": "groups of line buckets deduplicated",
-            "tokenize": "units tokenized", "dedup": "groups of buckets deduplicated", "select": "units selected",
-            "write": "parts of shards and key files written"}[stage]  # fmt: skip
-    if done == 1:
-        what = {"lines": "unit's lines hashed", "linedup": "group of line buckets deduplicated",
-                "tokenize": "unit tokenized", "dedup": "group of buckets deduplicated", "select": "unit selected",
-                "write": "part of a shard or key file written"}[stage]  # fmt: skip
+    one, many = {"lines": ("unit's lines hashed", "units' lines hashed"),
+                 "linedup": ("group of line buckets deduplicated", "groups of line buckets deduplicated"),
+                 "tokenize": ("unit tokenized", "units tokenized"),
+                 "dedup": ("group of buckets deduplicated", "groups of buckets deduplicated"),
+                 "select": ("unit selected", "units selected"),
+                 "write": ("part of a shard or key file written", "parts of shards and key files written")}[stage]
+    what = one if done == 1 else many
     if stage == "select" and (parts := nearparts.parts_of(work_dir(cfg.out))) > 1:
         what += f", the near-duplicate clusters found over {parts} parts with the other select tasks"
     if done == 0 and (total := stages.task_items(cfg, n_tasks, stage, task or 0, unit_bytes)):

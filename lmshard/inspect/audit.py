@@ -50,9 +50,11 @@ def require_dataset(path: Path) -> None:
 
 
 def _export_record(path: Path) -> str | None:
-    """What an export directory is (its `lmshard_export.json`, interop/output.py's PROVENANCE_FILE,
-    read when small) and how to read it back, or None when `path` holds none."""
-    record = path / "lmshard_export.json"
+    """What an export directory is (its `lmshard_export.json`, read when small) and how to read it
+    back, or None when `path` holds none."""
+    from ..interop.output import PROVENANCE_FILE
+
+    record = path / PROVENANCE_FILE
     try:
         if record.stat().st_size > 1 << 20:
             return None

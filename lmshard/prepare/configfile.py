@@ -113,6 +113,7 @@ def canonical(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     known = sorted({*hints, *META_OPTIONS, *ALIASES})
     out: dict[str, Any] = {}
     origin: dict[str, str] = {}  # field → the key that set it
+
     def said(key: str) -> str:  # a flag as typed on the command line, a key as written in the file
         return "--" + key.replace("_", "-") if where == "option" else repr(key)
 

@@ -49,18 +49,20 @@ class WorkerServed:
     def _position(self, step: int) -> int:
         raise NotImplementedError  # SkipSteps: the position of the run's step `step`
 
+    def _page(self) -> mmap.mmap | None:
+        return _PAGES.get(self._served_key) if self._served_key is not None else None
+
     def _worker_started(self) -> None:
         """In a DataLoader worker: mark the stream as served by workers (seen by the process it
         was forked from)."""
-        page = _PAGES.get(self._served_key) if self._served_key is not None else None
-        if page is not None:
+        if (page := self._page()) is not None:
             page[0] = 1
 
     @contextlib.contextmanager
     def _loading(self) -> Iterator[None]:
         """A state loaded in the block: this process's count is the run's again (until workers
         serve the stream), and the load's own checks read it; a refused load leaves the mark."""
-        page = _PAGES.get(self._served_key) if self._served_key is not None else None
+        page = self._page()
         was = page[0] if page is not None else 0
         if page is not None:
             page[0] = 0
@@ -75,8 +77,7 @@ class WorkerServed:
         """The position a state saved now resumes at: the next, less `in_hand` batches drawn but not
         trained on; or, with `after` (the last batch trained on, or its step), the one after it."""
         if after is None:
-            page = _PAGES.get(self._served_key) if self._served_key is not None else None
-            if page is not None and page[0] == 1:
+            if (page := self._page()) is not None and page[0] == 1:
                 raise ArgumentError(_SERVED)
             return checks.rewind(self.step, in_hand)
         if in_hand:

@@ -105,7 +105,7 @@ class _Table(Sequence[Any]):
         try:
             return pread_all(fd, n, at)
         except OSError:
-                raise ConfigError(f"{path}: shorter than the plan says; {start_again(path.parent)}") from None
+            raise ConfigError(f"{path}: shorter than the plan says; {start_again(path.parent)}") from None
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():

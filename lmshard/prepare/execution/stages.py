@@ -88,10 +88,10 @@ def planned_here(out: str | os.PathLike[str]) -> Path:
     where `out` is not the output the plan was made for (moved since)."""
     given = Path(os.path.abspath(out))
     try:
-        head = json.loads((work_dir(given) / PLAN_FILE).read_text())
-        cwd, config = head.get("cwd"), head["prepare"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        plan = load_plan(work_dir(given))
+    except InputError:
         return given  # no plan (or not a readable one): config_of says so
+    cwd, config = plan.get("cwd"), plan.get("prepare") or {}
     if not cwd or cwd == os.getcwd():
         return given
     if not os.path.isdir(cwd):
