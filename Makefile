@@ -63,8 +63,9 @@ bench: setup
 	$(BIN)/python scripts/bench_tokenizers.py
 	$(BIN)/python scripts/bench_llama.py
 	$(BIN)/python scripts/bench_packing.py
-	$(BIN)/python scripts/bench_scaleout.py
-	$(BIN)/python scripts/bench_scaleout.py --dedup-lines
+	git worktree prune; git worktree list | grep -q /tmp/lmshard-reader || git worktree add --detach /tmp/lmshard-reader 8f3b906
+	$(BIN)/python scripts/bench_scaleout.py --reader /tmp/lmshard-reader
+	$(BIN)/python scripts/bench_scaleout.py --reader /tmp/lmshard-reader --dedup-lines
 	$(BIN)/python scripts/bench_scaling.py
 	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends strace; }; $(BIN)/python scripts/bench_cluster.py && $(BIN)/python scripts/bench_cluster.py --dedup-lines && $(BIN)/python scripts/bench_retokenize_tasks.py
 	$(BIN)/python scripts/bench_retokenize_tasks.py --speed

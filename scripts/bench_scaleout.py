@@ -1,9 +1,9 @@
-"""Benchmark the scale-out path on one machine: staged runs against one reading process, and
-what each stage costs.
+"""Benchmark the stages on one machine, every prepare's one path: against one reading process
+(the path small inputs and streams took before, run from a checkout of that version: --reader),
+and what each stage costs.
 
 1. `lmshard prepare --workers 2` three ways: with one reading process feeding the workers (the
-   path of small inputs and streams; forced here with LMSHARD_STAGED_BYTES above
-   the input's size), as staged tasks in the worker pool (what a plain prepare of this input
+   retired path, from --reader), as staged tasks in the worker pool (what a plain prepare of this input
    does), and `--num-tasks 4` (the same stages, planned for 4 tasks); with `--before CHECKOUT`
    also a plain prepare of an older checkout (make one with `git worktree add /tmp/old COMMIT`;
    PYTHONPATH pins it). Rotated, 3 runs each, on the shared corpus written twice (salted) as
@@ -15,14 +15,12 @@ what each stage costs.
    second; and the plan's and the work directory's sizes per unit and per token, from which
    docs/scaling.md estimates a 1,000-node run.
 3. Small inputs (the corpus's first 100 KB, 1, 8, 16 and 32 MB, and a directory of 300 small
-   text files, 1 MB), whose plain prepare keeps the one-process start below 16 MiB: the command's
-   wall time (its start included), `--workers 2`, in one process (LMSHARD_STAGED_BYTES above
-   the input's size), as the stages of a plain prepare (LMSHARD_STAGED_BYTES=0: in this process
-   below 4 MiB, one unit, the files sharing it; one unit tokenized by the pool above) and as the
-   stages in the pool (LMSHARD_POOL_BYTES=0 too), medians of 15 rotated runs, and the ratios.
-   Then `--workers 1` on the corpus's first 8 MB and 20 MB and all of it (46 MB), which a plain
-   prepare runs on the stages (in its main process) from 16 MiB: one reading process against the
-   stages, medians of 5 rotated runs, and byte identity.
+   text files, 1 MB): the command's wall time (its start included), `--workers 2`, in one
+   reading process (--reader), as the stages of a plain prepare (in this process below 4 MiB, one
+   unit, the files sharing it; one unit tokenized by the pool above) and as the stages in the
+   pool (LMSHARD_POOL_BYTES=0), medians of 15 rotated runs, and the ratios. Then `--workers 1` on
+   the corpus's first 8 MB and 20 MB and all of it (46 MB), the stages in the main process: one
+   reading process against the stages, medians of 5 rotated runs, and byte identity.
 
 4. `--max-docs 2000` on the same input and `--workers 2`: in one reading process, as a plain
    prepare and planned (`--num-tasks 4`): the stages tokenize the units in order and stop once
@@ -36,14 +34,14 @@ what each stage costs.
 6. The same input as a Hugging Face dataset of 8 parquet data files (`--hf DIR`), and its first
    2 MB as 2 files: one reading process against the stages (the main process, which has the
    dataset open, reads every data file; the workers tokenize), the same way.
-7. The corpus once (46 MB) through a pipe, `--workers 2`: read in one pass (what a plain prepare
-   of stdin does) against the stages on the copy the planner saves first (`--num-tasks 4`),
-   medians of 5 rotated runs, and byte identity.
+7. The corpus once (46 MB) through a pipe, `--workers 2`: read in one pass (--reader) against a
+   plain prepare (the stages on the copy it saves first) and `--num-tasks 4`, medians of 5
+   rotated runs, and byte identity.
 
 With `--dedup-lines`, every run removes repeated lines too (the two line stages run first in
 the staged ones); its figures go to a section of their own.
 
-    python scripts/bench_scaleout.py [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
+    python scripts/bench_scaleout.py --reader CHECKOUT [--before CHECKOUT] [--no-write] [--dedup-lines] [--small-only]
         [--compressed-only] [--max-docs-only] [--hf-only] [--stdin-only]
 """
 
@@ -73,6 +71,12 @@ from benchlib import (  # noqa: E402
 
 LMSHARD = [sys.executable, "-m", "lmshard"]
 UNIT = 8 << 20
+# The baseline "one reading process": the path that read an input in one process and fed its
+# workers, which every prepare took below 16 MiB (and for stdin) until the stages became its only
+# path. It runs from a checkout of that version (--reader; `make bench` makes one with `git
+# worktree`), forced onto that path whatever the input's size.
+READER: dict[str, str] = {}
+READER_COMMIT = "8f3b906"  # the last commit with that path
 
 
 def corpus(path: Path, copies: int = 2) -> Path:
@@ -131,9 +135,9 @@ SMALL_FILES = 300  # files of a directory of small text files (section 3), 1 MB 
 def small_inputs(t: Path) -> list[str]:
     """Section 3: the rows of its table."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    kinds = {"one process": {"LMSHARD_STAGED_BYTES": str(1 << 50)},
-             "the stages of a plain prepare": {"LMSHARD_STAGED_BYTES": "0"},
-             "the stages in the pool": {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_POOL_BYTES": "0"}}  # fmt: skip
+    kinds = {"one process": READER,
+             "the stages of a plain prepare": {},
+             "the stages in the pool": {"LMSHARD_POOL_BYTES": "0"}}  # fmt: skip
     with gzip.open(require_corpus(), "rb") as f:
         head = f.read(max(SMALL) + (1 << 20))
     rows = ["| input (`--workers 2`) | " + " | ".join(kinds) + " | the stages / one process: plain; the pool |",
@@ -167,7 +171,7 @@ def one_worker_rows(t: Path) -> list[str]:
     """Section 3, with one worker: one reading process against the stages (in the main process,
     units of up to 64 MiB: a plain prepare from 16 MiB), medians of 5 rotated runs."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    kinds = {"one process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "the stages": {"LMSHARD_STAGED_BYTES": "0"}}
+    kinds = {"one process": READER, "the stages": {}}
     whole = corpus(t / "one_worker_all.jsonl", 1)
     rows = ["| input (`--workers 1`) | " + " | ".join(kinds) + " | the stages / one process | byte-identical |",
             "|---" * (len(kinds) + 3) + "|"]  # fmt: skip
@@ -197,7 +201,7 @@ def compressed_rows(t: Path, src: Path) -> list[str]:
     worker), `--workers 2`, medians of 3 rotated runs, and whether the outputs are identical."""
     gz = gzipped(t, src)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    kinds = {"one reading process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "a plain prepare (the stages)": {}}
+    kinds = {"one reading process": READER, "a plain prepare (the stages)": {}}
     names = list(kinds)
     cmd = [*LMSHARD, "prepare", str(gz), "--out", "{out}", "--workers", "2"]
     med = rotated({k: (cmd, env | kinds[k]) for k in names}, 3, lambda i, k: t / f"gz_{i}_{k}")
@@ -216,7 +220,7 @@ def max_docs_rows(t: Path, src: Path, env: dict[str, str], options: list[str], w
     the input as one .gz file (one unit, read in the main process, its work items tokenized by
     every worker) in one reading process and as a plain prepare; medians of 3 rotated runs,
     against `whole` (the median wall time of the whole planned run), and byte identity."""
-    one = {"LMSHARD_STAGED_BYTES": str(1 << 50)}  # (one reader: the stages never chosen)
+    one = READER
     gz = gzipped(t, src)
     kinds = {"one reading process": (src, one, []), "a plain prepare (the stages)": (src, {}, []),
              "planned (`--num-tasks 4`)": (src, {}, ["--num-tasks", "4"]),
@@ -268,7 +272,7 @@ def hf_rows(t: Path, src: Path) -> list[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(t / "hf_cache")}
     warm = [*LMSHARD, "prepare", "--hf", str(dirs["large"]), "--out", str(t / "hf_warm"), "--no-streaming", "--quiet"]
     subprocess.run(warm, env=env, check=True, capture_output=True)  # (the copy made once, untimed)
-    kinds = {"one reading process": {"LMSHARD_STAGED_BYTES": str(1 << 50)}, "the stages": {"LMSHARD_STAGED_BYTES": "0"}}
+    kinds = {"one reading process": READER, "the stages": {}}
     rows_out = ["| `--hf DIR` (`--workers 2`) | one reading process | the stages | the stages / one process |",
                 "|---|---|---|---|"]  # fmt: skip
     for name, path, extra in (("large", dirs["large"], []), ("small", dirs["small"], []),
@@ -295,22 +299,25 @@ PACED = ("import sys, time\nrate, start = float(sys.argv[2]) * 1e6, time.perf_co
 
 def stdin_rows(t: Path) -> list[str]:
     """Section 7: the corpus once (46 MB) through a pipe (`cat FILE | lmshard prepare -`), and
-    from a producer of 40 MB/s (as a download is), `--workers 2`: read in one pass against the
-    stages on its saved copy (`--num-tasks 4`: 16 units, as a plain prepare plans them), medians
+    from a producer of 40 MB/s (as a download is), `--workers 2`: read in one pass (--reader)
+    against a plain prepare (the stages on the copy it saves first) and `--num-tasks 4`, medians
     of 5 rotated runs, and byte identity."""
     src = corpus(t / "stdin.jsonl", 1)
     (t / "paced.py").write_text(PACED)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    kinds = {"one pass": [], "the stages on its saved copy": ["--num-tasks", "4"]}
+    kinds = {"one pass": ([], READER), "a plain prepare (its saved copy)": ([], {}),
+             "`--num-tasks 4`": (["--num-tasks", "4"], {})}  # fmt: skip
     names = list(kinds)
     line = " ".join([*LMSHARD, "prepare", "-", "--out", "{out}", "--workers", "2"])
-    rows = ["| a pipe (`--workers 2`) | " + " | ".join(kinds) + " | the stages / one pass |", "|---|---|---|---|"]
+    rows = ["| a pipe (`--workers 2`) | " + " | ".join(kinds) + " | a plain prepare / one pass |",
+            "|---" * (len(kinds) + 2) + "|"]  # fmt: skip
     mb = src.stat().st_size / 1e6
     for tag, label, producer in (("cat", f"{mb:.1f} MB, `cat`", f"cat {src}"),
                                  ("paced", f"{mb:.1f} MB at 40 MB/s", f"{sys.executable} {t / 'paced.py'} {src} 40")):
-        runs = {k: (["sh", "-c", f"{producer} | {line} {' '.join(extra)}"], env) for k, extra in kinds.items()}
+        runs = {k: (["sh", "-c", f"{producer} | {line} {' '.join(extra)}"], env | extra_env)
+                for k, (extra, extra_env) in kinds.items()}  # fmt: skip
         med = rotated(runs, 5, lambda i, k, tag=tag: t / f"stdin_out_{tag}_{i}_{k}")
-        same = files(t / f"stdin_out_{tag}_0_0") == files(t / f"stdin_out_{tag}_0_1")
+        same = all(files(t / f"stdin_out_{tag}_0_0") == files(t / f"stdin_out_{tag}_0_{k}") for k in (1, 2))
         print(f"7. stdin, {label}: " + ", ".join(f"{k} {m:.2f} s" for k, m in zip(names, med, strict=True)) +
               f"; ratio {med[1] / med[0]:.2f}; byte-identical: {same}", flush=True)  # fmt: skip
         rows.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med) +
@@ -331,6 +338,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/performance.md")
     ap.add_argument("--before", type=Path, help="an older checkout whose plain prepare is a baseline too")
+    ap.add_argument("--reader", type=Path, required=True,
+                    help=f"a checkout of lmshard at {READER_COMMIT}, whose one reading process is the baseline "
+                         f"(git worktree add --detach DIR {READER_COMMIT})")  # fmt: skip
     ap.add_argument("--copies", type=int, default=2, help="copies of the corpus in the input (salted; 2: 83 MB)")
     ap.add_argument("--dedup-lines", action="store_true", help="every run with --dedup-lines")
     ap.add_argument("--small-only", action="store_true", help="section 3 only, printed (docs/ unchanged)")
@@ -339,6 +349,7 @@ def main() -> None:
     ap.add_argument("--hf-only", action="store_true", help="section 6 only, printed (docs/ unchanged)")
     ap.add_argument("--stdin-only", action="store_true", help="section 7 only, printed (docs/ unchanged)")
     args = ap.parse_args()
+    READER.update({"PYTHONPATH": str(args.reader.resolve()), "LMSHARD_STAGED_BYTES": str(1 << 50)})
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
     compile_package()
@@ -370,7 +381,7 @@ def main() -> None:
         t = Path(tmp)
         src = corpus(t / "corpus.jsonl", args.copies)
         kinds = ["reader", "staged", "planned"] + (["before"] if args.before else [])
-        reader_env = env | {"LMSHARD_STAGED_BYTES": str(1 << 50)}  # (one reader: the stages never chosen)
+        reader_env = env | READER
         times: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
         for i in range(3):
             for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:

@@ -37,13 +37,13 @@ def reference():
 
 @pytest.fixture
 def eager_pool(monkeypatch):
-    """prepare starts its worker pool at once, however small the input (it would otherwise do
-    a small input in-process), so tests with --workers N exercise the pool; the items done
-    while the workers start still run in-process, so output mixes both."""
-    import lmshard.prepare.execution.feed as feed
+    """prepare runs its stages in the worker pool however small the input (it would otherwise
+    run a small input's in this process), so tests with --workers N exercise the pool, here and
+    in the runs started as processes."""
+    from lmshard.prepare.execution import plainplan
 
-    monkeypatch.setattr(feed, "POOL_START_SECONDS", 0.0)
-    monkeypatch.setenv("LMSHARD_POOL_START_SECONDS", "0")
+    monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
+    monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
 
 
 @pytest.fixture

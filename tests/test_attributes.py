@@ -372,7 +372,6 @@ def test_an_interrupted_run_resumes_to_the_same_attributes(scored, tmp_path, mon
             "--attribute", "gopher_repetition", "--attribute", "fineweb_quality", "--tokens-per-shard", "20000",
             "--val-fraction", "0.1", "--workers", "1", "--quiet"]  # fmt: skip
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))  # many work items
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")  # a checkpoint after every item
     monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")
     proc = start_prepare(args)
     assert wait_stopped(proc) == proc.pid
@@ -383,56 +382,6 @@ def test_an_interrupted_run_resumes_to_the_same_attributes(scored, tmp_path, mon
     assert code == 0, err
     for rel in sorted(p.relative_to(out) for p in out.rglob("shard_*")):
         assert (tmp_path / "r" / rel).read_bytes() == (out / rel).read_bytes(), rel
-
-
-def test_a_writer_resumed_after_a_shard_it_finished_writes_the_same_columns(tmp_path, monkeypatch):
-    """The checkpoint is taken mid-shard, the shard is then finished (its columns written out) and
-    the run killed: the resumed writer takes the records back from the columns and goes on."""
-    from lmshard.format.attributes import AttrField, row_dtype
-    from lmshard.prepare.output.writer import ShardWriter
-
-    fields = (AttrField("a", "float32"), AttrField("b", "category", "x", ("p", "q")), AttrField("c", "uint32"))
-    dtype = row_dtype(fields)
-    rng = np.random.default_rng(0)
-    batches = []
-    for _ in range(12):
-        lengths = rng.integers(2, 40, 20)
-        rows = np.zeros(20, dtype)
-        rows["a"], rows["b"], rows["c"] = rng.random(20), rng.integers(0, 2, 20), rng.integers(0, 9, 20)
-        src = np.zeros(20, dtype=[("source", "<u4"), ("record", "<u8")])
-        batches.append((rng.integers(0, 50000, int(lengths.sum())).astype(np.uint32), lengths, src, rows))
-
-    def run(root, stop=None):
-        w = ShardWriter(root, "train", 1500, provenance=True, attributes=dtype)
-        state = None
-        for i, (tokens, lengths, src, rows) in enumerate(batches):
-            if i == stop:
-                return w, state
-            w.add(tokens, lengths, src, rows)
-            if i == 3:
-                state = w.sync()
-        return w.close(), state
-
-    whole, _ = run(tmp_path / "whole")
-    cut, state = run(tmp_path / "cut", stop=9)  # shards finished after the checkpoint at batch 3
-    assert len(cut.shards) > len(state["shards"])
-    cut.abort()
-    from lmshard.prepare.output import writer
-
-    taken = []
-    monkeypatch.setattr(writer._Columns, "reopen", lambda self, final, rows, f=writer._Columns.reopen:
-                        taken.append(final.name) or f(self, final, rows))  # fmt: skip
-    again = ShardWriter(tmp_path / "cut", "train", 1500, provenance=True, attributes=dtype)
-    again.resume(state)
-    for tokens, lengths, src, rows in batches[4:]:
-        again.add(tokens, lengths, src, rows)
-    assert again.close() == whole and taken  # (the columns taken back into records)
-    for shard in whole:
-        assert (tmp_path / "cut" / shard.attr_path).read_bytes() == (tmp_path / "whole" / shard.attr_path).read_bytes()
-    expected = np.concatenate([b[3] for b in batches])
-    got = np.concatenate([np.frombuffer((tmp_path / "whole" / s.attr_path).read_bytes()[: s.n_docs * 4], "<f4")
-                          for s in whole])  # fmt: skip
-    assert np.array_equal(got, expected["a"])  # column a first, in document order
 
 
 def test_where_edge_cases_nan_and_hostile_conditions(tmp_path):

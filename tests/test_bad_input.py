@@ -239,12 +239,16 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     import errno
 
     from lmshard.errors import LmshardError
-    from lmshard.prepare.output.writer import ShardWriter
+    from lmshard.prepare.execution.run import Run
 
-    def full(self, tokens, ends, src=None, attrs=None):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "train" / "shard_000000.bin.tmp"))
+    real = Run.do
 
-    monkeypatch.setattr(ShardWriter, "_write", full)
+    def full(self, stage, i, *a, **kw):
+        if stage == "write":
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".out.lmshard-partial" / "train"))
+        return real(self, stage, i, *a, **kw)
+
+    monkeypatch.setattr(Run, "do", full)
     write(tmp_path / "a.jsonl", GOOD * 3)
     with pytest.raises(LmshardError, match="no space left on the device; free space"):
         run(tmp_path, "a.jsonl")

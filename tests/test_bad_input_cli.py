@@ -271,19 +271,13 @@ def test_no_eof_error_escapes_from_a_compressed_csv_header(tmp_path):
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_auto_splits_a_text_file_over_max_chars_into_paragraphs(tmp_path, monkeypatch, reference, workers):
     """A file over the default --max-chars (10 MB) is paragraphs, counted and named; a small
-    file beside it stays one document. Read in one process (one worker: below 16 MiB) and on
-    the stages (2 workers, the stages taken from 4 MiB here)."""
-    from lmshard.prepare.execution import plainplan
-
-    if workers == "2":
-        monkeypatch.setattr(plainplan, "STAGED_BYTES", 4 << 20)
+    file beside it stays one document, with 1 worker and 2."""
     paragraphs = [t + "\n" + t[::-1] for t in texts(36_000, seed=5)]
     big = write(tmp_path / "big.txt", "\n\n".join(paragraphs) + "\n")
     assert big.stat().st_size > 10_000_000
     small = write(tmp_path / "small.md", "one small file\n\nwith two paragraphs\n")
     code, output = prepare_cli(tmp_path / "o", str(small), str(big), "--workers", workers)
     assert code == EXIT_OK, output
-    assert (meta_of(tmp_path / "o")["run"]["dedup_table_bytes"] == 0) == (workers == "2")  # (one process's key set)
     docs = kept(tmp_path / "o")
     assert docs[0] == reference.encode_ordinary("one small file\n\nwith two paragraphs\n")
     assert docs[1:4] == encoded(reference, paragraphs[:3]) and len(docs) == 1 + len(paragraphs)

@@ -45,9 +45,9 @@ def test_a_redirected_stderr_gets_a_start_line_progress_and_the_summary(tmp_path
     lines depends on the input alone, never on how fast the machine is."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LMSHARD_BLOCK_BYTES": str(64 << 10)}
     if staged == "pool":
-        env |= {"LMSHARD_STAGED_BYTES": "0", "LMSHARD_POOL_BYTES": "0", "LMSHARD_UNIT_BYTES": str(64 << 10)}
+        env |= {"LMSHARD_POOL_BYTES": "0", "LMSHARD_UNIT_BYTES": str(64 << 10)}
     if staged == "here":  # (its one unit's work items counted as they are tokenized)
-        env |= {"LMSHARD_STAGED_BYTES": "0"}
+        env |= {}
     workers = "2" if staged == "pool" else "1"
     with open(tmp_path / "log", "w") as log:
         done = subprocess.run([*LMSHARD, "prepare", str(corpus), "--out", str(tmp_path / "o"), "--workers", workers,

@@ -189,9 +189,10 @@ def test_a_plugins_hash_covers_the_files_of_its_directory_it_imports(tmp_path):
     assert plugin_sources(["c4", "language=en"]) == {}
 
 
-@pytest.mark.parametrize("stages", [False, True])
+@pytest.mark.parametrize("stages", [False, True], ids=["here", "pool"])
 def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus, monkeypatch, stages):
-    """One process, or the stages in the pool (a worker held after its first unit): interrupted
+    """The stages in this process (held after its first work item), or in the pool (a worker
+    held after its first unit): interrupted
     (its work left), the plugin edited, then --resume: refused, naming the file; put back, the
     resume goes on."""
     import os
@@ -206,7 +207,6 @@ def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus
     workers = ["--workers", "2", "--unit-size", "64K"] if stages else ["--workers", "1"]
     args = [str(src), "--out", str(tmp_path / "o"), "--filter", f"{rules}:no_river", *workers]
     if stages:
-        monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
         monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
     os.environ["LMSHARD_STOP_AT"] = "unit:1" if stages else "item:1"
     try:
@@ -216,7 +216,7 @@ def test_a_plugin_edited_before_a_resume_is_refused_in_one_line(tmp_path, corpus
     assert wait_stopped(proc) is not None
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
-    assert (tmp_path / ".o.lmshard-work").exists() == stages
+    assert (tmp_path / ".o.lmshard-work" / "plan.json").exists()
     rules.write_text(FILTER_FILE.replace('"river"', '"lake"'))
     code, err = finish_proc(start_prepare([*args, "--resume"]), 120)
     lines = [line for line in err.splitlines() if line.startswith("error:")]

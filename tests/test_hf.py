@@ -297,15 +297,15 @@ def test_a_task_that_finds_other_data_files_than_planned_is_refused(tmp_path, ex
 
 
 @pytest.mark.parametrize("kind", ["parquet", "saved"])
-def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monkeypatch, kind):
-    """A run in one process records its Hugging Face input's data files too (hfread.resume_mark):
+def test_a_resume_refuses_data_files_changed_since(tmp_path, monkeypatch, kind):
+    """A run records its Hugging Face input's data files too (hfread.resume_mark):
     the names of a stream's, the save of a saved dataset. A --resume after a data file was
     renamed (as a new revision renames them) or the dataset was saved again is refused in one
     line naming the input, before anything is read; with the files back it goes on and ends as
     an uninterrupted run does."""
     from lmshard.errors import ConfigError
-    from lmshard.prepare import pipeline
     from lmshard.prepare.documents import hfread, sources
+    from lmshard.prepare.execution import unitfiles
     from lmshard.prepare.output.staging import Interrupted
 
     texts = [make_texts(30, seed=k) for k in range(3)]
@@ -317,16 +317,16 @@ def test_a_resume_in_one_process_refuses_data_files_changed_since(tmp_path, monk
     else:
         datasets.Dataset.from_dict({"text": sum(texts, [])}).save_to_disk(str(tmp_path / "ds"))
     monkeypatch.setattr(sources, "RECORDS_PER_ITEM", 10)  # (several work items, as the resumed run plans them)
-    real_stop = pipeline.stop_point
+    real_stop = unitfiles.stop_point
 
     def ctrl_c(point: str, key: int | None = None) -> None:  # Ctrl-C once the first work item is written
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "stop_point", ctrl_c)
+    monkeypatch.setattr(unitfiles, "stop_point", ctrl_c)
     config = PrepareConfig(out=str(tmp_path / "o"), hf=str(tmp_path / "ds"), workers=1, val_fraction=0)
     with pytest.raises(Interrupted):
         prepare(config)
-    monkeypatch.setattr(pipeline, "stop_point", real_stop)
+    monkeypatch.setattr(unitfiles, "stop_point", real_stop)
     resumed = dataclasses.replace(config, resume=True)
     if kind == "parquet":
         planned, renamed = data / "train-00002-of-00003.parquet", data / "train-00002-of-00003-new.parquet"
@@ -394,17 +394,16 @@ def test_a_sources_bytes_size_a_plans_dedup_buckets(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("kind", "max_docs"), [("parquet", None), ("saved", None), ("parquet", 150)])
 def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_here(tmp_path, monkeypatch, kind,
                                                                                   max_docs):  # fmt: skip
-    """A plain `prepare --hf` with 2 workers runs the stages from LMSHARD_STAGED_BYTES of its
-    files on disk (below, one process): this process, which opened the dataset, reads every
+    """A plain `prepare --hf` with 2 workers: this process, which opened the dataset, reads every
     unit (a data file of a stream, rows of a saved dataset) and the workers tokenize its work
     items (none in a unit's own code); a worker would open the dataset again. The units go out
     in one window, which holds the items of two units at once (the next one's go out while the
     last results of the one before come back; not with --max-docs). The dataset equals a
-    one-process prepare of it, byte for byte (duplicates across units, a null text named at
+    one-worker prepare of it, byte for byte (duplicates across units, a null text named at
     its record; with --max-docs, stopped in the second data file)."""
     from test_stages import _files
 
-    from lmshard.prepare.execution import itempool, local_exec, plainplan, unitfiles
+    from lmshard.prepare.execution import itempool, local_exec, unitfiles
     from lmshard.prepare.execution.run import Run
 
     texts = make_texts(400, seed=9)
@@ -429,11 +428,6 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
     at_once, fill = [0], itempool._Chain._fill  # (the most units whose items were in the window together)
     monkeypatch.setattr(itempool._Chain, "_fill", lambda chain: fill(chain) or at_once.append(
         len({u for u, _ in chain.window})))  # fmt: skip
-    size = sum(p.stat().st_size for p in (tmp_path / "ds").rglob("*") if p.is_file())
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", size + 1)
-    prepare(PrepareConfig(out=str(tmp_path / "below"), workers=2, **opts))
-    assert runs == [] and spreads == []
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", size)
     prepare(PrepareConfig(out=str(tmp_path / "two"), workers=2, **opts))
     n_units = len(files) if kind == "parquet" else 2  # (a saved dataset of 431 rows: units of 256 rows)
     assert runs and spreads == list(range(2 if max_docs else n_units))  # (--max-docs: none read after the 2nd)
@@ -442,7 +436,7 @@ def test_a_plain_prepare_of_a_hugging_face_dataset_runs_the_stages_reading_it_he
 
 
 def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path):
-    """`lmshard prepare --hf DIR --workers 2` on the stages (LMSHARD_STAGED_BYTES=0): opening
+    """`lmshard prepare --hf DIR --workers 2`: opening
     a Hugging Face dataset starts threads in the process, after which workers can only be
     spawned (a new interpreter each, ≈0.5 s of a core); the workers are forked before the claim
     opens it and build their run from the plan at their first item. No interpreter but the
@@ -466,7 +460,7 @@ def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path)
     started = "\nif os.environ.get('STARTED'):\n    open(os.environ['STARTED'], 'a').write(f'{os.getpid()}\\n')\n"
     (tmp_path / "site" / "sitecustomize.py").write_text(_RECORDING + started)
     path = os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {**os.environ, "PYTHONPATH": path, "STARTED": str(tmp_path / "started"), "LMSHARD_STAGED_BYTES": "0",
+    env = {**os.environ, "PYTHONPATH": path, "STARTED": str(tmp_path / "started"),
            "HF_HUB_OFFLINE": "1", "SYNCED": str(tmp_path / "synced")}  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", "--hf", str(tmp_path / "ds"), "--out",
                            str(tmp_path / "two"), "--workers", "2", "--val-fraction", "0.1", "--quiet"], env=env,
@@ -478,29 +472,3 @@ def test_the_stages_of_a_stream_fork_their_workers_before_they_open_it(tmp_path)
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
 
 
-def test_which_hugging_face_datasets_a_plain_prepare_runs_on_the_stages(tmp_path, monkeypatch):
-    """A hub stream always (its size is not known before it is read), with 2 workers or 1 (the
-    stages then run in this process); a directory of data files or a saved dataset from
-    LMSHARD_STAGED_BYTES of its files, counted by hand (hidden folders, a clone's .git, not
-    counted), streamed or downloaded through `datasets` (--no-streaming: read by rows of the copy);
-    a hub dataset downloaded always (its size is not known before it is)."""
-    from lmshard.prepare.documents.sources import Source
-    from lmshard.prepare.execution import plainplan
-
-    (tmp_path / "pq" / "data").mkdir(parents=True)
-    datasets.Dataset.from_dict({"text": make_texts(50, seed=1)}).to_parquet(str(tmp_path / "pq" / "data" / "a.parquet"))
-    (tmp_path / "pq" / ".git").mkdir()
-    (tmp_path / "pq" / ".git" / "pack").write_bytes(b"x" * 100_000)
-    datasets.Dataset.from_dict({"text": make_texts(50, seed=2)}).save_to_disk(str(tmp_path / "saved"))
-
-    def staged(hf: str, **options) -> bool:
-        config = PrepareConfig(out=str(tmp_path / "o"), hf=hf, **{"workers": 2, **options})
-        return plainplan.use_stages(config, [Source(f"hf:{hf}", "hf", None, 0)])
-
-    assert staged("org/name") and staged("org/name", streaming=False) and staged("org/name", workers=1)
-    for name in ("pq", "saved"):
-        size = sum(p.stat().st_size for p in (tmp_path / name).rglob("*") if p.is_file() and ".git" not in p.parts)
-        monkeypatch.setattr(plainplan, "STAGED_BYTES", size + 1)
-        assert not staged(str(tmp_path / name)) and not staged(str(tmp_path / name), streaming=False)
-        monkeypatch.setattr(plainplan, "STAGED_BYTES", size)
-        assert staged(str(tmp_path / name)) and staged(str(tmp_path / name), streaming=False)

@@ -14,7 +14,7 @@ from test_prepare import make_texts
 from test_stages import _files
 
 from lmshard.prepare import PrepareConfig, prepare
-from lmshard.prepare.execution import local_exec, plainplan
+from lmshard.prepare.execution import local_exec
 
 datasets = pytest.importorskip("datasets")
 
@@ -56,19 +56,14 @@ def _units(monkeypatch) -> list:
 
 
 def test_a_plain_prepare_runs_the_downloaded_copy_on_the_stages_by_rows(tmp_path, monkeypatch, data):
-    """With 2 workers, from STAGED_BYTES of data files: the stages, in units of rows of the
-    cached copy (read by every worker), and the bytes of one reading process; the records are
-    those of the stream too (its tokens)."""
+    """With 2 workers: the stages, in units of rows of the cached copy (read by every worker),
+    and the bytes of one worker's run; the records are those of the stream too (its tokens)."""
     from test_hf import tokens_of
 
     kinds = _units(monkeypatch)
-    with monkeypatch.context() as m:
-        m.setattr(plainplan, "STAGED_BYTES", 1 << 40)  # (one reading process)
-        one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=2, **_options(data)))
-    assert kinds == []
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
     staged = prepare(PrepareConfig(out=str(tmp_path / "staged"), workers=2, **_options(data)))
-    assert len(kinds) == 1 and set(kinds[0]) == {"rows"}, kinds
+    assert len(kinds) == 2 and set(kinds[0]) == set(kinds[1]) == {"rows"}, kinds
     assert one.drops["duplicate"] == 30 and one.drops["wrong_type"] == 1 and staged.total_docs == one.total_docs
     assert _files(tmp_path / "staged") == _files(tmp_path / "one")
     prepare(PrepareConfig(out=str(tmp_path / "streamed"), workers=2, **_options(data, streaming=None)))
@@ -85,7 +80,6 @@ def test_a_planned_run_cuts_the_downloaded_copy_into_rows_and_equals_one_process
     from lmshard.prepare.execution.stages import STAGES, run_task
     from lmshard.prepare.execution.taskplan import load_plan, work_dir
 
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 40)
     prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
     config = PrepareConfig(out=str(tmp_path / "tasks"), workers=1, **_options(data))
     local_exec.claim(config, n_tasks)
@@ -124,17 +118,16 @@ def test_a_task_or_a_resume_that_finds_another_copy_is_refused(tmp_path, monkeyp
     hfread.forget()  # (as another process opens the split)
     assert run_task(config, 3, "tokenize", 1) >= 1
     assert local_exec.run(resumed, 3).total_docs > 0
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 40)
     prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **_options(data)))
     assert _files(tmp_path / "tasks") == _files(tmp_path / "one")
 
 
 @pytest.mark.parametrize("kind", ["saved", "downloaded"])
-def test_a_part_of_a_mapped_split_runs_on_the_stages_and_a_streams_in_one_process(tmp_path, monkeypatch, data, kind):
+def test_a_part_of_a_mapped_split_is_planned_by_rows_and_a_streams_as_one_unit(tmp_path, monkeypatch, data, kind):
     """`--hf-tasks 3 --hf-task 1` of a saved or downloaded split: part 1 of 3 of its rows
-    (`split_dataset_by_node`: contiguous rows), on the stages in units of its rows, equals one
-    reading process's part, byte for byte (the part recorded in the metadata); of a stream it
-    stays in one process (a stream of fewer data files than parts is split example by example)."""
+    (`split_dataset_by_node`: contiguous rows), in units of its rows, the same bytes with 1 and
+    2 workers (the part recorded in the metadata); of a stream it is one unit (a stream of fewer
+    data files than parts is split example by example)."""
     from lmshard.errors import ConfigError
 
     kinds = _units(monkeypatch)
@@ -142,17 +135,14 @@ def test_a_part_of_a_mapped_split_runs_on_the_stages_and_a_streams_in_one_proces
         whole = datasets.load_dataset(str(data), split="train", streaming=False)
         whole.save_to_disk(str(tmp_path / "saved"))
     options = _options(tmp_path / "saved" if kind == "saved" else data, hf_tasks=3, hf_task=1)
-    with monkeypatch.context() as m:
-        m.setattr(plainplan, "STAGED_BYTES", 1 << 40)
-        one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=2, **options))
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    one = prepare(PrepareConfig(out=str(tmp_path / "one"), workers=1, **options))
     prepare(PrepareConfig(out=str(tmp_path / "staged"), workers=2, **options))
-    assert len(kinds) == 1 and set(kinds[0]) == {"rows"}
+    assert len(kinds) == 2 and set(kinds[0]) == set(kinds[1]) == {"rows"}
     assert one.total_docs == 210  # (rows 211-420 of 631)
     assert _files(tmp_path / "staged") == _files(tmp_path / "one")
     streamed = _options(data, streaming=None, hf_tasks=3, hf_task=1)  # (the data files streamed: the second file)
     assert prepare(PrepareConfig(out=str(tmp_path / "part_of_stream"), workers=2, **streamed)).total_docs == 230
-    assert len(kinds) == 1
+    assert kinds[-1] == ["shard"]
     with pytest.raises(ConfigError, match="--hf-tasks makes part I of N a dataset of its own, and --num-tasks"):
         prepare(PrepareConfig(out=str(tmp_path / "planned"), workers=1, num_tasks=2, **options))
     assert not (tmp_path / "planned").exists()
@@ -161,7 +151,6 @@ def test_a_part_of_a_mapped_split_runs_on_the_stages_and_a_streams_in_one_proces
 def test_a_second_run_in_one_process_sees_a_data_file_changed_since_the_first(tmp_path, monkeypatch, data):
     """prepare() twice in one Python process, a data file rewritten between: the second run
     opens the copy again (runplan.load_run, hfread.forget) and writes the new records."""
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     first = prepare(PrepareConfig(out=str(tmp_path / "a"), workers=1, **_options(data)))
     datasets.Dataset.from_dict({"text": make_texts(50, seed=9)}).to_parquet(str(data / "data" /
                                                                               "train-00000-of-00003.parquet"))

@@ -171,16 +171,16 @@ def test_a_killed_runs_partial_directory_inside_the_input_is_not_read(tmp_path, 
 
     with pytest.raises(KeyboardInterrupt):
         prepare(config, ctrl_c)
-    partial = docs / ".ds.lmshard-partial"
-    assert (partial / "train").is_dir()
-    # Another run over the folder, reading every file as text, does not read the build...
+    partial, work = docs / ".ds.lmshard-partial", docs / ".ds.lmshard-work"
+    assert partial.is_dir() and (work / "plan.json").is_file()
+    # Another run over the folder, reading every file as text, reads neither the build nor its work folder...
     for i, flags in enumerate([(), ("--include-hidden",)]):
         other = prepare_json([docs], tmp_path / f"other{i}", "--format", "text", *flags)
-        assert texts_of(tmp_path / f"other{i}", reference) == texts and other["skipped_inputs"]["lmshard"] == 1
+        assert texts_of(tmp_path / f"other{i}", reference) == texts and other["skipped_inputs"]["lmshard"] == 2
     # ...and the interrupted run resumes over the same inputs, to the same documents.
     resumed = prepare_json([docs], docs / "ds", "--resume")
     assert resumed["n_docs"] == 10 and texts_of(docs / "ds", reference) == texts
-    assert not partial.exists()
+    assert not partial.exists() and not work.exists()
 
 
 def test_a_json_file_holding_one_object_says_what_the_format_expects(tmp_path):

@@ -316,7 +316,6 @@ def test_a_worker_killed_while_a_unit_is_spread_is_one_line_and_resume_finishes(
     one = tmp_path / "one"
     code, err = finish(start_prepare([str(src), "--out", str(one), "--workers", "1"]), 300)
     assert code == 0, err
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
     monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
     monkeypatch.setenv("LMSHARD_STOP_AT", "worker-item:2")  # each worker stops after its 2nd item
     out, args = tmp_path / "o", [str(src), "--out", str(tmp_path / "o"), "--workers", "2"]
@@ -370,7 +369,6 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(2000, seed=6))  # (~2 MB: the stages run in this process)
     options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken"}
     prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     if pool:  # workers started afresh (spawned: this process runs threads) fill their disk at start-up
         monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
         monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)  # (units sized to the workers: each written by one)
@@ -389,7 +387,6 @@ def test_a_full_or_failing_disk_under_the_stages_is_one_line_and_resume_finishes
     assert (device.failures >= 1) != pool and _work(out).exists()  # (in the pool: a worker's device filled)
     assert "worker" not in message  # (the fault, not a worker's death or bug)
     monkeypatch.undo()  # space is back
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     prepare(PrepareConfig(out=str(out), resume=True, **options))
     assert _files(out) == _files(tmp_path / "one")
 
@@ -398,12 +395,10 @@ def _small_run(tmp_path, monkeypatch):
     """A plain prepare of 2 MB, in units of 256 KiB: read in one process into `one`, then the
     options that run it on the stages in this process."""
     from lmshard.prepare import PrepareConfig, prepare
-    from lmshard.prepare.execution import plainplan
 
     src = jsonl(tmp_path / "in" / "a.jsonl", make_texts(2000, seed=6))
     options = {"inputs": [str(src)], "workers": 2, "tokenizer_backend": "tiktoken", "unit_size": 256 << 10}
     prepare(PrepareConfig(out=str(tmp_path / "one"), **options))
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     return options
 
 
@@ -496,7 +491,6 @@ def test_a_staged_run_that_ignores_sigint_keeps_ignoring_it(tmp_path, corpus, on
 def _plain_staged_killed(tmp_path, corpus, monkeypatch, stop):
     """A plain prepare of `corpus` into tmp_path/o on the stages (2 workers), SIGKILLed with its
     group once a process of it stopped at `stop`; its --out and arguments but --workers."""
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
     out = tmp_path / "o"
     args = [str(corpus), "--out", str(out), "--tokenizer-backend", "tiktoken"]
     monkeypatch.setenv("LMSHARD_STOP_AT", stop)
@@ -509,15 +503,14 @@ def _plain_staged_killed(tmp_path, corpus, monkeypatch, stop):
 
 
 def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_path, corpus, one_machine, monkeypatch):
-    """A plain prepare on the stages killed in its write stage, resumed with --workers 1 on an
-    input that alone would read in one process: it goes on with the stages' work rather than
-    start over; temporary files a killed write left in the build are not shipped; no work folder
-    stays; the run's time and rate are the resumed run's own (no unit left to tokenize: 0 tokens/s)."""
+    """A plain prepare in the pool killed in its write stage, resumed with --workers 1 (its
+    stages in this process): it goes on with the stages' work rather than start over; temporary
+    files a killed write left in the build are not shipped; no work folder stays; the run's time
+    and rate are the resumed run's own (no unit left to tokenize: 0 tokens/s)."""
     out, args = _plain_staged_killed(tmp_path, corpus, monkeypatch, HELD["write"])
     staging = tmp_path / ".o.lmshard-partial"
     for stray in (".dataset_metadata.json.k3j2.tmp", "train/.shard_000000.idx.ab12.tmp"):  # (atomic writes cut short)
         (staging / stray).write_text("{")
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))  # (one worker on this input: one reading process)
     began = time.time()
     code, err = finish(start_prepare([*args, "--workers", "1", "--resume"]), 300)
     took = time.time() - began
@@ -531,12 +524,11 @@ def test_a_plain_staged_run_resumed_with_one_worker_goes_on_with_its_stages(tmp_
     assert done.endswith("s, no tokens made by this run (all were before it)"), done  # (not "0 tokens/s")
 
 
-def test_an_overwrite_read_in_one_process_removes_the_work_the_stages_left(tmp_path, corpus, one_machine, monkeypatch):
-    """A plain prepare on the stages killed midway, then --overwrite with --workers 1 (read in one
-    process): the stages' work folder goes with their build."""
+def test_an_overwrite_with_one_worker_removes_the_work_the_pool_left(tmp_path, corpus, one_machine, monkeypatch):
+    """A plain prepare in the pool killed midway, then --overwrite with --workers 1: the work
+    folder of the killed run goes with its build, and a new one is made and removed."""
     out, args = _plain_staged_killed(tmp_path, corpus, monkeypatch, HELD["select"])
     assert _work(out).exists()
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))  # (one worker on this input: one reading process)
     code, err = finish(start_prepare([*args, "--workers", "1", "--overwrite"]), 300)
     assert code == 0, err
     assert _files(out) == one_machine and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
@@ -547,14 +539,13 @@ def test_an_input_gone_before_the_plan_says_the_work_is_kept(tmp_path, monkeypat
     and that the work is kept; put back, --resume ends with one machine's bytes."""
     from lmshard.errors import LmshardError
     from lmshard.prepare import PrepareConfig, prepare
-    from lmshard.prepare.execution import local_exec, plainplan
+    from lmshard.prepare.execution import local_exec
 
     inputs = tmp_path / "in"
     jsonl(inputs / "a.jsonl", make_texts(300, seed=1))
     b = jsonl(inputs / "b.jsonl", make_texts(300, seed=2))
     options = {"inputs": [str(inputs)], "workers": 2, "tokenizer_backend": "tiktoken"}
     prepare(PrepareConfig(out=str(tmp_path / "one"), **options | {"workers": 1}))
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     real = local_exec.begin
     monkeypatch.setattr(local_exec, "begin", lambda *a, **k: (real(*a, **k), b.rename(tmp_path / "away"))[0])
     out = tmp_path / "o"

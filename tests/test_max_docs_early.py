@@ -317,7 +317,6 @@ def test_a_compressed_file_is_read_here_and_tokenized_by_every_worker_up_to_the_
     opts = dict(OPTS, max_docs=n)
     one = prepare(PrepareConfig(inputs=[str(tmp_path / "in")], out=str(tmp_path / "one"), workers=1, **opts))
     assert one.total_docs == n
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     spreads, do = [], Run.do
     monkeypatch.setattr(Run, "do", lambda r, stage, i, stop=None, spread=None: (spreads.append(

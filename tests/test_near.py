@@ -318,12 +318,11 @@ def test_near_duplicates_keeps_a_dataset_appended_to():
 
 
 def _killed_and_resumed(monkeypatch, args: list[str], item: int) -> None:
-    """`lmshard prepare ARGS` in many small work items, checkpointed after each, killed after
-    work item `item` of its second pass, then finished with --resume."""
+    """`lmshard prepare ARGS` in many small work items, killed after its unit's work item
+    `item` (the tokenize stage), then finished with --resume."""
     from proctree import finish, kill_group, start_prepare, wait_stopped
 
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", str(1 << 16))
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     monkeypatch.setenv("LMSHARD_STOP_AT", f"item:{item}")
     proc = start_prepare(args)
     assert wait_stopped(proc) is not None
@@ -336,9 +335,8 @@ def _killed_and_resumed(monkeypatch, args: list[str], item: int) -> None:
 
 
 def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
-    """Killed after some work items of its second pass (checkpoints after each), --resume repeats
-    the first pass and goes on from the checkpoint: the same bytes and signatures as a run that
-    was never stopped."""
+    """Killed midway through its tokenize stage, --resume goes on: the same bytes and signatures
+    as a run that was never stopped."""
     src = jsonl(tmp_path / "docs.jsonl", _clustered(9, n=400))
     truth = tmp_path / "truth"
     prepare(PrepareConfig(inputs=[str(src)], out=str(truth), near_dedup=True, workers=2, val_fraction=0.1))

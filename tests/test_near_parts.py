@@ -129,8 +129,8 @@ def test_a_planned_append_over_parts_equals_one_process(tmp_path, tiny_parts):
 
 
 def test_a_run_on_one_machine_finds_them_in_one_task(tmp_path, tiny_parts, monkeypatch):
-    """`prepare --num-tasks 8 --workers 2` (the local executor): its tasks share one machine's
-    memory, so however many edges, one task finds the clusters."""
+    """`prepare --num-tasks 8 --workers 2` (the local executor), as a plain prepare: its tasks
+    share one machine's memory, so however many edges, one task finds the clusters."""
     from lmshard.prepare.execution import nearstage
 
     decided = []
@@ -139,7 +139,7 @@ def test_a_run_on_one_machine_finds_them_in_one_task(tmp_path, tiny_parts, monke
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "one"), **OPTS))
     prepare(PrepareConfig(inputs=[src], out=str(tmp_path / "pool"), **(OPTS | {"workers": 2}), num_tasks=8,
                           unit_size=65536))  # fmt: skip
-    assert decided == [1]
+    assert decided == [1, 1]  # (the plain run's, and the planned one's)
     _same(tmp_path / "pool", tmp_path / "one")
 
 

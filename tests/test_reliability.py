@@ -4,18 +4,17 @@ input sets, and a run that keeps nothing fails. The independent truth is a run t
 interrupted (compared file by file, metadata apart from its "run" record) and numpy reading the
 raw shards.
 
-Every run here is read in one process (`one_reading_process`), the path of inputs under 16 MiB,
-of stdin and pipes, and of `--max-docs --near-dedup`, whatever its size: its checkpoints, stop
-points (`item:N`) and notes. The staged path's own kills and resumes are in test_stage_kills.py,
-test_stage_safety.py and test_local_exec.py."""
+The inputs here (4.4 MB) make a plan of one unit, read by this process (`item:N` stops it after
+its Nth work item, `piece:N` after its Nth sealed shard or key file); kills in every stage of
+larger plans are in test_stage_kills.py, test_stage_safety.py and test_local_exec.py."""
 
 from __future__ import annotations
 
-import errno
 import filecmp
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,18 +23,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import read_docs
-from faults import full_disk
 from proctree import LMSHARD, finish, kill_group, signal_stopped, start_prepare, wait_gone, wait_stopped, workers_of
 
-import lmshard.prepare.output.build as build_mod
-import lmshard.prepare.output.writer as writer_mod
 from lmshard.errors import ConfigError, InputError, LmshardError
 from lmshard.format import METADATA_FILE, load_metadata
 from lmshard.prepare import PrepareConfig, prepare
+from lmshard.prepare.execution.taskplan import work_dir
 from lmshard.prepare.output import staging as staging_mod
 from lmshard.prepare.output.build import StopOnSignal, Stopped
 from lmshard.prepare.output.staging import OutputPaths, read_run, recover
-from lmshard.prepare.output.writer import ShardWriter
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 SHARD = 20_000  # tokens per shard: the corpora below make dozens of shards
@@ -52,43 +48,27 @@ def corpus(path: Path, n: int, seed: int, dupes_of: list[str] | None = None) -> 
     return texts
 
 
-@pytest.fixture(autouse=True)
-def one_reading_process(monkeypatch):
-    """The inputs here (4.4 MB) read in one process, as below 16 MiB a plain prepare does, here
-    and in the runs started as processes (whatever LMSHARD_STAGED_BYTES the test run has)."""
-    from lmshard.prepare.execution import plainplan
-
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 1 << 50)
-
-
-@pytest.fixture
-def many_items(monkeypatch):
-    """64 KiB work items (not 1 MiB): the corpora span dozens of items, so a failure injected
-    at the Nth write lands mid-run. The output does not depend on the item size."""
-    import lmshard.prepare.documents.sources as sources
-
-    monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 16)
-
-
 def run(out: Path, inputs: list[Path], **kw) -> dict:
     kw.setdefault("workers", 1)
     kw.setdefault("tokens_per_shard", SHARD)
     return prepare(PrepareConfig(inputs=[str(p) for p in inputs], out=str(out), **kw)).to_json()
 
 
-def fail_at_write(monkeypatch, n: int, error: BaseException) -> None:
-    """Make the Nth ShardWriter.add of the run raise `error` (a full disk, a Ctrl-C) instead of
-    writing; `monkeypatch.undo()` or a new setattr restores it."""
-    real_add, calls = ShardWriter.add, {"n": 0}
+def stop_in_stages(monkeypatch, stage: str, error: BaseException, n: int = 1) -> None:
+    """Make the Nth item of `stage` (tokenize, dedup, select, write, seal) raise `error` (a Ctrl-C,
+    a full disk) instead of running; `monkeypatch.undo()` restores it."""
+    from lmshard.prepare.execution.run import Run
 
-    def add(self, tokens, lengths, src=None, attrs=None):
-        calls["n"] += 1
-        if calls["n"] == n:
-            raise error
-        return real_add(self, tokens, lengths, src, attrs)
+    real_do, calls = Run.do, {"n": 0}
 
-    monkeypatch.setattr(ShardWriter, "add", add)
+    def do(self, name, i, *a, **kw):
+        if name == stage:
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise error
+        return real_do(self, name, i, *a, **kw)
+
+    monkeypatch.setattr(Run, "do", do)
 
 
 def files_of(root: Path) -> list[str]:
@@ -159,7 +139,6 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, process_it
     """kill -9 of the whole process group at once (0: wherever start-up has got to), or held
     after its Nth work item; --resume finishes it byte-identical to the uninterrupted run, and
     leaves nothing beside --out."""
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
     if at_item:
@@ -167,7 +146,7 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, process_it
     proc = start_prepare(cli(out, inputs[0]))
     if at_item:
         held(proc)
-        assert read_run(staging)["checkpoint"]["items_done"] == at_item
+        assert read_run(staging) is not None and not (work_dir(out) / "tokenize" / "unit_000000.done").exists()
         monkeypatch.delenv("LMSHARD_STOP_AT")
     kill_group(proc.pid)
     proc.communicate()
@@ -182,17 +161,16 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, monkeypatch, process_it
 
 
 def test_killed_twice_then_resumed(tmp_path, monkeypatch, process_items, inputs, reference):
-    """A resumed run that is itself killed resumes again from its own checkpoint."""
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+    """A resumed run that is itself killed resumes again from the work it kept."""
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
-    for args, at, done in ((cli(out, inputs[0]), 4, 4), (cli(out, inputs[0], "--resume"), 6, 10)):
-        stop_at(monkeypatch, f"item:{at}")  # items merged by this process
+    for args, at in ((cli(out, inputs[0]), "item:4"), (cli(out, inputs[0], "--resume"), "piece:1")):
+        stop_at(monkeypatch, at)
         proc = start_prepare(args)
         held(proc)
         kill_group(proc.pid)
         proc.communicate()
-        assert read_run(staging)["checkpoint"]["items_done"] == done
+        assert read_run(staging) is not None
     monkeypatch.delenv("LMSHARD_STOP_AT")
     code, err = finish(start_prepare(cli(out, inputs[0], "--resume")), 120)
     assert code == 0, err
@@ -203,7 +181,6 @@ def test_a_sums_file_cut_short_by_a_kill_is_not_left_in_the_dataset(tmp_path, mo
                                                                     reference):  # fmt: skip
     """A kill between a shard's sums written to NAME.sums.PID.tmp and its rename leaves that file:
     the resumed run clears it, whichever shard it belongs to."""
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
     stop_at(monkeypatch, "item:4")
@@ -211,6 +188,7 @@ def test_a_sums_file_cut_short_by_a_kill_is_not_left_in_the_dataset(tmp_path, mo
     held(proc)
     kill_group(proc.pid)
     proc.communicate()
+    (staging / "train").mkdir(exist_ok=True)
     for n in range(6):
         (staging / "train" / f"shard_{n:06d}.sums.424242.tmp").write_bytes(b"cut short")
     monkeypatch.delenv("LMSHARD_STOP_AT")
@@ -220,7 +198,6 @@ def test_a_sums_file_cut_short_by_a_kill_is_not_left_in_the_dataset(tmp_path, mo
 
 
 def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, process_items, inputs, reference):
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only Ctrl-C checkpoints
     out = tmp_path / ("a_dataset_with_a_long_name_" * 3 + "ds")  # (its path longer than a terminal's 80 columns)
     staging = OutputPaths.of(str(out)).staging
     stop_at(monkeypatch, "item:5")
@@ -231,11 +208,10 @@ def test_ctrl_c_saves_and_prints_the_resume_command(tmp_path, monkeypatch, proce
     code, err = finish(proc, 60)
     assert code == 130 and "Traceback" not in err, err
     said = next(line for line in err.splitlines() if line.startswith("interrupted: "))
-    assert f"saved in {staging}; continue with:" in said, err  # (one line, whatever its length: a log is copied)
+    assert f"kept in {work_dir(out)}; continue with:" in said, err  # (one line, whatever its length: a log is copied)
     command = err.strip().splitlines()[-1]
     assert command.startswith("lmshard prepare ") and command.endswith("--resume")
-    checkpoint = json.loads((staging / "_PREPARE_IN_PROGRESS").read_text())["checkpoint"]
-    assert checkpoint["items_done"] > 0, "Ctrl-C wrote a checkpoint of the work done"
+    assert read_run(staging) is not None and (work_dir(out) / "plan.json").exists(), "the work done is kept"
     code, err = finish(start_prepare(command.split()[2:]), 120)
     assert code == 0, err
     assert_identical(reference, out)
@@ -245,7 +221,6 @@ def test_sigterm_to_the_whole_group_stops_as_ctrl_c_does(tmp_path, monkeypatch, 
     """Slurm's scancel and its time limit send SIGTERM to every process of the job: the run saves
     a checkpoint at the next work item, prints the resume command and exits 143 (128 + 15); the
     workers end quietly with it, and --resume ends byte-identical."""
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # only the signal checkpoints
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
     stop_at(monkeypatch, "item:5")
@@ -257,12 +232,11 @@ def test_sigterm_to_the_whole_group_stops_as_ctrl_c_does(tmp_path, monkeypatch, 
     signal_stopped(proc.pid, signal.SIGTERM)  # to the whole process group, workers included
     code, err = finish(proc, 60)
     assert code == 143 and "Traceback" not in err and "worker process" not in err, err
-    assert "terminated (SIGTERM)" in err and "saved in" in err, err
+    assert "terminated (SIGTERM): the work done so far is kept in" in err, err
     command = err.strip().splitlines()[-1]
     assert command.startswith("lmshard prepare ") and command.endswith("--resume")
     assert wait_gone(workers, 30) == []
-    checkpoint = json.loads((staging / "_PREPARE_IN_PROGRESS").read_text())["checkpoint"]
-    assert checkpoint["items_done"] > 0, "SIGTERM wrote a checkpoint of the work done"
+    assert read_run(staging) is not None and (work_dir(out) / "plan.json").exists(), "the work done is kept"
     code, err = finish(start_prepare(command.split()[2:]), 120)
     assert code == 0, err
     assert_identical(reference, out)
@@ -280,107 +254,22 @@ def test_a_second_stop_signal_stops_at_once():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_full_disk_keeps_the_work_and_resume_finishes(tmp_path, monkeypatch, many_items, inputs, reference):
-    """A write failing with ENOSPC midway: one line naming the fix, the build kept; once space
-    is back, --resume ends byte-identical."""
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+def test_a_build_an_earlier_version_read_in_one_process_starts_over_on_resume(tmp_path, monkeypatch, inputs,
+                                                                            reference):  # fmt: skip
+    """A build an earlier lmshard read in one process (its run record holds a checkpoint, no plan
+    beside it): `--resume` starts it over on the stages and ends with the uninterrupted bytes."""
     out = tmp_path / "ds"
-    real_add = ShardWriter.add
-    fail_at_write(monkeypatch, 15, OSError(errno.ENOSPC, "No space left on device", str(out / "x.bin.tmp")))
-    with pytest.raises(LmshardError, match="no space left on the device") as e:
-        run(out, inputs[0])
-    assert "--resume" in str(e.value) and "\n" not in str(e.value)
-    assert not out.exists() and leftovers(out) == [".ds.lmshard-partial"]
-    monkeypatch.setattr(ShardWriter, "add", real_add)
-    run(out, inputs[0], resume=True)
-    assert_identical(reference, out)
-
-
-def _open_under(root: Path) -> list[str]:
-    """This process's open descriptors on files under `root`."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            found.append(target)
-    return found
-
-
-@pytest.mark.parametrize(("code", "words"), [
-    (errno.ENOSPC, "no space left on the device"),
-    (errno.EDQUOT, "no space left on the device"),
-    (errno.EIO, "Input/output error"),
-])  # fmt: skip
-def test_a_device_that_fails_again_at_close_keeps_the_advice(tmp_path, monkeypatch, inputs, reference, code, words):
-    """At the default checkpoint interval the writers hold buffered tails when the device fails;
-    closing them raises the same error again, which must not replace the message."""
-    monkeypatch.delenv("LMSHARD_CHECKPOINT_SECONDS", raising=False)
-    out = tmp_path / "ds"
-    device = full_disk(monkeypatch, [writer_mod, build_mod], budget=700_000, code=code)
-    with pytest.raises(LmshardError) as e:
-        run(out, inputs[0])
-    message = str(e.value)
-    assert words in message and "run the same command with --resume" in message and "\n" not in message, message
-    assert device.failures >= 2, "the error came again at close"
-    staging = OutputPaths.of(str(out)).staging
-    assert staging.exists() and _open_under(staging) == []  # every writer and the key file closed
-    monkeypatch.undo()  # space is back
-    run(out, inputs[0], resume=True)
-    assert_identical(reference, out)
-
-
-def test_resume_refuses_a_changed_option_or_input(tmp_path, monkeypatch, inputs, eager_pool):
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
-    out = tmp_path / "ds"
-    real_add = ShardWriter.add
-    monkeypatch.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop_in_stages(monkeypatch, "write", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         run(out, inputs[0])
-    monkeypatch.setattr(ShardWriter, "add", real_add)
-    with pytest.raises(ConfigError, match=r"cannot resume: --val-fraction was 0\.01 when the run started and is 0\.2"):
-        run(out, inputs[0], resume=True, val_fraction=0.2)
-    with pytest.raises(ConfigError, match=r"cannot resume: the inputs were \[.*\] when the run started and are \["):
-        run(out, inputs[0][:1], resume=True)
-    changed = tmp_path / "a.jsonl"
-    corpus(changed, 10, 9)
-    with pytest.raises(ConfigError, match="pass the same options and inputs"):
-        run(out, [changed, inputs[0][1]], resume=True)
-    run(out, inputs[0], resume=True, workers=2)  # the worker count is not part of the output
-
-
-def test_a_build_one_process_left_is_resumed_in_one_process_whatever_the_workers(tmp_path, monkeypatch, inputs,
-                                                                                 reference):  # fmt: skip
-    """An input read in one process (4.4 MB, below the stages' size when it started) and
-    interrupted after checkpoints, resumed where a plain prepare of it runs on the stages (the
-    stages' size set to 4 MiB, as another version of lmshard or LMSHARD_STAGED_BYTES may have it),
-    with another --workers: `--resume` goes on from its checkpoint in one process (it says what
-    it kept) rather than start over on the stages, and ends with the uninterrupted bytes."""
-    import lmshard.prepare.pipeline as pipeline
-    from lmshard.prepare.execution import plainplan
-
-    assert sum(p.stat().st_size for p in inputs[0]) >= 4 << 20
-    monkeypatch.setattr(pipeline, "CHECKPOINT_SECONDS", 0)  # (a checkpoint after every item)
-    out, real_add, added = tmp_path / "ds", ShardWriter.add, []
-
-    def add_then_stop(*a):
-        added.append(1)
-        if len(added) > 10:
-            raise KeyboardInterrupt
-        return real_add(*a)
-
-    monkeypatch.setattr(ShardWriter, "add", add_then_stop)
-    with pytest.raises((KeyboardInterrupt, LmshardError)):
-        run(out, inputs[0], workers=1)
-    monkeypatch.setattr(ShardWriter, "add", real_add)
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 4 << 20)  # (now the stages' size: not pinned to one process)
-    notes = []
-    prepare(PrepareConfig(inputs=[str(p) for p in inputs[0]], out=str(out), tokens_per_shard=SHARD, workers=2,
-                          resume=True), lambda p: notes.append(p.note))  # fmt: skip
-    assert any(n and n.startswith("resuming: ") and "kept from the checkpoint" in n for n in notes), notes
-    assert not (tmp_path / ".ds.lmshard-work").exists()
+    monkeypatch.undo()
+    staging = OutputPaths.of(str(out)).staging
+    shutil.rmtree(work_dir(out))
+    record = json.loads((staging / "_PREPARE_IN_PROGRESS").read_text())
+    record["checkpoint"] = {"items_done": 3, "bytes_done": 1 << 16}
+    (staging / "_PREPARE_IN_PROGRESS").write_text(json.dumps(record))
+    run(out, inputs[0], resume=True, workers=2)
+    assert not work_dir(out).exists()
     assert_identical(reference, out)
 
 
@@ -411,14 +300,13 @@ def snapshot(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_interrupted_overwrite_leaves_the_old_dataset_whole(tmp_path, monkeypatch, process_items, inputs, reference,
                                                              how):  # fmt: skip
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     small = tmp_path / "small.jsonl"
     corpus(small, 300, 5)
     run(out, [small])
     before = snapshot(out)
     staging = OutputPaths.of(str(out)).staging
-    stop_at(monkeypatch, "item:6")
+    stop_at(monkeypatch, "piece:2")  # (two shards or key files sealed in the build)
     proc = start_prepare(cli(out, inputs[0], "--overwrite"))
     held(proc)
     monkeypatch.delenv("LMSHARD_STOP_AT")
@@ -564,7 +452,6 @@ def test_a_foreign_directory_is_refused_even_with_overwrite(tmp_path, inputs):
 
 def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(tmp_path, monkeypatch, process_items, inputs,
                                                                            reference):  # fmt: skip
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
     staging = OutputPaths.of(str(out)).staging
     stop_at(monkeypatch, "item:2")  # hold the first writer mid-run, however fast the machine
@@ -722,7 +609,7 @@ def test_append_refuses_max_docs(tmp_path, inputs):
 def test_a_pending_append_names_how_to_continue_or_discard_it(tmp_path, monkeypatch, inputs):
     out = tmp_path / "ds"
     run(out, inputs[0][:1])
-    monkeypatch.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop_in_stages(monkeypatch, "write", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         run(out, inputs[0][1:], append=True)
     monkeypatch.undo()
@@ -740,19 +627,17 @@ def test_append_needs_a_dataset(tmp_path, inputs):
         run(tmp_path / "nothing", inputs[0], append=True, overwrite=True)
 
 
-def test_killed_append_is_resumed(tmp_path, monkeypatch, many_items, inputs):
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
+def test_killed_append_is_resumed(tmp_path, monkeypatch, inputs):
     a, b = inputs[0]
     one, out = tmp_path / "one", tmp_path / "ds"
     run(one, [a, b])
     run(out, [a])
     before = snapshot(out)
-    real_add = ShardWriter.add
-    fail_at_write(monkeypatch, 12, KeyboardInterrupt())
+    stop_in_stages(monkeypatch, "seal", KeyboardInterrupt(), 2)
     with pytest.raises(KeyboardInterrupt):
         run(out, [b], append=True)
     assert snapshot(out) == before
-    monkeypatch.setattr(ShardWriter, "add", real_add)
+    monkeypatch.undo()
     run(out, [b], append=True, resume=True)
     for split in ("train", "val"):
         got, want = split_stream(out, split), split_stream(one, split)
@@ -814,7 +699,7 @@ def test_a_kill_while_the_build_replaces_an_empty_out_is_resumed(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         run(out, inputs[0])
     monkeypatch.setattr(staging_mod.os, "rename", real_rename)
-    assert not out.exists() and leftovers(out) == [".ds.lmshard-partial"]
+    assert not out.exists() and leftovers(out) == [".ds.lmshard-partial", ".ds.lmshard-work"]
     with pytest.raises(ConfigError, match="pass --resume to continue it"):
         run(out, inputs[0])
     run(out, inputs[0], resume=True)
@@ -836,27 +721,26 @@ def test_a_kill_after_user_files_were_carried_is_resumed(tmp_path, monkeypatch, 
 
 
 def test_stray_temporary_files_of_a_cut_checkpoint_are_not_shipped(tmp_path, monkeypatch, inputs, reference):
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
     out = tmp_path / "ds"
-    real_add = ShardWriter.add
-    fail_at_write(monkeypatch, 3, KeyboardInterrupt())
+    stop_in_stages(monkeypatch, "seal", KeyboardInterrupt(), 2)
     with pytest.raises(KeyboardInterrupt):
         run(out, inputs[0])
-    monkeypatch.setattr(ShardWriter, "add", real_add)
+    monkeypatch.undo()
     staging = OutputPaths.of(str(out)).staging
     (staging / "._PREPARE_IN_PROGRESS.k3j2.tmp").write_text("{")  # as a kill inside atomic_write leaves
+    (staging / "train" / "shard_000000.bin.4242.tmp").write_bytes(b"cut short")
     run(out, inputs[0], resume=True)
     assert_identical(reference, out)
 
 
 def test_resume_refuses_a_different_work_item_plan(tmp_path, monkeypatch, inputs):
-    """The checkpoint counts work items: resuming with other item sizes (another lmshard version)
-    would skip the wrong input."""
+    """A unit's results are of its work items: resuming with other item sizes (another lmshard
+    version) would mix two cuts of the input."""
     import lmshard.prepare.documents.sources as sources
 
     out = tmp_path / "ds"
     monkeypatch.setattr(sources, "BLOCK_BYTES", 1 << 12)
-    monkeypatch.setattr(ShardWriter, "add", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop_in_stages(monkeypatch, "write", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         run(out, inputs[0])
     monkeypatch.undo()

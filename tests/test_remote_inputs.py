@@ -117,6 +117,7 @@ def test_a_prefix_on_s3_gives_the_local_folders_dataset(tmp_path, s3, eager_pool
     """The prefix is walked as the folder is (hidden and unknown files left out and counted), and
     every kind of input reads to the same bytes; small work items so that the files span many."""
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 4096)
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "4096")  # (and in the pool's spawned workers)
     server, bucket = s3
     local = _corpus(tmp_path / "corpus")
     url = _upload(server, bucket, "data/corpus", local)
@@ -146,6 +147,7 @@ def test_globs_and_objects_on_s3_give_the_local_globs_dataset(tmp_path, s3):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_https_style_inputs_give_the_local_files_dataset(tmp_path, http_server, eager_pool, workers, monkeypatch):
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 4096)
+    monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "4096")  # (and in the pool's spawned workers)
     local = _corpus(http_server.root / "corpus")
     names = ["a.jsonl", "b.jsonl.gz", "c.txt", "c2.txt.zst", "sub/d.parquet", "sub/e.arrow", "f.csv"]
     base = f"{http_server.url}/corpus/"
@@ -163,15 +165,15 @@ def _big_jsonl(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("staged", [False, True])
-def test_a_large_line_file_is_planned_in_byte_ranges_as_a_local_one_is(tmp_path, s3, monkeypatch, staged):
+@pytest.mark.parametrize("pool", [False, True], ids=["here", "pool"])
+def test_a_large_line_file_is_planned_in_byte_ranges_as_a_local_one_is(tmp_path, s3, monkeypatch, pool):
     """The work items of a large object are the local file's, block for block (ranged reads),
-    and the dataset is the local one's: on the one-reader path, and on the staged path that a
-    plain prepare of a large input takes (units of 64 KiB, tokenized by two workers)."""
+    and the dataset is the local one's: its stages in this process, and in the pool of two
+    workers that a plain prepare of a large input takes."""
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 8192)
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "8192")  # for spawned workers (fsspec's thread rules out fork)
-    if staged:
-        monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
+    if pool:
+        monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     server, bucket = s3
     local = _big_jsonl(tmp_path / "in")
     url = _upload(server, bucket, "in", local)
@@ -181,21 +183,20 @@ def test_a_large_line_file_is_planned_in_byte_ranges_as_a_local_one_is(tmp_path,
     local_items, remote_items = items.values()
     assert len(local_items) > 20 and remote_items == local_items
     prepare(PrepareConfig(inputs=[str(local)], out=str(tmp_path / "local"), workers=1, **_OPTS))
-    calls, real = [], local_exec.run
-    monkeypatch.setattr(local_exec, "run", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    pooled, real = [], local_exec.item_pool
+    monkeypatch.setattr(local_exec, "item_pool", lambda *a, **k: pooled.append(1) or real(*a, **k))
     prepare(PrepareConfig(inputs=[url], out=str(tmp_path / "remote"), workers=2, **_OPTS))
-    assert bool(calls) == staged
+    assert bool(pooled) == pool
     _same_dataset(tmp_path / "local", tmp_path / "remote", str(local), url)
 
 
 def test_a_store_gone_during_a_staged_run_keeps_the_work_for_resume(tmp_path, http_server, monkeypatch):
     """The server stops after the plan, before the workers read: the run ends in one line naming
-    the URL and --resume, keeps its work (as the one-reader path does: the store failed, not the
-    input), and --resume once the server is back gives the local files' dataset."""
+    the URL and --resume, keeps its work (the store failed, not the input), and --resume once the
+    server is back gives the local files' dataset."""
     monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 8192)
     monkeypatch.setenv("LMSHARD_BLOCK_BYTES", "8192")
     monkeypatch.setenv("LMSHARD_REMOTE_ATTEMPTS", "1")  # the spawned workers' budget: no backoff to wait out
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     local = _big_jsonl(tmp_path / "in")
     (http_server.root / "big.jsonl").write_bytes((local / "big.jsonl").read_bytes())
     url = f"{http_server.url}/big.jsonl"

@@ -252,27 +252,17 @@ def _upload_at(monkeypatch, module, point: str, nth: int, server, url) -> dict[s
     return seen
 
 
-def test_shards_go_up_while_the_build_runs(s3, inputs, monkeypatch, small_items):
-    """At the 40th work item, shards finished so far are uploaded, before the dataset is committed."""
-    from lmshard.prepare import pipeline
-
-    server, bucket = s3
-    url = bucket + "/ds"
-    seen = _upload_at(monkeypatch, pipeline, "item", 40, server, url)
-    prepare(config(url, inputs, tokens_per_shard=3000))
-    assert seen["sent"] and "dataset_metadata.json" not in seen["objects"]
-    assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
-
-
-def test_shards_go_up_while_a_planned_build_writes(s3, inputs, monkeypatch):
-    """A planned run (every stage here, one worker): once its write stage has sealed 4 shards or
-    key files, they are uploaded, before the dataset is committed; the dataset equals a local one."""
+@pytest.mark.parametrize("num_tasks", [None, 3], ids=["plain", "planned"])
+def test_shards_go_up_while_the_build_writes(s3, inputs, monkeypatch, num_tasks):
+    """A plain or planned run (every stage here, one worker): once its write stage has sealed 4
+    shards or key files, they are uploaded, before the dataset is committed; the dataset equals
+    a local one."""
     from lmshard.prepare.execution import owners
 
     server, bucket = s3
     url = bucket + "/ds"
     seen = _upload_at(monkeypatch, owners, "piece", 4, server, url)
-    prepare(config(url, inputs, tokens_per_shard=3000, num_tasks=3))
+    prepare(config(url, inputs, tokens_per_shard=3000, num_tasks=num_tasks))
     assert seen["piece"] > 4 and seen["sent"] and "dataset_metadata.json" not in seen["objects"]
     assert {k for k in seen["objects"] if k.endswith(".bin")} and "_lmshard_writer.json" in seen["objects"]
     monkeypatch.undo()

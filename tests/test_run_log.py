@@ -14,7 +14,6 @@ from test_prepare import jsonl, make_texts
 from test_stages import _files
 
 from lmshard.cli.runlog import RunLog, done_line, progress_line
-from lmshard.prepare.output.staging import OutputPaths, read_run
 from lmshard.prepare.pipeline import Progress
 
 
@@ -58,7 +57,7 @@ def test_zero_interval_logs_every_update(capsys):
 def test_a_resumed_run_reports_this_runs_rate_and_says_what_it_kept(capsys):
     log, clock = _log(capsys, 10.0)
     update = log.follow(lambda callback: callback)
-    kept = "resuming: 9,000 documents (900,000,000 tokens), 9 shards kept from the checkpoint of 2026-01-01 00:00:00"
+    kept = "resuming: 9 of 10 units tokenized (9,000 documents, 900,000,000 tokens) kept from the interrupted run"
     update(Progress(bytes_done=900_000_000, bytes_total=1_000_000_000, docs=9000, tokens=900_000_000,
                     bytes_at_start=900_000_000, tokens_at_start=900_000_000, note=kept))  # fmt: skip
     assert capsys.readouterr().err.splitlines() == [kept]  # at once, before any interval passed
@@ -100,37 +99,45 @@ def _resume(args: list[str], monkeypatch) -> str:
     return err
 
 
-def test_resume_says_what_the_checkpoint_kept(tmp_path, corpus, process_items, monkeypatch):
-    out = tmp_path / "o"
-    args = [str(corpus), "--out", str(out), "--workers", "1", "--tokens-per-shard", "20000"]
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")  # a checkpoint after every work item
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:12")
-    _stopped_then_killed(args)
-    checkpoint = read_run(OutputPaths.of(str(out)).staging)["checkpoint"]
-    writers = checkpoint["writers"].values()
-    docs, tokens = checkpoint["totals"]["docs_kept"], checkpoint["totals"]["tokens"]
-    shards = sum(len(w["shards"]) + (w["n_docs"] > 0) for w in writers)
-    assert checkpoint["items_done"] == 12 and docs > 0 and shards > 1
-    err = _resume(args, monkeypatch)
+UNITS = ["--unit-size", "256K"]  # (the 2.1 MB corpus in 9 units)
+NOTE = re.compile(r"^resuming: (\d+) of (\d+) units tokenized \(([\d,]+) documents, ([\d,]+) tokens\) kept from the "
+                  r"interrupted run$")
+
+
+def _note(err: str) -> tuple[int, int, int, int]:
+    """The one resume note of a run's log: units done, units, documents, tokens."""
     said = [line for line in err.splitlines() if line.startswith("resuming:")]
-    assert len(said) == 1 and said[0].startswith(f"resuming: {docs:,} documents ({tokens:,} tokens), {shards} shards "
-                                                 "kept from the checkpoint of "), err  # fmt: skip
-    when = re.search(r"of (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)$", said[0])
-    assert when, said[0]
+    assert len(said) == 1 and (m := NOTE.match(said[0])), err
+    return tuple(int(g.replace(",", "")) for g in m.groups())  # type: ignore[return-value]
+
+
+def test_resume_says_what_the_interrupted_run_kept(tmp_path, corpus, process_items, monkeypatch):
+    """Killed after its third unit: the resumed run says, before any progress, the units kept and
+    their documents and tokens (as their markers count them), and ends with one run's bytes."""
+    from lmshard.prepare.execution.taskplan import work_dir
+    from lmshard.prepare.execution.unitfiles import unit_marker
+
+    out = tmp_path / "o"
+    args = [str(corpus), "--out", str(out), "--workers", "1", "--tokens-per-shard", "20000", *UNITS]
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit:3")
+    _stopped_then_killed(args)
+    markers = [unit_marker(work_dir(out) / "tokenize", u) for u in range(3)]
+    err = _resume(args, monkeypatch)
+    done, units, docs, tokens = _note(err)
+    assert (done, units) == (3, 9) and docs == sum(m["docs"] for m in markers) > 0
+    assert tokens == sum(m["tokens"] for m in markers) + docs  # (each document's EOT counted)
     assert err.index("resuming:") < err.index("\nprepare: ")  # before the first progress line
     code, _ = finish(start_prepare([*args[:2], str(tmp_path / "whole"), *args[3:]]), 300)
     assert code == 0 and _files(out) == _files(tmp_path / "whole")  # the resumed run's bytes are one run's
 
 
-def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path, corpus, process_items, monkeypatch):
+def test_a_run_killed_in_its_first_unit_says_it_starts_over(tmp_path, corpus, process_items, monkeypatch):
     out = tmp_path / "o"
     args = [str(corpus), "--out", str(out), "--workers", "1"]
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "3600")  # no checkpoint before the kill
     monkeypatch.setenv("LMSHARD_STOP_AT", "item:3")
     _stopped_then_killed(args)
-    assert read_run(OutputPaths.of(str(out)).staging)["checkpoint"] is None
     err = _resume(args, monkeypatch)
-    assert "resuming: no checkpoint yet: starting over" in err.splitlines(), err
+    assert _note(err) == (0, 1, 0, 0), err
     assert os.path.exists(out / "dataset_metadata.json")
 
 
@@ -142,7 +149,7 @@ def test_resume_of_a_complete_run_says_so_and_prints_no_summary_as_if_it_had_wor
     from proctree import LMSHARD
 
     if staged:
-        monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
+        monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")  # (in the pool)
     args = [str(corpus), "--out", str(tmp_path / "o"), "--workers", "2" if staged else "1"]
     assert finish(start_prepare(args), 300)[0] == 0
     code, err = finish(start_prepare([*args, "--resume"]), 300)
@@ -158,7 +165,6 @@ def test_resume_of_a_complete_run_says_so_and_prints_no_summary_as_if_it_had_wor
 def test_a_staged_resume_says_what_the_interrupted_run_kept(tmp_path, monkeypatch):
     """A large (staged) run killed after some units, then --resume: one line before any progress
     says how many units (documents, tokens) it goes on from."""
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
     monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")  # (the path of a large input: units sized to the workers)
     monkeypatch.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
     src = jsonl(tmp_path / "big.jsonl", make_texts(6000, seed=4))
@@ -180,7 +186,6 @@ def test_a_staged_resume_counts_what_it_kept_as_the_dataset_counts(tmp_path, mon
     the dataset's tokens."""
     import json
 
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", "0")
     monkeypatch.setenv("LMSHARD_POOL_BYTES", "0")
     monkeypatch.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
     src = jsonl(tmp_path / "big.jsonl", make_texts(3000, seed=4))
@@ -258,33 +263,29 @@ def test_the_done_line_of_a_run_without_a_rate_says_why(tmp_path, corpus):
 
 def test_the_rate_of_a_resumed_run_counts_its_own_tokens(tmp_path, corpus, process_items, monkeypatch):
     """The metadata's tokens/s (and the done line's) is this run's tokens over this run's time,
-    not the checkpoint's tokens as well: below the whole dataset's tokens over this run's time."""
+    not the kept units' tokens as well: below the whole dataset's tokens over this run's time."""
     out = tmp_path / "o"
-    args = [str(corpus), "--out", str(out), "--workers", "1"]
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:30")  # most of the input is in the checkpoint
+    args = [str(corpus), "--out", str(out), "--workers", "1", *UNITS]
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit:7")  # most of the input is kept
     _stopped_then_killed(args)
-    kept = read_run(OutputPaths.of(str(out)).staging)["checkpoint"]["totals"]["tokens"]
-    _resume(args, monkeypatch)
+    kept = _note(_resume(args, monkeypatch))[3]
     run = __import__("json").loads((out / "dataset_metadata.json").read_text())
     total, rate, elapsed = run["n_tokens"], run["run"]["tokens_per_s"], run["run"]["elapsed_s"]
     assert kept > total // 2 and rate * elapsed == pytest.approx(total - kept, rel=0.05, abs=1_000), (rate, elapsed)
 
 
-def test_the_resume_note_of_an_append_counts_only_its_own_shards(tmp_path, corpus, process_items, monkeypatch):
+def test_the_resume_note_of_an_append_counts_only_its_own_units(tmp_path, corpus, process_items, monkeypatch):
+    """An --append killed after two of its units: the note counts the new input's units and
+    documents, not the dataset's it extends."""
     out = tmp_path / "o"
     first = jsonl(tmp_path / "first.jsonl", make_texts(3000, seed=11))
-    shard = ["--tokens-per-shard", "20000", "--workers", "1"]
+    shard = ["--tokens-per-shard", "20000", "--workers", "1", *UNITS]
     assert finish(start_prepare([str(first), "--out", str(out), *shard]), 300)[0] == 0
-    old = len(list(out.glob("*/shard_*.bin")))  # train and val
     args = [str(corpus), "--out", str(out), "--append", *shard]
-    monkeypatch.setenv("LMSHARD_CHECKPOINT_SECONDS", "0")
-    monkeypatch.setenv("LMSHARD_STOP_AT", "item:10")
+    monkeypatch.setenv("LMSHARD_STOP_AT", "unit:2")
     _stopped_then_killed(args)
-    writers = read_run(OutputPaths.of(str(out)).staging)["checkpoint"]["writers"].values()
-    ours = sum(len(w["shards"]) + (w["n_docs"] > 0) for w in writers) - old
-    err = _resume(args, monkeypatch)
-    assert old > 1 and ours > 0 and f", {ours} shards kept from the checkpoint" in err, (old, ours, err)
+    done, units, docs, _ = _note(_resume(args, monkeypatch))
+    assert (done, units) == (2, 9) and 0 < docs < 6000
 
 
 @pytest.mark.parametrize("encoding", ["uint32", "zstd"])

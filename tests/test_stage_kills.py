@@ -39,7 +39,6 @@ def staged_env():
     prepare with several workers, in the pool, however small its input."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LMSHARD_UNIT_BYTES", str(64 << 10))
-        mp.setenv("LMSHARD_STAGED_BYTES", "0")
         mp.setenv("LMSHARD_POOL_BYTES", "0")
         mp.setenv("LMSHARD_ONE_UNIT_BYTES", "0")  # (units sized to the workers, not one for every worker)
         mp.delenv("LMSHARD_STOP_AT", raising=False)
@@ -84,11 +83,9 @@ def _partial(out):
 
 @pytest.fixture(scope="module")
 def one_machine(corpus, tmp_path_factory):
-    """The dataset's files as one process writes them, uninterrupted (not the staged path)."""
+    """The dataset's files as one worker writes them, uninterrupted (every stage in one process)."""
     out = tmp_path_factory.mktemp("reference") / "one"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))  # (with one worker, a large input would take the stages)
-        code, err = finish(_start(_args(corpus, out, "--workers", "1")), 300)
+    code, err = finish(_start(_args(corpus, out, "--workers", "1")), 300)
     assert code == 0, err
     return _files(out)
 

@@ -166,15 +166,14 @@ def test_many_small_files_share_units_and_equal_one_machine(tmp_path):
 
 @pytest.mark.parametrize(("workers", "large"), [(1, True), (2, True), (3, True), (2, False)])
 def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, monkeypatch, workers, large):
-    """A plain prepare at or above LMSHARD_STAGED_BYTES runs the staged pipeline (no in-memory
-    dedup table) and writes the bytes of one reading process: with several workers in the pool,
+    """A plain prepare of a large input (no in-memory dedup table) writes the bytes of one
+    worker's run: with several workers in the pool,
     planned 2 tasks of 4 units per worker, but one unit below ONE_UNIT_BYTES (every worker
     tokenizes it); with one worker in this process, in units of up to 64 MiB (one here). The
     work folder is gone afterwards."""
     _small_key_files(monkeypatch, 500)
     src = _corpus(tmp_path)
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **_OPTS))
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     monkeypatch.setattr(plainplan, "POOL_BYTES", 0)  # (in the pool)
     if large:
         monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)
@@ -187,31 +186,9 @@ def test_a_plain_prepare_of_a_large_input_runs_the_stages_in_its_pool(tmp_path, 
     assert calls == [plainplan.TASKS_PER_WORKER * workers if workers > 1 and large else 1]
     assert (units == [1]) == (workers == 1 or not large) and units[0] >= 1, units
     assert pooled == ([] if workers == 1 or not large else ["keys", "dedup", "select", "write", "seal"]), pooled
-    assert meta.run.dedup_table_bytes == 0  # (one reading process holds a key set)
+    assert meta.run.dedup_table_bytes == 0
     assert not work_dir(tmp_path / "staged").exists() and not (tmp_path / ".staged.lmshard-partial").exists()
     assert _files(tmp_path / "local") == _files(tmp_path / "staged")
-
-
-def test_a_plain_prepare_takes_the_stages_from_16_mib_with_any_workers(tmp_path, monkeypatch):
-    """Below 16 MiB of files (ONE_UNIT_BYTES: where the stages would plan the one unit that every
-    worker tokenizes, one reading process's parallelism plus their hand-off) a plain prepare reads
-    in one process, with 1 or 8 workers; from 16 MiB it runs the stages. A stream stays in one
-    pass and `--max-docs --near-dedup` in one process, whatever their size."""
-    from lmshard.prepare.documents.files import Source
-
-    if "LMSHARD_STAGED_BYTES" not in os.environ and "LMSHARD_ONE_UNIT_BYTES" not in os.environ:
-        assert plainplan.STAGED_BYTES == plainplan.ONE_UNIT_BYTES == 16 << 20  # (the defaults)
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 16 << 20)
-
-    def staged(size, **kw):
-        config = PrepareConfig(inputs=["a.jsonl"], out=str(tmp_path / "o"), **kw)
-        return plainplan.use_stages(config, [Source("a.jsonl", "jsonl", None, size // 2)] * 2)
-
-    for workers in (1, 8):
-        assert not staged((16 << 20) - 2, workers=workers) and staged(16 << 20, workers=workers)
-    assert not staged(1 << 30, max_docs=10, near_dedup=True)
-    config = PrepareConfig(inputs=["-"], out=str(tmp_path / "o"))
-    assert not plainplan.use_stages(config, [Source("-", "jsonl", None, 1 << 30, stream=True)])
 
 
 @pytest.mark.parametrize(("start", "options"), [("auto", {}), ("spawn", {"near_dedup": True}),
@@ -238,7 +215,6 @@ def test_a_unit_larger_than_a_workers_share_is_tokenized_by_every_worker(tmp_pat
     items = []
     prepare(PrepareConfig(inputs=[str(src)], out=str(tmp_path / "local"), workers=1, **options, **_OPTS), items.append)
     assert len(items) >= 8  # (one progress call per item)
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)
     monkeypatch.setattr(plainplan, "POOL_BYTES", 0)
     monkeypatch.setattr(plainplan, "ONE_UNIT_BYTES", 0)  # (as a large .gz file: its later stages in the pool too)
     calls, real = [], local_exec.run

@@ -191,13 +191,6 @@ def test_a_forked_pool_initialized_later_runs_tasks_in_order_and_reports_deaths(
 # --- the real CLI ---------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def one_reader(monkeypatch):
-    """These tests are about the pool that a run reading in one process feeds (the in-process
-    path, which Hugging Face streams, stdin and small inputs take): keep large inputs on it."""
-    monkeypatch.setenv("LMSHARD_STAGED_BYTES", str(1 << 50))
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """~130 MB of JSON lines (128 work items, ~20 M tokens): a few seconds of tokenizing on two
@@ -218,19 +211,19 @@ def _assert_clean_failure(code: int | None, err: str, out: Path) -> None:
 
 
 # When the worker dies: "start" as soon as the workers appear (interpreter start-up, imports, the
-# vocabulary), else held at a stop point after its Nth work item: its first, or mid-run.
+# vocabulary), else held at a stop point after its unit's Nth work item: its first, or mid-run.
 @pytest.mark.slow
 @pytest.mark.parametrize(("when", "sig", "extra"), [
     ("start", signal.SIGKILL, []),
-    ("worker-item:1", signal.SIGKILL, []),
-    ("worker-item:6", signal.SIGKILL, []),
-    ("worker-item:3", signal.SIGSEGV, []),
-    ("worker-item:2", signal.SIGKILL, ["--dedup-lines"]),
+    ("item:1", signal.SIGKILL, []),
+    ("item:6", signal.SIGKILL, []),
+    ("item:3", signal.SIGSEGV, []),
+    ("item:2", signal.SIGKILL, ["--dedup-lines"]),
 ])  # fmt: skip
 def test_killed_worker_ends_prepare_with_one_line(tmp_path, corpus, monkeypatch, when, sig, extra):
     out = tmp_path / "o"
     if when != "start":
-        monkeypatch.setenv("LMSHARD_STOP_AT", when)  # each worker stops after its Nth item
+        monkeypatch.setenv("LMSHARD_STOP_AT", when)  # each worker stops after its unit's Nth work item
     proc = start_prepare([str(corpus), "--out", str(out), "--workers", "2", *extra])
     try:
         workers = wait_for_workers(proc, 2)
@@ -296,18 +289,13 @@ def test_forked_and_spawned_workers_write_the_same_bytes(tmp_path, corpus, monke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["start", "item:1", "item:8"])
-def test_killed_prepare_leaves_no_worker_behind(tmp_path, corpus, monkeypatch, when):
-    """SIGKILL the main process (as a scheduler or the OOM killer would), as soon as its workers
-    appear or held after its Nth merged item: its workers exit too."""
-    if when != "start":
-        monkeypatch.setenv("LMSHARD_STOP_AT", when)
+def test_killed_prepare_leaves_no_worker_behind(tmp_path, corpus, monkeypatch):
+    """SIGKILL the main process (as a scheduler or the OOM killer would) as soon as its workers
+    appear: its workers exit too (mid-run: test_local_exec.py)."""
     proc = start_prepare([str(corpus), "--out", str(tmp_path / "o"), "--workers", "2"])
     try:
         workers = wait_for_workers(proc, 2)
         assert workers, "prepare ended before its workers started"
-        if when != "start":
-            assert wait_stopped(proc) == proc.pid
         proc.kill()
         proc.wait(10)
         assert wait_gone(workers, 10.0) == [], "workers outlived their prepare"

@@ -71,10 +71,8 @@ def test_spread_runs_are_evenly_spaced_and_inside_the_stream():
 
 
 def test_every_executor_trains_the_same_dictionary_and_writes_the_same_bytes(tmp_path, corpus, monkeypatch):
-    from lmshard.prepare.execution import plainplan
 
     one = _prepare(tmp_path / "one", corpus, workers=1)
-    monkeypatch.setattr(plainplan, "STAGED_BYTES", 0)  # a plain prepare in the worker pool's stages
     pool = _prepare(tmp_path / "pool", corpus)
     tasks = _prepare(tmp_path / "tasks", corpus, num_tasks=3)
     raw = _raw(one)

@@ -332,9 +332,9 @@ def _unplanned(out: Path) -> None:
         quoted = shlex.quote(str(out))
         once = f"a run that read stdin or a pipe left nothing to go on from in {staging}: run its command again with "
         said = once + "--overwrite" if read_once(run, out) else (
-            f"a prepare run left its build in {staging}, with no plan beside it (read in one process, or its work "
-            f"folder deleted); `lmshard prepare ... --out {quoted} --resume` (its command, with --resume) goes on "
-            "with it")  # fmt: skip
+            f"a prepare run left its build in {staging}, with no plan beside it (its work folder deleted, or left "
+            f"by an earlier lmshard); `lmshard prepare ... --out {quoted} --resume` (its command, with --resume) "
+            "plans its work again and finishes it")  # fmt: skip
         render.out.print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(0)
     if out.is_file() or out.name.endswith(".lmshard-lock"):

@@ -10,7 +10,7 @@ write).
 Crash safety: the encoded file is written as `NAME.bin.PID.tmp`, fsynced, and renamed over
 `NAME.bin` only after its `.sums` and `.blocks` are in place; the uint32 temporary file is
 removed last, so a kill at any point leaves either the uint32 file to seal again or a sealed
-shard (which `reopen_sealed` turns back into the uint32 file when a resumed run must extend it).
+shard.
 
 Memory model: one chunk of CHUNK_TOKENS tokens (4 bytes each) and its encoded bytes.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .blocks import SUMS_DTYPE, _xxhash, file_xxh3, sums_path, write_sums
-from .encoding import OFFSETS_DTYPE, Encoding, blocks_path, widen
+from .encoding import OFFSETS_DTYPE, Encoding, blocks_path
 from .layout import TOKEN_DTYPE
 from .shard import ShardInfo
 
@@ -171,24 +171,3 @@ def shard_entry(split: str, bin_rel: str, idx_rel: str, n_tokens: int, n_docs: i
                      block_tokens=encoding.block_tokens, sums_xxh3_64=sealed.sums_xxh3_64, n_bytes=sealed.n_bytes,
                      blocks_path=blocks_path(bin_rel) if encoding.compressed else "",
                      blocks_xxh3_64=sealed.blocks_xxh3_64)  # fmt: skip
-
-
-def reopen_sealed(final: Path, encoding: Encoding, n_tokens: int, tmp: Path) -> None:
-    """Write the first `n_tokens` tokens of the sealed token file `final` back to the uint32 file
-    `tmp`, for a resumed writer to extend (it was sealed after the checkpoint it goes on from)."""
-    bt = encoding.block_tokens
-    offsets = np.fromfile(final.with_suffix(".blocks"), dtype=OFFSETS_DTYPE) if encoding.compressed else None
-    decompressor = encoding.decompressor() if encoding.compressed else None
-    with open(final, "rb") as src, open(tmp, "wb") as dst:
-        for b in range(-(-n_tokens // bt)):
-            count = min(bt, n_tokens - b * bt)
-            lo, hi = encoding.block_span(b, b * bt + count, offsets)
-            src.seek(lo)
-            data = src.read(hi - lo)
-            if decompressor is not None:  # the block may hold more than the checkpoint's tokens
-                tokens = widen(np.frombuffer(decompressor.decompress(data), dtype=np.uint8), encoding.width)[:count]
-            else:
-                tokens = encoding.decode(data, count, str(final))
-            dst.write(tokens.tobytes())
-        dst.flush()
-        os.fsync(dst.fileno())

@@ -15,7 +15,8 @@ its handler there, which the wait, in steps of 50 ms, lets through. The test see
 SIGCONT. A run without the variable pays one dictionary lookup per point passed.
 
 The points:
-- `item`: the main process merged its Nth work item (checkpoint taken where one was due);
+- `item`: a process writing a unit of the tokenize stage took its Nth work item's result (the
+  unit's file in progress, no marker yet);
 - `worker-item`: a worker tokenized its Nth work item (key: the item number in the first input),
   before sending the result back;
 - `unit`: a planned run's process (a local worker or `run-task`) wrote its Nth unit's results and

@@ -131,11 +131,9 @@ def _stream(spec: HFSpec) -> Any:
 
 def stream_shards(spec: HFSpec) -> int:
     """How many shards (data files) the stream of a hub id or a directory of data files has,
-    for a planned run's units."""
-    if spec.tasks > 1:
-        raise ConfigError(f"--hf {spec.dataset}: --hf-tasks splits a stream into separate datasets; a planned run "
-                          "(--num-tasks) splits it by its shards into one dataset: pass one or the other")  # fmt: skip
-    return int(_stream(spec).n_shards)
+    for a planned run's units; one with --hf-tasks: part I of N, which `datasets` splits by shards
+    or by examples, is read as one (`shard_records`)."""
+    return 1 if spec.tasks > 1 else int(_stream(spec).n_shards)
 
 
 def source_bytes(spec: HFSpec) -> int:
@@ -191,6 +189,9 @@ def shard_records(spec: HFSpec, index: int, n_shards: int, start: int = 0, mark:
     `start` + 1; a stream that has another number of shards now, or other data files than the
     planned ones (`mark`: their `stream_mark`), is refused in one line."""
     data = _stream(spec)
+    if spec.tasks > 1:  # part I of N (--hf-tasks): one unit, read whole as one process reads it (`hf_records`)
+        yield from example_records(iter(data), spec.text_field, _where(spec, 0, 1), start)
+        return
     if data.n_shards != n_shards:
         raise InputError(f"--hf {spec.dataset}: has {data.n_shards:,} data files, not the {n_shards:,} of when "
                          "the run was planned; delete the run's work folder and plan again (or pin its --revision)")

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from ...errors import InputError, TokenizerError
+from ...errors import InputError
 from ...quality.filters import FilterFailed, run_filters
 from ...quality.minhash import MinHashConfig, signature
-from ...tokenizers import Tokenizer, load_tokenizer
-from ..stops import stop_point
+from ...tokenizers import Tokenizer
 from .clean import CleanConfig, clean_text, drop_detail, fix_surrogates, length_filter
 from .columnar import parse_arrow, parse_parquet
 from .files import Source
@@ -47,9 +46,6 @@ class WorkerConfig:
     text_mode: str = "auto"
     on_error: str = "fail"
     decode_errors: str = "strict"  # replace: bytes that are not UTF-8 read as U+FFFD (records.py)
-    # What the main process's tokenizer is (`IDENTITY_FIELDS`): a worker that loads anything else
-    # (a tokenizer.json or hub cache changed mid-run) refuses to start rather than mix vocabularies.
-    expect: tuple[tuple[str, Any], ...] = ()
     minhash: MinHashConfig | None = None  # --near-dedup: each kept document's signature too
     hf: Any = None  # a planned run's Hugging Face dataset (hf.HFSpec), opened by the process reading its units
     attributes: tuple[str, ...] = ()  # --attribute: each kept document's scores (quality/scores.py)
@@ -58,11 +54,6 @@ class WorkerConfig:
 DECODE_REPLACED = "decode_replaced"  # a per-source count of records read with U+FFFD for bytes not UTF-8 (not a drop)
 DROP_CHARS = "chars:"  # a per-source count of the characters of the documents dropped, by reason (not a drop)
 LINE_DROP = "line:"  # a per-source count of lines a filter's edit removed, by its reason (not a document drop)
-IDENTITY_FIELDS = ("backend", "vocab_sha256", "n_vocab", "eot_id", "bos_id", "splintr_form")
-
-
-def identity_of(tokenizer: Tokenizer) -> tuple[tuple[str, Any], ...]:
-    return tuple((name, getattr(tokenizer, name, None)) for name in IDENTITY_FIELDS)
 
 
 @dataclass
@@ -79,58 +70,9 @@ class ItemResult:
     chars: int = 0
     nbytes: int = 0
     signatures: np.ndarray | None = None  # --near-dedup: [documents, n_hashes] uint32 MinHash signatures
-    near_of: np.ndarray | None = None  # --near-dedup, a run read here: per document its survivor's ordinal, or -1
-    near_first: int = 0  # and the ordinal of its first document
     numbers: np.ndarray | None = None  # int64: each document's record number (line or row) in its file
     attrs: np.ndarray | None = None  # --attribute: each document's record (format/attributes.py's row_dtype)
     domains: list[str] | None = None  # --val-by FIELD: each document's domain, the value of that field
-
-
-_state: dict[Any, object] = {}
-
-
-def share_with_forks(tokenizer: Tokenizer | None) -> None:
-    """Leave `tokenizer` for workers forked from this process from now on (None: stop): they
-    use this copy of it, shared copy-on-write, instead of loading the vocabulary again."""
-    if tokenizer is None:
-        _state.pop("inherited", None)
-    else:
-        _state["inherited"] = tokenizer
-
-
-def init_worker(config: WorkerConfig) -> None:
-    """Process-pool initializer: the tokenizer the parent left before forking this process
-    (`share_with_forks`), set to one thread, else one loaded here (a spawned worker)."""
-    inherited = _state.pop("inherited", None)
-    if isinstance(inherited, Tokenizer) and identity_of(inherited) == config.expect:
-        inherited.use_threads(1)
-        tokenizer = inherited
-    else:
-        tokenizer = load_tokenizer(config.tokenizer, config.tokenizer_backend, separator=config.separator,
-                                   gated=True, splintr_form=dict(config.expect).get("splintr_form"))  # fmt: skip
-    for (name, want), (_, got) in zip(config.expect, identity_of(tokenizer), strict=False):
-        if got != want:
-            raise TokenizerError(f"{config.tokenizer}: a worker process loaded a different tokenizer than the main "
-                                 f"process ({name} {got!r}, not {want!r}); did its files change during the run? "
-                                 "Run the same command with --resume once they are as they were")  # fmt: skip
-    _state["config"] = config
-    _state["tokenizer"] = tokenizer
-
-
-def process_item(item: WorkItem) -> ItemResult:
-    config = _state["config"]
-    tokenizer = _state["tokenizer"]
-    assert isinstance(config, WorkerConfig) and isinstance(tokenizer, Tokenizer)
-    result = run_item(item, config, tokenizer, sign=False)  # (a run read here signs in its first pass)
-    stop_point("worker-item", item.seq if item.source == 0 else None)  # key: the item number in the first input
-    return result
-
-
-def process_signatures(item: WorkItem) -> ItemResult:
-    """Pass 1 of --near-dedup: the item's kept documents' signatures, without tokens."""
-    config = _state["config"]
-    assert isinstance(config, WorkerConfig)
-    return run_item(item, config, None, sign=True)
 
 
 def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, sign: bool | None = None,
@@ -236,14 +178,16 @@ def run_item(item: WorkItem, config: WorkerConfig, tokenizer: Tokenizer | None, 
     )
 
 
+_scorers: dict[tuple[str, ...], Scorer] = {}
+
+
 def scorer(specs: tuple[str, ...]) -> Scorer:
     """This process's scorer of `specs` (plugins imported once)."""
     from ...quality.scores import Scorer
 
-    found = _state.get(("scorer", specs))
-    if not isinstance(found, Scorer):
-        found = _state[("scorer", specs)] = Scorer(specs)  # type: ignore[index]
-    return found
+    if specs not in _scorers:
+        _scorers[specs] = Scorer(specs)
+    return _scorers[specs]
 
 
 def _clean(text: str, clean: CleanConfig) -> str:
@@ -289,12 +233,6 @@ def hash_lines(item: WorkItem, config: WorkerConfig) -> np.ndarray:
             text = _clean(record.text, config.clean)
             hashes.extend(xxhash.xxh3_64_intdigest(line.encode("utf-8")) for _, line in _content_lines(text))
     return np.array(hashes, dtype=np.uint64)
-
-
-def process_lines(item: WorkItem) -> np.ndarray:
-    config = _state["config"]
-    assert isinstance(config, WorkerConfig)
-    return hash_lines(item, config)
 
 
 def clean_document(record: Record, clean: CleanConfig) -> tuple[str | None, str | None]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import time
 from collections import deque
@@ -61,7 +62,7 @@ def early_pool(workers: int, tokenizer: Any, make: Callable[[], Run]) -> Iterato
     if start_sharing(tokenizer) != "fork":
         yield None
         return
-    worker.here["make"] = make
+    worker.here["make"], worker.here["parent"] = make, os.getpid()
     forks = multiprocessing.get_context("fork")
     pool = _widened(ProcessPoolExecutor(workers, mp_context=forks, initializer=worker.detach))
     try:
@@ -91,8 +92,8 @@ def item_pool(r: Run, workers: int, early: ProcessPoolExecutor | None = None) ->
                 worker.here.pop(key, None)
         return
     method = start_sharing(r.tokenizer)  # fork only where it is safe: then the workers inherit the tokenizer
-    worker.here["run"], worker.here["forked"] = r, method == "fork"
-    start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork")
+    worker.here["run"], worker.here["forked"], worker.here["parent"] = r, method == "fork", os.getpid()
+    start = (type(r).of, r.config, r.plan["n_tasks"], r.plan["unit_bytes"], method == "fork", os.getpid())
     context = multiprocessing.get_context(method)
     pool = _widened(ProcessPoolExecutor(workers, mp_context=context, initializer=worker.start, initargs=start))
     try:

@@ -1,6 +1,6 @@
-"""The local executor: every stage of a planned run (stages.py) in a pool of worker processes on
-this machine. It runs `prepare --num-tasks N` without `--executor`, and a plain `prepare` whose
-input is large enough to repay it (plainplan.py): the same stages, the same files and the same
+"""The local executor: every stage of a planned run (stages.py) in this process or a pool of
+worker processes on this machine. It runs every plain `prepare` (plainplan.py sizes its units)
+and `prepare --num-tasks N` without `--executor`: the same stages, the same files and the same
 bytes as on a cluster.
 
 This process claims `--out` (planclaim.begin) and holds the writer lock for the whole run; then it

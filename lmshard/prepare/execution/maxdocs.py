@@ -1,8 +1,8 @@
-"""--max-docs in a planned run: the cut after the N-th kept document, made once the select stage
-is complete, so that the dataset is the one a one-process run writes.
+"""--max-docs: the cut after the N-th kept document, made once the select stage is complete, so
+that the dataset is the same whatever the plan (its units and tasks).
 
-A one-process run stops at the N-th document that survives deduplication and counts what it
-read up to that document's record (pipeline.py). A planned run tokenizes and selects every unit
+The dataset ends at the N-th document, in input order, that survives deduplication, and counts
+what was read up to that document's record. A planned run tokenizes and selects every unit
 (the units are read in parallel, before any count is known), then the task that completes the
 select stage (the one that lays out the shards) cuts, from the units' kept counts in the select
 summary:

@@ -29,10 +29,13 @@ from ..documents.sources import Source
 from . import volatile
 from .buckets import doc_signatures, read_edges
 from .nearparts import PARTS, decide, result_path, take_part
-from .nearpass import CANDIDATES, NEAR_EXAMPLES, SNIPPET_CHARS
 from .unitfiles import read_section, sections
 
 REMOVED = "near.removed"
+
+NEAR_EXAMPLES = 5  # removed documents shown with their survivor in the metadata
+CANDIDATES = 4 * NEAR_EXAMPLES  # the first removed documents not equal to their survivor: examples if not exact copies
+SNIPPET_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def near_summary(work: Path) -> dict[str, Any]:
 def _examples(tokenized: Path, pairs: Iterable[tuple[int, int]], n_hashes: int, tokenizer: Tokenizer,
               sources: list[Source], specials: int, exact: Callable[[int], np.ndarray] | None,
               previous: Previous | None = None) -> tuple[list[dict[str, Any]], list[int]]:  # fmt: skip
-    """The examples a one-process run gives (nearpass.py): of the first CANDIDATES removed
+    """The examples the metadata gives: of the first CANDIDATES removed
     documents (`pairs`: the removed and their survivors, in id order) whose key differs from
     their survivor's, the first NEAR_EXAMPLES that are not
     exact copies (`exact(u)`: the numbers of unit u's exact duplicates), with their survivors, as

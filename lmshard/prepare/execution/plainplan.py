@@ -1,5 +1,4 @@
-"""What a plain `prepare` (no --num-tasks) runs and plans: the staged tasks (local_exec.py) or
-one reading process (pipeline.py), `use_stages`; the plan's tasks and unit size, `plain_plan`;
+"""What a plain `prepare` (no --num-tasks) plans: the plan's tasks and unit size, `plain_plan`;
 whether its items run in this process or the worker pool, `small_plan`. Each is measured by
 scripts/bench_scaleout.py (sections 1 and 3) and its figures are in docs/scaling.md.
 
@@ -8,23 +7,13 @@ Memory model: none (the inputs' sizes, one listing of a Hugging Face dataset's f
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 from ..config import MIN_UNIT_BYTES, PrepareConfig
-from ..documents.hfread import mapped, source_bytes
 from ..documents.sources import Source
-from ..output.claim import needs_a_copy
 from .units import SIZED, UNIT_BYTES
 
-# A plain `prepare` runs its stages from this many bytes of input on, with any --workers. Below it
-# the stages would plan one unit (ONE_UNIT_BYTES), which the main process reads and every worker
-# tokenizes: the parallelism of one reading process, plus the stages' hand-off (the unit's file, then
-# a second pass to copy and seal the shards), so one reading process is faster there on any number
-# of cores (bench_scaleout.py, section 3, in docs/scaling.md: 1.04-1.11x its time at 0.1-16 MB with
-# 2 workers, 15 rotated runs; an A/B of 20 alternated runs, 1.06-1.17x).
-STAGED_BYTES = int(os.environ.get("LMSHARD_STAGED_BYTES", 16 << 20))
 # A plain prepare plans this many tasks per worker (4 units each): 8 units per worker, so the
 # last unit to finish leaves the others idle for a short time, and few enough that each unit's
 # fixed costs (its files, fsyncs, a read of each dedup group) stay small.
@@ -37,37 +26,6 @@ POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
 # which the main process reads and every worker tokenizes (16 units took 1.19x one reading process's
 # time at 12 MB, one unit 1.07x), and runs the few items of its later stages itself.
 ONE_UNIT_BYTES = int(os.environ.get("LMSHARD_ONE_UNIT_BYTES", 16 << 20))
-
-
-def use_stages(config: PrepareConfig, sources: list[Source]) -> bool:
-    """Whether a plain `prepare` runs as staged tasks (in the worker pool, or here with one
-    worker: units of up to UNIT_BYTES, `plain_plan`; 0.96-1.23x one reading process's time on
-    20-46 MB over several runs, where 8 units and each part's sync made it 1.13x:
-    owners.parts_synced): no stdin
-    or pipe, none of the options the stages refuse (runplan.py's `check_scale_out`), at least
-    STAGED_BYTES of input (a unit larger than half again a worker's share, as a large .gz file
-    is, is read here and tokenized by every worker: itempool.units_in_pool; so is every unit of
-    a Hugging Face dataset, which this process has open, its size counted as its data files' on
-    disk, a hub stream's as unknown, so large), with any --workers. And always with
-    --val-by, and for stdin or a pipe that one pass cannot read as asked (claim.needs_a_copy):
-    the stages save it first (runplan.spool_streams) and read the copy."""
-    if config.val_by:  # chosen by the select stage's summaries: only the stages can (valby.py)
-        return True  # (stdin is spooled, a Hugging Face stream cut into its shards)
-    parts = config.hf_tasks == 1 or mapped(config.hf_spec())  # (--hf-tasks: rows of a mapped split only)
-    if parts and any(needs_a_copy(config, s) for s in sources):
-        return True  # what one pass over stdin or a pipe cannot do: the stages read a saved copy
-    total = sum(s.size for s in sources) + (_hf_bytes(config) if config.hf else 0)
-    streamed = any(s.stream for s in sources)
-    signed = config.max_docs is not None and config.near_dedup  # (one process signs all, tokenizes N: the stages all)
-    return parts and not streamed and not signed and total >= STAGED_BYTES
-
-
-def _hf_bytes(config: PrepareConfig) -> float:
-    """The bytes of a Hugging Face dataset's files on disk (a saved dataset, a directory of data
-    files: one listing, hfread.source_bytes); a hub dataset's are not known here (infinite),
-    streamed or downloaded (--no-streaming: read by rows of its copy, as a saved one is)."""
-    spec = config.hf_spec()
-    return math.inf if spec.kind() == "hub" else source_bytes(spec)
 
 
 def plain_plan(config: PrepareConfig, sources: list[Source]) -> tuple[int, int | None]:
@@ -98,4 +56,4 @@ def small_plan(units: Any, limit: int | None = None) -> bool:
     return all(u[1] in SIZED for u in units) and sum(u[4] for u in units) < (POOL_BYTES if limit is None else limit)
 
 
-__all__ = ["ONE_UNIT_BYTES", "POOL_BYTES", "STAGED_BYTES", "TASKS_PER_WORKER", "plain_plan", "small_plan", "use_stages"]
+__all__ = ["ONE_UNIT_BYTES", "POOL_BYTES", "TASKS_PER_WORKER", "plain_plan", "small_plan"]

@@ -1,7 +1,7 @@
 """The claim of `--out` that comes before every stage of a planned run (`begin`, where the run
 is started: `prepare` itself, before any task).
 
-The same decision table as a run read in one process (output/claim.py), under the writer lock:
+The decision table of output/claim.py, under the writer lock:
 a new build gets its staging directory `.NAME.lmshard-partial` and run record at once, an
 interrupted one is resumed only with --resume (its work folder kept), and --overwrite discards
 both; with --append the dataset's files are linked into the build. The tasks then write into

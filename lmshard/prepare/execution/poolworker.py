@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 here: dict[str, Any] = {}  # what forked workers inherit: the run (or how to build it), whether they were forked
 
 
-def start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool) -> None:
+def start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_bytes: int, forked: bool,
+          parent: int | None = None) -> None:  # fmt: skip
     """Worker initializer: the parent's run (plan, sources, tokenizer) when forked (one thread
-    each), else loaded here."""
-    detach()
+    each), else loaded here. `parent`: the pool's process (see `detach`)."""
+    detach(parent)
     if forked and "run" in here:
         here["run"].tokenizer.use_threads(1)
         return
@@ -43,13 +44,17 @@ def start(make: Callable[..., Run], config: PrepareConfig, n_tasks: int, unit_by
         here["failed"] = e
 
 
-def detach() -> None:
+def detach(parent: int | None = None) -> None:
     """A worker ignores Ctrl-C and SIGTERM to the process group (the parent's to handle: it
     stops the workers), and exits when its parent dies (kill -9, the OOM killer): its siblings
-    hold the task queue open, so it would otherwise wait for a task forever. An itempool.early_pool's
-    worker initializer: its run is built at its first item (`worker_run`)."""
+    hold the task queue open, so it would otherwise wait for a task forever. The parent is the
+    pool's process as it recorded itself before forking (`here["parent"]`) or passed (`parent`,
+    to a spawned worker), not this process's parent now: one killed while this worker was
+    starting has been replaced by init already. An itempool.early_pool's worker initializer: its
+    run is built at its first item (`worker_run`)."""
     ignore_stop_signals()
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    pool = parent if parent is not None else here.get("parent", os.getppid())
+    threading.Thread(target=_exit_with_parent, args=(pool,), daemon=True).start()
 
 
 def _exit_with_parent(parent: int, every: float = 0.5) -> None:

@@ -29,7 +29,7 @@ from ..documents.files import open_raw
 from ..documents.hfread import forget, mapped, mapped_mark, stream_mark
 from ..documents.records import record_fields
 from ..documents.sources import Source, Sources, discover
-from ..documents.worker import WorkerConfig, identity_of
+from ..documents.worker import WorkerConfig
 from ..domains import check_sources
 from ..output.claim import _fingerprint, run_tokenizer
 from . import volatile
@@ -116,13 +116,12 @@ def spool_streams(work: Path, sources: Sequence[Source]) -> list[Source]:
 
 
 def check_scale_out(config: PrepareConfig) -> None:
-    """Refuse, before anything is claimed, what a planned run cannot do: --hf-tasks with
-    --num-tasks, or of a stream (a plain prepare runs part I of a mapped split, its rows, planned)."""
-    if config.hf and config.hf_tasks > 1 and (config.num_tasks is not None or not mapped(config.hf_spec())):
-        planned = "--num-tasks" if config.num_tasks is not None else "--val-by"  # (--val-by: the stages only)
-        raise ConfigError(f"--hf {config.hf}: --hf-tasks makes part I of N a dataset of its own, and {planned} plans "
-                          "one dataset of the whole (a stream by its shards, a saved or downloaded split by its "
-                          "rows): pass one or the other")  # fmt: skip
+    """Refuse, before anything is claimed, what a planned run cannot do: --hf-tasks (part I of N,
+    a dataset of its own) with --num-tasks (one dataset of the whole, planned in N tasks)."""
+    if config.hf and config.hf_tasks > 1 and config.num_tasks is not None:
+        raise ConfigError(f"--hf {config.hf}: --hf-tasks makes part I of N a dataset of its own, and --num-tasks "
+                          "plans one dataset of the whole (a stream by its shards, a saved or downloaded split by "
+                          "its rows): pass one or the other")  # fmt: skip
 
 
 def previous_of(out: str) -> dict[str, Any]:
@@ -175,7 +174,7 @@ def worker_config(config: PrepareConfig, sources: Sequence[Source], tokenizer: T
     return WorkerConfig(sources=kept, clean=config.clean_config(), tokenizer=config.tokenizer,
                         tokenizer_backend=tokenizer.backend, separator=config.separator,
                         text_field=fields, text_mode=config.text_mode, on_error=config.on_error,
-                        decode_errors=config.decode_errors, expect=identity_of(tokenizer),
+                        decode_errors=config.decode_errors,
                         minhash=config.minhash_config() if config.near_dedup else None,
                         hf=replace(config.hf_spec(), text_field=fields) if config.hf else None,
                         attributes=tuple(config.attributes))  # fmt: skip

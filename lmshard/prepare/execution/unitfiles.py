@@ -146,6 +146,7 @@ class UnitRead:
         for r in tokenized:
             lines["lines"] += self.pending.popleft()
             yield r if base is not None else replace(r, examples=tag(r.examples, self.u))
+            stop_point("item")  # (its result written to the unit's file; the unit has no marker yet)
             if stop is not None and stop.enough(r.keys):  # (the rest of the unit is after the N-th kept document)
                 lines["stopped"] = 1
                 return

@@ -1,19 +1,10 @@
-"""The state of a dataset being built, and its checkpoints.
+"""What a build counts and how it stops: the totals that end up in the metadata (`Totals`, and
+`account`, one work item's counts added), the progress the run log shows (`Progress`), the
+refusal of a run that kept nothing (`check_not_empty`), and the stop signals (`sigterm_stops`:
+SIGTERM ends a run as Ctrl-C does; `StopOnSignal`: the first asks a loop to stop at its next
+item, as the worker pool of retokenize and score does).
 
-A `Build` holds everything `_run` changes as work items stream through: the two splits' shard
-writers, the exact-dedup key set, the totals that end up in the metadata, and how many items are
-done. `checkpoint()` makes the files durable and returns that state as JSON; `Build.start`
-rebuilds it from a checkpoint (the writers cut their files back, the key set is re-read from the
-keys written so far), so the resumed run goes on exactly where the checkpoint was taken and
-writes the same bytes an uninterrupted run would.
-
-The keys of every kept document are appended to `dedup/doc_keys_NNNNNN.u64` in the build (rowfiles.py; and
-with --dedup-lines, the unique lines' keys to `dedup/line_keys_NNNNNN.u64`); they stay with the
-dataset so `--append` can deduplicate new documents against it (docs/format.md).
-
-Memory model: the key set (≈16 bytes per unique document), rebuilt on resume by reading the key
-files in 8 MiB pieces (rowfiles.py); the totals (one small counter per input file); the writers'
-open files.
+Memory model: the totals (one small counter per input file).
 """
 
 from __future__ import annotations
@@ -22,27 +13,20 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import InputError
-from ...format import SPLITS, DatasetMeta, KeyFile, ShardInfo
-from ...format.attributes import row_dtype
+from ...format import DatasetMeta, ShardInfo
 from ..config import PrepareConfig
-from ..documents.dedup import KeySet
 from ..documents.sources import GREW, SPLIT_INTO_PARAGRAPHS
 from ..documents.worker import DECODE_REPLACED, DROP_CHARS, LINE_DROP
 from ..stops import STOP_SIGNALS
-from .dictfile import run_encoding
-from .rowfiles import KEY_DTYPE, SIG_DTYPE, RowFiles, read_rows
-from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from ..documents.worker import ItemResult
@@ -53,7 +37,6 @@ NOT_REASONS = (LINE_DROP, DROP_CHARS)
 # A build's document keys go to files of this many keys (128 MiB) each, so that scale-out runs
 # write them in parallel, each file by one task (docs/format.md).
 KEYS_PER_FILE = int(os.environ.get("LMSHARD_KEYS_PER_FILE", 1 << 24))
-CHECKPOINT_SECONDS = float(os.environ.get("LMSHARD_CHECKPOINT_SECONDS", "10"))  # 0: after every work item
 
 
 @dataclass
@@ -115,109 +98,8 @@ class Progress:
     chars: int = 0
     bytes_at_start: int = 0  # what a resumed run had done before this process started: rates leave it out
     tokens_at_start: int = 0
-    note: str | None = None  # what --resume kept (Build.resume_note), in the first call only
+    note: str | None = None  # what --resume kept, in the first call only
     complete: bool = False  # --resume found the dataset complete: nothing was done
-
-
-@dataclass
-class Build:
-    root: Path  # the staging directory
-    writers: dict[str, ShardWriter]
-    seen: KeySet
-    totals: Totals
-    base: Totals  # the appended-to dataset's totals (all zero for a new dataset)
-    previous_keys: tuple[KeyFile, ...]
-    items_done: int = 0
-    bytes_done: int = 0
-    lines: RowFiles | None = None  # --dedup-lines: the keys of the unique lines this build found
-    source_base: int = 0  # the appended-to dataset's sources: this run's are numbered after them
-    note: str | None = None  # what a resumed build kept, said once as it starts (resume_note)
-    keys: RowFiles | None = None  # --dedup document: the kept documents' keys
-    near: RowFiles | None = None  # --near-dedup: the kept documents' signatures
-
-    @classmethod
-    def start(cls, config: PrepareConfig, root: Path, previous: DatasetMeta | None,
-              checkpoint: dict[str, Any] | None, n_vocab: int) -> Build:  # fmt: skip
-        """A new build on top of `previous` (or nothing), or the one `checkpoint` recorded."""
-        first = {s: previous.split_shards(s) if previous else () for s in SPLITS}
-        encoding = run_encoding(config, n_vocab, previous, root)
-        fields = config.attribute_fields()
-        writers = {s: ShardWriter(root, s, config.tokens_per_shard, first[s], encoding, provenance=True,
-                                  attributes=row_dtype(fields) if fields else None) for s in SPLITS}  # fmt: skip
-        base = Totals.of_dataset(previous) if previous else Totals()
-        previous_keys = previous.dedup.files if previous and previous.dedup else ()
-        build = cls(root, writers, KeySet(), Totals.parse(base.to_json()), base, previous_keys,
-                    source_base=len(previous.sources) if previous else 0)  # fmt: skip
-        if checkpoint is not None:
-            for split, state in checkpoint["writers"].items():
-                writers[split].resume(state)
-            build.totals = Totals.parse(checkpoint["totals"])
-            build.items_done, build.bytes_done = checkpoint["items_done"], checkpoint["bytes_done"]
-            build.seen = KeySet(checkpoint["seen_slots"])  # the same table size as when it was taken
-        if config.near_dedup:
-            rows = checkpoint.get("near_rows", 0) if checkpoint else 0
-            n_hashes = config.minhash_config().n_hashes
-            build.near = RowFiles(root, "near_sigs", SIG_DTYPE, n_hashes, KEYS_PER_FILE, previous_keys, rows)
-        if config.dedup == "document":
-            n_keys = checkpoint["n_keys"] if checkpoint else 0
-            build.keys = RowFiles(root, "doc_keys", KEY_DTYPE, 1, KEYS_PER_FILE, previous_keys, n_keys)
-            for keys in build.keys.stored():
-                build.seen.add_new(keys)
-        return build
-
-    def resume_note(self, checkpoint: dict[str, Any] | None) -> str:
-        """What `--resume` goes on from: the checkpoint's documents and shards, or nothing."""
-        if checkpoint is None:
-            return "resuming: no checkpoint yet: starting over"
-        shards = sum(len(st["shards"]) + (st["n_docs"] > 0) for st in checkpoint["writers"].values())
-        shards -= sum(len(w.first) for w in self.writers.values())  # an --append's dataset is not this run's work
-        own = self.totals.docs_kept - self.base.docs_kept
-        when = checkpoint.get("saved_at")
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "its last save"
-        return (f"resuming: {own:,} documents ({self.totals.tokens - self.base.tokens:,} tokens), "
-                f"{shards:,} shards kept from the checkpoint of {at}")  # fmt: skip
-
-    def line_files(self) -> RowFiles:
-        """This build's files of unique lines' keys (--dedup-lines, KEYS_PER_FILE each, in the
-        order the lines were first met), numbered after those of the dataset it extends; begun
-        anew (line dedup's first pass is repeated by a resumed run)."""
-        self.lines = RowFiles(self.root, "line_keys", KEY_DTYPE, 1, KEYS_PER_FILE, self.previous_keys, 0)
-        return self.lines
-
-    def line_set(self) -> KeySet:
-        """The line-dedup set seeded with the appended-to dataset's lines."""
-        seen = KeySet()
-        for keys in read_rows(self.root, tuple(f for f in self.previous_keys if f.kind == "line"), KEY_DTYPE):
-            seen.add_new(keys)
-        return seen
-
-    def checkpoint(self) -> dict[str, Any]:
-        """Make everything written durable; the state `start` resumes from."""
-        for rows in (self.keys, self.near):
-            if rows is not None:
-                rows.sync()
-        return {"near_rows": self.near.rows if self.near else 0,
-                "items_done": self.items_done, "bytes_done": self.bytes_done,
-                "writers": {s: w.sync() for s, w in self.writers.items()}, "totals": self.totals.to_json(),
-                "seen_slots": self.seen.nbytes // 8, "n_keys": self.keys.rows if self.keys else 0,
-                "saved_at": time.time()}  # fmt: skip
-
-    def close_keys(self) -> tuple[KeyFile, ...]:
-        """The key files the dataset lists: the appended-to dataset's and this build's."""
-        files = [f for f in self.previous_keys if f.kind != "near"]
-        if self.keys is not None:
-            files += self.keys.close()[len(self.keys.previous) :]
-        if self.lines is not None:
-            files += self.lines.close()[len(self.lines.previous) :]
-        return tuple(files) + (self.near.close() if self.near is not None else ())
-
-    def abort(self) -> None:
-        """Close every writer and the key files after an error, raising nothing over it."""
-        for w in self.writers.values():
-            w.abort()
-        for rows in (self.keys, self.near, self.lines):
-            if rows is not None:
-                rows.abort()
 
 
 def check_not_empty(config: PrepareConfig, totals: Totals, base: Totals, shards: list[ShardInfo]) -> None:

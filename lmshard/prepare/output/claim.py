@@ -117,35 +117,6 @@ def claim_output(config: PrepareConfig, paths: OutputPaths, sources: list[Source
     return Claim(fingerprint(), time.time(), previous=previous)
 
 
-SEEKED = ("parquet", "arrow")  # formats read by seeking, which a pipe cannot do
-
-
-def needs_a_copy(config: PrepareConfig, src: Source) -> bool:
-    """Whether `src` is stdin or a pipe (a FIFO, `<(...)`) that one pass cannot read as this run
-    asks: read twice (--dedup-lines, --near-dedup), by seeking (parquet, arrow), or made one
-    document (--text-mode file). A planned run saves it first and reads the copy
-    (plainplan.use_stages sends such a run there); one process refuses it."""
-    return src.stream and (config.dedup_lines or config.near_dedup or src.fmt in SEEKED
-                           or (src.fmt == "text" and config.text_mode == "file"))  # fmt: skip
-
-
-def refuse_for_streams(config: PrepareConfig, sources: list[Source]) -> None:
-    """`needs_a_copy`'s streams, for a run in one process (only with --hf-tasks): refused in one
-    line (parquet and arrow where they are read: columnar.py)."""
-    for src in sources:
-        if not needs_a_copy(config, src):
-            continue
-        name = "stdin" if src.path == "-" else f"{src.path}: a pipe"
-        if config.dedup_lines or config.near_dedup:
-            flag = "--dedup-lines" if config.dedup_lines else "--near-dedup"
-            raise ConfigError(f"{name}, and {flag} reads the input twice, which a run with --hf-tasks (one pass "
-                              "over its inputs) cannot do; drop --hf-tasks, or save the input to a file")  # fmt: skip
-        if src.fmt == "text" and config.text_mode == "file":
-            raise ConfigError(f"{name}, and --text-mode file cannot make it one document in a run with --hf-tasks "
-                              "(one pass over its inputs); drop --hf-tasks, or pass --text-mode paragraph or "
-                              "line")  # fmt: skip
-
-
 def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokenizer,
                  appending_to: Path | None) -> dict[str, Any]:  # fmt: skip
     """What a resumed run must share with the interrupted one: the options that shape the output,

@@ -35,10 +35,10 @@ from ...format import (
     src_path,
     sums_path,
 )
-from ...format.attributes import attr_path, to_rows
+from ...format.attributes import attr_path
 from ...format.blocks import file_xxh3, write_sums
 from ...format.encoding import UINT32, Encoding
-from ...format.sealing import StreamEncoder, reopen_sealed, shard_entry
+from ...format.sealing import StreamEncoder, shard_entry
 
 
 def with_separators(
@@ -142,52 +142,6 @@ class ShardWriter:
             self._encoder.close()
             self._encoder = None
 
-    def sync(self) -> dict[str, Any]:
-        """Make everything written so far durable and return the state `resume` restores."""
-        for f in (self._bin, self._idx, *(d.file for d in self._docs)):
-            if f is not None:
-                f.flush()
-                os.fsync(f.fileno())
-        return {"shards": [s.to_json() for s in self.shards], "n_tokens": self._n_tokens, "n_docs": self._n_docs}
-
-    def resume(self, state: dict[str, Any]) -> None:
-        """Return to a state from `sync`: finished shards as recorded, the open shard's files cut
-        back to the recorded length (a shard finished after the checkpoint is reopened), and any
-        later file removed."""
-        self.shards = [ShardInfo.parse(self.split, s) for s in state["shards"]]
-        n_tokens, n_docs = int(state["n_tokens"]), int(state["n_docs"])
-        current = len(self.shards)
-        for path in sorted((self.root / self.split).glob("*")):
-            number = _shard_number(path.name)
-            # a PID-named temporary file (sums, blocks, an encoded shard) is rewritten when its shard finishes
-            pid_tmp = path.name.endswith(".tmp") and path.name.removesuffix(".tmp").rsplit(".", 1)[-1].isdigit()
-            if number is None or number > current or (number == current and n_docs == 0) or pid_tmp:
-                path.unlink()
-        if n_docs == 0:
-            return
-        bin_path, idx_path = self._paths(current)
-        per_doc = [self.root / d.rel(shard_paths(self.split, current)[0]) for d in self._docs]
-        for final, tmp, doc in ((bin_path, f"{bin_path}.tmp", None), (idx_path, f"{idx_path}.tmp", None),
-                                *((p, f"{p}.tmp", d) for p, d in zip(per_doc, self._docs, strict=True))):  # fmt: skip
-            if not final.exists():
-                continue
-            if final == bin_path and self.encoding.version > 1:  # sealed: its uint32 tokens back
-                if not Path(tmp).exists():  # (removed only once the sealed file was in place)
-                    reopen_sealed(final, self.encoding, n_tokens, Path(tmp))
-                final.unlink()
-            elif isinstance(doc, _Columns):  # written by columns: its records back
-                doc.reopen(final, Path(tmp))
-            else:
-                os.replace(final, tmp)  # finished after the checkpoint: reopen it
-        encoded = self._new_encoder(bin_path)
-        digests = (self._hash, self._blocks) if encoded is None else (encoded,)  # (the encoder starts over)
-        self._bin = _reopen(Path(f"{bin_path}.tmp"), n_tokens * TOKEN_DTYPE.itemsize, *digests)
-        self._idx = _reopen(Path(f"{idx_path}.tmp"), (n_docs + 1) * INDEX_DTYPE.itemsize, self._idx_hash)
-        for d, p in zip(self._docs, per_doc, strict=True):
-            d.hash = xxhash.xxh3_64()
-            d.file = _reopen(Path(f"{p}.tmp"), n_docs * d.dtype.itemsize, d.hash)
-        self._n_tokens, self._n_docs = n_tokens, n_docs
-
     def _next(self) -> int:
         """The number of the shard open or about to open."""
         return self.number + len(self.shards)
@@ -281,18 +235,6 @@ class ShardWriter:
         self._n_tokens = self._n_docs = 0
 
 
-def _shard_number(name: str) -> int | None:
-    """N of shard_N.bin / .idx / .sums / .blocks / .src / .attr (and their .tmp, .PID.tmp); None for any other
-    file name."""
-    stem = name.removesuffix(".tmp")
-    if stem.rsplit(".", 1)[-1].isdigit() and stem.count(".") > 1:
-        stem = stem.rsplit(".", 1)[0]  # shard_N.sums.PID
-    if not stem.startswith("shard_") or not stem.endswith((".bin", ".idx", ".sums", ".blocks", ".src", ".attr")):
-        return None
-    digits = stem[len("shard_") :].rsplit(".", 1)[0]
-    return int(digits) if digits.isdigit() else None
-
-
 _PIECE = 1 << 16  # attribute records read at a time when a shard's columns are written
 
 
@@ -359,36 +301,8 @@ class _Columns(_PerDoc):
         return {"attr_xxh3_64": whole, "attr_column_xxh3_64": tuple(c.hexdigest() for c in columns),
                 "attr_width": self.dtype.itemsize}  # fmt: skip
 
-    def reopen(self, final: Path, rows: Path) -> None:
-        """A shard finished after the checkpoint: its records back in `rows` (unless still there:
-        they are removed only once the columns are in place), the column file removed. Reads the
-        column file whole (a resume's once: the records of one shard)."""
-        if not rows.exists():
-            data = final.read_bytes()
-            with open(rows, "wb") as f:
-                f.write(to_rows(data, self.dtype, len(data) // self.dtype.itemsize).tobytes())
-                f.flush()
-                os.fsync(f.fileno())
-        final.unlink()
-
-
 def close_quietly(f: IO[bytes]) -> None:
     """Close `f` on an error path: a failing flush of its buffer (ENOSPC, EDQUOT, EIO) is
     dropped, and the descriptor is closed all the same (Python closes it after a failed flush)."""
     with contextlib.suppress(OSError):
         f.close()
-
-
-def _reopen(path: Path, size: int, *digests: Any) -> BinaryIO:
-    """Open a partial file for appending after cutting it to `size` bytes, feeding those bytes
-    to `digests` (the running checksums). Reads in 16 MiB pieces."""
-    f = open(path, "r+b")  # noqa: SIM115 (owned by the writer)
-    if os.fstat(f.fileno()).st_size < size:
-        f.close()
-        raise LmshardError(f"{path}: shorter than its checkpoint says; the build is damaged, rerun with --overwrite")
-    f.truncate(size)
-    while chunk := f.read(1 << 24):
-        for digest in digests:
-            digest.update(chunk)
-    f.seek(size)
-    return f
