@@ -350,6 +350,9 @@ def main() -> None:
     ap.add_argument("--stdin-only", action="store_true", help="section 7 only, printed (docs/ unchanged)")
     args = ap.parse_args()
     READER.update({"PYTHONPATH": str(args.reader.resolve()), "LMSHARD_STAGED_BYTES": str(1 << 50)})
+    import subprocess  # (its modules compiled as this checkout's are: a run must not compile them as it imports)
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(args.reader / "lmshard")], check=True)
     options = ["--dedup-lines"] if args.dedup_lines else []
     stages = (("lines", "linedup") if args.dedup_lines else ()) + ("tokenize", "dedup", "select", "write")
     compile_package()

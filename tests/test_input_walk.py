@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,33 @@ def test_files_named_explicitly_are_read_hidden_or_not(tmp_path, reference):
     assert prepare_json([tmp_path / ".hidden"], tmp_path / "o2", "--include-hidden")["n_docs"] == 1
     code, _, err = cli("prepare", tmp_path / ".hidden", "--out", tmp_path / "o3")
     assert code == 1 and "skipped 1 hidden file; pass --include-hidden" in err
+
+
+def test_a_run_inside_its_input_records_the_same_skipped_inputs_resumed_or_not(tmp_path, small_items, monkeypatch):
+    """--out inside the input directory: a run interrupted in its write stage and resumed (its
+    build and work folder there when it walks the input again) records the skipped inputs of an
+    uninterrupted run, which found neither (so does an --overwrite of it): the run's own are
+    not counted."""
+    import shutil
+
+    from lmshard.prepare.execution.run import Run
+
+    docs = tmp_path / "docs"
+    for i in range(10):
+        write(docs / f"{i:02d}.txt", f"document number {i} of the folder")
+    shutil.copytree(docs, tmp_path / "copy")
+    config = PrepareConfig(inputs=[str(docs)], out=str(docs / "ds"), workers=1, val_fraction=0)
+    fresh = prepare(replace(config, inputs=[str(tmp_path / "copy")], out=str(tmp_path / "copy" / "ds"))).skipped_inputs
+    real = Run.do
+    with monkeypatch.context() as m:
+        m.setattr(Run, "do", lambda r, stage, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()) if stage == "write"
+                  else real(r, stage, *a, **k))  # fmt: skip
+        with pytest.raises(KeyboardInterrupt):
+            prepare(config)
+    assert (docs / ".ds.lmshard-partial").is_dir() and (docs / ".ds.lmshard-work").is_dir()
+    resumed = prepare(replace(config, resume=True)).skipped_inputs
+    assert resumed == fresh and fresh.lmshard == 0
+    assert prepare(replace(config, overwrite=True)).skipped_inputs == fresh
 
 
 def test_a_killed_runs_partial_directory_inside_the_input_is_not_read(tmp_path, small_items, reference):

@@ -73,6 +73,41 @@ def _finish_and_compare(corpus, out, one_machine):
     assert not _work(out).exists() and not (out.parent / f".{out.name}.lmshard-partial").exists()
 
 
+def _half_a_result(_: int) -> None:
+    """In a pool worker: the start of a result message (its length, then a few of its bytes) on
+    the pool's result pipe, then the end of the worker, as a worker killed while it sent a large
+    result leaves them."""
+    import gc
+    import struct
+    from multiprocessing.queues import SimpleQueue
+
+    results = next(q for q in gc.get_objects() if isinstance(q, SimpleQueue))
+    os.write(results._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 100)
+    os._exit(1)
+
+
+def test_stopping_a_pool_with_half_a_result_in_its_pipe_ends(tmp_path):
+    """A Ctrl-C or SIGTERM stops the stages' pool by killing its workers (itempool._stop_workers):
+    one killed while it sent a result left half a message in the result pipe, and the pool's
+    thread waited for its rest for ever (the run never exited). Stopping such a pool ends."""
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    from lmshard.prepare.execution import itempool
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    future = pool.submit(_half_a_result, 0)
+    deadline = time.monotonic() + 60
+    while not future.done() and all(p.is_alive() for p in list((pool._processes or {}).values())):
+        assert time.monotonic() < deadline, "the worker never wrote"
+        time.sleep(0.01)
+    stopper = threading.Thread(target=itempool._stop_workers, args=(pool,), daemon=True)
+    stopper.start()
+    stopper.join(60)  # (a hang: the test fails, rather than wait with it)
+    assert not stopper.is_alive(), "stopping the pool waited for the rest of a message that never comes"
+
+
 def test_killing_the_main_process_takes_its_workers_along(tmp_path, corpus, one_machine, monkeypatch):
     """kill -9 of the main process (the OOM killer's pick, say) while a worker is held on a unit
     and the other works or waits for tasks: both exit, rather than wait for tasks forever."""

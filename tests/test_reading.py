@@ -240,24 +240,27 @@ def test_a_planned_run_interrupted_while_it_saves_a_pipe_offers_no_resume(tmp_pa
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
-def test_an_interrupted_pipe_run_resumes_from_its_saved_copy(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["fifo", "process substitution"])
+def test_an_interrupted_pipe_run_resumes_from_its_saved_copy(tmp_path, monkeypatch, kind):
     """A pipe is saved whole before the run plans (runplan.spool_streams): interrupted after
     that, the run offers --resume, which goes on from the copy without opening the pipe again
-    (no writer is there now: an open would wait for ever), to the documents of a file."""
+    (a FIFO has no writer now, an open would wait for ever; a process substitution's /dev/fd/N
+    is not there in the process that resumes), to the documents of a file."""
     import subprocess
     import sys
 
-    path = _pipe(tmp_path, "fifo", lines(20).encode())
+    path = _pipe(tmp_path, kind, lines(20).encode())
 
     def ctrl_c(point: str, key: int | None = None) -> None:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
         m.setattr(unitfiles, "stop_point", ctrl_c)  # Ctrl-C once the first work item is written
-        code, text = cli("prepare", path, "--out", str(tmp_path / "out"), "--workers", "1")
+        code, text = cli("prepare", path, "--format", "jsonl", "--out", str(tmp_path / "out"), "--workers", "1")
     assert code == 130 and f"kept in {tmp_path / '.out.lmshard-work'}; continue with:" in text, text
-    done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", path, "--out", str(tmp_path / "out"),
-                           "--workers", "1", "--resume"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "lmshard", "prepare", path, "--format", "jsonl", "--out",
+                           str(tmp_path / "out"), "--workers", "1", "--resume"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert docs(tmp_path / "out") == reference_docs(tmp_path, "a.jsonl", lines(20))
 

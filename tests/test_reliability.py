@@ -242,6 +242,23 @@ def test_sigterm_to_the_whole_group_stops_as_ctrl_c_does(tmp_path, monkeypatch, 
     assert_identical(reference, out)
 
 
+def test_ctrl_c_during_the_swap_finishes_the_run_and_leaves_nothing(tmp_path, monkeypatch, process_items, inputs,
+                                                                    reference):  # fmt: skip
+    """Ctrl-C as the finished build is renamed into place (held there): the swap and the work
+    folder's removal finish first, and the run ends as done (not with its work "kept" for a
+    --resume that has nothing to do), nothing left beside the dataset."""
+    out = tmp_path / "ds"
+    stop_at(monkeypatch, "swap:1")
+    proc = start_prepare(cli(out, inputs[0]))
+    held(proc)
+    monkeypatch.delenv("LMSHARD_STOP_AT")
+    signal_stopped(proc.pid, signal.SIGINT)
+    code, err = finish(proc, 60)
+    assert code == 0 and "Traceback" not in err and "--resume" not in err and "\ndone: " in err, err
+    assert leftovers(out) == []
+    assert_identical(reference, out)
+
+
 def test_a_second_stop_signal_stops_at_once():
     """The first SIGTERM (or Ctrl-C) asks the build to stop at its next work item; a second one
     stops it where it is, saying which signal (for the exit status), as a second Ctrl-C does."""

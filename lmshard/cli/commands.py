@@ -188,6 +188,7 @@ register_scale(app, user_errors)  # lmshard run-task / status (scale.py)
 
 
 def main() -> None:
+    _state["command"] = True  # (this process is the command: it ends when the command does)
     app(prog_name="lmshard")
 
 

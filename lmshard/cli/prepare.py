@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from importlib import import_module
 from typing import Any, TypeVar
@@ -272,6 +273,10 @@ def prepare(
     else:
         meta = log.follow(lambda callback: run_prepare(cfg, callback))
     if meta is not None:
+        from .commands import _state
+
+        for sig in (signal.SIGINT, signal.SIGTERM) if _state.get("command") else ():  # the dataset is in place: a
+            signal.signal(sig, signal.SIG_IGN)  # stop would only cut the summary or the exit short (a traceback, 130)
         try:
             log.done(meta)
         except KeyboardInterrupt:  # (Ctrl-C while the summary prints: the dataset is in place, nothing is lost)

@@ -90,18 +90,20 @@ class Sources(list[Source]):
 
 
 def discover(inputs: list[str], fmt_override: str | None = None, exclude: list[str] | None = None, *,
-             include_hidden: bool = False) -> Sources:  # fmt: skip
+             include_hidden: bool = False, own: str | os.PathLike[str] | None = None) -> Sources:  # fmt: skip
     """Expand files, directories (recursively, sorted by path, by the rules of `walk.py`),
     globs, and URLs of objects, globs and prefixes (`urlwalk.py`) into sources, leaving out
     paths that match any `exclude` glob (fnmatch against the whole path or URL). An input that
     leaves nothing to read fails, saying what was skipped. An input written `FORMAT:INPUT`
-    (`with_format`) is read in that format, whatever `fmt_override` (--format) says."""
+    (`with_format`) is read in that format, whatever `fmt_override` (--format) says. `own`: the
+    run's --out, whose dataset, build and work folder are not counted (walk.Rules)."""
     sources: list[Source] = []
     walks: list[Walk] = []
     for given in inputs:
         fmt, spec = with_format(given)  # `text:DIR`: this input's own format
         fmt = fmt or fmt_override
-        rules = Rules(fmt, include_hidden, tuple(exclude or ()))
+        rules = Rules(fmt, include_hidden, tuple(exclude or ()), None if own is None or is_url(str(own)) else
+                      os.path.abspath(own))  # fmt: skip
         if spec == "-":
             sources.append(detect("-", fmt))
             continue

@@ -54,11 +54,24 @@ FORMATS_FIX = (
 @dataclass(frozen=True)
 class Rules:
     """What a walk takes: `fmt_override` (--format: every file), `include_hidden`, and the
-    `exclude` globs (fnmatch against the whole path: `*` also matches "/")."""
+    `exclude` globs (fnmatch against the whole path: `*` also matches "/"). `own`: the run's
+    `--out` (absolute), whose dataset, build and work folder a walk leaves out without counting
+    them, so that a dataset written inside its input directory records the same skipped inputs
+    whether the walk found them (a resumed run, a cluster's finish) or not (a new run)."""
 
     fmt_override: str | None = None
     include_hidden: bool = False
     exclude: tuple[str, ...] = ()
+    own: str | None = None
+
+    def owns(self, top: str, name: str) -> bool:
+        """Whether `top`/`name` is the run's own: its `--out`, or an entry it keeps beside it."""
+        if self.own is None:
+            return False
+        path = os.path.abspath(os.path.join(top, name))
+        out = self.own
+        return path == out or (os.path.dirname(path) == os.path.dirname(out)
+                               and name.startswith(f".{os.path.basename(out)}.lmshard-"))  # fmt: skip
 
 
 @dataclass
@@ -183,9 +196,10 @@ def walk(root: str, rules: Rules) -> Walk:
             found.lmshard += 1  # a dataset, or a build of one: not entered
             dirs.clear()
             continue
-        dirs[:] = [d for d in sorted(dirs) if found.enters(d)]
+        dirs[:] = [d for d in sorted(dirs) if not rules.owns(top, d) and found.enters(d)]
         for name in sorted(files):
-            found.consider(Path(top, name))
+            if not rules.owns(top, name):
+                found.consider(Path(top, name))
     found.taken.sort()
     return found
 

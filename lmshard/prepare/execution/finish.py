@@ -33,6 +33,7 @@ from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim
 from ..output.dictfile import run_encoding
 from ..output.staging import OutputPaths, commit, read_run
+from ..stops import stop_signals_held
 from .barrier import is_complete, read_summary
 from .layout import add_totals
 from .layoutfiles import Layout
@@ -102,14 +103,15 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
-    (work / SWAPPED_FILE).touch()  # (with the build gone: swapped, taskplan.swapped; its name alone is the mark)
-    commit(paths)
-    # Ctrl-C or SIGTERM once the dataset is in place loses nothing: the run is done, and what is left of the work
-    # folder goes with the next finish or the same prepare with --resume (the plan, then the mark, removed last:
-    # a removal stopped midway is finished by the finish, which finds the mark; `status` and every task find the
-    # dataset complete)
-    with contextlib.suppress(KeyboardInterrupt):
-        remove_work(work, (PLAN_FILE, SWAPPED_FILE))
+    # Ctrl-C or SIGTERM during the swap and the work folder's removal is taken once both are done, and then loses
+    # nothing: the run is done, its dataset returned. (A kill meanwhile, or an interrupt raised in the removal: the
+    # plan, then the mark, are removed last; a removal stopped midway is finished by the next finish or the same
+    # prepare with --resume, which find the mark, as `status` and every task find the dataset complete.)
+    with contextlib.suppress(KeyboardInterrupt), stop_signals_held():
+        (work / SWAPPED_FILE).touch()  # (with the build gone: swapped, taskplan.swapped; its name alone is the mark)
+        commit(paths)
+        with contextlib.suppress(KeyboardInterrupt):
+            remove_work(work, (PLAN_FILE, SWAPPED_FILE))
     warn_empty_val(meta)
     return meta
 

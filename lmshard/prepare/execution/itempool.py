@@ -387,9 +387,13 @@ def _died(pool: ProcessPoolExecutor) -> str:
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """End the workers now: they ignore Ctrl-C and SIGTERM, and an item in progress may take
-    long. An item killed midway has no marker, so a resumed run redoes it."""
-    for proc in list((pool._processes or {}).values()):
-        proc.kill()
-    # Then the pool's own thread finds them dead and closes its queues (its way out of a broken
-    # pool), so nothing writes to a closed pipe as this process exits.
-    pool.shutdown(wait=True, cancel_futures=True)
+    long (killed midway, it has no marker: a resumed run redoes it). A second stop signal waits
+    until every worker is killed. A worker killed while it sent a result leaves half a message
+    in the result pipe, whose writing end this process holds too: closed here, it gives the
+    pool's thread an end of file (a broken pool, its way out) rather than a wait for the rest."""
+    with stop_signals_held():
+        for proc in list((pool._processes or {}).values()):
+            proc.kill()
+        if (writer := getattr(getattr(pool, "_result_queue", None), "_writer", None)) is not None:
+            writer.close()
+        pool.shutdown(wait=True, cancel_futures=True)  # (its thread closes its queues: no write to a closed pipe)

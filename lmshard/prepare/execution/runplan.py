@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, warn
+from ...errors import ConfigError, LmshardError, warn
 from ...format import atomic_file, load_metadata
 from ...tokenizers import Tokenizer
 from ..config import PrepareConfig
@@ -142,15 +142,34 @@ def load_run(config: PrepareConfig) -> tuple[Any, Tokenizer]:
     """The run's inputs (as prepare discovers them, a Hugging Face dataset last) and tokenizer,
     the one walk of the inputs of every run, in one process or planned: its hint about skipped
     files that look like text is said here. A Hugging Face dataset this process opened for an
-    earlier run is opened again (a data file may have changed since: hfread.forget)."""
+    earlier run is opened again (a data file may have changed since: hfread.forget). A --resume
+    of a run that saved a stream takes it from its plan (`saved_streams`), never opened again."""
     forget()
-    sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden)
+    rows = saved_streams(config)
+    if rows is not None:
+        sources = finish_sources(config, rows)
+    else:
+        sources = discover(config.inputs, config.format, config.exclude, include_hidden=config.include_hidden,
+                           own=config.out)  # fmt: skip
+        if config.hf:
+            sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     if sources.hint:
         warn(sources.hint)
-    if config.hf:
-        sources.append(Source(f"hf:{config.hf}", "hf", None, 0))
     check_sources(config, sources)  # (--val-by FIELD: inputs with fields)
     return sources, run_tokenizer(config)
+
+
+def saved_streams(config: PrepareConfig) -> list[list[Any]] | None:
+    """With --resume, the plan's rows of every input where the plan saved a stream (stdin, a
+    pipe: `spool_streams`): a process substitution's `/dev/fd/N` is not there in the shell that
+    resumes, nor a FIFO's writer. None without such a plan (its refusals are the claim's)."""
+    if not config.resume or not (work_dir(config.out) / PLAN_FILE).exists():
+        return None
+    try:
+        rows = list(PlanSources(load_plan(work_dir(config.out))["sources"]).table)
+    except (LmshardError, OSError, ValueError, KeyError, TypeError):
+        return None
+    return rows if any(row[9] for row in rows) else None
 
 
 def finish_sources(config: PrepareConfig, rows: list[list[Any]]) -> Sources:
@@ -160,7 +179,8 @@ def finish_sources(config: PrepareConfig, rows: list[list[Any]]) -> Sources:
     streams = {i: Source(row[0], row[1], row[2], 0, stream=True) for i, row in enumerate(rows) if row[9]}
     shown = {src.path for src in streams.values()}
     files = [spec for spec in config.inputs if spec not in shown and str(Path(spec)) not in shown]
-    found = discover(files, config.format, config.exclude, include_hidden=config.include_hidden) if files else Sources()
+    found = discover(files, config.format, config.exclude, include_hidden=config.include_hidden,
+                     own=config.out) if files else Sources()  # fmt: skip
     for i in sorted(streams):
         found.insert(i, streams[i])
     if config.hf:
