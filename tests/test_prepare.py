@@ -449,29 +449,32 @@ def test_config_validation():
 
 
 def expected_line_dedup(texts: list[str]) -> tuple[list[str], int]:
-    """Hand-rolled reference: drop every non-blank line whose exact text appeared earlier."""
+    """Hand-rolled reference: drop every non-blank line whose exact text appeared earlier; a
+    text left with no non-blank line (but the blank ones between those removed) is empty."""
     seen: set[str] = set()
     out, removed = [], 0
     for t in texts:
-        kept = []
+        kept, dropped = [], 0
         for line in t.split("\n"):
             if line.strip() and line in seen:
-                removed += 1
+                dropped += 1
                 continue
             seen.add(line) if line.strip() else None
             kept.append(line)
-        out.append("\n".join(kept))
+        removed += dropped
+        out.append("" if dropped and not any(line.strip() for line in kept) else "\n".join(kept))
     return out, removed
 
 
 def test_line_dedup_removes_repeated_lines_in_input_order(tmp_path, reference, eager_pool):
     boiler = "Copyright (c) Example Corp. All rights reserved."
     texts = [f"{boiler}\nreal text {i}\n\nshared footer line\nunique {i * 7}" for i in range(40)] + [boiler]
+    texts += [f"{boiler}\n\nshared footer line\n"]  # (only lines met before, and the blank ones between them)
     src = jsonl(tmp_path / "a.jsonl", texts)
     expected, removed = expected_line_dedup(texts)
     meta = run(tmp_path, [src], dedup_lines=True)
-    assert meta["dedup"]["lines_removed"] == removed == 2 * 39 + 1
-    assert meta["drops"]["empty"] == 1  # the last document was only boilerplate
+    assert meta["dedup"]["lines_removed"] == removed == 2 * 39 + 1 + 2
+    assert meta["drops"]["empty"] == 2  # the last documents were only boilerplate
     assert_tokens_match(tmp_path / "out", [t for t in expected if t], reference)
     run(tmp_path, [src], out=str(tmp_path / "w2"), dedup_lines=True, workers=2)
     assert _tree(tmp_path / "w2") | {"dataset_metadata.json": b""} == _tree(tmp_path / "out") | {

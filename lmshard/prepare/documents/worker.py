@@ -214,14 +214,19 @@ class _LineFilter:
         self.pos = 0
 
     def apply(self, text: str) -> tuple[str, int]:
+        """`text` without its lines met before, and how many; "" when none of its lines is left
+        (the blank lines between them are no document: dropped as empty)."""
         parts = text.split("\n")
-        drop = set()
+        drop, content = set(), 0
         for k, _ in _content_lines(text):
             if not self.keep[self.pos]:
                 drop.add(k)
             self.pos += 1
+            content += 1
         if not drop:
             return text, 0
+        if len(drop) == content:
+            return "", len(drop)
         return "\n".join(p for k, p in enumerate(parts) if k not in drop), len(drop)
 
 
