@@ -536,9 +536,10 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
     assert _files(tmp_path / "local") == _files(tmp_path / "dist")
 
 
-def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(tmp_path):
-    """SIGTERM to the finish just after the build was renamed to --out: its command, run again,
-    completes the run (removes the work folder); `status` says done before and after."""
+def test_a_finish_signalled_in_its_swap_completes_and_its_command_again_has_nothing_to_do(tmp_path):
+    """SIGTERM to the finish just after the build was renamed to --out: taken once the swap and
+    the work folder's removal are done, the task ends as done; `status` says so, and its command,
+    run again, has nothing to do."""
     src = _corpus(tmp_path)
     run = _cli(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip"]
@@ -549,8 +550,9 @@ def test_a_finish_stopped_after_its_swap_goes_on_when_its_command_is_run_again(t
     proc = _hold(tmp_path, ["run-task", "--stage", "finish", "dist"], "swap:1")
     signal_stopped(proc.pid, signal.SIGTERM)
     code, err = finish(proc, 120)
-    assert code == 143 and "Traceback" not in err, err
-    assert run("status", "dist").stdout.startswith("done: the dataset is complete")  # (its mark, written before)
+    assert code == 0 and "Traceback" not in err, err
+    assert run("status", "dist").stdout.startswith("done: the dataset is complete")
+    assert not (tmp_path / ".dist.lmshard-work").exists()
     again = run("run-task", "--stage", "finish", "dist")
     assert again.returncode == 0, again.stderr
     assert run("status", "dist").stdout.startswith("done: the dataset is complete")

@@ -188,7 +188,9 @@ register_scale(app, user_errors)  # lmshard run-task / status (scale.py)
 
 
 def main() -> None:
-    _state["command"] = True  # (this process is the command: it ends when the command does)
+    from . import prepare
+
+    prepare.as_command()
     app(prog_name="lmshard")
 
 

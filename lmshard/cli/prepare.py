@@ -31,6 +31,13 @@ from .runlog import RunLog
 from .scale import planned_prepare
 
 T = TypeVar("T")
+_COMMAND = False  # this process is the `lmshard` command (as_command), not a caller of its functions
+
+
+def as_command() -> None:
+    """Mark this process as the `lmshard` command: it ends when the command does."""
+    global _COMMAND
+    _COMMAND = True
 # The exceptions of the click that typer runs on: its own copy (typer 0.28), else the click package.
 _click_errors: Any = import_module(TyperCommand.__mro__[1].__module__.rpartition(".")[0] + ".exceptions")
 
@@ -273,10 +280,8 @@ def prepare(
     else:
         meta = log.follow(lambda callback: run_prepare(cfg, callback))
     if meta is not None:
-        from .commands import _state
-
-        for sig in (signal.SIGINT, signal.SIGTERM) if _state.get("command") else ():  # the dataset is in place: a
-            signal.signal(sig, signal.SIG_IGN)  # stop would only cut the summary or the exit short (a traceback, 130)
+        for sig in (signal.SIGINT, signal.SIGTERM) if _COMMAND else ():  # the dataset is in place: a stop now
+            signal.signal(sig, signal.SIG_IGN)  # would only cut the summary or the exit short (a traceback, 130)
         try:
             log.done(meta)
         except KeyboardInterrupt:  # (Ctrl-C while the summary prints: the dataset is in place, nothing is lost)

@@ -107,11 +107,17 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     # nothing: the run is done, its dataset returned. (A kill meanwhile, or an interrupt raised in the removal: the
     # plan, then the mark, are removed last; a removal stopped midway is finished by the next finish or the same
     # prepare with --resume, which find the mark, as `status` and every task find the dataset complete.)
-    with contextlib.suppress(KeyboardInterrupt), stop_signals_held():
-        (work / SWAPPED_FILE).touch()  # (with the build gone: swapped, taskplan.swapped; its name alone is the mark)
-        commit(paths)
-        with contextlib.suppress(KeyboardInterrupt):
-            remove_work(work, (PLAN_FILE, SWAPPED_FILE))
+    swapped = False
+    try:
+        with stop_signals_held():
+            (work / SWAPPED_FILE).touch()  # (with the build gone: swapped, taskplan.swapped; its name is the mark)
+            commit(paths)
+            swapped = True
+            with contextlib.suppress(KeyboardInterrupt):
+                remove_work(work, (PLAN_FILE, SWAPPED_FILE))
+    except KeyboardInterrupt:
+        if not swapped:  # (one raised in the swap itself, not a signal: the swap is recover()'s to finish)
+            raise
     warn_empty_val(meta)
     return meta
 
