@@ -22,9 +22,9 @@ TASKS_PER_WORKER = 2
 # pool's start (forking the workers, a round trip per item) costs more than they save (bench_scaleout.py,
 # section 3: at 1 MB the stages in a pool of 2 took 1.24x their time in one process; at 8 MB, as long).
 POOL_BYTES = int(os.environ.get("LMSHARD_POOL_BYTES", 4 << 20))
-# Below this many bytes of files, a plain prepare on the stages with several workers plans one unit,
-# which the main process reads and every worker tokenizes (16 units took 1.19x one reading process's
-# time at 12 MB, one unit 1.07x), and runs the few items of its later stages itself.
+# Below this many bytes of files, a plain prepare with several workers plans one unit, which the main
+# process reads and every worker tokenizes (at 12 MB, 16 units took 1.19x the time of one reading
+# process feeding the workers, one unit 1.07x), and runs the few items of its later stages itself.
 ONE_UNIT_BYTES = int(os.environ.get("LMSHARD_ONE_UNIT_BYTES", 16 << 20))
 
 
