@@ -182,6 +182,13 @@ def test_a_run_inside_its_input_records_the_same_skipped_inputs_resumed_or_not(t
     resumed = prepare(replace(config, resume=True)).skipped_inputs
     assert resumed == fresh and fresh.lmshard == 0
     assert prepare(replace(config, overwrite=True)).skipped_inputs == fresh
+    globbed = replace(config, inputs=[f"{docs}/*"], include_hidden=True)  # (its matches: the run's own folders too)
+    with monkeypatch.context() as m:
+        m.setattr(Run, "do", lambda r, stage, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()) if stage == "write"
+                  else real(r, stage, *a, **k))  # fmt: skip
+        with pytest.raises(KeyboardInterrupt):
+            prepare(replace(globbed, overwrite=True))
+    assert prepare(replace(globbed, resume=True)).skipped_inputs == fresh
 
 
 def test_a_killed_runs_partial_directory_inside_the_input_is_not_read(tmp_path, small_items, reference):

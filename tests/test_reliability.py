@@ -242,11 +242,11 @@ def test_sigterm_to_the_whole_group_stops_as_ctrl_c_does(tmp_path, monkeypatch, 
     assert_identical(reference, out)
 
 
-def test_ctrl_c_during_the_swap_finishes_the_run_and_leaves_nothing(tmp_path, monkeypatch, process_items, inputs,
-                                                                    reference):  # fmt: skip
+def test_ctrl_c_during_the_swap_says_the_dataset_is_complete_and_leaves_nothing(tmp_path, monkeypatch, process_items,
+                                                                               inputs, reference):  # fmt: skip
     """Ctrl-C as the finished build is renamed into place (held there): the swap and the work
-    folder's removal finish first, and the run ends as done (not with its work "kept" for a
-    --resume that has nothing to do), nothing left beside the dataset."""
+    folder's removal finish first, then the run stops saying the dataset is complete (not that
+    its work is kept for a --resume that has nothing to do), nothing left beside it."""
     out = tmp_path / "ds"
     stop_at(monkeypatch, "swap:1")
     proc = start_prepare(cli(out, inputs[0]))
@@ -254,8 +254,23 @@ def test_ctrl_c_during_the_swap_finishes_the_run_and_leaves_nothing(tmp_path, mo
     monkeypatch.delenv("LMSHARD_STOP_AT")
     signal_stopped(proc.pid, signal.SIGINT)
     code, err = finish(proc, 60)
-    assert code == 0 and "Traceback" not in err and "--resume" not in err and "\ndone: " in err, err
+    assert code == 130 and "Traceback" not in err and "--resume" not in err, err
+    assert f"interrupted: {out} was complete already; check it with: lmshard inspect {out}" in " ".join(err.split())
     assert leftovers(out) == []
+    assert_identical(reference, out)
+
+
+def test_out_of_memory_in_this_process_keeps_the_work_in_one_line(tmp_path, monkeypatch, inputs, reference):
+    """A MemoryError while this process tokenizes (a small run's units are its own): one line that
+    says so and names --resume, the work kept; the resumed run ends with the uninterrupted bytes."""
+    out = tmp_path / "ds"
+    stop_in_stages(monkeypatch, "tokenize", MemoryError())
+    with pytest.raises(LmshardError, match=r"^out of memory \(lower --workers, or free memory\); the work done so far "
+                                           r"is kept in .*: run the same command with --resume") as e:
+        run(out, inputs[0])
+    assert "\n" not in str(e.value) and work_dir(out).is_dir()
+    monkeypatch.undo()
+    run(out, inputs[0], resume=True)
     assert_identical(reference, out)
 
 

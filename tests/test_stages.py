@@ -538,8 +538,8 @@ def test_a_write_task_stopped_by_sigterm_goes_on_when_its_command_is_run_again(t
 
 def test_a_finish_signalled_in_its_swap_completes_and_its_command_again_has_nothing_to_do(tmp_path):
     """SIGTERM to the finish just after the build was renamed to --out: taken once the swap and
-    the work folder's removal are done, the task ends as done; `status` says so, and its command,
-    run again, has nothing to do."""
+    the work folder's removal are done, it stops the task (exit 143) with nothing left beside the
+    dataset; `status` says done, and its command, run again, has nothing to do."""
     src = _corpus(tmp_path)
     run = _cli(tmp_path)
     common = [str(src), "--workers", "1", "--on-error", "skip"]
@@ -550,7 +550,7 @@ def test_a_finish_signalled_in_its_swap_completes_and_its_command_again_has_noth
     proc = _hold(tmp_path, ["run-task", "--stage", "finish", "dist"], "swap:1")
     signal_stopped(proc.pid, signal.SIGTERM)
     code, err = finish(proc, 120)
-    assert code == 0 and "Traceback" not in err, err
+    assert code == 143 and "Traceback" not in err, err
     assert run("status", "dist").stdout.startswith("done: the dataset is complete")
     assert not (tmp_path / ".dist.lmshard-work").exists()
     again = run("run-task", "--stage", "finish", "dist")

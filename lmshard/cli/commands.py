@@ -62,7 +62,10 @@ def user_errors(exit_code: int = EXIT_ERROR) -> Callable[[F], F]:
                 # and which signal stopped it: Ctrl-C, or SIGTERM (a scheduler's stop)
                 kept, signum = getattr(e, "kept", None), getattr(e, "signum", signal.SIGINT)
                 what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
-                if kept:
+                if complete := getattr(e, "complete", None):  # (it came as the dataset was put in place)
+                    err.print(f"[bold red]{what}[/]: {escape(complete)} was complete already; check it with: lmshard "
+                              f"inspect {escape(shlex.quote(complete))}", highlight=False, soft_wrap=True)  # fmt: skip
+                elif kept:
                     err.print(f"[bold red]{what}[/]: {escape(kept)}; continue with:", highlight=False, soft_wrap=True)
                     err.print(escape(_resume_command()), highlight=False, soft_wrap=True)
                 else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import fnmatch
+import functools
 import glob
 import os
 import re
@@ -65,13 +66,14 @@ class Rules:
     own: str | None = None
 
     def owns(self, top: str, name: str) -> bool:
-        """Whether `top`/`name` is the run's own: its `--out`, or an entry it keeps beside it."""
+        """Whether `top`/`name` is the run's own: its `--out`, or an entry it keeps beside it
+        (their folders compared as the filesystem resolves them: a link to either is the same)."""
         if self.own is None:
             return False
-        path = os.path.abspath(os.path.join(top, name))
-        out = self.own
-        return path == out or (os.path.dirname(path) == os.path.dirname(out)
-                               and name.startswith(f".{os.path.basename(out)}.lmshard-"))  # fmt: skip
+        out = os.path.basename(self.own)
+        if name != out and not name.startswith(f".{out}.lmshard-"):
+            return False
+        return _real(top or ".") == _real(os.path.dirname(self.own))
 
 
 @dataclass
@@ -159,6 +161,12 @@ class Walk:
         self.matched |= other.matched
 
 
+@functools.lru_cache(maxsize=256)
+def _real(folder: str) -> str:
+    """A folder as the filesystem resolves it (links followed), once per folder of a walk."""
+    return os.path.realpath(folder)
+
+
 def shown(path: str) -> str:
     """How a path is shown and matched by --exclude: a URL without its credentials."""
     return redact(path) if is_url(path) else path
@@ -171,8 +179,12 @@ def find(spec: str, rules: Rules) -> Walk:
         return walk(spec, rules)
     if os.path.exists(spec):
         return Walk(rules).take([spec])
-    matches = sorted(glob.glob(spec, recursive=True, include_hidden=rules.include_hidden))
-    found = Walk(rules).take([p for p in matches if os.path.isfile(p)])
+    matches = [p for p in sorted(glob.glob(spec, recursive=True, include_hidden=rules.include_hidden))
+               if not rules.owns(os.path.dirname(p), os.path.basename(p))]  # fmt: skip
+    found = Walk(rules)
+    found.lmshard += sum(1 for p in matches if _LMSHARD_ENTRY.fullmatch(os.path.basename(p)))
+    matches = [p for p in matches if not _LMSHARD_ENTRY.fullmatch(os.path.basename(p))]
+    found.take([p for p in matches if os.path.isfile(p)])
     for directory in (p for p in matches if os.path.isdir(p)):
         found.absorb(walk(directory, rules))
     found.taken.sort()

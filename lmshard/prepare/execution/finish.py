@@ -32,7 +32,7 @@ from ..documents.sources import Source, note_growth
 from ..output.build import Totals, check_not_empty
 from ..output.claim import Claim
 from ..output.dictfile import run_encoding
-from ..output.staging import OutputPaths, commit, read_run
+from ..output.staging import Interrupted, OutputPaths, commit, read_run
 from ..stops import stop_signals_held
 from .barrier import is_complete, read_summary
 from .layout import add_totals
@@ -103,10 +103,11 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     write_vocab_copy(paths.staging, tokenizer.vocab_format, tokenizer.vocab_bytes)
     atomic_write_json(paths.staging / TOKENIZER_FILE, tokenizer.identity())
     atomic_write_json(paths.staging / METADATA_FILE, meta.to_json())
-    # Ctrl-C or SIGTERM during the swap and the work folder's removal is taken once both are done, and then loses
-    # nothing: the run is done, its dataset returned. (A kill meanwhile, or an interrupt raised in the removal: the
-    # plan, then the mark, are removed last; a removal stopped midway is finished by the next finish or the same
-    # prepare with --resume, which find the mark, as `status` and every task find the dataset complete.)
+    # Ctrl-C or SIGTERM during the swap and the work folder's removal is taken once both are done: it stops the
+    # run as a complete one (Interrupted.complete: nothing to resume, nothing left beside the dataset). (A kill
+    # meanwhile, or an interrupt raised in the removal: the plan, then the mark, are removed last; a removal
+    # stopped midway is finished by the next finish or the same prepare with --resume, which find the mark, as
+    # `status` and every task find the dataset complete.)
     swapped = False
     try:
         with stop_signals_held():
@@ -115,9 +116,10 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
             swapped = True
             with contextlib.suppress(KeyboardInterrupt):
                 remove_work(work, (PLAN_FILE, SWAPPED_FILE))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if not swapped:  # (one raised in the swap itself, not a signal: the swap is recover()'s to finish)
             raise
+        raise Interrupted("", getattr(e, "signum", 2), complete=str(paths.out)) from None
     warn_empty_val(meta)
     return meta
 

@@ -101,7 +101,11 @@ def run(config: PrepareConfig, n_tasks: int, unit_bytes: int | None = None,
             # (the inputs as found, not as read: stdin keeps its name and size 0)
             return finish(config, paths, r.work, r.layout(), totals, sources, r.tokenizer, r.previous_meta(), attempt)
         except KeyboardInterrupt as e:
+            if getattr(e, "complete", None):  # (the dataset was in place when it came: finish.py)
+                raise
             raise Interrupted(kept, getattr(e, "signum", 2)) from None
+        except MemoryError:  # this process ran out of memory, not the input's fault: keep the work
+            raise work_kept("out of memory (lower --workers, or free memory)", kept, False) from None
         except (InputReadError, RemoteError) as e:  # the machine or the store failed, not the input: keep the work
             raise work_kept(e, kept, isinstance(e, InputGone)) from None
         except OSError as e:  # a full disk, a failing device (in a worker or here): keep the work

@@ -242,6 +242,8 @@ def recorded(work: Path, stage: str, task: int, stopped: Callable[[str], str]) -
     except KeyboardInterrupt as e:  # recorded as stopped, not running: nothing wrong with the task itself
         signum = getattr(e, "signum", signal.SIGINT)
         name = signal.Signals(signum).name
+        if complete := getattr(e, "complete", None):  # (the finish's, its dataset in place and the folder gone)
+            raise TaskStopped(f"{stage} task stopped by {name}: {complete} was complete already", signum) from None
         atomic_write_json(state, {"state": "stopped", **who, "signal": name})
         raise TaskStopped(stopped(name), signum) from None
     except BaseException as e:

@@ -51,7 +51,7 @@ from ..config import PrepareConfig
 from ..execution.taskplan import work_dir
 from .build import Progress
 from .journal import JOURNAL, UPLOADED, Journal, holder_state, refuse_to_discard, work_root
-from .staging import OutputPaths
+from .staging import Interrupted, OutputPaths
 
 LOCK_OBJECT = "_lmshard_writer.json"
 UPLOADERS = 8  # concurrent uploads
@@ -380,6 +380,10 @@ def prepare_remote(config: PrepareConfig, on_progress: Any,
         if named is e:
             raise
         raise named from e
+    except Interrupted as e:  # (one as the local build was put in place: complete there, not yet sent)
+        if e.complete:
+            raise Interrupted(f"the dataset is built in {publisher.root}, not yet sent", e.signum) from None
+        raise
     if on_progress is not None:
         on_progress(Progress(note=f"publishing to {redact(publisher.url)}"))
     try:

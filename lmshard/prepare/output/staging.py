@@ -48,12 +48,14 @@ _OURS = {METADATA_FILE, TOKENIZER_FILE, IN_PROGRESS_FILE, DICT_FILE, "dedup", *S
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM: `signum`) during prepare, after the work so far was saved: `kept`
-    says where (the CLI adds the exact command that resumes)."""
+    says where (the CLI adds the exact command that resumes). `complete`: the dataset the run
+    had put in place when the signal came (nothing to resume: the CLI says so)."""
 
-    def __init__(self, kept: str, signum: int = 2) -> None:  # 2: SIGINT
+    def __init__(self, kept: str, signum: int = 2, complete: str | None = None) -> None:  # 2: SIGINT
         super().__init__(kept)
         self.kept = kept
         self.signum = signum
+        self.complete = complete
 
 
 @dataclass(frozen=True)
