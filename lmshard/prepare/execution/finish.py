@@ -1,6 +1,6 @@
 """The end of a planned run (once, after the write stage): the pieces a killed writer left
 unsealed sealed, the metadata made from the select stage's totals and the pieces' entries with
-the same code as a one-process run (after the dataset an --append extends: its shards, key
+output/metadata.py (after the dataset an --append extends: its shards, key
 files and totals first), the swap into --out, and the work folder removed.
 
 Memory model: the run's totals and the pieces' entries (a few hundred bytes per shard and key
@@ -49,8 +49,8 @@ def finish(config: PrepareConfig, paths: OutputPaths, work: Path, layout: Layout
     once the dataset is in place. `previous` (--append): the dataset this run extends, whose
     shards, key files and totals come first, as a local --append lists them. `attempt`: when
     this process ran every stage (a local run), its start and the tokens it found done (a
-    resumed run's), so the run's time and rate are its own, as a run read in one process counts
-    them; else its time from the claim on, and no rate where the tasks ran apart (Slurm, by hand)."""
+    resumed run's), so the run's time and rate are its own; else its time from the claim on, and
+    no rate where the tasks ran apart (Slurm, by hand)."""
     from ..output.metadata import dataset_metadata, warn_empty_val
 
     sealed = read_summary(work, "write").get("pieces", {}) if is_complete(work, "write") else {}

@@ -1,6 +1,6 @@
 """--dedup-lines in a planned run: two stages before the tokenize stage find which lines were
-met before, in plan order, so that a unit is tokenized with the same lines removed as a local
-run removes (feed.py's two passes).
+met before, in plan order, so that a unit is tokenized with the same lines removed whatever the
+plan.
 
 1. **lines** (per task: its units). Each unit is cut into the same work items the tokenize
    stage cuts it into, and each item's non-blank cleaned lines are hashed (the worker's
@@ -123,7 +123,7 @@ def write_previous_lines(work: Path, dataset: Path, files: list[str], task: int,
 
 
 def masks(work: Path, u: int, repeated: np.ndarray) -> tuple[list[tuple[bytes, int]], np.ndarray]:
-    """Unit u's per-item keep-bits (as feed.py's `_with_masks` gives a local run's items) and
+    """Unit u's per-item keep-bits (documents/worker.py's `_LineFilter` consumes them) and
     the keys of its lines kept, from `repeated`: the ids (unit << 32 | line, sorted) of its
     task's lines met before."""
     counts, keys = unit_lines(work, u)

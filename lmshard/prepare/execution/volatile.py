@@ -3,8 +3,8 @@
 A planned run's stages hand their results on through files of its work folder: each unit's
 tokens (4 bytes a token), its keys, its split. Synced one by one, they reach the disk although
 the write stage copies the tokens into the shards seconds later and the finish deletes them: on
-one machine that is twice the dataset's bytes forced to the disk, where the one-reader path writes
-them once. When the run's tasks all run here (the local executor: a plain prepare's stages in
+one machine that is twice the dataset's bytes forced to the disk, where the dataset needs them
+once. When the run's tasks all run here (the local executor: a plain prepare's stages in
 the worker pool, `--num-tasks N` without another executor), no sync is needed: a process killed
 (Ctrl-C, SIGKILL, the OOM killer) leaves every byte it wrote in the page cache, where the run's
 next attempt reads it. Only a crash of the machine itself (power loss, a kernel panic) loses

@@ -140,7 +140,7 @@ def _fingerprint(config: PrepareConfig, sources: list[Source], tokenizer: Tokeni
         return [src.path, src.fmt, st.st_size, st.st_mtime_ns]
 
     appended = hashlib.sha256(appending_to.read_bytes()).hexdigest() if appending_to else None
-    # The work-item plan must be the same one: a resumed run skips the items the checkpoint counted.
+    # The work-item plan must be the same one: a resumed run skips the units (of work items) its markers count.
     planning = {
         "lmshard": __version__,
         "block_bytes": sources_mod.BLOCK_BYTES,

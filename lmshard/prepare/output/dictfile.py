@@ -1,7 +1,7 @@
 """The zstd dictionary of a dataset being prepared (format/dictionary.py): trained once, when
 the build is claimed (before its staging directory exists: a stop meanwhile leaves nothing), from
 a sample of the inputs, and kept in the build's staging directory (`DICT_FILE`) for every writer
-of the run (the one process, or each task of a planned run: they all write into the staging
+of the run (each task of the plan, in this process or elsewhere: they all write into the staging
 directory) and for a `--resume`; the metadata stores it, and the swap removes the file.
 `--append` keeps the dataset's own encoding and dictionary (or none).
 

@@ -5,7 +5,7 @@ For `--out DIR/ds` a run uses three hidden siblings of `ds`:
 
     DIR/.ds.lmshard-lock       the one-writer lock (flock; the file names the holder's pid and host)
     DIR/.ds.lmshard-partial/   the dataset being built; its _PREPARE_IN_PROGRESS file holds the
-                               run's fingerprint and its latest checkpoint
+                               run's fingerprint (its work is in DIR/.ds.lmshard-work/)
     DIR/.ds.lmshard-retired/   the replaced dataset between the two renames of a swap (where
                                an atomic exchange is unavailable)
     DIR/.ds.lmshard-trash-*/   replaced datasets being deleted (never renamed back)
@@ -40,7 +40,7 @@ from ...errors import ConfigError, LmshardError
 from ...format import IN_PROGRESS_FILE, METADATA_FILE, SPLITS, TOKENIZER_FILE, DatasetMeta
 from ..stops import stop_point
 
-RUN_FILE = IN_PROGRESS_FILE  # inside the build: fingerprint + checkpoint (JSON)
+RUN_FILE = IN_PROGRESS_FILE  # inside the build: the run's fingerprint, start, pid and host (JSON)
 RUN_VERSION = 1
 DICT_FILE = ".zstd_dictionary"  # inside a zstd build: its dictionary for every writer (dictfile.py), until the swap
 _OURS = {METADATA_FILE, TOKENIZER_FILE, IN_PROGRESS_FILE, DICT_FILE, "dedup", *SPLITS}  # what a dataset directory holds

@@ -8,8 +8,7 @@ would take it past `tokens_per_shard`, and a single document longer than that ge
 its own, so every shard's document index is self-contained.
 
 Memory model: one incoming batch; tokens and offsets go straight to the files. With attributes,
-64 Ki of a shard's records when it finishes (its columns are written), and a shard's attribute
-file when a resume reopens a shard finished after its checkpoint.
+64 Ki of a shard's records when it finishes (its columns are written).
 """
 
 from __future__ import annotations
@@ -130,8 +129,8 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Close the open shard's files without finishing it (they stay for a resume). Never
-        raises: it runs while an error (a full disk, an I/O error) is being reported, and a
-        buffered tail that cannot be written now is cut back to the checkpoint on resume."""
+        raises: it runs while an error (a full disk, an I/O error) is being reported, and the
+        output it leaves is discarded with its build."""
         for f in (self._bin, self._idx, *(d.file for d in self._docs)):
             if f is not None:
                 close_quietly(f)
